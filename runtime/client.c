@@ -1,0 +1,417 @@
+/* client.c — the C client library; see sbx.h. */
+#include "sbx.h"
+
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "id.h"
+#include "json.h"
+#include "util.h"
+#include "wire.h"
+
+struct sbx_client {
+    nng_socket sock;
+    int64_t timeout_ms;
+};
+
+struct sbx_reply {
+    nng_msg *msg;
+    sbx_msg dec;
+    const msgpack_object *result;
+};
+
+static const msgpack_object empty_map = {.type = MSGPACK_OBJECT_MAP};
+
+void
+sbx_error_free(sbx_error *err)
+{
+    if (!err)
+        return;
+    free(err->context_json);
+    err->context_json = NULL;
+}
+
+static int
+set_err(sbx_error *err, int code, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int
+set_err(sbx_error *err, int code, const char *name, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        snprintf(err->code, sizeof(err->code), "%s", name ? name : sbx_err_name(code));
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof(err->message), fmt, ap);
+        va_end(ap);
+        err->context_json = NULL;
+    }
+    return code;
+}
+
+static void
+clear_err(sbx_error *err)
+{
+    if (err) {
+        err->code[0] = err->message[0] = '\0';
+        err->context_json = NULL;
+    }
+}
+
+int
+sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
+{
+    int rv;
+    clear_err(err);
+    if (!url || !*url)
+        url = getenv("SBX_GATEWAY");
+    if (!url || !*url)
+        url = SBX_DEFAULT_GATEWAY;
+    sbx_client *c = sbx_xcalloc(1, sizeof(*c));
+    c->timeout_ms = 300000;
+    const char *t = getenv("SBX_TIMEOUT_MS");
+    if (t && atoll(t) > 0)
+        c->timeout_ms = atoll(t);
+    if ((rv = nng_req0_open(&c->sock)) != 0)
+        goto fail;
+    nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, SBX_WIRE_MAX_FRAME);
+    /* The library never re-sends on its own: a retry is an explicit call
+     * with the same request id. */
+    nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 10);
+    nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
+    if ((rv = nng_dial(c->sock, url, NULL, 0)) != 0) {
+        nng_close(c->sock);
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    free(c);
+    return set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
+                   "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
+                   nng_strerror(rv));
+}
+
+void
+sbx_client_close(sbx_client *c)
+{
+    if (!c)
+        return;
+    nng_close(c->sock);
+    free(c);
+}
+
+void
+sbx_client_set_timeout(sbx_client *c, int64_t ms)
+{
+    if (ms > 0)
+        c->timeout_ms = ms;
+}
+
+/* One request/reply on its own context: concurrent calls do not interfere. */
+static int
+roundtrip(sbx_client *c, const char *buf, size_t len, int64_t timeout_ms, nng_msg **reply,
+          sbx_error *err)
+{
+    nng_ctx ctx;
+    nng_aio *aio = NULL;
+    nng_msg *m = NULL;
+    int rv;
+    if ((rv = nng_ctx_open(&ctx, c->sock)) != 0)
+        return set_err(err, SBX_E_INTERNAL, NULL, "nng_ctx_open: %s", nng_strerror(rv));
+    if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
+        rv = set_err(err, SBX_E_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    memcpy(nng_msg_body(m), buf, len);
+    int64_t deadline = sbx_mono_ms() + timeout_ms;
+    nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
+    nng_aio_set_msg(aio, m);
+    nng_ctx_send(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0) {
+        nng_msg_free(m);
+        rv = rv == NNG_ETIMEDOUT
+                 ? set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
+                           "the gateway did not accept the request within %lld ms",
+                           (long long)timeout_ms)
+                 : set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
+                           "sending to the gateway failed: %s", nng_strerror(rv));
+        goto out;
+    }
+    int64_t left = deadline - sbx_mono_ms();
+    nng_aio_set_timeout(aio, (nng_duration)(left > 1 ? left : 1));
+    nng_ctx_recv(ctx, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0) {
+        rv = rv == NNG_ETIMEDOUT ? set_err(err, SBX_E_TIMEOUT, NULL,
+                                           "no reply within the deadline of %lld ms",
+                                           (long long)timeout_ms)
+                                 : set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
+                                           "receiving from the gateway failed: %s",
+                                           nng_strerror(rv));
+        goto out;
+    }
+    *reply = nng_aio_get_msg(aio);
+    rv = 0;
+out:
+    nng_ctx_close(ctx);
+    if (aio)
+        nng_aio_free(aio);
+    return rv;
+}
+
+int
+sbx_call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_t args_len,
+         int64_t timeout_ms, const char *request_id, sbx_reply **out, sbx_error *err)
+{
+    char id[37];
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    nng_msg *reply = NULL;
+    int rc;
+
+    clear_err(err);
+    if (timeout_ms <= 0)
+        timeout_ms = c->timeout_ms;
+    if (request_id && *request_id)
+        snprintf(id, sizeof(id), "%s", request_id);
+    else
+        sbx_request_id(id);
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", id);
+    sbx_enc_kstr(&e, "op", op);
+    if (sandbox)
+        sbx_enc_kstr(&e, "sandbox", sandbox);
+    sbx_enc_kint(&e, "timeoutMs", timeout_ms);
+    if (args && args_len) {
+        sbx_enc_str(&e, "args");
+        sbx_enc_raw(&e, args, args_len);
+    }
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) != 0)
+        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode the request");
+    if (len > SBX_WIRE_MAX_REQUEST) {
+        free(buf);
+        return set_err(err, SBX_E_TOO_LARGE, NULL, "request of %zu bytes exceeds the %u-byte limit",
+                       len, SBX_WIRE_MAX_REQUEST);
+    }
+    rc = roundtrip(c, buf, len, timeout_ms, &reply, err);
+    free(buf);
+    if (rc)
+        return rc;
+    sbx_reply *r = sbx_xcalloc(1, sizeof(*r));
+    r->msg = reply;
+    if (sbx_wire_decode(&r->dec, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply)) {
+        nng_msg_free(reply);
+        free(r);
+        return set_err(err, SBX_E_MALFORMED, NULL, "the gateway sent a malformed reply");
+    }
+    bool ok = false;
+    sbx_wire_get_bool(r->dec.root, "ok", &ok);
+    if (!ok) {
+        const msgpack_object *eo = NULL;
+        sbx_str code = {"INTERNAL_ERROR", 14}, msg = {"", 0};
+        if (sbx_wire_get_map(r->dec.root, "error", &eo) == 0) {
+            sbx_wire_get_str(eo, "code", &code);
+            sbx_wire_get_str(eo, "message", &msg);
+        }
+        rc = sbx_err_from_name(code.p, code.n);
+        if (err) {
+            snprintf(err->code, sizeof(err->code), "%.*s", (int)code.n, code.p);
+            snprintf(err->message, sizeof(err->message), "%.*s", (int)msg.n, msg.p);
+            const msgpack_object *ctx = eo ? sbx_wire_get(eo, "context") : NULL;
+            err->context_json = ctx ? sbx_json_dump(ctx, false) : NULL;
+        }
+        sbx_reply_free(r);
+        return rc;
+    }
+    if (sbx_wire_get_map(r->dec.root, "result", &r->result) != 0)
+        r->result = &empty_map;
+    *out = r;
+    return 0;
+}
+
+int
+sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *args_json,
+              int64_t timeout_ms, sbx_reply **out, sbx_error *err)
+{
+    char *args = NULL;
+    size_t alen = 0;
+    clear_err(err);
+    if (args_json && *args_json) {
+        json_error_t je;
+        json_t *j = json_loads(args_json, JSON_DECODE_ANY, &je);
+        if (!j || !json_is_object(j)) {
+            if (j)
+                json_decref(j);
+            return set_err(err, SBX_E_VALIDATION, NULL, "arguments must be a JSON object: %s",
+                           j ? "not an object" : je.text);
+        }
+        sbx_enc e;
+        sbx_enc_init(&e);
+        int rc = sbx_json_to_msgpack(j, &e);
+        json_decref(j);
+        if (rc || sbx_enc_finish(&e, &args, &alen) != 0) {
+            sbx_enc_free(&e);
+            return set_err(err, SBX_E_VALIDATION, NULL, "arguments cannot be encoded");
+        }
+    }
+    int rc = sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
+    free(args);
+    return rc;
+}
+
+const msgpack_object *
+sbx_reply_result(const sbx_reply *r)
+{
+    return r->result;
+}
+
+char *
+sbx_reply_json(const sbx_reply *r, bool pretty)
+{
+    return sbx_json_dump(r->result, pretty);
+}
+
+void
+sbx_reply_free(sbx_reply *r)
+{
+    if (!r)
+        return;
+    sbx_wire_msg_free(&r->dec);
+    nng_msg_free(r->msg);
+    free(r);
+}
+
+/* ------------------------------------------------------------------------------ */
+
+static void
+copy_bytes(const msgpack_object *res, const char *key, char **out, size_t *len)
+{
+    sbx_str s = {"", 0};
+    sbx_wire_get_bin(res, key, &s);
+    *out = sbx_xstrndup(s.p ? s.p : "", s.n);
+    *len = s.n;
+}
+
+int
+sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
+         sbx_error *err)
+{
+    sbx_enc e;
+    char *args;
+    size_t alen;
+    sbx_reply *r = NULL;
+    memset(res, 0, sizeof(*res));
+    clear_err(err);
+    if ((!o->command) == (!o->argv))
+        return set_err(err, SBX_E_VALIDATION, NULL, "give exactly one of command and argv");
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    if (o->command)
+        sbx_enc_kstr(&e, "command", o->command);
+    if (o->argv) {
+        sbx_enc_karray(&e, "argv");
+        for (const char *const *p = o->argv; *p; p++)
+            sbx_enc_str(&e, *p);
+        sbx_enc_end(&e);
+    }
+    if (o->cwd)
+        sbx_enc_kstr(&e, "cwd", o->cwd);
+    if (o->env && o->env[0]) {
+        sbx_enc_kmap(&e, "env");
+        for (const char *const *p = o->env; *p; p++) {
+            const char *eq = strchr(*p, '=');
+            if (!eq) {
+                sbx_enc_free(&e);
+                return set_err(err, SBX_E_VALIDATION, NULL, "env entry '%s' is not K=V", *p);
+            }
+            sbx_enc_strn(&e, *p, (size_t)(eq - *p));
+            sbx_enc_str(&e, eq + 1);
+        }
+        sbx_enc_end(&e);
+    }
+    if (o->timeout_ms > 0)
+        sbx_enc_kint(&e, "timeout", o->timeout_ms);
+    if (o->session_id)
+        sbx_enc_kstr(&e, "sessionId", o->session_id);
+    if (o->sessionless)
+        sbx_enc_kbool(&e, "sessionless", true);
+    if (o->has_stdin || o->stdin_data)
+        sbx_enc_kbin(&e, "stdin", o->stdin_data ? o->stdin_data : "", o->stdin_len);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &args, &alen) != 0)
+        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode exec arguments");
+    int64_t deadline = o->timeout_ms > 0 ? o->timeout_ms + 30000 : 0;
+    int rc = sbx_call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err);
+    free(args);
+    if (rc)
+        return rc;
+    const msgpack_object *res_o = sbx_reply_result(r);
+    int64_t v = 0;
+    sbx_wire_get_bool(res_o, "success", &res->success);
+    if (sbx_wire_get_i64(res_o, "exitCode", &v) == 0)
+        res->exit_code = (int)v;
+    if (sbx_wire_get_i64(res_o, "signal", &v) == 0)
+        res->signal = (int)v;
+    copy_bytes(res_o, "stdout", &res->stdout_data, &res->stdout_len);
+    copy_bytes(res_o, "stderr", &res->stderr_data, &res->stderr_len);
+    sbx_wire_get_bool(res_o, "stdoutTruncated", &res->stdout_truncated);
+    sbx_wire_get_bool(res_o, "stderrTruncated", &res->stderr_truncated);
+    if (sbx_wire_get_i64(res_o, "stdoutBytes", &v) == 0)
+        res->stdout_bytes = (uint64_t)v;
+    if (sbx_wire_get_i64(res_o, "stderrBytes", &v) == 0)
+        res->stderr_bytes = (uint64_t)v;
+    if (sbx_wire_get_i64(res_o, "duration", &v) == 0)
+        res->duration_ms = v;
+    sbx_wire_get_bool(res_o, "timedOut", &res->timed_out);
+    sbx_str cause;
+    if (sbx_wire_get_str(res_o, "cause", &cause) == 0)
+        sbx_str_copy(cause, res->cause, sizeof(res->cause));
+    sbx_reply_free(r);
+    return 0;
+}
+
+void
+sbx_exec_result_free(sbx_exec_result *r)
+{
+    free(r->stdout_data);
+    free(r->stderr_data);
+    r->stdout_data = r->stderr_data = NULL;
+}
+
+int
+sbx_destroy(sbx_client *c, const char *sandbox, bool *destroyed, sbx_error *err)
+{
+    sbx_reply *r = NULL;
+    int rc = sbx_call(c, "destroy", sandbox, NULL, 0, 0, NULL, &r, err);
+    if (rc)
+        return rc;
+    bool d = false;
+    sbx_wire_get_bool(sbx_reply_result(r), "destroyed", &d);
+    if (destroyed)
+        *destroyed = d;
+    sbx_reply_free(r);
+    return 0;
+}
+
+int
+sbx_ping(sbx_client *c, const char *sandbox, sbx_error *err)
+{
+    sbx_reply *r = NULL;
+    int rc = sbx_call(c, "ping", sandbox, NULL, 0, 0, NULL, &r, err);
+    if (rc == 0)
+        sbx_reply_free(r);
+    return rc;
+}

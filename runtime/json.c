@@ -1,0 +1,179 @@
+/* json.c — see json.h. */
+#include "json.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "util.h"
+
+/* Length of the valid UTF-8 sequence at p (RFC 3629), or 0 if invalid. */
+static size_t
+utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned min;
+    unsigned cp;
+    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; min = 0x80; }
+    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; min = 0x800; }
+    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; min = 0x10000; }
+    else return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+char *
+sbx_utf8_sanitize(const char *p, size_t n, size_t *outlen)
+{
+    sbx_buf b;
+    sbx_buf_init(&b);
+    sbx_buf_reserve(&b, n);
+    const unsigned char *u = (const unsigned char *)p;
+    size_t i = 0;
+    while (i < n) {
+        size_t k = utf8_seq(u + i, n - i);
+        if (k == 0) {
+            sbx_buf_append(&b, "\xef\xbf\xbd", 3);
+            i++;
+        } else {
+            sbx_buf_append(&b, p + i, k);
+            i += k;
+        }
+    }
+    return sbx_buf_steal(&b, outlen);
+}
+
+static json_t *
+str_json(const char *p, size_t n)
+{
+    size_t len;
+    char *s = sbx_utf8_sanitize(p, n, &len);
+    json_t *j = json_stringn(s, len);
+    free(s);
+    return j;
+}
+
+json_t *
+sbx_json_from_msgpack(const msgpack_object *o)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return json_null();
+    case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return o->via.u64 > (uint64_t)INT64_MAX ? json_real((double)o->via.u64)
+                                                 : json_integer((json_int_t)o->via.u64);
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return json_real(o->via.f64);
+    case MSGPACK_OBJECT_STR: return str_json(o->via.str.ptr, o->via.str.size);
+    case MSGPACK_OBJECT_BIN: return str_json(o->via.bin.ptr, o->via.bin.size);
+    case MSGPACK_OBJECT_ARRAY: {
+        json_t *a = json_array();
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            json_t *v = sbx_json_from_msgpack(&o->via.array.ptr[i]);
+            if (!v) {
+                json_decref(a);
+                return NULL;
+            }
+            json_array_append_new(a, v);
+        }
+        return a;
+    }
+    case MSGPACK_OBJECT_MAP: {
+        json_t *m = json_object();
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR) {
+                json_decref(m);
+                return NULL;
+            }
+            json_t *v = sbx_json_from_msgpack(&kv->val);
+            if (!v) {
+                json_decref(m);
+                return NULL;
+            }
+            size_t kl;
+            char *k = sbx_utf8_sanitize(kv->key.via.str.ptr, kv->key.via.str.size, &kl);
+            json_object_setn_new(m, k, kl, v);
+            free(k);
+        }
+        return m;
+    }
+    default: return NULL;
+    }
+}
+
+static int
+to_msgpack(const json_t *j, sbx_enc *e, int depth)
+{
+    if (depth > 24)
+        return SBX_E_VALIDATION;
+    switch (json_typeof(j)) {
+    case JSON_NULL: sbx_enc_nil(e); return 0;
+    case JSON_TRUE: sbx_enc_bool(e, true); return 0;
+    case JSON_FALSE: sbx_enc_bool(e, false); return 0;
+    case JSON_INTEGER: sbx_enc_int(e, json_integer_value(j)); return 0;
+    case JSON_REAL: {
+        double d = json_real_value(j);
+        if (!isfinite(d))
+            return SBX_E_VALIDATION;
+        sbx_enc_double(e, d);
+        return 0;
+    }
+    case JSON_STRING: sbx_enc_strn(e, json_string_value(j), json_string_length(j)); return 0;
+    case JSON_ARRAY: {
+        sbx_enc_array(e);
+        for (size_t i = 0; i < json_array_size(j); i++) {
+            int rc = to_msgpack(json_array_get(j, i), e, depth + 1);
+            if (rc)
+                return rc;
+        }
+        sbx_enc_end(e);
+        return 0;
+    }
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *v;
+        sbx_enc_map(e);
+        json_object_foreach((json_t *)j, k, v) {
+            sbx_enc_str(e, k);
+            int rc = to_msgpack(v, e, depth + 1);
+            if (rc)
+                return rc;
+        }
+        sbx_enc_end(e);
+        return 0;
+    }
+    }
+    return SBX_E_VALIDATION;
+}
+
+int
+sbx_json_to_msgpack(const json_t *j, sbx_enc *e)
+{
+    return to_msgpack(j, e, 0);
+}
+
+char *
+sbx_json_dump(const msgpack_object *o, bool pretty)
+{
+    json_t *j = sbx_json_from_msgpack(o);
+    if (!j)
+        return NULL;
+    char *s = json_dumps(j, (pretty ? JSON_INDENT(2) : JSON_COMPACT) | JSON_ENCODE_ANY |
+                                JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(j);
+    return s;
+}

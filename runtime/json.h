@@ -1,0 +1,35 @@
+/*
+ * json.h — msgpack ↔ JSON, with jansson (Debian libjansson) doing the JSON.
+ *
+ * Used by the CLI's --json output, `sbx call`'s JSON arguments and the
+ * HTTP front.  Mapping: map ↔ object (keys must be strings), array ↔
+ * array, str ↔ string, bin → string (JSON has no bytes; invalid UTF-8 is
+ * replaced by U+FFFD, so binary data belongs in base64 fields), integers,
+ * floats, true/false, nil ↔ null.
+ */
+#ifndef SBX_JSON_H
+#define SBX_JSON_H
+
+#include <jansson.h>
+#include <msgpack.h>
+#include <stdbool.h>
+
+#include "wire.h"
+
+/* sbx_json_from_msgpack — a new json_t (caller json_decref's it); NULL on a
+ * non-string map key or an ext type. */
+json_t *sbx_json_from_msgpack(const msgpack_object *o);
+
+/* sbx_json_to_msgpack — append j to e; 0 or SBX_E_VALIDATION (reals that
+ * are not finite, nesting deeper than 24). */
+int sbx_json_to_msgpack(const json_t *j, sbx_enc *e);
+
+/* sbx_json_dump — JSON text of o (heap, caller frees), pretty with 2-space
+ * indentation or compact; NULL on failure. */
+char *sbx_json_dump(const msgpack_object *o, bool pretty);
+
+/* sbx_utf8_sanitize — copy of p[0..n) as valid UTF-8 (U+FFFD for every
+ * invalid byte), NUL-terminated, heap; *outlen gets its length. */
+char *sbx_utf8_sanitize(const char *p, size_t n, size_t *outlen);
+
+#endif

@@ -1,0 +1,23 @@
+/*
+ * nngx.h — nng helpers: every socket sbx opens goes through here so that
+ * each one gets NNG_OPT_RECVMAXSZ = SBX_WIRE_MAX_FRAME (nng's default is
+ * unlimited, actors-cluster.md §1f), bounded reconnect back-off and, on REQ
+ * sockets, no timer-driven resend (retries are the client's decision and
+ * carry the same request id, so the shard can deduplicate them).
+ */
+#ifndef SBX_NNGX_H
+#define SBX_NNGX_H
+
+#include <nng/nng.h>
+#include <stdbool.h>
+
+/* sbx_nng_rep_listen — open a REP socket listening on url; 0 or an nng error. */
+int sbx_nng_rep_listen(nng_socket *s, const char *url);
+/* sbx_nng_req_dial — open a REQ socket dialing url in the background (the
+ * peer may come up later); 0 or an nng error. */
+int sbx_nng_req_dial(nng_socket *s, const char *url);
+/* sbx_nng_code — the sbx error code for an nng error (NNG_ETIMEDOUT →
+ * SBX_E_TIMEOUT, connection errors → SBX_E_SHARD_UNAVAILABLE, …). */
+int sbx_nng_code(int rv);
+
+#endif

@@ -1,0 +1,319 @@
+/* store.c — LMDB environment with a group-committing writer thread; see store.h. */
+#include "store.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "err.h"
+#include "log.h"
+#include "util.h"
+
+struct wop {
+    struct wop *next;
+    uint64_t seq;
+    int db;
+    bool del;
+    size_t kn, vn;
+    char data[]; /* key then value */
+};
+
+struct sbx_store {
+    MDB_env *env;
+    MDB_dbi dbi[SBX_DB__N];
+    pthread_t writer;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* writer waits for work */
+    pthread_cond_t donecv;  /* sbx_store_wait waits for decisions */
+    struct wop *head, *tail;
+    uint64_t next_seq;
+    uint64_t decided;       /* all writes ≤ decided have a result */
+    /* The most recent failed ranges, so sbx_store_wait can report them. */
+    struct { uint64_t first, last; int rc; } fails[16];
+    unsigned nfails;
+    bool stopping;
+    sbx_store_commit_fn cb;
+    void *cbarg;
+    uint64_t n_batches, n_writes, n_failed;
+};
+
+static const char *const dbnames[SBX_DB__N] = {"sandboxes", "meta", "idem"};
+
+static int
+mdb_to_rc(int rc)
+{
+    if (rc == 0)
+        return 0;
+    if (rc > 0 && rc < 4096)
+        return -rc;
+    return SBX_E_STORAGE;
+}
+
+static void
+decide(sbx_store *s, uint64_t first, uint64_t last, int rc)
+{
+    pthread_mutex_lock(&s->mu);
+    s->decided = last;
+    if (rc != 0) {
+        s->fails[s->nfails % SBX_ARRAY_LEN(s->fails)].first = first;
+        s->fails[s->nfails % SBX_ARRAY_LEN(s->fails)].last = last;
+        s->fails[s->nfails % SBX_ARRAY_LEN(s->fails)].rc = rc;
+        s->nfails++;
+        s->n_failed++;
+    } else {
+        s->n_batches++;
+        s->n_writes += last - first + 1;
+    }
+    pthread_cond_broadcast(&s->donecv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->cb)
+        s->cb(s->cbarg, first, last, rc);
+}
+
+static int
+apply_batch(sbx_store *s, struct wop *ops)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+    if (rc)
+        return mdb_to_rc(rc);
+    for (struct wop *o = ops; o; o = o->next) {
+        MDB_val k = {o->kn, o->data};
+        if (o->del) {
+            rc = mdb_del(txn, s->dbi[o->db], &k, NULL);
+            if (rc == MDB_NOTFOUND)
+                rc = 0;
+        } else {
+            MDB_val v = {o->vn, o->data + o->kn};
+            rc = mdb_put(txn, s->dbi[o->db], &k, &v, 0);
+        }
+        if (rc) {
+            mdb_txn_abort(txn);
+            return mdb_to_rc(rc);
+        }
+    }
+    return mdb_to_rc(mdb_txn_commit(txn));
+}
+
+static void *
+writer_main(void *arg)
+{
+    sbx_store *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->head && !s->stopping)
+            pthread_cond_wait(&s->cv, &s->mu);
+        struct wop *ops = s->head;
+        s->head = s->tail = NULL;
+        bool stop = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (ops) {
+            uint64_t first = ops->seq, last = ops->seq;
+            for (struct wop *o = ops; o; o = o->next)
+                last = o->seq;
+            int rc = apply_batch(s, ops);
+            if (rc)
+                sbx_error("store: batch %llu..%llu failed: %s", (unsigned long long)first,
+                          (unsigned long long)last, sbx_err_message(rc));
+            while (ops) {
+                struct wop *n = ops->next;
+                free(ops);
+                ops = n;
+            }
+            decide(s, first, last, rc);
+        } else if (stop) {
+            break;
+        }
+    }
+    return NULL;
+}
+
+int
+sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, sbx_store_commit_fn cb,
+               void *cbarg)
+{
+    int rc;
+    MDB_txn *txn = NULL;
+    sbx_store *s = sbx_xcalloc(1, sizeof(*s));
+
+    rc = sbx_mkdir_p(dir, 0700);
+    if (rc)
+        goto fail;
+    if ((rc = mdb_env_create(&s->env)) != 0)
+        goto fail_mdb;
+    if ((rc = mdb_env_set_mapsize(s->env, mapsize)) != 0)
+        goto fail_mdb;
+    if ((rc = mdb_env_set_maxdbs(s->env, 8)) != 0)
+        goto fail_mdb;
+    if ((rc = mdb_env_set_maxreaders(s->env, 256)) != 0)
+        goto fail_mdb;
+    if ((rc = mdb_env_open(s->env, dir, MDB_NOTLS, 0600)) != 0)
+        goto fail_mdb;
+    int dead = 0;
+    mdb_reader_check(s->env, &dead);
+    if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0)
+        goto fail_mdb;
+    for (int i = 0; i < SBX_DB__N; i++) {
+        if ((rc = mdb_dbi_open(txn, dbnames[i], MDB_CREATE, &s->dbi[i])) != 0)
+            goto fail_mdb;
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0) {
+        txn = NULL;
+        goto fail_mdb;
+    }
+    txn = NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->donecv, NULL);
+    s->next_seq = 1;
+    s->cb = cb;
+    s->cbarg = cbarg;
+    if ((rc = pthread_create(&s->writer, NULL, writer_main, s)) != 0) {
+        rc = -rc;
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail_mdb:
+    sbx_error("store: %s: %s", dir, mdb_strerror(rc));
+    rc = mdb_to_rc(rc);
+fail:
+    if (txn)
+        mdb_txn_abort(txn);
+    if (s->env)
+        mdb_env_close(s->env);
+    free(s);
+    return rc;
+}
+
+void
+sbx_store_close(sbx_store *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->writer, NULL);
+    mdb_env_close(s->env);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->donecv);
+    free(s);
+}
+
+int
+sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, size_t *vn)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
+    if (rc)
+        return mdb_to_rc(rc);
+    MDB_val key = {kn, (void *)k}, v;
+    rc = mdb_get(txn, s->dbi[db], &key, &v);
+    if (rc == 0) {
+        *val = sbx_xstrndup(v.mv_data, v.mv_size);
+        *vn = v.mv_size;
+    }
+    mdb_txn_abort(txn);
+    if (rc == MDB_NOTFOUND)
+        return -ENOENT;
+    return mdb_to_rc(rc);
+}
+
+int
+sbx_store_foreach(sbx_store *s, int db,
+                  int (*fn)(void *arg, const void *k, size_t kn, const void *v, size_t vn),
+                  void *arg)
+{
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
+    if (rc)
+        return mdb_to_rc(rc);
+    rc = mdb_cursor_open(txn, s->dbi[db], &cur);
+    if (rc) {
+        mdb_txn_abort(txn);
+        return mdb_to_rc(rc);
+    }
+    MDB_val k, v;
+    int r = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        r = fn(arg, k.mv_data, k.mv_size, v.mv_data, v.mv_size);
+        if (r)
+            break;
+    }
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    if (r)
+        return r;
+    return rc == MDB_NOTFOUND ? 0 : mdb_to_rc(rc);
+}
+
+static uint64_t
+enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v, size_t vn)
+{
+    struct wop *o = sbx_xmalloc(sizeof(*o) + kn + vn);
+    o->next = NULL;
+    o->db = db;
+    o->del = del;
+    o->kn = kn;
+    o->vn = vn;
+    memcpy(o->data, k, kn);
+    if (vn)
+        memcpy(o->data + kn, v, vn);
+    pthread_mutex_lock(&s->mu);
+    o->seq = s->next_seq++;
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return o->seq;
+}
+
+uint64_t
+sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
+{
+    return enqueue(s, db, false, k, kn, v, vn);
+}
+
+uint64_t
+sbx_store_del(sbx_store *s, int db, const void *k, size_t kn)
+{
+    return enqueue(s, db, true, k, kn, NULL, 0);
+}
+
+int
+sbx_store_wait(sbx_store *s, uint64_t seq)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    while (s->decided < seq)
+        pthread_cond_wait(&s->donecv, &s->mu);
+    unsigned n = s->nfails < SBX_ARRAY_LEN(s->fails) ? s->nfails : SBX_ARRAY_LEN(s->fails);
+    for (unsigned i = 0; i < n; i++) {
+        if (seq >= s->fails[i].first && seq <= s->fails[i].last)
+            rc = s->fails[i].rc;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void
+sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *failed)
+{
+    pthread_mutex_lock(&s->mu);
+    *batches = s->n_batches;
+    *writes = s->n_writes;
+    *failed = s->n_failed;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,86 @@
+/*
+ * store.h — the LMDB metadata store of a shard (or of any sbxd process).
+ *
+ * Rules we rely on (lmdb.h 0.9.24 "Caveats"; actors-cluster.md §1g):
+ *  - one environment per process, opened once (opening the same file twice in
+ *    a process breaks its fcntl locks);
+ *  - MDB_NOTLS, so a read transaction may be used by whichever thread runs
+ *    the code, and reader slots are tied to transactions, not threads;
+ *  - exactly one writer: a dedicated thread drains a queue of puts and
+ *    deletes into one transaction per batch (group commit), so N concurrent
+ *    actor writes cost one fsync;
+ *  - no transaction is ever held across container or network I/O;
+ *  - a generous map size (sparse on disk) is set before open; a full map is
+ *    reported as STORAGE_ERROR, never a crash.
+ *
+ * Durability contract (the output gate): a write's sequence number is
+ * "committed" only after mdb_txn_commit() returned 0 with the default sync
+ * mode; callers reply to clients only after that (see actors/actor.h).
+ */
+#ifndef SBX_STORE_H
+#define SBX_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sbx_store sbx_store;
+
+/* Named databases. */
+enum sbx_db {
+    SBX_DB_SANDBOXES = 0, /* sandbox ID → msgpack sandbox record (actors/record.h) */
+    SBX_DB_META,          /* process metadata (schema version, shard name, …) */
+    SBX_DB_IDEM,          /* request id → cached reply of a state-changing op */
+    SBX_DB__N
+};
+
+/*
+ * Called on the writer thread after each batch: writes with sequence numbers
+ * first..last were committed (rc == 0) or all failed (rc < 0: -errno or
+ * SBX_E_STORAGE).  Must not block; the shard posts to its loop from here.
+ */
+typedef void (*sbx_store_commit_fn)(void *arg, uint64_t first, uint64_t last, int rc);
+
+/*
+ * sbx_store_open — open (creating) the environment in directory `dir`
+ * (created 0700 if missing) with a map of `mapsize` bytes, and start the
+ * writer thread.  `cb` may be NULL.  0 or a negative code; on success the
+ * caller owns *out and must sbx_store_close it.
+ */
+int sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, sbx_store_commit_fn cb,
+                   void *cbarg);
+
+/* sbx_store_close — commit what is queued, stop the writer, close the env. */
+void sbx_store_close(sbx_store *s);
+
+/*
+ * sbx_store_get — copy the value of key k in db into a heap buffer the
+ * caller frees (*val, NUL-terminated for convenience; *vn excludes the NUL).
+ * Returns 0, -ENOENT, or SBX_E_STORAGE.  Sees committed data only.
+ */
+int sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, size_t *vn);
+
+/*
+ * sbx_store_foreach — call fn for every key/value of db in key order, inside
+ * one read transaction (fn must not block or call back into the store).  The
+ * views are valid only during the call.  fn returns 0 to go on, anything else
+ * stops the walk and is returned.
+ */
+int sbx_store_foreach(sbx_store *s, int db,
+                      int (*fn)(void *arg, const void *k, size_t kn, const void *v, size_t vn),
+                      void *arg);
+
+/*
+ * sbx_store_put / sbx_store_del — queue a write for the next batch and
+ * return its sequence number (> 0, increasing).  Keys are ≤ 511 bytes
+ * (MDB_MAXKEYSIZE); values of any size.  The data is copied.  Thread-safe.
+ */
+uint64_t sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn);
+uint64_t sbx_store_del(sbx_store *s, int db, const void *k, size_t kn);
+
+/* sbx_store_wait — block until write `seq` is decided; returns the batch's rc. */
+int sbx_store_wait(sbx_store *s, uint64_t seq);
+
+/* sbx_store_stat — counters for `sbx status`: batches and writes committed, failed batches. */
+void sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *failed);
+
+#endif
