@@ -1,0 +1,175 @@
+/*
+ * agent.h — internals of sbx-agent, the PID 1 of every sandbox.
+ *
+ * Life of the agent (container/spawn.c starts it):
+ *   1. the shard clones it into new user, mount, pid, net, UTS and IPC
+ *      namespaces, maps uid/gid 0 inside to one unprivileged host id, puts it
+ *      in its cgroups and execs this binary from a sealed memfd;
+ *   2. the agent reads its configuration frame from fd 3 (the channel) and
+ *      builds the sandbox (setup.c): root on tmpfs, read-only /usr and
+ *      curated /etc, fresh /dev and masked /proc, writable /workspace /tmp
+ *      /home, pivot_root, loopback, rlimits, then drops every capability,
+ *      sets no_new_privs, becomes non-dumpable and loads the seccomp filter
+ *      it was given;
+ *   3. it answers "ready" and serves requests on the channel (main.c): exec
+ *      (exec.c), sessions (session.c) and the rest, reaping every orphan.
+ *
+ * The channel is the only way in: an inherited socketpair end, never in
+ * any file system, and the agent is non-dumpable, so tenant code (same uid,
+ * no capabilities, seccomp denies ptrace and pidfd_getfd) can neither reach
+ * it through /proc/1/fd nor read or write the agent's memory.
+ */
+#ifndef SBX_AGENT_H
+#define SBX_AGENT_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "../../runtime/frame.h"
+#include "../../runtime/loop.h"
+#include "../../runtime/util.h"
+#include "../../runtime/wire.h"
+
+#define AGENT_CHAN_FD 3
+
+/* Configuration sent by the shard in the first frame (spawn.c builds it). */
+struct agent_cfg {
+    char hostname[64];
+    bool unshare_cgroupns;   /* cgroup v1: the parent attached us, now unshare */
+    uint64_t rw_size;        /* bytes: /workspace + /tmp + /home share one tmpfs */
+    uint64_t rw_inodes;
+    uint64_t shm_size;       /* bytes of /dev/shm */
+    char **etc;              /* NULL-terminated names under /etc to bind read-only */
+    struct {
+        char *p;             /* a seccomp program (struct sock_filter[]) */
+        size_t n;            /* bytes */
+    } bpf[4];
+    int nbpf;                /* loaded in order (container/seccomp.h) */
+    uint32_t nofile;         /* RLIMIT_NOFILE for tenant processes */
+    uint32_t nproc;          /* RLIMIT_NPROC backstop (per uid; the pids cgroup is the real limit) */
+    uint64_t output_cap;     /* bytes kept per stream of an exec */
+    char **env;              /* base environment "K=V", NULL-terminated */
+};
+
+/* setup.c: build the sandbox; 0 or -errno with the failing step in why. */
+int agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen);
+/* setup.c: parse the configuration frame; 0 or SBX_E_MALFORMED. */
+int agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root);
+void agent_cfg_free(struct agent_cfg *cfg);
+
+/* ------------------------------------------------------------------------------ */
+
+struct agent;
+struct job;
+struct session;
+
+/* A request from the actor, waiting for its reply.  Owned by whoever runs it. */
+struct agent_req {
+    uint64_t tag;
+    char *frame;              /* the raw frame; args point into it */
+    sbx_msg msg;
+    const msgpack_object *args;
+    char op[32];
+};
+
+/* The agent: one per sandbox, the loop's only state. */
+struct agent {
+    sbx_loop *loop;
+    int chan;
+    sbx_watch *chan_w;
+    sbx_frame_reader rd;
+    sbx_frame_writer wr;
+    int sigfd;                /* signalfd for SIGCHLD */
+    struct agent_cfg cfg;
+    char **env;               /* current sandbox env (cfg.env + setEnvVars), "K=V" */
+    struct job *jobs;         /* running commands (list) */
+    struct session *sessions; /* list */
+    uint64_t nonce_ctr;
+    bool bound;
+    char sandbox[64];
+};
+
+/* main.c: reply helpers.  `r` is consumed (freed) by these. */
+void agent_reply_ok(struct agent *a, struct agent_req *r, sbx_enc *result /* open map, or NULL */);
+void agent_reply_err(struct agent *a, struct agent_req *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void agent_reply_werr(struct agent *a, struct agent_req *r, sbx_werr *w);
+void agent_req_free(struct agent_req *r);
+
+/* env helpers (main.c): build "K=V" arrays. */
+char **agent_env_merge(char *const *base, const msgpack_object *overrides);
+void agent_env_free(char **env);
+const char *agent_env_get(char *const *env, const char *key);
+
+/* ------------------------------------------------------------------------------ */
+/* exec.c — commands run as fresh processes ("sessionless"), and the machinery
+ * sessions share: output capture with caps, tree kill, exit causes. */
+
+/* Output of one stream: kept up to `cap` bytes, the rest counted and dropped. */
+struct outcap {
+    sbx_buf data;
+    uint64_t total;   /* bytes seen */
+    uint64_t cap;
+    bool truncated;
+};
+void outcap_init(struct outcap *o, uint64_t cap);
+void outcap_add(struct outcap *o, const char *p, size_t n);
+void outcap_free(struct outcap *o);
+
+/* exec.c: the "exec" op without a session. */
+void agent_exec_fresh(struct agent *a, struct agent_req *r);
+/* exec.c: called for every reaped child. */
+void agent_job_reaped(struct agent *a, pid_t pid, int status);
+/* exec.c: kill pid and all of its descendants with SIGKILL (pid itself last
+ * unless skip_root); returns how many processes were signalled. */
+int agent_kill_tree(pid_t root, bool skip_root, const pid_t *spare, size_t nspare);
+/* exec.c: the same, sparing every subtree whose root started before clock
+ * tick `since` (proc(5) starttime; see agent_boot_ticks). */
+int agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nspare,
+                          unsigned long long since);
+/* exec.c: now, in the clock ticks proc(5) uses for starttime. */
+unsigned long long agent_boot_ticks(void);
+/* exec.c: parse the common exec arguments (cmd/argv, cwd, env, timeout). */
+struct exec_args {
+    char *cmd;               /* shell string, or NULL when argv is set */
+    char **argv;             /* NULL-terminated, or NULL */
+    char *cwd;               /* NULL = default */
+    const msgpack_object *env; /* map or NULL */
+    int64_t timeout_ms;      /* 0 = none */
+    char *stdin_data;
+    size_t stdin_len;
+    bool has_stdin;
+};
+int exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, size_t whylen);
+void exec_args_free(struct exec_args *ea);
+/* exec.c: encode the common exec result fields. */
+void exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
+                        int64_t duration_ms, struct outcap *out, struct outcap *err);
+
+/* session.c */
+void agent_exec_session(struct agent *a, struct agent_req *r, const char *sid);
+void agent_sessions_reaped(struct agent *a, pid_t pid, int status);
+void agent_sessions_free(struct agent *a);
+
+/* exec.c: a new pseudo-terminal pair (both O_CLOEXEC, master non-blocking);
+ * 0 or -errno. */
+int agent_openpty(int *master, int *slave);
+
+/* Spawning children (exec.c): fork, set up stdio/cwd/env/limits, exec. */
+struct spawn_opts {
+    int in_fd, out_fd, err_fd;   /* become 0, 1, 2 */
+    const int *keep_fds;         /* extra fds to keep open (dup'ed to 3, 4, …) */
+    int nkeep;
+    const char *cwd;
+    char *const *env;
+    const char *const *argv;
+    bool subreaper;
+    bool new_session;
+};
+/* Returns the child's pid or -errno (the child reports exec failure as exit 127
+ * with a message on its stderr, like a shell). */
+pid_t agent_spawn(struct agent *a, const struct spawn_opts *o);
+
+#endif

@@ -1,0 +1,763 @@
+/*
+ * exec.c — commands run as fresh processes, and what sessions share with
+ * them: argument parsing, spawning, bounded output capture, the process-tree
+ * kill and the result shape.
+ *
+ * A fresh command (the SDK's "sessionless" mode) is `/bin/sh -c CMD` or an
+ * argv, started by fork+exec from this single-threaded PID 1 with stdout and
+ * stderr on two pipes.  The child is made a child subreaper
+ * (prctl(2) PR_SET_CHILD_SUBREAPER) and the leader of a new session, so
+ * every process it starts stays in its subtree even when a middle process
+ * exits: a timeout can then kill the whole tree by walking /proc, as the
+ * SDK's process kill does, without missing double-forked children.
+ *
+ * The reply is sent when the command's own process has exited and its
+ * output has been drained.  Background children that keep the pipes open
+ * (`server &`) do not delay it: after a short grace the pipes are handed to
+ * a drainer that discards what they write until they close, so such
+ * children never block on a full pipe nor die of SIGPIPE.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../runtime/err.h"
+#include "../../runtime/log.h"
+#include "agent.h"
+
+#define DRAIN_GRACE_MS 20
+
+void
+outcap_init(struct outcap *o, uint64_t cap)
+{
+    sbx_buf_init(&o->data);
+    o->total = 0;
+    o->cap = cap;
+    o->truncated = false;
+}
+
+void
+outcap_add(struct outcap *o, const char *p, size_t n)
+{
+    o->total += n;
+    if (o->data.len >= o->cap) {
+        if (n)
+            o->truncated = true;
+        return;
+    }
+    size_t room = (size_t)(o->cap - o->data.len);
+    if (n > room) {
+        o->truncated = true;
+        n = room;
+    }
+    sbx_buf_append(&o->data, p, n);
+}
+
+void
+outcap_free(struct outcap *o)
+{
+    sbx_buf_free(&o->data);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Arguments. */
+
+void
+exec_args_free(struct exec_args *ea)
+{
+    free(ea->cmd);
+    if (ea->argv) {
+        for (char **p = ea->argv; *p; p++)
+            free(*p);
+        free(ea->argv);
+    }
+    free(ea->cwd);
+    free(ea->stdin_data);
+    memset(ea, 0, sizeof(*ea));
+}
+
+int
+exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, size_t whylen)
+{
+    sbx_str s;
+    const msgpack_object *arr;
+    int rc;
+
+    memset(ea, 0, sizeof(*ea));
+    rc = sbx_wire_get_array(args, "argv", &arr);
+    if (rc == 0) {
+        if (arr->via.array.size == 0 || arr->via.array.size > 4096) {
+            snprintf(why, whylen, "argv must have 1-4096 elements");
+            return SBX_E_VALIDATION;
+        }
+        ea->argv = sbx_xcalloc(arr->via.array.size + 1, sizeof(char *));
+        for (uint32_t i = 0; i < arr->via.array.size; i++) {
+            if (sbx_wire_obj_str(&arr->via.array.ptr[i], &s) != 0 || memchr(s.p, '\0', s.n)) {
+                snprintf(why, whylen, "argv[%u] must be a string without NUL bytes", i);
+                exec_args_free(ea);
+                return SBX_E_VALIDATION;
+            }
+            ea->argv[i] = sbx_str_dup(s);
+        }
+        if (ea->argv[0][0] == '\0') {
+            snprintf(why, whylen, "argv[0] must not be empty");
+            exec_args_free(ea);
+            return SBX_E_VALIDATION;
+        }
+    } else if (rc == -ENOENT) {
+        rc = sbx_wire_get_str(args, "command", &s);
+        if (rc != 0 || s.n == 0) {
+            snprintf(why, whylen, "'command' (a non-empty string) or 'argv' is required");
+            return SBX_E_VALIDATION;
+        }
+        if (memchr(s.p, '\0', s.n)) {
+            snprintf(why, whylen, "'command' must not contain NUL bytes");
+            return SBX_E_VALIDATION;
+        }
+        ea->cmd = sbx_str_dup(s);
+    } else {
+        snprintf(why, whylen, "'argv' must be an array of strings");
+        return SBX_E_VALIDATION;
+    }
+    rc = sbx_wire_get_str(args, "cwd", &s);
+    if (rc == 0) {
+        if (s.n == 0 || s.n > 4096 || memchr(s.p, '\0', s.n)) {
+            snprintf(why, whylen, "'cwd' must be a path of 1-4096 bytes");
+            exec_args_free(ea);
+            return SBX_E_VALIDATION;
+        }
+        ea->cwd = sbx_str_dup(s);
+    } else if (rc != -ENOENT) {
+        snprintf(why, whylen, "'cwd' must be a string");
+        exec_args_free(ea);
+        return SBX_E_VALIDATION;
+    }
+    rc = sbx_wire_get_map(args, "env", &ea->env);
+    if (rc == SBX_E_VALIDATION) {
+        snprintf(why, whylen, "'env' must be a map of strings");
+        exec_args_free(ea);
+        return SBX_E_VALIDATION;
+    }
+    if (ea->env) {
+        for (uint32_t i = 0; i < ea->env->via.map.size; i++) {
+            const msgpack_object_kv *kv = &ea->env->via.map.ptr[i];
+            sbx_str k;
+            if (sbx_wire_obj_str(&kv->key, &k) != 0 || k.n == 0 || memchr(k.p, '=', k.n) ||
+                memchr(k.p, '\0', k.n) ||
+                (kv->val.type != MSGPACK_OBJECT_STR && kv->val.type != MSGPACK_OBJECT_NIL) ||
+                (kv->val.type == MSGPACK_OBJECT_STR &&
+                 memchr(kv->val.via.str.ptr, '\0', kv->val.via.str.size))) {
+                snprintf(why, whylen, "'env' keys must be non-empty names without '=' and "
+                                      "values strings (or nil to unset)");
+                exec_args_free(ea);
+                return SBX_E_VALIDATION;
+            }
+        }
+    }
+    rc = sbx_wire_get_i64(args, "timeout", &ea->timeout_ms);
+    if (rc == SBX_E_VALIDATION || ea->timeout_ms < 0) {
+        snprintf(why, whylen, "'timeout' must be a non-negative number of milliseconds");
+        exec_args_free(ea);
+        return SBX_E_VALIDATION;
+    }
+    rc = sbx_wire_get_bin(args, "stdin", &s);
+    if (rc == 0) {
+        ea->has_stdin = true;
+        ea->stdin_data = sbx_xstrndup(s.p, s.n);
+        ea->stdin_len = s.n;
+    } else if (rc != -ENOENT) {
+        snprintf(why, whylen, "'stdin' must be bytes or a string");
+        exec_args_free(ea);
+        return SBX_E_VALIDATION;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Spawning. */
+
+static void __attribute__((noreturn))
+child_fail(const char *what, const char *arg, int err)
+{
+    char msg[512];
+    int n = snprintf(msg, sizeof(msg), "sbx: %s%s%s: %s\n", what, arg ? " " : "", arg ? arg : "",
+                     strerror(err));
+    ssize_t w = write(STDERR_FILENO, msg, (size_t)n);
+    (void)w;
+    _exit(err == ENOENT ? 127 : 126);
+}
+
+pid_t
+agent_spawn(struct agent *a, const struct spawn_opts *o)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid > 0)
+        return pid;
+
+    /* Child: a copy of the (single-threaded) agent; everything here runs
+     * before the tenant's program and with the agent's empty privileges. */
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    for (int s = 1; s < NSIG; s++)
+        signal(s, SIG_DFL);
+    if (o->new_session)
+        setsid();
+    if (o->subreaper)
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    /* The agent runs at oom_score_adj -998 (set by the shard); what it starts
+     * goes back to 0 so the OOM killer picks tenant processes first. */
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t w = write(fd, "0", 1);
+        (void)w;
+        close(fd);
+    }
+    /* stdio, then the kept fds at 3, 4, … (move them above the range first so
+     * dup2 never clobbers one we still need). */
+    int hi[8];
+    for (int i = 0; i < o->nkeep && i < 8; i++)
+        hi[i] = fcntl(o->keep_fds[i], F_DUPFD_CLOEXEC, 64);
+    int in = fcntl(o->in_fd, F_DUPFD_CLOEXEC, 64);
+    int out = fcntl(o->out_fd, F_DUPFD_CLOEXEC, 64);
+    int err = fcntl(o->err_fd, F_DUPFD_CLOEXEC, 64);
+    if (in < 0 || out < 0 || err < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
+        _exit(126);
+    for (int i = 0; i < o->nkeep && i < 8; i++) {
+        if (hi[i] < 0 || dup2(hi[i], 3 + i) < 0)
+            _exit(126);
+    }
+    /* Everything else closes at exec: the channel, pipes of other jobs. */
+    close_range((unsigned)(3 + o->nkeep), ~0U, CLOSE_RANGE_CLOEXEC);
+    struct rlimit rl = {a->cfg.nofile, a->cfg.nofile};
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (o->cwd && chdir(o->cwd) < 0)
+        child_fail("cannot change directory to", o->cwd, errno);
+    execvpe(o->argv[0], (char *const *)o->argv, o->env);
+    child_fail(o->argv[0], NULL, errno);
+}
+
+int
+agent_openpty(int *master, int *slave)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+    if (m < 0)
+        return -errno;
+    char name[64];
+    if (grantpt(m) < 0 || unlockpt(m) < 0 || ptsname_r(m, name, sizeof(name)) != 0) {
+        int e = -errno;
+        close(m);
+        return e;
+    }
+    int sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (sl < 0) {
+        int e = -errno;
+        close(m);
+        return e;
+    }
+    *master = m;
+    *slave = sl;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Process trees. */
+
+struct pinfo {
+    pid_t pid, ppid;
+    unsigned long long start; /* clock ticks since boot, proc(5) field 22 */
+};
+
+static size_t
+list_procs(struct pinfo **out)
+{
+    size_t n = 0, cap = 64;
+    struct pinfo *v = sbx_xmalloc(cap * sizeof(*v));
+    DIR *d = opendir("/proc");
+    if (!d) {
+        *out = v;
+        return 0;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t r = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = '\0';
+        /* pid (comm) state ppid …; comm may hold spaces and ')' itself. */
+        char *rp = strrchr(buf, ')');
+        if (!rp)
+            continue;
+        char state;
+        int ppid;
+        unsigned long long start = 0;
+        if (sscanf(rp + 1,
+                   " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                   &state, &ppid, &start) != 3)
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            v = sbx_xrealloc(v, cap * sizeof(*v));
+        }
+        v[n].pid = (pid_t)pid;
+        v[n].ppid = ppid;
+        v[n].start = start;
+        n++;
+    }
+    closedir(d);
+    *out = v;
+    return n;
+}
+
+static bool
+in_list(const pid_t *v, size_t n, pid_t p)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == p)
+            return true;
+    return false;
+}
+
+/* Descendants of root (not root itself), skipping the subtrees rooted at
+ * the `spare` pids and at processes that started before tick `since`. */
+static size_t
+descendants(pid_t root, const pid_t *spare, size_t nspare, unsigned long long since, pid_t **out)
+{
+    struct pinfo *ps;
+    size_t np = list_procs(&ps);
+    pid_t *res = sbx_xmalloc((np + 1) * sizeof(pid_t));
+    size_t nr = 0;
+    /* Breadth-first over the parent links. */
+    pid_t *queue = sbx_xmalloc((np + 1) * sizeof(pid_t));
+    size_t qh = 0, qt = 0;
+    queue[qt++] = root;
+    while (qh < qt) {
+        pid_t p = queue[qh++];
+        for (size_t i = 0; i < np; i++) {
+            if (ps[i].ppid != p || ps[i].pid == 1)
+                continue;
+            if (in_list(spare, nspare, ps[i].pid) || ps[i].start < since)
+                continue;
+            res[nr++] = ps[i].pid;
+            queue[qt++] = ps[i].pid;
+        }
+    }
+    free(queue);
+    free(ps);
+    *out = res;
+    return nr;
+}
+
+int
+agent_kill_tree(pid_t root, bool skip_root, const pid_t *spare, size_t nspare)
+{
+    return agent_kill_tree_since(root, skip_root, spare, nspare, 0);
+}
+
+unsigned long long
+agent_boot_ticks(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (hz <= 0)
+        hz = 100;
+    return (unsigned long long)ts.tv_sec * (unsigned long long)hz +
+           (unsigned long long)ts.tv_nsec / (1000000000ull / (unsigned long long)hz);
+}
+
+int
+agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nspare,
+                      unsigned long long since)
+{
+    int killed = 0;
+    /* Kill the descendants first, round after round: a killed process's
+     * children are re-parented to the subreaper `root` and show up in the
+     * next walk; a fork bomb is bounded by the pids cgroup. */
+    for (int round = 0; round < 200; round++) {
+        pid_t *d;
+        size_t n = descendants(root, spare, nspare, since, &d);
+        for (size_t i = 0; i < n; i++) {
+            if (kill(d[i], SIGKILL) == 0)
+                killed++;
+        }
+        free(d);
+        if (n == 0)
+            break;
+    }
+    if (!skip_root && kill(root, SIGKILL) == 0)
+        killed++;
+    return killed;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Results. */
+
+void
+exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
+                   int64_t duration_ms, struct outcap *out, struct outcap *err)
+{
+    if (timed_out) {
+        char note[128];
+        int n = snprintf(note, sizeof(note), "%sCommand timed out after %lldms\n",
+                         (err->data.len && err->data.p[err->data.len - 1] != '\n') ? "\n" : "",
+                         (long long)timeout_ms);
+        /* The note is always kept, even past the cap. */
+        sbx_buf_append(&err->data, note, (size_t)n);
+    }
+    sbx_enc_kbool(e, "success", exit_code == 0 && !timed_out);
+    sbx_enc_kint(e, "exitCode", exit_code);
+    sbx_enc_kbin(e, "stdout", out->data.p ? out->data.p : "", out->data.len);
+    sbx_enc_kbin(e, "stderr", err->data.p ? err->data.p : "", err->data.len);
+    sbx_enc_kbool(e, "stdoutTruncated", out->truncated);
+    sbx_enc_kbool(e, "stderrTruncated", err->truncated);
+    sbx_enc_kint(e, "stdoutBytes", (int64_t)out->total);
+    sbx_enc_kint(e, "stderrBytes", (int64_t)err->total);
+    sbx_enc_kint(e, "duration", duration_ms);
+    sbx_enc_kbool(e, "timedOut", timed_out);
+    if (sig)
+        sbx_enc_kint(e, "signal", sig);
+    /* The actor refines EXITED/KILLED with the cgroup's OOM and pids counters. */
+    sbx_enc_kstr(e, "cause", timed_out ? "TIMEOUT" : sig ? "KILLED" : "EXITED");
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Fresh-process jobs. */
+
+struct job {
+    struct job *next;
+    struct agent *a;
+    struct agent_req *req;
+    pid_t pid;
+    int fds[3];              /* our ends: stdin (write), stdout, stderr (read); -1 when closed */
+    sbx_watch *w[3];
+    struct outcap out, err;
+    char *in_data;
+    size_t in_len, in_off;
+    int64_t start_us, timeout_ms;
+    uint64_t timer, grace;
+    bool exited, timed_out;
+    int status;
+};
+
+/* Pipes handed over after the reply: read and discard until EOF. */
+struct drain {
+    int fd;
+    sbx_watch *w;
+};
+
+static void
+drain_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct drain *d = arg;
+    char buf[65536];
+    (void)ev;
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof(buf));
+        if (r > 0)
+            continue;
+        if (r < 0 && (errno == EINTR))
+            continue;
+        if (r < 0 && errno == EAGAIN)
+            return;
+        break; /* EOF or error */
+    }
+    sbx_loop_unwatch(l, d->w);
+    close(d->fd);
+    free(d);
+}
+
+static void
+hand_to_drainer(struct agent *a, int fd)
+{
+    struct drain *d = sbx_xmalloc(sizeof(*d));
+    d->fd = fd;
+    d->w = sbx_loop_watch(a->loop, fd, EPOLLIN, drain_cb, d);
+}
+
+static void
+job_close_fd(struct job *j, int i, bool drain)
+{
+    if (j->fds[i] < 0)
+        return;
+    sbx_loop_unwatch(j->a->loop, j->w[i]);
+    j->w[i] = NULL;
+    if (drain)
+        hand_to_drainer(j->a, j->fds[i]);
+    else
+        close(j->fds[i]);
+    j->fds[i] = -1;
+}
+
+/* Read what a pipe has now; returns true at EOF. */
+static bool
+job_read(struct job *j, int i)
+{
+    char buf[65536];
+    for (;;) {
+        ssize_t r = read(j->fds[i], buf, sizeof(buf));
+        if (r > 0) {
+            outcap_add(i == 1 ? &j->out : &j->err, buf, (size_t)r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == EAGAIN)
+            return false;
+        return true;
+    }
+}
+
+static void job_finish(struct job *j);
+
+static void
+job_maybe_finish(struct job *j)
+{
+    if (j->exited && j->fds[1] < 0 && j->fds[2] < 0)
+        job_finish(j);
+}
+
+static void
+job_io_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct job *j = arg;
+    (void)l;
+    (void)ev;
+    int i = (fd == j->fds[1]) ? 1 : 2;
+    if (job_read(j, i)) {
+        job_close_fd(j, i, false);
+        job_maybe_finish(j);
+    }
+}
+
+static void
+job_stdin_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct job *j = arg;
+    (void)l;
+    (void)ev;
+    while (j->in_off < j->in_len) {
+        ssize_t w = write(fd, j->in_data + j->in_off, j->in_len - j->in_off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
+                return;
+            break; /* EPIPE: the command does not read its stdin */
+        }
+        j->in_off += (size_t)w;
+    }
+    job_close_fd(j, 0, false);
+}
+
+static void
+job_timeout_cb(sbx_loop *l, void *arg)
+{
+    struct job *j = arg;
+    (void)l;
+    j->timer = 0;
+    if (j->exited)
+        return;
+    j->timed_out = true;
+    agent_kill_tree(j->pid, false, NULL, 0);
+}
+
+static void
+job_grace_cb(sbx_loop *l, void *arg)
+{
+    struct job *j = arg;
+    (void)l;
+    j->grace = 0;
+    for (int i = 1; i <= 2; i++) {
+        if (j->fds[i] >= 0) {
+            bool eof = job_read(j, i);
+            job_close_fd(j, i, !eof);
+        }
+    }
+    job_maybe_finish(j);
+}
+
+static void
+job_unlink(struct agent *a, struct job *j)
+{
+    for (struct job **pp = &a->jobs; *pp; pp = &(*pp)->next) {
+        if (*pp == j) {
+            *pp = j->next;
+            return;
+        }
+    }
+}
+
+static void
+job_finish(struct job *j)
+{
+    struct agent *a = j->a;
+    int code, sig = 0;
+    if (WIFEXITED(j->status)) {
+        code = WEXITSTATUS(j->status);
+    } else {
+        sig = WTERMSIG(j->status);
+        code = 128 + sig;
+    }
+    if (j->timed_out)
+        code = 124;
+    int64_t dur = (sbx_mono_us() - j->start_us) / 1000;
+    sbx_loop_cancel(a->loop, j->timer);
+    sbx_loop_cancel(a->loop, j->grace);
+    job_close_fd(j, 0, false);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    exec_encode_result(&e, code, j->timed_out ? 0 : sig, j->timed_out, j->timeout_ms, dur,
+                       &j->out, &j->err);
+    agent_reply_ok(a, j->req, &e);
+    job_unlink(a, j);
+    outcap_free(&j->out);
+    outcap_free(&j->err);
+    free(j->in_data);
+    free(j);
+}
+
+void
+agent_job_reaped(struct agent *a, pid_t pid, int status)
+{
+    for (struct job *j = a->jobs; j; j = j->next) {
+        if (j->pid != pid || j->exited)
+            continue;
+        j->exited = true;
+        j->status = status;
+        /* What the process wrote is in the pipes already; take it now, and
+         * give its children a moment to close their copies. */
+        for (int i = 1; i <= 2; i++) {
+            if (j->fds[i] >= 0 && job_read(j, i))
+                job_close_fd(j, i, false);
+        }
+        if (j->fds[1] >= 0 || j->fds[2] >= 0)
+            j->grace = sbx_loop_timer(a->loop, DRAIN_GRACE_MS, job_grace_cb, j);
+        job_maybe_finish(j);
+        return;
+    }
+}
+
+void
+agent_exec_fresh(struct agent *a, struct agent_req *r)
+{
+    struct exec_args ea;
+    char why[256];
+    int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
+    int devnull = -1;
+    char **env = NULL;
+    struct job *j = NULL;
+
+    int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
+    if (rc) {
+        agent_reply_err(a, r, rc, "%s", why);
+        return;
+    }
+    const char *cwd = ea.cwd ? ea.cwd : "/workspace";
+    struct stat st;
+    if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox", cwd);
+        goto out;
+    }
+    if (pipe2(p_out, O_CLOEXEC) < 0 || pipe2(p_err, O_CLOEXEC) < 0)
+        goto sys_fail;
+    if (ea.has_stdin) {
+        if (pipe2(p_in, O_CLOEXEC) < 0)
+            goto sys_fail;
+    } else {
+        devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (devnull < 0)
+            goto sys_fail;
+    }
+    env = agent_env_merge(a->env, ea.env);
+    const char *sh_argv[] = {"/bin/sh", "-c", ea.cmd, NULL};
+    struct spawn_opts so = {
+        .in_fd = ea.has_stdin ? p_in[0] : devnull,
+        .out_fd = p_out[1],
+        .err_fd = p_err[1],
+        .cwd = cwd,
+        .env = env,
+        .argv = ea.argv ? (const char *const *)ea.argv : sh_argv,
+        .subreaper = true,
+        .new_session = true,
+    };
+    j = sbx_xcalloc(1, sizeof(*j));
+    j->start_us = sbx_mono_us();
+    pid_t pid = agent_spawn(a, &so);
+    if (pid < 0) {
+        errno = -pid;
+        goto sys_fail;
+    }
+    j->a = a;
+    j->req = r;
+    j->pid = pid;
+    j->timeout_ms = ea.timeout_ms;
+    outcap_init(&j->out, a->cfg.output_cap);
+    outcap_init(&j->err, a->cfg.output_cap);
+    close(p_out[1]);
+    close(p_err[1]);
+    p_out[1] = p_err[1] = -1;
+    j->fds[0] = -1;
+    j->fds[1] = p_out[0];
+    j->fds[2] = p_err[0];
+    p_out[0] = p_err[0] = -1;
+    sbx_set_nonblock(j->fds[1], true);
+    sbx_set_nonblock(j->fds[2], true);
+    j->w[1] = sbx_loop_watch(a->loop, j->fds[1], EPOLLIN, job_io_cb, j);
+    j->w[2] = sbx_loop_watch(a->loop, j->fds[2], EPOLLIN, job_io_cb, j);
+    if (ea.has_stdin) {
+        close(p_in[0]);
+        p_in[0] = -1;
+        j->fds[0] = p_in[1];
+        p_in[1] = -1;
+        j->in_data = ea.stdin_data;
+        j->in_len = ea.stdin_len;
+        ea.stdin_data = NULL;
+        sbx_set_nonblock(j->fds[0], true);
+        j->w[0] = sbx_loop_watch(a->loop, j->fds[0], EPOLLOUT, job_stdin_cb, j);
+    }
+    if (ea.timeout_ms > 0)
+        j->timer = sbx_loop_timer(a->loop, ea.timeout_ms, job_timeout_cb, j);
+    j->next = a->jobs;
+    a->jobs = j;
+    j = NULL;
+    goto out;
+sys_fail:
+    agent_reply_err(a, r, SBX_E_COMMAND, "could not start the command: %s", strerror(errno));
+out:
+    free(j);
+    for (int i = 0; i < 2; i++) {
+        if (p_in[i] >= 0) close(p_in[i]);
+        if (p_out[i] >= 0) close(p_out[i]);
+        if (p_err[i] >= 0) close(p_err[i]);
+    }
+    if (devnull >= 0)
+        close(devnull);
+    agent_env_free(env);
+    exec_args_free(&ea);
+}

@@ -1,0 +1,432 @@
+/*
+ * main.c — sbx-agent: PID 1 of a sandbox.  Not a user command; container/
+ * spawn.c starts it (see agent.h for its life).
+ *
+ * Channel protocol (fd 3, length-prefixed frames, runtime/frame.h):
+ *   shard → agent   { "t": <uint tag>, "op": "exec", "a": { …args… } }
+ *   agent → shard   { "t": tag, "ok": true,  "r": { …result… } }
+ *                   { "t": tag, "ok": false, "e": { code, message, context } }
+ * Tags are chosen by the shard and echoed; requests are read and started in
+ * arrival order, and may complete in any order (a session serializes its
+ * own commands; different sessions and fresh commands run in parallel).
+ * The first frame is the configuration (setup.c); the agent answers it with
+ * { "ready": true } or { "ready": false, "step": "…", "errno": N }.
+ *
+ * Frames from the shard are trusted but still decoded with the hostile-input
+ * checks of runtime/wire.h; the shard in turn treats everything the agent
+ * sends as untrusted, since tenant code shares the sandbox with it.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/err.h"
+#include "../../runtime/log.h"
+#include "agent.h"
+
+#define AGENT_MAX_FRAME SBX_WIRE_MAX_FRAME
+#define AGENT_MAX_BACKLOG (256u << 20) /* bytes queued to a shard that stopped reading */
+
+/* ------------------------------------------------------------------------------ */
+/* Environment arrays. */
+
+static bool
+env_key_eq(const char *entry, const char *key, size_t kn)
+{
+    return strncmp(entry, key, kn) == 0 && entry[kn] == '=';
+}
+
+const char *
+agent_env_get(char *const *env, const char *key)
+{
+    size_t kn = strlen(key);
+    for (char *const *p = env; p && *p; p++)
+        if (env_key_eq(*p, key, kn))
+            return *p + kn + 1;
+    return NULL;
+}
+
+char **
+agent_env_merge(char *const *base, const msgpack_object *ov)
+{
+    size_t n = 0;
+    for (char *const *p = base; p && *p; p++)
+        n++;
+    size_t extra = ov ? ov->via.map.size : 0;
+    char **env = sbx_xcalloc(n + extra + 1, sizeof(char *));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        env[k++] = sbx_xstrdup(base[i]);
+    for (size_t i = 0; i < extra; i++) {
+        const msgpack_object_kv *kv = &ov->via.map.ptr[i];
+        sbx_str key, val;
+        if (sbx_wire_obj_str(&kv->key, &key) != 0 || key.n == 0)
+            continue;
+        /* Remove an existing entry of this name. */
+        for (size_t j = 0; j < k; j++) {
+            if (strncmp(env[j], key.p, key.n) == 0 && env[j][key.n] == '=') {
+                free(env[j]);
+                env[j] = env[--k];
+                env[k] = NULL;
+                break;
+            }
+        }
+        if (kv->val.type == MSGPACK_OBJECT_NIL || sbx_wire_obj_str(&kv->val, &val) != 0)
+            continue; /* nil unsets */
+        char *e = sbx_xmalloc(key.n + val.n + 2);
+        memcpy(e, key.p, key.n);
+        e[key.n] = '=';
+        memcpy(e + key.n + 1, val.p, val.n);
+        e[key.n + 1 + val.n] = '\0';
+        env[k++] = e;
+    }
+    env[k] = NULL;
+    return env;
+}
+
+void
+agent_env_free(char **env)
+{
+    if (!env)
+        return;
+    for (char **p = env; *p; p++)
+        free(*p);
+    free(env);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Replies. */
+
+void
+agent_req_free(struct agent_req *r)
+{
+    if (!r)
+        return;
+    sbx_wire_msg_free(&r->msg);
+    free(r->frame);
+    free(r);
+}
+
+static void chan_cb(sbx_loop *l, int fd, uint32_t ev, void *arg);
+
+static void
+send_frame(struct agent *a, char *buf, size_t len)
+{
+    sbx_frame_queue(&a->wr, buf, len);
+    free(buf);
+    int rc = sbx_frame_flush(&a->wr, a->chan);
+    if (rc < 0) {
+        /* The shard is gone: nothing left to serve.  PID 1 exiting takes the
+         * whole sandbox with it. */
+        _exit(0);
+    }
+    if (sbx_frame_pending(&a->wr) > AGENT_MAX_BACKLOG)
+        _exit(0);
+    sbx_loop_modify(a->loop, a->chan_w, EPOLLIN | (rc == 0 ? EPOLLOUT : 0));
+}
+
+void
+agent_reply_ok(struct agent *a, struct agent_req *r, sbx_enc *result)
+{
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_str(&e, "t");
+    sbx_enc_uint(&e, r->tag);
+    sbx_enc_kbool(&e, "ok", true);
+    sbx_enc_str(&e, "r");
+    if (result) {
+        sbx_enc_end(result);
+        if (sbx_enc_finish(result, &buf, &len) == 0) {
+            sbx_enc_raw(&e, buf, len);
+            free(buf);
+        } else {
+            sbx_enc_map(&e);
+            sbx_enc_end(&e);
+        }
+    } else {
+        sbx_enc_map(&e);
+        sbx_enc_end(&e);
+    }
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        send_frame(a, buf, len);
+    agent_req_free(r);
+}
+
+void
+agent_reply_werr(struct agent *a, struct agent_req *r, sbx_werr *w)
+{
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_str(&e, "t");
+    sbx_enc_uint(&e, r->tag);
+    sbx_enc_kbool(&e, "ok", false);
+    sbx_enc_str(&e, "e");
+    sbx_enc_werr(&e, w);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        send_frame(a, buf, len);
+    agent_req_free(r);
+}
+
+void
+agent_reply_err(struct agent *a, struct agent_req *r, int code, const char *fmt, ...)
+{
+    sbx_werr w;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    sbx_werr_init(&w, code, "%s", msg);
+    agent_reply_werr(a, r, &w);
+    sbx_werr_free(&w);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Operations. */
+
+static void
+op_ping(struct agent *a, struct agent_req *r)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "pid", getpid());
+    sbx_enc_kbool(&e, "bound", a->bound);
+    agent_reply_ok(a, r, &e);
+}
+
+/* bind: a pooled sandbox is given its identity and environment. */
+static void
+op_bind(struct agent *a, struct agent_req *r)
+{
+    sbx_str id;
+    const msgpack_object *env = NULL;
+    if (sbx_wire_get_str(r->args, "sandbox", &id) != 0 || id.n == 0 ||
+        id.n >= sizeof(a->sandbox)) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "bind needs 'sandbox'");
+        return;
+    }
+    if (sbx_wire_get_map(r->args, "env", &env) == SBX_E_VALIDATION) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'env' must be a map");
+        return;
+    }
+    sbx_str_copy(id, a->sandbox, sizeof(a->sandbox));
+    if (env) {
+        char **n = agent_env_merge(a->env, env);
+        agent_env_free(a->env);
+        a->env = n;
+    }
+    a->bound = true;
+    agent_reply_ok(a, r, NULL);
+}
+
+static void
+op_exec(struct agent *a, struct agent_req *r)
+{
+    sbx_str sid = {0};
+    bool fresh = false;
+    sbx_wire_get_bool(r->args, "sessionless", &fresh);
+    int rc = sbx_wire_get_str(r->args, "sessionId", &sid);
+    if (rc == SBX_E_VALIDATION || (rc == 0 && (sid.n == 0 || sid.n > 120))) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'sessionId' must be a string of 1-120 bytes");
+        return;
+    }
+    if (fresh) {
+        agent_exec_fresh(a, r);
+        return;
+    }
+    char id[128];
+    if (sid.n)
+        sbx_str_copy(sid, id, sizeof(id));
+    else
+        snprintf(id, sizeof(id), "default");
+    agent_exec_session(a, r, id);
+}
+
+static const struct {
+    const char *name;
+    void (*fn)(struct agent *, struct agent_req *);
+} ops[] = {
+    {"ping", op_ping},
+    {"bind", op_bind},
+    {"exec", op_exec},
+};
+
+static void
+dispatch(struct agent *a, const char *p, size_t n)
+{
+    struct agent_req *r = sbx_xcalloc(1, sizeof(*r));
+    r->frame = sbx_xmalloc(n ? n : 1);
+    memcpy(r->frame, p, n);
+    if (sbx_wire_decode(&r->msg, r->frame, n, &sbx_wire_limits_request) != 0) {
+        free(r->frame);
+        free(r);
+        sbx_error("agent: malformed frame from the shard");
+        return;
+    }
+    int64_t tag = 0;
+    sbx_str op;
+    static const msgpack_object empty = {.type = MSGPACK_OBJECT_MAP};
+    if (sbx_wire_get_i64(r->msg.root, "t", &tag) != 0 || sbx_wire_get_str(r->msg.root, "op", &op) != 0) {
+        agent_req_free(r);
+        sbx_error("agent: frame without tag or op");
+        return;
+    }
+    r->tag = (uint64_t)tag;
+    if (sbx_wire_get_map(r->msg.root, "a", &r->args) != 0)
+        r->args = &empty;
+    sbx_str_copy(op, r->op, sizeof(r->op));
+    for (size_t i = 0; i < SBX_ARRAY_LEN(ops); i++) {
+        if (sbx_str_eq(op, ops[i].name)) {
+            ops[i].fn(a, r);
+            return;
+        }
+    }
+    agent_reply_err(a, r, SBX_E_UNKNOWN_OP, "the agent does not know operation '%.*s'",
+                    (int)op.n, op.p);
+}
+
+static void
+chan_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct agent *a = arg;
+    (void)l;
+    if (ev & EPOLLOUT) {
+        int rc = sbx_frame_flush(&a->wr, fd);
+        if (rc < 0)
+            _exit(0);
+        if (rc == 1)
+            sbx_loop_modify(a->loop, a->chan_w, EPOLLIN);
+    }
+    if (!(ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        return;
+    ssize_t got = sbx_frame_read(&a->rd, fd);
+    if (got == 0 || (got < 0 && got != -EAGAIN))
+        _exit(0); /* the shard closed the channel: stop the sandbox */
+    const char *p;
+    size_t n;
+    int k;
+    while ((k = sbx_frame_next(&a->rd, &p, &n)) == 1)
+        dispatch(a, p, n);
+    if (k < 0)
+        _exit(0);
+}
+
+static void
+sig_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct agent *a = arg;
+    struct signalfd_siginfo si;
+    (void)l;
+    (void)ev;
+    while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+        ;
+    /* PID 1 reaps every orphan; ours are matched to their job or session. */
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0)
+            break;
+        agent_job_reaped(a, pid, st);
+        agent_sessions_reaped(a, pid, st);
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+
+static void
+report_setup(int fd, int rc, const char *why)
+{
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "ready", rc == 0);
+    if (rc) {
+        sbx_enc_kstr(&e, "step", why);
+        sbx_enc_kint(&e, "errno", -rc);
+        sbx_enc_kstr(&e, "message", rc < 0 && rc > -4096 ? strerror(-rc) : sbx_err_message(rc));
+    }
+    sbx_enc_kint(&e, "pid", getpid());
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0) {
+        sbx_frame_send_blocking(fd, buf, len);
+        free(buf);
+    }
+}
+
+int
+main(int argc, char **argv)
+{
+    struct agent a;
+    char *cfgbuf = NULL;
+    size_t cfglen = 0;
+    sbx_msg msg;
+    char why[256] = "";
+    int rc;
+
+    (void)argc;
+    (void)argv;
+    memset(&a, 0, sizeof(a));
+    sbx_log_init("sbx-agent", -1);
+    signal(SIGPIPE, SIG_IGN);
+    a.chan = AGENT_CHAN_FD;
+
+    rc = sbx_frame_recv_blocking(a.chan, 1u << 20, &cfgbuf, &cfglen);
+    if (rc) {
+        sbx_error("agent: no configuration: %s", strerror(-rc));
+        return 1;
+    }
+    rc = sbx_wire_decode(&msg, cfgbuf, cfglen, &sbx_wire_limits_request);
+    if (rc == 0) {
+        rc = agent_cfg_parse(&a.cfg, msg.root);
+        sbx_wire_msg_free(&msg);
+    }
+    free(cfgbuf);
+    if (rc) {
+        report_setup(a.chan, rc, "parse the configuration");
+        return 1;
+    }
+    rc = agent_setup(&a.cfg, why, sizeof(why));
+    if (rc) {
+        sbx_error("agent: set-up failed at '%s': %s", why, strerror(-rc));
+        report_setup(a.chan, rc, why);
+        return 1;
+    }
+    a.env = agent_env_merge(a.cfg.env, NULL);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    a.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (a.sigfd < 0 || sbx_loop_new(&a.loop) != 0 || sbx_set_nonblock(a.chan, true) != 0 ||
+        sbx_set_cloexec(a.chan, true) != 0) {
+        report_setup(a.chan, -errno, "event loop");
+        return 1;
+    }
+    sbx_frame_reader_init(&a.rd, AGENT_MAX_FRAME);
+    sbx_frame_writer_init(&a.wr);
+    report_setup(a.chan, 0, NULL);
+    a.chan_w = sbx_loop_watch(a.loop, a.chan, EPOLLIN, chan_cb, &a);
+    sbx_loop_watch(a.loop, a.sigfd, EPOLLIN, sig_cb, &a);
+    rc = sbx_loop_run(a.loop);
+    agent_sessions_free(&a);
+    return rc ? 1 : 0;
+}

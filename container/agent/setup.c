@@ -1,0 +1,581 @@
+/*
+ * setup.c — build the sandbox from inside, step by step, each step checked.
+ *
+ * The order follows ../shared/reference/isolation.md §6 (itself distilled
+ * from crun's container_init_setup, bubblewrap's setup_newroot and nsjail's
+ * containProc): identity → mount namespace private → new root on tmpfs →
+ * binds (read-only, nosuid, nodev) → /dev → /proc and its masks →
+ * pivot_root → loopback → limits → capabilities dropped → no_new_privs →
+ * non-dumpable → seccomp, last.
+ *
+ * We are PID 1 of a new pid namespace and uid 0 of a new user namespace that
+ * maps exactly one host uid, so everything here is done with the
+ * capabilities of that user namespace only: nothing we do can reach the
+ * host's mounts (propagation is made private first) or its devices.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../../runtime/err.h"
+#include "agent.h"
+
+#ifndef SECBIT_NOROOT
+#define SECBIT_NOROOT (1 << 0)
+#define SECBIT_NOROOT_LOCKED (1 << 1)
+#define SECBIT_NO_SETUID_FIXUP (1 << 2)
+#define SECBIT_NO_SETUID_FIXUP_LOCKED (1 << 3)
+#define SECBIT_KEEP_CAPS_LOCKED (1 << 5)
+#define SECBIT_NO_CAP_AMBIENT_RAISE (1 << 6)
+#define SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED (1 << 7)
+#endif
+
+/* Where the new root is assembled.  Any existing directory works: the mount
+ * namespace is private by then, so the tmpfs only hides it from us. */
+#define NEWROOT "/tmp"
+
+#define STEP(cond, ...)                                                                  \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            rc = -errno;                                                                 \
+            snprintf(why, whylen, __VA_ARGS__);                                          \
+            goto out;                                                                    \
+        }                                                                                \
+    } while (0)
+
+/* ------------------------------------------------------------------------------ */
+/* Configuration. */
+
+static char **
+strv_from(const msgpack_object *arr)
+{
+    if (!arr || arr->type != MSGPACK_OBJECT_ARRAY)
+        return sbx_xcalloc(1, sizeof(char *));
+    char **v = sbx_xcalloc(arr->via.array.size + 1, sizeof(char *));
+    size_t k = 0;
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        sbx_str s;
+        if (sbx_wire_obj_str(&arr->via.array.ptr[i], &s) == 0 && !memchr(s.p, '\0', s.n))
+            v[k++] = sbx_str_dup(s);
+    }
+    return v;
+}
+
+int
+agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root)
+{
+    sbx_str s;
+    int64_t i;
+    const msgpack_object *o;
+
+    memset(cfg, 0, sizeof(*cfg));
+    snprintf(cfg->hostname, sizeof(cfg->hostname), "sandbox");
+    if (sbx_wire_get_str(root, "hostname", &s) == 0 && s.n > 0 && s.n < sizeof(cfg->hostname))
+        sbx_str_copy(s, cfg->hostname, sizeof(cfg->hostname));
+    sbx_wire_get_bool(root, "unshare_cgroupns", &cfg->unshare_cgroupns);
+    cfg->rw_size = 1ull << 30;
+    if (sbx_wire_get_i64(root, "rw_size", &i) == 0 && i > 0)
+        cfg->rw_size = (uint64_t)i;
+    cfg->rw_inodes = 262144;
+    if (sbx_wire_get_i64(root, "rw_inodes", &i) == 0 && i > 0)
+        cfg->rw_inodes = (uint64_t)i;
+    cfg->shm_size = 64ull << 20;
+    if (sbx_wire_get_i64(root, "shm_size", &i) == 0 && i > 0)
+        cfg->shm_size = (uint64_t)i;
+    cfg->nofile = 4096;
+    if (sbx_wire_get_i64(root, "nofile", &i) == 0 && i > 0)
+        cfg->nofile = (uint32_t)i;
+    cfg->nproc = 4096;
+    if (sbx_wire_get_i64(root, "nproc", &i) == 0 && i > 0)
+        cfg->nproc = (uint32_t)i;
+    cfg->output_cap = 32ull << 20;
+    if (sbx_wire_get_i64(root, "output_cap", &i) == 0 && i > 0)
+        cfg->output_cap = (uint64_t)i;
+    o = sbx_wire_get(root, "etc");
+    cfg->etc = strv_from(o);
+    o = sbx_wire_get(root, "env");
+    cfg->env = strv_from(o);
+    /* The filters are mandatory: a sandbox without them is never started. */
+    if (sbx_wire_get_array(root, "seccomp", &o) != 0 || o->via.array.size == 0 ||
+        o->via.array.size > SBX_ARRAY_LEN(cfg->bpf))
+        return SBX_E_MALFORMED;
+    for (uint32_t k = 0; k < o->via.array.size; k++) {
+        if (sbx_wire_obj_str(&o->via.array.ptr[k], &s) != 0 || s.n == 0 ||
+            s.n % sizeof(struct sock_filter) || s.n / sizeof(struct sock_filter) > 65535)
+            return SBX_E_MALFORMED;
+        cfg->bpf[k].p = sbx_xmalloc(s.n);
+        memcpy(cfg->bpf[k].p, s.p, s.n);
+        cfg->bpf[k].n = s.n;
+        cfg->nbpf++;
+    }
+    return 0;
+}
+
+static void
+strv_free(char **v)
+{
+    if (!v)
+        return;
+    for (char **p = v; *p; p++)
+        free(*p);
+    free(v);
+}
+
+void
+agent_cfg_free(struct agent_cfg *cfg)
+{
+    strv_free(cfg->etc);
+    strv_free(cfg->env);
+    for (int k = 0; k < cfg->nbpf; k++)
+        free(cfg->bpf[k].p);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Mount helpers. */
+
+static int
+set_attr(const char *path, uint64_t attr, bool recursive)
+{
+    struct mount_attr ma = {.attr_set = attr};
+    if (syscall(SYS_mount_setattr, AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, &ma,
+                sizeof(ma)) == 0)
+        return 0;
+    if (errno != ENOSYS)
+        return -errno;
+    /* Kernels before 5.12: a remount only changes the top mount. */
+    unsigned long fl = MS_REMOUNT | MS_BIND;
+    if (attr & MOUNT_ATTR_RDONLY) fl |= MS_RDONLY;
+    if (attr & MOUNT_ATTR_NOSUID) fl |= MS_NOSUID;
+    if (attr & MOUNT_ATTR_NODEV) fl |= MS_NODEV;
+    if (attr & MOUNT_ATTR_NOEXEC) fl |= MS_NOEXEC;
+    return mount(NULL, path, NULL, fl, NULL) == 0 ? 0 : -errno;
+}
+
+/* Bind src (a host path) onto dst inside the new root, read-only, nosuid,
+ * nodev.  dst is created as a file or directory to match src. */
+static int
+bind_ro(const char *src, const char *dst, bool must_exist)
+{
+    struct stat st;
+    if (stat(src, &st) < 0)
+        return must_exist ? -errno : 0;
+    if (S_ISDIR(st.st_mode)) {
+        if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+            return -errno;
+    } else {
+        int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return -errno;
+        close(fd);
+    }
+    if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) < 0)
+        return -errno;
+    return set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true);
+}
+
+static int
+write_text(const char *path, const char *text, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0)
+        return -errno;
+    int rc = sbx_write_full(fd, text, strlen(text));
+    close(fd);
+    return rc;
+}
+
+/* Mirror a top-level link of the host root (/bin → usr/bin on merged-/usr
+ * systems) or bind the directory when it is not a link. */
+static int
+mirror_toplevel(const char *name)
+{
+    char host[64], dst[64], target[256];
+    snprintf(host, sizeof(host), "/%s", name);
+    snprintf(dst, sizeof(dst), NEWROOT "/%s", name);
+    ssize_t n = readlink(host, target, sizeof(target) - 1);
+    if (n >= 0) {
+        target[n] = '\0';
+        return symlink(target, dst) == 0 ? 0 : -errno;
+    }
+    if (errno == ENOENT)
+        return 0;
+    return bind_ro(host, dst, false);
+}
+
+/* ------------------------------------------------------------------------------ */
+
+static int
+setup_etc(const struct agent_cfg *cfg, char *why, size_t whylen)
+{
+    int rc = 0;
+    char src[512], dst[512];
+
+    STEP(mkdir(NEWROOT "/etc", 0755) == 0, "mkdir /etc");
+    for (char **p = cfg->etc; p && *p; p++) {
+        if (strchr(*p, '/') || !strcmp(*p, "..") || !strcmp(*p, "."))
+            continue;
+        snprintf(src, sizeof(src), "/etc/%s", *p);
+        snprintf(dst, sizeof(dst), NEWROOT "/etc/%s", *p);
+        struct stat st;
+        if (lstat(src, &st) < 0)
+            continue;
+        if (S_ISLNK(st.st_mode)) {
+            /* Keep links as links (/etc/localtime → /usr/share/zoneinfo/…). */
+            char t[512];
+            ssize_t n = readlink(src, t, sizeof(t) - 1);
+            if (n > 0) {
+                t[n] = '\0';
+                if (symlink(t, dst) < 0 && errno != EEXIST) {
+                    rc = -errno;
+                    snprintf(why, whylen, "symlink /etc/%s", *p);
+                    goto out;
+                }
+            }
+            continue;
+        }
+        rc = bind_ro(src, dst, false);
+        if (rc) {
+            snprintf(why, whylen, "bind /etc/%s read-only", *p);
+            goto out;
+        }
+    }
+    /* Generated files: no host account, host name or resolver leaks in. */
+    char hosts[256];
+    snprintf(hosts, sizeof(hosts), "127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n",
+             cfg->hostname);
+    struct {
+        const char *name, *text;
+    } gen[] = {
+        {"passwd", "root:x:0:0:root:/root:/bin/bash\n"
+                   "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
+        {"group", "root:x:0:\nnogroup:x:65534:\n"},
+        {"hosts", hosts},
+        {"hostname", cfg->hostname},
+        {"resolv.conf", "# sbx sandboxes have no network beyond loopback\n"},
+        {"nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\n"
+                          "networks: files\nprotocols: files\nservices: files\n"},
+    };
+    for (size_t i = 0; i < SBX_ARRAY_LEN(gen); i++) {
+        snprintf(dst, sizeof(dst), NEWROOT "/etc/%s", gen[i].name);
+        struct stat st;
+        if (lstat(dst, &st) == 0)
+            continue; /* the operator chose to bind the host's own */
+        rc = write_text(dst, gen[i].text, 0644);
+        if (rc) {
+            snprintf(why, whylen, "write /etc/%s", gen[i].name);
+            goto out;
+        }
+    }
+out:
+    return rc;
+}
+
+static int
+setup_dev(const struct agent_cfg *cfg, char *why, size_t whylen)
+{
+    int rc = 0;
+    char opts[64];
+    static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+
+    STEP(mkdir(NEWROOT "/dev", 0755) == 0, "mkdir /dev");
+    STEP(mount("tmpfs", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") == 0,
+         "mount tmpfs on /dev");
+    for (size_t i = 0; i < SBX_ARRAY_LEN(nodes); i++) {
+        char src[32], dst[64];
+        snprintf(src, sizeof(src), "/dev/%s", nodes[i]);
+        snprintf(dst, sizeof(dst), NEWROOT "/dev/%s", nodes[i]);
+        int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+        STEP(fd >= 0, "create /dev/%s", nodes[i]);
+        close(fd);
+        /* A bind of the host node keeps the device usable: mounts made in a
+         * user namespace are always nodev, and mknod needs CAP_MKNOD of the
+         * host (bubblewrap's --dev does the same). */
+        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /dev/%s", nodes[i]);
+        STEP(set_attr(dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false) == 0,
+             "restrict /dev/%s", nodes[i]);
+    }
+    STEP(mkdir(NEWROOT "/dev/pts", 0755) == 0, "mkdir /dev/pts");
+    STEP(mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+               "newinstance,ptmxmode=0666,mode=0620") == 0,
+         "mount devpts");
+    STEP(symlink("pts/ptmx", NEWROOT "/dev/ptmx") == 0, "link /dev/ptmx");
+    STEP(mkdir(NEWROOT "/dev/shm", 01777) == 0, "mkdir /dev/shm");
+    snprintf(opts, sizeof(opts), "size=%llu,mode=1777", (unsigned long long)cfg->shm_size);
+    STEP(mount("tmpfs", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
+         "mount /dev/shm");
+    STEP(mkdir(NEWROOT "/dev/mqueue", 0755) == 0, "mkdir /dev/mqueue");
+    /* POSIX message queues of our IPC namespace (best effort: optional fs). */
+    if (mount("mqueue", NEWROOT "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              NULL) < 0 && errno != ENODEV)
+        STEP(0, "mount /dev/mqueue");
+    STEP(symlink("/proc/self/fd", NEWROOT "/dev/fd") == 0, "link /dev/fd");
+    STEP(symlink("/proc/self/fd/0", NEWROOT "/dev/stdin") == 0, "link /dev/stdin");
+    STEP(symlink("/proc/self/fd/1", NEWROOT "/dev/stdout") == 0, "link /dev/stdout");
+    STEP(symlink("/proc/self/fd/2", NEWROOT "/dev/stderr") == 0, "link /dev/stderr");
+    STEP(symlink("/proc/kcore", NEWROOT "/dev/core") == 0, "link /dev/core");
+    /* No new nodes, ever: the /dev tmpfs itself becomes read-only. */
+    STEP(set_attr(NEWROOT "/dev", MOUNT_ATTR_RDONLY, false) == 0, "make /dev read-only");
+out:
+    return rc;
+}
+
+static int
+setup_proc(char *why, size_t whylen)
+{
+    int rc = 0;
+    /* A procfs of our own pid namespace.  It must be mounted before anything
+     * is masked: the kernel refuses a new procfs in a user namespace when the
+     * existing one is partly hidden (fs/namespace.c mount_too_revealing). */
+    STEP(mkdir(NEWROOT "/proc", 0555) == 0, "mkdir /proc");
+    STEP(mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0,
+         "mount /proc");
+    /* Masked like crun's defaults (src/libcrun/spec.c): kernel memory,
+     * keys, timers and scheduler internals read as empty. */
+    static const char *const files[] = {"kcore", "keys", "timer_list", "sched_debug",
+                                        "latency_stats", "timer_stats", "kallsyms",
+                                        "sysrq-trigger"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(files); i++) {
+        char dst[64];
+        snprintf(dst, sizeof(dst), NEWROOT "/proc/%s", files[i]);
+        if (access(dst, F_OK) < 0)
+            continue;
+        STEP(mount(NEWROOT "/dev/null", dst, NULL, MS_BIND, NULL) == 0, "mask /proc/%s",
+             files[i]);
+        STEP(set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                               MOUNT_ATTR_NOEXEC, false) == 0,
+             "restrict mask /proc/%s", files[i]);
+    }
+    static const char *const dirs[] = {"acpi", "scsi", "asound", "driver"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(dirs); i++) {
+        char dst[64];
+        snprintf(dst, sizeof(dst), NEWROOT "/proc/%s", dirs[i]);
+        if (access(dst, F_OK) < 0)
+            continue;
+        STEP(mount("tmpfs", dst, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   "size=4k,nr_inodes=16,mode=0555") == 0,
+             "mask /proc/%s", dirs[i]);
+    }
+    static const char *const ro[] = {"sys", "irq", "bus", "fs"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(ro); i++) {
+        char dst[64];
+        snprintf(dst, sizeof(dst), NEWROOT "/proc/%s", ro[i]);
+        if (access(dst, F_OK) < 0)
+            continue;
+        STEP(mount(dst, dst, NULL, MS_BIND | MS_REC, NULL) == 0, "bind /proc/%s", ro[i]);
+        STEP(set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                               MOUNT_ATTR_NOEXEC, true) == 0,
+             "make /proc/%s read-only", ro[i]);
+    }
+out:
+    return rc;
+}
+
+static int
+setup_rw(const struct agent_cfg *cfg, char *why, size_t whylen)
+{
+    int rc = 0;
+    char opts[96];
+    /* One tmpfs holds /workspace, /tmp and /home, so a sandbox has one disk
+     * quota (size=) and one inode quota (nr_inodes=) for all it can write. */
+    STEP(mkdir(NEWROOT "/.rw", 0755) == 0, "mkdir /.rw");
+    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
+             (unsigned long long)cfg->rw_size, (unsigned long long)cfg->rw_inodes);
+    STEP(mount("tmpfs", NEWROOT "/.rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
+         "mount the writable tmpfs");
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } rw[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(rw); i++) {
+        char src[64], dst[64];
+        snprintf(src, sizeof(src), NEWROOT "/.rw/%s", rw[i].name);
+        snprintf(dst, sizeof(dst), NEWROOT "/%s", rw[i].name);
+        STEP(mkdir(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
+        STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
+        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
+    }
+    STEP(mkdir(NEWROOT "/.rw/home/root", 0700) == 0, "mkdir /home/root");
+    STEP(symlink("home/root", NEWROOT "/root") == 0, "link /root");
+    STEP(umount2(NEWROOT "/.rw", MNT_DETACH) == 0, "detach /.rw");
+    STEP(rmdir(NEWROOT "/.rw") == 0, "rmdir /.rw");
+    /* /run for the agent's own small files (stdin of session commands). */
+    STEP(mkdir(NEWROOT "/run", 0755) == 0, "mkdir /run");
+    STEP(mount("tmpfs", NEWROOT "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               "size=32m,nr_inodes=4096,mode=0755") == 0,
+         "mount /run");
+    STEP(mkdir(NEWROOT "/var", 0755) == 0, "mkdir /var");
+    STEP(symlink("/tmp", NEWROOT "/var/tmp") == 0, "link /var/tmp");
+    STEP(symlink("/run", NEWROOT "/var/run") == 0, "link /var/run");
+out:
+    return rc;
+}
+
+static int
+drop_privileges(const struct agent_cfg *cfg, char *why, size_t whylen)
+{
+    int rc = 0;
+    struct rlimit rl;
+
+    /* Limits for everything we will start: children inherit them. */
+    rl.rlim_cur = rl.rlim_max = 0;
+    STEP(setrlimit(RLIMIT_CORE, &rl) == 0, "RLIMIT_CORE");
+    rl.rlim_cur = rl.rlim_max = cfg->nproc;
+    STEP(setrlimit(RLIMIT_NPROC, &rl) == 0, "RLIMIT_NPROC");
+    rl.rlim_cur = rl.rlim_max = 65536;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        rl.rlim_cur = rl.rlim_max = cfg->nofile;
+        STEP(setrlimit(RLIMIT_NOFILE, &rl) == 0, "RLIMIT_NOFILE");
+    }
+
+    /* Capabilities: bounding set, ambient set, then securebits so that uid 0
+     * gains nothing at execve, then the three sets emptied (crun
+     * set_required_caps, isolation.md §6 step 13). */
+    for (int c = 0; c <= 63; c++) {
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) {
+            rc = -errno;
+            snprintf(why, whylen, "drop capability %d from the bounding set", c);
+            goto out;
+        }
+    }
+    STEP(prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) == 0, "clear ambient caps");
+    STEP(prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                                      SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED |
+                                      SECBIT_NO_CAP_AMBIENT_RAISE |
+                                      SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+               0, 0, 0) == 0,
+         "lock securebits");
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof(data));
+    STEP(syscall(SYS_capset, &hdr, data) == 0, "capset to the empty set");
+    STEP(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "no_new_privs");
+    /* Non-dumpable: /proc/1/{mem,fd,environ,…} then need CAP_SYS_PTRACE,
+     * which nobody in here has. */
+    STEP(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0, "non-dumpable");
+    /* Seccomp last (bubblewrap: "should be the last thing before execve"):
+     * the agent runs under the same filters as everything it starts. */
+    for (int k = 0; k < cfg->nbpf; k++) {
+        struct sock_fprog prog = {
+            .len = (unsigned short)(cfg->bpf[k].n / sizeof(struct sock_filter)),
+            .filter = (struct sock_filter *)cfg->bpf[k].p};
+        STEP(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0,
+             "load seccomp filter %d", k);
+    }
+out:
+    return rc;
+}
+
+static int
+loopback_up(void)
+{
+    int rc = 0;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -errno;
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) {
+        rc = -errno;
+        goto out;
+    }
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+        rc = -errno;
+out:
+    close(s);
+    return rc;
+}
+
+int
+agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
+{
+    int rc = 0;
+
+    /* 1. Identity is already uid/gid 0 of our namespace (spawn.c did
+     *    setresuid before exec).  cgroup v1: the parent attached us to our
+     *    cgroups before we were let go, so a cgroup namespace made now is
+     *    rooted at the sandbox's own cgroup. */
+    if (cfg->unshare_cgroupns)
+        STEP(unshare(CLONE_NEWCGROUP) == 0, "unshare the cgroup namespace");
+    STEP(sethostname(cfg->hostname, strlen(cfg->hostname)) == 0, "sethostname");
+    STEP(setdomainname("", 0) == 0, "setdomainname");
+
+    /* 2. Nothing we mount may propagate back to the host. */
+    STEP(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0, "make / private");
+
+    /* 3. The new root: a small tmpfs, read-only once built. */
+    STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") == 0,
+         "mount the root tmpfs");
+    STEP(mkdir(NEWROOT "/usr", 0755) == 0, "mkdir /usr");
+    rc = bind_ro("/usr", NEWROOT "/usr", true);
+    if (rc) {
+        snprintf(why, whylen, "bind /usr read-only");
+        goto out;
+    }
+    static const char *const top[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(top); i++) {
+        rc = mirror_toplevel(top[i]);
+        if (rc) {
+            snprintf(why, whylen, "mirror /%s", top[i]);
+            goto out;
+        }
+    }
+    if ((rc = setup_etc(cfg, why, whylen)) != 0)
+        goto out;
+    if ((rc = setup_rw(cfg, why, whylen)) != 0)
+        goto out;
+    if ((rc = setup_dev(cfg, why, whylen)) != 0)
+        goto out;
+    if ((rc = setup_proc(why, whylen)) != 0)
+        goto out;
+    static const char *const empty[] = {"opt", "srv", "mnt", "media", "sys"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(empty); i++) {
+        char d[64];
+        snprintf(d, sizeof(d), NEWROOT "/%s", empty[i]);
+        STEP(mkdir(d, 0755) == 0, "mkdir /%s", empty[i]);
+    }
+
+    /* 4. Switch roots: pivot_root(".", ".") stacks the old root under the new
+     *    one, and the detach removes it (runc rootfs_linux.go pivotRoot). */
+    STEP(chdir(NEWROOT) == 0, "chdir to the new root");
+    STEP(syscall(SYS_pivot_root, ".", ".") == 0, "pivot_root");
+    STEP(umount2(".", MNT_DETACH) == 0, "detach the old root");
+    STEP(chdir("/") == 0, "chdir /");
+    STEP(set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) == 0,
+         "make the root read-only");
+
+    /* 5. The network namespace is empty: only lo, brought up. */
+    rc = loopback_up();
+    if (rc) {
+        errno = -rc;
+        STEP(0, "bring up lo");
+    }
+
+    /* 6. A session of our own (no controlling terminal to inject into). */
+    if (getsid(0) != getpid())
+        STEP(setsid() >= 0, "setsid");
+    umask(022);
+    STEP(chdir("/workspace") == 0, "chdir /workspace");
+
+    /* 7. Privileges, last: nothing after this needs any. */
+    rc = drop_privileges(cfg, why, whylen);
+out:
+    return rc;
+}

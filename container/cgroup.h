@@ -1,0 +1,92 @@
+/*
+ * cgroup.h — per-sandbox resource limits on cgroup v1 and v2.
+ *
+ * Layout.  Every shard owns one subtree, `<base>` below; each sandbox gets
+ * one cgroup in it, named after the container's serial number:
+ *   v1: /sys/fs/cgroup/{memory,pids,cpu}/<base>/<name>   (three hierarchies,
+ *       found through /proc/self/mountinfo, wherever they are mounted)
+ *   v2: <the shard's own cgroup>/<base>/<name>.  The "no internal
+ *       processes" rule means controllers can only be enabled below a cgroup
+ *       without processes, so at start-up the shard moves the processes of
+ *       its own cgroup into a leaf `<own>/sbx-supervisor` (nsjail does the
+ *       same, cgroup2.cc moveSelfIntoChildCgroup) and enables
+ *       +memory +pids +cpu top-down.  Under systemd run sbxd with
+ *       Delegate=yes (docs/cluster.md has the unit).
+ *
+ * Files written (cgroups(7), Documentation/admin-guide/cgroup-v{1,2}):
+ *   memory  v1 memory.limit_in_bytes = memory.memsw.limit_in_bytes (no swap
+ *           escape), v2 memory.max, memory.swap.max = 0, memory.oom.group = 1
+ *   pids    pids.max (both)
+ *   cpu     v1 cpu.cfs_period_us/cpu.cfs_quota_us, v2 cpu.max "quota period"
+ * Counters read for exit causes: v1 memory.oom_control "oom_kill N" and
+ * pids.events "max N"; v2 memory.events "oom_kill N" and pids.events.
+ *
+ * Mode "none" (config cgroup=none) creates nothing and enforces nothing; it
+ * exists for hosts without delegation and is refused by `sbxd` unless asked
+ * for explicitly, since then memory, pids and CPU are unlimited.
+ */
+#ifndef SBX_CGROUP_H
+#define SBX_CGROUP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum sbx_cg_mode { SBX_CG_NONE = 0, SBX_CG_V1, SBX_CG_V2 };
+
+struct sbx_limits {
+    uint64_t memory;   /* bytes; 0 = unlimited */
+    uint32_t pids;     /* processes; 0 = unlimited */
+    uint32_t cpu_milli;/* thousandths of a CPU (1000 = one full CPU); 0 = unlimited */
+};
+
+typedef struct sbx_cgroups sbx_cgroups;
+
+/*
+ * sbx_cgroups_open — detect (mode "auto") or use the given mode, create the
+ * base subtree `base` (e.g. "sbx/dev-s0") and remove leftovers of an
+ * earlier run of the same shard (killing any process still in them).
+ * On success the caller owns *out.  0 or -errno with the reason in why.
+ */
+int sbx_cgroups_open(sbx_cgroups **out, const char *mode, const char *base, char *why,
+                     size_t whylen);
+/* sbx_cgroups_close — remove the base subtree (sandbox cgroups first), free. */
+void sbx_cgroups_close(sbx_cgroups *cg);
+enum sbx_cg_mode sbx_cgroups_mode(const sbx_cgroups *cg);
+/* sbx_cgroups_describe — "v1 (memory,pids,cpu)" etc., static until close. */
+const char *sbx_cgroups_describe(const sbx_cgroups *cg);
+
+/* One sandbox's cgroup. */
+typedef struct sbx_cgroup {
+    char name[64];
+    int v2_fd;      /* O_PATH|O_DIRECTORY fd of the v2 cgroup, for CLONE_INTO_CGROUP; -1 on v1 */
+    bool created;
+} sbx_cgroup;
+
+/* sbx_cgroup_create — create cgroup `name` with limits; 0 or -errno. */
+int sbx_cgroup_create(sbx_cgroups *cg, const char *name, const struct sbx_limits *lim,
+                      sbx_cgroup *out);
+/* sbx_cgroup_set_limits — change the limits of an existing cgroup. */
+int sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *lim);
+/* sbx_cgroup_attach — move process `pid` into the cgroup (every hierarchy). */
+int sbx_cgroup_attach(sbx_cgroups *cg, sbx_cgroup *c, pid_t pid);
+
+struct sbx_cgroup_stats {
+    uint64_t oom_kills;      /* processes killed by the OOM killer in this cgroup */
+    uint64_t pids_max_hits;  /* forks refused by pids.max */
+    uint64_t memory_current; /* bytes */
+    uint64_t memory_peak;    /* bytes (v1 max_usage_in_bytes, v2 memory.peak when present) */
+    uint64_t pids_current;
+    uint64_t cpu_usage_us;
+};
+/* sbx_cgroup_stats — read the counters (missing files read as 0); 0 or -errno. */
+int sbx_cgroup_stats(sbx_cgroups *cg, sbx_cgroup *c, struct sbx_cgroup_stats *st);
+
+/*
+ * sbx_cgroup_destroy — remove the cgroup.  Any process still inside is sent
+ * SIGKILL (v2 cgroup.kill when present) and removal is retried for up to
+ * `wait_ms`.  Returns 0, or -EBUSY if processes would not go away.
+ */
+int sbx_cgroup_destroy(sbx_cgroups *cg, sbx_cgroup *c, int wait_ms);
+
+#endif

@@ -1,0 +1,172 @@
+/* seccomp.c — build the sandbox's seccomp programs; see seccomp.h. */
+#include "seccomp.h"
+
+#include <errno.h>
+#include <linux/sched.h>
+#include <seccomp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "../runtime/err.h"
+#include "../runtime/log.h"
+#include "../runtime/util.h"
+
+const char *const sbx_seccomp_denied[] = {
+    /* mount family, old and new API, and root changes */
+    "mount", "umount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount",
+    "fspick", "move_mount", "open_tree", "mount_setattr",
+    /* namespaces */
+    "unshare", "setns",
+    /* kernel attack surface */
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "keyctl", "add_key", "request_key",
+    /* other processes */
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise",
+    /* host administration */
+    "init_module", "finit_module", "delete_module", "create_module", "query_module",
+    "get_kernel_syms", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
+    "quotactl", "quotactl_fd", "settimeofday", "clock_settime", "stime", "iopl", "ioperm",
+    "syslog", "sethostname", "setdomainname", "vhangup", "fanotify_init", "open_by_handle_at",
+    "lookup_dcookie", "nfsservctl", "uselib", "ustat", "sysfs", "_sysctl", "modify_ldt",
+    "mbind", "set_mempolicy", "get_mempolicy", "set_mempolicy_home_node", "move_pages",
+    "migrate_pages", "afs_syscall", "tuxcall", "security", "vserver", "getpmsg", "putpmsg",
+    "vm86", "vm86old", "lsm_get_self_attr", "lsm_set_self_attr", "lsm_list_modules",
+    NULL,
+};
+
+static int
+export_bpf(scmp_filter_ctx ctx, struct sbx_bpf *out)
+{
+    int rc = 0;
+    char *p = NULL;
+    size_t n = 0;
+    int fd = memfd_create("sbx-bpf", MFD_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    rc = seccomp_export_bpf(ctx, fd);
+    if (rc < 0)
+        goto out;
+    off_t end = lseek(fd, 0, SEEK_END);
+    if (end <= 0) {
+        rc = -EIO;
+        goto out;
+    }
+    n = (size_t)end;
+    p = sbx_xmalloc(n);
+    if (pread(fd, p, n, 0) != (ssize_t)n) {
+        rc = -EIO;
+        free(p);
+        goto out;
+    }
+    out->prog = p;
+    out->len = n;
+out:
+    close(fd);
+    return rc;
+}
+
+#define RULE(ctx, act, sys, ...)                                                         \
+    do {                                                                                 \
+        int r_ = seccomp_rule_add((ctx), (act), (sys), __VA_ARGS__);                     \
+        if (r_ < 0) {                                                                    \
+            sbx_error("seccomp: rule for %s: %s", #sys, strerror(-r_));                 \
+            rc = r_;                                                                     \
+            goto out;                                                                    \
+        }                                                                                \
+    } while (0)
+
+static int
+build_deny(struct sbx_bpf *out)
+{
+    int rc = 0;
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (!ctx)
+        return -ENOMEM;
+    if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS)) < 0)
+        goto out;
+    for (const char *const *n = sbx_seccomp_denied; *n; n++) {
+        int nr = seccomp_syscall_resolve_name(*n);
+        if (nr == __NR_SCMP_ERROR || nr < 0)
+            continue; /* not a syscall of this architecture (vm86 on x86_64, …) */
+        RULE(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+    }
+    RULE(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    /* clone: any namespace flag.  One rule per flag: conditions within a rule
+     * are ANDed, and "some bit of the mask" needs an OR. */
+    static const unsigned long nsflags[] = {CLONE_NEWNS,  CLONE_NEWCGROUP, CLONE_NEWUTS,
+                                            CLONE_NEWIPC, CLONE_NEWUSER,   CLONE_NEWPID,
+                                            CLONE_NEWNET, 0x00000080 /* CLONE_NEWTIME */};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(nsflags); i++)
+        RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+             SCMP_A0(SCMP_CMP_MASKED_EQ, nsflags[i], nsflags[i]));
+    /* Terminal input injection, compared on the low 32 bits only. */
+    RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+         SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (unsigned)TIOCSTI));
+    RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+         SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (unsigned)TIOCLINUX));
+    /* personality: the flags that weaken the address space
+     * (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO,
+     * ADDR_COMPAT_LAYOUT).  The 0xffffffff query must stay allowed; it is
+     * the only value with bit 31 set (no persona flag uses it), so each rule
+     * matches "flag set and bit 31 clear" — one comparison per argument is
+     * all libseccomp accepts in a rule. */
+    static const unsigned long pers[] = {0x0040000, 0x0400000, 0x0100000, 0x0200000};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(pers); i++)
+        RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
+             SCMP_A0(SCMP_CMP_MASKED_EQ, pers[i] | 0x80000000ul, pers[i]));
+    /* Socket families: the crypto API, vsock to the hypervisor, raw packets. */
+    static const int fams[] = {AF_ALG, AF_VSOCK, AF_PACKET};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(fams); i++)
+        RULE(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fams[i]));
+    /* Limits of other processes (the agent's among them). */
+    RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(prlimit64), 1, SCMP_A0(SCMP_CMP_NE, 0));
+    rc = export_bpf(ctx, out);
+out:
+    seccomp_release(ctx);
+    return rc;
+}
+
+static int
+build_allow(struct sbx_bpf *out)
+{
+    int rc = 0;
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(ENOSYS));
+    if (!ctx)
+        return -ENOMEM;
+    if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS)) < 0)
+        goto out;
+    uint32_t arch = seccomp_arch_native();
+    for (int nr = 0; nr < 1024; nr++) {
+        char *name = seccomp_syscall_resolve_num_arch(arch, nr);
+        if (!name)
+            continue;
+        free(name);
+        RULE(ctx, SCMP_ACT_ALLOW, nr, 0);
+    }
+    rc = export_bpf(ctx, out);
+out:
+    seccomp_release(ctx);
+    return rc;
+}
+
+int
+sbx_seccomp_build(struct sbx_bpf out[2])
+{
+    memset(out, 0, 2 * sizeof(*out));
+    int rc = build_deny(&out[0]);
+    if (rc == 0)
+        rc = build_allow(&out[1]);
+    if (rc) {
+        free(out[0].prog);
+        free(out[1].prog);
+        memset(out, 0, 2 * sizeof(*out));
+        return rc < 0 ? rc : SBX_E_INTERNAL;
+    }
+    return 0;
+}

@@ -1,0 +1,50 @@
+/*
+ * seccomp.h — the system-call filter every sandbox runs under.
+ *
+ * Two classic-BPF programs, built once per shard with libseccomp and loaded
+ * by the agent on itself just before it starts serving (so every tenant
+ * process inherits both; a later filter can only restrict further):
+ *
+ *  1. the deny list: Docker's default profile as it applies to a container
+ *     without capabilities (moby profiles/seccomp/default.json, the 68
+ *     syscalls listed in ../shared/reference/isolation.md §2) plus the
+ *     hardening of flatpak and bubblewrap: namespace-creating clone flags,
+ *     unshare, setns, the whole mount family old and new, pivot_root,
+ *     chroot, bpf, perf_event_open, userfaultfd, io_uring, keyrings,
+ *     ptrace and process_vm_*, pidfd_getfd, kcmp, kernel modules, kexec,
+ *     reboot, swap, clock and host-name changes, open_by_handle_at,
+ *     TIOCSTI/TIOCLINUX ioctls (32-bit masked compare, CVE-2019-10063),
+ *     dangerous personality flags, AF_ALG, AF_VSOCK and AF_PACKET sockets,
+ *     prlimit64 on another process.  Denied calls fail with EPERM
+ *     (clone3 with ENOSYS so glibc falls back to the filterable clone).
+ *  2. the allow list: every system call libseccomp knows for the native
+ *     architecture; anything newer than this libseccomp (a syscall the
+ *     deny list could not have considered) fails with ENOSYS, as runc's
+ *     patchbpf does.
+ *
+ * Both kill the whole process on a foreign architecture or ABI (i386
+ * `int 0x80`, x32): SCMP_FLTATR_ACT_BADARCH = SCMP_ACT_KILL_PROCESS.
+ * When several filters match, the kernel applies the most restrictive
+ * action (seccomp(2) "Filter return values"), so 1 ∧ 2 is what runs.
+ */
+#ifndef SBX_SECCOMP_H
+#define SBX_SECCOMP_H
+
+#include <stddef.h>
+
+struct sbx_bpf {
+    void *prog;   /* struct sock_filter[] */
+    size_t len;   /* bytes */
+};
+
+/*
+ * sbx_seccomp_build — build both programs.  On success the caller owns
+ * out[0].prog (deny list) and out[1].prog (allow list) and frees them with
+ * free().  Returns 0 or a negative code.
+ */
+int sbx_seccomp_build(struct sbx_bpf out[2]);
+
+/* The names of the denied system calls (NULL-terminated), for tests and docs. */
+extern const char *const sbx_seccomp_denied[];
+
+#endif

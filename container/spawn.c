@@ -1,0 +1,444 @@
+/* spawn.c — container start and stop on the host; see spawn.h. */
+#include "spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../runtime/err.h"
+#include "../runtime/frame.h"
+#include "../runtime/log.h"
+#include "../runtime/util.h"
+#include "../runtime/wire.h"
+#include "seccomp.h"
+
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+struct sbx_spawner {
+    struct sbx_spawn_conf conf;
+    int agent_fd;          /* sealed memfd */
+    char *cfg;             /* the agent's configuration frame */
+    size_t cfg_len;
+    pthread_mutex_t mu;
+    uint8_t *uid_used;     /* one byte per uid slot */
+    uint32_t uid_next;
+    _Atomic uint64_t serial;
+    int devnull;
+};
+
+/* Copy the agent binary into a sealed, read-only memfd. */
+static int
+seal_agent(const char *path, int *out)
+{
+    int rc = 0, src = -1;
+    int fd = memfd_create("sbx-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    src = open(path, O_RDONLY | O_CLOEXEC);
+    if (src < 0) {
+        rc = -errno;
+        goto out;
+    }
+    char buf[65536];
+    for (;;) {
+        ssize_t r = read(src, buf, sizeof(buf));
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno;
+            goto out;
+        }
+        if (r == 0)
+            break;
+        if ((rc = sbx_write_full(fd, buf, (size_t)r)) != 0)
+            goto out;
+    }
+    if (fchmod(fd, 0555) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
+        rc = -errno;
+        goto out;
+    }
+out:
+    if (src >= 0)
+        close(src);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    *out = fd;
+    return 0;
+}
+
+static void
+enc_strv(sbx_enc *e, const char *key, const char *const *v)
+{
+    sbx_enc_karray(e, key);
+    for (; v && *v; v++)
+        sbx_enc_str(e, *v);
+    sbx_enc_end(e);
+}
+
+int
+sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why, size_t whylen)
+{
+    int rc;
+    struct sbx_bpf bpf[2] = {{0}};
+    sbx_spawner *sp = sbx_xcalloc(1, sizeof(*sp));
+    sp->conf = *conf;
+    sp->agent_fd = -1;
+    sp->devnull = -1;
+    if (sp->conf.uid_count == 0)
+        sp->conf.uid_count = 65536;
+    if (sp->conf.setup_timeout_ms <= 0)
+        sp->conf.setup_timeout_ms = 10000;
+    if ((rc = seal_agent(conf->agent_path, &sp->agent_fd)) != 0) {
+        snprintf(why, whylen, "cannot load the agent binary %s: %s", conf->agent_path,
+                 strerror(-rc));
+        goto fail;
+    }
+    if ((rc = sbx_seccomp_build(bpf)) != 0) {
+        snprintf(why, whylen, "cannot build the seccomp filter: %s", sbx_err_message(rc));
+        goto fail;
+    }
+    sp->devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (sp->devnull < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "open /dev/null");
+        goto fail;
+    }
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "hostname", "sandbox");
+    sbx_enc_kbool(&e, "unshare_cgroupns", sbx_cgroups_mode(conf->cgroups) != SBX_CG_V2);
+    sbx_enc_kint(&e, "rw_size", (int64_t)conf->rw_size);
+    sbx_enc_kint(&e, "rw_inodes", (int64_t)conf->rw_inodes);
+    sbx_enc_kint(&e, "shm_size", (int64_t)conf->shm_size);
+    sbx_enc_kint(&e, "output_cap", (int64_t)conf->output_cap);
+    sbx_enc_kint(&e, "nofile", conf->nofile);
+    sbx_enc_kint(&e, "nproc", conf->nproc);
+    enc_strv(&e, "etc", conf->etc);
+    enc_strv(&e, "env", conf->env);
+    sbx_enc_karray(&e, "seccomp");
+    sbx_enc_bin(&e, bpf[0].prog, bpf[0].len);
+    sbx_enc_bin(&e, bpf[1].prog, bpf[1].len);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if ((rc = sbx_enc_finish(&e, &sp->cfg, &sp->cfg_len)) != 0)
+        goto fail;
+    free(bpf[0].prog);
+    free(bpf[1].prog);
+    sp->conf.etc = NULL; /* only needed for the frame; not owned */
+    sp->conf.env = NULL;
+    pthread_mutex_init(&sp->mu, NULL);
+    sp->uid_used = sbx_xcalloc(sp->conf.uid_count, 1);
+    *out = sp;
+    return 0;
+fail:
+    free(bpf[0].prog);
+    free(bpf[1].prog);
+    if (sp->agent_fd >= 0)
+        close(sp->agent_fd);
+    if (sp->devnull >= 0)
+        close(sp->devnull);
+    free(sp);
+    return rc;
+}
+
+void
+sbx_spawner_free(sbx_spawner *sp)
+{
+    if (!sp)
+        return;
+    close(sp->agent_fd);
+    close(sp->devnull);
+    free(sp->cfg);
+    free(sp->uid_used);
+    pthread_mutex_destroy(&sp->mu);
+    free(sp);
+}
+
+static int
+uid_alloc(sbx_spawner *sp, uint32_t *uid)
+{
+    int rc = -EAGAIN;
+    pthread_mutex_lock(&sp->mu);
+    for (uint32_t i = 0; i < sp->conf.uid_count; i++) {
+        uint32_t k = (sp->uid_next + i) % sp->conf.uid_count;
+        if (!sp->uid_used[k]) {
+            sp->uid_used[k] = 1;
+            sp->uid_next = k + 1;
+            *uid = sp->conf.uid_base + k;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&sp->mu);
+    return rc;
+}
+
+static void
+uid_free(sbx_spawner *sp, uint32_t uid)
+{
+    pthread_mutex_lock(&sp->mu);
+    if (uid >= sp->conf.uid_base && uid - sp->conf.uid_base < sp->conf.uid_count)
+        sp->uid_used[uid - sp->conf.uid_base] = 0;
+    pthread_mutex_unlock(&sp->mu);
+}
+
+/*
+ * The child between clone3 and execveat.  It shares nothing with the parent
+ * but a copy of its memory, and other threads may have held glibc locks at
+ * the moment of the clone: only raw system calls from here on.
+ */
+static void __attribute__((noreturn))
+child_main(sbx_spawner *sp, int chan, const char *const *argv, const char *const *envp)
+{
+    char go = 0;
+    if (syscall(SYS_read, chan, &go, 1) != 1 || go != 'G')
+        syscall(SYS_exit_group, 1);
+    /* Die with the thread that created us: a crashed shard leaves no
+     * sandbox behind. */
+    syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    /* Become 0:0 of our user namespace: without it the child is the
+     * overflow uid and execve would drop every capability. */
+    if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, 0, 0, 0) < 0 ||
+        syscall(SYS_setresuid, 0, 0, 0) < 0)
+        syscall(SYS_exit_group, 2);
+    /* fd 3 = channel, 0/1 = /dev/null, 2 = the shard's stderr (agent logs).
+     * Lift every fd we need above the small numbers first, so no dup3 below
+     * can overwrite one we still need. */
+    long afd = syscall(SYS_fcntl, sp->agent_fd, F_DUPFD_CLOEXEC, 16);
+    long nfd = syscall(SYS_fcntl, sp->devnull, F_DUPFD_CLOEXEC, 16);
+    long cfd = syscall(SYS_fcntl, chan, F_DUPFD_CLOEXEC, 16);
+    if (afd < 0 || nfd < 0 || cfd < 0 || syscall(SYS_dup3, cfd, 3, 0) < 0 ||
+        syscall(SYS_dup3, nfd, 0, 0) < 0 || syscall(SYS_dup3, nfd, 1, 0) < 0)
+        syscall(SYS_exit_group, 3);
+    syscall(SYS_execveat, afd, "", argv, envp, AT_EMPTY_PATH);
+    syscall(SYS_exit_group, 127);
+    __builtin_unreachable();
+}
+
+static int
+write_map(pid_t pid, const char *file, uint32_t id)
+{
+    char path[64], val[64];
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+    snprintf(val, sizeof(val), "0 %u 1\n", id);
+    return sbx_write_file(path, val);
+}
+
+/* Wait for a frame with a timeout, then read it. */
+static int
+recv_ready(int fd, int timeout_ms, char **buf, size_t *len)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int r = poll(&pfd, 1, timeout_ms);
+    if (r == 0)
+        return -ETIMEDOUT;
+    if (r < 0)
+        return -errno;
+    return sbx_frame_recv_blocking(fd, 1u << 16, buf, len);
+}
+
+int
+sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_container *c,
+                    char *why, size_t whylen)
+{
+    int sv[2] = {-1, -1};
+    int pidfd = -1;
+    pid_t pid = -1;
+    int rc = 0;
+    char *ready = NULL;
+    size_t ready_len = 0;
+    sbx_msg msg;
+    bool have_msg = false;
+    char name[64];
+
+    memset(c, 0, sizeof(*c));
+    c->pidfd = c->chan = -1;
+    c->cg.v2_fd = -1;
+    int64_t t0 = sbx_mono_us();
+    c->serial = atomic_fetch_add(&sp->serial, 1) + 1;
+    if ((rc = uid_alloc(sp, &c->uid)) != 0) {
+        snprintf(why, whylen, "no free sandbox uid (%u live sandboxes)", sp->conf.uid_count);
+        return SBX_E_CONTAINER;
+    }
+    snprintf(name, sizeof(name), "c%d-%llu", (int)getpid(), (unsigned long long)c->serial);
+    rc = sbx_cgroup_create(sp->conf.cgroups, name, lim, &c->cg);
+    if (rc) {
+        snprintf(why, whylen, "create cgroup %s: %s", name, strerror(-rc));
+        goto fail;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "socketpair");
+        goto fail;
+    }
+    /* argv/envp are built before the clone: the child may not allocate. */
+    const char *const argv[] = {"sbx-agent", NULL};
+    const char *const envp_plain[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    const char *const envp_asan[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+                                     "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0",
+                                     "UBSAN_OPTIONS=print_stacktrace=1", NULL};
+    const char *const *envp = getenv("ASAN_OPTIONS") ? envp_asan : envp_plain;
+
+    struct clone_args ca;
+    memset(&ca, 0, sizeof(ca));
+    ca.flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
+               CLONE_NEWIPC | CLONE_PIDFD;
+    ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
+    ca.exit_signal = SIGCHLD;
+    if (sbx_cgroups_mode(sp->conf.cgroups) == SBX_CG_V2 && c->cg.v2_fd >= 0) {
+        ca.flags |= CLONE_INTO_CGROUP | CLONE_NEWCGROUP;
+        ca.cgroup = (uint64_t)c->cg.v2_fd;
+    }
+    pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
+    if (pid < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "clone3 with new namespaces: %s", strerror(errno));
+        goto fail;
+    }
+    if (pid == 0)
+        child_main(sp, sv[1], argv, envp);
+
+    close(sv[1]);
+    sv[1] = -1;
+    c->pid = pid;
+    c->pidfd = pidfd;
+    if ((rc = write_map(pid, "uid_map", c->uid)) != 0 ||
+        (rc = write_map(pid, "gid_map", c->uid)) != 0) {
+        snprintf(why, whylen, "write uid/gid map: %s", strerror(-rc));
+        goto fail;
+    }
+    if (sbx_cgroups_mode(sp->conf.cgroups) == SBX_CG_V1 &&
+        (rc = sbx_cgroup_attach(sp->conf.cgroups, &c->cg, pid)) != 0) {
+        snprintf(why, whylen, "attach to cgroup: %s", strerror(-rc));
+        goto fail;
+    }
+    /* Best effort: lowering needs CAP_SYS_RESOURCE, which some hosts (and
+     * some VMs) withhold from root. */
+    char adj[64];
+    snprintf(adj, sizeof(adj), "/proc/%d/oom_score_adj", (int)pid);
+    sbx_write_file(adj, "-998");
+    if ((rc = sbx_write_full(sv[0], "G", 1)) != 0 ||
+        (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0) {
+        snprintf(why, whylen, "send the configuration to the agent: %s", strerror(-rc));
+        goto fail;
+    }
+    rc = recv_ready(sv[0], sp->conf.setup_timeout_ms, &ready, &ready_len);
+    if (rc) {
+        snprintf(why, whylen, "the agent did not report ready: %s",
+                 rc == -EPIPE ? "it exited during set-up (see its log)" : strerror(-rc));
+        goto fail;
+    }
+    if (sbx_wire_decode(&msg, ready, ready_len, &sbx_wire_limits_request) != 0) {
+        rc = SBX_E_CONTAINER;
+        snprintf(why, whylen, "malformed ready frame from the agent");
+        goto fail;
+    }
+    have_msg = true;
+    bool ok = false;
+    sbx_wire_get_bool(msg.root, "ready", &ok);
+    if (!ok) {
+        sbx_str step = {"?", 1}, m = {"", 0};
+        sbx_wire_get_str(msg.root, "step", &step);
+        sbx_wire_get_str(msg.root, "message", &m);
+        snprintf(why, whylen, "sandbox set-up failed at '%.*s': %.*s", (int)step.n, step.p,
+                 (int)m.n, m.p);
+        rc = SBX_E_CONTAINER;
+        goto fail;
+    }
+    sbx_wire_msg_free(&msg);
+    free(ready);
+    c->chan = sv[0];
+    c->start_us = sbx_mono_us() - t0;
+    return 0;
+fail:
+    if (have_msg)
+        sbx_wire_msg_free(&msg);
+    free(ready);
+    if (sv[0] >= 0)
+        close(sv[0]);
+    if (sv[1] >= 0)
+        close(sv[1]);
+    c->chan = -1;
+    if (pid > 0) {
+        syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+        siginfo_t si;
+        waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED);
+    }
+    if (pidfd >= 0)
+        close(pidfd);
+    c->pidfd = -1;
+    c->pid = 0;
+    sbx_cgroup_destroy(sp->conf.cgroups, &c->cg, 2000);
+    uid_free(sp, c->uid);
+    c->uid = 0;
+    return rc < 0 ? rc : SBX_E_CONTAINER;
+}
+
+void
+sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
+{
+    if (c->chan >= 0) {
+        close(c->chan);
+        c->chan = -1;
+    }
+    if (c->pidfd >= 0) {
+        /* PID 1 dies; the kernel kills the rest of its pid namespace and
+         * waits for them before PID 1 can be reaped. */
+        syscall(SYS_pidfd_send_signal, c->pidfd, SIGKILL, NULL, 0);
+        siginfo_t si;
+        while (waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &si, WEXITED) < 0 && errno == EINTR)
+            ;
+        close(c->pidfd);
+        c->pidfd = -1;
+    }
+    if (c->cg.created) {
+        int rc = sbx_cgroup_destroy(sp->conf.cgroups, &c->cg, 5000);
+        if (rc)
+            sbx_warn("container %llu: cgroup %s not removed: %s", (unsigned long long)c->serial,
+                     c->cg.name, strerror(-rc));
+    } else if (c->cg.v2_fd >= 0) {
+        close(c->cg.v2_fd);
+        c->cg.v2_fd = -1;
+    }
+    if (c->uid) {
+        uid_free(sp, c->uid);
+        c->uid = 0;
+    }
+    c->pid = 0;
+}
+
+int
+sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st)
+{
+    return sbx_cgroup_stats(sp->conf.cgroups, &c->cg, st);
+}
+
+int
+sbx_container_set_limits(sbx_spawner *sp, struct sbx_container *c, const struct sbx_limits *lim)
+{
+    return sbx_cgroup_set_limits(sp->conf.cgroups, &c->cg, lim);
+}

@@ -1,0 +1,96 @@
+/*
+ * spawn.h — start and stop sandbox containers (the host side).
+ *
+ * sbx_container_start() runs on one of the shard's worker threads and
+ * blocks for the container's whole set-up (about 2 ms here):
+ *
+ *   1. socketpair(2) for the channel; a cgroup with the sandbox's limits;
+ *   2. clone3(2) with CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWUTS|NEWIPC and
+ *      CLONE_PIDFD (on cgroup v2 also CLONE_INTO_CGROUP|CLONE_NEWCGROUP, so
+ *      the child is born inside its cgroup);
+ *   3. the child — a copy of this multi-threaded process, so it makes raw
+ *      system calls only, no malloc, no glibc set*id broadcast — waits on
+ *      the channel for "go";
+ *   4. the parent writes /proc/PID/{uid,gid}_map ("0 <host id> 1": one
+ *      unprivileged host id per sandbox, nothing else mapped), on cgroup v1
+ *      attaches the pid to its three hierarchies, sets oom_score_adj -998 so
+ *      the OOM killer prefers tenant processes to the agent, and says "go";
+ *   5. the child sets PR_SET_PDEATHSIG, becomes uid/gid 0 of its namespace
+ *      (setresuid/setresgid, setgroups(0)) and execs sbx-agent from a
+ *      sealed memfd copy (F_SEAL_WRITE|SHRINK|GROW|SEAL): /proc/1/exe inside
+ *      is that memfd, never a host file (runc CVE-2019-5736);
+ *   6. the parent sends the agent's configuration and waits for "ready".
+ *
+ * Everything the agent then does to build the sandbox is in
+ * container/agent/setup.c.  sbx_container_stop() kills PID 1 through its
+ * pidfd (the kernel then kills the rest of the pid namespace), reaps it and
+ * removes the cgroup; nothing of the container stays on the host: its
+ * mounts lived in its own mount namespace.
+ */
+#ifndef SBX_SPAWN_H
+#define SBX_SPAWN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cgroup.h"
+
+typedef struct sbx_spawner sbx_spawner;
+
+struct sbx_spawn_conf {
+    const char *agent_path;     /* the sbx-agent binary (copied into a memfd at start) */
+    sbx_cgroups *cgroups;       /* borrowed; must outlive the spawner */
+    uint32_t uid_base;          /* host uids uid_base … uid_base+uid_count-1 are used */
+    uint32_t uid_count;         /* at most this many live containers */
+    uint64_t rw_size;           /* bytes for /workspace + /tmp + /home */
+    uint64_t rw_inodes;
+    uint64_t shm_size;          /* bytes */
+    uint64_t output_cap;        /* bytes kept per output stream of an exec */
+    uint32_t nofile, nproc;
+    const char *const *etc;     /* /etc entries bound read-only (NULL-terminated) */
+    const char *const *env;     /* base environment "K=V" (NULL-terminated) */
+    int setup_timeout_ms;
+};
+
+/* sbx_spawner_new — prepare: memfd of the agent, seccomp programs, the
+ * agent's configuration frame.  0 or a negative code (reason in why). */
+int sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
+                    size_t whylen);
+void sbx_spawner_free(sbx_spawner *sp);
+
+struct sbx_container {
+    uint64_t serial;    /* unique in this process */
+    pid_t pid;          /* host pid of the agent */
+    int pidfd;
+    int chan;           /* our end of the channel (blocking, CLOEXEC) */
+    sbx_cgroup cg;
+    uint32_t uid;       /* host uid mapped to 0 inside */
+    int64_t start_us;   /* time the set-up took */
+};
+
+/*
+ * sbx_container_start — create a container with the given limits and wait
+ * until its agent is ready (at most setup_timeout_ms).  Thread-safe; must be
+ * called from a thread that lives as long as the container (PR_SET_PDEATHSIG
+ * follows the creating thread).  On success *c is filled and owned by the
+ * caller, who must call sbx_container_stop.  0 or a negative code.
+ */
+int sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_container *c,
+                        char *why, size_t whylen);
+
+/*
+ * sbx_container_stop — SIGKILL the container, reap it, remove its cgroup,
+ * close its fds and release its uid.  Blocks until done (milliseconds).
+ * Thread-safe.  Idempotent on a zeroed/stopped container.
+ */
+void sbx_container_stop(sbx_spawner *sp, struct sbx_container *c);
+
+/* sbx_container_stats — the cgroup counters of a live container. */
+int sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st);
+
+/* sbx_container_set_limits — change the limits of a live container. */
+int sbx_container_set_limits(sbx_spawner *sp, struct sbx_container *c,
+                             const struct sbx_limits *lim);
+
+#endif
