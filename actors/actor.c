@@ -1,0 +1,773 @@
+/*
+ * actor.c — one actor per sandbox ID: its mailbox and input gate, its
+ * container, the channel to its agent, and its durable record.
+ * Everything here runs on the shard's loop thread (shard.h).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../runtime/err.h"
+#include "../runtime/log.h"
+#include "../runtime/util.h"
+#include "shard_int.h"
+
+static void actor_pump(struct actor *a);
+static void on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
+
+/* ------------------------------------------------------------------------------ */
+/* The table of actors. */
+
+static size_t
+ahash(struct shard *sh, const char *id)
+{
+    return (size_t)(XXH64(id, strlen(id), 3) % sh->nbuckets);
+}
+
+static void
+actor_unlink(struct shard *sh, struct actor *a)
+{
+    struct actor **pp = &sh->buckets[ahash(sh, a->id)];
+    while (*pp && *pp != a)
+        pp = &(*pp)->hnext;
+    if (*pp) {
+        *pp = a->hnext;
+        sh->nactors--;
+    }
+}
+
+static void
+actor_release(struct actor *a)
+{
+    sbx_frame_reader_free(&a->rd);
+    sbx_frame_writer_free(&a->wr);
+    sbx_record_free(&a->rec);
+    free(a);
+}
+
+/* Free an actor that holds nothing: no record, no container, no work. */
+static void
+actor_maybe_free(struct actor *a)
+{
+    if (a->exists || a->cs != C_NONE || a->mb_head || a->inflight || a->gate || a->destroying)
+        return;
+    actor_unlink(a->sh, a);
+    actor_release(a);
+}
+
+struct actor *
+actor_get(struct shard *sh, const char *id, bool load)
+{
+    size_t b = ahash(sh, id);
+    for (struct actor *a = sh->buckets[b]; a; a = a->hnext)
+        if (!strcmp(a->id, id))
+            return a;
+    if (!load)
+        return NULL;
+    struct actor *a = sbx_xcalloc(1, sizeof(*a));
+    a->sh = sh;
+    snprintf(a->id, sizeof(a->id), "%s", id);
+    a->c.chan = a->c.pidfd = -1;
+    sbx_frame_reader_init(&a->rd, SBX_WIRE_MAX_FRAME);
+    sbx_frame_writer_init(&a->wr);
+    char *val = NULL;
+    size_t vn = 0;
+    int rc = sbx_store_get(sh->store, SBX_DB_SANDBOXES, id, strlen(id), &val, &vn);
+    if (rc == 0) {
+        if (sbx_record_decode(val, vn, &a->rec) == 0) {
+            a->exists = true;
+            /* No container survives a shard restart, whatever was recorded. */
+            snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+        } else {
+            sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
+        }
+        free(val);
+    } else if (rc != -ENOENT) {
+        actor_release(a);
+        return NULL;
+    }
+    a->hnext = sh->buckets[b];
+    sh->buckets[b] = a;
+    sh->nactors++;
+    return a;
+}
+
+void
+actor_enqueue(struct actor *a, struct sop *op)
+{
+    op->actor = a;
+    op->next = NULL;
+    if (a->mb_tail)
+        a->mb_tail->next = op;
+    else
+        a->mb_head = op;
+    a->mb_tail = op;
+    actor_pump(a);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Records. */
+
+static void
+ensure_record(struct actor *a, const struct sbx_limits *lim)
+{
+    if (a->exists)
+        return;
+    struct shard *sh = a->sh;
+    sbx_record_free(&a->rec);
+    memset(&a->rec, 0, sizeof(a->rec));
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    a->rec.created_ms = sbx_wall_ms();
+    snprintf(a->rec.state, sizeof(a->rec.state), "created");
+    a->rec.limits = lim ? *lim : sh->limits;
+    a->exists = true;
+    a->last_seq = shard_store_record(sh, &a->rec);
+}
+
+static void
+save_record(struct actor *a)
+{
+    a->last_seq = shard_store_record(a->sh, &a->rec);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Status. */
+
+void
+actor_encode_status(struct actor *a, sbx_enc *e)
+{
+    struct shard *sh = a->sh;
+    const char *state = a->destroying         ? "destroying"
+                        : a->cs == C_RUNNING  ? "running"
+                        : a->cs == C_STARTING ? "starting"
+                        : a->cs == C_STOPPING ? "stopping"
+                                              : "stopped";
+    sbx_enc_map(e);
+    sbx_enc_kstr(e, "id", a->id);
+    sbx_enc_kstr(e, "state", state);
+    sbx_enc_kint(e, "createdAt", a->rec.created_ms);
+    sbx_enc_kint(e, "generation", (int64_t)a->rec.generation);
+    sbx_enc_kint(e, "restarts", (int64_t)a->rec.restarts);
+    sbx_enc_kstr(e, "shard", sh->conf.name);
+    if (a->last_active_ms)
+        sbx_enc_kint(e, "lastActivityAt", a->last_active_ms);
+    sbx_enc_kmap(e, "limits");
+    sbx_enc_kint(e, "memory", (int64_t)a->rec.limits.memory);
+    sbx_enc_kint(e, "pids", a->rec.limits.pids);
+    sbx_enc_kint(e, "cpu", a->rec.limits.cpu_milli);
+    sbx_enc_end(e);
+    if (a->died)
+        sbx_enc_kstr(e, "lastExit", a->last_exit);
+    if (a->cs == C_RUNNING) {
+        struct sbx_cgroup_stats st;
+        sbx_container_stats(sh->spawner, &a->c, &st);
+        sbx_enc_kmap(e, "container");
+        sbx_enc_kint(e, "pid", a->c.pid);
+        sbx_enc_kint(e, "uid", a->c.uid);
+        sbx_enc_kint(e, "startUs", a->c.start_us);
+        sbx_enc_kint(e, "memoryBytes", (int64_t)st.memory_current);
+        sbx_enc_kint(e, "memoryPeakBytes", (int64_t)st.memory_peak);
+        sbx_enc_kint(e, "pids", (int64_t)st.pids_current);
+        sbx_enc_kint(e, "cpuUsageUs", (int64_t)st.cpu_usage_us);
+        sbx_enc_kint(e, "oomKills", (int64_t)st.oom_kills);
+        sbx_enc_kint(e, "pidsLimitHits", (int64_t)st.pids_max_hits);
+        sbx_enc_end(e);
+    }
+    sbx_enc_end(e);
+}
+
+static void
+reply_status(struct actor *a, struct sop *op)
+{
+    if (!a->exists) {
+        shard_reply_err(op, SBX_E_NOT_FOUND, "sandbox '%s' does not exist", a->id);
+        return;
+    }
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, op->req.id);
+    sbx_enc_str(&e, "sandbox");
+    actor_encode_status(a, &e);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        shard_reply(op, buf, len, a->last_seq);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* The container and its channel. */
+
+static void
+fail_list(struct sop **list, int code, const char *msg)
+{
+    while (*list) {
+        struct sop *op = *list;
+        *list = op->next;
+        op->next = NULL;
+        shard_reply_err(op, code, "%s", msg);
+    }
+}
+
+static void
+fail_inflight(struct actor *a, int code, const char *msg)
+{
+    fail_list(&a->inflight, code, msg);
+}
+
+static void
+detach_channel(struct actor *a)
+{
+    if (a->w) {
+        sbx_loop_unwatch(a->sh->loop, a->w);
+        a->w = NULL;
+    }
+    sbx_frame_reader_free(&a->rd);
+    sbx_frame_writer_free(&a->wr);
+    sbx_frame_reader_init(&a->rd, SBX_WIRE_MAX_FRAME);
+    sbx_frame_writer_init(&a->wr);
+}
+
+static void
+stop_container(struct actor *a, bool for_destroy)
+{
+    detach_channel(a);
+    struct work *w = sbx_xcalloc(1, sizeof(*w));
+    w->kind = W_STOP;
+    w->actor = a;
+    w->c = a->c;
+    w->for_destroy = for_destroy;
+    memset(&a->c, 0, sizeof(a->c));
+    a->c.chan = a->c.pidfd = -1;
+    a->cs = C_STOPPING;
+    shard_work_submit(a->sh, w);
+}
+
+/* The agent went away without being asked to: it was killed (OOM, a bug,
+ * tenant code that got at it) or crashed.  Its operations fail now; the next
+ * one starts a fresh container. */
+static void
+container_died(struct actor *a, const char *why)
+{
+    struct shard *sh = a->sh;
+    sh->n_died++;
+    snprintf(a->last_exit, sizeof(a->last_exit), "%s", why);
+    a->died = true;
+    sbx_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,
+             (unsigned long long)a->c.serial, why);
+    char msg[256];
+    snprintf(msg, sizeof(msg),
+             "the sandbox's container stopped unexpectedly (%s); the next operation starts a "
+             "fresh one", why);
+    fail_inflight(a, SBX_E_CONTAINER, msg);
+    a->rec.restarts++;
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+    save_record(a);
+    stop_container(a, false);
+}
+
+static int
+agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc *args_enc,
+           uint64_t tag)
+{
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_str(&e, "t");
+    sbx_enc_uint(&e, tag);
+    sbx_enc_kstr(&e, "op", op);
+    sbx_enc_str(&e, "a");
+    if (args)
+        sbx_enc_obj(&e, args);
+    else if (args_enc) {
+        char *ab;
+        size_t al;
+        sbx_enc_end(args_enc);
+        if (sbx_enc_finish(args_enc, &ab, &al) == 0) {
+            sbx_enc_raw(&e, ab, al);
+            free(ab);
+        } else {
+            sbx_enc_map(&e);
+            sbx_enc_end(&e);
+        }
+    } else {
+        sbx_enc_map(&e);
+        sbx_enc_end(&e);
+    }
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) != 0)
+        return SBX_E_INTERNAL;
+    sbx_frame_queue(&a->wr, buf, len);
+    free(buf);
+    int rc = sbx_frame_flush(&a->wr, a->c.chan);
+    if (rc < 0)
+        return SBX_E_CONTAINER;
+    sbx_loop_modify(a->sh->loop, a->w, EPOLLIN | (rc == 0 ? EPOLLOUT : 0));
+    return 0;
+}
+
+static void
+dispatch(struct actor *a, struct sop *op)
+{
+    op->tag = ++a->next_tag;
+    if (sbx_str_eq(op->req.op, "exec")) {
+        sbx_container_stats(a->sh->spawner, &a->c, &op->pre);
+        op->have_pre = true;
+    }
+    int rc = agent_send(a, op->def->name, op->req.args, NULL, op->tag);
+    if (rc) {
+        shard_reply_err(op, rc, "could not reach the sandbox's agent");
+        container_died(a, "its channel broke");
+        return;
+    }
+    op->next = a->inflight;
+    a->inflight = op;
+}
+
+static void
+container_ready(struct actor *a, struct sbx_container *c, bool pooled)
+{
+    struct shard *sh = a->sh;
+    a->c = *c;
+    a->cs = C_RUNNING;
+    sbx_set_nonblock(a->c.chan, true);
+    a->w = sbx_loop_watch(sh->loop, a->c.chan, EPOLLIN, on_chan, a);
+    if (pooled && memcmp(&a->rec.limits, &sh->limits, sizeof(sh->limits)) != 0)
+        sbx_container_set_limits(sh->spawner, &a->c, &a->rec.limits);
+    /* Identity and environment first: frames reach the agent in order. */
+    sbx_enc args;
+    sbx_enc_init(&args);
+    sbx_enc_map(&args);
+    sbx_enc_kstr(&args, "sandbox", a->id);
+    if (a->rec.env) {
+        sbx_enc_str(&args, "env");
+        sbx_enc_raw(&args, a->rec.env, a->rec.env_len);
+    }
+    if (agent_send(a, "bind", NULL, &args, 0) != 0) {
+        container_died(a, "the bind frame could not be sent");
+        return;
+    }
+    a->rec.generation++;
+    snprintf(a->rec.state, sizeof(a->rec.state), "running");
+    save_record(a);
+}
+
+static void
+start_container(struct actor *a, struct sop *op)
+{
+    struct shard *sh = a->sh;
+    a->gate = op;
+    a->cs = C_STARTING;
+    op->container_restarted = a->died;
+    struct sbx_container c;
+    if (shard_pool_take(sh, &c)) {
+        a->gate = NULL;
+        container_ready(a, &c, true);
+        if (a->cs == C_RUNNING)
+            dispatch(a, op);
+        else
+            shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start");
+        return;
+    }
+    struct work *w = sbx_xcalloc(1, sizeof(*w));
+    w->kind = W_START;
+    w->actor = a;
+    w->lim = a->rec.limits;
+    shard_work_submit(sh, w);
+}
+
+static void
+finish_destroy(struct actor *a, struct sop *op)
+{
+    struct shard *sh = a->sh;
+    bool existed = a->exists;
+    if (existed)
+        a->last_seq = sbx_store_del(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id));
+    a->exists = false;
+    a->died = false;
+    sbx_record_free(&a->rec);
+    memset(&a->rec, 0, sizeof(a->rec));
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, op->req.id);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kbool(&e, "destroyed", existed);
+    sbx_enc_kstr(&e, "id", a->id);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        shard_reply(op, buf, len, a->last_seq);
+}
+
+void
+actor_work_done(struct shard *sh, struct work *w)
+{
+    struct actor *a = w->actor;
+    if (w->kind == W_START) {
+        struct sop *op = a->gate;
+        a->gate = NULL;
+        if (w->rc != 0) {
+            a->cs = C_NONE;
+            if (op)
+                shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start: %s",
+                                w->why);
+            free(w);
+            actor_pump(a);
+            actor_maybe_free(a);
+            return;
+        }
+        if (sh->stopping || !op) {
+            w->kind = W_STOP;
+            w->actor = NULL;
+            shard_work_submit(sh, w);
+            a->cs = C_NONE;
+            if (op)
+                shard_reply_err(op, SBX_E_INTERRUPTED, "the shard is stopping");
+            return;
+        }
+        container_ready(a, &w->c, false);
+        free(w);
+        if (a->cs == C_RUNNING)
+            dispatch(a, op);
+        else
+            shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start");
+        actor_pump(a);
+        return;
+    }
+    /* W_STOP done: the container is reaped and its cgroup removed. */
+    a->cs = C_NONE;
+    if (w->for_destroy) {
+        struct sop *op = a->gate;
+        a->gate = NULL;
+        a->destroying = false;
+        if (op)
+            finish_destroy(a, op);
+    }
+    free(w);
+    actor_pump(a);
+    actor_maybe_free(a);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Replies from the agent (untrusted: tenant code shares the sandbox). */
+
+static struct sop *
+take_inflight(struct actor *a, uint64_t tag)
+{
+    for (struct sop **pp = &a->inflight; *pp; pp = &(*pp)->next) {
+        if ((*pp)->tag == tag) {
+            struct sop *op = *pp;
+            *pp = op->next;
+            op->next = NULL;
+            return op;
+        }
+    }
+    return NULL;
+}
+
+/* Refine the agent's exit cause with what only the host can see. */
+static const char *
+refine_cause(struct actor *a, struct sop *op, const msgpack_object *r, sbx_str cause)
+{
+    if (!op->have_pre || a->cs != C_RUNNING)
+        return NULL;
+    struct sbx_cgroup_stats post;
+    sbx_container_stats(a->sh->spawner, &a->c, &post);
+    int64_t sig = 0, code = 0;
+    sbx_wire_get_i64(r, "signal", &sig);
+    sbx_wire_get_i64(r, "exitCode", &code);
+    if (sbx_str_eq(cause, "KILLED") && sig == 9 && post.oom_kills > op->pre.oom_kills)
+        return "OOM_KILLED";
+    if (sbx_str_eq(cause, "EXITED") && code != 0 && post.pids_max_hits > op->pre.pids_max_hits)
+        return "PIDS_LIMIT";
+    return NULL;
+}
+
+static void
+agent_reply(struct actor *a, const msgpack_object *root)
+{
+    int64_t tag = 0;
+    bool ok = false;
+    if (sbx_wire_get_i64(root, "t", &tag) != 0)
+        return;
+    sbx_wire_get_bool(root, "ok", &ok);
+    if (tag == 0) {
+        if (!ok)
+            sbx_warn("sandbox %s: the agent refused an internal request", a->id);
+        return;
+    }
+    struct sop *op = take_inflight(a, (uint64_t)tag);
+    if (!op)
+        return; /* a reply to nothing we sent: ignore */
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    const msgpack_object *r = NULL;
+    if (ok && sbx_wire_get_map(root, "r", &r) == 0) {
+        sbx_str cause = {0};
+        sbx_wire_get_str(r, "cause", &cause);
+        const char *refined = cause.n ? refine_cause(a, op, r, cause) : NULL;
+        sbx_enc_init(&e);
+        sbx_enc_reply_ok(&e, op->req.id);
+        for (uint32_t i = 0; i < r->via.map.size; i++) {
+            const msgpack_object_kv *kv = &r->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                continue;
+            sbx_enc_obj(&e, &kv->key);
+            if (refined && kv->key.via.str.size == 5 && !memcmp(kv->key.via.str.ptr, "cause", 5))
+                sbx_enc_str(&e, refined);
+            else
+                sbx_enc_obj(&e, &kv->val);
+        }
+        if (op->container_restarted)
+            sbx_enc_kbool(&e, "containerRestarted", true);
+        sbx_enc_end(&e);
+        sbx_enc_end(&e);
+        if (sbx_enc_finish(&e, &buf, &len) == 0)
+            shard_reply(op, buf, len, a->last_seq);
+        else
+            shard_reply_err(op, SBX_E_INTERNAL, "could not encode the reply");
+        return;
+    }
+    /* An error: keep its code only if it is one of ours. */
+    const msgpack_object *eo = NULL;
+    sbx_str code = {0}, msg = {0};
+    if (sbx_wire_get_map(root, "e", &eo) == 0) {
+        sbx_wire_get_str(eo, "code", &code);
+        sbx_wire_get_str(eo, "message", &msg);
+    }
+    int c = code.n ? sbx_err_from_name(code.p, code.n) : SBX_E_INTERNAL;
+    sbx_werr w;
+    sbx_werr_init(&w, c, "%.*s", (int)SBX_MIN(msg.n, 400), msg.p ? msg.p : "");
+    const msgpack_object *ctx = eo ? sbx_wire_get(eo, "context") : NULL;
+    if (ctx && ctx->type == MSGPACK_OBJECT_MAP) {
+        for (uint32_t i = 0; i < ctx->via.map.size; i++) {
+            sbx_enc_obj(sbx_werr_ctx(&w), &ctx->via.map.ptr[i].key);
+            sbx_enc_obj(sbx_werr_ctx(&w), &ctx->via.map.ptr[i].val);
+        }
+    }
+    sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", a->id);
+    shard_reply_werr(op, &w);
+    sbx_werr_free(&w);
+}
+
+static void
+on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct actor *a = arg;
+    (void)l;
+    if (ev & EPOLLOUT) {
+        int rc = sbx_frame_flush(&a->wr, fd);
+        if (rc < 0) {
+            container_died(a, "its channel broke");
+            return;
+        }
+        if (rc == 1)
+            sbx_loop_modify(a->sh->loop, a->w, EPOLLIN);
+    }
+    if (!(ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        return;
+    ssize_t got = sbx_frame_read(&a->rd, fd);
+    const char *p;
+    size_t n;
+    int k;
+    while ((k = sbx_frame_next(&a->rd, &p, &n)) == 1) {
+        sbx_msg m;
+        if (sbx_wire_decode(&m, p, n, &sbx_wire_limits_reply) != 0) {
+            container_died(a, "it sent a malformed frame");
+            return;
+        }
+        agent_reply(a, m.root);
+        sbx_wire_msg_free(&m);
+        if (a->cs != C_RUNNING)
+            return;
+    }
+    if (k < 0) {
+        container_died(a, "it sent an oversized frame");
+        return;
+    }
+    if (got == 0 || (got < 0 && got != -EAGAIN))
+        container_died(a, "its agent exited");
+}
+
+/* ------------------------------------------------------------------------------ */
+/* The mailbox. */
+
+static int
+parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, char *why, size_t whylen)
+{
+    const msgpack_object *l = NULL;
+    int64_t v;
+    *lim = a->sh->limits;
+    int rc = sbx_wire_get_map(op->req.args, "limits", &l);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc) {
+        snprintf(why, whylen, "'limits' must be a map");
+        return SBX_E_VALIDATION;
+    }
+    if (sbx_wire_get_i64(l, "memory", &v) == 0) {
+        if (v < (16 << 20) || v > (1ll << 40)) {
+            snprintf(why, whylen, "limits.memory must be 16 MiB .. 1 TiB (bytes)");
+            return SBX_E_VALIDATION;
+        }
+        lim->memory = (uint64_t)v;
+    }
+    if (sbx_wire_get_i64(l, "pids", &v) == 0) {
+        if (v < 16 || v > 1 << 20) {
+            snprintf(why, whylen, "limits.pids must be 16 .. 1048576");
+            return SBX_E_VALIDATION;
+        }
+        lim->pids = (uint32_t)v;
+    }
+    if (sbx_wire_get_i64(l, "cpu", &v) == 0) {
+        if (v < 10 || v > 1024000) {
+            snprintf(why, whylen, "limits.cpu must be 10 .. 1024000 millicpus");
+            return SBX_E_VALIDATION;
+        }
+        lim->cpu_milli = (uint32_t)v;
+    }
+    return 0;
+}
+
+static void
+op_create(struct actor *a, struct sop *op)
+{
+    char why[160];
+    struct sbx_limits lim;
+    int rc = parse_limits(a, op, &lim, why, sizeof(why));
+    if (rc) {
+        shard_reply_err(op, rc, "%s", why);
+        return;
+    }
+    bool created = !a->exists;
+    ensure_record(a, &lim);
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, op->req.id);
+    sbx_enc_kbool(&e, "created", created);
+    sbx_enc_str(&e, "sandbox");
+    actor_encode_status(a, &e);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        shard_reply(op, buf, len, a->last_seq);
+}
+
+static void
+op_destroy(struct actor *a, struct sop *op)
+{
+    if (a->cs == C_RUNNING) {
+        a->gate = op;
+        a->destroying = true;
+        fail_inflight(a, SBX_E_INTERRUPTED, "the sandbox was destroyed");
+        stop_container(a, true);
+        return;
+    }
+    finish_destroy(a, op);
+}
+
+static void
+handle(struct actor *a, struct sop *op)
+{
+    a->last_active_ms = sbx_wall_ms();
+    const char *name = op->def->name;
+    if (!strcmp(name, "destroy")) {
+        op_destroy(a, op);
+        return;
+    }
+    if (!strcmp(name, "status")) {
+        reply_status(a, op);
+        return;
+    }
+    if (!strcmp(name, "create")) {
+        op_create(a, op);
+        return;
+    }
+    if (!(op->def->flags & SBX_OP_AGENT)) {
+        shard_reply_err(op, SBX_E_UNKNOWN_OP, "operation '%s' is not served by shards", name);
+        return;
+    }
+    if (!a->exists) {
+        if (op->def->flags & SBX_OP_NOCREATE) {
+            shard_reply_err(op, SBX_E_NOT_FOUND, "sandbox '%s' does not exist", a->id);
+            return;
+        }
+        ensure_record(a, NULL);
+    }
+    if (a->cs != C_RUNNING) {
+        start_container(a, op);
+        return;
+    }
+    dispatch(a, op);
+}
+
+static void
+actor_pump(struct actor *a)
+{
+    /* The input gate: nothing moves while a lifecycle step is under way. */
+    while (!a->gate && a->cs != C_STARTING && a->cs != C_STOPPING && a->mb_head) {
+        struct sop *op = a->mb_head;
+        a->mb_head = op->next;
+        if (!a->mb_head)
+            a->mb_tail = NULL;
+        op->next = NULL;
+        handle(a, op);
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Shutdown. */
+
+void
+actor_stop_all(struct shard *sh)
+{
+    for (size_t b = 0; b < sh->nbuckets; b++) {
+        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
+            fail_inflight(a, SBX_E_INTERRUPTED, "the shard is stopping");
+            fail_list(&a->mb_head, SBX_E_INTERRUPTED, "the shard is stopping");
+            a->mb_tail = NULL;
+            if (a->cs == C_RUNNING) {
+                snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+                save_record(a);
+                stop_container(a, false);
+            }
+        }
+    }
+}
+
+void
+actor_free_all(struct shard *sh)
+{
+    for (size_t b = 0; b < sh->nbuckets; b++) {
+        while (sh->buckets[b]) {
+            struct actor *a = sh->buckets[b];
+            sh->buckets[b] = a->hnext;
+            while (a->mb_head) {
+                struct sop *op = a->mb_head;
+                a->mb_head = op->next;
+                sop_free(op);
+            }
+            while (a->inflight) {
+                struct sop *op = a->inflight;
+                a->inflight = op->next;
+                sop_free(op);
+            }
+            if (a->gate)
+                sop_free(a->gate);
+            actor_release(a);
+        }
+    }
+    sh->nactors = 0;
+}

@@ -1,0 +1,66 @@
+/*
+ * shard.h — a shard node: hosts one actor per sandbox ID it owns.
+ *
+ * A shard serves the nng protocol of docs/protocol.md on a REP socket with
+ * many contexts (nng_ctx(5)), so requests are received concurrently; all of
+ * them are then handled on one event-loop thread that owns every actor, so
+ * actor state needs no locks.  Blocking work runs elsewhere: container
+ * start/stop on worker threads, LMDB commits on the store's writer thread.
+ *
+ * Actors (actors/actor.c) are the Durable Object of a sandbox:
+ *  - input gate: an actor takes its operations from its mailbox one at a
+ *    time in arrival order; a lifecycle step (container start, destroy)
+ *    closes the gate until it is done, so later operations wait and then see
+ *    its effect;
+ *  - operations for the container are delivered to the agent in that same
+ *    order, then the gate opens again: a long command does not hold up the
+ *    next operation (the agent orders commands within a session) and never
+ *    holds up other sandboxes;
+ *  - output gate: a reply is sent only after every metadata write the actor
+ *    made before it has been committed to LMDB (group commit), as a Durable
+ *    Object holds outgoing messages until its storage writes are durable.
+ */
+#ifndef SBX_SHARD_H
+#define SBX_SHARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../container/cgroup.h"
+
+struct sbx_shard_conf {
+    char *name;           /* shard name: unique in the deployment, [a-z0-9-] */
+    char *listen;         /* nng URL, e.g. ipc:///var/lib/sbx/s0.sock or tcp://0.0.0.0:7701 */
+    char *data;           /* directory: LMDB environment and shard files */
+    char *agent;          /* path of the sbx-agent binary */
+    char *cgroup;         /* auto | v1 | v2 | none */
+    char *cgroup_base;    /* subtree under the cgroup roots, default sbx/<name> */
+    int64_t uid_base;     /* first host uid given to sandboxes */
+    int64_t uid_count;    /* host uids available (= max live containers) */
+    int64_t contexts;     /* concurrent requests received (nng contexts) */
+    int64_t workers;      /* threads that start and stop containers */
+    int64_t pool;         /* ready containers kept for new sandboxes (0 = none) */
+    uint64_t memory;      /* default memory limit per sandbox, bytes */
+    int64_t pids;         /* default pids limit per sandbox */
+    int64_t cpu;          /* default CPU limit per sandbox, millicpus */
+    uint64_t disk;        /* bytes of /workspace + /tmp + /home */
+    int64_t inodes;       /* inodes of the same */
+    uint64_t output_cap;  /* bytes of stdout (and of stderr) kept per exec */
+    int64_t setup_timeout;/* ms a container may take to start */
+    char **etc;           /* /etc entries bound read-only into sandboxes */
+    char **env;           /* base environment of sandboxes, "K=V" */
+};
+
+/* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */
+void sbx_shard_conf_defaults(struct sbx_shard_conf *c);
+void sbx_shard_conf_free(struct sbx_shard_conf *c);
+
+/*
+ * sbx_shard_run — serve until SIGTERM or SIGINT, then stop every container
+ * and return 0; or return a negative code if start-up failed (reason
+ * logged).  Blocks those signals in the calling thread first: call it from
+ * main() before any other thread exists.
+ */
+int sbx_shard_run(const struct sbx_shard_conf *c);
+
+#endif

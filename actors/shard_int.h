@@ -1,0 +1,182 @@
+/*
+ * shard_int.h — what shard.c and actor.c share.  Everything here is owned
+ * by the shard's loop thread unless a comment says otherwise.
+ */
+#ifndef SBX_SHARD_INT_H
+#define SBX_SHARD_INT_H
+
+#include <nng/nng.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../container/spawn.h"
+#include "../runtime/frame.h"
+#include "../runtime/loop.h"
+#include "../runtime/ops.h"
+#include "../runtime/store.h"
+#include "../runtime/wire.h"
+#include "record.h"
+#include "shard.h"
+
+struct shard;
+struct actor;
+
+/* One nng context of the REP socket: receives a request, later sends its reply. */
+struct sctx {
+    struct shard *sh;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int state; /* SCTX_RECV, SCTX_WORK, SCTX_SEND */
+};
+enum { SCTX_RECV = 1, SCTX_WORK, SCTX_SEND };
+
+/* One request being handled. */
+struct sop {
+    struct sop *next;           /* mailbox or in-flight list */
+    struct shard *sh;
+    struct actor *actor;
+    struct sctx *ctx[4];        /* where to reply (dups of the same request id join) */
+    int nctx;
+    nng_msg *msg;               /* owns the request bytes */
+    const char *frame;          /* the request frame inside msg (unwrapped) */
+    size_t frame_len;
+    sbx_msg dec;
+    struct sbx_req req;
+    const struct sbx_op_def *def;
+    char id[SBX_WIRE_MAX_ID + 1];
+    uint64_t tag;               /* agent request tag when in flight */
+    int64_t t0_us;
+    struct sbx_cgroup_stats pre;/* cgroup counters when sent to the agent */
+    bool have_pre;
+    bool container_restarted;   /* first op on a container replacing one that died */
+};
+
+/* A reply waiting for the output gate. */
+struct held {
+    struct held *next;
+    struct sop *op;
+    char *buf;
+    size_t len;
+    uint64_t need;
+};
+
+/* The container state of an actor. */
+enum cstate { C_NONE = 0, C_STARTING, C_RUNNING, C_STOPPING };
+
+struct actor {
+    struct actor *hnext;
+    struct shard *sh;
+    char id[64];
+    bool exists;                /* a record is (or will be, once committed) in LMDB */
+    struct sbx_record rec;
+    enum cstate cs;
+    struct sbx_container c;
+    sbx_watch *w;
+    sbx_frame_reader rd;
+    sbx_frame_writer wr;
+    uint64_t next_tag;
+    struct sop *inflight;       /* sent to the agent, awaiting its reply */
+    struct sop *mb_head, *mb_tail; /* mailbox */
+    struct sop *gate;           /* the op the input gate is closed for, if any */
+    uint64_t last_seq;          /* last LMDB write of this actor (output gate) */
+    int64_t last_active_ms;
+    bool died;                  /* its last container ended unexpectedly */
+    char last_exit[160];
+    bool destroying;
+};
+
+/* Work for the worker threads (container start/stop). */
+struct work {
+    struct work *next;
+    enum { W_START, W_STOP } kind;
+    struct shard *sh;
+    struct actor *actor;        /* W_START for an actor; NULL for the pool */
+    struct sbx_container c;     /* W_STOP: the container; W_START: the result */
+    struct sbx_limits lim;
+    int rc;
+    char why[256];
+    bool for_destroy;
+};
+
+struct pooled {
+    struct pooled *next;
+    struct sbx_container c;
+};
+
+/* Cached replies for retried request ids (idempotency). */
+struct idem {
+    struct idem *hnext, *lnext;
+    char id[SBX_WIRE_MAX_ID + 1];
+    struct sop *inflight;       /* while being handled */
+    char *reply;                /* once done (NULL if too large to keep) */
+    size_t len;
+    int64_t at_ms;
+};
+
+struct shard {
+    struct sbx_shard_conf conf;
+    sbx_loop *loop;
+    sbx_store *store;
+    sbx_cgroups *cgroups;
+    sbx_spawner *spawner;
+    nng_socket rep;
+    struct sctx *ctxs;
+    int nctx;
+    int sigfd;
+    struct sbx_limits limits;
+    int64_t started_ms;
+    bool stopping;
+    bool ctx_closed;            /* replies are no longer sent */
+
+    /* actors by ID */
+    struct actor **buckets;
+    size_t nbuckets, nactors;
+
+    /* output gate */
+    uint64_t decided;           /* every write ≤ this has a result */
+    struct held *held;
+
+    /* workers (their own lock; results come back through sbx_loop_post) */
+    pthread_t *workers;
+    int nworkers;
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    struct work *wq_head, *wq_tail;
+    bool wstop;
+    int busy_work;              /* loop-side count of work items not yet returned */
+
+    /* warm pool */
+    struct pooled *pool;
+    int npool, pool_inflight;
+
+    /* idempotency cache */
+    struct idem **ibuckets;
+    size_t nibuckets, nidem;
+    struct idem *ihead, *itail; /* insertion order, for expiry */
+    size_t idem_bytes;
+
+    /* counters for status */
+    uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_died;
+    int64_t start_us_total;
+};
+
+/* shard.c */
+void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);
+void shard_reply_err(struct sop *op, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void shard_reply_werr(struct sop *op, sbx_werr *w);
+void shard_work_submit(struct shard *sh, struct work *w);
+bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+void sop_free(struct sop *op);
+uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
+
+/* actor.c */
+struct actor *actor_get(struct shard *sh, const char *id, bool load);
+void actor_enqueue(struct actor *a, struct sop *op);
+void actor_work_done(struct shard *sh, struct work *w);
+void actor_encode_status(struct actor *a, sbx_enc *e);
+void actor_stop_all(struct shard *sh);
+void actor_free_all(struct shard *sh);
+
+#endif

@@ -1,0 +1,40 @@
+/*
+ * gateway.h — the stateless front door.
+ *
+ * Clients speak the nng protocol of docs/protocol.md to a REP socket served
+ * by many contexts, so requests proceed concurrently.  For each request the
+ * gateway checks the frame (size, msgpack, envelope, operation, sandbox ID)
+ * and answers bad input itself; a sandbox operation is then placed —
+ * partition = XXH64(id) mod 4096, owner = rendezvous hash over the shards
+ * (runtime/place.h) — and forwarded on that shard's REQ socket, wrapped with
+ * its routing information; the shard's reply goes back to the client as it
+ * is.  Operations about the whole deployment (list, cluster.status) go to
+ * every shard and the answers are merged.
+ *
+ * A shard with no live connection is answered SHARD_UNAVAILABLE at once; a
+ * shard whose connection drops while it holds requests has them answered
+ * SHARD_UNAVAILABLE at that moment (they are never silently re-sent, which
+ * could run a command twice); a slow shard runs into the request's deadline
+ * (its `timeoutMs`, else the gateway default) and REQUEST_TIMEOUT.
+ */
+#ifndef SBX_GATEWAY_H
+#define SBX_GATEWAY_H
+
+#include <stdint.h>
+
+struct sbx_gateway_conf {
+    char *name;          /* gateway name (status output) */
+    char *listen;        /* nng URL for clients, e.g. tcp://127.0.0.1:7700 */
+    char **shards;       /* "name=url" entries, NULL-terminated */
+    int64_t contexts;    /* concurrent client requests */
+    int64_t timeout;     /* ms, deadline of requests that carry none */
+};
+
+typedef struct sbx_gateway sbx_gateway;
+
+/* sbx_gateway_start — listen and serve on nng's threads; 0 or a negative code. */
+int sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf);
+/* sbx_gateway_stop — stop serving, close sockets, free (blocks briefly). */
+void sbx_gateway_stop(sbx_gateway *gw);
+
+#endif
