@@ -1,0 +1,119 @@
+# sbx — build, run, test.
+#
+#   make          release build: bin/sbxd, bin/sbx, bin/sbx-agent, bin/sbx-bench,
+#                 lib/libsbx.a + runtime/sbx.h (the C client library)
+#   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
+#   make test     install missing packages, build with ASan+UBSan, run the whole suite
+#   make bench    build and run the benchmarks (tools/bench), figures on stdout
+#   make clean    remove build outputs
+#
+# Warnings are errors everywhere (-Wall -Wextra -Werror, C17).  The test suite
+# runs against the sanitizer build in build/asan/.
+
+CC      ?= cc
+CSTD    := -std=c17 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter \
+           -Wno-format-truncation
+CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
+LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lpthread -lm
+LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
+LDLIBS_AGENT  := -lmsgpackc
+LDLIBS_TEST   := -lcriterion
+
+RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
+ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+                  -fno-sanitize-recover=undefined
+
+RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
+           runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
+           runtime/nngx.c runtime/json.c runtime/ops.c
+CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/id.c \
+           runtime/json.c runtime/nngx.c runtime/log.c
+CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
+AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
+           container/agent/session.c runtime/err.c runtime/log.c runtime/util.c \
+           runtime/wire.c runtime/loop.c runtime/frame.c
+ACTORS  := actors/shard.c actors/actor.c actors/record.c
+GATEWAY := gateway/gateway.c
+DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
+CLI     := tools/sbx.c
+BENCH   := tools/bench.c
+
+UNIT_TESTS  := tests/unit/test_wire.c tests/unit/test_place.c tests/unit/test_store.c \
+               tests/unit/test_loop.c tests/unit/test_id.c tests/unit/test_json.c
+INTEG_TESTS := tests/integration/test_exec.c tests/integration/test_isolation.c \
+               tests/integration/test_daemon.c
+TEST_SUPPORT := tests/support/harness.c
+
+HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tests/support/*.h)
+
+# $(call objs,FLAVOR,SOURCES)
+objs = $(patsubst %.c,build/$(1)/obj/%.o,$(2))
+
+define build_flavor
+build/$(1)/obj/%.o: %.c $(HDRS)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -c $$< -o $$@
+
+$(3)/sbxd: $$(call objs,$(1),$(DAEMON))
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_DAEMON)
+
+$(3)/sbx-agent: $$(call objs,$(1),$(AGENT))
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_AGENT)
+
+build/$(1)/lib/libsbx.a: $$(call objs,$(1),$(sort $(CLIENT)))
+	@mkdir -p $$(dir $$@)
+	rm -f $$@ && ar rcs $$@ $$^
+
+$(3)/sbx: $$(call objs,$(1),$(CLI)) build/$(1)/lib/libsbx.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_CLIENT)
+
+$(3)/sbx-bench: $$(call objs,$(1),$(BENCH)) build/$(1)/lib/libsbx.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_CLIENT) -lm
+endef
+
+$(eval $(call build_flavor,release,RELEASE_CFLAGS,bin))
+$(eval $(call build_flavor,asan,ASAN_CFLAGS,build/asan/bin))
+
+RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench
+ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent
+
+.PHONY: all deps run test unit integration bench clean
+all: $(RELEASE_BINS) lib/libsbx.a
+
+lib/libsbx.a: build/release/lib/libsbx.a
+	@mkdir -p lib
+	cp $< $@
+
+# Tests: one binary per file, linked with the daemon's objects (minus main).
+TEST_OBJS := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON))) \
+             build/asan/obj/runtime/client.o $(call objs,asan,$(TEST_SUPPORT))
+build/asan/tests/%: build/asan/obj/tests/%.o $(TEST_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+
+TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
+
+deps:
+	@tools/deps.sh
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@tools/demo.sh
+
+test: deps
+	@$(MAKE) --no-print-directory $(ASAN_BINS) $(TEST_BINS) bin/sbx-bench
+	@tools/run-tests.sh build/asan
+
+unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
+	@tools/run-tests.sh build/asan unit
+
+bench: all
+	@bin/sbx-bench
+
+clean:
+	rm -rf build bin lib

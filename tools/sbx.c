@@ -1,0 +1,564 @@
+/*
+ * sbx — the command-line client of sbx.
+ *
+ *   sbx [global options] <verb> [verb options] [arguments]
+ *
+ * Global options (before or after the verb):
+ *   --gateway URL   gateway address (default $SBX_GATEWAY, else tcp://127.0.0.1:7700)
+ *   --json          machine-readable output: the operation's result as JSON
+ *   --timeout D     request deadline, e.g. 30s, 5m (default 5m)
+ *
+ * Exit status: `sbx exec` exits with the command's own exit code (124 on
+ * timeout, 128+N when killed by signal N); every other verb exits 0 on
+ * success and 1 when the operation failed; 2 means a usage error; 125 means
+ * sbx itself failed (gateway unreachable, invalid input, shard unavailable)
+ * before a command could run.  Errors are printed as "sbx: CODE: message"
+ * on stderr (CODE is the stable wire code, see docs/protocol.md).
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../runtime/json.h"
+#include "../runtime/sbx.h"
+#include "../runtime/util.h"
+#include "../runtime/wire.h"
+
+#define EXIT_SBX 125
+#define EXIT_USAGE 2
+
+struct gopts {
+    const char *gateway;
+    bool json;
+    int64_t timeout_ms;
+};
+
+struct verb {
+    const char *name;
+    int (*fn)(struct gopts *g, int argc, char **argv);
+    const char *args;
+    const char *help;
+};
+
+static void
+print_err(const sbx_error *err)
+{
+    fprintf(stderr, "sbx: %s: %s\n", err->code[0] ? err->code : "ERROR", err->message);
+    if (err->context_json && strcmp(err->context_json, "{}") != 0 && getenv("SBX_DEBUG"))
+        fprintf(stderr, "sbx: context: %s\n", err->context_json);
+}
+
+static sbx_client *
+connect_or_die(struct gopts *g, int *rc)
+{
+    sbx_client *c = NULL;
+    sbx_error err;
+    if (sbx_client_open(&c, g->gateway, &err) != 0) {
+        print_err(&err);
+        sbx_error_free(&err);
+        *rc = EXIT_SBX;
+        return NULL;
+    }
+    if (g->timeout_ms > 0)
+        sbx_client_set_timeout(c, g->timeout_ms);
+    return c;
+}
+
+static void
+print_json_result(sbx_reply *r)
+{
+    char *s = sbx_reply_json(r, true);
+    if (s) {
+        printf("%s\n", s);
+        free(s);
+    }
+}
+
+/* Run `op` with JSON args, print its result as JSON (--json) or via `human`. */
+static int
+simple_call(struct gopts *g, const char *op, const char *sandbox, const char *args,
+            void (*human)(const msgpack_object *res))
+{
+    int rc = 0;
+    sbx_client *c = connect_or_die(g, &rc);
+    if (!c)
+        return rc;
+    sbx_reply *r = NULL;
+    sbx_error err;
+    if (sbx_call_json(c, op, sandbox, args, g->timeout_ms, &r, &err) != 0) {
+        print_err(&err);
+        sbx_error_free(&err);
+        sbx_client_close(c);
+        return 1;
+    }
+    if (g->json || !human)
+        print_json_result(r);
+    else
+        human(sbx_reply_result(r));
+    sbx_reply_free(r);
+    sbx_client_close(c);
+    return 0;
+}
+
+static int64_t
+parse_ms(const char *s)
+{
+    int64_t ms;
+    /* A bare number is milliseconds on the command line. */
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end != s && !*end && v >= 0)
+        return v;
+    if (sbx_parse_duration_ms(s, &ms) == 0)
+        return ms;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------ */
+
+static int
+v_exec(struct gopts *g, int argc, char **argv)
+{
+    sbx_exec_opts o = {0};
+    char **env = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
+    size_t nenv = 0;
+    bool read_stdin = false;
+    const char *sandbox = NULL;
+    int i, rc = 0;
+    for (i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "--cwd") && i + 1 < argc)
+            o.cwd = argv[++i];
+        else if (!strcmp(a, "--env") && i + 1 < argc)
+            env[nenv++] = argv[++i];
+        else if (!strcmp(a, "--timeout") && i + 1 < argc) {
+            o.timeout_ms = parse_ms(argv[++i]);
+            if (o.timeout_ms < 0) {
+                fprintf(stderr, "sbx exec: bad --timeout '%s'\n", argv[i]);
+                free(env);
+                return EXIT_USAGE;
+            }
+        } else if (!strcmp(a, "--session") && i + 1 < argc)
+            o.session_id = argv[++i];
+        else if (!strcmp(a, "--sessionless"))
+            o.sessionless = true;
+        else if (!strcmp(a, "--stdin"))
+            read_stdin = true;
+        else if (!sandbox && a[0] != '-')
+            sandbox = a;
+        else if (sandbox && a[0] != '-') {
+            break; /* the shell string */
+        } else {
+            fprintf(stderr, "sbx exec: unknown option '%s'\n", a);
+            free(env);
+            return EXIT_USAGE;
+        }
+    }
+    if (!sandbox || i >= argc) {
+        fprintf(stderr, "usage: sbx exec ID [options] -- CMD ARGS...\n"
+                        "       sbx exec ID [options] 'shell string'\n");
+        free(env);
+        return EXIT_USAGE;
+    }
+    bool argv_mode = i > 0 && !strcmp(argv[i - 1], "--");
+    if (argv_mode)
+        o.argv = (const char *const *)&argv[i];
+    else if (i == argc - 1)
+        o.command = argv[i];
+    else {
+        fprintf(stderr, "sbx exec: give one shell string, or '--' followed by a command and "
+                        "its arguments\n");
+        free(env);
+        return EXIT_USAGE;
+    }
+    o.env = nenv ? (const char *const *)env : NULL;
+    sbx_buf in;
+    sbx_buf_init(&in);
+    if (read_stdin) {
+        char buf[65536];
+        ssize_t r;
+        while ((r = read(STDIN_FILENO, buf, sizeof(buf))) > 0)
+            sbx_buf_append(&in, buf, (size_t)r);
+        o.stdin_data = in.p ? in.p : "";
+        o.stdin_len = in.len;
+        o.has_stdin = true;
+    }
+    sbx_client *c = connect_or_die(g, &rc);
+    if (!c) {
+        free(env);
+        sbx_buf_free(&in);
+        return rc;
+    }
+    sbx_exec_result res;
+    sbx_error err;
+    if (g->json) {
+        /* Print the result map itself. */
+        sbx_reply *r = NULL;
+        sbx_enc e;
+        char *args;
+        size_t alen;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        if (o.command)
+            sbx_enc_kstr(&e, "command", o.command);
+        else {
+            sbx_enc_karray(&e, "argv");
+            for (const char *const *p = o.argv; *p; p++)
+                sbx_enc_str(&e, *p);
+            sbx_enc_end(&e);
+        }
+        if (o.cwd)
+            sbx_enc_kstr(&e, "cwd", o.cwd);
+        if (nenv) {
+            sbx_enc_kmap(&e, "env");
+            for (size_t k = 0; k < nenv; k++) {
+                const char *eq = strchr(env[k], '=');
+                if (!eq)
+                    continue;
+                sbx_enc_strn(&e, env[k], (size_t)(eq - env[k]));
+                sbx_enc_str(&e, eq + 1);
+            }
+            sbx_enc_end(&e);
+        }
+        if (o.timeout_ms)
+            sbx_enc_kint(&e, "timeout", o.timeout_ms);
+        if (o.session_id)
+            sbx_enc_kstr(&e, "sessionId", o.session_id);
+        if (o.sessionless)
+            sbx_enc_kbool(&e, "sessionless", true);
+        if (o.has_stdin)
+            sbx_enc_kbin(&e, "stdin", o.stdin_data, o.stdin_len);
+        sbx_enc_end(&e);
+        sbx_enc_finish(&e, &args, &alen);
+        int64_t deadline = o.timeout_ms > 0 ? o.timeout_ms + 30000 : g->timeout_ms;
+        if (sbx_call(c, "exec", sandbox, args, alen, deadline, NULL, &r, &err) != 0) {
+            print_err(&err);
+            sbx_error_free(&err);
+            rc = EXIT_SBX;
+        } else {
+            print_json_result(r);
+            int64_t code = 0;
+            sbx_wire_get_i64(sbx_reply_result(r), "exitCode", &code);
+            rc = (int)(code & 255);
+            sbx_reply_free(r);
+        }
+        free(args);
+    } else if (sbx_exec(c, sandbox, &o, &res, &err) != 0) {
+        print_err(&err);
+        sbx_error_free(&err);
+        rc = EXIT_SBX;
+    } else {
+        fflush(stdout);
+        sbx_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);
+        sbx_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
+        if (res.stdout_truncated || res.stderr_truncated)
+            fprintf(stderr, "sbx: output truncated (%llu stdout / %llu stderr bytes produced)\n",
+                    (unsigned long long)res.stdout_bytes, (unsigned long long)res.stderr_bytes);
+        if (strcmp(res.cause, "EXITED") && strcmp(res.cause, "TIMEOUT") && res.cause[0])
+            fprintf(stderr, "sbx: command ended: %s\n", res.cause);
+        rc = res.exit_code & 255;
+        sbx_exec_result_free(&res);
+    }
+    sbx_client_close(c);
+    sbx_buf_free(&in);
+    free(env);
+    return rc;
+}
+
+static int
+need_id(int argc, char **argv, const char *verb, const char **id)
+{
+    if (argc < 1 || argv[0][0] == '-') {
+        fprintf(stderr, "usage: sbx %s ID\n", verb);
+        return EXIT_USAGE;
+    }
+    *id = argv[0];
+    return 0;
+}
+
+static void
+human_destroy(const msgpack_object *res)
+{
+    bool d = false;
+    sbx_str id = {"", 0};
+    sbx_wire_get_bool(res, "destroyed", &d);
+    sbx_wire_get_str(res, "id", &id);
+    printf("%.*s: %s\n", (int)id.n, id.p, d ? "destroyed" : "did not exist");
+}
+
+static int
+v_destroy(struct gopts *g, int argc, char **argv)
+{
+    const char *id;
+    int rc = need_id(argc, argv, "destroy", &id);
+    return rc ? rc : simple_call(g, "destroy", id, NULL, human_destroy);
+}
+
+static void
+human_ping(const msgpack_object *res)
+{
+    (void)res;
+    printf("ok\n");
+}
+
+static int
+v_ping(struct gopts *g, int argc, char **argv)
+{
+    const char *id;
+    int rc = need_id(argc, argv, "ping", &id);
+    return rc ? rc : simple_call(g, "ping", id, NULL, human_ping);
+}
+
+static void
+fmt_time(int64_t ms, char *out, size_t n)
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(out, n, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+static void
+human_list(const msgpack_object *res)
+{
+    const msgpack_object *arr;
+    if (sbx_wire_get_array(res, "sandboxes", &arr) != 0)
+        return;
+    printf("%-32s %-10s %-12s %-20s %s\n", "ID", "STATE", "SHARD", "CREATED", "GENERATION");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *s = &arr->via.array.ptr[i];
+        sbx_str id = {"", 0}, st = {"", 0}, sh = {"", 0};
+        int64_t created = 0, gen = 0;
+        char when[32];
+        sbx_wire_get_str(s, "id", &id);
+        sbx_wire_get_str(s, "state", &st);
+        sbx_wire_get_str(s, "shard", &sh);
+        sbx_wire_get_i64(s, "createdAt", &created);
+        sbx_wire_get_i64(s, "generation", &gen);
+        fmt_time(created, when, sizeof(when));
+        printf("%-32.*s %-10.*s %-12.*s %-20s %lld\n", (int)id.n, id.p, (int)st.n, st.p,
+               (int)sh.n, sh.p, when, (long long)gen);
+    }
+}
+
+static int
+v_list(struct gopts *g, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return simple_call(g, "list", NULL, NULL, human_list);
+}
+
+static void
+human_sandbox_status(const msgpack_object *res)
+{
+    const msgpack_object *s;
+    if (sbx_wire_get_map(res, "sandbox", &s) != 0)
+        return;
+    char *j = sbx_json_dump(s, true);
+    if (j) {
+        printf("%s\n", j);
+        free(j);
+    }
+}
+
+static void
+human_cluster_status(const msgpack_object *res)
+{
+    const msgpack_object *gw, *arr;
+    if (sbx_wire_get_map(res, "gateway", &gw) == 0) {
+        sbx_str name = {"", 0}, listen = {"", 0};
+        int64_t up = 0;
+        sbx_wire_get_str(gw, "name", &name);
+        sbx_wire_get_str(gw, "listen", &listen);
+        sbx_wire_get_i64(gw, "uptimeMs", &up);
+        printf("gateway %.*s on %.*s, up %llds\n", (int)name.n, name.p, (int)listen.n, listen.p,
+               (long long)(up / 1000));
+    }
+    if (sbx_wire_get_array(res, "shards", &arr) != 0)
+        return;
+    printf("%-14s %-12s %-10s %-8s %-8s %-6s %s\n", "SHARD", "HEALTH", "PARTITIONS", "ACTORS",
+           "RUNNING", "POOL", "URL");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *s = &arr->via.array.ptr[i], *st = NULL;
+        sbx_str name = {"", 0}, health = {"", 0}, url = {"", 0};
+        int64_t parts = 0, actors = 0, running = 0, pool = 0;
+        sbx_wire_get_str(s, "name", &name);
+        sbx_wire_get_str(s, "health", &health);
+        sbx_wire_get_str(s, "url", &url);
+        sbx_wire_get_i64(s, "partitions", &parts);
+        if (sbx_wire_get_map(s, "status", &st) == 0) {
+            sbx_wire_get_i64(st, "actors", &actors);
+            sbx_wire_get_i64(st, "running", &running);
+            sbx_wire_get_i64(st, "pool", &pool);
+        }
+        printf("%-14.*s %-12.*s %-10lld %-8lld %-8lld %-6lld %.*s\n", (int)name.n, name.p,
+               (int)health.n, health.p, (long long)parts, (long long)actors, (long long)running,
+               (long long)pool, (int)url.n, url.p);
+    }
+}
+
+static int
+v_status(struct gopts *g, int argc, char **argv)
+{
+    if (argc >= 1 && argv[0][0] != '-')
+        return simple_call(g, "status", argv[0], NULL, human_sandbox_status);
+    return simple_call(g, "cluster.status", NULL, NULL, human_cluster_status);
+}
+
+static void
+human_create(const msgpack_object *res)
+{
+    bool created = false;
+    sbx_wire_get_bool(res, "created", &created);
+    printf("%s\n", created ? "created" : "already existed");
+}
+
+static int
+v_create(struct gopts *g, int argc, char **argv)
+{
+    const char *id;
+    int rc = need_id(argc, argv, "create", &id);
+    if (rc)
+        return rc;
+    sbx_buf j;
+    sbx_buf_init(&j);
+    sbx_buf_appendf(&j, "{\"limits\":{");
+    bool first = true;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        uint64_t v;
+        const char *k = argv[i];
+        if (!strcmp(k, "--memory") && sbx_parse_size(argv[i + 1], &v) == 0)
+            k = "memory";
+        else if (!strcmp(k, "--pids") && sbx_parse_size(argv[i + 1], &v) == 0)
+            k = "pids";
+        else if (!strcmp(k, "--cpu") && sbx_parse_size(argv[i + 1], &v) == 0)
+            k = "cpu";
+        else {
+            fprintf(stderr, "usage: sbx create ID [--memory 256M] [--pids N] [--cpu MILLICPUS]\n");
+            sbx_buf_free(&j);
+            return EXIT_USAGE;
+        }
+        sbx_buf_appendf(&j, "%s\"%s\":%llu", first ? "" : ",", k, (unsigned long long)v);
+        first = false;
+    }
+    sbx_buf_appendf(&j, "}}");
+    rc = simple_call(g, "create", id, j.p, human_create);
+    sbx_buf_free(&j);
+    return rc;
+}
+
+static int
+v_call(struct gopts *g, int argc, char **argv)
+{
+    if (argc < 1) {
+        fprintf(stderr, "usage: sbx call OP [ID|-] [JSON-ARGS]\n");
+        return EXIT_USAGE;
+    }
+    const char *op = argv[0];
+    const char *id = argc >= 2 && strcmp(argv[1], "-") ? argv[1] : NULL;
+    const char *args = argc >= 3 ? argv[2] : NULL;
+    return simple_call(g, op, id, args, NULL);
+}
+
+static int v_help(struct gopts *g, int argc, char **argv);
+
+static const struct verb verbs[] = {
+    {"exec", v_exec, "ID [--cwd DIR] [--env K=V]... [--timeout D] [--session S|--sessionless] "
+                     "[--stdin] (-- CMD ARGS... | 'shell string')",
+     "run a command in a sandbox; print its stdout/stderr; exit with its exit code"},
+    {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS]",
+     "create a sandbox now, with limits (it is also created by its first operation)"},
+    {"destroy", v_destroy, "ID", "stop a sandbox and delete it (idempotent)"},
+    {"list", v_list, "", "list every sandbox of the deployment"},
+    {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
+    {"ping", v_ping, "ID", "start a sandbox if needed and check its agent answers"},
+    {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
+    {"help", v_help, "", "this help"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static int
+v_help(struct gopts *g, int argc, char **argv)
+{
+    (void)g;
+    (void)argc;
+    (void)argv;
+    printf("usage: sbx [--gateway URL] [--json] [--timeout D] <verb> [arguments]\n\nverbs:\n");
+    for (const struct verb *v = verbs; v->name; v++)
+        printf("  %-8s %s\n           %s\n", v->name, v->help, v->args);
+    printf("\nexit status: `exec` exits with the command's code (124 timeout, 128+N signal);\n"
+           "other verbs 0 = ok, 1 = the operation failed; 2 = usage; 125 = sbx failed before\n"
+           "the command ran.  Errors print \"sbx: CODE: message\" (docs/protocol.md lists codes).\n");
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    struct gopts g = {0};
+    char **rest = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
+    int nrest = 0;
+    const struct verb *verb = NULL;
+    bool done_globals = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!done_globals || !verb) {
+            if (!strcmp(a, "--gateway") && i + 1 < argc) {
+                g.gateway = argv[++i];
+                continue;
+            }
+            if (!strncmp(a, "--gateway=", 10)) {
+                g.gateway = a + 10;
+                continue;
+            }
+            if (!strcmp(a, "--json")) {
+                g.json = true;
+                continue;
+            }
+            if ((!strcmp(a, "--timeout") && !verb) && i + 1 < argc) {
+                g.timeout_ms = parse_ms(argv[++i]);
+                continue;
+            }
+            if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+                if (!verb) {
+                    free(rest);
+                    return v_help(&g, 0, NULL);
+                }
+                printf("usage: sbx %s %s\n  %s\n", verb->name, verb->args, verb->help);
+                free(rest);
+                return 0;
+            }
+        }
+        if (!verb) {
+            for (const struct verb *v = verbs; v->name; v++)
+                if (!strcmp(v->name, a))
+                    verb = v;
+            if (!verb) {
+                fprintf(stderr, "sbx: unknown verb '%s' (try sbx help)\n", a);
+                free(rest);
+                return EXIT_USAGE;
+            }
+            continue;
+        }
+        if (!strcmp(a, "--"))
+            done_globals = true;
+        rest[nrest++] = argv[i];
+    }
+    if (!verb) {
+        v_help(&g, 0, NULL);
+        free(rest);
+        return EXIT_USAGE;
+    }
+    int rc = verb->fn(&g, nrest, rest);
+    free(rest);
+    return rc;
+}

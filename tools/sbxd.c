@@ -1,0 +1,433 @@
+/*
+ * sbxd — the sbx daemon.
+ *
+ *   sbxd dev      [options]   the embedded single-node default: a gateway on
+ *                             tcp://127.0.0.1:7700 plus N shard processes
+ *                             (default 2) with their data under --data
+ *   sbxd shard    [options]   one shard node (actors + containers + LMDB)
+ *   sbxd gateway  [options]   one gateway node (stateless front door)
+ *
+ * `sbxd <command> --help` lists each command's options.  Every option can
+ * also come from the environment (SBX_<NAME>) or a `--config FILE`.
+ * sbxd must run as root: it creates namespaces, cgroups and mounts.
+ * SIGTERM or SIGINT stops it cleanly (containers are stopped, metadata is
+ * committed); exit status 0, or 1 when start-up failed, 2 on usage errors.
+ */
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../actors/shard.h"
+#include "../gateway/gateway.h"
+#include "../runtime/config.h"
+#include "../runtime/log.h"
+#include "../runtime/util.h"
+
+#define DEFAULT_LISTEN "tcp://127.0.0.1:7700"
+
+static char *
+agent_next_to_self(void)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return sbx_xstrdup("sbx-agent");
+    self[n] = '\0';
+    char buf[PATH_MAX + 16];
+    snprintf(buf, sizeof(buf), "%s/sbx-agent", dirname(self));
+    return sbx_xstrdup(buf);
+}
+
+/* The options a shard takes; `sbxd dev` takes them too and passes them on. */
+#define SHARD_OPTS(c)                                                                         \
+    {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
+        {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
+        {"uid-base", SBX_OPT_INT, &(c)->uid_base, "first host uid mapped into sandboxes"},    \
+        {"uid-count", SBX_OPT_INT, &(c)->uid_count, "host uids available (max live sandboxes)"}, \
+        {"contexts", SBX_OPT_INT, &(c)->contexts, "requests received concurrently"},          \
+        {"workers", SBX_OPT_INT, &(c)->workers, "threads starting/stopping containers"},      \
+        {"pool", SBX_OPT_INT, &(c)->pool, "ready containers kept for new sandboxes"},         \
+        {"memory", SBX_OPT_SIZE, &(c)->memory, "memory limit per sandbox (e.g. 512M)"},       \
+        {"pids", SBX_OPT_INT, &(c)->pids, "process limit per sandbox"},                       \
+        {"cpu", SBX_OPT_INT, &(c)->cpu, "CPU limit per sandbox, millicpus (1000 = 1 CPU)"},   \
+        {"disk", SBX_OPT_SIZE, &(c)->disk, "size of /workspace+/tmp+/home per sandbox"},      \
+        {"inodes", SBX_OPT_INT, &(c)->inodes, "inodes of /workspace+/tmp+/home"},             \
+        {"output-cap", SBX_OPT_SIZE, &(c)->output_cap, "bytes kept per output stream of an exec"}, \
+        {"setup-timeout", SBX_OPT_MS, &(c)->setup_timeout, "longest container start-up"},     \
+        {"etc", SBX_OPT_LIST, &(c)->etc, "/etc entry bound read-only into sandboxes (repeat)"}, \
+        {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}
+
+static int
+cmd_shard(int argc, char **argv)
+{
+    struct sbx_shard_conf c;
+    bool help = false;
+    char **rest = NULL, why[256];
+    sbx_shard_conf_defaults(&c);
+    /* --etc/--env given on the command line replace the defaults. */
+    struct sbx_opt opts[] = {
+        {"name", SBX_OPT_STR, &c.name, "shard name, unique in the deployment"},
+        {"listen", SBX_OPT_STR, &c.listen, "nng URL to serve on"},
+        {"data", SBX_OPT_STR, &c.data, "data directory (LMDB)"},
+        {"cgroup-base", SBX_OPT_STR, &c.cgroup_base, "cgroup subtree (default sbx/<name>)"},
+        SHARD_OPTS(&c),
+        {"help", SBX_OPT_BOOL, &help, "show this help"},
+        {NULL, 0, NULL, NULL},
+    };
+    for (int i = 2; i < argc; i++) {
+        if (!strncmp(argv[i], "--etc", 5)) {
+            sbx_strv_free(c.etc);
+            c.etc = NULL;
+            break;
+        }
+    }
+    for (int i = 2; i < argc; i++) {
+        if (!strncmp(argv[i], "--env", 5)) {
+            sbx_strv_free(c.env);
+            c.env = NULL;
+            break;
+        }
+    }
+    if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
+        fprintf(stderr, "sbxd shard: %s\n", why);
+        sbx_shard_conf_free(&c);
+        return 2;
+    }
+    free(rest);
+    if (help) {
+        sbx_config_usage(opts, "sbxd shard", "Run one shard node.");
+        sbx_shard_conf_free(&c);
+        return 0;
+    }
+    if (!c.agent)
+        c.agent = agent_next_to_self();
+    if (!c.etc)
+        c.etc = sbx_xcalloc(1, sizeof(char *));
+    if (!c.env)
+        c.env = sbx_xcalloc(1, sizeof(char *));
+    char tag[64];
+    snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
+    sbx_log_init(tag, -1);
+    int rc = sbx_shard_run(&c);
+    sbx_shard_conf_free(&c);
+    return rc ? 1 : 0;
+}
+
+static int
+wait_signal(const sigset_t *set)
+{
+    for (;;) {
+        int sig = sigwaitinfo(set, NULL);
+        if (sig > 0)
+            return sig;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+static int
+cmd_gateway(int argc, char **argv)
+{
+    struct sbx_gateway_conf c = {0};
+    bool help = false;
+    char **rest = NULL, why[256];
+    c.name = sbx_xstrdup("gw");
+    c.listen = sbx_xstrdup(DEFAULT_LISTEN);
+    c.contexts = 1024;
+    c.timeout = 600000;
+    struct sbx_opt opts[] = {
+        {"name", SBX_OPT_STR, &c.name, "gateway name"},
+        {"listen", SBX_OPT_STR, &c.listen, "nng URL for clients"},
+        {"shard", SBX_OPT_LIST, &c.shards, "a shard as name=url (repeat for each)"},
+        {"contexts", SBX_OPT_INT, &c.contexts, "client requests handled concurrently"},
+        {"timeout", SBX_OPT_MS, &c.timeout, "deadline of requests that carry none"},
+        {"help", SBX_OPT_BOOL, &help, "show this help"},
+        {NULL, 0, NULL, NULL},
+    };
+    int rc = 0;
+    if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
+        fprintf(stderr, "sbxd gateway: %s\n", why);
+        rc = 2;
+        goto out;
+    }
+    if (help) {
+        sbx_config_usage(opts, "sbxd gateway", "Run one gateway node.");
+        goto out;
+    }
+    sbx_log_init("sbxd gateway", -1);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sbx_gateway *gw;
+    if (sbx_gateway_start(&gw, &c) != 0) {
+        rc = 1;
+        goto out;
+    }
+    wait_signal(&set);
+    sbx_gateway_stop(gw);
+out:
+    free(rest);
+    free(c.name);
+    free(c.listen);
+    sbx_strv_free(c.shards);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* dev: gateway in this process, shards as children. */
+
+struct child {
+    pid_t pid;
+    char **argv;
+    int64_t started_ms;
+    int restarts;
+};
+
+static pid_t
+spawn_child(char **argv)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        execv("/proc/self/exe", argv);
+        perror("sbxd dev: exec");
+        _exit(127);
+    }
+    return pid;
+}
+
+static void
+argv_add(char ***v, size_t *n, const char *s)
+{
+    *v = sbx_xrealloc(*v, (*n + 2) * sizeof(char *));
+    (*v)[(*n)++] = sbx_xstrdup(s);
+    (*v)[*n] = NULL;
+}
+
+static int
+cmd_dev(int argc, char **argv)
+{
+    struct sbx_shard_conf c;
+    char *data = sbx_xstrdup("/var/lib/sbx/dev");
+    char *listen = sbx_xstrdup(DEFAULT_LISTEN);
+    char *name = sbx_xstrdup("dev");
+    int64_t nshards = 2;
+    bool help = false;
+    char **rest = NULL, why[256];
+    sbx_shard_conf_defaults(&c);
+    sbx_strv_free(c.etc);
+    sbx_strv_free(c.env);
+    c.etc = c.env = NULL;
+    free(c.agent);
+    c.agent = NULL;
+    /* Only options given explicitly are passed on to the shards. */
+    struct sbx_opt opts[] = {
+        {"data", SBX_OPT_STR, &data, "data directory (one sub-directory per shard)"},
+        {"listen", SBX_OPT_STR, &listen, "nng URL of the gateway"},
+        {"name", SBX_OPT_STR, &name, "deployment name (prefix of shard names)"},
+        {"shards", SBX_OPT_INT, &nshards, "number of shard processes"},
+        SHARD_OPTS(&c),
+        {"help", SBX_OPT_BOOL, &help, "show this help"},
+        {NULL, 0, NULL, NULL},
+    };
+    int rc = 0;
+    struct child *kids = NULL;
+    sbx_gateway *gw = NULL;
+    char **shard_specs = NULL;
+    size_t nspecs = 0;
+
+    if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
+        fprintf(stderr, "sbxd dev: %s\n", why);
+        rc = 2;
+        goto out;
+    }
+    if (help) {
+        sbx_config_usage(opts, "sbxd dev",
+                         "Run the embedded single-node default: a gateway and N shards.");
+        goto out;
+    }
+    if (nshards < 1 || nshards > 64) {
+        fprintf(stderr, "sbxd dev: --shards must be 1..64\n");
+        rc = 2;
+        goto out;
+    }
+    sbx_log_init("sbxd dev", -1);
+    if (geteuid() != 0) {
+        sbx_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
+        rc = 1;
+        goto out;
+    }
+    if (sbx_mkdir_p(data, 0700) != 0) {
+        sbx_error("cannot create the data directory %s", data);
+        rc = 1;
+        goto out;
+    }
+    char absdata[PATH_MAX];
+    if (!realpath(data, absdata)) {
+        sbx_error("cannot resolve %s", data);
+        rc = 1;
+        goto out;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
+    for (int i = 0; i < nshards; i++) {
+        char buf[PATH_MAX + 64];
+        size_t n = 0;
+        char **av = NULL;
+        argv_add(&av, &n, "sbxd");
+        argv_add(&av, &n, "shard");
+        snprintf(buf, sizeof(buf), "--name=%s-s%d", name, i);
+        argv_add(&av, &n, buf);
+        snprintf(buf, sizeof(buf), "--listen=ipc://%s/s%d.sock", absdata, i);
+        argv_add(&av, &n, buf);
+        snprintf(buf, sizeof(buf), "--data=%s/s%d", absdata, i);
+        argv_add(&av, &n, buf);
+        /* Distinct host uid ranges per shard. */
+        snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(c.uid_base + i * c.uid_count));
+        argv_add(&av, &n, buf);
+        /* Pass on every shard option the user gave. */
+        for (int k = 2; k < argc; k++) {
+            const char *a = argv[k];
+            if (strncmp(a, "--", 2) != 0)
+                continue;
+            static const char *const mine[] = {"--data", "--listen", "--name", "--shards",
+                                               "--help", "--config", "--uid-base"};
+            bool skip = false;
+            for (size_t j = 0; j < SBX_ARRAY_LEN(mine); j++)
+                if (!strncmp(a, mine[j], strlen(mine[j])))
+                    skip = true;
+            if (skip) {
+                if (!strchr(a, '=') && k + 1 < argc && strncmp(argv[k + 1], "--", 2) != 0)
+                    k++;
+                continue;
+            }
+            argv_add(&av, &n, a);
+            if (!strchr(a, '=') && k + 1 < argc && strncmp(argv[k + 1], "--", 2) != 0)
+                argv_add(&av, &n, argv[++k]);
+        }
+        kids[i].argv = av;
+        kids[i].pid = spawn_child(av);
+        kids[i].started_ms = sbx_mono_ms();
+        snprintf(buf, sizeof(buf), "%s-s%d=ipc://%s/s%d.sock", name, i, absdata, i);
+        argv_add(&shard_specs, &nspecs, buf);
+    }
+    struct sbx_gateway_conf gc = {
+        .name = name, .listen = listen, .shards = shard_specs, .contexts = 1024, .timeout = 600000};
+    if (sbx_gateway_start(&gw, &gc) != 0) {
+        rc = 1;
+        goto stop;
+    }
+    sbx_info("ready: gateway on %s, %lld shard(s), data in %s", listen, (long long)nshards,
+             absdata);
+    for (;;) {
+        int sig = wait_signal(&set);
+        if (sig == SIGCHLD) {
+            int st;
+            pid_t pid;
+            while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+                for (int i = 0; i < nshards; i++) {
+                    if (kids[i].pid != pid)
+                        continue;
+                    /* Supervise: restart a shard that died, with back-off. */
+                    int64_t up = sbx_mono_ms() - kids[i].started_ms;
+                    kids[i].restarts = up > 10000 ? 0 : kids[i].restarts + 1;
+                    int delay = kids[i].restarts > 5 ? 5000 : 100 * kids[i].restarts;
+                    sbx_warn("shard %d (pid %d) exited (%s %d); restarting in %d ms", i, (int)pid,
+                             WIFEXITED(st) ? "status" : "signal",
+                             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), delay);
+                    struct timespec ts = {delay / 1000, (long)(delay % 1000) * 1000000L};
+                    nanosleep(&ts, NULL);
+                    kids[i].pid = spawn_child(kids[i].argv);
+                    kids[i].started_ms = sbx_mono_ms();
+                }
+            }
+            continue;
+        }
+        sbx_info("stopping (signal %d)", sig);
+        break;
+    }
+stop:
+    sbx_gateway_stop(gw);
+    for (int i = 0; kids && i < nshards; i++)
+        if (kids[i].pid > 0)
+            kill(kids[i].pid, SIGTERM);
+    /* Give shards time to stop their containers and commit. */
+    int64_t until = sbx_mono_ms() + 15000;
+    for (int i = 0; kids && i < nshards; i++) {
+        while (kids[i].pid > 0) {
+            int st;
+            pid_t r = waitpid(kids[i].pid, &st, WNOHANG);
+            if (r == kids[i].pid || (r < 0 && errno == ECHILD))
+                break;
+            if (sbx_mono_ms() > until) {
+                kill(kids[i].pid, SIGKILL);
+                waitpid(kids[i].pid, &st, 0);
+                break;
+            }
+            struct timespec ts = {0, 10000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+out:
+    for (int i = 0; kids && i < nshards; i++)
+        sbx_strv_free(kids[i].argv);
+    free(kids);
+    sbx_strv_free(shard_specs);
+    free(rest);
+    free(data);
+    free(listen);
+    free(name);
+    sbx_shard_conf_free(&c);
+    return rc;
+}
+
+static void
+usage(void)
+{
+    printf("usage: sbxd <command> [options]\n\n"
+           "  dev       the embedded single-node default: gateway on %s + shards\n"
+           "  shard     one shard node (actors, containers, LMDB metadata)\n"
+           "  gateway   one gateway node (routes sandbox IDs to shards)\n\n"
+           "`sbxd <command> --help` lists the options of a command.\n",
+           DEFAULT_LISTEN);
+}
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "dev"))
+        return cmd_dev(argc, argv);
+    if (!strcmp(argv[1], "shard"))
+        return cmd_shard(argc, argv);
+    if (!strcmp(argv[1], "gateway"))
+        return cmd_gateway(argc, argv);
+    fprintf(stderr, "sbxd: unknown command '%s'\n", argv[1]);
+    usage();
+    return 2;
+}
