@@ -39,10 +39,8 @@ DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c
 BENCH   := tools/bench.c
 
-UNIT_TESTS  := tests/unit/test_wire.c tests/unit/test_place.c tests/unit/test_store.c \
-               tests/unit/test_loop.c tests/unit/test_id.c tests/unit/test_json.c
-INTEG_TESTS := tests/integration/test_exec.c tests/integration/test_isolation.c \
-               tests/integration/test_daemon.c
+UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
+INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c
 
 HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tests/support/*.h)
@@ -89,12 +87,21 @@ lib/libsbx.a: build/release/lib/libsbx.a
 	@mkdir -p lib
 	cp $< $@
 
-# Tests: one binary per file, linked with the daemon's objects (minus main).
-TEST_OBJS := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON))) \
-             build/asan/obj/runtime/client.o $(call objs,asan,$(TEST_SUPPORT))
-build/asan/tests/%: build/asan/obj/tests/%.o $(TEST_OBJS)
+# Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
+# integration and security tests link the client library and the harness,
+# whose main() starts a private sbxd (tests/support/itest_main.c).
+UNIT_LINK  := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON))) \
+              build/asan/obj/runtime/client.o
+INTEG_LINK := $(call objs,asan,$(sort $(CLIENT)) $(TEST_SUPPORT) tests/support/itest_main.c)
+build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+build/asan/tests/integration/%: build/asan/obj/tests/integration/%.o $(INTEG_LINK)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 

@@ -677,15 +677,14 @@ on_request(sbx_loop *l, void *arg)
     /* A request forwarded by a gateway is wrapped: { v, route: {…}, req: bin }. */
     sbx_str inner;
     if (sbx_wire_get_bin(op->dec.root, "req", &inner) == 0) {
-        sbx_msg in;
-        if (sbx_wire_decode(&in, inner.p, inner.n, &sbx_wire_limits_request) != 0) {
+        /* The inner bytes live in the nng message, not in the decoded outer map. */
+        sbx_wire_msg_free(&op->dec);
+        if (sbx_wire_decode(&op->dec, inner.p, inner.n, &sbx_wire_limits_request) != 0) {
             reply_early(c, noid, SBX_E_MALFORMED, "the forwarded request is not a valid msgpack map");
             op->nctx = 0;
             sop_free(op);
             return;
         }
-        sbx_wire_msg_free(&op->dec);
-        op->dec = in;
         op->frame = inner.p;
         op->frame_len = inner.n;
     }

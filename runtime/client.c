@@ -168,9 +168,11 @@ out:
     return rv;
 }
 
-int
-sbx_call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_t args_len,
-         int64_t timeout_ms, const char *request_id, sbx_reply **out, sbx_error *err)
+/* The body of sbx_call; with keep_err, an error reply is also returned in
+ * *out (result = the error map) so callers can read its context. */
+static int
+call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_t args_len,
+     int64_t timeout_ms, const char *request_id, sbx_reply **out, sbx_error *err, bool keep_err)
 {
     char id[37];
     sbx_enc e;
@@ -233,13 +235,25 @@ sbx_call(sbx_client *c, const char *op, const char *sandbox, const void *args, s
             const msgpack_object *ctx = eo ? sbx_wire_get(eo, "context") : NULL;
             err->context_json = ctx ? sbx_json_dump(ctx, false) : NULL;
         }
-        sbx_reply_free(r);
+        if (keep_err && eo) {
+            r->result = eo;
+            *out = r;
+        } else {
+            sbx_reply_free(r);
+        }
         return rc;
     }
     if (sbx_wire_get_map(r->dec.root, "result", &r->result) != 0)
         r->result = &empty_map;
     *out = r;
     return 0;
+}
+
+int
+sbx_call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_t args_len,
+         int64_t timeout_ms, const char *request_id, sbx_reply **out, sbx_error *err)
+{
+    return call(c, op, sandbox, args, args_len, timeout_ms, request_id, out, err, false);
 }
 
 int
@@ -354,10 +368,22 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     if (sbx_enc_finish(&e, &args, &alen) != 0)
         return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode exec arguments");
     int64_t deadline = o->timeout_ms > 0 ? o->timeout_ms + 30000 : 0;
-    int rc = sbx_call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err);
+    int rc = call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err, true);
     free(args);
-    if (rc)
+    if (rc) {
+        /* SESSION_TERMINATED: the shell exited under the command; its exit
+         * code and what it printed first are in the error's context. */
+        const msgpack_object *ctx = r ? sbx_wire_get(sbx_reply_result(r), "context") : NULL;
+        int64_t code;
+        if (ctx && sbx_wire_get_i64(ctx, "exitCode", &code) == 0) {
+            res->exit_code = (int)code;
+            copy_bytes(ctx, "stdout", &res->stdout_data, &res->stdout_len);
+            copy_bytes(ctx, "stderr", &res->stderr_data, &res->stderr_len);
+            snprintf(res->cause, sizeof(res->cause), "EXITED");
+        }
+        sbx_reply_free(r);
         return rc;
+    }
     const msgpack_object *res_o = sbx_reply_result(r);
     int64_t v = 0;
     sbx_wire_get_bool(res_o, "success", &res->success);

@@ -116,6 +116,13 @@ typedef struct sbx_exec_result {
     char cause[24];               /* EXITED, TIMEOUT, KILLED, OOM_KILLED, PIDS_LIMIT */
 } sbx_exec_result;
 
+/*
+ * sbx_exec — run a command and wait for it.  0 with *res filled, or a
+ * negative code.  SESSION_TERMINATED (the command ran `exit N` and ended its
+ * session's shell, as in the SDK) also fills res->exit_code and the output
+ * printed before the shell exited.  Free *res with sbx_exec_result_free in
+ * every case.
+ */
 int sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
              sbx_error *err);
 void sbx_exec_result_free(sbx_exec_result *r);

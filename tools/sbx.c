@@ -252,9 +252,18 @@ v_exec(struct gopts *g, int argc, char **argv)
         }
         free(args);
     } else if (sbx_exec(c, sandbox, &o, &res, &err) != 0) {
-        print_err(&err);
+        if (!strcmp(err.code, "SESSION_TERMINATED") && res.stdout_data) {
+            /* `exit N` ended the session's shell: that is the command's exit
+             * code; the next command gets a fresh shell. */
+            sbx_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);
+            sbx_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
+            rc = res.exit_code & 255;
+        } else {
+            print_err(&err);
+            rc = EXIT_SBX;
+        }
         sbx_error_free(&err);
-        rc = EXIT_SBX;
+        sbx_exec_result_free(&res);
     } else {
         fflush(stdout);
         sbx_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);

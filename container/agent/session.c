@@ -649,8 +649,15 @@ fail_cmd(struct session *s, struct scmd *c, int code, int exit_status, const cha
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
     sbx_enc_kstr(sbx_werr_ctx(&w), "sessionId", s->id);
-    if (exit_status >= 0)
+    if (exit_status >= 0) {
+        /* The shell died under the command (`exit N`): what it printed first
+         * is still the caller's, and the code is its exit code. */
         sbx_enc_kint(sbx_werr_ctx(&w), "exitCode", exit_status);
+        sbx_enc_kbin(sbx_werr_ctx(&w), "stdout", s->out[0].data.p ? s->out[0].data.p : "",
+                     s->out[0].data.len);
+        sbx_enc_kbin(sbx_werr_ctx(&w), "stderr", s->out[1].data.p ? s->out[1].data.p : "",
+                     s->out[1].data.len);
+    }
     agent_reply_werr(s->a, c->req, &w);
     sbx_werr_free(&w);
     scmd_free(c);

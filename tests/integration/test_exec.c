@@ -1,0 +1,328 @@
+/*
+ * test_exec.c — exec through the full path: client → gateway → shard →
+ * actor → agent → process, against a private sbxd (tests/support).
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../support/harness.h"
+
+static sbx_exec_result
+sh(sbx_client *c, const char *id, const char *cmd, int64_t timeout)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    int rc = test_sh(c, id, cmd, timeout, &r, &err);
+    cr_assert_eq(rc, 0, "exec '%s' failed: %s %s", cmd, err.code, err.message);
+    return r;
+}
+
+Test(exec, exit_codes_are_returned)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("codes");
+    static const struct {
+        const char *cmd;
+        int code;
+    } cases[] = {{"true", 0}, {"false", 1}, {"(exit 3)", 3}, {"no-such-command-anywhere", 127}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        sbx_exec_result r = sh(c, id, cases[i].cmd, 0);
+        cr_expect_eq(r.exit_code, cases[i].code, "'%s' exited %d, expected %d", cases[i].cmd,
+                     r.exit_code, cases[i].code);
+        cr_expect_eq(r.success, cases[i].code == 0);
+        sbx_exec_result_free(&r);
+    }
+    /* The same codes from fresh processes (sessionless) and from an argv. */
+    sbx_exec_opts o = {.command = "exit 3", .sessionless = true};
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_eq(sbx_exec(c, id, &o, &r, &err), 0);
+    cr_expect_eq(r.exit_code, 3);
+    sbx_exec_result_free(&r);
+    const char *argv[] = {"no-such-binary", NULL};
+    sbx_exec_opts o2 = {.argv = argv, .sessionless = true};
+    cr_assert_eq(sbx_exec(c, id, &o2, &r, &err), 0);
+    cr_expect_eq(r.exit_code, 127);
+    cr_expect(strstr(r.stderr_data, "no-such-binary") != NULL);
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, stdout_and_stderr_are_kept_apart)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("streams");
+    sbx_exec_result r = sh(c, id, "echo to-out; echo to-err >&2; echo more-out", 0);
+    cr_expect_str_eq(r.stdout_data, "to-out\nmore-out\n");
+    cr_expect_str_eq(r.stderr_data, "to-err\n");
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, twenty_megabytes_of_output_arrive_intact, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("big");
+    /* 20,000,000 bytes of a non-repeating pattern: line numbers. */
+    sbx_exec_result r =
+        sh(c, id, "seq 1 3000000 | head -c 20000000; seq 1 3 >&2", 0);
+    cr_assert_eq(r.exit_code, 0);
+    cr_assert_eq(r.stdout_len, 20000000u, "got %zu bytes", r.stdout_len);
+    cr_expect(!r.stdout_truncated);
+    cr_expect_str_eq(r.stderr_data, "1\n2\n3\n");
+    /* Check the content: it must be exactly what seq prints. */
+    char expect[32];
+    size_t off = 0;
+    bool same = true;
+    for (unsigned n = 1; off < r.stdout_len && same; n++) {
+        int k = snprintf(expect, sizeof(expect), "%u\n", n);
+        size_t m = (size_t)k < r.stdout_len - off ? (size_t)k : r.stdout_len - off;
+        same = memcmp(r.stdout_data + off, expect, m) == 0;
+        off += m;
+    }
+    cr_expect(same, "the output differs from seq's at byte %zu", off);
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, timeout_kills_the_process_tree, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("timeout");
+    /* Both sessionless and in the default session. */
+    for (int mode = 0; mode < 2; mode++) {
+        sbx_exec_opts o = {.command = "sh -c 'sleep 100 & sleep 100'", .timeout_ms = 1000,
+                           .sessionless = mode == 0};
+        sbx_exec_result r;
+        sbx_error err;
+        double t0 = test_now_ms();
+        cr_assert_eq(sbx_exec(c, id, &o, &r, &err), 0, "%s", err.message);
+        double took = test_now_ms() - t0;
+        cr_expect_eq(r.exit_code, 124, "mode %d: exit %d", mode, r.exit_code);
+        cr_expect(r.timed_out);
+        cr_expect_str_eq(r.cause, "TIMEOUT");
+        cr_expect(strstr(r.stderr_data, "timed out") != NULL, "stderr: %s", r.stderr_data);
+        cr_expect(took >= 1000 && took < 3000, "mode %d took %.0f ms", mode, took);
+        sbx_exec_result_free(&r);
+        /* Nothing of the tree is left. */
+        r = sh(c, id, "ps -eo comm= | grep -c '^sleep$' || true", 0);
+        cr_expect_str_eq(r.stdout_data, "0\n", "mode %d: sleep processes left: %s", mode,
+                         r.stdout_data);
+        sbx_exec_result_free(&r);
+    }
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, per_call_env_and_cwd)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("envcwd");
+    const char *env[] = {"GREETING=hello world", "EMPTY=", NULL};
+    sbx_exec_opts o = {.command = "echo \"$GREETING|$EMPTY|$(pwd)\"", .env = env, .cwd = "/tmp"};
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_eq(sbx_exec(c, id, &o, &r, &err), 0, "%s", err.message);
+    cr_expect_str_eq(r.stdout_data, "hello world||/tmp\n");
+    sbx_exec_result_free(&r);
+    /* They apply to that call only. */
+    r = sh(c, id, "echo \"${GREETING:-unset}|$(pwd)\"", 0);
+    cr_expect_str_eq(r.stdout_data, "unset|/workspace\n");
+    sbx_exec_result_free(&r);
+    /* A cwd that does not exist is an error, not a silent fallback. */
+    sbx_exec_opts bad = {.command = "true", .cwd = "/no/such/dir"};
+    cr_expect_neq(sbx_exec(c, id, &bad, &r, &err), 0);
+    cr_expect_str_eq(err.code, "VALIDATION_FAILED");
+    sbx_error_free(&err);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+struct par {
+    sbx_client *c;
+    char *id;
+    int rc, code;
+};
+
+static void *
+run_sleep(void *arg)
+{
+    struct par *p = arg;
+    sbx_exec_result r;
+    sbx_error err;
+    p->rc = test_sh(p->c, p->id, "sleep 1", 0, &r, &err);
+    if (p->rc == 0) {
+        p->code = r.exit_code;
+        sbx_exec_result_free(&r);
+    }
+    return NULL;
+}
+
+Test(exec, ten_sandboxes_run_in_parallel, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    struct par p[10];
+    pthread_t th[10];
+    /* Create them first so the measurement is about running, not starting. */
+    for (int i = 0; i < 10; i++) {
+        p[i].c = c;
+        p[i].id = test_id("par");
+        cr_assert_eq(sbx_ping(c, p[i].id, NULL), 0);
+    }
+    double t0 = test_now_ms();
+    for (int i = 0; i < 10; i++)
+        pthread_create(&th[i], NULL, run_sleep, &p[i]);
+    for (int i = 0; i < 10; i++)
+        pthread_join(th[i], NULL);
+    double took = test_now_ms() - t0;
+    for (int i = 0; i < 10; i++) {
+        cr_expect_eq(p[i].rc, 0);
+        cr_expect_eq(p[i].code, 0);
+        sbx_destroy(c, p[i].id, NULL, NULL);
+        free(p[i].id);
+    }
+    /* Serially this takes ten seconds; in parallel about one. */
+    cr_expect(took < 5000, "10 x sleep 1 took %.0f ms", took);
+    sbx_client_close(c);
+}
+
+struct ordered {
+    sbx_client *c;
+    const char *id;
+    const char *cmd;
+};
+
+static void *
+run_cmd(void *arg)
+{
+    struct ordered *o = arg;
+    sbx_exec_result r;
+    sbx_error err;
+    if (test_sh(o->c, o->id, o->cmd, 0, &r, &err) == 0)
+        sbx_exec_result_free(&r);
+    return NULL;
+}
+
+Test(exec, execs_on_one_sandbox_keep_their_order)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("order");
+    cr_assert_eq(sbx_ping(c, id, NULL), 0);
+    /* The first is slow; the second, sent while it runs, must still come after. */
+    struct ordered a = {c, id, "sleep 0.5; echo first >> /workspace/log"};
+    struct ordered b = {c, id, "echo second >> /workspace/log"};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, run_cmd, &a);
+    usleep(100 * 1000);
+    pthread_create(&tb, NULL, run_cmd, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    sbx_exec_result r = sh(c, id, "cat /workspace/log", 0);
+    cr_expect_str_eq(r.stdout_data, "first\nsecond\n");
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, a_long_command_does_not_stall_other_sandboxes, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *slow = test_id("slow"), *fast = test_id("fast");
+    cr_assert_eq(sbx_ping(c, fast, NULL), 0);
+    struct ordered a = {c, slow, "sleep 3"};
+    pthread_t t;
+    pthread_create(&t, NULL, run_cmd, &a);
+    usleep(300 * 1000);
+    double t0 = test_now_ms();
+    sbx_exec_result r = sh(c, fast, "echo quick", 0);
+    double took = test_now_ms() - t0;
+    cr_expect_str_eq(r.stdout_data, "quick\n");
+    cr_expect(took < 1000, "a quick exec waited %.0f ms behind another sandbox", took);
+    sbx_exec_result_free(&r);
+    pthread_join(t, NULL);
+    sbx_destroy(c, slow, NULL, NULL);
+    sbx_destroy(c, fast, NULL, NULL);
+    free(slow);
+    free(fast);
+    sbx_client_close(c);
+}
+
+Test(exec, argv_and_stdin)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("argv");
+    /* Arguments arrive exactly, quotes and all, without a shell. */
+    const char *argv[] = {"printf", "%s|", "a b", "'q'", "$HOME", NULL};
+    sbx_exec_opts o = {.argv = argv};
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_eq(sbx_exec(c, id, &o, &r, &err), 0);
+    cr_expect_str_eq(r.stdout_data, "a b|'q'|$HOME|");
+    sbx_exec_result_free(&r);
+    sbx_exec_opts o2 = {.command = "tr a-z A-Z", .stdin_data = "hello\n", .stdin_len = 6,
+                        .has_stdin = true};
+    cr_assert_eq(sbx_exec(c, id, &o2, &r, &err), 0);
+    cr_expect_str_eq(r.stdout_data, "HELLO\n");
+    sbx_exec_result_free(&r);
+    /* Without stdin data, stdin is /dev/null: cat returns at once. */
+    r = sh(c, id, "cat; echo done", 5000);
+    cr_expect_str_eq(r.stdout_data, "done\n");
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, real_programs_run)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("progs");
+    sbx_exec_result r = sh(c, id,
+                           "python3 -c 'import sys; print(sum(range(10)), sys.version_info[0])'; "
+                           "node -e 'console.log([1,2,3].map(x => x * 2).join(\",\"))'; "
+                           "git init -q /tmp/repo && git -C /tmp/repo status --short && echo git-ok",
+                           60000);
+    cr_expect_eq(r.exit_code, 0, "stderr: %s", r.stderr_data);
+    cr_expect_str_eq(r.stdout_data, "45 3\n2,4,6\ngit-ok\n");
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(exec, destroy_removes_the_sandbox)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("destroy");
+    sbx_exec_result r = sh(c, id, "echo data > /workspace/f", 0);
+    sbx_exec_result_free(&r);
+    bool destroyed = false;
+    cr_assert_eq(sbx_destroy(c, id, &destroyed, NULL), 0);
+    cr_expect(destroyed);
+    cr_assert_eq(sbx_destroy(c, id, &destroyed, NULL), 0, "destroy is idempotent");
+    cr_expect(!destroyed);
+    sbx_reply *rep = NULL;
+    sbx_error err;
+    cr_expect_neq(sbx_call(c, "status", id, NULL, 0, 0, NULL, &rep, &err), 0);
+    cr_expect_str_eq(err.code, "SANDBOX_NOT_FOUND");
+    sbx_error_free(&err);
+    /* The next use starts from nothing: the file is gone. */
+    r = sh(c, id, "cat /workspace/f 2>/dev/null || echo gone", 0);
+    cr_expect_str_eq(r.stdout_data, "gone\n");
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}

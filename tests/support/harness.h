@@ -1,0 +1,56 @@
+/*
+ * harness.h — helpers for the integration tests: a private `sbxd dev` per
+ * test binary, unique sandbox IDs, small exec wrappers.
+ *
+ * Each test binary starts its own daemon in a fresh temporary directory
+ * with its gateway on an ipc:// socket there, so test binaries can run side
+ * by side on one host without sharing ports, data or cgroups (the shards
+ * are named after the directory).  testd_stop() stops it by pid, waits for
+ * it and removes the directory.  Binaries come from $SBX_BIN (default
+ * build/asan/bin).
+ */
+#ifndef SBX_TEST_HARNESS_H
+#define SBX_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "../../runtime/sbx.h"
+
+struct testd {
+    pid_t pid;
+    char dir[256];      /* data directory (removed by testd_stop) */
+    char url[320];      /* gateway URL */
+    char name[64];      /* deployment name: shard names are <name>-s<i> */
+    char log[320];      /* the daemon's log file */
+};
+
+/*
+ * testd_start — start `sbxd dev --shards N` with extra arguments (NULL-
+ * terminated, may be NULL) and wait until the gateway answers (30 s).
+ * Returns 0 or -1 (the log is printed on failure).
+ */
+int testd_start(struct testd *d, int shards, const char *const *extra);
+/* testd_stop — SIGTERM, wait up to 20 s, SIGKILL; remove the directory. */
+void testd_stop(struct testd *d);
+/* testd_restart — stop the daemon process (keeping its data) and start it again. */
+int testd_restart(struct testd *d, int shards, const char *const *extra);
+/* testd_wait_ready — wait until the gateway answers cluster.status with every shard healthy. */
+int testd_wait_ready(const char *url, int timeout_ms);
+
+/* The URL tests use: the daemon started by the test binary's main. */
+const char *test_url(void);
+/* test_client — a fresh client for test_url() (aborts the test on failure). */
+sbx_client *test_client(void);
+/* test_id — a sandbox ID unique to this process: "<prefix>-<pid>-<n>" (static buffer per call is NOT used: caller frees). */
+char *test_id(const char *prefix);
+
+/* Run a shell string; returns the result (caller frees with sbx_exec_result_free). */
+int test_sh(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms,
+            sbx_exec_result *r, sbx_error *err);
+
+/* Elapsed monotonic milliseconds. */
+double test_now_ms(void);
+
+#endif

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# tools/deps.sh — install the Debian packages sbx needs, only those missing.
+#
+# Idempotent: a second run installs nothing.  Needs root (apt-get) when
+# something is missing; prints what it would install otherwise.  Run by
+# `make run` and `make test`.  SBX_DEPS_SKIP=1 skips the check entirely.
+set -euo pipefail
+
+[ "${SBX_DEPS_SKIP:-0}" = 1 ] && exit 0
+
+pkgs=(
+  # build
+  build-essential pkg-config
+  # libraries named by the project, and the ones it chose (see README)
+  libnng-dev libmsgpack-dev liblmdb-dev lmdb-utils libseccomp-dev uuid-dev
+  libxxhash-dev libjansson-dev
+  # tests
+  libcriterion-dev
+  # inside sandboxes: the host's /usr is what sandboxes run
+  bash coreutils procps python3 nodejs git
+  # benchmark baseline
+  bubblewrap
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+# Node may come from elsewhere (NodeSource); a working `node` is enough.
+if [[ " ${missing[*]} " == *" nodejs "* ]] && command -v node >/dev/null 2>&1; then
+  missing=("${missing[@]/nodejs}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "deps: missing Debian packages: ${missing[*]}" >&2
+  echo "deps: run as root (sbx needs root anyway: namespaces, cgroups, mounts)" >&2
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "deps: done"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# tools/run-tests.sh BUILD [unit|integration|all] — run the test binaries of
+# a build (build/asan) and print one summary line: "tests: N passed, N failed".
+# Each binary is a Criterion suite; its own "Synthesis" line is kept in the
+# output.  Exit status 0 only if every binary passed.
+set -uo pipefail
+build=${1:-build/asan}
+which=${2:-all}
+export SBX_BIN="$build/bin"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp:print_suppressions=0}"
+
+dirs=()
+case "$which" in
+  unit) dirs=(unit) ;;
+  integration) dirs=(integration) ;;
+  *) dirs=(unit integration security) ;;
+esac
+
+passed=0; failed=0; failed_names=()
+for d in "${dirs[@]}"; do
+  for t in "$build"/tests/"$d"/test_*; do
+    [ -x "$t" ] || continue
+    echo "== $t"
+    start=$(date +%s)
+    if "$t" --jobs "${SBX_TEST_JOBS:-2}" --timeout 240 2>&1; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1)); failed_names+=("$t")
+    fi
+    echo "   ($(( $(date +%s) - start )) s)"
+  done
+done
+echo
+echo "tests: $passed passed, $failed failed${failed_names[*]:+ (${failed_names[*]})}"
+[ "$failed" -eq 0 ]
