@@ -20,7 +20,6 @@
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 
-#define GRACE_MS 5000 /* added to a request's own timeout for the shard's work */
 
 struct sbx_gateway;
 struct gctx;
@@ -242,8 +241,8 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv)
         return;
     }
     if (rv == NNG_ETIMEDOUT)
-        client_err(g, SBX_E_TIMEOUT, "shard %s did not answer before the request's deadline",
-                   f->s->name);
+        client_err(g, SBX_E_SHARD_UNAVAILABLE,
+                   "shard %s did not answer before the request's deadline", f->s->name);
     else
         client_err(g, SBX_E_SHARD_UNAVAILABLE, "shard %s is unavailable (%s)", f->s->name,
                    rv == NNG_ECANCELED ? "its connection dropped during the request"
@@ -383,7 +382,10 @@ handle(struct gctx *g, nng_msg *m)
         return;
     }
     snprintf(g->op, sizeof(g->op), "%s", def->name);
-    int64_t timeout = req.timeout_ms > 0 ? req.timeout_ms + GRACE_MS : gw->conf.timeout;
+    /* Answer a little before the client's own deadline, so it hears why. */
+    int64_t timeout = gw->conf.timeout;
+    if (req.timeout_ms > 0)
+        timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
     if (def->flags & SBX_OP_GLOBAL) {
         sbx_wire_msg_free(&dec);
         g->fanout = true;

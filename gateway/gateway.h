@@ -14,8 +14,10 @@
  * A shard with no live connection is answered SHARD_UNAVAILABLE at once; a
  * shard whose connection drops while it holds requests has them answered
  * SHARD_UNAVAILABLE at that moment (they are never silently re-sent, which
- * could run a command twice); a slow shard runs into the request's deadline
- * (its `timeoutMs`, else the gateway default) and REQUEST_TIMEOUT.
+ * could run a command twice); a shard that does not answer within the
+ * request's deadline (its `timeoutMs`, less 100 ms so the client hears the
+ * answer before it gives up; else the gateway default) is answered
+ * SHARD_UNAVAILABLE too.  The gateway never waits longer than that.
  */
 #ifndef SBX_GATEWAY_H
 #define SBX_GATEWAY_H

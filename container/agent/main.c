@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -385,6 +386,8 @@ main(int argc, char **argv)
     (void)argv;
     memset(&a, 0, sizeof(a));
     sbx_log_init("sbx-agent", -1);
+    /* Exec'd from a memfd, our comm would be the fd number. */
+    prctl(PR_SET_NAME, "sbx-agent", 0, 0, 0);
     signal(SIGPIPE, SIG_IGN);
     a.chan = AGENT_CHAN_FD;
 

@@ -1,0 +1,318 @@
+/*
+ * test_daemon.c — the daemon as a whole: metadata that survives a restart,
+ * bad input answered with the right code while the daemon keeps serving,
+ * and shards that are dead or too slow answered SHARD_UNAVAILABLE in time.
+ * Tests that restart or stop processes use daemons of their own.
+ */
+#include <criterion/criterion.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/err.h"
+#include "../../runtime/wire.h"
+#include "../support/harness.h"
+
+/* Send raw bytes on a fresh REQ socket; return the reply (caller frees) or NULL. */
+static nng_msg *
+raw_call(const char *url, const void *buf, size_t len, int timeout_ms)
+{
+    nng_socket s;
+    nng_msg *m = NULL, *reply = NULL;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 128u << 20);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, timeout_ms);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    cr_assert_eq(nng_dial(s, url, NULL, 0), 0);
+    cr_assert_eq(nng_msg_alloc(&m, len), 0);
+    memcpy(nng_msg_body(m), buf, len);
+    if (nng_sendmsg(s, m, 0) != 0)
+        nng_msg_free(m);
+    else if (nng_recvmsg(s, &reply, 0) != 0)
+        reply = NULL;
+    nng_close(s);
+    return reply;
+}
+
+/* The error code of a reply, as a string in out ("" if ok). */
+static void
+reply_code(nng_msg *reply, char *out, size_t outlen)
+{
+    sbx_msg m;
+    out[0] = '\0';
+    cr_assert_not_null(reply, "no reply");
+    cr_assert_eq(sbx_wire_decode(&m, nng_msg_body(reply), nng_msg_len(reply),
+                                 &sbx_wire_limits_reply), 0, "malformed reply");
+    bool ok = true;
+    sbx_wire_get_bool(m.root, "ok", &ok);
+    if (!ok) {
+        const msgpack_object *e;
+        sbx_str code = {"", 0};
+        if (sbx_wire_get_map(m.root, "error", &e) == 0)
+            sbx_wire_get_str(e, "code", &code);
+        snprintf(out, outlen, "%.*s", (int)code.n, code.p);
+    }
+    sbx_wire_msg_free(&m);
+    nng_msg_free(reply);
+}
+
+static void
+request_bytes(const char *op, const char *sandbox, int version, char **buf, size_t *len)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", version);
+    sbx_enc_kstr(&e, "id", "raw-request-1");
+    sbx_enc_kstr(&e, "op", op);
+    if (sandbox)
+        sbx_enc_kstr(&e, "sandbox", sandbox);
+    sbx_enc_kmap(&e, "args");
+    sbx_enc_kstr(&e, "command", "echo hi");
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, buf, len), 0);
+}
+
+static void
+expect_code(const char *url, const void *buf, size_t len, const char *code)
+{
+    char got[64];
+    reply_code(raw_call(url, buf, len, 10000), got, sizeof(got));
+    cr_expect_str_eq(got, code);
+}
+
+static void
+expect_serving(const char *url)
+{
+    char *buf;
+    size_t len;
+    char got[64];
+    request_bytes("exec", "still-serving", 1, &buf, &len);
+    reply_code(raw_call(url, buf, len, 30000), got, sizeof(got));
+    cr_expect_str_eq(got, "", "a valid request failed afterwards: %s", got);
+    free(buf);
+}
+
+Test(daemon, bad_input_gets_the_right_code_and_the_daemon_keeps_serving, .timeout = 120)
+{
+    const char *url = test_url();
+    char *buf;
+    size_t len;
+
+    /* Not msgpack at all. */
+    static const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+    expect_code(url, junk, sizeof(junk) - 1, "MALFORMED_REQUEST");
+    expect_serving(url);
+    /* A hostile header: an array claiming 2^26 elements in five bytes. */
+    static const unsigned char bomb[] = {0xdd, 0x04, 0x00, 0x00, 0x00};
+    expect_code(url, bomb, sizeof(bomb), "MALFORMED_REQUEST");
+    /* Valid msgpack, but not a request. */
+    static const unsigned char notmap[] = {0x93, 0x01, 0x02, 0x03};
+    expect_code(url, notmap, sizeof(notmap), "MALFORMED_REQUEST");
+    /* Unknown operation, invalid sandbox IDs, wrong protocol version. */
+    request_bytes("launch-missiles", "x", 1, &buf, &len);
+    expect_code(url, buf, len, "UNKNOWN_OPERATION");
+    free(buf);
+    static const char *const bad_ids[] = {"Upper", "-lead", "trail-", "has_underscore", "",
+                                          "a-very-long-id-that-goes-on-and-on-past-the-limit-of-63-characters"};
+    for (size_t i = 0; i < sizeof(bad_ids) / sizeof(bad_ids[0]); i++) {
+        request_bytes("exec", bad_ids[i], 1, &buf, &len);
+        expect_code(url, buf, len, bad_ids[i][0] ? "VALIDATION_FAILED" : "VALIDATION_FAILED");
+        free(buf);
+    }
+    request_bytes("exec", "ok-id", 99, &buf, &len);
+    expect_code(url, buf, len, "UNSUPPORTED_VERSION");
+    free(buf);
+    expect_serving(url);
+
+    /* An oversized frame under the transport cap: a clean REQUEST_TOO_LARGE. */
+    size_t big = SBX_WIRE_MAX_REQUEST + 1024;
+    char *huge = calloc(1, big);
+    cr_assert_not_null(huge);
+    huge[0] = (char)0xc6; /* bin32 header (the contents do not matter) */
+    expect_code(url, huge, big, "REQUEST_TOO_LARGE");
+    free(huge);
+    /* Above the transport cap nng drops the connection: no reply, no crash. */
+    big = SBX_WIRE_MAX_FRAME + 1024;
+    huge = calloc(1, big);
+    cr_assert_not_null(huge);
+    nng_msg *r = raw_call(url, huge, big, 3000);
+    cr_expect_null(r, "a frame above the cap got a reply");
+    if (r)
+        nng_msg_free(r);
+    free(huge);
+    expect_serving(url);
+}
+
+static char *
+find_shard_of(sbx_client *c, const char *id)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call(c, "status", id, NULL, 0, 0, NULL, &r, &err), 0, "%s", err.message);
+    const msgpack_object *sb;
+    sbx_str shard = {"", 0};
+    cr_assert_eq(sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb), 0);
+    sbx_wire_get_str(sb, "shard", &shard);
+    char *s = sbx_str_dup(shard);
+    sbx_reply_free(r);
+    return s;
+}
+
+static pid_t
+shard_pid(sbx_client *c, const char *name)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call(c, "cluster.status", NULL, NULL, 0, 0, NULL, &r, &err), 0);
+    const msgpack_object *arr;
+    pid_t pid = 0;
+    cr_assert_eq(sbx_wire_get_array(sbx_reply_result(r), "shards", &arr), 0);
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *s = &arr->via.array.ptr[i], *st;
+        sbx_str n = {"", 0};
+        sbx_wire_get_str(s, "name", &n);
+        int64_t p = 0;
+        if (sbx_str_eq(n, name) && sbx_wire_get_map(s, "status", &st) == 0 &&
+            sbx_wire_get_i64(st, "pid", &p) == 0)
+            pid = (pid_t)p;
+    }
+    sbx_reply_free(r);
+    return pid;
+}
+
+Test(daemon, metadata_survives_a_restart, .timeout = 180)
+{
+    struct testd d;
+    cr_assert_eq(testd_start(&d, 2, NULL), 0);
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    const char *ids[] = {"keep-me-one", "keep-me-two", "keep-me-three"};
+    for (int i = 0; i < 3; i++) {
+        sbx_exec_result r;
+        cr_assert_eq(test_sh(c, ids[i], "echo hi", 0, &r, &err), 0, "%s", err.message);
+        sbx_exec_result_free(&r);
+    }
+    sbx_client_close(c);
+    cr_assert_eq(testd_restart(&d, 2, NULL), 0);
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    sbx_reply *r = NULL;
+    cr_assert_eq(sbx_call(c, "list", NULL, NULL, 0, 0, NULL, &r, &err), 0);
+    char *json = sbx_reply_json(r, false);
+    for (int i = 0; i < 3; i++)
+        cr_expect(strstr(json, ids[i]) != NULL, "%s missing after restart: %s", ids[i], json);
+    cr_expect(strstr(json, "\"state\":\"stopped\"") != NULL);
+    free(json);
+    sbx_reply_free(r);
+    /* It works again, in a new container (generation 2). */
+    sbx_exec_result er;
+    cr_assert_eq(test_sh(c, ids[0], "echo back", 0, &er, &err), 0);
+    cr_expect_str_eq(er.stdout_data, "back\n");
+    sbx_exec_result_free(&er);
+    cr_assert_eq(sbx_call(c, "status", ids[0], NULL, 0, 0, NULL, &r, &err), 0);
+    const msgpack_object *sb;
+    int64_t gen = 0;
+    sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb);
+    sbx_wire_get_i64(sb, "generation", &gen);
+    cr_expect_eq(gen, 2);
+    sbx_reply_free(r);
+    sbx_client_close(c);
+    testd_stop(&d);
+}
+
+Test(daemon, a_dead_or_stopped_shard_gives_shard_unavailable_in_time, .timeout = 180)
+{
+    struct testd d;
+    cr_assert_eq(testd_start(&d, 2, NULL), 0);
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    sbx_exec_result r;
+    cr_assert_eq(test_sh(c, "victim", "echo hi", 0, &r, &err), 0);
+    sbx_exec_result_free(&r);
+    char *shard = find_shard_of(c, "victim");
+    pid_t pid = shard_pid(c, shard);
+    cr_assert_gt(pid, 0);
+
+    /* A stopped (slow) shard: answered SHARD_UNAVAILABLE within the deadline. */
+    kill(pid, SIGSTOP);
+    sbx_reply *rep = NULL;
+    double t0 = test_now_ms();
+    int rc = sbx_call(c, "ping", "victim", NULL, 0, 1500, NULL, &rep, &err);
+    double took = test_now_ms() - t0;
+    kill(pid, SIGCONT);
+    cr_expect_neq(rc, 0);
+    cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE", "%s: %s", err.code, err.message);
+    cr_expect(took < 1600, "answered after %.0f ms (deadline 1500)", took);
+    sbx_error_free(&err);
+
+    /* A dead shard: never a hang; the dev supervisor brings it back and the
+     * sandbox answers again with its metadata intact. */
+    kill(pid, SIGKILL);
+    t0 = test_now_ms();
+    rc = sbx_call(c, "ping", "victim", NULL, 0, 5000, NULL, &rep, &err);
+    took = test_now_ms() - t0;
+    cr_expect(rc == 0 || !strcmp(err.code, "SHARD_UNAVAILABLE"), "%s", err.code);
+    cr_expect(took < 5100, "took %.0f ms", took);
+    if (rc == 0)
+        sbx_reply_free(rep);
+    else
+        sbx_error_free(&err);
+    bool back = false;
+    for (int i = 0; i < 100 && !back; i++) {
+        if (test_sh(c, "victim", "echo back", 2000, &r, &err) == 0) {
+            back = !strcmp(r.stdout_data, "back\n");
+            sbx_exec_result_free(&r);
+        } else {
+            sbx_error_free(&err);
+            usleep(100 * 1000);
+        }
+    }
+    cr_expect(back, "the sandbox did not answer again after its shard was restarted");
+    free(shard);
+    sbx_client_close(c);
+    testd_stop(&d);
+}
+
+Test(daemon, a_shard_nobody_runs_is_unavailable_at_once, .timeout = 60)
+{
+    /* A lone gateway whose only shard does not exist. */
+    char dir[] = "/tmp/sbx-gw-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char url[300], shard[300], sbxd[300];
+    snprintf(url, sizeof(url), "ipc://%s/gw.sock", dir);
+    snprintf(shard, sizeof(shard), "ghost=ipc://%s/nobody.sock", dir);
+    const char *bin = getenv("SBX_BIN") ? getenv("SBX_BIN") : "build/asan/bin";
+    snprintf(sbxd, sizeof(sbxd), "%s/sbxd", bin);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(sbxd, sbxd, "gateway", "--listen", url, "--shard", shard, (char *)NULL);
+        _exit(127);
+    }
+    sbx_client *c = NULL;
+    sbx_error err;
+    for (int i = 0; i < 100 && sbx_client_open(&c, url, &err) != 0; i++)
+        usleep(50 * 1000);
+    cr_assert_not_null(c);
+    sbx_reply *rep = NULL;
+    double t0 = test_now_ms();
+    int rc = sbx_call(c, "ping", "anyone", NULL, 0, 10000, NULL, &rep, &err);
+    double took = test_now_ms() - t0;
+    cr_expect_neq(rc, 0);
+    cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE");
+    cr_expect(took < 1000, "took %.0f ms", took);
+    sbx_error_free(&err);
+    sbx_client_close(c);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    char cmd[350];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
