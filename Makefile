@@ -17,7 +17,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
-LDLIBS_AGENT  := -lmsgpackc
+LDLIBS_AGENT  := -lmsgpackc -luuid
 LDLIBS_TEST   := -lcriterion
 
 RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
@@ -31,12 +31,13 @@ CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
-           container/agent/session.c runtime/err.c runtime/log.c runtime/util.c \
-           runtime/wire.c runtime/loop.c runtime/frame.c
+           container/agent/session.c container/agent/stream.c container/agent/proc.c \
+           container/agent/files.c runtime/err.c runtime/log.c runtime/util.c \
+           runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c
 ACTORS  := actors/shard.c actors/actor.c actors/record.c
 GATEWAY := gateway/gateway.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
-CLI     := tools/sbx.c
+CLI     := tools/sbx.c tools/cli_sdk.c
 BENCH   := tools/bench.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)

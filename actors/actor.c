@@ -17,6 +17,7 @@
 #include "shard_int.h"
 
 static void actor_pump(struct actor *a);
+static void load_config(struct actor *a);
 static void on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
 
 /* ------------------------------------------------------------------------------ */
@@ -80,6 +81,7 @@ actor_get(struct shard *sh, const char *id, bool load)
     if (rc == 0) {
         if (sbx_record_decode(val, vn, &a->rec) == 0) {
             a->exists = true;
+            load_config(a);
             /* No container survives a shard restart, whatever was recorded. */
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         } else {
@@ -134,6 +136,30 @@ save_record(struct actor *a)
     a->last_seq = shard_store_record(a->sh, &a->rec);
 }
 
+/* Lifecycle settings from the record's config map. */
+static void
+load_config(struct actor *a)
+{
+    a->sleep_after_ms = 0;
+    a->keep_alive = false;
+    if (!a->rec.config)
+        return;
+    sbx_msg m;
+    if (sbx_wire_decode(&m, a->rec.config, a->rec.config_len, &sbx_wire_limits_request) != 0)
+        return;
+    int64_t v;
+    if (sbx_wire_get_i64(m.root, "sleepAfter", &v) == 0 && v > 0)
+        a->sleep_after_ms = v;
+    sbx_wire_get_bool(m.root, "keepAlive", &a->keep_alive);
+    sbx_wire_msg_free(&m);
+}
+
+static int64_t
+sleep_after(struct actor *a)
+{
+    return a->sleep_after_ms > 0 ? a->sleep_after_ms : a->sh->conf.sleep_after;
+}
+
 /* ------------------------------------------------------------------------------ */
 /* Status. */
 
@@ -160,6 +186,8 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     sbx_enc_kint(e, "pids", a->rec.limits.pids);
     sbx_enc_kint(e, "cpu", a->rec.limits.cpu_milli);
     sbx_enc_end(e);
+    sbx_enc_kint(e, "sleepAfter", sleep_after(a));
+    sbx_enc_kbool(e, "keepAlive", a->keep_alive);
     if (a->died)
         sbx_enc_kstr(e, "lastExit", a->last_exit);
     if (a->cs == C_RUNNING) {
@@ -508,6 +536,7 @@ agent_reply(struct actor *a, const msgpack_object *root)
     struct sop *op = take_inflight(a, (uint64_t)tag);
     if (!op)
         return; /* a reply to nothing we sent: ignore */
+    a->last_active_ms = sbx_wall_ms();
     sbx_enc e;
     char *buf;
     size_t len;
@@ -678,6 +707,163 @@ op_destroy(struct actor *a, struct sop *op)
     finish_destroy(a, op);
 }
 
+/* Replace blob (a msgpack map) with blob ⊕ vars: string values set, nil
+ * removes.  The result is a fresh heap blob. */
+static void
+merge_map_blob(char **blob, size_t *len, const msgpack_object *vars)
+{
+    sbx_msg old;
+    bool have_old = *blob && sbx_wire_decode(&old, *blob, *len, &sbx_wire_limits_request) == 0;
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    if (have_old) {
+        for (uint32_t i = 0; i < old.root->via.map.size; i++) {
+            const msgpack_object_kv *kv = &old.root->via.map.ptr[i];
+            bool replaced = false;
+            for (uint32_t j = 0; j < vars->via.map.size; j++) {
+                const msgpack_object *k2 = &vars->via.map.ptr[j].key;
+                if (k2->type == MSGPACK_OBJECT_STR && kv->key.type == MSGPACK_OBJECT_STR &&
+                    k2->via.str.size == kv->key.via.str.size &&
+                    !memcmp(k2->via.str.ptr, kv->key.via.str.ptr, k2->via.str.size))
+                    replaced = true;
+            }
+            if (!replaced) {
+                sbx_enc_obj(&e, &kv->key);
+                sbx_enc_obj(&e, &kv->val);
+            }
+        }
+        sbx_wire_msg_free(&old);
+    }
+    for (uint32_t j = 0; j < vars->via.map.size; j++) {
+        const msgpack_object_kv *kv = &vars->via.map.ptr[j];
+        if (kv->val.type == MSGPACK_OBJECT_NIL)
+            continue;
+        sbx_enc_obj(&e, &kv->key);
+        sbx_enc_obj(&e, &kv->val);
+    }
+    sbx_enc_end(&e);
+    char *nb;
+    size_t nl;
+    if (sbx_enc_finish(&e, &nb, &nl) == 0) {
+        free(*blob);
+        *blob = nb;
+        *len = nl;
+    }
+}
+
+/* env.set {vars}: durable in the record (a container started later gets them
+ * at bind), and applied by the agent now if the container runs. */
+static void
+op_env_set(struct actor *a, struct sop *op)
+{
+    const msgpack_object *vars;
+    if (sbx_wire_get_map(op->req.args, "vars", &vars) != 0 || vars->via.map.size > 4096) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'vars' (a map of at most 4096 strings or nil) "
+                                              "is required");
+        return;
+    }
+    for (uint32_t i = 0; i < vars->via.map.size; i++) {
+        const msgpack_object_kv *kv = &vars->via.map.ptr[i];
+        sbx_str k;
+        if (sbx_wire_obj_str(&kv->key, &k) != 0 || k.n == 0 || k.n > 256 ||
+            memchr(k.p, '=', k.n) || memchr(k.p, '\0', k.n) ||
+            (kv->val.type != MSGPACK_OBJECT_STR && kv->val.type != MSGPACK_OBJECT_NIL) ||
+            (kv->val.type == MSGPACK_OBJECT_STR &&
+             (kv->val.via.str.size > 131072 ||
+              memchr(kv->val.via.str.ptr, '\0', kv->val.via.str.size)))) {
+            shard_reply_err(op, SBX_E_VALIDATION,
+                            "environment names must be 1-256 bytes without '=' or NUL, values "
+                            "strings (nil unsets) without NUL");
+            return;
+        }
+    }
+    ensure_record(a, NULL);
+    merge_map_blob(&a->rec.env, &a->rec.env_len, vars);
+    save_record(a);
+    if (a->cs == C_RUNNING) {
+        dispatch(a, op);
+        return;
+    }
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, op->req.id);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        shard_reply(op, buf, len, a->last_seq);
+}
+
+/* sandbox.configure {sleepAfter: ms | "10m", keepAlive}: durable lifecycle settings. */
+static void
+op_configure(struct actor *a, struct sop *op)
+{
+    const msgpack_object *args = op->req.args;
+    int64_t ms = -1;
+    bool ka = a->keep_alive, have_ka = false;
+    const msgpack_object *sa = sbx_wire_get(args, "sleepAfter");
+    if (sa) {
+        sbx_str s;
+        if (sbx_wire_get_i64(args, "sleepAfter", &ms) == 0) {
+            /* a number: seconds, as the SDK's sleepAfter */
+            ms *= 1000;
+        } else if (sbx_wire_obj_str(sa, &s) == 0 && s.n < 32) {
+            char tmp[32];
+            sbx_str_copy(s, tmp, sizeof(tmp));
+            if (sbx_parse_duration_ms(tmp, &ms) != 0)
+                ms = -1;
+        }
+        if (ms < 1000 || ms > 365ll * 24 * 3600 * 1000) {
+            shard_reply_err(op, SBX_E_VALIDATION, "'sleepAfter' must be 1s .. 365d (\"30s\", "
+                                                  "\"10m\", \"1h\", or a number of seconds)");
+            return;
+        }
+    }
+    int rc = sbx_wire_get_bool(args, "keepAlive", &ka);
+    if (rc == SBX_E_VALIDATION) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'keepAlive' must be a boolean");
+        return;
+    }
+    have_ka = rc == 0;
+    ensure_record(a, NULL);
+    sbx_enc c;
+    char *cb;
+    size_t cl;
+    sbx_enc_init(&c);
+    sbx_enc_map(&c);
+    if (sa)
+        sbx_enc_kint(&c, "sleepAfter", ms);
+    if (have_ka)
+        sbx_enc_kbool(&c, "keepAlive", ka);
+    sbx_enc_end(&c);
+    if (sbx_enc_finish(&c, &cb, &cl) == 0) {
+        sbx_msg m;
+        if (sbx_wire_decode(&m, cb, cl, &sbx_wire_limits_request) == 0) {
+            merge_map_blob(&a->rec.config, &a->rec.config_len, m.root);
+            sbx_wire_msg_free(&m);
+        }
+        free(cb);
+    }
+    load_config(a);
+    a->last_active_ms = sbx_wall_ms();
+    save_record(a);
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, op->req.id);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kint(&e, "sleepAfter", sleep_after(a));
+    sbx_enc_kbool(&e, "keepAlive", a->keep_alive);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        shard_reply(op, buf, len, a->last_seq);
+}
+
 static void
 handle(struct actor *a, struct sop *op)
 {
@@ -695,6 +881,14 @@ handle(struct actor *a, struct sop *op)
         op_create(a, op);
         return;
     }
+    if (!strcmp(name, "env.set")) {
+        op_env_set(a, op);
+        return;
+    }
+    if (!strcmp(name, "sandbox.configure")) {
+        op_configure(a, op);
+        return;
+    }
     if (!(op->def->flags & SBX_OP_AGENT)) {
         shard_reply_err(op, SBX_E_UNKNOWN_OP, "operation '%s' is not served by shards", name);
         return;
@@ -707,10 +901,36 @@ handle(struct actor *a, struct sop *op)
         ensure_record(a, NULL);
     }
     if (a->cs != C_RUNNING) {
+        if (op->def->flags & SBX_OP_NOWAKE) {
+            /* What it names lived in a container that is gone. */
+            shard_reply_err(op, op->def->idle_code ? op->def->idle_code : SBX_E_NOT_FOUND,
+                            "not found: sandbox '%s' has no running container (it was stopped "
+                            "or restarted)", a->id);
+            return;
+        }
         start_container(a, op);
         return;
     }
     dispatch(a, op);
+}
+
+void
+actor_sleep_sweep(struct shard *sh)
+{
+    int64_t now = sbx_wall_ms();
+    for (size_t b = 0; b < sh->nbuckets; b++) {
+        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
+            if (a->cs != C_RUNNING || a->inflight || a->mb_head || a->gate || a->keep_alive)
+                continue;
+            if (now - a->last_active_ms < sleep_after(a))
+                continue;
+            sbx_info("sandbox %s: idle for %llds, stopping its container (sleepAfter)", a->id,
+                     (long long)((now - a->last_active_ms) / 1000));
+            snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+            save_record(a);
+            stop_container(a, false);
+        }
+    }
 }
 
 static void

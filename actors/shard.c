@@ -80,6 +80,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->inodes = 262144;
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
+    c->sleep_after = 10 * 60 * 1000; /* the SDK's default sleepAfter: 10m */
     c->etc = strv_dup(default_etc);
     c->env = strv_dup(default_env);
 }
@@ -813,6 +814,16 @@ drain_to_idle(struct shard *sh)
     }
 }
 
+static void
+sweep_cb(sbx_loop *l, void *arg)
+{
+    struct shard *sh = arg;
+    if (sh->stopping)
+        return;
+    actor_sleep_sweep(sh);
+    sbx_loop_timer(l, 1000, sweep_cb, sh);
+}
+
 int
 sbx_shard_run(const struct sbx_shard_conf *conf)
 {
@@ -908,6 +919,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         nng_ctx_recv(c->ctx, c->aio);
     }
     pool_fill(sh);
+    sbx_loop_timer(sh->loop, 1000, sweep_cb, sh);
     sbx_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
              conf->data, sbx_cgroups_describe(sh->cgroups), (long long)conf->pool);
     rc = sbx_loop_run(sh->loop);

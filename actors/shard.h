@@ -47,6 +47,7 @@ struct sbx_shard_conf {
     int64_t inodes;       /* inodes of the same */
     uint64_t output_cap;  /* bytes of stdout (and of stderr) kept per exec */
     int64_t setup_timeout;/* ms a container may take to start */
+    int64_t sleep_after;  /* ms of inactivity before a sandbox's container is stopped */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
 };

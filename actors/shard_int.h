@@ -81,6 +81,8 @@ struct actor {
     struct sop *gate;           /* the op the input gate is closed for, if any */
     uint64_t last_seq;          /* last LMDB write of this actor (output gate) */
     int64_t last_active_ms;
+    int64_t sleep_after_ms;     /* idle time before the container is stopped (0: shard default) */
+    bool keep_alive;            /* never stopped for idleness */
     bool died;                  /* its last container ended unexpectedly */
     char last_exit[160];
     bool destroying;
@@ -177,6 +179,8 @@ void actor_enqueue(struct actor *a, struct sop *op);
 void actor_work_done(struct shard *sh, struct work *w);
 void actor_encode_status(struct actor *a, sbx_enc *e);
 void actor_stop_all(struct shard *sh);
+/* actor.c: stop the containers of actors idle for longer than their sleepAfter. */
+void actor_sleep_sweep(struct shard *sh);
 void actor_free_all(struct shard *sh);
 
 #endif

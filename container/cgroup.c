@@ -42,7 +42,7 @@ write_str(const char *dir, const char *file, const char *val)
 {
     char p[600];
     snprintf(p, sizeof(p), "%s/%s", dir, file);
-    return sbx_write_file(p, val);
+    return sbx_fs_write(p, val);
 }
 
 static int
@@ -59,7 +59,7 @@ read_u64(const char *dir, const char *file)
     char p[600], *buf = NULL;
     size_t n;
     snprintf(p, sizeof(p), "%s/%s", dir, file);
-    if (sbx_read_file(p, 4096, &buf, &n) != 0)
+    if (sbx_fs_read(p, 4096, &buf, &n) != 0)
         return 0;
     uint64_t v = strtoull(buf, NULL, 10);
     free(buf);
@@ -74,7 +74,7 @@ read_key(const char *dir, const char *file, const char *key)
     size_t n, kn = strlen(key);
     uint64_t v = 0;
     snprintf(p, sizeof(p), "%s/%s", dir, file);
-    if (sbx_read_file(p, 65536, &buf, &n) != 0)
+    if (sbx_fs_read(p, 65536, &buf, &n) != 0)
         return 0;
     for (char *line = buf; line && *line;) {
         char *nl = strchr(line, '\n');
@@ -96,7 +96,7 @@ kill_procs(const char *dir)
     size_t n;
     int count = 0;
     snprintf(p, sizeof(p), "%s/cgroup.procs", dir);
-    if (sbx_read_file(p, 1 << 20, &buf, &n) != 0)
+    if (sbx_fs_read(p, 1 << 20, &buf, &n) != 0)
         return 0;
     for (char *s = buf; *s;) {
         char *end;
@@ -173,7 +173,7 @@ v1_mount(const char *ctrl, char *out, size_t outlen, bool *with_cpuacct)
     char *buf = NULL;
     size_t n;
     int rc = -ENOENT;
-    if (sbx_read_file("/proc/self/mountinfo", 1 << 20, &buf, &n) != 0)
+    if (sbx_fs_read("/proc/self/mountinfo", 1 << 20, &buf, &n) != 0)
         return -EIO;
     for (char *line = buf; line && *line;) {
         char *nl = strchr(line, '\n');
@@ -268,7 +268,7 @@ v2_own_path(char *out, size_t outlen)
     char *buf = NULL;
     size_t n;
     int rc = -ENOENT;
-    if (sbx_read_file("/proc/self/cgroup", 65536, &buf, &n) != 0)
+    if (sbx_fs_read("/proc/self/cgroup", 65536, &buf, &n) != 0)
         return -EIO;
     for (char *line = buf; line && *line;) {
         char *nl = strchr(line, '\n');
@@ -291,7 +291,7 @@ move_procs(const char *from, const char *to)
     char p[600], *buf = NULL;
     size_t n;
     snprintf(p, sizeof(p), "%s/cgroup.procs", from);
-    if (sbx_read_file(p, 1 << 20, &buf, &n) != 0)
+    if (sbx_fs_read(p, 1 << 20, &buf, &n) != 0)
         return;
     for (char *s = buf; *s;) {
         char *end;
@@ -338,13 +338,13 @@ open_v2(sbx_cgroups *cg, char *why, size_t whylen)
     char *ctrls = NULL, *sub = NULL, p[900];
     size_t n;
     snprintf(p, sizeof(p), "%s/cgroup.controllers", deleg);
-    if (sbx_read_file(p, 4096, &ctrls, &n) != 0)
+    if (sbx_fs_read(p, 4096, &ctrls, &n) != 0)
         ctrls = sbx_xstrdup("");
     cg->v2_limits = has_word(ctrls, "memory") && has_word(ctrls, "pids") && has_word(ctrls, "cpu");
     free(ctrls);
     if (cg->v2_limits) {
         snprintf(p, sizeof(p), "%s/cgroup.subtree_control", deleg);
-        if (sbx_read_file(p, 4096, &sub, &n) != 0)
+        if (sbx_fs_read(p, 4096, &sub, &n) != 0)
             sub = sbx_xstrdup("");
         bool enabled = has_word(sub, "memory") && has_word(sub, "pids") && has_word(sub, "cpu");
         free(sub);

@@ -245,7 +245,7 @@ write_map(pid_t pid, const char *file, uint32_t id)
     char path[64], val[64];
     snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
     snprintf(val, sizeof(val), "0 %u 1\n", id);
-    return sbx_write_file(path, val);
+    return sbx_fs_write(path, val);
 }
 
 /* Wait for a frame with a timeout, then read it. */
@@ -340,7 +340,7 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
      * some VMs) withhold from root. */
     char adj[64];
     snprintf(adj, sizeof(adj), "/proc/%d/oom_score_adj", (int)pid);
-    sbx_write_file(adj, "-998");
+    sbx_fs_write(adj, "-998");
     if ((rc = sbx_write_full(sv[0], "G", 1)) != 0 ||
         (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0) {
         snprintf(why, whylen, "send the configuration to the agent: %s", strerror(-rc));

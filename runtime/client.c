@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "err.h"
 #include "id.h"
@@ -319,20 +320,19 @@ copy_bytes(const msgpack_object *res, const char *key, char **out, size_t *len)
     *len = s.n;
 }
 
-int
-sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
-         sbx_error *err)
+/* The exec arguments of o as one encoded msgpack map (plus an optional
+ * processId for process.start).  0 or an error. */
+static int
+encode_exec_args(const sbx_exec_opts *o, const char *process_id, char **args, size_t *alen,
+                 sbx_error *err)
 {
     sbx_enc e;
-    char *args;
-    size_t alen;
-    sbx_reply *r = NULL;
-    memset(res, 0, sizeof(*res));
-    clear_err(err);
     if ((!o->command) == (!o->argv))
         return set_err(err, SBX_E_VALIDATION, NULL, "give exactly one of command and argv");
     sbx_enc_init(&e);
     sbx_enc_map(&e);
+    if (process_id)
+        sbx_enc_kstr(&e, "processId", process_id);
     if (o->command)
         sbx_enc_kstr(&e, "command", o->command);
     if (o->argv) {
@@ -365,8 +365,23 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     if (o->has_stdin || o->stdin_data)
         sbx_enc_kbin(&e, "stdin", o->stdin_data ? o->stdin_data : "", o->stdin_len);
     sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &args, &alen) != 0)
+    if (sbx_enc_finish(&e, args, alen) != 0)
         return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode exec arguments");
+    return 0;
+}
+
+int
+sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
+         sbx_error *err)
+{
+    char *args;
+    size_t alen;
+    sbx_reply *r = NULL;
+    memset(res, 0, sizeof(*res));
+    clear_err(err);
+    int rc0 = encode_exec_args(o, NULL, &args, &alen, err);
+    if (rc0)
+        return rc0;
     int64_t deadline = o->timeout_ms > 0 ? o->timeout_ms + 30000 : 0;
     int rc = call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err, true);
     free(args);
@@ -440,4 +455,317 @@ sbx_ping(sbx_client *c, const char *sandbox, sbx_error *err)
     if (rc == 0)
         sbx_reply_free(r);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Streams. */
+
+#define STREAM_WAIT_MS 25000
+#define STREAM_RETRY_MS 30000
+
+struct sbx_stream {
+    sbx_client *c;
+    char *sandbox;
+    char id[80];
+    uint64_t after;     /* last sequence delivered to the caller */
+    sbx_reply *batch;   /* the current read's reply */
+    const msgpack_object *events;
+    uint32_t idx;
+    bool done;          /* the server said the stream ended */
+};
+
+static sbx_stream *
+stream_alloc(sbx_client *c, const char *sandbox, const char *id, uint64_t after)
+{
+    sbx_stream *s = sbx_xcalloc(1, sizeof(*s));
+    s->c = c;
+    s->sandbox = sbx_xstrdup(sandbox);
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    s->after = after;
+    return s;
+}
+
+int
+sbx_exec_stream(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_stream **out,
+                sbx_error *err)
+{
+    char *args;
+    size_t alen;
+    sbx_reply *r = NULL;
+    clear_err(err);
+    int rc = encode_exec_args(o, NULL, &args, &alen, err);
+    if (rc)
+        return rc;
+    rc = sbx_call(c, "exec.stream", sandbox, args, alen, 0, NULL, &r, err);
+    free(args);
+    if (rc)
+        return rc;
+    sbx_str id = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "streamId", &id);
+    char sid[80];
+    sbx_str_copy(id, sid, sizeof(sid));
+    sbx_reply_free(r);
+    *out = stream_alloc(c, sandbox, sid, 0);
+    return 0;
+}
+
+int
+sbx_stream_open(sbx_client *c, const char *sandbox, const char *stream_id, uint64_t after,
+                sbx_stream **out, sbx_error *err)
+{
+    clear_err(err);
+    if (!stream_id || !*stream_id || strlen(stream_id) >= 72)
+        return set_err(err, SBX_E_VALIDATION, NULL, "a stream ID of 1-71 bytes is required");
+    *out = stream_alloc(c, sandbox, stream_id, after);
+    return 0;
+}
+
+const char *
+sbx_stream_id(const sbx_stream *s)
+{
+    return s->id;
+}
+
+uint64_t
+sbx_stream_last(const sbx_stream *s)
+{
+    return s->after;
+}
+
+static bool
+transient(const sbx_error *e)
+{
+    return !strcmp(e->code, "SHARD_UNAVAILABLE") || !strcmp(e->code, "REQUEST_TIMEOUT") ||
+           !strcmp(e->code, "GATEWAY_UNAVAILABLE");
+}
+
+static int
+stream_fetch(sbx_stream *s, sbx_error *err)
+{
+    int64_t until = sbx_mono_ms() + STREAM_RETRY_MS;
+    for (int attempt = 0;; attempt++) {
+        sbx_enc e;
+        char *args;
+        size_t alen;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "streamId", s->id);
+        sbx_enc_kint(&e, "after", (int64_t)s->after);
+        sbx_enc_kint(&e, "waitMs", STREAM_WAIT_MS);
+        sbx_enc_end(&e);
+        sbx_enc_finish(&e, &args, &alen);
+        sbx_reply *r = NULL;
+        int rc = sbx_call(s->c, "stream.read", s->sandbox, args, alen, STREAM_WAIT_MS + 10000, NULL,
+                          &r, err);
+        free(args);
+        if (rc == 0) {
+            sbx_reply_free(s->batch);
+            s->batch = r;
+            s->idx = 0;
+            s->events = NULL;
+            sbx_wire_get_array(sbx_reply_result(r), "events", &s->events);
+            sbx_wire_get_bool(sbx_reply_result(r), "done", &s->done);
+            return 0;
+        }
+        if (!err || !transient(err) || sbx_mono_ms() > until)
+            return rc;
+        sbx_error_free(err);
+        struct timespec ts = {0, (long)SBX_MIN(100 * (attempt + 1), 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int
+sbx_stream_next(sbx_stream *s, sbx_event *ev, sbx_error *err)
+{
+    clear_err(err);
+    for (;;) {
+        if (s->events && s->idx < s->events->via.array.size) {
+            const msgpack_object *o = &s->events->via.array.ptr[s->idx++];
+            int64_t seq = 0, code = 0;
+            sbx_str type = {"", 0}, data = {"", 0};
+            sbx_wire_get_i64(o, "seq", &seq);
+            if ((uint64_t)seq <= s->after)
+                continue; /* already delivered (a retried read) */
+            memset(ev, 0, sizeof(*ev));
+            ev->seq = (uint64_t)seq;
+            sbx_wire_get_str(o, "type", &type);
+            snprintf(ev->type, sizeof(ev->type), "%.*s", (int)type.n, type.p);
+            if (sbx_wire_get_bin(o, "data", &data) == 0) {
+                ev->data = data.p;
+                ev->data_len = data.n;
+            }
+            if (sbx_wire_get_i64(o, "exitCode", &code) == 0) {
+                ev->has_exit_code = true;
+                ev->exit_code = (int)code;
+            }
+            ev->obj = o;
+            s->after = (uint64_t)seq;
+            return 1;
+        }
+        if (s->done)
+            return 0;
+        int rc = stream_fetch(s, err);
+        if (rc)
+            return rc;
+    }
+}
+
+int
+sbx_stream_cancel(sbx_stream *s, sbx_error *err)
+{
+    sbx_enc e;
+    char *args;
+    size_t alen;
+    sbx_reply *r = NULL;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "streamId", s->id);
+    sbx_enc_end(&e);
+    sbx_enc_finish(&e, &args, &alen);
+    int rc = sbx_call(s->c, "stream.cancel", s->sandbox, args, alen, 0, NULL, &r, err);
+    free(args);
+    if (rc == 0)
+        sbx_reply_free(r);
+    return rc;
+}
+
+void
+sbx_stream_close(sbx_stream *s)
+{
+    if (!s)
+        return;
+    sbx_reply_free(s->batch);
+    free(s->sandbox);
+    free(s);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Typed helpers. */
+
+static int
+call_enc(sbx_client *c, const char *op, const char *sandbox, sbx_enc *e, sbx_reply **r,
+         sbx_error *err)
+{
+    char *args;
+    size_t alen;
+    sbx_enc_end(e);
+    if (sbx_enc_finish(e, &args, &alen) != 0)
+        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode arguments");
+    int rc = sbx_call(c, op, sandbox, args, alen, 0, NULL, r, err);
+    free(args);
+    return rc;
+}
+
+int
+sbx_write_file(sbx_client *c, const char *sandbox, const char *path, const void *data, size_t len,
+               sbx_error *err)
+{
+    sbx_enc e;
+    sbx_reply *r = NULL;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", path);
+    sbx_enc_kbin(&e, "content", data, len);
+    int rc = call_enc(c, "file.write", sandbox, &e, &r, err);
+    if (rc == 0)
+        sbx_reply_free(r);
+    return rc;
+}
+
+int
+sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data, size_t *len,
+              char mime[64], sbx_error *err)
+{
+    sbx_enc e;
+    sbx_reply *r = NULL;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", path);
+    int rc = call_enc(c, "file.read", sandbox, &e, &r, err);
+    if (rc)
+        return rc;
+    const msgpack_object *res = sbx_reply_result(r);
+    sbx_str content = {"", 0}, enc = {"", 0}, m = {"", 0};
+    sbx_wire_get_bin(res, "content", &content);
+    sbx_wire_get_str(res, "encoding", &enc);
+    sbx_wire_get_str(res, "mimeType", &m);
+    if (mime)
+        snprintf(mime, 64, "%.*s", (int)m.n, m.p);
+    if (sbx_str_eq(enc, "base64")) {
+        if (sbx_base64_decode(content.p, content.n, data, len) != 0) {
+            sbx_reply_free(r);
+            return set_err(err, SBX_E_MALFORMED, NULL, "the file content is not valid base64");
+        }
+    } else {
+        *data = sbx_xstrndup(content.p, content.n);
+        *len = content.n;
+    }
+    sbx_reply_free(r);
+    return 0;
+}
+
+int
+sbx_set_env(sbx_client *c, const char *sandbox, const char *const *vars, sbx_error *err)
+{
+    sbx_enc e;
+    sbx_reply *r = NULL;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kmap(&e, "vars");
+    for (const char *const *p = vars; p && *p; p++) {
+        const char *eq = strchr(*p, '=');
+        sbx_enc_strn(&e, *p, eq ? (size_t)(eq - *p) : strlen(*p));
+        if (eq)
+            sbx_enc_str(&e, eq + 1);
+        else
+            sbx_enc_nil(&e);
+    }
+    sbx_enc_end(&e);
+    int rc = call_enc(c, "env.set", sandbox, &e, &r, err);
+    if (rc == 0)
+        sbx_reply_free(r);
+    return rc;
+}
+
+int
+sbx_process_start(sbx_client *c, const char *sandbox, const sbx_exec_opts *o,
+                  const char *process_id, char id[128], sbx_error *err)
+{
+    char *args;
+    size_t alen;
+    sbx_reply *r = NULL;
+    clear_err(err);
+    int rc = encode_exec_args(o, process_id, &args, &alen, err);
+    if (rc)
+        return rc;
+    rc = sbx_call(c, "process.start", sandbox, args, alen, 0, NULL, &r, err);
+    free(args);
+    if (rc)
+        return rc;
+    sbx_str pid = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "processId", &pid);
+    snprintf(id, 128, "%.*s", (int)pid.n, pid.p);
+    sbx_reply_free(r);
+    return 0;
+}
+
+int
+sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int *exit_code,
+                 sbx_error *err)
+{
+    sbx_enc e;
+    sbx_reply *r = NULL;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "processId", process_id);
+    int rc = call_enc(c, "process.kill", sandbox, &e, &r, err);
+    if (rc)
+        return rc;
+    int64_t code = 0;
+    sbx_wire_get_i64(sbx_reply_result(r), "exitCode", &code);
+    if (exit_code)
+        *exit_code = (int)code;
+    sbx_reply_free(r);
+    return 0;
 }

@@ -103,7 +103,7 @@ load_file(const struct sbx_opt *opts, const char *path, char *why, size_t whylen
 {
     char *buf = NULL;
     size_t n;
-    int rc = sbx_read_file(path, 1 << 20, &buf, &n);
+    int rc = sbx_fs_read(path, 1 << 20, &buf, &n);
     if (rc) {
         snprintf(why, whylen, "cannot read config file %s: %s", path, strerror(-rc));
         return rc;

@@ -24,6 +24,9 @@ enum sbx_op_flags {
 struct sbx_op_def {
     const char *name;
     unsigned flags;
+    /* For SBX_OP_AGENT|SBX_OP_NOWAKE ops: the error code answered when the
+     * sandbox has no running container (what the op refers to died with it). */
+    int idle_code;
     const char *summary;
 };
 

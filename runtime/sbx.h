@@ -133,4 +133,63 @@ int sbx_destroy(sbx_client *c, const char *sandbox, bool *destroyed, sbx_error *
 /* sbx_ping — start the sandbox if needed and check its agent answers. */
 int sbx_ping(sbx_client *c, const char *sandbox, sbx_error *err);
 
+/* ---------------------------------------------------------------------------
+ * Streams (docs/protocol.md §streams): exec output, process logs, file
+ * chunks, watch events — sequenced events pulled with long polls.  A stream
+ * survives lost replies, gateway restarts and shard hiccups: every read
+ * names the last sequence number seen, so nothing is lost or repeated.
+ */
+
+typedef struct sbx_stream sbx_stream;
+
+typedef struct sbx_event {
+    uint64_t seq;
+    char type[32];               /* start, stdout, stderr, complete, error, process_info, exit,
+                                    metadata, chunk, watching, event, stopped, … */
+    const char *data;            /* stdout/stderr/chunk bytes (valid until the next call) */
+    size_t data_len;
+    bool has_exit_code;
+    int exit_code;               /* complete and exit events */
+    const msgpack_object *obj;   /* the whole event map (valid until the next call) */
+} sbx_event;
+
+/* sbx_exec_stream — start a command whose output arrives as events
+ * (start, stdout, stderr, complete | error).  Free with sbx_stream_close. */
+int sbx_exec_stream(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_stream **out,
+                    sbx_error *err);
+/* sbx_stream_open — attach to an existing stream by ID (e.g. "proc:<processId>"
+ * for a process's logs) from after sequence number `after` (0: the start). */
+int sbx_stream_open(sbx_client *c, const char *sandbox, const char *stream_id, uint64_t after,
+                    sbx_stream **out, sbx_error *err);
+/* sbx_stream_next — the next event: 1 with *ev filled, 0 at the end of the
+ * stream, or a negative code.  Transient failures (SHARD_UNAVAILABLE,
+ * REQUEST_TIMEOUT, GATEWAY_UNAVAILABLE) are retried for up to 30 s,
+ * resuming after the last event seen. */
+int sbx_stream_next(sbx_stream *s, sbx_event *ev, sbx_error *err);
+/* sbx_stream_id / sbx_stream_last — the stream's ID and the last sequence seen. */
+const char *sbx_stream_id(const sbx_stream *s);
+uint64_t sbx_stream_last(const sbx_stream *s);
+/* sbx_stream_cancel — stop what produces the stream (a command is killed). */
+int sbx_stream_cancel(sbx_stream *s, sbx_error *err);
+void sbx_stream_close(sbx_stream *s);
+
+/* ---------------------------------------------------------------------------
+ * Typed helpers for common operations (everything else: sbx_call). */
+
+/* sbx_write_file — write len bytes to path (parents created). */
+int sbx_write_file(sbx_client *c, const char *sandbox, const char *path, const void *data,
+                   size_t len, sbx_error *err);
+/* sbx_read_file — read a file; *data (heap, NUL-terminated, caller frees)
+ * holds its bytes whatever the encoding on the wire; mime may be NULL. */
+int sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data, size_t *len,
+                  char mime[64], sbx_error *err);
+/* sbx_set_env — set ("K=V") and unset ("K") sandbox environment variables. */
+int sbx_set_env(sbx_client *c, const char *sandbox, const char *const *vars, sbx_error *err);
+/* sbx_process_start — start a background process; its ID in id[128]. */
+int sbx_process_start(sbx_client *c, const char *sandbox, const sbx_exec_opts *o,
+                      const char *process_id, char id[128], sbx_error *err);
+/* sbx_process_kill — SIGTERM its tree, SIGKILL after 5 s; *exit_code may be NULL. */
+int sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int *exit_code,
+                     sbx_error *err);
+
 #endif

@@ -213,7 +213,7 @@ sbx_read_full(int fd, void *buf, size_t n)
 }
 
 int
-sbx_write_file(const char *path, const char *s)
+sbx_fs_write(const char *path, const char *s)
 {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0)
@@ -225,7 +225,7 @@ sbx_write_file(const char *path, const char *s)
 }
 
 int
-sbx_read_file(const char *path, size_t max, char **out, size_t *len)
+sbx_fs_read(const char *path, size_t max, char **out, size_t *len)
 {
     int rc = 0;
     sbx_buf b;
@@ -338,6 +338,8 @@ int
 sbx_parse_size(const char *s, uint64_t *out)
 {
     char *end;
+    if (*s < '0' || *s > '9') /* strtoull would take "-1" as 2^64 - 1 */
+        return -EINVAL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s)
@@ -377,5 +379,70 @@ sbx_parse_duration_ms(const char *s, int64_t *out)
     if (v > INT64_MAX / mul)
         return -EINVAL;
     *out = v * mul;
+    return 0;
+}
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *
+sbx_base64_encode(const void *p, size_t n, size_t *outlen)
+{
+    const unsigned char *s = p;
+    size_t len = 4 * ((n + 2) / 3);
+    char *o = sbx_xmalloc(len + 1);
+    size_t j = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        if (i + 1 < n)
+            v |= (uint32_t)s[i + 1] << 8;
+        if (i + 2 < n)
+            v |= s[i + 2];
+        o[j++] = b64[(v >> 18) & 63];
+        o[j++] = b64[(v >> 12) & 63];
+        o[j++] = i + 1 < n ? b64[(v >> 6) & 63] : '=';
+        o[j++] = i + 2 < n ? b64[v & 63] : '=';
+    }
+    o[j] = '\0';
+    if (outlen)
+        *outlen = j;
+    return o;
+}
+
+int
+sbx_base64_decode(const char *s, size_t n, char **out, size_t *outlen)
+{
+    if (n % 4)
+        return -EINVAL;
+    unsigned char *o = sbx_xmalloc(n / 4 * 3 + 1);
+    size_t j = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4];
+        for (int k = 0; k < 4; k++) {
+            char c = s[i + k];
+            const char *q = c ? strchr(b64, c) : NULL;
+            if (q)
+                v[k] = (int)(q - b64);
+            else if (c == '=' && i + 4 == n && k >= 2)
+                v[k] = -1;
+            else {
+                free(o);
+                return -EINVAL;
+            }
+        }
+        if (v[2] < 0 && v[3] >= 0) {
+            free(o);
+            return -EINVAL;
+        }
+        uint32_t x = ((uint32_t)v[0] << 18) | ((uint32_t)v[1] << 12) |
+                     ((uint32_t)(v[2] < 0 ? 0 : v[2]) << 6) | (uint32_t)(v[3] < 0 ? 0 : v[3]);
+        o[j++] = (unsigned char)(x >> 16);
+        if (v[2] >= 0)
+            o[j++] = (unsigned char)(x >> 8);
+        if (v[3] >= 0)
+            o[j++] = (unsigned char)x;
+    }
+    o[j] = '\0';
+    *out = (char *)o;
+    *outlen = j;
     return 0;
 }

@@ -58,13 +58,13 @@ void sbx_iso8601(int64_t wall_ms, char *out, size_t outlen);
 int sbx_write_full(int fd, const void *buf, size_t n);
 int sbx_read_full(int fd, void *buf, size_t n);
 
-/* sbx_write_file — write a small string to a path (O_WRONLY|O_CLOEXEC); 0 or -errno. */
-int sbx_write_file(const char *path, const char *s);
+/* sbx_fs_write — write a small string to a path (O_WRONLY|O_CLOEXEC); 0 or -errno. */
+int sbx_fs_write(const char *path, const char *s);
 /*
- * sbx_read_file — read at most max bytes of a file into a NUL-terminated heap
+ * sbx_fs_read — read at most max bytes of a file into a NUL-terminated heap
  * string owned by the caller (*out); 0 or -errno (-EFBIG if larger than max).
  */
-int sbx_read_file(const char *path, size_t max, char **out, size_t *len);
+int sbx_fs_read(const char *path, size_t max, char **out, size_t *len);
 
 /* sbx_set_nonblock / sbx_set_cloexec — 0 or -errno. */
 int sbx_set_nonblock(int fd, bool on);
@@ -82,5 +82,14 @@ int sbx_random(void *buf, size_t n);
 int sbx_parse_size(const char *s, uint64_t *out);
 /* sbx_parse_duration_ms — "30s", "10m", "1h", "500ms", "250" (seconds) → ms. */
 int sbx_parse_duration_ms(const char *s, int64_t *out);
+
+
+
+/* Base64 (RFC 4648 §4, with padding).  sbx_base64_encode returns a heap
+ * NUL-terminated string (caller frees).  sbx_base64_decode accepts only the
+ * standard alphabet, padding and no whitespace; returns 0 with a heap
+ * buffer in *out and *outlen (caller frees), or -EINVAL. */
+char *sbx_base64_encode(const void *p, size_t n, size_t *outlen);
+int sbx_base64_decode(const char *s, size_t n, char **out, size_t *outlen);
 
 #endif

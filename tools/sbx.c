@@ -27,15 +27,7 @@
 #include "../runtime/sbx.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
-
-#define EXIT_SBX 125
-#define EXIT_USAGE 2
-
-struct gopts {
-    const char *gateway;
-    bool json;
-    int64_t timeout_ms;
-};
+#include "cli.h"
 
 struct verb {
     const char *name;
@@ -44,21 +36,21 @@ struct verb {
     const char *help;
 };
 
-static void
-print_err(const sbx_error *err)
+void
+cli_print_err(const sbx_error *err)
 {
     fprintf(stderr, "sbx: %s: %s\n", err->code[0] ? err->code : "ERROR", err->message);
     if (err->context_json && strcmp(err->context_json, "{}") != 0 && getenv("SBX_DEBUG"))
         fprintf(stderr, "sbx: context: %s\n", err->context_json);
 }
 
-static sbx_client *
-connect_or_die(struct gopts *g, int *rc)
+sbx_client *
+cli_connect(struct gopts *g, int *rc)
 {
     sbx_client *c = NULL;
     sbx_error err;
     if (sbx_client_open(&c, g->gateway, &err) != 0) {
-        print_err(&err);
+        cli_print_err(&err);
         sbx_error_free(&err);
         *rc = EXIT_SBX;
         return NULL;
@@ -68,29 +60,35 @@ connect_or_die(struct gopts *g, int *rc)
     return c;
 }
 
-static void
-print_json_result(sbx_reply *r)
+void
+cli_print_json(const msgpack_object *res)
 {
-    char *s = sbx_reply_json(r, true);
+    char *s = sbx_json_dump(res, true);
     if (s) {
         printf("%s\n", s);
         free(s);
     }
 }
 
+static void
+print_json_result(sbx_reply *r)
+{
+    cli_print_json(sbx_reply_result(r));
+}
+
 /* Run `op` with JSON args, print its result as JSON (--json) or via `human`. */
-static int
-simple_call(struct gopts *g, const char *op, const char *sandbox, const char *args,
+int
+cli_call(struct gopts *g, const char *op, const char *sandbox, const char *args,
             void (*human)(const msgpack_object *res))
 {
     int rc = 0;
-    sbx_client *c = connect_or_die(g, &rc);
+    sbx_client *c = cli_connect(g, &rc);
     if (!c)
         return rc;
     sbx_reply *r = NULL;
     sbx_error err;
     if (sbx_call_json(c, op, sandbox, args, g->timeout_ms, &r, &err) != 0) {
-        print_err(&err);
+        cli_print_err(&err);
         sbx_error_free(&err);
         sbx_client_close(c);
         return 1;
@@ -104,8 +102,88 @@ simple_call(struct gopts *g, const char *op, const char *sandbox, const char *ar
     return 0;
 }
 
-static int64_t
-parse_ms(const char *s)
+int
+cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *encp,
+             void (*human)(const msgpack_object *res))
+{
+    sbx_enc *e = encp;
+    char *args;
+    size_t alen;
+    int rc = 0;
+    sbx_enc_end(e);
+    if (sbx_enc_finish(e, &args, &alen) != 0)
+        return EXIT_SBX;
+    sbx_client *c = cli_connect(g, &rc);
+    if (!c) {
+        free(args);
+        return rc;
+    }
+    sbx_reply *r = NULL;
+    sbx_error err;
+    if (sbx_call(c, op, sandbox, args, alen, g->timeout_ms, NULL, &r, &err) != 0) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        rc = 1;
+    } else {
+        if (g->json || !human)
+            print_json_result(r);
+        else
+            human(sbx_reply_result(r));
+        sbx_reply_free(r);
+    }
+    free(args);
+    sbx_client_close(c);
+    return rc;
+}
+
+int
+cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
+{
+    sbx_event ev;
+    sbx_error err;
+    int rc, code = 0;
+    (void)c;
+    while ((rc = sbx_stream_next(s, &ev, &err)) == 1) {
+        if (g->json) {
+            char *j = sbx_json_dump(ev.obj, false);
+            if (j) {
+                printf("%s\n", j);
+                free(j);
+            }
+            fflush(stdout);
+        } else if (raw_output && !strcmp(ev.type, "stdout")) {
+            sbx_write_full(STDOUT_FILENO, ev.data, ev.data_len);
+        } else if (raw_output && !strcmp(ev.type, "stderr")) {
+            sbx_write_full(STDERR_FILENO, ev.data, ev.data_len);
+        } else if (!raw_output && !strcmp(ev.type, "event")) {
+            sbx_str t = {"", 0}, p = {"", 0};
+            sbx_wire_get_str(ev.obj, "eventType", &t);
+            sbx_wire_get_str(ev.obj, "path", &p);
+            printf("%-10.*s %.*s\n", (int)t.n, t.p, (int)p.n, p.p);
+            fflush(stdout);
+        } else if (!strcmp(ev.type, "error")) {
+            const msgpack_object *e;
+            sbx_str m = {"", 0}, cd = {"ERROR", 5};
+            if (sbx_wire_get_map(ev.obj, "error", &e) == 0) {
+                sbx_wire_get_str(e, "code", &cd);
+                sbx_wire_get_str(e, "message", &m);
+            }
+            fprintf(stderr, "sbx: %.*s: %.*s\n", (int)cd.n, cd.p, (int)m.n, m.p);
+            code = EXIT_SBX;
+        }
+        if (ev.has_exit_code)
+            code = ev.exit_code & 255;
+    }
+    if (rc < 0) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        return EXIT_SBX;
+    }
+    return code;
+}
+
+int64_t
+cli_parse_ms(const char *s)
 {
     int64_t ms;
     /* A bare number is milliseconds on the command line. */
@@ -126,7 +204,7 @@ v_exec(struct gopts *g, int argc, char **argv)
     sbx_exec_opts o = {0};
     char **env = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
     size_t nenv = 0;
-    bool read_stdin = false;
+    bool read_stdin = false, stream = false;
     const char *sandbox = NULL;
     int i, rc = 0;
     for (i = 0; i < argc; i++) {
@@ -140,7 +218,7 @@ v_exec(struct gopts *g, int argc, char **argv)
         else if (!strcmp(a, "--env") && i + 1 < argc)
             env[nenv++] = argv[++i];
         else if (!strcmp(a, "--timeout") && i + 1 < argc) {
-            o.timeout_ms = parse_ms(argv[++i]);
+            o.timeout_ms = cli_parse_ms(argv[++i]);
             if (o.timeout_ms < 0) {
                 fprintf(stderr, "sbx exec: bad --timeout '%s'\n", argv[i]);
                 free(env);
@@ -152,6 +230,8 @@ v_exec(struct gopts *g, int argc, char **argv)
             o.sessionless = true;
         else if (!strcmp(a, "--stdin"))
             read_stdin = true;
+        else if (!strcmp(a, "--stream"))
+            stream = true;
         else if (!sandbox && a[0] != '-')
             sandbox = a;
         else if (sandbox && a[0] != '-') {
@@ -191,7 +271,7 @@ v_exec(struct gopts *g, int argc, char **argv)
         o.stdin_len = in.len;
         o.has_stdin = true;
     }
-    sbx_client *c = connect_or_die(g, &rc);
+    sbx_client *c = cli_connect(g, &rc);
     if (!c) {
         free(env);
         sbx_buf_free(&in);
@@ -199,7 +279,18 @@ v_exec(struct gopts *g, int argc, char **argv)
     }
     sbx_exec_result res;
     sbx_error err;
-    if (g->json) {
+    if (stream) {
+        /* Live output as the command produces it. */
+        sbx_stream *st;
+        if (sbx_exec_stream(c, sandbox, &o, &st, &err) != 0) {
+            cli_print_err(&err);
+            sbx_error_free(&err);
+            rc = EXIT_SBX;
+        } else {
+            rc = cli_follow(g, c, st, true);
+            sbx_stream_close(st);
+        }
+    } else if (g->json) {
         /* Print the result map itself. */
         sbx_reply *r = NULL;
         sbx_enc e;
@@ -240,7 +331,7 @@ v_exec(struct gopts *g, int argc, char **argv)
         sbx_enc_finish(&e, &args, &alen);
         int64_t deadline = o.timeout_ms > 0 ? o.timeout_ms + 30000 : g->timeout_ms;
         if (sbx_call(c, "exec", sandbox, args, alen, deadline, NULL, &r, &err) != 0) {
-            print_err(&err);
+            cli_print_err(&err);
             sbx_error_free(&err);
             rc = EXIT_SBX;
         } else {
@@ -259,7 +350,7 @@ v_exec(struct gopts *g, int argc, char **argv)
             sbx_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
             rc = res.exit_code & 255;
         } else {
-            print_err(&err);
+            cli_print_err(&err);
             rc = EXIT_SBX;
         }
         sbx_error_free(&err);
@@ -308,7 +399,7 @@ v_destroy(struct gopts *g, int argc, char **argv)
 {
     const char *id;
     int rc = need_id(argc, argv, "destroy", &id);
-    return rc ? rc : simple_call(g, "destroy", id, NULL, human_destroy);
+    return rc ? rc : cli_call(g, "destroy", id, NULL, human_destroy);
 }
 
 static void
@@ -323,7 +414,7 @@ v_ping(struct gopts *g, int argc, char **argv)
 {
     const char *id;
     int rc = need_id(argc, argv, "ping", &id);
-    return rc ? rc : simple_call(g, "ping", id, NULL, human_ping);
+    return rc ? rc : cli_call(g, "ping", id, NULL, human_ping);
 }
 
 static void
@@ -363,7 +454,7 @@ v_list(struct gopts *g, int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    return simple_call(g, "list", NULL, NULL, human_list);
+    return cli_call(g, "list", NULL, NULL, human_list);
 }
 
 static void
@@ -419,8 +510,8 @@ static int
 v_status(struct gopts *g, int argc, char **argv)
 {
     if (argc >= 1 && argv[0][0] != '-')
-        return simple_call(g, "status", argv[0], NULL, human_sandbox_status);
-    return simple_call(g, "cluster.status", NULL, NULL, human_cluster_status);
+        return cli_call(g, "status", argv[0], NULL, human_sandbox_status);
+    return cli_call(g, "cluster.status", NULL, NULL, human_cluster_status);
 }
 
 static void
@@ -460,7 +551,7 @@ v_create(struct gopts *g, int argc, char **argv)
         first = false;
     }
     sbx_buf_appendf(&j, "}}");
-    rc = simple_call(g, "create", id, j.p, human_create);
+    rc = cli_call(g, "create", id, j.p, human_create);
     sbx_buf_free(&j);
     return rc;
 }
@@ -475,15 +566,40 @@ v_call(struct gopts *g, int argc, char **argv)
     const char *op = argv[0];
     const char *id = argc >= 2 && strcmp(argv[1], "-") ? argv[1] : NULL;
     const char *args = argc >= 3 ? argv[2] : NULL;
-    return simple_call(g, op, id, args, NULL);
+    return cli_call(g, op, id, args, NULL);
 }
 
 static int v_help(struct gopts *g, int argc, char **argv);
 
 static const struct verb verbs[] = {
     {"exec", v_exec, "ID [--cwd DIR] [--env K=V]... [--timeout D] [--session S|--sessionless] "
-                     "[--stdin] (-- CMD ARGS... | 'shell string')",
+                     "[--stdin] [--stream] (-- CMD ARGS... | 'shell string')",
      "run a command in a sandbox; print its stdout/stderr; exit with its exit code"},
+    {"session", v_session, "(create|get|list|delete) ID [SESSION] [--cwd DIR] [--env K=V] "
+                           "[--timeout D]",
+     "manage sessions: persistent shells keeping cwd, variables and functions"},
+    {"start", v_start, "ID [--id P] [--session S] [--cwd DIR] [--env K=V] [--timeout D] "
+                       "(-- CMD ARGS... | 'shell string')",
+     "start a background process; prints its ID"},
+    {"ps", v_ps, "ID", "list the sandbox's background processes"},
+    {"kill", v_kill, "ID (PROCESS | --all)", "SIGTERM a process tree, SIGKILL after 5 s"},
+    {"logs", v_logs, "ID PROCESS [-f]", "print a process's output; -f follows it live"},
+    {"wait", v_wait, "ID PROCESS (--log TEXT [--regex] | --port N [--tcp] [--path /p] | --exit) "
+                     "[--timeout D]",
+     "wait until a process logs a line, serves a port, or exits"},
+    {"write", v_write, "ID PATH [--content TEXT]", "write a file (content from stdin by default)"},
+    {"read", v_read, "ID PATH", "print a file's bytes"},
+    {"ls", v_ls, "ID [PATH] [-r] [-a]", "list a directory"},
+    {"mkdir", v_mkdir, "ID PATH [-p]", "create a directory"},
+    {"rm", v_rm, "ID PATH", "delete a file"},
+    {"mv", v_mv, "ID SOURCE DESTINATION", "move or rename a file or directory"},
+    {"watch", v_watch, "ID PATH [--include G]... [--exclude G]... [--no-recursive]",
+     "print file changes under PATH as they happen"},
+    {"git-checkout", v_git_checkout, "ID URL [--branch B] [--dir DIR] [--depth N]",
+     "clone a git repository into the sandbox"},
+    {"env", v_env, "ID K=V... [-u K]...", "set and unset sandbox environment variables"},
+    {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]",
+     "lifecycle settings: idle time before the container stops, keep-alive"},
     {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS]",
      "create a sandbox now, with limits (it is also created by its first operation)"},
     {"destroy", v_destroy, "ID", "stop a sandbox and delete it (idempotent)"},
@@ -534,7 +650,7 @@ main(int argc, char **argv)
                 continue;
             }
             if ((!strcmp(a, "--timeout") && !verb) && i + 1 < argc) {
-                g.timeout_ms = parse_ms(argv[++i]);
+                g.timeout_ms = cli_parse_ms(argv[++i]);
                 continue;
             }
             if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

@@ -64,6 +64,9 @@ void agent_cfg_free(struct agent_cfg *cfg);
 struct agent;
 struct job;
 struct session;
+struct stream;
+struct proc;
+struct watch;
 
 /* A request from the actor, waiting for its reply.  Owned by whoever runs it. */
 struct agent_req {
@@ -86,7 +89,14 @@ struct agent {
     char **env;               /* current sandbox env (cfg.env + setEnvVars), "K=V" */
     struct job *jobs;         /* running commands (list) */
     struct session *sessions; /* list */
+    struct stream *streams;   /* list (stream.c) */
+    struct proc *procs;       /* background processes (proc.c) */
+    struct watch *watches;    /* file watches (files.c) */
+    sbx_enc ev_enc;           /* the stream event being built (stream.c) */
+    struct stream *ev_stream;
+    bool ev_open;
     uint64_t nonce_ctr;
+    uint64_t stream_ctr;
     bool bound;
     char sandbox[64];
 };
@@ -118,8 +128,17 @@ void outcap_init(struct outcap *o, uint64_t cap);
 void outcap_add(struct outcap *o, const char *p, size_t n);
 void outcap_free(struct outcap *o);
 
-/* exec.c: the "exec" op without a session. */
+/* exec.c: the "exec" op without a session; with `stream` the output goes to
+ * that (lossless) stream as events instead of the reply, and r is answered
+ * with {streamId} at once.  r may be NULL for internal jobs with `done`. */
 void agent_exec_fresh(struct agent *a, struct agent_req *r);
+void agent_exec_fresh_stream(struct agent *a, struct agent_req *r);
+/* exec.c: run an argv as an internal job (no request); `done` gets the exit
+ * status and both outputs when it ends.  Returns 0 or -errno. */
+typedef void (*job_done_fn)(struct agent *a, void *arg, int exit_code, bool timed_out,
+                            struct outcap *out, struct outcap *err);
+int agent_run_internal(struct agent *a, const char *const *argv, const char *cwd,
+                       int64_t timeout_ms, job_done_fn done, void *arg);
 /* exec.c: called for every reaped child. */
 void agent_job_reaped(struct agent *a, pid_t pid, int status);
 /* exec.c: kill pid and all of its descendants with SIGKILL (pid itself last
@@ -144,18 +163,70 @@ struct exec_args {
 };
 int exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, size_t whylen);
 void exec_args_free(struct exec_args *ea);
+/* exec.c: the fields of a finished command in an exec stream's "complete" event. */
+void exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bool cancelled,
+                          int64_t timeout_ms, int64_t duration_ms);
+/* exec.c: read and discard what fd still delivers, then close it. */
+void agent_hand_to_drainer(struct agent *a, int fd);
 /* exec.c: encode the common exec result fields. */
 void exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
                         int64_t duration_ms, struct outcap *out, struct outcap *err);
 
 /* session.c */
-void agent_exec_session(struct agent *a, struct agent_req *r, const char *sid);
+void agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool stream);
+/* session.c: run an internal shell command in a session (queued like any
+ * command); `done` gets its status and output. */
+typedef void (*session_done_fn)(struct agent *a, void *arg, int rc, int status,
+                                struct outcap *out);
+void agent_session_internal(struct agent *a, const char *sid, const char *cmd,
+                            session_done_fn done, void *arg);
+/* session.c: the cwd of a session as last reported by its shell (or NULL). */
+const char *agent_session_cwd(struct agent *a, const char *sid);
+void agent_op_session_create(struct agent *a, struct agent_req *r);
+void agent_op_session_get(struct agent *a, struct agent_req *r);
+void agent_op_session_list(struct agent *a, struct agent_req *r);
+void agent_op_session_delete(struct agent *a, struct agent_req *r);
+/* session.c: apply env changes to the default session (setEnvVars). */
+void agent_session_apply_env(struct agent *a, const msgpack_object *vars);
 void agent_sessions_reaped(struct agent *a, pid_t pid, int status);
 void agent_sessions_free(struct agent *a);
 
 /* exec.c: a new pseudo-terminal pair (both O_CLOEXEC, master non-blocking);
  * 0 or -errno. */
 int agent_openpty(int *master, int *slave);
+
+/* proc.c: background processes. */
+void agent_op_process_start(struct agent *a, struct agent_req *r);
+void agent_op_process_list(struct agent *a, struct agent_req *r);
+void agent_op_process_get(struct agent *a, struct agent_req *r);
+void agent_op_process_kill(struct agent *a, struct agent_req *r);
+void agent_op_process_kill_all(struct agent *a, struct agent_req *r);
+void agent_op_process_logs(struct agent *a, struct agent_req *r);
+void agent_op_process_wait_log(struct agent *a, struct agent_req *r);
+void agent_op_process_wait_port(struct agent *a, struct agent_req *r);
+void agent_op_process_wait_exit(struct agent *a, struct agent_req *r);
+/* proc.c: a reaped child that may be a background process; true if it was. */
+bool agent_procs_reaped(struct agent *a, pid_t pid, int status);
+/* proc.c: kill every process started in session sid (session deletion). */
+void agent_procs_kill_session(struct agent *a, const char *sid);
+void agent_procs_free(struct agent *a);
+
+/* files.c */
+void agent_op_file_write(struct agent *a, struct agent_req *r);
+void agent_op_file_read(struct agent *a, struct agent_req *r);
+void agent_op_file_read_stream(struct agent *a, struct agent_req *r);
+void agent_op_file_mkdir(struct agent *a, struct agent_req *r);
+void agent_op_file_delete(struct agent *a, struct agent_req *r);
+void agent_op_file_rename(struct agent *a, struct agent_req *r);
+void agent_op_file_list(struct agent *a, struct agent_req *r);
+void agent_op_file_exists(struct agent *a, struct agent_req *r);
+void agent_op_file_watch(struct agent *a, struct agent_req *r);
+void agent_op_git_checkout(struct agent *a, struct agent_req *r);
+void agent_watches_free(struct agent *a);
+
+/* exec.c: send `sig` to root's descendants (all, however deep) and, if
+ * include_root, to root; returns how many were signalled. */
+int agent_signal_tree(pid_t root, int sig, bool include_root);
 
 /* Spawning children (exec.c): fork, set up stdio/cwd/env/limits, exec. */
 struct spawn_opts {

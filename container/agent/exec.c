@@ -36,6 +36,7 @@
 #include "../../runtime/err.h"
 #include "../../runtime/log.h"
 #include "agent.h"
+#include "stream.h"
 
 #define DRAIN_GRACE_MS 20
 
@@ -391,6 +392,21 @@ agent_boot_ticks(void)
 }
 
 int
+agent_signal_tree(pid_t root, int sig, bool include_root)
+{
+    pid_t *d;
+    size_t n = descendants(root, NULL, 0, 0, &d);
+    int count = 0;
+    for (size_t i = 0; i < n; i++)
+        if (kill(d[i], sig) == 0)
+            count++;
+    free(d);
+    if (include_root && kill(root, sig) == 0)
+        count++;
+    return count;
+}
+
+int
 agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nspare,
                       unsigned long long since)
 {
@@ -446,25 +462,29 @@ exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t t
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Fresh-process jobs. */
+/* Fresh-process jobs: plain exec, exec streams, internal jobs. */
 
 struct job {
     struct job *next;
     struct agent *a;
-    struct agent_req *req;
+    struct agent_req *req;   /* answered at the end (plain exec), or NULL */
+    struct stream *stream;   /* exec stream: output as events, or NULL */
+    job_done_fn done;        /* internal job: called at the end, or NULL */
+    void *done_arg;
     pid_t pid;
     int fds[3];              /* our ends: stdin (write), stdout, stderr (read); -1 when closed */
     sbx_watch *w[3];
     struct outcap out, err;
     char *in_data;
     size_t in_len, in_off;
+    char *command;           /* for the stream's start event */
     int64_t start_us, timeout_ms;
     uint64_t timer, grace;
-    bool exited, timed_out;
+    bool exited, timed_out, cancelled, paused;
     int status;
 };
 
-/* Pipes handed over after the reply: read and discard until EOF. */
+/* Pipes handed over after the end: read and discard until EOF. */
 struct drain {
     int fd;
     sbx_watch *w;
@@ -491,8 +511,8 @@ drain_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     free(d);
 }
 
-static void
-hand_to_drainer(struct agent *a, int fd)
+void
+agent_hand_to_drainer(struct agent *a, int fd)
 {
     struct drain *d = sbx_xmalloc(sizeof(*d));
     d->fd = fd;
@@ -507,21 +527,33 @@ job_close_fd(struct job *j, int i, bool drain)
     sbx_loop_unwatch(j->a->loop, j->w[i]);
     j->w[i] = NULL;
     if (drain)
-        hand_to_drainer(j->a, j->fds[i]);
+        agent_hand_to_drainer(j->a, j->fds[i]);
     else
         close(j->fds[i]);
     j->fds[i] = -1;
 }
 
-/* Read what a pipe has now; returns true at EOF. */
+/* Read what a pipe has now; returns true at EOF.  A stream that is full
+ * stops the reading (back-pressure) unless `force`. */
 static bool
-job_read(struct job *j, int i)
+job_read(struct job *j, int i, bool force)
 {
     char buf[65536];
     for (;;) {
+        if (j->stream && !force && stream_full(j->stream)) {
+            j->stream->paused = true;
+            j->paused = true;
+            for (int k = 1; k <= 2; k++)
+                if (j->w[k])
+                    sbx_loop_modify(j->a->loop, j->w[k], 0);
+            return false;
+        }
         ssize_t r = read(j->fds[i], buf, sizeof(buf));
         if (r > 0) {
-            outcap_add(i == 1 ? &j->out : &j->err, buf, (size_t)r);
+            if (j->stream)
+                stream_data(j->stream, i == 1 ? "stdout" : "stderr", buf, (size_t)r, NULL, NULL);
+            else
+                outcap_add(i == 1 ? &j->out : &j->err, buf, (size_t)r);
             continue;
         }
         if (r < 0 && errno == EINTR)
@@ -548,11 +580,41 @@ job_io_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     (void)l;
     (void)ev;
     int i = (fd == j->fds[1]) ? 1 : 2;
-    if (job_read(j, i)) {
+    if (job_read(j, i, false)) {
         job_close_fd(j, i, false);
         job_maybe_finish(j);
     }
 }
+
+static void
+job_stream_resume(struct stream *st, void *arg)
+{
+    struct job *j = arg;
+    (void)st;
+    j->paused = false;
+    for (int k = 1; k <= 2; k++)
+        if (j->w[k])
+            sbx_loop_modify(j->a->loop, j->w[k], EPOLLIN);
+}
+
+static void
+job_kill(struct job *j)
+{
+    agent_kill_tree(j->pid, false, NULL, 0);
+}
+
+static void
+job_stream_cancel(struct stream *st, void *arg)
+{
+    struct job *j = arg;
+    (void)st;
+    if (j->exited)
+        return;
+    j->cancelled = true;
+    job_kill(j);
+}
+
+static const struct stream_ops job_stream_ops = {job_stream_resume, job_stream_cancel};
 
 static void
 job_stdin_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
@@ -583,7 +645,7 @@ job_timeout_cb(sbx_loop *l, void *arg)
     if (j->exited)
         return;
     j->timed_out = true;
-    agent_kill_tree(j->pid, false, NULL, 0);
+    job_kill(j);
 }
 
 static void
@@ -594,7 +656,7 @@ job_grace_cb(sbx_loop *l, void *arg)
     j->grace = 0;
     for (int i = 1; i <= 2; i++) {
         if (j->fds[i] >= 0) {
-            bool eof = job_read(j, i);
+            bool eof = job_read(j, i, true);
             job_close_fd(j, i, !eof);
         }
     }
@@ -610,6 +672,33 @@ job_unlink(struct agent *a, struct job *j)
             return;
         }
     }
+}
+
+void
+exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bool cancelled,
+                     int64_t timeout_ms, int64_t duration_ms)
+{
+    sbx_enc_kint(e, "exitCode", exit_code);
+    sbx_enc_kbool(e, "success", exit_code == 0 && !timed_out && !cancelled);
+    sbx_enc_kint(e, "duration", duration_ms);
+    sbx_enc_kbool(e, "timedOut", timed_out);
+    if (timed_out)
+        sbx_enc_kint(e, "timeout", timeout_ms);
+    if (cancelled)
+        sbx_enc_kbool(e, "cancelled", true);
+    if (sig)
+        sbx_enc_kint(e, "signal", sig);
+    sbx_enc_kstr(e, "cause", timed_out ? "TIMEOUT" : (sig || cancelled) ? "KILLED" : "EXITED");
+}
+
+static void
+job_free(struct job *j)
+{
+    outcap_free(&j->out);
+    outcap_free(&j->err);
+    free(j->in_data);
+    free(j->command);
+    free(j);
 }
 
 static void
@@ -629,17 +718,31 @@ job_finish(struct job *j)
     sbx_loop_cancel(a->loop, j->timer);
     sbx_loop_cancel(a->loop, j->grace);
     job_close_fd(j, 0, false);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    exec_encode_result(&e, code, j->timed_out ? 0 : sig, j->timed_out, j->timeout_ms, dur,
-                       &j->out, &j->err);
-    agent_reply_ok(a, j->req, &e);
     job_unlink(a, j);
-    outcap_free(&j->out);
-    outcap_free(&j->err);
-    free(j->in_data);
-    free(j);
+    if (j->stream) {
+        if (j->timed_out) {
+            char note[96];
+            int n = snprintf(note, sizeof(note), "Command timed out after %lldms\n",
+                             (long long)j->timeout_ms);
+            stream_data(j->stream, "stderr", note, (size_t)n, NULL, NULL);
+        }
+        sbx_enc *e = stream_begin(j->stream, "complete");
+        exec_encode_complete(e, code, j->timed_out ? 0 : sig, j->timed_out, j->cancelled,
+                             j->timeout_ms, dur);
+        stream_commit(j->stream, true);
+        j->stream->ops = NULL;
+        stream_unref(j->stream);
+    } else if (j->done) {
+        j->done(a, j->done_arg, code, j->timed_out, &j->out, &j->err);
+    } else if (j->req) {
+        sbx_enc e;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        exec_encode_result(&e, code, j->timed_out ? 0 : sig, j->timed_out, j->timeout_ms, dur,
+                           &j->out, &j->err);
+        agent_reply_ok(a, j->req, &e);
+    }
+    job_free(j);
 }
 
 void
@@ -650,10 +753,11 @@ agent_job_reaped(struct agent *a, pid_t pid, int status)
             continue;
         j->exited = true;
         j->status = status;
-        /* What the process wrote is in the pipes already; take it now, and
+        /* What the process wrote is in the pipes already; take it now (past
+         * a stream's cap: the process is gone, nothing more will come), and
          * give its children a moment to close their copies. */
         for (int i = 1; i <= 2; i++) {
-            if (j->fds[i] >= 0 && job_read(j, i))
+            if (j->fds[i] >= 0 && job_read(j, i, true))
                 job_close_fd(j, i, false);
         }
         if (j->fds[1] >= 0 || j->fds[2] >= 0)
@@ -663,46 +767,37 @@ agent_job_reaped(struct agent *a, pid_t pid, int status)
     }
 }
 
-void
-agent_exec_fresh(struct agent *a, struct agent_req *r)
+/* Start a job for args; on success the job owns req and is running. */
+static int
+job_start(struct agent *a, struct exec_args *ea, struct job **out, char *why, size_t whylen)
 {
-    struct exec_args ea;
-    char why[256];
     int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
-    int devnull = -1;
+    int devnull = -1, rc = 0;
     char **env = NULL;
     struct job *j = NULL;
 
-    int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
-    if (rc) {
-        agent_reply_err(a, r, rc, "%s", why);
-        return;
-    }
-    const char *cwd = ea.cwd ? ea.cwd : "/workspace";
+    const char *cwd = ea->cwd ? ea->cwd : "/workspace";
     struct stat st;
     if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox", cwd);
+        snprintf(why, whylen, "cwd '%s' is not a directory in the sandbox", cwd);
+        return SBX_E_VALIDATION;
+    }
+    if (pipe2(p_out, O_CLOEXEC) < 0 || pipe2(p_err, O_CLOEXEC) < 0 ||
+        (ea->has_stdin && pipe2(p_in, O_CLOEXEC) < 0) ||
+        (!ea->has_stdin && (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)) {
+        rc = -errno;
+        snprintf(why, whylen, "could not start the command: %s", strerror(errno));
         goto out;
     }
-    if (pipe2(p_out, O_CLOEXEC) < 0 || pipe2(p_err, O_CLOEXEC) < 0)
-        goto sys_fail;
-    if (ea.has_stdin) {
-        if (pipe2(p_in, O_CLOEXEC) < 0)
-            goto sys_fail;
-    } else {
-        devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (devnull < 0)
-            goto sys_fail;
-    }
-    env = agent_env_merge(a->env, ea.env);
-    const char *sh_argv[] = {"/bin/sh", "-c", ea.cmd, NULL};
+    env = agent_env_merge(a->env, ea->env);
+    const char *sh_argv[] = {"/bin/sh", "-c", ea->cmd, NULL};
     struct spawn_opts so = {
-        .in_fd = ea.has_stdin ? p_in[0] : devnull,
+        .in_fd = ea->has_stdin ? p_in[0] : devnull,
         .out_fd = p_out[1],
         .err_fd = p_err[1],
         .cwd = cwd,
         .env = env,
-        .argv = ea.argv ? (const char *const *)ea.argv : sh_argv,
+        .argv = ea->argv ? (const char *const *)ea->argv : sh_argv,
         .subreaper = true,
         .new_session = true,
     };
@@ -710,18 +805,18 @@ agent_exec_fresh(struct agent *a, struct agent_req *r)
     j->start_us = sbx_mono_us();
     pid_t pid = agent_spawn(a, &so);
     if (pid < 0) {
-        errno = -pid;
-        goto sys_fail;
+        rc = (int)pid;
+        snprintf(why, whylen, "could not start the command: %s", strerror(-rc));
+        free(j);
+        j = NULL;
+        goto out;
     }
     j->a = a;
-    j->req = r;
     j->pid = pid;
-    j->timeout_ms = ea.timeout_ms;
+    j->timeout_ms = ea->timeout_ms;
+    j->command = sbx_xstrdup(ea->cmd ? ea->cmd : (ea->argv ? ea->argv[0] : ""));
     outcap_init(&j->out, a->cfg.output_cap);
     outcap_init(&j->err, a->cfg.output_cap);
-    close(p_out[1]);
-    close(p_err[1]);
-    p_out[1] = p_err[1] = -1;
     j->fds[0] = -1;
     j->fds[1] = p_out[0];
     j->fds[2] = p_err[0];
@@ -730,27 +825,21 @@ agent_exec_fresh(struct agent *a, struct agent_req *r)
     sbx_set_nonblock(j->fds[2], true);
     j->w[1] = sbx_loop_watch(a->loop, j->fds[1], EPOLLIN, job_io_cb, j);
     j->w[2] = sbx_loop_watch(a->loop, j->fds[2], EPOLLIN, job_io_cb, j);
-    if (ea.has_stdin) {
-        close(p_in[0]);
-        p_in[0] = -1;
+    if (ea->has_stdin) {
         j->fds[0] = p_in[1];
         p_in[1] = -1;
-        j->in_data = ea.stdin_data;
-        j->in_len = ea.stdin_len;
-        ea.stdin_data = NULL;
+        j->in_data = ea->stdin_data;
+        j->in_len = ea->stdin_len;
+        ea->stdin_data = NULL;
         sbx_set_nonblock(j->fds[0], true);
         j->w[0] = sbx_loop_watch(a->loop, j->fds[0], EPOLLOUT, job_stdin_cb, j);
     }
-    if (ea.timeout_ms > 0)
-        j->timer = sbx_loop_timer(a->loop, ea.timeout_ms, job_timeout_cb, j);
+    if (ea->timeout_ms > 0)
+        j->timer = sbx_loop_timer(a->loop, ea->timeout_ms, job_timeout_cb, j);
     j->next = a->jobs;
     a->jobs = j;
-    j = NULL;
-    goto out;
-sys_fail:
-    agent_reply_err(a, r, SBX_E_COMMAND, "could not start the command: %s", strerror(errno));
+    *out = j;
 out:
-    free(j);
     for (int i = 0; i < 2; i++) {
         if (p_in[i] >= 0) close(p_in[i]);
         if (p_out[i] >= 0) close(p_out[i]);
@@ -759,5 +848,75 @@ out:
     if (devnull >= 0)
         close(devnull);
     agent_env_free(env);
+    return rc ? rc : 0;
+}
+
+void
+agent_exec_fresh(struct agent *a, struct agent_req *r)
+{
+    struct exec_args ea;
+    char why[256];
+    struct job *j;
+    int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
+    if (rc == 0)
+        rc = job_start(a, &ea, &j, why, sizeof(why));
+    if (rc) {
+        agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s", why);
+    } else {
+        j->req = r;
+    }
     exec_args_free(&ea);
+}
+
+void
+agent_exec_fresh_stream(struct agent *a, struct agent_req *r)
+{
+    struct exec_args ea;
+    char why[256], sid[72];
+    struct job *j;
+    int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
+    if (rc == 0)
+        rc = job_start(a, &ea, &j, why, sizeof(why));
+    if (rc) {
+        agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s", why);
+        exec_args_free(&ea);
+        return;
+    }
+    snprintf(sid, sizeof(sid), "exec-%llu", (unsigned long long)++a->stream_ctr);
+    j->stream = stream_new(a, sid, true, 1u << 20, &job_stream_ops, j);
+    sbx_enc *e = stream_begin(j->stream, "start");
+    sbx_enc_kstr(e, "command", j->command);
+    sbx_enc_kint(e, "pid", j->pid);
+    stream_commit(j->stream, false);
+    sbx_enc res;
+    sbx_enc_init(&res);
+    sbx_enc_map(&res);
+    sbx_enc_kstr(&res, "streamId", sid);
+    agent_reply_ok(a, r, &res);
+    exec_args_free(&ea);
+}
+
+int
+agent_run_internal(struct agent *a, const char *const *argv, const char *cwd, int64_t timeout_ms,
+                   job_done_fn done, void *arg)
+{
+    struct exec_args ea;
+    char why[256];
+    struct job *j;
+    memset(&ea, 0, sizeof(ea));
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    ea.argv = sbx_xcalloc(n + 1, sizeof(char *));
+    for (size_t i = 0; i < n; i++)
+        ea.argv[i] = sbx_xstrdup(argv[i]);
+    ea.cwd = cwd ? sbx_xstrdup(cwd) : NULL;
+    ea.timeout_ms = timeout_ms;
+    int rc = job_start(a, &ea, &j, why, sizeof(why));
+    if (rc == 0) {
+        j->done = done;
+        j->done_arg = arg;
+    }
+    exec_args_free(&ea);
+    return rc;
 }

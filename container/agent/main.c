@@ -29,8 +29,10 @@
 #include <unistd.h>
 
 #include "../../runtime/err.h"
+#include "../../runtime/id.h"
 #include "../../runtime/log.h"
 #include "agent.h"
+#include "stream.h"
 
 #define AGENT_MAX_FRAME SBX_WIRE_MAX_FRAME
 #define AGENT_MAX_BACKLOG (256u << 20) /* bytes queued to a shard that stopped reading */
@@ -237,18 +239,24 @@ op_bind(struct agent *a, struct agent_req *r)
 }
 
 static void
-op_exec(struct agent *a, struct agent_req *r)
+exec_common(struct agent *a, struct agent_req *r, bool stream)
 {
     sbx_str sid = {0};
     bool fresh = false;
+    char why[160];
     sbx_wire_get_bool(r->args, "sessionless", &fresh);
     int rc = sbx_wire_get_str(r->args, "sessionId", &sid);
-    if (rc == SBX_E_VALIDATION || (rc == 0 && (sid.n == 0 || sid.n > 120))) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "'sessionId' must be a string of 1-120 bytes");
+    if (rc == SBX_E_VALIDATION ||
+        (rc == 0 && sbx_id_check_name("the session ID", sid.p, sid.n, 120, why, sizeof(why)))) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'sessionId' must be 1-120 characters of "
+                                                "[A-Za-z0-9._-]");
         return;
     }
     if (fresh) {
-        agent_exec_fresh(a, r);
+        if (stream)
+            agent_exec_fresh_stream(a, r);
+        else
+            agent_exec_fresh(a, r);
         return;
     }
     char id[128];
@@ -256,7 +264,52 @@ op_exec(struct agent *a, struct agent_req *r)
         sbx_str_copy(sid, id, sizeof(id));
     else
         snprintf(id, sizeof(id), "default");
-    agent_exec_session(a, r, id);
+    agent_exec_session(a, r, id, stream);
+}
+
+static void
+op_exec(struct agent *a, struct agent_req *r)
+{
+    exec_common(a, r, false);
+}
+
+static void
+op_exec_stream(struct agent *a, struct agent_req *r)
+{
+    exec_common(a, r, true);
+}
+
+/* env.set {vars: {K: "v" | nil}}: the sandbox environment of sessions and
+ * processes started later, and exported/unset in the default session now
+ * (the SDK's setEnvVars). */
+static void
+op_env_set(struct agent *a, struct agent_req *r)
+{
+    const msgpack_object *vars;
+    if (sbx_wire_get_map(r->args, "vars", &vars) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'vars' (a map of strings or nil) is required");
+        return;
+    }
+    for (uint32_t i = 0; i < vars->via.map.size; i++) {
+        sbx_str k;
+        const msgpack_object *v = &vars->via.map.ptr[i].val;
+        if (sbx_wire_obj_str(&vars->via.map.ptr[i].key, &k) != 0 || k.n == 0 ||
+            memchr(k.p, '=', k.n) || memchr(k.p, '\0', k.n) ||
+            (v->type != MSGPACK_OBJECT_NIL && v->type != MSGPACK_OBJECT_STR)) {
+            agent_reply_err(a, r, SBX_E_VALIDATION,
+                            "'vars' keys must be names without '=' and values strings or nil");
+            return;
+        }
+    }
+    char **n = agent_env_merge(a->env, vars);
+    agent_env_free(a->env);
+    a->env = n;
+    agent_session_apply_env(a, vars);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    agent_reply_ok(a, r, &e);
 }
 
 static const struct {
@@ -266,6 +319,34 @@ static const struct {
     {"ping", op_ping},
     {"bind", op_bind},
     {"exec", op_exec},
+    {"exec.stream", op_exec_stream},
+    {"env.set", op_env_set},
+    {"stream.read", agent_op_stream_read},
+    {"stream.cancel", agent_op_stream_cancel},
+    {"session.create", agent_op_session_create},
+    {"session.get", agent_op_session_get},
+    {"session.list", agent_op_session_list},
+    {"session.delete", agent_op_session_delete},
+    {"process.start", agent_op_process_start},
+    {"process.list", agent_op_process_list},
+    {"process.get", agent_op_process_get},
+    {"process.kill", agent_op_process_kill},
+    {"process.killAll", agent_op_process_kill_all},
+    {"process.logs", agent_op_process_logs},
+    {"process.waitForLog", agent_op_process_wait_log},
+    {"process.waitForPort", agent_op_process_wait_port},
+    {"process.waitForExit", agent_op_process_wait_exit},
+    {"file.write", agent_op_file_write},
+    {"file.read", agent_op_file_read},
+    {"file.readStream", agent_op_file_read_stream},
+    {"file.mkdir", agent_op_file_mkdir},
+    {"file.delete", agent_op_file_delete},
+    {"file.rename", agent_op_file_rename},
+    {"file.move", agent_op_file_rename},
+    {"file.list", agent_op_file_list},
+    {"file.exists", agent_op_file_exists},
+    {"file.watch", agent_op_file_watch},
+    {"git.checkout", agent_op_git_checkout},
 };
 
 static void
@@ -345,10 +426,18 @@ sig_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
             break;
         agent_job_reaped(a, pid, st);
         agent_sessions_reaped(a, pid, st);
+        agent_procs_reaped(a, pid, st);
     }
 }
 
 /* ------------------------------------------------------------------------------ */
+
+static void
+gc_cb(sbx_loop *l, void *arg)
+{
+    agent_streams_gc(arg);
+    sbx_loop_timer(l, 10000, gc_cb, arg);
+}
 
 static void
 report_setup(int fd, int rc, const char *why)
@@ -429,7 +518,11 @@ main(int argc, char **argv)
     report_setup(a.chan, 0, NULL);
     a.chan_w = sbx_loop_watch(a.loop, a.chan, EPOLLIN, chan_cb, &a);
     sbx_loop_watch(a.loop, a.sigfd, EPOLLIN, sig_cb, &a);
+    sbx_loop_timer(a.loop, 10000, gc_cb, &a);
     rc = sbx_loop_run(a.loop);
     agent_sessions_free(&a);
+    agent_procs_free(&a);
+    agent_watches_free(&a);
+    agent_streams_free(&a);
     return rc ? 1 : 0;
 }

@@ -45,8 +45,10 @@
 #include <unistd.h>
 
 #include "../../runtime/err.h"
+#include "../../runtime/id.h"
 #include "../../runtime/log.h"
 #include "agent.h"
+#include "stream.h"
 
 #define MARK_PREFIX "\001SBX"
 #define MARK_LEN (4 + 16 + 1) /* prefix + 16 hex + \002 */
@@ -58,11 +60,14 @@
 /* Append a string literal (its length computed by the compiler). */
 #define LIT(b, s) sbx_buf_append((b), (s), sizeof(s) - 1)
 
-enum stream { S_OUT = 0, S_ERR = 1 };
 
 struct scmd {
     struct scmd *next;
-    struct agent_req *req;
+    struct agent_req *req;      /* answered at the end (plain exec), or NULL */
+    struct stream *stream;      /* streamed exec: output as events, or NULL */
+    session_done_fn done;       /* internal command: called at the end, or NULL */
+    void *done_arg;
+    bool cancelled;
     struct exec_args ea;
 };
 
@@ -71,7 +76,8 @@ struct session {
     struct agent *a;
     char id[128];
     char **env;          /* environment the shell starts with */
-    char *cwd;
+    char *cwd;           /* directory the shell starts in */
+    char *pwd;           /* the shell's cwd after its last command (heap) */
     int64_t default_timeout_ms;
     /* the running shell (pid 0 when there is none) */
     pid_t pid;
@@ -149,10 +155,13 @@ send_line(struct session *s, const sbx_buf *line)
 static void
 append_markers(sbx_buf *b, const char *nonce, const char *status_expr)
 {
+    /* Markers on both streams, then "nonce status cwd" on the control pipe:
+     * the shell's cwd rides along, so relative paths of file operations can
+     * be resolved against it without asking the shell. */
     sbx_buf_appendf(b,
                     "\\builtin printf '\\001SBX%%s\\002' %s >&4; "
                     "\\builtin printf '\\001SBX%%s\\002' %s >&5; "
-                    "\\builtin printf '%%s %%s\\n' %s %s >&3\n",
+                    "\\builtin printf '%%s %%s %%s\\n' %s %s \"$PWD\" >&3\n",
                     nonce, nonce, nonce, status_expr);
 }
 
@@ -330,21 +339,43 @@ is_our_nonce(const struct session *s, const char *n, bool for_status)
  * its marker.  Without a running command the bytes (background jobs of
  * earlier commands) are dropped. */
 static void
+emit(struct session *s, int i, const char *p, size_t n)
+{
+    if (!n || !s->cur || s->mark[i])
+        return;
+    if (s->cur->stream)
+        stream_data(s->cur->stream, i == 0 ? "stdout" : "stderr", p, n, NULL, NULL);
+    else
+        outcap_add(&s->out[i], p, n);
+}
+
+static void
 attribute(struct session *s, int i)
 {
     sbx_buf *p = &s->pend[i];
     for (;;) {
         char *m = memmem(p->p, p->len, MARK_PREFIX, 4);
-        size_t upto = m ? (size_t)(m - p->p) : (p->len > MARK_LEN ? p->len - MARK_LEN : 0);
+        size_t upto;
+        if (m) {
+            upto = (size_t)(m - p->p);
+        } else {
+            /* Only a tail that could begin a marker (from a \001 on) waits
+             * for more bytes; everything before it is output now. */
+            upto = p->len;
+            size_t from = p->len > MARK_LEN ? p->len - MARK_LEN : 0;
+            for (size_t k = p->len; k > from; k--) {
+                if (p->p[k - 1] == '\001') {
+                    upto = k - 1;
+                    break;
+                }
+            }
+        }
         if (!m) {
-            /* Keep a tail that may be the start of a marker. */
-            if (s->cur && !s->mark[i])
-                outcap_add(&s->out[i], p->p, upto);
+            emit(s, i, p->p, upto);
             sbx_buf_consume(p, upto);
             return;
         }
-        if (s->cur && !s->mark[i])
-            outcap_add(&s->out[i], p->p, upto);
+        emit(s, i, p->p, upto);
         sbx_buf_consume(p, upto);
         if (p->len < MARK_LEN)
             return; /* partial marker: wait for more */
@@ -354,17 +385,30 @@ attribute(struct session *s, int i)
             continue;
         }
         /* Not a marker after all: it is output. */
-        if (s->cur && !s->mark[i])
-            outcap_add(&s->out[i], p->p, 1);
+        emit(s, i, p->p, 1);
         sbx_buf_consume(p, 1);
     }
 }
 
 static void
-read_stream(struct session *s, int i)
+pause_streams(struct session *s, bool pause)
+{
+    for (int k = 0; k < 2; k++)
+        if (s->w[k])
+            sbx_loop_modify(s->a->loop, s->w[k], pause ? 0 : EPOLLIN);
+}
+
+static void
+read_stream_x(struct session *s, int i, bool force)
 {
     char buf[65536];
     for (;;) {
+        if (!force && s->cur && s->cur->stream && stream_full(s->cur->stream)) {
+            /* The reader is behind: stop reading, the command blocks. */
+            s->cur->stream->paused = true;
+            pause_streams(s, true);
+            return;
+        }
         ssize_t r = read(s->fd[i], buf, sizeof(buf));
         if (r > 0) {
             sbx_buf_append(&s->pend[i], buf, (size_t)r);
@@ -375,6 +419,12 @@ read_stream(struct session *s, int i)
             continue;
         return; /* EAGAIN, or EOF (the shell died; reaping handles it) */
     }
+}
+
+static void
+read_stream(struct session *s, int i)
+{
+    read_stream_x(s, i, false);
 }
 
 static void cmd_complete(struct session *s);
@@ -434,14 +484,19 @@ ctl_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     while ((nl = memchr(s->ctl.p, '\n', s->ctl.len)) != NULL) {
         *nl = '\0';
         char nonce[17] = {0};
-        int status = 0;
-        if (sscanf(s->ctl.p, "%16s %d", nonce, &status) == 2 && strlen(nonce) == 16 &&
+        int status = 0, used = 0;
+        if (sscanf(s->ctl.p, "%16s %d %n", nonce, &status, &used) == 2 && strlen(nonce) == 16 &&
             s->cur && is_our_nonce(s, nonce, true) && !s->got_rc) {
             s->got_rc = true;
             s->rc = status;
-            /* The markers were written before this line: read them now. */
-            read_stream(s, 0);
-            read_stream(s, 1);
+            if (used > 0 && s->ctl.p[used] == '/') {
+                free(s->pwd);
+                s->pwd = sbx_xstrdup(s->ctl.p + used);
+            }
+            /* The markers were written before this line: read them now,
+             * past a stream's cap if need be (the command has ended). */
+            read_stream_x(s, 0, true);
+            read_stream_x(s, 1, true);
             if (!(s->mark[0] && s->mark[1]))
                 s->fallback = sbx_loop_timer(s->a->loop, 100, fallback_cb, s);
         }
@@ -456,6 +511,10 @@ ctl_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
 static void
 scmd_free(struct scmd *c)
 {
+    if (c->stream) {
+        c->stream->ops = NULL;
+        stream_unref(c->stream);
+    }
     exec_args_free(&c->ea);
     free(c);
 }
@@ -477,16 +536,33 @@ static void
 cmd_complete(struct session *s)
 {
     struct scmd *c = s->cur;
-    int code = s->timed_out ? 124 : s->rc;
+    int code = s->timed_out ? 124 : c->cancelled ? 130 : s->rc;
     int64_t dur = (sbx_mono_us() - s->start_us) / 1000;
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
     /* A status above 128 from the shell means the command died of a signal. */
-    exec_encode_result(&e, code, (!s->timed_out && code > 128 && code < 128 + 65) ? code - 128 : 0,
-                       s->timed_out, s->timeout_ms, dur, &s->out[0], &s->out[1]);
-    sbx_enc_kstr(&e, "sessionId", s->id);
-    agent_reply_ok(s->a, c->req, &e);
+    int sig = (!s->timed_out && code > 128 && code < 128 + 65) ? code - 128 : 0;
+    if (c->stream) {
+        if (s->timed_out) {
+            char note[96];
+            int n = snprintf(note, sizeof(note), "Command timed out after %lldms\n",
+                             (long long)s->timeout_ms);
+            stream_data(c->stream, "stderr", note, (size_t)n, NULL, NULL);
+        }
+        sbx_enc *e = stream_begin(c->stream, "complete");
+        exec_encode_complete(e, code, sig, s->timed_out, c->cancelled, s->timeout_ms, dur);
+        sbx_enc_kstr(e, "sessionId", s->id);
+        stream_commit(c->stream, true);
+        pause_streams(s, false);
+    } else if (c->done) {
+        c->done(s->a, c->done_arg, 0, code, &s->out[0]);
+    } else {
+        sbx_enc e;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        exec_encode_result(&e, code, sig, s->timed_out, s->timeout_ms, dur, &s->out[0],
+                           &s->out[1]);
+        sbx_enc_kstr(&e, "sessionId", s->id);
+        agent_reply_ok(s->a, c->req, &e);
+    }
     s->cur = NULL;
     scmd_free(c);
     reset_cmd_state(s);
@@ -560,6 +636,31 @@ timeout_cb(sbx_loop *l, void *arg)
     s->timer = sbx_loop_timer(s->a->loop, SIGINT_WAIT_MS, sigint_cb, s);
 }
 
+/* A streamed command's reader cancelled: stop it as a timeout would. */
+static void
+cmd_stream_cancel(struct stream *st, void *arg)
+{
+    struct session *s = arg;
+    if (!s->cur || s->cur->stream != st || s->got_rc)
+        return;
+    s->cur->cancelled = true;
+    sbx_loop_cancel(s->a->loop, s->timer);
+    s->timer = 0;
+    agent_kill_tree_since(s->pid, true, NULL, 0, s->start_ticks);
+    s->timer = sbx_loop_timer(s->a->loop, SIGINT_WAIT_MS, sigint_cb, s);
+    pause_streams(s, false);
+}
+
+static void
+cmd_stream_resume(struct stream *st, void *arg)
+{
+    struct session *s = arg;
+    (void)st;
+    pause_streams(s, false);
+}
+
+static const struct stream_ops cmd_stream_ops = {cmd_stream_resume, cmd_stream_cancel};
+
 static void
 run_cmd(struct session *s, struct scmd *c)
 {
@@ -573,6 +674,12 @@ run_cmd(struct session *s, struct scmd *c)
     s->start_us = sbx_mono_us();
     s->start_ticks = agent_boot_ticks();
     s->timeout_ms = c->ea.timeout_ms ? c->ea.timeout_ms : s->default_timeout_ms;
+    if (c->stream) {
+        sbx_enc *e = stream_begin(c->stream, "start");
+        sbx_enc_kstr(e, "command", c->ea.cmd ? c->ea.cmd : c->ea.argv[0]);
+        sbx_enc_kstr(e, "sessionId", s->id);
+        stream_commit(c->stream, false);
+    }
 
     LIT(&line, "__sbx_c=");
     if (c->ea.argv) {
@@ -658,7 +765,16 @@ fail_cmd(struct session *s, struct scmd *c, int code, int exit_status, const cha
         sbx_enc_kbin(sbx_werr_ctx(&w), "stderr", s->out[1].data.p ? s->out[1].data.p : "",
                      s->out[1].data.len);
     }
-    agent_reply_werr(s->a, c->req, &w);
+    if (c->stream) {
+        sbx_enc *e = stream_begin(c->stream, "error");
+        sbx_enc_str(e, "error");
+        sbx_enc_werr(e, &w);
+        stream_commit(c->stream, true);
+    } else if (c->done) {
+        c->done(s->a, c->done_arg, code, exit_status, &s->out[0]);
+    } else if (c->req) {
+        agent_reply_werr(s->a, c->req, &w);
+    }
     sbx_werr_free(&w);
     scmd_free(c);
 }
@@ -710,13 +826,16 @@ session_find(struct agent *a, const char *id)
 }
 
 static struct session *
-session_new(struct agent *a, const char *id)
+session_new(struct agent *a, const char *id, const msgpack_object *env, const char *cwd,
+            int64_t timeout_ms)
 {
     struct session *s = sbx_xcalloc(1, sizeof(*s));
     s->a = a;
     snprintf(s->id, sizeof(s->id), "%s", id);
     s->in_fd = s->ctl_fd = s->junk_fd = s->fd[0] = s->fd[1] = -1;
-    s->env = agent_env_merge(a->env, NULL);
+    s->env = agent_env_merge(a->env, env);
+    s->cwd = cwd ? sbx_xstrdup(cwd) : NULL;
+    s->default_timeout_ms = timeout_ms;
     sbx_buf_init(&s->inq);
     sbx_buf_init(&s->pend[0]);
     sbx_buf_init(&s->pend[1]);
@@ -728,8 +847,19 @@ session_new(struct agent *a, const char *id)
     return s;
 }
 
+static void
+enqueue(struct session *s, struct scmd *c)
+{
+    if (s->q_tail)
+        s->q_tail->next = c;
+    else
+        s->q_head = c;
+    s->q_tail = c;
+    session_start_next(s);
+}
+
 void
-agent_exec_session(struct agent *a, struct agent_req *r, const char *sid)
+agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool stream)
 {
     char why[256];
     struct scmd *c = sbx_xcalloc(1, sizeof(*c));
@@ -748,16 +878,289 @@ agent_exec_session(struct agent *a, struct agent_req *r, const char *sid)
             return;
         }
     }
-    c->req = r;
     struct session *s = session_find(a, sid);
     if (!s)
-        s = session_new(a, sid);
-    if (s->q_tail)
-        s->q_tail->next = c;
-    else
-        s->q_head = c;
-    s->q_tail = c;
-    session_start_next(s);
+        s = session_new(a, sid, NULL, NULL, 0);
+    if (stream) {
+        char stid[72];
+        snprintf(stid, sizeof(stid), "exec-%llu", (unsigned long long)++a->stream_ctr);
+        c->stream = stream_new(a, stid, true, 1u << 20, &cmd_stream_ops, s);
+        sbx_enc res;
+        sbx_enc_init(&res);
+        sbx_enc_map(&res);
+        sbx_enc_kstr(&res, "streamId", stid);
+        sbx_enc_kstr(&res, "sessionId", s->id);
+        agent_reply_ok(a, r, &res);
+    } else {
+        c->req = r;
+    }
+    enqueue(s, c);
+}
+
+void
+agent_session_internal(struct agent *a, const char *sid, const char *cmd, session_done_fn done,
+                       void *arg)
+{
+    struct session *s = session_find(a, sid);
+    if (!s)
+        s = session_new(a, sid, NULL, NULL, 0);
+    struct scmd *c = sbx_xcalloc(1, sizeof(*c));
+    c->ea.cmd = sbx_xstrdup(cmd);
+    c->done = done;
+    c->done_arg = arg;
+    enqueue(s, c);
+}
+
+const char *
+agent_session_cwd(struct agent *a, const char *sid)
+{
+    struct session *s = session_find(a, sid);
+    if (!s)
+        return NULL;
+    return s->pwd ? s->pwd : s->cwd;
+}
+
+/* Encode a session's description as the current value of e. */
+static void
+encode_session(struct session *s, sbx_enc *e)
+{
+    sbx_enc_map(e);
+    sbx_enc_kstr(e, "id", s->id);
+    sbx_enc_kstr(e, "cwd", s->pwd ? s->pwd : s->cwd ? s->cwd : "/workspace");
+    sbx_enc_kbool(e, "shellRunning", s->pid > 0);
+    sbx_enc_kbool(e, "busy", s->cur != NULL);
+    int queued = 0;
+    for (struct scmd *c = s->q_head; c; c = c->next)
+        queued++;
+    sbx_enc_kint(e, "queued", queued);
+    if (s->default_timeout_ms)
+        sbx_enc_kint(e, "commandTimeoutMs", s->default_timeout_ms);
+    sbx_enc_end(e);
+}
+
+static int
+session_id_arg(struct agent *a, struct agent_req *r, char *out, size_t outlen, bool required)
+{
+    sbx_str id;
+    int rc = sbx_wire_get_str(r->args, "id", &id);
+    if (rc == -ENOENT)
+        rc = sbx_wire_get_str(r->args, "sessionId", &id);
+    if (rc == -ENOENT && !required) {
+        snprintf(out, outlen, "session-%lld", (long long)sbx_wall_ms());
+        return 0;
+    }
+    char why[128];
+    if (rc != 0 || sbx_id_check_name("the session ID", id.p, id.n, 120, why, sizeof(why)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s",
+                        rc ? "'id' (the session ID) must be a string" : why);
+        return -1;
+    }
+    sbx_str_copy(id, out, outlen);
+    return 0;
+}
+
+void
+agent_op_session_create(struct agent *a, struct agent_req *r)
+{
+    char id[128];
+    if (session_id_arg(a, r, id, sizeof(id), false) != 0)
+        return;
+    if (session_find(a, id)) {
+        agent_reply_err(a, r, SBX_E_SESSION_EXISTS, "session '%s' already exists", id);
+        return;
+    }
+    const msgpack_object *env = NULL;
+    sbx_str cwd = {0};
+    int64_t tmo = 0;
+    if (sbx_wire_get_map(r->args, "env", &env) == SBX_E_VALIDATION ||
+        sbx_wire_get_str(r->args, "cwd", &cwd) == SBX_E_VALIDATION ||
+        sbx_wire_get_i64(r->args, "commandTimeoutMs", &tmo) == SBX_E_VALIDATION || tmo < 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION,
+                        "'env' must be a map, 'cwd' a string, 'commandTimeoutMs' a number");
+        return;
+    }
+    char *cwds = cwd.n ? sbx_str_dup(cwd) : NULL;
+    if (cwds) {
+        struct stat st;
+        if (stat(cwds, &st) < 0 || !S_ISDIR(st.st_mode)) {
+            agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox",
+                            cwds);
+            free(cwds);
+            return;
+        }
+    }
+    struct session *s = session_new(a, id, env, cwds, tmo);
+    free(cwds);
+    /* Start the shell now, so the first command does not pay for it. */
+    if (start_shell(s) != 0)
+        s->pid = 0;
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "sessionId", s->id);
+    sbx_enc_str(&e, "session");
+    encode_session(s, &e);
+    agent_reply_ok(a, r, &e);
+}
+
+void
+agent_op_session_get(struct agent *a, struct agent_req *r)
+{
+    char id[128];
+    if (session_id_arg(a, r, id, sizeof(id), true) != 0)
+        return;
+    struct session *s = session_find(a, id);
+    if (!s) {
+        agent_reply_err(a, r, SBX_E_SESSION_NOT_FOUND, "session '%s' not found", id);
+        return;
+    }
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_str(&e, "session");
+    encode_session(s, &e);
+    agent_reply_ok(a, r, &e);
+}
+
+void
+agent_op_session_list(struct agent *a, struct agent_req *r)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_karray(&e, "sessions");
+    for (struct session *s = a->sessions; s; s = s->next)
+        encode_session(s, &e);
+    sbx_enc_end(&e);
+    agent_reply_ok(a, r, &e);
+}
+
+static void
+session_free(struct session *s)
+{
+    agent_env_free(s->env);
+    free(s->cwd);
+    free(s->pwd);
+    sbx_buf_free(&s->inq);
+    sbx_buf_free(&s->pend[0]);
+    sbx_buf_free(&s->pend[1]);
+    sbx_buf_free(&s->ctl);
+    outcap_free(&s->out[0]);
+    outcap_free(&s->out[1]);
+    free(s);
+}
+
+/* Kill the shell and everything it started; fail what is queued. */
+static void
+session_kill(struct session *s, int code, const char *why)
+{
+    struct agent *a = s->a;
+    agent_procs_kill_session(a, s->id);
+    kill_shell(s);
+    if (s->pid > 0) {
+        /* Reap it here so no callback sees the freed session. */
+        int st;
+        waitpid(s->pid, &st, 0);
+        s->pid = 0;
+    }
+    close_shell_fds(s);
+    if (s->cur) {
+        struct scmd *c = s->cur;
+        s->cur = NULL;
+        fail_cmd(s, c, code, -1, why);
+    }
+    reset_cmd_state(s);
+    while (s->q_head) {
+        struct scmd *c = s->q_head;
+        s->q_head = c->next;
+        fail_cmd(s, c, code, -1, why);
+    }
+    s->q_tail = NULL;
+}
+
+void
+agent_op_session_delete(struct agent *a, struct agent_req *r)
+{
+    char id[128];
+    if (session_id_arg(a, r, id, sizeof(id), true) != 0)
+        return;
+    if (!strcmp(id, "default")) {
+        agent_reply_err(a, r, SBX_E_VALIDATION,
+                        "cannot delete the default session; destroy the sandbox instead");
+        return;
+    }
+    struct session *s = session_find(a, id);
+    if (!s) {
+        agent_reply_err(a, r, SBX_E_SESSION_NOT_FOUND, "session '%s' not found", id);
+        return;
+    }
+    for (struct session **pp = &a->sessions; *pp; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    }
+    session_kill(s, SBX_E_INTERRUPTED, "the session was deleted");
+    session_free(s);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "sessionId", id);
+    agent_reply_ok(a, r, &e);
+}
+
+static void
+env_applied(struct agent *a, void *arg, int rc, int status, struct outcap *out)
+{
+    (void)a;
+    (void)arg;
+    (void)out;
+    if (rc || status)
+        sbx_warn("agent: applying environment changes to the default session failed (%d/%d)",
+                 rc, status);
+}
+
+void
+agent_session_apply_env(struct agent *a, const msgpack_object *vars)
+{
+    struct session *s = session_find(a, "default");
+    if (!s)
+        return; /* it will start from a->env */
+    sbx_buf cmd;
+    sbx_buf_init(&cmd);
+    for (uint32_t i = 0; i < vars->via.map.size; i++) {
+        const msgpack_object_kv *kv = &vars->via.map.ptr[i];
+        sbx_str k, v;
+        if (sbx_wire_obj_str(&kv->key, &k) != 0)
+            continue;
+        bool ok = k.n > 0 && !(k.p[0] >= '0' && k.p[0] <= '9');
+        for (size_t j = 0; j < k.n; j++) {
+            char ch = k.p[j];
+            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '_'))
+                ok = false;
+        }
+        if (!ok)
+            continue;
+        if (sbx_wire_obj_str(&kv->val, &v) == 0) {
+            sbx_buf_append(&cmd, "export ", 7);
+            sbx_buf_append(&cmd, k.p, k.n);
+            sbx_buf_append(&cmd, "=", 1);
+            quote_ansi_c(&cmd, v.p, v.n);
+        } else {
+            sbx_buf_append(&cmd, "unset ", 6);
+            sbx_buf_append(&cmd, k.p, k.n);
+        }
+        sbx_buf_append(&cmd, "; ", 2);
+    }
+    if (cmd.len)
+        agent_session_internal(a, "default", cmd.p, env_applied, NULL);
+    sbx_buf_free(&cmd);
+    /* Sessions created later start from a->env (already updated). */
+    agent_env_free(s->env);
+    s->env = agent_env_merge(a->env, NULL);
 }
 
 void
@@ -767,11 +1170,14 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
         if (s->pid != pid)
             continue;
         s->pid = 0;
-        /* Take what the shell wrote before it died. */
-        if (s->fd[0] >= 0)
-            read_stream(s, 0);
-        if (s->fd[1] >= 0)
-            read_stream(s, 1);
+        /* Take what the shell wrote before it died; no marker will come, so
+         * a held-back tail is output too. */
+        for (int i = 0; i < 2; i++) {
+            if (s->fd[i] >= 0)
+                read_stream_x(s, i, true);
+            emit(s, i, s->pend[i].p, s->pend[i].len);
+            s->pend[i].len = 0;
+        }
         close_shell_fds(s);
         struct scmd *c = s->cur;
         if (c) {
@@ -802,22 +1208,7 @@ agent_sessions_free(struct agent *a)
     while (a->sessions) {
         struct session *s = a->sessions;
         a->sessions = s->next;
-        kill_shell(s);
-        close_shell_fds(s);
-        reset_cmd_state(s);
-        if (s->cur)
-            fail_cmd(s, s->cur, SBX_E_INTERRUPTED, -1, "the sandbox is stopping");
-        while (s->q_head) {
-            struct scmd *c = s->q_head;
-            s->q_head = c->next;
-            fail_cmd(s, c, SBX_E_INTERRUPTED, -1, "the sandbox is stopping");
-        }
-        agent_env_free(s->env);
-        free(s->cwd);
-        sbx_buf_free(&s->inq);
-        sbx_buf_free(&s->pend[0]);
-        sbx_buf_free(&s->pend[1]);
-        sbx_buf_free(&s->ctl);
-        free(s);
+        session_kill(s, SBX_E_INTERRUPTED, "the sandbox is stopping");
+        session_free(s);
     }
 }

@@ -108,7 +108,7 @@ print_log(const struct testd *d)
 {
     char *buf = NULL;
     size_t n;
-    if (sbx_read_file(d->log, 1 << 20, &buf, &n) == 0) {
+    if (sbx_fs_read(d->log, 1 << 20, &buf, &n) == 0) {
         fprintf(stderr, "---- sbxd log (%s) ----\n%s\n---- end ----\n", d->log, buf);
         free(buf);
     }

@@ -1,0 +1,1246 @@
+/*
+ * proc.c — background processes: startProcess, listProcesses, getProcess,
+ * killProcess, killAllProcesses, getProcessLogs, streamProcessLogs (through
+ * stream.c), waitForLog, waitForPort, waitForExit.
+ *
+ * Semantics follow the Cloudflare Sandbox SDK (reference §1.3, §2.5):
+ *  - a process is a fresh process tree (its first process is a child
+ *    subreaper and a session leader, so its whole tree can be signalled);
+ *    started in a session it inherits that session's cwd and environment
+ *    (asked from the session's shell) and dies when the session is deleted;
+ *  - statuses: running, completed (exit 0), failed (exit ≠ 0), killed
+ *    (killProcess, a timeout, or death by SIGKILL/SIGTERM), error (it could
+ *    not start);
+ *  - killProcess sends SIGTERM to the whole tree, waits 5 s, then SIGKILL
+ *    (exit codes 143 / 137), and answers once the process has ended;
+ *  - logs live in a ring stream (the newest 2 MiB): a process printing
+ *    forever never grows the agent's memory; streamProcessLogs replays what
+ *    is retained, then live output, then an `exit` event;
+ *  - waitForLog matches a substring or a POSIX extended regular expression
+ *    (regex(7); the SDK takes a JavaScript RegExp) against whole lines of
+ *    stdout or stderr, those already written and those to come.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/err.h"
+#include "../../runtime/id.h"
+#include "../../runtime/log.h"
+#include "agent.h"
+#include "stream.h"
+
+#define LOG_RING_BYTES (2u << 20)
+#define KILL_GRACE_MS 5000
+#define MAX_FINISHED 256
+#define LINE_MAX_BYTES (64u << 10)
+
+enum wkind { W_EXIT, W_LOG, W_PORT, W_KILL };
+
+struct killall {
+    struct agent_req *req;
+    int remaining, count;
+};
+
+struct waiter {
+    struct waiter *next;
+    struct proc *p;
+    enum wkind kind;
+    struct agent_req *req;
+    uint64_t timer;
+    int64_t timeout_ms;
+    struct killall *ka;
+    /* W_LOG */
+    char *pattern;
+    size_t plen;
+    bool is_regex;
+    regex_t re;
+    /* W_PORT */
+    int port;
+    bool http;
+    char *path;
+    int smin, smax;
+    int64_t interval;
+    uint64_t poll_timer;
+    int sock;
+    sbx_watch *w;
+    sbx_buf resp;
+    bool sent;
+};
+
+struct proc {
+    struct proc *next;
+    struct agent *a;
+    char id[128];
+    char *command;
+    char session[128];
+    pid_t pid;
+    int fds[3];
+    sbx_watch *w[3];
+    struct stream *log;
+    char status[12];
+    char cause[16];
+    int exit_code, sig;
+    bool exited, finished, kill_req, timed_out;
+    int64_t start_ms, end_ms;
+    uint64_t kill_timer, timeout_timer, grace_timer;
+    int64_t timeout_ms;
+    sbx_buf line[2];
+    struct waiter *waiters;
+    struct exec_args ea;   /* kept until the process starts (session query) */
+    struct agent_req *start_req;
+};
+
+static void finalize(struct proc *p);
+
+/* ------------------------------------------------------------------------------ */
+
+static struct proc *
+proc_find(struct agent *a, const char *id)
+{
+    for (struct proc *p = a->procs; p; p = p->next)
+        if (!strcmp(p->id, id))
+            return p;
+    return NULL;
+}
+
+static void
+iso(int64_t ms, char *out, size_t n)
+{
+    sbx_iso8601(ms, out, n);
+}
+
+static void
+encode_proc(struct proc *p, sbx_enc *e)
+{
+    char t[40];
+    sbx_enc_map(e);
+    sbx_enc_kstr(e, "id", p->id);
+    if (p->pid > 0)
+        sbx_enc_kint(e, "pid", p->pid);
+    sbx_enc_kstr(e, "command", p->command ? p->command : "");
+    sbx_enc_kstr(e, "status", p->status);
+    iso(p->start_ms, t, sizeof(t));
+    sbx_enc_kstr(e, "startTime", t);
+    if (p->finished) {
+        iso(p->end_ms, t, sizeof(t));
+        sbx_enc_kstr(e, "endTime", t);
+        sbx_enc_kint(e, "exitCode", p->exit_code);
+        sbx_enc_kstr(e, "cause", p->cause);
+        if (p->sig)
+            sbx_enc_kint(e, "signal", p->sig);
+    }
+    if (p->session[0])
+        sbx_enc_kstr(e, "sessionId", p->session);
+    sbx_enc_end(e);
+}
+
+/* Keep at most MAX_FINISHED finished processes (the oldest go first). */
+static void
+prune(struct agent *a)
+{
+    int n = 0;
+    for (struct proc *p = a->procs; p; p = p->next)
+        if (p->finished && !p->waiters)
+            n++;
+    while (n > MAX_FINISHED) {
+        struct proc **oldest = NULL;
+        for (struct proc **pp = &a->procs; *pp; pp = &(*pp)->next)
+            if ((*pp)->finished && !(*pp)->waiters &&
+                (!oldest || (*pp)->end_ms < (*oldest)->end_ms))
+                oldest = pp;
+        if (!oldest)
+            break;
+        struct proc *p = *oldest;
+        *oldest = p->next;
+        if (p->log)
+            stream_unref(p->log);
+        free(p->command);
+        sbx_buf_free(&p->line[0]);
+        sbx_buf_free(&p->line[1]);
+        exec_args_free(&p->ea);
+        free(p);
+        n--;
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Waiters. */
+
+static void
+waiter_unlink(struct waiter *w)
+{
+    struct proc *p = w->p;
+    for (struct waiter **pp = &p->waiters; *pp; pp = &(*pp)->next) {
+        if (*pp == w) {
+            *pp = w->next;
+            break;
+        }
+    }
+}
+
+static void
+waiter_free(struct agent *a, struct waiter *w)
+{
+    sbx_loop_cancel(a->loop, w->timer);
+    sbx_loop_cancel(a->loop, w->poll_timer);
+    if (w->w)
+        sbx_loop_unwatch(a->loop, w->w);
+    if (w->sock >= 0)
+        close(w->sock);
+    if (w->is_regex)
+        regfree(&w->re);
+    free(w->pattern);
+    free(w->path);
+    sbx_buf_free(&w->resp);
+    free(w);
+}
+
+/* End a waiter with an error (it is unlinked and freed). */
+static void
+waiter_fail(struct waiter *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+waiter_fail(struct waiter *w, int code, const char *fmt, ...)
+{
+    struct agent *a = w->p->a;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    waiter_unlink(w);
+    sbx_werr e;
+    sbx_werr_init(&e, code, "%s", msg);
+    sbx_enc_kstr(sbx_werr_ctx(&e), "processId", w->p->id);
+    if (w->p->finished)
+        sbx_enc_kint(sbx_werr_ctx(&e), "exitCode", w->p->exit_code);
+    agent_reply_werr(a, w->req, &e);
+    sbx_werr_free(&e);
+    waiter_free(a, w);
+}
+
+static void
+waiter_ok(struct waiter *w, sbx_enc *res)
+{
+    struct agent *a = w->p->a;
+    waiter_unlink(w);
+    agent_reply_ok(a, w->req, res);
+    waiter_free(a, w);
+}
+
+static const char *
+condition(struct waiter *w, char *buf, size_t n)
+{
+    if (w->kind == W_LOG)
+        snprintf(buf, n, "%s \"%.*s\"", w->is_regex ? "regex" : "log line containing",
+                 (int)SBX_MIN(w->plen, (size_t)200), w->pattern);
+    else if (w->kind == W_PORT)
+        snprintf(buf, n, "port %d (%s%s)", w->port, w->http ? "HTTP " : "TCP",
+                 w->http ? w->path : "");
+    else
+        snprintf(buf, n, "exit");
+    return buf;
+}
+
+static void
+waiter_timeout(sbx_loop *l, void *arg)
+{
+    struct waiter *w = arg;
+    char c[300];
+    (void)l;
+    w->timer = 0;
+    if (w->kind == W_EXIT)
+        waiter_fail(w, SBX_E_TIMEOUT, "process %s still running after %lldms", w->p->id,
+                    (long long)w->timeout_ms);
+    else
+        waiter_fail(w, SBX_E_READY_TIMEOUT,
+                    "Process did not become ready within %lldms. Waiting for: %s",
+                    (long long)w->timeout_ms, condition(w, c, sizeof(c)));
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Log lines. */
+
+/* Does line (n bytes) satisfy w?  On a match, fills res and returns true. */
+static bool
+line_matches(struct waiter *w, const char *line, size_t n, sbx_enc *res)
+{
+    if (!w->is_regex) {
+        if (!memmem(line, n, w->pattern, w->plen))
+            return false;
+        sbx_enc_init(res);
+        sbx_enc_map(res);
+        sbx_enc_kstrn(res, "line", line, n);
+        return true;
+    }
+    char *z = sbx_xstrndup(line, n);
+    regmatch_t m[10];
+    bool ok = regexec(&w->re, z, 10, m, 0) == 0;
+    if (ok) {
+        sbx_enc_init(res);
+        sbx_enc_map(res);
+        sbx_enc_kstrn(res, "line", line, n);
+        sbx_enc_karray(res, "match");
+        for (int i = 0; i < 10 && m[i].rm_so >= 0; i++)
+            sbx_enc_strn(res, z + m[i].rm_so, (size_t)(m[i].rm_eo - m[i].rm_so));
+        sbx_enc_end(res);
+    }
+    free(z);
+    return ok;
+}
+
+/* A complete line arrived on stream i: try every log waiter. */
+static void
+on_line(struct proc *p, const char *line, size_t n)
+{
+    if (n && line[n - 1] == '\r')
+        n--;
+    struct waiter *w = p->waiters;
+    while (w) {
+        struct waiter *next = w->next;
+        sbx_enc res;
+        if (w->kind == W_LOG && line_matches(w, line, n, &res))
+            waiter_ok(w, &res);
+        w = next;
+    }
+}
+
+static void
+feed_lines(struct proc *p, int i, const char *data, size_t n)
+{
+    sbx_buf *b = &p->line[i];
+    while (n) {
+        const char *nl = memchr(data, '\n', n);
+        size_t k = nl ? (size_t)(nl - data) : n;
+        if (b->len + k > LINE_MAX_BYTES)
+            k = LINE_MAX_BYTES > b->len ? LINE_MAX_BYTES - b->len : 0;
+        sbx_buf_append(b, data, k);
+        if (nl) {
+            on_line(p, b->p ? b->p : "", b->len);
+            b->len = 0;
+            size_t used = (size_t)(nl - data) + 1;
+            data += used;
+            n -= used;
+        } else {
+            data += n;
+            n = 0;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Output. */
+
+static void
+close_fd(struct proc *p, int i, bool drain)
+{
+    if (p->fds[i] < 0)
+        return;
+    sbx_loop_unwatch(p->a->loop, p->w[i]);
+    p->w[i] = NULL;
+    if (drain)
+        agent_hand_to_drainer(p->a, p->fds[i]);
+    else
+        close(p->fds[i]);
+    p->fds[i] = -1;
+}
+
+static bool
+read_out(struct proc *p, int i)
+{
+    char buf[65536];
+    for (;;) {
+        ssize_t r = read(p->fds[i], buf, sizeof(buf));
+        if (r > 0) {
+            const char *type = i == 1 ? "stdout" : "stderr";
+            stream_data(p->log, type, buf, (size_t)r, "processId", p->id);
+            feed_lines(p, i - 1, buf, (size_t)r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == EAGAIN)
+            return false;
+        return true;
+    }
+}
+
+static void
+out_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct proc *p = arg;
+    (void)l;
+    (void)ev;
+    int i = fd == p->fds[1] ? 1 : 2;
+    if (read_out(p, i)) {
+        close_fd(p, i, false);
+        if (p->exited && p->fds[1] < 0 && p->fds[2] < 0)
+            finalize(p);
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Start. */
+
+static int
+parse_pid_arg(struct agent *a, struct agent_req *r, char *out, size_t n)
+{
+    sbx_str id;
+    char why[160];
+    if (sbx_wire_get_str(r->args, "processId", &id) != 0 && sbx_wire_get_str(r->args, "id", &id) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'processId' is required");
+        return -1;
+    }
+    if (sbx_id_check_name("the process ID", id.p, id.n, 120, why, sizeof(why)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+        return -1;
+    }
+    sbx_str_copy(id, out, n);
+    return 0;
+}
+
+static void timeout_cb(sbx_loop *l, void *arg);
+
+/* Fork the process; env and cwd are final. */
+static void
+launch(struct proc *p, char **env, const char *cwd)
+{
+    struct agent *a = p->a;
+    struct agent_req *r = p->start_req;
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, devnull = -1;
+    p->start_req = NULL;
+    struct stat st;
+    if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(p->status, sizeof(p->status), "error");
+        p->finished = true;
+        p->end_ms = sbx_wall_ms();
+        agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox", cwd);
+        goto out;
+    }
+    if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0 ||
+        (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+        goto fail;
+    const char *sh_argv[] = {"/bin/sh", "-c", p->ea.cmd, NULL};
+    struct spawn_opts so = {
+        .in_fd = devnull,
+        .out_fd = po[1],
+        .err_fd = pe[1],
+        .cwd = cwd,
+        .env = env,
+        .argv = p->ea.argv ? (const char *const *)p->ea.argv : sh_argv,
+        .subreaper = true,
+        .new_session = true,
+    };
+    pid_t pid = agent_spawn(a, &so);
+    if (pid < 0) {
+        errno = -pid;
+        goto fail;
+    }
+    p->pid = pid;
+    p->start_ms = sbx_wall_ms();
+    snprintf(p->status, sizeof(p->status), "running");
+    p->fds[1] = po[0];
+    p->fds[2] = pe[0];
+    po[0] = pe[0] = -1;
+    sbx_set_nonblock(p->fds[1], true);
+    sbx_set_nonblock(p->fds[2], true);
+    p->w[1] = sbx_loop_watch(a->loop, p->fds[1], EPOLLIN, out_cb, p);
+    p->w[2] = sbx_loop_watch(a->loop, p->fds[2], EPOLLIN, out_cb, p);
+    if (p->timeout_ms > 0)
+        p->timeout_timer = sbx_loop_timer(a->loop, p->timeout_ms, timeout_cb, p);
+    sbx_enc *e = stream_begin(p->log, "process_info");
+    sbx_enc_kstr(e, "processId", p->id);
+    sbx_enc_kstr(e, "command", p->command);
+    sbx_enc_kstr(e, "status", "running");
+    sbx_enc_kint(e, "pid", pid);
+    stream_commit(p->log, false);
+    sbx_enc res;
+    sbx_enc_init(&res);
+    sbx_enc_map(&res);
+    sbx_enc_kbool(&res, "success", true);
+    sbx_enc_kstr(&res, "processId", p->id);
+    sbx_enc_kint(&res, "pid", pid);
+    sbx_enc_kstr(&res, "command", p->command);
+    sbx_enc_kstr(&res, "streamId", p->log->id);
+    sbx_enc_str(&res, "process");
+    encode_proc(p, &res);
+    agent_reply_ok(a, r, &res);
+    goto out;
+fail:
+    snprintf(p->status, sizeof(p->status), "error");
+    p->finished = true;
+    p->end_ms = sbx_wall_ms();
+    agent_reply_err(a, r, SBX_E_PROCESS, "could not start process %s: %s", p->id, strerror(errno));
+out:
+    for (int i = 0; i < 2; i++) {
+        if (po[i] >= 0) close(po[i]);
+        if (pe[i] >= 0) close(pe[i]);
+    }
+    if (devnull >= 0)
+        close(devnull);
+    exec_args_free(&p->ea);
+}
+
+/* The session told us its cwd and environment: "PWD\0K=V\0K=V\0…". */
+static void
+session_state(struct agent *a, void *arg, int rc, int status, struct outcap *out)
+{
+    struct proc *p = arg;
+    if (rc || status) {
+        snprintf(p->status, sizeof(p->status), "error");
+        p->finished = true;
+        p->end_ms = sbx_wall_ms();
+        agent_reply_err(a, p->start_req, SBX_E_PROCESS,
+                        "could not read the environment of session '%s'", p->session);
+        p->start_req = NULL;
+        exec_args_free(&p->ea);
+        return;
+    }
+    const char *d = out->data.p ? out->data.p : "";
+    size_t n = out->data.len, off = 0, cnt = 0;
+    for (size_t i = 0; i < n; i++)
+        if (d[i] == '\0')
+            cnt++;
+    char **env = sbx_xcalloc(cnt + 1, sizeof(char *));
+    char *cwd = NULL;
+    size_t k = 0;
+    while (off < n) {
+        size_t len = strnlen(d + off, n - off);
+        if (!cwd)
+            cwd = sbx_xstrndup(d + off, len);
+        else if (memchr(d + off, '=', len))
+            env[k++] = sbx_xstrndup(d + off, len);
+        off += len + 1;
+    }
+    char **merged = agent_env_merge(env, p->ea.env);
+    launch(p, merged, p->ea.cwd ? p->ea.cwd : (cwd && *cwd ? cwd : "/workspace"));
+    agent_env_free(merged);
+    agent_env_free(env);
+    free(cwd);
+}
+
+void
+agent_op_process_start(struct agent *a, struct agent_req *r)
+{
+    char why[256], id[128];
+    sbx_str s;
+    struct proc *p = sbx_xcalloc(1, sizeof(*p));
+    int rc = exec_args_parse(r->args, &p->ea, why, sizeof(why));
+    if (rc) {
+        free(p);
+        agent_reply_err(a, r, rc, "%s", why);
+        return;
+    }
+    if (p->ea.has_stdin) {
+        exec_args_free(&p->ea);
+        free(p);
+        agent_reply_err(a, r, SBX_E_VALIDATION, "background processes read /dev/null; "
+                                                "'stdin' is for exec");
+        return;
+    }
+    if (sbx_wire_get_str(r->args, "processId", &s) == 0) {
+        if (sbx_id_check_name("the process ID", s.p, s.n, 120, why, sizeof(why)) != 0) {
+            exec_args_free(&p->ea);
+            free(p);
+            agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+            return;
+        }
+        sbx_str_copy(s, id, sizeof(id));
+        if (proc_find(a, id)) {
+            exec_args_free(&p->ea);
+            free(p);
+            agent_reply_err(a, r, SBX_E_BUSY, "a process with ID '%s' already exists", id);
+            return;
+        }
+    } else {
+        do
+            snprintf(id, sizeof(id), "proc-%llu", (unsigned long long)++a->stream_ctr);
+        while (proc_find(a, id));
+    }
+    sbx_str sid = {0};
+    if (sbx_wire_get_str(r->args, "sessionId", &sid) == 0 &&
+        sbx_id_check_name("the session ID", sid.p, sid.n, 120, why, sizeof(why)) != 0) {
+        exec_args_free(&p->ea);
+        free(p);
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+        return;
+    }
+    p->a = a;
+    snprintf(p->id, sizeof(p->id), "%s", id);
+    if (p->ea.cmd) {
+        p->command = sbx_xstrdup(p->ea.cmd);
+    } else {
+        sbx_buf cb;
+        sbx_buf_init(&cb);
+        for (char **q = p->ea.argv; *q; q++)
+            sbx_buf_appendf(&cb, "%s%s", q == p->ea.argv ? "" : " ", *q);
+        p->command = sbx_buf_steal(&cb, NULL);
+    }
+    if (sid.n)
+        sbx_str_copy(sid, p->session, sizeof(p->session));
+    p->fds[0] = p->fds[1] = p->fds[2] = -1;
+    p->timeout_ms = p->ea.timeout_ms;
+    p->start_ms = sbx_wall_ms();
+    snprintf(p->status, sizeof(p->status), "starting");
+    sbx_buf_init(&p->line[0]);
+    sbx_buf_init(&p->line[1]);
+    char lid[140];
+    snprintf(lid, sizeof(lid), "proc:%s", id);
+    p->log = stream_new(a, lid, false, LOG_RING_BYTES, NULL, NULL);
+    p->start_req = r;
+    p->next = a->procs;
+    a->procs = p;
+    prune(a);
+    if (p->session[0]) {
+        agent_session_internal(a, p->session,
+                               "\\builtin printf '%s\\0' \"$PWD\"; /usr/bin/env -0",
+                               session_state, p);
+        return;
+    }
+    char **env = agent_env_merge(a->env, p->ea.env);
+    launch(p, env, p->ea.cwd ? p->ea.cwd : "/workspace");
+    agent_env_free(env);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* End of a process. */
+
+static void
+finalize(struct proc *p)
+{
+    struct agent *a = p->a;
+    if (p->finished)
+        return;
+    p->finished = true;
+    p->end_ms = sbx_wall_ms();
+    sbx_loop_cancel(a->loop, p->kill_timer);
+    sbx_loop_cancel(a->loop, p->timeout_timer);
+    sbx_loop_cancel(a->loop, p->grace_timer);
+    p->kill_timer = p->timeout_timer = p->grace_timer = 0;
+    /* Lines still open count as lines now. */
+    for (int i = 0; i < 2; i++)
+        if (p->line[i].len) {
+            on_line(p, p->line[i].p, p->line[i].len);
+            p->line[i].len = 0;
+        }
+    char data[96];
+    snprintf(data, sizeof(data), "Process %s with exit code %d", p->status, p->exit_code);
+    sbx_enc *e = stream_begin(p->log, "exit");
+    sbx_enc_kstr(e, "processId", p->id);
+    sbx_enc_kint(e, "exitCode", p->exit_code);
+    sbx_enc_kstr(e, "status", p->status);
+    sbx_enc_kstr(e, "cause", p->cause);
+    sbx_enc_kstr(e, "data", data);
+    stream_commit(p->log, true);
+    /* Answer everyone waiting on this process. */
+    while (p->waiters) {
+        struct waiter *w = p->waiters;
+        if (w->kind == W_EXIT || w->kind == W_KILL) {
+            sbx_enc res;
+            sbx_enc_init(&res);
+            sbx_enc_map(&res);
+            sbx_enc_kbool(&res, "success", true);
+            sbx_enc_kstr(&res, "processId", p->id);
+            sbx_enc_kint(&res, "exitCode", p->exit_code);
+            sbx_enc_kstr(&res, "status", p->status);
+            if (w->ka) {
+                struct killall *ka = w->ka;
+                waiter_unlink(w);
+                sbx_enc_free(&res);
+                waiter_free(a, w);
+                if (--ka->remaining == 0) {
+                    sbx_enc r2;
+                    sbx_enc_init(&r2);
+                    sbx_enc_map(&r2);
+                    sbx_enc_kbool(&r2, "success", true);
+                    sbx_enc_kint(&r2, "killedCount", ka->count);
+                    sbx_enc_kint(&r2, "cleanedCount", ka->count);
+                    agent_reply_ok(a, ka->req, &r2);
+                    free(ka);
+                }
+                continue;
+            }
+            waiter_ok(w, &res);
+        } else {
+            waiter_fail(w, SBX_E_EXITED_BEFORE_READY,
+                        "Process exited with code %d before becoming ready", p->exit_code);
+        }
+    }
+    prune(a);
+}
+
+static void
+grace_cb(sbx_loop *l, void *arg)
+{
+    struct proc *p = arg;
+    (void)l;
+    p->grace_timer = 0;
+    for (int i = 1; i <= 2; i++)
+        if (p->fds[i] >= 0)
+            close_fd(p, i, !read_out(p, i));
+    finalize(p);
+}
+
+bool
+agent_procs_reaped(struct agent *a, pid_t pid, int status)
+{
+    for (struct proc *p = a->procs; p; p = p->next) {
+        if (p->pid != pid || p->exited)
+            continue;
+        p->exited = true;
+        if (WIFEXITED(status)) {
+            p->exit_code = WEXITSTATUS(status);
+        } else {
+            p->sig = WTERMSIG(status);
+            p->exit_code = 128 + p->sig;
+        }
+        if (p->timed_out) {
+            p->exit_code = 124;
+            snprintf(p->status, sizeof(p->status), "killed");
+            snprintf(p->cause, sizeof(p->cause), "TIMEOUT");
+        } else if (p->kill_req || p->sig == SIGKILL || p->sig == SIGTERM ||
+                   p->exit_code == 137 || p->exit_code == 143) {
+            snprintf(p->status, sizeof(p->status), "killed");
+            snprintf(p->cause, sizeof(p->cause), "KILLED");
+        } else {
+            snprintf(p->status, sizeof(p->status), p->exit_code == 0 ? "completed" : "failed");
+            snprintf(p->cause, sizeof(p->cause), p->sig ? "KILLED" : "EXITED");
+        }
+        for (int i = 1; i <= 2; i++)
+            if (p->fds[i] >= 0 && read_out(p, i))
+                close_fd(p, i, false);
+        if (p->fds[1] >= 0 || p->fds[2] >= 0)
+            p->grace_timer = sbx_loop_timer(a->loop, 20, grace_cb, p);
+        else
+            finalize(p);
+        return true;
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Kill. */
+
+static void
+kill_timer_cb(sbx_loop *l, void *arg)
+{
+    struct proc *p = arg;
+    (void)l;
+    p->kill_timer = 0;
+    if (!p->exited)
+        agent_kill_tree(p->pid, false, NULL, 0);
+}
+
+static void
+timeout_cb(sbx_loop *l, void *arg)
+{
+    struct proc *p = arg;
+    (void)l;
+    p->timeout_timer = 0;
+    if (p->exited)
+        return;
+    p->timed_out = true;
+    agent_kill_tree(p->pid, false, NULL, 0);
+}
+
+/* TERM to the whole tree, KILL after the grace (SDK Session.killCommand). */
+static void
+start_kill(struct proc *p)
+{
+    if (p->exited || p->kill_req)
+        return;
+    p->kill_req = true;
+    agent_signal_tree(p->pid, SIGTERM, true);
+    p->kill_timer = sbx_loop_timer(p->a->loop, KILL_GRACE_MS, kill_timer_cb, p);
+}
+
+static struct waiter *
+add_waiter(struct proc *p, enum wkind kind, struct agent_req *r)
+{
+    struct waiter *w = sbx_xcalloc(1, sizeof(*w));
+    w->p = p;
+    w->kind = kind;
+    w->req = r;
+    w->sock = -1;
+    sbx_buf_init(&w->resp);
+    w->next = p->waiters;
+    p->waiters = w;
+    return w;
+}
+
+static struct proc *
+proc_arg(struct agent *a, struct agent_req *r)
+{
+    char id[128];
+    if (parse_pid_arg(a, r, id, sizeof(id)) != 0)
+        return NULL;
+    struct proc *p = proc_find(a, id);
+    if (!p)
+        agent_reply_err(a, r, SBX_E_PROCESS_NOT_FOUND, "process '%s' not found", id);
+    return p;
+}
+
+void
+agent_op_process_kill(struct agent *a, struct agent_req *r)
+{
+    struct proc *p = proc_arg(a, r);
+    if (!p)
+        return;
+    if (p->finished || p->pid <= 0) {
+        sbx_enc res;
+        sbx_enc_init(&res);
+        sbx_enc_map(&res);
+        sbx_enc_kbool(&res, "success", true);
+        sbx_enc_kstr(&res, "processId", p->id);
+        sbx_enc_kint(&res, "exitCode", p->exit_code);
+        sbx_enc_kstr(&res, "status", p->status);
+        agent_reply_ok(a, r, &res);
+        return;
+    }
+    add_waiter(p, W_KILL, r);
+    start_kill(p);
+}
+
+void
+agent_op_process_kill_all(struct agent *a, struct agent_req *r)
+{
+    struct killall *ka = sbx_xcalloc(1, sizeof(*ka));
+    ka->req = r;
+    for (struct proc *p = a->procs; p; p = p->next) {
+        if (p->finished || p->pid <= 0)
+            continue;
+        struct waiter *w = add_waiter(p, W_KILL, NULL);
+        w->ka = ka;
+        ka->remaining++;
+        ka->count++;
+        start_kill(p);
+    }
+    if (ka->remaining == 0) {
+        sbx_enc res;
+        sbx_enc_init(&res);
+        sbx_enc_map(&res);
+        sbx_enc_kbool(&res, "success", true);
+        sbx_enc_kint(&res, "killedCount", 0);
+        sbx_enc_kint(&res, "cleanedCount", 0);
+        agent_reply_ok(a, r, &res);
+        free(ka);
+    }
+}
+
+void
+agent_procs_kill_session(struct agent *a, const char *sid)
+{
+    for (struct proc *p = a->procs; p; p = p->next) {
+        if (strcmp(p->session, sid) || p->exited || p->pid <= 0)
+            continue;
+        p->kill_req = true;
+        agent_kill_tree(p->pid, false, NULL, 0);
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Queries. */
+
+void
+agent_op_process_list(struct agent *a, struct agent_req *r)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_karray(&e, "processes");
+    for (struct proc *p = a->procs; p; p = p->next)
+        encode_proc(p, &e);
+    sbx_enc_end(&e);
+    agent_reply_ok(a, r, &e);
+}
+
+void
+agent_op_process_get(struct agent *a, struct agent_req *r)
+{
+    struct proc *p = proc_arg(a, r);
+    if (!p)
+        return;
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_str(&e, "process");
+    encode_proc(p, &e);
+    agent_reply_ok(a, r, &e);
+}
+
+struct logs_ctx {
+    sbx_buf out, err;
+};
+
+static int
+collect(void *arg, const msgpack_object *ev)
+{
+    struct logs_ctx *lc = arg;
+    sbx_str type, data;
+    if (sbx_wire_get_str(ev, "type", &type) != 0 || sbx_wire_get_bin(ev, "data", &data) != 0)
+        return 0;
+    if (sbx_str_eq(type, "stdout"))
+        sbx_buf_append(&lc->out, data.p, data.n);
+    else if (sbx_str_eq(type, "stderr"))
+        sbx_buf_append(&lc->err, data.p, data.n);
+    return 0;
+}
+
+void
+agent_op_process_logs(struct agent *a, struct agent_req *r)
+{
+    struct proc *p = proc_arg(a, r);
+    if (!p)
+        return;
+    struct logs_ctx lc;
+    sbx_buf_init(&lc.out);
+    sbx_buf_init(&lc.err);
+    stream_foreach(p->log, collect, &lc);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "processId", p->id);
+    sbx_enc_kbin(&e, "stdout", lc.out.p ? lc.out.p : "", lc.out.len);
+    sbx_enc_kbin(&e, "stderr", lc.err.p ? lc.err.p : "", lc.err.len);
+    /* The ring dropped older output once it held more than its size. */
+    sbx_enc_kbool(&e, "truncated", p->log->first_seq > 1);
+    sbx_enc_kstr(&e, "status", p->status);
+    agent_reply_ok(a, r, &e);
+    sbx_buf_free(&lc.out);
+    sbx_buf_free(&lc.err);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* waitForExit / waitForLog. */
+
+static int64_t
+timeout_arg(struct agent_req *r)
+{
+    int64_t t = 0;
+    if (sbx_wire_get_i64(r->args, "timeout", &t) != 0 || t < 0)
+        t = 0;
+    return t;
+}
+
+void
+agent_op_process_wait_exit(struct agent *a, struct agent_req *r)
+{
+    struct proc *p = proc_arg(a, r);
+    if (!p)
+        return;
+    if (p->finished) {
+        sbx_enc res;
+        sbx_enc_init(&res);
+        sbx_enc_map(&res);
+        sbx_enc_kstr(&res, "processId", p->id);
+        sbx_enc_kint(&res, "exitCode", p->exit_code);
+        sbx_enc_kstr(&res, "status", p->status);
+        agent_reply_ok(a, r, &res);
+        return;
+    }
+    struct waiter *w = add_waiter(p, W_EXIT, r);
+    w->timeout_ms = timeout_arg(r);
+    if (w->timeout_ms)
+        w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
+}
+
+struct hist {
+    struct waiter *w;
+    sbx_buf line[2];
+    sbx_enc res;
+    bool found;
+};
+
+static int
+scan_history(void *arg, const msgpack_object *ev)
+{
+    struct hist *h = arg;
+    sbx_str type, data;
+    if (sbx_wire_get_str(ev, "type", &type) != 0 || sbx_wire_get_bin(ev, "data", &data) != 0)
+        return 0;
+    int i = sbx_str_eq(type, "stdout") ? 0 : sbx_str_eq(type, "stderr") ? 1 : -1;
+    if (i < 0)
+        return 0;
+    const char *d = data.p;
+    size_t n = data.n;
+    while (n) {
+        const char *nl = memchr(d, '\n', n);
+        size_t k = nl ? (size_t)(nl - d) : n;
+        sbx_buf_append(&h->line[i], d, k);
+        if (!nl)
+            break;
+        size_t ln = h->line[i].len;
+        if (ln && h->line[i].p[ln - 1] == '\r')
+            ln--;
+        if (line_matches(h->w, h->line[i].p ? h->line[i].p : "", ln, &h->res)) {
+            h->found = true;
+            return 1;
+        }
+        h->line[i].len = 0;
+        d += k + 1;
+        n -= k + 1;
+    }
+    return 0;
+}
+
+void
+agent_op_process_wait_log(struct agent *a, struct agent_req *r)
+{
+    struct proc *p = proc_arg(a, r);
+    if (!p)
+        return;
+    sbx_str pat;
+    bool is_regex = false;
+    if (sbx_wire_get_str(r->args, "pattern", &pat) != 0 || pat.n == 0 || pat.n > 4096) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'pattern' (1-4096 bytes) is required");
+        return;
+    }
+    sbx_wire_get_bool(r->args, "regex", &is_regex);
+    struct waiter *w = add_waiter(p, W_LOG, r);
+    w->pattern = sbx_str_dup(pat);
+    w->plen = pat.n;
+    w->timeout_ms = timeout_arg(r);
+    if (is_regex) {
+        int rc = regcomp(&w->re, w->pattern, REG_EXTENDED);
+        if (rc) {
+            char msg[200];
+            regerror(rc, &w->re, msg, sizeof(msg));
+            waiter_unlink(w);
+            w->req = NULL;
+            waiter_free(a, w);
+            agent_reply_err(a, r, SBX_E_VALIDATION, "invalid regular expression: %s", msg);
+            return;
+        }
+        w->is_regex = true;
+    }
+    /* Lines written before the call count: scan what the ring holds, then
+     * the lines still open. */
+    struct hist h = {.w = w};
+    sbx_buf_init(&h.line[0]);
+    sbx_buf_init(&h.line[1]);
+    stream_foreach(p->log, scan_history, &h);
+    for (int i = 0; i < 2 && !h.found; i++)
+        if (h.line[i].len && line_matches(w, h.line[i].p, h.line[i].len, &h.res))
+            h.found = true;
+    sbx_buf_free(&h.line[0]);
+    sbx_buf_free(&h.line[1]);
+    if (h.found) {
+        waiter_ok(w, &h.res);
+        return;
+    }
+    if (p->finished) {
+        waiter_fail(w, SBX_E_EXITED_BEFORE_READY,
+                    "Process exited with code %d before becoming ready", p->exit_code);
+        return;
+    }
+    if (w->timeout_ms)
+        w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* waitForPort: TCP connect or HTTP GET to 127.0.0.1:port, every `interval`. */
+
+static void port_poll(sbx_loop *l, void *arg);
+
+static void
+port_retry(struct waiter *w)
+{
+    struct agent *a = w->p->a;
+    if (w->w) {
+        sbx_loop_unwatch(a->loop, w->w);
+        w->w = NULL;
+    }
+    if (w->sock >= 0) {
+        close(w->sock);
+        w->sock = -1;
+    }
+    w->resp.len = 0;
+    w->sent = false;
+    w->poll_timer = sbx_loop_timer(a->loop, w->interval, port_poll, w);
+}
+
+static void
+port_ready(struct waiter *w, int status)
+{
+    sbx_enc res;
+    sbx_enc_init(&res);
+    sbx_enc_map(&res);
+    sbx_enc_kbool(&res, "ready", true);
+    sbx_enc_kint(&res, "port", w->port);
+    if (status)
+        sbx_enc_kint(&res, "statusCode", status);
+    waiter_ok(w, &res);
+}
+
+static void
+port_io(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct waiter *w = arg;
+    (void)l;
+    if (!w->sent) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err || (ev & (EPOLLERR | EPOLLHUP))) {
+            port_retry(w);
+            return;
+        }
+        if (!w->http) {
+            port_ready(w, 0);
+            return;
+        }
+        char req[2200];
+        int n = snprintf(req, sizeof(req),
+                         "GET %s HTTP/1.1\r\nHost: localhost:%d\r\nUser-Agent: sbx-agent\r\n"
+                         "Connection: close\r\n\r\n",
+                         w->path, w->port);
+        if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+            port_retry(w);
+            return;
+        }
+        w->sent = true;
+        sbx_loop_modify(w->p->a->loop, w->w, EPOLLIN);
+        return;
+    }
+    char buf[512];
+    ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r > 0 && w->resp.len < 4096)
+        sbx_buf_append(&w->resp, buf, (size_t)r);
+    char *eol = w->resp.p ? memchr(w->resp.p, '\n', w->resp.len) : NULL;
+    if (eol || r <= 0) {
+        int status = 0;
+        if (w->resp.p && sscanf(w->resp.p, "HTTP/%*s %d", &status) == 1 && status >= w->smin &&
+            status <= w->smax) {
+            port_ready(w, status);
+            return;
+        }
+        if (r < 0 && errno == EAGAIN)
+            return;
+        port_retry(w);
+    }
+}
+
+static void
+port_poll(sbx_loop *l, void *arg)
+{
+    struct waiter *w = arg;
+    w->poll_timer = 0;
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+        w->poll_timer = sbx_loop_timer(l, w->interval, port_poll, w);
+        return;
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)w->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
+        close(s);
+        w->poll_timer = sbx_loop_timer(l, w->interval, port_poll, w);
+        return;
+    }
+    w->sock = s;
+    w->w = sbx_loop_watch(l, s, EPOLLOUT, port_io, w);
+}
+
+void
+agent_op_process_wait_port(struct agent *a, struct agent_req *r)
+{
+    struct proc *p = proc_arg(a, r);
+    if (!p)
+        return;
+    int64_t port = 0, v;
+    sbx_str mode = SBX_STR("http"), path = SBX_STR("/");
+    if (sbx_wire_get_i64(r->args, "port", &port) != 0 || port < 1 || port > 65535) {
+        agent_reply_err(a, r, SBX_E_INVALID_PORT, "'port' must be 1-65535");
+        return;
+    }
+    sbx_wire_get_str(r->args, "mode", &mode);
+    if (!sbx_str_eq(mode, "http") && !sbx_str_eq(mode, "tcp")) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'mode' must be \"http\" or \"tcp\"");
+        return;
+    }
+    sbx_wire_get_str(r->args, "path", &path);
+    if (path.n == 0 || path.n > 2000 || path.p[0] != '/' || memchr(path.p, '\r', path.n) ||
+        memchr(path.p, '\n', path.n) || memchr(path.p, ' ', path.n)) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'path' must be an absolute URL path");
+        return;
+    }
+    struct waiter *w = add_waiter(p, W_PORT, r);
+    w->port = (int)port;
+    w->http = sbx_str_eq(mode, "http");
+    w->path = sbx_str_dup(path);
+    w->smin = 200;
+    w->smax = 399;
+    if (sbx_wire_get_i64(r->args, "status", &v) == 0)
+        w->smin = w->smax = (int)v;
+    if (sbx_wire_get_i64(r->args, "statusMin", &v) == 0)
+        w->smin = (int)v;
+    if (sbx_wire_get_i64(r->args, "statusMax", &v) == 0)
+        w->smax = (int)v;
+    w->interval = 500;
+    if (sbx_wire_get_i64(r->args, "interval", &v) == 0 && v >= 10 && v <= 60000)
+        w->interval = v;
+    w->timeout_ms = timeout_arg(r);
+    if (p->finished) {
+        waiter_fail(w, SBX_E_EXITED_BEFORE_READY,
+                    "Process exited with code %d before becoming ready", p->exit_code);
+        return;
+    }
+    if (w->timeout_ms)
+        w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
+    w->poll_timer = sbx_loop_timer(a->loop, 0, port_poll, w);
+}
+
+void
+agent_procs_free(struct agent *a)
+{
+    while (a->procs) {
+        struct proc *p = a->procs;
+        a->procs = p->next;
+        if (!p->exited && p->pid > 0)
+            agent_kill_tree(p->pid, false, NULL, 0);
+        while (p->waiters) {
+            struct waiter *w = p->waiters;
+            p->waiters = w->next;
+            if (w->req)
+                agent_req_free(w->req);
+            if (w->ka) {
+                if (--w->ka->remaining == 0) {
+                    agent_req_free(w->ka->req);
+                    free(w->ka);
+                }
+            }
+            waiter_free(a, w);
+        }
+        for (int i = 0; i < 3; i++)
+            if (p->fds[i] >= 0) {
+                sbx_loop_unwatch(a->loop, p->w[i]);
+                close(p->fds[i]);
+            }
+        sbx_loop_cancel(a->loop, p->kill_timer);
+        sbx_loop_cancel(a->loop, p->timeout_timer);
+        sbx_loop_cancel(a->loop, p->grace_timer);
+        if (p->start_req)
+            agent_req_free(p->start_req);
+        free(p->command);
+        sbx_buf_free(&p->line[0]);
+        sbx_buf_free(&p->line[1]);
+        exec_args_free(&p->ea);
+        free(p);
+    }
+}

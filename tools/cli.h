@@ -1,0 +1,58 @@
+/*
+ * cli.h — what the verbs of the `sbx` CLI share (tools/sbx.c implements it).
+ */
+#ifndef SBX_CLI_H
+#define SBX_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../runtime/sbx.h"
+
+#define EXIT_SBX 125
+#define EXIT_USAGE 2
+
+struct gopts {
+    const char *gateway;
+    bool json;
+    int64_t timeout_ms;
+};
+
+/* print "sbx: CODE: message" on stderr. */
+void cli_print_err(const sbx_error *err);
+/* connect to the gateway, or print why and set *rc (EXIT_SBX). */
+sbx_client *cli_connect(struct gopts *g, int *rc);
+/* call op with JSON args; print the result as JSON (--json or no human
+ * printer) or through human(); 0, or 1 after printing the error. */
+int cli_call(struct gopts *g, const char *op, const char *sandbox, const char *args_json,
+             void (*human)(const msgpack_object *res));
+/* call op with encoded args (takes ownership of e's buffer); same output. */
+int cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *enc,
+                 void (*human)(const msgpack_object *res));
+/* "30s", "5m", "1500" (ms) → ms; -1 if invalid. */
+int64_t cli_parse_ms(const char *s);
+/* print a reply's result as pretty JSON. */
+void cli_print_json(const msgpack_object *res);
+
+/* Verbs of tools/cli_sdk.c. */
+int v_session(struct gopts *g, int argc, char **argv);
+int v_ps(struct gopts *g, int argc, char **argv);
+int v_start(struct gopts *g, int argc, char **argv);
+int v_kill(struct gopts *g, int argc, char **argv);
+int v_logs(struct gopts *g, int argc, char **argv);
+int v_wait(struct gopts *g, int argc, char **argv);
+int v_write(struct gopts *g, int argc, char **argv);
+int v_read(struct gopts *g, int argc, char **argv);
+int v_ls(struct gopts *g, int argc, char **argv);
+int v_mkdir(struct gopts *g, int argc, char **argv);
+int v_rm(struct gopts *g, int argc, char **argv);
+int v_mv(struct gopts *g, int argc, char **argv);
+int v_watch(struct gopts *g, int argc, char **argv);
+int v_git_checkout(struct gopts *g, int argc, char **argv);
+int v_env(struct gopts *g, int argc, char **argv);
+int v_configure(struct gopts *g, int argc, char **argv);
+/* print a stream's events as they come (exec --stream, logs -f, watch);
+ * returns the exit code of a complete/exit event, 0 otherwise, or EXIT_SBX. */
+int cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output);
+
+#endif

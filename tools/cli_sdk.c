@@ -1,0 +1,817 @@
+/*
+ * cli_sdk.c — the `sbx` verbs for the SDK surface: sessions, background
+ * processes, files, watch, git, environment and lifecycle settings.  Each
+ * verb maps onto one operation of docs/protocol.md; `--json` prints that
+ * operation's result as JSON.  Usage lines are in tools/sbx.c's verb table.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../runtime/json.h"
+#include "../runtime/util.h"
+#include "../runtime/wire.h"
+#include "cli.h"
+
+/* getopt_long over a verb's arguments (argv[0] is the first argument). */
+struct opts {
+    int argc;
+    char **argv;
+};
+
+static void
+opts_init(struct opts *o, const char *verb, int argc, char **argv)
+{
+    o->argv = sbx_xcalloc((size_t)argc + 2, sizeof(char *));
+    o->argv[0] = (char *)verb;
+    for (int i = 0; i < argc; i++)
+        o->argv[i + 1] = argv[i];
+    o->argc = argc + 1;
+    optind = 1;
+    opterr = 1;
+}
+
+static int
+usage(const char *u)
+{
+    fprintf(stderr, "usage: sbx %s\n", u);
+    return EXIT_USAGE;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* sessions */
+
+static void
+human_session(const msgpack_object *res)
+{
+    const msgpack_object *s = res, *arr;
+    if (sbx_wire_get_array(res, "sessions", &arr) == 0) {
+        printf("%-24s %-8s %-6s %s\n", "SESSION", "SHELL", "QUEUED", "CWD");
+        for (uint32_t i = 0; i < arr->via.array.size; i++) {
+            const msgpack_object *x = &arr->via.array.ptr[i];
+            sbx_str id = {"", 0}, cwd = {"", 0};
+            bool run = false;
+            int64_t q = 0;
+            sbx_wire_get_str(x, "id", &id);
+            sbx_wire_get_str(x, "cwd", &cwd);
+            sbx_wire_get_bool(x, "shellRunning", &run);
+            sbx_wire_get_i64(x, "queued", &q);
+            printf("%-24.*s %-8s %-6lld %.*s\n", (int)id.n, id.p, run ? "running" : "-",
+                   (long long)q, (int)cwd.n, cwd.p);
+        }
+        return;
+    }
+    sbx_wire_get_map(res, "session", &s);
+    sbx_str id = {"", 0}, cwd = {"", 0};
+    sbx_wire_get_str(s, "id", &id);
+    if (!id.n)
+        sbx_wire_get_str(res, "sessionId", &id);
+    sbx_wire_get_str(s, "cwd", &cwd);
+    printf("%.*s%s%.*s\n", (int)id.n, id.p, cwd.n ? " " : "", (int)cwd.n, cwd.p);
+}
+
+int
+v_session(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "session (create|get|list|delete) ID [SESSION] [--cwd DIR] [--env K=V]... "
+                    "[--timeout D]";
+    if (argc < 2)
+        return usage(u);
+    const char *sub = argv[0], *id = argv[1];
+    struct opts o;
+    opts_init(&o, "sbx session", argc - 2, argv + 2);
+    static const struct option lo[] = {{"cwd", 1, 0, 'c'}, {"env", 1, 0, 'e'},
+                                       {"timeout", 1, 0, 't'}, {0, 0, 0, 0}};
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    bool env_open = false;
+    int ch, rc = 0;
+    char *cwd = NULL;
+    int64_t tmo = 0;
+    sbx_enc env;
+    sbx_enc_init(&env);
+    sbx_enc_map(&env);
+    while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
+        if (ch == 'c')
+            cwd = optarg;
+        else if (ch == 't' && (tmo = cli_parse_ms(optarg)) >= 0)
+            ;
+        else if (ch == 'e' && strchr(optarg, '=')) {
+            const char *eq = strchr(optarg, '=');
+            sbx_enc_strn(&env, optarg, (size_t)(eq - optarg));
+            sbx_enc_str(&env, eq + 1);
+            env_open = true;
+        } else {
+            rc = usage(u);
+            goto out;
+        }
+    }
+    const char *sid = optind < o.argc ? o.argv[optind] : NULL;
+    const char *op;
+    if (!strcmp(sub, "list")) {
+        op = "session.list";
+    } else if (!strcmp(sub, "create") || !strcmp(sub, "get") || !strcmp(sub, "delete")) {
+        op = !strcmp(sub, "create") ? "session.create" : !strcmp(sub, "get") ? "session.get"
+                                                                              : "session.delete";
+        if (!sid && strcmp(sub, "create") != 0) {
+            rc = usage(u);
+            goto out;
+        }
+        if (sid)
+            sbx_enc_kstr(&e, "id", sid);
+        if (cwd)
+            sbx_enc_kstr(&e, "cwd", cwd);
+        if (tmo > 0)
+            sbx_enc_kint(&e, "commandTimeoutMs", tmo);
+        if (env_open) {
+            char *eb;
+            size_t el;
+            sbx_enc_end(&env);
+            sbx_enc_finish(&env, &eb, &el);
+            sbx_enc_str(&e, "env");
+            sbx_enc_raw(&e, eb, el);
+            free(eb);
+        }
+    } else {
+        rc = usage(u);
+        goto out;
+    }
+    rc = cli_call_enc(g, op, id, &e, human_session);
+    free(o.argv);
+    sbx_enc_free(&env);
+    return rc;
+out:
+    free(o.argv);
+    sbx_enc_free(&e);
+    sbx_enc_free(&env);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* processes */
+
+static void
+human_ps(const msgpack_object *res)
+{
+    const msgpack_object *arr;
+    if (sbx_wire_get_array(res, "processes", &arr) != 0)
+        return;
+    printf("%-20s %-7s %-10s %-5s %s\n", "ID", "PID", "STATUS", "EXIT", "COMMAND");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *p = &arr->via.array.ptr[i];
+        sbx_str id = {"", 0}, st = {"", 0}, cmd = {"", 0};
+        int64_t pid = 0, code = -1;
+        sbx_wire_get_str(p, "id", &id);
+        sbx_wire_get_str(p, "status", &st);
+        sbx_wire_get_str(p, "command", &cmd);
+        sbx_wire_get_i64(p, "pid", &pid);
+        bool has = sbx_wire_get_i64(p, "exitCode", &code) == 0;
+        char ex[16] = "-";
+        if (has)
+            snprintf(ex, sizeof(ex), "%lld", (long long)code);
+        printf("%-20.*s %-7lld %-10.*s %-5s %.*s\n", (int)id.n, id.p, (long long)pid, (int)st.n,
+               st.p, ex, (int)SBX_MIN(cmd.n, (size_t)60), cmd.p);
+    }
+}
+
+int
+v_ps(struct gopts *g, int argc, char **argv)
+{
+    if (argc < 1)
+        return usage("ps ID");
+    return cli_call(g, "process.list", argv[0], NULL, human_ps);
+}
+
+int
+v_start(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "start ID [--id PROCESS] [--session S] [--cwd DIR] [--env K=V]... "
+                    "[--timeout D] (-- CMD ARGS... | 'shell string')";
+    /* Everything after "--" is the command's argv; before it, options and
+     * the positional ID (and a shell string when there is no "--"). */
+    int dd = -1;
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--")) {
+            dd = i;
+            break;
+        }
+    struct opts o;
+    opts_init(&o, "sbx start", dd >= 0 ? dd : argc, argv);
+    static const struct option lo[] = {{"id", 1, 0, 'i'},  {"session", 1, 0, 's'},
+                                       {"cwd", 1, 0, 'c'}, {"env", 1, 0, 'e'},
+                                       {"timeout", 1, 0, 't'}, {0, 0, 0, 0}};
+    const char *pid = NULL, *session = NULL, *cwd = NULL;
+    int64_t tmo = 0;
+    char **env = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
+    size_t nenv = 0;
+    int ch, rc;
+    while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'i': pid = optarg; break;
+        case 's': session = optarg; break;
+        case 'c': cwd = optarg; break;
+        case 'e': env[nenv++] = optarg; break;
+        case 't': tmo = cli_parse_ms(optarg); break;
+        default: free(env); free(o.argv); return usage(u);
+        }
+    }
+    int npos = o.argc - optind;
+    if (tmo < 0 || npos < 1 || (dd >= 0 ? npos != 1 || dd + 1 >= argc : npos != 2)) {
+        free(env);
+        free(o.argv);
+        return usage(u);
+    }
+    const char *id = o.argv[optind];
+    sbx_exec_opts eo = {.cwd = cwd, .env = nenv ? (const char *const *)env : NULL,
+                        .timeout_ms = tmo, .session_id = session};
+    if (dd >= 0)
+        eo.argv = (const char *const *)&argv[dd + 1];
+    else
+        eo.command = o.argv[optind + 1];
+    sbx_client *c = cli_connect(g, &rc);
+    if (!c) {
+        free(env);
+        free(o.argv);
+        return rc;
+    }
+    char got[128];
+    sbx_error err;
+    rc = sbx_process_start(c, id, &eo, pid, got, &err);
+    if (rc) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        rc = 1;
+    } else if (g->json) {
+        printf("{\"processId\": \"%s\"}\n", got);
+    } else {
+        printf("%s\n", got);
+    }
+    sbx_client_close(c);
+    free(env);
+    free(o.argv);
+    return rc;
+}
+
+static void
+human_killed(const msgpack_object *res)
+{
+    sbx_str id = {"", 0}, st = {"", 0};
+    int64_t code = 0, n = -1;
+    if (sbx_wire_get_i64(res, "killedCount", &n) == 0) {
+        printf("%lld process(es) killed\n", (long long)n);
+        return;
+    }
+    sbx_wire_get_str(res, "processId", &id);
+    sbx_wire_get_str(res, "status", &st);
+    sbx_wire_get_i64(res, "exitCode", &code);
+    printf("%.*s: %.*s (exit %lld)\n", (int)id.n, id.p, (int)st.n, st.p, (long long)code);
+}
+
+int
+v_kill(struct gopts *g, int argc, char **argv)
+{
+    if (argc < 2)
+        return usage("kill ID (PROCESS | --all)");
+    if (!strcmp(argv[1], "--all"))
+        return cli_call(g, "process.killAll", argv[0], NULL, human_killed);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "processId", argv[1]);
+    return cli_call_enc(g, "process.kill", argv[0], &e, human_killed);
+}
+
+int
+v_logs(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "logs ID PROCESS [-f|--follow]";
+    bool follow = false;
+    const char *pos[2] = {NULL, NULL};
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--follow"))
+            follow = true;
+        else if (np < 2)
+            pos[np++] = argv[i];
+        else
+            return usage(u);
+    }
+    if (np != 2)
+        return usage(u);
+    int rc = 0;
+    sbx_client *c = cli_connect(g, &rc);
+    if (!c)
+        return rc;
+    sbx_error err;
+    if (!follow) {
+        sbx_enc e;
+        char *args;
+        size_t alen;
+        sbx_reply *r = NULL;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "processId", pos[1]);
+        sbx_enc_end(&e);
+        sbx_enc_finish(&e, &args, &alen);
+        rc = sbx_call(c, "process.logs", pos[0], args, alen, 0, NULL, &r, &err);
+        free(args);
+        if (rc) {
+            cli_print_err(&err);
+            sbx_error_free(&err);
+            rc = 1;
+        } else if (g->json) {
+            cli_print_json(sbx_reply_result(r));
+        } else {
+            sbx_str out = {"", 0}, er = {"", 0};
+            sbx_wire_get_bin(sbx_reply_result(r), "stdout", &out);
+            sbx_wire_get_bin(sbx_reply_result(r), "stderr", &er);
+            fflush(stdout);
+            sbx_write_full(STDOUT_FILENO, out.p, out.n);
+            sbx_write_full(STDERR_FILENO, er.p, er.n);
+        }
+        sbx_reply_free(r);
+        sbx_client_close(c);
+        return rc;
+    }
+    char sid[160];
+    snprintf(sid, sizeof(sid), "proc:%s", pos[1]);
+    sbx_stream *s;
+    if (sbx_stream_open(c, pos[0], sid, 0, &s, &err) != 0) {
+        cli_print_err(&err);
+        sbx_client_close(c);
+        return 1;
+    }
+    rc = cli_follow(g, c, s, true);
+    sbx_stream_close(s);
+    sbx_client_close(c);
+    return rc;
+}
+
+static void
+human_wait(const msgpack_object *res)
+{
+    sbx_str line;
+    int64_t v;
+    if (sbx_wire_get_str(res, "line", &line) == 0)
+        printf("%.*s\n", (int)line.n, line.p);
+    else if (sbx_wire_get_i64(res, "statusCode", &v) == 0)
+        printf("ready (HTTP %lld)\n", (long long)v);
+    else if (sbx_wire_get_i64(res, "exitCode", &v) == 0)
+        printf("exited %lld\n", (long long)v);
+    else
+        printf("ready\n");
+}
+
+int
+v_wait(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "wait ID PROCESS (--log TEXT [--regex] | --port N [--tcp] [--path /p] "
+                    "[--status N] | --exit) [--timeout D]";
+    struct opts o;
+    opts_init(&o, "sbx wait", argc, argv);
+    static const struct option lo[] = {
+        {"log", 1, 0, 'l'},  {"regex", 0, 0, 'r'},  {"port", 1, 0, 'p'}, {"tcp", 0, 0, 'T'},
+        {"path", 1, 0, 'P'}, {"status", 1, 0, 's'}, {"exit", 0, 0, 'x'}, {"timeout", 1, 0, 't'},
+        {0, 0, 0, 0}};
+    const char *log = NULL, *path = NULL;
+    bool regex = false, tcp = false, ex = false;
+    long port = 0, status = 0;
+    int64_t tmo = 0;
+    int ch;
+    while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'l': log = optarg; break;
+        case 'r': regex = true; break;
+        case 'p': port = atol(optarg); break;
+        case 'T': tcp = true; break;
+        case 'P': path = optarg; break;
+        case 's': status = atol(optarg); break;
+        case 'x': ex = true; break;
+        case 't': tmo = cli_parse_ms(optarg); break;
+        default: free(o.argv); return usage(u);
+        }
+    }
+    if (o.argc - optind != 2 || tmo < 0 || (!!log + !!port + ex) != 1) {
+        free(o.argv);
+        return usage(u);
+    }
+    const char *id = o.argv[optind], *pid = o.argv[optind + 1];
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "processId", pid);
+    if (tmo)
+        sbx_enc_kint(&e, "timeout", tmo);
+    const char *op;
+    if (log) {
+        op = "process.waitForLog";
+        sbx_enc_kstr(&e, "pattern", log);
+        sbx_enc_kbool(&e, "regex", regex);
+    } else if (port) {
+        op = "process.waitForPort";
+        sbx_enc_kint(&e, "port", port);
+        sbx_enc_kstr(&e, "mode", tcp ? "tcp" : "http");
+        if (path)
+            sbx_enc_kstr(&e, "path", path);
+        if (status)
+            sbx_enc_kint(&e, "status", status);
+    } else {
+        op = "process.waitForExit";
+    }
+    free(o.argv);
+    return cli_call_enc(g, op, id, &e, human_wait);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* files */
+
+static void
+human_ok(const msgpack_object *res)
+{
+    (void)res;
+}
+
+int
+v_write(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "write ID PATH [--content TEXT] [--session S]   (without --content: stdin)";
+    struct opts o;
+    opts_init(&o, "sbx write", argc, argv);
+    static const struct option lo[] = {{"content", 1, 0, 'c'}, {"session", 1, 0, 's'},
+                                       {0, 0, 0, 0}};
+    const char *content = NULL, *session = NULL;
+    int ch;
+    while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
+        if (ch == 'c')
+            content = optarg;
+        else if (ch == 's')
+            session = optarg;
+        else {
+            free(o.argv);
+            return usage(u);
+        }
+    }
+    if (o.argc - optind != 2) {
+        free(o.argv);
+        return usage(u);
+    }
+    sbx_buf b;
+    sbx_buf_init(&b);
+    if (content) {
+        sbx_buf_append(&b, content, strlen(content));
+    } else {
+        char buf[65536];
+        ssize_t r;
+        while ((r = read(STDIN_FILENO, buf, sizeof(buf))) > 0)
+            sbx_buf_append(&b, buf, (size_t)r);
+    }
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", o.argv[optind + 1]);
+    sbx_enc_kbin(&e, "content", b.p ? b.p : "", b.len);
+    if (session)
+        sbx_enc_kstr(&e, "sessionId", session);
+    int rc = cli_call_enc(g, "file.write", o.argv[optind], &e, human_ok);
+    sbx_buf_free(&b);
+    free(o.argv);
+    return rc;
+}
+
+int
+v_read(struct gopts *g, int argc, char **argv)
+{
+    if (argc < 2)
+        return usage("read ID PATH   (prints the file's bytes)");
+    if (g->json) {
+        sbx_enc e;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "path", argv[1]);
+        return cli_call_enc(g, "file.read", argv[0], &e, NULL);
+    }
+    int rc = 0;
+    sbx_client *c = cli_connect(g, &rc);
+    if (!c)
+        return rc;
+    char *data;
+    size_t len;
+    sbx_error err;
+    if (sbx_read_file(c, argv[0], argv[1], &data, &len, NULL, &err) != 0) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        rc = 1;
+    } else {
+        sbx_write_full(STDOUT_FILENO, data, len);
+        free(data);
+    }
+    sbx_client_close(c);
+    return rc;
+}
+
+static void
+human_ls(const msgpack_object *res)
+{
+    const msgpack_object *arr;
+    if (sbx_wire_get_array(res, "files", &arr) != 0)
+        return;
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *f = &arr->via.array.ptr[i];
+        sbx_str rel = {"", 0}, type = {"", 0}, mode = {"", 0};
+        int64_t size = 0;
+        sbx_wire_get_str(f, "relativePath", &rel);
+        sbx_wire_get_str(f, "type", &type);
+        sbx_wire_get_str(f, "mode", &mode);
+        sbx_wire_get_i64(f, "size", &size);
+        printf("%c%.*s %10lld %.*s%s\n", type.n && type.p[0] == 'd' ? 'd' : type.p[0] == 's' ? 'l' : '-',
+               (int)mode.n, mode.p, (long long)size, (int)rel.n, rel.p,
+               type.n && type.p[0] == 'd' ? "/" : "");
+    }
+}
+
+int
+v_ls(struct gopts *g, int argc, char **argv)
+{
+    bool rec = false, all = false;
+    const char *pos[2] = {NULL, "/workspace"};
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-r") || !strcmp(argv[i], "--recursive"))
+            rec = true;
+        else if (!strcmp(argv[i], "-a") || !strcmp(argv[i], "--all"))
+            all = true;
+        else if (np < 2)
+            pos[np++] = argv[i];
+        else
+            return usage("ls ID [PATH] [-r] [-a]");
+    }
+    if (np < 1)
+        return usage("ls ID [PATH] [-r] [-a]");
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", pos[1]);
+    sbx_enc_kbool(&e, "recursive", rec);
+    sbx_enc_kbool(&e, "includeHidden", all);
+    return cli_call_enc(g, "file.list", pos[0], &e, human_ls);
+}
+
+
+int
+v_mkdir(struct gopts *g, int argc, char **argv)
+{
+    bool p = false;
+    const char *pos[2] = {NULL, NULL};
+    int np = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-p"))
+            p = true;
+        else if (np < 2)
+            pos[np++] = argv[i];
+    }
+    if (np != 2)
+        return usage("mkdir ID PATH [-p]");
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", pos[1]);
+    sbx_enc_kbool(&e, "recursive", p);
+    return cli_call_enc(g, "file.mkdir", pos[0], &e, human_ok);
+}
+
+int
+v_rm(struct gopts *g, int argc, char **argv)
+{
+    if (argc != 2)
+        return usage("rm ID PATH   (files only, as the SDK's deleteFile)");
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", argv[1]);
+    return cli_call_enc(g, "file.delete", argv[0], &e, human_ok);
+}
+
+int
+v_mv(struct gopts *g, int argc, char **argv)
+{
+    if (argc != 3)
+        return usage("mv ID SOURCE DESTINATION");
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "sourcePath", argv[1]);
+    sbx_enc_kstr(&e, "destinationPath", argv[2]);
+    return cli_call_enc(g, "file.move", argv[0], &e, human_ok);
+}
+
+int
+v_watch(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "watch ID PATH [--include GLOB]... | [--exclude GLOB]... [--no-recursive]";
+    struct opts o;
+    opts_init(&o, "sbx watch", argc, argv);
+    static const struct option lo[] = {{"include", 1, 0, 'i'}, {"exclude", 1, 0, 'x'},
+                                       {"no-recursive", 0, 0, 'n'}, {0, 0, 0, 0}};
+    sbx_enc inc, exc;
+    sbx_enc_init(&inc);
+    sbx_enc_init(&exc);
+    sbx_enc_array(&inc);
+    sbx_enc_array(&exc);
+    int ninc = 0, nexc = 0, ch;
+    bool rec = true;
+    while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
+        if (ch == 'i') {
+            sbx_enc_str(&inc, optarg);
+            ninc++;
+        } else if (ch == 'x') {
+            sbx_enc_str(&exc, optarg);
+            nexc++;
+        } else if (ch == 'n') {
+            rec = false;
+        } else {
+            sbx_enc_free(&inc);
+            sbx_enc_free(&exc);
+            free(o.argv);
+            return usage(u);
+        }
+    }
+    if (o.argc - optind != 2) {
+        sbx_enc_free(&inc);
+        sbx_enc_free(&exc);
+        free(o.argv);
+        return usage(u);
+    }
+    const char *id = o.argv[optind], *path = o.argv[optind + 1];
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", path);
+    sbx_enc_kbool(&e, "recursive", rec);
+    char *b;
+    size_t bl;
+    sbx_enc_end(&inc);
+    sbx_enc_end(&exc);
+    if (ninc && sbx_enc_finish(&inc, &b, &bl) == 0) {
+        sbx_enc_str(&e, "include");
+        sbx_enc_raw(&e, b, bl);
+        free(b);
+    }
+    if (nexc && sbx_enc_finish(&exc, &b, &bl) == 0) {
+        sbx_enc_str(&e, "exclude");
+        sbx_enc_raw(&e, b, bl);
+        free(b);
+    }
+    sbx_enc_free(&inc);
+    sbx_enc_free(&exc);
+    free(o.argv);
+    sbx_enc_end(&e);
+    char *args;
+    size_t alen;
+    sbx_enc_finish(&e, &args, &alen);
+    int rc = 0;
+    sbx_client *c = cli_connect(g, &rc);
+    if (!c) {
+        free(args);
+        return rc;
+    }
+    sbx_reply *r = NULL;
+    sbx_error err;
+    rc = sbx_call(c, "file.watch", id, args, alen, 0, NULL, &r, &err);
+    free(args);
+    if (rc) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        sbx_client_close(c);
+        return 1;
+    }
+    sbx_str sid = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "streamId", &sid);
+    char sids[80];
+    sbx_str_copy(sid, sids, sizeof(sids));
+    sbx_reply_free(r);
+    sbx_stream *s;
+    sbx_stream_open(c, id, sids, 0, &s, &err);
+    rc = cli_follow(g, c, s, false);
+    sbx_stream_close(s);
+    sbx_client_close(c);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* git, env, configure */
+
+static void
+human_git(const msgpack_object *res)
+{
+    sbx_str dir = {"", 0}, br = {"", 0};
+    sbx_wire_get_str(res, "targetDir", &dir);
+    sbx_wire_get_str(res, "branch", &br);
+    printf("cloned into %.*s (branch %.*s)\n", (int)dir.n, dir.p, (int)br.n, br.p);
+}
+
+int
+v_git_checkout(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "git-checkout ID URL [--branch B] [--dir DIR] [--depth N]";
+    struct opts o;
+    opts_init(&o, "sbx git-checkout", argc, argv);
+    static const struct option lo[] = {
+        {"branch", 1, 0, 'b'}, {"dir", 1, 0, 'd'}, {"depth", 1, 0, 'D'}, {0, 0, 0, 0}};
+    const char *br = NULL, *dir = NULL;
+    long depth = 0;
+    int ch;
+    while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
+        if (ch == 'b')
+            br = optarg;
+        else if (ch == 'd')
+            dir = optarg;
+        else if (ch == 'D')
+            depth = atol(optarg);
+        else {
+            free(o.argv);
+            return usage(u);
+        }
+    }
+    if (o.argc - optind != 2) {
+        free(o.argv);
+        return usage(u);
+    }
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "repoUrl", o.argv[optind + 1]);
+    if (br)
+        sbx_enc_kstr(&e, "branch", br);
+    if (dir)
+        sbx_enc_kstr(&e, "targetDir", dir);
+    if (depth > 0)
+        sbx_enc_kint(&e, "depth", depth);
+    const char *id = o.argv[optind];
+    free(o.argv);
+    return cli_call_enc(g, "git.checkout", id, &e, human_git);
+}
+
+int
+v_env(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "env ID K=V... [-u K]...   (set and unset sandbox environment variables)";
+    if (argc < 2)
+        return usage(u);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kmap(&e, "vars");
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-u") && i + 1 < argc) {
+            sbx_enc_str(&e, argv[++i]);
+            sbx_enc_nil(&e);
+            continue;
+        }
+        const char *eq = strchr(argv[i], '=');
+        if (!eq || eq == argv[i]) {
+            sbx_enc_free(&e);
+            return usage(u);
+        }
+        sbx_enc_strn(&e, argv[i], (size_t)(eq - argv[i]));
+        sbx_enc_str(&e, eq + 1);
+    }
+    sbx_enc_end(&e);
+    return cli_call_enc(g, "env.set", argv[0], &e, human_ok);
+}
+
+static void
+human_configure(const msgpack_object *res)
+{
+    int64_t sa = 0;
+    bool ka = false;
+    sbx_wire_get_i64(res, "sleepAfter", &sa);
+    sbx_wire_get_bool(res, "keepAlive", &ka);
+    printf("sleepAfter %llds, keepAlive %s\n", (long long)(sa / 1000), ka ? "on" : "off");
+}
+
+int
+v_configure(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "configure ID [--sleep-after D] [--keep-alive on|off]";
+    if (argc < 1)
+        return usage(u);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--sleep-after") && i + 1 < argc) {
+            sbx_enc_kstr(&e, "sleepAfter", argv[++i]);
+        } else if (!strcmp(argv[i], "--keep-alive") && i + 1 < argc) {
+            const char *v = argv[++i];
+            sbx_enc_kbool(&e, "keepAlive", !strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1"));
+        } else {
+            sbx_enc_free(&e);
+            return usage(u);
+        }
+    }
+    return cli_call_enc(g, "sandbox.configure", argv[0], &e, human_configure);
+}
