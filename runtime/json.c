@@ -52,6 +52,7 @@ sbx_utf8_sanitize(const char *p, size_t n, size_t *outlen)
             i += k;
         }
     }
+    b.p[b.len] = '\0'; /* nothing was appended when n == 0 */
     return sbx_buf_steal(&b, outlen);
 }
 

@@ -32,9 +32,10 @@ struct sbx_store {
     struct wop *head, *tail;
     uint64_t next_seq;
     uint64_t decided;       /* all writes ≤ decided have a result */
-    /* The most recent failed ranges, so sbx_store_wait can report them. */
-    struct { uint64_t first, last; int rc; } fails[16];
-    unsigned nfails;
+    /* Every failed range (adjacent ones with the same rc merged), so
+     * sbx_store_wait reports a failure however long ago it was decided. */
+    struct { uint64_t first, last; int rc; } *fails;
+    size_t nfails, capfails;
     bool stopping;
     sbx_store_commit_fn cb;
     void *cbarg;
@@ -59,10 +60,19 @@ decide(sbx_store *s, uint64_t first, uint64_t last, int rc)
     pthread_mutex_lock(&s->mu);
     s->decided = last;
     if (rc != 0) {
-        s->fails[s->nfails % SBX_ARRAY_LEN(s->fails)].first = first;
-        s->fails[s->nfails % SBX_ARRAY_LEN(s->fails)].last = last;
-        s->fails[s->nfails % SBX_ARRAY_LEN(s->fails)].rc = rc;
-        s->nfails++;
+        if (s->nfails && s->fails[s->nfails - 1].last + 1 == first &&
+            s->fails[s->nfails - 1].rc == rc) {
+            s->fails[s->nfails - 1].last = last;
+        } else {
+            if (s->nfails == s->capfails) {
+                s->capfails = s->capfails ? s->capfails * 2 : 16;
+                s->fails = sbx_xrealloc(s->fails, s->capfails * sizeof(*s->fails));
+            }
+            s->fails[s->nfails].first = first;
+            s->fails[s->nfails].last = last;
+            s->fails[s->nfails].rc = rc;
+            s->nfails++;
+        }
         s->n_failed++;
     } else {
         s->n_batches++;
@@ -204,6 +214,7 @@ sbx_store_close(sbx_store *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->donecv);
+    free(s->fails);
     free(s);
 }
 
@@ -269,7 +280,7 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
     if (vn)
         memcpy(o->data + kn, v, vn);
     pthread_mutex_lock(&s->mu);
-    o->seq = s->next_seq++;
+    uint64_t seq = o->seq = s->next_seq++; /* o may be freed by the writer once unlocked */
     if (s->tail)
         s->tail->next = o;
     else
@@ -277,7 +288,7 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
     s->tail = o;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    return o->seq;
+    return seq;
 }
 
 uint64_t
@@ -299,8 +310,7 @@ sbx_store_wait(sbx_store *s, uint64_t seq)
     pthread_mutex_lock(&s->mu);
     while (s->decided < seq)
         pthread_cond_wait(&s->donecv, &s->mu);
-    unsigned n = s->nfails < SBX_ARRAY_LEN(s->fails) ? s->nfails : SBX_ARRAY_LEN(s->fails);
-    for (unsigned i = 0; i < n; i++) {
+    for (size_t i = 0; i < s->nfails; i++) {
         if (seq >= s->fails[i].first && seq <= s->fails[i].last)
             rc = s->fails[i].rc;
     }

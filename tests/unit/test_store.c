@@ -1,0 +1,501 @@
+/*
+ * test_store.c — unit tests for runtime/store.h, the LMDB metadata store.
+ *
+ * Covers: put/wait/get/del and increasing sequence numbers; named databases
+ * kept apart; durability across close and reopen; the commit callback
+ * reporting contiguous ranges that cover every write, in order; group commit
+ * under 4 concurrent writer threads; sbx_store_foreach order and early stop;
+ * a full map reported as a failed batch (STORAGE_ERROR) without a crash,
+ * with earlier data still readable after reopen.
+ *
+ * Every test works in its own mkdtemp directory under /tmp, removed by the
+ * fixture's fini even when an assertion fails.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/err.h"
+#include "runtime/store.h"
+#include "runtime/util.h"
+
+#define MAPSIZE (64ull << 20)
+
+static char tmpdir[64];
+static sbx_store *st; /* closed by the fini if a test left it open */
+
+static void
+setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/sbx-test-store-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    st = NULL;
+}
+
+static void
+teardown(void)
+{
+    if (st)
+        sbx_store_close(st);
+    st = NULL;
+    if (tmpdir[0]) {
+        int rc = sbx_rm_rf(tmpdir);
+        cr_expect_eq(rc, 0, "removing %s: %s", tmpdir, strerror(-rc));
+        struct stat sb;
+        cr_expect_neq(stat(tmpdir, &sb), 0, "%s still exists", tmpdir);
+    }
+}
+
+TestSuite(store, .init = setup, .fini = teardown, .timeout = 120);
+
+/* The data directory inside the temp dir (exercises "created if missing"). */
+static const char *
+datadir(void)
+{
+    static char d[96];
+    snprintf(d, sizeof(d), "%s/data", tmpdir);
+    return d;
+}
+
+static void
+open_store(uint64_t mapsize, sbx_store_commit_fn cb, void *arg)
+{
+    int rc = sbx_store_open(&st, datadir(), mapsize, cb, arg);
+    cr_assert_eq(rc, 0, "sbx_store_open(%s): %d %s", datadir(), rc, sbx_err_message(rc));
+}
+
+static void
+close_store(void)
+{
+    sbx_store_close(st);
+    st = NULL;
+}
+
+static void
+expect_value(int db, const char *key, const void *want, size_t wantn)
+{
+    char *v = NULL;
+    size_t vn = 0;
+    int rc = sbx_store_get(st, db, key, strlen(key), &v, &vn);
+    cr_assert_eq(rc, 0, "get(%d, %s): %d", db, key, rc);
+    cr_expect_eq(vn, wantn, "get(%s): %zu bytes, want %zu", key, vn, wantn);
+    if (vn == wantn)
+        cr_expect_arr_eq(v, want, wantn, "get(%s): wrong bytes", key);
+    cr_expect_eq(v[vn], '\0', "the value is NUL-terminated for convenience");
+    free(v);
+}
+
+static void
+expect_absent(int db, const char *key)
+{
+    char *v = NULL;
+    size_t vn = 0;
+    int rc = sbx_store_get(st, db, key, strlen(key), &v, &vn);
+    cr_expect_eq(rc, -ENOENT, "get(%d, %s): %d, want -ENOENT", db, key, rc);
+    if (rc == 0)
+        free(v);
+}
+
+static uint64_t
+put_str(int db, const char *k, const char *v)
+{
+    return sbx_store_put(st, db, k, strlen(k), v, strlen(v));
+}
+
+/* ---------------------------------------------------------------------------------
+ * Basic operations. */
+
+Test(store, put_get_del)
+{
+    open_store(MAPSIZE, NULL, NULL);
+    expect_absent(SBX_DB_SANDBOXES, "user-1");
+
+    uint64_t s1 = put_str(SBX_DB_SANDBOXES, "user-1", "record one");
+    cr_assert_gt(s1, 0u, "sequence numbers are > 0");
+    cr_assert_eq(sbx_store_wait(st, s1), 0);
+    expect_value(SBX_DB_SANDBOXES, "user-1", "record one", 10);
+
+    /* Binary values with NULs, and an empty value. */
+    static const char bin[] = {'a', 0, 'b', 0, (char)0xff};
+    uint64_t s2 = sbx_store_put(st, SBX_DB_SANDBOXES, "bin", 3, bin, sizeof(bin));
+    uint64_t s3 = sbx_store_put(st, SBX_DB_SANDBOXES, "empty", 5, "", 0);
+    cr_expect_gt(s2, s1, "sequence numbers increase");
+    cr_expect_gt(s3, s2, "sequence numbers increase");
+    cr_assert_eq(sbx_store_wait(st, s3), 0);
+    cr_assert_eq(sbx_store_wait(st, s2), 0, "waiting for an older write still gives its rc");
+    expect_value(SBX_DB_SANDBOXES, "bin", bin, sizeof(bin));
+    expect_value(SBX_DB_SANDBOXES, "empty", "", 0);
+
+    /* Overwrite. */
+    uint64_t s4 = put_str(SBX_DB_SANDBOXES, "user-1", "v2");
+    cr_assert_eq(sbx_store_wait(st, s4), 0);
+    expect_value(SBX_DB_SANDBOXES, "user-1", "v2", 2);
+
+    /* Delete, and deleting a missing key is not an error. */
+    uint64_t s5 = sbx_store_del(st, SBX_DB_SANDBOXES, "user-1", 6);
+    cr_expect_gt(s5, s4);
+    cr_assert_eq(sbx_store_wait(st, s5), 0);
+    expect_absent(SBX_DB_SANDBOXES, "user-1");
+    uint64_t s6 = sbx_store_del(st, SBX_DB_SANDBOXES, "never-written", 13);
+    cr_expect_eq(sbx_store_wait(st, s6), 0, "deleting a missing key succeeds");
+    expect_value(SBX_DB_SANDBOXES, "bin", bin, sizeof(bin));
+
+    uint64_t batches, writes, failed;
+    sbx_store_stat(st, &batches, &writes, &failed);
+    cr_expect_eq(writes, 6u, "6 writes were committed");
+    cr_expect_geq(batches, 1u);
+    cr_expect_leq(batches, writes);
+    cr_expect_eq(failed, 0u);
+}
+
+Test(store, databases_are_separate)
+{
+    open_store(MAPSIZE, NULL, NULL);
+    put_str(SBX_DB_SANDBOXES, "k", "in sandboxes");
+    put_str(SBX_DB_META, "k", "in meta");
+    uint64_t s = put_str(SBX_DB_IDEM, "other", "in idem");
+    cr_assert_eq(sbx_store_wait(st, s), 0);
+    expect_value(SBX_DB_SANDBOXES, "k", "in sandboxes", 12);
+    expect_value(SBX_DB_META, "k", "in meta", 7);
+    expect_absent(SBX_DB_IDEM, "k");
+    expect_absent(SBX_DB_SANDBOXES, "other");
+    s = sbx_store_del(st, SBX_DB_META, "k", 1);
+    cr_assert_eq(sbx_store_wait(st, s), 0);
+    expect_absent(SBX_DB_META, "k");
+    expect_value(SBX_DB_SANDBOXES, "k", "in sandboxes", 12);
+}
+
+Test(store, data_survives_close_and_reopen)
+{
+    enum { N = 1000 };
+    char k[32], v[64];
+    open_store(MAPSIZE, NULL, NULL);
+    uint64_t seqs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof(k), "key-%04d", i);
+        snprintf(v, sizeof(v), "value %d %d", i, i * 7919);
+        seqs[i] = put_str(SBX_DB_SANDBOXES, k, v);
+        if (i)
+            cr_assert_gt(seqs[i], seqs[i - 1]);
+    }
+    /* Deleted before the close: must stay deleted. */
+    uint64_t d = sbx_store_del(st, SBX_DB_SANDBOXES, "key-0500", 8);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(sbx_store_wait(st, seqs[i]), 0, "write %d failed", i);
+    cr_assert_eq(sbx_store_wait(st, d), 0);
+    close_store();
+
+    open_store(MAPSIZE, NULL, NULL);
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof(k), "key-%04d", i);
+        if (i == 500) {
+            expect_absent(SBX_DB_SANDBOXES, k);
+            continue;
+        }
+        snprintf(v, sizeof(v), "value %d %d", i, i * 7919);
+        expect_value(SBX_DB_SANDBOXES, k, v, strlen(v));
+    }
+    /* Sequence numbers are per open store and still > 0. */
+    cr_expect_gt(put_str(SBX_DB_META, "after", "reopen"), 0u);
+}
+
+Test(store, close_commits_queued_writes)
+{
+    enum { N = 300 };
+    char k[32];
+    open_store(MAPSIZE, NULL, NULL);
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof(k), "q%03d", i);
+        put_str(SBX_DB_SANDBOXES, k, "x");
+    }
+    close_store(); /* no wait: close must commit what is queued */
+    open_store(MAPSIZE, NULL, NULL);
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof(k), "q%03d", i);
+        expect_value(SBX_DB_SANDBOXES, k, "x", 1);
+    }
+}
+
+Test(store, open_fails_cleanly_on_a_file)
+{
+    char path[96];
+    snprintf(path, sizeof(path), "%s/file", tmpdir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    sbx_store *s = NULL;
+    int rc = sbx_store_open(&s, path, MAPSIZE, NULL, NULL);
+    cr_expect_lt(rc, 0, "opening a store on a regular file must fail, got %d", rc);
+    cr_expect_null(s, "*out is untouched on failure");
+}
+
+/* ---------------------------------------------------------------------------------
+ * Commit callback and group commit. */
+
+struct ranges {
+    pthread_mutex_t mu;
+    pthread_t writer;
+    bool writer_known, same_thread;
+    size_t n, cap;
+    struct {
+        uint64_t first, last;
+        int rc;
+    } * r;
+};
+
+static void
+record_range(void *arg, uint64_t first, uint64_t last, int rc)
+{
+    struct ranges *g = arg;
+    pthread_mutex_lock(&g->mu);
+    if (!g->writer_known) {
+        g->writer = pthread_self();
+        g->writer_known = true;
+        g->same_thread = true;
+    } else if (!pthread_equal(g->writer, pthread_self())) {
+        g->same_thread = false;
+    }
+    if (g->n == g->cap) {
+        g->cap = g->cap ? g->cap * 2 : 64;
+        g->r = sbx_xrealloc(g->r, g->cap * sizeof(*g->r));
+    }
+    g->r[g->n].first = first;
+    g->r[g->n].last = last;
+    g->r[g->n].rc = rc;
+    g->n++;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The ranges must be ordered, contiguous, successful and cover 1..total. */
+static void
+check_ranges(struct ranges *g, uint64_t total)
+{
+    uint64_t next = 1;
+    cr_assert_gt(g->n, 0u, "the commit callback was never called");
+    cr_expect(g->same_thread, "callbacks came from more than one thread");
+    cr_expect(!pthread_equal(g->writer, pthread_self()), "callback ran on the caller's thread");
+    for (size_t i = 0; i < g->n; i++) {
+        cr_assert_eq(g->r[i].first, next, "range %zu starts at %llu, want %llu", i,
+                     (unsigned long long)g->r[i].first, (unsigned long long)next);
+        cr_assert_geq(g->r[i].last, g->r[i].first, "range %zu is reversed", i);
+        cr_expect_eq(g->r[i].rc, 0, "range %zu failed: %d", i, g->r[i].rc);
+        next = g->r[i].last + 1;
+    }
+    cr_assert_eq(next - 1, total, "ranges cover 1..%llu, want 1..%llu",
+                 (unsigned long long)(next - 1), (unsigned long long)total);
+}
+
+Test(store, commit_callback_covers_every_write_in_order)
+{
+    struct ranges g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    open_store(MAPSIZE, record_range, &g);
+    char k[32];
+    uint64_t last = 0;
+    for (int i = 0; i < 500; i++) {
+        snprintf(k, sizeof(k), "c%d", i);
+        uint64_t s = (i % 10 == 9) ? sbx_store_del(st, SBX_DB_META, k, strlen(k))
+                                   : put_str(SBX_DB_META, k, "v");
+        cr_assert_eq(s, last + 1, "sequence numbers of one store are consecutive");
+        last = s;
+        if (i % 50 == 0) /* vary the batch sizes */
+            cr_assert_eq(sbx_store_wait(st, s), 0);
+    }
+    cr_assert_eq(sbx_store_wait(st, last), 0);
+    close_store(); /* joins the writer: every callback has returned */
+    check_ranges(&g, last);
+    free(g.r);
+}
+
+struct writer_arg {
+    int t;
+    int n;
+    uint64_t seqs[500];
+    int rcs[500];
+    bool increasing;
+};
+
+static void *
+writer_thread(void *p)
+{
+    struct writer_arg *w = p;
+    char k[32], v[32];
+    w->increasing = true;
+    for (int i = 0; i < w->n; i++) {
+        snprintf(k, sizeof(k), "t%d-%03d", w->t, i);
+        snprintf(v, sizeof(v), "%d:%d", w->t, i);
+        w->seqs[i] = sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), v, strlen(v));
+        if (i && w->seqs[i] <= w->seqs[i - 1])
+            w->increasing = false;
+    }
+    for (int i = 0; i < w->n; i++)
+        w->rcs[i] = sbx_store_wait(st, w->seqs[i]);
+    return NULL;
+}
+
+Test(store, concurrent_writers_are_group_committed)
+{
+    enum { T = 4, N = 500 };
+    struct ranges g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    static struct writer_arg w[T];
+    pthread_t th[T];
+    open_store(MAPSIZE, record_range, &g);
+    for (int t = 0; t < T; t++) {
+        w[t].t = t;
+        w[t].n = N;
+        cr_assert_eq(pthread_create(&th[t], NULL, writer_thread, &w[t]), 0);
+    }
+    for (int t = 0; t < T; t++)
+        pthread_join(th[t], NULL);
+
+    for (int t = 0; t < T; t++) {
+        cr_expect(w[t].increasing, "thread %d saw non-increasing sequence numbers", t);
+        for (int i = 0; i < N; i++)
+            cr_assert_eq(w[t].rcs[i], 0, "thread %d write %d failed: %d", t, i, w[t].rcs[i]);
+    }
+    uint64_t batches, writes, failed;
+    sbx_store_stat(st, &batches, &writes, &failed);
+    cr_expect_eq(writes, (uint64_t)T * N, "writes committed: %llu", (unsigned long long)writes);
+    cr_expect_eq(failed, 0u);
+    cr_expect_lt(batches, (uint64_t)T * N,
+                 "group commit: %llu batches for %d writes", (unsigned long long)batches, T * N);
+    cr_log_info("group commit: %llu batches for %d writes", (unsigned long long)batches, T * N);
+
+    char k[32], v[32];
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < N; i++) {
+            snprintf(k, sizeof(k), "t%d-%03d", t, i);
+            snprintf(v, sizeof(v), "%d:%d", t, i);
+            expect_value(SBX_DB_SANDBOXES, k, v, strlen(v));
+        }
+    }
+    close_store();
+    check_ranges(&g, (uint64_t)T * N);
+    cr_expect_eq(g.n, batches, "one callback per batch");
+    free(g.r);
+}
+
+/* ---------------------------------------------------------------------------------
+ * foreach. */
+
+struct walk {
+    int stop_after; /* 0: never */
+    int visited;
+    char keys[64][16];
+    char vals[64][16];
+};
+
+static int
+walk_cb(void *arg, const void *k, size_t kn, const void *v, size_t vn)
+{
+    struct walk *w = arg;
+    if (w->visited < 64) {
+        snprintf(w->keys[w->visited], sizeof(w->keys[0]), "%.*s", (int)kn, (const char *)k);
+        snprintf(w->vals[w->visited], sizeof(w->vals[0]), "%.*s", (int)vn, (const char *)v);
+    }
+    w->visited++;
+    if (w->stop_after && w->visited == w->stop_after)
+        return 42;
+    return 0;
+}
+
+Test(store, foreach_visits_in_key_order_and_stops)
+{
+    open_store(MAPSIZE, NULL, NULL);
+    struct walk w = {0};
+    cr_expect_eq(sbx_store_foreach(st, SBX_DB_SANDBOXES, walk_cb, &w), 0);
+    cr_expect_eq(w.visited, 0, "an empty database has nothing to visit");
+
+    /* Inserted out of order; byte order puts "B" < "a" < "aa" < "ab" < "b". */
+    static const char *ins[] = {"m", "b", "aa", "z", "a", "ab", "B", "m0", "0"};
+    static const char *sorted[] = {"0", "B", "a", "aa", "ab", "b", "m", "m0", "z"};
+    uint64_t s = 0;
+    for (size_t i = 0; i < SBX_ARRAY_LEN(ins); i++) {
+        char v[16];
+        snprintf(v, sizeof(v), "v-%s", ins[i]);
+        s = put_str(SBX_DB_SANDBOXES, ins[i], v);
+    }
+    s = put_str(SBX_DB_META, "not-in-sandboxes", "x");
+    cr_assert_eq(sbx_store_wait(st, s), 0);
+
+    memset(&w, 0, sizeof(w));
+    cr_expect_eq(sbx_store_foreach(st, SBX_DB_SANDBOXES, walk_cb, &w), 0);
+    cr_assert_eq(w.visited, (int)SBX_ARRAY_LEN(sorted), "visited %d keys", w.visited);
+    for (size_t i = 0; i < SBX_ARRAY_LEN(sorted); i++) {
+        cr_expect_str_eq(w.keys[i], sorted[i], "key %zu", i);
+        char v[16];
+        snprintf(v, sizeof(v), "v-%s", sorted[i]);
+        cr_expect_str_eq(w.vals[i], v, "value of %s", sorted[i]);
+    }
+
+    memset(&w, 0, sizeof(w));
+    w.stop_after = 3;
+    cr_expect_eq(sbx_store_foreach(st, SBX_DB_SANDBOXES, walk_cb, &w), 42,
+                 "the callback's non-zero value is returned");
+    cr_expect_eq(w.visited, 3, "the walk stops at the first non-zero return");
+    cr_expect_str_eq(w.keys[2], "a");
+}
+
+/* ---------------------------------------------------------------------------------
+ * A full map. */
+
+Test(store, full_map_fails_the_batch_and_keeps_earlier_data)
+{
+    enum { VAL = 8192, MAX = 2000 };
+    char *val = sbx_xmalloc(VAL);
+    char k[32];
+    open_store(1ull << 20, NULL, NULL);
+    int committed = 0, rc = 0;
+    uint64_t fail_seq = 0;
+    for (int i = 0; i < MAX; i++) {
+        snprintf(k, sizeof(k), "big-%04d", i);
+        memset(val, 'a' + i % 26, VAL);
+        uint64_t s = sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), val, VAL);
+        rc = sbx_store_wait(st, s);
+        if (rc != 0) {
+            fail_seq = s;
+            break;
+        }
+        committed++;
+    }
+    cr_assert_neq(rc, 0, "%d writes of %d bytes never filled a 1 MiB map", MAX, VAL);
+    cr_expect_eq(rc, SBX_E_STORAGE, "a full map is STORAGE_ERROR, got %d (%s)", rc,
+                 sbx_err_name(rc));
+    cr_assert_gt(committed, 10, "only %d writes fit in 1 MiB", committed);
+
+    uint64_t batches, writes, failed;
+    sbx_store_stat(st, &batches, &writes, &failed);
+    cr_expect_eq(writes, (uint64_t)committed);
+    cr_expect_eq(failed, 1u);
+
+    /* The store keeps answering: reads work, more writes keep failing cleanly. */
+    snprintf(k, sizeof(k), "big-%04d", 0);
+    memset(val, 'a', VAL);
+    expect_value(SBX_DB_SANDBOXES, k, val, VAL);
+    snprintf(k, sizeof(k), "big-%04d", committed);
+    expect_absent(SBX_DB_SANDBOXES, k);
+    for (int i = 0; i < 40; i++) {
+        snprintf(k, sizeof(k), "more-%02d", i);
+        uint64_t s = sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), val, VAL);
+        cr_expect_lt(sbx_store_wait(st, s), 0, "write %d into a full map succeeded", i);
+    }
+    /* A decided write keeps its outcome, however many batches failed since. */
+    cr_expect_eq(sbx_store_wait(st, fail_seq), SBX_E_STORAGE,
+                 "the first failed write is still reported as failed after 40 more failures");
+    cr_expect_eq(sbx_store_wait(st, 1), 0, "the first write is still reported committed");
+    close_store();
+
+    open_store(1ull << 20, NULL, NULL);
+    for (int i = 0; i < committed; i++) {
+        snprintf(k, sizeof(k), "big-%04d", i);
+        memset(val, 'a' + i % 26, VAL);
+        expect_value(SBX_DB_SANDBOXES, k, val, VAL);
+    }
+    snprintf(k, sizeof(k), "big-%04d", committed);
+    expect_absent(SBX_DB_SANDBOXES, k);
+    free(val);
+}
