@@ -284,6 +284,11 @@ container_died(struct actor *a, const char *why)
 {
     struct shard *sh = a->sh;
     sh->n_died++;
+    /* The agent is exempt from nothing: a memory cgroup at its limit may pick
+     * it.  Say so, from the cgroup's own counter, before the cgroup goes. */
+    struct sbx_cgroup_stats st;
+    if (sbx_container_stats(sh->spawner, &a->c, &st) == 0 && st.oom_kills > 0)
+        why = "the out-of-memory killer ended it at the sandbox's memory limit";
     snprintf(a->last_exit, sizeof(a->last_exit), "%s", why);
     a->died = true;
     sbx_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,

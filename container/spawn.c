@@ -137,6 +137,8 @@ sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
     sbx_enc_kint(&e, "output_cap", (int64_t)conf->output_cap);
     sbx_enc_kint(&e, "nofile", conf->nofile);
     sbx_enc_kint(&e, "nproc", conf->nproc);
+    if (conf->interp_dir)
+        sbx_enc_kstr(&e, "interp_dir", conf->interp_dir);
     enc_strv(&e, "etc", conf->etc);
     enc_strv(&e, "env", conf->env);
     sbx_enc_karray(&e, "seccomp");
@@ -297,11 +299,9 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     }
     /* argv/envp are built before the clone: the child may not allocate. */
     const char *const argv[] = {"sbx-agent", NULL};
-    const char *const envp_plain[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
-    const char *const envp_asan[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-                                     "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0",
-                                     "UBSAN_OPTIONS=print_stacktrace=1", NULL};
-    const char *const *envp = getenv("ASAN_OPTIONS") ? envp_asan : envp_plain;
+    /* A sanitizer build of the agent carries its own options
+     * (__asan_default_options in agent/main.c). */
+    const char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
 
     struct clone_args ca;
     memset(&ca, 0, sizeof(ca));

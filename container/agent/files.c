@@ -97,30 +97,87 @@ forbidden_fs(int fd)
  * a directory; otherwise a regular file.  Returns fd or a negative code.
  */
 static int
-safe_open(const char *path, int flags, mode_t mode, bool want_dir)
+openat2_nomagic(const char *path, int flags, mode_t mode)
 {
     struct open_how how;
     memset(&how, 0, sizeof(how));
-    how.flags = (uint64_t)(flags | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    /* openat2(2) rejects O_PATH combined with anything but O_CLOEXEC,
+     * O_DIRECTORY and O_NOFOLLOW, so O_NOCTTY only joins real opens. */
+    how.flags = (uint64_t)(flags | O_CLOEXEC | ((flags & O_PATH) ? 0 : O_NOCTTY));
     how.mode = (flags & O_CREAT) ? mode : 0;
     how.resolve = RESOLVE_NO_MAGICLINKS;
     int fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof(how));
     if (fd < 0)
         return errno == ELOOP ? SBX_E_PERMISSION : -errno;
-    struct stat st;
-    if (fstat(fd, &st) < 0 || forbidden_fs(fd)) {
-        close(fd);
+    return fd;
+}
+
+/* The type and file-system checks (see the header comment). */
+static int
+check_fd(int fd, bool want_dir, struct stat *st)
+{
+    if (fstat(fd, st) < 0 || forbidden_fs(fd))
         return SBX_E_PERMISSION;
-    }
-    if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
-        close(fd);
-        if (S_ISDIR(st.st_mode))
+    if (want_dir ? !S_ISDIR(st->st_mode) : !S_ISREG(st->st_mode)) {
+        if (S_ISDIR(st->st_mode))
             return -EISDIR;
         if (want_dir)
             return -ENOTDIR;
         return SBX_E_PERMISSION; /* a device, FIFO or socket */
     }
-    return fd;
+    return 0;
+}
+
+/*
+ * Open path safely (see the header comment).  want_dir: the result must be
+ * a directory; otherwise a regular file.  Returns fd or a negative code.
+ *
+ * The path is first resolved to an O_PATH handle and checked; only then is
+ * the file opened for real, through that handle, so opening never has side
+ * effects on what it refuses (opening a FIFO for writing would block or wake
+ * its reader; a device's open could do anything).  A file that does not
+ * exist yet is created with O_EXCL, which cannot open a FIFO or device.
+ */
+static int
+safe_open(const char *path, int flags, mode_t mode, bool want_dir)
+{
+    struct stat st, st2;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int p = openat2_nomagic(path, O_PATH, 0);
+        if (p < 0) {
+            if (p != -ENOENT || !(flags & O_CREAT))
+                return p;
+            int fd = openat2_nomagic(path, flags | O_EXCL, mode);
+            if (fd == -EEXIST)
+                continue; /* created under us: look again */
+            if (fd < 0)
+                return fd;
+            int rc = check_fd(fd, want_dir, &st);
+            if (rc) {
+                close(fd);
+                return rc;
+            }
+            return fd;
+        }
+        int rc = check_fd(p, want_dir, &st);
+        if (rc) {
+            close(p);
+            return rc;
+        }
+        char self[64];
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", p);
+        int fd = open(self, (flags & ~(O_CREAT | O_EXCL)) | O_CLOEXEC | O_NOCTTY);
+        int e = errno;
+        close(p);
+        if (fd < 0)
+            return -e;
+        if (fstat(fd, &st2) < 0 || st2.st_dev != st.st_dev || st2.st_ino != st.st_ino) {
+            close(fd);
+            return SBX_E_PERMISSION;
+        }
+        return fd;
+    }
+    return -EBUSY;
 }
 
 static void

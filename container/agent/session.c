@@ -52,9 +52,10 @@
 
 #define MARK_PREFIX "\001SBX"
 #define MARK_LEN (4 + 16 + 1) /* prefix + 16 hex + \002 */
-#define SIGINT_WAIT_MS 100
 #define SYNC_RETRY_MS 250
 #define SYNC_GIVE_UP_MS 2000
+/* Reserved in sessions: the signal whose trap aborts the running line. */
+#define SESSION_ABORT_SIG (SIGRTMAX - 2)
 #define RECENT 8
 
 /* Append a string literal (its length computed by the compiler). */
@@ -481,7 +482,7 @@ ctl_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
         break;
     }
     char *nl;
-    while ((nl = memchr(s->ctl.p, '\n', s->ctl.len)) != NULL) {
+    while (s->ctl.len && (nl = memchr(s->ctl.p, '\n', s->ctl.len)) != NULL) {
         *nl = '\0';
         char nonce[17] = {0};
         int status = 0, used = 0;
@@ -607,18 +608,29 @@ sync_retry_cb(sbx_loop *l, void *arg)
     s->timer = sbx_loop_timer(s->a->loop, SYNC_RETRY_MS, sync_retry_cb, s);
 }
 
+/*
+ * Stop the running command and make the shell drop the rest of its line.
+ * bash here runs without job control, so a SIGINT that reaches it while it
+ * waits for a child is taken as "the child handled it" unless the child died
+ * of SIGINT too (bash's wait-and-cooperative-exit rule, jobs.c wait_for), and
+ * the line would go on.  So: freeze bash (SIGSTOP) so it cannot start the next
+ * part of the line, kill every process the command started (they are newer
+ * than the command), queue SESSION_ABORT_SIG, whose trap (armed by every line,
+ * see run_cmd) runs as soon as bash is back from its wait and sends bash a
+ * SIGINT of its own: an interactive bash then abandons the line it is
+ * executing, loops of builtins included.  SIGCONT lets it go on.  A sync line
+ * then confirms the shell is back at its prompt, state intact; the retries
+ * send plain SIGINTs and cover a signal that landed while bash was reading
+ * the sync line.
+ */
 static void
-sigint_cb(sbx_loop *l, void *arg)
+interrupt_cmd(struct session *s)
 {
-    struct session *s = arg;
-    (void)l;
-    s->timer = 0;
-    if (!s->cur || s->got_rc)
-        return;
-    /* Still busy after its children died: a loop of builtins.  An
-     * interactive bash drops the line on SIGINT; then confirm with a sync. */
     s->sigint_at = sbx_mono_ms();
-    kill(s->pid, SIGINT);
+    kill(s->pid, SIGSTOP);
+    agent_kill_tree_since(s->pid, true, NULL, 0, s->start_ticks);
+    kill(s->pid, SESSION_ABORT_SIG);
+    kill(s->pid, SIGCONT);
     send_sync(s);
     s->timer = sbx_loop_timer(s->a->loop, SYNC_RETRY_MS, sync_retry_cb, s);
 }
@@ -632,8 +644,7 @@ timeout_cb(sbx_loop *l, void *arg)
     if (!s->cur || s->got_rc)
         return;
     s->timed_out = true;
-    agent_kill_tree_since(s->pid, true, NULL, 0, s->start_ticks);
-    s->timer = sbx_loop_timer(s->a->loop, SIGINT_WAIT_MS, sigint_cb, s);
+    interrupt_cmd(s);
 }
 
 /* A streamed command's reader cancelled: stop it as a timeout would. */
@@ -646,9 +657,8 @@ cmd_stream_cancel(struct stream *st, void *arg)
     s->cur->cancelled = true;
     sbx_loop_cancel(s->a->loop, s->timer);
     s->timer = 0;
-    agent_kill_tree_since(s->pid, true, NULL, 0, s->start_ticks);
-    s->timer = sbx_loop_timer(s->a->loop, SIGINT_WAIT_MS, sigint_cb, s);
     pause_streams(s, false);
+    interrupt_cmd(s);
 }
 
 static void
@@ -681,7 +691,10 @@ run_cmd(struct session *s, struct scmd *c)
         stream_commit(c->stream, false);
     }
 
-    LIT(&line, "__sbx_c=");
+    /* Arm the abort trap (interrupt_cmd) for this line; bash keeps $? across
+     * a trap, and the signal is one no program of the tenant's is sent. */
+    sbx_buf_appendf(&line, "\\builtin trap '\\builtin kill -INT $$' %d; __sbx_c=",
+                    SESSION_ABORT_SIG);
     if (c->ea.argv) {
         sbx_buf words;
         sbx_buf_init(&words);
@@ -1190,6 +1203,14 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
                 return;
             }
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            /* An interactive bash announces `exit` on its stderr, which was
+             * the command's at that moment: not the command's output. */
+            sbx_buf *eb = &s->out[1].data;
+            if (eb->len >= 5 && !memcmp(eb->p + eb->len - 5, "exit\n", 5) &&
+                (eb->len == 5 || eb->p[eb->len - 6] == '\n')) {
+                eb->len -= 5;
+                s->out[1].total -= 5;
+            }
             char msg[320];
             snprintf(msg, sizeof(msg),
                      "the shell of session '%s' exited (exit code %d); the next command "

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -96,6 +97,10 @@ spawn(struct testd *d, int shards, const char *const *extra)
             dup2(fd, 2);
         }
         setpgid(0, 0);
+        /* A test binary that dies (crash, timeout kill) takes its daemon with it. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() == 1)
+            _exit(127);
         execv(sbxd, (char *const *)argv);
         _exit(127);
     }
