@@ -17,7 +17,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
-LDLIBS_AGENT  := -lmsgpackc -luuid
+LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 LDLIBS_TEST   := -lcriterion
 
 RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
@@ -32,8 +32,9 @@ CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
            container/agent/session.c container/agent/stream.c container/agent/proc.c \
-           container/agent/files.c runtime/err.c runtime/log.c runtime/util.c \
-           runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c
+           container/agent/files.c container/agent/interp.c runtime/err.c runtime/log.c \
+           runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
+           runtime/json.c
 ACTORS  := actors/shard.c actors/actor.c actors/record.c
 GATEWAY := gateway/gateway.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
@@ -78,8 +79,17 @@ endef
 $(eval $(call build_flavor,release,RELEASE_CFLAGS,bin))
 $(eval $(call build_flavor,asan,ASAN_CFLAGS,build/asan/bin))
 
-RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench
-ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent
+RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench share/sbx/interp/.installed
+ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent \
+                build/asan/share/sbx/interp/.installed
+
+# The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
+INTERP_SRC := container/interp/driver.py container/interp/driver.js \
+              container/interp/package.json container/interp/package-lock.json
+%/share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
+	@tools/install-interp.sh $*/share/sbx/interp
+share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
+	@tools/install-interp.sh share/sbx/interp
 
 .PHONY: all deps run test unit integration bench clean
 all: $(RELEASE_BINS) lib/libsbx.a
@@ -124,4 +134,4 @@ bench: all
 	@bin/sbx-bench
 
 clean:
-	rm -rf build bin lib
+	rm -rf build bin lib share

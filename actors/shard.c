@@ -102,6 +102,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->listen);
     free(c->data);
     free(c->agent);
+    free(c->interp);
     free(c->cgroup);
     free(c->cgroup_base);
     strv_free(c->etc);
@@ -881,6 +882,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         .nproc = (uint32_t)SBX_MAX(conf->pids * 2, 64),
         .etc = (const char *const *)conf->etc,
         .env = (const char *const *)conf->env,
+        .interp_dir = conf->interp,
         .setup_timeout_ms = (int)conf->setup_timeout,
     };
     if ((rc = sbx_spawner_new(&sh->spawner, &sc, why, sizeof(why))) != 0) {

@@ -33,6 +33,7 @@ struct sbx_shard_conf {
     char *listen;         /* nng URL, e.g. ipc:///var/lib/sbx/s0.sock or tcp://0.0.0.0:7701 */
     char *data;           /* directory: LMDB environment and shard files */
     char *agent;          /* path of the sbx-agent binary */
+    char *interp;         /* directory of the interpreter drivers (code contexts) */
     char *cgroup;         /* auto | v1 | v2 | none */
     char *cgroup_base;    /* subtree under the cgroup roots, default sbx/<name> */
     int64_t uid_base;     /* first host uid given to sandboxes */

@@ -50,6 +50,7 @@ struct sbx_spawn_conf {
     uint32_t nofile, nproc;
     const char *const *etc;     /* /etc entries bound read-only (NULL-terminated) */
     const char *const *env;     /* base environment "K=V" (NULL-terminated) */
+    const char *interp_dir;     /* interpreter drivers (bound at /opt/sbx), or NULL */
     int setup_timeout_ms;
 };
 

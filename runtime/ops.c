@@ -51,6 +51,12 @@ const struct sbx_op_def sbx_ops[] = {
     {"file.exists", S | A, 0, "whether a path exists"},
     {"file.watch", S | A, 0, "watch a directory; changes come as stream events"},
     {"git.checkout", S | A, 0, "clone a git repository into the sandbox"},
+    /* code interpreter */
+    {"context.create", S | A, 0, "create a Python, JavaScript or TypeScript code context"},
+    {"context.run", S | A, 0, "run code in a context (or the language's default one)"},
+    {"context.runStream", S | A, 0, "run code; outputs come as stream events as produced"},
+    {"context.list", S | A | NC, 0, "the code contexts of the sandbox"},
+    {"context.delete", S | A | NC | NW, SBX_E_CONTEXT_NOT_FOUND, "delete a code context"},
     /* lifecycle and configuration */
     {"ping", S | A, 0, "start the sandbox if needed and check its agent"},
     {"env.set", S | M, 0, "set or unset sandbox environment variables"},

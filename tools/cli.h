@@ -51,6 +51,9 @@ int v_watch(struct gopts *g, int argc, char **argv);
 int v_git_checkout(struct gopts *g, int argc, char **argv);
 int v_env(struct gopts *g, int argc, char **argv);
 int v_configure(struct gopts *g, int argc, char **argv);
+int v_code(struct gopts *g, int argc, char **argv);
+int v_contexts(struct gopts *g, int argc, char **argv);
+int v_context(struct gopts *g, int argc, char **argv);
 /* print a stream's events as they come (exec --stream, logs -f, watch);
  * returns the exit code of a complete/exit event, 0 otherwise, or EXIT_SBX. */
 int cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output);

@@ -815,3 +815,261 @@ v_configure(struct gopts *g, int argc, char **argv)
     }
     return cli_call_enc(g, "sandbox.configure", argv[0], &e, human_configure);
 }
+
+/* ------------------------------------------------------------------------------ */
+/* code interpreter */
+
+static void
+print_code_result(const msgpack_object *res)
+{
+    const msgpack_object *logs, *arr, *err;
+    if (sbx_wire_get_map(res, "logs", &logs) == 0) {
+        const char *names[2] = {"stdout", "stderr"};
+        for (int k = 0; k < 2; k++) {
+            if (sbx_wire_get_array(logs, names[k], &arr) != 0)
+                continue;
+            for (uint32_t i = 0; i < arr->via.array.size; i++) {
+                sbx_str t;
+                if (sbx_wire_obj_str(&arr->via.array.ptr[i], &t) == 0) {
+                    fflush(stdout);
+                    sbx_write_full(k ? STDERR_FILENO : STDOUT_FILENO, t.p, t.n);
+                }
+            }
+        }
+    }
+    if (sbx_wire_get_array(res, "results", &arr) == 0) {
+        for (uint32_t i = 0; i < arr->via.array.size; i++) {
+            const msgpack_object *r = &arr->via.array.ptr[i];
+            sbx_str text;
+            static const char *const rich[] = {"png", "jpeg", "svg", "html", "latex", "markdown",
+                                               "javascript", "json", "chart"};
+            for (size_t k = 0; k < SBX_ARRAY_LEN(rich); k++) {
+                const msgpack_object *v = sbx_wire_get(r, rich[k]);
+                sbx_str vs;
+                if (v && strcmp(rich[k], "json") && sbx_wire_obj_str(v, &vs) == 0)
+                    printf("[%s: %zu bytes]\n", rich[k], vs.n);
+                else if (v)
+                    printf("[%s]\n", rich[k]);
+            }
+            if (sbx_wire_get_str(r, "text", &text) == 0)
+                printf("%.*s\n", (int)text.n, text.p);
+        }
+    }
+    if (sbx_wire_get_map(res, "error", &err) == 0) {
+        const msgpack_object *tb;
+        sbx_str name = {"Error", 5}, value = {"", 0};
+        sbx_wire_get_str(err, "name", &name);
+        sbx_wire_get_str(err, "value", &value);
+        if (sbx_wire_get_array(err, "traceback", &tb) == 0 && tb->via.array.size) {
+            for (uint32_t i = 0; i < tb->via.array.size; i++) {
+                sbx_str l;
+                if (sbx_wire_obj_str(&tb->via.array.ptr[i], &l) == 0)
+                    fprintf(stderr, "%.*s\n", (int)l.n, l.p);
+            }
+        } else {
+            fprintf(stderr, "%.*s: %.*s\n", (int)name.n, name.p, (int)value.n, value.p);
+        }
+    }
+}
+
+int
+v_code(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "code ID [--lang python|javascript|typescript] [--context CTX] "
+                    "[--timeout D] [--stream] ('code' | -f FILE)";
+    struct opts o;
+    opts_init(&o, "sbx code", argc, argv);
+    static const struct option lo[] = {{"lang", 1, 0, 'l'},    {"context", 1, 0, 'c'},
+                                       {"timeout", 1, 0, 't'}, {"stream", 0, 0, 's'},
+                                       {"file", 1, 0, 'f'},    {0, 0, 0, 0}};
+    const char *lang = NULL, *ctx = NULL, *file = NULL;
+    bool stream = false;
+    int64_t tmo = 0;
+    int ch;
+    while ((ch = getopt_long(o.argc, o.argv, "f:", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'l': lang = optarg; break;
+        case 'c': ctx = optarg; break;
+        case 't': tmo = cli_parse_ms(optarg); break;
+        case 's': stream = true; break;
+        case 'f': file = optarg; break;
+        default: free(o.argv); return usage(u);
+        }
+    }
+    int npos = o.argc - optind;
+    if (tmo < 0 || npos < 1 || npos != (file ? 1 : 2)) {
+        free(o.argv);
+        return usage(u);
+    }
+    const char *id = o.argv[optind];
+    char *code = NULL;
+    size_t clen = 0;
+    if (file) {
+        if (sbx_fs_read(file, 32u << 20, &code, &clen) != 0) {
+            fprintf(stderr, "sbx code: cannot read %s: %s\n", file, strerror(errno));
+            free(o.argv);
+            return EXIT_USAGE;
+        }
+        if (!lang) {
+            const char *dot = strrchr(file, '.');
+            if (dot && (!strcmp(dot, ".js") || !strcmp(dot, ".mjs")))
+                lang = "javascript";
+            else if (dot && !strcmp(dot, ".ts"))
+                lang = "typescript";
+        }
+    } else {
+        code = sbx_xstrdup(o.argv[optind + 1]);
+        clen = strlen(code);
+    }
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstrn(&e, "code", code, clen);
+    free(code);
+    if (lang)
+        sbx_enc_kstr(&e, "language", lang);
+    if (ctx)
+        sbx_enc_kstr(&e, "context", ctx);
+    if (tmo)
+        sbx_enc_kint(&e, "timeout", tmo);
+    free(o.argv);
+    if (!stream) {
+        int rc = cli_call_enc(g, "context.run", id, &e, print_code_result);
+        return rc;
+    }
+    sbx_enc_end(&e);
+    char *args;
+    size_t alen;
+    sbx_enc_finish(&e, &args, &alen);
+    int rc = 0;
+    sbx_client *c = cli_connect(g, &rc);
+    if (!c) {
+        free(args);
+        return rc;
+    }
+    sbx_reply *r = NULL;
+    sbx_error err;
+    rc = sbx_call(c, "context.runStream", id, args, alen, 0, NULL, &r, &err);
+    free(args);
+    if (rc) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        sbx_client_close(c);
+        return 1;
+    }
+    sbx_str sid = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "streamId", &sid);
+    char sids[80];
+    sbx_str_copy(sid, sids, sizeof(sids));
+    sbx_reply_free(r);
+    sbx_stream *s;
+    sbx_stream_open(c, id, sids, 0, &s, &err);
+    sbx_event ev;
+    while ((rc = sbx_stream_next(s, &ev, &err)) == 1) {
+        if (g->json) {
+            char *j = sbx_json_dump(ev.obj, false);
+            printf("%s\n", j ? j : "{}");
+            free(j);
+            fflush(stdout);
+            continue;
+        }
+        sbx_str t;
+        if ((!strcmp(ev.type, "stdout") || !strcmp(ev.type, "stderr")) &&
+            sbx_wire_get_str(ev.obj, "text", &t) == 0) {
+            fflush(stdout);
+            sbx_write_full(ev.type[3] == 'o' ? STDOUT_FILENO : STDERR_FILENO, t.p, t.n);
+        } else if (!strcmp(ev.type, "result")) {
+            const msgpack_object *res;
+            if (sbx_wire_get_map(ev.obj, "result", &res) == 0 &&
+                sbx_wire_get_str(res, "text", &t) == 0)
+                printf("%.*s\n", (int)t.n, t.p);
+        } else if (!strcmp(ev.type, "error")) {
+            sbx_str n = {"Error", 5}, v = {"", 0};
+            sbx_wire_get_str(ev.obj, "name", &n);
+            sbx_wire_get_str(ev.obj, "value", &v);
+            fprintf(stderr, "%.*s: %.*s\n", (int)n.n, n.p, (int)v.n, v.p);
+        }
+    }
+    if (rc < 0) {
+        cli_print_err(&err);
+        sbx_error_free(&err);
+        rc = 1;
+    }
+    sbx_stream_close(s);
+    sbx_client_close(c);
+    return rc;
+}
+
+static void
+human_contexts(const msgpack_object *res)
+{
+    const msgpack_object *arr, *one;
+    if (sbx_wire_get_map(res, "context", &one) == 0) {
+        sbx_str id = {"", 0};
+        sbx_wire_get_str(one, "id", &id);
+        printf("%.*s\n", (int)id.n, id.p);
+        return;
+    }
+    if (sbx_wire_get_array(res, "contexts", &arr) != 0)
+        return;
+    printf("%-20s %-11s %-8s %s\n", "CONTEXT", "LANGUAGE", "MODE", "CWD");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *c = &arr->via.array.ptr[i];
+        sbx_str id = {"", 0}, l = {"", 0}, m = {"", 0}, cwd = {"", 0};
+        sbx_wire_get_str(c, "id", &id);
+        sbx_wire_get_str(c, "language", &l);
+        sbx_wire_get_str(c, "mode", &m);
+        sbx_wire_get_str(c, "cwd", &cwd);
+        printf("%-20.*s %-11.*s %-8.*s %.*s\n", (int)id.n, id.p, (int)l.n, l.p, (int)m.n, m.p,
+               (int)cwd.n, cwd.p);
+    }
+}
+
+int
+v_contexts(struct gopts *g, int argc, char **argv)
+{
+    if (argc < 1)
+        return usage("contexts ID");
+    return cli_call(g, "context.list", argv[0], NULL, human_contexts);
+}
+
+int
+v_context(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "context (create ID [--lang L] [--cwd DIR] [--env K=V]... | delete ID CTX)";
+    if (argc < 2)
+        return usage(u);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    if (!strcmp(argv[0], "delete") && argc == 3) {
+        sbx_enc_kstr(&e, "contextId", argv[2]);
+        return cli_call_enc(g, "context.delete", argv[1], &e, human_ok);
+    }
+    if (strcmp(argv[0], "create") != 0) {
+        sbx_enc_free(&e);
+        return usage(u);
+    }
+    bool env_open = false;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--lang") && i + 1 < argc) {
+            sbx_enc_kstr(&e, "language", argv[++i]);
+        } else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) {
+            sbx_enc_kstr(&e, "cwd", argv[++i]);
+        } else if (!strcmp(argv[i], "--env") && i + 1 < argc && strchr(argv[i + 1], '=')) {
+            if (!env_open) {
+                sbx_enc_kmap(&e, "envVars");
+                env_open = true;
+            }
+            const char *kv = argv[++i], *eq = strchr(kv, '=');
+            sbx_enc_strn(&e, kv, (size_t)(eq - kv));
+            sbx_enc_str(&e, eq + 1);
+        } else {
+            sbx_enc_free(&e);
+            return usage(u);
+        }
+    }
+    if (env_open)
+        sbx_enc_end(&e);
+    return cli_call_enc(g, "context.create", argv[1], &e, human_contexts);
+}

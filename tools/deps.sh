@@ -18,6 +18,11 @@ pkgs=(
   libcriterion-dev
   # inside sandboxes: the host's /usr is what sandboxes run
   bash coreutils procps python3 nodejs git
+  # the code interpreter: IPython, matplotlib, pandas, numpy; npm for the JS/TS driver
+  python3-ipython python3-matplotlib python3-matplotlib-inline python3-pandas python3-numpy
+  npm
+  # tests: a real Jupyter kernel for the differential test
+  python3-ipykernel python3-jupyter-client
   # benchmark baseline
   bubblewrap
 )
@@ -28,9 +33,13 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
-# Node may come from elsewhere (NodeSource); a working `node` is enough.
+# Node may come from elsewhere (NodeSource, which bundles npm); a working
+# `node` / `npm` is enough.
 if [[ " ${missing[*]} " == *" nodejs "* ]] && command -v node >/dev/null 2>&1; then
   missing=("${missing[@]/nodejs}")
+fi
+if [[ " ${missing[*]} " == *" npm "* ]] && command -v npm >/dev/null 2>&1; then
+  missing=("${missing[@]/npm}")
 fi
 missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
 

@@ -598,6 +598,12 @@ static const struct verb verbs[] = {
     {"git-checkout", v_git_checkout, "ID URL [--branch B] [--dir DIR] [--depth N]",
      "clone a git repository into the sandbox"},
     {"env", v_env, "ID K=V... [-u K]...", "set and unset sandbox environment variables"},
+    {"code", v_code, "ID [--lang python|javascript|typescript] [--context CTX] [--timeout D] "
+                     "[--stream] ('code' | -f FILE)",
+     "run code in a persistent interpreter context; print output and results"},
+    {"contexts", v_contexts, "ID", "list the sandbox's code contexts"},
+    {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
+     "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]",
      "lifecycle settings: idle time before the container stops, keep-alive"},
     {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS]",

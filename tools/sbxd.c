@@ -35,6 +35,21 @@
 #define DEFAULT_LISTEN "tcp://127.0.0.1:7700"
 
 static char *
+interp_dir_default(void)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return NULL;
+    self[n] = '\0';
+    char buf[PATH_MAX + 32], real[PATH_MAX];
+    snprintf(buf, sizeof(buf), "%s/../share/sbx/interp", dirname(self));
+    if (!realpath(buf, real))
+        return NULL;
+    return sbx_xstrdup(real);
+}
+
+static char *
 agent_next_to_self(void)
 {
     char self[PATH_MAX];
@@ -50,6 +65,8 @@ agent_next_to_self(void)
 /* The options a shard takes; `sbxd dev` takes them too and passes them on. */
 #define SHARD_OPTS(c)                                                                         \
     {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
+        {"interp", SBX_OPT_STR, &(c)->interp,                                                 \
+         "interpreter drivers directory (default: ../share/sbx/interp from sbxd)"},           \
         {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
         {"uid-base", SBX_OPT_INT, &(c)->uid_base, "first host uid mapped into sandboxes"},    \
         {"uid-count", SBX_OPT_INT, &(c)->uid_count, "host uids available (max live sandboxes)"}, \
@@ -111,6 +128,8 @@ cmd_shard(int argc, char **argv)
     }
     if (!c.agent)
         c.agent = agent_next_to_self();
+    if (!c.interp)
+        c.interp = interp_dir_default();
     if (!c.etc)
         c.etc = sbx_xcalloc(1, sizeof(char *));
     if (!c.env)

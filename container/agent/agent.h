@@ -50,6 +50,7 @@ struct agent_cfg {
     uint32_t nofile;         /* RLIMIT_NOFILE for tenant processes */
     uint32_t nproc;          /* RLIMIT_NPROC backstop (per uid; the pids cgroup is the real limit) */
     uint64_t output_cap;     /* bytes kept per stream of an exec */
+    char interp_dir[512];    /* host directory of the interpreter drivers, bound at /opt/sbx */
     char **env;              /* base environment "K=V", NULL-terminated */
 };
 
@@ -95,6 +96,7 @@ struct agent {
     sbx_enc ev_enc;           /* the stream event being built (stream.c) */
     struct stream *ev_stream;
     bool ev_open;
+    void *interp;             /* code contexts (interp.c) */
     uint64_t nonce_ctr;
     uint64_t stream_ctr;
     bool bound;
@@ -223,6 +225,15 @@ void agent_op_file_exists(struct agent *a, struct agent_req *r);
 void agent_op_file_watch(struct agent *a, struct agent_req *r);
 void agent_op_git_checkout(struct agent *a, struct agent_req *r);
 void agent_watches_free(struct agent *a);
+
+/* interp.c: code contexts. */
+void agent_op_context_create(struct agent *a, struct agent_req *r);
+void agent_op_context_run(struct agent *a, struct agent_req *r);
+void agent_op_context_run_stream(struct agent *a, struct agent_req *r);
+void agent_op_context_list(struct agent *a, struct agent_req *r);
+void agent_op_context_delete(struct agent *a, struct agent_req *r);
+bool agent_interp_reaped(struct agent *a, pid_t pid, int status);
+void agent_interp_free(struct agent *a);
 
 /* exec.c: send `sig` to root's descendants (all, however deep) and, if
  * include_root, to root; returns how many were signalled. */

@@ -347,6 +347,11 @@ static const struct {
     {"file.exists", agent_op_file_exists},
     {"file.watch", agent_op_file_watch},
     {"git.checkout", agent_op_git_checkout},
+    {"context.create", agent_op_context_create},
+    {"context.run", agent_op_context_run},
+    {"context.runStream", agent_op_context_run_stream},
+    {"context.list", agent_op_context_list},
+    {"context.delete", agent_op_context_delete},
 };
 
 static void
@@ -427,6 +432,7 @@ sig_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
         agent_job_reaped(a, pid, st);
         agent_sessions_reaped(a, pid, st);
         agent_procs_reaped(a, pid, st);
+        agent_interp_reaped(a, pid, st);
     }
 }
 
@@ -460,6 +466,19 @@ report_setup(int fd, int rc, const char *why)
         free(buf);
     }
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+/* The ASan build of the agent lives inside the sandbox's memory limit: a
+ * small quarantine (the default 256 MiB would be most of it), no leak check at
+ * exit (PID 1 exits by being killed).  Read by the ASan runtime at start-up
+ * (sanitizer_common's documented hook); ASAN_OPTIONS still overrides. */
+const char *__asan_default_options(void);
+const char *
+__asan_default_options(void)
+{
+    return "detect_leaks=0:abort_on_error=0:quarantine_size_mb=8:malloc_context_size=10";
+}
+#endif
 
 int
 main(int argc, char **argv)
@@ -522,6 +541,7 @@ main(int argc, char **argv)
     rc = sbx_loop_run(a.loop);
     agent_sessions_free(&a);
     agent_procs_free(&a);
+    agent_interp_free(&a);
     agent_watches_free(&a);
     agent_streams_free(&a);
     return rc ? 1 : 0;

@@ -106,6 +106,8 @@ agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root)
     cfg->output_cap = 32ull << 20;
     if (sbx_wire_get_i64(root, "output_cap", &i) == 0 && i > 0)
         cfg->output_cap = (uint64_t)i;
+    if (sbx_wire_get_str(root, "interp_dir", &s) == 0 && s.n && s.n < sizeof(cfg->interp_dir))
+        sbx_str_copy(s, cfg->interp_dir, sizeof(cfg->interp_dir));
     o = sbx_wire_get(root, "etc");
     cfg->etc = strv_from(o);
     o = sbx_wire_get(root, "env");
@@ -550,6 +552,15 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
         char d[64];
         snprintf(d, sizeof(d), NEWROOT "/%s", empty[i]);
         STEP(mkdir(d, 0755) == 0, "mkdir /%s", empty[i]);
+    }
+
+    /* The interpreter drivers (code contexts), read-only, when installed. */
+    if (cfg->interp_dir[0] && access(cfg->interp_dir, F_OK) == 0) {
+        rc = bind_ro(cfg->interp_dir, NEWROOT "/opt/sbx", true);
+        if (rc) {
+            snprintf(why, whylen, "bind the interpreter drivers at /opt/sbx");
+            goto out;
+        }
     }
 
     /* 4. Switch roots: pivot_root(".", ".") stacks the old root under the new

@@ -1,0 +1,1160 @@
+/*
+ * interp.c — code contexts: persistent Python, JavaScript and TypeScript
+ * interpreters with rich outputs (the SDK's createCodeContext, runCode,
+ * runCodeStream, listCodeContexts, deleteCodeContext).
+ *
+ * A context is one driver process (container/interp/driver.py or
+ * driver.js) whose memory is the context's state.  The agent talks to it
+ * over two pipes — requests on the driver's fd 3, events on its fd 4, JSON
+ * lines in the Jupyter iopub vocabulary (stream, display_data,
+ * execute_result, error, done) — and reads the driver's own fd 1/2, where
+ * only fd-level output lands (subprocesses, C extensions).  Keeping the
+ * protocol off stdout is what lets print() and os.system() both reach the
+ * caller intact (interpreter-sessions-streaming.md §1.7).
+ *
+ * Runs on one context are queued and executed one at a time in arrival
+ * order; contexts are separate processes, so they neither share state nor
+ * wait for each other.  Output is forwarded as it is produced: runCodeStream
+ * delivers events during the cell (the SDK buffers a whole cell).  A timeout
+ * sends SIGINT (KeyboardInterrupt / breakOnSigint): the cell ends with an
+ * error and the context keeps its state; if the driver does not finish the
+ * cell within a grace period it is killed and the context reports that it
+ * is dead and must be recreated.  One warm driver per language used is kept
+ * ready, so creating the next context costs an `init` message, not a start.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/err.h"
+#include "../../runtime/json.h"
+#include "../../runtime/log.h"
+#include "agent.h"
+#include "stream.h"
+
+#define INTERP_DIR "/opt/sbx"
+#define READY_TIMEOUT_MS 30000
+#define INTERRUPT_GRACE_MS 2000
+#define EVENT_LINE_MAX (64u << 20)
+
+enum { L_PY = 0, L_JS, L_TS, L_N };
+static const char *const lang_names[L_N] = {"python", "javascript", "typescript"};
+
+struct run;
+struct context;
+
+struct driver {
+    struct driver *next;
+    struct agent *a;
+    int lang;
+    pid_t pid;
+    int req_fd, ev_fd, out_fd, err_fd;
+    sbx_watch *w_req, *w_ev, *w_out, *w_err;
+    sbx_buf evbuf, reqq;
+    bool ready, dead;
+    char mode[16];
+    struct context *ctx;     /* NULL while warm */
+    int64_t spawned_ms;
+    uint64_t ready_timer;
+};
+
+struct run {
+    struct run *next;
+    struct agent_req *req;   /* runCode: answered at the end; NULL when streamed */
+    struct stream *stream;   /* runCodeStream */
+    struct agent_req *init_req; /* context.create waiting for init */
+    bool is_init;
+    char rid[32];
+    char *payload;           /* the JSON request line */
+    int64_t timeout_ms;
+    uint64_t timer, kill_timer;
+    bool interrupted, sent;
+    int64_t start_us;
+    /* accumulated for runCode */
+    sbx_enc results;
+    int nresults;
+    sbx_enc out, err;
+    int nout, nerr;
+    bool has_error;
+    sbx_enc error;
+    int exec_count;
+};
+
+struct context {
+    struct context *next;
+    struct agent *a;
+    char id[64];
+    int lang;
+    char cwd[1024];
+    int64_t created_ms, last_ms;
+    struct driver *drv;
+    struct run *q_head, *q_tail, *cur;
+    bool dead;
+    char dead_why[200];
+};
+
+/* Per-agent interpreter state hangs off the agent. */
+struct interp {
+    struct driver *drivers;
+    struct context *contexts;
+    struct driver *warm[L_N];
+    uint64_t ctr;
+};
+
+static struct interp *
+IS(struct agent *a)
+{
+    if (!a->interp)
+        a->interp = sbx_xcalloc(1, sizeof(struct interp));
+    return a->interp;
+}
+
+static void run_next(struct context *c);
+static void run_finish(struct context *c, const char *status);
+static void driver_died(struct driver *d, const char *why);
+static struct driver *driver_spawn(struct agent *a, int lang, char *why, size_t whylen);
+
+/* ------------------------------------------------------------------------------ */
+/* Languages. */
+
+static int
+lang_of(sbx_str s)
+{
+    if (sbx_str_eq(s, "python") || sbx_str_eq(s, "python3") || sbx_str_eq(s, "py"))
+        return L_PY;
+    if (sbx_str_eq(s, "javascript") || sbx_str_eq(s, "js") || sbx_str_eq(s, "node"))
+        return L_JS;
+    if (sbx_str_eq(s, "typescript") || sbx_str_eq(s, "ts"))
+        return L_TS;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* The driver's pipes. */
+
+static void
+req_pump(struct driver *d)
+{
+    size_t off = 0;
+    while (off < d->reqq.len) {
+        ssize_t w = write(d->req_fd, d->reqq.p + off, d->reqq.len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        off += (size_t)w;
+    }
+    sbx_buf_consume(&d->reqq, off);
+    sbx_loop_modify(d->a->loop, d->w_req, d->reqq.len ? EPOLLOUT : 0);
+}
+
+static void
+req_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    (void)l;
+    (void)fd;
+    (void)ev;
+    req_pump(arg);
+}
+
+/* fd-level output of the driver (subprocesses, C extensions): logs of the
+ * running cell, or dropped when idle. */
+static void
+fdout_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct driver *d = arg;
+    char buf[65536];
+    (void)ev;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n > 0) {
+            struct context *c = d->ctx;
+            struct run *r = c ? c->cur : NULL;
+            if (r && !r->is_init) {
+                bool isout = fd == d->out_fd;
+                if (r->stream) {
+                    sbx_enc *e = stream_begin(r->stream, isout ? "stdout" : "stderr");
+                    sbx_enc_kstrn(e, "text", buf, (size_t)n);
+                    stream_commit(r->stream, false);
+                } else {
+                    sbx_enc_strn(isout ? &r->out : &r->err, buf, (size_t)n);
+                    if (isout)
+                        r->nout++;
+                    else
+                        r->nerr++;
+                }
+            }
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 || (n < 0 && errno != EAGAIN)) {
+            sbx_watch **w = fd == d->out_fd ? &d->w_out : &d->w_err;
+            sbx_loop_modify(l, *w, 0);
+        }
+        return;
+    }
+}
+
+static void
+drain_fdout(struct driver *d)
+{
+    if (d->out_fd >= 0)
+        fdout_cb(d->a->loop, d->out_fd, EPOLLIN, d);
+    if (d->err_fd >= 0)
+        fdout_cb(d->a->loop, d->err_fd, EPOLLIN, d);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Results in the SDK's shape. */
+
+static const struct {
+    const char *mime, *field;
+} mime_fields[] = {
+    {"text/plain", "text"},        {"text/html", "html"},       {"image/png", "png"},
+    {"image/jpeg", "jpeg"},        {"image/svg+xml", "svg"},    {"text/latex", "latex"},
+    {"text/markdown", "markdown"}, {"application/javascript", "javascript"},
+    {"application/json", "json"},  {"application/vnd.sbx.chart+json", "chart"},
+};
+
+/* Encode one result map from a Jupyter data bundle. */
+static void
+encode_result(sbx_enc *e, json_t *data, bool main_result)
+{
+    sbx_enc_map(e);
+    const char *k;
+    json_t *v;
+    for (size_t i = 0; i < SBX_ARRAY_LEN(mime_fields); i++) {
+        v = json_object_get(data, mime_fields[i].mime);
+        if (!v)
+            continue;
+        sbx_enc_str(e, mime_fields[i].field);
+        if (sbx_json_to_msgpack(v, e) != 0)
+            sbx_enc_nil(e);
+    }
+    sbx_enc_karray(e, "formats");
+    json_object_foreach(data, k, v)
+        sbx_enc_str(e, k);
+    sbx_enc_end(e);
+    sbx_enc_kbool(e, "isMainResult", main_result);
+    sbx_enc_end(e);
+}
+
+static void
+run_free(struct run *r)
+{
+    sbx_enc_free(&r->results);
+    sbx_enc_free(&r->out);
+    sbx_enc_free(&r->err);
+    sbx_enc_free(&r->error);
+    free(r->payload);
+    free(r);
+}
+
+/* One event line from the driver. */
+static void
+on_event(struct driver *d, json_t *ev)
+{
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    if (!type)
+        return;
+    if (!strcmp(type, "ready")) {
+        d->ready = true;
+        const char *mode = json_string_value(json_object_get(ev, "mode"));
+        snprintf(d->mode, sizeof(d->mode), "%s", mode ? mode : "");
+        sbx_loop_cancel(d->a->loop, d->ready_timer);
+        d->ready_timer = 0;
+        if (d->ctx)
+            run_next(d->ctx);
+        return;
+    }
+    struct context *c = d->ctx;
+    struct run *r = c ? c->cur : NULL;
+    const char *id = json_string_value(json_object_get(ev, "id"));
+    if (!r || !id || strcmp(id, r->rid))
+        return; /* stale (a cell we gave up on) */
+    if (!strcmp(type, "done")) {
+        json_t *ec = json_object_get(ev, "execution_count");
+        if (json_is_integer(ec))
+            r->exec_count = (int)json_integer_value(ec);
+        const char *st = json_string_value(json_object_get(ev, "status"));
+        drain_fdout(d);
+        run_finish(c, st ? st : "ok");
+        return;
+    }
+    if (r->is_init) {
+        if (!strcmp(type, "error")) {
+            r->has_error = true;
+            sbx_enc_init(&r->error);
+            sbx_enc_map(&r->error);
+            const char *ev2 = json_string_value(json_object_get(ev, "evalue"));
+            sbx_enc_kstr(&r->error, "value", ev2 ? ev2 : "");
+        }
+        return;
+    }
+    if (!strcmp(type, "stream")) {
+        const char *name = json_string_value(json_object_get(ev, "name"));
+        json_t *t = json_object_get(ev, "text");
+        bool isout = !name || strcmp(name, "stderr") != 0;
+        if (!json_is_string(t))
+            return;
+        if (r->stream) {
+            sbx_enc *e = stream_begin(r->stream, isout ? "stdout" : "stderr");
+            sbx_enc_kstrn(e, "text", json_string_value(t), json_string_length(t));
+            stream_commit(r->stream, false);
+        } else {
+            sbx_enc_strn(isout ? &r->out : &r->err, json_string_value(t), json_string_length(t));
+            if (isout)
+                r->nout++;
+            else
+                r->nerr++;
+        }
+        return;
+    }
+    if (!strcmp(type, "display_data") || !strcmp(type, "execute_result")) {
+        json_t *data = json_object_get(ev, "data");
+        if (!json_is_object(data))
+            return;
+        bool main_result = !strcmp(type, "execute_result");
+        if (r->stream) {
+            sbx_enc *e = stream_begin(r->stream, "result");
+            sbx_enc_str(e, "result");
+            encode_result(e, data, main_result);
+            stream_commit(r->stream, false);
+        } else {
+            encode_result(&r->results, data, main_result);
+            r->nresults++;
+        }
+        return;
+    }
+    if (!strcmp(type, "error")) {
+        const char *ename = json_string_value(json_object_get(ev, "ename"));
+        const char *evalue = json_string_value(json_object_get(ev, "evalue"));
+        json_t *tb = json_object_get(ev, "traceback");
+        sbx_enc *e;
+        if (r->stream) {
+            e = stream_begin(r->stream, "error");
+        } else {
+            if (r->has_error)
+                sbx_enc_free(&r->error);
+            r->has_error = true;
+            sbx_enc_init(&r->error);
+            sbx_enc_map(&r->error);
+            e = &r->error;
+        }
+        sbx_enc_kstr(e, "name", ename ? ename : "Error");
+        sbx_enc_kstr(e, "value", evalue ? evalue : "");
+        sbx_enc_karray(e, "traceback");
+        size_t i;
+        json_t *line;
+        json_array_foreach(tb, i, line)
+            if (json_is_string(line))
+                sbx_enc_str(e, json_string_value(line));
+        sbx_enc_end(e);
+        if (r->stream)
+            stream_commit(r->stream, false);
+    }
+}
+
+static void
+ev_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct driver *d = arg;
+    char buf[65536];
+    (void)l;
+    (void)ev;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n > 0) {
+            sbx_buf_append(&d->evbuf, buf, (size_t)n);
+            char *nl;
+            while (d->evbuf.len && (nl = memchr(d->evbuf.p, '\n', d->evbuf.len)) != NULL) {
+                size_t len = (size_t)(nl - d->evbuf.p);
+                json_error_t je;
+                json_t *j = json_loadb(d->evbuf.p, len, 0, &je);
+                sbx_buf_consume(&d->evbuf, len + 1);
+                if (j) {
+                    on_event(d, j);
+                    json_decref(j);
+                    if (d->dead)
+                        return;
+                }
+            }
+            if (d->evbuf.len > EVENT_LINE_MAX) {
+                driver_died(d, "it sent an event line over 64 MiB");
+                return;
+            }
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        driver_died(d, "its event pipe closed");
+        return;
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Drivers. */
+
+static void
+driver_close(struct driver *d)
+{
+    struct agent *a = d->a;
+    sbx_watch **ws[] = {&d->w_req, &d->w_ev, &d->w_out, &d->w_err};
+    int *fds[] = {&d->req_fd, &d->ev_fd, &d->out_fd, &d->err_fd};
+    for (size_t i = 0; i < 4; i++) {
+        if (*ws[i])
+            sbx_loop_unwatch(a->loop, *ws[i]);
+        *ws[i] = NULL;
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
+    sbx_loop_cancel(a->loop, d->ready_timer);
+    d->ready_timer = 0;
+}
+
+static void
+driver_free(struct driver *d)
+{
+    struct interp *in = IS(d->a);
+    for (struct driver **pp = &in->drivers; *pp; pp = &(*pp)->next) {
+        if (*pp == d) {
+            *pp = d->next;
+            break;
+        }
+    }
+    for (int i = 0; i < L_N; i++)
+        if (in->warm[i] == d)
+            in->warm[i] = NULL;
+    driver_close(d);
+    sbx_buf_free(&d->evbuf);
+    sbx_buf_free(&d->reqq);
+    free(d);
+}
+
+static void
+driver_kill(struct driver *d)
+{
+    if (d->pid > 0 && !d->dead)
+        agent_kill_tree(d->pid, false, NULL, 0);
+}
+
+static void
+ready_timeout(sbx_loop *l, void *arg)
+{
+    struct driver *d = arg;
+    (void)l;
+    d->ready_timer = 0;
+    driver_kill(d);
+    driver_died(d, "it did not start within 30 s");
+}
+
+/* Seed matplotlib's cache directory with the font list built at install
+ * time (tools/install-interp.sh): the first `import matplotlib` in a sandbox
+ * then takes 0.5 s instead of 1.1 s. */
+static void
+seed_mpl_cache(void)
+{
+    static const char src[] = INTERP_DIR "/mplcache/fontlist-v330.json";
+    static const char dst[] = "/tmp/.sbx-matplotlib/fontlist-v330.json";
+    char *buf = NULL;
+    size_t n;
+    if (access(dst, F_OK) == 0 || sbx_fs_read(src, 16u << 20, &buf, &n) != 0)
+        return;
+    mkdir("/tmp/.sbx-matplotlib", 0755);
+    int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        sbx_write_full(fd, buf, n);
+        close(fd);
+    }
+    free(buf);
+}
+
+static struct driver *
+driver_spawn(struct agent *a, int lang, char *why, size_t whylen)
+{
+    int preq[2] = {-1, -1}, pev[2] = {-1, -1}, po[2] = {-1, -1}, pe[2] = {-1, -1}, nul = -1;
+    struct driver *d = NULL;
+    const char *script = lang == L_PY ? INTERP_DIR "/driver.py" : INTERP_DIR "/driver.js";
+    struct stat st;
+    if (stat(script, &st) < 0) {
+        snprintf(why, whylen, "the interpreter driver %s is not installed", script);
+        return NULL;
+    }
+    const char *bin = lang == L_PY ? "/usr/bin/python3" : NULL;
+    if (lang != L_PY) {
+        static const char *const nodes[] = {"/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"};
+        for (size_t i = 0; i < SBX_ARRAY_LEN(nodes) && !bin; i++)
+            if (access(nodes[i], X_OK) == 0)
+                bin = nodes[i];
+        if (!bin) {
+            snprintf(why, whylen, "node is not installed on the host");
+            return NULL;
+        }
+    } else if (access(bin, X_OK) != 0) {
+        snprintf(why, whylen, "python3 is not installed on the host");
+        return NULL;
+    }
+    if (lang == L_PY)
+        seed_mpl_cache();
+    if (pipe2(preq, O_CLOEXEC) < 0 || pipe2(pev, O_CLOEXEC) < 0 || pipe2(po, O_CLOEXEC) < 0 ||
+        pipe2(pe, O_CLOEXEC) < 0 || (nul = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+        snprintf(why, whylen, "pipe: %s", strerror(errno));
+        goto out;
+    }
+    const char *argv_py[] = {bin, "-u", script, NULL};
+    const char *argv_js[] = {bin, script, lang == L_TS ? "typescript" : "javascript", NULL};
+    char **env = agent_env_merge(a->env, NULL);
+    /* Interpreter settings the user can still override through envVars. */
+    static const char *const extra[] = {"NODE_NO_WARNINGS=1", "PYTHONDONTWRITEBYTECODE=1",
+                                        "MPLCONFIGDIR=/tmp/.sbx-matplotlib"};
+    size_t n = 0;
+    while (env[n])
+        n++;
+    env = sbx_xrealloc(env, (n + SBX_ARRAY_LEN(extra) + 1) * sizeof(char *));
+    for (size_t i = 0; i < SBX_ARRAY_LEN(extra); i++) {
+        size_t kl = (size_t)(strchr(extra[i], '=') - extra[i]);
+        bool have = false;
+        for (size_t k = 0; k < n; k++)
+            if (!strncmp(env[k], extra[i], kl + 1))
+                have = true;
+        if (!have)
+            env[n++] = sbx_xstrdup(extra[i]);
+    }
+    env[n] = NULL;
+    int keep[] = {preq[0], pev[1]};
+    struct spawn_opts so = {
+        .in_fd = nul,
+        .out_fd = po[1],
+        .err_fd = pe[1],
+        .keep_fds = keep,
+        .nkeep = 2,
+        .cwd = "/workspace",
+        .env = env,
+        .argv = lang == L_PY ? argv_py : argv_js,
+        .subreaper = true,
+        .new_session = true,
+    };
+    pid_t pid = agent_spawn(a, &so);
+    agent_env_free(env);
+    if (pid < 0) {
+        snprintf(why, whylen, "could not start the interpreter: %s", strerror((int)-pid));
+        goto out;
+    }
+    d = sbx_xcalloc(1, sizeof(*d));
+    d->a = a;
+    d->lang = lang;
+    d->pid = pid;
+    d->spawned_ms = sbx_mono_ms();
+    d->req_fd = preq[1];
+    d->ev_fd = pev[0];
+    d->out_fd = po[0];
+    d->err_fd = pe[0];
+    preq[1] = pev[0] = po[0] = pe[0] = -1;
+    int fds[] = {d->req_fd, d->ev_fd, d->out_fd, d->err_fd};
+    for (size_t i = 0; i < 4; i++)
+        sbx_set_nonblock(fds[i], true);
+    sbx_buf_init(&d->evbuf);
+    sbx_buf_init(&d->reqq);
+    d->w_req = sbx_loop_watch(a->loop, d->req_fd, 0, req_cb, d);
+    d->w_ev = sbx_loop_watch(a->loop, d->ev_fd, EPOLLIN, ev_cb, d);
+    d->w_out = sbx_loop_watch(a->loop, d->out_fd, EPOLLIN, fdout_cb, d);
+    d->w_err = sbx_loop_watch(a->loop, d->err_fd, EPOLLIN, fdout_cb, d);
+    d->ready_timer = sbx_loop_timer(a->loop, READY_TIMEOUT_MS, ready_timeout, d);
+    struct interp *in = IS(a);
+    d->next = in->drivers;
+    in->drivers = d;
+out:
+    int all[] = {preq[0], preq[1], pev[0], pev[1], po[0], po[1], pe[0], pe[1], nul};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(all); i++)
+        if (all[i] >= 0)
+            close(all[i]);
+    return d;
+}
+
+/* Keep one idle driver per language that has been used. */
+static void
+ensure_warm(struct agent *a, int lang)
+{
+    struct interp *in = IS(a);
+    if (in->warm[lang])
+        return;
+    char why[200];
+    in->warm[lang] = driver_spawn(a, lang, why, sizeof(why));
+}
+
+static void
+driver_died(struct driver *d, const char *why)
+{
+    if (d->dead)
+        return;
+    d->dead = true;
+    struct context *c = d->ctx;
+    driver_close(d);
+    if (!c) {
+        driver_free(d);
+        return;
+    }
+    c->dead = true;
+    snprintf(c->dead_why, sizeof(c->dead_why),
+             "the context's interpreter exited (%s); delete the context and create a new one", why);
+    run_finish(c, "dead");
+    c->drv = NULL;
+    driver_free(d);
+    /* Everything queued behind fails the same way. */
+    while (c->q_head) {
+        struct run *r = c->q_head;
+        c->q_head = r->next;
+        c->cur = r;
+        run_finish(c, "dead");
+    }
+    c->q_tail = NULL;
+}
+
+bool
+agent_interp_reaped(struct agent *a, pid_t pid, int status)
+{
+    if (!a->interp)
+        return false;
+    for (struct driver *d = IS(a)->drivers; d; d = d->next) {
+        if (d->pid != pid)
+            continue;
+        /* Events already in the pipe come first. */
+        if (d->ev_fd >= 0)
+            ev_cb(a->loop, d->ev_fd, EPOLLIN, d);
+        if (!d->dead) {
+            char why[64];
+            snprintf(why, sizeof(why), WIFEXITED(status) ? "exit status %d" : "signal %d",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            driver_died(d, why);
+        }
+        return true;
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Runs. */
+
+static void
+interrupt_grace(sbx_loop *l, void *arg)
+{
+    struct context *c = arg;
+    (void)l;
+    if (c->cur)
+        c->cur->kill_timer = 0;
+    if (c->drv) {
+        /* The cell ignored SIGINT (C code, a busy event loop): the state
+         * cannot be saved. */
+        driver_kill(c->drv);
+        driver_died(c->drv, "it did not stop within 2 s of an interrupt and was killed");
+    }
+}
+
+static void
+run_timeout(sbx_loop *l, void *arg)
+{
+    struct context *c = arg;
+    struct run *r = c->cur;
+    if (!r)
+        return;
+    r->timer = 0;
+    r->interrupted = true;
+    if (c->drv)
+        kill(c->drv->pid, SIGINT);
+    r->kill_timer = sbx_loop_timer(l, INTERRUPT_GRACE_MS, interrupt_grace, c);
+}
+
+static void
+run_next(struct context *c)
+{
+    if (c->cur || !c->q_head || !c->drv || !c->drv->ready || c->dead)
+        return;
+    struct run *r = c->q_head;
+    c->q_head = r->next;
+    if (!c->q_head)
+        c->q_tail = NULL;
+    r->next = NULL;
+    c->cur = r;
+    r->start_us = sbx_mono_us();
+    c->last_ms = sbx_wall_ms();
+    sbx_buf_append(&c->drv->reqq, r->payload, strlen(r->payload));
+    req_pump(c->drv);
+    r->sent = true;
+    if (r->stream) {
+        sbx_enc *e = stream_begin(r->stream, "start");
+        sbx_enc_kstr(e, "contextId", c->id);
+        stream_commit(r->stream, false);
+    }
+    if (r->timeout_ms > 0)
+        r->timer = sbx_loop_timer(c->a->loop, r->timeout_ms, run_timeout, c);
+}
+
+static void
+encode_context(struct context *c, sbx_enc *e)
+{
+    char t[40];
+    sbx_enc_map(e);
+    sbx_enc_kstr(e, "id", c->id);
+    sbx_enc_kstr(e, "language", lang_names[c->lang]);
+    sbx_enc_kstr(e, "cwd", c->cwd);
+    sbx_iso8601(c->created_ms, t, sizeof(t));
+    sbx_enc_kstr(e, "createdAt", t);
+    sbx_iso8601(c->last_ms, t, sizeof(t));
+    sbx_enc_kstr(e, "lastUsed", t);
+    if (c->drv && c->drv->mode[0])
+        sbx_enc_kstr(e, "mode", c->drv->mode);
+    if (c->dead)
+        sbx_enc_kstr(e, "state", "dead");
+    sbx_enc_end(e);
+}
+
+static void
+run_finish(struct context *c, const char *status)
+{
+    struct run *r = c->cur;
+    struct agent *a = c->a;
+    if (!r)
+        return;
+    c->cur = NULL;
+    sbx_loop_cancel(a->loop, r->timer);
+    sbx_loop_cancel(a->loop, r->kill_timer);
+    bool dead = !strcmp(status, "dead");
+    if (r->is_init) {
+        if (dead || r->has_error) {
+            char why[300];
+            snprintf(why, sizeof(why), "the %s context could not be set up: %s",
+                     lang_names[c->lang], dead ? c->dead_why : "its cwd does not exist");
+            if (r->init_req)
+                agent_reply_err(a, r->init_req,
+                                dead ? SBX_E_INTERPRETER_NOT_READY : SBX_E_VALIDATION, "%s", why);
+            if (!dead)
+                snprintf(c->dead_why, sizeof(c->dead_why), "%s", why);
+            c->dead = true;
+        } else if (r->init_req) {
+            sbx_enc e;
+            sbx_enc_init(&e);
+            sbx_enc_map(&e);
+            sbx_enc_kbool(&e, "success", true);
+            sbx_enc_kstr(&e, "contextId", c->id);
+            sbx_enc_str(&e, "context");
+            encode_context(c, &e);
+            agent_reply_ok(a, r->init_req, &e);
+        }
+        run_free(r);
+        if (!dead)
+            run_next(c);
+        return;
+    }
+    if (dead) {
+        if (r->stream) {
+            sbx_enc *e = stream_begin(r->stream, "error");
+            sbx_enc_kstr(e, "name", "ContextDead");
+            sbx_enc_kstr(e, "value", c->dead_why);
+            sbx_enc_karray(e, "traceback");
+            sbx_enc_end(e);
+            stream_commit(r->stream, true);
+            r->stream->ops = NULL;
+            stream_unref(r->stream);
+        } else if (r->req) {
+            sbx_werr w;
+            sbx_werr_init(&w, SBX_E_CODE, "%s", c->dead_why);
+            sbx_enc_kstr(sbx_werr_ctx(&w), "contextId", c->id);
+            agent_reply_werr(a, r->req, &w);
+            sbx_werr_free(&w);
+        }
+        run_free(r);
+        return;
+    }
+    int64_t dur = (sbx_mono_us() - r->start_us) / 1000;
+    if (r->stream) {
+        sbx_enc *e = stream_begin(r->stream, "execution_complete");
+        sbx_enc_kint(e, "executionCount", r->exec_count);
+        sbx_enc_kstr(e, "status", status);
+        sbx_enc_kbool(e, "timedOut", r->interrupted);
+        sbx_enc_kint(e, "duration", dur);
+        stream_commit(r->stream, true);
+        r->stream->ops = NULL;
+        stream_unref(r->stream);
+    } else if (r->req) {
+        sbx_enc e;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "contextId", c->id);
+        sbx_enc_kstr(&e, "language", lang_names[c->lang]);
+        sbx_enc_kint(&e, "executionCount", r->exec_count);
+        sbx_enc_str(&e, "results");
+        sbx_enc_end(&r->results);
+        char *b;
+        size_t bl;
+        if (sbx_enc_finish(&r->results, &b, &bl) == 0) {
+            sbx_enc_raw(&e, b, bl);
+            free(b);
+        }
+        sbx_enc_kmap(&e, "logs");
+        sbx_enc_str(&e, "stdout");
+        sbx_enc_end(&r->out);
+        if (sbx_enc_finish(&r->out, &b, &bl) == 0) {
+            sbx_enc_raw(&e, b, bl);
+            free(b);
+        }
+        sbx_enc_str(&e, "stderr");
+        sbx_enc_end(&r->err);
+        if (sbx_enc_finish(&r->err, &b, &bl) == 0) {
+            sbx_enc_raw(&e, b, bl);
+            free(b);
+        }
+        sbx_enc_end(&e);
+        if (r->has_error) {
+            sbx_enc_str(&e, "error");
+            sbx_enc_end(&r->error);
+            if (sbx_enc_finish(&r->error, &b, &bl) == 0) {
+                sbx_enc_raw(&e, b, bl);
+                free(b);
+            }
+        }
+        sbx_enc_kbool(&e, "timedOut", r->interrupted);
+        sbx_enc_kint(&e, "duration", dur);
+        agent_reply_ok(a, r->req, &e);
+    }
+    run_free(r);
+    run_next(c);
+}
+
+static struct run *
+run_new(struct context *c, const char *type, const char *code)
+{
+    struct interp *in = IS(c->a);
+    struct run *r = sbx_xcalloc(1, sizeof(*r));
+    snprintf(r->rid, sizeof(r->rid), "r%llu", (unsigned long long)++in->ctr);
+    json_t *j = json_object();
+    json_object_set_new(j, "type", json_string(type));
+    json_object_set_new(j, "id", json_string(r->rid));
+    if (code)
+        json_object_set_new(j, "code", json_string(code));
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(j);
+    size_t n = strlen(s);
+    r->payload = sbx_xmalloc(n + 2);
+    memcpy(r->payload, s, n);
+    r->payload[n] = '\n';
+    r->payload[n + 1] = '\0';
+    free(s);
+    sbx_enc_init(&r->results);
+    sbx_enc_array(&r->results);
+    sbx_enc_init(&r->out);
+    sbx_enc_array(&r->out);
+    sbx_enc_init(&r->err);
+    sbx_enc_array(&r->err);
+    return r;
+}
+
+static void
+enqueue(struct context *c, struct run *r)
+{
+    if (c->q_tail)
+        c->q_tail->next = r;
+    else
+        c->q_head = r;
+    c->q_tail = r;
+    run_next(c);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Operations. */
+
+static struct context *
+ctx_find(struct agent *a, const char *id)
+{
+    for (struct context *c = IS(a)->contexts; c; c = c->next)
+        if (!strcmp(c->id, id))
+            return c;
+    return NULL;
+}
+
+/* Create a context (the caller replies through init_req, or NULL for an
+ * implicit default context). */
+static struct context *
+ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msgpack_object *env,
+           struct agent_req *init_req, char *why, size_t whylen)
+{
+    struct interp *in = IS(a);
+    struct driver *d = in->warm[lang];
+    if (d && !d->dead) {
+        in->warm[lang] = NULL;
+    } else {
+        d = driver_spawn(a, lang, why, whylen);
+        if (!d)
+            return NULL;
+    }
+    struct context *c = sbx_xcalloc(1, sizeof(*c));
+    c->a = a;
+    c->lang = lang;
+    snprintf(c->id, sizeof(c->id), "%s", id);
+    snprintf(c->cwd, sizeof(c->cwd), "%s", cwd ? cwd : "/workspace");
+    c->created_ms = c->last_ms = sbx_wall_ms();
+    c->drv = d;
+    d->ctx = c;
+    c->next = in->contexts;
+    in->contexts = c;
+    /* The init request gives the driver its cwd and environment. */
+    struct run *r = run_new(c, "init", NULL);
+    json_t *j = json_object();
+    json_object_set_new(j, "type", json_string("init"));
+    json_object_set_new(j, "id", json_string(r->rid));
+    json_object_set_new(j, "cwd", json_string(c->cwd));
+    json_t *je = json_object();
+    if (env) {
+        for (uint32_t i = 0; i < env->via.map.size; i++) {
+            sbx_str k, v;
+            if (sbx_wire_obj_str(&env->via.map.ptr[i].key, &k) == 0 &&
+                sbx_wire_obj_str(&env->via.map.ptr[i].val, &v) == 0) {
+                char *ks = sbx_str_dup(k);
+                json_object_set_new(je, ks, json_stringn(v.p, v.n));
+                free(ks);
+            }
+        }
+    }
+    json_object_set_new(j, "env", je);
+    free(r->payload);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(j);
+    size_t n = strlen(s);
+    r->payload = sbx_xmalloc(n + 2);
+    memcpy(r->payload, s, n);
+    memcpy(r->payload + n, "\n", 2);
+    free(s);
+    r->is_init = true;
+    r->init_req = init_req;
+    enqueue(c, r);
+    ensure_warm(a, lang);
+    return c;
+}
+
+void
+agent_op_context_create(struct agent *a, struct agent_req *r)
+{
+    sbx_str lang = SBX_STR("python"), cwd = {0};
+    const msgpack_object *env = NULL;
+    char why[300];
+    if (sbx_wire_get_str(r->args, "language", &lang) == SBX_E_VALIDATION ||
+        sbx_wire_get_str(r->args, "cwd", &cwd) == SBX_E_VALIDATION ||
+        (sbx_wire_get_map(r->args, "envVars", &env) == SBX_E_VALIDATION)) {
+        agent_reply_err(a, r, SBX_E_VALIDATION,
+                        "'language' and 'cwd' must be strings, 'envVars' a map of strings");
+        return;
+    }
+    int l = lang_of(lang);
+    if (l < 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION,
+                        "unknown language '%.*s' (python, javascript or typescript)",
+                        (int)SBX_MIN(lang.n, (size_t)40), lang.p);
+        return;
+    }
+    char cwds[1024] = "/workspace";
+    if (cwd.n && sbx_str_copy(cwd, cwds, sizeof(cwds)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'cwd' is too long");
+        return;
+    }
+    struct stat st;
+    if (stat(cwds, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox", cwds);
+        return;
+    }
+    char id[64];
+    snprintf(id, sizeof(id), "ctx-%llu", (unsigned long long)++IS(a)->ctr);
+    if (!ctx_create(a, l, id, cwds, env, r, why, sizeof(why)))
+        agent_reply_err(a, r, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s", why);
+}
+
+static void
+run_common(struct agent *a, struct agent_req *req, bool stream)
+{
+    sbx_str code, cid = {0}, lang = {0};
+    int64_t tmo = 60000; /* the SDK's runCode default */
+    char why[300];
+    if (sbx_wire_get_str(req->args, "code", &code) != 0) {
+        agent_reply_err(a, req, SBX_E_VALIDATION, "'code' (a string) is required");
+        return;
+    }
+    if (memchr(code.p, '\0', code.n)) {
+        agent_reply_err(a, req, SBX_E_VALIDATION, "'code' must not contain NUL bytes");
+        return;
+    }
+    sbx_wire_get_str(req->args, "context", &cid);
+    if (!cid.n)
+        sbx_wire_get_str(req->args, "contextId", &cid);
+    sbx_wire_get_str(req->args, "language", &lang);
+    if (sbx_wire_get_i64(req->args, "timeout", &tmo) == SBX_E_VALIDATION || tmo < 0) {
+        agent_reply_err(a, req, SBX_E_VALIDATION, "'timeout' must be a number of ms");
+        return;
+    }
+    struct context *c = NULL;
+    if (cid.n) {
+        char id[64];
+        if (sbx_str_copy(cid, id, sizeof(id)) != 0 || !(c = ctx_find(a, id))) {
+            agent_reply_err(a, req, SBX_E_CONTEXT_NOT_FOUND, "code context '%.*s' not found",
+                            (int)SBX_MIN(cid.n, (size_t)64), cid.p);
+            return;
+        }
+    } else {
+        /* Without a context: the language's default context (the SDK's). */
+        int l = lang.n ? lang_of(lang) : L_PY;
+        if (l < 0) {
+            agent_reply_err(a, req, SBX_E_VALIDATION,
+                            "unknown language '%.*s' (python, javascript or typescript)",
+                            (int)SBX_MIN(lang.n, (size_t)40), lang.p);
+            return;
+        }
+        char id[64];
+        snprintf(id, sizeof(id), "default-%s", lang_names[l]);
+        c = ctx_find(a, id);
+        if (c && c->dead) {
+            /* A dead default context is replaced transparently. */
+            c = NULL;
+        }
+        if (!c && !(c = ctx_create(a, l, id, "/workspace", NULL, NULL, why, sizeof(why)))) {
+            agent_reply_err(a, req, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s", why);
+            return;
+        }
+    }
+    if (c->dead) {
+        sbx_werr w;
+        sbx_werr_init(&w, SBX_E_CODE, "%s", c->dead_why);
+        sbx_enc_kstr(sbx_werr_ctx(&w), "contextId", c->id);
+        agent_reply_werr(a, req, &w);
+        sbx_werr_free(&w);
+        return;
+    }
+    char *codez = sbx_str_dup(code);
+    struct run *r = run_new(c, "execute", codez);
+    free(codez);
+    r->timeout_ms = tmo;
+    if (stream) {
+        char sid[72];
+        snprintf(sid, sizeof(sid), "code-%llu", (unsigned long long)++a->stream_ctr);
+        r->stream = stream_new(a, sid, true, 8u << 20, NULL, NULL);
+        sbx_enc e;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "streamId", sid);
+        sbx_enc_kstr(&e, "contextId", c->id);
+        agent_reply_ok(a, req, &e);
+    } else {
+        r->req = req;
+    }
+    enqueue(c, r);
+}
+
+void
+agent_op_context_run(struct agent *a, struct agent_req *r)
+{
+    run_common(a, r, false);
+}
+
+void
+agent_op_context_run_stream(struct agent *a, struct agent_req *r)
+{
+    run_common(a, r, true);
+}
+
+void
+agent_op_context_list(struct agent *a, struct agent_req *r)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_karray(&e, "contexts");
+    for (struct context *c = IS(a)->contexts; c; c = c->next)
+        encode_context(c, &e);
+    sbx_enc_end(&e);
+    agent_reply_ok(a, r, &e);
+}
+
+static void
+ctx_destroy(struct context *c)
+{
+    struct agent *a = c->a;
+    struct interp *in = IS(a);
+    for (struct context **pp = &in->contexts; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    }
+    if (c->drv) {
+        struct driver *d = c->drv;
+        d->ctx = NULL;
+        c->drv = NULL;
+        driver_kill(d);
+        d->dead = true;
+        driver_free(d);
+    }
+    snprintf(c->dead_why, sizeof(c->dead_why), "the context was deleted");
+    c->dead = true;
+    if (c->cur)
+        run_finish(c, "dead");
+    while (c->q_head) {
+        struct run *r = c->q_head;
+        c->q_head = r->next;
+        c->cur = r;
+        run_finish(c, "dead");
+    }
+    free(c);
+}
+
+void
+agent_op_context_delete(struct agent *a, struct agent_req *r)
+{
+    sbx_str id;
+    char ids[64];
+    if ((sbx_wire_get_str(r->args, "contextId", &id) != 0 &&
+         sbx_wire_get_str(r->args, "id", &id) != 0) ||
+        sbx_str_copy(id, ids, sizeof(ids)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'contextId' is required");
+        return;
+    }
+    struct context *c = ctx_find(a, ids);
+    if (!c) {
+        agent_reply_err(a, r, SBX_E_CONTEXT_NOT_FOUND, "code context '%s' not found", ids);
+        return;
+    }
+    ctx_destroy(c);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "contextId", ids);
+    agent_reply_ok(a, r, &e);
+}
+
+void
+agent_interp_free(struct agent *a)
+{
+    if (!a->interp)
+        return;
+    struct interp *in = IS(a);
+    while (in->contexts)
+        ctx_destroy(in->contexts);
+    while (in->drivers) {
+        struct driver *d = in->drivers;
+        driver_kill(d);
+        d->dead = true;
+        driver_free(d);
+    }
+    free(in);
+    a->interp = NULL;
+}
