@@ -15,7 +15,8 @@ CSTD    := -std=c17 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter \
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
-LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lpthread -lm
+LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
+                 -lcurl -lwslay -lnettle -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 LDLIBS_TEST   := -lcriterion
@@ -26,17 +27,18 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
-           runtime/nngx.c runtime/json.c runtime/ops.c
+           runtime/nngx.c runtime/json.c runtime/ops.c runtime/relay.c
 CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
            container/agent/session.c container/agent/stream.c container/agent/proc.c \
-           container/agent/files.c container/agent/interp.c runtime/err.c runtime/log.c \
+           container/agent/files.c container/agent/interp.c container/agent/term.c \
+           runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
-ACTORS  := actors/shard.c actors/actor.c actors/record.c
-GATEWAY := gateway/gateway.c
+ACTORS  := actors/shard.c actors/actor.c actors/record.c actors/relay.c
+GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
 BENCH   := tools/bench.c
@@ -129,6 +131,63 @@ test: deps
 
 unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 	@tools/run-tests.sh build/asan unit
+
+# ---- reliability (issue 7 parts 4-7): fuzzing, valgrind, soak --------------------------
+# One block; `make test` reaches it through tools/run-tests.sh, which runs
+# `make fuzz-smoke` and `make valgrind` after the test binaries.
+#
+#   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each
+#   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (12) each, two at a time (make test)
+#   make valgrind      a short client scenario against the release sbxd under valgrind
+#                      --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
+#   make soak          200 sandboxes doing mixed operations for SOAK_SECONDS (300) against
+#                      the release build, p50/p99 per operation (tools/soak.c)
+#
+# Fuzz targets are built with clang (-fsanitize=fuzzer,address,undefined) into
+# build/fuzz/; new corpus entries go to build/fuzz/work/<target>, crashes to
+# build/fuzz/artifacts/; the committed seeds (and every input that once failed)
+# are tests/fuzz/corpus/<target>/.
+FUZZ_CC            ?= clang
+FUZZ_SECONDS       ?= 300
+FUZZ_SMOKE_SECONDS ?= 12
+SOAK_SECONDS       ?= 300
+SOAK_SANDBOXES     ?= 200
+FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthread -fno-strict-aliasing -I. -fno-omit-frame-pointer \
+               -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
+FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
+               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c
+FUZZ_AGENT  := $(filter-out container/agent/main.c runtime/%,$(AGENT))
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
+fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
+
+build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+# fuzz_path and fuzz_agent include agent sources (for their static functions)
+# and link the rest of the agent.
+build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
+build/fuzz/fuzz_path: $(call fuzz_objs,$(filter-out container/agent/files.c,$(FUZZ_AGENT)))
+build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$(FUZZ_AGENT)))
+build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(FUZZ_LIBS)
+
+bin/sbx-soak: $(call objs,release,tools/soak.c tests/support/harness.c) build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
+
+.PHONY: fuzz fuzz-smoke fuzz-bins valgrind soak
+fuzz-bins: $(FUZZ_BINS)
+fuzz: fuzz-bins
+	@tools/fuzz.sh $(FUZZ_SECONDS) 1 $(FUZZ_TARGETS)
+fuzz-smoke: fuzz-bins
+	@tools/fuzz.sh $(FUZZ_SMOKE_SECONDS) 2 $(FUZZ_TARGETS)
+valgrind: all bin/sbx-soak
+	@tools/valgrind.sh
+soak: all bin/sbx-soak
+	@SBX_BIN=bin bin/sbx-soak --seconds $(SOAK_SECONDS) --sandboxes $(SOAK_SANDBOXES)
+# ---- end of the reliability block -------------------------------------------------------
 
 bench: all
 	@bin/sbx-bench

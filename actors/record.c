@@ -45,6 +45,10 @@ sbx_record_encode(const struct sbx_record *r, char **out, size_t *len)
         sbx_enc_str(&e, "config");
         sbx_enc_raw(&e, r->config, r->config_len);
     }
+    if (r->ports) {
+        sbx_enc_str(&e, "ports");
+        sbx_enc_raw(&e, r->ports, r->ports_len);
+    }
     sbx_enc_end(&e);
     return sbx_enc_finish(&e, out, len);
 }
@@ -99,6 +103,7 @@ sbx_record_decode(const void *buf, size_t len, struct sbx_record *r)
     }
     blob_of(m.root, "env", &r->env, &r->env_len);
     blob_of(m.root, "config", &r->config, &r->config_len);
+    blob_of(m.root, "ports", &r->ports, &r->ports_len);
     rc = 0;
 out:
     sbx_wire_msg_free(&m);
@@ -110,6 +115,7 @@ sbx_record_free(struct sbx_record *r)
 {
     free(r->env);
     free(r->config);
-    r->env = r->config = NULL;
-    r->env_len = r->config_len = 0;
+    free(r->ports);
+    r->env = r->config = r->ports = NULL;
+    r->env_len = r->config_len = r->ports_len = 0;
 }

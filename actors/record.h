@@ -8,7 +8,10 @@
  *     "restarts": <containers that ended unexpectedly>,
  *     "limits": { "memory": <bytes>, "pids": <n>, "cpu": <millicpus> },
  *     "env": { "K": "v", … },         sandbox environment (setEnvVars)
- *     "config": { … } }               lifecycle settings (sleepAfter, keepAlive, …)
+ *     "config": { … },                lifecycle settings (sleepAfter, keepAlive, …)
+ *     "ports": { "8080": { "token": "…", "name": "…", "generation": <n> }, … } }
+ *                                     exposed ports: preview URL tokens, and the
+ *                                     container generation each was exposed for
  *
  * The state a record shows is the last one committed; a shard that restarts
  * has no live container for any of its sandboxes, whatever the record says,
@@ -36,6 +39,8 @@ struct sbx_record {
     size_t env_len;
     char *config;       /* msgpack map bytes (heap) or NULL */
     size_t config_len;
+    char *ports;        /* msgpack map bytes (heap) or NULL */
+    size_t ports_len;
 };
 
 /* sbx_record_encode — msgpack bytes of r into *out (caller frees). */

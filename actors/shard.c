@@ -81,6 +81,8 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
     c->sleep_after = 10 * 60 * 1000; /* the SDK's default sleepAfter: 10m */
+    c->preview_domain = sbx_xstrdup("localhost:7780");
+    c->preview_scheme = sbx_xstrdup("http");
     c->etc = strv_dup(default_etc);
     c->env = strv_dup(default_env);
 }
@@ -105,6 +107,10 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->interp);
     free(c->cgroup);
     free(c->cgroup_base);
+    free(c->relay);
+    free(c->relay_secret);
+    free(c->preview_domain);
+    free(c->preview_scheme);
     strv_free(c->etc);
     strv_free(c->env);
     memset(c, 0, sizeof(*c));
@@ -844,6 +850,9 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sh->ibuckets = sbx_xcalloc(sh->nibuckets, sizeof(*sh->ibuckets));
     pthread_mutex_init(&sh->wmu, NULL);
     pthread_cond_init(&sh->wcv, NULL);
+    pthread_mutex_init(&sh->relay_mu, NULL);
+    pthread_cond_init(&sh->relay_cv, NULL);
+    sh->relay_fd = sh->relay_stopfd = -1;
     sh->sigfd = -1;
 
     sigemptyset(&set);
@@ -920,6 +929,10 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         c->state = SCTX_RECV;
         nng_ctx_recv(c->ctx, c->aio);
     }
+    if ((rc = shard_relay_start(sh)) != 0) {
+        sh->stopping = true;
+        goto stop;
+    }
     pool_fill(sh);
     sbx_loop_timer(sh->loop, 1000, sweep_cb, sh);
     sbx_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
@@ -928,6 +941,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
 
 stop:
     sh->stopping = true;
+    shard_relay_stop(sh);
     /* Stop receiving, stop every container, then commit what is queued. */
     for (int i = 0; i < sh->nctx; i++)
         nng_aio_stop(sh->ctxs[i].aio);
@@ -986,6 +1000,8 @@ out:
     free(sh->ibuckets);
     pthread_mutex_destroy(&sh->wmu);
     pthread_cond_destroy(&sh->wcv);
+    pthread_mutex_destroy(&sh->relay_mu);
+    pthread_cond_destroy(&sh->relay_cv);
     free(sh);
     return rc;
 }

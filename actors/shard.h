@@ -49,6 +49,10 @@ struct sbx_shard_conf {
     uint64_t output_cap;  /* bytes of stdout (and of stderr) kept per exec */
     int64_t setup_timeout;/* ms a container may take to start */
     int64_t sleep_after;  /* ms of inactivity before a sandbox's container is stopped */
+    char *relay;          /* preview relay address: unix:/path or tcp:host:port (NULL: none) */
+    char *relay_secret;   /* required of relay clients (tcp relays in a cluster), or NULL */
+    char *preview_domain; /* default host of preview URLs: {port}-{id}-{token}.<this> */
+    char *preview_scheme; /* http or https (where the deployment terminates TLS) */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
 };

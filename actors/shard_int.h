@@ -86,6 +86,7 @@ struct actor {
     bool died;                  /* its last container ended unexpectedly */
     char last_exit[160];
     bool destroying;
+    int relays;                 /* preview connections open into the container */
 };
 
 /* Work for the worker threads (container start/stop). */
@@ -158,6 +159,15 @@ struct shard {
     struct idem *ihead, *itail; /* insertion order, for expiry */
     size_t idem_bytes;
 
+    /* preview relay (actors/relay.c; its own lock) */
+    pthread_mutex_t relay_mu;
+    pthread_cond_t relay_cv;
+    int relay_fd, relay_stopfd;
+    pthread_t relay_thread;
+    bool relay_running;
+    struct rconn *relay_conns;
+    int relay_nconns;
+
     /* counters for status */
     uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_died;
     int64_t start_us_total;
@@ -173,7 +183,14 @@ bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 void sop_free(struct sop *op);
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
 
+/* relay.c: the preview relay server (conf.relay); start before serving,
+ * stop after the loop has returned (its last posts run in the final loop run). */
+int shard_relay_start(struct shard *sh);
+void shard_relay_stop(struct shard *sh);
+
 /* actor.c */
+/* actor_port_exposed — whether port is exposed for the running container. */
+bool actor_port_exposed(struct actor *a, int port);
 struct actor *actor_get(struct shard *sh, const char *id, bool load);
 void actor_enqueue(struct actor *a, struct sop *op);
 void actor_work_done(struct shard *sh, struct work *w);

@@ -19,6 +19,7 @@
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
+#include "http.h"
 
 
 struct sbx_gateway;
@@ -72,6 +73,8 @@ struct sbx_gateway {
     int nctx;
     atomic_ullong n_requests, n_errors;
     int64_t started_ms;
+    sbx_http *http;
+    char inproc[96];
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -518,6 +521,31 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         g->state = G_RECV;
         nng_ctx_recv(g->ctx, g->aio);
     }
+    if (conf->http && *conf->http) {
+        /* The HTTP front calls the gateway through an in-process transport. */
+        snprintf(gw->inproc, sizeof(gw->inproc), "inproc://sbx-gateway-%p", (void *)gw);
+        if ((rv = nng_listen(gw->sock, gw->inproc, NULL, 0)) != 0) {
+            sbx_error("gateway: cannot listen on %s: %s", gw->inproc, nng_strerror(rv));
+            rv = sbx_nng_code(rv);
+            goto fail;
+        }
+        struct sbx_http_conf hc = {
+            .listen = conf->http,
+            .upstream = gw->inproc,
+            .api_keys = conf->api_keys,
+            .preview_domain = conf->preview_domain,
+            .preview_scheme = conf->preview_scheme,
+            .relay_secret = conf->relay_secret,
+            .max_body = conf->http_max_body,
+            .timeout = conf->timeout,
+        };
+        char why[256];
+        if ((rv = sbx_http_start(&gw->http, &hc, why, sizeof(why))) != 0) {
+            sbx_error("gateway: %s", why);
+            goto fail;
+        }
+        sbx_info("gateway %s: HTTP on %s", conf->name, conf->http);
+    }
     sbx_info("gateway %s: serving on %s, %d shard(s)", conf->name, conf->listen, gw->nshards);
     *out = gw;
     return 0;
@@ -531,6 +559,9 @@ sbx_gateway_stop(sbx_gateway *gw)
 {
     if (!gw)
         return;
+    /* The HTTP front first: it calls into the sockets below. */
+    if (gw->http)
+        sbx_http_stop(gw->http);
     /* Stop every aio first, then close, then free (nng shutdown order). */
     for (int i = 0; gw->ctxs && i < gw->nctx; i++) {
         if (gw->ctxs[i].aio)
@@ -561,4 +592,10 @@ sbx_gateway_stop(sbx_gateway *gw)
     free(gw->shards);
     free(gw->names);
     free(gw);
+}
+
+int
+sbx_gateway_http_port(const sbx_gateway *gw)
+{
+    return gw->http ? sbx_http_port(gw->http) : 0;
 }

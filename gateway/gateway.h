@@ -30,12 +30,21 @@ struct sbx_gateway_conf {
     char **shards;       /* "name=url" entries, NULL-terminated */
     int64_t contexts;    /* concurrent client requests */
     int64_t timeout;     /* ms, deadline of requests that carry none */
+    /* The HTTP front (gateway/http.h); http NULL or "" = none. */
+    char *http;          /* host:port, e.g. 127.0.0.1:7780 */
+    char *api_keys;      /* file of bearer keys (required off loopback) */
+    char *preview_domain;/* preview URLs are {port}-{id}-{token}.<this> (NULL: any host) */
+    char *preview_scheme;/* http or https: the X-Forwarded-Proto given to sandboxes */
+    char *relay_secret;  /* shared with the shards' preview relays, or NULL */
+    int64_t http_max_body; /* bytes of an HTTP request body */
 };
 
 typedef struct sbx_gateway sbx_gateway;
 
 /* sbx_gateway_start — listen and serve on nng's threads; 0 or a negative code. */
 int sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf);
+/* sbx_gateway_http_port — the HTTP front's bound port, or 0 without one. */
+int sbx_gateway_http_port(const sbx_gateway *gw);
 /* sbx_gateway_stop — stop serving, close sockets, free (blocks briefly). */
 void sbx_gateway_stop(sbx_gateway *gw);
 

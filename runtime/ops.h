@@ -19,6 +19,7 @@ enum sbx_op_flags {
     SBX_OP_NOWAKE = 1 << 3,    /* never starts a stopped container */
     SBX_OP_GLOBAL = 1 << 4,    /* about the whole deployment: the gateway fans out to shards */
     SBX_OP_MUTATES = 1 << 5,   /* changes durable state: replied to only after commit */
+    SBX_OP_STREAM = 1 << 6,    /* answers {streamId}: over HTTP the reply is that stream as SSE */
 };
 
 struct sbx_op_def {
@@ -28,6 +29,16 @@ struct sbx_op_def {
      * sandbox has no running container (what the op refers to died with it). */
     int idle_code;
     const char *summary;
+    /*
+     * REST aliases served by the HTTP front besides the canonical route
+     * (POST /v1/sandboxes/{sandbox}/<name>, or POST /v1/<name> for a
+     * deployment-wide op), as "METHOD /path" separated by "|", or NULL.
+     * A path segment {name} becomes the string argument `name`, {name:int}
+     * an integer one; {sandbox} is the sandbox ID.  Query parameters become
+     * string arguments.  gateway/http.c serves them and lists them in
+     * /v1/openapi.json.
+     */
+    const char *http;
 };
 
 /* sbx_op_find — the definition of op (n bytes), or NULL. */

@@ -14,6 +14,8 @@ pkgs=(
   # libraries named by the project, and the ones it chose (see README)
   libnng-dev libmsgpack-dev liblmdb-dev lmdb-utils libseccomp-dev uuid-dev
   libxxhash-dev libjansson-dev
+  # the HTTP front: server, upstream client for preview URLs, WebSocket framing, SHA-1
+  libmicrohttpd-dev libcurl4-openssl-dev libwslay-dev nettle-dev
   # tests
   libcriterion-dev
   # inside sandboxes: the host's /usr is what sandboxes run

@@ -33,6 +33,7 @@
 #include "../runtime/util.h"
 
 #define DEFAULT_LISTEN "tcp://127.0.0.1:7700"
+#define DEFAULT_HTTP "127.0.0.1:7780"
 
 static char *
 interp_dir_default(void)
@@ -82,7 +83,13 @@ agent_next_to_self(void)
         {"setup-timeout", SBX_OPT_MS, &(c)->setup_timeout, "longest container start-up"},     \
         {"sleep-after", SBX_OPT_MS, &(c)->sleep_after, "idle time before a container stops (10m)"}, \
         {"etc", SBX_OPT_LIST, &(c)->etc, "/etc entry bound read-only into sandboxes (repeat)"}, \
-        {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}
+        {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
+        {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
+         "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
+        {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
+         "scheme of preview URLs: http, or https behind a TLS terminator"},                  \
+        {"relay-secret", SBX_OPT_STR, &(c)->relay_secret,                                     \
+         "secret gateways must present to preview relays (tcp relays)"}
 
 static int
 cmd_shard(int argc, char **argv)
@@ -97,6 +104,8 @@ cmd_shard(int argc, char **argv)
         {"listen", SBX_OPT_STR, &c.listen, "nng URL to serve on"},
         {"data", SBX_OPT_STR, &c.data, "data directory (LMDB)"},
         {"cgroup-base", SBX_OPT_STR, &c.cgroup_base, "cgroup subtree (default sbx/<name>)"},
+        {"relay", SBX_OPT_STR, &c.relay,
+         "preview relay address: unix:/path or tcp:host:port (gateways connect to it)"},
         SHARD_OPTS(&c),
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
@@ -154,6 +163,13 @@ wait_signal(const sigset_t *set)
     }
 }
 
+/* The HTTP front's options (gateway and dev). */
+#define GATEWAY_HTTP_OPTS(g)                                                                  \
+    {"http", SBX_OPT_STR, &(g)->http, "HTTP front address host:port (\"\" for none)"},        \
+        {"api-keys", SBX_OPT_STR, &(g)->api_keys,                                             \
+         "file of HTTP API keys, one per line (required unless --http is loopback)"},        \
+        {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"}
+
 static int
 cmd_gateway(int argc, char **argv)
 {
@@ -170,6 +186,11 @@ cmd_gateway(int argc, char **argv)
         {"shard", SBX_OPT_LIST, &c.shards, "a shard as name=url (repeat for each)"},
         {"contexts", SBX_OPT_INT, &c.contexts, "client requests handled concurrently"},
         {"timeout", SBX_OPT_MS, &c.timeout, "deadline of requests that carry none"},
+        GATEWAY_HTTP_OPTS(&c),
+        {"preview-domain", SBX_OPT_STR, &c.preview_domain,
+         "host of preview URLs (Host headers {port}-{id}-{token}.<this> are proxied)"},
+        {"preview-scheme", SBX_OPT_STR, &c.preview_scheme, "http, or https behind TLS"},
+        {"relay-secret", SBX_OPT_STR, &c.relay_secret, "secret of the shards' preview relays"},
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };
@@ -201,6 +222,11 @@ out:
     free(rest);
     free(c.name);
     free(c.listen);
+    free(c.http);
+    free(c.api_keys);
+    free(c.preview_domain);
+    free(c.preview_scheme);
+    free(c.relay_secret);
     sbx_strv_free(c.shards);
     return rc;
 }
@@ -247,6 +273,8 @@ cmd_dev(int argc, char **argv)
     char *listen = sbx_xstrdup(DEFAULT_LISTEN);
     char *name = sbx_xstrdup("dev");
     int64_t nshards = 2;
+    struct sbx_gateway_conf gc = {.contexts = 1024, .timeout = 600000};
+    gc.http = sbx_xstrdup(DEFAULT_HTTP);
     bool help = false;
     char **rest = NULL, why[256];
     sbx_shard_conf_defaults(&c);
@@ -261,6 +289,7 @@ cmd_dev(int argc, char **argv)
         {"listen", SBX_OPT_STR, &listen, "nng URL of the gateway"},
         {"name", SBX_OPT_STR, &name, "deployment name (prefix of shard names)"},
         {"shards", SBX_OPT_INT, &nshards, "number of shard processes"},
+        GATEWAY_HTTP_OPTS(&gc),
         SHARD_OPTS(&c),
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
@@ -311,6 +340,50 @@ cmd_dev(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* The gateway first: it dials the shards in the background, and its HTTP
+     * port (maybe picked by the kernel) names the preview domain. */
+    for (int i = 0; i < nshards; i++) {
+        char buf[PATH_MAX + 64];
+        snprintf(buf, sizeof(buf), "%s-s%d=ipc://%s/s%d.sock", name, i, absdata, i);
+        argv_add(&shard_specs, &nspecs, buf);
+    }
+    gc.name = name;
+    gc.listen = listen;
+    gc.shards = shard_specs;
+    gc.preview_domain = c.preview_domain;
+    gc.preview_scheme = c.preview_scheme;
+    gc.relay_secret = c.relay_secret;
+    bool domain_given = false;
+    for (int k = 2; k < argc; k++)
+        if (!strncmp(argv[k], "--preview-domain", 16))
+            domain_given = true;
+    if (!domain_given)
+        gc.preview_domain = NULL; /* set below from the bound port */
+    if (sbx_gateway_start(&gw, &gc) != 0) {
+        rc = 1;
+        goto stop;
+    }
+    char preview_domain[300];
+    int http_port = sbx_gateway_http_port(gw);
+    if (domain_given)
+        snprintf(preview_domain, sizeof(preview_domain), "%s", c.preview_domain);
+    else
+        snprintf(preview_domain, sizeof(preview_domain), "localhost:%d", http_port ? http_port : 7780);
+    if (http_port) {
+        /* Where clients (and the tests) find the HTTP front. */
+        char path[PATH_MAX + 16], addr[300];
+        snprintf(path, sizeof(path), "%s/http.addr", absdata);
+        const char *colon = strrchr(gc.http, ':');
+        snprintf(addr, sizeof(addr), "%.*s:%d\n", colon ? (int)(colon - gc.http) : 0, gc.http,
+                 http_port);
+        FILE *f = fopen(path, "we");
+        if (f) {
+            fputs(addr, f);
+            fclose(f);
+        }
+        sbx_info("HTTP API on http://%.*s:%d, preview URLs http://{port}-{id}-{token}.%s/",
+                 colon ? (int)(colon - gc.http) : 0, gc.http, http_port, preview_domain);
+    }
     kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
     for (int i = 0; i < nshards; i++) {
         char buf[PATH_MAX + 64];
@@ -327,13 +400,19 @@ cmd_dev(int argc, char **argv)
         /* Distinct host uid ranges per shard. */
         snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(c.uid_base + i * c.uid_count));
         argv_add(&av, &n, buf);
+        snprintf(buf, sizeof(buf), "--relay=unix:%s/s%d.relay", absdata, i);
+        argv_add(&av, &n, buf);
+        snprintf(buf, sizeof(buf), "--preview-domain=%s", preview_domain);
+        argv_add(&av, &n, buf);
         /* Pass on every shard option the user gave. */
         for (int k = 2; k < argc; k++) {
             const char *a = argv[k];
             if (strncmp(a, "--", 2) != 0)
                 continue;
-            static const char *const mine[] = {"--data", "--listen", "--name", "--shards",
-                                               "--help", "--config", "--uid-base"};
+            static const char *const mine[] = {"--data",     "--listen",   "--name",
+                                               "--shards",   "--help",     "--config",
+                                               "--uid-base", "--http",     "--api-keys",
+                                               "--preview-domain"};
             bool skip = false;
             for (size_t j = 0; j < SBX_ARRAY_LEN(mine); j++)
                 if (!strncmp(a, mine[j], strlen(mine[j])))
@@ -350,14 +429,6 @@ cmd_dev(int argc, char **argv)
         kids[i].argv = av;
         kids[i].pid = spawn_child(av);
         kids[i].started_ms = sbx_mono_ms();
-        snprintf(buf, sizeof(buf), "%s-s%d=ipc://%s/s%d.sock", name, i, absdata, i);
-        argv_add(&shard_specs, &nspecs, buf);
-    }
-    struct sbx_gateway_conf gc = {
-        .name = name, .listen = listen, .shards = shard_specs, .contexts = 1024, .timeout = 600000};
-    if (sbx_gateway_start(&gw, &gc) != 0) {
-        rc = 1;
-        goto stop;
     }
     sbx_info("ready: gateway on %s, %lld shard(s), data in %s", listen, (long long)nshards,
              absdata);
@@ -419,6 +490,8 @@ out:
     free(data);
     free(listen);
     free(name);
+    free(gc.http);
+    free(gc.api_keys);
     sbx_shard_conf_free(&c);
     return rc;
 }

@@ -97,6 +97,7 @@ struct agent {
     struct stream *ev_stream;
     bool ev_open;
     void *interp;             /* code contexts (interp.c) */
+    void *terms;              /* terminals (term.c) */
     uint64_t nonce_ctr;
     uint64_t stream_ctr;
     bool bound;
@@ -235,6 +236,16 @@ void agent_op_context_delete(struct agent *a, struct agent_req *r);
 bool agent_interp_reaped(struct agent *a, pid_t pid, int status);
 void agent_interp_free(struct agent *a);
 
+/* term.c: terminals (a pseudo-terminal and shell per session id). */
+void agent_op_terminal_open(struct agent *a, struct agent_req *r);
+void agent_op_terminal_write(struct agent *a, struct agent_req *r);
+void agent_op_terminal_resize(struct agent *a, struct agent_req *r);
+void agent_op_terminal_close(struct agent *a, struct agent_req *r);
+bool agent_terms_reaped(struct agent *a, pid_t pid, int status);
+/* term.c: end the terminal of session sid, if any (session deletion). */
+void agent_term_close_session(struct agent *a, const char *sid);
+void agent_terms_free(struct agent *a);
+
 /* exec.c: send `sig` to root's descendants (all, however deep) and, if
  * include_root, to root; returns how many were signalled. */
 int agent_signal_tree(pid_t root, int sig, bool include_root);
@@ -249,6 +260,7 @@ struct spawn_opts {
     const char *const *argv;
     bool subreaper;
     bool new_session;
+    bool ctty;                   /* with new_session: stdin (a tty) becomes the controlling terminal */
 };
 /* Returns the child's pid or -errno (the child reports exec failure as exit 127
  * with a message on its stderr, like a shell). */

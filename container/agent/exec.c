@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -242,6 +243,8 @@ agent_spawn(struct agent *a, const struct spawn_opts *o)
         if (hi[i] < 0 || dup2(hi[i], 3 + i) < 0)
             _exit(126);
     }
+    if (o->ctty && ioctl(0, TIOCSCTTY, 0) < 0)
+        _exit(126);
     /* Everything else closes at exec: the channel, pipes of other jobs. */
     close_range((unsigned)(3 + o->nkeep), ~0U, CLOSE_RANGE_CLOEXEC);
     struct rlimit rl = {a->cfg.nofile, a->cfg.nofile};

@@ -70,7 +70,12 @@ agent_env_merge(char *const *base, const msgpack_object *ov)
     for (size_t i = 0; i < extra; i++) {
         const msgpack_object_kv *kv = &ov->via.map.ptr[i];
         sbx_str key, val;
-        if (sbx_wire_obj_str(&kv->key, &key) != 0 || key.n == 0)
+        /* Not every caller validates its map (session.create does not): a
+         * name with '=' would make a second entry for another name, one
+         * with a NUL would let strncmp below match a shorter entry and read
+         * past its end (found by tests/fuzz/fuzz_agent.c). */
+        if (sbx_wire_obj_str(&kv->key, &key) != 0 || key.n == 0 || memchr(key.p, '=', key.n) ||
+            memchr(key.p, '\0', key.n))
             continue;
         /* Remove an existing entry of this name. */
         for (size_t j = 0; j < k; j++) {
@@ -352,6 +357,10 @@ static const struct {
     {"context.runStream", agent_op_context_run_stream},
     {"context.list", agent_op_context_list},
     {"context.delete", agent_op_context_delete},
+    {"terminal.open", agent_op_terminal_open},
+    {"terminal.write", agent_op_terminal_write},
+    {"terminal.resize", agent_op_terminal_resize},
+    {"terminal.close", agent_op_terminal_close},
 };
 
 static void
@@ -433,6 +442,7 @@ sig_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
         agent_sessions_reaped(a, pid, st);
         agent_procs_reaped(a, pid, st);
         agent_interp_reaped(a, pid, st);
+        agent_terms_reaped(a, pid, st);
     }
 }
 
@@ -542,6 +552,7 @@ main(int argc, char **argv)
     agent_sessions_free(&a);
     agent_procs_free(&a);
     agent_interp_free(&a);
+    agent_terms_free(&a);
     agent_watches_free(&a);
     agent_streams_free(&a);
     return rc ? 1 : 0;

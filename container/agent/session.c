@@ -1070,6 +1070,7 @@ session_kill(struct session *s, int code, const char *why)
 {
     struct agent *a = s->a;
     agent_procs_kill_session(a, s->id);
+    agent_term_close_session(a, s->id);
     kill_shell(s);
     if (s->pid > 0) {
         /* Reap it here so no callback sees the freed session. */

@@ -84,6 +84,9 @@ spawn(struct testd *d, int shards, const char *const *extra)
     argv[n++] = d->name;
     argv[n++] = "--shards";
     argv[n++] = nsh;
+    /* The HTTP front on a port of the kernel's choosing (http.addr says which). */
+    argv[n++] = "--http";
+    argv[n++] = "127.0.0.1:0";
     for (int i = 0; extra && extra[i] && n < 62; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
@@ -192,6 +195,26 @@ test_url(void)
 {
     const char *u = getenv("SBX_TEST_URL");
     return u ? u : "tcp://127.0.0.1:7700";
+}
+
+const char *
+test_http_url(void)
+{
+    static char url[128];
+    if (url[0])
+        return url;
+    const char *dir = getenv("SBX_TEST_DIR");
+    char path[512], *text = NULL;
+    size_t n;
+    snprintf(path, sizeof(path), "%s/http.addr", dir ? dir : "/nonexistent");
+    if (sbx_fs_read(path, 256, &text, &n) != 0) {
+        fprintf(stderr, "harness: no HTTP address in %s\n", path);
+        abort();
+    }
+    text[strcspn(text, "\n")] = 0;
+    snprintf(url, sizeof(url), "http://%s", text);
+    free(text);
+    return url;
 }
 
 sbx_client *

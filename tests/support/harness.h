@@ -41,6 +41,9 @@ int testd_wait_ready(const char *url, int timeout_ms);
 
 /* The URL tests use: the daemon started by the test binary's main. */
 const char *test_url(void);
+/* test_http_url — "http://127.0.0.1:PORT" of the test daemon's HTTP front
+ * (from http.addr in $SBX_TEST_DIR); static storage. */
+const char *test_http_url(void);
 /* test_client — a fresh client for test_url() (aborts the test on failure). */
 sbx_client *test_client(void);
 /* test_id — a sandbox ID unique to this process: "<prefix>-<pid>-<n>" (static buffer per call is NOT used: caller frees). */
