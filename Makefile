@@ -19,7 +19,7 @@ LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lm
                  -lcurl -lwslay -lnettle -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
-LDLIBS_TEST   := -lcriterion
+LDLIBS_TEST   := -lcriterion -lcurl -lnettle
 
 RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
 ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -27,7 +27,8 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
-           runtime/nngx.c runtime/json.c runtime/ops.c runtime/relay.c
+           runtime/nngx.c runtime/json.c runtime/ops.c runtime/relay.c runtime/etcd.c \
+           runtime/cview.c
 CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
@@ -37,7 +38,7 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
-ACTORS  := actors/shard.c actors/actor.c actors/record.c actors/relay.c
+ACTORS  := actors/shard.c actors/actor.c actors/record.c actors/relay.c actors/cluster.c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
@@ -45,7 +46,7 @@ BENCH   := tools/bench.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
-TEST_SUPPORT := tests/support/harness.c
+TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/wsclient.c
 
 HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tests/support/*.h)
 
@@ -136,7 +137,8 @@ unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 # One block; `make test` reaches it through tools/run-tests.sh, which runs
 # `make fuzz-smoke` and `make valgrind` after the test binaries.
 #
-#   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each
+#   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each,
+#                      FUZZ_JOBS (2) at a time
 #   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (12) each, two at a time (make test)
 #   make valgrind      a short client scenario against the release sbxd under valgrind
 #                      --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
@@ -152,7 +154,10 @@ FUZZ_SECONDS       ?= 300
 FUZZ_SMOKE_SECONDS ?= 12
 SOAK_SECONDS       ?= 300
 SOAK_SANDBOXES     ?= 200
-FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthread -fno-strict-aliasing -I. -fno-omit-frame-pointer \
+FUZZ_JOBS          ?= 2
+# clang has no -Wformat-truncation to switch off
+FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthread \
+               -fno-strict-aliasing -I. -fno-omit-frame-pointer \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
@@ -162,6 +167,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
 
+.PRECIOUS: build/fuzz/obj/%.o
 build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
@@ -180,12 +186,14 @@ bin/sbx-soak: $(call objs,release,tools/soak.c tests/support/harness.c) build/re
 .PHONY: fuzz fuzz-smoke fuzz-bins valgrind soak
 fuzz-bins: $(FUZZ_BINS)
 fuzz: fuzz-bins
-	@tools/fuzz.sh $(FUZZ_SECONDS) 1 $(FUZZ_TARGETS)
+	@tools/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
 fuzz-smoke: fuzz-bins
-	@tools/fuzz.sh $(FUZZ_SMOKE_SECONDS) 2 $(FUZZ_TARGETS)
-valgrind: all bin/sbx-soak
+	@rm -rf build/fuzz/smoke
+	@FUZZ_WORK=build/fuzz/smoke tools/fuzz.sh $(FUZZ_SMOKE_SECONDS) 2 $(FUZZ_TARGETS)
+SOAK_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-soak share/sbx/interp/.installed
+valgrind: $(SOAK_BINS)
 	@tools/valgrind.sh
-soak: all bin/sbx-soak
+soak: $(SOAK_BINS)
 	@SBX_BIN=bin bin/sbx-soak --seconds $(SOAK_SECONDS) --sandboxes $(SOAK_SANDBOXES)
 # ---- end of the reliability block -------------------------------------------------------
 

@@ -14,6 +14,8 @@
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "../runtime/place.h"
+#include "cluster.h"
 #include "shard_int.h"
 
 static void actor_pump(struct actor *a);
@@ -74,6 +76,7 @@ actor_get(struct shard *sh, const char *id, bool load)
     a->sh = sh;
     snprintf(a->id, sizeof(a->id), "%s", id);
     a->c.chan = a->c.pidfd = -1;
+    a->part = (uint16_t)sbx_place_partition(id, strlen(id));
     sbx_frame_reader_init(&a->rd, SBX_WIRE_MAX_FRAME);
     sbx_frame_writer_init(&a->wr);
     char *val = NULL;
@@ -435,8 +438,10 @@ finish_destroy(struct actor *a, struct sop *op)
 {
     struct shard *sh = a->sh;
     bool existed = a->exists;
-    if (existed)
+    if (existed) {
         a->last_seq = sbx_store_del(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id));
+        cluster_replicate(sh, a->last_seq, a->id, NULL, 0);
+    }
     a->exists = false;
     a->died = false;
     sbx_record_free(&a->rec);
@@ -771,6 +776,37 @@ merge_map_blob(char **blob, size_t *len, const msgpack_object *vars)
     }
 }
 
+/*
+ * The whole sandbox environment is bounded.  execve(2) fails with E2BIG when
+ * argv and envp together exceed ARG_MAX (a quarter of the 8 MiB stack limit:
+ * 2 MiB), so env.set calls that are each valid could add up to an
+ * environment in which every command of the sandbox fails — durably, since
+ * the record keeps it across container restarts (seen with 25 values of
+ * 100 KB).  Half of ARG_MAX is left for the environment.
+ */
+#define ENV_MAX_BYTES (1u << 20)
+#define ENV_MAX_VARS 4096
+
+/* Bytes the env map blob takes in an envp ("K=V\0" and a pointer each). */
+static size_t
+env_bytes(const char *blob, size_t len, size_t *nvars)
+{
+    sbx_msg m;
+    size_t total = 0;
+    *nvars = 0;
+    if (!blob || sbx_wire_decode(&m, blob, len, &sbx_wire_limits_request) != 0)
+        return 0;
+    for (uint32_t i = 0; i < m.root->via.map.size; i++) {
+        sbx_str k = {"", 0}, v = {"", 0};
+        sbx_wire_obj_str(&m.root->via.map.ptr[i].key, &k);
+        sbx_wire_obj_str(&m.root->via.map.ptr[i].val, &v);
+        total += k.n + v.n + 2 + sizeof(char *);
+    }
+    *nvars = m.root->via.map.size;
+    sbx_wire_msg_free(&m);
+    return total;
+}
+
 /* env.set {vars}: durable in the record (a container started later gets them
  * at bind), and applied by the agent now if the container runs. */
 static void
@@ -797,8 +833,25 @@ op_env_set(struct actor *a, struct sop *op)
             return;
         }
     }
+    char *env = NULL;
+    size_t env_len = 0, nvars;
+    if (a->exists)
+        sbx_record_set_blob(&env, &env_len, a->rec.env, a->rec.env_len);
+    merge_map_blob(&env, &env_len, vars);
+    size_t bytes = env_bytes(env, env_len, &nvars);
+    if (bytes > ENV_MAX_BYTES || nvars > ENV_MAX_VARS) {
+        free(env);
+        shard_reply_err(op, SBX_E_VALIDATION,
+                        "the sandbox environment would hold %zu variables in %zu bytes; at most "
+                        "%u variables and %u bytes (beyond that no command could start: "
+                        "E2BIG); unset some with nil",
+                        nvars, bytes, ENV_MAX_VARS, ENV_MAX_BYTES);
+        return;
+    }
     ensure_record(a, NULL);
-    merge_map_blob(&a->rec.env, &a->rec.env_len, vars);
+    free(a->rec.env);
+    a->rec.env = env;
+    a->rec.env_len = env_len;
     save_record(a);
     if (a->cs == C_RUNNING) {
         dispatch(a, op);
@@ -1369,6 +1422,64 @@ actor_pump(struct actor *a)
             a->mb_tail = NULL;
         op->next = NULL;
         handle(a, op);
+    }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Handoff (actors/cluster.c). */
+
+bool
+actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force, uint64_t *max_seq)
+{
+    bool quiet = true;
+    *max_seq = 0;
+    for (size_t b = 0; b < sh->nbuckets; b++) {
+        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
+            if (!set[a->part])
+                continue;
+            if (force) {
+                fail_inflight(a, SBX_E_INTERRUPTED,
+                              "the sandbox's partition moved to another shard; retry");
+                fail_list(&a->mb_head, SBX_E_WRONG_OWNER,
+                          "the sandbox's partition moved to another shard; retry");
+                a->mb_tail = NULL;
+            }
+            if (a->cs == C_RUNNING && !a->inflight && !a->mb_head && !a->gate) {
+                /* Like an idle sleep: the sandbox starts again on its new owner. */
+                snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+                save_record(a);
+                stop_container(a, false);
+            }
+            if (a->last_seq > *max_seq)
+                *max_seq = a->last_seq;
+            if (a->cs != C_NONE || a->inflight || a->mb_head || a->gate || a->destroying)
+                quiet = false;
+        }
+    }
+    return quiet;
+}
+
+void
+actor_partition_drop(struct shard *sh, const uint8_t *set)
+{
+    for (size_t b = 0; b < sh->nbuckets; b++) {
+        struct actor *a = sh->buckets[b];
+        while (a) {
+            struct actor *next = a->hnext;
+            if (set[a->part]) {
+                fail_inflight(a, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
+                fail_list(&a->mb_head, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
+                a->mb_tail = NULL;
+                /* The record is not ours any more; the actor goes when idle. */
+                a->exists = false;
+                sbx_record_free(&a->rec);
+                memset(&a->rec, 0, sizeof(a->rec));
+                if (a->cs == C_RUNNING)
+                    stop_container(a, false);
+                actor_maybe_free(a);
+            }
+            a = next;
+        }
     }
 }
 

@@ -53,6 +53,10 @@ struct sbx_shard_conf {
     char *relay_secret;   /* required of relay clients (tcp relays in a cluster), or NULL */
     char *preview_domain; /* default host of preview URLs: {port}-{id}-{token}.<this> */
     char *preview_scheme; /* http or https (where the deployment terminates TLS) */
+    char *etcd;           /* etcd endpoints (http://h:p[,…]): cluster mode; NULL = standalone */
+    char *cluster;        /* cluster name: etcd keys live under /sbx/<cluster>/ */
+    char *advertise;      /* nng URL other nodes reach this shard at (default: listen) */
+    int64_t lease_ttl;    /* ms: membership lease; a shard unable to renew it stops serving */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
 };

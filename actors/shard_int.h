@@ -87,6 +87,7 @@ struct actor {
     char last_exit[160];
     bool destroying;
     int relays;                 /* preview connections open into the container */
+    uint16_t part;              /* partition of the ID (runtime/place.h) */
 };
 
 /* Work for the worker threads (container start/stop). */
@@ -168,6 +169,9 @@ struct shard {
     struct rconn *relay_conns;
     int relay_nconns;
 
+    /* cluster membership and ownership (actors/cluster.c), or NULL */
+    struct cluster *cluster;
+
     /* counters for status */
     uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_died;
     int64_t start_us_total;
@@ -179,6 +183,12 @@ void shard_reply_err(struct sop *op, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void shard_reply_werr(struct sop *op, sbx_werr *w);
 void shard_work_submit(struct shard *sh, struct work *w);
+/* shard_release_held — send every held reply whose writes are now decided
+ * (committed to LMDB and, in a cluster, replicated). */
+void shard_release_held(struct shard *sh);
+/* shard_fail_held — answer code to the held replies of actor `id` that
+ * depend on write `seq` or later (the write failed). */
+void shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const char *msg);
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 void sop_free(struct sop *op);
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
@@ -191,6 +201,18 @@ void shard_relay_stop(struct shard *sh);
 /* actor.c */
 /* actor_port_exposed — whether port is exposed for the running container. */
 bool actor_port_exposed(struct actor *a, int port);
+/*
+ * actor_partition_quiesce — for the actors of the partitions in set (a
+ * SBX_PARTITIONS byte map): stop the containers of idle ones (as an idle
+ * sleep does); with force, interrupt what is in flight or queued first.
+ * Returns whether every such actor is quiet (no container, nothing in
+ * flight, queued or gated); *max_seq gets their latest store write.
+ */
+bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
+                             uint64_t *max_seq);
+/* actor_partition_drop — forget the in-memory actors of set (their records
+ * are gone from this shard); busy ones go once their container stopped. */
+void actor_partition_drop(struct shard *sh, const uint8_t *set);
 struct actor *actor_get(struct shard *sh, const char *id, bool load);
 void actor_enqueue(struct actor *a, struct sop *op);
 void actor_work_done(struct shard *sh, struct work *w);

@@ -1,8 +1,16 @@
 /* gateway.c — see gateway.h.  Everything runs in nng aio callbacks: no
- * callback blocks, and sockets are only closed from sbx_gateway_stop. */
+ * callback blocks, and sockets are only closed from sbx_gateway_stop (or, in
+ * a cluster, replaced by the view thread; a slot's socket is never closed
+ * while the gateway runs, only re-dialed).
+ *
+ * Shards occupy slots.  Standalone: slot i is the i-th configured shard and
+ * the partition table is the rendezvous hash over them, fixed.  In a cluster:
+ * slot i is member i of the etcd view (runtime/cview.h: indexes never change)
+ * and the table is etcd's, read under the view's lock for each request. */
 #include "gateway.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <nng/nng.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -11,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runtime/cview.h"
 #include "../runtime/err.h"
+#include "../runtime/etcd.h"
 #include "../runtime/id.h"
 #include "../runtime/log.h"
 #include "../runtime/nngx.h"
@@ -21,6 +31,9 @@
 #include "../runtime/wire.h"
 #include "http.h"
 
+#define MAX_SLOTS SBX_CVIEW_MAX_MEMBERS
+#define RETRY_MIN_MS 10
+#define RETRY_MAX_MS 400
 
 struct sbx_gateway;
 struct gctx;
@@ -31,14 +44,16 @@ struct gshard {
     char name[64];
     char url[256];
     nng_socket sock;
+    atomic_bool open;
     atomic_int pipes;
 };
 
-enum { F_IDLE = 0, F_SEND, F_RECV };
+enum { F_IDLE = 0, F_SEND, F_RECV, F_SLEEP };
 
 struct gfwd {
     struct gctx *g;
     struct gshard *s;
+    bool ctx_open;
     nng_ctx ctx;
     nng_aio *aio;
     int state;
@@ -54,28 +69,47 @@ struct gctx {
     nng_ctx ctx;
     nng_aio *aio;
     int state;
-    struct gfwd *fwd;     /* one per shard */
+    struct gfwd fwd[MAX_SLOTS];
     pthread_mutex_t mu;   /* fan-out bookkeeping */
     int pending;
     bool fanout;          /* list / cluster.status: merge every shard's answer */
+    bool in_fanout[MAX_SLOTS];
     char id[SBX_WIRE_MAX_ID + 1];
     char op[64];
+    /* a routed request, kept for retries (cluster mode) */
+    char *body;
+    size_t blen;
+    uint32_t part;
+    int64_t deadline;     /* monotonic ms */
+    int attempts;
+    nng_aio *sleep;       /* back-off timer */
+    int last_slot;
 };
 
 struct sbx_gateway {
     struct sbx_gateway_conf conf;
     nng_socket sock;
-    struct gshard *shards;
-    int nshards;
-    const char **names;
-    int16_t table[SBX_PARTITIONS];
+    struct gshard shards[MAX_SLOTS];
+    int nshards;          /* slots in use */
+    int16_t table[SBX_PARTITIONS]; /* standalone */
     struct gctx *ctxs;
     int nctx;
-    atomic_ullong n_requests, n_errors;
+    atomic_ullong n_requests, n_errors, n_retries;
     int64_t started_ms;
     sbx_http *http;
     char inproc[96];
+    /* cluster mode */
+    sbx_etcd *etcd;
+    sbx_cview *view;
+    char prefix[160];
+    pthread_mutex_t slot_mu; /* opening slots */
 };
+
+static bool
+clustered(const struct sbx_gateway *gw)
+{
+    return gw->view != NULL;
+}
 
 /* ------------------------------------------------------------------------------ */
 
@@ -99,6 +133,9 @@ client_send_bytes(struct gctx *g, const char *buf, size_t len)
     memcpy(nng_msg_body(m), buf, len);
     client_send(g, m);
 }
+
+static void
+client_err(struct gctx *g, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static void
 client_err(struct gctx *g, int code, const char *fmt, ...)
@@ -125,8 +162,146 @@ client_err(struct gctx *g, int code, const char *fmt, ...)
     sbx_werr_free(&w);
 }
 
+static void
+request_done(struct gctx *g)
+{
+    free(g->body);
+    g->body = NULL;
+    g->blen = 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Slots. */
+
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg);
+
+/* Open slot i's socket to url (standalone start-up, or the view thread). */
+static int
+slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url)
+{
+    struct gshard *s = &gw->shards[i];
+    s->gw = gw;
+    s->idx = i;
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    snprintf(s->url, sizeof(s->url), "%s", url);
+    /* The pipe callbacks go in before the dial starts, so the connection
+     * count never misses a peer that is already up. */
+    int rv = sbx_nng_req_dial_notify(&s->sock, url, pipe_cb, s);
+    if (rv)
+        return rv;
+    atomic_store(&s->open, true);
+    if (i >= gw->nshards)
+        gw->nshards = i + 1;
+    return 0;
+}
+
+/* The view changed: open sockets for new members (their indexes are stable;
+ * a member that changed address keeps its old socket, which redials). */
+static void
+view_changed(void *arg)
+{
+    struct sbx_gateway *gw = arg;
+    struct {
+        int idx;
+        char name[64], url[256];
+    } todo[MAX_SLOTS];
+    int nt = 0;
+    sbx_cview_lock(gw->view);
+    int n;
+    const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
+    for (int i = 0; i < n && i < MAX_SLOTS; i++) {
+        if (m[i].live && m[i].url[0] && !atomic_load(&gw->shards[i].open)) {
+            todo[nt].idx = i;
+            snprintf(todo[nt].name, sizeof(todo[nt].name), "%s", m[i].name);
+            snprintf(todo[nt].url, sizeof(todo[nt].url), "%s", m[i].url);
+            nt++;
+        }
+    }
+    sbx_cview_unlock(gw->view);
+    pthread_mutex_lock(&gw->slot_mu);
+    for (int k = 0; k < nt; k++) {
+        if (atomic_load(&gw->shards[todo[k].idx].open))
+            continue;
+        int rv = slot_open(gw, todo[k].idx, todo[k].name, todo[k].url);
+        if (rv)
+            sbx_warn("gateway: cannot dial shard %s at %s: %s", todo[k].name, todo[k].url,
+                     nng_strerror(rv));
+        else
+            sbx_info("gateway %s: shard %s joined (%s)", gw->conf.name, todo[k].name,
+                     todo[k].url);
+    }
+    pthread_mutex_unlock(&gw->slot_mu);
+}
+
+/* A shard connection went away: fail what it was holding, now. */
+static void
+pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct gshard *s = arg;
+    (void)p;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_fetch_add(&s->pipes, 1);
+        return;
+    }
+    if (ev != NNG_PIPE_EV_REM_POST)
+        return;
+    atomic_fetch_sub(&s->pipes, 1);
+    struct sbx_gateway *gw = s->gw;
+    for (int i = 0; i < gw->nctx; i++) {
+        struct gfwd *f = &gw->ctxs[i].fwd[s->idx];
+        if (f->state == F_SEND || f->state == F_RECV)
+            nng_aio_cancel(f->aio);
+    }
+}
+
 /* ------------------------------------------------------------------------------ */
 /* Fan-out (list, cluster.status). */
+
+static void
+encode_cluster(struct sbx_gateway *gw, sbx_enc *e)
+{
+    sbx_enc_kmap(e, "cluster");
+    sbx_enc_kstr(e, "name", gw->conf.cluster ? gw->conf.cluster : "default");
+    sbx_enc_kstr(e, "etcd", gw->conf.etcd);
+    sbx_cview_lock(gw->view);
+    int n;
+    const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
+    const struct sbx_cpart *parts = sbx_cview_parts(gw->view);
+    sbx_enc_kbool(e, "synced", sbx_cview_synced(gw->view));
+    sbx_enc_kint(e, "revision", sbx_cview_revision(gw->view));
+    int unowned = 0;
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        unowned += parts[p].owner < 0 || !m[parts[p].owner].live;
+    sbx_enc_kint(e, "partitionsWithoutLiveOwner", unowned);
+    sbx_enc_karray(e, "members");
+    for (int i = 0; i < n; i++) {
+        int cnt = 0;
+        int64_t minep = 0, maxep = 0;
+        for (int p = 0; p < SBX_PARTITIONS; p++) {
+            if (parts[p].owner != i)
+                continue;
+            cnt++;
+            if (parts[p].epoch > maxep)
+                maxep = parts[p].epoch;
+            if (!minep || parts[p].epoch < minep)
+                minep = parts[p].epoch;
+        }
+        if (!m[i].live && !cnt)
+            continue;
+        sbx_enc_map(e);
+        sbx_enc_kstr(e, "name", m[i].name);
+        sbx_enc_kstr(e, "url", m[i].url);
+        sbx_enc_kbool(e, "live", m[i].live);
+        sbx_enc_kbool(e, "draining", m[i].draining);
+        sbx_enc_kint(e, "partitions", cnt);
+        sbx_enc_kint(e, "minEpoch", minep);
+        sbx_enc_kint(e, "maxEpoch", maxep);
+        sbx_enc_end(e);
+    }
+    sbx_enc_end(e);
+    sbx_cview_unlock(gw->view);
+    sbx_enc_end(e);
+}
 
 static void
 merge_and_reply(struct gctx *g)
@@ -144,7 +319,7 @@ merge_and_reply(struct gctx *g)
         sbx_enc_karray(&e, "sandboxes");
         for (int i = 0; i < gw->nshards; i++) {
             struct gfwd *f = &g->fwd[i];
-            if (!f->reply)
+            if (!g->in_fanout[i] || !f->reply)
                 continue;
             sbx_msg m;
             if (sbx_wire_decode(&m, nng_msg_body(f->reply), nng_msg_len(f->reply),
@@ -169,17 +344,22 @@ merge_and_reply(struct gctx *g)
         sbx_enc_kint(&e, "uptimeMs", sbx_wall_ms() - gw->started_ms);
         sbx_enc_kint(&e, "requests", (int64_t)atomic_load(&gw->n_requests));
         sbx_enc_kint(&e, "errors", (int64_t)atomic_load(&gw->n_errors));
+        sbx_enc_kint(&e, "retries", (int64_t)atomic_load(&gw->n_retries));
         sbx_enc_kint(&e, "partitions", SBX_PARTITIONS);
         sbx_enc_end(&e);
+        if (clustered(gw))
+            encode_cluster(gw, &e);
     }
     sbx_enc_karray(&e, "shards");
     for (int i = 0; i < gw->nshards; i++) {
         struct gfwd *f = &g->fwd[i];
+        if (!g->in_fanout[i])
+            continue;
         sbx_enc_map(&e);
         sbx_enc_kstr(&e, "name", f->s->name);
         sbx_enc_kstr(&e, "url", f->s->url);
         sbx_enc_kbool(&e, "connected", atomic_load(&f->s->pipes) > 0);
-        if (!is_list) {
+        if (!is_list && !clustered(gw)) {
             int parts = 0;
             for (int p = 0; p < SBX_PARTITIONS; p++)
                 parts += gw->table[p] == i;
@@ -213,6 +393,7 @@ merge_and_reply(struct gctx *g)
     sbx_enc_end(&e);
     sbx_enc_end(&e);
     sbx_enc_end(&e);
+    request_done(g);
     if (sbx_enc_finish(&e, &buf, &len) == 0) {
         client_send_bytes(g, buf, len);
         free(buf);
@@ -224,8 +405,54 @@ merge_and_reply(struct gctx *g)
 /* ------------------------------------------------------------------------------ */
 /* Forwarding. */
 
+static void route_and_forward(struct gctx *g);
+
+/* Whether a reply is WRONG_OWNER: the shard did not run it. */
+static bool
+is_wrong_owner(nng_msg *reply)
+{
+    sbx_msg m;
+    bool ok = true, wrong = false;
+    if (sbx_wire_decode(&m, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply) != 0)
+        return false;
+    sbx_wire_get_bool(m.root, "ok", &ok);
+    const msgpack_object *eo;
+    sbx_str code;
+    if (!ok && sbx_wire_get_map(m.root, "error", &eo) == 0 &&
+        sbx_wire_get_str(eo, "code", &code) == 0)
+        wrong = sbx_str_eq(code, "WRONG_OWNER");
+    sbx_wire_msg_free(&m);
+    return wrong;
+}
+
+/* In a cluster: try again later if there is time; false if not. */
+static bool
+retry_later(struct gctx *g)
+{
+    int64_t left = g->deadline - sbx_mono_ms();
+    int64_t wait = SBX_MIN((int64_t)RETRY_MIN_MS << SBX_MIN(g->attempts, 6), RETRY_MAX_MS);
+    if (!clustered(g->gw) || !g->body || left <= wait + 50)
+        return false;
+    g->attempts++;
+    atomic_fetch_add(&g->gw->n_retries, 1);
+    nng_sleep_aio((nng_duration)wait, g->sleep);
+    return true;
+}
+
 static void
-fwd_done(struct gfwd *f, nng_msg *reply, int rv)
+sleep_cb(void *arg)
+{
+    struct gctx *g = arg;
+    if (nng_aio_result(g->sleep) != 0) {
+        request_done(g);
+        client_err(g, SBX_E_SHARD_UNAVAILABLE, "the gateway is stopping");
+        return;
+    }
+    route_and_forward(g);
+}
+
+static void
+fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
 {
     struct gctx *g = f->g;
     f->state = F_IDLE;
@@ -239,6 +466,14 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv)
             merge_and_reply(g);
         return;
     }
+    if (reply && clustered(g->gw) && is_wrong_owner(reply) && retry_later(g)) {
+        nng_msg_free(reply);
+        return;
+    }
+    /* Not sent at all (no connection): nothing ran, so a retry is safe. */
+    if (!reply && !sent && retry_later(g))
+        return;
+    request_done(g);
     if (reply) {
         client_send(g, reply);
         return;
@@ -262,7 +497,7 @@ fwd_cb(void *arg)
             nng_msg *m = nng_aio_get_msg(f->aio);
             if (m)
                 nng_msg_free(m);
-            fwd_done(f, NULL, rv);
+            fwd_done(f, NULL, rv, false);
             return;
         }
         int64_t left = f->deadline - sbx_mono_ms();
@@ -275,22 +510,36 @@ fwd_cb(void *arg)
     }
     if (f->state == F_RECV) {
         if (rv != 0) {
-            fwd_done(f, NULL, rv);
+            fwd_done(f, NULL, rv, true);
             return;
         }
-        fwd_done(f, nng_aio_get_msg(f->aio), 0);
+        fwd_done(f, nng_aio_get_msg(f->aio), 0, true);
     }
 }
 
-/* Start forwarding `body` to shard s; the caller counted it in g->pending. */
+/* Start forwarding `body` to slot s; the caller counted it in g->pending. */
 static void
 forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t part,
-        int64_t timeout_ms)
+        int64_t epoch, int64_t timeout_ms)
 {
     struct gfwd *f = &g->fwd[s->idx];
-    if (atomic_load(&s->pipes) <= 0) {
-        fwd_done(f, NULL, NNG_ECONNREFUSED);
+    f->s = s;
+    if (!atomic_load(&s->open) || atomic_load(&s->pipes) <= 0) {
+        fwd_done(f, NULL, NNG_ECONNREFUSED, false);
         return;
+    }
+    /* The aio and context of a slot are made on first use. */
+    if (!f->aio && nng_aio_alloc(&f->aio, fwd_cb, f) != 0) {
+        f->aio = NULL;
+        fwd_done(f, NULL, NNG_ENOMEM, false);
+        return;
+    }
+    if (!f->ctx_open) {
+        if (nng_ctx_open(&f->ctx, s->sock) != 0) {
+            fwd_done(f, NULL, NNG_ENOMEM, false);
+            return;
+        }
+        f->ctx_open = true;
     }
     sbx_enc e;
     char *buf;
@@ -300,14 +549,14 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
     sbx_enc_kmap(&e, "route");
     sbx_enc_kint(&e, "partition", part);
-    sbx_enc_kint(&e, "epoch", 0);
+    sbx_enc_kint(&e, "epoch", epoch);
     sbx_enc_kstr(&e, "gateway", g->gw->conf.name);
     sbx_enc_end(&e);
     sbx_enc_kbin(&e, "req", body, len);
     sbx_enc_end(&e);
     nng_msg *m;
     if (sbx_enc_finish(&e, &buf, &blen) != 0 || nng_msg_alloc(&m, blen) != 0) {
-        fwd_done(f, NULL, NNG_ENOMEM);
+        fwd_done(f, NULL, NNG_ENOMEM, false);
         return;
     }
     memcpy(nng_msg_body(m), buf, blen);
@@ -319,25 +568,111 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     nng_ctx_send(f->ctx, f->aio);
 }
 
-/* A shard connection went away: fail what it was holding, now. */
+/* Route g's request by the current table and forward it. */
 static void
-pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+route_and_forward(struct gctx *g)
 {
-    struct gshard *s = arg;
-    (void)p;
-    if (ev == NNG_PIPE_EV_ADD_POST) {
-        atomic_fetch_add(&s->pipes, 1);
+    struct sbx_gateway *gw = g->gw;
+    int64_t timeout = g->deadline - sbx_mono_ms();
+    if (timeout < 1)
+        timeout = 1;
+    if (!clustered(gw)) {
+        forward(g, &gw->shards[gw->table[g->part]], g->body, g->blen, g->part, 0, timeout);
         return;
     }
-    if (ev != NNG_PIPE_EV_REM_POST)
+    sbx_cview_lock(gw->view);
+    int n;
+    const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
+    struct sbx_cpart pt = sbx_cview_parts(gw->view)[g->part];
+    bool live = pt.owner >= 0 && pt.owner < MAX_SLOTS && m[pt.owner].live;
+    sbx_cview_unlock(gw->view);
+    if (!live || !atomic_load(&gw->shards[pt.owner].open)) {
+        /* No live owner yet (a shard died and the table is moving). */
+        if (retry_later(g))
+            return;
+        request_done(g);
+        client_err(g, SBX_E_SHARD_UNAVAILABLE,
+                   "partition %u has no live shard (the cluster is reassigning it)", g->part);
         return;
-    atomic_fetch_sub(&s->pipes, 1);
-    struct sbx_gateway *gw = s->gw;
-    for (int i = 0; i < gw->nctx; i++) {
-        struct gfwd *f = &gw->ctxs[i].fwd[s->idx];
-        if (f->state != F_IDLE)
-            nng_aio_cancel(f->aio);
     }
+    g->last_slot = pt.owner;
+    forward(g, &gw->shards[pt.owner], g->body, g->blen, g->part, pt.epoch, timeout);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* cluster.drain {shard, drain = true}: a key in etcd the shards follow. */
+
+struct drain_job {
+    struct gctx *g;
+    char shard[64];
+    bool drain;
+};
+
+static void *
+drain_main(void *arg)
+{
+    struct drain_job *j = arg;
+    struct gctx *g = j->g;
+    struct sbx_gateway *gw = g->gw;
+    char key[320];
+    snprintf(key, sizeof(key), "%sc/drain/%s", gw->prefix, j->shard);
+    int rc = j->drain ? sbx_etcd_put(gw->etcd, key, "1", 1, 0, NULL)
+                      : sbx_etcd_delete(gw->etcd, key, NULL);
+    if (rc) {
+        client_err(g, rc, "cannot record the drain in etcd: %s", sbx_err_message(rc));
+    } else {
+        sbx_enc e;
+        char *buf;
+        size_t len;
+        sbx_str id = {g->id, strlen(g->id)};
+        sbx_enc_init(&e);
+        sbx_enc_reply_ok(&e, id);
+        sbx_enc_kbool(&e, "success", true);
+        sbx_enc_kstr(&e, "shard", j->shard);
+        sbx_enc_kbool(&e, "draining", j->drain);
+        sbx_enc_end(&e);
+        sbx_enc_end(&e);
+        if (sbx_enc_finish(&e, &buf, &len) == 0) {
+            client_send_bytes(g, buf, len);
+            free(buf);
+        }
+        sbx_info("gateway %s: shard %s %s", gw->conf.name, j->shard,
+                 j->drain ? "is draining" : "is no longer draining");
+    }
+    free(j);
+    return NULL;
+}
+
+static void
+op_drain(struct gctx *g, const struct sbx_req *req)
+{
+    struct sbx_gateway *gw = g->gw;
+    if (!clustered(gw)) {
+        client_err(g, SBX_E_VALIDATION,
+                   "cluster.drain needs a cluster (sbxd gateway --etcd …); this deployment has "
+                   "a fixed set of shards");
+        return;
+    }
+    sbx_str shard;
+    bool drain = true;
+    if (sbx_wire_get_str(req->args, "shard", &shard) != 0 || shard.n == 0 || shard.n > 63 ||
+        sbx_wire_get_bool(req->args, "drain", &drain) == SBX_E_VALIDATION) {
+        client_err(g, SBX_E_VALIDATION, "cluster.drain needs 'shard' (a name) and 'drain' (bool)");
+        return;
+    }
+    struct drain_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->g = g;
+    sbx_str_copy(shard, j->shard, sizeof(j->shard));
+    j->drain = drain;
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, drain_main, j) != 0) {
+        free(j);
+        client_err(g, SBX_E_INTERNAL, "cannot start the drain request");
+    }
+    pthread_attr_destroy(&at);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -355,6 +690,7 @@ handle(struct gctx *g, nng_msg *m)
 
     g->id[0] = g->op[0] = '\0';
     g->fanout = false;
+    g->attempts = 0;
     if (len > SBX_WIRE_MAX_REQUEST) {
         nng_msg_free(m);
         client_err(g, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit", len,
@@ -376,7 +712,7 @@ handle(struct gctx *g, nng_msg *m)
         return;
     }
     const struct sbx_op_def *def = sbx_op_find(req.op.p, req.op.n);
-    if (!def) {
+    if (!def || (def->flags & SBX_OP_INTERNAL)) {
         snprintf(why, sizeof(why), "unknown operation '%.*s'", (int)SBX_MIN(req.op.n, 64),
                  req.op.p);
         sbx_wire_msg_free(&dec);
@@ -389,16 +725,48 @@ handle(struct gctx *g, nng_msg *m)
     int64_t timeout = gw->conf.timeout;
     if (req.timeout_ms > 0)
         timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
+    g->deadline = sbx_mono_ms() + timeout;
+    if (!strcmp(def->name, "cluster.drain")) {
+        op_drain(g, &req);
+        sbx_wire_msg_free(&dec);
+        nng_msg_free(m);
+        return;
+    }
     if (def->flags & SBX_OP_GLOBAL) {
         sbx_wire_msg_free(&dec);
         g->fanout = true;
-        pthread_mutex_lock(&g->mu);
-        g->pending = gw->nshards;
-        pthread_mutex_unlock(&g->mu);
-        for (int i = 0; i < gw->nshards; i++) {
-            /* The shards answer "cluster.status" with their own status. */
-            forward(g, &gw->shards[i], body, len, 0, timeout);
+        bool live[MAX_SLOTS] = {false};
+        int cnt = 0;
+        if (clustered(gw)) {
+            sbx_cview_lock(gw->view);
+            int n;
+            const struct sbx_cmember *mm = sbx_cview_members(gw->view, &n);
+            for (int i = 0; i < n && i < MAX_SLOTS; i++)
+                live[i] = mm[i].live && atomic_load(&gw->shards[i].open);
+            sbx_cview_unlock(gw->view);
+        } else {
+            for (int i = 0; i < gw->nshards; i++)
+                live[i] = true;
         }
+        for (int i = 0; i < MAX_SLOTS; i++) {
+            g->in_fanout[i] = live[i];
+            cnt += live[i];
+        }
+        if (cnt == 0) {
+            g->fanout = false;
+            nng_msg_free(m);
+            if (!strcmp(def->name, "list"))
+                client_err(g, SBX_E_SHARD_UNAVAILABLE, "no shard is live");
+            else
+                merge_and_reply(g); /* the gateway's own status, no shard */
+            return;
+        }
+        pthread_mutex_lock(&g->mu);
+        g->pending = cnt;
+        pthread_mutex_unlock(&g->mu);
+        for (int i = 0; i < MAX_SLOTS; i++)
+            if (live[i])
+                forward(g, &gw->shards[i], body, len, 0, 0, timeout);
         nng_msg_free(m);
         return;
     }
@@ -414,11 +782,13 @@ handle(struct gctx *g, nng_msg *m)
         client_err(g, rc, "%s", why);
         return;
     }
-    uint32_t part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
-    struct gshard *s = &gw->shards[gw->table[part]];
+    g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     sbx_wire_msg_free(&dec);
-    forward(g, s, body, len, part, timeout);
+    g->body = sbx_xmalloc(len);
+    memcpy(g->body, body, len);
+    g->blen = len;
     nng_msg_free(m);
+    route_and_forward(g);
 }
 
 static void
@@ -460,53 +830,60 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
     sbx_gateway *gw = sbx_xcalloc(1, sizeof(*gw));
     gw->conf = *conf;
     gw->started_ms = sbx_wall_ms();
-    for (char **p = conf->shards; p && *p; p++)
-        gw->nshards++;
-    if (gw->nshards == 0) {
-        sbx_error("gateway: no shards configured");
-        free(gw);
-        return SBX_E_VALIDATION;
-    }
-    gw->shards = sbx_xcalloc((size_t)gw->nshards, sizeof(*gw->shards));
-    gw->names = sbx_xcalloc((size_t)gw->nshards, sizeof(char *));
-    for (int i = 0; i < gw->nshards; i++) {
-        struct gshard *s = &gw->shards[i];
-        const char *spec = conf->shards[i], *eq = strchr(spec, '=');
-        s->gw = gw;
-        s->idx = i;
-        if (!eq || eq == spec) {
-            sbx_error("gateway: shard '%s' must be given as name=url", spec);
-            rv = SBX_E_VALIDATION;
-            goto fail;
+    pthread_mutex_init(&gw->slot_mu, NULL);
+    bool cluster = conf->etcd && *conf->etcd;
+    if (!cluster) {
+        int n = 0;
+        for (char **p = conf->shards; p && *p; p++)
+            n++;
+        if (n == 0 || n > MAX_SLOTS) {
+            sbx_error("gateway: give 1-%d shards (--shard name=url), or --etcd for a cluster",
+                      MAX_SLOTS);
+            pthread_mutex_destroy(&gw->slot_mu);
+            free(gw);
+            return SBX_E_VALIDATION;
         }
-        snprintf(s->name, sizeof(s->name), "%.*s", (int)(eq - spec), spec);
-        snprintf(s->url, sizeof(s->url), "%s", eq + 1);
-        gw->names[i] = s->name;
-        if ((rv = sbx_nng_req_dial(&s->sock, s->url)) != 0) {
-            sbx_error("gateway: shard %s at %s: %s", s->name, s->url, nng_strerror(rv));
-            rv = sbx_nng_code(rv);
-            goto fail;
+        const char *names[MAX_SLOTS];
+        for (int i = 0; i < n; i++) {
+            const char *spec = conf->shards[i], *eq = strchr(spec, '=');
+            if (!eq || eq == spec || eq - spec >= 64) {
+                sbx_error("gateway: shard '%s' must be given as name=url", spec);
+                rv = SBX_E_VALIDATION;
+                goto fail;
+            }
+            char name[64];
+            snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
+            if ((rv = slot_open(gw, i, name, eq + 1)) != 0) {
+                sbx_error("gateway: shard %s at %s: %s", name, eq + 1, nng_strerror(rv));
+                rv = sbx_nng_code(rv);
+                goto fail;
+            }
+            names[i] = gw->shards[i].name;
         }
-        nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, s);
-        nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s);
+        sbx_place_table(names, (size_t)n, gw->table);
     }
-    sbx_place_table(gw->names, (size_t)gw->nshards, gw->table);
     gw->nctx = (int)SBX_MAX(conf->contexts, 1);
     gw->ctxs = sbx_xcalloc((size_t)gw->nctx, sizeof(*gw->ctxs));
     for (int i = 0; i < gw->nctx; i++) {
         struct gctx *g = &gw->ctxs[i];
         g->gw = gw;
         pthread_mutex_init(&g->mu, NULL);
-        g->fwd = sbx_xcalloc((size_t)gw->nshards, sizeof(*g->fwd));
-        for (int k = 0; k < gw->nshards; k++) {
-            struct gfwd *f = &g->fwd[k];
-            f->g = g;
-            f->s = &gw->shards[k];
-            if ((rv = nng_ctx_open(&f->ctx, f->s->sock)) != 0 ||
-                (rv = nng_aio_alloc(&f->aio, fwd_cb, f)) != 0) {
-                rv = sbx_nng_code(rv);
-                goto fail;
-            }
+        if ((rv = nng_aio_alloc(&g->sleep, sleep_cb, g)) != 0) {
+            rv = sbx_nng_code(rv);
+            goto fail;
+        }
+        for (int k = 0; k < MAX_SLOTS; k++) {
+            g->fwd[k].g = g;
+            g->fwd[k].s = &gw->shards[k];
+        }
+    }
+    if (cluster) {
+        snprintf(gw->prefix, sizeof(gw->prefix), "/sbx/%s/",
+                 conf->cluster && *conf->cluster ? conf->cluster : "default");
+        if ((rv = sbx_etcd_open(&gw->etcd, conf->etcd, 3000)) != 0 ||
+            (rv = sbx_cview_start(&gw->view, gw->etcd, gw->prefix, view_changed, gw)) != 0) {
+            sbx_error("gateway: cannot follow the cluster in etcd at %s", conf->etcd);
+            goto fail;
         }
     }
     if ((rv = sbx_nng_rep_listen(&gw->sock, conf->listen)) != 0) {
@@ -546,12 +923,23 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         }
         sbx_info("gateway %s: HTTP on %s", conf->name, conf->http);
     }
-    sbx_info("gateway %s: serving on %s, %d shard(s)", conf->name, conf->listen, gw->nshards);
+    if (cluster)
+        sbx_info("gateway %s: serving on %s, cluster '%s' from etcd at %s", conf->name,
+                 conf->listen, conf->cluster ? conf->cluster : "default", conf->etcd);
+    else
+        sbx_info("gateway %s: serving on %s, %d shard(s)", conf->name, conf->listen,
+                 gw->nshards);
     *out = gw;
     return 0;
 fail:
     sbx_gateway_stop(gw);
     return rv;
+}
+
+int
+sbx_gateway_http_port(const sbx_gateway *gw)
+{
+    return gw->http ? sbx_http_port(gw->http) : 0;
 }
 
 void
@@ -562,40 +950,42 @@ sbx_gateway_stop(sbx_gateway *gw)
     /* The HTTP front first: it calls into the sockets below. */
     if (gw->http)
         sbx_http_stop(gw->http);
+    /* No new slots from here on. */
+    if (gw->view)
+        sbx_cview_stop(gw->view);
     /* Stop every aio first, then close, then free (nng shutdown order). */
     for (int i = 0; gw->ctxs && i < gw->nctx; i++) {
         if (gw->ctxs[i].aio)
             nng_aio_stop(gw->ctxs[i].aio);
-        for (int k = 0; gw->ctxs[i].fwd && k < gw->nshards; k++)
+        if (gw->ctxs[i].sleep)
+            nng_aio_stop(gw->ctxs[i].sleep);
+        for (int k = 0; k < MAX_SLOTS; k++)
             if (gw->ctxs[i].fwd[k].aio)
                 nng_aio_stop(gw->ctxs[i].fwd[k].aio);
     }
     if (nng_socket_id(gw->sock) > 0)
         nng_close(gw->sock);
-    for (int k = 0; k < gw->nshards; k++)
-        if (nng_socket_id(gw->shards[k].sock) > 0)
+    for (int k = 0; k < MAX_SLOTS; k++)
+        if (atomic_load(&gw->shards[k].open))
             nng_close(gw->shards[k].sock);
     for (int i = 0; gw->ctxs && i < gw->nctx; i++) {
         struct gctx *g = &gw->ctxs[i];
         if (g->aio)
             nng_aio_free(g->aio);
-        for (int k = 0; g->fwd && k < gw->nshards; k++) {
+        if (g->sleep)
+            nng_aio_free(g->sleep);
+        for (int k = 0; k < MAX_SLOTS; k++) {
             if (g->fwd[k].aio)
                 nng_aio_free(g->fwd[k].aio);
             if (g->fwd[k].reply)
                 nng_msg_free(g->fwd[k].reply);
         }
-        free(g->fwd);
+        free(g->body);
         pthread_mutex_destroy(&g->mu);
     }
+    if (gw->etcd)
+        sbx_etcd_close(gw->etcd);
     free(gw->ctxs);
-    free(gw->shards);
-    free(gw->names);
+    pthread_mutex_destroy(&gw->slot_mu);
     free(gw);
-}
-
-int
-sbx_gateway_http_port(const sbx_gateway *gw)
-{
-    return gw->http ? sbx_http_port(gw->http) : 0;
 }

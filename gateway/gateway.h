@@ -11,6 +11,14 @@
  * is.  Operations about the whole deployment (list, cluster.status) go to
  * every shard and the answers are merged.
  *
+ * In a cluster (conf.etcd), the shards and the partition table come from
+ * etcd (runtime/cview.h): the gateway follows them with a watch, forwards each
+ * request to the partition's owner with (partition, epoch), and when the
+ * shard answers WRONG_OWNER — the table moved under the request, nothing
+ * ran — or the owner is unknown, dead or not connected yet, it waits a little
+ * (10 ms doubling to 400 ms) and routes again, within the request's
+ * deadline.  Any gateway serves any sandbox; gateways hold no state.
+ *
  * A shard with no live connection is answered SHARD_UNAVAILABLE at once; a
  * shard whose connection drops while it holds requests has them answered
  * SHARD_UNAVAILABLE at that moment (they are never silently re-sent, which
@@ -27,7 +35,9 @@
 struct sbx_gateway_conf {
     char *name;          /* gateway name (status output) */
     char *listen;        /* nng URL for clients, e.g. tcp://127.0.0.1:7700 */
-    char **shards;       /* "name=url" entries, NULL-terminated */
+    char **shards;       /* "name=url" entries, NULL-terminated (standalone mode) */
+    char *etcd;          /* etcd endpoints: cluster mode (shards come from etcd) */
+    char *cluster;       /* cluster name (etcd prefix /sbx/<cluster>/) */
     int64_t contexts;    /* concurrent client requests */
     int64_t timeout;     /* ms, deadline of requests that carry none */
     /* The HTTP front (gateway/http.h); http NULL or "" = none. */

@@ -1312,7 +1312,7 @@ http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const ch
         snprintf(code, 64, "%.*s", (int)c.n, c.p);
         snprintf(msg, msglen, "%.*s", (int)t.n, t.p);
         hreply_free(reply);
-        return sbx_err_from_name(c.p, c.n);
+        return sbx_err_from_name(code, strlen(code)); /* c points into the freed reply */
     }
     static const msgpack_object empty = {.type = MSGPACK_OBJECT_MAP};
     if (sbx_wire_get_map(reply->m.root, "result", &reply->result) != 0)

@@ -233,8 +233,9 @@ reader_main(void *arg)
     ssize_t w = write(t->evfd, &one, sizeof(one));
     (void)w;
     pthread_mutex_unlock(&t->mu);
+    struct sbx_http *h = t->h; /* t may be freed by the unref */
     ts_unref(t);
-    http_worker_leave(t->h);
+    http_worker_leave(h);
     return NULL;
 }
 

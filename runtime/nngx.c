@@ -47,6 +47,23 @@ sbx_nng_req_dial(nng_socket *s, const char *url)
 }
 
 int
+sbx_nng_req_dial_notify(nng_socket *s, const char *url, nng_pipe_cb cb, void *arg)
+{
+    int rv;
+    if ((rv = nng_req0_open(s)) != 0)
+        return rv;
+    if ((rv = common(*s)) != 0 ||
+        (rv = nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
+        (rv = nng_pipe_notify(*s, NNG_PIPE_EV_ADD_POST, cb, arg)) != 0 ||
+        (rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, cb, arg)) != 0 ||
+        (rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+        nng_close(*s);
+        return rv;
+    }
+    return 0;
+}
+
+int
 sbx_nng_code(int rv)
 {
     switch (rv) {

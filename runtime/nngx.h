@@ -16,6 +16,13 @@ int sbx_nng_rep_listen(nng_socket *s, const char *url);
 /* sbx_nng_req_dial — open a REQ socket dialing url in the background (the
  * peer may come up later); 0 or an nng error. */
 int sbx_nng_req_dial(nng_socket *s, const char *url);
+/* sbx_nng_req_dial_notify — the same, with cb registered for the pipe
+ * events ADD_POST and REM_POST *before* the dial starts.  A caller that
+ * counts connections must use it: registered after sbx_nng_req_dial, the
+ * ADD_POST of a peer that is already up can fire first and be missed, and
+ * the count stays 0 for good (a restarted gateway never saw its shards;
+ * tests/integration/test_faults.c gateway_restart_...). */
+int sbx_nng_req_dial_notify(nng_socket *s, const char *url, nng_pipe_cb cb, void *arg);
 /* sbx_nng_code — the sbx error code for an nng error (NNG_ETIMEDOUT →
  * SBX_E_TIMEOUT, connection errors → SBX_E_SHARD_UNAVAILABLE, …). */
 int sbx_nng_code(int rv);

@@ -98,6 +98,11 @@ const struct sbx_op_def sbx_ops[] = {
      "GET /v1/sandboxes/{sandbox}"},
     {"list", G, 0, "all sandboxes of the deployment", "GET /v1/sandboxes"},
     {"cluster.status", G, 0, "gateway and shard health", "GET /v1/cluster"},
+    {"cluster.drain", G | M, 0,
+     "drain a shard (its partitions move to the others) or end a drain", NULL},
+    /* between shards */
+    {"partition.import", SBX_OP_INTERNAL, 0,
+     "handoff: the records of partitions moving to this shard (shard to shard)", NULL},
     {NULL, 0, 0, NULL, NULL},
 };
 

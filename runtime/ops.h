@@ -20,6 +20,7 @@ enum sbx_op_flags {
     SBX_OP_GLOBAL = 1 << 4,    /* about the whole deployment: the gateway fans out to shards */
     SBX_OP_MUTATES = 1 << 5,   /* changes durable state: replied to only after commit */
     SBX_OP_STREAM = 1 << 6,    /* answers {streamId}: over HTTP the reply is that stream as SSE */
+    SBX_OP_INTERNAL = 1 << 7,  /* between shards only: gateways refuse it from clients */
 };
 
 struct sbx_op_def {

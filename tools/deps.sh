@@ -27,6 +27,10 @@ pkgs=(
   python3-ipykernel python3-jupyter-client
   # benchmark baseline
   bubblewrap
+  # clusters: etcd holds membership and partition ownership (tests start their own)
+  etcd-server etcd-client iproute2
+  # tests: a real browser loads a page through a preview URL (tests/integration/test_preview.c)
+  chromium
 )
 
 missing=()

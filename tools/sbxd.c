@@ -106,6 +106,13 @@ cmd_shard(int argc, char **argv)
         {"cgroup-base", SBX_OPT_STR, &c.cgroup_base, "cgroup subtree (default sbx/<name>)"},
         {"relay", SBX_OPT_STR, &c.relay,
          "preview relay address: unix:/path or tcp:host:port (gateways connect to it)"},
+        {"etcd", SBX_OPT_STR, &c.etcd,
+         "etcd endpoints http://host:port[,…]: join a cluster (docs/cluster.md)"},
+        {"cluster", SBX_OPT_STR, &c.cluster, "cluster name (etcd keys under /sbx/<name>/)"},
+        {"advertise", SBX_OPT_STR, &c.advertise,
+         "nng URL gateways and shards reach this shard at (default: --listen)"},
+        {"lease-ttl", SBX_OPT_MS, &c.lease_ttl,
+         "membership lease; unrenewed for this long, the shard stops serving (10s)"},
         SHARD_OPTS(&c),
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
@@ -184,6 +191,9 @@ cmd_gateway(int argc, char **argv)
         {"name", SBX_OPT_STR, &c.name, "gateway name"},
         {"listen", SBX_OPT_STR, &c.listen, "nng URL for clients"},
         {"shard", SBX_OPT_LIST, &c.shards, "a shard as name=url (repeat for each)"},
+        {"etcd", SBX_OPT_STR, &c.etcd,
+         "etcd endpoints http://host:port[,…]: shards and partitions come from the cluster"},
+        {"cluster", SBX_OPT_STR, &c.cluster, "cluster name (etcd keys under /sbx/<name>/)"},
         {"contexts", SBX_OPT_INT, &c.contexts, "client requests handled concurrently"},
         {"timeout", SBX_OPT_MS, &c.timeout, "deadline of requests that carry none"},
         GATEWAY_HTTP_OPTS(&c),
@@ -227,6 +237,8 @@ out:
     free(c.preview_domain);
     free(c.preview_scheme);
     free(c.relay_secret);
+    free(c.etcd);
+    free(c.cluster);
     sbx_strv_free(c.shards);
     return rc;
 }

@@ -576,7 +576,7 @@ driver_spawn(struct agent *a, int lang, char *why, size_t whylen)
     struct interp *in = IS(a);
     d->next = in->drivers;
     in->drivers = d;
-out:
+out:; /* a label may not precede a declaration in C17 (clang rejects it) */
     int all[] = {preq[0], preq[1], pev[0], pev[1], po[0], po[1], pe[0], pe[1], nul};
     for (size_t i = 0; i < SBX_ARRAY_LEN(all); i++)
         if (all[i] >= 0)

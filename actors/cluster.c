@@ -1,0 +1,1284 @@
+/*
+ * cluster.c — see cluster.h and docs/cluster.md.
+ *
+ * Control thread, every tick (a third of the lease TTL, or at once when the
+ * view changed):
+ *   1. keep the lease alive; note when it could expire at the earliest
+ *      (the send time of the last successful keep-alive plus the TTL it
+ *      reported): past that time minus a margin the shard is fenced;
+ *   2. reconcile: desired(p) = rendezvous hash over the live, non-draining
+ *      members; partitions this shard owns but another should are handed
+ *      off (batches of HANDOFF_BATCH per target); partitions it should own
+ *      whose owner is dead, or that have no owner, are claimed with a
+ *      compare-and-swap, and their records are loaded from etcd first.
+ *
+ * A handoff of partitions P from this shard (A) to B:
+ *   loop: mark P moving (requests for P get WRONG_OWNER: the gateway retries),
+ *         let in-flight operations finish (HANDOFF_GRACE_MS, then interrupt
+ *         them), stop P's containers as an idle sleep would, wait until every
+ *         write is decided, read P's records from LMDB;
+ *   ctl:  send them to B (partition.import over nng; B commits them before
+ *         answering), then switch the owner of each partition in etcd with a
+ *         transaction comparing owner and epoch; the new epoch is the key's
+ *         new mod_revision;
+ *   loop: drop P's actors and local records (on failure: serve P again).
+ * Clients see at most a retry; no acknowledged write is lost: it is in B's
+ * LMDB before the switch, and in etcd anyway.
+ */
+#include "cluster.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <nng/nng.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../runtime/cview.h"
+#include "../runtime/err.h"
+#include "../runtime/etcd.h"
+#include "../runtime/id.h"
+#include "../runtime/log.h"
+#include "../runtime/nngx.h"
+#include "../runtime/place.h"
+#include "../runtime/util.h"
+#include "shard_int.h"
+
+#define HANDOFF_BATCH 256
+#define HANDOFF_GRACE_MS 10000
+#define TXN_PARTS 60          /* compares and puts per etcd transaction (≤ 128) */
+#define REPL_BATCH 60
+#define IMPORT_TIMEOUT_MS 30000
+#define STALE_IMPORT_MS 60000
+
+/* One record write to replicate. */
+struct ritem {
+    struct ritem *next;
+    uint64_t seq;
+    uint32_t part;
+    char id[64];
+    char *rec;     /* NULL: deletion */
+    size_t len;
+};
+
+/* A partition to claim from its (dead or absent) owner, as last seen. */
+struct claim {
+    uint32_t part;
+    char owner[64];
+    int64_t epoch;
+};
+
+/* Loop-side state of a partition. */
+struct lpart {
+    int16_t owner;   /* member index (view) */
+    int64_t epoch;
+    bool mine;       /* the view says this shard owns it */
+    bool ready;      /* its records are in the local store */
+    bool moving;     /* a handoff is under way */
+    int64_t imported_ms; /* records arrived by partition.import (0: none) */
+    int16_t imported_from;
+};
+
+/* A handoff's rendezvous between the control thread and the loop. */
+struct hjob {
+    struct cluster *c;
+    uint8_t set[SBX_PARTITIONS];
+    int64_t started_ms;
+    bool done;
+    int rc;
+    sbx_enc recs;         /* array of [id, record] */
+    size_t nrecs;
+    char **ids;           /* the local records, deleted after a switch */
+    size_t nids;
+    uint64_t timer;
+};
+
+struct cluster {
+    struct shard *sh;
+    sbx_etcd *etcd;
+    sbx_cview *view;
+    char prefix[160];
+    int64_t ttl_ms;
+    int64_t lease;
+    atomic_llong fence_at;   /* monotonic ms; past it the shard admits nothing */
+    atomic_bool stop;
+    atomic_bool fenced_posted;
+    pthread_t ctl, repl;
+    bool threads;            /* ctl and repl were started */
+    pthread_mutex_t mu;      /* wake-ups of the control thread; hjob rendezvous */
+    pthread_cond_t cv;
+    bool dirty;
+    uint8_t busy[SBX_PARTITIONS]; /* ctl thread: in a handoff or claim */
+    bool reload_owned;       /* ctl thread: after a fence, reload what we own from etcd */
+    struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS) */
+    /* replication queue */
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    struct ritem *rq_head, *rq_tail;
+    /* loop thread only */
+    struct lpart lp[SBX_PARTITIONS];
+    bool first_view;
+    uint64_t *outstanding;   /* replicated seqs not yet decided (FIFO, ascending) */
+    size_t nout, capout, outhead;
+    struct hjob *job;        /* the handoff under way (one at a time) */
+    int me;                  /* my member index (loop's copy) */
+    char member_names[SBX_CVIEW_MAX_MEMBERS][64];
+};
+
+static struct cluster *
+CL(const struct shard *sh)
+{
+    return sh->cluster;
+}
+
+bool
+cluster_on(const struct shard *sh)
+{
+    return sh->cluster != NULL;
+}
+
+static void
+nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static bool
+fenced(struct cluster *c)
+{
+    int64_t f = atomic_load(&c->fence_at);
+    return f == 0 || sbx_mono_ms() >= f;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Loop thread: the view, admission. */
+
+struct vupdate {
+    struct cluster *c;
+    struct sbx_cpart parts[SBX_PARTITIONS];
+    char names[SBX_CVIEW_MAX_MEMBERS][64];
+    int nmembers;
+    int me;
+};
+
+static void purge_partitions(struct shard *sh, const uint8_t *set);
+
+static void
+view_apply(sbx_loop *l, void *arg)
+{
+    struct vupdate *u = arg;
+    struct cluster *c = u->c;
+    struct shard *sh = c->sh;
+    (void)l;
+    memcpy(c->member_names, u->names, sizeof(u->names));
+    c->me = u->me;
+    uint8_t stale[SBX_PARTITIONS];
+    bool any_stale = false;
+    memset(stale, 0, sizeof(stale));
+    int64_t now = sbx_wall_ms();
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        struct lpart *x = &c->lp[p];
+        bool mine = u->me >= 0 && u->parts[p].owner == u->me;
+        if (!c->first_view && mine)
+            x->ready = true; /* owned since before this process: its LMDB is current */
+        if (mine && !x->mine && x->imported_ms)
+            x->ready = true; /* handed to us: the import is committed */
+        if (!mine) {
+            x->ready = false;
+            if (x->imported_ms &&
+                (u->parts[p].owner != x->imported_from || now - x->imported_ms > STALE_IMPORT_MS)) {
+                /* An import whose switch never happened: its records are stale. */
+                stale[p] = 1;
+                any_stale = true;
+                x->imported_ms = 0;
+            }
+        } else {
+            x->imported_ms = 0;
+        }
+        if (!c->first_view && u->me >= 0 && !mine && u->parts[p].owner >= 0) {
+            /* Owned by another shard when we start: what we hold of it is stale. */
+            stale[p] = 1;
+            any_stale = true;
+        }
+        x->mine = mine;
+        x->owner = u->parts[p].owner;
+        x->epoch = u->parts[p].epoch;
+    }
+    if (u->me >= 0) {
+        c->first_view = true;
+        if (any_stale)
+            purge_partitions(sh, stale);
+    }
+    free(u);
+}
+
+int
+cluster_admit(struct shard *sh, uint32_t part, int64_t epoch, sbx_werr *w)
+{
+    struct cluster *c = CL(sh);
+    if (!c)
+        return 0;
+    if (fenced(c)) {
+        sbx_werr_init(w, SBX_E_SHARD_UNAVAILABLE,
+                      "shard %s is not serving: it is not a live member of the cluster (its "
+                      "lease is not held)",
+                      sh->conf.name);
+        return SBX_E_SHARD_UNAVAILABLE;
+    }
+    struct lpart *x = &c->lp[part % SBX_PARTITIONS];
+    const char *why = NULL;
+    if (!x->mine)
+        why = "is not owned by this shard";
+    else if (x->moving)
+        why = "is being handed off";
+    else if (!x->ready)
+        why = "is being loaded";
+    else if (epoch && epoch != x->epoch)
+        why = "was routed at another epoch";
+    if (!why)
+        return 0;
+    sbx_werr_init(w, SBX_E_WRONG_OWNER, "partition %u %s (shard %s, epoch %lld)", part, why,
+                  sh->conf.name, (long long)x->epoch);
+    sbx_enc *e = sbx_werr_ctx(w);
+    sbx_enc_kint(e, "partition", part);
+    sbx_enc_kint(e, "epoch", x->epoch);
+    if (x->owner >= 0)
+        sbx_enc_kstr(e, "owner", c->member_names[x->owner]);
+    sbx_enc_kbool(e, "retry", x->mine);
+    return SBX_E_WRONG_OWNER;
+}
+
+bool
+cluster_listable(struct shard *sh, uint32_t part)
+{
+    struct cluster *c = CL(sh);
+    return !c || (c->lp[part % SBX_PARTITIONS].mine && c->lp[part % SBX_PARTITIONS].ready);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Loop thread: local records of a set of partitions. */
+
+struct scan {
+    const uint8_t *set;
+    sbx_enc *recs;
+    size_t nrecs;
+    char **ids;
+    size_t nids;
+};
+
+static int
+scan_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
+{
+    struct scan *s = arg;
+    if (kn == 0 || kn > 63)
+        return 0;
+    uint32_t p = sbx_place_partition(k, kn);
+    if (!s->set[p])
+        return 0;
+    s->ids = sbx_xrealloc(s->ids, (s->nids + 1) * sizeof(char *));
+    s->ids[s->nids++] = sbx_xstrndup(k, kn);
+    if (s->recs) {
+        sbx_enc_array(s->recs);
+        sbx_enc_strn(s->recs, k, kn);
+        sbx_enc_bin(s->recs, v, vn);
+        sbx_enc_end(s->recs);
+        s->nrecs++;
+    }
+    return 0;
+}
+
+/* Delete the local records (not in etcd) and idle actors of a set. */
+static void
+purge_partitions(struct shard *sh, const uint8_t *set)
+{
+    struct scan s = {set, NULL, 0, NULL, 0};
+    sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, scan_one, &s);
+    for (size_t i = 0; i < s.nids; i++) {
+        sbx_store_del(sh->store, SBX_DB_SANDBOXES, s.ids[i], strlen(s.ids[i]));
+        free(s.ids[i]);
+    }
+    free(s.ids);
+    actor_partition_drop(sh, set);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Loop thread: handoff-out. */
+
+static void
+job_check(sbx_loop *l, void *arg)
+{
+    struct cluster *c = arg;
+    struct shard *sh = c->sh;
+    struct hjob *j = c->job;
+    (void)l;
+    j->timer = 0;
+    bool force = sbx_mono_ms() - j->started_ms > HANDOFF_GRACE_MS;
+    uint64_t max_seq = 0;
+    bool quiet = actor_partition_quiesce(sh, j->set, force, &max_seq);
+    if (!quiet || max_seq > sh->decided || !cluster_gate_open(sh, max_seq)) {
+        j->timer = sbx_loop_timer(sh->loop, 20, job_check, c);
+        return;
+    }
+    /* Every write of these actors is decided: read what is committed. */
+    struct scan s = {j->set, &j->recs, 0, NULL, 0};
+    sbx_enc_init(&j->recs);
+    sbx_enc_array(&j->recs);
+    sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, scan_one, &s);
+    sbx_enc_end(&j->recs);
+    j->nrecs = s.nrecs;
+    j->ids = s.ids;
+    j->nids = s.nids;
+    pthread_mutex_lock(&c->mu);
+    j->done = true;
+    j->rc = 0;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void
+job_begin(sbx_loop *l, void *arg)
+{
+    struct hjob *j = arg;
+    struct cluster *c = j->c;
+    (void)l;
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        if (j->set[p])
+            c->lp[p].moving = true;
+    c->job = j;
+    job_check(l, c);
+}
+
+struct jend {
+    struct cluster *c;
+    struct hjob *j;
+    bool ok;
+};
+
+static void
+job_end(sbx_loop *l, void *arg)
+{
+    struct jend *e = arg;
+    struct cluster *c = e->c;
+    struct shard *sh = c->sh;
+    struct hjob *j = e->j;
+    (void)l;
+    if (j->timer)
+        sbx_loop_cancel(sh->loop, j->timer);
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        if (!j->set[p])
+            continue;
+        c->lp[p].moving = false;
+        if (e->ok) {
+            c->lp[p].mine = false;
+            c->lp[p].ready = false;
+        }
+    }
+    if (e->ok) {
+        /* B holds them now: drop ours (local only: etcd's copy is B's). */
+        for (size_t i = 0; i < j->nids; i++)
+            sbx_store_del(sh->store, SBX_DB_SANDBOXES, j->ids[i], strlen(j->ids[i]));
+        actor_partition_drop(sh, j->set);
+    }
+    for (size_t i = 0; i < j->nids; i++)
+        free(j->ids[i]);
+    free(j->ids);
+    sbx_enc_free(&j->recs);
+    c->job = NULL;
+    free(j);
+    free(e);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Loop thread: records installed after a claim. */
+
+struct install {
+    struct cluster *c;
+    uint8_t set[SBX_PARTITIONS];
+    struct sbx_etcd_kv *kvs;
+    size_t n;
+    uint64_t last_seq;
+};
+
+static void install_check(sbx_loop *l, void *arg);
+
+static void
+install_apply(sbx_loop *l, void *arg)
+{
+    struct install *in = arg;
+    struct shard *sh = in->c->sh;
+    (void)l;
+    purge_partitions(sh, in->set);
+    for (size_t i = 0; i < in->n; i++) {
+        const char *id = strrchr(in->kvs[i].key, '/');
+        if (!id || !id[1])
+            continue;
+        id++;
+        in->last_seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, id, strlen(id),
+                                     in->kvs[i].value, in->kvs[i].vlen);
+    }
+    sbx_etcd_kvs_free(in->kvs, in->n);
+    in->kvs = NULL;
+    install_check(l, in);
+}
+
+static void
+install_check(sbx_loop *l, void *arg)
+{
+    struct install *in = arg;
+    struct shard *sh = in->c->sh;
+    if (in->last_seq > sh->decided) {
+        sbx_loop_timer(l, 5, install_check, in);
+        return;
+    }
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        if (in->set[p])
+            in->c->lp[p].ready = true;
+    free(in);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Loop thread: fencing. */
+
+static void
+fence_apply(sbx_loop *l, void *arg)
+{
+    struct cluster *c = arg;
+    struct shard *sh = c->sh;
+    (void)l;
+    uint8_t all[SBX_PARTITIONS];
+    memset(all, 1, sizeof(all));
+    uint64_t max_seq;
+    /* Everything in flight is interrupted; containers stop (their
+     * partitions belong to other shards now or soon). */
+    actor_partition_quiesce(sh, all, true, &max_seq);
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        c->lp[p].ready = false;
+        c->lp[p].mine = false;
+    }
+    /* After re-joining, what we still own is reloaded from etcd (the
+     * control thread's reload_owned): local state is not trusted. */
+    c->first_view = true;
+    atomic_store(&c->fenced_posted, false);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Replication to etcd. */
+
+void
+cluster_replicate(struct shard *sh, uint64_t seq, const char *id, const void *rec, size_t len)
+{
+    struct cluster *c = CL(sh);
+    if (!c || !seq)
+        return;
+    struct ritem *it = sbx_xcalloc(1, sizeof(*it));
+    it->seq = seq;
+    snprintf(it->id, sizeof(it->id), "%s", id);
+    it->part = sbx_place_partition(id, strlen(id));
+    if (len) {
+        it->rec = sbx_xmalloc(len);
+        memcpy(it->rec, rec, len);
+        it->len = len;
+    }
+    if (c->nout == c->capout) {
+        /* compact then grow the FIFO */
+        memmove(c->outstanding, c->outstanding + c->outhead, (c->nout - c->outhead) * 8);
+        c->nout -= c->outhead;
+        c->outhead = 0;
+        if (c->nout == c->capout) {
+            c->capout = c->capout ? c->capout * 2 : 256;
+            c->outstanding = sbx_xrealloc(c->outstanding, c->capout * sizeof(uint64_t));
+        }
+    }
+    c->outstanding[c->nout++] = seq;
+    pthread_mutex_lock(&c->rmu);
+    if (c->rq_tail)
+        c->rq_tail->next = it;
+    else
+        c->rq_head = it;
+    c->rq_tail = it;
+    pthread_cond_signal(&c->rcv);
+    pthread_mutex_unlock(&c->rmu);
+}
+
+bool
+cluster_gate_open(struct shard *sh, uint64_t need)
+{
+    struct cluster *c = CL(sh);
+    if (!c)
+        return true;
+    return c->outhead == c->nout || c->outstanding[c->outhead] > need;
+}
+
+struct rdone {
+    struct cluster *c;
+    size_t n;
+    struct {
+        uint64_t seq;
+        int rc;
+        char id[64];
+        uint32_t part;
+    } r[REPL_BATCH];
+};
+
+static void
+repl_done(sbx_loop *l, void *arg)
+{
+    struct rdone *d = arg;
+    struct cluster *c = d->c;
+    struct shard *sh = c->sh;
+    (void)l;
+    for (size_t i = 0; i < d->n; i++) {
+        if (c->outhead < c->nout && c->outstanding[c->outhead] == d->r[i].seq)
+            c->outhead++;
+        if (d->r[i].rc) {
+            /* Not in etcd: the write must not be acknowledged, and this shard
+             * no longer owns the partition as far as the cluster goes. */
+            shard_fail_held(sh, d->r[i].id, d->r[i].seq, d->r[i].rc,
+                            "the write could not be replicated: this shard no longer owns the "
+                            "sandbox's partition");
+            c->lp[d->r[i].part].ready = false;
+        }
+    }
+    if (c->outhead == c->nout)
+        c->outhead = c->nout = 0;
+    shard_release_held(sh);
+    free(d);
+}
+
+static void *
+repl_main(void *arg)
+{
+    struct cluster *c = arg;
+    struct shard *sh = c->sh;
+    for (;;) {
+        pthread_mutex_lock(&c->rmu);
+        while (!c->rq_head && !atomic_load(&c->stop))
+            pthread_cond_wait(&c->rcv, &c->rmu);
+        if (!c->rq_head) {
+            pthread_mutex_unlock(&c->rmu);
+            break;
+        }
+        struct ritem *batch = c->rq_head, *last = batch;
+        size_t n = 1;
+        while (last->next && n < REPL_BATCH) {
+            last = last->next;
+            n++;
+        }
+        c->rq_head = last->next;
+        if (!c->rq_head)
+            c->rq_tail = NULL;
+        last->next = NULL;
+        pthread_mutex_unlock(&c->rmu);
+
+        /* One transaction: the owner of every partition touched is us; then
+         * the puts and deletes.  Retried while etcd is unreachable and the
+         * lease may still be ours. */
+        int rc;
+        for (int attempt = 0;; attempt++) {
+            sbx_etcd_txn *t = sbx_etcd_txn_new();
+            uint8_t seen[SBX_PARTITIONS / 8] = {0};
+            char key[320];
+            for (struct ritem *it = batch; it; it = it->next) {
+                if (!(seen[it->part / 8] & (1u << (it->part % 8)))) {
+                    seen[it->part / 8] |= (uint8_t)(1u << (it->part % 8));
+                    sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
+                    sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
+                }
+                /* etcd refuses a key twice in one transaction: a record written
+                 * several times in the batch goes once, as its last write. */
+                bool later = false;
+                for (struct ritem *o = it->next; o && !later; o = o->next)
+                    later = !strcmp(o->id, it->id);
+                if (later)
+                    continue;
+                sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+                if (it->rec)
+                    sbx_etcd_txn_put(t, key, it->rec, it->len, 0);
+                else
+                    sbx_etcd_txn_del(t, key);
+            }
+            bool ok = false;
+            rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
+            if (rc == 0) {
+                rc = ok ? 0 : SBX_E_WRONG_OWNER;
+                break;
+            }
+            /* etcd answered with an error (not a lost connection): no retry. */
+            if (rc != SBX_E_SHARD_UNAVAILABLE || fenced(c) || atomic_load(&c->stop))
+                break;
+            nap_ms(SBX_MIN(50 << SBX_MIN(attempt, 4), 500));
+        }
+        struct rdone *d = sbx_xcalloc(1, sizeof(*d));
+        d->c = c;
+        for (struct ritem *it = batch; it;) {
+            struct ritem *next = it->next;
+            d->r[d->n].seq = it->seq;
+            d->r[d->n].rc = rc;
+            d->r[d->n].part = it->part;
+            snprintf(d->r[d->n].id, sizeof(d->r[0].id), "%s", it->id);
+            d->n++;
+            free(it->rec);
+            free(it);
+            it = next;
+        }
+        sbx_loop_post(sh->loop, repl_done, d);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Control thread. */
+
+static void
+view_changed(void *arg)
+{
+    struct cluster *c = arg;
+    pthread_mutex_lock(&c->mu);
+    c->dirty = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int
+register_member(struct cluster *c)
+{
+    struct shard *sh = c->sh;
+    int64_t lease;
+    int64_t t0 = sbx_mono_ms();
+    int rc = sbx_etcd_lease_grant(c->etcd, (c->ttl_ms + 999) / 1000, &lease);
+    if (rc)
+        return rc;
+    json_t *j = json_pack("{s:s,s:s,s:I,s:i}", "url",
+                          sh->conf.advertise ? sh->conf.advertise : sh->conf.listen, "relay",
+                          sh->conf.relay ? sh->conf.relay : "", "startedMs",
+                          (json_int_t)sh->started_ms, "pid", (int)getpid());
+    char *v = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    char key[320];
+    snprintf(key, sizeof(key), "%sc/members/%s", c->prefix, sh->conf.name);
+    rc = sbx_etcd_put(c->etcd, key, v, strlen(v), lease, NULL);
+    free(v);
+    if (rc) {
+        sbx_etcd_lease_revoke(c->etcd, lease);
+        return rc;
+    }
+    c->lease = lease;
+    atomic_store(&c->fence_at, t0 + c->ttl_ms - c->ttl_ms / 3);
+    sbx_info("shard %s: joined cluster %s (lease %lld, TTL %lld ms)", sh->conf.name,
+             sh->conf.cluster, (long long)lease, (long long)c->ttl_ms);
+    return 0;
+}
+
+/* Post the view to the loop. */
+static void
+post_view(struct cluster *c)
+{
+    struct vupdate *u = sbx_xcalloc(1, sizeof(*u));
+    u->c = c;
+    sbx_cview_lock(c->view);
+    int n;
+    const struct sbx_cmember *m = sbx_cview_members(c->view, &n);
+    memcpy(u->parts, sbx_cview_parts(c->view), sizeof(u->parts));
+    u->me = -1;
+    for (int i = 0; i < n; i++) {
+        snprintf(u->names[i], sizeof(u->names[i]), "%s", m[i].name);
+        if (!strcmp(m[i].name, c->sh->conf.name))
+            u->me = i;
+    }
+    u->nmembers = n;
+    sbx_cview_unlock(c->view);
+    sbx_loop_post(c->sh->loop, view_apply, u);
+}
+
+
+static void install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load);
+
+static void
+claim_batch(struct cluster *c, struct claim *cl, size_t n)
+{
+    struct shard *sh = c->sh;
+    sbx_etcd_txn *t = sbx_etcd_txn_new();
+    char key[320];
+    for (size_t i = 0; i < n; i++) {
+        sbx_cview_part_key(c->prefix, cl[i].part, key, sizeof(key));
+        if (cl[i].owner[0]) {
+            sbx_etcd_txn_cmp_value(t, key, cl[i].owner, strlen(cl[i].owner));
+            sbx_etcd_txn_cmp_mod(t, key, cl[i].epoch);
+        } else {
+            sbx_etcd_txn_cmp_create(t, key, 0);
+        }
+        sbx_etcd_txn_put(t, key, sh->conf.name, strlen(sh->conf.name), 0);
+    }
+    bool ok = false;
+    if (sbx_etcd_txn_run(c->etcd, t, &ok, NULL) != 0 || !ok)
+        return; /* someone else moved first; the next reconcile sees it */
+    bool from_dead = false;
+    for (size_t i = 0; i < n; i++)
+        from_dead |= cl[i].owner[0] != 0;
+    /* Ours now: load their records from etcd before they are served. */
+    install_from_etcd(c, cl, n, from_dead);
+}
+
+/* Load the records of the claimed partitions from etcd (when any can
+ * exist) and have the loop install them. */
+static void
+install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load)
+{
+    struct shard *sh = c->sh;
+    struct install *in = sbx_xcalloc(1, sizeof(*in));
+    in->c = c;
+    bool from_dead = load;
+    for (size_t i = 0; i < n; i++)
+        in->set[cl[i].part] = 1;
+    char pfx[200], end[200];
+    if (from_dead) {
+        snprintf(pfx, sizeof(pfx), "%sr/", c->prefix);
+        sbx_etcd_prefix_end(pfx, end, sizeof(end));
+        struct sbx_etcd_kv *kvs = NULL;
+        size_t nk = 0;
+        if (n < 8) {
+            /* a few partitions: a range each */
+            for (size_t i = 0; i < n; i++) {
+                snprintf(pfx, sizeof(pfx), "%sr/%04u/", c->prefix, cl[i].part);
+                sbx_etcd_prefix_end(pfx, end, sizeof(end));
+                struct sbx_etcd_kv *k2;
+                size_t n2;
+                if (sbx_etcd_range(c->etcd, pfx, end, &k2, &n2, NULL) == 0 && n2) {
+                    kvs = sbx_xrealloc(kvs, (nk + n2) * sizeof(*kvs));
+                    memcpy(kvs + nk, k2, n2 * sizeof(*kvs));
+                    nk += n2;
+                    free(k2);
+                }
+            }
+        } else if (sbx_etcd_range(c->etcd, pfx, end, &kvs, &nk, NULL) == 0) {
+            /* many: one range, filtered */
+            size_t k = 0;
+            for (size_t i = 0; i < nk; i++) {
+                unsigned p = (unsigned)atoi(kvs[i].key + strlen(c->prefix) + 2);
+                if (p < SBX_PARTITIONS && in->set[p])
+                    kvs[k++] = kvs[i];
+                else {
+                    free(kvs[i].key);
+                    free(kvs[i].value);
+                }
+            }
+            nk = k;
+        }
+        in->kvs = kvs;
+        in->n = nk;
+    }
+    if (from_dead)
+        sbx_info("shard %s: took %zu partition(s), %zu record(s) restored from etcd",
+                 sh->conf.name, n, in->n);
+    sbx_loop_post(sh->loop, install_apply, in);
+}
+
+/* Send records to B over nng: partition.import. */
+static int
+send_import(struct cluster *c, const char *url, struct hjob *j)
+{
+    struct shard *sh = c->sh;
+    char *recs;
+    size_t rl;
+    if (sbx_enc_finish(&j->recs, &recs, &rl) != 0)
+        return SBX_E_INTERNAL;
+    sbx_enc_init(&j->recs); /* consumed */
+    sbx_enc e;
+    char id[37];
+    sbx_request_id(id);
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", id);
+    sbx_enc_kstr(&e, "op", "partition.import");
+    sbx_enc_kint(&e, "timeoutMs", IMPORT_TIMEOUT_MS);
+    sbx_enc_kmap(&e, "args");
+    sbx_enc_kstr(&e, "from", sh->conf.name);
+    sbx_enc_karray(&e, "partitions");
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        if (j->set[p])
+            sbx_enc_int(&e, p);
+    sbx_enc_end(&e);
+    sbx_enc_str(&e, "records");
+    sbx_enc_raw(&e, recs, rl);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    free(recs);
+    char *buf;
+    size_t len;
+    if (sbx_enc_finish(&e, &buf, &len) != 0)
+        return SBX_E_INTERNAL;
+    nng_socket s;
+    int rv = sbx_nng_req_dial(&s, url);
+    if (rv) {
+        free(buf);
+        return SBX_E_SHARD_UNAVAILABLE;
+    }
+    nng_aio *aio;
+    nng_msg *m;
+    int rc = SBX_E_SHARD_UNAVAILABLE;
+    if (nng_aio_alloc(&aio, NULL, NULL) == 0) {
+        if (nng_msg_alloc(&m, len) == 0) {
+            memcpy(nng_msg_body(m), buf, len);
+            nng_aio_set_timeout(aio, IMPORT_TIMEOUT_MS);
+            nng_aio_set_msg(aio, m);
+            nng_send_aio(s, aio);
+            nng_aio_wait(aio);
+            if (nng_aio_result(aio) != 0) {
+                nng_msg_free(m);
+            } else {
+                nng_recv_aio(s, aio);
+                nng_aio_wait(aio);
+                if (nng_aio_result(aio) == 0) {
+                    nng_msg *r = nng_aio_get_msg(aio);
+                    sbx_msg dm;
+                    bool ok = false;
+                    if (sbx_wire_decode(&dm, nng_msg_body(r), nng_msg_len(r),
+                                        &sbx_wire_limits_reply) == 0) {
+                        sbx_wire_get_bool(dm.root, "ok", &ok);
+                        sbx_wire_msg_free(&dm);
+                    }
+                    nng_msg_free(r);
+                    rc = ok ? 0 : SBX_E_WRONG_OWNER;
+                }
+            }
+        }
+        nng_aio_free(aio);
+    }
+    nng_close(s);
+    free(buf);
+    return rc;
+}
+
+static void
+handoff(struct cluster *c, int target, const char *tname, const char *turl, const uint32_t *parts,
+        size_t n, const int64_t *epochs)
+{
+    struct shard *sh = c->sh;
+    struct hjob *j = sbx_xcalloc(1, sizeof(*j));
+    (void)target;
+    for (size_t i = 0; i < n; i++)
+        j->set[parts[i]] = 1;
+    j->started_ms = sbx_mono_ms();
+    j->c = c;
+    int64_t t0 = sbx_mono_ms();
+    sbx_loop_post(sh->loop, job_begin, j);
+    pthread_mutex_lock(&c->mu);
+    while (!j->done && !atomic_load(&c->stop))
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    bool ok = false;
+    if (j->done && !fenced(c)) {
+        int rc = send_import(c, turl, j);
+        if (rc == 0) {
+            /* The switch: owner and epoch must be what we saw. */
+            ok = true;
+            char key[320];
+            for (size_t i = 0; i < n && ok; i += TXN_PARTS) {
+                sbx_etcd_txn *t = sbx_etcd_txn_new();
+                for (size_t k = i; k < n && k < i + TXN_PARTS; k++) {
+                    sbx_cview_part_key(c->prefix, parts[k], key, sizeof(key));
+                    sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
+                    sbx_etcd_txn_cmp_mod(t, key, epochs[k]);
+                    sbx_etcd_txn_put(t, key, tname, strlen(tname), 0);
+                }
+                bool okk = false;
+                if (sbx_etcd_txn_run(c->etcd, t, &okk, NULL) != 0 || !okk)
+                    ok = false;
+            }
+            /* A batch that failed after earlier ones succeeded: those moved,
+             * the rest did not; the next reconcile sorts it out from the view. */
+        } else {
+            sbx_warn("shard %s: handoff of %zu partition(s) to %s failed: %s", sh->conf.name, n,
+                     tname, sbx_err_message(rc));
+        }
+    }
+    if (ok)
+        sbx_info("shard %s: handed %zu partition(s) (%zu record(s)) to %s in %lld ms",
+                 sh->conf.name, n, j->nrecs, tname, (long long)(sbx_mono_ms() - t0));
+    struct jend *je = sbx_xcalloc(1, sizeof(*je));
+    je->c = c;
+    je->j = j;
+    je->ok = ok;
+    sbx_loop_post(sh->loop, job_end, je);
+}
+
+/* Compare the view with what rendezvous hashing proposes; act on it. */
+static void
+reconcile(struct cluster *c)
+{
+    struct shard *sh = c->sh;
+    if (fenced(c))
+        return;
+    sbx_cview_lock(c->view);
+    if (!sbx_cview_synced(c->view)) {
+        sbx_cview_unlock(c->view);
+        return;
+    }
+    int n;
+    const struct sbx_cmember *m = sbx_cview_members(c->view, &n);
+    const struct sbx_cpart *parts = sbx_cview_parts(c->view);
+    const char *names[SBX_CVIEW_MAX_MEMBERS];
+    int idx[SBX_CVIEW_MAX_MEMBERS], nl = 0, me = -1;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(m[i].name, sh->conf.name))
+            me = i;
+        if (m[i].live && !m[i].draining) {
+            names[nl] = m[i].name;
+            idx[nl++] = i;
+        }
+    }
+    if (me < 0 || !m[me].live || nl == 0) {
+        sbx_cview_unlock(c->view);
+        return;
+    }
+    int16_t table[SBX_PARTITIONS];
+    sbx_place_table(names, (size_t)nl, table);
+    size_t nreload = 0;
+    if (c->reload_owned) {
+        /* Re-joined after a fence: what etcd still says we own is reloaded
+         * from etcd (our local state may hold writes that never replicated). */
+        for (int p = 0; p < SBX_PARTITIONS; p++) {
+            if (parts[p].owner == me && !c->busy[p]) {
+                c->claims[nreload].part = (uint32_t)p;
+                c->claims[nreload].owner[0] = 0;
+                c->claims[nreload++].epoch = parts[p].epoch;
+            }
+        }
+        c->reload_owned = false;
+        sbx_cview_unlock(c->view);
+        if (nreload)
+            install_from_etcd(c, c->claims, nreload, true);
+        return;
+    }
+    struct claim *claims = c->claims;
+    size_t nclaims = 0;
+    /* one handoff target per round: the one with the most partitions due */
+    int due[SBX_CVIEW_MAX_MEMBERS] = {0};
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        if (c->busy[p])
+            continue;
+        int want = idx[table[p]];
+        int own = parts[p].owner;
+        if (own == me && want != me) {
+            due[want]++;
+        } else if (want == me && own != me) {
+            if (own < 0 || !m[own].live) {
+                claims[nclaims].part = (uint32_t)p;
+                snprintf(claims[nclaims].owner, sizeof(claims[0].owner), "%s",
+                         own < 0 ? "" : m[own].name);
+                claims[nclaims].epoch = parts[p].epoch;
+                nclaims++;
+            }
+        }
+    }
+    int target = -1;
+    for (int i = 0; i < n; i++)
+        if (due[i] && (target < 0 || due[i] > due[target]))
+            target = i;
+    uint32_t hparts[HANDOFF_BATCH];
+    int64_t hepochs[HANDOFF_BATCH];
+    size_t nh = 0;
+    char tname[64] = "", turl[256] = "";
+    if (target >= 0) {
+        snprintf(tname, sizeof(tname), "%s", m[target].name);
+        snprintf(turl, sizeof(turl), "%s", m[target].url);
+        for (int p = 0; p < SBX_PARTITIONS && nh < HANDOFF_BATCH; p++) {
+            if (!c->busy[p] && parts[p].owner == me && idx[table[p]] == target) {
+                hparts[nh] = (uint32_t)p;
+                hepochs[nh++] = parts[p].epoch;
+            }
+        }
+    }
+    sbx_cview_unlock(c->view);
+
+    if (nclaims)
+        sbx_info("shard %s: claiming %zu partition(s) without a live owner", sh->conf.name,
+                 nclaims);
+    for (size_t i = 0; i < nclaims; i += TXN_PARTS / 2)
+        claim_batch(c, claims + i, SBX_MIN((size_t)TXN_PARTS / 2, nclaims - i));
+    if (nh) {
+        for (size_t i = 0; i < nh; i++)
+            c->busy[hparts[i]] = 1;
+        handoff(c, target, tname, turl, hparts, nh, hepochs);
+        for (size_t i = 0; i < nh; i++)
+            c->busy[hparts[i]] = 0;
+    }
+}
+
+static void *
+ctl_main(void *arg)
+{
+    struct cluster *c = arg;
+    struct shard *sh = c->sh;
+    int64_t next_keepalive = 0;
+    bool registered = false;
+    while (!atomic_load(&c->stop)) {
+        int64_t now = sbx_mono_ms();
+        if (!registered) {
+            if (register_member(c) == 0) {
+                registered = true;
+                next_keepalive = sbx_mono_ms() + c->ttl_ms / 3;
+            } else {
+                nap_ms(500);
+                continue;
+            }
+        } else if (now >= next_keepalive) {
+            int64_t t0 = sbx_mono_ms(), left = 0;
+            int rc = sbx_etcd_lease_keepalive(c->etcd, c->lease, &left);
+            if (rc == 0 && left > 0) {
+                atomic_store(&c->fence_at, t0 + left * 1000 - c->ttl_ms / 3);
+                next_keepalive = t0 + c->ttl_ms / 3;
+            } else if (rc == 0) {
+                /* The lease is gone: another shard may own our partitions. */
+                sbx_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
+                atomic_store(&c->fence_at, 0);
+                registered = false;
+            } else {
+                next_keepalive = t0 + 200; /* etcd unreachable: try again soon */
+            }
+        }
+        if (fenced(c) && !atomic_exchange(&c->fenced_posted, true)) {
+            sbx_warn("shard %s: fenced: not serving until it holds a lease again",
+                     sh->conf.name);
+            sbx_loop_post(sh->loop, fence_apply, c);
+            if (c->lease)
+                sbx_etcd_lease_revoke(c->etcd, c->lease);
+            c->lease = 0;
+            c->reload_owned = true;
+            registered = false;
+            continue;
+        }
+        bool dirty;
+        pthread_mutex_lock(&c->mu);
+        dirty = c->dirty;
+        c->dirty = false;
+        pthread_mutex_unlock(&c->mu);
+        if (dirty)
+            post_view(c);
+        reconcile(c);
+        pthread_mutex_lock(&c->mu);
+        if (!c->dirty && !atomic_load(&c->stop)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            int64_t wait = SBX_MIN(SBX_MAX(next_keepalive - sbx_mono_ms(), 10), 1000);
+            ts.tv_nsec += (wait % 1000) * 1000000L;
+            ts.tv_sec += wait / 1000 + ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------ */
+
+int
+cluster_start(struct shard *sh)
+{
+    if (!sh->conf.etcd || !*sh->conf.etcd)
+        return 0;
+    struct cluster *c = sbx_xcalloc(1, sizeof(*c));
+    c->sh = sh;
+    c->ttl_ms = sh->conf.lease_ttl > 0 ? sh->conf.lease_ttl : 10000;
+    c->claims = sbx_xcalloc(SBX_PARTITIONS, sizeof(struct claim));
+    c->me = -1;
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        c->lp[p].owner = -1;
+    snprintf(c->prefix, sizeof(c->prefix), "/sbx/%s/",
+             sh->conf.cluster && *sh->conf.cluster ? sh->conf.cluster : "default");
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    pthread_mutex_init(&c->rmu, NULL);
+    pthread_cond_init(&c->rcv, NULL);
+    int rc = sbx_etcd_open(&c->etcd, sh->conf.etcd, 3000);
+    if (rc) {
+        sbx_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
+        free(c->claims);
+        free(c);
+        return rc;
+    }
+    sh->cluster = c;
+    if ((rc = sbx_cview_start(&c->view, c->etcd, c->prefix, view_changed, c)) != 0) {
+        sbx_error("shard %s: cannot start the cluster view", sh->conf.name);
+        return rc;
+    }
+    if (pthread_create(&c->repl, NULL, repl_main, c) != 0)
+        return -EAGAIN;
+    if (pthread_create(&c->ctl, NULL, ctl_main, c) != 0) {
+        atomic_store(&c->stop, true);
+        pthread_mutex_lock(&c->rmu);
+        pthread_cond_broadcast(&c->rcv);
+        pthread_mutex_unlock(&c->rmu);
+        pthread_join(c->repl, NULL);
+        return -EAGAIN;
+    }
+    c->threads = true;
+    return 0;
+}
+
+void
+cluster_stop(struct shard *sh)
+{
+    struct cluster *c = CL(sh);
+    if (!c || atomic_load(&c->stop))
+        return;
+    atomic_store(&c->stop, true);
+    pthread_mutex_lock(&c->mu);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->rmu);
+    pthread_cond_broadcast(&c->rcv);
+    pthread_mutex_unlock(&c->rmu);
+    if (c->threads) {
+        pthread_join(c->ctl, NULL);
+        pthread_join(c->repl, NULL);
+    }
+    /* Leave at once: revoking the lease deletes our member key, so the
+     * others claim our partitions now instead of after the TTL. */
+    if (c->lease)
+        sbx_etcd_lease_revoke(c->etcd, c->lease);
+    c->lease = 0;
+    atomic_store(&c->fence_at, 0);
+    sbx_cview_stop(c->view);
+    c->view = NULL;
+}
+
+void
+cluster_free(struct shard *sh)
+{
+    struct cluster *c = CL(sh);
+    if (!c)
+        return;
+    cluster_stop(sh);
+    sbx_etcd_close(c->etcd);
+    while (c->rq_head) {
+        struct ritem *it = c->rq_head;
+        c->rq_head = it->next;
+        free(it->rec);
+        free(it);
+    }
+    free(c->outstanding);
+    free(c->claims);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->rmu);
+    pthread_cond_destroy(&c->rcv);
+    free(c);
+    sh->cluster = NULL;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* partition.import {from, partitions: [p…], records: [[id, record]…]} */
+
+void
+cluster_op_import(struct sop *op)
+{
+    struct shard *sh = op->sh;
+    struct cluster *c = CL(sh);
+    if (!c) {
+        shard_reply_err(op, SBX_E_UNKNOWN_OP, "this shard is not in a cluster");
+        return;
+    }
+    const msgpack_object *parts, *recs;
+    sbx_str from;
+    if (sbx_wire_get_str(op->req.args, "from", &from) != 0 ||
+        sbx_wire_get_array(op->req.args, "partitions", &parts) != 0 ||
+        sbx_wire_get_array(op->req.args, "records", &recs) != 0) {
+        shard_reply_err(op, SBX_E_VALIDATION, "partition.import needs from, partitions, records");
+        return;
+    }
+    char fname[64];
+    sbx_str_copy(from, fname, sizeof(fname));
+    int16_t fidx = -1;
+    for (int i = 0; i < SBX_CVIEW_MAX_MEMBERS; i++)
+        if (!strcmp(c->member_names[i], fname))
+            fidx = (int16_t)i;
+    uint8_t set[SBX_PARTITIONS];
+    memset(set, 0, sizeof(set));
+    for (uint32_t i = 0; i < parts->via.array.size; i++) {
+        const msgpack_object *o = &parts->via.array.ptr[i];
+        if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= SBX_PARTITIONS) {
+            shard_reply_err(op, SBX_E_VALIDATION, "bad partition number");
+            return;
+        }
+        set[o->via.u64] = 1;
+    }
+    /* What we may hold of these partitions from earlier is replaced. */
+    purge_partitions(sh, set);
+    uint64_t last = 0;
+    size_t n = 0;
+    for (uint32_t i = 0; i < recs->via.array.size; i++) {
+        const msgpack_object *r = &recs->via.array.ptr[i];
+        sbx_str id, val;
+        if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 2 ||
+            sbx_wire_obj_str(&r->via.array.ptr[0], &id) != 0 || id.n == 0 || id.n > 63 ||
+            (r->via.array.ptr[1].type != MSGPACK_OBJECT_BIN &&
+             r->via.array.ptr[1].type != MSGPACK_OBJECT_STR))
+            continue;
+        sbx_wire_obj_str(&r->via.array.ptr[1], &val);
+        if (!set[sbx_place_partition(id.p, id.n)])
+            continue;
+        last = sbx_store_put(sh->store, SBX_DB_SANDBOXES, id.p, id.n, val.p, val.n);
+        n++;
+    }
+    int64_t now = sbx_wall_ms();
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        if (set[p]) {
+            c->lp[p].imported_ms = now;
+            c->lp[p].imported_from = fidx;
+        }
+    sbx_info("shard %s: imported %zu record(s) of %u partition(s) from %s", sh->conf.name, n,
+             parts->via.array.size, fname);
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, op->req.id);
+    sbx_enc_kint(&e, "records", (int64_t)n);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        shard_reply(op, buf, len, last);
+}
+
+void
+cluster_encode_status(struct shard *sh, sbx_enc *e)
+{
+    struct cluster *c = CL(sh);
+    sbx_enc_map(e);
+    if (!c) {
+        sbx_enc_kbool(e, "enabled", false);
+        sbx_enc_end(e);
+        return;
+    }
+    int owned = 0, ready = 0, moving = 0;
+    int64_t maxep = 0, minep = 0;
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        if (!c->lp[p].mine)
+            continue;
+        owned++;
+        ready += c->lp[p].ready;
+        moving += c->lp[p].moving;
+        if (c->lp[p].epoch > maxep)
+            maxep = c->lp[p].epoch;
+        if (!minep || c->lp[p].epoch < minep)
+            minep = c->lp[p].epoch;
+    }
+    int64_t f = atomic_load(&c->fence_at);
+    sbx_enc_kbool(e, "enabled", true);
+    sbx_enc_kstr(e, "cluster", sh->conf.cluster ? sh->conf.cluster : "default");
+    sbx_enc_kbool(e, "fenced", fenced(c));
+    sbx_enc_kint(e, "leaseMsLeft", f ? f - sbx_mono_ms() : 0);
+    sbx_enc_kint(e, "partitionsOwned", owned);
+    sbx_enc_kint(e, "partitionsReady", ready);
+    sbx_enc_kint(e, "partitionsMoving", moving);
+    sbx_enc_kint(e, "minEpoch", minep);
+    sbx_enc_kint(e, "maxEpoch", maxep);
+    sbx_enc_kint(e, "replicationPending", (int64_t)(c->nout - c->outhead));
+    sbx_enc_end(e);
+}

@@ -1,0 +1,68 @@
+/*
+ * cluster.h — a shard in a cluster (sbxd shard --etcd …): membership,
+ * partition ownership with epochs, self-fencing, handoff, failover and the
+ * replication of sandbox records to etcd.  docs/cluster.md tells the story;
+ * runtime/cview.h lists the etcd keys.
+ *
+ * Threads: a control thread (lease keep-alive, reconciling ownership,
+ * handoffs and claims) and a replication thread (record writes to etcd);
+ * both talk to the shard's loop thread only through sbx_loop_post.  The
+ * functions below run on the loop thread unless they say otherwise.
+ *
+ * Ownership rules:
+ *  - a partition's owner and epoch are its etcd key's value and mod_revision;
+ *    rendezvous hashing over the live, non-draining shards only proposes;
+ *  - a request is admitted only if this shard owns its partition, at the epoch
+ *    the gateway routed it with, the partition's records are installed
+ *    (ready) and no handoff of it is under way; else WRONG_OWNER carrying
+ *    {partition, epoch, owner} (the gateway re-routes and retries);
+ *  - a shard whose lease may have expired (it could not renew it in time)
+ *    admits nothing (self-fencing) before anyone else can take over;
+ *  - a reply to a state change leaves only after the record is committed to
+ *    LMDB *and* to etcd by a transaction that compares the partition's owner
+ *    with this shard: an old owner cannot acknowledge a write after losing
+ *    the partition, even if it was paused through its lease's expiry.
+ */
+#ifndef SBX_CLUSTER_H
+#define SBX_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../runtime/wire.h"
+
+struct shard;
+struct sop;
+
+/* cluster_start — join the cluster if the shard is configured with etcd
+ * (conf.etcd); 0 (also when not configured) or a negative code. */
+int cluster_start(struct shard *sh);
+/* cluster_stop — leave: stop the threads, revoke the lease (others take
+ * over at once).  Call after the loop stopped serving; then run the loop once
+ * more (what the threads posted) and cluster_free. */
+void cluster_stop(struct shard *sh);
+void cluster_free(struct shard *sh);
+bool cluster_on(const struct shard *sh);
+
+/*
+ * cluster_admit — may a request for `part`, routed at `epoch` (0: not given),
+ * run here?  0, or an error code with the error's context written into w
+ * (the caller replies with it).
+ */
+int cluster_admit(struct shard *sh, uint32_t part, int64_t epoch, sbx_werr *w);
+/* cluster_listable — whether records of part belong in `list` answers. */
+bool cluster_listable(struct shard *sh, uint32_t part);
+
+/* cluster_replicate — a record write (len 0: deletion) with store sequence
+ * seq by actor id must reach etcd before replies that depend on it. */
+void cluster_replicate(struct shard *sh, uint64_t seq, const char *id, const void *rec,
+                       size_t len);
+/* cluster_gate_open — whether every replicated write ≤ need is decided. */
+bool cluster_gate_open(struct shard *sh, uint64_t need);
+
+/* The shard-to-shard operation partition.import (handoff-in). */
+void cluster_op_import(struct sop *op);
+/* cluster.status: this shard's view of the cluster, as a map value. */
+void cluster_encode_status(struct shard *sh, sbx_enc *e);
+
+#endif

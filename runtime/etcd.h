@@ -1,0 +1,97 @@
+/*
+ * etcd.h — a small client for etcd's v3 API through its JSON gateway
+ * (etcd 3.4, Debian etcd-server; there is no C client package), over libcurl
+ * with jansson.  Keys and values are base64 on the wire; here they are
+ * plain bytes.  Every call is blocking, thread-safe (each call uses its own
+ * curl handle) and bounded by the client's timeout.
+ *
+ * What sbx uses (actors-cluster.md §1e): leases with keep-alive (a shard's
+ * membership), transactions with compare-and-swap (partition ownership; the
+ * epoch of a partition is the mod_revision of its key), ranges (the
+ * partition table, metadata of a partition) and watches (gateways and
+ * shards follow the table).  Endpoints: "http://host:port[,http://…]"; a
+ * failing endpoint is skipped for the next.
+ *
+ * Errors: SBX_E_SHARD_UNAVAILABLE when no endpoint answers (the message
+ * names it), SBX_E_STORAGE for an error answer from etcd.
+ */
+#ifndef SBX_ETCD_H
+#define SBX_ETCD_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sbx_etcd sbx_etcd;
+
+struct sbx_etcd_kv {
+    char *key;           /* NUL-terminated copy */
+    char *value;         /* NUL-terminated copy (values may hold NULs: use vlen) */
+    size_t vlen;
+    int64_t create_revision, mod_revision, version, lease;
+};
+
+/* sbx_etcd_open — a client for the endpoints; timeout_ms per call (0: 5000). */
+int sbx_etcd_open(sbx_etcd **out, const char *endpoints, int64_t timeout_ms);
+void sbx_etcd_close(sbx_etcd *e);
+/* sbx_etcd_kvs_free — free what sbx_etcd_range returned. */
+void sbx_etcd_kvs_free(struct sbx_etcd_kv *kvs, size_t n);
+
+/*
+ * sbx_etcd_range — the keys from key to range_end (exclusive; NULL: key
+ * alone; "\0"-style prefix ends come from sbx_etcd_prefix_end).  *kvs is a
+ * heap array the caller frees with sbx_etcd_kvs_free; *revision (may be
+ * NULL) is the store revision the answer reflects.
+ */
+int sbx_etcd_range(sbx_etcd *e, const char *key, const char *range_end, struct sbx_etcd_kv **kvs,
+                   size_t *n, int64_t *revision);
+/* sbx_etcd_prefix_end — the range end covering every key with prefix p (out ≥ strlen(p)+1). */
+void sbx_etcd_prefix_end(const char *p, char *out, size_t outlen);
+
+/* sbx_etcd_put — set key to value (vlen bytes) under lease (0: none); *revision may be NULL. */
+int sbx_etcd_put(sbx_etcd *e, const char *key, const void *value, size_t vlen, int64_t lease,
+                 int64_t *revision);
+/* sbx_etcd_delete — delete key (or the range to range_end). */
+int sbx_etcd_delete(sbx_etcd *e, const char *key, const char *range_end);
+
+/* Leases.  grant: *id; keepalive: *ttl_left = seconds left (0: the lease is
+ * gone, e.g. it expired); revoke deletes its keys. */
+int sbx_etcd_lease_grant(sbx_etcd *e, int64_t ttl_s, int64_t *id);
+int sbx_etcd_lease_keepalive(sbx_etcd *e, int64_t id, int64_t *ttl_left);
+int sbx_etcd_lease_revoke(sbx_etcd *e, int64_t id);
+
+/*
+ * Transactions (etcd's Txn: if every compare holds, run the success ops,
+ * else the failure ops; atomically).  Build with sbx_etcd_txn_new, add
+ * compares and ops, run with sbx_etcd_txn_run (which frees it).
+ * *succeeded says which branch ran; *revision the revision after it.
+ */
+typedef struct sbx_etcd_txn sbx_etcd_txn;
+sbx_etcd_txn *sbx_etcd_txn_new(void);
+/* compare: key's value == v (vlen bytes) */
+void sbx_etcd_txn_cmp_value(sbx_etcd_txn *t, const char *key, const void *v, size_t vlen);
+/* compare: key's mod_revision == rev (rev 0 with create: the key does not exist) */
+void sbx_etcd_txn_cmp_mod(sbx_etcd_txn *t, const char *key, int64_t rev);
+void sbx_etcd_txn_cmp_create(sbx_etcd_txn *t, const char *key, int64_t rev);
+/* success ops */
+void sbx_etcd_txn_put(sbx_etcd_txn *t, const char *key, const void *v, size_t vlen, int64_t lease);
+void sbx_etcd_txn_del(sbx_etcd_txn *t, const char *key);
+/* ops in the txn so far (etcd's --max-txn-ops, default 128, bounds each list) */
+size_t sbx_etcd_txn_size(const sbx_etcd_txn *t);
+int sbx_etcd_txn_run(sbx_etcd *e, sbx_etcd_txn *t, bool *succeeded, int64_t *revision);
+
+/*
+ * sbx_etcd_watch — follow every change of the keys from key to range_end
+ * from revision start (0: from now), calling fn(arg, put, kv, revision) for
+ * each event (put false: a deletion; kv->value empty) in order.  Blocks
+ * until fn returns non-zero, *stop becomes true (checked at least every
+ * 500 ms), or the connection fails; returns 0 if stopped, else a negative
+ * code (the caller re-syncs with a range and watches again).
+ */
+typedef int (*sbx_etcd_watch_fn)(void *arg, bool put, const struct sbx_etcd_kv *kv,
+                                 int64_t revision);
+int sbx_etcd_watch(sbx_etcd *e, const char *key, const char *range_end, int64_t start,
+                   sbx_etcd_watch_fn fn, void *arg, const atomic_bool *stop);
+
+#endif
