@@ -635,6 +635,38 @@ mv_done(struct agent *a, void *arg, int code, bool timed_out, struct outcap *out
     reply_simple(a, r, "path", op, "newPath", np);
 }
 
+/*
+ * One end of a rename: `path` itself (not followed, as rename(2) does not
+ * follow it) or, for `parent`, the directory it would land in must not be
+ * on a file system safe_open refuses, nor be reached through a magic link.
+ * Without this the mv(1) fallback across mounts would copy procfs files
+ * (its own /proc/self/environ) into the sandbox — nothing its tenant could
+ * not read, but not what the file API promises (docs/protocol.md §3.4).
+ */
+static int
+rename_end_ok(const char *path, bool parent)
+{
+    char dir[PATH_MAX_BYTES];
+    snprintf(dir, sizeof(dir), "%s", path);
+    if (parent) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            return 0;
+        if (slash == dir)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+    }
+    int fd = openat2_nomagic(dir, O_PATH | (parent ? O_DIRECTORY : O_NOFOLLOW), 0);
+    if (fd == -ENOENT && parent)
+        return 0; /* created by make_parents, on the file system of its parent */
+    if (fd < 0)
+        return fd;
+    int rc = forbidden_fs(fd) ? SBX_E_PERMISSION : 0;
+    close(fd);
+    return rc;
+}
+
 /* renameFile(oldPath, newPath) and moveFile(sourcePath, destinationPath). */
 void
 agent_op_file_rename(struct agent *a, struct agent_req *r)
@@ -649,12 +681,21 @@ agent_op_file_rename(struct agent *a, struct agent_req *r)
         reply_path_err(a, r, -errno, "file.move", from);
         return;
     }
+    int rc = rename_end_ok(from, false);
+    if (rc) {
+        reply_path_err(a, r, rc, "file.move", from);
+        return;
+    }
     /* Moving into an existing directory keeps the name, as mv does. */
     struct stat dst;
     if (stat(to, &dst) == 0 && S_ISDIR(dst.st_mode) && !S_ISDIR(st.st_mode)) {
         const char *base = strrchr(from, '/');
         size_t l = strlen(to);
         snprintf(to + l, sizeof(to) - l, "%s", base ? base : "/");
+    }
+    if ((rc = rename_end_ok(to, true)) != 0) {
+        reply_path_err(a, r, rc, "file.move", to);
+        return;
     }
     make_parents(to);
     if (rename(from, to) == 0) {
@@ -712,12 +753,28 @@ struct lister {
     bool capped;
 };
 
+/*
+ * List the directory open at `dfd` (taken over: closed here), whose path is
+ * `dir`.  Everything below is resolved relative to that fd, never by path
+ * again: between safe_open's checks and a second lookup of the path, tenant
+ * code can swap the directory for a symlink (renameat2 RENAME_EXCHANGE) and
+ * the agent would list whatever the link names — /proc/self resolves to the
+ * agent's own /proc/1.  That is the race of CVE-2018-15664 (`docker cp`;
+ * ../shared/reference/isolation.md §3 rows 3–4), found here by
+ * tests/security/test_escape.c file_api_survives_a_symlink_swap_race.
+ * Subdirectories are opened with O_NOFOLLOW (a single name: no symlink or
+ * magic link can be crossed) and not entered when they are on a file
+ * system safe_open refuses (forbidden_fs): a recursive listing of / lists
+ * the `proc` directory but not its content.
+ */
 static void
-list_dir(struct lister *L, const char *dir, int depth)
+list_dir(struct lister *L, int dfd, const char *dir, int depth)
 {
-    DIR *d = opendir(dir);
-    if (!d)
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
         return;
+    }
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
@@ -731,7 +788,7 @@ list_dir(struct lister *L, const char *dir, int depth)
         char full[PATH_MAX_BYTES];
         snprintf(full, sizeof(full), "%s/%s", strcmp(dir, "/") ? dir : "", de->d_name);
         struct stat st;
-        if (lstat(full, &st) < 0)
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue;
         const char *type = S_ISDIR(st.st_mode) ? "directory" : S_ISREG(st.st_mode) ? "file"
                            : S_ISLNK(st.st_mode)                                ? "symlink"
@@ -753,14 +810,20 @@ list_dir(struct lister *L, const char *dir, int depth)
         sbx_enc_kstr(e, "modifiedAt", ts);
         sbx_enc_kstr(e, "mode", mode);
         sbx_enc_kmap(e, "permissions");
-        sbx_enc_kbool(e, "readable", access(full, R_OK) == 0);
-        sbx_enc_kbool(e, "writable", access(full, W_OK) == 0);
-        sbx_enc_kbool(e, "executable", access(full, X_OK) == 0);
+        sbx_enc_kbool(e, "readable", faccessat(dirfd(d), de->d_name, R_OK, 0) == 0);
+        sbx_enc_kbool(e, "writable", faccessat(dirfd(d), de->d_name, W_OK, 0) == 0);
+        sbx_enc_kbool(e, "executable", faccessat(dirfd(d), de->d_name, X_OK, 0) == 0);
         sbx_enc_end(e);
         sbx_enc_end(e);
         L->count++;
-        if (L->recursive && S_ISDIR(st.st_mode) && depth < 64)
-            list_dir(L, full, depth + 1);
+        if (L->recursive && S_ISDIR(st.st_mode) && depth < 64) {
+            int sub = openat(dirfd(d), de->d_name,
+                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0 && forbidden_fs(sub))
+                close(sub);
+            else if (sub >= 0)
+                list_dir(L, sub, full, depth + 1);
+        }
     }
     closedir(d);
 }
@@ -782,7 +845,6 @@ agent_op_file_list(struct agent *a, struct agent_req *r)
         reply_path_err(a, r, fd, "directory.list", path);
         return;
     }
-    close(fd);
     sbx_enc e;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
@@ -792,7 +854,7 @@ agent_op_file_list(struct agent *a, struct agent_req *r)
     L.e = &e;
     L.root = path;
     L.rootlen = strlen(path);
-    list_dir(&L, path, 0);
+    list_dir(&L, fd, path, 0); /* the checked fd, not the path again */
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)L.count);
     if (L.capped)
@@ -882,15 +944,27 @@ wanted(struct watch *w, const char *full)
     return true;
 }
 
+/*
+ * Watch the directory open at `dfd` (taken over: closed here), whose path is
+ * `path`, and with `recursive` its subdirectories.  As list_dir: the watch
+ * is put on the checked fd itself (inotify_add_watch follows our own
+ * /proc/self/fd/N to that directory) and subdirectories are opened relative
+ * to it with O_NOFOLLOW and skipped on forbidden file systems, so a tenant
+ * swapping a directory for a symlink mid-walk cannot make the agent watch
+ * procfs (tests/security/test_escape.c file_api_survives_a_symlink_swap_race).
+ */
 static void
-add_dir(struct watch *w, const char *path, int depth)
+add_dir_fd(struct watch *w, int dfd, const char *path, int depth)
 {
-    int wd = inotify_add_watch(w->fd, path,
+    char self[64];
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", dfd);
+    int wd = inotify_add_watch(w->fd, self,
                                IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_DELETE | IN_MOVED_FROM |
-                                   IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF | IN_ONLYDIR |
-                                   IN_DONT_FOLLOW);
-    if (wd < 0)
+                                   IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF | IN_ONLYDIR);
+    if (wd < 0) {
+        close(dfd);
         return;
+    }
     if (w->ndirs == w->capdirs) {
         w->capdirs = w->capdirs ? w->capdirs * 2 : 16;
         w->dirs = sbx_xrealloc(w->dirs, w->capdirs * sizeof(*w->dirs));
@@ -898,11 +972,15 @@ add_dir(struct watch *w, const char *path, int depth)
     w->dirs[w->ndirs].wd = wd;
     w->dirs[w->ndirs].path = sbx_xstrdup(path);
     w->ndirs++;
-    if (!w->recursive || depth > 32)
+    if (!w->recursive || depth > 32) {
+        close(dfd);
         return;
-    DIR *d = opendir(path);
-    if (!d)
+    }
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
         return;
+    }
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (de->d_type != DT_DIR || !strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
@@ -911,9 +989,22 @@ add_dir(struct watch *w, const char *path, int depth)
         snprintf(sub, sizeof(sub), "%s/%s", strcmp(path, "/") ? path : "", de->d_name);
         if (w->exclude && matches_any(w->exclude, sub + strlen(w->root) + 1))
             continue;
-        add_dir(w, sub, depth + 1);
+        int sfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sfd >= 0 && forbidden_fs(sfd))
+            close(sfd);
+        else if (sfd >= 0)
+            add_dir_fd(w, sfd, sub, depth + 1);
     }
     closedir(d);
+}
+
+/* A directory that appeared under the watch, resolved like any path. */
+static void
+add_dir(struct watch *w, const char *path, int depth)
+{
+    int dfd = safe_open(path, O_RDONLY | O_DIRECTORY, 0, true);
+    if (dfd >= 0)
+        add_dir_fd(w, dfd, path, depth);
 }
 
 static const char *
@@ -1046,7 +1137,6 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
         reply_path_err(a, r, dfd, "watch", path);
         return;
     }
-    close(dfd);
     bool bad = false;
     struct watch *w = sbx_xcalloc(1, sizeof(*w));
     w->a = a;
@@ -1058,6 +1148,7 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
         agent_env_free(w->include);
         agent_env_free(w->exclude);
         free(w);
+        close(dfd);
         agent_reply_err(a, r, SBX_E_VALIDATION, "'include' and 'exclude' cannot be combined");
         return;
     }
@@ -1065,6 +1156,7 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
         agent_env_free(w->include);
         agent_env_free(w->exclude);
         free(w);
+        close(dfd);
         agent_reply_err(a, r, SBX_E_VALIDATION, "'include' and 'exclude' are arrays of glob strings");
         return;
     }
@@ -1083,10 +1175,11 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
         agent_env_free(w->include);
         agent_env_free(w->exclude);
         free(w);
+        close(dfd);
         agent_reply_err(a, r, SBX_E_WATCH_START, "inotify_init1: %s", strerror(errno));
         return;
     }
-    add_dir(w, w->root, 0);
+    add_dir_fd(w, dfd, w->root, 0); /* the checked fd, not the path again */
     snprintf(sid, sizeof(sid), "watch-%llu", (unsigned long long)++a->stream_ctr);
     w->st = stream_new(a, sid, true, 1u << 20, &watch_ops, w);
     w->w = sbx_loop_watch(a->loop, w->fd, EPOLLIN, watch_cb, w);
