@@ -1,0 +1,238 @@
+"""HTTP transport: connection pool, idempotency keys, retries, error mapping.
+
+Internal module; use :class:`sbx_sandbox.SbxClient`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import socket
+import ssl
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import quote, urlsplit
+
+from . import errors
+
+# Statuses that a proxy in front of the gateway may answer without our JSON
+# body; treated like SHARD_UNAVAILABLE (retried with the same key).
+_PROXY_RETRY_STATUSES = (502, 503, 504)
+_RETRY_CODES = ("SHARD_UNAVAILABLE",)
+
+
+def new_key() -> str:
+    """A fresh idempotency key (uuid4, 32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+class Response:
+    """A fully read HTTP response."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body.decode("utf-8")) if self.body else {}
+        except (UnicodeDecodeError, ValueError) as e:
+            raise errors.make("INVALID_RESPONSE",
+                              f"the server answered HTTP {self.status} with a body that is not "
+                              f"JSON: {self.body[:200]!r}") from e
+
+
+class Transport:
+    """Sends requests to one sbx HTTP front.
+
+    Every logical request gets one ``Idempotency-Key`` (uuid4) that is reused
+    by all of its retries, so a retry after a network error or a ``503
+    SHARD_UNAVAILABLE`` is answered from the shard's reply cache instead of
+    running the operation twice.  Retries back off exponentially
+    (``backoff`` seconds, doubling, capped at ``backoff_max``, +-25% jitter)
+    for at most ``retries`` attempts after the first.
+    """
+
+    def __init__(self, url: str, api_key: Optional[str], timeout: float, retries: int,
+                 backoff: float, backoff_max: float,
+                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported URL scheme {parts.scheme!r} (http or https)")
+        if not parts.hostname:
+            raise ValueError(f"no host in URL {url!r}")
+        self.url = url
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.ssl_context = ssl_context or (ssl.create_default_context()
+                                           if self.scheme == "https" else None)
+        self._pool: List[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    # -- connections -----------------------------------------------------------
+
+    @property
+    def netloc(self) -> str:
+        """``host:port`` of the server (IPv6 hosts bracketed)."""
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{h}:{self.port}"
+
+    def new_connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                               context=self.ssl_context)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _take(self, timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            conn = self._pool.pop() if self._pool else None
+        if conn is None:
+            return self.new_connection(timeout), False
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn, True
+
+    def _give(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._pool) < 8:
+                self._pool.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        with self._lock:
+            pool, self._pool = self._pool, []
+        for c in pool:
+            c.close()
+
+    def path(self, *segments: str, raw_tail: Optional[str] = None) -> str:
+        """``/prefix/v1/<seg>/<seg>...``, each segment percent-encoded."""
+        p = self.prefix + "/" + "/".join(quote(s, safe="") for s in segments)
+        if raw_tail is not None:
+            p += "/" + quote(raw_tail.lstrip("/"), safe="/")
+        return p
+
+    def headers(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        h = {"User-Agent": "sbx-sandbox-python/0.1", "Accept": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        if extra:
+            h.update(extra)
+        return h
+
+    def sleep_backoff(self, attempt: int) -> None:
+        """Sleep before retry number ``attempt`` (1-based)."""
+        d = min(self.backoff_max, self.backoff * (2 ** (attempt - 1)))
+        time.sleep(d * random.uniform(0.75, 1.25))
+
+    # -- requests ----------------------------------------------------------------
+
+    def send(self, method: str, path: str, body: Optional[bytes] = None,
+             headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
+             stream: bool = False, operation: Optional[str] = None,
+             key: Optional[str] = None):
+        """Send a request with retries.
+
+        Returns a :class:`Response` (body read) or, with ``stream=True``, a
+        tuple ``(connection, http.client.HTTPResponse)`` whose body the caller
+        reads and whose connection the caller closes.  A response with status
+        >= 400 raises the matching :class:`errors.SandboxError`.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        hdrs = self.headers(headers)
+        hdrs["Idempotency-Key"] = key or new_key()
+        if body is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        attempt = 0
+        while True:
+            conn, reused = self._take(timeout)
+            try:
+                conn.request(method, path, body=body, headers=hdrs)
+                resp = conn.getresponse()
+            except socket.timeout as e:
+                conn.close()
+                raise errors.make("REQUEST_TIMEOUT",
+                                  f"no answer from {self.url} within {timeout} s",
+                                  operation=operation) from e
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if reused:
+                    continue  # a kept-alive connection the server had closed: not an attempt
+                attempt += 1
+                if attempt > self.retries:
+                    raise errors.make("GATEWAY_UNAVAILABLE",
+                                      f"cannot reach {self.url}: {e}",
+                                      operation=operation) from e
+                self.sleep_backoff(attempt)
+                continue
+            if resp.status < 400 and stream:
+                return conn, resp
+            try:
+                data = resp.read()
+            except socket.timeout as e:
+                conn.close()
+                raise errors.make("REQUEST_TIMEOUT",
+                                  f"the answer from {self.url} stalled for {timeout} s",
+                                  operation=operation) from e
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                attempt += 1
+                if attempt > self.retries:
+                    raise errors.make("GATEWAY_UNAVAILABLE",
+                                      f"connection to {self.url} dropped: {e}",
+                                      operation=operation) from e
+                self.sleep_backoff(attempt)
+                continue
+            if resp.will_close:
+                conn.close()
+            else:
+                self._give(conn)
+            r = Response(resp.status, resp.headers, data)
+            if r.status < 400:
+                return r
+            err = self.error_of(r, operation)
+            retryable = (err.code in _RETRY_CODES or
+                         (err.code == "INVALID_RESPONSE" and r.status in _PROXY_RETRY_STATUSES))
+            if retryable and attempt < self.retries:
+                attempt += 1
+                retry_after = r.headers.get("Retry-After")
+                if retry_after and retry_after.isdigit():
+                    time.sleep(min(float(retry_after), self.backoff_max))
+                else:
+                    self.sleep_backoff(attempt)
+                continue
+            raise err
+
+    @staticmethod
+    def error_of(r: Response, operation: Optional[str]) -> errors.SandboxError:
+        """The exception for an error response."""
+        try:
+            body = json.loads(r.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            body = None
+        if isinstance(body, dict) and "code" in body:
+            return errors.from_body(body, r.status, operation)
+        text = r.body[:300].decode("utf-8", "replace").strip()
+        return errors.SandboxError("INVALID_RESPONSE", f"HTTP {r.status}: {text}", r.status, {},
+                                   operation)
+
+    def call_json(self, method: str, path: str, args: Optional[Dict[str, Any]] = None,
+                  timeout: Optional[float] = None, operation: Optional[str] = None) -> Any:
+        """Send ``args`` as a JSON body, return the decoded JSON answer."""
+        body = None if args is None else json.dumps(args, separators=(",", ":")).encode("utf-8")
+        return self.send(method, path, body, timeout=timeout, operation=operation).json()

@@ -1,0 +1,1077 @@
+"""SbxClient, Sandbox, ExecutionSession and Process."""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Pattern, Sequence, Union
+from urllib.parse import urlencode
+
+from . import errors
+from ._http import Transport
+from .models import (CodeContext, ExecResult, Execution, ExposedPort, ListFilesResult, LogMatch,
+                     PortReady, ProcessExit, ReadFileResult, SessionInfo)
+from .streams import EventStream
+from .terminal import Terminal, WebSocket
+
+__all__ = ["SbxClient", "get_sandbox", "Sandbox", "ExecutionSession", "Process", "FileStream"]
+
+DEFAULT_URL = "http://127.0.0.1:7780"
+
+#: Operations whose arguments take ``sessionId`` (the rest ignore it).
+_SESSION_OPS = frozenset([
+    "exec", "exec.stream", "process.start", "file.write", "file.read", "file.readStream",
+    "file.mkdir", "file.delete", "file.rename", "file.move", "file.list", "file.exists",
+    "file.watch", "git.checkout",
+])
+
+Command = Union[str, Sequence[str]]
+
+
+class SbxClient:
+    """Connection settings for one sbx deployment (its HTTP front).
+
+    Args:
+        url: base URL, e.g. ``http://127.0.0.1:7780`` (a path prefix is
+            kept, for a front behind a reverse proxy).  Default: ``$SBX_URL``,
+            else ``http://127.0.0.1:7780``.
+        api_key: bearer key (``Authorization: Bearer``).  Default:
+            ``$SBX_API_KEY``, else none (a loopback front without a key file).
+        timeout: seconds a request may wait for its answer's next bytes
+            (default 660: the gateway's 600 s deadline plus margin; calls
+            with a ``timeout`` argument wait that long plus 60 s at least).
+        retries: attempts after the first on network errors and ``503
+            SHARD_UNAVAILABLE`` (default 6); every retry reuses the request's
+            ``Idempotency-Key``, so it never runs an operation twice.
+        backoff, backoff_max: first retry delay and its cap, in seconds
+            (doubling, +-25% jitter; defaults 0.25 and 8).
+        ssl_context: for ``https`` URLs (default: the system's trust store).
+
+    The client is thread-safe; it keeps up to 8 idle keep-alive connections.
+    """
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *,
+                 timeout: float = 660.0, retries: int = 6, backoff: float = 0.25,
+                 backoff_max: float = 8.0, ssl_context: Optional[ssl.SSLContext] = None) -> None:
+        url = url or os.environ.get("SBX_URL") or DEFAULT_URL
+        if api_key is None:
+            api_key = os.environ.get("SBX_API_KEY") or None
+        self._t = Transport(url, api_key, timeout, retries, backoff, backoff_max, ssl_context)
+
+    @property
+    def url(self) -> str:
+        """The base URL."""
+        return self._t.url
+
+    def get_sandbox(self, sandbox_id: str, sleep_after: Union[str, int, None] = None,
+                    keep_alive: Optional[bool] = None) -> "Sandbox":
+        """A handle on sandbox ``sandbox_id`` (see :func:`get_sandbox`)."""
+        sb = Sandbox(self, sandbox_id)
+        if sleep_after is not None or keep_alive is not None:
+            sb.configure(sleep_after=sleep_after, keep_alive=keep_alive)
+        return sb
+
+    def list_sandboxes(self) -> List[Dict[str, Any]]:
+        """Every sandbox of the deployment: ``status()``-shaped dicts
+        (``id``, ``state``, ``createdAt`` ms, ``limits``...)."""
+        return self._t.call_json("GET", self._t.path("v1", "sandboxes"),
+                                 operation="list").get("sandboxes", [])
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /v1/health`` -> ``{"ok": true}``."""
+        return self._t.call_json("GET", self._t.path("v1", "health"), operation="health")
+
+    def cluster_status(self) -> Dict[str, Any]:
+        """Gateway and shard health (``cluster.status``, protocol.md 3)."""
+        return self._t.call_json("GET", self._t.path("v1", "cluster"), operation="cluster.status")
+
+    def close(self) -> None:
+        """Close idle connections."""
+        self._t.close()
+
+    def __enter__(self) -> "SbxClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SbxClient({self.url!r})"
+
+
+def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int, None] = None,
+                keep_alive: Optional[bool] = None) -> "Sandbox":
+    """A handle on sandbox ``sandbox_id`` (the SDK's ``getSandbox``).
+
+    Nothing is sent unless an option is given: the sandbox is created by its
+    first operation (``exec``, ``write_file``, ...).  IDs are 1-63 of
+    ``[a-z0-9-]``, no leading or trailing ``-``; preview URLs need at most
+    40 characters.
+
+    Args:
+        sleep_after: idle time before the container is stopped: ``"30s"``,
+            ``"10m"``, ``"1h"`` or a number of **seconds** (default: the
+            server's, 10 minutes).  Files, sessions and processes are lost
+            when it stops; the next operation starts a fresh container.
+        keep_alive: ``True`` disables idle stopping (call ``destroy()``).
+
+    Raises:
+        errors.ValidationFailed: a bad ID or option (only when an option is
+            given; otherwise on first use).
+    """
+    return client.get_sandbox(sandbox_id, sleep_after=sleep_after, keep_alive=keep_alive)
+
+
+def _ms_timeout(timeout_ms: Optional[int], base: float) -> float:
+    """Socket timeout (s) for an operation with a ``timeout`` in ms."""
+    if timeout_ms is None:
+        return base
+    return max(base, timeout_ms / 1000.0 + 60.0)
+
+
+def _command_args(command: Command) -> Dict[str, Any]:
+    if isinstance(command, str):
+        return {"command": command}
+    argv = [str(a) for a in command]
+    if not argv:
+        raise ValueError("empty argv")
+    return {"argv": argv}
+
+
+def _stdin_arg(stdin: Union[str, bytes, None]) -> Optional[str]:
+    if stdin is None or isinstance(stdin, str):
+        return stdin
+    try:
+        return bytes(stdin).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError("stdin must be UTF-8 over the HTTP API (JSON strings); write binary "
+                         "data to a file and redirect it instead") from e
+
+
+class _Ops:
+    """Operations shared by :class:`Sandbox` and :class:`ExecutionSession`
+    (everything but session management and lifecycle)."""
+
+    _client: SbxClient
+    _session_id: Optional[str]
+    sandbox_id: str
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @property
+    def _t(self) -> Transport:
+        return self._client._t
+
+    def _call(self, op: str, args: Optional[Dict[str, Any]] = None,
+              timeout_ms: Optional[int] = None) -> Dict[str, Any]:
+        a = {k: v for k, v in (args or {}).items() if v is not None}
+        if self._session_id is not None and op in _SESSION_OPS and "sessionId" not in a \
+                and not a.get("sessionless"):
+            a["sessionId"] = self._session_id
+        return self._t.call_json("POST", self._t.path("v1", "sandboxes", self.sandbox_id, op), a,
+                                 timeout=_ms_timeout(timeout_ms, self._t.timeout), operation=op)
+
+    def _stream(self, op: str, args: Dict[str, Any], kind: str) -> EventStream:
+        a = {k: v for k, v in args.items() if v is not None}
+        if self._session_id is not None and op in _SESSION_OPS and "sessionId" not in a \
+                and not a.get("sessionless"):
+            a["sessionId"] = self._session_id
+        st = EventStream(self._t, self.sandbox_id, kind, start=(op, a))
+        st._connect()  # start now: the command runs even before iteration
+        return st
+
+    def resume_stream(self, stream_id: str, after: int = 0, kind: str = "exec") -> EventStream:
+        """Re-attach to a stream by ID (e.g. after a crash), with the events
+        after ``after``.  ``kind`` (``exec``, ``file``, ``watch``,
+        ``process``, ``code``) tells which events end it.  The stream must
+        still exist on the server (command output is kept until read or
+        for 5 minutes); else :class:`errors.StreamNotFound`."""
+        st = EventStream(self._t, self.sandbox_id, kind, stream_id=stream_id, after=after)
+        st._connect()
+        return st
+
+    # -- commands --------------------------------------------------------------------------
+
+    def exec(self, command: Command, timeout: Optional[int] = None,
+             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+             session_id: Optional[str] = None, stdin: Union[str, bytes, None] = None, *,
+             sessionless: bool = False,
+             on_output: Optional[Callable[[str, str], None]] = None) -> ExecResult:
+        """Run a command and wait for it (the SDK's ``exec``).
+
+        Args:
+            command: a shell string (run by the session's bash, or ``/bin/sh
+                -c`` when sessionless) or an argv list (no shell).
+            timeout: ms; the command's whole process tree is killed after it
+                and the result has ``exit_code`` 124, ``timed_out`` true.
+            env: variables for this call only.
+            cwd: working directory for this call only (must exist).
+            session_id: the session to run in (created on first use; default
+                the sandbox's ``default`` session, or this object's session).
+            stdin: text for the command's stdin (UTF-8; default /dev/null).
+            sessionless: run as a fresh process, in parallel with anything
+                else, instead of in a session's shell.
+            on_output: ``f(stream, data)`` called with ``("stdout"|"stderr",
+                text)`` as output arrives (uses :meth:`exec_stream`).
+
+        Returns:
+            :class:`ExecResult`; a non-zero exit is not an exception.
+
+        Raises:
+            errors.SessionTerminated: the command ended its session's shell
+                (``exit N``); ``e.context`` has ``exitCode``, ``stdout``,
+                ``stderr``.  Use ``sh -c 'exit N'`` or ``sessionless=True``
+                to get an exit code instead.
+            errors.ValidationFailed: bad arguments (e.g. ``cwd`` missing).
+            errors.CommandExecutionError: the command could not start.
+        """
+        if on_output is not None:
+            return self._exec_streaming(command, timeout, env, cwd, session_id, stdin,
+                                        sessionless, on_output)
+        args = _command_args(command)
+        args.update(timeout=timeout, env=dict(env) if env else None, cwd=cwd,
+                    sessionId=session_id, stdin=_stdin_arg(stdin),
+                    sessionless=True if sessionless else None)
+        r = self._call("exec", args, timeout_ms=timeout)
+        return ExecResult.from_json(r, command if isinstance(command, str) else
+                                    " ".join(command))
+
+    def _exec_streaming(self, command, timeout, env, cwd, session_id, stdin, sessionless,
+                        on_output) -> ExecResult:
+        out: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+        with self.exec_stream(command, timeout=timeout, env=env, cwd=cwd,
+                              session_id=session_id, stdin=stdin,
+                              sessionless=sessionless) as st:
+            for ev in st:
+                t = ev.get("type")
+                if t in ("stdout", "stderr"):
+                    out[t].append(ev.get("data", ""))
+                    on_output(t, ev.get("data", ""))
+                elif t == "complete":
+                    d = dict(ev)
+                    d["stdout"], d["stderr"] = "".join(out["stdout"]), "".join(out["stderr"])
+                    return ExecResult.from_json(d, command if isinstance(command, str)
+                                                else " ".join(command))
+                elif t == "error":
+                    raise errors.from_body(ev.get("error") or {}, operation="exec.stream")
+        raise errors.make("INVALID_RESPONSE", "the stream ended without a complete event",
+                          operation="exec.stream")
+
+    def exec_stream(self, command: Command, timeout: Optional[int] = None,
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                    session_id: Optional[str] = None, stdin: Union[str, bytes, None] = None, *,
+                    sessionless: bool = False) -> EventStream:
+        """Run a command; return its events as they happen (the SDK's
+        ``execStream`` + ``parseSSEStream``).
+
+        Arguments as :meth:`exec`.  The command starts before this returns.
+        Events (dicts, in ``seq`` order):
+
+        * ``{"type": "start", "command", "sessionId" | "pid"}``
+        * ``{"type": "stdout" | "stderr", "data": str}`` (<= 64 KiB each)
+        * ``{"type": "complete", "exitCode", "success", "duration" (ms),
+          "timedOut", "cause", ...}`` -- last
+        * ``{"type": "error", "error": {"code", "message", "context"}}`` --
+          last, instead of ``complete`` (e.g. ``SESSION_TERMINATED``)
+
+        A dropped connection is resumed transparently (``Last-Event-ID``).
+        ``stream.cancel()`` kills the command (exit 130, ``cancelled``).
+        """
+        args = _command_args(command)
+        args.update(timeout=timeout, env=dict(env) if env else None, cwd=cwd,
+                    sessionId=session_id, stdin=_stdin_arg(stdin),
+                    sessionless=True if sessionless else None)
+        return self._stream("exec.stream", args, "exec")
+
+    # -- background processes ------------------------------------------------------------------
+
+    def start_process(self, command: Command, process_id: Optional[str] = None,
+                      timeout: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+                      cwd: Optional[str] = None, session_id: Optional[str] = None) -> "Process":
+        """Start a background process (the SDK's ``startProcess``).
+
+        Args:
+            command: shell string or argv list.
+            process_id: 1-120 of ``[A-Za-z0-9._-]`` (default ``proc-<n>``).
+            timeout: ms after which it is killed (status ``killed``).
+            env, cwd: as :meth:`exec`.
+            session_id: start in that session's cwd and environment; the
+                process dies with the session.
+
+        Returns:
+            :class:`Process` (``status`` ``running``, ``pid`` set).
+
+        Raises:
+            errors.ResourceBusy: ``process_id`` is in use.
+        """
+        args = _command_args(command)
+        args.update(processId=process_id, timeout=timeout, env=dict(env) if env else None,
+                    cwd=cwd, sessionId=session_id)
+        r = self._call("process.start", args)
+        info = dict(r.get("process") or {})
+        info.setdefault("id", r.get("processId"))
+        info.setdefault("pid", r.get("pid"))
+        info.setdefault("command", r.get("command"))
+        return Process(self, info)
+
+    def list_processes(self) -> List["Process"]:
+        """Every process of the sandbox (running ones and the last 256
+        finished), as :class:`Process` objects."""
+        r = self._call("process.list")
+        return [Process(self, p) for p in r.get("processes", [])]
+
+    def get_process(self, process_id: str) -> Optional["Process"]:
+        """The process, or ``None`` if there is no such process."""
+        try:
+            r = self._call("process.get", {"processId": process_id})
+        except errors.ProcessNotFound:
+            return None
+        return Process(self, r.get("process") or {})
+
+    def kill_process(self, process_id: str) -> Dict[str, Any]:
+        """SIGTERM the process tree, SIGKILL 5 s later; returns once it ended:
+        ``{"processId", "exitCode" (143 or 137), "status": "killed"}``.
+
+        Raises :class:`errors.ProcessNotFound`."""
+        return self._call("process.kill", {"processId": process_id}, timeout_ms=10000)
+
+    def kill_all_processes(self) -> int:
+        """Kill every process; returns how many were cleaned up (the SDK's
+        ``cleanedCount``)."""
+        r = self._call("process.killAll", timeout_ms=10000)
+        return int(r.get("cleanedCount", r.get("killedCount", 0)) or 0)
+
+    def get_process_logs(self, process_id: str) -> Dict[str, Any]:
+        """The retained output (newest 2 MiB): ``{"processId", "stdout": str,
+        "stderr": str, "truncated": bool, "status"}``.
+
+        Raises :class:`errors.ProcessNotFound`."""
+        r = self._call("process.logs", {"processId": process_id})
+        r.setdefault("processId", process_id)
+        return r
+
+    def stream_process_logs(self, process_id: str, after: int = 0) -> EventStream:
+        """The process's output as events, from the oldest retained one:
+        ``process_info {processId, command, status, pid}``, ``stdout`` /
+        ``stderr`` ``{data, processId}``, last ``exit {exitCode, status,
+        cause}``; ``gap {missed}`` if it printed faster than the 2 MiB ring
+        kept.  Raises :class:`errors.StreamNotFound` for an unknown process."""
+        return self.resume_stream(f"proc:{process_id}", after=after, kind="process")
+
+    # -- files -------------------------------------------------------------------------------------
+
+    def write_file(self, path: str, content: Union[str, bytes], encoding: Optional[str] = None
+                   ) -> Dict[str, Any]:
+        """Write a file, creating parent directories.
+
+        Args:
+            path: absolute, or relative to the session's cwd (``/workspace``).
+            content: ``str`` (written UTF-8 encoded) or ``bytes`` (written
+                as is).  With ``encoding="base64"`` a ``str`` is taken as
+                base64 text and decoded by the server.
+        Returns:
+            ``{"success", "path" (absolute), "bytesWritten", "timestamp"}``.
+        Raises:
+            errors.ValidationFailed (bad base64), errors.PermissionDenied,
+            errors.RequestTooLarge (over 32 MiB per request).
+        """
+        if isinstance(content, (bytes, bytearray, memoryview)):
+            data = bytes(content)
+            if path.startswith("/"):
+                # Raw upload: no base64 overhead (32 MiB per request).
+                return self._t.send("PUT", self._t.path("v1", "sandboxes", self.sandbox_id,
+                                                        "files", raw_tail=path),
+                                    data, headers={"Content-Type": "application/octet-stream"},
+                                    operation="file.write").json()
+            return self._call("file.write", {"path": path, "encoding": "base64",
+                                             "content": base64.b64encode(data).decode("ascii")})
+        return self._call("file.write", {"path": path, "content": content,
+                                         "encoding": encoding})
+
+    def read_file_info(self, path: str, encoding: Optional[str] = None) -> ReadFileResult:
+        """Read a file (<= 32 MiB) with its metadata.
+
+        Args:
+            encoding: ``None`` (auto: text -> ``str``, binary -> ``bytes``),
+                ``"utf-8"`` (force text) or ``"base64"`` (force ``bytes``).
+        Returns:
+            :class:`ReadFileResult` (``content``, ``mime_type``, ``size``,
+            ``is_binary``...).
+        Raises:
+            errors.FileNotFound, errors.IsDirectory, errors.FileTooLarge.
+        """
+        enc = {"bytes": "base64", "binary": "base64", "utf8": "utf-8"}.get(encoding or "",
+                                                                           encoding)
+        return ReadFileResult.from_json(self._call("file.read", {"path": path, "encoding": enc}))
+
+    def read_file(self, path: str, encoding: Optional[str] = None) -> Union[str, bytes]:
+        """A file's content (<= 32 MiB): ``str`` for text, ``bytes`` for
+        binary (NUL or invalid UTF-8 in the first 8 KiB).  ``encoding``
+        forces one: ``"utf-8"`` -> ``str``, ``"base64"``/``"bytes"`` ->
+        ``bytes``.  Text is decoded by the server: invalid UTF-8 after the
+        first 8 KiB becomes U+FFFD; :meth:`read_file_bytes` is always exact.
+
+        Raises:
+            errors.FileNotFound (also a built-in ``FileNotFoundError``),
+            errors.IsDirectory, errors.FileTooLarge (use
+            :meth:`read_file_stream`).
+        """
+        return self.read_file_info(path, encoding).content
+
+    def read_file_bytes(self, path: str) -> bytes:
+        """A file's exact bytes (<= 32 MiB).  Raises errors.FileNotFound,
+        errors.IsDirectory, errors.FileTooLarge."""
+        c = self.read_file_info(path, "base64").content
+        return c if isinstance(c, bytes) else c.encode("utf-8")
+
+    def read_file_stream(self, path: str) -> "FileStream":
+        """Read a file of any size in chunks: a :class:`FileStream`,
+        iterable over ``bytes`` chunks (<= 64 KiB), with ``metadata``
+        (``mimeType``, ``size``, ``isBinary``) once started.
+
+        Raises:
+            errors.FileNotFound, errors.IsDirectory (when called).
+        """
+        return FileStream(self, self._stream("file.readStream", {"path": path}, "file"))
+
+    def mkdir(self, path: str, recursive: bool = False) -> Dict[str, Any]:
+        """Create a directory (``recursive``: with its parents, no error if
+        it exists).  Returns ``{"success", "path", "timestamp"}``.
+        Raises errors.FileNotFound (missing parent), errors.FileExists."""
+        return self._call("file.mkdir", {"path": path, "recursive": recursive})
+
+    def delete_file(self, path: str) -> Dict[str, Any]:
+        """Delete a file (not a directory: :class:`errors.IsDirectory`).
+        Returns ``{"success", "path"}``.  Raises errors.FileNotFound."""
+        return self._call("file.delete", {"path": path})
+
+    def rename_file(self, old_path: str, new_path: str) -> Dict[str, Any]:
+        """Rename a file or directory.  Returns ``{"success", "path",
+        "newPath"}``.  Raises errors.FileNotFound."""
+        return self._call("file.rename", {"oldPath": old_path, "newPath": new_path})
+
+    def move_file(self, source_path: str, destination_path: str) -> Dict[str, Any]:
+        """Move a file or directory; into an existing directory keeps the
+        name; across mounts copies.  Returns ``{"success", "path",
+        "newPath"}``.  Raises errors.FileNotFound."""
+        return self._call("file.move", {"sourcePath": source_path,
+                                        "destinationPath": destination_path})
+
+    def list_files(self, path: str = ".", recursive: bool = False,
+                   include_hidden: bool = False) -> ListFilesResult:
+        """List a directory: :class:`ListFilesResult` (iterable over
+        :class:`FileInfo`; at most 100 000 entries).  Raises
+        errors.FileNotFound, errors.NotDirectory."""
+        return ListFilesResult.from_json(self._call("file.list", {
+            "path": path, "recursive": recursive, "includeHidden": include_hidden}))
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        return bool(self._call("file.exists", {"path": path}).get("exists"))
+
+    def watch(self, path: str, recursive: bool = True, include: Optional[Sequence[str]] = None,
+              exclude: Optional[Sequence[str]] = None) -> EventStream:
+        """Watch a directory for changes; returns once the watch is in place.
+
+        Args:
+            recursive: include subdirectories (default true).
+            include / exclude: fnmatch(3) globs matched against the relative
+                path and each component (not both; default exclude ``.git``,
+                ``node_modules``, ``.DS_Store``).
+
+        Events: ``watching {path, watchId}``, ``event {eventType: create |
+        modify | delete | move_from | move_to | attrib, path, isDirectory}``,
+        last ``stopped {reason}``.  The stream runs until cancelled:
+        ``stream.cancel()`` stops the watch (``close()`` alone leaves it
+        for 5 minutes).
+
+        Raises errors.FileNotFound, errors.NotDirectory, errors.WatchStartError.
+        """
+        r = self._call("file.watch", {"path": path, "recursive": recursive,
+                                      "include": list(include) if include else None,
+                                      "exclude": list(exclude) if exclude else None})
+        return self.resume_stream(r["streamId"], kind="watch")
+
+    # -- git / env -----------------------------------------------------------------------------
+
+    def git_checkout(self, repo_url: str, branch: Optional[str] = None,
+                     target_dir: Optional[str] = None, depth: Optional[int] = None,
+                     clone_timeout_ms: Optional[int] = None) -> Dict[str, Any]:
+        """``git clone`` a repository (https, http, git, ssh, file or
+        ``user@host:path``) into ``target_dir`` (default
+        ``/workspace/<repo name>``).  Returns ``{"success", "repoUrl",
+        "branch" (checked out), "targetDir", "timestamp"}``.
+
+        Raises errors.InvalidGitUrl, errors.GitRepositoryNotFound,
+        errors.GitBranchNotFound, errors.GitAuthFailed,
+        errors.GitNetworkError, errors.GitCloneFailed (all
+        :class:`errors.GitError`)."""
+        return self._call("git.checkout", {"repoUrl": repo_url, "branch": branch,
+                                           "targetDir": target_dir, "depth": depth,
+                                           "cloneTimeoutMs": clone_timeout_ms},
+                          timeout_ms=clone_timeout_ms or 600000)
+
+    def set_env_vars(self, env_vars: Mapping[str, Optional[str]]) -> Dict[str, Any]:
+        """Set (``None``: unset) sandbox environment variables: stored with
+        the sandbox (they survive container restarts), exported in the
+        default session now and inherited by sessions and processes started
+        later.  Returns ``{"success": true}``."""
+        return self._call("env.set", {"vars": dict(env_vars)})
+
+    # -- code interpreter --------------------------------------------------------------------------
+
+    def create_code_context(self, language: str = "python", cwd: Optional[str] = None,
+                            env_vars: Optional[Mapping[str, str]] = None) -> CodeContext:
+        """Start an interpreter (``python``, ``javascript``, ``typescript``;
+        aliases ``python3``, ``js``, ``node``, ``ts``) whose state persists
+        across :meth:`run_code` calls.
+
+        Raises errors.ValidationFailed (unknown language),
+        errors.PythonNotAvailable, errors.JavascriptNotAvailable."""
+        r = self._call("context.create", {"language": language, "cwd": cwd,
+                                          "envVars": dict(env_vars) if env_vars else None})
+        ctx = dict(r.get("context") or {})
+        ctx.setdefault("id", r.get("contextId"))
+        return CodeContext.from_json(ctx)
+
+    @staticmethod
+    def _ctx_id(context: Union[CodeContext, str, None]) -> Optional[str]:
+        return context.id if isinstance(context, CodeContext) else context
+
+    def run_code(self, code: str, context: Union[CodeContext, str, None] = None,
+                 language: Optional[str] = None, timeout: Optional[int] = None) -> Execution:
+        """Run a cell (the SDK's ``runCode``).
+
+        Args:
+            context: a :class:`CodeContext` or its ID; default: the
+                language's default context (created on first use).
+            language: for the default context (default ``python``).
+            timeout: ms (default 60 000); the cell is interrupted, the
+                context keeps its state, ``timed_out`` is set.
+
+        Returns:
+            :class:`Execution`: ``results`` (``text``, ``html``, ``png``...),
+            ``logs.stdout`` / ``logs.stderr``, ``error`` (an exception in the
+            code is reported there, not raised).
+
+        Raises:
+            errors.ContextNotFound, errors.CodeExecutionError (dead context).
+        """
+        r = self._call("context.run", {"code": code, "context": self._ctx_id(context),
+                                       "language": language, "timeout": timeout},
+                       timeout_ms=timeout if timeout is not None else 60000)
+        return Execution.from_json(r)
+
+    def run_code_stream(self, code: str, context: Union[CodeContext, str, None] = None,
+                        language: Optional[str] = None, timeout: Optional[int] = None
+                        ) -> EventStream:
+        """Run a cell; its outputs as events, each as the cell produces it:
+        ``start``, ``stdout {text}``, ``stderr {text}``, ``result {result}``
+        (a Result dict), ``error {name, value, traceback}``, last
+        ``execution_complete {executionCount, status, timedOut, duration}``."""
+        return self._stream("context.runStream", {"code": code,
+                                                  "context": self._ctx_id(context),
+                                                  "language": language, "timeout": timeout},
+                            "code")
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        """The sandbox's code contexts."""
+        return [CodeContext.from_json(c) for c in self._call("context.list").get("contexts", [])]
+
+    def delete_code_context(self, context: Union[CodeContext, str]) -> Dict[str, Any]:
+        """Stop a context's interpreter.  Returns ``{"success", "contextId"}``.
+        Raises errors.ContextNotFound."""
+        return self._call("context.delete", {"contextId": self._ctx_id(context)})
+
+    # -- preview URLs -------------------------------------------------------------------------------
+
+    def expose_port(self, port: int, hostname: Optional[str] = None, token: Optional[str] = None,
+                    name: Optional[str] = None) -> ExposedPort:
+        """Give ``port`` (1024-65535) inside the sandbox a preview URL
+        ``http://{port}-{sandbox}-{token}.{hostname}/`` (default hostname:
+        the deployment's preview domain).  Re-exposing keeps the token.
+        Starts the container if needed.  Nothing has to listen yet.
+
+        Args:
+            token: custom token, 1-16 of ``[a-z0-9_]``.
+            name: a label.
+
+        Raises errors.InvalidPortNumber, errors.PortAlreadyExposed (token used
+        by another port), errors.ValidationFailed (ID unfit for a DNS label)."""
+        return ExposedPort.from_json(self._call("port.expose", {
+            "port": int(port), "hostname": hostname, "token": token, "name": name}))
+
+    def unexpose_port(self, port: int) -> Dict[str, Any]:
+        """Withdraw a port's preview URL at once.  Returns ``{"success",
+        "port", "wasExposed"}``."""
+        return self._call("port.unexpose", {"port": int(port)})
+
+    def get_exposed_ports(self, hostname: Optional[str] = None) -> List[ExposedPort]:
+        """Preview URLs active for the running container (``token`` is not
+        included by the server; it is part of ``url``)."""
+        r = self._call("port.list", {"hostname": hostname})
+        return [ExposedPort.from_json(p) for p in r.get("ports", [])]
+
+    # -- terminal -------------------------------------------------------------------------------------
+
+    def terminal(self, session_id: Optional[str] = None, cols: int = 80, rows: int = 24,
+                 shell: Optional[str] = None, timeout: float = 60.0) -> Terminal:
+        """Connect to a session's terminal (a pseudo-terminal running an
+        interactive shell, ``TERM=xterm-256color``, in the session's cwd)
+        over WebSocket.  One terminal exists per session, shared by every
+        connection; the first connection starts it with ``cols`` x ``rows``
+        and ``shell`` (default bash).
+
+        Returns a connected :class:`Terminal` (after the server's ``ready``).
+
+        Raises:
+            errors.SandboxError: the server refused (e.g. errors.Unauthorized).
+            errors.WebSocketError, errors.GatewayUnavailable.
+        """
+        sid = session_id or self._session_id or "default"
+        q = {"session": sid, "cols": int(cols), "rows": int(rows)}
+        if shell:
+            q["shell"] = shell
+        path = self._t.path("v1", "sandboxes", self.sandbox_id, "terminal") + "?" + urlencode(q)
+        hdrs = {"User-Agent": "sbx-sandbox-python/0.1"}
+        if self._t.api_key:
+            hdrs["Authorization"] = f"Bearer {self._t.api_key}"
+        ws = WebSocket(self._t.host, self._t.port, path, hdrs,
+                       ssl_context=self._t.ssl_context, timeout=timeout)
+        try:
+            return Terminal(ws, sid, open_timeout=timeout)
+        except BaseException:
+            ws.close()
+            raise
+
+
+class Sandbox(_Ops):
+    """A sandbox (the SDK's ``Sandbox`` stub).  Get one with
+    :func:`get_sandbox`.
+
+    Commands and file operations without an explicit ``session_id`` run in
+    the sandbox's ``default`` session.  Everything raises
+    :class:`errors.SandboxError` subclasses on failure.
+
+    Attributes:
+        sandbox_id: the ID (``id`` is an alias).
+        client: the :class:`SbxClient`.
+    """
+
+    def __init__(self, client: SbxClient, sandbox_id: str) -> None:
+        self._client = client
+        self.sandbox_id = sandbox_id
+        self._session_id = None
+
+    @property
+    def id(self) -> str:
+        """The sandbox ID."""
+        return self.sandbox_id
+
+    @property
+    def client(self) -> SbxClient:
+        """The :class:`SbxClient` this sandbox talks through."""
+        return self._client
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.sandbox_id!r})"
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def create_session(self, id: Optional[str] = None, cwd: Optional[str] = None,
+                       env: Optional[Mapping[str, str]] = None,
+                       command_timeout_ms: Optional[int] = None) -> "ExecutionSession":
+        """Create a session: a persistent bash with its own cwd, variables
+        and functions (default ID ``session-<ms>``).  Its environment is the
+        sandbox's plus ``env``; ``command_timeout_ms`` is its commands'
+        default timeout.
+
+        Raises errors.SessionAlreadyExists (HTTP 409)."""
+        r = self._call("session.create", {"id": id, "cwd": cwd,
+                                          "env": dict(env) if env else None,
+                                          "commandTimeoutMs": command_timeout_ms})
+        return ExecutionSession(self, r.get("sessionId") or id or "")
+
+    def get_session(self, id: str) -> "ExecutionSession":
+        """A handle on session ``id``; nothing is checked: the first command
+        creates it (the SDK's ``getSession``).  Use
+        :meth:`ExecutionSession.info` to check that it exists."""
+        return ExecutionSession(self, id)
+
+    def delete_session(self, id: str) -> Dict[str, Any]:
+        """Kill a session's shell, everything it started and its background
+        processes.  Returns ``{"success", "sessionId"}``.
+
+        Raises errors.SessionNotFound; errors.ValidationFailed for the
+        default session."""
+        return self._call("session.delete", {"id": id})
+
+    def list_sessions(self) -> List[SessionInfo]:
+        """Every session of the running container."""
+        return [SessionInfo.from_json(s) for s in self._call("session.list").get("sessions", [])]
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def status(self) -> Dict[str, Any]:
+        """State, limits and usage: ``{"id", "state" (running, starting,
+        stopping, stopped, destroying), "createdAt" (ms epoch),
+        "generation", "restarts", "limits" {"memory" bytes, "pids", "cpu"
+        millicpus}, "container" {...} while running, ...}``.
+
+        Raises errors.SandboxNotFound (never created, or destroyed)."""
+        return self._call("status").get("sandbox", {})
+
+    def create(self, memory: Optional[int] = None, pids: Optional[int] = None,
+               cpu: Optional[int] = None) -> Dict[str, Any]:
+        """Create the sandbox now with limits: ``memory`` bytes (16 MiB - 1
+        TiB), ``pids`` (16 - 1 048 576), ``cpu`` millicpus (1000 = one CPU).
+        Returns ``{"created" (false if it existed; limits unchanged),
+        "sandbox"}``."""
+        limits = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu))
+                  if v is not None}
+        return self._call("create", {"limits": limits or None})
+
+    def ping(self) -> Dict[str, Any]:
+        """Start the container if needed; ``{"pid": 1, "bound": true}``."""
+        return self._call("ping")
+
+    def configure(self, sleep_after: Union[str, int, None] = None,
+                  keep_alive: Optional[bool] = None) -> Dict[str, Any]:
+        """Set ``sleep_after`` (``"30s"``, ``"10m"``, ``"1h"`` or seconds) and
+        ``keep_alive``.  Returns ``{"success", "sleepAfter" (ms),
+        "keepAlive"}``."""
+        return self._call("sandbox.configure", {"sleepAfter": sleep_after,
+                                                "keepAlive": keep_alive})
+
+    def set_keep_alive(self, keep_alive: bool) -> Dict[str, Any]:
+        """``configure(keep_alive=...)``."""
+        return self.configure(keep_alive=keep_alive)
+
+    def set_sleep_after(self, sleep_after: Union[str, int]) -> Dict[str, Any]:
+        """``configure(sleep_after=...)``."""
+        return self.configure(sleep_after=sleep_after)
+
+    def close_terminal(self, session_id: str = "default") -> Dict[str, Any]:
+        """End a session's terminal shell (every viewer sees it exit)."""
+        return self._call("terminal.close", {"sessionId": session_id})
+
+    def destroy(self) -> Dict[str, Any]:
+        """Stop the container and delete the sandbox (idempotent).  Returns
+        ``{"success": true, "destroyed" (whether it existed), "id"}``.
+        Operations in flight fail with errors.OperationInterrupted; later
+        operations create a new sandbox."""
+        return self._t.call_json("DELETE", self._t.path("v1", "sandboxes", self.sandbox_id),
+                                 operation="destroy")
+
+
+class ExecutionSession(_Ops):
+    """A session of a sandbox: a persistent bash whose cwd, variables and
+    functions carry over between commands.  It has the :class:`Sandbox`
+    methods for commands, processes, files, git, code and the terminal,
+    bound to this session (relative paths resolve against its cwd; commands
+    run in its shell, one at a time).  Code contexts and preview ports are
+    sandbox-wide.
+
+    Attributes:
+        id: the session ID.
+        sandbox: the :class:`Sandbox`.
+    """
+
+    def __init__(self, sandbox: Sandbox, session_id: str) -> None:
+        self.sandbox = sandbox
+        self._client = sandbox._client
+        self.sandbox_id = sandbox.sandbox_id
+        self._session_id = session_id
+
+    @property
+    def id(self) -> str:
+        """The session ID."""
+        return self._session_id  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"ExecutionSession({self.sandbox_id!r}, {self.id!r})"
+
+    def info(self) -> SessionInfo:
+        """The session's state.  Raises errors.SessionNotFound."""
+        return SessionInfo.from_json(self._call("session.get", {"id": self.id})
+                                     .get("session", {}))
+
+    def delete(self) -> Dict[str, Any]:
+        """``sandbox.delete_session(self.id)``."""
+        return self.sandbox.delete_session(self.id)
+
+
+class Process:
+    """A background process (the SDK's ``Process``).
+
+    Attributes (a snapshot; :meth:`refresh` / :meth:`get_status` update it):
+        id: process ID; pid: its pid inside the sandbox.
+        command: the command.
+        status: ``running``, ``completed`` (exit 0), ``failed`` (exit != 0),
+            ``killed``, ``error`` (could not start).
+        start_time, end_time: ISO 8601.
+        exit_code, cause, signal: once it ended.
+        session_id: the session it was started in, if any.
+    """
+
+    def __init__(self, owner: _Ops, info: Dict[str, Any]) -> None:
+        self._owner = owner
+        self.id: str = info.get("id", "")
+        self._update(info)
+
+    def _update(self, info: Dict[str, Any]) -> None:
+        self.raw = info
+        self.pid: Optional[int] = info.get("pid")
+        self.command: str = info.get("command", "")
+        self.status: str = info.get("status", "running")
+        self.start_time: Optional[str] = info.get("startTime")
+        self.end_time: Optional[str] = info.get("endTime")
+        self.exit_code: Optional[int] = info.get("exitCode")
+        self.cause: Optional[str] = info.get("cause")
+        self.signal: Optional[int] = info.get("signal")
+        self.session_id: Optional[str] = info.get("sessionId")
+
+    def __repr__(self) -> str:
+        return (f"Process(id={self.id!r}, pid={self.pid}, status={self.status!r}, "
+                f"exit_code={self.exit_code!r})")
+
+    def refresh(self) -> "Process":
+        """Re-read the process's state.  Raises errors.ProcessNotFound."""
+        r = self._owner._call("process.get", {"processId": self.id})
+        self._update(r.get("process") or {})
+        return self
+
+    def get_status(self) -> str:
+        """The current status (``"error"`` if the process is unknown)."""
+        try:
+            return self.refresh().status
+        except errors.ProcessNotFound:
+            return "error"
+
+    def kill(self) -> Dict[str, Any]:
+        """SIGTERM the tree, SIGKILL after 5 s; returns when it ended:
+        ``{"processId", "exitCode" (143 or 137), "status": "killed"}``."""
+        r = self._owner.kill_process(self.id)
+        self.status = r.get("status", "killed")
+        self.exit_code = r.get("exitCode", self.exit_code)
+        return r
+
+    def get_logs(self) -> Dict[str, Any]:
+        """``{"stdout", "stderr", "truncated", "status"}``: retained output."""
+        return self._owner.get_process_logs(self.id)
+
+    def stream_logs(self, after: int = 0) -> EventStream:
+        """See :meth:`Sandbox.stream_process_logs`."""
+        return self._owner.stream_process_logs(self.id, after)
+
+    def wait_for_log(self, pattern: Union[str, Pattern[str]], timeout: Optional[int] = None
+                     ) -> LogMatch:
+        """Wait for the first stdout/stderr line (already printed or to come)
+        that matches.
+
+        Args:
+            pattern: a substring (matched by the server), or a compiled
+                :class:`re.Pattern` (Python syntax, ``search`` semantics,
+                matched here against each line of the log stream).
+            timeout: ms (``None``: wait as long as the process runs).
+
+        Returns:
+            :class:`LogMatch` (``line``; ``match`` = ``[whole, groups...]``
+            for a regex).
+
+        Raises:
+            errors.ProcessReadyTimeout (also a ``TimeoutError``),
+            errors.ProcessExitedBeforeReady, errors.ProcessNotFound.
+        """
+        if isinstance(pattern, str):
+            r = self._owner._call("process.waitForLog", {"processId": self.id,
+                                                         "pattern": pattern,
+                                                         "timeout": timeout},
+                                  timeout_ms=timeout)
+            return LogMatch(r.get("line", ""), r.get("match"))
+        return self._wait_for_regex(pattern, timeout)
+
+    def _wait_for_regex(self, pattern: Pattern[str], timeout: Optional[int]) -> LogMatch:
+        deadline = None if timeout is None else time.monotonic() + timeout / 1000.0
+        what = f"log line matching /{pattern.pattern}/"
+        partial = {"stdout": "", "stderr": ""}
+
+        def check(line: str) -> Optional[LogMatch]:
+            m = pattern.search(line)
+            if m:
+                return LogMatch(line, [m.group(0), *m.groups()], m)
+            return None
+
+        try:
+            st = self._owner.stream_process_logs(self.id)
+        except errors.StreamNotFound as e:
+            raise errors.make("PROCESS_NOT_FOUND", f"process '{self.id}' not found",
+                              operation="process.waitForLog") from e
+        with st:
+            st.set_deadline(deadline)
+            try:
+                for ev in st:
+                    t = ev.get("type")
+                    if t in ("stdout", "stderr"):
+                        buf = partial[t] + (ev.get("data") or "")
+                        lines = buf.split("\n")
+                        partial[t] = lines.pop()
+                        for line in lines:
+                            found = check(line.rstrip("\r"))
+                            if found:
+                                return found
+                    elif t == "exit":
+                        for rest in partial.values():
+                            if rest:
+                                found = check(rest)
+                                if found:
+                                    return found
+                        raise errors.make(
+                            "PROCESS_EXITED_BEFORE_READY",
+                            f"Process exited with code {ev.get('exitCode')} before becoming "
+                            f"ready. Waiting for: {what}",
+                            {"processId": self.id, "exitCode": ev.get("exitCode")},
+                            operation="process.waitForLog")
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+            except errors.RequestTimeout:
+                pass
+        raise errors.make("PROCESS_READY_TIMEOUT",
+                          f"Process did not become ready within {timeout}ms. Waiting for: {what}",
+                          {"processId": self.id}, operation="process.waitForLog")
+
+    def wait_for_port(self, port: int, mode: str = "http", path: str = "/",
+                      timeout: Optional[int] = None, status: Union[int, tuple, None] = None,
+                      interval: Optional[int] = None) -> PortReady:
+        """Wait until ``port`` answers inside the sandbox: ``mode="http"``
+        (GET ``path``, status 200-399 or ``status`` -- an int or a
+        ``(min, max)`` tuple) or ``"tcp"`` (a connect succeeds).  Polls
+        every ``interval`` ms (500); ``timeout`` in ms.
+
+        Raises errors.ProcessReadyTimeout, errors.ProcessExitedBeforeReady."""
+        args: Dict[str, Any] = {"processId": self.id, "port": int(port), "mode": mode,
+                                "path": path, "timeout": timeout, "interval": interval}
+        if isinstance(status, tuple):
+            args["statusMin"], args["statusMax"] = status
+        elif status is not None:
+            args["status"] = status
+        r = self._owner._call("process.waitForPort", args, timeout_ms=timeout)
+        return PortReady(bool(r.get("ready", True)), int(r.get("port", port)),
+                         r.get("statusCode"))
+
+    def wait_for_exit(self, timeout: Optional[int] = None) -> ProcessExit:
+        """Wait for the process to end (``timeout`` in ms).  Returns
+        :class:`ProcessExit` (``exit_code``, ``status``) and updates this
+        object.  Raises errors.RequestTimeout (a ``TimeoutError``)."""
+        r = self._owner._call("process.waitForExit", {"processId": self.id,
+                                                      "timeout": timeout},
+                              timeout_ms=timeout)
+        self.exit_code = r.get("exitCode")
+        self.status = r.get("status", self.status)
+        return ProcessExit(self.exit_code, self.status)
+
+
+class FileStream:
+    """Chunks of a file, from :meth:`Sandbox.read_file_stream`.
+
+    Iterate for ``bytes`` chunks; ``metadata`` is ``{"mimeType", "size",
+    "isBinary", "encoding", "path"}`` (available right after the call);
+    ``bytes_read`` counts what was yielded.  :meth:`read` returns the whole
+    content.
+
+    The bytes are exact.  The server's ``file.readStream`` events carry
+    chunks as JSON strings, where bytes that are not UTF-8 -- including a
+    multi-byte character split by a chunk boundary -- become U+FFFD, so
+    only the metadata comes from there.  The data comes from the raw file
+    route (``GET /v1/sandboxes/{id}/files/{path}``) for files up to 32 MiB,
+    and for larger files from ``exec`` reading 4 MiB at a time (``dd |
+    base64``; needs ``sh``, ``dd`` and ``base64`` in the sandbox).  The
+    metadata and the data are read separately, so a file changing meanwhile
+    may not match ``size``.
+    """
+
+    RAW_LIMIT = 32 << 20
+    EXEC_CHUNK = 4 << 20
+    PIECE = 64 << 10
+
+    def __init__(self, owner: _Ops, events: EventStream) -> None:
+        self._owner = owner
+        self._events = events
+        self.metadata: Dict[str, Any] = {}
+        self.bytes_read = 0
+        for ev in events:
+            self._check(ev)
+            if ev.get("type") == "metadata":
+                self.metadata = ev
+            break
+        size = int(self.metadata.get("size") or 0)
+        self._mode = "raw" if size <= self.RAW_LIMIT else "exec"
+        self._stop_events()
+
+    def __enter__(self) -> "FileStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading."""
+        self._stop_events()
+
+    def _stop_events(self) -> None:
+        if not self._events.done:
+            try:
+                self._events.cancel()
+            except errors.SandboxError:
+                self._events.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        gen = self._raw if self._mode == "raw" else self._exec
+        for chunk in gen():
+            self.bytes_read += len(chunk)
+            yield chunk
+
+    @staticmethod
+    def _check(ev: Dict[str, Any]) -> None:
+        if ev.get("type") == "error":
+            e = ev.get("error")
+            raise errors.from_body(e if isinstance(e, dict) else
+                                   {"code": "FILESYSTEM_ERROR", "message": str(e)},
+                                   operation="file.readStream")
+
+    def _raw(self) -> Iterator[bytes]:
+        t = self._owner._t
+        path = self.metadata.get("path") or ""
+        conn, resp = t.send("GET", t.path("v1", "sandboxes", self._owner.sandbox_id, "files",
+                                          raw_tail=path), stream=True,
+                            operation="file.readStream")
+        try:
+            while True:
+                chunk = resp.read(65536)
+                if not chunk:
+                    break
+                yield chunk
+        finally:
+            conn.close()
+
+    def _exec(self) -> Iterator[bytes]:
+        path = self.metadata.get("path") or ""
+        size = int(self.metadata.get("size") or 0)
+        script = ('dd if="$1" bs=%d skip="$2" count=1 status=none | base64 -w0'
+                  % self.EXEC_CHUNK)
+        for i in range((size + self.EXEC_CHUNK - 1) // self.EXEC_CHUNK):
+            r = self._owner.exec(["sh", "-c", script, "sh", path, str(i)], sessionless=True)
+            if r.exit_code != 0:
+                raise errors.make("FILESYSTEM_ERROR", f"reading {path}: {r.stderr.strip()}",
+                                  {"path": path}, operation="file.readStream")
+            chunk = base64.b64decode(r.stdout)
+            if not chunk:
+                break
+            for off in range(0, len(chunk), self.PIECE):
+                yield chunk[off:off + self.PIECE]
+
+    def read(self) -> bytes:
+        """The whole content."""
+        return b"".join(self)

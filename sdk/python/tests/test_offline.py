@@ -1,0 +1,93 @@
+"""Client behaviour that needs no daemon: retries, SSE parsing, errors."""
+
+import io
+import json
+import pickle
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sbx_sandbox import SbxClient, errors, get_sandbox, parse_sse
+
+
+class FlakyFront(BaseHTTPRequestHandler):
+    """Answers 503 SHARD_UNAVAILABLE `fail` times, then success."""
+
+    fail = 2
+    keys = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(n)
+        type(self).keys.append(self.headers.get("Idempotency-Key"))
+        if len(type(self).keys) <= type(self).fail:
+            body = json.dumps({"code": "SHARD_UNAVAILABLE", "message": "shard down",
+                               "context": {}, "httpStatus": 503}).encode()
+            self.send_response(503)
+        else:
+            body = json.dumps({"success": True, "exitCode": 0, "stdout": "ok\n", "stderr": "",
+                               "duration": 1, "timedOut": False}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def flaky():
+    FlakyFront.keys = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FlakyFront)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_retry_reuses_idempotency_key(flaky):
+    c = SbxClient(f"http://127.0.0.1:{flaky.server_address[1]}", backoff=0.01)
+    r = get_sandbox(c, "x").exec("echo ok")
+    assert r.stdout == "ok\n"
+    assert len(FlakyFront.keys) == 3 and len(set(FlakyFront.keys)) == 1
+    assert len(FlakyFront.keys[0]) == 32
+
+
+def test_retries_are_capped(flaky):
+    FlakyFront.fail = 100
+    try:
+        c = SbxClient(f"http://127.0.0.1:{flaky.server_address[1]}", retries=2, backoff=0.01)
+        with pytest.raises(errors.ShardUnavailable) as ei:
+            get_sandbox(c, "x").exec("echo ok")
+        assert isinstance(ei.value, errors.TransientError)
+        assert len(FlakyFront.keys) == 3
+    finally:
+        FlakyFront.fail = 2
+
+
+def test_parse_sse():
+    raw = (b"retry: 1000\n\nid: 1\nevent: start\ndata: {\"seq\":1}\n\n: ping\n\n"
+           b"id: 2\r\nevent: stdout\r\ndata: a\r\ndata: b\r\n\r\ndata: tail-without-blank\n")
+    f = io.BytesIO(raw)
+    evs = list(parse_sse(f.readline))
+    assert evs == [("start", '{"seq":1}', "1"), ("stdout", "a\nb", "2")]
+
+
+def test_error_mapping():
+    e = errors.from_body({"code": "SESSION_ALREADY_EXISTS", "message": "m", "httpStatus": 409,
+                          "context": {"sandboxId": "s"}, "operation": "session.create"})
+    assert type(e) is errors.SessionAlreadyExists and isinstance(e, errors.SessionError)
+    assert (e.code, e.http_status, e.operation, e.context) == (
+        "SESSION_ALREADY_EXISTS", 409, "session.create", {"sandboxId": "s"})
+    assert str(e) == "SESSION_ALREADY_EXISTS (session.create): m"
+    u = errors.from_body({"code": "SOMETHING_NEW", "message": "x"}, 418)
+    assert type(u) is errors.SandboxError and u.http_status == 418
+    assert errors.error_class("PROCESS_ERROR") is errors.ProcessError
+    assert errors.error_class("FILE_EXISTS").__mro__[1:3] == (errors.FilesystemError,
+                                                              errors.SandboxError)
+    p = pickle.loads(pickle.dumps(e))
+    assert type(p) is errors.SessionAlreadyExists and p.context == e.context
