@@ -1,0 +1,199 @@
+// The client: error classes, retries with idempotency keys, configuration,
+// sandbox lifecycle.
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { describe, it } from 'node:test';
+
+import {
+  ContainerUnavailableError,
+  createErrorFromResponse,
+  ERROR_CLASSES,
+  FileNotFoundError,
+  GatewayUnavailableError,
+  getSandbox,
+  SandboxError,
+  SandboxNotFoundError,
+  SbxClient,
+  ShardUnavailableError,
+  ValidationFailedError,
+} from '../dist/index.js';
+import { useDaemon } from './helpers.mjs';
+
+const ctx = useDaemon();
+
+/** A fake API server answering with `handler(req, n)` (n = 1, 2, …). */
+async function fakeServer(handler) {
+  const seen = [];
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      seen.push({ method: req.method, url: req.url, headers: req.headers, body: Buffer.concat(chunks).toString() });
+      handler(req, res, seen.length);
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return { url: `http://127.0.0.1:${server.address().port}`, seen, close: () => new Promise((r) => server.close(r)) };
+}
+
+const json = (res, status, body) => {
+  res.writeHead(status, { 'content-type': 'application/json' });
+  res.end(JSON.stringify(body));
+};
+
+describe('errors', () => {
+  it('maps every code to its class, all SandboxErrors', () => {
+    for (const [code, Cls] of Object.entries(ERROR_CLASSES)) {
+      const err = createErrorFromResponse({ code, message: `m ${code}`, context: { a: 1 }, operation: 'op' }, 418);
+      assert.ok(err instanceof Cls, code);
+      assert.ok(err instanceof SandboxError, code);
+      assert.ok(err instanceof Error, code);
+      assert.equal(err.code, code);
+      assert.equal(err.httpStatus, 418);
+      assert.equal(err.operation, 'op');
+      assert.deepEqual(err.context, { a: 1 });
+      assert.equal(err.name, Cls.name);
+    }
+    const unknown = createErrorFromResponse({ code: 'SOMETHING_NEW', message: 'x', httpStatus: 500 });
+    assert.equal(unknown.constructor, SandboxError);
+    const j = JSON.parse(JSON.stringify(createErrorFromResponse({ code: 'FILE_NOT_FOUND', message: 'gone', context: { path: '/p' } }, 404)));
+    assert.equal(j.name, 'FileNotFoundError');
+    assert.equal(j.code, 'FILE_NOT_FOUND');
+    assert.equal(j.httpStatus, 404);
+    assert.deepEqual(j.context, { path: '/p' });
+  });
+});
+
+describe('retries', () => {
+  it('retries network errors and 503 SHARD_UNAVAILABLE with one Idempotency-Key', async () => {
+    const srv = await fakeServer((req, res, n) => {
+      if (n === 1) return req.socket.destroy(); // connection dropped before the reply
+      if (n === 2) return json(res, 503, { code: 'SHARD_UNAVAILABLE', message: 'shard s0 unavailable', context: {}, httpStatus: 503 });
+      json(res, 200, { success: true, exitCode: 0, stdout: 'ok\n', stderr: '', duration: 1 });
+    });
+    const client = new SbxClient({ url: srv.url, retry: { retries: 4, minDelayMs: 10, maxDelayMs: 50 } });
+    try {
+      const r = await getSandbox(client, 'retry-box').exec('echo ok');
+      assert.equal(r.stdout, 'ok\n');
+      assert.equal(srv.seen.length, 3);
+      const keys = srv.seen.map((s) => s.headers['idempotency-key']);
+      assert.match(keys[0], /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+      assert.deepEqual(keys, [keys[0], keys[0], keys[0]]);
+      assert.equal(srv.seen[0].url, '/v1/sandboxes/retry-box/exec');
+      assert.deepEqual(JSON.parse(srv.seen[0].body), { command: 'echo ok' });
+      // A new call gets a new key.
+      await getSandbox(client, 'retry-box').exec('echo ok');
+      assert.notEqual(srv.seen[3].headers['idempotency-key'], keys[0]);
+    } finally {
+      client.close();
+      await srv.close();
+    }
+  });
+
+  it('does not retry other errors, and gives up after the retry budget', async () => {
+    const srv = await fakeServer((req, res) =>
+      json(res, 503, { code: 'CONTAINER_UNAVAILABLE', message: 'could not start', context: { sandboxId: 'x' }, httpStatus: 503, operation: 'exec' }),
+    );
+    const client = new SbxClient({ url: srv.url, retry: { retries: 3, minDelayMs: 5, maxDelayMs: 10 } });
+    try {
+      await assert.rejects(getSandbox(client, 'x').exec('true'), ContainerUnavailableError);
+      assert.equal(srv.seen.length, 1);
+    } finally {
+      client.close();
+      await srv.close();
+    }
+
+    const down = await fakeServer((req, res) => json(res, 503, { code: 'SHARD_UNAVAILABLE', message: 'down', context: {} }));
+    const c2 = new SbxClient({ url: down.url, retry: { retries: 2, minDelayMs: 5, maxDelayMs: 10 } });
+    try {
+      await assert.rejects(getSandbox(c2, 'x').exec('true'), ShardUnavailableError);
+      assert.equal(down.seen.length, 3);
+    } finally {
+      c2.close();
+      await down.close();
+    }
+
+    // Nothing listening: GatewayUnavailableError after the retries.
+    const port = down.url.split(':').pop();
+    const c3 = new SbxClient({ url: `http://127.0.0.1:${port}`, retry: { retries: 2, minDelayMs: 5, maxDelayMs: 10 } });
+    await assert.rejects(getSandbox(c3, 'x').exec('true'), (err) => {
+      assert.ok(err instanceof GatewayUnavailableError);
+      assert.equal(err.code, 'GATEWAY_UNAVAILABLE');
+      assert.equal(err.cause.code, 'ECONNREFUSED');
+      return true;
+    });
+    c3.close();
+  });
+
+  it('sends the API key and reads SBX_URL / SBX_API_KEY', async () => {
+    const srv = await fakeServer((req, res) => json(res, 200, { ok: true }));
+    const saved = [process.env.SBX_URL, process.env.SBX_API_KEY];
+    process.env.SBX_URL = srv.url;
+    process.env.SBX_API_KEY = 'k'.repeat(20);
+    try {
+      const client = new SbxClient();
+      assert.equal(client.url, srv.url);
+      assert.deepEqual(await client.health(), { ok: true });
+      assert.equal(srv.seen[0].headers.authorization, `Bearer ${'k'.repeat(20)}`);
+      client.close();
+      const explicit = new SbxClient({ url: srv.url, apiKey: 'other-key-0123456789' });
+      await explicit.health();
+      assert.equal(srv.seen[1].headers.authorization, 'Bearer other-key-0123456789');
+      assert.match(getSandbox(explicit, 'abc').terminalUrl(), /access_token=other-key-0123456789/);
+      explicit.close();
+    } finally {
+      [process.env.SBX_URL, process.env.SBX_API_KEY] = saved;
+      if (saved[0] === undefined) delete process.env.SBX_URL;
+      if (saved[1] === undefined) delete process.env.SBX_API_KEY;
+      await srv.close();
+    }
+    delete process.env.SBX_URL;
+    assert.equal(new SbxClient().url, 'http://127.0.0.1:7780');
+    if (saved[0] !== undefined) process.env.SBX_URL = saved[0];
+  });
+});
+
+describe('sandbox lifecycle', () => {
+  it('creates on first use, reports status, destroys', async () => {
+    assert.deepEqual(await ctx.client.health(), { ok: true });
+    const id = ctx.newId('Life').toLowerCase();
+    const sb = getSandbox(ctx.client, id.toUpperCase(), { normalizeId: true });
+    assert.equal(sb.id, id);
+    await assert.rejects(sb.status(), SandboxNotFoundError);
+    await sb.exec('true');
+    const st = await sb.status();
+    assert.equal(st.state, 'running');
+    assert.ok((await ctx.client.listSandboxes()).sandboxes.some((s) => s.id === id));
+    await sb.writeFile('/workspace/keep.txt', 'x');
+    const d = await sb.destroy();
+    assert.equal(d.destroyed, true);
+    assert.equal((await sb.destroy()).destroyed, false);
+    await assert.rejects(sb.status(), SandboxNotFoundError);
+    // A later operation makes a new, empty sandbox.
+    await assert.rejects(sb.readFile('/workspace/keep.txt'), FileNotFoundError);
+  });
+
+  it('answers a retried request from the cache (same Idempotency-Key)', async () => {
+    const sb = ctx.sandbox('idem');
+    const key = crypto.randomUUID();
+    const send = () =>
+      ctx.client.requestJson({
+        method: 'POST',
+        path: `/v1/sandboxes/${sb.id}/exec`,
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ command: 'echo $RANDOM$RANDOM' }),
+        idempotencyKey: key,
+      });
+    const a = await send();
+    const b = await send();
+    assert.equal(a.stdout, b.stdout, 'the command ran once');
+  });
+
+  it('rejects invalid sandbox IDs with ValidationFailedError', async () => {
+    await assert.rejects(getSandbox(ctx.client, 'Bad_ID!').exec('true'), (err) => {
+      assert.ok(err instanceof ValidationFailedError);
+      assert.equal(err.httpStatus, 400);
+      return true;
+    });
+  });
+});
