@@ -539,6 +539,9 @@ refine_cause(struct actor *a, struct sop *op, const msgpack_object *r, sbx_str c
     sbx_wire_get_i64(r, "exitCode", &code);
     if (sbx_str_eq(cause, "KILLED") && sig == 9 && post.oom_kills > op->pre.oom_kills)
         return "OOM_KILLED";
+    /* A shell reports its child's SIGKILL as exit 137 (128 + 9). */
+    if (sbx_str_eq(cause, "EXITED") && code == 137 && post.oom_kills > op->pre.oom_kills)
+        return "OOM_KILLED";
     if (sbx_str_eq(cause, "EXITED") && code != 0 && post.pids_max_hits > op->pre.pids_max_hits)
         return "PIDS_LIMIT";
     return NULL;
@@ -1057,6 +1060,7 @@ encode_port(sbx_enc *e, struct actor *a, int port, const char *token, sbx_str na
     sbx_enc_kint(e, "port", port);
     if (name.n)
         sbx_enc_kstrn(e, "name", name.p, name.n);
+    sbx_enc_kstr(e, "token", token);
     sbx_enc_kstr(e, "status", "active");
     sbx_enc_end(e);
 }

@@ -269,7 +269,11 @@ deliver(struct sop *op, char *buf, size_t len)
         sctx_send(op->ctx[i], buf, len);
     if (op->id[0]) {
         struct idem *e = idem_find(sh, op->id);
-        if (e && e->inflight == op) {
+        if (e && e->inflight == op && op->transient) {
+            /* A transient failure (unavailable, interrupted, moved): a retry
+             * with the same key must run again, not get this answer. */
+            idem_remove(sh, e);
+        } else if (e && e->inflight == op) {
             e->inflight = NULL;
             e->at_ms = sbx_wall_ms();
             if (len <= IDEM_MAX_REPLY) {
@@ -304,6 +308,19 @@ shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
 void
 shard_reply_werr(struct sop *op, sbx_werr *w)
 {
+    switch (w->code) {
+    case SBX_E_SHARD_UNAVAILABLE:
+    case SBX_E_CONTAINER:
+    case SBX_E_INTERRUPTED:
+    case SBX_E_WRONG_OWNER:
+    case SBX_E_TIMEOUT:
+    case SBX_E_STORAGE:
+    case SBX_E_BUSY:
+        op->transient = true;
+        break;
+    default:
+        break;
+    }
     char *buf;
     size_t len;
     if (sbx_wire_reply_err(op->req.id, w, &buf, &len) != 0)
@@ -358,6 +375,7 @@ deliver_error(struct held *h, int code, const char *msg)
 {
     free(h->buf);
     struct sop *op = h->op;
+    op->transient = true; /* not committed: a retry must run again */
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
     char *buf;
@@ -767,7 +785,8 @@ on_request(sbx_loop *l, void *arg)
         sop_free(op);
         return;
     }
-    sbx_str_copy(op->req.id, op->id, sizeof(op->id));
+    snprintf(op->id, sizeof(op->id), "%.*s\x1f%.*s\x1f%s", (int)op->req.id.n, op->req.id.p,
+             (int)SBX_MIN(op->req.sandbox.n, 64), op->req.sandbox.p, op->def->name);
 
     /* Idempotency: a retry of a request we have seen joins it or gets its reply. */
     struct idem *e = idem_find(sh, op->id);

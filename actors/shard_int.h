@@ -22,6 +22,10 @@
 struct shard;
 struct actor;
 
+/* Idempotency keys are "<request id>\x1f<sandbox>\x1f<op>": a request id
+ * reused for another sandbox or operation is another request. */
+#define SBX_IDEM_KEY (SBX_WIRE_MAX_ID + 64 + 64 + 3)
+
 /* One nng context of the REP socket: receives a request, later sends its reply. */
 struct sctx {
     struct shard *sh;
@@ -44,7 +48,8 @@ struct sop {
     sbx_msg dec;
     struct sbx_req req;
     const struct sbx_op_def *def;
-    char id[SBX_WIRE_MAX_ID + 1];
+    char id[SBX_IDEM_KEY];      /* idempotency key: request id, sandbox and op */
+    bool transient;             /* a transient error was answered: not to be replayed */
     uint64_t tag;               /* agent request tag when in flight */
     int64_t t0_us;
     struct sbx_cgroup_stats pre;/* cgroup counters when sent to the agent */
@@ -111,7 +116,7 @@ struct pooled {
 /* Cached replies for retried request ids (idempotency). */
 struct idem {
     struct idem *hnext, *lnext;
-    char id[SBX_WIRE_MAX_ID + 1];
+    char id[SBX_IDEM_KEY];
     struct sop *inflight;       /* while being handled */
     char *reply;                /* once done (NULL if too large to keep) */
     size_t len;

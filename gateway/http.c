@@ -40,6 +40,7 @@
 #define DEFAULT_TIMEOUT_MS 600000
 #define SSE_WAIT_MS 15000           /* long-poll length = heartbeat period */
 #define SSE_READ_BYTES (1 << 20)
+#define RAW_PUT_MAX (29u << 20)       /* base64 of it fits SBX_WIRE_MAX_REQUEST */
 #define MAX_SEGS 12
 #define CALL_ERROR_REPLY 1           /* call_take: the reply is an error reply (in *m) */
 
@@ -387,6 +388,7 @@ struct hreq {
     sbx_buf body;
     bool too_large;
     bool sse;
+    bool b64;             /* X-Sbx-Binary: base64 — bytes as base64, not UTF-8 text */
     char rid[SBX_WIRE_MAX_ID + 1];
     int64_t timeout_ms;
     int phase;
@@ -589,7 +591,8 @@ static void
 add_common_headers(struct MHD_Response *r)
 {
     MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
-    MHD_add_response_header(r, "Access-Control-Expose-Headers", "Content-Type, Last-Event-ID");
+    MHD_add_response_header(r, "Access-Control-Expose-Headers",
+                            "Content-Type, Last-Event-ID, X-Sbx-Stream-Id");
 }
 
 static enum MHD_Result
@@ -703,7 +706,13 @@ sse_event(struct hreq *hr, const msgpack_object *ev)
     int which = sbx_str_eq(type, "stdout") || sbx_str_eq(type, "output") ? 0
                 : sbx_str_eq(type, "stderr")                            ? 1
                                                                         : -1;
-    if (which >= 0 && sbx_wire_get_bin(ev, "data", &data) == 0) {
+    if (which >= 0 && hr->b64 && sbx_wire_get_bin(ev, "data", &data) == 0) {
+        size_t l;
+        char *enc = sbx_base64_encode(data.p, data.n, &l);
+        json_object_set_new(j, "data", json_stringn(enc, l));
+        json_object_set_new(j, "encoding", json_string("base64"));
+        free(enc);
+    } else if (which >= 0 && sbx_wire_get_bin(ev, "data", &data) == 0) {
         /* Output bytes become a JSON string: keep a UTF-8 sequence that an
          * event boundary split whole for the next event. */
         sbx_buf b;
@@ -1032,7 +1041,7 @@ finish_op(struct hreq *hr)
         hr->phase = PH_READ1;
         return MHD_YES;
     }
-    json_t *j = sbx_json_from_msgpack(res);
+    json_t *j = hr->b64 ? sbx_json_from_msgpack_b64(res) : sbx_json_from_msgpack(res);
     sbx_wire_msg_free(&m);
     if (!j)
         return queue_err(hr, SBX_E_INTERNAL, "the result cannot be expressed in JSON");
@@ -1088,7 +1097,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         MHD_add_response_header(r, "Access-Control-Allow-Methods",
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
-                                "Authorization, Content-Type, Idempotency-Key, Last-Event-ID");
+                                "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
+                                "X-Sbx-Binary");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
         MHD_destroy_response(r);
@@ -1114,7 +1124,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                          sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len);
     if (!authorized(h, c))
         return queue_err(hr, SBX_E_UNAUTHORIZED,
-                         "this gateway needs an API key: Authorization: Bearer <key>");
+                         "a valid API key is required: Authorization: Bearer <key> (or "
+                         "?access_token=<key>)");
     if (bad)
         return queue_err(hr, SBX_E_VALIDATION,
                          bad == 2 ? "the path %s holds a malformed or NUL percent-escape"
@@ -1145,6 +1156,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         snprintf(hr->rid, sizeof(hr->rid), "%s", key);
     }
     hr->timeout_ms = h->conf.timeout;
+    const char *bin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Sbx-Binary");
+    hr->b64 = bin && !strcasecmp(bin, "base64");
     hr->sse = rt->kind == R_STREAM ||
               (rt->op && (rt->op->flags & SBX_OP_STREAM) && wants_sse(c));
     return MHD_YES;
@@ -1200,6 +1213,12 @@ access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *meth
             return start_op(hr, "file.read");
         }
         if (hr->rt->kind == R_FILE_PUT) {
+            if (hr->body.len > RAW_PUT_MAX)
+                return queue_err(hr, SBX_E_TOO_LARGE,
+                                 "a raw file upload is at most %u bytes (it travels base64 in "
+                                 "one request); write larger files in parts with file.write "
+                                 "append",
+                                 RAW_PUT_MAX);
             size_t n;
             char *b64 = sbx_base64_encode(hr->body.p ? hr->body.p : "", hr->body.len, &n);
             json_object_set_new(hr->params, "content", json_stringn(b64, n));

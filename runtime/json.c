@@ -2,6 +2,7 @@
 #include "json.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,31 @@ utf8_seq(const unsigned char *p, size_t n)
     if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
         return 0;
     return len;
+}
+
+size_t
+sbx_utf8_valid(const char *p, size_t n, size_t *incomplete)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    size_t i = 0;
+    if (incomplete)
+        *incomplete = 0;
+    while (i < n) {
+        size_t k = utf8_seq(u + i, n - i);
+        if (k == 0) {
+            /* At the very end, a sequence cut short is incomplete, not wrong. */
+            unsigned char c = u[i];
+            size_t want = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+            bool cut = want > n - i;
+            for (size_t j = i + 1; cut && j < n; j++)
+                cut = (u[j] & 0xc0) == 0x80;
+            if (cut && incomplete)
+                *incomplete = n - i;
+            return i;
+        }
+        i += k;
+    }
+    return i;
 }
 
 char *
@@ -66,8 +92,8 @@ str_json(const char *p, size_t n)
     return j;
 }
 
-json_t *
-sbx_json_from_msgpack(const msgpack_object *o)
+static json_t *
+from_msgpack(const msgpack_object *o, bool b64_bins)
 {
     switch (o->type) {
     case MSGPACK_OBJECT_NIL: return json_null();
@@ -79,11 +105,19 @@ sbx_json_from_msgpack(const msgpack_object *o)
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: return json_real(o->via.f64);
     case MSGPACK_OBJECT_STR: return str_json(o->via.str.ptr, o->via.str.size);
-    case MSGPACK_OBJECT_BIN: return str_json(o->via.bin.ptr, o->via.bin.size);
+    case MSGPACK_OBJECT_BIN:
+        if (b64_bins) {
+            size_t l;
+            char *enc = sbx_base64_encode(o->via.bin.ptr, o->via.bin.size, &l);
+            json_t *j = json_stringn(enc, l);
+            free(enc);
+            return j;
+        }
+        return str_json(o->via.bin.ptr, o->via.bin.size);
     case MSGPACK_OBJECT_ARRAY: {
         json_t *a = json_array();
         for (uint32_t i = 0; i < o->via.array.size; i++) {
-            json_t *v = sbx_json_from_msgpack(&o->via.array.ptr[i]);
+            json_t *v = from_msgpack(&o->via.array.ptr[i], b64_bins);
             if (!v) {
                 json_decref(a);
                 return NULL;
@@ -100,7 +134,7 @@ sbx_json_from_msgpack(const msgpack_object *o)
                 json_decref(m);
                 return NULL;
             }
-            json_t *v = sbx_json_from_msgpack(&kv->val);
+            json_t *v = from_msgpack(&kv->val, b64_bins);
             if (!v) {
                 json_decref(m);
                 return NULL;
@@ -114,6 +148,18 @@ sbx_json_from_msgpack(const msgpack_object *o)
     }
     default: return NULL;
     }
+}
+
+json_t *
+sbx_json_from_msgpack(const msgpack_object *o)
+{
+    return from_msgpack(o, false);
+}
+
+json_t *
+sbx_json_from_msgpack_b64(const msgpack_object *o)
+{
+    return from_msgpack(o, true);
 }
 
 static int

@@ -20,6 +20,16 @@
  * non-string map key or an ext type. */
 json_t *sbx_json_from_msgpack(const msgpack_object *o);
 
+/* sbx_json_from_msgpack_b64 — the same, but bin becomes the base64 of its
+ * bytes (lossless; the HTTP front's X-Sbx-Binary: base64). */
+json_t *sbx_json_from_msgpack_b64(const msgpack_object *o);
+
+/* sbx_utf8_valid — length of the longest prefix of p[0..n) that is valid
+ * UTF-8 (RFC 3629).  *incomplete (may be NULL) gets the length of a
+ * sequence cut short at the very end (then the prefix plus it is all of
+ * p), or 0. */
+size_t sbx_utf8_valid(const char *p, size_t n, size_t *incomplete);
+
 /* sbx_json_to_msgpack — append j to e; 0 or SBX_E_VALIDATION (reals that
  * are not finite, nesting deeper than 24). */
 int sbx_json_to_msgpack(const json_t *j, sbx_enc *e);

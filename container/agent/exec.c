@@ -175,7 +175,17 @@ exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, siz
         return SBX_E_VALIDATION;
     }
     rc = sbx_wire_get_bin(args, "stdin", &s);
-    if (rc == 0) {
+    sbx_str enc = SBX_STR("");
+    sbx_wire_get_str(args, "stdinEncoding", &enc);
+    if (rc == 0 && sbx_str_eq(enc, "base64")) {
+        /* JSON clients (the HTTP API) send bytes that are not UTF-8 this way. */
+        if (sbx_base64_decode(s.p, s.n, &ea->stdin_data, &ea->stdin_len) != 0) {
+            snprintf(why, whylen, "'stdin' is not valid base64 (stdinEncoding: base64)");
+            exec_args_free(ea);
+            return SBX_E_VALIDATION;
+        }
+        ea->has_stdin = true;
+    } else if (rc == 0) {
         ea->has_stdin = true;
         ea->stdin_data = sbx_xstrndup(s.p, s.n);
         ea->stdin_len = s.n;
@@ -221,11 +231,14 @@ agent_spawn(struct agent *a, const struct spawn_opts *o)
         setsid();
     if (o->subreaper)
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    /* The agent runs at oom_score_adj -998 (set by the shard); what it starts
-     * goes back to 0 so the OOM killer picks tenant processes first. */
+    /* The agent asks for oom_score_adj -998 (the shard sets it; a host root
+     * without CAP_SYS_RESOURCE cannot lower it, and then the agent stays at
+     * 0).  What it starts goes to +500, which needs no privilege, so that
+     * either way the OOM killer of the sandbox's memory cgroup picks tenant
+     * processes before the agent (proc(5) oom_score_adj). */
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (fd >= 0) {
-        ssize_t w = write(fd, "0", 1);
+        ssize_t w = write(fd, "500", 3);
         (void)w;
         close(fd);
     }

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "../../runtime/err.h"
+#include "../../runtime/json.h"
 #include "../../runtime/log.h"
 #include "agent.h"
 #include "stream.h"
@@ -332,7 +333,10 @@ agent_op_file_write(struct agent *a, struct agent_req *r)
         free(decoded);
         return;
     }
-    int fd = safe_open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, false);
+    /* append: add to the end (large files written in parts) instead of replacing. */
+    bool append = false;
+    sbx_wire_get_bool(r->args, "append", &append);
+    int fd = safe_open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644, false);
     if (fd < 0) {
         reply_path_err(a, r, fd, "file.write", path);
         free(decoded);
@@ -415,6 +419,10 @@ agent_op_file_read(struct agent *a, struct agent_req *r)
     bool binary;
     const char *mime =
         mime_of(path, (const unsigned char *)(b.p ? b.p : ""), SBX_MIN(b.len, (size_t)8192), &binary);
+    /* Text only if all of it is UTF-8: a text reply is a string, and a
+     * string cannot carry other bytes without losing them. */
+    if (!binary && sbx_utf8_valid(b.p ? b.p : "", b.len, NULL) != b.len)
+        binary = true;
     bool as_b64 = given ? b64 : binary;
     sbx_enc e;
     sbx_enc_init(&e);
@@ -447,7 +455,31 @@ struct fstream {
     struct stream *st;
     int fd;
     uint64_t sent;
+    bool text;          /* chunks are UTF-8 text (else base64) */
+    char carry[4];      /* text: the start of a character the last read cut */
+    size_t ncarry;
 };
+
+/* One chunk event: `data` is a string, UTF-8 text or the base64 of the raw
+ * bytes, as `encoding` says (per chunk: a "text" file with a stray invalid
+ * byte goes on in base64 rather than losing it). */
+static void
+fstream_chunk(struct fstream *f, const char *p, size_t n)
+{
+    sbx_enc *e = stream_begin(f->st, "chunk");
+    if (f->text) {
+        sbx_enc_kstrn(e, "data", p, n);
+        sbx_enc_kstr(e, "encoding", "utf-8");
+    } else {
+        size_t el;
+        char *enc = sbx_base64_encode(p, n, &el);
+        sbx_enc_kstrn(e, "data", enc, el);
+        free(enc);
+        sbx_enc_kstr(e, "encoding", "base64");
+    }
+    sbx_enc_kint(e, "bytes", (int64_t)n);
+    stream_commit(f->st, false);
+}
 
 static void fstream_pump(struct fstream *f);
 
@@ -493,6 +525,11 @@ fstream_pump(struct fstream *f)
                 sbx_enc_kstr(e, "message", strerror(errno));
                 sbx_enc_end(e);
             } else {
+                if (f->ncarry) {
+                    /* a character cut by the end of the file: its bytes as they are */
+                    f->text = false;
+                    fstream_chunk(f, f->carry, f->ncarry);
+                }
                 sbx_enc *e = stream_begin(st, "complete");
                 sbx_enc_kint(e, "bytesRead", (int64_t)f->sent);
             }
@@ -503,10 +540,29 @@ fstream_pump(struct fstream *f)
             free(f);
             return;
         }
-        sbx_enc *e = stream_begin(st, "chunk");
-        sbx_enc_kbin(e, "data", buf, (size_t)n);
-        stream_commit(st, false);
         f->sent += (uint64_t)n;
+        if (f->text) {
+            char tb[CHUNK + 4];
+            memcpy(tb, f->carry, f->ncarry);
+            memcpy(tb + f->ncarry, buf, (size_t)n);
+            size_t total = f->ncarry + (size_t)n, inc = 0;
+            size_t ok = sbx_utf8_valid(tb, total, &inc);
+            if (ok + inc == total) {
+                if (ok)
+                    fstream_chunk(f, tb, ok);
+                memcpy(f->carry, tb + ok, inc);
+                f->ncarry = inc;
+                continue;
+            }
+            /* Not UTF-8 after all: the rest goes as base64, losslessly. */
+            if (ok)
+                fstream_chunk(f, tb, ok);
+            f->text = false;
+            f->ncarry = 0;
+            fstream_chunk(f, tb + ok, total - ok);
+            continue;
+        }
+        fstream_chunk(f, buf, (size_t)n);
     }
     st->paused = true;
 }
@@ -531,6 +587,7 @@ agent_op_file_read_stream(struct agent *a, struct agent_req *r)
     const char *mime = mime_of(path, head, hn > 0 ? (size_t)hn : 0, &binary);
     struct fstream *f = sbx_xcalloc(1, sizeof(*f));
     f->fd = fd;
+    f->text = !binary;
     snprintf(sid, sizeof(sid), "file-%llu", (unsigned long long)++a->stream_ctr);
     f->st = stream_new(a, sid, true, 1u << 20, &fstream_ops, f);
     sbx_enc *e = stream_begin(f->st, "metadata");

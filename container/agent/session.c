@@ -709,18 +709,25 @@ run_cmd(struct session *s, struct scmd *c)
         quote_ansi_c(&line, c->ea.cmd, strlen(c->ea.cmd));
     }
     LIT(&line, "; ");
+    size_t cwd_at = line.len;
     if (c->ea.cwd) {
         LIT(&line, "__sbx_owd=$PWD; \\builtin cd -- ");
         quote_ansi_c(&line, c->ea.cwd, strlen(c->ea.cwd));
         LIT(&line, " >/dev/null 2>&5 && ");
     }
-    LIT(&line, "{ ");
+    /* Per-call env (the SDK's exec env: "per-command, not kept"): exported
+     * for the command and its children, then each variable gets back its
+     * value and export attribute (bash's ${K@a}), or is unset again. */
+    sbx_buf restore;
+    sbx_buf_init(&restore);
     if (c->ea.env) {
+        sbx_buf pre;
+        sbx_buf_init(&pre);
         for (uint32_t i = 0; i < c->ea.env->via.map.size; i++) {
             const msgpack_object_kv *kv = &c->ea.env->via.map.ptr[i];
             sbx_str k;
             sbx_wire_obj_str(&kv->key, &k);
-            bool ok = k.n > 0 && !(k.p[0] >= '0' && k.p[0] <= '9');
+            bool ok = k.n > 0 && k.n < 200 && !(k.p[0] >= '0' && k.p[0] <= '9');
             for (size_t j = 0; j < k.n; j++) {
                 char ch = k.p[j];
                 if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
@@ -730,12 +737,32 @@ run_cmd(struct session *s, struct scmd *c)
             /* Names a shell cannot assign are skipped, as bash's own env would. */
             if (!ok || kv->val.type != MSGPACK_OBJECT_STR)
                 continue;
-            sbx_buf_append(&line, k.p, k.n);
-            LIT(&line, "=");
-            quote_ansi_c(&line, kv->val.via.str.ptr, kv->val.via.str.size);
-            LIT(&line, " ");
+            int kn = (int)k.n;
+            sbx_buf_appendf(&pre, "__sbx_s_%.*s=${%.*s+1}; __sbx_v_%.*s=${%.*s-}; "
+                                  "__sbx_a_%.*s=${%.*s@a}; \\builtin export %.*s=",
+                            kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p);
+            quote_ansi_c(&pre, kv->val.via.str.ptr, kv->val.via.str.size);
+            LIT(&pre, "; ");
+            sbx_buf_appendf(&restore,
+                            "if \\builtin test -n \"$__sbx_s_%.*s\"; then %.*s=$__sbx_v_%.*s; "
+                            "case $__sbx_a_%.*s in *x*) ;; *) \\builtin export -n %.*s;; esac; "
+                            "else \\builtin unset %.*s; fi; \\builtin unset __sbx_s_%.*s "
+                            "__sbx_v_%.*s __sbx_a_%.*s; ",
+                            kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn,
+                            k.p, kn, k.p);
         }
+        /* The exports go before the cd: `cd X && { … }` must not skip them. */
+        size_t at = cwd_at;
+        sbx_buf tail;
+        sbx_buf_init(&tail);
+        sbx_buf_append(&tail, line.p + at, line.len - at);
+        line.len = at;
+        sbx_buf_append(&line, pre.p ? pre.p : "", pre.len);
+        sbx_buf_append(&line, tail.p ? tail.p : "", tail.len);
+        sbx_buf_free(&tail);
+        sbx_buf_free(&pre);
     }
+    LIT(&line, "{ ");
     if (c->ea.has_stdin) {
         /* Session commands read stdin from a private file written just
          * before; the line removes it afterwards. */
@@ -755,6 +782,8 @@ run_cmd(struct session *s, struct scmd *c)
     }
     if (c->ea.cwd)
         LIT(&line, "\\builtin cd -- \"$__sbx_owd\" >/dev/null 2>&1; ");
+    sbx_buf_append(&line, restore.p ? restore.p : "", restore.len);
+    sbx_buf_free(&restore);
     LIT(&line, "\\builtin unset __sbx_c; ");
     append_markers(&line, s->nonce, "\"$__sbx_rc\"");
     send_line(s, &line);

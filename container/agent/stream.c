@@ -14,6 +14,7 @@
 #define WAIT_DEFAULT_MS 25000
 #define WAIT_LIMIT_MS 60000
 #define IDLE_DROP_MS (5 * 60 * 1000) /* an ended stream nobody reads */
+#define REPLAY_BYTES (256u << 10)    /* acknowledged events kept for resumes */
 
 struct sev {
     struct sev *next;
@@ -226,11 +227,19 @@ ack(struct stream *st, uint64_t after)
 {
     if (!st->lossless || after <= st->acked)
         return;
+    /* Acknowledged events move from the back-pressure count to the replay
+     * tail; the tail keeps the newest REPLAY_BYTES of them. */
+    for (struct sev *e = st->head; e && e->seq <= after; e = e->next) {
+        if (e->seq > st->acked) {
+            st->bytes -= e->len;
+            st->replay_bytes += e->len;
+        }
+    }
     st->acked = after;
-    while (st->head && st->head->seq <= after) {
+    while (st->head && st->head->seq <= st->acked && st->replay_bytes > REPLAY_BYTES) {
         struct sev *e = st->head;
         st->head = e->next;
-        st->bytes -= e->len;
+        st->replay_bytes -= e->len;
         free(e);
     }
     if (!st->head)
@@ -253,8 +262,9 @@ reply_events(struct sreader *r, bool timed_out)
     sbx_enc_kstr(&e, "streamId", st->id);
     uint64_t last = r->after;
     size_t bytes = 0;
-    /* Ring streams may have dropped events the reader never saw. */
-    if (!st->lossless && r->after + 1 < st->first_seq)
+    /* Events the reader never saw may be gone: a ring dropped them, or a
+     * reconnecting reader is further back than the replay tail. */
+    if (r->after + 1 < st->first_seq)
         sbx_enc_kint(&e, "missed", (int64_t)(st->first_seq - r->after - 1));
     sbx_enc_karray(&e, "events");
     for (struct sev *ev = st->head; ev; ev = ev->next) {

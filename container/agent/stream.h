@@ -10,7 +10,11 @@
  *
  * Two retention policies:
  *  - lossless (execStream, readFileStream, watch): events stay until a read
- *    with a larger `after` acknowledges them.  When `cap` bytes are waiting
+ *    with a larger `after` acknowledges them, and the last 256 KiB of
+ *    acknowledged ones a little longer: a reader whose connection dropped
+ *    with events in flight (the HTTP front acknowledges what it has written,
+ *    not what the client has read) resumes from its own last event.  When
+ *    `cap` bytes are waiting
  *    the producer is paused (its pipe is no longer read, so the command
  *    blocks on write): a slow reader applies back-pressure, buffers never
  *    grow past the cap.
@@ -47,7 +51,8 @@ struct stream {
     uint64_t next_seq;      /* seq of the next event */
     uint64_t first_seq;     /* seq of the oldest retained event */
     uint64_t acked;         /* lossless: highest seq acknowledged */
-    size_t cap, bytes;
+    size_t cap, bytes;      /* bytes: of events not yet acknowledged (lossless) or kept (ring) */
+    size_t replay_bytes;    /* lossless: acknowledged events kept for a reader that reconnects */
     struct sev *head, *tail;
     struct sreader *readers;/* long polls waiting */
     const struct stream_ops *ops;

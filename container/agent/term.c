@@ -258,16 +258,29 @@ agent_op_terminal_write(struct agent *a, struct agent_req *r)
     struct term *t = term_of(a, r);
     if (!t)
         return;
-    sbx_str d;
+    sbx_str d, enc = SBX_STR("");
+    char *decoded = NULL;
     if (sbx_wire_get_bin(r->args, "data", &d) != 0) {
         agent_reply_err(a, r, SBX_E_VALIDATION, "'data' (bytes or a string) is required");
         return;
     }
+    sbx_wire_get_str(r->args, "encoding", &enc);
+    if (sbx_str_eq(enc, "base64")) {
+        size_t dl;
+        if (sbx_base64_decode(d.p, d.n, &decoded, &dl) != 0) {
+            agent_reply_err(a, r, SBX_E_VALIDATION, "'data' is not valid base64");
+            return;
+        }
+        d.p = decoded;
+        d.n = dl;
+    }
     if (t->eof) {
+        free(decoded);
         agent_reply_err(a, r, SBX_E_SESSION_TERMINATED, "the terminal's shell has exited");
         return;
     }
     if (t->inq.len + d.n > TERM_INQ_MAX) {
+        free(decoded);
         agent_reply_err(a, r, SBX_E_BUSY, "the terminal is not reading its input");
         return;
     }
@@ -285,11 +298,13 @@ agent_op_terminal_write(struct agent *a, struct agent_req *r)
         if (t->w)
             sbx_loop_modify(a->loop, t->w, EPOLLIN | EPOLLOUT);
     }
+    size_t written = d.n;
+    free(decoded);
     sbx_enc e;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kint(&e, "bytes", (int64_t)d.n);
+    sbx_enc_kint(&e, "bytes", (int64_t)written);
     agent_reply_ok(a, r, &e);
 }
 

@@ -565,6 +565,32 @@ def _print_figure_png(fig):
     return buf.getvalue()
 
 
+def flush_agg_figures(publish):
+    """Figures a cell left open under the plain Agg backend, published as
+    image/png and closed.  A cell that calls matplotlib.use("Agg") (common in
+    scripts written for headless machines) leaves the inline backend, which
+    would otherwise show nothing; the Cloudflare SDK's executor captures open
+    figures whatever the backend, and so do we.  publish(bundle) emits one
+    display_data."""
+    mpl = sys.modules.get("matplotlib")
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if mpl is None or pyplot is None:
+        return
+    try:
+        if str(mpl.get_backend()).lower() != "agg":
+            return
+        nums = pyplot.get_fignums()
+        for num in nums:
+            fig = pyplot.figure(num)
+            png = _print_figure_png(fig)
+            if png:
+                publish({"image/png": png, "text/plain": repr(fig)})
+        if nums:
+            pyplot.close("all")
+    except Exception:       # a broken figure must not break the cell's result
+        pass
+
+
 # --------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------
@@ -955,6 +981,8 @@ class StdlibRunner(BaseRunner):
                 self.inline["flush_figures"]()
             except Exception as e:
                 self.report_error(e)
+        flush_agg_figures(lambda bundle: self.emit(
+            {"type": "display_data", "data": encode_bundle(bundle), "metadata": {}}))
 
     # -- cells --------------------------------------------------------------
 
@@ -1293,6 +1321,7 @@ class IPythonRunner(BaseRunner):
         self.interrupted_await = False
         result = self.shell.run_cell(code, store_history=True, silent=False)
         self.last_exception = result.error_before_exec or result.error_in_exec
+        flush_agg_figures(lambda bundle: self.shell.display_pub.publish(bundle))
         return "ok" if result.success else "error"
 
 

@@ -492,9 +492,21 @@ Test(files, read_stream_chunks_concatenate_to_the_file, .timeout = 60)
             sbx_wire_get_i64(ev.obj, "size", &msize);
             cr_expect(bin, "metadata says the file is not binary");
         } else if (!strcmp(ev.type, "chunk")) {
+            /* data is a string: UTF-8 text, or base64 of the bytes (per chunk). */
+            sbx_str enc = SBX_STR("utf-8");
+            sbx_wire_get_str(ev.obj, "encoding", &enc);
+            char *raw = NULL;
+            size_t rawlen = ev.data_len;
+            if (sbx_str_eq(enc, "base64")) {
+                cr_assert_eq(sbx_base64_decode(ev.data, ev.data_len, &raw, &rawlen), 0,
+                             "a base64 chunk does not decode");
+                sbx_buf_append(&got, raw, rawlen);
+                free(raw);
+            } else {
+                sbx_buf_append(&got, ev.data, ev.data_len);
+            }
             chunks++;
-            oversize |= ev.data_len > 65536;
-            sbx_buf_append(&got, ev.data, ev.data_len);
+            oversize |= rawlen > 65536;
         } else if (!strcmp(ev.type, "complete")) {
             complete = true;
             sbx_wire_get_i64(ev.obj, "bytesRead", &bytes_read);
