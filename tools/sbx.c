@@ -506,6 +506,82 @@ human_cluster_status(const msgpack_object *res)
     }
 }
 
+/* The cluster part of cluster.status: members, partitions, epochs. */
+static void
+human_cluster_members(const msgpack_object *res)
+{
+    const msgpack_object *cl, *arr;
+    human_cluster_status(res);
+    if (sbx_wire_get_map(res, "cluster", &cl) != 0) {
+        printf("\nnot a cluster: a fixed set of shards (sbxd dev, or sbxd gateway --shard …)\n");
+        return;
+    }
+    sbx_str name = {"", 0}, etcd = {"", 0};
+    int64_t rev = 0, orphan = 0;
+    bool synced = false;
+    sbx_wire_get_str(cl, "name", &name);
+    sbx_wire_get_str(cl, "etcd", &etcd);
+    sbx_wire_get_i64(cl, "revision", &rev);
+    sbx_wire_get_i64(cl, "partitionsWithoutLiveOwner", &orphan);
+    sbx_wire_get_bool(cl, "synced", &synced);
+    printf("\ncluster %.*s (etcd %.*s, revision %lld%s), partitions without a live owner: %lld\n",
+           (int)name.n, name.p, (int)etcd.n, etcd.p, (long long)rev, synced ? "" : ", not synced",
+           (long long)orphan);
+    if (sbx_wire_get_array(cl, "members", &arr) != 0)
+        return;
+    printf("%-14s %-6s %-9s %-10s %-10s %-10s %s\n", "NODE", "LIVE", "DRAINING", "PARTITIONS",
+           "MIN EPOCH", "MAX EPOCH", "URL");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *m = &arr->via.array.ptr[i];
+        sbx_str n = {"", 0}, url = {"", 0};
+        bool live = false, draining = false;
+        int64_t parts = 0, minep = 0, maxep = 0;
+        sbx_wire_get_str(m, "name", &n);
+        sbx_wire_get_str(m, "url", &url);
+        sbx_wire_get_bool(m, "live", &live);
+        sbx_wire_get_bool(m, "draining", &draining);
+        sbx_wire_get_i64(m, "partitions", &parts);
+        sbx_wire_get_i64(m, "minEpoch", &minep);
+        sbx_wire_get_i64(m, "maxEpoch", &maxep);
+        printf("%-14.*s %-6s %-9s %-10lld %-10lld %-10lld %.*s\n", (int)n.n, n.p,
+               live ? "yes" : "NO", draining ? "yes" : "no", (long long)parts, (long long)minep,
+               (long long)maxep, (int)url.n, url.p);
+    }
+}
+
+static void
+human_drain(const msgpack_object *res)
+{
+    sbx_str shard = {"", 0};
+    bool draining = false;
+    sbx_wire_get_str(res, "shard", &shard);
+    sbx_wire_get_bool(res, "draining", &draining);
+    printf("%.*s: %s\n", (int)shard.n, shard.p,
+           draining ? "draining (its partitions move to the other nodes; `sbx cluster status` "
+                      "shows progress)"
+                    : "no longer draining");
+}
+
+/* sbx cluster (status | drain NODE | undrain NODE) */
+static int
+v_cluster(struct gopts *g, int argc, char **argv)
+{
+    if (argc == 0 || !strcmp(argv[0], "status"))
+        return cli_call(g, "cluster.status", NULL, NULL, human_cluster_members);
+    if ((!strcmp(argv[0], "drain") || !strcmp(argv[0], "undrain")) && argc == 2) {
+        char args[160];
+        snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", argv[1],
+                 !strcmp(argv[0], "drain") ? "true" : "false");
+        if (strchr(argv[1], '"') || strchr(argv[1], '\\')) {
+            fprintf(stderr, "sbx cluster: bad node name\n");
+            return 2;
+        }
+        return cli_call(g, "cluster.drain", NULL, args, human_drain);
+    }
+    fprintf(stderr, "usage: sbx cluster [status | drain NODE | undrain NODE]\n");
+    return 2;
+}
+
 static int
 v_status(struct gopts *g, int argc, char **argv)
 {
@@ -611,6 +687,8 @@ static const struct verb verbs[] = {
     {"destroy", v_destroy, "ID", "stop a sandbox and delete it (idempotent)"},
     {"list", v_list, "", "list every sandbox of the deployment"},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
+    {"cluster", v_cluster, "[status | drain NODE | undrain NODE]",
+     "nodes, health, partitions and epochs of a cluster; drain a node (its partitions move away)"},
     {"ping", v_ping, "ID", "start a sandbox if needed and check its agent answers"},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
     {"help", v_help, "", "this help"},

@@ -63,6 +63,33 @@ agent_next_to_self(void)
     return sbx_xstrdup(buf);
 }
 
+/* --relay-secret-file: the secret from a file (not on the command line,
+ * where every local user can read it in ps).  0, or 1 after printing why. */
+static int
+load_secret(const char *file, char **secret, const char *who)
+{
+    if (!file || !*file)
+        return 0;
+    char *text;
+    size_t n;
+    int rc = sbx_fs_read(file, 4096, &text, &n);
+    if (rc) {
+        fprintf(stderr, "%s: cannot read %s: %s\n", who, file, strerror(-rc));
+        return 1;
+    }
+    while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
+        text[--n] = 0;
+    if (n < 16) {
+        fprintf(stderr, "%s: the relay secret in %s must be at least 16 characters\n", who,
+                file);
+        free(text);
+        return 1;
+    }
+    free(*secret);
+    *secret = text;
+    return 0;
+}
+
 /* The options a shard takes; `sbxd dev` takes them too and passes them on. */
 #define SHARD_OPTS(c)                                                                         \
     {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
@@ -88,6 +115,8 @@ agent_next_to_self(void)
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
          "scheme of preview URLs: http, or https behind a TLS terminator"},                  \
+        {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,                                 \
+         "file holding the relay secret (preferred to --relay-secret)"},                     \
         {"relay-secret", SBX_OPT_STR, &(c)->relay_secret,                                     \
          "secret gateways must present to preview relays (tcp relays)"}
 
@@ -97,6 +126,7 @@ cmd_shard(int argc, char **argv)
     struct sbx_shard_conf c;
     bool help = false;
     char **rest = NULL, why[256];
+    char *relay_secret_file = NULL;
     sbx_shard_conf_defaults(&c);
     /* --etc/--env given on the command line replace the defaults. */
     struct sbx_opt opts[] = {
@@ -134,9 +164,16 @@ cmd_shard(int argc, char **argv)
     if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
         fprintf(stderr, "sbxd shard: %s\n", why);
         sbx_shard_conf_free(&c);
+        free(relay_secret_file);
         return 2;
     }
     free(rest);
+    int lrc = load_secret(relay_secret_file, &c.relay_secret, "sbxd shard");
+    free(relay_secret_file);
+    if (lrc) {
+        sbx_shard_conf_free(&c);
+        return 2;
+    }
     if (help) {
         sbx_config_usage(opts, "sbxd shard", "Run one shard node.");
         sbx_shard_conf_free(&c);
@@ -183,6 +220,7 @@ cmd_gateway(int argc, char **argv)
     struct sbx_gateway_conf c = {0};
     bool help = false;
     char **rest = NULL, why[256];
+    char *relay_secret_file = NULL;
     c.name = sbx_xstrdup("gw");
     c.listen = sbx_xstrdup(DEFAULT_LISTEN);
     c.contexts = 1024;
@@ -201,12 +239,18 @@ cmd_gateway(int argc, char **argv)
          "host of preview URLs (Host headers {port}-{id}-{token}.<this> are proxied)"},
         {"preview-scheme", SBX_OPT_STR, &c.preview_scheme, "http, or https behind TLS"},
         {"relay-secret", SBX_OPT_STR, &c.relay_secret, "secret of the shards' preview relays"},
+        {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,
+         "file holding the relay secret (preferred to --relay-secret)"},
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };
     int rc = 0;
     if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
         fprintf(stderr, "sbxd gateway: %s\n", why);
+        rc = 2;
+        goto out;
+    }
+    if (load_secret(relay_secret_file, &c.relay_secret, "sbxd gateway")) {
         rc = 2;
         goto out;
     }
@@ -239,6 +283,7 @@ out:
     free(c.relay_secret);
     free(c.etcd);
     free(c.cluster);
+    free(relay_secret_file);
     sbx_strv_free(c.shards);
     return rc;
 }
@@ -289,6 +334,7 @@ cmd_dev(int argc, char **argv)
     gc.http = sbx_xstrdup(DEFAULT_HTTP);
     bool help = false;
     char **rest = NULL, why[256];
+    char *relay_secret_file = NULL;
     sbx_shard_conf_defaults(&c);
     sbx_strv_free(c.etc);
     sbx_strv_free(c.env);
@@ -314,6 +360,10 @@ cmd_dev(int argc, char **argv)
 
     if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
         fprintf(stderr, "sbxd dev: %s\n", why);
+        rc = 2;
+        goto out;
+    }
+    if (load_secret(relay_secret_file, &c.relay_secret, "sbxd dev")) {
         rc = 2;
         goto out;
     }
@@ -504,6 +554,7 @@ out:
     free(name);
     free(gc.http);
     free(gc.api_keys);
+    free(relay_secret_file);
     sbx_shard_conf_free(&c);
     return rc;
 }
