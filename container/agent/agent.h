@@ -189,6 +189,8 @@ void agent_op_session_create(struct agent *a, struct agent_req *r);
 void agent_op_session_get(struct agent *a, struct agent_req *r);
 void agent_op_session_list(struct agent *a, struct agent_req *r);
 void agent_op_session_delete(struct agent *a, struct agent_req *r);
+/* session.c: start the default session's shell now (before bind). */
+void agent_session_prestart(struct agent *a);
 /* session.c: apply env changes to the default session (setEnvVars). */
 void agent_session_apply_env(struct agent *a, const msgpack_object *vars);
 void agent_sessions_reaped(struct agent *a, pid_t pid, int status);

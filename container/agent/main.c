@@ -238,6 +238,8 @@ op_bind(struct agent *a, struct agent_req *r)
         char **n = agent_env_merge(a->env, env);
         agent_env_free(a->env);
         a->env = n;
+        /* The default session's shell started before bind: give it the env. */
+        agent_session_apply_env(a, env);
     }
     a->bound = true;
     agent_reply_ok(a, r, NULL);
@@ -549,6 +551,7 @@ main(int argc, char **argv)
     sbx_frame_reader_init(&a.rd, AGENT_MAX_FRAME);
     sbx_frame_writer_init(&a.wr);
     report_setup(a.chan, 0, NULL);
+    agent_session_prestart(&a);
     a.chan_w = sbx_loop_watch(a.loop, a.chan, EPOLLIN, chan_cb, &a);
     sbx_loop_watch(a.loop, a.sigfd, EPOLLIN, sig_cb, &a);
     sbx_loop_timer(a.loop, 10000, gc_cb, &a);

@@ -1166,6 +1166,20 @@ env_applied(struct agent *a, void *arg, int rc, int status, struct outcap *out)
 }
 
 void
+agent_session_prestart(struct agent *a)
+{
+    /* The default session's shell, started while the container waits in
+     * the pool: a sandbox's first command then finds bash already up (its
+     * start-up is most of a cold start).  bind's env reaches it through
+     * agent_session_apply_env, queued before any command. */
+    struct session *s = session_find(a, "default");
+    if (!s)
+        s = session_new(a, "default", NULL, NULL, 0);
+    if (s->pid == 0 && start_shell(s) != 0)
+        sbx_warn("agent: the default session's shell could not be started early");
+}
+
+void
 agent_session_apply_env(struct agent *a, const msgpack_object *vars)
 {
     struct session *s = session_find(a, "default");

@@ -368,6 +368,21 @@ Test(exhaustion, filling_tmpfs_past_the_memory_limit_is_contained, .timeout = 24
         sbx_error_free(&err);
     }
     sbx_exec_result_free(&r);
+    /* The file's pages still fill the memory cgroup: free them (file.delete
+     * starts no process), then the sandbox works again.  The OOM killer may
+     * have picked the default session's shell (tenant processes run at
+     * oom_score_adj +500, the agent at 0): its next command reports that
+     * once (SESSION_TERMINATED, the SDK's semantics) and starts a fresh one. */
+    tcall del = tc_call(c, "file.delete", id, json_pack("{s:s}", "path", "/workspace/big"), 0);
+    tc_free(&del);
+    sbx_exec_opts again = {.command = "true"};
+    if (sbx_exec(c, id, &again, &r, &err) != 0) {
+        cr_expect(!strcmp(err.code, "SESSION_TERMINATED") || !strcmp(err.code, "CONTAINER_UNAVAILABLE"),
+                  "after the OOM: %s %s", err.code, err.message);
+        sbx_error_free(&err);
+    } else {
+        sbx_exec_result_free(&r);
+    }
     /* Reported: an OOM kill in this container, or the container's end with
      * its cause. */
     free(tsh_out(c, id, "true"));
