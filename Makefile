@@ -82,9 +82,16 @@ endef
 $(eval $(call build_flavor,release,RELEASE_CFLAGS,bin))
 $(eval $(call build_flavor,asan,ASAN_CFLAGS,build/asan/bin))
 
-RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench share/sbx/interp/.installed
+RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench bin/sbx-bench-interp \
+                share/sbx/interp/.installed
 ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent \
                 build/asan/share/sbx/interp/.installed
+
+# The interpreter benchmark (sbx against Jupyter; tools/jupyter_bench.py).
+bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tests/support/harness.c) \
+                      build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
 INTERP_SRC := container/interp/driver.py container/interp/driver.js \
@@ -199,6 +206,7 @@ soak: $(SOAK_BINS)
 
 bench: all
 	@bin/sbx-bench
+	@bin/sbx-bench-interp
 
 clean:
 	rm -rf build bin lib share

@@ -1,0 +1,223 @@
+/*
+ * sbx-bench-interp — the code interpreter against Jupyter, side by side.
+ *
+ *   sbx-bench-interp [--gateway URL] [--contexts N] [--runs N] [--json]
+ *
+ * Starts a private `sbxd dev` (as sbx-bench does; sbxd from $SBX_BIN, else
+ * next to this executable) unless --gateway is given, and measures, from the
+ * client through the gateway and the shard (CLOCK_MONOTONIC, milliseconds):
+ *
+ *   context creation   context.create {language: python} on a running
+ *                      sandbox, N times (default 20), each deleted after;
+ *                      the agent keeps a warm driver per language, so this
+ *                      is mostly the hand-over of a pre-started IPython
+ *   runCode round trip context.run {code: "1+1"} on one context, N times
+ *                      (default 500) after 20 warm-up runs
+ *
+ * then runs tools/jupyter_bench.py (Debian ipykernel + jupyter_client) for
+ * kernel start-up (5 starts) and the execute_request round trip of "1+1"
+ * (same N), and prints both.  Percentiles are nearest-rank.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../runtime/sbx.h"
+#include "../runtime/util.h"
+#include "../runtime/wire.h"
+#include "../tests/support/harness.h"
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double
+pct(double *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    size_t k = (size_t)(p / 100.0 * (double)n + 0.999999);
+    if (k < 1)
+        k = 1;
+    if (k > n)
+        k = n;
+    return v[k - 1];
+}
+
+static void
+line(const char *what, double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_d);
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    printf("  %-34s n=%-5zu p50 %8.3f  p90 %8.3f  p99 %8.3f  max %8.3f  mean %8.3f ms\n", what,
+           n, pct(v, n, 50), pct(v, n, 90), pct(v, n, 99), n ? v[n - 1] : 0, n ? sum / (double)n : 0);
+}
+
+static double
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+static int
+call(sbx_client *c, const char *op, const char *id, const char *json, sbx_reply **r)
+{
+    sbx_error err;
+    int rc = sbx_call_json(c, op, id, json, 120000, r, &err);
+    if (rc) {
+        fprintf(stderr, "sbx-bench-interp: %s: %s %s\n", op, err.code, err.message);
+        sbx_error_free(&err);
+    }
+    return rc;
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *gateway = NULL;
+    int contexts = 20, runs = 500;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--gateway") && i + 1 < argc)
+            gateway = argv[++i];
+        else if (!strcmp(argv[i], "--contexts") && i + 1 < argc)
+            contexts = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            runs = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: sbx-bench-interp [--gateway URL] [--contexts N] [--runs N]\n");
+            return 2;
+        }
+    }
+    if (contexts < 1 || runs < 1)
+        return 2;
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[sl > 0 ? sl : 0] = 0;
+    char bindir[PATH_MAX];
+    snprintf(bindir, sizeof(bindir), "%s", dirname(self));
+    if (!getenv("SBX_BIN"))
+        setenv("SBX_BIN", bindir, 1);
+    struct testd d;
+    bool own = !gateway;
+    if (own) {
+        static const char *const extra[] = {"--pool", "2", NULL};
+        if (testd_start(&d, 1, extra) != 0) {
+            fprintf(stderr, "sbx-bench-interp: cannot start sbxd (root needed)\n");
+            return 1;
+        }
+        gateway = d.url;
+    }
+    sbx_client *c;
+    sbx_error err;
+    int rc = 1;
+    if (sbx_client_open(&c, gateway, &err) != 0) {
+        fprintf(stderr, "sbx-bench-interp: %s %s\n", err.code, err.message);
+        goto out;
+    }
+    char id[64];
+    snprintf(id, sizeof(id), "bench-interp-%d", (int)getpid());
+    sbx_reply *r;
+    if (call(c, "ping", id, "{}", &r))
+        goto close;
+    sbx_reply_free(r);
+    /* The first context of a language also starts its warm spare: once untimed. */
+    if (call(c, "context.create", id, "{\"language\":\"python\"}", &r))
+        goto close;
+    sbx_reply_free(r);
+    double *create = sbx_xcalloc((size_t)contexts, sizeof(double));
+    for (int i = 0; i < contexts; i++) {
+        usleep(300 * 1000); /* let the agent refill its warm driver, as between real calls */
+        double t0 = now_ms();
+        if (call(c, "context.create", id, "{\"language\":\"python\"}", &r))
+            goto close;
+        create[i] = now_ms() - t0;
+        sbx_str cid = {"", 0};
+        sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid);
+        char del[160];
+        snprintf(del, sizeof(del), "{\"contextId\":\"%.*s\"}", (int)cid.n, cid.p);
+        sbx_reply_free(r);
+        if (call(c, "context.delete", id, del, &r))
+            goto close;
+        sbx_reply_free(r);
+    }
+    if (call(c, "context.create", id, "{\"language\":\"python\"}", &r))
+        goto close;
+    sbx_str cid = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid);
+    char run[200];
+    snprintf(run, sizeof(run), "{\"code\":\"1+1\",\"context\":\"%.*s\"}", (int)cid.n, cid.p);
+    sbx_reply_free(r);
+    double *rt = sbx_xcalloc((size_t)runs, sizeof(double));
+    for (int i = 0; i < 20 + runs; i++) {
+        double t0 = now_ms();
+        if (call(c, "context.run", id, run, &r))
+            goto close;
+        double dt = now_ms() - t0;
+        sbx_reply_free(r);
+        if (i >= 20)
+            rt[i - 20] = dt;
+    }
+    sbx_destroy(c, id, NULL, NULL);
+
+    /* Jupyter, same machine, same moment. */
+    char cmd[PATH_MAX * 2];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/../tools/jupyter_bench.py --runs %d", bindir,
+             runs);
+    if (access("tools/jupyter_bench.py", R_OK) == 0)
+        snprintf(cmd, sizeof(cmd), "/usr/bin/python3 tools/jupyter_bench.py --runs %d", runs);
+    FILE *p = popen(cmd, "r");
+    json_error_t je;
+    json_t *jb = p ? json_loadf(p, 0, &je) : NULL;
+    if (p)
+        pclose(p);
+
+    printf("code interpreter vs Jupyter (ipykernel), this machine, %ld CPUs\n\n",
+           sysconf(_SC_NPROCESSORS_ONLN));
+    printf("python context creation (sbx) vs kernel start-up (Jupyter)\n");
+    line("sbx context.create python", create, (size_t)contexts);
+    size_t nk = jb ? json_array_size(json_object_get(jb, "kernel_start_ms")) : 0;
+    double *ks = sbx_xcalloc(nk + 1, sizeof(double));
+    for (size_t i = 0; i < nk; i++)
+        ks[i] = json_real_value(json_array_get(json_object_get(jb, "kernel_start_ms"), i));
+    if (nk)
+        line("jupyter kernel start", ks, nk);
+    else
+        printf("  jupyter: not measured (python3-ipykernel / jupyter-client missing?)\n");
+    printf("\n'1+1' round trip\n");
+    line("sbx context.run (via gateway)", rt, (size_t)runs);
+    size_t ne = jb ? json_array_size(json_object_get(jb, "execute_ms")) : 0;
+    double *ex = sbx_xcalloc(ne + 1, sizeof(double));
+    for (size_t i = 0; i < ne; i++)
+        ex[i] = json_real_value(json_array_get(json_object_get(jb, "execute_ms"), i));
+    if (ne)
+        line("jupyter execute_request", ex, ne);
+    if (ne && nk)
+        printf("\nsbx: context creation %.1fx faster, round trip %.1fx faster (p50)\n",
+               pct(ks, nk, 50) / pct(create, (size_t)contexts, 50),
+               pct(ex, ne, 50) / pct(rt, (size_t)runs, 50));
+    json_decref(jb);
+    free(ks);
+    free(ex);
+    free(rt);
+    free(create);
+    rc = 0;
+close:
+    sbx_client_close(c);
+out:
+    if (own)
+        testd_stop(&d);
+    return rc;
+}
