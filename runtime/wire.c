@@ -341,6 +341,11 @@ static int
 enc_write(void *data, const char *buf, size_t len)
 {
     sbx_enc *e = data;
+    /* msgpack-c decodes an empty str/bin with a NULL pointer when nothing
+     * variable-length came before it in the frame, and memcpy(dst, NULL, 0)
+     * is undefined (UBSan aborts; found by tests/fuzz/fuzz_wire.c). */
+    if (len == 0)
+        return 0;
     if (e->len + len > e->cap) {
         size_t cap = e->cap ? e->cap : 256;
         while (cap < e->len + len)

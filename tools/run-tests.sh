@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tools/run-tests.sh BUILD [unit|integration|all] — run the test binaries of
 # a build (build/asan) and print one summary line: "tests: N passed, N failed".
+# With `all` it then runs `make fuzz-smoke` and `make valgrind` (each counted
+# as one; SBX_SKIP_RELIABILITY=1 skips them).
 # Each binary is a Criterion suite; its own "Synthesis" line is kept in the
 # output.  Exit status 0 only if every binary passed.
 set -uo pipefail
@@ -32,6 +34,20 @@ for d in "${dirs[@]}"; do
     echo "   ($(( $(date +%s) - start )) s)"
   done
 done
+# The reliability jobs of the Makefile's reliability block: short runs of the
+# fuzz targets (replaying tests/fuzz/corpus) and the valgrind scenario.
+if [ "$which" = all ] && [ -z "${SBX_SKIP_RELIABILITY:-}" ]; then
+  for job in fuzz-smoke valgrind; do
+    echo "== make $job"
+    start=$(date +%s)
+    if make --no-print-directory "$job" 2>&1; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1)); failed_names+=("make $job")
+    fi
+    echo "   ($(( $(date +%s) - start )) s)"
+  done
+fi
 echo
 echo "tests: $passed passed, $failed failed${failed_names[*]:+ (${failed_names[*]})}"
 [ "$failed" -eq 0 ]

@@ -1131,3 +1131,26 @@ Test(wire, encoder_counts_many_items)
     sbx_wire_msg_free(&m);
     free(buf);
 }
+
+Test(wire, reencoding_empty_strings_decoded_first_in_a_frame)
+{
+    /* {1: ""}: msgpack-c decodes an empty str that is the frame's first
+     * variable-length object with a NULL pointer; copying it with
+     * sbx_enc_obj used to call memcpy(dst, NULL, 0), which UBSan aborts on
+     * (tests/fuzz/corpus/fuzz_wire/regress-empty-str-null-ptr). */
+    static const uint8_t frame[] = {0x81, 0x01, 0xa0};
+    uint8_t *q = exact_copy(frame, sizeof(frame));
+    sbx_msg m;
+    cr_assert_eq(sbx_wire_decode(&m, q, sizeof(frame), &sbx_wire_limits_request), 0);
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_obj(&e, m.root);
+    cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
+    cr_expect_eq(len, sizeof(frame));
+    cr_expect(memcmp(buf, frame, sizeof(frame)) == 0, "re-encoded bytes differ");
+    free(buf);
+    sbx_wire_msg_free(&m);
+    free(q);
+}

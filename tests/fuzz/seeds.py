@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""tests/fuzz/seeds.py — (re)generate the hand-written seed inputs of the
+fuzz targets in tests/fuzz/corpus/<target>/seed-*.  Inputs saved from
+failures (crash-*, regress-*) are kept as they are.  A tiny msgpack encoder
+is included (python3-msgpack is not a dependency)."""
+import os, struct, sys
+
+def mp(o):
+    if o is None: return b'\xc0'
+    if o is True: return b'\xc3'
+    if o is False: return b'\xc2'
+    if isinstance(o, int):
+        if 0 <= o < 128: return bytes([o])
+        if -32 <= o < 0: return struct.pack('b', o)
+        if 0 <= o < 2**32: return b'\xce' + struct.pack('>I', o)
+        if 0 <= o: return b'\xcf' + struct.pack('>Q', o)
+        return b'\xd3' + struct.pack('>q', o)
+    if isinstance(o, float): return b'\xcb' + struct.pack('>d', o)
+    if isinstance(o, str):
+        b = o.encode('utf-8', 'surrogateescape')
+        if len(b) < 32: return bytes([0xa0 | len(b)]) + b
+        if len(b) < 256: return b'\xd9' + bytes([len(b)]) + b
+        return b'\xda' + struct.pack('>H', len(b)) + b
+    if isinstance(o, (bytes, bytearray)):
+        if len(o) < 256: return b'\xc4' + bytes([len(o)]) + bytes(o)
+        return b'\xc5' + struct.pack('>H', len(o)) + bytes(o)
+    if isinstance(o, list):
+        h = bytes([0x90 | len(o)]) if len(o) < 16 else b'\xdc' + struct.pack('>H', len(o))
+        return h + b''.join(mp(x) for x in o)
+    if isinstance(o, dict):
+        h = bytes([0x80 | len(o)]) if len(o) < 16 else b'\xde' + struct.pack('>H', len(o))
+        return h + b''.join(mp(k) + mp(v) for k, v in o.items())
+    raise TypeError(o)
+
+def frame(b): return struct.pack('>I', len(b)) + b
+
+req = {"v": 1, "id": "5f0e-1", "op": "exec", "sandbox": "user-42", "timeoutMs": 30000,
+       "args": {"command": "echo hi", "cwd": "/workspace", "env": {"A": "1"}, "timeout": 1000,
+                "sessionId": "s1", "stdin": b"abc", "argv": ["ls", "-l"]}}
+rep_ok = {"v": 1, "id": "5f0e-1", "ok": True,
+          "result": {"success": True, "exitCode": 0, "stdout": b"hi\n", "stderr": b"",
+                     "duration": 3, "cause": "EXITED", "nested": [1, -5, 2.5, None, {"k": [True]}]}}
+rep_err = {"v": 1, "id": "x", "ok": False,
+           "error": {"code": "VALIDATION_FAILED", "message": "bad", "context": {"sandboxId": "a", "n": 1}}}
+wrapped = {"v": 1, "route": {"partition": 12, "epoch": 0, "gateway": "dev"}, "req": mp(req)}
+record = {"id": "user-42", "createdAt": 1700000000000, "updatedAt": 1700000000001, "state": "running",
+          "generation": 3, "restarts": 1, "limits": {"memory": 536870912, "pids": 512, "cpu": 1000},
+          "env": {"A": "1", "PATH": "/bin"}, "config": {"sleepAfter": 600000, "keepAlive": True}}
+cfg = {"hostname": "sandbox", "unshare_cgroupns": True, "rw_size": 1 << 30, "rw_inodes": 262144,
+       "shm_size": 64 << 20, "nofile": 4096, "nproc": 1024, "output_cap": 32 << 20,
+       "interp_dir": "/opt/x", "etc": ["ssl", "passwd"], "env": ["PATH=/bin", "HOME=/root"],
+       "seccomp": [b"\x06\x00\x00\x00\x00\x00\xff\x7f"]}
+
+seeds = {
+  "fuzz_wire": {"req": mp(req), "rep-ok": mp(rep_ok), "rep-err": mp(rep_err), "wrapped": mp(wrapped),
+                "liar-array32": b'\xdd\x04\x00\x00\x00', "liar-map32": b'\xdf\xff\xff\xff\xff',
+                "deep": b'\x91' * 40 + b'\xc0', "ext": b'\x81\xa1a\xd4\x01\x02',
+                "trailing": mp({"a": 1}) + b'\xc0', "c1": b'\xc1',
+                "float32": b'\x81\xa1f\xca\x7f\xc0\x00\x00', "u64": b'\x81\xa1n\xcf' + b'\xff' * 8},
+  "fuzz_frame": {"two": b'\x05' + bytes(range(1, 17)) + frame(mp(req)) + frame(b''),
+                 "split": b'\x0c' + bytes([0] * 16) + frame(b'x' * 300) + frame(b'yz')[:3],
+                 "oversize": b'\x04' + bytes([200] * 16) + frame(b'abc') + b'\xff\xff\xff\xff',
+                 "big": b'\x0f' + bytes([255] * 16) + frame(b'q' * 70000)},
+  "fuzz_json": {"mp-map": b'\x00' + mp(rep_ok), "mp-bin": b'\x00' + mp({"b": b'\xff\xfe\x00'}),
+                "mp-nan": b'\x00' + mp({"x": float('nan')}), "mp-intkey": b'\x00' + b'\x81\x01\x02',
+                "mp-nul-key": b'\x00' + mp({"std\x00r": "", "ok": True}),
+                "json": b'\x01{"command":"echo hi","env":{"A":"\\u00e9"},"n":[1,2.5,true,null,-3]}',
+                "json-deep": b'\x01' + b'[' * 30 + b']' * 30, "json-nul": b'\x01{"a\\u0000b":"c\\u0000"}',
+                "json-big": b'\x01[18446744073709551615, 1e308, -9223372036854775808]',
+                "utf8": b'\x02' + "héllo ✓ \U0001F600".encode() + b'\xed\xa0\x80\xc0\xaf\xf4\x90\x80\x80'},
+  "fuzz_config": {"file": b"# comment\nname = shard-1\ncount=42\nmemory = 512M\n"
+                          b"sleep-after = 10m\nverbose = yes\netc = ssl, passwd ,, hosts\n",
+                  "argv": b"name=x\n\x00--\x00--memory\n1g\n--verbose\n--etc=a\npos\n--\n--name\n",
+                  "bad": b"name\n", "unknown": b"nope = 1\n", "eq": b" = x\n=\n"},
+  "fuzz_id": {"id": b'\x00user-42', "id-bad": b'\x00-a', "name": b'\x00' + b'\x05sess.1',
+              "size": b'\x0164MiB', "size-big": b'\x0118446744073709551615', "size-ovf": b'\x0117179869184G',
+              "dur": b'\x0230s', "dur-ms": b'\x02500ms', "dur-h": b'\x029223372036854775807h',
+              "b64": b'\x03aGVsbG8=', "b64-bad": b'\x03a===', "err": b'\x04VALIDATION_FAILED',
+              "err-unknown": b'\x04NOPE'},
+  "fuzz_record": {"record": mp(record), "minimal": mp({"id": "a", "createdAt": 1}),
+                  "bad-env": mp({"id": "a", "createdAt": 1, "env": [1, 2]}),
+                  "long-state": mp({"id": "a", "createdAt": 1, "state": "x" * 40})},
+  "fuzz_path": {"rel": mp({"path": "src/main.c", "content": b"int main(void){}\n",
+                           "include": ["*.c"], "exclude": [".git", "node_modules"], "rel": "src/.git/x"}),
+                "abs": mp({"path": "/workspace/a.png", "content": b"\x89PNG\r\n\x1a\n\x00\x00",
+                           "rel": "a/b"}),
+                "nul": mp({"path": "a\x00b"}), "long": mp({"path": "x" * 3900}),
+                "utf8": mp({"path": "t.txt", "content": "é✓".encode() + b'\xe2\x9c'}),
+                "session": mp({"path": "x", "sessionId": "s1"})},
+  "fuzz_agent": {"env": b'\x00' + mp({"env": {"A": "2", "B": None, "C": "3"}}),
+                 "env-nul": b'\x00' + mp({"env": {"HOME=/root\x00" + "x" * 40: "v"}}),
+                 "env-eq": b'\x00' + mp({"env": {"B": "1", "B=C": "2"}}),
+                 "exec": b'\x01' + mp(req["args"]), "exec-cmd": b'\x01' + mp({"command": "ls", "timeout": -1}),
+                 "cfg": b'\x02' + mp(cfg),
+                 "quote": b'\x03' + b"echo 'a\\b' \n\x01\xff$x",
+                 "marker": b'\x04\x07' + b"out\x01SB\x01SBX0123456789abcdef\x02after",
+                 "marker-partial": b'\x04\x03' + b"out\x01SBX0123456789abc",
+                 "ctl": b'\x05' + b"abc\n0123456789abcdef 3 /tmp/x y\nzz",
+                 "ctl-big": b'\x05' + b"\n0123456789abcdef\n0123456789abcdef 99999999999 /a\n"},
+}
+
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+for target, files in seeds.items():
+    d = os.path.join(root, target)
+    os.makedirs(d, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(d, "seed-" + name), "wb") as f:
+            f.write(data)
+print("seeds written under", root, file=sys.stderr)
