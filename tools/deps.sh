@@ -23,8 +23,8 @@ pkgs=(
   # the code interpreter: IPython, matplotlib, pandas, numpy; npm for the JS/TS driver
   python3-ipython python3-matplotlib python3-matplotlib-inline python3-pandas python3-numpy
   npm
-  # tests: a real Jupyter kernel for the differential test
-  python3-ipykernel python3-jupyter-client
+  # tests: a real Jupyter kernel for the differential test; pytest for the Python client
+  python3-ipykernel python3-jupyter-client python3-pytest
   # benchmark baseline
   bubblewrap
   # clusters: etcd holds membership and partition ownership (tests start their own)

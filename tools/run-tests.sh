@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/run-tests.sh BUILD [unit|integration|all] — run the test binaries of
 # a build (build/asan) and print one summary line: "tests: N passed, N failed".
-# With `all` it then runs `make fuzz-smoke` and `make valgrind` (each counted
-# as one; SBX_SKIP_RELIABILITY=1 skips them).
+# With `all` it then runs the SDK suites (sdk/*/run-tests.sh) and `make
+# fuzz-smoke` and `make valgrind` (each counted as one;
+# SBX_SKIP_RELIABILITY=1 skips the last two).
 # Each binary is a Criterion suite; its own "Synthesis" line is kept in the
 # output.  Exit status 0 only if every binary passed.
 set -uo pipefail
@@ -17,7 +18,7 @@ dirs=()
 case "$which" in
   unit) dirs=(unit) ;;
   integration) dirs=(integration) ;;
-  *) dirs=(unit integration security) ;;
+  *) dirs=(unit integration security cluster) ;;
 esac
 
 passed=0; failed=0; failed_names=()
@@ -34,6 +35,20 @@ for d in "${dirs[@]}"; do
     echo "   ($(( $(date +%s) - start )) s)"
   done
 done
+# The SDKs' end-to-end suites (each starts its own private daemon from the
+# same build): the TypeScript SDK (node:test) and the Python client (pytest).
+if [ "$which" = all ]; then
+  for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh; do
+    echo "== $suite"
+    start=$(date +%s)
+    if "$suite" 2>&1; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1)); failed_names+=("$suite")
+    fi
+    echo "   ($(( $(date +%s) - start )) s)"
+  done
+fi
 # The reliability jobs of the Makefile's reliability block: short runs of the
 # fuzz targets (replaying tests/fuzz/corpus) and the valgrind scenario.
 if [ "$which" = all ] && [ -z "${SBX_SKIP_RELIABILITY:-}" ]; then
