@@ -384,7 +384,8 @@ struct hreq {
     struct MHD_Connection *c;
     const struct route *rt;
     char sandbox[SBX_ID_MAX + 2];
-    json_t *params;
+    json_t *params;       /* path arguments (and ones the front adds): they win */
+    json_t *query;        /* query arguments: the body wins over them */
     sbx_buf body;
     bool too_large;
     bool sse;
@@ -421,6 +422,7 @@ hreq_new(struct sbx_http *h, struct MHD_Connection *c)
     hr->h = h;
     hr->c = c;
     hr->params = json_object();
+    hr->query = json_object();
     sbx_buf_init(&hr->body);
     sbx_buf_init(&hr->out);
     pthread_mutex_init(&hr->mu, NULL);
@@ -439,6 +441,7 @@ hreq_free(struct hreq *hr)
     if (hr->reply)
         nng_msg_free(hr->reply);
     json_decref(hr->params);
+    json_decref(hr->query);
     sbx_buf_free(&hr->body);
     sbx_buf_free(&hr->out);
     pthread_mutex_destroy(&hr->mu);
@@ -936,8 +939,8 @@ query_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value
     return MHD_YES;
 }
 
-/* The op's arguments: the JSON body object, then path and query arguments
- * (which win: they are part of the URL the client chose). */
+/* The op's arguments: query arguments, then the JSON body object over them,
+ * then path arguments over both (the route the client chose). */
 static int
 build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen)
 {
@@ -958,6 +961,7 @@ build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen)
     } else {
         obj = json_object();
     }
+    json_object_update_missing(obj, hr->query);
     json_object_update(obj, hr->params);
     sbx_enc e;
     sbx_enc_init(&e);
@@ -1147,7 +1151,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (len && strtoull(len, NULL, 10) > (unsigned long long)h->conf.max_body)
         return queue_err(hr, SBX_E_TOO_LARGE, "the body exceeds the %lld-byte limit",
                          (long long)h->conf.max_body);
-    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, hr->params);
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, query_arg, hr->query);
     const char *key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
     if (key) {
         if (!*key || strlen(key) > SBX_WIRE_MAX_ID)
@@ -1198,9 +1202,9 @@ access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *meth
             const char *sid = json_string_value(json_object_get(hr->params, "streamId"));
             snprintf(hr->stream_id, sizeof(hr->stream_id), "%s", sid ? sid : "");
             const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
-            const char *after = json_string_value(json_object_get(hr->params, "after"));
+            const char *after = json_string_value(json_object_get(hr->query, "after"));
             const char *v = last ? last : after ? after : json_string_value(json_object_get(
-                                                              hr->params, "lastEventId"));
+                                                              hr->query, "lastEventId"));
             hr->after = v ? strtoull(v, NULL, 10) : 0;
             int rc = read_start(hr);
             if (rc)

@@ -27,7 +27,9 @@ for d in "${dirs[@]}"; do
     [ -x "$t" ] || continue
     echo "== $t"
     start=$(date +%s)
-    if "$t" --jobs "${SBX_TEST_JOBS:-2}" --timeout 240 2>&1; then
+    # An outer bound too: a binary whose daemon crashed must not hang the run.
+    if timeout -k 15 "${SBX_TEST_BINARY_TIMEOUT:-900}" \
+        "$t" --jobs "${SBX_TEST_JOBS:-2}" --timeout 240 2>&1; then
       passed=$((passed + 1))
     else
       failed=$((failed + 1)); failed_names+=("$t")

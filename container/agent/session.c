@@ -54,8 +54,12 @@
 #define MARK_LEN (4 + 16 + 1) /* prefix + 16 hex + \002 */
 #define SYNC_RETRY_MS 250
 #define SYNC_GIVE_UP_MS 2000
-/* Reserved in sessions: the signal whose trap aborts the running line. */
-#define SESSION_ABORT_SIG (SIGRTMAX - 2)
+/* Reserved in sessions: the signal whose trap aborts the running line.
+ * SIGURG because its default action is to be ignored (signal(7)): one that
+ * reaches bash before the line's trap is set (a cancel racing the start of
+ * a command) does nothing, and the retries deliver it again once the trap
+ * is there; bash's children get it at its default, ignored, too. */
+#define SESSION_ABORT_SIG SIGURG
 #define RECENT 8
 
 /* Append a string literal (its length computed by the compiler). */
@@ -587,6 +591,7 @@ send_sync(struct session *s)
 }
 
 static void kill_shell(struct session *s);
+static void abort_line(struct session *s);
 
 static void
 sync_retry_cb(sbx_loop *l, void *arg)
@@ -603,7 +608,9 @@ sync_retry_cb(sbx_loop *l, void *arg)
         kill_shell(s);
         return;
     }
-    kill(s->pid, SIGINT);
+    /* Again: the first try may have come before bash read the line (the
+     * abort signal was still ignored then) or while it read the sync line. */
+    abort_line(s);
     send_sync(s);
     s->timer = sbx_loop_timer(s->a->loop, SYNC_RETRY_MS, sync_retry_cb, s);
 }
@@ -624,13 +631,19 @@ sync_retry_cb(sbx_loop *l, void *arg)
  * the sync line.
  */
 static void
-interrupt_cmd(struct session *s)
+abort_line(struct session *s)
 {
-    s->sigint_at = sbx_mono_ms();
     kill(s->pid, SIGSTOP);
     agent_kill_tree_since(s->pid, true, NULL, 0, s->start_ticks);
     kill(s->pid, SESSION_ABORT_SIG);
     kill(s->pid, SIGCONT);
+}
+
+static void
+interrupt_cmd(struct session *s)
+{
+    s->sigint_at = sbx_mono_ms();
+    abort_line(s);
     send_sync(s);
     s->timer = sbx_loop_timer(s->a->loop, SYNC_RETRY_MS, sync_retry_cb, s);
 }

@@ -4,7 +4,9 @@
 Standard library only (it runs on the sandbox's python3):
   GET  /            an HTML page whose script opens a WebSocket to /ws on its
                     own origin, sends "ping-<random>", and writes the echo into
-                    the page title and #echo (what the Chromium test reads)
+                    the page title and #echo (what the Chromium test reads); until
+                    the echo it keeps a fetch of /stream pending, which holds
+                    headless Chromium's virtual time (--virtual-time-budget)
   GET  /headers     the request's headers as JSON (proxy header checks)
   GET  /redirect    302 to /target (redirects must come back unfollowed)
   GET  /stream      a chunked body written in 5 parts, 200 ms apart
@@ -33,6 +35,13 @@ ws.onmessage = (e) => {
   document.title = ok;
 };
 ws.onerror = () => { document.title = "ws-error"; };
+// Headless Chromium's --virtual-time-budget does not wait for WebSockets,
+// but it pauses while a fetch is pending: keep one pending until the echo.
+let done = false;
+ws.addEventListener("message", () => { done = true; });
+ws.addEventListener("error", () => { done = true; });
+function hold() { if (!done) fetch("/stream").then((r) => r.text()).then(hold, hold); }
+hold();
 </script></body></html>
 """
 

@@ -1,0 +1,1447 @@
+/*
+ * test_http.c — the HTTP front (docs/http.md) against a private sbxd, with
+ * libcurl as the client: canonical routes and REST aliases, the error shape
+ * and status map, body limits, Idempotency-Key, raw files, query and
+ * percent-encoded path arguments, CORS, API keys, Server-Sent Events
+ * (ids, types, the UTF-8 split, resume with Last-Event-ID, heartbeats,
+ * process logs, STREAM_NOT_FOUND) and the OpenAPI document checked against
+ * the routes actually served.
+ */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/httpc.h"
+#include "../support/sdk.h"
+
+/* The table of operations itself: the OpenAPI test checks that every
+ * operation is served (the table is one file with no dependencies). */
+#include "../../runtime/ops.c"
+#undef S
+#undef A
+#undef NC
+#undef NW
+#undef G
+#undef M
+#undef ST
+
+/* ---------------------------------------------------------------------------------- */
+/* Helpers. */
+
+/* api — METHOD base+path with a JSON body (NULL: none). */
+static long
+api_at(const char *base, const char *method, const char *path, const char *json,
+       struct hresp *r)
+{
+    char *u = hfmt("%s%s", base, path);
+    long st = http_json(method, u, json, r);
+    free(u);
+    return st;
+}
+
+static long
+api(const char *method, const char *path, const char *json, struct hresp *r)
+{
+    return api_at(test_http_url(), method, path, json, r);
+}
+
+/* apif — api with a printf-built path. */
+#define apif(method, json, r, ...)                                                             \
+    ({                                                                                         \
+        char *p_ = hfmt(__VA_ARGS__);                                                          \
+        long s_ = api((method), p_, (json), (r));                                             \
+        free(p_);                                                                              \
+        s_;                                                                                    \
+    })
+
+/* A JSON body from a jansson pack format. */
+static char *
+body(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    json_error_t je;
+    json_t *j = json_vpack_ex(&je, 0, fmt, ap);
+    va_end(ap);
+    cr_assert(j, "bad pack format %s: %s", fmt, je.text);
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+/* Assert an answer: status and, for errors, the code. */
+#define expect_status(r, want, what)                                                          \
+    cr_expect_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
+                 (r).status, (want), (r).body ? (r).body : "", (r).err)
+#define assert_status(r, want, what)                                                          \
+    cr_assert_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
+                 (r).status, (want), (r).body ? (r).body : "", (r).err)
+#define expect_code(r, want, what)                                                            \
+    cr_expect_str_eq(jstr((r).json, "code"), (want), "%s: code '%s', expected %s (body %.400s)", \
+                     (what), jstr((r).json, "code"), (want), (r).body ? (r).body : "")
+
+/* Destroy a sandbox through the HTTP front and free its ID. */
+static void
+hdone(char *id)
+{
+    struct hresp r;
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s", id);
+    hresp_free(&r);
+    free(id);
+}
+
+/* exec over HTTP: the stdout of a shell string (asserts exit 0). */
+static char *
+hsh(const char *id, const char *cmd)
+{
+    struct hresp r;
+    char *b = body("{s:s}", "command", cmd);
+    apif("POST", b, &r, "/v1/sandboxes/%s/exec", id);
+    free(b);
+    assert_status(r, 200, cmd);
+    cr_assert_eq(jint(r.json, "exitCode"), 0, "'%s' exited %lld: %s", cmd,
+                 jint(r.json, "exitCode"), jstr(r.json, "stderr"));
+    char *out = sbx_xstrdup(jstr(r.json, "stdout"));
+    hresp_free(&r);
+    return out;
+}
+
+/* The HTTP address of another daemon (from its http.addr). */
+static char *
+daemon_http_url(const struct testd *d)
+{
+    char path[512], *text = NULL;
+    size_t n;
+    snprintf(path, sizeof(path), "%s/http.addr", d->dir);
+    cr_assert_eq(sbx_fs_read(path, 256, &text, &n), 0, "no %s", path);
+    text[strcspn(text, "\n")] = 0;
+    char *u = hfmt("http://%s", text);
+    free(text);
+    return u;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Routes. */
+
+Test(http, exec_on_the_canonical_route, .timeout = 120)
+{
+    char *id = test_id("hexec");
+    struct hresp r;
+    apif("POST", "{\"command\":\"echo out; echo err >&2; (exit 3)\"}", &r,
+         "/v1/sandboxes/%s/exec", id);
+    assert_status(r, 200, "POST exec");
+    char *ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strncmp(ct, "application/json", 16), "Content-Type %s", ct ? ct : "(none)");
+    free(ct);
+    cr_expect_eq(jint(r.json, "exitCode"), 3, "exitCode: %s", r.body);
+    cr_expect_eq(jbool(r.json, "success"), 0);
+    cr_expect_str_eq(jstr(r.json, "stdout"), "out\n");
+    cr_expect_str_eq(jstr(r.json, "stderr"), "err\n");
+    hresp_free(&r);
+
+    /* An argv, env and cwd as JSON. */
+    apif("POST", "{\"argv\":[\"sh\",\"-c\",\"echo $A:$PWD\"],\"env\":{\"A\":\"x y\"},\"cwd\":\"/tmp\"}",
+         &r, "/v1/sandboxes/%s/exec", id);
+    assert_status(r, 200, "POST exec argv");
+    cr_expect_str_eq(jstr(r.json, "stdout"), "x y:/tmp\n");
+    hresp_free(&r);
+
+    /* A deployment-wide operation on its canonical route. */
+    api("POST", "/v1/list", NULL, &r);
+    assert_status(r, 200, "POST /v1/list");
+    bool found = false;
+    json_t *sb;
+    size_t i;
+    json_array_foreach(jget(r.json, "sandboxes"), i, sb) found |= !strcmp(jstr(sb, "id"), id);
+    cr_expect(found, "list does not show %s: %.300s", id, r.body);
+    hresp_free(&r);
+    api("GET", "/v1/health", NULL, &r);
+    expect_status(r, 200, "GET /v1/health");
+    cr_expect_eq(jbool(r.json, "ok"), 1, "health: %s", r.body);
+    hresp_free(&r);
+    hdone(id);
+}
+
+Test(http, rest_aliases, .timeout = 120)
+{
+    char *id = test_id("halias");
+    struct hresp r;
+    /* PUT creates, a second PUT finds it. */
+    apif("PUT", NULL, &r, "/v1/sandboxes/%s", id);
+    assert_status(r, 200, "PUT sandbox");
+    cr_expect_eq(jbool(r.json, "created"), 1, "PUT: %s", r.body);
+    hresp_free(&r);
+    apif("PUT", NULL, &r, "/v1/sandboxes/%s", id);
+    expect_status(r, 200, "PUT sandbox again");
+    cr_expect_eq(jbool(r.json, "created"), 0, "second PUT: %s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s", id);
+    expect_status(r, 200, "GET sandbox");
+    cr_expect_str_eq(jstr(r.json, "sandbox.id"), id);
+    hresp_free(&r);
+    api("GET", "/v1/sandboxes", NULL, &r);
+    expect_status(r, 200, "GET /v1/sandboxes");
+    cr_expect(strstr(r.body, id) != NULL, "list lacks %s", id);
+    hresp_free(&r);
+    api("GET", "/v1/cluster", NULL, &r);
+    expect_status(r, 200, "GET /v1/cluster");
+    cr_expect_eq(json_array_size(jget(r.json, "shards")), 2, "cluster: %.300s", r.body);
+    hresp_free(&r);
+
+    /* Processes. */
+    apif("POST", "{\"command\":\"echo started; sleep 300\",\"processId\":\"p1\"}", &r,
+         "/v1/sandboxes/%s/process.start", id);
+    assert_status(r, 200, "process.start");
+    hresp_free(&r);
+    struct hresp w;
+    apif("POST", "{\"processId\":\"p1\",\"pattern\":\"started\",\"timeout\":20000}", &w,
+         "/v1/sandboxes/%s/process.waitForLog", id);
+    expect_status(w, 200, "waitForLog");
+    hresp_free(&w);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes", id);
+    expect_status(r, 200, "GET processes");
+    cr_expect_str_eq(jstr(r.json, "processes.0.id"), "p1", "processes: %.300s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes/p1", id);
+    expect_status(r, 200, "GET processes/p1");
+    cr_expect_str_eq(jstr(r.json, "process.status"), "running", "%.300s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes/p1/logs", id);
+    expect_status(r, 200, "GET processes/p1/logs");
+    cr_expect_str_eq(jstr(r.json, "stdout"), "started\n", "logs: %.300s", r.body);
+    hresp_free(&r);
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s/processes/p1", id);
+    expect_status(r, 200, "DELETE processes/p1");
+    cr_expect_str_eq(jstr(r.json, "status"), "killed", "kill: %.300s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes/nope", id);
+    expect_status(r, 404, "GET processes/nope");
+    expect_code(r, "PROCESS_NOT_FOUND", "GET processes/nope");
+    hresp_free(&r);
+
+    /* Sessions. */
+    apif("POST", "{\"id\":\"s1\",\"cwd\":\"/tmp\"}", &r, "/v1/sandboxes/%s/session.create", id);
+    expect_status(r, 200, "session.create");
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/sessions", id);
+    expect_status(r, 200, "GET sessions");
+    cr_expect(strstr(r.body, "\"s1\"") != NULL, "sessions: %.300s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/sessions/s1", id);
+    expect_status(r, 200, "GET sessions/s1");
+    cr_expect_str_eq(jstr(r.json, "session.cwd"), "/tmp", "%.300s", r.body);
+    hresp_free(&r);
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s/sessions/s1", id);
+    expect_status(r, 200, "DELETE sessions/s1");
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/sessions/s1", id);
+    expect_status(r, 404, "GET deleted session");
+    expect_code(r, "SESSION_NOT_FOUND", "GET deleted session");
+    hresp_free(&r);
+
+    /* DELETE …/processes kills them all. */
+    apif("POST", "{\"command\":\"sleep 300\",\"processId\":\"p2\"}", &r,
+         "/v1/sandboxes/%s/process.start", id);
+    expect_status(r, 200, "process.start p2");
+    hresp_free(&r);
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s/processes", id);
+    expect_status(r, 200, "DELETE processes");
+    cr_expect_eq(jint(r.json, "killedCount"), 1, "killAll: %.300s", r.body);
+    hresp_free(&r);
+    /* DELETE …/streams/{streamId} cancels a command's stream (once the command
+     * runs: cancel_right_after_start covers a cancel that comes sooner). */
+    apif("POST", "{\"command\":\"echo go; sleep 300\"}", &r, "/v1/sandboxes/%s/exec.stream", id);
+    expect_status(r, 200, "exec.stream");
+    char *sid = sbx_xstrdup(jstr(r.json, "streamId"));
+    hresp_free(&r);
+    bool started = false;
+    long long seen = 0;
+    for (int i = 0; i < 10 && !started; i++) {
+        char *rd = hfmt("{\"streamId\":\"%s\",\"waitMs\":20000,\"after\":%lld}", sid, seen);
+        apif("POST", rd, &r, "/v1/sandboxes/%s/stream.read", id);
+        free(rd);
+        started = strstr(r.body ? r.body : "", "\"data\":\"go\\n\"") != NULL;
+        seen = jint_or(r.json, "next", seen);
+        hresp_free(&r);
+    }
+    cr_expect(started, "the command did not print 'go'");
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s/streams/%s", id, sid);
+    expect_status(r, 200, "DELETE streams/{id}");
+    hresp_free(&r);
+    bool cancelled = false, done = false;
+    long long after = seen;
+    for (int i = 0; i < 10 && !done; i++) {
+        char *rd = hfmt("{\"streamId\":\"%s\",\"waitMs\":20000,\"after\":%lld}", sid, after);
+        apif("POST", rd, &r, "/v1/sandboxes/%s/stream.read", id);
+        free(rd);
+        expect_status(r, 200, "stream.read");
+        json_t *ev;
+        size_t k;
+        json_array_foreach(jget(r.json, "events"), k, ev) if (!strcmp(jstr(ev, "type"), "complete"))
+            cancelled = jbool(ev, "cancelled") == 1;
+        done = jbool(r.json, "done") == 1 || r.status != 200;
+        after = jint_or(r.json, "next", after);
+        hresp_free(&r);
+    }
+    cr_expect(cancelled, "the stream was not cancelled by DELETE");
+    free(sid);
+
+    /* Contexts and ports (empty lists). */
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/contexts", id);
+    expect_status(r, 200, "GET contexts");
+    cr_expect(json_is_array(jget(r.json, "contexts")), "contexts: %.300s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/ports", id);
+    expect_status(r, 200, "GET ports");
+    hresp_free(&r);
+
+    /* DELETE destroys; then the sandbox is unknown. */
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s", id);
+    expect_status(r, 200, "DELETE sandbox");
+    cr_expect_eq(jbool(r.json, "destroyed"), 1, "%.300s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s", id);
+    expect_status(r, 404, "GET destroyed sandbox");
+    expect_code(r, "SANDBOX_NOT_FOUND", "GET destroyed sandbox");
+    hresp_free(&r);
+    free(id);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Errors. */
+
+Test(http, error_shape_and_status_map, .timeout = 120)
+{
+    char *id = test_id("herr");
+    struct hresp r;
+    apif("POST", "{\"path\":\"/nope/missing.txt\"}", &r, "/v1/sandboxes/%s/file.read", id);
+    expect_status(r, 404, "file.read of a missing file");
+    char *ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strncmp(ct, "application/json", 16), "error Content-Type %s", ct ? ct : "-");
+    free(ct);
+    expect_code(r, "FILE_NOT_FOUND", "file.read");
+    cr_expect(strlen(jstr(r.json, "message")) > 0, "no message: %s", r.body);
+    cr_expect_eq(jint(r.json, "httpStatus"), 404, "httpStatus: %s", r.body);
+    cr_expect_str_eq(jstr(r.json, "operation"), "file.read", "operation: %s", r.body);
+    cr_expect(json_is_object(jget(r.json, "context")), "context: %s", r.body);
+    cr_expect_str_eq(jstr(r.json, "context.path"), "/nope/missing.txt", "context: %s", r.body);
+    hresp_free(&r);
+
+    /* Another code, another status: a command that ends its session's shell. */
+    apif("POST", "{\"command\":\"echo bye; exit 3\"}", &r, "/v1/sandboxes/%s/exec", id);
+    expect_status(r, 410, "exit 3 in a session");
+    expect_code(r, "SESSION_TERMINATED", "exit 3");
+    cr_expect_eq(jint(r.json, "context.exitCode"), 3, "%s", r.body);
+    cr_expect_str_eq(jstr(r.json, "operation"), "exec");
+    hresp_free(&r);
+
+    /* Routes that do not exist; a known path with the wrong method. */
+    api("GET", "/v1/nothing/here", NULL, &r);
+    expect_status(r, 404, "unknown route");
+    expect_code(r, "ROUTE_NOT_FOUND", "unknown route");
+    cr_expect_eq(jint(r.json, "httpStatus"), 404);
+    hresp_free(&r);
+    apif("POST", NULL, &r, "/v1/sandboxes/%s/no.such.op", id);
+    expect_status(r, 404, "unknown op");
+    expect_code(r, "ROUTE_NOT_FOUND", "unknown op");
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/exec", id);
+    cr_expect(r.status == 404 || r.status == 405, "GET exec: status %ld", r.status);
+    expect_code(r, "ROUTE_NOT_FOUND", "GET on a POST route");
+    hresp_free(&r);
+    apif("PATCH", NULL, &r, "/v1/sandboxes/%s", id);
+    cr_expect(r.status == 404 || r.status == 405, "PATCH sandbox: status %ld", r.status);
+    expect_code(r, "ROUTE_NOT_FOUND", "PATCH sandbox");
+    hresp_free(&r);
+
+    /* Bodies that are not an object of arguments. */
+    apif("POST", "{\"command\": \"echo\"", &r, "/v1/sandboxes/%s/exec", id);
+    expect_status(r, 400, "truncated JSON");
+    expect_code(r, "MALFORMED_REQUEST", "truncated JSON");
+    hresp_free(&r);
+    apif("POST", "not json at all", &r, "/v1/sandboxes/%s/exec", id);
+    expect_status(r, 400, "not JSON");
+    expect_code(r, "MALFORMED_REQUEST", "not JSON");
+    hresp_free(&r);
+    apif("POST", "[\"echo hi\"]", &r, "/v1/sandboxes/%s/exec", id);
+    expect_status(r, 400, "an array body");
+    expect_code(r, "MALFORMED_REQUEST", "an array body");
+    hresp_free(&r);
+    apif("POST", "\"echo hi\"", &r, "/v1/sandboxes/%s/exec", id);
+    expect_status(r, 400, "a string body");
+    hresp_free(&r);
+
+    /* Invalid sandbox IDs. */
+    api("POST", "/v1/sandboxes/Bad_ID!/exec", "{\"command\":\"true\"}", &r);
+    expect_status(r, 400, "bad sandbox ID");
+    expect_code(r, "VALIDATION_FAILED", "bad sandbox ID");
+    hresp_free(&r);
+    api("GET", "/v1/sandboxes/-leading", NULL, &r);
+    expect_status(r, 400, "leading '-'");
+    expect_code(r, "VALIDATION_FAILED", "leading '-'");
+    hresp_free(&r);
+    api("GET", "/v1/sandboxes/a%00b", NULL, &r);
+    expect_status(r, 400, "NUL escape");
+    hresp_free(&r);
+    /* A missing argument. */
+    apif("POST", "{}", &r, "/v1/sandboxes/%s/exec", id);
+    expect_status(r, 400, "exec without command");
+    expect_code(r, "VALIDATION_FAILED", "exec without command");
+    hresp_free(&r);
+    hdone(id);
+}
+
+Test(http, body_over_the_limit_is_413, .timeout = 120)
+{
+    struct testd d;
+    static const char *const extra[] = {"--http-max-body", "1K", "--pool", "0", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "cannot start a second sbxd");
+    char *base = daemon_http_url(&d);
+    char *id = test_id("hlim");
+    char *path = hfmt("/v1/sandboxes/%s/status", id);
+    /* Exactly 1024 bytes pass the limit (the sandbox is unknown: 404). */
+    char big[1026];
+    memset(big, ' ', sizeof(big));
+    memcpy(big, "{\"x\":\"", 6);
+    big[1024 - 2] = '"';
+    big[1024 - 1] = '}';
+    big[1024] = 0;
+    struct hresp r;
+    api_at(base, "POST", path, big, &r);
+    expect_status(r, 404, "a body of exactly the limit");
+    expect_code(r, "SANDBOX_NOT_FOUND", "a body of exactly the limit");
+    hresp_free(&r);
+    /* One more byte is 413, with Content-Length… */
+    memcpy(big, "{\"x\":\"", 6);
+    big[1024 - 2] = ' ';
+    big[1024 - 1] = '"';
+    big[1024] = '}';
+    big[1025] = 0;
+    api_at(base, "POST", path, big, &r);
+    expect_status(r, 413, "limit + 1 bytes");
+    expect_code(r, "REQUEST_TOO_LARGE", "limit + 1 bytes");
+    cr_expect_eq(jint(r.json, "httpStatus"), 413);
+    hresp_free(&r);
+    /* …and chunked, where nothing announces the size. */
+    char *u = hfmt("%s%s", base, path);
+    char *large = sbx_xmalloc(64 * 1024);
+    memset(large, ' ', 64 * 1024);
+    large[0] = '{';
+    large[64 * 1024 - 1] = '}';
+    static const char *const ct[] = {"Content-Type: application/json", NULL};
+    struct hopts o = {.headers = ct, .body = large, .body_len = 64 * 1024, .chunked = true};
+    http_req("POST", u, &o, &r);
+    expect_status(r, 413, "64 KiB chunked");
+    expect_code(r, "REQUEST_TOO_LARGE", "64 KiB chunked");
+    hresp_free(&r);
+    /* A raw file PUT is a body too. */
+    char *fu = hfmt("%s/v1/sandboxes/%s/files/workspace/big.bin", base, id);
+    struct hopts o2 = {.body = large, .body_len = 4096};
+    http_req("PUT", fu, &o2, &r);
+    expect_status(r, 413, "4 KiB file PUT");
+    hresp_free(&r);
+    /* The front still serves after refusing. */
+    api_at(base, "GET", "/v1/health", NULL, &r);
+    expect_status(r, 200, "health after 413s");
+    hresp_free(&r);
+    free(fu);
+    free(large);
+    free(u);
+    free(path);
+    free(id);
+    free(base);
+    testd_stop(&d);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Headers. */
+
+Test(http, idempotency_key_runs_once, .timeout = 120)
+{
+    char *id = test_id("hidem");
+    char key[64], h1[100];
+    snprintf(key, sizeof(key), "k-%d-append", (int)getpid());
+    snprintf(h1, sizeof(h1), "Idempotency-Key: %s", key);
+    const char *const hdrs[] = {"Content-Type: application/json", h1, NULL};
+    const char *cmd = "{\"command\":\"echo x >> /workspace/log; wc -l < /workspace/log; date +%s%N\"}";
+    char *u = hfmt("%s/v1/sandboxes/%s/exec", test_http_url(), id);
+    struct hopts o = {.headers = hdrs, .body = cmd, .body_len = strlen(cmd)};
+    struct hresp a, b;
+    http_req("POST", u, &o, &a);
+    assert_status(a, 200, "first exec with the key");
+    http_req("POST", u, &o, &b);
+    assert_status(b, 200, "second exec with the key");
+    cr_expect_eq(a.len, b.len);
+    cr_expect(a.len == b.len && !memcmp(a.body, b.body, a.len),
+              "a retried request got another reply:\n%s\n%s", a.body, b.body);
+    cr_expect(!strncmp(jstr(a.json, "stdout"), "1\n", 2), "first: %s", a.body);
+    hresp_free(&a);
+    hresp_free(&b);
+    char *n = hsh(id, "wc -l < /workspace/log");
+    cr_expect_str_eq(n, "1\n", "the command ran %s times", n);
+    free(n);
+    /* Another key runs again. */
+    snprintf(h1, sizeof(h1), "Idempotency-Key: %s-2", key);
+    http_req("POST", u, &o, &a);
+    expect_status(a, 200, "exec with another key");
+    cr_expect(!strncmp(jstr(a.json, "stdout"), "2\n", 2), "other key: %s", a.body);
+    hresp_free(&a);
+    /* A key over 64 bytes is refused. */
+    char longkey[120];
+    snprintf(longkey, sizeof(longkey), "Idempotency-Key: %065d", 7);
+    const char *const hdrs2[] = {"Content-Type: application/json", longkey, NULL};
+    struct hopts o2 = {.headers = hdrs2, .body = cmd, .body_len = strlen(cmd)};
+    http_req("POST", u, &o2, &a);
+    expect_status(a, 400, "a 65-byte key");
+    hresp_free(&a);
+    n = hsh(id, "wc -l < /workspace/log");
+    cr_expect_str_eq(n, "2\n");
+    free(n);
+    free(u);
+    hdone(id);
+}
+
+Test(http, raw_files_round_trip, .timeout = 120)
+{
+    char *id = test_id("hfile");
+    /* Every byte value, then a stretch of pseudo-random bytes. */
+    size_t n = 256 + 100000;
+    unsigned char *data = sbx_xmalloc(n);
+    for (size_t i = 0; i < 256; i++)
+        data[i] = (unsigned char)i;
+    uint32_t x = 12345;
+    for (size_t i = 256; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        data[i] = (unsigned char)(x >> 16);
+    }
+    char *u = hfmt("%s/v1/sandboxes/%s/files/workspace/sub/dir/blob.dat", test_http_url(), id);
+    static const char *const oct[] = {"Content-Type: application/octet-stream", NULL};
+    struct hopts o = {.headers = oct, .body = data, .body_len = n};
+    struct hresp r;
+    http_req("PUT", u, &o, &r);
+    assert_status(r, 200, "PUT file");
+    cr_expect_eq(jint(r.json, "bytesWritten"), (long long)n, "%s", r.body);
+    hresp_free(&r);
+    http_req("GET", u, NULL, &r);
+    assert_status(r, 200, "GET file");
+    cr_expect_eq(r.len, n, "got %zu bytes back, wrote %zu", r.len, n);
+    cr_expect(r.len == n && !memcmp(r.body, data, n), "the bytes differ");
+    char *ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strcmp(ct, "application/octet-stream"), "Content-Type %s", ct ? ct : "-");
+    free(ct);
+    hresp_free(&r);
+    /* The same bytes seen from inside. */
+    char *sum = hsh(id, "sha256sum /workspace/sub/dir/blob.dat | cut -c1-64");
+    char want[65];
+    sha256_hex(data, n, want);
+    cr_expect(!strncmp(sum, want, 64), "sha256 inside %s, want %s", sum, want);
+    free(sum);
+    free(u);
+
+    /* A PNG is served as one; a text file as text; an empty body writes an empty file. */
+    u = hfmt("%s/v1/sandboxes/%s/files/workspace/pic", test_http_url(), id);
+    static const char png[] = "\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+    struct hopts op = {.headers = oct, .body = png, .body_len = sizeof(png) - 1};
+    http_req("PUT", u, &op, &r);
+    expect_status(r, 200, "PUT png");
+    hresp_free(&r);
+    http_req("GET", u, NULL, &r);
+    expect_status(r, 200, "GET png");
+    ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strcmp(ct, "image/png"), "png Content-Type %s", ct ? ct : "-");
+    free(ct);
+    cr_expect_eq(r.len, sizeof(png) - 1);
+    hresp_free(&r);
+    free(u);
+    u = hfmt("%s/v1/sandboxes/%s/files/workspace/empty.txt", test_http_url(), id);
+    struct hopts oe = {.headers = oct, .body = "", .body_len = 0};
+    http_req("PUT", u, &oe, &r);
+    expect_status(r, 200, "PUT empty");
+    hresp_free(&r);
+    http_req("GET", u, NULL, &r);
+    expect_status(r, 200, "GET empty");
+    cr_expect_eq(r.len, 0);
+    ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strncmp(ct, "text/plain", 10), "txt Content-Type %s", ct ? ct : "-");
+    free(ct);
+    hresp_free(&r);
+    free(u);
+    /* Missing → 404 FILE_NOT_FOUND as JSON. */
+    u = hfmt("%s/v1/sandboxes/%s/files/workspace/none", test_http_url(), id);
+    http_req("GET", u, NULL, &r);
+    expect_status(r, 404, "GET missing file");
+    expect_code(r, "FILE_NOT_FOUND", "GET missing file");
+    hresp_free(&r);
+    free(u);
+    free(data);
+    hdone(id);
+}
+
+Test(http, query_parameters_become_arguments, .timeout = 120)
+{
+    char *id = test_id("hquery");
+    free(hsh(id, "mkdir -p '/workspace/a b' && printf q-content > '/workspace/a b/q+1.txt' && "
+                 "printf body-content > /workspace/body.txt"));
+    struct hresp r;
+    /* Percent escapes and '+' as a space in the query string. */
+    apif("POST", NULL, &r, "/v1/sandboxes/%s/file.read?path=%%2Fworkspace%%2Fa+b%%2Fq%%2B1.txt", id);
+    expect_status(r, 200, "file.read by query");
+    cr_expect_str_eq(jstr(r.json, "content"), "q-content", "%s", r.body);
+    hresp_free(&r);
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/sessions?x=1", id);
+    expect_status(r, 200, "an unused query argument");
+    hresp_free(&r);
+    /* The body wins over the query string (docs/http.md). */
+    apif("POST", "{\"path\":\"/workspace/body.txt\"}", &r,
+         "/v1/sandboxes/%s/file.read?path=/workspace/a%%20b/q%%2B1.txt", id);
+    expect_status(r, 200, "body and query");
+    cr_expect_str_eq(jstr(r.json, "content"), "body-content",
+                     "the query argument won over the body: %s", r.body);
+    hresp_free(&r);
+    /* A path parameter wins over the query string. */
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes/nope?processId=other", id);
+    expect_status(r, 404, "path param vs query");
+    cr_expect(strstr(jstr(r.json, "message"), "'nope'") != NULL, "%s", r.body);
+    hresp_free(&r);
+    hdone(id);
+}
+
+Test(http, percent_encoded_path_segments, .timeout = 120)
+{
+    char *id = test_id("hpct");
+    /* "/workspace/dir with space/héllo wörld €.txt" */
+    const char *enc = "workspace/dir%20with%20space/h%C3%A9llo%20w%C3%B6rld%20%E2%82%AC.txt";
+    const char *raw = "/workspace/dir with space/h\xc3\xa9llo w\xc3\xb6rld \xe2\x82\xac.txt";
+    char *u = hfmt("%s/v1/sandboxes/%s/files/%s", test_http_url(), id, enc);
+    struct hopts o = {.body = "unicode ok\n", .body_len = 11};
+    struct hresp r;
+    http_req("PUT", u, &o, &r);
+    assert_status(r, 200, "PUT encoded path");
+    cr_expect_str_eq(jstr(r.json, "path"), raw, "%s", r.body);
+    hresp_free(&r);
+    char *cmd = hfmt("cat '%s'", raw);
+    char *out = hsh(id, cmd);
+    cr_expect_str_eq(out, "unicode ok\n");
+    free(out);
+    free(cmd);
+    http_req("GET", u, NULL, &r);
+    expect_status(r, 200, "GET encoded path");
+    cr_expect_str_eq(r.body, "unicode ok\n");
+    hresp_free(&r);
+    free(u);
+    /* An encoded '/' stays inside its segment: a process ID "a/b" reaches
+     * process.get (which refuses the character), not a missing route. */
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes/a%%2Fb", id);
+    expect_status(r, 400, "encoded slash");
+    expect_code(r, "VALIDATION_FAILED", "encoded slash");
+    cr_expect_str_eq(jstr(r.json, "operation"), "process.get", "%s", r.body);
+    hresp_free(&r);
+    /* An encoded character in a process ID arrives decoded. */
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/processes/my%%2Eproc", id);
+    expect_status(r, 404, "encoded '.'");
+    cr_expect(strstr(jstr(r.json, "message"), "'my.proc'") != NULL, "%s", r.body);
+    hresp_free(&r);
+    /* A malformed escape is a 400, not a crash or a 404. */
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/files/workspace/bad%%zz", id);
+    expect_status(r, 400, "malformed escape");
+    expect_code(r, "VALIDATION_FAILED", "malformed escape");
+    hresp_free(&r);
+    hdone(id);
+}
+
+Test(http, cors_preflight, .timeout = 60)
+{
+    static const char *const h[] = {"Origin: http://example.test",
+                                    "Access-Control-Request-Method: POST",
+                                    "Access-Control-Request-Headers: content-type, idempotency-key",
+                                    NULL};
+    char *u = hfmt("%s/v1/sandboxes/some-box/exec", test_http_url());
+    struct hopts o = {.headers = h};
+    struct hresp r;
+    http_req("OPTIONS", u, &o, &r);
+    cr_expect(r.status == 204 || r.status == 200, "preflight status %ld", r.status);
+    char *ao = hresp_header(&r, "Access-Control-Allow-Origin");
+    char *am = hresp_header(&r, "Access-Control-Allow-Methods");
+    char *ah = hresp_header(&r, "Access-Control-Allow-Headers");
+    cr_expect(ao && !strcmp(ao, "*"), "Allow-Origin %s", ao ? ao : "-");
+    cr_expect(am && strstr(am, "POST") && strstr(am, "DELETE"), "Allow-Methods %s", am ? am : "-");
+    cr_expect(ah && strcasestr(ah, "content-type") && strcasestr(ah, "idempotency-key") &&
+                  strcasestr(ah, "authorization") && strcasestr(ah, "last-event-id"),
+              "Allow-Headers %s", ah ? ah : "-");
+    free(ao);
+    free(am);
+    free(ah);
+    hresp_free(&r);
+    /* Ordinary answers (errors included) carry the origin header too. */
+    static const char *const h2[] = {"Origin: http://example.test", NULL};
+    struct hopts o2 = {.headers = h2};
+    char *u2 = hfmt("%s/v1/nowhere", test_http_url());
+    http_req("GET", u2, &o2, &r);
+    ao = hresp_header(&r, "Access-Control-Allow-Origin");
+    cr_expect(ao && !strcmp(ao, "*"), "error answer Allow-Origin %s", ao ? ao : "-");
+    free(ao);
+    hresp_free(&r);
+    free(u2);
+    free(u);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* API keys. */
+
+Test(http, api_keys, .timeout = 120)
+{
+    char keyfile[] = "/tmp/sbx-keys-XXXXXX";
+    int fd = mkstemp(keyfile);
+    cr_assert(fd >= 0);
+    const char *text = "# test keys\nkey-one-0123456789abcdef\n\n  key-two-0123456789abcdef  \n";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    struct testd d;
+    const char *const extra[] = {"--api-keys", keyfile, "--pool", "0", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "cannot start sbxd with --api-keys");
+    char *base = daemon_http_url(&d);
+    char *u = hfmt("%s/v1/cluster", base);
+    struct hresp r;
+    /* No key. */
+    http_req("GET", u, NULL, &r);
+    expect_status(r, 401, "no key");
+    expect_code(r, "UNAUTHORIZED", "no key");
+    char *wa = hresp_header(&r, "WWW-Authenticate");
+    cr_expect(wa && !strncmp(wa, "Bearer", 6), "WWW-Authenticate %s", wa ? wa : "-");
+    free(wa);
+    hresp_free(&r);
+    /* A wrong key; a prefix of a right one; a right one with another scheme. */
+    const char *bad[] = {"Authorization: Bearer key-one-0123456789abcdeX",
+                         "Authorization: Bearer key-one-0123456789abcde",
+                         "Authorization: Bearer key-one-0123456789abcdef0",
+                         "Authorization: Basic key-one-0123456789abcdef", NULL};
+    for (int i = 0; bad[i]; i++) {
+        const char *h[] = {bad[i], NULL};
+        struct hopts o = {.headers = h};
+        http_req("GET", u, &o, &r);
+        expect_status(r, 401, bad[i]);
+        hresp_free(&r);
+    }
+    /* Both keys of the file work. */
+    const char *good[] = {"Authorization: Bearer key-one-0123456789abcdef",
+                          "Authorization: Bearer key-two-0123456789abcdef", NULL};
+    for (int i = 0; good[i]; i++) {
+        const char *h[] = {good[i], NULL};
+        struct hopts o = {.headers = h};
+        http_req("GET", u, &o, &r);
+        expect_status(r, 200, good[i]);
+        cr_expect(json_is_array(jget(r.json, "shards")), "%.200s", r.body);
+        hresp_free(&r);
+    }
+    /* ?access_token= for clients that cannot set headers. */
+    char *ut = hfmt("%s?access_token=key-two-0123456789abcdef", u);
+    http_req("GET", ut, NULL, &r);
+    expect_status(r, 200, "access_token");
+    hresp_free(&r);
+    free(ut);
+    ut = hfmt("%s?access_token=wrong-0123456789abcdef", u);
+    http_req("GET", ut, NULL, &r);
+    expect_status(r, 401, "wrong access_token");
+    hresp_free(&r);
+    free(ut);
+    /* Sandbox routes and streams are guarded too. */
+    char *us = hfmt("%s/v1/sandboxes/some-box/streams/x", base);
+    http_req("GET", us, NULL, &r);
+    expect_status(r, 401, "stream without a key");
+    hresp_free(&r);
+    free(us);
+    /* The terminal too. */
+    us = hfmt("%s/v1/sandboxes/some-box/terminal", base);
+    http_req("GET", us, NULL, &r);
+    expect_status(r, 401, "terminal without a key");
+    hresp_free(&r);
+    free(us);
+    /* Preview URLs need no key (their token is the credential): a wrong token is
+     * INVALID_TOKEN, not UNAUTHORIZED. */
+    us = hfmt("http://8080-some-box-sometoken.localhost:%s/", strrchr(base, ':') + 1);
+    http_req("GET", us, NULL, &r);
+    expect_status(r, 404, "preview URL without a key");
+    expect_code(r, "INVALID_TOKEN", "preview URL without a key");
+    hresp_free(&r);
+    free(us);
+    /* health and openapi need no key. */
+    char *uh = hfmt("%s/v1/health", base);
+    http_req("GET", uh, NULL, &r);
+    expect_status(r, 200, "health without a key");
+    hresp_free(&r);
+    free(uh);
+    uh = hfmt("%s/v1/openapi.json", base);
+    http_req("GET", uh, NULL, &r);
+    expect_status(r, 200, "openapi without a key");
+    hresp_free(&r);
+    free(uh);
+    free(u);
+    free(base);
+    testd_stop(&d);
+    unlink(keyfile);
+}
+
+/* Start `sbxd dev` with these arguments and wait (≤ 20 s) for it to exit:
+ * returns its exit status, or -1 if it kept running (then it is stopped). */
+static int
+run_sbxd_expecting_exit(const char *const *args, char *log, size_t loglen)
+{
+    char dir[] = "/tmp/sbx-test-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char logpath[300], sbxd[512], url[300], name[64];
+    snprintf(logpath, sizeof(logpath), "%s/sbxd.log", dir);
+    const char *bin = getenv("SBX_BIN");
+    snprintf(sbxd, sizeof(sbxd), "%s/sbxd", bin && *bin ? bin : "build/asan/bin");
+    snprintf(url, sizeof(url), "ipc://%s/gw.sock", dir);
+    snprintf(name, sizeof(name), "t%s", strrchr(dir, '-') + 1);
+    for (char *p = name; *p; p++)
+        if (*p >= 'A' && *p <= 'Z')
+            *p = (char)(*p - 'A' + 'a');
+        else if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9')))
+            *p = 'x';
+    const char *argv[32] = {sbxd, "dev", "--data", dir, "--listen", url, "--name", name,
+                            "--shards", "1", "--pool", "0"};
+    int n = 12;
+    for (int i = 0; args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        execv(sbxd, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0, ret = -1;
+    double until = test_now_ms() + 20000;
+    while (test_now_ms() < until) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            ret = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            break;
+        }
+        usleep(50 * 1000);
+    }
+    if (ret == -1) {
+        kill(pid, SIGTERM);
+        waitpid(pid, &st, 0);
+    }
+    char *text = NULL;
+    size_t tl;
+    log[0] = 0;
+    if (sbx_fs_read(logpath, 1 << 16, &text, &tl) == 0) {
+        snprintf(log, loglen, "%s", text);
+        free(text);
+    }
+    sbx_rm_rf(dir);
+    return ret;
+}
+
+Test(http, non_loopback_without_keys_is_refused, .timeout = 90)
+{
+    char log[4096];
+    static const char *const args[] = {"--http", "0.0.0.0:0", NULL};
+    int rc = run_sbxd_expecting_exit(args, log, sizeof(log));
+    cr_expect(rc > 0, "sbxd dev --http 0.0.0.0:0 without keys %s (log: %s)",
+              rc == -1 ? "kept running" : "exited 0", log);
+    cr_expect(strstr(log, "api-keys") || strstr(log, "API key"),
+              "the refusal does not say why: %s", log);
+    /* A key file with a short key is refused too. */
+    char keyfile[] = "/tmp/sbx-keys-XXXXXX";
+    int fd = mkstemp(keyfile);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, "short\n", 6), 6);
+    close(fd);
+    const char *const args2[] = {"--api-keys", keyfile, NULL};
+    rc = run_sbxd_expecting_exit(args2, log, sizeof(log));
+    cr_expect(rc > 0, "a 5-character API key was accepted (%d; log: %s)", rc, log);
+    unlink(keyfile);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Server-Sent Events. */
+
+struct evlist {
+    int n, cap;
+    struct {
+        char id[32];
+        bool has_id;
+        char event[64];
+        char *data;
+        json_t *json;
+        bool comment;
+        double at_ms;
+    } *e;
+    int stop_after; /* stop after this many events (0: read to the end) */
+    int linger_ms;  /* before dropping the connection, stay connected this long */
+};
+
+static bool
+collect(const struct sse_ev *ev, void *arg)
+{
+    struct evlist *l = arg;
+    if (l->n == l->cap) {
+        l->cap = l->cap * 2 + 16;
+        l->e = sbx_xrealloc(l->e, (size_t)l->cap * sizeof(*l->e));
+    }
+    memset(&l->e[l->n], 0, sizeof(l->e[0]));
+    snprintf(l->e[l->n].id, sizeof(l->e[0].id), "%s", ev->id);
+    l->e[l->n].has_id = ev->has_id;
+    snprintf(l->e[l->n].event, sizeof(l->e[0].event), "%s", ev->event);
+    l->e[l->n].data = sbx_xstrdup(ev->data ? ev->data : "");
+    l->e[l->n].json = ev->json ? json_incref(ev->json) : NULL;
+    l->e[l->n].comment = ev->comment;
+    l->e[l->n].at_ms = ev->at_ms;
+    l->n++;
+    if (l->stop_after && !ev->comment) {
+        int real = 0;
+        for (int i = 0; i < l->n; i++)
+            real += !l->e[i].comment;
+        if (real >= l->stop_after && l->linger_ms)
+            tsleep_ms(l->linger_ms);
+        return real < l->stop_after;
+    }
+    return true;
+}
+
+static void
+evlist_free(struct evlist *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        free(l->e[i].data);
+        if (l->e[i].json)
+            json_decref(l->e[i].json);
+    }
+    free(l->e);
+    memset(l, 0, sizeof(*l));
+}
+
+/* Check the events of a stream: ids strictly increasing by one from
+ * first_id, event == data.type, JSON data.  Returns the last id. */
+static long long
+check_events(const struct evlist *l, long long first_id, const char *what)
+{
+    long long prev = first_id - 1;
+    for (int i = 0; i < l->n; i++) {
+        if (l->e[i].comment)
+            continue;
+        cr_expect(l->e[i].json != NULL, "%s: event %d data is not JSON: %s", what, i,
+                  l->e[i].data);
+        cr_expect(l->e[i].has_id, "%s: event %d (%s) has no id", what, i, l->e[i].event);
+        long long id = atoll(l->e[i].id);
+        cr_expect_eq(id, prev + 1, "%s: event %d has id %lld after %lld (gap or duplicate)", what,
+                     i, id, prev);
+        prev = id;
+        cr_expect_str_eq(l->e[i].event, jstr(l->e[i].json, "type"),
+                         "%s: event: %s but data.type %s", what, l->e[i].event,
+                         jstr(l->e[i].json, "type"));
+        cr_expect_eq(jint(l->e[i].json, "seq"), id, "%s: id %lld, seq %lld", what, id,
+                     jint(l->e[i].json, "seq"));
+    }
+    return prev;
+}
+
+/* The concatenated `data` of the stdout events. */
+static char *
+stdout_of(const struct evlist *l)
+{
+    sbx_buf b;
+    sbx_buf_init(&b);
+    for (int i = 0; i < l->n; i++)
+        if (!l->e[i].comment && !strcmp(l->e[i].event, "stdout")) {
+            const char *d = jstr(l->e[i].json, "data");
+            sbx_buf_append(&b, d, strlen(d));
+        }
+    sbx_buf_append(&b, "", 1);
+    return sbx_buf_steal(&b, NULL);
+}
+
+static const char *
+last_event(const struct evlist *l)
+{
+    for (int i = l->n - 1; i >= 0; i--)
+        if (!l->e[i].comment)
+            return l->e[i].event;
+    return "";
+}
+
+static long
+sse_exec(const char *id, const char *cmd, struct evlist *l, struct hresp *r)
+{
+    char *u = hfmt("%s/v1/sandboxes/%s/exec.stream", test_http_url(), id);
+    char *b = body("{s:s}", "command", cmd);
+    static const char *const ct[] = {"Content-Type: application/json", NULL};
+    struct hopts o = {.headers = ct, .body = b, .body_len = strlen(b), .timeout_ms = 90000};
+    long st = sse_req("POST", u, &o, collect, l, r);
+    free(b);
+    free(u);
+    return st;
+}
+
+Test(sse, exec_stream_events, .timeout = 120)
+{
+    char *id = test_id("sse");
+    struct evlist l = {0};
+    struct hresp r;
+    /* A euro sign (3 bytes) and an emoji (4 bytes) split across writes. */
+    sse_exec(id,
+             "echo one; echo two >&2; printf '\\342\\202'; sleep 0.4; printf '\\254\\n'; "
+             "printf '\\360'; sleep 0.4; printf '\\237\\230\\200 end\\n'",
+             &l, &r);
+    assert_status(r, 200, "exec.stream as SSE");
+    cr_expect_str_eq(r.err, "", "the stream broke: %s", r.err);
+    char *ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strncmp(ct, "text/event-stream", 17), "Content-Type %s", ct ? ct : "-");
+    free(ct);
+    char *sid = hresp_header(&r, "X-Sbx-Stream-Id");
+    cr_expect(sid && *sid, "no X-Sbx-Stream-Id");
+    free(sid);
+    cr_assert_gt(l.n, 3, "only %d events", l.n);
+    check_events(&l, 1, "exec.stream");
+    cr_expect_str_eq(l.e[0].event, "start");
+    cr_expect_str_eq(last_event(&l), "complete", "the last event is %s", last_event(&l));
+    for (int i = l.n - 1; i >= 0; i--)
+        if (!strcmp(l.e[i].event, "complete")) {
+            cr_expect_eq(jint(l.e[i].json, "exitCode"), 0, "%s", l.e[i].data);
+            break;
+        }
+    char *out = stdout_of(&l);
+    cr_expect_str_eq(out, "one\n\xe2\x82\xac\n\xf0\x9f\x98\x80 end\n", "stdout: %s", out);
+    cr_expect(!strstr(out, "\xef\xbf\xbd"), "a split UTF-8 sequence became U+FFFD: %s", out);
+    free(out);
+    int nout = 0, nerr = 0;
+    for (int i = 0; i < l.n; i++) {
+        nout += !strcmp(l.e[i].event, "stdout");
+        if (!strcmp(l.e[i].event, "stderr")) {
+            nerr++;
+            cr_expect_str_eq(jstr(l.e[i].json, "data"), "two\n");
+        }
+    }
+    /* The sleeps split the output: the split case really happened. */
+    cr_expect_geq(nout, 3, "only %d stdout events: the UTF-8 split was not exercised", nout);
+    cr_expect_eq(nerr, 1);
+    evlist_free(&l);
+    hresp_free(&r);
+
+    /* Without the Accept header: {streamId} as JSON. */
+    struct hresp j;
+    apif("POST", "{\"command\":\"echo hi\"}", &j, "/v1/sandboxes/%s/exec.stream", id);
+    expect_status(j, 200, "exec.stream as JSON");
+    cr_expect(strlen(jstr(j.json, "streamId")) > 0, "%s", j.body);
+    hresp_free(&j);
+    hdone(id);
+}
+
+Test(sse, resume_with_last_event_id, .timeout = 120)
+{
+    char *id = test_id("sseres");
+    /* The client takes 6 events, then its connection stays up (unread) for a
+     * second and drops: what the front sent meanwhile never reached the client,
+     * which resumes after the last event it has. */
+    struct evlist a = {.stop_after = 6, .linger_ms = 1000};
+    struct hresp r;
+    /* 40 numbered lines, each its own event. */
+    sse_exec(id, "for i in $(seq 1 40); do echo line $i; sleep 0.05; done", &a, &r);
+    assert_status(r, 200, "exec.stream");
+    char *sid = hresp_header(&r, "X-Sbx-Stream-Id");
+    cr_assert(sid && *sid, "no X-Sbx-Stream-Id");
+    hresp_free(&r);
+    long long last = check_events(&a, 1, "first part");
+    cr_assert_eq(last, 6, "read %lld events before dropping", last);
+    /* The command runs on while nobody is connected. */
+    tsleep_ms(300);
+    struct evlist b = {0};
+    char *u = hfmt("%s/v1/sandboxes/%s/streams/%s", test_http_url(), id, sid);
+    char lh[64];
+    snprintf(lh, sizeof(lh), "Last-Event-ID: %lld", last);
+    const char *const h[] = {lh, NULL};
+    struct hopts o = {.headers = h, .timeout_ms = 60000};
+    sse_req("GET", u, &o, collect, &b, &r);
+    assert_status(r, 200, "resume");
+    cr_expect_str_eq(r.err, "", "%s", r.err);
+    hresp_free(&r);
+    cr_assert_gt(b.n, 0);
+    check_events(&b, last + 1, "resumed part");
+    cr_expect_str_eq(last_event(&b), "complete");
+    /* Together: every line once, in order. */
+    char *o1 = stdout_of(&a), *o2 = stdout_of(&b);
+    char *all = hfmt("%s%s", o1, o2);
+    sbx_buf want;
+    sbx_buf_init(&want);
+    for (int i = 1; i <= 40; i++)
+        sbx_buf_appendf(&want, "line %d\n", i);
+    sbx_buf_append(&want, "", 1);
+    cr_expect_str_eq(all, want.p, "lines lost or repeated across the resume:\n%s", all);
+    sbx_buf_free(&want);
+    free(all);
+    free(o1);
+    free(o2);
+    evlist_free(&a);
+    evlist_free(&b);
+    free(u);
+    free(sid);
+    hdone(id);
+}
+
+Test(sse, resume_with_after_parameter, .timeout = 120)
+{
+    char *id = test_id("sseafter");
+    struct hresp r;
+    apif("POST", "{\"command\":\"for i in 1 2 3 4 5; do echo n$i; sleep 0.1; done\"}", &r,
+         "/v1/sandboxes/%s/exec.stream", id);
+    assert_status(r, 200, "exec.stream");
+    char *sid = sbx_xstrdup(jstr(r.json, "streamId"));
+    hresp_free(&r);
+    /* From the beginning, stopping after 3 events. */
+    struct evlist a = {.stop_after = 3};
+    char *u = hfmt("%s/v1/sandboxes/%s/streams/%s", test_http_url(), id, sid);
+    sse_req("GET", u, NULL, collect, &a, &r);
+    assert_status(r, 200, "GET stream");
+    hresp_free(&r);
+    long long last = check_events(&a, 1, "first");
+    char *u2 = hfmt("%s?after=%lld", u, last);
+    struct evlist b = {0};
+    sse_req("GET", u2, NULL, collect, &b, &r);
+    assert_status(r, 200, "GET stream ?after");
+    hresp_free(&r);
+    check_events(&b, last + 1, "after");
+    cr_expect_str_eq(last_event(&b), "complete");
+    char *o1 = stdout_of(&a), *o2 = stdout_of(&b);
+    char *all = hfmt("%s%s", o1, o2);
+    cr_expect_str_eq(all, "n1\nn2\nn3\nn4\nn5\n");
+    free(all);
+    free(o1);
+    free(o2);
+    evlist_free(&a);
+    evlist_free(&b);
+    free(u2);
+    free(u);
+    free(sid);
+    hdone(id);
+}
+
+Test(sse, heartbeat_during_a_quiet_command, .timeout = 120)
+{
+    char *id = test_id("ssebeat");
+    struct evlist l = {0};
+    struct hresp r;
+    sse_exec(id, "sleep 17; echo awake", &l, &r);
+    assert_status(r, 200, "exec.stream");
+    cr_expect_str_eq(r.err, "", "%s", r.err);
+    double out_at = -1, ping_at = -1;
+    int pings = 0;
+    for (int i = 0; i < l.n; i++) {
+        if (l.e[i].comment && !strcmp(l.e[i].data, "ping")) {
+            pings++;
+            if (ping_at < 0)
+                ping_at = l.e[i].at_ms;
+        }
+        if (!strcmp(l.e[i].event, "stdout") && out_at < 0)
+            out_at = l.e[i].at_ms;
+    }
+    cr_expect_gt(pings, 0, "no ': ping' in %d events", l.n);
+    cr_expect(ping_at > 0 && ping_at < out_at, "the ping (%.0f ms) came after the output (%.0f ms)",
+              ping_at, out_at);
+    cr_expect(ping_at > 5000, "a ping after %.0f ms: not a 15 s heartbeat", ping_at);
+    cr_expect_leq(pings, 2, "%d pings in 17 s", pings);
+    cr_expect_str_eq(last_event(&l), "complete");
+    char *out = stdout_of(&l);
+    cr_expect_str_eq(out, "awake\n");
+    free(out);
+    evlist_free(&l);
+    hresp_free(&r);
+    hdone(id);
+}
+
+Test(sse, process_logs, .timeout = 120)
+{
+    char *id = test_id("sseproc");
+    struct hresp r;
+    apif("POST",
+         "{\"command\":\"for i in 1 2 3 4 5; do echo p$i; sleep 0.1; done; echo e >&2\","
+         "\"processId\":\"logger\"}",
+         &r, "/v1/sandboxes/%s/process.start", id);
+    assert_status(r, 200, "process.start");
+    hresp_free(&r);
+    struct evlist l = {0};
+    char *u = hfmt("%s/v1/sandboxes/%s/streams/proc:logger", test_http_url(), id);
+    struct hopts o = {.timeout_ms = 60000};
+    sse_req("GET", u, &o, collect, &l, &r);
+    assert_status(r, 200, "GET streams/proc:logger");
+    cr_expect_str_eq(r.err, "", "%s", r.err);
+    hresp_free(&r);
+    check_events(&l, 1, "process logs");
+    cr_assert_gt(l.n, 1);
+    cr_expect_str_eq(l.e[0].event, "process_info", "first event %s", l.e[0].event);
+    cr_expect_str_eq(last_event(&l), "exit", "last event %s", last_event(&l));
+    char *out = stdout_of(&l);
+    cr_expect_str_eq(out, "p1\np2\np3\np4\np5\n");
+    free(out);
+    for (int i = 0; i < l.n; i++)
+        if (!strcmp(l.e[i].event, "exit"))
+            cr_expect_eq(jint(l.e[i].json, "exitCode"), 0, "%s", l.e[i].data);
+    evlist_free(&l);
+    /* A ring stream may be read again from the start by anyone. */
+    struct evlist l2 = {0};
+    sse_req("GET", u, &o, collect, &l2, &r);
+    expect_status(r, 200, "GET streams/proc:logger again");
+    hresp_free(&r);
+    out = stdout_of(&l2);
+    cr_expect_str_eq(out, "p1\np2\np3\np4\np5\n");
+    free(out);
+    evlist_free(&l2);
+    free(u);
+    hdone(id);
+}
+
+Test(sse, stream_not_found_before_any_event, .timeout = 120)
+{
+    char *id = test_id("ssenf");
+    free(hsh(id, "true"));
+    struct evlist l = {0};
+    struct hresp r;
+    char *u = hfmt("%s/v1/sandboxes/%s/streams/no-such-stream", test_http_url(), id);
+    sse_req("GET", u, NULL, collect, &l, &r);
+    expect_status(r, 404, "unknown stream");
+    expect_code(r, "STREAM_NOT_FOUND", "unknown stream");
+    char *ct = hresp_header(&r, "Content-Type");
+    cr_expect(ct && !strncmp(ct, "application/json", 16), "Content-Type %s", ct ? ct : "-");
+    free(ct);
+    cr_expect_eq(l.n, 0, "%d events before the error", l.n);
+    hresp_free(&r);
+    free(u);
+    /* Process logs of an unknown process likewise. */
+    u = hfmt("%s/v1/sandboxes/%s/streams/proc:nobody", test_http_url(), id);
+    sse_req("GET", u, NULL, collect, &l, &r);
+    expect_status(r, 404, "unknown process stream");
+    cr_expect_eq(l.n, 0);
+    hresp_free(&r);
+    free(u);
+    /* Last-Event-ID beyond the stream's end is refused before any event too. */
+    apif("POST", "{\"command\":\"sleep 2\"}", &r, "/v1/sandboxes/%s/exec.stream", id);
+    char *sid = sbx_xstrdup(jstr(r.json, "streamId"));
+    hresp_free(&r);
+    u = hfmt("%s/v1/sandboxes/%s/streams/%s", test_http_url(), id, sid);
+    const char *const h[] = {"Last-Event-ID: 999", NULL};
+    struct hopts o = {.headers = h};
+    sse_req("GET", u, &o, collect, &l, &r);
+    expect_status(r, 400, "Last-Event-ID beyond the end");
+    cr_expect_eq(l.n, 0);
+    hresp_free(&r);
+    evlist_free(&l);
+    free(u);
+    free(sid);
+    hdone(id);
+}
+
+/* Cancelling a command the moment it was started (before its shell ran any of
+ * it): the command ends cancelled, the session's shell survives. */
+Test(http, cancel_right_after_start, .timeout = 120)
+{
+    char *id = test_id("hcancel");
+    struct hresp r;
+    for (int i = 0; i < 6; i++) {
+        char *b = hfmt("{\"command\":\"sleep 300\",\"sessionId\":\"fresh%d\"}", i);
+        apif("POST", b, &r, "/v1/sandboxes/%s/exec.stream", id);
+        free(b);
+        assert_status(r, 200, "exec.stream");
+        char *sid = sbx_xstrdup(jstr(r.json, "streamId"));
+        hresp_free(&r);
+        apif("DELETE", NULL, &r, "/v1/sandboxes/%s/streams/%s", id, sid);
+        expect_status(r, 200, "DELETE streams/{id}");
+        hresp_free(&r);
+        struct evlist l = {0};
+        char *u = hfmt("%s/v1/sandboxes/%s/streams/%s", test_http_url(), id, sid);
+        struct hopts o = {.timeout_ms = 30000};
+        sse_req("GET", u, &o, collect, &l, &r);
+        expect_status(r, 200, "the cancelled stream");
+        hresp_free(&r);
+        const char *last = last_event(&l);
+        cr_expect_str_eq(last, "complete", "session fresh%d: the stream ended with '%s': %s", i,
+                         last, l.n ? l.e[l.n - 1].data : "");
+        if (!strcmp(last, "complete"))
+            cr_expect_eq(jbool(l.e[l.n - 1].json, "cancelled"), 1, "%s", l.e[l.n - 1].data);
+        evlist_free(&l);
+        free(u);
+        free(sid);
+        /* The session's shell is the same one afterwards (no SESSION_TERMINATED). */
+        b = hfmt("{\"command\":\"echo alive\",\"sessionId\":\"fresh%d\"}", i);
+        apif("POST", b, &r, "/v1/sandboxes/%s/exec", id);
+        free(b);
+        expect_status(r, 200, "the next command of the session");
+        hresp_free(&r);
+    }
+    hdone(id);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The OpenAPI document. */
+
+/* A plausible value for a path parameter. */
+static const char *
+param_value(const char *name, const char *sandbox)
+{
+    if (!strcmp(name, "sandbox"))
+        return sandbox;
+    if (!strcmp(name, "port"))
+        return "8080";
+    if (!strcmp(name, "path"))
+        return "workspace/openapi-probe.txt";
+    if (!strcmp(name, "streamId"))
+        return "no-such-stream";
+    if (!strcmp(name, "processId"))
+        return "no-such-process";
+    if (!strcmp(name, "contextId"))
+        return "no-such-context";
+    return "no-such-thing";
+}
+
+static char *
+fill_template(const char *tpl, const char *sandbox)
+{
+    sbx_buf b;
+    sbx_buf_init(&b);
+    for (const char *p = tpl; *p;) {
+        if (*p == '{') {
+            const char *e = strchr(p, '}');
+            cr_assert(e, "unterminated template %s", tpl);
+            char name[64];
+            snprintf(name, sizeof(name), "%.*s", (int)(e - p - 1), p + 1);
+            const char *v = param_value(name, sandbox);
+            sbx_buf_append(&b, v, strlen(v));
+            p = e + 1;
+        } else {
+            sbx_buf_append(&b, p++, 1);
+        }
+    }
+    sbx_buf_append(&b, "", 1);
+    return sbx_buf_steal(&b, NULL);
+}
+
+Test(openapi, document_matches_the_routes, .timeout = 300)
+{
+    struct hresp doc;
+    api("GET", "/v1/openapi.json", NULL, &doc);
+    assert_status(doc, 200, "GET /v1/openapi.json");
+    cr_assert(doc.json, "the OpenAPI document is not JSON");
+    const char *ver = jstr(doc.json, "openapi");
+    cr_expect(!strncmp(ver, "3.", 2), "openapi: '%s'", ver);
+    cr_expect(strlen(jstr(doc.json, "info.title")) > 0, "no info.title");
+    cr_expect(strlen(jstr(doc.json, "info.version")) > 0, "no info.version");
+    json_t *paths = jget(doc.json, "paths");
+    cr_assert(json_is_object(paths) && json_object_size(paths) > 10, "paths");
+
+    /* Every operation of the table has its canonical route, and every alias is listed. */
+    for (const struct sbx_op_def *d = sbx_ops; d->name; d++) {
+        char *p = d->flags & SBX_OP_GLOBAL ? hfmt("/v1/%s", d->name)
+                                           : hfmt("/v1/sandboxes/{sandbox}/%s", d->name);
+        cr_expect(json_is_object(jget(json_object_get(paths, p), "post")),
+                  "operation %s has no canonical route POST %s in the document", d->name, p);
+        free(p);
+        if (!d->http)
+            continue;
+        char *aliases = sbx_xstrdup(d->http), *save = NULL;
+        for (char *a = strtok_r(aliases, "|", &save); a; a = strtok_r(NULL, "|", &save)) {
+            char *sp = strchr(a, ' ');
+            cr_assert(sp);
+            *sp = 0;
+            char tpl[256];
+            snprintf(tpl, sizeof(tpl), "%s", sp + 1);
+            char *colon;
+            while ((colon = strstr(tpl, ":int}")))
+                memmove(colon, colon + 4, strlen(colon + 4) + 1);
+            char m[8];
+            snprintf(m, sizeof(m), "%s", a);
+            for (char *q = m; *q; q++)
+                *q = (char)(*q | 32);
+            cr_expect(json_is_object(json_object_get(json_object_get(paths, tpl), m)),
+                      "alias %s %s of %s is not in the document", a, tpl, d->name);
+        }
+        free(aliases);
+    }
+
+    /* Every path + method in the document is served (the sandbox is a fresh one). */
+    char *sb = test_id("oapi");
+    const char *path;
+    json_t *item;
+    int nreq = 0;
+    json_object_foreach(paths, path, item)
+    {
+        char *filled = fill_template(path, sb);
+        char *u = hfmt("%s%s", test_http_url(), filled);
+        const char *method;
+        json_t *op;
+        json_object_foreach(item, method, op)
+        {
+            char M[8];
+            snprintf(M, sizeof(M), "%s", method);
+            for (char *q = M; *q; q++)
+                *q = (char)(*q & ~32);
+            cr_expect(json_is_string(json_object_get(op, "operationId")), "%s %s: no operationId",
+                      M, path);
+            cr_expect(json_is_object(json_object_get(op, "responses")), "%s %s: no responses", M,
+                      path);
+            static const char *const ct[] = {"Content-Type: application/json", NULL};
+            struct hopts o = {.timeout_ms = 90000};
+            if (!strcmp(M, "POST")) {
+                o.headers = ct;
+                o.body = "{}";
+                o.body_len = 2;
+            } else if (!strcmp(M, "PUT")) {
+                o.body = "probe";
+                o.body_len = 5;
+            }
+            struct hresp r;
+            http_req(M, u, &o, &r);
+            nreq++;
+            cr_expect(r.status >= 100, "%s %s: no answer (%s)", M, filled, r.err);
+            cr_expect(strcmp(jstr(r.json, "code"), "ROUTE_NOT_FOUND"),
+                      "%s %s is in the document but answers ROUTE_NOT_FOUND (%ld)", M, path,
+                      r.status);
+            hresp_free(&r);
+        }
+        /* A method the document does not list for this path is not served. */
+        if (!json_object_get(item, "patch")) {
+            struct hresp r;
+            http_req("PATCH", u, NULL, &r);
+            cr_expect_str_eq(jstr(r.json, "code"), "ROUTE_NOT_FOUND",
+                             "PATCH %s: %ld %.200s", path, r.status, r.body);
+            hresp_free(&r);
+        }
+        free(u);
+        free(filled);
+    }
+    cr_expect_gt(nreq, 50, "only %d routes probed", nreq);
+
+    /* Paths not in the document are not served. */
+    const char *absent[] = {"/v1/nothing", "/v2/health", "/v1/sandboxes/%s/no.such.op",
+                            "/v1/sandboxes/%s/files", "/v1/sandboxes/%s/processes/a/b/c",
+                            "/v1/sandboxes", "/v1/health/extra", NULL};
+    const char *methods[] = {"GET", "POST", "POST", "GET", "GET", "POST", "GET"};
+    for (int i = 0; absent[i]; i++) {
+        char *p = hfmt(absent[i], sb);
+        cr_expect(!json_object_get(paths, p) ||
+                      !json_object_get(json_object_get(paths, p), "post"),
+                  "%s is in the document", p);
+        struct hresp r;
+        api(methods[i], p, NULL, &r);
+        expect_status(r, 404, p);
+        expect_code(r, "ROUTE_NOT_FOUND", p);
+        hresp_free(&r);
+        free(p);
+    }
+    hresp_free(&doc);
+    hdone(sb);
+}
