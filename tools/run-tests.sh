@@ -9,7 +9,7 @@
 set -uo pipefail
 build=${1:-build/asan}
 which=${2:-all}
-export SBX_BIN="$build/bin"
+export SBX_BIN="$(cd "$build/bin" 2>/dev/null && pwd || echo "$build/bin")"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp:print_suppressions=0}"

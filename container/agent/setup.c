@@ -509,6 +509,7 @@ int
 agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
 {
     int rc = 0;
+    int interp_fd = -1;
 
     /* 1. Identity is already uid/gid 0 of our namespace (spawn.c did
      *    setresuid before exec).  cgroup v1: the parent attached us to our
@@ -521,6 +522,11 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
 
     /* 2. Nothing we mount may propagate back to the host. */
     STEP(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0, "make / private");
+
+    /* The interpreter drivers' directory may itself live under /tmp (a build
+     * tree checked out there), which the new root is about to cover: hold it
+     * by a handle first, and bind it through that handle below. */
+    interp_fd = cfg->interp_dir[0] ? open(cfg->interp_dir, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
 
     /* 3. The new root: a small tmpfs, read-only once built. */
     STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") == 0,
@@ -555,8 +561,12 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
     }
 
     /* The interpreter drivers (code contexts), read-only, when installed. */
-    if (cfg->interp_dir[0] && access(cfg->interp_dir, F_OK) == 0) {
-        rc = bind_ro(cfg->interp_dir, NEWROOT "/opt/sbx", true);
+    if (interp_fd >= 0) {
+        char src[64];
+        snprintf(src, sizeof(src), "/proc/self/fd/%d", interp_fd);
+        rc = bind_ro(src, NEWROOT "/opt/sbx", true);
+        close(interp_fd);
+        interp_fd = -1;
         if (rc) {
             snprintf(why, whylen, "bind the interpreter drivers at /opt/sbx");
             goto out;
@@ -588,5 +598,7 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
     /* 7. Privileges, last: nothing after this needs any. */
     rc = drop_privileges(cfg, why, whylen);
 out:
+    if (interp_fd >= 0)
+        close(interp_fd);
     return rc;
 }

@@ -63,10 +63,10 @@ class Daemon:
 
     def __init__(self, extra_args=(), api_key=None):
         if os.geteuid() != 0:
-            pytest.skip("the sbx daemon needs root")
+            pytest.fail("the sbx daemon needs root")
         sbxd = _sbxd()
         if not os.access(sbxd, os.X_OK):
-            pytest.skip(f"no sbxd at {sbxd} (build with `make all` or set SBX_BIN)")
+            pytest.fail(f"no sbxd at {sbxd} (build with `make all` or set SBX_BIN)")
         self.data = data = tempfile.mkdtemp(prefix="sbx-py-", dir="/tmp")
         args = list(extra_args)
         if api_key:
