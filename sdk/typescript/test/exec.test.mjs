@@ -128,7 +128,7 @@ describe('execStream', () => {
     const client = new SbxClient({ url: proxy.url, retry: { retries: 6, minDelayMs: 50, maxDelayMs: 400 } });
     try {
       const sb = getSandbox(client, sb0.id);
-      // Slow output: nothing is in flight when the connection drops (see the todo test below).
+      // Slow output: nothing is in flight when the connection drops (the next test covers events in flight).
       const stream = await sb.execStream('for i in $(seq 1 6); do echo line $i; sleep 0.5; done');
       const events = [];
       let cutAt;
@@ -190,7 +190,6 @@ describe('execStream', () => {
 
   it(
     'loses no event when a resume follows a drop with events in flight',
-    { todo: 'server bug: the SSE front acknowledges (stream.read after=N) events it wrote but the client never received' },
     async () => {
       const sb0 = ctx.sandbox('noloss');
       const proxy = await startProxy(ctx.url);
