@@ -82,7 +82,7 @@ endef
 $(eval $(call build_flavor,release,RELEASE_CFLAGS,bin))
 $(eval $(call build_flavor,asan,ASAN_CFLAGS,build/asan/bin))
 
-RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench bin/sbx-bench-interp \
+RELEASE_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-bench bin/sbx-bench-interp bin/sbx-bench-http \
                 share/sbx/interp/.installed
 ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent \
                 build/asan/share/sbx/interp/.installed
@@ -92,6 +92,12 @@ bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tests/support/har
                       build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
+
+# The HTTP benchmark (the HTTP front against the nng path).
+bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tests/support/harness.c) \
+                    build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
 INTERP_SRC := container/interp/driver.py container/interp/driver.js \
@@ -207,6 +213,7 @@ soak: $(SOAK_BINS)
 bench: all
 	@bin/sbx-bench
 	@bin/sbx-bench-interp
+	@bin/sbx-bench-http
 
 clean:
 	rm -rf build bin lib share

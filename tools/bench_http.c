@@ -1,0 +1,198 @@
+/*
+ * sbx-bench-http — the HTTP front against the nng path, in one run.
+ *
+ *   sbx-bench-http [--runs N]
+ *
+ * Starts a private `sbxd dev` with its HTTP front on a free port (sbxd from
+ * $SBX_BIN, else next to this executable) and measures, on one running
+ * sandbox, from the client (CLOCK_MONOTONIC, milliseconds):
+ *
+ *   exec over nng        sbx_exec `true` in the default session (the C client
+ *                        library, msgpack over nng to the gateway)
+ *   exec over HTTP       POST /v1/sandboxes/{id}/exec {"command":"true"} with
+ *                        libcurl on one kept-alive connection (JSON both ways)
+ *   SSE first event      POST …/exec.stream with Accept: text/event-stream for
+ *                        `echo hi`: from sending the request to the first
+ *                        `event:` line of the response (the stream's start)
+ *   SSE first output     … to the first `event: stdout` (the command ran)
+ *
+ * N runs each (default 1000; the SSE ones N/4) after 50 warm-up runs.
+ */
+#include <curl/curl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../runtime/sbx.h"
+#include "../runtime/util.h"
+#include "../tests/support/harness.h"
+
+static double
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void
+line(const char *what, double *v, size_t n)
+{
+    qsort(v, n, sizeof(double), cmp_d);
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+#define P(p) v[SBX_MIN(n - 1, (size_t)((p) / 100.0 * (double)n))]
+    printf("  %-28s n=%-5zu p50 %8.3f  p90 %8.3f  p99 %8.3f  max %8.3f  mean %8.3f ms\n", what,
+           n, P(50), P(90), P(99), v[n - 1], sum / (double)n);
+#undef P
+}
+
+static size_t
+sink(char *p, size_t s, size_t n, void *arg)
+{
+    (void)p;
+    (void)arg;
+    return s * n;
+}
+
+struct sse {
+    double t0, first_event, first_stdout;
+    sbx_buf b;
+};
+
+static size_t
+sse_data(char *p, size_t s, size_t n, void *arg)
+{
+    struct sse *x = arg;
+    sbx_buf_append(&x->b, p, s * n);
+    if (!x->first_event && memmem(x->b.p, x->b.len, "event:", 6))
+        x->first_event = now_ms() - x->t0;
+    if (!x->first_stdout && memmem(x->b.p, x->b.len, "event: stdout", 13))
+        x->first_stdout = now_ms() - x->t0;
+    return s * n;
+}
+
+int
+main(int argc, char **argv)
+{
+    int runs = 1000;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            runs = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: sbx-bench-http [--runs N]\n");
+            return 2;
+        }
+    }
+    if (runs < 4)
+        runs = 4;
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[sl > 0 ? sl : 0] = 0;
+    if (!getenv("SBX_BIN"))
+        setenv("SBX_BIN", dirname(self), 1);
+    struct testd d;
+    static const char *const extra[] = {"--pool", "1", NULL}; /* the harness adds --http 127.0.0.1:0 */
+    if (testd_start(&d, 1, extra) != 0) {
+        fprintf(stderr, "sbx-bench-http: cannot start sbxd (root needed)\n");
+        return 1;
+    }
+    setenv("SBX_TEST_DIR", d.dir, 1);
+    const char *base = test_http_url();
+    int rc = 1;
+    sbx_client *c = NULL;
+    sbx_error err;
+    CURL *cu = curl_easy_init();
+    if (sbx_client_open(&c, d.url, &err) != 0 || !cu)
+        goto out;
+    char id[64];
+    snprintf(id, sizeof(id), "bench-http-%d", (int)getpid());
+    sbx_exec_opts o = {.command = "true"};
+    sbx_exec_result r;
+    double *nng = sbx_xcalloc((size_t)runs, sizeof(double));
+    double *http = sbx_xcalloc((size_t)runs, sizeof(double));
+    int ns = runs / 4;
+    double *ev = sbx_xcalloc((size_t)ns, sizeof(double));
+    double *out = sbx_xcalloc((size_t)ns, sizeof(double));
+    for (int i = 0; i < 50 + runs; i++) {
+        double t0 = now_ms();
+        if (sbx_exec(c, id, &o, &r, &err) != 0) {
+            fprintf(stderr, "sbx-bench-http: exec: %s %s\n", err.code, err.message);
+            goto out;
+        }
+        if (i >= 50)
+            nng[i - 50] = now_ms() - t0;
+        sbx_exec_result_free(&r);
+    }
+    char url[256];
+    snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/exec", base, id);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(cu, CURLOPT_TCP_NODELAY, 1L);
+    for (int i = 0; i < 50 + runs; i++) {
+        curl_easy_setopt(cu, CURLOPT_URL, url);
+        curl_easy_setopt(cu, CURLOPT_POSTFIELDS, "{\"command\":\"true\"}");
+        double t0 = now_ms();
+        long status = 0;
+        if (curl_easy_perform(cu) != CURLE_OK ||
+            (curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status), status != 200)) {
+            fprintf(stderr, "sbx-bench-http: HTTP exec failed (status %ld)\n", status);
+            goto out;
+        }
+        if (i >= 50)
+            http[i - 50] = now_ms() - t0;
+    }
+    snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/exec.stream", base, id);
+    struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
+    hs = curl_slist_append(hs, "Accept: text/event-stream");
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hs);
+    curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, sse_data);
+    for (int i = 0; i < 10 + ns; i++) {
+        struct sse x = {0};
+        sbx_buf_init(&x.b);
+        curl_easy_setopt(cu, CURLOPT_URL, url);
+        curl_easy_setopt(cu, CURLOPT_POSTFIELDS, "{\"command\":\"echo hi\"}");
+        curl_easy_setopt(cu, CURLOPT_WRITEDATA, &x);
+        x.t0 = now_ms();
+        CURLcode cr = curl_easy_perform(cu);
+        sbx_buf_free(&x.b);
+        if (cr != CURLE_OK || !x.first_stdout) {
+            fprintf(stderr, "sbx-bench-http: SSE exec failed\n");
+            goto out;
+        }
+        if (i >= 10) {
+            ev[i - 10] = x.first_event;
+            out[i - 10] = x.first_stdout;
+        }
+    }
+    curl_slist_free_all(h);
+    curl_slist_free_all(hs);
+    sbx_destroy(c, id, NULL, NULL);
+    printf("HTTP front vs nng, `exec true` on one running sandbox (default session)\n");
+    line("exec over nng (libsbx)", nng, (size_t)runs);
+    line("exec over HTTP (keep-alive)", http, (size_t)runs);
+    printf("Server-Sent Events, exec.stream `echo hi`\n");
+    line("SSE first event (start)", ev, (size_t)ns);
+    line("SSE first stdout event", out, (size_t)ns);
+    rc = 0;
+out:
+    if (cu)
+        curl_easy_cleanup(cu);
+    if (c)
+        sbx_client_close(c);
+    testd_stop(&d);
+    return rc;
+}
