@@ -1429,6 +1429,32 @@ actor_pump(struct actor *a)
     }
 }
 
+void
+actor_reload_record(struct actor *a)
+{
+    char *val = NULL;
+    size_t vn = 0;
+    struct sbx_record r;
+    int rc = sbx_store_get(a->sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn);
+    if (rc == 0 && sbx_record_decode(val, vn, &r) == 0) {
+        /* The live container's view (state, generation) stays as it is. */
+        char state[16];
+        uint64_t gen = a->rec.generation;
+        snprintf(state, sizeof(state), "%s", a->rec.state);
+        sbx_record_free(&a->rec);
+        a->rec = r;
+        if (a->cs == C_RUNNING) {
+            snprintf(a->rec.state, sizeof(a->rec.state), "%s", state);
+            a->rec.generation = gen;
+        }
+        a->exists = true;
+        load_config(a);
+    } else if (rc == -ENOENT && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+        a->exists = false;
+    }
+    free(val);
+}
+
 /* ------------------------------------------------------------------------------ */
 /* Handoff (actors/cluster.c). */
 

@@ -483,10 +483,14 @@ cluster_replicate(struct shard *sh, uint64_t seq, const char *id, const void *re
         it->len = len;
     }
     if (c->nout == c->capout) {
-        /* compact then grow the FIFO */
-        memmove(c->outstanding, c->outstanding + c->outhead, (c->nout - c->outhead) * 8);
-        c->nout -= c->outhead;
-        c->outhead = 0;
+        /* compact then grow the FIFO (outstanding is NULL before the first
+         * write: memmove must not see it, even for 0 bytes — UBSan aborts) */
+        if (c->outhead) {
+            memmove(c->outstanding, c->outstanding + c->outhead,
+                    (c->nout - c->outhead) * sizeof(uint64_t));
+            c->nout -= c->outhead;
+            c->outhead = 0;
+        }
         if (c->nout == c->capout) {
             c->capout = c->capout ? c->capout * 2 : 256;
             c->outstanding = sbx_xrealloc(c->outstanding, c->capout * sizeof(uint64_t));

@@ -376,6 +376,10 @@ deliver_error(struct held *h, int code, const char *msg)
     free(h->buf);
     struct sop *op = h->op;
     op->transient = true; /* not committed: a retry must run again */
+    /* The actor's memory holds the change that did not commit: go back to
+     * what the store has (a failed destroy leaves the sandbox as it was). */
+    if (op->actor)
+        actor_reload_record(op->actor);
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
     char *buf;

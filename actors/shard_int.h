@@ -215,6 +215,9 @@ bool actor_port_exposed(struct actor *a, int port);
  */
 bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
                              uint64_t *max_seq);
+/* actor_reload_record — replace the actor's record with the committed one
+ * (after a write of it failed to commit). */
+void actor_reload_record(struct actor *a);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);
