@@ -446,6 +446,20 @@ cmd_dev(int argc, char **argv)
         sbx_info("HTTP API on http://%.*s:%d, preview URLs http://{port}-{id}-{token}.%s/",
                  colon ? (int)(colon - gc.http) : 0, gc.http, http_port, preview_domain);
     }
+    /* Host uids: an explicit --uid-base, else a range picked from the
+     * deployment's name, so that deployments side by side on one host (tests,
+     * benchmarks, a developer's own) do not hand out the same host uids. */
+    int64_t uid_base = c.uid_base;
+    bool uid_given = false;
+    for (int k = 2; k < argc; k++)
+        if (!strncmp(argv[k], "--uid-base", 10))
+            uid_given = true;
+    if (!uid_given) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
+        for (const char *p = name; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        uid_base = 1000000000 + (int64_t)(h % 4096) * (4 * 65536); /* 4 shards of 65536 each */
+    }
     kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
     for (int i = 0; i < nshards; i++) {
         char buf[PATH_MAX + 64];
@@ -460,7 +474,7 @@ cmd_dev(int argc, char **argv)
         snprintf(buf, sizeof(buf), "--data=%s/s%d", absdata, i);
         argv_add(&av, &n, buf);
         /* Distinct host uid ranges per shard. */
-        snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(c.uid_base + i * c.uid_count));
+        snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(uid_base + i * c.uid_count));
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--relay=unix:%s/s%d.relay", absdata, i);
         argv_add(&av, &n, buf);

@@ -222,7 +222,9 @@ start_shell(struct session *s)
     struct stat st;
     if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode))
         cwd = "/workspace";
-    const char *argv[] = {"/bin/bash", "--norc", "--noprofile", "-i", NULL};
+    /* --noediting: no readline; with it bash polls its input twice per byte
+     * read (1,136 system calls per `exec true` against 94 without). */
+    const char *argv[] = {"/bin/bash", "--norc", "--noprofile", "--noediting", "-i", NULL};
     int keep[] = {pctl[1], po[1], pe[1]}; /* → fds 3, 4, 5 */
     struct spawn_opts so = {
         .in_fd = pin[0],
