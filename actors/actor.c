@@ -220,16 +220,10 @@ reply_status(struct actor *a, struct sop *op)
         return;
     }
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_str(&e, "sandbox");
     actor_encode_status(a, &e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -447,17 +441,11 @@ finish_destroy(struct actor *a, struct sop *op)
     sbx_record_free(&a->rec);
     memset(&a->rec, 0, sizeof(a->rec));
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_kbool(&e, "destroyed", existed);
     sbx_enc_kstr(&e, "id", a->id);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 void
@@ -565,15 +553,12 @@ agent_reply(struct actor *a, const msgpack_object *root)
         return; /* a reply to nothing we sent: ignore */
     a->last_active_ms = sbx_wall_ms();
     sbx_enc e;
-    char *buf;
-    size_t len;
     const msgpack_object *r = NULL;
     if (ok && sbx_wire_get_map(root, "r", &r) == 0) {
         sbx_str cause = {0};
         sbx_wire_get_str(r, "cause", &cause);
         const char *refined = cause.n ? refine_cause(a, op, r, cause) : NULL;
-        sbx_enc_init(&e);
-        sbx_enc_reply_ok(&e, op->req.id);
+        shard_reply_begin(op, &e);
         for (uint32_t i = 0; i < r->via.map.size; i++) {
             const msgpack_object_kv *kv = &r->via.map.ptr[i];
             if (kv->key.type != MSGPACK_OBJECT_STR)
@@ -586,12 +571,7 @@ agent_reply(struct actor *a, const msgpack_object *root)
         }
         if (op->container_restarted)
             sbx_enc_kbool(&e, "containerRestarted", true);
-        sbx_enc_end(&e);
-        sbx_enc_end(&e);
-        if (sbx_enc_finish(&e, &buf, &len) == 0)
-            shard_reply(op, buf, len, a->last_seq);
-        else
-            shard_reply_err(op, SBX_E_INTERNAL, "could not encode the reply");
+        shard_reply_end(op, &e, a->last_seq);
         return;
     }
     /* An error: keep its code only if it is one of ours. */
@@ -708,17 +688,11 @@ op_create(struct actor *a, struct sop *op)
     bool created = !a->exists;
     ensure_record(a, &lim);
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "created", created);
     sbx_enc_str(&e, "sandbox");
     actor_encode_status(a, &e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 static void
@@ -861,15 +835,9 @@ op_env_set(struct actor *a, struct sop *op)
         return;
     }
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 /* sandbox.configure {sleepAfter: ms | "10m", keepAlive}: durable lifecycle settings. */
@@ -926,17 +894,11 @@ op_configure(struct actor *a, struct sop *op)
     a->last_active_ms = sbx_wall_ms();
     save_record(a);
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_kint(&e, "sleepAfter", sleep_after(a));
     sbx_enc_kbool(&e, "keepAlive", a->keep_alive);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 
@@ -1198,23 +1160,17 @@ op_port_expose(struct actor *a, struct sop *op)
     free(eb);
     save_record(a);
     sbx_enc e;
-    char *buf;
-    size_t len;
     char url[512];
     snprintf(url, sizeof(url), "%s://%d-%s-%s.%s/", a->sh->conf.preview_scheme, port, a->id,
              token, host);
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_kstr(&e, "url", url);
     sbx_enc_kint(&e, "port", port);
     if (name.n)
         sbx_enc_kstrn(&e, "name", name.p, name.n);
     sbx_enc_kstr(&e, "token", token);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 static void
@@ -1232,17 +1188,11 @@ op_port_unexpose(struct actor *a, struct sop *op)
         save_record(a);
     }
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_kint(&e, "port", port);
     sbx_enc_kbool(&e, "wasExposed", was);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 static void
@@ -1252,10 +1202,7 @@ op_port_list(struct actor *a, struct sop *op)
     if (host_arg(op, host, sizeof(host)))
         return;
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_karray(&e, "ports");
     sbx_msg m;
@@ -1278,10 +1225,7 @@ op_port_list(struct actor *a, struct sop *op)
         sbx_wire_msg_free(&m);
     }
     sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, a->last_seq);
+    shard_reply_end(op, &e, a->last_seq);
 }
 
 /* preview.resolve {port, token}: the HTTP front's check of a preview URL.
@@ -1316,17 +1260,11 @@ op_preview_resolve(struct actor *a, struct sop *op)
         return;
     }
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kint(&e, "generation", (int64_t)a->rec.generation);
     sbx_enc_kstr(&e, "relay", a->sh->conf.relay ? a->sh->conf.relay : "");
     sbx_enc_kstr(&e, "shard", a->sh->conf.name);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, 0);
+    shard_reply_end(op, &e, 0);
 }
 
 static void

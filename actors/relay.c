@@ -148,14 +148,7 @@ rquery_ask(struct shard *sh, const char *id, int port, uint64_t gen, bool end)
     pthread_mutex_lock(&sh->relay_mu);
     int64_t deadline = sbx_mono_ms() + 5000;
     while (!q->done && sbx_mono_ms() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&sh->relay_cv, &sh->relay_mu, &ts);
+        sbx_cond_wait_ms(&sh->relay_cv, &sh->relay_mu, 100);
     }
     if (!q->done)
         q->abandoned = true;
@@ -449,14 +442,7 @@ shard_relay_stop(struct shard *sh)
     }
     int64_t deadline = sbx_mono_ms() + 5000;
     while (sh->relay_nconns > 0 && sbx_mono_ms() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&sh->relay_cv, &sh->relay_mu, &ts);
+        sbx_cond_wait_ms(&sh->relay_cv, &sh->relay_mu, 50);
     }
     pthread_mutex_unlock(&sh->relay_mu);
     if (sh->relay_fd >= 0)

@@ -306,6 +306,28 @@ shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
 }
 
 void
+shard_reply_begin(struct sop *op, sbx_enc *e)
+{
+    sbx_enc_init(e);
+    sbx_enc_reply_ok(e, op->req.id);
+}
+
+void
+shard_reply_end(struct sop *op, sbx_enc *e, uint64_t need_seq)
+{
+    char *buf;
+    size_t len;
+    sbx_enc_end(e);
+    sbx_enc_end(e);
+    if (sbx_enc_finish(e, &buf, &len) != 0) {
+        shard_reply_err(op, SBX_E_INTERNAL, "reply to %.*s could not be encoded",
+                        (int)op->req.op.n, op->req.op.p);
+        return;
+    }
+    shard_reply(op, buf, len, need_seq);
+}
+
+void
 shard_reply_werr(struct sop *op, sbx_werr *w)
 {
     switch (w->code) {
@@ -634,24 +656,18 @@ op_list(struct sop *op)
 {
     struct shard *sh = op->sh;
     sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_karray(&e, "sandboxes");
     struct list_ctx lc = {sh, &e, 0};
     int rc = sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, list_one, &lc);
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)lc.n);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
     if (rc) {
         sbx_enc_free(&e);
         shard_reply_err(op, SBX_E_STORAGE, "cannot list sandboxes: %s", sbx_err_message(rc));
         return;
     }
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, 0);
+    shard_reply_end(op, &e, 0);
 }
 
 static void
@@ -659,8 +675,6 @@ op_shard_status(struct sop *op)
 {
     struct shard *sh = op->sh;
     sbx_enc e;
-    char *buf;
-    size_t len;
     uint64_t batches, writes, failed;
     sbx_store_stat(sh->store, &batches, &writes, &failed);
     size_t running = 0;
@@ -668,8 +682,7 @@ op_shard_status(struct sop *op)
         for (struct actor *a = sh->buckets[b]; a; a = a->hnext)
             if (a->cs == C_RUNNING)
                 running++;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, op->req.id);
+    shard_reply_begin(op, &e);
     sbx_enc_kmap(&e, "shard");
     sbx_enc_kstr(&e, "name", sh->conf.name);
     sbx_enc_kstr(&e, "listen", sh->conf.listen);
@@ -693,10 +706,7 @@ op_shard_status(struct sop *op)
     sbx_enc_str(&e, "cluster");
     cluster_encode_status(sh, &e);
     sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        shard_reply(op, buf, len, 0);
+    shard_reply_end(op, &e, 0);
 }
 
 /* ------------------------------------------------------------------------------ */

@@ -187,6 +187,14 @@ void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);
 void shard_reply_err(struct sop *op, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void shard_reply_werr(struct sop *op, sbx_werr *w);
+/* shard_reply_begin — initialise `e` with the success envelope of `op`'s reply
+ * ({v, id, ok:true, result:{ …), the result map left open for the caller's
+ * fields.  shard_reply_end closes both maps and sends the reply as shard_reply
+ * does (held until write `need_seq` is decided); it consumes `e`.  An encoder
+ * left unbalanced or over its nesting limit answers INTERNAL_ERROR instead, so
+ * the caller is answered either way. */
+void shard_reply_begin(struct sop *op, sbx_enc *e);
+void shard_reply_end(struct sop *op, sbx_enc *e, uint64_t need_seq);
 void shard_work_submit(struct shard *sh, struct work *w);
 /* shard_release_held — send every held reply whose writes are now decided
  * (committed to LMDB and, in a cluster, replicated). */

@@ -999,22 +999,35 @@ start_op(struct hreq *hr, const char *op)
     return MHD_YES;
 }
 
+/* take_result — the finished call's successful reply: true with *m decoded
+ * (the caller frees it) and *res its result map; false when the call failed,
+ * the HTTP error response already queued and its MHD result in *ret. */
+static bool
+take_result(struct hreq *hr, sbx_msg *m, const msgpack_object **res, enum MHD_Result *ret)
+{
+    char code[64], msg[256];
+    int rc = call_take(hr, m, res, code, msg, sizeof(msg));
+    if (rc == CALL_ERROR_REPLY) {
+        *ret = queue_error_reply(hr, m->root);
+        sbx_wire_msg_free(m);
+        return false;
+    }
+    if (rc) {
+        *ret = http_queue_error(hr->c, sbx_err_http(rc), code, msg);
+        return false;
+    }
+    return true;
+}
+
 /* The op's reply arrived (PH_CALL). */
 static enum MHD_Result
 finish_op(struct hreq *hr)
 {
     sbx_msg m;
     const msgpack_object *res;
-    char code[64], msg[256];
-    int rc = call_take(hr, &m, &res, code, msg, sizeof(msg));
-    if (rc == CALL_ERROR_REPLY) {
-        enum MHD_Result ret = queue_error_reply(hr, m.root);
-        sbx_wire_msg_free(&m);
-        return ret;
-    }
-    if (rc)
-        return http_queue_error(hr->c, sbx_err_http(rc), code, msg);
     enum MHD_Result ret;
+    if (!take_result(hr, &m, &res, &ret))
+        return ret;
     if (hr->rt->kind == R_FILE_GET) {
         sbx_str content = SBX_STR(""), mime = SBX_STR("application/octet-stream");
         sbx_wire_get_str(res, "content", &content);
@@ -1039,7 +1052,7 @@ finish_op(struct hreq *hr)
         snprintf(hr->stream_id, sizeof(hr->stream_id), "%.*s", (int)sid.n, sid.p);
         sbx_wire_msg_free(&m);
         hr->after = 0;
-        rc = read_start(hr);
+        int rc = read_start(hr);
         if (rc)
             return queue_err(hr, rc, "could not read the stream");
         hr->phase = PH_READ1;
@@ -1060,15 +1073,9 @@ finish_read1(struct hreq *hr)
 {
     sbx_msg m;
     const msgpack_object *res;
-    char code[64], msg[256];
-    int rc = call_take(hr, &m, &res, code, msg, sizeof(msg));
-    if (rc == CALL_ERROR_REPLY) {
-        enum MHD_Result ret = queue_error_reply(hr, m.root);
-        sbx_wire_msg_free(&m);
+    enum MHD_Result ret;
+    if (!take_result(hr, &m, &res, &ret))
         return ret;
-    }
-    if (rc)
-        return http_queue_error(hr->c, sbx_err_http(rc), code, msg);
     sbx_buf_append(&hr->out, "retry: 1000\n\n", 13);
     sse_result(hr, res);
     sbx_wire_msg_free(&m);
@@ -1564,14 +1571,7 @@ sbx_http_stop(sbx_http *h)
     terminal_cancel_all(h);
     pthread_mutex_lock(&h->mu);
     for (int i = 0; i < 100 && h->workers > 0; i++) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+        sbx_cond_wait_ms(&h->cv, &h->mu, 50);
     }
     pthread_mutex_unlock(&h->mu);
     usleep(50 * 1000);

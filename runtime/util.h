@@ -10,6 +10,7 @@
 #ifndef SBX_UTIL_H
 #define SBX_UTIL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,6 +49,10 @@ char *sbx_buf_steal(sbx_buf *b, size_t *len);
 int64_t sbx_mono_ms(void);  /* CLOCK_MONOTONIC */
 int64_t sbx_mono_us(void);
 int64_t sbx_wall_ms(void);  /* CLOCK_REALTIME, ms since the Unix epoch */
+/* sbx_cond_wait_ms — pthread_cond_timedwait(3p) for at most `ms` ms (the
+ * condition's default clock, CLOCK_REALTIME).  `mu` is held on entry and on
+ * return; the caller re-checks its predicate (wake-ups may be spurious). */
+void sbx_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
 /* sbx_iso8601 — format wall-clock ms as "2026-11-22T10:00:00.123Z" (out ≥ 32 bytes). */
 void sbx_iso8601(int64_t wall_ms, char *out, size_t outlen);
 

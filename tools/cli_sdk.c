@@ -342,6 +342,7 @@ v_logs(struct gopts *g, int argc, char **argv)
     sbx_stream *s;
     if (sbx_stream_open(c, pos[0], sid, 0, &s, &err) != 0) {
         cli_print_err(&err);
+        sbx_error_free(&err);
         sbx_client_close(c);
         return 1;
     }
@@ -608,6 +609,51 @@ v_mv(struct gopts *g, int argc, char **argv)
     return cli_call_enc(g, "file.move", argv[0], &e, human_ok);
 }
 
+/* cli_start_stream — call `op` (a streaming op: its result carries
+ * `streamId`) with the arguments map open in `e`, then open that stream.
+ * Consumes `e`.  On success returns 0 with a connected client in *cp and the
+ * stream in *sp (the caller closes both); otherwise prints why and returns
+ * the exit code (1 for an error reply, EXIT_SBX when nothing was reached). */
+static int
+cli_start_stream(struct gopts *g, const char *op, const char *id, sbx_enc *e,
+                 sbx_client **cp, sbx_stream **sp)
+{
+    char *args = NULL;
+    size_t alen;
+    int rc = 0;
+    sbx_client *c = NULL;
+    sbx_reply *r = NULL;
+    sbx_error err;
+    sbx_enc_end(e);
+    if (sbx_enc_finish(e, &args, &alen) != 0)
+        return EXIT_SBX;
+    c = cli_connect(g, &rc);
+    if (!c)
+        goto out;
+    if (sbx_call(c, op, id, args, alen, 0, NULL, &r, &err) != 0) {
+        rc = 1;
+        goto fail;
+    }
+    sbx_str sid = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "streamId", &sid);
+    char sids[80];
+    sbx_str_copy(sid, sids, sizeof(sids));
+    sbx_reply_free(r);
+    if (sbx_stream_open(c, id, sids, 0, sp, &err) != 0) {
+        rc = EXIT_SBX;
+        goto fail;
+    }
+    *cp = c;
+    goto out;
+fail:
+    cli_print_err(&err);
+    sbx_error_free(&err);
+    sbx_client_close(c);
+out:
+    free(args);
+    return rc;
+}
+
 int
 v_watch(struct gopts *g, int argc, char **argv)
 {
@@ -668,33 +714,11 @@ v_watch(struct gopts *g, int argc, char **argv)
     sbx_enc_free(&inc);
     sbx_enc_free(&exc);
     free(o.argv);
-    sbx_enc_end(&e);
-    char *args;
-    size_t alen;
-    sbx_enc_finish(&e, &args, &alen);
-    int rc = 0;
-    sbx_client *c = cli_connect(g, &rc);
-    if (!c) {
-        free(args);
-        return rc;
-    }
-    sbx_reply *r = NULL;
-    sbx_error err;
-    rc = sbx_call(c, "file.watch", id, args, alen, 0, NULL, &r, &err);
-    free(args);
-    if (rc) {
-        cli_print_err(&err);
-        sbx_error_free(&err);
-        sbx_client_close(c);
-        return 1;
-    }
-    sbx_str sid = {"", 0};
-    sbx_wire_get_str(sbx_reply_result(r), "streamId", &sid);
-    char sids[80];
-    sbx_str_copy(sid, sids, sizeof(sids));
-    sbx_reply_free(r);
+    sbx_client *c;
     sbx_stream *s;
-    sbx_stream_open(c, id, sids, 0, &s, &err);
+    int rc = cli_start_stream(g, "file.watch", id, &e, &c, &s);
+    if (rc)
+        return rc;
     rc = cli_follow(g, c, s, false);
     sbx_stream_close(s);
     sbx_client_close(c);
@@ -937,33 +961,12 @@ v_code(struct gopts *g, int argc, char **argv)
         int rc = cli_call_enc(g, "context.run", id, &e, print_code_result);
         return rc;
     }
-    sbx_enc_end(&e);
-    char *args;
-    size_t alen;
-    sbx_enc_finish(&e, &args, &alen);
-    int rc = 0;
-    sbx_client *c = cli_connect(g, &rc);
-    if (!c) {
-        free(args);
-        return rc;
-    }
-    sbx_reply *r = NULL;
-    sbx_error err;
-    rc = sbx_call(c, "context.runStream", id, args, alen, 0, NULL, &r, &err);
-    free(args);
-    if (rc) {
-        cli_print_err(&err);
-        sbx_error_free(&err);
-        sbx_client_close(c);
-        return 1;
-    }
-    sbx_str sid = {"", 0};
-    sbx_wire_get_str(sbx_reply_result(r), "streamId", &sid);
-    char sids[80];
-    sbx_str_copy(sid, sids, sizeof(sids));
-    sbx_reply_free(r);
+    sbx_client *c;
     sbx_stream *s;
-    sbx_stream_open(c, id, sids, 0, &s, &err);
+    int rc = cli_start_stream(g, "context.runStream", id, &e, &c, &s);
+    if (rc)
+        return rc;
+    sbx_error err;
     sbx_event ev;
     while ((rc = sbx_stream_next(s, &ev, &err)) == 1) {
         if (g->json) {
