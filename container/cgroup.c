@@ -21,8 +21,11 @@
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-enum { H_MEMORY = 0, H_PIDS, H_CPU, H_N };
-static const char *const hnames[H_N] = {"memory", "pids", "cpu"};
+/* v1 hierarchies.  cpuacct is used only where it is mounted apart from cpu
+ * (co-mounted, "cpu,cpuacct", its files are in the cpu directory); it is
+ * optional: without it CPU usage reads 0.  v2 uses index 0 alone. */
+enum { H_MEMORY = 0, H_PIDS, H_CPU, H_CPUACCT, H_N };
+static const char *const hnames[H_N] = {"memory", "pids", "cpu", "cpuacct"};
 
 struct sbx_cgroups {
     enum sbx_cg_mode mode;
@@ -227,7 +230,11 @@ open_v1(sbx_cgroups *cg, char *why, size_t whylen)
     for (int h = 0; h < H_N; h++) {
         char mnt[512];
         bool acct = false;
+        if (h == H_CPUACCT && cg->cpuacct_with_cpu)
+            continue;
         if (v1_mount(hnames[h], mnt, sizeof(mnt), &acct) != 0) {
+            if (h == H_CPUACCT)
+                continue;
             snprintf(why, whylen, "cgroup v1: no hierarchy for the %s controller", hnames[h]);
             return -ENOENT;
         }
@@ -242,7 +249,8 @@ open_v1(sbx_cgroups *cg, char *why, size_t whylen)
         cg->have[h] = true;
         sweep(cg->dir[h], false, false);
     }
-    snprintf(cg->desc, sizeof(cg->desc), "v1 (memory, pids, cpu) at %s", cg->base);
+    snprintf(cg->desc, sizeof(cg->desc), "v1 (memory, pids, cpu%s) at %s",
+             cg->have[H_CPUACCT] || cg->cpuacct_with_cpu ? ", cpuacct" : "", cg->base);
     return 0;
 }
 
@@ -540,15 +548,16 @@ sbx_cgroup_create(sbx_cgroups *cg, const char *name, const struct sbx_limits *li
     out->v2_fd = -1;
     if (cg->mode == SBX_CG_NONE)
         return 0;
-    int nh = cg->mode == SBX_CG_V1 ? H_N : 1;
-    for (int h = 0; h < nh; h++) {
+    out->created = true; /* from here a failure removes what was made */
+    for (int h = 0; h < H_N; h++) {
+        if (!cg->have[h])
+            continue;
         cgdir(cg, h, out, d, sizeof(d));
         if (mkdir(d, 0755) < 0) {
             rc = -errno;
             goto fail;
         }
     }
-    out->created = true;
     if ((rc = sbx_cgroup_set_limits(cg, out, lim)) != 0)
         goto fail;
     if (cg->mode == SBX_CG_V2) {
@@ -570,8 +579,9 @@ sbx_cgroup_attach(sbx_cgroups *cg, sbx_cgroup *c, pid_t pid)
 {
     char d[600], v[32];
     snprintf(v, sizeof(v), "%d", (int)pid);
-    int nh = cg->mode == SBX_CG_V1 ? H_N : (cg->mode == SBX_CG_V2 ? 1 : 0);
-    for (int h = 0; h < nh; h++) {
+    for (int h = 0; h < H_N; h++) {
+        if (!cg->have[h])
+            continue;
         cgdir(cg, h, c, d, sizeof(d));
         int rc = write_str(d, "cgroup.procs", v);
         if (rc)
@@ -593,8 +603,8 @@ sbx_cgroup_stats(sbx_cgroups *cg, sbx_cgroup *c, struct sbx_cgroup_stats *st)
         cgdir(cg, H_PIDS, c, d, sizeof(d));
         st->pids_max_hits = read_key(d, "pids.events", "max");
         st->pids_current = read_u64(d, "pids.current");
-        if (cg->cpuacct_with_cpu) {
-            cgdir(cg, H_CPU, c, d, sizeof(d));
+        if (cg->cpuacct_with_cpu || cg->have[H_CPUACCT]) {
+            cgdir(cg, cg->cpuacct_with_cpu ? H_CPU : H_CPUACCT, c, d, sizeof(d));
             st->cpu_usage_us = read_u64(d, "cpuacct.usage") / 1000;
         }
     } else if (cg->mode == SBX_CG_V2) {
@@ -620,8 +630,9 @@ sbx_cgroup_destroy(sbx_cgroups *cg, sbx_cgroup *c, int wait_ms)
     }
     if (!c->created || cg->mode == SBX_CG_NONE)
         return 0;
-    int nh = cg->mode == SBX_CG_V1 ? H_N : 1;
-    for (int h = 0; h < nh; h++) {
+    for (int h = 0; h < H_N; h++) {
+        if (!cg->have[h])
+            continue;
         cgdir(cg, h, c, d, sizeof(d));
         int r = remove_cgdir(d, cg->mode == SBX_CG_V2, wait_ms);
         if (r && !rc)

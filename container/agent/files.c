@@ -986,12 +986,21 @@ matches_any(char **pats, const char *rel)
     return false;
 }
 
-static bool
-wanted(struct watch *w, const char *full)
+/* rel_path — `full` (a path under the watch's root) relative to the root,
+ * without a leading '/': "" for the root itself.  Works for root "/" too. */
+static const char *
+rel_path(const struct watch *w, const char *full)
 {
     const char *rel = full + strlen(w->root);
     while (*rel == '/')
         rel++;
+    return rel;
+}
+
+static bool
+wanted(struct watch *w, const char *full)
+{
+    const char *rel = rel_path(w, full);
     if (!*rel)
         return true;
     if (w->exclude && matches_any(w->exclude, rel))
@@ -1044,7 +1053,7 @@ add_dir_fd(struct watch *w, int dfd, const char *path, int depth)
             continue;
         char sub[PATH_MAX_BYTES];
         snprintf(sub, sizeof(sub), "%s/%s", strcmp(path, "/") ? path : "", de->d_name);
-        if (w->exclude && matches_any(w->exclude, sub + strlen(w->root) + 1))
+        if (w->exclude && matches_any(w->exclude, rel_path(w, sub)))
             continue;
         int sfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (sfd >= 0 && forbidden_fs(sfd))
