@@ -61,6 +61,7 @@
  * is there; bash's children get it at its default, ignored, too. */
 #define SESSION_ABORT_SIG SIGURG
 #define RECENT 8
+#define CTL_LINE_MAX (64 + 4096) /* nonce, status and a PATH_MAX working directory */
 
 /* Append a string literal (its length computed by the compiler). */
 #define LIT(b, s) sbx_buf_append((b), (s), sizeof(s) - 1)
@@ -475,9 +476,19 @@ ctl_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     char buf[512];
     (void)l;
     (void)ev;
-    for (;;) {
+    /* The pipe is writable by anything the tenant runs in the shell (fd 3):
+     * read at most 64 KiB per wake-up so a writer that never stops cannot
+     * hold the loop, and keep no more than CTL_LINE_MAX bytes of a line (our
+     * lines are a nonce, a status and a path); a longer one is junk and is
+     * dropped. */
+    for (size_t total = 0; total < 65536;) {
         ssize_t r = read(fd, buf, sizeof(buf));
         if (r > 0) {
+            total += (size_t)r;
+            if (s->ctl.len + (size_t)r > CTL_LINE_MAX && !memchr(buf, '\n', (size_t)r)) {
+                s->ctl.len = 0; /* a line too long to be ours */
+                continue;
+            }
             sbx_buf_append(&s->ctl, buf, (size_t)r);
             continue;
         }

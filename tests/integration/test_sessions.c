@@ -183,6 +183,53 @@ Test(sessions, stdin_is_dev_null, .timeout = 30)
     sbx_client_close(c);
 }
 
+/* The shell's control pipe (fd 3 in the session) reaches the agent; a
+ * command that floods it with junk must neither grow the agent (PID 1) nor
+ * break the session. */
+Test(sessions, junk_on_the_control_pipe_is_bounded_and_harmless, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("sess-ctl");
+    sbx_exec_result r = tsh_in(c, id, "ctl", "export KEEP=yes; cd /tmp", 0);
+    cr_expect_eq(r.exit_code, 0);
+    sbx_exec_result_free(&r);
+    r = tsh_in(c, id, "ctl", "grep VmRSS /proc/1/status | tr -dc 0-9", 0);
+    long before = atol(r.stdout_data);
+    sbx_exec_result_free(&r);
+    cr_assert_gt(before, 0, "cannot read the agent's VmRSS");
+    /* The command's own fd 3 is closed, but the shell's saved copy is in
+     * /proc/$$/fd: every write-only pipe of the shell other than the
+     * command's stdout and stderr gets 32 MiB without a newline, then a
+     * forged completion line. */
+    r = tsh_in(c, id, "ctl",
+               "o=$(readlink /proc/$$/fd/1); e=$(readlink /proc/$$/fd/2); n=0\n"
+               "for f in /proc/$$/fd/*; do\n"
+               "  l=$(readlink $f) || continue\n"
+               "  case $l in pipe:*) ;; *) continue;; esac\n"
+               "  { [ \"$l\" = \"$o\" ] || [ \"$l\" = \"$e\" ]; } && continue\n"
+               "  fl=$(awk '/^flags/{print $2}' /proc/$$/fdinfo/${f##*/})\n"
+               "  case $fl in *1) head -c 33554432 /dev/zero | tr '\\0' x > $f\n"
+               "    echo 0123456789abcdef 0 /nowhere > $f; n=$((n+1));; esac\n"
+               "done 2>/dev/null; echo flooded $n",
+               60000);
+    cr_expect_eq(r.exit_code, 0, "exit %d: %s", r.exit_code, r.stderr_data);
+    int flooded = -1;
+    cr_expect_eq(sscanf(r.stdout_data, "flooded %d", &flooded), 1, "%s", r.stdout_data);
+    cr_expect_gt(flooded, 0, "no pipe of the shell was found to flood: %s", r.stdout_data);
+    sbx_exec_result_free(&r);
+    r = tsh_in(c, id, "ctl", "echo $KEEP $PWD; grep VmRSS /proc/1/status | tr -dc 0-9", 0);
+    char keep[32] = "", pwd[64] = "";
+    long after = 0;
+    cr_expect_eq(sscanf(r.stdout_data, "%31s %63s %ld", keep, pwd, &after), 3, "%s",
+                 r.stdout_data);
+    cr_expect_str_eq(keep, "yes");
+    cr_expect_str_eq(pwd, "/tmp");
+    cr_expect_lt(after - before, 8192, "the agent grew from %ld to %ld kB", before, after);
+    sbx_exec_result_free(&r);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
 Test(sessions, exit_terminates_the_session_and_the_next_call_gets_a_fresh_shell)
 {
     sbx_client *c = test_client();
