@@ -573,6 +573,8 @@ v_mkdir(struct gopts *g, int argc, char **argv)
             p = true;
         else if (np < 2)
             pos[np++] = argv[i];
+        else
+            return usage("mkdir ID PATH [-p]");
     }
     if (np != 2)
         return usage("mkdir ID PATH [-p]");

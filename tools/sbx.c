@@ -144,6 +144,25 @@ cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
     int rc, code = 0;
     (void)c;
     while ((rc = sbx_stream_next(s, &ev, &err)) == 1) {
+        /* An error event ends the stream: SESSION_TERMINATED (the command
+         * ran `exit N` in its session) carries the command's exit code, as
+         * in a plain exec; any other error is sbx failing. */
+        bool failed = false;
+        if (!strcmp(ev.type, "error")) {
+            const msgpack_object *e, *ctx;
+            sbx_str cd = {"", 0};
+            int64_t ec;
+            failed = true;
+            if (sbx_wire_get_map(ev.obj, "error", &e) == 0 &&
+                sbx_wire_get_str(e, "code", &cd) == 0 && sbx_str_eq(cd, "SESSION_TERMINATED") &&
+                sbx_wire_get_map(e, "context", &ctx) == 0 &&
+                sbx_wire_get_i64(ctx, "exitCode", &ec) == 0) {
+                failed = false;
+                code = (int)(ec & 255);
+            } else {
+                code = EXIT_SBX;
+            }
+        }
         if (g->json) {
             char *j = sbx_json_dump(ev.obj, false);
             if (j) {
@@ -161,7 +180,7 @@ cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
             sbx_wire_get_str(ev.obj, "path", &p);
             printf("%-10.*s %.*s\n", (int)t.n, t.p, (int)p.n, p.p);
             fflush(stdout);
-        } else if (!strcmp(ev.type, "error")) {
+        } else if (failed) {
             const msgpack_object *e;
             sbx_str m = {"", 0}, cd = {"ERROR", 5};
             if (sbx_wire_get_map(ev.obj, "error", &e) == 0) {
@@ -169,7 +188,6 @@ cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
                 sbx_wire_get_str(e, "message", &m);
             }
             fprintf(stderr, "sbx: %.*s: %.*s\n", (int)cd.n, cd.p, (int)m.n, m.p);
-            code = EXIT_SBX;
         }
         if (ev.has_exit_code)
             code = ev.exit_code & 255;
@@ -197,6 +215,31 @@ cli_parse_ms(const char *s)
 }
 
 /* ------------------------------------------------------------------------------ */
+
+/* print_shell_exit — for `--json exec`: when the command ended its session's
+ * shell (`exit N`: SESSION_TERMINATED, whose context holds exitCode, stdout
+ * and stderr), print that context as the result and return N & 255; -1 for
+ * any other error. */
+static int
+print_shell_exit(const sbx_error *err)
+{
+    int rc = -1;
+    json_t *ctx = NULL, *ec = NULL;
+    json_error_t je;
+    if (!strcmp(err->code, "SESSION_TERMINATED") && err->context_json)
+        ctx = json_loads(err->context_json, 0, &je);
+    if (ctx)
+        ec = json_object_get(ctx, "exitCode");
+    if (json_is_integer(ec)) {
+        char *s = json_dumps(ctx, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        rc = (int)(json_integer_value(ec) & 255);
+    }
+    json_decref(ctx);
+    return rc;
+}
 
 static int
 v_exec(struct gopts *g, int argc, char **argv)
@@ -331,9 +374,11 @@ v_exec(struct gopts *g, int argc, char **argv)
         sbx_enc_finish(&e, &args, &alen);
         int64_t deadline = o.timeout_ms > 0 ? o.timeout_ms + 30000 : g->timeout_ms;
         if (sbx_call(c, "exec", sandbox, args, alen, deadline, NULL, &r, &err) != 0) {
-            cli_print_err(&err);
+            if ((rc = print_shell_exit(&err)) < 0) {
+                cli_print_err(&err);
+                rc = EXIT_SBX;
+            }
             sbx_error_free(&err);
-            rc = EXIT_SBX;
         } else {
             print_json_result(r);
             int64_t code = 0;
@@ -609,14 +654,15 @@ v_create(struct gopts *g, int argc, char **argv)
     sbx_buf_init(&j);
     sbx_buf_appendf(&j, "{\"limits\":{");
     bool first = true;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i += 2) {
         uint64_t v;
-        const char *k = argv[i];
-        if (!strcmp(k, "--memory") && sbx_parse_size(argv[i + 1], &v) == 0)
+        /* An option without its value is a usage error, not ignored. */
+        const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(k, "--memory") && sbx_parse_size(val, &v) == 0)
             k = "memory";
-        else if (!strcmp(k, "--pids") && sbx_parse_size(argv[i + 1], &v) == 0)
+        else if (!strcmp(k, "--pids") && sbx_parse_size(val, &v) == 0)
             k = "pids";
-        else if (!strcmp(k, "--cpu") && sbx_parse_size(argv[i + 1], &v) == 0)
+        else if (!strcmp(k, "--cpu") && sbx_parse_size(val, &v) == 0)
             k = "cpu";
         else {
             fprintf(stderr, "usage: sbx create ID [--memory 256M] [--pids N] [--cpu MILLICPUS]\n");
@@ -761,6 +807,11 @@ main(int argc, char **argv)
         if (!strcmp(a, "--"))
             done_globals = true;
         rest[nrest++] = argv[i];
+    }
+    if (g.timeout_ms < 0) {
+        fprintf(stderr, "sbx: bad --timeout (a duration: 30s, 5m, or milliseconds)\n");
+        free(rest);
+        return EXIT_USAGE;
     }
     if (!verb) {
         v_help(&g, 0, NULL);
