@@ -105,6 +105,7 @@ struct session {
     } recent[RECENT];
     unsigned nrecent;
     bool got_rc, mark[2];
+    bool err_bol;        /* the command's stderr so far is empty or ends in a newline */
     int rc;
     struct outcap out[2];
     int64_t start_us;
@@ -357,10 +358,21 @@ emit(struct session *s, int i, const char *p, size_t n)
 {
     if (!n || !s->cur || s->mark[i])
         return;
+    if (i == 1)
+        s->err_bol = p[n - 1] == '\n';
     if (s->cur->stream)
         stream_data(s->cur->stream, i == 0 ? "stdout" : "stderr", p, n, NULL, NULL);
     else
         outcap_add(&s->out[i], p, n);
+}
+
+/* Whether the held stderr bytes `p` end in the line "exit\n". */
+static bool
+ends_with_exit_line(const struct session *s, const sbx_buf *p)
+{
+    if (p->len < 5 || memcmp(p->p + p->len - 5, "exit\n", 5) != 0)
+        return false;
+    return p->len == 5 ? s->err_bol : p->p[p->len - 6] == '\n';
 }
 
 static void
@@ -385,6 +397,12 @@ attribute(struct session *s, int i)
             }
         }
         if (!m) {
+            /* A line "exit" ending stderr may be bash's own announcement
+             * of the exit builtin: held back until more output or the
+             * command's marker shows it is the command's
+             * (agent_sessions_reaped drops it if the shell died). */
+            if (i == 1 && upto == p->len && ends_with_exit_line(s, p))
+                upto -= 5;
             emit(s, i, p->p, upto);
             sbx_buf_consume(p, upto);
             return;
@@ -550,6 +568,7 @@ reset_cmd_state(struct session *s)
     sbx_loop_cancel(s->a->loop, s->fallback);
     s->timer = s->fallback = 0;
     s->got_rc = s->mark[0] = s->mark[1] = false;
+    s->err_bol = true;
     s->timed_out = false;
     s->sigint_at = 0;
     outcap_free(&s->out[0]);
@@ -709,6 +728,7 @@ run_cmd(struct session *s, struct scmd *c)
     sbx_buf line;
     sbx_buf_init(&line);
     s->cur = c;
+    s->err_bol = true;
     s->serial++;
     new_nonce(s->a, s->nonce);
     outcap_init(&s->out[0], s->a->cfg.output_cap);
@@ -1264,6 +1284,10 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
         for (int i = 0; i < 2; i++) {
             if (s->fd[i] >= 0)
                 read_stream_x(s, i, true);
+            /* An interactive bash announces `exit` on its stderr, which was
+             * the command's at that moment: not the command's output. */
+            if (i == 1 && s->cur && !s->timed_out && ends_with_exit_line(s, &s->pend[1]))
+                s->pend[1].len -= 5;
             emit(s, i, s->pend[i].p, s->pend[i].len);
             s->pend[i].len = 0;
         }
@@ -1279,14 +1303,6 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
                 return;
             }
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-            /* An interactive bash announces `exit` on its stderr, which was
-             * the command's at that moment: not the command's output. */
-            sbx_buf *eb = &s->out[1].data;
-            if (eb->len >= 5 && !memcmp(eb->p + eb->len - 5, "exit\n", 5) &&
-                (eb->len == 5 || eb->p[eb->len - 6] == '\n')) {
-                eb->len -= 5;
-                s->out[1].total -= 5;
-            }
             char msg[320];
             snprintf(msg, sizeof(msg),
                      "the shell of session '%s' exited (exit code %d); the next command "
