@@ -29,6 +29,12 @@ int cli_call(struct gopts *g, const char *op, const char *sandbox, const char *a
 /* call op with encoded args (takes ownership of e's buffer); same output. */
 int cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *enc,
                  void (*human)(const msgpack_object *res));
+/* cli_call_enc, then the exit status is status(result) (NULL: 0) when the
+ * call succeeded — for ops whose result can report a failure of their own
+ * (context.run's `error`). */
+int cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, void *enc,
+                       void (*human)(const msgpack_object *res),
+                       int (*status)(const msgpack_object *res));
 /* "30s", "5m", "1500" (ms) → ms; -1 if invalid. */
 int64_t cli_parse_ms(const char *s);
 /* print a reply's result as pretty JSON. */

@@ -845,6 +845,14 @@ v_configure(struct gopts *g, int argc, char **argv)
 /* ------------------------------------------------------------------------------ */
 /* code interpreter */
 
+/* The exit status of `sbx code`: 1 when the code raised (result.error). */
+static int
+code_status(const msgpack_object *res)
+{
+    const msgpack_object *err;
+    return sbx_wire_get_map(res, "error", &err) == 0 ? 1 : 0;
+}
+
 static void
 print_code_result(const msgpack_object *res)
 {
@@ -960,8 +968,7 @@ v_code(struct gopts *g, int argc, char **argv)
         sbx_enc_kint(&e, "timeout", tmo);
     free(o.argv);
     if (!stream) {
-        int rc = cli_call_enc(g, "context.run", id, &e, print_code_result);
-        return rc;
+        return cli_call_enc_check(g, "context.run", id, &e, print_code_result, code_status);
     }
     sbx_client *c;
     sbx_stream *s;
@@ -970,7 +977,10 @@ v_code(struct gopts *g, int argc, char **argv)
         return rc;
     sbx_error err;
     sbx_event ev;
+    bool raised = false; /* an error event: the code raised */
     while ((rc = sbx_stream_next(s, &ev, &err)) == 1) {
+        if (!strcmp(ev.type, "error"))
+            raised = true;
         if (g->json) {
             char *j = sbx_json_dump(ev.obj, false);
             printf("%s\n", j ? j : "{}");
@@ -998,6 +1008,8 @@ v_code(struct gopts *g, int argc, char **argv)
     if (rc < 0) {
         cli_print_err(&err);
         sbx_error_free(&err);
+        rc = 1;
+    } else if (raised) {
         rc = 1;
     }
     sbx_stream_close(s);

@@ -106,6 +106,14 @@ int
 cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *encp,
              void (*human)(const msgpack_object *res))
 {
+    return cli_call_enc_check(g, op, sandbox, encp, human, NULL);
+}
+
+int
+cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, void *encp,
+                   void (*human)(const msgpack_object *res),
+                   int (*status)(const msgpack_object *res))
+{
     sbx_enc *e = encp;
     char *args;
     size_t alen;
@@ -129,6 +137,8 @@ cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *encp,
             print_json_result(r);
         else
             human(sbx_reply_result(r));
+        if (status)
+            rc = status(sbx_reply_result(r));
         sbx_reply_free(r);
     }
     free(args);
@@ -751,6 +761,7 @@ v_help(struct gopts *g, int argc, char **argv)
     for (const struct verb *v = verbs; v->name; v++)
         printf("  %-8s %s\n           %s\n", v->name, v->help, v->args);
     printf("\nexit status: `exec` exits with the command's code (124 timeout, 128+N signal);\n"
+           "`code` exits 1 when the code raised an error;\n"
            "other verbs 0 = ok, 1 = the operation failed; 2 = usage; 125 = sbx failed before\n"
            "the command ran.  Errors print \"sbx: CODE: message\" (docs/protocol.md lists codes).\n");
     return 0;

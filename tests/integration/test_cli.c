@@ -830,7 +830,14 @@ Test(cli, code_runs_python_with_persistent_contexts, .timeout = 120)
     expect_status(r, 0);
     expect_out(r, "42\n");
     cli_free(&r);
+    /* Code that raises: the traceback on stderr and exit 1, streamed or not. */
     r = sbx("code", id, "--context", ctx, "1/0");
+    expect_status(r, 1);
+    expect_err_has(r, "ZeroDivisionError");
+    cli_free(&r);
+    r = sbx("code", id, "--stream", "--context", ctx, "print('before')\n1/0");
+    expect_status(r, 1);
+    expect_out(r, "before\n");
     expect_err_has(r, "ZeroDivisionError");
     cli_free(&r);
     r = sbx("--json", "code", id, "--context", ctx, "x");
