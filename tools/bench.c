@@ -46,7 +46,10 @@
  *   warm exec      one sandbox, `exec true` in the default session, N calls
  *                  after 50 warm-up calls; and sessionless (a fresh process
  *                  per call) N/4 calls after 50 warm-up calls.
- *                  p50/p90/p99/max/mean each.
+ *                  p50/p90/p99/max/mean each.  Then a 1 MiB file round
+ *                  trip: sbx_write_file of 1 MiB of random bytes followed by
+ *                  sbx_read_file of it (checked equal), N/20 times (at least
+ *                  20) after 5 warm-up trips; and MiB/s of the pair.
  *   throughput     P sandboxes created and warmed first, then P threads
  *                  sharing one sbx_client, each running `exec true` on its
  *                  own sandbox in a loop for S seconds.  Total completed
@@ -207,7 +210,7 @@ struct results {
     int64_t cold_containers, cold_pool_hits;
     double cold_mean_start_ms;
 
-    struct stats warm, sessionless;
+    struct stats warm, sessionless, file_rt;
     size_t warm_failures;
 
     struct stats load;
@@ -718,6 +721,46 @@ time_execs(sbx_client *c, const char *id, bool sessionless, long warmup, long n,
     return st;
 }
 
+/* time_file_round_trips — `warmup` untimed then `n` timed pairs of a 1 MiB
+ * sbx_write_file and its sbx_read_file; a read that differs counts as a
+ * failure. */
+static struct stats
+time_file_round_trips(sbx_client *c, const char *id, long warmup, long n, size_t *failures)
+{
+    enum { SIZE = 1 << 20 };
+    struct samples s = {0};
+    sbx_error err;
+    unsigned char *data = sbx_xmalloc(SIZE);
+    unsigned seed = (unsigned)getpid();
+    for (size_t i = 0; i < SIZE; i++)
+        data[i] = (unsigned char)(rand_r(&seed) >> 7);
+    for (long i = 0; i < warmup + n && !interrupted; i++) {
+        char *back = NULL;
+        size_t len = 0;
+        double t0 = now_ms();
+        if (sbx_write_file(c, id, "/workspace/bench-1mib.bin", data, SIZE, &err) != 0 ||
+            sbx_read_file(c, id, "/workspace/bench-1mib.bin", &back, &len, NULL, &err) != 0) {
+            if ((*failures)++ < 5)
+                print_error(id, &err);
+            sbx_error_free(&err);
+            continue;
+        }
+        double ms = now_ms() - t0;
+        if (len != SIZE || memcmp(back, data, SIZE) != 0) {
+            if ((*failures)++ < 5)
+                say("  %s: the file read back (%zu bytes) differs from the one written\n", id,
+                    len);
+        } else if (i >= warmup) {
+            samples_add(&s, ms);
+        }
+        free(back);
+    }
+    free(data);
+    struct stats st = stats_of(&s);
+    samples_free(&s);
+    return st;
+}
+
 static void
 phase_warm(sbx_client *c, const struct opts *o, struct results *res)
 {
@@ -730,6 +773,11 @@ phase_warm(sbx_client *c, const struct opts *o, struct results *res)
     res->sessionless =
         time_execs(c, id, true, WARMUP_CALLS, o->warm / 4, &res->warm_failures);
     say_stats("sessionless (fresh process)", &res->sessionless);
+    res->file_rt = time_file_round_trips(c, id, 5, o->warm / 20 > 20 ? o->warm / 20 : 20,
+                                         &res->warm_failures);
+    say_stats("1 MiB write + read", &res->file_rt);
+    if (res->file_rt.n)
+        say("  %.0f MiB/s moved (2 MiB per round trip at p50)\n", 2.0 / (res->file_rt.p50 / 1000.0));
     if (res->warm_failures)
         say("  FAILED calls: %zu\n", res->warm_failures);
     destroy_quiet(c, id);
@@ -865,7 +913,7 @@ report_json(const struct opts *o, const struct results *res, int argc, char **ar
         "{s:s, s:o, s:{s:s, s:I, s:s, s:s, s:s, s:o},"
         " s:o,"
         " s:{s:o, s:o, s:I, s:I, s:I, s:o},"
-        " s:{s:o, s:o, s:I},"
+        " s:{s:o, s:o, s:o, s:I},"
         " s:{s:I, s:I, s:I, s:o, s:o, s:I, s:o},"
         " s:o}",
         "date", res->date, "command", cmd,
@@ -878,6 +926,7 @@ report_json(const struct opts *o, const struct results *res, int argc, char **ar
         "containersStarted", (json_int_t)res->cold_containers, "shardMeanStartMs",
         jnum(res->cold_mean_start_ms),
         "warm", "session", jstats(&res->warm), "sessionless", jstats(&res->sessionless),
+        "fileRoundTrip1MiB", jstats(&res->file_rt),
         "failures", (json_int_t)res->warm_failures,
         "throughput", "sandboxes", (json_int_t)o->parallel, "threads", (json_int_t)o->parallel,
         "execs", (json_int_t)res->load_execs, "seconds", jnum(res->load_seconds),
