@@ -298,6 +298,10 @@ shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
         h->buf = buf;
         h->len = len;
         h->need = need_seq;
+        h->sandbox[0] = '\0';
+        if (op->actor)
+            snprintf(h->sandbox, sizeof(h->sandbox), "%s", op->actor->id);
+        op->actor = NULL;
         h->next = sh->held;
         sh->held = h;
         return;
@@ -399,9 +403,11 @@ deliver_error(struct held *h, int code, const char *msg)
     struct sop *op = h->op;
     op->transient = true; /* not committed: a retry must run again */
     /* The actor's memory holds the change that did not commit: go back to
-     * what the store has (a failed destroy leaves the sandbox as it was). */
-    if (op->actor)
-        actor_reload_record(op->actor);
+     * what the store has (a failed destroy leaves the sandbox as it was).
+     * An actor freed meanwhile is loaded from the store when next used. */
+    struct actor *a = h->sandbox[0] ? actor_get(op->sh, h->sandbox, false) : NULL;
+    if (a)
+        actor_reload_record(a);
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
     char *buf;
@@ -435,8 +441,7 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
     struct held **pp = &sh->held;
     while (*pp) {
         struct held *h = *pp;
-        struct actor *a = h->op->actor;
-        if (h->need < seq || !a || strcmp(a->id, id)) {
+        if (h->need < seq || strcmp(h->sandbox, id)) {
             pp = &h->next;
             continue;
         }

@@ -57,13 +57,16 @@ struct sop {
     bool container_restarted;   /* first op on a container replacing one that died */
 };
 
-/* A reply waiting for the output gate. */
+/* A reply waiting for the output gate.  It names its sandbox by id, not by
+ * actor: an actor that holds nothing else may be freed while its reply waits
+ * (op->actor is cleared when the reply is held). */
 struct held {
     struct held *next;
     struct sop *op;
     char *buf;
     size_t len;
     uint64_t need;
+    char sandbox[64];           /* "" for a reply of no sandbox */
 };
 
 /* The container state of an actor. */
