@@ -79,6 +79,8 @@ struct lpart {
     bool moving;     /* a handoff is under way */
     int64_t imported_ms; /* records arrived by partition.import (0: none) */
     int16_t imported_from;
+    int64_t claimed_epoch; /* records installed after our claim at this epoch, before
+                              the view showed the claim (0: none) */
 };
 
 /* A handoff's rendezvous between the control thread and the loop. */
@@ -111,6 +113,8 @@ struct cluster {
     pthread_cond_t cv;
     bool dirty;
     uint8_t busy[SBX_PARTITIONS]; /* ctl thread: in a handoff or claim */
+    int64_t handed_rev[SBX_PARTITIONS]; /* ctl thread: revision of our switch of the
+                                           partition to another shard (0: none) */
     bool reload_owned;       /* ctl thread: after a fence, reload what we own from etcd */
     struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS) */
     /* replication queue */
@@ -186,6 +190,10 @@ view_apply(sbx_loop *l, void *arg)
             x->ready = true; /* owned since before this process: its LMDB is current */
         if (mine && !x->mine && x->imported_ms)
             x->ready = true; /* handed to us: the import is committed */
+        if (mine && !x->mine && x->claimed_epoch && x->claimed_epoch == u->parts[p].epoch)
+            x->ready = true; /* claimed by us: installed before the view caught up */
+        if (mine)
+            x->claimed_epoch = 0;
         if (!mine) {
             x->ready = false;
             if (x->imported_ms &&
@@ -396,6 +404,7 @@ job_end(sbx_loop *l, void *arg)
 
 struct install {
     struct cluster *c;
+    int64_t epoch; /* the claim's epoch (0: a reload of partitions we own) */
     uint8_t set[SBX_PARTITIONS];
     struct sbx_etcd_kv *kvs;
     size_t n;
@@ -434,8 +443,13 @@ install_check(sbx_loop *l, void *arg)
         return;
     }
     for (int p = 0; p < SBX_PARTITIONS; p++)
-        if (in->set[p])
+        if (in->set[p]) {
             in->c->lp[p].ready = true;
+            /* The view may not show the claim yet: a view applied before it
+             * does clears ready, and the one that shows it restores it. */
+            if (in->epoch && !in->c->lp[p].mine)
+                in->c->lp[p].claimed_epoch = in->epoch;
+        }
     free(in);
 }
 
@@ -457,6 +471,7 @@ fence_apply(sbx_loop *l, void *arg)
     for (int p = 0; p < SBX_PARTITIONS; p++) {
         c->lp[p].ready = false;
         c->lp[p].mine = false;
+        c->lp[p].claimed_epoch = 0;
     }
     /* After re-joining, what we still own is reloaded from etcd (the
      * control thread's reload_owned): local state is not trusted. */
@@ -615,6 +630,16 @@ repl_main(void *arg)
                 break;
             nap_ms(SBX_MIN(50 << SBX_MIN(attempt, 4), 500));
         }
+        if (rc != 0 && rc != SBX_E_WRONG_OWNER) {
+            /* Our LMDB holds writes etcd may lack (or may apply later: a
+             * request etcd read before it stalled): stop serving and reload
+             * what we own from etcd, the authority, as after a lost lease. */
+            atomic_store(&c->fence_at, 0);
+            pthread_mutex_lock(&c->mu);
+            c->dirty = true;
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+        }
         struct rdone *d = sbx_xcalloc(1, sizeof(*d));
         d->c = c;
         for (struct ritem *it = batch; it;) {
@@ -698,7 +723,8 @@ post_view(struct cluster *c)
 }
 
 
-static void install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load);
+static void install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load,
+                              int64_t epoch);
 
 static void
 claim_batch(struct cluster *c, struct claim *cl, size_t n)
@@ -717,23 +743,25 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
         sbx_etcd_txn_put(t, key, sh->conf.name, strlen(sh->conf.name), 0);
     }
     bool ok = false;
-    if (sbx_etcd_txn_run(c->etcd, t, &ok, NULL) != 0 || !ok)
+    int64_t rev = 0;
+    if (sbx_etcd_txn_run(c->etcd, t, &ok, &rev) != 0 || !ok)
         return; /* someone else moved first; the next reconcile sees it */
     bool from_dead = false;
     for (size_t i = 0; i < n; i++)
         from_dead |= cl[i].owner[0] != 0;
     /* Ours now: load their records from etcd before they are served. */
-    install_from_etcd(c, cl, n, from_dead);
+    install_from_etcd(c, cl, n, from_dead, rev);
 }
 
 /* Load the records of the claimed partitions from etcd (when any can
  * exist) and have the loop install them. */
 static void
-install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load)
+install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load, int64_t epoch)
 {
     struct shard *sh = c->sh;
     struct install *in = sbx_xcalloc(1, sizeof(*in));
     in->c = c;
+    in->epoch = epoch;
     bool from_dead = load;
     for (size_t i = 0; i < n; i++)
         in->set[cl[i].part] = 1;
@@ -890,8 +918,12 @@ handoff(struct cluster *c, int target, const char *tname, const char *turl, cons
                     sbx_etcd_txn_put(t, key, tname, strlen(tname), 0);
                 }
                 bool okk = false;
-                if (sbx_etcd_txn_run(c->etcd, t, &okk, NULL) != 0 || !okk)
+                int64_t rev = 0;
+                if (sbx_etcd_txn_run(c->etcd, t, &okk, &rev) != 0 || !okk)
                     ok = false;
+                else
+                    for (size_t k = i; k < n && k < i + TXN_PARTS; k++)
+                        c->handed_rev[parts[k]] = rev;
             }
             /* A batch that failed after earlier ones succeeded: those moved,
              * the rest did not; the next reconcile sorts it out from the view. */
@@ -955,7 +987,7 @@ reconcile(struct cluster *c)
         c->reload_owned = false;
         sbx_cview_unlock(c->view);
         if (nreload)
-            install_from_etcd(c, c->claims, nreload, true);
+            install_from_etcd(c, c->claims, nreload, true, 0);
         return;
     }
     struct claim *claims = c->claims;
@@ -967,6 +999,11 @@ reconcile(struct cluster *c)
             continue;
         int want = idx[table[p]];
         int own = parts[p].owner;
+        /* Handed off by us at a revision the view has not reached yet: a
+         * second handoff would send the target our (now empty) copy, which
+         * replaces the records it just imported. */
+        if (own == me && parts[p].epoch < c->handed_rev[p])
+            continue;
         if (own == me && want != me) {
             due[want]++;
         } else if (want == me && own != me) {
@@ -991,7 +1028,8 @@ reconcile(struct cluster *c)
         snprintf(tname, sizeof(tname), "%s", m[target].name);
         snprintf(turl, sizeof(turl), "%s", m[target].url);
         for (int p = 0; p < SBX_PARTITIONS && nh < HANDOFF_BATCH; p++) {
-            if (!c->busy[p] && parts[p].owner == me && idx[table[p]] == target) {
+            if (!c->busy[p] && parts[p].owner == me && idx[table[p]] == target &&
+                parts[p].epoch >= c->handed_rev[p]) {
                 hparts[nh] = (uint32_t)p;
                 hepochs[nh++] = parts[p].epoch;
             }
@@ -1211,6 +1249,26 @@ cluster_op_import(struct sop *op)
             return;
         }
         set[o->via.u64] = 1;
+    }
+    /* Refused (the sender keeps serving them and tries again at its next
+     * reconcile) while the import could not be kept:
+     *  - before this shard's loop applied a view naming it (a shard that just
+     *    joined): that first view purges what it holds of partitions others
+     *    own, and with no member names yet the sender is unknown (fidx -1),
+     *    so the import would be purged as stale and the partition, once
+     *    switched to us, never become ready;
+     *  - a partition this shard already owns: the sender's view is behind
+     *    (it handed it to us already and proposes it again); replacing our
+     *    records with its (empty) copy would drop what we hold. */
+    bool refuse = !c->first_view || fidx < 0;
+    for (int p = 0; p < SBX_PARTITIONS && !refuse; p++)
+        refuse = set[p] && (c->lp[p].mine || c->lp[p].moving);
+    if (refuse) {
+        shard_reply_err(op, SBX_E_WRONG_OWNER,
+                        "partition.import from %s refused: this shard's view of the cluster is "
+                        "not current yet",
+                        fname);
+        return;
     }
     /* What we may hold of these partitions from earlier is replaced. */
     purge_partitions(sh, set);

@@ -194,12 +194,16 @@ sbx_cview_start(sbx_cview **out, sbx_etcd *etcd, const char *prefix, sbx_cview_f
     pthread_mutex_init(&v->mu, NULL);
     for (int p = 0; p < SBX_PARTITIONS; p++)
         v->parts[p].owner = -1;
+    /* Published before the thread starts: its first callback may run before
+     * pthread_create returns, and callbacks reach the view through *out
+     * (the gateway's view_changed locks gw->view). */
+    *out = v;
     if (pthread_create(&v->thread, NULL, view_main, v) != 0) {
+        *out = NULL;
         pthread_mutex_destroy(&v->mu);
         free(v);
         return -EAGAIN;
     }
-    *out = v;
     return 0;
 }
 
