@@ -210,6 +210,38 @@ soak: $(SOAK_BINS)
 	@SBX_BIN=bin bin/sbx-soak --seconds $(SOAK_SECONDS) --sandboxes $(SOAK_SANDBOXES)
 # ---- end of the reliability block -------------------------------------------------------
 
+# ---- cluster tests and benchmark (issue 6 parts 6-7) -------------------------------------
+# tests/cluster/test_*.c are Criterion binaries with their own main()
+# (tests/cluster/cluster_main.c) that build a multi-host cluster on this machine
+# (tests/cluster/cluster.c: shard nodes in network namespaces on a bridge, etcd, two
+# gateways; root, iproute2 and etcd-server needed).  `make test` builds and runs them
+# (tools/run-tests.sh); `make cluster-test` runs only them.  `make bench-cluster` runs the
+# horizontal-scaling benchmark (tools/bench-cluster.c) on the same setup with the release
+# binaries (docs/benchmarks.md, "Cluster scaling").
+CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
+CLUSTER_SUPPORT := tests/cluster/cluster.c runtime/etcd.c runtime/place.c
+CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c)
+CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
+$(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster.c tests/cluster/cluster_main.c) \
+$(call objs,release,tools/bench-cluster.c tests/cluster/cluster.c): tests/cluster/cluster.h
+build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl $(LDLIBS_TEST)
+TEST_BINS += $(CLUSTER_BINS)
+bin/sbx-bench-cluster: $(call objs,release,tools/bench-cluster.c $(CLUSTER_SUPPORT)) \
+                       build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl
+.PHONY: cluster-test bench-cluster
+cluster-test: $(ASAN_BINS) $(CLUSTER_BINS)
+	@set -e; export SBX_BIN=$(CURDIR)/build/asan/bin \
+	  ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0; \
+	  for t in $(CLUSTER_BINS); do $$t --verbose; done
+bench-cluster: all bin/sbx-bench-cluster
+	@SBX_BIN=bin bin/sbx-bench-cluster $(BENCH_CLUSTER_ARGS)
+# ---- end of the cluster block -----------------------------------------------------------
+
 bench: all
 	@bin/sbx-bench
 	@bin/sbx-bench-interp
