@@ -42,13 +42,14 @@ ACTORS  := actors/shard.c actors/actor.c actors/record.c actors/relay.c actors/c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
-BENCH   := tools/bench.c
+BENCH   := tools/bench.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/wsclient.c
 
-HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tests/support/*.h)
+HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tools/*.h \
+                  tests/support/*.h)
 
 # $(call objs,FLAVOR,SOURCES)
 objs = $(patsubst %.c,build/$(1)/obj/%.o,$(2))
@@ -88,13 +89,13 @@ ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent 
                 build/asan/share/sbx/interp/.installed
 
 # The interpreter benchmark (sbx against Jupyter; tools/jupyter_bench.py).
-bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tests/support/harness.c) \
+bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tools/stats.c tests/support/harness.c) \
                       build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
 # The HTTP benchmark (the HTTP front against the nng path).
-bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tests/support/harness.c) \
+bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/support/harness.c) \
                     build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
@@ -192,7 +193,7 @@ build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(FUZZ_LIBS)
 
-bin/sbx-soak: $(call objs,release,tools/soak.c tests/support/harness.c) build/release/lib/libsbx.a
+bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
@@ -228,7 +229,7 @@ build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl $(LDLIBS_TEST)
 TEST_BINS += $(CLUSTER_BINS)
-bin/sbx-bench-cluster: $(call objs,release,tools/bench-cluster.c $(CLUSTER_SUPPORT)) \
+bin/sbx-bench-cluster: $(call objs,release,tools/bench-cluster.c tools/stats.c $(CLUSTER_SUPPORT)) \
                        build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl

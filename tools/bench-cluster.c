@@ -48,7 +48,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "../runtime/util.h"
 #include "../tests/cluster/cluster.h"
+#include "stats.h"
 
 #define MAX_CLIENTS 256
 
@@ -130,22 +132,6 @@ run_clients_stop(void)
     atomic_store(&stop_flag, true);
     for (int k = 0; k < nclients; k++)
         pthread_join(th[k], NULL);
-}
-
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double
-pct(const double *v, size_t n, double p)
-{
-    if (!n)
-        return 0;
-    size_t i = (size_t)ceil(p / 100.0 * (double)n);
-    return v[i ? i - 1 : 0];
 }
 
 static pid_t
@@ -233,16 +219,16 @@ measure(int nodes, struct row *row)
         if (cl[k].errors)
             fprintf(stderr, "  %s: %ld errors, last: %s\n", cl[k].id, cl[k].errors, cl[k].last_err);
     }
-    double *all = malloc((total ? total : 1) * sizeof(double));
+    double *all = sbx_xmalloc((total ? total : 1) * sizeof(double));
     size_t n = 0;
     for (int k = 0; k < nclients; k++) {
         memcpy(all + n, cl[k].lat, cl[k].n * sizeof(double));
         n += cl[k].n;
     }
-    qsort(all, n, sizeof(double), cmp_d);
+    struct sbx_summary sum = sbx_stats_summary(all, n);
     row->execs_s = (double)n / el;
-    row->p50 = pct(all, n, 50);
-    row->p99 = pct(all, n, 99);
+    row->p50 = sum.p50;
+    row->p99 = sum.p99;
     free(all);
     return 0;
 }

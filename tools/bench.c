@@ -84,6 +84,7 @@
 #include "../runtime/sbx.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
+#include "stats.h"
 
 #define WARMUP_CALLS 50
 #define BWRAP_RUNS 200
@@ -98,7 +99,7 @@ struct opts {
 };
 
 /* ------------------------------------------------------------------------------ */
-/* Clock, samples, percentiles. */
+/* Signals. */
 
 static volatile sig_atomic_t interrupted;
 
@@ -107,79 +108,6 @@ on_signal(int sig)
 {
     (void)sig;
     interrupted = 1;
-}
-
-static double
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
-}
-
-struct samples {
-    double *v;
-    size_t n, cap;
-};
-
-static void
-samples_add(struct samples *s, double x)
-{
-    if (s->n == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 256;
-        s->v = sbx_xrealloc(s->v, s->cap * sizeof(double));
-    }
-    s->v[s->n++] = x;
-}
-
-static void
-samples_free(struct samples *s)
-{
-    free(s->v);
-    memset(s, 0, sizeof(*s));
-}
-
-struct stats {
-    size_t n;
-    double p50, p90, p99, max, mean;
-};
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Nearest rank: the smallest sample with at least p% of samples ≤ it. */
-static double
-percentile(const double *sorted, size_t n, double p)
-{
-    size_t rank = (size_t)ceil(p / 100.0 * (double)n);
-    if (rank < 1)
-        rank = 1;
-    if (rank > n)
-        rank = n;
-    return sorted[rank - 1];
-}
-
-/* stats_of — sorts s in place; all NAN when there are no samples. */
-static struct stats
-stats_of(struct samples *s)
-{
-    struct stats st = {.n = s->n, .p50 = NAN, .p90 = NAN, .p99 = NAN, .max = NAN, .mean = NAN};
-    if (!s->n)
-        return st;
-    qsort(s->v, s->n, sizeof(double), cmp_double);
-    double sum = 0;
-    for (size_t i = 0; i < s->n; i++)
-        sum += s->v[i];
-    st.p50 = percentile(s->v, s->n, 50);
-    st.p90 = percentile(s->v, s->n, 90);
-    st.p99 = percentile(s->v, s->n, 99);
-    st.max = s->v[s->n - 1];
-    st.mean = sum / (double)s->n;
-    return st;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -203,17 +131,17 @@ struct results {
 
     bool have_bwrap;
     char bwrap_note[PATH_MAX + 96];
-    struct stats bwrap;
+    struct sbx_summary bwrap;
 
-    struct stats cold, destroy;
+    struct sbx_summary cold, destroy;
     size_t cold_failures;
     int64_t cold_containers, cold_pool_hits;
     double cold_mean_start_ms;
 
-    struct stats warm, sessionless, file_rt;
+    struct sbx_summary warm, sessionless, file_rt;
     size_t warm_failures;
 
-    struct stats load;
+    struct sbx_summary load;
     double execs_per_s, load_seconds;
     size_t load_execs, load_failures;
 };
@@ -234,7 +162,7 @@ say(const char *fmt, ...)
 }
 
 static void
-say_stats(const char *label, const struct stats *s)
+say_stats(const char *label, const struct sbx_summary *s)
 {
     if (!s->n) {
         say("  %-34s no samples\n", label);
@@ -252,7 +180,7 @@ jnum(double x)
 }
 
 static json_t *
-jstats(const struct stats *s)
+jstats(const struct sbx_summary *s)
 {
     return json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "n", (json_int_t)s->n, "p50_ms",
                      jnum(s->p50), "p90_ms", jnum(s->p90), "p99_ms", jnum(s->p99), "max_ms",
@@ -349,8 +277,8 @@ cluster_totals(sbx_client *c, struct shard_totals *t, sbx_error *err)
 static int
 wait_ready(const char *url, pid_t pid, int timeout_ms)
 {
-    double until = now_ms() + timeout_ms;
-    while (now_ms() < until && !interrupted) {
+    double until = sbx_stats_now_ms() + timeout_ms;
+    while (sbx_stats_now_ms() < until && !interrupted) {
         if (pid > 0 && waitpid(pid, NULL, WNOHANG) == pid)
             return -1;
         sbx_client *c = NULL;
@@ -428,10 +356,10 @@ daemon_stop(struct daemon *d)
     if (d->pid > 0) {
         int st = 0;
         kill(d->pid, SIGTERM);
-        double until = now_ms() + STOP_TIMEOUT_MS;
+        double until = sbx_stats_now_ms() + STOP_TIMEOUT_MS;
         pid_t r;
         while ((r = waitpid(d->pid, &st, WNOHANG)) == 0) {
-            if (now_ms() > until) {
+            if (sbx_stats_now_ms() > until) {
                 fprintf(stderr, "sbx-bench: sbxd %d did not stop in %d s; killing it\n",
                         (int)d->pid, STOP_TIMEOUT_MS / 1000);
                 kill(d->pid, SIGKILL);
@@ -468,9 +396,9 @@ exec_true(sbx_client *c, const char *id, bool sessionless, double *ms, sbx_error
 {
     sbx_exec_opts o = {.command = "true", .sessionless = sessionless};
     sbx_exec_result r;
-    double t0 = now_ms();
+    double t0 = sbx_stats_now_ms();
     int rc = sbx_exec(c, id, &o, &r, err);
-    *ms = now_ms() - t0;
+    *ms = sbx_stats_now_ms() - t0;
     if (rc == 0 && r.exit_code != 0) {
         snprintf(err->code, sizeof(err->code), "EXIT_STATUS");
         snprintf(err->message, sizeof(err->message), "`true` exited with %d (%s)", r.exit_code,
@@ -544,8 +472,8 @@ static void
 wait_pool_settled(sbx_client *c)
 {
     int64_t last = -1;
-    double stable_since = now_ms(), until = now_ms() + 10000;
-    while (now_ms() < until && !interrupted) {
+    double stable_since = sbx_stats_now_ms(), until = sbx_stats_now_ms() + 10000;
+    while (sbx_stats_now_ms() < until && !interrupted) {
         struct shard_totals t;
         sbx_error err;
         if (cluster_totals(c, &t, &err) != 0) {
@@ -554,8 +482,8 @@ wait_pool_settled(sbx_client *c)
         }
         if (t.pool != last) {
             last = t.pool;
-            stable_since = now_ms();
-        } else if (now_ms() - stable_since >= 300) {
+            stable_since = sbx_stats_now_ms();
+        } else if (sbx_stats_now_ms() - stable_since >= 300) {
             return;
         }
         usleep(50 * 1000);
@@ -588,7 +516,7 @@ run_bwrap_once(const char *bwrap, double *ms)
                           "usr/lib64", "/lib64",     "--symlink", "usr/lib", "/lib", "--symlink",
                           "usr/bin", "/bin",         "--proc",    "/proc",  "--dev", "/dev",
                           "true",    NULL};
-    double t0 = now_ms();
+    double t0 = sbx_stats_now_ms();
     pid_t pid = fork();
     if (pid < 0)
         return -1;
@@ -606,7 +534,7 @@ run_bwrap_once(const char *bwrap, double *ms)
     while (waitpid(pid, &st, 0) < 0)
         if (errno != EINTR)
             return -1;
-    *ms = now_ms() - t0;
+    *ms = sbx_stats_now_ms() - t0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
@@ -621,7 +549,7 @@ phase_baseline(struct results *res)
         say("  %s: baseline and ratio skipped\n", res->bwrap_note);
         return;
     }
-    struct samples s = {0};
+    struct sbx_samples s = {0};
     double ms;
     for (int i = 0; i < BWRAP_WARMUP + BWRAP_RUNS && !interrupted; i++) {
         int st = run_bwrap_once(bwrap, &ms);
@@ -629,23 +557,23 @@ phase_baseline(struct results *res)
             snprintf(res->bwrap_note, sizeof(res->bwrap_note),
                      "%s failed (exit status %d): baseline and ratio skipped", bwrap, st);
             say("  %s\n", res->bwrap_note);
-            samples_free(&s);
+            sbx_samples_free(&s);
             return;
         }
         if (i >= BWRAP_WARMUP)
-            samples_add(&s, ms);
+            sbx_samples_add(&s, ms);
     }
     res->have_bwrap = true;
     snprintf(res->bwrap_note, sizeof(res->bwrap_note), "%s", bwrap);
-    res->bwrap = stats_of(&s);
+    res->bwrap = sbx_stats_summary(s.v, s.n);
     say_stats("bwrap true", &res->bwrap);
-    samples_free(&s);
+    sbx_samples_free(&s);
 }
 
 static void
 phase_cold(sbx_client *c, const struct opts *o, struct results *res)
 {
-    struct samples cold = {0}, destroy = {0};
+    struct sbx_samples cold = {0}, destroy = {0};
     struct shard_totals before, after;
     sbx_error err;
     bool have_totals;
@@ -660,15 +588,15 @@ phase_cold(sbx_client *c, const struct opts *o, struct results *res)
         double ms;
         make_id(id, sizeof(id), "c", i);
         if (exec_true(c, id, false, &ms, &err) == 0) {
-            samples_add(&cold, ms);
+            sbx_samples_add(&cold, ms);
         } else {
             if (res->cold_failures++ < 5)
                 print_error(id, &err);
             sbx_error_free(&err);
         }
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         if (sbx_destroy(c, id, NULL, &err) == 0) {
-            samples_add(&destroy, now_ms() - t0);
+            sbx_samples_add(&destroy, sbx_stats_now_ms() - t0);
         } else {
             if (res->cold_failures++ < 5)
                 print_error(id, &err);
@@ -684,8 +612,8 @@ phase_cold(sbx_client *c, const struct opts *o, struct results *res)
     } else if (have_totals) {
         sbx_error_free(&err);
     }
-    res->cold = stats_of(&cold);
-    res->destroy = stats_of(&destroy);
+    res->cold = sbx_stats_summary(cold.v, cold.n);
+    res->destroy = sbx_stats_summary(destroy.v, destroy.n);
     say_stats("cold start (exec true, new ID)", &res->cold);
     say_stats("sbx_destroy", &res->destroy);
     say("  shard side: %lld pool hits for %zu sandboxes; %lld containers started "
@@ -694,16 +622,16 @@ phase_cold(sbx_client *c, const struct opts *o, struct results *res)
         res->cold_mean_start_ms);
     if (res->cold_failures)
         say("  FAILED calls: %zu\n", res->cold_failures);
-    samples_free(&cold);
-    samples_free(&destroy);
+    sbx_samples_free(&cold);
+    sbx_samples_free(&destroy);
 }
 
 /* time_execs — `warmup` untimed then `n` timed `exec true` calls on one sandbox. */
-static struct stats
+static struct sbx_summary
 time_execs(sbx_client *c, const char *id, bool sessionless, long warmup, long n,
            size_t *failures)
 {
-    struct samples s = {0};
+    struct sbx_samples s = {0};
     sbx_error err;
     for (long i = 0; i < warmup + n && !interrupted; i++) {
         double ms;
@@ -714,21 +642,21 @@ time_execs(sbx_client *c, const char *id, bool sessionless, long warmup, long n,
             continue;
         }
         if (i >= warmup)
-            samples_add(&s, ms);
+            sbx_samples_add(&s, ms);
     }
-    struct stats st = stats_of(&s);
-    samples_free(&s);
+    struct sbx_summary st = sbx_stats_summary(s.v, s.n);
+    sbx_samples_free(&s);
     return st;
 }
 
 /* time_file_round_trips — `warmup` untimed then `n` timed pairs of a 1 MiB
  * sbx_write_file and its sbx_read_file; a read that differs counts as a
  * failure. */
-static struct stats
+static struct sbx_summary
 time_file_round_trips(sbx_client *c, const char *id, long warmup, long n, size_t *failures)
 {
     enum { SIZE = 1 << 20 };
-    struct samples s = {0};
+    struct sbx_samples s = {0};
     sbx_error err;
     unsigned char *data = sbx_xmalloc(SIZE);
     unsigned seed = (unsigned)getpid();
@@ -737,7 +665,7 @@ time_file_round_trips(sbx_client *c, const char *id, long warmup, long n, size_t
     for (long i = 0; i < warmup + n && !interrupted; i++) {
         char *back = NULL;
         size_t len = 0;
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         if (sbx_write_file(c, id, "/workspace/bench-1mib.bin", data, SIZE, &err) != 0 ||
             sbx_read_file(c, id, "/workspace/bench-1mib.bin", &back, &len, NULL, &err) != 0) {
             if ((*failures)++ < 5)
@@ -745,19 +673,19 @@ time_file_round_trips(sbx_client *c, const char *id, long warmup, long n, size_t
             sbx_error_free(&err);
             continue;
         }
-        double ms = now_ms() - t0;
+        double ms = sbx_stats_now_ms() - t0;
         if (len != SIZE || memcmp(back, data, SIZE) != 0) {
             if ((*failures)++ < 5)
                 say("  %s: the file read back (%zu bytes) differs from the one written\n", id,
                     len);
         } else if (i >= warmup) {
-            samples_add(&s, ms);
+            sbx_samples_add(&s, ms);
         }
         free(back);
     }
     free(data);
-    struct stats st = stats_of(&s);
-    samples_free(&s);
+    struct sbx_summary st = sbx_stats_summary(s.v, s.n);
+    sbx_samples_free(&s);
     return st;
 }
 
@@ -789,7 +717,7 @@ struct worker {
     char id[80];
     pthread_barrier_t *ready, *go;
     const double *deadline;
-    struct samples lat;
+    struct sbx_samples lat;
     size_t failures;
     double end_ms;
 };
@@ -801,16 +729,16 @@ worker_main(void *arg)
     sbx_error err;
     pthread_barrier_wait(w->ready);
     pthread_barrier_wait(w->go); /* the main thread has set *deadline in between */
-    while (now_ms() < *w->deadline && !interrupted) {
+    while (sbx_stats_now_ms() < *w->deadline && !interrupted) {
         double ms;
         if (exec_true(w->c, w->id, false, &ms, &err) == 0) {
-            samples_add(&w->lat, ms);
+            sbx_samples_add(&w->lat, ms);
         } else {
             w->failures++;
             sbx_error_free(&err);
         }
     }
-    w->end_ms = now_ms();
+    w->end_ms = sbx_stats_now_ms();
     return NULL;
 }
 
@@ -853,32 +781,32 @@ phase_throughput(sbx_client *c, const struct opts *o, struct results *res)
         started++;
     }
     pthread_barrier_wait(&ready);
-    start = now_ms();
+    start = sbx_stats_now_ms();
     deadline = start + (double)o->seconds * 1000.0;
     pthread_barrier_wait(&go);
-    struct samples all = {0};
+    struct sbx_samples all = {0};
     double end = start;
     for (size_t i = 0; i < started; i++) {
         pthread_join(w[i].thread, NULL);
         for (size_t k = 0; k < w[i].lat.n; k++)
-            samples_add(&all, w[i].lat.v[k]);
+            sbx_samples_add(&all, w[i].lat.v[k]);
         res->load_failures += w[i].failures;
         if (w[i].end_ms > end)
             end = w[i].end_ms;
-        samples_free(&w[i].lat);
+        sbx_samples_free(&w[i].lat);
     }
     pthread_barrier_destroy(&ready);
     pthread_barrier_destroy(&go);
     res->load_execs = all.n;
     res->load_seconds = (end - start) / 1000.0;
     res->execs_per_s = res->load_seconds > 0 ? (double)all.n / res->load_seconds : 0;
-    res->load = stats_of(&all);
+    res->load = sbx_stats_summary(all.v, all.n);
     say("  %.0f execs/s total (%zu execs in %.2f s)\n", res->execs_per_s, res->load_execs,
         res->load_seconds);
     say_stats("latency under load", &res->load);
     if (res->load_failures)
         say("  FAILED calls: %zu\n", res->load_failures);
-    samples_free(&all);
+    sbx_samples_free(&all);
     for (size_t i = 0; i < p; i++)
         if (w[i].id[0])
             destroy_quiet(c, w[i].id);

@@ -30,34 +30,7 @@
 #include "../runtime/sbx.h"
 #include "../runtime/util.h"
 #include "../tests/support/harness.h"
-
-static double
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
-}
-
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void
-line(const char *what, double *v, size_t n)
-{
-    qsort(v, n, sizeof(double), cmp_d);
-    double sum = 0;
-    for (size_t i = 0; i < n; i++)
-        sum += v[i];
-#define P(p) v[SBX_MIN(n - 1, (size_t)((p) / 100.0 * (double)n))]
-    printf("  %-28s n=%-5zu p50 %8.3f  p90 %8.3f  p99 %8.3f  max %8.3f  mean %8.3f ms\n", what,
-           n, P(50), P(90), P(99), v[n - 1], sum / (double)n);
-#undef P
-}
+#include "stats.h"
 
 static size_t
 sink(char *p, size_t s, size_t n, void *arg)
@@ -78,9 +51,9 @@ sse_data(char *p, size_t s, size_t n, void *arg)
     struct sse *x = arg;
     sbx_buf_append(&x->b, p, s * n);
     if (!x->first_event && memmem(x->b.p, x->b.len, "event:", 6))
-        x->first_event = now_ms() - x->t0;
+        x->first_event = sbx_stats_now_ms() - x->t0;
     if (!x->first_stdout && memmem(x->b.p, x->b.len, "event: stdout", 13))
-        x->first_stdout = now_ms() - x->t0;
+        x->first_stdout = sbx_stats_now_ms() - x->t0;
     return s * n;
 }
 
@@ -127,13 +100,13 @@ main(int argc, char **argv)
     double *ev = sbx_xcalloc((size_t)ns, sizeof(double));
     double *out = sbx_xcalloc((size_t)ns, sizeof(double));
     for (int i = 0; i < 50 + runs; i++) {
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         if (sbx_exec(c, id, &o, &r, &err) != 0) {
             fprintf(stderr, "sbx-bench-http: exec: %s %s\n", err.code, err.message);
             goto out;
         }
         if (i >= 50)
-            nng[i - 50] = now_ms() - t0;
+            nng[i - 50] = sbx_stats_now_ms() - t0;
         sbx_exec_result_free(&r);
     }
     char url[256];
@@ -145,7 +118,7 @@ main(int argc, char **argv)
     for (int i = 0; i < 50 + runs; i++) {
         curl_easy_setopt(cu, CURLOPT_URL, url);
         curl_easy_setopt(cu, CURLOPT_POSTFIELDS, "{\"command\":\"true\"}");
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         long status = 0;
         if (curl_easy_perform(cu) != CURLE_OK ||
             (curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status), status != 200)) {
@@ -153,7 +126,7 @@ main(int argc, char **argv)
             goto out;
         }
         if (i >= 50)
-            http[i - 50] = now_ms() - t0;
+            http[i - 50] = sbx_stats_now_ms() - t0;
     }
     snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/exec.stream", base, id);
     struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
@@ -166,7 +139,7 @@ main(int argc, char **argv)
         curl_easy_setopt(cu, CURLOPT_URL, url);
         curl_easy_setopt(cu, CURLOPT_POSTFIELDS, "{\"command\":\"echo hi\"}");
         curl_easy_setopt(cu, CURLOPT_WRITEDATA, &x);
-        x.t0 = now_ms();
+        x.t0 = sbx_stats_now_ms();
         CURLcode cr = curl_easy_perform(cu);
         sbx_buf_free(&x.b);
         if (cr != CURLE_OK || !x.first_stdout) {
@@ -182,11 +155,11 @@ main(int argc, char **argv)
     curl_slist_free_all(hs);
     sbx_destroy(c, id, NULL, NULL);
     printf("HTTP front vs nng, `exec true` on one running sandbox (default session)\n");
-    line("exec over nng (libsbx)", nng, (size_t)runs);
-    line("exec over HTTP (keep-alive)", http, (size_t)runs);
+    sbx_stats_line("exec over nng (libsbx)", nng, (size_t)runs);
+    sbx_stats_line("exec over HTTP (keep-alive)", http, (size_t)runs);
     printf("Server-Sent Events, exec.stream `echo hi`\n");
-    line("SSE first event (start)", ev, (size_t)ns);
-    line("SSE first stdout event", out, (size_t)ns);
+    sbx_stats_line("SSE first event (start)", ev, (size_t)ns);
+    sbx_stats_line("SSE first stdout event", out, (size_t)ns);
     rc = 0;
 out:
     if (cu)

@@ -32,45 +32,7 @@
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 #include "../tests/support/harness.h"
-
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double
-pct(double *v, size_t n, double p)
-{
-    if (!n)
-        return 0;
-    size_t k = (size_t)(p / 100.0 * (double)n + 0.999999);
-    if (k < 1)
-        k = 1;
-    if (k > n)
-        k = n;
-    return v[k - 1];
-}
-
-static void
-line(const char *what, double *v, size_t n)
-{
-    qsort(v, n, sizeof(double), cmp_d);
-    double sum = 0;
-    for (size_t i = 0; i < n; i++)
-        sum += v[i];
-    printf("  %-34s n=%-5zu p50 %8.3f  p90 %8.3f  p99 %8.3f  max %8.3f  mean %8.3f ms\n", what,
-           n, pct(v, n, 50), pct(v, n, 90), pct(v, n, 99), n ? v[n - 1] : 0, n ? sum / (double)n : 0);
-}
-
-static double
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
-}
+#include "stats.h"
 
 static int
 call(sbx_client *c, const char *op, const char *id, const char *json, sbx_reply **r)
@@ -140,10 +102,10 @@ main(int argc, char **argv)
     double *create = sbx_xcalloc((size_t)contexts, sizeof(double));
     for (int i = 0; i < contexts; i++) {
         usleep(300 * 1000); /* let the agent refill its warm driver, as between real calls */
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         if (call(c, "context.create", id, "{\"language\":\"python\"}", &r))
             goto close;
-        create[i] = now_ms() - t0;
+        create[i] = sbx_stats_now_ms() - t0;
         sbx_str cid = {"", 0};
         sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid);
         char del[160];
@@ -162,10 +124,10 @@ main(int argc, char **argv)
     sbx_reply_free(r);
     double *rt = sbx_xcalloc((size_t)runs, sizeof(double));
     for (int i = 0; i < 20 + runs; i++) {
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         if (call(c, "context.run", id, run, &r))
             goto close;
-        double dt = now_ms() - t0;
+        double dt = sbx_stats_now_ms() - t0;
         sbx_reply_free(r);
         if (i >= 20)
             rt[i - 20] = dt;
@@ -187,27 +149,27 @@ main(int argc, char **argv)
     printf("code interpreter vs Jupyter (ipykernel), this machine, %ld CPUs\n\n",
            sysconf(_SC_NPROCESSORS_ONLN));
     printf("python context creation (sbx) vs kernel start-up (Jupyter)\n");
-    line("sbx context.create python", create, (size_t)contexts);
+    sbx_stats_line("sbx context.create python", create, (size_t)contexts);
     size_t nk = jb ? json_array_size(json_object_get(jb, "kernel_start_ms")) : 0;
     double *ks = sbx_xcalloc(nk + 1, sizeof(double));
     for (size_t i = 0; i < nk; i++)
         ks[i] = json_real_value(json_array_get(json_object_get(jb, "kernel_start_ms"), i));
     if (nk)
-        line("jupyter kernel start", ks, nk);
+        sbx_stats_line("jupyter kernel start", ks, nk);
     else
         printf("  jupyter: not measured (python3-ipykernel / jupyter-client missing?)\n");
     printf("\n'1+1' round trip\n");
-    line("sbx context.run (via gateway)", rt, (size_t)runs);
+    sbx_stats_line("sbx context.run (via gateway)", rt, (size_t)runs);
     size_t ne = jb ? json_array_size(json_object_get(jb, "execute_ms")) : 0;
     double *ex = sbx_xcalloc(ne + 1, sizeof(double));
     for (size_t i = 0; i < ne; i++)
         ex[i] = json_real_value(json_array_get(json_object_get(jb, "execute_ms"), i));
     if (ne)
-        line("jupyter execute_request", ex, ne);
+        sbx_stats_line("jupyter execute_request", ex, ne);
     if (ne && nk)
         printf("\nsbx: context creation %.1fx faster, round trip %.1fx faster (p50)\n",
-               pct(ks, nk, 50) / pct(create, (size_t)contexts, 50),
-               pct(ex, ne, 50) / pct(rt, (size_t)runs, 50));
+               sbx_stats_pct(ks, nk, 50) / sbx_stats_pct(create, (size_t)contexts, 50),
+               sbx_stats_pct(ex, ne, 50) / sbx_stats_pct(rt, (size_t)runs, 50));
     json_decref(jb);
     free(ks);
     free(ex);

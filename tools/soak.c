@@ -45,6 +45,7 @@
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 #include "../tests/support/harness.h"
+#include "stats.h"
 
 enum op {
     OP_EXEC,
@@ -68,9 +69,9 @@ static const char *const op_names[OP__N] = {
 /* Relative weights of the mix (out of 1000). */
 static const int op_weight[OP__N] = {220, 130, 80, 70, 140, 60, 70, 70, 110, 20, 10};
 
-struct samples {
-    double *ms;
-    size_t n, cap;
+/* The latencies of one operation (ms) and how many of them failed. */
+struct op_samples {
+    struct sbx_samples lat;
     uint64_t errors;
 };
 
@@ -81,23 +82,13 @@ struct worker {
     const char *url;
     int64_t until_ms;
     unsigned seed;
-    struct samples s[OP__N];
+    struct op_samples s[OP__N];
     bool session_made;
     int counter;
 };
 
 static atomic_int errors_printed;
 static atomic_bool stop_now;
-
-static void
-sample_add(struct samples *s, double ms)
-{
-    if (s->n == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 256;
-        s->ms = sbx_xrealloc(s->ms, s->cap * sizeof(double));
-    }
-    s->ms[s->n++] = ms;
-}
 
 static void
 fail(struct worker *w, enum op op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -113,12 +104,6 @@ fail(struct worker *w, enum op op, const char *fmt, ...)
         va_end(ap);
         fprintf(stderr, "soak: %s %s: %s\n", w->id, op_names[op], msg);
     }
-}
-
-static double
-now_ms(void)
-{
-    return (double)sbx_mono_us() / 1000.0;
 }
 
 /* One generic call with JSON arguments; 0 or the error (err filled). */
@@ -382,29 +367,13 @@ worker_main(void *arg)
     usleep((useconds_t)(rand_r(&w->seed) % 2000) * 1000);
     while (!atomic_load(&stop_now) && sbx_mono_ms() < w->until_ms) {
         enum op op = pick(w);
-        double t0 = now_ms();
+        double t0 = sbx_stats_now_ms();
         do_op(w, c, op);
-        sample_add(&w->s[op], now_ms() - t0);
+        sbx_samples_add(&w->s[op].lat, sbx_stats_now_ms() - t0);
     }
     sbx_destroy(c, w->id, NULL, NULL);
     sbx_client_close(c);
     return NULL;
-}
-
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double
-pct(const double *v, size_t n, double p)
-{
-    if (!n)
-        return 0;
-    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
 }
 
 static void
@@ -495,19 +464,19 @@ main(int argc, char **argv)
     printf("\n%-13s %8s %7s %9s %9s %9s\n", "operation", "count", "errors", "p50 ms", "p99 ms",
            "max ms");
     for (int op = 0; op < OP__N; op++) {
-        struct samples all = {0};
+        struct sbx_samples all = {0};
+        uint64_t nerr = 0;
         for (int i = 0; i < nsb; i++) {
-            for (size_t k = 0; k < ws[i].s[op].n; k++)
-                sample_add(&all, ws[i].s[op].ms[k]);
-            all.errors += ws[i].s[op].errors;
+            for (size_t k = 0; k < ws[i].s[op].lat.n; k++)
+                sbx_samples_add(&all, ws[i].s[op].lat.v[k]);
+            nerr += ws[i].s[op].errors;
         }
-        qsort(all.ms, all.n, sizeof(double), cmp_double);
-        printf("%-13s %8zu %7" PRIu64 " %9.1f %9.1f %9.1f\n", op_names[op], all.n, all.errors,
-               pct(all.ms, all.n, 0.50), pct(all.ms, all.n, 0.99),
-               all.n ? all.ms[all.n - 1] : 0.0);
+        struct sbx_summary st = sbx_stats_summary(all.v, all.n);
+        printf("%-13s %8zu %7" PRIu64 " %9.1f %9.1f %9.1f\n", op_names[op], all.n, nerr,
+               all.n ? st.p50 : 0.0, all.n ? st.p99 : 0.0, all.n ? st.max : 0.0);
         total += all.n;
-        errs += all.errors;
-        free(all.ms);
+        errs += nerr;
+        sbx_samples_free(&all);
     }
     printf("%-13s %8" PRIu64 " %7" PRIu64 "   (%.1f operations/s over %.0f s)\n", "total", total,
            errs, (double)total / wall, wall);
@@ -515,7 +484,7 @@ main(int argc, char **argv)
         printf("daemon log: %s (removed)\n", d.log);
     for (int i = 0; i < nsb; i++)
         for (int op = 0; op < OP__N; op++)
-            free(ws[i].s[op].ms);
+            sbx_samples_free(&ws[i].s[op].lat);
     free(ws);
     if (own)
         testd_stop(&d);
