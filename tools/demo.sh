@@ -33,7 +33,11 @@ if ! $SBX status >/dev/null 2>&1; then
   say "starting sbxd dev (gateway on $SBX_GATEWAY, 2 shards, data in .sbx-data; log $log)"
   bin/sbxd dev --data .sbx-data --listen "$SBX_GATEWAY" >>"$log" 2>&1 &
   started=$!
-  for _ in $(seq 100); do $SBX status >/dev/null 2>&1 && break; sleep 0.1; done
+  # up once the gateway answers and every shard reports healthy (10 s at most)
+  for _ in $(seq 100); do
+    st=$($SBX status 2>/dev/null) && ! grep -q unavailable <<<"$st" && break
+    sleep 0.1
+  done
 fi
 run $SBX status
 
