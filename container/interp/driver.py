@@ -1163,21 +1163,21 @@ def _import_ipython():
     IPython.embed is a thin wrapper that loads it on first call.
     """
     name = "IPython.terminal.embed"
-    stub = None
+    deferred = None
     if name not in sys.modules:
-        stub = _DeferredModule(name)
+        deferred = _DeferredModule(name)
 
         def embed(**kwargs):
-            return stub.__getattr__("embed")(**kwargs)
+            return deferred.__getattr__("embed")(**kwargs)
 
         embed.__module__, embed.__doc__ = name, "IPython.embed(); loads the terminal UI first."
-        stub.embed = embed
-        sys.modules[name] = stub
+        deferred.embed = embed
+        sys.modules[name] = deferred
     import IPython  # noqa: F401
     from IPython.core.interactiveshell import InteractiveShell
-    if stub is not None and sys.modules.get("IPython.terminal") is not None:
+    if deferred is not None and sys.modules.get("IPython.terminal") is not None:
         # `import IPython.terminal.embed as m` reads the package attribute.
-        sys.modules["IPython.terminal"].embed = stub
+        sys.modules["IPython.terminal"].embed = deferred
     return InteractiveShell
 
 

@@ -648,7 +648,7 @@ class _Ops:
 
 
 class Sandbox(_Ops):
-    """A sandbox (the SDK's ``Sandbox`` stub).  Get one with
+    """A sandbox (the SDK's ``Sandbox`` object).  Get one with
     :func:`get_sandbox`.
 
     Commands and file operations without an explicit ``session_id`` run in
