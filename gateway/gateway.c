@@ -204,31 +204,31 @@ view_changed(void *arg)
     struct {
         int idx;
         char name[64], url[256];
-    } todo[MAX_SLOTS];
+    } to_open[MAX_SLOTS];
     int nt = 0;
     sbx_cview_lock(gw->view);
     int n;
     const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
     for (int i = 0; i < n && i < MAX_SLOTS; i++) {
         if (m[i].live && m[i].url[0] && !atomic_load(&gw->shards[i].open)) {
-            todo[nt].idx = i;
-            snprintf(todo[nt].name, sizeof(todo[nt].name), "%s", m[i].name);
-            snprintf(todo[nt].url, sizeof(todo[nt].url), "%s", m[i].url);
+            to_open[nt].idx = i;
+            snprintf(to_open[nt].name, sizeof(to_open[nt].name), "%s", m[i].name);
+            snprintf(to_open[nt].url, sizeof(to_open[nt].url), "%s", m[i].url);
             nt++;
         }
     }
     sbx_cview_unlock(gw->view);
     pthread_mutex_lock(&gw->slot_mu);
     for (int k = 0; k < nt; k++) {
-        if (atomic_load(&gw->shards[todo[k].idx].open))
+        if (atomic_load(&gw->shards[to_open[k].idx].open))
             continue;
-        int rv = slot_open(gw, todo[k].idx, todo[k].name, todo[k].url);
+        int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url);
         if (rv)
-            sbx_warn("gateway: cannot dial shard %s at %s: %s", todo[k].name, todo[k].url,
+            sbx_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
                      nng_strerror(rv));
         else
-            sbx_info("gateway %s: shard %s joined (%s)", gw->conf.name, todo[k].name,
-                     todo[k].url);
+            sbx_info("gateway %s: shard %s joined (%s)", gw->conf.name, to_open[k].name,
+                     to_open[k].url);
     }
     pthread_mutex_unlock(&gw->slot_mu);
 }
