@@ -50,6 +50,11 @@
 #define HANDOFF_GRACE_MS 10000
 #define TXN_PARTS 60          /* compares and puts per etcd transaction (≤ 128) */
 #define REPL_BATCH 60
+/* Record bytes per replication transaction.  etcd refuses a request over
+ * --max-request-bytes (1.5 MiB by default) and values travel base64-encoded
+ * in its JSON API (4/3); the largest record (an environment of 1 MiB,
+ * actor.c) still fits alone. */
+#define REPL_BATCH_BYTES (384u << 10)
 #define IMPORT_TIMEOUT_MS 30000
 #define STALE_IMPORT_MS 60000
 
@@ -580,10 +585,13 @@ repl_main(void *arg)
             pthread_mutex_unlock(&c->rmu);
             break;
         }
+        /* A batch: up to REPL_BATCH records and REPL_BATCH_BYTES of them (one
+         * record always goes, alone if it is larger: it fits in a request). */
         struct ritem *batch = c->rq_head, *last = batch;
-        size_t n = 1;
-        while (last->next && n < REPL_BATCH) {
+        size_t n = 1, bytes = batch->len;
+        while (last->next && n < REPL_BATCH && bytes + last->next->len <= REPL_BATCH_BYTES) {
             last = last->next;
+            bytes += last->len;
             n++;
         }
         c->rq_head = last->next;

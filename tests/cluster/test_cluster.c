@@ -1043,3 +1043,105 @@ Test(cluster, t8_etcd_outage_refuses_writes_and_recovers, .timeout = 200)
     sbx_client_close(c);
     no_sanitizer_reports();
 }
+
+/* t9: the largest environments a sandbox may hold, written at once by
+ * sandboxes of one node, replicate to etcd — and nothing a tenant writes
+ * through the API disturbs the node's other sandboxes (a write etcd refused
+ * would make the node fence itself and stop every container it runs). */
+struct big_env {
+    sbx_client *c;
+    char id[64];
+    int rc;
+    char code[48];
+};
+
+enum { BIG_VARS = 7, BIG_LEN = 131072 }; /* 7 values of the largest size env.set takes */
+
+static void *
+big_env_main(void *arg)
+{
+    struct big_env *b = arg;
+    size_t cap = (size_t)BIG_VARS * (BIG_LEN + 32) + 64;
+    char *json = malloc(cap);
+    size_t off = (size_t)snprintf(json, cap, "{\"vars\":{");
+    for (int k = 0; k < BIG_VARS; k++) {
+        off += (size_t)snprintf(json + off, cap - off, "%s\"BIG%d\":\"", k ? "," : "", k);
+        memset(json + off, 'a' + k, BIG_LEN);
+        off += BIG_LEN;
+        json[off++] = '"';
+    }
+    snprintf(json + off, cap - off, "}}");
+    sbx_reply *r = NULL;
+    sbx_error err;
+    b->rc = sbx_call_json(b->c, "env.set", b->id, json, 60000, &r, &err);
+    snprintf(b->code, sizeof(b->code), "%s", b->rc ? err.code : "OK");
+    if (b->rc)
+        sbx_error_free(&err);
+    sbx_reply_free(r);
+    free(json);
+    return NULL;
+}
+
+Test(cluster, t9_largest_environments_replicate_without_disturbing_the_node, .timeout = 150)
+{
+    restore_base();
+    struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int node = 0;
+    enum { N = 4 };
+    static struct big_env b[N];
+    char bystander[64];
+    int found = 0;
+    for (int k = 0; found <= N && k < 1000; k++) {
+        char id[64];
+        sb_id(id, sizeof(id), "b", k);
+        if (owner_of(&st, id) != node)
+            continue;
+        if (found < N)
+            snprintf(b[found].id, sizeof(b[found].id), "%s", id);
+        else
+            snprintf(bystander, sizeof(bystander), "%s", id);
+        found++;
+    }
+    cr_assert_eq(found, N + 1, "not enough sandbox IDs on node %d", node);
+    sbx_client *c = gw_client(0);
+    /* The bystander's container holds a file: it is lost if the node stops
+     * its containers. */
+    sbx_exec_opts o = {.command = "echo here > /workspace/mark", .timeout_ms = 20000};
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_eq(sbx_exec(c, bystander, &o, &r, &err), 0, "exec: %s", err.code);
+    sbx_exec_result_free(&r);
+    pthread_t th[N];
+    for (int k = 0; k < N; k++) {
+        b[k].c = c;
+        pthread_create(&th[k], NULL, big_env_main, &b[k]);
+    }
+    for (int k = 0; k < N; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < N; k++)
+        cr_expect_eq(b[k].rc, 0, "env.set of %d x %d bytes on %s: %s", BIG_VARS, BIG_LEN, b[k].id,
+                     b[k].code);
+    /* Read back through the other gateway, from a fresh process. */
+    sbx_client *c1 = gw_client(1);
+    for (int k = 0; k < N; k++) {
+        char got[64];
+        get_var(c1, b[k].id, "BIG6", got, sizeof(got));
+        cr_expect_eq(strlen(got), sizeof(got) - 1, "%s: BIG6 is not there", b[k].id);
+        cr_expect_eq(got[0], 'g', "%s: BIG6 starts with %c", b[k].id, got[0]);
+    }
+    o.command = "cat /workspace/mark";
+    cr_assert_eq(sbx_exec(c, bystander, &o, &r, &err), 0, "exec: %s", err.code);
+    cr_expect(r.stdout_data && !strcmp(r.stdout_data, "here\n"),
+              "the bystander's container was restarted (its file is gone)");
+    sbx_exec_result_free(&r);
+    cr_log_info("largest environments: %d sandboxes of node %d set %d x %d bytes at once: %s %s "
+                "%s %s",
+                N, node, BIG_VARS, BIG_LEN, b[0].code, b[1].code, b[2].code, b[3].code);
+    for (int k = 0; k < N; k++)
+        sbx_destroy(c, b[k].id, NULL, NULL);
+    sbx_destroy(c, bystander, NULL, NULL);
+    sbx_client_close(c1);
+    sbx_client_close(c);
+    no_sanitizer_reports();
+}
