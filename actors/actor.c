@@ -908,6 +908,10 @@ op_configure(struct actor *a, struct sop *op)
 
 #define PORT_MIN 1024 /* below: privileged ports, reserved */
 #define TOKEN_MAX 16  /* custom tokens: 1-16 of [a-z0-9_], as the SDK */
+/* Exposed ports per sandbox.  The SDK sets no limit; ours keeps the record
+ * small (each entry ~170 bytes; in a cluster the record travels to etcd in
+ * one request) and is far above what a sandbox serves. */
+#define PORTS_MAX 256
 
 /* The entry of port in the record's ports map, or NULL; *m must be freed
  * with sbx_wire_msg_free when it returns non-NULL. */
@@ -1098,10 +1102,12 @@ op_port_expose(struct actor *a, struct sop *op)
     }
     char token[TOKEN_MAX + 1] = "";
     sbx_msg m;
-    bool have_m = false;
+    bool have_m = false, known = false;
+    uint32_t nports = 0;
     if (a->rec.ports &&
         sbx_wire_decode(&m, a->rec.ports, a->rec.ports_len, &sbx_wire_limits_request) == 0) {
         have_m = true;
+        nports = m.root->via.map.size;
         for (uint32_t i = 0; i < m.root->via.map.size; i++) {
             const msgpack_object_kv *kv = &m.root->via.map.ptr[i];
             sbx_str k, t;
@@ -1110,6 +1116,7 @@ op_port_expose(struct actor *a, struct sop *op)
             char kb[16];
             snprintf(kb, sizeof(kb), "%d", port);
             bool same_port = sbx_str_eq(k, kb);
+            known |= same_port;
             if (custom && !same_port && token_eq(t, want)) {
                 sbx_wire_msg_free(&m);
                 shard_reply_err(op, SBX_E_PORT_EXPOSED,
@@ -1123,6 +1130,12 @@ op_port_expose(struct actor *a, struct sop *op)
     }
     if (have_m)
         sbx_wire_msg_free(&m);
+    if (!known && nports >= PORTS_MAX) {
+        shard_reply_err(op, SBX_E_VALIDATION,
+                        "at most %d ports can be exposed at once; unexpose one first",
+                        PORTS_MAX);
+        return;
+    }
     if (custom) {
         snprintf(token, sizeof(token), "%.*s", (int)want.n, want.p);
     } else if (!token[0]) {

@@ -460,6 +460,34 @@ Test(preview, refusals, .timeout = 120)
     hdone(id);
 }
 
+/* A sandbox exposes at most 256 ports at once: the 257th is refused, a
+ * re-expose of one it has is not, and unexposing one makes room. */
+Test(preview, exposed_ports_are_capped, .timeout = 180)
+{
+    char *id = test_id("pvcap");
+    struct hresp r;
+    for (int k = 0; k < 256; k++) {
+        expose_raw(id, 20000 + k, NULL, &r);
+        if (r.status != 200)
+            cr_assert_fail("expose port %d: HTTP %ld %s", 20000 + k, r.status, r.body);
+        hresp_free(&r);
+    }
+    expose_raw(id, 30000, NULL, &r);
+    expect_status(r, 400, "the 257th port");
+    expect_code(r, "VALIDATION_FAILED", "the 257th port");
+    hresp_free(&r);
+    expose_raw(id, 20007, NULL, &r);
+    expect_status(r, 200, "re-exposing one of the 256");
+    hresp_free(&r);
+    apif("DELETE", NULL, &r, "/v1/sandboxes/%s/ports/20000", id);
+    expect_status(r, 200, "DELETE ports/20000");
+    hresp_free(&r);
+    expose_raw(id, 30000, NULL, &r);
+    expect_status(r, 200, "a port after one was unexposed");
+    hresp_free(&r);
+    hdone(id);
+}
+
 Test(preview, stale_url_does_not_wake_the_sandbox, .timeout = 120)
 {
     char *id = test_id("pvst");
