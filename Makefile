@@ -154,8 +154,8 @@ unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 #   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each,
 #                      FUZZ_JOBS (2) at a time
 #   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (12) each, two at a time (make test)
-#   make valgrind      a short client scenario against the release sbxd under valgrind
-#                      --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
+#   make valgrind      a short scenario with the release shard, gateway and client under
+#                      valgrind --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
 #   make soak          200 sandboxes doing mixed operations for SOAK_SECONDS (300) against
 #                      the release build, p50/p99 per operation (tools/soak.c)
 #

@@ -155,10 +155,38 @@ out:
     return rc;
 }
 
+/*
+ * libseccomp judges what the kernel supports by calling seccomp(2) from this
+ * process (seccomp_api_get(3)).  The programs are exported here and loaded
+ * by the agent in the sandbox, so this process's own view does not matter —
+ * and it can be wrong: valgrind does not implement seccomp(2), and a
+ * container runtime's profile may hide it; libseccomp then reports API
+ * level 1 and refuses SCMP_ACT_KILL_PROCESS (level 3).  The kernel lists the
+ * actions it has in /proc/sys/kernel/seccomp/actions_avail (seccomp(2)): if
+ * kill_process is there, level 3 is true of it.
+ */
+static void
+api_level_from_kernel(void)
+{
+    if (seccomp_api_get() >= 3)
+        return;
+    char *avail = NULL;
+    size_t n = 0;
+    if (sbx_fs_read("/proc/sys/kernel/seccomp/actions_avail", 4096, &avail, &n) == 0 && avail &&
+        strstr(avail, "kill_process")) {
+        sbx_info("seccomp: libseccomp sees API level %u from this process; the kernel has "
+                 "kill_process (actions_avail): building for level 3",
+                 seccomp_api_get());
+        seccomp_api_set(3);
+    }
+    free(avail);
+}
+
 int
 sbx_seccomp_build(struct sbx_bpf out[2])
 {
     memset(out, 0, 2 * sizeof(*out));
+    api_level_from_kernel();
     int rc = build_deny(&out[0]);
     if (rc == 0)
         rc = build_allow(&out[1]);

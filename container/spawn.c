@@ -44,6 +44,7 @@ struct sbx_spawner {
     uint32_t uid_next;
     _Atomic uint64_t serial;
     int devnull;
+    bool no_clone3;        /* clone3(2) is ENOSYS here: clone(2) instead (below) */
 };
 
 /* Copy the agent binary into a sealed, read-only memfd. */
@@ -120,6 +121,15 @@ sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
         snprintf(why, whylen, "cannot build the seccomp filter: %s", sbx_err_message(rc));
         goto fail;
     }
+    /* clone3(2) (Linux 5.3) can be missing: older kernels, seccomp profiles
+     * that answer ENOSYS for it (Docker's default), valgrind.  clone(2) then
+     * creates the same namespaces; what it cannot do is start the child in
+     * its cgroup v2 (CLONE_INTO_CGROUP), so the child is attached before it
+     * is let go and the agent makes the cgroup namespace, as on cgroup v1.
+     * The probe's NULL arguments make a supporting kernel answer EINVAL. */
+    sp->no_clone3 = syscall(SYS_clone3, NULL, 0) < 0 && errno == ENOSYS;
+    if (sp->no_clone3)
+        sbx_info("spawn: clone3(2) is not available; containers start with clone(2)");
     sp->devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (sp->devnull < 0) {
         rc = -errno;
@@ -130,7 +140,8 @@ sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "hostname", "sandbox");
-    sbx_enc_kbool(&e, "unshare_cgroupns", sbx_cgroups_mode(conf->cgroups) != SBX_CG_V2);
+    sbx_enc_kbool(&e, "unshare_cgroupns",
+                  sbx_cgroups_mode(conf->cgroups) != SBX_CG_V2 || sp->no_clone3);
     sbx_enc_kint(&e, "rw_size", (int64_t)conf->rw_size);
     sbx_enc_kint(&e, "rw_inodes", (int64_t)conf->rw_inodes);
     sbx_enc_kint(&e, "shm_size", (int64_t)conf->shm_size);
@@ -209,7 +220,7 @@ uid_free(sbx_spawner *sp, uint32_t uid)
 }
 
 /*
- * The child between clone3 and execveat.  It shares nothing with the parent
+ * The child between clone3 (or clone) and execveat.  It shares nothing with the parent
  * but a copy of its memory, and other threads may have held glibc locks at
  * the moment of the clone: only raw system calls from here on.
  */
@@ -237,6 +248,20 @@ child_main(sbx_spawner *sp, int chan, const char *const *argv, const char *const
         syscall(SYS_dup3, nfd, 0, 0) < 0 || syscall(SYS_dup3, nfd, 1, 0) < 0)
         syscall(SYS_exit_group, 3);
     syscall(SYS_execveat, afd, "", argv, envp, AT_EMPTY_PATH);
+    /* Where execveat is missing (ENOSYS) or cannot take an empty path
+     * (valgrind 3.19 resolves it by name: ENOENT for a memfd), exec the
+     * memfd by its /proc path, as fexecve(3) does without execveat.  The
+     * path is built by hand: no snprintf here. */
+    char path[32] = "/proc/self/fd/";
+    char digits[12];
+    int nd = 0;
+    for (long v = afd; nd == 0 || v > 0; v /= 10)
+        digits[nd++] = (char)('0' + v % 10);
+    size_t at = 14; /* strlen("/proc/self/fd/") */
+    while (nd > 0)
+        path[at++] = digits[--nd];
+    path[at] = '\0';
+    syscall(SYS_execve, path, argv, envp);
     syscall(SYS_exit_group, 127);
     __builtin_unreachable();
 }
@@ -313,10 +338,22 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         ca.flags |= CLONE_INTO_CGROUP | CLONE_NEWCGROUP;
         ca.cgroup = (uint64_t)c->cg.v2_fd;
     }
-    pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
+    bool attach = sbx_cgroups_mode(sp->conf.cgroups) == SBX_CG_V1;
+    if (!sp->no_clone3) {
+        pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
+    } else {
+        /* clone(2): no stack (fork-like), the pidfd at parent_tid; the
+         * cgroup is joined below, before the child runs the agent. */
+        pid = (pid_t)syscall(SYS_clone, (unsigned long)(ca.flags & ~(CLONE_INTO_CGROUP |
+                                                                       CLONE_NEWCGROUP)) |
+                                             SIGCHLD,
+                             NULL, &pidfd, NULL, NULL);
+        attach = true;
+    }
     if (pid < 0) {
         rc = -errno;
-        snprintf(why, whylen, "clone3 with new namespaces: %s", strerror(errno));
+        snprintf(why, whylen, "%s with new namespaces: %s", sp->no_clone3 ? "clone" : "clone3",
+                 strerror(errno));
         goto fail;
     }
     if (pid == 0)
@@ -331,8 +368,7 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         snprintf(why, whylen, "write uid/gid map: %s", strerror(-rc));
         goto fail;
     }
-    if (sbx_cgroups_mode(sp->conf.cgroups) == SBX_CG_V1 &&
-        (rc = sbx_cgroup_attach(sp->conf.cgroups, &c->cg, pid)) != 0) {
+    if (attach && (rc = sbx_cgroup_attach(sp->conf.cgroups, &c->cg, pid)) != 0) {
         snprintf(why, whylen, "attach to cgroup: %s", strerror(-rc));
         goto fail;
     }

@@ -7,13 +7,16 @@
  *   1. socketpair(2) for the channel; a cgroup with the sandbox's limits;
  *   2. clone3(2) with CLONE_NEWUSER|NEWNS|NEWPID|NEWNET|NEWUTS|NEWIPC and
  *      CLONE_PIDFD (on cgroup v2 also CLONE_INTO_CGROUP|CLONE_NEWCGROUP, so
- *      the child is born inside its cgroup);
+ *      the child is born inside its cgroup); where clone3 is ENOSYS (kernels
+ *      before 5.3, Docker's default seccomp profile, valgrind) clone(2) with
+ *      the same namespaces, the child then being attached to its cgroup in
+ *      step 4 and making its cgroup namespace in the agent, as on v1;
  *   3. the child — a copy of this multi-threaded process, so it makes raw
  *      system calls only, no malloc, no glibc set*id broadcast — waits on
  *      the channel for "go";
  *   4. the parent writes /proc/PID/{uid,gid}_map ("0 <host id> 1": one
  *      unprivileged host id per sandbox, nothing else mapped), on cgroup v1
- *      attaches the pid to its three hierarchies, sets oom_score_adj -998 so
+ *      (or after clone(2)) attaches the pid to its cgroups, sets oom_score_adj -998 so
  *      the OOM killer prefers tenant processes to the agent, and says "go";
  *   5. the child sets PR_SET_PDEATHSIG, becomes uid/gid 0 of its namespace
  *      (setresuid/setresgid, setgroups(0)) and execs sbx-agent from a
