@@ -55,6 +55,7 @@
  * in its JSON API (4/3); the largest record (an environment of 1 MiB,
  * actor.c) still fits alone. */
 #define REPL_BATCH_BYTES (384u << 10)
+#define REPL_ERROR_RETRIES 6 /* retries of a transaction etcd answered with an error */
 #define IMPORT_TIMEOUT_MS 30000
 #define STALE_IMPORT_MS 60000
 
@@ -633,8 +634,13 @@ repl_main(void *arg)
                 rc = ok ? 0 : SBX_E_WRONG_OWNER;
                 break;
             }
-            /* etcd answered with an error (not a lost connection): no retry. */
-            if (rc != SBX_E_SHARD_UNAVAILABLE || fenced(c) || atomic_load(&c->stop))
+            /* Lost connections are retried while the lease may be ours; errors
+             * etcd answers ("leader changed", "request timed out", "too many
+             * requests": an election or a busy cluster) a few times more, up
+             * to ~2 s.  The transaction puts absolute values under a compare
+             * of the owner, so running it twice is harmless. */
+            if (fenced(c) || atomic_load(&c->stop) ||
+                (rc != SBX_E_SHARD_UNAVAILABLE && attempt >= REPL_ERROR_RETRIES))
                 break;
             nap_ms(SBX_MIN(50 << SBX_MIN(attempt, 4), 500));
         }
