@@ -46,7 +46,8 @@ BENCH   := tools/bench.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
-TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/wsclient.c
+TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/httpapi.c \
+                tests/support/wsclient.c
 
 HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tools/*.h \
                   tests/support/*.h)

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "../../runtime/util.h"
-#include "../support/httpc.h"
+#include "../support/httpapi.h"
 #include "../support/sdk.h"
 
 /* The table of operations itself: the OpenAPI test checks that every
@@ -35,32 +35,6 @@
 /* ---------------------------------------------------------------------------------- */
 /* Helpers. */
 
-/* api — METHOD base+path with a JSON body (NULL: none). */
-static long
-api_at(const char *base, const char *method, const char *path, const char *json,
-       struct hresp *r)
-{
-    char *u = hfmt("%s%s", base, path);
-    long st = http_json(method, u, json, r);
-    free(u);
-    return st;
-}
-
-static long
-api(const char *method, const char *path, const char *json, struct hresp *r)
-{
-    return api_at(test_http_url(), method, path, json, r);
-}
-
-/* apif — api with a printf-built path. */
-#define apif(method, json, r, ...)                                                             \
-    ({                                                                                         \
-        char *p_ = hfmt(__VA_ARGS__);                                                          \
-        long s_ = api((method), p_, (json), (r));                                             \
-        free(p_);                                                                              \
-        s_;                                                                                    \
-    })
-
 /* A JSON body from a jansson pack format. */
 static char *
 body(const char *fmt, ...)
@@ -74,27 +48,6 @@ body(const char *fmt, ...)
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;
-}
-
-/* Assert an answer: status and, for errors, the code. */
-#define expect_status(r, want, what)                                                          \
-    cr_expect_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
-                 (r).status, (want), (r).body ? (r).body : "", (r).err)
-#define assert_status(r, want, what)                                                          \
-    cr_assert_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
-                 (r).status, (want), (r).body ? (r).body : "", (r).err)
-#define expect_code(r, want, what)                                                            \
-    cr_expect_str_eq(jstr((r).json, "code"), (want), "%s: code '%s', expected %s (body %.400s)", \
-                     (what), jstr((r).json, "code"), (want), (r).body ? (r).body : "")
-
-/* Destroy a sandbox through the HTTP front and free its ID. */
-static void
-hdone(char *id)
-{
-    struct hresp r;
-    apif("DELETE", NULL, &r, "/v1/sandboxes/%s", id);
-    hresp_free(&r);
-    free(id);
 }
 
 /* exec over HTTP: the stdout of a shell string (asserts exit 0). */

@@ -18,55 +18,12 @@
 #include <unistd.h>
 
 #include "../../runtime/util.h"
-#include "../support/httpc.h"
+#include "../support/httpapi.h"
 #include "../support/sdk.h"
 #include "../support/wsclient.h"
 
 /* ---------------------------------------------------------------------------------- */
 /* Helpers. */
-
-static long
-api(const char *method, const char *path, const char *json, struct hresp *r)
-{
-    char *u = hfmt("%s%s", test_http_url(), path);
-    long st = http_json(method, u, json, r);
-    free(u);
-    return st;
-}
-
-#define apif(method, json, r, ...)                                                             \
-    ({                                                                                         \
-        char *p_ = hfmt(__VA_ARGS__);                                                          \
-        long s_ = api((method), p_, (json), (r));                                             \
-        free(p_);                                                                              \
-        s_;                                                                                    \
-    })
-
-#define expect_status(r, want, what)                                                          \
-    cr_expect_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
-                 (r).status, (want), (r).body ? (r).body : "", (r).err)
-#define assert_status(r, want, what)                                                          \
-    cr_assert_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
-                 (r).status, (want), (r).body ? (r).body : "", (r).err)
-#define expect_code(r, want, what)                                                            \
-    cr_expect_str_eq(jstr((r).json, "code"), (want), "%s: code '%s', expected %s (body %.400s)", \
-                     (what), jstr((r).json, "code"), (want), (r).body ? (r).body : "")
-
-static int
-http_port(void)
-{
-    const char *u = test_http_url();
-    return atoi(strrchr(u, ':') + 1);
-}
-
-static void
-hdone(char *id)
-{
-    struct hresp r;
-    apif("DELETE", NULL, &r, "/v1/sandboxes/%s", id);
-    hresp_free(&r);
-    free(id);
-}
 
 /* Write the app into the sandbox (once) and start it on `port`. */
 static void

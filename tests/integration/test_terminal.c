@@ -13,52 +13,12 @@
 #include <unistd.h>
 
 #include "../../runtime/util.h"
-#include "../support/httpc.h"
+#include "../support/httpapi.h"
 #include "../support/sdk.h"
 #include "../support/wsclient.h"
 
 /* ---------------------------------------------------------------------------------- */
 /* Helpers. */
-
-static long
-api(const char *method, const char *path, const char *json, struct hresp *r)
-{
-    char *u = hfmt("%s%s", test_http_url(), path);
-    long st = http_json(method, u, json, r);
-    free(u);
-    return st;
-}
-
-#define apif(method, json, r, ...)                                                             \
-    ({                                                                                         \
-        char *p_ = hfmt(__VA_ARGS__);                                                          \
-        long s_ = api((method), p_, (json), (r));                                             \
-        free(p_);                                                                              \
-        s_;                                                                                    \
-    })
-
-#define expect_status(r, want, what)                                                          \
-    cr_expect_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
-                 (r).status, (want), (r).body ? (r).body : "", (r).err)
-#define assert_status(r, want, what)                                                          \
-    cr_assert_eq((r).status, (want), "%s: status %ld, expected %d (body %.400s%s)", (what),   \
-                 (r).status, (want), (r).body ? (r).body : "", (r).err)
-
-static int
-http_port(void)
-{
-    const char *u = test_http_url();
-    return atoi(strrchr(u, ':') + 1);
-}
-
-static void
-hdone(char *id)
-{
-    struct hresp r;
-    apif("DELETE", NULL, &r, "/v1/sandboxes/%s", id);
-    hresp_free(&r);
-    free(id);
-}
 
 /* A viewer: the socket, the output it saw, the text frames it got. */
 struct viewer {
