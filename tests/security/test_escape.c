@@ -812,8 +812,9 @@ Test(escape, syscalls_newer_than_the_filter_fail_with_enosys)
     DONE();
 }
 
-/* i386 getpid through int 0x80, on the host, in a child: the kernel's
- * 32-bit entry must work here, or the SIGSYS inside proves nothing. */
+/* i386 getpid through int 0x80, on the host, in a child: whether the
+ * kernel has a 32-bit entry at all (CONFIG_IA32_EMULATION, and since Linux
+ * 6.7 the ia32_emulation= boot parameter). */
 static long
 int80_getpid(void)
 {
@@ -822,18 +823,33 @@ int80_getpid(void)
     return ret;
 }
 
+/*
+ * With a 32-bit entry on the host, int 0x80 inside must die of SIGSYS: the
+ * filter's arch check (SCMP_FLTATR_ACT_BADARCH) caught it.  Without one the
+ * kernel itself refuses the call (SIGSEGV) before any filter runs: the
+ * attack still must not return a pid, and the filter's verdict on the i386
+ * ABI is then checked by tests/unit/test_seccomp.c, which evaluates the
+ * exported programs — said in the log, never silently.  x32 numbers reach
+ * the filter on every x86_64 kernel and must die of SIGSYS.
+ */
 Test(escape, foreign_syscall_abis_kill_the_process)
 {
     pid_t k = fork();
     cr_assert(k >= 0);
-    if (k == 0)
+    if (k == 0) {
+        signal(SIGSEGV, SIG_DFL); /* the kernel's verdict, not the sanitizer's report */
         _exit(int80_getpid() == getpid() ? 0 : 1);
+    }
     int st;
     cr_assert_eq(waitpid(k, &st, 0), k);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-              "int 0x80 does not work on this host (IA32 emulation off? status %#x): the "
-              "32-bit-ABI test cannot be made here",
-              st);
+    int host_ia32 = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!host_ia32) {
+        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
+                  "int 0x80 on the host neither worked nor faulted (status %#x)", st);
+        cr_log_warn("this kernel has no IA32 emulation (int 0x80 faults on the host): inside "
+                    "the sandbox the kernel refuses it before the filter; the filter's i386 "
+                    "verdict is checked by test_seccomp:foreign_abis_kill_the_process");
+    }
     SANDBOX("abi");
     json_t *j = py(c, id,
                    "import mmap\n"
@@ -847,7 +863,8 @@ Test(escape, foreign_syscall_abis_kill_the_process)
                    "                  'x32_getpid': in_child(lambda: {'ret': sc(0x40000000 | 39)}),\n"
                    "                  'x32_mount': in_child(lambda: {'ret': sc(0x40000000 | 165, 1, 1, 1, 0, 0)})}))\n");
     /* SECCOMP_RET_KILL_PROCESS: the whole process dies of SIGSYS (31). */
-    cr_expect_eq(jint(j, "int80.!signal"), SIGSYS, "int 0x80: %s", json_dumps(jget(j, "int80"), 0));
+    cr_expect_eq(jint(j, "int80.!signal"), host_ia32 ? SIGSYS : SIGSEGV, "int 0x80: %s",
+                 json_dumps(jget(j, "int80"), 0));
     cr_expect_eq(jint(j, "x32_getpid.!signal"), SIGSYS, "x32 getpid: %s",
                  json_dumps(jget(j, "x32_getpid"), 0));
     cr_expect_eq(jint(j, "x32_mount.!signal"), SIGSYS, "x32 mount: %s",
