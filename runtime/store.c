@@ -2,6 +2,7 @@
 #include "store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -163,6 +164,13 @@ sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, sbx_store_com
         goto fail_mdb;
     if ((rc = mdb_env_open(s->env, dir, MDB_NOTLS, 0600)) != 0)
         goto fail_mdb;
+    /* LMDB opens its data file without O_CLOEXEC (it leaves the choice to
+     * the caller); no child of this process may inherit the store. */
+    int dfd;
+    if (mdb_env_get_fd(s->env, &dfd) == 0 && fcntl(dfd, F_SETFD, FD_CLOEXEC) != 0) {
+        rc = errno ? errno : EIO;
+        goto fail_mdb;
+    }
     int dead = 0;
     mdb_reader_check(s->env, &dead);
     if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0)

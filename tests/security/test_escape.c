@@ -1865,6 +1865,94 @@ check_fds(const char *where, const char *json)
     json_decref(j);
 }
 
+/* (dev, ino) of what /proc/<pid>/fd/<fd> names; false if it is gone. */
+static bool
+fd_identity(pid_t pid, const char *fd, dev_t *dev, ino_t *ino, char *link, size_t linklen)
+{
+    char path[96];
+    struct stat st;
+    snprintf(path, sizeof(path), "/proc/%d/fd/%s", (int)pid, fd);
+    if (stat(path, &st) != 0)
+        return false;
+    ssize_t k = readlink(path, link, linklen - 1);
+    link[k > 0 ? k : 0] = '\0';
+    *dev = st.st_dev;
+    *ino = st.st_ino;
+    return true;
+}
+
+/*
+ * Seen from the host: the agent (PID 1 of the sandbox, tenant-level by the
+ * threat model) holds nothing the shard that started it holds, but for its
+ * stderr (the shard's log stream, by design) and /dev/null: not the shard's
+ * LMDB files, its etcd or client sockets, nor pipes the daemon inherited.
+ * Compared by (st_dev, st_ino) of every fd of both processes (files, pipes,
+ * sockets); the shard is the agent's parent on the host.
+ */
+Test(escape, the_agent_holds_none_of_the_shards_files)
+{
+    SANDBOX("agentfds");
+    char *s = sh_out(c, id, "true");
+    free(s);
+    json_t *sb = ts_status(c, id);
+    pid_t agent = (pid_t)jint(sb, "container.pid");
+    json_decref(sb);
+    cr_assert(agent > 1, "no container pid in status");
+    char path[64], *buf = NULL;
+    size_t n;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)agent);
+    cr_assert_eq(sbx_fs_read(path, 1 << 16, &buf, &n), 0);
+    const char *pp = strstr(buf, "\nPPid:");
+    pid_t shard = pp ? (pid_t)atoi(pp + 6) : -1;
+    free(buf);
+    cr_assert(shard > 1, "no parent of the agent");
+    /* Every identity the shard holds open. */
+    struct held { dev_t dev; ino_t ino; } *held = NULL;
+    size_t nheld = 0, cap = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)shard);
+    DIR *d = opendir(path);
+    cr_assert(d, "cannot list the shard's fds (%s)", path);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char link[256];
+        dev_t dev;
+        ino_t ino;
+        if (de->d_name[0] == '.' || !fd_identity(shard, de->d_name, &dev, &ino, link, sizeof(link)))
+            continue;
+        if (nheld == cap)
+            held = realloc(held, (cap = cap ? 2 * cap : 64) * sizeof(*held));
+        held[nheld++] = (struct held){dev, ino};
+    }
+    closedir(d);
+    cr_assert_gt(nheld, 3, "the shard (pid %d) holds almost nothing: not the shard?", (int)shard);
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)agent);
+    d = opendir(path);
+    cr_assert(d, "cannot list the agent's fds");
+    int checked = 0;
+    while ((de = readdir(d)) != NULL) {
+        char link[256];
+        dev_t dev;
+        ino_t ino;
+        if (de->d_name[0] == '.' || !fd_identity(agent, de->d_name, &dev, &ino, link, sizeof(link)))
+            continue;
+        checked++;
+        cr_expect(!strstr(link, ".mdb"), "agent fd %s is the shard's store: %s", de->d_name, link);
+        /* anon_inode files (eventfd, epoll, signalfd, …) all share one
+         * inode: their identity cannot be compared this way. */
+        if (!strcmp(de->d_name, "2") || !strcmp(link, "/dev/null") ||
+            !strncmp(link, "anon_inode:", 11))
+            continue;
+        for (size_t i = 0; i < nheld; i++)
+            cr_expect(!(held[i].dev == dev && held[i].ino == ino),
+                      "agent fd %s (%s) is also open in the shard (pid %d)", de->d_name, link,
+                      (int)shard);
+    }
+    closedir(d);
+    free(held);
+    cr_assert_gt(checked, 2, "the agent has almost no fds: not the agent?");
+    DONE();
+}
+
 Test(escape, no_file_descriptors_leak_into_the_sandbox)
 {
     SANDBOX("fds");
