@@ -109,21 +109,32 @@ build_deny(struct sbx_bpf *out)
          SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (unsigned)TIOCSTI));
     RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
          SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (unsigned)TIOCLINUX));
-    /* personality: the flags that weaken the address space
-     * (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO,
-     * ADDR_COMPAT_LAYOUT).  The 0xffffffff query must stay allowed; it is
-     * the only value with bit 31 set (no persona flag uses it), so each rule
-     * matches "flag set and bit 31 clear" — one comparison per argument is
-     * all libseccomp accepts in a rule. */
-    static const unsigned long pers[] = {0x0040000, 0x0400000, 0x0100000, 0x0200000};
-    for (size_t i = 0; i < SBX_ARRAY_LEN(pers); i++)
+    /* personality(2): only the values Docker's default profile allows —
+     * PER_LINUX (0), PER_LINUX32 (0x8), UNAME26 (0x20000), both (0x20008)
+     * and the query 0xffffffff.  Anything else can weaken the address
+     * space (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO, …), and
+     * the kernel takes a value with bit 31 set as a persona too.
+     * libseccomp accepts one comparison per argument in a rule, so "not in
+     * that set" is a union of single-mask rules on the low 32 bits (the
+     * kernel's argument is an unsigned int):
+     *   bit 31 clear and a bit other than 0x8 / 0x20000 set, or
+     *   bit 31 set and some bit of 0..30 clear (0xffffffff is the only
+     *   allowed value with bit 31). */
+    for (unsigned b = 0; b < 31; b++) {
+        uint32_t bit = 1u << b;
+        if (bit != 0x8 && bit != 0x20000)
+            RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
+                 SCMP_A0(SCMP_CMP_MASKED_EQ, bit | 0x80000000u, bit));
         RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
-             SCMP_A0(SCMP_CMP_MASKED_EQ, pers[i] | 0x80000000ul, pers[i]));
-    /* Socket families: the crypto API, vsock to the hypervisor, raw packets. */
+             SCMP_A0(SCMP_CMP_MASKED_EQ, bit | 0x80000000u, 0x80000000u));
+    }
+    /* Socket families: the crypto API, vsock to the hypervisor, raw packets.
+     * The kernel reads the family as an int: compared on the low 32 bits,
+     * or a family with garbage in the upper half would pass. */
     static const int fams[] = {AF_ALG, AF_VSOCK, AF_PACKET};
     for (size_t i = 0; i < SBX_ARRAY_LEN(fams); i++)
         RULE(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-             SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fams[i]));
+             SCMP_A0(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (scmp_datum_t)fams[i]));
     /* Limits of other processes (the agent's among them). */
     RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(prlimit64), 1, SCMP_A0(SCMP_CMP_NE, 0));
     rc = export_bpf(ctx, out);

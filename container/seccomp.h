@@ -14,7 +14,8 @@
  *     ptrace and process_vm_*, pidfd_getfd, kcmp, kernel modules, kexec,
  *     reboot, swap, clock and host-name changes, open_by_handle_at,
  *     TIOCSTI/TIOCLINUX ioctls (32-bit masked compare, CVE-2019-10063),
- *     dangerous personality flags, AF_ALG, AF_VSOCK and AF_PACKET sockets,
+ *     personality values outside Docker's allowed set, AF_ALG, AF_VSOCK and
+ *     AF_PACKET sockets (families and ioctl numbers compared on 32 bits),
  *     prlimit64 on another process.  Denied calls fail with EPERM
  *     (clone3 with ENOSYS so glibc falls back to the filterable clone).
  *  2. the allow list: every system call libseccomp knows for the native

@@ -702,6 +702,10 @@ Test(escape, personality_flags_are_refused)
         {"linux_plus_norandom", SYS_personality, "0x0040008", "EPERM", "EPERM"},
         {"query", SYS_personality, "0xffffffff", "ENOSYS", "OK"},
         {"per_linux", SYS_personality, "0", "ENOSYS", "OK"},
+        {"per_linux32", SYS_personality, "0x8", "ENOSYS", "OK"},
+        /* the kernel takes any value but 0xffffffff as a persona */
+        {"bit31_norandom", SYS_personality, "0x80040000", "EPERM", "EPERM"},
+        {"bit31_only", SYS_personality, "0x80000000", "EPERM", "EPERM"},
     };
     run_probes(c, id, p, SBX_ARRAY_LEN(p), "personality");
     sbx_exec_result r = tsh(c, id, "setarch x86_64 -R true 2>&1; echo rc=$?", 20000);
@@ -725,6 +729,9 @@ Test(escape, special_socket_families_are_refused)
         {"af_alg", SYS_socket, "38, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
         {"af_vsock", SYS_socket, "40, 1, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
         {"af_packet", SYS_socket, "17, 3, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        /* the kernel reads the family as an int: the upper half is ignored */
+        {"af_vsock_hi", SYS_socket, "(1 << 32) | 40, 1, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_alg_hi", SYS_socket, "(7 << 32) | 38, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
         {"af_unix", SYS_socket, "1, 1, 0", "ENOSYS", "OK"},
         {"af_inet", SYS_socket, "2, 1, 0", "ENOSYS", "OK"},
         {"af_netlink", SYS_socket, "16, 3, 0", "ENOSYS", "OK"},
