@@ -109,6 +109,10 @@ INTERP_SRC := container/interp/driver.py container/interp/driver.js \
 share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 	@tools/install-interp.sh share/sbx/interp
 
+# Keep the objects of pattern chains (test support, harness): they are not
+# throwaway intermediates, and rebuilding them made every test link slower.
+.SECONDARY:
+
 .PHONY: all deps run test unit integration bench clean
 all: $(RELEASE_BINS) lib/libsbx.a
 

@@ -16,8 +16,9 @@ pkgs=(
   libxxhash-dev libjansson-dev
   # the HTTP front: server, upstream client for preview URLs, WebSocket framing, SHA-1
   libmicrohttpd-dev libcurl4-openssl-dev libwslay-dev nettle-dev
-  # tests
-  libcriterion-dev
+  # tests: the framework; libFuzzer targets (clang with its fuzzer runtime) and the
+  # valgrind job, both run by `make test`
+  libcriterion-dev clang libclang-rt-dev valgrind
   # inside sandboxes: the host's /usr is what sandboxes run
   bash coreutils procps python3 nodejs git
   # the code interpreter: IPython, matplotlib, pandas, numpy; npm for the JS/TS driver
