@@ -805,7 +805,7 @@ Test(escape, syscalls_newer_than_the_filter_fail_with_enosys)
                           newer[i].a[4], newer[i].a[5]);
         int host_errno = rc == -1 ? errno : 0;
         if (host_errno == ENOSYS) {
-            cr_log_info("the host kernel lacks %s (nr %ld): not checked", newer[i].name,
+            cr_log_warn("the host kernel lacks %s (nr %ld): not checked", newer[i].name,
                         newer[i].nr);
             continue;
         }
@@ -952,7 +952,7 @@ Test(escape, proc_sys_sysrq_and_cgroupfs_are_not_writable)
     if (stat("/proc/sysrq-trigger", &st) == 0)
         want(j, "sysrq", "EACCES", "/proc/sysrq-trigger");
     else {
-        cr_log_info("the host kernel has no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ off): its "
+        cr_log_warn("the host kernel has no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ off): its "
                     "mask is not exercised; the same mask on keys/kallsyms/timer_list is");
         want(j, "sysrq", "ENOENT", "/proc/sysrq-trigger");
     }
@@ -1167,7 +1167,7 @@ Test(escape, only_loopback_and_host_ports_are_unreachable)
     cr_expect_eq(json_array_size(jget(j, "routes")), 0, "routes inside: %s",
                  json_dumps(jget(j, "routes"), 0));
     if (naddr == 0)
-        cr_log_info("the host has no non-loopback IPv4 address; only the metadata address was tried");
+        cr_log_warn("the host has no non-loopback IPv4 address; only the metadata address was tried");
     json_decref(j);
     /* Nothing arrived at the host listener. */
     errno = 0;
