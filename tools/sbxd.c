@@ -176,6 +176,15 @@ cmd_shard(int argc, char **argv)
         sbx_shard_conf_free(&c);
         return 2;
     }
+    /* A relay on TCP without a secret would let anyone who can reach the
+     * port into every exposed port of every sandbox, token or not. */
+    if (!help && c.relay && !strncmp(c.relay, "tcp:", 4) && (!c.relay_secret || !*c.relay_secret)) {
+        fprintf(stderr, "sbxd shard: --relay %s needs --relay-secret-file (or --relay-secret): "
+                        "a TCP relay without a secret serves anyone who reaches it\n",
+                c.relay);
+        sbx_shard_conf_free(&c);
+        return 2;
+    }
     if (help) {
         sbx_config_usage(opts, "sbxd shard", "Run one shard node.");
         sbx_shard_conf_free(&c);

@@ -8,6 +8,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -313,6 +314,33 @@ Test(daemon, a_shard_nobody_runs_is_unavailable_at_once, .timeout = 60)
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
     char cmd[350];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* A shard with a TCP preview relay and no relay secret would admit anyone
+ * who reaches the port into every exposed port: it refuses to start
+ * (exit 2, the usage-error status) and says why, before it creates anything. */
+Test(daemon, a_tcp_relay_without_a_secret_is_refused, .timeout = 30)
+{
+    char dir[] = "/tmp/sbx-relay-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char data[300], cmd[900];
+    snprintf(data, sizeof(data), "%s/data", dir);
+    const char *bin = getenv("SBX_BIN") ? getenv("SBX_BIN") : "build/asan/bin";
+    snprintf(cmd, sizeof(cmd),
+             "%s/sbxd shard --name lonely --listen ipc://%s/s.sock --data %s "
+             "--relay tcp:127.0.0.1:1 2>&1",
+             bin, dir, data);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    char out[1024] = "";
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %#x: %s", st, out);
+    cr_expect(strstr(out, "relay-secret") != NULL, "no reason given: %s", out);
+    cr_expect(access(data, F_OK) != 0, "the refused shard created its data directory");
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
 }
