@@ -941,3 +941,24 @@ Test(config, errors)
     char *a13[] = {"x"};
     expect_parse_error(&c, 1, a13, "count");
 }
+
+/* docs/protocol.md §4 lists every code of err.h with the HTTP status the
+ * code maps to: the table cannot drift from SBX_ERRCODES unnoticed. */
+Test(err, protocol_doc_lists_every_code_with_its_status)
+{
+    char *doc = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_fs_read("docs/protocol.md", 1 << 22, &doc, &n), 0,
+                 "docs/protocol.md (tests run from the repository root)");
+    const char *sec = strstr(doc, "## 4. Error codes");
+    cr_assert_not_null(sec, "no §4 in docs/protocol.md");
+    const char *end = strstr(sec, "\n## 5.");
+    size_t seclen = end ? (size_t)(end - sec) : strlen(sec);
+    for (int c = SBX_E__FIRST + 1; c < SBX_E__LAST; c++) {
+        char row[128];
+        snprintf(row, sizeof(row), "| `%s` | %d |", sbx_err_name(c), sbx_err_http(c));
+        cr_expect(memmem(sec, seclen, row, strlen(row)) != NULL,
+                  "docs/protocol.md §4 has no row \"%s\"", row);
+    }
+    free(doc);
+}
