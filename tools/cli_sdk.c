@@ -367,6 +367,15 @@ human_wait(const msgpack_object *res)
         printf("ready\n");
 }
 
+/* `sbx wait --exit` exits with the process's own code, as wait(1) in a
+ * shell does (a killed process has 128+N from the agent already). */
+static int
+exit_status_of(const msgpack_object *res)
+{
+    int64_t v;
+    return sbx_wire_get_i64(res, "exitCode", &v) == 0 ? (int)(v & 255) : 0;
+}
+
 int
 v_wait(struct gopts *g, int argc, char **argv)
 {
@@ -424,7 +433,7 @@ v_wait(struct gopts *g, int argc, char **argv)
         op = "process.waitForExit";
     }
     free(o.argv);
-    return cli_call_enc(g, op, id, &e, human_wait);
+    return cli_call_enc_check(g, op, id, &e, human_wait, ex ? exit_status_of : NULL);
 }
 
 /* ------------------------------------------------------------------------------ */

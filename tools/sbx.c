@@ -228,8 +228,9 @@ cli_parse_ms(const char *s)
 
 /* print_shell_exit — for `--json exec`: when the command ended its session's
  * shell (`exit N`: SESSION_TERMINATED, whose context holds exitCode, stdout
- * and stderr), print that context as the result and return N & 255; -1 for
- * any other error. */
+ * and stderr), print that context as the result with `"error":
+ * "SESSION_TERMINATED"` added (a script tells a shell exit from an ordinary
+ * one by it) and return N & 255; -1 for any other error. */
 static int
 print_shell_exit(const sbx_error *err)
 {
@@ -241,6 +242,7 @@ print_shell_exit(const sbx_error *err)
     if (ctx)
         ec = json_object_get(ctx, "exitCode");
     if (json_is_integer(ec)) {
+        json_object_set_new(ctx, "error", json_string(err->code));
         char *s = json_dumps(ctx, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         if (s)
             printf("%s\n", s);
@@ -718,7 +720,7 @@ static const struct verb verbs[] = {
     {"logs", v_logs, "ID PROCESS [-f]", "print a process's output; -f follows it live"},
     {"wait", v_wait, "ID PROCESS (--log TEXT [--regex] | --port N [--tcp] [--path /p] | --exit) "
                      "[--timeout D]",
-     "wait until a process logs a line, serves a port, or exits"},
+     "wait until a process logs a line, serves a port, or exits (--exit: exit with its code)"},
     {"write", v_write, "ID PATH [--content TEXT]", "write a file (content from stdin by default)"},
     {"read", v_read, "ID PATH", "print a file's bytes"},
     {"ls", v_ls, "ID [PATH] [-r] [-a]", "list a directory"},
@@ -761,7 +763,7 @@ v_help(struct gopts *g, int argc, char **argv)
     for (const struct verb *v = verbs; v->name; v++)
         printf("  %-8s %s\n           %s\n", v->name, v->help, v->args);
     printf("\nexit status: `exec` exits with the command's code (124 timeout, 128+N signal);\n"
-           "`code` exits 1 when the code raised an error;\n"
+           "`wait --exit` with the process's code; `code` exits 1 when the code raised an error;\n"
            "other verbs 0 = ok, 1 = the operation failed; 2 = usage; 125 = sbx failed before\n"
            "the command ran.  Errors print \"sbx: CODE: message\" (docs/protocol.md lists codes).\n");
     return 0;

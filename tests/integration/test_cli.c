@@ -498,6 +498,8 @@ Test(cli, exec_stdin_and_stream, .timeout = 120)
     j = json_of(&r);
     cr_expect_eq(jint(j, "exitCode"), 4);
     cr_expect_str_eq(jstr(j, "stdout"), "before-exit\n");
+    /* a script can tell the shell's exit from an ordinary `exit 4` */
+    cr_expect_str_eq(jstr(j, "error"), "SESSION_TERMINATED", "%s", r.o.p);
     json_decref(j);
     cli_free(&r);
     r = sbx("--json", "exec", id, "--stream", "--sessionless", "echo ev; exit 3");
@@ -745,8 +747,9 @@ Test(cli, background_processes, .timeout = 120)
     snprintf(want, sizeof(want), "%s: killed (exit 143)\n", pid);
     expect_out(r, want);
     cli_free(&r);
+    /* wait --exit exits with the process's code, as a shell's wait does */
     r = sbx("wait", id, pid, "--exit", "--timeout", "30s");
-    expect_status(r, 0);
+    expect_status(r, 143);
     expect_out(r, "exited 143\n");
     cli_free(&r);
     r = sbx("ps", id);
@@ -769,7 +772,7 @@ Test(cli, background_processes, .timeout = 120)
     expect_out(r, "y /tmp\ndone\n");
     cli_free(&r);
     r = sbx("--json", "wait", id, "job1", "--exit");
-    expect_status(r, 0);
+    expect_status(r, 3);
     json_t *j = json_of(&r);
     cr_expect_eq(jint(j, "exitCode"), 3);
     cr_expect_str_eq(jstr(j, "status"), "failed");
