@@ -492,33 +492,78 @@ v_write(struct gopts *g, int argc, char **argv)
     return rc;
 }
 
+static int cli_start_stream(struct gopts *g, const char *op, const char *id, sbx_enc *e,
+                            sbx_client **cp, sbx_stream **sp);
+
+/* write one file.readStream chunk to stdout: `data` is the text itself
+ * (encoding utf-8) or the base64 of the bytes.  0 or -1. */
+static int
+write_chunk(const msgpack_object *ev)
+{
+    sbx_str data = {"", 0}, enc = {"", 0};
+    sbx_wire_get_str(ev, "data", &data);
+    sbx_wire_get_str(ev, "encoding", &enc);
+    if (!sbx_str_eq(enc, "base64"))
+        return sbx_write_full(STDOUT_FILENO, data.p, data.n) == 0 ? 0 : -1;
+    char *raw = NULL;
+    size_t n = 0;
+    int rc = sbx_base64_decode(data.p, data.n, &raw, &n) == 0 &&
+                     sbx_write_full(STDOUT_FILENO, raw, n) == 0
+                 ? 0
+                 : -1;
+    free(raw);
+    return rc;
+}
+
+/*
+ * sbx read ID PATH — the file's bytes on stdout.  Read through
+ * file.readStream (chunks of at most 64 KiB), so a file of any size comes
+ * through in bounded memory, where file.read stops at its cap
+ * (FILE_TOO_LARGE).  With --json: file.read's result (content, encoding,
+ * mimeType, …).
+ */
 int
 v_read(struct gopts *g, int argc, char **argv)
 {
-    if (argc < 2)
+    if (argc != 2)
         return usage("read ID PATH   (prints the file's bytes)");
-    if (g->json) {
-        sbx_enc e;
-        sbx_enc_init(&e);
-        sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "path", argv[1]);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "path", argv[1]);
+    if (g->json)
         return cli_call_enc(g, "file.read", argv[0], &e, NULL);
-    }
-    int rc = 0;
-    sbx_client *c = cli_connect(g, &rc);
-    if (!c)
+    sbx_client *c = NULL;
+    sbx_stream *s = NULL;
+    int rc = cli_start_stream(g, "file.readStream", argv[0], &e, &c, &s);
+    if (rc)
         return rc;
-    char *data;
-    size_t len;
+    sbx_event ev;
     sbx_error err;
-    if (sbx_read_file(c, argv[0], argv[1], &data, &len, NULL, &err) != 0) {
+    int n;
+    while ((n = sbx_stream_next(s, &ev, &err)) == 1) {
+        if (!strcmp(ev.type, "chunk") && write_chunk(ev.obj) != 0) {
+            fprintf(stderr, "sbx: cannot write the file's bytes to stdout\n");
+            rc = EXIT_SBX;
+            break;
+        }
+        if (!strcmp(ev.type, "error")) {
+            const msgpack_object *eo;
+            sbx_str m = {"", 0}, cd = {"ERROR", 5};
+            if (sbx_wire_get_map(ev.obj, "error", &eo) == 0) {
+                sbx_wire_get_str(eo, "code", &cd);
+                sbx_wire_get_str(eo, "message", &m);
+            }
+            fprintf(stderr, "sbx: %.*s: %.*s\n", (int)cd.n, cd.p, (int)m.n, m.p);
+            rc = 1;
+        }
+    }
+    if (n < 0) {
         cli_print_err(&err);
         sbx_error_free(&err);
-        rc = 1;
-    } else {
-        sbx_write_full(STDOUT_FILENO, data, len);
-        free(data);
+        rc = EXIT_SBX;
     }
+    sbx_stream_close(s);
     sbx_client_close(c);
     return rc;
 }
