@@ -27,6 +27,16 @@
  * when the deadline passes.  A command that exits non-zero is not an error:
  * its exit code is in the result, as in the SDK.
  *
+ * Coverage.  Every operation of docs/protocol.md (sessions, processes and
+ * their waits, files, watch, git, env, configure, status, list, the code
+ * interpreter, ports, cluster) is reached through the generic calls below:
+ * sbx_call with msgpack arguments, or sbx_call_json with a JSON object, and
+ * the result read with the sbx_wire_get_* accessors (runtime/wire.h) or as
+ * JSON.  Streams (exec, logs, readStream, watch, runStream) are read with
+ * sbx_stream_*.  The typed helpers at the end wrap the most common calls;
+ * they are conveniences, not the whole API (the sbx CLI, tools/cli_sdk.c,
+ * drives every operation this way).
+ *
  * Ownership.  Results own heap memory released by their *_free function;
  * strings passed in are copied before the call returns.
  */
