@@ -114,6 +114,12 @@ void agent_req_free(struct agent_req *r);
 /* env helpers (main.c): build "K=V" arrays. */
 char **agent_env_merge(char *const *base, const msgpack_object *overrides);
 void agent_env_free(char **env);
+/* agent_env_check — validate a map of per-call or per-session variables:
+ * names of 1-256 bytes without '=' or NUL (with shell_names: shell
+ * identifiers, what a session's bash can assign), values strings without
+ * NUL or nil (unset).  Returns 0 or SBX_E_VALIDATION with why[] naming the
+ * variable.  env may be NULL. */
+int agent_env_check(const msgpack_object *env, bool shell_names, char *why, size_t whylen);
 const char *agent_env_get(char *const *env, const char *key);
 
 /* ------------------------------------------------------------------------------ */

@@ -152,21 +152,9 @@ exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, siz
         exec_args_free(ea);
         return SBX_E_VALIDATION;
     }
-    if (ea->env) {
-        for (uint32_t i = 0; i < ea->env->via.map.size; i++) {
-            const msgpack_object_kv *kv = &ea->env->via.map.ptr[i];
-            sbx_str k;
-            if (sbx_wire_obj_str(&kv->key, &k) != 0 || k.n == 0 || memchr(k.p, '=', k.n) ||
-                memchr(k.p, '\0', k.n) ||
-                (kv->val.type != MSGPACK_OBJECT_STR && kv->val.type != MSGPACK_OBJECT_NIL) ||
-                (kv->val.type == MSGPACK_OBJECT_STR &&
-                 memchr(kv->val.via.str.ptr, '\0', kv->val.via.str.size))) {
-                snprintf(why, whylen, "'env' keys must be non-empty names without '=' and "
-                                      "values strings (or nil to unset)");
-                exec_args_free(ea);
-                return SBX_E_VALIDATION;
-            }
-        }
+    if (agent_env_check(ea->env, false, why, whylen) != 0) {
+        exec_args_free(ea);
+        return SBX_E_VALIDATION;
     }
     rc = sbx_wire_get_i64(args, "timeout", &ea->timeout_ms);
     if (rc == SBX_E_VALIDATION || ea->timeout_ms < 0) {

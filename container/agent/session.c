@@ -778,30 +778,29 @@ run_cmd(struct session *s, struct scmd *c)
         for (uint32_t i = 0; i < c->ea.env->via.map.size; i++) {
             const msgpack_object_kv *kv = &c->ea.env->via.map.ptr[i];
             sbx_str k;
-            sbx_wire_obj_str(&kv->key, &k);
-            bool ok = k.n > 0 && k.n < 200 && !(k.p[0] >= '0' && k.p[0] <= '9');
-            for (size_t j = 0; j < k.n; j++) {
-                char ch = k.p[j];
-                if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                      (ch >= '0' && ch <= '9') || ch == '_'))
-                    ok = false;
-            }
-            /* Names a shell cannot assign are skipped, as bash's own env would. */
-            if (!ok || kv->val.type != MSGPACK_OBJECT_STR)
+            /* Names are shell identifiers (checked in agent_exec_session);
+             * nil unsets the variable for this call, as in a fresh process. */
+            if (sbx_wire_obj_str(&kv->key, &k) != 0)
                 continue;
             int kn = (int)k.n;
             sbx_buf_appendf(&pre, "__sbx_s_%.*s=${%.*s+1}; __sbx_v_%.*s=${%.*s-}; "
-                                  "__sbx_a_%.*s=${%.*s@a}; \\builtin export %.*s=",
-                            kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p);
-            quote_ansi_c(&pre, kv->val.via.str.ptr, kv->val.via.str.size);
-            LIT(&pre, "; ");
+                                  "__sbx_a_%.*s=${%.*s@a}; ",
+                            kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p);
+            if (kv->val.type == MSGPACK_OBJECT_STR) {
+                sbx_buf_appendf(&pre, "\\builtin export %.*s=", kn, k.p);
+                quote_ansi_c(&pre, kv->val.via.str.ptr, kv->val.via.str.size);
+                LIT(&pre, "; ");
+            } else {
+                sbx_buf_appendf(&pre, "\\builtin unset %.*s; ", kn, k.p);
+            }
             sbx_buf_appendf(&restore,
                             "if \\builtin test -n \"$__sbx_s_%.*s\"; then %.*s=$__sbx_v_%.*s; "
-                            "case $__sbx_a_%.*s in *x*) ;; *) \\builtin export -n %.*s;; esac; "
+                            "case $__sbx_a_%.*s in *x*) \\builtin export %.*s;; "
+                            "*) \\builtin export -n %.*s;; esac; "
                             "else \\builtin unset %.*s; fi; \\builtin unset __sbx_s_%.*s "
                             "__sbx_v_%.*s __sbx_a_%.*s; ",
                             kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn, k.p, kn,
-                            k.p, kn, k.p);
+                            k.p, kn, k.p, kn, k.p);
         }
         /* The exports go before the cd: `cd X && { … }` must not skip them. */
         size_t at = cwd_at;
@@ -963,6 +962,13 @@ agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool s
         agent_reply_err(a, r, rc, "%s", why);
         return;
     }
+    /* Per-call variables are assigned by the session's shell (run_cmd): a
+     * name it cannot assign is refused rather than dropped. */
+    if (agent_env_check(c->ea.env, true, why, sizeof(why)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+        scmd_free(c);
+        return;
+    }
     if (c->ea.cwd) {
         struct stat st;
         if (stat(c->ea.cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
@@ -1066,11 +1072,19 @@ agent_op_session_create(struct agent *a, struct agent_req *r)
     const msgpack_object *env = NULL;
     sbx_str cwd = {0};
     int64_t tmo = 0;
+    char why[256];
     if (sbx_wire_get_map(r->args, "env", &env) == SBX_E_VALIDATION ||
         sbx_wire_get_str(r->args, "cwd", &cwd) == SBX_E_VALIDATION ||
         sbx_wire_get_i64(r->args, "commandTimeoutMs", &tmo) == SBX_E_VALIDATION || tmo < 0) {
         agent_reply_err(a, r, SBX_E_VALIDATION,
                         "'env' must be a map, 'cwd' a string, 'commandTimeoutMs' a number");
+        return;
+    }
+    /* The same rules as exec's env (the session's bash hands names it cannot
+     * assign on to its children, so any name goes); a value that is not a
+     * string was dropped silently before. */
+    if (agent_env_check(env, false, why, sizeof(why)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
         return;
     }
     char *cwds = cwd.n ? sbx_str_dup(cwd) : NULL;

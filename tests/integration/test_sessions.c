@@ -165,6 +165,72 @@ Test(sessions, per_call_cwd_and_env_do_not_persist)
     sbx_client_close(c);
 }
 
+/* Variables are never dropped silently: session.create refuses a value that
+ * is not a string (exec does), a per-call name the session's shell cannot
+ * assign is refused naming it, and nil unsets a variable for one call. */
+Test(sessions, env_that_cannot_be_applied_is_refused_not_dropped, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("sess-badenv");
+    tcall t = tc_call(c, "session.create", id,
+                      json_pack("{s:s, s:{s:i}}", "id", "num", "env", "A", 1), 0);
+    tc_fails_with(t, "session.create with env {A: 1}", "VALIDATION_FAILED");
+    cr_expect(strstr(t.err.message ? t.err.message : "", "'A'") != NULL,
+              "the message does not name the variable: %s", t.err.message);
+    tc_free(&t);
+    /* Nothing was created. */
+    t = tc_call(c, "session.get", id, json_pack("{s:s}", "id", "num"), 0);
+    tc_fails_with(t, "session.get of the refused session", "SESSION_NOT_FOUND");
+    tc_free(&t);
+    /* exec refuses the same value, in a session or not. */
+    t = tc_call(c, "exec", id, json_pack("{s:s, s:{s:i}}", "command", "true", "env", "A", 1), 0);
+    tc_fails_with(t, "exec with env {A: 1}", "VALIDATION_FAILED");
+    tc_free(&t);
+
+    /* A name that is not a shell identifier cannot be set by the session's
+     * bash: refused, naming it; the command did not run. */
+    t = tc_call(c, "exec", id,
+                json_pack("{s:s, s:s, s:{s:s, s:s}}", "command", "touch /tmp/ran", "sessionId",
+                          "ids", "env", "OK_NAME", "1", "A-B", "x"),
+                0);
+    tc_fails_with(t, "session exec with env A-B", "VALIDATION_FAILED");
+    cr_expect(strstr(t.err.message ? t.err.message : "", "A-B") != NULL,
+              "the message does not name A-B: %s", t.err.message);
+    tc_free(&t);
+    sbx_exec_result r = tsh_in(c, id, "ids", "test -e /tmp/ran && echo ran || echo not-run", 0);
+    cr_expect_str_eq(r.stdout_data, "not-run\n", "the refused command ran: %s", r.stdout_data);
+    sbx_exec_result_free(&r);
+    /* Sessionless, the same name reaches the process's environment. */
+    t = tc_call(c, "exec", id,
+                json_pack("{s:[s], s:b, s:{s:s}}", "argv", "env", "sessionless", 1, "env", "A-B",
+                          "x"),
+                0);
+    tc_ok(t, "sessionless exec with env A-B");
+    cr_expect(strstr(jstr(t.res, "stdout"), "\nA-B=x\n") != NULL, "A-B missing from: %s",
+              jstr(t.res, "stdout"));
+    tc_free(&t);
+
+    /* nil unsets for one call; the variable and its export come back after. */
+    r = tsh_in(c, id, "ids", "export KEEP=1 LOCAL=2; declare +x LOCAL", 0);
+    sbx_exec_result_free(&r);
+    t = tc_call(c, "exec", id,
+                json_pack("{s:s, s:s, s:{s:n, s:n}}", "command",
+                          "echo \"${KEEP-unset} ${LOCAL-unset}\"", "sessionId", "ids", "env",
+                          "KEEP", "LOCAL"),
+                0);
+    tc_ok(t, "session exec with env {KEEP: nil, LOCAL: nil}");
+    cr_expect_str_eq(jstr(t.res, "stdout"), "unset unset\n", "nil did not unset: %s",
+                     jstr(t.res, "stdout"));
+    tc_free(&t);
+    r = tsh_in(c, id, "ids", "echo \"$KEEP $LOCAL\"; env | grep -c -e '^KEEP=' -e '^LOCAL='", 0);
+    cr_expect_str_eq(r.stdout_data, "1 2\n1\n",
+                     "after the call KEEP (exported) and LOCAL (not) should be back: %s",
+                     r.stdout_data);
+    sbx_exec_result_free(&r);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
 Test(sessions, stdin_is_dev_null, .timeout = 30)
 {
     sbx_client *c = test_client();
