@@ -678,6 +678,40 @@ op_drain(struct gctx *g, const struct sbx_req *req)
 /* ------------------------------------------------------------------------------ */
 /* Client requests. */
 
+/*
+ * check_durations — the envelope's deadline and the duration arguments every
+ * operation shares are within range (runtime/wire.h SBX_WIRE_MAX_DURATION_MS):
+ * one check at the front door, so no layer behind it (the gateway's own nng
+ * timers, the shard, the agent's deadline arithmetic) sees a value that
+ * wraps.  0, or -1 with `why` filled.
+ */
+static int
+check_durations(const struct sbx_req *req, char *why, size_t whylen)
+{
+    static const char *const keys[] = {"timeout", "commandTimeoutMs", "cloneTimeoutMs",
+                                       "interval"};
+    if (req->timeout_ms > SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS) {
+        snprintf(why, whylen, "timeoutMs %lld is over the limit of %lld ms",
+                 (long long)req->timeout_ms,
+                 SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS);
+        return -1;
+    }
+    for (size_t i = 0; req->args && i < SBX_ARRAY_LEN(keys); i++) {
+        const msgpack_object *v = sbx_wire_get(req->args, keys[i]);
+        if (!v || v->type == MSGPACK_OBJECT_NIL)
+            continue;
+        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= SBX_WIRE_MAX_DURATION_MS)
+            continue;
+        if (v->type == MSGPACK_OBJECT_FLOAT64 && v->via.f64 >= 0 &&
+            v->via.f64 <= (double)SBX_WIRE_MAX_DURATION_MS)
+            continue;
+        snprintf(why, whylen, "'%s' must be a number of milliseconds from 0 to %lld (24 h)",
+                 keys[i], SBX_WIRE_MAX_DURATION_MS);
+        return -1;
+    }
+    return 0;
+}
+
 static void
 handle(struct gctx *g, nng_msg *m)
 {
@@ -721,6 +755,12 @@ handle(struct gctx *g, nng_msg *m)
         return;
     }
     snprintf(g->op, sizeof(g->op), "%s", def->name);
+    if (check_durations(&req, why, sizeof(why)) != 0) {
+        sbx_wire_msg_free(&dec);
+        nng_msg_free(m);
+        client_err(g, SBX_E_VALIDATION, "%s", why);
+        return;
+    }
     /* Answer a little before the client's own deadline, so it hears why. */
     int64_t timeout = gw->conf.timeout;
     if (req.timeout_ms > 0)

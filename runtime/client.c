@@ -185,6 +185,10 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     clear_err(err);
     if (timeout_ms <= 0)
         timeout_ms = c->timeout_ms;
+    /* No wait longer than a gateway accepts (runtime/wire.h): nng's
+     * durations are 32-bit, and a longer deadline would wrap. */
+    if (timeout_ms > SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS)
+        timeout_ms = SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS;
     if (request_id && *request_id)
         snprintf(id, sizeof(id), "%s", request_id);
     else
@@ -382,7 +386,9 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     int rc0 = encode_exec_args(o, NULL, &args, &alen, err);
     if (rc0)
         return rc0;
-    int64_t deadline = o->timeout_ms > 0 ? o->timeout_ms + 30000 : 0;
+    /* call() caps the sum; a timeout past 24 h is the gateway's to refuse. */
+    int64_t deadline =
+        o->timeout_ms > 0 ? SBX_MIN(o->timeout_ms, SBX_WIRE_MAX_DURATION_MS) + 30000 : 0;
     int rc = call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err, true);
     free(args);
     if (rc) {

@@ -43,6 +43,13 @@
 #define SBX_WIRE_MAX_FRAME (72u << 20)   /* bytes: transport cap, every socket */
 #define SBX_WIRE_MAX_REQUEST (40u << 20) /* bytes: larger requests get REQUEST_TOO_LARGE */
 #define SBX_WIRE_MAX_ID 64               /* bytes in a request id */
+/* Longest duration an argument may ask for (`timeout`, `commandTimeoutMs`,
+ * `cloneTimeoutMs`, `interval`): 24 h, ms.  The envelope's `timeoutMs` may
+ * exceed it by SBX_WIRE_DEADLINE_SLACK_MS (the client library and the HTTP
+ * front add up to that much to a command's own timeout).  Larger values
+ * are refused rather than wrapped: nng durations are 32-bit. */
+#define SBX_WIRE_MAX_DURATION_MS (24LL * 3600 * 1000)
+#define SBX_WIRE_DEADLINE_SLACK_MS (3600LL * 1000)
 
 /* A view of bytes inside a decoded frame: not NUL-terminated, lives as long
  * as the frame buffer it points into. */

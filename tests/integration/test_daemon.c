@@ -344,3 +344,54 @@ Test(daemon, a_tcp_relay_without_a_secret_is_refused, .timeout = 30)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
 }
+
+/* Durations past 24 h (runtime/wire.h SBX_WIRE_MAX_DURATION_MS) are refused
+ * at the gateway with VALIDATION_FAILED, at once: a 2^31 ms timeout used to
+ * wrap nng's 32-bit duration into an instant SHARD_UNAVAILABLE, and a 2^63
+ * one the agent's deadline into an instant "timed out". */
+Test(daemon, out_of_range_durations_are_refused, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("dur");
+    static const char *const bad[] = {
+        "{\"command\":\"echo hi\",\"timeout\":2147483000}",
+        "{\"command\":\"echo hi\",\"timeout\":9223372036854775000}",
+        "{\"command\":\"echo hi\",\"timeout\":-5}",
+        "{\"command\":\"echo hi\",\"timeout\":\"soon\"}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sbx_reply *r = NULL;
+        sbx_error err;
+        double t0 = test_now_ms();
+        int rc = sbx_call_json(c, "exec", id, bad[i], 0, &r, &err);
+        cr_expect_neq(rc, 0, "%s was accepted", bad[i]);
+        if (rc == 0)
+            sbx_reply_free(r);
+        else
+            cr_expect_str_eq(err.code, "VALIDATION_FAILED", "%s: %s %s", bad[i], err.code,
+                             err.message);
+        cr_expect(test_now_ms() - t0 < 5000, "%s took %.0f ms", bad[i], test_now_ms() - t0);
+        sbx_error_free(&err);
+    }
+    /* 24 h itself is fine, and so is a session's commandTimeoutMs of 1 h. */
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_expect_eq(sbx_call_json(c, "exec", id, "{\"command\":\"echo hi\",\"timeout\":86400000}", 0,
+                               &r, &err),
+                 0, "%s %s", err.code, err.message);
+    sbx_reply_free(r);
+    r = NULL;
+    cr_expect_eq(sbx_call_json(c, "session.create", id,
+                               "{\"id\":\"s1\",\"commandTimeoutMs\":3600000}", 0, &r, &err),
+                 0, "%s %s", err.code, err.message);
+    sbx_reply_free(r);
+    r = NULL;
+    cr_expect_neq(sbx_call_json(c, "session.create", id,
+                                "{\"id\":\"s2\",\"commandTimeoutMs\":99999999999}", 0, &r, &err),
+                  0, "a 3-year commandTimeoutMs was accepted");
+    sbx_reply_free(r);
+    sbx_error_free(&err);
+    cr_expect_eq(sbx_destroy(c, id, NULL, &err), 0, "destroy: %s", err.code);
+    free(id);
+    sbx_client_close(c);
+}
