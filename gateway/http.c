@@ -148,18 +148,30 @@ routes_build(struct sbx_http *h)
     return rc ? -EINVAL : 0;
 }
 
+static int
+hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 /* Percent-decode s in place (RFC 3986 §2.1); with plus, '+' is a space
  * (query strings, HTML form encoding).  Returns false on a malformed escape
- * or a decoded NUL. */
+ * (anything but '%' and two hex digits) or a decoded NUL. */
 bool
 http_pct_decode(char *s, bool plus)
 {
     char *w = s;
     for (char *r = s; *r; r++) {
         if (*r == '%') {
-            int hi = r[1] ? (r[1] <= '9' ? r[1] - '0' : (r[1] | 32) - 'a' + 10) : -1;
-            int lo = hi >= 0 && r[2] ? (r[2] <= '9' ? r[2] - '0' : (r[2] | 32) - 'a' + 10) : -1;
-            if (hi < 0 || hi > 15 || lo < 0 || lo > 15 || (hi == 0 && lo == 0))
+            int hi = hex_digit(r[1]);
+            int lo = hi >= 0 ? hex_digit(r[2]) : -1; /* r[2] exists: r[1] is not NUL */
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
                 return false;
             *w++ = (char)(hi * 16 + lo);
             r += 2;
@@ -184,7 +196,11 @@ unescape_none(void *cls, struct MHD_Connection *c, char *s)
 
 /* Match method + path; fill params (a JSON object of path arguments) and
  * the sandbox ID.  Returns the route, NULL (no path matches: 404), or
- * &method_mismatch when the path exists with other methods (405). */
+ * &method_mismatch when the path exists with other methods (405).
+ * *bad_param: 1 an {int} parameter is not one, 2 a malformed escape, an
+ * escaped NUL, or a parameter that is not UTF-8 (JSON cannot carry it, and
+ * a dropped path parameter would let a body or query argument of the same
+ * name stand in for it). */
 static const struct route method_mismatch;
 
 static const struct route *
@@ -232,12 +248,16 @@ route_match(struct sbx_http *h, const char *method, const char *url, json_t *par
             char *star = strchr(name, '*');
             if (star) {
                 *star = 0;
-                /* The rest of the URL, slashes included, as an absolute path. */
-                char path[4200];
-                snprintf(path, sizeof(path), "/%s", rest_at[j]);
-                if (!http_pct_decode(path, false))
+                /* The rest of the URL, slashes included, as an absolute path
+                 * (whole: the agent judges its length). */
+                char *path = sbx_xmalloc(strlen(rest_at[j]) + 2);
+                path[0] = '/';
+                strcpy(path + 1, rest_at[j]);
+                json_t *v = http_pct_decode(path, false) ? json_string(path) : NULL;
+                if (!v)
                     *bad_param = 2;
-                json_object_set_new(params, name, json_string(path));
+                json_object_set_new(params, name, v);
+                free(path);
                 break;
             }
             if (colon) {
@@ -245,13 +265,16 @@ route_match(struct sbx_http *h, const char *method, const char *url, json_t *par
                 char *e;
                 errno = 0;
                 long long v = strtoll(segs[j], &e, 10);
-                if (*e || errno)
-                    *bad_param = 1;
+                if ((*e || errno) && !*bad_param)
+                    *bad_param = 1; /* a malformed escape (2) is the first thing to say */
                 json_object_set_new(params, name, json_integer(v));
             } else if (!strcmp(name, "sandbox")) {
                 snprintf(sandbox, sblen, "%s", segs[j]);
             } else {
-                json_object_set_new(params, name, json_string(segs[j]));
+                json_t *v = json_string(segs[j]);
+                if (!v)
+                    *bad_param = 2;
+                json_object_set_new(params, name, v);
             }
         }
     }
@@ -696,9 +719,28 @@ utf8_complete_prefix(const unsigned char *p, size_t n)
     return n;
 }
 
+/* Whether an event's type can be its SSE event name: a field value ends at
+ * CR or LF (WHATWG HTML §9.2.6), so anything else could add lines (an `id:`
+ * that moves the client's Last-Event-ID, whole events). */
+static bool
+sse_name_ok(sbx_str t)
+{
+    if (t.n == 0 || t.n > 64)
+        return false;
+    for (size_t i = 0; i < t.n; i++) {
+        char c = t.p[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
 static void
 sse_event(struct hreq *hr, const msgpack_object *ev)
 {
+    if (ev->type != MSGPACK_OBJECT_MAP)
+        return; /* an event is a map (clients read its data as an object) */
     json_t *j = sbx_json_from_msgpack(ev);
     if (!j)
         return;
@@ -706,6 +748,8 @@ sse_event(struct hreq *hr, const msgpack_object *ev)
     sbx_wire_get_i64(ev, "seq", &seq);
     sbx_str type = SBX_STR("message"), data;
     sbx_wire_get_str(ev, "type", &type);
+    if (!sse_name_ok(type))
+        type = SBX_STR("message"); /* the data's JSON still has it */
     int which = sbx_str_eq(type, "stdout") || sbx_str_eq(type, "output") ? 0
                 : sbx_str_eq(type, "stderr")                            ? 1
                                                                         : -1;
@@ -1139,7 +1183,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                          "?access_token=<key>)");
     if (bad)
         return queue_err(hr, SBX_E_VALIDATION,
-                         bad == 2 ? "the path %s holds a malformed or NUL percent-escape"
+                         bad == 2 ? "the path %s holds a malformed or NUL percent-escape, or "
+                                    "a parameter that is not UTF-8"
                                   : "a path parameter of %s must be an integer",
                          url);
     if (hr->sandbox[0]) {
