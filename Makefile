@@ -189,12 +189,20 @@ fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
 .PRECIOUS: build/fuzz/obj/%.o
 build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+# The targets' dependency files: a target rebuilds when a source it includes changes.
+-include $(wildcard build/fuzz/obj/tests/fuzz/*.d)
 # fuzz_path and fuzz_agent include agent sources (for their static functions)
 # and link the rest of the agent.
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(filter-out container/agent/files.c,$(FUZZ_AGENT)))
 build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$(FUZZ_AGENT)))
+# fuzz_http, fuzz_preview and fuzz_terminal include one source of the HTTP front
+# and link the others, with the libraries they call.
+FUZZ_GW     := gateway/http.c gateway/preview.c gateway/terminal.c runtime/relay.c runtime/nngx.c
+build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
+    FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
+build/fuzz/fuzz_http: $(call fuzz_objs,$(filter-out gateway/http.c,$(FUZZ_GW)))
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(FUZZ_LIBS)
 
