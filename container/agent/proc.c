@@ -147,6 +147,20 @@ encode_proc(struct proc *p, sbx_enc *e)
     sbx_enc_end(e);
 }
 
+/* Free a process that is out of the table, has ended (or never started)
+ * and has no waiter; its log stream lives on until read (stream.c). */
+static void
+proc_release(struct proc *p)
+{
+    if (p->log)
+        stream_unref(p->log);
+    free(p->command);
+    sbx_buf_free(&p->line[0]);
+    sbx_buf_free(&p->line[1]);
+    exec_args_free(&p->ea);
+    free(p);
+}
+
 /* Keep at most MAX_FINISHED finished processes (the oldest go first). */
 static void
 prune(struct agent *a)
@@ -165,13 +179,7 @@ prune(struct agent *a)
             break;
         struct proc *p = *oldest;
         *oldest = p->next;
-        if (p->log)
-            stream_unref(p->log);
-        free(p->command);
-        sbx_buf_free(&p->line[0]);
-        sbx_buf_free(&p->line[1]);
-        exec_args_free(&p->ea);
-        free(p);
+        proc_release(p);
         n--;
     }
 }
@@ -414,7 +422,54 @@ parse_pid_arg(struct agent *a, struct agent_req *r, char *out, size_t n)
 
 static void timeout_cb(sbx_loop *l, void *arg);
 
-/* Fork the process; env and cwd are final. */
+/*
+ * The process could not start (its cwd is not a directory, the fork failed,
+ * its session could not be asked): the start request fails with `code` and
+ * the process leaves no entry behind.  That is what a user of the SDK
+ * expects: startProcess threw, so there is no Process to list, get, kill or
+ * wait for, and its ID — a custom one above all — is free for the corrected
+ * call instead of being RESOURCE_BUSY.  Kept as an `error` entry it would
+ * also have to invent an exit code for a process that never ran.  Whoever
+ * found it while it was starting (a process started in a session waits for
+ * the session's queue) is told: its log stream ends with an `error` event,
+ * waiters get PROCESS_ERROR.  Then p is freed.
+ */
+static void
+start_failed(struct proc *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+start_failed(struct proc *p, int code, const char *fmt, ...)
+{
+    struct agent *a = p->a;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    for (struct proc **pp = &a->procs; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    sbx_werr w;
+    sbx_werr_init(&w, code, "%s", msg);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "processId", p->id);
+    sbx_enc *e = stream_begin(p->log, "error");
+    sbx_enc_kstr(e, "processId", p->id);
+    sbx_enc_str(e, "error");
+    sbx_enc_werr(e, &w);
+    stream_commit(p->log, true);
+    if (p->start_req)
+        agent_reply_werr(a, p->start_req, &w);
+    p->start_req = NULL;
+    sbx_werr_free(&w);
+    while (p->waiters)
+        waiter_fail(p->waiters, SBX_E_PROCESS, "process %s could not start: %s", p->id, msg);
+    proc_release(p);
+}
+
+/* Fork the process; env and cwd are final.  On failure p is freed. */
 static void
 launch(struct proc *p, char **env, const char *cwd)
 {
@@ -424,10 +479,9 @@ launch(struct proc *p, char **env, const char *cwd)
     p->start_req = NULL;
     struct stat st;
     if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(p->status, sizeof(p->status), "error");
-        p->finished = true;
-        p->end_ms = sbx_wall_ms();
-        agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox", cwd);
+        p->start_req = r;
+        start_failed(p, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox", cwd);
+        p = NULL;
         goto out;
     }
     if (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0 ||
@@ -480,10 +534,9 @@ launch(struct proc *p, char **env, const char *cwd)
     agent_reply_ok(a, r, &res);
     goto out;
 fail:
-    snprintf(p->status, sizeof(p->status), "error");
-    p->finished = true;
-    p->end_ms = sbx_wall_ms();
-    agent_reply_err(a, r, SBX_E_PROCESS, "could not start process %s: %s", p->id, strerror(errno));
+    p->start_req = r;
+    start_failed(p, SBX_E_PROCESS, "could not start process %s: %s", p->id, strerror(errno));
+    p = NULL;
 out:
     for (int i = 0; i < 2; i++) {
         if (po[i] >= 0) close(po[i]);
@@ -491,7 +544,8 @@ out:
     }
     if (devnull >= 0)
         close(devnull);
-    exec_args_free(&p->ea);
+    if (p)
+        exec_args_free(&p->ea);
 }
 
 /* The session told us its cwd and environment: "PWD\0K=V\0K=V\0…". */
@@ -500,13 +554,8 @@ session_state(struct agent *a, void *arg, int rc, int status, struct outcap *out
 {
     struct proc *p = arg;
     if (rc || status) {
-        snprintf(p->status, sizeof(p->status), "error");
-        p->finished = true;
-        p->end_ms = sbx_wall_ms();
-        agent_reply_err(a, p->start_req, SBX_E_PROCESS,
-                        "could not read the environment of session '%s'", p->session);
-        p->start_req = NULL;
-        exec_args_free(&p->ea);
+        start_failed(p, SBX_E_PROCESS, "could not read the environment of session '%s'",
+                     p->session);
         return;
     }
     const char *d = out->data.p ? out->data.p : "";

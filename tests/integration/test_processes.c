@@ -9,6 +9,7 @@
  * statuses completed/failed/killed, PROCESS_NOT_FOUND.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -562,6 +563,132 @@ Test(processes, a_process_timeout_kills_it, .timeout = 60)
     cr_expect(took >= 700 && took < 4000, "the 800 ms timeout ended it after %.0f ms", took);
     tc_free(&t);
     cr_expect_eq(count_sleeps(c, id), 0, "the tree of a timed-out process survived");
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* A process that cannot start leaves nothing behind: start fails, the ID is
+ * not listed (nor gettable, nor waitable: it never ran, there is no exit code
+ * to report), and the ID is free for the corrected call. */
+Test(processes, a_process_that_cannot_start_leaves_no_entry, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("proc-nostart");
+    tcall t = tc_call(c, "process.start", id,
+                      json_pack("{s:s, s:s, s:s}", "command", "true", "processId", "bad", "cwd",
+                                "/nonexist"),
+                      0);
+    tc_fails_with(t, "process.start with a missing cwd", "VALIDATION_FAILED");
+    tc_free(&t);
+    t = tc_call(c, "process.list", id, NULL, 0);
+    tc_ok(t, "process.list");
+    json_t *arr = jget(t.res, "processes");
+    for (size_t i = 0; i < json_array_size(arr); i++)
+        cr_expect_str_neq(jstr(json_array_get(arr, i), "id"), "bad",
+                          "the failed process is listed: status %s, exitCode %lld, cause '%s'",
+                          jstr(json_array_get(arr, i), "status"),
+                          jint(json_array_get(arr, i), "exitCode"),
+                          jstr(json_array_get(arr, i), "cause"));
+    tc_free(&t);
+    const char *ops[] = {"process.get", "process.waitForExit", "process.logs"};
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        t = pcall(c, id, ops[i], "bad", json_pack("{s:i}", "timeout", 2000));
+        tc_fails_with(t, ops[i], "PROCESS_NOT_FOUND");
+        tc_free(&t);
+    }
+    /* Its log stream does not hang a reader: it is gone, or ended. */
+    t = tc_call(c, "stream.read", id,
+                json_pack("{s:s, s:i, s:i}", "streamId", "proc:bad", "after", 0, "waitMs", 3000),
+                10000);
+    if (t.rc == 0)
+        cr_expect_eq(jbool(t.res, "done"), 1, "the failed process's stream is not done");
+    else
+        tc_fails_with(t, "stream.read proc:bad", "STREAM_NOT_FOUND");
+    tc_free(&t);
+    /* The ID is free again. */
+    t = tc_call(c, "process.start", id,
+                json_pack("{s:s, s:s, s:s}", "command", "echo again", "processId", "bad", "cwd",
+                          "/tmp"),
+                0);
+    tc_ok(t, "process.start with the same ID and a good cwd");
+    tc_free(&t);
+    t = pcall(c, id, "process.waitForExit", "bad", json_pack("{s:i}", "timeout", 10000));
+    tc_ok(t, "waitForExit");
+    cr_expect_eq(jint(t.res, "exitCode"), 0);
+    cr_expect_str_eq(jstr(t.res, "status"), "completed");
+    tc_free(&t);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+struct start_arg {
+    const char *sandbox;
+    tcall t;
+};
+
+static void *
+start_in_busy_session(void *arg)
+{
+    struct start_arg *s = arg;
+    sbx_client *c = test_client();
+    s->t = tc_call(c, "process.start", s->sandbox,
+                   json_pack("{s:s, s:s, s:s, s:s}", "command", "true", "processId", "late",
+                             "sessionId", "busy", "cwd", "/nonexist"),
+                   0);
+    sbx_client_close(c);
+    return NULL;
+}
+
+/* A process started in a busy session is `starting` until the session's
+ * queue reaches it; whoever waits on it or reads its logs meanwhile learns
+ * that it could not start, instead of waiting forever. */
+Test(processes, waiters_on_a_process_that_cannot_start_are_told, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("proc-nostart-w");
+    /* Keep session "busy" busy for 3 s (a stream answers at once). */
+    tcall t = tc_call(c, "exec.stream", id,
+                      json_pack("{s:s, s:s}", "command", "sleep 3", "sessionId", "busy"), 0);
+    tc_ok(t, "exec.stream");
+    tc_free(&t);
+    struct start_arg sa = {.sandbox = id};
+    pthread_t th;
+    pthread_create(&th, NULL, start_in_busy_session, &sa);
+    /* Wait until it is listed as starting. */
+    bool seen = false;
+    for (int i = 0; i < 100 && !seen; i++) {
+        t = pcall(c, id, "process.get", "late", NULL);
+        seen = t.rc == 0;
+        if (seen)
+            cr_expect_str_eq(jstr(t.res, "process.status"), "starting");
+        tc_free(&t);
+        if (!seen)
+            tsleep_ms(20);
+    }
+    cr_assert(seen, "the process never showed up as starting");
+    double t0 = test_now_ms();
+    t = pcall(c, id, "process.waitForExit", "late", json_pack("{s:i}", "timeout", 20000));
+    tc_fails_with(t, "waitForExit of a process that cannot start", "PROCESS_ERROR");
+    cr_expect(test_now_ms() - t0 < 10000, "waitForExit took %.0f ms", test_now_ms() - t0);
+    tc_free(&t);
+    pthread_join(th, NULL);
+    tc_fails_with(sa.t, "process.start in the busy session", "VALIDATION_FAILED");
+    tc_free(&sa.t);
+    /* Its stream ended with an error event. */
+    t = tc_call(c, "stream.read", id,
+                json_pack("{s:s, s:i, s:i}", "streamId", "proc:late", "after", 0, "waitMs", 3000),
+                10000);
+    tc_ok(t, "stream.read proc:late");
+    cr_expect_eq(jbool(t.res, "done"), 1, "the stream of a process that could not start is "
+                                          "not done");
+    json_t *evs = jget(t.res, "events");
+    json_t *last = json_array_get(evs, json_array_size(evs) - 1);
+    cr_expect_str_eq(jstr(last, "type"), "error");
+    cr_expect_str_eq(jstr(last, "error.code"), "VALIDATION_FAILED");
+    tc_free(&t);
+    t = pcall(c, id, "process.get", "late", NULL);
+    tc_fails_with(t, "process.get after the failed start", "PROCESS_NOT_FOUND");
+    tc_free(&t);
     tdone(c, id);
     sbx_client_close(c);
 }
