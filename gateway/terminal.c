@@ -18,6 +18,15 @@
  * Per connection: the thread that owns the socket and the wslay context, and
  * a reader thread long-polling the output stream into a queue it signals
  * through an eventfd.
+ *
+ * Back-pressure: a viewer that reads slowly (or not at all) must not grow
+ * the gateway.  The reader thread stops polling while QUEUE_CAP bytes wait
+ * in its queue, and the WebSocket thread hands frames to wslay only while
+ * less than WSLAY_CAP bytes are queued there; so a connection holds at most
+ * about QUEUE_CAP + WSLAY_CAP + one read (1 MiB) of output.  What the
+ * terminal prints meanwhile stays in the agent's ring (bounded); a viewer
+ * that falls further behind than the ring skips what was overwritten, as a
+ * terminal reconnecting after the replay window would.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -40,6 +49,8 @@
 #define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11" /* RFC 6455 §1.3 */
 #define POLL_WAIT_MS 5000
 #define MAX_IN_MSG (1 << 20)
+#define QUEUE_CAP (1u << 20)   /* bytes waiting for the WebSocket thread */
+#define WSLAY_CAP (1u << 20)   /* bytes queued in wslay, not yet on the socket */
 
 struct outmsg {
     struct outmsg *next;
@@ -72,6 +83,7 @@ struct tstate {
     struct MHD_UpgradeResponseHandle *urh;
     int evfd;
     struct outmsg *q_head, *q_tail;
+    size_t q_bytes;           /* payload bytes in q_head… (back-pressure) */
     bool reader_done;
     bool stop;
     struct tstate *next;      /* h->terminals */
@@ -123,6 +135,7 @@ push(struct tstate *t, uint8_t opcode, const char *p, size_t n)
     m->opcode = opcode;
     m->len = n;
     memcpy(m->data, p, n);
+    t->q_bytes += n;
     if (t->q_tail)
         t->q_tail->next = m;
     else
@@ -174,7 +187,11 @@ reader_main(void *arg)
     uint64_t after = 0;
     bool ready_sent = false;
     for (;;) {
+        /* Back-pressure: no new read while the viewer has not taken what
+         * is queued (the WebSocket thread signals cv as it drains). */
         pthread_mutex_lock(&t->mu);
+        while (t->q_bytes >= QUEUE_CAP && !t->stop)
+            pthread_cond_wait(&t->cv, &t->mu);
         bool stop = t->stop;
         pthread_mutex_unlock(&t->mu);
         if (stop)
@@ -349,7 +366,12 @@ ws_loop(struct tstate *t)
         struct pollfd p[2] = {{t->sock, POLLIN, 0}, {t->evfd, POLLIN, 0}};
         if (wslay_event_want_write(ctx))
             p[0].events |= POLLOUT;
-        if (poll(p, 2, -1) < 0) {
+        /* Frames left in our queue that wslay has room for now: do not
+         * sleep (the reader is held by back-pressure and will not signal). */
+        pthread_mutex_lock(&t->mu);
+        bool more = t->q_head && wslay_event_get_queued_msg_length(ctx) < WSLAY_CAP;
+        pthread_mutex_unlock(&t->mu);
+        if (poll(p, 2, more ? 0 : -1) < 0) {
             if (errno == EINTR)
                 continue;
             break;
@@ -358,21 +380,30 @@ ws_loop(struct tstate *t)
             uint64_t v;
             ssize_t r = read(t->evfd, &v, sizeof(v));
             (void)r;
-            pthread_mutex_lock(&t->mu);
-            while (t->q_head) {
-                struct outmsg *m = t->q_head;
-                t->q_head = m->next;
-                struct wslay_event_msg wm = {m->opcode, (const uint8_t *)m->data, m->len};
-                wslay_event_queue_msg(ctx, &wm);
-                free(m);
-            }
-            t->q_tail = NULL;
-            reader_done = t->reader_done;
-            bool stop = t->stop;
-            pthread_mutex_unlock(&t->mu);
-            if (reader_done || stop)
-                closing = true;
         }
+        /* Hand queued frames to wslay while it holds less than WSLAY_CAP;
+         * the rest waits for the socket to drain (POLLOUT above). */
+        pthread_mutex_lock(&t->mu);
+        bool drained = false;
+        while (t->q_head && wslay_event_get_queued_msg_length(ctx) < WSLAY_CAP) {
+            struct outmsg *m = t->q_head;
+            t->q_head = m->next;
+            t->q_bytes -= m->len;
+            struct wslay_event_msg wm = {m->opcode, (const uint8_t *)m->data, m->len};
+            wslay_event_queue_msg(ctx, &wm);
+            free(m);
+            drained = true;
+        }
+        if (!t->q_head)
+            t->q_tail = NULL;
+        if (drained)
+            pthread_cond_broadcast(&t->cv);
+        /* Close once the reader is done and all it queued has gone to wslay. */
+        reader_done = t->reader_done && !t->q_head;
+        bool stop = t->stop;
+        pthread_mutex_unlock(&t->mu);
+        if (reader_done || stop)
+            closing = true;
         if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && wslay_event_recv(ctx) != 0)
             break;
         if (wslay_event_want_write(ctx) && wslay_event_send(ctx) != 0)
@@ -438,6 +469,7 @@ main_thread(void *arg)
         }
         pthread_mutex_lock(&t->mu);
         t->stop = true;
+        pthread_cond_broadcast(&t->cv); /* a reader held by back-pressure */
         pthread_mutex_unlock(&t->mu);
         MHD_upgrade_action(t->urh, MHD_UPGRADE_ACTION_CLOSE);
     }

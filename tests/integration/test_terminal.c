@@ -8,6 +8,7 @@
  * session.delete ending it.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -439,5 +440,77 @@ Test(terminal, session_delete_ends_the_terminal, .timeout = 120)
     expect_status(r, 200, "exec after");
     cr_expect_str_eq(jstr(r.json, "stdout"), "ok\n");
     hresp_free(&r);
+    hdone(id);
+}
+
+/* VmRSS in KiB of the `sbxd dev` process of this test binary (the gateway
+ * and its HTTP front live there): the process whose command line names
+ * $SBX_TEST_DIR and "dev".  Read only, never signalled. */
+static long
+dev_rss_kib(void)
+{
+    const char *dir = getenv("SBX_TEST_DIR");
+    cr_assert(dir && *dir, "SBX_TEST_DIR is not set");
+    DIR *d = opendir("/proc");
+    cr_assert(d);
+    long rss = -1;
+    struct dirent *de;
+    while (rss < 0 && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        char path[64], cl[2048];
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(cl, 1, sizeof(cl) - 1, f);
+        fclose(f);
+        cl[n] = '\0';
+        bool dev = false, ours = false;
+        for (size_t i = 0; i < n; i += strlen(cl + i) + 1) {
+            dev |= !strcmp(cl + i, "dev");
+            ours |= strstr(cl + i, dir) != NULL;
+        }
+        if (!dev || !ours)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/status", de->d_name);
+        f = fopen(path, "r");
+        char line[256];
+        while (f && fgets(line, sizeof(line), f))
+            if (sscanf(line, "VmRSS: %ld", &rss) == 1)
+                break;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    cr_assert_geq(rss, 0, "no sbxd dev process for %s", dir);
+    return rss;
+}
+
+/*
+ * A viewer that stops reading while the terminal prints as fast as it can
+ * does not grow the gateway: the reader holds off at its queue's cap
+ * (gateway/terminal.c, back-pressure).  Unbounded, the gateway grew by
+ * ~670 MB in 18 s here.  Afterwards the viewer reads again and the terminal
+ * answers.
+ */
+Test(terminal, a_viewer_that_does_not_read_does_not_grow_the_gateway, .timeout = 180)
+{
+    char *id = test_id("tslow");
+    struct viewer a;
+    v_open(&a, id, "?session=main&cols=80&rows=24");
+    cr_assert(v_wait_ready(&a, 30000), "no ready");
+    long before = dev_rss_kib();
+    v_type(&a, "yes 0123456789abcdefghijklmnopqrstuvwxyz\n");
+    sleep(10);
+    long after = dev_rss_kib();
+    cr_expect_lt(after - before, 64 * 1024,
+                 "the gateway grew by %ld KiB while a viewer did not read", after - before);
+    /* Ctrl-C, then drain what is queued until the prompt answers again. */
+    v_type(&a, "\003");
+    size_t mark = a.out.len;
+    v_type(&a, "echo back-$((40+2))\n");
+    cr_expect(v_wait_for(&a, "back-42\r\n", mark, 60000), "the terminal did not answer after the flood");
+    v_close(&a);
     hdone(id);
 }
