@@ -11,17 +11,22 @@
  * also come from the environment (SBX_<NAME>) or a `--config FILE`.
  * sbxd must run as root: it creates namespaces, cgroups and mounts.
  * SIGTERM or SIGINT stops it cleanly (containers are stopped, metadata is
- * committed); exit status 0, or 1 when start-up failed, 2 on usage errors.
+ * committed); exit status 0, or 1 when start-up failed, 2 on usage errors
+ * and when another live process on the host holds the deployment's name or
+ * the shard's cgroup subtree (host locks, below).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,6 +97,246 @@ load_secret(const char *file, char **secret, const char *who)
     return 0;
 }
 
+/* ------------------------------------------------------------------------------ */
+/*
+ * Host locks: one live deployment per name, one live shard per cgroup subtree.
+ *
+ * A shard sweeps its cgroup subtree at start-up, killing every process left
+ * in it (container/cgroup.c), and `sbxd dev` derives its shards' host uid
+ * ranges from the deployment name.  So a second deployment of the same name
+ * on one host would kill the first one's sandboxes and then hand out the
+ * same host uids.  Before touching a cgroup or a uid each process takes, in
+ * LOCK_DIR (root's, 0700, files 0600 so no other user can hold one):
+ *   deploy.<name>.lock       exclusively, by `sbxd dev`;
+ *   cgroup.<a>.lock, cgroup.<a/b>.lock, …  shared, by a shard with cgroup
+ *   subtree a/b/…/z for every ancestor, and cgroup.<a/b/…/z>.lock
+ *   exclusively: a subtree nested in a live shard's (whose sweep would
+ *   empty it) is refused as well as the same one.
+ * flock(2) without waiting; a lock dies with the last descriptor of its open
+ * file, so the lock of a crashed or SIGKILLed process never blocks (its file
+ * remains and is reused).  Descriptors are close-on-exec: neither shards nor
+ * sandboxes inherit them.  A refusal names a holder from /proc/locks.  The
+ * exclusive holder writes its pid into the file (for people) and unlinks
+ * the file when it stops, before closing it (so while still holding it);
+ * an ancestor's file is unlinked only by a shard whose own subtree it is.
+ * Whoever locks a file checks that it is still the one at the path, and
+ * tries again if it was unlinked meanwhile.
+ */
+#define LOCK_DIR "/run/sbx"
+#define LOCK_DEPTH 32
+
+struct hostlock {
+    int fds[LOCK_DEPTH];          /* ancestors (shared) first, the key (exclusive) last */
+    int n;
+    char path[PATH_MAX];          /* the exclusive lock's file */
+};
+
+/* LOCK_DIR exists, is a directory and only its owner (root) writes to it. */
+static int
+lock_dir_check(char *why, size_t whylen)
+{
+    struct stat st;
+    int rc = 0;
+    if (mkdir(LOCK_DIR, 0700) != 0 && errno != EEXIST)
+        rc = -errno;
+    else if (lstat(LOCK_DIR, &st) != 0)
+        rc = -errno;
+    else if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+        rc = -EPERM;
+    if (rc)
+        snprintf(why, whylen, "%s must be a directory of uid %d writable by it alone (%s)",
+                 LOCK_DIR, (int)geteuid(), strerror(-rc));
+    return rc;
+}
+
+/* LOCK_DIR/<kind>.<key[0..n)>.lock, bytes of the key other than
+ * [A-Za-z0-9_.-] as %XX ('/' is %2F): one file per key, always inside
+ * LOCK_DIR.  0 or -ENAMETOOLONG. */
+static int
+lock_path(char *out, size_t outlen, const char *kind, const char *key, size_t n)
+{
+    char name[NAME_MAX + 1];
+    size_t k = (size_t)snprintf(name, sizeof(name), "%s.", kind);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        unsigned char ch = (unsigned char)key[i];
+        bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                     (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '-';
+        if (k + 3 + 5 >= sizeof(name))
+            rc = -ENAMETOOLONG;
+        else if (plain)
+            name[k++] = (char)ch;
+        else
+            k += (size_t)snprintf(name + k, sizeof(name) - k, "%%%02X", ch);
+    }
+    if (!rc && k + 5 >= sizeof(name))
+        rc = -ENAMETOOLONG;
+    if (!rc) {
+        memcpy(name + k, ".lock", 6);
+        if ((size_t)snprintf(out, outlen, "%s/%s", LOCK_DIR, name) >= outlen)
+            rc = -ENAMETOOLONG;
+    }
+    return rc;
+}
+
+/* lock_holder — a process other than us that holds a flock on fd's file,
+ * from /proc/locks ("1: FLOCK ADVISORY WRITE <pid> <maj>:<min>:<ino> 0 EOF",
+ * the device in hex; waiters, "1: -> FLOCK …", skipped), or 0. */
+static pid_t
+lock_holder(int fd)
+{
+    struct stat st;
+    char *text = NULL;
+    size_t n;
+    pid_t pid = 0;
+    if (fstat(fd, &st) != 0 || sbx_fs_read("/proc/locks", 1 << 20, &text, &n) != 0)
+        text = NULL;
+    for (char *line = text; line && *line && !pid;) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        char kind[16];
+        int p;
+        unsigned maj, min;
+        unsigned long long ino;
+        if (sscanf(line, "%*s %15s %*s %*s %d %x:%x:%llu", kind, &p, &maj, &min, &ino) == 5 &&
+            !strcmp(kind, "FLOCK") && maj == major(st.st_dev) && min == minor(st.st_dev) &&
+            ino == (unsigned long long)st.st_ino && p > 0 && p != getpid())
+            pid = p;
+        line = nl ? nl + 1 : NULL;
+    }
+    free(text);
+    return pid;
+}
+
+/*
+ * lock_take — flock `path` (created if missing) shared or exclusive without
+ * waiting.  0 with *fd; -EBUSY when a live process holds it, with *holder
+ * one such process (0 when /proc/locks does not tell); or -errno.
+ */
+static int
+lock_take(const char *path, bool excl, int *fd, pid_t *holder)
+{
+    int rc = -EAGAIN;
+    *holder = 0;
+    /* A retry only when a holder unlinked the file between our open and flock. */
+    for (int attempt = 0; attempt < 16 && rc == -EAGAIN; attempt++) {
+        int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        struct stat a, b;
+        if (f < 0) {
+            rc = -errno;
+        } else if (flock(f, (excl ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+            rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+            *holder = rc == -EBUSY ? lock_holder(f) : 0;
+            close(f);
+        } else if (fstat(f, &a) != 0 || stat(path, &b) != 0 || a.st_ino != b.st_ino ||
+                   a.st_dev != b.st_dev) {
+            close(f); /* unlinked by its last holder: lock the file now at the path */
+        } else {
+            if (excl) {
+                char buf[32];
+                int len = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+                if (ftruncate(f, 0) != 0 || pwrite(f, buf, (size_t)len, 0) != len)
+                    sbx_warn("cannot record our pid in %s: %s", path, strerror(errno));
+            }
+            *fd = f;
+            rc = 0;
+        }
+    }
+    return rc == -EAGAIN ? -EBUSY : rc;
+}
+
+/* hostlock_release — unlink the exclusive lock's file while still holding
+ * it, then close every descriptor (no-op on an empty lock). */
+static void
+hostlock_release(struct hostlock *hl)
+{
+    if (hl->n > 0 && hl->path[0])
+        unlink(hl->path);
+    while (hl->n > 0)
+        close(hl->fds[--hl->n]);
+    hl->path[0] = '\0';
+}
+
+/*
+ * hostlock_take — take the locks of `kind` key `key`: for a path-like key
+ * (`nested`: components separated by '/', as a cgroup subtree), every
+ * ancestor shared and the key exclusive; otherwise the key alone.  `what`
+ * names a held key in messages ("the cgroup subtree of a live shard").  0;
+ * -EBUSY with the reason (naming the holder's pid when it is known) in why;
+ * or another -errno with the reason.
+ */
+static int
+hostlock_take(struct hostlock *hl, const char *kind, const char *key, bool nested,
+              const char *what, char *why, size_t whylen)
+{
+    size_t len = strlen(key);
+    memset(hl, 0, sizeof(*hl));
+    int rc = len ? lock_dir_check(why, whylen) : -EINVAL;
+    if (!len)
+        snprintf(why, whylen, "an empty %s name cannot be locked", kind);
+    for (size_t end = 0; !rc && end < len; end++) {
+        /* The next prefix that ends a component: an ancestor, or the key itself. */
+        while (nested && end + 1 < len && key[end + 1] != '/')
+            end++;
+        if (!nested)
+            end = len - 1;
+        bool excl = end + 1 == len;
+        char path[PATH_MAX];
+        pid_t holder = 0;
+        if (hl->n == LOCK_DEPTH) {
+            rc = -ENAMETOOLONG;
+            snprintf(why, whylen, "'%s' has more than %d levels", key, LOCK_DEPTH);
+        } else if ((rc = lock_path(path, sizeof(path), kind, key, end + 1)) != 0) {
+            snprintf(why, whylen, "'%s' is too long for a lock file name", key);
+        } else if ((rc = lock_take(path, excl, &hl->fds[hl->n], &holder)) == 0) {
+            hl->n++;
+            if (excl)
+                snprintf(hl->path, sizeof(hl->path), "%s", path);
+        } else if (rc == -EBUSY) {
+            char pid[48] = "";
+            if (holder > 0)
+                snprintf(pid, sizeof(pid), " (pid %d)", (int)holder);
+            if (excl)
+                snprintf(why, whylen, "'%s' is %s%s%s", key, what, pid,
+                         nested ? ", or contains one" : "");
+            else
+                snprintf(why, whylen, "'%s' lies inside '%.*s', %s%s", key, (int)(end + 1), key,
+                         what, pid);
+        } else {
+            snprintf(why, whylen, "cannot lock %s: %s", path, strerror(-rc));
+        }
+    }
+    if (rc)
+        hostlock_release(hl);
+    return rc;
+}
+
+/* cgroup_base_normalize — the subtree as its components joined by single
+ * '/' (none leading or trailing), so that spellings of one subtree take one
+ * lock; "." and ".." are refused (a sweep must stay inside sbx's own
+ * subtree).  0 or -EINVAL. */
+static int
+cgroup_base_normalize(const char *in, char *out, size_t outlen)
+{
+    size_t k = 0;
+    int rc = 0;
+    out[0] = '\0';
+    for (const char *p = in; *p && !rc;) {
+        size_t n = strcspn(p, "/");
+        if ((n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+            rc = -EINVAL;
+        else if (n > 0 && k + (k > 0) + n + 1 > outlen)
+            rc = -EINVAL;
+        else if (n > 0)
+            k += (size_t)snprintf(out + k, outlen - k, "%s%.*s", k ? "/" : "", (int)n, p);
+        p += n;
+        while (*p == '/')
+            p++;
+    }
+    return rc ? rc : k ? 0 : -EINVAL;
+}
+
 /* The options a shard takes; `sbxd dev` takes them too and passes them on. */
 #define SHARD_OPTS(c)                                                                         \
     {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
@@ -132,10 +377,12 @@ cmd_shard(int argc, char **argv)
     sbx_shard_conf_defaults(&c);
     /* --etc/--env given on the command line replace the defaults. */
     struct sbx_opt opts[] = {
-        {"name", SBX_OPT_STR, &c.name, "shard name, unique in the deployment"},
+        {"name", SBX_OPT_STR, &c.name,
+         "shard name, unique in the deployment and (with its cgroup subtree) on the host"},
         {"listen", SBX_OPT_STR, &c.listen, "nng URL to serve on"},
         {"data", SBX_OPT_STR, &c.data, "data directory (LMDB)"},
-        {"cgroup-base", SBX_OPT_STR, &c.cgroup_base, "cgroup subtree (default sbx/<name>)"},
+        {"cgroup-base", SBX_OPT_STR, &c.cgroup_base,
+         "cgroup subtree (default sbx/<name>); one live shard per subtree on a host"},
         {"relay", SBX_OPT_STR, &c.relay,
          "preview relay address: unix:/path or tcp:host:port (gateways connect to it)"},
         {"etcd", SBX_OPT_STR, &c.etcd,
@@ -201,7 +448,34 @@ cmd_shard(int argc, char **argv)
     char tag[64];
     snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
     sbx_log_init(tag, -1);
-    int rc = sbx_shard_run(&c);
+    /* The subtree the shard will sweep, spelled one way, locked before the
+     * shard touches it (host locks, above); the shard uses it as given. */
+    char base[256], fallback[256];
+    struct hostlock hl;
+    snprintf(fallback, sizeof(fallback), "sbx/%s", c.name);
+    if (cgroup_base_normalize(c.cgroup_base && *c.cgroup_base ? c.cgroup_base : fallback, base,
+                              sizeof(base)) != 0) {
+        sbx_error("the cgroup subtree '%s' must be a relative path without '.' or '..' "
+                  "(at most %zu bytes)", c.cgroup_base && *c.cgroup_base ? c.cgroup_base : fallback,
+                  sizeof(base) - 1);
+        sbx_shard_conf_free(&c);
+        return 2;
+    }
+    free(c.cgroup_base);
+    c.cgroup_base = sbx_xstrdup(base);
+    char lwhy[1024];
+    int rc = hostlock_take(&hl, "cgroup", base, true, "the cgroup subtree of a live shard on "
+                           "this host", lwhy, sizeof(lwhy));
+    if (rc) {
+        sbx_error("cannot take cgroup subtree %s: %s%s", base, lwhy,
+                  rc == -EBUSY ? ". Its sweep at start-up would kill that shard's sandboxes: "
+                                 "give this shard another --name or --cgroup-base"
+                               : "");
+        sbx_shard_conf_free(&c);
+        return rc == -EBUSY ? 2 : 1;
+    }
+    rc = sbx_shard_run(&c);
+    hostlock_release(&hl);
     sbx_shard_conf_free(&c);
     return rc ? 1 : 0;
 }
@@ -356,7 +630,9 @@ cmd_dev(int argc, char **argv)
     struct sbx_opt opts[] = {
         {"data", SBX_OPT_STR, &data, "data directory (one sub-directory per shard)"},
         {"listen", SBX_OPT_STR, &listen, "nng URL of the gateway"},
-        {"name", SBX_OPT_STR, &name, "deployment name (prefix of shard names)"},
+        {"name", SBX_OPT_STR, &name,
+         "deployment name: prefix of shard names, cgroups and host uids; one live "
+         "deployment per name on a host"},
         {"shards", SBX_OPT_INT, &nshards, "number of shard processes"},
         GATEWAY_HTTP_OPTS(&gc),
         SHARD_OPTS(&c),
@@ -366,6 +642,7 @@ cmd_dev(int argc, char **argv)
     int rc = 0;
     struct child *kids = NULL;
     sbx_gateway *gw = NULL;
+    struct hostlock dlock = {.n = 0};
     char **shard_specs = NULL;
     size_t nspecs = 0;
 
@@ -391,6 +668,23 @@ cmd_dev(int argc, char **argv)
     sbx_log_init("sbxd dev", -1);
     if (geteuid() != 0) {
         sbx_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
+        rc = 1;
+        goto out;
+    }
+    /* One live deployment per name on the host, before anything is touched
+     * (host locks, above); each shard then locks its own cgroup subtree. */
+    char lwhy[1024];
+    int lrc = hostlock_take(&dlock, "deploy", name, false, "the name of a live deployment on "
+                            "this host", lwhy, sizeof(lwhy));
+    if (lrc == -EBUSY) {
+        sbx_error("%s. A second deployment of one name would share its cgroups (and kill its "
+                  "sandboxes) and its host uids: stop that one, or give this one another --name",
+                  lwhy);
+        rc = 2;
+        goto out;
+    }
+    if (lrc) {
+        sbx_error("cannot lock deployment '%s': %s", name, lwhy);
         rc = 1;
         goto out;
     }
@@ -528,6 +822,16 @@ cmd_dev(int argc, char **argv)
                 for (int i = 0; i < nshards; i++) {
                     if (kids[i].pid != pid)
                         continue;
+                    /* Status 2: it refused its options or its cgroup subtree
+                     * (held by a live shard of another deployment); a
+                     * restart would only be refused again. */
+                    if (WIFEXITED(st) && WEXITSTATUS(st) == 2) {
+                        sbx_error("shard %d refused to start (status 2, its reason is above); "
+                                  "stopping", i);
+                        kids[i].pid = 0;
+                        rc = 2;
+                        continue;
+                    }
                     /* Supervise: restart a shard that died, with back-off. */
                     int64_t up = sbx_mono_ms() - kids[i].started_ms;
                     kids[i].restarts = up > 10000 ? 0 : kids[i].restarts + 1;
@@ -541,6 +845,8 @@ cmd_dev(int argc, char **argv)
                     kids[i].started_ms = sbx_mono_ms();
                 }
             }
+            if (rc == 2)
+                break;
             continue;
         }
         sbx_info("stopping (signal %d)", sig);
@@ -569,6 +875,8 @@ stop:
         }
     }
 out:
+    /* Released only now: every shard has stopped (or was killed) by here. */
+    hostlock_release(&dlock);
     for (int i = 0; kids && i < nshards; i++)
         sbx_strv_free(kids[i].argv);
     free(kids);
