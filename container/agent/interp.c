@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,11 +46,54 @@
 #define INTERRUPT_GRACE_MS 2000
 #define EVENT_LINE_MAX (64u << 20)
 
+/*
+ * What one non-streamed run keeps for its reply.  The reply is one frame,
+ * and a frame over SBX_WIRE_MAX_FRAME (72 MiB) or over the reply limits of
+ * sbx_wire_limits_reply (8 Mi objects, 24 levels) makes the shard replace
+ * the container; the agent also holds the reply two or three times while it
+ * encodes it, in the sandbox's own memory.  So: each log keeps its first
+ * RUN_LOG_CAP bytes (or the shard's --output-cap if smaller) in at most
+ * RUN_LOG_ENTRIES chunks (later chunks are appended to the last one);
+ * results keep RUN_RESULTS_CAP encoded bytes and RUN_OBJECTS_CAP objects, of
+ * which display outputs may use all but RUN_MAIN_RESERVE (the cell's value
+ * comes last and should survive a flood of displays); a result that does
+ * not fit is replaced by a stand-in with the start of its text, or dropped
+ * when even that does not fit; the error keeps ERROR_VALUE_CAP bytes of its
+ * value and ERROR_TB_CAP bytes of traceback.  Worst case about 51 MiB and
+ * 4.2 Mi objects.  Flags in the reply say what was cut.
+ */
+#define RUN_LOG_CAP (16u << 20)
+#define RUN_LOG_ENTRIES 65536u
+#define RUN_RESULTS_CAP (16u << 20)
+#define RUN_OBJECTS_CAP (4u << 20)
+#define RUN_MAIN_RESERVE (1u << 20)
+#define RUN_RESULTS_MAX 4096
+#define STANDIN_TEXT (64u << 10)
+#define ERROR_VALUE_CAP (1u << 20)
+#define ERROR_TB_CAP (2u << 20)
+#define ERROR_TB_LINES 1000u
+/* A JSON value (application/json, chart) deeper or larger than this is
+ * left out of its result: nested in a reply (and in a stream.read reply,
+ * two levels deeper) it must stay within the 24 levels of the reply limits,
+ * and one value must not use up the object budget. */
+#define JSON_MAX_DEPTH 16
+#define JSON_MAX_VALUES (256u << 10)
+
 enum { L_PY = 0, L_JS, L_TS, L_N };
 static const char *const lang_names[L_N] = {"python", "javascript", "typescript"};
 
 struct run;
 struct context;
+
+/* One log of a non-streamed run: chunks kept back to back up to a cap. */
+struct logacc {
+    sbx_buf text;
+    uint32_t *lens;          /* length of each chunk */
+    size_t n, alloc;
+    size_t cap;              /* bytes kept at most */
+    uint64_t total;          /* bytes the cell wrote, kept or not */
+    bool truncated;
+};
 
 struct driver {
     struct driver *next;
@@ -59,6 +103,10 @@ struct driver {
     int req_fd, ev_fd, out_fd, err_fd;
     sbx_watch *w_req, *w_ev, *w_out, *w_err;
     sbx_buf evbuf, reqq;
+    /* fd-level output is UTF-8 decoded across reads: the bytes of a
+     * character a read cut in two wait here for the next read (0 = out). */
+    char carry[2][4];
+    size_t ncarry[2];
     bool ready, dead;
     char mode[16];
     struct context *ctx;     /* NULL while warm */
@@ -78,11 +126,12 @@ struct run {
     uint64_t timer, kill_timer;
     bool interrupted, sent;
     int64_t start_us;
-    /* accumulated for runCode */
+    /* accumulated for runCode (the caps are above) */
     sbx_enc results;
     int nresults;
-    sbx_enc out, err;
-    int nout, nerr;
+    size_t res_objects;
+    bool res_truncated;
+    struct logacc logs[2];   /* stdout, stderr */
     bool has_error;
     sbx_enc error;
     int exec_count;
@@ -166,6 +215,129 @@ req_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     req_pump(arg);
 }
 
+/* ------------------------------------------------------------------------------ */
+/* Text of the cell's logs. */
+
+/* Length of the longest prefix of p[0..n) that does not end inside a UTF-8
+ * sequence (gateway/http.c does the same for SSE): a read, or a cap, may cut
+ * a character in two.  Only a lead byte whose sequence is incomplete is
+ * held back; invalid bytes are left for sbx_utf8_sanitize to replace. */
+static size_t
+utf8_complete_prefix(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = n;
+    for (int back = 0; back < 3 && i > 0; back++) {
+        unsigned char b = p[i - 1];
+        if ((b & 0xC0) == 0x80) {
+            i--;
+            continue;
+        }
+        size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+        size_t have = n - (i - 1);
+        return have < need ? i - 1 : n;
+    }
+    return n;
+}
+
+static void
+logacc_init(struct logacc *l, size_t cap)
+{
+    memset(l, 0, sizeof(*l));
+    sbx_buf_init(&l->text);
+    l->cap = cap;
+}
+
+static void
+logacc_free(struct logacc *l)
+{
+    sbx_buf_free(&l->text);
+    free(l->lens);
+    l->lens = NULL;
+    l->n = l->alloc = 0;
+}
+
+/* Keep what fits of one chunk (valid UTF-8); past RUN_LOG_ENTRIES chunks the
+ * text joins the last chunk, so the entry count stays bounded. */
+static void
+logacc_add(struct logacc *l, const char *p, size_t n)
+{
+    l->total += n;
+    if (n > l->cap - l->text.len) {
+        l->truncated = true;
+        n = utf8_complete_prefix(p, l->cap - l->text.len);
+    }
+    if (!n)
+        return;
+    sbx_buf_append(&l->text, p, n);
+    if (l->n == RUN_LOG_ENTRIES) {
+        l->lens[l->n - 1] += (uint32_t)n;
+        return;
+    }
+    if (l->n == l->alloc) {
+        l->alloc = l->alloc ? l->alloc * 2 : 64;
+        l->lens = sbx_xrealloc(l->lens, l->alloc * sizeof(*l->lens));
+    }
+    l->lens[l->n++] = (uint32_t)n;
+}
+
+/* The chunks as an array of strings; the storage is freed as it goes (the
+ * reply is being built: do not hold the text twice). */
+static void
+logacc_encode(sbx_enc *e, struct logacc *l)
+{
+    sbx_enc_array(e);
+    size_t off = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        sbx_enc_strn(e, l->text.p + off, l->lens[i]);
+        off += l->lens[i];
+    }
+    sbx_enc_end(e);
+    sbx_buf_free(&l->text);
+}
+
+/* One piece of stdout or stderr text (valid UTF-8) for the running cell:
+ * an event of the stream, or kept for the reply. */
+static void
+run_log(struct run *r, bool isout, const char *p, size_t n)
+{
+    if (!n)
+        return;
+    if (r->stream) {
+        sbx_enc *e = stream_begin(r->stream, isout ? "stdout" : "stderr");
+        sbx_enc_kstrn(e, "text", p, n);
+        stream_commit(r->stream, false);
+    } else {
+        logacc_add(&r->logs[isout ? 0 : 1], p, n);
+    }
+}
+
+/* fd-level bytes p[0..n) of one pipe, after what the last read left over:
+ * the complete characters go to the cell (invalid bytes as U+FFFD), an
+ * incomplete last one waits for the next read; with `flush` (the cell is
+ * over) it goes too, as one U+FFFD (as a decoder reports a truncated
+ * sequence). */
+static void
+fdout_text(struct driver *d, struct run *r, int which, const char *p, size_t n, bool flush)
+{
+    char buf[4 + 65536];
+    size_t len = d->ncarry[which];
+    memcpy(buf, d->carry[which], len);
+    memcpy(buf + len, p, n);
+    len += n;
+    size_t keep = utf8_complete_prefix(buf, len);
+    d->ncarry[which] = flush || !r ? 0 : len - keep; /* idle: output between cells is dropped */
+    memcpy(d->carry[which], buf + keep, d->ncarry[which]);
+    if (!r)
+        return;
+    size_t sl;
+    char *s = sbx_utf8_sanitize(buf, keep, &sl);
+    run_log(r, which == 0, s, sl);
+    free(s);
+    if (flush && keep < len)
+        run_log(r, which == 0, "\xef\xbf\xbd", 3);
+}
+
 /* fd-level output of the driver (subprocesses, C extensions): logs of the
  * running cell, or dropped when idle. */
 static void
@@ -178,21 +350,8 @@ fdout_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
         ssize_t n = read(fd, buf, sizeof(buf));
         if (n > 0) {
             struct context *c = d->ctx;
-            struct run *r = c ? c->cur : NULL;
-            if (r && !r->is_init) {
-                bool isout = fd == d->out_fd;
-                if (r->stream) {
-                    sbx_enc *e = stream_begin(r->stream, isout ? "stdout" : "stderr");
-                    sbx_enc_kstrn(e, "text", buf, (size_t)n);
-                    stream_commit(r->stream, false);
-                } else {
-                    sbx_enc_strn(isout ? &r->out : &r->err, buf, (size_t)n);
-                    if (isout)
-                        r->nout++;
-                    else
-                        r->nerr++;
-                }
-            }
+            struct run *r = c && c->cur && !c->cur->is_init ? c->cur : NULL;
+            fdout_text(d, r, fd == d->out_fd ? 0 : 1, buf, (size_t)n, false);
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -205,6 +364,8 @@ fdout_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     }
 }
 
+/* At the end of a cell: what the pipes hold now belongs to it, and so does
+ * an unfinished character. */
 static void
 drain_fdout(struct driver *d)
 {
@@ -212,6 +373,11 @@ drain_fdout(struct driver *d)
         fdout_cb(d->a->loop, d->out_fd, EPOLLIN, d);
     if (d->err_fd >= 0)
         fdout_cb(d->a->loop, d->err_fd, EPOLLIN, d);
+    struct context *c = d->ctx;
+    struct run *r = c && c->cur && !c->cur->is_init ? c->cur : NULL;
+    for (int i = 0; i < 2; i++)
+        if (d->ncarry[i])
+            fdout_text(d, r, i, "", 0, true);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -223,29 +389,158 @@ static const struct {
     {"text/plain", "text"},        {"text/html", "html"},       {"image/png", "png"},
     {"image/jpeg", "jpeg"},        {"image/svg+xml", "svg"},    {"text/latex", "latex"},
     {"text/markdown", "markdown"}, {"application/javascript", "javascript"},
-    {"application/json", "json"},  {"application/vnd.sbx.chart+json", "chart"},
+    {"application/json", "json"},
 };
 
-/* Encode one result map from a Jupyter data bundle. */
-static void
-encode_result(sbx_enc *e, json_t *data, bool main_result)
+/* Whether a JSON value may go into a reply (JSON_MAX_DEPTH levels,
+ * JSON_MAX_VALUES values); *count grows by its values. */
+static bool
+json_fits(const json_t *v, int depth, size_t *count)
 {
-    sbx_enc_map(e);
+    if (depth > JSON_MAX_DEPTH || ++*count > JSON_MAX_VALUES)
+        return false;
+    if (json_is_real(v) && !isfinite(json_real_value(v)))
+        return false; /* msgpack has them, JSON clients do not */
+    size_t i;
+    const char *k;
+    json_t *x;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, x)
+            if (!json_fits(x, depth + 1, count))
+                return false;
+    } else if (json_is_object(v)) {
+        json_object_foreach((json_t *)v, k, x) {
+            ++*count; /* the key */
+            if (!json_fits(x, depth + 1, count))
+                return false;
+        }
+    }
+    return true;
+}
+
+/*
+ * Encode one result map from a Jupyter data bundle (and the driver's chart,
+ * if any); returns the msgpack objects written.  A JSON value that does not
+ * fit a reply is left out and the result marked `truncated`.  A `standin`
+ * carries only the first STANDIN_TEXT bytes of its text, its formats and
+ * `truncated: true`: what is left of a result the run had no room for.
+ */
+static size_t
+encode_result(sbx_enc *e, json_t *data, json_t *chart, bool main_result, bool standin)
+{
+    size_t objs = 1;
+    bool cut = standin;
     const char *k;
     json_t *v;
+    sbx_enc_map(e);
     for (size_t i = 0; i < SBX_ARRAY_LEN(mime_fields); i++) {
         v = json_object_get(data, mime_fields[i].mime);
-        if (!v)
+        if (!v || (standin && i > 0))
             continue;
-        sbx_enc_str(e, mime_fields[i].field);
-        if (sbx_json_to_msgpack(v, e) != 0)
-            sbx_enc_nil(e);
+        size_t n = 0;
+        if (json_is_string(v)) {
+            size_t len = json_string_length(v);
+            if (standin && len > STANDIN_TEXT)
+                len = utf8_complete_prefix(json_string_value(v), STANDIN_TEXT);
+            sbx_enc_kstrn(e, mime_fields[i].field, json_string_value(v), len);
+            n = 1;
+        } else if (json_fits(v, 0, &n)) {
+            sbx_enc_str(e, mime_fields[i].field);
+            sbx_json_to_msgpack(v, e); /* cannot fail: json_fits checked */
+        } else {
+            cut = true;
+            continue;
+        }
+        objs += 1 + n;
+    }
+    size_t n = 0;
+    if (chart && !standin) {
+        if (json_fits(chart, 0, &n)) {
+            sbx_enc_str(e, "chart");
+            sbx_json_to_msgpack(chart, e);
+            objs += 1 + n;
+        } else {
+            cut = true;
+        }
     }
     sbx_enc_karray(e, "formats");
-    json_object_foreach(data, k, v)
+    json_object_foreach(data, k, v) {
         sbx_enc_str(e, k);
+        objs++;
+    }
     sbx_enc_end(e);
     sbx_enc_kbool(e, "isMainResult", main_result);
+    objs += 4;
+    if (cut) {
+        sbx_enc_kbool(e, "truncated", true);
+        objs += 2;
+    }
+    sbx_enc_end(e);
+    return objs;
+}
+
+/* A result of a non-streamed run, within the run's budgets. */
+static void
+run_add_result(struct run *r, json_t *data, json_t *chart, bool main_result)
+{
+    size_t room = RUN_RESULTS_CAP - SBX_MIN(r->results.len, RUN_RESULTS_CAP);
+    if (!main_result)
+        room = room > RUN_MAIN_RESERVE ? room - RUN_MAIN_RESERVE : 0;
+    size_t oroom = RUN_OBJECTS_CAP - SBX_MIN(r->res_objects, RUN_OBJECTS_CAP);
+    sbx_enc one;
+    size_t objs = 0;
+    bool ok = false;
+    for (int standin = 0; standin < 2 && !ok; standin++) {
+        if (standin)
+            r->res_truncated = true;
+        if (r->nresults >= RUN_RESULTS_MAX)
+            break;
+        sbx_enc_init(&one);
+        objs = encode_result(&one, data, chart, main_result, standin);
+        ok = !one.bad && one.len <= room && objs <= oroom;
+        if (!ok)
+            sbx_enc_free(&one);
+    }
+    if (!ok)
+        return;
+    char *b;
+    size_t bl;
+    if (sbx_enc_finish(&one, &b, &bl) == 0) {
+        sbx_enc_raw(&r->results, b, bl);
+        free(b);
+        r->nresults++;
+        r->res_objects += objs;
+    }
+}
+
+/* The error fields {name, value, traceback} into the open map e, each cut
+ * to its cap (a traceback is cut at whole lines, the last one saying so). */
+static void
+encode_error_fields(sbx_enc *e, const char *name, json_t *value, json_t *tb)
+{
+    sbx_enc_kstr(e, "name", name && *name ? name : "Error");
+    const char *vs = json_string_value(value);
+    size_t vl = vs ? json_string_length(value) : 0;
+    if (vl > ERROR_VALUE_CAP)
+        vl = utf8_complete_prefix(vs, ERROR_VALUE_CAP);
+    sbx_enc_kstrn(e, "value", vs ? vs : "", vl);
+    sbx_enc_karray(e, "traceback");
+    size_t i, used = 0, lines = 0, n = json_array_size(tb);
+    json_t *line;
+    json_array_foreach(tb, i, line) {
+        if (!json_is_string(line))
+            continue;
+        size_t ll = json_string_length(line);
+        if (lines == ERROR_TB_LINES || used + ll > ERROR_TB_CAP) {
+            char note[80];
+            snprintf(note, sizeof(note), "[sbx: %zu more traceback lines not kept]", n - i);
+            sbx_enc_str(e, note);
+            break;
+        }
+        sbx_enc_strn(e, json_string_value(line), ll);
+        used += ll;
+        lines++;
+    }
     sbx_enc_end(e);
 }
 
@@ -253,8 +548,8 @@ static void
 run_free(struct run *r)
 {
     sbx_enc_free(&r->results);
-    sbx_enc_free(&r->out);
-    sbx_enc_free(&r->err);
+    logacc_free(&r->logs[0]);
+    logacc_free(&r->logs[1]);
     sbx_enc_free(&r->error);
     free(r->payload);
     free(r);
@@ -304,42 +599,30 @@ on_event(struct driver *d, json_t *ev)
     if (!strcmp(type, "stream")) {
         const char *name = json_string_value(json_object_get(ev, "name"));
         json_t *t = json_object_get(ev, "text");
-        bool isout = !name || strcmp(name, "stderr") != 0;
-        if (!json_is_string(t))
-            return;
-        if (r->stream) {
-            sbx_enc *e = stream_begin(r->stream, isout ? "stdout" : "stderr");
-            sbx_enc_kstrn(e, "text", json_string_value(t), json_string_length(t));
-            stream_commit(r->stream, false);
-        } else {
-            sbx_enc_strn(isout ? &r->out : &r->err, json_string_value(t), json_string_length(t));
-            if (isout)
-                r->nout++;
-            else
-                r->nerr++;
-        }
+        if (json_is_string(t))
+            run_log(r, !name || strcmp(name, "stderr") != 0, json_string_value(t),
+                    json_string_length(t));
         return;
     }
     if (!strcmp(type, "display_data") || !strcmp(type, "execute_result")) {
         json_t *data = json_object_get(ev, "data");
         if (!json_is_object(data))
             return;
+        json_t *chart = json_object_get(ev, "chart");
         bool main_result = !strcmp(type, "execute_result");
         if (r->stream) {
             sbx_enc *e = stream_begin(r->stream, "result");
             sbx_enc_str(e, "result");
-            encode_result(e, data, main_result);
+            encode_result(e, data, chart, main_result, false);
             stream_commit(r->stream, false);
         } else {
-            encode_result(&r->results, data, main_result);
-            r->nresults++;
+            run_add_result(r, data, chart, main_result);
         }
         return;
     }
     if (!strcmp(type, "error")) {
         const char *ename = json_string_value(json_object_get(ev, "ename"));
-        const char *evalue = json_string_value(json_object_get(ev, "evalue"));
-        json_t *tb = json_object_get(ev, "traceback");
+        json_t *evalue = json_object_get(ev, "evalue"), *tb = json_object_get(ev, "traceback");
         sbx_enc *e;
         if (r->stream) {
             e = stream_begin(r->stream, "error");
@@ -351,15 +634,7 @@ on_event(struct driver *d, json_t *ev)
             sbx_enc_map(&r->error);
             e = &r->error;
         }
-        sbx_enc_kstr(e, "name", ename ? ename : "Error");
-        sbx_enc_kstr(e, "value", evalue ? evalue : "");
-        sbx_enc_karray(e, "traceback");
-        size_t i;
-        json_t *line;
-        json_array_foreach(tb, i, line)
-            if (json_is_string(line))
-                sbx_enc_str(e, json_string_value(line));
-        sbx_enc_end(e);
+        encode_error_fields(e, ename, evalue, tb);
         if (r->stream)
             stream_commit(r->stream, false);
     }
@@ -789,7 +1064,11 @@ run_finish(struct context *c, const char *status)
         r->stream->ops = NULL;
         stream_unref(r->stream);
     } else if (r->req) {
+        /* Each part is freed as soon as it is in the reply: the sandbox's
+         * memory should hold the reply's bytes twice at most. */
         sbx_enc e;
+        char *b;
+        size_t bl;
         sbx_enc_init(&e);
         sbx_enc_map(&e);
         sbx_enc_kstr(&e, "contextId", c->id);
@@ -797,25 +1076,18 @@ run_finish(struct context *c, const char *status)
         sbx_enc_kint(&e, "executionCount", r->exec_count);
         sbx_enc_str(&e, "results");
         sbx_enc_end(&r->results);
-        char *b;
-        size_t bl;
         if (sbx_enc_finish(&r->results, &b, &bl) == 0) {
             sbx_enc_raw(&e, b, bl);
             free(b);
+        } else {
+            sbx_enc_array(&e);
+            sbx_enc_end(&e);
         }
         sbx_enc_kmap(&e, "logs");
         sbx_enc_str(&e, "stdout");
-        sbx_enc_end(&r->out);
-        if (sbx_enc_finish(&r->out, &b, &bl) == 0) {
-            sbx_enc_raw(&e, b, bl);
-            free(b);
-        }
+        logacc_encode(&e, &r->logs[0]);
         sbx_enc_str(&e, "stderr");
-        sbx_enc_end(&r->err);
-        if (sbx_enc_finish(&r->err, &b, &bl) == 0) {
-            sbx_enc_raw(&e, b, bl);
-            free(b);
-        }
+        logacc_encode(&e, &r->logs[1]);
         sbx_enc_end(&e);
         if (r->has_error) {
             sbx_enc_str(&e, "error");
@@ -823,8 +1095,15 @@ run_finish(struct context *c, const char *status)
             if (sbx_enc_finish(&r->error, &b, &bl) == 0) {
                 sbx_enc_raw(&e, b, bl);
                 free(b);
+            } else {
+                sbx_enc_nil(&e);
             }
         }
+        sbx_enc_kbool(&e, "stdoutTruncated", r->logs[0].truncated);
+        sbx_enc_kbool(&e, "stderrTruncated", r->logs[1].truncated);
+        sbx_enc_kint(&e, "stdoutBytes", (int64_t)r->logs[0].total);
+        sbx_enc_kint(&e, "stderrBytes", (int64_t)r->logs[1].total);
+        sbx_enc_kbool(&e, "resultsTruncated", r->res_truncated);
         sbx_enc_kbool(&e, "timedOut", r->interrupted);
         sbx_enc_kint(&e, "duration", dur);
         agent_reply_ok(a, r->req, &e);
@@ -854,10 +1133,10 @@ run_new(struct context *c, const char *type, const char *code)
     free(s);
     sbx_enc_init(&r->results);
     sbx_enc_array(&r->results);
-    sbx_enc_init(&r->out);
-    sbx_enc_array(&r->out);
-    sbx_enc_init(&r->err);
-    sbx_enc_array(&r->err);
+    size_t cap = (size_t)SBX_MIN(c->a->cfg.output_cap ? c->a->cfg.output_cap : RUN_LOG_CAP,
+                                 (uint64_t)RUN_LOG_CAP);
+    logacc_init(&r->logs[0], cap);
+    logacc_init(&r->logs[1], cap);
     return r;
 }
 

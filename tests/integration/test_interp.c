@@ -472,3 +472,149 @@ Test(interp, output_is_streamed_as_produced, .timeout = 120)
     free(id);
     sbx_client_close(c);
 }
+
+/* The sandbox's container generation (containers started so far). */
+static int64_t
+generation(sbx_client *c, const char *id)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int64_t g = -1;
+    int rc = sbx_call_json(c, "status", id, "{}", 0, &r, &err);
+    if (rc) {
+        sbx_error_free(&err);
+        return -1;
+    }
+    const msgpack_object *sb;
+    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0)
+        sbx_wire_get_i64(sb, "generation", &g);
+    sbx_reply_free(r);
+    return g;
+}
+
+/* Total bytes of the strings of logs.<which>. */
+static size_t
+logs_bytes(sbx_reply *r, const char *which)
+{
+    char *s = joined_logs(r, which);
+    size_t n = strlen(s);
+    free(s);
+    return n;
+}
+
+/* A cell printing far more than a frame may carry: the reply keeps the
+ * first 16 MiB of each log and 24 MiB of results and says so; the run, the
+ * context and the container survive (before the caps, the agent sent a
+ * frame over the transport cap and the shard replaced the container). */
+Test(interp, huge_output_is_capped_and_everything_survives, .timeout = 300)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("huge");
+    char *ctx = create_ctx(c, id, "python");
+    sbx_reply *r = run(c, id, ctx, NULL, "keep = 'kept'", 0);
+    sbx_reply_free(r);
+    int64_t gen = generation(c, id);
+    cr_assert_gt(gen, 0);
+    r = run(c, id, ctx, NULL,
+            "import sys\nfrom IPython.display import display, HTML\n"
+            "line = 'x' * ((1 << 20) - 1) + '\\n'\n"
+            "for i in range(48): sys.stdout.write(line)\n"
+            "for i in range(48): sys.stderr.write(line)\n"
+            "for i in range(40): display(HTML('<p>' + 'y' * (1 << 20) + '</p>'))\n"
+            "'done'",
+            200000);
+    const msgpack_object *res = sbx_reply_result(r);
+    bool tout = false, terr = false, tres = false;
+    int64_t nout = 0;
+    sbx_wire_get_bool(res, "stdoutTruncated", &tout);
+    sbx_wire_get_bool(res, "stderrTruncated", &terr);
+    sbx_wire_get_bool(res, "resultsTruncated", &tres);
+    sbx_wire_get_i64(res, "stdoutBytes", &nout);
+    cr_expect(tout && terr && tres, "truncation flags: stdout %d stderr %d results %d", tout, terr,
+              tres);
+    cr_expect_eq(nout, 48ll << 20, "stdoutBytes %lld", (long long)nout);
+    size_t ko = logs_bytes(r, "stdout"), ke = logs_bytes(r, "stderr");
+    cr_expect(ko > (8u << 20) && ko <= (16u << 20), "stdout kept %zu bytes", ko);
+    cr_expect(ke > (8u << 20) && ke <= (16u << 20), "stderr kept %zu bytes", ke);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "'done'", "the cell's value survives the dropped displays");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "keep", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "'kept'", "the context lost its state");
+    free(t);
+    sbx_reply_free(r);
+    cr_expect_eq(generation(c, id), gen, "the container was replaced");
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* JSON a result cannot carry (deeper than a frame may nest) is left out of
+ * that result; the rest of the reply and the container are intact. */
+Test(interp, json_too_deep_for_a_frame_is_left_out, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("deep");
+    char *ctx = create_ctx(c, id, "python");
+    int64_t gen = generation(c, id);
+    sbx_reply *r = run(c, id, ctx, NULL,
+                       "class Deep:\n"
+                       "    def _repr_json_(self):\n"
+                       "        v = [1]\n"
+                       "        for i in range(40): v = [v]\n"
+                       "        return v\n"
+                       "print('printed')\nDeep()",
+                       0);
+    char *o = joined_logs(r, "stdout");
+    cr_expect_str_eq(o, "printed\n");
+    free(o);
+    cr_expect(!has_field(r, "json"), "a 41-level JSON value was sent");
+    cr_expect(has_field(r, "text"));
+    sbx_reply_free(r);
+    cr_expect_eq(generation(c, id), gen, "the container was replaced");
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* fd-level output (subprocesses, os.write) is decoded across reads: a
+ * character split over two writes arrives whole; invalid bytes become
+ * U+FFFD, and so does a sequence the cell leaves unfinished. */
+Test(interp, fd_output_keeps_utf8_across_writes, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("utf8");
+    char *ctx = create_ctx(c, id, "python");
+    sbx_reply *r = run(c, id, ctx, NULL,
+                       "import os, time\nb = 'é€😀'.encode()\n"
+                       "for i in range(len(b)):\n"
+                       "    os.write(1, b[i:i + 1]); time.sleep(0.02)\n"
+                       "os.write(1, b'\\n|a\\xffb|\\n'); os.write(2, b'tail\\xe2\\x82')",
+                       0);
+    char *o = joined_logs(r, "stdout"), *e = joined_logs(r, "stderr");
+    cr_expect_str_eq(o, "é€😀\n|a\xef\xbf\xbd" "b|\n");
+    cr_expect_str_eq(e, "tail\xef\xbf\xbd");
+    free(o);
+    free(e);
+    sbx_reply_free(r);
+    free(ctx);
+    ctx = create_ctx(c, id, "javascript");
+    r = run(c, id, ctx, NULL,
+            "const fs = require('fs');\n"
+            "for (const b of Buffer.from('é€\\n')) {\n"
+            "  fs.writeSync(1, Buffer.from([b])); Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20);\n"
+            "}",
+            0);
+    o = joined_logs(r, "stdout");
+    cr_expect_str_eq(o, "é€\n");
+    free(o);
+    sbx_reply_free(r);
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
