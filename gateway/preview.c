@@ -46,6 +46,7 @@
 #define BUF_HIGH (1 << 20)        /* bytes buffered per direction before back-pressure */
 #define HEAD_MAX (64 * 1024)      /* an upstream WebSocket answer's head */
 #define WS_IDLE_MS (30 * 60 * 1000)
+#define CONN_OPTIONS_MAX 1024     /* bytes of Connection options honoured (hop_by_hop) */
 
 struct preq {
     int kind; /* HS_PREVIEW */
@@ -77,6 +78,7 @@ struct preq {
     bool head_ready;
     int status;
     struct curl_slist *resp_hdrs;
+    char *resp_conn;               /* the upstream's Connection options (its fields are hop-by-hop) */
     int64_t resp_length;           /* -1: unknown */
     bool queued;
     sbx_buf down;
@@ -141,8 +143,11 @@ preview_match(struct sbx_http *h, const char *host, int *port, char *id, size_t 
         if (!(islower((unsigned char)c) || isdigit((unsigned char)c) || c == '_'))
             return false;
     }
+    /* The ID: what the gateway would accept (a name that is not one is not a
+     * preview URL, like a port out of range). */
     size_t il = (size_t)(last - first - 1);
-    if (il == 0 || il >= idlen)
+    char why[160];
+    if (il == 0 || il >= idlen || sbx_id_check(first + 1, il, why, sizeof(why)) != 0)
         return false;
     *port = atoi(buf);
     memcpy(id, first + 1, il);
@@ -172,6 +177,7 @@ preq_unref(struct preq *pr)
     pthread_mutex_unlock(&h->mu);
     curl_slist_free_all(pr->req_hdrs);
     curl_slist_free_all(pr->resp_hdrs);
+    free(pr->resp_conn);
     sbx_buf_free(&pr->up);
     sbx_buf_free(&pr->down);
     free(pr->target);
@@ -238,16 +244,19 @@ hop_by_hop(const char *name, size_t n, const char *connection)
     for (size_t i = 0; i < SBX_ARRAY_LEN(fixed); i++)
         if (strlen(fixed[i]) == n && !strncasecmp(name, fixed[i], n))
             return true;
-    /* …and every field the Connection header names. */
+    /* …and every field the Connection header names, in its first
+     * CONN_OPTIONS_MAX bytes: a real one is a few options long, and every
+     * field of a head is checked against it (a longer one would make a
+     * head's cost quadratic in its size). */
     if (connection) {
-        const char *p = connection;
-        while (*p) {
-            while (*p == ' ' || *p == ',')
+        const char *p = connection, *end = p + strnlen(p, CONN_OPTIONS_MAX);
+        while (p < end) {
+            while (p < end && (*p == ' ' || *p == '\t' || *p == ',')) /* OWS: SP or HTAB */
                 p++;
             const char *e = p;
-            while (*e && *e != ',' && *e != ' ')
+            while (e < end && *e != ',' && *e != ' ' && *e != '\t')
                 e++;
-            if ((size_t)(e - p) == n && !strncasecmp(p, name, n))
+            if (e > p && (size_t)(e - p) == n && !strncasecmp(p, name, n))
                 return true;
             p = e;
         }
@@ -308,6 +317,50 @@ collect_query(void *cls, enum MHD_ValueKind kind, const char *key, const char *v
 /* ------------------------------------------------------------------------------ */
 /* The worker: curl callbacks. */
 
+/* Drop the hop-by-hop fields of an upstream head from l: the fixed ones and
+ * those its Connection options name (RFC 9110 §7.6.1; they can come before
+ * the Connection field, so this runs once the head is complete).  A 101
+ * keeps its Upgrade (MHD sends it with its own Connection: Upgrade). */
+static struct curl_slist *
+drop_hop_by_hop(struct curl_slist *l, const char *connection, bool keep_upgrade)
+{
+    struct curl_slist *out = NULL;
+    for (struct curl_slist *i = l; i; i = i->next) {
+        size_t kl = strcspn(i->data, ":");
+        if (!hop_by_hop(i->data, kl, connection) ||
+            (keep_upgrade && kl == 7 && !strncasecmp(i->data, "Upgrade", 7)))
+            out = curl_slist_append(out, i->data);
+    }
+    curl_slist_free_all(l);
+    return out;
+}
+
+/* Append a Connection field's value to the options seen so far (*acc), up
+ * to what hop_by_hop reads. */
+static void
+add_connection(char **acc, const char *value)
+{
+    size_t ol = *acc ? strlen(*acc) : 0, vl = strnlen(value, CONN_OPTIONS_MAX);
+    if (ol >= CONN_OPTIONS_MAX)
+        return;
+    char *c = sbx_xmalloc(ol + vl + 2);
+    snprintf(c, ol + vl + 2, "%s,%s", *acc ? *acc : "", value);
+    free(*acc);
+    *acc = c;
+}
+
+/* A status code: three digits (RFC 9112 §4), else -1. */
+static int
+status_code(const char *p, size_t n)
+{
+    if (n < 3 || !isdigit((unsigned char)p[0]) || !isdigit((unsigned char)p[1]) ||
+        !isdigit((unsigned char)p[2]) || (n > 3 && isdigit((unsigned char)p[3])))
+        return -1;
+    return (p[0] - '0') * 100 + (p[1] - '0') * 10 + (p[2] - '0');
+}
+
+/* curl's header callback: one line of the upstream's head (with its line
+ * end; not NUL-terminated), the status lines of interim heads included. */
 static size_t
 on_header(char *p, size_t size, size_t nmemb, void *cls)
 {
@@ -321,13 +374,17 @@ on_header(char *p, size_t size, size_t nmemb, void *cls)
     if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
         /* A status line: a new head (interim 1xx heads are dropped). */
         const char *sp = memchr(p, ' ', n);
-        pr->status = sp ? atoi(sp + 1) : 502;
+        int st = sp ? status_code(sp + 1, n - (size_t)(sp + 1 - p)) : -1;
+        pr->status = st >= 100 ? st : 502;
         curl_slist_free_all(pr->resp_hdrs);
         pr->resp_hdrs = NULL;
+        free(pr->resp_conn);
+        pr->resp_conn = NULL;
         pr->resp_length = -1;
-    } else if (n <= 2) {
+    } else if ((n == 2 && p[0] == '\r' && p[1] == '\n') || (n == 1 && p[0] == '\n')) {
         /* The blank line: the head is complete unless it was interim. */
         if (pr->status >= 200 || pr->status == 101) {
+            pr->resp_hdrs = drop_hop_by_hop(pr->resp_hdrs, pr->resp_conn, false);
             pr->head_ready = true;
             wake_conn(pr);
         }
@@ -338,12 +395,15 @@ on_header(char *p, size_t size, size_t nmemb, void *cls)
         line[l] = 0;
         line[strcspn(line, "\r\n")] = 0;
         char *colon = strchr(line, ':');
-        if (colon) {
+        if (colon && colon > line) { /* a field has a name (RFC 9110 §5.1) */
             size_t kl = (size_t)(colon - line);
-            if (kl == 14 && !strncasecmp(line, "Content-Length", 14))
+            if (kl == 14 && !strncasecmp(line, "Content-Length", 14)) {
                 pr->resp_length = strtoll(colon + 1, NULL, 10);
-            else if (!hop_by_hop(line, kl, NULL))
+            } else if (kl == 10 && !strncasecmp(line, "Connection", 10)) {
+                add_connection(&pr->resp_conn, colon + 1);
+            } else if (!hop_by_hop(line, kl, NULL)) {
                 pr->resp_hdrs = curl_slist_append(pr->resp_hdrs, line);
+            }
         }
     }
     pthread_mutex_unlock(&pr->mu);
@@ -404,20 +464,36 @@ on_upload(char *p, size_t size, size_t nmemb, void *cls)
     return n;
 }
 
+/*
+ * The upstream URL of a request: the relay is a SOCKS5 proxy whose
+ * destination "<generation>.<id>" names the container (runtime/relay.h),
+ * then the port and the target as the client sent it (the upstream sees
+ * Host: localhost:<port>).  NULL unless the target is in origin form (RFC
+ * 9112 §3.2.1: it starts with '/'): anything else continues the authority —
+ * "@<gen>.<other-id>:<port>/" makes ours a user name and sends the request
+ * to another sandbox, past its token.  The caller frees it.
+ */
+static char *
+upstream_url(uint64_t gen, const char *sandbox, int port, const char *target)
+{
+    if (target[0] != '/')
+        return NULL;
+    sbx_buf b;
+    sbx_buf_init(&b);
+    sbx_buf_appendf(&b, "http://%llu.%s:%d%s", (unsigned long long)gen, sandbox, port, target);
+    return sbx_buf_steal(&b, NULL);
+}
+
 static void
 proxy_http(struct preq *pr, const char *relay, uint64_t gen)
 {
-    CURL *cu = curl_easy_init();
+    char *url = upstream_url(gen, pr->sandbox, pr->port, pr->target);
+    CURL *cu = url ? curl_easy_init() : NULL;
     if (!cu) {
+        free(url);
         fail(pr, 500, "INTERNAL_ERROR", "cannot create an HTTP client");
         return;
     }
-    char url[8400];
-    /* The relay is a SOCKS5 proxy whose destination "<generation>.<id>"
-     * names the container (runtime/relay.h); the upstream sees
-     * Host: localhost:<port> below. */
-    snprintf(url, sizeof(url), "http://%llu.%s:%d%s", (unsigned long long)gen, pr->sandbox,
-             pr->port, pr->target);
     char proxy[300];
     sbx_relay_proxy_url(relay, proxy, sizeof(proxy));
     char fwd[512];
@@ -437,6 +513,7 @@ proxy_http(struct preq *pr, const char *relay, uint64_t gen)
     if (pr->has_body && pr->content_length < 0)
         hdrs = curl_slist_append(hdrs, "Transfer-Encoding: chunked");
     curl_easy_setopt(cu, CURLOPT_URL, url);
+    curl_easy_setopt(cu, CURLOPT_DISALLOW_USERNAME_IN_URL, 1L); /* see upstream_url */
     curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(cu, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(cu, CURLOPT_FOLLOWLOCATION, 0L);
@@ -470,6 +547,7 @@ proxy_http(struct preq *pr, const char *relay, uint64_t gen)
     curl_easy_getinfo(cu, CURLINFO_PROXY_ERROR, &pxerr);
     curl_easy_cleanup(cu);
     curl_slist_free_all(hdrs);
+    free(url);
     if (rc == CURLE_PROXY && pxerr == CURLPX_REPLY_CONNECTION_REFUSED) {
         fail(pr, 502, "SERVICE_NOT_RESPONDING",
              "nothing is listening on port %d in the sandbox (yet)", pr->port);
@@ -552,24 +630,30 @@ proxy_ws(struct preq *pr)
     pr->nextra = head.len - hl;
     pr->extra = sbx_xmalloc(pr->nextra + 1);
     memcpy(pr->extra, head.p + hl, pr->nextra);
-    const char *sp = memchr(head.p, ' ', hl);
-    pr->status = sp ? atoi(sp + 1) : 502;
-    char *save = NULL;
+    size_t l1 = (size_t)((char *)memmem(head.p, hl, "\r\n", 2) - head.p); /* the status line */
+    const char *sp = memchr(head.p, ' ', l1);
+    int st = sp ? status_code(sp + 1, l1 - (size_t)(sp + 1 - head.p)) : -1;
+    pr->status = st >= 100 ? st : 502;
+    char *save = NULL, *conn = NULL;
     head.p[hl - 4] = 0;
     char *line = strtok_r(head.p, "\r\n", &save); /* status line */
     while ((line = strtok_r(NULL, "\r\n", &save))) {
         char *colon = strchr(line, ':');
-        if (!colon)
-            continue;
+        if (!colon || colon == line)
+            continue; /* not a field */
         size_t kl = (size_t)(colon - line);
-        if (kl == 10 && !strncasecmp(line, "Connection", 10))
-            continue; /* MHD writes Connection: Upgrade itself */
+        if (kl == 10 && !strncasecmp(line, "Connection", 10)) {
+            add_connection(&conn, colon + 1); /* MHD writes Connection: Upgrade itself */
+            continue;
+        }
         if (kl == 14 && !strncasecmp(line, "Content-Length", 14)) {
             pr->resp_length = strtoll(colon + 1, NULL, 10);
             continue;
         }
         pr->resp_hdrs = curl_slist_append(pr->resp_hdrs, line);
     }
+    pr->resp_hdrs = drop_hop_by_hop(pr->resp_hdrs, conn, pr->status == 101);
+    free(conn);
     sbx_buf_free(&head);
     if (pr->status != 101) {
         /* Refused: its answer (head, and the bytes of body we have) goes back. */
@@ -760,6 +844,11 @@ static enum MHD_Result
 start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char *method,
       void **con_cls, const char *host)
 {
+    /* MHD passes any request-target on (absolute form, "*", "@host/…"):
+     * only a path can follow the upstream's authority (upstream_url). */
+    if (url[0] != '/')
+        return http_queue_error(c, 400, "VALIDATION_FAILED",
+                                "a preview request's target must be a path (origin form)");
     struct preq *pr = sbx_xcalloc(1, sizeof(*pr));
     pr->kind = HS_PREVIEW;
     pr->h = h;
