@@ -126,6 +126,32 @@ seeds = {
                 "sse-b64": b'\x04\x01' + mp([{"events": [{"seq": 1, "type": "stdout", "data": b"\x00\xff"}]}]),
                 "sse-type": b'\x04\x00' + mp([{"events": [{"seq": 1, "type": "x\nid: 9\r", "data": "d"},
                                                          {"seq": 2, "type": "std\u0000out", "data": b"z"}]}])},
+  "fuzz_preview": {"host": b'\x00\x008080-user-42-abcdef0123456789.localhost:7780',
+                   "host-domain": b'\x00\x018080-user-42-abcdef0123456789.localhost:7780',
+                   "host-domain-port": b'\x00\x0208080-User-42-tok_1.SBX.example.com:443',
+                   "host-port-big": b'\x00\x0070000-a-b.x', "host-bad-id": b'\x00\x008080-a_b-tok.x',
+                   "host-dash-id": b'\x00\x008080--a-tok.x', "host-other-domain": b'\x00\x018080-user-42-tok.evil.com',
+                   "url": b'\x01\x1f\x00\x05/index.html?a=b&c', "url-at": b'\x01\x1f\x00\x05@5.victim:8080/x',
+                   "url-absolute": b'\x01\x1f\x00\x05http://evil/', "url-star": b'\x01\x1f\x00\x05*',
+                   "url-slashes": b'\x01\x1f\x00\x05//evil.com/x', "url-long": b'\x01\x1f\x00\x05/' + b'a' * 9000,
+                   "req": b'\x02\x00Host: 8080-a-t.localhost\nAccept: */*\nConnection: keep-alive, X-Hop\n'
+                          b'X-Hop: 1\nX-Forwarded-For: 1.2.3.4\nX-Sbx-Internal: y\nCookie: a=b\nTE: trailers\n',
+                   "req-ws": b'\x02\x01Upgrade: websocket\nConnection: Upgrade\n'
+                             b'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\nSec-WebSocket-Version: 13\n',
+                   "req-tab": b'\x02\x00Connection: close,\tX-Tab\nX-Tab: 1\n',
+                   "resp": b'\x03\x00HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: text/html\r\n'
+                           b'Content-Length: 5\r\nConnection: keep-alive, X-Internal\r\nX-Internal: 1\r\n'
+                           b'Set-Cookie: a=b\r\nTransfer-Encoding: chunked\r\n\r\n',
+                   "resp-short-line": b'\x03\x00HTTP/1.1 200 OK\r\nA\nSet-Cookie: s=1\r\n\r\n',
+                   "resp-status": b'\x03\x00HTTP/1.1 99999999999 X\r\n\r\nHTTP/1.1 2000\r\n\n',
+                   "resp-long": b'\x03\x00HTTP/1.1 204\r\nX-Long: ' + b'v' * 9000 + b'\r\n\r\n',
+                   "ws-101": b'\x04\x00HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n'
+                             b'Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\x81\x05hello',
+                   "ws-refused": b'\x04\x00HTTP/1.1 403 Forbidden\r\nContent-Length: 3\r\n'
+                                 b'Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5\r\n\r\nno!',
+                   "ws-no-end": b'\x04\x00HTTP/1.1 200 OK\r\nX: y\r\n',
+                   "ws-big": b'\x04\x00HTTP/1.1 101 x\r\nX-Big: ' + b'a' * 70000 + b'\r\n\r\n',
+                   "ws-empty": b'\x04\x00\r\n\r\n'},
 }
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
