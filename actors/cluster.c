@@ -1,16 +1,23 @@
 /*
  * cluster.c — see cluster.h and docs/cluster.md.
  *
- * Control thread, every tick (a third of the lease TTL, or at once when the
- * view changed):
- *   1. keep the lease alive; note when it could expire at the earliest
- *      (the send time of the last successful keep-alive plus the TTL it
- *      reported): past that time minus a margin the shard is fenced;
- *   2. reconcile: desired(p) = rendezvous hash over the live, non-draining
- *      members; partitions this shard owns but another should are handed
- *      off (batches of HANDOFF_BATCH per target); partitions it should own
- *      whose owner is dead, or that have no owner, are claimed with a
- *      compare-and-swap, and their records are loaded from etcd first.
+ * Lease thread: registers the shard (a lease, the member key under it) and
+ * keeps the lease alive every third of the TTL — and does nothing else, so
+ * that no handoff, claim or etcd stall elsewhere delays a renewal.  It
+ * notes when the lease could expire at the earliest (the send time of the
+ * last successful keep-alive plus the TTL it reported); that minus a third
+ * of the TTL is fence_at.  The loop enforces fence_at with a timer of its
+ * own (fence_check): when it passes, the shard admits nothing, interrupts
+ * what is in flight and stops its containers, whatever the other threads
+ * are doing.  Only then does the lease thread revoke the lease and register
+ * again, and the control thread reloads from etcd what the shard still owns.
+ *
+ * Control thread, every second or at once when the view changed —
+ * reconcile: desired(p) = rendezvous hash over the live, non-draining
+ * members; partitions this shard owns but another should are handed off
+ * (batches of HANDOFF_BATCH per target); partitions it should own whose
+ * owner is dead, or that have no owner, are claimed with a compare-and-swap,
+ * and their records are loaded from etcd first.
  *
  * A handoff of partitions P from this shard (A) to B:
  *   loop: mark P moving (requests for P get WRONG_OWNER: the gateway retries),
@@ -109,19 +116,29 @@ struct cluster {
     sbx_cview *view;
     char prefix[160];
     int64_t ttl_ms;
-    int64_t lease;
-    atomic_llong fence_at;   /* monotonic ms; past it the shard admits nothing */
+    int64_t lease;           /* lease thread (cluster_stop once it ended); 0: none */
+    /* Monotonic ms; past it (or 0) the shard admits nothing.  Set by the lease
+     * thread when it registers, and moved later by a keep-alive only while it
+     * has not passed; set to 0 by anyone who fences (the loop's timer at the
+     * deadline, the lease thread when etcd says the lease is gone, the
+     * replication thread when etcd lacks our writes): a fence holds until the
+     * lease thread registers again. */
+    atomic_llong fence_at;
+    atomic_bool fence_done;  /* the loop applied the fence of the current fenced spell */
     atomic_bool stop;
-    atomic_bool fenced_posted;
-    pthread_t ctl, repl;
-    bool threads;            /* ctl and repl were started */
-    pthread_mutex_t mu;      /* wake-ups of the control thread; hjob rendezvous */
-    pthread_cond_t cv;
+    pthread_t ctl, repl, lth;
+    bool threads;            /* ctl, repl and lth were started */
+    bool stopped;            /* cluster_stop ran */
+    pthread_mutex_t mu;      /* wake-ups of the control and lease threads; hjob rendezvous */
+    pthread_cond_t cv;       /* the control thread and handoff()'s wait */
+    pthread_cond_t lcv;      /* the lease thread */
+    bool lwake;              /* under mu: lcv was signalled */
     bool dirty;
     uint8_t busy[SBX_PARTITIONS]; /* ctl thread: in a handoff or claim */
     int64_t handed_rev[SBX_PARTITIONS]; /* ctl thread: revision of our switch of the
                                            partition to another shard (0: none) */
-    bool reload_owned;       /* ctl thread: after a fence, reload what we own from etcd */
+    atomic_bool reload_owned; /* set by the lease thread when it fences, taken by the
+                                 control thread: reload what we own from etcd */
     struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS) */
     /* replication queue */
     pthread_mutex_t rmu;
@@ -133,6 +150,7 @@ struct cluster {
     uint64_t *outstanding;   /* replicated seqs not yet decided (FIFO, ascending) */
     size_t nout, capout, outhead;
     struct hjob *job;        /* the handoff under way (one at a time) */
+    uint64_t fence_timer;    /* fires at fence_at (0: none armed) */
     int me;                  /* my member index (loop's copy) */
     char member_names[SBX_CVIEW_MAX_MEMBERS][64];
 };
@@ -460,14 +478,23 @@ install_check(sbx_loop *l, void *arg)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Loop thread: fencing. */
+/* Fencing. */
 
+/* Any thread: wake the lease thread (a fence to act on, or stop). */
 static void
-fence_apply(sbx_loop *l, void *arg)
+lease_wake(struct cluster *c)
 {
-    struct cluster *c = arg;
+    pthread_mutex_lock(&c->mu);
+    c->lwake = true;
+    pthread_cond_broadcast(&c->lcv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Loop thread: stop serving. */
+static void
+fence_apply(struct cluster *c)
+{
     struct shard *sh = c->sh;
-    (void)l;
     uint8_t all[SBX_PARTITIONS];
     memset(all, 1, sizeof(all));
     uint64_t max_seq;
@@ -482,7 +509,73 @@ fence_apply(sbx_loop *l, void *arg)
     /* After re-joining, what we still own is reloaded from etcd (the
      * control thread's reload_owned): local state is not trusted. */
     c->first_view = true;
-    atomic_store(&c->fenced_posted, false);
+}
+
+static void fence_timer_cb(sbx_loop *l, void *arg);
+
+/*
+ * Loop thread: enforce fence_at.  Before it, a timer waits for it; once it
+ * passed (or is 0), the fence is applied, once per fenced spell, and the
+ * lease thread told.  Runs from that timer — so the deadline holds whatever
+ * the control and lease threads are blocked on — and whenever another
+ * thread registered or fenced (fence_posted).
+ */
+static void
+fence_check(struct cluster *c)
+{
+    struct shard *sh = c->sh;
+    if (c->fence_timer)
+        sbx_loop_cancel(sh->loop, c->fence_timer);
+    c->fence_timer = 0;
+    if (atomic_load(&c->stop))
+        return;
+    int64_t f = atomic_load(&c->fence_at);
+    for (;;) {
+        int64_t now = sbx_mono_ms();
+        if (f != 0 && now < f) {
+            /* A keep-alive moves f on without telling us: the timer then finds
+             * it later and waits again.  +1: a timer never fires early. */
+            c->fence_timer = sbx_loop_timer(sh->loop, f - now + 1, fence_timer_cb, c);
+            return;
+        }
+        /* Passed: make it stay passed (a keep-alive answered after the
+         * deadline must not revive it).  A lost race: the lease thread
+         * renewed in time just now, or someone set 0; look again. */
+        if (f == 0 || atomic_compare_exchange_strong(&c->fence_at, &f, 0))
+            break;
+    }
+    if (atomic_load(&c->fence_done))
+        return;
+    sbx_warn("shard %s: fenced: not serving until it holds a lease again", sh->conf.name);
+    fence_apply(c);
+    atomic_store(&c->fence_done, true);
+    lease_wake(c);
+}
+
+static void
+fence_timer_cb(sbx_loop *l, void *arg)
+{
+    struct cluster *c = arg;
+    (void)l;
+    c->fence_timer = 0;
+    fence_check(c);
+}
+
+static void
+fence_posted(sbx_loop *l, void *arg)
+{
+    (void)l;
+    fence_check(arg);
+}
+
+/* Any thread: fence at once (etcd says the lease is gone, or etcd may lack
+ * writes we hold): the loop stops serving, the lease thread re-registers. */
+static void
+fence_now(struct cluster *c)
+{
+    atomic_store(&c->fence_at, 0);
+    sbx_loop_post(c->sh->loop, fence_posted, c);
+    lease_wake(c);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -648,11 +741,7 @@ repl_main(void *arg)
             /* Our LMDB holds writes etcd may lack (or may apply later: a
              * request etcd read before it stalled): stop serving and reload
              * what we own from etcd, the authority, as after a lost lease. */
-            atomic_store(&c->fence_at, 0);
-            pthread_mutex_lock(&c->mu);
-            c->dirty = true;
-            pthread_cond_broadcast(&c->cv);
-            pthread_mutex_unlock(&c->mu);
+            fence_now(c);
         }
         struct rdone *d = sbx_xcalloc(1, sizeof(*d));
         d->c = c;
@@ -709,7 +798,11 @@ register_member(struct cluster *c)
         return rc;
     }
     c->lease = lease;
+    /* A new spell of serving: its fence is still to be applied; the loop arms
+     * its timer for the deadline. */
+    atomic_store(&c->fence_done, false);
     atomic_store(&c->fence_at, t0 + c->ttl_ms - c->ttl_ms / 3);
+    sbx_loop_post(sh->loop, fence_posted, c);
     sbx_info("shard %s: joined cluster %s (lease %lld, TTL %lld ms)", sh->conf.name,
              sh->conf.cluster, (long long)lease, (long long)c->ttl_ms);
     return 0;
@@ -988,7 +1081,7 @@ reconcile(struct cluster *c)
     int16_t table[SBX_PARTITIONS];
     sbx_place_table(names, (size_t)nl, table);
     size_t nreload = 0;
-    if (c->reload_owned) {
+    if (atomic_exchange(&c->reload_owned, false)) {
         /* Re-joined after a fence: what etcd still says we own is reloaded
          * from etcd (our local state may hold writes that never replicated). */
         for (int p = 0; p < SBX_PARTITIONS; p++) {
@@ -998,7 +1091,6 @@ reconcile(struct cluster *c)
                 c->claims[nreload++].epoch = parts[p].epoch;
             }
         }
-        c->reload_owned = false;
         sbx_cview_unlock(c->view);
         if (nreload)
             install_from_etcd(c, c->claims, nreload, true, 0);
@@ -1065,49 +1157,88 @@ reconcile(struct cluster *c)
     }
 }
 
+/* Lease thread: wait up to ms, or until lease_wake. */
+static void
+lease_nap(struct cluster *c, int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ms = SBX_MAX(ms, 1);
+    ts.tv_nsec += (ms % 1000) * 1000000L;
+    ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&c->mu);
+    while (!c->lwake && !atomic_load(&c->stop))
+        if (pthread_cond_timedwait(&c->lcv, &c->mu, &ts) != 0)
+            break;
+    c->lwake = false;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *
+lease_main(void *arg)
+{
+    struct cluster *c = arg;
+    struct shard *sh = c->sh;
+    int64_t next = 0; /* the next keep-alive (monotonic ms) */
+    while (!atomic_load(&c->stop)) {
+        if (fenced(c)) {
+            if (c->lease) {
+                /* The deadline passed, or another thread fenced: make the
+                 * fence hold, have the loop apply it now if its timer has not
+                 * yet, and give the lease up. */
+                fence_now(c);
+                sbx_etcd_lease_revoke(c->etcd, c->lease);
+                c->lease = 0;
+                atomic_store(&c->reload_owned, true);
+            }
+            /* Register again only once the loop stopped serving: until then it
+             * may hold partitions as ready whose records, after a fence, must
+             * come from etcd. */
+            if (!atomic_load(&c->fence_done)) {
+                lease_nap(c, 20);
+                continue;
+            }
+            if (register_member(c) != 0) {
+                lease_nap(c, 500);
+                continue;
+            }
+            next = sbx_mono_ms() + c->ttl_ms / 3;
+            continue;
+        }
+        int64_t now = sbx_mono_ms();
+        if (now < next) {
+            lease_nap(c, next - now);
+            continue;
+        }
+        int64_t left = 0;
+        int rc = sbx_etcd_lease_keepalive(c->etcd, c->lease, &left);
+        if (rc == 0 && left > 0) {
+            /* Only a deadline still in force moves: one that passed while the
+             * keep-alive was under way is a fence already (the loop's timer
+             * applies it; this thread sees it at the top), and 0 is one. */
+            int64_t f = atomic_load(&c->fence_at);
+            if (f != 0 && sbx_mono_ms() < f)
+                atomic_compare_exchange_strong(&c->fence_at, &f,
+                                               now + left * 1000 - c->ttl_ms / 3);
+            next = now + c->ttl_ms / 3;
+        } else if (rc == 0) {
+            /* The lease is gone: another shard may own our partitions. */
+            sbx_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
+            fence_now(c);
+        } else {
+            next = now + 200; /* etcd unreachable: try again soon */
+        }
+    }
+    return NULL;
+}
+
+/* Control thread: follow the view, reconcile. */
 static void *
 ctl_main(void *arg)
 {
     struct cluster *c = arg;
-    struct shard *sh = c->sh;
-    int64_t next_keepalive = 0;
-    bool registered = false;
     while (!atomic_load(&c->stop)) {
-        int64_t now = sbx_mono_ms();
-        if (!registered) {
-            if (register_member(c) == 0) {
-                registered = true;
-                next_keepalive = sbx_mono_ms() + c->ttl_ms / 3;
-            } else {
-                nap_ms(500);
-                continue;
-            }
-        } else if (now >= next_keepalive) {
-            int64_t t0 = sbx_mono_ms(), left = 0;
-            int rc = sbx_etcd_lease_keepalive(c->etcd, c->lease, &left);
-            if (rc == 0 && left > 0) {
-                atomic_store(&c->fence_at, t0 + left * 1000 - c->ttl_ms / 3);
-                next_keepalive = t0 + c->ttl_ms / 3;
-            } else if (rc == 0) {
-                /* The lease is gone: another shard may own our partitions. */
-                sbx_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
-                atomic_store(&c->fence_at, 0);
-                registered = false;
-            } else {
-                next_keepalive = t0 + 200; /* etcd unreachable: try again soon */
-            }
-        }
-        if (fenced(c) && !atomic_exchange(&c->fenced_posted, true)) {
-            sbx_warn("shard %s: fenced: not serving until it holds a lease again",
-                     sh->conf.name);
-            sbx_loop_post(sh->loop, fence_apply, c);
-            if (c->lease)
-                sbx_etcd_lease_revoke(c->etcd, c->lease);
-            c->lease = 0;
-            c->reload_owned = true;
-            registered = false;
-            continue;
-        }
         bool dirty;
         pthread_mutex_lock(&c->mu);
         dirty = c->dirty;
@@ -1120,10 +1251,7 @@ ctl_main(void *arg)
         if (!c->dirty && !atomic_load(&c->stop)) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            int64_t wait = SBX_MIN(SBX_MAX(next_keepalive - sbx_mono_ms(), 10), 1000);
-            ts.tv_nsec += (wait % 1000) * 1000000L;
-            ts.tv_sec += wait / 1000 + ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
+            ts.tv_sec += 1;
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
         pthread_mutex_unlock(&c->mu);
@@ -1132,6 +1260,20 @@ ctl_main(void *arg)
 }
 
 /* ------------------------------------------------------------------------------ */
+
+/* Wake every thread of the cluster (to see stop). */
+static void
+wake_threads(struct cluster *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->lwake = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_cond_broadcast(&c->lcv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->rmu);
+    pthread_cond_broadcast(&c->rcv);
+    pthread_mutex_unlock(&c->rmu);
+}
 
 int
 cluster_start(struct shard *sh)
@@ -1147,8 +1289,10 @@ cluster_start(struct shard *sh)
         c->lp[p].owner = -1;
     snprintf(c->prefix, sizeof(c->prefix), "/sbx/%s/",
              sh->conf.cluster && *sh->conf.cluster ? sh->conf.cluster : "default");
+    atomic_store(&c->fence_done, true); /* nothing to fence before the first lease */
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    pthread_cond_init(&c->lcv, NULL);
     pthread_mutex_init(&c->rmu, NULL);
     pthread_cond_init(&c->rcv, NULL);
     int rc = sbx_etcd_open(&c->etcd, sh->conf.etcd, 3000);
@@ -1163,14 +1307,17 @@ cluster_start(struct shard *sh)
         sbx_error("shard %s: cannot start the cluster view", sh->conf.name);
         return rc;
     }
-    if (pthread_create(&c->repl, NULL, repl_main, c) != 0)
-        return -EAGAIN;
-    if (pthread_create(&c->ctl, NULL, ctl_main, c) != 0) {
+    pthread_t *th[] = {&c->repl, &c->lth, &c->ctl};
+    void *(*fn[])(void *) = {repl_main, lease_main, ctl_main};
+    size_t started = 0;
+    while (started < 3 && pthread_create(th[started], NULL, fn[started], c) == 0)
+        started++;
+    if (started < 3) {
+        /* cluster_stop (the caller's stop path) revokes a lease taken meanwhile */
         atomic_store(&c->stop, true);
-        pthread_mutex_lock(&c->rmu);
-        pthread_cond_broadcast(&c->rcv);
-        pthread_mutex_unlock(&c->rmu);
-        pthread_join(c->repl, NULL);
+        wake_threads(c);
+        for (size_t i = 0; i < started; i++)
+            pthread_join(*th[i], NULL);
         return -EAGAIN;
     }
     c->threads = true;
@@ -1181,19 +1328,19 @@ void
 cluster_stop(struct shard *sh)
 {
     struct cluster *c = CL(sh);
-    if (!c || atomic_load(&c->stop))
+    if (!c || c->stopped)
         return;
+    c->stopped = true;
     atomic_store(&c->stop, true);
-    pthread_mutex_lock(&c->mu);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_lock(&c->rmu);
-    pthread_cond_broadcast(&c->rcv);
-    pthread_mutex_unlock(&c->rmu);
+    wake_threads(c);
     if (c->threads) {
         pthread_join(c->ctl, NULL);
+        pthread_join(c->lth, NULL);
         pthread_join(c->repl, NULL);
     }
+    /* What the threads posted finds stop set; the deadline's timer goes. */
+    sbx_loop_cancel(sh->loop, c->fence_timer);
+    c->fence_timer = 0;
     /* Leave at once: revoking the lease deletes our member key, so the
      * others claim our partitions now instead of after the TTL. */
     if (c->lease)
@@ -1222,6 +1369,7 @@ cluster_free(struct shard *sh)
     free(c->claims);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->lcv);
     pthread_mutex_destroy(&c->rmu);
     pthread_cond_destroy(&c->rcv);
     free(c);

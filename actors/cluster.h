@@ -4,10 +4,13 @@
  * replication of sandbox records to etcd.  docs/cluster.md tells the story;
  * runtime/cview.h lists the etcd keys.
  *
- * Threads: a control thread (lease keep-alive, reconciling ownership,
- * handoffs and claims) and a replication thread (record writes to etcd);
- * both talk to the shard's loop thread only through sbx_loop_post.  The
- * functions below run on the loop thread unless they say otherwise.
+ * Threads: a lease thread (registration and keep-alive, nothing else: no
+ * handoff or claim can delay a renewal), a control thread (reconciling
+ * ownership, handoffs and claims) and a replication thread (record writes to
+ * etcd); they talk to the shard's loop thread only through sbx_loop_post and
+ * atomics.  The loop owns the self-fence deadline (a timer of its own) and
+ * every partition's state.  The functions below run on the loop thread
+ * unless they say otherwise.
  *
  * Ownership rules:
  *  - a partition's owner and epoch are its etcd key's value and mod_revision;

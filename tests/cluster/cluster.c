@@ -1109,8 +1109,10 @@ cl_read_state(struct cl_state *st)
         const char *key = kvs[k].key + pl;
         if (!strncmp(key, "members/", 8)) {
             int i = cl_node_index(key + 8);
-            if (i >= 0)
+            if (i >= 0) {
                 st->live[i] = true;
+                st->lease[i] = kvs[k].lease;
+            }
         } else if (!strncmp(key, "drain/", 6)) {
             int i = cl_node_index(key + 6);
             if (i >= 0)

@@ -96,6 +96,8 @@ struct cl_state {
     int8_t owner[SBX_PARTITIONS];  /* node index, -1 none, -2 a name not of this cluster */
     int64_t epoch[SBX_PARTITIONS];
     bool live[CL_MAX_NODES];
+    int64_t lease[CL_MAX_NODES];   /* the lease of its member key (0: not live); a node that
+                                      fenced itself re-joins under a new one */
     bool draining[CL_MAX_NODES];
     int count[CL_MAX_NODES];       /* partitions owned */
 };

@@ -1,7 +1,8 @@
 /*
  * test_cluster.c — a multi-host cluster (tests/cluster/cluster.h: shard nodes
  * in network namespaces, etcd, two gateways) under membership changes and
- * failures: a node joins, a node is drained under load, a node is SIGKILLed
+ * failures: a node joins, a node is drained under load, a node is drained
+ * while a long command runs on it (it keeps its lease), a node is SIGKILLed
  * under load, a gateway restarts, a node is paused past its lease (fencing),
  * two gateways serve the same sandboxes, and a preview URL reaches a sandbox's
  * web server through either gateway's HTTP front (the shard's tcp relay, with
@@ -108,12 +109,10 @@ set_var(sbx_client *c, const char *id, const char *k, const char *v)
     }
 }
 
-/* The value of $k in the sandbox (an exec), retrying transient failures. */
+/* The output of cmd run in the sandbox, retrying transient failures. */
 static void
-get_var(sbx_client *c, const char *id, const char *k, char *out, size_t n)
+exec_out(sbx_client *c, const char *id, const char *cmd, char *out, size_t n)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "printf '%%s' \"$%s\"", k);
     sbx_exec_opts o = {.command = cmd, .timeout_ms = 20000};
     double until = cl_now_ms() + 60000;
     for (;;) {
@@ -128,10 +127,19 @@ get_var(sbx_client *c, const char *id, const char *k, char *out, size_t n)
         sbx_exec_result_free(&r);
         bool again = transient(err.code) && cl_now_ms() < until;
         if (!again)
-            cr_assert_fail("exec on %s: %s %s", id, err.code, err.message);
+            cr_assert_fail("exec '%s' on %s: %s %s", cmd, id, err.code, err.message);
         sbx_error_free(&err);
         cl_sleep_ms(200);
     }
+}
+
+/* The value of $k in the sandbox (an exec), retrying transient failures. */
+static void
+get_var(sbx_client *c, const char *id, const char *k, char *out, size_t n)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "printf '%%s' \"$%s\"", k);
+    exec_out(c, id, cmd, out, n);
 }
 
 static void
@@ -271,16 +279,24 @@ load_main(void *arg)
     return NULL;
 }
 
+/* n sandboxes <kind>…-k; only ones whose partition node owns (-1: any). */
 static void
-load_start(struct load *l, sbx_client *c, const char *kind, int n, int nthreads)
+load_start(struct load *l, sbx_client *c, const char *kind, int n, int nthreads, int node)
 {
+    static struct cl_state st;
     memset(l, 0, sizeof(*l));
     pthread_mutex_init(&l->mu, NULL);
     l->c = c;
     l->n = n;
     l->nthreads = nthreads;
-    for (int i = 0; i < n; i++)
-        sb_id(l->ids[i], sizeof(l->ids[i]), kind, i);
+    if (node >= 0)
+        cr_assert_eq(cl_read_state(&st), 0);
+    for (int i = 0, k = 0; i < n; k++) {
+        cr_assert_lt(k, 100000, "no sandbox IDs on node %d", node);
+        sb_id(l->ids[i], sizeof(l->ids[i]), kind, k);
+        if (node < 0 || owner_of(&st, l->ids[i]) == node)
+            i++;
+    }
     for (int t = 0; t < nthreads; t++) {
         struct load_arg *a = malloc(sizeof(*a));
         a->l = l;
@@ -405,7 +421,7 @@ Test(cluster, t2_drain_under_load_keeps_every_write, .timeout = 200)
     const int victim = 0;
     int victim_parts = st.count[victim];
     static struct load l;
-    load_start(&l, c, "dl", 40, 4);
+    load_start(&l, c, "dl", 40, 4, -1);
     cl_sleep_ms(1000);
 
     double t0 = cl_now_ms();
@@ -468,7 +484,7 @@ Test(cluster, t3_sigkill_under_load_loses_no_acknowledged_write, .timeout = 220)
         nvictim += owner_of(&st, tmp) == victim;
     }
     cr_assert_geq(nvictim, 3, "only %d of %d sandboxes on node %d", nvictim, N, victim);
-    load_start(&l, c, "k", N, 6);
+    load_start(&l, c, "k", N, 6, -1);
     for (int i = 0; i < N; i++)
         l.victim[i] = owner_of(&st, l.ids[i]) == victim;
     cl_sleep_ms(1500);
@@ -1142,6 +1158,124 @@ Test(cluster, t9_largest_environments_replicate_without_disturbing_the_node, .ti
         sbx_destroy(c, b[k].id, NULL, NULL);
     sbx_destroy(c, bystander, NULL, NULL);
     sbx_client_close(c1);
+    sbx_client_close(c);
+    no_sanitizer_reports();
+}
+
+/* t10: a node is drained while a long command runs on it.  The handoff of
+ * the command's partition waits for it (up to 10 s, HANDOFF_GRACE_MS in
+ * actors/cluster.c), far longer than the lease lives (TTL 2 s here): the
+ * node must keep renewing its lease meanwhile, or it fences itself in the
+ * middle of an orderly drain — every request refused, every container
+ * stopped, the command interrupted, a new lease once it re-joins. */
+struct long_exec {
+    sbx_client *c;
+    const char *id;
+    int rc;
+    char code[48];
+    char out[64];
+    int exit_code;
+    double ms;
+};
+
+static void *
+long_exec_main(void *arg)
+{
+    struct long_exec *x = arg;
+    sbx_exec_opts o = {.command = "sleep 8; echo done", .timeout_ms = 40000};
+    sbx_exec_result r;
+    sbx_error err;
+    double t0 = cl_now_ms();
+    x->rc = sbx_exec(x->c, x->id, &o, &r, &err);
+    x->ms = cl_now_ms() - t0;
+    if (x->rc == 0) {
+        snprintf(x->out, sizeof(x->out), "%.*s", (int)r.stdout_len,
+                 r.stdout_data ? r.stdout_data : "");
+        x->exit_code = r.exit_code;
+        snprintf(x->code, sizeof(x->code), "OK");
+    } else {
+        snprintf(x->code, sizeof(x->code), "%s", err.code);
+        sbx_error_free(&err);
+    }
+    sbx_exec_result_free(&r);
+    return NULL;
+}
+
+Test(cluster, t10_drain_during_a_long_exec_keeps_the_lease, .timeout = 200)
+{
+    restore_base();
+    sbx_client *c = gw_client(0);
+    struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int v = 0;
+    int64_t lease0 = st.lease[v];
+    cr_assert_neq(lease0, 0, "node %d has no lease", v);
+    /* The command's sandbox: the lowest partition node v owns, so that it
+     * is in one of the first batches the drain hands off (256 partitions per
+     * target, in partition order), while the command still runs. */
+    char lid[64] = "";
+    uint32_t best = SBX_PARTITIONS;
+    for (int k = 0; k < 3000; k++) {
+        char id[64];
+        sb_id(id, sizeof(id), "x", k);
+        uint32_t p = sbx_place_partition(id, strlen(id));
+        if (st.owner[p] == v && p < best) {
+            best = p;
+            snprintf(lid, sizeof(lid), "%s", id);
+        }
+    }
+    cr_assert_lt(best, SBX_PARTITIONS, "no sandbox ID on node %d", v);
+    char got[64];
+    exec_out(c, lid, "true", got, sizeof(got)); /* its container runs before the drain */
+    /* Writes to other sandboxes of node v all along: they keep being
+     * served (by v, then by their new owners) with no error. */
+    static struct load l;
+    load_start(&l, c, "xb", 12, 3, v);
+    cl_sleep_ms(500);
+
+    static struct long_exec x;
+    memset(&x, 0, sizeof(x));
+    x.c = c;
+    x.id = lid;
+    pthread_t th;
+    pthread_create(&th, NULL, long_exec_main, &x);
+    cl_sleep_ms(1000);
+    double t0 = cl_now_ms();
+    drain(c, v, true);
+    const int rest[2] = {1, 2};
+    converge(rest, 2, 0, "node 0 drained during a long exec");
+    double drain_ms = cl_now_ms() - t0;
+    pthread_join(th, NULL);
+    cl_sleep_ms(500);
+    load_stop(&l);
+    char errs[512];
+    load_errors(&l, errs, sizeof(errs));
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_log_info("drain during a 'sleep 8' exec on partition %u: node %d drained in %.0f ms; the "
+                "exec answered %s after %.0f ms; lease %lld before, %lld after; %ld writes to the "
+                "node's other sandboxes acknowledged, client errors: %s",
+                best, v, drain_ms, x.code, x.ms, (long long)lease0, (long long)st.lease[v],
+                atomic_load(&l.oks), errs);
+    cr_expect_eq(st.lease[v], lease0,
+                 "node %d fenced itself during the drain: it re-joined under lease %lld (was "
+                 "%lld)",
+                 v, (long long)st.lease[v], (long long)lease0);
+    /* The command completes (8 s < the 10 s grace), or at most is
+     * interrupted with a code that says retry. */
+    if (x.rc == 0) {
+        cr_expect_eq(x.exit_code, 0, "the long exec exited %d", x.exit_code);
+        cr_expect_str_eq(x.out, "done\n", "the long exec's output");
+    } else {
+        cr_expect_str_eq(x.code, "OPERATION_INTERRUPTED", "the long exec failed with %s", x.code);
+    }
+    cr_expect_eq(l.ncodes, 0, "writes to node %d's other sandboxes failed during the drain: %s", v,
+                 errs);
+    load_verify(&l, c, NULL);
+
+    drain(c, v, false);
+    converge(BASE, 3, 0, "node 0 undrained");
+    sbx_destroy(c, lid, NULL, NULL);
+    destroy_all(c, l.ids, l.n);
     sbx_client_close(c);
     no_sanitizer_reports();
 }
