@@ -56,7 +56,8 @@
 #define HANDOFF_BATCH 256
 #define HANDOFF_GRACE_MS 10000
 #define TXN_PARTS 60          /* compares and puts per etcd transaction (≤ 128) */
-#define REPL_BATCH 60
+#define REPL_BATCH 60 /* records per replication transaction: ≤ 2 compares each (owner
+                         and epoch of its partition), within etcd's --max-txn-ops */
 /* Record bytes per replication transaction.  etcd refuses a request over
  * --max-request-bytes (1.5 MiB by default) and values travel base64-encoded
  * in its JSON API (4/3); the largest record (an environment of 1 MiB,
@@ -71,6 +72,8 @@ struct ritem {
     struct ritem *next;
     uint64_t seq;
     uint32_t part;
+    int64_t epoch;  /* the partition's epoch when the write was made: etcd applies it
+                       only if the partition's key is still at that mod_revision */
     char id[64];
     char *rec;     /* NULL: deletion */
     size_t len;
@@ -591,6 +594,11 @@ cluster_replicate(struct shard *sh, uint64_t seq, const char *id, const void *re
     it->seq = seq;
     snprintf(it->id, sizeof(it->id), "%s", id);
     it->part = sbx_place_partition(id, strlen(id));
+    /* Writes are made by operations admitted at the view's epoch (or by
+     * their actors since); records installed after our claim are written at
+     * the claim's epoch while the view has not caught up. */
+    const struct lpart *x = &c->lp[it->part];
+    it->epoch = !x->mine && x->claimed_epoch ? x->claimed_epoch : x->epoch;
     if (len) {
         it->rec = sbx_xmalloc(len);
         memcpy(it->rec, rec, len);
@@ -666,6 +674,17 @@ repl_done(sbx_loop *l, void *arg)
     free(d);
 }
 
+/* Whether the batch up to it (excluded) writes its partition at another
+ * epoch: a transaction compares each partition once. */
+static bool
+epoch_conflict(const struct ritem *batch, const struct ritem *it)
+{
+    for (const struct ritem *o = batch; o != it; o = o->next)
+        if (o->part == it->part && o->epoch != it->epoch)
+            return true;
+    return false;
+}
+
 static void *
 repl_main(void *arg)
 {
@@ -680,10 +699,12 @@ repl_main(void *arg)
             break;
         }
         /* A batch: up to REPL_BATCH records and REPL_BATCH_BYTES of them (one
-         * record always goes, alone if it is larger: it fits in a request). */
+         * record always goes, alone if it is larger: it fits in a request),
+         * each partition at one epoch. */
         struct ritem *batch = c->rq_head, *last = batch;
         size_t n = 1, bytes = batch->len;
-        while (last->next && n < REPL_BATCH && bytes + last->next->len <= REPL_BATCH_BYTES) {
+        while (last->next && n < REPL_BATCH && bytes + last->next->len <= REPL_BATCH_BYTES &&
+               !epoch_conflict(batch, last->next)) {
             last = last->next;
             bytes += last->len;
             n++;
@@ -694,9 +715,12 @@ repl_main(void *arg)
         last->next = NULL;
         pthread_mutex_unlock(&c->rmu);
 
-        /* One transaction: the owner of every partition touched is us; then
-         * the puts and deletes.  Retried while etcd is unreachable and the
-         * lease may still be ours. */
+        /* One transaction: every partition touched is still ours at the epoch
+         * its writes were made at (owner and mod_revision of its key, as
+         * claims and handoffs compare them: a write delayed past a move of the
+         * partition away and back to this shard fails); then the puts and
+         * deletes.  Retried while etcd is unreachable and the lease may still
+         * be ours. */
         int rc;
         for (int attempt = 0;; attempt++) {
             sbx_etcd_txn *t = sbx_etcd_txn_new();
@@ -707,6 +731,7 @@ repl_main(void *arg)
                     seen[it->part / 8] |= (uint8_t)(1u << (it->part % 8));
                     sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
                     sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
+                    sbx_etcd_txn_cmp_mod(t, key, it->epoch);
                 }
                 /* etcd refuses a key twice in one transaction: a record written
                  * several times in the batch goes once, as its last write. */
@@ -731,7 +756,7 @@ repl_main(void *arg)
              * etcd answers ("leader changed", "request timed out", "too many
              * requests": an election or a busy cluster) a few times more, up
              * to ~2 s.  The transaction puts absolute values under a compare
-             * of the owner, so running it twice is harmless. */
+             * of owner and epoch, so running it twice is harmless. */
             if (fenced(c) || atomic_load(&c->stop) ||
                 (rc != SBX_E_SHARD_UNAVAILABLE && attempt >= REPL_ERROR_RETRIES))
                 break;

@@ -23,8 +23,10 @@
  *    admits nothing (self-fencing) before anyone else can take over;
  *  - a reply to a state change leaves only after the record is committed to
  *    LMDB *and* to etcd by a transaction that compares the partition's owner
- *    with this shard: an old owner cannot acknowledge a write after losing
- *    the partition, even if it was paused through its lease's expiry.
+ *    with this shard and its epoch with the one the write was made at: an
+ *    old owner cannot acknowledge a write after losing the partition, even if
+ *    it was paused through its lease's expiry, and a write delayed past the
+ *    partition's leaving and coming back is not applied either.
  */
 #ifndef SBX_CLUSTER_H
 #define SBX_CLUSTER_H

@@ -78,6 +78,7 @@ static struct sup {
     char etcd_url[128];
     struct proc etcd;
     struct proc shard[CL_MAX_NODES];
+    char etcd_via[CL_MAX_NODES][128]; /* an etcd endpoint node i tries first ("" none) */
     struct proc gw[CL_MAX_GWS];
     int gw_port[CL_MAX_GWS], gw_http[CL_MAX_GWS];
     int ctl_fd;              /* listening unix socket */
@@ -298,8 +299,12 @@ start_shard(int i)
 {
     if (S.shard[i].pid > 0)
         return 0;
-    char name[64], listen[64], data[320], uid[32], relay[64], log[320], pool[16];
+    char name[64], listen[64], data[320], uid[32], relay[64], log[320], pool[16], etcd[300];
     snprintf(name, sizeof(name), "%s-s%d", S.prefix, i);
+    if (S.etcd_via[i][0])
+        snprintf(etcd, sizeof(etcd), "%s,%s", S.etcd_via[i], S.etcd_url);
+    else
+        snprintf(etcd, sizeof(etcd), "%s", S.etcd_url);
     snprintf(listen, sizeof(listen), "tcp://%s.%d:%d", S.net, 11 + i, NODE_PORT);
     snprintf(relay, sizeof(relay), "tcp:%s.%d:%d", S.net, 11 + i, RELAY_PORT);
     snprintf(data, sizeof(data), "%s/s%d", S.dir, i);
@@ -310,7 +315,7 @@ start_shard(int i)
     char sbxd[600];
     snprintf(sbxd, sizeof(sbxd), "%s/sbxd", S.bindir);
     const char *argv[64] = {sbxd, "shard", "--name", name, "--listen", listen, "--data", data,
-                            "--uid-base", uid, "--etcd", S.etcd_url, "--cluster", S.cluster,
+                            "--uid-base", uid, "--etcd", etcd, "--cluster", S.cluster,
                             "--lease-ttl", "2s", "--relay", relay, "--relay-secret", S.secret,
                             "--pool", pool, "--memory", "256M", "--pids", "128", "--disk",
                             "256M"};
@@ -673,6 +678,12 @@ handle_cmd(int fd)
     if (!pr) {
         snprintf(reply, 256, "err bad command: %.200s", buf);
     } else if (!strcmp(verb, "start")) {
+        if (!strcmp(kind, "shard") && pr->pid <= 0) {
+            /* "start shard I [via URL]": the endpoint it tries first, until it stops */
+            char via[128] = "";
+            sscanf(buf, "%*s %*s %*d via %127s", via);
+            snprintf(S.etcd_via[i], sizeof(S.etcd_via[i]), "%s", via);
+        }
         int rc = !strcmp(kind, "shard") ? start_shard(i) : !strcmp(kind, "gw") ? start_gw(i) : -1;
         if (rc == 0)
             snprintf(reply, sizeof(reply), "ok %d", (int)pr->pid);
@@ -1069,6 +1080,15 @@ cl_start(const char *kind, int i)
 {
     char r[128];
     if (cl_ctl(r, sizeof(r), "start %s %d", kind, i) != 0)
+        return -1;
+    return (pid_t)atoi(r + 3);
+}
+
+pid_t
+cl_start_via(int i, const char *via)
+{
+    char r[128];
+    if (cl_ctl(r, sizeof(r), "start shard %d via %s", i, via) != 0)
         return -1;
     return (pid_t)atoi(r + 3);
 }

@@ -88,6 +88,11 @@ int cl_node_index(const char *name);
  * reply.  0 if the reply is "ok". */
 int cl_ctl(char *reply, size_t rlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 pid_t cl_start(const char *kind, int i);              /* kind "shard" or "gw"; pid or -1 */
+/* cl_start_via — start shard node i (if it is not running) with `via` as
+ * the first of its etcd endpoints (a test's proxy) and etcd itself second:
+ * it talks to etcd through via until a call through it fails.  A later
+ * cl_start of the stopped node drops via.  pid or -1. */
+pid_t cl_start_via(int i, const char *via);
 int cl_signal(const char *kind, int i, int sig);
 int cl_wait_exit(const char *kind, int i, int timeout_ms); /* 0: exited (reaped) */
 

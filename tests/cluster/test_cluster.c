@@ -4,28 +4,36 @@
  * failures: a node joins, a node is drained under load, a node is drained
  * while a long command runs on it (it keeps its lease), a node is SIGKILLed
  * under load, a gateway restarts, a node is paused past its lease (fencing),
- * two gateways serve the same sandboxes, and a preview URL reaches a sandbox's
+ * two gateways serve the same sandboxes, a preview URL reaches a sandbox's
  * web server through either gateway's HTTP front (the shard's tcp relay, with
- * the relay secret).
+ * the relay secret), and a replication that reaches etcd late, after its
+ * partition left and came back, is not applied.
  *
  * The tests run one at a time (cluster_main.c forces --jobs 1), in the order
  * of their names; each starts from the converged three-node cluster and
  * leaves it converged again (it restores what it changed).  Figures (moves,
  * convergence and failover times, client errors) go to cr_log_info.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include "../../runtime/etcd.h"
+#include "../../runtime/util.h"
 #include "../../runtime/wire.h"
 #include "cluster.h"
 
@@ -1276,6 +1284,374 @@ Test(cluster, t10_drain_during_a_long_exec_keeps_the_lease, .timeout = 200)
     converge(BASE, 3, 0, "node 0 undrained");
     sbx_destroy(c, lid, NULL, NULL);
     destroy_all(c, l.ids, l.n);
+    sbx_client_close(c);
+    no_sanitizer_reports();
+}
+
+/* ------------------------------------------------------------------------------ */
+/* t11's etcd proxy.  Node Y is started with it as its first etcd endpoint;
+ * it forwards every request but one — the first transaction that writes a
+ * given key, which it keeps, unanswered, until the test releases it to etcd
+ * (a request that reaches etcd late, as after a long network stall).  Y's
+ * etcd client gives up on it after its 3 s timeout and sends the same
+ * transaction to etcd itself, its second endpoint (runtime/etcd.c), and goes
+ * on talking to etcd directly. */
+
+struct eproxy {
+    int lfd;
+    char url[64];
+    struct sockaddr_in etcd;
+    pthread_mutex_t mu;
+    char hold[200];          /* "<base64 of the key>" with the quotes ("" none) */
+    char *held;              /* the request held (no Expect, Connection: close) */
+    size_t held_len;
+    atomic_bool stop;
+    atomic_int conns;        /* connection threads running */
+    pthread_t acc;
+};
+
+struct pconn {
+    struct eproxy *p;
+    int cfd, efd;
+};
+
+/* The value of header `name` in the header block h (hl bytes, request line
+ * first), or NULL; *vl its length. */
+static const char *
+hdr_get(const char *h, size_t hl, const char *name, size_t *vl)
+{
+    size_t nl = strlen(name);
+    const char *end = h + hl, *line = memchr(h, '\n', hl);
+    while (line && ++line < end) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        size_t n = (size_t)((eol ? eol : end) - line);
+        if (n > nl && line[nl] == ':' && !strncasecmp(line, name, nl)) {
+            const char *v = line + nl + 1;
+            while (v < line + n && *v == ' ')
+                v++;
+            *vl = (size_t)(line + n - v);
+            if (*vl && v[*vl - 1] == '\r')
+                (*vl)--;
+            return v;
+        }
+        line = eol;
+    }
+    return NULL;
+}
+
+/* The request — header block h (hl bytes, without the blank line), body b —
+ * without its Expect header (the proxy answered it), with `extra` (header
+ * lines, each ending in CRLF) added; heap, *ol bytes. */
+static char *
+req_rebuild(const char *h, size_t hl, const char *b, size_t bl, const char *extra, size_t *ol)
+{
+    char *o = malloc(hl + strlen(extra) + bl + 8);
+    size_t n = 0;
+    const char *line = h, *end = h + hl;
+    while (line < end) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        const char *next = eol ? eol + 1 : end;
+        if (strncasecmp(line, "Expect:", 7) != 0) {
+            memcpy(o + n, line, (size_t)(next - line));
+            n += (size_t)(next - line);
+            if (!eol) {
+                memcpy(o + n, "\r\n", 2);
+                n += 2;
+            }
+        }
+        line = next;
+    }
+    memcpy(o + n, extra, strlen(extra));
+    n += strlen(extra);
+    memcpy(o + n, "\r\n", 2);
+    n += 2;
+    memcpy(o + n, b, bl);
+    *ol = n + bl;
+    return o;
+}
+
+static void *
+pconn_main(void *arg)
+{
+    struct pconn *pc = arg;
+    struct eproxy *p = pc->p;
+    char *in = NULL, buf[65536];
+    size_t inl = 0;
+    bool sent100 = false;
+    while (!atomic_load(&p->stop)) {
+        struct pollfd f[2] = {{pc->cfd, POLLIN, 0}, {pc->efd, POLLIN, 0}};
+        if (poll(f, 2, 200) <= 0)
+            continue;
+        if (f[1].revents) {
+            ssize_t r = read(pc->efd, buf, sizeof(buf));
+            if (r <= 0 || sbx_write_full(pc->cfd, buf, (size_t)r) != 0)
+                break;
+        }
+        if (!f[0].revents)
+            continue;
+        ssize_t r = read(pc->cfd, buf, sizeof(buf));
+        if (r <= 0)
+            break;
+        in = realloc(in, inl + (size_t)r);
+        memcpy(in + inl, buf, (size_t)r);
+        inl += (size_t)r;
+        /* Every complete request in `in`: forwarded, or held. */
+        for (;;) {
+            const char *he = memmem(in, inl, "\r\n\r\n", 4);
+            if (!he)
+                break;
+            size_t hl = (size_t)(he - in) + 2, vl = 0, cl = 0;
+            const char *v = hdr_get(in, hl, "Content-Length", &vl);
+            if (v)
+                cl = strtoull(v, NULL, 10);
+            size_t total = hl + 2 + cl;
+            if (inl < total) {
+                if (!sent100 && hdr_get(in, hl, "Expect", &vl)) {
+                    const char *cont = "HTTP/1.1 100 Continue\r\n\r\n";
+                    sbx_write_full(pc->cfd, cont, strlen(cont));
+                    sent100 = true;
+                }
+                break;
+            }
+            const char *body = in + hl + 2;
+            bool hold = false;
+            pthread_mutex_lock(&p->mu);
+            if (p->hold[0] && !strncmp(in, "POST /v3/kv/txn ", 16) &&
+                memmem(body, cl, p->hold, strlen(p->hold))) {
+                hold = true;
+                p->hold[0] = '\0';
+                p->held = req_rebuild(in, hl, body, cl, "Connection: close\r\n", &p->held_len);
+            }
+            pthread_mutex_unlock(&p->mu);
+            if (!hold) {
+                size_t ol;
+                char *o = req_rebuild(in, hl, body, cl, "", &ol);
+                int wr = sbx_write_full(pc->efd, o, ol);
+                free(o);
+                if (wr != 0)
+                    goto out;
+            }
+            memmove(in, in + total, inl - total);
+            inl -= total;
+            sent100 = false;
+        }
+    }
+out:
+    free(in);
+    close(pc->cfd);
+    close(pc->efd);
+    atomic_fetch_sub(&p->conns, 1);
+    free(pc);
+    return NULL;
+}
+
+static void *
+eproxy_accept(void *arg)
+{
+    struct eproxy *p = arg;
+    while (!atomic_load(&p->stop)) {
+        struct pollfd f = {p->lfd, POLLIN, 0};
+        if (poll(&f, 1, 200) <= 0)
+            continue;
+        int cfd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (cfd < 0)
+            continue;
+        int efd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (efd < 0 || connect(efd, (struct sockaddr *)&p->etcd, sizeof(p->etcd)) != 0) {
+            if (efd >= 0)
+                close(efd);
+            close(cfd);
+            continue;
+        }
+        struct pconn *pc = malloc(sizeof(*pc));
+        *pc = (struct pconn){p, cfd, efd};
+        pthread_t th;
+        atomic_fetch_add(&p->conns, 1);
+        if (pthread_create(&th, NULL, pconn_main, pc) != 0) {
+            atomic_fetch_sub(&p->conns, 1);
+            close(cfd);
+            close(efd);
+            free(pc);
+            continue;
+        }
+        pthread_detach(th);
+    }
+    return NULL;
+}
+
+/* Listen on the bridge's address (the nodes reach it, as they reach etcd). */
+static void
+eproxy_start(struct eproxy *p)
+{
+    memset(p, 0, sizeof(*p));
+    pthread_mutex_init(&p->mu, NULL);
+    char ip[64];
+    int port = 0;
+    cr_assert_eq(sscanf(cl_env()->etcd, "http://%63[0-9.]:%d", ip, &port), 2, "etcd at %s",
+                 cl_env()->etcd);
+    p->etcd.sin_family = AF_INET;
+    p->etcd.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, ip, &p->etcd.sin_addr);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr = p->etcd.sin_addr;
+    socklen_t al = sizeof(a);
+    p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(p->lfd, 0);
+    cr_assert_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)), 0, "proxy bind %s", ip);
+    cr_assert_eq(listen(p->lfd, 64), 0);
+    getsockname(p->lfd, (struct sockaddr *)&a, &al);
+    snprintf(p->url, sizeof(p->url), "http://%s:%d", ip, (int)ntohs(a.sin_port));
+    cr_assert_eq(pthread_create(&p->acc, NULL, eproxy_accept, p), 0);
+}
+
+static void
+eproxy_hold(struct eproxy *p, const char *key)
+{
+    size_t n;
+    char *b = sbx_base64_encode(key, strlen(key), &n);
+    pthread_mutex_lock(&p->mu);
+    snprintf(p->hold, sizeof(p->hold), "\"%s\"", b);
+    pthread_mutex_unlock(&p->mu);
+    free(b);
+}
+
+static bool
+eproxy_holds(struct eproxy *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool h = p->held != NULL;
+    pthread_mutex_unlock(&p->mu);
+    return h;
+}
+
+/* Send the held request to etcd now; 0 with *succeeded (the transaction's
+ * compares held and its puts were applied), or -1. */
+static int
+eproxy_release(struct eproxy *p, bool *succeeded, char *resp, size_t rl)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&p->etcd, sizeof(p->etcd)) != 0 ||
+        sbx_write_full(fd, p->held, p->held_len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    size_t n = 0;
+    double until = cl_now_ms() + 10000;
+    while (n < rl - 1 && cl_now_ms() < until) {
+        struct pollfd f = {fd, POLLIN, 0};
+        if (poll(&f, 1, 200) <= 0)
+            continue;
+        ssize_t r = read(fd, resp + n, rl - 1 - n);
+        if (r <= 0)
+            break; /* Connection: close: the whole answer */
+        n += (size_t)r;
+    }
+    close(fd);
+    resp[n] = '\0';
+    if (strncmp(resp, "HTTP/1.1 200", 12) != 0 || !strstr(resp, "\"header\""))
+        return -1;
+    /* etcd's JSON leaves false booleans out */
+    *succeeded = strstr(resp, "\"succeeded\":true") != NULL;
+    return 0;
+}
+
+static void
+eproxy_stop(struct eproxy *p)
+{
+    atomic_store(&p->stop, true);
+    pthread_join(p->acc, NULL);
+    for (int k = 0; k < 100 && atomic_load(&p->conns) > 0; k++)
+        cl_sleep_ms(50);
+    close(p->lfd);
+    free(p->held);
+    p->held = NULL;
+}
+
+/* t11: a replication transaction that reaches etcd late — after the
+ * sandbox's partition went to another node and came back to the same one —
+ * must not be applied: it compares the partition's epoch as well as its
+ * owner.  Comparing the owner alone lets it overwrite a write acknowledged
+ * since, which the next failover would then lose. */
+Test(cluster, t11_a_late_replication_does_not_land_after_the_partition_came_back, .timeout = 200)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    eproxy_start(&px);
+    cr_assert_eq(cl_signal("shard", y, SIGTERM), 0);
+    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not stop", y);
+    cr_assert_gt(cl_start_via(y, px.url), 0, "cannot start node %d via %s", y, px.url);
+    converge(BASE, 3, 0, "node 2 re-joined through the proxy");
+    sbx_client *c = gw_client(0);
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    char id[64], got[64];
+    for (int k = 0;; k++) {
+        sb_id(id, sizeof(id), "late", k);
+        if (owner_of(&st, id) == y)
+            break;
+        cr_assert_lt(k, 1000);
+    }
+    uint32_t part = sbx_place_partition(id, strlen(id));
+    int64_t e1 = st.epoch[part];
+    set_var(c, id, "H", "first");
+
+    /* The write at epoch e1: Y's first attempt stays in the proxy; its
+     * second, straight to etcd, is applied and the write acknowledged. */
+    char key[256];
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    eproxy_hold(&px, key);
+    double t0 = cl_now_ms();
+    set_var(c, id, "H", "held");
+    double held_ms = cl_now_ms() - t0;
+    cr_assert(eproxy_holds(&px), "node %d's transaction did not go through the proxy", y);
+
+    /* The partition leaves Y and comes back: a new epoch, the same owner. */
+    drain(c, y, true);
+    const int rest[2] = {0, 1};
+    converge(rest, 2, 0, "node 2 drained");
+    drain(c, y, false);
+    converge(BASE, 3, 0, "node 2 undrained");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.owner[part], y, "partition %u is on node %d", part, st.owner[part]);
+    cr_assert_gt(st.epoch[part], e1, "partition %u kept its epoch %lld", part, (long long)e1);
+    set_var(c, id, "H", "later");
+
+    bool applied = true;
+    char resp[4096];
+    cr_assert_eq(eproxy_release(&px, &applied, resp, sizeof(resp)), 0,
+                 "etcd did not answer the late transaction: %.300s", resp);
+    cr_log_info("late replication: held %.0f ms (the write was acknowledged through etcd "
+                "directly); partition %u went from epoch %lld to %lld on node %d; the late "
+                "transaction %s",
+                held_ms, part, (long long)e1, (long long)st.epoch[part], y,
+                applied ? "was APPLIED" : "failed its compare");
+    cr_expect(!applied,
+              "a transaction of epoch %lld was applied at epoch %lld (same owner, node %d)",
+              (long long)e1, (long long)st.epoch[part], y);
+    /* etcd keeps the last acknowledged write: what a failover would load. */
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
+    sbx_etcd_close(etcd);
+    cr_assert_eq(n, 1, "no record of %s in etcd", id);
+    cr_expect(memmem(kvs[0].value, kvs[0].vlen, "later", 5) != NULL,
+              "etcd's record of %s lost the last acknowledged write (H=later)%s", id,
+              memmem(kvs[0].value, kvs[0].vlen, "held", 4) ? ": the late one replaced it" : "");
+    sbx_etcd_kvs_free(kvs, n);
+    get_var(c, id, "H", got, sizeof(got));
+    cr_expect_str_eq(got, "later");
+
+    /* Y without the proxy again. */
+    eproxy_stop(&px);
+    cr_assert_eq(cl_signal("shard", y, SIGTERM), 0);
+    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not stop", y);
+    cr_assert_gt(cl_start("shard", y), 0);
+    converge(BASE, 3, 0, "node 2 re-joined without the proxy");
+    sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);
     no_sanitizer_reports();
 }
