@@ -3,8 +3,9 @@
  * in network namespaces, etcd, two gateways) under membership changes and
  * failures: a node joins, a node is drained under load, a node is drained
  * while a long command runs on it (it keeps its lease), a node is SIGKILLed
- * under load, a gateway restarts, a node is paused past its lease (fencing),
- * two gateways serve the same sandboxes, a preview URL reaches a sandbox's
+ * under load, a gateway restarts, a node is paused past its lease (fencing:
+ * it refuses everything and stops its containers when it wakes), two
+ * gateways serve the same sandboxes, a preview URL reaches a sandbox's
  * web server through either gateway's HTTP front (the shard's tcp relay, with
  * the relay secret), and a replication that reaches etcd late, after its
  * partition left and came back, is not applied.
@@ -206,6 +207,68 @@ static int
 owner_of(const struct cl_state *st, const char *id)
 {
     return st->owner[sbx_place_partition(id, strlen(id))];
+}
+
+/* The sandbox's shard (shard may be NULL) and the host pid of its container
+ * (0: none runs), from `status` through the gateway (it starts nothing). */
+static pid_t
+sb_container(sbx_client *c, const char *id, char *shard, size_t sl)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call_json(c, "status", id, NULL, 10000, &r, &err);
+    cr_assert_eq(rc, 0, "status of %s: %s %s", id, err.code, err.message);
+    const msgpack_object *sb, *ct;
+    sbx_str s = {"", 0};
+    int64_t pid = 0;
+    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0) {
+        sbx_wire_get_str(sb, "shard", &s);
+        if (sbx_wire_get_map(sb, "container", &ct) == 0)
+            sbx_wire_get_i64(ct, "pid", &pid);
+    }
+    if (shard)
+        snprintf(shard, sl, "%.*s", (int)s.n, s.p);
+    sbx_reply_free(r);
+    return (pid_t)pid;
+}
+
+/* A process's start time (clock ticks after boot, /proc/PID/stat field 22),
+ * or 0 when it is gone or a zombie.  With the pid it names one process, even
+ * if the pid is used again.  (The shard nodes have network namespaces of
+ * their own, not pid namespaces: their containers' pids are ours.) */
+static unsigned long long
+proc_start(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces and ')' */
+    char state = 0;
+    unsigned long long start = 0;
+    if (!p || sscanf(p + 1,
+                     " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+                     "%*s %llu",
+                     &state, &start) != 2)
+        return 0;
+    return state == 'Z' || state == 'X' ? 0 : start;
+}
+
+/* Whether the process (pid, start) is gone within ms. */
+static bool
+proc_ends(pid_t pid, unsigned long long start, int ms)
+{
+    double until = cl_now_ms() + ms;
+    while (proc_start(pid) == start) {
+        if (cl_now_ms() > until)
+            return false;
+        cl_sleep_ms(50);
+    }
+    return true;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -706,13 +769,16 @@ Test(cluster, t4_gateway_restart_and_request_ids, .timeout = 150)
     no_sanitizer_reports();
 }
 
-/* The fencing test's direct request: an unwrapped env.set sent to node Y. */
+/* The fencing test's direct requests: unwrapped (admitted by partition
+ * ownership alone, no epoch), sent straight to node Y, one REQ socket each. */
 struct direct {
     nng_socket s;
+    const char *op;
     char id[64];
     char code[64];   /* "" ok, else the error code or "no reply: …" */
     char message[256];
     double replied_ms;
+    pthread_t th;
 };
 
 static void *
@@ -749,51 +815,39 @@ direct_recv(void *arg)
     return NULL;
 }
 
-Test(cluster, t5_paused_node_is_fenced, .timeout = 200)
+static void
+direct_dial(struct direct *d, const char *url)
 {
-    restore_base();
-    sbx_client *c = gw_client(0);
-    struct cl_state st;
-    cr_assert_eq(cl_read_state(&st), 0);
-    const int y = 2;
-    static struct direct d;
-    memset(&d, 0, sizeof(d));
-    for (int k = 0;; k++) {
-        sb_id(d.id, sizeof(d.id), "f", k);
-        if (owner_of(&st, d.id) == y)
-            break;
-        cr_assert_lt(k, 1000);
-    }
-    set_var(c, d.id, "F", "before");
+    cr_assert_eq(nng_req0_open(&d->s), 0);
+    nng_socket_set_ms(d->s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_ms(d->s, NNG_OPT_RECVTIMEO, 90000);
+    nng_socket_set_ms(d->s, NNG_OPT_SENDTIMEO, 5000);
+    cr_assert_eq(nng_dial(d->s, url, NULL, 0), 0, "cannot dial %s", url);
+}
 
-    /* Connect to Y directly, then pause it. */
-    char url[64], got[64];
-    cl_node_url(y, url, sizeof(url));
-    cr_assert_eq(nng_req0_open(&d.s), 0);
-    nng_socket_set_ms(d.s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-    nng_socket_set_ms(d.s, NNG_OPT_RECVTIMEO, 90000);
-    nng_socket_set_ms(d.s, NNG_OPT_SENDTIMEO, 5000);
-    cr_assert_eq(nng_dial(d.s, url, NULL, 0), 0, "cannot dial %s", url);
-    cl_sleep_ms(100);
-    cr_assert_eq(cl_signal("shard", y, SIGSTOP), 0);
-    double t0 = cl_now_ms();
-
-    /* A state change, unwrapped (admitted by partition ownership alone): it
-     * waits in Y's socket while Y is stopped. */
+/* Send d->op on d->id (env.set F=fenced, an exec, or a status) and wait
+ * for its reply on a thread of its own. */
+static void
+direct_send(struct direct *d, const char *rid)
+{
     sbx_enc e;
     char *buf;
     size_t len;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
-    sbx_enc_kstr(&e, "id", "fenced-write-1");
-    sbx_enc_kstr(&e, "op", "env.set");
-    sbx_enc_kstr(&e, "sandbox", d.id);
+    sbx_enc_kstr(&e, "id", rid);
+    sbx_enc_kstr(&e, "op", d->op);
+    sbx_enc_kstr(&e, "sandbox", d->id);
     sbx_enc_kint(&e, "timeoutMs", 60000);
     sbx_enc_kmap(&e, "args");
-    sbx_enc_kmap(&e, "vars");
-    sbx_enc_kstr(&e, "F", "fenced");
-    sbx_enc_end(&e);
+    if (!strcmp(d->op, "env.set")) {
+        sbx_enc_kmap(&e, "vars");
+        sbx_enc_kstr(&e, "F", "fenced");
+        sbx_enc_end(&e);
+    } else if (!strcmp(d->op, "exec")) {
+        sbx_enc_kstr(&e, "command", "echo ran");
+    }
     sbx_enc_end(&e);
     sbx_enc_end(&e);
     cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
@@ -801,9 +855,59 @@ Test(cluster, t5_paused_node_is_fenced, .timeout = 200)
     cr_assert_eq(nng_msg_alloc(&m, len), 0);
     memcpy(nng_msg_body(m), buf, len);
     free(buf);
-    cr_assert_eq(nng_sendmsg(d.s, m, 0), 0, "cannot queue the request to the paused node");
-    pthread_t rt;
-    pthread_create(&rt, NULL, direct_recv, &d);
+    cr_assert_eq(nng_sendmsg(d->s, m, 0), 0, "cannot queue %s to the paused node", d->op);
+    pthread_create(&d->th, NULL, direct_recv, d);
+}
+
+Test(cluster, t5_paused_node_is_fenced, .timeout = 200)
+{
+    restore_base();
+    sbx_client *c = gw_client(0);
+    struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int y = 2;
+    /* [0] a state change (replicated: etcd's compare refuses it anyway),
+     * [1] an exec and [2] a read (nothing reaches etcd: only the node's own
+     * fence can refuse them) */
+    enum { ND = 3 };
+    static struct direct d[ND];
+    const char *ops[ND] = {"env.set", "exec", "status"};
+    char id[64];
+    for (int k = 0;; k++) {
+        sb_id(id, sizeof(id), "f", k);
+        if (owner_of(&st, id) == y)
+            break;
+        cr_assert_lt(k, 1000);
+    }
+    memset(d, 0, sizeof(d));
+    for (int i = 0; i < ND; i++) {
+        d[i].op = ops[i];
+        snprintf(d[i].id, sizeof(d[i].id), "%s", id);
+    }
+    set_var(c, id, "F", "before");
+    char got[64];
+    get_var(c, id, "F", got, sizeof(got)); /* a running container on Y */
+    char yname[64];
+    pid_t cpid = sb_container(c, id, yname, sizeof(yname));
+    unsigned long long cstart = cpid > 0 ? proc_start(cpid) : 0;
+    cr_assert_neq(cstart, 0, "no container of %s on node %d (pid %d)", id, y, (int)cpid);
+
+    /* Connect to Y directly, then pause it. */
+    char url[64];
+    cl_node_url(y, url, sizeof(url));
+    for (int i = 0; i < ND; i++)
+        direct_dial(&d[i], url);
+    cl_sleep_ms(100);
+    cr_assert_eq(cl_signal("shard", y, SIGSTOP), 0);
+    double t0 = cl_now_ms();
+
+    /* The requests wait in Y's sockets while Y is stopped; Y reads them as
+     * soon as it runs again, before it could learn anything from etcd. */
+    for (int i = 0; i < ND; i++) {
+        char rid[48];
+        snprintf(rid, sizeof(rid), "fenced-%s-%d", ops[i], (int)getpid() % 100000);
+        direct_send(&d[i], rid);
+    }
 
     /* The others take Y's partitions once its lease expires (TTL 2 s). */
     const int rest[2] = {0, 1};
@@ -811,34 +915,58 @@ Test(cluster, t5_paused_node_is_fenced, .timeout = 200)
     double took_ms = cl_now_ms() - t0;
     while (cl_now_ms() - t0 < 4500) /* > TTL + 2 s in any case */
         cl_sleep_ms(100);
-    get_var(c, d.id, "F", got, sizeof(got));
+    get_var(c, id, "F", got, sizeof(got));
     cr_expect_str_eq(got, "before", "the sandbox moved with the wrong value");
-    cr_expect_eq(d.replied_ms, 0, "the paused node answered while stopped (%s)", d.code);
+    for (int i = 0; i < ND; i++)
+        cr_expect_eq(d[i].replied_ms, 0, "the paused node answered %s while stopped (%s)", ops[i],
+                     d[i].code);
+    /* Y gets nothing back when it resumes (a handoff back to it would stop
+     * its old containers too): what stops them is its own fence. */
+    drain(c, y, true);
 
     double c0 = cl_now_ms();
     cr_assert_eq(cl_signal("shard", y, SIGCONT), 0);
-    pthread_join(rt, NULL);
-    nng_close(d.s);
-    cr_log_info("fencing: node %d paused; the others owned its partitions after %.0f ms; resumed "
-                "after %.0f ms; its queued write answered %s (%s) %.0f ms after SIGCONT",
-                y, took_ms, c0 - t0, d.code[0] ? d.code : "OK", d.message, d.replied_ms - c0);
-    cr_expect(!strcmp(d.code, "SHARD_UNAVAILABLE") || !strcmp(d.code, "WRONG_OWNER") ||
-                  !strcmp(d.code, "STORAGE_ERROR"),
-              "the paused node's queued write got '%s' (%s); it must fail", d.code[0] ? d.code : "OK",
-              d.message);
-    get_var(c, d.id, "F", got, sizeof(got));
+    for (int i = 0; i < ND; i++) {
+        pthread_join(d[i].th, NULL);
+        nng_close(d[i].s);
+        cr_log_info("fencing: node %d paused; the others owned its partitions after %.0f ms; "
+                    "resumed after %.0f ms; its queued %s answered %s (%s) %.0f ms after SIGCONT",
+                    y, took_ms, c0 - t0, ops[i], d[i].code[0] ? d[i].code : "OK", d[i].message,
+                    d[i].replied_ms - c0);
+    }
+    /* The write fails whatever refuses it: the fence, or etcd's compare of
+     * owner and epoch. */
+    cr_expect(!strcmp(d[0].code, "SHARD_UNAVAILABLE") || !strcmp(d[0].code, "WRONG_OWNER") ||
+                  !strcmp(d[0].code, "STORAGE_ERROR"),
+              "the paused node's queued write got '%s' (%s); it must fail",
+              d[0].code[0] ? d[0].code : "OK", d[0].message);
+    /* The exec and the read touch nothing in etcd: only the node's own fence
+     * stops them.  Its lease's deadline passed while it was stopped, so it
+     * refuses them as a fenced shard (SHARD_UNAVAILABLE: it admits nothing,
+     * docs/cluster.md) — not WRONG_OWNER, which would mean it judged them by
+     * its partition table, stale as it woke up. */
+    for (int i = 1; i < ND; i++)
+        cr_expect_str_eq(d[i].code, "SHARD_UNAVAILABLE",
+                         "the paused node's queued %s got '%s' (%s); a fenced shard refuses it",
+                         ops[i], d[i].code[0] ? d[i].code : "OK", d[i].message);
+    /* Fencing stops the node's containers: the sandbox runs elsewhere now. */
+    cr_expect(proc_ends(cpid, cstart, 10000),
+              "the container of %s (pid %d) still runs on node %d 10 s after it resumed", id,
+              (int)cpid, y);
+    get_var(c, id, "F", got, sizeof(got));
     cr_expect_str_eq(got, "before", "the fenced write became visible");
 
-    /* Y re-joins; every partition has a live owner again. */
+    /* Y re-joins, takes its share back; every partition has a live owner. */
     double r0 = cl_now_ms();
+    drain(c, y, false);
     converge(BASE, 3, 0, "the paused node re-joined");
     cr_log_info("fencing: node %d re-joined, converged %.0f ms after SIGCONT", y,
                 cl_now_ms() - r0);
-    get_var(c, d.id, "F", got, sizeof(got));
+    get_var(c, id, "F", got, sizeof(got));
     cr_expect_str_eq(got, "before", "the fenced write became visible after the re-join");
     cr_assert_eq(cl_read_state(&st), 0);
-    cr_expect_eq(owner_of(&st, d.id), y, "the sandbox's partition did not go back to node %d", y);
-    sbx_destroy(c, d.id, NULL, NULL);
+    cr_expect_eq(owner_of(&st, id), y, "the sandbox's partition did not go back to node %d", y);
+    sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);
     no_sanitizer_reports();
 }
