@@ -1,14 +1,16 @@
 /*
  * test_cluster.c — a multi-host cluster (tests/cluster/cluster.h: shard nodes
  * in network namespaces, etcd, two gateways) under membership changes and
- * failures: a node joins, a node is drained under load, a node is drained
- * while a long command runs on it (it keeps its lease), a node is SIGKILLed
- * under load, a gateway restarts, a node is paused past its lease (fencing:
- * it refuses everything and stops its containers when it wakes), two
- * gateways serve the same sandboxes, a preview URL reaches a sandbox's
- * web server through either gateway's HTTP front (the shard's tcp relay, with
- * the relay secret), and a replication that reaches etcd late, after its
- * partition left and came back, is not applied.
+ * failures: a node joins (its sandboxes' containers stop on the old owner and
+ * start afresh on the new one), a node is drained under load, a node is
+ * drained while a long command runs on it (it keeps its lease), a node is
+ * SIGKILLed under load (failover within the lease TTL plus a margin), a
+ * gateway restarts, a node is paused past its lease (fencing: it refuses
+ * everything and stops its containers when it wakes), two gateways serve the
+ * same sandboxes, a preview URL reaches a sandbox's web server through either
+ * gateway's HTTP front (the shard's tcp relay, with the relay secret), and a
+ * replication that reaches etcd late, after its partition left and came
+ * back, is not applied.
  *
  * The tests run one at a time (cluster_main.c forces --jobs 1), in the order
  * of their names; each starts from the converged three-node cluster and
@@ -428,6 +430,32 @@ Test(cluster, t1_join_moves_a_quarter_and_nothing_between_the_others, .timeout =
         snprintf(want[k], sizeof(want[k]), "join-%d", k);
         set_var(c, ids[k], "JOIN", want[k]);
     }
+    /* Some of them move to node 3 (rendezvous hashing over the four nodes):
+     * give them a running container with a file in it. */
+    enum { NM = 3 };
+    char names4[4][64], got3[64];
+    const char *np4[4];
+    for (int i = 0; i < 4; i++) {
+        cl_node_name(i, names4[i], sizeof(names4[i]));
+        np4[i] = names4[i];
+    }
+    static int16_t table4[SBX_PARTITIONS];
+    sbx_place_table(np4, 4, table4);
+    int mv[NM], nm = 0;
+    pid_t opid[NM];
+    unsigned long long ostart[NM];
+    char oshard[NM][64];
+    for (int k = 0; k < N && nm < NM; k++) {
+        if (table4[sbx_place_partition(ids[k], strlen(ids[k]))] != 3)
+            continue;
+        exec_out(c, ids[k], "echo here > /workspace/mark", got3, sizeof(got3));
+        opid[nm] = sb_container(c, ids[k], oshard[nm], sizeof(oshard[nm]));
+        cr_assert_gt(opid[nm], 0, "%s: no container after an exec", ids[k]);
+        ostart[nm] = proc_start(opid[nm]);
+        cr_assert_neq(ostart[nm], 0, "%s: container pid %d not found", ids[k], (int)opid[nm]);
+        mv[nm++] = k;
+    }
+    cr_assert_eq(nm, NM, "only %d of %d sandboxes move to node 3", nm, N);
 
     double t0 = cl_now_ms();
     cr_assert_gt(cl_start("shard", 3), 0, "cannot start node 3");
@@ -435,6 +463,25 @@ Test(cluster, t1_join_moves_a_quarter_and_nothing_between_the_others, .timeout =
     converge(four, 4, 0, "convergence after node 3 joined");
     double join_ms = cl_now_ms() - t0;
     cr_assert_eq(cl_read_state(&after), 0);
+    /* Containers are not migrated: the old owner stopped each moving
+     * sandbox's container at the handoff; the new owner starts a fresh one
+     * (no file from before) at the sandbox's next operation. */
+    for (int m = 0; m < NM; m++) {
+        const char *id = ids[mv[m]];
+        cr_expect(proc_ends(opid[m], ostart[m], 5000),
+                  "%s: its container (pid %d) still runs on %s after the partition moved", id,
+                  (int)opid[m], oshard[m]);
+        char now_on[64];
+        sb_container(c, id, now_on, sizeof(now_on));
+        cr_expect_str_eq(now_on, names4[3], "%s: served by %s after the join", id, now_on);
+        exec_out(c, id, "cat /workspace/mark 2>/dev/null || echo fresh", got3, sizeof(got3));
+        cr_expect_str_eq(got3, "fresh\n", "%s: the container on node 3 is the old one (%s)", id,
+                         got3);
+        pid_t np = sb_container(c, id, now_on, sizeof(now_on));
+        cr_expect(np > 0 && proc_start(np) != ostart[m],
+                  "%s: no fresh container on node 3 (pid %d, was %d on %s)", id, (int)np,
+                  (int)opid[m], oshard[m]);
+    }
     int to_new = 0, between = 0, on_new = 0;
     for (int p = 0; p < SBX_PARTITIONS; p++) {
         if (after.owner[p] == 3)
@@ -599,6 +646,15 @@ Test(cluster, t3_sigkill_under_load_loses_no_acknowledged_write, .timeout = 220)
                 "writes acknowledged; client errors: %s",
                 victim, nvictim, N, first_ms, all_ms, atomic_load(&l.oks), errs);
     cr_expect_geq(all_ms, 0, "some sandboxes of the dead node never answered again");
+    /* The issue's promise: reassigned within the lease TTL plus a few
+     * seconds.  TTL 2 s here, plus 10 s: on a 2-core machine shared with
+     * other work, under ASan, the survivors' etcd round trips (claims, the
+     * dead node's records), the gateway's backoff between retries (up to
+     * 400 ms) and this load's own pauses stretch the usual ~1 s beyond the
+     * TTL; more than 10 s would mean failover waits on something it should
+     * not (e.g. a second TTL, or an etcd timeout). */
+    cr_expect(all_ms <= 2000 + 10000,
+              "failover took %.0f ms, more than the lease TTL (2 s) plus 10 s", all_ms);
     for (int k = 0; k < l.ncodes; k++)
         cr_expect_str_eq(l.codes[k], "SHARD_UNAVAILABLE", "a client saw %s x%ld", l.codes[k],
                          l.code_counts[k]);
