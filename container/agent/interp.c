@@ -44,6 +44,7 @@
 #define INTERP_DIR "/opt/sbx"
 #define READY_TIMEOUT_MS 30000
 #define INTERRUPT_GRACE_MS 2000
+#define EOF_GRACE_MS 500
 #define EVENT_LINE_MAX (64u << 20)
 
 /*
@@ -111,7 +112,7 @@ struct driver {
     char mode[16];
     struct context *ctx;     /* NULL while warm */
     int64_t spawned_ms;
-    uint64_t ready_timer;
+    uint64_t ready_timer, eof_timer;
 };
 
 struct run {
@@ -169,6 +170,8 @@ IS(struct agent *a)
 static void run_next(struct context *c);
 static void run_finish(struct context *c, const char *status);
 static void driver_died(struct driver *d, const char *why);
+static void ctx_destroy(struct context *c);
+static void driver_kill(struct driver *d);
 static struct driver *driver_spawn(struct agent *a, int lang, char *why, size_t whylen);
 
 /* ------------------------------------------------------------------------------ */
@@ -640,6 +643,18 @@ on_event(struct driver *d, json_t *ev)
     }
 }
 
+/* The event pipe closed EOF_GRACE_MS ago and the driver has not been
+ * reaped: it lives on without a way to talk; kill it. */
+static void
+eof_grace(sbx_loop *l, void *arg)
+{
+    struct driver *d = arg;
+    (void)l;
+    d->eof_timer = 0;
+    driver_kill(d);
+    driver_died(d, "it closed its event pipe");
+}
+
 static void
 ev_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
 {
@@ -674,6 +689,14 @@ ev_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
             continue;
         if (n < 0 && errno == EAGAIN)
             return;
+        /* The driver is exiting, most likely: its exit status tells the
+         * user more than the pipe does, so wait a little for the reap. */
+        sbx_loop_modify(d->a->loop, d->w_ev, 0);
+        if (d->pid > 0) {
+            if (!d->eof_timer)
+                d->eof_timer = sbx_loop_timer(d->a->loop, EOF_GRACE_MS, eof_grace, d);
+            return;
+        }
         driver_died(d, "its event pipe closed");
         return;
     }
@@ -697,7 +720,8 @@ driver_close(struct driver *d)
         *fds[i] = -1;
     }
     sbx_loop_cancel(a->loop, d->ready_timer);
-    d->ready_timer = 0;
+    sbx_loop_cancel(a->loop, d->eof_timer);
+    d->ready_timer = d->eof_timer = 0;
 }
 
 static void
@@ -996,6 +1020,21 @@ encode_context(struct context *c, sbx_enc *e)
     sbx_enc_end(e);
 }
 
+/* A run the context's death ended, or one sent to a dead context:
+ * CODE_EXECUTION_ERROR (the driver failed, not the code), with the reason
+ * and what to do in the message, the context and its state in the error's
+ * context.  A dead context stays dead until deleted (docs/protocol.md §3.7). */
+static void
+reply_dead(struct context *c, struct agent_req *req)
+{
+    sbx_werr w;
+    sbx_werr_init(&w, SBX_E_CODE, "%s", c->dead_why);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "contextId", c->id);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "state", "dead");
+    agent_reply_werr(c->a, req, &w);
+    sbx_werr_free(&w);
+}
+
 static void
 run_finish(struct context *c, const char *status)
 {
@@ -1044,11 +1083,7 @@ run_finish(struct context *c, const char *status)
             r->stream->ops = NULL;
             stream_unref(r->stream);
         } else if (r->req) {
-            sbx_werr w;
-            sbx_werr_init(&w, SBX_E_CODE, "%s", c->dead_why);
-            sbx_enc_kstr(sbx_werr_ctx(&w), "contextId", c->id);
-            agent_reply_werr(a, r->req, &w);
-            sbx_werr_free(&w);
+            reply_dead(c, r->req);
         }
         run_free(r);
         return;
@@ -1197,13 +1232,16 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
     json_t *je = json_object();
     if (env) {
         for (uint32_t i = 0; i < env->via.map.size; i++) {
+            /* Checked by agent_env_check: string names, string or nil values
+             * (JSON null: the driver unsets the variable). */
             sbx_str k, v;
-            if (sbx_wire_obj_str(&env->via.map.ptr[i].key, &k) == 0 &&
-                sbx_wire_obj_str(&env->via.map.ptr[i].val, &v) == 0) {
-                char *ks = sbx_str_dup(k);
-                json_object_set_new(je, ks, json_stringn(v.p, v.n));
-                free(ks);
-            }
+            const msgpack_object *val = &env->via.map.ptr[i].val;
+            if (sbx_wire_obj_str(&env->via.map.ptr[i].key, &k) != 0)
+                continue;
+            char *ks = sbx_str_dup(k);
+            json_object_set_new(je, ks,
+                                sbx_wire_obj_str(val, &v) == 0 ? json_stringn(v.p, v.n) : json_null());
+            free(ks);
         }
     }
     json_object_set_new(j, "env", je);
@@ -1240,6 +1278,12 @@ agent_op_context_create(struct agent *a, struct agent_req *r)
         agent_reply_err(a, r, SBX_E_VALIDATION,
                         "unknown language '%.*s' (python, javascript or typescript)",
                         (int)SBX_MIN(lang.n, (size_t)40), lang.p);
+        return;
+    }
+    /* As exec's env: names without '=' or NUL, values strings without NUL
+     * or nil (unset); anything else is refused, not silently dropped. */
+    if (agent_env_check(env, false, why, sizeof(why)) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "envVars: %s", why);
         return;
     }
     char cwds[1024] = "/workspace";
@@ -1301,7 +1345,9 @@ run_common(struct agent *a, struct agent_req *req, bool stream)
         snprintf(id, sizeof(id), "default-%s", lang_names[l]);
         c = ctx_find(a, id);
         if (c && c->dead) {
-            /* A dead default context is replaced transparently. */
+            /* A dead default context is replaced transparently (the dead
+             * one goes: one context per ID). */
+            ctx_destroy(c);
             c = NULL;
         }
         if (!c && !(c = ctx_create(a, l, id, "/workspace", NULL, NULL, why, sizeof(why)))) {
@@ -1310,11 +1356,7 @@ run_common(struct agent *a, struct agent_req *req, bool stream)
         }
     }
     if (c->dead) {
-        sbx_werr w;
-        sbx_werr_init(&w, SBX_E_CODE, "%s", c->dead_why);
-        sbx_enc_kstr(sbx_werr_ctx(&w), "contextId", c->id);
-        agent_reply_werr(a, req, &w);
-        sbx_werr_free(&w);
+        reply_dead(c, req);
         return;
     }
     char *codez = sbx_str_dup(code);

@@ -40,6 +40,10 @@
  *     real one. Top-level let/const/class (and, in await cells, var/function) are rewritten into
  *     assignments to `var`-style globals, so any declaration can be re-run by a later cell.
  *   - Top-level await: the cell is wrapped in an async arrow function; its last expression is returned.
+ *   - A promise (any thenable) as the cell's value is awaited and its value is the result, a rejection
+ *     the cell's error — as the Cloudflare SDK's executor (whose async wrapper returns the value) and
+ *     Jupyter's JavaScript kernels do; `import("fs").then(m => …)` gives the module's answer, not
+ *     `Promise { <pending> }`. A promise stored in a variable is left alone.
  *   - TypeScript: sucrase "typescript" transform (types erased, no checking), then — only if the cell has
  *     static import/export — sucrase's "imports" transform (import → require); the two passes equal
  *     transforms ['typescript','imports'] but let the driver copy imported names onto globalThis so
@@ -631,9 +635,16 @@ function rememberResult(value) {
   }
 }
 
+/** Whether `value` is a promise or another thenable (a throwing `then` getter counts as not). */
+function isThenable(value) {
+  if (util.types.isPromise(value)) return true;
+  if (value === null || (typeof value !== 'object' && typeof value !== 'function')) return false;
+  try { return typeof value.then === 'function'; } catch { return false; }
+}
+
 /**
- * Runs one cell and resolves to `{ value }`. The box matters: returning a sync cell's Promise value
- * from an async function would adopt (await) it, but such a cell's result is the Promise object itself.
+ * Runs one cell and resolves to `{ value }`: the cell's value, awaited (interruptibly) when it is a
+ * thenable — an await cell's wrapper promise, or a promise the cell ends with.
  */
 async function evaluate(code, filename) {
   const cell = compileCell(code, filename);
@@ -641,7 +652,7 @@ async function evaluate(code, filename) {
     filename, lineOffset: cell.isAsync ? -1 : 0, importModuleDynamically,
   });
   const value = script.runInThisContext({ breakOnSigint: true });
-  return { value: cell.isAsync ? await untilSettledOrInterrupted(value) : value };
+  return { value: cell.isAsync || isThenable(value) ? await untilSettledOrInterrupted(value) : value };
 }
 
 async function handleExecute(req) {

@@ -267,6 +267,24 @@ Test(interp, unknown_context_and_language)
     cr_expect_neq(sbx_call_json(c, "context.create", id, "{\"language\":\"cobol\"}", 0, &r, &err), 0);
     cr_expect_str_eq(err.code, "VALIDATION_FAILED");
     sbx_error_free(&err);
+    /* A run without a context names its language: an unknown one is refused
+     * too (not run in some default context). */
+    cr_expect_neq(sbx_call_json(c, "context.run", id, "{\"code\":\"1\",\"language\":\"cobol\"}", 0,
+                                &r, &err),
+                  0);
+    cr_expect_str_eq(err.code, "VALIDATION_FAILED");
+    cr_expect(strstr(err.message, "cobol") != NULL, "%s", err.message);
+    sbx_error_free(&err);
+    cr_expect_neq(sbx_call_json(c, "context.runStream", id,
+                                "{\"code\":\"1\",\"language\":\"cobol\"}", 0, &r, &err),
+                  0);
+    cr_expect_str_eq(err.code, "VALIDATION_FAILED");
+    sbx_error_free(&err);
+    cr_assert_eq(sbx_call_json(c, "context.list", id, "{}", 0, &r, &err), 0);
+    const msgpack_object *arr;
+    cr_assert_eq(sbx_wire_get_array(sbx_reply_result(r), "contexts", &arr), 0);
+    cr_expect_eq(arr->via.array.size, 0u, "a refused run created a context");
+    sbx_reply_free(r);
     cr_expect_neq(sbx_call_json(c, "context.delete", id, "{\"contextId\":\"nope\"}", 0, &r, &err), 0);
     cr_expect_str_eq(err.code, "CONTEXT_NOT_FOUND");
     sbx_error_free(&err);
@@ -324,18 +342,36 @@ Test(interp, timeout_interrupts_and_the_context_survives, .timeout = 180)
     sbx_client_close(c);
 }
 
-Test(interp, contexts_are_isolated)
+/* Two contexts of one language share nothing: a global set in one is
+ * unknown in the other, for every language. */
+Test(interp, contexts_are_isolated, .timeout = 120)
 {
+    static const struct {
+        const char *lang, *set, *get, *err;
+    } cases[] = {
+        {"python", "secret = 1", "secret", "NameError"},
+        {"javascript", "let secret = 1", "secret", "ReferenceError"},
+        {"typescript", "const secret: number = 1", "secret", "ReferenceError"},
+    };
     sbx_client *c = test_client();
     char *id = test_id("iso");
-    char *a = create_ctx(c, id, "python"), *b = create_ctx(c, id, "python");
-    sbx_reply *r = run(c, id, a, NULL, "secret = 1", 0);
-    sbx_reply_free(r);
-    r = run(c, id, b, NULL, "secret", 0);
-    cr_expect(has_error(r, "NameError"), "context b sees context a's variable");
-    sbx_reply_free(r);
-    free(a);
-    free(b);
+    for (size_t i = 0; i < SBX_ARRAY_LEN(cases); i++) {
+        char *a = create_ctx(c, id, cases[i].lang), *b = create_ctx(c, id, cases[i].lang);
+        sbx_reply *r = run(c, id, a, NULL, cases[i].set, 0);
+        cr_expect(!has_error(r, NULL), "%s: setting failed", cases[i].lang);
+        sbx_reply_free(r);
+        r = run(c, id, a, NULL, cases[i].get, 0);
+        char *t = main_text(r);
+        cr_expect_str_eq(t, "1", "%s: context a lost its own variable", cases[i].lang);
+        free(t);
+        sbx_reply_free(r);
+        r = run(c, id, b, NULL, cases[i].get, 0);
+        cr_expect(has_error(r, cases[i].err), "%s: context b sees context a's variable",
+                  cases[i].lang);
+        sbx_reply_free(r);
+        free(a);
+        free(b);
+    }
     sbx_destroy(c, id, NULL, NULL);
     free(id);
     sbx_client_close(c);
@@ -348,24 +384,32 @@ struct par {
     char *text;
 };
 
+/* Each cell records when it started and ended (the context's monotonic
+ * clock) around a sleep: runs that overlapped would show it. */
 static void *
 par_run(void *arg)
 {
     struct par *p = arg;
-    char code[128];
-    snprintf(code, sizeof(code), "import time\ntime.sleep(0.2)\nlog.append(%d)\n%d", p->i, p->i);
+    char code[192];
+    snprintf(code, sizeof(code),
+             "import time\nt0 = time.monotonic()\ntime.sleep(0.2)\n"
+             "spans.append((t0, time.monotonic(), %d))\n%d",
+             p->i, p->i);
     sbx_reply *r = run(p->c, p->id, p->ctx, NULL, code, 0);
     p->text = main_text(r);
     sbx_reply_free(r);
     return NULL;
 }
 
+/* Five runs sent at once on one context: each gets its own value back, all
+ * five ran (none lost), and one at a time: sorted by start, each started
+ * after the previous one ended. */
 Test(interp, concurrent_runs_on_one_context_are_serialized, .timeout = 180)
 {
     sbx_client *c = test_client();
     char *id = test_id("ser");
     char *ctx = create_ctx(c, id, "python");
-    sbx_reply *r = run(c, id, ctx, NULL, "log = []", 0);
+    sbx_reply *r = run(c, id, ctx, NULL, "spans = []", 0);
     sbx_reply_free(r);
     struct par p[5];
     pthread_t th[5];
@@ -380,9 +424,12 @@ Test(interp, concurrent_runs_on_one_context_are_serialized, .timeout = 180)
         cr_expect_str_eq(p[i].text, want);
         free(p[i].text);
     }
-    r = run(c, id, ctx, NULL, "sorted(log), len(log)", 0);
+    r = run(c, id, ctx, NULL,
+            "s = sorted(spans)\n"
+            "(len(s), sorted(x[2] for x in s), all(a[1] <= b[0] for a, b in zip(s, s[1:])))",
+            0);
     char *t = main_text(r);
-    cr_expect_str_eq(t, "([0, 1, 2, 3, 4], 5)");
+    cr_expect_str_eq(t, "(5, [0, 1, 2, 3, 4], True)", "count, cells, no overlap: %s", t);
     free(t);
     sbx_reply_free(r);
     free(ctx);
@@ -391,6 +438,39 @@ Test(interp, concurrent_runs_on_one_context_are_serialized, .timeout = 180)
     sbx_client_close(c);
 }
 
+/* How many contexts context.list shows with this ID, and the state of the
+ * last one ("" when it has none). */
+static int
+ctx_listed(sbx_client *c, const char *id, const char *ctx, char *state, size_t statelen)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int n = 0;
+    state[0] = 0;
+    if (sbx_call_json(c, "context.list", id, "{}", 0, &r, &err) != 0) {
+        sbx_error_free(&err);
+        return -1;
+    }
+    const msgpack_object *arr;
+    if (sbx_wire_get_array(sbx_reply_result(r), "contexts", &arr) == 0)
+        for (uint32_t i = 0; i < arr->via.array.size; i++) {
+            sbx_str cid = {"", 0}, st = {"", 0};
+            sbx_wire_get_str(&arr->via.array.ptr[i], "id", &cid);
+            if (!sbx_str_eq(cid, ctx))
+                continue;
+            n++;
+            sbx_wire_get_str(&arr->via.array.ptr[i], "state", &st);
+            snprintf(state, statelen, "%.*s", (int)st.n, st.p);
+        }
+    sbx_reply_free(r);
+    return n;
+}
+
+/* The run during which the driver dies, and every later run on that
+ * context, fail with CODE_EXECUTION_ERROR saying to recreate it (the
+ * context's state is gone; docs/protocol.md §3.7 and §4 say so); the list
+ * shows it dead; deleted and created again, it works.  A dead default
+ * context is replaced on its next use, not listed twice. */
 Test(interp, a_dead_driver_is_reported_and_the_context_can_be_recreated, .timeout = 180)
 {
     sbx_client *c = test_client();
@@ -398,20 +478,29 @@ Test(interp, a_dead_driver_is_reported_and_the_context_can_be_recreated, .timeou
     char *ctx = create_ctx(c, id, "python");
     sbx_reply *r = NULL;
     sbx_error err;
-    char args[256];
+    char args[256], state[32];
     snprintf(args, sizeof(args), "{\"code\":\"import os\\nos._exit(3)\",\"context\":\"%s\"}", ctx);
     int rc = sbx_call_json(c, "context.run", id, args, 60000, &r, &err);
     cr_expect_neq(rc, 0);
     cr_expect_str_eq(err.code, "CODE_EXECUTION_ERROR");
-    cr_expect(strstr(err.message, "recreate") || strstr(err.message, "create a new"), "%s",
+    cr_expect(strstr(err.message, "exit status 3") && strstr(err.message, "create a new"), "%s",
               err.message);
     sbx_error_free(&err);
-    snprintf(args, sizeof(args), "{\"code\":\"1\",\"context\":\"%s\"}", ctx);
-    cr_expect_neq(sbx_call_json(c, "context.run", id, args, 60000, &r, &err), 0);
-    sbx_error_free(&err);
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof(args), "{\"code\":\"1\",\"context\":\"%s\"}", ctx);
+        cr_expect_neq(sbx_call_json(c, i ? "context.runStream" : "context.run", id, args, 60000,
+                                    &r, &err),
+                      0);
+        cr_expect_str_eq(err.code, "CODE_EXECUTION_ERROR", "run %d on a dead context", i);
+        cr_expect(strstr(err.message, "create a new") != NULL, "%s", err.message);
+        sbx_error_free(&err);
+    }
+    cr_expect_eq(ctx_listed(c, id, ctx, state, sizeof(state)), 1);
+    cr_expect_str_eq(state, "dead");
     snprintf(args, sizeof(args), "{\"contextId\":\"%s\"}", ctx);
     cr_expect_eq(sbx_call_json(c, "context.delete", id, args, 0, &r, &err), 0);
     sbx_reply_free(r);
+    cr_expect_eq(ctx_listed(c, id, ctx, state, sizeof(state)), 0);
     free(ctx);
     ctx = create_ctx(c, id, "python");
     r = run(c, id, ctx, NULL, "'alive'", 0);
@@ -420,6 +509,20 @@ Test(interp, a_dead_driver_is_reported_and_the_context_can_be_recreated, .timeou
     free(t);
     sbx_reply_free(r);
     free(ctx);
+    /* The default context: killed, then used again by language. */
+    cr_expect_neq(sbx_call_json(c, "context.run", id,
+                                "{\"code\":\"import os\\nos._exit(4)\",\"language\":\"python\"}",
+                                60000, &r, &err),
+                  0);
+    cr_expect_str_eq(err.code, "CODE_EXECUTION_ERROR");
+    sbx_error_free(&err);
+    r = run(c, id, NULL, "python", "'replaced'", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "'replaced'");
+    free(t);
+    sbx_reply_free(r);
+    cr_expect_eq(ctx_listed(c, id, "default-python", state, sizeof(state)), 1);
+    cr_expect_str_eq(state, "");
     sbx_destroy(c, id, NULL, NULL);
     free(id);
     sbx_client_close(c);
@@ -612,6 +715,82 @@ Test(interp, fd_output_keeps_utf8_across_writes, .timeout = 120)
     o = joined_logs(r, "stdout");
     cr_expect_str_eq(o, "é€\n");
     free(o);
+    sbx_reply_free(r);
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* A promise as a JavaScript cell's value is awaited (its value is the
+ * result, its rejection the error); a promise kept in a variable is not. */
+Test(interp, javascript_awaits_a_promise_value, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("prom");
+    char *ctx = create_ctx(c, id, "javascript");
+    sbx_reply *r = run(c, id, ctx, NULL, "import(\"fs\").then(m => typeof m.readFileSync)", 0);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "'function'");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "new Promise(res => setTimeout(() => res(6 * 7), 50))", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "42");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "Promise.reject(new RangeError('no'))", 0);
+    cr_expect(has_error(r, "RangeError"));
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "({ then(ok) { ok('thenable'); } })", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "'thenable'");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "globalThis.p = new Promise(() => {}); 1", 5000);
+    t = main_text(r);
+    cr_expect_str_eq(t, "1");
+    free(t);
+    sbx_reply_free(r);
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* createCodeContext's envVars reach the context; a value that is not a
+ * string (or nil, which unsets) is VALIDATION_FAILED, not dropped. */
+Test(interp, env_vars_are_checked_and_applied, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("envv");
+    sbx_reply *r = NULL;
+    sbx_error err;
+    static const char *const bad[] = {
+        "{\"language\":\"python\",\"envVars\":{\"A\":1}}",
+        "{\"language\":\"javascript\",\"envVars\":{\"A\":true}}",
+        "{\"language\":\"python\",\"envVars\":{\"A\":[\"x\"]}}",
+        "{\"language\":\"python\",\"envVars\":{\"A=B\":\"x\"}}",
+        "{\"language\":\"python\",\"envVars\":\"A=1\"}",
+    };
+    for (size_t i = 0; i < SBX_ARRAY_LEN(bad); i++) {
+        cr_expect_neq(sbx_call_json(c, "context.create", id, bad[i], 60000, &r, &err), 0, "%s",
+                      bad[i]);
+        cr_expect_str_eq(err.code, "VALIDATION_FAILED", "%s", bad[i]);
+        sbx_error_free(&err);
+    }
+    cr_assert_eq(sbx_call_json(c, "context.create", id,
+                               "{\"language\":\"python\",\"envVars\":{\"SBX_T\":\"v1\",\"HOME\":null}}",
+                               60000, &r, &err),
+                 0);
+    sbx_str cid;
+    cr_assert_eq(sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid), 0);
+    char *ctx = sbx_str_dup(cid);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "import os\n(os.environ.get('SBX_T'), os.environ.get('HOME'))", 0);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "('v1', None)");
+    free(t);
     sbx_reply_free(r);
     free(ctx);
     sbx_destroy(c, id, NULL, NULL);

@@ -8,10 +8,11 @@
  *
  * The snippets run in order in one kernel and in one sbx context, so state
  * carries over identically.  Two behaviours differ by design and are left
- * out (docs/interpreter.md): output a subprocess writes to fd 1
- * (`os.system`) goes to the cell's stdout in Jupyter's ipykernel 6 as a
- * stream but reaches sbx as fd output too; and a figure without axes is not
- * displayed.
+ * out (docs/protocol.md §3.7, "Where Python contexts differ from a Jupyter
+ * kernel"): output a subprocess writes to fd 1 (`os.system`) reaches sbx
+ * through its own pipe, so its order against print() output is not kept
+ * (ipykernel 6 forwards it through the cell's stdout stream); and a figure
+ * without axes is not displayed.
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
