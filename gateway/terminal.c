@@ -43,6 +43,7 @@
 
 #include "../runtime/err.h"
 #include "../runtime/id.h"
+#include "../runtime/json.h"
 #include "../runtime/log.h"
 #include "http_int.h"
 
@@ -146,6 +147,21 @@ push(struct tstate *t, uint8_t opcode, const char *p, size_t n)
     (void)w;
 }
 
+/* {"type":"error","code":…,"message":…} for an error from a call: code and
+ * msg are copied from a reply (anything; cut to their buffers, perhaps
+ * inside a UTF-8 sequence), and json_pack refuses what is not UTF-8. */
+static json_t *
+error_json(const char *code, const char *msg)
+{
+    size_t cl, ml;
+    char *c = sbx_utf8_sanitize(code, strlen(code), &cl);
+    char *m = sbx_utf8_sanitize(msg, strlen(msg), &ml);
+    json_t *j = json_pack("{s:s,s:s%,s:s%}", "type", "error", "code", c, cl, "message", m, ml);
+    free(c);
+    free(m);
+    return j;
+}
+
 static void
 push_json(struct tstate *t, json_t *j)
 {
@@ -207,7 +223,7 @@ reader_main(void *arg)
         char code[64], msg[256];
         int rc = call(t, "stream.read", &e, POLL_WAIT_MS + 10000, &rep, code, msg, sizeof(msg));
         if (rc) {
-            push_json(t, json_pack("{s:s,s:s,s:s}", "type", "error", "code", code, "message", msg));
+            push_json(t, error_json(code, msg));
             break;
         }
         const msgpack_object *evs = NULL;
@@ -296,7 +312,7 @@ ws_send(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
 static void
 ws_error(struct tstate *t, wslay_event_context_ptr ctx, const char *code, const char *msg)
 {
-    json_t *j = json_pack("{s:s,s:s,s:s}", "type", "error", "code", code, "message", msg);
+    json_t *j = error_json(code, msg);
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     struct wslay_event_msg m = {WSLAY_TEXT_FRAME, (const uint8_t *)s, strlen(s)};
@@ -514,11 +530,61 @@ queue_upgrade(struct tstate *t)
     return ret;
 }
 
-static int
-int_arg(struct MHD_Connection *c, const char *k, int dflt)
+/* A percent-decoded query argument into out[outlen]; false if it is
+ * malformed or does not fit. */
+static bool
+text_arg(const char *v, char *out, size_t outlen)
 {
-    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
-    return v ? atoi(v) : dflt;
+    char *d = sbx_xstrdup(v);
+    bool ok = http_pct_decode(d, true) && strlen(d) < outlen;
+    if (ok)
+        memcpy(out, d, strlen(d) + 1);
+    free(d);
+    return ok;
+}
+
+/* A terminal dimension: decimal 1-1000 (the agent's range), dflt when
+ * absent, -1 when malformed. */
+static int
+dim_arg(const char *v, int dflt)
+{
+    if (!v)
+        return dflt;
+    char *e;
+    errno = 0;
+    long n = strtol(v, &e, 10);
+    return *v >= '0' && *v <= '9' && !*e && !errno && n >= 1 && n <= 1000 ? (int)n : -1;
+}
+
+/*
+ * terminal_args — the query arguments as sent (the front's unescaper is the
+ * identity; NULL: absent) into t: session ("default"), shell (""), cols
+ * (80) and rows (24).  0, or -1 with why[whylen] naming the argument: a
+ * session or shell that does not decode or fit is refused, not cut (a cut
+ * name is another session, a cut path another program).
+ */
+static int
+terminal_args(struct tstate *t, const char *session, const char *shell, const char *cols,
+              const char *rows, char *why, size_t whylen)
+{
+    if (!text_arg(session ? session : "default", t->session, sizeof(t->session)) ||
+        !t->session[0]) {
+        snprintf(why, whylen, "'session' must be 1-%zu bytes, percent-encoded",
+                 sizeof(t->session) - 1);
+        return -1;
+    }
+    if (!text_arg(shell ? shell : "", t->shell, sizeof(t->shell))) {
+        snprintf(why, whylen, "'shell' must be at most %zu bytes, percent-encoded",
+                 sizeof(t->shell) - 1);
+        return -1;
+    }
+    t->cols = dim_arg(cols, 80);
+    t->rows = dim_arg(rows, 24);
+    if (t->cols < 0 || t->rows < 0) {
+        snprintf(why, whylen, "'cols' and 'rows' must be integers of 1-1000");
+        return -1;
+    }
+    return 0;
 }
 
 enum MHD_Result
@@ -556,10 +622,15 @@ terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbo
     const char *session = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "session");
     if (!session)
         session = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "sessionId");
-    if (!session)
-        session = "default";
-    const char *shell = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "shell");
     struct tstate *t = sbx_xcalloc(1, sizeof(*t));
+    char why[160];
+    if (terminal_args(t, session, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "shell"),
+                      MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cols"),
+                      MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rows"), why,
+                      sizeof(why)) != 0) {
+        free(t);
+        return http_queue_error(c, 400, "VALIDATION_FAILED", why);
+    }
     t->kind = HS_TERMINAL;
     t->h = h;
     t->c = c;
@@ -569,12 +640,6 @@ terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbo
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     snprintf(t->sandbox, sizeof(t->sandbox), "%s", sandbox);
-    snprintf(t->session, sizeof(t->session), "%s", session);
-    snprintf(t->shell, sizeof(t->shell), "%s", shell ? shell : "");
-    http_pct_decode(t->session, true);
-    http_pct_decode(t->shell, true);
-    t->cols = int_arg(c, "cols", 80);
-    t->rows = int_arg(c, "rows", 24);
     /* Sec-WebSocket-Accept = base64(SHA-1(key + GUID)) (RFC 6455 §4.2.2). */
     struct sha1_ctx sc;
     uint8_t dig[SHA1_DIGEST_SIZE];
