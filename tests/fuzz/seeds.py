@@ -152,6 +152,20 @@ seeds = {
                    "ws-no-end": b'\x04\x00HTTP/1.1 200 OK\r\nX: y\r\n',
                    "ws-big": b'\x04\x00HTTP/1.1 101 x\r\nX-Big: ' + b'a' * 70000 + b'\r\n\r\n',
                    "ws-empty": b'\x04\x00\r\n\r\n'},
+  "fuzz_terminal": {"args": b'\x00\x00session=main\ncols=80\nrows=24\n',
+                    "args-id": b'\x00\x00sessionId=s%201\nshell=%2Fbin%2Fsh\nsession=second\n',
+                    "args-long": b'\x00\x00session=' + b'a' * 200, "args-bad": b'\x00\x00session=a%zz\n',
+                    "args-nul": b'\x00\x00session=%00\n', "args-empty": b'\x00\x00session=\n',
+                    "args-dims": b'\x00\x00cols=80abc\nrows=0\n', "args-dims-big": b'\x00\x00cols=99999999999\n',
+                    "args-shell-long": b'\x00\x00shell=' + b'%41' * 130,
+                    "resize": b'\x01\x00{"type":"resize","cols":120,"rows":40}',
+                    "resize-zero": b'\x01\x00{"type":"resize","cols":0,"rows":40}',
+                    "resize-real": b'\x01\x00{"type":"resize","cols":80.0,"rows":24}',
+                    "status": b'\x01\x00{"type":"status"}', "text": b'\x01\x00not json',
+                    "keys": b'\x01\x01ls -la\r', "keys-fail": b'\x01\x05\x1b[A',
+                    "resize-fail": b'\x01\x04{"type":"resize","cols":80,"rows":24}',
+                    "fail-utf8-cut": b'\x01\x05' + "\u00e9".encode() * 200,
+                    "ping": b'\x01\x06\xff\xfe ping'},
 }
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
