@@ -117,6 +117,10 @@ routes_build(struct sbx_http *h)
     rc |= route_add(h, "GET", "/v1/sandboxes/{sandbox}/terminal", R_TERMINAL, NULL, false);
     for (const struct sbx_op_def *d = sbx_ops; d->name; d++) {
         char path[160];
+        /* Shard-to-shard operations and the front's own helpers are not
+         * routes (nor in /v1/openapi.json, which lists the routes). */
+        if (d->flags & (SBX_OP_INTERNAL | SBX_OP_FRONT))
+            continue;
         if (d->flags & SBX_OP_GLOBAL)
             snprintf(path, sizeof(path), "/v1/%s", d->name);
         else
@@ -203,11 +207,17 @@ unescape_none(void *cls, struct MHD_Connection *c, char *s)
  * name stand in for it). */
 static const struct route method_mismatch;
 
+/* route_match also fills allow[] ("GET, POST", for a 405's Allow header)
+ * with the methods the path is served for.  HEAD matches a GET route
+ * (RFC 9110 §9.3.2: the same answer without its body; MHD drops it). */
 static const struct route *
 route_match(struct sbx_http *h, const char *method, const char *url, json_t *params,
-            char *sandbox, size_t sblen, int *bad_param)
+            char *sandbox, size_t sblen, int *bad_param, char *allow, size_t allowlen)
 {
     *bad_param = 0;
+    allow[0] = '\0';
+    if (!strcmp(method, "HEAD"))
+        method = "GET";
     char *copy = sbx_xstrdup(url), *save = NULL;
     char *segs[MAX_SEGS + 1];
     int n = 0;
@@ -233,8 +243,13 @@ route_match(struct sbx_http *h, const char *method, const char *url, json_t *par
         if (!ok)
             continue;
         path_exists = true;
-        if (strcmp(r->method, method))
+        if (strcmp(r->method, method)) {
+            if (!strstr(allow, r->method)) {
+                size_t al = strlen(allow);
+                snprintf(allow + al, allowlen - al, "%s%s", al ? ", " : "", r->method);
+            }
             continue;
+        }
         found = r;
         for (int j = 0; j < r->nseg; j++) {
             if (r->seg[j][0] != '{')
@@ -544,7 +559,9 @@ call_start(struct hreq *hr, const char *op, const char *args, size_t alen, int64
     MHD_suspend_connection(hr->c);
     hr->cstate = C_SEND;
     hr->rv = 0;
-    nng_aio_set_timeout(hr->aio, (nng_duration)(timeout + 2000));
+    nng_aio_set_timeout(hr->aio, (nng_duration)SBX_MIN(
+                                     timeout + 2000, SBX_WIRE_MAX_DURATION_MS +
+                                                         SBX_WIRE_DEADLINE_SLACK_MS));
     nng_aio_set_msg(hr->aio, m);
     nng_ctx_send(hr->ctx, hr->aio);
     pthread_mutex_unlock(&hr->mu);
@@ -613,16 +630,29 @@ call_take(struct hreq *hr, sbx_msg *m, const msgpack_object **result, char code[
 /* ------------------------------------------------------------------------------ */
 /* Responses. */
 
+/*
+ * CORS (WHATWG Fetch): with API keys, any origin may call with a bearer
+ * token (no cookies are involved, so a page learns nothing it could not
+ * with the key).  Without keys the front answers no CORS at all — browsers
+ * then keep responses from cross-origin pages — and first_call refuses
+ * cross-origin requests outright (see browser_guard).  `cors` is h->keys
+ * != NULL.
+ */
 static void
-add_common_headers(struct MHD_Response *r)
+add_common_headers(struct MHD_Response *r, bool cors)
 {
+    if (!cors)
+        return;
     MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
     MHD_add_response_header(r, "Access-Control-Expose-Headers",
                             "Content-Type, Last-Event-ID, X-Sbx-Stream-Id");
 }
 
+/* Queue a response owning buf (freed either way).  h: whose CORS policy
+ * applies (NULL: no CORS headers, for answers not meant for scripts). */
 static enum MHD_Result
-queue_buf(struct MHD_Connection *c, int status, const char *ctype, char *buf, size_t len)
+queue_buf(struct sbx_http *h, struct MHD_Connection *c, int status, const char *ctype, char *buf,
+          size_t len)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -633,14 +663,18 @@ queue_buf(struct MHD_Connection *c, int status, const char *ctype, char *buf, si
     MHD_add_response_header(r, "Cache-Control", "no-store");
     if (status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"sbx\"");
-    add_common_headers(r);
+    /* RFC 9110 §10.2.3: when to try again after a 503 (the container is
+     * starting, a shard is failing over, the interpreter is not ready). */
+    if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
+        MHD_add_response_header(r, "Retry-After", "1");
+    add_common_headers(r, h && h->keys);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
 static enum MHD_Result
-queue_json(struct MHD_Connection *c, int status, json_t *j)
+queue_json(struct sbx_http *h, struct MHD_Connection *c, int status, json_t *j)
 {
     char *text = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -649,15 +683,22 @@ queue_json(struct MHD_Connection *c, int status, json_t *j)
     size_t n = strlen(text);
     text = sbx_xrealloc(text, n + 2);
     text[n] = '\n';
-    return queue_buf(c, status, "application/json", text, n + 1);
+    return queue_buf(h, c, status, "application/json", text, n + 1);
+}
+
+static enum MHD_Result
+queue_error(struct sbx_http *h, struct MHD_Connection *c, int status, const char *code,
+            const char *message)
+{
+    return queue_json(h, c, status,
+                      json_pack("{s:s,s:s,s:{},s:i}", "code", code, "message", message, "context",
+                                "httpStatus", status));
 }
 
 enum MHD_Result
 http_queue_error(struct MHD_Connection *c, int status, const char *code, const char *message)
 {
-    return queue_json(c, status,
-                      json_pack("{s:s,s:s,s:{},s:i}", "code", code, "message", message, "context",
-                                "httpStatus", status));
+    return queue_error(NULL, c, status, code, message);
 }
 
 /* An error reply from the gateway, as the SDK shapes it. */
@@ -679,7 +720,7 @@ queue_error_reply(struct hreq *hr, const msgpack_object *root)
     if (hr->rt && hr->rt->op)
         json_object_set_new(j, "operation", json_string(hr->rt->op->name));
     atomic_fetch_add(&hr->h->n_errors, 1);
-    return queue_json(hr->c, status, j);
+    return queue_json(hr->h, hr->c, status, j);
 }
 
 static enum MHD_Result
@@ -694,7 +735,7 @@ queue_err(struct hreq *hr, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     atomic_fetch_add(&hr->h->n_errors, 1);
-    return http_queue_error(hr->c, sbx_err_http(code), sbx_err_name(code), msg);
+    return queue_error(hr->h, hr->c, sbx_err_http(code), sbx_err_name(code), msg);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -906,7 +947,7 @@ queue_sse(struct hreq *hr)
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
     MHD_add_response_header(r, "X-Sbx-Stream-Id", hr->stream_id);
-    add_common_headers(r);
+    add_common_headers(r, hr->h->keys != NULL);
     hr->phase = PH_STREAMING;
     enum MHD_Result ret = MHD_queue_response(hr->c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
@@ -947,6 +988,71 @@ key_ok(struct sbx_http *h, const char *presented)
         ok |= diff == 0;
     }
     return ok;
+}
+
+/*
+ * Whether host[0..n) (a Host header's name, or an Origin's host, without
+ * the port) names this machine's loopback: "localhost", an IPv4 address in
+ * 127.0.0.0/8, or "[::1]".  A subdomain of localhost is not: preview URLs
+ * live there, and their pages are tenant content.
+ */
+static bool
+loopback_name(const char *host, size_t n)
+{
+    if (n == 9 && !strncasecmp(host, "localhost", 9))
+        return true;
+    if (n == 5 && !strncmp(host, "[::1]", 5))
+        return true;
+    char buf[16];
+    if (n < 9 || n >= sizeof(buf))
+        return false;
+    memcpy(buf, host, n);
+    buf[n] = '\0';
+    struct in_addr a;
+    return inet_pton(AF_INET, buf, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* The name part of "name[:port]" ("[v6]:port" keeps its brackets). */
+static size_t
+host_name_len(const char *hp)
+{
+    if (hp[0] == '[') {
+        const char *e = strchr(hp, ']');
+        return e ? (size_t)(e - hp) + 1 : strlen(hp);
+    }
+    const char *colon = strchr(hp, ':');
+    return colon ? (size_t)(colon - hp) : strlen(hp);
+}
+
+/*
+ * browser_guard — without API keys the front trusts whoever reaches its
+ * loopback socket, and a browser on this machine reaches it for any page it
+ * shows.  So, keyless only: a request whose Host is not a loopback name is
+ * refused (DNS rebinding: a page of evil.example re-resolved to 127.0.0.1
+ * still sends Host: evil.example), and so is one whose Origin is not a
+ * loopback origin (a cross-site form or fetch; a preview page on
+ * *.localhost is tenant code and counts as cross-site).  Clients that are
+ * not browsers send no Origin.  Returns NULL, or why the request is refused.
+ */
+static const char *
+browser_guard(struct sbx_http *h, struct MHD_Connection *c)
+{
+    if (h->keys)
+        return NULL;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (host && !loopback_name(host, host_name_len(host)))
+        return "without API keys the HTTP front answers only requests addressed to a loopback "
+               "name (localhost, 127.0.0.1, [::1]); configure --api-keys to serve others";
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin)
+        return NULL;
+    const char *hp = !strncmp(origin, "http://", 7)    ? origin + 7
+                     : !strncmp(origin, "https://", 8) ? origin + 8
+                                                       : NULL;
+    if (!hp || !loopback_name(hp, host_name_len(hp)))
+        return "without API keys the HTTP front refuses cross-origin requests from browsers; "
+               "configure --api-keys to call it from a web page";
+    return NULL;
 }
 
 static bool
@@ -1010,10 +1116,13 @@ build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen)
     sbx_enc e;
     sbx_enc_init(&e);
     int rc = sbx_json_to_msgpack(obj, &e);
-    /* A command's own timeout extends the request's deadline. */
+    /* A command's own timeout extends the request's deadline (capped: the
+     * gateway refuses a timeout past SBX_WIRE_MAX_DURATION_MS anyway, and
+     * the sum must not overflow). */
     json_t *t = json_object_get(obj, "timeout");
     if (json_is_integer(t) && json_integer_value(t) > 0)
-        hr->timeout_ms = SBX_MAX(hr->timeout_ms, json_integer_value(t) + 30000);
+        hr->timeout_ms = SBX_MAX(
+            hr->timeout_ms, SBX_MIN(json_integer_value(t), SBX_WIRE_MAX_DURATION_MS) + 30000);
     json_decref(obj);
     if (rc) {
         sbx_enc_free(&e);
@@ -1057,7 +1166,7 @@ take_result(struct hreq *hr, sbx_msg *m, const msgpack_object **res, enum MHD_Re
         return false;
     }
     if (rc) {
-        *ret = http_queue_error(hr->c, sbx_err_http(rc), code, msg);
+        *ret = queue_error(hr->h, hr->c, sbx_err_http(rc), code, msg);
         return false;
     }
     return true;
@@ -1085,7 +1194,7 @@ finish_op(struct hreq *hr)
         char ctype[128];
         snprintf(ctype, sizeof(ctype), "%.*s", (int)mime.n, mime.p);
         sbx_wire_msg_free(&m);
-        return queue_buf(hr->c, MHD_HTTP_OK, ctype, raw, rawlen);
+        return queue_buf(hr->h, hr->c, MHD_HTTP_OK, ctype, raw, rawlen);
     }
     if (hr->sse) {
         sbx_str sid;
@@ -1106,7 +1215,7 @@ finish_op(struct hreq *hr)
     sbx_wire_msg_free(&m);
     if (!j)
         return queue_err(hr, SBX_E_INTERNAL, "the result cannot be expressed in JSON");
-    ret = queue_json(hr->c, MHD_HTTP_OK, j);
+    ret = queue_json(hr->h, hr->c, MHD_HTTP_OK, j);
     return ret;
 }
 
@@ -1146,9 +1255,12 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (host && preview_match(h, host, &port, pid, sizeof(pid), ptok, sizeof(ptok)))
         return preview_access(h, c, url, method, NULL, NULL, con_cls, host);
 
+    const char *refused = browser_guard(h, c);
+    if (refused)
+        return queue_error(h, c, MHD_HTTP_FORBIDDEN, "PERMISSION_DENIED", refused);
     if (!strcmp(method, "OPTIONS")) {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
-        add_common_headers(r);
+        add_common_headers(r, h->keys != NULL);
         MHD_add_response_header(r, "Access-Control-Allow-Methods",
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
@@ -1163,19 +1275,42 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     struct hreq *hr = hreq_new(h, c);
     *con_cls = hr;
     int bad = 0;
-    const struct route *rt =
-        route_match(h, method, url, hr->params, hr->sandbox, sizeof(hr->sandbox), &bad);
-    if (rt == &method_mismatch)
-        return queue_err(hr, SBX_E_ROUTE_NOT_FOUND, "%s is not served for %s (see /v1/openapi.json)",
-                         method, url);
+    char allow[64];
+    const struct route *rt = route_match(h, method, url, hr->params, hr->sandbox,
+                                         sizeof(hr->sandbox), &bad, allow, sizeof(allow));
+    if (rt == &method_mismatch) {
+        /* RFC 9110 §15.5.6: 405 with the methods the path is served for. */
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s is not served for %s (allowed: %s; see /v1/openapi.json)",
+                 method, url, allow);
+        json_t *j = json_pack("{s:s,s:s,s:{},s:i}", "code", "ROUTE_NOT_FOUND", "message", msg,
+                              "context", "httpStatus", 405);
+        char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (!text)
+            return MHD_NO;
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            free(text);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        MHD_add_response_header(r, "Allow", allow);
+        add_common_headers(r, h->keys != NULL);
+        atomic_fetch_add(&h->n_errors, 1);
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_METHOD_NOT_ALLOWED, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (!rt)
         return queue_err(hr, SBX_E_ROUTE_NOT_FOUND, "no route %s %s (see /v1/openapi.json)", method,
                          url);
     hr->rt = rt;
     if (rt->kind == R_HEALTH)
-        return queue_json(c, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
+        return queue_json(h, c, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
     if (rt->kind == R_OPENAPI)
-        return queue_buf(c, MHD_HTTP_OK, "application/json",
+        return queue_buf(h, c, MHD_HTTP_OK, "application/json",
                          sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len);
     if (!authorized(h, c))
         return queue_err(hr, SBX_E_UNAUTHORIZED,

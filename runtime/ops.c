@@ -84,7 +84,7 @@ const struct sbx_op_def sbx_ops[] = {
      "DELETE /v1/sandboxes/{sandbox}/ports/{port:int}"},
     {"port.list", S | NC | NW, 0, "the ports exposed for the current container",
      "GET /v1/sandboxes/{sandbox}/ports"},
-    {"preview.resolve", S | NC | NW, 0,
+    {"preview.resolve", S | NC | NW | SBX_OP_FRONT, 0,
      "check a preview URL's port and token; where to relay it (used by the HTTP front)", NULL},
     /* lifecycle and configuration */
     {"ping", S | A, 0, "start the sandbox if needed and check its agent", NULL},

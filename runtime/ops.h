@@ -21,6 +21,7 @@ enum sbx_op_flags {
     SBX_OP_MUTATES = 1 << 5,   /* changes durable state: replied to only after commit */
     SBX_OP_STREAM = 1 << 6,    /* answers {streamId}: over HTTP the reply is that stream as SSE */
     SBX_OP_INTERNAL = 1 << 7,  /* between shards only: gateways refuse it from clients */
+    SBX_OP_FRONT = 1 << 8,     /* a helper of the HTTP front (over nng): not an HTTP route */
 };
 
 struct sbx_op_def {

@@ -157,8 +157,13 @@ fuzz_route(const char *method, const char *url)
     json_t *params = json_object();
     char sb[SBX_ID_MAX + 2] = "";
     int bad = -1;
-    const struct route *rt = route_match(&H, method, url, params, sb, sizeof(sb), &bad);
+    char allow[64];
+    const struct route *rt =
+        route_match(&H, method, url, params, sb, sizeof(sb), &bad, allow, sizeof(allow));
     FUZZ_CHECK(bad >= 0 && bad <= 2, "bad_param %d", bad);
+    FUZZ_CHECK(memchr(allow, 0, sizeof(allow)), "unterminated Allow list");
+    if (rt == &method_mismatch)
+        FUZZ_CHECK(allow[0], "a method mismatch with no allowed method");
     if (any_bad)
         FUZZ_CHECK(bad == 2, "a malformed escape in '%s' not flagged (%d)", url, bad);
     FUZZ_CHECK(memchr(sb, 0, sizeof(sb)), "unterminated sandbox ID");
@@ -168,7 +173,9 @@ fuzz_route(const char *method, const char *url)
         goto out;
     }
     FUZZ_CHECK(rt >= H.routes && rt < H.routes + H.nroutes, "not a route of the table");
-    FUZZ_CHECK(!strcmp(rt->method, method), "%s matched a %s route", method, rt->method);
+    /* HEAD is served by GET routes */
+    FUZZ_CHECK(!strcmp(rt->method, strcmp(method, "HEAD") ? method : "GET"),
+               "%s matched a %s route", method, rt->method);
     bool rest = rt->nseg > 0 && strstr(rt->seg[rt->nseg - 1], "*}");
     FUZZ_CHECK(rest ? ns >= (size_t)rt->nseg : ns == (size_t)rt->nseg,
                "%zu segments matched %s (%d)", ns, rt->path, rt->nseg);

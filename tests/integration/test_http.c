@@ -305,13 +305,26 @@ Test(http, error_shape_and_status_map, .timeout = 120)
     expect_status(r, 404, "unknown op");
     expect_code(r, "ROUTE_NOT_FOUND", "unknown op");
     hresp_free(&r);
+    /* A known path with another method: 405 and the methods it has
+     * (RFC 9110 §15.5.6). */
     apif("GET", NULL, &r, "/v1/sandboxes/%s/exec", id);
-    cr_expect(r.status == 404 || r.status == 405, "GET exec: status %ld", r.status);
+    expect_status(r, 405, "GET on a POST route");
     expect_code(r, "ROUTE_NOT_FOUND", "GET on a POST route");
+    char *allow = hresp_header(&r, "Allow");
+    cr_expect(allow && !strcmp(allow, "POST"), "Allow: %s", allow ? allow : "-");
+    free(allow);
     hresp_free(&r);
     apif("PATCH", NULL, &r, "/v1/sandboxes/%s", id);
-    cr_expect(r.status == 404 || r.status == 405, "PATCH sandbox: status %ld", r.status);
-    expect_code(r, "ROUTE_NOT_FOUND", "PATCH sandbox");
+    expect_status(r, 405, "PATCH sandbox");
+    allow = hresp_header(&r, "Allow");
+    cr_expect(allow && strstr(allow, "PUT") && strstr(allow, "DELETE"), "Allow: %s",
+              allow ? allow : "-");
+    free(allow);
+    hresp_free(&r);
+    /* HEAD is served wherever GET is, without a body. */
+    api("HEAD", "/v1/health", NULL, &r);
+    expect_status(r, 200, "HEAD /v1/health");
+    cr_expect_eq(r.len, 0, "HEAD answered a body of %zu bytes", r.len);
     hresp_free(&r);
 
     /* Bodies that are not an object of arguments. */
@@ -609,40 +622,73 @@ Test(http, percent_encoded_path_segments, .timeout = 120)
     hdone(id);
 }
 
-Test(http, cors_preflight, .timeout = 60)
+/*
+ * Without API keys (the default, loopback only) the front is not for
+ * browsers of other origins: a cross-site request (a form post or fetch
+ * from any page the developer has open, or from a sandbox's own preview
+ * page on *.localhost) and a request addressed to a non-loopback name (DNS
+ * rebinding) are refused with 403 before they reach a sandbox, and no
+ * answer carries CORS headers.  Loopback origins and names work.
+ */
+Test(http, keyless_front_refuses_cross_origin_and_foreign_hosts, .timeout = 60)
 {
-    static const char *const h[] = {"Origin: http://example.test",
-                                    "Access-Control-Request-Method: POST",
-                                    "Access-Control-Request-Headers: content-type, idempotency-key",
-                                    NULL};
-    char *u = hfmt("%s/v1/sandboxes/some-box/exec", test_http_url());
-    struct hopts o = {.headers = h};
-    struct hresp r;
-    http_req("OPTIONS", u, &o, &r);
-    cr_expect(r.status == 204 || r.status == 200, "preflight status %ld", r.status);
-    char *ao = hresp_header(&r, "Access-Control-Allow-Origin");
-    char *am = hresp_header(&r, "Access-Control-Allow-Methods");
-    char *ah = hresp_header(&r, "Access-Control-Allow-Headers");
-    cr_expect(ao && !strcmp(ao, "*"), "Allow-Origin %s", ao ? ao : "-");
-    cr_expect(am && strstr(am, "POST") && strstr(am, "DELETE"), "Allow-Methods %s", am ? am : "-");
-    cr_expect(ah && strcasestr(ah, "content-type") && strcasestr(ah, "idempotency-key") &&
-                  strcasestr(ah, "authorization") && strcasestr(ah, "last-event-id"),
-              "Allow-Headers %s", ah ? ah : "-");
-    free(ao);
-    free(am);
-    free(ah);
-    hresp_free(&r);
-    /* Ordinary answers (errors included) carry the origin header too. */
-    static const char *const h2[] = {"Origin: http://example.test", NULL};
-    struct hopts o2 = {.headers = h2};
-    char *u2 = hfmt("%s/v1/nowhere", test_http_url());
-    http_req("GET", u2, &o2, &r);
-    ao = hresp_header(&r, "Access-Control-Allow-Origin");
-    cr_expect(ao && !strcmp(ao, "*"), "error answer Allow-Origin %s", ao ? ao : "-");
-    free(ao);
-    hresp_free(&r);
-    free(u2);
+    char *id = test_id("cors");
+    char *u = hfmt("%s/v1/sandboxes/%s/exec", test_http_url(), id);
+    static const char *const origins[] = {"Origin: http://example.test",
+                                          "Origin: http://8080-some-box-tok.localhost:7780",
+                                          "Origin: null", NULL};
+    for (int i = 0; origins[i]; i++) {
+        const char *h[] = {origins[i], "Content-Type: text/plain", NULL};
+        const char *body = "{\"command\":\"echo pwned\"}";
+        struct hopts o = {.headers = h, .body = body, .body_len = strlen(body)};
+        struct hresp r;
+        http_req("POST", u, &o, &r);
+        expect_status(r, 403, origins[i]);
+        expect_code(r, "PERMISSION_DENIED", origins[i]);
+        char *ao = hresp_header(&r, "Access-Control-Allow-Origin");
+        cr_expect(ao == NULL, "%s: Allow-Origin %s", origins[i], ao);
+        free(ao);
+        hresp_free(&r);
+        /* …and its preflight gets no CORS grant either. */
+        const char *hp[] = {origins[i], "Access-Control-Request-Method: POST", NULL};
+        struct hopts op = {.headers = hp};
+        http_req("OPTIONS", u, &op, &r);
+        ao = hresp_header(&r, "Access-Control-Allow-Origin");
+        cr_expect(ao == NULL, "%s: preflight Allow-Origin %s", origins[i], ao);
+        free(ao);
+        hresp_free(&r);
+    }
+    static const char *const hosts[] = {"Host: evil.example", "Host: evil.example:7780",
+                                        "Host: 8080.localhost.evil.example", NULL};
+    for (int i = 0; hosts[i]; i++) {
+        const char *h[] = {hosts[i], NULL};
+        struct hopts o = {.headers = h};
+        struct hresp r;
+        char *ul = hfmt("%s/v1/list", test_http_url());
+        http_req("GET", ul, &o, &r);
+        expect_status(r, 403, hosts[i]);
+        hresp_free(&r);
+        free(ul);
+    }
+    /* Loopback origins and names are this machine: served. */
+    char *lo = hfmt("Origin: http://localhost:%d", http_port());
+    char *lh = hfmt("Host: localhost:%d", http_port());
+    const char *ok[][3] = {{lo, "Content-Type: application/json", NULL},
+                           {lh, "Content-Type: application/json", NULL},
+                           {"Origin: http://127.0.0.1", "Content-Type: application/json", NULL}};
+    for (size_t i = 0; i < 3; i++) {
+        const char *body = "{\"command\":\"echo fine\"}";
+        struct hopts o = {.headers = ok[i], .body = body, .body_len = strlen(body)};
+        struct hresp r;
+        http_req("POST", u, &o, &r);
+        expect_status(r, 200, ok[i][0]);
+        cr_expect_str_eq(jstr(r.json, "stdout"), "fine\n", "%s", r.body);
+        hresp_free(&r);
+    }
+    free(lo);
+    free(lh);
     free(u);
+    hdone(id);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -691,6 +737,44 @@ Test(http, api_keys, .timeout = 120)
         http_req("GET", u, &o, &r);
         expect_status(r, 200, good[i]);
         cr_expect(json_is_array(jget(r.json, "shards")), "%.200s", r.body);
+        hresp_free(&r);
+    }
+    /* With keys, any origin may call with a bearer token: preflights and
+     * answers (errors too) carry Access-Control-Allow-Origin: *. */
+    {
+        const char *h[] = {"Origin: http://example.test", "Access-Control-Request-Method: POST",
+                           "Access-Control-Request-Headers: content-type, idempotency-key", NULL};
+        struct hopts o = {.headers = h};
+        http_req("OPTIONS", u, &o, &r);
+        cr_expect(r.status == 204 || r.status == 200, "preflight status %ld", r.status);
+        char *ao = hresp_header(&r, "Access-Control-Allow-Origin");
+        char *am = hresp_header(&r, "Access-Control-Allow-Methods");
+        char *ah = hresp_header(&r, "Access-Control-Allow-Headers");
+        cr_expect(ao && !strcmp(ao, "*"), "Allow-Origin %s", ao ? ao : "-");
+        cr_expect(am && strstr(am, "POST") && strstr(am, "DELETE"), "Allow-Methods %s",
+                  am ? am : "-");
+        cr_expect(ah && strcasestr(ah, "content-type") && strcasestr(ah, "idempotency-key") &&
+                      strcasestr(ah, "authorization") && strcasestr(ah, "last-event-id"),
+                  "Allow-Headers %s", ah ? ah : "-");
+        free(ao);
+        free(am);
+        free(ah);
+        hresp_free(&r);
+        const char *h2[] = {"Origin: http://example.test", good[0], NULL};
+        struct hopts o2 = {.headers = h2};
+        http_req("GET", u, &o2, &r);
+        expect_status(r, 200, "cross-origin with a key");
+        ao = hresp_header(&r, "Access-Control-Allow-Origin");
+        cr_expect(ao && !strcmp(ao, "*"), "answer Allow-Origin %s", ao ? ao : "-");
+        free(ao);
+        hresp_free(&r);
+        const char *h3[] = {"Origin: http://example.test", NULL};
+        struct hopts o3 = {.headers = h3};
+        http_req("GET", u, &o3, &r);
+        expect_status(r, 401, "cross-origin without a key");
+        ao = hresp_header(&r, "Access-Control-Allow-Origin");
+        cr_expect(ao && !strcmp(ao, "*"), "error answer Allow-Origin %s", ao ? ao : "-");
+        free(ao);
         hresp_free(&r);
     }
     /* ?access_token= for clients that cannot set headers. */
@@ -1296,10 +1380,24 @@ Test(openapi, document_matches_the_routes, .timeout = 300)
     json_t *paths = jget(doc.json, "paths");
     cr_assert(json_is_object(paths) && json_object_size(paths) > 10, "paths");
 
-    /* Every operation of the table has its canonical route, and every alias is listed. */
+    /* Every operation of the table has its canonical route, and every alias
+     * is listed; shard-to-shard operations and the front's own helpers are
+     * neither listed nor served. */
     for (const struct sbx_op_def *d = sbx_ops; d->name; d++) {
         char *p = d->flags & SBX_OP_GLOBAL ? hfmt("/v1/%s", d->name)
                                            : hfmt("/v1/sandboxes/{sandbox}/%s", d->name);
+        if (d->flags & (SBX_OP_INTERNAL | SBX_OP_FRONT)) {
+            cr_expect(!json_object_get(paths, p), "%s is in the document", p);
+            char *served = hfmt("/v1/sandboxes/%s/%s", "some-box", d->name);
+            struct hresp r;
+            api("POST", served, "{}", &r);
+            expect_status(r, 404, served);
+            expect_code(r, "ROUTE_NOT_FOUND", served);
+            hresp_free(&r);
+            free(served);
+            free(p);
+            continue;
+        }
         cr_expect(json_is_object(jget(json_object_get(paths, p), "post")),
                   "operation %s has no canonical route POST %s in the document", d->name, p);
         free(p);
@@ -1383,6 +1481,8 @@ Test(openapi, document_matches_the_routes, .timeout = 300)
                             "/v1/sandboxes/%s/files", "/v1/sandboxes/%s/processes/a/b/c",
                             "/v1/sandboxes", "/v1/health/extra", NULL};
     const char *methods[] = {"GET", "POST", "POST", "GET", "GET", "POST", "GET"};
+    /* 405 where the path is served for other methods (GET /v1/sandboxes) */
+    const long status[] = {404, 404, 404, 404, 404, 405, 404};
     for (int i = 0; absent[i]; i++) {
         char *p = hfmt(absent[i], sb);
         cr_expect(!json_object_get(paths, p) ||
@@ -1390,7 +1490,7 @@ Test(openapi, document_matches_the_routes, .timeout = 300)
                   "%s is in the document", p);
         struct hresp r;
         api(methods[i], p, NULL, &r);
-        expect_status(r, 404, p);
+        expect_status(r, status[i], p);
         expect_code(r, "ROUTE_NOT_FOUND", p);
         hresp_free(&r);
         free(p);
