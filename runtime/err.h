@@ -24,6 +24,7 @@
     X(SBX_E_UNKNOWN_OP, "UNKNOWN_OPERATION", 400, "unknown operation")                   \
     X(SBX_E_VERSION, "UNSUPPORTED_VERSION", 400, "unsupported protocol version")         \
     X(SBX_E_TOO_LARGE, "REQUEST_TOO_LARGE", 413, "request exceeds the size limit")       \
+    X(SBX_E_RESULT_TOO_LARGE, "RESULT_TOO_LARGE", 413, "result exceeds the size limit")  \
     X(SBX_E_NOT_FOUND, "SANDBOX_NOT_FOUND", 404, "sandbox not found")                    \
     X(SBX_E_SHARD_UNAVAILABLE, "SHARD_UNAVAILABLE", 503, "shard unavailable")            \
     X(SBX_E_WRONG_OWNER, "WRONG_OWNER", 421, "shard does not own this partition")       \

@@ -111,6 +111,16 @@ void agent_reply_err(struct agent *a, struct agent_req *r, int code, const char 
 void agent_reply_werr(struct agent *a, struct agent_req *r, sbx_werr *w);
 void agent_req_free(struct agent_req *r);
 
+/*
+ * agent_command_shown — the command as results and events show it: its
+ * first AGENT_COMMAND_SHOWN bytes (cut at a UTF-8 character boundary), with
+ * *cut set when that is not all of it.  A command can be up to the request
+ * limit (40 MiB): echoing it whole in every listing made process.list of a
+ * few such processes larger than any reply frame.  Heap copy, caller frees.
+ */
+#define AGENT_COMMAND_SHOWN 4096
+char *agent_command_shown(const char *cmd, size_t n, bool *cut);
+
 /* env helpers (main.c): build "K=V" arrays. */
 char **agent_env_merge(char *const *base, const msgpack_object *overrides);
 void agent_env_free(char **env);
@@ -189,7 +199,8 @@ typedef void (*session_done_fn)(struct agent *a, void *arg, int rc, int status,
                                 struct outcap *out);
 void agent_session_internal(struct agent *a, const char *sid, const char *cmd,
                             session_done_fn done, void *arg);
-/* session.c: the cwd of a session as last reported by its shell (or NULL). */
+/* session.c: the cwd of a session as last reported by its shell (or NULL
+ * for no such session; "" when it is too long to be reported, over 64 KiB). */
 const char *agent_session_cwd(struct agent *a, const char *sid);
 void agent_op_session_create(struct agent *a, struct agent_req *r);
 void agent_op_session_get(struct agent *a, struct agent_req *r);

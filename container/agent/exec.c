@@ -481,7 +481,8 @@ struct job {
     struct outcap out, err;
     char *in_data;
     size_t in_len, in_off;
-    char *command;           /* for the stream's start event */
+    char *command;           /* for the stream's start event (agent_command_shown) */
+    bool command_cut;
     int64_t start_us, timeout_ms;
     uint64_t timer, grace;
     bool exited, timed_out, cancelled, paused;
@@ -818,7 +819,8 @@ job_start(struct agent *a, struct exec_args *ea, struct job **out, char *why, si
     j->a = a;
     j->pid = pid;
     j->timeout_ms = ea->timeout_ms;
-    j->command = sbx_xstrdup(ea->cmd ? ea->cmd : (ea->argv ? ea->argv[0] : ""));
+    const char *shown = ea->cmd ? ea->cmd : (ea->argv ? ea->argv[0] : "");
+    j->command = agent_command_shown(shown, strlen(shown), &j->command_cut);
     outcap_init(&j->out, a->cfg.output_cap);
     outcap_init(&j->err, a->cfg.output_cap);
     j->fds[0] = -1;
@@ -890,6 +892,8 @@ agent_exec_fresh_stream(struct agent *a, struct agent_req *r)
     j->stream = stream_new(a, sid, true, 1u << 20, &job_stream_ops, j);
     sbx_enc *e = stream_begin(j->stream, "start");
     sbx_enc_kstr(e, "command", j->command);
+    if (j->command_cut)
+        sbx_enc_kbool(e, "commandTruncated", true);
     sbx_enc_kint(e, "pid", j->pid);
     stream_commit(j->stream, false);
     sbx_enc res;

@@ -42,6 +42,8 @@
 #define READ_CAP (32u << 20) /* readFile limit, as the SDK's */
 #define CHUNK (64u << 10)    /* readFileStream chunk */
 #define LIST_MAX 100000
+#define LIST_MAX_BYTES (32u << 20) /* encoded FileInfo entries in one listing */
+#define LIST_MAX_DEPTH 64          /* directory levels a recursive listing enters */
 #define PATH_MAX_BYTES 4096
 
 /* ------------------------------------------------------------------------------ */
@@ -71,7 +73,16 @@ path_arg(struct agent *a, struct agent_req *r, const char *key, char *out)
     const char *base = agent_session_cwd(a, sids);
     if (!base)
         base = "/workspace";
-    snprintf(out, PATH_MAX_BYTES, "%s/%.*s", strcmp(base, "/") ? base : "", (int)p.n, p.p);
+    /* A long cwd and a long relative path can add up past the buffer: that
+     * is refused, never cut (a cut path names another file). */
+    int n = snprintf(out, PATH_MAX_BYTES, "%s/%.*s", strcmp(base, "/") ? base : "", (int)p.n,
+                     p.p);
+    if (n < 0 || n >= PATH_MAX_BYTES || base[0] != '/') {
+        agent_reply_err(a, r, SBX_E_NAME_TOO_LONG,
+                        "'%s' relative to the session's cwd is longer than %d bytes", key,
+                        PATH_MAX_BYTES - 1);
+        return -1;
+    }
     return 0;
 }
 
@@ -748,7 +759,11 @@ agent_op_file_rename(struct agent *a, struct agent_req *r)
     if (stat(to, &dst) == 0 && S_ISDIR(dst.st_mode) && !S_ISDIR(st.st_mode)) {
         const char *base = strrchr(from, '/');
         size_t l = strlen(to);
-        snprintf(to + l, sizeof(to) - l, "%s", base ? base : "/");
+        int n = snprintf(to + l, sizeof(to) - l, "%s", base ? base : "/");
+        if (n < 0 || (size_t)n >= sizeof(to) - l) {
+            reply_path_err(a, r, SBX_E_NAME_TOO_LONG, "file.move", from);
+            return;
+        }
     }
     if ((rc = rename_end_ok(to, true)) != 0) {
         reply_path_err(a, r, rc, "file.move", to);
@@ -803,35 +818,46 @@ mode_str(mode_t m, char out[10])
 
 struct lister {
     sbx_enc *e;
-    const char *root;
-    size_t rootlen;
+    size_t rootlen;     /* bytes of the listed directory's path in `path` */
     bool recursive, hidden;
     size_t count;
     bool capped;
+    sbx_buf path;       /* the current entry's absolute path, NUL-terminated */
 };
 
 /*
- * List the directory open at `dfd` (taken over: closed here), whose path is
- * `dir`.  Everything below is resolved relative to that fd, never by path
- * again: between safe_open's checks and a second lookup of the path, tenant
- * code can swap the directory for a symlink (renameat2 RENAME_EXCHANGE) and
- * the agent would list whatever the link names — /proc/self resolves to the
- * agent's own /proc/1.  That is the race of CVE-2018-15664 (`docker cp`;
- * ../shared/reference/isolation.md §3 rows 3–4), found here by
- * tests/security/test_escape.c file_api_survives_a_symlink_swap_race.
- * Subdirectories are opened with O_NOFOLLOW (a single name: no symlink or
- * magic link can be crossed) and not entered when they are on a file
- * system safe_open refuses (forbidden_fs): a recursive listing of / lists
- * the `proc` directory but not its content.
+ * List the directory open at `dfd` (taken over: closed here), whose
+ * absolute path is L->path.  Everything below is resolved relative to that
+ * fd, never by path again: between safe_open's checks and a second lookup
+ * of the path, tenant code can swap the directory for a symlink
+ * (renameat2 RENAME_EXCHANGE) and the agent would list whatever the link
+ * names — /proc/self resolves to the agent's own /proc/1.  That is the race
+ * of CVE-2018-15664 (`docker cp`; ../shared/reference/isolation.md §3 rows
+ * 3–4), found here by tests/security/test_escape.c
+ * file_api_survives_a_symlink_swap_race.  Subdirectories are opened with
+ * O_NOFOLLOW (a single name: no symlink or magic link can be crossed) and
+ * not entered when they are on a file system safe_open refuses
+ * (forbidden_fs): a recursive listing of / lists the `proc` directory but
+ * not its content.
+ *
+ * Paths are built in a growable buffer, so an entry deeper than PATH_MAX
+ * (names of 255 bytes, 64 levels down) is reported with its whole path,
+ * never a cut one.  The listing stops, with `truncated`, at LIST_MAX
+ * entries or LIST_MAX_BYTES of encoded entries — the bound that matters:
+ * entries with long paths are several KiB each, and a reply over the
+ * shard's frame cap would cost the sandbox its container — and it does not
+ * enter directories more than LIST_MAX_DEPTH levels down (also `truncated`).
  */
 static void
-list_dir(struct lister *L, int dfd, const char *dir, int depth)
+list_dir(struct lister *L, int dfd, int depth)
 {
     DIR *d = fdopendir(dfd);
     if (!d) {
         close(dfd);
         return;
     }
+    size_t dirlen = L->path.len;
+    bool at_root = dirlen == 1; /* "/": no separator to add */
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
@@ -842,11 +868,15 @@ list_dir(struct lister *L, int dfd, const char *dir, int depth)
             L->capped = true;
             break;
         }
-        char full[PATH_MAX_BYTES];
-        snprintf(full, sizeof(full), "%s/%s", strcmp(dir, "/") ? dir : "", de->d_name);
         struct stat st;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue;
+        L->path.len = dirlen;
+        if (!at_root)
+            sbx_buf_append(&L->path, "/", 1);
+        sbx_buf_append(&L->path, de->d_name, strlen(de->d_name) + 1);
+        L->path.len--; /* the NUL stays after the bytes */
+        const char *full = L->path.p;
         const char *type = S_ISDIR(st.st_mode) ? "directory" : S_ISREG(st.st_mode) ? "file"
                            : S_ISLNK(st.st_mode)                                ? "symlink"
                                                                                 : "other";
@@ -858,6 +888,13 @@ list_dir(struct lister *L, int dfd, const char *dir, int depth)
         while (*rel == '/')
             rel++;
         sbx_enc *e = L->e;
+        /* The entry's size up front (its strings and ~200 bytes of keys,
+         * time, mode and flags): a listing never crosses the bound. */
+        size_t need = strlen(de->d_name) + L->path.len + strlen(rel) + 256;
+        if (e->len + need > LIST_MAX_BYTES) {
+            L->capped = true;
+            break;
+        }
         sbx_enc_map(e);
         sbx_enc_kstr(e, "name", de->d_name);
         sbx_enc_kstr(e, "absolutePath", full);
@@ -873,15 +910,22 @@ list_dir(struct lister *L, int dfd, const char *dir, int depth)
         sbx_enc_end(e);
         sbx_enc_end(e);
         L->count++;
-        if (L->recursive && S_ISDIR(st.st_mode) && depth < 64) {
+        if (L->recursive && S_ISDIR(st.st_mode)) {
+            if (depth + 1 >= LIST_MAX_DEPTH) {
+                L->capped = true;
+                continue;
+            }
             int sub = openat(dirfd(d), de->d_name,
                              O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (sub >= 0 && forbidden_fs(sub))
                 close(sub);
             else if (sub >= 0)
-                list_dir(L, sub, full, depth + 1);
+                list_dir(L, sub, depth + 1);
+            if (L->capped)
+                break;
         }
     }
+    L->path.len = dirlen;
     closedir(d);
 }
 
@@ -902,6 +946,10 @@ agent_op_file_list(struct agent *a, struct agent_req *r)
         reply_path_err(a, r, fd, "directory.list", path);
         return;
     }
+    /* The listed directory's path without trailing slashes ("/" stays). */
+    size_t plen = strlen(path);
+    while (plen > 1 && path[plen - 1] == '/')
+        plen--;
     sbx_enc e;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
@@ -909,9 +957,11 @@ agent_op_file_list(struct agent *a, struct agent_req *r)
     sbx_enc_kstr(&e, "path", path);
     sbx_enc_karray(&e, "files");
     L.e = &e;
-    L.root = path;
-    L.rootlen = strlen(path);
-    list_dir(&L, fd, path, 0); /* the checked fd, not the path again */
+    L.rootlen = plen;
+    sbx_buf_init(&L.path);
+    sbx_buf_append(&L.path, path, plen);
+    list_dir(&L, fd, 0); /* the checked fd, not the path again */
+    sbx_buf_free(&L.path);
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)L.count);
     if (L.capped)
@@ -973,17 +1023,19 @@ patterns(const msgpack_object *args, const char *key, bool *bad)
 static bool
 matches_any(char **pats, const char *rel)
 {
-    for (char **p = pats; p && *p; p++) {
-        if (fnmatch(*p, rel, 0) == 0)
-            return true;
-        char tmp[PATH_MAX_BYTES];
-        snprintf(tmp, sizeof(tmp), "%s", rel);
+    bool hit = false;
+    for (char **p = pats; p && *p && !hit; p++) {
+        if (fnmatch(*p, rel, 0) == 0) {
+            hit = true;
+            break;
+        }
+        char *tmp = sbx_xstrdup(rel); /* whole: a path may be deeper than PATH_MAX */
         char *save, *tok;
-        for (tok = strtok_r(tmp, "/", &save); tok; tok = strtok_r(NULL, "/", &save))
-            if (fnmatch(*p, tok, 0) == 0)
-                return true;
+        for (tok = strtok_r(tmp, "/", &save); tok && !hit; tok = strtok_r(NULL, "/", &save))
+            hit = fnmatch(*p, tok, 0) == 0;
+        free(tmp);
     }
-    return false;
+    return hit;
 }
 
 /* rel_path — `full` (a path under the watch's root) relative to the root,
@@ -1051,15 +1103,20 @@ add_dir_fd(struct watch *w, int dfd, const char *path, int depth)
     while ((de = readdir(d)) != NULL) {
         if (de->d_type != DT_DIR || !strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        char sub[PATH_MAX_BYTES];
-        snprintf(sub, sizeof(sub), "%s/%s", strcmp(path, "/") ? path : "", de->d_name);
-        if (w->exclude && matches_any(w->exclude, rel_path(w, sub)))
+        /* On the heap: a tree deeper than PATH_MAX keeps whole paths. */
+        sbx_buf sub;
+        sbx_buf_init(&sub);
+        sbx_buf_appendf(&sub, "%s/%s", strcmp(path, "/") ? path : "", de->d_name);
+        if (w->exclude && matches_any(w->exclude, rel_path(w, sub.p))) {
+            sbx_buf_free(&sub);
             continue;
+        }
         int sfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (sfd >= 0 && forbidden_fs(sfd))
             close(sfd);
         else if (sfd >= 0)
-            add_dir_fd(w, sfd, sub, depth + 1);
+            add_dir_fd(w, sfd, sub.p, depth + 1);
+        sbx_buf_free(&sub);
     }
     closedir(d);
 }
@@ -1149,13 +1206,20 @@ watch_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
             }
             if (!ie->len)
                 continue;
-            char full[PATH_MAX_BYTES];
-            snprintf(full, sizeof(full), "%s/%s", strcmp(dir, "/") ? dir : "", ie->name);
+            /* On the heap: events deeper than PATH_MAX keep whole paths
+             * (add_dir cannot open such a directory by path: the kernel
+             * refuses it, so it is not watched). */
+            sbx_buf fb;
+            sbx_buf_init(&fb);
+            sbx_buf_appendf(&fb, "%s/%s", strcmp(dir, "/") ? dir : "", ie->name);
+            const char *full = fb.p;
             bool isdir = ie->mask & IN_ISDIR;
             if (isdir && (ie->mask & (IN_CREATE | IN_MOVED_TO)) && w->recursive)
                 add_dir(w, full, 1);
-            if (!wanted(w, full))
+            if (!wanted(w, full)) {
+                sbx_buf_free(&fb);
                 continue;
+            }
             const char *type = (ie->mask & IN_CREATE)        ? "create"
                                : (ie->mask & IN_DELETE)      ? "delete"
                                : (ie->mask & IN_MOVED_FROM)  ? "move_from"
@@ -1164,13 +1228,14 @@ watch_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
                                : (ie->mask & IN_CLOSE_WRITE) ? "modify"
                                : (ie->mask & IN_MODIFY)      ? "modify"
                                                              : NULL;
-            if (!type)
-                continue;
-            sbx_enc *e = stream_begin(w->st, "event");
-            sbx_enc_kstr(e, "eventType", type);
-            sbx_enc_kstr(e, "path", full);
-            sbx_enc_kbool(e, "isDirectory", isdir);
-            stream_commit(w->st, false);
+            if (type) {
+                sbx_enc *e = stream_begin(w->st, "event");
+                sbx_enc_kstr(e, "eventType", type);
+                sbx_enc_kstr(e, "path", full);
+                sbx_enc_kbool(e, "isDirectory", isdir);
+                stream_commit(w->st, false);
+            }
+            sbx_buf_free(&fb);
         }
     }
 }

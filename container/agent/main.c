@@ -150,6 +150,25 @@ agent_env_free(char **env)
 }
 
 /* ------------------------------------------------------------------------------ */
+/* Commands shown back. */
+
+char *
+agent_command_shown(const char *cmd, size_t n, bool *cut)
+{
+    *cut = n > AGENT_COMMAND_SHOWN;
+    if (*cut) {
+        /* Not inside a UTF-8 character: when the first byte left out is a
+         * continuation byte, the cut goes back to that character's lead
+         * byte (at most 3 bytes back; not UTF-8 at all, it stays). */
+        size_t k = AGENT_COMMAND_SHOWN;
+        while (k > AGENT_COMMAND_SHOWN - 4 && ((unsigned char)cmd[k] & 0xc0) == 0x80)
+            k--;
+        n = ((unsigned char)cmd[k] & 0xc0) == 0x80 ? AGENT_COMMAND_SHOWN : k;
+    }
+    return sbx_xstrndup(cmd, n);
+}
+
+/* ------------------------------------------------------------------------------ */
 /* Replies. */
 
 void
@@ -180,53 +199,131 @@ send_frame(struct agent *a, char *buf, size_t len)
     sbx_loop_modify(a->loop, a->chan_w, EPOLLIN | (rc == 0 ? EPOLLOUT : 0));
 }
 
+/*
+ * Every reply leaves through reply_fits: the shard reads agent frames up to
+ * SBX_WIRE_MAX_FRAME and checks them with sbx_wire_limits_reply, and it
+ * treats a frame over either as hostile — it closes the channel and replaces
+ * the container, and /workspace with it.  A result that large is not an
+ * attack but an honest answer to a large question (a recursive listing of a
+ * big tree, a list of processes with huge commands), so it is turned into a
+ * RESULT_TOO_LARGE error here, before it is sent.  AGENT_MAX_REPLY leaves
+ * room for what the shard adds when it wraps the result for the client
+ * (request id, containerRestarted, sandboxId), so the client-facing reply
+ * stays under the transport cap of the gateway's and client's sockets too.
+ */
+#define AGENT_MAX_REPLY (SBX_WIRE_MAX_FRAME - (64u << 10))
+
+static bool
+reply_fits(const char *buf, size_t len)
+{
+    return len <= AGENT_MAX_REPLY && sbx_wire_check(buf, len, &sbx_wire_limits_reply) == 0;
+}
+
+/* The reply to r (not yet freed) is too large: say so instead. */
+static void
+reply_too_large(struct agent *a, struct agent_req *r, size_t bytes)
+{
+    sbx_werr w;
+    sbx_werr_init(&w, SBX_E_RESULT_TOO_LARGE,
+                  "the result of %s (%zu bytes, or too many values) exceeds what one reply "
+                  "can carry (%u bytes); ask for less",
+                  r->op, bytes, AGENT_MAX_REPLY);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "operation", r->op);
+    sbx_enc_kint(sbx_werr_ctx(&w), "bytes", (int64_t)bytes);
+    sbx_enc_kint(sbx_werr_ctx(&w), "limit", AGENT_MAX_REPLY);
+    sbx_warn("agent: the result of %s is too large to send (%zu bytes)", r->op, bytes);
+    agent_reply_werr(a, r, &w);
+    sbx_werr_free(&w);
+}
+
 void
 agent_reply_ok(struct agent *a, struct agent_req *r, sbx_enc *result)
 {
     sbx_enc e;
-    char *buf;
-    size_t len;
+    char *buf = NULL, *rbuf = NULL;
+    size_t len = 0, rlen = 0;
+    if (result) {
+        sbx_enc_end(result);
+        if (sbx_enc_finish(result, &rbuf, &rlen) != 0)
+            rbuf = NULL;
+        /* Checked before it is copied into the frame: at that size a second
+         * copy could take the agent past the sandbox's memory limit. */
+        if (rbuf && rlen > AGENT_MAX_REPLY) {
+            free(rbuf);
+            reply_too_large(a, r, rlen);
+            return;
+        }
+    }
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_str(&e, "t");
     sbx_enc_uint(&e, r->tag);
     sbx_enc_kbool(&e, "ok", true);
     sbx_enc_str(&e, "r");
-    if (result) {
-        sbx_enc_end(result);
-        if (sbx_enc_finish(result, &buf, &len) == 0) {
-            sbx_enc_raw(&e, buf, len);
-            free(buf);
-        } else {
-            sbx_enc_map(&e);
-            sbx_enc_end(&e);
-        }
+    if (rbuf) {
+        sbx_enc_raw(&e, rbuf, rlen);
+        free(rbuf);
     } else {
         sbx_enc_map(&e);
         sbx_enc_end(&e);
     }
     sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        send_frame(a, buf, len);
+    if (sbx_enc_finish(&e, &buf, &len) != 0) {
+        agent_req_free(r);
+        return;
+    }
+    if (!reply_fits(buf, len)) {
+        free(buf);
+        reply_too_large(a, r, len);
+        return;
+    }
+    send_frame(a, buf, len);
     agent_req_free(r);
+}
+
+/* The error frame for tag: {t, ok:false, e:{code, message, context}}, the
+ * context left out when with_ctx is false. */
+static int
+encode_err(uint64_t tag, sbx_werr *w, bool with_ctx, char **buf, size_t *len)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_str(&e, "t");
+    sbx_enc_uint(&e, tag);
+    sbx_enc_kbool(&e, "ok", false);
+    sbx_enc_str(&e, "e");
+    if (with_ctx) {
+        sbx_enc_werr(&e, w);
+    } else {
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "code", sbx_err_name(w->code));
+        sbx_enc_kstr(&e, "message", w->message);
+        sbx_enc_kmap(&e, "context");
+        sbx_enc_kbool(&e, "contextDropped", true);
+        sbx_enc_end(&e);
+        sbx_enc_end(&e);
+    }
+    sbx_enc_end(&e);
+    return sbx_enc_finish(&e, buf, len);
 }
 
 void
 agent_reply_werr(struct agent *a, struct agent_req *r, sbx_werr *w)
 {
-    sbx_enc e;
     char *buf;
     size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_str(&e, "t");
-    sbx_enc_uint(&e, r->tag);
-    sbx_enc_kbool(&e, "ok", false);
-    sbx_enc_str(&e, "e");
-    sbx_enc_werr(&e, w);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) == 0)
-        send_frame(a, buf, len);
+    if (encode_err(r->tag, w, true, &buf, &len) == 0) {
+        /* A context can be large (SESSION_TERMINATED carries the output
+         * printed before): past the limit the error goes without it. */
+        if (!reply_fits(buf, len)) {
+            free(buf);
+            if (encode_err(r->tag, w, false, &buf, &len) != 0)
+                buf = NULL;
+        }
+        if (buf)
+            send_frame(a, buf, len);
+    }
     agent_req_free(r);
 }
 

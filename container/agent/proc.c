@@ -84,7 +84,9 @@ struct proc {
     struct proc *next;
     struct agent *a;
     char id[128];
-    char *command;
+    char *command;         /* as shown (agent_command_shown) */
+    bool command_cut;      /* `command` is the start of a longer one */
+    size_t command_bytes;  /* of the whole command */
     char session[128];
     pid_t pid;
     int fds[3];
@@ -122,6 +124,17 @@ iso(int64_t ms, char *out, size_t n)
     sbx_iso8601(ms, out, n);
 }
 
+/* command, and when it is shortened commandTruncated and commandBytes. */
+static void
+encode_command(struct proc *p, sbx_enc *e)
+{
+    sbx_enc_kstr(e, "command", p->command ? p->command : "");
+    if (p->command_cut) {
+        sbx_enc_kbool(e, "commandTruncated", true);
+        sbx_enc_kint(e, "commandBytes", (int64_t)p->command_bytes);
+    }
+}
+
 static void
 encode_proc(struct proc *p, sbx_enc *e)
 {
@@ -130,7 +143,7 @@ encode_proc(struct proc *p, sbx_enc *e)
     sbx_enc_kstr(e, "id", p->id);
     if (p->pid > 0)
         sbx_enc_kint(e, "pid", p->pid);
-    sbx_enc_kstr(e, "command", p->command ? p->command : "");
+    encode_command(p, e);
     sbx_enc_kstr(e, "status", p->status);
     iso(p->start_ms, t, sizeof(t));
     sbx_enc_kstr(e, "startTime", t);
@@ -517,7 +530,7 @@ launch(struct proc *p, char **env, const char *cwd)
         p->timeout_timer = sbx_loop_timer(a->loop, p->timeout_ms, timeout_cb, p);
     sbx_enc *e = stream_begin(p->log, "process_info");
     sbx_enc_kstr(e, "processId", p->id);
-    sbx_enc_kstr(e, "command", p->command);
+    encode_command(p, e);
     sbx_enc_kstr(e, "status", "running");
     sbx_enc_kint(e, "pid", pid);
     stream_commit(p->log, false);
@@ -527,7 +540,7 @@ launch(struct proc *p, char **env, const char *cwd)
     sbx_enc_kbool(&res, "success", true);
     sbx_enc_kstr(&res, "processId", p->id);
     sbx_enc_kint(&res, "pid", pid);
-    sbx_enc_kstr(&res, "command", p->command);
+    encode_command(p, &res);
     sbx_enc_kstr(&res, "streamId", p->log->id);
     sbx_enc_str(&res, "process");
     encode_proc(p, &res);
@@ -630,13 +643,21 @@ agent_op_process_start(struct agent *a, struct agent_req *r)
     p->a = a;
     snprintf(p->id, sizeof(p->id), "%s", id);
     if (p->ea.cmd) {
-        p->command = sbx_xstrdup(p->ea.cmd);
+        p->command_bytes = strlen(p->ea.cmd);
+        p->command = agent_command_shown(p->ea.cmd, p->command_bytes, &p->command_cut);
     } else {
         sbx_buf cb;
         sbx_buf_init(&cb);
-        for (char **q = p->ea.argv; *q; q++)
-            sbx_buf_appendf(&cb, "%s%s", q == p->ea.argv ? "" : " ", *q);
-        p->command = sbx_buf_steal(&cb, NULL);
+        for (char **q = p->ea.argv; *q; q++) {
+            if (q != p->ea.argv)
+                sbx_buf_append(&cb, " ", 1);
+            size_t n = strlen(*q);
+            p->command_bytes += n + (q != p->ea.argv);
+            if (cb.len <= AGENT_COMMAND_SHOWN) /* the rest is only counted */
+                sbx_buf_append(&cb, *q, SBX_MIN(n, AGENT_COMMAND_SHOWN + 1 - cb.len));
+        }
+        p->command = agent_command_shown(cb.p ? cb.p : "", cb.len, &p->command_cut);
+        sbx_buf_free(&cb);
     }
     if (sid.n)
         sbx_str_copy(sid, p->session, sizeof(p->session));

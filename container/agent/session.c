@@ -61,7 +61,11 @@
  * is there; bash's children get it at its default, ignored, too. */
 #define SESSION_ABORT_SIG SIGURG
 #define RECENT 8
-#define CTL_LINE_MAX (64 + 4096) /* nonce, status and a PATH_MAX working directory */
+/* A control line: nonce, status and the working directory, which can be
+ * longer than PATH_MAX (a shell reaches any depth one `cd` at a time); one
+ * of more than CWD_SHOWN_MAX bytes is sent as "?" (append_markers). */
+#define CWD_SHOWN_MAX 65536
+#define CTL_LINE_MAX (64 + CWD_SHOWN_MAX)
 
 /* Append a string literal (its length computed by the compiler). */
 #define LIT(b, s) sbx_buf_append((b), (s), sizeof(s) - 1)
@@ -84,6 +88,7 @@ struct session {
     char **env;          /* environment the shell starts with */
     char *cwd;           /* directory the shell starts in */
     char *pwd;           /* the shell's cwd after its last command (heap) */
+    bool pwd_unknown;    /* that cwd was too long to be reported */
     int64_t default_timeout_ms;
     /* the running shell (pid 0 when there is none) */
     pid_t pid;
@@ -168,8 +173,10 @@ append_markers(sbx_buf *b, const char *nonce, const char *status_expr)
     sbx_buf_appendf(b,
                     "\\builtin printf '\\001SBX%%s\\002' %s >&4; "
                     "\\builtin printf '\\001SBX%%s\\002' %s >&5; "
-                    "\\builtin printf '%%s %%s %%s\\n' %s %s \"$PWD\" >&3\n",
-                    nonce, nonce, nonce, status_expr);
+                    "\\builtin test ${#PWD} -le %d && __sbx_w=$PWD || __sbx_w='?'; "
+                    "\\builtin printf '%%s %%s %%s\\n' %s %s \"$__sbx_w\" >&3; "
+                    "\\builtin unset __sbx_w\n",
+                    nonce, nonce, CWD_SHOWN_MAX, nonce, status_expr);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -534,6 +541,9 @@ ctl_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
             if (used > 0 && s->ctl.p[used] == '/') {
                 free(s->pwd);
                 s->pwd = sbx_xstrdup(s->ctl.p + used);
+                s->pwd_unknown = false;
+            } else if (used > 0 && s->ctl.p[used] == '?') {
+                s->pwd_unknown = true; /* longer than CWD_SHOWN_MAX */
             }
             /* The markers were written before this line: read them now,
              * past a stream's cap if need be (the command has ended). */
@@ -737,8 +747,14 @@ run_cmd(struct session *s, struct scmd *c)
     s->start_ticks = agent_boot_ticks();
     s->timeout_ms = c->ea.timeout_ms ? c->ea.timeout_ms : s->default_timeout_ms;
     if (c->stream) {
+        const char *cmd = c->ea.cmd ? c->ea.cmd : c->ea.argv[0];
+        bool cut;
+        char *shown = agent_command_shown(cmd, strlen(cmd), &cut);
         sbx_enc *e = stream_begin(c->stream, "start");
-        sbx_enc_kstr(e, "command", c->ea.cmd ? c->ea.cmd : c->ea.argv[0]);
+        sbx_enc_kstr(e, "command", shown);
+        if (cut)
+            sbx_enc_kbool(e, "commandTruncated", true);
+        free(shown);
         sbx_enc_kstr(e, "sessionId", s->id);
         stream_commit(c->stream, false);
     }
@@ -1017,7 +1033,7 @@ agent_session_cwd(struct agent *a, const char *sid)
     struct session *s = session_find(a, sid);
     if (!s)
         return NULL;
-    return s->pwd ? s->pwd : s->cwd;
+    return s->pwd_unknown ? "" : s->pwd ? s->pwd : s->cwd;
 }
 
 /* Encode a session's description as the current value of e. */
@@ -1026,7 +1042,7 @@ encode_session(struct session *s, sbx_enc *e)
 {
     sbx_enc_map(e);
     sbx_enc_kstr(e, "id", s->id);
-    sbx_enc_kstr(e, "cwd", s->pwd ? s->pwd : s->cwd ? s->cwd : "/workspace");
+    sbx_enc_kstr(e, "cwd", s->pwd_unknown ? "" : s->pwd ? s->pwd : s->cwd ? s->cwd : "/workspace");
     sbx_enc_kbool(e, "shellRunning", s->pid > 0);
     sbx_enc_kbool(e, "busy", s->cur != NULL);
     int queued = 0;

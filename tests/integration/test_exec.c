@@ -365,3 +365,67 @@ Test(exec, destroy_removes_the_sandbox)
     free(id);
     sbx_client_close(c);
 }
+
+/* restarts_of — the sandbox's `restarts` (containers that ended unexpectedly). */
+static int64_t
+restarts_of(sbx_client *c, const char *id)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call(c, "status", id, NULL, 0, 0, NULL, &r, &err), 0, "status: %s",
+                 err.message);
+    const msgpack_object *sb;
+    int64_t n = -1;
+    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0)
+        sbx_wire_get_i64(sb, "restarts", &n);
+    sbx_reply_free(r);
+    return n;
+}
+
+/* A result larger than a reply frame can carry is RESULT_TOO_LARGE, from the
+ * agent, before it is sent: the shard would take the oversized frame for an
+ * attack and replace the container (and /workspace with it).  With an
+ * output cap of 40 MiB per stream, stdout and stderr of one exec add up to
+ * more than the 72 MiB transport cap. */
+Test(exec, a_result_too_large_for_a_reply_is_an_error_not_a_restart, .timeout = 240)
+{
+    struct testd d;
+    static const char *const extra[] = {"--pool", "1", "--memory", "1G", "--output-cap", "40M",
+                                        NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0);
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    const char *id = "big-result";
+    sbx_exec_result r = sh(c, id, "echo keep > /workspace/marker", 0);
+    sbx_exec_result_free(&r);
+    const char *big = "head -c 40000000 /dev/zero; head -c 40000000 /dev/zero >&2";
+    for (int sessionless = 0; sessionless < 2; sessionless++) {
+        sbx_exec_opts o = {.command = big, .sessionless = sessionless};
+        int rc = sbx_exec(c, id, &o, &r, &err);
+        cr_expect_neq(rc, 0, "an exec with 80 MB of output succeeded (sessionless %d)",
+                      sessionless);
+        if (rc) {
+            cr_expect_str_eq(err.code, "RESULT_TOO_LARGE", "sessionless %d: %s %s", sessionless,
+                             err.code, err.message);
+            cr_expect(err.context_json && strstr(err.context_json, "\"operation\":\"exec\""),
+                      "context %s", err.context_json ? err.context_json : "-");
+            sbx_error_free(&err);
+        } else {
+            sbx_exec_result_free(&r);
+        }
+        /* The same container, with its files, still serves. */
+        cr_expect_eq(restarts_of(c, id), 0, "the container was replaced (sessionless %d)",
+                     sessionless);
+        r = sh(c, id, "cat /workspace/marker", 0);
+        cr_expect_str_eq(r.stdout_data, "keep\n", "/workspace lost its files");
+        sbx_exec_result_free(&r);
+    }
+    /* Under the cap the output arrives. */
+    r = sh(c, id, "head -c 40000000 /dev/zero | wc -c; head -c 30000000 /dev/zero", 0);
+    cr_expect_eq(r.exit_code, 0);
+    cr_expect_eq(r.stdout_len, 9 + 30000000u, "stdout of %zu bytes", r.stdout_len);
+    sbx_exec_result_free(&r);
+    sbx_client_close(c);
+    testd_stop(&d);
+}

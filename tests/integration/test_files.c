@@ -672,3 +672,106 @@ Test(files, symlinks_and_dotdot_stay_inside_the_sandbox)
     tdone(c, id);
     sbx_client_close(c);
 }
+
+/* restarts — the sandbox's count of containers that ended unexpectedly. */
+static long long
+restarts(sbx_client *c, const char *id)
+{
+    json_t *sb = ts_status(c, id);
+    long long n = jint(sb, "restarts");
+    json_decref(sb);
+    return n;
+}
+
+/* A recursive listing larger than one reply can carry — 12 000 files under a
+ * 3.4 KB path, ~7 KB of FileInfo each — comes back cut, with `truncated`,
+ * instead of a reply frame the shard takes for an attack: it used to replace
+ * the container, and /workspace with it. */
+Test(files, a_listing_too_large_for_one_reply_is_truncated, .timeout = 180)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("file-biglist");
+    sbx_exec_result r =
+        tsh(c, id,
+            "echo keep > /workspace/marker && d=$(printf 'd%.0s' $(seq 200)) && "
+            "p=/workspace/big && for i in $(seq 17); do p=$p/$d; done && mkdir -p $p && "
+            "cd $p && seq -f f%05g 1 12000 | xargs touch && ls | wc -l",
+            120000);
+    cr_assert_eq(r.exit_code, 0, "set-up: %s", r.stderr_data);
+    cr_assert_str_eq(r.stdout_data, "12000\n");
+    sbx_exec_result_free(&r);
+    tcall t = fcall(c, id, "file.list", "/workspace", json_pack("{s:b}", "recursive", 1));
+    tc_ok(t, "file.list of the big tree");
+    cr_expect_eq(jbool(t.res, "truncated"), 1, "the listing of %lld entries is not truncated",
+                 jint(t.res, "count"));
+    long long n = jint(t.res, "count");
+    cr_expect(n > 1000 && n < 12000, "count %lld", n);
+    cr_expect_eq((long long)json_array_size(jget(t.res, "files")), n);
+    tc_free(&t);
+    /* Same container, same files. */
+    cr_expect_eq(restarts(c, id), 0, "the container was replaced");
+    r = tsh(c, id, "cat /workspace/marker", 0);
+    cr_expect_str_eq(r.stdout_data, "keep\n", "/workspace lost its files: %s", r.stderr_data);
+    sbx_exec_result_free(&r);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* Entries deeper than PATH_MAX keep their whole paths (they were cut at
+ * 4095 bytes, naming a file that does not exist). */
+Test(files, a_listing_reports_paths_longer_than_path_max_whole, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("file-deep");
+    /* 20 levels of 250-byte names: mkdir and cd one level at a time, as no
+     * single path that long can be passed to the kernel. */
+    const char *mk = "mkdir -p /workspace/deep && cd /workspace/deep && "
+                     "d=$(printf 'n%.0s' $(seq 250)) && for i in $(seq 20); do "
+                     "mkdir -p $d && cd $d || exit 1; done && echo x > leaf.txt";
+    const char *bash[] = {"bash", "-c", mk, NULL}; /* dash cannot cd past PATH_MAX */
+    sbx_exec_opts o = {.argv = bash, .sessionless = true, .timeout_ms = 60000};
+    sbx_exec_result r = tsh_opts(c, id, &o);
+    cr_assert_eq(r.exit_code, 0, "set-up: %s", r.stderr_data);
+    sbx_exec_result_free(&r);
+    char name[251];
+    memset(name, 'n', 250);
+    name[250] = '\0';
+    sbx_buf want;
+    sbx_buf_init(&want);
+    for (int i = 0; i < 20; i++)
+        sbx_buf_appendf(&want, "%s%s", i ? "/" : "", name);
+    sbx_buf_appendf(&want, "/leaf.txt");
+    sbx_buf_append(&want, "", 1);
+    tcall t = fcall(c, id, "file.list", "/workspace/deep", json_pack("{s:b}", "recursive", 1));
+    tc_ok(t, "file.list of the deep tree");
+    json_t *leaf = find_entry(jget(t.res, "files"), want.p);
+    cr_assert(leaf != NULL, "no entry with the relative path of leaf.txt (%zu bytes) in %lld "
+                            "entries",
+              strlen(want.p), jint(t.res, "count"));
+    cr_expect_str_eq(jstr(leaf, "name"), "leaf.txt");
+    cr_expect_eq(strlen(jstr(leaf, "absolutePath")), strlen("/workspace/deep/") + strlen(want.p));
+    cr_expect(!strncmp(jstr(leaf, "absolutePath"), "/workspace/deep/", 16) &&
+                  !strcmp(jstr(leaf, "absolutePath") + 16, want.p),
+              "absolutePath is not the leaf's");
+    cr_expect_eq(jint(t.res, "count"), 21);
+    cr_expect_neq(jbool(t.res, "truncated"), 1);
+    tc_free(&t);
+    sbx_buf_free(&want);
+    /* A session can go down there too: its command completes (the cwd rides
+     * on a line that used to be dropped as too long, hanging the command
+     * until its timeout), and a relative path against that cwd is refused,
+     * not cut. */
+    r = tsh(c, id, mk, 20000);
+    cr_expect_eq(r.exit_code, 0, "cd down in the session: exit %d, %s", r.exit_code,
+                 r.stderr_data);
+    sbx_exec_result_free(&r);
+    r = tsh(c, id, "pwd | wc -c", 20000);
+    cr_expect_eq(r.exit_code, 0);
+    cr_expect_str_eq(r.stdout_data, "5036\n", "pwd: %s", r.stdout_data);
+    sbx_exec_result_free(&r);
+    t = fcall(c, id, "file.write", "rel.txt", json_pack("{s:s}", "content", "x"));
+    tc_fails_with(t, "file.write of a relative path under a deep cwd", "NAME_TOO_LONG");
+    tc_free(&t);
+    tdone(c, id);
+    sbx_client_close(c);
+}

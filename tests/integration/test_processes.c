@@ -692,3 +692,61 @@ Test(processes, waiters_on_a_process_that_cannot_start_are_told, .timeout = 60)
     tdone(c, id);
     sbx_client_close(c);
 }
+
+/* Listings show a command's first 4 KiB: three processes with 30 MB
+ * commands made process.list larger than any reply frame, and the shard
+ * replaced the container for it. */
+Test(processes, long_commands_are_shown_shortened, .timeout = 180)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("proc-longcmd");
+    sbx_exec_result r = tsh(c, id, "echo keep > /workspace/marker", 0);
+    sbx_exec_result_free(&r);
+    size_t n = 30u << 20;
+    char *cmd = malloc(n + 1);
+    cr_assert(cmd);
+    memcpy(cmd, "echo ", 5);
+    memset(cmd + 5, 'x', n - 5);
+    cmd[n] = '\0';
+    /* A multi-byte character straddles the 4 KiB cut: it is left out whole. */
+    memcpy(cmd + 4095, "\xc3\xa9", 2);
+    for (int i = 0; i < 3; i++) {
+        char pid[16];
+        snprintf(pid, sizeof(pid), "long-%d", i);
+        json_t *a = json_pack("{s:s, s:s}", "command", cmd, "processId", pid);
+        tcall t = tc_call(c, "process.start", id, a, 60000);
+        tc_ok(t, "process.start with a 30 MB command");
+        cr_expect_eq(strlen(jstr(t.res, "command")), 4095, "start echoes %zu bytes of command",
+                     strlen(jstr(t.res, "command")));
+        cr_expect_eq(jbool(t.res, "commandTruncated"), 1);
+        tc_free(&t);
+    }
+    free(cmd);
+    tcall t = tc_call(c, "process.list", id, NULL, 60000);
+    tc_ok(t, "process.list");
+    json_t *arr = jget(t.res, "processes");
+    cr_expect_eq(json_array_size(arr), 3);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *p = json_array_get(arr, i);
+        cr_expect_eq(strlen(jstr(p, "command")), 4095, "%s: %zu bytes of command", jstr(p, "id"),
+                     strlen(jstr(p, "command")));
+        cr_expect(!strncmp(jstr(p, "command"), "echo xxx", 8), "%s: command %.20s", jstr(p, "id"),
+                  jstr(p, "command"));
+        cr_expect_eq(jbool(p, "commandTruncated"), 1);
+        cr_expect_eq(jint(p, "commandBytes"), (long long)n);
+    }
+    tc_free(&t);
+    t = pcall(c, id, "process.get", "long-1", NULL);
+    tc_ok(t, "process.get");
+    cr_expect_eq(strlen(jstr(t.res, "process.command")), 4095);
+    tc_free(&t);
+    /* The same container: nothing was lost. */
+    json_t *sb = ts_status(c, id);
+    cr_expect_eq(jint(sb, "restarts"), 0, "the container was replaced");
+    json_decref(sb);
+    r = tsh(c, id, "cat /workspace/marker", 0);
+    cr_expect_str_eq(r.stdout_data, "keep\n", "/workspace lost its files");
+    sbx_exec_result_free(&r);
+    tdone(c, id);
+    sbx_client_close(c);
+}
