@@ -336,6 +336,12 @@ Test(deploy, a_shard_refuses_a_cgroup_subtree_that_is_or_nests_with_a_live_ones,
     cr_expect(shard_serving(p2, p2log), "a shard named %s did not start after P stopped", name);
     stop_child(p2);
     stop_child(r);
+    /* A shard removes its own lock file when it stops, but not its
+     * ancestors' (shared with others, as sbx/ is): R's <name>-outer is ours
+     * alone, and gone with this test. */
+    char outer[300];
+    snprintf(outer, sizeof(outer), "/run/sbx/cgroup.%s-outer.lock", name);
+    cr_expect_eq(unlink(outer), 0, "no lock file %s of R's ancestor", outer);
     sbx_rm_rf(dir);
 }
 
