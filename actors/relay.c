@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "../runtime/err.h"
+#include "../runtime/id.h"
 #include "../runtime/log.h"
 #include "../runtime/relay.h"
 #include "../runtime/util.h"
@@ -200,12 +201,13 @@ connect_timeout(int fd, int port, int ms)
     return err ? -err : 0;
 }
 
+/* got: the password's gn bytes as sent (a NUL in them is not an end). */
 static bool
-secret_ok(const char *want, const char *got)
+secret_ok(const char *want, const char *got, size_t gn)
 {
     if (!want || !*want)
         return true;
-    size_t wn = strlen(want), gn = strlen(got);
+    size_t wn = strlen(want);
     unsigned char diff = (unsigned char)(wn != gn);
     for (size_t i = 0; i < wn; i++)
         diff |= (unsigned char)(want[i] ^ (i < gn ? got[i] : 0));
@@ -275,7 +277,7 @@ conn_main(void *arg)
     if (read_n(c->fd, (unsigned char *)pw, plen, deadline))
         goto done;
     pw[plen] = 0;
-    bool ok = secret_ok(sh->conf.relay_secret, pw);
+    bool ok = secret_ok(sh->conf.relay_secret, pw, plen);
     unsigned char ar[2] = {1, ok ? 0 : 1};
     send(c->fd, ar, 2, MSG_NOSIGNAL);
     if (!ok)
@@ -293,12 +295,20 @@ conn_main(void *arg)
         goto done;
     host[dl] = 0;
     port = (b[0] << 8) | b[1];
-    char *dot = strchr(host, '.'), *end;
-    gen = dot ? strtoull(host, &end, 10) : 0;
-    if (!dot || end != dot || port < 1 || (size_t)snprintf(id, sizeof(id), "%s", dot + 1) >= sizeof(id)) {
+    /* "<generation>.<id>" exactly: decimal digits (strtoull alone takes
+     * blanks, a sign, and saturates), a dot, a sandbox ID (the dl bytes as
+     * sent: a NUL in them is refused, not an end). */
+    char *dot = memchr(host, '.', dl), *end = NULL, why[160];
+    size_t gl = dot ? (size_t)(dot - host) : 0, il = dot ? dl - gl - 1 : 0;
+    errno = 0;
+    gen = gl && strspn(host, "0123456789") == gl ? strtoull(host, &end, 10) : 0;
+    if (!end || end != dot || errno || port < 1 || il >= sizeof(id) ||
+        sbx_id_check(dot + 1, il, why, sizeof(why)) != 0) {
         socks_reply(c->fd, SBX_SOCKS_FAIL);
         goto done;
     }
+    memcpy(id, dot + 1, il);
+    id[il] = 0;
     /* 2. the loop thread's view of the sandbox */
     struct rquery *q = rquery_ask(sh, id, port, gen, false);
     pthread_mutex_lock(&sh->relay_mu);
