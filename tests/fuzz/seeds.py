@@ -168,6 +168,24 @@ seeds = {
                     "ping": b'\x01\x06\xff\xfe ping'},
 }
 
+def socks(secret, password, dom, port=8080, cmd=1, atyp=3, user=b"sbx"):
+    req = bytes([5, cmd, 0, atyp]) + (bytes([len(dom)]) + dom if atyp == 3 else dom) + struct.pack('>H', port)
+    return (bytes([1 if secret else 0]) + b'\x05\x02\x00\x02' + b'\x01' + bytes([len(user)]) + user +
+            bytes([len(password)]) + password + req)
+
+KEY = b"s3cret-relay-key"
+seeds["fuzz_relay"] = {
+    "ok": socks(True, KEY, b"7.user-42"), "open": socks(False, b"-", b"12.a"),
+    "wrong": socks(True, b"nope", b"7.user-42"), "nul-suffix": socks(True, KEY + b"\x00junk", b"7.user-42"),
+    "empty-pw": socks(True, b"", b"7.user-42"), "no-method": b'\x01\x05\x01\x00',
+    "bind": socks(True, KEY, b"7.user-42", cmd=2), "ipv4": socks(True, KEY, b"\x7f\x00\x00\x01", atyp=1),
+    "gen-alpha": socks(True, KEY, b"x.user-42"), "bad-id": socks(True, KEY, b"7.User_42"),
+    "no-id": socks(True, KEY, b"7."), "gen-sign": socks(True, KEY, b"-5.user-42"),
+    "gen-space": socks(True, KEY, b" 5.user-42"), "id-nul": socks(True, KEY, b"7.user-42\x00zz"),
+    "gen-big": socks(True, KEY, b"99999999999999999999999.user-42"), "port0": socks(True, KEY, b"7.user-42", port=0),
+    "cut": socks(True, KEY, b"7.user-42")[:30], "ver4": b'\x00\x04\x01\x00\x1f\x90',
+}
+
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 for target, files in seeds.items():
     d = os.path.join(root, target)
