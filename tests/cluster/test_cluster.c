@@ -834,6 +834,7 @@ struct direct {
     char code[64];   /* "" ok, else the error code or "no reply: …" */
     char message[256];
     double replied_ms;
+    atomic_bool done;  /* the reply (or its failure) is recorded */
     pthread_t th;
 };
 
@@ -846,6 +847,7 @@ direct_recv(void *arg)
     d->replied_ms = cl_now_ms();
     if (rv != 0) {
         snprintf(d->code, sizeof(d->code), "no reply: %s", nng_strerror(rv));
+        atomic_store(&d->done, true);
         return NULL;
     }
     sbx_msg dm;
@@ -868,6 +870,7 @@ direct_recv(void *arg)
         sbx_wire_msg_free(&dm);
     }
     nng_msg_free(m);
+    atomic_store(&d->done, true);
     return NULL;
 }
 
@@ -980,8 +983,20 @@ Test(cluster, t5_paused_node_is_fenced, .timeout = 200)
      * its old containers too): what stops them is its own fence. */
     drain(c, y, true);
 
+    /* etcd stands still while Y wakes: Y cannot take a new lease before it
+     * answered what it had queued, so the answers come from the shard as it
+     * woke, not from one that re-joined since (and knows from its new view
+     * that it lost the partition).  Briefly: the other nodes' leases must
+     * not lapse meanwhile (they fence 1.3 s after a renewal). */
+    cr_assert_eq(cl_signal("etcd", 0, SIGSTOP), 0);
     double c0 = cl_now_ms();
     cr_assert_eq(cl_signal("shard", y, SIGCONT), 0);
+    for (int all = 0; !all && cl_now_ms() - c0 < 500; cl_sleep_ms(5)) {
+        all = 1;
+        for (int i = 0; i < ND; i++)
+            all &= atomic_load(&d[i].done);
+    }
+    cr_assert_eq(cl_signal("etcd", 0, SIGCONT), 0);
     for (int i = 0; i < ND; i++) {
         pthread_join(d[i].th, NULL);
         nng_close(d[i].s);
