@@ -474,7 +474,30 @@ cmd_shard(int argc, char **argv)
         sbx_shard_conf_free(&c);
         return rc == -EBUSY ? 2 : 1;
     }
+    /* One live shard per data directory too: two shards of different names
+     * on one LMDB environment would each think they own every record in it
+     * (and each sweep the other's containers from its actors). */
+    int dfd = -1;
+    pid_t dholder = 0;
+    char dpath[PATH_MAX];
+    if (!c.data || snprintf(dpath, sizeof(dpath), "%s/shard.lock", c.data) >= (int)sizeof(dpath))
+        rc = -ENAMETOOLONG;
+    else if ((rc = sbx_mkdir_p(c.data, 0700)) == 0)
+        rc = lock_take(dpath, true, &dfd, &dholder);
+    if (rc) {
+        if (rc == -EBUSY)
+            sbx_error("the data directory %s is in use by a live shard (pid %d): give this "
+                      "shard its own --data",
+                      c.data, (int)dholder);
+        else
+            sbx_error("cannot lock the data directory %s: %s", c.data ? c.data : "(none)",
+                      strerror(-rc));
+        hostlock_release(&hl);
+        sbx_shard_conf_free(&c);
+        return rc == -EBUSY ? 2 : 1;
+    }
     rc = sbx_shard_run(&c);
+    close(dfd); /* the file stays: it is the directory's, not a host-wide name */
     hostlock_release(&hl);
     sbx_shard_conf_free(&c);
     return rc ? 1 : 0;

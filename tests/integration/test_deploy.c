@@ -324,6 +324,16 @@ Test(deploy, a_shard_refuses_a_cgroup_subtree_that_is_or_nests_with_a_live_ones,
     cr_expect_eq(shard_refusal(dir, "q4", dotdot, &text), 2, "'..' in --cgroup-base:\n%s", text);
     cr_expect(strstr(text, "without '.' or '..'"), "%s", text);
     free(text);
+    /* P's data directory under another name and subtree: one LMDB
+     * environment has one live shard. */
+    char samedata[340], b5[140];
+    snprintf(samedata, sizeof(samedata), "--data=%s/p", dir);
+    snprintf(b5, sizeof(b5), "--cgroup-base=%s-elsewhere", name);
+    const char *const sd[] = {other, b5, samedata, NULL};
+    cr_expect_eq(shard_refusal(dir, "q5", sd, &text), 2, "P's --data:\n%s", text);
+    cr_expect(strstr(text, "in use by a live shard") && strstr(text, ppid),
+              "the refusal should name the data directory's holder %s:\n%s", ppid, text);
+    free(text);
 
     /* Both still serve, and once P stops its name is free again. */
     cr_expect_eq(waitpid(p, NULL, WNOHANG), 0, "shard P ended");
