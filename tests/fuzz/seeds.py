@@ -186,6 +186,50 @@ seeds["fuzz_relay"] = {
     "cut": socks(True, KEY, b"7.user-42")[:30], "ver4": b'\x00\x04\x01\x00\x1f\x90',
 }
 
+# fuzz_etcd: answers separated by 0x1e (a header byte: bit 0 transport failure, bits 1-2
+# status 200/200/404/500), a watch's chunks by 0x1f.
+import base64, json
+def b64(x): return base64.b64encode(x if isinstance(x, bytes) else x.encode()).decode()
+def kv(key, value=None, mod=5, **kw):
+    d = {"key": b64(key), "mod_revision": str(mod), "create_revision": "3", "version": "1"}
+    if value is not None: d["value"] = b64(value)
+    d.update(kw)
+    return d
+def ans(body, hdr=0): return bytes([hdr]) + (body if isinstance(body, bytes) else json.dumps(body).encode())
+def answers(*a): return b'\x1e'.join(a)
+C = "/sbx/t/c/"
+member = json.dumps({"url": "tcp://10.0.0.1:7701", "relay": "tcp:10.0.0.1:7702", "startedMs": 1})
+rng = {"header": {"revision": "100"}, "count": "5",
+       "kvs": [kv(C + "members/s1", member), kv(C + "members/s2", member), kv(C + "parts/0000", "s1", 7),
+               kv(C + "parts/0001", "s2", 8), kv(C + "drain/s2", "1")]}
+ev1 = {"result": {"header": {"revision": "102"}, "events": [
+        {"kv": kv(C + "parts/0000", "s2", 102)}, {"type": "DELETE", "kv": kv(C + "members/s1", None, 102)},
+        {"type": "DELETE", "kv": kv(C + "drain/s2", None, 102)}, {"kv": kv(C + "members/s3", "{}", 102)}]}}
+w = (json.dumps({"result": {"header": {"revision": "101"}, "created": True}}) + "\n" + json.dumps(ev1)).encode()
+odd = {"header": {"revision": "9"}, "kvs": [kv(C + "parts/+12", "s1"), kv(C + "parts/ 7", "s1"), kv(C + "parts/4096", "s1"),
+       kv(C + "parts/-1", "s1"), kv(C + "members/", "{}"), kv(C + "parts/0002", "s\x00x"), kv(C + "parts/0003", "x" * 64),
+       kv(C + "members/s1", "not json"), kv("/sbx/other/c/parts/0004", "s1"), {"key": "!!!"}, {"value": b64("v")}]}
+full = {"header": {"revision": "3"}, "kvs": [kv(C + "members/m%02d" % i, "{}") for i in range(70)] +
+        [kv(C + "parts/0005", "m69"), kv(C + "parts/0006", "m01")]}
+seeds["fuzz_etcd"] = {
+    "view": b'\x00\x00' + answers(ans(rng), ans(w[:40] + b'\x1f' + w[40:97] + b'\x1f' + w[97:])),
+    "view-compacted": b'\x00\x00' + answers(ans(rng), ans({"result": {"canceled": True, "compact_revision": "50"}})),
+    "view-odd": b'\x00\x00' + answers(ans(b"", 1), ans(odd), ans(b'{"result":{"events":[{"kv":{"key":"' + b64(C + "parts/0002").encode() + b'"}}]}}')),
+    "view-full": b'\x00\x00' + answers(ans(full), ans({"result": {"events": [{"kv": kv(C + "parts/0007", "new", 4)}]}})),
+    "calls": b'\x01\x00' + answers(ans({"header": {"revision": "12"}}), ans({"header": {}, "ID": "7587", "TTL": "10"}),
+                                      ans({"result": {"ID": "7587", "TTL": "9"}}), ans({"header": {"revision": "13"}, "succeeded": True}),
+                                      ans({"kvs": [kv("/sbx/t/r/0001/user-42", b"\x82\xa2id\xa1a"), {"key": "!!bad"}, kv("x"),
+                                                   {"key": b64("y"), "value": "not base64!"}]}),
+                                      ans({"deleted": "1"}), ans({})),
+    "calls-failing": b'\x01\x00' + answers(ans(b"", 1), ans(b"", 1), ans({"ID": "0"}), ans({"ID": 5, "error": "lease"}),
+                                              ans(b"{", 0), ans({"kvs": []}, 6), ans([1, 2]), ans(b'"str"'), ans({"ID": "-1"}, 4)),
+    "watch": b'\x02\x00' + ans(w[:10] + b'\x1f' + w[10:120] + b'\x1f\x1f' + w[120:]),
+    "watch-stop": b'\x02\x02' + ans(w),
+    "watch-many": b'\x02\x00' + ans(b' \r\n'.join([json.dumps(ev1).encode()] * 4) + b'\x1f{"result":'),
+    "watch-bad": b'\x02\x00' + ans(b'{"result":{"events":[{"kv":{"key":"@@"}},{"kv":5},{"type":"DELETE"}]}}}{"result":{}}'),
+    "watch-404": b'\x02\x00' + ans({"error": "grpc: the client connection is closing", "code": 1}, 4),
+}
+
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 for target, files in seeds.items():
     d = os.path.join(root, target)

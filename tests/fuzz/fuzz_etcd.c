@@ -1,0 +1,562 @@
+/*
+ * fuzz_etcd.c — etcd's answers as sbx reads them: the JSON gateway client
+ * (runtime/etcd.c) and the cluster view built from them (runtime/cview.c),
+ * both included here for their static functions and left as they are.
+ *
+ * The transport is scripted: libcurl's easy API is renamed to stubs here
+ * that hand the real write callbacks a sequence of answers (an HTTP status
+ * and a body, or a transport failure), a watch's body cut into the chunks
+ * the input says.  Everything above curl runs for real: call(), the
+ * kvs/header/succeeded/ID/TTL readers, watch_data's incremental parse,
+ * resync() and apply() on a view with no thread of its own.
+ *
+ * Input: byte 0 picks the flow, byte 1 is a flag; then answers separated
+ * by 0x1e, each a header byte (bit 0: transport failure; bits 1-2: status
+ * 200, 200, 404, 500) and a body whose chunks are separated by 0x1f.
+ *  - flow 0: the view: a range of c/ then a watch from its revision;
+ *  - flow 1: put, lease grant, keep-alive, txn, range, delete, revoke, each
+ *    with the next answers;
+ *  - flow 2: a watch's body parsed in the given chunks, in one piece and
+ *    byte by byte.
+ *
+ * Properties:
+ *  - a call succeeds exactly when the first answer that is not a transport
+ *    failure (two endpoints: at most two tries) has status 200 and a JSON
+ *    object or array as body; a lease grant also needs a non-zero ID;
+ *    ranges return, in order, exactly the kvs whose key (and value, if any)
+ *    decode as base64, each NUL-terminated at its length;
+ *  - a watch delivers the same events and ends the same way however its
+ *    body is cut into chunks;
+ *  - the view: at most SBX_CVIEW_MAX_MEMBERS members with distinct names
+ *    that fit; every partition's owner is -1 or a member index (the
+ *    gateway and shards index members[] with it) and, with its epoch, is
+ *    what the last put or delete of its key says after the range replaced
+ *    everything; a member is live exactly when its members/ key was put
+ *    last, draining when its drain/ key was; the revision is the range's
+ *    or a later event's.
+ */
+#define CURL_DISABLE_TYPECHECK
+#include <curl/curl.h>
+#include <stdarg.h>
+
+static CURL *fake_easy_init(void);
+static CURLcode fake_easy_setopt(CURL *h, CURLoption o, ...);
+static CURLcode fake_easy_perform(CURL *h);
+static CURLcode fake_easy_getinfo(CURL *h, CURLINFO i, ...);
+static void fake_easy_cleanup(CURL *h);
+#undef curl_easy_setopt  /* curl.h's arity checks */
+#undef curl_easy_getinfo
+#define curl_easy_init fake_easy_init
+#define curl_easy_setopt fake_easy_setopt
+#define curl_easy_perform fake_easy_perform
+#define curl_easy_getinfo fake_easy_getinfo
+#define curl_easy_cleanup fake_easy_cleanup
+#include "../../runtime/etcd.c"
+#include "../../runtime/cview.c"
+#undef curl_easy_init
+#undef curl_easy_setopt
+#undef curl_easy_perform
+#undef curl_easy_getinfo
+#undef curl_easy_cleanup
+
+#include "fuzz.h"
+
+/* ------------------------------------------------------------------------------ */
+/* The scripted transport. */
+
+#define SEP_ANSWER 0x1e
+#define SEP_CHUNK 0x1f
+
+struct answer {
+    const uint8_t *p; /* header byte, then the body */
+    size_t n;
+};
+
+static struct {
+    struct answer a[64];
+    size_t n, next;
+    int chunking; /* 0 as scripted, 1 one piece, 2 byte by byte */
+} S;
+
+struct fake {
+    curl_write_callback wfn;
+    void *wdata;
+    curl_xferinfo_callback pfn;
+    void *pdata;
+    long status;
+};
+
+static CURL *
+fake_easy_init(void)
+{
+    return (CURL *)sbx_xcalloc(1, sizeof(struct fake));
+}
+
+static CURLcode
+fake_easy_setopt(CURL *h, CURLoption o, ...)
+{
+    struct fake *f = (struct fake *)h;
+    va_list ap;
+    va_start(ap, o);
+    switch (o) {
+    case CURLOPT_WRITEFUNCTION: f->wfn = va_arg(ap, curl_write_callback); break;
+    case CURLOPT_WRITEDATA: f->wdata = va_arg(ap, void *); break;
+    case CURLOPT_XFERINFOFUNCTION: f->pfn = va_arg(ap, curl_xferinfo_callback); break;
+    case CURLOPT_XFERINFODATA: f->pdata = va_arg(ap, void *); break;
+    default: break; /* the rest only shapes the request */
+    }
+    va_end(ap);
+    return CURLE_OK;
+}
+
+/* One piece of a body to the write callback, as curl does it. */
+static CURLcode
+deliver(struct fake *f, const uint8_t *p, size_t n)
+{
+    if (!n)
+        return CURLE_OK; /* curl never writes nothing */
+    if (f->pfn && f->pfn(f->pdata, 0, 0, 0, 0))
+        return CURLE_ABORTED_BY_CALLBACK;
+    char *copy = fuzz_copy(p, n);
+    size_t w = f->wfn(copy, 1, n, f->wdata);
+    free(copy);
+    return w == n ? CURLE_OK : CURLE_WRITE_ERROR;
+}
+
+static CURLcode
+fake_easy_perform(CURL *h)
+{
+    struct fake *f = (struct fake *)h;
+    if (S.next >= S.n)
+        return CURLE_COULDNT_CONNECT;
+    struct answer a = S.a[S.next++];
+    if (!a.n || (a.p[0] & 1))
+        return CURLE_COULDNT_CONNECT;
+    static const long status[] = {200, 200, 404, 500};
+    f->status = status[(a.p[0] >> 1) & 3];
+    const uint8_t *b = a.p + 1;
+    size_t bn = a.n - 1;
+    if (S.chunking == 2) {
+        for (size_t i = 0; i < bn; i++) {
+            if (b[i] == SEP_CHUNK)
+                continue;
+            CURLcode rc = deliver(f, b + i, 1);
+            if (rc)
+                return rc;
+        }
+        return CURLE_OK;
+    }
+    uint8_t *whole = NULL;
+    size_t wl = 0;
+    if (S.chunking == 1) {
+        whole = sbx_xmalloc(bn + 1);
+        for (size_t i = 0; i < bn; i++)
+            if (b[i] != SEP_CHUNK)
+                whole[wl++] = b[i];
+        CURLcode rc = deliver(f, whole, wl);
+        free(whole);
+        return rc;
+    }
+    for (size_t i = 0; i <= bn;) {
+        const uint8_t *e = memchr(b + i, SEP_CHUNK, bn - i);
+        size_t cl = e ? (size_t)(e - (b + i)) : bn - i;
+        CURLcode rc = deliver(f, b + i, cl);
+        if (rc)
+            return rc;
+        i += cl + 1;
+    }
+    return CURLE_OK;
+}
+
+static CURLcode
+fake_easy_getinfo(CURL *h, CURLINFO i, ...)
+{
+    struct fake *f = (struct fake *)h;
+    va_list ap;
+    va_start(ap, i);
+    if (i == CURLINFO_RESPONSE_CODE)
+        *va_arg(ap, long *) = f->status;
+    va_end(ap);
+    return CURLE_OK;
+}
+
+static void
+fake_easy_cleanup(CURL *h)
+{
+    free(h);
+}
+
+static void
+script(const uint8_t *d, size_t n)
+{
+    S.n = S.next = 0;
+    S.chunking = 0;
+    for (size_t i = 0; i <= n && S.n < SBX_ARRAY_LEN(S.a);) {
+        const uint8_t *e = memchr(d + i, SEP_ANSWER, n - i);
+        size_t l = e ? (size_t)(e - (d + i)) : n - i;
+        S.a[S.n].p = d + i;
+        S.a[S.n++].n = l;
+        i += l + 1;
+    }
+}
+
+/* The answer a call will take, and whether it succeeds: the first answer
+ * that is not a transport failure among the next two (two endpoints). */
+static json_t *
+expect_call(bool *ok, bool *answered)
+{
+    *ok = *answered = false;
+    for (size_t k = 0; k < 2 && S.next + k < S.n; k++) {
+        struct answer a = S.a[S.next + k];
+        if (!a.n || (a.p[0] & 1))
+            continue;
+        *answered = true;
+        sbx_buf b;
+        sbx_buf_init(&b);
+        for (size_t i = 1; i < a.n; i++)
+            if (a.p[i] != SEP_CHUNK)
+                sbx_buf_append(&b, &a.p[i], 1);
+        json_error_t je;
+        json_t *j = json_loadb(b.p ? b.p : "", b.len, 0, &je);
+        sbx_buf_free(&b);
+        *ok = j && ((a.p[0] >> 1) & 3) < 2;
+        if (!*ok) {
+            json_decref(j);
+            j = NULL;
+        }
+        return j;
+    }
+    return NULL;
+}
+
+static void
+check_rc(int rc, bool ok, bool answered, const char *what)
+{
+    if (ok)
+        FUZZ_CHECK(rc == 0, "%s failed: %d", what, rc);
+    else
+        FUZZ_CHECK(rc == (answered ? SBX_E_STORAGE : SBX_E_SHARD_UNAVAILABLE), "%s: %d", what, rc);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Flow 1: the calls. */
+
+/* The kvs a range must return for answer j: those whose key (and value)
+ * decode. */
+static void
+check_kvs(json_t *j, const struct sbx_etcd_kv *kvs, size_t n)
+{
+    json_t *arr = json_object_get(j, "kvs");
+    size_t k = 0;
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *o = json_array_get(arr, i);
+        const char *ks = json_string_value(json_object_get(o, "key"));
+        json_t *vj = json_object_get(o, "value");
+        const char *vs = json_string_value(vj);
+        char *key = NULL, *val = NULL;
+        size_t kl = 0, vl = 0;
+        bool good = ks && sbx_base64_decode(ks, strlen(ks), &key, &kl) == 0 &&
+                    (!vs || sbx_base64_decode(vs, strlen(vs), &val, &vl) == 0);
+        if (good) {
+            FUZZ_CHECK(k < n, "kv %zu missing", i);
+            const struct sbx_etcd_kv *kv = &kvs[k++];
+            FUZZ_CHECK(!memcmp(kv->key, key, kl) && kv->key[kl] == 0, "kv %zu: key", i);
+            FUZZ_CHECK(kv->vlen == vl && (!vl || !memcmp(kv->value, val, vl)) &&
+                           kv->value[vl] == 0,
+                       "kv %zu: value", i);
+        }
+        free(key);
+        free(val);
+    }
+    FUZZ_CHECK(k == n, "%zu kvs returned, %zu decode", n, k);
+}
+
+static void
+flow_calls(sbx_etcd *e)
+{
+    bool ok, answered;
+    int64_t rev = 0, id = 0, ttl = 0;
+    json_t *j;
+
+    j = expect_call(&ok, &answered);
+    check_rc(sbx_etcd_put(e, "/sbx/t/c/parts/0001", "s1", 2, 7, &rev), ok, answered, "put");
+    json_decref(j);
+
+    j = expect_call(&ok, &answered);
+    int rc = sbx_etcd_lease_grant(e, 10, &id);
+    bool granted = ok && jint(j, "ID") != 0 && !json_is_string(json_object_get(j, "error"));
+    if (granted)
+        FUZZ_CHECK(rc == 0 && id != 0, "lease grant: %d, ID %lld", rc, (long long)id);
+    else
+        FUZZ_CHECK(rc != 0, "lease grant succeeded with ID %lld", (long long)id);
+    json_decref(j);
+
+    j = expect_call(&ok, &answered);
+    check_rc(sbx_etcd_lease_keepalive(e, 42, &ttl), ok, answered, "keepalive");
+    if (ok)
+        FUZZ_CHECK(ttl == (json_object_get(j, "result") ? jint(json_object_get(j, "result"), "TTL")
+                                                        : 0),
+                   "TTL %lld", (long long)ttl);
+    json_decref(j);
+
+    sbx_etcd_txn *t = sbx_etcd_txn_new();
+    sbx_etcd_txn_cmp_mod(t, "/sbx/t/c/parts/0001", 3);
+    sbx_etcd_txn_put(t, "/sbx/t/c/parts/0001", "s2", 2, 0);
+    sbx_etcd_txn_del(t, "/sbx/t/c/drain/s2");
+    bool succeeded = false;
+    j = expect_call(&ok, &answered);
+    check_rc(sbx_etcd_txn_run(e, t, &succeeded, &rev), ok, answered, "txn");
+    if (ok)
+        FUZZ_CHECK(succeeded == json_is_true(json_object_get(j, "succeeded")), "txn succeeded");
+    json_decref(j);
+
+    struct sbx_etcd_kv *kvs;
+    size_t n;
+    j = expect_call(&ok, &answered);
+    check_rc(sbx_etcd_range(e, "/sbx/t/r/", "/sbx/t/r0", &kvs, &n, &rev), ok, answered, "range");
+    if (ok)
+        check_kvs(j, kvs, n);
+    else
+        FUZZ_CHECK(!kvs && !n, "kvs from a failed range");
+    sbx_etcd_kvs_free(kvs, n);
+    json_decref(j);
+
+    j = expect_call(&ok, &answered);
+    check_rc(sbx_etcd_delete(e, "/sbx/t/c/drain/s1", NULL), ok, answered, "delete");
+    json_decref(j);
+    j = expect_call(&ok, &answered);
+    check_rc(sbx_etcd_lease_revoke(e, 42), ok, answered, "revoke");
+    json_decref(j);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Flow 2: a watch, however its body is cut. */
+
+struct rec {
+    sbx_buf b;   /* the events, serialized */
+    int count, stop_after;
+};
+
+static int
+rec_cb(void *arg, bool put, const struct sbx_etcd_kv *kv, int64_t revision)
+{
+    struct rec *r = arg;
+    FUZZ_CHECK(kv->key && kv->value && kv->value[kv->vlen] == 0, "an unterminated kv");
+    sbx_buf_appendf(&r->b, "%c%zu:", put ? 'P' : 'D', strlen(kv->key));
+    sbx_buf_append(&r->b, kv->key, strlen(kv->key));
+    sbx_buf_appendf(&r->b, "%zu:", kv->vlen);
+    sbx_buf_append(&r->b, kv->value, kv->vlen);
+    sbx_buf_appendf(&r->b, "@%lld/%lld/%lld\n", (long long)revision,
+                    (long long)kv->create_revision, (long long)kv->version);
+    return ++r->count == r->stop_after;
+}
+
+static int
+watch_as(sbx_etcd *e, int chunking, int stop_after, struct rec *r)
+{
+    static atomic_bool stop;
+    S.next = 0;
+    S.chunking = chunking;
+    sbx_buf_init(&r->b);
+    r->count = 0;
+    r->stop_after = stop_after;
+    return sbx_etcd_watch(e, "/sbx/t/c/", "/sbx/t/c0", 5, rec_cb, r, &stop);
+}
+
+static void
+flow_watch(sbx_etcd *e, int stop_after)
+{
+    struct rec a, b, c;
+    int ra = watch_as(e, 0, stop_after, &a);
+    int rb = watch_as(e, 1, stop_after, &b);
+    FUZZ_CHECK(ra == rb && a.b.len == b.b.len && (!a.b.len || !memcmp(a.b.p, b.b.p, a.b.len)),
+               "chunks changed the watch: %d events (%d) vs %d in one piece (%d)", a.count, ra,
+               b.count, rb);
+    if (S.n && S.a[0].n <= 768) { /* a parse per byte: quadratic */
+        int rc = watch_as(e, 2, stop_after, &c);
+        FUZZ_CHECK(rc == rb && c.b.len == b.b.len && (!c.b.len || !memcmp(c.b.p, b.b.p, c.b.len)),
+                   "byte by byte changed the watch: %d events (%d) vs %d (%d)", c.count, rc,
+                   b.count, rb);
+        sbx_buf_free(&c.b);
+    }
+    FUZZ_CHECK(ra == 0 || ra == SBX_E_STORAGE || ra == SBX_E_SHARD_UNAVAILABLE, "watch: %d", ra);
+    sbx_buf_free(&a.b);
+    sbx_buf_free(&b.b);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Flow 0: the view. */
+
+#define CPREFIX "/sbx/t/c/"
+
+/* The model: what the last put or delete of each key says. */
+struct mstate {
+    char owner[SBX_PARTITIONS][64]; /* "" with !has */
+    bool has[SBX_PARTITIONS];
+    int64_t epoch[SBX_PARTITIONS];
+    struct {
+        char name[64];
+        bool live, draining;
+    } m[256];
+    int nm;
+    int64_t rev;
+};
+
+static int
+mmember(struct mstate *s, const char *name)
+{
+    for (int i = 0; i < s->nm; i++)
+        if (!strcmp(s->m[i].name, name))
+            return i;
+    if (s->nm == (int)SBX_ARRAY_LEN(s->m) || strlen(name) >= 64)
+        return -1;
+    memset(&s->m[s->nm], 0, sizeof(s->m[0]));
+    snprintf(s->m[s->nm].name, 64, "%s", name);
+    return s->nm++;
+}
+
+static void
+mapply(struct mstate *s, bool put, const struct sbx_etcd_kv *kv)
+{
+    if (strncmp(kv->key, CPREFIX, strlen(CPREFIX)))
+        return;
+    const char *k = kv->key + strlen(CPREFIX);
+    if (!strncmp(k, "members/", 8)) {
+        int i = mmember(s, k + 8);
+        if (i >= 0)
+            s->m[i].live = put;
+    } else if (!strncmp(k, "parts/", 6)) {
+        char *end;
+        long p = strtol(k + 6, &end, 10); /* as apply() reads it */
+        if (*end || p < 0 || p >= SBX_PARTITIONS)
+            return;
+        s->has[p] = put && kv->vlen > 0 && kv->vlen < 64;
+        snprintf(s->owner[p], 64, "%s", s->has[p] ? kv->value : "");
+        if (s->has[p])
+            mmember(s, kv->value); /* the view interns owners too */
+        s->epoch[p] = s->has[p] ? kv->mod_revision : 0;
+    } else if (!strncmp(k, "drain/", 6)) {
+        int i = mmember(s, k + 6);
+        if (i >= 0)
+            s->m[i].draining = put;
+    }
+}
+
+static int
+model_cb(void *arg, bool put, const struct sbx_etcd_kv *kv, int64_t revision)
+{
+    struct mstate *s = arg;
+    mapply(s, put, kv);
+    if (revision > s->rev)
+        s->rev = revision;
+    return 0;
+}
+
+static void
+check_view(sbx_cview *v, struct mstate *s)
+{
+    FUZZ_CHECK(v->nmembers >= 0 && v->nmembers <= SBX_CVIEW_MAX_MEMBERS, "%d members",
+               v->nmembers);
+    for (int i = 0; i < v->nmembers; i++) {
+        const struct sbx_cmember *m = &v->members[i];
+        FUZZ_CHECK(memchr(m->name, 0, sizeof(m->name)) && memchr(m->url, 0, sizeof(m->url)) &&
+                       memchr(m->relay, 0, sizeof(m->relay)),
+                   "member %d unterminated", i);
+        for (int k = 0; k < i; k++)
+            FUZZ_CHECK(strcmp(v->members[k].name, m->name), "member '%s' twice", m->name);
+        int mi = mmember(s, m->name);
+        FUZZ_CHECK(mi >= 0, "member '%s' out of the model", m->name);
+        FUZZ_CHECK(m->live == s->m[mi].live && m->draining == s->m[mi].draining,
+                   "member '%s' live %d draining %d, want %d %d", m->name, m->live, m->draining,
+                   s->m[mi].live, s->m[mi].draining);
+    }
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        int o = v->parts[p].owner;
+        FUZZ_CHECK(o >= -1 && o < v->nmembers, "partition %d: owner %d of %d members", p, o,
+                   v->nmembers);
+        FUZZ_CHECK(v->parts[p].epoch == s->epoch[p], "partition %d: epoch %lld, want %lld", p,
+                   (long long)v->parts[p].epoch, (long long)s->epoch[p]);
+        if (!s->has[p]) {
+            FUZZ_CHECK(o == -1, "partition %d owned by '%s' after its key went", p,
+                       v->members[o].name);
+        } else if (o >= 0) {
+            FUZZ_CHECK(!strcmp(v->members[o].name, s->owner[p]), "partition %d: '%s', want '%s'",
+                       p, v->members[o].name, s->owner[p]);
+        } else {
+            /* No index for the owner: only when the table is full. */
+            FUZZ_CHECK(v->nmembers == SBX_CVIEW_MAX_MEMBERS, "partition %d lost owner '%s'", p,
+                       s->owner[p]);
+        }
+    }
+    FUZZ_CHECK(v->rev == s->rev, "revision %lld, want %lld", (long long)v->rev,
+               (long long)s->rev);
+}
+
+static void
+flow_view(sbx_etcd *e)
+{
+    /* The model, from what the client decodes (its own properties are
+     * checked in the other flows): the range, then the watch. */
+    static struct mstate s;
+    memset(&s, 0, sizeof(s));
+    struct sbx_etcd_kv *kvs;
+    size_t n;
+    int64_t rev = 0;
+    char end[200];
+    sbx_etcd_prefix_end(CPREFIX, end, sizeof(end));
+    S.next = 0;
+    if (sbx_etcd_range(e, CPREFIX, end, &kvs, &n, &rev) != 0)
+        return; /* resync fails the same way: nothing to compare */
+    for (size_t i = 0; i < n; i++)
+        mapply(&s, true, &kvs[i]);
+    s.rev = rev;
+    sbx_etcd_kvs_free(kvs, n);
+    size_t after_range = S.next;
+    static atomic_bool stop;
+    sbx_etcd_watch(e, CPREFIX, end, rev + 1, model_cb, &s, &stop);
+
+    /* The view, replaying the same answers. */
+    static sbx_cview *v;
+    if (!v) {
+        v = sbx_xcalloc(1, sizeof(*v));
+        pthread_mutex_init(&v->mu, NULL);
+    }
+    v->etcd = e;
+    snprintf(v->prefix, sizeof(v->prefix), "/sbx/t/");
+    snprintf(v->cprefix, sizeof(v->cprefix), CPREFIX);
+    v->nmembers = 0;
+    v->synced = false;
+    v->rev = 0;
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        v->parts[p].owner = -1;
+        v->parts[p].epoch = 0;
+    }
+    S.next = 0;
+    e->cur = 0;
+    FUZZ_CHECK(resync(v) == 0 && v->synced, "resync failed where the range did not");
+    FUZZ_CHECK(S.next == after_range, "resync took other answers");
+    sbx_etcd_watch(e, v->cprefix, end, v->rev + 1, watch_cb, v, &v->stop);
+    /* The model interned names in its own order, and keeps those the full
+     * view could not: check by name. */
+    check_view(v, &s);
+}
+
+/* ------------------------------------------------------------------------------ */
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 2 || size > (256u << 10))
+        return 0;
+    static sbx_etcd *e;
+    if (!e && sbx_etcd_open(&e, "http://etcd-a:2379,http://etcd-b:2379/", 1000) != 0)
+        abort();
+    e->cur = 0;
+    script(data + 2, size - 2);
+    switch (data[0] % 3) {
+    case 0: flow_view(e); break;
+    case 1: flow_calls(e); break;
+    default: flow_watch(e, data[1] % 8); break;
+    }
+    return 0;
+}
