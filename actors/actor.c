@@ -302,9 +302,16 @@ container_died(struct actor *a, const char *why)
     stop_container(a, false);
 }
 
+/*
+ * Send {t: tag, op, a: args (a decoded map) or args_enc (an open map
+ * encoder, consumed) or {}} to the agent, with what only the shard knows
+ * when `op` is given: "cg", the sandbox's cgroup counters when the request
+ * left (op->pre, for the agent to tell why a command or process ended,
+ * docs/protocol.md §6).
+ */
 static int
 agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc *args_enc,
-           uint64_t tag)
+           uint64_t tag, const struct sop *sop)
 {
     sbx_enc e;
     char *buf;
@@ -314,6 +321,12 @@ agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc 
     sbx_enc_str(&e, "t");
     sbx_enc_uint(&e, tag);
     sbx_enc_kstr(&e, "op", op);
+    if (sop && sop->have_pre) {
+        sbx_enc_kmap(&e, "cg");
+        sbx_enc_kint(&e, "oom", (int64_t)sop->pre.oom_kills);
+        sbx_enc_kint(&e, "pids", (int64_t)sop->pre.pids_max_hits);
+        sbx_enc_end(&e);
+    }
     sbx_enc_str(&e, "a");
     if (args)
         sbx_enc_obj(&e, args);
@@ -348,11 +361,12 @@ static void
 dispatch(struct actor *a, struct sop *op)
 {
     op->tag = ++a->next_tag;
-    if (sbx_str_eq(op->req.op, "exec")) {
-        sbx_container_stats(a->sh->spawner, &a->c, &op->pre);
-        op->have_pre = true;
+    /* What started now may end by the sandbox's limits: the counters before. */
+    if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
+        sbx_str_eq(op->req.op, "process.start")) {
+        op->have_pre = sbx_container_stats(a->sh->spawner, &a->c, &op->pre) == 0;
     }
-    int rc = agent_send(a, op->def->name, op->req.args, NULL, op->tag);
+    int rc = agent_send(a, op->def->name, op->req.args, NULL, op->tag, op);
     if (rc) {
         shard_reply_err(op, rc, "could not reach the sandbox's agent");
         container_died(a, "its channel broke");
@@ -381,7 +395,7 @@ container_ready(struct actor *a, struct sbx_container *c, bool pooled)
         sbx_enc_str(&args, "env");
         sbx_enc_raw(&args, a->rec.env, a->rec.env_len);
     }
-    if (agent_send(a, "bind", NULL, &args, 0) != 0) {
+    if (agent_send(a, "bind", NULL, &args, 0, NULL) != 0) {
         container_died(a, "the bind frame could not be sent");
         return;
     }
@@ -514,25 +528,29 @@ take_inflight(struct actor *a, uint64_t tag)
     return NULL;
 }
 
-/* Refine the agent's exit cause with what only the host can see. */
-static const char *
-refine_cause(struct actor *a, struct sop *op, const msgpack_object *r, sbx_str cause)
+/*
+ * A frame the agent sends on its own (tag 0 with "ev").  "counters": it
+ * asks for the sandbox's cgroup counters, which only the host can read (a
+ * command or process ended and may have met a limit); the answer is the
+ * internal request counters {oomKills, pidsLimitHits}.  Anything else is
+ * ignored.  Costs two small cgroup file reads, at most one question in
+ * flight per agent (agent_counters_ask).
+ */
+static void
+agent_event(struct actor *a, sbx_str ev)
 {
-    if (!op->have_pre || a->cs != C_RUNNING)
-        return NULL;
-    struct sbx_cgroup_stats post;
-    sbx_container_stats(a->sh->spawner, &a->c, &post);
-    int64_t sig = 0, code = 0;
-    sbx_wire_get_i64(r, "signal", &sig);
-    sbx_wire_get_i64(r, "exitCode", &code);
-    if (sbx_str_eq(cause, "KILLED") && sig == 9 && post.oom_kills > op->pre.oom_kills)
-        return "OOM_KILLED";
-    /* A shell reports its child's SIGKILL as exit 137 (128 + 9). */
-    if (sbx_str_eq(cause, "EXITED") && code == 137 && post.oom_kills > op->pre.oom_kills)
-        return "OOM_KILLED";
-    if (sbx_str_eq(cause, "EXITED") && code != 0 && post.pids_max_hits > op->pre.pids_max_hits)
-        return "PIDS_LIMIT";
-    return NULL;
+    if (!sbx_str_eq(ev, "counters") || a->cs != C_RUNNING)
+        return;
+    struct sbx_cgroup_stats st;
+    if (sbx_container_stats(a->sh->spawner, &a->c, &st) != 0)
+        return; /* the agent gives up after a while and keeps the plain cause */
+    sbx_enc args;
+    sbx_enc_init(&args);
+    sbx_enc_map(&args);
+    sbx_enc_kint(&args, "oomKills", (int64_t)st.oom_kills);
+    sbx_enc_kint(&args, "pidsLimitHits", (int64_t)st.pids_max_hits);
+    if (agent_send(a, "counters", NULL, &args, 0, NULL) != 0)
+        container_died(a, "its channel broke");
 }
 
 static void
@@ -544,6 +562,11 @@ agent_reply(struct actor *a, const msgpack_object *root)
         return;
     sbx_wire_get_bool(root, "ok", &ok);
     if (tag == 0) {
+        sbx_str ev;
+        if (sbx_wire_get_str(root, "ev", &ev) == 0) {
+            agent_event(a, ev);
+            return;
+        }
         if (!ok)
             sbx_warn("sandbox %s: the agent refused an internal request", a->id);
         return;
@@ -555,19 +578,15 @@ agent_reply(struct actor *a, const msgpack_object *root)
     sbx_enc e;
     const msgpack_object *r = NULL;
     if (ok && sbx_wire_get_map(root, "r", &r) == 0) {
-        sbx_str cause = {0};
-        sbx_wire_get_str(r, "cause", &cause);
-        const char *refined = cause.n ? refine_cause(a, op, r, cause) : NULL;
+        /* Causes (OOM_KILLED, PIDS_LIMIT) come refined by the agent, from
+         * the counters of "cg" and agent_event. */
         shard_reply_begin(op, &e);
         for (uint32_t i = 0; i < r->via.map.size; i++) {
             const msgpack_object_kv *kv = &r->via.map.ptr[i];
             if (kv->key.type != MSGPACK_OBJECT_STR)
                 continue;
             sbx_enc_obj(&e, &kv->key);
-            if (refined && kv->key.via.str.size == 5 && !memcmp(kv->key.via.str.ptr, "cause", 5))
-                sbx_enc_str(&e, refined);
-            else
-                sbx_enc_obj(&e, &kv->val);
+            sbx_enc_obj(&e, &kv->val);
         }
         if (op->container_restarted)
             sbx_enc_kbool(&e, "containerRestarted", true);

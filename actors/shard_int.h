@@ -52,7 +52,8 @@ struct sop {
     bool transient;             /* a transient error was answered: not to be replayed */
     uint64_t tag;               /* agent request tag when in flight */
     int64_t t0_us;
-    struct sbx_cgroup_stats pre;/* cgroup counters when sent to the agent */
+    struct sbx_cgroup_stats pre;/* cgroup counters when sent to the agent (exec, exec.stream,
+                                 * process.start: "cg" for the agent to refine causes) */
     bool have_pre;
     bool container_restarted;   /* first op on a container replacing one that died */
 };

@@ -76,6 +76,14 @@ struct agent_req {
     sbx_msg msg;
     const msgpack_object *args;
     char op[32];
+    int64_t deadline_ms;      /* "d": when the shard stops waiting for the reply, on
+                               * sbx_mono_ms()'s clock; 0 when the request has none */
+    bool have_cg;             /* "cg": the sandbox's cgroup counters when the shard
+                               * sent it (exec, exec.stream, process.start) */
+    struct agent_counters {
+        uint64_t oom_kills;   /* OOM kills in the sandbox's memory cgroup */
+        uint64_t pids_hits;   /* forks refused by its pids limit */
+    } cg;
 };
 
 /* The agent: one per sandbox, the loop's only state. */
@@ -100,9 +108,26 @@ struct agent {
     void *terms;              /* terminals (term.c) */
     uint64_t nonce_ctr;
     uint64_t stream_ctr;
+    struct counters_wait *cwait; /* agent_counters_ask calls waiting (main.c) */
+    uint64_t cwait_timer;
+    uint64_t work_starts;     /* tenant work started so far (agent_work_mark) */
     bool bound;
     char sandbox[64];
 };
+
+/*
+ * main.c: the sandbox's cgroup counters, which only the shard can read.
+ * agent_counters_ask sends it {t: 0, ev: "counters"} (one question at a
+ * time; askers meanwhile share it) and calls fn(a, arg, ok, now) when the
+ * answer — an internal "counters" request — arrives, or with ok false after
+ * AGENT_COUNTERS_WAIT_MS without one.  agent_counters_cancel drops the
+ * pending calls for arg (its owner goes away).  Used to tell why a command
+ * or process ended (OOM_KILLED, PIDS_LIMIT: agent_refine_cause).
+ */
+#define AGENT_COUNTERS_WAIT_MS 1000
+typedef void (*counters_fn)(struct agent *a, void *arg, bool ok, const struct agent_counters *now);
+void agent_counters_ask(struct agent *a, counters_fn fn, void *arg);
+void agent_counters_cancel(struct agent *a, void *arg);
 
 /* main.c: reply helpers.  `r` is consumed (freed) by these. */
 void agent_reply_ok(struct agent *a, struct agent_req *r, sbx_enc *result /* open map, or NULL */);
@@ -182,14 +207,50 @@ struct exec_args {
 };
 int exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, size_t whylen);
 void exec_args_free(struct exec_args *ea);
-/* exec.c: the fields of a finished command in an exec stream's "complete" event. */
+/* exec.c: the fields of a finished command in an exec stream's "complete"
+ * event; cause NULL: the one the other fields imply (TIMEOUT, KILLED, EXITED). */
 void exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bool cancelled,
-                          int64_t timeout_ms, int64_t duration_ms);
+                          int64_t timeout_ms, int64_t duration_ms, const char *cause);
 /* exec.c: read and discard what fd still delivers, then close it. */
 void agent_hand_to_drainer(struct agent *a, int fd);
-/* exec.c: encode the common exec result fields. */
+/* exec.c: encode the common exec result fields (cause as above). */
 void exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
-                        int64_t duration_ms, struct outcap *out, struct outcap *err);
+                        int64_t duration_ms, struct outcap *out, struct outcap *err,
+                        const char *cause);
+
+/*
+ * exec.c: why a command or background process ended, beyond what its exit
+ * status says.  OOM_KILLED: SIGKILLed (or a shell's exit 137) while the
+ * sandbox's OOM-kill counter rose since the request; PIDS_LIMIT: exited
+ * non-zero while forks were refused by the pids limit since the request —
+ * blamed on it only when blame_pids: it said so in its output
+ * (agent_fork_refused_in), or nothing else of the tenant's ran meanwhile
+ * (agent_work_alone), for the counter is the whole sandbox's and another
+ * process may be the one that hit the limit.  Returns cause or the refined
+ * one (static strings).
+ */
+const char *agent_refine_cause(const char *cause, int exit_code, int sig,
+                               const struct agent_counters *before,
+                               const struct agent_counters *after, bool blame_pids);
+/* exec.c: whether output (n bytes) reports a refused fork or EAGAIN. */
+bool agent_fork_refused_in(const char *p, size_t n);
+/* exec.c: what else of the tenant's runs or starts while a command runs:
+ * agent_work_mark when it starts (after its own fork), agent_work_alone when
+ * it ends — true if no other command, process, busy session, running code
+ * cell or open terminal existed at either time and none started between.
+ * `self` is the caller's own job, session command or process. */
+struct work_mark {
+    uint64_t starts;          /* agent->work_starts after its own start */
+    bool others;              /* something else ran at its start */
+};
+void agent_work_mark(struct agent *a, const void *self, struct work_mark *m);
+bool agent_work_alone(struct agent *a, const void *self, const struct work_mark *m);
+bool agent_others_running(struct agent *a, const void *self);
+/* The parts of agent_others_running each module answers for. */
+bool agent_procs_running(struct agent *a, const void *self);   /* proc.c */
+bool agent_sessions_busy(struct agent *a, const void *self);   /* session.c: self a command */
+bool agent_interp_busy(struct agent *a);                       /* interp.c: a cell runs */
+bool agent_terms_open(struct agent *a);                        /* term.c */
 
 /* session.c */
 void agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool stream);

@@ -17,6 +17,7 @@
  * a drainer that discards what they write until they close, so such
  * children never block on a full pipe nor die of SIGPIPE.
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -205,8 +206,10 @@ agent_spawn(struct agent *a, const struct spawn_opts *o)
     pid_t pid = fork();
     if (pid < 0)
         return -errno;
-    if (pid > 0)
+    if (pid > 0) {
+        a->work_starts++; /* agent_work_alone */
         return pid;
+    }
 
     /* Child: a copy of the (single-threaded) agent; everything here runs
      * before the tenant's program and with the agent's empty privileges. */
@@ -439,7 +442,7 @@ agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nsp
 
 void
 exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
-                   int64_t duration_ms, struct outcap *out, struct outcap *err)
+                   int64_t duration_ms, struct outcap *out, struct outcap *err, const char *cause)
 {
     if (timed_out) {
         char note[128];
@@ -461,8 +464,69 @@ exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t t
     sbx_enc_kbool(e, "timedOut", timed_out);
     if (sig)
         sbx_enc_kint(e, "signal", sig);
-    /* The actor refines EXITED/KILLED with the cgroup's OOM and pids counters. */
-    sbx_enc_kstr(e, "cause", timed_out ? "TIMEOUT" : sig ? "KILLED" : "EXITED");
+    sbx_enc_kstr(e, "cause", cause ? cause : timed_out ? "TIMEOUT" : sig ? "KILLED" : "EXITED");
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Why a command ended. */
+
+void
+agent_work_mark(struct agent *a, const void *self, struct work_mark *m)
+{
+    m->starts = ++a->work_starts;
+    m->others = agent_others_running(a, self);
+}
+
+bool
+agent_work_alone(struct agent *a, const void *self, const struct work_mark *m)
+{
+    return !m->others && a->work_starts == m->starts && !agent_others_running(a, self);
+}
+
+/* Case-insensitive search of needle (lower case) in n bytes of p. */
+static bool
+icase_has(const char *p, size_t n, const char *needle)
+{
+    size_t k = strlen(needle);
+    for (size_t i = 0; p && i + k <= n; i++) {
+        size_t j = 0;
+        while (j < k && (char)tolower((unsigned char)p[i + j]) == needle[j])
+            j++;
+        if (j == k)
+            return true;
+    }
+    return false;
+}
+
+bool
+agent_fork_refused_in(const char *p, size_t n)
+{
+    /* bash "fork: retry: Resource temporarily unavailable", dash "Cannot
+     * fork", Python's BlockingIOError, Go's "resource temporarily
+     * unavailable", Node's "spawn EAGAIN". */
+    static const char *const says[] = {"resource temporarily unavailable", "cannot fork",
+                                       "can't fork", "eagain"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(says); i++)
+        if (icase_has(p, n, says[i]))
+            return true;
+    return false;
+}
+
+const char *
+agent_refine_cause(const char *cause, int exit_code, int sig, const struct agent_counters *before,
+                   const struct agent_counters *after, bool blame_pids)
+{
+    bool oom = after->oom_kills > before->oom_kills;
+    /* SIGKILL with the OOM killer at work; a shell reports its child's
+     * SIGKILL as exit 137 (128 + 9). */
+    if (!strcmp(cause, "KILLED") && sig == SIGKILL && oom)
+        return "OOM_KILLED";
+    if (!strcmp(cause, "EXITED") && exit_code == 137 && oom)
+        return "OOM_KILLED";
+    if (!strcmp(cause, "EXITED") && exit_code != 0 && after->pids_hits > before->pids_hits &&
+        blame_pids)
+        return "PIDS_LIMIT";
+    return cause;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -487,7 +551,23 @@ struct job {
     uint64_t timer, grace;
     bool exited, timed_out, cancelled, paused;
     int status;
+    /* Its cause: the request's cgroup counters and what else ran
+     * (agent_refine_cause); the end waits for the shard's counters. */
+    bool have_cg, asked, answered;
+    struct agent_counters cg;
+    struct work_mark mark;
+    const char *cause;       /* refined, or NULL */
 };
+
+bool
+agent_others_running(struct agent *a, const void *self)
+{
+    for (struct job *j = a->jobs; j; j = j->next)
+        if ((const void *)j != self && !j->exited)
+            return true;
+    return agent_procs_running(a, self) || agent_sessions_busy(a, self) ||
+           agent_interp_busy(a) || agent_terms_open(a);
+}
 
 /* Pipes handed over after the end: read and discard until EOF. */
 struct drain {
@@ -681,7 +761,7 @@ job_unlink(struct agent *a, struct job *j)
 
 void
 exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bool cancelled,
-                     int64_t timeout_ms, int64_t duration_ms)
+                     int64_t timeout_ms, int64_t duration_ms, const char *cause)
 {
     sbx_enc_kint(e, "exitCode", exit_code);
     sbx_enc_kbool(e, "success", exit_code == 0 && !timed_out && !cancelled);
@@ -693,17 +773,43 @@ exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bool ca
         sbx_enc_kbool(e, "cancelled", true);
     if (sig)
         sbx_enc_kint(e, "signal", sig);
-    sbx_enc_kstr(e, "cause", timed_out ? "TIMEOUT" : (sig || cancelled) ? "KILLED" : "EXITED");
+    sbx_enc_kstr(e, "cause", cause                ? cause
+                             : timed_out          ? "TIMEOUT"
+                             : (sig || cancelled) ? "KILLED"
+                                                  : "EXITED");
 }
 
 static void
 job_free(struct job *j)
 {
+    agent_counters_cancel(j->a, j);
     outcap_free(&j->out);
     outcap_free(&j->err);
     free(j->in_data);
     free(j->command);
     free(j);
+}
+
+static void job_finish(struct job *j);
+
+/* The shard's counters for a job that ended: its cause, then its end. */
+static void
+job_counters(struct agent *a, void *arg, bool ok, const struct agent_counters *now)
+{
+    struct job *j = arg;
+    int sig = WIFEXITED(j->status) ? 0 : WTERMSIG(j->status);
+    int code = sig ? 128 + sig : WEXITSTATUS(j->status);
+    (void)a;
+    j->answered = true;
+    if (ok) {
+        bool blame = agent_work_alone(j->a, j, &j->mark) ||
+                     agent_fork_refused_in(j->out.data.p, j->out.data.len) ||
+                     agent_fork_refused_in(j->err.data.p, j->err.data.len);
+        const char *c = agent_refine_cause(sig ? "KILLED" : "EXITED", code, sig, &j->cg, now, blame);
+        if (strcmp(c, sig ? "KILLED" : "EXITED"))
+            j->cause = c;
+    }
+    job_finish(j);
 }
 
 static void
@@ -716,6 +822,17 @@ job_finish(struct job *j)
     } else {
         sig = WTERMSIG(j->status);
         code = 128 + sig;
+    }
+    /* A command that failed or was SIGKILLed on its own may have met the
+     * sandbox's memory or pids limit: only the shard sees those counters.
+     * The end waits for them (the job stays in the list, exited, until). */
+    if (j->asked && !j->answered)
+        return;
+    if (!j->asked && j->have_cg && (j->req || j->stream) && !j->timed_out && !j->cancelled &&
+        (sig == SIGKILL || (!sig && code != 0))) {
+        j->asked = true;
+        agent_counters_ask(a, job_counters, j);
+        return;
     }
     if (j->timed_out)
         code = 124;
@@ -733,7 +850,7 @@ job_finish(struct job *j)
         }
         sbx_enc *e = stream_begin(j->stream, "complete");
         exec_encode_complete(e, code, j->timed_out ? 0 : sig, j->timed_out, j->cancelled,
-                             j->timeout_ms, dur);
+                             j->timeout_ms, dur, j->cause);
         stream_commit(j->stream, true);
         j->stream->ops = NULL;
         stream_unref(j->stream);
@@ -744,7 +861,7 @@ job_finish(struct job *j)
         sbx_enc_init(&e);
         sbx_enc_map(&e);
         exec_encode_result(&e, code, j->timed_out ? 0 : sig, j->timed_out, j->timeout_ms, dur,
-                           &j->out, &j->err);
+                           &j->out, &j->err, j->cause);
         agent_reply_ok(a, j->req, &e);
     }
     job_free(j);
@@ -818,6 +935,7 @@ job_start(struct agent *a, struct exec_args *ea, struct job **out, char *why, si
     }
     j->a = a;
     j->pid = pid;
+    agent_work_mark(a, j, &j->mark);
     j->timeout_ms = ea->timeout_ms;
     const char *shown = ea->cmd ? ea->cmd : (ea->argv ? ea->argv[0] : "");
     j->command = agent_command_shown(shown, strlen(shown), &j->command_cut);
@@ -870,6 +988,8 @@ agent_exec_fresh(struct agent *a, struct agent_req *r)
         agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s", why);
     } else {
         j->req = r;
+        j->have_cg = r->have_cg;
+        j->cg = r->cg;
     }
     exec_args_free(&ea);
 }
@@ -889,6 +1009,8 @@ agent_exec_fresh_stream(struct agent *a, struct agent_req *r)
         return;
     }
     snprintf(sid, sizeof(sid), "exec-%llu", (unsigned long long)++a->stream_ctr);
+    j->have_cg = r->have_cg;
+    j->cg = r->cg;
     j->stream = stream_new(a, sid, true, 1u << 20, &job_stream_ops, j);
     sbx_enc *e = stream_begin(j->stream, "start");
     sbx_enc_kstr(e, "command", j->command);

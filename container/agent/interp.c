@@ -987,6 +987,7 @@ run_next(struct context *c)
         c->q_tail = NULL;
     r->next = NULL;
     c->cur = r;
+    c->a->work_starts++; /* agent_work_alone */
     r->start_us = sbx_mono_us();
     c->last_ms = sbx_wall_ms();
     sbx_buf_append(&c->drv->reqq, r->payload, strlen(r->payload));
@@ -1460,6 +1461,17 @@ agent_op_context_delete(struct agent *a, struct agent_req *r)
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_kstr(&e, "contextId", ids);
     agent_reply_ok(a, r, &e);
+}
+
+bool
+agent_interp_busy(struct agent *a)
+{
+    if (!a->interp)
+        return false;
+    for (struct context *c = IS(a)->contexts; c; c = c->next)
+        if (c->cur)
+            return true;
+    return false;
 }
 
 void

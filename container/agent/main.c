@@ -342,6 +342,100 @@ agent_reply_err(struct agent *a, struct agent_req *r, int code, const char *fmt,
 }
 
 /* ------------------------------------------------------------------------------ */
+/* Cgroup counters, asked from the shard. */
+
+struct counters_wait {
+    struct counters_wait *next;
+    counters_fn fn;
+    void *arg;
+};
+
+/* Answer every waiting call (in the order they asked). */
+static void
+counters_deliver(struct agent *a, bool ok, const struct agent_counters *now)
+{
+    sbx_loop_cancel(a->loop, a->cwait_timer);
+    a->cwait_timer = 0;
+    struct counters_wait *w = a->cwait;
+    a->cwait = NULL;
+    while (w) {
+        struct counters_wait *n = w->next;
+        w->fn(a, w->arg, ok, now);
+        free(w);
+        w = n;
+    }
+}
+
+static void
+counters_timeout(sbx_loop *l, void *arg)
+{
+    struct agent *a = arg;
+    static const struct agent_counters none;
+    (void)l;
+    a->cwait_timer = 0;
+    sbx_warn("agent: the shard did not answer a question for the cgroup counters");
+    counters_deliver(a, false, &none);
+}
+
+void
+agent_counters_ask(struct agent *a, counters_fn fn, void *arg)
+{
+    struct counters_wait *w = sbx_xcalloc(1, sizeof(*w)), **pp = &a->cwait;
+    bool asked = a->cwait != NULL;
+    w->fn = fn;
+    w->arg = arg;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = w;
+    if (asked)
+        return;
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_str(&e, "t");
+    sbx_enc_uint(&e, 0);
+    sbx_enc_kstr(&e, "ev", "counters");
+    sbx_enc_end(&e);
+    if (sbx_enc_finish(&e, &buf, &len) == 0)
+        send_frame(a, buf, len);
+    a->cwait_timer = sbx_loop_timer(a->loop, AGENT_COUNTERS_WAIT_MS, counters_timeout, a);
+}
+
+void
+agent_counters_cancel(struct agent *a, void *arg)
+{
+    struct counters_wait **pp = &a->cwait;
+    while (*pp) {
+        if ((*pp)->arg == arg) {
+            struct counters_wait *w = *pp;
+            *pp = w->next;
+            free(w);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+    /* The question stays out; its answer then finds nobody. */
+}
+
+/* counters {oomKills, pidsLimitHits}: the shard's answer (tag 0, no reply). */
+static void
+op_counters(struct agent *a, struct agent_req *r)
+{
+    struct agent_counters now = {0, 0};
+    int64_t v;
+    bool ok = sbx_wire_get_i64(r->args, "oomKills", &v) == 0 && v >= 0;
+    if (ok)
+        now.oom_kills = (uint64_t)v;
+    ok = ok && sbx_wire_get_i64(r->args, "pidsLimitHits", &v) == 0 && v >= 0;
+    if (ok)
+        now.pids_hits = (uint64_t)v;
+    agent_req_free(r);
+    counters_deliver(a, ok, &now);
+}
+
+/* ------------------------------------------------------------------------------ */
 /* Operations. */
 
 static void
@@ -462,6 +556,7 @@ static const struct {
 } ops[] = {
     {"ping", op_ping},
     {"bind", op_bind},
+    {"counters", op_counters},
     {"exec", op_exec},
     {"exec.stream", op_exec_stream},
     {"env.set", op_env_set},
@@ -525,6 +620,18 @@ dispatch(struct agent *a, const char *p, size_t n)
     r->tag = (uint64_t)tag;
     if (sbx_wire_get_map(r->msg.root, "a", &r->args) != 0)
         r->args = &empty;
+    /* What the shard adds to a request (docs/protocol.md §6): the time it
+     * still waits for the reply, and the cgroup counters when it sent it. */
+    int64_t d = 0, oom = -1, pids = -1;
+    const msgpack_object *cg = NULL;
+    if (sbx_wire_get_i64(r->msg.root, "d", &d) == 0 && d > 0)
+        r->deadline_ms = sbx_mono_ms() + d;
+    if (sbx_wire_get_map(r->msg.root, "cg", &cg) == 0 && sbx_wire_get_i64(cg, "oom", &oom) == 0 &&
+        sbx_wire_get_i64(cg, "pids", &pids) == 0 && oom >= 0 && pids >= 0) {
+        r->have_cg = true;
+        r->cg.oom_kills = (uint64_t)oom;
+        r->cg.pids_hits = (uint64_t)pids;
+    }
     sbx_str_copy(op, r->op, sizeof(r->op));
     for (size_t i = 0; i < SBX_ARRAY_LEN(ops); i++) {
         if (sbx_str_eq(op, ops[i].name)) {
@@ -699,5 +806,10 @@ main(int argc, char **argv)
     agent_terms_free(&a);
     agent_watches_free(&a);
     agent_streams_free(&a);
+    while (a.cwait) {
+        struct counters_wait *w = a.cwait;
+        a.cwait = w->next;
+        free(w);
+    }
     return rc ? 1 : 0;
 }

@@ -103,6 +103,11 @@ struct proc {
     struct waiter *waiters;
     struct exec_args ea;   /* kept until the process starts (session query) */
     struct agent_req *start_req;
+    /* Its cause (agent_refine_cause): the start request's cgroup counters,
+     * what else ran, and while `refining` the end waits for the shard's. */
+    bool have_cg, refining;
+    struct agent_counters cg;
+    struct work_mark wmark;
 };
 
 static void finalize(struct proc *p);
@@ -165,6 +170,7 @@ encode_proc(struct proc *p, sbx_enc *e)
 static void
 proc_release(struct proc *p)
 {
+    agent_counters_cancel(p->a, p);
     if (p->log)
         stream_unref(p->log);
     free(p->command);
@@ -518,6 +524,7 @@ launch(struct proc *p, char **env, const char *cwd)
     }
     p->pid = pid;
     p->start_ms = sbx_wall_ms();
+    agent_work_mark(a, p, &p->wmark);
     snprintf(p->status, sizeof(p->status), "running");
     p->fds[1] = po[0];
     p->fds[2] = pe[0];
@@ -641,6 +648,8 @@ agent_op_process_start(struct agent *a, struct agent_req *r)
         return;
     }
     p->a = a;
+    p->have_cg = r->have_cg;
+    p->cg = r->cg;
     snprintf(p->id, sizeof(p->id), "%s", id);
     if (p->ea.cmd) {
         p->command_bytes = strlen(p->ea.cmd);
@@ -692,7 +701,7 @@ static void
 finalize(struct proc *p)
 {
     struct agent *a = p->a;
-    if (p->finished)
+    if (p->finished || p->refining)
         return;
     p->finished = true;
     p->end_ms = sbx_wall_ms();
@@ -764,6 +773,35 @@ grace_cb(sbx_loop *l, void *arg)
     finalize(p);
 }
 
+static int
+says_fork_refused(void *arg, const msgpack_object *ev)
+{
+    sbx_str data;
+    (void)arg;
+    return sbx_wire_get_bin(ev, "data", &data) == 0 && agent_fork_refused_in(data.p, data.n);
+}
+
+/* The shard's counters for a process that ended on its own with SIGKILL or
+ * a failure: OOM_KILLED or PIDS_LIMIT, as for exec (agent_refine_cause) —
+ * then its end goes on (finalize: status, the log's exit event, waiters). */
+static void
+proc_counters(struct agent *a, void *arg, bool ok, const struct agent_counters *now)
+{
+    struct proc *p = arg;
+    (void)a;
+    p->refining = false;
+    if (ok) {
+        const char *c0 = p->sig ? "KILLED" : "EXITED";
+        bool blame = agent_work_alone(p->a, p, &p->wmark) ||
+                     stream_foreach(p->log, says_fork_refused, NULL) != 0;
+        const char *c1 = agent_refine_cause(c0, p->exit_code, p->sig, &p->cg, now, blame);
+        if (strcmp(c0, c1))
+            snprintf(p->cause, sizeof(p->cause), "%s", c1);
+    }
+    if (p->fds[1] < 0 && p->fds[2] < 0)
+        finalize(p); /* else the output's end or the grace timer does */
+}
+
 bool
 agent_procs_reaped(struct agent *a, pid_t pid, int status)
 {
@@ -788,6 +826,14 @@ agent_procs_reaped(struct agent *a, pid_t pid, int status)
         } else {
             snprintf(p->status, sizeof(p->status), p->exit_code == 0 ? "completed" : "failed");
             snprintf(p->cause, sizeof(p->cause), p->sig ? "KILLED" : "EXITED");
+        }
+        /* Ended on its own by SIGKILL (or a shell's 137), or failed: the
+         * memory or pids limit may be why; only the shard sees its
+         * counters, and the end waits for them. */
+        if (p->have_cg && !p->timed_out && !p->kill_req &&
+            (p->sig == SIGKILL || (!p->sig && p->exit_code != 0))) {
+            p->refining = true;
+            agent_counters_ask(a, proc_counters, p);
         }
         for (int i = 1; i <= 2; i++)
             if (p->fds[i] >= 0 && read_out(p, i))
@@ -1274,6 +1320,15 @@ agent_op_process_wait_port(struct agent *a, struct agent_req *r)
     if (w->timeout_ms)
         w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
     w->poll_timer = sbx_loop_timer(a->loop, 0, port_poll, w);
+}
+
+bool
+agent_procs_running(struct agent *a, const void *self)
+{
+    for (struct proc *p = a->procs; p; p = p->next)
+        if ((const void *)p != self && p->pid > 0 && !p->exited)
+            return true;
+    return false;
 }
 
 void

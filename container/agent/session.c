@@ -79,6 +79,8 @@ struct scmd {
     void *done_arg;
     bool cancelled;
     struct exec_args ea;
+    bool have_cg;               /* the request's cgroup counters (agent_refine_cause) */
+    struct agent_counters cg;
 };
 
 struct session {
@@ -118,6 +120,11 @@ struct session {
     uint64_t timer, fallback;
     bool timed_out;
     int64_t timeout_ms, sigint_at;
+    /* The running command's cause: what else ran (agent_work_mark) and the
+     * shard's counters, which its end waits for when it failed. */
+    struct work_mark wmark;
+    bool asked, answered;
+    const char *cause;
 };
 
 static void session_start_next(struct session *s);
@@ -574,6 +581,10 @@ scmd_free(struct scmd *c)
 static void
 reset_cmd_state(struct session *s)
 {
+    if (s->asked && !s->answered)
+        agent_counters_cancel(s->a, s);
+    s->asked = s->answered = false;
+    s->cause = NULL;
     sbx_loop_cancel(s->a->loop, s->timer);
     sbx_loop_cancel(s->a->loop, s->fallback);
     s->timer = s->fallback = 0;
@@ -585,6 +596,29 @@ reset_cmd_state(struct session *s)
     outcap_free(&s->out[1]);
 }
 
+/* The shard's counters for a command that failed: its cause, then its end. */
+static void
+cmd_counters(struct agent *a, void *arg, bool ok, const struct agent_counters *now)
+{
+    struct session *s = arg;
+    (void)a;
+    s->answered = true;
+    if (!s->cur)
+        return;
+    int code = s->rc;
+    int sig = (code > 128 && code < 128 + 65) ? code - 128 : 0;
+    if (ok) {
+        bool blame = agent_work_alone(s->a, s->cur, &s->wmark) ||
+                     agent_fork_refused_in(s->out[0].data.p, s->out[0].data.len) ||
+                     agent_fork_refused_in(s->out[1].data.p, s->out[1].data.len);
+        const char *c0 = sig ? "KILLED" : "EXITED";
+        const char *c1 = agent_refine_cause(c0, code, sig, &s->cur->cg, now, blame);
+        if (strcmp(c0, c1))
+            s->cause = c1;
+    }
+    cmd_complete(s);
+}
+
 static void
 cmd_complete(struct session *s)
 {
@@ -593,6 +627,17 @@ cmd_complete(struct session *s)
     int64_t dur = (sbx_mono_us() - s->start_us) / 1000;
     /* A status above 128 from the shell means the command died of a signal. */
     int sig = (!s->timed_out && code > 128 && code < 128 + 65) ? code - 128 : 0;
+    /* A command that failed may have met the sandbox's memory or pids
+     * limit: only the shard sees those counters.  The session waits for
+     * them before it goes on (the command has ended; its shell is idle). */
+    if (s->asked && !s->answered)
+        return;
+    if (!s->asked && c->have_cg && (c->req || c->stream) && !s->timed_out && !c->cancelled &&
+        code != 0) {
+        s->asked = true;
+        agent_counters_ask(s->a, cmd_counters, s);
+        return;
+    }
     if (c->stream) {
         if (s->timed_out) {
             char note[96];
@@ -601,7 +646,8 @@ cmd_complete(struct session *s)
             stream_data(c->stream, "stderr", note, (size_t)n, NULL, NULL);
         }
         sbx_enc *e = stream_begin(c->stream, "complete");
-        exec_encode_complete(e, code, sig, s->timed_out, c->cancelled, s->timeout_ms, dur);
+        exec_encode_complete(e, code, sig, s->timed_out, c->cancelled, s->timeout_ms, dur,
+                             s->cause);
         sbx_enc_kstr(e, "sessionId", s->id);
         stream_commit(c->stream, true);
         pause_streams(s, false);
@@ -612,7 +658,7 @@ cmd_complete(struct session *s)
         sbx_enc_init(&e);
         sbx_enc_map(&e);
         exec_encode_result(&e, code, sig, s->timed_out, s->timeout_ms, dur, &s->out[0],
-                           &s->out[1]);
+                           &s->out[1], s->cause);
         sbx_enc_kstr(&e, "sessionId", s->id);
         agent_reply_ok(s->a, c->req, &e);
     }
@@ -745,6 +791,7 @@ run_cmd(struct session *s, struct scmd *c)
     outcap_init(&s->out[1], s->a->cfg.output_cap);
     s->start_us = sbx_mono_us();
     s->start_ticks = agent_boot_ticks();
+    agent_work_mark(s->a, c, &s->wmark);
     s->timeout_ms = c->ea.timeout_ms ? c->ea.timeout_ms : s->default_timeout_ms;
     if (c->stream) {
         const char *cmd = c->ea.cmd ? c->ea.cmd : c->ea.argv[0];
@@ -997,6 +1044,8 @@ agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool s
     struct session *s = session_find(a, sid);
     if (!s)
         s = session_new(a, sid, NULL, NULL, 0);
+    c->have_cg = r->have_cg;
+    c->cg = r->cg;
     if (stream) {
         char stid[72];
         snprintf(stid, sizeof(stid), "exec-%llu", (unsigned long long)++a->stream_ctr);
@@ -1034,6 +1083,15 @@ agent_session_cwd(struct agent *a, const char *sid)
     if (!s)
         return NULL;
     return s->pwd_unknown ? "" : s->pwd ? s->pwd : s->cwd;
+}
+
+bool
+agent_sessions_busy(struct agent *a, const void *self)
+{
+    for (struct session *s = a->sessions; s; s = s->next)
+        if (s->cur && (const void *)s->cur != self)
+            return true;
+    return false;
 }
 
 /* Encode a session's description as the current value of e. */
@@ -1323,6 +1381,14 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
         }
         close_shell_fds(s);
         struct scmd *c = s->cur;
+        if (c && s->asked && !s->answered) {
+            /* The command had ended and waits for its cause: it ends now,
+             * as it is; the shell's death is the next command's news. */
+            agent_counters_cancel(a, s);
+            s->answered = true;
+            cmd_complete(s);
+            return;
+        }
         if (c) {
             s->cur = NULL;
             if (s->timed_out && !s->got_rc) {

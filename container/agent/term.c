@@ -389,6 +389,15 @@ agent_terms_reaped(struct agent *a, pid_t pid, int status)
     return false;
 }
 
+bool
+agent_terms_open(struct agent *a)
+{
+    for (struct term *t = a->terms; t; t = t->next)
+        if (t->pid > 0)
+            return true;
+    return false;
+}
+
 void
 agent_terms_free(struct agent *a)
 {

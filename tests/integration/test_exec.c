@@ -10,6 +10,7 @@
 
 #include "../../runtime/wire.h"
 #include "../support/harness.h"
+#include "../support/sdk.h"
 
 static sbx_exec_result
 sh(sbx_client *c, const char *id, const char *cmd, int64_t timeout)
@@ -428,4 +429,120 @@ Test(exec, a_result_too_large_for_a_reply_is_an_error_not_a_restart, .timeout = 
     sbx_exec_result_free(&r);
     sbx_client_close(c);
     testd_stop(&d);
+}
+
+/* stream_last — read stream sid of sandbox id until it is done (60 s at
+ * most); the last event as JSON (caller json_decref's), or NULL. */
+static json_t *
+stream_last(sbx_client *c, const char *id, const char *sid)
+{
+    long long after = 0;
+    json_t *last = NULL;
+    for (int i = 0; i < 60; i++) {
+        tcall t = tc_call(c, "stream.read", id,
+                          json_pack("{s:s, s:I, s:i}", "streamId", sid, "after",
+                                    (json_int_t)after, "waitMs", 1000),
+                          10000);
+        tc_ok(t, "stream.read");
+        json_t *evs = jget(t.res, "events");
+        if (json_array_size(evs)) {
+            if (last)
+                json_decref(last);
+            last = json_incref(json_array_get(evs, json_array_size(evs) - 1));
+            after = jint(t.res, "next");
+        }
+        bool done = jbool(t.res, "done") == 1;
+        tc_free(&t);
+        if (done)
+            break;
+    }
+    return last;
+}
+
+/* The complete event of an exec stream killed by the OOM killer says
+ * OOM_KILLED, as exec's result does (it said KILLED), sessionless or not. */
+Test(exec, a_streamed_command_killed_by_the_oom_killer_says_so, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("exec-oom-stream");
+    for (int sessionless = 0; sessionless < 2; sessionless++) {
+        tcall t = tc_call(c, "exec.stream", id,
+                          json_pack("{s:s, s:b}", "command",
+                                    "python3 -c 'b = bytearray(2 * 1024 ** 3)'", "sessionless",
+                                    sessionless),
+                          0);
+        tc_ok(t, "exec.stream");
+        char sid[80];
+        snprintf(sid, sizeof(sid), "%s", jstr(t.res, "streamId"));
+        tc_free(&t);
+        json_t *last = stream_last(c, id, sid);
+        cr_assert(last != NULL, "no events");
+        cr_expect_str_eq(jstr(last, "type"), "complete");
+        cr_expect_eq(jint(last, "exitCode"), 137);
+        cr_expect_str_eq(jstr(last, "cause"), "OOM_KILLED", "sessionless %d: cause %s",
+                         sessionless, jstr(last, "cause"));
+        json_decref(last);
+    }
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* The pids-limit counter is the whole sandbox's: a command that fails while
+ * another process hits the limit is not PIDS_LIMIT (it was), unless its own
+ * output says a fork was refused. */
+Test(exec, pids_limit_is_blamed_only_on_the_command_that_hit_it, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("exec-pids-other");
+    /* In the background, for 20 s: fork until refused, free the pids, again. */
+    tcall t = tc_call(c, "process.start", id,
+                      json_pack("{s:s, s:s}", "processId", "bomb", "command",
+                                "python3 -c \"import os, time, signal\n"
+                                "end = time.time() + 20\n"
+                                "while time.time() < end:\n"
+                                "    kids = []\n"
+                                "    try:\n"
+                                "        while True:\n"
+                                "            pid = os.fork()\n"
+                                "            if pid == 0:\n"
+                                "                time.sleep(30); os._exit(0)\n"
+                                "            kids.append(pid)\n"
+                                "    except OSError:\n"
+                                "        pass\n"
+                                "    for k in kids: os.kill(k, signal.SIGKILL)\n"
+                                "    for k in kids: os.waitpid(k, 0)\n"
+                                "    time.sleep(0.05)\""),
+                      0);
+    tc_ok(t, "process.start");
+    tc_free(&t);
+    long long hits = 0;
+    for (int i = 0; i < 100 && hits <= 0; i++) {
+        json_t *sb = ts_status(c, id);
+        hits = jint(sb, "container.pidsLimitHits");
+        json_decref(sb);
+        if (hits <= 0)
+            tsleep_ms(50);
+    }
+    cr_assert_gt(hits, 0, "the background process never hit the pids limit");
+    /* Builtins only (nothing to fork), failing after 1.5 s of the others'
+     * refused forks. */
+    sbx_exec_result r = tsh(c, id, "SECONDS=0; while ((SECONDS < 2)); do :; done; false", 30000);
+    cr_expect_eq(r.exit_code, 1);
+    cr_expect_str_eq(r.cause, "EXITED", "a command that forked nothing is blamed: %s", r.cause);
+    sbx_exec_result_free(&r);
+    json_t *sb = ts_status(c, id);
+    cr_expect_gt(jint(sb, "container.pidsLimitHits"), hits, "no fork was refused meanwhile");
+    json_decref(sb);
+    /* One whose output says its fork was refused is. */
+    r = tsh(c, id,
+            "SECONDS=0; while ((SECONDS < 2)); do :; done; "
+            "echo 'bash: fork: retry: Resource temporarily unavailable' >&2; false",
+            30000);
+    cr_expect_eq(r.exit_code, 1);
+    cr_expect_str_eq(r.cause, "PIDS_LIMIT", "cause %s", r.cause);
+    sbx_exec_result_free(&r);
+    t = tc_call(c, "process.kill", id, json_pack("{s:s}", "processId", "bomb"), 0);
+    tc_free(&t);
+    tdone(c, id);
+    sbx_client_close(c);
 }

@@ -750,3 +750,82 @@ Test(processes, long_commands_are_shown_shortened, .timeout = 180)
     tdone(c, id);
     sbx_client_close(c);
 }
+
+/* ended_with — waitForExit of pid, then its `process` from process.get and
+ * the cause in its log stream's exit event; asserts what was expected. */
+static void
+expect_ended(sbx_client *c, const char *id, const char *pid, const char *status, int code,
+             const char *cause)
+{
+    tcall t = pcall(c, id, "process.waitForExit", pid, json_pack("{s:i}", "timeout", 60000));
+    tc_ok(t, "waitForExit");
+    cr_expect_eq(jint(t.res, "exitCode"), code, "%s: exit %lld", pid, jint(t.res, "exitCode"));
+    cr_expect_str_eq(jstr(t.res, "status"), status, "%s: status", pid);
+    tc_free(&t);
+    t = pcall(c, id, "process.get", pid, NULL);
+    tc_ok(t, "process.get");
+    cr_expect_str_eq(jstr(t.res, "process.cause"), cause, "%s: process.get cause", pid);
+    tc_free(&t);
+    t = tc_call(c, "process.list", id, NULL, 0);
+    tc_ok(t, "process.list");
+    json_t *arr = jget(t.res, "processes");
+    for (size_t i = 0; i < json_array_size(arr); i++)
+        if (!strcmp(jstr(json_array_get(arr, i), "id"), pid))
+            cr_expect_str_eq(jstr(json_array_get(arr, i), "cause"), cause,
+                             "%s: process.list cause", pid);
+    tc_free(&t);
+    char sid[160];
+    snprintf(sid, sizeof(sid), "proc:%s", pid);
+    t = tc_call(c, "stream.read", id,
+                json_pack("{s:s, s:i, s:i}", "streamId", sid, "after", 0, "waitMs", 5000), 15000);
+    tc_ok(t, "stream.read");
+    json_t *evs = jget(t.res, "events");
+    json_t *last = json_array_get(evs, json_array_size(evs) - 1);
+    cr_expect_str_eq(jstr(last, "type"), "exit");
+    cr_expect_str_eq(jstr(last, "cause"), cause, "%s: the exit event's cause", pid);
+    tc_free(&t);
+}
+
+/* A background process ended by the sandbox's OOM killer says so, as exec
+ * does (it said KILLED): in waitForExit's status, process.get and .list,
+ * and its log stream's exit event; one that kills itself stays KILLED. */
+Test(processes, an_oom_killed_process_reports_oom_killed, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("proc-oom");
+    char pid[128];
+    start(c, id, "python3 -c 'b = bytearray(2 * 1024 ** 3)'", "oom", pid);
+    expect_ended(c, id, "oom", "killed", 137, "OOM_KILLED");
+    /* Started through a shell that reports its child's SIGKILL as 137. */
+    start(c, id, "python3 -c 'b = bytearray(2 * 1024 ** 3)'; exit $?", "oom-sh", pid);
+    expect_ended(c, id, "oom-sh", "killed", 137, "OOM_KILLED");
+    start(c, id, "kill -KILL $$", "self", pid);
+    expect_ended(c, id, "self", "killed", 137, "KILLED");
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* A background process that fails because its forks are refused by the
+ * pids limit reports PIDS_LIMIT. */
+Test(processes, a_process_stopped_by_the_pids_limit_reports_pids_limit, .timeout = 120)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("proc-pids");
+    char pid[128];
+    start(c, id,
+          "python3 -c \"import os, sys\n"
+          "r, w = os.pipe()\n"
+          "n = 0\n"
+          "while True:\n"
+          "    try:\n"
+          "        pid = os.fork()\n"
+          "    except OSError as e:\n"
+          "        print(n, e.errno); sys.exit(3)\n"
+          "    if pid == 0:\n"
+          "        os.close(w); os.read(r, 1); os._exit(0)\n"
+          "    n += 1\"",
+          "bomb", pid);
+    expect_ended(c, id, "bomb", "failed", 3, "PIDS_LIMIT");
+    tdone(c, id);
+    sbx_client_close(c);
+}
