@@ -115,6 +115,15 @@ actor_enqueue(struct actor *a, struct sop *op)
     actor_pump(a);
 }
 
+bool
+actor_inflight(const struct sop *op)
+{
+    for (const struct sop *q = op->actor ? op->actor->inflight : NULL; q; q = q->next)
+        if (q == op)
+            return true;
+    return false;
+}
+
 /* ------------------------------------------------------------------------------ */
 /* Records. */
 
@@ -321,6 +330,12 @@ agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc 
     sbx_enc_str(&e, "t");
     sbx_enc_uint(&e, tag);
     sbx_enc_kstr(&e, "op", op);
+    int64_t dl = sop ? shard_op_deadline(sop) : 0;
+    if (dl) {
+        /* How long the agent has: it answers before the shard does. */
+        int64_t d = dl - shard_agent_margin(sop->req.timeout_ms) - sbx_mono_ms();
+        sbx_enc_kint(&e, "d", SBX_MAX(d, 1));
+    }
     if (sop && sop->have_pre) {
         sbx_enc_kmap(&e, "cg");
         sbx_enc_kint(&e, "oom", (int64_t)sop->pre.oom_kills);
@@ -360,6 +375,17 @@ agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc 
 static void
 dispatch(struct actor *a, struct sop *op)
 {
+    /* Its deadline is (nearly) there — it waited for a container start, or
+     * behind one — and the agent would have no time to use: it does not
+     * run (a retry of the request id will). */
+    int64_t dl = shard_op_deadline(op);
+    if (dl && dl - shard_agent_margin(op->req.timeout_ms) <= sbx_mono_ms()) {
+        shard_reply_err(op, SBX_E_TIMEOUT,
+                        "the request's deadline (timeoutMs %lld) came before the operation "
+                        "could start; it did not run",
+                        (long long)op->req.timeout_ms);
+        return;
+    }
     op->tag = ++a->next_tag;
     /* What started now may end by the sandbox's limits: the counters before. */
     if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
@@ -374,6 +400,7 @@ dispatch(struct actor *a, struct sop *op)
     }
     op->next = a->inflight;
     a->inflight = op;
+    shard_deadline_arm(op);
 }
 
 static void

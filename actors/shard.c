@@ -254,6 +254,8 @@ sop_free(struct sop *op)
 {
     if (!op)
         return;
+    if (op->dl_timer)
+        sbx_loop_cancel(op->sh->loop, op->dl_timer);
     if (op->dec.root)
         sbx_wire_msg_free(&op->dec);
     if (op->msg)
@@ -372,6 +374,110 @@ shard_reply_err(struct sop *op, int code, const char *fmt, ...)
         sbx_enc_kstrn(sbx_werr_ctx(&w), "operation", op->req.op.p, op->req.op.n);
     shard_reply_werr(op, &w);
     sbx_werr_free(&w);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Deadlines (shard_int.h). */
+
+int64_t
+shard_deadline(int64_t timeout_ms)
+{
+    /* The gateway answers at T - 100 ms (T > 1 s), or 0.9 T: gateway.c. */
+    return timeout_ms > 1500 ? timeout_ms - 300 : timeout_ms * 4 / 5;
+}
+
+int64_t
+shard_agent_margin(int64_t timeout_ms)
+{
+    /* A session's timed-out command takes a moment to be stopped. */
+    return timeout_ms > 5000 ? 500 : timeout_ms > 2000 ? 200 : timeout_ms / 10;
+}
+
+int64_t
+shard_op_deadline(const struct sop *op)
+{
+    int64_t latest = 0;
+    for (int i = 0; i < op->nctx; i++) {
+        if (!op->ctx_deadline[i])
+            return 0;
+        latest = SBX_MAX(latest, op->ctx_deadline[i]);
+    }
+    return latest;
+}
+
+static void deadline_cb(sbx_loop *l, void *arg);
+
+void
+shard_deadline_arm(struct sop *op)
+{
+    struct shard *sh = op->sh;
+    int64_t first = 0;
+    if (op->dl_timer)
+        sbx_loop_cancel(sh->loop, op->dl_timer);
+    op->dl_timer = 0;
+    for (int i = 0; i < op->nctx; i++) {
+        if (op->ctx_deadline[i] && (!first || op->ctx_deadline[i] < first))
+            first = op->ctx_deadline[i];
+    }
+    if (first)
+        op->dl_timer = sbx_loop_timer(sh->loop, SBX_MAX(first - sbx_mono_ms(), 0), deadline_cb, op);
+}
+
+/*
+ * The earliest deadline of op's waiters came.  If op is in flight at its
+ * agent, those waiters get REQUEST_TIMEOUT now, before the gateway would
+ * call the shard unavailable; the operation goes on (the agent bounds what
+ * waits on the deadline itself, "d"), and its reply, when it comes, is kept
+ * for retries of the same request id (deliver) like any other.  Anything
+ * else — waiting in the mailbox or at the input gate for a container start
+ * or stop, or at the output gate for a commit — is the shard's own doing:
+ * the gateway's SHARD_UNAVAILABLE stays the answer for that, and dispatch
+ * drops an operation whose deadline passed before it could start.
+ */
+static void
+deadline_cb(sbx_loop *l, void *arg)
+{
+    struct sop *op = arg;
+    int64_t now = sbx_mono_ms();
+    (void)l;
+    op->dl_timer = 0;
+    if (!actor_inflight(op))
+        return; /* dispatch arms it again */
+    int expired = 0;
+    for (int i = 0; i < op->nctx; i++)
+        expired += op->ctx_deadline[i] && op->ctx_deadline[i] <= now;
+    if (expired == 0) {
+        shard_deadline_arm(op);
+        return;
+    }
+    sbx_werr w;
+    sbx_werr_init(&w, SBX_E_TIMEOUT,
+                  "the request's deadline (timeoutMs %lld) came before the sandbox answered; "
+                  "the operation goes on, and a retry with the same request id gets its result",
+                  (long long)op->req.timeout_ms);
+    if (op->req.sandbox.n)
+        sbx_enc_kstrn(sbx_werr_ctx(&w), "sandboxId", op->req.sandbox.p, op->req.sandbox.n);
+    sbx_enc_kstrn(sbx_werr_ctx(&w), "operation", op->req.op.p, op->req.op.n);
+    sbx_enc_kint(sbx_werr_ctx(&w), "timeoutMs", op->req.timeout_ms);
+    char *buf;
+    size_t len;
+    int rc = sbx_wire_reply_err(op->req.id, &w, &buf, &len);
+    sbx_werr_free(&w);
+    int k = 0;
+    for (int i = 0; i < op->nctx; i++) {
+        if (op->ctx_deadline[i] && op->ctx_deadline[i] <= now) {
+            if (rc == 0)
+                sctx_send(op->ctx[i], buf, len);
+            continue;
+        }
+        op->ctx[k] = op->ctx[i];
+        op->ctx_deadline[k] = op->ctx_deadline[i];
+        k++;
+    }
+    op->nctx = k;
+    if (rc == 0)
+        free(buf);
+    shard_deadline_arm(op);
 }
 
 struct commit_note {
@@ -796,6 +902,8 @@ on_request(sbx_loop *l, void *arg)
         sop_free(op);
         return;
     }
+    if (op->req.timeout_ms > 0)
+        op->ctx_deadline[0] = op->t0_us / 1000 + shard_deadline(op->req.timeout_ms);
     op->def = sbx_op_find(op->req.op.p, op->req.op.n);
     if (!op->def) {
         reply_early(c, op->req.id, SBX_E_UNKNOWN_OP, "unknown operation '%.*s'", (int)op->req.op.n,
@@ -812,7 +920,10 @@ on_request(sbx_loop *l, void *arg)
     if (e) {
         if (e->inflight) {
             if (e->inflight->nctx < (int)SBX_ARRAY_LEN(e->inflight->ctx)) {
-                e->inflight->ctx[e->inflight->nctx++] = c;
+                struct sop *first = e->inflight;
+                first->ctx_deadline[first->nctx] = op->ctx_deadline[0];
+                first->ctx[first->nctx++] = c;
+                shard_deadline_arm(first); /* this attempt's deadline is its own */
                 op->nctx = 0;
                 sop_free(op);
                 return;

@@ -42,6 +42,9 @@ struct sop {
     struct actor *actor;
     struct sctx *ctx[4];        /* where to reply (dups of the same request id join) */
     int nctx;
+    int64_t ctx_deadline[4];    /* per ctx: when the shard answers REQUEST_TIMEOUT to it
+                                 * itself (sbx_mono_ms; shard_deadline), 0: never */
+    uint64_t dl_timer;          /* fires at the earliest of them (shard_deadline_arm) */
     nng_msg *msg;               /* owns the request bytes */
     const char *frame;          /* the request frame inside msg (unwrapped) */
     size_t frame_len;
@@ -200,6 +203,25 @@ void shard_reply_werr(struct sop *op, sbx_werr *w);
 void shard_reply_begin(struct sop *op, sbx_enc *e);
 void shard_reply_end(struct sop *op, sbx_enc *e, uint64_t need_seq);
 void shard_work_submit(struct shard *sh, struct work *w);
+/*
+ * Deadlines (docs/protocol.md §2).  A request with timeoutMs T is answered
+ * REQUEST_TIMEOUT by the shard itself at shard_deadline(T) after it
+ * arrived — before the gateway gives up on the shard (T - 100 ms) and calls
+ * it SHARD_UNAVAILABLE, which is for real shard faults.  The agent is asked
+ * to have answered agent_margin(T) earlier (the request's "d"), so that its
+ * own, more precise answer (exec's timed-out result, a wait's
+ * REQUEST_TIMEOUT) is the one the client gets.
+ */
+int64_t shard_deadline(int64_t timeout_ms);
+int64_t shard_agent_margin(int64_t timeout_ms);
+/* shard_deadline_arm — (re)arm op's timer for the earliest ctx deadline;
+ * at it, if op is in flight at its agent, those ctxs get REQUEST_TIMEOUT
+ * (the operation goes on and its reply is kept for retries of the request
+ * id).  Cancelled by sop_free. */
+void shard_deadline_arm(struct sop *op);
+/* shard_op_deadline — the latest deadline among the ctxs still waiting, or
+ * 0 if one of them has none (or none waits). */
+int64_t shard_op_deadline(const struct sop *op);
 /* shard_release_held — send every held reply whose writes are now decided
  * (committed to LMDB and, in a cluster, replicated). */
 void shard_release_held(struct shard *sh);
@@ -235,6 +257,9 @@ void actor_reload_record(struct actor *a);
 void actor_partition_drop(struct shard *sh, const uint8_t *set);
 struct actor *actor_get(struct shard *sh, const char *id, bool load);
 void actor_enqueue(struct actor *a, struct sop *op);
+/* actor_inflight — whether op has been sent to its actor's agent and waits
+ * for the reply. */
+bool actor_inflight(const struct sop *op);
 void actor_work_done(struct shard *sh, struct work *w);
 void actor_encode_status(struct actor *a, sbx_enc *e);
 void actor_stop_all(struct shard *sh);

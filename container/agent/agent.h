@@ -213,10 +213,16 @@ void exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bo
                           int64_t timeout_ms, int64_t duration_ms, const char *cause);
 /* exec.c: read and discard what fd still delivers, then close it. */
 void agent_hand_to_drainer(struct agent *a, int fd);
-/* exec.c: encode the common exec result fields (cause as above). */
+/* exec.c: encode the common exec result fields (cause as above); with
+ * by_deadline the timeout was the request's deadline (deadlineExceeded). */
 void exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
                         int64_t duration_ms, struct outcap *out, struct outcap *err,
-                        const char *cause);
+                        const char *cause, bool by_deadline);
+/* exec.c: the timeout of a command answered in r's reply: timeout_ms (0:
+ * none), or what is left before r's deadline if that comes first
+ * (*by_deadline then).  A command the caller can no longer hear about is
+ * stopped as by a timeout (docs/protocol.md §2). */
+int64_t agent_bound_timeout(const struct agent_req *r, int64_t timeout_ms, bool *by_deadline);
 
 /*
  * exec.c: why a command or background process ended, beyond what its exit

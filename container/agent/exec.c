@@ -442,13 +442,14 @@ agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nsp
 
 void
 exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
-                   int64_t duration_ms, struct outcap *out, struct outcap *err, const char *cause)
+                   int64_t duration_ms, struct outcap *out, struct outcap *err, const char *cause,
+                   bool by_deadline)
 {
     if (timed_out) {
         char note[128];
-        int n = snprintf(note, sizeof(note), "%sCommand timed out after %lldms\n",
+        int n = snprintf(note, sizeof(note), "%sCommand timed out after %lldms%s\n",
                          (err->data.len && err->data.p[err->data.len - 1] != '\n') ? "\n" : "",
-                         (long long)timeout_ms);
+                         (long long)timeout_ms, by_deadline ? " (the request's deadline)" : "");
         /* The note is always kept, even past the cap. */
         sbx_buf_append(&err->data, note, (size_t)n);
     }
@@ -462,9 +463,24 @@ exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t t
     sbx_enc_kint(e, "stderrBytes", (int64_t)err->total);
     sbx_enc_kint(e, "duration", duration_ms);
     sbx_enc_kbool(e, "timedOut", timed_out);
+    if (timed_out && by_deadline)
+        sbx_enc_kbool(e, "deadlineExceeded", true);
     if (sig)
         sbx_enc_kint(e, "signal", sig);
     sbx_enc_kstr(e, "cause", cause ? cause : timed_out ? "TIMEOUT" : sig ? "KILLED" : "EXITED");
+}
+
+int64_t
+agent_bound_timeout(const struct agent_req *r, int64_t timeout_ms, bool *by_deadline)
+{
+    *by_deadline = false;
+    if (!r || !r->deadline_ms)
+        return timeout_ms;
+    int64_t left = SBX_MAX(r->deadline_ms - sbx_mono_ms(), (int64_t)1);
+    if (timeout_ms && timeout_ms <= left)
+        return timeout_ms;
+    *by_deadline = true;
+    return left;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -557,6 +573,7 @@ struct job {
     struct agent_counters cg;
     struct work_mark mark;
     const char *cause;       /* refined, or NULL */
+    bool by_deadline;        /* its timeout is the request's deadline */
 };
 
 bool
@@ -861,7 +878,7 @@ job_finish(struct job *j)
         sbx_enc_init(&e);
         sbx_enc_map(&e);
         exec_encode_result(&e, code, j->timed_out ? 0 : sig, j->timed_out, j->timeout_ms, dur,
-                           &j->out, &j->err, j->cause);
+                           &j->out, &j->err, j->cause, j->by_deadline);
         agent_reply_ok(a, j->req, &e);
     }
     job_free(j);
@@ -981,7 +998,12 @@ agent_exec_fresh(struct agent *a, struct agent_req *r)
     struct exec_args ea;
     char why[256];
     struct job *j;
+    bool by_deadline = false;
     int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
+    /* Killed as by a timeout at the request's deadline at the latest: the
+     * caller hears what it printed, and nothing runs on unheard. */
+    if (rc == 0)
+        ea.timeout_ms = agent_bound_timeout(r, ea.timeout_ms, &by_deadline);
     if (rc == 0)
         rc = job_start(a, &ea, &j, why, sizeof(why));
     if (rc) {
@@ -990,6 +1012,7 @@ agent_exec_fresh(struct agent *a, struct agent_req *r)
         j->req = r;
         j->have_cg = r->have_cg;
         j->cg = r->cg;
+        j->by_deadline = by_deadline;
     }
     exec_args_free(&ea);
 }

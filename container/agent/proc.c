@@ -62,6 +62,7 @@ struct waiter {
     uint64_t timer;
     int64_t timeout_ms;
     struct killall *ka;
+    bool by_deadline;      /* its timer is the request's deadline, not its timeout */
     /* W_LOG */
     char *pattern;
     size_t plen;
@@ -289,6 +290,19 @@ waiter_timeout(sbx_loop *l, void *arg)
     char c[300];
     (void)l;
     w->timer = 0;
+    if (w->by_deadline) {
+        /* Nobody waits for the answer any more: the shard has told the
+         * client (docs/protocol.md §2), and a waiter left here would keep
+         * the operation in flight and the sandbox from sleeping. */
+        if (w->kind == W_EXIT)
+            waiter_fail(w, SBX_E_TIMEOUT,
+                        "process %s was still running at the request's deadline", w->p->id);
+        else
+            waiter_fail(w, SBX_E_TIMEOUT,
+                        "process %s was not ready at the request's deadline; waiting for: %s",
+                        w->p->id, condition(w, c, sizeof(c)));
+        return;
+    }
     if (w->kind == W_EXIT)
         waiter_fail(w, SBX_E_TIMEOUT, "process %s still running after %lldms", w->p->id,
                     (long long)w->timeout_ms);
@@ -296,6 +310,23 @@ waiter_timeout(sbx_loop *l, void *arg)
         waiter_fail(w, SBX_E_READY_TIMEOUT,
                     "Process did not become ready within %lldms. Waiting for: %s",
                     (long long)w->timeout_ms, condition(w, c, sizeof(c)));
+}
+
+/* The waiter's timer: its `timeout`, or the request's deadline when that
+ * comes first (or there is no timeout). */
+static void
+waiter_arm(struct agent *a, struct waiter *w)
+{
+    int64_t t = w->timeout_ms;
+    if (w->req && w->req->deadline_ms) {
+        int64_t left = SBX_MAX(w->req->deadline_ms - sbx_mono_ms(), (int64_t)0);
+        if (!t || left < t) {
+            t = left;
+            w->by_deadline = true;
+        }
+    }
+    if (t || w->by_deadline)
+        w->timer = sbx_loop_timer(a->loop, t, waiter_timeout, w);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -1072,8 +1103,7 @@ agent_op_process_wait_exit(struct agent *a, struct agent_req *r)
     }
     struct waiter *w = add_waiter(p, W_EXIT, r);
     w->timeout_ms = timeout_arg(r);
-    if (w->timeout_ms)
-        w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
+    waiter_arm(a, w);
 }
 
 struct hist {
@@ -1165,8 +1195,7 @@ agent_op_process_wait_log(struct agent *a, struct agent_req *r)
                     "Process exited with code %d before becoming ready", p->exit_code);
         return;
     }
-    if (w->timeout_ms)
-        w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
+    waiter_arm(a, w);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -1317,8 +1346,7 @@ agent_op_process_wait_port(struct agent *a, struct agent_req *r)
                     "Process exited with code %d before becoming ready", p->exit_code);
         return;
     }
-    if (w->timeout_ms)
-        w->timer = sbx_loop_timer(a->loop, w->timeout_ms, waiter_timeout, w);
+    waiter_arm(a, w);
     w->poll_timer = sbx_loop_timer(a->loop, 0, port_poll, w);
 }
 

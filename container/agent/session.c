@@ -81,6 +81,7 @@ struct scmd {
     struct exec_args ea;
     bool have_cg;               /* the request's cgroup counters (agent_refine_cause) */
     struct agent_counters cg;
+    int64_t deadline_ms;        /* the request's deadline (plain exec), 0: none */
 };
 
 struct session {
@@ -125,6 +126,7 @@ struct session {
     struct work_mark wmark;
     bool asked, answered;
     const char *cause;
+    bool by_deadline;    /* its timeout is the request's deadline */
 };
 
 static void session_start_next(struct session *s);
@@ -658,7 +660,7 @@ cmd_complete(struct session *s)
         sbx_enc_init(&e);
         sbx_enc_map(&e);
         exec_encode_result(&e, code, sig, s->timed_out, s->timeout_ms, dur, &s->out[0],
-                           &s->out[1], s->cause);
+                           &s->out[1], s->cause, s->by_deadline);
         sbx_enc_kstr(&e, "sessionId", s->id);
         agent_reply_ok(s->a, c->req, &e);
     }
@@ -793,6 +795,17 @@ run_cmd(struct session *s, struct scmd *c)
     s->start_ticks = agent_boot_ticks();
     agent_work_mark(s->a, c, &s->wmark);
     s->timeout_ms = c->ea.timeout_ms ? c->ea.timeout_ms : s->default_timeout_ms;
+    /* Stopped as by a timeout at the request's deadline at the latest: the
+     * caller hears what it printed, and the session is free for the next
+     * command instead of busy with one nobody waits for. */
+    s->by_deadline = false;
+    if (c->deadline_ms) {
+        int64_t left = SBX_MAX(c->deadline_ms - sbx_mono_ms(), (int64_t)1);
+        if (!s->timeout_ms || left < s->timeout_ms) {
+            s->timeout_ms = left;
+            s->by_deadline = true;
+        }
+    }
     if (c->stream) {
         const char *cmd = c->ea.cmd ? c->ea.cmd : c->ea.argv[0];
         bool cut;
@@ -957,6 +970,15 @@ session_start_next(struct session *s)
         s->q_head = c->next;
         if (!s->q_head)
             s->q_tail = NULL;
+        if (c->deadline_ms && c->deadline_ms <= sbx_mono_ms()) {
+            /* It waited behind other commands past its request's deadline:
+             * the shard has answered REQUEST_TIMEOUT, and it must not run
+             * now that nobody hears of it. */
+            fail_cmd(s, c, SBX_E_TIMEOUT, -1,
+                     "the command waited for the session past the request's deadline; it "
+                     "did not run");
+            continue;
+        }
         run_cmd(s, c);
     }
 }
@@ -1058,6 +1080,7 @@ agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool s
         agent_reply_ok(a, r, &res);
     } else {
         c->req = r;
+        c->deadline_ms = r->deadline_ms;
     }
     enqueue(s, c);
 }

@@ -365,7 +365,12 @@ agent_op_stream_read(struct agent *a, struct agent_req *req)
             serve(old);
         }
     }
-    r->timer = sbx_loop_timer(a->loop, SBX_MIN(wait, (int64_t)WAIT_LIMIT_MS), reader_timeout, r);
+    /* The long poll ends before the request's deadline: an empty answer
+     * (the heartbeat) rather than none. */
+    wait = SBX_MIN(wait, (int64_t)WAIT_LIMIT_MS);
+    if (req->deadline_ms)
+        wait = SBX_MAX(SBX_MIN(wait, req->deadline_ms - sbx_mono_ms()), (int64_t)0);
+    r->timer = sbx_loop_timer(a->loop, wait, reader_timeout, r);
     r->next = st->readers;
     st->readers = r;
 }

@@ -550,3 +550,71 @@ Test(exec, pids_limit_is_blamed_only_on_the_command_that_hit_it, .timeout = 120)
     tdone(c, id);
     sbx_client_close(c);
 }
+
+/* A command without a timeout is stopped at the request's deadline, as a
+ * timeout would stop it: the caller gets its result (it got
+ * SHARD_UNAVAILABLE from the gateway) and the session is free at once (it
+ * stayed busy with a command nobody waited for). */
+Test(exec, a_command_ends_at_the_request_deadline_and_the_session_goes_on, .timeout = 90)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("exec-deadline");
+    for (int sessionless = 0; sessionless < 2; sessionless++) {
+        double t0 = test_now_ms();
+        tcall t = tc_call(c, "exec", id,
+                          json_pack("{s:s, s:b}", "command", "echo started; sleep 600",
+                                    "sessionless", sessionless),
+                          2500);
+        double took = test_now_ms() - t0;
+        tc_ok(t, "exec past its deadline");
+        cr_expect_eq(jint(t.res, "exitCode"), 124, "sessionless %d", sessionless);
+        cr_expect_eq(jbool(t.res, "timedOut"), 1);
+        cr_expect_eq(jbool(t.res, "deadlineExceeded"), 1);
+        cr_expect_str_eq(jstr(t.res, "cause"), "TIMEOUT");
+        cr_expect_str_eq(jstr(t.res, "stdout"), "started\n");
+        cr_expect(strstr(jstr(t.res, "stderr"), "the request's deadline") != NULL, "stderr: %s",
+                  jstr(t.res, "stderr"));
+        cr_expect(took < 2500, "answered after %.0f ms", took);
+        tc_free(&t);
+        /* The session takes the next command at once; nothing is left. */
+        t0 = test_now_ms();
+        t = tc_call(c, "exec", id,
+                    json_pack("{s:s}", "command", "ps -eo comm= | grep -c '^sleep$' || true"),
+                    5000);
+        tc_ok(t, "the next exec");
+        cr_expect_str_eq(jstr(t.res, "stdout"), "0\n", "sleep 600 still runs");
+        cr_expect(test_now_ms() - t0 < 5000);
+        tc_free(&t);
+    }
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* A command queued in a busy session past its deadline is answered
+ * REQUEST_TIMEOUT by the shard (it was SHARD_UNAVAILABLE from the gateway),
+ * and it does not run later, when nobody hears of it. */
+Test(exec, a_command_queued_past_its_deadline_never_runs, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("exec-queued");
+    tcall t = tc_call(c, "exec.stream", id,
+                      json_pack("{s:s, s:s}", "command", "sleep 3", "sessionId", "q"), 0);
+    tc_ok(t, "exec.stream");
+    tc_free(&t);
+    double t0 = test_now_ms();
+    t = tc_call(c, "exec", id, json_pack("{s:s, s:s}", "command", "touch /tmp/late", "sessionId", "q"),
+                1500);
+    double took = test_now_ms() - t0;
+    tc_fails_with(t, "exec queued behind sleep 3", "REQUEST_TIMEOUT");
+    cr_expect(t.err.context_json && strstr(t.err.context_json, "\"sandboxId\""),
+              "not the shard's answer: %s (%s)", t.err.message,
+              t.err.context_json ? t.err.context_json : "no context");
+    cr_expect(took < 1500, "answered after %.0f ms", took);
+    tc_free(&t);
+    tsleep_ms(3000);
+    sbx_exec_result r = tsh(c, id, "test -e /tmp/late && echo ran || echo not-run", 10000);
+    cr_expect_str_eq(r.stdout_data, "not-run\n", "the abandoned command ran");
+    sbx_exec_result_free(&r);
+    tdone(c, id);
+    sbx_client_close(c);
+}

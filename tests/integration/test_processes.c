@@ -829,3 +829,48 @@ Test(processes, a_process_stopped_by_the_pids_limit_reports_pids_limit, .timeout
     tdone(c, id);
     sbx_client_close(c);
 }
+
+/* A wait without a `timeout` is bounded by the request's deadline: it is
+ * answered REQUEST_TIMEOUT by the sandbox (it was SHARD_UNAVAILABLE from the
+ * gateway, about a healthy shard), and the abandoned waiters do not stay
+ * behind to keep the operation in flight and the sandbox from sleeping. */
+Test(processes, waits_end_at_the_request_deadline_and_the_sandbox_can_sleep, .timeout = 90)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("proc-deadline");
+    tcall t = tc_call(c, "sandbox.configure", id, json_pack("{s:s}", "sleepAfter", "2s"), 0);
+    tc_ok(t, "sandbox.configure");
+    tc_free(&t);
+    char pid[128];
+    start(c, id, "sleep 1000", "sleeper", pid);
+    json_t *waits[] = {
+        json_pack("{s:s}", "processId", "sleeper"),
+        json_pack("{s:s, s:s}", "processId", "sleeper", "pattern", "never printed"),
+        json_pack("{s:s, s:i, s:s}", "processId", "sleeper", "port", 9999, "mode", "tcp"),
+    };
+    const char *ops[] = {"process.waitForExit", "process.waitForLog", "process.waitForPort"};
+    for (int i = 0; i < 3; i++) {
+        double t0 = test_now_ms();
+        t = tc_call(c, ops[i], id, waits[i], 1500);
+        double took = test_now_ms() - t0;
+        tc_fails_with(t, ops[i], "REQUEST_TIMEOUT");
+        cr_expect(t.err.context_json && strstr(t.err.context_json, "\"sandboxId\""),
+                  "%s: not the sandbox's answer (%s: %s)", ops[i], t.err.message,
+                  t.err.context_json ? t.err.context_json : "no context");
+        cr_expect(took < 1500, "%s answered after %.0f ms", ops[i], took);
+        tc_free(&t);
+    }
+    /* Nothing is left in flight: idle for its sleepAfter, the container stops. */
+    tsleep_ms(4500);
+    json_t *sb = ts_status(c, id);
+    if (strcmp(jstr(sb, "state"), "stopped")) {
+        json_decref(sb);
+        tsleep_ms(3500);
+        sb = ts_status(c, id);
+    }
+    cr_expect_str_eq(jstr(sb, "state"), "stopped", "the sandbox did not sleep: %s",
+                     jstr(sb, "state"));
+    json_decref(sb);
+    tdone(c, id);
+    sbx_client_close(c);
+}
