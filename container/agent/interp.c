@@ -19,8 +19,9 @@
  * sends SIGINT (KeyboardInterrupt / breakOnSigint): the cell ends with an
  * error and the context keeps its state; if the driver does not finish the
  * cell within a grace period it is killed and the context reports that it
- * is dead and must be recreated.  One warm driver per language used is kept
- * ready, so creating the next context costs an `init` message, not a start.
+ * is dead and must be recreated.  Warm drivers are kept ready per kind
+ * (Python forks of a fork server; Node processes), so creating a context
+ * costs an `init` message, not a start (see POOL_SIZE).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +85,25 @@
 enum { L_PY = 0, L_JS, L_TS, L_N };
 static const char *const lang_names[L_N] = {"python", "javascript", "typescript"};
 
+/*
+ * Driver kinds: Python, and Node for JavaScript and TypeScript (a Node
+ * driver learns its language from `init`).  Each kind keeps POOL_SIZE warm
+ * drivers — started, ready, owned by no context — so that creating a
+ * context is an `init` round trip; the pool is refilled as soon as a driver
+ * is taken (and after a context's own driver started), never when a warm
+ * driver dies (no restart loop).  Python drivers are forks of one fork
+ * server per sandbox environment (driver.py --fork-server: IPython imported
+ * once, forks share its memory copy-on-write): a fork is ready in
+ * milliseconds where a start takes a quarter of a second, and costs a few
+ * MiB of its own instead of ~40 MiB.  Node cannot fork, so its warm driver
+ * costs a whole process (~45 MiB, ~55 with TypeScript's sucrase loaded):
+ * one is kept.  Warm drivers hold the sandbox environment of their start;
+ * when env.set changes it, they (and the fork server) are replaced.
+ */
+enum { K_PY = 0, K_NODE, K_N };
+#define KIND(lang) ((lang) == L_PY ? K_PY : K_NODE)
+static const int POOL_SIZE[K_N] = {2, 2};
+
 struct run;
 struct context;
 
@@ -99,9 +120,14 @@ struct logacc {
 struct driver {
     struct driver *next;
     struct agent *a;
-    int lang;
-    pid_t pid;
+    int kind;                /* K_PY, K_NODE */
+    int lang;                /* the language it was started or warmed for */
+    pid_t pid;               /* 0 for a fork until its `ready` says */
     int req_fd, ev_fd, out_fd, err_fd;
+    int child[4];            /* its ends (requests, events, stdout, stderr) until it starts */
+    bool pending;            /* waiting for the fork server */
+    bool custom;             /* started with the context's own envVars: never pooled */
+    uint64_t env_hash;       /* of the sandbox environment it started with */
     sbx_watch *w_req, *w_ev, *w_out, *w_err;
     sbx_buf evbuf, reqq;
     /* fd-level output is UTF-8 decoded across reads: the bytes of a
@@ -151,11 +177,21 @@ struct context {
     char dead_why[200];
 };
 
+/* The Python fork server (see driver.py fork_server()). */
+struct zygote {
+    pid_t pid;
+    int fd;                  /* our end of its SOCK_SEQPACKET control socket */
+    sbx_watch *w;
+    bool ready;
+    uint64_t env_hash, ready_timer;
+};
+
 /* Per-agent interpreter state hangs off the agent. */
 struct interp {
-    struct driver *drivers;
+    struct driver *drivers;  /* every driver: warm ones have no ctx */
     struct context *contexts;
-    struct driver *warm[L_N];
+    struct zygote *zyg;
+    bool zyg_broken;         /* it failed before ready: start drivers directly */
     uint64_t ctr;
 };
 
@@ -172,7 +208,7 @@ static void run_finish(struct context *c, const char *status);
 static void driver_died(struct driver *d, const char *why);
 static void ctx_destroy(struct context *c);
 static void driver_kill(struct driver *d);
-static struct driver *driver_spawn(struct agent *a, int lang, char *why, size_t whylen);
+static void zygote_gone(struct agent *a, bool broken);
 
 /* ------------------------------------------------------------------------------ */
 /* Languages. */
@@ -566,6 +602,19 @@ on_event(struct driver *d, json_t *ev)
     if (!type)
         return;
     if (!strcmp(type, "ready")) {
+        if (d->ready)
+            return; /* only the driver's first line: a cell could write more */
+        if (d->pid <= 0) {
+            /* A fork: its pid is known from here on (it cannot have run
+             * user code yet).  Never one of ours to signal by mistake. */
+            json_t *pid = json_object_get(ev, "pid");
+            pid_t p = json_is_integer(pid) ? (pid_t)json_integer_value(pid) : 0;
+            if (p <= 1 || p == getpid()) {
+                driver_died(d, "its ready line named no valid pid");
+                return;
+            }
+            d->pid = p;
+        }
         d->ready = true;
         const char *mode = json_string_value(json_object_get(ev, "mode"));
         snprintf(d->mode, sizeof(d->mode), "%s", mode ? mode : "");
@@ -706,6 +755,16 @@ ev_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
 /* Drivers. */
 
 static void
+driver_close_child(struct driver *d)
+{
+    for (int i = 0; i < 4; i++) {
+        if (d->child[i] >= 0)
+            close(d->child[i]);
+        d->child[i] = -1;
+    }
+}
+
+static void
 driver_close(struct driver *d)
 {
     struct agent *a = d->a;
@@ -719,6 +778,8 @@ driver_close(struct driver *d)
             close(*fds[i]);
         *fds[i] = -1;
     }
+    driver_close_child(d);
+    d->pending = false;
     sbx_loop_cancel(a->loop, d->ready_timer);
     sbx_loop_cancel(a->loop, d->eof_timer);
     d->ready_timer = d->eof_timer = 0;
@@ -734,15 +795,14 @@ driver_free(struct driver *d)
             break;
         }
     }
-    for (int i = 0; i < L_N; i++)
-        if (in->warm[i] == d)
-            in->warm[i] = NULL;
     driver_close(d);
     sbx_buf_free(&d->evbuf);
     sbx_buf_free(&d->reqq);
     free(d);
 }
 
+/* Kill the driver and what it started.  A fork whose `ready` has not come
+ * has no pid yet: closing its pipes (driver_close) ends it (EOF on fd 3). */
 static void
 driver_kill(struct driver *d)
 {
@@ -781,44 +841,82 @@ seed_mpl_cache(void)
     free(buf);
 }
 
-static struct driver *
-driver_spawn(struct agent *a, int lang, char *why, size_t whylen)
+/* FNV-1a of the sandbox environment: what a warm driver or the fork server
+ * started with, compared when it is about to serve a context. */
+static uint64_t
+env_hash(char *const *env)
 {
-    int preq[2] = {-1, -1}, pev[2] = {-1, -1}, po[2] = {-1, -1}, pe[2] = {-1, -1}, nul = -1;
-    struct driver *d = NULL;
-    const char *script = lang == L_PY ? INTERP_DIR "/driver.py" : INTERP_DIR "/driver.js";
-    struct stat st;
-    if (stat(script, &st) < 0) {
-        snprintf(why, whylen, "the interpreter driver %s is not installed", script);
-        return NULL;
-    }
-    const char *bin = lang == L_PY ? "/usr/bin/python3" : NULL;
-    if (lang != L_PY) {
-        static const char *const nodes[] = {"/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"};
-        for (size_t i = 0; i < SBX_ARRAY_LEN(nodes) && !bin; i++)
-            if (access(nodes[i], X_OK) == 0)
-                bin = nodes[i];
-        if (!bin) {
-            snprintf(why, whylen, "node is not installed on the host");
-            return NULL;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (char *const *p = env; p && *p; p++)
+        for (const unsigned char *c = (const unsigned char *)*p;; c++) {
+            h = (h ^ *c) * 0x100000001b3ull;
+            if (!*c)
+                break;
         }
-    } else if (access(bin, X_OK) != 0) {
-        snprintf(why, whylen, "python3 is not installed on the host");
-        return NULL;
+    return h;
+}
+
+/* Whether a context's envVars must be in the interpreter's environment at
+ * its start (read once by the interpreter, the dynamic loader or libc):
+ * such a context gets a driver of its own, started with them, instead of a
+ * warm one that `init` could only tell afterwards. */
+static bool
+env_needs_start(int kind, const msgpack_object *env)
+{
+    static const char *const any[] = {"LD_", "MALLOC_", "GLIBC_TUNABLES"};
+    static const char *const py[] = {"PYTHON", "SBX_PY_"};
+    static const char *const node[] = {"NODE_", "UV_"};
+    for (uint32_t i = 0; env && i < env->via.map.size; i++) {
+        sbx_str k;
+        if (sbx_wire_obj_str(&env->via.map.ptr[i].key, &k) != 0)
+            continue;
+        const char *const *sets[] = {any, kind == K_PY ? py : node};
+        size_t lens[] = {SBX_ARRAY_LEN(any), kind == K_PY ? SBX_ARRAY_LEN(py) : SBX_ARRAY_LEN(node)};
+        for (size_t s = 0; s < 2; s++)
+            for (size_t j = 0; j < lens[s]; j++) {
+                size_t pl = strlen(sets[s][j]);
+                if (k.n >= pl && !memcmp(k.p, sets[s][j], pl))
+                    return true;
+            }
     }
-    if (lang == L_PY)
-        seed_mpl_cache();
-    if (pipe2(preq, O_CLOEXEC) < 0 || pipe2(pev, O_CLOEXEC) < 0 || pipe2(po, O_CLOEXEC) < 0 ||
-        pipe2(pe, O_CLOEXEC) < 0 || (nul = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
-        snprintf(why, whylen, "pipe: %s", strerror(errno));
-        goto out;
+    return false;
+}
+
+/* The interpreter and driver of a kind, or why not (the host lacks them). */
+static int
+driver_paths(int kind, const char **bin, const char **script, char *why, size_t whylen)
+{
+    static const char *const nodes[] = {"/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"};
+    struct stat st;
+    *script = kind == K_PY ? INTERP_DIR "/driver.py" : INTERP_DIR "/driver.js";
+    *bin = NULL;
+    if (stat(*script, &st) < 0) {
+        snprintf(why, whylen, "the interpreter driver %s is not installed", *script);
+        return -1;
     }
-    const char *argv_py[] = {bin, "-u", script, NULL};
-    const char *argv_js[] = {bin, script, lang == L_TS ? "typescript" : "javascript", NULL};
-    char **env = agent_env_merge(a->env, NULL);
-    /* Interpreter settings the user can still override through envVars. */
+    if (kind == K_PY) {
+        if (access("/usr/bin/python3", X_OK) == 0)
+            *bin = "/usr/bin/python3";
+    } else {
+        for (size_t i = 0; i < SBX_ARRAY_LEN(nodes) && !*bin; i++)
+            if (access(nodes[i], X_OK) == 0)
+                *bin = nodes[i];
+    }
+    if (!*bin) {
+        snprintf(why, whylen, "%s is not installed on the host", kind == K_PY ? "python3" : "node");
+        return -1;
+    }
+    return 0;
+}
+
+/* The environment of an interpreter: the sandbox's, the context's own
+ * overrides (NULL for a pooled driver), and defaults they do not set. */
+static char **
+driver_env(struct agent *a, const msgpack_object *over)
+{
     static const char *const extra[] = {"NODE_NO_WARNINGS=1", "PYTHONDONTWRITEBYTECODE=1",
                                         "MPLCONFIGDIR=/tmp/.sbx-matplotlib"};
+    char **env = agent_env_merge(a->env, over);
     size_t n = 0;
     while (env[n])
         n++;
@@ -826,42 +924,47 @@ driver_spawn(struct agent *a, int lang, char *why, size_t whylen)
     for (size_t i = 0; i < SBX_ARRAY_LEN(extra); i++) {
         size_t kl = (size_t)(strchr(extra[i], '=') - extra[i]);
         bool have = false;
-        for (size_t k = 0; k < n; k++)
-            if (!strncmp(env[k], extra[i], kl + 1))
-                have = true;
+        for (size_t k = 0; k < n && !have; k++)
+            have = !strncmp(env[k], extra[i], kl + 1);
         if (!have)
             env[n++] = sbx_xstrdup(extra[i]);
     }
     env[n] = NULL;
-    int keep[] = {preq[0], pev[1]};
-    struct spawn_opts so = {
-        .in_fd = nul,
-        .out_fd = po[1],
-        .err_fd = pe[1],
-        .keep_fds = keep,
-        .nkeep = 2,
-        .cwd = "/workspace",
-        .env = env,
-        .argv = lang == L_PY ? argv_py : argv_js,
-        .subreaper = true,
-        .new_session = true,
-    };
-    pid_t pid = agent_spawn(a, &so);
-    agent_env_free(env);
-    if (pid < 0) {
-        snprintf(why, whylen, "could not start the interpreter: %s", strerror((int)-pid));
-        goto out;
+    return env;
+}
+
+/* A driver with its pipes, not started: our ends are watched, its ends wait
+ * in d->child for driver_exec or the fork server. */
+static struct driver *
+driver_new(struct agent *a, int kind, int lang, char *why, size_t whylen)
+{
+    int p[4][2];
+    int n = 0;
+    for (; n < 4; n++)
+        if (pipe2(p[n], O_CLOEXEC) < 0)
+            break;
+    if (n < 4) {
+        snprintf(why, whylen, "pipe: %s", strerror(errno));
+        for (int i = 0; i < n; i++) {
+            close(p[i][0]);
+            close(p[i][1]);
+        }
+        return NULL;
     }
-    d = sbx_xcalloc(1, sizeof(*d));
+    struct driver *d = sbx_xcalloc(1, sizeof(*d));
     d->a = a;
+    d->kind = kind;
     d->lang = lang;
-    d->pid = pid;
     d->spawned_ms = sbx_mono_ms();
-    d->req_fd = preq[1];
-    d->ev_fd = pev[0];
-    d->out_fd = po[0];
-    d->err_fd = pe[0];
-    preq[1] = pev[0] = po[0] = pe[0] = -1;
+    /* requests: we write; events, stdout, stderr: we read */
+    d->req_fd = p[0][1];
+    d->child[0] = p[0][0];
+    d->ev_fd = p[1][0];
+    d->child[1] = p[1][1];
+    d->out_fd = p[2][0];
+    d->child[2] = p[2][1];
+    d->err_fd = p[3][0];
+    d->child[3] = p[3][1];
     int fds[] = {d->req_fd, d->ev_fd, d->out_fd, d->err_fd};
     for (size_t i = 0; i < 4; i++)
         sbx_set_nonblock(fds[i], true);
@@ -875,23 +978,314 @@ driver_spawn(struct agent *a, int lang, char *why, size_t whylen)
     struct interp *in = IS(a);
     d->next = in->drivers;
     in->drivers = d;
-out:; /* a label may not precede a declaration in C17 (clang rejects it) */
-    int all[] = {preq[0], preq[1], pev[0], pev[1], po[0], po[1], pe[0], pe[1], nul};
-    for (size_t i = 0; i < SBX_ARRAY_LEN(all); i++)
-        if (all[i] >= 0)
-            close(all[i]);
     return d;
 }
 
-/* Keep one idle driver per language that has been used. */
+/* Start d as a process of its own (execve), with the context's overrides. */
+static int
+driver_exec(struct driver *d, const msgpack_object *over, char *why, size_t whylen)
+{
+    const char *bin, *script;
+    if (driver_paths(d->kind, &bin, &script, why, whylen) != 0)
+        return -1;
+    int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul < 0) {
+        snprintf(why, whylen, "/dev/null: %s", strerror(errno));
+        return -1;
+    }
+    const char *argv_py[] = {bin, "-u", script, NULL};
+    const char *argv_js[] = {bin, script, d->lang == L_TS ? "typescript" : "javascript", NULL};
+    char **env = driver_env(d->a, over);
+    int keep[] = {d->child[0], d->child[1]};
+    struct spawn_opts so = {
+        .in_fd = nul,
+        .out_fd = d->child[2],
+        .err_fd = d->child[3],
+        .keep_fds = keep,
+        .nkeep = 2,
+        .cwd = "/workspace",
+        .env = env,
+        .argv = d->kind == K_PY ? argv_py : argv_js,
+        .subreaper = true,
+        .new_session = true,
+    };
+    pid_t pid = agent_spawn(d->a, &so);
+    agent_env_free(env);
+    close(nul);
+    driver_close_child(d);
+    if (pid < 0) {
+        snprintf(why, whylen, "could not start the interpreter: %s", strerror((int)-pid));
+        return -1;
+    }
+    d->pid = pid;
+    return 0;
+}
+
+/* ---- the Python fork server ---- */
+
 static void
-ensure_warm(struct agent *a, int lang)
+zygote_ready_timeout(sbx_loop *l, void *arg)
+{
+    struct agent *a = arg;
+    (void)l;
+    IS(a)->zyg->ready_timer = 0;
+    zygote_gone(a, true);
+}
+
+/* Hand the waiting Python drivers to the fork server: one message each,
+ * their four ends attached.  A full socket waits for EPOLLOUT. */
+static void
+zygote_flush(struct agent *a)
 {
     struct interp *in = IS(a);
-    if (in->warm[lang])
+    struct zygote *z = in->zyg;
+    if (!z || !z->ready)
         return;
+    for (struct driver *d = in->drivers; d; d = d->next) {
+        if (!d->pending)
+            continue;
+        char msg[] = "{\"type\":\"fork\"}";
+        union {
+            char buf[CMSG_SPACE(4 * sizeof(int))];
+            struct cmsghdr align;
+        } u;
+        struct iovec iov = {msg, sizeof(msg) - 1};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                            .msg_controllen = sizeof(u.buf)};
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(4 * sizeof(int));
+        memcpy(CMSG_DATA(cm), d->child, 4 * sizeof(int));
+        if (sendmsg(z->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+            if (errno == EAGAIN || errno == EINTR) {
+                sbx_loop_modify(a->loop, z->w, EPOLLIN | EPOLLOUT);
+                return;
+            }
+            zygote_gone(a, false);
+            return;
+        }
+        d->pending = false;
+        driver_close_child(d);
+    }
+    sbx_loop_modify(a->loop, z->w, EPOLLIN);
+}
+
+static void driver_exited(struct agent *a, pid_t pid, int status);
+
+/* Messages of the fork server: ready, error, and the exit status of the
+ * drivers it forked (they are its children). */
+static void
+zygote_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
+{
+    struct agent *a = arg;
+    struct interp *in = IS(a);
+    (void)l;
+    if (ev & EPOLLOUT)
+        zygote_flush(a);
+    while (in->zyg) {
+        char buf[512];
+        ssize_t n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n <= 0) {
+            zygote_gone(a, !in->zyg->ready);
+            return;
+        }
+        json_error_t je;
+        json_t *j = json_loadb(buf, (size_t)n, 0, &je);
+        const char *type = json_string_value(json_object_get(j, "type"));
+        json_t *pid = json_object_get(j, "pid"), *st = json_object_get(j, "status");
+        if (type && !strcmp(type, "ready") && !in->zyg->ready) {
+            in->zyg->ready = true;
+            sbx_loop_cancel(a->loop, in->zyg->ready_timer);
+            in->zyg->ready_timer = 0;
+            json_decref(j);
+            zygote_flush(a);
+        } else if (type && !strcmp(type, "exit") && json_is_integer(pid) && json_is_integer(st)) {
+            driver_exited(a, (pid_t)json_integer_value(pid), (int)json_integer_value(st));
+            json_decref(j);
+        } else if (type && !strcmp(type, "error")) {
+            json_decref(j);
+            zygote_gone(a, true);
+            return;
+        } else {
+            json_decref(j);
+        }
+    }
+}
+
+/* Start the fork server with the current sandbox environment. */
+static void
+zygote_start(struct agent *a)
+{
+    struct interp *in = IS(a);
+    const char *bin, *script;
     char why[200];
-    in->warm[lang] = driver_spawn(a, lang, why, sizeof(why));
+    int sv[2] = {-1, -1}, nul = -1;
+    if (driver_paths(K_PY, &bin, &script, why, sizeof(why)) != 0 ||
+        socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
+        (nul = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0) {
+        in->zyg_broken = true;
+    } else {
+        const char *argv[] = {bin, "-u", script, "--fork-server", NULL};
+        char **env = driver_env(a, NULL);
+        int keep[] = {sv[1]};
+        struct spawn_opts so = {
+            .in_fd = nul, .out_fd = nul, .err_fd = nul, .keep_fds = keep, .nkeep = 1,
+            .cwd = "/workspace", .env = env, .argv = argv, .new_session = true,
+        };
+        pid_t pid = agent_spawn(a, &so);
+        agent_env_free(env);
+        if (pid < 0) {
+            in->zyg_broken = true;
+        } else {
+            struct zygote *z = sbx_xcalloc(1, sizeof(*z));
+            z->pid = pid;
+            z->fd = sv[0];
+            sv[0] = -1;
+            z->env_hash = env_hash(a->env);
+            sbx_set_nonblock(z->fd, true);
+            z->w = sbx_loop_watch(a->loop, z->fd, EPOLLIN, zygote_cb, a);
+            z->ready_timer = sbx_loop_timer(a->loop, READY_TIMEOUT_MS, zygote_ready_timeout, a);
+            in->zyg = z;
+        }
+    }
+    int all[] = {sv[0], sv[1], nul};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(all); i++)
+        if (all[i] >= 0)
+            close(all[i]);
+}
+
+/*
+ * The fork server is gone or unwanted: kill it (only it: the drivers it
+ * forked are its children but belong to contexts; they are reparented to
+ * us).  Drivers still waiting for a fork are started directly.  `broken`
+ * (it failed before it was ready): this sandbox starts Python drivers
+ * directly from now on.
+ */
+static void
+zygote_gone(struct agent *a, bool broken)
+{
+    struct interp *in = IS(a);
+    struct zygote *z = in->zyg;
+    if (!z)
+        return;
+    in->zyg = NULL;
+    if (broken)
+        in->zyg_broken = true;
+    kill(z->pid, SIGKILL);
+    sbx_loop_unwatch(a->loop, z->w);
+    close(z->fd);
+    sbx_loop_cancel(a->loop, z->ready_timer);
+    free(z);
+    for (struct driver *d = in->drivers, *next; d; d = next) {
+        next = d->next;
+        char why[200];
+        if (!d->pending)
+            continue;
+        d->pending = false;
+        if (driver_exec(d, NULL, why, sizeof(why)) != 0)
+            driver_died(d, why);
+    }
+}
+
+/* ---- starting drivers ---- */
+
+/* A new driver for a context or the pool: a fork of the fork server for a
+ * pooled Python driver (the server is started, or replaced when the sandbox
+ * environment changed, as needed), else a process of its own with the
+ * context's start-time envVars `over`. */
+static struct driver *
+driver_spawn(struct agent *a, int lang, const msgpack_object *over, char *why, size_t whylen)
+{
+    struct interp *in = IS(a);
+    int kind = KIND(lang);
+    const char *bin, *script;
+    if (driver_paths(kind, &bin, &script, why, whylen) != 0)
+        return NULL;
+    if (kind == K_PY)
+        seed_mpl_cache();
+    struct driver *d = driver_new(a, kind, lang, why, whylen);
+    if (!d)
+        return NULL;
+    uint64_t h = env_hash(a->env);
+    d->custom = over != NULL;
+    d->env_hash = h;
+    if (kind == K_PY && !over && !in->zyg_broken) {
+        if (in->zyg && in->zyg->env_hash != h)
+            zygote_gone(a, false);
+        if (!in->zyg)
+            zygote_start(a);
+        if (in->zyg) {
+            d->pending = true;
+            zygote_flush(a);
+            return d;
+        }
+    }
+    if (driver_exec(d, over, why, whylen) != 0) {
+        driver_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Whether d may serve a new context of `kind` now. */
+static bool
+warm_usable(const struct driver *d, int kind, uint64_t h)
+{
+    return !d->ctx && !d->dead && !d->custom && d->kind == kind && d->env_hash == h;
+}
+
+/* Drop warm drivers of `kind` whose environment is stale. */
+static void
+pool_prune(struct agent *a, int kind, uint64_t h)
+{
+    for (struct driver *d = IS(a)->drivers, *next; d; d = next) {
+        next = d->next;
+        if (!d->ctx && !d->dead && d->kind == kind && d->env_hash != h) {
+            driver_kill(d);
+            d->dead = true;
+            driver_free(d);
+        }
+    }
+}
+
+/* The best warm driver for `lang`: ready before starting, warmed for the
+ * same language before another, older before younger. */
+static struct driver *
+pool_take(struct agent *a, int lang)
+{
+    int kind = KIND(lang);
+    uint64_t h = env_hash(a->env);
+    pool_prune(a, kind, h);
+    struct driver *best = NULL;
+    for (struct driver *d = IS(a)->drivers; d; d = d->next) {
+        if (!warm_usable(d, kind, h))
+            continue;
+        if (!best || (d->ready != best->ready ? d->ready
+                      : (d->lang == lang) != (best->lang == lang) ? d->lang == lang
+                                                                  : d->spawned_ms < best->spawned_ms))
+            best = d;
+    }
+    return best;
+}
+
+/* Start warm drivers until `lang`'s kind has POOL_SIZE of them. */
+static void
+pool_fill(struct agent *a, int lang)
+{
+    int kind = KIND(lang), n = 0;
+    uint64_t h = env_hash(a->env);
+    pool_prune(a, kind, h);
+    for (struct driver *d = IS(a)->drivers; d; d = d->next)
+        n += warm_usable(d, kind, h);
+    char why[200];
+    while (n++ < POOL_SIZE[kind])
+        if (!driver_spawn(a, lang, NULL, why, sizeof(why)))
+            break;
 }
 
 static void
@@ -922,11 +1316,11 @@ driver_died(struct driver *d, const char *why)
     c->q_tail = NULL;
 }
 
-bool
-agent_interp_reaped(struct agent *a, pid_t pid, int status)
+/* A driver process ended: reaped by us, or by the fork server that forked
+ * it (which sends the status). */
+static void
+driver_exited(struct agent *a, pid_t pid, int status)
 {
-    if (!a->interp)
-        return false;
     for (struct driver *d = IS(a)->drivers; d; d = d->next) {
         if (d->pid != pid)
             continue;
@@ -939,8 +1333,25 @@ agent_interp_reaped(struct agent *a, pid_t pid, int status)
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
             driver_died(d, why);
         }
+        return;
+    }
+}
+
+bool
+agent_interp_reaped(struct agent *a, pid_t pid, int status)
+{
+    if (!a->interp || pid <= 0)
+        return false;
+    struct interp *in = IS(a);
+    if (in->zyg && in->zyg->pid == pid) {
+        zygote_gone(a, !in->zyg->ready);
         return true;
     }
+    for (struct driver *d = in->drivers; d; d = d->next)
+        if (d->pid == pid) {
+            driver_exited(a, pid, status);
+            return true;
+        }
     return false;
 }
 
@@ -1069,8 +1480,10 @@ run_finish(struct context *c, const char *status)
             agent_reply_ok(a, r->init_req, &e);
         }
         run_free(r);
-        if (!dead)
+        if (!dead) {
             run_next(c);
+            pool_fill(a, c->lang);
+        }
         return;
     }
     if (dead) {
@@ -1206,14 +1619,14 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
            struct agent_req *init_req, char *why, size_t whylen)
 {
     struct interp *in = IS(a);
-    struct driver *d = in->warm[lang];
-    if (d && !d->dead) {
-        in->warm[lang] = NULL;
-    } else {
-        d = driver_spawn(a, lang, why, whylen);
-        if (!d)
-            return NULL;
-    }
+    /* A warm driver unless the envVars must be there at start; a pool that
+     * gave a ready one is refilled at once (the start does not compete with
+     * this context's), otherwise once this context's driver is up. */
+    bool own = env_needs_start(KIND(lang), env);
+    struct driver *d = own ? NULL : pool_take(a, lang);
+    bool refill = d && d->ready;
+    if (!d && !(d = driver_spawn(a, lang, own ? env : NULL, why, whylen)))
+        return NULL;
     struct context *c = sbx_xcalloc(1, sizeof(*c));
     c->a = a;
     c->lang = lang;
@@ -1230,6 +1643,8 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
     json_object_set_new(j, "type", json_string("init"));
     json_object_set_new(j, "id", json_string(r->rid));
     json_object_set_new(j, "cwd", json_string(c->cwd));
+    if (d->kind == K_NODE)
+        json_object_set_new(j, "language", json_string(lang_names[lang]));
     json_t *je = json_object();
     if (env) {
         for (uint32_t i = 0; i < env->via.map.size; i++) {
@@ -1257,7 +1672,8 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
     r->is_init = true;
     r->init_req = init_req;
     enqueue(c, r);
-    ensure_warm(a, lang);
+    if (refill)
+        pool_fill(a, lang);
     return c;
 }
 
@@ -1488,6 +1904,7 @@ agent_interp_free(struct agent *a)
         d->dead = true;
         driver_free(d);
     }
+    zygote_gone(a, false);
     free(in);
     a->interp = NULL;
 }

@@ -18,8 +18,11 @@
  *      the pipe before anything that follows, even if the process is killed right after).
  *
  * Requests (one JSON object per line, handled strictly one at a time in arrival order)
- *   {"type":"init","id","cwd"?,"env"?:{K:v}}  chdir + merge env (null deletes), rebind require/module to
- *                                             the cwd  →  done{status:"ok"|"error"}
+ *   {"type":"init","id","cwd"?,"env"?:{K:v},"language"?}
+ *                                             chdir + merge env (null deletes), rebind require/module to
+ *                                             the cwd, switch to `language` (the agent keeps warm drivers
+ *                                             for both; TypeScript's transpiler is loaded here, before
+ *                                             done)  →  done{status:"ok"|"error"}
  *   {"type":"execute","id","code"}            run one cell  →  events…, done{status, execution_count}
  *
  * Events (every event but "ready" carries the request's id; output produced between cells — timers,
@@ -693,6 +696,11 @@ function bindModuleGlobals(cwd) {
 
 function handleInit(req) {
   try {
+    if (req.language != null) {
+      if (!LANGUAGES.has(req.language)) throw new TypeError(`unknown language ${jsonStringify(req.language)}`);
+      state.language = req.language;
+      warmUp();
+    }
     if (req.cwd != null) proc.chdir(String(req.cwd));
     for (const [name, value] of objectEntries(req.env || {})) {
       if (value === null) delete proc.env[name]; else proc.env[name] = String(value);

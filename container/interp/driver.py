@@ -7,6 +7,9 @@ process's state.  Run it with the Debian interpreter:
 
     /usr/bin/python3 -u driver.py
 
+or, usually, as a fork of `driver.py --fork-server` (see fork_server()):
+the same driver, a few milliseconds after the agent asks for it.
+
 File descriptors
     0   /dev/null
     1   pipe read by the agent: fd-level stdout only (subprocesses,
@@ -1332,17 +1335,18 @@ class IPythonRunner(BaseRunner):
 class Driver:
     def __init__(self):
         self.pid = os.getpid()
-        try:
-            for fd in (REQ_FD, EV_FD):
-                os.set_inheritable(fd, False)   # never leak the protocol to children
-        except OSError:
-            sys.exit("driver.py: fd 3 (requests) and fd 4 (events) must be open pipes; "
-                     "see the protocol in this file's header")
         self.channel = Channel(EV_FD)
         self.hub = OutputHub(self.channel)
         self.runner = None
 
     def start(self):
+        self.prepare()
+        self.go_live()
+
+    def prepare(self):
+        """What every context needs and no context owns: the runner (IPython
+        imported, its shell built) and the import hooks.  A fork server does
+        this once; its forks only go_live()."""
         signal.signal(signal.SIGINT, INTR.handler)
         if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(_THIS_FILE)):
             # Imports resolve from the context's cwd (as in the REPL), not
@@ -1350,6 +1354,16 @@ class Driver:
             sys.path[0] = ""
         self.runner = self._make_runner()
         sys.meta_path.insert(0, HOOKS)
+
+    def go_live(self):
+        """Take fd 3/4 and 1/2 as this context's and say ready."""
+        self.pid = os.getpid()
+        try:
+            for fd in (REQ_FD, EV_FD):
+                os.set_inheritable(fd, False)   # never leak the protocol to children
+        except OSError:
+            sys.exit("driver.py: fd 3 (requests) and fd 4 (events) must be open pipes; "
+                     "see the protocol in this file's header")
         sys.stdout = StreamWriter(self.hub, "stdout", 1)
         sys.stderr = StreamWriter(self.hub, "stderr", 2)
         os.register_at_fork(before=self.hub.before_fork, after_in_child=self._after_fork_child)
@@ -1474,7 +1488,114 @@ class Driver:
 INTR.shield(Driver.execute, Driver.handle_line, Driver.serve)
 
 
+# --------------------------------------------------------------------------
+# Fork server
+# --------------------------------------------------------------------------
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def fork_server():
+    """`driver.py --fork-server`: prepare once, then fork a driver per request.
+
+    Starting a driver costs the IPython import (a quarter of a second, more
+    under load); a fork of a process that has done it costs a few
+    milliseconds, and the forks share the imported modules' memory
+    copy-on-write (gc.freeze() keeps the collector from touching, hence
+    copying, them).  The agent starts one fork server per sandbox
+    environment and asks it for drivers.
+
+    fd 3 is a SOCK_SEQPACKET unix socket to the agent (fd 0-2: /dev/null);
+    every message is one JSON object.  The server sends
+    {"type":"ready","pid","mode","version"} once it is prepared (or
+    {"type":"error","evalue"} and exits).  Each message the agent sends
+    carries four descriptors (SCM_RIGHTS): the new driver's requests (read
+    end), events (write end), stdout and stderr (write ends).  The server
+    forks; the child becomes a session leader and a child subreaper (as the
+    agent starts drivers), puts the four descriptors at 3, 4, 1 and 2 and
+    goes on exactly like a driver the agent started itself: "ready" with its
+    own pid on fd 4, then requests.  When a driver exits the server reaps it
+    and sends {"type":"exit","pid","status"} (the raw wait status), which the
+    agent reads as it would read its own child's.  EOF on fd 3 ends the
+    server; its drivers live on, and PID 1 (the agent) reaps them.
+    """
+    import gc
+    import socket
+    ctl = socket.socket(fileno=REQ_FD)
+    driver = Driver()
+    try:
+        driver.prepare()
+        import ctypes
+        import fcntl
+        libc = ctypes.CDLL(None, use_errno=True)
+        if threading.active_count() != 1:
+            raise RuntimeError("threads were started; forking would copy their locks")
+    except BaseException as e:  # noqa: B902 - the agent starts drivers itself then
+        ctl.send(json.dumps({"type": "error", "evalue": _safe_str(e)}).encode())
+        os._exit(1)
+
+    def reap(signum, frame):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            try:
+                ctl.send(json.dumps({"type": "exit", "pid": pid, "status": status}).encode())
+            except OSError:
+                pass
+
+    gc.collect()
+    gc.freeze()
+    signal.signal(signal.SIGCHLD, reap)
+    ctl.send(json.dumps({"type": "ready", "pid": os.getpid(), "mode": driver.runner.mode,
+                         "version": _version()}).encode())
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 256, 4)
+        except OSError:
+            os._exit(0)
+        if not msg and not fds:
+            os._exit(0)
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            continue
+        if os.fork() == 0:
+            _become_driver(driver, ctl, fds, libc, fcntl)   # never returns
+        for fd in fds:
+            os.close(fd)
+
+
+def _become_driver(driver, ctl, fds, libc, fcntl):
+    """In a child of the fork server: become the driver of a new context."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        ctl.detach()        # fd 3 is about to be the request pipe
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for target, fd in zip((REQ_FD, EV_FD, 1, 2), high):
+            os.dup2(fd, target)
+            os.close(fd)
+        driver.go_live()
+        driver.serve()      # exits the process
+    except BaseException as e:  # noqa: B902
+        try:
+            os.write(2, ("sbx: forked driver failed: %r\n" % (e,)).encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(70)
+
+
 def main():
+    if sys.argv[1:] == ["--fork-server"]:
+        fork_server()
     driver = Driver()
     driver.start()
     driver.serve()

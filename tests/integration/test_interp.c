@@ -797,3 +797,195 @@ Test(interp, env_vars_are_checked_and_applied, .timeout = 120)
     free(id);
     sbx_client_close(c);
 }
+
+/* Python contexts are forks of the sandbox's fork server (one parent, not
+ * the agent), so back-to-back creations do not each wait for an IPython
+ * start; warm drivers and the fork server follow env.set (a context made
+ * after it sees the change); envVars read only at an interpreter's start
+ * (here PYTHONPATH, SBX_PY_MODE) get a driver started with them. */
+Test(interp, contexts_come_from_a_fresh_pool, .timeout = 240)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("pool");
+    char *first = create_ctx(c, id, "python");
+    sbx_reply *r = run(c, id, first, NULL, "import os\nos.getppid()", 0);
+    char *ppid = main_text(r);
+    sbx_reply_free(r);
+    cr_expect_str_neq(ppid, "1", "the driver is the agent's child, not a fork");
+    double worst = 0;
+    for (int i = 0; i < 3; i++) {
+        double t0 = test_now_ms();
+        char *ctx = create_ctx(c, id, "python");
+        double took = test_now_ms() - t0;
+        worst = took > worst ? took : worst;
+        r = run(c, id, ctx, NULL, "import os\nos.getppid()", 0);
+        char *t = main_text(r);
+        cr_expect_str_eq(t, ppid, "context %d has another parent", i);
+        free(t);
+        sbx_reply_free(r);
+        free(ctx);
+    }
+    cr_log_info("back-to-back python context.create: worst %.0f ms", worst);
+    cr_expect(worst < 5000, "a back-to-back context.create took %.0f ms", worst);
+    free(ppid);
+    /* env.set after the pool and the fork server started */
+    sbx_reply *er = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call_json(c, "env.set", id, "{\"vars\":{\"SBX_POOL_T\":\"after\"}}", 0,
+                               &er, &err),
+                 0, "env.set: %s", err.message);
+    sbx_reply_free(er);
+    static const char *const langs[] = {"python", "javascript"};
+    static const char *const reads[] = {"import os\nos.environ.get('SBX_POOL_T')",
+                                        "process.env.SBX_POOL_T"};
+    static const char *const want[] = {"'after'", "'after'"};
+    for (int i = 0; i < 2; i++) {
+        char *ctx = create_ctx(c, id, langs[i]);
+        r = run(c, id, ctx, NULL, reads[i], 0);
+        char *t = main_text(r);
+        cr_expect_str_eq(t, want[i], "%s: a context made after env.set misses it", langs[i]);
+        free(t);
+        sbx_reply_free(r);
+        free(ctx);
+    }
+    /* start-time envVars */
+    cr_assert_eq(sbx_call_json(c, "context.create", id,
+                               "{\"language\":\"python\",\"envVars\":{\"PYTHONPATH\":\"/opt/sbx-t\","
+                               "\"SBX_PY_MODE\":\"stdlib\"}}",
+                               120000, &er, &err),
+                 0, "%s", err.message);
+    const msgpack_object *cx;
+    sbx_str cid = {"", 0}, mode = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(er), "contextId", &cid);
+    cr_assert_eq(sbx_wire_get_map(sbx_reply_result(er), "context", &cx), 0);
+    sbx_wire_get_str(cx, "mode", &mode);
+    cr_expect(sbx_str_eq(mode, "stdlib"), "mode %.*s", (int)mode.n, mode.p);
+    char *ctx = sbx_str_dup(cid);
+    sbx_reply_free(er);
+    r = run(c, id, ctx, NULL, "import sys\n'/opt/sbx-t' in sys.path", 0);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "True", "PYTHONPATH did not reach the interpreter's start");
+    free(t);
+    sbx_reply_free(r);
+    free(ctx);
+    free(first);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* The text of result i (or ""), and whether it has field f. */
+static char *
+result_text(sbx_reply *r, uint32_t i)
+{
+    const msgpack_object *arr;
+    sbx_str t = {"", 0};
+    if (sbx_wire_get_array(sbx_reply_result(r), "results", &arr) == 0 && i < arr->via.array.size)
+        sbx_wire_get_str(&arr->via.array.ptr[i], "text", &t);
+    return sbx_str_dup(t);
+}
+
+static uint32_t
+result_count(sbx_reply *r)
+{
+    const msgpack_object *arr;
+    return sbx_wire_get_array(sbx_reply_result(r), "results", &arr) == 0 ? arr->via.array.size : 0;
+}
+
+/* Python without IPython (SBX_PY_MODE=stdlib, as on a host without
+ * python3-ipython): the same behaviour through the standard-library
+ * driver — last expression, ';', state, display(), errors with a
+ * traceback, matplotlib figures as PNG and a DataFrame as HTML. */
+Test(interp, python_stdlib_mode, .timeout = 240)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("stdlib");
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call_json(c, "context.create", id,
+                               "{\"language\":\"python\",\"envVars\":{\"SBX_PY_MODE\":\"stdlib\"}}",
+                               120000, &r, &err),
+                 0, "%s", err.message);
+    const msgpack_object *cx;
+    sbx_str cid = {"", 0}, mode = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid);
+    cr_assert_eq(sbx_wire_get_map(sbx_reply_result(r), "context", &cx), 0);
+    sbx_wire_get_str(cx, "mode", &mode);
+    cr_assert(sbx_str_eq(mode, "stdlib"), "mode %.*s", (int)mode.n, mode.p);
+    char *ctx = sbx_str_dup(cid);
+    sbx_reply_free(r);
+
+    /* the last expression is the value; ';' suppresses it; state persists */
+    r = run(c, id, ctx, NULL, "x = 20\nx + 1", 0);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "21");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "x * 2;", 0);
+    cr_expect_eq(result_count(r), 0u, "a trailing ';' still gave a result");
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "x * 2  # comment after the value", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "40");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "print('p'); None", 0);
+    char *o = joined_logs(r, "stdout");
+    cr_expect_str_eq(o, "p\n");
+    cr_expect_eq(result_count(r), 0u, "None is not a result");
+    free(o);
+    sbx_reply_free(r);
+
+    /* display(): each call a result, not the main one, in order */
+    r = run(c, id, ctx, NULL,
+            "class H:\n    def _repr_html_(self): return '<b>h</b>'\n"
+            "display('first', H())\n'last'",
+            0);
+    cr_expect_eq(result_count(r), 3u);
+    t = result_text(r, 0);
+    cr_expect_str_eq(t, "'first'");
+    free(t);
+    cr_expect(has_field(r, "html"), "display(H()) gave no HTML");
+    t = main_text(r);
+    cr_expect_str_eq(t, "'last'");
+    free(t);
+    sbx_reply_free(r);
+
+    /* an exception: name, value, a traceback naming the cell's line */
+    r = run(c, id, ctx, NULL, "def f(v):\n    return {}[v]\nf('missing')", 0);
+    cr_expect(has_error(r, "KeyError"));
+    const msgpack_object *e, *tb;
+    sbx_str v = {"", 0};
+    cr_assert_eq(sbx_wire_get_map(sbx_reply_result(r), "error", &e), 0);
+    sbx_wire_get_str(e, "value", &v);
+    cr_expect(sbx_str_eq(v, "'missing'"), "value %.*s", (int)v.n, v.p);
+    cr_assert_eq(sbx_wire_get_array(e, "traceback", &tb), 0);
+    char *j = sbx_reply_json(r, false);
+    cr_expect(tb->via.array.size >= 3, "traceback: %s", j);
+    cr_expect(strstr(j, "return {}[v]") && strstr(j, "in f") && !strstr(j, "driver.py"),
+              "traceback: %s", j);
+    free(j);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "x", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "20", "state lost after an error");
+    free(t);
+    sbx_reply_free(r);
+
+    /* matplotlib: the figure is a PNG; pandas: a DataFrame is HTML */
+    r = run(c, id, ctx, NULL,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('sq');", 60000);
+    cr_expect(has_field(r, "png"), "matplotlib gave no PNG in stdlib mode");
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})",
+            60000);
+    cr_expect(has_field(r, "html"), "a DataFrame gave no HTML in stdlib mode");
+    j = sbx_reply_json(r, false);
+    cr_expect(strstr(j, "<table") != NULL, "%s", j);
+    free(j);
+    sbx_reply_free(r);
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
