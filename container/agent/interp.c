@@ -457,9 +457,82 @@ json_fits(const json_t *v, int depth, size_t *count)
     return true;
 }
 
+/* A JSON object's string member, or its {text} member's (Plotly and Vega
+ * titles are either). */
+static json_t *
+title_of(json_t *v)
+{
+    if (json_is_object(v))
+        v = json_object_get(v, "text");
+    return json_is_string(v) ? v : NULL;
+}
+
+/*
+ * The SDK's ChartData from a bundle's chart format, as the Cloudflare
+ * container derives it: Plotly (application/vnd.plotly.v1+json) →
+ * {type from the first trace, title, data: traces, layout, config, library:
+ * "plotly"}; Vega-Lite (v4, v5) → {type from the mark, title, data: the
+ * spec, library: "altair"}.  A new reference, or NULL.  (matplotlib figures
+ * get theirs from the Python driver, which has the figure itself.)
+ */
+static json_t *
+chart_from_bundle(json_t *data)
+{
+    json_t *chart = NULL, *v;
+    const char *type = "unknown";
+    if ((v = json_object_get(data, "application/vnd.plotly.v1+json")) && json_is_object(v)) {
+        json_t *traces = json_object_get(v, "data"), *layout = json_object_get(v, "layout");
+        json_t *t0 = json_array_get(traces, 0);
+        if (json_is_object(t0)) {
+            /* Plotly's defaults: a trace without type is a scatter, one
+             * without mode draws lines. */
+            const char *tt = json_string_value(json_object_get(t0, "type"));
+            const char *mode = json_string_value(json_object_get(t0, "mode"));
+            tt = tt ? tt : "scatter";
+            if (!strcmp(tt, "scatter") || !strcmp(tt, "scattergl"))
+                type = !mode || strstr(mode, "lines") ? "line" : "scatter";
+            else if (!strcmp(tt, "bar") || !strcmp(tt, "pie") || !strcmp(tt, "histogram") ||
+                     !strcmp(tt, "heatmap"))
+                type = tt;
+        }
+        chart = json_pack("{s:s, s:o, s:o, s:s}", "type", type, "data",
+                          traces ? json_incref(traces) : json_null(), "layout",
+                          json_is_object(layout) ? json_incref(layout) : json_object(), "library",
+                          "plotly");
+        json_t *title = title_of(json_object_get(layout, "title"));
+        if (chart && title)
+            json_object_set(chart, "title", title);
+        if (chart && (v = json_object_get(v, "config")))
+            json_object_set(chart, "config", v);
+        return chart;
+    }
+    static const char *const vl[] = {"application/vnd.vegalite.v5+json",
+                                     "application/vnd.vegalite.v4+json"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(vl) && !chart; i++) {
+        if (!(v = json_object_get(data, vl[i])) || !json_is_object(v))
+            continue;
+        json_t *mark = json_object_get(v, "mark");
+        const char *m = json_string_value(json_is_object(mark) ? json_object_get(mark, "type") : mark);
+        static const struct {
+            const char *mark, *type;
+        } marks[] = {{"line", "line"},       {"bar", "bar"},   {"point", "scatter"},
+                     {"circle", "scatter"},  {"square", "scatter"}, {"arc", "pie"},
+                     {"rect", "heatmap"}};
+        for (size_t k = 0; m && k < SBX_ARRAY_LEN(marks); k++)
+            if (!strcmp(m, marks[k].mark))
+                type = marks[k].type;
+        chart = json_pack("{s:s, s:O, s:s}", "type", type, "data", v, "library", "altair");
+        json_t *title = title_of(json_object_get(v, "title"));
+        if (chart && title)
+            json_object_set(chart, "title", title);
+    }
+    return chart;
+}
+
 /*
  * Encode one result map from a Jupyter data bundle (and the driver's chart,
- * if any); returns the msgpack objects written.  A JSON value that does not
+ * if any, else one derived from the bundle); returns the msgpack objects
+ * written.  A JSON value that does not
  * fit a reply is left out and the result marked `truncated`.  A `standin`
  * carries only the first STANDIN_TEXT bytes of its text, its formats and
  * `truncated: true`: what is left of a result the run had no room for.
@@ -493,8 +566,10 @@ encode_result(sbx_enc *e, json_t *data, json_t *chart, bool main_result, bool st
         objs += 1 + n;
     }
     size_t n = 0;
+    json_t *derived = chart || standin ? NULL : chart_from_bundle(data);
+    chart = chart ? chart : derived;
     if (chart && !standin) {
-        if (json_fits(chart, 0, &n)) {
+        if (json_is_object(chart) && json_fits(chart, 0, &n)) {
             sbx_enc_str(e, "chart");
             sbx_json_to_msgpack(chart, e);
             objs += 1 + n;
@@ -502,6 +577,7 @@ encode_result(sbx_enc *e, json_t *data, json_t *chart, bool main_result, bool st
             cut = true;
         }
     }
+    json_decref(derived);
     sbx_enc_karray(e, "formats");
     json_object_foreach(data, k, v) {
         sbx_enc_str(e, k);

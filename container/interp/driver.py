@@ -55,6 +55,10 @@ Events (fd 4), each carrying the request's "id" (ready excepted):
     {"type":"done","status":"ok"|"error","execution_count":n}
         always last ("execution_count" only for execute); a failed cell
         always has an error event before it
+    display_data and execute_result of a matplotlib figure shown as PNG also
+    carry "chart": {type: line|bar|scatter|pie|histogram|heatmap|unknown,
+    title?, data, layout, library: "matplotlib"} (the SDK's ChartData, see
+    figure_chart()); it is not part of the MIME bundle, which stays Jupyter's.
     Extensions (Jupyter's vocabulary, safe to ignore):
     {"type":"update_display_data",...}  display(..., display_id=X, update=True)
     {"type":"clear_output","wait":bool} IPython.display.clear_output()
@@ -573,8 +577,8 @@ def flush_agg_figures(publish):
     image/png and closed.  A cell that calls matplotlib.use("Agg") (common in
     scripts written for headless machines) leaves the inline backend, which
     would otherwise show nothing; the Cloudflare SDK's executor captures open
-    figures whatever the backend, and so do we.  publish(bundle) emits one
-    display_data."""
+    figures whatever the backend, and so do we.  publish(bundle, fig) emits
+    one display_data."""
     mpl = sys.modules.get("matplotlib")
     pyplot = sys.modules.get("matplotlib.pyplot")
     if mpl is None or pyplot is None:
@@ -587,11 +591,167 @@ def flush_agg_figures(publish):
             fig = pyplot.figure(num)
             png = _print_figure_png(fig)
             if png:
-                publish({"image/png": png, "text/plain": repr(fig)})
+                publish({"image/png": png, "text/plain": repr(fig)}, fig)
         if nums:
             pyplot.close("all")
     except Exception:       # a broken figure must not break the cell's result
         pass
+
+
+# --------------------------------------------------------------------------
+# Charts: what a matplotlib figure shows, as data (the SDK's ChartData)
+# --------------------------------------------------------------------------
+
+CHART_POINTS = 10000        # values kept per series (the rest: "truncated": true)
+
+
+def _chart_value(v):
+    """A JSON value for one data point: a number (integral ones as int), a
+    category's string, None for NaN/inf/masked."""
+    if isinstance(v, str):
+        return v
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return _safe_str(v)
+    if f != f or f in (float("inf"), float("-inf")):
+        return None
+    return int(f) if f.is_integer() and abs(f) < 2 ** 53 else f
+
+
+def _chart_values(values):
+    values = list(values)
+    return [_chart_value(v) for v in values[:CHART_POINTS]], len(values) > CHART_POINTS
+
+
+def _chart_label(artist):
+    label = artist.get_label()
+    return None if not label or label.startswith("_") else str(label)
+
+
+def _category_names(axis):
+    """{position: name} of a categorical axis (bar charts of strings)."""
+    units = getattr(axis, "units", None)
+    mapping = getattr(units, "_mapping", None)
+    return {float(v): str(k) for k, v in mapping.items()} if mapping else {}
+
+
+def _series(label, **columns):
+    out = {"label": label}
+    for name, values in columns.items():
+        out[name], cut = _chart_values(values)
+        if cut:
+            out["truncated"] = True
+    return out
+
+
+def _axes_chart(ax):
+    """(type, data) of one Axes, by what it draws: pie wedges, an image or
+    mesh (heatmap), bars (histogram when they touch), scatter points, lines."""
+    from matplotlib.collections import PathCollection, QuadMesh
+    from matplotlib.container import BarContainer
+    from matplotlib.patches import Wedge
+    wedges = [p for p in ax.patches if isinstance(p, Wedge)]
+    if wedges:
+        return "pie", [{"label": _chart_label(w), "value": _chart_value((w.theta2 - w.theta1) / 360.0)}
+                       for w in wedges]
+    meshes = [m for m in ax.collections if isinstance(m, QuadMesh)]
+    grids = [im.get_array() for im in ax.get_images()] + [m.get_array() for m in meshes]
+    if grids:
+        data = []
+        for g in grids:
+            rows = g.tolist() if hasattr(g, "tolist") else list(g)
+            if rows and not isinstance(rows[0], list):
+                rows = [rows]
+            cut = sum(len(r) for r in rows) > CHART_POINTS
+            data.append({"values": None if cut else [[_chart_value(v) for v in r] for r in rows],
+                         **({"truncated": True} if cut else {})})
+        return "heatmap", data
+    bars = [c for c in ax.containers if isinstance(c, BarContainer) and len(c)]
+    if bars:
+        data, touching = [], True
+        for c in bars:
+            horizontal = getattr(c, "orientation", "vertical") == "horizontal"
+            names = _category_names(ax.yaxis if horizontal else ax.xaxis)
+            pos, size, height = [], [], []
+            for r in c:
+                if horizontal:
+                    pos.append(r.get_y() + r.get_height() / 2.0)
+                    size.append(r.get_height())
+                    height.append(r.get_width())
+                else:
+                    pos.append(r.get_x() + r.get_width() / 2.0)
+                    size.append(r.get_width())
+                    height.append(r.get_height())
+            touching = touching and not names and len(pos) > 1 and all(
+                abs((pos[i + 1] - size[i + 1] / 2.0) - (pos[i] + size[i] / 2.0)) <= 1e-9 * max(1.0, abs(pos[i]))
+                for i in range(len(pos) - 1))
+            data.append(_series(_chart_label(c), x=[names.get(float(p), p) for p in pos], y=height))
+        if touching:        # adjacent bars: a histogram; x are the bins' edges
+            for series, c in zip(data, bars):
+                edges = [r.get_x() for r in c] + [c[-1].get_x() + c[-1].get_width()]
+                series["x"], _ = _chart_values(edges)
+            return "histogram", data
+        return "bar", data
+    points = [col for col in ax.collections if isinstance(col, PathCollection)]
+    lines = [ln for ln in ax.get_lines() if ln.get_visible() and len(ln.get_xdata())]
+    if points and not lines:
+        return "scatter", [_series(_chart_label(p), x=[o[0] for o in p.get_offsets()],
+                                   y=[o[1] for o in p.get_offsets()]) for p in points]
+    if lines:
+        return "line", [_series(_chart_label(ln), x=ln.get_xdata(), y=ln.get_ydata()) for ln in lines]
+    return "unknown", []
+
+
+def _axes_layout(ax):
+    return {"xLabel": ax.get_xlabel(), "yLabel": ax.get_ylabel(),
+            "xScale": ax.get_xscale(), "yScale": ax.get_yscale()}
+
+
+def figure_chart(fig):
+    """The SDK's ChartData for a matplotlib figure that was just drawn:
+    {type, title, data, layout, library: "matplotlib"}; a figure of several
+    axes has type "unknown" (or their common type) and one entry per axes in
+    data, each {type, title, data, layout}.  None if it has no axes or
+    anything fails (a chart never costs the figure its image)."""
+    try:
+        axes = [ax for ax in fig.get_axes() if ax.get_visible()
+                and not getattr(ax, "_colorbar", None) and ax.get_label() != "<colorbar>"]
+        if not axes:
+            return None
+        parts = []
+        for ax in axes:
+            kind, data = _axes_chart(ax)
+            part = {"type": kind, "data": data, "layout": _axes_layout(ax)}
+            if ax.get_title():
+                part["title"] = ax.get_title()
+            parts.append(part)
+        suptitle = getattr(fig, "_suptitle", None)
+        title = suptitle.get_text() if suptitle is not None else None
+        if len(parts) == 1:
+            chart = parts[0]
+        else:
+            kinds = {p["type"] for p in parts}
+            chart = {"type": kinds.pop() if len(kinds) == 1 else "unknown",
+                     "data": parts, "layout": {"axes": len(parts)}}
+        if title and "title" not in chart:
+            chart["title"] = title
+        chart["library"] = "matplotlib"
+        return chart
+    except Exception:   # noqa: BLE001
+        return None
+
+
+def _is_figure(obj):
+    figure = sys.modules.get("matplotlib.figure")
+    return figure is not None and isinstance(obj, figure.Figure)
+
+
+def chart_of(obj, data):
+    """The chart of a displayed object: a matplotlib figure shown as PNG."""
+    if obj is None or "image/png" not in data or not _is_figure(obj):
+        return None
+    return figure_chart(obj)
 
 
 # --------------------------------------------------------------------------
@@ -776,10 +936,7 @@ class StdlibFormatter:
                 metadata[mime] = md
         return data, metadata
 
-    @staticmethod
-    def _is_figure(obj):
-        figure = sys.modules.get("matplotlib.figure")
-        return figure is not None and isinstance(obj, figure.Figure)
+    _is_figure = staticmethod(_is_figure)
 
     def _plain(self, obj):
         text, ok = self._call(repr, obj)
@@ -872,11 +1029,13 @@ class StdlibRunner(BaseRunner):
     def report_error(self, exc):
         self.emit(stdlib_error_event(exc))
 
-    def publish(self, data, metadata=None, transient=None, update=False):
+    def publish(self, data, metadata=None, transient=None, update=False, chart=None):
         event = {"type": "update_display_data" if update else "display_data",
                  "data": encode_bundle(data), "metadata": metadata or {}}
         if transient:
             event["transient"] = transient
+        if chart:
+            event["chart"] = chart
         self.emit(event)
 
     def clear_output(self, wait=False):
@@ -903,7 +1062,7 @@ class StdlibRunner(BaseRunner):
                 continue
             if metadata:
                 md.update(metadata)
-            self.publish(data, md, transient, update)
+            self.publish(data, md, transient, update, chart_of(obj, data))
         if display_id:
             return _DisplayHandle(self, display_id)
         return None
@@ -984,8 +1143,7 @@ class StdlibRunner(BaseRunner):
                 self.inline["flush_figures"]()
             except Exception as e:
                 self.report_error(e)
-        flush_agg_figures(lambda bundle: self.emit(
-            {"type": "display_data", "data": encode_bundle(bundle), "metadata": {}}))
+        flush_agg_figures(lambda bundle, fig: self.publish(bundle, chart=chart_of(fig, bundle)))
 
     # -- cells --------------------------------------------------------------
 
@@ -1084,8 +1242,12 @@ class StdlibRunner(BaseRunner):
             return      # _ipython_display_ displayed it already
         if "text/plain" not in data:
             data["text/plain"] = object.__repr__(value)
-        self.emit({"type": "execute_result", "execution_count": self.execution_count,
-                   "data": encode_bundle(data), "metadata": md})
+        event = {"type": "execute_result", "execution_count": self.execution_count,
+                 "data": encode_bundle(data), "metadata": md}
+        chart = chart_of(value, data)
+        if chart:
+            event["chart"] = chart
+        self.emit(event)
 
 
 class _DisplayHandle:
@@ -1212,10 +1374,14 @@ class IPythonRunner(BaseRunner):
                 self._bundle = (format_dict, md_dict)
 
             def finish_displayhook(self):
+                chart = runner.take_chart(self._bundle[0] if self._bundle else {})
                 if self._bundle and self._bundle[0]:
                     data, md = self._bundle
-                    runner.emit({"type": "execute_result", "execution_count": self.prompt_count,
-                                 "data": encode_bundle(data), "metadata": md or {}})
+                    event = {"type": "execute_result", "execution_count": self.prompt_count,
+                             "data": encode_bundle(data), "metadata": md or {}}
+                    if chart:
+                        event["chart"] = chart
+                    runner.emit(event)
                 self._bundle = None
 
         class SbxDisplayPublisher(DisplayPublisher):
@@ -1226,6 +1392,9 @@ class IPythonRunner(BaseRunner):
                          "data": encode_bundle(data), "metadata": metadata or {}}
                 if transient:
                     event["transient"] = transient
+                chart = runner.take_chart(data)
+                if chart:
+                    event["chart"] = chart
                 runner.emit(event)
 
             def clear_output(self, wait=False):
@@ -1273,6 +1442,17 @@ class IPythonRunner(BaseRunner):
         self.shell = SbxShell.instance(config=config)
         self.shell.loop_runner = self._loop_runner
         self.shell.set_hook("show_in_pager", self._page, 99)
+        # display() and the displayhook format an object, then publish its
+        # bundle: remember the object in between, for take_chart().
+        self.formatted = None
+        real_format = self.shell.display_formatter.format
+
+        def format_and_remember(obj, include=None, exclude=None):
+            result = real_format(obj, include=include, exclude=exclude)
+            runner.formatted = obj
+            return result
+
+        self.shell.display_formatter.format = format_and_remember
         HOOKS.on_import("matplotlib", self._on_matplotlib)
         HOOKS.on_import("matplotlib_inline.backend_inline", self._on_inline_backend)
 
@@ -1280,6 +1460,11 @@ class IPythonRunner(BaseRunner):
     def cell_count(self):
         """execution_count of the cell that ran last (IPython has moved on)."""
         return self.shell.execution_count - 1
+
+    def take_chart(self, data):
+        """The chart of the object formatted into `data` (see chart_of)."""
+        obj, self.formatted = self.formatted, None
+        return chart_of(obj, data)
 
     def fix_exc_info(self, exc_tuple):
         etype, value, tb = exc_tuple
@@ -1324,7 +1509,10 @@ class IPythonRunner(BaseRunner):
         self.interrupted_await = False
         result = self.shell.run_cell(code, store_history=True, silent=False)
         self.last_exception = result.error_before_exec or result.error_in_exec
-        flush_agg_figures(lambda bundle: self.shell.display_pub.publish(bundle))
+        def publish(bundle, fig):
+            self.formatted = fig
+            self.shell.display_pub.publish(bundle)
+        flush_agg_figures(publish)
         return "ok" if result.success else "error"
 
 

@@ -989,3 +989,98 @@ Test(interp, python_stdlib_mode, .timeout = 240)
     free(id);
     sbx_client_close(c);
 }
+
+/* The `chart` of the first result that has one, as JSON (caller frees), or
+ * NULL. */
+static char *
+first_chart(sbx_reply *r)
+{
+    const msgpack_object *arr;
+    if (sbx_wire_get_array(sbx_reply_result(r), "results", &arr) != 0)
+        return NULL;
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *ch = sbx_wire_get(&arr->via.array.ptr[i], "chart");
+        if (ch)
+            return sbx_json_dump(ch, false);
+    }
+    return NULL;
+}
+
+/* `chart` (the SDK's ChartData) where there is one: a matplotlib figure's
+ * type, title, series and labels in both Python modes; Plotly and Vega-Lite
+ * bundles mapped as the Cloudflare container maps them (also from
+ * JavaScript's display()). */
+Test(interp, charts, .timeout = 240)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("chart");
+    static const char *const modes[] = {"{\"language\":\"python\"}",
+                                        "{\"language\":\"python\",\"envVars\":{\"SBX_PY_MODE\":\"stdlib\"}}"};
+    for (int m = 0; m < 2; m++) {
+        sbx_reply *r = NULL;
+        sbx_error err;
+        cr_assert_eq(sbx_call_json(c, "context.create", id, modes[m], 120000, &r, &err), 0, "%s",
+                     err.message);
+        sbx_str cid = {"", 0};
+        sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid);
+        char *ctx = sbx_str_dup(cid);
+        sbx_reply_free(r);
+        r = run(c, id, ctx, NULL,
+                "import matplotlib.pyplot as plt\n"
+                "plt.plot([1, 2, 3], [1, 4, 9], label='sq'); plt.title('squares'); plt.xlabel('n');",
+                60000);
+        char *j = first_chart(r);
+        cr_expect(j && strstr(j, "\"type\":\"line\"") && strstr(j, "\"title\":\"squares\"") &&
+                      strstr(j, "\"y\":[1,4,9]") && strstr(j, "\"label\":\"sq\"") &&
+                      strstr(j, "\"library\":\"matplotlib\"") && strstr(j, "\"xLabel\":\"n\""),
+                  "mode %d line chart: %s", m, j ? j : "(none)");
+        cr_expect(has_field(r, "png"), "the chart replaced the image");
+        free(j);
+        sbx_reply_free(r);
+        r = run(c, id, ctx, NULL, "plt.bar(['a', 'b'], [3, 1]);", 60000);
+        j = first_chart(r);
+        cr_expect(j && strstr(j, "\"type\":\"bar\"") && strstr(j, "\"x\":[\"a\",\"b\"]") &&
+                      strstr(j, "\"y\":[3,1]"),
+                  "mode %d bar chart: %s", m, j ? j : "(none)");
+        free(j);
+        sbx_reply_free(r);
+        r = run(c, id, ctx, NULL, "plt.pie([1, 3], labels=['x', 'y']);", 60000);
+        j = first_chart(r);
+        cr_expect(j && strstr(j, "\"type\":\"pie\"") && strstr(j, "\"value\":0.75"),
+                  "mode %d pie chart: %s", m, j ? j : "(none)");
+        free(j);
+        sbx_reply_free(r);
+        /* A result that is not a figure has no chart. */
+        r = run(c, id, ctx, NULL, "[1, 2]", 0);
+        j = first_chart(r);
+        cr_expect(j == NULL, "a list got a chart: %s", j);
+        free(j);
+        sbx_reply_free(r);
+        r = run(c, id, ctx, NULL,
+                "display({'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'x': ['a'], "
+                "'y': [2]}], 'layout': {'title': {'text': 'P'}}}, 'text/plain': 'fig'}, raw=True)",
+                0);
+        j = first_chart(r);
+        cr_expect(j && strstr(j, "\"type\":\"bar\"") && strstr(j, "\"title\":\"P\"") &&
+                      strstr(j, "\"library\":\"plotly\"") && strstr(j, "\"y\":[2]"),
+                  "mode %d plotly: %s", m, j ? j : "(none)");
+        free(j);
+        sbx_reply_free(r);
+        free(ctx);
+    }
+    char *ctx = create_ctx(c, id, "javascript");
+    sbx_reply *r = run(c, id, ctx, NULL,
+                       "display({mark: {type: 'point'}, title: 'V', data: {values: [{a: 1}]}}, "
+                       "'application/vnd.vegalite.v5+json')",
+                       0);
+    char *j = first_chart(r);
+    cr_expect(j && strstr(j, "\"type\":\"scatter\"") && strstr(j, "\"title\":\"V\"") &&
+                  strstr(j, "\"library\":\"altair\""),
+              "vega-lite: %s", j ? j : "(none)");
+    free(j);
+    sbx_reply_free(r);
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}

@@ -274,7 +274,9 @@ class Result:
         html, svg, latex, markdown, javascript: the matching MIME types.
         png, jpeg: base64 strings (see :meth:`png_bytes`).
         json: a decoded JSON value (``application/json``).
-        chart: chart data where the driver recognised one.
+        chart: the SDK's ChartData (a dict: type, title, data, layout,
+            library) for a matplotlib figure, a Plotly or a Vega-Lite
+            bundle (docs/protocol.md §3.7); None otherwise.
         formats: MIME types present in the bundle.
         is_main_result: the cell's value, as opposed to a ``display()``
             output or a figure.

@@ -605,7 +605,8 @@ export interface Result {
   javascript?: string;
   /** application/json, as a value. */
   json?: unknown;
-  /** Chart data, where the interpreter extracted it. */
+  /** The SDK's ChartData `{type, title?, data, layout?, config?, library}`: for a matplotlib figure
+   * (Python), a Plotly or a Vega-Lite bundle (docs/protocol.md §3.7); absent otherwise. */
   chart?: unknown;
   /** Other data of the bundle. */
   data?: unknown;
