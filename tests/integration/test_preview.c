@@ -9,11 +9,14 @@
  * STALE_PREVIEW_URL without waking the sandbox), port.list, and a real
  * headless Chromium loading the app's page and talking WebSocket to it.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -443,6 +446,74 @@ Test(preview, exposed_ports_are_capped, .timeout = 180)
     expect_status(r, 200, "a port after one was unexposed");
     hresp_free(&r);
     hdone(id);
+}
+
+/* Send `req` as it is over TCP to the HTTP front; the whole answer (heap),
+ * read until the server closes or 10 s pass. */
+static char *
+raw_http(const char *req)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)http_port())};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect");
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    cr_assert_eq(sbx_write_full(fd, req, strlen(req)), 0);
+    sbx_buf b;
+    sbx_buf_init(&b);
+    char chunk[4096];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+        sbx_buf_append(&b, chunk, (size_t)n);
+    close(fd);
+    sbx_buf_append(&b, "", 1);
+    return b.p;
+}
+
+/*
+ * A preview request's target must be a path.  The gateway builds the
+ * upstream URL as http://<generation>.<sandbox>:<port><target>, so a target
+ * "@5.other-sandbox:8080/x" (which libmicrohttpd passes on) would make the
+ * first part a user name and aim the relay at another sandbox's exposed
+ * port without its token; an absolute-form target would do the same.  Both
+ * are 400 before anything is relayed; the same request with a path works.
+ */
+Test(preview, a_target_that_is_not_a_path_cannot_reach_another_sandbox, .timeout = 120)
+{
+    char *victim = test_id("pvv"), *attacker = test_id("pva");
+    app_start(victim, 8086);
+    struct purl pv = expose(victim, 8086, NULL);
+    app_start(attacker, 8087);
+    struct purl pa = expose(attacker, 8087, NULL);
+    (void)pv;
+    json_t *st = status_of(victim);
+    long long gen = jint(st, "generation");
+    json_decref(st);
+    char req[1024];
+    snprintf(req, sizeof(req), "GET /headers HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+             pa.host);
+    char *ok = raw_http(req);
+    cr_expect(!strncmp(ok, "HTTP/1.1 200", 12), "the control request: %.200s", ok);
+    free(ok);
+    const char *targets[] = {"@%lld.%s:8086/headers", "http://%lld.%s:8086/headers",
+                             "//%lld.%s:8086/headers"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(targets); i++) {
+        char target[300];
+        snprintf(target, sizeof(target), targets[i], gen, victim);
+        snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+                 target, pa.host);
+        char *ans = raw_http(req);
+        cr_expect(!strncmp(ans, "HTTP/1.1 400", 12) || !strncmp(ans, "HTTP/1.1 404", 12),
+                  "target %s: %.300s", target, ans);
+        cr_expect(strstr(ans, "8086") == NULL || strstr(ans, "VALIDATION_FAILED") ||
+                      strstr(ans, "ROUTE_NOT_FOUND") || strstr(ans, "INVALID_TOKEN"),
+                  "target %s reached something: %.300s", target, ans);
+        free(ans);
+    }
+    hdone(victim);
+    hdone(attacker);
 }
 
 Test(preview, stale_url_does_not_wake_the_sandbox, .timeout = 120)
