@@ -79,6 +79,8 @@
  * left out of its result: nested in a reply (and in a stream.read reply,
  * two levels deeper) it must stay within the 24 levels of the reply limits,
  * and one value must not use up the object budget. */
+/* Unread bytes a runCodeStream holds before the cell is held back. */
+#define STREAM_CAP (8u << 20)
 #define JSON_MAX_DEPTH 16
 #define JSON_MAX_VALUES (256u << 10)
 
@@ -126,6 +128,7 @@ struct driver {
     int req_fd, ev_fd, out_fd, err_fd;
     int child[4];            /* its ends (requests, events, stdout, stderr) until it starts */
     bool pending;            /* waiting for the fork server */
+    bool paused;             /* its pipes are not read: a streamed run's reader is behind */
     bool custom;             /* started with the context's own envVars: never pooled */
     uint64_t env_hash;       /* of the sandbox environment it started with */
     sbx_watch *w_req, *w_ev, *w_out, *w_err;
@@ -143,6 +146,7 @@ struct driver {
 
 struct run {
     struct run *next;
+    struct context *ctx;
     struct agent_req *req;   /* runCode: answered at the end; NULL when streamed */
     struct stream *stream;   /* runCodeStream */
     struct agent_req *init_req; /* context.create waiting for init */
@@ -152,6 +156,8 @@ struct run {
     int64_t timeout_ms;
     uint64_t timer, kill_timer;
     bool interrupted, sent;
+    bool released;           /* streamed: timed out or cancelled, no more back-pressure */
+    uint64_t dropped;        /* streamed: events dropped after the release (stream full) */
     int64_t start_us;
     /* accumulated for runCode (the caps are above) */
     sbx_enc results;
@@ -335,6 +341,56 @@ logacc_encode(sbx_enc *e, struct logacc *l)
     sbx_buf_free(&l->text);
 }
 
+/*
+ * Back-pressure of a streamed run, as for exec streams: when its lossless
+ * stream holds its cap of unread events, the driver's pipes are not read
+ * (the cell blocks on its next write) until the reader catches up (resume).
+ * A run that timed out or whose stream was cancelled is `released`: its
+ * pipes are read again, so the interrupt lands and the context survives a
+ * reader that went away, and its events past the cap are dropped (counted
+ * in execution_complete's droppedEvents) — the agent's memory stays bounded
+ * either way.
+ */
+static bool
+stream_blocks(struct driver *d)
+{
+    struct run *r = d->ctx ? d->ctx->cur : NULL;
+    if (!r || !r->stream || r->released || !stream_full(r->stream))
+        return false;
+    r->stream->paused = true;
+    d->paused = true;
+    sbx_watch *ws[] = {d->w_ev, d->w_out, d->w_err};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(ws); i++)
+        if (ws[i])
+            sbx_loop_modify(d->a->loop, ws[i], 0);
+    return true;
+}
+
+/* Read the driver's pipes again (a pipe at EOF turns itself off again). */
+static void
+driver_unpause(struct driver *d)
+{
+    if (!d || !d->paused)
+        return;
+    d->paused = false;
+    sbx_watch *ws[] = {d->w_ev, d->w_out, d->w_err};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(ws); i++)
+        if (ws[i])
+            sbx_loop_modify(d->a->loop, ws[i], EPOLLIN);
+}
+
+/* Whether a streamed run may add an event: not when it was released and
+ * its stream is full (the event is counted as dropped). */
+static bool
+stream_room(struct run *r)
+{
+    if (r->released && stream_full(r->stream)) {
+        r->dropped++;
+        return false;
+    }
+    return true;
+}
+
 /* One piece of stdout or stderr text (valid UTF-8) for the running cell:
  * an event of the stream, or kept for the reply. */
 static void
@@ -343,6 +399,8 @@ run_log(struct run *r, bool isout, const char *p, size_t n)
     if (!n)
         return;
     if (r->stream) {
+        if (!stream_room(r))
+            return;
         sbx_enc *e = stream_begin(r->stream, isout ? "stdout" : "stderr");
         sbx_enc_kstrn(e, "text", p, n);
         stream_commit(r->stream, false);
@@ -385,7 +443,7 @@ fdout_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     struct driver *d = arg;
     char buf[65536];
     (void)ev;
-    for (;;) {
+    while (!stream_blocks(d)) {
         ssize_t n = read(fd, buf, sizeof(buf));
         if (n > 0) {
             struct context *c = d->ctx;
@@ -739,6 +797,8 @@ on_event(struct driver *d, json_t *ev)
         json_t *chart = json_object_get(ev, "chart");
         bool main_result = !strcmp(type, "execute_result");
         if (r->stream) {
+            if (!stream_room(r))
+                return;
             sbx_enc *e = stream_begin(r->stream, "result");
             sbx_enc_str(e, "result");
             encode_result(e, data, chart, main_result, false);
@@ -753,6 +813,8 @@ on_event(struct driver *d, json_t *ev)
         json_t *evalue = json_object_get(ev, "evalue"), *tb = json_object_get(ev, "traceback");
         sbx_enc *e;
         if (r->stream) {
+            if (!stream_room(r))
+                return;
             e = stream_begin(r->stream, "error");
         } else {
             if (r->has_error)
@@ -787,7 +849,7 @@ ev_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     char buf[65536];
     (void)l;
     (void)ev;
-    for (;;) {
+    while (!stream_blocks(d)) {
         ssize_t n = read(fd, buf, sizeof(buf));
         if (n > 0) {
             sbx_buf_append(&d->evbuf, buf, (size_t)n);
@@ -1449,6 +1511,21 @@ interrupt_grace(sbx_loop *l, void *arg)
     }
 }
 
+/* Interrupt the running cell (SIGINT; killed if it has not stopped after
+ * INTERRUPT_GRACE_MS) and release its stream's back-pressure. */
+static void
+run_interrupt(struct context *c, struct run *r)
+{
+    r->released = true;
+    if (c->drv) {
+        if (c->drv->pid > 0)
+            kill(c->drv->pid, SIGINT);
+        driver_unpause(c->drv);
+    }
+    if (!r->kill_timer)
+        r->kill_timer = sbx_loop_timer(c->a->loop, INTERRUPT_GRACE_MS, interrupt_grace, c);
+}
+
 static void
 run_timeout(sbx_loop *l, void *arg)
 {
@@ -1458,9 +1535,7 @@ run_timeout(sbx_loop *l, void *arg)
         return;
     r->timer = 0;
     r->interrupted = true;
-    if (c->drv)
-        kill(c->drv->pid, SIGINT);
-    r->kill_timer = sbx_loop_timer(l, INTERRUPT_GRACE_MS, interrupt_grace, c);
+    run_interrupt(c, r);
 }
 
 static void
@@ -1585,6 +1660,8 @@ run_finish(struct context *c, const char *status)
         sbx_enc_kstr(e, "status", status);
         sbx_enc_kbool(e, "timedOut", r->interrupted);
         sbx_enc_kint(e, "duration", dur);
+        if (r->dropped)
+            sbx_enc_kint(e, "droppedEvents", (int64_t)r->dropped);
         stream_commit(r->stream, true);
         r->stream->ops = NULL;
         stream_unref(r->stream);
@@ -1642,6 +1719,7 @@ run_new(struct context *c, const char *type, const char *code)
 {
     struct interp *in = IS(c->a);
     struct run *r = sbx_xcalloc(1, sizeof(*r));
+    r->ctx = c;
     snprintf(r->rid, sizeof(r->rid), "r%llu", (unsigned long long)++in->ctr);
     json_t *j = json_object();
     json_object_set_new(j, "type", json_string(type));
@@ -1795,6 +1873,49 @@ agent_op_context_create(struct agent *a, struct agent_req *r)
         agent_reply_err(a, r, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s", why);
 }
 
+/* The reader of a streamed run caught up: read the driver again. */
+static void
+run_stream_resume(struct stream *st, void *arg)
+{
+    struct run *r = arg;
+    (void)st;
+    if (r->ctx->cur == r)
+        driver_unpause(r->ctx->drv);
+}
+
+/* stream.cancel of a streamed run: a queued run is dropped, a running one
+ * interrupted (as by its timeout); either way its stream ends at once. */
+static void
+run_stream_cancel(struct stream *st, void *arg)
+{
+    struct run *r = arg;
+    struct context *c = r->ctx;
+    (void)st;
+    if (c->cur == r) {
+        run_interrupt(c, r);
+        return;
+    }
+    struct run **pp = &c->q_head;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (!*pp)
+        return;
+    *pp = r->next;
+    if (c->q_tail == r) {
+        c->q_tail = NULL;
+        for (struct run *q = c->q_head; q; q = q->next)
+            c->q_tail = q;
+    }
+    sbx_enc *e = stream_begin(r->stream, "execution_complete");
+    sbx_enc_kstr(e, "status", "cancelled");
+    stream_commit(r->stream, true);
+    r->stream->ops = NULL;
+    stream_unref(r->stream);
+    run_free(r);
+}
+
+static const struct stream_ops run_stream_ops = {run_stream_resume, run_stream_cancel};
+
 static void
 run_common(struct agent *a, struct agent_req *req, bool stream)
 {
@@ -1859,7 +1980,7 @@ run_common(struct agent *a, struct agent_req *req, bool stream)
     if (stream) {
         char sid[72];
         snprintf(sid, sizeof(sid), "code-%llu", (unsigned long long)++a->stream_ctr);
-        r->stream = stream_new(a, sid, true, 8u << 20, NULL, NULL);
+        r->stream = stream_new(a, sid, true, STREAM_CAP, &run_stream_ops, r);
         sbx_enc e;
         sbx_enc_init(&e);
         sbx_enc_map(&e);

@@ -1084,3 +1084,116 @@ Test(interp, charts, .timeout = 240)
     free(id);
     sbx_client_close(c);
 }
+
+/* Sandbox memory now (status container.memoryBytes), or -1. */
+static int64_t
+sandbox_memory(sbx_client *c, const char *id)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int64_t v = -1;
+    if (sbx_call_json(c, "status", id, "{}", 0, &r, &err) != 0) {
+        sbx_error_free(&err);
+        return -1;
+    }
+    const msgpack_object *sb, *ct;
+    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0 &&
+        sbx_wire_get_map(sb, "container", &ct) == 0)
+        sbx_wire_get_i64(ct, "memoryBytes", &v);
+    sbx_reply_free(r);
+    return v;
+}
+
+/* Start a runCodeStream; its stream id into sid. */
+static void
+start_stream(sbx_client *c, const char *id, const char *ctx, const char *code, int64_t timeout,
+             char *sid, size_t sidlen)
+{
+    sbx_enc e;
+    char *args;
+    size_t alen;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "code", code);
+    sbx_enc_kstr(&e, "context", ctx);
+    if (timeout)
+        sbx_enc_kint(&e, "timeout", timeout);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &args, &alen), 0);
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call(c, "context.runStream", id, args, alen, 60000, NULL, &r, &err);
+    free(args);
+    cr_assert_eq(rc, 0, "runStream: %s", rc ? err.message : "");
+    sbx_str s = {"", 0};
+    sbx_wire_get_str(sbx_reply_result(r), "streamId", &s);
+    snprintf(sid, sidlen, "%.*s", (int)s.n, s.p);
+    sbx_reply_free(r);
+}
+
+/* A streamed cell whose reader is behind is held back (its output waits in
+ * the pipes, not in the agent's memory) and loses nothing; a stream nobody
+ * reads is released at the run's timeout, so the context goes on. */
+Test(interp, a_stream_applies_back_pressure, .timeout = 300)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("bp");
+    char *ctx = create_ctx(c, id, "python");
+    sbx_reply *r = run(c, id, ctx, NULL, "import sys\nline = 'x' * ((1 << 20) - 1) + '\\n'", 0);
+    sbx_reply_free(r);
+    sleep(1);
+    int64_t m0 = sandbox_memory(c, id);
+    char sid[80];
+    start_stream(c, id, ctx, "for i in range(64): sys.stdout.write(line)\n'end'", 0, sid,
+                 sizeof(sid));
+    sleep(5); /* nobody reads */
+    int64_t m1 = sandbox_memory(c, id);
+    cr_expect(m0 > 0 && m1 - m0 < (40ll << 20),
+              "an unread stream made the sandbox grow by %lld MiB", (long long)((m1 - m0) >> 20));
+    sbx_stream *s;
+    sbx_error err;
+    cr_assert_eq(sbx_stream_open(c, id, sid, 0, &s, &err), 0);
+    sbx_event ev;
+    size_t bytes = 0;
+    bool complete = false, result = false;
+    while (sbx_stream_next(s, &ev, &err) == 1) {
+        sbx_str t;
+        if (!strcmp(ev.type, "stdout") && sbx_wire_get_str(ev.obj, "text", &t) == 0)
+            bytes += t.n;
+        result = result || !strcmp(ev.type, "result");
+        complete = complete || !strcmp(ev.type, "execution_complete");
+    }
+    sbx_stream_close(s);
+    cr_expect_eq(bytes, (size_t)64 << 20, "the stream lost output: %zu bytes", bytes);
+    cr_expect(result && complete);
+    /* Abandoned: never read, the run times out, the next run is served. */
+    start_stream(c, id, ctx, "for i in range(64): sys.stdout.write(line)", 2000, sid,
+                 sizeof(sid));
+    double t0 = test_now_ms();
+    r = run(c, id, ctx, NULL, "'after'", 0);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "'after'");
+    cr_expect(test_now_ms() - t0 < 30000, "the abandoned stream held the context %.0f ms",
+              test_now_ms() - t0);
+    free(t);
+    sbx_reply_free(r);
+    /* stream.cancel interrupts the running cell; the context keeps its state. */
+    start_stream(c, id, ctx, "import time\nstate = 'kept'\ntime.sleep(100)", 0, sid, sizeof(sid));
+    usleep(500 * 1000);
+    char cargs[120];
+    snprintf(cargs, sizeof(cargs), "{\"streamId\":\"%s\"}", sid);
+    t0 = test_now_ms();
+    cr_assert_eq(sbx_call_json(c, "stream.cancel", id, cargs, 0, &r, &err), 0);
+    sbx_reply_free(r);
+    r = run(c, id, ctx, NULL, "state", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "'kept'");
+    cr_expect(test_now_ms() - t0 < 10000, "the cancelled cell ran on for %.0f ms",
+              test_now_ms() - t0);
+    free(t);
+    sbx_reply_free(r);
+    free(ctx);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
