@@ -49,6 +49,24 @@
 /* ------------------------------------------------------------------------------ */
 /* Paths. */
 
+/* The boolean argument `key` of map into *out (left as is when absent or
+ * nil); anything else is VALIDATION_FAILED, answered here: a typo such as
+ * "append": "yes" must not silently replace a file.  0, or -1 when answered. */
+static int
+bool_arg(struct agent *a, struct agent_req *r, const msgpack_object *map, const char *key,
+         bool *out)
+{
+    const msgpack_object *v = map ? sbx_wire_get(map, key) : NULL;
+    if (!v || v->type == MSGPACK_OBJECT_NIL)
+        return 0;
+    if (v->type != MSGPACK_OBJECT_BOOLEAN) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "'%s' must be true or false", key);
+        return -1;
+    }
+    *out = v->via.boolean;
+    return 0;
+}
+
 /* The path argument `key`, made absolute, into out[PATH_MAX_BYTES]. */
 static int
 path_arg(struct agent *a, struct agent_req *r, const char *key, char *out)
@@ -338,15 +356,18 @@ agent_op_file_write(struct agent *a, struct agent_req *r)
         content.p = decoded;
         content.n = dn;
     }
+    /* append: add to the end (large files written in parts) instead of replacing. */
+    bool append = false;
+    if (bool_arg(a, r, r->args, "append", &append) != 0) {
+        free(decoded);
+        return;
+    }
     int rc = make_parents(path);
     if (rc) {
         reply_path_err(a, r, rc, "file.write", path);
         free(decoded);
         return;
     }
-    /* append: add to the end (large files written in parts) instead of replacing. */
-    bool append = false;
-    sbx_wire_get_bool(r->args, "append", &append);
     int fd = safe_open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644, false);
     if (fd < 0) {
         reply_path_err(a, r, fd, "file.write", path);
@@ -642,9 +663,8 @@ agent_op_file_mkdir(struct agent *a, struct agent_req *r)
 {
     char path[PATH_MAX_BYTES];
     bool recursive = false;
-    if (path_arg(a, r, "path", path) != 0)
+    if (path_arg(a, r, "path", path) != 0 || bool_arg(a, r, r->args, "recursive", &recursive))
         return;
-    sbx_wire_get_bool(r->args, "recursive", &recursive);
     int rc = recursive ? sbx_mkdir_p(path, 0755) : (mkdir(path, 0755) < 0 ? -errno : 0);
     if (rc) {
         reply_path_err(a, r, rc, "directory.create", path);
@@ -939,8 +959,9 @@ agent_op_file_list(struct agent *a, struct agent_req *r)
     const msgpack_object *opts = NULL;
     sbx_wire_get_map(r->args, "options", &opts);
     const msgpack_object *src = opts ? opts : r->args;
-    sbx_wire_get_bool(src, "recursive", &L.recursive);
-    sbx_wire_get_bool(src, "includeHidden", &L.hidden);
+    if (bool_arg(a, r, src, "recursive", &L.recursive) ||
+        bool_arg(a, r, src, "includeHidden", &L.hidden))
+        return;
     int fd = safe_open(path, O_RDONLY | O_DIRECTORY, 0, true);
     if (fd < 0) {
         reply_path_err(a, r, fd, "directory.list", path);
@@ -1263,6 +1284,9 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
     char path[PATH_MAX_BYTES], sid[72];
     if (path_arg(a, r, "path", path) != 0)
         return;
+    bool recursive = true;
+    if (bool_arg(a, r, r->args, "recursive", &recursive) != 0)
+        return;
     int dfd = safe_open(path, O_RDONLY | O_DIRECTORY, 0, true);
     if (dfd < 0) {
         reply_path_err(a, r, dfd, "watch", path);
@@ -1271,8 +1295,7 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
     bool bad = false;
     struct watch *w = sbx_xcalloc(1, sizeof(*w));
     w->a = a;
-    w->recursive = true;
-    sbx_wire_get_bool(r->args, "recursive", &w->recursive);
+    w->recursive = recursive;
     w->include = patterns(r->args, "include", &bad);
     w->exclude = patterns(r->args, "exclude", &bad);
     if (!bad && w->include && w->exclude) {

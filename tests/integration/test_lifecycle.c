@@ -548,6 +548,22 @@ Test(lifecycle, file_write_with_append_adds_to_the_end)
                                "tr -d a < big | tr -d b | tr -d c | wc -c");
     cr_expect_str_eq(out, "3145728\nac0\n", "size, first and last byte, other bytes");
     free(out);
+    /* A flag that is not a boolean is refused, and the file is untouched
+     * (it used to be read as false: "append": "yes" replaced the file). */
+    static const char *const notbool[] = {"{\"path\":\"big\",\"content\":\"x\",\"append\":\"yes\"}",
+                                          "{\"path\":\"big\",\"content\":\"x\",\"append\":1}"};
+    for (size_t i = 0; i < 2; i++) {
+        sbx_reply *rep = NULL;
+        sbx_error err;
+        cr_expect_neq(sbx_call_json(c, "file.write", id, notbool[i], 0, &rep, &err), 0,
+                      "%s was accepted", notbool[i]);
+        cr_expect_str_eq(err.code, "VALIDATION_FAILED", "%s: %s", notbool[i], err.message);
+        sbx_reply_free(rep);
+        sbx_error_free(&err);
+    }
+    out = tsh_out(c, id, "wc -c < big; ls new/ 2>&1");
+    cr_expect_str_eq(out, "3145728\ndir\n", "the refused writes changed something");
+    free(out);
     tdone(c, id);
     sbx_client_close(c);
 }

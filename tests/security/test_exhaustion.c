@@ -350,7 +350,7 @@ Test(exhaustion, filling_tmpfs_past_the_memory_limit_is_contained, .timeout = 24
      * reported. */
     /* dd as the command's own process (an argv, no shell): the shard
      * refines the cause to OOM_KILLED only for a main process SIGKILLed
-     * while the cgroup's oom_kill count rose (actors/actor.c refine_cause);
+     * while the cgroup's oom_kill count rose (container/agent/exec.c agent_refine_cause);
      * behind `sh -c` it would see the shell's plain exit 137. */
     const char *argv[] = {"dd", "if=/dev/zero", "of=/workspace/big", "bs=1M", "count=400", NULL};
     sbx_exec_opts o = {.argv = argv, .timeout_ms = 60000, .sessionless = true};
