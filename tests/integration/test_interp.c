@@ -818,8 +818,17 @@ Test(interp, contexts_come_from_a_fresh_pool, .timeout = 240)
         char *ctx = create_ctx(c, id, "python");
         double took = test_now_ms() - t0;
         worst = took > worst ? took : worst;
-        r = run(c, id, ctx, NULL, "import os\nos.getppid()", 0);
+        /* The fork server's and the fork's warm-up cells left no trace. */
+        r = run(c, id, ctx, NULL, "(repr(_), len(In))", 0);
         char *t = main_text(r);
+        int64_t count = -1;
+        sbx_wire_get_i64(sbx_reply_result(r), "executionCount", &count);
+        cr_expect_str_eq(t, "(\"''\", 2)", "context %d is not fresh", i);
+        cr_expect_eq(count, 1, "context %d: first executionCount %lld", i, (long long)count);
+        free(t);
+        sbx_reply_free(r);
+        r = run(c, id, ctx, NULL, "import os\nos.getppid()", 0);
+        t = main_text(r);
         cr_expect_str_eq(t, ppid, "context %d has another parent", i);
         free(t);
         sbx_reply_free(r);
