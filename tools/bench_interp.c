@@ -11,7 +11,8 @@
  *   spaced             sandbox, N times (default 20), 300 ms apart, each
  *                      deleted after: the agent's pool has refilled, so this
  *                      is the hand-over of a warm driver (the first context
- *                      of the sandbox, which starts the pool, is untimed)
+ *                      of the sandbox, which starts the pool, is untimed);
+ *                      and the first "1+1" in each of them
  *   context creation,  N contexts (default 10) created one after the other
  *   back-to-back       without a pause (then deleted), Python then
  *                      JavaScript: the pool drained faster than it refills;
@@ -155,6 +156,7 @@ main(int argc, char **argv)
     sbx_error err;
     int rc = 1;
     double *create = sbx_xcalloc((size_t)contexts, sizeof(double));
+    double *first_rt = sbx_xcalloc((size_t)contexts, sizeof(double));
     double *b2b[2] = {sbx_xcalloc((size_t)burst, sizeof(double)),
                       sbx_xcalloc((size_t)burst, sizeof(double))};
     double *rt = sbx_xcalloc((size_t)runs, sizeof(double));
@@ -186,8 +188,15 @@ main(int argc, char **argv)
         create[i] = sbx_stats_now_ms() - t0;
         sbx_str cid = {"", 0};
         sbx_wire_get_str(sbx_reply_result(r), "contextId", &cid);
-        char del[160];
+        char del[160], first_run[200];
         snprintf(del, sizeof(del), "{\"contextId\":\"%.*s\"}", (int)cid.n, cid.p);
+        snprintf(first_run, sizeof(first_run), "{\"code\":\"1+1\",\"context\":\"%.*s\"}",
+                 (int)cid.n, cid.p);
+        sbx_reply_free(r);
+        t0 = sbx_stats_now_ms();
+        if (call(c, "context.run", id, first_run, &r))
+            goto close;
+        first_rt[i] = sbx_stats_now_ms() - t0;
         sbx_reply_free(r);
         if (call(c, "context.delete", id, del, &r))
             goto close;
@@ -261,6 +270,7 @@ main(int argc, char **argv)
         printf("  jupyter: not measured (python3-ipykernel / jupyter-client missing?)\n");
     printf("\n'1+1' round trip\n");
     sbx_stats_line("sbx context.run (via gateway)", rt, (size_t)runs);
+    sbx_stats_line("sbx context.run, first in a new context", first_rt, (size_t)contexts);
     size_t ne = jb ? json_array_size(json_object_get(jb, "execute_ms")) : 0;
     double *ex = sbx_xcalloc(ne + 1, sizeof(double));
     for (size_t i = 0; i < ne; i++)
@@ -284,6 +294,7 @@ out:
     free(b2b[0]);
     free(b2b[1]);
     free(create);
+    free(first_rt);
     if (own)
         testd_stop(&d);
     return rc;

@@ -47,6 +47,7 @@
 #define READY_TIMEOUT_MS 30000
 #define INTERRUPT_GRACE_MS 2000
 #define EOF_GRACE_MS 500
+#define REFILL_DELAY_MS 100
 #define EVENT_LINE_MAX (64u << 20)
 
 /*
@@ -192,10 +193,18 @@ struct zygote {
     uint64_t env_hash, ready_timer;
 };
 
+/* A deferred refill of one kind's pool (see pool_refill). */
+struct refill {
+    struct agent *a;
+    int lang;
+    uint64_t timer;
+};
+
 /* Per-agent interpreter state hangs off the agent. */
 struct interp {
     struct driver *drivers;  /* every driver: warm ones have no ctx */
     struct context *contexts;
+    struct refill refill[K_N];
     struct zygote *zyg;
     bool zyg_broken;         /* it failed before ready: start drivers directly */
     uint64_t ctr;
@@ -1427,6 +1436,41 @@ pool_fill(struct agent *a, int lang)
 }
 
 static void
+refill_cb(sbx_loop *l, void *arg)
+{
+    struct refill *rf = arg;
+    (void)l;
+    rf->timer = 0;
+    pool_fill(rf->a, rf->lang);
+}
+
+/*
+ * Refill `lang`'s pool after a driver left it: at once when it is empty (a
+ * burst of creations waits for this), else REFILL_DELAY_MS later, so that
+ * the start (a fork of a 40 MiB process and its warm-up, or a Node start)
+ * does not compete for the CPU with the new context's first cells.
+ */
+static void
+pool_refill(struct agent *a, int lang)
+{
+    struct interp *in = IS(a);
+    int kind = KIND(lang), n = 0;
+    uint64_t h = env_hash(a->env);
+    for (struct driver *d = in->drivers; d; d = d->next)
+        n += warm_usable(d, kind, h) && d->ready;
+    struct refill *rf = &in->refill[kind];
+    if (n == 0) {
+        sbx_loop_cancel(a->loop, rf->timer);
+        rf->timer = 0;
+        pool_fill(a, lang);
+    } else if (!rf->timer) {
+        rf->a = a;
+        rf->lang = lang;
+        rf->timer = sbx_loop_timer(a->loop, REFILL_DELAY_MS, refill_cb, rf);
+    }
+}
+
+static void
 driver_died(struct driver *d, const char *why)
 {
     if (d->dead)
@@ -1633,7 +1677,7 @@ run_finish(struct context *c, const char *status)
         run_free(r);
         if (!dead) {
             run_next(c);
-            pool_fill(a, c->lang);
+            pool_refill(a, c->lang);
         }
         return;
     }
@@ -1774,8 +1818,8 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
 {
     struct interp *in = IS(a);
     /* A warm driver unless the envVars must be there at start; a pool that
-     * gave a ready one is refilled at once (the start does not compete with
-     * this context's), otherwise once this context's driver is up. */
+     * gave a ready one is refilled now (pool_refill), otherwise once this
+     * context's driver is up (the starts would compete with it). */
     bool own = env_needs_start(KIND(lang), env);
     struct driver *d = own ? NULL : pool_take(a, lang);
     bool refill = d && d->ready;
@@ -1827,7 +1871,7 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
     r->init_req = init_req;
     enqueue(c, r);
     if (refill)
-        pool_fill(a, lang);
+        pool_refill(a, lang);
     return c;
 }
 
@@ -2102,6 +2146,8 @@ agent_interp_free(struct agent *a)
         driver_free(d);
     }
     zygote_gone(a, false);
+    for (int k = 0; k < K_N; k++)
+        sbx_loop_cancel(a->loop, in->refill[k].timer);
     free(in);
     a->interp = NULL;
 }
