@@ -1013,9 +1013,18 @@ env_needs_start(int kind, const msgpack_object *env)
     static const char *const any[] = {"LD_", "MALLOC_", "GLIBC_TUNABLES"};
     static const char *const py[] = {"PYTHON", "SBX_PY_"};
     static const char *const node[] = {"NODE_", "UV_"};
+    /* Start-time settings a driver has no use for (it runs -u, writes no
+     * bytecode and has its own stdout): set by `init` for its children. */
+    static const char *const idle[] = {"PYTHONUNBUFFERED", "PYTHONIOENCODING",
+                                       "PYTHONDONTWRITEBYTECODE"};
     for (uint32_t i = 0; env && i < env->via.map.size; i++) {
         sbx_str k;
+        bool skip = false;
         if (sbx_wire_obj_str(&env->via.map.ptr[i].key, &k) != 0)
+            continue;
+        for (size_t j = 0; j < SBX_ARRAY_LEN(idle); j++)
+            skip = skip || sbx_str_eq(k, idle[j]);
+        if (skip)
             continue;
         const char *const *sets[] = {any, kind == K_PY ? py : node};
         size_t lens[] = {SBX_ARRAY_LEN(any), kind == K_PY ? SBX_ARRAY_LEN(py) : SBX_ARRAY_LEN(node)};

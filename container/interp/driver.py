@@ -1736,6 +1736,8 @@ def fork_server():
         import ctypes
         import fcntl
         libc = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(socket, "recv_fds"):
+            raise RuntimeError("socket.recv_fds needs Python 3.9")
         if threading.active_count() != 1:
             raise RuntimeError("threads were started; forking would copy their locks")
     except BaseException as e:  # noqa: B902 - the agent starts drivers itself then
