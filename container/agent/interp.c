@@ -15,7 +15,10 @@
  * Runs on one context are queued and executed one at a time in arrival
  * order; contexts are separate processes, so they neither share state nor
  * wait for each other.  Output is forwarded as it is produced: runCodeStream
- * delivers events during the cell (the SDK buffers a whole cell).  A timeout
+ * delivers events during the cell (the SDK buffers a whole cell), with
+ * back-pressure (stream_blocks); runCode keeps what fits one reply frame
+ * (RUN_LOG_CAP and the caps after it), so no cell can make the agent send
+ * a frame the shard refuses, or hold more than that in memory.  A timeout
  * sends SIGINT (KeyboardInterrupt / breakOnSigint): the cell ends with an
  * error and the context keeps its state; if the driver does not finish the
  * cell within a grace period it is killed and the context reports that it
