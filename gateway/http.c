@@ -741,24 +741,6 @@ queue_err(struct hreq *hr, int code, const char *fmt, ...)
 /* ------------------------------------------------------------------------------ */
 /* Server-Sent Events (WHATWG HTML §9.2). */
 
-/* Length of the longest prefix of p[0..n) that does not end inside a UTF-8
- * sequence (the rest is carried to the next event of the same stream). */
-static size_t
-utf8_complete_prefix(const unsigned char *p, size_t n)
-{
-    size_t i = n;
-    for (int back = 0; back < 3 && i > 0; back++) {
-        unsigned char b = p[i - 1];
-        if ((b & 0xC0) == 0x80) {
-            i--;
-            continue;
-        }
-        size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-        size_t have = n - (i - 1);
-        return have < need ? i - 1 : n;
-    }
-    return n;
-}
 
 /* Whether an event's type can be its SSE event name: a field value ends at
  * CR or LF (WHATWG HTML §9.2.6), so anything else could add lines (an `id:`
@@ -807,7 +789,7 @@ sse_event(struct hreq *hr, const msgpack_object *ev)
         sbx_buf_init(&b);
         sbx_buf_append(&b, hr->carry[which], hr->ncarry[which]);
         sbx_buf_append(&b, data.p, data.n);
-        size_t keep = utf8_complete_prefix((const unsigned char *)b.p, b.len);
+        size_t keep = sbx_utf8_complete_prefix(b.p, b.len);
         hr->ncarry[which] = b.len - keep;
         memcpy(hr->carry[which], b.p + keep, hr->ncarry[which]);
         size_t sl;

@@ -224,3 +224,22 @@ sbx_json_dump(const msgpack_object *o, bool pretty)
     json_decref(j);
     return s;
 }
+
+size_t
+sbx_utf8_complete_prefix(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = n;
+    for (int back = 0; back < 3 && i > 0; back++) {
+        unsigned char b = p[i - 1];
+        if ((b & 0xC0) == 0x80) {
+            i--;
+            continue;
+        }
+        /* 0xF8-0xFF lead nothing (RFC 3629): not held back */
+        size_t need = b >= 0xF8 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+        size_t have = n - (i - 1);
+        return have < need ? i - 1 : n;
+    }
+    return n;
+}

@@ -38,6 +38,13 @@ int sbx_json_to_msgpack(const json_t *j, sbx_enc *e);
  * indentation or compact; NULL on failure. */
 char *sbx_json_dump(const msgpack_object *o, bool pretty);
 
+/* sbx_utf8_complete_prefix — length of the longest prefix of p[0..n) that
+ * does not end inside a UTF-8 sequence: a read, a cap or an event boundary
+ * may cut a character in two, and the held-back tail (at most 3 bytes) is
+ * carried to the next piece.  Only a lead byte whose sequence is incomplete
+ * is held back; invalid bytes stay for sbx_utf8_sanitize to replace. */
+size_t sbx_utf8_complete_prefix(const char *p, size_t n);
+
 /* sbx_utf8_sanitize — copy of p[0..n) as valid UTF-8 (U+FFFD for every
  * invalid byte), NUL-terminated, heap; *outlen gets its length. */
 char *sbx_utf8_sanitize(const char *p, size_t n, size_t *outlen);

@@ -275,27 +275,6 @@ req_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
 /* ------------------------------------------------------------------------------ */
 /* Text of the cell's logs. */
 
-/* Length of the longest prefix of p[0..n) that does not end inside a UTF-8
- * sequence (gateway/http.c does the same for SSE): a read, or a cap, may cut
- * a character in two.  Only a lead byte whose sequence is incomplete is
- * held back; invalid bytes are left for sbx_utf8_sanitize to replace. */
-static size_t
-utf8_complete_prefix(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = n;
-    for (int back = 0; back < 3 && i > 0; back++) {
-        unsigned char b = p[i - 1];
-        if ((b & 0xC0) == 0x80) {
-            i--;
-            continue;
-        }
-        size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-        size_t have = n - (i - 1);
-        return have < need ? i - 1 : n;
-    }
-    return n;
-}
 
 static void
 logacc_init(struct logacc *l, size_t cap)
@@ -322,7 +301,7 @@ logacc_add(struct logacc *l, const char *p, size_t n)
     l->total += n;
     if (n > l->cap - l->text.len) {
         l->truncated = true;
-        n = utf8_complete_prefix(p, l->cap - l->text.len);
+        n = sbx_utf8_complete_prefix(p, l->cap - l->text.len);
     }
     if (!n)
         return;
@@ -434,7 +413,7 @@ fdout_text(struct driver *d, struct run *r, int which, const char *p, size_t n, 
     memcpy(buf, d->carry[which], len);
     memcpy(buf + len, p, n);
     len += n;
-    size_t keep = utf8_complete_prefix(buf, len);
+    size_t keep = sbx_utf8_complete_prefix(buf, len);
     d->ncarry[which] = flush || !r ? 0 : len - keep; /* idle: output between cells is dropped */
     memcpy(d->carry[which], buf + keep, d->ncarry[which]);
     if (!r)
@@ -623,7 +602,7 @@ encode_result(sbx_enc *e, json_t *data, json_t *chart, bool main_result, bool st
         if (json_is_string(v)) {
             size_t len = json_string_length(v);
             if (standin && len > STANDIN_TEXT)
-                len = utf8_complete_prefix(json_string_value(v), STANDIN_TEXT);
+                len = sbx_utf8_complete_prefix(json_string_value(v), STANDIN_TEXT);
             sbx_enc_kstrn(e, mime_fields[i].field, json_string_value(v), len);
             n = 1;
         } else if (json_fits(v, 0, &n)) {
@@ -707,7 +686,7 @@ encode_error_fields(sbx_enc *e, const char *name, json_t *value, json_t *tb)
     const char *vs = json_string_value(value);
     size_t vl = vs ? json_string_length(value) : 0;
     if (vl > ERROR_VALUE_CAP)
-        vl = utf8_complete_prefix(vs, ERROR_VALUE_CAP);
+        vl = sbx_utf8_complete_prefix(vs, ERROR_VALUE_CAP);
     sbx_enc_kstrn(e, "value", vs ? vs : "", vl);
     sbx_enc_karray(e, "traceback");
     size_t i, used = 0, lines = 0, n = json_array_size(tb);

@@ -962,3 +962,36 @@ Test(err, protocol_doc_lists_every_code_with_its_status)
     }
     free(doc);
 }
+
+/* sbx_utf8_complete_prefix holds back only an unfinished sequence at the
+ * end (what the next read or event will complete), never more than 3 bytes,
+ * and leaves invalid bytes for the sanitizer. */
+Test(json, utf8_complete_prefix_holds_back_only_an_unfinished_tail)
+{
+    static const struct {
+        const char *s;
+        size_t n, want;
+    } cases[] = {
+        {"abc", 3, 3},
+        {"", 0, 0},
+        {"a\xc3", 2, 1},             /* é cut after its lead byte */
+        {"a\xc3\xa9", 3, 3},         /* é whole */
+        {"\xe2\x82", 2, 0},          /* € cut after two of three */
+        {"\xe2\x82\xac", 3, 3},      /* € whole */
+        {"x\xf0\x9f\x98", 4, 1},     /* 😀 cut after three of four */
+        {"x\xf0\x9f\x98\x80", 5, 5}, /* 😀 whole */
+        {"a\x80", 2, 2},             /* a stray continuation byte: the sanitizer's */
+        {"\xff", 1, 1},              /* not a lead byte: the sanitizer's */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        cr_expect_eq(sbx_utf8_complete_prefix(cases[i].s, cases[i].n), cases[i].want,
+                     "case %zu: %zu", i, sbx_utf8_complete_prefix(cases[i].s, cases[i].n));
+    /* Any split of a valid text: prefix + carry reassembles it exactly. */
+    const char *text = "héllo € 😀 wörld";
+    size_t n = strlen(text);
+    for (size_t cut = 0; cut <= n; cut++) {
+        size_t keep = sbx_utf8_complete_prefix(text, cut);
+        cr_expect(keep <= cut && cut - keep <= 3, "cut %zu kept %zu", cut, keep);
+        cr_expect_eq(sbx_utf8_valid(text, keep, NULL), keep, "cut %zu: prefix not valid", cut);
+    }
+}
