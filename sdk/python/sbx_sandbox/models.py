@@ -65,6 +65,8 @@ class ExecResult:
     signal: Optional[int] = None
     container_restarted: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    #: stopped at the request's deadline rather than its own ``timeout`` (exit 124)
+    deadline_exceeded: bool = False
 
     @classmethod
     def from_json(cls, d: Dict[str, Any], command: str = "") -> "ExecResult":
@@ -86,6 +88,7 @@ class ExecResult:
             signal=d.get("signal"),
             container_restarted=bool(d.get("containerRestarted", False)),
             raw=d,
+            deadline_exceeded=bool(d.get("deadlineExceeded", False)),
         )
 
 
@@ -375,6 +378,11 @@ class Execution:
     timed_out: bool = False
     duration: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    #: printed output or results beyond the server's caps were dropped
+    #: (docs/protocol.md §3.7); ``raw`` has the byte counts
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    results_truncated: bool = False
 
     @property
     def text(self) -> Optional[str]:
@@ -393,7 +401,10 @@ class Execution:
                    Logs(list(logs.get("stdout") or []), list(logs.get("stderr") or [])),
                    ExecutionError.from_json(err) if isinstance(err, dict) else None,
                    d.get("executionCount"), d.get("contextId"), d.get("language"),
-                   bool(d.get("timedOut", False)), int(d.get("duration") or 0), d)
+                   bool(d.get("timedOut", False)), int(d.get("duration") or 0), d,
+                   stdout_truncated=bool(d.get("stdoutTruncated", False)),
+                   stderr_truncated=bool(d.get("stderrTruncated", False)),
+                   results_truncated=bool(d.get("resultsTruncated", False)))
 
 
 @dataclass

@@ -129,6 +129,8 @@ export interface ExecResult {
   sessionId?: string;
   /** The timeout fired. */
   timedOut?: boolean;
+  /** It was stopped at the request's deadline rather than its own `timeout` (exit 124). */
+  deadlineExceeded?: boolean;
   /** Why it ended: `EXITED`, `TIMEOUT`, `KILLED`, `OOM_KILLED`, `PIDS_LIMIT`. */
   cause?: string;
   /** The signal that ended it, if any. */
@@ -263,8 +265,12 @@ export interface ProcessInfo {
   id: string;
   /** Its pid inside the sandbox. */
   pid?: number;
-  /** The command line. */
+  /** The command line (its first 4 KiB when `commandTruncated`). */
   command: string;
+  /** The command was longer than what is kept; `commandBytes` is its whole length. */
+  commandTruncated?: boolean;
+  /** Bytes of the whole command, when shortened. */
+  commandBytes?: number;
   /** Its status. */
   status: ProcessStatus;
   /** ISO 8601. */
@@ -649,6 +655,16 @@ export interface Execution {
   timedOut?: boolean;
   /** ms. */
   duration?: number;
+  /** Printed output beyond the cap (16 MiB per stream) was dropped. */
+  stdoutTruncated?: boolean;
+  /** Standard error beyond the cap was dropped. */
+  stderrTruncated?: boolean;
+  /** Bytes the cell printed, kept or not. */
+  stdoutBytes?: number;
+  /** Bytes of standard error the cell printed, kept or not. */
+  stderrBytes?: number;
+  /** Results beyond the cap were left out (stand-ins keep the start of their text). */
+  resultsTruncated?: boolean;
 }
 
 /** Options of `runCode()` / `runCodeStream()`. */
