@@ -125,33 +125,36 @@ jint(json_t *o, const char *k)
     return 0;
 }
 
+/* One kv of an answer.  The key must decode and hold no NUL (keys are
+ * handed out as C strings: one with a NUL would be silently cut, and
+ * "c/parts/0012\0x" read as partition 12); the value may hold NULs (records
+ * are msgpack) and is NUL-terminated at vlen.  0, or SBX_E_STORAGE with *kv
+ * untouched (nothing to free). */
 static int
 kv_from_json(json_t *j, struct sbx_etcd_kv *kv)
 {
-    memset(kv, 0, sizeof(*kv));
     const char *k = json_string_value(json_object_get(j, "key"));
     const char *v = json_string_value(json_object_get(j, "value"));
-    size_t kl = 0;
-    if (!k || sbx_base64_decode(k, strlen(k), &kv->key, &kl) != 0)
-        return SBX_E_STORAGE;
-    kv->key = sbx_xrealloc(kv->key, kl + 1);
-    kv->key[kl] = 0;
-    if (v) {
-        if (sbx_base64_decode(v, strlen(v), &kv->value, &kv->vlen) != 0) {
-            free(kv->key);
-            return SBX_E_STORAGE;
-        }
-        kv->value = sbx_xrealloc(kv->value, kv->vlen + 1);
-    } else {
-        kv->value = sbx_xmalloc(1);
-        kv->vlen = 0;
+    char *key = NULL, *val = NULL;
+    size_t kl = 0, vl = 0;
+    int rc = SBX_E_STORAGE;
+    if (k && sbx_base64_decode(k, strlen(k), &key, &kl) == 0 && !memchr(key, 0, kl) &&
+        (!v || sbx_base64_decode(v, strlen(v), &val, &vl) == 0)) {
+        /* sbx_base64_decode NUL-terminates what it returns */
+        memset(kv, 0, sizeof(*kv));
+        kv->key = key;
+        kv->value = val ? val : sbx_xcalloc(1, 1);
+        kv->vlen = vl;
+        kv->create_revision = jint(j, "create_revision");
+        kv->mod_revision = jint(j, "mod_revision");
+        kv->version = jint(j, "version");
+        kv->lease = jint(j, "lease");
+        key = val = NULL;
+        rc = 0;
     }
-    kv->value[kv->vlen] = 0;
-    kv->create_revision = jint(j, "create_revision");
-    kv->mod_revision = jint(j, "mod_revision");
-    kv->version = jint(j, "version");
-    kv->lease = jint(j, "lease");
-    return 0;
+    free(key);
+    free(val);
+    return rc;
 }
 
 struct body {
@@ -254,6 +257,9 @@ sbx_etcd_range(sbx_etcd *e, const char *key, const char *range_end, struct sbx_e
             if (kv_from_json(json_array_get(arr, i), &(*kvs)[*n]) == 0)
                 (*n)++;
         }
+        if (*n < cnt) /* the others are what they were: one bad key is no reason to fail */
+            sbx_warn("etcd range: %zu of %zu key(s) skipped (not base64, or a key with a NUL)",
+                     cnt - *n, cnt);
     }
     json_decref(resp);
     return 0;
@@ -422,67 +428,214 @@ sbx_etcd_txn_run(sbx_etcd *e, sbx_etcd_txn *t, bool *succeeded, int64_t *revisio
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Watches: a streaming POST whose body is a sequence of JSON objects. */
+/* Watches: a streaming POST whose body is a sequence of JSON objects, one per
+ * WatchResponse, back to back.
+ *
+ * The body is read in time linear in its length, however curl cuts it:
+ *  - a scanner walks each byte once (nesting depth, inside a string, after a
+ *    backslash), so it knows where each top-level object ends; jansson then
+ *    parses exactly that object, once, and the offset of the next one is
+ *    kept (the buffer is compacted only when the dead prefix is at least
+ *    half of it);
+ *  - an object that has not ended yet is trial-parsed each time it has
+ *    doubled since its last trial (at most twice its length in all).  If
+ *    jansson stops for the end of the input, or within the last 3 bytes
+ *    (where a literal, number or escape cut short is reported, and a UTF-8
+ *    character cut after its first byte), the object may just be incomplete:
+ *    wait for more.  If it stops before, no continuation can repair it.
+ * An object that does not parse, a byte between objects that cannot start
+ * one, an event that does not decode (bad base64, a key with a NUL), an
+ * {"error": …} object, a canceled or compacted watch and an HTTP status
+ * other than 200 all end the watch with SBX_E_STORAGE: the caller re-syncs
+ * from a fresh range, as after a compaction, instead of waiting on a stream
+ * it can no longer follow. */
+
+#define WATCH_CUT_SLACK 3 /* bytes before the end where a cut-short object can fail */
+
+enum wend {
+    W_ON = 0,  /* following */
+    W_STOPPED, /* the callback asked to stop */
+    W_RESYNC,  /* malformed, refused, canceled or compacted: SBX_E_STORAGE */
+};
 
 struct wctx {
-    sbx_buf b;
+    CURL *cu;             /* the transfer (its HTTP status) */
+    sbx_buf b;            /* bytes received and not dropped yet */
+    size_t obj;           /* offset in b of the pending object (past the last complete one) */
+    size_t scan;          /* bytes of b the scanner has walked */
+    size_t tried;         /* length of the pending object at its last trial parse (0: none) */
+    int depth;            /* nesting of the pending object at scan (0: between objects) */
+    bool in_str, esc;     /* the scanner is inside a string / after its backslash */
+    bool status_checked;  /* the HTTP status was 200 when the body began */
     sbx_etcd_watch_fn fn;
     void *arg;
     const atomic_bool *stop;
-    int rc;
-    bool done;
-    int64_t canceled;
+    enum wend end;
 };
+
+/* Whether jansson's failure on n bytes may be the end of the input cutting
+ * a valid object short (see above) rather than bytes no continuation
+ * repairs. */
+static bool
+json_cut_short(const json_error_t *je, size_t n)
+{
+    return json_error_code(je) == json_error_premature_end_of_input ||
+           (je->position >= 0 && (size_t)je->position + WATCH_CUT_SLACK >= n);
+}
+
+static void
+watch_resync(struct wctx *w, const char *why, const char *detail)
+{
+    sbx_warn("etcd watch: %s%s%s; re-syncing", why, detail ? ": " : "", detail ? detail : "");
+    w->end = W_RESYNC;
+}
+
+/* One complete object of the stream (owned by the caller): deliver its
+ * events in order, or end the watch. */
+static void
+watch_object(struct wctx *w, json_t *j)
+{
+    json_t *err = json_object_get(j, "error");
+    if (err) {
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        watch_resync(w, "etcd ended the stream with an error", msg ? msg : "(no message)");
+        return;
+    }
+    json_t *r = json_object_get(j, "result");
+    if (!json_is_object(r))
+        return; /* not a WatchResponse: nothing for us */
+    if (json_is_true(json_object_get(r, "canceled")) || json_object_get(r, "compact_revision")) {
+        w->end = W_RESYNC; /* compacted or canceled: an ordinary re-sync, no log line */
+        return;
+    }
+    int64_t rev = jint(json_object_get(r, "header"), "revision");
+    json_t *evs = json_object_get(r, "events");
+    if (evs && !json_is_array(evs)) {
+        watch_resync(w, "malformed answer", "'events' is not an array");
+        return;
+    }
+    for (size_t i = 0; i < json_array_size(evs) && w->end == W_ON; i++) {
+        json_t *ev = json_array_get(evs, i);
+        json_t *type = json_object_get(ev, "type");
+        const char *ts = json_string_value(type);
+        /* grpc-gateway leaves out PUT (enum 0) and spells DELETE */
+        bool put = !type || (ts && !strcmp(ts, "PUT")) ||
+                   (json_is_integer(type) && json_integer_value(type) == 0);
+        bool del = (ts && !strcmp(ts, "DELETE")) ||
+                   (json_is_integer(type) && json_integer_value(type) == 1);
+        struct sbx_etcd_kv kv;
+        if ((!put && !del) || kv_from_json(json_object_get(ev, "kv"), &kv) != 0) {
+            watch_resync(w, "malformed event", "an unknown type, or a kv that does not decode");
+            return;
+        }
+        if (w->fn(w->arg, put, &kv, kv.mod_revision ? kv.mod_revision : rev) != 0)
+            w->end = W_STOPPED;
+        free(kv.key);
+        free(kv.value);
+    }
+}
+
+/* Trial-parse the pending (unended) object: end the watch if it is already
+ * malformed; else remember its length. */
+static void
+watch_try_pending(struct wctx *w)
+{
+    size_t len = w->b.len - w->obj;
+    json_error_t je;
+    json_t *j = json_loadb(w->b.p + w->obj, len, JSON_DISABLE_EOF_CHECK, &je);
+    if (j) {
+        json_decref(j); /* cannot happen for an object the scanner saw open; it decides */
+    } else if (!json_cut_short(&je, len)) {
+        char d[JSON_ERROR_TEXT_LENGTH + 48];
+        snprintf(d, sizeof(d), "%s (byte %d of an object)", je.text, je.position);
+        watch_resync(w, "malformed answer", d);
+    }
+    w->tried = len;
+}
+
+/* Walk the bytes received since the last call; handle each object that
+ * ends. */
+static void
+watch_scan(struct wctx *w)
+{
+    const unsigned char *p = (const unsigned char *)w->b.p;
+    for (; w->scan < w->b.len && w->end == W_ON; w->scan++) {
+        unsigned char c = p[w->scan];
+        if (w->depth == 0) {
+            if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
+                w->obj = w->scan + 1;
+            } else if (c == '{') {
+                w->obj = w->scan;
+                w->depth = 1;
+                w->tried = 0;
+            } else {
+                char d[48];
+                snprintf(d, sizeof(d), "byte 0x%02x between objects", c);
+                watch_resync(w, "malformed answer", d);
+            }
+        } else if (w->in_str) {
+            if (w->esc)
+                w->esc = false;
+            else if (c == '\\')
+                w->esc = true;
+            else if (c == '"')
+                w->in_str = false;
+        } else if (c == '"') {
+            w->in_str = true;
+        } else if (c == '{' || c == '[') {
+            w->depth++; /* jansson refuses depths past 2048: such an object fails below */
+        } else if ((c == '}' || c == ']') && --w->depth == 0) {
+            json_error_t je;
+            size_t len = w->scan + 1 - w->obj;
+            json_t *j = json_loadb(w->b.p + w->obj, len, 0, &je);
+            if (!j) {
+                char d[JSON_ERROR_TEXT_LENGTH + 48];
+                snprintf(d, sizeof(d), "%s (byte %d of an object)", je.text, je.position);
+                watch_resync(w, "malformed answer", d);
+            } else {
+                watch_object(w, j);
+                json_decref(j);
+            }
+            w->obj = w->scan + 1;
+            w->tried = 0;
+        }
+    }
+}
 
 static size_t
 watch_data(char *p, size_t size, size_t nmemb, void *arg)
 {
     struct wctx *w = arg;
     size_t n = size * nmemb;
-    if (w->b.len + n > MAX_REPLY)
-        return 0;
-    sbx_buf_append(&w->b, p, n);
-    for (;;) {
-        /* Skip whitespace between objects; parse one object at a time. */
-        size_t off = 0;
-        while (off < w->b.len && (w->b.p[off] == ' ' || w->b.p[off] == '\n' ||
-                                  w->b.p[off] == '\r' || w->b.p[off] == '\t'))
-            off++;
-        sbx_buf_consume(&w->b, off);
-        if (!w->b.len)
-            break;
-        json_error_t je;
-        json_t *j = json_loadb(w->b.p, w->b.len, JSON_DISABLE_EOF_CHECK, &je);
-        if (!j)
-            break; /* incomplete: wait for more */
-        sbx_buf_consume(&w->b, je.position);
-        json_t *r = json_object_get(j, "result");
-        if (r) {
-            int64_t rev = jint(json_object_get(r, "header"), "revision");
-            if (json_is_true(json_object_get(r, "canceled")) ||
-                json_object_get(r, "compact_revision")) {
-                w->rc = SBX_E_STORAGE; /* compacted or canceled: re-sync */
-                w->done = true;
-            }
-            json_t *evs = json_object_get(r, "events");
-            for (size_t i = 0; i < json_array_size(evs) && !w->done; i++) {
-                json_t *ev = json_array_get(evs, i);
-                const char *type = json_string_value(json_object_get(ev, "type"));
-                struct sbx_etcd_kv kv;
-                if (kv_from_json(json_object_get(ev, "kv"), &kv) != 0)
-                    continue;
-                bool put = !type || strcmp(type, "DELETE") != 0;
-                if (w->fn(w->arg, put, &kv, kv.mod_revision ? kv.mod_revision : rev) != 0)
-                    w->done = true;
-                free(kv.key);
-                free(kv.value);
-            }
-        }
-        json_decref(j);
-        if (w->done)
+    if (!w->status_checked) {
+        /* The status is known once the body begins: an error answer is not
+         * a stream of events. */
+        long status = 0;
+        curl_easy_getinfo(w->cu, CURLINFO_RESPONSE_CODE, &status);
+        if (status != 200) {
+            char d[32];
+            snprintf(d, sizeof(d), "HTTP %ld", status);
+            watch_resync(w, "etcd refused the watch", d);
             return 0;
+        }
+        w->status_checked = true;
     }
-    return n;
+    if (w->b.len - w->obj + n > MAX_REPLY) {
+        watch_resync(w, "an answer over the size limit", NULL);
+        return 0;
+    }
+    sbx_buf_append(&w->b, p, n);
+    watch_scan(w);
+    size_t pending = w->b.len - w->obj;
+    if (w->end == W_ON && w->depth > 0 && pending >= 2 * w->tried)
+        watch_try_pending(w);
+    if (w->obj > 0 && w->obj >= w->b.len / 2) {
+        /* drop what was handled: at most as many bytes move as were dropped */
+        sbx_buf_consume(&w->b, w->obj);
+        w->scan -= w->obj;
+        w->obj = 0;
+    }
+    return w->end == W_ON ? n : 0;
 }
 
 static int
@@ -511,39 +664,56 @@ sbx_etcd_watch(sbx_etcd *e, const char *key, const char *range_end, int64_t star
     json_t *req = json_pack("{s:o}", "create_request", cr);
     char *text = json_dumps(req, JSON_COMPACT);
     json_decref(req);
-    struct wctx w = {.fn = fn, .arg = arg, .stop = stop, .rc = SBX_E_SHARD_UNAVAILABLE};
+    struct wctx w = {.fn = fn, .arg = arg, .stop = stop, .end = W_ON};
     sbx_buf_init(&w.b);
-    CURL *cu = curl_easy_init();
-    char url[512];
-    snprintf(url, sizeof(url), "%s/v3/watch", e->ep[e->cur]);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(cu, CURLOPT_URL, url);
-    curl_easy_setopt(cu, CURLOPT_POSTFIELDS, text);
-    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-    curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, watch_data);
-    curl_easy_setopt(cu, CURLOPT_WRITEDATA, &w);
-    curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, watch_progress);
-    curl_easy_setopt(cu, CURLOPT_XFERINFODATA, &w);
-    /* A dead etcd must not leave the watch hanging: no byte for 30 s (etcd
-     * sends progress notifications only on request) means re-sync. */
-    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 30L);
-    curl_easy_setopt(cu, CURLOPT_PROTOCOLS_STR, "http,https");
-    CURLcode rc = curl_easy_perform(cu);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(cu);
+    int rc = SBX_E_INTERNAL;
+    CURL *cu = text ? curl_easy_init() : NULL;
+    if (cu) {
+        w.cu = cu;
+        char url[512];
+        snprintf(url, sizeof(url), "%s/v3/watch", e->ep[e->cur]);
+        struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(cu, CURLOPT_URL, url);
+        curl_easy_setopt(cu, CURLOPT_POSTFIELDS, text);
+        curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+        curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, watch_data);
+        curl_easy_setopt(cu, CURLOPT_WRITEDATA, &w);
+        curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, watch_progress);
+        curl_easy_setopt(cu, CURLOPT_XFERINFODATA, &w);
+        /* A dead etcd must not leave the watch hanging: no byte for 30 s (etcd
+         * sends progress notifications only on request) means re-sync. */
+        curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
+        curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 30L);
+        curl_easy_setopt(cu, CURLOPT_PROTOCOLS_STR, "http,https");
+        CURLcode cc = curl_easy_perform(cu);
+        long status = 0;
+        curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status);
+        curl_slist_free_all(h);
+        curl_easy_cleanup(cu);
+        if (w.end == W_ON && cc == CURLE_OK && status != 200) {
+            /* an error answer with no body at all */
+            char d[32];
+            snprintf(d, sizeof(d), "HTTP %ld", status);
+            watch_resync(&w, "etcd refused the watch", d);
+        }
+        if (w.end == W_ON && w.depth > 0 && !atomic_load(stop))
+            watch_try_pending(&w); /* the stream ended inside an object: cut, or malformed? */
+        if (atomic_load(stop) || w.end == W_STOPPED) {
+            rc = 0;
+        } else if (w.end == W_RESYNC) {
+            rc = SBX_E_STORAGE;
+        } else {
+            /* The stream ended or broke: the next call tries another endpoint
+             * if this one failed. */
+            if (cc != CURLE_OK)
+                e->cur = (e->cur + 1) % e->nep;
+            rc = SBX_E_SHARD_UNAVAILABLE;
+        }
+    }
     free(text);
     sbx_buf_free(&w.b);
-    if (atomic_load(stop))
-        return 0;
-    if (w.done && w.rc == SBX_E_SHARD_UNAVAILABLE)
-        return 0; /* the callback asked to stop */
-    if (rc != CURLE_OK && !w.done) {
-        /* the next call tries another endpoint */
-        e->cur = (e->cur + 1) % e->nep;
-    }
-    return w.done ? w.rc : SBX_E_SHARD_UNAVAILABLE;
+    return rc;
 }

@@ -26,7 +26,8 @@
 typedef struct sbx_etcd sbx_etcd;
 
 struct sbx_etcd_kv {
-    char *key;           /* NUL-terminated copy */
+    char *key;           /* NUL-terminated copy; a key holding a NUL is refused, never cut
+                            (a range leaves it out, a watch ends: SBX_E_STORAGE) */
     char *value;         /* NUL-terminated copy (values may hold NULs: use vlen) */
     size_t vlen;
     int64_t create_revision, mod_revision, version, lease;
@@ -42,7 +43,8 @@ void sbx_etcd_kvs_free(struct sbx_etcd_kv *kvs, size_t n);
  * sbx_etcd_range — the keys from key to range_end (exclusive; NULL: key
  * alone; "\0"-style prefix ends come from sbx_etcd_prefix_end).  *kvs is a
  * heap array the caller frees with sbx_etcd_kvs_free; *revision (may be
- * NULL) is the store revision the answer reflects.
+ * NULL) is the store revision the answer reflects.  A kv that does not
+ * decode (bad base64, a key with a NUL) is left out, with a log line.
  */
 int sbx_etcd_range(sbx_etcd *e, const char *key, const char *range_end, struct sbx_etcd_kv **kvs,
                    size_t *n, int64_t *revision);
@@ -86,8 +88,18 @@ int sbx_etcd_txn_run(sbx_etcd *e, sbx_etcd_txn *t, bool *succeeded, int64_t *rev
  * from revision start (0: from now), calling fn(arg, put, kv, revision) for
  * each event (put false: a deletion; kv->value empty) in order.  Blocks
  * until fn returns non-zero, *stop becomes true (checked at least every
- * 500 ms), or the connection fails; returns 0 if stopped, else a negative
- * code (the caller re-syncs with a range and watches again).
+ * 500 ms), or the stream ends; returns 0 if stopped, else a negative code
+ * after which the caller re-syncs with a range and watches again (some
+ * changes may have been missed):
+ *  - SBX_E_STORAGE: etcd's answer cannot be followed — an HTTP status other
+ *    than 200, a malformed object (one that does not parse; one that stops
+ *    parsing before its last bytes is malformed before it ends), an event
+ *    that does not decode, an {"error"} object (each with a log line), a
+ *    canceled or compacted watch;
+ *  - SBX_E_SHARD_UNAVAILABLE: the connection failed (the next call tries the
+ *    next endpoint) or the stream ended;
+ *  - SBX_E_INTERNAL: no curl handle.
+ * The stream is read in time and memory linear in its length (etcd.c).
  */
 typedef int (*sbx_etcd_watch_fn)(void *arg, bool put, const struct sbx_etcd_kv *kv,
                                  int64_t revision);

@@ -8,7 +8,9 @@
  * and a body, or a transport failure), a watch's body cut into the chunks
  * the input says.  Everything above curl runs for real: call(), the
  * kvs/header/succeeded/ID/TTL readers, watch_data's incremental parse,
- * resync() and apply() on a view with no thread of its own.
+ * resync() and apply() on a view with no thread of its own.  jansson's
+ * json_loadb is counted (the bytes it is handed), and so are the bytes the
+ * write callbacks take.
  *
  * Input: byte 0 picks the flow, byte 1 is a flag; then answers separated
  * by 0x1e, each a header byte (bit 0: transport failure; bits 1-2: status
@@ -17,16 +19,29 @@
  *  - flow 1: put, lease grant, keep-alive, txn, range, delete, revoke, each
  *    with the next answers;
  *  - flow 2: a watch's body parsed in the given chunks, in one piece and
- *    byte by byte.
+ *    byte by byte (bodies up to 64 KiB: the reader is linear).
  *
  * Properties:
  *  - a call succeeds exactly when the first answer that is not a transport
  *    failure (two endpoints: at most two tries) has status 200 and a JSON
  *    object or array as body; a lease grant also needs a non-zero ID;
  *    ranges return, in order, exactly the kvs whose key (and value, if any)
- *    decode as base64, each NUL-terminated at its length;
+ *    decode as base64 and whose key holds no NUL (refused, never cut), each
+ *    NUL-terminated at its length;
  *  - a watch delivers the same events and ends the same way however its
- *    body is cut into chunks;
+ *    body is cut into chunks (as scripted, in one piece, byte by byte), and
+ *    that is what a reference reading the whole body with jansson says:
+ *    the events of the objects before the first one that does not parse,
+ *    does not start with '{', holds an event that does not decode (a key
+ *    with a NUL), is an {"error"} or a canceled or compacted result; then
+ *    SBX_E_STORAGE (re-sync), or SBX_E_SHARD_UNAVAILABLE when the stream
+ *    just ends (either when it ends inside an object jansson fails on within
+ *    its last 3 bytes: cut short or broken there); a status other than 200
+ *    is SBX_E_STORAGE with no event;
+ *  - the watch's cost is linear: jansson parses at most 4 bytes per body
+ *    byte however it is cut; and read byte by byte, a watch stops reading
+ *    within twice the distance from a malformed object's start to where
+ *    jansson fails in it (it does not buffer the rest of the stream);
  *  - the view: at most SBX_CVIEW_MAX_MEMBERS members with distinct names
  *    that fit; every partition's owner is -1 or a member index (the
  *    gateway and shards index members[] with it) and, with its epoch, is
@@ -51,8 +66,19 @@ static void fake_easy_cleanup(CURL *h);
 #define curl_easy_perform fake_easy_perform
 #define curl_easy_getinfo fake_easy_getinfo
 #define curl_easy_cleanup fake_easy_cleanup
+/* jansson's parser is counted: a watch must parse each byte O(1) times. */
+#include <jansson.h>
+static size_t fuzz_parsed;
+static json_t *
+fuzz_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error)
+{
+    fuzz_parsed += buflen;
+    return json_loadb(buffer, buflen, flags, error);
+}
+#define json_loadb fuzz_loadb
 #include "../../runtime/etcd.c"
 #include "../../runtime/cview.c"
+#undef json_loadb
 #undef curl_easy_init
 #undef curl_easy_setopt
 #undef curl_easy_perform
@@ -75,7 +101,8 @@ struct answer {
 static struct {
     struct answer a[64];
     size_t n, next;
-    int chunking; /* 0 as scripted, 1 one piece, 2 byte by byte */
+    int chunking;    /* 0 as scripted, 1 one piece, 2 byte by byte */
+    size_t accepted; /* body bytes the write callbacks took */
 } S;
 
 struct fake {
@@ -120,6 +147,8 @@ deliver(struct fake *f, const uint8_t *p, size_t n)
     char *copy = fuzz_copy(p, n);
     size_t w = f->wfn(copy, 1, n, f->wdata);
     free(copy);
+    if (w == n)
+        S.accepted += n;
     return w == n ? CURLE_OK : CURLE_WRITE_ERROR;
 }
 
@@ -255,7 +284,9 @@ check_kvs(json_t *j, const struct sbx_etcd_kv *kvs, size_t n)
         const char *vs = json_string_value(vj);
         char *key = NULL, *val = NULL;
         size_t kl = 0, vl = 0;
+        /* a key with a NUL is refused, not cut at it */
         bool good = ks && sbx_base64_decode(ks, strlen(ks), &key, &kl) == 0 &&
+                    !memchr(key, 0, kl) &&
                     (!vs || sbx_base64_decode(vs, strlen(vs), &val, &vl) == 0);
         if (good) {
             FUZZ_CHECK(k < n, "kv %zu missing", i);
@@ -357,31 +388,167 @@ watch_as(sbx_etcd *e, int chunking, int stop_after, struct rec *r)
     static atomic_bool stop;
     S.next = 0;
     S.chunking = chunking;
+    S.accepted = 0;
+    fuzz_parsed = 0;
     sbx_buf_init(&r->b);
     r->count = 0;
     r->stop_after = stop_after;
     return sbx_etcd_watch(e, "/sbx/t/c/", "/sbx/t/c0", 5, rec_cb, r, &stop);
 }
 
+/* The reference for one complete object of a watch's body, written from
+ * etcd's API rather than from etcd.c's reader: 0 go on, 1 the callback
+ * stopped, -1 the watch must end for a re-sync. */
+static int
+ref_object(json_t *j, struct rec *r)
+{
+    json_t *res = json_object_get(j, "result");
+    json_t *evs = json_object_get(res, "events");
+    if (json_object_get(j, "error") ||
+        (json_is_object(res) && (json_is_true(json_object_get(res, "canceled")) ||
+                                 json_object_get(res, "compact_revision") ||
+                                 (evs && !json_is_array(evs)))))
+        return -1;
+    if (!json_is_object(res))
+        return 0;
+    int64_t hrev = jint(json_object_get(res, "header"), "revision");
+    for (size_t i = 0; i < json_array_size(evs); i++) {
+        json_t *ev = json_array_get(evs, i), *type = json_object_get(ev, "type");
+        json_t *kj = json_object_get(ev, "kv");
+        const char *ts = json_string_value(type);
+        const char *ks = json_string_value(json_object_get(kj, "key"));
+        const char *vs = json_string_value(json_object_get(kj, "value"));
+        int kind = !type ? 0 : ts ? (!strcmp(ts, "PUT") ? 0 : !strcmp(ts, "DELETE") ? 1 : -1)
+                         : json_is_integer(type) && json_integer_value(type) >= 0 &&
+                                   json_integer_value(type) <= 1
+                               ? (int)json_integer_value(type)
+                               : -1;
+        struct sbx_etcd_kv kv = {0};
+        size_t kl = 0;
+        bool good = kind >= 0 && ks && sbx_base64_decode(ks, strlen(ks), &kv.key, &kl) == 0 &&
+                    !memchr(kv.key, 0, kl) &&
+                    (!vs || sbx_base64_decode(vs, strlen(vs), &kv.value, &kv.vlen) == 0);
+        int out = -1;
+        if (good) {
+            if (!kv.value)
+                kv.value = fuzz_cstr("", 0);
+            kv.create_revision = jint(kj, "create_revision");
+            kv.mod_revision = jint(kj, "mod_revision");
+            kv.version = jint(kj, "version");
+            out = rec_cb(r, kind == 0, &kv, kv.mod_revision ? kv.mod_revision : hrev) ? 1 : 0;
+        }
+        free(kv.key);
+        free(kv.value);
+        if (out)
+            return out;
+    }
+    return 0;
+}
+
+/* What the watch of answer 0 must do: its events in *r, its code in *rc
+ * (*ambiguous: the body ends inside an object that might have been cut
+ * short, or broken near its end — SBX_E_STORAGE and SBX_E_SHARD_UNAVAILABLE
+ * both do); *bad_obj and *bad_at: where the first malformed object starts and
+ * where in it jansson stops (SIZE_MAX: none); *len the body's length. */
+static void
+ref_watch(int stop_after, struct rec *r, int *rc, bool *ambiguous, size_t *bad_obj,
+          size_t *bad_at, size_t *len)
+{
+    sbx_buf_init(&r->b);
+    r->count = 0;
+    r->stop_after = stop_after;
+    *ambiguous = false;
+    *bad_obj = *bad_at = SIZE_MAX;
+    *len = 0;
+    *rc = SBX_E_SHARD_UNAVAILABLE;
+    if (!S.n || !S.a[0].n || (S.a[0].p[0] & 1))
+        return; /* no connection */
+    sbx_buf body;
+    sbx_buf_init(&body);
+    for (size_t i = 1; i < S.a[0].n; i++)
+        if (S.a[0].p[i] != SEP_CHUNK)
+            sbx_buf_append(&body, &S.a[0].p[i], 1);
+    *len = body.len;
+    bool refused = ((S.a[0].p[0] >> 1) & 3) >= 2; /* 404 or 500: not a stream of events */
+    if (refused)
+        *rc = SBX_E_STORAGE;
+    for (size_t off = 0; !refused;) {
+        while (off < body.len && strchr(" \t\r\n", body.p[off]) && body.p[off])
+            off++;
+        if (off == body.len)
+            break; /* the stream ended between objects */
+        if (body.p[off] != '{') {
+            *rc = SBX_E_STORAGE;
+            *bad_obj = off;
+            *bad_at = 0;
+            break;
+        }
+        json_error_t je;
+        json_t *j = json_loadb(body.p + off, body.len - off, JSON_DISABLE_EOF_CHECK, &je);
+        if (!j) {
+            *rc = SBX_E_STORAGE;
+            if (json_error_code(&je) == json_error_premature_end_of_input ||
+                (size_t)je.position + 3 >= body.len - off) {
+                *ambiguous = true;
+            } else {
+                *bad_obj = off;
+                *bad_at = (size_t)je.position;
+            }
+            break;
+        }
+        int out = ref_object(j, r);
+        json_decref(j);
+        off += (size_t)je.position;
+        if (out) {
+            *rc = out > 0 ? 0 : SBX_E_STORAGE;
+            break;
+        }
+    }
+    sbx_buf_free(&body);
+}
+
 static void
 flow_watch(sbx_etcd *e, int stop_after)
 {
-    struct rec a, b, c;
+    struct rec a, b, c, want;
+    int rwant;
+    bool ambiguous;
+    size_t bad_obj, bad_at, len;
+    ref_watch(stop_after, &want, &rwant, &ambiguous, &bad_obj, &bad_at, &len);
     int ra = watch_as(e, 0, stop_after, &a);
+    /* linear: each byte parsed at most 4 times (once whole, twice in trials
+     * of an object not ended, once more when the stream ends inside one) */
+    FUZZ_CHECK(fuzz_parsed <= 4 * len + 4, "%zu bytes parsed for a body of %zu", fuzz_parsed, len);
     int rb = watch_as(e, 1, stop_after, &b);
+    FUZZ_CHECK(fuzz_parsed <= 4 * len + 4, "%zu bytes parsed for a body of %zu", fuzz_parsed, len);
     FUZZ_CHECK(ra == rb && a.b.len == b.b.len && (!a.b.len || !memcmp(a.b.p, b.b.p, a.b.len)),
                "chunks changed the watch: %d events (%d) vs %d in one piece (%d)", a.count, ra,
                b.count, rb);
-    if (S.n && S.a[0].n <= 768) { /* a parse per byte: quadratic */
+    FUZZ_CHECK(b.b.len == want.b.len && (!want.b.len || !memcmp(b.b.p, want.b.p, want.b.len)),
+               "the watch delivered %d event(s), the reference %d", b.count, want.count);
+    if (ambiguous)
+        FUZZ_CHECK(rb == SBX_E_STORAGE || rb == SBX_E_SHARD_UNAVAILABLE, "watch: %d", rb);
+    else
+        FUZZ_CHECK(rb == rwant, "watch: %d, want %d", rb, rwant);
+    if (S.n && S.a[0].n <= (64u << 10)) {
         int rc = watch_as(e, 2, stop_after, &c);
         FUZZ_CHECK(rc == rb && c.b.len == b.b.len && (!c.b.len || !memcmp(c.b.p, b.b.p, c.b.len)),
                    "byte by byte changed the watch: %d events (%d) vs %d (%d)", c.count, rc,
                    b.count, rb);
+        FUZZ_CHECK(fuzz_parsed <= 4 * len + 4, "%zu bytes parsed byte by byte for a body of %zu",
+                   fuzz_parsed, len);
+        /* Malformed: the watch stops reading within twice the distance from
+         * the object's start to the point jansson fails at (trials as the
+         * object doubles), instead of buffering the rest of the stream. */
+        if (bad_obj != SIZE_MAX && rc == SBX_E_STORAGE)
+            FUZZ_CHECK(S.accepted <= bad_obj + 2 * (bad_at + 4),
+                       "%zu bytes read past an object malformed at %zu+%zu", S.accepted,
+                       bad_obj, bad_at);
         sbx_buf_free(&c.b);
     }
-    FUZZ_CHECK(ra == 0 || ra == SBX_E_STORAGE || ra == SBX_E_SHARD_UNAVAILABLE, "watch: %d", ra);
     sbx_buf_free(&a.b);
     sbx_buf_free(&b.b);
+    sbx_buf_free(&want.b);
 }
 
 /* ------------------------------------------------------------------------------ */
