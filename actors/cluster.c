@@ -204,6 +204,13 @@ view_apply(sbx_loop *l, void *arg)
     struct cluster *c = u->c;
     struct shard *sh = c->sh;
     (void)l;
+    /* A slot the view gave to another name since the last view (cview.h):
+     * an import from its former holder is from no member the view names. */
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        int16_t f = c->lp[p].imported_from;
+        if (c->lp[p].imported_ms && f >= 0 && strcmp(c->member_names[f], u->names[f]))
+            c->lp[p].imported_from = -1;
+    }
     memcpy(c->member_names, u->names, sizeof(u->names));
     c->me = u->me;
     uint8_t stale[SBX_PARTITIONS];
@@ -233,8 +240,10 @@ view_apply(sbx_loop *l, void *arg)
         } else {
             x->imported_ms = 0;
         }
-        if (!c->first_view && u->me >= 0 && !mine && u->parts[p].owner >= 0) {
-            /* Owned by another shard when we start: what we hold of it is stale. */
+        if (!c->first_view && u->me >= 0 && !mine &&
+            (u->parts[p].owner >= 0 || u->parts[p].epoch > 0)) {
+            /* Owned by another shard when we start (or by a name the view does
+             * not hold: cview.h): what we hold of it is stale. */
             stale[p] = 1;
             any_stale = true;
         }
@@ -869,6 +878,10 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
         if (cl[i].owner[0]) {
             sbx_etcd_txn_cmp_value(t, key, cl[i].owner, strlen(cl[i].owner));
             sbx_etcd_txn_cmp_mod(t, key, cl[i].epoch);
+        } else if (cl[i].epoch) {
+            /* the key names no member the view holds (cview.h: not a shard
+             * name, or no slot left): unchanged since we saw it */
+            sbx_etcd_txn_cmp_mod(t, key, cl[i].epoch);
         } else {
             sbx_etcd_txn_cmp_create(t, key, 0);
         }
@@ -880,7 +893,7 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
         return; /* someone else moved first; the next reconcile sees it */
     bool from_dead = false;
     for (size_t i = 0; i < n; i++)
-        from_dead |= cl[i].owner[0] != 0;
+        from_dead |= cl[i].owner[0] != 0 || cl[i].epoch != 0;
     /* Ours now: load their records from etcd before they are served. */
     install_from_etcd(c, cl, n, from_dead, rev);
 }
@@ -1305,6 +1318,13 @@ cluster_start(struct shard *sh)
 {
     if (!sh->conf.etcd || !*sh->conf.etcd)
         return 0;
+    if (!sbx_cview_name_ok(sh->conf.name, strlen(sh->conf.name))) {
+        /* the view of every node would ignore its member key (cview.h) */
+        sbx_error("shard '%s': a cluster shard's name is 1-63 of [A-Za-z0-9._-], starting "
+                  "with a letter or digit",
+                  sh->conf.name);
+        return SBX_E_VALIDATION;
+    }
     struct cluster *c = sbx_xcalloc(1, sizeof(*c));
     c->sh = sh;
     c->ttl_ms = sh->conf.lease_ttl > 0 ? sh->conf.lease_ttl : 10000;

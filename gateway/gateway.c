@@ -5,8 +5,10 @@
  *
  * Shards occupy slots.  Standalone: slot i is the i-th configured shard and
  * the partition table is the rendezvous hash over them, fixed.  In a cluster:
- * slot i is member i of the etcd view (runtime/cview.h: indexes never change)
- * and the table is etcd's, read under the view's lock for each request. */
+ * slot i is member i of the etcd view and the table is etcd's, read under the
+ * view's lock for each request.  The view may give a slot that no shard
+ * holds any more to another (runtime/cview.h: a new gen); the slot's socket
+ * then dials the new shard's address instead (its dialer is replaced). */
 #include "gateway.h"
 
 #include <errno.h>
@@ -41,9 +43,11 @@ struct gctx;
 struct gshard {
     struct sbx_gateway *gw;
     int idx;
-    char name[64];
-    char url[256];
+    char name[64];        /* in a cluster, rewritten under gw->slot_mu when the slot is given */
+    char url[256];        /* to another shard: read them elsewhere through slot_label() */
     nng_socket sock;
+    nng_dialer dialer;    /* set by slot_open; replaced by the view thread only */
+    uint64_t gen;         /* the view member's gen the slot dials (view thread) */
     atomic_bool open;
     atomic_int pipes;
 };
@@ -175,18 +179,20 @@ request_done(struct gctx *g)
 
 static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg);
 
-/* Open slot i's socket to url (standalone start-up, or the view thread). */
+/* Open slot i's socket to url, for the view member of gen (0: standalone
+ * start-up), under slot_mu or before any other thread runs. */
 static int
-slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url)
+slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint64_t gen)
 {
     struct gshard *s = &gw->shards[i];
     s->gw = gw;
     s->idx = i;
+    s->gen = gen;
     snprintf(s->name, sizeof(s->name), "%s", name);
     snprintf(s->url, sizeof(s->url), "%s", url);
     /* The pipe callbacks go in before the dial starts, so the connection
      * count never misses a peer that is already up. */
-    int rv = sbx_nng_req_dial_notify(&s->sock, url, pipe_cb, s);
+    int rv = sbx_nng_req_dial_notify(&s->sock, &s->dialer, url, pipe_cb, s);
     if (rv)
         return rv;
     atomic_store(&s->open, true);
@@ -195,23 +201,45 @@ slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url)
     return 0;
 }
 
-/* The view changed: open sockets for new members (their indexes are stable;
- * a member that changed address keeps its old socket, which redials). */
+/* A copy of slot s's name and url (either may be NULL), which a cluster's
+ * view thread may rewrite. */
+static void
+slot_label(struct gshard *s, char name[64], char url[256])
+{
+    pthread_mutex_lock(&s->gw->slot_mu);
+    if (name)
+        snprintf(name, 64, "%s", s->name);
+    if (url)
+        snprintf(url, 256, "%s", s->url);
+    pthread_mutex_unlock(&s->gw->slot_mu);
+}
+
+/* The view changed: open sockets for new members, and point slots the view
+ * gave to another shard (another gen) at it: the old dialer goes, with its
+ * connections (what was in flight on them fails, as when a shard drops),
+ * and the socket dials the new address.  A member that changed address
+ * under the same slot keeps its socket, which redials the old address. */
 static void
 view_changed(void *arg)
 {
     struct sbx_gateway *gw = arg;
     struct {
         int idx;
-        char name[64], url[256];
+        uint64_t gen;
+        char name[64], url[256], was[64];
+        bool redial;
+        nng_dialer old;
     } to_open[MAX_SLOTS];
     int nt = 0;
     sbx_cview_lock(gw->view);
     int n;
     const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
     for (int i = 0; i < n && i < MAX_SLOTS; i++) {
-        if (m[i].live && m[i].url[0] && !atomic_load(&gw->shards[i].open)) {
+        if (m[i].live && m[i].url[0] &&
+            (!atomic_load(&gw->shards[i].open) || gw->shards[i].gen != m[i].gen)) {
             to_open[nt].idx = i;
+            to_open[nt].gen = m[i].gen;
+            to_open[nt].redial = false;
             snprintf(to_open[nt].name, sizeof(to_open[nt].name), "%s", m[i].name);
             snprintf(to_open[nt].url, sizeof(to_open[nt].url), "%s", m[i].url);
             nt++;
@@ -220,9 +248,19 @@ view_changed(void *arg)
     sbx_cview_unlock(gw->view);
     pthread_mutex_lock(&gw->slot_mu);
     for (int k = 0; k < nt; k++) {
-        if (atomic_load(&gw->shards[to_open[k].idx].open))
+        struct gshard *s = &gw->shards[to_open[k].idx];
+        if (atomic_load(&s->open)) {
+            /* relabelled here, re-dialed below without the lock (the gen and
+             * the dialer are the view thread's own) */
+            to_open[k].redial = true;
+            to_open[k].old = s->dialer;
+            memcpy(to_open[k].was, s->name, sizeof(to_open[k].was));
+            s->gen = to_open[k].gen;
+            snprintf(s->name, sizeof(s->name), "%s", to_open[k].name);
+            snprintf(s->url, sizeof(s->url), "%s", to_open[k].url);
             continue;
-        int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url);
+        }
+        int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url, to_open[k].gen);
         if (rv)
             sbx_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
                      nng_strerror(rv));
@@ -231,6 +269,21 @@ view_changed(void *arg)
                      to_open[k].url);
     }
     pthread_mutex_unlock(&gw->slot_mu);
+    for (int k = 0; k < nt; k++) {
+        if (!to_open[k].redial)
+            continue;
+        struct gshard *s = &gw->shards[to_open[k].idx];
+        nng_dialer_close(to_open[k].old);
+        int rv = nng_dial(s->sock, to_open[k].url, &s->dialer, NNG_FLAG_NONBLOCK);
+        if (rv) {
+            s->gen = 0; /* tried again at the next change */
+            sbx_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
+                     nng_strerror(rv));
+        } else {
+            sbx_info("gateway %s: shard %s joined (%s) in the slot of %s", gw->conf.name,
+                     to_open[k].name, to_open[k].url, to_open[k].was);
+        }
+    }
 }
 
 /* A shard connection went away: fail what it was holding, now. */
@@ -355,9 +408,11 @@ merge_and_reply(struct gctx *g)
         struct gfwd *f = &g->fwd[i];
         if (!g->in_fanout[i])
             continue;
+        char sname[64], surl[256];
+        slot_label(f->s, sname, surl);
         sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "name", f->s->name);
-        sbx_enc_kstr(&e, "url", f->s->url);
+        sbx_enc_kstr(&e, "name", sname);
+        sbx_enc_kstr(&e, "url", surl);
         sbx_enc_kbool(&e, "connected", atomic_load(&f->s->pipes) > 0);
         if (!is_list && !clustered(gw)) {
             int parts = 0;
@@ -478,11 +533,13 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
         client_send(g, reply);
         return;
     }
+    char sname[64];
+    slot_label(f->s, sname, NULL);
     if (rv == NNG_ETIMEDOUT)
         client_err(g, SBX_E_SHARD_UNAVAILABLE,
-                   "shard %s did not answer before the request's deadline", f->s->name);
+                   "shard %s did not answer before the request's deadline", sname);
     else
-        client_err(g, SBX_E_SHARD_UNAVAILABLE, "shard %s is unavailable (%s)", f->s->name,
+        client_err(g, SBX_E_SHARD_UNAVAILABLE, "shard %s is unavailable (%s)", sname,
                    rv == NNG_ECANCELED ? "its connection dropped during the request"
                                        : nng_strerror(rv));
 }
@@ -893,7 +950,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             }
             char name[64];
             snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
-            if ((rv = slot_open(gw, i, name, eq + 1)) != 0) {
+            if ((rv = slot_open(gw, i, name, eq + 1, 0)) != 0) {
                 sbx_error("gateway: shard %s at %s: %s", name, eq + 1, nng_strerror(rv));
                 rv = sbx_nng_code(rv);
                 goto fail;

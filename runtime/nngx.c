@@ -47,7 +47,7 @@ sbx_nng_req_dial(nng_socket *s, const char *url)
 }
 
 int
-sbx_nng_req_dial_notify(nng_socket *s, const char *url, nng_pipe_cb cb, void *arg)
+sbx_nng_req_dial_notify(nng_socket *s, nng_dialer *d, const char *url, nng_pipe_cb cb, void *arg)
 {
     int rv;
     if ((rv = nng_req0_open(s)) != 0)
@@ -56,7 +56,7 @@ sbx_nng_req_dial_notify(nng_socket *s, const char *url, nng_pipe_cb cb, void *ar
         (rv = nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
         (rv = nng_pipe_notify(*s, NNG_PIPE_EV_ADD_POST, cb, arg)) != 0 ||
         (rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, cb, arg)) != 0 ||
-        (rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+        (rv = nng_dial(*s, url, d, NNG_FLAG_NONBLOCK)) != 0) {
         nng_close(*s);
         return rv;
     }

@@ -21,8 +21,12 @@ int sbx_nng_req_dial(nng_socket *s, const char *url);
  * counts connections must use it: registered after sbx_nng_req_dial, the
  * ADD_POST of a peer that is already up can fire first and be missed, and
  * the count stays 0 for good (a restarted gateway never saw its shards;
- * tests/integration/test_faults.c gateway_restart_...). */
-int sbx_nng_req_dial_notify(nng_socket *s, const char *url, nng_pipe_cb cb, void *arg);
+ * tests/integration/test_faults.c gateway_restart_...).  *d (d may be NULL)
+ * is the dialer: closing it and dialing another URL on the socket points
+ * the socket elsewhere without closing it (a gateway's slot the cluster
+ * view gave to another shard). */
+int sbx_nng_req_dial_notify(nng_socket *s, nng_dialer *d, const char *url, nng_pipe_cb cb,
+                            void *arg);
 /* sbx_nng_code — the sbx error code for an nng error (NNG_ETIMEDOUT →
  * SBX_E_TIMEOUT, connection errors → SBX_E_SHARD_UNAVAILABLE, …). */
 int sbx_nng_code(int rv);

@@ -15,7 +15,8 @@
  * Input: byte 0 picks the flow, byte 1 is a flag; then answers separated
  * by 0x1e, each a header byte (bit 0: transport failure; bits 1-2: status
  * 200, 200, 404, 500) and a body whose chunks are separated by 0x1f.
- *  - flow 0: the view: a range of c/ then a watch from its revision;
+ *  - flow 0: the view: a range of c/, a watch from its revision, then (if
+ *    answers are left) a second range, as after the watch ended;
  *  - flow 1: put, lease grant, keep-alive, txn, range, delete, revoke, each
  *    with the next answers;
  *  - flow 2: a watch's body parsed in the given chunks, in one piece and
@@ -42,16 +43,28 @@
  *    byte however it is cut; and read byte by byte, a watch stops reading
  *    within twice the distance from a malformed object's start to where
  *    jansson fails in it (it does not buffer the rest of the stream);
- *  - the view: at most SBX_CVIEW_MAX_MEMBERS members with distinct names
- *    that fit; every partition's owner is -1 or a member index (the
- *    gateway and shards index members[] with it) and, with its epoch, is
- *    what the last put or delete of its key says after the range replaced
- *    everything; a member is live exactly when its members/ key was put
- *    last, draining when its drain/ key was; the revision is the range's
- *    or a later event's.
+ *  - the view, against a model that reads the keys by cview.h's rules
+ *    (partition keys exactly 4 digits below 4096, shard names 1-63 of
+ *    [A-Za-z0-9._-] from a letter or digit, anything else ignored): at most
+ *    SBX_CVIEW_MAX_MEMBERS slots; a used slot holds a shard name, once, with
+ *    a gen of its own, and is referenced — by a members/ key or a partition
+ *    (stale and garbage names do not stay); every partition's owner is -1
+ *    or a slot index (the gateway and shards index members[] with it) and,
+ *    with its epoch, is what the last put or delete of its canonical key
+ *    says (-1 at the key's epoch for a value that is not a shard name or
+ *    holds a NUL; -1 for a good name only once more names than slots were
+ *    referenced); every live member has a slot unless more than
+ *    SBX_CVIEW_MAX_MEMBERS were live at once; live, draining and the
+ *    address (whole or none, never cut) are the model's; the revision is
+ *    the range's or a later event's;
+ *  - a second re-sync (flow 0 with answers left) becomes that range, and
+ *    every name that had a slot and still has one keeps its index and gen
+ *    (gateways keep a socket per slot) unless the range references more
+ *    names than slots.
  */
 #define CURL_DISABLE_TYPECHECK
 #include <curl/curl.h>
+#include <ctype.h>
 #include <stdarg.h>
 
 static CURL *fake_easy_init(void);
@@ -555,31 +568,101 @@ flow_watch(sbx_etcd *e, int stop_after)
 /* Flow 0: the view. */
 
 #define CPREFIX "/sbx/t/c/"
+#define MNAMES 16384
 
-/* The model: what the last put or delete of each key says. */
+/* The model: what the last put or delete of each key says, read by the
+ * rules of cview.h written again here: partition keys are exactly 4
+ * digits below 4096, shard names 1-63 of [A-Za-z0-9._-] starting with a
+ * letter or digit. */
+struct mname {
+    char name[64];
+    char url[256], relay[256]; /* from its members/ value: whole, or "" (never cut) */
+    bool live, draining;
+    int parts; /* partitions whose key names it */
+};
+
 struct mstate {
-    char owner[SBX_PARTITIONS][64]; /* "" with !has */
-    bool has[SBX_PARTITIONS];
+    char owner[SBX_PARTITIONS][64]; /* the key's value if it is a shard name, else "" */
+    bool has[SBX_PARTITIONS];       /* the key exists */
     int64_t epoch[SBX_PARTITIONS];
-    struct {
-        char name[64];
-        bool live, draining;
-    } m[256];
+    struct mname m[MNAMES];
     int nm;
+    bool lost;      /* more names than the model holds: nothing to check */
+    int nlive, nref;
+    bool saturated; /* more than SBX_CVIEW_MAX_MEMBERS names referenced (live or owning) at
+                       some point: a partition's owner may have no slot */
+    bool crowded;   /* more than SBX_CVIEW_MAX_MEMBERS live members at some point */
     int64_t rev;
 };
 
+static bool
+mname_ok(const char *s, size_t n)
+{
+    if (n < 1 || n > 63 || !isalnum((unsigned char)s[0]))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || strchr("._-", s[i])) || !s[i] || (s[i] & 0x80))
+            return false;
+    return true;
+}
+
 static int
-mmember(struct mstate *s, const char *name)
+mpart(const char *k)
+{
+    if (strlen(k) != 4 || !isdigit((unsigned char)k[0]) || !isdigit((unsigned char)k[1]) ||
+        !isdigit((unsigned char)k[2]) || !isdigit((unsigned char)k[3]))
+        return -1;
+    int p = atoi(k);
+    return p < SBX_PARTITIONS ? p : -1;
+}
+
+static int
+mfind(struct mstate *s, const char *name, bool add)
 {
     for (int i = 0; i < s->nm; i++)
         if (!strcmp(s->m[i].name, name))
             return i;
-    if (s->nm == (int)SBX_ARRAY_LEN(s->m) || strlen(name) >= 64)
+    if (!add)
         return -1;
+    if (s->nm == MNAMES) {
+        s->lost = true;
+        return -1;
+    }
     memset(&s->m[s->nm], 0, sizeof(s->m[0]));
     snprintf(s->m[s->nm].name, 64, "%s", name);
     return s->nm++;
+}
+
+/* Change name i's live flag and partition count by dlive, dparts. */
+static void
+mref(struct mstate *s, int i, int live, int dparts)
+{
+    struct mname *m = &s->m[i];
+    bool was = m->live || m->parts;
+    s->nlive -= m->live;
+    if (live >= 0)
+        m->live = live;
+    m->parts += dparts;
+    s->nlive += m->live;
+    s->nref += (m->live || m->parts) - was;
+    s->saturated |= s->nref > SBX_CVIEW_MAX_MEMBERS;
+    s->crowded |= s->nlive > SBX_CVIEW_MAX_MEMBERS;
+}
+
+/* The address in a members/ value: the JSON object's "url" and "relay" if
+ * the value has no NUL and they fit whole, else none. */
+static void
+maddr(struct mname *m, const struct sbx_etcd_kv *kv)
+{
+    json_error_t je;
+    json_t *j = json_loadb(kv->value, kv->vlen, 0, &je);
+    const char *url = json_string_value(json_object_get(j, "url"));
+    const char *relay = json_string_value(json_object_get(j, "relay"));
+    bool fits = !memchr(kv->value, 0, kv->vlen) && url && strlen(url) < 256 &&
+                (!relay || strlen(relay) < 256);
+    snprintf(m->url, sizeof(m->url), "%s", fits ? url : "");
+    snprintf(m->relay, sizeof(m->relay), "%s", fits && relay ? relay : "");
+    json_decref(j);
 }
 
 static void
@@ -588,24 +671,25 @@ mapply(struct mstate *s, bool put, const struct sbx_etcd_kv *kv)
     if (strncmp(kv->key, CPREFIX, strlen(CPREFIX)))
         return;
     const char *k = kv->key + strlen(CPREFIX);
-    if (!strncmp(k, "members/", 8)) {
-        int i = mmember(s, k + 8);
-        if (i >= 0)
-            s->m[i].live = put;
-    } else if (!strncmp(k, "parts/", 6)) {
-        char *end;
-        long p = strtol(k + 6, &end, 10); /* as apply() reads it */
-        if (*end || p < 0 || p >= SBX_PARTITIONS)
-            return;
-        s->has[p] = put && kv->vlen > 0 && kv->vlen < 64;
-        snprintf(s->owner[p], 64, "%s", s->has[p] ? kv->value : "");
-        if (s->has[p])
-            mmember(s, kv->value); /* the view interns owners too */
-        s->epoch[p] = s->has[p] ? kv->mod_revision : 0;
-    } else if (!strncmp(k, "drain/", 6)) {
-        int i = mmember(s, k + 6);
-        if (i >= 0)
+    int i, p;
+    if (!strncmp(k, "members/", 8) && mname_ok(k + 8, strlen(k + 8))) {
+        if ((i = mfind(s, k + 8, true)) >= 0) {
+            mref(s, i, put, 0);
+            if (put)
+                maddr(&s->m[i], kv);
+        }
+    } else if (!strncmp(k, "drain/", 6) && mname_ok(k + 6, strlen(k + 6))) {
+        if ((i = mfind(s, k + 6, true)) >= 0)
             s->m[i].draining = put;
+    } else if (!strncmp(k, "parts/", 6) && (p = mpart(k + 6)) >= 0) {
+        if (s->owner[p][0] && (i = mfind(s, s->owner[p], false)) >= 0)
+            mref(s, i, -1, -1);
+        s->has[p] = put;
+        s->epoch[p] = put ? kv->mod_revision : 0;
+        bool named = put && mname_ok(kv->value, kv->vlen);
+        snprintf(s->owner[p], 64, "%s", named ? kv->value : "");
+        if (named && (i = mfind(s, kv->value, true)) >= 0)
+            mref(s, i, -1, +1);
     }
 }
 
@@ -619,40 +703,95 @@ model_cb(void *arg, bool put, const struct sbx_etcd_kv *kv, int64_t revision)
     return 0;
 }
 
+/* The model of a range's answer (the next one or two): false if the range
+ * fails (resync fails the same way). */
+static bool
+mrange(sbx_etcd *e, struct mstate *s)
+{
+    struct sbx_etcd_kv *kvs;
+    size_t n;
+    int64_t rev = 0;
+    char end[200];
+    sbx_etcd_prefix_end(CPREFIX, end, sizeof(end));
+    memset(s, 0, sizeof(*s));
+    if (sbx_etcd_range(e, CPREFIX, end, &kvs, &n, &rev) != 0)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        mapply(s, true, &kvs[i]);
+    s->rev = rev;
+    sbx_etcd_kvs_free(kvs, n);
+    return true;
+}
+
 static void
 check_view(sbx_cview *v, struct mstate *s)
 {
+    if (s->lost)
+        return;
     FUZZ_CHECK(v->nmembers >= 0 && v->nmembers <= SBX_CVIEW_MAX_MEMBERS, "%d members",
                v->nmembers);
+    int refs[SBX_CVIEW_MAX_MEMBERS] = {0};
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        int o = v->parts[p].owner;
+        FUZZ_CHECK(o >= -1 && o < v->nmembers, "partition %d: owner %d of %d members", p, o,
+                   v->nmembers);
+        if (o >= 0)
+            refs[o]++;
+    }
     for (int i = 0; i < v->nmembers; i++) {
         const struct sbx_cmember *m = &v->members[i];
         FUZZ_CHECK(memchr(m->name, 0, sizeof(m->name)) && memchr(m->url, 0, sizeof(m->url)) &&
                        memchr(m->relay, 0, sizeof(m->relay)),
                    "member %d unterminated", i);
+        if (!m->name[0]) {
+            FUZZ_CHECK(!m->live && !m->draining && !refs[i], "free slot %d in use", i);
+            continue;
+        }
+        FUZZ_CHECK(mname_ok(m->name, strlen(m->name)), "slot %d holds '%s', not a shard name", i,
+                   m->name);
         for (int k = 0; k < i; k++)
             FUZZ_CHECK(strcmp(v->members[k].name, m->name), "member '%s' twice", m->name);
-        int mi = mmember(s, m->name);
+        FUZZ_CHECK(m->gen != 0, "member '%s' without a gen", m->name);
+        for (int k = 0; k < i; k++)
+            FUZZ_CHECK(!v->members[k].name[0] || v->members[k].gen != m->gen, "gen %llu twice",
+                       (unsigned long long)m->gen);
+        int mi = mfind(s, m->name, false);
         FUZZ_CHECK(mi >= 0, "member '%s' out of the model", m->name);
         FUZZ_CHECK(m->live == s->m[mi].live && m->draining == s->m[mi].draining,
                    "member '%s' live %d draining %d, want %d %d", m->name, m->live, m->draining,
                    s->m[mi].live, s->m[mi].draining);
+        if (m->live)
+            FUZZ_CHECK(!strcmp(m->url, s->m[mi].url) && !strcmp(m->relay, s->m[mi].relay),
+                       "member '%s' at '%s' '%s', want '%s' '%s'", m->name, m->url, m->relay,
+                       s->m[mi].url, s->m[mi].relay);
+        /* the table keeps only names a member key or a partition references */
+        FUZZ_CHECK(m->live || refs[i] > 0,
+                   "slot %d holds '%s', which no member key and no partition references", i,
+                   m->name);
     }
+    /* every live member has a slot, whatever stale or garbage names came and went */
+    for (int i = 0; i < s->nm && !s->crowded; i++)
+        if (s->m[i].live) {
+            int k = 0;
+            while (k < v->nmembers && strcmp(v->members[k].name, s->m[i].name))
+                k++;
+            FUZZ_CHECK(k < v->nmembers && v->members[k].live, "live member '%s' has no slot",
+                       s->m[i].name);
+        }
     for (int p = 0; p < SBX_PARTITIONS; p++) {
         int o = v->parts[p].owner;
-        FUZZ_CHECK(o >= -1 && o < v->nmembers, "partition %d: owner %d of %d members", p, o,
-                   v->nmembers);
         FUZZ_CHECK(v->parts[p].epoch == s->epoch[p], "partition %d: epoch %lld, want %lld", p,
                    (long long)v->parts[p].epoch, (long long)s->epoch[p]);
-        if (!s->has[p]) {
-            FUZZ_CHECK(o == -1, "partition %d owned by '%s' after its key went", p,
-                       v->members[o].name);
+        if (!s->owner[p][0]) {
+            FUZZ_CHECK(o == -1, "partition %d owned by '%s' (%s)", p, v->members[o].name,
+                       s->has[p] ? "its value is not a shard name" : "its key went");
         } else if (o >= 0) {
             FUZZ_CHECK(!strcmp(v->members[o].name, s->owner[p]), "partition %d: '%s', want '%s'",
                        p, v->members[o].name, s->owner[p]);
         } else {
-            /* No index for the owner: only when the table is full. */
-            FUZZ_CHECK(v->nmembers == SBX_CVIEW_MAX_MEMBERS, "partition %d lost owner '%s'", p,
-                       s->owner[p]);
+            /* No slot for the owner: only when more names than slots were referenced. */
+            FUZZ_CHECK(s->saturated, "partition %d lost owner '%s' (%d names referenced)", p,
+                       s->owner[p], s->nref);
         }
     }
     FUZZ_CHECK(v->rev == s->rev, "revision %lld, want %lld", (long long)v->rev,
@@ -665,22 +804,15 @@ flow_view(sbx_etcd *e)
     /* The model, from what the client decodes (its own properties are
      * checked in the other flows): the range, then the watch. */
     static struct mstate s;
-    memset(&s, 0, sizeof(s));
-    struct sbx_etcd_kv *kvs;
-    size_t n;
-    int64_t rev = 0;
     char end[200];
     sbx_etcd_prefix_end(CPREFIX, end, sizeof(end));
     S.next = 0;
-    if (sbx_etcd_range(e, CPREFIX, end, &kvs, &n, &rev) != 0)
+    if (!mrange(e, &s))
         return; /* resync fails the same way: nothing to compare */
-    for (size_t i = 0; i < n; i++)
-        mapply(&s, true, &kvs[i]);
-    s.rev = rev;
-    sbx_etcd_kvs_free(kvs, n);
     size_t after_range = S.next;
     static atomic_bool stop;
-    sbx_etcd_watch(e, CPREFIX, end, rev + 1, model_cb, &s, &stop);
+    sbx_etcd_watch(e, CPREFIX, end, rev_after(s.rev), model_cb, &s, &stop);
+    size_t after_watch = S.next;
 
     /* The view, replaying the same answers. */
     static sbx_cview *v;
@@ -691,21 +823,46 @@ flow_view(sbx_etcd *e)
     v->etcd = e;
     snprintf(v->prefix, sizeof(v->prefix), "/sbx/t/");
     snprintf(v->cprefix, sizeof(v->cprefix), CPREFIX);
-    v->nmembers = 0;
-    v->synced = false;
-    v->rev = 0;
-    for (int p = 0; p < SBX_PARTITIONS; p++) {
-        v->parts[p].owner = -1;
-        v->parts[p].epoch = 0;
-    }
+    view_reset(v);
     S.next = 0;
     e->cur = 0;
     FUZZ_CHECK(resync(v) == 0 && v->synced, "resync failed where the range did not");
     FUZZ_CHECK(S.next == after_range, "resync took other answers");
-    sbx_etcd_watch(e, v->cprefix, end, v->rev + 1, watch_cb, v, &v->stop);
+    e->cur = 0;
+    sbx_etcd_watch(e, v->cprefix, end, rev_after(v->rev), watch_cb, v, &v->stop);
+    FUZZ_CHECK(S.next == after_watch, "the view's watch took other answers");
     /* The model interned names in its own order, and keeps those the full
      * view could not: check by name. */
     check_view(v, &s);
+
+    /* A re-sync from the answers left: the view becomes that range, and
+     * every name it still references keeps its slot and gen (gateways keep
+     * a socket per slot) unless more names than slots are referenced. */
+    if (S.next >= S.n)
+        return;
+    char names[SBX_CVIEW_MAX_MEMBERS][64];
+    uint64_t gens[SBX_CVIEW_MAX_MEMBERS];
+    int before = v->nmembers;
+    for (int i = 0; i < before; i++) {
+        memcpy(names[i], v->members[i].name, 64);
+        gens[i] = v->members[i].gen;
+    }
+    e->cur = 0;
+    if (!mrange(e, &s))
+        return;
+    size_t after_second = S.next;
+    S.next = after_watch;
+    e->cur = 0;
+    FUZZ_CHECK(resync(v) == 0, "the second resync failed where the range did not");
+    FUZZ_CHECK(S.next == after_second, "the second resync took other answers");
+    check_view(v, &s);
+    for (int i = 0; i < before && !s.saturated; i++)
+        for (int k = 0; names[i][0] && k < v->nmembers; k++)
+            if (!strcmp(v->members[k].name, names[i]))
+                FUZZ_CHECK(k == i && v->members[k].gen == gens[i],
+                           "a re-sync moved '%s' from slot %d (gen %llu) to %d (gen %llu)",
+                           names[i], i, (unsigned long long)gens[i], k,
+                           (unsigned long long)v->members[k].gen);
 }
 
 /* ------------------------------------------------------------------------------ */
