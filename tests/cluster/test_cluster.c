@@ -8,9 +8,12 @@
  * gateway restarts, a node is paused past its lease (fencing: it refuses
  * everything and stops its containers when it wakes), two gateways serve the
  * same sandboxes, a preview URL reaches a sandbox's web server through either
- * gateway's HTTP front (the shard's tcp relay, with the relay secret), and a
+ * gateway's HTTP front (the shard's tcp relay, with the relay secret), a
  * replication that reaches etcd late, after its partition left and came
- * back, is not applied.
+ * back, is not applied, and garbage written to etcd (partition keys in other
+ * spellings or with a NUL, more drain keys of ghosts than the views have
+ * member slots, partitions owned by names no shard has) disturbs neither
+ * the views, a gateway that starts, nor a node that joins.
  *
  * The tests run one at a time (cluster_main.c forces --jobs 1), in the order
  * of their names; each starts from the converged three-node cluster and
@@ -21,6 +24,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <curl/curl.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -1851,6 +1855,253 @@ Test(cluster, t11_a_late_replication_does_not_land_after_the_partition_came_back
     cr_assert_gt(cl_start("shard", y), 0);
     converge(BASE, 3, 0, "node 2 re-joined without the proxy");
     sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+    no_sanitizer_reports();
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Garbage in etcd: keys the shards never write, written straight to etcd. */
+
+/* Put (val not NULL) or delete the key <prefix>c/<key[0..klen)> through etcd's
+ * JSON API: the key may hold a NUL, which sbx_etcd_put cannot send. */
+static void
+etcd_raw(const char *key, size_t klen, const char *val)
+{
+    char full[512];
+    int pl = snprintf(full, sizeof(full), "/sbx/%s/c/", cl_env()->cluster);
+    cr_assert(pl > 0 && (size_t)pl + klen < sizeof(full));
+    memcpy(full + pl, key, klen);
+    size_t n;
+    char *kb = sbx_base64_encode(full, (size_t)pl + klen, &n);
+    char *vb = val ? sbx_base64_encode(val, strlen(val), &n) : NULL;
+    char body[1024], url[256];
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"%s%s%s}", kb, vb ? ",\"value\":\"" : "",
+             vb ? vb : "", vb ? "\"" : "");
+    snprintf(url, sizeof(url), "%s/v3/kv/%s", cl_env()->etcd, val ? "put" : "deleterange");
+    free(kb);
+    free(vb);
+    CURL *cu = curl_easy_init();
+    cr_assert_not_null(cu);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    FILE *devnull = fopen("/dev/null", "w");
+    curl_easy_setopt(cu, CURLOPT_URL, url);
+    curl_easy_setopt(cu, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(cu, CURLOPT_TIMEOUT_MS, 5000L);
+    curl_easy_setopt(cu, CURLOPT_WRITEDATA, devnull);
+    CURLcode rc = curl_easy_perform(cu);
+    long status = 0;
+    curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(cu);
+    fclose(devnull);
+    cr_assert(rc == CURLE_OK && status == 200, "etcd %s %s: curl %d, HTTP %ld", url, body, rc,
+              status);
+}
+
+/* Put n keys <prefix>c/<keys[i]> = vals[i] in one etcd transaction: a
+ * watch delivers them in one answer. */
+static void
+etcd_raw_puts(char (*keys)[32], char (*vals)[32], int n)
+{
+    sbx_buf b;
+    sbx_buf_init(&b);
+    sbx_buf_appendf(&b, "{\"success\":[");
+    for (int i = 0; i < n; i++) {
+        char full[128];
+        size_t l;
+        snprintf(full, sizeof(full), "/sbx/%s/c/%s", cl_env()->cluster, keys[i]);
+        char *kb = sbx_base64_encode(full, strlen(full), &l);
+        char *vb = sbx_base64_encode(vals[i], strlen(vals[i]), &l);
+        sbx_buf_appendf(&b, "%s{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\"}}", i ? "," : "",
+                        kb, vb);
+        free(kb);
+        free(vb);
+    }
+    sbx_buf_appendf(&b, "]}");
+    sbx_buf_append(&b, "", 1);
+    char url[256];
+    snprintf(url, sizeof(url), "%s/v3/kv/txn", cl_env()->etcd);
+    CURL *cu = curl_easy_init();
+    cr_assert_not_null(cu);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    FILE *devnull = fopen("/dev/null", "w");
+    curl_easy_setopt(cu, CURLOPT_URL, url);
+    curl_easy_setopt(cu, CURLOPT_POSTFIELDS, b.p);
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(cu, CURLOPT_TIMEOUT_MS, 5000L);
+    curl_easy_setopt(cu, CURLOPT_WRITEDATA, devnull);
+    CURLcode rc = curl_easy_perform(cu);
+    long status = 0;
+    curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(cu);
+    fclose(devnull);
+    sbx_buf_free(&b);
+    cr_assert(rc == CURLE_OK && status == 200, "etcd txn of %d puts: curl %d, HTTP %ld", n, rc,
+              status);
+}
+
+/* Whether gateway j's view has `live` live members and a live owner for
+ * every partition, within ms; why says what it saw last. */
+static bool
+gw_view_whole(int j, int live, int ms, char *why, size_t wl)
+{
+    double until = cl_now_ms() + ms;
+    snprintf(why, wl, "gateway %d does not answer", j);
+    do {
+        sbx_client *c = NULL;
+        sbx_error err;
+        sbx_reply *r = NULL;
+        if (sbx_client_open(&c, cl_env()->gw[j], &err) != 0) {
+            sbx_error_free(&err);
+        } else if (sbx_call(c, "cluster.status", NULL, NULL, 0, 3000, NULL, &r, &err) != 0) {
+            sbx_error_free(&err);
+        } else {
+            char *js = sbx_reply_json(r, false);
+            json_error_t je;
+            json_t *jr = js ? json_loads(js, 0, &je) : NULL;
+            json_t *cs = json_object_get(jr, "cluster"), *m;
+            long unowned = (long)json_integer_value(json_object_get(cs, "partitionsWithoutLiveOwner"));
+            int nl = 0;
+            size_t k;
+            json_array_foreach(json_object_get(cs, "members"), k, m)
+                nl += json_is_true(json_object_get(m, "live"));
+            bool ok = jr && json_is_true(json_object_get(cs, "synced")) && unowned == 0 && nl == live;
+            snprintf(why, wl, "gateway %d: synced %d, %ld partition(s) without a live owner, %d live "
+                     "member(s) (want 0 and %d)",
+                     j, json_is_true(json_object_get(cs, "synced")), unowned, nl, live);
+            json_decref(jr);
+            free(js);
+            sbx_reply_free(r);
+            sbx_client_close(c);
+            if (ok)
+                return true;
+            c = NULL;
+        }
+        sbx_client_close(c);
+        cl_sleep_ms(200);
+    } while (cl_now_ms() < until);
+    return false;
+}
+
+Test(cluster, t12_garbage_in_etcd_leaves_the_views_alone, .timeout = 240)
+{
+    restore_base();
+    sbx_client *c = gw_client(0);
+    char id[64], got[64], why[512], k[96];
+    sb_id(id, sizeof(id), "e", 0);
+    set_var(c, id, "G", "kept");
+    unsigned part = sbx_place_partition(id, strlen(id));
+
+    /* Partition keys the shards never write (they write exactly 4 digits),
+     * one with a NUL after the real key's name, naming a shard that does not
+     * exist; then deleted.  Read leniently, each was partition `part`: its
+     * owner became "nobody", then no one, in every view, for good (the
+     * shards' claims of it compare a key that has not changed). */
+    const char *spellings[] = {"parts/+%u", "parts/ %u", "parts/0%04u", "parts/%04u "};
+    size_t kl[5];
+    char keys[5][96];
+    for (int i = 0; i < 4; i++) {
+        kl[i] = (size_t)snprintf(keys[i], sizeof(keys[i]), spellings[i], part);
+        etcd_raw(keys[i], kl[i], "nobody");
+    }
+    kl[4] = (size_t)snprintf(keys[4], sizeof(keys[4]), "parts/%04u", part) + 2;
+    keys[4][kl[4] - 1] = 'x'; /* "parts/PPPP\0x" */
+    etcd_raw(keys[4], kl[4], "nobody");
+    /* Names that never join: 70 drain keys (more than the 64 slots of a
+     * view's member table), and one no shard can have. */
+    enum { GHOSTS = 70 };
+    for (int i = 0; i < GHOSTS; i++) {
+        snprintf(k, sizeof(k), "drain/ghost-%d", i);
+        etcd_raw(k, strlen(k), "1");
+    }
+    etcd_raw("drain/no such shard", 19, "1");
+    cl_sleep_ms(300);
+    for (int i = 0; i < 5; i++)
+        etcd_raw(keys[i], kl[i], NULL);
+
+    for (int j = 0; j < 2; j++)
+        if (!gw_view_whole(j, 3, 10000, why, sizeof(why)))
+            fail_with_logs("the views after garbage partition keys came and went", why);
+    get_var(c, id, "G", got, sizeof(got));
+    cr_expect_str_eq(got, "kept", "sandbox %s (partition %u) after the garbage", id, part);
+
+    /* A gateway that starts now reads the ghosts' drain keys before the
+     * members' (drain/ sorts first): drain keys take no slot of its view. */
+    cr_assert_eq(cl_signal("gw", 1, SIGTERM), 0);
+    cr_assert_eq(cl_wait_exit("gw", 1, 15000), 0, "gateway 1 did not stop");
+    cr_assert_gt(cl_start("gw", 1), 0, "cannot restart gateway 1");
+    if (!gw_view_whole(1, 3, 20000, why, sizeof(why)))
+        fail_with_logs("a gateway started with 70 drain keys of ghosts in etcd", why);
+    sbx_client *c1 = gw_client(1);
+    get_var(c1, id, "G", got, sizeof(got));
+    cr_expect_str_eq(got, "kept", "sandbox %s through the restarted gateway", id);
+
+    /* 64 partitions owned, in etcd, by names no shard has (a stale or
+     * hostile owner): the views give them the slots left (3 + 61: full) and
+     * none to the last 3, whose partitions are ownerless at their epoch; the
+     * shards take all 64 back (claims compare the owner's name and epoch, or
+     * the epoch alone) with their records from etcd, and the names' slots are
+     * freed. */
+    enum { OWNERS = 64 };
+    static char okeys[OWNERS][32], ovals[OWNERS][32];
+    for (int i = 0, p = 0; i < OWNERS; p++) {
+        if ((unsigned)p == part)
+            continue;
+        snprintf(okeys[i], sizeof(okeys[i]), "parts/%04d", p);
+        snprintf(ovals[i], sizeof(ovals[i]), "owner-%d", i);
+        i++;
+    }
+    etcd_raw_puts(okeys, ovals, OWNERS); /* at once: every view holds 67 names */
+    converge(BASE, 3, 0, "partitions of 64 ghost owners taken back");
+
+    /* Node 3's name first shows up at an address nothing listens on (a
+     * member key without a lease, draining, so the shards place nothing on
+     * it): each gateway opens a socket for its slot; then the key goes and
+     * the slot is freed.  When node 3 really joins, the views give it that
+     * slot again under a new gen, and each gateway must re-dial the slot's
+     * socket to node 3's real address. */
+    char n3[64], mk[96], dk[96];
+    cl_node_name(3, n3, sizeof(n3));
+    snprintf(mk, sizeof(mk), "members/%s", n3);
+    snprintf(dk, sizeof(dk), "drain/%s", n3);
+    etcd_raw(dk, strlen(dk), "1");
+    etcd_raw(mk, strlen(mk), "{\"url\":\"tcp://127.0.0.1:9\",\"relay\":\"\"}");
+    for (int j = 0; j < 2; j++)
+        if (!gw_view_whole(j, 4, 10000, why, sizeof(why)))
+            fail_with_logs("node 3's name at a stale address", why);
+    etcd_raw(mk, strlen(mk), NULL);
+    etcd_raw(dk, strlen(dk), NULL);
+    for (int j = 0; j < 2; j++)
+        if (!gw_view_whole(j, 3, 10000, why, sizeof(why)))
+            fail_with_logs("node 3's stale name gone", why);
+
+    /* Node 3 joins: its own view and every other has a slot for it, so it
+     * takes its partitions, and answers through both gateways. */
+    double t0 = cl_now_ms();
+    cr_assert_gt(cl_start("shard", 3), 0, "cannot start node 3");
+    const int four[4] = {0, 1, 2, 3};
+    converge(four, 4, 1, "node 3 joined with 70 drain keys of ghosts in etcd");
+    converge(four, 4, 0, "node 3 through gateway 0");
+    cr_log_info("garbage: node 3 joined past %d ghost names in %.0f ms", GHOSTS, cl_now_ms() - t0);
+
+    /* Restore: node 3 leaves, the ghosts go. */
+    drain(c, 3, true);
+    converge(BASE, 3, 0, "node 3 drained");
+    cr_assert_eq(cl_signal("shard", 3, SIGTERM), 0);
+    cr_assert_eq(cl_wait_exit("shard", 3, 30000), 0, "node 3 did not stop");
+    drain(c, 3, false);
+    for (int i = 0; i < GHOSTS; i++) {
+        snprintf(k, sizeof(k), "drain/ghost-%d", i);
+        etcd_raw(k, strlen(k), NULL);
+    }
+    etcd_raw("drain/no such shard", 19, NULL);
+    converge(BASE, 3, 0, "back to three nodes");
+    get_var(c, id, "G", got, sizeof(got));
+    cr_expect_str_eq(got, "kept");
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c1);
     sbx_client_close(c);
     no_sanitizer_reports();
 }
