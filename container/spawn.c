@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -35,6 +36,11 @@
 #ifndef P_PIDFD
 #define P_PIDFD 3
 #endif
+
+/* The fd number the agent inherits the interpreter drivers' detached tree
+ * at (after 3, the channel), when its argv says "--interp-tree"
+ * (container/agent/agent.h AGENT_INTERP_TREE_FD). */
+#define SPAWN_INTERP_FD 4
 
 struct sbx_spawner {
     struct sbx_spawn_conf conf;
@@ -227,7 +233,7 @@ uid_free(sbx_spawner *sp, uint32_t uid)
  * the moment of the clone: only raw system calls from here on.
  */
 static void __attribute__((noreturn))
-child_main(sbx_spawner *sp, int chan, const char *const *argv, const char *const *envp)
+child_main(sbx_spawner *sp, int chan, int tree, const char *const *argv, const char *const *envp)
 {
     char go = 0;
     if (syscall(SYS_read, chan, &go, 1) != 1 || go != 'G')
@@ -240,24 +246,30 @@ child_main(sbx_spawner *sp, int chan, const char *const *argv, const char *const
     if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, 0, 0, 0) < 0 ||
         syscall(SYS_setresuid, 0, 0, 0) < 0)
         syscall(SYS_exit_group, 2);
-    /* fd 3 = channel, 0/1 = /dev/null, 2 = the shard's stderr (agent logs).
+    /* fd 3 = channel, 4 = the interpreter drivers' detached tree (when there
+     * is one), 0/1 = /dev/null, 2 = the shard's stderr (agent logs).
      * Lift every fd we need above the small numbers first, so no dup3 below
      * can overwrite one we still need. */
     long afd = syscall(SYS_fcntl, sp->agent_fd, F_DUPFD_CLOEXEC, 16);
     long nfd = syscall(SYS_fcntl, sp->devnull, F_DUPFD_CLOEXEC, 16);
     long cfd = syscall(SYS_fcntl, chan, F_DUPFD_CLOEXEC, 16);
-    if (afd < 0 || nfd < 0 || cfd < 0 || syscall(SYS_dup3, cfd, 3, 0) < 0 ||
-        syscall(SYS_dup3, nfd, 0, 0) < 0 || syscall(SYS_dup3, nfd, 1, 0) < 0)
+    long tfd = tree >= 0 ? syscall(SYS_fcntl, tree, F_DUPFD_CLOEXEC, 16) : 0;
+    if (afd < 0 || nfd < 0 || cfd < 0 || tfd < 0 || syscall(SYS_dup3, cfd, 3, 0) < 0 ||
+        syscall(SYS_dup3, nfd, 0, 0) < 0 || syscall(SYS_dup3, nfd, 1, 0) < 0 ||
+        (tree >= 0 && syscall(SYS_dup3, tfd, SPAWN_INTERP_FD, 0) < 0))
         syscall(SYS_exit_group, 3);
     /* Nothing else the shard holds crosses the exec: its LMDB file, etcd
      * and client sockets, pipes inherited from whatever started sbxd.  Every
-     * fd above 3 becomes close-on-exec (close_range(2), Linux 5.11); on an
-     * older kernel, one fcntl per possible fd up to RLIMIT_NOFILE. */
-    if (syscall(SYS_close_range, 4U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+     * fd above the ones handed over (3, and SPAWN_INTERP_FD, which the agent
+     * closes once it is bound) becomes close-on-exec (close_range(2), Linux
+     * 5.11); on an older kernel, one fcntl per possible fd up to
+     * RLIMIT_NOFILE. */
+    unsigned first = tree >= 0 ? SPAWN_INTERP_FD + 1 : SPAWN_INTERP_FD;
+    if (syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
         struct rlimit rl;
         if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl) != 0)
             syscall(SYS_exit_group, 3);
-        for (unsigned long fd = 4; fd < rl.rlim_cur; fd++)
+        for (unsigned long fd = first; fd < rl.rlim_cur; fd++)
             syscall(SYS_fcntl, (int)fd, F_SETFD, FD_CLOEXEC);
     }
     syscall(SYS_execveat, afd, "", argv, envp, AT_EMPTY_PATH);
@@ -306,7 +318,7 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
                     char *why, size_t whylen)
 {
     int sv[2] = {-1, -1};
-    int pidfd = -1;
+    int pidfd = -1, tree = -1;
     pid_t pid = -1;
     int rc = 0;
     char *ready = NULL;
@@ -335,8 +347,22 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         snprintf(why, whylen, "socketpair");
         goto fail;
     }
-    /* argv/envp are built before the clone: the child may not allocate. */
-    const char *const argv[] = {"sbx-agent", NULL};
+    /*
+     * The interpreter drivers' directory, as a detached copy of its mount
+     * (open_tree(2) OPEN_TREE_CLONE, Linux 5.2) made here by the shard: the
+     * agent runs as an unprivileged host uid that may not be able to search
+     * the path (a checkout under /root, mode 0700), and a plain fd would
+     * name a mount of the host's namespace, which cannot be bound into the
+     * container's (EINVAL).  The agent attaches it with move_mount(2).
+     * Without open_tree (ENOSYS; valgrind) the agent opens the path itself.
+     */
+    if (sp->conf.interp_dir)
+        tree = (int)syscall(SYS_open_tree, AT_FDCWD, sp->conf.interp_dir,
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    /* argv/envp are built before the clone: the child may not allocate.
+     * "--interp-tree" tells the agent the drivers' tree is at
+     * SPAWN_INTERP_FD. */
+    const char *const argv[] = {"sbx-agent", tree >= 0 ? "--interp-tree" : NULL, NULL};
     /* A sanitizer build of the agent carries its own options
      * (__asan_default_options in agent/main.c). */
     const char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
@@ -370,7 +396,10 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         goto fail;
     }
     if (pid == 0)
-        child_main(sp, sv[1], argv, envp);
+        child_main(sp, sv[1], tree, argv, envp);
+    if (tree >= 0)
+        close(tree);
+    tree = -1;
 
     close(sv[1]);
     sv[1] = -1;
@@ -424,6 +453,8 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     c->start_us = sbx_mono_us() - t0;
     return 0;
 fail:
+    if (tree >= 0)
+        close(tree);
     if (have_msg)
         sbx_wire_msg_free(&msg);
     free(ready);

@@ -33,6 +33,7 @@
 #include "../../runtime/wire.h"
 
 #define AGENT_CHAN_FD 3
+#define AGENT_INTERP_TREE_FD 4 /* container/spawn.c SPAWN_INTERP_FD */
 
 /* Configuration sent by the shard in the first frame (spawn.c builds it). */
 struct agent_cfg {
@@ -51,6 +52,8 @@ struct agent_cfg {
     uint32_t nproc;          /* RLIMIT_NPROC backstop (per uid; the pids cgroup is the real limit) */
     uint64_t output_cap;     /* bytes kept per stream of an exec */
     char interp_dir[512];    /* host directory of the interpreter drivers, bound at /opt/sbx */
+    bool interp_tree;        /* argv "--interp-tree": a detached copy of that directory's mount
+                                (open_tree(2), made by the shard) is at AGENT_INTERP_TREE_FD */
     char **env;              /* base environment "K=V", NULL-terminated */
 };
 

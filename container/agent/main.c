@@ -750,8 +750,6 @@ main(int argc, char **argv)
     char why[256] = "";
     int rc;
 
-    (void)argc;
-    (void)argv;
     memset(&a, 0, sizeof(a));
     sbx_log_init("sbx-agent", -1);
     /* Exec'd from a memfd, our comm would be the fd number. */
@@ -769,6 +767,8 @@ main(int argc, char **argv)
         rc = agent_cfg_parse(&a.cfg, msg.root);
         sbx_wire_msg_free(&msg);
     }
+    /* container/spawn.c: the drivers' tree at AGENT_INTERP_TREE_FD */
+    a.cfg.interp_tree = argc > 1 && !strcmp(argv[1], "--interp-tree");
     free(cfgbuf);
     if (rc) {
         report_setup(a.chan, rc, "parse the configuration");

@@ -108,6 +108,7 @@ agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root)
         cfg->output_cap = (uint64_t)i;
     if (sbx_wire_get_str(root, "interp_dir", &s) == 0 && s.n && s.n < sizeof(cfg->interp_dir))
         sbx_str_copy(s, cfg->interp_dir, sizeof(cfg->interp_dir));
+
     o = sbx_wire_get(root, "etc");
     cfg->etc = strv_from(o);
     o = sbx_wire_get(root, "env");
@@ -523,10 +524,17 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
     /* 2. Nothing we mount may propagate back to the host. */
     STEP(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0, "make / private");
 
-    /* The interpreter drivers' directory may itself live under /tmp (a build
-     * tree checked out there), which the new root is about to cover: hold it
-     * by a handle first, and bind it through that handle below. */
-    interp_fd = cfg->interp_dir[0] ? open(cfg->interp_dir, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+    /* The interpreter drivers' directory.  The shard hands us a detached
+     * copy of its mount at AGENT_INTERP_TREE_FD (open_tree(2) in the host's
+     * namespace: the path may sit where our unprivileged host uid cannot
+     * search, a build tree under /root), attached below with move_mount(2).
+     * Without one, we open the path while the host's tree is still ours to
+     * see (it may live under /tmp, which the new root is about to cover)
+     * and bind it through that handle. */
+    bool tree = cfg->interp_tree;
+    interp_fd = tree                 ? AGENT_INTERP_TREE_FD
+                : cfg->interp_dir[0] ? open(cfg->interp_dir, O_PATH | O_DIRECTORY | O_CLOEXEC)
+                                     : -1;
 
     /* 3. The new root: a small tmpfs, read-only once built. */
     STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") == 0,
@@ -561,7 +569,20 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
     }
 
     /* The interpreter drivers (code contexts), read-only, when installed. */
-    if (interp_fd >= 0) {
+    if (interp_fd >= 0 && tree) {
+        STEP(mkdir(NEWROOT "/opt/sbx", 0755) == 0, "mkdir /opt/sbx");
+        STEP(syscall(SYS_move_mount, interp_fd, "", AT_FDCWD, NEWROOT "/opt/sbx",
+                     MOVE_MOUNT_F_EMPTY_PATH) == 0,
+             "attach the interpreter drivers at /opt/sbx");
+        close(interp_fd);
+        interp_fd = -1;
+        rc = set_attr(NEWROOT "/opt/sbx", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                      true);
+        if (rc) {
+            snprintf(why, whylen, "make the interpreter drivers read-only");
+            goto out;
+        }
+    } else if (interp_fd >= 0) {
         char src[64];
         snprintf(src, sizeof(src), "/proc/self/fd/%d", interp_fd);
         rc = bind_ro(src, NEWROOT "/opt/sbx", true);

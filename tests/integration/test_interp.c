@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../runtime/json.h"
@@ -1231,4 +1232,54 @@ Test(interp, a_stream_applies_back_pressure, .timeout = 300)
     sbx_destroy(c, id, NULL, NULL);
     free(id);
     sbx_client_close(c);
+}
+
+/*
+ * The drivers' directory where the sandbox's host uid cannot search it (a
+ * checkout under /root, mode 0700, is the common case): the shard opens it
+ * and hands the agent the handle, so contexts work.  The agent used to open
+ * the path itself and reported PYTHON_NOT_AVAILABLE.  A private daemon with
+ * --interp pointing at a copy of the drivers inside a 0700 directory.
+ */
+Test(interp, drivers_behind_a_directory_the_sandbox_cannot_search, .timeout = 240)
+{
+    char dir[] = "/tmp/sbx-interp-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(chmod(dir, 0700), 0);
+    const char *bin = getenv("SBX_BIN") ? getenv("SBX_BIN") : "build/asan/bin";
+    char cmd[1024], interp[300];
+    snprintf(interp, sizeof(interp), "%s/private/interp", dir);
+    snprintf(cmd, sizeof(cmd), "mkdir -m 0700 %s/private && cp -a %s/../share/sbx/interp %s", dir,
+             bin, interp);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    struct testd d;
+    const char *const extra[] = {"--interp", interp, "--pool", "0", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "cannot start sbxd with --interp %s", interp);
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "%s", err.message);
+    char *id = test_id("privinterp");
+    /* the sandbox itself cannot reach the path */
+    sbx_exec_result er;
+    char probe[400];
+    snprintf(probe, sizeof(probe), "test -r %s/driver.py && echo visible || echo hidden", interp);
+    cr_assert_eq(test_sh(c, id, probe, 60000, &er, &err), 0, "%s", err.message);
+    cr_expect_str_eq(er.stdout_data, "hidden\n");
+    sbx_exec_result_free(&er);
+    sbx_reply *r = run(c, id, NULL, "python", "6 * 7", 0);
+    char *t = main_text(r);
+    cr_expect_str_eq(t, "42");
+    free(t);
+    sbx_reply_free(r);
+    r = run(c, id, NULL, "javascript", "6 * 7", 0);
+    t = main_text(r);
+    cr_expect_str_eq(t, "42");
+    free(t);
+    sbx_reply_free(r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+    testd_stop(&d);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
 }
