@@ -236,6 +236,16 @@ run_probes(sbx_client *c, const char *id, const struct sysprobe *p, size_t n, co
     json_decref(j);
 }
 
+/* kernel_note — say, in every run's output, what this host's kernel keeps a
+ * test from exercising.  Not cr_log_warn: Criterion 2.4 turns any warning
+ * into a failing exit status, and a missing kernel feature is reported,
+ * not failed (each such case still asserts that the attack fails). */
+#define kernel_note(...)                                                                     \
+    do {                                                                                     \
+        fprintf(stderr, "[NOTE] " __VA_ARGS__);                                              \
+        fputc('\n', stderr);                                                                 \
+    } while (0)
+
 /* one sandbox per test, destroyed at the end */
 #define SANDBOX(prefix)                                                                      \
     sbx_client *c = test_client();                                                           \
@@ -805,7 +815,7 @@ Test(escape, syscalls_newer_than_the_filter_fail_with_enosys)
                           newer[i].a[4], newer[i].a[5]);
         int host_errno = rc == -1 ? errno : 0;
         if (host_errno == ENOSYS) {
-            cr_log_warn("the host kernel lacks %s (nr %ld): not checked", newer[i].name,
+            kernel_note("the host kernel lacks %s (nr %ld): not checked", newer[i].name,
                         newer[i].nr);
             continue;
         }
@@ -853,7 +863,7 @@ Test(escape, foreign_syscall_abis_kill_the_process)
     if (!host_ia32) {
         cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
                   "int 0x80 on the host neither worked nor faulted (status %#x)", st);
-        cr_log_warn("this kernel has no IA32 emulation (int 0x80 faults on the host): inside "
+        kernel_note("this kernel has no IA32 emulation (int 0x80 faults on the host): inside "
                     "the sandbox the kernel refuses it before the filter; the filter's i386 "
                     "verdict is checked by test_seccomp:foreign_abis_kill_the_process");
     }
@@ -952,7 +962,7 @@ Test(escape, proc_sys_sysrq_and_cgroupfs_are_not_writable)
     if (stat("/proc/sysrq-trigger", &st) == 0)
         want(j, "sysrq", "EACCES", "/proc/sysrq-trigger");
     else {
-        cr_log_warn("the host kernel has no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ off): its "
+        kernel_note("the host kernel has no /proc/sysrq-trigger (CONFIG_MAGIC_SYSRQ off): its "
                     "mask is not exercised; the same mask on keys/kallsyms/timer_list is");
         want(j, "sysrq", "ENOENT", "/proc/sysrq-trigger");
     }
@@ -1167,7 +1177,7 @@ Test(escape, only_loopback_and_host_ports_are_unreachable)
     cr_expect_eq(json_array_size(jget(j, "routes")), 0, "routes inside: %s",
                  json_dumps(jget(j, "routes"), 0));
     if (naddr == 0)
-        cr_log_warn("the host has no non-loopback IPv4 address; only the metadata address was tried");
+        kernel_note("the host has no non-loopback IPv4 address; only the metadata address was tried");
     json_decref(j);
     /* Nothing arrived at the host listener. */
     errno = 0;
