@@ -205,9 +205,9 @@ build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
 build/fuzz/fuzz_http: $(call fuzz_objs,$(filter-out gateway/http.c,$(FUZZ_GW)))
 build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
 build/fuzz/fuzz_terminal: $(call fuzz_objs,$(filter-out gateway/terminal.c,$(FUZZ_GW)))
-# fuzz_relay includes actors/relay.c (the shard's relay) and stubs the actor table.
+# fuzz_relay includes actors/relay.c (the shard's relay) and replaces the actor table with a scripted one.
 build/fuzz/fuzz_relay: $(call fuzz_objs,runtime/relay.c)
-# fuzz_etcd includes runtime/etcd.c and runtime/cview.c (libcurl's easy API stubbed).
+# fuzz_etcd includes runtime/etcd.c and runtime/cview.c (libcurl's easy API scripted).
 build/fuzz/fuzz_etcd: FUZZ_LIBS += -lcurl
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(FUZZ_LIBS)

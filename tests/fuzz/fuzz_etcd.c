@@ -3,7 +3,7 @@
  * (runtime/etcd.c) and the cluster view built from them (runtime/cview.c),
  * both included here for their static functions and left as they are.
  *
- * The transport is scripted: libcurl's easy API is renamed to stubs here
+ * The transport is scripted: libcurl's easy API is renamed to scripted fakes here
  * that hand the real write callbacks a sequence of answers (an HTTP status
  * and a body, or a transport failure), a watch's body cut into the chunks
  * the input says.  Everything above curl runs for real: call(), the

@@ -5,7 +5,7 @@
  *
  * conn_main runs on one end of a socketpair holding the input (then EOF),
  * for a shard with or without a relay secret.  The loop thread is not
- * there: sbx_loop_post is renamed to a stub that runs the query callback at
+ * there: sbx_loop_post is renamed to a fake that runs the query callback at
  * once and records what the relay asked, and actor_get finds no sandbox,
  * so a well-formed request ends with "host unreachable" before any
  * namespace is entered.

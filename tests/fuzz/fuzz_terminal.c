@@ -8,7 +8,7 @@
  *    (terminal.write), text frames JSON control messages ({"type":"resize",
  *    "cols":N,"rows":N}).
  *
- * The calls to the sandbox are caught: http_call_sync is renamed to a stub
+ * The calls to the sandbox are caught: http_call_sync is renamed to a fake
  * here that records the operation and its arguments and answers success
  * or an error whose message holds input bytes (a message from a reply may
  * be anything, cut anywhere).  Errors go back on the WebSocket through a
@@ -47,7 +47,7 @@ static int fuzz_call_sync(struct sbx_http *h, const char *op, const char *sandbo
 #include "fuzz.h"
 
 /* ------------------------------------------------------------------------------ */
-/* The stubbed call. */
+/* The faked call. */
 
 static struct {
     int n;               /* calls made */
