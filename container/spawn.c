@@ -138,6 +138,18 @@ sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
     sp->no_clone3 = syscall(SYS_clone3, NULL, 0) < 0 && errno == ENOSYS;
     if (sp->no_clone3)
         sbx_info("spawn: clone3(2) is not available; containers start with clone(2)");
+    if (conf->interp_dir) {
+        /* Say once when sandboxes will have to open the drivers' path
+         * themselves (sbx_container_start: no open_tree). */
+        int t = (int)syscall(SYS_open_tree, AT_FDCWD, conf->interp_dir,
+                             OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (t >= 0)
+            close(t);
+        else
+            sbx_warn("spawn: open_tree(%s): %s; sandboxes open the interpreter drivers by "
+                     "path, which every directory above them must let others search",
+                     conf->interp_dir, strerror(errno));
+    }
     sp->devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (sp->devnull < 0) {
         rc = -errno;
