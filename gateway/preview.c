@@ -840,15 +840,11 @@ queue_response(struct preq *pr)
     return ret;
 }
 
-static enum MHD_Result
-start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char *method,
-      void **con_cls, const char *host)
+/* A new preview request of connection c (NULL in the fuzz target), one
+ * reference held; freed through its reference count. */
+static struct preq *
+preq_new(struct sbx_http *h, struct MHD_Connection *c)
 {
-    /* MHD passes any request-target on (absolute form, "*", "@host/…"):
-     * only a path can follow the upstream's authority (upstream_url). */
-    if (url[0] != '/')
-        return http_queue_error(c, 400, "VALIDATION_FAILED",
-                                "a preview request's target must be a path (origin form)");
     struct preq *pr = sbx_xcalloc(1, sizeof(*pr));
     pr->kind = HS_PREVIEW;
     pr->h = h;
@@ -862,6 +858,19 @@ start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char 
     pthread_cond_init(&pr->cv, NULL);
     sbx_buf_init(&pr->up);
     sbx_buf_init(&pr->down);
+    return pr;
+}
+
+static enum MHD_Result
+start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char *method,
+      void **con_cls, const char *host)
+{
+    /* MHD passes any request-target on (absolute form, "*", "@host/…"):
+     * only a path can follow the upstream's authority (upstream_url). */
+    if (url[0] != '/')
+        return http_queue_error(c, 400, "VALIDATION_FAILED",
+                                "a preview request's target must be a path (origin form)");
+    struct preq *pr = preq_new(h, c);
     *con_cls = pr;
     preview_match(h, host, &pr->port, pr->sandbox, sizeof(pr->sandbox), pr->token,
                   sizeof(pr->token));

@@ -56,19 +56,7 @@ setup(void)
 static struct preq *
 fake_preq(void)
 {
-    struct preq *pr = sbx_xcalloc(1, sizeof(*pr));
-    pr->kind = HS_PREVIEW;
-    pr->h = &H;
-    pr->refs = 1;
-    pr->relay_fd = -1;
-    pr->client_sock = -1;
-    pr->content_length = -1;
-    pr->resp_length = -1;
-    pthread_mutex_init(&pr->mu, NULL);
-    pthread_cond_init(&pr->cv, NULL);
-    sbx_buf_init(&pr->up);
-    sbx_buf_init(&pr->down);
-    return pr;
+    return preq_new(&H, NULL);
 }
 
 /* Whether name (n bytes) is listed in connection (options separated by ','
