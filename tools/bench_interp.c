@@ -42,25 +42,6 @@
 #include "../tests/support/harness.h"
 #include "stats.h"
 
-/* The sandbox's cgroup memory (status container.memoryBytes), or -1. */
-static int64_t
-memory_bytes(sbx_client *c, const char *id)
-{
-    sbx_reply *r;
-    sbx_error err;
-    int64_t v = -1;
-    if (sbx_call_json(c, "status", id, "{}", 30000, &r, &err) != 0) {
-        sbx_error_free(&err);
-        return -1;
-    }
-    const msgpack_object *sb, *ct;
-    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0 &&
-        sbx_wire_get_map(sb, "container", &ct) == 0)
-        sbx_wire_get_i64(ct, "memoryBytes", &v);
-    sbx_reply_free(r);
-    return v;
-}
-
 static int
 call(sbx_client *c, const char *op, const char *id, const char *json, sbx_reply **r)
 {
@@ -86,7 +67,7 @@ burst_create(sbx_client *c, const char *id, const char *lang, int n, double *ms,
     snprintf(args, sizeof(args), "{\"language\":\"%s\"}", lang);
     sleep(1); /* the pool is full */
     if (mem)
-        mem[0] = memory_bytes(c, id);
+        mem[0] = test_memory_bytes(c, id);
     for (; made < n && rc == 0; made++) {
         double t0 = sbx_stats_now_ms();
         if ((rc = call(c, "context.create", id, args, &r)) != 0)
@@ -99,7 +80,7 @@ burst_create(sbx_client *c, const char *id, const char *lang, int n, double *ms,
     }
     if (mem) {
         sleep(1);
-        mem[1] = memory_bytes(c, id);
+        mem[1] = test_memory_bytes(c, id);
     }
     for (int i = 0; i < made; i++) {
         snprintf(del, sizeof(del), "{\"contextId\":\"%s\"}", ids[i]);
@@ -174,12 +155,12 @@ main(int argc, char **argv)
     /* The first context of a language also starts its pool: once untimed,
      * with what the sandbox's memory gained (fork server, context, pool). */
     sleep(1);
-    first[0] = memory_bytes(c, id);
+    first[0] = test_memory_bytes(c, id);
     if (call(c, "context.create", id, "{\"language\":\"python\"}", &r))
         goto close;
     sbx_reply_free(r);
     sleep(2);
-    first[1] = memory_bytes(c, id);
+    first[1] = test_memory_bytes(c, id);
     for (int i = 0; i < contexts; i++) {
         usleep(300 * 1000); /* let the agent refill its pool, as between real calls */
         double t0 = sbx_stats_now_ms();

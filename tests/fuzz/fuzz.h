@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,42 @@ fuzz_copy(const void *p, size_t n)
     if (n)
         memcpy(q, p, n);
     return q;
+}
+
+/* The reference percent-decoder (RFC 3986 §2.1) the HTTP-facing targets
+ * compare the gateway's decoders with: s[0..n) into out (n + 1 bytes),
+ * '+' as a space when `plus` (query strings); false on a malformed escape or
+ * an escaped NUL. */
+static inline int
+fuzz_hexv(unsigned char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static inline bool
+fuzz_ref_pct_decode(const char *s, size_t n, bool plus, char *out)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '%') {
+            int hi = i + 1 < n ? fuzz_hexv((unsigned char)s[i + 1]) : -1;
+            int lo = i + 2 < n ? fuzz_hexv((unsigned char)s[i + 2]) : -1;
+            if (hi < 0 || lo < 0 || (hi | lo) == 0)
+                return false;
+            out[w++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            out[w++] = plus && s[i] == '+' ? ' ' : s[i];
+        }
+    }
+    out[w] = 0;
+    return true;
 }
 
 /* A NUL-terminated heap copy. */

@@ -60,38 +60,12 @@ setup(void)
 /* ------------------------------------------------------------------------------ */
 /* A strict percent-decoder (the reference). */
 
-static int
-hexv(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
-/* Decode s[0..n) into out (n + 1 bytes); false on a malformed escape or an
- * escaped NUL. */
+/* The strict decoder of fuzz.h. */
 static bool
 ref_decode(const char *s, size_t n, bool plus, char *out)
 {
-    size_t w = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '%') {
-            int hi = i + 1 < n ? hexv((unsigned char)s[i + 1]) : -1;
-            int lo = i + 2 < n ? hexv((unsigned char)s[i + 2]) : -1;
-            if (hi < 0 || lo < 0 || (hi | lo) == 0)
-                return false;
-            out[w++] = (char)(hi * 16 + lo);
-            i += 2;
-        } else {
-            out[w++] = plus && s[i] == '+' ? ' ' : s[i];
-        }
-    }
-    out[w] = 0;
-    return true;
+    return fuzz_ref_pct_decode(s, n, plus, out);
 }
 
 static bool

@@ -83,39 +83,16 @@ fuzz_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const ch
 /* ------------------------------------------------------------------------------ */
 /* Query arguments. */
 
-static int
-hexv(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /* Strict query decoding ('+' is a space); NULL when malformed or NUL. */
 static char *
 ref_decode(const char *s)
 {
-    size_t n = strlen(s), w = 0;
-    char *out = sbx_xmalloc(n + 1);
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '%') {
-            int hi = i + 1 < n ? hexv((unsigned char)s[i + 1]) : -1;
-            int lo = i + 2 < n ? hexv((unsigned char)s[i + 2]) : -1;
-            if (hi < 0 || lo < 0 || (hi | lo) == 0) {
-                free(out);
-                return NULL;
-            }
-            out[w++] = (char)(hi * 16 + lo);
-            i += 2;
-        } else {
-            out[w++] = s[i] == '+' ? ' ' : s[i];
-        }
+    char *out = sbx_xmalloc(strlen(s) + 1);
+    if (!fuzz_ref_pct_decode(s, strlen(s), true, out)) {
+        free(out);
+        return NULL;
     }
-    out[w] = 0;
     return out;
 }
 

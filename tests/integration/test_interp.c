@@ -1121,25 +1121,6 @@ Test(interp, charts, .timeout = 240)
     sbx_client_close(c);
 }
 
-/* Sandbox memory now (status container.memoryBytes), or -1. */
-static int64_t
-sandbox_memory(sbx_client *c, const char *id)
-{
-    sbx_reply *r = NULL;
-    sbx_error err;
-    int64_t v = -1;
-    if (sbx_call_json(c, "status", id, "{}", 0, &r, &err) != 0) {
-        sbx_error_free(&err);
-        return -1;
-    }
-    const msgpack_object *sb, *ct;
-    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0 &&
-        sbx_wire_get_map(sb, "container", &ct) == 0)
-        sbx_wire_get_i64(ct, "memoryBytes", &v);
-    sbx_reply_free(r);
-    return v;
-}
-
 /* Start a runCodeStream; its stream id into sid. */
 static void
 start_stream(sbx_client *c, const char *id, const char *ctx, const char *code, int64_t timeout,
@@ -1178,12 +1159,12 @@ Test(interp, a_stream_applies_back_pressure, .timeout = 300)
     sbx_reply *r = run(c, id, ctx, NULL, "import sys\nline = 'x' * ((1 << 20) - 1) + '\\n'", 0);
     sbx_reply_free(r);
     sleep(1);
-    int64_t m0 = sandbox_memory(c, id);
+    int64_t m0 = test_memory_bytes(c, id);
     char sid[80];
     start_stream(c, id, ctx, "for i in range(64): sys.stdout.write(line)\n'end'", 0, sid,
                  sizeof(sid));
     sleep(5); /* nobody reads */
-    int64_t m1 = sandbox_memory(c, id);
+    int64_t m1 = test_memory_bytes(c, id);
     cr_expect(m0 > 0 && m1 - m0 < (40ll << 20),
               "an unread stream made the sandbox grow by %lld MiB", (long long)((m1 - m0) >> 20));
     sbx_stream *s;
@@ -1245,14 +1226,14 @@ Test(interp, a_stream_applies_back_pressure, .timeout = 300)
  * ends it early. */
 static char priv_dir[] = "/tmp/sbx-interp-XXXXXX";
 static struct testd priv_d;
-static bool priv_started;
+static bool priv_made, priv_started;
 
 static void
 priv_cleanup(void)
 {
     if (priv_started)
         testd_stop(&priv_d);
-    if (strcmp(priv_dir + strlen(priv_dir) - 6, "XXXXXX") != 0)
+    if (priv_made)
         sbx_rm_rf(priv_dir);
 }
 
@@ -1261,6 +1242,7 @@ Test(interp, drivers_behind_a_directory_the_sandbox_cannot_search, .timeout = 24
 {
     char *dir = priv_dir;
     cr_assert_not_null(mkdtemp(dir));
+    priv_made = true;
     cr_assert_eq(chmod(dir, 0700), 0);
     const char *bin = getenv("SBX_BIN") ? getenv("SBX_BIN") : "build/asan/bin";
     char cmd[1024], interp[300];

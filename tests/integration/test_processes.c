@@ -812,19 +812,7 @@ Test(processes, a_process_stopped_by_the_pids_limit_reports_pids_limit, .timeout
     sbx_client *c = test_client();
     char *id = test_id("proc-pids");
     char pid[128];
-    start(c, id,
-          "python3 -c \"import os, sys\n"
-          "r, w = os.pipe()\n"
-          "n = 0\n"
-          "while True:\n"
-          "    try:\n"
-          "        pid = os.fork()\n"
-          "    except OSError as e:\n"
-          "        print(n, e.errno); sys.exit(3)\n"
-          "    if pid == 0:\n"
-          "        os.close(w); os.read(r, 1); os._exit(0)\n"
-          "    n += 1\"",
-          "bomb", pid);
+    start(c, id, TEST_FORK_UNTIL_REFUSED_PY, "bomb", pid);
     expect_ended(c, id, "bomb", "failed", 3, "PIDS_LIMIT");
     tdone(c, id);
     sbx_client_close(c);

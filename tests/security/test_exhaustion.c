@@ -228,19 +228,7 @@ Test(exhaustion, fork_bomb_hits_the_pids_limit, .timeout = 240)
     /* 1. A bomb that gives up: every fork until EAGAIN, then exit 3.  Its
      *    children block on a pipe and leave when it exits. */
     sbx_exec_result r =
-        run(c, id,
-            "python3 -c \"import os, sys\n"
-            "r, w = os.pipe()\n"
-            "n = 0\n"
-            "while True:\n"
-            "    try:\n"
-            "        pid = os.fork()\n"
-            "    except OSError as e:\n"
-            "        print(n, e.errno); sys.exit(3)\n"
-            "    if pid == 0:\n"
-            "        os.close(w); os.read(r, 1); os._exit(0)\n"
-            "    n += 1\"",
-            60000, true);
+        run(c, id, TEST_FORK_UNTIL_REFUSED_PY, 60000, true);
     cr_expect_eq(r.exit_code, 3, "exit %d: %s %s", r.exit_code, r.stdout_data, r.stderr_data);
     cr_expect_str_eq(r.cause, "PIDS_LIMIT");
     cr_expect(strstr(r.stdout_data, " 11\n") != NULL, "fork did not fail with EAGAIN: %s",

@@ -245,3 +245,21 @@ test_sh(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms,
     sbx_exec_opts o = {.command = cmd, .timeout_ms = timeout_ms};
     return sbx_exec(c, sandbox, &o, r, err);
 }
+
+int64_t
+test_memory_bytes(sbx_client *c, const char *sandbox)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int64_t v = -1;
+    if (sbx_call_json(c, "status", sandbox, "{}", 30000, &r, &err) != 0) {
+        sbx_error_free(&err);
+        return -1;
+    }
+    const msgpack_object *sb, *ct;
+    if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0 &&
+        sbx_wire_get_map(sb, "container", &ct) == 0)
+        sbx_wire_get_i64(ct, "memoryBytes", &v);
+    sbx_reply_free(r);
+    return v;
+}

@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "../../runtime/sbx.h"
@@ -52,6 +53,10 @@ char *test_id(const char *prefix);
 /* Run a shell string; returns the result (caller frees with sbx_exec_result_free). */
 int test_sh(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms,
             sbx_exec_result *r, sbx_error *err);
+
+/* test_memory_bytes — the sandbox's container.memoryBytes from `status`
+ * (its cgroup's usage), or -1. */
+int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
 
 /* Elapsed monotonic milliseconds. */
 double test_now_ms(void);

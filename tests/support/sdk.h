@@ -118,6 +118,22 @@ jint_or(json_t *j, const char *path, long long dflt)
 }
 #define jint(j, path) jint_or((j), (path), -1)
 
+/* A fork bomb that gives up: it forks until fork fails (the pids limit),
+ * prints how many children it made and the errno, and exits 3; the
+ * children block on a pipe and leave when it exits. */
+#define TEST_FORK_UNTIL_REFUSED_PY                                                           \
+    "python3 -c \"import os, sys\n"                                                         \
+    "r, w = os.pipe()\n"                                                                     \
+    "n = 0\n"                                                                                \
+    "while True:\n"                                                                          \
+    "    try:\n"                                                                             \
+    "        pid = os.fork()\n"                                                              \
+    "    except OSError as e:\n"                                                             \
+    "        print(n, e.errno); sys.exit(3)\n"                                               \
+    "    if pid == 0:\n"                                                                     \
+    "        os.close(w); os.read(r, 1); os._exit(0)\n"                                      \
+    "    n += 1\""
+
 /* jbool — the boolean at path: 1, 0, or -1 when absent or not a boolean. */
 static inline int
 jbool(json_t *j, const char *path)
