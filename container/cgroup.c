@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -91,7 +92,39 @@ read_key(const char *dir, const char *file, const char *key)
     return v;
 }
 
-/* Kill every process listed in dir/cgroup.procs; returns how many were listed. */
+/* Is pid listed in dir/cgroup.procs? */
+static bool
+listed_in(const char *dir, pid_t pid)
+{
+    char p[600], *buf = NULL;
+    size_t n;
+    bool found = false;
+    snprintf(p, sizeof(p), "%s/cgroup.procs", dir);
+    if (sbx_fs_read(p, 1 << 20, &buf, &n) != 0)
+        return false;
+    for (char *s = buf; *s && !found;) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s)
+            break;
+        found = v == (long)pid;
+        s = end;
+        while (*s == '\n')
+            s++;
+    }
+    free(buf);
+    return found;
+}
+
+/*
+ * Kill every process listed in dir/cgroup.procs, by pidfd (pidfd_open(2),
+ * pidfd_send_signal(2), Linux 5.3): a pid read from the file is opened,
+ * then checked to be listed still — so the pidfd names the process in this
+ * cgroup, not one that got the pid after it exited — and only then
+ * signalled.  Never by name; never a pid that may have been reused.  Where
+ * pidfds are missing (ENOSYS) a listed pid is signalled directly.  Returns
+ * how many were listed.
+ */
 static int
 kill_procs(const char *dir)
 {
@@ -107,7 +140,14 @@ kill_procs(const char *dir)
         if (end == s)
             break;
         if (pid > 0) {
-            kill((pid_t)pid, SIGKILL);
+            int pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+            if (pfd >= 0) {
+                if (listed_in(dir, (pid_t)pid))
+                    syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
+                close(pfd);
+            } else if (errno == ENOSYS) {
+                kill((pid_t)pid, SIGKILL);
+            }
             count++;
         }
         s = end;

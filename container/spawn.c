@@ -243,20 +243,45 @@ uid_free(sbx_spawner *sp, uint32_t uid)
  * The child between clone3 (or clone) and execveat.  It shares nothing with the parent
  * but a copy of its memory, and other threads may have held glibc locks at
  * the moment of the clone: only raw system calls from here on.
+ *
+ * Until its exec this child holds a copy of every descriptor of the shard:
+ * the LMDB files, the host locks in /run/sbx, and the shard's end of the
+ * channel of every container being started at that moment.  So it must
+ * never outlive the shard, not even while it waits for the go-ahead:
+ *  1. PR_SET_PDEATHSIG before anything that can block (prctl(2));
+ *  2. close our copy of the shard's end of our channel (`parent_end`), so
+ *     the read in 3 sees end-of-file once the shard is gone, even if the
+ *     shard died before 1 took effect (then no death signal comes);
+ *  3. wait for the go-ahead at most `wait_ms` (ppoll(2)), so a sibling
+ *     child that still holds a copy of our channel cannot keep us blocked;
+ *  4. PR_SET_PDEATHSIG again after setresuid: any change of the effective
+ *     uid or gid clears the parent-death signal (prctl(2), "the
+ *     parent-death signal is cleared … on credential changes"; kernel
+ *     commit_creds()), and the agent keeps it across execve (not set-uid).
+ * A shard that is SIGKILLed therefore takes its agents and half-started
+ * children with it (tests/integration/test_shard_kill.c).
  */
 static void __attribute__((noreturn))
-child_main(sbx_spawner *sp, int chan, int tree, const char *const *argv, const char *const *envp)
+child_main(sbx_spawner *sp, int chan, int parent_end, int tree, int wait_ms,
+           const char *const *argv, const char *const *envp)
 {
     char go = 0;
-    if (syscall(SYS_read, chan, &go, 1) != 1 || go != 'G')
+    if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
         syscall(SYS_exit_group, 1);
-    /* Die with the thread that created us: a crashed shard leaves no
-     * sandbox behind. */
-    syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    syscall(SYS_close, parent_end);
+    struct pollfd pfd = {.fd = chan, .events = POLLIN};
+    struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
+    if (syscall(SYS_ppoll, &pfd, 1, &ts, NULL, 0) != 1 ||
+        syscall(SYS_read, chan, &go, 1) != 1 || go != 'G')
+        syscall(SYS_exit_group, 1);
     /* Become 0:0 of our user namespace: without it the child is the
      * overflow uid and execve would drop every capability. */
     if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, 0, 0, 0) < 0 ||
         syscall(SYS_setresuid, 0, 0, 0) < 0)
+        syscall(SYS_exit_group, 2);
+    /* Die with the thread that created us (4 above): a crashed shard
+     * leaves no sandbox behind. */
+    if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
         syscall(SYS_exit_group, 2);
     /* fd 3 = channel, 4 = the interpreter drivers' detached tree (when there
      * is one), 0/1 = /dev/null, 2 = the shard's stderr (agent logs).
@@ -408,7 +433,7 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         goto fail;
     }
     if (pid == 0)
-        child_main(sp, sv[1], tree, argv, envp);
+        child_main(sp, sv[1], sv[0], tree, sp->conf.setup_timeout_ms, argv, envp);
     if (tree >= 0)
         close(tree);
     tree = -1;

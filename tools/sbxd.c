@@ -34,6 +34,7 @@
 #include <nng/nng.h>
 
 #include "../actors/shard.h"
+#include "../container/cgroup.h"
 #include "../gateway/gateway.h"
 #include "../runtime/config.h"
 #include "../runtime/log.h"
@@ -371,7 +372,7 @@ static int
 cmd_shard(int argc, char **argv)
 {
     struct sbx_shard_conf c;
-    bool help = false;
+    bool help = false, sweep = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
     sbx_shard_conf_defaults(&c);
@@ -393,6 +394,10 @@ cmd_shard(int argc, char **argv)
         {"lease-ttl", SBX_OPT_MS, &c.lease_ttl,
          "membership lease; unrenewed for this long, the shard stops serving (10s)"},
         SHARD_OPTS(&c),
+        {"sweep", SBX_OPT_BOOL, &sweep,
+         "take this shard's locks, remove what an earlier incarnation of it left (every "
+         "process and cgroup of its subtree) and exit 0; `sbxd dev` runs it for a shard that "
+         "is down when the deployment stops"},
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };
@@ -496,7 +501,19 @@ cmd_shard(int argc, char **argv)
         sbx_shard_conf_free(&c);
         return rc == -EBUSY ? 2 : 1;
     }
-    rc = sbx_shard_run(&c);
+    if (sweep) {
+        /* What sbx_shard_run does first and last, with nothing between:
+         * sbx_cgroups_open kills what is left in the subtree (by pidfd) and
+         * removes its cgroups, sbx_cgroups_close removes the subtree. */
+        sbx_cgroups *cg = NULL;
+        char cwhy[256];
+        rc = sbx_cgroups_open(&cg, c.cgroup, base, cwhy, sizeof(cwhy));
+        if (rc)
+            sbx_error("sweep of cgroup subtree %s: %s (%s)", base, cwhy, strerror(-rc));
+        sbx_cgroups_close(cg);
+    } else {
+        rc = sbx_shard_run(&c);
+    }
     close(dfd); /* the file stays: it is the directory's, not a host-wide name */
     hostlock_release(&hl);
     sbx_shard_conf_free(&c);
@@ -510,6 +527,29 @@ wait_signal(const sigset_t *set)
         int sig = sigwaitinfo(set, NULL);
         if (sig > 0)
             return sig;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+/* wait_signal_until — like wait_signal, for at most timeout_ms (< 0: no
+ * bound): the signal, 0 when the time ran out, or -errno. */
+static int
+wait_signal_until(const sigset_t *set, int64_t timeout_ms)
+{
+    if (timeout_ms < 0)
+        return wait_signal(set);
+    int64_t until = sbx_mono_ms() + timeout_ms;
+    for (;;) {
+        int64_t left = until - sbx_mono_ms();
+        if (left < 0)
+            left = 0;
+        struct timespec ts = {left / 1000, (long)(left % 1000) * 1000000L};
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig > 0)
+            return sig;
+        if (errno == EAGAIN)
+            return 0;
         if (errno != EINTR)
             return -errno;
     }
@@ -600,11 +640,24 @@ out:
 /* dev: gateway in this process, shards as children. */
 
 struct child {
-    pid_t pid;
+    pid_t pid;              /* 0 while not running */
     char **argv;
     int64_t started_ms;
-    int restarts;
+    int64_t restart_at_ms;  /* when pid is 0: the monotonic time of the next start, 0 none */
+    int restarts;           /* consecutive restarts that were up < 10 s */
+    bool ever_restarted;
 };
+
+/* dev_restart_delay_ms — the back-off before the n-th consecutive restart
+ * (n ≥ 1) of a shard: 100 ms, doubling, at most 5000 ms. */
+static int
+dev_restart_delay_ms(int n)
+{
+    int d = 100;
+    for (int k = 1; k < n && d < 5000; k++)
+        d *= 2;
+    return d < 5000 ? d : 5000;
+}
 
 static pid_t
 spawn_child(char **argv)
@@ -837,7 +890,21 @@ cmd_dev(int argc, char **argv)
     sbx_info("ready: gateway on %s, %lld shard(s), data in %s", listen, (long long)nshards,
              absdata);
     for (;;) {
-        int sig = wait_signal(&set);
+        /* Restarts are scheduled, not slept through: the supervisor keeps
+         * answering SIGTERM and reaping other shards meanwhile. */
+        int64_t now = sbx_mono_ms(), next = INT64_MAX;
+        for (int i = 0; i < nshards; i++) {
+            if (kids[i].pid == 0 && kids[i].restart_at_ms > 0 && kids[i].restart_at_ms <= now) {
+                kids[i].pid = spawn_child(kids[i].argv);
+                kids[i].started_ms = sbx_mono_ms();
+                kids[i].restart_at_ms = 0;
+            }
+            if (kids[i].pid == 0 && kids[i].restart_at_ms > 0 && kids[i].restart_at_ms < next)
+                next = kids[i].restart_at_ms;
+        }
+        int sig = wait_signal_until(&set, next == INT64_MAX ? -1 : next - sbx_mono_ms());
+        if (sig == 0)
+            continue; /* a restart is due */
         if (sig == SIGCHLD) {
             int st;
             pid_t pid;
@@ -845,27 +912,32 @@ cmd_dev(int argc, char **argv)
                 for (int i = 0; i < nshards; i++) {
                     if (kids[i].pid != pid)
                         continue;
-                    /* Status 2: it refused its options or its cgroup subtree
-                     * (held by a live shard of another deployment); a
-                     * restart would only be refused again. */
-                    if (WIFEXITED(st) && WEXITSTATUS(st) == 2) {
+                    kids[i].pid = 0;
+                    int64_t up = sbx_mono_ms() - kids[i].started_ms;
+                    /* Status 2 from a shard's first start: it refused its
+                     * options or its cgroup subtree (held by a live shard of
+                     * another deployment); starting it again would only be
+                     * refused again, so the deployment stops.  Status 2 on a
+                     * restart is different: the previous incarnation's
+                     * processes may still be on their way out (a SIGKILLed
+                     * shard's children die with it, asynchronously) and hold
+                     * its locks for a moment.  One slow shard never stops a
+                     * healthy deployment: it is retried with back-off. */
+                    if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && !kids[i].ever_restarted) {
                         sbx_error("shard %d refused to start (status 2, its reason is above); "
                                   "stopping", i);
-                        kids[i].pid = 0;
                         rc = 2;
                         continue;
                     }
-                    /* Supervise: restart a shard that died, with back-off. */
-                    int64_t up = sbx_mono_ms() - kids[i].started_ms;
+                    /* Supervise: restart a shard that died, with back-off
+                     * (100 ms doubling to 5 s; reset after 10 s up). */
                     kids[i].restarts = up > 10000 ? 0 : kids[i].restarts + 1;
-                    int delay = kids[i].restarts > 5 ? 5000 : 100 * kids[i].restarts;
+                    int delay = dev_restart_delay_ms(kids[i].restarts);
                     sbx_warn("shard %d (pid %d) exited (%s %d); restarting in %d ms", i, (int)pid,
                              WIFEXITED(st) ? "status" : "signal",
                              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), delay);
-                    struct timespec ts = {delay / 1000, (long)(delay % 1000) * 1000000L};
-                    nanosleep(&ts, NULL);
-                    kids[i].pid = spawn_child(kids[i].argv);
-                    kids[i].started_ms = sbx_mono_ms();
+                    kids[i].restart_at_ms = sbx_mono_ms() + delay;
+                    kids[i].ever_restarted = true;
                 }
             }
             if (rc == 2)
@@ -877,9 +949,22 @@ cmd_dev(int argc, char **argv)
     }
 stop:
     sbx_gateway_stop(gw);
-    for (int i = 0; kids && i < nshards; i++)
-        if (kids[i].pid > 0)
+    for (int i = 0; kids && i < nshards; i++) {
+        if (kids[i].pid > 0) {
             kill(kids[i].pid, SIGTERM);
+        } else if (kids[i].restart_at_ms > 0) {
+            /* Down, waiting for its restart: nobody would remove what its
+             * last incarnation left (cgroups, its lock file), so a sweep
+             * with its own options does, under its locks. */
+            size_t n = 0;
+            char **av = NULL;
+            for (char **a = kids[i].argv; *a; a++)
+                argv_add(&av, &n, *a);
+            argv_add(&av, &n, "--sweep");
+            kids[i].pid = spawn_child(av);
+            sbx_strv_free(av);
+        }
+    }
     /* Give shards time to stop their containers and commit. */
     int64_t until = sbx_mono_ms() + 15000;
     for (int i = 0; kids && i < nshards; i++) {
