@@ -51,13 +51,15 @@
 #include "../runtime/nngx.h"
 #include "../runtime/place.h"
 #include "../runtime/util.h"
+#include "recrev.h"
 #include "shard_int.h"
 
 #define HANDOFF_BATCH 256
 #define HANDOFF_GRACE_MS 10000
 #define TXN_PARTS 60          /* compares and puts per etcd transaction (≤ 128) */
-#define REPL_BATCH 60 /* records per replication transaction: ≤ 2 compares each (owner
-                         and epoch of its partition), within etcd's --max-txn-ops */
+#define REPL_BATCH 40 /* records per replication transaction: ≤ 3 compares each (owner
+                         and epoch of its partition, the record's own revision), within
+                         etcd's --max-txn-ops (128) */
 /* Record bytes per replication transaction.  etcd refuses a request over
  * --max-request-bytes (1.5 MiB by default) and values travel base64-encoded
  * in its JSON API (4/3); the largest record (an environment of 1 MiB,
@@ -159,6 +161,7 @@ struct cluster {
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
     struct ritem *rq_head, *rq_tail;
+    recrev *revs;            /* replication thread: the records' revisions in etcd */
     /* loop thread only */
     struct lpart lp[SBX_PARTITIONS];
     bool first_view;
@@ -734,6 +737,83 @@ epoch_conflict(const struct ritem *batch, const struct ritem *it)
     return false;
 }
 
+/* Whether it is the batch's last write of its record (a transaction puts a
+ * key once: earlier writes of the record in the batch go as the last one). */
+static bool
+repl_last(const struct ritem *it)
+{
+    for (const struct ritem *o = it->next; o; o = o->next)
+        if (!strcmp(o->id, it->id))
+            return false;
+    return true;
+}
+
+/* Replication thread: the revision in etcd of every record the batch
+ * writes, from c->revs or read from etcd (at a partition epoch where it is
+ * not known).  0, or the error of the read. */
+static int
+repl_revs(struct cluster *c, const struct ritem *batch)
+{
+    char key[320];
+    int64_t m;
+    for (const struct ritem *it = batch; it; it = it->next) {
+        if (!repl_last(it) || recrev_get(c->revs, it->id, it->epoch, &m) == 0)
+            continue;
+        struct sbx_etcd_kv *kvs;
+        size_t n;
+        sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+        int rc = sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL);
+        if (rc)
+            return rc;
+        recrev_set(c->revs, it->id, it->epoch, n ? kvs[0].mod_revision : 0);
+        sbx_etcd_kvs_free(kvs, n);
+    }
+    return 0;
+}
+
+/*
+ * Replication thread: after a transaction whose compares failed, read back
+ * what etcd holds.  SBX_E_WRONG_OWNER if a partition of the batch is no
+ * longer ours at the write's epoch; else 0 with *again false if every
+ * record holds what the batch writes (an earlier copy of this transaction
+ * — a re-send to another endpoint, a retry here — was applied), or *again
+ * true if some record is at another revision than c->revs said (learnt
+ * now: the caller sends the transaction again).  Another error: etcd's.
+ */
+static int
+repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
+{
+    struct shard *sh = c->sh;
+    char key[320];
+    *again = false;
+    for (const struct ritem *it = batch; it; it = it->next) {
+        struct sbx_etcd_kv *kvs;
+        size_t n;
+        sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
+        int rc = sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL);
+        if (rc)
+            return rc;
+        bool ours = n && kvs[0].vlen == strlen(sh->conf.name) &&
+                    !memcmp(kvs[0].value, sh->conf.name, kvs[0].vlen) &&
+                    kvs[0].mod_revision == it->epoch;
+        sbx_etcd_kvs_free(kvs, n);
+        if (!ours)
+            return SBX_E_WRONG_OWNER;
+        if (!repl_last(it))
+            continue;
+        sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+        if ((rc = sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL)) != 0)
+            return rc;
+        bool applied = it->rec ? n && kvs[0].vlen == it->len && !memcmp(kvs[0].value, it->rec,
+                                                                         it->len)
+                               : n == 0;
+        recrev_set(c->revs, it->id, it->epoch, n ? kvs[0].mod_revision : 0);
+        sbx_etcd_kvs_free(kvs, n);
+        *again |= !applied;
+    }
+    return 0;
+}
+
 static void *
 repl_main(void *arg)
 {
@@ -772,40 +852,56 @@ repl_main(void *arg)
          * be ours. */
         int rc;
         for (int attempt = 0;; attempt++) {
-            sbx_etcd_txn *t = sbx_etcd_txn_new();
-            uint8_t seen[SBX_PARTITIONS / 8] = {0};
-            char key[320];
-            for (struct ritem *it = batch; it; it = it->next) {
-                if (!(seen[it->part / 8] & (1u << (it->part % 8)))) {
-                    seen[it->part / 8] |= (uint8_t)(1u << (it->part % 8));
-                    sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
-                    sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
-                    sbx_etcd_txn_cmp_mod(t, key, it->epoch);
-                }
-                /* etcd refuses a key twice in one transaction: a record written
-                 * several times in the batch goes once, as its last write. */
-                bool later = false;
-                for (struct ritem *o = it->next; o && !later; o = o->next)
-                    later = !strcmp(o->id, it->id);
-                if (later)
-                    continue;
-                sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
-                if (it->rec)
-                    sbx_etcd_txn_put(t, key, it->rec, it->len, 0);
-                else
-                    sbx_etcd_txn_del(t, key);
-            }
-            bool ok = false;
-            rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
+            rc = repl_revs(c, batch);
             if (rc == 0) {
-                rc = ok ? 0 : SBX_E_WRONG_OWNER;
-                break;
+                sbx_etcd_txn *t = sbx_etcd_txn_new();
+                uint8_t seen[SBX_PARTITIONS / 8] = {0};
+                char key[320];
+                int64_t m = 0;
+                for (struct ritem *it = batch; it; it = it->next) {
+                    if (!(seen[it->part / 8] & (1u << (it->part % 8)))) {
+                        seen[it->part / 8] |= (uint8_t)(1u << (it->part % 8));
+                        sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
+                        sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
+                        sbx_etcd_txn_cmp_mod(t, key, it->epoch);
+                    }
+                    /* etcd refuses a key twice in one transaction: a record written
+                     * several times in the batch goes once, as its last write. */
+                    if (!repl_last(it))
+                        continue;
+                    sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+                    /* the record is still where our last write left it */
+                    recrev_get(c->revs, it->id, it->epoch, &m);
+                    sbx_etcd_txn_cmp_mod(t, key, m);
+                    if (it->rec)
+                        sbx_etcd_txn_put(t, key, it->rec, it->len, 0);
+                    else
+                        sbx_etcd_txn_del(t, key);
+                }
+                bool ok = false, again = false;
+                int64_t rev = 0;
+                rc = sbx_etcd_txn_run(c->etcd, t, &ok, &rev);
+                if (rc == 0 && ok) {
+                    for (struct ritem *it = batch; it; it = it->next)
+                        if (repl_last(it))
+                            recrev_set(c->revs, it->id, it->epoch, it->rec ? rev : 0);
+                    break;
+                }
+                if (rc == 0 && (rc = repl_read_back(c, batch, &again)) == 0 && !again)
+                    break; /* applied by an earlier copy of this transaction */
+                if (rc == SBX_E_WRONG_OWNER)
+                    break;
+                if (rc == 0)
+                    rc = SBX_E_STORAGE; /* revisions learnt: send it again */
             }
             /* Lost connections are retried while the lease may be ours; errors
              * etcd answers ("leader changed", "request timed out", "too many
              * requests": an election or a busy cluster) a few times more, up
              * to ~2 s.  The transaction puts absolute values under a compare
-             * of owner and epoch, so running it twice is harmless. */
+             * of owner and epoch and of each record's revision: a copy that
+             * reaches etcd late (a re-send, a retry) fails instead of undoing
+             * a newer write, and one applied before its answer was lost is
+             * recognised by reading back (repl_read_back). */
             if (fenced(c) || atomic_load(&c->stop) ||
                 (rc != SBX_E_SHARD_UNAVAILABLE && attempt >= REPL_ERROR_RETRIES))
                 break;
@@ -1494,6 +1590,7 @@ cluster_start(struct shard *sh)
     c->sh = sh;
     c->ttl_ms = sh->conf.lease_ttl > 0 ? sh->conf.lease_ttl : 10000;
     c->claims = sbx_xcalloc(SBX_PARTITIONS, sizeof(struct claim));
+    c->revs = recrev_new();
     c->me = -1;
     for (int p = 0; p < SBX_PARTITIONS; p++)
         c->lp[p].owner = -1;
@@ -1509,6 +1606,7 @@ cluster_start(struct shard *sh)
     if (rc) {
         sbx_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
         free(c->claims);
+        recrev_free(c->revs);
         free(c);
         return rc;
     }
@@ -1577,6 +1675,7 @@ cluster_free(struct shard *sh)
     }
     free(c->outstanding);
     free(c->claims);
+    recrev_free(c->revs);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_cond_destroy(&c->lcv);
