@@ -52,11 +52,12 @@ hdr(const char *h, size_t hl, const char *name, size_t *vl)
     return NULL;
 }
 
-/* The request without its Expect header (answered here); heap, *ol bytes. */
+/* The request without its Expect header (answered here), with `extra`
+ * (header lines ending in CRLF) added; heap, *ol bytes. */
 static char *
-rebuild(const char *h, size_t hl, const char *b, size_t bl, size_t *ol)
+rebuild(const char *h, size_t hl, const char *b, size_t bl, const char *extra, size_t *ol)
 {
-    char *o = malloc(hl + bl + 8);
+    char *o = malloc(hl + strlen(extra) + bl + 8);
     size_t n = 0;
     const char *line = h, *end = h + hl;
     while (line < end) {
@@ -68,6 +69,8 @@ rebuild(const char *h, size_t hl, const char *b, size_t bl, size_t *ol)
         }
         line = next;
     }
+    memcpy(o + n, extra, strlen(extra));
+    n += strlen(extra);
     memcpy(o + n, "\r\n", 2);
     n += 2;
     memcpy(o + n, b, bl);
@@ -89,7 +92,7 @@ b64_is(const char *s, const char *pfx, bool whole)
     return r;
 }
 
-enum verdict { FORWARD, FAIL, DROP };
+enum verdict { FORWARD, FAIL, DROP, HOLD };
 
 static enum verdict
 judge(struct eproxy *p, const char *path, const char *body, size_t bl)
@@ -101,16 +104,21 @@ judge(struct eproxy *p, const char *path, const char *body, size_t bl)
     if (j && p->fail_prefix[0] && !strcmp(path, "/v3/kv/range") &&
         b64_is(json_string_value(json_object_get(j, "key")), p->fail_prefix, false))
         v = FAIL;
-    if (j && p->drop_key[0] && !strcmp(path, "/v3/kv/txn")) {
+    if (j && (p->drop_key[0] || p->hold_key[0]) && !strcmp(path, "/v3/kv/txn")) {
         size_t i;
         json_t *op;
         json_array_foreach(json_object_get(j, "success"), i, op)
         {
             json_t *put = json_object_get(op, "request_put");
+            if (put && p->hold_key[0] && !p->held &&
+                b64_is(json_string_value(json_object_get(put, "key")), p->hold_key, true))
+                v = HOLD;
             if (put && b64_is(json_string_value(json_object_get(put, "key")), p->drop_key, true) &&
                 b64_is(json_string_value(json_object_get(put, "value")), p->drop_val, true))
                 v = DROP;
         }
+        if (v == HOLD)
+            p->hold_key[0] = '\0';
         if (v == DROP) {
             p->drop_key[0] = '\0';
             atomic_store(&p->dropped, true);
@@ -173,7 +181,14 @@ conn_main(void *arg)
             first = false;
             const char *body = in + hl + 2;
             enum verdict vd = judge(p, path, body, cl);
-            if (vd == FAIL) {
+            if (vd == HOLD) {
+                size_t ol;
+                char *o = rebuild(in, hl, body, cl, "Connection: close\r\n", &ol);
+                pthread_mutex_lock(&p->mu);
+                p->held = o;
+                p->held_len = ol;
+                pthread_mutex_unlock(&p->mu);
+            } else if (vd == FAIL) {
                 const char *e = "{\"error\":\"injected by the test's etcd proxy\",\"code\":14}";
                 char resp[256];
                 int n = snprintf(resp, sizeof(resp),
@@ -184,10 +199,14 @@ conn_main(void *arg)
                 if (sbx_write_full(pc->cfd, resp, (size_t)n) != 0)
                     goto out;
             } else {
-                if (vd == DROP)
+                if (vd == DROP) {
+                    /* The watch threads see the freeze (they poll every 100
+                     * ms) before etcd can send them the change. */
                     pc->swallow = true;
+                    cl_sleep_ms(300);
+                }
                 size_t ol;
-                char *o = rebuild(in, hl, body, cl, &ol);
+                char *o = rebuild(in, hl, body, cl, "", &ol);
                 int wr = sbx_write_full(pc->efd, o, ol);
                 free(o);
                 if (wr != 0)
@@ -286,6 +305,63 @@ ep_drop_reply(struct eproxy *p, const char *key, const char *val, bool freeze)
 }
 
 void
+ep_hold(struct eproxy *p, const char *key)
+{
+    pthread_mutex_lock(&p->mu);
+    snprintf(p->hold_key, sizeof(p->hold_key), "%s", key);
+    pthread_mutex_unlock(&p->mu);
+}
+
+bool
+ep_holds(struct eproxy *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool h = p->held != NULL;
+    pthread_mutex_unlock(&p->mu);
+    return h;
+}
+
+int
+ep_release(struct eproxy *p, bool *succeeded)
+{
+    pthread_mutex_lock(&p->mu);
+    char *req = p->held;
+    size_t rl = p->held_len;
+    p->held = NULL;
+    pthread_mutex_unlock(&p->mu);
+    if (!req)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&p->etcd, sizeof(p->etcd)) != 0 ||
+        sbx_write_full(fd, req, rl) != 0) {
+        if (fd >= 0)
+            close(fd);
+        free(req);
+        return -1;
+    }
+    free(req);
+    char resp[8192];
+    size_t n = 0;
+    double until = cl_now_ms() + 10000;
+    while (n < sizeof(resp) - 1 && cl_now_ms() < until) {
+        struct pollfd f = {fd, POLLIN, 0};
+        if (poll(&f, 1, 200) <= 0)
+            continue;
+        ssize_t r = read(fd, resp + n, sizeof(resp) - 1 - n);
+        if (r <= 0)
+            break; /* Connection: close: the whole answer */
+        n += (size_t)r;
+    }
+    close(fd);
+    resp[n] = '\0';
+    if (strncmp(resp, "HTTP/1.1 200", 12) != 0 || !strstr(resp, "\"header\""))
+        return -1;
+    /* etcd's JSON leaves false booleans out */
+    *succeeded = strstr(resp, "\"succeeded\":true") != NULL;
+    return 0;
+}
+
+void
 ep_freeze(struct eproxy *p, bool on)
 {
     atomic_store(&p->frozen, on);
@@ -299,5 +375,7 @@ ep_stop(struct eproxy *p)
     for (int k = 0; k < 100 && atomic_load(&p->conns) > 0; k++)
         cl_sleep_ms(50);
     close(p->lfd);
+    free(p->held);
+    p->held = NULL;
     pthread_mutex_destroy(&p->mu);
 }

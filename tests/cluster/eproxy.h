@@ -11,7 +11,11 @@
  *    is forwarded to etcd (which applies it) but its answer never reaches
  *    the node — a transaction whose outcome the node cannot know; from then
  *    on, if freeze_watch is set, the node's watch streams get nothing more
- *    (its view of the cluster stays where it was) until ep_freeze(false).
+ *    (its view of the cluster stays where it was) until ep_freeze(false);
+ *  - hold: the first /v3/kv/txn that puts a given key is kept here,
+ *    unanswered (the node's client gives up after its timeout and re-sends
+ *    it to etcd directly, its next endpoint), until ep_release sends it to
+ *    etcd — a copy that reaches etcd late, as after a long network stall.
  * Everything else is forwarded unchanged.  The proxy listens on etcd's own
  * address (the bridge of the cluster's namespaces), on a free port.
  *
@@ -35,6 +39,9 @@ struct eproxy {
     char drop_key[256];      /* under mu: the txn put whose answer to drop ("" none) */
     char drop_val[64];
     bool freeze_on_drop;
+    char hold_key[256];      /* under mu: the txn put to hold ("" none) */
+    char *held;              /* under mu: the request held (Connection: close) */
+    size_t held_len;
     atomic_int ranges_failed;   /* range requests answered with an error */
     atomic_bool dropped;        /* the txn's answer was dropped */
     atomic_bool frozen;         /* watch streams get nothing */
@@ -50,6 +57,13 @@ void ep_fail_ranges(struct eproxy *p, const char *prefix);
 /* ep_drop_reply — drop the answer of the first txn putting key = val; with
  * freeze, freeze the watch streams at that moment. */
 void ep_drop_reply(struct eproxy *p, const char *key, const char *val, bool freeze);
+/* ep_hold — hold the first txn putting key. */
+void ep_hold(struct eproxy *p, const char *key);
+/* ep_holds — whether a request is held. */
+bool ep_holds(struct eproxy *p);
+/* ep_release — send the held request to etcd: 0 with *succeeded (its
+ * compares held and its puts were applied), or -1 (no answer). */
+int ep_release(struct eproxy *p, bool *succeeded);
 /* ep_freeze — freeze (or release) the watch streams. */
 void ep_freeze(struct eproxy *p, bool on);
 /* ep_stop — stop accepting, end every connection, free. */

@@ -340,32 +340,92 @@ Test(cluster, t14_a_switch_with_an_unknown_outcome_fences_the_old_owner, .timeou
     while (!atomic_load(&px.dropped) && cl_now_ms() - t0 < 60000)
         cl_sleep_ms(100);
     cr_assert(atomic_load(&px.dropped), "node %d never switched partition %u", y, part);
-    cr_assert_eq(cl_read_state(&st), 0);
+    for (double w0 = cl_now_ms(); cl_now_ms() - w0 < 3000; cl_sleep_ms(20)) {
+        cr_assert_eq(cl_read_state(&st), 0);
+        if (st.owner[part] == t)
+            break;
+    }
     cr_assert_eq(st.owner[part], t, "etcd did not apply the switch of partition %u", part);
-    /* y's etcd client gives up on the answer after 3 s and re-sends. */
-    cl_sleep_ms(5000);
-    int served = 0;
-    char codes[256] = "", code[64];
-    for (int k = 0; k < 10; k++) {
-        direct_call(y, k % 2 ? "exec" : "status", id, code, sizeof(code));
+    /* From the switch on, through y's etcd client giving up on the answer
+     * (3 s) and re-sending it, y must serve nothing of the partition. */
+    int served = 0, asked = 0;
+    char codes[512] = "", code[64];
+    for (double p0 = cl_now_ms(); cl_now_ms() - p0 < 8000; asked++) {
+        direct_call(y, asked % 2 ? "exec" : "status", id, code, sizeof(code));
         served += code[0] == '\0';
         if (strlen(codes) + strlen(code) + 4 < sizeof(codes))
-            snprintf(codes + strlen(codes), sizeof(codes) - strlen(codes), "%s%s", k ? "," : "",
-                     code[0] ? code : "ok");
-        cl_sleep_ms(200);
+            snprintf(codes + strlen(codes), sizeof(codes) - strlen(codes), "%s%s",
+                     asked ? "," : "", code[0] ? code : "ok");
+        cl_sleep_ms(100);
     }
     cr_log_info("t14: partition %u switched to node %d with the answer dropped; node %d "
                 "answered: %s",
                 part, t, y, codes);
     cr_expect_eq(served, 0,
-                 "node %d served %d of 10 requests for partition %u, which node %d owns (%s)",
-                 y, served, part, t, codes);
+                 "node %d served %d of %d requests for partition %u, which node %d owns (%s)",
+                 y, served, asked, part, t, codes);
 
     ep_freeze(&px, false);
     drain(c, y, false);
     converge(BASE, 3, "node 2 undrained");
     get_var(c, id, "H", got, sizeof(got));
     cr_expect_str_eq(got, "acknowledged");
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t15 (issue 11 item 2): node y's replication transaction for a sandbox's
+ * record is held in the proxy; y's etcd client gives up after 3 s, re-sends
+ * it to etcd directly, where it is applied and the write acknowledged; a
+ * newer write is acknowledged too.  Then the held copy reaches etcd, at the
+ * same epoch (the partition never moved).  Before the fix it compared only
+ * the partition's owner and epoch, was applied, and undid the newer
+ * acknowledged write in etcd (what a failover would load). */
+Test(cluster, t15_a_late_copy_of_a_replication_never_undoes_a_newer_write, .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], got[64] = "", key[256];
+    uint32_t part = pick_id(&st, "late", y, all, 3, y, id, sizeof(id));
+    set_var(c, id, "H", "first");
+    int64_t e1 = st.epoch[part];
+
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    ep_hold(&px, key);
+    set_var(c, id, "H", "held");
+    cr_assert(ep_holds(&px), "node %d's transaction did not go through the proxy", y);
+    set_var(c, id, "H", "later");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.epoch[part], e1, "partition %u moved meanwhile", part);
+
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the late transaction");
+    cr_log_info("t15: the late copy of the replication of H=held at epoch %lld %s", (long long)e1,
+                applied ? "was APPLIED" : "failed its compare");
+    cr_expect(!applied, "a late copy of a replication transaction was applied over a newer write");
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
+    sbx_etcd_close(etcd);
+    cr_assert_eq(n, 1, "no record of %s in etcd", id);
+    cr_expect(memmem(kvs[0].value, kvs[0].vlen, "later", 5) != NULL,
+              "etcd's record of %s lost the last acknowledged write (H=later)%s", id,
+              memmem(kvs[0].value, kvs[0].vlen, "held", 4) ? ": the late copy replaced it" : "");
+    sbx_etcd_kvs_free(kvs, n);
+    get_var(c, id, "H", got, sizeof(got));
+    cr_expect_str_eq(got, "later");
+
     restart_node(y, NULL);
     ep_stop(&px);
     sbx_destroy(c, id, NULL, NULL);
