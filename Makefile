@@ -38,7 +38,8 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
-ACTORS  := actors/shard.c actors/actor.c actors/record.c actors/relay.c actors/cluster.c
+ACTORS  := actors/shard.c actors/actor.c actors/record.c actors/relay.c actors/cluster.c \
+           actors/recrev.c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
@@ -240,8 +241,10 @@ soak: $(SOAK_BINS)
 # binaries (docs/benchmarks.md, "Cluster scaling").
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
 CLUSTER_SUPPORT := tests/cluster/cluster.c runtime/etcd.c runtime/place.c
-CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c)
+CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
+                                    tests/cluster/eproxy.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
+$(call objs,asan,$(CLUSTER_TESTS) tests/cluster/eproxy.c): tests/cluster/eproxy.h
 $(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster.c tests/cluster/cluster_main.c) \
 $(call objs,release,tools/bench-cluster.c tests/cluster/cluster.c): tests/cluster/cluster.h
 build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)

@@ -51,19 +51,26 @@
 #include "../runtime/nngx.h"
 #include "../runtime/place.h"
 #include "../runtime/util.h"
+#include "recrev.h"
 #include "shard_int.h"
 
 #define HANDOFF_BATCH 256
 #define HANDOFF_GRACE_MS 10000
 #define TXN_PARTS 60          /* compares and puts per etcd transaction (≤ 128) */
-#define REPL_BATCH 60 /* records per replication transaction: ≤ 2 compares each (owner
-                         and epoch of its partition), within etcd's --max-txn-ops */
+#define REPL_BATCH 40 /* records per replication transaction: ≤ 3 compares each (owner
+                         and epoch of its partition, the record's own revision), within
+                         etcd's --max-txn-ops (128) */
 /* Record bytes per replication transaction.  etcd refuses a request over
  * --max-request-bytes (1.5 MiB by default) and values travel base64-encoded
  * in its JSON API (4/3); the largest record (an environment of 1 MiB,
  * actor.c) still fits alone. */
 #define REPL_BATCH_BYTES (384u << 10)
 #define REPL_ERROR_RETRIES 6 /* retries of a transaction etcd answered with an error */
+#define LOAD_BATCH 256  /* partitions per load from etcd */
+#define LOAD_PAGE 100   /* records per range request of a load: ≤ 100 of the largest
+                           (1.4 MiB in base64) stay under the client's MAX_REPLY */
+#define LOAD_BACKOFF_MIN_MS 100
+#define LOAD_BACKOFF_MAX_MS 5000
 #define IMPORT_TIMEOUT_MS 30000
 #define STALE_IMPORT_MS 60000
 
@@ -92,11 +99,10 @@ struct lpart {
     int64_t epoch;
     bool mine;       /* the view says this shard owns it */
     bool ready;      /* its records are in the local store */
+    int64_t load_epoch; /* a load from etcd was asked for at this epoch (0: none) */
     bool moving;     /* a handoff is under way */
     int64_t imported_ms; /* records arrived by partition.import (0: none) */
     int16_t imported_from;
-    int64_t claimed_epoch; /* records installed after our claim at this epoch, before
-                              the view showed the claim (0: none) */
 };
 
 /* A handoff's rendezvous between the control thread and the loop. */
@@ -111,6 +117,8 @@ struct hjob {
     char **ids;           /* the local records, deleted after a switch */
     size_t nids;
     uint64_t timer;
+    uint8_t kept[SBX_PARTITIONS]; /* ctl: partitions of set etcd still shows ours after
+                                     the switch (served again) */
 };
 
 struct cluster {
@@ -142,11 +150,18 @@ struct cluster {
                                            partition to another shard (0: none) */
     atomic_bool reload_owned; /* set by the lease thread when it fences, taken by the
                                  control thread: reload what we own from etcd */
+    /* Under mu: partitions the loop asked the control thread to load from
+     * etcd, at their epoch (0: none); loads says some are asked. */
+    int64_t want_load[SBX_PARTITIONS];
+    bool loads;
+    int64_t load_next_ms;    /* ctl thread: no load before (monotonic ms; failures back off) */
+    int64_t load_backoff_ms; /* ctl thread: the last back-off (0: the last load worked) */
     struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS) */
     /* replication queue */
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
     struct ritem *rq_head, *rq_tail;
+    recrev *revs;            /* replication thread: the records' revisions in etcd */
     /* loop thread only */
     struct lpart lp[SBX_PARTITIONS];
     bool first_view;
@@ -214,22 +229,21 @@ view_apply(sbx_loop *l, void *arg)
     memcpy(c->member_names, u->names, sizeof(u->names));
     c->me = u->me;
     uint8_t stale[SBX_PARTITIONS];
-    bool any_stale = false;
+    bool any_stale = false, any_load = false;
     memset(stale, 0, sizeof(stale));
+    int64_t *load = sbx_xcalloc(SBX_PARTITIONS, sizeof(int64_t));
     int64_t now = sbx_wall_ms();
     for (int p = 0; p < SBX_PARTITIONS; p++) {
         struct lpart *x = &c->lp[p];
         bool mine = u->me >= 0 && u->parts[p].owner == u->me;
-        if (!c->first_view && mine)
-            x->ready = true; /* owned since before this process: its LMDB is current */
+        /* Owned since before this process, or claimed by us: loaded from
+         * etcd below (a crash between a claim and its load leaves the local
+         * store short; what it holds is not trusted). */
         if (mine && !x->mine && x->imported_ms)
             x->ready = true; /* handed to us: the import is committed */
-        if (mine && !x->mine && x->claimed_epoch && x->claimed_epoch == u->parts[p].epoch)
-            x->ready = true; /* claimed by us: installed before the view caught up */
-        if (mine)
-            x->claimed_epoch = 0;
         if (!mine) {
             x->ready = false;
+            x->load_epoch = 0;
             if (x->imported_ms &&
                 (u->parts[p].owner != x->imported_from || now - x->imported_ms > STALE_IMPORT_MS)) {
                 /* An import whose switch never happened: its records are stale. */
@@ -250,12 +264,28 @@ view_apply(sbx_loop *l, void *arg)
         x->mine = mine;
         x->owner = u->parts[p].owner;
         x->epoch = u->parts[p].epoch;
+        if (mine && !x->ready && !x->moving && x->load_epoch != x->epoch && !fenced(c)) {
+            /* Load-then-serve: not admitted until its records came from etcd. */
+            x->load_epoch = x->epoch;
+            load[p] = x->epoch;
+            any_load = true;
+        }
+    }
+    if (any_load) {
+        pthread_mutex_lock(&c->mu);
+        for (int p = 0; p < SBX_PARTITIONS; p++)
+            if (load[p])
+                c->want_load[p] = load[p];
+        c->loads = true;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
     }
     if (u->me >= 0) {
         c->first_view = true;
         if (any_stale)
             purge_partitions(sh, stale);
     }
+    free(load);
     free(u);
 }
 
@@ -411,11 +441,13 @@ job_end(sbx_loop *l, void *arg)
     (void)l;
     if (j->timer)
         sbx_loop_cancel(sh->loop, j->timer);
+    uint8_t gone[SBX_PARTITIONS]; /* switched away: no longer ours */
     for (int p = 0; p < SBX_PARTITIONS; p++) {
+        gone[p] = e->ok && j->set[p] && !j->kept[p];
         if (!j->set[p])
             continue;
         c->lp[p].moving = false;
-        if (e->ok) {
+        if (gone[p]) {
             c->lp[p].mine = false;
             c->lp[p].ready = false;
         }
@@ -423,8 +455,9 @@ job_end(sbx_loop *l, void *arg)
     if (e->ok) {
         /* B holds them now: drop ours (local only: etcd's copy is B's). */
         for (size_t i = 0; i < j->nids; i++)
-            sbx_store_del(sh->store, SBX_DB_SANDBOXES, j->ids[i], strlen(j->ids[i]));
-        actor_partition_drop(sh, j->set);
+            if (gone[sbx_place_partition(j->ids[i], strlen(j->ids[i]))])
+                sbx_store_del(sh->store, SBX_DB_SANDBOXES, j->ids[i], strlen(j->ids[i]));
+        actor_partition_drop(sh, gone);
     }
     for (size_t i = 0; i < j->nids; i++)
         free(j->ids[i]);
@@ -436,31 +469,43 @@ job_end(sbx_loop *l, void *arg)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Loop thread: records installed after a claim. */
+/* Loop thread: records loaded from etcd (load-then-serve). */
 
+/* Records of partitions read whole from etcd; owned by the loop once posted. */
 struct install {
     struct cluster *c;
-    int64_t epoch; /* the claim's epoch (0: a reload of partitions we own) */
-    uint8_t set[SBX_PARTITIONS];
-    struct sbx_etcd_kv *kvs;
+    int64_t epoch[SBX_PARTITIONS]; /* the epoch each partition was loaded for (0: not in it) */
+    uint8_t set[SBX_PARTITIONS];   /* install_apply: those still due (epoch and ask unchanged) */
+    struct sbx_etcd_kv *kvs;       /* every record of those partitions */
     size_t n;
     uint64_t last_seq;
 };
 
 static void install_check(sbx_loop *l, void *arg);
 
+/* Replace the local records of the partitions still owned at the epoch the
+ * load was asked for (a load for a partition that moved since, or that a
+ * fence reset, is dropped: the view asks again). */
 static void
 install_apply(sbx_loop *l, void *arg)
 {
     struct install *in = arg;
-    struct shard *sh = in->c->sh;
+    struct cluster *c = in->c;
+    struct shard *sh = c->sh;
     (void)l;
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        const struct lpart *x = &c->lp[p];
+        in->set[p] = in->epoch[p] && x->mine && !x->ready && !x->moving &&
+                     x->epoch == in->epoch[p] && x->load_epoch == in->epoch[p];
+    }
     purge_partitions(sh, in->set);
     for (size_t i = 0; i < in->n; i++) {
         const char *id = strrchr(in->kvs[i].key, '/');
         if (!id || !id[1])
             continue;
         id++;
+        if (!in->set[sbx_place_partition(id, strlen(id))])
+            continue;
         in->last_seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, id, strlen(id),
                                      in->kvs[i].value, in->kvs[i].vlen);
     }
@@ -469,23 +514,22 @@ install_apply(sbx_loop *l, void *arg)
     install_check(l, in);
 }
 
+/* Once the records are committed: the partitions are served. */
 static void
 install_check(sbx_loop *l, void *arg)
 {
     struct install *in = arg;
-    struct shard *sh = in->c->sh;
+    struct cluster *c = in->c;
+    struct shard *sh = c->sh;
     if (in->last_seq > sh->decided) {
         sbx_loop_timer(l, 5, install_check, in);
         return;
     }
-    for (int p = 0; p < SBX_PARTITIONS; p++)
-        if (in->set[p]) {
-            in->c->lp[p].ready = true;
-            /* The view may not show the claim yet: a view applied before it
-             * does clears ready, and the one that shows it restores it. */
-            if (in->epoch && !in->c->lp[p].mine)
-                in->c->lp[p].claimed_epoch = in->epoch;
-        }
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        struct lpart *x = &c->lp[p];
+        if (in->set[p] && x->mine && x->epoch == in->epoch[p] && x->load_epoch == in->epoch[p])
+            x->ready = true;
+    }
     free(in);
 }
 
@@ -516,7 +560,7 @@ fence_apply(struct cluster *c)
     for (int p = 0; p < SBX_PARTITIONS; p++) {
         c->lp[p].ready = false;
         c->lp[p].mine = false;
-        c->lp[p].claimed_epoch = 0;
+        c->lp[p].load_epoch = 0;
     }
     /* After re-joining, what we still own is reloaded from etcd (the
      * control thread's reload_owned): local state is not trusted. */
@@ -604,10 +648,9 @@ cluster_replicate(struct shard *sh, uint64_t seq, const char *id, const void *re
     snprintf(it->id, sizeof(it->id), "%s", id);
     it->part = sbx_place_partition(id, strlen(id));
     /* Writes are made by operations admitted at the view's epoch (or by
-     * their actors since); records installed after our claim are written at
-     * the claim's epoch while the view has not caught up. */
-    const struct lpart *x = &c->lp[it->part];
-    it->epoch = !x->mine && x->claimed_epoch ? x->claimed_epoch : x->epoch;
+     * their actors since): partitions are served only once the view shows
+     * them ours and their records are loaded. */
+    it->epoch = c->lp[it->part].epoch;
     if (len) {
         it->rec = sbx_xmalloc(len);
         memcpy(it->rec, rec, len);
@@ -694,6 +737,83 @@ epoch_conflict(const struct ritem *batch, const struct ritem *it)
     return false;
 }
 
+/* Whether it is the batch's last write of its record (a transaction puts a
+ * key once: earlier writes of the record in the batch go as the last one). */
+static bool
+repl_last(const struct ritem *it)
+{
+    for (const struct ritem *o = it->next; o; o = o->next)
+        if (!strcmp(o->id, it->id))
+            return false;
+    return true;
+}
+
+/* Replication thread: the revision in etcd of every record the batch
+ * writes, from c->revs or read from etcd (at a partition epoch where it is
+ * not known).  0, or the error of the read. */
+static int
+repl_revs(struct cluster *c, const struct ritem *batch)
+{
+    char key[320];
+    int64_t m;
+    for (const struct ritem *it = batch; it; it = it->next) {
+        if (!repl_last(it) || recrev_get(c->revs, it->id, it->epoch, &m) == 0)
+            continue;
+        struct sbx_etcd_kv *kvs;
+        size_t n;
+        sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+        int rc = sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL);
+        if (rc)
+            return rc;
+        recrev_set(c->revs, it->id, it->epoch, n ? kvs[0].mod_revision : 0);
+        sbx_etcd_kvs_free(kvs, n);
+    }
+    return 0;
+}
+
+/*
+ * Replication thread: after a transaction whose compares failed, read back
+ * what etcd holds.  SBX_E_WRONG_OWNER if a partition of the batch is no
+ * longer ours at the write's epoch; else 0 with *again false if every
+ * record holds what the batch writes (an earlier copy of this transaction
+ * — a re-send to another endpoint, a retry here — was applied), or *again
+ * true if some record is at another revision than c->revs said (learnt
+ * now: the caller sends the transaction again).  Another error: etcd's.
+ */
+static int
+repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
+{
+    struct shard *sh = c->sh;
+    char key[320];
+    *again = false;
+    for (const struct ritem *it = batch; it; it = it->next) {
+        struct sbx_etcd_kv *kvs;
+        size_t n;
+        sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
+        int rc = sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL);
+        if (rc)
+            return rc;
+        bool ours = n && kvs[0].vlen == strlen(sh->conf.name) &&
+                    !memcmp(kvs[0].value, sh->conf.name, kvs[0].vlen) &&
+                    kvs[0].mod_revision == it->epoch;
+        sbx_etcd_kvs_free(kvs, n);
+        if (!ours)
+            return SBX_E_WRONG_OWNER;
+        if (!repl_last(it))
+            continue;
+        sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+        if ((rc = sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL)) != 0)
+            return rc;
+        bool applied = it->rec ? n && kvs[0].vlen == it->len && !memcmp(kvs[0].value, it->rec,
+                                                                         it->len)
+                               : n == 0;
+        recrev_set(c->revs, it->id, it->epoch, n ? kvs[0].mod_revision : 0);
+        sbx_etcd_kvs_free(kvs, n);
+        *again |= !applied;
+    }
+    return 0;
+}
+
 static void *
 repl_main(void *arg)
 {
@@ -732,40 +852,56 @@ repl_main(void *arg)
          * be ours. */
         int rc;
         for (int attempt = 0;; attempt++) {
-            sbx_etcd_txn *t = sbx_etcd_txn_new();
-            uint8_t seen[SBX_PARTITIONS / 8] = {0};
-            char key[320];
-            for (struct ritem *it = batch; it; it = it->next) {
-                if (!(seen[it->part / 8] & (1u << (it->part % 8)))) {
-                    seen[it->part / 8] |= (uint8_t)(1u << (it->part % 8));
-                    sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
-                    sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
-                    sbx_etcd_txn_cmp_mod(t, key, it->epoch);
-                }
-                /* etcd refuses a key twice in one transaction: a record written
-                 * several times in the batch goes once, as its last write. */
-                bool later = false;
-                for (struct ritem *o = it->next; o && !later; o = o->next)
-                    later = !strcmp(o->id, it->id);
-                if (later)
-                    continue;
-                sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
-                if (it->rec)
-                    sbx_etcd_txn_put(t, key, it->rec, it->len, 0);
-                else
-                    sbx_etcd_txn_del(t, key);
-            }
-            bool ok = false;
-            rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
+            rc = repl_revs(c, batch);
             if (rc == 0) {
-                rc = ok ? 0 : SBX_E_WRONG_OWNER;
-                break;
+                sbx_etcd_txn *t = sbx_etcd_txn_new();
+                uint8_t seen[SBX_PARTITIONS / 8] = {0};
+                char key[320];
+                int64_t m = 0;
+                for (struct ritem *it = batch; it; it = it->next) {
+                    if (!(seen[it->part / 8] & (1u << (it->part % 8)))) {
+                        seen[it->part / 8] |= (uint8_t)(1u << (it->part % 8));
+                        sbx_cview_part_key(c->prefix, it->part, key, sizeof(key));
+                        sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
+                        sbx_etcd_txn_cmp_mod(t, key, it->epoch);
+                    }
+                    /* etcd refuses a key twice in one transaction: a record written
+                     * several times in the batch goes once, as its last write. */
+                    if (!repl_last(it))
+                        continue;
+                    sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+                    /* the record is still where our last write left it */
+                    recrev_get(c->revs, it->id, it->epoch, &m);
+                    sbx_etcd_txn_cmp_mod(t, key, m);
+                    if (it->rec)
+                        sbx_etcd_txn_put(t, key, it->rec, it->len, 0);
+                    else
+                        sbx_etcd_txn_del(t, key);
+                }
+                bool ok = false, again = false;
+                int64_t rev = 0;
+                rc = sbx_etcd_txn_run(c->etcd, t, &ok, &rev);
+                if (rc == 0 && ok) {
+                    for (struct ritem *it = batch; it; it = it->next)
+                        if (repl_last(it))
+                            recrev_set(c->revs, it->id, it->epoch, it->rec ? rev : 0);
+                    break;
+                }
+                if (rc == 0 && (rc = repl_read_back(c, batch, &again)) == 0 && !again)
+                    break; /* applied by an earlier copy of this transaction */
+                if (rc == SBX_E_WRONG_OWNER)
+                    break;
+                if (rc == 0)
+                    rc = SBX_E_STORAGE; /* revisions learnt: send it again */
             }
             /* Lost connections are retried while the lease may be ours; errors
              * etcd answers ("leader changed", "request timed out", "too many
              * requests": an election or a busy cluster) a few times more, up
              * to ~2 s.  The transaction puts absolute values under a compare
-             * of owner and epoch, so running it twice is harmless. */
+             * of owner and epoch and of each record's revision: a copy that
+             * reaches etcd late (a re-send, a retry) fails instead of undoing
+             * a newer write, and one applied before its answer was lost is
+             * recognised by reading back (repl_read_back). */
             if (fenced(c) || atomic_load(&c->stop) ||
                 (rc != SBX_E_SHARD_UNAVAILABLE && attempt >= REPL_ERROR_RETRIES))
                 break;
@@ -860,13 +996,24 @@ post_view(struct cluster *c)
     }
     u->nmembers = n;
     sbx_cview_unlock(c->view);
+    /* A partition we switched away at a revision the view has not reached
+     * (its watch lags, or our switch's answer was lost and read back) is not
+     * ours: a view that still says so must not have it loaded and served. */
+    for (int p = 0; p < SBX_PARTITIONS && u->me >= 0; p++)
+        if (u->parts[p].owner == u->me && u->parts[p].epoch < c->handed_rev[p]) {
+            u->parts[p].owner = -1;
+            u->parts[p].epoch = c->handed_rev[p];
+        }
     sbx_loop_post(c->sh->loop, view_apply, u);
 }
 
 
-static void install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load,
-                              int64_t epoch);
-
+/* A claim: ours once the transaction is applied.  The view (which follows
+ * etcd) then shows it, and the loop asks for the partitions' records
+ * (view_apply, load_wanted): they are served only once loaded.  A claim
+ * whose answer is lost (a timeout, a broken connection) but that etcd
+ * applied is found the same way, and so is one made by an earlier process
+ * that crashed before loading. */
 static void
 claim_batch(struct cluster *c, struct claim *cl, size_t n)
 {
@@ -888,69 +1035,126 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
         sbx_etcd_txn_put(t, key, sh->conf.name, strlen(sh->conf.name), 0);
     }
     bool ok = false;
-    int64_t rev = 0;
-    if (sbx_etcd_txn_run(c->etcd, t, &ok, &rev) != 0 || !ok)
-        return; /* someone else moved first; the next reconcile sees it */
-    bool from_dead = false;
-    for (size_t i = 0; i < n; i++)
-        from_dead |= cl[i].owner[0] != 0 || cl[i].epoch != 0;
-    /* Ours now: load their records from etcd before they are served. */
-    install_from_etcd(c, cl, n, from_dead, rev);
+    int rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
+    if (rc == 0 && ok)
+        sbx_info("shard %s: claimed %zu partition(s); loading their records from etcd",
+                 sh->conf.name, n);
+    else if (rc)
+        sbx_warn("shard %s: claim of %zu partition(s): %s (the view tells whether it was "
+                 "applied)",
+                 sh->conf.name, n, sbx_err_message(rc));
 }
 
-/* Load the records of the claimed partitions from etcd (when any can
- * exist) and have the loop install them. */
+/*
+ * Read every record of the partitions parts[0..n) (ascending) from etcd:
+ * one range from the first partition's records to the end of the last
+ * one's, by pages of LOAD_PAGE records at one revision, keeping those of
+ * the set.  0 with *out / *nout (the caller frees them), or the error of
+ * the first request that failed (nothing returned: a partition whose
+ * records could not all be read is never installed as empty).
+ */
+static int
+load_read(struct cluster *c, const uint32_t *parts, size_t n, const uint8_t *set,
+          struct sbx_etcd_kv **out, size_t *nout)
+{
+    char from[200], last[200], end[200];
+    snprintf(from, sizeof(from), "%sr/%04u/", c->prefix, parts[0]);
+    snprintf(last, sizeof(last), "%sr/%04u/", c->prefix, parts[n - 1]);
+    sbx_etcd_prefix_end(last, end, sizeof(end));
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t nk = 0;
+    int64_t rev = 0;
+    bool after = false, more = true;
+    char *next = sbx_xstrdup(from);
+    int rc = 0;
+    while (more) {
+        struct sbx_etcd_kv *pg;
+        size_t np;
+        rc = sbx_etcd_range_page(c->etcd, next, after, end, LOAD_PAGE, rev, &pg, &np, &more,
+                                 rev ? NULL : &rev);
+        if (rc == 0 && np == 0 && more)
+            rc = SBX_E_STORAGE; /* a page whose keys all failed to decode: no progress */
+        if (rc)
+            break;
+        if (np) {
+            free(next);
+            next = sbx_xstrdup(pg[np - 1].key);
+            after = true;
+        }
+        for (size_t i = 0; i < np; i++) {
+            unsigned p = (unsigned)atoi(pg[i].key + strlen(c->prefix) + 2);
+            if (p < SBX_PARTITIONS && set[p]) {
+                kvs = sbx_xrealloc(kvs, (nk + 1) * sizeof(*kvs));
+                kvs[nk++] = pg[i];
+            } else {
+                free(pg[i].key);
+                free(pg[i].value);
+            }
+        }
+        free(pg);
+    }
+    free(next);
+    if (rc) {
+        sbx_etcd_kvs_free(kvs, nk);
+        return rc;
+    }
+    *out = kvs;
+    *nout = nk;
+    return 0;
+}
+
+/*
+ * Control thread: load what the loop asked for (want_load), LOAD_BATCH
+ * partitions at a time, and post each batch to the loop.  A read that
+ * fails (etcd unreachable, an error answer, a timeout) leaves its
+ * partitions unavailable — not empty: their local records stay — and is
+ * tried again after a back-off (LOAD_BACKOFF_MIN_MS doubling to
+ * LOAD_BACKOFF_MAX_MS).
+ */
 static void
-install_from_etcd(struct cluster *c, const struct claim *cl, size_t n, bool load, int64_t epoch)
+load_wanted(struct cluster *c)
 {
     struct shard *sh = c->sh;
-    struct install *in = sbx_xcalloc(1, sizeof(*in));
-    in->c = c;
-    in->epoch = epoch;
-    bool from_dead = load;
-    for (size_t i = 0; i < n; i++)
-        in->set[cl[i].part] = 1;
-    char pfx[200], end[200];
-    if (from_dead) {
-        snprintf(pfx, sizeof(pfx), "%sr/", c->prefix);
-        sbx_etcd_prefix_end(pfx, end, sizeof(end));
-        struct sbx_etcd_kv *kvs = NULL;
-        size_t nk = 0;
-        if (n < 8) {
-            /* a few partitions: a range each */
-            for (size_t i = 0; i < n; i++) {
-                snprintf(pfx, sizeof(pfx), "%sr/%04u/", c->prefix, cl[i].part);
-                sbx_etcd_prefix_end(pfx, end, sizeof(end));
-                struct sbx_etcd_kv *k2;
-                size_t n2;
-                if (sbx_etcd_range(c->etcd, pfx, end, &k2, &n2, NULL) == 0 && n2) {
-                    kvs = sbx_xrealloc(kvs, (nk + n2) * sizeof(*kvs));
-                    memcpy(kvs + nk, k2, n2 * sizeof(*kvs));
-                    nk += n2;
-                    free(k2);
-                }
+    while (!atomic_load(&c->stop) && !fenced(c) && sbx_mono_ms() >= c->load_next_ms) {
+        struct install *in = sbx_xcalloc(1, sizeof(*in));
+        in->c = c;
+        uint32_t parts[LOAD_BATCH];
+        size_t n = 0;
+        pthread_mutex_lock(&c->mu);
+        for (int p = 0; p < SBX_PARTITIONS && n < LOAD_BATCH; p++)
+            if (c->want_load[p]) {
+                in->epoch[p] = c->want_load[p];
+                in->set[p] = 1;
+                parts[n++] = (uint32_t)p;
             }
-        } else if (sbx_etcd_range(c->etcd, pfx, end, &kvs, &nk, NULL) == 0) {
-            /* many: one range, filtered */
-            size_t k = 0;
-            for (size_t i = 0; i < nk; i++) {
-                unsigned p = (unsigned)atoi(kvs[i].key + strlen(c->prefix) + 2);
-                if (p < SBX_PARTITIONS && in->set[p])
-                    kvs[k++] = kvs[i];
-                else {
-                    free(kvs[i].key);
-                    free(kvs[i].value);
-                }
-            }
-            nk = k;
+        if (!n)
+            c->loads = false;
+        pthread_mutex_unlock(&c->mu);
+        if (!n) {
+            free(in);
+            return;
         }
-        in->kvs = kvs;
-        in->n = nk;
+        int rc = load_read(c, parts, n, in->set, &in->kvs, &in->n);
+        if (rc) {
+            c->load_backoff_ms = SBX_MIN(SBX_MAX(c->load_backoff_ms * 2, LOAD_BACKOFF_MIN_MS),
+                                         LOAD_BACKOFF_MAX_MS);
+            c->load_next_ms = sbx_mono_ms() + c->load_backoff_ms;
+            sbx_warn("shard %s: cannot load the records of %zu partition(s) from etcd (%s); "
+                     "they stay unavailable, next try in %lld ms",
+                     sh->conf.name, n, sbx_err_message(rc), (long long)c->load_backoff_ms);
+            free(in);
+            return;
+        }
+        c->load_backoff_ms = 0;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = 0; i < n; i++)
+            if (c->want_load[parts[i]] == in->epoch[parts[i]])
+                c->want_load[parts[i]] = 0;
+        pthread_mutex_unlock(&c->mu);
+        sbx_info("shard %s: loaded %zu record(s) of %zu partition(s) from etcd", sh->conf.name,
+                 in->n, n);
+        sbx_loop_post(sh->loop, install_apply, in);
     }
-    if (from_dead)
-        sbx_info("shard %s: took %zu partition(s), %zu record(s) restored from etcd",
-                 sh->conf.name, n, in->n);
-    sbx_loop_post(sh->loop, install_apply, in);
 }
 
 /* Send records to B over nng: partition.import. */
@@ -1030,6 +1234,57 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
     return rc;
 }
 
+/*
+ * After a switch transaction whose outcome is not known (no answer, an
+ * error answer, or a failed compare — after a re-send to another endpoint
+ * the first copy may have been applied): read the partitions' keys back
+ * until etcd answers.  Until then they stay moving (fenced: nothing of
+ * them is served).  Marks j->kept for those etcd still shows ours at their
+ * epoch; the others are switched away (to tname, or by now elsewhere) and
+ * noted in handed_rev.  0, or the error of the last read when the shard
+ * stops or fences meanwhile (its fence stops serving them anyway).
+ */
+static int
+switch_read_back(struct cluster *c, struct hjob *j, const uint32_t *parts, size_t n,
+                 const int64_t *epochs)
+{
+    struct shard *sh = c->sh;
+    char from[320], last[320], end[320];
+    sbx_cview_part_key(c->prefix, parts[0], from, sizeof(from));
+    sbx_cview_part_key(c->prefix, parts[n - 1], last, sizeof(last));
+    snprintf(end, sizeof(end), "%s", last);
+    end[strlen(end) - 1]++; /* just past the last key (4 digits: no carry needed) */
+    for (int attempt = 0;; attempt++) {
+        struct sbx_etcd_kv *kvs = NULL;
+        size_t nk = 0;
+        int rc = sbx_etcd_range(c->etcd, from, end, &kvs, &nk, NULL);
+        if (rc == 0) {
+            for (size_t k = 0; k < n; k++) {
+                char key[320];
+                sbx_cview_part_key(c->prefix, parts[k], key, sizeof(key));
+                const struct sbx_etcd_kv *kv = NULL;
+                for (size_t i = 0; i < nk && !kv; i++)
+                    if (!strcmp(kvs[i].key, key))
+                        kv = &kvs[i];
+                if (kv && kv->vlen == strlen(sh->conf.name) &&
+                    !memcmp(kv->value, sh->conf.name, kv->vlen) && kv->mod_revision == epochs[k])
+                    j->kept[parts[k]] = 1;
+                else
+                    c->handed_rev[parts[k]] = kv ? kv->mod_revision : 0;
+            }
+            sbx_etcd_kvs_free(kvs, nk);
+            return 0;
+        }
+        if (atomic_load(&c->stop) || fenced(c))
+            return rc;
+        if (attempt == 0)
+            sbx_warn("shard %s: the switch of %zu partition(s) has an unknown outcome and "
+                     "cannot be read back (%s); they serve nothing until it can",
+                     sh->conf.name, n, sbx_err_message(rc));
+        nap_ms(SBX_MIN(50 << SBX_MIN(attempt, 4), 500));
+    }
+}
+
 static void
 handoff(struct cluster *c, int target, const char *tname, const char *turl, const uint32_t *parts,
         size_t n, const int64_t *epochs)
@@ -1051,12 +1306,15 @@ handoff(struct cluster *c, int target, const char *tname, const char *turl, cons
     if (j->done && !fenced(c)) {
         int rc = send_import(c, turl, j);
         if (rc == 0) {
-            /* The switch: owner and epoch must be what we saw. */
+            /* The switch: owner and epoch must be what we saw.  A transaction
+             * whose outcome is not known is read back; the partitions it did
+             * not move (j->kept) are served again, the others dropped. */
             ok = true;
             char key[320];
             for (size_t i = 0; i < n && ok; i += TXN_PARTS) {
+                size_t m = SBX_MIN((size_t)TXN_PARTS, n - i);
                 sbx_etcd_txn *t = sbx_etcd_txn_new();
-                for (size_t k = i; k < n && k < i + TXN_PARTS; k++) {
+                for (size_t k = i; k < i + m; k++) {
                     sbx_cview_part_key(c->prefix, parts[k], key, sizeof(key));
                     sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
                     sbx_etcd_txn_cmp_mod(t, key, epochs[k]);
@@ -1064,14 +1322,19 @@ handoff(struct cluster *c, int target, const char *tname, const char *turl, cons
                 }
                 bool okk = false;
                 int64_t rev = 0;
-                if (sbx_etcd_txn_run(c->etcd, t, &okk, &rev) != 0 || !okk)
-                    ok = false;
-                else
-                    for (size_t k = i; k < n && k < i + TXN_PARTS; k++)
+                int trc = sbx_etcd_txn_run(c->etcd, t, &okk, &rev);
+                if (trc == 0 && okk) {
+                    for (size_t k = i; k < i + m; k++)
                         c->handed_rev[parts[k]] = rev;
+                } else if (switch_read_back(c, j, parts + i, m, epochs + i) != 0) {
+                    ok = false; /* fenced or stopping: the fence stops serving them */
+                } else {
+                    /* Known now; the batches not sent yet stay ours. */
+                    for (size_t k = i + m; k < n; k++)
+                        j->kept[parts[k]] = 1;
+                    break;
+                }
             }
-            /* A batch that failed after earlier ones succeeded: those moved,
-             * the rest did not; the next reconcile sorts it out from the view. */
         } else {
             sbx_warn("shard %s: handoff of %zu partition(s) to %s failed: %s", sh->conf.name, n,
                      tname, sbx_err_message(rc));
@@ -1118,20 +1381,12 @@ reconcile(struct cluster *c)
     }
     int16_t table[SBX_PARTITIONS];
     sbx_place_table(names, (size_t)nl, table);
-    size_t nreload = 0;
     if (atomic_exchange(&c->reload_owned, false)) {
-        /* Re-joined after a fence: what etcd still says we own is reloaded
-         * from etcd (our local state may hold writes that never replicated). */
-        for (int p = 0; p < SBX_PARTITIONS; p++) {
-            if (parts[p].owner == me && !c->busy[p]) {
-                c->claims[nreload].part = (uint32_t)p;
-                c->claims[nreload].owner[0] = 0;
-                c->claims[nreload++].epoch = parts[p].epoch;
-            }
-        }
+        /* Re-joined after a fence: the loop dropped what it served; the
+         * view has it ask for what etcd still says we own, loaded from etcd
+         * (our local state may hold writes that never replicated). */
         sbx_cview_unlock(c->view);
-        if (nreload)
-            install_from_etcd(c, c->claims, nreload, true, 0);
+        post_view(c);
         return;
     }
     struct claim *claims = c->claims;
@@ -1285,11 +1540,17 @@ ctl_main(void *arg)
         if (dirty)
             post_view(c);
         reconcile(c);
+        load_wanted(c);
         pthread_mutex_lock(&c->mu);
-        if (!c->dirty && !atomic_load(&c->stop)) {
+        int64_t wait_ms = 1000; /* less when a load is due sooner */
+        if (c->loads && !fenced(c))
+            wait_ms = SBX_MIN(SBX_MAX(c->load_next_ms - sbx_mono_ms(), 0), wait_ms);
+        if (!c->dirty && !atomic_load(&c->stop) && wait_ms > 0) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
+            ts.tv_nsec += (wait_ms % 1000) * 1000000L;
+            ts.tv_sec += wait_ms / 1000 + ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
         pthread_mutex_unlock(&c->mu);
@@ -1329,6 +1590,7 @@ cluster_start(struct shard *sh)
     c->sh = sh;
     c->ttl_ms = sh->conf.lease_ttl > 0 ? sh->conf.lease_ttl : 10000;
     c->claims = sbx_xcalloc(SBX_PARTITIONS, sizeof(struct claim));
+    c->revs = recrev_new();
     c->me = -1;
     for (int p = 0; p < SBX_PARTITIONS; p++)
         c->lp[p].owner = -1;
@@ -1344,6 +1606,7 @@ cluster_start(struct shard *sh)
     if (rc) {
         sbx_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
         free(c->claims);
+        recrev_free(c->revs);
         free(c);
         return rc;
     }
@@ -1412,6 +1675,7 @@ cluster_free(struct shard *sh)
     }
     free(c->outstanding);
     free(c->claims);
+    recrev_free(c->revs);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_cond_destroy(&c->lcv);

@@ -238,17 +238,35 @@ int
 sbx_etcd_range(sbx_etcd *e, const char *key, const char *range_end, struct sbx_etcd_kv **kvs,
                size_t *n, int64_t *revision)
 {
-    json_t *req = json_pack("{s:o}", "key", jb64(key, strlen(key)));
+    return sbx_etcd_range_page(e, key, false, range_end, 0, 0, kvs, n, NULL, revision);
+}
+
+int
+sbx_etcd_range_page(sbx_etcd *e, const char *key, bool after, const char *range_end,
+                    int64_t limit, int64_t at, struct sbx_etcd_kv **kvs, size_t *n, bool *more,
+                    int64_t *revision)
+{
+    /* after: the key followed by a NUL byte, the first key etcd orders after it
+     * (the string's terminator is that byte) */
+    json_t *req = json_pack("{s:o}", "key", jb64(key, strlen(key) + (after ? 1 : 0)));
     if (range_end)
         json_object_set_new(req, "range_end", jb64(range_end, strlen(range_end) ? strlen(range_end) : 1));
+    if (limit > 0)
+        json_object_set_new(req, "limit", json_integer(limit));
+    if (at > 0)
+        json_object_set_new(req, "revision", json_integer(at));
     json_t *resp;
     int rc = call(e, "/v3/kv/range", req, &resp);
     *kvs = NULL;
     *n = 0;
+    if (more)
+        *more = false;
     if (rc)
         return rc;
     if (revision)
         *revision = jint(json_object_get(resp, "header"), "revision");
+    if (more)
+        *more = json_is_true(json_object_get(resp, "more"));
     json_t *arr = json_object_get(resp, "kvs");
     size_t cnt = json_array_size(arr);
     if (cnt) {

@@ -48,6 +48,19 @@ void sbx_etcd_kvs_free(struct sbx_etcd_kv *kvs, size_t n);
  */
 int sbx_etcd_range(sbx_etcd *e, const char *key, const char *range_end, struct sbx_etcd_kv **kvs,
                    size_t *n, int64_t *revision);
+/*
+ * sbx_etcd_range_page — one page of a range: like sbx_etcd_range, from key
+ * (after: from the first key after it, to go on from a page's last key) to
+ * range_end, at most limit keys (0: all), read at store revision at (0: the
+ * latest; pass the first page's *revision to read every page of one range at
+ * the same revision: etcd then answers SBX_E_STORAGE once it is compacted).
+ * *more (may be NULL) says whether keys beyond this page remain.  A whole
+ * range in one answer can exceed what etcd or this client accept
+ * (MAX_REPLY): read large ranges by pages.
+ */
+int sbx_etcd_range_page(sbx_etcd *e, const char *key, bool after, const char *range_end,
+                        int64_t limit, int64_t at, struct sbx_etcd_kv **kvs, size_t *n, bool *more,
+                        int64_t *revision);
 /* sbx_etcd_prefix_end — the range end covering every key with prefix p (out ≥ strlen(p)+1). */
 void sbx_etcd_prefix_end(const char *p, char *out, size_t outlen);
 

@@ -43,6 +43,7 @@
 #include "../../runtime/util.h"
 #include "../../runtime/wire.h"
 #include "cluster.h"
+#include "eproxy.h"
 
 #define CONVERGE_MS 90000
 
@@ -1492,284 +1493,12 @@ Test(cluster, t10_drain_during_a_long_exec_keeps_the_lease, .timeout = 200)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* t11's etcd proxy.  Node Y is started with it as its first etcd endpoint;
- * it forwards every request but one — the first transaction that writes a
- * given key, which it keeps, unanswered, until the test releases it to etcd
- * (a request that reaches etcd late, as after a long network stall).  Y's
- * etcd client gives up on it after its 3 s timeout and sends the same
- * transaction to etcd itself, its second endpoint (runtime/etcd.c), and goes
- * on talking to etcd directly. */
-
-struct eproxy {
-    int lfd;
-    char url[64];
-    struct sockaddr_in etcd;
-    pthread_mutex_t mu;
-    char hold[200];          /* "<base64 of the key>" with the quotes ("" none) */
-    char *held;              /* the request held (no Expect, Connection: close) */
-    size_t held_len;
-    atomic_bool stop;
-    atomic_int conns;        /* connection threads running */
-    pthread_t acc;
-};
-
-struct pconn {
-    struct eproxy *p;
-    int cfd, efd;
-};
-
-/* The value of header `name` in the header block h (hl bytes, request line
- * first), or NULL; *vl its length. */
-static const char *
-hdr_get(const char *h, size_t hl, const char *name, size_t *vl)
-{
-    size_t nl = strlen(name);
-    const char *end = h + hl, *line = memchr(h, '\n', hl);
-    while (line && ++line < end) {
-        const char *eol = memchr(line, '\n', (size_t)(end - line));
-        size_t n = (size_t)((eol ? eol : end) - line);
-        if (n > nl && line[nl] == ':' && !strncasecmp(line, name, nl)) {
-            const char *v = line + nl + 1;
-            while (v < line + n && *v == ' ')
-                v++;
-            *vl = (size_t)(line + n - v);
-            if (*vl && v[*vl - 1] == '\r')
-                (*vl)--;
-            return v;
-        }
-        line = eol;
-    }
-    return NULL;
-}
-
-/* The request — header block h (hl bytes, without the blank line), body b —
- * without its Expect header (the proxy answered it), with `extra` (header
- * lines, each ending in CRLF) added; heap, *ol bytes. */
-static char *
-req_rebuild(const char *h, size_t hl, const char *b, size_t bl, const char *extra, size_t *ol)
-{
-    char *o = malloc(hl + strlen(extra) + bl + 8);
-    size_t n = 0;
-    const char *line = h, *end = h + hl;
-    while (line < end) {
-        const char *eol = memchr(line, '\n', (size_t)(end - line));
-        const char *next = eol ? eol + 1 : end;
-        if (strncasecmp(line, "Expect:", 7) != 0) {
-            memcpy(o + n, line, (size_t)(next - line));
-            n += (size_t)(next - line);
-            if (!eol) {
-                memcpy(o + n, "\r\n", 2);
-                n += 2;
-            }
-        }
-        line = next;
-    }
-    memcpy(o + n, extra, strlen(extra));
-    n += strlen(extra);
-    memcpy(o + n, "\r\n", 2);
-    n += 2;
-    memcpy(o + n, b, bl);
-    *ol = n + bl;
-    return o;
-}
-
-static void *
-pconn_main(void *arg)
-{
-    struct pconn *pc = arg;
-    struct eproxy *p = pc->p;
-    char *in = NULL, buf[65536];
-    size_t inl = 0;
-    bool sent100 = false;
-    while (!atomic_load(&p->stop)) {
-        struct pollfd f[2] = {{pc->cfd, POLLIN, 0}, {pc->efd, POLLIN, 0}};
-        if (poll(f, 2, 200) <= 0)
-            continue;
-        if (f[1].revents) {
-            ssize_t r = read(pc->efd, buf, sizeof(buf));
-            if (r <= 0 || sbx_write_full(pc->cfd, buf, (size_t)r) != 0)
-                break;
-        }
-        if (!f[0].revents)
-            continue;
-        ssize_t r = read(pc->cfd, buf, sizeof(buf));
-        if (r <= 0)
-            break;
-        in = realloc(in, inl + (size_t)r);
-        memcpy(in + inl, buf, (size_t)r);
-        inl += (size_t)r;
-        /* Every complete request in `in`: forwarded, or held. */
-        for (;;) {
-            const char *he = memmem(in, inl, "\r\n\r\n", 4);
-            if (!he)
-                break;
-            size_t hl = (size_t)(he - in) + 2, vl = 0, cl = 0;
-            const char *v = hdr_get(in, hl, "Content-Length", &vl);
-            if (v)
-                cl = strtoull(v, NULL, 10);
-            size_t total = hl + 2 + cl;
-            if (inl < total) {
-                if (!sent100 && hdr_get(in, hl, "Expect", &vl)) {
-                    const char *cont = "HTTP/1.1 100 Continue\r\n\r\n";
-                    sbx_write_full(pc->cfd, cont, strlen(cont));
-                    sent100 = true;
-                }
-                break;
-            }
-            const char *body = in + hl + 2;
-            bool hold = false;
-            pthread_mutex_lock(&p->mu);
-            if (p->hold[0] && !strncmp(in, "POST /v3/kv/txn ", 16) &&
-                memmem(body, cl, p->hold, strlen(p->hold))) {
-                hold = true;
-                p->hold[0] = '\0';
-                p->held = req_rebuild(in, hl, body, cl, "Connection: close\r\n", &p->held_len);
-            }
-            pthread_mutex_unlock(&p->mu);
-            if (!hold) {
-                size_t ol;
-                char *o = req_rebuild(in, hl, body, cl, "", &ol);
-                int wr = sbx_write_full(pc->efd, o, ol);
-                free(o);
-                if (wr != 0)
-                    goto out;
-            }
-            memmove(in, in + total, inl - total);
-            inl -= total;
-            sent100 = false;
-        }
-    }
-out:
-    free(in);
-    close(pc->cfd);
-    close(pc->efd);
-    atomic_fetch_sub(&p->conns, 1);
-    free(pc);
-    return NULL;
-}
-
-static void *
-eproxy_accept(void *arg)
-{
-    struct eproxy *p = arg;
-    while (!atomic_load(&p->stop)) {
-        struct pollfd f = {p->lfd, POLLIN, 0};
-        if (poll(&f, 1, 200) <= 0)
-            continue;
-        int cfd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (cfd < 0)
-            continue;
-        int efd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (efd < 0 || connect(efd, (struct sockaddr *)&p->etcd, sizeof(p->etcd)) != 0) {
-            if (efd >= 0)
-                close(efd);
-            close(cfd);
-            continue;
-        }
-        struct pconn *pc = malloc(sizeof(*pc));
-        *pc = (struct pconn){p, cfd, efd};
-        pthread_t th;
-        atomic_fetch_add(&p->conns, 1);
-        if (pthread_create(&th, NULL, pconn_main, pc) != 0) {
-            atomic_fetch_sub(&p->conns, 1);
-            close(cfd);
-            close(efd);
-            free(pc);
-            continue;
-        }
-        pthread_detach(th);
-    }
-    return NULL;
-}
-
-/* Listen on the bridge's address (the nodes reach it, as they reach etcd). */
-static void
-eproxy_start(struct eproxy *p)
-{
-    memset(p, 0, sizeof(*p));
-    pthread_mutex_init(&p->mu, NULL);
-    char ip[64];
-    int port = 0;
-    cr_assert_eq(sscanf(cl_env()->etcd, "http://%63[0-9.]:%d", ip, &port), 2, "etcd at %s",
-                 cl_env()->etcd);
-    p->etcd.sin_family = AF_INET;
-    p->etcd.sin_port = htons((uint16_t)port);
-    inet_pton(AF_INET, ip, &p->etcd.sin_addr);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr = p->etcd.sin_addr;
-    socklen_t al = sizeof(a);
-    p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert_geq(p->lfd, 0);
-    cr_assert_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)), 0, "proxy bind %s", ip);
-    cr_assert_eq(listen(p->lfd, 64), 0);
-    getsockname(p->lfd, (struct sockaddr *)&a, &al);
-    snprintf(p->url, sizeof(p->url), "http://%s:%d", ip, (int)ntohs(a.sin_port));
-    cr_assert_eq(pthread_create(&p->acc, NULL, eproxy_accept, p), 0);
-}
-
-static void
-eproxy_hold(struct eproxy *p, const char *key)
-{
-    size_t n;
-    char *b = sbx_base64_encode(key, strlen(key), &n);
-    pthread_mutex_lock(&p->mu);
-    snprintf(p->hold, sizeof(p->hold), "\"%s\"", b);
-    pthread_mutex_unlock(&p->mu);
-    free(b);
-}
-
-static bool
-eproxy_holds(struct eproxy *p)
-{
-    pthread_mutex_lock(&p->mu);
-    bool h = p->held != NULL;
-    pthread_mutex_unlock(&p->mu);
-    return h;
-}
-
-/* Send the held request to etcd now; 0 with *succeeded (the transaction's
- * compares held and its puts were applied), or -1. */
-static int
-eproxy_release(struct eproxy *p, bool *succeeded, char *resp, size_t rl)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&p->etcd, sizeof(p->etcd)) != 0 ||
-        sbx_write_full(fd, p->held, p->held_len) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    size_t n = 0;
-    double until = cl_now_ms() + 10000;
-    while (n < rl - 1 && cl_now_ms() < until) {
-        struct pollfd f = {fd, POLLIN, 0};
-        if (poll(&f, 1, 200) <= 0)
-            continue;
-        ssize_t r = read(fd, resp + n, rl - 1 - n);
-        if (r <= 0)
-            break; /* Connection: close: the whole answer */
-        n += (size_t)r;
-    }
-    close(fd);
-    resp[n] = '\0';
-    if (strncmp(resp, "HTTP/1.1 200", 12) != 0 || !strstr(resp, "\"header\""))
-        return -1;
-    /* etcd's JSON leaves false booleans out */
-    *succeeded = strstr(resp, "\"succeeded\":true") != NULL;
-    return 0;
-}
-
-static void
-eproxy_stop(struct eproxy *p)
-{
-    atomic_store(&p->stop, true);
-    pthread_join(p->acc, NULL);
-    for (int k = 0; k < 100 && atomic_load(&p->conns) > 0; k++)
-        cl_sleep_ms(50);
-    close(p->lfd);
-    free(p->held);
-    p->held = NULL;
-}
+/* t11's etcd proxy (eproxy.h): node Y is started with it as its first etcd
+ * endpoint; it holds the first transaction that writes a given key,
+ * unanswered, until the test releases it to etcd (a request that reaches
+ * etcd late, as after a long network stall).  Y's etcd client gives up on
+ * it after its 3 s timeout, sends the same transaction to etcd itself, its
+ * second endpoint (runtime/etcd.c), and goes on talking to etcd directly. */
 
 /* t11: a replication transaction that reaches etcd late — after the
  * sandbox's partition went to another node and came back to the same one —
@@ -1781,7 +1510,7 @@ Test(cluster, t11_a_late_replication_does_not_land_after_the_partition_came_back
     restore_base();
     const int y = 2;
     static struct eproxy px;
-    eproxy_start(&px);
+    ep_start(&px);
     cr_assert_eq(cl_signal("shard", y, SIGTERM), 0);
     cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not stop", y);
     cr_assert_gt(cl_start_via(y, px.url), 0, "cannot start node %d via %s", y, px.url);
@@ -1804,11 +1533,11 @@ Test(cluster, t11_a_late_replication_does_not_land_after_the_partition_came_back
      * second, straight to etcd, is applied and the write acknowledged. */
     char key[256];
     snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
-    eproxy_hold(&px, key);
+    ep_hold(&px, key);
     double t0 = cl_now_ms();
     set_var(c, id, "H", "held");
     double held_ms = cl_now_ms() - t0;
-    cr_assert(eproxy_holds(&px), "node %d's transaction did not go through the proxy", y);
+    cr_assert(ep_holds(&px), "node %d's transaction did not go through the proxy", y);
 
     /* The partition leaves Y and comes back: a new epoch, the same owner. */
     drain(c, y, true);
@@ -1822,9 +1551,7 @@ Test(cluster, t11_a_late_replication_does_not_land_after_the_partition_came_back
     set_var(c, id, "H", "later");
 
     bool applied = true;
-    char resp[4096];
-    cr_assert_eq(eproxy_release(&px, &applied, resp, sizeof(resp)), 0,
-                 "etcd did not answer the late transaction: %.300s", resp);
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the late transaction");
     cr_log_info("late replication: held %.0f ms (the write was acknowledged through etcd "
                 "directly); partition %u went from epoch %lld to %lld on node %d; the late "
                 "transaction %s",
@@ -1849,7 +1576,7 @@ Test(cluster, t11_a_late_replication_does_not_land_after_the_partition_came_back
     cr_expect_str_eq(got, "later");
 
     /* Y without the proxy again. */
-    eproxy_stop(&px);
+    ep_stop(&px);
     cr_assert_eq(cl_signal("shard", y, SIGTERM), 0);
     cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not stop", y);
     cr_assert_gt(cl_start("shard", y), 0);

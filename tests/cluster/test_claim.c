@@ -1,0 +1,433 @@
+/*
+ * test_claim.c — ownership safety of a cluster under etcd faults (issue 11
+ * items 1 and 5), on the multi-host cluster of cluster.h (3 nodes, lease
+ * TTL 2 s).  One node talks to etcd through the test's proxy (eproxy.h),
+ * which fails or drops exactly the etcd answers a test names:
+ *
+ *  t13: a node that claims a dead node's partition but cannot read its
+ *       records from etcd must not serve it as empty: the sandbox answers
+ *       an error (nothing runs, nothing is created) until the records can
+ *       be read, and then has its acknowledged state;
+ *  t14: a node whose handoff switch has an unknown outcome (etcd applied
+ *       it, the answer never came back, the node's view of the cluster
+ *       stands still) serves nothing of the partition: a request sent to it
+ *       directly is refused, not run.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../runtime/etcd.h"
+#include "../../runtime/place.h"
+#include "../../runtime/util.h"
+#include "../../runtime/wire.h"
+#include "cluster.h"
+#include "eproxy.h"
+
+#define CONVERGE_MS 90000
+
+static const int BASE[3] = {0, 1, 2};
+
+static void
+converge(const int *set, int n, const char *what)
+{
+    char why[512] = "";
+    if (cl_wait_converged(set, n, cl_env()->gw[0], CONVERGE_MS, why, sizeof(why)) < 0) {
+        cl_print_log_tails(25);
+        cr_assert_fail("%s: %s", what, why);
+    }
+}
+
+static sbx_client *
+gw_client(void)
+{
+    sbx_client *c = NULL;
+    sbx_error err;
+    if (sbx_client_open(&c, cl_env()->gw[0], &err) != 0)
+        cr_assert_fail("cannot reach gateway 0: %s %s", err.code, err.message);
+    return c;
+}
+
+/* env.set K=V, retrying transient failures for up to 60 s. */
+static void
+set_var(sbx_client *c, const char *id, const char *k, const char *v)
+{
+    char args[256];
+    snprintf(args, sizeof(args), "{\"vars\":{\"%s\":\"%s\"}}", k, v);
+    double until = cl_now_ms() + 60000;
+    for (;;) {
+        sbx_reply *r = NULL;
+        sbx_error err;
+        if (sbx_call_json(c, "env.set", id, args, 20000, &r, &err) == 0) {
+            sbx_reply_free(r);
+            return;
+        }
+        if (cl_now_ms() > until)
+            cr_assert_fail("env.set %s on %s: %s %s", k, id, err.code, err.message);
+        sbx_error_free(&err);
+        cl_sleep_ms(200);
+    }
+}
+
+/* $k in the sandbox (an exec of timeout_ms); 0 with its value, or -1 with
+ * the error code in code. */
+static int
+try_var(sbx_client *c, const char *id, const char *k, int timeout_ms, char *out, size_t n,
+        char *code, size_t cl)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "printf '%%s' \"$%s\"", k);
+    sbx_exec_opts o = {.command = cmd, .timeout_ms = timeout_ms};
+    sbx_exec_result r;
+    sbx_error err;
+    if (sbx_exec(c, id, &o, &r, &err) != 0) {
+        snprintf(code, cl, "%s", err.code);
+        sbx_error_free(&err);
+        sbx_exec_result_free(&r);
+        return -1;
+    }
+    snprintf(out, n, "%.*s", (int)r.stdout_len, r.stdout_data ? r.stdout_data : "");
+    sbx_exec_result_free(&r);
+    return 0;
+}
+
+/* $k, retrying failures for up to 60 s. */
+static void
+get_var(sbx_client *c, const char *id, const char *k, char *out, size_t n)
+{
+    char code[64];
+    double until = cl_now_ms() + 60000;
+    while (try_var(c, id, k, 20000, out, n, code, sizeof(code)) != 0) {
+        if (cl_now_ms() > until)
+            cr_assert_fail("exec on %s: %s", id, code);
+        cl_sleep_ms(200);
+    }
+}
+
+static void
+drain(sbx_client *c, int i, bool on)
+{
+    char name[64], args[160];
+    cl_node_name(i, name, sizeof(name));
+    snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", name, on ? "true" : "false");
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call_json(c, "cluster.drain", NULL, args, 10000, &r, &err);
+    cr_assert_eq(rc, 0, "cluster.drain %s: %s %s", args, err.code, err.message);
+    sbx_reply_free(r);
+}
+
+/* Nodes 0-2 running, none draining, converged (whatever an earlier test left). */
+static void
+restore_base(void)
+{
+    for (int i = 0; i < 3; i++) {
+        cl_signal("shard", i, SIGCONT);
+        cr_assert_gt(cl_start("shard", i), 0, "cannot start node %d", i);
+    }
+    cr_assert_gt(cl_start("gw", 0), 0);
+    sbx_client *c = NULL;
+    sbx_error err;
+    for (int k = 0; k < 100 && sbx_client_open(&c, cl_env()->gw[0], &err) != 0; k++)
+        cl_sleep_ms(100);
+    cr_assert_not_null(c, "gateway 0 does not answer");
+    struct cl_state st;
+    if (cl_read_state(&st) == 0)
+        for (int i = 0; i < CL_MAX_NODES; i++)
+            if (st.draining[i])
+                drain(c, i, false);
+    sbx_client_close(c);
+    converge(BASE, 3, "initial convergence");
+}
+
+/* Restart node y with (via != NULL) or without the proxy; converged after. */
+static void
+restart_node(int y, const char *via)
+{
+    cr_assert_eq(cl_signal("shard", y, SIGTERM), 0);
+    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not stop", y);
+    if (via)
+        cr_assert_gt(cl_start_via(y, via), 0, "cannot start node %d via %s", y, via);
+    else
+        cr_assert_gt(cl_start("shard", y), 0);
+    converge(BASE, 3, via ? "node re-joined through the proxy" : "node re-joined");
+}
+
+/* The node rendezvous hashing gives partition p among nodes set[0..n). */
+static int
+owner_among(const int *set, int n, uint32_t p)
+{
+    char names[CL_MAX_NODES][64];
+    const char *np[CL_MAX_NODES];
+    for (int i = 0; i < n; i++) {
+        cl_node_name(set[i], names[i], sizeof(names[i]));
+        np[i] = names[i];
+    }
+    static int16_t table[SBX_PARTITIONS];
+    sbx_place_table(np, (size_t)n, table);
+    return set[table[p]];
+}
+
+/* A sandbox ID unique to this run whose partition node a owns now and node
+ * b would own among set[0..n). */
+static uint32_t
+pick_id(const struct cl_state *st, const char *kind, int a, const int *set, int n, int b,
+        char *id, size_t il)
+{
+    for (int k = 0; k < 5000; k++) {
+        snprintf(id, il, "%s%s-%d-%d", kind, cl_env()->prefix + 1, (int)getpid() % 100000, k);
+        uint32_t p = sbx_place_partition(id, strlen(id));
+        if (st->owner[p] == a && owner_among(set, n, p) == b)
+            return p;
+    }
+    cr_assert_fail("no sandbox ID on node %d that node %d would take", a, b);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+
+/* t13 (issue 11 item 1): node y claims the partition of a killed node x
+ * while every read of records (r/…) it sends to etcd fails.  Before the
+ * fix, the failed read counted as "no records": the partition went live
+ * empty and the next exec created a fresh sandbox over the acknowledged
+ * one (its environment lost, and that loss replicated to etcd). */
+Test(cluster, t13_a_claim_whose_records_cannot_be_read_stays_unavailable, .timeout = 240)
+{
+    restore_base();
+    const int x = 1, y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int rest[2] = {0, y};
+    char id[64], got[64] = "", code[64] = "";
+    uint32_t part = pick_id(&st, "claim", x, rest, 2, y, id, sizeof(id));
+    set_var(c, id, "H", "acknowledged");
+
+    char pfx[128];
+    snprintf(pfx, sizeof(pfx), "/sbx/%s/r/", cl_env()->cluster);
+    ep_fail_ranges(&px, pfx);
+    cr_assert_eq(cl_signal("shard", x, SIGKILL), 0);
+    cr_assert_eq(cl_wait_exit("shard", x, 30000), 0);
+    /* y claims it once x's lease expires (TTL 2 s). */
+    double t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(200);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while (st.owner[part] != y && cl_now_ms() - t0 < 30000);
+    cr_assert_eq(st.owner[part], y, "node %d did not claim partition %u", y, part);
+    cl_sleep_ms(1000); /* its reads fail meanwhile */
+    int failed = atomic_load(&px.ranges_failed);
+    int rc = try_var(c, id, "H", 3000, got, sizeof(got), code, sizeof(code));
+    cr_log_info("t13: partition %u claimed by node %d; %d record read(s) failed; the exec "
+                "answered %s%s%s",
+                part, y, failed, rc == 0 ? "ok, H=" : "", rc == 0 ? got : code, "");
+    cr_expect_gt(failed, 0, "node %d did not read the records through the proxy", y);
+    cr_expect_neq(rc, 0,
+                  "the sandbox was served while its records could not be read (H='%s')", got);
+
+    /* etcd answers again: the node loads the records and serves them. */
+    ep_fail_ranges(&px, NULL);
+    get_var(c, id, "H", got, sizeof(got));
+    cr_expect_str_eq(got, "acknowledged", "the acknowledged environment was lost");
+
+    cr_assert_gt(cl_start("shard", x), 0);
+    converge(BASE, 3, "node 1 back");
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* One request sent to node i directly (no route: it is admitted on the
+ * node's own beliefs); "" if it answered ok, else its error code or why
+ * there was no answer. */
+static void
+direct_call(int i, const char *op, const char *id, char *code, size_t cl)
+{
+    char url[64];
+    cl_node_url(i, url, sizeof(url));
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
+    cr_assert_eq(nng_dial(s, url, NULL, 0), 0, "cannot dial %s", url);
+    sbx_enc e;
+    char *buf, rid[48];
+    size_t len;
+    snprintf(rid, sizeof(rid), "t14-%d-%d", (int)getpid() % 100000, rand() % 100000);
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", rid);
+    sbx_enc_kstr(&e, "op", op);
+    sbx_enc_kstr(&e, "sandbox", id);
+    sbx_enc_kint(&e, "timeoutMs", 5000);
+    sbx_enc_kmap(&e, "args");
+    if (!strcmp(op, "exec"))
+        sbx_enc_kstr(&e, "command", "echo ran");
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
+    nng_msg *m = NULL;
+    cr_assert_eq(nng_msg_alloc(&m, len), 0);
+    memcpy(nng_msg_body(m), buf, len);
+    free(buf);
+    int rv = nng_sendmsg(s, m, 0);
+    if (rv == 0)
+        rv = nng_recvmsg(s, &m, 0);
+    if (rv != 0) {
+        snprintf(code, cl, "no reply: %s", nng_strerror(rv));
+        nng_close(s);
+        return;
+    }
+    sbx_msg dm;
+    snprintf(code, cl, "malformed reply");
+    if (sbx_wire_decode(&dm, nng_msg_body(m), nng_msg_len(m), &sbx_wire_limits_reply) == 0) {
+        bool ok = false;
+        sbx_wire_get_bool(dm.root, "ok", &ok);
+        const msgpack_object *eo;
+        sbx_str ec = {"?", 1};
+        if (!ok && sbx_wire_get_map(dm.root, "error", &eo) == 0)
+            sbx_wire_get_str(eo, "code", &ec);
+        snprintf(code, cl, "%.*s", ok ? 0 : (int)ec.n, ec.p);
+        sbx_wire_msg_free(&dm);
+    }
+    nng_msg_free(m);
+    nng_close(s);
+}
+
+/* t14 (issue 11 item 5): node y drains; etcd applies the switch of the
+ * sandbox's partition to node t, but the answer never reaches y and y's
+ * view of the cluster stands still.  y's client gives up after 3 s and
+ * re-sends the switch to etcd directly, whose compare now fails.  Before
+ * the fix y took that as "not switched" and served the partition again:
+ * reads and execs for a partition another node owns. */
+Test(cluster, t14_a_switch_with_an_unknown_outcome_fences_the_old_owner, .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int rest[2] = {0, 1};
+    char id[64], got[64] = "", tname[64], key[160];
+    int t = -1;
+    uint32_t part = 0;
+    for (int k = 0; k < 2 && t < 0; k++) {
+        part = pick_id(&st, "switch", y, rest, 2, rest[k], id, sizeof(id));
+        t = rest[k];
+    }
+    set_var(c, id, "H", "acknowledged");
+    get_var(c, id, "H", got, sizeof(got));
+    cl_node_name(t, tname, sizeof(tname));
+    snprintf(key, sizeof(key), "/sbx/%s/c/parts/%04u", cl_env()->cluster, part);
+    ep_drop_reply(&px, key, tname, true);
+
+    drain(c, y, true);
+    double t0 = cl_now_ms();
+    while (!atomic_load(&px.dropped) && cl_now_ms() - t0 < 60000)
+        cl_sleep_ms(100);
+    cr_assert(atomic_load(&px.dropped), "node %d never switched partition %u", y, part);
+    for (double w0 = cl_now_ms(); cl_now_ms() - w0 < 3000; cl_sleep_ms(20)) {
+        cr_assert_eq(cl_read_state(&st), 0);
+        if (st.owner[part] == t)
+            break;
+    }
+    cr_assert_eq(st.owner[part], t, "etcd did not apply the switch of partition %u", part);
+    /* From the switch on, through y's etcd client giving up on the answer
+     * (3 s) and re-sending it, y must serve nothing of the partition. */
+    int served = 0, asked = 0;
+    char codes[512] = "", code[64];
+    for (double p0 = cl_now_ms(); cl_now_ms() - p0 < 8000; asked++) {
+        direct_call(y, asked % 2 ? "exec" : "status", id, code, sizeof(code));
+        served += code[0] == '\0';
+        if (strlen(codes) + strlen(code) + 4 < sizeof(codes))
+            snprintf(codes + strlen(codes), sizeof(codes) - strlen(codes), "%s%s",
+                     asked ? "," : "", code[0] ? code : "ok");
+        cl_sleep_ms(100);
+    }
+    cr_log_info("t14: partition %u switched to node %d with the answer dropped; node %d "
+                "answered: %s",
+                part, t, y, codes);
+    cr_expect_eq(served, 0,
+                 "node %d served %d of %d requests for partition %u, which node %d owns (%s)",
+                 y, served, asked, part, t, codes);
+
+    ep_freeze(&px, false);
+    drain(c, y, false);
+    converge(BASE, 3, "node 2 undrained");
+    get_var(c, id, "H", got, sizeof(got));
+    cr_expect_str_eq(got, "acknowledged");
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t15 (issue 11 item 2): node y's replication transaction for a sandbox's
+ * record is held in the proxy; y's etcd client gives up after 3 s, re-sends
+ * it to etcd directly, where it is applied and the write acknowledged; a
+ * newer write is acknowledged too.  Then the held copy reaches etcd, at the
+ * same epoch (the partition never moved).  Before the fix it compared only
+ * the partition's owner and epoch, was applied, and undid the newer
+ * acknowledged write in etcd (what a failover would load). */
+Test(cluster, t15_a_late_copy_of_a_replication_never_undoes_a_newer_write, .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], got[64] = "", key[256];
+    uint32_t part = pick_id(&st, "late", y, all, 3, y, id, sizeof(id));
+    set_var(c, id, "H", "first");
+    int64_t e1 = st.epoch[part];
+
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    ep_hold(&px, key);
+    set_var(c, id, "H", "held");
+    cr_assert(ep_holds(&px), "node %d's transaction did not go through the proxy", y);
+    set_var(c, id, "H", "later");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.epoch[part], e1, "partition %u moved meanwhile", part);
+
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the late transaction");
+    cr_log_info("t15: the late copy of the replication of H=held at epoch %lld %s", (long long)e1,
+                applied ? "was APPLIED" : "failed its compare");
+    cr_expect(!applied, "a late copy of a replication transaction was applied over a newer write");
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
+    sbx_etcd_close(etcd);
+    cr_assert_eq(n, 1, "no record of %s in etcd", id);
+    cr_expect(memmem(kvs[0].value, kvs[0].vlen, "later", 5) != NULL,
+              "etcd's record of %s lost the last acknowledged write (H=later)%s", id,
+              memmem(kvs[0].value, kvs[0].vlen, "held", 4) ? ": the late copy replaced it" : "");
+    sbx_etcd_kvs_free(kvs, n);
+    get_var(c, id, "H", got, sizeof(got));
+    cr_expect_str_eq(got, "later");
+
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
