@@ -30,7 +30,7 @@
 # that appeared since.
 #
 # Teardown is not instant (a killed process's exit, a cgroup's removal), so
-# `check` looks again for up to SBX_LEFTOVER_GRACE seconds (default 10)
+# `check` looks again for up to SBX_LEFTOVER_GRACE seconds (default 30)
 # before it reports.  It never kills, unmounts or removes anything: the list
 # says what to clean up (by pid, mount point, path).
 #
@@ -133,12 +133,18 @@ collect() {
   for f in /run/sbx/*.lock; do
     [ -e "$f" ] || continue
     ino=$(stat -c %i "$f" 2>/dev/null) || continue
-    holder=$(awk -v ino="$ino" '{ split($6, a, ":"); if (a[3] == ino) print $5 }' /proc/locks |
-             sort -u | tr '\n' ' ')
+    # (a waiter's line has "->" after the number: find the dev:ino field)
+    holder=$(awk -v ino="$ino" '{ for (i = 2; i <= NF; i++)
+                                    if ($i ~ /^[0-9a-f]+:[0-9a-f]+:[0-9]+$/) {
+                                      split($i, a, ":");
+                                      if (a[3] == ino && !seen[$(i - 1)]++) printf "%s ", $(i - 1)
+                                      break } }' /proc/locks)
+    holder=${holder% }
+    [ -n "$holder" ] && holder="pid $holder" || holder=nobody
     mine=0
     [ -n "$prefix" ] && [[ "$(basename "$f")" == *"$prefix"* ]] && mine=1
-    printf 'lock\t%s %s\t%s\tlock %s (%s)\n' "$f" "$ino" "$mine" "$f" \
-      "${holder:+held by pid $holder}${holder:-held by nobody}"
+    printf 'lock\t%s %s\t%s\tlock %s (held by %s)\n' "$f" "$ino" "$mine" "$f" \
+      "$holder"
   done
   # network namespaces
   local ns
@@ -167,7 +173,7 @@ case "$mode" in
     while IFS=$'\t' read -r kind key _; do
       before["$kind $key"]=1
     done < <(tail -n +2 "$file")
-    grace=${SBX_LEFTOVER_GRACE:-10}
+    grace=${SBX_LEFTOVER_GRACE:-30}
     until=$(( $(date +%s) + grace ))
     while :; do
       mine=() other=()
