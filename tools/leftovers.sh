@@ -16,17 +16,18 @@
 #            (v1: every controller; v2), i.e. a shard's subtree sbx/<shard>;
 #   mount    a mount whose mount point is under /tmp/sbx-*, /run/sbx or
 #            /var/lib/sbx;
+#   loop     a loop device whose backing file is under /tmp/sbx-*;
 #   lock     a file /run/sbx/*.lock (deployment and cgroup-subtree locks;
 #            sbxd unlinks its own when it stops), with the pid holding it;
 #   netns    a network namespace (`ip netns list`).
 # An item belongs to the run if the run's prefix (SBX_TEST_PREFIX when the
-# snapshot was taken; tests put it at the front of their deployment names,
-# data directories and network namespaces) appears in it: in the process's
+# snapshot was taken; tests put it in their deployment names, data
+# directories and network namespaces) appears in it: in the process's
 # environment, command line or cgroup path, in the cgroup's or lock's name,
-# in the mount point, in the namespace's name.  Items without the prefix
-# that appeared during the run (another worktree's tests beside this run, a
-# test that does not use the prefix yet) are listed as "not counted", and
-# fail nothing.  A snapshot taken without SBX_TEST_PREFIX counts everything
+# in the mount point or backing file, in the namespace's name.  Items
+# without the prefix that appeared during the run (another worktree's tests
+# beside this run, a test that does not use the prefix yet) are listed as
+# "not counted", and fail nothing.  A snapshot taken without SBX_TEST_PREFIX counts everything
 # that appeared since.
 #
 # Teardown is not instant (a killed process's exit, a cgroup's removal), so
@@ -128,6 +129,18 @@ collect() {
   done < <(awk '{ for (i = 7; $i != "-"; i++) ; mp = $5;
                   if (mp ~ "^/tmp/sbx-" || mp ~ "^/run/sbx(/|$)" || mp ~ "^/var/lib/sbx(/|$)")
                     print $1, mp, $(i + 1), $(i + 2) }' /proc/self/mountinfo)
+  # loop devices whose backing file is under /tmp/sbx-* (a loop file system
+  # of a test, unmounted but not detached)
+  local bf
+  for f in /sys/block/loop*/loop/backing_file; do
+    [ -r "$f" ] || continue
+    bf=$(cat "$f" 2>/dev/null)
+    [[ "$bf" == /tmp/sbx-* ]] || continue
+    d=${f#/sys/block/}; d=/dev/${d%%/*}
+    mine=0
+    [ -n "$prefix" ] && [[ "$bf" == *"$prefix"* ]] && mine=1
+    printf 'loop\t%s %s\t%s\tloop device %s (backing file %s)\n' "$d" "$bf" "$mine" "$d" "$bf"
+  done
   # locks, with their holders (/proc/locks: "1: FLOCK ADVISORY WRITE pid maj:min:ino …")
   local ino holder
   for f in /run/sbx/*.lock; do
