@@ -59,12 +59,22 @@ while [ -n "$p" ] && [ "$p" != 0 ]; do
   skip[$p]=1
   p=$(ppid_of "$p")
 done
+# The parent of every process, refreshed by collect (one ps, not one read
+# per process and ancestor).
+declare -A parent=()
+refresh_parents() {
+  parent=()
+  local pid ppid
+  while read -r pid ppid; do
+    parent[$pid]=$ppid
+  done < <(ps -e -o pid=,ppid= 2>/dev/null)
+}
 is_ours_running() {
   local p=$1 n=0
   [ -n "${skip[$p]:-}" ] && return 0
   while [ -n "$p" ] && [ "$p" -gt 1 ] && [ $n -lt 64 ]; do
     [ "$p" = "$$" ] && return 0
-    p=$(ppid_of "$p"); n=$((n + 1))
+    p=${parent[$p]:-}; n=$((n + 1))
   done
   return 1
 }
@@ -83,6 +93,7 @@ collect() {
   local prefix=$1
   local -A cand=() envmark=()
   local f p
+  refresh_parents
   # processes: by environment, by name, by cgroup
   if [ -n "$prefix" ]; then
     while IFS= read -r f; do
@@ -142,7 +153,7 @@ collect() {
     printf 'loop\t%s %s\t%s\tloop device %s (backing file %s)\n' "$d" "$bf" "$mine" "$d" "$bf"
   done
   # locks, with their holders (/proc/locks: "1: FLOCK ADVISORY WRITE pid maj:min:ino …")
-  local ino holder
+  local ino holder open
   for f in /run/sbx/*.lock; do
     [ -e "$f" ] || continue
     ino=$(stat -c %i "$f" 2>/dev/null) || continue
@@ -153,6 +164,16 @@ collect() {
                                       if (a[3] == ino && !seen[$(i - 1)]++) printf "%s ", $(i - 1)
                                       break } }' /proc/locks)
     holder=${holder% }
+    # /proc/locks names the process that took the lock; if that one is gone
+    # the lock lives on in whoever inherited the open file: name those.
+    if [ -n "$holder" ] && ! [ -e "/proc/${holder%% *}" ]; then
+      open=
+      for p in $(find -L /proc/[0-9]*/fd -maxdepth 1 -samefile "$f" 2>/dev/null |
+                 cut -d/ -f3 | sort -un); do
+        [ -e "/proc/$p" ] && ! is_ours_running "$p" && open+="$p "
+      done
+      holder="$holder (gone; open in pid ${open% })"
+    fi
     [ -n "$holder" ] && holder="pid $holder" || holder=nobody
     mine=0
     [ -n "$prefix" ] && [[ "$(basename "$f")" == *"$prefix"* ]] && mine=1
