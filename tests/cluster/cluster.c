@@ -887,9 +887,9 @@ sup_main(const struct cl_opts *o, int to_main, int from_main)
              "SBXC_HTTP0=%d SBXC_HTTP1=%d SBXC_NODES=%d\n",
              S.ctl_path, S.dir, S.etcd_url, S.cluster, S.prefix, S.net, S.secret, S.gw_port[0],
              S.gw_port[1], S.gw_http[0], S.gw_http[1], o->nodes);
-    slog("%d shard nodes in netns sbx%sn* on %s.0/24, etcd %s, gateways :%d :%d, up in %.1f s "
+    slog("%d shard nodes in netns sbx%s%sn* on %s.0/24, etcd %s, gateways :%d :%d, up in %.1f s "
          "(binaries %s, data %s)",
-         o->nodes, S.tag, S.net, S.etcd_url, S.gw_port[0], S.gw_port[1],
+         o->nodes, run_prefix(), S.tag, S.net, S.etcd_url, S.gw_port[0], S.gw_port[1],
          (cl_now_ms() - t0) / 1000, S.bindir, S.dir);
     sbx_write_full(to_main, msg, strlen(msg));
     sup_serve();
