@@ -30,6 +30,10 @@
 # "not counted", and fail nothing.  A snapshot taken without SBX_TEST_PREFIX counts everything
 # that appeared since.
 #
+# run-tests.sh sets SBX_TEST_PREFIX for its own children only: if you
+# export it in your shell and pipe `check` into another command, that
+# command carries it and counts.
+#
 # Teardown is not instant (a killed process's exit, a cgroup's removal), so
 # `check` looks again for up to SBX_LEFTOVER_GRACE seconds (default 30)
 # before it reports.  It never kills, unmounts or removes anything: the list
@@ -110,7 +114,8 @@ collect() {
     is_ours_running "$p" && continue
     st=$(starttime "$p")
     [ -n "$st" ] || continue
-    cmd=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-200)
+    # (it may end while we look)
+    cmd=$({ tr '\0' ' ' < "/proc/$p/cmdline"; } 2>/dev/null | cut -c1-200)
     [ -n "$cmd" ] || cmd="[$(cat "/proc/$p/comm" 2>/dev/null)]"
     cg=$(grep -m1 -o '/sbx/.*' "/proc/$p/cgroup" 2>/dev/null)
     mine=0
