@@ -19,6 +19,8 @@ pkgs=(
   # tests: the framework; libFuzzer targets (clang with its fuzzer runtime) and the
   # valgrind job, both run by `make test`
   libcriterion-dev clang libclang-rt-dev valgrind
+  # tests: a hung test binary is reported with the stacks of its threads (tools/watchdog.sh)
+  gdb
   # inside sandboxes: the host's /usr is what sandboxes run
   bash coreutils procps python3 nodejs git
   # the code interpreter: IPython, matplotlib, pandas, numpy; npm for the JS/TS driver

@@ -28,8 +28,11 @@ set -uo pipefail
 secs=${VALGRIND_SECONDS:-20}
 # Release binaries (not $SBX_BIN, which run-tests.sh points at the ASan build).
 bin=${SBX_VALGRIND_BIN:-bin}
-dir=$(mktemp -d /tmp/sbx-valgrind-XXXXXX)
-name="vg$(basename "$dir" | tr -dc 'a-z0-9' | tail -c 6)"
+# The test run's mark (tools/run-tests.sh; tools/leftovers.sh looks for it).
+mark=${SBX_TEST_PREFIX:-}
+[[ "$mark" =~ ^[a-z0-9]{1,8}$ ]] || mark=
+dir=$(mktemp -d "/tmp/sbx-valgrind-${mark}XXXXXX")
+name="vg${mark}$(basename "$dir" | tr -dc 'a-z0-9' | tail -c 6)"
 start=$(date +%s)
 pids=()
 cleanup() {

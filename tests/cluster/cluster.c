@@ -107,6 +107,23 @@ slog(const char *fmt, ...)
     va_end(ap);
 }
 
+/* $SBX_TEST_PREFIX if it is 1-8 lower-case letters and digits, else "" (the
+ * environment owns it).  tools/run-tests.sh sets it per run: it goes into
+ * the names of what the cluster creates on the host (shard names, so their
+ * cgroups and locks; the network namespaces; the directory) so that
+ * tools/leftovers.sh can tell this run's leftovers from other runs'. */
+static const char *
+run_prefix(void)
+{
+    const char *p = getenv("SBX_TEST_PREFIX");
+    if (!p || strlen(p) > 8)
+        return "";
+    for (const char *c = p; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9')))
+            return "";
+    return p;
+}
+
 /* Run a command to completion, its output to the setup log; exit status or -1. */
 static int
 run(const char *const *argv)
@@ -420,7 +437,7 @@ make_network(void)
         RUN("ip", "link", "set", S.bridge, "up") != 0)
         return -1;
     for (int i = 0; i < CL_MAX_NODES; i++) {
-        snprintf(S.ns[i], sizeof(S.ns[i]), "sbx%sn%d", S.tag, i);
+        snprintf(S.ns[i], sizeof(S.ns[i]), "sbx%s%sn%d", run_prefix(), S.tag, i);
         snprintf(S.veth_host[i], sizeof(S.veth_host[i]), "sx%sh%d", S.tag, i);
         snprintf(S.veth_node[i], sizeof(S.veth_node[i]), "sx%sc%d", S.tag, i);
         if (RUN("ip", "netns", "add", S.ns[i]) != 0)
@@ -756,7 +773,7 @@ sup_main(const struct cl_opts *o, int to_main, int from_main)
         b = "build/asan/bin";
     if (!realpath(b, S.bindir))
         snprintf(S.bindir, sizeof(S.bindir), "%s", b);
-    snprintf(S.dir, sizeof(S.dir), "/tmp/sbx-cluster-XXXXXX");
+    snprintf(S.dir, sizeof(S.dir), "/tmp/sbx-cluster-%sXXXXXX", run_prefix());
     char msg[2048];
     double t0 = cl_now_ms();
     const char *fail = NULL;
@@ -779,7 +796,7 @@ sup_main(const struct cl_opts *o, int to_main, int from_main)
             goto out;
         }
     }
-    snprintf(S.prefix, sizeof(S.prefix), "k%s", S.tag);
+    snprintf(S.prefix, sizeof(S.prefix), "k%s%s", run_prefix(), S.tag);
     snprintf(S.cluster, sizeof(S.cluster), "c%s", S.tag);
     snprintf(S.secret, sizeof(S.secret), "relay-%s-%08lx", S.tag, random());
     S.uid_slot = (unsigned)(strtoul(S.tag, NULL, 16) % 256);
@@ -870,9 +887,9 @@ sup_main(const struct cl_opts *o, int to_main, int from_main)
              "SBXC_HTTP0=%d SBXC_HTTP1=%d SBXC_NODES=%d\n",
              S.ctl_path, S.dir, S.etcd_url, S.cluster, S.prefix, S.net, S.secret, S.gw_port[0],
              S.gw_port[1], S.gw_http[0], S.gw_http[1], o->nodes);
-    slog("%d shard nodes in netns sbx%sn* on %s.0/24, etcd %s, gateways :%d :%d, up in %.1f s "
+    slog("%d shard nodes in netns sbx%s%sn* on %s.0/24, etcd %s, gateways :%d :%d, up in %.1f s "
          "(binaries %s, data %s)",
-         o->nodes, S.tag, S.net, S.etcd_url, S.gw_port[0], S.gw_port[1],
+         o->nodes, run_prefix(), S.tag, S.net, S.etcd_url, S.gw_port[0], S.gw_port[1],
          (cl_now_ms() - t0) / 1000, S.bindir, S.dir);
     sbx_write_full(to_main, msg, strlen(msg));
     sup_serve();

@@ -125,7 +125,7 @@ shard_serving(pid_t pid, const char *log)
 static void
 tmpdir(char *out, size_t n)
 {
-    snprintf(out, n, "/tmp/sbx-deploy-XXXXXX");
+    snprintf(out, n, "/tmp/sbx-deploy-%sXXXXXX", test_prefix());
     cr_assert(mkdtemp(out) != NULL, "mkdtemp");
 }
 

@@ -339,7 +339,7 @@ static void
 cluster_start(struct cluster *c, int nshards)
 {
     memset(c, 0, sizeof(*c));
-    snprintf(c->dir, sizeof(c->dir), "/tmp/sbx-faults-XXXXXX");
+    snprintf(c->dir, sizeof(c->dir), "/tmp/sbx-faults-%sXXXXXX", test_prefix());
     cr_assert(mkdtemp(c->dir) != NULL, "mkdtemp");
     live_cluster = c;
     /* Shard and cgroup names derive from the directory: unique per run. */
@@ -1200,7 +1200,8 @@ shard_status_field(sbx_client *c, const char *field)
 Test(faults, full_data_directory_gives_storage_error_and_recovers, .timeout = 150,
      .fini = cleanup)
 {
-    char mnt[] = "/tmp/sbx-full-XXXXXX";
+    char mnt[64];
+    snprintf(mnt, sizeof(mnt), "/tmp/sbx-full-%sXXXXXX", test_prefix());
     cr_assert(mkdtemp(mnt) != NULL);
     cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
                  "mount tmpfs: %s", strerror(errno));

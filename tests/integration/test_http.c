@@ -830,7 +830,8 @@ Test(http, api_keys, .timeout = 120)
 static int
 run_sbxd_expecting_exit(const char *const *args, char *log, size_t loglen)
 {
-    char dir[] = "/tmp/sbx-test-XXXXXX";
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/sbx-test-%sXXXXXX", test_prefix());
     cr_assert(mkdtemp(dir));
     char logpath[300], sbxd[512], url[300], name[64];
     snprintf(logpath, sizeof(logpath), "%s/sbxd.log", dir);

@@ -126,7 +126,7 @@ int
 testd_start(struct testd *d, int shards, const char *const *extra)
 {
     memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/sbx-test-XXXXXX");
+    snprintf(d->dir, sizeof(d->dir), "/tmp/sbx-test-%sXXXXXX", test_prefix());
     if (!mkdtemp(d->dir))
         return -1;
     /* Shard and cgroup names derive from this: unique per test binary run. */
@@ -195,6 +195,18 @@ test_url(void)
 {
     const char *u = getenv("SBX_TEST_URL");
     return u ? u : "tcp://127.0.0.1:7700";
+}
+
+const char *
+test_prefix(void)
+{
+    const char *p = getenv("SBX_TEST_PREFIX");
+    if (!p || strlen(p) > 8)
+        return "";
+    for (const char *c = p; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9')))
+            return "";
+    return p;
 }
 
 const char *

@@ -42,6 +42,13 @@ int testd_wait_ready(const char *url, int timeout_ms);
 
 /* The URL tests use: the daemon started by the test binary's main. */
 const char *test_url(void);
+/* test_prefix — $SBX_TEST_PREFIX if it is 1-8 lower-case letters and
+ * digits, else "" (never NULL; the environment owns it).  tools/run-tests.sh
+ * sets it, unique per run: tests put it in the names of what they create on
+ * the host (deployment names, and with them shard cgroups and /run/sbx
+ * locks; /tmp/sbx-* directories and the mounts under them), so that
+ * tools/leftovers.sh can tell this run's leftovers from other runs'. */
+const char *test_prefix(void);
 /* test_http_url — "http://127.0.0.1:PORT" of the test daemon's HTTP front
  * (from http.addr in $SBX_TEST_DIR); static storage. */
 const char *test_http_url(void);

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import shutil
 import signal
 import string
@@ -67,13 +68,17 @@ class Daemon:
         sbxd = _sbxd()
         if not os.access(sbxd, os.X_OK):
             pytest.fail(f"no sbxd at {sbxd} (build with `make all` or set SBX_BIN)")
-        self.data = data = tempfile.mkdtemp(prefix="sbx-py-", dir="/tmp")
+        # The test run's mark (tools/run-tests.sh; tools/leftovers.sh looks for it).
+        mark = os.environ.get("SBX_TEST_PREFIX", "")
+        if not re.fullmatch(r"[a-z0-9]{1,8}", mark):
+            mark = ""
+        self.data = data = tempfile.mkdtemp(prefix="sbx-py-" + mark, dir="/tmp")
         args = list(extra_args)
         if api_key:
             with open(os.path.join(data, "keys"), "w") as f:
                 f.write(api_key + "\n")
             args += ["--api-keys", os.path.join(data, "keys")]
-        name = "py" + "".join(random.choice(string.ascii_lowercase) for _ in range(8))
+        name = "py" + mark + "".join(random.choice(string.ascii_lowercase) for _ in range(8))
         self.log = open(os.path.join(data, "sbxd.log"), "wb")
         self.proc = subprocess.Popen(
             [sbxd, "dev", "--data", data, "--listen", f"ipc://{data}/gw.sock", "--name", name,

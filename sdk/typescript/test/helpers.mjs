@@ -28,8 +28,10 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
  * loopback port. Resolves with {url, dataDir, pid, stop()}.
  */
 export async function startDaemon({ log = false } = {}) {
-  const dataDir = mkdtempSync('/tmp/sbx-ts-');
-  const name = 'ts' + Math.random().toString(36).slice(2, 10).replace(/[^a-z]/g, 'x');
+  // The test run's mark (tools/run-tests.sh; tools/leftovers.sh looks for it).
+  const mark = /^[a-z0-9]{1,8}$/.test(process.env.SBX_TEST_PREFIX ?? '') ? process.env.SBX_TEST_PREFIX : '';
+  const dataDir = mkdtempSync(`/tmp/sbx-ts-${mark}`);
+  const name = 'ts' + mark + Math.random().toString(36).slice(2, 10).replace(/[^a-z]/g, 'x');
   const logPath = path.join(dataDir, 'sbxd.log');
   const fd = openSync(logPath, 'a');
   const child = spawn(
