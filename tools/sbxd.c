@@ -902,7 +902,8 @@ cmd_dev(int argc, char **argv)
             if (kids[i].pid == 0 && kids[i].restart_at_ms > 0 && kids[i].restart_at_ms < next)
                 next = kids[i].restart_at_ms;
         }
-        int sig = wait_signal_until(&set, next == INT64_MAX ? -1 : next - sbx_mono_ms());
+        int64_t wait_ms = next == INT64_MAX ? -1 : next - sbx_mono_ms();
+        int sig = wait_signal_until(&set, wait_ms < 0 && next != INT64_MAX ? 0 : wait_ms);
         if (sig == 0)
             continue; /* a restart is due */
         if (sig == SIGCHLD) {

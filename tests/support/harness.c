@@ -142,6 +142,7 @@ testd_start(struct testd *d, int shards, const char *const *extra)
         return -1;
     if (testd_wait_ready(d->url, 30000) != 0) {
         print_log(d);
+        testd_stop(d); /* by pid; a daemon that never became ready is no one's to keep */
         return -1;
     }
     return 0;
@@ -185,6 +186,7 @@ testd_restart(struct testd *d, int shards, const char *const *extra)
         return -1;
     if (testd_wait_ready(d->url, 30000) != 0) {
         print_log(d);
+        testd_stop(d); /* by pid; a daemon that never became ready is no one's to keep */
         return -1;
     }
     return 0;
