@@ -59,6 +59,8 @@ struct sop {
                                  * process.start: "cg" for the agent to refine causes) */
     bool have_pre;
     bool container_restarted;   /* first op on a container replacing one that died */
+    uint64_t idem_seq;          /* store write of its reply to the idempotency table, or 0 */
+    uint64_t idem_need;         /* the write its reply waited on before that one (idem.c) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -125,9 +127,10 @@ struct idem {
     struct idem *hnext, *lnext;
     char id[SBX_IDEM_KEY];
     struct sop *inflight;       /* while being handled */
-    char *reply;                /* once done (NULL if too large to keep) */
+    char *reply;                /* once done (NULL if too large to keep, or only in LMDB) */
     size_t len;
-    int64_t at_ms;
+    size_t dlen;                /* bytes of its LMDB copy (SBX_DB_IDEM), 0: none */
+    int64_t at_ms;              /* recorded, ms since the epoch */
 };
 
 struct shard {
@@ -171,6 +174,7 @@ struct shard {
     size_t nibuckets, nidem;
     struct idem *ihead, *itail; /* insertion order, for expiry */
     size_t idem_bytes;
+    size_t idem_dbytes;         /* of their LMDB copies */
 
     /* preview relay (actors/relay.c; its own lock) */
     pthread_mutex_t relay_mu;
@@ -231,6 +235,42 @@ void shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, c
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 void sop_free(struct sop *op);
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
+
+/*
+ * idem.c: the idempotency table (docs/protocol.md §1 "Idempotency").  Keys
+ * are op->id; entries are owned by the shard (loop thread).
+ *  - idem_find — the entry of key id, or NULL (borrowed).
+ *  - idem_add — a new entry for op, in flight (op borrowed until idem_done).
+ *  - idem_remove — drop e and its LMDB copy; idem_free_all drops every
+ *    entry from memory only (at exit, the store may be closed).
+ *  - idem_expire — drop the oldest finished entries past the TTL
+ *    (conf.idem_ttl) or the bounds.
+ *  - idem_load — at start-up, before serving: the entries recorded in LMDB
+ *    (expired ones deleted).  0 or a store error.
+ *  - idem_persist — called with op's reply (buf, len: borrowed) before it
+ *    is held: if op changes something, queue its reply to LMDB and return
+ *    the write the reply must wait for (the later of need_seq and that one);
+ *    else need_seq.
+ *  - idem_gate_check — when the reply is about to leave: 0, or the error
+ *    of the operation's own write (need_seq above) if that failed in an
+ *    earlier batch than the reply's record.
+ *  - idem_done — op answered with buf (owned): keep it as the entry's
+ *    reply (returns NULL) or forget the entry if op->transient; returns
+ *    what the caller must free.
+ *  - idem_reply — the recorded reply of a finished entry: *buf is e's
+ *    (*owned false) or a heap copy from LMDB (*owned true, caller frees).
+ *    0, -ENOENT (nothing recorded), or a store error.
+ */
+struct idem *idem_find(struct shard *sh, const char *id);
+struct idem *idem_add(struct shard *sh, const char *id, struct sop *op);
+void idem_remove(struct shard *sh, struct idem *e);
+void idem_free_all(struct shard *sh);
+void idem_expire(struct shard *sh);
+int idem_load(struct shard *sh);
+uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
+int idem_gate_check(struct sop *op);
+char *idem_done(struct sop *op, char *buf, size_t len);
+int idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned);
 
 /* relay.c: the preview relay server (conf.relay); start before serving,
  * stop after the loop has returned (its last posts run in the final loop run). */
