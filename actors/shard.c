@@ -194,10 +194,14 @@ deliver(struct sop *op, char *buf, size_t len)
 {
     int rc = idem_gate_check(op);
     if (rc) {
-        /* The reply's own record committed, the operation's write did not. */
+        /* The reply's own record committed, the operation's write did not
+         * (an earlier batch failed): answered as commit_loop does. */
         struct held h = {.op = op, .buf = buf, .len = len};
+        char msg[160];
+        snprintf(msg, sizeof(msg), "the metadata write could not be committed: %s",
+                 sbx_err_message(rc));
         sbx_str_copy(op->req.sandbox, h.sandbox, sizeof(h.sandbox));
-        deliver_error(&h, rc, "the metadata write could not be committed");
+        deliver_error(&h, SBX_E_STORAGE, msg);
         return;
     }
     for (int i = 0; i < op->nctx; i++)
