@@ -518,6 +518,7 @@ shard_store_record(struct shard *sh, struct sbx_record *r)
     if (sbx_record_encode(r, &buf, &len) != 0)
         return 0;
     uint64_t seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, r->id, strlen(r->id), buf, len);
+    sh->part_seq[sbx_place_partition(r->id, strlen(r->id))] = seq;
     cluster_replicate(sh, seq, r->id, buf, len);
     free(buf);
     return seq;

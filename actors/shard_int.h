@@ -14,6 +14,7 @@
 #include "../runtime/frame.h"
 #include "../runtime/loop.h"
 #include "../runtime/ops.h"
+#include "../runtime/place.h"
 #include "../runtime/store.h"
 #include "../runtime/wire.h"
 #include "record.h"
@@ -154,6 +155,11 @@ struct shard {
 
     /* output gate */
     uint64_t decided;           /* every write ≤ this has a result */
+    /* Per partition, the last store write of a record of it (put or
+     * delete).  Outlives the actors: a destroyed sandbox's actor is freed
+     * while its delete may still be uncommitted, and a handoff must not copy
+     * the record before that delete is decided (the destroy's tombstone). */
+    uint64_t part_seq[SBX_PARTITIONS];
     struct held *held;
 
     /* workers (their own lock; results come back through sbx_loop_post) */
@@ -285,7 +291,8 @@ bool actor_port_exposed(struct actor *a, int port);
  * SBX_PARTITIONS byte map): stop the containers of idle ones (as an idle
  * sleep does); with force, interrupt what is in flight or queued first.
  * Returns whether every such actor is quiet (no container, nothing in
- * flight, queued or gated); *max_seq gets their latest store write.
+ * flight, queued or gated); *max_seq gets the latest store write of a record
+ * of those partitions, by these actors or by ones freed since (a destroy).
  */
 bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
                              uint64_t *max_seq);
