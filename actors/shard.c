@@ -1004,6 +1004,7 @@ sweep_cb(sbx_loop *l, void *arg)
     if (sh->stopping)
         return;
     actor_sleep_sweep(sh);
+    idem_expire(sh); /* also when no new request comes to push entries out */
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
