@@ -1,5 +1,5 @@
 /*
- * idem.c — the idempotency table of a shard (docs/protocol.md §1
+ * idem.c — the idempotency table of a shard (docs/protocol.md §2
  * "Idempotency"): a request id seen again joins its first run or gets the
  * reply of that run, also after the shard restarted.
  *

@@ -438,7 +438,7 @@ deliver_error(struct held *h, int code, const char *msg)
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
     /* The operation ran (its reply was ready): a gateway must not re-send
-     * it as it does a WRONG_OWNER that ran nothing (docs/protocol.md §1). */
+     * it as it does a WRONG_OWNER that ran nothing (docs/protocol.md §2). */
     sbx_enc_kbool(sbx_werr_ctx(&w), "ran", true);
     char *buf;
     size_t len;

@@ -243,7 +243,7 @@ void sop_free(struct sop *op);
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
 
 /*
- * idem.c: the idempotency table (docs/protocol.md §1 "Idempotency").  Keys
+ * idem.c: the idempotency table (docs/protocol.md §2 "Idempotency").  Keys
  * are op->id; entries are owned by the shard (loop thread).
  *  - idem_find — the entry of key id, or NULL (borrowed).
  *  - idem_add — a new entry for op, in flight (op borrowed until idem_done).
