@@ -167,3 +167,32 @@ Test(idem, retry_after_a_shard_restart_gets_the_first_reply_and_runs_nothing, .t
     testd_stop(&d);
     live_testd = NULL;
 }
+
+/* The recorded reply is kept for --idem-ttl, then it goes (docs/protocol.md
+ * §2): the same request id runs again. */
+Test(idem, a_recorded_reply_expires_after_the_ttl, .timeout = 120, .fini = cleanup)
+{
+    static struct testd d;
+    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
+                                        "--disk", "64M", "--idem-ttl", "1s", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    live_testd = &d;
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "client: %s", err.message);
+    char id[64], rid[64], code[48];
+    snprintf(id, sizeof(id), "idemttl-%d", (int)getpid());
+    snprintf(rid, sizeof(rid), "idemttl-rid-%d", (int)getpid());
+    const char *cmd = "cat /proc/sys/kernel/random/uuid";
+    char *first = NULL, *later = NULL;
+    cr_assert_eq(exec_rid(c, id, rid, cmd, &first, code), 0, "first exec: %s", code);
+    /* TTL 1 s; the shard sweeps every second. */
+    tsleep_ms(3500);
+    cr_assert_eq(exec_rid(c, id, rid, cmd, &later, code), 0, "exec after the TTL: %s", code);
+    cr_expect_str_neq(later, first, "the reply was still recorded 3.5 s after a 1 s TTL");
+    free(first);
+    free(later);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+}
