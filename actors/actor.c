@@ -475,6 +475,7 @@ finish_destroy(struct actor *a, struct sop *op)
     bool existed = a->exists;
     if (existed) {
         a->last_seq = sbx_store_del(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id));
+        sh->part_seq[a->part] = a->last_seq; /* the actor may be freed before it commits */
         cluster_replicate(sh, a->last_seq, a->id, NULL, 0);
     }
     a->exists = false;
@@ -1483,6 +1484,10 @@ actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force, uint64
                 quiet = false;
         }
     }
+    /* Writes of actors already freed: a destroy's delete above all. */
+    for (int p = 0; p < SBX_PARTITIONS; p++)
+        if (set[p] && sh->part_seq[p] > *max_seq)
+            *max_seq = sh->part_seq[p];
     return quiet;
 }
 

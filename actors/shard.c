@@ -25,11 +25,6 @@
 #include "cluster.h"
 #include "shard_int.h"
 
-#define IDEM_MAX_ENTRIES 8192
-#define IDEM_MAX_BYTES (64u << 20)
-#define IDEM_TTL_MS (10 * 60 * 1000)
-#define IDEM_MAX_REPLY (8u << 20)
-
 static const char *const default_etc[] = {
     "alternatives", "ssl", "ca-certificates", "ca-certificates.conf", "ld.so.cache", "ld.so.conf",
     "ld.so.conf.d", "localtime", "timezone", "mime.types", "protocols", "services", "magic",
@@ -82,6 +77,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
     c->sleep_after = 10 * 60 * 1000; /* the SDK's default sleepAfter: 10m */
+    c->idem_ttl = 10 * 60 * 1000;
     c->preview_domain = sbx_xstrdup("localhost:7780");
     c->cluster = sbx_xstrdup("default");
     c->lease_ttl = 10000;
@@ -175,78 +171,6 @@ sctx_send(struct sctx *c, const char *buf, size_t len)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Idempotency: a request id seen again gets the reply of its first run. */
-
-static size_t
-ihash(struct shard *sh, const char *id)
-{
-    return (size_t)(XXH64(id, strlen(id), 7) % sh->nibuckets);
-}
-
-static struct idem *
-idem_find(struct shard *sh, const char *id)
-{
-    for (struct idem *e = sh->ibuckets[ihash(sh, id)]; e; e = e->hnext)
-        if (!strcmp(e->id, id))
-            return e;
-    return NULL;
-}
-
-static void
-idem_remove(struct shard *sh, struct idem *e)
-{
-    struct idem **pp = &sh->ibuckets[ihash(sh, e->id)];
-    while (*pp && *pp != e)
-        pp = &(*pp)->hnext;
-    if (*pp)
-        *pp = e->hnext;
-    struct idem **lp = &sh->ihead;
-    struct idem *prev = NULL;
-    while (*lp && *lp != e) {
-        prev = *lp;
-        lp = &(*lp)->lnext;
-    }
-    if (*lp)
-        *lp = e->lnext;
-    if (sh->itail == e)
-        sh->itail = prev;
-    sh->idem_bytes -= e->len;
-    sh->nidem--;
-    free(e->reply);
-    free(e);
-}
-
-static void
-idem_expire(struct shard *sh)
-{
-    int64_t now = sbx_wall_ms();
-    while (sh->ihead && !sh->ihead->inflight &&
-           (sh->nidem > IDEM_MAX_ENTRIES || sh->idem_bytes > IDEM_MAX_BYTES ||
-            now - sh->ihead->at_ms > IDEM_TTL_MS))
-        idem_remove(sh, sh->ihead);
-}
-
-static struct idem *
-idem_add(struct shard *sh, const char *id, struct sop *op)
-{
-    struct idem *e = sbx_xcalloc(1, sizeof(*e));
-    snprintf(e->id, sizeof(e->id), "%s", id);
-    e->inflight = op;
-    e->at_ms = sbx_wall_ms();
-    size_t b = ihash(sh, id);
-    e->hnext = sh->ibuckets[b];
-    sh->ibuckets[b] = e;
-    if (sh->itail)
-        sh->itail->lnext = e;
-    else
-        sh->ihead = e;
-    sh->itail = e;
-    sh->nidem++;
-    idem_expire(sh);
-    return e;
-}
-
-/* ------------------------------------------------------------------------------ */
 /* Replies and the output gate. */
 
 void
@@ -263,30 +187,26 @@ sop_free(struct sop *op)
     free(op);
 }
 
+static void deliver_error(struct held *h, int code, const char *msg);
+
 static void
 deliver(struct sop *op, char *buf, size_t len)
 {
-    struct shard *sh = op->sh;
+    int rc = idem_gate_check(op);
+    if (rc) {
+        /* The reply's own record committed, the operation's write did not
+         * (an earlier batch failed): answered as commit_loop does. */
+        struct held h = {.op = op, .buf = buf, .len = len};
+        char msg[160];
+        snprintf(msg, sizeof(msg), "the metadata write could not be committed: %s",
+                 sbx_err_message(rc));
+        sbx_str_copy(op->req.sandbox, h.sandbox, sizeof(h.sandbox));
+        deliver_error(&h, SBX_E_STORAGE, msg);
+        return;
+    }
     for (int i = 0; i < op->nctx; i++)
         sctx_send(op->ctx[i], buf, len);
-    if (op->id[0]) {
-        struct idem *e = idem_find(sh, op->id);
-        if (e && e->inflight == op && op->transient) {
-            /* A transient failure (unavailable, interrupted, moved): a retry
-             * with the same key must run again, not get this answer. */
-            idem_remove(sh, e);
-        } else if (e && e->inflight == op) {
-            e->inflight = NULL;
-            e->at_ms = sbx_wall_ms();
-            if (len <= IDEM_MAX_REPLY) {
-                e->reply = buf;
-                e->len = len;
-                sh->idem_bytes += len;
-                buf = NULL;
-            }
-        }
-    }
-    free(buf);
+    free(idem_done(op, buf, len));
     sop_free(op);
 }
 
@@ -294,6 +214,7 @@ void
 shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
 {
     struct shard *sh = op->sh;
+    need_seq = idem_persist(op, buf, len, need_seq);
     if (need_seq > sh->decided || !cluster_gate_open(sh, need_seq)) {
         struct held *h = sbx_xmalloc(sizeof(*h));
         h->op = op;
@@ -516,6 +437,9 @@ deliver_error(struct held *h, int code, const char *msg)
         actor_reload_record(a);
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
+    /* The operation ran (its reply was ready): a gateway must not re-send
+     * it as it does a WRONG_OWNER that ran nothing (docs/protocol.md §2). */
+    sbx_enc_kbool(sbx_werr_ctx(&w), "ran", true);
     char *buf;
     size_t len;
     if (sbx_wire_reply_err(op->req.id, &w, &buf, &len) == 0)
@@ -594,6 +518,7 @@ shard_store_record(struct shard *sh, struct sbx_record *r)
     if (sbx_record_encode(r, &buf, &len) != 0)
         return 0;
     uint64_t seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, r->id, strlen(r->id), buf, len);
+    sh->part_seq[sbx_place_partition(r->id, strlen(r->id))] = seq;
     cluster_replicate(sh, seq, r->id, buf, len);
     free(buf);
     return seq;
@@ -940,11 +865,18 @@ on_request(sbx_loop *l, void *arg)
             op->nctx = 0;
             sop_free(op);
             return;
-        } else if (e->reply) {
-            sctx_send(c, e->reply, e->len);
-            op->nctx = 0;
-            sop_free(op);
-            return;
+        } else {
+            char *rbuf;
+            size_t rlen;
+            bool owned;
+            if (idem_reply(sh, e, &rbuf, &rlen, &owned) == 0) {
+                sctx_send(c, rbuf, rlen);
+                if (owned)
+                    free(rbuf);
+                op->nctx = 0;
+                sop_free(op);
+                return;
+            }
         }
     }
 
@@ -1072,6 +1004,7 @@ sweep_cb(sbx_loop *l, void *arg)
     if (sh->stopping)
         return;
     actor_sleep_sweep(sh);
+    idem_expire(sh); /* also when no new request comes to push entries out */
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -1141,6 +1074,11 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     };
     if ((rc = sbx_spawner_new(&sh->spawner, &sc, why, sizeof(why))) != 0) {
         sbx_error("shard %s: %s", conf->name, why);
+        goto out;
+    }
+    if ((rc = idem_load(sh)) != 0) {
+        sbx_error("shard %s: cannot read the idempotency table: %s", conf->name,
+                  sbx_err_message(rc));
         goto out;
     }
     struct fix_ctx fc = {sh, 0};
@@ -1236,8 +1174,7 @@ out:
         sop_free(h->op);
         free(h);
     }
-    while (sh->ihead)
-        idem_remove(sh, sh->ihead);
+    idem_free_all(sh);
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
     if (sh->cgroups)

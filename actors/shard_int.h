@@ -14,6 +14,7 @@
 #include "../runtime/frame.h"
 #include "../runtime/loop.h"
 #include "../runtime/ops.h"
+#include "../runtime/place.h"
 #include "../runtime/store.h"
 #include "../runtime/wire.h"
 #include "record.h"
@@ -59,6 +60,8 @@ struct sop {
                                  * process.start: "cg" for the agent to refine causes) */
     bool have_pre;
     bool container_restarted;   /* first op on a container replacing one that died */
+    uint64_t idem_seq;          /* store write of its reply to the idempotency table, or 0 */
+    uint64_t idem_need;         /* the write its reply waited on before that one (idem.c) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -125,9 +128,10 @@ struct idem {
     struct idem *hnext, *lnext;
     char id[SBX_IDEM_KEY];
     struct sop *inflight;       /* while being handled */
-    char *reply;                /* once done (NULL if too large to keep) */
+    char *reply;                /* once done (NULL if too large to keep, or only in LMDB) */
     size_t len;
-    int64_t at_ms;
+    size_t dlen;                /* bytes of its LMDB copy (SBX_DB_IDEM), 0: none */
+    int64_t at_ms;              /* recorded, ms since the epoch */
 };
 
 struct shard {
@@ -151,6 +155,11 @@ struct shard {
 
     /* output gate */
     uint64_t decided;           /* every write ≤ this has a result */
+    /* Per partition, the last store write of a record of it (put or
+     * delete).  Outlives the actors: a destroyed sandbox's actor is freed
+     * while its delete may still be uncommitted, and a handoff must not copy
+     * the record before that delete is decided (the destroy's tombstone). */
+    uint64_t part_seq[SBX_PARTITIONS];
     struct held *held;
 
     /* workers (their own lock; results come back through sbx_loop_post) */
@@ -171,6 +180,7 @@ struct shard {
     size_t nibuckets, nidem;
     struct idem *ihead, *itail; /* insertion order, for expiry */
     size_t idem_bytes;
+    size_t idem_dbytes;         /* of their LMDB copies */
 
     /* preview relay (actors/relay.c; its own lock) */
     pthread_mutex_t relay_mu;
@@ -232,6 +242,42 @@ bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 void sop_free(struct sop *op);
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
 
+/*
+ * idem.c: the idempotency table (docs/protocol.md §2 "Idempotency").  Keys
+ * are op->id; entries are owned by the shard (loop thread).
+ *  - idem_find — the entry of key id, or NULL (borrowed).
+ *  - idem_add — a new entry for op, in flight (op borrowed until idem_done).
+ *  - idem_remove — drop e and its LMDB copy; idem_free_all drops every
+ *    entry from memory only (at exit, the store may be closed).
+ *  - idem_expire — drop the oldest finished entries past the TTL
+ *    (conf.idem_ttl) or the bounds.
+ *  - idem_load — at start-up, before serving: the entries recorded in LMDB
+ *    (expired ones deleted).  0 or a store error.
+ *  - idem_persist — called with op's reply (buf, len: borrowed) before it
+ *    is held: if op changes something, queue its reply to LMDB and return
+ *    the write the reply must wait for (the later of need_seq and that one);
+ *    else need_seq.
+ *  - idem_gate_check — when the reply is about to leave: 0, or the error
+ *    of the operation's own write (need_seq above) if that failed in an
+ *    earlier batch than the reply's record.
+ *  - idem_done — op answered with buf (owned): keep it as the entry's
+ *    reply (returns NULL) or forget the entry if op->transient; returns
+ *    what the caller must free.
+ *  - idem_reply — the recorded reply of a finished entry: *buf is e's
+ *    (*owned false) or a heap copy from LMDB (*owned true, caller frees).
+ *    0, -ENOENT (nothing recorded), or a store error.
+ */
+struct idem *idem_find(struct shard *sh, const char *id);
+struct idem *idem_add(struct shard *sh, const char *id, struct sop *op);
+void idem_remove(struct shard *sh, struct idem *e);
+void idem_free_all(struct shard *sh);
+void idem_expire(struct shard *sh);
+int idem_load(struct shard *sh);
+uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
+int idem_gate_check(struct sop *op);
+char *idem_done(struct sop *op, char *buf, size_t len);
+int idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned);
+
 /* relay.c: the preview relay server (conf.relay); start before serving,
  * stop after the loop has returned (its last posts run in the final loop run). */
 int shard_relay_start(struct shard *sh);
@@ -245,7 +291,8 @@ bool actor_port_exposed(struct actor *a, int port);
  * SBX_PARTITIONS byte map): stop the containers of idle ones (as an idle
  * sleep does); with force, interrupt what is in flight or queued first.
  * Returns whether every such actor is quiet (no container, nothing in
- * flight, queued or gated); *max_seq gets their latest store write.
+ * flight, queued or gated); *max_seq gets the latest store write of a record
+ * of those partitions, by these actors or by ones freed since (a destroy).
  */
 bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
                              uint64_t *max_seq);

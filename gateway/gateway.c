@@ -462,20 +462,25 @@ merge_and_reply(struct gctx *g)
 
 static void route_and_forward(struct gctx *g);
 
-/* Whether a reply is WRONG_OWNER: the shard did not run it. */
+/* Whether a reply is WRONG_OWNER for a request the shard did not run.  One
+ * with context.ran true came from a write that failed after the operation
+ * ran (its replication was refused): re-sending it would run it twice. */
 static bool
 is_wrong_owner(nng_msg *reply)
 {
     sbx_msg m;
-    bool ok = true, wrong = false;
+    bool ok = true, wrong = false, ran = false;
     if (sbx_wire_decode(&m, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply) != 0)
         return false;
     sbx_wire_get_bool(m.root, "ok", &ok);
-    const msgpack_object *eo;
+    const msgpack_object *eo, *ctx;
     sbx_str code;
     if (!ok && sbx_wire_get_map(m.root, "error", &eo) == 0 &&
-        sbx_wire_get_str(eo, "code", &code) == 0)
-        wrong = sbx_str_eq(code, "WRONG_OWNER");
+        sbx_wire_get_str(eo, "code", &code) == 0) {
+        if (sbx_wire_get_map(eo, "context", &ctx) == 0)
+            sbx_wire_get_bool(ctx, "ran", &ran);
+        wrong = sbx_str_eq(code, "WRONG_OWNER") && !ran;
+    }
     sbx_wire_msg_free(&m);
     return wrong;
 }

@@ -15,7 +15,9 @@
  * etcd (runtime/cview.h): the gateway follows them with a watch, forwards each
  * request to the partition's owner with (partition, epoch), and when the
  * shard answers WRONG_OWNER — the table moved under the request, nothing
- * ran — or the owner is unknown, dead or not connected yet, it waits a little
+ * ran (one with context ran:true did run, and goes to the client as it is:
+ * docs/protocol.md §2) — or the owner is unknown, dead or not connected yet,
+ * it waits a little
  * (10 ms doubling to 400 ms) and routes again, within the request's
  * deadline.  Any gateway serves any sandbox; gateways hold no state.
  *

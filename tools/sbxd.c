@@ -357,6 +357,8 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"output-cap", SBX_OPT_SIZE, &(c)->output_cap, "bytes kept per output stream of an exec"}, \
         {"setup-timeout", SBX_OPT_MS, &(c)->setup_timeout, "longest container start-up"},     \
         {"sleep-after", SBX_OPT_MS, &(c)->sleep_after, "idle time before a container stops (10m)"}, \
+        {"idem-ttl", SBX_OPT_MS, &(c)->idem_ttl,                                               \
+         "how long a request id's recorded reply is kept for retries (10m)"},                \
         {"etc", SBX_OPT_LIST, &(c)->etc, "/etc entry bound read-only into sandboxes (repeat)"}, \
         {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \

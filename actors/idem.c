@@ -1,0 +1,317 @@
+/*
+ * idem.c — the idempotency table of a shard (docs/protocol.md §2
+ * "Idempotency"): a request id seen again joins its first run or gets the
+ * reply of that run, also after the shard restarted.
+ *
+ * Two layers, one set of entries:
+ *  - in memory (struct idem, owned by the shard's loop thread): every
+ *    sandbox request admitted, from its arrival (inflight) until TTL,
+ *    IDEM_MAX_ENTRIES or IDEM_MAX_BYTES of replies push it out;
+ *  - in LMDB (SBX_DB_IDEM): the replies of operations that change something
+ *    (idem_durable_op), written through the store's group commit before the
+ *    reply leaves (the reply waits at the output gate for that write as for
+ *    the operation's own state write), loaded back at start-up.  Key: the
+ *    idempotency key (shard_int.h SBX_IDEM_KEY); value: 8 bytes of the
+ *    recording time (ms since the epoch, little-endian) then the reply frame.
+ *    Removing an entry from memory deletes it from LMDB (the store's writer
+ *    applies the delete with its next batch), so the durable table has the
+ *    same bounds and TTL.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "../runtime/err.h"
+#include "../runtime/log.h"
+#include "../runtime/util.h"
+#include "shard_int.h"
+
+#define IDEM_MAX_ENTRIES 65536
+#define IDEM_MAX_BYTES (64u << 20)        /* replies kept in memory */
+#define IDEM_MAX_REPLY (8u << 20)         /* largest reply kept in memory */
+#define IDEM_MAX_DURABLE_BYTES (64u << 20) /* replies kept in LMDB */
+#define IDEM_MAX_DURABLE_REPLY (1u << 20)  /* largest reply kept in LMDB */
+#define IDEM_HDR 8                         /* recording time before the reply */
+
+/* Agent operations that only read: running them again changes nothing, so
+ * their replies are not worth a store write. */
+static const char *const read_ops[] = {
+    "stream.read",   "session.get",  "session.list",       "process.list",
+    "process.get",   "process.logs", "process.waitForLog", "process.waitForPort",
+    "process.waitForExit", "file.read", "file.list",        "file.exists",
+    "context.list",  NULL};
+
+static int64_t
+ttl_ms(const struct shard *sh)
+{
+    return sh->conf.idem_ttl > 0 ? sh->conf.idem_ttl : 10 * 60 * 1000;
+}
+
+static size_t
+ihash(struct shard *sh, const char *id)
+{
+    return (size_t)(XXH64(id, strlen(id), 7) % sh->nibuckets);
+}
+
+struct idem *
+idem_find(struct shard *sh, const char *id)
+{
+    for (struct idem *e = sh->ibuckets[ihash(sh, id)]; e; e = e->hnext)
+        if (!strcmp(e->id, id))
+            return e;
+    return NULL;
+}
+
+/* Unlink and free e; with forget, also delete its LMDB copy. */
+static void
+unlink_entry(struct shard *sh, struct idem *e, bool forget)
+{
+    struct idem **pp = &sh->ibuckets[ihash(sh, e->id)];
+    while (*pp && *pp != e)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = e->hnext;
+    struct idem **lp = &sh->ihead;
+    struct idem *prev = NULL;
+    while (*lp && *lp != e) {
+        prev = *lp;
+        lp = &(*lp)->lnext;
+    }
+    if (*lp)
+        *lp = e->lnext;
+    if (sh->itail == e)
+        sh->itail = prev;
+    if (forget && e->dlen)
+        sbx_store_del(sh->store, SBX_DB_IDEM, e->id, strlen(e->id));
+    sh->idem_bytes -= e->len;
+    sh->idem_dbytes -= e->dlen;
+    sh->nidem--;
+    free(e->reply);
+    free(e);
+}
+
+void
+idem_remove(struct shard *sh, struct idem *e)
+{
+    unlink_entry(sh, e, true);
+}
+
+void
+idem_free_all(struct shard *sh)
+{
+    while (sh->ihead)
+        unlink_entry(sh, sh->ihead, false);
+}
+
+void
+idem_expire(struct shard *sh)
+{
+    int64_t now = sbx_wall_ms();
+    while (sh->ihead && !sh->ihead->inflight &&
+           (sh->nidem > IDEM_MAX_ENTRIES || sh->idem_bytes > IDEM_MAX_BYTES ||
+            sh->idem_dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->ihead->at_ms > ttl_ms(sh)))
+        idem_remove(sh, sh->ihead);
+}
+
+/* Insert e at the tail (entries are kept in recording order). */
+static void
+link_entry(struct shard *sh, struct idem *e)
+{
+    size_t b = ihash(sh, e->id);
+    e->hnext = sh->ibuckets[b];
+    sh->ibuckets[b] = e;
+    if (sh->itail)
+        sh->itail->lnext = e;
+    else
+        sh->ihead = e;
+    sh->itail = e;
+    sh->nidem++;
+}
+
+struct idem *
+idem_add(struct shard *sh, const char *id, struct sop *op)
+{
+    struct idem *e = sbx_xcalloc(1, sizeof(*e));
+    snprintf(e->id, sizeof(e->id), "%s", id);
+    e->inflight = op;
+    e->at_ms = sbx_wall_ms();
+    link_entry(sh, e);
+    idem_expire(sh);
+    return e;
+}
+
+/* Whether op's reply goes to LMDB: an operation that changes durable state
+ * or runs something in the container. */
+static bool
+durable_op(const struct sop *op)
+{
+    if (!op->def || !op->id[0])
+        return false;
+    if (op->def->flags & SBX_OP_MUTATES)
+        return !(op->def->flags & SBX_OP_GLOBAL);
+    if (!(op->def->flags & SBX_OP_AGENT))
+        return false;
+    for (const char *const *r = read_ops; *r; r++)
+        if (!strcmp(*r, op->def->name))
+            return false;
+    return true;
+}
+
+uint64_t
+idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
+{
+    struct shard *sh = op->sh;
+    if (op->transient || op->idem_seq || len > IDEM_MAX_DURABLE_REPLY || !durable_op(op))
+        return need_seq;
+    struct idem *e = idem_find(sh, op->id);
+    if (!e || e->inflight != op)
+        return need_seq;
+    char *v = sbx_xmalloc(IDEM_HDR + len);
+    uint64_t at = (uint64_t)sbx_wall_ms();
+    for (int i = 0; i < IDEM_HDR; i++)
+        v[i] = (char)(at >> (8 * i));
+    memcpy(v + IDEM_HDR, buf, len);
+    op->idem_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
+    op->idem_need = need_seq;
+    e->dlen = IDEM_HDR + len;
+    sh->idem_dbytes += e->dlen;
+    free(v);
+    return SBX_MAX(need_seq, op->idem_seq);
+}
+
+int
+idem_gate_check(struct sop *op)
+{
+    if (!op->idem_seq || !op->idem_need)
+        return 0;
+    /* Both writes are decided (the reply waited for the later one); the
+     * store remembers every failed range. */
+    int rc = sbx_store_wait(op->sh->store, op->idem_need);
+    op->idem_need = 0;
+    return rc;
+}
+
+char *
+idem_done(struct sop *op, char *buf, size_t len)
+{
+    struct shard *sh = op->sh;
+    if (!op->id[0])
+        return buf;
+    struct idem *e = idem_find(sh, op->id);
+    if (!e || e->inflight != op)
+        return buf;
+    if (op->transient) {
+        /* A transient failure (unavailable, interrupted, moved, or a write
+         * that did not commit): a retry with the same key must run again,
+         * not get this answer — nor a success recorded before it failed. */
+        idem_remove(sh, e);
+        return buf;
+    }
+    e->inflight = NULL;
+    e->at_ms = sbx_wall_ms();
+    if (len <= IDEM_MAX_REPLY) {
+        e->reply = buf;
+        e->len = len;
+        sh->idem_bytes += len;
+        buf = NULL;
+    }
+    return buf;
+}
+
+int
+idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned)
+{
+    *owned = false;
+    if (e->reply) {
+        *buf = e->reply;
+        *len = e->len;
+        return 0;
+    }
+    if (!e->dlen)
+        return -ENOENT;
+    char *v = NULL;
+    size_t vn = 0;
+    int rc = sbx_store_get(sh->store, SBX_DB_IDEM, e->id, strlen(e->id), &v, &vn);
+    if (rc == 0 && vn <= IDEM_HDR)
+        rc = -ENOENT;
+    if (rc != 0) {
+        free(v);
+        return rc;
+    }
+    memmove(v, v + IDEM_HDR, vn - IDEM_HDR);
+    *buf = v;
+    *len = vn - IDEM_HDR;
+    *owned = true;
+    return 0;
+}
+
+/* Start-up: the entries of the table, oldest first. */
+struct load_ctx {
+    struct shard *sh;
+    struct idem **v;
+    size_t n, cap, expired;
+    int64_t now;
+};
+
+static int
+load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
+{
+    struct load_ctx *lc = arg;
+    uint64_t at = 0;
+    if (vn > IDEM_HDR)
+        for (int i = 0; i < IDEM_HDR; i++)
+            at |= (uint64_t)(unsigned char)((const char *)v)[i] << (8 * i);
+    if (kn == 0 || kn >= SBX_IDEM_KEY)
+        return 0; /* never written by this code */
+    /* An expired or unreadable entry (at 0) is loaded too: idem_expire
+     * deletes it once the walk is over (the store is not written during it). */
+    if (lc->now - (int64_t)at > ttl_ms(lc->sh))
+        lc->expired++;
+    if (lc->n == lc->cap) {
+        lc->cap = lc->cap ? lc->cap * 2 : 256;
+        lc->v = sbx_xrealloc(lc->v, lc->cap * sizeof(*lc->v));
+    }
+    struct idem *e = sbx_xcalloc(1, sizeof(*e));
+    memcpy(e->id, k, kn);
+    e->at_ms = (int64_t)at;
+    e->dlen = vn;
+    lc->v[lc->n++] = e;
+    return 0;
+}
+
+static int
+by_time(const void *a, const void *b)
+{
+    const struct idem *x = *(struct idem *const *)a, *y = *(struct idem *const *)b;
+    return (x->at_ms > y->at_ms) - (x->at_ms < y->at_ms);
+}
+
+int
+idem_load(struct shard *sh)
+{
+    struct load_ctx lc = {.sh = sh, .now = sbx_wall_ms()};
+    int rc = sbx_store_foreach(sh->store, SBX_DB_IDEM, load_one, &lc);
+    if (rc == 0) {
+        if (lc.n)
+            qsort(lc.v, lc.n, sizeof(*lc.v), by_time);
+        for (size_t i = 0; i < lc.n; i++) {
+            if (idem_find(sh, lc.v[i]->id)) {
+                free(lc.v[i]);
+                continue;
+            }
+            sh->idem_dbytes += lc.v[i]->dlen;
+            link_entry(sh, lc.v[i]);
+        }
+        idem_expire(sh);
+        if (lc.n || lc.expired)
+            sbx_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
+                     sh->conf.name, lc.n - lc.expired, lc.expired);
+    } else {
+        for (size_t i = 0; i < lc.n; i++)
+            free(lc.v[i]);
+    }
+    free(lc.v);
+    return rc;
+}

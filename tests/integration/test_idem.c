@@ -1,0 +1,198 @@
+/*
+ * test_idem.c — exactly-once retries (issue 11 item 6): a request re-sent
+ * with its request id after the shard that ran it was SIGKILLed and
+ * restarted gets the reply of its first run; the operation does not run
+ * again.
+ *
+ * Each test starts its own one-shard `sbxd dev` (unique name, own temporary
+ * directory), kills only the shard process it finds as a child of that
+ * daemon (checked through /proc), and stops the daemon in .fini.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+#include "../support/sdk.h"
+
+static struct testd *live_testd;
+
+static void
+cleanup(void)
+{
+    if (live_testd && live_testd->pid > 0)
+        testd_stop(live_testd);
+    live_testd = NULL;
+}
+
+/* The parent pid of pid, from /proc/<pid>/stat; 0 if gone. */
+static pid_t
+ppid_of(pid_t pid)
+{
+    char path[64], *buf = NULL;
+    size_t len;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    if (sbx_fs_read(path, 4096, &buf, &len) != 0)
+        return 0;
+    const char *p = strrchr(buf, ')'); /* comm may hold spaces */
+    int ppid = 0;
+    char st;
+    if (!p || sscanf(p + 1, " %c %d", &st, &ppid) != 2)
+        ppid = 0;
+    free(buf);
+    return (pid_t)ppid;
+}
+
+/* The pid of the deployment's only shard, from cluster.status (0 if it is
+ * not up). */
+static pid_t
+shard_pid(sbx_client *c)
+{
+    tcall t = tc_call(c, "cluster.status", NULL, NULL, 5000);
+    pid_t pid = t.rc == 0 ? (pid_t)jint_or(t.res, "shards.0.status.pid", 0) : 0;
+    tc_free(&t);
+    return pid;
+}
+
+/* exec `cmd` in sandbox id with request id rid; the call's rc, and its
+ * stdout in out (heap, caller frees) on success. */
+static int
+exec_rid(sbx_client *c, const char *id, const char *rid, const char *cmd, char **out,
+         char code[48])
+{
+    sbx_enc e;
+    char *args;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstr(&e, "command", cmd);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &args, &len), 0);
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call(c, "exec", id, args, len, 30000, rid, &r, &err);
+    free(args);
+    *out = NULL;
+    code[0] = '\0';
+    if (rc == 0) {
+        sbx_str so = {"", 0};
+        sbx_wire_get_bin(sbx_reply_result(r), "stdout", &so);
+        *out = sbx_xstrndup(so.p, so.n);
+    } else {
+        snprintf(code, 48, "%s", err.code);
+    }
+    sbx_error_free(&err);
+    sbx_reply_free(r);
+    return rc;
+}
+
+/* SIGKILL the daemon's shard and wait until its supervisor runs a new one
+ * that answers. */
+static void
+kill_shard_and_wait(struct testd *d, sbx_client *c)
+{
+    pid_t old = shard_pid(c);
+    cr_assert_gt(old, 1, "no shard pid in cluster.status");
+    cr_assert_eq(ppid_of(old), d->pid, "shard %d is not a child of our sbxd dev %d", (int)old,
+                 (int)d->pid);
+    cr_assert_eq(kill(old, SIGKILL), 0, "kill shard %d", (int)old);
+    double until = test_now_ms() + 60000;
+    pid_t now = 0;
+    while (test_now_ms() < until) {
+        now = shard_pid(c);
+        if (now > 1 && now != old)
+            break;
+        tsleep_ms(100);
+    }
+    cr_assert(now > 1 && now != old, "sbxd dev did not restart its shard (was %d)", (int)old);
+    cr_assert_eq(testd_wait_ready(d->url, 30000), 0, "the restarted shard is not ready");
+}
+
+Test(idem, retry_after_a_shard_restart_gets_the_first_reply_and_runs_nothing, .timeout = 180,
+     .fini = cleanup)
+{
+    static struct testd d;
+    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
+                                        "--disk", "64M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    live_testd = &d;
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "client: %s", err.message);
+
+    char id[64], rid[64], code[48];
+    snprintf(id, sizeof(id), "idem-%d", (int)getpid());
+    snprintf(rid, sizeof(rid), "idem-rid-%d", (int)getpid());
+    /* Every run prints a fresh random value: a second run could not repeat it. */
+    const char *cmd = "cat /proc/sys/kernel/random/uuid";
+    char *first = NULL;
+    cr_assert_eq(exec_rid(c, id, rid, cmd, &first, code), 0, "first exec: %s", code);
+    cr_assert_eq(strlen(first), 37, "not a uuid: '%s'", first);
+
+    /* Within one shard life the retry gets the recorded reply (as before). */
+    char *again = NULL;
+    cr_assert_eq(exec_rid(c, id, rid, cmd, &again, code), 0, "retry: %s", code);
+    cr_expect_str_eq(again, first, "the retry ran the command again");
+    free(again);
+
+    kill_shard_and_wait(&d, c);
+
+    /* After the restart the sandbox's container is gone (no container
+     * survives its shard); the retry gets the first run's output and does
+     * not start one to run the command again. */
+    char *after = NULL;
+    int rc = exec_rid(c, id, rid, cmd, &after, code);
+    cr_assert_eq(rc, 0, "retry after the restart: %s", code);
+    cr_expect_str_eq(after, first, "the retry after the shard restart ran the command again");
+    free(after);
+    tcall t = tc_call(c, "status", id, NULL, 10000);
+    tc_ok(t, "status");
+    cr_expect_str_neq(jstr(t.res, "state"), "running",
+                      "the retry started the sandbox's container again");
+    tc_free(&t);
+
+    /* Another request id is another request: it runs. */
+    char rid2[80], *other = NULL;
+    snprintf(rid2, sizeof(rid2), "%s-b", rid);
+    cr_assert_eq(exec_rid(c, id, rid2, cmd, &other, code), 0, "new request: %s", code);
+    cr_expect_str_neq(other, first, "a new request id got an old reply");
+    free(other);
+    free(first);
+
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+}
+
+/* The recorded reply is kept for --idem-ttl, then it goes (docs/protocol.md
+ * §2): the same request id runs again. */
+Test(idem, a_recorded_reply_expires_after_the_ttl, .timeout = 120, .fini = cleanup)
+{
+    static struct testd d;
+    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
+                                        "--disk", "64M", "--idem-ttl", "1s", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    live_testd = &d;
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "client: %s", err.message);
+    char id[64], rid[64], code[48];
+    snprintf(id, sizeof(id), "idemttl-%d", (int)getpid());
+    snprintf(rid, sizeof(rid), "idemttl-rid-%d", (int)getpid());
+    const char *cmd = "cat /proc/sys/kernel/random/uuid";
+    char *first = NULL, *later = NULL;
+    cr_assert_eq(exec_rid(c, id, rid, cmd, &first, code), 0, "first exec: %s", code);
+    /* TTL 1 s; the shard sweeps every second. */
+    tsleep_ms(3500);
+    cr_assert_eq(exec_rid(c, id, rid, cmd, &later, code), 0, "exec after the TTL: %s", code);
+    cr_expect_str_neq(later, first, "the reply was still recorded 3.5 s after a 1 s TTL");
+    free(first);
+    free(later);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+}
