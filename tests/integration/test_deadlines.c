@@ -14,6 +14,7 @@
  */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
@@ -268,6 +269,41 @@ lone_gw_stop(struct lone_gw *g)
     rmdir(g->dir);
 }
 
+/* wait_stopped — wait until every thread of pid is stopped: kill() returns
+ * before a thread that is running has taken its SIGSTOP. */
+static void
+wait_stopped(pid_t pid)
+{
+    for (int i = 0; i < 1000; i++) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+        DIR *d = opendir(path);
+        cr_assert_not_null(d, "no process %d", (int)pid);
+        int running = 0, seen = 0;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (de->d_name[0] == '.')
+                continue;
+            char stat[128], buf[512];
+            snprintf(stat, sizeof(stat), "%s/%s/stat", path, de->d_name);
+            FILE *f = fopen(stat, "r");
+            if (!f)
+                continue;
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *p = strrchr(buf, ')');
+            seen++;
+            running += !(p && (p[2] == 'T' || p[2] == 't'));
+        }
+        closedir(d);
+        if (seen && !running)
+            return;
+        usleep(10 * 1000);
+    }
+    cr_assert_fail("process %d did not stop", (int)pid);
+}
+
 static sbx_client *
 open_client(const char *url)
 {
@@ -401,6 +437,7 @@ Test(deadlines, a_stopped_gateway_is_a_request_timeout, .timeout = 60)
     lone_gw_start(&g, url);
     sbx_client *c = open_client(g.url);
     cr_assert_eq(kill(g.pid, SIGSTOP), 0);
+    wait_stopped(g.pid);
     sbx_error err;
     int rc;
     double took = timed_ping(c, "gw-stopped", 1500, &rc, &err);
@@ -512,6 +549,7 @@ Test(deadlines, a_stopped_shard_is_unavailable_in_time, .timeout = 120, .fini = 
     cr_assert_gt(pid, 0);
     stopped_shard = pid;
     cr_assert_eq(kill(pid, SIGSTOP), 0);
+    wait_stopped(pid);
     /* A plain call and an exec whose own timeout is shorter than its deadline. */
     int rc;
     double took = timed_ping(c, id, 1500, &rc, &err);
