@@ -34,7 +34,7 @@
 #include "../support/harness.h"
 
 /* The slack a call may take past its deadline (runtime/sbx.h). */
-#define SLACK_MS 1000.0
+#define SLACK_MS ((double)SBX_DEADLINE_SLACK_MS)
 
 /* ---------------------------------------------------------------------------
  * A hand-written SP/TCP REP peer. */
@@ -574,4 +574,125 @@ Test(deadlines, a_stopped_shard_is_unavailable_in_time, .timeout = 120, .fini = 
     free(id);
     sbx_error_free(&err);
     sbx_client_close(c);
+}
+
+/* ---------------------------------------------------------------------------
+ * The CLI, and streams. */
+
+Test(deadlines, the_cli_gives_up_at_its_timeout, .timeout = 60)
+{
+    char dir[] = "/tmp/sbx-dl-XXXXXX", url[128], sock[160], sbx[300];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(sock, sizeof(sock), "%s/rep.sock", dir);
+    snprintf(url, sizeof(url), "ipc://%s", sock);
+    nng_socket rep;
+    cr_assert_eq(nng_rep0_open(&rep), 0);
+    cr_assert_eq(nng_listen(rep, url, NULL, 0), 0); /* never reads */
+    const char *bin = getenv("SBX_BIN") ? getenv("SBX_BIN") : "build/asan/bin";
+    snprintf(sbx, sizeof(sbx), "%s/sbx", bin);
+    int out[2];
+    cr_assert_eq(pipe(out), 0);
+    double t0 = test_now_ms();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(out[1], 2);
+        dup2(out[1], 1);
+        execl(sbx, sbx, "--gateway", url, "--timeout", "1500", "exec", "cli-silent", "true",
+              (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char buf[4096];
+    size_t n = 0;
+    ssize_t k;
+    while (n < sizeof(buf) - 1 && (k = read(out[0], buf + n, sizeof(buf) - 1 - n)) > 0)
+        n += (size_t)k;
+    buf[n] = '\0';
+    close(out[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    double took = test_now_ms() - t0;
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) != 0, "sbx exited %d", st);
+    cr_expect(strstr(buf, "REQUEST_TIMEOUT") != NULL, "sbx said: %s", buf);
+    cr_expect(took < 1500 + SLACK_MS, "sbx ended after %.0f ms (--timeout 1500)", took);
+    nng_close(rep);
+    unlink(sock);
+    rmdir(dir);
+}
+
+/* A gateway that answers SHARD_UNAVAILABLE at once for `fast_ms`, then
+ * nothing: a stream read that starts just before it goes silent. */
+struct flaky_gw {
+    nng_socket rep;
+    double until;
+    atomic_bool stop;
+    pthread_t th;
+};
+
+static void *
+flaky_gw_main(void *arg)
+{
+    struct flaky_gw *g = arg;
+    while (!atomic_load(&g->stop)) {
+        nng_msg *m = NULL;
+        if (nng_recvmsg(g->rep, &m, 0) != 0)
+            continue; /* NNG_ETIMEDOUT: look at stop again */
+        nng_msg_free(m);
+        if (test_now_ms() >= g->until)
+            continue; /* silent from now on */
+        sbx_enc e;
+        char *buf;
+        size_t len;
+        sbx_enc_init(&e);
+        sbx_enc_map(&e);
+        sbx_enc_kint(&e, "v", 1);
+        sbx_enc_kbool(&e, "ok", false);
+        sbx_enc_str(&e, "error");
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "code", "SHARD_UNAVAILABLE");
+        sbx_enc_kstr(&e, "message", "the shard is restarting");
+        sbx_enc_end(&e);
+        sbx_enc_end(&e);
+        if (sbx_enc_finish(&e, &buf, &len) != 0)
+            continue;
+        nng_send(g->rep, buf, len, 0);
+        free(buf);
+    }
+    return NULL;
+}
+
+Test(deadlines, a_stream_read_gives_up_within_its_bound, .timeout = 120)
+{
+    char dir[] = "/tmp/sbx-dl-XXXXXX", url[128], sock[160];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(sock, sizeof(sock), "%s/rep.sock", dir);
+    snprintf(url, sizeof(url), "ipc://%s", sock);
+    struct flaky_gw g = {.until = test_now_ms() + 29000};
+    cr_assert_eq(nng_rep0_open(&g.rep), 0);
+    nng_socket_set_ms(g.rep, NNG_OPT_RECVTIMEO, 100);
+    cr_assert_eq(nng_listen(g.rep, url, NULL, 0), 0);
+    cr_assert_eq(pthread_create(&g.th, NULL, flaky_gw_main, &g), 0);
+    sbx_client *c = open_client(url);
+    sbx_stream *s = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_stream_open(c, "stream-flaky", "proc:p1", 0, &s, &err), 0);
+    sbx_event ev;
+    double t0 = test_now_ms();
+    int rc = sbx_stream_next(s, &ev, &err);
+    double took = test_now_ms() - t0;
+    cr_expect_lt(rc, 0);
+    cr_expect(!strcmp(err.code, "REQUEST_TIMEOUT") || !strcmp(err.code, "SHARD_UNAVAILABLE"),
+              "%s: %s", err.code, err.message);
+    /* sbx.h: reads that fail or go unanswered end it within 40 s. */
+    cr_expect(took < 40000 + SLACK_MS, "sbx_stream_next returned after %.0f ms (bound 40000)",
+              took);
+    sbx_error_free(&err);
+    sbx_stream_close(s);
+    sbx_client_close(c);
+    atomic_store(&g.stop, true);
+    pthread_join(g.th, NULL);
+    nng_close(g.rep);
+    unlink(sock);
+    rmdir(dir);
 }
