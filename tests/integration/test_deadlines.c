@@ -304,12 +304,17 @@ wait_stopped(pid_t pid)
     cr_assert_fail("process %d did not stop", (int)pid);
 }
 
+/* open_client — a client of url; a gateway just started may have made its
+ * socket file before it listens, so a refusal is retried for 5 s. */
 static sbx_client *
 open_client(const char *url)
 {
     sbx_client *c = NULL;
     sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "%s: %s", err.code, err.message);
+    int rc = 0;
+    for (int i = 0; i < 100 && (rc = sbx_client_open(&c, url, &err)) != 0; i++)
+        usleep(50 * 1000);
+    cr_assert_eq(rc, 0, "%s: %s", err.code, err.message);
     return c;
 }
 
