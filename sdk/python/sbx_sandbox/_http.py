@@ -22,6 +22,10 @@ from . import errors
 # body; treated like SHARD_UNAVAILABLE (retried with the same key).
 _PROXY_RETRY_STATUSES = (502, 503, 504)
 _RETRY_CODES = ("SHARD_UNAVAILABLE",)
+# The least time (seconds) a retry must have left before the deadline.
+_MIN_RETRY_LEFT = 0.5
+# The largest X-Sbx-Timeout-Ms the server accepts (25 h, in ms).
+_MAX_SERVER_TIMEOUT_MS = 90_000_000
 
 
 def new_key() -> str:
@@ -62,8 +66,8 @@ class Transport:
     started (+ at most 1 s of slack), retries, back-off and reading the body
     included, whatever the server does (never answering, stopped, a reply
     cut short): every socket wait is bounded by the time left, and a retry
-    that could not start before the deadline is not made — the last failure
-    is raised instead.  A deadline that passes is ``REQUEST_TIMEOUT``.
+    that would have less than 0.5 s left after its back-off is not made —
+    the last failure is raised instead.  A deadline that passes is ``REQUEST_TIMEOUT``.
     Streamed bodies (``stream=True``) are the caller's to bound once their
     headers arrived (:class:`sbx_sandbox.streams.EventStream` uses its idle
     timeout).
@@ -160,11 +164,13 @@ class Transport:
     def _pause(self, attempt: int, deadline: Optional[float], last: BaseException,
                delay: Optional[float] = None) -> None:
         """Back off before retry ``attempt`` (or wait ``delay`` seconds), unless
-        the retry could not start before ``deadline``: then raise ``last``."""
+        the retry would have less than ``_MIN_RETRY_LEFT`` seconds left before
+        ``deadline`` (too little to hear the server's answer): then raise
+        ``last``."""
         if delay is None:
             delay = min(self.backoff_max, self.backoff * (2 ** (attempt - 1)))
             delay *= random.uniform(0.75, 1.25)
-        if deadline is not None and time.monotonic() + delay >= deadline:
+        if deadline is not None and time.monotonic() + delay + _MIN_RETRY_LEFT > deadline:
             raise last
         time.sleep(delay)
 
@@ -194,7 +200,12 @@ class Transport:
             hdrs.setdefault("Content-Type", "application/json")
         attempt = 0
         while True:
-            conn, reused = self._take(self._left(deadline, operation))
+            left = self._left(deadline, operation)
+            if left is not None:
+                # The server's deadline is ours (docs/http.md): it answers a
+                # stuck shard SHARD_UNAVAILABLE while we still listen.
+                hdrs["X-Sbx-Timeout-Ms"] = str(min(max(1, int(left * 1000)), _MAX_SERVER_TIMEOUT_MS))
+            conn, reused = self._take(left)
             sock = None
             try:
                 conn.request(method, path, body=body, headers=hdrs)

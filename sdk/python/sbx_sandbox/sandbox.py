@@ -44,8 +44,8 @@ class SbxClient:
             deadline plus margin; calls with a ``timeout`` argument wait
             that long plus 60 s at least).  A request returns or raises by
             it + 1 s whatever the server does (``REQUEST_TIMEOUT`` when it
-            passes; a retry that would not fit raises the failure it would
-            retry).  Streams: their idle timeout bounds each read.
+            passes; a retry that would have less than 0.5 s left raises
+            the failure it would retry).  Streams: their idle timeout bounds each read.
         retries: attempts after the first on network errors and ``503
             SHARD_UNAVAILABLE`` (default 6); every retry reuses the request's
             ``Idempotency-Key``, so it never runs an operation twice.

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sbx_sandbox import SbxClient, errors
+from sbx_sandbox import SbxClient, errors, get_sandbox
 
 from conftest import Daemon
 
@@ -214,4 +214,36 @@ def test_a_stopped_daemon_is_a_request_timeout():
     finally:
         if stopped:
             os.kill(d.proc.pid, signal.SIGCONT)
+        d.stop()
+
+
+def test_a_stopped_shard_is_shard_unavailable():
+    if os.environ.get("SBX_TEST_URL"):
+        pytest.skip("needs its own daemon")
+    d = Daemon()
+    shard_pid = 0
+    try:
+        c = SbxClient(d.url, timeout=60)
+        sid = f"py-{os.getpid()}-dlshard"
+        c_short = SbxClient(d.url, timeout=2.0)
+        sb = get_sandbox(c, sid)
+        sb.exec("true")
+        shard = sb.status()["shard"]
+        for s in c.cluster_status()["shards"]:
+            if s["name"] == shard:
+                shard_pid = s["status"]["pid"]
+        assert shard_pid > 0, f"no pid for shard {shard}"
+        os.kill(shard_pid, signal.SIGSTOP)
+        wait_stopped(shard_pid)
+        err, took = timed(get_sandbox(c_short, sid).ping)
+        assert err.code == "SHARD_UNAVAILABLE", err
+        assert took < 2.0 + SLACK, f"raised after {took:.2f} s (deadline 2 s)"
+        os.kill(shard_pid, signal.SIGCONT)
+        shard_pid = 0
+        sb.destroy()
+        c.close()
+        c_short.close()
+    finally:
+        if shard_pid:
+            os.kill(shard_pid, signal.SIGCONT)
         d.stop()

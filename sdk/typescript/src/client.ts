@@ -49,8 +49,8 @@ export interface SbxClientOptions {
    * a call settles by it (+ at most 1 s of slack for the event loop)
    * whatever the server does — never answering, stopped, a reply cut
    * short. At the deadline it rejects with {@link RequestTimeoutError}
-   * (`REQUEST_TIMEOUT`); a retry that would not fit before it is not
-   * started, and the last failure is thrown instead. Operations with a
+   * (`REQUEST_TIMEOUT`); a retry that would have less than 500 ms left
+   * after its back-off is not made, and the last failure is thrown instead. Operations with a
    * `timeout` argument get at least that plus 60 s. Streams: the deadline
    * covers opening them; reads are bounded by their idle timeout.
    */
@@ -84,6 +84,10 @@ export interface RawRequest {
 /** @internal */
 export const DEFAULT_URL = 'http://127.0.0.1:7780';
 const DEFAULT_TIMEOUT_MS = 630_000;
+/** The least time a retry must have left before the call's deadline. */
+const MIN_RETRY_LEFT_MS = 500;
+/** The largest X-Sbx-Timeout-Ms the server accepts (25 h). */
+const MAX_SERVER_TIMEOUT_MS = 90_000_000;
 const NETWORK_CODES = new Set([
   'ECONNRESET',
   'ECONNREFUSED',
@@ -283,12 +287,15 @@ export class SbxClient {
     const headers: Record<string, string> = { ...this.authHeaders(), ...(req.headers ?? {}) };
     if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
     if (req.body !== undefined) headers['content-length'] = String(Buffer.byteLength(req.body));
+    const timeoutMs = req.timeoutMs ?? this.timeoutMs;
+    // The server's deadline is ours (docs/http.md): it answers a stuck shard
+    // SHARD_UNAVAILABLE while we still listen. Capped at its 25 h ceiling.
+    headers['x-sbx-timeout-ms'] = String(Math.min(Math.max(1, Math.ceil(timeoutMs)), MAX_SERVER_TIMEOUT_MS));
     return new Promise((resolve, reject) => {
       req.signal?.throwIfAborted();
       const r = mod.request(url, { method: req.method, headers, agent: this.agent });
       let settled = false;
       let response: http.IncomingMessage | undefined;
-      const timeoutMs = req.timeoutMs ?? this.timeoutMs;
       const timer = setTimeout(() => {
         const e = new RequestTimeoutError({
           code: 'REQUEST_TIMEOUT',
@@ -421,12 +428,14 @@ export class SbxClient {
   }
 
   /**
-   * @internal Back off before retry number `attempt`, unless the retry could
-   * not start before `deadline`: then throw `last`, the failure being retried.
+   * @internal Back off before retry number `attempt`, unless the retry would
+   * have less than {@link MIN_RETRY_LEFT_MS} left before `deadline` (too
+   * little to hear the server's answer): then throw `last`, the failure
+   * being retried.
    */
   async pause(attempt: number, req: RawRequest, deadline: number, last: unknown): Promise<void> {
     const d = this.backoff(attempt);
-    if (performance.now() + d >= deadline) throw last;
+    if (performance.now() + d + MIN_RETRY_LEFT_MS > deadline) throw last;
     await sleep(d, req.signal);
   }
 

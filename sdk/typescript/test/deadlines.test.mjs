@@ -143,6 +143,39 @@ describe('deadlines', () => {
     }
   });
 
+  it('a stopped shard is SHARD_UNAVAILABLE by the deadline', async () => {
+    const d = await startDaemon();
+    const client = new SbxClient({ url: d.url, timeoutMs: 2000 });
+    let shardPid = 0;
+    try {
+      const id = `ts-dl-${process.pid}-shard`;
+      const sb = getSandbox(client, id);
+      await client.call(id, 'exec', { command: 'true' }, { timeoutMs: 60_000 });
+      const st = await client.call(id, 'status', {}, { timeoutMs: 60_000 });
+      // A deadline the server cannot take is a clear 400, not a default.
+      for (const bad of ['abc', '0', '-5', '1.5', '90000001']) {
+        const r = await fetch(`${d.url}/v1/sandboxes/${id}/ping`, { method: 'POST', headers: { 'x-sbx-timeout-ms': bad } });
+        assert.equal(r.status, 400, `X-Sbx-Timeout-Ms: ${bad}`);
+        assert.equal((await r.json()).code, 'VALIDATION_FAILED', `X-Sbx-Timeout-Ms: ${bad}`);
+      }
+      const cs = await client.clusterStatus();
+      shardPid = cs.shards.find((s) => s.name === st.sandbox.shard)?.status?.pid ?? 0;
+      assert.ok(shardPid > 0, `no pid for shard ${st.sandbox.shard}`);
+      process.kill(shardPid, 'SIGSTOP');
+      await waitStopped(shardPid);
+      const { err, took } = await timed(() => client.call(id, 'ping'));
+      assert.equal(err.code, 'SHARD_UNAVAILABLE', String(err));
+      assert.ok(took < 2000 + SLACK_MS, `settled after ${took.toFixed(0)} ms (deadline 2000)`);
+      process.kill(shardPid, 'SIGCONT');
+      shardPid = 0;
+      await sb.destroy();
+    } finally {
+      if (shardPid) process.kill(shardPid, 'SIGCONT');
+      client.close();
+      await d.stop();
+    }
+  });
+
   it('a stopped daemon is REQUEST_TIMEOUT by the deadline', async () => {
     const d = await startDaemon();
     const client = new SbxClient({ url: d.url, timeoutMs: 1500 });
