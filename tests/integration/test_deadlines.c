@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -248,6 +249,8 @@ lone_gw_start(struct lone_gw *g, const char *shard_url)
     g->pid = fork();
     cr_assert_geq(g->pid, 0);
     if (g->pid == 0) {
+        /* A failed assertion ends the test process: the gateway goes too. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         execl(sbxd, sbxd, "gateway", "--listen", g->url, "--shard", shard, (char *)NULL);
         _exit(127);
     }
