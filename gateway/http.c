@@ -1247,7 +1247,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
-                                "X-Sbx-Binary");
+                                "X-Sbx-Binary, X-Sbx-Timeout-Ms");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
         MHD_destroy_response(r);
@@ -1329,6 +1329,20 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         snprintf(hr->rid, sizeof(hr->rid), "%s", key);
     }
     hr->timeout_ms = h->conf.timeout;
+    /* The caller's own deadline (docs/http.md): the gateway then answers
+     * SHARD_UNAVAILABLE before the caller gives up, not 600 s later. */
+    const char *tmo = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Sbx-Timeout-Ms");
+    if (tmo) {
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(tmo, &end, 10);
+        if (errno || end == tmo || *end || v < 1 ||
+            v > SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS)
+            return queue_err(hr, SBX_E_VALIDATION,
+                             "X-Sbx-Timeout-Ms must be a whole number of ms from 1 to %lld",
+                             SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS);
+        hr->timeout_ms = v;
+    }
     const char *bin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Sbx-Binary");
     hr->b64 = bin && !strcasecmp(bin, "base64");
     hr->sse = rt->kind == R_STREAM ||

@@ -222,7 +222,9 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     if (sbx_wire_decode(&r->dec, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply)) {
         nng_msg_free(reply);
         free(r);
-        return set_err(err, SBX_E_MALFORMED, NULL, "the gateway sent a malformed reply");
+        /* The request was fine; the reply is not: a client-side name. */
+        return set_err(err, SBX_E_MALFORMED, "INVALID_RESPONSE",
+                       "the gateway sent a reply that is not a valid frame");
     }
     bool ok = false;
     sbx_wire_get_bool(r->dec.root, "ok", &ok);
@@ -468,6 +470,8 @@ sbx_ping(sbx_client *c, const char *sandbox, sbx_error *err)
 
 #define STREAM_WAIT_MS 25000
 #define STREAM_RETRY_MS 30000
+/* The deadline of one stream.read: its long poll plus a margin. */
+#define STREAM_CALL_MS (STREAM_WAIT_MS + 10000)
 
 struct sbx_stream {
     sbx_client *c;
@@ -548,21 +552,25 @@ transient(const sbx_error *e)
 static int
 stream_fetch(sbx_stream *s, sbx_error *err)
 {
-    int64_t until = sbx_mono_ms() + STREAM_RETRY_MS;
+    /* One bound for the whole fetch, retries included (sbx.h): no attempt
+     * runs past it, and its long poll ends 10 s before its own deadline. */
+    int64_t until = sbx_mono_ms() + STREAM_RETRY_MS + 10000;
     for (int attempt = 0;; attempt++) {
         sbx_enc e;
         char *args;
         size_t alen;
+        int64_t call_ms = SBX_MIN((int64_t)STREAM_CALL_MS, until - sbx_mono_ms());
+        if (call_ms < 1)
+            call_ms = 1;
         sbx_enc_init(&e);
         sbx_enc_map(&e);
         sbx_enc_kstr(&e, "streamId", s->id);
         sbx_enc_kint(&e, "after", (int64_t)s->after);
-        sbx_enc_kint(&e, "waitMs", STREAM_WAIT_MS);
+        sbx_enc_kint(&e, "waitMs", SBX_MAX(call_ms - 10000, (int64_t)0));
         sbx_enc_end(&e);
         sbx_enc_finish(&e, &args, &alen);
         sbx_reply *r = NULL;
-        int rc = sbx_call(s->c, "stream.read", s->sandbox, args, alen, STREAM_WAIT_MS + 10000, NULL,
-                          &r, err);
+        int rc = sbx_call(s->c, "stream.read", s->sandbox, args, alen, call_ms, NULL, &r, err);
         free(args);
         if (rc == 0) {
             sbx_reply_free(s->batch);
@@ -573,7 +581,7 @@ stream_fetch(sbx_stream *s, sbx_error *err)
             sbx_wire_get_bool(sbx_reply_result(r), "done", &s->done);
             return 0;
         }
-        if (!err || !transient(err) || sbx_mono_ms() > until)
+        if (!err || !transient(err) || sbx_mono_ms() + 1000 > until)
             return rc;
         sbx_error_free(err);
         struct timespec ts = {0, (long)SBX_MIN(100 * (attempt + 1), 1000) * 1000000L};

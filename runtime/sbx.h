@@ -24,8 +24,18 @@
  * names where one applies), `message` a human sentence, `context` the
  * error's context map as JSON.  A client-side failure uses the same names:
  * GATEWAY_UNAVAILABLE when the gateway cannot be reached, REQUEST_TIMEOUT
- * when the deadline passes.  A command that exits non-zero is not an error:
- * its exit code is in the result, as in the SDK.
+ * when the deadline passes, INVALID_RESPONSE when the reply is not a valid
+ * frame.  A command that exits non-zero is not an error: its exit code is
+ * in the result, as in the SDK.
+ *
+ * Deadlines.  Every call has one (its timeout_ms, else the client's
+ * default; sbx_exec: its timeout + 30 s) and returns by it plus
+ * SBX_DEADLINE_SLACK_MS, whatever the gateway does — stopped, killed, its
+ * socket removed, half a frame written, never answering: each nng send and
+ * receive waits only for the time left.  A shard that does not answer is
+ * SHARD_UNAVAILABLE from the gateway just before the deadline; a gateway
+ * that does not is REQUEST_TIMEOUT at it.  Streams: see sbx_stream_next.
+ * The rule for every layer is docs/protocol.md §2 (Deadlines).
  *
  * Coverage.  Every operation of docs/protocol.md (sessions, processes and
  * their waits, files, watch, git, env, configure, status, list, the code
@@ -49,6 +59,8 @@
 #include <stdint.h>
 
 #define SBX_DEFAULT_GATEWAY "tcp://127.0.0.1:7700"
+/* How late past its deadline a call may return, in ms (scheduling only). */
+#define SBX_DEADLINE_SLACK_MS 1000
 
 typedef struct sbx_client sbx_client;
 
@@ -70,7 +82,8 @@ int sbx_client_open(sbx_client **out, const char *url, sbx_error *err);
 void sbx_client_close(sbx_client *c);
 
 /* sbx_client_set_timeout — deadline in ms of calls that have no timeout of
- * their own (default 300000; $SBX_TIMEOUT_MS overrides at open). */
+ * their own (default 300000; $SBX_TIMEOUT_MS overrides at open); a call
+ * returns by it + SBX_DEADLINE_SLACK_MS (see Deadlines above). */
 void sbx_client_set_timeout(sbx_client *c, int64_t ms);
 
 /* ---------------------------------------------------------------------------
@@ -174,7 +187,9 @@ int sbx_stream_open(sbx_client *c, const char *sandbox, const char *stream_id, u
 /* sbx_stream_next — the next event: 1 with *ev filled, 0 at the end of the
  * stream, or a negative code.  Transient failures (SHARD_UNAVAILABLE,
  * REQUEST_TIMEOUT, GATEWAY_UNAVAILABLE) are retried for up to 30 s,
- * resuming after the last event seen. */
+ * resuming after the last event seen.  It waits as long as the stream is
+ * quiet and its reads are answered; reads that fail or go unanswered end it
+ * with their error within 40 s (+ SBX_DEADLINE_SLACK_MS), retries included. */
 int sbx_stream_next(sbx_stream *s, sbx_event *ev, sbx_error *err);
 /* sbx_stream_id / sbx_stream_last — the stream's ID and the last sequence seen. */
 const char *sbx_stream_id(const sbx_stream *s);

@@ -6,7 +6,8 @@
  * Global options (before or after the verb):
  *   --gateway URL   gateway address (default $SBX_GATEWAY, else tcp://127.0.0.1:7700)
  *   --json          machine-readable output: the operation's result as JSON
- *   --timeout D     request deadline, e.g. 30s, 5m (default 5m)
+ *   --timeout D     request deadline, e.g. 30s, 5m (default 5m); every call
+ *                   returns by it + 1 s (runtime/sbx.h, Deadlines)
  *
  * Exit status: `sbx exec` exits with the command's own exit code (124 on
  * timeout, 128+N when killed by signal N); every other verb exits 0 on

@@ -22,6 +22,10 @@ from . import errors
 # body; treated like SHARD_UNAVAILABLE (retried with the same key).
 _PROXY_RETRY_STATUSES = (502, 503, 504)
 _RETRY_CODES = ("SHARD_UNAVAILABLE",)
+# The least time (seconds) a retry must have left before the deadline.
+_MIN_RETRY_LEFT = 0.5
+# The largest X-Sbx-Timeout-Ms the server accepts (25 h, in ms).
+_MAX_SERVER_TIMEOUT_MS = 90_000_000
 
 
 def new_key() -> str:
@@ -57,6 +61,16 @@ class Transport:
     running the operation twice.  Retries back off exponentially
     (``backoff`` seconds, doubling, capped at ``backoff_max``, +-25% jitter)
     for at most ``retries`` attempts after the first.
+
+    Deadlines: a request returns or raises by ``timeout`` seconds after it
+    started (+ at most 1 s of slack), retries, back-off and reading the body
+    included, whatever the server does (never answering, stopped, a reply
+    cut short): every socket wait is bounded by the time left, and a retry
+    that would have less than 0.5 s left after its back-off is not made —
+    the last failure is raised instead.  A deadline that passes is ``REQUEST_TIMEOUT``.
+    Streamed bodies (``stream=True``) are the caller's to bound once their
+    headers arrived (:class:`sbx_sandbox.streams.EventStream` uses its idle
+    timeout).
     """
 
     def __init__(self, url: str, api_key: Optional[str], timeout: float, retries: int,
@@ -135,6 +149,31 @@ class Transport:
             h.update(extra)
         return h
 
+    @staticmethod
+    def _left(deadline: Optional[float], operation: Optional[str]) -> Optional[float]:
+        """Seconds left before ``deadline`` (None: no deadline); raises
+        REQUEST_TIMEOUT when none are left."""
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise errors.make("REQUEST_TIMEOUT", "no answer within the request's deadline",
+                              operation=operation)
+        return left
+
+    def _pause(self, attempt: int, deadline: Optional[float], last: BaseException,
+               delay: Optional[float] = None) -> None:
+        """Back off before retry ``attempt`` (or wait ``delay`` seconds), unless
+        the retry would have less than ``_MIN_RETRY_LEFT`` seconds left before
+        ``deadline`` (too little to hear the server's answer): then raise
+        ``last``."""
+        if delay is None:
+            delay = min(self.backoff_max, self.backoff * (2 ** (attempt - 1)))
+            delay *= random.uniform(0.75, 1.25)
+        if deadline is not None and time.monotonic() + delay + _MIN_RETRY_LEFT > deadline:
+            raise last
+        time.sleep(delay)
+
     def sleep_backoff(self, attempt: int) -> None:
         """Sleep before retry number ``attempt`` (1-based)."""
         d = min(self.backoff_max, self.backoff * (2 ** (attempt - 1)))
@@ -154,16 +193,29 @@ class Transport:
         >= 400 raises the matching :class:`errors.SandboxError`.
         """
         timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         hdrs = self.headers(headers)
         hdrs["Idempotency-Key"] = key or new_key()
         if body is not None:
             hdrs.setdefault("Content-Type", "application/json")
         attempt = 0
         while True:
-            conn, reused = self._take(timeout)
+            left = self._left(deadline, operation)
+            if left is not None:
+                # The server's deadline is ours (docs/http.md): it answers a
+                # stuck shard SHARD_UNAVAILABLE while we still listen.
+                hdrs["X-Sbx-Timeout-Ms"] = str(min(max(1, int(left * 1000)), _MAX_SERVER_TIMEOUT_MS))
+            conn, reused = self._take(left)
+            sock = None
             try:
                 conn.request(method, path, body=body, headers=hdrs)
+                sock = conn.sock  # kept: getresponse() may drop conn.sock
+                if sock is not None:
+                    sock.settimeout(self._left(deadline, operation))
                 resp = conn.getresponse()
+            except errors.SandboxError:
+                conn.close()  # the deadline passed (_left)
+                raise
             except socket.timeout as e:
                 conn.close()
                 raise errors.make("REQUEST_TIMEOUT",
@@ -174,16 +226,17 @@ class Transport:
                 if reused:
                     continue  # a kept-alive connection the server had closed: not an attempt
                 attempt += 1
+                last = errors.make("GATEWAY_UNAVAILABLE", f"cannot reach {self.url}: {e}",
+                                   operation=operation)
+                last.__cause__ = e
                 if attempt > self.retries:
-                    raise errors.make("GATEWAY_UNAVAILABLE",
-                                      f"cannot reach {self.url}: {e}",
-                                      operation=operation) from e
-                self.sleep_backoff(attempt)
+                    raise last
+                self._pause(attempt, deadline, last)
                 continue
             if resp.status < 400 and stream:
                 return conn, resp
             try:
-                data = resp.read()
+                data = self._read_body(resp, sock, deadline, operation)
             except socket.timeout as e:
                 conn.close()
                 raise errors.make("REQUEST_TIMEOUT",
@@ -192,11 +245,12 @@ class Transport:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 attempt += 1
+                last = errors.make("GATEWAY_UNAVAILABLE", f"connection to {self.url} dropped: {e}",
+                                   operation=operation)
+                last.__cause__ = e
                 if attempt > self.retries:
-                    raise errors.make("GATEWAY_UNAVAILABLE",
-                                      f"connection to {self.url} dropped: {e}",
-                                      operation=operation) from e
-                self.sleep_backoff(attempt)
+                    raise last
+                self._pause(attempt, deadline, last)
                 continue
             if resp.will_close:
                 conn.close()
@@ -212,11 +266,29 @@ class Transport:
                 attempt += 1
                 retry_after = r.headers.get("Retry-After")
                 if retry_after and retry_after.isdigit():
-                    time.sleep(min(float(retry_after), self.backoff_max))
+                    self._pause(attempt, deadline, err, min(float(retry_after), self.backoff_max))
                 else:
-                    self.sleep_backoff(attempt)
+                    self._pause(attempt, deadline, err)
                 continue
             raise err
+
+    def _read_body(self, resp: http.client.HTTPResponse, sock: Optional[socket.socket],
+                   deadline: Optional[float], operation: Optional[str]) -> bytes:
+        """The whole body, each read bounded by the time left before
+        ``deadline`` (so a body that trickles in cannot outlast it);
+        socket.timeout when it passes."""
+        if sock is None or deadline is None:
+            return resp.read()
+        parts = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("deadline passed while reading the body")
+            sock.settimeout(left)
+            b = resp.read1(65536)
+            if not b:
+                return b"".join(parts)
+            parts.append(b)
 
     @staticmethod
     def error_of(r: Response, operation: Optional[str]) -> errors.SandboxError:

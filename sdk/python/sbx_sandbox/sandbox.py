@@ -39,9 +39,13 @@ class SbxClient:
             else ``http://127.0.0.1:7780``.
         api_key: bearer key (``Authorization: Bearer``).  Default:
             ``$SBX_API_KEY``, else none (a loopback front without a key file).
-        timeout: seconds a request may wait for its answer's next bytes
-            (default 660: the gateway's 600 s deadline plus margin; calls
-            with a ``timeout`` argument wait that long plus 60 s at least).
+        timeout: a request's deadline in seconds, retries, back-off and
+            reading the answer included (default 660: the gateway's 600 s
+            deadline plus margin; calls with a ``timeout`` argument wait
+            that long plus 60 s at least).  A request returns or raises by
+            it + 1 s whatever the server does (``REQUEST_TIMEOUT`` when it
+            passes; a retry that would have less than 0.5 s left raises
+            the failure it would retry).  Streams: their idle timeout bounds each read.
         retries: attempts after the first on network errors and ``503
             SHARD_UNAVAILABLE`` (default 6); every retry reuses the request's
             ``Idempotency-Key``, so it never runs an operation twice.

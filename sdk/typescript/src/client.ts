@@ -44,9 +44,15 @@ export interface SbxClientOptions {
   /** Retry policy for network errors and `503 SHARD_UNAVAILABLE` (see {@link RetryOptions}); `false` disables retries. */
   retry?: RetryOptions | false;
   /**
-   * Client-side deadline of one request attempt, in ms (default 630 000:
-   * the gateway's 10-minute deadline plus a margin). Operations with a
-   * `timeout` argument get at least that plus 60 s.
+   * Client-side deadline of one call, in ms (default 630 000: the gateway's
+   * 10-minute deadline plus a margin), retries and their back-off included:
+   * a call settles by it (+ at most 1 s of slack for the event loop)
+   * whatever the server does — never answering, stopped, a reply cut
+   * short. At the deadline it rejects with {@link RequestTimeoutError}
+   * (`REQUEST_TIMEOUT`); a retry that would have less than 500 ms left
+   * after its back-off is not made, and the last failure is thrown instead. Operations with a
+   * `timeout` argument get at least that plus 60 s. Streams: the deadline
+   * covers opening them; reads are bounded by their idle timeout.
    */
   timeoutMs?: number;
   /** Extra headers sent with every request. */
@@ -65,6 +71,8 @@ export interface RawRequest {
   signal?: AbortSignal;
   /** Deadline of one attempt in ms (until the response headers, or the whole body for buffered replies). */
   timeoutMs?: number;
+  /** The call's deadline as a `performance.now()` time; retries never start past it (default: now + `timeoutMs`). */
+  deadline?: number;
   /** `false`: no Idempotency-Key (stream reads, WebSocket). Otherwise the key to send (generated when undefined). */
   idempotencyKey?: string | false;
   /** The operation name, for error messages. */
@@ -76,6 +84,10 @@ export interface RawRequest {
 /** @internal */
 export const DEFAULT_URL = 'http://127.0.0.1:7780';
 const DEFAULT_TIMEOUT_MS = 630_000;
+/** The least time a retry must have left before the call's deadline. */
+const MIN_RETRY_LEFT_MS = 500;
+/** The largest X-Sbx-Timeout-Ms the server accepts (25 h). */
+const MAX_SERVER_TIMEOUT_MS = 90_000_000;
 const NETWORK_CODES = new Set([
   'ECONNRESET',
   'ECONNREFUSED',
@@ -275,19 +287,24 @@ export class SbxClient {
     const headers: Record<string, string> = { ...this.authHeaders(), ...(req.headers ?? {}) };
     if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
     if (req.body !== undefined) headers['content-length'] = String(Buffer.byteLength(req.body));
+    const timeoutMs = req.timeoutMs ?? this.timeoutMs;
+    // The server's deadline is ours (docs/http.md): it answers a stuck shard
+    // SHARD_UNAVAILABLE while we still listen. Capped at its 25 h ceiling.
+    headers['x-sbx-timeout-ms'] = String(Math.min(Math.max(1, Math.ceil(timeoutMs)), MAX_SERVER_TIMEOUT_MS));
     return new Promise((resolve, reject) => {
       req.signal?.throwIfAborted();
       const r = mod.request(url, { method: req.method, headers, agent: this.agent });
       let settled = false;
-      const timeoutMs = req.timeoutMs ?? this.timeoutMs;
+      let response: http.IncomingMessage | undefined;
       const timer = setTimeout(() => {
-        r.destroy(
-          new RequestTimeoutError({
-            code: 'REQUEST_TIMEOUT',
-            message: `${req.operation ?? req.path}: no reply within ${timeoutMs} ms`,
-            operation: req.operation,
-          }),
-        );
+        const e = new RequestTimeoutError({
+          code: 'REQUEST_TIMEOUT',
+          message: `${req.operation ?? req.path}: no reply within ${timeoutMs} ms`,
+          operation: req.operation,
+        });
+        // A body still arriving at the deadline fails with the same error.
+        response?.destroy(e);
+        r.destroy(e);
       }, timeoutMs);
       const onAbort = (): void => {
         r.destroy(req.signal!.reason instanceof Error ? req.signal!.reason : new Error(String(req.signal!.reason)));
@@ -299,8 +316,10 @@ export class SbxClient {
       };
       r.on('response', (res) => {
         settled = true;
-        // The deadline also covers reading a buffered body; streams end it here.
-        if (req.stream) done();
+        response = res;
+        // The deadline also covers reading a buffered body, and the error
+        // body of a stream; a stream's events end it here.
+        if (req.stream && res.statusCode === 200) done();
         else res.once('close', done);
         resolve(res);
       });
@@ -319,14 +338,15 @@ export class SbxClient {
    */
   async sendWithRetry(req: RawRequest): Promise<http.IncomingMessage> {
     const key = req.idempotencyKey === false ? undefined : (req.idempotencyKey ?? randomUUID());
+    const deadline = req.deadline ?? performance.now() + (req.timeoutMs ?? this.timeoutMs);
     let attempt = 0;
     for (;;) {
       let res: http.IncomingMessage;
       try {
-        res = await this.send(req, key);
+        res = await this.send({ ...req, timeoutMs: this.timeLeft(deadline, req) }, key);
       } catch (err) {
         if (isNetworkError(err) && attempt < this.retry.retries && !req.signal?.aborted) {
-          await sleep(this.backoff(attempt++), req.signal);
+          await this.pause(attempt++, req, deadline, this.wrapTransportError(err, req));
           continue;
         }
         throw this.wrapTransportError(err, req);
@@ -337,14 +357,15 @@ export class SbxClient {
           body = await readBody(res);
         } catch (err) {
           if (isNetworkError(err)) {
-            await sleep(this.backoff(attempt++), req.signal);
+            await this.pause(attempt++, req, deadline, this.wrapTransportError(err, req));
             continue;
           }
           throw this.wrapTransportError(err, req);
         }
         const parsed = parseError(body, 503);
         if (parsed.code === 'SHARD_UNAVAILABLE') {
-          await sleep(this.backoff(attempt++), req.signal);
+          await this.pause(attempt++, req, deadline,
+            createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, 503));
           continue;
         }
         throw createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, 503);
@@ -360,15 +381,16 @@ export class SbxClient {
    */
   async requestJson<T>(req: RawRequest): Promise<T> {
     const key = req.idempotencyKey === false ? false : (req.idempotencyKey ?? randomUUID());
+    const deadline = req.deadline ?? performance.now() + (req.timeoutMs ?? this.timeoutMs);
     let attempt = 0;
     for (;;) {
-      const res = await this.sendWithRetry({ ...req, idempotencyKey: key });
+      const res = await this.sendWithRetry({ ...req, idempotencyKey: key, deadline });
       let body: Buffer;
       try {
         body = await readBody(res);
       } catch (err) {
         if (isNetworkError(err) && attempt < this.retry.retries && !req.signal?.aborted) {
-          await sleep(this.backoff(attempt++), req.signal);
+          await this.pause(attempt++, req, deadline, this.wrapTransportError(err, req));
           continue;
         }
         throw this.wrapTransportError(err, req);
@@ -388,6 +410,33 @@ export class SbxClient {
         );
       }
     }
+  }
+
+  /**
+   * @internal The ms left before `deadline` for the next attempt; throws
+   * {@link RequestTimeoutError} when none is left.
+   */
+  timeLeft(deadline: number, req: RawRequest): number {
+    const left = Math.floor(deadline - performance.now());
+    if (left < 1)
+      throw new RequestTimeoutError({
+        code: 'REQUEST_TIMEOUT',
+        message: `${req.operation ?? req.path}: no reply within the call's deadline`,
+        operation: req.operation,
+      });
+    return left;
+  }
+
+  /**
+   * @internal Back off before retry number `attempt`, unless the retry would
+   * have less than {@link MIN_RETRY_LEFT_MS} left before `deadline` (too
+   * little to hear the server's answer): then throw `last`, the failure
+   * being retried.
+   */
+  async pause(attempt: number, req: RawRequest, deadline: number, last: unknown): Promise<void> {
+    const d = this.backoff(attempt);
+    if (performance.now() + d + MIN_RETRY_LEFT_MS > deadline) throw last;
+    await sleep(d, req.signal);
   }
 
   /** @internal Back-off before retry number `attempt` (0-based): capped exponential with jitter. */

@@ -690,6 +690,12 @@ export class SandboxOperations {
       const status = res.statusCode ?? 0;
       throw createErrorFromResponse(parseError(await readBody(res), status), status);
     }
+    // A body that stalls ends the read, as an SSE stream's idle timeout does.
+    res.setTimeout(45_000, () => {
+      const e = new Error('file.read: no data for 45000 ms') as Error & { code: string };
+      e.code = 'ESBXIDLE';
+      res.destroy(e);
+    });
     let bytesRead = 0;
     let pending = Buffer.alloc(0);
     const CHUNK = 65535;
