@@ -102,7 +102,7 @@ struct cluster {
     bool loads;
     int64_t load_next_ms;    /* ctl thread: no load before (monotonic ms; failures back off) */
     int64_t load_backoff_ms; /* ctl thread: the last back-off (0: the last load worked) */
-    struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS) */
+    struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS; cluster.c) */
     /* replication queue */
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
@@ -113,7 +113,7 @@ struct cluster {
     bool first_view;
     uint64_t *outstanding;   /* replicated seqs not yet decided (FIFO, ascending) */
     size_t nout, capout, outhead;
-    struct hjob *job;        /* the handoff under way (one at a time) */
+    struct hjob *job;        /* the handoff under way (one at a time; cluster_handoff.c) */
     uint64_t fence_timer;    /* fires at fence_at (0: none armed) */
     int me;                  /* my member index (loop's copy) */
     char member_names[SBX_CVIEW_MAX_MEMBERS][64];
