@@ -1,6 +1,6 @@
 /*
  * recrev.h — the revision etcd holds each sandbox record at, as the
- * replication of actors/cluster.c last saw it (issue 11 item 2).
+ * replication of actors/cluster_repl.c last saw it (issue 11 item 2).
  *
  * A replication transaction compares the record key's mod_revision with
  * the one the shard knows (besides the partition's owner and epoch), so a
