@@ -1454,7 +1454,7 @@ actor_reload_record(struct actor *a)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Handoff (actors/cluster.c). */
+/* Handoff (actors/cluster_handoff.c). */
 
 bool
 actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force, uint64_t *max_seq)

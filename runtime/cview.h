@@ -12,7 +12,7 @@
  *                       the key's mod_revision is the partition's epoch
  *   c/drain/<shard>     present while the shard is being drained
  *   r/<pppp>/<id>       a sandbox record (msgpack, actors/record.h), written
- *                       by the owner before it acknowledges (actors/cluster.c)
+ *                       by the owner before it acknowledges (actors/cluster_repl.c)
  *
  * <shard> and the value of a parts/ key are shard names (sbx_cview_name_ok).
  * What does not fit is ignored with a log line, never read leniently: a
@@ -100,7 +100,7 @@ int sbx_cview_member(sbx_cview *v, const char *name);
 
 /* sbx_cview_name_ok — whether name (n bytes) is a shard name the view takes:
  * 1-63 bytes of [A-Za-z0-9._-], the first a letter or digit (host names fit).
- * A shard refuses to join a cluster under any other (actors/cluster.c). */
+ * A shard refuses to join a cluster under any other (actors/cluster_repl.c). */
 bool sbx_cview_name_ok(const char *name, size_t n);
 
 /* Key helpers: "<prefix>c/parts/0042" etc. into out[outlen]. */

@@ -1376,7 +1376,7 @@ Test(cluster, t9_largest_environments_replicate_without_disturbing_the_node, .ti
 
 /* t10: a node is drained while a long command runs on it.  The handoff of
  * the command's partition waits for it (up to 10 s, HANDOFF_GRACE_MS in
- * actors/cluster.c), far longer than the lease lives (TTL 2 s here): the
+ * actors/cluster_handoff.c), far longer than the lease lives (TTL 2 s here): the
  * node must keep renewing its lease meanwhile, or it fences itself in the
  * middle of an orderly drain — every request refused, every container
  * stopped, the command interrupted, a new lease once it re-joins. */
