@@ -81,6 +81,8 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->inodes = 262144;
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
+    c->map_size = SBX_STORE_MAP_DEFAULT;
+    c->map_max = SBX_STORE_MAP_MAX_DEFAULT;
     c->sleep_after = 10 * 60 * 1000; /* the SDK's default sleepAfter: 10m */
     c->preview_domain = sbx_xstrdup("localhost:7780");
     c->cluster = sbx_xstrdup("default");
@@ -1110,7 +1112,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_error("shard: event loop: %s", strerror(-rc));
         goto out;
     }
-    if ((rc = sbx_store_open(&sh->store, conf->data, 1ull << 30, commit_cb, sh)) != 0) {
+    if ((rc = sbx_store_open(&sh->store, conf->data, conf->map_size, conf->map_max, commit_cb,
+                             sh)) != 0) {
         sbx_error("shard %s: cannot open the store in %s: %s", conf->name, conf->data,
                   sbx_err_message(rc));
         goto out;
