@@ -49,6 +49,7 @@ actor_release(struct actor *a)
     sbx_frame_reader_free(&a->rd);
     sbx_frame_writer_free(&a->wr);
     sbx_record_free(&a->rec);
+    free(a->durable);
     free(a);
 }
 
@@ -91,7 +92,8 @@ actor_get(struct shard *sh, const char *id, bool load)
         } else {
             sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
         }
-        free(val);
+        a->durable = val; /* what the store holds: the output gate's fallback */
+        a->durable_len = vn;
     } else if (rc != -ENOENT) {
         actor_release(a);
         return NULL;
@@ -387,6 +389,7 @@ dispatch(struct actor *a, struct sop *op)
         return;
     }
     op->tag = ++a->next_tag;
+    op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */
     if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
         sbx_str_eq(op->req.op, "process.start")) {
@@ -474,8 +477,7 @@ finish_destroy(struct actor *a, struct sop *op)
     struct shard *sh = a->sh;
     bool existed = a->exists;
     if (existed) {
-        a->last_seq = sbx_store_del(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id));
-        cluster_replicate(sh, a->last_seq, a->id, NULL, 0);
+        a->last_seq = shard_store_delete(sh, a->id);
     }
     a->exists = false;
     a->died = false;
@@ -830,6 +832,15 @@ env_bytes(const char *blob, size_t len, size_t *nvars)
     return total;
 }
 
+static void
+reply_success(struct actor *a, struct sop *op)
+{
+    sbx_enc e;
+    shard_reply_begin(op, &e);
+    sbx_enc_kbool(&e, "success", true);
+    shard_reply_end(op, &e, a->last_seq);
+}
+
 /* env.set {vars}: durable in the record (a container started later gets them
  * at bind), and applied by the agent now if the container runs. */
 static void
@@ -877,13 +888,34 @@ op_env_set(struct actor *a, struct sop *op)
     a->rec.env_len = env_len;
     save_record(a);
     if (a->cs == C_RUNNING) {
-        dispatch(a, op);
+        /* The agent gets the change only once it is committed: one the
+         * store refused never reaches the container.  Later ops wait at
+         * the input gate (actor_commit_continue). */
+        a->gate = op;
+        a->cw_seq = a->last_seq;
+        shard_commit_wait(a);
         return;
     }
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kbool(&e, "success", true);
-    shard_reply_end(op, &e, a->last_seq);
+    reply_success(a, op);
+}
+
+void
+actor_commit_continue(struct actor *a)
+{
+    struct sop *op = a->gate;
+    uint64_t seq = a->cw_seq;
+    a->cw_seq = 0;
+    a->gate = NULL;
+    if (!op)
+        return;
+    if (actor_write_failed(a, seq))
+        shard_reply_err(op, a->bad_code, "the change could not be committed (%s); the sandbox "
+                        "keeps its last acknowledged state", sbx_err_message(a->bad_code));
+    else if (a->cs == C_RUNNING)
+        dispatch(a, op);
+    else
+        reply_success(a, op); /* committed: a container started later gets it at bind */
+    actor_pump(a);
 }
 
 /* sandbox.configure {sleepAfter: ms | "10m", keepAlive}: durable lifecycle settings. */
@@ -1426,14 +1458,27 @@ actor_pump(struct actor *a)
     }
 }
 
-void
-actor_reload_record(struct actor *a)
+bool
+actor_write_failed(const struct actor *a, uint64_t seq)
 {
-    char *val = NULL;
-    size_t vn = 0;
+    return seq != 0 && seq >= a->bad_lo && seq <= a->bad_hi;
+}
+
+void
+actor_commit_failed(struct actor *a, uint64_t seq, int code)
+{
+    if (actor_write_failed(a, seq))
+        return; /* undone already, with an earlier write of its batch */
+    if (a->bad_hi < seq)
+        a->bad_lo = seq;
+    a->bad_hi = SBX_MAX(a->last_seq, seq);
+    a->bad_code = code;
+    bool later = a->last_seq > seq; /* queued writes carry the failed change */
+    /* Back to the last committed image — not to what LMDB holds now: a
+     * later write of the actor, made on top of the failed one, may have
+     * committed since (it is undone too: bad_hi). */
     struct sbx_record r;
-    int rc = sbx_store_get(a->sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn);
-    if (rc == 0 && sbx_record_decode(val, vn, &r) == 0) {
+    if (a->durable && sbx_record_decode(a->durable, a->durable_len, &r) == 0) {
         /* The live container's view (state, generation) stays as it is. */
         char state[16];
         uint64_t gen = a->rec.generation;
@@ -1446,10 +1491,20 @@ actor_reload_record(struct actor *a)
         }
         a->exists = true;
         load_config(a);
-    } else if (rc == -ENOENT && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+    } else if (!a->durable && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+        sbx_record_free(&a->rec);
+        memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
     }
-    free(val);
+    /* Supersede the undone writes that may still commit; with none, what
+     * comes next depends on the writes before the failed ones only (all
+     * decided: commit notes come in order). */
+    if (later && a->exists)
+        save_record(a);
+    else if (later && !a->durable)
+        a->last_seq = shard_store_delete(a->sh, a->id);
+    else
+        a->last_seq = a->bad_lo - 1;
 }
 
 /* ------------------------------------------------------------------------------ */

@@ -59,6 +59,8 @@ struct sop {
                                  * process.start: "cg" for the agent to refine causes) */
     bool have_pre;
     bool container_restarted;   /* first op on a container replacing one that died */
+    uint64_t wseq;              /* the actor's last store write when op went to the agent:
+                                 * its reply fails if that write did (output gate) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -70,7 +72,20 @@ struct held {
     char *buf;
     size_t len;
     uint64_t need;
+    uint64_t own;               /* op->wseq */
     char sandbox[64];           /* "" for a reply of no sandbox */
+};
+
+/* A record write of an actor not yet decided (shard.c, the output gate):
+ * sh->pw_head..pw_tail in sequence order.  img is the encoded record
+ * written (NULL: a deletion); it becomes the actor's durable image once
+ * committed.  Owns img. */
+struct pwrite {
+    struct pwrite *next;
+    uint64_t seq;
+    char id[64];
+    char *img;
+    size_t len;
 };
 
 /* The container state of an actor. */
@@ -92,6 +107,19 @@ struct actor {
     struct sop *mb_head, *mb_tail; /* mailbox */
     struct sop *gate;           /* the op the input gate is closed for, if any */
     uint64_t last_seq;          /* last LMDB write of this actor (output gate) */
+    /* The output gate (shard.c).  durable: the encoded record of the last
+     * committed write of the actor (or the one loaded; NULL: none), owned.
+     * Writes bad_lo..bad_hi failed to commit, or were made on top of one
+     * that failed and are undone with it: a reply that depends on one of
+     * them carries bad_code (STORAGE_FULL, STORAGE_ERROR, WRONG_OWNER…).
+     * cw_seq: the write the op at the input gate waits for before it goes
+     * to the agent (0: none); cwnext links sh->cwait. */
+    char *durable;
+    size_t durable_len;
+    uint64_t bad_lo, bad_hi;
+    int bad_code;
+    uint64_t cw_seq;
+    struct actor *cwnext;
     int64_t last_active_ms;
     int64_t sleep_after_ms;     /* idle time before the container is stopped (0: shard default) */
     bool keep_alive;            /* never stopped for idleness */
@@ -152,6 +180,8 @@ struct shard {
     /* output gate */
     uint64_t decided;           /* every write ≤ this has a result */
     struct held *held;
+    struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
+    struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
 
     /* workers (their own lock; results come back through sbx_loop_post) */
     pthread_t *workers;
@@ -228,6 +258,13 @@ void shard_release_held(struct shard *sh);
 /* shard_fail_held — answer code to the held replies of actor `id` that
  * depend on write `seq` or later (the write failed). */
 void shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const char *msg);
+/* shard_commit_wait — a's gate op (a->gate) goes on only once write
+ * a->cw_seq is decided: then actor_commit_continue(a) is called (from
+ * shard_release_held).  The actor must keep its gate closed meanwhile. */
+void shard_commit_wait(struct actor *a);
+/* shard_store_delete — queue the deletion of sandbox id's record (and its
+ * replication in a cluster); its sequence number, as shard_store_record. */
+uint64_t shard_store_delete(struct shard *sh, const char *id);
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 void sop_free(struct sop *op);
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
@@ -249,9 +286,18 @@ bool actor_port_exposed(struct actor *a, int port);
  */
 bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
                              uint64_t *max_seq);
-/* actor_reload_record — replace the actor's record with the committed one
- * (after a write of it failed to commit). */
-void actor_reload_record(struct actor *a);
+/* actor_commit_failed — the actor's write `seq` failed with `code`: mark it
+ * and every later write of the actor made so far as failed (a->bad_*), put
+ * the record back to its durable image, and rewrite that image if later
+ * writes (which carry the failed change) may still commit. */
+void actor_commit_failed(struct actor *a, uint64_t seq, int code);
+/* actor_commit_continue — the write a->cw_seq is decided: the op at the
+ * gate goes to the agent, or is answered (its commit failed, or no
+ * container runs any more), and the gate opens. */
+void actor_commit_continue(struct actor *a);
+/* actor_write_failed — whether a reply depending on write seq must fail
+ * (seq in a->bad_lo..bad_hi); never for seq 0. */
+bool actor_write_failed(const struct actor *a, uint64_t seq);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);
