@@ -221,6 +221,9 @@ struct shard {
 
 /* shard.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);
+/* shard_deliver — send buf (owned, consumed) to op's waiters now, keep it for
+ * retries of its request id, and free op. */
+void shard_deliver(struct sop *op, char *buf, size_t len);
 void shard_reply_err(struct sop *op, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void shard_reply_werr(struct sop *op, sbx_werr *w);
@@ -252,11 +255,25 @@ void shard_deadline_arm(struct sop *op);
 /* shard_op_deadline — the latest deadline among the ctxs still waiting, or
  * 0 if one of them has none (or none waits). */
 int64_t shard_op_deadline(const struct sop *op);
-/* shard_release_held — send every held reply whose writes are now decided
- * (committed to LMDB and, in a cluster, replicated). */
+bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+void sop_free(struct sop *op);
+
+/* gate.c (the output gate) */
+/* shard_commit_cb — the store's commit callback (sbx_store_commit_fn; arg:
+ * the shard): posts the news to the shard's loop. */
+void shard_commit_cb(void *arg, uint64_t first, uint64_t last, int rc);
+/* shard_deliver_error — answer op (consumed) with code, the failure of a
+ * commit its reply depends on (STORAGE_FULL, STORAGE_ERROR, WRONG_OWNER);
+ * a retry of its request id runs again. */
+void shard_deliver_error(struct sop *op, int code);
+/* shard_release_held — let the gate ops whose write is decided go on
+ * (shard_commit_wait), then send every held reply whose writes are now
+ * decided (committed to LMDB and, in a cluster, replicated), or its
+ * failure's code if one of them failed. */
 void shard_release_held(struct shard *sh);
-/* shard_fail_held — answer code to the held replies of actor `id` that
- * depend on write `seq` or later (the write failed). */
+/* shard_fail_held — write `seq` of actor `id` failed (replication): mark it
+ * and the actor's later writes failed (a->bad_*) and answer code to the
+ * held replies that depend on them; `msg` is unused (the code says it). */
 void shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const char *msg);
 /* shard_commit_wait — a's gate op (a->gate) goes on only once write
  * a->cw_seq is decided: then actor_commit_continue(a) is called (from
@@ -265,8 +282,9 @@ void shard_commit_wait(struct actor *a);
 /* shard_store_delete — queue the deletion of sandbox id's record (and its
  * replication in a cluster); its sequence number, as shard_store_record. */
 uint64_t shard_store_delete(struct shard *sh, const char *id);
-bool shard_pool_take(struct shard *sh, struct sbx_container *out);
-void sop_free(struct sop *op);
+/* shard_store_record — set r->updated_ms, queue the write of r (encoded) and
+ * its replication, and track it for the output gate; its sequence number,
+ * or 0 if r could not be encoded (nothing written). */
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
 
 /* relay.c: the preview relay server (conf.relay); start before serving,
