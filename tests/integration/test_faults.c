@@ -22,11 +22,8 @@
  *  (d) the daemon's data directory (a small tmpfs) fills up: writes fail
  *      with STORAGE_FULL, the shard keeps running, writes succeed again
  *      once space is freed, and everything acknowledged is there after a
- *      restart, with a store mdb_stat opens; the same with the sandbox's
- *      container running, where env.set goes on in the container: a
- *      refused one is not applied there either, and what is read back
- *      (the container's environment, status's sleepAfter) is the last
- *      acknowledged value.
+ *      restart, with a store mdb_stat opens (with a running container:
+ *      test_storage.c).
  *
  * Every process here is one this test started (a child, or a child of the
  * daemon it started, checked through /proc before it is signalled); mounts
@@ -1199,128 +1196,6 @@ shard_status_field(sbx_client *c, const char *field)
     long long v = jint(t.res, path);
     tc_free(&t);
     return v;
-}
-
-/* Fill the file system at mnt with <mnt>/filler (removed by the caller). */
-static void
-fill_fs(const char *mnt)
-{
-    char filler[300];
-    snprintf(filler, sizeof(filler), "%s/filler", mnt);
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    cr_assert(fd >= 0, "%s: %s", filler, strerror(errno));
-    static char block[65536];
-    while (write(fd, block, sizeof(block)) > 0)
-        ;
-    while (write(fd, block, 512) > 0)
-        ;
-    close(fd);
-}
-
-static int
-configure_sleep(sbx_client *c, const char *id, long long seconds, char code[48])
-{
-    tcall t = tc_call(c, "sandbox.configure", id, json_pack("{s:I}", "sleepAfter", seconds), 0);
-    int rc = t.rc;
-    snprintf(code, 48, "%s", rc ? t.err.code : "");
-    tc_free(&t);
-    return rc;
-}
-
-Test(faults, full_data_directory_with_a_running_container_acknowledges_only_commits,
-     .timeout = 180, .fini = cleanup)
-{
-    char mnt[] = "/tmp/sbx-fullrun-XXXXXX";
-    cr_assert(mkdtemp(mnt) != NULL);
-    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
-                 "mount tmpfs: %s", strerror(errno));
-    snprintf(live_mount, sizeof(live_mount), "%s", mnt);
-    static struct testd d;
-    const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
-    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
-    live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
-    const char *id = "ffullrun";
-    char code[48], key[32];
-    cr_assert_eq(set_env(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
-    cr_assert_eq(configure_sleep(c, id, 600, code), 0, "configure before: %s", code);
-    char *out = tsh_out(c, id, "echo up");
-    cr_assert_str_eq(out, "up\n", "the container runs");
-    free(out);
-
-    fill_fs(mnt);
-    /* env.set on the running sandbox goes on in the container: each one must
-     * be acknowledged only if its record was committed. */
-    int failed = 0, first_failed = -1;
-    unsigned char acked[40] = {0};
-    /* At most 12 x 60 KB: under the environment's bound (ENV_MAX_BYTES). */
-    for (int i = 0; i < 12 && failed < 3; i++) {
-        snprintf(key, sizeof(key), "RUN%d", i);
-        if (set_env(c, id, key, 60000, code) == 0) {
-            acked[i] = 1;
-            continue;
-        }
-        cr_assert_str_eq(code, "STORAGE_FULL", "env.set on a running sandbox, full disk: %s",
-                         code);
-        if (first_failed < 0)
-            first_failed = i;
-        failed++;
-    }
-    cr_assert_gt(failed, 0, "no env.set on a running sandbox was refused on a full disk "
-                            "(each one got OK)");
-    /* A register write through configure: refused, and status keeps the last acknowledged value. */
-    int rc = configure_sleep(c, id, 1200, code);
-    if (rc)
-        cr_expect_str_eq(code, "STORAGE_FULL", "configure on a full disk: %s", code);
-    tcall t = tc_call(c, "status", id, NULL, 0);
-    tc_ok(t, "status on a full disk");
-    cr_expect_eq(jint(t.res, "sandbox.sleepAfter"), rc ? 600000 : 1200000,
-                 "status's sleepAfter is not the last acknowledged value (configure %s)",
-                 rc ? code : "OK");
-    tc_free(&t);
-    /* The container has exactly the acknowledged variables: a refused change
-     * did not reach it. */
-    out = tsh_out(c, id, "env | cut -d= -f1 | grep -E '^RUN[0-9]+$' | sort -V | tr '\\n' ' '");
-    char want[512] = "";
-    for (int i = 0; i < 40; i++) {
-        if (acked[i]) {
-            size_t n = strlen(want);
-            snprintf(want + n, sizeof(want) - n, "RUN%d ", i);
-        }
-    }
-    cr_expect_str_eq(out, want, "variables in the running container (first refused: RUN%d)",
-                     first_failed);
-    free(out);
-
-    /* Space again: the refused write succeeds now, and survives a restart. */
-    char filler[300];
-    snprintf(filler, sizeof(filler), "%s/filler", mnt);
-    cr_assert_eq(unlink(filler), 0);
-    snprintf(key, sizeof(key), "RUN%d", first_failed);
-    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set after freeing space: %s", code);
-    acked[first_failed] = 1;
-    cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
-    sbx_client_close(c);
-    c = client_for(d.url, 30000);
-    out = tsh_out(c, id,
-                  "env | cut -d= -f1 | grep -E '^(BEFORE|RUN[0-9]+)$' | sort -V | tr '\\n' ' '");
-    char want2[600];
-    snprintf(want2, sizeof(want2), "BEFORE ");
-    for (int i = 0; i < 40; i++) {
-        if (acked[i]) {
-            size_t n = strlen(want2);
-            snprintf(want2 + n, sizeof(want2) - n, "RUN%d ", i);
-        }
-    }
-    cr_expect_str_eq(out, want2, "variables after a restart: the acknowledged ones, only");
-    free(out);
-    sbx_client_close(c);
-    testd_stop(&d);
-    live_testd = NULL;
-    cr_expect_eq(umount2(mnt, 0), 0, "umount %s: %s", mnt, strerror(errno));
-    rmdir(mnt);
-    live_mount[0] = '\0';
-    cr_log_info("full disk, running container: %d refused, first RUN%d", failed, first_failed);
 }
 
 Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150,

@@ -1,0 +1,191 @@
+/*
+ * test_storage.c — the output gate when the shard's metadata store is full
+ * (docs/protocol.md §4.1, `STORAGE_FULL`).
+ *
+ * The daemon's data directory is a private 8 MiB tmpfs that the test fills
+ * with a file of its own.  env.set on a running sandbox also goes on in its
+ * container: each one must be acknowledged only if its record was
+ * committed, a refused one must not be applied in the container either,
+ * and what is read back (the container's environment, status's
+ * sleepAfter) must be the last acknowledged value — before and after
+ * space is freed and the daemon restarted.
+ *
+ * The daemon is one this test started (stopped by pid); the mount and its
+ * directory are removed at the end, also when an assertion ends the test.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+#include "../support/sdk.h"
+
+static struct testd *live_testd;
+static char live_mount[64];
+
+static void
+cleanup(void)
+{
+    if (live_testd && live_testd->pid > 0)
+        testd_stop(live_testd);
+    if (live_mount[0]) {
+        umount2(live_mount, MNT_DETACH);
+        rmdir(live_mount);
+    }
+    live_testd = NULL;
+    live_mount[0] = '\0';
+}
+
+static sbx_client *
+client_for(const char *url, int64_t timeout_ms)
+{
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
+    sbx_client_set_timeout(c, timeout_ms);
+    return c;
+}
+
+/* env.set k to vlen bytes of 'x': 0, or non-zero with the error's code. */
+static int
+set_env(sbx_client *c, const char *id, const char *k, size_t vlen, char code[48])
+{
+    char *v = sbx_xmalloc(vlen + 1);
+    memset(v, 'x', vlen);
+    v[vlen] = '\0';
+    json_t *a = json_pack("{s:{s:s}}", "vars", k, v);
+    free(v);
+    tcall t = tc_call(c, "env.set", id, a, 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
+/* Fill the file system at mnt with <mnt>/filler (removed by the caller). */
+static void
+fill_fs(const char *mnt)
+{
+    char filler[300];
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert(fd >= 0, "%s: %s", filler, strerror(errno));
+    static char block[65536];
+    while (write(fd, block, sizeof(block)) > 0)
+        ;
+    while (write(fd, block, 512) > 0)
+        ;
+    close(fd);
+}
+
+static int
+configure_sleep(sbx_client *c, const char *id, long long seconds, char code[48])
+{
+    tcall t = tc_call(c, "sandbox.configure", id, json_pack("{s:I}", "sleepAfter", seconds), 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
+Test(storage, full_data_directory_with_a_running_container_acknowledges_only_commits,
+     .timeout = 180, .fini = cleanup)
+{
+    char mnt[] = "/tmp/sbx-fullrun-XXXXXX";
+    cr_assert(mkdtemp(mnt) != NULL);
+    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    snprintf(live_mount, sizeof(live_mount), "%s", mnt);
+    static struct testd d;
+    const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
+    live_testd = &d;
+    sbx_client *c = client_for(d.url, 30000);
+    const char *id = "ffullrun";
+    char code[48], key[32];
+    cr_assert_eq(set_env(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
+    cr_assert_eq(configure_sleep(c, id, 600, code), 0, "configure before: %s", code);
+    char *out = tsh_out(c, id, "echo up");
+    cr_assert_str_eq(out, "up\n", "the container runs");
+    free(out);
+
+    fill_fs(mnt);
+    /* env.set on the running sandbox goes on in the container: each one must
+     * be acknowledged only if its record was committed. */
+    int failed = 0, first_failed = -1;
+    unsigned char acked[40] = {0};
+    /* At most 12 x 60 KB: under the environment's bound (ENV_MAX_BYTES). */
+    for (int i = 0; i < 12 && failed < 3; i++) {
+        snprintf(key, sizeof(key), "RUN%d", i);
+        if (set_env(c, id, key, 60000, code) == 0) {
+            acked[i] = 1;
+            continue;
+        }
+        cr_assert_str_eq(code, "STORAGE_FULL", "env.set on a running sandbox, full disk: %s",
+                         code);
+        if (first_failed < 0)
+            first_failed = i;
+        failed++;
+    }
+    cr_assert_gt(failed, 0, "no env.set on a running sandbox was refused on a full disk "
+                            "(each one got OK)");
+    /* A register write through configure: refused, and status keeps the last acknowledged value. */
+    int rc = configure_sleep(c, id, 1200, code);
+    if (rc)
+        cr_expect_str_eq(code, "STORAGE_FULL", "configure on a full disk: %s", code);
+    tcall t = tc_call(c, "status", id, NULL, 0);
+    tc_ok(t, "status on a full disk");
+    cr_expect_eq(jint(t.res, "sandbox.sleepAfter"), rc ? 600000 : 1200000,
+                 "status's sleepAfter is not the last acknowledged value (configure %s)",
+                 rc ? code : "OK");
+    tc_free(&t);
+    /* The container has exactly the acknowledged variables: a refused change
+     * did not reach it. */
+    out = tsh_out(c, id, "env | cut -d= -f1 | grep -E '^RUN[0-9]+$' | sort -V | tr '\\n' ' '");
+    char want[512] = "";
+    for (int i = 0; i < 40; i++) {
+        if (acked[i]) {
+            size_t n = strlen(want);
+            snprintf(want + n, sizeof(want) - n, "RUN%d ", i);
+        }
+    }
+    cr_expect_str_eq(out, want, "variables in the running container (first refused: RUN%d)",
+                     first_failed);
+    free(out);
+
+    /* Space again: the refused write succeeds now, and survives a restart. */
+    char filler[300];
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    cr_assert_eq(unlink(filler), 0);
+    snprintf(key, sizeof(key), "RUN%d", first_failed);
+    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set after freeing space: %s", code);
+    acked[first_failed] = 1;
+    cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
+    sbx_client_close(c);
+    c = client_for(d.url, 30000);
+    out = tsh_out(c, id,
+                  "env | cut -d= -f1 | grep -E '^(BEFORE|RUN[0-9]+)$' | sort -V | tr '\\n' ' '");
+    char want2[600];
+    snprintf(want2, sizeof(want2), "BEFORE ");
+    for (int i = 0; i < 40; i++) {
+        if (acked[i]) {
+            size_t n = strlen(want2);
+            snprintf(want2 + n, sizeof(want2) - n, "RUN%d ", i);
+        }
+    }
+    cr_expect_str_eq(out, want2, "variables after a restart: the acknowledged ones, only");
+    free(out);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+    cr_expect_eq(umount2(mnt, 0), 0, "umount %s: %s", mnt, strerror(errno));
+    rmdir(mnt);
+    live_mount[0] = '\0';
+    cr_log_info("full disk, running container: %d refused, first RUN%d", failed, first_failed);
+}
