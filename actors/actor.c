@@ -909,8 +909,7 @@ actor_commit_continue(struct actor *a)
     if (!op)
         return;
     if (actor_write_failed(a, seq))
-        shard_reply_err(op, a->bad_code, "the change could not be committed (%s); the sandbox "
-                        "keeps its last acknowledged state", sbx_err_message(a->bad_code));
+        shard_deliver_error(op, a->bad_code);
     else if (a->cs == C_RUNNING)
         dispatch(a, op);
     else
@@ -1469,8 +1468,9 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
 {
     if (actor_write_failed(a, seq))
         return; /* undone already, with an earlier write of its batch */
-    if (a->bad_hi < seq)
-        a->bad_lo = seq;
+    /* A range of its own if the last one is all earlier, else one range
+     * (a replication failure may have marked later writes first). */
+    a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
     a->bad_hi = SBX_MAX(a->last_seq, seq);
     a->bad_code = code;
     bool later = a->last_seq > seq; /* queued writes carry the failed change */

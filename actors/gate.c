@@ -41,20 +41,23 @@ shard_commit_cb(void *arg, uint64_t first, uint64_t last, int rc)
 }
 
 /* The message of a reply whose commit failed with code. */
-static const char *
-commit_failure_msg(int code)
+static void
+commit_failure_msg(int code, char *msg, size_t n)
 {
     switch (code) {
     case SBX_E_STORAGE_FULL:
-        return "the change could not be committed: the shard's metadata store is full (its map "
-               "is at --map-max, or the file system of its data directory is full); the sandbox "
-               "keeps its last acknowledged state";
+        snprintf(msg, n, "the change could not be committed: the shard's metadata store is full "
+                         "(its map is at --map-max, or the file system of its data directory is "
+                         "full); the sandbox keeps its last acknowledged state");
+        break;
     case SBX_E_WRONG_OWNER:
-        return "the write could not be replicated: this shard no longer owns the sandbox's "
-               "partition";
+        snprintf(msg, n, "the write could not be replicated: this shard no longer owns the "
+                         "sandbox's partition");
+        break;
     default:
-        return "the change could not be committed to the metadata store; the sandbox keeps its "
-               "last acknowledged state";
+        snprintf(msg, n, "the change could not be committed (%s); the sandbox keeps its last "
+                         "acknowledged state", sbx_err_message(code));
+        break;
     }
 }
 
@@ -63,7 +66,9 @@ shard_deliver_error(struct sop *op, int code)
 {
     op->transient = true; /* not committed: a retry must run again */
     sbx_werr w;
-    sbx_werr_init(&w, code, "%s", commit_failure_msg(code));
+    char msg[256];
+    commit_failure_msg(code, msg, sizeof(msg));
+    sbx_werr_init(&w, code, "%s", msg);
     if (op->req.sandbox.n)
         sbx_enc_kstrn(sbx_werr_ctx(&w), "sandboxId", op->req.sandbox.p, op->req.sandbox.n);
     if (op->req.op.n)
@@ -152,8 +157,7 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
      * failed: the replies that depend on them fail, in flight ones too. */
     struct actor *a = actor_get(sh, id, false);
     if (a && !actor_write_failed(a, seq)) {
-        if (a->bad_hi < seq)
-            a->bad_lo = seq;
+        a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
         a->bad_hi = SBX_MAX(a->last_seq, seq);
         a->bad_code = code;
     }
