@@ -1488,6 +1488,9 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         if (a->cs == C_RUNNING) {
             snprintf(a->rec.state, sizeof(a->rec.state), "%s", state);
             a->rec.generation = gen;
+        } else if (a->cs == C_NONE) {
+            /* As at load: no container runs, whatever the image says. */
+            snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         }
         a->exists = true;
         load_config(a);

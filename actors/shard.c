@@ -713,6 +713,7 @@ op_shard_status(struct sop *op)
     sbx_enc_kint(&e, "storeBatches", (int64_t)batches);
     sbx_enc_kint(&e, "storeWrites", (int64_t)writes);
     sbx_enc_kint(&e, "storeFailures", (int64_t)failed);
+    sbx_enc_kint(&e, "storeMapBytes", (int64_t)sbx_store_mapsize(sh->store));
     sbx_enc_str(&e, "cluster");
     cluster_encode_status(sh, &e);
     sbx_enc_end(&e);

@@ -10,8 +10,15 @@
  * sleepAfter) must be the last acknowledged value — before and after
  * space is freed and the daemon restarted.
  *
- * The daemon is one this test started (stopped by pid); the mount and its
- * directory are removed at the end, also when an assertion ends the test.
+ * A second test gives the store a tiny map (--map-size 512K --map-max 2M):
+ * the map grows to its maximum (cluster.status's storeMapBytes), the write
+ * that does not fit is STORAGE_FULL while a small write of another sandbox
+ * still succeeds and reads keep working, and after a restart with a larger
+ * --map-max the sandbox holds exactly its acknowledged variables.
+ *
+ * Each daemon is one this test started (stopped by pid, its directory
+ * removed); the mount and its directory are removed at the end, also when
+ * an assertion ends the test.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -188,4 +195,88 @@ Test(storage, full_data_directory_with_a_running_container_acknowledges_only_com
     rmdir(mnt);
     live_mount[0] = '\0';
     cr_log_info("full disk, running container: %d refused, first RUN%d", failed, first_failed);
+}
+
+static long long
+shard_status_field(sbx_client *c, const char *field)
+{
+    tcall t = tc_call(c, "cluster.status", NULL, NULL, 0);
+    tc_ok(t, "cluster.status");
+    char path[64];
+    snprintf(path, sizeof(path), "shards.0.status.%s", field);
+    long long v = jint(t.res, path);
+    tc_free(&t);
+    return v;
+}
+
+Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 180,
+     .fini = cleanup)
+{
+    static struct testd d;
+    const char *const small[] = {"--pool", "0", "--memory", "256M", "--map-size", "512K",
+                                 "--map-max", "2M", NULL};
+    cr_assert_eq(testd_start(&d, 1, small), 0, "sbxd dev did not start with a tiny map");
+    live_testd = &d;
+    sbx_client *c = client_for(d.url, 30000);
+    const char *id = "fmapbig", *other = "fmapother";
+    char code[48], key[32];
+    cr_expect_eq(shard_status_field(c, "storeMapBytes"), 512 << 10,
+                 "the map starts at --map-size");
+    cr_assert_eq(set_env(c, other, "OTHER", 10, code), 0, "env.set of another sandbox: %s", code);
+
+    /* Each env.set rewrites the whole record, 60 KB larger each time: the
+     * record (its old and new copy in one transaction) soon needs more than
+     * the largest map. */
+    int failed = 0, first_failed = -1;
+    unsigned char acked[16] = {0};
+    for (int i = 0; i < 16 && failed < 2; i++) {
+        snprintf(key, sizeof(key), "MAP%d", i);
+        if (set_env(c, id, key, 60000, code) == 0) {
+            acked[i] = 1;
+            continue;
+        }
+        cr_assert_str_eq(code, "STORAGE_FULL", "env.set into a full map: %s", code);
+        if (first_failed < 0)
+            first_failed = i;
+        failed++;
+    }
+    cr_assert_gt(failed, 0, "16 x 60 KB into a map of at most 2 MiB: never STORAGE_FULL");
+    cr_expect_gt(first_failed, 5, "only %d writes before STORAGE_FULL: did the map grow?",
+                 first_failed);
+    cr_expect_eq(shard_status_field(c, "storeMapBytes"), 2 << 20,
+                 "the map grew to --map-max before writes failed");
+    /* A small write of another sandbox still fits; reads keep working. */
+    cr_expect_eq(set_env(c, other, "OTHER2", 10, code), 0, "a small write after: %s", code);
+    tcall t = tc_call(c, "status", id, NULL, 0);
+    tc_ok(t, "status with a full map");
+    tc_free(&t);
+    sbx_client_close(c);
+
+    /* A larger maximum: the refused write succeeds, and exactly the
+     * acknowledged variables are there. */
+    const char *const large[] = {"--pool", "0", "--memory", "256M", "--map-size", "512K",
+                                 "--map-max", "8M", NULL};
+    cr_assert_eq(testd_restart(&d, 1, large), 0, "restart with --map-max 8M");
+    c = client_for(d.url, 30000);
+    snprintf(key, sizeof(key), "MAP%d", first_failed);
+    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set with room again: %s", code);
+    acked[first_failed] = 1;
+    char *out =
+        tsh_out(c, id, "env | cut -d= -f1 | grep -E '^MAP[0-9]+$' | sort -V | tr '\\n' ' '");
+    char want[256] = "";
+    for (int i = 0; i < 16; i++) {
+        if (acked[i]) {
+            size_t n = strlen(want);
+            snprintf(want + n, sizeof(want) - n, "MAP%d ", i);
+        }
+    }
+    cr_expect_str_eq(out, want, "variables after the restart: the acknowledged ones, only");
+    free(out);
+    out = tsh_out(c, other, "printenv OTHER OTHER2 | wc -l");
+    cr_expect_str_eq(out, "2\n", "the other sandbox's acknowledged writes");
+    free(out);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+    cr_log_info("tiny map: first STORAGE_FULL at write %d", first_failed);
 }
