@@ -91,15 +91,16 @@ decide(sbx_store *s, uint64_t first, uint64_t last, int rc)
         s->cb(s->cbarg, first, last, rc);
 }
 
-/* Write the first n ops of the list in one transaction: 0 or LMDB's code
- * (an errno value or MDB_*), untranslated. */
+/* Write the first n ops of the list in one transaction: 0 or a negative
+ * code (mdb_to_rc); *map_full says whether LMDB's answer was MDB_MAP_FULL
+ * (then the map may grow and the batch be retried). */
 static int
-apply_batch(sbx_store *s, struct wop *ops, size_t n)
+apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
     if (rc)
-        return rc;
+        goto out;
     for (struct wop *o = ops; o && n > 0; o = o->next, n--) {
         MDB_val k = {o->kn, o->data};
         if (o->del) {
@@ -112,21 +113,25 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n)
         }
         if (rc) {
             mdb_txn_abort(txn);
-            return rc;
+            goto out;
         }
     }
-    return mdb_txn_commit(txn);
+    rc = mdb_txn_commit(txn); /* frees txn whatever it returns */
+out:
+    *map_full = rc == MDB_MAP_FULL;
+    return mdb_to_rc(rc);
 }
 
-/* Double the map (up to map_max): 0, or MDB_MAP_FULL if it is at its maximum
- * or cannot be remapped.  Only the writer calls it, between transactions. */
+/* Double the map (up to map_max): 0, or SBX_E_STORAGE_FULL if it is at its
+ * maximum or cannot be remapped.  Only the writer calls it, between
+ * transactions. */
 static int
 grow_map(sbx_store *s)
 {
     uint64_t cur = s->mapsize;
     uint64_t want = cur > s->map_max / 2 ? s->map_max : cur * 2;
     if (want <= cur)
-        return MDB_MAP_FULL;
+        return SBX_E_STORAGE_FULL;
     pthread_rwlock_wrlock(&s->maplock);
     int rc = mdb_env_set_mapsize(s->env, want);
     if (rc == 0)
@@ -135,7 +140,7 @@ grow_map(sbx_store *s)
     if (rc) {
         sbx_error("store: growing the map to %llu bytes failed: %s", (unsigned long long)want,
                   mdb_strerror(rc));
-        return MDB_MAP_FULL;
+        return SBX_E_STORAGE_FULL;
     }
     sbx_info("store: map grown from %llu to %llu bytes (at most %llu)", (unsigned long long)cur,
              (unsigned long long)want, (unsigned long long)s->map_max);
@@ -146,10 +151,11 @@ grow_map(sbx_store *s)
 static int
 apply_growing(sbx_store *s, struct wop *ops, size_t n)
 {
+    bool map_full;
     int rc;
-    while ((rc = apply_batch(s, ops, n)) == MDB_MAP_FULL && grow_map(s) == 0)
+    while ((rc = apply_batch(s, ops, n, &map_full)) != 0 && map_full && grow_map(s) == 0)
         ;
-    return mdb_to_rc(rc);
+    return rc;
 }
 
 /* Commit a batch of n ops and report it.  A batch that does not fit is
