@@ -50,6 +50,8 @@ actor_release(struct actor *a)
     sbx_frame_writer_free(&a->wr);
     sbx_record_free(&a->rec);
     free(a->durable);
+    if (a->restore_timer)
+        sbx_loop_cancel(a->sh->loop, a->restore_timer);
     free(a);
 }
 
@@ -1463,6 +1465,29 @@ actor_write_failed(const struct actor *a, uint64_t seq)
     return seq != 0 && seq >= a->bad_lo && seq <= a->bad_hi;
 }
 
+/* How long a rewrite of the acknowledged record waits after a failed one. */
+#define RESTORE_RETRY_MS 1000
+
+/* Write the actor's (acknowledged) record again, or its absence. */
+static void
+rewrite_record(struct actor *a)
+{
+    if (a->exists)
+        save_record(a);
+    else if (!a->durable)
+        a->last_seq = shard_store_delete(a->sh, a->id);
+}
+
+static void
+restore_cb(sbx_loop *l, void *arg)
+{
+    struct actor *a = arg;
+    (void)l;
+    a->restore_timer = 0;
+    if (a->restore)
+        rewrite_record(a); /* its failure comes back through actor_commit_failed */
+}
+
 void
 actor_commit_failed(struct actor *a, uint64_t seq, int code)
 {
@@ -1502,12 +1527,14 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
     /* Supersede the undone writes that may still commit; with none, what
      * comes next depends on the writes before the failed ones only (all
      * decided: commit notes come in order). */
-    if (later && a->exists)
-        save_record(a);
-    else if (later && !a->durable)
-        a->last_seq = shard_store_delete(a->sh, a->id);
+    if (later)
+        rewrite_record(a);
     else
         a->last_seq = a->bad_lo - 1;
+    /* One that committed stays in LMDB until a write of the actor commits:
+     * try again in a while (now the store just refused one). */
+    if (!later && a->restore && !a->restore_timer)
+        a->restore_timer = sbx_loop_timer(a->sh->loop, RESTORE_RETRY_MS, restore_cb, a);
 }
 
 /* ------------------------------------------------------------------------------ */

@@ -188,11 +188,14 @@ settle_writes(struct shard *sh, uint64_t first, uint64_t last, int rc)
         struct actor *a = w->seq >= first ? actor_get(sh, w->id, false) : NULL;
         if (a && rc != 0) {
             actor_commit_failed(a, w->seq, rc);
-        } else if (a && !actor_write_failed(a, w->seq)) {
+        } else if (a && actor_write_failed(a, w->seq)) {
+            a->restore = true; /* an undone write is in LMDB until a later one commits */
+        } else if (a) {
             free(a->durable);
             a->durable = w->img;
             a->durable_len = w->len;
             w->img = NULL;
+            a->restore = false;
         }
         free(w->img);
         free(w);

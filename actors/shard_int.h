@@ -120,6 +120,9 @@ struct actor {
     int bad_code;
     uint64_t cw_seq;
     struct actor *cwnext;
+    bool restore;               /* LMDB may hold an undone write of it (one in bad_lo..
+                                 * bad_hi committed, no later one yet) */
+    uint64_t restore_timer;     /* the retry of its rewrite (actor_commit_failed), or 0 */
     int64_t last_active_ms;
     int64_t sleep_after_ms;     /* idle time before the container is stopped (0: shard default) */
     bool keep_alive;            /* never stopped for idleness */
@@ -307,7 +310,9 @@ bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
 /* actor_commit_failed — the actor's write `seq` failed with `code`: mark it
  * and every later write of the actor made so far as failed (a->bad_*), put
  * the record back to its durable image, and rewrite that image if later
- * writes (which carry the failed change) may still commit. */
+ * writes (which carry the failed change) may still commit — or, if one
+ * already did (a->restore) and nothing later is queued, once a second from
+ * now, again after each failure, until a write of the actor commits. */
 void actor_commit_failed(struct actor *a, uint64_t seq, int code);
 /* actor_commit_continue — the write a->cw_seq is decided: the op at the
  * gate goes to the agent, or is answered (its commit failed, or no
