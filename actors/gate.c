@@ -69,6 +69,9 @@ shard_deliver_error(struct sop *op, int code)
     char msg[256];
     commit_failure_msg(code, msg, sizeof(msg));
     sbx_werr_init(&w, code, "%s", msg);
+    /* The operation ran (its change is undone): a gateway must not re-send
+     * it as it does a WRONG_OWNER that ran nothing (docs/protocol.md §2). */
+    sbx_enc_kbool(sbx_werr_ctx(&w), "ran", true);
     if (op->req.sandbox.n)
         sbx_enc_kstrn(sbx_werr_ctx(&w), "sandboxId", op->req.sandbox.p, op->req.sandbox.n);
     if (op->req.op.n)
@@ -87,7 +90,8 @@ static bool
 held_failed(struct shard *sh, const struct held *h, int *code)
 {
     struct actor *a = h->sandbox[0] ? actor_get(sh, h->sandbox, false) : NULL;
-    if (!a || !(actor_write_failed(a, h->need) || actor_write_failed(a, h->own)))
+    if (!a || !(actor_write_failed(a, h->need) || actor_write_failed(a, h->dep) ||
+                actor_write_failed(a, h->own)))
         return false;
     *code = a->bad_code;
     return true;
@@ -164,7 +168,7 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
     struct held **pp = &sh->held;
     while (*pp) {
         struct held *h = *pp;
-        if ((h->need < seq && h->own < seq) || strcmp(h->sandbox, id)) {
+        if ((h->need < seq && h->dep < seq && h->own < seq) || strcmp(h->sandbox, id)) {
             pp = &h->next;
             continue;
         }

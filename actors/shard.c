@@ -302,7 +302,8 @@ void
 shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
 {
     struct shard *sh = op->sh;
-    if (op->actor && (actor_write_failed(op->actor, need_seq) ||
+    uint64_t dep = need_seq; /* the actor's write it depends on (need_seq may become later) */
+    if (op->actor && (actor_write_failed(op->actor, dep) ||
                       actor_write_failed(op->actor, op->wseq))) {
         /* A write it depends on failed (and its failure is known). */
         int code = op->actor->bad_code;
@@ -316,6 +317,7 @@ shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
         h->buf = buf;
         h->len = len;
         h->need = need_seq;
+        h->dep = dep;
         h->own = op->wseq;
         h->sandbox[0] = '\0';
         if (op->actor)

@@ -72,6 +72,7 @@ struct held {
     char *buf;
     size_t len;
     uint64_t need;
+    uint64_t dep;               /* the actor's write it depends on (need, as given) */
     uint64_t own;               /* op->wseq */
     char sandbox[64];           /* "" for a reply of no sandbox */
 };
