@@ -49,6 +49,9 @@ actor_release(struct actor *a)
     sbx_frame_reader_free(&a->rd);
     sbx_frame_writer_free(&a->wr);
     sbx_record_free(&a->rec);
+    free(a->durable);
+    if (a->restore_timer)
+        sbx_loop_cancel(a->sh->loop, a->restore_timer);
     free(a);
 }
 
@@ -91,7 +94,8 @@ actor_get(struct shard *sh, const char *id, bool load)
         } else {
             sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
         }
-        free(val);
+        a->durable = val; /* what the store holds: the output gate's fallback */
+        a->durable_len = vn;
     } else if (rc != -ENOENT) {
         actor_release(a);
         return NULL;
@@ -387,6 +391,7 @@ dispatch(struct actor *a, struct sop *op)
         return;
     }
     op->tag = ++a->next_tag;
+    op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */
     if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
         sbx_str_eq(op->req.op, "process.start")) {
@@ -474,9 +479,7 @@ finish_destroy(struct actor *a, struct sop *op)
     struct shard *sh = a->sh;
     bool existed = a->exists;
     if (existed) {
-        a->last_seq = sbx_store_del(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id));
-        sh->part_seq[a->part] = a->last_seq; /* the actor may be freed before it commits */
-        cluster_replicate(sh, a->last_seq, a->id, NULL, 0);
+        a->last_seq = shard_store_delete(sh, a->id); /* also the partition's tombstone seq */
     }
     a->exists = false;
     a->died = false;
@@ -831,6 +834,15 @@ env_bytes(const char *blob, size_t len, size_t *nvars)
     return total;
 }
 
+static void
+reply_success(struct actor *a, struct sop *op)
+{
+    sbx_enc e;
+    shard_reply_begin(op, &e);
+    sbx_enc_kbool(&e, "success", true);
+    shard_reply_end(op, &e, a->last_seq);
+}
+
 /* env.set {vars}: durable in the record (a container started later gets them
  * at bind), and applied by the agent now if the container runs. */
 static void
@@ -878,13 +890,33 @@ op_env_set(struct actor *a, struct sop *op)
     a->rec.env_len = env_len;
     save_record(a);
     if (a->cs == C_RUNNING) {
-        dispatch(a, op);
+        /* The agent gets the change only once it is committed: one the
+         * store refused never reaches the container.  Later ops wait at
+         * the input gate (actor_commit_continue). */
+        a->gate = op;
+        a->cw_seq = a->last_seq;
+        shard_commit_wait(a);
         return;
     }
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kbool(&e, "success", true);
-    shard_reply_end(op, &e, a->last_seq);
+    reply_success(a, op);
+}
+
+void
+actor_commit_continue(struct actor *a)
+{
+    struct sop *op = a->gate;
+    uint64_t seq = a->cw_seq;
+    a->cw_seq = 0;
+    a->gate = NULL;
+    if (!op)
+        return;
+    if (actor_write_failed(a, seq))
+        shard_deliver_error(op, a->bad_code);
+    else if (a->cs == C_RUNNING)
+        dispatch(a, op);
+    else
+        reply_success(a, op); /* committed: a container started later gets it at bind */
+    actor_pump(a);
 }
 
 /* sandbox.configure {sleepAfter: ms | "10m", keepAlive}: durable lifecycle settings. */
@@ -1427,14 +1459,51 @@ actor_pump(struct actor *a)
     }
 }
 
-void
-actor_reload_record(struct actor *a)
+bool
+actor_write_failed(const struct actor *a, uint64_t seq)
 {
-    char *val = NULL;
-    size_t vn = 0;
+    return seq != 0 && seq >= a->bad_lo && seq <= a->bad_hi;
+}
+
+/* How long a rewrite of the acknowledged record waits after a failed one. */
+#define RESTORE_RETRY_MS 1000
+
+/* Write the actor's (acknowledged) record again, or its absence. */
+static void
+rewrite_record(struct actor *a)
+{
+    if (a->exists)
+        save_record(a);
+    else if (!a->durable)
+        a->last_seq = shard_store_delete(a->sh, a->id);
+}
+
+static void
+restore_cb(sbx_loop *l, void *arg)
+{
+    struct actor *a = arg;
+    (void)l;
+    a->restore_timer = 0;
+    if (a->restore)
+        rewrite_record(a); /* its failure comes back through actor_commit_failed */
+}
+
+void
+actor_commit_failed(struct actor *a, uint64_t seq, int code)
+{
+    if (actor_write_failed(a, seq))
+        return; /* undone already, with an earlier write of its batch */
+    /* A range of its own if the last one is all earlier, else one range
+     * (a replication failure may have marked later writes first). */
+    a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
+    a->bad_hi = SBX_MAX(a->last_seq, seq);
+    a->bad_code = code;
+    bool later = a->last_seq > seq; /* queued writes carry the failed change */
+    /* Back to the last committed image — not to what LMDB holds now: a
+     * later write of the actor, made on top of the failed one, may have
+     * committed since (it is undone too: bad_hi). */
     struct sbx_record r;
-    int rc = sbx_store_get(a->sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn);
-    if (rc == 0 && sbx_record_decode(val, vn, &r) == 0) {
+    if (a->durable && sbx_record_decode(a->durable, a->durable_len, &r) == 0) {
         /* The live container's view (state, generation) stays as it is. */
         char state[16];
         uint64_t gen = a->rec.generation;
@@ -1444,13 +1513,28 @@ actor_reload_record(struct actor *a)
         if (a->cs == C_RUNNING) {
             snprintf(a->rec.state, sizeof(a->rec.state), "%s", state);
             a->rec.generation = gen;
+        } else if (a->cs == C_NONE) {
+            /* As at load: no container runs, whatever the image says. */
+            snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         }
         a->exists = true;
         load_config(a);
-    } else if (rc == -ENOENT && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+    } else if (!a->durable && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+        sbx_record_free(&a->rec);
+        memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
     }
-    free(val);
+    /* Supersede the undone writes that may still commit; with none, what
+     * comes next depends on the writes before the failed ones only (all
+     * decided: commit notes come in order). */
+    if (later)
+        rewrite_record(a);
+    else
+        a->last_seq = a->bad_lo - 1;
+    /* One that committed stays in LMDB until a write of the actor commits:
+     * try again in a while (now the store just refused one). */
+    if (!later && a->restore && !a->restore_timer)
+        a->restore_timer = sbx_loop_timer(a->sh->loop, RESTORE_RETRY_MS, restore_cb, a);
 }
 
 /* ------------------------------------------------------------------------------ */

@@ -76,6 +76,8 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->inodes = 262144;
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
+    c->map_size = SBX_STORE_MAP_DEFAULT;
+    c->map_max = SBX_STORE_MAP_MAX_DEFAULT;
     c->sleep_after = 10 * 60 * 1000; /* the SDK's default sleepAfter: 10m */
     c->idem_ttl = 10 * 60 * 1000;
     c->preview_domain = sbx_xstrdup("localhost:7780");
@@ -187,21 +189,16 @@ sop_free(struct sop *op)
     free(op);
 }
 
-static void deliver_error(struct held *h, int code, const char *msg);
-
 static void
 deliver(struct sop *op, char *buf, size_t len)
 {
     int rc = idem_gate_check(op);
     if (rc) {
         /* The reply's own record committed, the operation's write did not
-         * (an earlier batch failed): answered as commit_loop does. */
-        struct held h = {.op = op, .buf = buf, .len = len};
-        char msg[160];
-        snprintf(msg, sizeof(msg), "the metadata write could not be committed: %s",
-                 sbx_err_message(rc));
-        sbx_str_copy(op->req.sandbox, h.sandbox, sizeof(h.sandbox));
-        deliver_error(&h, SBX_E_STORAGE, msg);
+         * (an earlier batch failed): answered as the output gate does
+         * (gate.c; op->idem_need is cleared, so this does not recur). */
+        free(buf);
+        shard_deliver_error(op, rc == SBX_E_STORAGE_FULL ? rc : SBX_E_STORAGE);
         return;
     }
     for (int i = 0; i < op->nctx; i++)
@@ -211,9 +208,24 @@ deliver(struct sop *op, char *buf, size_t len)
 }
 
 void
+shard_deliver(struct sop *op, char *buf, size_t len)
+{
+    deliver(op, buf, len);
+}
+
+void
 shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
 {
     struct shard *sh = op->sh;
+    uint64_t dep = need_seq; /* the actor's write it depends on (need_seq may become later) */
+    if (op->actor && (actor_write_failed(op->actor, dep) ||
+                      actor_write_failed(op->actor, op->wseq))) {
+        /* A write it depends on failed (and its failure is known). */
+        int code = op->actor->bad_code;
+        free(buf);
+        shard_deliver_error(op, code);
+        return;
+    }
     need_seq = idem_persist(op, buf, len, need_seq);
     if (need_seq > sh->decided || !cluster_gate_open(sh, need_seq)) {
         struct held *h = sbx_xmalloc(sizeof(*h));
@@ -221,6 +233,8 @@ shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
         h->buf = buf;
         h->len = len;
         h->need = need_seq;
+        h->dep = dep;
+        h->own = op->wseq;
         h->sandbox[0] = '\0';
         if (op->actor)
             snprintf(h->sandbox, sizeof(h->sandbox), "%s", op->actor->id);
@@ -264,6 +278,7 @@ shard_reply_werr(struct sop *op, sbx_werr *w)
     case SBX_E_WRONG_OWNER:
     case SBX_E_TIMEOUT:
     case SBX_E_STORAGE:
+    case SBX_E_STORAGE_FULL:
     case SBX_E_BUSY:
         op->transient = true;
         break;
@@ -399,129 +414,6 @@ deadline_cb(sbx_loop *l, void *arg)
     if (rc == 0)
         free(buf);
     shard_deadline_arm(op);
-}
-
-struct commit_note {
-    struct shard *sh;
-    uint64_t first, last;
-    int rc;
-};
-
-static void commit_loop(sbx_loop *l, void *arg);
-
-/* Called on the store's writer thread: hand the news to the loop. */
-static void
-commit_cb(void *arg, uint64_t first, uint64_t last, int rc)
-{
-    struct shard *sh = arg;
-    struct commit_note *n = sbx_xmalloc(sizeof(*n));
-    n->sh = sh;
-    n->first = first;
-    n->last = last;
-    n->rc = rc;
-    sbx_loop_post(sh->loop, commit_loop, n);
-}
-
-/* A held reply whose write failed: the client must not see success. */
-static void
-deliver_error(struct held *h, int code, const char *msg)
-{
-    free(h->buf);
-    struct sop *op = h->op;
-    op->transient = true; /* not committed: a retry must run again */
-    /* The actor's memory holds the change that did not commit: go back to
-     * what the store has (a failed destroy leaves the sandbox as it was).
-     * An actor freed meanwhile is loaded from the store when next used. */
-    struct actor *a = h->sandbox[0] ? actor_get(op->sh, h->sandbox, false) : NULL;
-    if (a)
-        actor_reload_record(a);
-    sbx_werr w;
-    sbx_werr_init(&w, code, "%s", msg);
-    /* The operation ran (its reply was ready): a gateway must not re-send
-     * it as it does a WRONG_OWNER that ran nothing (docs/protocol.md §2). */
-    sbx_enc_kbool(sbx_werr_ctx(&w), "ran", true);
-    char *buf;
-    size_t len;
-    if (sbx_wire_reply_err(op->req.id, &w, &buf, &len) == 0)
-        deliver(op, buf, len);
-    else
-        sop_free(op);
-    sbx_werr_free(&w);
-}
-
-void
-shard_release_held(struct shard *sh)
-{
-    struct held **pp = &sh->held;
-    while (*pp) {
-        struct held *h = *pp;
-        if (h->need > sh->decided || !cluster_gate_open(sh, h->need)) {
-            pp = &h->next;
-            continue;
-        }
-        *pp = h->next;
-        deliver(h->op, h->buf, h->len);
-        free(h);
-    }
-}
-
-void
-shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const char *msg)
-{
-    struct held **pp = &sh->held;
-    while (*pp) {
-        struct held *h = *pp;
-        if (h->need < seq || strcmp(h->sandbox, id)) {
-            pp = &h->next;
-            continue;
-        }
-        *pp = h->next;
-        deliver_error(h, code, msg);
-        free(h);
-    }
-}
-
-static void
-commit_loop(sbx_loop *l, void *arg)
-{
-    struct commit_note *n = arg;
-    struct shard *sh = n->sh;
-    (void)l;
-    if (n->rc != 0) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "the metadata write could not be committed: %s",
-                 sbx_err_message(n->rc));
-        struct held **pp = &sh->held;
-        while (*pp) {
-            struct held *h = *pp;
-            if (h->need < n->first || h->need > n->last) {
-                pp = &h->next;
-                continue;
-            }
-            *pp = h->next;
-            deliver_error(h, SBX_E_STORAGE, msg);
-            free(h);
-        }
-    }
-    if (n->last > sh->decided)
-        sh->decided = n->last;
-    shard_release_held(sh);
-    free(n);
-}
-
-uint64_t
-shard_store_record(struct shard *sh, struct sbx_record *r)
-{
-    char *buf;
-    size_t len;
-    r->updated_ms = sbx_wall_ms();
-    if (sbx_record_encode(r, &buf, &len) != 0)
-        return 0;
-    uint64_t seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, r->id, strlen(r->id), buf, len);
-    sh->part_seq[sbx_place_partition(r->id, strlen(r->id))] = seq;
-    cluster_replicate(sh, seq, r->id, buf, len);
-    free(buf);
-    return seq;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -739,6 +631,7 @@ op_shard_status(struct sop *op)
     sbx_enc_kint(&e, "storeBatches", (int64_t)batches);
     sbx_enc_kint(&e, "storeWrites", (int64_t)writes);
     sbx_enc_kint(&e, "storeFailures", (int64_t)failed);
+    sbx_enc_kint(&e, "storeMapBytes", (int64_t)sbx_store_mapsize(sh->store));
     sbx_enc_str(&e, "cluster");
     cluster_encode_status(sh, &e);
     sbx_enc_end(&e);
@@ -1043,7 +936,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_error("shard: event loop: %s", strerror(-rc));
         goto out;
     }
-    if ((rc = sbx_store_open(&sh->store, conf->data, 1ull << 30, commit_cb, sh)) != 0) {
+    if ((rc = sbx_store_open(&sh->store, conf->data, conf->map_size, conf->map_max,
+                             shard_commit_cb, sh)) != 0) {
         sbx_error("shard %s: cannot open the store in %s: %s", conf->name, conf->data,
                   sbx_err_message(rc));
         goto out;
@@ -1173,6 +1067,12 @@ out:
         free(h->buf);
         sop_free(h->op);
         free(h);
+    }
+    while (sh->pw_head) {
+        struct pwrite *w = sh->pw_head;
+        sh->pw_head = w->next;
+        free(w->img);
+        free(w);
     }
     idem_free_all(sh);
     if (sh->spawner)

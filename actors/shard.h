@@ -32,6 +32,8 @@ struct sbx_shard_conf {
     char *name;           /* shard name: unique in the deployment, [a-z0-9-] */
     char *listen;         /* nng URL, e.g. ipc:///var/lib/sbx/s0.sock or tcp://0.0.0.0:7701 */
     char *data;           /* directory: LMDB environment and shard files */
+    uint64_t map_size;    /* bytes: initial LMDB map (sparse; runtime/store.h) */
+    uint64_t map_max;     /* bytes: the map grows up to this, then writes fail STORAGE_FULL */
     char *agent;          /* path of the sbx-agent binary */
     char *interp;         /* directory of the interpreter drivers (code contexts) */
     char *cgroup;         /* auto | v1 | v2 | none */

@@ -62,6 +62,8 @@ struct sop {
     bool container_restarted;   /* first op on a container replacing one that died */
     uint64_t idem_seq;          /* store write of its reply to the idempotency table, or 0 */
     uint64_t idem_need;         /* the write its reply waited on before that one (idem.c) */
+    uint64_t wseq;              /* the actor's last store write when op went to the agent:
+                                 * its reply fails if that write did (output gate) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -73,7 +75,21 @@ struct held {
     char *buf;
     size_t len;
     uint64_t need;
+    uint64_t dep;               /* the actor's write it depends on (need, as given) */
+    uint64_t own;               /* op->wseq */
     char sandbox[64];           /* "" for a reply of no sandbox */
+};
+
+/* A record write of an actor not yet decided (shard.c, the output gate):
+ * sh->pw_head..pw_tail in sequence order.  img is the encoded record
+ * written (NULL: a deletion); it becomes the actor's durable image once
+ * committed.  Owns img. */
+struct pwrite {
+    struct pwrite *next;
+    uint64_t seq;
+    char id[64];
+    char *img;
+    size_t len;
 };
 
 /* The container state of an actor. */
@@ -95,6 +111,22 @@ struct actor {
     struct sop *mb_head, *mb_tail; /* mailbox */
     struct sop *gate;           /* the op the input gate is closed for, if any */
     uint64_t last_seq;          /* last LMDB write of this actor (output gate) */
+    /* The output gate (shard.c).  durable: the encoded record of the last
+     * committed write of the actor (or the one loaded; NULL: none), owned.
+     * Writes bad_lo..bad_hi failed to commit, or were made on top of one
+     * that failed and are undone with it: a reply that depends on one of
+     * them carries bad_code (STORAGE_FULL, STORAGE_ERROR, WRONG_OWNER…).
+     * cw_seq: the write the op at the input gate waits for before it goes
+     * to the agent (0: none); cwnext links sh->cwait. */
+    char *durable;
+    size_t durable_len;
+    uint64_t bad_lo, bad_hi;
+    int bad_code;
+    uint64_t cw_seq;
+    struct actor *cwnext;
+    bool restore;               /* LMDB may hold an undone write of it (one in bad_lo..
+                                 * bad_hi committed, no later one yet) */
+    uint64_t restore_timer;     /* the retry of its rewrite (actor_commit_failed), or 0 */
     int64_t last_active_ms;
     int64_t sleep_after_ms;     /* idle time before the container is stopped (0: shard default) */
     bool keep_alive;            /* never stopped for idleness */
@@ -161,6 +193,8 @@ struct shard {
      * the record before that delete is decided (the destroy's tombstone). */
     uint64_t part_seq[SBX_PARTITIONS];
     struct held *held;
+    struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
+    struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
 
     /* workers (their own lock; results come back through sbx_loop_post) */
     pthread_t *workers;
@@ -201,6 +235,9 @@ struct shard {
 
 /* shard.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);
+/* shard_deliver — send buf (owned, consumed) to op's waiters now, keep it for
+ * retries of its request id, and free op. */
+void shard_deliver(struct sop *op, char *buf, size_t len);
 void shard_reply_err(struct sop *op, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void shard_reply_werr(struct sop *op, sbx_werr *w);
@@ -232,14 +269,36 @@ void shard_deadline_arm(struct sop *op);
 /* shard_op_deadline — the latest deadline among the ctxs still waiting, or
  * 0 if one of them has none (or none waits). */
 int64_t shard_op_deadline(const struct sop *op);
-/* shard_release_held — send every held reply whose writes are now decided
- * (committed to LMDB and, in a cluster, replicated). */
-void shard_release_held(struct shard *sh);
-/* shard_fail_held — answer code to the held replies of actor `id` that
- * depend on write `seq` or later (the write failed). */
-void shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const char *msg);
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 void sop_free(struct sop *op);
+
+/* gate.c (the output gate) */
+/* shard_commit_cb — the store's commit callback (sbx_store_commit_fn; arg:
+ * the shard): posts the news to the shard's loop. */
+void shard_commit_cb(void *arg, uint64_t first, uint64_t last, int rc);
+/* shard_deliver_error — answer op (consumed) with code, the failure of a
+ * commit its reply depends on (STORAGE_FULL, STORAGE_ERROR, WRONG_OWNER);
+ * a retry of its request id runs again. */
+void shard_deliver_error(struct sop *op, int code);
+/* shard_release_held — let the gate ops whose write is decided go on
+ * (shard_commit_wait), then send every held reply whose writes are now
+ * decided (committed to LMDB and, in a cluster, replicated), or its
+ * failure's code if one of them failed. */
+void shard_release_held(struct shard *sh);
+/* shard_fail_held — write `seq` of actor `id` failed (replication): mark it
+ * and the actor's later writes failed (a->bad_*) and answer code to the
+ * held replies that depend on them; `msg` is unused (the code says it). */
+void shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const char *msg);
+/* shard_commit_wait — a's gate op (a->gate) goes on only once write
+ * a->cw_seq is decided: then actor_commit_continue(a) is called (from
+ * shard_release_held).  The actor must keep its gate closed meanwhile. */
+void shard_commit_wait(struct actor *a);
+/* shard_store_delete — queue the deletion of sandbox id's record (and its
+ * replication in a cluster); its sequence number, as shard_store_record. */
+uint64_t shard_store_delete(struct shard *sh, const char *id);
+/* shard_store_record — set r->updated_ms, queue the write of r (encoded) and
+ * its replication, and track it for the output gate; its sequence number,
+ * or 0 if r could not be encoded (nothing written). */
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
 
 /*
@@ -296,9 +355,20 @@ bool actor_port_exposed(struct actor *a, int port);
  */
 bool actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force,
                              uint64_t *max_seq);
-/* actor_reload_record — replace the actor's record with the committed one
- * (after a write of it failed to commit). */
-void actor_reload_record(struct actor *a);
+/* actor_commit_failed — the actor's write `seq` failed with `code`: mark it
+ * and every later write of the actor made so far as failed (a->bad_*), put
+ * the record back to its durable image, and rewrite that image if later
+ * writes (which carry the failed change) may still commit — or, if one
+ * already did (a->restore) and nothing later is queued, once a second from
+ * now, again after each failure, until a write of the actor commits. */
+void actor_commit_failed(struct actor *a, uint64_t seq, int code);
+/* actor_commit_continue — the write a->cw_seq is decided: the op at the
+ * gate goes to the agent, or is answered (its commit failed, or no
+ * container runs any more), and the gate opens. */
+void actor_commit_continue(struct actor *a);
+/* actor_write_failed — whether a reply depending on write seq must fail
+ * (seq in a->bad_lo..bad_hi); never for seq 0. */
+bool actor_write_failed(const struct actor *a, uint64_t seq);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);

@@ -31,6 +31,7 @@
     X(SBX_E_TIMEOUT, "REQUEST_TIMEOUT", 504, "request deadline exceeded")                \
     X(SBX_E_CONTAINER, "CONTAINER_UNAVAILABLE", 503, "container could not be started")   \
     X(SBX_E_STORAGE, "STORAGE_ERROR", 500, "metadata store error")                       \
+    X(SBX_E_STORAGE_FULL, "STORAGE_FULL", 507, "metadata store full")                    \
     X(SBX_E_INTERNAL, "INTERNAL_ERROR", 500, "internal error")                            \
     X(SBX_E_INTERRUPTED, "OPERATION_INTERRUPTED", 409, "operation interrupted")          \
     X(SBX_E_BUSY, "RESOURCE_BUSY", 409, "resource busy")                                 \

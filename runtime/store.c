@@ -26,6 +26,10 @@ struct wop {
 struct sbx_store {
     MDB_env *env;
     MDB_dbi dbi[SBX_DB__N];
+    /* Read transactions hold it shared; the writer takes it exclusively to
+     * grow the map (mdb_env_set_mapsize remaps: no transaction may be open). */
+    pthread_rwlock_t maplock;
+    uint64_t mapsize, map_max; /* mapsize: written by the writer under maplock */
     pthread_t writer;
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* writer waits for work */
@@ -50,6 +54,8 @@ mdb_to_rc(int rc)
 {
     if (rc == 0)
         return 0;
+    if (rc == ENOSPC || rc == EDQUOT || rc == MDB_MAP_FULL)
+        return SBX_E_STORAGE_FULL;
     if (rc > 0 && rc < 4096)
         return -rc;
     return SBX_E_STORAGE;
@@ -85,14 +91,17 @@ decide(sbx_store *s, uint64_t first, uint64_t last, int rc)
         s->cb(s->cbarg, first, last, rc);
 }
 
+/* Write the first n ops of the list in one transaction: 0 or a negative
+ * code (mdb_to_rc); *map_full says whether LMDB's answer was MDB_MAP_FULL
+ * (then the map may grow and the batch be retried). */
 static int
-apply_batch(sbx_store *s, struct wop *ops)
+apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
     if (rc)
-        return mdb_to_rc(rc);
-    for (struct wop *o = ops; o; o = o->next) {
+        goto out;
+    for (struct wop *o = ops; o && n > 0; o = o->next, n--) {
         MDB_val k = {o->kn, o->data};
         if (o->del) {
             rc = mdb_del(txn, s->dbi[o->db], &k, NULL);
@@ -104,10 +113,80 @@ apply_batch(sbx_store *s, struct wop *ops)
         }
         if (rc) {
             mdb_txn_abort(txn);
-            return mdb_to_rc(rc);
+            goto out;
         }
     }
-    return mdb_to_rc(mdb_txn_commit(txn));
+    rc = mdb_txn_commit(txn); /* frees txn whatever it returns */
+out:
+    *map_full = rc == MDB_MAP_FULL;
+    return mdb_to_rc(rc);
+}
+
+/* Double the map (up to map_max): 0, or SBX_E_STORAGE_FULL if it is at its
+ * maximum or cannot be remapped.  Only the writer calls it, between
+ * transactions. */
+static int
+grow_map(sbx_store *s)
+{
+    uint64_t cur = s->mapsize;
+    uint64_t want = cur > s->map_max / 2 ? s->map_max : cur * 2;
+    if (want <= cur)
+        return SBX_E_STORAGE_FULL;
+    pthread_rwlock_wrlock(&s->maplock);
+    int rc = mdb_env_set_mapsize(s->env, want);
+    if (rc == 0)
+        s->mapsize = want;
+    pthread_rwlock_unlock(&s->maplock);
+    if (rc) {
+        sbx_error("store: growing the map to %llu bytes failed: %s", (unsigned long long)want,
+                  mdb_strerror(rc));
+        return SBX_E_STORAGE_FULL;
+    }
+    sbx_info("store: map grown from %llu to %llu bytes (at most %llu)", (unsigned long long)cur,
+             (unsigned long long)want, (unsigned long long)s->map_max);
+    return 0;
+}
+
+/* apply_batch, growing the map while it is what is full: 0 or a negative code. */
+static int
+apply_growing(sbx_store *s, struct wop *ops, size_t n)
+{
+    bool map_full;
+    int rc;
+    while ((rc = apply_batch(s, ops, n, &map_full)) != 0 && map_full && grow_map(s) == 0)
+        ;
+    return rc;
+}
+
+/* Commit a batch of n ops and report it.  A batch that does not fit is
+ * retried one write per transaction, so that only the writes that do not
+ * fit fail and the others are committed. */
+static void
+commit_batch(sbx_store *s, struct wop *ops, size_t n)
+{
+    uint64_t first = ops->seq, last = ops->seq;
+    struct wop *o = ops;
+    for (size_t i = 1; i < n; i++)
+        o = o->next;
+    last = o->seq;
+    int rc = apply_growing(s, ops, n);
+    if (rc == SBX_E_STORAGE_FULL && n > 1) {
+        sbx_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
+                 (unsigned long long)first, (unsigned long long)last);
+        o = ops;
+        for (size_t i = 0; i < n; i++, o = o->next) {
+            int r = apply_growing(s, o, 1);
+            if (r)
+                sbx_error("store: write %llu failed: %s", (unsigned long long)o->seq,
+                          sbx_err_message(r));
+            decide(s, o->seq, o->seq, r);
+        }
+        return;
+    }
+    if (rc)
+        sbx_error("store: batch %llu..%llu failed: %s", (unsigned long long)first,
+                  (unsigned long long)last, sbx_err_message(rc));
+    decide(s, first, last, rc);
 }
 
 static void *
@@ -118,24 +197,27 @@ writer_main(void *arg)
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stopping)
             pthread_cond_wait(&s->cv, &s->mu);
-        struct wop *ops = s->head;
-        s->head = s->tail = NULL;
+        /* Take a bounded prefix of the queue (store.h); the rest waits. */
+        struct wop *ops = s->head, *end = ops;
+        size_t n = 0, bytes = 0;
+        while (end && n < SBX_STORE_BATCH_OPS &&
+               (n == 0 || bytes + end->kn + end->vn <= SBX_STORE_BATCH_BYTES)) {
+            bytes += end->kn + end->vn;
+            n++;
+            end = end->next;
+        }
+        s->head = end;
+        if (!end)
+            s->tail = NULL;
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (ops) {
-            uint64_t first = ops->seq, last = ops->seq;
-            for (struct wop *o = ops; o; o = o->next)
-                last = o->seq;
-            int rc = apply_batch(s, ops);
-            if (rc)
-                sbx_error("store: batch %llu..%llu failed: %s", (unsigned long long)first,
-                          (unsigned long long)last, sbx_err_message(rc));
-            while (ops) {
-                struct wop *n = ops->next;
+            commit_batch(s, ops, n);
+            while (n-- > 0) {
+                struct wop *next = ops->next;
                 free(ops);
-                ops = n;
+                ops = next;
             }
-            decide(s, first, last, rc);
         } else if (stop) {
             break;
         }
@@ -144,8 +226,8 @@ writer_main(void *arg)
 }
 
 int
-sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, sbx_store_commit_fn cb,
-               void *cbarg)
+sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_max,
+               sbx_store_commit_fn cb, void *cbarg)
 {
     int rc;
     MDB_txn *txn = NULL;
@@ -184,6 +266,12 @@ sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, sbx_store_com
         goto fail_mdb;
     }
     txn = NULL;
+    MDB_envinfo info;
+    if ((rc = mdb_env_info(s->env, &info)) != 0)
+        goto fail_mdb;
+    s->mapsize = info.me_mapsize; /* at least what the file already uses */
+    s->map_max = map_max > s->mapsize ? map_max : s->mapsize;
+    pthread_rwlock_init(&s->maplock, NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->donecv, NULL);
@@ -219,6 +307,7 @@ sbx_store_close(sbx_store *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->writer, NULL);
     mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->maplock);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->donecv);
@@ -230,9 +319,12 @@ int
 sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, size_t *vn)
 {
     MDB_txn *txn;
+    pthread_rwlock_rdlock(&s->maplock);
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
-    if (rc)
+    if (rc) {
+        pthread_rwlock_unlock(&s->maplock);
         return mdb_to_rc(rc);
+    }
     MDB_val key = {kn, (void *)k}, v;
     rc = mdb_get(txn, s->dbi[db], &key, &v);
     if (rc == 0) {
@@ -240,6 +332,7 @@ sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, size_t
         *vn = v.mv_size;
     }
     mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&s->maplock);
     if (rc == MDB_NOTFOUND)
         return -ENOENT;
     return mdb_to_rc(rc);
@@ -252,12 +345,16 @@ sbx_store_foreach(sbx_store *s, int db,
 {
     MDB_txn *txn;
     MDB_cursor *cur;
+    pthread_rwlock_rdlock(&s->maplock);
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
-    if (rc)
+    if (rc) {
+        pthread_rwlock_unlock(&s->maplock);
         return mdb_to_rc(rc);
+    }
     rc = mdb_cursor_open(txn, s->dbi[db], &cur);
     if (rc) {
         mdb_txn_abort(txn);
+        pthread_rwlock_unlock(&s->maplock);
         return mdb_to_rc(rc);
     }
     MDB_val k, v;
@@ -270,6 +367,7 @@ sbx_store_foreach(sbx_store *s, int db,
     }
     mdb_cursor_close(cur);
     mdb_txn_abort(txn);
+    pthread_rwlock_unlock(&s->maplock);
     if (r)
         return r;
     return rc == MDB_NOTFOUND ? 0 : mdb_to_rc(rc);
@@ -334,4 +432,13 @@ sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *fail
     *writes = s->n_writes;
     *failed = s->n_failed;
     pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t
+sbx_store_mapsize(sbx_store *s)
+{
+    pthread_rwlock_rdlock(&s->maplock);
+    uint64_t v = s->mapsize;
+    pthread_rwlock_unlock(&s->maplock);
+    return v;
 }

@@ -10,8 +10,18 @@
  *    deletes into one transaction per batch (group commit), so N concurrent
  *    actor writes cost one fsync;
  *  - no transaction is ever held across container or network I/O;
- *  - a generous map size (sparse on disk) is set before open; a full map is
- *    reported as STORAGE_ERROR, never a crash.
+ *  - a batch is bounded: at most SBX_STORE_BATCH_OPS writes and, beyond its
+ *    first write, at most SBX_STORE_BATCH_BYTES of keys and values, so one
+ *    transaction (and its dirty pages in memory) stays small however much
+ *    is queued;
+ *  - the map starts at `mapsize` (sparse on disk) and grows: a batch that
+ *    meets MDB_MAP_FULL is aborted, the map is doubled (up to `map_max`,
+ *    mdb_env_set_mapsize, with no read transaction open: readers hold a
+ *    shared lock the growth takes exclusively) and the batch retried;
+ *  - a write that still cannot be committed because the map is at its
+ *    maximum or the file system is full (ENOSPC, EDQUOT) fails with
+ *    SBX_E_STORAGE_FULL — alone: the writes of its batch are retried one per
+ *    transaction, so the ones that fit are committed; reads keep working.
  *
  * Durability contract (the output gate): a write's sequence number is
  * "committed" only after mdb_txn_commit() returned 0 with the default sync
@@ -33,21 +43,33 @@ enum sbx_db {
     SBX_DB__N
 };
 
+/* Bounds of one group-commit transaction (see the rules above). */
+#define SBX_STORE_BATCH_OPS 256
+#define SBX_STORE_BATCH_BYTES (4u << 20)
+
+/* Default map sizes of a shard (sbxd --map-size / --map-max). */
+#define SBX_STORE_MAP_DEFAULT (1ull << 30)
+#define SBX_STORE_MAP_MAX_DEFAULT (64ull << 30)
+
 /*
- * Called on the writer thread after each batch: writes with sequence numbers
- * first..last were committed (rc == 0) or all failed (rc < 0: -errno or
- * SBX_E_STORAGE).  Must not block; the shard posts to its loop from here.
+ * Called on the writer thread after each batch, in sequence order: writes
+ * with sequence numbers first..last were committed (rc == 0) or all failed
+ * (rc < 0: SBX_E_STORAGE_FULL, -errno or SBX_E_STORAGE).  A batch whose
+ * writes had different outcomes is reported as several ranges.  Must not
+ * block (it may queue writes); the shard posts to its loop from here.
  */
 typedef void (*sbx_store_commit_fn)(void *arg, uint64_t first, uint64_t last, int rc);
 
 /*
  * sbx_store_open — open (creating) the environment in directory `dir`
- * (created 0700 if missing) with a map of `mapsize` bytes, and start the
- * writer thread.  `cb` may be NULL.  0 or a negative code; on success the
- * caller owns *out and must sbx_store_close it.
+ * (created 0700 if missing) with a map of `mapsize` bytes (at least what
+ * the file already uses) that may grow up to `map_max` bytes (0 or less
+ * than mapsize: no growth), and start the writer thread.  `cb` may be NULL.
+ * 0 or a negative code; on success the caller owns *out and must
+ * sbx_store_close it.
  */
-int sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, sbx_store_commit_fn cb,
-                   void *cbarg);
+int sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_max,
+                   sbx_store_commit_fn cb, void *cbarg);
 
 /* sbx_store_close — commit what is queued, stop the writer, close the env. */
 void sbx_store_close(sbx_store *s);
@@ -77,10 +99,15 @@ int sbx_store_foreach(sbx_store *s, int db,
 uint64_t sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn);
 uint64_t sbx_store_del(sbx_store *s, int db, const void *k, size_t kn);
 
-/* sbx_store_wait — block until write `seq` is decided; returns the batch's rc. */
+/* sbx_store_wait — block until write `seq` is decided; returns its rc (0, or
+ * the failure code the callback reported for it). */
 int sbx_store_wait(sbx_store *s, uint64_t seq);
 
-/* sbx_store_stat — counters for `sbx status`: batches and writes committed, failed batches. */
+/* sbx_store_stat — counters for `sbx status`: batches and writes committed,
+ * failed ranges (see the callback). */
 void sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *failed);
+
+/* sbx_store_mapsize — the map's current size in bytes (grows, see above). */
+uint64_t sbx_store_mapsize(sbx_store *s);
 
 #endif

@@ -356,6 +356,9 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"inodes", SBX_OPT_INT, &(c)->inodes, "inodes of /workspace+/tmp+/home"},             \
         {"output-cap", SBX_OPT_SIZE, &(c)->output_cap, "bytes kept per output stream of an exec"}, \
         {"setup-timeout", SBX_OPT_MS, &(c)->setup_timeout, "longest container start-up"},     \
+        {"map-size", SBX_OPT_SIZE, &(c)->map_size, "initial metadata store map (1G)"},      \
+        {"map-max", SBX_OPT_SIZE, &(c)->map_max,                                              \
+         "largest metadata store map; beyond, writes fail STORAGE_FULL (64G)"},              \
         {"sleep-after", SBX_OPT_MS, &(c)->sleep_after, "idle time before a container stops (10m)"}, \
         {"idem-ttl", SBX_OPT_MS, &(c)->idem_ttl,                                               \
          "how long a request id's recorded reply is kept for retries (10m)"},                \

@@ -20,9 +20,10 @@
  *  (c) the gateway is killed and restarted while a client retries one
  *      request id: the command (an append to a file) runs exactly once;
  *  (d) the daemon's data directory (a small tmpfs) fills up: writes fail
- *      with STORAGE_ERROR, the shard keeps running, writes succeed again
+ *      with STORAGE_FULL, the shard keeps running, writes succeed again
  *      once space is freed, and everything acknowledged is there after a
- *      restart, with a store mdb_stat opens.
+ *      restart, with a store mdb_stat opens (with a running container:
+ *      test_storage.c).
  *
  * Every process here is one this test started (a child, or a child of the
  * daemon it started, checked through /proc before it is signalled); mounts
@@ -1197,7 +1198,7 @@ shard_status_field(sbx_client *c, const char *field)
     return v;
 }
 
-Test(faults, full_data_directory_gives_storage_error_and_recovers, .timeout = 150,
+Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150,
      .fini = cleanup)
 {
     char mnt[64];
@@ -1238,11 +1239,11 @@ Test(faults, full_data_directory_gives_storage_error_and_recovers, .timeout = 15
             acked[i] = 1;
             acked_full++;
         } else {
-            cr_assert_str_eq(code, "STORAGE_ERROR", "env.set on a full disk: %s", code);
+            cr_assert_str_eq(code, "STORAGE_FULL", "env.set on a full disk: %s", code);
             failed++;
         }
     }
-    cr_assert_gt(failed, 0, "no STORAGE_ERROR on a full file system");
+    cr_assert_gt(failed, 0, "no STORAGE_FULL on a full file system");
     cr_expect_gt(shard_status_field(c, "storeFailures"), 0, "storeFailures not counted");
     cr_assert_eq(shard_status_field(c, "pid"), pid, "the shard restarted: it crashed");
     /* Reads keep working. */

@@ -5,8 +5,10 @@
  * kept apart; durability across close and reopen; the commit callback
  * reporting contiguous ranges that cover every write, in order; group commit
  * under 4 concurrent writer threads; sbx_store_foreach order and early stop;
- * a full map reported as a failed batch (STORAGE_ERROR) without a crash,
- * with earlier data still readable after reopen.
+ * a full map reported as STORAGE_FULL without a crash, with earlier data
+ * still readable after reopen; the map growing up to its maximum before
+ * writes fail; a write that does not fit failing alone while the writes
+ * queued with it are committed; batches bounded in writes and bytes.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails.
@@ -62,11 +64,18 @@ datadir(void)
     return d;
 }
 
+/* Open with a map of mapsize bytes that may grow to map_max (0: fixed). */
+static void
+open_store_max(uint64_t mapsize, uint64_t map_max, sbx_store_commit_fn cb, void *arg)
+{
+    int rc = sbx_store_open(&st, datadir(), mapsize, map_max, cb, arg);
+    cr_assert_eq(rc, 0, "sbx_store_open(%s): %d %s", datadir(), rc, sbx_err_message(rc));
+}
+
 static void
 open_store(uint64_t mapsize, sbx_store_commit_fn cb, void *arg)
 {
-    int rc = sbx_store_open(&st, datadir(), mapsize, cb, arg);
-    cr_assert_eq(rc, 0, "sbx_store_open(%s): %d %s", datadir(), rc, sbx_err_message(rc));
+    open_store_max(mapsize, 0, cb, arg);
 }
 
 static void
@@ -229,7 +238,7 @@ Test(store, open_fails_cleanly_on_a_file)
     cr_assert_not_null(f);
     fclose(f);
     sbx_store *s = NULL;
-    int rc = sbx_store_open(&s, path, MAPSIZE, NULL, NULL);
+    int rc = sbx_store_open(&s, path, MAPSIZE, 0, NULL, NULL);
     cr_expect_lt(rc, 0, "opening a store on a regular file must fail, got %d", rc);
     cr_expect_null(s, "*out is untouched on failure");
 }
@@ -463,7 +472,7 @@ Test(store, full_map_fails_the_batch_and_keeps_earlier_data)
         committed++;
     }
     cr_assert_neq(rc, 0, "%d writes of %d bytes never filled a 1 MiB map", MAX, VAL);
-    cr_expect_eq(rc, SBX_E_STORAGE, "a full map is STORAGE_ERROR, got %d (%s)", rc,
+    cr_expect_eq(rc, SBX_E_STORAGE_FULL, "a full map is STORAGE_FULL, got %d (%s)", rc,
                  sbx_err_name(rc));
     cr_assert_gt(committed, 10, "only %d writes fit in 1 MiB", committed);
 
@@ -484,7 +493,7 @@ Test(store, full_map_fails_the_batch_and_keeps_earlier_data)
         cr_expect_lt(sbx_store_wait(st, s), 0, "write %d into a full map succeeded", i);
     }
     /* A decided write keeps its outcome, however many batches failed since. */
-    cr_expect_eq(sbx_store_wait(st, fail_seq), SBX_E_STORAGE,
+    cr_expect_eq(sbx_store_wait(st, fail_seq), SBX_E_STORAGE_FULL,
                  "the first failed write is still reported as failed after 40 more failures");
     cr_expect_eq(sbx_store_wait(st, 1), 0, "the first write is still reported committed");
     close_store();
@@ -498,4 +507,182 @@ Test(store, full_map_fails_the_batch_and_keeps_earlier_data)
     snprintf(k, sizeof(k), "big-%04d", committed);
     expect_absent(SBX_DB_SANDBOXES, k);
     free(val);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Map growth, a write that does not fit, bounded batches.
+ *
+ * To put several writes into one batch for sure, the test queues them from
+ * the commit callback of a first write: the callback runs on the writer
+ * thread between two batches, so everything it queues is waiting when the
+ * writer takes its next batch. */
+
+struct plan {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool queued, done;
+    size_t n;
+    const size_t *sizes; /* value size of each planned write */
+    uint64_t seq[4096];  /* their sequence numbers */
+    struct ranges g;     /* every range the callback reported */
+};
+
+static void
+plan_cb(void *arg, uint64_t first, uint64_t last, int rc)
+{
+    struct plan *p = arg;
+    record_range(&p->g, first, last, rc);
+    pthread_mutex_lock(&p->mu);
+    bool go = !p->queued;
+    p->queued = true;
+    pthread_mutex_unlock(&p->mu);
+    if (!go)
+        return;
+    size_t maxv = 0;
+    for (size_t i = 0; i < p->n; i++)
+        maxv = SBX_MAX(maxv, p->sizes[i]);
+    char *v = sbx_xmalloc(maxv + 1);
+    char k[32];
+    for (size_t i = 0; i < p->n; i++) {
+        snprintf(k, sizeof(k), "plan-%04zu", i);
+        memset(v, 'a' + (int)(i % 26), p->sizes[i]);
+        p->seq[i] = sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), v, p->sizes[i]);
+    }
+    free(v);
+    pthread_mutex_lock(&p->mu);
+    p->done = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Write one key so that plan_cb queues the plan, and wait until it has. */
+static void
+run_plan(struct plan *p)
+{
+    uint64_t s = put_str(SBX_DB_META, "start", "x");
+    cr_assert_eq(sbx_store_wait(st, s), 0);
+    pthread_mutex_lock(&p->mu);
+    while (!p->done)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+Test(store, map_grows_up_to_its_maximum_then_writes_fail_storage_full)
+{
+    enum { VAL = 8192, MAX = 4000 };
+    char *val = sbx_xmalloc(VAL);
+    char k[32];
+    open_store_max(1ull << 20, 8ull << 20, NULL, NULL);
+    cr_expect_eq(sbx_store_mapsize(st), 1ull << 20);
+    int committed = 0, rc = 0;
+    for (int i = 0; i < MAX; i++) {
+        snprintf(k, sizeof(k), "big-%04d", i);
+        memset(val, 'a' + i % 26, VAL);
+        rc = sbx_store_wait(st, sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), val, VAL));
+        if (rc != 0)
+            break;
+        committed++;
+    }
+    cr_assert_eq(rc, SBX_E_STORAGE_FULL, "the last write: %d (%s), want STORAGE_FULL", rc,
+                 sbx_err_name(rc));
+    /* 1 MiB held ~100 such writes (full_map_fails_the_batch_…); 8 MiB must hold far more. */
+    cr_expect_gt(committed, 400, "only %d writes of 8 KiB fit in a map that may grow to 8 MiB",
+                 committed);
+    cr_expect_eq(sbx_store_mapsize(st), 8ull << 20, "the map is at its maximum: %llu",
+                 (unsigned long long)sbx_store_mapsize(st));
+    /* Reads keep working, and what was acknowledged is there. */
+    for (int i = 0; i < committed; i += 37) {
+        snprintf(k, sizeof(k), "big-%04d", i);
+        memset(val, 'a' + i % 26, VAL);
+        expect_value(SBX_DB_SANDBOXES, k, val, VAL);
+    }
+    /* Space again (a deletion that fits frees pages): the same kind of write succeeds. */
+    for (int i = 0; i < 20; i++) {
+        snprintf(k, sizeof(k), "big-%04d", i);
+        rc = sbx_store_wait(st, sbx_store_del(st, SBX_DB_SANDBOXES, k, strlen(k)));
+        cr_assert_eq(rc, 0, "deleting %s: %d (%s)", k, rc, sbx_err_name(rc));
+    }
+    snprintf(k, sizeof(k), "after");
+    rc = sbx_store_wait(st, sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), val, VAL));
+    cr_expect_eq(rc, 0, "a write after space was freed: %d (%s)", rc, sbx_err_name(rc));
+    close_store();
+    /* Reopened with a smaller configured map: what the file holds is kept. */
+    open_store_max(1ull << 20, 8ull << 20, NULL, NULL);
+    snprintf(k, sizeof(k), "big-%04d", committed - 1);
+    memset(val, 'a' + (committed - 1) % 26, VAL);
+    expect_value(SBX_DB_SANDBOXES, k, val, VAL);
+    free(val);
+}
+
+Test(store, a_write_that_does_not_fit_fails_alone)
+{
+    /* small, too big for the whole map, small, small: one batch. */
+    static const size_t sizes[] = {100, 3u << 20, 200, 300};
+    static struct plan p = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                            .cv = PTHREAD_COND_INITIALIZER,
+                            .g = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+    p.n = SBX_ARRAY_LEN(sizes);
+    p.sizes = sizes;
+    open_store_max(1ull << 20, 2ull << 20, plan_cb, &p);
+    run_plan(&p);
+    int want[] = {0, SBX_E_STORAGE_FULL, 0, 0};
+    for (size_t i = 0; i < p.n; i++) {
+        int rc = sbx_store_wait(st, p.seq[i]);
+        cr_expect_eq(rc, want[i], "write %zu (%zu bytes): %d (%s), want %s", i, sizes[i], rc,
+                     sbx_err_name(rc), want[i] ? "STORAGE_FULL" : "committed");
+    }
+    char k[32], *v = sbx_xmalloc(400);
+    for (size_t i = 0; i < p.n; i++) {
+        snprintf(k, sizeof(k), "plan-%04zu", i);
+        if (want[i]) {
+            expect_absent(SBX_DB_SANDBOXES, k);
+            continue;
+        }
+        memset(v, 'a' + (int)(i % 26), sizes[i]);
+        expect_value(SBX_DB_SANDBOXES, k, v, sizes[i]);
+    }
+    free(v);
+    /* Later writes that fit still succeed. */
+    cr_expect_eq(sbx_store_wait(st, put_str(SBX_DB_SANDBOXES, "later", "fits")), 0);
+    close_store();
+    free(p.g.r);
+}
+
+Test(store, batches_are_bounded_in_writes_and_bytes)
+{
+    /* 1000 small writes, then 12 of 1 MiB: all queued at once. */
+    enum { SMALL = 1000, BIG = 12 };
+    static size_t sizes[SMALL + BIG];
+    static struct plan p = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                            .cv = PTHREAD_COND_INITIALIZER,
+                            .g = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+    for (size_t i = 0; i < SMALL + BIG; i++)
+        sizes[i] = i < SMALL ? 16 : 1u << 20;
+    p.n = SMALL + BIG;
+    p.sizes = sizes;
+    open_store_max(MAPSIZE, 0, plan_cb, &p);
+    run_plan(&p);
+    cr_assert_eq(sbx_store_wait(st, p.seq[p.n - 1]), 0);
+    close_store(); /* every callback has returned */
+    check_ranges(&p.g, p.seq[p.n - 1]);
+    size_t batches_of_plan = 0;
+    for (size_t i = 0; i < p.g.n; i++) {
+        uint64_t first = p.g.r[i].first, last = p.g.r[i].last;
+        if (last < p.seq[0])
+            continue;
+        batches_of_plan++;
+        uint64_t ops = last - first + 1, bytes = 0;
+        for (uint64_t q = first; q <= last; q++)
+            bytes += strlen("plan-0000") + sizes[q - p.seq[0]];
+        cr_expect_leq(ops, (uint64_t)SBX_STORE_BATCH_OPS, "batch %llu..%llu: %llu writes",
+                      (unsigned long long)first, (unsigned long long)last,
+                      (unsigned long long)ops);
+        if (ops > 1)
+            cr_expect_leq(bytes, (uint64_t)SBX_STORE_BATCH_BYTES,
+                          "batch %llu..%llu: %llu bytes", (unsigned long long)first,
+                          (unsigned long long)last, (unsigned long long)bytes);
+    }
+    cr_expect_geq(batches_of_plan, (size_t)(SMALL / SBX_STORE_BATCH_OPS + BIG / 3),
+                  "%zu batches for the queued writes", batches_of_plan);
+    free(p.g.r);
 }

@@ -1,0 +1,282 @@
+/*
+ * test_storage.c — the output gate when the shard's metadata store is full
+ * (docs/protocol.md §4.1, `STORAGE_FULL`).
+ *
+ * The daemon's data directory is a private 8 MiB tmpfs that the test fills
+ * with a file of its own.  env.set on a running sandbox also goes on in its
+ * container: each one must be acknowledged only if its record was
+ * committed, a refused one must not be applied in the container either,
+ * and what is read back (the container's environment, status's
+ * sleepAfter) must be the last acknowledged value — before and after
+ * space is freed and the daemon restarted.
+ *
+ * A second test gives the store a tiny map (--map-size 512K --map-max 2M):
+ * the map grows to its maximum (cluster.status's storeMapBytes), the write
+ * that does not fit is STORAGE_FULL while a small write of another sandbox
+ * still succeeds and reads keep working, and after a restart with a larger
+ * --map-max the sandbox holds exactly its acknowledged variables.
+ *
+ * Each daemon is one this test started (stopped by pid, its directory
+ * removed); the mount and its directory are removed at the end, also when
+ * an assertion ends the test.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+#include "../support/sdk.h"
+
+static struct testd *live_testd;
+static char live_mount[64];
+
+static void
+cleanup(void)
+{
+    if (live_testd && live_testd->pid > 0)
+        testd_stop(live_testd);
+    if (live_mount[0]) {
+        umount2(live_mount, MNT_DETACH);
+        rmdir(live_mount);
+    }
+    live_testd = NULL;
+    live_mount[0] = '\0';
+}
+
+static sbx_client *
+client_for(const char *url, int64_t timeout_ms)
+{
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
+    sbx_client_set_timeout(c, timeout_ms);
+    return c;
+}
+
+/* env.set k to vlen bytes of 'x': 0, or non-zero with the error's code. */
+static int
+set_env(sbx_client *c, const char *id, const char *k, size_t vlen, char code[48])
+{
+    char *v = sbx_xmalloc(vlen + 1);
+    memset(v, 'x', vlen);
+    v[vlen] = '\0';
+    json_t *a = json_pack("{s:{s:s}}", "vars", k, v);
+    free(v);
+    tcall t = tc_call(c, "env.set", id, a, 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
+/* Fill the file system at mnt with <mnt>/filler (removed by the caller). */
+static void
+fill_fs(const char *mnt)
+{
+    char filler[300];
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert(fd >= 0, "%s: %s", filler, strerror(errno));
+    static char block[65536];
+    while (write(fd, block, sizeof(block)) > 0)
+        ;
+    while (write(fd, block, 512) > 0)
+        ;
+    close(fd);
+}
+
+static int
+configure_sleep(sbx_client *c, const char *id, long long seconds, char code[48])
+{
+    tcall t = tc_call(c, "sandbox.configure", id, json_pack("{s:I}", "sleepAfter", seconds), 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
+Test(storage, full_data_directory_with_a_running_container_acknowledges_only_commits,
+     .timeout = 180, .fini = cleanup)
+{
+    char mnt[] = "/tmp/sbx-fullrun-XXXXXX";
+    cr_assert(mkdtemp(mnt) != NULL);
+    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    snprintf(live_mount, sizeof(live_mount), "%s", mnt);
+    static struct testd d;
+    const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
+    live_testd = &d;
+    sbx_client *c = client_for(d.url, 30000);
+    const char *id = "ffullrun";
+    char code[48], key[32];
+    cr_assert_eq(set_env(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
+    cr_assert_eq(configure_sleep(c, id, 600, code), 0, "configure before: %s", code);
+    char *out = tsh_out(c, id, "echo up");
+    cr_assert_str_eq(out, "up\n", "the container runs");
+    free(out);
+
+    fill_fs(mnt);
+    /* env.set on the running sandbox goes on in the container: each one must
+     * be acknowledged only if its record was committed. */
+    int failed = 0, first_failed = -1;
+    unsigned char acked[40] = {0};
+    /* At most 12 x 60 KB: under the environment's bound (ENV_MAX_BYTES). */
+    for (int i = 0; i < 12 && failed < 3; i++) {
+        snprintf(key, sizeof(key), "RUN%d", i);
+        if (set_env(c, id, key, 60000, code) == 0) {
+            acked[i] = 1;
+            continue;
+        }
+        cr_assert_str_eq(code, "STORAGE_FULL", "env.set on a running sandbox, full disk: %s",
+                         code);
+        if (first_failed < 0)
+            first_failed = i;
+        failed++;
+    }
+    cr_assert_gt(failed, 0, "no env.set on a running sandbox was refused on a full disk "
+                            "(each one got OK)");
+    /* A register write through configure: refused, and status keeps the last acknowledged value. */
+    int rc = configure_sleep(c, id, 1200, code);
+    if (rc)
+        cr_expect_str_eq(code, "STORAGE_FULL", "configure on a full disk: %s", code);
+    tcall t = tc_call(c, "status", id, NULL, 0);
+    tc_ok(t, "status on a full disk");
+    cr_expect_eq(jint(t.res, "sandbox.sleepAfter"), rc ? 600000 : 1200000,
+                 "status's sleepAfter is not the last acknowledged value (configure %s)",
+                 rc ? code : "OK");
+    tc_free(&t);
+    /* The container has exactly the acknowledged variables: a refused change
+     * did not reach it. */
+    out = tsh_out(c, id, "env | cut -d= -f1 | grep -E '^RUN[0-9]+$' | sort -V | tr '\\n' ' '");
+    char want[512] = "";
+    for (int i = 0; i < 40; i++) {
+        if (acked[i]) {
+            size_t n = strlen(want);
+            snprintf(want + n, sizeof(want) - n, "RUN%d ", i);
+        }
+    }
+    cr_expect_str_eq(out, want, "variables in the running container (first refused: RUN%d)",
+                     first_failed);
+    free(out);
+
+    /* Space again: the refused write succeeds now, and survives a restart. */
+    char filler[300];
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    cr_assert_eq(unlink(filler), 0);
+    snprintf(key, sizeof(key), "RUN%d", first_failed);
+    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set after freeing space: %s", code);
+    acked[first_failed] = 1;
+    cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
+    sbx_client_close(c);
+    c = client_for(d.url, 30000);
+    out = tsh_out(c, id,
+                  "env | cut -d= -f1 | grep -E '^(BEFORE|RUN[0-9]+)$' | sort -V | tr '\\n' ' '");
+    char want2[600];
+    snprintf(want2, sizeof(want2), "BEFORE ");
+    for (int i = 0; i < 40; i++) {
+        if (acked[i]) {
+            size_t n = strlen(want2);
+            snprintf(want2 + n, sizeof(want2) - n, "RUN%d ", i);
+        }
+    }
+    cr_expect_str_eq(out, want2, "variables after a restart: the acknowledged ones, only");
+    free(out);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+    cr_expect_eq(umount2(mnt, 0), 0, "umount %s: %s", mnt, strerror(errno));
+    rmdir(mnt);
+    live_mount[0] = '\0';
+    cr_log_info("full disk, running container: %d refused, first RUN%d", failed, first_failed);
+}
+
+static long long
+shard_status_field(sbx_client *c, const char *field)
+{
+    tcall t = tc_call(c, "cluster.status", NULL, NULL, 0);
+    tc_ok(t, "cluster.status");
+    char path[64];
+    snprintf(path, sizeof(path), "shards.0.status.%s", field);
+    long long v = jint(t.res, path);
+    tc_free(&t);
+    return v;
+}
+
+Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 180,
+     .fini = cleanup)
+{
+    static struct testd d;
+    const char *const small[] = {"--pool", "0", "--memory", "256M", "--map-size", "512K",
+                                 "--map-max", "2M", NULL};
+    cr_assert_eq(testd_start(&d, 1, small), 0, "sbxd dev did not start with a tiny map");
+    live_testd = &d;
+    sbx_client *c = client_for(d.url, 30000);
+    const char *id = "fmapbig", *other = "fmapother";
+    char code[48], key[32];
+    cr_expect_eq(shard_status_field(c, "storeMapBytes"), 512 << 10,
+                 "the map starts at --map-size");
+    cr_assert_eq(set_env(c, other, "OTHER", 10, code), 0, "env.set of another sandbox: %s", code);
+
+    /* Each env.set rewrites the whole record, 60 KB larger each time: the
+     * record (its old and new copy in one transaction) soon needs more than
+     * the largest map. */
+    int failed = 0, first_failed = -1;
+    unsigned char acked[16] = {0};
+    for (int i = 0; i < 16 && failed < 2; i++) {
+        snprintf(key, sizeof(key), "MAP%d", i);
+        if (set_env(c, id, key, 60000, code) == 0) {
+            acked[i] = 1;
+            continue;
+        }
+        cr_assert_str_eq(code, "STORAGE_FULL", "env.set into a full map: %s", code);
+        if (first_failed < 0)
+            first_failed = i;
+        failed++;
+    }
+    cr_assert_gt(failed, 0, "16 x 60 KB into a map of at most 2 MiB: never STORAGE_FULL");
+    cr_expect_gt(first_failed, 5, "only %d writes before STORAGE_FULL: did the map grow?",
+                 first_failed);
+    cr_expect_eq(shard_status_field(c, "storeMapBytes"), 2 << 20,
+                 "the map grew to --map-max before writes failed");
+    /* A small write of another sandbox still fits; reads keep working. */
+    cr_expect_eq(set_env(c, other, "OTHER2", 10, code), 0, "a small write after: %s", code);
+    tcall t = tc_call(c, "status", id, NULL, 0);
+    tc_ok(t, "status with a full map");
+    tc_free(&t);
+    sbx_client_close(c);
+
+    /* A larger maximum: the refused write succeeds, and exactly the
+     * acknowledged variables are there. */
+    const char *const large[] = {"--pool", "0", "--memory", "256M", "--map-size", "512K",
+                                 "--map-max", "8M", NULL};
+    cr_assert_eq(testd_restart(&d, 1, large), 0, "restart with --map-max 8M");
+    c = client_for(d.url, 30000);
+    snprintf(key, sizeof(key), "MAP%d", first_failed);
+    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set with room again: %s", code);
+    acked[first_failed] = 1;
+    char *out =
+        tsh_out(c, id, "env | cut -d= -f1 | grep -E '^MAP[0-9]+$' | sort -V | tr '\\n' ' '");
+    char want[256] = "";
+    for (int i = 0; i < 16; i++) {
+        if (acked[i]) {
+            size_t n = strlen(want);
+            snprintf(want + n, sizeof(want) - n, "MAP%d ", i);
+        }
+    }
+    cr_expect_str_eq(out, want, "variables after the restart: the acknowledged ones, only");
+    free(out);
+    out = tsh_out(c, other, "printenv OTHER OTHER2 | wc -l");
+    cr_expect_str_eq(out, "2\n", "the other sandbox's acknowledged writes");
+    free(out);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+    cr_log_info("tiny map: first STORAGE_FULL at write %d", first_failed);
+}

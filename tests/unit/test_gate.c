@@ -1,0 +1,326 @@
+/*
+ * test_gate.c — unit tests for the shard's output gate (actors/gate.c,
+ * docs/protocol.md §4.1) over a real store with a 1 MiB map that cannot
+ * grow.
+ *
+ * Covers: a failed write N followed by a write N+1 of the same sandbox
+ * made before N's failure was known, which commits in the store: both count
+ * as failed (their replies carry STORAGE_FULL), the record goes back to the
+ * last committed image — not to what LMDB holds at that moment (N+1) — and
+ * that image is written again so the undone write does not stay in LMDB; a
+ * write made after the failure is acknowledged normally; after a failed
+ * last write, a read waits for nothing and carries no failure; when that
+ * rewrite fails too (the store is full), it is tried again until it
+ * commits, so the undone write does not stay in LMDB.
+ *
+ * Why N+1 must fail too: it is made on top of N's change (an env.set merges
+ * into the record N's op left in memory), and before this rule the failure
+ * reloaded the record from LMDB, so whether N+1's change survived in
+ * memory depended on whether N+1 had committed by then — an acknowledged
+ * N+1 could be erased by the next write.  That race is not reproducible on
+ * demand; this test checks the rule that removes it.
+ *
+ * The test drives one actor's record writes the way the actor does
+ * (shard_store_record, a->last_seq) and runs the shard's loop itself to
+ * deliver the store's commit notes.  Each test works in its own mkdtemp
+ * directory, removed by the fixture's fini even when an assertion fails.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "actors/shard_int.h"
+#include "runtime/err.h"
+#include "runtime/loop.h"
+#include "runtime/store.h"
+#include "runtime/util.h"
+#include "runtime/wire.h"
+
+static char tmpdir[64];
+static struct shard *sh; /* torn down by the fini */
+
+static void
+setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/sbx-test-gate-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    sh = sbx_xcalloc(1, sizeof(*sh));
+    cr_assert_eq(sbx_loop_new(&sh->loop), 0);
+    sh->nbuckets = 64;
+    sh->buckets = sbx_xcalloc(sh->nbuckets, sizeof(*sh->buckets));
+    char dir[96];
+    snprintf(dir, sizeof(dir), "%s/data", tmpdir);
+    int rc = sbx_store_open(&sh->store, dir, 1ull << 20, 0, shard_commit_cb, sh);
+    cr_assert_eq(rc, 0, "sbx_store_open: %s", sbx_err_message(rc));
+}
+
+static void
+stop_cb(sbx_loop *l, void *arg)
+{
+    (void)arg;
+    sbx_loop_stop(l);
+}
+
+/* Run the shard's loop for a moment: the commit notes posted so far are handled. */
+static void
+drain(void)
+{
+    sbx_loop_timer(sh->loop, 50, stop_cb, NULL);
+    sbx_loop_run(sh->loop);
+}
+
+static void
+teardown(void)
+{
+    if (sh) {
+        if (sh->store)
+            sbx_store_close(sh->store);
+        drain(); /* the last notes: their memory */
+        actor_free_all(sh);
+        while (sh->pw_head) {
+            struct pwrite *w = sh->pw_head;
+            sh->pw_head = w->next;
+            free(w->img);
+            free(w);
+        }
+        sbx_loop_free(sh->loop);
+        free(sh->buckets);
+        free(sh);
+        sh = NULL;
+    }
+    if (tmpdir[0]) {
+        int rc = sbx_rm_rf(tmpdir);
+        cr_expect_eq(rc, 0, "removing %s: %s", tmpdir, strerror(-rc));
+    }
+}
+
+TestSuite(gate, .init = setup, .fini = teardown, .timeout = 60);
+
+/* The env blob {k: vlen bytes of 'x'} (heap, caller frees). */
+static char *
+env_blob(const char *k, size_t vlen, size_t *len)
+{
+    char *v = sbx_xmalloc(vlen);
+    memset(v, 'x', vlen);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kstrn(&e, k, v, vlen);
+    sbx_enc_end(&e);
+    char *buf;
+    cr_assert_eq(sbx_enc_finish(&e, &buf, len), 0);
+    free(v);
+    return buf;
+}
+
+/* What an op does: change the actor's env, write the record. */
+static uint64_t
+write_env(struct actor *a, const char *k, size_t vlen)
+{
+    size_t len;
+    char *blob = env_blob(k, vlen, &len);
+    free(a->rec.env);
+    a->rec.env = blob;
+    a->rec.env_len = len;
+    a->last_seq = shard_store_record(sh, &a->rec);
+    cr_assert_gt(a->last_seq, 0u);
+    return a->last_seq;
+}
+
+/* Whether env (a msgpack map blob) is exactly {k: vlen bytes}; *what
+ * describes it. */
+static bool
+env_is(const char *env, size_t env_len, const char *k, size_t vlen, char *what, size_t whatlen)
+{
+    sbx_msg m;
+    snprintf(what, whatlen, "none");
+    if (!env || sbx_wire_decode(&m, env, env_len, &sbx_wire_limits_request) != 0)
+        return false;
+    bool ok = m.root->type == MSGPACK_OBJECT_MAP && m.root->via.map.size == 1;
+    sbx_str key = {"", 0}, val = {"", 0};
+    if (ok) {
+        sbx_wire_obj_str(&m.root->via.map.ptr[0].key, &key);
+        sbx_wire_obj_str(&m.root->via.map.ptr[0].val, &val);
+    }
+    snprintf(what, whatlen, "{%.*s: %zu bytes} (%u keys)", (int)key.n, key.p, val.n,
+             m.root->type == MSGPACK_OBJECT_MAP ? m.root->via.map.size : 0);
+    sbx_wire_msg_free(&m);
+    return ok && sbx_str_eq(key, k) && val.n == vlen;
+}
+
+static void
+expect_env(const char *where, const char *env, size_t env_len, const char *k, size_t vlen)
+{
+    char what[128];
+    cr_expect(env_is(env, env_len, k, vlen, what, sizeof(what)),
+              "%s: the environment is %s, want {%s: %zu bytes}", where, what, k, vlen);
+}
+
+/* Whether LMDB's record of id has exactly the environment {k: vlen bytes}. */
+static bool
+stored_env_is(const char *id, const char *k, size_t vlen)
+{
+    char *val = NULL, what[128];
+    size_t vn = 0;
+    struct sbx_record r;
+    bool is = false;
+    if (sbx_store_get(sh->store, SBX_DB_SANDBOXES, id, strlen(id), &val, &vn) != 0)
+        return false;
+    if (sbx_record_decode(val, vn, &r) == 0) {
+        is = env_is(r.env, r.env_len, k, vlen, what, sizeof(what));
+        sbx_record_free(&r);
+    }
+    free(val);
+    return is;
+}
+
+static void
+expect_stored_env(const char *id, const char *k, size_t vlen)
+{
+    char *val = NULL;
+    size_t vn = 0;
+    cr_assert_eq(sbx_store_get(sh->store, SBX_DB_SANDBOXES, id, strlen(id), &val, &vn), 0);
+    struct sbx_record r;
+    cr_assert_eq(sbx_record_decode(val, vn, &r), 0);
+    expect_env("in LMDB", r.env, r.env_len, k, vlen);
+    sbx_record_free(&r);
+    free(val);
+}
+
+Test(gate, a_later_write_made_on_top_of_a_failed_one_is_undone_with_it)
+{
+    struct actor *a = actor_get(sh, "gate-a", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+
+    /* Acknowledged: {A}. */
+    uint64_t s1 = write_env(a, "A", 10);
+    cr_assert_eq(sbx_store_wait(sh->store, s1), 0);
+    drain();
+    cr_expect(!actor_write_failed(a, s1), "the committed write counts as failed");
+
+    /* N: {BIG} does not fit the map.  N+1: {B} (BIG unset, B set), made
+     * before N's failure is known (the loop has not run), fits and commits
+     * in the store. */
+    uint64_t n = write_env(a, "BIG", 2u << 20);
+    uint64_t n1 = write_env(a, "B", 10);
+    cr_assert_eq(sbx_store_wait(sh->store, n), SBX_E_STORAGE_FULL);
+    cr_assert_eq(sbx_store_wait(sh->store, n1), 0, "N+1 fits: the scenario needs it committed");
+    drain();
+
+    /* Both are failed for the client: N+1 was made on top of N. */
+    cr_expect(actor_write_failed(a, n), "the write that did not fit is not failed");
+    cr_expect(actor_write_failed(a, n1), "the write made before the failure was known is "
+                                         "acknowledged");
+    cr_expect_eq(a->bad_code, SBX_E_STORAGE_FULL, "code %d (%s)", a->bad_code,
+                 sbx_err_name(a->bad_code));
+    /* The actor is back at the last acknowledged record, not at LMDB's N+1. */
+    expect_env("in memory", a->rec.env, a->rec.env_len, "A", 10);
+    /* ... and writes it again, so N+1 does not stay in LMDB. */
+    uint64_t w = a->last_seq;
+    cr_assert_gt(w, n1, "no rewrite of the acknowledged record after an undone write committed");
+    cr_assert_eq(sbx_store_wait(sh->store, w), 0);
+    drain();
+    expect_stored_env(a->id, "A", 10);
+    cr_expect(!actor_write_failed(a, w), "the rewrite counts as failed");
+
+    /* A write made after the failure is an ordinary one. */
+    uint64_t s5 = write_env(a, "C", 10);
+    cr_assert_eq(sbx_store_wait(sh->store, s5), 0);
+    drain();
+    cr_expect(!actor_write_failed(a, s5), "a write after the failure counts as failed");
+    expect_stored_env(a->id, "C", 10);
+    struct sbx_record r;
+    cr_assert_eq(sbx_record_decode(a->durable, a->durable_len, &r), 0);
+    expect_env("the durable image", r.env, r.env_len, "C", 10);
+    sbx_record_free(&r);
+}
+
+Test(gate, a_failed_last_write_leaves_reads_on_the_acknowledged_one)
+{
+    struct actor *a = actor_get(sh, "gate-b", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+    uint64_t s1 = write_env(a, "A", 10);
+    cr_assert_eq(sbx_store_wait(sh->store, s1), 0);
+    drain();
+    uint64_t n = write_env(a, "BIG", 2u << 20);
+    cr_assert_eq(sbx_store_wait(sh->store, n), SBX_E_STORAGE_FULL);
+    drain();
+    cr_expect(actor_write_failed(a, n));
+    expect_env("in memory", a->rec.env, a->rec.env_len, "A", 10);
+    /* A read's reply waits for a->last_seq: it must not be the failed write. */
+    cr_expect(!actor_write_failed(a, a->last_seq),
+              "a read after the failure would carry the failure (last_seq %llu)",
+              (unsigned long long)a->last_seq);
+    cr_expect_leq(a->last_seq, sh->decided, "a read after the failure would wait");
+    expect_stored_env(a->id, "A", 10);
+}
+
+/* Run the loop for ms. */
+static void
+run_for(int64_t ms)
+{
+    sbx_loop_timer(sh->loop, ms, stop_cb, NULL);
+    sbx_loop_run(sh->loop);
+}
+
+Test(gate, a_rewrite_that_fails_is_tried_again_until_the_undone_write_is_gone)
+{
+    struct actor *a = actor_get(sh, "gate-c", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+    /* Acknowledged: {A: 100 KB}, a record the rewrite needs room for. */
+    uint64_t s1 = write_env(a, "A", 100000);
+    cr_assert_eq(sbx_store_wait(sh->store, s1), 0);
+    drain();
+
+    /* N fails, N+1 (small) commits; then another key fills the map, so
+     * that the rewrite of {A} queued when N's failure is handled fails. */
+    uint64_t n = write_env(a, "BIG", 2u << 20);
+    uint64_t n1 = write_env(a, "B", 10);
+    cr_assert_eq(sbx_store_wait(sh->store, n), SBX_E_STORAGE_FULL);
+    cr_assert_eq(sbx_store_wait(sh->store, n1), 0);
+    /* Values of 4 KiB until one does not fit, then of 256 and 16 bytes. */
+    static const size_t sizes[] = {4096, 256, 16};
+    static char val[4096];
+    char k[32];
+    int filled = 0;
+    for (size_t z = 0; z < SBX_ARRAY_LEN(sizes); z++) {
+        for (;;) {
+            cr_assert_lt(filled, 20000, "the map never filled");
+            snprintf(k, sizeof(k), "fill-%05d", filled);
+            uint64_t s = sbx_store_put(sh->store, SBX_DB_META, k, strlen(k), val, sizes[z]);
+            if (sbx_store_wait(sh->store, s) != 0)
+                break;
+            filled++;
+        }
+    }
+    drain();
+    uint64_t w = a->last_seq > n1 ? a->last_seq : 0;
+    cr_assert_gt(w, 0u, "no rewrite after the undone write committed");
+    cr_assert_lt(sbx_store_wait(sh->store, w), 0, "the rewrite fitted: the scenario needs it "
+                                                  "to fail");
+    drain();
+    expect_stored_env(a->id, "B", 10); /* the undone write, still */
+
+    /* Space again: within a few retries LMDB holds the acknowledged record. */
+    for (int i = 0; i < filled; i++) {
+        snprintf(k, sizeof(k), "fill-%05d", i);
+        sbx_store_wait(sh->store, sbx_store_del(sh->store, SBX_DB_META, k, strlen(k)));
+    }
+    for (int i = 0; i < 300 && !stored_env_is(a->id, "A", 100000); i++)
+        run_for(100); /* the retry comes once a second; a loaded machine may take longer */
+    expect_stored_env(a->id, "A", 100000);
+    expect_env("in memory", a->rec.env, a->rec.env_len, "A", 100000);
+}
