@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Fault-injection history test (issue 11; docs/cluster.md, "Fault-injection
+history test").
+
+    tests/faults/faults.py [--events N] [--faults kill,stop,fill] [--clients C]
+                           [--keys K] [--seed S] [--history FILE]
+
+Starts a private deployment (`sbxd dev` from $SBX_BIN), runs C client
+threads against it that record every operation as invoke -> ok / fail /
+unknown with wall-clock times, injects N fault events one after another,
+lets the deployment recover, reads every key a last time, stops everything
+it started, and checks the history (checker.py: Wing & Gong with Lowe's
+memoization, per key).  Prints its figures; exit status 0 only if there was
+no violation (1: violations, 2: the run itself failed).
+
+Workload, per key (a sandbox named fx-<run>-<slot>-<generation>):
+  write   sandbox.configure {sleepAfter: v}, v unique per key (seconds)
+  read    status -> sleepAfter (SANDBOX_NOT_FOUND: absent)
+  create  create -> created flag;  destroy -> destroyed flag
+  exec    a sessionless exec with request id R (the Idempotency-Key):
+          a shell whose command line carries R and which waits (<= 5 s)
+          until the test has seen it (see ExecWatch); execs create the
+          sandbox on first use, so they are `touch` ops of the register.
+Outcomes: HTTP < 400 ok; SHARD_UNAVAILABLE, timeouts, lost connections,
+INTERNAL_ERROR, OPERATION_INTERRUPTED unknown; other codes fail (for exec:
+unknown as far as the register goes, it may have created the sandbox).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+import uuid
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import checker  # noqa: E402
+from checker import DEFAULT, FAIL, INF, OK, UNKNOWN, Op  # noqa: E402
+from dev import DevDeployment  # noqa: E402
+from sbx_sandbox import SbxClient, errors  # noqa: E402
+
+UNKNOWN_CODES = {"REQUEST_TIMEOUT", "SHARD_UNAVAILABLE", "GATEWAY_UNAVAILABLE",
+                 "INVALID_RESPONSE", "INTERNAL_ERROR", "OPERATION_INTERRUPTED"}
+DEFAULT_SLEEP_MS = 600000  # a new sandbox's sleepAfter (protocol.md, configure)
+KEY_OPS = 40               # ops on a key before its slot moves to a new key
+MARK = re.compile(rb"fxR-([0-9a-f]{32})")
+
+
+def say(*a) -> None:
+    print(f"[faults {time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+class ExecWatch(threading.Thread):
+    """Sees every execution of the test's exec commands on this host.
+
+    Each exec runs ``/bin/sh -c ': fxR-<R>; wait for /tmp/fxR-<R>'`` in the
+    sandbox.  This thread scans /proc every 50 ms for such shells, records
+    each one (host pid, start time) under R, and then creates /tmp/fxR-<R>
+    in that process's root (/proc/<pid>/root) so it ends.  Two executions
+    of one R are a request id run twice.  A log inside the sandbox would not
+    do: /workspace and /tmp die with the container, and the interesting
+    double executions are the retries after a shard (and its containers)
+    restarted; the host sees every execution, whichever container ran it.
+    """
+
+    def __init__(self, ids: set) -> None:
+        super().__init__(daemon=True)
+        self.ids = ids  # request ids this run issued (read only here)
+        self.seen: Dict[str, set] = collections.defaultdict(set)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            self.scan()
+
+    def scan(self) -> None:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cl = f.read()
+            except OSError:
+                continue
+            if not cl.startswith(b"/bin/sh\0-c\0: fxR-"):
+                continue
+            m = MARK.search(cl)
+            if not m:
+                continue
+            r = m.group(1).decode()
+            if r not in self.ids:
+                continue
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    st = f.read()
+                start = int(st[st.rfind(b")") + 2:].split()[19])
+            except (OSError, ValueError, IndexError):
+                continue
+            with self.lock:
+                self.seen[r].add((int(d), start))
+            try:
+                with open(f"/proc/{d}/root/tmp/fxR-{r}", "wb"):
+                    pass
+            except OSError:
+                pass
+
+
+class Run:
+    """Shared state of the client threads (the history, keys, counters)."""
+
+    def __init__(self, url: str, nkeys: int, seed: int) -> None:
+        self.url = url
+        self.tag = uuid.uuid4().hex[:6]
+        self.lock = threading.Lock()
+        self.history: List[Op] = []
+        self.slots = [{"gen": 0, "ops": 0, "val": 0} for _ in range(nkeys)]
+        self.keys: set = set()
+        self.exec_ids: set = set()
+        self.retry: List[tuple] = []  # (key, request id) of execs that ended unknown
+        self.stop = threading.Event()
+        self.seed = seed
+        self.t0 = time.time()
+
+    def key_for(self, slot: int) -> str:
+        with self.lock:
+            s = self.slots[slot]
+            s["ops"] += 1
+            if s["ops"] > KEY_OPS:
+                s["gen"] += 1
+                s["ops"] = 1
+                s["val"] = 0
+            k = f"fx-{self.tag}-{slot}-{s['gen']}"
+            self.keys.add(k)
+            return k
+
+    def next_value(self, slot: int) -> int:
+        with self.lock:
+            s = self.slots[slot]
+            s["val"] += 1
+            v = s["val"] + 1  # seconds: 2, 3, ... (sleepAfter >= 1 s)
+            if v * 1000 == DEFAULT_SLEEP_MS:
+                s["val"] += 1
+                v += 1
+            return v
+
+    def record(self, op: Op) -> None:
+        with self.lock:
+            op.idx = len(self.history)
+            self.history.append(op)
+
+
+def outcome(e: Exception) -> tuple:
+    if isinstance(e, errors.SandboxError):
+        return (UNKNOWN if e.code in UNKNOWN_CODES else FAIL), e.code
+    return UNKNOWN, type(e).__name__
+
+
+def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
+          rid: Optional[str] = None) -> Op:
+    """Run one operation and record it."""
+    t = cli._t
+    op = Op(key, client, f, value, None, OK, time.time() - run.t0, INF)
+    path = t.path("v1", "sandboxes", key)
+    try:
+        if f == "write":
+            t.send("POST", path + "/sandbox.configure",
+                   json.dumps({"sleepAfter": value}).encode(), operation="sandbox.configure")
+        elif f == "read":
+            try:
+                r = t.send("POST", path + "/status", b"{}", operation="status").json()
+                ms = r["sandbox"]["sleepAfter"]
+                op.out = DEFAULT if ms == DEFAULT_SLEEP_MS else ms // 1000
+            except errors.SandboxError as e:
+                if e.code != "SANDBOX_NOT_FOUND":
+                    raise
+                op.out = None
+        elif f == "create":
+            op.out = bool(t.send("POST", path + "/create", b"{}", operation="create")
+                          .json().get("created"))
+        elif f == "destroy":
+            op.out = bool(t.send("DELETE", path, operation="destroy").json().get("destroyed"))
+        elif f == "touch":
+            cmd = (f": fxR-{rid}; i=0; while [ ! -e /tmp/fxR-{rid} ] && [ $i -lt 100 ]; "
+                   f"do sleep 0.05; i=$((i+1)); done")
+            t.send("POST", path + "/exec",
+                   json.dumps({"argv": ["/bin/sh", "-c", cmd], "sessionless": True,
+                               "timeout": 20000}).encode(), operation="exec", key=rid)
+            op.arg = rid
+        op.complete = time.time() - run.t0
+    except Exception as e:  # noqa: BLE001 - every failure is an outcome
+        op.status, op.note = outcome(e)
+        if op.status == OK:
+            op.complete = time.time() - run.t0
+        if f == "touch":
+            op.arg = rid
+            if op.status == FAIL:
+                op.status, op.note = UNKNOWN, op.note + " (exec: may have created)"
+    if op.status == UNKNOWN:
+        op.complete = INF
+    op.note = op.note or ""
+    op.end = time.time() - run.t0  # when the client gave up or got the answer
+    run.record(op)
+    return op
+
+
+def client_loop(run: Run, client: int, nslots: int) -> None:
+    rng = random.Random(run.seed * 1000 + client)
+    cli = SbxClient(run.url, timeout=30, retries=3, backoff=0.1, backoff_max=1.0)
+    my = [client % nslots, (client + 1) % nslots]
+    try:
+        while not run.stop.is_set():
+            slot = rng.choice(my)
+            key = run.key_for(slot)
+            x = rng.random()
+            if x < 0.38:
+                do_op(run, cli, client, key, "write", run.next_value(slot))
+            elif x < 0.78:
+                do_op(run, cli, client, key, "read")
+            elif x < 0.83:
+                do_op(run, cli, client, key, "create")
+            elif x < 0.88:
+                do_op(run, cli, client, key, "destroy")
+            else:
+                with run.lock:
+                    again = run.retry.pop() if run.retry and rng.random() < 0.5 else None
+                if again:  # the same request id once more, later (after a restart)
+                    key, rid = again
+                else:
+                    rid = uuid.uuid4().hex
+                with run.lock:
+                    run.exec_ids.add(rid)
+                op = do_op(run, cli, client, key, "touch", rid=rid)
+                if op.status == UNKNOWN and not again:
+                    with run.lock:
+                        run.retry.append((key, rid))
+    finally:
+        cli.close()
+
+
+def wait_healthy(url: str, seconds: float) -> bool:
+    cli = SbxClient(url, timeout=5, retries=0)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            try:
+                st = cli.cluster_status()
+                shards = st.get("shards") or []
+                if shards and all(s.get("health") == "ok" for s in shards):
+                    return True
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(0.2)
+        return False
+    finally:
+        cli.close()
+
+
+def inject(dep, kinds: List[str], events: int, rng: random.Random,
+           counts: collections.Counter, stop: threading.Event) -> None:
+    for n in range(events):
+        if stop.is_set() or not dep.alive():
+            return
+        time.sleep(rng.uniform(0.3, 1.2))
+        kind = rng.choice(kinds)
+        if kind == "kill":
+            what = dep.kill_shard(rng)
+        elif kind == "stop":
+            what = dep.stop_shard(rng, rng.uniform(0.3, 3.0))
+        elif kind == "fill":
+            what = dep.fill_data(rng.uniform(0.5, 3.0))
+        else:
+            what = dep.fault(kind, rng) if hasattr(dep, "fault") else None
+        if what:
+            counts[kind] += 1
+            say(f"fault {n + 1}/{events}: {what}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--events", type=int, default=40)
+    ap.add_argument("--faults", default="kill,stop")
+    ap.add_argument("--clients", type=int, default=6)
+    ap.add_argument("--keys", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--tmpfs-mb", type=int, default=0,
+                    help="data directory on a tmpfs of this size (needed by the fill fault)")
+    ap.add_argument("--history", help="write the history (JSON lines) here")
+    a = ap.parse_args(argv)
+    kinds = a.faults.split(",")
+    if "fill" in kinds and not a.tmpfs_mb:
+        a.tmpfs_mb = 96
+    rng = random.Random(a.seed)
+    say(f"seed {a.seed}; {a.events} fault events of {kinds}; {a.clients} clients on "
+        f"{a.keys} key slots")
+    dep = None
+    watch = None
+    counts: collections.Counter = collections.Counter()
+    run = None
+    threads: List[threading.Thread] = []
+    died = None
+    leftovers = 0
+    try:
+        dep = DevDeployment(shards=a.shards, tmpfs_mb=a.tmpfs_mb, log=say)
+        say(f"sbxd dev {dep.name} at {dep.url}, data {dep.data}")
+        run = Run(dep.url, a.keys, a.seed)
+        watch = ExecWatch(run.exec_ids)
+        watch.start()
+        for c in range(a.clients):
+            th = threading.Thread(target=client_loop, args=(run, c, a.keys), daemon=True)
+            th.start()
+            threads.append(th)
+        inject(dep, kinds, a.events, rng, counts, run.stop)
+        if not dep.alive():
+            died = f"sbxd dev exited (status {dep.proc.poll()}) during the faults"
+            say(died)
+            say("log tail:\n" + dep.tail())
+        else:
+            for pid in list(dep.stopped):
+                dep.cont(pid)
+            if not wait_healthy(dep.url, 30):
+                died = "the deployment did not come back within 30 s after the last fault"
+                say(died)
+            time.sleep(2)
+        run.stop.set()
+        for th in threads:
+            th.join(timeout=90)
+        # A last read of every key, once nothing is in flight, by a client of its own.
+        if died is None:
+            cli = SbxClient(dep.url, timeout=30, retries=3, backoff=0.2)
+            for k in sorted(run.keys):
+                do_op(run, cli, a.clients, k, "read")
+            cli.close()
+        time.sleep(0.3)
+    except RuntimeError as e:
+        say(f"run failed: {e}")
+        return 2
+    finally:
+        if run is not None:
+            run.stop.set()
+        if watch is not None:
+            watch.stop.set()
+        if dep is not None:
+            # best effort: remove the sandboxes (stopping the daemon ends their containers too)
+            leftovers = dep.stop()
+    return report(run, watch, counts, died, leftovers, a)
+
+
+def report(run: Run, watch: ExecWatch, counts, died, leftovers, a) -> int:
+    h = run.history
+    if a.history:
+        with open(a.history, "w") as f:
+            for o in h:
+                f.write(json.dumps({"key": o.key, "client": o.client, "f": o.f, "arg": o.arg,
+                                    "out": o.out, "status": o.status, "invoke": o.invoke,
+                                    "complete": None if o.complete == INF else o.complete,
+                                    "note": o.note}) + "\n")
+    res = checker.check(h)
+    dbl = checker.double_executions({r: sorted(s) for r, s in watch.seen.items()})
+    by = collections.Counter((o.f, o.status) for o in h)
+    ok_exec = {o.arg for o in h if o.f == "touch" and o.status == OK}
+    unobserved = len([r for r in ok_exec if r not in watch.seen])
+    kinds = collections.Counter(v["kind"] for v in res["violations"])
+    kinds["double_execution"] = len(dbl)
+    print()
+    print("fault-injection history test: figures")
+    print(f"  seed {a.seed}, {len(run.keys)} keys, {len(h)} ops in {time.time() - run.t0:.0f} s")
+    tot = collections.Counter(o.status for o in h)
+    print(f"  ops: {tot[OK]} ok, {tot[FAIL]} fail, {tot[UNKNOWN]} unknown")
+    for f in ("write", "read", "create", "destroy", "touch"):
+        name = "exec" if f == "touch" else f
+        print(f"    {name:8} {by[(f, OK)]:6} ok {by[(f, FAIL)]:5} fail {by[(f, UNKNOWN)]:5} unknown")
+    codes = collections.Counter(o.note for o in h if o.status != OK)
+    if codes:
+        print("  errors: " + ", ".join(f"{c} {n}" for c, n in codes.most_common()))
+    print(f"  fault events: {sum(counts.values())} (" +
+          ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")")
+    print(f"  execs: {len(ok_exec)} acknowledged request ids, {len(watch.seen)} seen running, "
+          f"{unobserved} acknowledged but not seen")
+    print(f"  violations: lost_write {kinds['lost_write']}, stale_read {kinds['stale_read']}, "
+          f"resurrection {kinds['resurrection']}, double_execution {kinds['double_execution']}, "
+          f"not_linearizable {kinds['not_linearizable']}")
+    print(f"  undecided keys (search budget): {len(res['undecided'])}")
+    print(f"  deployment down: {died or 'no'}")
+    print(f"  processes of the deployment left after it stopped: {leftovers}")
+    for v in res["violations"]:
+        print(f"\nVIOLATION {v['kind']} on key {v['key']} at: {checker.format_op(v['op'])}")
+        for o in sorted(v["ops"], key=lambda o: o.invoke):
+            print("    " + checker.format_op(o))
+    for r, ex in dbl:
+        ops = [o for o in h if o.f == "touch" and o.arg == r]
+        print(f"\nVIOLATION double_execution: request id {r} ran {len(ex)} times "
+              f"(host pid, start ticks) {ex} on key {ops[0].key if ops else '?'}")
+        for o in ops:
+            print("    " + checker.format_op(o))
+    bad = sum(kinds.values()) + (1 if died else 0)
+    print(f"\nresult: {'FAIL' if bad else 'PASS'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
