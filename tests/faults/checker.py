@@ -212,6 +212,12 @@ def classify(ops: List[Op], bad: Op) -> str:
         return "not_linearizable"
     before = [o for o in ops if o.status == OK and o.complete < bad.invoke and o.f != "read"]
     last = max(before, key=lambda o: o.complete) if before else None
+    # a value written wholly before an acknowledged destroy that ended before the read
+    if bad.out not in (None, DEFAULT):
+        w = [o for o in ops if o.f == "write" and o.arg == bad.out]
+        if w and any(d.f == "destroy" and d.status == OK and w[0].status == OK
+                     and w[0].complete < d.invoke and d.complete < bad.invoke for d in ops):
+            return "resurrection"
     if bad.out is not None and last is not None and last.f == "destroy":
         if not any(o.f in ("write", "create", "touch") and o.status != FAIL
                    and o.invoke > last.invoke for o in ops if o is not bad):

@@ -66,6 +66,7 @@ def sweep_name(name: str) -> int:
     children must die with it)."""
     tag_cg = f"/{name}-s".encode()
     tag_cmd = f"--name={name}-s".encode()
+    tag_arg = f"\0{name}-s".encode()  # `--name NAME-sN` as two arguments
     me = os.getpid()
     left = []
     for d in os.listdir("/proc"):
@@ -77,7 +78,8 @@ def sweep_name(name: str) -> int:
                 cg = f.read()
         except OSError:
             continue
-        if tag_cg in cg or tag_cmd in cmdline(pid):
+        cl = cmdline(pid)
+        if tag_cg in cg or tag_cmd in cl or tag_arg in cl:
             left.append(pid)
     for pid in left:
         try:

@@ -34,6 +34,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -50,6 +51,8 @@ from sbx_sandbox import SbxClient, errors  # noqa: E402
 
 UNKNOWN_CODES = {"REQUEST_TIMEOUT", "SHARD_UNAVAILABLE", "GATEWAY_UNAVAILABLE",
                  "INVALID_RESPONSE", "INTERNAL_ERROR", "OPERATION_INTERRUPTED"}
+RESEND_CODES = {"REQUEST_TIMEOUT", "SHARD_UNAVAILABLE", "GATEWAY_UNAVAILABLE",
+                "INVALID_RESPONSE", "INTERNAL_ERROR", "RemoteDisconnected", "TimeoutError"}
 DEFAULT_SLEEP_MS = 600000  # a new sandbox's sleepAfter (protocol.md, configure)
 KEY_OPS = 40               # ops on a key before its slot moves to a new key
 MARK = re.compile(rb"fxR-([0-9a-f]{32})")
@@ -62,11 +65,12 @@ def say(*a) -> None:
 class ExecWatch(threading.Thread):
     """Sees every execution of the test's exec commands on this host.
 
-    Each exec runs ``/bin/sh -c ': fxR-<R>; wait for /tmp/fxR-<R>'`` in the
-    sandbox.  This thread scans /proc every 50 ms for such shells, records
-    each one (host pid, start time) under R, and then creates /tmp/fxR-<R>
-    in that process's root (/proc/<pid>/root) so it ends.  Two executions
-    of one R are a request id run twice.  A log inside the sandbox would not
+    Each exec runs ``/bin/sh -c 'trap "exit 0" USR1; : fxR-<R>; sleep up
+    to 5 s'`` in the sandbox.  This thread scans /proc every 50 ms for such
+    shells (not their forked children, which carry the same command line
+    until they exec), records each one (host pid, start time) under R, and
+    then sends it SIGUSR1 so it ends.  Two executions of one R are a request
+    id run twice.  A log inside the sandbox would not
     do: /workspace and /tmp die with the container, and the interesting
     double executions are the retries after a shard (and its containers)
     restarted; the host sees every execution, whichever container ran it.
@@ -92,7 +96,7 @@ class ExecWatch(threading.Thread):
                     cl = f.read()
             except OSError:
                 continue
-            if not cl.startswith(b"/bin/sh\0-c\0: fxR-"):
+            if not cl.startswith(b"/bin/sh\0-c\0trap") or b"fxR-" not in cl:
                 continue
             m = MARK.search(cl)
             if not m:
@@ -103,14 +107,17 @@ class ExecWatch(threading.Thread):
             try:
                 with open(f"/proc/{d}/stat", "rb") as f:
                     st = f.read()
-                start = int(st[st.rfind(b")") + 2:].split()[19])
+                fields = st[st.rfind(b")") + 2:].split()
+                start, ppid = int(fields[19]), int(fields[1])
+                with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                    if f.read() == cl:
+                        continue  # a fork of the shell (for `sleep`), not an execution
             except (OSError, ValueError, IndexError):
                 continue
             with self.lock:
                 self.seen[r].add((int(d), start))
             try:
-                with open(f"/proc/{d}/root/tmp/fxR-{r}", "wb"):
-                    pass
+                os.kill(int(d), signal.SIGUSR1)
             except OSError:
                 pass
 
@@ -190,7 +197,7 @@ def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
         elif f == "destroy":
             op.out = bool(t.send("DELETE", path, operation="destroy").json().get("destroyed"))
         elif f == "touch":
-            cmd = (f": fxR-{rid}; i=0; while [ ! -e /tmp/fxR-{rid} ] && [ $i -lt 100 ]; "
+            cmd = (f"trap 'exit 0' USR1; : fxR-{rid}; i=0; while [ $i -lt 100 ]; "
                    f"do sleep 0.05; i=$((i+1)); done")
             t.send("POST", path + "/exec",
                    json.dumps({"argv": ["/bin/sh", "-c", cmd], "sessionless": True,
@@ -240,7 +247,9 @@ def client_loop(run: Run, client: int, nslots: int) -> None:
                 with run.lock:
                     run.exec_ids.add(rid)
                 op = do_op(run, cli, client, key, "touch", rid=rid)
-                if op.status == UNKNOWN and not again:
+                # re-sent only when the outcome is truly unknown (not after a
+                # definite OPERATION_INTERRUPTED: a destroy ended it)
+                if op.status == UNKNOWN and op.note in RESEND_CODES and not again:
                     with run.lock:
                         run.retry.append((key, rid))
     finally:
@@ -267,7 +276,8 @@ def wait_healthy(url: str, seconds: float) -> bool:
 
 def inject(dep, kinds: List[str], events: int, rng: random.Random,
            counts: collections.Counter, stop: threading.Event) -> None:
-    for n in range(events):
+    n = 0
+    while n < events:  # a fault with no target (a shard restarting) is tried again
         if stop.is_set() or not dep.alive():
             return
         time.sleep(rng.uniform(0.3, 1.2))
@@ -276,28 +286,38 @@ def inject(dep, kinds: List[str], events: int, rng: random.Random,
             what = dep.kill_shard(rng)
         elif kind == "stop":
             what = dep.stop_shard(rng, rng.uniform(0.3, 3.0))
+        elif kind == "none":  # a control run: the same pacing, no fault
+            what = "no fault"
         elif kind == "fill":
             what = dep.fill_data(rng.uniform(0.5, 3.0))
         else:
             what = dep.fault(kind, rng) if hasattr(dep, "fault") else None
         if what:
+            n += 1
             counts[kind] += 1
-            say(f"fault {n + 1}/{events}: {what}")
+            say(f"fault {n}/{events}: {what}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=40)
-    ap.add_argument("--faults", default="kill,stop")
+    ap.add_argument("--cluster", action="store_true",
+                    help="a 3-node cluster with a 3-member etcd (cluster.py) instead of sbxd dev")
+    ap.add_argument("--faults", default=None,
+                    help="comma-separated fault kinds (default dev: kill,stop; cluster: "
+                         "kill,stop,etcd-stop,etcd-leader,proxy,drain)")
     ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--keys", type=int, default=6)
     ap.add_argument("--seed", type=int, default=int(time.time()))
-    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--shards", type=int, default=0, help="default dev 2, cluster 3")
     ap.add_argument("--tmpfs-mb", type=int, default=0,
                     help="data directory on a tmpfs of this size (needed by the fill fault)")
     ap.add_argument("--history", help="write the history (JSON lines) here")
     a = ap.parse_args(argv)
+    if a.faults is None:
+        a.faults = "kill,stop,etcd-stop,etcd-leader,proxy,drain" if a.cluster else "kill,stop"
     kinds = a.faults.split(",")
+    a.shards = a.shards or (3 if a.cluster else 2)
     if "fill" in kinds and not a.tmpfs_mb:
         a.tmpfs_mb = 96
     rng = random.Random(a.seed)
@@ -311,8 +331,14 @@ def main(argv=None) -> int:
     died = None
     leftovers = 0
     try:
-        dep = DevDeployment(shards=a.shards, tmpfs_mb=a.tmpfs_mb, log=say)
-        say(f"sbxd dev {dep.name} at {dep.url}, data {dep.data}")
+        if a.cluster:
+            from cluster import ClusterDeployment
+            dep = ClusterDeployment(shards=a.shards, log=say)
+            say(f"cluster {dep.name}: 3 etcd members, {a.shards} shards, gateway {dep.url}, "
+                f"files {dep.root}")
+        else:
+            dep = DevDeployment(shards=a.shards, tmpfs_mb=a.tmpfs_mb, log=say)
+            say(f"sbxd dev {dep.name} at {dep.url}, data {dep.data}")
         run = Run(dep.url, a.keys, a.seed)
         watch = ExecWatch(run.exec_ids)
         watch.start()
@@ -322,7 +348,7 @@ def main(argv=None) -> int:
             threads.append(th)
         inject(dep, kinds, a.events, rng, counts, run.stop)
         if not dep.alive():
-            died = f"sbxd dev exited (status {dep.proc.poll()}) during the faults"
+            died = f"the deployment's front ended during the faults"
             say(died)
             say("log tail:\n" + dep.tail())
         else:
@@ -399,7 +425,9 @@ def report(run: Run, watch: ExecWatch, counts, died, leftovers, a) -> int:
             print("    " + checker.format_op(o))
     for r, ex in dbl:
         ops = [o for o in h if o.f == "touch" and o.arg == r]
+        first = sorted(ops, key=lambda o: o.invoke)[0] if ops else None
         print(f"\nVIOLATION double_execution: request id {r} ran {len(ex)} times "
+              f"(first attempt: {first.status if first else '?'} {first.note if first else ''}) "
               f"(host pid, start ticks) {ex} on key {ops[0].key if ops else '?'}")
         for o in ops:
             print("    " + checker.format_op(o))

@@ -104,6 +104,15 @@ class Lifecycle(unittest.TestCase):
         res = check(h)
         self.assertEqual([v["kind"] for v in res["violations"]], ["resurrection"])
 
+    def test_resurrection_while_an_exec_recreates(self):
+        # the shape the smoke run found: destroy acked, an exec re-creates the
+        # sandbox, and a read sees the value written before the destroy
+        h = [W(0, 0, 1, 11), D(0, 2, 3, True), R(0, 4, 5, None), T(0, 6, 20), R(1, 10, 11, 11)]
+        res = check(h)
+        self.assertEqual([v["kind"] for v in res["violations"]], ["resurrection"])
+        h[4] = R(1, 10, 11, DEFAULT)
+        self.assertEqual(check(h)["violations"], [])
+
     def test_destroy_then_create_gives_default(self):
         h = [W(0, 0, 1, 1), D(0, 2, 3, True), C(0, 4, 5, True), R(1, 6, 7, DEFAULT)]
         self.assertTrue(linearizable(h))
