@@ -330,6 +330,7 @@ def main(argv=None) -> int:
     threads: List[threading.Thread] = []
     died = None
     leftovers = 0
+    counts_proxy: collections.Counter = collections.Counter()
     try:
         if a.cluster:
             from cluster import ClusterDeployment
@@ -379,10 +380,12 @@ def main(argv=None) -> int:
         if dep is not None:
             # best effort: remove the sandboxes (stopping the daemon ends their containers too)
             leftovers = dep.stop()
-    return report(run, watch, counts, died, leftovers, a)
+            if getattr(dep, "proxy", None) is not None:
+                counts_proxy.update(dep.proxy.counts)
+    return report(run, watch, counts, died, leftovers, a, counts_proxy)
 
 
-def report(run: Run, watch: ExecWatch, counts, died, leftovers, a) -> int:
+def report(run: Run, watch: ExecWatch, counts, died, leftovers, a, proxy) -> int:
     h = run.history
     if a.history:
         with open(a.history, "w") as f:
@@ -411,6 +414,8 @@ def report(run: Run, watch: ExecWatch, counts, died, leftovers, a) -> int:
         print("  errors: " + ", ".join(f"{c} {n}" for c, n in codes.most_common()))
     print(f"  fault events: {sum(counts.values())} (" +
           ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + ")")
+    if proxy:
+        print("  etcd proxy: " + ", ".join(f"{k} {n}" for k, n in sorted(proxy.items())))
     print(f"  execs: {len(ok_exec)} acknowledged request ids, {len(watch.seen)} seen running, "
           f"{unobserved} acknowledged but not seen")
     print(f"  violations: lost_write {kinds['lost_write']}, stale_read {kinds['stale_read']}, "
