@@ -123,17 +123,21 @@ class DevDeployment:
         self.stopped: set = set()  # pids we sent SIGSTOP and not yet SIGCONT
         self.proc: Optional[subprocess.Popen] = None
         self.logf = open(os.path.join(self.root, "sbxd.log"), "wb")
-        if tmpfs_mb:
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m,mode=0755",
-                            "sbx-fx", self.data], check=True)
-            self.mounted = True
-        self.proc = subprocess.Popen(
-            [sbx_bin("sbxd"), "dev", "--data", self.data, "--listen",
-             f"ipc://{self.root}/gw.sock", "--name", self.name, "--http", "127.0.0.1:0",
-             "--shards", str(shards), "--pool", "1"],
-            stdout=self.logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-        self.url = self._wait_ready()
+        try:
+            if tmpfs_mb:
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m,mode=0755",
+                                "sbx-fx", self.data], check=True)
+                self.mounted = True
+            self.proc = subprocess.Popen(
+                [sbx_bin("sbxd"), "dev", "--data", self.data, "--listen",
+                 f"ipc://{self.root}/gw.sock", "--name", self.name, "--http", "127.0.0.1:0",
+                 "--shards", str(shards), "--pool", "1"],
+                stdout=self.logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+            self.url = self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_ready(self) -> str:
         deadline = time.monotonic() + 30

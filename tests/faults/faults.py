@@ -62,6 +62,10 @@ def say(*a) -> None:
     print(f"[faults {time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
+class Interrupted(Exception):
+    """SIGTERM or the run's time limit."""
+
+
 class ExecWatch(threading.Thread):
     """Sees every execution of the test's exec commands on this host.
 
@@ -215,7 +219,6 @@ def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
     if op.status == UNKNOWN:
         op.complete = INF
     op.note = op.note or ""
-    op.end = time.time() - run.t0  # when the client gave up or got the answer
     run.record(op)
     return op
 
@@ -313,7 +316,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tmpfs-mb", type=int, default=0,
                     help="data directory on a tmpfs of this size (needed by the fill fault)")
     ap.add_argument("--history", help="write the history (JSON lines) here")
+    ap.add_argument("--max-seconds", type=int, default=0,
+                    help="end the run (exit 2, after cleaning up) after this long "
+                         "(default: 12 s per event + 180 s)")
     a = ap.parse_args(argv)
+
+    def interrupted(signum, frame):
+        raise Interrupted(f"signal {signum}")
+    # SIGTERM (an outer timeout), SIGINT and the run's own limit still clean up
+    # (SIGCONT, umount, kill by pid) through the finally below.
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGALRM, interrupted)
+    signal.alarm(a.max_seconds or a.events * 12 + 180)
     if a.faults is None:
         a.faults = "kill,stop,etcd-stop,etcd-leader,proxy,drain" if a.cluster else "kill,stop"
     kinds = a.faults.split(",")
@@ -369,16 +383,18 @@ def main(argv=None) -> int:
                 do_op(run, cli, a.clients, k, "read")
             cli.close()
         time.sleep(0.3)
-    except RuntimeError as e:
-        say(f"run failed: {e}")
+    except (RuntimeError, Interrupted, KeyboardInterrupt) as e:
+        say(f"run failed: {type(e).__name__}: {e}")
         return 2
     finally:
         if run is not None:
             run.stop.set()
         if watch is not None:
             watch.stop.set()
+        signal.alarm(0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
         if dep is not None:
-            # best effort: remove the sandboxes (stopping the daemon ends their containers too)
+            # stopping the deployment ends its sandboxes' containers too
             leftovers = dep.stop()
             if getattr(dep, "proxy", None) is not None:
                 counts_proxy.update(dep.proxy.counts)
