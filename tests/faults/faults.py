@@ -18,7 +18,7 @@ Workload, per key (a sandbox named fx-<run>-<slot>-<generation>):
   read    status -> sleepAfter (SANDBOX_NOT_FOUND: absent)
   create  create -> created flag;  destroy -> destroyed flag
   exec    a sessionless exec with request id R (the Idempotency-Key):
-          a shell whose command line carries R and which waits (<= 5 s)
+          a process whose command line carries R and which waits (<= 5 s)
           until the test has seen it (see ExecWatch); execs create the
           sandbox on first use, so they are `touch` ops of the register.
 Outcomes: HTTP < 400 ok; SHARD_UNAVAILABLE, timeouts, lost connections,
@@ -69,12 +69,14 @@ class Interrupted(Exception):
 class ExecWatch(threading.Thread):
     """Sees every execution of the test's exec commands on this host.
 
-    Each exec runs ``/bin/sh -c 'trap "exit 0" USR1; : fxR-<R>; sleep up
-    to 5 s'`` in the sandbox.  This thread scans /proc every 50 ms for such
-    shells (not their forked children, which carry the same command line
-    until they exec), records each one (host pid, start time) under R, and
-    then sends it SIGUSR1 so it ends.  Two executions of one R are a request
-    id run twice.  A log inside the sandbox would not
+    Each exec runs ``/bin/bash -c 'exec -a fxR-<R> sleep 5'`` in the
+    sandbox: one process, no fork, whose command line carries R before and
+    after its exec (a shell loop would fork children that carry the shell's
+    command line until they exec, and an orphaned one looks like a second
+    run).  This thread scans /proc every 50 ms for such processes, records
+    each (host pid, start time) under R, and sends it SIGUSR1 so it ends at
+    once (exit status 138: still an acknowledged exec).  Two executions of
+    one R are a request id run twice.  A log inside the sandbox would not
     do: /workspace and /tmp die with the container, and the interesting
     double executions are the retries after a shard (and its containers)
     restarted; the host sees every execution, whichever container ran it.
@@ -100,7 +102,7 @@ class ExecWatch(threading.Thread):
                     cl = f.read()
             except OSError:
                 continue
-            if not cl.startswith(b"/bin/sh\0-c\0trap") or b"fxR-" not in cl:
+            if not (cl.startswith(b"fxR-") or cl.startswith(b"/bin/bash\0-c\0exec -a fxR-")):
                 continue
             m = MARK.search(cl)
             if not m:
@@ -111,11 +113,7 @@ class ExecWatch(threading.Thread):
             try:
                 with open(f"/proc/{d}/stat", "rb") as f:
                     st = f.read()
-                fields = st[st.rfind(b")") + 2:].split()
-                start, ppid = int(fields[19]), int(fields[1])
-                with open(f"/proc/{ppid}/cmdline", "rb") as f:
-                    if f.read() == cl:
-                        continue  # a fork of the shell (for `sleep`), not an execution
+                start = int(st[st.rfind(b")") + 2:].split()[19])
             except (OSError, ValueError, IndexError):
                 continue
             with self.lock:
@@ -201,10 +199,9 @@ def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
         elif f == "destroy":
             op.out = bool(t.send("DELETE", path, operation="destroy").json().get("destroyed"))
         elif f == "touch":
-            cmd = (f"trap 'exit 0' USR1; : fxR-{rid}; i=0; while [ $i -lt 100 ]; "
-                   f"do sleep 0.05; i=$((i+1)); done")
             t.send("POST", path + "/exec",
-                   json.dumps({"argv": ["/bin/sh", "-c", cmd], "sessionless": True,
+                   json.dumps({"argv": ["/bin/bash", "-c", f"exec -a fxR-{rid} sleep 5"],
+                               "sessionless": True,
                                "timeout": 20000}).encode(), operation="exec", key=rid)
             op.arg = rid
         op.complete = time.time() - run.t0
