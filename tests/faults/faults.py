@@ -132,7 +132,8 @@ class Run:
         self.tag = uuid.uuid4().hex[:6]
         self.lock = threading.Lock()
         self.history: List[Op] = []
-        self.slots = [{"gen": 0, "ops": 0, "val": 0} for _ in range(nkeys)]
+        self.slots = [{"gen": 0, "ops": 0} for _ in range(nkeys)]
+        self.vals: Dict[str, int] = {}  # key -> last value handed out
         self.keys: set = set()
         self.exec_ids: set = set()
         self.retry: List[tuple] = []  # (key, request id) of execs that ended unknown
@@ -147,19 +148,18 @@ class Run:
             if s["ops"] > KEY_OPS:
                 s["gen"] += 1
                 s["ops"] = 1
-                s["val"] = 0
             k = f"fx-{self.tag}-{slot}-{s['gen']}"
             self.keys.add(k)
             return k
 
-    def next_value(self, slot: int) -> int:
+    def next_value(self, key: str) -> int:
+        """A value never written to ``key`` before: seconds 2, 3, ... (small:
+        it is the sandbox's sleepAfter; never the default)."""
         with self.lock:
-            s = self.slots[slot]
-            s["val"] += 1
-            v = s["val"] + 1  # seconds: 2, 3, ... (sleepAfter >= 1 s)
+            v = self.vals.get(key, 1) + 1
             if v * 1000 == DEFAULT_SLEEP_MS:
-                s["val"] += 1
                 v += 1
+            self.vals[key] = v
             return v
 
     def record(self, op: Op) -> None:
@@ -230,7 +230,7 @@ def client_loop(run: Run, client: int, nslots: int) -> None:
             key = run.key_for(slot)
             x = rng.random()
             if x < 0.38:
-                do_op(run, cli, client, key, "write", run.next_value(slot))
+                do_op(run, cli, client, key, "write", run.next_value(key))
             elif x < 0.78:
                 do_op(run, cli, client, key, "read")
             elif x < 0.83:
