@@ -233,7 +233,7 @@ soak: $(SOAK_BINS)
 # ---- fault-injection history test (issue 11) ----------------------------------------------
 # tests/faults/: client threads record every operation (invoke -> ok/fail/unknown) while
 # faults are injected; checker.py (Wing & Gong linearizability with Lowe's memoization)
-# decides.  docs/cluster.md, "Fault-injection history test".  Binaries: $$SBX_BIN if set
+# decides.  docs/cluster.md, "Fault-injection history test".  Binaries: $SBX_BIN if set
 # (tools/run-tests.sh sets the ASan build's), else the release build in bin/.
 #   make faults        FAULTS_EVENTS (300) events on `sbxd dev` (shard kill -9, SIGSTOP, a
 #                      data tmpfs that fills up), then as many on a 3-node cluster with a

@@ -47,6 +47,8 @@ class ClusterDeployment:
     kind = "cluster"
 
     def __init__(self, shards: int = 3, tmpfs_mb: int = 0, log=print) -> None:
+        if not os.access("/usr/bin/etcd", os.X_OK):
+            raise RuntimeError("/usr/bin/etcd is missing (tools/deps.sh installs etcd-server)")
         self.log = log
         self.name = "fx" + "".join(random.choice(string.ascii_lowercase) for _ in range(8))
         self.cluster = self.name
