@@ -1,6 +1,6 @@
 """A 3-node sbx cluster on loopback for the fault-injection history test:
-a 3-member etcd, an etcd proxy (etcdproxy.py) in front of member 0 that the
-shards try first, three `sbxd shard --etcd` and one `sbxd gateway`, each a
+a 3-member etcd, an etcd proxy (etcdproxy.py) in front of each member that
+the shards use (the gateway talks to etcd directly), three `sbxd shard --etcd` and one `sbxd gateway`, each a
 process of its own (no network namespaces: every address is 127.0.0.1 with
 its own port).  Same interface as dev.DevDeployment.
 
@@ -65,8 +65,11 @@ class ClusterDeployment:
         self.uid_base = 1000000000 + (h % 4096) * 4 * 65536
         self.etcd_ports = [(free_port(), free_port()) for _ in range(3)]
         self.etcd_urls = [f"http://127.0.0.1:{c}" for c, _ in self.etcd_ports]
-        self.proxy = Proxy("127.0.0.1", self.etcd_ports[0][0])
-        self.proxy.start()
+        # one proxy per member: a shard whose request failed moves on to the
+        # next endpoint, and with a single proxy it would stay off it
+        self.proxies = [Proxy("127.0.0.1", c) for c, _ in self.etcd_ports]
+        for p in self.proxies:
+            p.start()
         self.shard_ports = [(free_port(), free_port()) for _ in range(shards)]
         self.gw_port, self.http_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
@@ -119,8 +122,9 @@ class ClusterDeployment:
         c, r = self.shard_ports[i]
         d = os.path.join(self.root, f"s{i}")
         os.makedirs(d, exist_ok=True)
-        etcd = ",".join([f"http://127.0.0.1:{self.proxy.port}"] + self.etcd_urls[1:] +
-                        self.etcd_urls[:1])
+        # each shard starts at another member (through its proxy)
+        urls = [f"http://127.0.0.1:{p.port}" for p in self.proxies]
+        etcd = ",".join(urls[i % 3:] + urls[:i % 3])
         self.spawn(f"s{i}", [
             sbx_bin("sbxd"), "shard", "--name", f"{self.name}-s{i}",
             "--listen", f"tcp://127.0.0.1:{c}", "--data", d,
@@ -246,9 +250,11 @@ class ClusterDeployment:
             return f"kill -9 etcd leader m{i} pid {p.pid}, restarted"
         if kind == "proxy":
             s = rng.uniform(2.0, 6.0)
-            self.proxy.set_faults(delay=0.3, drop_request=0.1, drop_reply=0.1, duplicate=0.2)
+            for p in self.proxies:
+                p.set_faults(delay=0.3, drop_request=0.1, drop_reply=0.1, duplicate=0.2)
             time.sleep(s)
-            self.proxy.set_faults()
+            for p in self.proxies:
+                p.set_faults()
             return f"etcd proxy delays/drops/duplicates for {s:.1f} s"
         if kind == "drain":
             live = [i for i in range(len(self.shard_ports))]
@@ -270,7 +276,8 @@ class ClusterDeployment:
     def stop(self) -> int:
         for pid in list(self.stopped):
             self.cont(pid)
-        self.proxy.close()
+        for p in self.proxies:
+            p.close()
         order = ["g0"] + sorted(k for k in self.procs if k.startswith("s")) + \
             sorted(k for k in self.procs if k.startswith("etcd"))
         for k in order:

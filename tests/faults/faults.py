@@ -393,8 +393,8 @@ def main(argv=None) -> int:
         if dep is not None:
             # stopping the deployment ends its sandboxes' containers too
             leftovers = dep.stop()
-            if getattr(dep, "proxy", None) is not None:
-                counts_proxy.update(dep.proxy.counts)
+            for p in getattr(dep, "proxies", []):
+                counts_proxy.update(p.counts)
     return report(run, watch, counts, died, leftovers, a, counts_proxy)
 
 
