@@ -37,7 +37,7 @@ them anywhere after their invoke or leave them out.
 A key whose history is not linearizable is classified by its shortest
 non-linearizable prefix (cut at a completion time) and the operation that
 completes there (:func:`classify`): ``lost_write``, ``stale_read``,
-``resurrection`` or ``not_linearizable``.  :func:`double_executions` checks
+``resurrection``, ``failed_write_visible`` or ``not_linearizable``.  :func:`double_executions` checks
 the exec observations: a request id seen running more than once.
 
 Standard library only; ``python3 -m unittest tests/faults/test_checker.py``
@@ -177,7 +177,7 @@ def _prefix(ops: List[Op], t: float) -> List[Op]:
     outcome, ops pending at ``t`` become unknown, later ones are dropped."""
     out = []
     for o in ops:
-        if o.invoke > t:
+        if o.invoke > t or o.status == FAIL:  # failed ops are left out anyway
             continue
         if o.status == UNKNOWN or o.complete <= t:
             out.append(o)
@@ -210,6 +210,9 @@ def classify(ops: List[Op], bad: Op) -> str:
     ``bad`` (see the module doc)."""
     if bad.f != "read":
         return "not_linearizable"
+    if bad.out is not None and any(o.f == "write" and o.arg == bad.out and o.status == FAIL
+                                   for o in ops):
+        return "failed_write_visible"
     before = [o for o in ops if o.status == OK and o.complete < bad.invoke and o.f != "read"]
     last = max(before, key=lambda o: o.complete) if before else None
     # a value written wholly before an acknowledged destroy that ended before the read

@@ -207,8 +207,7 @@ def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
         op.complete = time.time() - run.t0
     except Exception as e:  # noqa: BLE001 - every failure is an outcome
         op.status, op.note = outcome(e)
-        if op.status == OK:
-            op.complete = time.time() - run.t0
+        op.complete = time.time() - run.t0  # (INF again below if unknown)
         if f == "touch":
             op.arg = rid
             if op.status == FAIL:
@@ -432,9 +431,12 @@ def report(run: Run, watch: ExecWatch, counts, died, leftovers, a, proxy) -> int
     print(f"  execs: {len(ok_exec)} acknowledged request ids, {len(watch.seen)} seen running, "
           f"{unobserved} acknowledged but not seen")
     print(f"  violations: lost_write {kinds['lost_write']}, stale_read {kinds['stale_read']}, "
-          f"resurrection {kinds['resurrection']}, double_execution {kinds['double_execution']}, "
+          f"resurrection {kinds['resurrection']}, "
+          f"failed_write_visible {kinds['failed_write_visible']}, "
+          f"double_execution {kinds['double_execution']}, "
           f"not_linearizable {kinds['not_linearizable']}")
-    print(f"  undecided keys (search budget): {len(res['undecided'])}")
+    print(f"  undecided keys (search budget): {len(res['undecided'])}"
+          + (f" ({', '.join(res['undecided'][:10])})" if res["undecided"] else ""))
     print(f"  deployment down: {died or 'no'}")
     print(f"  processes of the deployment left after it stopped: {leftovers}")
     for v in res["violations"]:

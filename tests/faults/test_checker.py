@@ -78,6 +78,19 @@ class Registers(unittest.TestCase):
         self.assertTrue(linearizable(h[:2] + [R(1, 4, 5, 1)]))
 
 
+    def test_a_failed_write_must_not_become_visible(self):
+        h = [W(0, 0, 1, 1), W(0, 2, 3, 2, status=FAIL), R(1, 4, 5, 2)]
+        self.assertEqual([v["kind"] for v in check(h)["violations"]], ["failed_write_visible"])
+
+    def test_a_failed_write_is_left_out_of_prefixes_too(self):
+        # the failed write's error arrives late (t=10); the read of its value
+        # at t=4 is the first violation, not the read of the old value after it
+        h = [W(0, 0, 1, 1), Op("k", 0, "write", 2, None, FAIL, 2, 10), R(1, 3, 4, 2),
+             R(1, 5, 6, 1)]
+        self.assertIs(first_violation(h), h[2])
+        self.assertEqual([v["kind"] for v in check(h)["violations"]], ["failed_write_visible"])
+
+
 class Unknown(unittest.TestCase):
     def test_unknown_write_may_take_effect_late_or_never(self):
         base = [W(0, 0, 1, 1), W(0, 2, 0, 2, status=UNKNOWN)]
