@@ -255,20 +255,25 @@ def client_loop(run: Run, client: int, nslots: int) -> None:
         cli.close()
 
 
-def wait_healthy(url: str, seconds: float) -> bool:
+def wait_healthy(url: str, seconds: float) -> Optional[str]:
+    """None once every shard the gateway knows answers health ``ok`` within
+    ``seconds``; else what the last cluster.status said (for the report)."""
     cli = SbxClient(url, timeout=5, retries=0)
     deadline = time.monotonic() + seconds
+    last = "no answer"
     try:
         while time.monotonic() < deadline:
             try:
                 st = cli.cluster_status()
                 shards = st.get("shards") or []
                 if shards and all(s.get("health") == "ok" for s in shards):
-                    return True
-            except Exception:  # noqa: BLE001
-                pass
+                    return None
+                last = "; ".join(f"{s.get('name')}: {s.get('health')} {s.get('error') or ''}"
+                                 for s in shards) or "no shards"
+            except Exception as e:  # noqa: BLE001
+                last = str(e)
             time.sleep(0.2)
-        return False
+        return last
     finally:
         cli.close()
 
@@ -365,15 +370,16 @@ def main(argv=None) -> int:
         else:
             for pid in list(dep.stopped):
                 dep.cont(pid)
-            if not wait_healthy(dep.url, 30):
-                died = "the deployment did not come back within 30 s after the last fault"
+            why = wait_healthy(dep.url, 30)
+            if why is not None:
+                died = f"the deployment did not come back within 30 s after the last fault ({why})"
                 say(died)
             time.sleep(2)
         run.stop.set()
         for th in threads:
             th.join(timeout=90)
         # A last read of every key, once nothing is in flight, by a client of its own.
-        if died is None:
+        if dep.alive():
             cli = SbxClient(dep.url, timeout=30, retries=3, backoff=0.2)
             for k in sorted(run.keys):
                 do_op(run, cli, a.clients, k, "read")
