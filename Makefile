@@ -232,6 +232,32 @@ soak: $(SOAK_BINS)
 	@SBX_BIN=bin bin/sbx-soak --seconds $(SOAK_SECONDS) --sandboxes $(SOAK_SANDBOXES)
 # ---- end of the reliability block -------------------------------------------------------
 
+# ---- fault-injection history test (issue 11) ----------------------------------------------
+# tests/faults/: client threads record every operation (invoke -> ok/fail/unknown) while
+# faults are injected; checker.py (Wing & Gong linearizability with Lowe's memoization)
+# decides.  docs/cluster.md, "Fault-injection history test".  Binaries: $SBX_BIN if set
+# (tools/run-tests.sh sets the ASan build's), else the release build in bin/.
+#   make faults        FAULTS_EVENTS (300) events on `sbxd dev` (shard kill -9, SIGSTOP, a
+#                      data tmpfs that fills up), then as many on a 3-node cluster with a
+#                      3-member etcd (tests/faults/cluster.py)
+#   make faults-smoke  the checker's unit tests, then FAULTS_SMOKE_EVENTS (40) shard kill -9 /
+#                      SIGSTOP events on `sbxd dev` (make test)
+FAULTS_EVENTS       ?= 300
+FAULTS_SMOKE_EVENTS ?= 40
+FAULTS_BINS := $(if $(SBX_BIN),,bin/sbxd bin/sbx bin/sbx-agent)
+FAULTS_ENV  := SBX_BIN=$(or $(SBX_BIN),$(CURDIR)/bin) PYTHONDONTWRITEBYTECODE=1
+.PHONY: faults faults-smoke
+faults-smoke: $(FAULTS_BINS)
+	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py
+	@$(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_SMOKE_EVENTS) --faults kill,stop
+faults: $(FAULTS_BINS)
+	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py
+	@rc=0; $(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_EVENTS) \
+	    --faults kill,stop,fill || rc=1; \
+	  $(FAULTS_ENV) python3 tests/faults/faults.py --cluster --events $(FAULTS_EVENTS) || rc=1; \
+	  exit $$rc
+# ---- end of the fault-injection block -------------------------------------------------------
+
 # ---- cluster tests and benchmark (issue 6 parts 6-7) -------------------------------------
 # tests/cluster/test_*.c are Criterion binaries with their own main()
 # (tests/cluster/cluster_main.c) that build a multi-host cluster on this machine

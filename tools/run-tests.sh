@@ -2,8 +2,8 @@
 # tools/run-tests.sh BUILD [unit|integration|all] — run the test binaries of
 # a build (build/asan) and print one summary line: "tests: N passed, N failed".
 # With `all` it then runs the SDK suites (sdk/*/run-tests.sh) and `make
-# fuzz-smoke` and `make valgrind` (each counted as one;
-# SBX_SKIP_RELIABILITY=1 skips the last two).
+# fuzz-smoke`, `make valgrind` and `make faults-smoke` (each counted as one;
+# SBX_SKIP_RELIABILITY=1 skips the last three).
 # Each binary is a Criterion suite; its own "Synthesis" line is kept in the
 # output.  Each runs under tools/watchdog.sh: one still running after
 # SBX_TEST_BINARY_TIMEOUT seconds (900) is reported as "HUNG: <binary>" with
@@ -65,9 +65,10 @@ if [ "$which" = all ]; then
   done
 fi
 # The reliability jobs of the Makefile's reliability block: short runs of the
-# fuzz targets (replaying tests/fuzz/corpus) and the valgrind scenario.
+# fuzz targets (replaying tests/fuzz/corpus) and the valgrind scenario; and
+# the short fault-injection history test (tests/faults, sbxd dev from $SBX_BIN).
 if [ "$which" = all ] && [ -z "${SBX_SKIP_RELIABILITY:-}" ]; then
-  for job in fuzz-smoke valgrind; do
+  for job in fuzz-smoke valgrind faults-smoke; do
     echo "== make $job"
     start=$(date +%s)
     if make --no-print-directory "$job" 2>&1; then
