@@ -485,6 +485,10 @@ finish_destroy(struct actor *a, struct sop *op)
     a->died = false;
     sbx_record_free(&a->rec);
     memset(&a->rec, 0, sizeof(a->rec));
+    /* The lifecycle settings cached from the record go with it: a sandbox
+     * created again under this ID starts from the deployment's defaults
+     * (tests/faults found sleepAfter coming back after a destroy). */
+    load_config(a);
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);

@@ -257,6 +257,32 @@ Test(lifecycle, an_open_log_stream_counts_as_activity, .timeout = 90)
     sbx_client_close(c);
 }
 
+Test(lifecycle, a_sandbox_created_again_after_destroy_has_the_default_settings)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("again");
+    tcall t = tc_call(c, "sandbox.configure", id,
+                      json_pack("{s:s,s:b}", "sleepAfter", "7s", "keepAlive", 1), 0);
+    tc_ok(t, "sandbox.configure");
+    tc_free(&t);
+    json_t *before = ts_status(c, id);
+    cr_expect_eq(jint(before, "sleepAfter"), 7000);
+    json_decref(before);
+    cr_assert_eq(sbx_destroy(c, id, NULL, NULL), 0);
+    /* A new sandbox under the same ID: nothing of the destroyed one's. */
+    char *out = tsh_out(c, id, "echo new");
+    cr_expect_str_eq(out, "new\n");
+    free(out);
+    json_t *after = ts_status(c, id);
+    cr_expect_eq(jint(after, "sleepAfter"), 600000,
+                 "the destroyed sandbox's sleepAfter came back: %lld",
+                 (long long)jint(after, "sleepAfter"));
+    cr_expect_eq(jbool(after, "keepAlive"), 0, "the destroyed sandbox's keepAlive came back");
+    json_decref(after);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
 Test(lifecycle, keep_alive_keeps_an_idle_sandbox_running_until_it_is_turned_off,
      .timeout = 90)
 {
