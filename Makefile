@@ -240,21 +240,26 @@ soak: $(SOAK_BINS)
 #   make faults        FAULTS_EVENTS (300) events on `sbxd dev` (shard kill -9, SIGSTOP, a
 #                      data tmpfs that fills up), then as many on a 3-node cluster with a
 #                      3-member etcd (tests/faults/cluster.py)
+#                      and FAULTS_SHARD_KILLS (200) random shard kills during container
+#                      creation that must leave nothing behind (test_shard_kill; make test: 40)
 #   make faults-smoke  the checker's unit tests, then FAULTS_SMOKE_EVENTS (40) shard kill -9 /
 #                      SIGSTOP events on `sbxd dev` (make test)
 FAULTS_EVENTS       ?= 300
 FAULTS_SMOKE_EVENTS ?= 40
+FAULTS_SHARD_KILLS  ?= 200
 FAULTS_BINS := $(if $(SBX_BIN),,bin/sbxd bin/sbx bin/sbx-agent)
 FAULTS_ENV  := SBX_BIN=$(or $(SBX_BIN),$(CURDIR)/bin) PYTHONDONTWRITEBYTECODE=1
 .PHONY: faults faults-smoke
 faults-smoke: $(FAULTS_BINS)
 	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py
 	@$(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_SMOKE_EVENTS) --faults kill,stop
-faults: $(FAULTS_BINS)
+faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py
 	@rc=0; $(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_EVENTS) \
 	    --faults kill,stop,fill || rc=1; \
 	  $(FAULTS_ENV) python3 tests/faults/faults.py --cluster --events $(FAULTS_EVENTS) || rc=1; \
+	  SBX_SHARD_KILLS=$(FAULTS_SHARD_KILLS) SBX_BIN=$(CURDIR)/build/asan/bin \
+	    build/asan/tests/integration/test_shard_kill --jobs 1 --timeout 1800 || rc=1; \
 	  exit $$rc
 # ---- end of the fault-injection block -------------------------------------------------------
 
