@@ -66,6 +66,17 @@ actor_maybe_free(struct actor *a)
     actor_release(a);
 }
 
+/* The last store write of sandbox id not yet decided (sh->pw_head), or NULL. */
+static const struct pwrite *
+queued_write(const struct shard *sh, const char *id)
+{
+    const struct pwrite *last = NULL;
+    for (const struct pwrite *w = sh->pw_head; w; w = w->next)
+        if (!strcmp(w->id, id))
+            last = w;
+    return last;
+}
+
 struct actor *
 actor_get(struct shard *sh, const char *id, bool load)
 {
@@ -85,15 +96,26 @@ actor_get(struct shard *sh, const char *id, bool load)
     char *val = NULL;
     size_t vn = 0;
     int rc = sbx_store_get(sh->store, SBX_DB_SANDBOXES, id, strlen(id), &val, &vn);
-    if (rc == 0) {
-        if (sbx_record_decode(val, vn, &a->rec) == 0) {
+    /* LMDB holds committed writes only: one of this sandbox still queued
+     * (a freed actor's, above all a destroy's delete) says what the record
+     * is, and a reply on it waits for that write (tests/faults found
+     * destroyed sandboxes coming back from LMDB before their delete committed). */
+    const struct pwrite *q = queued_write(sh, id);
+    const char *img = q ? q->img : val; /* NULL: no record */
+    size_t imglen = q ? q->len : vn;
+    if (q)
+        a->last_seq = q->seq;
+    if (rc == 0 || rc == -ENOENT) {
+        if (img && sbx_record_decode(img, imglen, &a->rec) == 0) {
             a->exists = true;
             load_config(a);
             /* No container survives a shard restart, whatever was recorded. */
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
-        } else {
+        } else if (img) {
             sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
         }
+    }
+    if (rc == 0) {
         a->durable = val; /* what the store holds: the output gate's fallback */
         a->durable_len = vn;
     } else if (rc != -ENOENT) {

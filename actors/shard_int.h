@@ -372,6 +372,12 @@ bool actor_write_failed(const struct actor *a, uint64_t seq);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);
+/* actor_get — the in-memory actor of sandbox id; with load, a new one if
+ * there is none, its record what the sandbox's last queued store write
+ * made (sh->pw_head) or else what LMDB holds (a destroy's delete may still
+ * be queued after its actor was freed), and its last_seq that write's.
+ * NULL: not in memory (!load), or the store could not be read.  The shard
+ * owns the actor. */
 struct actor *actor_get(struct shard *sh, const char *id, bool load);
 void actor_enqueue(struct actor *a, struct sop *op);
 /* actor_inflight — whether op has been sent to its actor's agent and waits
