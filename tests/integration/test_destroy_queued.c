@@ -1,5 +1,5 @@
 /*
- * test_tombstone.c — a destroyed sandbox stays destroyed (issue 11: "0
+ * test_destroy_queued.c — a destroyed sandbox stays destroyed (issue 11: "0
  * resurrections"): a request that reaches the shard while the destroy's
  * delete is still queued for LMDB must not load the record back from the
  * store, which holds committed writes only.
