@@ -412,6 +412,16 @@ dispatch(struct actor *a, struct sop *op)
                         (long long)op->req.timeout_ms);
         return;
     }
+    /* Its request id is recorded as begun before the agent gets it, and the
+     * input gate waits for that commit (actor_commit_continue): a retry after
+     * a crash mid-run finds it and does not run it twice (idem.c). */
+    uint64_t intent = idem_intent(op);
+    if (intent) {
+        a->gate = op;
+        a->cw_seq = intent;
+        shard_commit_wait(a);
+        return;
+    }
     op->tag = ++a->next_tag;
     op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */
@@ -419,6 +429,7 @@ dispatch(struct actor *a, struct sop *op)
         sbx_str_eq(op->req.op, "process.start")) {
         op->have_pre = sbx_container_stats(a->sh->spawner, &a->c, &op->pre) == 0;
     }
+    op->sent = true; /* from here it may run (a partly written frame counts) */
     int rc = agent_send(a, op->def->name, op->req.args, NULL, op->tag, op);
     if (rc) {
         shard_reply_err(op, rc, "could not reach the sandbox's agent");
@@ -936,7 +947,25 @@ actor_commit_continue(struct actor *a)
     a->gate = NULL;
     if (!op)
         return;
-    if (actor_write_failed(a, seq))
+    if (op->intent_seq && seq == op->intent_seq) {
+        /* Its intent (dispatch) is decided. */
+        int rc = sbx_store_wait(a->sh->store, seq);
+        if (rc)
+            shard_reply_err(op, rc == SBX_E_STORAGE_FULL ? rc : SBX_E_STORAGE,
+                            "the request could not be recorded before it ran (%s); it did not "
+                            "run, and a retry with the same request id runs it",
+                            sbx_err_message(rc));
+        else if (a->cs == C_RUNNING)
+            dispatch(a, op);
+        else {
+            /* The container went meanwhile: op goes first through handle()
+             * again (a start, or its error); its intent is written. */
+            op->next = a->mb_head;
+            a->mb_head = op;
+            if (!a->mb_tail)
+                a->mb_tail = op;
+        }
+    } else if (actor_write_failed(a, seq))
         shard_deliver_error(op, a->bad_code);
     else if (a->cs == C_RUNNING)
         dispatch(a, op);

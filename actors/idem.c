@@ -16,6 +16,14 @@
  *    Removing an entry from memory deletes it from LMDB (the store's writer
  *    applies the delete with its next batch), so the durable table has the
  *    same bounds and TTL.
+ *  - an *intent* (same key, value: the recording time then the one byte
+ *    IDEM_INTENT) is committed before an agent operation that is not a read
+ *    is sent to the agent (idem_intent; the actor's input gate waits for it),
+ *    and replaced by the reply when there is one (idem_persist).  An intent
+ *    with no reply — the shard was killed, or the container died, while the
+ *    operation ran — answers OPERATION_INTERRUPTED to every retry until it
+ *    expires: the operation may have run, so it never runs again under that
+ *    request id (issue 11, "0 double executions").
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,6 +42,7 @@
 #define IDEM_MAX_DURABLE_BYTES (64u << 20) /* replies kept in LMDB */
 #define IDEM_MAX_DURABLE_REPLY (1u << 20)  /* largest reply kept in LMDB */
 #define IDEM_HDR 8                         /* recording time before the reply */
+#define IDEM_INTENT 0xc1 /* an intent's value after the time: never a msgpack byte */
 
 /* Agent operations that only read: running them again changes nothing, so
  * their replies are not worth a store write. */
@@ -175,10 +184,32 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     memcpy(v + IDEM_HDR, buf, len);
     op->idem_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
     op->idem_need = need_seq;
+    sh->idem_dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;
     sh->idem_dbytes += e->dlen;
     free(v);
     return SBX_MAX(need_seq, op->idem_seq);
+}
+
+uint64_t
+idem_intent(struct sop *op)
+{
+    struct shard *sh = op->sh;
+    if (op->intent_seq || !durable_op(op) || !(op->def->flags & SBX_OP_AGENT))
+        return 0;
+    struct idem *e = idem_find(sh, op->id);
+    if (!e || e->inflight != op)
+        return 0;
+    char v[IDEM_HDR + 1];
+    uint64_t at = (uint64_t)sbx_wall_ms();
+    for (int i = 0; i < IDEM_HDR; i++)
+        v[i] = (char)(at >> (8 * i));
+    v[IDEM_HDR] = (char)IDEM_INTENT;
+    op->intent_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, sizeof(v));
+    sh->idem_dbytes -= e->dlen;
+    e->dlen = sizeof(v);
+    sh->idem_dbytes += e->dlen;
+    return op->intent_seq;
 }
 
 int
@@ -202,10 +233,20 @@ idem_done(struct sop *op, char *buf, size_t len)
     struct idem *e = idem_find(sh, op->id);
     if (!e || e->inflight != op)
         return buf;
+    if (op->transient && op->intent_seq && op->sent) {
+        /* It reached the agent and may have run (the container died, or
+         * its reply's write failed): its intent stays, and retries are
+         * told so rather than run it again. */
+        e->inflight = NULL;
+        e->interrupted = true;
+        e->at_ms = sbx_wall_ms();
+        return buf;
+    }
     if (op->transient) {
         /* A transient failure (unavailable, interrupted, moved, or a write
-         * that did not commit): a retry with the same key must run again,
-         * not get this answer — nor a success recorded before it failed. */
+         * that did not commit) before the operation reached its agent: a
+         * retry with the same key must run again, not get this answer — nor
+         * a success recorded before it failed.  Its intent goes too. */
         idem_remove(sh, e);
         return buf;
     }
@@ -224,6 +265,22 @@ int
 idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned)
 {
     *owned = false;
+    if (e->interrupted) {
+        /* The request id is the key's first field. */
+        const char *us = strchr(e->id, '\x1f');
+        sbx_str rid = {e->id, us ? (size_t)(us - e->id) : strlen(e->id)};
+        const char *opn = us ? strrchr(e->id, '\x1f') + 1 : "";
+        int rc = sbx_wire_reply_errf(
+            rid, SBX_E_INTERRUPTED, buf, len,
+            "request '%.*s' (%s) started before a restart of its shard or sandbox container "
+            "and was never answered: it may have partly run, and it is not run again under "
+            "this request id; send it with a new request id to run it anew",
+            (int)rid.n, rid.p, opn);
+        if (rc != 0)
+            return rc;
+        *owned = true;
+        return 0;
+    }
     if (e->reply) {
         *buf = e->reply;
         *len = e->len;
@@ -277,6 +334,7 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     memcpy(e->id, k, kn);
     e->at_ms = (int64_t)at;
     e->dlen = vn;
+    e->interrupted = vn == IDEM_HDR + 1 && ((const unsigned char *)v)[IDEM_HDR] == IDEM_INTENT;
     lc->v[lc->n++] = e;
     return 0;
 }

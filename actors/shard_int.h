@@ -62,6 +62,8 @@ struct sop {
     bool container_restarted;   /* first op on a container replacing one that died */
     uint64_t idem_seq;          /* store write of its reply to the idempotency table, or 0 */
     uint64_t idem_need;         /* the write its reply waited on before that one (idem.c) */
+    uint64_t intent_seq;        /* store write of its intent entry (idem_intent), or 0 */
+    bool sent;                  /* handed to the agent: it may have run (idem_done) */
     uint64_t wseq;              /* the actor's last store write when op went to the agent:
                                  * its reply fails if that write did (output gate) */
 };
@@ -164,6 +166,7 @@ struct idem {
     size_t len;
     size_t dlen;                /* bytes of its LMDB copy (SBX_DB_IDEM), 0: none */
     int64_t at_ms;              /* recorded, ms since the epoch */
+    bool interrupted;           /* an intent with no reply: started, never answered */
 };
 
 struct shard {
@@ -319,12 +322,21 @@ uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
  *  - idem_gate_check — when the reply is about to leave: 0, or the error
  *    of the operation's own write (need_seq above) if that failed in an
  *    earlier batch than the reply's record.
+ *  - idem_intent — before op (an agent operation that is not a read, with
+ *    a request id) goes to the agent: queue its *intent* (the key, no reply
+ *    yet) to LMDB, set op->intent_seq and return that write, which op must
+ *    wait for (input gate) before it is sent; 0 if op needs none (not such
+ *    an op, or already written).  An intent found with no reply after a
+ *    restart, or kept by idem_done, makes the key answer
+ *    OPERATION_INTERRUPTED until it expires: the operation may have run.
  *  - idem_done — op answered with buf (owned): keep it as the entry's
- *    reply (returns NULL) or forget the entry if op->transient; returns
- *    what the caller must free.
+ *    reply (returns NULL) or, if op->transient, forget the entry (and its
+ *    intent) — unless op->sent with an intent: then the entry stays as an
+ *    interrupted one; returns what the caller must free.
  *  - idem_reply — the recorded reply of a finished entry: *buf is e's
- *    (*owned false) or a heap copy from LMDB (*owned true, caller frees).
- *    0, -ENOENT (nothing recorded), or a store error.
+ *    (*owned false) or a heap copy from LMDB (*owned true, caller frees);
+ *    for an interrupted entry a new OPERATION_INTERRUPTED error reply (heap,
+ *    *owned true).  0, -ENOENT (nothing recorded), or a store error.
  */
 struct idem *idem_find(struct shard *sh, const char *id);
 struct idem *idem_add(struct shard *sh, const char *id, struct sop *op);
@@ -333,6 +345,7 @@ void idem_free_all(struct shard *sh);
 void idem_expire(struct shard *sh);
 int idem_load(struct shard *sh);
 uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
+uint64_t idem_intent(struct sop *op);
 int idem_gate_check(struct sop *op);
 char *idem_done(struct sop *op, char *buf, size_t len);
 int idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned);

@@ -2,13 +2,16 @@
  * test_idem.c — exactly-once retries (issue 11 item 6): a request re-sent
  * with its request id after the shard that ran it was SIGKILLed and
  * restarted gets the reply of its first run; the operation does not run
- * again.
+ * again — nor does one the kill interrupted mid-run (it is answered
+ * OPERATION_INTERRUPTED).
  *
  * Each test starts its own one-shard `sbxd dev` (unique name, own temporary
  * directory), kills only the shard process it finds as a child of that
  * daemon (checked through /proc), and stops the daemon in .fini.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,11 +61,12 @@ shard_pid(sbx_client *c)
     return pid;
 }
 
-/* exec `cmd` in sandbox id with request id rid; the call's rc, and its
- * stdout in out (heap, caller frees) on success. */
+/* exec `cmd` in sandbox id with request id rid, timeout ms; the call's rc,
+ * and its stdout in out (heap, caller frees) on success, else the error code
+ * in code. */
 static int
-exec_rid(sbx_client *c, const char *id, const char *rid, const char *cmd, char **out,
-         char code[48])
+exec_rid_ms(sbx_client *c, const char *id, const char *rid, const char *cmd, int64_t ms,
+            char **out, char code[48])
 {
     sbx_enc e;
     char *args;
@@ -74,7 +78,7 @@ exec_rid(sbx_client *c, const char *id, const char *rid, const char *cmd, char *
     cr_assert_eq(sbx_enc_finish(&e, &args, &len), 0);
     sbx_reply *r = NULL;
     sbx_error err;
-    int rc = sbx_call(c, "exec", id, args, len, 30000, rid, &r, &err);
+    int rc = sbx_call(c, "exec", id, args, len, ms, rid, &r, &err);
     free(args);
     *out = NULL;
     code[0] = '\0';
@@ -88,6 +92,13 @@ exec_rid(sbx_client *c, const char *id, const char *rid, const char *cmd, char *
     sbx_error_free(&err);
     sbx_reply_free(r);
     return rc;
+}
+
+static int
+exec_rid(sbx_client *c, const char *id, const char *rid, const char *cmd, char **out,
+         char code[48])
+{
+    return exec_rid_ms(c, id, rid, cmd, 30000, out, code);
 }
 
 /* SIGKILL the daemon's shard and wait until its supervisor runs a new one
@@ -192,6 +203,130 @@ Test(idem, a_recorded_reply_expires_after_the_ttl, .timeout = 120, .fini = clean
     cr_expect_str_neq(later, first, "the reply was still recorded 3.5 s after a 1 s TTL");
     free(first);
     free(later);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+}
+
+/* Host processes whose argv[0] is mark (a command run as `exec -a mark`):
+ * how many are alive now. */
+static int
+count_marked(const char *mark)
+{
+    DIR *d = opendir("/proc");
+    cr_assert_not_null(d, "opendir /proc");
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        char path[300], *buf = NULL;
+        size_t len;
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", de->d_name);
+        if (sbx_fs_read(path, 4096, &buf, &len) != 0)
+            continue;
+        if (len > strlen(mark) && !memcmp(buf, mark, strlen(mark) + 1))
+            n++;
+        free(buf);
+    }
+    closedir(d);
+    return n;
+}
+
+struct bg_exec {
+    const char *url, *id, *rid, *cmd;
+    int64_t ms;
+    int rc;
+    char code[48];
+    _Atomic int done;
+};
+
+/* The first attempt, on its own client: it is in flight when the shard dies. */
+static void *
+bg_exec_run(void *arg)
+{
+    struct bg_exec *b = arg;
+    sbx_client *c = NULL;
+    sbx_error err;
+    b->rc = -1;
+    if (sbx_client_open(&c, b->url, &err) != 0) {
+        snprintf(b->code, sizeof(b->code), "%s", err.code);
+        sbx_error_free(&err);
+        return NULL;
+    }
+    char *out = NULL;
+    b->rc = exec_rid_ms(c, b->id, b->rid, b->cmd, b->ms, &out, b->code);
+    free(out);
+    sbx_client_close(c);
+    b->done = 1;
+    return NULL;
+}
+
+/* issue 11 "0 double executions": an exec running in its container when the
+ * shard is SIGKILLed is not run again by a retry of its request id after the
+ * restart; the retry (and every later one) gets OPERATION_INTERRUPTED, and a
+ * new request id runs the command. */
+Test(idem, a_retry_of_an_exec_the_shard_crash_interrupted_does_not_run_it_again,
+     .timeout = 240, .fini = cleanup)
+{
+    static struct testd d;
+    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
+                                        "--disk", "64M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    live_testd = &d;
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "client: %s", err.message);
+
+    char id[64], rid[64], mark[80], cmd[200], code[48];
+    snprintf(id, sizeof(id), "idemint-%d", (int)getpid());
+    snprintf(rid, sizeof(rid), "idemint-rid-%d", (int)getpid());
+    snprintf(mark, sizeof(mark), "sbxmark-%s", rid);
+    snprintf(cmd, sizeof(cmd), "/bin/bash -c 'exec -a %s sleep 30'", mark);
+    char *out = NULL;
+    cr_assert_eq(exec_rid(c, id, "idemint-warm", "true", &out, code), 0, "warm-up: %s", code);
+    free(out);
+
+    struct bg_exec b = {.url = d.url, .id = id, .rid = rid, .cmd = cmd, .ms = 60000};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bg_exec_run, &b), 0);
+    double until = test_now_ms() + 30000;
+    while (count_marked(mark) == 0 && test_now_ms() < until)
+        tsleep_ms(20);
+    cr_assert_eq(count_marked(mark), 1, "the first attempt's command is not running");
+
+    kill_shard_and_wait(&d, c);
+    pthread_join(th, NULL);
+    cr_expect_neq(b.rc, 0, "the first attempt got a success although its shard died");
+    until = test_now_ms() + 10000;
+    while (count_marked(mark) > 0 && test_now_ms() < until)
+        tsleep_ms(50);
+    cr_assert_eq(count_marked(mark), 0, "the first run outlived its shard");
+
+    /* The retry: not run again (its command would show up under its
+     * marker while the retry waits), but answered, and the same again on a
+     * second retry. */
+    for (int i = 0; i < 2; i++) {
+        struct bg_exec r = {.url = d.url, .id = id, .rid = rid, .cmd = cmd, .ms = 10000};
+        cr_assert_eq(pthread_create(&th, NULL, bg_exec_run, &r), 0);
+        int seen = 0;
+        while (!r.done) {
+            seen += count_marked(mark);
+            tsleep_ms(20);
+        }
+        pthread_join(th, NULL);
+        cr_expect_eq(seen, 0, "retry %d ran the interrupted command again", i + 1);
+        cr_assert_neq(r.rc, 0, "retry %d of the interrupted exec succeeded", i + 1);
+        cr_assert_str_eq(r.code, "OPERATION_INTERRUPTED", "retry %d answered %s", i + 1, r.code);
+    }
+
+    /* A new request id runs it anew. */
+    char rid2[80];
+    snprintf(rid2, sizeof(rid2), "%s-b", rid);
+    cr_assert_eq(exec_rid(c, id, rid2, "echo anew", &out, code), 0, "new request: %s", code);
+    cr_expect_str_eq(out, "anew\n");
+    free(out);
+
     sbx_client_close(c);
     testd_stop(&d);
     live_testd = NULL;
