@@ -82,10 +82,9 @@ static sbx_client *
 gw_client(int j)
 {
     sbx_client *c = NULL;
-    sbx_error err;
-    if (sbx_client_open(&c, cl_env()->gw[j], &err) != 0)
-        cr_assert_fail("cannot reach gateway %d (%s): %s %s", j, cl_env()->gw[j], err.code,
-                       err.message);
+    char why[512];
+    if (cl_gw_client(j, &c, why, sizeof(why)) != 0)
+        cr_assert_fail("%s", why);
     return c;
 }
 
@@ -169,14 +168,8 @@ destroy_all(sbx_client *c, char (*ids)[64], int n)
 static void
 drain(sbx_client *c, int i, bool on)
 {
-    char name[64], args[160];
-    cl_node_name(i, name, sizeof(name));
-    snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", name, on ? "true" : "false");
-    sbx_reply *r = NULL;
-    sbx_error err;
-    int rc = sbx_call_json(c, "cluster.drain", NULL, args, 10000, &r, &err);
-    cr_assert_eq(rc, 0, "cluster.drain %s: %s %s", args, err.code, err.message);
-    sbx_reply_free(r);
+    char why[512];
+    cr_assert_eq(cl_drain(c, i, on, why, sizeof(why)), 0, "%s", why);
 }
 
 /* The state every test starts from (whatever an earlier failure left):

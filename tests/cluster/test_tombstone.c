@@ -51,23 +51,17 @@ static sbx_client *
 gw_client(void)
 {
     sbx_client *c = NULL;
-    sbx_error err;
-    if (sbx_client_open(&c, cl_env()->gw[0], &err) != 0)
-        cr_assert_fail("cannot reach gateway 0: %s %s", err.code, err.message);
+    char why[512];
+    if (cl_gw_client(0, &c, why, sizeof(why)) != 0)
+        cr_assert_fail("%s", why);
     return c;
 }
 
 static void
 drain(sbx_client *c, int i, bool on)
 {
-    char name[64], args[160];
-    cl_node_name(i, name, sizeof(name));
-    snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", name, on ? "true" : "false");
-    sbx_reply *r = NULL;
-    sbx_error err;
-    int rc = sbx_call_json(c, "cluster.drain", NULL, args, 10000, &r, &err);
-    cr_assert_eq(rc, 0, "cluster.drain %s: %s %s", args, err.code, err.message);
-    sbx_reply_free(r);
+    char why[512];
+    cr_assert_eq(cl_drain(c, i, on, why, sizeof(why)), 0, "%s", why);
 }
 
 /* What the loops did to each sandbox. */
