@@ -403,10 +403,7 @@ cleanup(void)
         cluster_stop(live_cluster, true);
     if (live_testd && live_testd->pid > 0)
         testd_stop(live_testd);
-    if (live_mount[0]) {
-        umount2(live_mount, MNT_DETACH);
-        rmdir(live_mount);
-    }
+    test_tmpfs_remove(live_mount);
     live_cluster = NULL;
     live_testd = NULL;
     live_mount[0] = '\0';
@@ -1171,41 +1168,12 @@ Test(faults, env_that_would_stop_every_command_is_refused)
 /* ---------------------------------------------------------------------------------- */
 /* (d) The data directory fills up. */
 
-static int
-set_env(sbx_client *c, const char *id, const char *k, size_t vlen, char code[48])
-{
-    char *v = sbx_xmalloc(vlen + 1);
-    memset(v, 'x', vlen);
-    v[vlen] = '\0';
-    json_t *a = json_pack("{s:{s:s}}", "vars", k, v);
-    free(v);
-    tcall t = tc_call(c, "env.set", id, a, 0);
-    int rc = t.rc;
-    snprintf(code, 48, "%s", rc ? t.err.code : "");
-    tc_free(&t);
-    return rc;
-}
-
-static long long
-shard_status_field(sbx_client *c, const char *field)
-{
-    tcall t = tc_call(c, "cluster.status", NULL, NULL, 0);
-    tc_ok(t, "cluster.status");
-    char path[64];
-    snprintf(path, sizeof(path), "shards.0.status.%s", field);
-    long long v = jint(t.res, path);
-    tc_free(&t);
-    return v;
-}
-
 Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150,
      .fini = cleanup)
 {
     char mnt[64];
-    snprintf(mnt, sizeof(mnt), "/tmp/sbx-full-%sXXXXXX", test_prefix());
-    cr_assert(mkdtemp(mnt) != NULL);
-    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
-                 "mount tmpfs: %s", strerror(errno));
+    cr_assert_eq(test_tmpfs_mount(mnt, sizeof(mnt), "full", "8m"), 0, "mount tmpfs: %s",
+                 strerror(errno));
     snprintf(live_mount, sizeof(live_mount), "%s", mnt);
     static struct testd d;
     const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
@@ -1214,8 +1182,8 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
     sbx_client *c = client_for(d.url, 30000);
     const char *id = "ffull";
     char code[48], key[32];
-    cr_assert_eq(set_env(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
-    long long pid = shard_status_field(c, "pid");
+    cr_assert_eq(tc_env_fill(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
+    long long pid = tc_shard_status(c, "pid");
 
     /* Fill the file system. */
     char filler[300];
@@ -1234,7 +1202,7 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
     unsigned char acked[40] = {0};
     for (int i = 0; i < 40 && failed < 3; i++) {
         snprintf(key, sizeof(key), "FULL%d", i);
-        int rc = set_env(c, id, key, 60000, code);
+        int rc = tc_env_fill(c, id, key, 60000, code);
         if (rc == 0) {
             acked[i] = 1;
             acked_full++;
@@ -1244,8 +1212,8 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
         }
     }
     cr_assert_gt(failed, 0, "no STORAGE_FULL on a full file system");
-    cr_expect_gt(shard_status_field(c, "storeFailures"), 0, "storeFailures not counted");
-    cr_assert_eq(shard_status_field(c, "pid"), pid, "the shard restarted: it crashed");
+    cr_expect_gt(tc_shard_status(c, "storeFailures"), 0, "storeFailures not counted");
+    cr_assert_eq(tc_shard_status(c, "pid"), pid, "the shard restarted: it crashed");
     /* Reads keep working. */
     tcall t = tc_call(c, "status", id, NULL, 0);
     tc_ok(t, "status on a full disk");
@@ -1253,7 +1221,7 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
 
     /* Space again: writes succeed and are durable. */
     cr_assert_eq(unlink(filler), 0);
-    cr_assert_eq(set_env(c, id, "AFTER", 60000, code), 0, "env.set after freeing space: %s", code);
+    cr_assert_eq(tc_env_fill(c, id, "AFTER", 60000, code), 0, "env.set after freeing space: %s", code);
     cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
     sbx_client_close(c);
     c = client_for(d.url, 30000);

@@ -68,4 +68,15 @@ int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
 /* Elapsed monotonic milliseconds. */
 double test_now_ms(void);
 
+/* test_tmpfs_mount — a fresh directory /tmp/sbx-<tag>-<test_prefix()>XXXXXX
+ * (into dir, n ≥ 64 bytes) with a tmpfs of `size` (mount(8) syntax, e.g.
+ * "8m"; nosuid, nodev, mode 0700) mounted on it, for a data directory that
+ * fills up.  0, or -1 with errno (nothing left behind).  The caller removes
+ * it with test_tmpfs_remove (also from its .fini, so a failed test leaves no
+ * mount). */
+int test_tmpfs_mount(char *dir, size_t n, const char *tag, const char *size);
+/* test_tmpfs_remove — unmount (lazily) and remove what test_tmpfs_mount
+ * made; "" or a directory that is not mounted is harmless. */
+void test_tmpfs_remove(const char *dir);
+
 #endif
