@@ -139,21 +139,6 @@ cmdline_of(pid_t pid, char *out, size_t n)
     out[k] = '\0';
 }
 
-/* The parent pid of pid, or -1. */
-static pid_t
-ppid_of(pid_t pid)
-{
-    char path[64], *buf = NULL;
-    size_t n;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    if (sbx_fs_read(path, 1 << 16, &buf, &n) != 0)
-        return -1;
-    const char *p = strstr(buf, "\nPPid:");
-    pid_t pp = p ? (pid_t)atoi(p + 6) : -1;
-    free(buf);
-    return pp;
-}
-
 /*
  * The children of `parent` (every thread's /proc/<pid>/task/<tid>/children)
  * whose command line contains `needle`; up to max pids in out.  This is how
@@ -846,8 +831,7 @@ Test(faults, sbxd_dev_restarts_a_killed_shard_without_losing_writes, .timeout = 
      .fini = cleanup)
 {
     static struct testd d;
-    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
-                                        "--disk", "64M", NULL};
+    static const char *const extra[] = {TESTD_SMALL, NULL};
     cr_assert_eq(testd_start(&d, 2, extra), 0, "sbxd dev did not start");
     live_testd = &d;
     struct devctx dc = {&d, 0};
@@ -892,7 +876,7 @@ agent_pid(sbx_client *c, const char *id)
     const char *dir = getenv("SBX_TEST_DIR");
     cr_assert(dir && *dir, "SBX_TEST_DIR is not set");
     bool ours = false;
-    for (pid_t p = ppid_of(pid), k = 0; p > 1 && k < 4; p = ppid_of(p), k++) {
+    for (pid_t p = test_ppid(pid), k = 0; p > 1 && k < 4; p = test_ppid(p), k++) {
         char cl[1024];
         cmdline_of(p, cl, sizeof(cl));
         if (strstr(cl, dir))

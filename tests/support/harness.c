@@ -304,3 +304,17 @@ test_tmpfs_remove(const char *dir)
     umount2(dir, MNT_DETACH);
     rmdir(dir);
 }
+
+pid_t
+test_ppid(pid_t pid)
+{
+    char path[64], *buf = NULL;
+    size_t n;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    if (sbx_fs_read(path, 1 << 16, &buf, &n) != 0)
+        return -1;
+    const char *p = strstr(buf, "\nPPid:");
+    pid_t pp = p ? (pid_t)atoi(p + 6) : -1;
+    free(buf);
+    return pp;
+}
