@@ -139,6 +139,10 @@ void cl_print_log_tails(int lines);
  */
 int cl_gw_client(int j, sbx_client **out, char *why, size_t wl);
 int cl_drain(sbx_client *c, int i, bool on, char *why, size_t wl);
+/* cl_place_table — the placement over nodes set[0..n) (n ≤ CL_MAX_NODES),
+ * by their names (cl_node_name): table[p] is the index into set of
+ * partition p's rendezvous owner (runtime/place.h, sbx_place_table). */
+void cl_place_table(const int *set, int n, int16_t table[SBX_PARTITIONS]);
 
 double cl_now_ms(void);
 void cl_sleep_ms(int ms);

@@ -38,3 +38,15 @@ cl_drain(sbx_client *c, int i, bool on, char *why, size_t wl)
     sbx_reply_free(r);
     return 0;
 }
+
+void
+cl_place_table(const int *set, int n, int16_t table[SBX_PARTITIONS])
+{
+    char names[CL_MAX_NODES][64];
+    const char *np[CL_MAX_NODES];
+    for (int i = 0; i < n; i++) {
+        cl_node_name(set[i], names[i], sizeof(names[i]));
+        np[i] = names[i];
+    }
+    sbx_place_table(np, (size_t)n, table);
+}

@@ -157,14 +157,8 @@ restart_node(int y, const char *via)
 static int
 owner_among(const int *set, int n, uint32_t p)
 {
-    char names[CL_MAX_NODES][64];
-    const char *np[CL_MAX_NODES];
-    for (int i = 0; i < n; i++) {
-        cl_node_name(set[i], names[i], sizeof(names[i]));
-        np[i] = names[i];
-    }
     static int16_t table[SBX_PARTITIONS];
-    sbx_place_table(np, (size_t)n, table);
+    cl_place_table(set, n, table);
     return set[table[p]];
 }
 

@@ -119,14 +119,8 @@ Test(tombstone, destroy_during_handoff_never_resurrects_the_sandbox, .timeout = 
     converge(BASE, 3, "initial convergence");
     /* Sandboxes whose partitions move when node 3 joins (and back when it
      * leaves). */
-    char names4[4][64];
-    const char *np4[4];
-    for (int i = 0; i < 4; i++) {
-        cl_node_name(i, names4[i], sizeof(names4[i]));
-        np4[i] = names4[i];
-    }
     static int16_t table4[SBX_PARTITIONS];
-    sbx_place_table(np4, 4, table4);
+    cl_place_table(FOUR, 4, table4);
     static char ids[MAXSB][64];
     static struct load L;
     int n = 0;
