@@ -177,17 +177,6 @@ children_matching(pid_t parent, const char *needle, pid_t *out, int max)
     return n;
 }
 
-/* A client for a URL, with a deadline per call (aborts the test on failure). */
-static sbx_client *
-client_for(const char *url, int64_t timeout_ms)
-{
-    sbx_client *c = NULL;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
-    sbx_client_set_timeout(c, timeout_ms);
-    return c;
-}
-
 /* An error a client may see while a shard or gateway is down. */
 static bool
 outage_error(const char *code)
@@ -684,7 +673,7 @@ kill_loop(struct target *tg, int kills, int nwriters)
     pthread_mutex_init(&k.mu, NULL);
     pthread_cond_init(&k.cv, NULL);
     struct writer *ws = sbx_xcalloc((size_t)nwriters, sizeof(*ws));
-    sbx_client *c = client_for(tg->url, 20000);
+    sbx_client *c = tc_client(tg->url, 20000);
     for (int i = 0; i < nwriters; i++) {
         struct writer *w = &ws[i];
         w->idx = i;
@@ -768,7 +757,7 @@ Test(faults, shard_sigkill_loses_no_acknowledged_write, .timeout = 220, .fini = 
     struct target tg = {cl.gw.url, &cl, 2, cluster_kill_one, cluster_restart_one};
     kill_loop(&tg, env_int("SBX_FAULT_KILLS", 50), 2);
     /* Stop cleanly; the records on disk are exactly the sandboxes that exist. */
-    sbx_client *c = client_for(cl.gw.url, 20000);
+    sbx_client *c = tc_client(cl.gw.url, 20000);
     tcall t = tc_call(c, "list", NULL, NULL, 0);
     tc_ok(t, "list");
     long listed = jint(t.res, "count");
@@ -1017,7 +1006,7 @@ Test(faults, gateway_restart_with_retried_request_id_applies_once, .timeout = 18
 {
     static struct cluster cl;
     cluster_start(&cl, 1);
-    sbx_client *c = client_for(cl.gw.url, 20000);
+    sbx_client *c = tc_client(cl.gw.url, 20000);
     const char *id = "fgw";
     char *out = tsh_out(c, id, ": > /workspace/log; echo ok");
     cr_assert_str_eq(out, "ok\n");
@@ -1163,7 +1152,7 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
     const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
     live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
+    sbx_client *c = tc_client(d.url, 30000);
     const char *id = "ffull";
     char code[48], key[32];
     cr_assert_eq(tc_env_fill(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
@@ -1208,7 +1197,7 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
     cr_assert_eq(tc_env_fill(c, id, "AFTER", 60000, code), 0, "env.set after freeing space: %s", code);
     cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
     sbx_client_close(c);
-    c = client_for(d.url, 30000);
+    c = tc_client(d.url, 30000);
     char *out = tsh_out(c, id, "env | cut -d= -f1 | grep -E '^(BEFORE|AFTER|FULL[0-9]+)$' | sort");
     cr_expect(strstr(out, "BEFORE\n") && strstr(out, "AFTER\n"), "lost: %s", out);
     for (int i = 0; i < 40; i++) {

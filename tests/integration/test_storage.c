@@ -46,16 +46,6 @@ cleanup(void)
     live_mount[0] = '\0';
 }
 
-static sbx_client *
-client_for(const char *url, int64_t timeout_ms)
-{
-    sbx_client *c = NULL;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
-    sbx_client_set_timeout(c, timeout_ms);
-    return c;
-}
-
 /* Fill the file system at mnt with <mnt>/filler (removed by the caller). */
 static void
 fill_fs(const char *mnt)
@@ -93,7 +83,7 @@ Test(storage, full_data_directory_with_a_running_container_acknowledges_only_com
     const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
     live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
+    sbx_client *c = tc_client(d.url, 30000);
     const char *id = "ffullrun";
     char code[48], key[32];
     cr_assert_eq(tc_env_fill(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
@@ -155,7 +145,7 @@ Test(storage, full_data_directory_with_a_running_container_acknowledges_only_com
     acked[first_failed] = 1;
     cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
     sbx_client_close(c);
-    c = client_for(d.url, 30000);
+    c = tc_client(d.url, 30000);
     out = tsh_out(c, id,
                   "env | cut -d= -f1 | grep -E '^(BEFORE|RUN[0-9]+)$' | sort -V | tr '\\n' ' '");
     char want2[600];
@@ -185,7 +175,7 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
                                  "--map-max", "2M", NULL};
     cr_assert_eq(testd_start(&d, 1, small), 0, "sbxd dev did not start with a tiny map");
     live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
+    sbx_client *c = tc_client(d.url, 30000);
     const char *id = "fmapbig", *other = "fmapother";
     char code[48], key[32];
     cr_expect_eq(tc_shard_status(c, "storeMapBytes"), 512 << 10,
@@ -225,7 +215,7 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     const char *const large[] = {"--pool", "0", "--memory", "256M", "--map-size", "512K",
                                  "--map-max", "8M", NULL};
     cr_assert_eq(testd_restart(&d, 1, large), 0, "restart with --map-max 8M");
-    c = client_for(d.url, 30000);
+    c = tc_client(d.url, 30000);
     snprintf(key, sizeof(key), "MAP%d", first_failed);
     cr_assert_eq(tc_env_fill(c, id, key, 60000, code), 0, "env.set with room again: %s", code);
     acked[first_failed] = 1;

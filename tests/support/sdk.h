@@ -157,6 +157,18 @@ tc_bin(const tcall *t, const char *key)
     cr_assert_eq((t).rc, 0, "%s failed: %s %s (context %s)", (op), (t).err.code,             \
                  (t).err.message, (t).err.context_json ? (t).err.context_json : "-")
 
+/* tc_client — a client for url (caller closes it) whose calls have a
+ * deadline of timeout_ms by default; fails the test if it cannot open. */
+static inline sbx_client *
+tc_client(const char *url, int64_t timeout_ms)
+{
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
+    sbx_client_set_timeout(c, timeout_ms);
+    return c;
+}
+
 /* tc_env_fill — env.set k to vlen bytes of 'x' on sandbox id: 0, or
  * non-zero with the error's code in code (48 bytes; "" on success). */
 static inline int
