@@ -127,6 +127,23 @@ int cl_sanitizer_reports(char *out, size_t outlen);
 /* cl_print_log_tails — the last `lines` lines of every log, to stderr. */
 void cl_print_log_tails(int lines);
 
+/*
+ * Requests through a gateway (tests/cluster/cluster_client.c).
+ *
+ * cl_gw_client — a client of gateway j (0 ≤ j < CL_MAX_GWS): 0 with *out
+ * (owned by the caller: sbx_client_close), or -1 with *out NULL and why
+ * saying which gateway and the client's error code and message.
+ * cl_drain — cluster.drain {shard: node i's name, drain: on} through c
+ * (borrowed), 10 s timeout: 0, or -1 with the request and the error code and
+ * message in why (docs/cluster.md, cluster.drain).
+ */
+int cl_gw_client(int j, sbx_client **out, char *why, size_t wl);
+int cl_drain(sbx_client *c, int i, bool on, char *why, size_t wl);
+/* cl_place_table — the placement over nodes set[0..n) (n ≤ CL_MAX_NODES),
+ * by their names (cl_node_name): table[p] is the index into set of
+ * partition p's rendezvous owner (runtime/place.h, sbx_place_table). */
+void cl_place_table(const int *set, int n, int16_t table[SBX_PARTITIONS]);
+
 double cl_now_ms(void);
 void cl_sleep_ms(int ms);
 

@@ -48,9 +48,9 @@ static sbx_client *
 gw_client(void)
 {
     sbx_client *c = NULL;
-    sbx_error err;
-    if (sbx_client_open(&c, cl_env()->gw[0], &err) != 0)
-        cr_assert_fail("cannot reach gateway 0: %s %s", err.code, err.message);
+    char why[512];
+    if (cl_gw_client(0, &c, why, sizeof(why)) != 0)
+        cr_assert_fail("%s", why);
     return c;
 }
 
@@ -113,14 +113,8 @@ get_var(sbx_client *c, const char *id, const char *k, char *out, size_t n)
 static void
 drain(sbx_client *c, int i, bool on)
 {
-    char name[64], args[160];
-    cl_node_name(i, name, sizeof(name));
-    snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", name, on ? "true" : "false");
-    sbx_reply *r = NULL;
-    sbx_error err;
-    int rc = sbx_call_json(c, "cluster.drain", NULL, args, 10000, &r, &err);
-    cr_assert_eq(rc, 0, "cluster.drain %s: %s %s", args, err.code, err.message);
-    sbx_reply_free(r);
+    char why[512];
+    cr_assert_eq(cl_drain(c, i, on, why, sizeof(why)), 0, "%s", why);
 }
 
 /* Nodes 0-2 running, none draining, converged (whatever an earlier test left). */
@@ -163,14 +157,8 @@ restart_node(int y, const char *via)
 static int
 owner_among(const int *set, int n, uint32_t p)
 {
-    char names[CL_MAX_NODES][64];
-    const char *np[CL_MAX_NODES];
-    for (int i = 0; i < n; i++) {
-        cl_node_name(set[i], names[i], sizeof(names[i]));
-        np[i] = names[i];
-    }
     static int16_t table[SBX_PARTITIONS];
-    sbx_place_table(np, (size_t)n, table);
+    cl_place_table(set, n, table);
     return set[table[p]];
 }
 

@@ -82,10 +82,9 @@ static sbx_client *
 gw_client(int j)
 {
     sbx_client *c = NULL;
-    sbx_error err;
-    if (sbx_client_open(&c, cl_env()->gw[j], &err) != 0)
-        cr_assert_fail("cannot reach gateway %d (%s): %s %s", j, cl_env()->gw[j], err.code,
-                       err.message);
+    char why[512];
+    if (cl_gw_client(j, &c, why, sizeof(why)) != 0)
+        cr_assert_fail("%s", why);
     return c;
 }
 
@@ -169,14 +168,8 @@ destroy_all(sbx_client *c, char (*ids)[64], int n)
 static void
 drain(sbx_client *c, int i, bool on)
 {
-    char name[64], args[160];
-    cl_node_name(i, name, sizeof(name));
-    snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", name, on ? "true" : "false");
-    sbx_reply *r = NULL;
-    sbx_error err;
-    int rc = sbx_call_json(c, "cluster.drain", NULL, args, 10000, &r, &err);
-    cr_assert_eq(rc, 0, "cluster.drain %s: %s %s", args, err.code, err.message);
-    sbx_reply_free(r);
+    char why[512];
+    cr_assert_eq(cl_drain(c, i, on, why, sizeof(why)), 0, "%s", why);
 }
 
 /* The state every test starts from (whatever an earlier failure left):
@@ -438,14 +431,11 @@ Test(cluster, t1_join_moves_a_quarter_and_nothing_between_the_others, .timeout =
     /* Some of them move to node 3 (rendezvous hashing over the four nodes):
      * give them a running container with a file in it. */
     enum { NM = 3 };
-    char names4[4][64], got3[64];
-    const char *np4[4];
-    for (int i = 0; i < 4; i++) {
-        cl_node_name(i, names4[i], sizeof(names4[i]));
-        np4[i] = names4[i];
-    }
+    char name3[64], got3[64];
+    cl_node_name(3, name3, sizeof(name3));
+    static const int nodes4[4] = {0, 1, 2, 3};
     static int16_t table4[SBX_PARTITIONS];
-    sbx_place_table(np4, 4, table4);
+    cl_place_table(nodes4, 4, table4);
     int mv[NM], nm = 0;
     pid_t opid[NM];
     unsigned long long ostart[NM];
@@ -478,7 +468,7 @@ Test(cluster, t1_join_moves_a_quarter_and_nothing_between_the_others, .timeout =
                   (int)opid[m], oshard[m]);
         char now_on[64];
         sb_container(c, id, now_on, sizeof(now_on));
-        cr_expect_str_eq(now_on, names4[3], "%s: served by %s after the join", id, now_on);
+        cr_expect_str_eq(now_on, name3, "%s: served by %s after the join", id, now_on);
         exec_out(c, id, "cat /workspace/mark 2>/dev/null || echo fresh", got3, sizeof(got3));
         cr_expect_str_eq(got3, "fresh\n", "%s: the container on node 3 is the old one (%s)", id,
                          got3);

@@ -51,23 +51,17 @@ static sbx_client *
 gw_client(void)
 {
     sbx_client *c = NULL;
-    sbx_error err;
-    if (sbx_client_open(&c, cl_env()->gw[0], &err) != 0)
-        cr_assert_fail("cannot reach gateway 0: %s %s", err.code, err.message);
+    char why[512];
+    if (cl_gw_client(0, &c, why, sizeof(why)) != 0)
+        cr_assert_fail("%s", why);
     return c;
 }
 
 static void
 drain(sbx_client *c, int i, bool on)
 {
-    char name[64], args[160];
-    cl_node_name(i, name, sizeof(name));
-    snprintf(args, sizeof(args), "{\"shard\":\"%s\",\"drain\":%s}", name, on ? "true" : "false");
-    sbx_reply *r = NULL;
-    sbx_error err;
-    int rc = sbx_call_json(c, "cluster.drain", NULL, args, 10000, &r, &err);
-    cr_assert_eq(rc, 0, "cluster.drain %s: %s %s", args, err.code, err.message);
-    sbx_reply_free(r);
+    char why[512];
+    cr_assert_eq(cl_drain(c, i, on, why, sizeof(why)), 0, "%s", why);
 }
 
 /* What the loops did to each sandbox. */
@@ -125,14 +119,8 @@ Test(tombstone, destroy_during_handoff_never_resurrects_the_sandbox, .timeout = 
     converge(BASE, 3, "initial convergence");
     /* Sandboxes whose partitions move when node 3 joins (and back when it
      * leaves). */
-    char names4[4][64];
-    const char *np4[4];
-    for (int i = 0; i < 4; i++) {
-        cl_node_name(i, names4[i], sizeof(names4[i]));
-        np4[i] = names4[i];
-    }
     static int16_t table4[SBX_PARTITIONS];
-    sbx_place_table(np4, 4, table4);
+    cl_place_table(FOUR, 4, table4);
     static char ids[MAXSB][64];
     static struct load L;
     int n = 0;

@@ -227,6 +227,24 @@ timed_ping(sbx_client *c, const char *sandbox, int64_t deadline_ms, int *rc, sbx
     return took;
 }
 
+/* A ping to sandbox through c with deadline_ms must fail with `code` (NULL:
+ * with any code) within the deadline plus SLACK_MS; `what` names the call in
+ * the messages. */
+static void
+expect_ping_fails(sbx_client *c, const char *sandbox, int64_t deadline_ms, const char *code,
+                  const char *what)
+{
+    sbx_error err;
+    int rc;
+    double took = timed_ping(c, sandbox, deadline_ms, &rc, &err);
+    cr_expect_neq(rc, 0, "%s succeeded", what);
+    if (code)
+        cr_expect_str_eq(err.code, code, "%s: %s: %s", what, err.code, err.message);
+    cr_expect(took < deadline_ms + SLACK_MS, "%s answered after %.0f ms (deadline %lld)", what,
+              took, (long long)deadline_ms);
+    sbx_error_free(&err);
+}
+
 /* A standalone gateway: its pid and URL (ipc in its own temp dir). */
 struct lone_gw {
     pid_t pid;
@@ -333,13 +351,7 @@ Test(deadlines, a_gateway_that_never_answers_is_a_request_timeout, .timeout = 60
     cr_assert_eq(nng_rep0_open(&rep), 0);
     cr_assert_eq(nng_listen(rep, url, NULL, 0), 0); /* never reads */
     sbx_client *c = open_client(url);
-    sbx_error err;
-    int rc;
-    double took = timed_ping(c, "silent", 1500, &rc, &err);
-    cr_expect_neq(rc, 0);
-    cr_expect_str_eq(err.code, "REQUEST_TIMEOUT", "%s: %s", err.code, err.message);
-    cr_expect(took < 1500 + SLACK_MS, "answered after %.0f ms (deadline 1500)", took);
-    sbx_error_free(&err);
+    expect_ping_fails(c, "silent", 1500, "REQUEST_TIMEOUT", "ping");
     sbx_client_close(c);
     nng_close(rep);
     char sock[160];
@@ -354,19 +366,9 @@ Test(deadlines, half_a_reply_frame_is_a_request_timeout, .timeout = 60)
     char url[64];
     fake_start(&f, FAKE_HALF, url, sizeof(url));
     sbx_client *c = open_client(url);
-    sbx_error err;
-    int rc;
-    double took = timed_ping(c, "half", 1500, &rc, &err);
-    cr_expect_neq(rc, 0);
-    cr_expect_str_eq(err.code, "REQUEST_TIMEOUT", "%s: %s", err.code, err.message);
-    cr_expect(took < 1500 + SLACK_MS, "answered after %.0f ms (deadline 1500)", took);
+    expect_ping_fails(c, "half", 1500, "REQUEST_TIMEOUT", "ping");
     /* The next call on the same client is bounded as well. */
-    sbx_error_free(&err);
-    took = timed_ping(c, "half", 1000, &rc, &err);
-    cr_expect_neq(rc, 0);
-    cr_expect(took < 1000 + SLACK_MS, "second call answered after %.0f ms (deadline 1000)",
-              took);
-    sbx_error_free(&err);
+    expect_ping_fails(c, "half", 1000, NULL, "second call");
     sbx_client_close(c);
     fake_stop(&f);
 }
@@ -377,13 +379,7 @@ Test(deadlines, a_garbage_reply_is_an_error_not_a_hang, .timeout = 60)
     char url[64];
     fake_start(&f, FAKE_GARBAGE, url, sizeof(url));
     sbx_client *c = open_client(url);
-    sbx_error err;
-    int rc;
-    double took = timed_ping(c, "garbage", 1500, &rc, &err);
-    cr_expect_neq(rc, 0);
-    cr_expect_str_eq(err.code, "INVALID_RESPONSE", "%s: %s", err.code, err.message);
-    cr_expect(took < 1500 + SLACK_MS, "answered after %.0f ms (deadline 1500)", took);
-    sbx_error_free(&err);
+    expect_ping_fails(c, "garbage", 1500, "INVALID_RESPONSE", "ping");
     sbx_client_close(c);
     fake_stop(&f);
 }
@@ -399,13 +395,7 @@ Test(deadlines, a_shard_that_never_answers_is_unavailable_in_time, .timeout = 60
     struct lone_gw g;
     lone_gw_start(&g, url);
     sbx_client *c = open_client(g.url);
-    sbx_error err;
-    int rc;
-    double took = timed_ping(c, "shard-silent", 2000, &rc, &err);
-    cr_expect_neq(rc, 0);
-    cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE", "%s: %s", err.code, err.message);
-    cr_expect(took < 2000 + SLACK_MS, "answered after %.0f ms (deadline 2000)", took);
-    sbx_error_free(&err);
+    expect_ping_fails(c, "shard-silent", 2000, "SHARD_UNAVAILABLE", "ping");
     sbx_client_close(c);
     lone_gw_stop(&g);
     fake_stop(&f);
@@ -419,18 +409,11 @@ Test(deadlines, a_shard_that_sends_half_a_frame_is_unavailable_in_time, .timeout
     struct lone_gw g;
     lone_gw_start(&g, url);
     sbx_client *c = open_client(g.url);
-    sbx_error err;
-    int rc;
     for (int i = 0; i < 2; i++) {
-        double took = timed_ping(c, "shard-half", 2000, &rc, &err);
-        cr_expect_neq(rc, 0);
-        cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE", "call %d: %s: %s", i, err.code,
-                         err.message);
-        cr_expect(took < 2000 + SLACK_MS, "call %d answered after %.0f ms (deadline 2000)", i,
-                  took);
-        sbx_error_free(&err);
+        char what[32];
+        snprintf(what, sizeof(what), "call %d", i);
+        expect_ping_fails(c, "shard-half", 2000, "SHARD_UNAVAILABLE", what);
     }
-    sbx_error_free(&err);
     sbx_client_close(c);
     lone_gw_stop(&g);
     fake_stop(&f);
@@ -559,15 +542,10 @@ Test(deadlines, a_stopped_shard_is_unavailable_in_time, .timeout = 120, .fini = 
     cr_assert_eq(kill(pid, SIGSTOP), 0);
     wait_stopped(pid);
     /* A plain call and an exec whose own timeout is shorter than its deadline. */
-    int rc;
-    double took = timed_ping(c, id, 1500, &rc, &err);
-    cr_expect_neq(rc, 0);
-    cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE", "%s: %s", err.code, err.message);
-    cr_expect(took < 1500 + SLACK_MS, "ping answered after %.0f ms (deadline 1500)", took);
-    sbx_error_free(&err);
+    expect_ping_fails(c, id, 1500, "SHARD_UNAVAILABLE", "ping");
     double t0 = test_now_ms();
-    rc = test_sh(c, id, "echo late", 500, &r, &err);
-    took = test_now_ms() - t0;
+    int rc = test_sh(c, id, "echo late", 500, &r, &err);
+    double took = test_now_ms() - t0;
     cr_expect_neq(rc, 0);
     cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE", "%s: %s", err.code, err.message);
     /* exec's deadline is its timeout + 30 s (runtime/client.c). */

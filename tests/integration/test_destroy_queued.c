@@ -66,8 +66,7 @@ Test(tombstone, a_request_during_a_destroys_commit_does_not_bring_the_sandbox_ba
      .timeout = 120, .fini = cleanup)
 {
     static struct testd d;
-    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
-                                        "--disk", "64M", NULL};
+    static const char *const extra[] = {TESTD_SMALL, NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
     live_testd = &d;
     sbx_client *c = NULL, *c2 = NULL;

@@ -139,21 +139,6 @@ cmdline_of(pid_t pid, char *out, size_t n)
     out[k] = '\0';
 }
 
-/* The parent pid of pid, or -1. */
-static pid_t
-ppid_of(pid_t pid)
-{
-    char path[64], *buf = NULL;
-    size_t n;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    if (sbx_fs_read(path, 1 << 16, &buf, &n) != 0)
-        return -1;
-    const char *p = strstr(buf, "\nPPid:");
-    pid_t pp = p ? (pid_t)atoi(p + 6) : -1;
-    free(buf);
-    return pp;
-}
-
 /*
  * The children of `parent` (every thread's /proc/<pid>/task/<tid>/children)
  * whose command line contains `needle`; up to max pids in out.  This is how
@@ -190,17 +175,6 @@ children_matching(pid_t parent, const char *needle, pid_t *out, int max)
     }
     closedir(d);
     return n;
-}
-
-/* A client for a URL, with a deadline per call (aborts the test on failure). */
-static sbx_client *
-client_for(const char *url, int64_t timeout_ms)
-{
-    sbx_client *c = NULL;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
-    sbx_client_set_timeout(c, timeout_ms);
-    return c;
 }
 
 /* An error a client may see while a shard or gateway is down. */
@@ -403,10 +377,7 @@ cleanup(void)
         cluster_stop(live_cluster, true);
     if (live_testd && live_testd->pid > 0)
         testd_stop(live_testd);
-    if (live_mount[0]) {
-        umount2(live_mount, MNT_DETACH);
-        rmdir(live_mount);
-    }
+    test_tmpfs_remove(live_mount);
     live_cluster = NULL;
     live_testd = NULL;
     live_mount[0] = '\0';
@@ -702,7 +673,7 @@ kill_loop(struct target *tg, int kills, int nwriters)
     pthread_mutex_init(&k.mu, NULL);
     pthread_cond_init(&k.cv, NULL);
     struct writer *ws = sbx_xcalloc((size_t)nwriters, sizeof(*ws));
-    sbx_client *c = client_for(tg->url, 20000);
+    sbx_client *c = tc_client(tg->url, 20000);
     for (int i = 0; i < nwriters; i++) {
         struct writer *w = &ws[i];
         w->idx = i;
@@ -786,7 +757,7 @@ Test(faults, shard_sigkill_loses_no_acknowledged_write, .timeout = 220, .fini = 
     struct target tg = {cl.gw.url, &cl, 2, cluster_kill_one, cluster_restart_one};
     kill_loop(&tg, env_int("SBX_FAULT_KILLS", 50), 2);
     /* Stop cleanly; the records on disk are exactly the sandboxes that exist. */
-    sbx_client *c = client_for(cl.gw.url, 20000);
+    sbx_client *c = tc_client(cl.gw.url, 20000);
     tcall t = tc_call(c, "list", NULL, NULL, 0);
     tc_ok(t, "list");
     long listed = jint(t.res, "count");
@@ -849,8 +820,7 @@ Test(faults, sbxd_dev_restarts_a_killed_shard_without_losing_writes, .timeout = 
      .fini = cleanup)
 {
     static struct testd d;
-    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
-                                        "--disk", "64M", NULL};
+    static const char *const extra[] = {TESTD_SMALL, NULL};
     cr_assert_eq(testd_start(&d, 2, extra), 0, "sbxd dev did not start");
     live_testd = &d;
     struct devctx dc = {&d, 0};
@@ -895,7 +865,7 @@ agent_pid(sbx_client *c, const char *id)
     const char *dir = getenv("SBX_TEST_DIR");
     cr_assert(dir && *dir, "SBX_TEST_DIR is not set");
     bool ours = false;
-    for (pid_t p = ppid_of(pid), k = 0; p > 1 && k < 4; p = ppid_of(p), k++) {
+    for (pid_t p = test_ppid(pid), k = 0; p > 1 && k < 4; p = test_ppid(p), k++) {
         char cl[1024];
         cmdline_of(p, cl, sizeof(cl));
         if (strstr(cl, dir))
@@ -1036,7 +1006,7 @@ Test(faults, gateway_restart_with_retried_request_id_applies_once, .timeout = 18
 {
     static struct cluster cl;
     cluster_start(&cl, 1);
-    sbx_client *c = client_for(cl.gw.url, 20000);
+    sbx_client *c = tc_client(cl.gw.url, 20000);
     const char *id = "fgw";
     char *out = tsh_out(c, id, ": > /workspace/log; echo ok");
     cr_assert_str_eq(out, "ok\n");
@@ -1171,51 +1141,22 @@ Test(faults, env_that_would_stop_every_command_is_refused)
 /* ---------------------------------------------------------------------------------- */
 /* (d) The data directory fills up. */
 
-static int
-set_env(sbx_client *c, const char *id, const char *k, size_t vlen, char code[48])
-{
-    char *v = sbx_xmalloc(vlen + 1);
-    memset(v, 'x', vlen);
-    v[vlen] = '\0';
-    json_t *a = json_pack("{s:{s:s}}", "vars", k, v);
-    free(v);
-    tcall t = tc_call(c, "env.set", id, a, 0);
-    int rc = t.rc;
-    snprintf(code, 48, "%s", rc ? t.err.code : "");
-    tc_free(&t);
-    return rc;
-}
-
-static long long
-shard_status_field(sbx_client *c, const char *field)
-{
-    tcall t = tc_call(c, "cluster.status", NULL, NULL, 0);
-    tc_ok(t, "cluster.status");
-    char path[64];
-    snprintf(path, sizeof(path), "shards.0.status.%s", field);
-    long long v = jint(t.res, path);
-    tc_free(&t);
-    return v;
-}
-
 Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150,
      .fini = cleanup)
 {
     char mnt[64];
-    snprintf(mnt, sizeof(mnt), "/tmp/sbx-full-%sXXXXXX", test_prefix());
-    cr_assert(mkdtemp(mnt) != NULL);
-    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
-                 "mount tmpfs: %s", strerror(errno));
+    cr_assert_eq(test_tmpfs_mount(mnt, sizeof(mnt), "full", "8m"), 0, "mount tmpfs: %s",
+                 strerror(errno));
     snprintf(live_mount, sizeof(live_mount), "%s", mnt);
     static struct testd d;
     const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
     live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
+    sbx_client *c = tc_client(d.url, 30000);
     const char *id = "ffull";
     char code[48], key[32];
-    cr_assert_eq(set_env(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
-    long long pid = shard_status_field(c, "pid");
+    cr_assert_eq(tc_env_fill(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
+    long long pid = tc_shard_status(c, "pid");
 
     /* Fill the file system. */
     char filler[300];
@@ -1234,7 +1175,7 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
     unsigned char acked[40] = {0};
     for (int i = 0; i < 40 && failed < 3; i++) {
         snprintf(key, sizeof(key), "FULL%d", i);
-        int rc = set_env(c, id, key, 60000, code);
+        int rc = tc_env_fill(c, id, key, 60000, code);
         if (rc == 0) {
             acked[i] = 1;
             acked_full++;
@@ -1244,8 +1185,8 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
         }
     }
     cr_assert_gt(failed, 0, "no STORAGE_FULL on a full file system");
-    cr_expect_gt(shard_status_field(c, "storeFailures"), 0, "storeFailures not counted");
-    cr_assert_eq(shard_status_field(c, "pid"), pid, "the shard restarted: it crashed");
+    cr_expect_gt(tc_shard_status(c, "storeFailures"), 0, "storeFailures not counted");
+    cr_assert_eq(tc_shard_status(c, "pid"), pid, "the shard restarted: it crashed");
     /* Reads keep working. */
     tcall t = tc_call(c, "status", id, NULL, 0);
     tc_ok(t, "status on a full disk");
@@ -1253,10 +1194,10 @@ Test(faults, full_data_directory_gives_storage_full_and_recovers, .timeout = 150
 
     /* Space again: writes succeed and are durable. */
     cr_assert_eq(unlink(filler), 0);
-    cr_assert_eq(set_env(c, id, "AFTER", 60000, code), 0, "env.set after freeing space: %s", code);
+    cr_assert_eq(tc_env_fill(c, id, "AFTER", 60000, code), 0, "env.set after freeing space: %s", code);
     cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
     sbx_client_close(c);
-    c = client_for(d.url, 30000);
+    c = tc_client(d.url, 30000);
     char *out = tsh_out(c, id, "env | cut -d= -f1 | grep -E '^(BEFORE|AFTER|FULL[0-9]+)$' | sort");
     cr_expect(strstr(out, "BEFORE\n") && strstr(out, "AFTER\n"), "lost: %s", out);
     for (int i = 0; i < 40; i++) {

@@ -32,24 +32,6 @@ cleanup(void)
     live_testd = NULL;
 }
 
-/* The parent pid of pid, from /proc/<pid>/stat; 0 if gone. */
-static pid_t
-ppid_of(pid_t pid)
-{
-    char path[64], *buf = NULL;
-    size_t len;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    if (sbx_fs_read(path, 4096, &buf, &len) != 0)
-        return 0;
-    const char *p = strrchr(buf, ')'); /* comm may hold spaces */
-    int ppid = 0;
-    char st;
-    if (!p || sscanf(p + 1, " %c %d", &st, &ppid) != 2)
-        ppid = 0;
-    free(buf);
-    return (pid_t)ppid;
-}
-
 /* The pid of the deployment's only shard, from cluster.status (0 if it is
  * not up). */
 static pid_t
@@ -108,7 +90,7 @@ kill_shard_and_wait(struct testd *d, sbx_client *c)
 {
     pid_t old = shard_pid(c);
     cr_assert_gt(old, 1, "no shard pid in cluster.status");
-    cr_assert_eq(ppid_of(old), d->pid, "shard %d is not a child of our sbxd dev %d", (int)old,
+    cr_assert_eq(test_ppid(old), d->pid, "shard %d is not a child of our sbxd dev %d", (int)old,
                  (int)d->pid);
     cr_assert_eq(kill(old, SIGKILL), 0, "kill shard %d", (int)old);
     double until = test_now_ms() + 60000;
@@ -127,8 +109,7 @@ Test(idem, retry_after_a_shard_restart_gets_the_first_reply_and_runs_nothing, .t
      .fini = cleanup)
 {
     static struct testd d;
-    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
-                                        "--disk", "64M", NULL};
+    static const char *const extra[] = {TESTD_SMALL, NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
     live_testd = &d;
     sbx_client *c = NULL;
@@ -184,8 +165,7 @@ Test(idem, retry_after_a_shard_restart_gets_the_first_reply_and_runs_nothing, .t
 Test(idem, a_recorded_reply_expires_after_the_ttl, .timeout = 120, .fini = cleanup)
 {
     static struct testd d;
-    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
-                                        "--disk", "64M", "--idem-ttl", "1s", NULL};
+    static const char *const extra[] = {TESTD_SMALL, "--idem-ttl", "1s", NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
     live_testd = &d;
     sbx_client *c = NULL;
@@ -270,8 +250,7 @@ Test(idem, a_retry_of_an_exec_the_shard_crash_interrupted_does_not_run_it_again,
      .timeout = 240, .fini = cleanup)
 {
     static struct testd d;
-    static const char *const extra[] = {"--pool", "0", "--memory", "256M", "--pids", "128",
-                                        "--disk", "64M", NULL};
+    static const char *const extra[] = {TESTD_SMALL, NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
     live_testd = &d;
     sbx_client *c = NULL;

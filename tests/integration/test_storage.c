@@ -41,38 +41,9 @@ cleanup(void)
 {
     if (live_testd && live_testd->pid > 0)
         testd_stop(live_testd);
-    if (live_mount[0]) {
-        umount2(live_mount, MNT_DETACH);
-        rmdir(live_mount);
-    }
+    test_tmpfs_remove(live_mount);
     live_testd = NULL;
     live_mount[0] = '\0';
-}
-
-static sbx_client *
-client_for(const char *url, int64_t timeout_ms)
-{
-    sbx_client *c = NULL;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
-    sbx_client_set_timeout(c, timeout_ms);
-    return c;
-}
-
-/* env.set k to vlen bytes of 'x': 0, or non-zero with the error's code. */
-static int
-set_env(sbx_client *c, const char *id, const char *k, size_t vlen, char code[48])
-{
-    char *v = sbx_xmalloc(vlen + 1);
-    memset(v, 'x', vlen);
-    v[vlen] = '\0';
-    json_t *a = json_pack("{s:{s:s}}", "vars", k, v);
-    free(v);
-    tcall t = tc_call(c, "env.set", id, a, 0);
-    int rc = t.rc;
-    snprintf(code, 48, "%s", rc ? t.err.code : "");
-    tc_free(&t);
-    return rc;
 }
 
 /* Fill the file system at mnt with <mnt>/filler (removed by the caller). */
@@ -104,19 +75,18 @@ configure_sleep(sbx_client *c, const char *id, long long seconds, char code[48])
 Test(storage, full_data_directory_with_a_running_container_acknowledges_only_commits,
      .timeout = 180, .fini = cleanup)
 {
-    char mnt[] = "/tmp/sbx-fullrun-XXXXXX";
-    cr_assert(mkdtemp(mnt) != NULL);
-    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
-                 "mount tmpfs: %s", strerror(errno));
+    char mnt[64];
+    cr_assert_eq(test_tmpfs_mount(mnt, sizeof(mnt), "fullrun", "8m"), 0, "mount tmpfs: %s",
+                 strerror(errno));
     snprintf(live_mount, sizeof(live_mount), "%s", mnt);
     static struct testd d;
     const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
     live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
+    sbx_client *c = tc_client(d.url, 30000);
     const char *id = "ffullrun";
     char code[48], key[32];
-    cr_assert_eq(set_env(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
+    cr_assert_eq(tc_env_fill(c, id, "BEFORE", 10, code), 0, "env.set before: %s", code);
     cr_assert_eq(configure_sleep(c, id, 600, code), 0, "configure before: %s", code);
     char *out = tsh_out(c, id, "echo up");
     cr_assert_str_eq(out, "up\n", "the container runs");
@@ -130,7 +100,7 @@ Test(storage, full_data_directory_with_a_running_container_acknowledges_only_com
     /* At most 12 x 60 KB: under the environment's bound (ENV_MAX_BYTES). */
     for (int i = 0; i < 12 && failed < 3; i++) {
         snprintf(key, sizeof(key), "RUN%d", i);
-        if (set_env(c, id, key, 60000, code) == 0) {
+        if (tc_env_fill(c, id, key, 60000, code) == 0) {
             acked[i] = 1;
             continue;
         }
@@ -171,11 +141,11 @@ Test(storage, full_data_directory_with_a_running_container_acknowledges_only_com
     snprintf(filler, sizeof(filler), "%s/filler", mnt);
     cr_assert_eq(unlink(filler), 0);
     snprintf(key, sizeof(key), "RUN%d", first_failed);
-    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set after freeing space: %s", code);
+    cr_assert_eq(tc_env_fill(c, id, key, 60000, code), 0, "env.set after freeing space: %s", code);
     acked[first_failed] = 1;
     cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
     sbx_client_close(c);
-    c = client_for(d.url, 30000);
+    c = tc_client(d.url, 30000);
     out = tsh_out(c, id,
                   "env | cut -d= -f1 | grep -E '^(BEFORE|RUN[0-9]+)$' | sort -V | tr '\\n' ' '");
     char want2[600];
@@ -197,18 +167,6 @@ Test(storage, full_data_directory_with_a_running_container_acknowledges_only_com
     cr_log_info("full disk, running container: %d refused, first RUN%d", failed, first_failed);
 }
 
-static long long
-shard_status_field(sbx_client *c, const char *field)
-{
-    tcall t = tc_call(c, "cluster.status", NULL, NULL, 0);
-    tc_ok(t, "cluster.status");
-    char path[64];
-    snprintf(path, sizeof(path), "shards.0.status.%s", field);
-    long long v = jint(t.res, path);
-    tc_free(&t);
-    return v;
-}
-
 Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 180,
      .fini = cleanup)
 {
@@ -217,12 +175,12 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
                                  "--map-max", "2M", NULL};
     cr_assert_eq(testd_start(&d, 1, small), 0, "sbxd dev did not start with a tiny map");
     live_testd = &d;
-    sbx_client *c = client_for(d.url, 30000);
+    sbx_client *c = tc_client(d.url, 30000);
     const char *id = "fmapbig", *other = "fmapother";
     char code[48], key[32];
-    cr_expect_eq(shard_status_field(c, "storeMapBytes"), 512 << 10,
+    cr_expect_eq(tc_shard_status(c, "storeMapBytes"), 512 << 10,
                  "the map starts at --map-size");
-    cr_assert_eq(set_env(c, other, "OTHER", 10, code), 0, "env.set of another sandbox: %s", code);
+    cr_assert_eq(tc_env_fill(c, other, "OTHER", 10, code), 0, "env.set of another sandbox: %s", code);
 
     /* Each env.set rewrites the whole record, 60 KB larger each time: the
      * record (its old and new copy in one transaction) soon needs more than
@@ -231,7 +189,7 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     unsigned char acked[16] = {0};
     for (int i = 0; i < 16 && failed < 2; i++) {
         snprintf(key, sizeof(key), "MAP%d", i);
-        if (set_env(c, id, key, 60000, code) == 0) {
+        if (tc_env_fill(c, id, key, 60000, code) == 0) {
             acked[i] = 1;
             continue;
         }
@@ -243,10 +201,10 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     cr_assert_gt(failed, 0, "16 x 60 KB into a map of at most 2 MiB: never STORAGE_FULL");
     cr_expect_gt(first_failed, 5, "only %d writes before STORAGE_FULL: did the map grow?",
                  first_failed);
-    cr_expect_eq(shard_status_field(c, "storeMapBytes"), 2 << 20,
+    cr_expect_eq(tc_shard_status(c, "storeMapBytes"), 2 << 20,
                  "the map grew to --map-max before writes failed");
     /* A small write of another sandbox still fits; reads keep working. */
-    cr_expect_eq(set_env(c, other, "OTHER2", 10, code), 0, "a small write after: %s", code);
+    cr_expect_eq(tc_env_fill(c, other, "OTHER2", 10, code), 0, "a small write after: %s", code);
     tcall t = tc_call(c, "status", id, NULL, 0);
     tc_ok(t, "status with a full map");
     tc_free(&t);
@@ -257,9 +215,9 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     const char *const large[] = {"--pool", "0", "--memory", "256M", "--map-size", "512K",
                                  "--map-max", "8M", NULL};
     cr_assert_eq(testd_restart(&d, 1, large), 0, "restart with --map-max 8M");
-    c = client_for(d.url, 30000);
+    c = tc_client(d.url, 30000);
     snprintf(key, sizeof(key), "MAP%d", first_failed);
-    cr_assert_eq(set_env(c, id, key, 60000, code), 0, "env.set with room again: %s", code);
+    cr_assert_eq(tc_env_fill(c, id, key, 60000, code), 0, "env.set with room again: %s", code);
     acked[first_failed] = 1;
     char *out =
         tsh_out(c, id, "env | cut -d= -f1 | grep -E '^MAP[0-9]+$' | sort -V | tr '\\n' ' '");

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -276,4 +277,44 @@ test_memory_bytes(sbx_client *c, const char *sandbox)
         sbx_wire_get_i64(ct, "memoryBytes", &v);
     sbx_reply_free(r);
     return v;
+}
+
+int
+test_tmpfs_mount(char *dir, size_t n, const char *tag, const char *size)
+{
+    char opts[64];
+    snprintf(dir, n, "/tmp/sbx-%s-%sXXXXXX", tag, test_prefix());
+    snprintf(opts, sizeof(opts), "size=%s,mode=0700", size);
+    if (!mkdtemp(dir))
+        return -1;
+    if (mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
+        int e = errno;
+        rmdir(dir);
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+void
+test_tmpfs_remove(const char *dir)
+{
+    if (!dir[0])
+        return;
+    umount2(dir, MNT_DETACH);
+    rmdir(dir);
+}
+
+pid_t
+test_ppid(pid_t pid)
+{
+    char path[64], *buf = NULL;
+    size_t n;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    if (sbx_fs_read(path, 1 << 16, &buf, &n) != 0)
+        return -1;
+    const char *p = strstr(buf, "\nPPid:");
+    pid_t pp = p ? (pid_t)atoi(p + 6) : -1;
+    free(buf);
+    return pp;
 }

@@ -27,6 +27,11 @@ struct testd {
     char log[320];      /* the daemon's log file */
 };
 
+/* TESTD_SMALL — the extra `sbxd dev` arguments (for testd_start) of a small
+ * private daemon: no warm pool, 256 MiB of memory, 128 pids and 64 MiB of
+ * disk per sandbox.  Use as {TESTD_SMALL, more..., NULL}. */
+#define TESTD_SMALL "--pool", "0", "--memory", "256M", "--pids", "128", "--disk", "64M"
+
 /*
  * testd_start — start `sbxd dev --shards N` with extra arguments (NULL-
  * terminated, may be NULL) and wait until the gateway answers (30 s).
@@ -67,5 +72,21 @@ int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
 
 /* Elapsed monotonic milliseconds. */
 double test_now_ms(void);
+
+/* test_ppid — the parent pid of pid (the PPid line of /proc/<pid>/status),
+ * or -1 when pid is gone.  Tests check it before they signal a pid they
+ * found, so that they signal only their own daemon's children. */
+pid_t test_ppid(pid_t pid);
+
+/* test_tmpfs_mount — a fresh directory /tmp/sbx-<tag>-<test_prefix()>XXXXXX
+ * (into dir, n ≥ 64 bytes) with a tmpfs of `size` (mount(8) syntax, e.g.
+ * "8m"; nosuid, nodev, mode 0700) mounted on it, for a data directory that
+ * fills up.  0, or -1 with errno (nothing left behind).  The caller removes
+ * it with test_tmpfs_remove (also from its .fini, so a failed test leaves no
+ * mount). */
+int test_tmpfs_mount(char *dir, size_t n, const char *tag, const char *size);
+/* test_tmpfs_remove — unmount (lazily) and remove what test_tmpfs_mount
+ * made; "" or a directory that is not mounted is harmless. */
+void test_tmpfs_remove(const char *dir);
 
 #endif

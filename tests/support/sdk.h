@@ -157,6 +157,51 @@ tc_bin(const tcall *t, const char *key)
     cr_assert_eq((t).rc, 0, "%s failed: %s %s (context %s)", (op), (t).err.code,             \
                  (t).err.message, (t).err.context_json ? (t).err.context_json : "-")
 
+/* tc_client — a client for url (caller closes it) whose calls have a
+ * deadline of timeout_ms by default; fails the test if it cannot open. */
+static inline sbx_client *
+tc_client(const char *url, int64_t timeout_ms)
+{
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, url, &err), 0, "client: %s %s", err.code, err.message);
+    sbx_client_set_timeout(c, timeout_ms);
+    return c;
+}
+
+/* tc_env_fill — env.set k to vlen bytes of 'x' on sandbox id: 0, or
+ * non-zero with the error's code in code (48 bytes; "" on success). */
+static inline int
+tc_env_fill(sbx_client *c, const char *id, const char *k, size_t vlen, char code[48])
+{
+    char *v = malloc(vlen + 1);
+    cr_assert_not_null(v);
+    memset(v, 'x', vlen);
+    v[vlen] = '\0';
+    json_t *a = json_pack("{s:{s:s}}", "vars", k, v);
+    free(v);
+    tcall t = tc_call(c, "env.set", id, a, 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
+/* tc_shard_status — field of the first shard's status in cluster.status
+ * (shards.0.status.<field>, an integer; -1 when absent); fails the test if
+ * cluster.status fails. */
+static inline long long
+tc_shard_status(sbx_client *c, const char *field)
+{
+    tcall t = tc_call(c, "cluster.status", NULL, NULL, 0);
+    tc_ok(t, "cluster.status");
+    char path[64];
+    snprintf(path, sizeof(path), "shards.0.status.%s", field);
+    long long v = jint(t.res, path);
+    tc_free(&t);
+    return v;
+}
+
 /* tc_fails_with — assert that the call failed with `code`. */
 #define tc_fails_with(t, op, want)                                                              \
     do {                                                                                       \
