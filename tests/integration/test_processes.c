@@ -99,8 +99,13 @@ Test(processes, start_list_and_get_report_the_fields, .timeout = 60)
     tc_free(&t);
     /* The pid is a live process of the sandbox (the shell running the command, or
      * the command itself), and its tree holds the sleep. */
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "kill -0 %lld && echo alive; ps -eo comm= | grep -c '^sleep$'",
+    char cmd[384];
+    /* The shell may not have exec'd the sleep yet when process.start answers
+     * (a loaded host): wait for it, up to 5 s, inside the sandbox. */
+    snprintf(cmd, sizeof(cmd),
+             "kill -0 %lld && echo alive; for i in $(seq 50); do "
+             "ps -eo comm= | grep -q '^sleep$' && break; sleep 0.1; done; "
+             "ps -eo comm= | grep -c '^sleep$'",
              ospid);
     sbx_exec_result r = tsh(c, id, cmd, 0);
     cr_expect_str_eq(r.stdout_data, "alive\n1\n", "pid %lld: %s", ospid, r.stdout_data);
