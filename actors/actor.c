@@ -1578,6 +1578,15 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         sbx_record_free(&a->rec);
         memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
+    } else if (!a->durable) {
+        /* No record ever committed, and the sandbox stays (its container
+         * runs, or ops wait): the settings of the failed writes go, as
+         * they would with the record — else a value answered as failed is
+         * read back (issue 11; the fault test's failed_write_visible when
+         * the creating write failed on a full disk). */
+        sbx_record_set_blob(&a->rec.config, &a->rec.config_len, NULL, 0);
+        sbx_record_set_blob(&a->rec.env, &a->rec.env_len, NULL, 0);
+        load_config(a);
     }
     /* Supersede the undone writes that may still commit; with none, what
      * comes next depends on the writes before the failed ones only (all

@@ -442,3 +442,37 @@ Test(gate, a_failed_later_write_spanning_the_reply_record_leaves_the_committed_o
     /* The undo keeps the op's value: the acknowledged record. */
     expect_env("in memory", a->rec.env, a->rec.env_len, "A", 10);
 }
+
+Test(gate, a_failed_write_of_a_sandbox_with_no_committed_record_drops_its_settings)
+{
+    /* A sandbox whose creating write failed (the disk was full) while its
+     * container started: it stays, with no durable image.  A configure
+     * made then fails too; its value must not be read back. */
+    struct actor *a = actor_get(sh, "gate-f", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "running");
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "sleepAfter", 5000);
+    sbx_enc_end(&e);
+    char *cfg;
+    size_t cfg_len;
+    cr_assert_eq(sbx_enc_finish(&e, &cfg, &cfg_len), 0);
+    a->rec.config = cfg;
+    a->rec.config_len = cfg_len;
+    a->sleep_after_ms = 5000;
+    a->cs = C_RUNNING; /* the container's state only: none is started here */
+    uint64_t n = write_env(a, "BIG", 2u << 20);
+    cr_assert_eq(sbx_store_wait(sh->store, n), SBX_E_STORAGE_FULL);
+    drain();
+    a->cs = C_NONE;
+    cr_expect(actor_write_failed(a, n));
+    cr_expect(a->exists, "the sandbox with a running container is gone");
+    cr_expect_null(a->rec.config, "the failed configure's settings are still in the record");
+    cr_expect_eq(a->sleep_after_ms, 0, "sleepAfter %lld ms of a failed write is still in effect",
+                 (long long)a->sleep_after_ms);
+    cr_expect_null(a->rec.env, "the failed write's environment is still in the record");
+}
