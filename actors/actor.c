@@ -20,6 +20,7 @@
 
 static void actor_pump(struct actor *a);
 static void load_config(struct actor *a);
+static void save_record(struct actor *a);
 static void on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
 
 /* ------------------------------------------------------------------------------ */
@@ -156,6 +157,14 @@ actor_inflight(const struct sop *op)
 static void
 ensure_record(struct actor *a, const struct sbx_limits *lim)
 {
+    if (a->exists && !a->durable) {
+        /* It exists in memory only (its creating write failed, or is not
+         * decided yet): written again, so that a reply acknowledging it
+         * waits for a committed record — else a restart loses a sandbox
+         * answered as existing (issue 11; the fault test's lost_write). */
+        save_record(a);
+        return;
+    }
     if (a->exists)
         return;
     struct shard *sh = a->sh;

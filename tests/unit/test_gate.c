@@ -476,3 +476,35 @@ Test(gate, a_failed_write_of_a_sandbox_with_no_committed_record_drops_its_settin
                  (long long)a->sleep_after_ms);
     cr_expect_null(a->rec.env, "the failed write's environment is still in the record");
 }
+
+Test(gate, a_create_answered_for_a_sandbox_with_no_committed_record_waits_for_one)
+{
+    /* A sandbox that exists in memory only: its creating write failed
+     * (the disk was full) while its container started.  A create then
+     * answers "exists": that answer must mean a committed record, which a
+     * restart finds. */
+    struct actor *a = actor_get(sh, "gate-g", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "created");
+    struct sop *op = configure_op(a, "req-g");
+    op->def = sbx_op_find("create", strlen("create"));
+    op->req.op = (sbx_str){"create", strlen("create")};
+    snprintf(op->id, sizeof(op->id), "req-g\x1fgate-g\x1f" "create");
+    idem_find(sh, "req-g\x1fgate-g\x1fsandbox.configure")->inflight = NULL;
+    idem_add(sh, op->id, op);
+    static const msgpack_object no_args = {.type = MSGPACK_OBJECT_MAP};
+    op->req.args = &no_args;
+    actor_enqueue(a, op);
+    for (int i = 0; i < 100 && sh->held; i++)
+        run_for(50);
+    struct idem *e = idem_find(sh, "req-g\x1fgate-g\x1f" "create");
+    cr_assert_not_null(e, "the create failed");
+    cr_assert_null(e->inflight, "the create was not answered");
+    char *val = NULL;
+    size_t vn = 0;
+    cr_expect_eq(sbx_store_get(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn), 0,
+                 "the sandbox answered as existing has no record in the store");
+    free(val);
+}
