@@ -263,6 +263,8 @@ reply_status(struct actor *a, struct sop *op)
         shard_reply_err(op, SBX_E_NOT_FOUND, "sandbox '%s' does not exist", a->id);
         return;
     }
+    if (!a->durable)
+        save_record(a); /* it exists in memory only: see ensure_record */
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_str(&e, "sandbox");

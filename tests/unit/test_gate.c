@@ -508,3 +508,35 @@ Test(gate, a_create_answered_for_a_sandbox_with_no_committed_record_waits_for_on
                  "the sandbox answered as existing has no record in the store");
     free(val);
 }
+
+Test(gate, a_status_answered_for_a_sandbox_with_no_committed_record_waits_for_one)
+{
+    /* A sandbox that exists in memory only: its creating write failed
+     * (the disk was full) while its container started.  A status then
+     * answers "exists": that answer must mean a committed record, which a
+     * restart finds. */
+    struct actor *a = actor_get(sh, "gate-h", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "created");
+    struct sop *op = configure_op(a, "req-h");
+    op->def = sbx_op_find("status", strlen("status"));
+    op->req.op = (sbx_str){"status", strlen("status")};
+    snprintf(op->id, sizeof(op->id), "req-h\x1fgate-h\x1f" "status");
+    idem_find(sh, "req-h\x1fgate-h\x1fsandbox.configure")->inflight = NULL;
+    idem_add(sh, op->id, op);
+    static const msgpack_object no_args = {.type = MSGPACK_OBJECT_MAP};
+    op->req.args = &no_args;
+    actor_enqueue(a, op);
+    for (int i = 0; i < 100 && sh->held; i++)
+        run_for(50);
+    struct idem *e = idem_find(sh, "req-h\x1fgate-h\x1f" "status");
+    cr_assert_not_null(e, "the status failed");
+    cr_assert_null(e->inflight, "the status was not answered");
+    char *val = NULL;
+    size_t vn = 0;
+    cr_expect_eq(sbx_store_get(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn), 0,
+                 "the sandbox answered as existing has no record in the store");
+    free(val);
+}
