@@ -20,6 +20,7 @@
 
 static void actor_pump(struct actor *a);
 static void load_config(struct actor *a);
+static void save_record(struct actor *a);
 static void on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
 
 /* ------------------------------------------------------------------------------ */
@@ -156,6 +157,14 @@ actor_inflight(const struct sop *op)
 static void
 ensure_record(struct actor *a, const struct sbx_limits *lim)
 {
+    if (a->exists && !a->durable) {
+        /* It exists in memory only (its creating write failed, or is not
+         * decided yet): written again, so that a reply acknowledging it
+         * waits for a committed record — else a restart loses a sandbox
+         * answered as existing (issue 11; the fault test's lost_write). */
+        save_record(a);
+        return;
+    }
     if (a->exists)
         return;
     struct shard *sh = a->sh;
@@ -254,6 +263,8 @@ reply_status(struct actor *a, struct sop *op)
         shard_reply_err(op, SBX_E_NOT_FOUND, "sandbox '%s' does not exist", a->id);
         return;
     }
+    if (!a->durable)
+        save_record(a); /* it exists in memory only: see ensure_record */
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_str(&e, "sandbox");
@@ -1578,6 +1589,15 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         sbx_record_free(&a->rec);
         memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
+    } else if (!a->durable) {
+        /* No record ever committed, and the sandbox stays (its container
+         * runs, or ops wait): the settings of the failed writes go, as
+         * they would with the record — else a value answered as failed is
+         * read back (issue 11; the fault test's failed_write_visible when
+         * the creating write failed on a full disk). */
+        sbx_record_set_blob(&a->rec.config, &a->rec.config_len, NULL, 0);
+        sbx_record_set_blob(&a->rec.env, &a->rec.env_len, NULL, 0);
+        load_config(a);
     }
     /* Supersede the undone writes that may still commit; with none, what
      * comes next depends on the writes before the failed ones only (all

@@ -89,9 +89,11 @@ shard_deliver_error(struct sop *op, int code)
 static bool
 held_failed(struct shard *sh, const struct held *h, int *code)
 {
+    /* Not h->need: it is h->dep, or the later write of the reply to the
+     * idempotency table, which is no write of the actor (a failed range of
+     * the actor may span it, and the operation's own write committed). */
     struct actor *a = h->sandbox[0] ? actor_get(sh, h->sandbox, false) : NULL;
-    if (!a || !(actor_write_failed(a, h->need) || actor_write_failed(a, h->dep) ||
-                actor_write_failed(a, h->own)))
+    if (!a || !(actor_write_failed(a, h->dep) || actor_write_failed(a, h->own)))
         return false;
     *code = a->bad_code;
     return true;
@@ -168,7 +170,8 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
     struct held **pp = &sh->held;
     while (*pp) {
         struct held *h = *pp;
-        if ((h->need < seq && h->dep < seq && h->own < seq) || strcmp(h->sandbox, id)) {
+        /* h->need is not looked at: see held_failed. */
+        if ((h->dep < seq && h->own < seq) || strcmp(h->sandbox, id)) {
             pp = &h->next;
             continue;
         }
@@ -220,6 +223,17 @@ commit_loop(sbx_loop *l, void *arg)
         while (*pp) {
             struct held *h = *pp;
             if (h->need < n->first || h->need > n->last) {
+                pp = &h->next;
+                continue;
+            }
+            if (h->need == h->op->idem_seq && h->dep < n->first && h->own < n->first) {
+                /* Only the reply's record in the idempotency table failed:
+                 * the operation's write is another one (committed, or
+                 * judged by its own note and idem_gate_check), so the reply
+                 * stands and waits for that write alone.  The reply stays
+                 * in memory (idem_done); a retry after a restart finds the
+                 * op's intent, if any, or nothing. */
+                h->need = SBX_MAX(h->dep, h->own);
                 pp = &h->next;
                 continue;
             }

@@ -20,6 +20,13 @@
  * N+1 could be erased by the next write.  That race is not reproducible on
  * demand; this test checks the rule that removes it.
  *
+ * A reply's record in the idempotency table (idem.c) is a store write of its
+ * own, made after the operation's: when only that write fails (the reply
+ * does not fit; a failed record write of the actor made after the op's
+ * committed one spans it), the operation's committed change is answered
+ * as done, not as STORAGE_FULL (issue 11; the fault test's
+ * failed_write_visible: a value answered as failed and read back later).
+ *
  * The test drives one actor's record writes the way the actor does
  * (shard_store_record, a->last_seq) and runs the shard's loop itself to
  * deliver the store's commit notes.  Each test works in its own mkdtemp
@@ -52,6 +59,8 @@ setup(void)
     cr_assert_eq(sbx_loop_new(&sh->loop), 0);
     sh->nbuckets = 64;
     sh->buckets = sbx_xcalloc(sh->nbuckets, sizeof(*sh->buckets));
+    sh->nibuckets = 64;
+    sh->ibuckets = sbx_xcalloc(sh->nibuckets, sizeof(*sh->ibuckets));
     char dir[96];
     snprintf(dir, sizeof(dir), "%s/data", tmpdir);
     int rc = sbx_store_open(&sh->store, dir, 1ull << 20, 0, shard_commit_cb, sh);
@@ -81,6 +90,15 @@ teardown(void)
             sbx_store_close(sh->store);
         drain(); /* the last notes: their memory */
         actor_free_all(sh);
+        while (sh->held) {
+            struct held *h = sh->held;
+            sh->held = h->next;
+            free(h->buf);
+            sop_free(h->op);
+            free(h);
+        }
+        idem_free_all(sh);
+        free(sh->ibuckets);
         while (sh->pw_head) {
             struct pwrite *w = sh->pw_head;
             sh->pw_head = w->next;
@@ -323,4 +341,202 @@ Test(gate, a_rewrite_that_fails_is_tried_again_until_the_undone_write_is_gone)
         run_for(100); /* the retry comes once a second; a loaded machine may take longer */
     expect_stored_env(a->id, "A", 100000);
     expect_env("in memory", a->rec.env, a->rec.env_len, "A", 100000);
+}
+
+/* An op of sandbox a answering configure, admitted to the idempotency
+ * table as the shard does (heap; its reply frees it). */
+static struct sop *
+configure_op(struct actor *a, const char *rid)
+{
+    struct sop *op = sbx_xcalloc(1, sizeof(*op));
+    op->sh = sh;
+    op->actor = a;
+    op->def = sbx_op_find("sandbox.configure", strlen("sandbox.configure"));
+    cr_assert_not_null(op->def);
+    op->req.id = (sbx_str){rid, strlen(rid)};
+    op->req.op = (sbx_str){"sandbox.configure", strlen("sandbox.configure")};
+    op->req.sandbox = (sbx_str){a->id, strlen(a->id)};
+    snprintf(op->id, sizeof(op->id), "%s\x1f%s\x1fsandbox.configure", rid, a->id);
+    idem_add(sh, op->id, op);
+    return op;
+}
+
+/* A success reply of n bytes (heap). */
+static char *
+ok_reply(const char *rid, size_t n, size_t *len)
+{
+    char *buf = sbx_xmalloc(n);
+    memset(buf, 0x90, n); /* what it holds does not matter here */
+    (void)rid;
+    *len = n;
+    return buf;
+}
+
+/* Whether the reply recorded for key id is the success of n bytes (an
+ * error reply removes the entry: a retry runs again). */
+static void
+expect_answered_ok(const char *id, size_t n)
+{
+    struct idem *e = idem_find(sh, id);
+    cr_expect_null(sh->held, "the reply is still held");
+    cr_assert_not_null(e, "the committed configure was answered with an error (its entry "
+                          "was dropped as a transient failure's)");
+    cr_expect(!e->inflight, "the op was not answered");
+    cr_expect(!e->interrupted);
+    cr_expect_eq(e->len, n, "the answer is %zu bytes, not the success's %zu", e->len, n);
+}
+
+Test(gate, a_reply_whose_idempotency_record_does_not_fit_still_answers_the_committed_write)
+{
+    struct actor *a = actor_get(sh, "gate-d", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+    /* 300 KB of the 1 MiB map in use. */
+    uint64_t s0 = write_env(a, "A", 300000);
+    cr_assert_eq(sbx_store_wait(sh->store, s0), 0);
+    drain();
+
+    /* The op's write (small) commits; its reply of ~1 MB does not fit. */
+    struct sop *op = configure_op(a, "req-d");
+    uint64_t s1 = write_env(a, "B", 10);
+    size_t len;
+    char *buf = ok_reply("req-d", 1000000, &len);
+    shard_reply(op, buf, len, s1);
+    uint64_t i = op->idem_seq; /* op is freed once answered */
+    cr_assert_gt(i, s1, "the reply was not recorded in the idempotency table");
+    cr_assert_eq(sbx_store_wait(sh->store, s1), 0, "the op's write must commit");
+    cr_assert_eq(sbx_store_wait(sh->store, i), SBX_E_STORAGE_FULL,
+                 "the reply's record fitted: the scenario needs it to fail");
+    drain();
+    expect_answered_ok("req-d\x1fgate-d\x1fsandbox.configure", len);
+    expect_stored_env(a->id, "B", 10);
+}
+
+Test(gate, a_failed_later_write_spanning_the_reply_record_leaves_the_committed_op_answered)
+{
+    struct actor *a = actor_get(sh, "gate-e", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+    /* The op's write commits; then a write N that does not fit is made
+     * before the op's reply, whose idempotency record (small, fits) comes
+     * after N in the store, and another write N+1 after that. */
+    struct sop *op = configure_op(a, "req-e");
+    uint64_t s1 = write_env(a, "A", 10);
+    cr_assert_eq(sbx_store_wait(sh->store, s1), 0);
+    uint64_t n = write_env(a, "BIG", 2u << 20);
+    size_t len;
+    char *buf = ok_reply("req-e", 64, &len);
+    shard_reply(op, buf, len, s1);
+    /* N+1, made on top of N before its failure is known: undone with it,
+     * so the failed range of the actor spans the reply's record. */
+    uint64_t n1 = write_env(a, "C", 10);
+    cr_assert_gt(n1, op->idem_seq);
+    cr_assert_eq(sbx_store_wait(sh->store, n), SBX_E_STORAGE_FULL);
+    drain();
+    cr_expect(actor_write_failed(a, n));
+    expect_answered_ok("req-e\x1fgate-e\x1fsandbox.configure", len);
+    /* The undo keeps the op's value: the acknowledged record. */
+    expect_env("in memory", a->rec.env, a->rec.env_len, "A", 10);
+}
+
+Test(gate, a_failed_write_of_a_sandbox_with_no_committed_record_drops_its_settings)
+{
+    /* A sandbox whose creating write failed (the disk was full) while its
+     * container started: it stays, with no durable image.  A configure
+     * made then fails too; its value must not be read back. */
+    struct actor *a = actor_get(sh, "gate-f", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "running");
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "sleepAfter", 5000);
+    sbx_enc_end(&e);
+    char *cfg;
+    size_t cfg_len;
+    cr_assert_eq(sbx_enc_finish(&e, &cfg, &cfg_len), 0);
+    a->rec.config = cfg;
+    a->rec.config_len = cfg_len;
+    a->sleep_after_ms = 5000;
+    a->cs = C_RUNNING; /* the container's state only: none is started here */
+    uint64_t n = write_env(a, "BIG", 2u << 20);
+    cr_assert_eq(sbx_store_wait(sh->store, n), SBX_E_STORAGE_FULL);
+    drain();
+    a->cs = C_NONE;
+    cr_expect(actor_write_failed(a, n));
+    cr_expect(a->exists, "the sandbox with a running container is gone");
+    cr_expect_null(a->rec.config, "the failed configure's settings are still in the record");
+    cr_expect_eq(a->sleep_after_ms, 0, "sleepAfter %lld ms of a failed write is still in effect",
+                 (long long)a->sleep_after_ms);
+    cr_expect_null(a->rec.env, "the failed write's environment is still in the record");
+}
+
+Test(gate, a_create_answered_for_a_sandbox_with_no_committed_record_waits_for_one)
+{
+    /* A sandbox that exists in memory only: its creating write failed
+     * (the disk was full) while its container started.  A create then
+     * answers "exists": that answer must mean a committed record, which a
+     * restart finds. */
+    struct actor *a = actor_get(sh, "gate-g", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "created");
+    struct sop *op = configure_op(a, "req-g");
+    op->def = sbx_op_find("create", strlen("create"));
+    op->req.op = (sbx_str){"create", strlen("create")};
+    snprintf(op->id, sizeof(op->id), "req-g\x1fgate-g\x1f" "create");
+    idem_find(sh, "req-g\x1fgate-g\x1fsandbox.configure")->inflight = NULL;
+    idem_add(sh, op->id, op);
+    static const msgpack_object no_args = {.type = MSGPACK_OBJECT_MAP};
+    op->req.args = &no_args;
+    actor_enqueue(a, op);
+    for (int i = 0; i < 100 && sh->held; i++)
+        run_for(50);
+    struct idem *e = idem_find(sh, "req-g\x1fgate-g\x1f" "create");
+    cr_assert_not_null(e, "the create failed");
+    cr_assert_null(e->inflight, "the create was not answered");
+    char *val = NULL;
+    size_t vn = 0;
+    cr_expect_eq(sbx_store_get(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn), 0,
+                 "the sandbox answered as existing has no record in the store");
+    free(val);
+}
+
+Test(gate, a_status_answered_for_a_sandbox_with_no_committed_record_waits_for_one)
+{
+    /* A sandbox that exists in memory only: its creating write failed
+     * (the disk was full) while its container started.  A status then
+     * answers "exists": that answer must mean a committed record, which a
+     * restart finds. */
+    struct actor *a = actor_get(sh, "gate-h", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "created");
+    struct sop *op = configure_op(a, "req-h");
+    op->def = sbx_op_find("status", strlen("status"));
+    op->req.op = (sbx_str){"status", strlen("status")};
+    snprintf(op->id, sizeof(op->id), "req-h\x1fgate-h\x1f" "status");
+    idem_find(sh, "req-h\x1fgate-h\x1fsandbox.configure")->inflight = NULL;
+    idem_add(sh, op->id, op);
+    static const msgpack_object no_args = {.type = MSGPACK_OBJECT_MAP};
+    op->req.args = &no_args;
+    actor_enqueue(a, op);
+    for (int i = 0; i < 100 && sh->held; i++)
+        run_for(50);
+    struct idem *e = idem_find(sh, "req-h\x1fgate-h\x1f" "status");
+    cr_assert_not_null(e, "the status failed");
+    cr_assert_null(e->inflight, "the status was not answered");
+    char *val = NULL;
+    size_t vn = 0;
+    cr_expect_eq(sbx_store_get(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn), 0,
+                 "the sandbox answered as existing has no record in the store");
+    free(val);
 }
