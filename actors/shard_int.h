@@ -356,8 +356,29 @@ int shard_relay_start(struct shard *sh);
 void shard_relay_stop(struct shard *sh);
 
 /* actor.c */
-/* actor_port_exposed — whether port is exposed for the running container. */
+/* actor_port_exposed — whether port is exposed for the running container (ports.c). */
 bool actor_port_exposed(struct actor *a, int port);
+
+/* Shared by actor.c and ports.c (loop thread only). */
+/* actor_ensure_record — give a a record (created now with limits lim, or
+ * the shard's when NULL) if it has none, or none committed yet; queues its
+ * write (a->last_seq). */
+void actor_ensure_record(struct actor *a, const struct sbx_limits *lim);
+/* actor_save_record — queue a write of a's record; a->last_seq is its seq. */
+void actor_save_record(struct actor *a);
+/* actor_start_container — start a's container (from the pool or a worker);
+ * op (not NULL) waits at the input gate and goes on once it is up. */
+void actor_start_container(struct actor *a, struct sop *op);
+/* actor_merge_map_blob — replace *blob (a msgpack map, heap, may be NULL)
+ * with *blob ⊕ vars: string values set, nil removes; the result is a fresh
+ * heap blob (the old one is freed). */
+void actor_merge_map_blob(char **blob, size_t *len, const msgpack_object *vars);
+/* ports.c: sandbox.port.expose / port.unexpose / port.list / preview.resolve
+ * (docs/protocol.md); each answers op (consumed). */
+void actor_op_port_expose(struct actor *a, struct sop *op);
+void actor_op_port_unexpose(struct actor *a, struct sop *op);
+void actor_op_port_list(struct actor *a, struct sop *op);
+void actor_op_preview_resolve(struct actor *a, struct sop *op);
 /*
  * actor_partition_quiesce — for the actors of the partitions in set (a
  * SBX_PARTITIONS byte map): stop the containers of idle ones (as an idle
