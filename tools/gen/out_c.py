@@ -100,7 +100,7 @@ def runtime_c(sch):
                     f'    {{{cstr(an)}, {kinds(a, sch)}, {str(a["required"]).lower()}, '
                     f'{str(mn is not None).lower()}, {str(mx is not None).lower()}, '
                     f'{num(mn)}, {num(mx)}, {ml}u, {en}, {cstr(typename(a, sch))}, '
-                    f'{cstr(a.get("unit"))}}},')
+                    f'{cstr(a.get("unit"))}, {S_code(sch, a.get("error"))}}},')
             out.append('};')
     out += ['', 'const struct sbx_op_def sbx_ops[] = {']
     for o in ops:
