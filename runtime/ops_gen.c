@@ -209,6 +209,9 @@ static const struct sbx_arg args_sandbox_configure[] = {
     {"sleepAfter", SBX_ARG_STR | SBX_ARG_BIN | SBX_ARG_INT | SBX_ARG_FLOAT, false, false, false, 0, 0, 0u, NULL, "a string or an integer or a number", "seconds-or-duration", 0},
     {"keepAlive", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
 };
+static const struct sbx_arg args_sandbox_labels[] = {
+    {"labels", SBX_ARG_MAP, false, false, false, 0, 0, 64u, NULL, "an object", NULL, 0},
+};
 static const struct sbx_arg args_create[] = {
     {"limits", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
 };
@@ -570,6 +573,14 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_sandbox_configure,
      .nargs = 2},
+    {.name = "sandbox.labels",
+     .id = SBX_OPID_SANDBOX_LABELS,
+     .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .summary = "read or replace the sandbox's labels (the SDK's setLabels)",
+     .http = "GET /v1/sandboxes/{sandbox}/labels",
+     .args = args_sandbox_labels,
+     .nargs = 1},
     {.name = "create",
      .id = SBX_OPID_CREATE,
      .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,
