@@ -31,6 +31,8 @@ enum sbx_op_flags {
     SBX_OP_STREAM = 1 << 6,    /* answers {streamId}: over HTTP the reply is that stream as SSE */
     SBX_OP_INTERNAL = 1 << 7,  /* between shards only: gateways refuse it from clients */
     SBX_OP_FRONT = 1 << 8,     /* a helper of the HTTP front (over nng): not an HTTP route */
+    SBX_OP_READONLY = 1 << 9,  /* an agent op that only reads: running it again changes
+                                * nothing, so its reply is not written to the store */
 };
 
 /* The msgpack kinds an argument accepts (a bit set). */

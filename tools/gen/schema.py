@@ -34,7 +34,8 @@ TYPES = ('string', 'integer', 'number', 'boolean', 'object', 'array', 'map', 'en
 JSON_TYPES = ('string', 'integer', 'number', 'boolean', 'object', 'array', 'null')
 LAYERS = ('gateway', 'shard', 'agent')
 # The order is that of enum sbx_op_flags in runtime/ops.h ('agent' comes from the layer).
-FLAGS = ('sandbox', 'nocreate', 'nowake', 'global', 'mutates', 'stream', 'internal', 'front')
+FLAGS = ('sandbox', 'nocreate', 'nowake', 'global', 'mutates', 'stream', 'internal', 'front',
+         'readonly')
 UNITS = ('bytes', 'ms', 's', 'seconds-or-duration')
 FIELD_KEYS = {'type', 'doc', 'required', 'unit', 'min', 'max', 'max_len', 'default', 'items',
               'values', 'enum', 'fields', 'additional', 'error'}
