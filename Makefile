@@ -5,6 +5,8 @@
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
 #   make test     install missing packages, build with ASan+UBSan, run the whole suite
 #   make bench    build and run the benchmarks (tools/bench), figures on stdout
+#   make gen      regenerate what runtime/ops.yaml feeds (docs/schema.md); make gen-check
+#                 fails with the diff when a committed generated file is stale
 #   make clean    remove build outputs
 #
 # Warnings are errors everywhere (-Wall -Wextra -Werror, C17).  The test suite
