@@ -38,7 +38,8 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
-ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/ports.c actors/record.c actors/relay.c \
+ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/actor_container.c \
+           actors/actor_chan.c actors/actor_handoff.c actors/ports.c actors/record.c actors/relay.c \
            actors/cluster.c actors/cluster_repl.c actors/cluster_handoff.c actors/cluster_load.c \
            actors/recrev.c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/http_openapi.c \

@@ -1,5 +1,5 @@
 /*
- * shard_int.h — what shard.c and actor.c share.  Everything here is owned
+ * shard_int.h — what shard.c, actor.c and their parts share.  Everything here is owned
  * by the shard's loop thread unless a comment says otherwise.
  */
 #ifndef SBX_SHARD_INT_H
@@ -420,8 +420,47 @@ bool actor_inflight(const struct sop *op);
 void actor_work_done(struct shard *sh, struct work *w);
 void actor_encode_status(struct actor *a, sbx_enc *e);
 void actor_stop_all(struct shard *sh);
-/* actor.c: stop the containers of actors idle for longer than their sleepAfter. */
+/* actor_container.c: stop the containers of actors idle for longer than their sleepAfter. */
 void actor_sleep_sweep(struct shard *sh);
 void actor_free_all(struct shard *sh);
+
+/*
+ * Shared by actor.c and its parts (actor_container.c, actor_chan.c,
+ * actor_handoff.c); loop thread only.  Ops passed in are consumed (answered
+ * or handed on) unless a comment says otherwise.
+ */
+/* actor.c: run what a's mailbox holds while its input gate is open. */
+void actor_pump(struct actor *a);
+/* actor.c: the op-dispatch chain — one op of a's mailbox. */
+void actor_handle(struct actor *a, struct sop *op);
+/* actor.c: free a if it holds nothing (no record, container, work, relay). */
+void actor_maybe_free(struct actor *a);
+/* actor.c: the lifecycle settings (sleepAfter, keepAlive) from a's record. */
+void actor_load_config(struct actor *a);
+/* actor.c: a's sleepAfter in ms (its own, else the shard's). */
+int64_t actor_sleep_after(struct actor *a);
+/* actor_container.c: answer every op of *list (emptied) with code and msg. */
+void actor_fail_list(struct sop **list, int code, const char *msg);
+/* actor_container.c: answer a's ops in flight at its agent with code and msg. */
+void actor_fail_inflight(struct actor *a, int code, const char *msg);
+/* actor_container.c: stop a's container on a worker (a->cs C_STOPPING until
+ * actor_work_done); for_destroy: the destroy at the gate then finishes. */
+void actor_stop_container(struct actor *a, bool for_destroy);
+/* actor_container.c: the agent went away unasked (why: a sentence); its ops
+ * in flight fail, the container is stopped, the next op starts a fresh one. */
+void actor_container_died(struct actor *a, const char *why);
+/* actor_container.c: forget a's record (queueing its deletion) and answer
+ * the destroy op. */
+void actor_finish_destroy(struct actor *a, struct sop *op);
+/* actor_chan.c: send an agent op to a's agent (tagged, in flight until its
+ * reply or the container's end). */
+void actor_dispatch(struct actor *a, struct sop *op);
+/* actor_chan.c: send {t: tag, op, a: args or args_enc (an open map encoder,
+ * consumed) or {}} to a's agent, with the deadline and counters of sop when
+ * not NULL.  0, SBX_E_INTERNAL, or SBX_E_CONTAINER (the channel broke). */
+int actor_agent_send(struct actor *a, const char *op, const msgpack_object *args,
+                     sbx_enc *args_enc, uint64_t tag, const struct sop *sop);
+/* actor_chan.c: the loop's watcher of a's channel (arg: the actor). */
+void actor_on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
 
 #endif
