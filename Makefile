@@ -40,6 +40,7 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
            runtime/json.c
 ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/actor_container.c \
            actors/actor_chan.c actors/actor_handoff.c actors/ports.c actors/record.c actors/relay.c \
+           actors/shard_intake.c actors/shard_reply.c actors/shard_work.c \
            actors/cluster.c actors/cluster_repl.c actors/cluster_handoff.c actors/cluster_load.c \
            actors/recrev.c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/http_openapi.c \

@@ -236,7 +236,27 @@ struct shard {
     int64_t start_us_total;
 };
 
-/* shard.c */
+/* shard.c: the shard-level operations list and shard.status (op consumed). */
+void shard_op_list(struct sop *op);
+void shard_op_status(struct sop *op);
+
+/* shard_intake.c: the REP contexts' nng callback (nng's threads: moves the
+ * message and posts on_request to the loop), and a reply sent on context c
+ * (loop thread; buf borrowed; nothing once the socket is closing). */
+void shard_sctx_cb(void *arg);
+void shard_sctx_send(struct sctx *c, const char *buf, size_t len);
+
+/* shard_work.c: a worker thread's body (arg: the shard); and topping the
+ * warm pool up to conf.pool containers (loop thread). */
+void *shard_worker_main(void *arg);
+void shard_pool_fill(struct shard *sh);
+/* shard_work_submit — queue w (owned by the workers until it comes back to
+ * the loop: actor_work_done for an actor's). */
+void shard_work_submit(struct shard *sh, struct work *w);
+/* shard_pool_take — a warm container into *out (true), or none (false). */
+bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+
+/* shard_reply.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);
 /* shard_deliver — send buf (owned, consumed) to op's waiters now, keep it for
  * retries of its request id, and free op. */
@@ -252,7 +272,6 @@ void shard_reply_werr(struct sop *op, sbx_werr *w);
  * the caller is answered either way. */
 void shard_reply_begin(struct sop *op, sbx_enc *e);
 void shard_reply_end(struct sop *op, sbx_enc *e, uint64_t need_seq);
-void shard_work_submit(struct shard *sh, struct work *w);
 /*
  * Deadlines (docs/protocol.md §2).  A request with timeoutMs T is answered
  * REQUEST_TIMEOUT by the shard itself at shard_deadline(T) after it
@@ -272,7 +291,7 @@ void shard_deadline_arm(struct sop *op);
 /* shard_op_deadline — the latest deadline among the ctxs still waiting, or
  * 0 if one of them has none (or none waits). */
 int64_t shard_op_deadline(const struct sop *op);
-bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+/* sop_free — free op (NULL: nothing), its timer, decoded request and message. */
 void sop_free(struct sop *op);
 
 /* gate.c (the output gate) */
