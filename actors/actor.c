@@ -7,7 +7,7 @@
  * actor_chan.c (the channel to the agent), actor_handoff.c (partitions that
  * move), ports.c (exposed ports, preview URLs).
  * Everything here runs on the shard's loop thread (shard.h); the shard owns
- * the actors (sh->buckets) and the table frees them (actor_maybe_free).
+ * the actors (sh->actors.buckets) and the table frees them (actor_maybe_free).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -29,18 +29,18 @@
 static size_t
 ahash(struct shard *sh, const char *id)
 {
-    return (size_t)(XXH64(id, strlen(id), 3) % sh->nbuckets);
+    return (size_t)(XXH64(id, strlen(id), 3) % sh->actors.nbuckets);
 }
 
 static void
 actor_unlink(struct shard *sh, struct actor *a)
 {
-    struct actor **pp = &sh->buckets[ahash(sh, a->id)];
+    struct actor **pp = &sh->actors.buckets[ahash(sh, a->id)];
     while (*pp && *pp != a)
         pp = &(*pp)->hnext;
     if (*pp) {
         *pp = a->hnext;
-        sh->nactors--;
+        sh->actors.n--;
     }
 }
 
@@ -82,7 +82,7 @@ struct actor *
 actor_get(struct shard *sh, const char *id, bool load)
 {
     size_t b = ahash(sh, id);
-    for (struct actor *a = sh->buckets[b]; a; a = a->hnext)
+    for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext)
         if (!strcmp(a->id, id))
             return a;
     if (!load)
@@ -123,9 +123,9 @@ actor_get(struct shard *sh, const char *id, bool load)
         actor_release(a);
         return NULL;
     }
-    a->hnext = sh->buckets[b];
-    sh->buckets[b] = a;
-    sh->nactors++;
+    a->hnext = sh->actors.buckets[b];
+    sh->actors.buckets[b] = a;
+    sh->actors.n++;
     return a;
 }
 
@@ -759,8 +759,8 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
 void
 actor_stop_all(struct shard *sh)
 {
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext) {
             actor_fail_inflight(a, SBX_E_INTERRUPTED, "the shard is stopping");
             actor_fail_list(&a->mb_head, SBX_E_INTERRUPTED, "the shard is stopping");
             a->mb_tail = NULL;
@@ -776,10 +776,10 @@ actor_stop_all(struct shard *sh)
 void
 actor_free_all(struct shard *sh)
 {
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        while (sh->buckets[b]) {
-            struct actor *a = sh->buckets[b];
-            sh->buckets[b] = a->hnext;
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        while (sh->actors.buckets[b]) {
+            struct actor *a = sh->actors.buckets[b];
+            sh->actors.buckets[b] = a->hnext;
             while (a->mb_head) {
                 struct sop *op = a->mb_head;
                 a->mb_head = op->next;
@@ -795,5 +795,5 @@ actor_free_all(struct shard *sh)
             actor_release(a);
         }
     }
-    sh->nactors = 0;
+    sh->actors.n = 0;
 }

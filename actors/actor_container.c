@@ -241,8 +241,8 @@ void
 actor_sleep_sweep(struct shard *sh)
 {
     int64_t now = sbx_wall_ms();
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext) {
             if (a->cs != C_RUNNING || a->inflight || a->mb_head || a->gate || a->keep_alive ||
                 a->relays > 0)
                 continue;

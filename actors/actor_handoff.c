@@ -16,8 +16,8 @@ actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force, uint64
 {
     bool quiet = true;
     *max_seq = 0;
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext) {
             if (!set[a->part])
                 continue;
             if (force) {
@@ -49,8 +49,8 @@ actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force, uint64
 void
 actor_partition_drop(struct shard *sh, const uint8_t *set)
 {
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        struct actor *a = sh->buckets[b];
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        struct actor *a = sh->actors.buckets[b];
         while (a) {
             struct actor *next = a->hnext;
             if (set[a->part]) {

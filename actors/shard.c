@@ -194,8 +194,8 @@ shard_op_status(struct sop *op)
     uint64_t batches, writes, failed;
     sbx_store_stat(sh->store, &batches, &writes, &failed);
     size_t running = 0;
-    for (size_t b = 0; b < sh->nbuckets; b++)
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext)
+    for (size_t b = 0; b < sh->actors.nbuckets; b++)
+        for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext)
             if (a->cs == C_RUNNING)
                 running++;
     shard_reply_begin(op, &e);
@@ -205,9 +205,9 @@ shard_op_status(struct sop *op)
     sbx_enc_kstr(&e, "health", "ok");
     sbx_enc_kint(&e, "pid", getpid());
     sbx_enc_kint(&e, "uptimeMs", sbx_wall_ms() - sh->started_ms);
-    sbx_enc_kint(&e, "actors", (int64_t)sh->nactors);
+    sbx_enc_kint(&e, "actors", (int64_t)sh->actors.n);
     sbx_enc_kint(&e, "running", (int64_t)running);
-    sbx_enc_kint(&e, "pool", sh->npool);
+    sbx_enc_kint(&e, "pool", sh->pool.n);
     sbx_enc_kint(&e, "requests", (int64_t)sh->n_requests);
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);
@@ -278,7 +278,7 @@ static void
 drain_to_idle(struct shard *sh)
 {
     /* Run the loop until every container is stopped. */
-    while (sh->busy_work > 0 || sh->pool_inflight > 0) {
+    while (sh->work.busy > 0 || sh->pool.inflight > 0) {
         sbx_loop_timer(sh->loop, 20, stop_cb, NULL);
         sbx_loop_run(sh->loop);
     }
@@ -309,15 +309,15 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sh->limits.memory = conf->memory;
     sh->limits.pids = (uint32_t)conf->pids;
     sh->limits.cpu_milli = (uint32_t)conf->cpu;
-    sh->nbuckets = 4096;
-    sh->buckets = sbx_xcalloc(sh->nbuckets, sizeof(*sh->buckets));
-    sh->nibuckets = 4096;
-    sh->ibuckets = sbx_xcalloc(sh->nibuckets, sizeof(*sh->ibuckets));
-    pthread_mutex_init(&sh->wmu, NULL);
-    pthread_cond_init(&sh->wcv, NULL);
-    pthread_mutex_init(&sh->relay_mu, NULL);
-    pthread_cond_init(&sh->relay_cv, NULL);
-    sh->relay_fd = sh->relay_stopfd = -1;
+    sh->actors.nbuckets = 4096;
+    sh->actors.buckets = sbx_xcalloc(sh->actors.nbuckets, sizeof(*sh->actors.buckets));
+    sh->idem.nbuckets = 4096;
+    sh->idem.buckets = sbx_xcalloc(sh->idem.nbuckets, sizeof(*sh->idem.buckets));
+    pthread_mutex_init(&sh->work.mu, NULL);
+    pthread_cond_init(&sh->work.cv, NULL);
+    pthread_mutex_init(&sh->relay.mu, NULL);
+    pthread_cond_init(&sh->relay.cv, NULL);
+    sh->relay.fd = sh->relay.stopfd = -1;
     sh->sigfd = -1;
 
     sigemptyset(&set);
@@ -376,10 +376,10 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
                  "containers are gone and start again on their next operation",
                  conf->name, fc.n);
 
-    sh->nworkers = (int)SBX_MAX(conf->workers, 1);
-    sh->workers = sbx_xcalloc((size_t)sh->nworkers, sizeof(pthread_t));
-    for (int i = 0; i < sh->nworkers; i++)
-        pthread_create(&sh->workers[i], NULL, shard_worker_main, sh);
+    sh->work.n = (int)SBX_MAX(conf->workers, 1);
+    sh->work.threads = sbx_xcalloc((size_t)sh->work.n, sizeof(pthread_t));
+    for (int i = 0; i < sh->work.n; i++)
+        pthread_create(&sh->work.threads[i], NULL, shard_worker_main, sh);
 
     sh->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     sigw = sbx_loop_watch(sh->loop, sh->sigfd, EPOLLIN, on_signal, sh);
@@ -423,9 +423,9 @@ stop:
         nng_aio_stop(sh->ctxs[i].aio);
     sh->ctx_closed = true;
     actor_stop_all(sh);
-    while (sh->pool) {
-        struct pooled *p = sh->pool;
-        sh->pool = p->next;
+    while (sh->pool.head) {
+        struct pooled *p = sh->pool.head;
+        sh->pool.head = p->next;
         struct work *w = sbx_xcalloc(1, sizeof(*w));
         w->kind = W_STOP;
         w->c = p->c;
@@ -433,12 +433,12 @@ stop:
         free(p);
     }
     drain_to_idle(sh);
-    pthread_mutex_lock(&sh->wmu);
-    sh->wstop = true;
-    pthread_cond_broadcast(&sh->wcv);
-    pthread_mutex_unlock(&sh->wmu);
-    for (int i = 0; i < sh->nworkers; i++)
-        pthread_join(sh->workers[i], NULL);
+    pthread_mutex_lock(&sh->work.mu);
+    sh->work.stop = true;
+    pthread_cond_broadcast(&sh->work.cv);
+    pthread_mutex_unlock(&sh->work.mu);
+    for (int i = 0; i < sh->work.n; i++)
+        pthread_join(sh->work.threads[i], NULL);
     for (int i = 0; i < sh->nctx; i++) {
         nng_ctx_close(sh->ctxs[i].ctx);
         nng_aio_free(sh->ctxs[i].aio);
@@ -481,13 +481,13 @@ out:
         close(sh->sigfd);
     sbx_loop_free(sh->loop);
     free(sh->ctxs);
-    free(sh->workers);
-    free(sh->buckets);
-    free(sh->ibuckets);
-    pthread_mutex_destroy(&sh->wmu);
-    pthread_cond_destroy(&sh->wcv);
-    pthread_mutex_destroy(&sh->relay_mu);
-    pthread_cond_destroy(&sh->relay_cv);
+    free(sh->work.threads);
+    free(sh->actors.buckets);
+    free(sh->idem.buckets);
+    pthread_mutex_destroy(&sh->work.mu);
+    pthread_cond_destroy(&sh->work.cv);
+    pthread_mutex_destroy(&sh->relay.mu);
+    pthread_cond_destroy(&sh->relay.cv);
     free(sh);
     return rc;
 }

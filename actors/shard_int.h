@@ -157,6 +157,24 @@ struct pooled {
     struct sbx_container c;
 };
 
+/* The worker threads (shard_work.c): a queue of work under their own lock;
+ * results come back through sbx_loop_post. */
+struct shard_workers {
+    pthread_t *threads;
+    int n;
+    pthread_mutex_t mu;         /* guards head, tail, stop */
+    pthread_cond_t cv;
+    struct work *head, *tail;
+    bool stop;
+    int busy;                   /* loop-side count of work items not yet returned */
+};
+
+/* The warm pool of started containers (shard_work.c; loop thread). */
+struct shard_pool {
+    struct pooled *head;        /* owned */
+    int n, inflight;            /* containers in it; starts under way */
+};
+
 /* Cached replies for retried request ids (idempotency). */
 struct idem {
     struct idem *hnext, *lnext;
@@ -167,6 +185,35 @@ struct idem {
     size_t dlen;                /* bytes of its LMDB copy (SBX_DB_IDEM), 0: none */
     int64_t at_ms;              /* recorded, ms since the epoch */
     bool interrupted;           /* an intent with no reply: started, never answered */
+};
+
+/* The actors by sandbox ID (actor.c; loop thread): a chained hash table
+ * (struct actor's hnext).  Owns the actors. */
+struct actor_table {
+    struct actor **buckets;
+    size_t nbuckets, n;
+};
+
+/* The idempotency cache (idem.c; loop thread): entries by key, and in
+ * insertion order for expiry.  Owns its entries. */
+struct shard_idem {
+    struct idem **buckets;
+    size_t nbuckets, n;
+    struct idem *head, *tail;   /* insertion order, for expiry */
+    size_t bytes;               /* of the replies kept in memory */
+    size_t dbytes;              /* of their LMDB copies */
+};
+
+/* The preview relay server (relay.c): its thread, listening socket and
+ * live connections, under its own lock. */
+struct shard_relay {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int fd, stopfd;
+    pthread_t thread;
+    bool running;
+    struct rconn *conns;
+    int nconns;
 };
 
 struct shard {
@@ -184,9 +231,7 @@ struct shard {
     bool stopping;
     bool ctx_closed;            /* replies are no longer sent */
 
-    /* actors by ID */
-    struct actor **buckets;
-    size_t nbuckets, nactors;
+    struct actor_table actors; /* actor.c */
 
     /* output gate */
     uint64_t decided;           /* every write ≤ this has a result */
@@ -199,34 +244,12 @@ struct shard {
     struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
     struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
 
-    /* workers (their own lock; results come back through sbx_loop_post) */
-    pthread_t *workers;
-    int nworkers;
-    pthread_mutex_t wmu;
-    pthread_cond_t wcv;
-    struct work *wq_head, *wq_tail;
-    bool wstop;
-    int busy_work;              /* loop-side count of work items not yet returned */
+    struct shard_workers work; /* shard_work.c */
+    struct shard_pool pool;    /* shard_work.c */
 
-    /* warm pool */
-    struct pooled *pool;
-    int npool, pool_inflight;
+    struct shard_idem idem;    /* idem.c */
 
-    /* idempotency cache */
-    struct idem **ibuckets;
-    size_t nibuckets, nidem;
-    struct idem *ihead, *itail; /* insertion order, for expiry */
-    size_t idem_bytes;
-    size_t idem_dbytes;         /* of their LMDB copies */
-
-    /* preview relay (actors/relay.c; its own lock) */
-    pthread_mutex_t relay_mu;
-    pthread_cond_t relay_cv;
-    int relay_fd, relay_stopfd;
-    pthread_t relay_thread;
-    bool relay_running;
-    struct rconn *relay_conns;
-    int relay_nconns;
+    struct shard_relay relay;  /* relay.c */
 
     /* cluster membership and ownership (actors/cluster.c), or NULL */
     struct cluster *cluster;

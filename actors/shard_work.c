@@ -26,18 +26,18 @@ shard_worker_main(void *arg)
 {
     struct shard *sh = arg;
     for (;;) {
-        pthread_mutex_lock(&sh->wmu);
-        while (!sh->wq_head && !sh->wstop)
-            pthread_cond_wait(&sh->wcv, &sh->wmu);
-        if (!sh->wq_head && sh->wstop) {
-            pthread_mutex_unlock(&sh->wmu);
+        pthread_mutex_lock(&sh->work.mu);
+        while (!sh->work.head && !sh->work.stop)
+            pthread_cond_wait(&sh->work.cv, &sh->work.mu);
+        if (!sh->work.head && sh->work.stop) {
+            pthread_mutex_unlock(&sh->work.mu);
             break;
         }
-        struct work *w = sh->wq_head;
-        sh->wq_head = w->next;
-        if (!sh->wq_head)
-            sh->wq_tail = NULL;
-        pthread_mutex_unlock(&sh->wmu);
+        struct work *w = sh->work.head;
+        sh->work.head = w->next;
+        if (!sh->work.head)
+            sh->work.tail = NULL;
+        pthread_mutex_unlock(&sh->work.mu);
         if (w->kind == W_START) {
             w->rc = sbx_container_start(sh->spawner, &w->lim, &w->c, w->why, sizeof(w->why));
         } else {
@@ -54,15 +54,15 @@ shard_work_submit(struct shard *sh, struct work *w)
 {
     w->sh = sh;
     w->next = NULL;
-    sh->busy_work++;
-    pthread_mutex_lock(&sh->wmu);
-    if (sh->wq_tail)
-        sh->wq_tail->next = w;
+    sh->work.busy++;
+    pthread_mutex_lock(&sh->work.mu);
+    if (sh->work.tail)
+        sh->work.tail->next = w;
     else
-        sh->wq_head = w;
-    sh->wq_tail = w;
-    pthread_cond_signal(&sh->wcv);
-    pthread_mutex_unlock(&sh->wmu);
+        sh->work.head = w;
+    sh->work.tail = w;
+    pthread_cond_signal(&sh->work.cv);
+    pthread_mutex_unlock(&sh->work.mu);
 }
 
 static void
@@ -71,7 +71,7 @@ work_done_loop(sbx_loop *l, void *arg)
     struct work *w = arg;
     struct shard *sh = w->sh;
     (void)l;
-    sh->busy_work--;
+    sh->work.busy--;
     if (w->kind == W_START) {
         if (w->rc == 0) {
             sh->n_started++;
@@ -83,7 +83,7 @@ work_done_loop(sbx_loop *l, void *arg)
     }
     if (w->kind == W_START && !w->actor) {
         /* A pool container. */
-        sh->pool_inflight--;
+        sh->pool.inflight--;
         if (w->rc == 0) {
             if (sh->stopping) {
                 w->kind = W_STOP;
@@ -92,9 +92,9 @@ work_done_loop(sbx_loop *l, void *arg)
             }
             struct pooled *p = sbx_xmalloc(sizeof(*p));
             p->c = w->c;
-            p->next = sh->pool;
-            sh->pool = p;
-            sh->npool++;
+            p->next = sh->pool.head;
+            sh->pool.head = p;
+            sh->pool.n++;
             free(w);
             shard_pool_fill(sh);
         } else {
@@ -112,11 +112,11 @@ work_done_loop(sbx_loop *l, void *arg)
 void
 shard_pool_fill(struct shard *sh)
 {
-    while (!sh->stopping && sh->npool + sh->pool_inflight < sh->conf.pool) {
+    while (!sh->stopping && sh->pool.n + sh->pool.inflight < sh->conf.pool) {
         struct work *w = sbx_xcalloc(1, sizeof(*w));
         w->kind = W_START;
         w->lim = sh->limits;
-        sh->pool_inflight++;
+        sh->pool.inflight++;
         shard_work_submit(sh, w);
     }
 }
@@ -124,11 +124,11 @@ shard_pool_fill(struct shard *sh)
 bool
 shard_pool_take(struct shard *sh, struct sbx_container *out)
 {
-    if (!sh->pool)
+    if (!sh->pool.head)
         return false;
-    struct pooled *p = sh->pool;
-    sh->pool = p->next;
-    sh->npool--;
+    struct pooled *p = sh->pool.head;
+    sh->pool.head = p->next;
+    sh->pool.n--;
     *out = p->c;
     free(p);
     sh->n_pool_hits++;
