@@ -82,7 +82,7 @@ actor_get(struct shard *sh, const char *id, bool load)
 {
     size_t b = ahash(sh, id);
     for (struct actor *a = sh->buckets[b]; a; a = a->hnext)
-        if (!strcmp(a->id, id))
+        if (!a->stale && !strcmp(a->id, id))
             return a;
     if (!load)
         return NULL;
@@ -101,6 +101,8 @@ actor_get(struct shard *sh, const char *id, bool load)
      * is, and a reply on it waits for that write (tests/faults found
      * destroyed sandboxes coming back from LMDB before their delete committed). */
     const struct pwrite *q = queued_write(sh, id);
+    if (q && q->seq <= sh->part_reset_seq[a->part])
+        q = NULL; /* made before the partition's records were replaced: not the record */
     const char *img = q ? q->img : val; /* NULL: no record */
     size_t imglen = q ? q->len : vn;
     if (q)
@@ -180,6 +182,8 @@ actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
 void
 actor_save_record(struct actor *a)
 {
+    if (a->stale)
+        return; /* the record is another incarnation's now (actor_partition_drop) */
     a->last_seq = shard_store_record(a->sh, &a->rec);
 }
 
@@ -1159,6 +1163,8 @@ actor_write_failed(const struct actor *a, uint64_t seq)
 static void
 rewrite_record(struct actor *a)
 {
+    if (a->stale)
+        return;
     if (a->exists)
         actor_save_record(a);
     else if (!a->durable)
@@ -1178,6 +1184,8 @@ restore_cb(sbx_loop *l, void *arg)
 void
 actor_commit_failed(struct actor *a, uint64_t seq, int code)
 {
+    if (seq <= a->sh->part_reset_seq[a->part])
+        return; /* a write of the records this actor replaced (shard_int.h) */
     if (actor_write_failed(a, seq))
         return; /* undone already, with an earlier write of its batch */
     /* A range of its own if the last one is all earlier, else one range
@@ -1282,8 +1290,16 @@ actor_partition_drop(struct shard *sh, const uint8_t *set)
                 fail_inflight(a, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
                 fail_list(&a->mb_head, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
                 a->mb_tail = NULL;
-                /* The record is not ours any more; the actor goes when idle. */
+                /* The record is not ours any more (or is reloaded from etcd):
+                 * the actor goes when idle.  Until then it is stale: it writes
+                 * nothing, and the next operation on the sandbox gets a new
+                 * actor made from the records now in the store — not this
+                 * one, whose state (no record, an undone write's image,
+                 * failed ranges) is the earlier incarnation's (the fault
+                 * test found sandboxes answered as missing, and values older
+                 * than acknowledged ones written back, after a fence). */
                 a->exists = false;
+                a->stale = true;
                 sbx_record_free(&a->rec);
                 memset(&a->rec, 0, sizeof(a->rec));
                 if (a->cs == C_RUNNING)

@@ -404,6 +404,15 @@ sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, siz
 }
 
 uint64_t
+sbx_store_last_seq(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t seq = s->next_seq - 1;
+    pthread_mutex_unlock(&s->mu);
+    return seq;
+}
+
+uint64_t
 sbx_store_del(sbx_store *s, int db, const void *k, size_t kn)
 {
     return enqueue(s, db, true, k, kn, NULL, 0);
