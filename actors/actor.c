@@ -155,15 +155,21 @@ actor_inflight(const struct sop *op)
 /* ------------------------------------------------------------------------------ */
 /* Records. */
 
-void
-actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
+/* actor_ensure_record, with save false for an operation that writes the
+ * record itself right after (env.set, sandbox.configure): one write, so a
+ * sandbox such an operation creates never exists without its change (the
+ * fault test found one with the default settings after a configure whose
+ * second write failed). */
+static void
+ensure_record(struct actor *a, const struct sbx_limits *lim, bool save)
 {
     if (a->exists && !a->durable) {
         /* It exists in memory only (its creating write failed, or is not
          * decided yet): written again, so that a reply acknowledging it
          * waits for a committed record — else a restart loses a sandbox
          * answered as existing (issue 11; the fault test's lost_write). */
-        actor_save_record(a);
+        if (save)
+            actor_save_record(a);
         return;
     }
     if (a->exists)
@@ -176,7 +182,14 @@ actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
     snprintf(a->rec.state, sizeof(a->rec.state), "created");
     a->rec.limits = lim ? *lim : sh->limits;
     a->exists = true;
-    a->last_seq = shard_store_record(sh, &a->rec);
+    if (save)
+        actor_save_record(a);
+}
+
+void
+actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
+{
+    ensure_record(a, lim, true);
 }
 
 void
@@ -935,7 +948,7 @@ op_env_set(struct actor *a, struct sop *op)
                         nvars, bytes, ENV_MAX_VARS, ENV_MAX_BYTES);
         return;
     }
-    actor_ensure_record(a, NULL);
+    ensure_record(a, NULL, false);
     free(a->rec.env);
     a->rec.env = env;
     a->rec.env_len = env_len;
@@ -1019,7 +1032,7 @@ op_configure(struct actor *a, struct sop *op)
         return;
     }
     have_ka = rc == 0;
-    actor_ensure_record(a, NULL);
+    ensure_record(a, NULL, false);
     sbx_enc c;
     char *cb;
     size_t cl;

@@ -55,6 +55,17 @@ commit_failure_msg(int code, char *msg, size_t n)
         snprintf(msg, n, "the write could not be replicated: this shard no longer owns the "
                          "sandbox's partition");
         break;
+    case SBX_E_SHARD_UNAVAILABLE:
+        snprintf(msg, n, "the write's replication to etcd has an unknown outcome (etcd did not "
+                         "answer, or kept refusing): it may or may not take effect; the shard "
+                         "stops serving until it has reloaded from etcd — read the state back, "
+                         "or retry with the same request id");
+        break;
+    case SBX_E_INTERRUPTED:
+        snprintf(msg, n, "the write's replication has an unknown outcome (the sandbox's "
+                         "partition moved to another shard meanwhile): it may or may not have "
+                         "taken effect — read the state back, or retry with the same request id");
+        break;
     default:
         snprintf(msg, n, "the change could not be committed (%s); the sandbox keeps its last "
                          "acknowledged state", sbx_err_message(code));
