@@ -112,7 +112,7 @@ actor_get(struct shard *sh, const char *id, bool load)
             /* No container survives a shard restart, whatever was recorded. */
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         } else if (img) {
-            sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
+            sbx_log_error("sandbox %s: unreadable record in the store; treating it as new", id);
         }
     }
     if (rc == 0) {
@@ -334,7 +334,7 @@ container_died(struct actor *a, const char *why)
         why = "the out-of-memory killer ended it at the sandbox's memory limit";
     snprintf(a->last_exit, sizeof(a->last_exit), "%s", why);
     a->died = true;
-    sbx_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,
+    sbx_log_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,
              (unsigned long long)a->c.serial, why);
     char msg[256];
     snprintf(msg, sizeof(msg),
@@ -646,7 +646,7 @@ agent_reply(struct actor *a, const msgpack_object *root)
             return;
         }
         if (!ok)
-            sbx_warn("sandbox %s: the agent refused an internal request", a->id);
+            sbx_log_warn("sandbox %s: the agent refused an internal request", a->id);
         return;
     }
     struct sop *op = take_inflight(a, (uint64_t)tag);
@@ -1123,7 +1123,7 @@ actor_sleep_sweep(struct shard *sh)
                 continue;
             if (now - a->last_active_ms < sleep_after(a))
                 continue;
-            sbx_info("sandbox %s: idle for %llds, stopping its container (sleepAfter)", a->id,
+            sbx_log_info("sandbox %s: idle for %llds, stopping its container (sleepAfter)", a->id,
                      (long long)((now - a->last_active_ms) / 1000));
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
             actor_save_record(a);
