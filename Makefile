@@ -1,7 +1,9 @@
 # sbx — build, run, test.
 #
 #   make          release build: bin/sbxd, bin/sbx, bin/sbx-agent, bin/sbx-bench,
-#                 lib/libsbx.a + runtime/sbx.h (the C client library)
+#                 lib/libsbx.a, lib/libsbx.so + include/sbx/ (the C client library),
+#                 lib/pkgconfig/sbx.pc
+#   make install  PREFIX=/usr/local [DESTDIR=…]: include/sbx/, libsbx.{a,so}, sbx.pc
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
 #   make test     install missing packages, build with ASan+UBSan, run the whole suite
 #   make bench    build and run the benchmarks (tools/bench), figures on stdout
@@ -51,7 +53,7 @@ INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/httpapi.c \
                 tests/support/wsclient.c
 
-HDRS := $(wildcard runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tools/*.h \
+HDRS := $(wildcard include/sbx/*.h runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tools/*.h \
                   tests/support/*.h)
 
 # $(call objs,FLAVOR,SOURCES)
@@ -115,12 +117,47 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run test unit integration bench clean
-all: $(RELEASE_BINS) lib/libsbx.a
+.PHONY: all deps run test unit integration bench clean install
+all: $(RELEASE_BINS) lib/libsbx.a lib/libsbx.so lib/pkgconfig/sbx.pc
+
+# ---- the client library: libsbx.a, libsbx.so, sbx.pc, install --------------------------
+# include/sbx/sbx.h (with result.h) is the whole API.  The shared library is
+# built from position-independent objects with -fvisibility=hidden, so it
+# exports only what those headers mark SBX_API (tests/integration/test_libsbx.c
+# checks with nm -D); the static one is the release objects as they are.
+SBX_VERSION := 0.1.0
+SBX_SOMAJOR := 0
+PREFIX      ?= /usr/local
+LIBSBX_PIC  := $(patsubst %.c,build/pic/obj/%.o,$(sort $(CLIENT)))
+build/pic/obj/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
 
 lib/libsbx.a: build/release/lib/libsbx.a
 	@mkdir -p lib
 	cp $< $@
+
+lib/libsbx.so.$(SBX_SOMAJOR): $(LIBSBX_PIC)
+	@mkdir -p lib
+	$(CC) $(RELEASE_CFLAGS) -shared -Wl,-soname,libsbx.so.$(SBX_SOMAJOR) -Wl,--no-undefined \
+	    -o $@ $^ $(LDLIBS_CLIENT)
+
+lib/libsbx.so: lib/libsbx.so.$(SBX_SOMAJOR)
+	ln -sf libsbx.so.$(SBX_SOMAJOR) $@
+
+# The tree's own sbx.pc points into the tree (PKG_CONFIG_PATH=$(CURDIR)/lib/pkgconfig).
+lib/pkgconfig/sbx.pc: Makefile tools/sbx-pc.sh
+	@mkdir -p $(dir $@)
+	tools/sbx-pc.sh $(CURDIR) $(SBX_VERSION) > $@
+
+install: lib/libsbx.a lib/libsbx.so.$(SBX_SOMAJOR)
+	install -d $(DESTDIR)$(PREFIX)/include/sbx $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/sbx/sbx.h include/sbx/result.h $(DESTDIR)$(PREFIX)/include/sbx/
+	install -m 644 lib/libsbx.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 lib/libsbx.so.$(SBX_SOMAJOR) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libsbx.so.$(SBX_SOMAJOR) $(DESTDIR)$(PREFIX)/lib/libsbx.so
+	tools/sbx-pc.sh $(PREFIX) $(SBX_VERSION) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/sbx.pc
+# ---- end of the client library block ---------------------------------------------------
 
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
 # integration and security tests link the client library and the harness,

@@ -1,5 +1,9 @@
-/* client.c — the C client library; see sbx.h. */
-#include "sbx.h"
+/*
+ * client.c — the C client library; see include/sbx/sbx.h (the API) and
+ * include/sbx/result.h.  Built with -fvisibility=hidden: only what those
+ * headers declare with SBX_API leaves libsbx.
+ */
+#include "../include/sbx/sbx.h"
 
 #include <errno.h>
 #include <nng/nng.h>
@@ -10,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cleanup.h"
 #include "err.h"
 #include "id.h"
 #include "json.h"
@@ -376,6 +381,15 @@ encode_exec_args(const sbx_exec_opts *o, const char *process_id, char **args, si
     return 0;
 }
 
+/* The deadline of an exec call: the command's timeout + 30 s (sbx.h); 0 (the
+ * client's default) without one.  call() caps the sum; a timeout past 24 h
+ * is the gateway's to refuse. */
+static int64_t
+exec_deadline(const sbx_exec_opts *o)
+{
+    return o->timeout_ms > 0 ? SBX_MIN(o->timeout_ms, SBX_WIRE_MAX_DURATION_MS) + 30000 : 0;
+}
+
 int
 sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
          sbx_error *err)
@@ -388,10 +402,7 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     int rc0 = encode_exec_args(o, NULL, &args, &alen, err);
     if (rc0)
         return rc0;
-    /* call() caps the sum; a timeout past 24 h is the gateway's to refuse. */
-    int64_t deadline =
-        o->timeout_ms > 0 ? SBX_MIN(o->timeout_ms, SBX_WIRE_MAX_DURATION_MS) + 30000 : 0;
-    int rc = call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err, true);
+    int rc = call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, &r, err, true);
     free(args);
     if (rc) {
         /* SESSION_TERMINATED: the shell exited under the command; its exit
@@ -782,4 +793,241 @@ sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int
         *exit_code = (int)code;
     sbx_reply_free(r);
     return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* sbx_exec_reply: the exec reply itself, arguments encoded as sbx_exec's. */
+
+int
+sbx_exec_reply(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_reply **out,
+               sbx_error *err)
+{
+    _cleanup_free_ char *args = NULL;
+    size_t alen;
+    *out = NULL;
+    clear_err(err);
+    int rc = encode_exec_args(o, NULL, &args, &alen, err);
+    if (rc)
+        return rc;
+    return call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, out, err, false);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* The argument builder: an sbx_enc whose root map is open. */
+
+struct sbx_args {
+    sbx_enc e;
+    bool bad_json; /* a kjson text that did not parse (sbx_enc tracks the rest) */
+    bool sent;     /* sbx_call_args closed and sent it */
+};
+
+sbx_args *
+sbx_args_new(void)
+{
+    sbx_args *a = sbx_xcalloc(1, sizeof(*a));
+    sbx_enc_init(&a->e);
+    sbx_enc_map(&a->e);
+    return a;
+}
+
+void
+sbx_args_free(sbx_args *a)
+{
+    if (!a)
+        return;
+    sbx_enc_free(&a->e);
+    free(a);
+}
+
+void
+sbx_args_kstr(sbx_args *a, const char *k, const char *v)
+{
+    sbx_enc_kstr(&a->e, k, v);
+}
+
+void
+sbx_args_kstrn(sbx_args *a, const char *k, const char *v, size_t n)
+{
+    sbx_enc_kstrn(&a->e, k, v, n);
+}
+
+void
+sbx_args_kint(sbx_args *a, const char *k, int64_t v)
+{
+    sbx_enc_kint(&a->e, k, v);
+}
+
+void
+sbx_args_kbool(sbx_args *a, const char *k, bool v)
+{
+    sbx_enc_kbool(&a->e, k, v);
+}
+
+void
+sbx_args_kbin(sbx_args *a, const char *k, const void *p, size_t n)
+{
+    sbx_enc_kbin(&a->e, k, p, n);
+}
+
+void
+sbx_args_kmap(sbx_args *a, const char *k)
+{
+    sbx_enc_kmap(&a->e, k);
+}
+
+void
+sbx_args_karray(sbx_args *a, const char *k)
+{
+    sbx_enc_karray(&a->e, k);
+}
+
+void
+sbx_args_end(sbx_args *a)
+{
+    sbx_enc_end(&a->e);
+}
+
+void
+sbx_args_str(sbx_args *a, const char *v)
+{
+    sbx_enc_str(&a->e, v);
+}
+
+void
+sbx_args_strn(sbx_args *a, const char *v, size_t n)
+{
+    sbx_enc_strn(&a->e, v, n);
+}
+
+void
+sbx_args_int(sbx_args *a, int64_t v)
+{
+    sbx_enc_int(&a->e, v);
+}
+
+void
+sbx_args_bool(sbx_args *a, bool v)
+{
+    sbx_enc_bool(&a->e, v);
+}
+
+void
+sbx_args_nil(sbx_args *a)
+{
+    sbx_enc_nil(&a->e);
+}
+
+void
+sbx_args_knil(sbx_args *a, const char *k)
+{
+    sbx_enc_str(&a->e, k);
+    sbx_enc_nil(&a->e);
+}
+
+void
+sbx_args_kjson(sbx_args *a, const char *k, const char *json)
+{
+    json_error_t je;
+    json_t *j = json_loads(json ? json : "", JSON_DECODE_ANY, &je);
+    sbx_enc_str(&a->e, k);
+    if (!j || sbx_json_to_msgpack(j, &a->e) != 0) {
+        a->bad_json = true;
+        sbx_enc_nil(&a->e); /* keep the map's shape; the call is refused anyway */
+    }
+    json_decref(j);
+}
+
+int
+sbx_call_args(sbx_client *c, const char *op, const char *sandbox, sbx_args *a,
+              int64_t timeout_ms, sbx_reply **out, sbx_error *err)
+{
+    _cleanup_free_ char *args = NULL;
+    size_t alen = 0;
+    clear_err(err);
+    if (a) {
+        if (a->sent)
+            return set_err(err, SBX_E_VALIDATION, NULL, "these arguments were already sent");
+        a->sent = true;
+        if (a->bad_json)
+            return set_err(err, SBX_E_VALIDATION, NULL, "an argument is not valid JSON");
+        sbx_enc_end(&a->e);
+        if (sbx_enc_finish(&a->e, &args, &alen) != 0)
+            return set_err(err, SBX_E_VALIDATION, NULL,
+                           "the arguments are not one well-formed map (unbalanced "
+                           "sbx_args_kmap/karray and sbx_args_end?)");
+    }
+    return sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Result accessors (include/sbx/result.h): the wire module's, exported. */
+
+const msgpack_object *
+sbx_get(const msgpack_object *map, const char *key)
+{
+    return sbx_wire_get(map, key);
+}
+
+static int
+get_view(int rc, sbx_str s, sbx_view *out)
+{
+    if (rc == 0)
+        *out = (sbx_view){s.p, s.n};
+    return rc;
+}
+
+int
+sbx_get_str(const msgpack_object *map, const char *key, sbx_view *out)
+{
+    sbx_str s;
+    return get_view(sbx_wire_get_str(map, key, &s), s, out);
+}
+
+int
+sbx_get_bytes(const msgpack_object *map, const char *key, sbx_view *out)
+{
+    sbx_str s;
+    return get_view(sbx_wire_get_bin(map, key, &s), s, out);
+}
+
+int
+sbx_get_i64(const msgpack_object *map, const char *key, int64_t *out)
+{
+    return sbx_wire_get_i64(map, key, out);
+}
+
+int
+sbx_get_bool(const msgpack_object *map, const char *key, bool *out)
+{
+    return sbx_wire_get_bool(map, key, out);
+}
+
+int
+sbx_get_map(const msgpack_object *map, const char *key, const msgpack_object **out)
+{
+    return sbx_wire_get_map(map, key, out);
+}
+
+int
+sbx_get_array(const msgpack_object *map, const char *key, const msgpack_object **out)
+{
+    return sbx_wire_get_array(map, key, out);
+}
+
+bool
+sbx_view_eq(sbx_view v, const char *s)
+{
+    return sbx_str_eq((sbx_str){v.p, v.n}, s);
+}
+
+char *
+sbx_value_json(const msgpack_object *o, bool pretty)
+{
+    return sbx_json_dump(o, pretty);
+}
+
+int
+sbx_base64_to_bytes(const char *text, size_t n, char **out, size_t *len)
+{
+    return sbx_base64_decode(text, n, out, len) == 0 ? 0 : SBX_E_VALIDATION;
 }

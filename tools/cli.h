@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../runtime/sbx.h"
+#include "../include/sbx/sbx.h"
 
 #define EXIT_SBX 125
 #define EXIT_USAGE 2

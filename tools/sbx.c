@@ -7,7 +7,7 @@
  *   --gateway URL   gateway address (default $SBX_GATEWAY, else tcp://127.0.0.1:7700)
  *   --json          machine-readable output: the operation's result as JSON
  *   --timeout D     request deadline, e.g. 30s, 5m (default 5m); every call
- *                   returns by it + 1 s (runtime/sbx.h, Deadlines)
+ *                   returns by it + 1 s (include/sbx/sbx.h, Deadlines)
  *
  * Exit status: `sbx exec` exits with the command's own exit code (124 on
  * timeout, 128+N when killed by signal N); every other verb exits 0 on
@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "../runtime/json.h"
-#include "../runtime/sbx.h"
+#include "../include/sbx/sbx.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 #include "cli.h"
