@@ -45,7 +45,7 @@ ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/port
            actors/recrev.c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
-CLI     := tools/sbx.c tools/cli_sdk.c
+CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c
 BENCH   := tools/bench.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)

@@ -358,9 +358,12 @@ encode_exec_args(const sbx_exec_opts *o, const char *process_id, char **args, si
         sbx_enc_kmap(&e, "env");
         for (const char *const *p = o->env; *p; p++) {
             const char *eq = strchr(*p, '=');
-            if (!eq) {
+            if (!eq || eq == *p) {
                 sbx_enc_free(&e);
-                return set_err(err, SBX_E_VALIDATION, NULL, "env entry '%s' is not K=V", *p);
+                return set_err(err, SBX_E_VALIDATION, NULL,
+                               "env entry '%s' is not NAME=VALUE (env maps names to values, "
+                               "as the SDK's; a bare name is not inherited)",
+                               *p);
             }
             sbx_enc_strn(&e, *p, (size_t)(eq - *p));
             sbx_enc_str(&e, eq + 1);
@@ -1012,6 +1015,13 @@ int
 sbx_get_array(const msgpack_object *map, const char *key, const msgpack_object **out)
 {
     return sbx_wire_get_array(map, key, out);
+}
+
+int
+sbx_value_str(const msgpack_object *o, sbx_view *out)
+{
+    sbx_str s;
+    return get_view(sbx_wire_obj_str(o, &s), s, out);
 }
 
 bool

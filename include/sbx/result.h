@@ -57,6 +57,9 @@ SBX_API int sbx_get_bool(const msgpack_object *map, const char *key, bool *out);
 SBX_API int sbx_get_map(const msgpack_object *map, const char *key, const msgpack_object **out);
 SBX_API int sbx_get_array(const msgpack_object *map, const char *key,
                           const msgpack_object **out);
+/* sbx_value_str — o itself as a string (an element of an array of
+ * strings): 0, or VALIDATION_FAILED's code when o is not a string. */
+SBX_API int sbx_value_str(const msgpack_object *o, sbx_view *out);
 /* sbx_view_eq — whether v holds exactly the NUL-terminated s. */
 SBX_API bool sbx_view_eq(sbx_view v, const char *s);
 /* sbx_value_json — o as JSON text (heap, caller frees; pretty: 2-space
