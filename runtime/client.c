@@ -34,6 +34,14 @@ struct sbx_reply {
 
 static const msgpack_object empty_map = {.type = MSGPACK_OBJECT_MAP};
 
+static inline void
+reply_cleanup(sbx_reply **r)
+{
+    sbx_reply_free(*r);
+}
+/* _cleanup_reply_ — sbx_reply_free a reply when it goes out of scope. */
+#define _cleanup_reply_ __attribute__((cleanup(reply_cleanup)))
+
 void
 sbx_error_free(sbx_error *err)
 {
@@ -182,7 +190,7 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
 {
     char id[37];
     sbx_enc e;
-    char *buf;
+    _cleanup_free_ char *buf = NULL;
     size_t len;
     nng_msg *reply = NULL;
     int rc;
@@ -213,13 +221,10 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     sbx_enc_end(&e);
     if (sbx_enc_finish(&e, &buf, &len) != 0)
         return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode the request");
-    if (len > SBX_WIRE_MAX_REQUEST) {
-        free(buf);
+    if (len > SBX_WIRE_MAX_REQUEST)
         return set_err(err, SBX_E_TOO_LARGE, NULL, "request of %zu bytes exceeds the %u-byte limit",
                        len, SBX_WIRE_MAX_REQUEST);
-    }
     rc = roundtrip(c, buf, len, timeout_ms, &reply, err);
-    free(buf);
     if (rc)
         return rc;
     sbx_reply *r = sbx_xcalloc(1, sizeof(*r));
@@ -272,7 +277,7 @@ int
 sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *args_json,
               int64_t timeout_ms, sbx_reply **out, sbx_error *err)
 {
-    char *args = NULL;
+    _cleanup_free_ char *args = NULL;
     size_t alen = 0;
     clear_err(err);
     if (args_json && *args_json) {
@@ -293,9 +298,7 @@ sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *ar
             return set_err(err, SBX_E_VALIDATION, NULL, "arguments cannot be encoded");
         }
     }
-    int rc = sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
-    free(args);
-    return rc;
+    return sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
 }
 
 const msgpack_object *
@@ -397,16 +400,15 @@ int
 sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
          sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     memset(res, 0, sizeof(*res));
     clear_err(err);
     int rc0 = encode_exec_args(o, NULL, &args, &alen, err);
     if (rc0)
         return rc0;
     int rc = call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, &r, err, true);
-    free(args);
     if (rc) {
         /* SESSION_TERMINATED: the shell exited under the command; its exit
          * code and what it printed first are in the error's context. */
@@ -418,7 +420,6 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
             copy_bytes(ctx, "stderr", &res->stderr_data, &res->stderr_len);
             snprintf(res->cause, sizeof(res->cause), "EXITED");
         }
-        sbx_reply_free(r);
         return rc;
     }
     const msgpack_object *res_o = sbx_reply_result(r);
@@ -442,7 +443,6 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     sbx_str cause;
     if (sbx_wire_get_str(res_o, "cause", &cause) == 0)
         sbx_str_copy(cause, res->cause, sizeof(res->cause));
-    sbx_reply_free(r);
     return 0;
 }
 
@@ -457,7 +457,7 @@ sbx_exec_result_free(sbx_exec_result *r)
 int
 sbx_destroy(sbx_client *c, const char *sandbox, bool *destroyed, sbx_error *err)
 {
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     int rc = sbx_call(c, "destroy", sandbox, NULL, 0, 0, NULL, &r, err);
     if (rc)
         return rc;
@@ -465,17 +465,14 @@ sbx_destroy(sbx_client *c, const char *sandbox, bool *destroyed, sbx_error *err)
     sbx_wire_get_bool(sbx_reply_result(r), "destroyed", &d);
     if (destroyed)
         *destroyed = d;
-    sbx_reply_free(r);
     return 0;
 }
 
 int
 sbx_ping(sbx_client *c, const char *sandbox, sbx_error *err)
 {
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     int rc = sbx_call(c, "ping", sandbox, NULL, 0, 0, NULL, &r, err);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -513,22 +510,20 @@ int
 sbx_exec_stream(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_stream **out,
                 sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     clear_err(err);
     int rc = encode_exec_args(o, NULL, &args, &alen, err);
     if (rc)
         return rc;
     rc = sbx_call(c, "exec.stream", sandbox, args, alen, 0, NULL, &r, err);
-    free(args);
     if (rc)
         return rc;
     sbx_str id = {"", 0};
     sbx_wire_get_str(sbx_reply_result(r), "streamId", &id);
     char sid[80];
     sbx_str_copy(id, sid, sizeof(sid));
-    sbx_reply_free(r);
     *out = stream_alloc(c, sandbox, sid, 0);
     return 0;
 }
@@ -571,7 +566,7 @@ stream_fetch(sbx_stream *s, sbx_error *err)
     int64_t until = sbx_mono_ms() + STREAM_RETRY_MS + 10000;
     for (int attempt = 0;; attempt++) {
         sbx_enc e;
-        char *args;
+        _cleanup_free_ char *args = NULL;
         size_t alen;
         int64_t call_ms = SBX_MIN((int64_t)STREAM_CALL_MS, until - sbx_mono_ms());
         if (call_ms < 1)
@@ -585,7 +580,6 @@ stream_fetch(sbx_stream *s, sbx_error *err)
         sbx_enc_finish(&e, &args, &alen);
         sbx_reply *r = NULL;
         int rc = sbx_call(s->c, "stream.read", s->sandbox, args, alen, call_ms, NULL, &r, err);
-        free(args);
         if (rc == 0) {
             sbx_reply_free(s->batch);
             s->batch = r;
@@ -643,18 +637,15 @@ int
 sbx_stream_cancel(sbx_stream *s, sbx_error *err)
 {
     sbx_enc e;
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "streamId", s->id);
     sbx_enc_end(&e);
     sbx_enc_finish(&e, &args, &alen);
     int rc = sbx_call(s->c, "stream.cancel", s->sandbox, args, alen, 0, NULL, &r, err);
-    free(args);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -675,13 +666,12 @@ static int
 call_enc(sbx_client *c, const char *op, const char *sandbox, sbx_enc *e, sbx_reply **r,
          sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
     sbx_enc_end(e);
     if (sbx_enc_finish(e, &args, &alen) != 0)
         return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode arguments");
     int rc = sbx_call(c, op, sandbox, args, alen, 0, NULL, r, err);
-    free(args);
     return rc;
 }
 
@@ -690,14 +680,12 @@ sbx_write_file(sbx_client *c, const char *sandbox, const char *path, const void 
                sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "path", path);
     sbx_enc_kbin(&e, "content", data, len);
     int rc = call_enc(c, "file.write", sandbox, &e, &r, err);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -706,7 +694,7 @@ sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data,
               char mime[64], sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "path", path);
@@ -722,14 +710,12 @@ sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data,
         snprintf(mime, 64, "%.*s", (int)m.n, m.p);
     if (sbx_str_eq(enc, "base64")) {
         if (sbx_base64_decode(content.p, content.n, data, len) != 0) {
-            sbx_reply_free(r);
             return set_err(err, SBX_E_MALFORMED, NULL, "the file content is not valid base64");
         }
     } else {
         *data = sbx_xstrndup(content.p, content.n);
         *len = content.n;
     }
-    sbx_reply_free(r);
     return 0;
 }
 
@@ -737,7 +723,7 @@ int
 sbx_set_env(sbx_client *c, const char *sandbox, const char *const *vars, sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kmap(&e, "vars");
@@ -751,8 +737,6 @@ sbx_set_env(sbx_client *c, const char *sandbox, const char *const *vars, sbx_err
     }
     sbx_enc_end(&e);
     int rc = call_enc(c, "env.set", sandbox, &e, &r, err);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -760,21 +744,19 @@ int
 sbx_process_start(sbx_client *c, const char *sandbox, const sbx_exec_opts *o,
                   const char *process_id, char id[128], sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     clear_err(err);
     int rc = encode_exec_args(o, process_id, &args, &alen, err);
     if (rc)
         return rc;
     rc = sbx_call(c, "process.start", sandbox, args, alen, 0, NULL, &r, err);
-    free(args);
     if (rc)
         return rc;
     sbx_str pid = {"", 0};
     sbx_wire_get_str(sbx_reply_result(r), "processId", &pid);
     snprintf(id, 128, "%.*s", (int)pid.n, pid.p);
-    sbx_reply_free(r);
     return 0;
 }
 
@@ -783,7 +765,7 @@ sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int
                  sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "processId", process_id);
@@ -794,7 +776,6 @@ sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int
     sbx_wire_get_i64(sbx_reply_result(r), "exitCode", &code);
     if (exit_code)
         *exit_code = (int)code;
-    sbx_reply_free(r);
     return 0;
 }
 
