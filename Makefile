@@ -46,6 +46,10 @@ ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/port
 GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c
+# The library the CLI links: the release one exports only the public API
+# (see the client library block below), so the CLI cannot use anything else.
+CLI_LIBSBX_release := lib/libsbx.a
+CLI_LIBSBX_asan    := build/asan/lib/libsbx.a
 BENCH   := tools/bench.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
@@ -76,7 +80,7 @@ build/$(1)/lib/libsbx.a: $$(call objs,$(1),$(sort $(CLIENT)))
 	@mkdir -p $$(dir $$@)
 	rm -f $$@ && ar rcs $$@ $$^
 
-$(3)/sbx: $$(call objs,$(1),$(CLI)) build/$(1)/lib/libsbx.a
+$(3)/sbx: $$(call objs,$(1),$(CLI)) $$(CLI_LIBSBX_$(1))
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_CLIENT)
 
@@ -121,10 +125,15 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 all: $(RELEASE_BINS) lib/libsbx.a lib/libsbx.so lib/pkgconfig/sbx.pc
 
 # ---- the client library: libsbx.a, libsbx.so, sbx.pc, install --------------------------
-# include/sbx/sbx.h (with result.h) is the whole API.  The shared library is
-# built from position-independent objects with -fvisibility=hidden, so it
-# exports only what those headers mark SBX_API (tests/integration/test_libsbx.c
-# checks with nm -D); the static one is the release objects as they are.
+# include/sbx/sbx.h (with result.h) is the whole API.  Both libraries are
+# built from position-independent objects with -fvisibility=hidden, so they
+# export only what those headers mark SBX_API: the shared one by
+# construction, the static one because its single object is the client
+# objects linked together (ld -r) with every hidden symbol made local
+# (tests/integration/test_libsbx.c checks both with nm).  The release `sbx`
+# CLI links that archive, so it cannot use anything else of the tree; the
+# in-tree programs that may (benchmarks, tests) link build/*/lib/libsbx.a,
+# the plain archive of the client objects.
 SBX_VERSION := 0.1.0
 SBX_SOMAJOR := 0
 PREFIX      ?= /usr/local
@@ -133,9 +142,14 @@ build/pic/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
 
-lib/libsbx.a: build/release/lib/libsbx.a
+build/pic/libsbx.o: $(LIBSBX_PIC)
+	$(LD) -r -o $@.tmp $^
+	objcopy --localize-hidden $@.tmp $@
+	rm -f $@.tmp
+
+lib/libsbx.a: build/pic/libsbx.o
 	@mkdir -p lib
-	cp $< $@
+	rm -f $@ && ar rcs $@ $<
 
 lib/libsbx.so.$(SBX_SOMAJOR): $(LIBSBX_PIC)
 	@mkdir -p lib

@@ -1,9 +1,10 @@
 /*
  * test_libsbx.c — libsbx as a user gets it: `make install` into a private
  * prefix, a small program built with `pkg-config --cflags --libs sbx`
- * against the installed header and shared library alone, run against the
- * test daemon.  Also: the shared library exports only the public API
- * (include/sbx/sbx.h, result.h), and DESTDIR stages an install for PREFIX.
+ * against the installed header and library alone (shared, then static),
+ * run against the test daemon.  Also: both libraries export only the public
+ * API (include/sbx/sbx.h, result.h), and DESTDIR stages an install for
+ * PREFIX.
  *
  * The tree is the current directory ($SBX_SRC overrides); `make install`
  * builds the release client objects if they are missing, so the first run
@@ -169,6 +170,15 @@ Test(libsbx, installed_copy_builds_with_pkg_config_and_runs, .timeout = 900)
     }
     free(out);
     cr_expect_gt(nsyms, 30, "libsbx.so exports only %d symbols", nsyms);
+    /* The static library, likewise: the same symbols, nothing more. */
+    char *a_syms = NULL, *so_syms = NULL;
+    cr_assert_eq(sh(&a_syms, "nm -g --defined-only '%s/lib/libsbx.a' | awk 'NF==3{print $3}' "
+                             "| sort", usr), 0);
+    cr_assert_eq(sh(&so_syms, "nm -D --defined-only '%s/lib/libsbx.so.0' | awk '{print $3}' "
+                              "| sort", usr), 0);
+    cr_expect_str_eq(a_syms, so_syms, "libsbx.a and libsbx.so export different symbols");
+    free(a_syms);
+    free(so_syms);
     st = sh(&out, "readelf -d '%s/lib/libsbx.so.0' | grep SONAME", usr);
     cr_expect(st == 0 && strstr(out, "[libsbx.so.0]"), "soname: %s", out);
     free(out);
@@ -198,6 +208,33 @@ Test(libsbx, installed_copy_builds_with_pkg_config_and_runs, .timeout = 900)
             id);
     cr_expect_eq(st, 0, "hello failed (%d):\n%s", st, out);
     char want[256];
+    snprintf(want, sizeof(want),
+             "exec 0 hello libsbx\nread 3 1\nstatus %s\nerror UNKNOWN_OPERATION 1\n"
+             "destroyed 1\n",
+             id);
+    cr_expect_str_eq(out, want);
+    free(out);
+    if (st != 0) {
+        sbx_client *c = test_client();
+        sbx_destroy(c, id, NULL, NULL);
+        sbx_client_close(c);
+    }
+    free(id);
+
+    /* The same program linked with the static library: no libsbx.so needed. */
+    st = sh(&out,
+            "cd '%s' && export PKG_CONFIG_PATH='%s/lib/pkgconfig' && cc -std=c17 -Wall -Werror "
+            "-o hello-static hello.c $(pkg-config --cflags sbx) -L'%s/lib' -Wl,-Bstatic -lsbx "
+            "-Wl,-Bdynamic $(pkg-config --static --libs-only-l sbx | sed 's/-lsbx / /') 2>&1",
+            tmp, usr, usr);
+    cr_assert_eq(st, 0, "static link against the installed libsbx.a failed:\n%s", out);
+    free(out);
+    st = sh(&out, "readelf -d '%s/hello-static' | grep NEEDED", tmp);
+    cr_expect(st == 0 && !strstr(out, "libsbx"), "hello-static needs libsbx: %s", out);
+    free(out);
+    id = test_id("libsbx-static");
+    st = sh(&out, "'%s/hello-static' '%s' '%s' 2>&1", tmp, test_url(), id);
+    cr_expect_eq(st, 0, "hello-static failed (%d):\n%s", st, out);
     snprintf(want, sizeof(want),
              "exec 0 hello libsbx\nread 3 1\nstatus %s\nerror UNKNOWN_OPERATION 1\n"
              "destroyed 1\n",
