@@ -838,7 +838,8 @@ v_configure(struct gopts *g, int argc, char **argv)
             sbx_args_kstr(e, "sleepAfter", argv[++i]);
         } else if (!strcmp(argv[i], "--keep-alive") && i + 1 < argc) {
             const char *v = argv[++i];
-            sbx_args_kbool(e, "keepAlive", !strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1"));
+            sbx_args_kbool(e, "keepAlive",
+                           !strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1"));
         } else {
             sbx_args_free(e);
             return usage(u);
