@@ -16,6 +16,7 @@
 
 #include "cleanup.h"
 #include "err.h"
+#include "error.h"
 #include "id.h"
 #include "json.h"
 #include "util.h"
@@ -51,22 +52,53 @@ sbx_error_free(sbx_error *err)
     err->context_json = NULL;
 }
 
+/*
+ * Errors.  Inside the library a failure is an sbx_err_t (runtime/error.h,
+ * docs/errors.md); a public function hands its caller the public form,
+ * sbx_error, through export_err, the one place where the two meet.  Two
+ * client-side failures have wire names that no code of err.h carries (sbx.h,
+ * Errors): they travel as these private codes and leave as their names with
+ * the public code given.  Errors a reply carries (the gateway's or a
+ * shard's) are copied as they came (call).
+ */
+#define E_GATEWAY_UNAVAILABLE (SBX_E__LAST + 1) /* leaves as SBX_E_SHARD_UNAVAILABLE */
+#define E_INVALID_RESPONSE (SBX_E__LAST + 2)    /* leaves as SBX_E_MALFORMED */
+
+/* export_err — fill out (may be NULL) from *e, release *e; the public code. */
 static int
-set_err(sbx_error *err, int code, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+export_err(sbx_error *out, sbx_err_t *e)
+{
+    int code = sbx_err_code(*e);
+    const char *name = sbx_err_name(code);
+    if (code == E_GATEWAY_UNAVAILABLE) {
+        name = "GATEWAY_UNAVAILABLE";
+        code = SBX_E_SHARD_UNAVAILABLE;
+    } else if (code == E_INVALID_RESPONSE) {
+        name = "INVALID_RESPONSE";
+        code = SBX_E_MALFORMED;
+    }
+    if (out) {
+        snprintf(out->code, sizeof(out->code), "%s", name);
+        snprintf(out->message, sizeof(out->message), "%s", sbx_err_msg(*e));
+        out->context_json = NULL;
+    }
+    sbx_err_release(e);
+    return code;
+}
+
+/* fail — a failure found at the API boundary: make the object, export it. */
+static int
+fail(sbx_error *out, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int
-set_err(sbx_error *err, int code, const char *name, const char *fmt, ...)
+fail(sbx_error *out, int code, const char *fmt, ...)
 {
-    if (err) {
-        va_list ap;
-        snprintf(err->code, sizeof(err->code), "%s", name ? name : sbx_err_name(code));
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-        err->context_json = NULL;
-    }
-    return code;
+    sbx_err_t e = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    sbx_err_makev(&e, code, fmt, ap);
+    va_end(ap);
+    return export_err(out, &e);
 }
 
 static void
@@ -108,9 +140,9 @@ sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
     return 0;
 fail:
     free(c);
-    return set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                   "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
-                   nng_strerror(rv));
+    return fail(err, E_GATEWAY_UNAVAILABLE,
+                "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
+                nng_strerror(rv));
 }
 
 void
@@ -129,21 +161,35 @@ sbx_client_set_timeout(sbx_client *c, int64_t ms)
         c->timeout_ms = ms;
 }
 
-/* One request/reply on its own context: concurrent calls do not interfere. */
+static inline void
+aio_cleanup(nng_aio **aio)
+{
+    if (*aio)
+        nng_aio_free(*aio);
+}
+
+static inline void
+ctx_cleanup(nng_ctx *ctx)
+{
+    if (nng_ctx_id(*ctx) > 0)
+        nng_ctx_close(*ctx);
+}
+
+/* roundtrip — one request/reply on a context of its own (concurrent calls
+ * do not interfere), each wait bounded by what is left of timeout_ms.  0
+ * with *reply (the caller's), or a negative code with *e set. */
 static int
 roundtrip(sbx_client *c, const char *buf, size_t len, int64_t timeout_ms, nng_msg **reply,
-          sbx_error *err)
+          sbx_err_t *e)
 {
-    nng_ctx ctx;
-    nng_aio *aio = NULL;
+    __attribute__((cleanup(ctx_cleanup))) nng_ctx ctx = NNG_CTX_INITIALIZER;
+    __attribute__((cleanup(aio_cleanup))) nng_aio *aio = NULL;
     nng_msg *m = NULL;
     int rv;
     if ((rv = nng_ctx_open(&ctx, c->sock)) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "nng_ctx_open: %s", nng_strerror(rv));
-    if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
-        rv = set_err(err, SBX_E_INTERNAL, NULL, "out of memory");
-        goto out;
-    }
+        return sbx_err_make(e, SBX_E_INTERNAL, "nng_ctx_open: %s", nng_strerror(rv));
+    if (nng_aio_alloc(&aio, NULL, NULL) != 0 || nng_msg_alloc(&m, len) != 0)
+        return sbx_err_make(e, -ENOMEM, "a request of %zu bytes", len);
     memcpy(nng_msg_body(m), buf, len);
     int64_t deadline = sbx_mono_ms() + timeout_ms;
     nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
@@ -151,35 +197,27 @@ roundtrip(sbx_client *c, const char *buf, size_t len, int64_t timeout_ms, nng_ms
     nng_ctx_send(ctx, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) != 0) {
-        nng_msg_free(m);
-        rv = rv == NNG_ETIMEDOUT
-                 ? set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                           "the gateway did not accept the request within %lld ms",
-                           (long long)timeout_ms)
-                 : set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                           "sending to the gateway failed: %s", nng_strerror(rv));
-        goto out;
+        nng_msg_free(m); /* not sent: still ours */
+        if (rv == NNG_ETIMEDOUT)
+            return sbx_err_make(e, E_GATEWAY_UNAVAILABLE,
+                                "the gateway did not accept the request within %lld ms",
+                                (long long)timeout_ms);
+        return sbx_err_make(e, E_GATEWAY_UNAVAILABLE, "sending to the gateway failed: %s",
+                            nng_strerror(rv));
     }
     int64_t left = deadline - sbx_mono_ms();
     nng_aio_set_timeout(aio, (nng_duration)(left > 1 ? left : 1));
     nng_ctx_recv(ctx, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) != 0) {
-        rv = rv == NNG_ETIMEDOUT ? set_err(err, SBX_E_TIMEOUT, NULL,
-                                           "no reply within the deadline of %lld ms",
-                                           (long long)timeout_ms)
-                                 : set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                                           "receiving from the gateway failed: %s",
-                                           nng_strerror(rv));
-        goto out;
+        if (rv == NNG_ETIMEDOUT)
+            return sbx_err_make(e, SBX_E_TIMEOUT, "no reply within the deadline of %lld ms",
+                                (long long)timeout_ms);
+        return sbx_err_make(e, E_GATEWAY_UNAVAILABLE, "receiving from the gateway failed: %s",
+                            nng_strerror(rv));
     }
     *reply = nng_aio_get_msg(aio);
-    rv = 0;
-out:
-    nng_ctx_close(ctx);
-    if (aio)
-        nng_aio_free(aio);
-    return rv;
+    return 0;
 }
 
 /* The body of sbx_call; with keep_err, an error reply is also returned in
@@ -220,21 +258,20 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     }
     sbx_enc_end(&e);
     if (sbx_enc_finish(&e, &buf, &len) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode the request");
+        return fail(err, SBX_E_INTERNAL, "cannot encode the request");
     if (len > SBX_WIRE_MAX_REQUEST)
-        return set_err(err, SBX_E_TOO_LARGE, NULL, "request of %zu bytes exceeds the %u-byte limit",
-                       len, SBX_WIRE_MAX_REQUEST);
-    rc = roundtrip(c, buf, len, timeout_ms, &reply, err);
-    if (rc)
-        return rc;
+        return fail(err, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit", len,
+                    SBX_WIRE_MAX_REQUEST);
+    sbx_err_t rt = NULL;
+    if ((rc = roundtrip(c, buf, len, timeout_ms, &reply, &rt)) != 0)
+        return export_err(err, &rt);
     sbx_reply *r = sbx_xcalloc(1, sizeof(*r));
     r->msg = reply;
     if (sbx_wire_decode(&r->dec, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply)) {
         nng_msg_free(reply);
         free(r);
         /* The request was fine; the reply is not: a client-side name. */
-        return set_err(err, SBX_E_MALFORMED, "INVALID_RESPONSE",
-                       "the gateway sent a reply that is not a valid frame");
+        return fail(err, E_INVALID_RESPONSE, "the gateway sent a reply that is not a valid frame");
     }
     bool ok = false;
     sbx_wire_get_bool(r->dec.root, "ok", &ok);
@@ -286,8 +323,8 @@ sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *ar
         if (!j || !json_is_object(j)) {
             if (j)
                 json_decref(j);
-            return set_err(err, SBX_E_VALIDATION, NULL, "arguments must be a JSON object: %s",
-                           j ? "not an object" : je.text);
+            return fail(err, SBX_E_VALIDATION, "arguments must be a JSON object: %s",
+                        j ? "not an object" : je.text);
         }
         sbx_enc e;
         sbx_enc_init(&e);
@@ -295,7 +332,7 @@ sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *ar
         json_decref(j);
         if (rc || sbx_enc_finish(&e, &args, &alen) != 0) {
             sbx_enc_free(&e);
-            return set_err(err, SBX_E_VALIDATION, NULL, "arguments cannot be encoded");
+            return fail(err, SBX_E_VALIDATION, "arguments cannot be encoded");
         }
     }
     return sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
@@ -334,56 +371,57 @@ copy_bytes(const msgpack_object *res, const char *key, char **out, size_t *len)
     *len = s.n;
 }
 
-/* The exec arguments of o as one encoded msgpack map (plus an optional
- * processId for process.start).  0 or an error. */
+/* encode_exec_args — the exec arguments of o as one encoded msgpack map
+ * (plus an optional processId for process.start) in *args (heap, the
+ * caller's); 0, or a negative code with *e set. */
 static int
 encode_exec_args(const sbx_exec_opts *o, const char *process_id, char **args, size_t *alen,
-                 sbx_error *err)
+                 sbx_err_t *e)
 {
-    sbx_enc e;
+    sbx_enc enc;
     if ((!o->command) == (!o->argv))
-        return set_err(err, SBX_E_VALIDATION, NULL, "give exactly one of command and argv");
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
+        return sbx_err_make(e, SBX_E_VALIDATION, "give exactly one of command and argv");
+    sbx_enc_init(&enc);
+    sbx_enc_map(&enc);
     if (process_id)
-        sbx_enc_kstr(&e, "processId", process_id);
+        sbx_enc_kstr(&enc, "processId", process_id);
     if (o->command)
-        sbx_enc_kstr(&e, "command", o->command);
+        sbx_enc_kstr(&enc, "command", o->command);
     if (o->argv) {
-        sbx_enc_karray(&e, "argv");
+        sbx_enc_karray(&enc, "argv");
         for (const char *const *p = o->argv; *p; p++)
-            sbx_enc_str(&e, *p);
-        sbx_enc_end(&e);
+            sbx_enc_str(&enc, *p);
+        sbx_enc_end(&enc);
     }
     if (o->cwd)
-        sbx_enc_kstr(&e, "cwd", o->cwd);
+        sbx_enc_kstr(&enc, "cwd", o->cwd);
     if (o->env && o->env[0]) {
-        sbx_enc_kmap(&e, "env");
+        sbx_enc_kmap(&enc, "env");
         for (const char *const *p = o->env; *p; p++) {
             const char *eq = strchr(*p, '=');
             if (!eq || eq == *p) {
-                sbx_enc_free(&e);
-                return set_err(err, SBX_E_VALIDATION, NULL,
-                               "env entry '%s' is not NAME=VALUE (env maps names to values, "
-                               "as the SDK's; a bare name is not inherited)",
-                               *p);
+                sbx_enc_free(&enc);
+                return sbx_err_make(e, SBX_E_VALIDATION,
+                                    "env entry '%s' is not NAME=VALUE (env maps names to values, "
+                                    "as the SDK's; a bare name is not inherited)",
+                                    *p);
             }
-            sbx_enc_strn(&e, *p, (size_t)(eq - *p));
-            sbx_enc_str(&e, eq + 1);
+            sbx_enc_strn(&enc, *p, (size_t)(eq - *p));
+            sbx_enc_str(&enc, eq + 1);
         }
-        sbx_enc_end(&e);
+        sbx_enc_end(&enc);
     }
     if (o->timeout_ms > 0)
-        sbx_enc_kint(&e, "timeout", o->timeout_ms);
+        sbx_enc_kint(&enc, "timeout", o->timeout_ms);
     if (o->session_id)
-        sbx_enc_kstr(&e, "sessionId", o->session_id);
+        sbx_enc_kstr(&enc, "sessionId", o->session_id);
     if (o->sessionless)
-        sbx_enc_kbool(&e, "sessionless", true);
+        sbx_enc_kbool(&enc, "sessionless", true);
     if (o->has_stdin || o->stdin_data)
-        sbx_enc_kbin(&e, "stdin", o->stdin_data ? o->stdin_data : "", o->stdin_len);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, args, alen) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode exec arguments");
+        sbx_enc_kbin(&enc, "stdin", o->stdin_data ? o->stdin_data : "", o->stdin_len);
+    sbx_enc_end(&enc);
+    if (sbx_enc_finish(&enc, args, alen) != 0)
+        return sbx_err_make(e, SBX_E_INTERNAL, "cannot encode exec arguments");
     return 0;
 }
 
@@ -405,9 +443,9 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     _cleanup_reply_ sbx_reply *r = NULL;
     memset(res, 0, sizeof(*res));
     clear_err(err);
-    int rc0 = encode_exec_args(o, NULL, &args, &alen, err);
-    if (rc0)
-        return rc0;
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, NULL, &args, &alen, &e) != 0)
+        return export_err(err, &e);
     int rc = call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, &r, err, true);
     if (rc) {
         /* SESSION_TERMINATED: the shell exited under the command; its exit
@@ -514,10 +552,10 @@ sbx_exec_stream(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_
     size_t alen;
     _cleanup_reply_ sbx_reply *r = NULL;
     clear_err(err);
-    int rc = encode_exec_args(o, NULL, &args, &alen, err);
-    if (rc)
-        return rc;
-    rc = sbx_call(c, "exec.stream", sandbox, args, alen, 0, NULL, &r, err);
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, NULL, &args, &alen, &e) != 0)
+        return export_err(err, &e);
+    int rc = sbx_call(c, "exec.stream", sandbox, args, alen, 0, NULL, &r, err);
     if (rc)
         return rc;
     sbx_str id = {"", 0};
@@ -534,7 +572,7 @@ sbx_stream_open(sbx_client *c, const char *sandbox, const char *stream_id, uint6
 {
     clear_err(err);
     if (!stream_id || !*stream_id || strlen(stream_id) >= 72)
-        return set_err(err, SBX_E_VALIDATION, NULL, "a stream ID of 1-71 bytes is required");
+        return fail(err, SBX_E_VALIDATION, "a stream ID of 1-71 bytes is required");
     *out = stream_alloc(c, sandbox, stream_id, after);
     return 0;
 }
@@ -670,7 +708,7 @@ call_enc(sbx_client *c, const char *op, const char *sandbox, sbx_enc *e, sbx_rep
     size_t alen;
     sbx_enc_end(e);
     if (sbx_enc_finish(e, &args, &alen) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode arguments");
+        return fail(err, SBX_E_INTERNAL, "cannot encode arguments");
     int rc = sbx_call(c, op, sandbox, args, alen, 0, NULL, r, err);
     return rc;
 }
@@ -710,7 +748,7 @@ sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data,
         snprintf(mime, 64, "%.*s", (int)m.n, m.p);
     if (sbx_str_eq(enc, "base64")) {
         if (sbx_base64_decode(content.p, content.n, data, len) != 0) {
-            return set_err(err, SBX_E_MALFORMED, NULL, "the file content is not valid base64");
+            return fail(err, SBX_E_MALFORMED, "the file content is not valid base64");
         }
     } else {
         *data = sbx_xstrndup(content.p, content.n);
@@ -748,10 +786,10 @@ sbx_process_start(sbx_client *c, const char *sandbox, const sbx_exec_opts *o,
     size_t alen;
     _cleanup_reply_ sbx_reply *r = NULL;
     clear_err(err);
-    int rc = encode_exec_args(o, process_id, &args, &alen, err);
-    if (rc)
-        return rc;
-    rc = sbx_call(c, "process.start", sandbox, args, alen, 0, NULL, &r, err);
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, process_id, &args, &alen, &e) != 0)
+        return export_err(err, &e);
+    int rc = sbx_call(c, "process.start", sandbox, args, alen, 0, NULL, &r, err);
     if (rc)
         return rc;
     sbx_str pid = {"", 0};
@@ -790,9 +828,9 @@ sbx_exec_reply(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_r
     size_t alen;
     *out = NULL;
     clear_err(err);
-    int rc = encode_exec_args(o, NULL, &args, &alen, err);
-    if (rc)
-        return rc;
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, NULL, &args, &alen, &e) != 0)
+        return export_err(err, &e);
     return call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, out, err, false);
 }
 
@@ -930,15 +968,15 @@ sbx_call_args(sbx_client *c, const char *op, const char *sandbox, sbx_args *a,
     clear_err(err);
     if (a) {
         if (a->sent)
-            return set_err(err, SBX_E_VALIDATION, NULL, "these arguments were already sent");
+            return fail(err, SBX_E_VALIDATION, "these arguments were already sent");
         a->sent = true;
         if (a->bad_json)
-            return set_err(err, SBX_E_VALIDATION, NULL, "an argument is not valid JSON");
+            return fail(err, SBX_E_VALIDATION, "an argument is not valid JSON");
         sbx_enc_end(&a->e);
         if (sbx_enc_finish(&a->e, &args, &alen) != 0)
-            return set_err(err, SBX_E_VALIDATION, NULL,
-                           "the arguments are not one well-formed map (unbalanced "
-                           "sbx_args_kmap/karray and sbx_args_end?)");
+            return fail(err, SBX_E_VALIDATION,
+                        "the arguments are not one well-formed map (unbalanced "
+                        "sbx_args_kmap/karray and sbx_args_end?)");
     }
     return sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
 }

@@ -31,15 +31,22 @@ vfmt(const char *fmt, va_list ap)
 int
 sbx_err_make(sbx_err_t *err, int code, const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
+    code = sbx_err_makev(err, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int
+sbx_err_makev(sbx_err_t *err, int code, const char *fmt, va_list ap)
+{
     if (code >= 0)
         code = SBX_E_INTERNAL;
     if (!err)
         return code;
     sbx_err_release(err);
-    va_list ap;
-    va_start(ap, fmt);
     char *m = vfmt(fmt, ap);
-    va_end(ap);
     if (m && code > -4096) {
         char *full = NULL;
         if (asprintf(&full, "%s: %s", m, strerror(-code)) >= 0) {

@@ -32,6 +32,8 @@
 #ifndef SBX_ERROR_H
 #define SBX_ERROR_H
 
+#include <stdarg.h>
+
 #include "err.h"
 
 typedef struct sbx_err_s *sbx_err_t;
@@ -47,6 +49,10 @@ typedef struct sbx_err_s *sbx_err_t;
  */
 int sbx_err_make(sbx_err_t *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* sbx_err_makev — sbx_err_make with a va_list. */
+int sbx_err_makev(sbx_err_t *err, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /*
  * sbx_err_prefix — put "<formatted>: " before the message of *err (the
