@@ -167,9 +167,9 @@ SBX_API void sbx_reply_free(sbx_reply *r);
  * key and its value; sbx_args_kmap / sbx_args_karray open a nested map or
  * array, closed by sbx_args_end; inside an array the key-less calls add
  * elements, inside a map they add keys and values alternately.  Mistakes
- * (an end too many, nesting deeper than 32, a JSON text that does not
- * parse) are sticky: the builder remembers the first one and
- * sbx_call_args fails with VALIDATION_FAILED.  Strings are copied.
+ * (an sbx_args_end too many or too few, nesting deeper than 30, a JSON
+ * text that does not parse) are remembered: sbx_call_args then fails with
+ * VALIDATION_FAILED and sends nothing.  Strings and bytes are copied.
  *
  *     sbx_args *a = sbx_args_new();
  *     sbx_args_kstr(a, "path", "/workspace/x");
@@ -182,7 +182,11 @@ typedef struct sbx_args sbx_args;
 /* sbx_args_new — an empty argument map (caller frees with sbx_args_free);
  * never NULL (aborts when out of memory, as every allocation of libsbx). */
 SBX_API sbx_args *sbx_args_new(void);
+/* sbx_args_free — free a (NULL: nothing), sent or not. */
 SBX_API void sbx_args_free(sbx_args *a);
+/* Key, then a value: a NUL-terminated string; n bytes of a string (UTF-8
+ * expected, not checked); an integer; a boolean; n bytes (msgpack bin:
+ * file content, stdin); nil (unset, where an operation says so). */
 SBX_API void sbx_args_kstr(sbx_args *a, const char *key, const char *v);
 SBX_API void sbx_args_kstrn(sbx_args *a, const char *key, const char *v, size_t n);
 SBX_API void sbx_args_kint(sbx_args *a, const char *key, int64_t v);
@@ -192,6 +196,8 @@ SBX_API void sbx_args_knil(sbx_args *a, const char *key);
 /* sbx_args_kjson — key, then any JSON value (text; VALIDATION_FAILED at
  * the call when it does not parse). */
 SBX_API void sbx_args_kjson(sbx_args *a, const char *key, const char *json);
+/* sbx_args_kmap / sbx_args_karray — key, then open a map or an array that
+ * the next values fill, up to the matching sbx_args_end. */
 SBX_API void sbx_args_kmap(sbx_args *a, const char *key);
 SBX_API void sbx_args_karray(sbx_args *a, const char *key);
 SBX_API void sbx_args_end(sbx_args *a);
