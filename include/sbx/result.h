@@ -14,7 +14,7 @@
  *                 printf("%.*s %lld\n", (int)id.n, id.p, (long long)gen);
  *
  * Every sbx_get_* looks `key` up in `map` and returns 0 with *out set,
- * -ENOENT when the key is absent (or map is NULL or not a map), or
+ * -ENOENT when the key is absent or nil (or map is NULL or not a map), or
  * VALIDATION_FAILED's code when the value has another type; *out is left
  * alone on failure, so a default set before the call survives.  What they
  * hand out points into the map's reply (or event): valid until it is freed.
@@ -23,6 +23,7 @@
 #ifndef SBX_RESULT_H
 #define SBX_RESULT_H
 
+#include <errno.h> /* ENOENT, which the sbx_get_* return negated */
 #include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -42,7 +43,7 @@ typedef struct sbx_view {
     size_t n;
 } sbx_view;
 
-/* sbx_get — the value of key in map, or NULL. */
+/* sbx_get — the value of key in map, or NULL (absent or nil). */
 SBX_API const msgpack_object *sbx_get(const msgpack_object *map, const char *key);
 /* sbx_get_str — a string value. */
 SBX_API int sbx_get_str(const msgpack_object *map, const char *key, sbx_view *out);
