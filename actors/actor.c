@@ -115,7 +115,7 @@ actor_get(struct shard *sh, const char *id, bool load)
             /* No container survives a shard restart, whatever was recorded. */
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         } else if (img) {
-            sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
+            sbx_log_error("sandbox %s: unreadable record in the store; treating it as new", id);
         }
     }
     if (rc == 0) {

@@ -261,7 +261,7 @@ fence_check(struct cluster *c)
     }
     if (atomic_load(&c->fence_done))
         return;
-    sbx_warn("shard %s: fenced: not serving until it holds a lease again", sh->conf.name);
+    sbx_log_warn("shard %s: fenced: not serving until it holds a lease again", sh->conf.name);
     fence_apply(c);
     atomic_store(&c->fence_done, true);
     lease_wake(c);
@@ -335,7 +335,7 @@ register_member(struct cluster *c)
     atomic_store(&c->fence_done, false);
     atomic_store(&c->fence_at, t0 + c->ttl_ms - c->ttl_ms / 3);
     sbx_loop_post(sh->loop, fence_posted, c);
-    sbx_info("shard %s: joined cluster %s (lease %lld, TTL %lld ms)", sh->conf.name,
+    sbx_log_info("shard %s: joined cluster %s (lease %lld, TTL %lld ms)", sh->conf.name,
              sh->conf.cluster, (long long)lease, (long long)c->ttl_ms);
     return 0;
 }
@@ -399,10 +399,10 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
     bool ok = false;
     int rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
     if (rc == 0 && ok)
-        sbx_info("shard %s: claimed %zu partition(s); loading their records from etcd",
+        sbx_log_info("shard %s: claimed %zu partition(s); loading their records from etcd",
                  sh->conf.name, n);
     else if (rc)
-        sbx_warn("shard %s: claim of %zu partition(s): %s (the view tells whether it was "
+        sbx_log_warn("shard %s: claim of %zu partition(s): %s (the view tells whether it was "
                  "applied)",
                  sh->conf.name, n, sbx_err_message(rc));
 }
@@ -566,7 +566,7 @@ reconcile(struct cluster *c)
     sbx_cview_unlock(c->view);
 
     if (nclaims)
-        sbx_info("shard %s: claiming %zu partition(s) without a live owner", sh->conf.name,
+        sbx_log_info("shard %s: claiming %zu partition(s) without a live owner", sh->conf.name,
                  nclaims);
     for (size_t i = 0; i < nclaims; i += TXN_PARTS / 2)
         claim_batch(c, claims + i, SBX_MIN((size_t)TXN_PARTS / 2, nclaims - i));
@@ -647,7 +647,7 @@ lease_main(void *arg)
             next = now + c->ttl_ms / 3;
         } else if (rc == 0) {
             /* The lease is gone: another shard may own our partitions. */
-            sbx_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
+            sbx_log_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
             cluster_fence_now(c);
         } else {
             next = now + 200; /* etcd unreachable: try again soon */
@@ -711,7 +711,7 @@ cluster_start(struct shard *sh)
         return 0;
     if (!sbx_cview_name_ok(sh->conf.name, strlen(sh->conf.name))) {
         /* the view of every node would ignore its member key (cview.h) */
-        sbx_error("shard '%s': a cluster shard's name is 1-63 of [A-Za-z0-9._-], starting "
+        sbx_log_error("shard '%s': a cluster shard's name is 1-63 of [A-Za-z0-9._-], starting "
                   "with a letter or digit",
                   sh->conf.name);
         return SBX_E_VALIDATION;
@@ -735,7 +735,7 @@ cluster_start(struct shard *sh)
     pthread_cond_init(&c->rcv, NULL);
     int rc = sbx_etcd_open(&c->etcd, sh->conf.etcd, 3000);
     if (rc) {
-        sbx_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
+        sbx_log_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
         free(c->claims);
         recrev_free(c->revs);
         free(c);
@@ -743,7 +743,7 @@ cluster_start(struct shard *sh)
     }
     sh->cluster = c;
     if ((rc = sbx_cview_start(&c->view, c->etcd, c->prefix, view_changed, c)) != 0) {
-        sbx_error("shard %s: cannot start the cluster view", sh->conf.name);
+        sbx_log_error("shard %s: cannot start the cluster view", sh->conf.name);
         return rc;
     }
     pthread_t *th[] = {&c->repl, &c->lth, &c->ctl};

@@ -249,7 +249,7 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
     if (sbx_enc_finish(&e, &buf, &len) != 0)
         return SBX_E_INTERNAL;
     nng_socket s;
-    int rv = sbx_nng_req_dial(&s, url);
+    int rv = sbx_nng_req_dial(&s, url, NULL);
     if (rv) {
         free(buf);
         return SBX_E_SHARD_UNAVAILABLE;
@@ -334,7 +334,7 @@ switch_read_back(struct cluster *c, struct hjob *j, const uint32_t *parts, size_
         if (atomic_load(&c->stop) || cluster_fenced(c))
             return rc;
         if (attempt == 0)
-            sbx_warn("shard %s: the switch of %zu partition(s) has an unknown outcome and "
+            sbx_log_warn("shard %s: the switch of %zu partition(s) has an unknown outcome and "
                      "cannot be read back (%s); they serve nothing until it can",
                      sh->conf.name, n, sbx_err_message(rc));
         cluster_nap_ms(SBX_MIN(50 << SBX_MIN(attempt, 4), 500));
@@ -404,12 +404,12 @@ cluster_handoff(struct cluster *c, int target, const char *tname, const char *tu
                 }
             }
         } else {
-            sbx_warn("shard %s: handoff of %zu partition(s) to %s failed: %s", sh->conf.name, n,
+            sbx_log_warn("shard %s: handoff of %zu partition(s) to %s failed: %s", sh->conf.name, n,
                      tname, sbx_err_message(rc));
         }
     }
     if (ok)
-        sbx_info("shard %s: handed %zu partition(s) (%zu record(s)) to %s in %lld ms",
+        sbx_log_info("shard %s: handed %zu partition(s) (%zu record(s)) to %s in %lld ms",
                  sh->conf.name, n, j->nrecs, tname, (long long)(sbx_mono_ms() - t0));
     free(hp);
     free(he);
@@ -500,7 +500,7 @@ cluster_op_import(struct sop *op)
             c->lp[p].imported_ms = now;
             c->lp[p].imported_from = fidx;
         }
-    sbx_info("shard %s: imported %zu record(s) of %u partition(s) from %s", sh->conf.name, n,
+    sbx_log_info("shard %s: imported %zu record(s) of %u partition(s) from %s", sh->conf.name, n,
              parts->via.array.size, fname);
     sbx_enc e;
     char *buf;

@@ -399,7 +399,7 @@ idem_load(struct shard *sh)
         }
         idem_expire(sh);
         if (lc.n || lc.expired)
-            sbx_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
+            sbx_log_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
                      sh->conf.name, lc.n - lc.expired, lc.expired);
     } else {
         for (size_t i = 0; i < lc.n; i++)

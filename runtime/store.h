@@ -25,7 +25,7 @@
  *
  * Durability contract (the output gate): a write's sequence number is
  * "committed" only after mdb_txn_commit() returned 0 with the default sync
- * mode; callers reply to clients only after that (see actors/actor.h).
+ * mode; callers reply to clients only after that (the output gate, actors/shard.h).
  */
 #ifndef SBX_STORE_H
 #define SBX_STORE_H
