@@ -439,11 +439,11 @@ rebump(struct cluster *c, struct claim *cl, size_t n)
         rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
     }
     if (rc)
-        sbx_warn("shard %s: cannot move its %zu partition(s) to a new epoch (%s); they are "
+        sbx_log_warn("shard %s: cannot move its %zu partition(s) to a new epoch (%s); they are "
                  "not served until it can",
                  sh->conf.name, n, sbx_err_message(rc));
     else if (n)
-        sbx_info("shard %s: %zu partition(s) it owns moved to a new epoch; loading their "
+        sbx_log_info("shard %s: %zu partition(s) it owns moved to a new epoch; loading their "
                  "records from etcd",
                  sh->conf.name, n);
     return rc;
