@@ -18,8 +18,8 @@
  *       local copy would replace the records in etcd);
  *  t17: a reply recorded before its write reached etcd is not returned to
  *       a retry of the same request after a kill -9 and restart;
- *  t18: a replication transaction of an earlier process that reaches etcd
- *       after the restarted node read the records back fails.
+ *  t18, t19: a replication transaction of an earlier process (t18) or lease
+ *       (t19) that reaches etcd after the node read the records back fails.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -484,9 +484,9 @@ Test(cluster, t16_a_claimed_partition_is_not_handed_off_before_it_is_loaded, .ti
     ep_fail_ranges(&px, NULL);
     get_var(c, id, "H", got, sizeof(got));
     cr_expect_str_eq(got, "acknowledged",
-                     "the acknowledged environment was lost (partition %u handed to node %d "
-                     "before node %d loaded it)",
-                     part, x, y);
+                     "the acknowledged environment was lost (H='%s'; partition %u handed to "
+                     "node %d before node %d loaded it)",
+                     got, part, x, y);
 
     converge(BASE, 3, "node 1 back");
     restart_node(y, NULL);
@@ -674,9 +674,12 @@ Test(cluster, t18_a_replication_of_an_earlier_process_fails_after_a_restart, .ti
     cr_assert_neq(b.rc, 0, "env.set was acknowledged though etcd never got its write");
     cr_assert(!etcd_record_has(key, "second"), "etcd got the held write after all");
 
+    /* y alone owns and serves every partition (its records loaded), the
+     * sandbox untouched since: an exec now would write its record again,
+     * and the held copy would then fail its record compare whatever the
+     * epoch (t15). */
     cr_assert_gt(cl_start("shard", y), 0);
-    get_var(c, id, "H", got, sizeof(got)); /* y serves the partition again */
-    cr_expect_str_eq(got, "first");
+    converge(&y, 1, "node 2 restarted alone");
     cr_assert_eq(cl_read_state(&st), 0);
     cr_assert_eq(st.owner[part], y, "partition %u is not node %d's", part, y);
     bool applied = true;
@@ -693,6 +696,78 @@ Test(cluster, t18_a_replication_of_an_earlier_process_fails_after_a_restart, .ti
     for (int k = 0; k < 2; k++)
         cl_signal("shard", others[k], SIGCONT);
     converge(BASE, 3, "nodes 0 and 1 continued");
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t19 (issue 11, the same after a fence): the other nodes are stopped
+ * (SIGSTOP) so that nobody claims node y's partitions; etcd answers y's
+ * replication transactions of a sandbox's record with an error (the
+ * proxy's refuse: the first is kept), so the write is answered with an
+ * error and y fences itself, re-joins and reloads its records from etcd
+ * (H=first).  Then the kept transaction reaches etcd, as from an etcd that
+ * answered "request timed out" and applied it later.  Before the fix the
+ * partition was still at the epoch it compares and it was applied: etcd
+ * held H=second while y served H=first.  Now y moves what it owns to a new
+ * epoch when it re-joins, and the late transaction fails. */
+Test(cluster, t19_a_replication_of_an_earlier_lease_fails_after_a_fence, .timeout = 240)
+{
+    restore_base();
+    const int y = 2, others[2] = {0, 1};
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], got[64] = "", key[256], rid[64], code[64];
+    uint32_t part = pick_id(&st, "fence", y, all, 3, y, id, sizeof(id));
+    set_var(c, id, "H", "first");
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    snprintf(rid, sizeof(rid), "t19-%s", id);
+
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(cl_signal("shard", others[k], SIGSTOP), 0);
+    converge(&y, 1, "node 2 alone");
+    cr_assert_eq(cl_read_state(&st), 0);
+    int64_t lease = st.lease[y];
+    ep_refuse(&px, key);
+    int rc = set_var_rid(c, id, "H", "second", rid, 20000, code, sizeof(code));
+    cr_log_info("t19: env.set H=second with its replication refused: %s (%d refused)",
+                rc == 0 ? "ok" : code, atomic_load(&px.txns_refused));
+    cr_assert_neq(rc, 0, "env.set was acknowledged though etcd refused its write");
+    cr_assert(ep_holds(&px), "node %d's replication did not go through the proxy", y);
+    cr_assert(!etcd_record_has(key, "second"), "etcd got the refused write");
+
+    /* y fenced itself and re-joined (a new lease), its records loaded again,
+     * the sandbox untouched since (see t18). */
+    double t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(100);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while ((!st.live[y] || st.lease[y] == lease) && cl_now_ms() - t0 < 30000);
+    cr_assert(st.live[y] && st.lease[y] != lease, "node %d did not fence and re-join", y);
+    converge(&y, 1, "node 2 re-joined alone");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.owner[part], y, "partition %u is not node %d's", part, y);
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the kept transaction");
+    ep_refuse(&px, NULL);
+    bool second = etcd_record_has(key, "second");
+    get_var(c, id, "H", got, sizeof(got));
+    cr_log_info("t19: the refused replication of H=second %s after node %d re-joined and "
+                "served H=%s; etcd's record %s it",
+                applied ? "was APPLIED" : "failed its compare", y, got,
+                second ? "HAS" : "does not have");
+    cr_expect(!applied, "a replication of the fenced lease was applied after the re-join");
+    cr_expect(!second, "etcd's record of %s differs from what node %d serves (H=%s)", id, y, got);
+
+    for (int k = 0; k < 2; k++)
+        cl_signal("shard", others[k], SIGCONT);
+    converge(BASE, 3, "nodes 0 and 1 continued");
+    restart_node(y, NULL);
     ep_stop(&px);
     sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);
