@@ -33,8 +33,12 @@ CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
-           container/agent/session.c container/agent/stream.c container/agent/proc.c \
-           container/agent/files.c container/agent/interp.c container/agent/term.c \
+           container/agent/session.c \
+           container/agent/stream.c container/agent/proc.c \
+           container/agent/files.c \
+           container/agent/interp.c container/agent/interp_driver.c container/agent/interp_result.c \
+           container/agent/interp_pool.c \
+           container/agent/term.c \
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c

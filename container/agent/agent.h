@@ -316,7 +316,7 @@ void agent_op_file_watch(struct agent *a, struct agent_req *r);
 void agent_op_git_checkout(struct agent *a, struct agent_req *r);
 void agent_watches_free(struct agent *a);
 
-/* interp.c: code contexts. */
+/* interp.c (interp_*.c): code contexts. */
 void agent_op_context_create(struct agent *a, struct agent_req *r);
 void agent_op_context_run(struct agent *a, struct agent_req *r);
 void agent_op_context_run_stream(struct agent *a, struct agent_req *r);
