@@ -35,7 +35,8 @@ CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
            container/agent/session.c \
            container/agent/stream.c container/agent/proc.c \
-           container/agent/files.c \
+           container/agent/files.c container/agent/files_mime.c container/agent/files_rw.c \
+           container/agent/files_watch.c container/agent/files_git.c \
            container/agent/interp.c container/agent/interp_driver.c container/agent/interp_result.c \
            container/agent/interp_pool.c \
            container/agent/term.c \
@@ -189,7 +190,7 @@ FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthr
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
                runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c
-FUZZ_AGENT  := $(filter-out container/agent/main.c runtime/%,$(AGENT))
+FUZZ_AGENT  := $(filter-out runtime/%,$(AGENT))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
@@ -200,11 +201,14 @@ build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 # The targets' dependency files: a target rebuilds when a source it includes changes.
 -include $(wildcard build/fuzz/obj/tests/fuzz/*.d)
-# fuzz_path and fuzz_agent include agent sources (for their static functions)
-# and link the rest of the agent.
+# fuzz_path links the agent and reaches its internals through its internal
+# headers (container/agent/*_int.h); the agent's main() is renamed in its
+# copy of main.o so that libFuzzer's is the program's.  fuzz_agent includes
+# main.c and session.c (for their static functions) and links the rest.
+build/fuzz/obj/container/agent/main.o: FUZZ_CFLAGS += -Dmain=sbx_agent_main
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
-build/fuzz/fuzz_path: $(call fuzz_objs,$(filter-out container/agent/files.c,$(FUZZ_AGENT)))
-build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$(FUZZ_AGENT)))
+build/fuzz/fuzz_path: $(call fuzz_objs,$(FUZZ_AGENT))
+build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/main.c container/agent/session.c,$(FUZZ_AGENT)))
 # fuzz_http, fuzz_preview and fuzz_terminal include one source of the HTTP front
 # and link the others, with the libraries they call.
 FUZZ_GW     := gateway/http.c gateway/preview.c gateway/terminal.c runtime/relay.c runtime/nngx.c
