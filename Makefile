@@ -33,7 +33,7 @@ CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
-           container/agent/session.c \
+           container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
            container/agent/stream.c container/agent/proc.c \
            container/agent/files.c container/agent/files_mime.c container/agent/files_rw.c \
            container/agent/files_watch.c container/agent/files_git.c \
@@ -201,14 +201,13 @@ build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 # The targets' dependency files: a target rebuilds when a source it includes changes.
 -include $(wildcard build/fuzz/obj/tests/fuzz/*.d)
-# fuzz_path links the agent and reaches its internals through its internal
-# headers (container/agent/*_int.h); the agent's main() is renamed in its
-# copy of main.o so that libFuzzer's is the program's.  fuzz_agent includes
-# main.c and session.c (for their static functions) and links the rest.
+# fuzz_path and fuzz_agent link the agent and reach its internals through its
+# internal headers (container/agent/*_int.h); the agent's main() is renamed
+# in their copy of main.o so that libFuzzer's is the program's.
 build/fuzz/obj/container/agent/main.o: FUZZ_CFLAGS += -Dmain=sbx_agent_main
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(FUZZ_AGENT))
-build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/main.c container/agent/session.c,$(FUZZ_AGENT)))
+build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # fuzz_http, fuzz_preview and fuzz_terminal include one source of the HTTP front
 # and link the others, with the libraries they call.
 FUZZ_GW     := gateway/http.c gateway/preview.c gateway/terminal.c runtime/relay.c runtime/nngx.c
