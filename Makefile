@@ -34,7 +34,7 @@ CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
-           container/agent/stream.c container/agent/proc.c \
+           container/agent/stream.c container/agent/proc.c container/agent/proc_wait.c \
            container/agent/files.c container/agent/files_mime.c container/agent/files_rw.c \
            container/agent/files_watch.c container/agent/files_git.c \
            container/agent/interp.c container/agent/interp_driver.c container/agent/interp_result.c \
