@@ -109,7 +109,8 @@ bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/s
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
-INTERP_SRC := container/interp/driver.py container/interp/driver.js \
+INTERP_SRC := container/interp/driver.py $(wildcard container/interp/_sbx_driver/*.py) \
+              container/interp/driver.js \
               container/interp/package.json container/interp/package-lock.json
 %/share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 	@tools/install-interp.sh $*/share/sbx/interp
