@@ -89,6 +89,37 @@ struct agent_req {
     } cg;
 };
 
+/*
+ * The modules' own state, of which struct agent is composed.  Each is owned
+ * by the module named, touched only by it, empty when zeroed (the agent
+ * starts zeroed: no init is needed) and released by the module's fini,
+ * which main.c calls at exit.  Modules whose state is a list hold its head
+ * (jobs, procs, watches, terms); interp*.c allocates its struct interp on
+ * first use.
+ */
+/* stream.c: the agent's streams and the event being built (stream.h);
+ * fini agent_streams_free. */
+struct agent_streams {
+    struct stream *list;
+    sbx_enc ev_enc;           /* the stream event being built */
+    struct stream *ev_stream; /* ... and its stream */
+    bool ev_open;
+};
+/* session*.c: the sessions and the counter of their marker nonces;
+ * fini agent_sessions_free. */
+struct agent_sessions {
+    struct session *list;
+    uint64_t nonce_ctr;
+};
+/* main.c: agent_counters_ask calls waiting for the shard's answer, and the
+ * timer that gives up on it (AGENT_COUNTERS_WAIT_MS). */
+struct agent_cwait {
+    struct counters_wait *list;
+    uint64_t timer;
+};
+struct interp;
+struct term;
+
 /* The agent: one per sandbox, the loop's only state. */
 struct agent {
     sbx_loop *loop;
@@ -99,20 +130,15 @@ struct agent {
     int sigfd;                /* signalfd for SIGCHLD */
     struct agent_cfg cfg;
     char **env;               /* current sandbox env (cfg.env + setEnvVars), "K=V" */
-    struct job *jobs;         /* running commands (list) */
-    struct session *sessions; /* list */
-    struct stream *streams;   /* list (stream.c) */
-    struct proc *procs;       /* background processes (proc.c) */
-    struct watch *watches;    /* file watches (files.c) */
-    sbx_enc ev_enc;           /* the stream event being built (stream.c) */
-    struct stream *ev_stream;
-    bool ev_open;
-    void *interp;             /* code contexts (interp.c) */
-    void *terms;              /* terminals (term.c) */
-    uint64_t nonce_ctr;
-    uint64_t stream_ctr;
-    struct counters_wait *cwait; /* agent_counters_ask calls waiting (main.c) */
-    uint64_t cwait_timer;
+    struct job *jobs;         /* exec.c: running commands (list) */
+    struct agent_sessions sessions; /* session*.c */
+    struct agent_streams streams;   /* stream.c */
+    struct proc *procs;       /* proc*.c: background processes (list) */
+    struct watch *watches;    /* files_watch.c: file watches (list) */
+    struct interp *interp;    /* interp*.c: code contexts; NULL until used */
+    struct term *terms;       /* term.c: terminals (list) */
+    uint64_t stream_ctr;      /* stream ids made so far (every producer) */
+    struct agent_cwait cwait; /* main.c */
     uint64_t work_starts;     /* tenant work started so far (agent_work_mark) */
     bool bound;
     char sandbox[64];
@@ -287,7 +313,7 @@ void agent_sessions_free(struct agent *a);
  * 0 or -errno. */
 int agent_openpty(int *master, int *slave);
 
-/* proc.c: background processes. */
+/* proc.c (the waits: proc_wait.c): background processes. */
 void agent_op_process_start(struct agent *a, struct agent_req *r);
 void agent_op_process_list(struct agent *a, struct agent_req *r);
 void agent_op_process_get(struct agent *a, struct agent_req *r);
@@ -303,7 +329,7 @@ bool agent_procs_reaped(struct agent *a, pid_t pid, int status);
 void agent_procs_kill_session(struct agent *a, const char *sid);
 void agent_procs_free(struct agent *a);
 
-/* files.c */
+/* files.c, files_rw.c, files_watch.c, files_git.c: the file API (files_int.h). */
 void agent_op_file_write(struct agent *a, struct agent_req *r);
 void agent_op_file_read(struct agent *a, struct agent_req *r);
 void agent_op_file_read_stream(struct agent *a, struct agent_req *r);
@@ -316,7 +342,7 @@ void agent_op_file_watch(struct agent *a, struct agent_req *r);
 void agent_op_git_checkout(struct agent *a, struct agent_req *r);
 void agent_watches_free(struct agent *a);
 
-/* interp.c (interp_*.c): code contexts. */
+/* interp.c (and interp_*.c, interp_int.h): code contexts. */
 void agent_op_context_create(struct agent *a, struct agent_req *r);
 void agent_op_context_run(struct agent *a, struct agent_req *r);
 void agent_op_context_run_stream(struct agent *a, struct agent_req *r);

@@ -46,7 +46,7 @@
 static struct session *
 session_find(struct agent *a, const char *id)
 {
-    for (struct session *s = a->sessions; s; s = s->next)
+    for (struct session *s = a->sessions.list; s; s = s->next)
         if (!strcmp(s->id, id))
             return s;
     return NULL;
@@ -69,8 +69,8 @@ session_new(struct agent *a, const char *id, const msgpack_object *env, const ch
     sbx_buf_init(&s->ctl);
     outcap_init(&s->out[0], 0);
     outcap_init(&s->out[1], 0);
-    s->next = a->sessions;
-    a->sessions = s;
+    s->next = a->sessions.list;
+    a->sessions.list = s;
     return s;
 }
 
@@ -160,7 +160,7 @@ agent_session_cwd(struct agent *a, const char *sid)
 bool
 agent_sessions_busy(struct agent *a, const void *self)
 {
-    for (struct session *s = a->sessions; s; s = s->next)
+    for (struct session *s = a->sessions.list; s; s = s->next)
         if (s->cur && (const void *)s->cur != self)
             return true;
     return false;
@@ -284,7 +284,7 @@ agent_op_session_list(struct agent *a, struct agent_req *r)
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_karray(&e, "sessions");
-    for (struct session *s = a->sessions; s; s = s->next)
+    for (struct session *s = a->sessions.list; s; s = s->next)
         encode_session(s, &e);
     sbx_enc_end(&e);
     agent_reply_ok(a, r, &e);
@@ -350,7 +350,7 @@ agent_op_session_delete(struct agent *a, struct agent_req *r)
         agent_reply_err(a, r, SBX_E_SESSION_NOT_FOUND, "session '%s' not found", id);
         return;
     }
-    for (struct session **pp = &a->sessions; *pp; pp = &(*pp)->next) {
+    for (struct session **pp = &a->sessions.list; *pp; pp = &(*pp)->next) {
         if (*pp == s) {
             *pp = s->next;
             break;
@@ -435,7 +435,7 @@ agent_session_apply_env(struct agent *a, const msgpack_object *vars)
 void
 agent_sessions_reaped(struct agent *a, pid_t pid, int status)
 {
-    for (struct session *s = a->sessions; s; s = s->next) {
+    for (struct session *s = a->sessions.list; s; s = s->next) {
         if (s->pid != pid)
             continue;
         s->pid = 0;
@@ -486,9 +486,9 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
 void
 agent_sessions_free(struct agent *a)
 {
-    while (a->sessions) {
-        struct session *s = a->sessions;
-        a->sessions = s->next;
+    while (a->sessions.list) {
+        struct session *s = a->sessions.list;
+        a->sessions.list = s->next;
         session_kill(s, SBX_E_INTERRUPTED, "the sandbox is stopping");
         session_free(s);
     }

@@ -37,7 +37,7 @@ session_new_nonce(struct agent *a, char out[17])
 {
     unsigned char r[8];
     if (sbx_random(r, sizeof(r)) != 0) {
-        uint64_t c = ++a->nonce_ctr ^ (uint64_t)sbx_mono_us();
+        uint64_t c = ++a->sessions.nonce_ctr ^ (uint64_t)sbx_mono_us();
         memcpy(r, &c, sizeof(r));
     }
     for (int i = 0; i < 8; i++)
