@@ -32,7 +32,8 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
 CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
-AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
+AGENT   := container/agent/main.c container/agent/setup.c \
+           container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
            container/agent/stream.c container/agent/proc.c container/agent/proc_wait.c \
            container/agent/files.c container/agent/files_mime.c container/agent/files_rw.c \

@@ -187,8 +187,9 @@ int agent_env_check(const msgpack_object *env, bool shell_names, char *why, size
 const char *agent_env_get(char *const *env, const char *key);
 
 /* ------------------------------------------------------------------------------ */
-/* exec.c — commands run as fresh processes ("sessionless"), and the machinery
- * sessions share: output capture with caps, tree kill, exit causes. */
+/* exec.c — commands run as fresh processes ("sessionless"); exec_args.c and
+ * proctree.c — the machinery sessions and processes share: output capture
+ * with caps, arguments, results, exit causes; spawning, tree kill. */
 
 /* Output of one stream: kept up to `cap` bytes, the rest counted and dropped. */
 struct outcap {
@@ -214,16 +215,16 @@ int agent_run_internal(struct agent *a, const char *const *argv, const char *cwd
                        int64_t timeout_ms, job_done_fn done, void *arg);
 /* exec.c: called for every reaped child. */
 void agent_job_reaped(struct agent *a, pid_t pid, int status);
-/* exec.c: kill pid and all of its descendants with SIGKILL (pid itself last
+/* proctree.c: kill pid and all of its descendants with SIGKILL (pid itself last
  * unless skip_root); returns how many processes were signalled. */
 int agent_kill_tree(pid_t root, bool skip_root, const pid_t *spare, size_t nspare);
-/* exec.c: the same, sparing every subtree whose root started before clock
+/* proctree.c: the same, sparing every subtree whose root started before clock
  * tick `since` (proc(5) starttime; see agent_boot_ticks). */
 int agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nspare,
                           unsigned long long since);
-/* exec.c: now, in the clock ticks proc(5) uses for starttime. */
+/* proctree.c: now, in the clock ticks proc(5) uses for starttime. */
 unsigned long long agent_boot_ticks(void);
-/* exec.c: parse the common exec arguments (cmd/argv, cwd, env, timeout). */
+/* exec_args.c: parse the common exec arguments (cmd/argv, cwd, env, timeout). */
 struct exec_args {
     char *cmd;               /* shell string, or NULL when argv is set */
     char **argv;             /* NULL-terminated, or NULL */
@@ -242,19 +243,19 @@ void exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bo
                           int64_t timeout_ms, int64_t duration_ms, const char *cause);
 /* exec.c: read and discard what fd still delivers, then close it. */
 void agent_hand_to_drainer(struct agent *a, int fd);
-/* exec.c: encode the common exec result fields (cause as above); with
+/* exec_args.c: encode the common exec result fields (cause as above); with
  * by_deadline the timeout was the request's deadline (deadlineExceeded). */
 void exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
                         int64_t duration_ms, struct outcap *out, struct outcap *err,
                         const char *cause, bool by_deadline);
-/* exec.c: the timeout of a command answered in r's reply: timeout_ms (0:
+/* exec_args.c: the timeout of a command answered in r's reply: timeout_ms (0:
  * none), or what is left before r's deadline if that comes first
  * (*by_deadline then).  A command the caller can no longer hear about is
  * stopped as by a timeout (docs/protocol.md §2). */
 int64_t agent_bound_timeout(const struct agent_req *r, int64_t timeout_ms, bool *by_deadline);
 
 /*
- * exec.c: why a command or background process ended, beyond what its exit
+ * exec_args.c: why a command or background process ended, beyond what its exit
  * status says.  OOM_KILLED: SIGKILLed (or a shell's exit 137) while the
  * sandbox's OOM-kill counter rose since the request; PIDS_LIMIT: exited
  * non-zero while forks were refused by the pids limit since the request —
@@ -267,13 +268,14 @@ int64_t agent_bound_timeout(const struct agent_req *r, int64_t timeout_ms, bool 
 const char *agent_refine_cause(const char *cause, int exit_code, int sig,
                                const struct agent_counters *before,
                                const struct agent_counters *after, bool blame_pids);
-/* exec.c: whether output (n bytes) reports a refused fork or EAGAIN. */
+/* exec_args.c: whether output (n bytes) reports a refused fork or EAGAIN. */
 bool agent_fork_refused_in(const char *p, size_t n);
-/* exec.c: what else of the tenant's runs or starts while a command runs:
- * agent_work_mark when it starts (after its own fork), agent_work_alone when
- * it ends — true if no other command, process, busy session, running code
- * cell or open terminal existed at either time and none started between.
- * `self` is the caller's own job, session command or process. */
+/* exec_args.c (agent_others_running: exec.c): what else of the tenant's
+ * runs or starts while a command runs: agent_work_mark when it starts
+ * (after its own fork), agent_work_alone when it ends — true if no other
+ * command, process, busy session, running code cell or open terminal
+ * existed at either time and none started between.  `self` is the
+ * caller's own job, session command or process. */
 struct work_mark {
     uint64_t starts;          /* agent->work_starts after its own start */
     bool others;              /* something else ran at its start */
@@ -309,7 +311,7 @@ void agent_session_apply_env(struct agent *a, const msgpack_object *vars);
 void agent_sessions_reaped(struct agent *a, pid_t pid, int status);
 void agent_sessions_free(struct agent *a);
 
-/* exec.c: a new pseudo-terminal pair (both O_CLOEXEC, master non-blocking);
+/* proctree.c: a new pseudo-terminal pair (both O_CLOEXEC, master non-blocking);
  * 0 or -errno. */
 int agent_openpty(int *master, int *slave);
 
@@ -361,11 +363,11 @@ bool agent_terms_reaped(struct agent *a, pid_t pid, int status);
 void agent_term_close_session(struct agent *a, const char *sid);
 void agent_terms_free(struct agent *a);
 
-/* exec.c: send `sig` to root's descendants (all, however deep) and, if
+/* proctree.c: send `sig` to root's descendants (all, however deep) and, if
  * include_root, to root; returns how many were signalled. */
 int agent_signal_tree(pid_t root, int sig, bool include_root);
 
-/* Spawning children (exec.c): fork, set up stdio/cwd/env/limits, exec. */
+/* Spawning children (proctree.c): fork, set up stdio/cwd/env/limits, exec. */
 struct spawn_opts {
     int in_fd, out_fd, err_fd;   /* become 0, 1, 2 */
     const int *keep_fds;         /* extra fds to keep open (dup'ed to 3, 4, …) */
