@@ -34,6 +34,7 @@
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "cluster.h"
 #include "shard_int.h"
 
 #define IDEM_MAX_ENTRIES 65536
@@ -43,6 +44,15 @@
 #define IDEM_MAX_DURABLE_REPLY (1u << 20)  /* largest reply kept in LMDB */
 #define IDEM_HDR 8                         /* recording time before the reply */
 #define IDEM_INTENT 0xc1 /* an intent's value after the time: never a msgpack byte */
+/* In a cluster, a reply is recorded before its write is replicated (the
+ * record's LMDB write and the reply's go in one batch, replication
+ * follows): the top bit of the recording time marks it *pending* until the
+ * reply leaves (idem_confirm rewrites it without the mark).  A shard that
+ * restarts reloads what it owns from etcd, which may lack that write: a
+ * pending entry then answers like an intent (OPERATION_INTERRUPTED), never
+ * with a success etcd does not hold (the fault test's lost writes after a
+ * kill -9 during a slow replication, retried with the same request id). */
+#define IDEM_PENDING (1ull << 63)
 
 /* Agent operations that only read: running them again changes nothing, so
  * their replies are not worth a store write. */
@@ -61,13 +71,13 @@ ttl_ms(const struct shard *sh)
 static size_t
 ihash(struct shard *sh, const char *id)
 {
-    return (size_t)(XXH64(id, strlen(id), 7) % sh->nibuckets);
+    return (size_t)(XXH64(id, strlen(id), 7) % sh->idem.nbuckets);
 }
 
 struct idem *
 idem_find(struct shard *sh, const char *id)
 {
-    for (struct idem *e = sh->ibuckets[ihash(sh, id)]; e; e = e->hnext)
+    for (struct idem *e = sh->idem.buckets[ihash(sh, id)]; e; e = e->hnext)
         if (!strcmp(e->id, id))
             return e;
     return NULL;
@@ -77,12 +87,12 @@ idem_find(struct shard *sh, const char *id)
 static void
 unlink_entry(struct shard *sh, struct idem *e, bool forget)
 {
-    struct idem **pp = &sh->ibuckets[ihash(sh, e->id)];
+    struct idem **pp = &sh->idem.buckets[ihash(sh, e->id)];
     while (*pp && *pp != e)
         pp = &(*pp)->hnext;
     if (*pp)
         *pp = e->hnext;
-    struct idem **lp = &sh->ihead;
+    struct idem **lp = &sh->idem.head;
     struct idem *prev = NULL;
     while (*lp && *lp != e) {
         prev = *lp;
@@ -90,13 +100,13 @@ unlink_entry(struct shard *sh, struct idem *e, bool forget)
     }
     if (*lp)
         *lp = e->lnext;
-    if (sh->itail == e)
-        sh->itail = prev;
+    if (sh->idem.tail == e)
+        sh->idem.tail = prev;
     if (forget && e->dlen)
         sbx_store_del(sh->store, SBX_DB_IDEM, e->id, strlen(e->id));
-    sh->idem_bytes -= e->len;
-    sh->idem_dbytes -= e->dlen;
-    sh->nidem--;
+    sh->idem.bytes -= e->len;
+    sh->idem.dbytes -= e->dlen;
+    sh->idem.n--;
     free(e->reply);
     free(e);
 }
@@ -110,18 +120,18 @@ idem_remove(struct shard *sh, struct idem *e)
 void
 idem_free_all(struct shard *sh)
 {
-    while (sh->ihead)
-        unlink_entry(sh, sh->ihead, false);
+    while (sh->idem.head)
+        unlink_entry(sh, sh->idem.head, false);
 }
 
 void
 idem_expire(struct shard *sh)
 {
     int64_t now = sbx_wall_ms();
-    while (sh->ihead && !sh->ihead->inflight &&
-           (sh->nidem > IDEM_MAX_ENTRIES || sh->idem_bytes > IDEM_MAX_BYTES ||
-            sh->idem_dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->ihead->at_ms > ttl_ms(sh)))
-        idem_remove(sh, sh->ihead);
+    while (sh->idem.head && !sh->idem.head->inflight &&
+           (sh->idem.n > IDEM_MAX_ENTRIES || sh->idem.bytes > IDEM_MAX_BYTES ||
+            sh->idem.dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->idem.head->at_ms > ttl_ms(sh)))
+        idem_remove(sh, sh->idem.head);
 }
 
 /* Insert e at the tail (entries are kept in recording order). */
@@ -129,14 +139,14 @@ static void
 link_entry(struct shard *sh, struct idem *e)
 {
     size_t b = ihash(sh, e->id);
-    e->hnext = sh->ibuckets[b];
-    sh->ibuckets[b] = e;
-    if (sh->itail)
-        sh->itail->lnext = e;
+    e->hnext = sh->idem.buckets[b];
+    sh->idem.buckets[b] = e;
+    if (sh->idem.tail)
+        sh->idem.tail->lnext = e;
     else
-        sh->ihead = e;
-    sh->itail = e;
-    sh->nidem++;
+        sh->idem.head = e;
+    sh->idem.tail = e;
+    sh->idem.n++;
 }
 
 struct idem *
@@ -178,15 +188,16 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     if (!e || e->inflight != op)
         return need_seq;
     char *v = sbx_xmalloc(IDEM_HDR + len);
-    uint64_t at = (uint64_t)sbx_wall_ms();
+    op->idem_pending = cluster_on(sh);
+    uint64_t at = (uint64_t)sbx_wall_ms() | (op->idem_pending ? IDEM_PENDING : 0);
     for (int i = 0; i < IDEM_HDR; i++)
         v[i] = (char)(at >> (8 * i));
     memcpy(v + IDEM_HDR, buf, len);
     op->idem_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
     op->idem_need = need_seq;
-    sh->idem_dbytes -= e->dlen; /* the intent it replaces, if any */
+    sh->idem.dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;
-    sh->idem_dbytes += e->dlen;
+    sh->idem.dbytes += e->dlen;
     free(v);
     return SBX_MAX(need_seq, op->idem_seq);
 }
@@ -206,10 +217,31 @@ idem_intent(struct sop *op)
         v[i] = (char)(at >> (8 * i));
     v[IDEM_HDR] = (char)IDEM_INTENT;
     op->intent_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, sizeof(v));
-    sh->idem_dbytes -= e->dlen;
+    sh->idem.dbytes -= e->dlen;
     e->dlen = sizeof(v);
-    sh->idem_dbytes += e->dlen;
+    sh->idem.dbytes += e->dlen;
     return op->intent_seq;
+}
+
+void
+idem_confirm(struct sop *op, const char *buf, size_t len)
+{
+    struct shard *sh = op->sh;
+    if (!op->idem_pending || op->transient)
+        return;
+    op->idem_pending = false;
+    struct idem *e = idem_find(sh, op->id);
+    if (!e || e->inflight != op || e->dlen != IDEM_HDR + len)
+        return;
+    /* Not waited on: lost in a crash, the entry stays pending and a retry
+     * is told OPERATION_INTERRUPTED — unknown, never wrong. */
+    char *v = sbx_xmalloc(IDEM_HDR + len);
+    uint64_t at = (uint64_t)sbx_wall_ms();
+    for (int i = 0; i < IDEM_HDR; i++)
+        v[i] = (char)(at >> (8 * i));
+    memcpy(v + IDEM_HDR, buf, len);
+    sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
+    free(v);
 }
 
 int
@@ -255,7 +287,7 @@ idem_done(struct sop *op, char *buf, size_t len)
     if (len <= IDEM_MAX_REPLY) {
         e->reply = buf;
         e->len = len;
-        sh->idem_bytes += len;
+        sh->idem.bytes += len;
         buf = NULL;
     }
     return buf;
@@ -320,6 +352,8 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     if (vn > IDEM_HDR)
         for (int i = 0; i < IDEM_HDR; i++)
             at |= (uint64_t)(unsigned char)((const char *)v)[i] << (8 * i);
+    bool pending = at & IDEM_PENDING;
+    at &= ~IDEM_PENDING;
     if (kn == 0 || kn >= SBX_IDEM_KEY)
         return 0; /* never written by this code */
     /* An expired or unreadable entry (at 0) is loaded too: idem_expire
@@ -334,7 +368,8 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     memcpy(e->id, k, kn);
     e->at_ms = (int64_t)at;
     e->dlen = vn;
-    e->interrupted = vn == IDEM_HDR + 1 && ((const unsigned char *)v)[IDEM_HDR] == IDEM_INTENT;
+    e->interrupted = pending ||
+                     (vn == IDEM_HDR + 1 && ((const unsigned char *)v)[IDEM_HDR] == IDEM_INTENT);
     lc->v[lc->n++] = e;
     return 0;
 }
@@ -359,12 +394,12 @@ idem_load(struct shard *sh)
                 free(lc.v[i]);
                 continue;
             }
-            sh->idem_dbytes += lc.v[i]->dlen;
+            sh->idem.dbytes += lc.v[i]->dlen;
             link_entry(sh, lc.v[i]);
         }
         idem_expire(sh);
         if (lc.n || lc.expired)
-            sbx_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
+            sbx_log_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
                      sh->conf.name, lc.n - lc.expired, lc.expired);
     } else {
         for (size_t i = 0; i < lc.n; i++)
