@@ -41,7 +41,7 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
 ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/ports.c actors/record.c actors/relay.c \
            actors/cluster.c actors/cluster_repl.c actors/cluster_handoff.c actors/cluster_load.c \
            actors/recrev.c
-GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
+GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c gateway/openapi_gen.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
 BENCH   := tools/bench.c tools/stats.c
