@@ -27,20 +27,20 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
-           runtime/nngx.c runtime/json.c runtime/ops.c runtime/relay.c runtime/etcd.c \
-           runtime/cview.c
+           runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
+           runtime/etcd.c runtime/cview.c
 CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
            container/agent/session.c container/agent/stream.c container/agent/proc.c \
            container/agent/files.c container/agent/interp.c container/agent/term.c \
-           runtime/err.c runtime/log.c \
+           container/agent/ops_gen.c runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
 ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/ports.c actors/record.c actors/relay.c \
            actors/cluster.c actors/cluster_repl.c actors/cluster_handoff.c actors/cluster_load.c \
-           actors/recrev.c
+           actors/recrev.c actors/ops_gen.c
 GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c gateway/openapi_gen.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
@@ -115,7 +115,7 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run test unit integration bench clean
+.PHONY: all deps run test unit integration bench clean gen gen-check
 all: $(RELEASE_BINS) lib/libsbx.a
 
 lib/libsbx.a: build/release/lib/libsbx.a
@@ -149,7 +149,15 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@tools/demo.sh
 
-test: deps
+# The files generated from runtime/ops.yaml (docs/schema.md) are committed:
+# `make gen` rewrites them, `make gen-check` fails with the diff when one is
+# stale (run first by `make test`).
+gen:
+	@python3 tools/gen_ops.py
+gen-check:
+	@python3 tools/gen_ops.py --check
+
+test: deps gen-check
 	@$(MAKE) --no-print-directory $(ASAN_BINS) $(TEST_BINS) bin/sbx-bench
 	@tools/run-tests.sh build/asan
 
@@ -184,8 +192,10 @@ FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthr
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
-               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c
-FUZZ_AGENT  := $(filter-out container/agent/main.c runtime/%,$(AGENT))
+               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/ops_gen.c \
+               runtime/loop.c
+# (the agent's dispatch table names main.c's handlers: it goes with main.c)
+FUZZ_AGENT  := $(filter-out container/agent/main.c container/agent/ops_gen.c runtime/%,$(AGENT))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))

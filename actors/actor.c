@@ -16,6 +16,7 @@
 #include "../runtime/util.h"
 #include "../runtime/place.h"
 #include "cluster.h"
+#include "ops_gen.h"
 #include "shard_int.h"
 
 static void actor_pump(struct actor *a);
@@ -255,8 +256,8 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     sbx_enc_end(e);
 }
 
-static void
-reply_status(struct actor *a, struct sop *op)
+void
+actor_op_status(struct actor *a, struct sop *op)
 {
     if (!a->exists) {
         shard_reply_err(op, SBX_E_NOT_FOUND, "sandbox '%s' does not exist", a->id);
@@ -435,8 +436,8 @@ dispatch(struct actor *a, struct sop *op)
     op->tag = ++a->next_tag;
     op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */
-    if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
-        sbx_str_eq(op->req.op, "process.start")) {
+    if (op->def->id == SBX_OPID_EXEC || op->def->id == SBX_OPID_EXEC_STREAM ||
+        op->def->id == SBX_OPID_PROCESS_START) {
         op->have_pre = sbx_container_stats(a->sh->spawner, &a->c, &op->pre) == 0;
     }
     op->sent = true; /* from here it may run (a partly written frame counts) */
@@ -772,8 +773,8 @@ parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, char *why,
     return 0;
 }
 
-static void
-op_create(struct actor *a, struct sop *op)
+void
+actor_op_create(struct actor *a, struct sop *op)
 {
     char why[160];
     struct sbx_limits lim;
@@ -792,8 +793,8 @@ op_create(struct actor *a, struct sop *op)
     shard_reply_end(op, &e, a->last_seq);
 }
 
-static void
-op_destroy(struct actor *a, struct sop *op)
+void
+actor_op_destroy(struct actor *a, struct sop *op)
 {
     if (a->cs == C_RUNNING) {
         a->gate = op;
@@ -892,8 +893,8 @@ reply_success(struct actor *a, struct sop *op)
 
 /* env.set {vars}: durable in the record (a container started later gets them
  * at bind), and applied by the agent now if the container runs. */
-static void
-op_env_set(struct actor *a, struct sop *op)
+void
+actor_op_env_set(struct actor *a, struct sop *op)
 {
     const msgpack_object *vars;
     if (sbx_wire_get_map(op->req.args, "vars", &vars) != 0 || vars->via.map.size > 4096) {
@@ -985,8 +986,8 @@ actor_commit_continue(struct actor *a)
 }
 
 /* sandbox.configure {sleepAfter: ms | "10m", keepAlive}: durable lifecycle settings. */
-static void
-op_configure(struct actor *a, struct sop *op)
+void
+actor_op_configure(struct actor *a, struct sop *op)
 {
     const msgpack_object *args = op->req.args;
     int64_t ms = -1;
@@ -1051,40 +1052,9 @@ handle(struct actor *a, struct sop *op)
 {
     a->last_active_ms = sbx_wall_ms();
     const char *name = op->def->name;
-    if (!strcmp(name, "destroy")) {
-        op_destroy(a, op);
-        return;
-    }
-    if (!strcmp(name, "status")) {
-        reply_status(a, op);
-        return;
-    }
-    if (!strcmp(name, "create")) {
-        op_create(a, op);
-        return;
-    }
-    if (!strcmp(name, "env.set")) {
-        op_env_set(a, op);
-        return;
-    }
-    if (!strcmp(name, "sandbox.configure")) {
-        op_configure(a, op);
-        return;
-    }
-    if (!strcmp(name, "port.expose")) {
-        actor_op_port_expose(a, op);
-        return;
-    }
-    if (!strcmp(name, "port.unexpose")) {
-        actor_op_port_unexpose(a, op);
-        return;
-    }
-    if (!strcmp(name, "port.list")) {
-        actor_op_port_list(a, op);
-        return;
-    }
-    if (!strcmp(name, "preview.resolve")) {
-        actor_op_preview_resolve(a, op);
+    /* The shard-layer ops of runtime/ops.yaml (generated table, actors/ops_gen.c). */
+    if (actor_ops[op->def->id]) {
+        actor_ops[op->def->id](a, op);
         return;
     }
     if (!(op->def->flags & SBX_OP_AGENT)) {
