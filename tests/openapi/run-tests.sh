@@ -24,6 +24,7 @@ npm ci --ignore-scripts --prefer-offline --no-audit --no-fund --loglevel=error
 out="$repo/build/openapi-client"
 rm -rf "$out" && mkdir -p "$out"
 cp client/smoke.ts client/tsconfig.json "$out/"
+echo '{"type": "module", "private": true}' > "$out/package.json"
 ln -s "$here/node_modules" "$out/node_modules"
 echo "# openapi-typescript: gateway/openapi.json -> $out/schema.d.ts"
 node_modules/.bin/openapi-typescript "$repo/gateway/openapi.json" -o "$out/schema.d.ts" --silent
