@@ -44,14 +44,6 @@
 #define IDEM_HDR 8                         /* recording time before the reply */
 #define IDEM_INTENT 0xc1 /* an intent's value after the time: never a msgpack byte */
 
-/* Agent operations that only read: running them again changes nothing, so
- * their replies are not worth a store write. */
-static const char *const read_ops[] = {
-    "stream.read",   "session.get",  "session.list",       "process.list",
-    "process.get",   "process.logs", "process.waitForLog", "process.waitForPort",
-    "process.waitForExit", "file.read", "file.list",        "file.exists",
-    "context.list",  NULL};
-
 static int64_t
 ttl_ms(const struct shard *sh)
 {
@@ -160,12 +152,9 @@ durable_op(const struct sop *op)
         return false;
     if (op->def->flags & SBX_OP_MUTATES)
         return !(op->def->flags & SBX_OP_GLOBAL);
-    if (!(op->def->flags & SBX_OP_AGENT))
-        return false;
-    for (const char *const *r = read_ops; *r; r++)
-        if (!strcmp(*r, op->def->name))
-            return false;
-    return true;
+    /* An agent op that only reads (runtime/ops.yaml `readonly`) changes
+     * nothing when run again: its reply is not worth a store write. */
+    return (op->def->flags & SBX_OP_AGENT) && !(op->def->flags & SBX_OP_READONLY);
 }
 
 uint64_t

@@ -10,6 +10,7 @@ actor_op_fn *const actor_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_PREVIEW_RESOLVE] = actor_op_preview_resolve,
     [SBX_OPID_ENV_SET] = actor_op_env_set,
     [SBX_OPID_SANDBOX_CONFIGURE] = actor_op_configure,
+    [SBX_OPID_SANDBOX_LABELS] = actor_op_labels,
     [SBX_OPID_CREATE] = actor_op_create,
     [SBX_OPID_DESTROY] = actor_op_destroy,
     [SBX_OPID_STATUS] = actor_op_status,

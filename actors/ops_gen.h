@@ -24,6 +24,7 @@ actor_op_fn actor_op_port_list;
 actor_op_fn actor_op_preview_resolve;
 actor_op_fn actor_op_env_set;
 actor_op_fn actor_op_configure;
+actor_op_fn actor_op_labels;
 actor_op_fn actor_op_create;
 actor_op_fn actor_op_destroy;
 actor_op_fn actor_op_status;

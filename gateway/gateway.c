@@ -789,7 +789,7 @@ handle(struct gctx *g, nng_msg *m)
     if (req.timeout_ms > 0)
         timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
     g->deadline = sbx_mono_ms() + timeout;
-    if (!strcmp(def->name, "cluster.drain")) {
+    if (def->id == SBX_OPID_CLUSTER_DRAIN) {
         op_drain(g, &req);
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
@@ -818,7 +818,7 @@ handle(struct gctx *g, nng_msg *m)
         if (cnt == 0) {
             g->fanout = false;
             nng_msg_free(m);
-            if (!strcmp(def->name, "list"))
+            if (def->id == SBX_OPID_LIST)
                 client_err(g, SBX_E_SHARD_UNAVAILABLE, "no shard is live");
             else
                 merge_and_reply(g); /* the gateway's own status, no shard */

@@ -68,11 +68,12 @@ bound_text(const struct sbx_arg *a, char *buf, size_t len)
 static int
 check_arg(const struct sbx_arg *a, const msgpack_object *v, char *why, size_t whylen)
 {
+    int fail = a->code ? a->code : SBX_E_VALIDATION;
     unsigned k = kind_of(v);
     bool integral_float = k == SBX_ARG_FLOAT && isfinite(v->via.f64) && v->via.f64 == floor(v->via.f64);
     if (!(k & a->kinds) && !(integral_float && (a->kinds & SBX_ARG_INT))) {
         snprintf(why, whylen, "'%s' must be %s", a->name, a->type);
-        return SBX_E_VALIDATION;
+        return fail;
     }
     if ((a->has_min || a->has_max) && (k == SBX_ARG_INT || k == SBX_ARG_FLOAT)) {
         double x = v->type == MSGPACK_OBJECT_POSITIVE_INTEGER   ? (double)v->via.u64
@@ -82,7 +83,7 @@ check_arg(const struct sbx_arg *a, const msgpack_object *v, char *why, size_t wh
             char b[96];
             bound_text(a, b, sizeof(b));
             snprintf(why, whylen, "'%s' must be %s%s", a->name, a->type, b);
-            return SBX_E_VALIDATION;
+            return fail;
         }
     }
     if (a->max_len) {
@@ -95,7 +96,7 @@ check_arg(const struct sbx_arg *a, const msgpack_object *v, char *why, size_t wh
             const char *what = k == SBX_ARG_ARRAY ? "items" : k == SBX_ARG_MAP ? "entries" : "bytes";
             snprintf(why, whylen, "'%s' has %u %s, more than the limit of %u", a->name, n, what,
                      a->max_len);
-            return SBX_E_VALIDATION;
+            return fail;
         }
     }
     if (a->enums && k == SBX_ARG_STR) {
@@ -109,7 +110,7 @@ check_arg(const struct sbx_arg *a, const msgpack_object *v, char *why, size_t wh
         for (const char *const *e = a->enums; *e && o < sizeof(list); e++)
             o += (size_t)snprintf(list + o, sizeof(list) - o, "%s\"%s\"", o ? ", " : "", *e);
         snprintf(why, whylen, "'%s' must be one of %s", a->name, list);
-        return SBX_E_VALIDATION;
+        return fail;
     }
     return 0;
 }

@@ -31,6 +31,8 @@ enum sbx_op_flags {
     SBX_OP_STREAM = 1 << 6,    /* answers {streamId}: over HTTP the reply is that stream as SSE */
     SBX_OP_INTERNAL = 1 << 7,  /* between shards only: gateways refuse it from clients */
     SBX_OP_FRONT = 1 << 8,     /* a helper of the HTTP front (over nng): not an HTTP route */
+    SBX_OP_READONLY = 1 << 9,  /* an agent op that only reads: running it again changes
+                                * nothing, so its reply is not written to the store */
 };
 
 /* The msgpack kinds an argument accepts (a bit set). */
@@ -56,6 +58,7 @@ struct sbx_arg {
     const char *const *enums;  /* the allowed strings (NULL-terminated), or NULL */
     const char *type;          /* for messages: "an integer", "a string or an array" */
     const char *unit;          /* "ms", "bytes", "s", … or NULL */
+    int code;                  /* the error when its check fails; 0: SBX_E_VALIDATION */
 };
 
 struct sbx_op_def {
@@ -91,7 +94,8 @@ extern const struct sbx_op_def sbx_ops[];
  * against the argument specs of `def`: every required argument present, and
  * each declared one present of an accepted kind, within min/max, max_len and
  * enum.  Unknown arguments are ignored (docs/schema.md).  Returns 0, or
- * SBX_E_VALIDATION with a message naming the argument in why[whylen].
+ * SBX_E_VALIDATION (or the argument's own `code`, e.g. SBX_E_INVALID_PORT)
+ * with a message naming the argument in why[whylen].
  */
 int sbx_op_check_args(const struct sbx_op_def *def, const msgpack_object *args, char *why,
                       size_t whylen);

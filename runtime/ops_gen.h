@@ -49,6 +49,7 @@ enum sbx_op_id {
     SBX_OPID_PING, /* ping */
     SBX_OPID_ENV_SET, /* env.set */
     SBX_OPID_SANDBOX_CONFIGURE, /* sandbox.configure */
+    SBX_OPID_SANDBOX_LABELS, /* sandbox.labels */
     SBX_OPID_CREATE, /* create */
     SBX_OPID_DESTROY, /* destroy */
     SBX_OPID_STATUS, /* status */

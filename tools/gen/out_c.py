@@ -8,7 +8,7 @@ from . import schema as S
 
 C_FLAGS = {'sandbox': 'SBX_OP_SANDBOX', 'nocreate': 'SBX_OP_NOCREATE', 'nowake': 'SBX_OP_NOWAKE',
            'global': 'SBX_OP_GLOBAL', 'mutates': 'SBX_OP_MUTATES', 'stream': 'SBX_OP_STREAM',
-           'internal': 'SBX_OP_INTERNAL', 'front': 'SBX_OP_FRONT'}
+           'internal': 'SBX_OP_INTERNAL', 'front': 'SBX_OP_FRONT', 'readonly': 'SBX_OP_READONLY'}
 # Which msgpack kinds each schema type accepts (runtime/ops.h enum sbx_arg_kind).
 KINDS = {'string': ['STR', 'BIN'], 'bytes': ['STR', 'BIN'], 'enum': ['STR'],
          'integer': ['INT'], 'number': ['INT', 'FLOAT'], 'boolean': ['BOOL'],
@@ -100,7 +100,7 @@ def runtime_c(sch):
                     f'    {{{cstr(an)}, {kinds(a, sch)}, {str(a["required"]).lower()}, '
                     f'{str(mn is not None).lower()}, {str(mx is not None).lower()}, '
                     f'{num(mn)}, {num(mx)}, {ml}u, {en}, {cstr(typename(a, sch))}, '
-                    f'{cstr(a.get("unit"))}}},')
+                    f'{cstr(a.get("unit"))}, {S_code(sch, a.get("error"))}}},')
             out.append('};')
     out += ['', 'const struct sbx_op_def sbx_ops[] = {']
     for o in ops:

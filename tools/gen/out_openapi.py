@@ -373,8 +373,10 @@ def document(sch):
     for op in sch['ops']:
         if op['rest']['canonical'] is None:
             continue
-        for n, s in ((args_name(op), args_schema(op, types)),
-                     (result_name(op), result_schema(op, types))):
+        shapes = [(args_name(op), args_schema(op, types))]
+        if result_name(op) not in types:
+            shapes.append((result_name(op), result_schema(op, types)))
+        for n, s in shapes:
             if n in comps and comps[n] != s:
                 raise S.SchemaError(f'openapi: component {n} is both a type and an op shape')
             comps[n] = s

@@ -20,7 +20,8 @@ a union, or the name of an entry of `types`), 'doc', 'required' (bool) and,
 where given: 'unit', 'min', 'max', 'max_len', 'default', 'items' (field),
 'values' (field: the value type of a map), 'enum' (list), 'fields' ({name:
 field}: an object's members), 'additional' (bool: an object may carry other
-members).  Errors in the schema raise SchemaError with the path of the fault.
+members), 'error' (the code of runtime/err.h a top-level argument that fails
+its check is answered with, when not VALIDATION_FAILED).  Errors in the schema raise SchemaError with the path of the fault.
 """
 import os
 import re
@@ -33,10 +34,11 @@ TYPES = ('string', 'integer', 'number', 'boolean', 'object', 'array', 'map', 'en
 JSON_TYPES = ('string', 'integer', 'number', 'boolean', 'object', 'array', 'null')
 LAYERS = ('gateway', 'shard', 'agent')
 # The order is that of enum sbx_op_flags in runtime/ops.h ('agent' comes from the layer).
-FLAGS = ('sandbox', 'nocreate', 'nowake', 'global', 'mutates', 'stream', 'internal', 'front')
+FLAGS = ('sandbox', 'nocreate', 'nowake', 'global', 'mutates', 'stream', 'internal', 'front',
+         'readonly')
 UNITS = ('bytes', 'ms', 's', 'seconds-or-duration')
 FIELD_KEYS = {'type', 'doc', 'required', 'unit', 'min', 'max', 'max_len', 'default', 'items',
-              'values', 'enum', 'fields', 'additional'}
+              'values', 'enum', 'fields', 'additional', 'error'}
 OP_KEYS = {'name', 'layer', 'flags', 'idempotent', 'idle_code', 'summary', 'doc', 'args',
            'result', 'errors', 'http', 'cli', 'handler', 'agent_handler'}
 
@@ -62,7 +64,7 @@ def _err_codes(root):
     return out
 
 
-def _field(f, where, types, top=False):
+def _field(f, where, types, top=False, errs=None):
     if not isinstance(f, dict):
         raise SchemaError(f'{where}: a field is a map with at least a type')
     bad = set(f) - FIELD_KEYS
@@ -78,9 +80,11 @@ def _field(f, where, types, top=False):
     if 'doc' not in f or not isinstance(f['doc'], str):
         raise SchemaError(f'{where}: every field has a one-line doc')
     out = {'type': t, 'doc': f['doc'].strip(), 'required': bool(f.get('required', False))}
-    for k in ('unit', 'min', 'max', 'max_len', 'default', 'enum', 'additional'):
+    for k in ('unit', 'min', 'max', 'max_len', 'default', 'enum', 'additional', 'error'):
         if k in f:
             out[k] = f[k]
+    if 'error' in out and (not top or out['error'] not in (errs or {})):
+        raise SchemaError(f'{where}: error (a top-level argument\'s code) must be in runtime/err.h')
     if 'unit' in out and out['unit'] not in UNITS:
         raise SchemaError(f'{where}: unit must be one of {UNITS}')
     if t == 'enum' and not out.get('enum'):
@@ -163,7 +167,7 @@ def load(root):
         for c in op_errs:
             if c not in errs:
                 raise SchemaError(f'{where}.errors: {c} is not in runtime/err.h')
-        args = {k: _field(v, f'{where}.args.{k}', names, True)
+        args = {k: _field(v, f'{where}.args.{k}', names, True, errs)
                 for k, v in (o.get('args') or {}).items()}
         res = o.get('result')
         res = _field(res, f'{where}.result', names) if res is not None else None

@@ -74,323 +74,1099 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
 }
 
 
-#: Arguments of ``exec``: run a shell string or an argv in the sandbox and return its output.
-ExecArgs = Dict[str, Any]
+#: environment variables: name -> value (null unsets)
+Env = Dict[str, Union[str, None]]
 
 
-#: Result of ``exec``: TODO
-ExecResult = Dict[str, Any]
+class ExecResult(TypedDict, total=False):
+    """the outcome of a command (the SDK's ExecResult plus more)"""
+
+    success: bool
+    """exitCode == 0 and not timed out"""
+    exitCode: int
+    """exit status; 124 after a timeout; 128+N when killed by signal N"""
+    stdout: str
+    """standard output, up to the output cap"""
+    stderr: str
+    """standard error, up to the output cap"""
+    stdoutTruncated: bool
+    """output beyond the cap was dropped"""
+    stderrTruncated: bool
+    """output beyond the cap was dropped"""
+    stdoutBytes: int
+    """bytes produced on stdout, kept or not (bytes)"""
+    stderrBytes: int
+    """bytes produced on stderr, kept or not (bytes)"""
+    duration: int
+    """run time measured in the sandbox (milliseconds)"""
+    timedOut: bool
+    """the timeout fired"""
+    deadlineExceeded: bool
+    """present (true) when the request's deadline stopped it"""
+    signal: int
+    """present when a signal ended the command"""
+    cause: str
+    """why it ended"""
+    sessionId: str
+    """the session it ran in"""
+    containerRestarted: bool
+    """present on the first op after the previous container ended unexpectedly"""
 
 
-#: Arguments of ``exec.stream``: run a command; its output comes as stream events.
-ExecStreamArgs = Dict[str, Any]
+class StreamStart(TypedDict, total=False):
+    """the answer of an op whose output is a stream (docs/protocol.md §3.1)"""
+
+    streamId: str
+    """the stream to read with stream.read"""
+    sessionId: str
+    """the session it runs in, if any"""
 
 
-#: Result of ``exec.stream``: TODO
-ExecStreamResult = Dict[str, Any]
+class StreamEvent(TypedDict, total=False):
+    """one event of a stream: seq, type, timestamp and the fields of its type"""
+
+    seq: int
+    """1, 2, 3, … in order"""
+    type: str
+    """start, stdout, stderr, complete, error, chunk, event, …"""
+    timestamp: str
+    """ISO 8601"""
 
 
-#: Arguments of ``stream.read``: events of a stream after a sequence number (long poll).
-StreamReadArgs = Dict[str, Any]
+class SessionInfo(TypedDict, total=False):
+    """a session: one persistent bash"""
+
+    id: str
+    """session ID"""
+    cwd: str
+    """its working directory"""
+    shellRunning: bool
+    """its shell is alive"""
+    busy: bool
+    """a command is running"""
+    queued: int
+    """commands waiting"""
+    commandTimeoutMs: int
+    """default timeout of its commands (milliseconds)"""
 
 
-#: Result of ``stream.read``: TODO
-StreamReadResult = Dict[str, Any]
+class ProcessInfo(TypedDict, total=False):
+    """a background process"""
+
+    id: str
+    """process ID"""
+    pid: int
+    """its pid in the sandbox"""
+    command: str
+    """the command, up to its first 4 KiB"""
+    commandTruncated: bool
+    """command was cut"""
+    commandBytes: int
+    """the whole command's length when cut (bytes)"""
+    status: str
+    """its state"""
+    startTime: str
+    """ISO 8601"""
+    endTime: str
+    """ISO 8601, once ended"""
+    exitCode: int
+    """once ended"""
+    cause: str
+    """why it ended (as ExecResult.cause)"""
+    signal: int
+    """the signal that ended it"""
+    sessionId: str
+    """the session it started in"""
 
 
-#: Arguments of ``stream.cancel``: cancel a stream (stops its command or watch).
-StreamCancelArgs = Dict[str, Any]
+class FileInfoPermissions(TypedDict, total=False):
+    """what the sandbox user may do"""
+
+    readable: bool
+    """may read"""
+    writable: bool
+    """may write"""
+    executable: bool
+    """may execute"""
 
 
-#: Result of ``stream.cancel``: TODO
-StreamCancelResult = Dict[str, Any]
+class FileInfo(TypedDict, total=False):
+    """an entry of file.list"""
+
+    name: str
+    """the entry's name"""
+    absolutePath: str
+    """its whole path"""
+    relativePath: str
+    """relative to the listed directory"""
+    type: str
+    """its kind"""
+    size: int
+    """its size (bytes)"""
+    modifiedAt: str
+    """ISO 8601"""
+    mode: str
+    """like rw-r--r--"""
+    permissions: 'FileInfoPermissions'
+    """what the sandbox user may do"""
 
 
-#: Arguments of ``session.create``: create a session: a persistent shell with its own cwd and env.
-SessionCreateArgs = Dict[str, Any]
+class RichResult(TypedDict, total=False):
+    """one rich output of a code cell (the SDK's Result)"""
+
+    text: str
+    """text/plain"""
+    html: str
+    """text/html"""
+    png: str
+    """base64 PNG"""
+    jpeg: str
+    """base64 JPEG"""
+    svg: str
+    """SVG"""
+    latex: str
+    """LaTeX"""
+    markdown: str
+    """Markdown"""
+    javascript: str
+    """JavaScript"""
+    json: Any
+    """a JSON value"""
+    chart: Dict[str, Any]
+    """chart data where detected"""
+    formats: List[str]
+    """the formats present"""
 
 
-#: Result of ``session.create``: TODO
-SessionCreateResult = Dict[str, Any]
+class ContextInfo(TypedDict, total=False):
+    """a code context"""
+
+    id: str
+    """context ID"""
+    language: str
+    """its language"""
+    cwd: str
+    """its working directory"""
+    createdAt: str
+    """ISO 8601"""
+    lastUsed: str
+    """ISO 8601"""
+    mode: str
+    """how its interpreter runs"""
+    state: str
+    """its interpreter's state"""
 
 
-#: Arguments of ``session.get``: describe a session.
-SessionGetArgs = Dict[str, Any]
+#: a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64
+Labels = Dict[str, str]
 
 
-#: Result of ``session.get``: TODO
-SessionGetResult = Dict[str, Any]
+class ExecArgs(TypedDict, total=False):
+    """Arguments of ``exec``: run a shell string or an argv in the sandbox and return its output."""
+
+    command: str
+    """a shell string (session bash, or /bin/sh -c sessionless); this or argv"""
+    argv: List[str]
+    """an argument vector run without a shell; this or command"""
+    cwd: str
+    """working directory for this call only (must exist)"""
+    env: 'Env'
+    """environment for this call only; null unsets"""
+    timeout: int
+    """kill the command's process tree after this long (exit 124) (milliseconds) [0 … 86400000]"""
+    sessionId: str
+    """the session to run in (created on first use); default 'default'"""
+    sessionless: bool
+    """run as a fresh process, concurrently with anything else [default false]"""
+    stdin: str
+    """bytes for the command's stdin (default /dev/null)"""
+    stdinEncoding: str
+    """'base64': stdin is the base64 of the bytes"""
+
+
+class ExecStreamArgs(TypedDict, total=False):
+    """Arguments of ``exec.stream``: run a command; its output comes as stream events."""
+
+    command: str
+    """a shell string (session bash, or /bin/sh -c sessionless); this or argv"""
+    argv: List[str]
+    """an argument vector run without a shell; this or command"""
+    cwd: str
+    """working directory for this call only (must exist)"""
+    env: 'Env'
+    """environment for this call only; null unsets"""
+    timeout: int
+    """kill the command's process tree after this long (exit 124) (milliseconds) [0 … 86400000]"""
+    sessionId: str
+    """the session to run in (created on first use); default 'default'"""
+    sessionless: bool
+    """run as a fresh process, concurrently with anything else [default false]"""
+    stdin: str
+    """bytes for the command's stdin (default /dev/null)"""
+    stdinEncoding: str
+    """'base64': stdin is the base64 of the bytes"""
+
+
+class _StreamReadArgsRequired(TypedDict):
+    streamId: str
+    """the stream"""
+
+
+class StreamReadArgs(_StreamReadArgsRequired, total=False):
+    """Arguments of ``stream.read``: events of a stream after a sequence number (long poll)."""
+
+    after: int
+    """the last seq the reader has (acknowledges up to it) [0 … …; default 0]"""
+    waitMs: int
+    """how long to wait when no event is there yet (at most 60 000) (milliseconds) [default 25000]"""
+    maxBytes: int
+    """most bytes of events to return (at least one event) (bytes) [default 4194304]"""
+
+
+class StreamReadResult(TypedDict, total=False):
+    """Result of ``stream.read``: events after `after`"""
+
+    streamId: str
+    """the stream"""
+    events: List['StreamEvent']
+    """events with seq > after"""
+    done: bool
+    """the last event has been delivered"""
+    next: int
+    """the last seq returned"""
+    missed: int
+    """events of a ring the reader will not see"""
+
+
+class StreamCancelArgs(TypedDict):
+    """Arguments of ``stream.cancel``: cancel a stream (stops its command or watch)."""
+
+    streamId: str
+    """the stream"""
+
+
+class StreamCancelResult(TypedDict, total=False):
+    """Result of ``stream.cancel``: {success, streamId}"""
+
+    success: bool
+    """true"""
+    streamId: str
+    """the stream"""
+
+
+class SessionCreateArgs(TypedDict, total=False):
+    """Arguments of ``session.create``: create a session: a persistent shell with its own cwd and env."""
+
+    id: str
+    """session ID (default session-<ms>)"""
+    cwd: str
+    """its working directory"""
+    env: 'Env'
+    """its own environment (null unsets)"""
+    commandTimeoutMs: int
+    """default timeout of its commands (milliseconds) [0 … 86400000]"""
+
+
+class SessionCreateResult(TypedDict, total=False):
+    """Result of ``session.create``: the new session"""
+
+    success: bool
+    """true"""
+    sessionId: str
+    """its ID"""
+    session: 'SessionInfo'
+    """the session"""
+
+
+class SessionGetArgs(TypedDict):
+    """Arguments of ``session.get``: describe a session."""
+
+    id: str
+    """session ID"""
+
+
+class SessionGetResult(TypedDict, total=False):
+    """Result of ``session.get``: {session}"""
+
+    session: 'SessionInfo'
+    """the session"""
 
 
 #: Arguments of ``session.list``: the sessions of the sandbox.
 SessionListArgs = Dict[str, Any]
 
 
-#: Result of ``session.list``: TODO
-SessionListResult = Dict[str, Any]
+class SessionListResult(TypedDict, total=False):
+    """Result of ``session.list``: {sessions}"""
+
+    sessions: List['SessionInfo']
+    """every session"""
 
 
-#: Arguments of ``session.delete``: end a session's shell and its processes.
-SessionDeleteArgs = Dict[str, Any]
+class SessionDeleteArgs(TypedDict):
+    """Arguments of ``session.delete``: end a session's shell and its processes."""
+
+    id: str
+    """session ID (not 'default')"""
 
 
-#: Result of ``session.delete``: TODO
-SessionDeleteResult = Dict[str, Any]
+class SessionDeleteResult(TypedDict, total=False):
+    """Result of ``session.delete``: {success, sessionId}"""
+
+    success: bool
+    """true"""
+    sessionId: str
+    """the session"""
 
 
-#: Arguments of ``process.start``: start a background process.
-ProcessStartArgs = Dict[str, Any]
+class ProcessStartArgs(TypedDict, total=False):
+    """Arguments of ``process.start``: start a background process."""
+
+    command: str
+    """a shell string; this or argv"""
+    argv: List[str]
+    """an argument vector; this or command"""
+    processId: str
+    """1-120 of [A-Za-z0-9._-] (default proc-<n>)"""
+    cwd: str
+    """working directory"""
+    env: 'Env'
+    """environment for the process"""
+    timeout: int
+    """kill it after this long (milliseconds) [0 … 86400000]"""
+    sessionId: str
+    """start in this session's cwd and env; killed with it"""
 
 
-#: Result of ``process.start``: TODO
-ProcessStartResult = Dict[str, Any]
+class ProcessStartResult(TypedDict, total=False):
+    """Result of ``process.start``: the started process"""
+
+    success: bool
+    """true"""
+    processId: str
+    """its ID"""
+    pid: int
+    """its pid"""
+    command: str
+    """its command (first 4 KiB)"""
+    streamId: str
+    """proc:<id>, its log stream"""
+    process: 'ProcessInfo'
+    """the process"""
 
 
 #: Arguments of ``process.list``: the processes of the sandbox.
 ProcessListArgs = Dict[str, Any]
 
 
-#: Result of ``process.list``: TODO
-ProcessListResult = Dict[str, Any]
+class ProcessListResult(TypedDict, total=False):
+    """Result of ``process.list``: {processes}"""
+
+    processes: List['ProcessInfo']
+    """all (the last 256 finished kept)"""
 
 
-#: Arguments of ``process.get``: describe a process.
-ProcessGetArgs = Dict[str, Any]
+class ProcessGetArgs(TypedDict):
+    """Arguments of ``process.get``: describe a process."""
+
+    processId: str
+    """the process"""
 
 
-#: Result of ``process.get``: TODO
-ProcessGetResult = Dict[str, Any]
+class ProcessGetResult(TypedDict, total=False):
+    """Result of ``process.get``: {process}"""
+
+    process: 'ProcessInfo'
+    """the process"""
 
 
-#: Arguments of ``process.kill``: SIGTERM the process tree, SIGKILL after 5 s.
-ProcessKillArgs = Dict[str, Any]
+class ProcessKillArgs(TypedDict):
+    """Arguments of ``process.kill``: SIGTERM the process tree, SIGKILL after 5 s."""
+
+    processId: str
+    """the process"""
 
 
-#: Result of ``process.kill``: TODO
-ProcessKillResult = Dict[str, Any]
+class ProcessKillResult(TypedDict, total=False):
+    """Result of ``process.kill``: answered once it ended"""
+
+    processId: str
+    """the process"""
+    exitCode: int
+    """143 or 137"""
+    status: str
+    """killed"""
 
 
 #: Arguments of ``process.killAll``: kill every process.
 ProcessKillAllArgs = Dict[str, Any]
 
 
-#: Result of ``process.killAll``: TODO
-ProcessKillAllResult = Dict[str, Any]
+class ProcessKillAllResult(TypedDict, total=False):
+    """Result of ``process.killAll``: after all ended"""
 
+    killedCount: int
+    """processes killed"""
+    cleanedCount: int
+    """entries removed"""
 
-#: Arguments of ``process.logs``: a process's retained output.
-ProcessLogsArgs = Dict[str, Any]
 
+class ProcessLogsArgs(TypedDict):
+    """Arguments of ``process.logs``: a process's retained output."""
 
-#: Result of ``process.logs``: TODO
-ProcessLogsResult = Dict[str, Any]
+    processId: str
+    """the process"""
 
 
-#: Arguments of ``process.waitForLog``: wait for a line matching a string or regex.
-ProcessWaitForLogArgs = Dict[str, Any]
+class ProcessLogsResult(TypedDict, total=False):
+    """Result of ``process.logs``: the ring's content"""
 
+    stdout: str
+    """retained stdout"""
+    stderr: str
+    """retained stderr"""
+    truncated: bool
+    """older output was dropped"""
+    status: str
+    """the process's status"""
 
-#: Result of ``process.waitForLog``: TODO
-ProcessWaitForLogResult = Dict[str, Any]
 
+class _ProcessWaitForLogArgsRequired(TypedDict):
+    processId: str
+    """the process"""
 
-#: Arguments of ``process.waitForPort``: wait until a port answers (HTTP or TCP).
-ProcessWaitForPortArgs = Dict[str, Any]
 
+class ProcessWaitForLogArgs(_ProcessWaitForLogArgsRequired, total=False):
+    """Arguments of ``process.waitForLog``: wait for a line matching a string or regex."""
 
-#: Result of ``process.waitForPort``: TODO
-ProcessWaitForPortResult = Dict[str, Any]
+    pattern: str
+    """the text (or regex) to find in a line"""
+    regex: bool
+    """pattern is a POSIX extended regex [default false]"""
+    timeout: int
+    """give up after this long (milliseconds) [0 … 86400000]"""
 
 
-#: Arguments of ``process.waitForExit``: wait for a process to end.
-ProcessWaitForExitArgs = Dict[str, Any]
+class ProcessWaitForLogResult(TypedDict, total=False):
+    """Result of ``process.waitForLog``: the first matching line"""
 
+    line: str
+    """the line"""
+    match: List[str]
+    """regex groups"""
 
-#: Result of ``process.waitForExit``: TODO
-ProcessWaitForExitResult = Dict[str, Any]
 
+class _ProcessWaitForPortArgsRequired(TypedDict):
+    processId: str
+    """the process"""
 
-#: Arguments of ``file.write``: write a file (utf-8 or base64).
-FileWriteArgs = Dict[str, Any]
 
+class ProcessWaitForPortArgs(_ProcessWaitForPortArgsRequired, total=False):
+    """Arguments of ``process.waitForPort``: wait until a port answers (HTTP or TCP)."""
 
-#: Result of ``file.write``: TODO
-FileWriteResult = Dict[str, Any]
+    port: int
+    """the port to probe"""
+    mode: str
+    """http or tcp [default "http"]"""
+    path: str
+    """the HTTP path to probe [default "/"]"""
+    status: int
+    """the HTTP status expected"""
+    statusMin: int
+    """lowest HTTP status accepted [default 200]"""
+    statusMax: int
+    """highest HTTP status accepted [default 399]"""
+    interval: int
+    """time between probes (milliseconds) [0 … 86400000; default 500]"""
+    timeout: int
+    """give up after this long (milliseconds) [0 … 86400000]"""
 
 
-#: Arguments of ``file.read``: read a file (text or base64, MIME type detected).
-FileReadArgs = Dict[str, Any]
+class ProcessWaitForPortResult(TypedDict, total=False):
+    """Result of ``process.waitForPort``: once the port answers"""
 
+    ready: bool
+    """true"""
+    port: int
+    """the port"""
+    statusCode: int
+    """the HTTP status (http mode)"""
 
-#: Result of ``file.read``: TODO
-FileReadResult = Dict[str, Any]
 
+class _ProcessWaitForExitArgsRequired(TypedDict):
+    processId: str
+    """the process"""
 
-#: Arguments of ``file.readStream``: read a file as a stream of chunks.
-FileReadStreamArgs = Dict[str, Any]
 
+class ProcessWaitForExitArgs(_ProcessWaitForExitArgsRequired, total=False):
+    """Arguments of ``process.waitForExit``: wait for a process to end."""
 
-#: Result of ``file.readStream``: TODO
-FileReadStreamResult = Dict[str, Any]
+    timeout: int
+    """give up after this long (milliseconds) [0 … 86400000]"""
 
 
-#: Arguments of ``file.mkdir``: create a directory.
-FileMkdirArgs = Dict[str, Any]
+class ProcessWaitForExitResult(TypedDict, total=False):
+    """Result of ``process.waitForExit``: once it ended"""
 
+    exitCode: int
+    """its exit code"""
+    status: str
+    """its final status"""
 
-#: Result of ``file.mkdir``: TODO
-FileMkdirResult = Dict[str, Any]
 
+class _FileWriteArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
+    content: str
+    """the file's content (utf-8 text or base64, per encoding)"""
 
-#: Arguments of ``file.delete``: delete a file (not a directory).
-FileDeleteArgs = Dict[str, Any]
 
+class FileWriteArgs(_FileWriteArgsRequired, total=False):
+    """Arguments of ``file.write``: write a file (utf-8 or base64)."""
 
-#: Result of ``file.delete``: TODO
-FileDeleteResult = Dict[str, Any]
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+    encoding: str
+    """utf-8 or base64 [default "utf-8"]"""
+    append: bool
+    """add to the end instead of replacing [default false]"""
 
 
-#: Arguments of ``file.rename``: rename a file or directory.
-FileRenameArgs = Dict[str, Any]
+class FileWriteResult(TypedDict, total=False):
+    """Result of ``file.write``: what was done"""
 
+    success: bool
+    """true"""
+    path: str
+    """the path"""
+    bytesWritten: int
+    """bytes written (bytes)"""
+    timestamp: str
+    """ISO 8601"""
 
-#: Result of ``file.rename``: TODO
-FileRenameResult = Dict[str, Any]
 
+class _FileReadArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
 
-#: Arguments of ``file.move``: move a file or directory.
-FileMoveArgs = Dict[str, Any]
 
+class FileReadArgs(_FileReadArgsRequired, total=False):
+    """Arguments of ``file.read``: read a file (text or base64, MIME type detected)."""
 
-#: Result of ``file.move``: TODO
-FileMoveResult = Dict[str, Any]
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+    encoding: str
+    """force utf-8 or base64"""
 
 
-#: Arguments of ``file.list``: list a directory (optionally recursive).
-FileListArgs = Dict[str, Any]
+class FileReadResult(TypedDict, total=False):
+    """Result of ``file.read``: the file"""
 
+    success: bool
+    """true"""
+    path: str
+    """the path"""
+    content: str
+    """text, or base64 of the bytes"""
+    encoding: str
+    """how content is encoded"""
+    isBinary: bool
+    """not valid UTF-8, or has NUL"""
+    mimeType: str
+    """from its first bytes or extension"""
+    size: int
+    """its size (bytes)"""
+    timestamp: str
+    """ISO 8601"""
 
-#: Result of ``file.list``: TODO
-FileListResult = Dict[str, Any]
 
+class _FileReadStreamArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
 
-#: Arguments of ``file.exists``: whether a path exists.
-FileExistsArgs = Dict[str, Any]
 
+class FileReadStreamArgs(_FileReadStreamArgsRequired, total=False):
+    """Arguments of ``file.readStream``: read a file as a stream of chunks."""
 
-#: Result of ``file.exists``: TODO
-FileExistsResult = Dict[str, Any]
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
 
 
-#: Arguments of ``file.watch``: watch a directory; changes come as stream events.
-FileWatchArgs = Dict[str, Any]
+class _FileMkdirArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
 
 
-#: Result of ``file.watch``: TODO
-FileWatchResult = Dict[str, Any]
+class FileMkdirArgs(_FileMkdirArgsRequired, total=False):
+    """Arguments of ``file.mkdir``: create a directory."""
 
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+    recursive: bool
+    """create parents too [default false]"""
 
-#: Arguments of ``git.checkout``: clone a git repository into the sandbox.
-GitCheckoutArgs = Dict[str, Any]
 
+class FileMkdirResult(TypedDict, total=False):
+    """Result of ``file.mkdir``: what was done"""
 
-#: Result of ``git.checkout``: TODO
-GitCheckoutResult = Dict[str, Any]
+    success: bool
+    """true"""
+    path: str
+    """the path"""
+    bytesWritten: int
+    """bytes written (bytes)"""
+    timestamp: str
+    """ISO 8601"""
 
 
-#: Arguments of ``context.create``: create a Python, JavaScript or TypeScript code context.
-ContextCreateArgs = Dict[str, Any]
+class _FileDeleteArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
 
 
-#: Result of ``context.create``: TODO
-ContextCreateResult = Dict[str, Any]
+class FileDeleteArgs(_FileDeleteArgsRequired, total=False):
+    """Arguments of ``file.delete``: delete a file (not a directory)."""
 
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
 
-#: Arguments of ``context.run``: run code in a context (or the language's default one).
-ContextRunArgs = Dict[str, Any]
 
+class FileDeleteResult(TypedDict, total=False):
+    """Result of ``file.delete``: what was done"""
 
-#: Result of ``context.run``: TODO
-ContextRunResult = Dict[str, Any]
+    success: bool
+    """true"""
+    path: str
+    """the path"""
+    bytesWritten: int
+    """bytes written (bytes)"""
+    timestamp: str
+    """ISO 8601"""
 
 
-#: Arguments of ``context.runStream``: run code; outputs come as stream events as produced.
-ContextRunStreamArgs = Dict[str, Any]
+class _FileRenameArgsRequired(TypedDict):
+    oldPath: str
+    """the current path"""
+    newPath: str
+    """the new path"""
 
 
-#: Result of ``context.runStream``: TODO
-ContextRunStreamResult = Dict[str, Any]
+class FileRenameArgs(_FileRenameArgsRequired, total=False):
+    """Arguments of ``file.rename``: rename a file or directory."""
+
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+
+
+class FileRenameResult(TypedDict, total=False):
+    """Result of ``file.rename``: {success, path, newPath}"""
+
+    success: bool
+    """true"""
+    path: str
+    """the old path"""
+    newPath: str
+    """the new path"""
+
+
+class _FileMoveArgsRequired(TypedDict):
+    sourcePath: str
+    """what to move"""
+    destinationPath: str
+    """where (into an existing directory keeps the name)"""
+
+
+class FileMoveArgs(_FileMoveArgsRequired, total=False):
+    """Arguments of ``file.move``: move a file or directory."""
+
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+
+
+class FileMoveResult(TypedDict, total=False):
+    """Result of ``file.move``: {success, path, newPath}"""
+
+    success: bool
+    """true"""
+    path: str
+    """the old path"""
+    newPath: str
+    """the new path"""
+
+
+class _FileListArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
+
+
+class FileListArgs(_FileListArgsRequired, total=False):
+    """Arguments of ``file.list``: list a directory (optionally recursive)."""
+
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+    recursive: bool
+    """list subdirectories too [default false]"""
+    includeHidden: bool
+    """list dot files [default false]"""
+    options: Dict[str, Any]
+    """{recursive, includeHidden} (the SDK's form)"""
+
+
+class FileListResult(TypedDict, total=False):
+    """Result of ``file.list``: the entries"""
+
+    success: bool
+    """true"""
+    path: str
+    """the directory"""
+    files: List['FileInfo']
+    """its entries"""
+    count: int
+    """how many"""
+    truncated: bool
+    """a bound was reached"""
+
+
+class _FileExistsArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
+
+
+class FileExistsArgs(_FileExistsArgsRequired, total=False):
+    """Arguments of ``file.exists``: whether a path exists."""
+
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+
+
+class FileExistsResult(TypedDict, total=False):
+    """Result of ``file.exists``: {success, path, exists}"""
+
+    success: bool
+    """true"""
+    path: str
+    """the path"""
+    exists: bool
+    """whether it exists"""
+
+
+class _FileWatchArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
+
+
+class FileWatchArgs(_FileWatchArgsRequired, total=False):
+    """Arguments of ``file.watch``: watch a directory; changes come as stream events."""
+
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+    recursive: bool
+    """watch subdirectories too [default true]"""
+    include: List[str]
+    """only these"""
+    exclude: List[str]
+    """not these (default .git, node_modules, .DS_Store)"""
+
+
+class FileWatchResult(TypedDict, total=False):
+    """Result of ``file.watch``: once the watch is in place"""
+
+    streamId: str
+    """its stream (events watching, event, stopped)"""
+    watchId: str
+    """the watch"""
+    path: str
+    """the directory"""
+    directories: int
+    """directories watched"""
+
+
+class _GitCheckoutArgsRequired(TypedDict):
+    repoUrl: str
+    """https, http, git, ssh, file or user@host:path (≤ 2048 bytes)"""
+
+
+class GitCheckoutArgs(_GitCheckoutArgsRequired, total=False):
+    """Arguments of ``git.checkout``: clone a git repository into the sandbox."""
+
+    branch: str
+    """the branch to check out"""
+    targetDir: str
+    """default /workspace/<repository name>"""
+    depth: int
+    """a shallow clone's depth"""
+    cloneTimeoutMs: int
+    """give up after this long (milliseconds) [0 … 86400000; default 600000]"""
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+
+
+class GitCheckoutResult(TypedDict, total=False):
+    """Result of ``git.checkout``: the checkout"""
+
+    success: bool
+    """true"""
+    repoUrl: str
+    """the URL"""
+    branch: str
+    """the branch checked out"""
+    targetDir: str
+    """where"""
+    timestamp: str
+    """ISO 8601"""
+
+
+class ContextCreateArgs(TypedDict, total=False):
+    """Arguments of ``context.create``: create a Python, JavaScript or TypeScript code context."""
+
+    language: str
+    """python, javascript, typescript (aliases python3, js, node, ts) [default "python"]"""
+    cwd: str
+    """its working directory [default "/workspace"]"""
+    envVars: 'Env'
+    """its environment (null unsets)"""
+
+
+class ContextCreateResult(TypedDict, total=False):
+    """Result of ``context.create``: {success, contextId, context}"""
+
+    success: bool
+    """true"""
+    contextId: str
+    """its ID"""
+    context: 'ContextInfo'
+    """the context"""
+
+
+class _ContextRunArgsRequired(TypedDict):
+    code: str
+    """the code to run"""
+
+
+class ContextRunArgs(_ContextRunArgsRequired, total=False):
+    """Arguments of ``context.run``: run code in a context (or the language's default one)."""
+
+    context: str
+    """a context ID; or language for its default context"""
+    language: str
+    """run in default-<language>, created on first use"""
+    timeout: int
+    """stop the cell after this long (milliseconds) [0 … 86400000; default 60000]"""
+
+
+class ContextRunResultLogs(TypedDict, total=False):
+    """printed text"""
+
+    stdout: List[str]
+    """stdout"""
+    stderr: List[str]
+    """stderr"""
+
+
+class ContextRunResultError(TypedDict, total=False):
+    """the exception, if any"""
+
+    name: str
+    """its class"""
+    value: str
+    """its message"""
+    traceback: List[str]
+    """its traceback"""
+
+
+class ContextRunResult(TypedDict, total=False):
+    """Result of ``context.run``: the cell's outputs"""
+
+    contextId: str
+    """the context"""
+    language: str
+    """its language"""
+    executionCount: int
+    """cells run so far"""
+    results: List['RichResult']
+    """rich outputs"""
+    logs: 'ContextRunResultLogs'
+    """printed text"""
+    error: 'ContextRunResultError'
+    """the exception, if any"""
+    stdoutTruncated: bool
+    """stdout beyond the cap dropped"""
+    stderrTruncated: bool
+    """stderr beyond the cap dropped"""
+    stdoutBytes: int
+    """stdout produced (bytes)"""
+    stderrBytes: int
+    """stderr produced (bytes)"""
+    resultsTruncated: bool
+    """results beyond the cap dropped"""
+    timedOut: bool
+    """the timeout fired"""
+    duration: int
+    """run time (milliseconds)"""
+
+
+class _ContextRunStreamArgsRequired(TypedDict):
+    code: str
+    """the code to run"""
+
+
+class ContextRunStreamArgs(_ContextRunStreamArgsRequired, total=False):
+    """Arguments of ``context.runStream``: run code; outputs come as stream events as produced."""
+
+    context: str
+    """a context ID; or language for its default context"""
+    language: str
+    """run in default-<language>, created on first use"""
+    timeout: int
+    """stop the cell after this long (milliseconds) [0 … 86400000; default 60000]"""
+
+
+class ContextRunStreamResult(TypedDict, total=False):
+    """Result of ``context.runStream``: {streamId, contextId}"""
+
+    streamId: str
+    """its stream"""
+    contextId: str
+    """the context"""
 
 
 #: Arguments of ``context.list``: the code contexts of the sandbox.
 ContextListArgs = Dict[str, Any]
 
 
-#: Result of ``context.list``: TODO
-ContextListResult = Dict[str, Any]
+class ContextListResult(TypedDict, total=False):
+    """Result of ``context.list``: {contexts}"""
+
+    contexts: List['ContextInfo']
+    """every context"""
 
 
-#: Arguments of ``context.delete``: delete a code context.
-ContextDeleteArgs = Dict[str, Any]
+class ContextDeleteArgs(TypedDict):
+    """Arguments of ``context.delete``: delete a code context."""
+
+    contextId: str
+    """the context"""
 
 
-#: Result of ``context.delete``: TODO
-ContextDeleteResult = Dict[str, Any]
+class ContextDeleteResult(TypedDict, total=False):
+    """Result of ``context.delete``: {success, contextId}"""
+
+    success: bool
+    """true"""
+    contextId: str
+    """the context"""
 
 
-#: Arguments of ``terminal.open``: open (or join) the pseudo-terminal of a session; its output is stream pty:<session>.
-TerminalOpenArgs = Dict[str, Any]
+class TerminalOpenArgs(TypedDict, total=False):
+    """Arguments of ``terminal.open``: open (or join) the pseudo-terminal of a session; its output is stream pty:<session>."""
+
+    sessionId: str
+    """the session whose terminal (default 'default')"""
+    shell: str
+    """the shell to run"""
+    cols: int
+    """columns"""
+    rows: int
+    """rows"""
 
 
-#: Result of ``terminal.open``: TODO
-TerminalOpenResult = Dict[str, Any]
+class TerminalOpenResult(TypedDict, total=False):
+    """Result of ``terminal.open``: {streamId: pty:<session>, …}"""
+
+    streamId: str
+    """pty:<session>"""
 
 
-#: Arguments of ``terminal.write``: type bytes into a terminal.
-TerminalWriteArgs = Dict[str, Any]
+class _TerminalWriteArgsRequired(TypedDict):
+    data: str
+    """bytes typed"""
 
 
-#: Result of ``terminal.write``: TODO
+class TerminalWriteArgs(_TerminalWriteArgsRequired, total=False):
+    """Arguments of ``terminal.write``: type bytes into a terminal."""
+
+    sessionId: str
+    """the session"""
+    encoding: str
+    """base64: data is base64"""
+
+
+#: Result of ``terminal.write``: {success}
 TerminalWriteResult = Dict[str, Any]
 
 
-#: Arguments of ``terminal.resize``: set a terminal's size.
-TerminalResizeArgs = Dict[str, Any]
+class _TerminalResizeArgsRequired(TypedDict):
+    cols: int
+    """columns"""
+    rows: int
+    """rows"""
 
 
-#: Result of ``terminal.resize``: TODO
+class TerminalResizeArgs(_TerminalResizeArgsRequired, total=False):
+    """Arguments of ``terminal.resize``: set a terminal's size."""
+
+    sessionId: str
+    """the session"""
+
+
+#: Result of ``terminal.resize``: {success}
 TerminalResizeResult = Dict[str, Any]
 
 
-#: Arguments of ``terminal.close``: end a terminal's shell (every viewer sees it exit).
-TerminalCloseArgs = Dict[str, Any]
+class TerminalCloseArgs(TypedDict, total=False):
+    """Arguments of ``terminal.close``: end a terminal's shell (every viewer sees it exit)."""
+
+    sessionId: str
+    """the session"""
 
 
-#: Result of ``terminal.close``: TODO
+#: Result of ``terminal.close``: {success}
 TerminalCloseResult = Dict[str, Any]
 
 
-#: Arguments of ``port.expose``: expose a port of the sandbox at a preview URL.
-PortExposeArgs = Dict[str, Any]
+class PortExposeArgs(TypedDict, total=False):
+    """Arguments of ``port.expose``: expose a port of the sandbox at a preview URL."""
+
+    port: int
+    """the port, 1024-65535"""
+    name: str
+    """a name for it (≤ 128 bytes)"""
+    hostname: str
+    """the preview host (and :port); default the shard's --preview-domain"""
 
 
-#: Result of ``port.expose``: TODO
-PortExposeResult = Dict[str, Any]
+class PortExposeResult(TypedDict, total=False):
+    """Result of ``port.expose``: the preview URL"""
+
+    port: int
+    """the port"""
+    name: str
+    """its name"""
+    token: str
+    """its token"""
+    url: str
+    """the preview URL"""
 
 
-#: Arguments of ``port.unexpose``: withdraw a port's preview URL.
-PortUnexposeArgs = Dict[str, Any]
+class PortUnexposeArgs(TypedDict, total=False):
+    """Arguments of ``port.unexpose``: withdraw a port's preview URL."""
+
+    port: int
+    """the port"""
 
 
-#: Result of ``port.unexpose``: TODO
+#: Result of ``port.unexpose``: {success, port}
 PortUnexposeResult = Dict[str, Any]
 
 
-#: Arguments of ``port.list``: the ports exposed for the current container.
-PortListArgs = Dict[str, Any]
+class PortListArgs(TypedDict, total=False):
+    """Arguments of ``port.list``: the ports exposed for the current container."""
+
+    hostname: str
+    """the preview host for the URLs"""
 
 
-#: Result of ``port.list``: TODO
+#: Result of ``port.list``: {ports: [{port, name, url, …}]}
 PortListResult = Dict[str, Any]
 
 
@@ -398,31 +1174,82 @@ PortListResult = Dict[str, Any]
 PingArgs = Dict[str, Any]
 
 
-#: Result of ``ping``: TODO
-PingResult = Dict[str, Any]
+class PingResult(TypedDict, total=False):
+    """Result of ``ping``: {pid, bound}"""
+
+    pid: int
+    """the agent's pid"""
+    bound: bool
+    """bound to this sandbox"""
 
 
-#: Arguments of ``env.set``: set or unset sandbox environment variables.
-EnvSetArgs = Dict[str, Any]
+class EnvSetArgs(TypedDict):
+    """Arguments of ``env.set``: set or unset sandbox environment variables."""
+
+    vars: 'Env'
+    """names (1-256 bytes without '=') -> values (no NUL) or null to unset"""
 
 
-#: Result of ``env.set``: TODO
-EnvSetResult = Dict[str, Any]
+class EnvSetResult(TypedDict, total=False):
+    """Result of ``env.set``: {success}"""
+
+    success: bool
+    """true"""
 
 
-#: Arguments of ``sandbox.configure``: set sleepAfter and keepAlive.
-SandboxConfigureArgs = Dict[str, Any]
+class SandboxConfigureArgs(TypedDict, total=False):
+    """Arguments of ``sandbox.configure``: set sleepAfter and keepAlive."""
+
+    sleepAfter: Union[str, int, float]
+    """"30s", "10m", "1h" or seconds; 1 s .. 365 d (a duration: "30s", "10m", "1h", or a number of seconds)"""
+    keepAlive: bool
+    """never stop the container for idleness"""
 
 
-#: Result of ``sandbox.configure``: TODO
-SandboxConfigureResult = Dict[str, Any]
+class SandboxConfigureResult(TypedDict, total=False):
+    """Result of ``sandbox.configure``: the settings now"""
+
+    success: bool
+    """true"""
+    sleepAfter: int
+    """idle time before the container stops (milliseconds)"""
+    keepAlive: bool
+    """keep-alive"""
 
 
-#: Arguments of ``create``: create the sandbox now (it is also created by its first operation).
-CreateArgs = Dict[str, Any]
+class SandboxLabelsArgs(TypedDict, total=False):
+    """Arguments of ``sandbox.labels``: read or replace the sandbox's labels (the SDK's setLabels)."""
+
+    labels: 'Labels'
+    """the new labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64"""
 
 
-#: Result of ``create``: TODO
+class SandboxLabelsResult(TypedDict):
+    """Result of ``sandbox.labels``: the sandbox's labels now"""
+
+    labels: 'Labels'
+    """key -> value"""
+
+
+class CreateArgsLimits(TypedDict, total=False):
+    """resource limits (default the shard's)"""
+
+    memory: int
+    """memory limit (bytes) [16777216 … 1099511627776]"""
+    pids: int
+    """most processes [16 … 1048576]"""
+    cpu: int
+    """CPU in millicpus [10 … 1024000]"""
+
+
+class CreateArgs(TypedDict, total=False):
+    """Arguments of ``create``: create the sandbox now (it is also created by its first operation)."""
+
+    limits: 'CreateArgsLimits'
+    """resource limits (default the shard's)"""
+
+
+#: Result of ``create``: the sandbox's status (as status)
 CreateResult = Dict[str, Any]
 
 
@@ -430,15 +1257,20 @@ CreateResult = Dict[str, Any]
 DestroyArgs = Dict[str, Any]
 
 
-#: Result of ``destroy``: TODO
-DestroyResult = Dict[str, Any]
+class DestroyResult(TypedDict, total=False):
+    """Result of ``destroy``: {success, destroyed}"""
+
+    success: bool
+    """true"""
+    destroyed: bool
+    """it existed"""
 
 
 #: Arguments of ``status``: state, limits and resource use of a sandbox.
 StatusArgs = Dict[str, Any]
 
 
-#: Result of ``status``: TODO
+#: Result of ``status``: state, limits and resource use (docs/protocol.md status)
 StatusResult = Dict[str, Any]
 
 
@@ -446,7 +1278,7 @@ StatusResult = Dict[str, Any]
 ListArgs = Dict[str, Any]
 
 
-#: Result of ``list``: TODO
+#: Result of ``list``: {sandboxes: [...]}, merged from every shard
 ListResult = Dict[str, Any]
 
 
@@ -454,22 +1286,30 @@ ListResult = Dict[str, Any]
 ClusterStatusArgs = Dict[str, Any]
 
 
-#: Result of ``cluster.status``: TODO
+#: Result of ``cluster.status``: gateway and shard health
 ClusterStatusResult = Dict[str, Any]
 
 
-#: Arguments of ``cluster.drain``: drain a shard (its partitions move to the others) or end a drain.
-ClusterDrainArgs = Dict[str, Any]
+class _ClusterDrainArgsRequired(TypedDict):
+    shard: str
+    """the node to drain"""
 
 
-#: Result of ``cluster.drain``: TODO
+class ClusterDrainArgs(_ClusterDrainArgsRequired, total=False):
+    """Arguments of ``cluster.drain``: drain a shard (its partitions move to the others) or end a drain."""
+
+    drain: bool
+    """false ends the drain [default true]"""
+
+
+#: Result of ``cluster.drain``: the node's state
 ClusterDrainResult = Dict[str, Any]
 
 
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
-    'exec.stream': (ExecStreamArgs, ExecStreamResult),
+    'exec.stream': (ExecStreamArgs, StreamStart),
     'stream.read': (StreamReadArgs, StreamReadResult),
     'stream.cancel': (StreamCancelArgs, StreamCancelResult),
     'session.create': (SessionCreateArgs, SessionCreateResult),
@@ -487,7 +1327,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'process.waitForExit': (ProcessWaitForExitArgs, ProcessWaitForExitResult),
     'file.write': (FileWriteArgs, FileWriteResult),
     'file.read': (FileReadArgs, FileReadResult),
-    'file.readStream': (FileReadStreamArgs, FileReadStreamResult),
+    'file.readStream': (FileReadStreamArgs, StreamStart),
     'file.mkdir': (FileMkdirArgs, FileMkdirResult),
     'file.delete': (FileDeleteArgs, FileDeleteResult),
     'file.rename': (FileRenameArgs, FileRenameResult),
@@ -511,6 +1351,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'ping': (PingArgs, PingResult),
     'env.set': (EnvSetArgs, EnvSetResult),
     'sandbox.configure': (SandboxConfigureArgs, SandboxConfigureResult),
+    'sandbox.labels': (SandboxLabelsArgs, SandboxLabelsResult),
     'create': (CreateArgs, CreateResult),
     'destroy': (DestroyArgs, DestroyResult),
     'status': (StatusArgs, StatusResult),
@@ -520,10 +1361,18 @@ OPS: Dict[str, Tuple[Any, Any]] = {
 }
 
 __all__ += [
-    'ExecArgs',
+    'Env',
     'ExecResult',
+    'StreamStart',
+    'StreamEvent',
+    'SessionInfo',
+    'ProcessInfo',
+    'FileInfo',
+    'RichResult',
+    'ContextInfo',
+    'Labels',
+    'ExecArgs',
     'ExecStreamArgs',
-    'ExecStreamResult',
     'StreamReadArgs',
     'StreamReadResult',
     'StreamCancelArgs',
@@ -559,7 +1408,6 @@ __all__ += [
     'FileReadArgs',
     'FileReadResult',
     'FileReadStreamArgs',
-    'FileReadStreamResult',
     'FileMkdirArgs',
     'FileMkdirResult',
     'FileDeleteArgs',
@@ -606,6 +1454,8 @@ __all__ += [
     'EnvSetResult',
     'SandboxConfigureArgs',
     'SandboxConfigureResult',
+    'SandboxLabelsArgs',
+    'SandboxLabelsResult',
     'CreateArgs',
     'CreateResult',
     'DestroyArgs',

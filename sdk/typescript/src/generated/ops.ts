@@ -144,306 +144,1110 @@ export interface ErrorBody {
 }
 
 // ---------------------------------------------------------------------------
+// Shared types
+
+/** environment variables: name -> value (null unsets) */
+export type Env = Record<string, string | null>;
+
+/** the outcome of a command (the SDK's ExecResult plus more) */
+export interface ExecResult {
+  /** exitCode == 0 and not timed out */
+  success?: boolean;
+  /** exit status; 124 after a timeout; 128+N when killed by signal N */
+  exitCode?: number;
+  /** standard output, up to the output cap */
+  stdout?: string;
+  /** standard error, up to the output cap */
+  stderr?: string;
+  /** output beyond the cap was dropped */
+  stdoutTruncated?: boolean;
+  /** output beyond the cap was dropped */
+  stderrTruncated?: boolean;
+  /** bytes produced on stdout, kept or not (bytes) */
+  stdoutBytes?: number;
+  /** bytes produced on stderr, kept or not (bytes) */
+  stderrBytes?: number;
+  /** run time measured in the sandbox (milliseconds) */
+  duration?: number;
+  /** the timeout fired */
+  timedOut?: boolean;
+  /** present (true) when the request's deadline stopped it */
+  deadlineExceeded?: boolean;
+  /** present when a signal ended the command */
+  signal?: number;
+  /** why it ended */
+  cause?: 'EXITED' | 'TIMEOUT' | 'KILLED' | 'OOM_KILLED' | 'PIDS_LIMIT';
+  /** the session it ran in */
+  sessionId?: string;
+  /** present on the first op after the previous container ended unexpectedly */
+  containerRestarted?: boolean;
+  [key: string]: unknown;
+}
+
+/** the answer of an op whose output is a stream (docs/protocol.md §3.1) */
+export interface StreamStart {
+  /** the stream to read with stream.read */
+  streamId?: string;
+  /** the session it runs in, if any */
+  sessionId?: string;
+  [key: string]: unknown;
+}
+
+/** one event of a stream: seq, type, timestamp and the fields of its type */
+export interface StreamEvent {
+  /** 1, 2, 3, … in order */
+  seq?: number;
+  /** start, stdout, stderr, complete, error, chunk, event, … */
+  type?: string;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
+
+/** a session: one persistent bash */
+export interface SessionInfo {
+  /** session ID */
+  id?: string;
+  /** its working directory */
+  cwd?: string;
+  /** its shell is alive */
+  shellRunning?: boolean;
+  /** a command is running */
+  busy?: boolean;
+  /** commands waiting */
+  queued?: number;
+  /** default timeout of its commands (milliseconds) */
+  commandTimeoutMs?: number;
+  [key: string]: unknown;
+}
+
+/** a background process */
+export interface ProcessInfo {
+  /** process ID */
+  id?: string;
+  /** its pid in the sandbox */
+  pid?: number;
+  /** the command, up to its first 4 KiB */
+  command?: string;
+  /** command was cut */
+  commandTruncated?: boolean;
+  /** the whole command's length when cut (bytes) */
+  commandBytes?: number;
+  /** its state */
+  status?: 'starting' | 'running' | 'completed' | 'failed' | 'killed';
+  /** ISO 8601 */
+  startTime?: string;
+  /** ISO 8601, once ended */
+  endTime?: string;
+  /** once ended */
+  exitCode?: number;
+  /** why it ended (as ExecResult.cause) */
+  cause?: string;
+  /** the signal that ended it */
+  signal?: number;
+  /** the session it started in */
+  sessionId?: string;
+  [key: string]: unknown;
+}
+
+/** an entry of file.list */
+export interface FileInfo {
+  /** the entry's name */
+  name?: string;
+  /** its whole path */
+  absolutePath?: string;
+  /** relative to the listed directory */
+  relativePath?: string;
+  /** its kind */
+  type?: 'file' | 'directory' | 'symlink' | 'other';
+  /** its size (bytes) */
+  size?: number;
+  /** ISO 8601 */
+  modifiedAt?: string;
+  /** like rw-r--r-- */
+  mode?: string;
+  /** what the sandbox user may do */
+  permissions?: {
+    /** may read */
+    readable?: boolean;
+    /** may write */
+    writable?: boolean;
+    /** may execute */
+    executable?: boolean;
+  };
+  [key: string]: unknown;
+}
+
+/** one rich output of a code cell (the SDK's Result) */
+export interface RichResult {
+  /** text/plain */
+  text?: string;
+  /** text/html */
+  html?: string;
+  /** base64 PNG */
+  png?: string;
+  /** base64 JPEG */
+  jpeg?: string;
+  /** SVG */
+  svg?: string;
+  /** LaTeX */
+  latex?: string;
+  /** Markdown */
+  markdown?: string;
+  /** JavaScript */
+  javascript?: string;
+  /** a JSON value */
+  json?: unknown;
+  /** chart data where detected */
+  chart?: Record<string, unknown>;
+  /** the formats present */
+  formats?: string[];
+  [key: string]: unknown;
+}
+
+/** a code context */
+export interface ContextInfo {
+  /** context ID */
+  id?: string;
+  /** its language */
+  language?: 'python' | 'javascript' | 'typescript';
+  /** its working directory */
+  cwd?: string;
+  /** ISO 8601 */
+  createdAt?: string;
+  /** ISO 8601 */
+  lastUsed?: string;
+  /** how its interpreter runs */
+  mode?: string;
+  /** its interpreter's state */
+  state?: string;
+  [key: string]: unknown;
+}
+
+/** a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
+export type Labels = Record<string, string>;
+
+// ---------------------------------------------------------------------------
 // Operations
 
 /** Arguments of `exec`: run a shell string or an argv in the sandbox and return its output. Runs in the agent; flags: sandbox. */
-export type ExecArgs = Record<string, never>;
-
-/** Result of `exec`: TODO */
-export type ExecResult = Record<string, unknown>;
+export interface ExecArgs {
+  /** a shell string (session bash, or /bin/sh -c sessionless); this or argv */
+  command?: string;
+  /** an argument vector run without a shell; this or command */
+  argv?: string[];
+  /** working directory for this call only (must exist) */
+  cwd?: string;
+  /** environment for this call only; null unsets */
+  env?: Env;
+  /** kill the command's process tree after this long (exit 124) (milliseconds) [0 … 86400000] */
+  timeout?: number;
+  /** the session to run in (created on first use); default 'default' */
+  sessionId?: string;
+  /** run as a fresh process, concurrently with anything else [default false] */
+  sessionless?: boolean;
+  /** bytes for the command's stdin (default /dev/null) */
+  stdin?: string;
+  /** 'base64': stdin is the base64 of the bytes */
+  stdinEncoding?: string;
+}
 
 /** Arguments of `exec.stream`: run a command; its output comes as stream events. Runs in the agent; flags: sandbox, stream. */
-export type ExecStreamArgs = Record<string, never>;
+export interface ExecStreamArgs {
+  /** a shell string (session bash, or /bin/sh -c sessionless); this or argv */
+  command?: string;
+  /** an argument vector run without a shell; this or command */
+  argv?: string[];
+  /** working directory for this call only (must exist) */
+  cwd?: string;
+  /** environment for this call only; null unsets */
+  env?: Env;
+  /** kill the command's process tree after this long (exit 124) (milliseconds) [0 … 86400000] */
+  timeout?: number;
+  /** the session to run in (created on first use); default 'default' */
+  sessionId?: string;
+  /** run as a fresh process, concurrently with anything else [default false] */
+  sessionless?: boolean;
+  /** bytes for the command's stdin (default /dev/null) */
+  stdin?: string;
+  /** 'base64': stdin is the base64 of the bytes */
+  stdinEncoding?: string;
+}
 
-/** Result of `exec.stream`: TODO */
-export type ExecStreamResult = Record<string, unknown>;
+/** Arguments of `stream.read`: events of a stream after a sequence number (long poll). Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface StreamReadArgs {
+  /** the stream */
+  streamId: string;
+  /** the last seq the reader has (acknowledges up to it) [0 … …; default 0] */
+  after?: number;
+  /** how long to wait when no event is there yet (at most 60 000) (milliseconds) [default 25000] */
+  waitMs?: number;
+  /** most bytes of events to return (at least one event) (bytes) [default 4194304] */
+  maxBytes?: number;
+}
 
-/** Arguments of `stream.read`: events of a stream after a sequence number (long poll). Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type StreamReadArgs = Record<string, never>;
-
-/** Result of `stream.read`: TODO */
-export type StreamReadResult = Record<string, unknown>;
+/** Result of `stream.read`: events after `after` */
+export interface StreamReadResult {
+  /** the stream */
+  streamId?: string;
+  /** events with seq > after */
+  events?: StreamEvent[];
+  /** the last event has been delivered */
+  done?: boolean;
+  /** the last seq returned */
+  next?: number;
+  /** events of a ring the reader will not see */
+  missed?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `stream.cancel`: cancel a stream (stops its command or watch). Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type StreamCancelArgs = Record<string, never>;
+export interface StreamCancelArgs {
+  /** the stream */
+  streamId: string;
+}
 
-/** Result of `stream.cancel`: TODO */
-export type StreamCancelResult = Record<string, unknown>;
+/** Result of `stream.cancel`: {success, streamId} */
+export interface StreamCancelResult {
+  /** true */
+  success?: boolean;
+  /** the stream */
+  streamId?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `session.create`: create a session: a persistent shell with its own cwd and env. Runs in the agent; flags: sandbox. */
-export type SessionCreateArgs = Record<string, never>;
+export interface SessionCreateArgs {
+  /** session ID (default session-<ms>) */
+  id?: string;
+  /** its working directory */
+  cwd?: string;
+  /** its own environment (null unsets) */
+  env?: Env;
+  /** default timeout of its commands (milliseconds) [0 … 86400000] */
+  commandTimeoutMs?: number;
+}
 
-/** Result of `session.create`: TODO */
-export type SessionCreateResult = Record<string, unknown>;
+/** Result of `session.create`: the new session */
+export interface SessionCreateResult {
+  /** true */
+  success?: boolean;
+  /** its ID */
+  sessionId?: string;
+  /** the session */
+  session?: SessionInfo;
+  [key: string]: unknown;
+}
 
-/** Arguments of `session.get`: describe a session. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type SessionGetArgs = Record<string, never>;
+/** Arguments of `session.get`: describe a session. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface SessionGetArgs {
+  /** session ID */
+  id: string;
+}
 
-/** Result of `session.get`: TODO */
-export type SessionGetResult = Record<string, unknown>;
+/** Result of `session.get`: {session} */
+export interface SessionGetResult {
+  /** the session */
+  session?: SessionInfo;
+  [key: string]: unknown;
+}
 
-/** Arguments of `session.list`: the sessions of the sandbox. Runs in the agent; flags: sandbox, nocreate. */
+/** Arguments of `session.list`: the sessions of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
 export type SessionListArgs = Record<string, never>;
 
-/** Result of `session.list`: TODO */
-export type SessionListResult = Record<string, unknown>;
+/** Result of `session.list`: {sessions} */
+export interface SessionListResult {
+  /** every session */
+  sessions?: SessionInfo[];
+  [key: string]: unknown;
+}
 
 /** Arguments of `session.delete`: end a session's shell and its processes. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type SessionDeleteArgs = Record<string, never>;
+export interface SessionDeleteArgs {
+  /** session ID (not 'default') */
+  id: string;
+}
 
-/** Result of `session.delete`: TODO */
-export type SessionDeleteResult = Record<string, unknown>;
+/** Result of `session.delete`: {success, sessionId} */
+export interface SessionDeleteResult {
+  /** true */
+  success?: boolean;
+  /** the session */
+  sessionId?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `process.start`: start a background process. Runs in the agent; flags: sandbox. */
-export type ProcessStartArgs = Record<string, never>;
+export interface ProcessStartArgs {
+  /** a shell string; this or argv */
+  command?: string;
+  /** an argument vector; this or command */
+  argv?: string[];
+  /** 1-120 of [A-Za-z0-9._-] (default proc-<n>) */
+  processId?: string;
+  /** working directory */
+  cwd?: string;
+  /** environment for the process */
+  env?: Env;
+  /** kill it after this long (milliseconds) [0 … 86400000] */
+  timeout?: number;
+  /** start in this session's cwd and env; killed with it */
+  sessionId?: string;
+}
 
-/** Result of `process.start`: TODO */
-export type ProcessStartResult = Record<string, unknown>;
+/** Result of `process.start`: the started process */
+export interface ProcessStartResult {
+  /** true */
+  success?: boolean;
+  /** its ID */
+  processId?: string;
+  /** its pid */
+  pid?: number;
+  /** its command (first 4 KiB) */
+  command?: string;
+  /** proc:<id>, its log stream */
+  streamId?: string;
+  /** the process */
+  process?: ProcessInfo;
+  [key: string]: unknown;
+}
 
-/** Arguments of `process.list`: the processes of the sandbox. Runs in the agent; flags: sandbox, nocreate. */
+/** Arguments of `process.list`: the processes of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
 export type ProcessListArgs = Record<string, never>;
 
-/** Result of `process.list`: TODO */
-export type ProcessListResult = Record<string, unknown>;
+/** Result of `process.list`: {processes} */
+export interface ProcessListResult {
+  /** all (the last 256 finished kept) */
+  processes?: ProcessInfo[];
+  [key: string]: unknown;
+}
 
-/** Arguments of `process.get`: describe a process. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ProcessGetArgs = Record<string, never>;
+/** Arguments of `process.get`: describe a process. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface ProcessGetArgs {
+  /** the process */
+  processId: string;
+}
 
-/** Result of `process.get`: TODO */
-export type ProcessGetResult = Record<string, unknown>;
+/** Result of `process.get`: {process} */
+export interface ProcessGetResult {
+  /** the process */
+  process?: ProcessInfo;
+  [key: string]: unknown;
+}
 
 /** Arguments of `process.kill`: SIGTERM the process tree, SIGKILL after 5 s. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ProcessKillArgs = Record<string, never>;
+export interface ProcessKillArgs {
+  /** the process */
+  processId: string;
+}
 
-/** Result of `process.kill`: TODO */
-export type ProcessKillResult = Record<string, unknown>;
+/** Result of `process.kill`: answered once it ended */
+export interface ProcessKillResult {
+  /** the process */
+  processId?: string;
+  /** 143 or 137 */
+  exitCode?: number;
+  /** killed */
+  status?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `process.killAll`: kill every process. Runs in the agent; flags: sandbox, nocreate. */
 export type ProcessKillAllArgs = Record<string, never>;
 
-/** Result of `process.killAll`: TODO */
-export type ProcessKillAllResult = Record<string, unknown>;
+/** Result of `process.killAll`: after all ended */
+export interface ProcessKillAllResult {
+  /** processes killed */
+  killedCount?: number;
+  /** entries removed */
+  cleanedCount?: number;
+  [key: string]: unknown;
+}
 
-/** Arguments of `process.logs`: a process's retained output. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ProcessLogsArgs = Record<string, never>;
+/** Arguments of `process.logs`: a process's retained output. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface ProcessLogsArgs {
+  /** the process */
+  processId: string;
+}
 
-/** Result of `process.logs`: TODO */
-export type ProcessLogsResult = Record<string, unknown>;
+/** Result of `process.logs`: the ring's content */
+export interface ProcessLogsResult {
+  /** retained stdout */
+  stdout?: string;
+  /** retained stderr */
+  stderr?: string;
+  /** older output was dropped */
+  truncated?: boolean;
+  /** the process's status */
+  status?: string;
+  [key: string]: unknown;
+}
 
-/** Arguments of `process.waitForLog`: wait for a line matching a string or regex. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ProcessWaitForLogArgs = Record<string, never>;
+/** Arguments of `process.waitForLog`: wait for a line matching a string or regex. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface ProcessWaitForLogArgs {
+  /** the process */
+  processId: string;
+  /** the text (or regex) to find in a line */
+  pattern?: string;
+  /** pattern is a POSIX extended regex [default false] */
+  regex?: boolean;
+  /** give up after this long (milliseconds) [0 … 86400000] */
+  timeout?: number;
+}
 
-/** Result of `process.waitForLog`: TODO */
-export type ProcessWaitForLogResult = Record<string, unknown>;
+/** Result of `process.waitForLog`: the first matching line */
+export interface ProcessWaitForLogResult {
+  /** the line */
+  line?: string;
+  /** regex groups */
+  match?: string[];
+  [key: string]: unknown;
+}
 
-/** Arguments of `process.waitForPort`: wait until a port answers (HTTP or TCP). Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ProcessWaitForPortArgs = Record<string, never>;
+/** Arguments of `process.waitForPort`: wait until a port answers (HTTP or TCP). Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface ProcessWaitForPortArgs {
+  /** the process */
+  processId: string;
+  /** the port to probe */
+  port?: number;
+  /** http or tcp [default "http"] */
+  mode?: string;
+  /** the HTTP path to probe [default "/"] */
+  path?: string;
+  /** the HTTP status expected */
+  status?: number;
+  /** lowest HTTP status accepted [default 200] */
+  statusMin?: number;
+  /** highest HTTP status accepted [default 399] */
+  statusMax?: number;
+  /** time between probes (milliseconds) [0 … 86400000; default 500] */
+  interval?: number;
+  /** give up after this long (milliseconds) [0 … 86400000] */
+  timeout?: number;
+}
 
-/** Result of `process.waitForPort`: TODO */
-export type ProcessWaitForPortResult = Record<string, unknown>;
+/** Result of `process.waitForPort`: once the port answers */
+export interface ProcessWaitForPortResult {
+  /** true */
+  ready?: boolean;
+  /** the port */
+  port?: number;
+  /** the HTTP status (http mode) */
+  statusCode?: number;
+  [key: string]: unknown;
+}
 
-/** Arguments of `process.waitForExit`: wait for a process to end. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ProcessWaitForExitArgs = Record<string, never>;
+/** Arguments of `process.waitForExit`: wait for a process to end. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+export interface ProcessWaitForExitArgs {
+  /** the process */
+  processId: string;
+  /** give up after this long (milliseconds) [0 … 86400000] */
+  timeout?: number;
+}
 
-/** Result of `process.waitForExit`: TODO */
-export type ProcessWaitForExitResult = Record<string, unknown>;
+/** Result of `process.waitForExit`: once it ended */
+export interface ProcessWaitForExitResult {
+  /** its exit code */
+  exitCode?: number;
+  /** its final status */
+  status?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `file.write`: write a file (utf-8 or base64). Runs in the agent; flags: sandbox. */
-export type FileWriteArgs = Record<string, never>;
+export interface FileWriteArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+  /** the file's content (utf-8 text or base64, per encoding) */
+  content: string;
+  /** utf-8 or base64 [default "utf-8"] */
+  encoding?: string;
+  /** add to the end instead of replacing [default false] */
+  append?: boolean;
+}
 
-/** Result of `file.write`: TODO */
-export type FileWriteResult = Record<string, unknown>;
+/** Result of `file.write`: what was done */
+export interface FileWriteResult {
+  /** true */
+  success?: boolean;
+  /** the path */
+  path?: string;
+  /** bytes written (bytes) */
+  bytesWritten?: number;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
 
-/** Arguments of `file.read`: read a file (text or base64, MIME type detected). Runs in the agent; flags: sandbox. */
-export type FileReadArgs = Record<string, never>;
+/** Arguments of `file.read`: read a file (text or base64, MIME type detected). Runs in the agent; flags: sandbox, readonly. */
+export interface FileReadArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+  /** force utf-8 or base64 */
+  encoding?: string;
+}
 
-/** Result of `file.read`: TODO */
-export type FileReadResult = Record<string, unknown>;
+/** Result of `file.read`: the file */
+export interface FileReadResult {
+  /** true */
+  success?: boolean;
+  /** the path */
+  path?: string;
+  /** text, or base64 of the bytes */
+  content?: string;
+  /** how content is encoded */
+  encoding?: 'utf-8' | 'base64';
+  /** not valid UTF-8, or has NUL */
+  isBinary?: boolean;
+  /** from its first bytes or extension */
+  mimeType?: string;
+  /** its size (bytes) */
+  size?: number;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `file.readStream`: read a file as a stream of chunks. Runs in the agent; flags: sandbox, stream. */
-export type FileReadStreamArgs = Record<string, never>;
-
-/** Result of `file.readStream`: TODO */
-export type FileReadStreamResult = Record<string, unknown>;
+export interface FileReadStreamArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+}
 
 /** Arguments of `file.mkdir`: create a directory. Runs in the agent; flags: sandbox. */
-export type FileMkdirArgs = Record<string, never>;
+export interface FileMkdirArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+  /** create parents too [default false] */
+  recursive?: boolean;
+}
 
-/** Result of `file.mkdir`: TODO */
-export type FileMkdirResult = Record<string, unknown>;
+/** Result of `file.mkdir`: what was done */
+export interface FileMkdirResult {
+  /** true */
+  success?: boolean;
+  /** the path */
+  path?: string;
+  /** bytes written (bytes) */
+  bytesWritten?: number;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `file.delete`: delete a file (not a directory). Runs in the agent; flags: sandbox. */
-export type FileDeleteArgs = Record<string, never>;
+export interface FileDeleteArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+}
 
-/** Result of `file.delete`: TODO */
-export type FileDeleteResult = Record<string, unknown>;
+/** Result of `file.delete`: what was done */
+export interface FileDeleteResult {
+  /** true */
+  success?: boolean;
+  /** the path */
+  path?: string;
+  /** bytes written (bytes) */
+  bytesWritten?: number;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `file.rename`: rename a file or directory. Runs in the agent; flags: sandbox. */
-export type FileRenameArgs = Record<string, never>;
+export interface FileRenameArgs {
+  /** the current path */
+  oldPath: string;
+  /** the new path */
+  newPath: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+}
 
-/** Result of `file.rename`: TODO */
-export type FileRenameResult = Record<string, unknown>;
+/** Result of `file.rename`: {success, path, newPath} */
+export interface FileRenameResult {
+  /** true */
+  success?: boolean;
+  /** the old path */
+  path?: string;
+  /** the new path */
+  newPath?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `file.move`: move a file or directory. Runs in the agent; flags: sandbox. */
-export type FileMoveArgs = Record<string, never>;
+export interface FileMoveArgs {
+  /** what to move */
+  sourcePath: string;
+  /** where (into an existing directory keeps the name) */
+  destinationPath: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+}
 
-/** Result of `file.move`: TODO */
-export type FileMoveResult = Record<string, unknown>;
+/** Result of `file.move`: {success, path, newPath} */
+export interface FileMoveResult {
+  /** true */
+  success?: boolean;
+  /** the old path */
+  path?: string;
+  /** the new path */
+  newPath?: string;
+  [key: string]: unknown;
+}
 
-/** Arguments of `file.list`: list a directory (optionally recursive). Runs in the agent; flags: sandbox. */
-export type FileListArgs = Record<string, never>;
+/** Arguments of `file.list`: list a directory (optionally recursive). Runs in the agent; flags: sandbox, readonly. */
+export interface FileListArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+  /** list subdirectories too [default false] */
+  recursive?: boolean;
+  /** list dot files [default false] */
+  includeHidden?: boolean;
+  /** {recursive, includeHidden} (the SDK's form) */
+  options?: Record<string, unknown>;
+}
 
-/** Result of `file.list`: TODO */
-export type FileListResult = Record<string, unknown>;
+/** Result of `file.list`: the entries */
+export interface FileListResult {
+  /** true */
+  success?: boolean;
+  /** the directory */
+  path?: string;
+  /** its entries */
+  files?: FileInfo[];
+  /** how many */
+  count?: number;
+  /** a bound was reached */
+  truncated?: boolean;
+  [key: string]: unknown;
+}
 
-/** Arguments of `file.exists`: whether a path exists. Runs in the agent; flags: sandbox. */
-export type FileExistsArgs = Record<string, never>;
+/** Arguments of `file.exists`: whether a path exists. Runs in the agent; flags: sandbox, readonly. */
+export interface FileExistsArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+}
 
-/** Result of `file.exists`: TODO */
-export type FileExistsResult = Record<string, unknown>;
+/** Result of `file.exists`: {success, path, exists} */
+export interface FileExistsResult {
+  /** true */
+  success?: boolean;
+  /** the path */
+  path?: string;
+  /** whether it exists */
+  exists?: boolean;
+  [key: string]: unknown;
+}
 
 /** Arguments of `file.watch`: watch a directory; changes come as stream events. Runs in the agent; flags: sandbox, stream. */
-export type FileWatchArgs = Record<string, never>;
+export interface FileWatchArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+  /** watch subdirectories too [default true] */
+  recursive?: boolean;
+  /** only these */
+  include?: string[];
+  /** not these (default .git, node_modules, .DS_Store) */
+  exclude?: string[];
+}
 
-/** Result of `file.watch`: TODO */
-export type FileWatchResult = Record<string, unknown>;
+/** Result of `file.watch`: once the watch is in place */
+export interface FileWatchResult {
+  /** its stream (events watching, event, stopped) */
+  streamId?: string;
+  /** the watch */
+  watchId?: string;
+  /** the directory */
+  path?: string;
+  /** directories watched */
+  directories?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `git.checkout`: clone a git repository into the sandbox. Runs in the agent; flags: sandbox. */
-export type GitCheckoutArgs = Record<string, never>;
+export interface GitCheckoutArgs {
+  /** https, http, git, ssh, file or user@host:path (≤ 2048 bytes) */
+  repoUrl: string;
+  /** the branch to check out */
+  branch?: string;
+  /** default /workspace/<repository name> */
+  targetDir?: string;
+  /** a shallow clone's depth */
+  depth?: number;
+  /** give up after this long (milliseconds) [0 … 86400000; default 600000] */
+  cloneTimeoutMs?: number;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+}
 
-/** Result of `git.checkout`: TODO */
-export type GitCheckoutResult = Record<string, unknown>;
+/** Result of `git.checkout`: the checkout */
+export interface GitCheckoutResult {
+  /** true */
+  success?: boolean;
+  /** the URL */
+  repoUrl?: string;
+  /** the branch checked out */
+  branch?: string;
+  /** where */
+  targetDir?: string;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `context.create`: create a Python, JavaScript or TypeScript code context. Runs in the agent; flags: sandbox. */
-export type ContextCreateArgs = Record<string, never>;
+export interface ContextCreateArgs {
+  /** python, javascript, typescript (aliases python3, js, node, ts) [default "python"] */
+  language?: string;
+  /** its working directory [default "/workspace"] */
+  cwd?: string;
+  /** its environment (null unsets) */
+  envVars?: Env;
+}
 
-/** Result of `context.create`: TODO */
-export type ContextCreateResult = Record<string, unknown>;
+/** Result of `context.create`: {success, contextId, context} */
+export interface ContextCreateResult {
+  /** true */
+  success?: boolean;
+  /** its ID */
+  contextId?: string;
+  /** the context */
+  context?: ContextInfo;
+  [key: string]: unknown;
+}
 
 /** Arguments of `context.run`: run code in a context (or the language's default one). Runs in the agent; flags: sandbox. */
-export type ContextRunArgs = Record<string, never>;
+export interface ContextRunArgs {
+  /** the code to run */
+  code: string;
+  /** a context ID; or language for its default context */
+  context?: string;
+  /** run in default-<language>, created on first use */
+  language?: string;
+  /** stop the cell after this long (milliseconds) [0 … 86400000; default 60000] */
+  timeout?: number;
+}
 
-/** Result of `context.run`: TODO */
-export type ContextRunResult = Record<string, unknown>;
+/** Result of `context.run`: the cell's outputs */
+export interface ContextRunResult {
+  /** the context */
+  contextId?: string;
+  /** its language */
+  language?: string;
+  /** cells run so far */
+  executionCount?: number;
+  /** rich outputs */
+  results?: RichResult[];
+  /** printed text */
+  logs?: {
+    /** stdout */
+    stdout?: string[];
+    /** stderr */
+    stderr?: string[];
+  };
+  /** the exception, if any */
+  error?: {
+    /** its class */
+    name?: string;
+    /** its message */
+    value?: string;
+    /** its traceback */
+    traceback?: string[];
+    [key: string]: unknown;
+  };
+  /** stdout beyond the cap dropped */
+  stdoutTruncated?: boolean;
+  /** stderr beyond the cap dropped */
+  stderrTruncated?: boolean;
+  /** stdout produced (bytes) */
+  stdoutBytes?: number;
+  /** stderr produced (bytes) */
+  stderrBytes?: number;
+  /** results beyond the cap dropped */
+  resultsTruncated?: boolean;
+  /** the timeout fired */
+  timedOut?: boolean;
+  /** run time (milliseconds) */
+  duration?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `context.runStream`: run code; outputs come as stream events as produced. Runs in the agent; flags: sandbox, stream. */
-export type ContextRunStreamArgs = Record<string, never>;
+export interface ContextRunStreamArgs {
+  /** the code to run */
+  code: string;
+  /** a context ID; or language for its default context */
+  context?: string;
+  /** run in default-<language>, created on first use */
+  language?: string;
+  /** stop the cell after this long (milliseconds) [0 … 86400000; default 60000] */
+  timeout?: number;
+}
 
-/** Result of `context.runStream`: TODO */
-export type ContextRunStreamResult = Record<string, unknown>;
+/** Result of `context.runStream`: {streamId, contextId} */
+export interface ContextRunStreamResult {
+  /** its stream */
+  streamId?: string;
+  /** the context */
+  contextId?: string;
+  [key: string]: unknown;
+}
 
-/** Arguments of `context.list`: the code contexts of the sandbox. Runs in the agent; flags: sandbox, nocreate. */
+/** Arguments of `context.list`: the code contexts of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
 export type ContextListArgs = Record<string, never>;
 
-/** Result of `context.list`: TODO */
-export type ContextListResult = Record<string, unknown>;
+/** Result of `context.list`: {contexts} */
+export interface ContextListResult {
+  /** every context */
+  contexts?: ContextInfo[];
+  [key: string]: unknown;
+}
 
 /** Arguments of `context.delete`: delete a code context. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type ContextDeleteArgs = Record<string, never>;
+export interface ContextDeleteArgs {
+  /** the context */
+  contextId: string;
+}
 
-/** Result of `context.delete`: TODO */
-export type ContextDeleteResult = Record<string, unknown>;
+/** Result of `context.delete`: {success, contextId} */
+export interface ContextDeleteResult {
+  /** true */
+  success?: boolean;
+  /** the context */
+  contextId?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `terminal.open`: open (or join) the pseudo-terminal of a session; its output is stream pty:<session>. Runs in the agent; flags: sandbox. */
-export type TerminalOpenArgs = Record<string, never>;
+export interface TerminalOpenArgs {
+  /** the session whose terminal (default 'default') */
+  sessionId?: string;
+  /** the shell to run */
+  shell?: string;
+  /** columns */
+  cols?: number;
+  /** rows */
+  rows?: number;
+}
 
-/** Result of `terminal.open`: TODO */
-export type TerminalOpenResult = Record<string, unknown>;
+/** Result of `terminal.open`: {streamId: pty:<session>, …} */
+export interface TerminalOpenResult {
+  /** pty:<session> */
+  streamId?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `terminal.write`: type bytes into a terminal. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type TerminalWriteArgs = Record<string, never>;
+export interface TerminalWriteArgs {
+  /** the session */
+  sessionId?: string;
+  /** bytes typed */
+  data: string;
+  /** base64: data is base64 */
+  encoding?: string;
+}
 
-/** Result of `terminal.write`: TODO */
+/** Result of `terminal.write`: {success} */
 export type TerminalWriteResult = Record<string, unknown>;
 
 /** Arguments of `terminal.resize`: set a terminal's size. Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type TerminalResizeArgs = Record<string, never>;
+export interface TerminalResizeArgs {
+  /** the session */
+  sessionId?: string;
+  /** columns */
+  cols: number;
+  /** rows */
+  rows: number;
+}
 
-/** Result of `terminal.resize`: TODO */
+/** Result of `terminal.resize`: {success} */
 export type TerminalResizeResult = Record<string, unknown>;
 
 /** Arguments of `terminal.close`: end a terminal's shell (every viewer sees it exit). Runs in the agent; flags: sandbox, nocreate, nowake. */
-export type TerminalCloseArgs = Record<string, never>;
+export interface TerminalCloseArgs {
+  /** the session */
+  sessionId?: string;
+}
 
-/** Result of `terminal.close`: TODO */
+/** Result of `terminal.close`: {success} */
 export type TerminalCloseResult = Record<string, unknown>;
 
 /** Arguments of `port.expose`: expose a port of the sandbox at a preview URL. Runs in the shard; flags: sandbox, mutates. */
-export type PortExposeArgs = Record<string, never>;
+export interface PortExposeArgs {
+  /** the port, 1024-65535 */
+  port?: number;
+  /** a name for it (≤ 128 bytes) */
+  name?: string;
+  /** the preview host (and :port); default the shard's --preview-domain */
+  hostname?: string;
+}
 
-/** Result of `port.expose`: TODO */
-export type PortExposeResult = Record<string, unknown>;
+/** Result of `port.expose`: the preview URL */
+export interface PortExposeResult {
+  /** the port */
+  port?: number;
+  /** its name */
+  name?: string;
+  /** its token */
+  token?: string;
+  /** the preview URL */
+  url?: string;
+  [key: string]: unknown;
+}
 
 /** Arguments of `port.unexpose`: withdraw a port's preview URL. Runs in the shard; flags: sandbox, nocreate, nowake, mutates. */
-export type PortUnexposeArgs = Record<string, never>;
+export interface PortUnexposeArgs {
+  /** the port */
+  port?: number;
+}
 
-/** Result of `port.unexpose`: TODO */
+/** Result of `port.unexpose`: {success, port} */
 export type PortUnexposeResult = Record<string, unknown>;
 
 /** Arguments of `port.list`: the ports exposed for the current container. Runs in the shard; flags: sandbox, nocreate, nowake. */
-export type PortListArgs = Record<string, never>;
+export interface PortListArgs {
+  /** the preview host for the URLs */
+  hostname?: string;
+}
 
-/** Result of `port.list`: TODO */
+/** Result of `port.list`: {ports: [{port, name, url, …}]} */
 export type PortListResult = Record<string, unknown>;
 
 /** Arguments of `ping`: start the sandbox if needed and check its agent. Runs in the agent; flags: sandbox. */
 export type PingArgs = Record<string, never>;
 
-/** Result of `ping`: TODO */
-export type PingResult = Record<string, unknown>;
+/** Result of `ping`: {pid, bound} */
+export interface PingResult {
+  /** the agent's pid */
+  pid?: number;
+  /** bound to this sandbox */
+  bound?: boolean;
+  [key: string]: unknown;
+}
 
 /** Arguments of `env.set`: set or unset sandbox environment variables. Runs in the shard; flags: sandbox, mutates. */
-export type EnvSetArgs = Record<string, never>;
+export interface EnvSetArgs {
+  /** names (1-256 bytes without '=') -> values (no NUL) or null to unset */
+  vars: Env;
+}
 
-/** Result of `env.set`: TODO */
-export type EnvSetResult = Record<string, unknown>;
+/** Result of `env.set`: {success} */
+export interface EnvSetResult {
+  /** true */
+  success?: boolean;
+  [key: string]: unknown;
+}
 
 /** Arguments of `sandbox.configure`: set sleepAfter and keepAlive. Runs in the shard; flags: sandbox, mutates. */
-export type SandboxConfigureArgs = Record<string, never>;
+export interface SandboxConfigureArgs {
+  /** "30s", "10m", "1h" or seconds; 1 s .. 365 d (a duration: "30s", "10m", "1h", or a number of seconds) */
+  sleepAfter?: string | number | number;
+  /** never stop the container for idleness */
+  keepAlive?: boolean;
+}
 
-/** Result of `sandbox.configure`: TODO */
-export type SandboxConfigureResult = Record<string, unknown>;
+/** Result of `sandbox.configure`: the settings now */
+export interface SandboxConfigureResult {
+  /** true */
+  success?: boolean;
+  /** idle time before the container stops (milliseconds) */
+  sleepAfter?: number;
+  /** keep-alive */
+  keepAlive?: boolean;
+  [key: string]: unknown;
+}
+
+/** Arguments of `sandbox.labels`: read or replace the sandbox's labels (the SDK's setLabels). Runs in the shard; flags: sandbox, mutates. */
+export interface SandboxLabelsArgs {
+  /** the new labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
+  labels?: Labels;
+}
+
+/** Result of `sandbox.labels`: the sandbox's labels now */
+export interface SandboxLabelsResult {
+  /** key -> value */
+  labels: Labels;
+  [key: string]: unknown;
+}
 
 /** Arguments of `create`: create the sandbox now (it is also created by its first operation). Runs in the shard; flags: sandbox, mutates. */
-export type CreateArgs = Record<string, never>;
+export interface CreateArgs {
+  /** resource limits (default the shard's) */
+  limits?: {
+    /** memory limit (bytes) [16777216 … 1099511627776] */
+    memory?: number;
+    /** most processes [16 … 1048576] */
+    pids?: number;
+    /** CPU in millicpus [10 … 1024000] */
+    cpu?: number;
+  };
+}
 
-/** Result of `create`: TODO */
+/** Result of `create`: the sandbox's status (as status) */
 export type CreateResult = Record<string, unknown>;
 
 /** Arguments of `destroy`: stop the sandbox's container and delete its metadata. Runs in the shard; flags: sandbox, nocreate, nowake, mutates. */
 export type DestroyArgs = Record<string, never>;
 
-/** Result of `destroy`: TODO */
-export type DestroyResult = Record<string, unknown>;
+/** Result of `destroy`: {success, destroyed} */
+export interface DestroyResult {
+  /** true */
+  success?: boolean;
+  /** it existed */
+  destroyed?: boolean;
+  [key: string]: unknown;
+}
 
 /** Arguments of `status`: state, limits and resource use of a sandbox. Runs in the shard; flags: sandbox, nocreate, nowake. */
 export type StatusArgs = Record<string, never>;
 
-/** Result of `status`: TODO */
+/** Result of `status`: state, limits and resource use (docs/protocol.md status) */
 export type StatusResult = Record<string, unknown>;
 
 /** Arguments of `list`: all sandboxes of the deployment. Runs in the gateway; flags: global. */
 export type ListArgs = Record<string, never>;
 
-/** Result of `list`: TODO */
+/** Result of `list`: {sandboxes: [...]}, merged from every shard */
 export type ListResult = Record<string, unknown>;
 
 /** Arguments of `cluster.status`: gateway and shard health. Runs in the gateway; flags: global. */
 export type ClusterStatusArgs = Record<string, never>;
 
-/** Result of `cluster.status`: TODO */
+/** Result of `cluster.status`: gateway and shard health */
 export type ClusterStatusResult = Record<string, unknown>;
 
 /** Arguments of `cluster.drain`: drain a shard (its partitions move to the others) or end a drain. Runs in the gateway; flags: global, mutates. */
-export type ClusterDrainArgs = Record<string, never>;
+export interface ClusterDrainArgs {
+  /** the node to drain */
+  shard: string;
+  /** false ends the drain [default true] */
+  drain?: boolean;
+}
 
-/** Result of `cluster.drain`: TODO */
+/** Result of `cluster.drain`: the node's state */
 export type ClusterDrainResult = Record<string, unknown>;
 
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
-  'exec.stream': { args: ExecStreamArgs; result: ExecStreamResult };
+  'exec.stream': { args: ExecStreamArgs; result: StreamStart };
   'stream.read': { args: StreamReadArgs; result: StreamReadResult };
   'stream.cancel': { args: StreamCancelArgs; result: StreamCancelResult };
   'session.create': { args: SessionCreateArgs; result: SessionCreateResult };
@@ -461,7 +1265,7 @@ export interface Ops {
   'process.waitForExit': { args: ProcessWaitForExitArgs; result: ProcessWaitForExitResult };
   'file.write': { args: FileWriteArgs; result: FileWriteResult };
   'file.read': { args: FileReadArgs; result: FileReadResult };
-  'file.readStream': { args: FileReadStreamArgs; result: FileReadStreamResult };
+  'file.readStream': { args: FileReadStreamArgs; result: StreamStart };
   'file.mkdir': { args: FileMkdirArgs; result: FileMkdirResult };
   'file.delete': { args: FileDeleteArgs; result: FileDeleteResult };
   'file.rename': { args: FileRenameArgs; result: FileRenameResult };
@@ -485,6 +1289,7 @@ export interface Ops {
   'ping': { args: PingArgs; result: PingResult };
   'env.set': { args: EnvSetArgs; result: EnvSetResult };
   'sandbox.configure': { args: SandboxConfigureArgs; result: SandboxConfigureResult };
+  'sandbox.labels': { args: SandboxLabelsArgs; result: SandboxLabelsResult };
   'create': { args: CreateArgs; result: CreateResult };
   'destroy': { args: DestroyArgs; result: DestroyResult };
   'status': { args: StatusArgs; result: StatusResult };
