@@ -18,8 +18,9 @@ status the op's codes map to (runtime/err.h), plus `default`. Stream ops
 also answer `text/event-stream` (with `Accept: text/event-stream`).
 
 The schema → JSON Schema mapping (json_schema()) is shared by the other
-back-ends' tests; field `additional: false` becomes `additionalProperties:
-false` in results only: the server ignores unknown arguments (docs/schema.md).
+back-ends; a result object's `additional` becomes its `additionalProperties`
+(false unless the schema allows unlisted members); request objects leave it
+open, as the server ignores unknown arguments (docs/schema.md).
 """
 import json
 
@@ -107,8 +108,10 @@ def json_schema(f, types, result):
             s['properties'] = props
         if req:
             s['required'] = req
-        if result and not f.get('additional'):
-            s['additionalProperties'] = False
+        if result:
+            # What the schema says: a closed shape, or one that may carry
+            # members it does not list (tests/openapi checks answers by it).
+            s['additionalProperties'] = bool(f.get('additional'))
     elif t == 'any':
         pass
     else:
@@ -174,6 +177,8 @@ def error_schema(sch):
             'context': {'type': 'object', 'description':
                         'details: sandboxId and operation where known, plus fields of the code'},
             'httpStatus': {'type': 'integer', 'description': 'the HTTP status of the answer'},
+            'operation': {'type': 'string', 'description':
+                          'the operation of the route, when the route is an operation\'s'},
         },
         'required': ['code', 'message', 'context', 'httpStatus'],
         'additionalProperties': False,

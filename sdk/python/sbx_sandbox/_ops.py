@@ -78,9 +78,7 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
 Env = Dict[str, Union[str, None]]
 
 
-class ExecResult(TypedDict, total=False):
-    """the outcome of a command (the SDK's ExecResult plus more)"""
-
+class _ExecResultRequired(TypedDict):
     success: bool
     """exitCode == 0 and not timed out"""
     exitCode: int
@@ -89,6 +87,15 @@ class ExecResult(TypedDict, total=False):
     """standard output, up to the output cap"""
     stderr: str
     """standard error, up to the output cap"""
+    duration: int
+    """run time measured in the sandbox (milliseconds)"""
+    timedOut: bool
+    """the timeout fired"""
+
+
+class ExecResult(_ExecResultRequired, total=False):
+    """the outcome of a command (the SDK's ExecResult plus more)"""
+
     stdoutTruncated: bool
     """output beyond the cap was dropped"""
     stderrTruncated: bool
@@ -97,10 +104,6 @@ class ExecResult(TypedDict, total=False):
     """bytes produced on stdout, kept or not (bytes)"""
     stderrBytes: int
     """bytes produced on stderr, kept or not (bytes)"""
-    duration: int
-    """run time measured in the sandbox (milliseconds)"""
-    timedOut: bool
-    """the timeout fired"""
     deadlineExceeded: bool
     """present (true) when the request's deadline stopped it"""
     signal: int
@@ -462,6 +465,8 @@ ProcessListArgs = Dict[str, Any]
 class ProcessListResult(TypedDict, total=False):
     """Result of ``process.list``: {processes}"""
 
+    success: bool
+    """true"""
     processes: List['ProcessInfo']
     """all (the last 256 finished kept)"""
 
@@ -476,6 +481,8 @@ class ProcessGetArgs(TypedDict):
 class ProcessGetResult(TypedDict, total=False):
     """Result of ``process.get``: {process}"""
 
+    success: bool
+    """true"""
     process: 'ProcessInfo'
     """the process"""
 
@@ -490,6 +497,8 @@ class ProcessKillArgs(TypedDict):
 class ProcessKillResult(TypedDict, total=False):
     """Result of ``process.kill``: answered once it ended"""
 
+    success: bool
+    """true"""
     processId: str
     """the process"""
     exitCode: int
@@ -521,6 +530,10 @@ class ProcessLogsArgs(TypedDict):
 class ProcessLogsResult(TypedDict, total=False):
     """Result of ``process.logs``: the ring's content"""
 
+    success: bool
+    """true"""
+    processId: str
+    """the process"""
     stdout: str
     """retained stdout"""
     stderr: str
@@ -632,13 +645,16 @@ class FileWriteArgs(_FileWriteArgsRequired, total=False):
     """add to the end instead of replacing [default false]"""
 
 
-class FileWriteResult(TypedDict, total=False):
-    """Result of ``file.write``: what was done"""
-
+class _FileWriteResultRequired(TypedDict):
     success: bool
     """true"""
     path: str
     """the path"""
+
+
+class FileWriteResult(_FileWriteResultRequired, total=False):
+    """Result of ``file.write``: what was done"""
+
     bytesWritten: int
     """bytes written (bytes)"""
     timestamp: str
@@ -659,7 +675,7 @@ class FileReadArgs(_FileReadArgsRequired, total=False):
     """force utf-8 or base64"""
 
 
-class FileReadResult(TypedDict, total=False):
+class FileReadResult(TypedDict):
     """Result of ``file.read``: the file"""
 
     success: bool
@@ -706,13 +722,16 @@ class FileMkdirArgs(_FileMkdirArgsRequired, total=False):
     """create parents too [default false]"""
 
 
-class FileMkdirResult(TypedDict, total=False):
-    """Result of ``file.mkdir``: what was done"""
-
+class _FileMkdirResultRequired(TypedDict):
     success: bool
     """true"""
     path: str
     """the path"""
+
+
+class FileMkdirResult(_FileMkdirResultRequired, total=False):
+    """Result of ``file.mkdir``: what was done"""
+
     bytesWritten: int
     """bytes written (bytes)"""
     timestamp: str
@@ -731,13 +750,16 @@ class FileDeleteArgs(_FileDeleteArgsRequired, total=False):
     """the session whose cwd resolves a relative path"""
 
 
-class FileDeleteResult(TypedDict, total=False):
-    """Result of ``file.delete``: what was done"""
-
+class _FileDeleteResultRequired(TypedDict):
     success: bool
     """true"""
     path: str
     """the path"""
+
+
+class FileDeleteResult(_FileDeleteResultRequired, total=False):
+    """Result of ``file.delete``: what was done"""
+
     bytesWritten: int
     """bytes written (bytes)"""
     timestamp: str
@@ -825,6 +847,8 @@ class FileListResult(TypedDict, total=False):
     """how many"""
     truncated: bool
     """a bound was reached"""
+    timestamp: str
+    """ISO 8601"""
 
 
 class _FileExistsArgsRequired(TypedDict):
@@ -848,6 +872,8 @@ class FileExistsResult(TypedDict, total=False):
     """the path"""
     exists: bool
     """whether it exists"""
+    timestamp: str
+    """ISO 8601"""
 
 
 class _FileWatchArgsRequired(TypedDict):
@@ -1037,6 +1063,8 @@ ContextListArgs = Dict[str, Any]
 class ContextListResult(TypedDict, total=False):
     """Result of ``context.list``: {contexts}"""
 
+    success: bool
+    """true"""
     contexts: List['ContextInfo']
     """every context"""
 
@@ -1138,6 +1166,8 @@ class PortExposeArgs(TypedDict, total=False):
 class PortExposeResult(TypedDict, total=False):
     """Result of ``port.expose``: the preview URL"""
 
+    success: bool
+    """true"""
     port: int
     """the port"""
     name: str

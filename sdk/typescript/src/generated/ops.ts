@@ -152,13 +152,13 @@ export type Env = Record<string, string | null>;
 /** the outcome of a command (the SDK's ExecResult plus more) */
 export interface ExecResult {
   /** exitCode == 0 and not timed out */
-  success?: boolean;
+  success: boolean;
   /** exit status; 124 after a timeout; 128+N when killed by signal N */
-  exitCode?: number;
+  exitCode: number;
   /** standard output, up to the output cap */
-  stdout?: string;
+  stdout: string;
   /** standard error, up to the output cap */
-  stderr?: string;
+  stderr: string;
   /** output beyond the cap was dropped */
   stdoutTruncated?: boolean;
   /** output beyond the cap was dropped */
@@ -168,9 +168,9 @@ export interface ExecResult {
   /** bytes produced on stderr, kept or not (bytes) */
   stderrBytes?: number;
   /** run time measured in the sandbox (milliseconds) */
-  duration?: number;
+  duration: number;
   /** the timeout fired */
-  timedOut?: boolean;
+  timedOut: boolean;
   /** present (true) when the request's deadline stopped it */
   deadlineExceeded?: boolean;
   /** present when a signal ended the command */
@@ -517,6 +517,8 @@ export type ProcessListArgs = Record<string, never>;
 
 /** Result of `process.list`: {processes} */
 export interface ProcessListResult {
+  /** true */
+  success?: boolean;
   /** all (the last 256 finished kept) */
   processes?: ProcessInfo[];
   [key: string]: unknown;
@@ -530,6 +532,8 @@ export interface ProcessGetArgs {
 
 /** Result of `process.get`: {process} */
 export interface ProcessGetResult {
+  /** true */
+  success?: boolean;
   /** the process */
   process?: ProcessInfo;
   [key: string]: unknown;
@@ -543,6 +547,8 @@ export interface ProcessKillArgs {
 
 /** Result of `process.kill`: answered once it ended */
 export interface ProcessKillResult {
+  /** true */
+  success?: boolean;
   /** the process */
   processId?: string;
   /** 143 or 137 */
@@ -572,6 +578,10 @@ export interface ProcessLogsArgs {
 
 /** Result of `process.logs`: the ring's content */
 export interface ProcessLogsResult {
+  /** true */
+  success?: boolean;
+  /** the process */
+  processId?: string;
   /** retained stdout */
   stdout?: string;
   /** retained stderr */
@@ -671,9 +681,9 @@ export interface FileWriteArgs {
 /** Result of `file.write`: what was done */
 export interface FileWriteResult {
   /** true */
-  success?: boolean;
+  success: boolean;
   /** the path */
-  path?: string;
+  path: string;
   /** bytes written (bytes) */
   bytesWritten?: number;
   /** ISO 8601 */
@@ -694,21 +704,21 @@ export interface FileReadArgs {
 /** Result of `file.read`: the file */
 export interface FileReadResult {
   /** true */
-  success?: boolean;
+  success: boolean;
   /** the path */
-  path?: string;
+  path: string;
   /** text, or base64 of the bytes */
-  content?: string;
+  content: string;
   /** how content is encoded */
-  encoding?: 'utf-8' | 'base64';
+  encoding: 'utf-8' | 'base64';
   /** not valid UTF-8, or has NUL */
-  isBinary?: boolean;
+  isBinary: boolean;
   /** from its first bytes or extension */
-  mimeType?: string;
+  mimeType: string;
   /** its size (bytes) */
-  size?: number;
+  size: number;
   /** ISO 8601 */
-  timestamp?: string;
+  timestamp: string;
   [key: string]: unknown;
 }
 
@@ -733,9 +743,9 @@ export interface FileMkdirArgs {
 /** Result of `file.mkdir`: what was done */
 export interface FileMkdirResult {
   /** true */
-  success?: boolean;
+  success: boolean;
   /** the path */
-  path?: string;
+  path: string;
   /** bytes written (bytes) */
   bytesWritten?: number;
   /** ISO 8601 */
@@ -754,9 +764,9 @@ export interface FileDeleteArgs {
 /** Result of `file.delete`: what was done */
 export interface FileDeleteResult {
   /** true */
-  success?: boolean;
+  success: boolean;
   /** the path */
-  path?: string;
+  path: string;
   /** bytes written (bytes) */
   bytesWritten?: number;
   /** ISO 8601 */
@@ -832,6 +842,8 @@ export interface FileListResult {
   count?: number;
   /** a bound was reached */
   truncated?: boolean;
+  /** ISO 8601 */
+  timestamp?: string;
   [key: string]: unknown;
 }
 
@@ -851,6 +863,8 @@ export interface FileExistsResult {
   path?: string;
   /** whether it exists */
   exists?: boolean;
+  /** ISO 8601 */
+  timestamp?: string;
   [key: string]: unknown;
 }
 
@@ -1015,6 +1029,8 @@ export type ContextListArgs = Record<string, never>;
 
 /** Result of `context.list`: {contexts} */
 export interface ContextListResult {
+  /** true */
+  success?: boolean;
   /** every context */
   contexts?: ContextInfo[];
   [key: string]: unknown;
@@ -1101,6 +1117,8 @@ export interface PortExposeArgs {
 
 /** Result of `port.expose`: the preview URL */
 export interface PortExposeResult {
+  /** true */
+  success?: boolean;
   /** the port */
   port?: number;
   /** its name */
