@@ -136,9 +136,7 @@ class StreamEvent(TypedDict, total=False):
     """ISO 8601"""
 
 
-class SessionInfo(TypedDict, total=False):
-    """a session: one persistent bash"""
-
+class _SessionInfoRequired(TypedDict):
     id: str
     """session ID"""
     cwd: str
@@ -149,27 +147,35 @@ class SessionInfo(TypedDict, total=False):
     """a command is running"""
     queued: int
     """commands waiting"""
+
+
+class SessionInfo(_SessionInfoRequired, total=False):
+    """a session: one persistent bash"""
+
     commandTimeoutMs: int
     """default timeout of its commands (milliseconds)"""
 
 
-class ProcessInfo(TypedDict, total=False):
-    """a background process"""
-
+class _ProcessInfoRequired(TypedDict):
     id: str
     """process ID"""
-    pid: int
-    """its pid in the sandbox"""
     command: str
     """the command, up to its first 4 KiB"""
-    commandTruncated: bool
-    """command was cut"""
-    commandBytes: int
-    """the whole command's length when cut (bytes)"""
     status: str
     """its state"""
     startTime: str
     """ISO 8601"""
+
+
+class ProcessInfo(_ProcessInfoRequired, total=False):
+    """a background process"""
+
+    pid: int
+    """its pid in the sandbox"""
+    commandTruncated: bool
+    """command was cut"""
+    commandBytes: int
+    """the whole command's length when cut (bytes)"""
     endTime: str
     """ISO 8601, once ended"""
     exitCode: int
@@ -182,7 +188,7 @@ class ProcessInfo(TypedDict, total=False):
     """the session it started in"""
 
 
-class FileInfoPermissions(TypedDict, total=False):
+class FileInfoPermissions(TypedDict):
     """what the sandbox user may do"""
 
     readable: bool
@@ -193,7 +199,7 @@ class FileInfoPermissions(TypedDict, total=False):
     """may execute"""
 
 
-class FileInfo(TypedDict, total=False):
+class FileInfo(TypedDict):
     """an entry of file.list"""
 
     name: str
@@ -560,11 +566,14 @@ class ProcessWaitForLogArgs(_ProcessWaitForLogArgsRequired, total=False):
     """give up after this long (milliseconds) [0 … 86400000]"""
 
 
-class ProcessWaitForLogResult(TypedDict, total=False):
-    """Result of ``process.waitForLog``: the first matching line"""
-
+class _ProcessWaitForLogResultRequired(TypedDict):
     line: str
     """the line"""
+
+
+class ProcessWaitForLogResult(_ProcessWaitForLogResultRequired, total=False):
+    """Result of ``process.waitForLog``: the first matching line"""
+
     match: List[str]
     """regex groups"""
 
@@ -595,13 +604,16 @@ class ProcessWaitForPortArgs(_ProcessWaitForPortArgsRequired, total=False):
     """give up after this long (milliseconds) [0 … 86400000]"""
 
 
-class ProcessWaitForPortResult(TypedDict, total=False):
-    """Result of ``process.waitForPort``: once the port answers"""
-
+class _ProcessWaitForPortResultRequired(TypedDict):
     ready: bool
     """true"""
     port: int
     """the port"""
+
+
+class ProcessWaitForPortResult(_ProcessWaitForPortResultRequired, total=False):
+    """Result of ``process.waitForPort``: once the port answers"""
+
     statusCode: int
     """the HTTP status (http mode)"""
 

@@ -207,15 +207,15 @@ export interface StreamEvent {
 /** a session: one persistent bash */
 export interface SessionInfo {
   /** session ID */
-  id?: string;
+  id: string;
   /** its working directory */
-  cwd?: string;
+  cwd: string;
   /** its shell is alive */
-  shellRunning?: boolean;
+  shellRunning: boolean;
   /** a command is running */
-  busy?: boolean;
+  busy: boolean;
   /** commands waiting */
-  queued?: number;
+  queued: number;
   /** default timeout of its commands (milliseconds) */
   commandTimeoutMs?: number;
   [key: string]: unknown;
@@ -224,19 +224,19 @@ export interface SessionInfo {
 /** a background process */
 export interface ProcessInfo {
   /** process ID */
-  id?: string;
+  id: string;
   /** its pid in the sandbox */
   pid?: number;
   /** the command, up to its first 4 KiB */
-  command?: string;
+  command: string;
   /** command was cut */
   commandTruncated?: boolean;
   /** the whole command's length when cut (bytes) */
   commandBytes?: number;
   /** its state */
-  status?: 'starting' | 'running' | 'completed' | 'failed' | 'killed';
+  status: 'starting' | 'running' | 'completed' | 'failed' | 'killed';
   /** ISO 8601 */
-  startTime?: string;
+  startTime: string;
   /** ISO 8601, once ended */
   endTime?: string;
   /** once ended */
@@ -253,27 +253,27 @@ export interface ProcessInfo {
 /** an entry of file.list */
 export interface FileInfo {
   /** the entry's name */
-  name?: string;
+  name: string;
   /** its whole path */
-  absolutePath?: string;
+  absolutePath: string;
   /** relative to the listed directory */
-  relativePath?: string;
+  relativePath: string;
   /** its kind */
-  type?: 'file' | 'directory' | 'symlink' | 'other';
+  type: 'file' | 'directory' | 'symlink' | 'other';
   /** its size (bytes) */
-  size?: number;
+  size: number;
   /** ISO 8601 */
-  modifiedAt?: string;
+  modifiedAt: string;
   /** like rw-r--r-- */
-  mode?: string;
+  mode: string;
   /** what the sandbox user may do */
-  permissions?: {
+  permissions: {
     /** may read */
-    readable?: boolean;
+    readable: boolean;
     /** may write */
-    writable?: boolean;
+    writable: boolean;
     /** may execute */
-    executable?: boolean;
+    executable: boolean;
   };
   [key: string]: unknown;
 }
@@ -608,7 +608,7 @@ export interface ProcessWaitForLogArgs {
 /** Result of `process.waitForLog`: the first matching line */
 export interface ProcessWaitForLogResult {
   /** the line */
-  line?: string;
+  line: string;
   /** regex groups */
   match?: string[];
   [key: string]: unknown;
@@ -639,9 +639,9 @@ export interface ProcessWaitForPortArgs {
 /** Result of `process.waitForPort`: once the port answers */
 export interface ProcessWaitForPortResult {
   /** true */
-  ready?: boolean;
+  ready: boolean;
   /** the port */
-  port?: number;
+  port: number;
   /** the HTTP status (http mode) */
   statusCode?: number;
   [key: string]: unknown;
