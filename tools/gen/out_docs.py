@@ -45,7 +45,7 @@ def doc_type(f, types):
     if t in types:
         return t
     if t == 'enum':
-        return ' \\| '.join(f'`{v}`' for v in f['enum'])
+        return ' | '.join(f'`{v}`' for v in f['enum'])
     if t == 'array':
         return f"[{doc_type(f['items'], types)}]"
     if t == 'map':
