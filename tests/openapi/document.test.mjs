@@ -16,7 +16,8 @@ import addFormats from 'ajv-formats';
 
 import { repo } from './daemon.mjs';
 
-const docPath = path.join(repo, 'gateway/openapi.json');
+// SBX_OPENAPI_DOC: check another document (e.g. a deliberately wrong one, to see the test fail).
+const docPath = process.env.SBX_OPENAPI_DOC ?? path.join(repo, 'gateway/openapi.json');
 const doc = JSON.parse(readFileSync(docPath, 'utf8'));
 const base = process.env.SBX_TEST_URL;
 const DOC_ID = 'https://sbx.invalid/openapi.json';

@@ -269,7 +269,7 @@ def op_operation(op, method, route, canonical, sch):
     if op['doc']:
         desc.append(op['doc'])
     if not canonical:
-        desc.append(f"REST alias of POST {op['rest']['canonical']}.")
+        desc.append(f"REST alias of {op['rest']['canonical']}.")
     desc.append(f"Runs in the {op['layer']}"
                 + ('; changes durable state (answered after commit)' if 'mutates' in op['flags'] else '')
                 + ('; idempotent' if op['idempotent'] else '') + '. See docs/protocol.md §3.')
