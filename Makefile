@@ -193,8 +193,7 @@ FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
                runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/ops_gen.c \
                runtime/loop.c
-# (the agent's dispatch table names main.c's handlers: it goes with main.c)
-FUZZ_AGENT  := $(filter-out container/agent/main.c container/agent/ops_gen.c runtime/%,$(AGENT))
+FUZZ_AGENT  := $(filter-out container/agent/main.c runtime/%,$(AGENT))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))

@@ -191,6 +191,7 @@ static const struct sbx_arg args_port_expose[] = {
     {"port", SBX_ARG_INT, false, false, false, 0, 0, 0u, NULL, "an integer", NULL, SBX_E_INVALID_PORT},
     {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
     {"hostname", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
+    {"token", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
 };
 static const struct sbx_arg args_port_unexpose[] = {
     {"port", SBX_ARG_INT, false, false, false, 0, 0, 0u, NULL, "an integer", NULL, SBX_E_INVALID_PORT},
@@ -218,6 +219,11 @@ static const struct sbx_arg args_create[] = {
 static const struct sbx_arg args_cluster_drain[] = {
     {"shard", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
     {"drain", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+};
+static const struct sbx_arg args_partition_import[] = {
+    {"from", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
+    {"partitions", SBX_ARG_ARRAY, true, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
+    {"records", SBX_ARG_ARRAY, true, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
 };
 
 const struct sbx_op_def sbx_ops[] = {
@@ -524,7 +530,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "expose a port of the sandbox at a preview URL",
      .http = NULL,
      .args = args_port_expose,
-     .nargs = 3},
+     .nargs = 4},
     {.name = "port.unexpose",
      .id = SBX_OPID_PORT_UNEXPOSE,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_NOWAKE | SBX_OP_MUTATES,
@@ -635,7 +641,7 @@ const struct sbx_op_def sbx_ops[] = {
      .idle_code = 0,
      .summary = "handoff: the records of partitions moving to this shard (shard to shard)",
      .http = NULL,
-     .args = NULL,
-     .nargs = 0},
+     .args = args_partition_import,
+     .nargs = 3},
     {.name = NULL},
 };

@@ -266,6 +266,87 @@ class ContextInfo(TypedDict, total=False):
     """its interpreter's state"""
 
 
+class SandboxStatusLimits(TypedDict, total=False):
+    """its resource limits"""
+
+    memory: int
+    """memory limit (bytes)"""
+    pids: int
+    """most processes"""
+    cpu: int
+    """CPU in millicpus"""
+
+
+class SandboxStatusContainer(TypedDict, total=False):
+    """the running container, when there is one"""
+
+    pid: int
+    """its init's pid on the host"""
+    uid: int
+    """its user's uid on the host"""
+    startUs: int
+    """how long its start took (µs)"""
+    memoryBytes: int
+    """memory in use (cgroup) (bytes)"""
+    memoryPeakBytes: int
+    """peak memory (cgroup) (bytes)"""
+    pids: int
+    """processes now"""
+    cpuUsageUs: int
+    """CPU time used (µs)"""
+    oomKills: int
+    """OOM kills so far"""
+    pidsLimitHits: int
+    """forks refused by the pids limit"""
+
+
+class _SandboxStatusRequired(TypedDict):
+    id: str
+    """the sandbox ID"""
+    state: str
+    """its container's state"""
+
+
+class SandboxStatus(_SandboxStatusRequired, total=False):
+    """a sandbox as status, create and list describe it (list gives only id, state, createdAt, generation, shard for one not in memory)"""
+
+    createdAt: int
+    """creation time (ms since the epoch) (milliseconds)"""
+    generation: int
+    """containers started so far"""
+    restarts: int
+    """unexpected container ends"""
+    shard: str
+    """the shard that holds it"""
+    lastActivityAt: int
+    """last operation (ms since the epoch) (milliseconds)"""
+    limits: 'SandboxStatusLimits'
+    """its resource limits"""
+    sleepAfter: int
+    """idle time before the container stops (milliseconds)"""
+    keepAlive: bool
+    """never stopped for idleness"""
+    lastExit: str
+    """how the previous container ended, when it died"""
+    container: 'SandboxStatusContainer'
+    """the running container, when there is one"""
+
+
+class ExposedPort(TypedDict, total=False):
+    """a port exposed at a preview URL"""
+
+    url: str
+    """the preview URL"""
+    port: int
+    """the port"""
+    name: str
+    """its name, if given"""
+    token: str
+    """the URL's token"""
+    status: str
+    """active"""
+
+
 #: a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64
 Labels = Dict[str, str]
 
@@ -355,12 +436,12 @@ class StreamCancelArgs(TypedDict):
 
 
 class StreamCancelResult(TypedDict, total=False):
-    """Result of ``stream.cancel``: {success, streamId}"""
+    """Result of ``stream.cancel``: {streamId, cancelled}"""
 
-    success: bool
-    """true"""
     streamId: str
     """the stream"""
+    cancelled: bool
+    """its producer was stopped now"""
 
 
 class SessionCreateArgs(TypedDict, total=False):
@@ -469,7 +550,7 @@ ProcessListArgs = Dict[str, Any]
 
 
 class ProcessListResult(TypedDict, total=False):
-    """Result of ``process.list``: {processes}"""
+    """Result of ``process.list``: {success, processes}"""
 
     success: bool
     """true"""
@@ -485,7 +566,7 @@ class ProcessGetArgs(TypedDict):
 
 
 class ProcessGetResult(TypedDict, total=False):
-    """Result of ``process.get``: {process}"""
+    """Result of ``process.get``: {success, process}"""
 
     success: bool
     """true"""
@@ -718,6 +799,23 @@ class FileReadStreamArgs(_FileReadStreamArgsRequired, total=False):
 
     sessionId: str
     """the session whose cwd resolves a relative path"""
+
+
+class FileReadStreamResult(TypedDict, total=False):
+    """Result of ``file.readStream``: its stream (events metadata, chunk…, complete) and what the file is"""
+
+    streamId: str
+    """the stream"""
+    path: str
+    """the path"""
+    mimeType: str
+    """its MIME type"""
+    size: int
+    """its size (bytes)"""
+    isBinary: bool
+    """not valid UTF-8, or has NUL"""
+    encoding: str
+    """how chunks are encoded"""
 
 
 class _FileMkdirArgsRequired(TypedDict):
@@ -1073,7 +1171,7 @@ ContextListArgs = Dict[str, Any]
 
 
 class ContextListResult(TypedDict, total=False):
-    """Result of ``context.list``: {contexts}"""
+    """Result of ``context.list``: {success, contexts}"""
 
     success: bool
     """true"""
@@ -1111,10 +1209,18 @@ class TerminalOpenArgs(TypedDict, total=False):
 
 
 class TerminalOpenResult(TypedDict, total=False):
-    """Result of ``terminal.open``: {streamId: pty:<session>, …}"""
+    """Result of ``terminal.open``: the terminal"""
 
+    success: bool
+    """true"""
     streamId: str
-    """pty:<session>"""
+    """pty:<session>, its output"""
+    sessionId: str
+    """the session"""
+    pid: int
+    """its shell's pid"""
+    created: bool
+    """opened now (false: joined)"""
 
 
 class _TerminalWriteArgsRequired(TypedDict):
@@ -1131,8 +1237,13 @@ class TerminalWriteArgs(_TerminalWriteArgsRequired, total=False):
     """base64: data is base64"""
 
 
-#: Result of ``terminal.write``: {success}
-TerminalWriteResult = Dict[str, Any]
+class TerminalWriteResult(TypedDict, total=False):
+    """Result of ``terminal.write``: {success, bytes}"""
+
+    success: bool
+    """true"""
+    bytes: int
+    """bytes written (bytes)"""
 
 
 class _TerminalResizeArgsRequired(TypedDict):
@@ -1149,8 +1260,17 @@ class TerminalResizeArgs(_TerminalResizeArgsRequired, total=False):
     """the session"""
 
 
-#: Result of ``terminal.resize``: {success}
-TerminalResizeResult = Dict[str, Any]
+class TerminalResizeResult(TypedDict, total=False):
+    """Result of ``terminal.resize``: {success, sessionId, cols, rows}"""
+
+    success: bool
+    """true"""
+    sessionId: str
+    """the session"""
+    cols: int
+    """columns"""
+    rows: int
+    """rows"""
 
 
 class TerminalCloseArgs(TypedDict, total=False):
@@ -1160,8 +1280,17 @@ class TerminalCloseArgs(TypedDict, total=False):
     """the session"""
 
 
-#: Result of ``terminal.close``: {success}
-TerminalCloseResult = Dict[str, Any]
+class TerminalCloseResult(TypedDict, total=False):
+    """Result of ``terminal.close``: {success, sessionId, code?, signal?}"""
+
+    success: bool
+    """true"""
+    sessionId: str
+    """the session"""
+    code: int
+    """the shell's exit code"""
+    signal: int
+    """the signal that ended it"""
 
 
 class PortExposeArgs(TypedDict, total=False):
@@ -1173,21 +1302,8 @@ class PortExposeArgs(TypedDict, total=False):
     """a name for it (≤ 128 bytes)"""
     hostname: str
     """the preview host (and :port); default the shard's --preview-domain"""
-
-
-class PortExposeResult(TypedDict, total=False):
-    """Result of ``port.expose``: the preview URL"""
-
-    success: bool
-    """true"""
-    port: int
-    """the port"""
-    name: str
-    """its name"""
     token: str
-    """its token"""
-    url: str
-    """the preview URL"""
+    """a custom token (default a random one); PORT_ALREADY_EXPOSED when another port has it"""
 
 
 class PortUnexposeArgs(TypedDict, total=False):
@@ -1197,8 +1313,15 @@ class PortUnexposeArgs(TypedDict, total=False):
     """the port"""
 
 
-#: Result of ``port.unexpose``: {success, port}
-PortUnexposeResult = Dict[str, Any]
+class PortUnexposeResult(TypedDict, total=False):
+    """Result of ``port.unexpose``: {success, port, wasExposed}"""
+
+    success: bool
+    """true"""
+    port: int
+    """the port"""
+    wasExposed: bool
+    """it was exposed"""
 
 
 class PortListArgs(TypedDict, total=False):
@@ -1208,8 +1331,13 @@ class PortListArgs(TypedDict, total=False):
     """the preview host for the URLs"""
 
 
-#: Result of ``port.list``: {ports: [{port, name, url, …}]}
-PortListResult = Dict[str, Any]
+class PortListResult(TypedDict, total=False):
+    """Result of ``port.list``: {success, ports}"""
+
+    success: bool
+    """true"""
+    ports: List['ExposedPort']
+    """the ports exposed for the current container"""
 
 
 #: Arguments of ``ping``: start the sandbox if needed and check its agent.
@@ -1291,8 +1419,13 @@ class CreateArgs(TypedDict, total=False):
     """resource limits (default the shard's)"""
 
 
-#: Result of ``create``: the sandbox's status (as status)
-CreateResult = Dict[str, Any]
+class CreateResult(TypedDict, total=False):
+    """Result of ``create``: whether it was created now, and its status"""
+
+    created: bool
+    """false when it existed already"""
+    sandbox: 'SandboxStatus'
+    """its status"""
 
 
 #: Arguments of ``destroy``: stop the sandbox's container and delete its metadata.
@@ -1300,28 +1433,38 @@ DestroyArgs = Dict[str, Any]
 
 
 class DestroyResult(TypedDict, total=False):
-    """Result of ``destroy``: {success, destroyed}"""
+    """Result of ``destroy``: {success, destroyed, id}"""
 
     success: bool
     """true"""
     destroyed: bool
     """it existed"""
+    id: str
+    """the sandbox"""
 
 
 #: Arguments of ``status``: state, limits and resource use of a sandbox.
 StatusArgs = Dict[str, Any]
 
 
-#: Result of ``status``: state, limits and resource use (docs/protocol.md status)
-StatusResult = Dict[str, Any]
+class StatusResult(TypedDict):
+    """Result of ``status``: state, limits and resource use"""
+
+    sandbox: 'SandboxStatus'
+    """the sandbox"""
 
 
 #: Arguments of ``list``: all sandboxes of the deployment.
 ListArgs = Dict[str, Any]
 
 
-#: Result of ``list``: {sandboxes: [...]}, merged from every shard
-ListResult = Dict[str, Any]
+class ListResult(TypedDict, total=False):
+    """Result of ``list``: every sandbox, merged from every shard"""
+
+    sandboxes: List['SandboxStatus']
+    """the sandboxes"""
+    count: int
+    """how many"""
 
 
 #: Arguments of ``cluster.status``: gateway and shard health.
@@ -1369,7 +1512,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'process.waitForExit': (ProcessWaitForExitArgs, ProcessWaitForExitResult),
     'file.write': (FileWriteArgs, FileWriteResult),
     'file.read': (FileReadArgs, FileReadResult),
-    'file.readStream': (FileReadStreamArgs, StreamStart),
+    'file.readStream': (FileReadStreamArgs, FileReadStreamResult),
     'file.mkdir': (FileMkdirArgs, FileMkdirResult),
     'file.delete': (FileDeleteArgs, FileDeleteResult),
     'file.rename': (FileRenameArgs, FileRenameResult),
@@ -1387,7 +1530,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'terminal.write': (TerminalWriteArgs, TerminalWriteResult),
     'terminal.resize': (TerminalResizeArgs, TerminalResizeResult),
     'terminal.close': (TerminalCloseArgs, TerminalCloseResult),
-    'port.expose': (PortExposeArgs, PortExposeResult),
+    'port.expose': (PortExposeArgs, ExposedPort),
     'port.unexpose': (PortUnexposeArgs, PortUnexposeResult),
     'port.list': (PortListArgs, PortListResult),
     'ping': (PingArgs, PingResult),
@@ -1412,6 +1555,8 @@ __all__ += [
     'FileInfo',
     'RichResult',
     'ContextInfo',
+    'SandboxStatus',
+    'ExposedPort',
     'Labels',
     'ExecArgs',
     'ExecStreamArgs',
@@ -1450,6 +1595,7 @@ __all__ += [
     'FileReadArgs',
     'FileReadResult',
     'FileReadStreamArgs',
+    'FileReadStreamResult',
     'FileMkdirArgs',
     'FileMkdirResult',
     'FileDeleteArgs',
@@ -1485,7 +1631,6 @@ __all__ += [
     'TerminalCloseArgs',
     'TerminalCloseResult',
     'PortExposeArgs',
-    'PortExposeResult',
     'PortUnexposeArgs',
     'PortUnexposeResult',
     'PortListArgs',

@@ -324,6 +324,78 @@ export interface ContextInfo {
   [key: string]: unknown;
 }
 
+/** a sandbox as status, create and list describe it (list gives only id, state, createdAt, generation, shard for one not in memory) */
+export interface SandboxStatus {
+  /** the sandbox ID */
+  id: string;
+  /** its container's state */
+  state: 'destroying' | 'running' | 'starting' | 'stopping' | 'stopped';
+  /** creation time (ms since the epoch) (milliseconds) */
+  createdAt?: number;
+  /** containers started so far */
+  generation?: number;
+  /** unexpected container ends */
+  restarts?: number;
+  /** the shard that holds it */
+  shard?: string;
+  /** last operation (ms since the epoch) (milliseconds) */
+  lastActivityAt?: number;
+  /** its resource limits */
+  limits?: {
+    /** memory limit (bytes) */
+    memory?: number;
+    /** most processes */
+    pids?: number;
+    /** CPU in millicpus */
+    cpu?: number;
+    [key: string]: unknown;
+  };
+  /** idle time before the container stops (milliseconds) */
+  sleepAfter?: number;
+  /** never stopped for idleness */
+  keepAlive?: boolean;
+  /** how the previous container ended, when it died */
+  lastExit?: string;
+  /** the running container, when there is one */
+  container?: {
+    /** its init's pid on the host */
+    pid?: number;
+    /** its user's uid on the host */
+    uid?: number;
+    /** how long its start took (µs) */
+    startUs?: number;
+    /** memory in use (cgroup) (bytes) */
+    memoryBytes?: number;
+    /** peak memory (cgroup) (bytes) */
+    memoryPeakBytes?: number;
+    /** processes now */
+    pids?: number;
+    /** CPU time used (µs) */
+    cpuUsageUs?: number;
+    /** OOM kills so far */
+    oomKills?: number;
+    /** forks refused by the pids limit */
+    pidsLimitHits?: number;
+    [key: string]: unknown;
+  };
+  [key: string]: unknown;
+}
+
+/** a port exposed at a preview URL */
+export interface ExposedPort {
+  /** the preview URL */
+  url?: string;
+  /** the port */
+  port?: number;
+  /** its name, if given */
+  name?: string;
+  /** the URL's token */
+  token?: string;
+  /** active */
+  status?: string;
+  [key: string]: unknown;
+}
+
 /** a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
 export type Labels = Record<string, string>;
 
@@ -407,12 +479,12 @@ export interface StreamCancelArgs {
   streamId: string;
 }
 
-/** Result of `stream.cancel`: {success, streamId} */
+/** Result of `stream.cancel`: {streamId, cancelled} */
 export interface StreamCancelResult {
-  /** true */
-  success?: boolean;
   /** the stream */
   streamId?: string;
+  /** its producer was stopped now */
+  cancelled?: boolean;
   [key: string]: unknown;
 }
 
@@ -515,7 +587,7 @@ export interface ProcessStartResult {
 /** Arguments of `process.list`: the processes of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
 export type ProcessListArgs = Record<string, never>;
 
-/** Result of `process.list`: {processes} */
+/** Result of `process.list`: {success, processes} */
 export interface ProcessListResult {
   /** true */
   success?: boolean;
@@ -530,7 +602,7 @@ export interface ProcessGetArgs {
   processId: string;
 }
 
-/** Result of `process.get`: {process} */
+/** Result of `process.get`: {success, process} */
 export interface ProcessGetResult {
   /** true */
   success?: boolean;
@@ -728,6 +800,23 @@ export interface FileReadStreamArgs {
   path: string;
   /** the session whose cwd resolves a relative path */
   sessionId?: string;
+}
+
+/** Result of `file.readStream`: its stream (events metadata, chunk…, complete) and what the file is */
+export interface FileReadStreamResult {
+  /** the stream */
+  streamId?: string;
+  /** the path */
+  path?: string;
+  /** its MIME type */
+  mimeType?: string;
+  /** its size (bytes) */
+  size?: number;
+  /** not valid UTF-8, or has NUL */
+  isBinary?: boolean;
+  /** how chunks are encoded */
+  encoding?: 'utf-8' | 'base64';
+  [key: string]: unknown;
 }
 
 /** Arguments of `file.mkdir`: create a directory. Runs in the agent; flags: sandbox. */
@@ -1027,7 +1116,7 @@ export interface ContextRunStreamResult {
 /** Arguments of `context.list`: the code contexts of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
 export type ContextListArgs = Record<string, never>;
 
-/** Result of `context.list`: {contexts} */
+/** Result of `context.list`: {success, contexts} */
 export interface ContextListResult {
   /** true */
   success?: boolean;
@@ -1063,10 +1152,18 @@ export interface TerminalOpenArgs {
   rows?: number;
 }
 
-/** Result of `terminal.open`: {streamId: pty:<session>, …} */
+/** Result of `terminal.open`: the terminal */
 export interface TerminalOpenResult {
-  /** pty:<session> */
+  /** true */
+  success?: boolean;
+  /** pty:<session>, its output */
   streamId?: string;
+  /** the session */
+  sessionId?: string;
+  /** its shell's pid */
+  pid?: number;
+  /** opened now (false: joined) */
+  created?: boolean;
   [key: string]: unknown;
 }
 
@@ -1080,8 +1177,14 @@ export interface TerminalWriteArgs {
   encoding?: string;
 }
 
-/** Result of `terminal.write`: {success} */
-export type TerminalWriteResult = Record<string, unknown>;
+/** Result of `terminal.write`: {success, bytes} */
+export interface TerminalWriteResult {
+  /** true */
+  success?: boolean;
+  /** bytes written (bytes) */
+  bytes?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `terminal.resize`: set a terminal's size. Runs in the agent; flags: sandbox, nocreate, nowake. */
 export interface TerminalResizeArgs {
@@ -1093,8 +1196,18 @@ export interface TerminalResizeArgs {
   rows: number;
 }
 
-/** Result of `terminal.resize`: {success} */
-export type TerminalResizeResult = Record<string, unknown>;
+/** Result of `terminal.resize`: {success, sessionId, cols, rows} */
+export interface TerminalResizeResult {
+  /** true */
+  success?: boolean;
+  /** the session */
+  sessionId?: string;
+  /** columns */
+  cols?: number;
+  /** rows */
+  rows?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `terminal.close`: end a terminal's shell (every viewer sees it exit). Runs in the agent; flags: sandbox, nocreate, nowake. */
 export interface TerminalCloseArgs {
@@ -1102,8 +1215,18 @@ export interface TerminalCloseArgs {
   sessionId?: string;
 }
 
-/** Result of `terminal.close`: {success} */
-export type TerminalCloseResult = Record<string, unknown>;
+/** Result of `terminal.close`: {success, sessionId, code?, signal?} */
+export interface TerminalCloseResult {
+  /** true */
+  success?: boolean;
+  /** the session */
+  sessionId?: string;
+  /** the shell's exit code */
+  code?: number;
+  /** the signal that ended it */
+  signal?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `port.expose`: expose a port of the sandbox at a preview URL. Runs in the shard; flags: sandbox, mutates. */
 export interface PortExposeArgs {
@@ -1113,21 +1236,8 @@ export interface PortExposeArgs {
   name?: string;
   /** the preview host (and :port); default the shard's --preview-domain */
   hostname?: string;
-}
-
-/** Result of `port.expose`: the preview URL */
-export interface PortExposeResult {
-  /** true */
-  success?: boolean;
-  /** the port */
-  port?: number;
-  /** its name */
-  name?: string;
-  /** its token */
+  /** a custom token (default a random one); PORT_ALREADY_EXPOSED when another port has it */
   token?: string;
-  /** the preview URL */
-  url?: string;
-  [key: string]: unknown;
 }
 
 /** Arguments of `port.unexpose`: withdraw a port's preview URL. Runs in the shard; flags: sandbox, nocreate, nowake, mutates. */
@@ -1136,8 +1246,16 @@ export interface PortUnexposeArgs {
   port?: number;
 }
 
-/** Result of `port.unexpose`: {success, port} */
-export type PortUnexposeResult = Record<string, unknown>;
+/** Result of `port.unexpose`: {success, port, wasExposed} */
+export interface PortUnexposeResult {
+  /** true */
+  success?: boolean;
+  /** the port */
+  port?: number;
+  /** it was exposed */
+  wasExposed?: boolean;
+  [key: string]: unknown;
+}
 
 /** Arguments of `port.list`: the ports exposed for the current container. Runs in the shard; flags: sandbox, nocreate, nowake. */
 export interface PortListArgs {
@@ -1145,8 +1263,14 @@ export interface PortListArgs {
   hostname?: string;
 }
 
-/** Result of `port.list`: {ports: [{port, name, url, …}]} */
-export type PortListResult = Record<string, unknown>;
+/** Result of `port.list`: {success, ports} */
+export interface PortListResult {
+  /** true */
+  success?: boolean;
+  /** the ports exposed for the current container */
+  ports?: ExposedPort[];
+  [key: string]: unknown;
+}
 
 /** Arguments of `ping`: start the sandbox if needed and check its agent. Runs in the agent; flags: sandbox. */
 export type PingArgs = Record<string, never>;
@@ -1218,32 +1342,50 @@ export interface CreateArgs {
   };
 }
 
-/** Result of `create`: the sandbox's status (as status) */
-export type CreateResult = Record<string, unknown>;
+/** Result of `create`: whether it was created now, and its status */
+export interface CreateResult {
+  /** false when it existed already */
+  created?: boolean;
+  /** its status */
+  sandbox?: SandboxStatus;
+  [key: string]: unknown;
+}
 
 /** Arguments of `destroy`: stop the sandbox's container and delete its metadata. Runs in the shard; flags: sandbox, nocreate, nowake, mutates. */
 export type DestroyArgs = Record<string, never>;
 
-/** Result of `destroy`: {success, destroyed} */
+/** Result of `destroy`: {success, destroyed, id} */
 export interface DestroyResult {
   /** true */
   success?: boolean;
   /** it existed */
   destroyed?: boolean;
+  /** the sandbox */
+  id?: string;
   [key: string]: unknown;
 }
 
 /** Arguments of `status`: state, limits and resource use of a sandbox. Runs in the shard; flags: sandbox, nocreate, nowake. */
 export type StatusArgs = Record<string, never>;
 
-/** Result of `status`: state, limits and resource use (docs/protocol.md status) */
-export type StatusResult = Record<string, unknown>;
+/** Result of `status`: state, limits and resource use */
+export interface StatusResult {
+  /** the sandbox */
+  sandbox: SandboxStatus;
+  [key: string]: unknown;
+}
 
 /** Arguments of `list`: all sandboxes of the deployment. Runs in the gateway; flags: global. */
 export type ListArgs = Record<string, never>;
 
-/** Result of `list`: {sandboxes: [...]}, merged from every shard */
-export type ListResult = Record<string, unknown>;
+/** Result of `list`: every sandbox, merged from every shard */
+export interface ListResult {
+  /** the sandboxes */
+  sandboxes?: SandboxStatus[];
+  /** how many */
+  count?: number;
+  [key: string]: unknown;
+}
 
 /** Arguments of `cluster.status`: gateway and shard health. Runs in the gateway; flags: global. */
 export type ClusterStatusArgs = Record<string, never>;
@@ -1283,7 +1425,7 @@ export interface Ops {
   'process.waitForExit': { args: ProcessWaitForExitArgs; result: ProcessWaitForExitResult };
   'file.write': { args: FileWriteArgs; result: FileWriteResult };
   'file.read': { args: FileReadArgs; result: FileReadResult };
-  'file.readStream': { args: FileReadStreamArgs; result: StreamStart };
+  'file.readStream': { args: FileReadStreamArgs; result: FileReadStreamResult };
   'file.mkdir': { args: FileMkdirArgs; result: FileMkdirResult };
   'file.delete': { args: FileDeleteArgs; result: FileDeleteResult };
   'file.rename': { args: FileRenameArgs; result: FileRenameResult };
@@ -1301,7 +1443,7 @@ export interface Ops {
   'terminal.write': { args: TerminalWriteArgs; result: TerminalWriteResult };
   'terminal.resize': { args: TerminalResizeArgs; result: TerminalResizeResult };
   'terminal.close': { args: TerminalCloseArgs; result: TerminalCloseResult };
-  'port.expose': { args: PortExposeArgs; result: PortExposeResult };
+  'port.expose': { args: PortExposeArgs; result: ExposedPort };
   'port.unexpose': { args: PortUnexposeArgs; result: PortUnexposeResult };
   'port.list': { args: PortListArgs; result: PortListResult };
   'ping': { args: PingArgs; result: PingResult };
