@@ -332,13 +332,16 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """the running container, when there is one"""
 
 
-class ExposedPort(TypedDict, total=False):
-    """a port exposed at a preview URL"""
-
+class _ExposedPortRequired(TypedDict):
     url: str
     """the preview URL"""
     port: int
     """the port"""
+
+
+class ExposedPort(_ExposedPortRequired, total=False):
+    """a port exposed at a preview URL"""
+
     name: str
     """its name, if given"""
     token: str

@@ -7,7 +7,8 @@
  * stream event `timestamp`s are milliseconds since the Unix epoch.
  *
  * The shapes that are the server's as they are (`SandboxLimits`,
- * `SessionInfo`, `FileInfo`, `WaitForLogResult`, `WaitForPortResult`) derive
+ * `SessionInfo`, `FileInfo`, `ExposedPort`, `WaitForLogResult`,
+ * `WaitForPortResult`) derive
  * from the generated
  * `./generated/ops.ts` (runtime/ops.yaml); the others are the SDK's own
  * (Cloudflare's names, `Date`s, callbacks, computed fields).
@@ -506,19 +507,8 @@ export interface ExposePortOptions {
   name?: string;
 }
 
-/** Result of `exposePort()`. */
-export interface ExposedPort {
-  /** `http://{port}-{sandbox}-{token}.{hostname}/` */
-  url: string;
-  /** The sandbox port. */
-  port: number;
-  /** The URL's token (its credential). */
-  token?: string;
-  /** The label given to `exposePort`. */
-  name?: string;
-  /** `active` in `getExposedPorts()`. */
-  status?: string;
-}
+/** Result of `exposePort()`: `url` is `http://{port}-{sandbox}-{token}.{hostname}/` (runtime/ops.yaml `ExposedPort`). */
+export interface ExposedPort extends Wire.ExposedPort {}
 
 // ---------------------------------------------------------------------------
 // Code interpreter

@@ -384,9 +384,9 @@ export interface SandboxStatus {
 /** a port exposed at a preview URL */
 export interface ExposedPort {
   /** the preview URL */
-  url?: string;
+  url: string;
   /** the port */
-  port?: number;
+  port: number;
   /** its name, if given */
   name?: string;
   /** the URL's token */
