@@ -5,6 +5,8 @@
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
 #   make test     install missing packages, build with ASan+UBSan, run the whole suite
 #   make bench    build and run the benchmarks (tools/bench), figures on stdout
+#   make gen      regenerate what runtime/ops.yaml feeds (docs/schema.md); make gen-check
+#                 fails with the diff when a committed generated file is stale
 #   make clean    remove build outputs
 #
 # Warnings are errors everywhere (-Wall -Wextra -Werror, C17).  The test suite
@@ -40,7 +42,9 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
            runtime/json.c
 # Every file of actors/ is the shard's: a new op's handler file needs no line here.
 ACTORS  := $(sort $(wildcard actors/*.c))
-GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c gateway/openapi_gen.c
+GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
+           gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
+           gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
 BENCH   := tools/bench.c tools/stats.c
@@ -209,12 +213,15 @@ build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(filter-out container/agent/files.c,$(FUZZ_AGENT)))
 build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$(FUZZ_AGENT)))
-# fuzz_http, fuzz_preview and fuzz_terminal include one source of the HTTP front
-# and link the others, with the libraries they call.
-FUZZ_GW     := gateway/http.c gateway/preview.c gateway/terminal.c runtime/relay.c runtime/nngx.c
+# fuzz_preview and fuzz_terminal include one source of the HTTP front and link
+# the others, with the libraries they call; fuzz_http reaches the front through
+# gateway/http_int.h and links all of it.
+FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
+               gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
+               runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
-build/fuzz/fuzz_http: $(call fuzz_objs,$(filter-out gateway/http.c,$(FUZZ_GW)))
+build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
 build/fuzz/fuzz_terminal: $(call fuzz_objs,$(filter-out gateway/terminal.c,$(FUZZ_GW)))
 # fuzz_relay includes actors/relay.c (the shard's relay) and replaces the actor table with a scripted one.

@@ -100,7 +100,12 @@ Test(ops, intake_envelope_rules)
     cr_expect(strstr(why, "unknown operation 'nope'"), "%s", why);
     /* partition.import is between shards: unknown to clients, known to peers. */
     cr_expect_eq(intake(REQ("partition.import", ""), true, why, sizeof(why)), SBX_E_UNKNOWN_OP);
-    cr_expect_eq(intake(REQ("partition.import", ""), false, why, sizeof(why)), 0, "%s", why);
+    cr_expect_eq(intake(REQ("partition.import", ",\"args\":{\"from\":\"s0\",\"partitions\":[1],"
+                                                "\"records\":[]}"),
+                        false, why, sizeof(why)),
+                 0, "%s", why);
+    cr_expect_eq(intake(REQ("partition.import", ""), false, why, sizeof(why)), SBX_E_VALIDATION);
+    cr_expect(strstr(why, "partition.import needs 'from'"), "%s", why);
     cr_expect_eq(intake(REQ("exec", ",\"args\":{\"command\":\"true\"}"), true, why, sizeof(why)),
                  SBX_E_VALIDATION);
     cr_expect(strstr(why, "needs a 'sandbox' ID"), "%s", why);
