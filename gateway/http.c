@@ -612,8 +612,10 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size
     /* The document generated from runtime/ops.yaml (gateway/openapi_gen.h). */
     h->openapi = sbx_xstrndup(sbx_openapi_json, sbx_openapi_json_len);
     h->openapi_len = sbx_openapi_json_len;
-    if ((rc = sbx_nng_req_dial(&h->req, h->upstream)) != 0) {
-        snprintf(why, whylen, "cannot reach the gateway at %s: %s", h->upstream, nng_strerror(rc));
+    sbx_err_t derr = NULL;
+    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, &derr)) != 0) {
+        snprintf(why, whylen, "cannot reach the gateway at %s: %s", h->upstream, sbx_err_msg(derr));
+        sbx_err_release(&derr);
         rc = -EIO;
         goto fail;
     }
