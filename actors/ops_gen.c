@@ -17,5 +17,8 @@ actor_op_fn *const actor_ops[SBX_OPID__COUNT] = {
 };
 
 shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
+    [SBX_OPID_LIST] = shard_op_list,
+    [SBX_OPID_CLUSTER_STATUS] = shard_op_status,
+    [SBX_OPID_CLUSTER_DRAIN] = shard_op_status,
     [SBX_OPID_PARTITION_IMPORT] = cluster_op_import,
 };

@@ -3,7 +3,8 @@
 /*
  * The shard's dispatch tables (runtime/ops.yaml `handler` of shard-layer ops).
  * actor_ops[id]: a sandbox op run by its actor (actors/actor.c handle());
- * shard_ops[id]: an op the shard runs itself.  NULL for the other ops.
+ * shard_ops[id]: an op the shard runs itself (an internal op, or its part of
+ * a gateway op the gateway fans out).  NULL for the other ops.
  * A handler answers the op (shard_reply_*) exactly once; it owns nothing
  * of `op` beyond that reply.
  */
@@ -28,6 +29,8 @@ actor_op_fn actor_op_labels;
 actor_op_fn actor_op_create;
 actor_op_fn actor_op_destroy;
 actor_op_fn actor_op_status;
+shard_op_fn shard_op_list;
+shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;
 
 extern actor_op_fn *const actor_ops[SBX_OPID__COUNT];

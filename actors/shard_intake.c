@@ -211,15 +211,10 @@ on_request(sbx_loop *l, void *arg)
         }
     }
 
+    /* Ops the shard runs itself (runtime/ops.yaml: internal ops, and its part
+     * of the deployment-wide ones; generated table, actors/ops_gen.c). */
     if (shard_ops[op->def->id]) {
         shard_ops[op->def->id](op);
-        return;
-    }
-    if (op->def->flags & SBX_OP_GLOBAL) {
-        if (op->def->id == SBX_OPID_LIST)
-            shard_op_list(op);
-        else
-            shard_op_status(op);
         return;
     }
     if ((rc = sbx_id_check(op->req.sandbox.p, op->req.sandbox.n, why, sizeof(why))) != 0) {

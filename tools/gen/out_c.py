@@ -130,9 +130,9 @@ def S_code(sch, code):
 def handlers(sch, layer, pred):
     seen, out = set(), []
     for o in sch['ops']:
-        for key in ('handler', 'agent_handler'):
+        for key in ('handler', 'agent_handler', 'shard_handler'):
             h = o.get(key)
-            lay = o['layer'] if key == 'handler' else 'agent'
+            lay = {'handler': o['layer'], 'agent_handler': 'agent', 'shard_handler': 'shard'}[key]
             if h and lay == layer and pred(o) and h not in seen:
                 seen.add(h)
                 out.append(h)
@@ -148,7 +148,8 @@ def actors_h(sch):
              '/*',
              ' * The shard\'s dispatch tables (runtime/ops.yaml `handler` of shard-layer ops).',
              ' * actor_ops[id]: a sandbox op run by its actor (actors/actor.c handle());',
-             ' * shard_ops[id]: an op the shard runs itself.  NULL for the other ops.',
+             ' * shard_ops[id]: an op the shard runs itself (an internal op, or its part of',
+             ' * a gateway op the gateway fans out).  NULL for the other ops.',
              ' * A handler answers the op (shard_reply_*) exactly once; it owns nothing',
              ' * of `op` beyond that reply.',
              ' */',
@@ -167,7 +168,7 @@ def actors_h(sch):
 
 
 def actors_c(sch):
-    ops = [o for o in client_ops(sch) if o['layer'] == 'shard']
+    ops = [o for o in client_ops(sch) if o['layer'] == 'shard' or o.get('shard_handler')]
     lines = [S.header('/*', ' */'), '/* The shard\'s dispatch tables: see ops_gen.h. */',
              '#include "actors/ops_gen.h"', '', 'actor_op_fn *const actor_ops[SBX_OPID__COUNT] = {']
     for o in ops:
@@ -176,7 +177,7 @@ def actors_c(sch):
     lines += ['};', '', 'shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {']
     for o in ops:
         if not shard_is_actor(o):
-            lines.append(f'    [{opid(o["name"])}] = {o["handler"]},')
+            lines.append(f'    [{opid(o["name"])}] = {o.get("shard_handler") or o["handler"]},')
     lines += ['};', '']
     return '\n'.join(lines)
 

@@ -13,7 +13,8 @@ where every op is normalized to
    'args' ({name: field}, declaration order), 'result' (field or None),
    'errors' (list of CODE), 'rest' ({'canonical': "METHOD /path" or None,
    'aliases': [...]}), 'cli' ({'verb', 'args': [...]} or None),
-   'handler' (C function name or None), 'agent_handler' (C name or None)}
+   'handler' (C function name or None), 'agent_handler' (C name or None),
+   'shard_handler' (C name or None: each shard's part of a gateway op)}
 
 and every field to a dict with 'type' (one of TYPES, a list of JSON types for
 a union, or the name of an entry of `types`), 'doc', 'required' (bool) and,
@@ -40,7 +41,7 @@ UNITS = ('bytes', 'ms', 's', 'seconds-or-duration')
 FIELD_KEYS = {'type', 'doc', 'required', 'unit', 'min', 'max', 'max_len', 'default', 'items',
               'values', 'enum', 'fields', 'additional', 'error'}
 OP_KEYS = {'name', 'layer', 'flags', 'idempotent', 'idle_code', 'summary', 'doc', 'args',
-           'result', 'errors', 'http', 'cli', 'handler', 'agent_handler'}
+           'result', 'errors', 'http', 'cli', 'handler', 'agent_handler', 'shard_handler'}
 
 
 class SchemaError(Exception):
@@ -182,6 +183,9 @@ def load(root):
         ah = o.get('agent_handler')
         if ah is not None and (o['layer'] != 'shard' or not re.fullmatch(r'[a-z_][a-z0-9_]*', ah)):
             raise SchemaError(f'{where}: agent_handler is for a shard op the agent also serves')
+        sh = o.get('shard_handler')
+        if sh is not None and (o['layer'] != 'gateway' or not re.fullmatch(r'[a-z_][a-z0-9_]*', sh)):
+            raise SchemaError(f'{where}: shard_handler is the shard\'s part of a gateway op')
         if o['layer'] in ('shard', 'agent') and not handler:
             raise SchemaError(f'{where}: a {o["layer"]} op names its handler')
         op = {'name': name, 'layer': o['layer'],
@@ -189,7 +193,7 @@ def load(root):
               'idempotent': o['idempotent'], 'idle_code': ic,
               'summary': o['summary'].strip(), 'doc': (o.get('doc') or '').strip(),
               'args': args, 'result': res, 'errors': list(op_errs), 'cli': cli,
-              'handler': handler, 'agent_handler': ah}
+              'handler': handler, 'agent_handler': ah, 'shard_handler': sh}
         op['http'] = o.get('http')
         op['rest'] = _rest(op)
         del op['http']
