@@ -50,7 +50,7 @@ AGENT   := container/agent/main.c container/agent/setup.c \
            runtime/json.c
 # Every file of actors/ is the shard's: a new op's handler file needs no line here.
 ACTORS  := $(sort $(wildcard actors/*.c))
-GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/http_openapi.c \
+GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
@@ -276,7 +276,7 @@ build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # fuzz_preview and fuzz_terminal include one source of the HTTP front and link
 # the others, with the libraries they call; fuzz_http reaches the front through
 # gateway/http_int.h and links all of it.
-FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/http_openapi.c gateway/http_auth.c \
+FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
                runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \

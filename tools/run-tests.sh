@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/run-tests.sh BUILD [unit|integration|all] — run the test binaries of
 # a build (build/asan) and print one summary line: "tests: N passed, N failed".
-# With `all` it then runs the SDK suites (sdk/*/run-tests.sh) and `make
+# With `all` it then runs the SDK suites (sdk/*/run-tests.sh, tests/openapi) and `make
 # fuzz-smoke`, `make valgrind` and `make faults-smoke` (each counted as one;
 # SBX_SKIP_RELIABILITY=1 skips the last three).
 # Each binary is a Criterion suite; its own "Synthesis" line is kept in the
@@ -51,9 +51,11 @@ for d in "${dirs[@]}"; do
   done
 done
 # The SDKs' end-to-end suites (each starts its own private daemon from the
-# same build): the TypeScript SDK (node:test) and the Python client (pytest).
+# same build): the TypeScript SDK (node:test), the Python client (pytest) and
+# the OpenAPI document (tests/openapi: a real validator, real answers against
+# its schemas, a client generated from it compiled and smoke-tested).
 if [ "$which" = all ]; then
-  for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh; do
+  for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh; do
     echo "== $suite"
     start=$(date +%s)
     if "$suite" 2>&1; then
