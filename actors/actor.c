@@ -432,6 +432,12 @@ dispatch(struct actor *a, struct sop *op)
         shard_commit_wait(a);
         return;
     }
+    /* No committed record and none queued (its creating write failed): one
+     * is written, and the reply waits for it — else an acknowledged op on a
+     * sandbox a restart or a failed destroy loses (issue 11's fill fault:
+     * exec answered OK, then status SANDBOX_NOT_FOUND). */
+    if (!a->durable && !queued_write(a->sh, a->id))
+        actor_ensure_record(a, NULL);
     op->tag = ++a->next_tag;
     op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */
@@ -1206,10 +1212,17 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         }
         a->exists = true;
         load_config(a);
-    } else if (!a->durable && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+    } else if (!a->durable && a->cs == C_NONE && !a->inflight) {
+        /* No record ever committed (or its destroy did) and no container:
+         * the sandbox does not exist, also for the ops waiting in its
+         * mailbox (a create creates it; issue 11's fill fault: a create
+         * after a failed configure answered "existed" and a status read
+         * showed the sandbox the failed write made). */
         sbx_record_free(&a->rec);
         memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
+        load_config(a); /* the failed write's settings go too (a later create
+                         * showed them: sleepAfter is cached from the record) */
     } else if (!a->durable) {
         /* No record ever committed, and the sandbox stays (its container
          * runs, or ops wait): the settings of the failed writes go, as

@@ -16,6 +16,12 @@
  * still succeeds and reads keep working, and after a restart with a larger
  * --map-max the sandbox holds exactly its acknowledged variables.
  *
+ * A third fills the disk before any record of two new sandboxes exists: a
+ * configure that failed must not show its value once the sandbox is
+ * created after all (its settings are cached beside the record), and an
+ * exec whose sandbox record could not be written must not be acknowledged
+ * as if the sandbox existed (a restart loses it) — issue 11's fill fault.
+ *
  * Each daemon is one this test started (stopped by pid, its directory
  * removed); the mount and its directory are removed at the end, also when
  * an assertion ends the test.
@@ -237,4 +243,83 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     testd_stop(&d);
     live_testd = NULL;
     cr_log_info("tiny map: first STORAGE_FULL at write %d", first_failed);
+}
+
+/* status's sleepAfter of id (ms), -1 if the sandbox does not exist. */
+static long long
+status_sleep(sbx_client *c, const char *id, char code[48])
+{
+    tcall t = tc_call(c, "status", id, NULL, 0);
+    long long v = t.rc ? -1 : jint(t.res, "sandbox.sleepAfter");
+    snprintf(code, 48, "%s", t.rc ? t.err.code : "");
+    tc_free(&t);
+    return v;
+}
+
+Test(storage, full_data_directory_failed_writes_never_show_up_later, .timeout = 180,
+     .fini = cleanup)
+{
+    char mnt[64];
+    cr_assert_eq(test_tmpfs_mount(mnt, sizeof(mnt), "fullnew", "8m"), 0, "mount tmpfs: %s",
+                 strerror(errno));
+    snprintf(live_mount, sizeof(live_mount), "%s", mnt);
+    static struct testd d;
+    const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
+    live_testd = &d;
+    sbx_client *c = tc_client(d.url, 30000);
+    const char *cfg = "ffullcfg", *ex = "ffullexec", *ref = "ffullref";
+    char code[48];
+
+    fill_fs(mnt);
+    /* configure on a sandbox with no record: it would create it; refused. */
+    int rc = configure_sleep(c, cfg, 1234, code);
+    cr_assert_neq(rc, 0, "configure of a new sandbox on a full disk was acknowledged");
+    cr_expect_str_eq(code, "STORAGE_FULL", "configure on a full disk: %s", code);
+    cr_expect_eq(status_sleep(c, cfg, code), -1, "the refused configure created the sandbox");
+    cr_expect_str_eq(code, "SANDBOX_NOT_FOUND", "status after the refused configure: %s", code);
+    /* exec on a sandbox with no record: its record cannot be written. */
+    sbx_exec_opts o = {.command = "echo ran", .timeout_ms = 60000};
+    sbx_exec_result r;
+    sbx_error err;
+    int exec_rc = sbx_exec(c, ex, &o, &r, &err);
+    if (exec_rc) {
+        cr_log_info("exec on a full disk: %s", err.code);
+        sbx_error_free(&err);
+    } else {
+        sbx_exec_result_free(&r);
+    }
+
+    char filler[300];
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    cr_assert_eq(unlink(filler), 0);
+    /* Created now: with the defaults, not with the refused value. */
+    tcall t = tc_call(c, "create", cfg, NULL, 0);
+    tc_ok(t, "create after freeing space");
+    tc_free(&t);
+    t = tc_call(c, "create", ref, NULL, 0);
+    tc_ok(t, "create of a reference sandbox");
+    tc_free(&t);
+    long long dflt = status_sleep(c, ref, code);
+    cr_assert_gt(dflt, 0, "status of the reference sandbox: %s", code);
+    cr_expect_eq(status_sleep(c, cfg, code), dflt,
+                 "sleepAfter of a sandbox created after its configure was refused (the "
+                 "refused value is 1234000 ms)");
+
+    /* An acknowledged exec created its sandbox: it is there after a restart. */
+    cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
+    sbx_client_close(c);
+    c = tc_client(d.url, 30000);
+    long long v = status_sleep(c, ex, code);
+    if (exec_rc == 0)
+        cr_expect_neq(v, -1, "the sandbox of an acknowledged exec is gone after a restart (%s)",
+                      code);
+    cr_expect_eq(status_sleep(c, cfg, code), dflt, "sleepAfter after a restart");
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+    cr_expect_eq(umount2(mnt, 0), 0, "umount %s: %s", mnt, strerror(errno));
+    rmdir(mnt);
+    live_mount[0] = '\0';
+    cr_log_info("exec on a full disk: %s", exec_rc ? "refused" : "acknowledged");
 }
