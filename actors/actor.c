@@ -153,6 +153,27 @@ actor_inflight(const struct sop *op)
 /* ------------------------------------------------------------------------------ */
 /* Records. */
 
+/* A sandbox that does not exist gets a fresh record in memory (limits lim,
+ * or the shard's); the caller writes it.  An op that changes the record
+ * anyway (configure, env.set) writes it once with its change: two writes,
+ * of which the first (the bare creation) fitted and the second failed, left
+ * a sandbox created by an op answered as failed (issue 11's fill fault:
+ * status, create and destroy saw it). */
+static void
+prepare_record(struct actor *a, const struct sbx_limits *lim)
+{
+    if (a->exists)
+        return;
+    struct shard *sh = a->sh;
+    sbx_record_free(&a->rec);
+    memset(&a->rec, 0, sizeof(a->rec));
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    a->rec.created_ms = sbx_wall_ms();
+    snprintf(a->rec.state, sizeof(a->rec.state), "created");
+    a->rec.limits = lim ? *lim : sh->limits;
+    a->exists = true;
+}
+
 void
 actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
 {
@@ -166,15 +187,8 @@ actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
     }
     if (a->exists)
         return;
-    struct shard *sh = a->sh;
-    sbx_record_free(&a->rec);
-    memset(&a->rec, 0, sizeof(a->rec));
-    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
-    a->rec.created_ms = sbx_wall_ms();
-    snprintf(a->rec.state, sizeof(a->rec.state), "created");
-    a->rec.limits = lim ? *lim : sh->limits;
-    a->exists = true;
-    a->last_seq = shard_store_record(sh, &a->rec);
+    prepare_record(a, lim);
+    a->last_seq = shard_store_record(a->sh, &a->rec);
 }
 
 void
@@ -937,7 +951,7 @@ op_env_set(struct actor *a, struct sop *op)
                         nvars, bytes, ENV_MAX_VARS, ENV_MAX_BYTES);
         return;
     }
-    actor_ensure_record(a, NULL);
+    prepare_record(a, NULL); /* written below, with the change */
     free(a->rec.env);
     a->rec.env = env;
     a->rec.env_len = env_len;
@@ -1021,7 +1035,7 @@ op_configure(struct actor *a, struct sop *op)
         return;
     }
     have_ka = rc == 0;
-    actor_ensure_record(a, NULL);
+    prepare_record(a, NULL); /* written below, with the change */
     sbx_enc c;
     char *cb;
     size_t cl;

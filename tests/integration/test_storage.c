@@ -16,7 +16,9 @@
  * still succeeds and reads keep working, and after a restart with a larger
  * --map-max the sandbox holds exactly its acknowledged variables.
  *
- * A third fills the disk before any record of two new sandboxes exists: a
+ * A third fills the disk before any record of three new sandboxes exists:
+ * an env.set that would create one with a value that does not fit must not
+ * create it (its bare record would fit: it went first, alone); a
  * configure that failed must not show its value once the sandbox is
  * created after all (its settings are cached beside the record), and an
  * exec whose sandbox record could not be written must not be acknowledged
@@ -245,6 +247,26 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     cr_log_info("tiny map: first STORAGE_FULL at write %d", first_failed);
 }
 
+/* env.set of n variables V0.. of 60 KB each in one op: 0, or non-zero with
+ * the error's code in code. */
+static int
+env_set_many(sbx_client *c, const char *id, int n, char code[48])
+{
+    static char v[60001];
+    memset(v, 'x', 60000);
+    json_t *vars = json_object();
+    for (int i = 0; i < n; i++) {
+        char k[16];
+        snprintf(k, sizeof(k), "V%d", i);
+        json_object_set_new(vars, k, json_string(v));
+    }
+    tcall t = tc_call(c, "env.set", id, json_pack("{s:o}", "vars", vars), 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
 /* status's sleepAfter of id (ms), -1 if the sandbox does not exist. */
 static long long
 status_sleep(sbx_client *c, const char *id, char code[48])
@@ -268,7 +290,7 @@ Test(storage, full_data_directory_failed_writes_never_show_up_later, .timeout = 
     cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
     live_testd = &d;
     sbx_client *c = tc_client(d.url, 30000);
-    const char *cfg = "ffullcfg", *ex = "ffullexec", *ref = "ffullref";
+    const char *cfg = "ffullcfg", *ex = "ffullexec", *ref = "ffullref", *big = "ffullbig";
     char code[48];
 
     fill_fs(mnt);
@@ -293,8 +315,30 @@ Test(storage, full_data_directory_failed_writes_never_show_up_later, .timeout = 
     char filler[300];
     snprintf(filler, sizeof(filler), "%s/filler", mnt);
     cr_assert_eq(unlink(filler), 0);
+
+    /* Free pages inside LMDB's file, then a full disk again: a small write
+     * still fits, a large one does not. */
+    cr_assert_eq(env_set_many(c, "ffullscratch", 4, code), 0, "env.set: %s", code);
+    tcall t = tc_call(c, "destroy", "ffullscratch", NULL, 0);
+    tc_ok(t, "destroy of the scratch sandbox");
+    tc_free(&t);
+    /* LMDB reuses the freed pages once later transactions have committed. */
+    for (int i = 0; i < 3; i++) {
+        t = tc_call(c, i % 2 ? "destroy" : "create", "ffulltick", NULL, 0);
+        tc_ok(t, "create/destroy of a small sandbox");
+        tc_free(&t);
+    }
+    fill_fs(mnt);
+    /* env.set creating a sandbox with a value that does not fit: refused,
+     * and the sandbox was not created either (its bare record would fit). */
+    cr_assert_neq(env_set_many(c, big, 12, code), 0,
+                  "env.set of 720 KB on a full disk was acknowledged");
+    cr_expect_str_eq(code, "STORAGE_FULL", "env.set on a full disk: %s", code);
+    cr_expect_eq(status_sleep(c, big, code), -1, "the refused env.set created the sandbox");
+    cr_assert_eq(unlink(filler), 0);
+
     /* Created now: with the defaults, not with the refused value. */
-    tcall t = tc_call(c, "create", cfg, NULL, 0);
+    t = tc_call(c, "create", cfg, NULL, 0);
     tc_ok(t, "create after freeing space");
     tc_free(&t);
     t = tc_call(c, "create", ref, NULL, 0);
@@ -315,6 +359,7 @@ Test(storage, full_data_directory_failed_writes_never_show_up_later, .timeout = 
         cr_expect_neq(v, -1, "the sandbox of an acknowledged exec is gone after a restart (%s)",
                       code);
     cr_expect_eq(status_sleep(c, cfg, code), dflt, "sleepAfter after a restart");
+    cr_expect_eq(status_sleep(c, big, code), -1, "the refused env.set's sandbox after a restart");
     sbx_client_close(c);
     testd_stop(&d);
     live_testd = NULL;
