@@ -69,8 +69,8 @@ actor_maybe_free(struct actor *a)
 }
 
 /* The last store write of sandbox id not yet decided (sh->pw_head), or NULL. */
-static const struct pwrite *
-queued_write(const struct shard *sh, const char *id)
+const struct pwrite *
+actor_queued_write(const struct shard *sh, const char *id)
 {
     const struct pwrite *last = NULL;
     for (const struct pwrite *w = sh->pw_head; w; w = w->next)
@@ -102,7 +102,7 @@ actor_get(struct shard *sh, const char *id, bool load)
      * (a freed actor's, above all a destroy's delete) says what the record
      * is, and a reply on it waits for that write (tests/faults found
      * destroyed sandboxes coming back from LMDB before their delete committed). */
-    const struct pwrite *q = queued_write(sh, id);
+    const struct pwrite *q = actor_queued_write(sh, id);
     if (q && q->seq <= sh->part_reset_seq[a->part])
         q = NULL; /* made before the partition's records were replaced: not the record */
     const char *img = q ? q->img : val; /* NULL: no record */
@@ -717,10 +717,17 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         }
         a->exists = true;
         actor_load_config(a);
-    } else if (!a->durable && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+    } else if (!a->durable && a->cs == C_NONE && !a->inflight) {
+        /* No record ever committed (or its destroy did) and no container:
+         * the sandbox does not exist, also for the ops waiting in its
+         * mailbox (a create creates it; issue 11's fill fault: a create
+         * after a failed configure answered "existed" and a status read
+         * showed the sandbox the failed write made). */
         sbx_record_free(&a->rec);
         memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
+        actor_load_config(a); /* the failed write's settings go too (a later create
+                         * showed them: sleepAfter is cached from the record) */
     } else if (!a->durable) {
         /* No record ever committed, and the sandbox stays (its container
          * runs, or ops wait): the settings of the failed writes go, as

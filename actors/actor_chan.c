@@ -111,6 +111,12 @@ actor_dispatch(struct actor *a, struct sop *op)
         shard_commit_wait(a);
         return;
     }
+    /* No committed record and none queued (its creating write failed): one
+     * is written, and the reply waits for it — else an acknowledged op on a
+     * sandbox a restart or a failed destroy loses (issue 11's fill fault:
+     * exec answered OK, then status SANDBOX_NOT_FOUND). */
+    if (!a->durable && !actor_queued_write(a->sh, a->id))
+        actor_ensure_record(a, NULL);
     op->tag = ++a->next_tag;
     op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */

@@ -182,7 +182,9 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     for (int i = 0; i < IDEM_HDR; i++)
         v[i] = (char)(at >> (8 * i));
     memcpy(v + IDEM_HDR, buf, len);
-    op->idem_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
+    /* Made on top of the operation's write: it fails if that one does. */
+    op->idem_seq = sbx_store_put_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
+                                       IDEM_HDR + len, need_seq);
     op->idem_need = need_seq;
     sh->idem.dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;

@@ -295,7 +295,7 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     struct gshard *s = arg;
     (void)p;
-    if (ev == NNG_PIPE_EV_ADD_POST) {
+    if (ev == NNG_PIPE_EV_ADD_PRE) { /* paired with REM_POST: runtime/nngx.h */
         atomic_fetch_add(&s->pipes, 1);
         return;
     }
