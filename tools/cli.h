@@ -83,7 +83,7 @@ const struct cli_op *cli_op_of_verb(const char *verb);
 /* check a `sbx call` before sending it, by the gateway's intake rules
  * (runtime/ops.c sbx_op_check_args): the op exists and is not internal, has
  * the sandbox ID it needs, and args_json (NULL or "": none) is a JSON object
- * whose members of the op's spec have their type, bounds, length and enum
+ * whose shared durations (timeout, interval, ...) are within 24 h and whose members of the op's spec have their type, bounds, length and enum
  * value (unknown members are ignored).  0, or -EINVAL with *code the wire
  * code (static) and the reason, naming the field, in why. */
 int cli_check_call(const char *op, const char *sandbox, const char *args_json,

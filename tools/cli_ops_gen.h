@@ -11,6 +11,10 @@
 
 #include <stdbool.h>
 
+/* SBX_WIRE_MAX_DURATION_MS of runtime/wire.h: the bound of the duration
+ * arguments every op shares (runtime/ops.c check_durations). */
+#define CLI_MAX_DURATION_MS 86400000LL
+
 /* The JSON kinds an argument accepts (a bit set).  An integral real
  * (3.0) is accepted where CLI_K_INT is, as runtime/ops.c does. */
 enum cli_kind {

@@ -2,8 +2,9 @@
  * cli_schema.c — what the CLI derives from the schema (runtime/ops.yaml,
  * through its generated copy tools/cli_ops_gen.c): the operations part of
  * `sbx help`, `sbx help OP`, and the check of `sbx call` arguments before
- * anything is sent.  The check follows runtime/ops.c sbx_op_check_args (the
- * intake every gateway and shard runs) rule for rule and message for message,
+ * anything is sent.  The check follows runtime/ops.c sbx_op_intake (the
+ * intake every gateway and shard runs: the op, the sandbox ID, the shared
+ * durations, then sbx_op_check_args) rule for rule and message for message,
  * on the JSON the user typed instead of msgpack; unknown members are ignored.
  */
 #include <errno.h>
@@ -119,6 +120,33 @@ check_arg(const struct cli_arg *a, const json_t *v, const char **code, char *why
     return 0;
 }
 
+/*
+ * check_durations — the duration arguments every op shares are numbers of
+ * milliseconds within CLI_MAX_DURATION_MS; the same keys, order and message
+ * as runtime/ops.c check_durations, which runs before the op's own specs.
+ */
+static int
+check_durations(const json_t *args, char *why, size_t whylen)
+{
+    static const char *const keys[] = {"timeout", "commandTimeoutMs", "cloneTimeoutMs",
+                                       "interval"};
+    for (size_t i = 0; args && i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const json_t *v = json_object_get(args, keys[i]);
+        if (!v || json_is_null(v))
+            continue;
+        if (json_is_integer(v) && json_integer_value(v) >= 0 &&
+            json_integer_value(v) <= CLI_MAX_DURATION_MS)
+            continue;
+        if (json_is_real(v) && json_real_value(v) >= 0 &&
+            json_real_value(v) <= (double)CLI_MAX_DURATION_MS)
+            continue;
+        snprintf(why, whylen, "'%s' must be a number of milliseconds from 0 to %lld (24 h)",
+                 keys[i], CLI_MAX_DURATION_MS);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int
 cli_check_call(const char *op_name, const char *sandbox, const char *args_json,
                const char **code, char *why, size_t whylen)
@@ -129,7 +157,7 @@ cli_check_call(const char *op_name, const char *sandbox, const char *args_json,
     *code = "VALIDATION_FAILED";
     if (!op) {
         *code = "UNKNOWN_OPERATION";
-        snprintf(why, whylen, "unknown operation '%.64s' (sbx help lists them)", op_name);
+        snprintf(why, whylen, "unknown operation '%.64s'", op_name);
         return -EINVAL;
     }
     if (op->sandbox && !(sandbox && *sandbox)) {
@@ -146,6 +174,8 @@ cli_check_call(const char *op_name, const char *sandbox, const char *args_json,
             goto out;
         }
     }
+    if ((rc = check_durations(args, why, whylen)) != 0)
+        goto out;
     for (unsigned i = 0; i < op->nargs; i++) {
         const struct cli_arg *a = &op->args[i];
         const json_t *v = args ? json_object_get(args, a->name) : NULL;

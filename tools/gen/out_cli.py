@@ -5,6 +5,8 @@ only the public client API (include/sbx/sbx.h), so it gets its own copy of the
 table instead of runtime/ops_gen.c; tools/cli_schema.c checks arguments by the
 same rules as runtime/ops.c sbx_op_check_args.  See docs/schema.md."""
 import json
+import os
+import re
 
 from . import schema as S
 from .out_c import client_ops, ident, resolve, typename
@@ -41,6 +43,19 @@ def cli_ops(sch):
     return [o for o in client_ops(sch) if 'internal' not in o['flags']]
 
 
+def max_duration_ms():
+    """SBX_WIRE_MAX_DURATION_MS of runtime/wire.h, evaluated (the CLI cannot include it)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, 'runtime/wire.h'), encoding='utf-8') as f:
+        m = re.search(r'#define SBX_WIRE_MAX_DURATION_MS \(([0-9LL *]+)\)', f.read())
+    if not m:
+        raise S.SchemaError('runtime/wire.h: no SBX_WIRE_MAX_DURATION_MS (N * N ...)')
+    v = 1
+    for x in m.group(1).replace('LL', '').split('*'):
+        v *= int(x)
+    return v
+
+
 def header_h(sch):
     return '\n'.join([
         S.header('/*', ' */'),
@@ -52,6 +67,9 @@ def header_h(sch):
         ' */',
         '#ifndef SBX_CLI_OPS_GEN_H', '#define SBX_CLI_OPS_GEN_H', '',
         '#include <stdbool.h>', '',
+        '/* SBX_WIRE_MAX_DURATION_MS of runtime/wire.h: the bound of the duration',
+        ' * arguments every op shares (runtime/ops.c check_durations). */',
+        f'#define CLI_MAX_DURATION_MS {max_duration_ms()}LL', '',
         '/* The JSON kinds an argument accepts (a bit set).  An integral real',
         ' * (3.0) is accepted where CLI_K_INT is, as runtime/ops.c does. */',
         'enum cli_kind {',
