@@ -91,7 +91,8 @@ int cli_check_call(const char *op, const char *sandbox, const char *args_json,
 /* print the list of operations with their summaries (part of `sbx help`). */
 void cli_help_ops(void);
 /* print an op's (by name, or by its CLI verb) usage and arguments with their
- * types, units, bounds and defaults; 0, or -ENOENT when there is no such op. */
+ * types, units, bounds and defaults, or for a verb of several ops ("wait",
+ * "session") the list of them; 0, or -ENOENT when there is no such op. */
 int cli_help_op(const char *name);
 
 /* print a stream's events as they come (exec --stream, logs -f, watch);

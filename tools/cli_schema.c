@@ -210,8 +210,19 @@ cli_help_op(const char *name)
     const struct cli_op *op = cli_op_find(name);
     if (!op)
         op = cli_op_of_verb(name);
-    if (!op)
-        return -ENOENT;
+    if (!op) {
+        /* A verb of several ops ("wait" runs "wait --log", ...): list them. */
+        size_t n = strlen(name);
+        int found = 0;
+        for (const struct cli_op *o = cli_ops; o->name; o++) {
+            if (!o->verb || strncmp(o->verb, name, n) || o->verb[n] != ' ')
+                continue;
+            if (!found++)
+                printf("operations (`sbx help OP` for one's arguments):\n");
+            printf("  sbx %-16s %-20s %s\n", o->verb, o->name, o->summary);
+        }
+        return found ? 0 : -ENOENT;
+    }
     printf("%s — %s\n", op->name, op->summary);
     printf("  sbx call %s %s '{JSON arguments}'\n", op->name, op->sandbox ? "ID" : "-");
     if (op->verb)
