@@ -142,6 +142,13 @@ Test(cli_schema, help_op_lists_its_arguments_with_units_bounds_and_defaults, .ti
     cr_expect(line_starting(r.o.p, "labels ", line, sizeof(line)), "%s", r.o.p);
     cr_expect(strstr(line, "at most 64 entries") != NULL, "labels: '%s'", line);
     cli_free(&r);
+    /* A verb of several ops lists them. */
+    r = cli_run(nowhere(), NULL, 0, (const char *const[]){"help", "wait", NULL});
+    expect_status(r, 0);
+    expect_out_has(r, "usage: sbx wait ID PROCESS");
+    cr_expect(line_starting(r.o.p, "sbx wait --port ", line, sizeof(line)), "%s", r.o.p);
+    cr_expect(strstr(line, "process.waitForPort") != NULL, "wait --port: '%s'", line);
+    cli_free(&r);
     r = cli_run(nowhere(), NULL, 0, (const char *const[]){"help", "no.such", NULL});
     expect_status(r, 2);
     expect_err_has(r, "no.such");
@@ -168,9 +175,10 @@ Test(cli_schema, call_refuses_bad_arguments_as_the_gateway_does_before_sending, 
         {"file.read", id, "{}", "path"},                     /* required */
         {"file.read", id, "{\"path\":null}", "path"},        /* null is absent */
         {"exec", id, "{\"command\":3}", "command"},           /* type */
-        {"exec", id, "{\"command\":\"true\",\"timeout\":-1}", "timeout"},   /* min */
-        {"exec", id, "{\"command\":\"true\",\"timeout\":9e12}", "timeout"}, /* max */
+        {"exec", id, "{\"command\":\"true\",\"timeout\":-1}", "timeout"},   /* durations */
+        {"exec", id, "{\"command\":\"true\",\"timeout\":9e12}", "timeout"}, /* durations */
         {"exec", id, "{\"command\":\"true\",\"timeout\":1.5}", "timeout"},  /* not integral */
+        {"stream.read", id, "{\"streamId\":\"s1\",\"after\":-2}", "after"},   /* min */
         {"exec", id, "{\"command\":\"true\",\"sessionless\":\"yes\"}", "sessionless"},
         {"exec", "-", "{\"command\":\"true\"}", "sandbox"},  /* needs an ID */
         {"exec", id, "[1]", NULL},                           /* not an object */
