@@ -3,7 +3,10 @@
 #   make          release build: bin/sbxd, bin/sbx, bin/sbx-agent, bin/sbx-bench,
 #                 lib/libsbx.a + runtime/sbx.h (the C client library)
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
+#   make check    the fast tier (< 2 min): unit tests, fuzz corpus replay, one end-to-end
+#                 smoke test, on the ASan build (README.md, "Tests")
 #   make test     install missing packages, build with ASan+UBSan, run the whole suite
+#                 (what CI runs: .ci/run), SBX_TEST_PARALLEL (2) binaries at a time
 #   make bench    build and run the benchmarks (tools/bench), figures on stdout
 #   make clean    remove build outputs
 #
@@ -122,7 +125,7 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run test unit integration bench clean
+.PHONY: all deps run check test unit integration bench clean
 all: $(RELEASE_BINS) lib/libsbx.a
 
 lib/libsbx.a: build/release/lib/libsbx.a
@@ -163,6 +166,14 @@ test: deps
 unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 	@tools/run-tests.sh build/asan unit
 
+# The inner loop: what a change should pass before `make test`.  The unit tests (no root,
+# no containers), every fuzz target over its committed corpus once (fuzz-replay, below) and
+# tests/integration/test_smoke (one sandbox's life on a private sbxd dev, root).  No
+# `deps`: run `make deps` (or `make test`) once first on a new machine.
+check: $(ASAN_BINS) $(patsubst %.c,build/asan/%,$(UNIT_TESTS)) build/asan/tests/integration/test_smoke \
+       fuzz-bins
+	@tools/run-tests.sh build/asan check
+
 # ---- reliability (issue 7 parts 4-7): fuzzing, valgrind, soak --------------------------
 # One block; `make test` reaches it through tools/run-tests.sh, which runs
 # `make fuzz-smoke` and `make valgrind` after the test binaries.
@@ -170,6 +181,7 @@ unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 #   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each,
 #                      FUZZ_JOBS (2) at a time
 #   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (12) each, two at a time (make test)
+#   make fuzz-replay   each target over its committed corpus once, no mutation (make check)
 #   make valgrind      a short scenario with the release shard, gateway and client under
 #                      valgrind --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
 #   make soak          200 sandboxes doing mixed operations for SOAK_SECONDS (300) against
@@ -225,13 +237,26 @@ bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harne
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
-.PHONY: fuzz fuzz-smoke fuzz-bins valgrind soak
+.PHONY: fuzz fuzz-smoke fuzz-replay fuzz-bins valgrind soak
 fuzz-bins: $(FUZZ_BINS)
 fuzz: fuzz-bins
 	@tools/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
 fuzz-smoke: fuzz-bins
 	@rm -rf build/fuzz/smoke
 	@FUZZ_WORK=build/fuzz/smoke tools/fuzz.sh $(FUZZ_SMOKE_SECONDS) 2 $(FUZZ_TARGETS)
+# -runs=0: libFuzzer runs the inputs of the corpus directory and stops; a crash, a
+# property failure or a 10 s input fails the target (log in build/fuzz/logs/<t>.replay.log).
+fuzz-replay: fuzz-bins
+	@mkdir -p build/fuzz/logs build/fuzz/artifacts; rc=0; for t in $(FUZZ_TARGETS); do \
+	  if build/fuzz/$$t -runs=0 -timeout=10 -rss_limit_mb=2560 \
+	       -artifact_prefix=build/fuzz/artifacts/$$t-replay- tests/fuzz/corpus/$$t \
+	       >build/fuzz/logs/$$t.replay.log 2>&1; then \
+	    echo "fuzz-replay: $$t ok ($$(ls tests/fuzz/corpus/$$t | wc -l) inputs)"; \
+	  else \
+	    echo "fuzz-replay: $$t FAILED — see build/fuzz/logs/$$t.replay.log"; \
+	    grep -m1 -A12 -E 'ERROR: |property failed|==ERROR|runtime error' \
+	      build/fuzz/logs/$$t.replay.log | sed 's/^/    /'; rc=1; \
+	  fi; done; exit $$rc
 SOAK_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-soak share/sbx/interp/.installed
 valgrind: $(SOAK_BINS)
 	@tools/valgrind.sh
