@@ -144,6 +144,12 @@ build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 build/asan/tests/integration/%: build/asan/obj/tests/integration/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# test_shard runs a real shard on scripted agents: tests/unit/fake_spawn.c stands in
+# for container/spawn.c (no root, no containers).
+build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
+    build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.
 build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
