@@ -60,8 +60,8 @@ TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/http
 
 # Header dependencies are real: every object is compiled with -MMD -MP and its
 # .d file (next to the .o) is included below, so touching one header rebuilds
-# only the objects that include it.  A new object has no .d yet and is built
-# anyway, so the first build needs no list of headers.
+# only the objects that include it.  An object built without a .d (before these rules)
+# is rebuilt once (the end of this file).
 DEPFLAGS := -MMD -MP
 
 # $(call objs,FLAVOR,SOURCES)
@@ -344,5 +344,10 @@ bench: all
 clean:
 	rm -rf build bin lib share
 
-# Every object's header dependencies (-MMD -MP above; release, asan and fuzz).
--include $(shell find build -name '*.d' 2>/dev/null)
+# Every object's header dependencies (-MMD -MP above; release, asan and fuzz).  An object
+# without its .d was built before these rules: without knowing its headers, rebuild it.
+DEPFILES := $(shell find build -name '*.d' 2>/dev/null)
+-include $(DEPFILES)
+$(filter-out $(DEPFILES:.d=.o),$(shell find build -name '*.o' 2>/dev/null)): FORCE
+.PHONY: FORCE
+FORCE:
