@@ -22,7 +22,9 @@
  *   one starts a fresh container; sleepAfter stops an idle container
  *   (state "stopped") and the next operation wakes it (a new container,
  *   generation 2); destroy stops the container and forgets the sandbox; a
- *   retried request id is answered from the first run, not run again.
+ *   retried request id is answered from the first run, not run again; an
+ *   operation the agent never answers gets REQUEST_TIMEOUT from the shard at
+ *   its deadline and holds up neither the next operation nor the container.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -125,9 +127,11 @@ send_raw(const void *buf, size_t len)
     return r;
 }
 
-/* call — {v, id, op, sandbox?, args?} with args as JSON text (NULL: none). */
+/* call_tmo — {v, id, op, sandbox?, timeoutMs?, args?} with args as JSON text
+ * (NULL: none) and timeoutMs (0: none). */
 static struct rep
-call_id(const char *id, const char *op, const char *sandbox, const char *args_json)
+call_tmo(const char *id, const char *op, const char *sandbox, int64_t timeout_ms,
+         const char *args_json)
 {
     sbx_enc e;
     sbx_enc_init(&e);
@@ -137,6 +141,8 @@ call_id(const char *id, const char *op, const char *sandbox, const char *args_js
     sbx_enc_kstr(&e, "op", op);
     if (sandbox)
         sbx_enc_kstr(&e, "sandbox", sandbox);
+    if (timeout_ms)
+        sbx_enc_kint(&e, "timeoutMs", timeout_ms);
     if (args_json) {
         json_t *j = json_loads(args_json, 0, NULL);
         cr_assert_not_null(j, "bad JSON in the test: %s", args_json);
@@ -151,6 +157,12 @@ call_id(const char *id, const char *op, const char *sandbox, const char *args_js
     struct rep r = send_raw(buf, len);
     free(buf);
     return r;
+}
+
+static struct rep
+call_id(const char *id, const char *op, const char *sandbox, const char *args_json)
+{
+    return call_tmo(id, op, sandbox, 0, args_json);
 }
 
 static struct rep
@@ -541,4 +553,20 @@ Test(actor, a_retried_request_id_is_answered_from_the_first_run)
     char ops[256];
     cr_assert(fake_spawn_ops(fake_spawn_current(), 1, ops, sizeof(ops)));
     cr_expect_str_eq(ops, "bind exec", "the retry ran the command again");
+}
+
+Test(actor, an_unanswered_operation_times_out_and_does_not_hold_up_the_next)
+{
+    struct rep r = call_tmo("r-hang", "exec", "sb-g", 1500, "{\"command\":\"hang\"}");
+    cr_assert_not(r.ok, "an operation the agent never answered succeeded");
+    cr_expect_str_eq(r.code, sbx_err_name(SBX_E_TIMEOUT), "%s", r.message);
+    rep_free(&r);
+    r = call("exec", "sb-g", "{\"command\":\"next\"}");
+    expect_ok(&r, "the next exec");
+    cr_expect_str_eq(jstr(r.result, "stdout"), "next");
+    cr_expect_eq(jint(r.result, "agent"), 1, "the timeout replaced the container");
+    rep_free(&r);
+    char ops[256];
+    cr_assert(fake_spawn_ops(fake_spawn_current(), 1, ops, sizeof(ops)));
+    cr_expect_str_eq(ops, "bind exec exec");
 }
