@@ -97,9 +97,20 @@ case "$which" in
       done
     fi ;;
 esac
-# The parallel ones first, then the ones that run alone.
+# The parallel ones first, longest first by the seconds of the last run
+# ($build/test-seconds, written at the end: fewer idle slots at the end of
+# the parallel part), then the ones that run alone.
+times_file="$build/test-seconds"
+declare -A last_secs
+if [ -r "$times_file" ]; then
+  while IFS=$'\t' read -r s n; do [[ "$s" =~ ^[0-9]+$ ]] && last_secs[$n]=$s; done < "$times_file"
+fi
 queue=()
-for j in "${jobs_all[@]}"; do is_alone "${j%%$'\t'*}" || queue+=("$j"); done
+while IFS= read -r j; do [ -n "$j" ] && queue+=("$j"); done < <(
+  for j in "${jobs_all[@]}"; do
+    n=${j%%$'\t'*}
+    is_alone "$n" || printf '%s\t%s\n' "${last_secs[$n]:-0}" "$j"
+  done | sort -t$'\t' -k1,1nr -s | cut -f2-)
 nalone_start=${#queue[@]}
 for j in "${jobs_all[@]}"; do is_alone "${j%%$'\t'*}" && queue+=("$j"); done
 
@@ -158,7 +169,10 @@ while IFS=$'\t' read -r s st n; do
   [ -n "$s" ] || continue
   printf '%6d  %-6s  %s\n' "$s" "$st" "$n"
   sum=$((sum + s))
+  last_secs[$n]=$s
 done < <(printf '%s\n' "${table[@]}" | sort -t$'\t' -k1,1nr)
+for n in "${!last_secs[@]}"; do printf '%s\t%s\n' "${last_secs[$n]}" "$n"; done \
+  > "$times_file" 2>/dev/null
 printf '%6d  total wall time (%d s of binaries)\n' "$(( $(date +%s) - t_run ))" "$sum"
 echo
 echo "tests: $passed passed, $failed failed${failed_names[*]:+ (${failed_names[*]})}"
