@@ -45,10 +45,14 @@ AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
-ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/ports.c actors/record.c actors/relay.c \
+ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/actor_container.c \
+           actors/actor_chan.c actors/actor_handoff.c actors/ports.c actors/record.c actors/relay.c \
+           actors/shard_intake.c actors/shard_reply.c actors/shard_work.c \
            actors/cluster.c actors/cluster_repl.c actors/cluster_handoff.c actors/cluster_load.c \
            actors/recrev.c
-GATEWAY := gateway/gateway.c gateway/http.c gateway/preview.c gateway/terminal.c
+GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/http_openapi.c \
+           gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
+           gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c
 BENCH   := tools/bench.c tools/stats.c
@@ -228,12 +232,15 @@ build/fuzz/obj/%.o: %.c
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(filter-out container/agent/files.c,$(FUZZ_AGENT)))
 build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$(FUZZ_AGENT)))
-# fuzz_http, fuzz_preview and fuzz_terminal include one source of the HTTP front
-# and link the others, with the libraries they call.
-FUZZ_GW     := gateway/http.c gateway/preview.c gateway/terminal.c runtime/relay.c runtime/nngx.c
+# fuzz_preview and fuzz_terminal include one source of the HTTP front and link
+# the others, with the libraries they call; fuzz_http reaches the front through
+# gateway/http_int.h and links all of it.
+FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/http_openapi.c gateway/http_auth.c \
+               gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
+               runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
-build/fuzz/fuzz_http: $(call fuzz_objs,$(filter-out gateway/http.c,$(FUZZ_GW)))
+build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
 build/fuzz/fuzz_terminal: $(call fuzz_objs,$(filter-out gateway/terminal.c,$(FUZZ_GW)))
 # fuzz_relay includes actors/relay.c (the shard's relay) and replaces the actor table with a scripted one.

@@ -1,13 +1,18 @@
 /*
- * actor.c — one actor per sandbox ID: its mailbox and input gate, its
- * container, the channel to its agent, and its durable record.
- * Everything here runs on the shard's loop thread (shard.h).
+ * actor.c — one actor per sandbox ID: the table of actors, each one's
+ * mailbox and input gate (actor_pump, the op-dispatch chain in
+ * actor_handle), the actor's own operations (create, destroy, status,
+ * env.set, sandbox.configure) and its durable record (writes, their
+ * failures).  Its parts: actor_container.c (the container's lifecycle),
+ * actor_chan.c (the channel to the agent), actor_handoff.c (partitions that
+ * move), ports.c (exposed ports, preview URLs).
+ * Everything here runs on the shard's loop thread (shard.h); the shard owns
+ * the actors (sh->actors.buckets) and the table frees them (actor_maybe_free).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -18,28 +23,24 @@
 #include "cluster.h"
 #include "shard_int.h"
 
-static void actor_pump(struct actor *a);
-static void load_config(struct actor *a);
-static void on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
-
 /* ------------------------------------------------------------------------------ */
 /* The table of actors. */
 
 static size_t
 ahash(struct shard *sh, const char *id)
 {
-    return (size_t)(XXH64(id, strlen(id), 3) % sh->nbuckets);
+    return (size_t)(XXH64(id, strlen(id), 3) % sh->actors.nbuckets);
 }
 
 static void
 actor_unlink(struct shard *sh, struct actor *a)
 {
-    struct actor **pp = &sh->buckets[ahash(sh, a->id)];
+    struct actor **pp = &sh->actors.buckets[ahash(sh, a->id)];
     while (*pp && *pp != a)
         pp = &(*pp)->hnext;
     if (*pp) {
         *pp = a->hnext;
-        sh->nactors--;
+        sh->actors.n--;
     }
 }
 
@@ -56,7 +57,7 @@ actor_release(struct actor *a)
 }
 
 /* Free an actor that holds nothing: no record, no container, no work. */
-static void
+void
 actor_maybe_free(struct actor *a)
 {
     if (a->exists || a->cs != C_NONE || a->mb_head || a->inflight || a->gate || a->destroying ||
@@ -81,7 +82,7 @@ struct actor *
 actor_get(struct shard *sh, const char *id, bool load)
 {
     size_t b = ahash(sh, id);
-    for (struct actor *a = sh->buckets[b]; a; a = a->hnext)
+    for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext)
         if (!strcmp(a->id, id))
             return a;
     if (!load)
@@ -108,7 +109,7 @@ actor_get(struct shard *sh, const char *id, bool load)
     if (rc == 0 || rc == -ENOENT) {
         if (img && sbx_record_decode(img, imglen, &a->rec) == 0) {
             a->exists = true;
-            load_config(a);
+            actor_load_config(a);
             /* No container survives a shard restart, whatever was recorded. */
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         } else if (img) {
@@ -122,9 +123,9 @@ actor_get(struct shard *sh, const char *id, bool load)
         actor_release(a);
         return NULL;
     }
-    a->hnext = sh->buckets[b];
-    sh->buckets[b] = a;
-    sh->nactors++;
+    a->hnext = sh->actors.buckets[b];
+    sh->actors.buckets[b] = a;
+    sh->actors.n++;
     return a;
 }
 
@@ -184,8 +185,8 @@ actor_save_record(struct actor *a)
 }
 
 /* Lifecycle settings from the record's config map. */
-static void
-load_config(struct actor *a)
+void
+actor_load_config(struct actor *a)
 {
     a->sleep_after_ms = 0;
     a->keep_alive = false;
@@ -201,8 +202,8 @@ load_config(struct actor *a)
     sbx_wire_msg_free(&m);
 }
 
-static int64_t
-sleep_after(struct actor *a)
+int64_t
+actor_sleep_after(struct actor *a)
 {
     return a->sleep_after_ms > 0 ? a->sleep_after_ms : a->sh->conf.sleep_after;
 }
@@ -233,7 +234,7 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     sbx_enc_kint(e, "pids", a->rec.limits.pids);
     sbx_enc_kint(e, "cpu", a->rec.limits.cpu_milli);
     sbx_enc_end(e);
-    sbx_enc_kint(e, "sleepAfter", sleep_after(a));
+    sbx_enc_kint(e, "sleepAfter", actor_sleep_after(a));
     sbx_enc_kbool(e, "keepAlive", a->keep_alive);
     if (a->died)
         sbx_enc_kstr(e, "lastExit", a->last_exit);
@@ -269,467 +270,6 @@ reply_status(struct actor *a, struct sop *op)
     sbx_enc_str(&e, "sandbox");
     actor_encode_status(a, &e);
     shard_reply_end(op, &e, a->last_seq);
-}
-
-/* ------------------------------------------------------------------------------ */
-/* The container and its channel. */
-
-static void
-fail_list(struct sop **list, int code, const char *msg)
-{
-    while (*list) {
-        struct sop *op = *list;
-        *list = op->next;
-        op->next = NULL;
-        shard_reply_err(op, code, "%s", msg);
-    }
-}
-
-static void
-fail_inflight(struct actor *a, int code, const char *msg)
-{
-    fail_list(&a->inflight, code, msg);
-}
-
-static void
-detach_channel(struct actor *a)
-{
-    if (a->w) {
-        sbx_loop_unwatch(a->sh->loop, a->w);
-        a->w = NULL;
-    }
-    sbx_frame_reader_free(&a->rd);
-    sbx_frame_writer_free(&a->wr);
-    sbx_frame_reader_init(&a->rd, SBX_WIRE_MAX_FRAME);
-    sbx_frame_writer_init(&a->wr);
-}
-
-static void
-stop_container(struct actor *a, bool for_destroy)
-{
-    detach_channel(a);
-    struct work *w = sbx_xcalloc(1, sizeof(*w));
-    w->kind = W_STOP;
-    w->actor = a;
-    w->c = a->c;
-    w->for_destroy = for_destroy;
-    memset(&a->c, 0, sizeof(a->c));
-    a->c.chan = a->c.pidfd = -1;
-    a->cs = C_STOPPING;
-    shard_work_submit(a->sh, w);
-}
-
-/* The agent went away without being asked to: it was killed (OOM, a bug,
- * tenant code that got at it) or crashed.  Its operations fail now; the next
- * one starts a fresh container. */
-static void
-container_died(struct actor *a, const char *why)
-{
-    struct shard *sh = a->sh;
-    sh->n_died++;
-    /* The agent is exempt from nothing: a memory cgroup at its limit may pick
-     * it.  Say so, from the cgroup's own counter, before the cgroup goes. */
-    struct sbx_cgroup_stats st;
-    if (sbx_container_stats(sh->spawner, &a->c, &st) == 0 && st.oom_kills > 0)
-        why = "the out-of-memory killer ended it at the sandbox's memory limit";
-    snprintf(a->last_exit, sizeof(a->last_exit), "%s", why);
-    a->died = true;
-    sbx_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,
-             (unsigned long long)a->c.serial, why);
-    char msg[256];
-    snprintf(msg, sizeof(msg),
-             "the sandbox's container stopped unexpectedly (%s); the next operation starts a "
-             "fresh one", why);
-    fail_inflight(a, SBX_E_CONTAINER, msg);
-    a->rec.restarts++;
-    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
-    actor_save_record(a);
-    stop_container(a, false);
-}
-
-/*
- * Send {t: tag, op, a: args (a decoded map) or args_enc (an open map
- * encoder, consumed) or {}} to the agent, with what only the shard knows
- * when `op` is given: "cg", the sandbox's cgroup counters when the request
- * left (op->pre, for the agent to tell why a command or process ended,
- * docs/protocol.md §6).
- */
-static int
-agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc *args_enc,
-           uint64_t tag, const struct sop *sop)
-{
-    sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_str(&e, "t");
-    sbx_enc_uint(&e, tag);
-    sbx_enc_kstr(&e, "op", op);
-    int64_t dl = sop ? shard_op_deadline(sop) : 0;
-    if (dl) {
-        /* How long the agent has: it answers before the shard does. */
-        int64_t d = dl - shard_agent_margin(sop->req.timeout_ms) - sbx_mono_ms();
-        sbx_enc_kint(&e, "d", SBX_MAX(d, 1));
-    }
-    if (sop && sop->have_pre) {
-        sbx_enc_kmap(&e, "cg");
-        sbx_enc_kint(&e, "oom", (int64_t)sop->pre.oom_kills);
-        sbx_enc_kint(&e, "pids", (int64_t)sop->pre.pids_max_hits);
-        sbx_enc_end(&e);
-    }
-    sbx_enc_str(&e, "a");
-    if (args)
-        sbx_enc_obj(&e, args);
-    else if (args_enc) {
-        char *ab;
-        size_t al;
-        sbx_enc_end(args_enc);
-        if (sbx_enc_finish(args_enc, &ab, &al) == 0) {
-            sbx_enc_raw(&e, ab, al);
-            free(ab);
-        } else {
-            sbx_enc_map(&e);
-            sbx_enc_end(&e);
-        }
-    } else {
-        sbx_enc_map(&e);
-        sbx_enc_end(&e);
-    }
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, &buf, &len) != 0)
-        return SBX_E_INTERNAL;
-    sbx_frame_queue(&a->wr, buf, len);
-    free(buf);
-    int rc = sbx_frame_flush(&a->wr, a->c.chan);
-    if (rc < 0)
-        return SBX_E_CONTAINER;
-    sbx_loop_modify(a->sh->loop, a->w, EPOLLIN | (rc == 0 ? EPOLLOUT : 0));
-    return 0;
-}
-
-static void
-dispatch(struct actor *a, struct sop *op)
-{
-    /* Its deadline is (nearly) there — it waited for a container start, or
-     * behind one — and the agent would have no time to use: it does not
-     * run (a retry of the request id will). */
-    int64_t dl = shard_op_deadline(op);
-    if (dl && dl - shard_agent_margin(op->req.timeout_ms) <= sbx_mono_ms()) {
-        shard_reply_err(op, SBX_E_TIMEOUT,
-                        "the request's deadline (timeoutMs %lld) came before the operation "
-                        "could start; it did not run",
-                        (long long)op->req.timeout_ms);
-        return;
-    }
-    /* Its request id is recorded as begun before the agent gets it, and the
-     * input gate waits for that commit (actor_commit_continue): a retry after
-     * a crash mid-run finds it and does not run it twice (idem.c). */
-    uint64_t intent = idem_intent(op);
-    if (intent) {
-        a->gate = op;
-        a->cw_seq = intent;
-        shard_commit_wait(a);
-        return;
-    }
-    op->tag = ++a->next_tag;
-    op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
-    /* What started now may end by the sandbox's limits: the counters before. */
-    if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
-        sbx_str_eq(op->req.op, "process.start")) {
-        op->have_pre = sbx_container_stats(a->sh->spawner, &a->c, &op->pre) == 0;
-    }
-    op->sent = true; /* from here it may run (a partly written frame counts) */
-    int rc = agent_send(a, op->def->name, op->req.args, NULL, op->tag, op);
-    if (rc) {
-        shard_reply_err(op, rc, "could not reach the sandbox's agent");
-        container_died(a, "its channel broke");
-        return;
-    }
-    op->next = a->inflight;
-    a->inflight = op;
-    shard_deadline_arm(op);
-}
-
-static void
-container_ready(struct actor *a, struct sbx_container *c, bool pooled)
-{
-    struct shard *sh = a->sh;
-    a->c = *c;
-    a->cs = C_RUNNING;
-    sbx_set_nonblock(a->c.chan, true);
-    a->w = sbx_loop_watch(sh->loop, a->c.chan, EPOLLIN, on_chan, a);
-    if (pooled && memcmp(&a->rec.limits, &sh->limits, sizeof(sh->limits)) != 0)
-        sbx_container_set_limits(sh->spawner, &a->c, &a->rec.limits);
-    /* Identity and environment first: frames reach the agent in order. */
-    sbx_enc args;
-    sbx_enc_init(&args);
-    sbx_enc_map(&args);
-    sbx_enc_kstr(&args, "sandbox", a->id);
-    if (a->rec.env) {
-        sbx_enc_str(&args, "env");
-        sbx_enc_raw(&args, a->rec.env, a->rec.env_len);
-    }
-    if (agent_send(a, "bind", NULL, &args, 0, NULL) != 0) {
-        container_died(a, "the bind frame could not be sent");
-        return;
-    }
-    a->rec.generation++;
-    snprintf(a->rec.state, sizeof(a->rec.state), "running");
-    actor_save_record(a);
-}
-
-static void handle(struct actor *a, struct sop *op);
-
-/* The op that started the container goes on: to the agent, or back through
- * handle() for the actor's own ops that need a running container. */
-static void
-after_start(struct actor *a, struct sop *op)
-{
-    if (op->def->flags & SBX_OP_AGENT)
-        dispatch(a, op);
-    else
-        handle(a, op);
-}
-
-void
-actor_start_container(struct actor *a, struct sop *op)
-{
-    struct shard *sh = a->sh;
-    a->gate = op;
-    a->cs = C_STARTING;
-    op->container_restarted = a->died;
-    struct sbx_container c;
-    if (shard_pool_take(sh, &c)) {
-        a->gate = NULL;
-        container_ready(a, &c, true);
-        if (a->cs == C_RUNNING)
-            after_start(a, op);
-        else
-            shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start");
-        return;
-    }
-    struct work *w = sbx_xcalloc(1, sizeof(*w));
-    w->kind = W_START;
-    w->actor = a;
-    w->lim = a->rec.limits;
-    shard_work_submit(sh, w);
-}
-
-static void
-finish_destroy(struct actor *a, struct sop *op)
-{
-    struct shard *sh = a->sh;
-    bool existed = a->exists;
-    if (existed) {
-        a->last_seq = shard_store_delete(sh, a->id); /* also the partition's tombstone seq */
-    }
-    a->exists = false;
-    a->died = false;
-    sbx_record_free(&a->rec);
-    memset(&a->rec, 0, sizeof(a->rec));
-    /* The lifecycle settings cached from the record go with it: a sandbox
-     * created again under this ID starts from the deployment's defaults
-     * (tests/faults found sleepAfter coming back after a destroy). */
-    load_config(a);
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kbool(&e, "destroyed", existed);
-    sbx_enc_kstr(&e, "id", a->id);
-    shard_reply_end(op, &e, a->last_seq);
-}
-
-void
-actor_work_done(struct shard *sh, struct work *w)
-{
-    struct actor *a = w->actor;
-    if (w->kind == W_START) {
-        struct sop *op = a->gate;
-        a->gate = NULL;
-        if (w->rc != 0) {
-            a->cs = C_NONE;
-            if (op)
-                shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start: %s",
-                                w->why);
-            free(w);
-            actor_pump(a);
-            actor_maybe_free(a);
-            return;
-        }
-        if (sh->stopping || !op) {
-            w->kind = W_STOP;
-            w->actor = NULL;
-            shard_work_submit(sh, w);
-            a->cs = C_NONE;
-            if (op)
-                shard_reply_err(op, SBX_E_INTERRUPTED, "the shard is stopping");
-            return;
-        }
-        container_ready(a, &w->c, false);
-        free(w);
-        if (a->cs == C_RUNNING)
-            after_start(a, op);
-        else
-            shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start");
-        actor_pump(a);
-        return;
-    }
-    /* W_STOP done: the container is reaped and its cgroup removed. */
-    a->cs = C_NONE;
-    if (w->for_destroy) {
-        struct sop *op = a->gate;
-        a->gate = NULL;
-        a->destroying = false;
-        if (op)
-            finish_destroy(a, op);
-    }
-    free(w);
-    actor_pump(a);
-    actor_maybe_free(a);
-}
-
-/* ------------------------------------------------------------------------------ */
-/* Replies from the agent (untrusted: tenant code shares the sandbox). */
-
-static struct sop *
-take_inflight(struct actor *a, uint64_t tag)
-{
-    for (struct sop **pp = &a->inflight; *pp; pp = &(*pp)->next) {
-        if ((*pp)->tag == tag) {
-            struct sop *op = *pp;
-            *pp = op->next;
-            op->next = NULL;
-            return op;
-        }
-    }
-    return NULL;
-}
-
-/*
- * A frame the agent sends on its own (tag 0 with "ev").  "counters": it
- * asks for the sandbox's cgroup counters, which only the host can read (a
- * command or process ended and may have met a limit); the answer is the
- * internal request counters {oomKills, pidsLimitHits}.  Anything else is
- * ignored.  Costs two small cgroup file reads, at most one question in
- * flight per agent (agent_counters_ask).
- */
-static void
-agent_event(struct actor *a, sbx_str ev)
-{
-    if (!sbx_str_eq(ev, "counters") || a->cs != C_RUNNING)
-        return;
-    struct sbx_cgroup_stats st;
-    if (sbx_container_stats(a->sh->spawner, &a->c, &st) != 0)
-        return; /* the agent gives up after a while and keeps the plain cause */
-    sbx_enc args;
-    sbx_enc_init(&args);
-    sbx_enc_map(&args);
-    sbx_enc_kint(&args, "oomKills", (int64_t)st.oom_kills);
-    sbx_enc_kint(&args, "pidsLimitHits", (int64_t)st.pids_max_hits);
-    if (agent_send(a, "counters", NULL, &args, 0, NULL) != 0)
-        container_died(a, "its channel broke");
-}
-
-static void
-agent_reply(struct actor *a, const msgpack_object *root)
-{
-    int64_t tag = 0;
-    bool ok = false;
-    if (sbx_wire_get_i64(root, "t", &tag) != 0)
-        return;
-    sbx_wire_get_bool(root, "ok", &ok);
-    if (tag == 0) {
-        sbx_str ev;
-        if (sbx_wire_get_str(root, "ev", &ev) == 0) {
-            agent_event(a, ev);
-            return;
-        }
-        if (!ok)
-            sbx_warn("sandbox %s: the agent refused an internal request", a->id);
-        return;
-    }
-    struct sop *op = take_inflight(a, (uint64_t)tag);
-    if (!op)
-        return; /* a reply to nothing we sent: ignore */
-    a->last_active_ms = sbx_wall_ms();
-    sbx_enc e;
-    const msgpack_object *r = NULL;
-    if (ok && sbx_wire_get_map(root, "r", &r) == 0) {
-        /* Causes (OOM_KILLED, PIDS_LIMIT) come refined by the agent, from
-         * the counters of "cg" and agent_event. */
-        shard_reply_begin(op, &e);
-        for (uint32_t i = 0; i < r->via.map.size; i++) {
-            const msgpack_object_kv *kv = &r->via.map.ptr[i];
-            if (kv->key.type != MSGPACK_OBJECT_STR)
-                continue;
-            sbx_enc_obj(&e, &kv->key);
-            sbx_enc_obj(&e, &kv->val);
-        }
-        if (op->container_restarted)
-            sbx_enc_kbool(&e, "containerRestarted", true);
-        shard_reply_end(op, &e, a->last_seq);
-        return;
-    }
-    /* An error: keep its code only if it is one of ours. */
-    const msgpack_object *eo = NULL;
-    sbx_str code = {0}, msg = {0};
-    if (sbx_wire_get_map(root, "e", &eo) == 0) {
-        sbx_wire_get_str(eo, "code", &code);
-        sbx_wire_get_str(eo, "message", &msg);
-    }
-    int c = code.n ? sbx_err_from_name(code.p, code.n) : SBX_E_INTERNAL;
-    sbx_werr w;
-    sbx_werr_init(&w, c, "%.*s", (int)SBX_MIN(msg.n, 400), msg.p ? msg.p : "");
-    const msgpack_object *ctx = eo ? sbx_wire_get(eo, "context") : NULL;
-    if (ctx && ctx->type == MSGPACK_OBJECT_MAP) {
-        for (uint32_t i = 0; i < ctx->via.map.size; i++) {
-            sbx_enc_obj(sbx_werr_ctx(&w), &ctx->via.map.ptr[i].key);
-            sbx_enc_obj(sbx_werr_ctx(&w), &ctx->via.map.ptr[i].val);
-        }
-    }
-    sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", a->id);
-    shard_reply_werr(op, &w);
-    sbx_werr_free(&w);
-}
-
-static void
-on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg)
-{
-    struct actor *a = arg;
-    (void)l;
-    if (ev & EPOLLOUT) {
-        int rc = sbx_frame_flush(&a->wr, fd);
-        if (rc < 0) {
-            container_died(a, "its channel broke");
-            return;
-        }
-        if (rc == 1)
-            sbx_loop_modify(a->sh->loop, a->w, EPOLLIN);
-    }
-    if (!(ev & (EPOLLIN | EPOLLHUP | EPOLLERR)))
-        return;
-    ssize_t got = sbx_frame_read(&a->rd, fd);
-    const char *p;
-    size_t n;
-    int k;
-    while ((k = sbx_frame_next(&a->rd, &p, &n)) == 1) {
-        sbx_msg m;
-        if (sbx_wire_decode(&m, p, n, &sbx_wire_limits_reply) != 0) {
-            container_died(a, "it sent a malformed frame");
-            return;
-        }
-        agent_reply(a, m.root);
-        sbx_wire_msg_free(&m);
-        if (a->cs != C_RUNNING)
-            return;
-    }
-    if (k < 0) {
-        container_died(a, "it sent an oversized frame");
-        return;
-    }
-    if (got == 0 || (got < 0 && got != -EAGAIN))
-        container_died(a, "its agent exited");
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -798,11 +338,11 @@ op_destroy(struct actor *a, struct sop *op)
     if (a->cs == C_RUNNING) {
         a->gate = op;
         a->destroying = true;
-        fail_inflight(a, SBX_E_INTERRUPTED, "the sandbox was destroyed");
-        stop_container(a, true);
+        actor_fail_inflight(a, SBX_E_INTERRUPTED, "the sandbox was destroyed");
+        actor_stop_container(a, true);
         return;
     }
-    finish_destroy(a, op);
+    actor_finish_destroy(a, op);
 }
 
 /* Replace blob (a msgpack map) with blob ⊕ vars: string values set, nil
@@ -966,9 +506,9 @@ actor_commit_continue(struct actor *a)
                             "run, and a retry with the same request id runs it",
                             sbx_err_message(rc));
         else if (a->cs == C_RUNNING)
-            dispatch(a, op);
+            actor_dispatch(a, op);
         else {
-            /* The container went meanwhile: op goes first through handle()
+            /* The container went meanwhile: op goes first through actor_handle()
              * again (a start, or its error); its intent is written. */
             op->next = a->mb_head;
             a->mb_head = op;
@@ -978,7 +518,7 @@ actor_commit_continue(struct actor *a)
     } else if (actor_write_failed(a, seq))
         shard_deliver_error(op, a->bad_code);
     else if (a->cs == C_RUNNING)
-        dispatch(a, op);
+        actor_dispatch(a, op);
     else
         reply_success(a, op); /* committed: a container started later gets it at bind */
     actor_pump(a);
@@ -1034,20 +574,20 @@ op_configure(struct actor *a, struct sop *op)
         }
         free(cb);
     }
-    load_config(a);
+    actor_load_config(a);
     a->last_active_ms = sbx_wall_ms();
     actor_save_record(a);
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kint(&e, "sleepAfter", sleep_after(a));
+    sbx_enc_kint(&e, "sleepAfter", actor_sleep_after(a));
     sbx_enc_kbool(&e, "keepAlive", a->keep_alive);
     shard_reply_end(op, &e, a->last_seq);
 }
 
 
-static void
-handle(struct actor *a, struct sop *op)
+void
+actor_handle(struct actor *a, struct sop *op)
 {
     a->last_active_ms = sbx_wall_ms();
     const char *name = op->def->name;
@@ -1109,30 +649,10 @@ handle(struct actor *a, struct sop *op)
         actor_start_container(a, op);
         return;
     }
-    dispatch(a, op);
+    actor_dispatch(a, op);
 }
 
 void
-actor_sleep_sweep(struct shard *sh)
-{
-    int64_t now = sbx_wall_ms();
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
-            if (a->cs != C_RUNNING || a->inflight || a->mb_head || a->gate || a->keep_alive ||
-                a->relays > 0)
-                continue;
-            if (now - a->last_active_ms < sleep_after(a))
-                continue;
-            sbx_info("sandbox %s: idle for %llds, stopping its container (sleepAfter)", a->id,
-                     (long long)((now - a->last_active_ms) / 1000));
-            snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
-            actor_save_record(a);
-            stop_container(a, false);
-        }
-    }
-}
-
-static void
 actor_pump(struct actor *a)
 {
     /* The input gate: nothing moves while a lifecycle step is under way. */
@@ -1142,7 +662,7 @@ actor_pump(struct actor *a)
         if (!a->mb_head)
             a->mb_tail = NULL;
         op->next = NULL;
-        handle(a, op);
+        actor_handle(a, op);
     }
 }
 
@@ -1205,7 +725,7 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         }
         a->exists = true;
-        load_config(a);
+        actor_load_config(a);
     } else if (!a->durable && a->cs == C_NONE && !a->inflight && !a->mb_head) {
         sbx_record_free(&a->rec);
         memset(&a->rec, 0, sizeof(a->rec));
@@ -1218,7 +738,7 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
          * the creating write failed on a full disk). */
         sbx_record_set_blob(&a->rec.config, &a->rec.config_len, NULL, 0);
         sbx_record_set_blob(&a->rec.env, &a->rec.env_len, NULL, 0);
-        load_config(a);
+        actor_load_config(a);
     }
     /* Supersede the undone writes that may still commit; with none, what
      * comes next depends on the writes before the failed ones only (all
@@ -1234,82 +754,20 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Handoff (actors/cluster_handoff.c). */
-
-bool
-actor_partition_quiesce(struct shard *sh, const uint8_t *set, bool force, uint64_t *max_seq)
-{
-    bool quiet = true;
-    *max_seq = 0;
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
-            if (!set[a->part])
-                continue;
-            if (force) {
-                fail_inflight(a, SBX_E_INTERRUPTED,
-                              "the sandbox's partition moved to another shard; retry");
-                fail_list(&a->mb_head, SBX_E_WRONG_OWNER,
-                          "the sandbox's partition moved to another shard; retry");
-                a->mb_tail = NULL;
-            }
-            if (a->cs == C_RUNNING && !a->inflight && !a->mb_head && !a->gate) {
-                /* Like an idle sleep: the sandbox starts again on its new owner. */
-                snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
-                actor_save_record(a);
-                stop_container(a, false);
-            }
-            if (a->last_seq > *max_seq)
-                *max_seq = a->last_seq;
-            if (a->cs != C_NONE || a->inflight || a->mb_head || a->gate || a->destroying)
-                quiet = false;
-        }
-    }
-    /* Writes of actors already freed: a destroy's delete above all. */
-    for (int p = 0; p < SBX_PARTITIONS; p++)
-        if (set[p] && sh->part_seq[p] > *max_seq)
-            *max_seq = sh->part_seq[p];
-    return quiet;
-}
-
-void
-actor_partition_drop(struct shard *sh, const uint8_t *set)
-{
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        struct actor *a = sh->buckets[b];
-        while (a) {
-            struct actor *next = a->hnext;
-            if (set[a->part]) {
-                fail_inflight(a, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
-                fail_list(&a->mb_head, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
-                a->mb_tail = NULL;
-                /* The record is not ours any more; the actor goes when idle. */
-                a->exists = false;
-                sbx_record_free(&a->rec);
-                memset(&a->rec, 0, sizeof(a->rec));
-                if (a->cs == C_RUNNING)
-                    stop_container(a, false);
-                actor_maybe_free(a);
-            }
-            a = next;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------------ */
 /* Shutdown. */
 
 void
 actor_stop_all(struct shard *sh)
 {
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        for (struct actor *a = sh->buckets[b]; a; a = a->hnext) {
-            fail_inflight(a, SBX_E_INTERRUPTED, "the shard is stopping");
-            fail_list(&a->mb_head, SBX_E_INTERRUPTED, "the shard is stopping");
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext) {
+            actor_fail_inflight(a, SBX_E_INTERRUPTED, "the shard is stopping");
+            actor_fail_list(&a->mb_head, SBX_E_INTERRUPTED, "the shard is stopping");
             a->mb_tail = NULL;
             if (a->cs == C_RUNNING) {
                 snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
                 actor_save_record(a);
-                stop_container(a, false);
+                actor_stop_container(a, false);
             }
         }
     }
@@ -1318,10 +776,10 @@ actor_stop_all(struct shard *sh)
 void
 actor_free_all(struct shard *sh)
 {
-    for (size_t b = 0; b < sh->nbuckets; b++) {
-        while (sh->buckets[b]) {
-            struct actor *a = sh->buckets[b];
-            sh->buckets[b] = a->hnext;
+    for (size_t b = 0; b < sh->actors.nbuckets; b++) {
+        while (sh->actors.buckets[b]) {
+            struct actor *a = sh->actors.buckets[b];
+            sh->actors.buckets[b] = a->hnext;
             while (a->mb_head) {
                 struct sop *op = a->mb_head;
                 a->mb_head = op->next;
@@ -1337,5 +795,5 @@ actor_free_all(struct shard *sh)
             actor_release(a);
         }
     }
-    sh->nactors = 0;
+    sh->actors.n = 0;
 }

@@ -61,13 +61,13 @@ ttl_ms(const struct shard *sh)
 static size_t
 ihash(struct shard *sh, const char *id)
 {
-    return (size_t)(XXH64(id, strlen(id), 7) % sh->nibuckets);
+    return (size_t)(XXH64(id, strlen(id), 7) % sh->idem.nbuckets);
 }
 
 struct idem *
 idem_find(struct shard *sh, const char *id)
 {
-    for (struct idem *e = sh->ibuckets[ihash(sh, id)]; e; e = e->hnext)
+    for (struct idem *e = sh->idem.buckets[ihash(sh, id)]; e; e = e->hnext)
         if (!strcmp(e->id, id))
             return e;
     return NULL;
@@ -77,12 +77,12 @@ idem_find(struct shard *sh, const char *id)
 static void
 unlink_entry(struct shard *sh, struct idem *e, bool forget)
 {
-    struct idem **pp = &sh->ibuckets[ihash(sh, e->id)];
+    struct idem **pp = &sh->idem.buckets[ihash(sh, e->id)];
     while (*pp && *pp != e)
         pp = &(*pp)->hnext;
     if (*pp)
         *pp = e->hnext;
-    struct idem **lp = &sh->ihead;
+    struct idem **lp = &sh->idem.head;
     struct idem *prev = NULL;
     while (*lp && *lp != e) {
         prev = *lp;
@@ -90,13 +90,13 @@ unlink_entry(struct shard *sh, struct idem *e, bool forget)
     }
     if (*lp)
         *lp = e->lnext;
-    if (sh->itail == e)
-        sh->itail = prev;
+    if (sh->idem.tail == e)
+        sh->idem.tail = prev;
     if (forget && e->dlen)
         sbx_store_del(sh->store, SBX_DB_IDEM, e->id, strlen(e->id));
-    sh->idem_bytes -= e->len;
-    sh->idem_dbytes -= e->dlen;
-    sh->nidem--;
+    sh->idem.bytes -= e->len;
+    sh->idem.dbytes -= e->dlen;
+    sh->idem.n--;
     free(e->reply);
     free(e);
 }
@@ -110,18 +110,18 @@ idem_remove(struct shard *sh, struct idem *e)
 void
 idem_free_all(struct shard *sh)
 {
-    while (sh->ihead)
-        unlink_entry(sh, sh->ihead, false);
+    while (sh->idem.head)
+        unlink_entry(sh, sh->idem.head, false);
 }
 
 void
 idem_expire(struct shard *sh)
 {
     int64_t now = sbx_wall_ms();
-    while (sh->ihead && !sh->ihead->inflight &&
-           (sh->nidem > IDEM_MAX_ENTRIES || sh->idem_bytes > IDEM_MAX_BYTES ||
-            sh->idem_dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->ihead->at_ms > ttl_ms(sh)))
-        idem_remove(sh, sh->ihead);
+    while (sh->idem.head && !sh->idem.head->inflight &&
+           (sh->idem.n > IDEM_MAX_ENTRIES || sh->idem.bytes > IDEM_MAX_BYTES ||
+            sh->idem.dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->idem.head->at_ms > ttl_ms(sh)))
+        idem_remove(sh, sh->idem.head);
 }
 
 /* Insert e at the tail (entries are kept in recording order). */
@@ -129,14 +129,14 @@ static void
 link_entry(struct shard *sh, struct idem *e)
 {
     size_t b = ihash(sh, e->id);
-    e->hnext = sh->ibuckets[b];
-    sh->ibuckets[b] = e;
-    if (sh->itail)
-        sh->itail->lnext = e;
+    e->hnext = sh->idem.buckets[b];
+    sh->idem.buckets[b] = e;
+    if (sh->idem.tail)
+        sh->idem.tail->lnext = e;
     else
-        sh->ihead = e;
-    sh->itail = e;
-    sh->nidem++;
+        sh->idem.head = e;
+    sh->idem.tail = e;
+    sh->idem.n++;
 }
 
 struct idem *
@@ -184,9 +184,9 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     memcpy(v + IDEM_HDR, buf, len);
     op->idem_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
     op->idem_need = need_seq;
-    sh->idem_dbytes -= e->dlen; /* the intent it replaces, if any */
+    sh->idem.dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;
-    sh->idem_dbytes += e->dlen;
+    sh->idem.dbytes += e->dlen;
     free(v);
     return SBX_MAX(need_seq, op->idem_seq);
 }
@@ -206,9 +206,9 @@ idem_intent(struct sop *op)
         v[i] = (char)(at >> (8 * i));
     v[IDEM_HDR] = (char)IDEM_INTENT;
     op->intent_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, sizeof(v));
-    sh->idem_dbytes -= e->dlen;
+    sh->idem.dbytes -= e->dlen;
     e->dlen = sizeof(v);
-    sh->idem_dbytes += e->dlen;
+    sh->idem.dbytes += e->dlen;
     return op->intent_seq;
 }
 
@@ -255,7 +255,7 @@ idem_done(struct sop *op, char *buf, size_t len)
     if (len <= IDEM_MAX_REPLY) {
         e->reply = buf;
         e->len = len;
-        sh->idem_bytes += len;
+        sh->idem.bytes += len;
         buf = NULL;
     }
     return buf;
@@ -359,7 +359,7 @@ idem_load(struct shard *sh)
                 free(lc.v[i]);
                 continue;
             }
-            sh->idem_dbytes += lc.v[i]->dlen;
+            sh->idem.dbytes += lc.v[i]->dlen;
             link_entry(sh, lc.v[i]);
         }
         idem_expire(sh);

@@ -51,7 +51,7 @@ struct rconn {
     int up;        /* into the sandbox, or -1 */
 };
 
-/* A question for the loop thread, answered under sh->relay_mu. */
+/* A question for the loop thread, answered under sh->relay.mu. */
 struct rquery {
     struct shard *sh;
     char id[64];
@@ -70,9 +70,9 @@ static void
 rquery_unref(struct rquery *q)
 {
     struct shard *sh = q->sh;
-    pthread_mutex_lock(&sh->relay_mu);
+    pthread_mutex_lock(&sh->relay.mu);
     bool last = --q->refs == 0;
-    pthread_mutex_unlock(&sh->relay_mu);
+    pthread_mutex_unlock(&sh->relay.mu);
     if (last) {
         if (q->pidfd >= 0)
             close(q->pidfd);
@@ -87,9 +87,9 @@ rquery_cb(sbx_loop *l, void *arg)
     struct rquery *q = arg;
     struct shard *sh = q->sh;
     (void)l;
-    pthread_mutex_lock(&sh->relay_mu);
+    pthread_mutex_lock(&sh->relay.mu);
     bool abandoned = q->abandoned;
-    pthread_mutex_unlock(&sh->relay_mu);
+    pthread_mutex_unlock(&sh->relay.mu);
     struct actor *a = abandoned ? NULL : actor_get(sh, q->id, false);
     int rc = 0;
     char why[160] = "";
@@ -118,13 +118,13 @@ rquery_cb(sbx_loop *l, void *arg)
             a->last_active_ms = sbx_wall_ms();
         }
     }
-    pthread_mutex_lock(&sh->relay_mu);
+    pthread_mutex_lock(&sh->relay.mu);
     q->rc = rc;
     snprintf(q->why, sizeof(q->why), "%s", why);
     q->pidfd = pidfd;
     q->done = true;
-    pthread_cond_broadcast(&sh->relay_cv);
-    pthread_mutex_unlock(&sh->relay_mu);
+    pthread_cond_broadcast(&sh->relay.cv);
+    pthread_mutex_unlock(&sh->relay.mu);
     rquery_unref(q);
 }
 
@@ -146,14 +146,14 @@ rquery_ask(struct shard *sh, const char *id, int port, uint64_t gen, bool end)
     sbx_loop_post(sh->loop, rquery_cb, q);
     if (end)
         return q;
-    pthread_mutex_lock(&sh->relay_mu);
+    pthread_mutex_lock(&sh->relay.mu);
     int64_t deadline = sbx_mono_ms() + 5000;
     while (!q->done && sbx_mono_ms() < deadline) {
-        sbx_cond_wait_ms(&sh->relay_cv, &sh->relay_mu, 100);
+        sbx_cond_wait_ms(&sh->relay.cv, &sh->relay.mu, 100);
     }
     if (!q->done)
         q->abandoned = true;
-    pthread_mutex_unlock(&sh->relay_mu);
+    pthread_mutex_unlock(&sh->relay.mu);
     return q;
 }
 
@@ -311,11 +311,11 @@ conn_main(void *arg)
     id[il] = 0;
     /* 2. the loop thread's view of the sandbox */
     struct rquery *q = rquery_ask(sh, id, port, gen, false);
-    pthread_mutex_lock(&sh->relay_mu);
+    pthread_mutex_lock(&sh->relay.mu);
     int rc = q->rc;
     int pidfd = q->pidfd;
     q->pidfd = -1;
-    pthread_mutex_unlock(&sh->relay_mu);
+    pthread_mutex_unlock(&sh->relay.mu);
     rquery_unref(q);
     if (rc) {
         socks_reply(c->fd, socks_rep_of(rc));
@@ -330,9 +330,9 @@ conn_main(void *arg)
         socks_reply(c->fd, SBX_SOCKS_FAIL);
         goto done;
     }
-    pthread_mutex_lock(&sh->relay_mu);
+    pthread_mutex_lock(&sh->relay.mu);
     c->up = up;
-    pthread_mutex_unlock(&sh->relay_mu);
+    pthread_mutex_unlock(&sh->relay.mu);
     rc = connect_timeout(up, port, 5000);
     if (rc) {
         socks_reply(c->fd, rc == -ECONNREFUSED ? SBX_SOCKS_REFUSED : SBX_SOCKS_FAIL);
@@ -346,15 +346,15 @@ conn_main(void *arg)
 done:
     if (counted)
         rquery_unref(rquery_ask(sh, id, 0, 0, true));
-    pthread_mutex_lock(&sh->relay_mu);
-    for (struct rconn **pp = &sh->relay_conns; *pp; pp = &(*pp)->next)
+    pthread_mutex_lock(&sh->relay.mu);
+    for (struct rconn **pp = &sh->relay.conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
             break;
         }
-    sh->relay_nconns--;
-    pthread_cond_broadcast(&sh->relay_cv);
-    pthread_mutex_unlock(&sh->relay_mu);
+    sh->relay.nconns--;
+    pthread_cond_broadcast(&sh->relay.cv);
+    pthread_mutex_unlock(&sh->relay.mu);
     if (c->up >= 0)
         close(c->up);
     close(c->fd);
@@ -367,7 +367,7 @@ accept_main(void *arg)
 {
     struct shard *sh = arg;
     for (;;) {
-        struct pollfd p[2] = {{sh->relay_fd, POLLIN, 0}, {sh->relay_stopfd, POLLIN, 0}};
+        struct pollfd p[2] = {{sh->relay.fd, POLLIN, 0}, {sh->relay.stopfd, POLLIN, 0}};
         if (poll(p, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
@@ -375,12 +375,12 @@ accept_main(void *arg)
         }
         if (p[1].revents)
             break;
-        int fd = accept4(sh->relay_fd, NULL, NULL, SOCK_CLOEXEC);
+        int fd = accept4(sh->relay.fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
-        pthread_mutex_lock(&sh->relay_mu);
-        if (sh->relay_nconns >= RELAY_MAX_CONNS) {
-            pthread_mutex_unlock(&sh->relay_mu);
+        pthread_mutex_lock(&sh->relay.mu);
+        if (sh->relay.nconns >= RELAY_MAX_CONNS) {
+            pthread_mutex_unlock(&sh->relay.mu);
             close(fd); /* too many preview connections on this shard */
             continue;
         }
@@ -388,20 +388,20 @@ accept_main(void *arg)
         c->sh = sh;
         c->fd = fd;
         c->up = -1;
-        c->next = sh->relay_conns;
-        sh->relay_conns = c;
-        sh->relay_nconns++;
-        pthread_mutex_unlock(&sh->relay_mu);
+        c->next = sh->relay.conns;
+        sh->relay.conns = c;
+        sh->relay.nconns++;
+        pthread_mutex_unlock(&sh->relay.mu);
         pthread_t t;
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&at, 256 * 1024);
         if (pthread_create(&t, &at, conn_main, c) != 0) {
-            pthread_mutex_lock(&sh->relay_mu);
-            sh->relay_conns = c->next;
-            sh->relay_nconns--;
-            pthread_mutex_unlock(&sh->relay_mu);
+            pthread_mutex_lock(&sh->relay.mu);
+            sh->relay.conns = c->next;
+            sh->relay.nconns--;
+            pthread_mutex_unlock(&sh->relay.mu);
             close(fd);
             free(c);
         }
@@ -421,43 +421,43 @@ shard_relay_start(struct shard *sh)
                   sh->conf.relay, strerror(-fd));
         return fd;
     }
-    sh->relay_fd = fd;
-    sh->relay_stopfd = eventfd(0, EFD_CLOEXEC);
-    if (pthread_create(&sh->relay_thread, NULL, accept_main, sh) != 0) {
-        close(sh->relay_fd);
-        close(sh->relay_stopfd);
-        sh->relay_fd = sh->relay_stopfd = -1;
+    sh->relay.fd = fd;
+    sh->relay.stopfd = eventfd(0, EFD_CLOEXEC);
+    if (pthread_create(&sh->relay.thread, NULL, accept_main, sh) != 0) {
+        close(sh->relay.fd);
+        close(sh->relay.stopfd);
+        sh->relay.fd = sh->relay.stopfd = -1;
         return -EAGAIN;
     }
-    sh->relay_running = true;
+    sh->relay.running = true;
     return 0;
 }
 
 void
 shard_relay_stop(struct shard *sh)
 {
-    if (sh->relay_running) {
+    if (sh->relay.running) {
         uint64_t one = 1;
-        ssize_t w = write(sh->relay_stopfd, &one, sizeof(one));
+        ssize_t w = write(sh->relay.stopfd, &one, sizeof(one));
         (void)w;
-        pthread_join(sh->relay_thread, NULL);
-        sh->relay_running = false;
+        pthread_join(sh->relay.thread, NULL);
+        sh->relay.running = false;
     }
     /* End every relay: their pumps see EOF and the threads exit. */
-    pthread_mutex_lock(&sh->relay_mu);
-    for (struct rconn *c = sh->relay_conns; c; c = c->next) {
+    pthread_mutex_lock(&sh->relay.mu);
+    for (struct rconn *c = sh->relay.conns; c; c = c->next) {
         shutdown(c->fd, SHUT_RDWR);
         if (c->up >= 0)
             shutdown(c->up, SHUT_RDWR);
     }
     int64_t deadline = sbx_mono_ms() + 5000;
-    while (sh->relay_nconns > 0 && sbx_mono_ms() < deadline) {
-        sbx_cond_wait_ms(&sh->relay_cv, &sh->relay_mu, 50);
+    while (sh->relay.nconns > 0 && sbx_mono_ms() < deadline) {
+        sbx_cond_wait_ms(&sh->relay.cv, &sh->relay.mu, 50);
     }
-    pthread_mutex_unlock(&sh->relay_mu);
-    if (sh->relay_fd >= 0)
-        close(sh->relay_fd);
-    if (sh->relay_stopfd >= 0)
-        close(sh->relay_stopfd);
-    sh->relay_fd = sh->relay_stopfd = -1;
+    pthread_mutex_unlock(&sh->relay.mu);
+    if (sh->relay.fd >= 0)
+        close(sh->relay.fd);
+    if (sh->relay.stopfd >= 0)
+        close(sh->relay.stopfd);
+    sh->relay.fd = sh->relay.stopfd = -1;
 }

@@ -1,5 +1,5 @@
 /*
- * shard_int.h — what shard.c and actor.c share.  Everything here is owned
+ * shard_int.h — what shard.c, actor.c and their parts share.  Everything here is owned
  * by the shard's loop thread unless a comment says otherwise.
  */
 #ifndef SBX_SHARD_INT_H
@@ -157,6 +157,24 @@ struct pooled {
     struct sbx_container c;
 };
 
+/* The worker threads (shard_work.c): a queue of work under their own lock;
+ * results come back through sbx_loop_post. */
+struct shard_workers {
+    pthread_t *threads;
+    int n;
+    pthread_mutex_t mu;         /* guards head, tail, stop */
+    pthread_cond_t cv;
+    struct work *head, *tail;
+    bool stop;
+    int busy;                   /* loop-side count of work items not yet returned */
+};
+
+/* The warm pool of started containers (shard_work.c; loop thread). */
+struct shard_pool {
+    struct pooled *head;        /* owned */
+    int n, inflight;            /* containers in it; starts under way */
+};
+
 /* Cached replies for retried request ids (idempotency). */
 struct idem {
     struct idem *hnext, *lnext;
@@ -167,6 +185,35 @@ struct idem {
     size_t dlen;                /* bytes of its LMDB copy (SBX_DB_IDEM), 0: none */
     int64_t at_ms;              /* recorded, ms since the epoch */
     bool interrupted;           /* an intent with no reply: started, never answered */
+};
+
+/* The actors by sandbox ID (actor.c; loop thread): a chained hash table
+ * (struct actor's hnext).  Owns the actors. */
+struct actor_table {
+    struct actor **buckets;
+    size_t nbuckets, n;
+};
+
+/* The idempotency cache (idem.c; loop thread): entries by key, and in
+ * insertion order for expiry.  Owns its entries. */
+struct shard_idem {
+    struct idem **buckets;
+    size_t nbuckets, n;
+    struct idem *head, *tail;   /* insertion order, for expiry */
+    size_t bytes;               /* of the replies kept in memory */
+    size_t dbytes;              /* of their LMDB copies */
+};
+
+/* The preview relay server (relay.c): its thread, listening socket and
+ * live connections, under its own lock. */
+struct shard_relay {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int fd, stopfd;
+    pthread_t thread;
+    bool running;
+    struct rconn *conns;
+    int nconns;
 };
 
 struct shard {
@@ -184,9 +231,7 @@ struct shard {
     bool stopping;
     bool ctx_closed;            /* replies are no longer sent */
 
-    /* actors by ID */
-    struct actor **buckets;
-    size_t nbuckets, nactors;
+    struct actor_table actors; /* actor.c */
 
     /* output gate */
     uint64_t decided;           /* every write ≤ this has a result */
@@ -199,34 +244,12 @@ struct shard {
     struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
     struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
 
-    /* workers (their own lock; results come back through sbx_loop_post) */
-    pthread_t *workers;
-    int nworkers;
-    pthread_mutex_t wmu;
-    pthread_cond_t wcv;
-    struct work *wq_head, *wq_tail;
-    bool wstop;
-    int busy_work;              /* loop-side count of work items not yet returned */
+    struct shard_workers work; /* shard_work.c */
+    struct shard_pool pool;    /* shard_work.c */
 
-    /* warm pool */
-    struct pooled *pool;
-    int npool, pool_inflight;
+    struct shard_idem idem;    /* idem.c */
 
-    /* idempotency cache */
-    struct idem **ibuckets;
-    size_t nibuckets, nidem;
-    struct idem *ihead, *itail; /* insertion order, for expiry */
-    size_t idem_bytes;
-    size_t idem_dbytes;         /* of their LMDB copies */
-
-    /* preview relay (actors/relay.c; its own lock) */
-    pthread_mutex_t relay_mu;
-    pthread_cond_t relay_cv;
-    int relay_fd, relay_stopfd;
-    pthread_t relay_thread;
-    bool relay_running;
-    struct rconn *relay_conns;
-    int relay_nconns;
+    struct shard_relay relay;  /* relay.c */
 
     /* cluster membership and ownership (actors/cluster.c), or NULL */
     struct cluster *cluster;
@@ -236,7 +259,27 @@ struct shard {
     int64_t start_us_total;
 };
 
-/* shard.c */
+/* shard.c: the shard-level operations list and shard.status (op consumed). */
+void shard_op_list(struct sop *op);
+void shard_op_status(struct sop *op);
+
+/* shard_intake.c: the REP contexts' nng callback (nng's threads: moves the
+ * message and posts on_request to the loop), and a reply sent on context c
+ * (loop thread; buf borrowed; nothing once the socket is closing). */
+void shard_sctx_cb(void *arg);
+void shard_sctx_send(struct sctx *c, const char *buf, size_t len);
+
+/* shard_work.c: a worker thread's body (arg: the shard); and topping the
+ * warm pool up to conf.pool containers (loop thread). */
+void *shard_worker_main(void *arg);
+void shard_pool_fill(struct shard *sh);
+/* shard_work_submit — queue w (owned by the workers until it comes back to
+ * the loop: actor_work_done for an actor's). */
+void shard_work_submit(struct shard *sh, struct work *w);
+/* shard_pool_take — a warm container into *out (true), or none (false). */
+bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+
+/* shard_reply.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);
 /* shard_deliver — send buf (owned, consumed) to op's waiters now, keep it for
  * retries of its request id, and free op. */
@@ -252,7 +295,6 @@ void shard_reply_werr(struct sop *op, sbx_werr *w);
  * the caller is answered either way. */
 void shard_reply_begin(struct sop *op, sbx_enc *e);
 void shard_reply_end(struct sop *op, sbx_enc *e, uint64_t need_seq);
-void shard_work_submit(struct shard *sh, struct work *w);
 /*
  * Deadlines (docs/protocol.md §2).  A request with timeoutMs T is answered
  * REQUEST_TIMEOUT by the shard itself at shard_deadline(T) after it
@@ -272,7 +314,7 @@ void shard_deadline_arm(struct sop *op);
 /* shard_op_deadline — the latest deadline among the ctxs still waiting, or
  * 0 if one of them has none (or none waits). */
 int64_t shard_op_deadline(const struct sop *op);
-bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+/* sop_free — free op (NULL: nothing), its timer, decoded request and message. */
 void sop_free(struct sop *op);
 
 /* gate.c (the output gate) */
@@ -420,8 +462,47 @@ bool actor_inflight(const struct sop *op);
 void actor_work_done(struct shard *sh, struct work *w);
 void actor_encode_status(struct actor *a, sbx_enc *e);
 void actor_stop_all(struct shard *sh);
-/* actor.c: stop the containers of actors idle for longer than their sleepAfter. */
+/* actor_container.c: stop the containers of actors idle for longer than their sleepAfter. */
 void actor_sleep_sweep(struct shard *sh);
 void actor_free_all(struct shard *sh);
+
+/*
+ * Shared by actor.c and its parts (actor_container.c, actor_chan.c,
+ * actor_handoff.c); loop thread only.  Ops passed in are consumed (answered
+ * or handed on) unless a comment says otherwise.
+ */
+/* actor.c: run what a's mailbox holds while its input gate is open. */
+void actor_pump(struct actor *a);
+/* actor.c: the op-dispatch chain — one op of a's mailbox. */
+void actor_handle(struct actor *a, struct sop *op);
+/* actor.c: free a if it holds nothing (no record, container, work, relay). */
+void actor_maybe_free(struct actor *a);
+/* actor.c: the lifecycle settings (sleepAfter, keepAlive) from a's record. */
+void actor_load_config(struct actor *a);
+/* actor.c: a's sleepAfter in ms (its own, else the shard's). */
+int64_t actor_sleep_after(struct actor *a);
+/* actor_container.c: answer every op of *list (emptied) with code and msg. */
+void actor_fail_list(struct sop **list, int code, const char *msg);
+/* actor_container.c: answer a's ops in flight at its agent with code and msg. */
+void actor_fail_inflight(struct actor *a, int code, const char *msg);
+/* actor_container.c: stop a's container on a worker (a->cs C_STOPPING until
+ * actor_work_done); for_destroy: the destroy at the gate then finishes. */
+void actor_stop_container(struct actor *a, bool for_destroy);
+/* actor_container.c: the agent went away unasked (why: a sentence); its ops
+ * in flight fail, the container is stopped, the next op starts a fresh one. */
+void actor_container_died(struct actor *a, const char *why);
+/* actor_container.c: forget a's record (queueing its deletion) and answer
+ * the destroy op. */
+void actor_finish_destroy(struct actor *a, struct sop *op);
+/* actor_chan.c: send an agent op to a's agent (tagged, in flight until its
+ * reply or the container's end). */
+void actor_dispatch(struct actor *a, struct sop *op);
+/* actor_chan.c: send {t: tag, op, a: args or args_enc (an open map encoder,
+ * consumed) or {}} to a's agent, with the deadline and counters of sop when
+ * not NULL.  0, SBX_E_INTERNAL, or SBX_E_CONTAINER (the channel broke). */
+int actor_agent_send(struct actor *a, const char *op, const msgpack_object *args,
+                     sbx_enc *args_enc, uint64_t tag, const struct sop *sop);
+/* actor_chan.c: the loop's watcher of a's channel (arg: the actor). */
+void actor_on_chan(sbx_loop *l, int fd, uint32_t ev, void *arg);
 
 #endif

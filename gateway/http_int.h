@@ -1,23 +1,71 @@
 /*
- * http_int.h — what gateway/http.c shares with preview.c and terminal.c.
- * Not a public interface: the HTTP front's own pieces only.
+ * http_int.h — what the parts of the HTTP front share.  Not a public
+ * interface: the HTTP front's own pieces only.
+ *
+ *   http.c          server lifecycle (start, stop), the access handler (one
+ *                   request's phases), JSON and error responses
+ *   http_route.c    the route table, matching a request to a route, and the
+ *                   operation's arguments from path, query and body
+ *   http_openapi.c  the OpenAPI document of the routes
+ *   http_auth.c     API keys, bearer check, the keyless browser guard
+ *   http_sse.c      a stream as Server-Sent Events (stream.read long polls)
+ *   http_call.c     calls to the gateway over nng (asynchronous for the
+ *                   access handler, synchronous for worker threads)
+ *   preview.c, terminal.c   preview URLs and terminals (worker threads)
+ *
+ * Threads: libmicrohttpd's threads (MHD_OPTION_THREAD_POOL_SIZE) run the
+ * access handler, the SSE content reader and the completion callback; nng's
+ * threads run only call_cb (http_call.c), which resumes the suspended
+ * connection; preview and terminal requests run on their own worker threads.
+ * Unless a function says otherwise it runs on an MHD thread and borrows every
+ * pointer it is given.
  */
 #ifndef SBX_HTTP_INT_H
 #define SBX_HTTP_INT_H
 
+#include <jansson.h>
 #include <microhttpd.h>
 #include <nng/nng.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
+#include "../runtime/id.h"
+#include "../runtime/ops.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 #include "http.h"
 
 struct preq;
 struct tstate;
+
+#define MAX_SEGS 12
+#define CALL_ERROR_REPLY 1 /* http_call_take: the reply is an error reply (in *m) */
+
+/* ------------------------------------------------------------------------------ */
+/* Routes (http_route.c). */
+
+enum route_kind {
+    R_OP = 1,     /* an operation of the table (canonical route or alias) */
+    R_HEALTH,
+    R_OPENAPI,
+    R_STREAM,     /* GET …/streams/{streamId}: SSE */
+    R_FILE_GET,   /* GET …/files/{path*}: raw bytes */
+    R_FILE_PUT,   /* PUT …/files/{path*} */
+    R_TERMINAL,   /* GET …/terminal: WebSocket */
+};
+
+struct route {
+    const char *method;
+    int kind;
+    const struct sbx_op_def *op;
+    int nseg;
+    char *seg[MAX_SEGS]; /* literal, or "{name}", "{name:int}", "{name*}" (rest) */
+    char *path;          /* the template as written (OpenAPI key) */
+    bool canonical;
+};
 
 struct sbx_http {
     struct sbx_http_conf conf; /* strings below are owned copies */
@@ -56,6 +104,126 @@ int http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, cons
                    size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
                    char *msg, size_t msglen);
 void hreply_free(struct hreply *r);
+
+/* ------------------------------------------------------------------------------ */
+/* One API request (behind MHD's con_cls; http.c owns it). */
+
+enum { PH_BODY = 0, PH_CALL, PH_READ1, PH_STREAMING };
+enum { C_IDLE = 0, C_SEND, C_RECV, C_DONE };
+
+struct hreq {
+    int kind; /* HS_API */
+    struct sbx_http *h;
+    struct MHD_Connection *c;
+    const struct route *rt;
+    char sandbox[SBX_ID_MAX + 2];
+    json_t *params;       /* path arguments (and ones the front adds): they win */
+    json_t *query;        /* query arguments: the body wins over them */
+    sbx_buf body;
+    bool too_large;
+    bool sse;
+    bool b64;             /* X-Sbx-Binary: base64 — bytes as base64, not UTF-8 text */
+    char rid[SBX_WIRE_MAX_ID + 1];
+    int64_t timeout_ms;
+    int phase;
+    /* the call in flight */
+    pthread_mutex_t mu;
+    bool suspended;
+    bool ctx_open;
+    nng_ctx ctx;
+    nng_aio *aio;
+    int cstate;
+    nng_msg *reply;
+    int rv;
+    /* SSE */
+    char stream_id[128];
+    uint64_t after;
+    bool done;
+    sbx_buf out;
+    size_t out_off;
+    char carry[2][4];
+    size_t ncarry[2];
+};
+
+/* ------------------------------------------------------------------------------ */
+/* http_route.c */
+
+/* Build h->routes from the table of operations (own routes first, then every
+ * op's canonical route and its REST aliases); 0 or -EINVAL.  Freed by
+ * http_routes_free. */
+int http_routes_build(struct sbx_http *h);
+void http_routes_free(struct sbx_http *h);
+/* What http_route_match returns when the path exists with other methods. */
+extern const struct route http_method_mismatch;
+/* Match method + path; fill params (a JSON object of path arguments, which
+ * the caller owns) and sandbox[sblen].  Returns a route of h->routes, NULL
+ * (no path matches: 404) or &http_method_mismatch (405, allow[allowlen]
+ * then lists the methods).  *bad_param: 1 an {int} parameter is not one, 2 a
+ * malformed escape, an escaped NUL, or a parameter that is not UTF-8. */
+const struct route *http_route_match(struct sbx_http *h, const char *method, const char *url,
+                                     json_t *params, char *sandbox, size_t sblen, int *bad_param,
+                                     char *allow, size_t allowlen);
+/* MHD_OPTION_UNESCAPE_CALLBACK: none (URLs reach the handler as sent). */
+size_t http_unescape_none(void *cls, struct MHD_Connection *c, char *s);
+/* MHD_get_connection_values iterator: a query argument into the JSON object
+ * cls (decoded; the first well-formed occurrence wins; never access_token). */
+enum MHD_Result http_query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                               const char *value);
+/* The op's arguments as msgpack map bytes (*args, caller frees): query, then
+ * the JSON body over them, then path arguments over both.  May raise
+ * hr->timeout_ms for a command's own timeout.  0, or a negative code with a
+ * sentence in why[whylen]. */
+int http_build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen);
+
+/* http_openapi.c: the OpenAPI document of h->routes (caller owns it). */
+json_t *http_openapi_build(struct sbx_http *h);
+
+/* ------------------------------------------------------------------------------ */
+/* http_auth.c */
+
+/* Whether ss is a loopback address (127/8, ::1, v4-mapped 127/8). */
+bool http_is_loopback(const struct sockaddr_storage *ss);
+/* Constant-time: presented equals a configured key (true with no keys). */
+bool http_key_ok(struct sbx_http *h, const char *presented);
+/* Keyless only: NULL, or why a browser-originated request is refused. */
+const char *http_browser_guard(struct sbx_http *h, struct MHD_Connection *c);
+/* The request carries a valid key (Authorization: Bearer, ?access_token). */
+bool http_authorized(struct sbx_http *h, struct MHD_Connection *c);
+/* Read the key file at path into h->keys; 0, or a negative code with a
+ * sentence in why[whylen]. */
+int http_load_keys(struct sbx_http *h, const char *path, char *why, size_t whylen);
+
+/* ------------------------------------------------------------------------------ */
+/* http_call.c: calls to the gateway (nng). */
+
+/* A new request state for connection c (owned by MHD's con_cls; freed by
+ * hreq_free, which stops any call in flight). */
+struct hreq *hreq_new(struct sbx_http *h, struct MHD_Connection *c);
+void hreq_free(struct hreq *hr);
+/* Start a call: suspend the connection, then send.  On MHD's thread, inside
+ * the access handler or the content reader.  0, or a negative code (nothing
+ * in flight then, the connection not suspended).  The nng completion resumes
+ * the connection. */
+int http_call_start(struct hreq *hr, const char *op, const char *args, size_t alen,
+                    int64_t timeout, const char *rid);
+/* The finished call's reply: 0 with *m decoded (caller frees; result map in
+ * *result), CALL_ERROR_REPLY with *m the error reply (caller frees), or a
+ * negative code with code/message filled. */
+int http_call_take(struct hreq *hr, sbx_msg *m, const msgpack_object **result, char code[64],
+                   char *msg, size_t msglen);
+
+/* ------------------------------------------------------------------------------ */
+/* http_sse.c */
+
+/* Append a stream.read result to hr->out as SSE blocks. */
+void http_sse_result(struct hreq *hr, const msgpack_object *res);
+/* Start the next stream.read of hr->stream_id after hr->after. */
+int http_sse_read_start(struct hreq *hr);
+/* Queue the text/event-stream response whose reader long-polls the stream. */
+enum MHD_Result http_sse_queue(struct hreq *hr);
+
+/* http.c: CORS headers when cors (h->keys != NULL). */
+void http_add_common_headers(struct MHD_Response *r, bool cors);
 
 /* A JSON error response {code, message, context?, httpStatus} queued on c. */
 enum MHD_Result http_queue_error(struct MHD_Connection *c, int status, const char *code,

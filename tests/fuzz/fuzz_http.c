@@ -1,16 +1,16 @@
 /*
- * fuzz_http.c — the HTTP front's parsers of request input (gateway/http.c,
- * included here for its static functions), on the real route table
- * (routes_build over runtime/ops.c):
+ * fuzz_http.c — the HTTP front's parsers of request input (gateway/http_route.c,
+ * http_auth.c, http_sse.c, through gateway/http_int.h), on the real route
+ * table (http_routes_build over runtime/ops.c):
  *
  *  - http_pct_decode: percent-decoding of path segments, query keys and
  *    values (RFC 3986 §2.1; '+' as a space in queries);
- *  - route_match: method + path (MHD hands it undecoded: the front installs
+ *  - http_route_match: method + path (MHD hands it undecoded: the front installs
  *    an identity unescaper) to a route, its path parameters and the
  *    sandbox ID;
- *  - query_arg: query arguments into an operation's arguments;
- *  - key_ok: the bearer key check;
- *  - sse_result: stream.read results, whose data bytes are a sandbox's
+ *  - http_query_arg: query arguments into an operation's arguments;
+ *  - http_key_ok: the bearer key check;
+ *  - http_sse_result: stream.read results, whose data bytes are a sandbox's
  *    output, into Server-Sent Events.
  *
  * Input: byte 0 picks the parser, byte 1 is a flag (plus / method / base64),
@@ -21,7 +21,7 @@
  *  - http_pct_decode agrees with a strict decoder: it accepts exactly the
  *    strings whose escapes are '%' and two hex digits and decode to no NUL,
  *    and yields the same bytes;
- *  - route_match returns a route of the table, none, or "method mismatch";
+ *  - http_route_match returns a route of the table, none, or "method mismatch";
  *    a route's method is the request's, its literal segments equal the
  *    decoded path's; a malformed escape is flagged; with nothing flagged,
  *    every parameter of the route is present (none dropped), and equals its
@@ -29,9 +29,9 @@
  *    be valid, {path*} the decoded rest of the path byte for byte (dot
  *    segments included: the agent resolves them inside the sandbox) — and
  *    no other parameter is set;
- *  - query_arg: the first well-formed occurrence of a key wins, keys and
+ *  - http_query_arg: the first well-formed occurrence of a key wins, keys and
  *    values are the decoded ones, access_token never becomes an argument;
- *  - key_ok(k) ⇔ k equals a configured key;
+ *  - http_key_ok(k) ⇔ k equals a configured key;
  *  - the SSE output is well-framed whatever the result holds: blocks of
  *    `id:`/`event:`/`data:` lines or a comment, no CR or NUL anywhere, event
  *    names of [A-Za-z0-9_.-], data lines that are JSON objects; output
@@ -39,7 +39,15 @@
  *    between events kept whole (at most 3 bytes carried); with base64 they
  *    decode to the bytes.
  */
-#include "../../gateway/http.c"
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../gateway/http_int.h"
+#include "../../runtime/json.h"
+#include "../../runtime/util.h"
 
 #include <ctype.h>
 #include <msgpack.h>
@@ -53,7 +61,7 @@ setup(void)
 {
     if (H.nroutes)
         return;
-    if (routes_build(&H) != 0)
+    if (http_routes_build(&H) != 0)
         abort();
 }
 
@@ -123,7 +131,7 @@ fuzz_route(const char *method, const char *url)
         if (!ref_decode(url + sg[i].off, sg[i].len, false, dec[i])) {
             free(dec[i]);
             dec[i] = NULL;
-            if (i <= MAX_SEGS) /* route_match looks at MAX_SEGS + 1 of them */
+            if (i <= MAX_SEGS) /* http_route_match looks at MAX_SEGS + 1 of them */
                 any_bad = true;
         }
     }
@@ -133,15 +141,15 @@ fuzz_route(const char *method, const char *url)
     int bad = -1;
     char allow[64];
     const struct route *rt =
-        route_match(&H, method, url, params, sb, sizeof(sb), &bad, allow, sizeof(allow));
+        http_route_match(&H, method, url, params, sb, sizeof(sb), &bad, allow, sizeof(allow));
     FUZZ_CHECK(bad >= 0 && bad <= 2, "bad_param %d", bad);
     FUZZ_CHECK(memchr(allow, 0, sizeof(allow)), "unterminated Allow list");
-    if (rt == &method_mismatch)
+    if (rt == &http_method_mismatch)
         FUZZ_CHECK(allow[0], "a method mismatch with no allowed method");
     if (any_bad)
         FUZZ_CHECK(bad == 2, "a malformed escape in '%s' not flagged (%d)", url, bad);
     FUZZ_CHECK(memchr(sb, 0, sizeof(sb)), "unterminated sandbox ID");
-    if (!rt || rt == &method_mismatch) {
+    if (!rt || rt == &http_method_mismatch) {
         FUZZ_CHECK(json_object_size(params) == 0, "parameters without a route");
         FUZZ_CHECK(!sb[0], "a sandbox ID without a route");
         goto out;
@@ -234,7 +242,7 @@ fuzz_query(const char *text)
             *eq = 0;
             value = eq + 1;
         }
-        query_arg(params, MHD_GET_ARGUMENT_KIND, line, value);
+        http_query_arg(params, MHD_GET_ARGUMENT_KIND, line, value);
         size_t kl = strlen(line), vl = value ? strlen(value) : 0;
         char *k = sbx_xmalloc(kl + 1), *v = sbx_xmalloc(vl + 1);
         if (ref_decode(line, kl, true, k) && ref_decode(value ? value : "", vl, true, v) &&
@@ -274,9 +282,9 @@ fuzz_key(const char *text)
         return;
     }
     H.keys = list;
-    bool got = key_ok(&H, presented);
+    bool got = http_key_ok(&H, presented);
     H.keys = NULL;
-    FUZZ_CHECK(got == want, "key_ok('%s') = %d", presented, got);
+    FUZZ_CHECK(got == want, "http_key_ok('%s') = %d", presented, got);
     free(keys);
 }
 
@@ -367,7 +375,7 @@ fuzz_sse(const char *buf, size_t n, bool b64)
     for (uint32_t i = 0; i < nres; i++) {
         if (res[i].type != MSGPACK_OBJECT_MAP)
             continue;
-        sse_result(hr, &res[i]);
+        http_sse_result(hr, &res[i]);
         const msgpack_object *evs = NULL;
         if (sbx_wire_get_array(&res[i], "events", &evs) != 0)
             continue;

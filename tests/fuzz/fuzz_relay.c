@@ -189,8 +189,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static struct shard *sh;
     if (!sh) {
         sh = sbx_xcalloc(1, sizeof(*sh));
-        pthread_mutex_init(&sh->relay_mu, NULL);
-        pthread_cond_init(&sh->relay_cv, NULL);
+        pthread_mutex_init(&sh->relay.mu, NULL);
+        pthread_cond_init(&sh->relay.cv, NULL);
     }
     sh->conf.relay_secret = (char *)secret;
     int sv[2];
@@ -203,12 +203,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c->sh = sh;
     c->fd = sv[0];
     c->up = -1;
-    c->next = sh->relay_conns;
-    sh->relay_conns = c;
-    sh->relay_nconns++;
+    c->next = sh->relay.conns;
+    sh->relay.conns = c;
+    sh->relay.nconns++;
     memset(&Q, 0, sizeof(Q));
     conn_main(c); /* frees c, closes sv[0] */
-    FUZZ_CHECK(sh->relay_nconns == 0 && !sh->relay_conns, "the connection is still listed");
+    FUZZ_CHECK(sh->relay.nconns == 0 && !sh->relay.conns, "the connection is still listed");
 
     uint8_t got[64];
     size_t ng = 0;

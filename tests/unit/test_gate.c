@@ -57,10 +57,10 @@ setup(void)
     cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
     sh = sbx_xcalloc(1, sizeof(*sh));
     cr_assert_eq(sbx_loop_new(&sh->loop), 0);
-    sh->nbuckets = 64;
-    sh->buckets = sbx_xcalloc(sh->nbuckets, sizeof(*sh->buckets));
-    sh->nibuckets = 64;
-    sh->ibuckets = sbx_xcalloc(sh->nibuckets, sizeof(*sh->ibuckets));
+    sh->actors.nbuckets = 64;
+    sh->actors.buckets = sbx_xcalloc(sh->actors.nbuckets, sizeof(*sh->actors.buckets));
+    sh->idem.nbuckets = 64;
+    sh->idem.buckets = sbx_xcalloc(sh->idem.nbuckets, sizeof(*sh->idem.buckets));
     char dir[96];
     snprintf(dir, sizeof(dir), "%s/data", tmpdir);
     int rc = sbx_store_open(&sh->store, dir, 1ull << 20, 0, shard_commit_cb, sh);
@@ -98,7 +98,7 @@ teardown(void)
             free(h);
         }
         idem_free_all(sh);
-        free(sh->ibuckets);
+        free(sh->idem.buckets);
         while (sh->pw_head) {
             struct pwrite *w = sh->pw_head;
             sh->pw_head = w->next;
@@ -106,7 +106,7 @@ teardown(void)
             free(w);
         }
         sbx_loop_free(sh->loop);
-        free(sh->buckets);
+        free(sh->actors.buckets);
         free(sh);
         sh = NULL;
     }

@@ -1,0 +1,269 @@
+/*
+ * shard_intake.c — requests into the shard: the REP socket's nng contexts
+ * and the intake of each request (size, msgpack, the gateway's routing
+ * wrapper, the envelope, the operation, idempotency, cluster admission)
+ * before it goes to its actor's mailbox or to a shard-level operation.
+ *
+ * Threads: shard_sctx_cb runs on nng's threads and only moves messages and
+ * posts to the loop; on_request and shard_sctx_send run on the shard's loop
+ * thread.  A request becomes a struct sop (owned by the shard until it is
+ * answered: shard_reply*, which free it); a request refused here is
+ * answered at once (reply_early) and its sop freed.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/err.h"
+#include "../runtime/id.h"
+#include "../runtime/place.h"
+#include "../runtime/util.h"
+#include "cluster.h"
+#include "shard_int.h"
+
+/* ------------------------------------------------------------------------------ */
+/* nng contexts.  Callbacks run on nng's threads: they only move messages and
+ * post to the loop (never block, never close sockets: actors-cluster.md §1f). */
+
+static void on_request(sbx_loop *l, void *arg);
+
+void
+shard_sctx_cb(void *arg)
+{
+    struct sctx *c = arg;
+    int rv = nng_aio_result(c->aio);
+    if (c->state == SCTX_SEND) {
+        if (rv != 0) {
+            nng_msg *m = nng_aio_get_msg(c->aio);
+            if (m)
+                nng_msg_free(m);
+        }
+        if (rv == NNG_ECLOSED)
+            return;
+        c->state = SCTX_RECV;
+        nng_ctx_recv(c->ctx, c->aio);
+        return;
+    }
+    if (c->state != SCTX_RECV)
+        return;
+    if (rv != 0) {
+        if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+            return;
+        nng_ctx_recv(c->ctx, c->aio);
+        return;
+    }
+    c->state = SCTX_WORK;
+    sbx_loop_post(c->sh->loop, on_request, c);
+}
+
+void
+shard_sctx_send(struct sctx *c, const char *buf, size_t len)
+{
+    nng_msg *m;
+    if (c->sh->ctx_closed)
+        return; /* shutting down: the socket is gone */
+    if (nng_msg_alloc(&m, len) != 0) {
+        c->state = SCTX_RECV;
+        nng_ctx_recv(c->ctx, c->aio);
+        return;
+    }
+    memcpy(nng_msg_body(m), buf, len);
+    nng_aio_set_msg(c->aio, m);
+    c->state = SCTX_SEND;
+    nng_ctx_send(c->ctx, c->aio);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Request intake. */
+
+static void
+reply_early(struct sctx *c, sbx_str id, int code, const char *fmt, ...)
+{
+    char msg[512], *buf;
+    size_t len;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (sbx_wire_reply_errf(id, code, &buf, &len, "%s", msg) == 0) {
+        shard_sctx_send(c, buf, len);
+        free(buf);
+    }
+}
+
+static void
+on_request(sbx_loop *l, void *arg)
+{
+    struct sctx *c = arg;
+    struct shard *sh = c->sh;
+    char why[256];
+    (void)l;
+
+    nng_msg *m = nng_aio_get_msg(c->aio);
+    sh->n_requests++;
+    if (!m) {
+        c->state = SCTX_RECV;
+        nng_ctx_recv(c->ctx, c->aio);
+        return;
+    }
+    struct sop *op = sbx_xcalloc(1, sizeof(*op));
+    op->sh = sh;
+    op->msg = m;
+    op->ctx[op->nctx++] = c;
+    op->t0_us = sbx_mono_us();
+    op->frame = nng_msg_body(m);
+    op->frame_len = nng_msg_len(m);
+    sbx_str noid = {"", 0};
+
+    if (op->frame_len > SBX_WIRE_MAX_REQUEST) {
+        reply_early(c, noid, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit",
+                    op->frame_len, SBX_WIRE_MAX_REQUEST);
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    if (sbx_wire_decode(&op->dec, op->frame, op->frame_len, &sbx_wire_limits_request) != 0) {
+        reply_early(c, noid, SBX_E_MALFORMED, "the request is not a valid msgpack map");
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    /* A request forwarded by a gateway is wrapped: { v, route: {…}, req: bin }. */
+    sbx_str inner;
+    int64_t route_epoch = 0;
+    bool routed = false;
+    if (sbx_wire_get_bin(op->dec.root, "req", &inner) == 0) {
+        const msgpack_object *route;
+        routed = true;
+        if (sbx_wire_get_map(op->dec.root, "route", &route) == 0)
+            sbx_wire_get_i64(route, "epoch", &route_epoch);
+        /* The inner bytes live in the nng message, not in the decoded outer map. */
+        sbx_wire_msg_free(&op->dec);
+        if (sbx_wire_decode(&op->dec, inner.p, inner.n, &sbx_wire_limits_request) != 0) {
+            reply_early(c, noid, SBX_E_MALFORMED, "the forwarded request is not a valid msgpack map");
+            op->nctx = 0;
+            sop_free(op);
+            return;
+        }
+        op->frame = inner.p;
+        op->frame_len = inner.n;
+    }
+    int rc = sbx_wire_parse_req(op->dec.root, &op->req, why, sizeof(why));
+    if (rc) {
+        reply_early(c, op->req.id, rc, "%s", why);
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    if (op->req.timeout_ms > 0)
+        op->ctx_deadline[0] = op->t0_us / 1000 + shard_deadline(op->req.timeout_ms);
+    op->def = sbx_op_find(op->req.op.p, op->req.op.n);
+    if (!op->def) {
+        reply_early(c, op->req.id, SBX_E_UNKNOWN_OP, "unknown operation '%.*s'", (int)op->req.op.n,
+                    op->req.op.p);
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    snprintf(op->id, sizeof(op->id), "%.*s\x1f%.*s\x1f%s", (int)op->req.id.n, op->req.id.p,
+             (int)SBX_MIN(op->req.sandbox.n, 64), op->req.sandbox.p, op->def->name);
+
+    /* Idempotency: a retry of a request we have seen joins it or gets its reply. */
+    struct idem *e = idem_find(sh, op->id);
+    if (e) {
+        if (e->inflight) {
+            if (e->inflight->nctx < (int)SBX_ARRAY_LEN(e->inflight->ctx)) {
+                struct sop *first = e->inflight;
+                first->ctx_deadline[first->nctx] = op->ctx_deadline[0];
+                first->ctx[first->nctx++] = c;
+                shard_deadline_arm(first); /* this attempt's deadline is its own */
+                op->nctx = 0;
+                sop_free(op);
+                return;
+            }
+            /* Every reply slot is taken (a client retrying a long command
+             * with a shorter deadline of its own): this attempt must not
+             * fall through and run the request a second time
+             * (tests/integration/test_faults.c
+             * many_concurrent_retries_of_one_request_id_run_it_once). */
+            reply_early(c, op->req.id, SBX_E_BUSY,
+                        "request '%s' is still being handled and %d attempts already wait for "
+                        "its reply; retry later with the same id",
+                        op->id, e->inflight->nctx);
+            op->nctx = 0;
+            sop_free(op);
+            return;
+        } else {
+            char *rbuf;
+            size_t rlen;
+            bool owned;
+            if (idem_reply(sh, e, &rbuf, &rlen, &owned) == 0) {
+                shard_sctx_send(c, rbuf, rlen);
+                if (owned)
+                    free(rbuf);
+                op->nctx = 0;
+                sop_free(op);
+                return;
+            }
+        }
+    }
+
+    if (op->def->flags & SBX_OP_INTERNAL) {
+        if (routed) {
+            reply_early(c, op->req.id, SBX_E_UNKNOWN_OP, "operation '%s' is not for clients",
+                        op->def->name);
+            op->nctx = 0;
+            sop_free(op);
+            return;
+        }
+        cluster_op_import(op);
+        return;
+    }
+    if (op->def->flags & SBX_OP_GLOBAL) {
+        if (sbx_str_eq(op->req.op, "list"))
+            shard_op_list(op);
+        else
+            shard_op_status(op);
+        return;
+    }
+    if (op->req.sandbox.n == 0) {
+        reply_early(c, op->req.id, SBX_E_VALIDATION, "operation '%s' needs a 'sandbox' ID",
+                    op->def->name);
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    if ((rc = sbx_id_check(op->req.sandbox.p, op->req.sandbox.n, why, sizeof(why))) != 0) {
+        reply_early(c, op->req.id, rc, "%s", why);
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    if (cluster_on(sh)) {
+        sbx_werr w;
+        uint32_t part = sbx_place_partition(op->req.sandbox.p, op->req.sandbox.n);
+        if (cluster_admit(sh, part, route_epoch, &w) != 0) {
+            char *buf;
+            size_t len;
+            if (sbx_wire_reply_err(op->req.id, &w, &buf, &len) == 0) {
+                shard_sctx_send(c, buf, len);
+                free(buf);
+            }
+            sbx_werr_free(&w);
+            op->nctx = 0;
+            sop_free(op);
+            return;
+        }
+    }
+    if (!e)
+        idem_add(sh, op->id, op);
+    char sid[64];
+    sbx_str_copy(op->req.sandbox, sid, sizeof(sid));
+    struct actor *a = actor_get(sh, sid, true);
+    if (!a) {
+        shard_reply_err(op, SBX_E_STORAGE, "cannot load sandbox '%s' from the store", sid);
+        return;
+    }
+    actor_enqueue(a, op);
+}

@@ -1,0 +1,164 @@
+/*
+ * http_auth.c — who may call the HTTP front: bearer API keys (loaded once at
+ * start into h->keys, owned by h, read-only afterwards) and, with no keys,
+ * the browser guard (loopback Host and Origin only).  Everything here but
+ * http_load_keys runs on MHD's threads, per request, and reads only headers
+ * and h->keys.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include "../runtime/util.h"
+#include "http_int.h"
+
+bool
+http_is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) ||
+               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+/* Constant-time comparison of a presented key with each configured key. */
+bool
+http_key_ok(struct sbx_http *h, const char *presented)
+{
+    if (!h->keys)
+        return true;
+    if (!presented)
+        return false;
+    size_t pn = strlen(presented);
+    bool ok = false;
+    for (char **k = h->keys; *k; k++) {
+        size_t kn = strlen(*k);
+        unsigned char diff = (unsigned char)(kn != pn);
+        for (size_t i = 0; i < kn; i++)
+            diff |= (unsigned char)((*k)[i] ^ (i < pn ? presented[i] : 0));
+        ok |= diff == 0;
+    }
+    return ok;
+}
+
+/*
+ * Whether host[0..n) (a Host header's name, or an Origin's host, without
+ * the port) names this machine's loopback: "localhost", an IPv4 address in
+ * 127.0.0.0/8, or "[::1]".  A subdomain of localhost is not: preview URLs
+ * live there, and their pages are tenant content.
+ */
+static bool
+loopback_name(const char *host, size_t n)
+{
+    if (n == 9 && !strncasecmp(host, "localhost", 9))
+        return true;
+    if (n == 5 && !strncmp(host, "[::1]", 5))
+        return true;
+    char buf[16];
+    if (n < 9 || n >= sizeof(buf))
+        return false;
+    memcpy(buf, host, n);
+    buf[n] = '\0';
+    struct in_addr a;
+    return inet_pton(AF_INET, buf, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* The name part of "name[:port]" ("[v6]:port" keeps its brackets). */
+static size_t
+host_name_len(const char *hp)
+{
+    if (hp[0] == '[') {
+        const char *e = strchr(hp, ']');
+        return e ? (size_t)(e - hp) + 1 : strlen(hp);
+    }
+    const char *colon = strchr(hp, ':');
+    return colon ? (size_t)(colon - hp) : strlen(hp);
+}
+
+/*
+ * http_browser_guard — without API keys the front trusts whoever reaches its
+ * loopback socket, and a browser on this machine reaches it for any page it
+ * shows.  So, keyless only: a request whose Host is not a loopback name is
+ * refused (DNS rebinding: a page of evil.example re-resolved to 127.0.0.1
+ * still sends Host: evil.example), and so is one whose Origin is not a
+ * loopback origin (a cross-site form or fetch; a preview page on
+ * *.localhost is tenant code and counts as cross-site).  Clients that are
+ * not browsers send no Origin.  Returns NULL, or why the request is refused.
+ */
+const char *
+http_browser_guard(struct sbx_http *h, struct MHD_Connection *c)
+{
+    if (h->keys)
+        return NULL;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (host && !loopback_name(host, host_name_len(host)))
+        return "without API keys the HTTP front answers only requests addressed to a loopback "
+               "name (localhost, 127.0.0.1, [::1]); configure --api-keys to serve others";
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin)
+        return NULL;
+    const char *hp = !strncmp(origin, "http://", 7)    ? origin + 7
+                     : !strncmp(origin, "https://", 8) ? origin + 8
+                                                       : NULL;
+    if (!hp || !loopback_name(hp, host_name_len(hp)))
+        return "without API keys the HTTP front refuses cross-origin requests from browsers; "
+               "configure --api-keys to call it from a web page";
+    return NULL;
+}
+
+bool
+http_authorized(struct sbx_http *h, struct MHD_Connection *c)
+{
+    if (!h->keys)
+        return true;
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (auth && !strncasecmp(auth, "Bearer ", 7))
+        return http_key_ok(h, auth + 7);
+    return http_key_ok(h, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token"));
+}
+
+int
+http_load_keys(struct sbx_http *h, const char *path, char *why, size_t whylen)
+{
+    char *text;
+    size_t n;
+    int rc = sbx_fs_read(path, 1 << 20, &text, &n);
+    if (rc) {
+        snprintf(why, whylen, "cannot read the API key file %s: %s", path, strerror(-rc));
+        return rc;
+    }
+    size_t count = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        while (*line == ' ' || *line == '\t')
+            line++;
+        size_t l = strlen(line);
+        while (l && (line[l - 1] == ' ' || line[l - 1] == '\t' || line[l - 1] == '\r'))
+            line[--l] = 0;
+        if (!l || line[0] == '#')
+            continue;
+        if (l < 16) {
+            snprintf(why, whylen, "API keys must be at least 16 characters (%s)", path);
+            free(text);
+            return -EINVAL;
+        }
+        h->keys = sbx_xrealloc(h->keys, (count + 2) * sizeof(char *));
+        h->keys[count++] = sbx_xstrdup(line);
+        h->keys[count] = NULL;
+    }
+    free(text);
+    if (!count) {
+        snprintf(why, whylen, "the API key file %s holds no key", path);
+        return -EINVAL;
+    }
+    return 0;
+}
