@@ -16,7 +16,7 @@
 # one piece when it ends, so parallel binaries do not interleave.  Binaries
 # that must have the machine to themselves (the list `alone` below: they
 # kill shards, fill disks, build clusters, exhaust resources or measure
-# leaks) run after the others, one at a time.
+# leaks; SBX_TEST_ALONE names more) run after the others, one at a time.
 # Each runs under tools/watchdog.sh: one still running after
 # SBX_TEST_BINARY_TIMEOUT seconds (900) is reported as "HUNG: <binary>" with
 # the gdb stacks of its process tree, then ended by pid, and counts as failed.
@@ -52,9 +52,11 @@ trap 'exit 130' INT TERM
 "$tools/leftovers.sh" snapshot "$snapshot"
 
 # Must run with nothing else of the suite beside them (by file name; a
-# glob for the cluster binaries).
+# glob for the cluster binaries); SBX_TEST_ALONE adds more (space-separated).
 alone=(test_shard_kill test_faults test_exhaustion test_leaks 'cluster/*' 'make valgrind'
        'make faults-smoke')
+read -r -a more_alone <<< "${SBX_TEST_ALONE:-}"
+alone+=("${more_alone[@]}")
 is_alone() {
   local a
   for a in "${alone[@]}"; do
