@@ -1,7 +1,9 @@
 # sbx — build, run, test.
 #
 #   make          release build: bin/sbxd, bin/sbx, bin/sbx-agent, bin/sbx-bench,
-#                 lib/libsbx.a + runtime/sbx.h (the C client library)
+#                 lib/libsbx.a, lib/libsbx.so + include/sbx/ (the C client library),
+#                 lib/pkgconfig/sbx.pc
+#   make install  PREFIX=/usr/local [DESTDIR=…]: include/sbx/, libsbx.{a,so}, sbx.pc
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
 #   make check    the fast tier (< 2 min): unit tests, fuzz corpus replay, one end-to-end
 #                 smoke test, on the ASan build (README.md, "Tests")
@@ -35,8 +37,8 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
            runtime/nngx.c runtime/json.c runtime/ops.c runtime/relay.c runtime/etcd.c \
-           runtime/cview.c
-CLIENT  := runtime/client.c runtime/err.c runtime/util.c runtime/wire.c runtime/id.c \
+           runtime/cview.c runtime/error.c
+CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
 AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
@@ -54,7 +56,11 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/http_op
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
-CLI     := tools/sbx.c tools/cli_sdk.c
+CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c
+# The library the CLI links: the release one exports only the public API
+# (see the client library block below), so the CLI cannot use anything else.
+CLI_LIBSBX_release := lib/libsbx.a
+CLI_LIBSBX_asan    := build/asan/lib/libsbx.a
 BENCH   := tools/bench.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
@@ -88,7 +94,7 @@ build/$(1)/lib/libsbx.a: $$(call objs,$(1),$(sort $(CLIENT)))
 	@mkdir -p $$(dir $$@)
 	rm -f $$@ && ar rcs $$@ $$^
 
-$(3)/sbx: $$(call objs,$(1),$(CLI)) build/$(1)/lib/libsbx.a
+$(3)/sbx: $$(call objs,$(1),$(CLI)) $$(CLI_LIBSBX_$(1))
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_CLIENT)
 
@@ -129,12 +135,57 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run check test unit integration bench clean
-all: $(RELEASE_BINS) lib/libsbx.a
+.PHONY: all deps run check test unit integration bench clean install
+all: $(RELEASE_BINS) lib/libsbx.a lib/libsbx.so lib/pkgconfig/sbx.pc
 
-lib/libsbx.a: build/release/lib/libsbx.a
+# ---- the client library: libsbx.a, libsbx.so, sbx.pc, install --------------------------
+# include/sbx/sbx.h (with result.h) is the whole API.  Both libraries are
+# built from position-independent objects with -fvisibility=hidden, so they
+# export only what those headers mark SBX_API: the shared one by
+# construction, the static one because its single object is the client
+# objects linked together (ld -r) with every hidden symbol made local
+# (tests/integration/test_libsbx.c checks both with nm).  The release `sbx`
+# CLI links that archive, so it cannot use anything else of the tree; the
+# in-tree programs that may (benchmarks, tests) link build/*/lib/libsbx.a,
+# the plain archive of the client objects.
+SBX_VERSION := 0.1.0
+SBX_SOMAJOR := 0
+PREFIX      ?= /usr/local
+LIBSBX_PIC  := $(patsubst %.c,build/pic/obj/%.o,$(sort $(CLIENT)))
+build/pic/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -fPIC -fvisibility=hidden $(DEPFLAGS) -c $< -o $@
+
+build/pic/libsbx.o: $(LIBSBX_PIC)
+	$(LD) -r -o $@.tmp $^
+	objcopy --localize-hidden $@.tmp $@
+	rm -f $@.tmp
+
+lib/libsbx.a: build/pic/libsbx.o
 	@mkdir -p lib
-	cp $< $@
+	rm -f $@ && ar rcs $@ $<
+
+lib/libsbx.so.$(SBX_SOMAJOR): $(LIBSBX_PIC)
+	@mkdir -p lib
+	$(CC) $(RELEASE_CFLAGS) -shared -Wl,-soname,libsbx.so.$(SBX_SOMAJOR) -Wl,--no-undefined \
+	    -o $@ $^ $(LDLIBS_CLIENT)
+
+lib/libsbx.so: lib/libsbx.so.$(SBX_SOMAJOR)
+	ln -sf libsbx.so.$(SBX_SOMAJOR) $@
+
+# The tree's own sbx.pc points into the tree (PKG_CONFIG_PATH=$(CURDIR)/lib/pkgconfig).
+lib/pkgconfig/sbx.pc: Makefile tools/sbx-pc.sh
+	@mkdir -p $(dir $@)
+	tools/sbx-pc.sh $(CURDIR) $(SBX_VERSION) > $@
+
+install: lib/libsbx.a lib/libsbx.so.$(SBX_SOMAJOR)
+	install -d $(DESTDIR)$(PREFIX)/include/sbx $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/sbx/sbx.h include/sbx/result.h $(DESTDIR)$(PREFIX)/include/sbx/
+	install -m 644 lib/libsbx.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 lib/libsbx.so.$(SBX_SOMAJOR) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libsbx.so.$(SBX_SOMAJOR) $(DESTDIR)$(PREFIX)/lib/libsbx.so
+	tools/sbx-pc.sh $(PREFIX) $(SBX_VERSION) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/sbx.pc
+# ---- end of the client library block ---------------------------------------------------
 
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
 # integration and security tests link the client library and the harness,
@@ -217,7 +268,8 @@ FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthr
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
-               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c
+               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c \
+               runtime/error.c
 FUZZ_AGENT  := $(filter-out container/agent/main.c runtime/%,$(AGENT))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
@@ -351,7 +403,7 @@ bench: all
 clean:
 	rm -rf build bin lib share
 
-# Every object's header dependencies (-MMD -MP above; release, asan and fuzz).  An object
+# Every object's header dependencies (-MMD -MP above; release, asan, pic and fuzz).  An object
 # without its .d was built before these rules: without knowing its headers, rebuild it.
 DEPFILES := $(shell find build -name '*.d' 2>/dev/null)
 -include $(DEPFILES)

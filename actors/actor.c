@@ -83,7 +83,7 @@ actor_get(struct shard *sh, const char *id, bool load)
 {
     size_t b = ahash(sh, id);
     for (struct actor *a = sh->actors.buckets[b]; a; a = a->hnext)
-        if (!strcmp(a->id, id))
+        if (!a->stale && !strcmp(a->id, id))
             return a;
     if (!load)
         return NULL;
@@ -102,6 +102,8 @@ actor_get(struct shard *sh, const char *id, bool load)
      * is, and a reply on it waits for that write (tests/faults found
      * destroyed sandboxes coming back from LMDB before their delete committed). */
     const struct pwrite *q = queued_write(sh, id);
+    if (q && q->seq <= sh->part_reset_seq[a->part])
+        q = NULL; /* made before the partition's records were replaced: not the record */
     const char *img = q ? q->img : val; /* NULL: no record */
     size_t imglen = q ? q->len : vn;
     if (q)
@@ -113,7 +115,7 @@ actor_get(struct shard *sh, const char *id, bool load)
             /* No container survives a shard restart, whatever was recorded. */
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
         } else if (img) {
-            sbx_error("sandbox %s: unreadable record in the store; treating it as new", id);
+            sbx_log_error("sandbox %s: unreadable record in the store; treating it as new", id);
         }
     }
     if (rc == 0) {
@@ -154,15 +156,21 @@ actor_inflight(const struct sop *op)
 /* ------------------------------------------------------------------------------ */
 /* Records. */
 
-void
-actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
+/* actor_ensure_record, with save false for an operation that writes the
+ * record itself right after (env.set, sandbox.configure): one write, so a
+ * sandbox such an operation creates never exists without its change (the
+ * fault test found one with the default settings after a configure whose
+ * second write failed). */
+static void
+ensure_record(struct actor *a, const struct sbx_limits *lim, bool save)
 {
     if (a->exists && !a->durable) {
         /* It exists in memory only (its creating write failed, or is not
          * decided yet): written again, so that a reply acknowledging it
          * waits for a committed record — else a restart loses a sandbox
          * answered as existing (issue 11; the fault test's lost_write). */
-        actor_save_record(a);
+        if (save)
+            actor_save_record(a);
         return;
     }
     if (a->exists)
@@ -175,12 +183,21 @@ actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
     snprintf(a->rec.state, sizeof(a->rec.state), "created");
     a->rec.limits = lim ? *lim : sh->limits;
     a->exists = true;
-    a->last_seq = shard_store_record(sh, &a->rec);
+    if (save)
+        actor_save_record(a);
+}
+
+void
+actor_ensure_record(struct actor *a, const struct sbx_limits *lim)
+{
+    ensure_record(a, lim, true);
 }
 
 void
 actor_save_record(struct actor *a)
 {
+    if (a->stale)
+        return; /* the record is another incarnation's now (actor_partition_drop) */
     a->last_seq = shard_store_record(a->sh, &a->rec);
 }
 
@@ -471,7 +488,7 @@ op_env_set(struct actor *a, struct sop *op)
                         nvars, bytes, ENV_MAX_VARS, ENV_MAX_BYTES);
         return;
     }
-    actor_ensure_record(a, NULL);
+    ensure_record(a, NULL, false);
     free(a->rec.env);
     a->rec.env = env;
     a->rec.env_len = env_len;
@@ -555,7 +572,7 @@ op_configure(struct actor *a, struct sop *op)
         return;
     }
     have_ka = rc == 0;
-    actor_ensure_record(a, NULL);
+    ensure_record(a, NULL, false);
     sbx_enc c;
     char *cb;
     size_t cl;
@@ -679,6 +696,8 @@ actor_write_failed(const struct actor *a, uint64_t seq)
 static void
 rewrite_record(struct actor *a)
 {
+    if (a->stale)
+        return;
     if (a->exists)
         actor_save_record(a);
     else if (!a->durable)
@@ -698,6 +717,8 @@ restore_cb(sbx_loop *l, void *arg)
 void
 actor_commit_failed(struct actor *a, uint64_t seq, int code)
 {
+    if (seq <= a->sh->part_reset_seq[a->part])
+        return; /* a write of the records this actor replaced (shard_int.h) */
     if (actor_write_failed(a, seq))
         return; /* undone already, with an earlier write of its batch */
     /* A range of its own if the last one is all earlier, else one range

@@ -186,7 +186,7 @@ agent_reply(struct actor *a, const msgpack_object *root)
             return;
         }
         if (!ok)
-            sbx_warn("sandbox %s: the agent refused an internal request", a->id);
+            sbx_log_warn("sandbox %s: the agent refused an internal request", a->id);
         return;
     }
     struct sop *op = take_inflight(a, (uint64_t)tag);

@@ -85,7 +85,7 @@ actor_container_died(struct actor *a, const char *why)
         why = "the out-of-memory killer ended it at the sandbox's memory limit";
     snprintf(a->last_exit, sizeof(a->last_exit), "%s", why);
     a->died = true;
-    sbx_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,
+    sbx_log_warn("sandbox %s: container %llu ended unexpectedly: %s", a->id,
              (unsigned long long)a->c.serial, why);
     char msg[256];
     snprintf(msg, sizeof(msg),
@@ -248,7 +248,7 @@ actor_sleep_sweep(struct shard *sh)
                 continue;
             if (now - a->last_active_ms < actor_sleep_after(a))
                 continue;
-            sbx_info("sandbox %s: idle for %llds, stopping its container (sleepAfter)", a->id,
+            sbx_log_info("sandbox %s: idle for %llds, stopping its container (sleepAfter)", a->id,
                      (long long)((now - a->last_active_ms) / 1000));
             snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
             actor_save_record(a);

@@ -57,8 +57,16 @@ actor_partition_drop(struct shard *sh, const uint8_t *set)
                 actor_fail_inflight(a, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
                 actor_fail_list(&a->mb_head, SBX_E_WRONG_OWNER, "the sandbox's partition moved; retry");
                 a->mb_tail = NULL;
-                /* The record is not ours any more; the actor goes when idle. */
+                /* The record is not ours any more (or is reloaded from etcd):
+                 * the actor goes when idle.  Until then it is stale: it writes
+                 * nothing, and the next operation on the sandbox gets a new
+                 * actor made from the records now in the store — not this
+                 * one, whose state (no record, an undone write's image,
+                 * failed ranges) is the earlier incarnation's (the fault
+                 * test found sandboxes answered as missing, and values older
+                 * than acknowledged ones written back, after a fence). */
                 a->exists = false;
+                a->stale = true;
                 sbx_record_free(&a->rec);
                 memset(&a->rec, 0, sizeof(a->rec));
                 if (a->cs == C_RUNNING)

@@ -123,7 +123,8 @@ view_apply(sbx_loop *l, void *arg)
         x->mine = mine;
         x->owner = u->parts[p].owner;
         x->epoch = u->parts[p].epoch;
-        if (mine && !x->ready && !x->moving && x->load_epoch != x->epoch && !cluster_fenced(c)) {
+        if (mine && !x->ready && !x->moving && x->load_epoch != x->epoch && !cluster_fenced(c) &&
+            !atomic_load(&c->rebump)) {
             /* Load-then-serve: not admitted until its records came from etcd. */
             x->load_epoch = x->epoch;
             load[p] = x->epoch;
@@ -260,7 +261,7 @@ fence_check(struct cluster *c)
     }
     if (atomic_load(&c->fence_done))
         return;
-    sbx_warn("shard %s: fenced: not serving until it holds a lease again", sh->conf.name);
+    sbx_log_warn("shard %s: fenced: not serving until it holds a lease again", sh->conf.name);
     fence_apply(c);
     atomic_store(&c->fence_done, true);
     lease_wake(c);
@@ -334,7 +335,7 @@ register_member(struct cluster *c)
     atomic_store(&c->fence_done, false);
     atomic_store(&c->fence_at, t0 + c->ttl_ms - c->ttl_ms / 3);
     sbx_loop_post(sh->loop, fence_posted, c);
-    sbx_info("shard %s: joined cluster %s (lease %lld, TTL %lld ms)", sh->conf.name,
+    sbx_log_info("shard %s: joined cluster %s (lease %lld, TTL %lld ms)", sh->conf.name,
              sh->conf.cluster, (long long)lease, (long long)c->ttl_ms);
     return 0;
 }
@@ -398,12 +399,54 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
     bool ok = false;
     int rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
     if (rc == 0 && ok)
-        sbx_info("shard %s: claimed %zu partition(s); loading their records from etcd",
+        sbx_log_info("shard %s: claimed %zu partition(s); loading their records from etcd",
                  sh->conf.name, n);
     else if (rc)
-        sbx_warn("shard %s: claim of %zu partition(s): %s (the view tells whether it was "
+        sbx_log_warn("shard %s: claim of %zu partition(s): %s (the view tells whether it was "
                  "applied)",
                  sh->conf.name, n, sbx_err_message(rc));
+}
+
+/*
+ * Control thread, after a start or a fence: move every partition the view
+ * shows ours to a new epoch — the claim transaction again, with ourselves
+ * as the owner compared — before any of them is loaded and served.  A
+ * replication transaction of the earlier process or lease (compares the
+ * old epoch) that reaches etcd late — etcd stalled, it was re-sent, or an
+ * etcd proxy sent a copy — then fails instead of changing a record after
+ * the partition's records were read back (the fault test found values
+ * older than acknowledged ones, and acknowledged ones gone, after a fence
+ * or a kill -9).  A compare that fails (the partition is someone else's
+ * now) is fine: the view tells.  0, or the error of a transaction etcd did
+ * not answer (tried again at the next reconcile).
+ */
+static int
+rebump(struct cluster *c, struct claim *cl, size_t n)
+{
+    struct shard *sh = c->sh;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i += TXN_PARTS / 2) {
+        size_t m = SBX_MIN((size_t)TXN_PARTS / 2, n - i);
+        sbx_etcd_txn *t = sbx_etcd_txn_new();
+        char key[320];
+        for (size_t k = i; k < i + m; k++) {
+            sbx_cview_part_key(c->prefix, cl[k].part, key, sizeof(key));
+            sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
+            sbx_etcd_txn_cmp_mod(t, key, cl[k].epoch);
+            sbx_etcd_txn_put(t, key, sh->conf.name, strlen(sh->conf.name), 0);
+        }
+        bool ok = false;
+        rc = sbx_etcd_txn_run(c->etcd, t, &ok, NULL);
+    }
+    if (rc)
+        sbx_log_warn("shard %s: cannot move its %zu partition(s) to a new epoch (%s); they are "
+                 "not served until it can",
+                 sh->conf.name, n, sbx_err_message(rc));
+    else if (n)
+        sbx_log_info("shard %s: %zu partition(s) it owns moved to a new epoch; loading their "
+                 "records from etcd",
+                 sh->conf.name, n);
+    return rc;
 }
 
 /* Compare the view with what rendezvous hashing proposes; act on it. */
@@ -437,6 +480,36 @@ reconcile(struct cluster *c)
     }
     int16_t table[SBX_PARTITIONS];
     sbx_place_table(names, (size_t)nl, table);
+    if (atomic_load(&c->rebump)) {
+        size_t nb = 0;
+        for (int p = 0; p < SBX_PARTITIONS; p++)
+            if (parts[p].owner == me && parts[p].epoch >= c->handed_rev[p]) {
+                c->claims[nb].part = (uint32_t)p;
+                c->claims[nb].epoch = parts[p].epoch;
+                nb++;
+            }
+        sbx_cview_unlock(c->view);
+        if (rebump(c, c->claims, nb) == 0 && !cluster_fenced(c)) {
+            /* Let the view (etcd's watch) show the new epochs first, so the
+             * loop loads and serves at them (≤ 2 s; else the loads follow
+             * when it does). */
+            for (int w = 0; w < 100 && !atomic_load(&c->stop); w++) {
+                bool seen = true;
+                sbx_cview_lock(c->view);
+                const struct sbx_cpart *now = sbx_cview_parts(c->view);
+                for (size_t i = 0; i < nb && seen; i++)
+                    seen = now[c->claims[i].part].epoch != c->claims[i].epoch;
+                sbx_cview_unlock(c->view);
+                if (seen)
+                    break;
+                cluster_nap_ms(20);
+            }
+            atomic_store(&c->rebump, false);
+            atomic_store(&c->reload_owned, false);
+            post_view(c); /* the loop asks for the loads (view_apply) */
+        }
+        return;
+    }
     if (atomic_exchange(&c->reload_owned, false)) {
         /* Re-joined after a fence: the loop dropped what it served; the
          * view has it ask for what etcd still says we own, loaded from etcd
@@ -493,7 +566,7 @@ reconcile(struct cluster *c)
     sbx_cview_unlock(c->view);
 
     if (nclaims)
-        sbx_info("shard %s: claiming %zu partition(s) without a live owner", sh->conf.name,
+        sbx_log_info("shard %s: claiming %zu partition(s) without a live owner", sh->conf.name,
                  nclaims);
     for (size_t i = 0; i < nclaims; i += TXN_PARTS / 2)
         claim_batch(c, claims + i, SBX_MIN((size_t)TXN_PARTS / 2, nclaims - i));
@@ -539,6 +612,7 @@ lease_main(void *arg)
                 cluster_fence_now(c);
                 sbx_etcd_lease_revoke(c->etcd, c->lease);
                 c->lease = 0;
+                atomic_store(&c->rebump, true);
                 atomic_store(&c->reload_owned, true);
             }
             /* Register again only once the loop stopped serving: until then it
@@ -573,7 +647,7 @@ lease_main(void *arg)
             next = now + c->ttl_ms / 3;
         } else if (rc == 0) {
             /* The lease is gone: another shard may own our partitions. */
-            sbx_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
+            sbx_log_warn("shard %s: lost its lease; fencing and re-joining", sh->conf.name);
             cluster_fence_now(c);
         } else {
             next = now + 200; /* etcd unreachable: try again soon */
@@ -637,7 +711,7 @@ cluster_start(struct shard *sh)
         return 0;
     if (!sbx_cview_name_ok(sh->conf.name, strlen(sh->conf.name))) {
         /* the view of every node would ignore its member key (cview.h) */
-        sbx_error("shard '%s': a cluster shard's name is 1-63 of [A-Za-z0-9._-], starting "
+        sbx_log_error("shard '%s': a cluster shard's name is 1-63 of [A-Za-z0-9._-], starting "
                   "with a letter or digit",
                   sh->conf.name);
         return SBX_E_VALIDATION;
@@ -653,6 +727,7 @@ cluster_start(struct shard *sh)
     snprintf(c->prefix, sizeof(c->prefix), "/sbx/%s/",
              sh->conf.cluster && *sh->conf.cluster ? sh->conf.cluster : "default");
     atomic_store(&c->fence_done, true); /* nothing to fence before the first lease */
+    atomic_store(&c->rebump, true);      /* what an earlier process owned: new epochs first */
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     pthread_cond_init(&c->lcv, NULL);
@@ -660,7 +735,7 @@ cluster_start(struct shard *sh)
     pthread_cond_init(&c->rcv, NULL);
     int rc = sbx_etcd_open(&c->etcd, sh->conf.etcd, 3000);
     if (rc) {
-        sbx_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
+        sbx_log_error("shard %s: bad --etcd '%s'", sh->conf.name, sh->conf.etcd);
         free(c->claims);
         recrev_free(c->revs);
         free(c);
@@ -668,7 +743,7 @@ cluster_start(struct shard *sh)
     }
     sh->cluster = c;
     if ((rc = sbx_cview_start(&c->view, c->etcd, c->prefix, view_changed, c)) != 0) {
-        sbx_error("shard %s: cannot start the cluster view", sh->conf.name);
+        sbx_log_error("shard %s: cannot start the cluster view", sh->conf.name);
         return rc;
     }
     pthread_t *th[] = {&c->repl, &c->lth, &c->ctl};

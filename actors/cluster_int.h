@@ -96,6 +96,10 @@ struct cluster {
                                            partition to another shard (0: none) */
     atomic_bool reload_owned; /* set by the lease thread when it fences, taken by the
                                  control thread: reload what we own from etcd */
+    /* Set at start and when the lease thread fences; cleared by the control
+     * thread once it has moved every partition the view shows ours to a new
+     * epoch (rebump, cluster.c).  While set, the loop loads nothing. */
+    atomic_bool rebump;
     /* Under mu: partitions the loop asked the control thread to load from
      * etcd, at their epoch (0: none); loads says some are asked. */
     int64_t want_load[SBX_PARTITIONS];

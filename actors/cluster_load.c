@@ -186,7 +186,7 @@ cluster_load_wanted(struct cluster *c)
             c->load_backoff_ms = SBX_MIN(SBX_MAX(c->load_backoff_ms * 2, LOAD_BACKOFF_MIN_MS),
                                          LOAD_BACKOFF_MAX_MS);
             c->load_next_ms = sbx_mono_ms() + c->load_backoff_ms;
-            sbx_warn("shard %s: cannot load the records of %zu partition(s) from etcd (%s); "
+            sbx_log_warn("shard %s: cannot load the records of %zu partition(s) from etcd (%s); "
                      "they stay unavailable, next try in %lld ms",
                      sh->conf.name, n, sbx_err_message(rc), (long long)c->load_backoff_ms);
             free(in);
@@ -198,7 +198,7 @@ cluster_load_wanted(struct cluster *c)
             if (c->want_load[parts[i]] == in->epoch[parts[i]])
                 c->want_load[parts[i]] = 0;
         pthread_mutex_unlock(&c->mu);
-        sbx_info("shard %s: loaded %zu record(s) of %zu partition(s) from etcd", sh->conf.name,
+        sbx_log_info("shard %s: loaded %zu record(s) of %zu partition(s) from etcd", sh->conf.name,
                  in->n, n);
         sbx_loop_post(sh->loop, install_apply, in);
     }

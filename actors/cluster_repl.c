@@ -169,10 +169,39 @@ repl_revs(struct cluster *c, const struct ritem *batch)
     return 0;
 }
 
+/* Replication thread: SBX_E_WRONG_OWNER if every record the batch writes
+ * is still at the revision its transaction compared, SBX_E_INTERRUPTED if
+ * one is not or cannot be read (repl_read_back). */
+static int
+repl_untouched(struct cluster *c, const struct ritem *batch)
+{
+    char key[320];
+    for (const struct ritem *it = batch; it; it = it->next) {
+        int64_t m = 0;
+        if (!repl_last(it))
+            continue;
+        recrev_get(c->revs, it->id, it->epoch, &m);
+        struct sbx_etcd_kv *kvs;
+        size_t n;
+        sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
+        if (sbx_etcd_range(c->etcd, key, NULL, &kvs, &n, NULL) != 0)
+            return SBX_E_INTERRUPTED;
+        int64_t now = n ? kvs[0].mod_revision : 0;
+        sbx_etcd_kvs_free(kvs, n);
+        if (now != m)
+            return SBX_E_INTERRUPTED;
+    }
+    return SBX_E_WRONG_OWNER;
+}
+
 /*
  * Replication thread: after a transaction whose compares failed, read back
- * what etcd holds.  SBX_E_WRONG_OWNER if a partition of the batch is no
- * longer ours at the write's epoch; else 0 with *again false if every
+ * what etcd holds.  If a partition of the batch is no longer ours at the
+ * write's epoch: SBX_E_WRONG_OWNER when every record of the batch is still
+ * at the revision the transaction compared (no copy of it was applied, and
+ * none can be: the epoch moved on), else SBX_E_INTERRUPTED (a copy may have
+ * been applied before the partition moved: the outcome is not known).
+ * Else 0 with *again false if every
  * record holds what the batch writes (an earlier copy of this transaction
  * — a re-send to another endpoint, a retry here — was applied), or *again
  * true if some record is at another revision than c->revs said (learnt
@@ -196,7 +225,7 @@ repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
                     kvs[0].mod_revision == it->epoch;
         sbx_etcd_kvs_free(kvs, n);
         if (!ours)
-            return SBX_E_WRONG_OWNER;
+            return repl_untouched(c, batch);
         if (!repl_last(it))
             continue;
         sbx_cview_rec_key(c->prefix, it->part, it->id, key, sizeof(key));
@@ -287,7 +316,7 @@ cluster_repl_main(void *arg)
                 }
                 if (rc == 0 && (rc = repl_read_back(c, batch, &again)) == 0 && !again)
                     break; /* applied by an earlier copy of this transaction */
-                if (rc == SBX_E_WRONG_OWNER)
+                if (rc == SBX_E_WRONG_OWNER || rc == SBX_E_INTERRUPTED)
                     break;
                 if (rc == 0)
                     rc = SBX_E_STORAGE; /* revisions learnt: send it again */
@@ -305,11 +334,16 @@ cluster_repl_main(void *arg)
                 break;
             cluster_nap_ms(SBX_MIN(50 << SBX_MIN(attempt, 4), 500));
         }
-        if (rc != 0 && rc != SBX_E_WRONG_OWNER) {
+        if (rc != 0 && rc != SBX_E_WRONG_OWNER && rc != SBX_E_INTERRUPTED) {
             /* Our LMDB holds writes etcd may lack (or may apply later: a
              * request etcd read before it stalled): stop serving and reload
-             * what we own from etcd, the authority, as after a lost lease. */
+             * what we own from etcd, the authority, as after a lost lease.
+             * The writes' outcome is not known (etcd may have applied
+             * them): their replies say so (SHARD_UNAVAILABLE), never that
+             * they were undone (the fault test found writes answered
+             * STORAGE_ERROR read back). */
             cluster_fence_now(c);
+            rc = SBX_E_SHARD_UNAVAILABLE;
         }
         struct rdone *d = sbx_xcalloc(1, sizeof(*d));
         d->c = c;

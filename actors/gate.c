@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../runtime/err.h"
+#include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "cluster.h"
 #include "shard_int.h"
@@ -53,6 +54,17 @@ commit_failure_msg(int code, char *msg, size_t n)
     case SBX_E_WRONG_OWNER:
         snprintf(msg, n, "the write could not be replicated: this shard no longer owns the "
                          "sandbox's partition");
+        break;
+    case SBX_E_SHARD_UNAVAILABLE:
+        snprintf(msg, n, "the write's replication to etcd has an unknown outcome (etcd did not "
+                         "answer, or kept refusing): it may or may not take effect; the shard "
+                         "stops serving until it has reloaded from etcd — read the state back, "
+                         "or retry with the same request id");
+        break;
+    case SBX_E_INTERRUPTED:
+        snprintf(msg, n, "the write's replication has an unknown outcome (the sandbox's "
+                         "partition moved to another shard meanwhile): it may or may not have "
+                         "taken effect — read the state back, or retry with the same request id");
         break;
     default:
         snprintf(msg, n, "the change could not be committed (%s); the sandbox keeps its last "
@@ -162,6 +174,9 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
     /* Every write of the actor from seq on was made on top of the one that
      * failed: the replies that depend on them fail, in flight ones too. */
     struct actor *a = actor_get(sh, id, false);
+    uint64_t reset = sh->part_reset_seq[sbx_place_partition(id, strlen(id))];
+    if (a && seq <= reset)
+        a = NULL; /* its partition's records were replaced since: see below */
     if (a && !actor_write_failed(a, seq)) {
         a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
         a->bad_hi = SBX_MAX(a->last_seq, seq);
@@ -170,8 +185,11 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
     struct held **pp = &sh->held;
     while (*pp) {
         struct held *h = *pp;
-        /* h->need is not looked at: see held_failed. */
-        if ((h->dep < seq && h->own < seq) || strcmp(h->sandbox, id)) {
+        /* h->need is not looked at: see held_failed.  A write made before
+         * the partition's records were replaced fails only the replies of
+         * that incarnation, not those of writes made on the reloaded ones. */
+        if ((h->dep < seq && h->own < seq) || strcmp(h->sandbox, id) ||
+            (seq <= reset && (h->dep > reset || h->own > reset))) {
             pp = &h->next;
             continue;
         }
@@ -193,6 +211,8 @@ settle_writes(struct shard *sh, uint64_t first, uint64_t last, int rc)
         if (!sh->pw_head)
             sh->pw_tail = NULL;
         struct actor *a = w->seq >= first ? actor_get(sh, w->id, false) : NULL;
+        if (a && w->seq <= sh->part_reset_seq[a->part])
+            a = NULL; /* an earlier incarnation's write (shard_int.h part_reset_seq) */
         if (a && rc != 0) {
             actor_commit_failed(a, w->seq, rc);
         } else if (a && actor_write_failed(a, w->seq)) {

@@ -34,6 +34,7 @@
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "cluster.h"
 #include "shard_int.h"
 
 #define IDEM_MAX_ENTRIES 65536
@@ -43,6 +44,15 @@
 #define IDEM_MAX_DURABLE_REPLY (1u << 20)  /* largest reply kept in LMDB */
 #define IDEM_HDR 8                         /* recording time before the reply */
 #define IDEM_INTENT 0xc1 /* an intent's value after the time: never a msgpack byte */
+/* In a cluster, a reply is recorded before its write is replicated (the
+ * record's LMDB write and the reply's go in one batch, replication
+ * follows): the top bit of the recording time marks it *pending* until the
+ * reply leaves (idem_confirm rewrites it without the mark).  A shard that
+ * restarts reloads what it owns from etcd, which may lack that write: a
+ * pending entry then answers like an intent (OPERATION_INTERRUPTED), never
+ * with a success etcd does not hold (the fault test's lost writes after a
+ * kill -9 during a slow replication, retried with the same request id). */
+#define IDEM_PENDING (1ull << 63)
 
 /* Agent operations that only read: running them again changes nothing, so
  * their replies are not worth a store write. */
@@ -178,7 +188,8 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     if (!e || e->inflight != op)
         return need_seq;
     char *v = sbx_xmalloc(IDEM_HDR + len);
-    uint64_t at = (uint64_t)sbx_wall_ms();
+    op->idem_pending = cluster_on(sh);
+    uint64_t at = (uint64_t)sbx_wall_ms() | (op->idem_pending ? IDEM_PENDING : 0);
     for (int i = 0; i < IDEM_HDR; i++)
         v[i] = (char)(at >> (8 * i));
     memcpy(v + IDEM_HDR, buf, len);
@@ -210,6 +221,27 @@ idem_intent(struct sop *op)
     e->dlen = sizeof(v);
     sh->idem.dbytes += e->dlen;
     return op->intent_seq;
+}
+
+void
+idem_confirm(struct sop *op, const char *buf, size_t len)
+{
+    struct shard *sh = op->sh;
+    if (!op->idem_pending || op->transient)
+        return;
+    op->idem_pending = false;
+    struct idem *e = idem_find(sh, op->id);
+    if (!e || e->inflight != op || e->dlen != IDEM_HDR + len)
+        return;
+    /* Not waited on: lost in a crash, the entry stays pending and a retry
+     * is told OPERATION_INTERRUPTED — unknown, never wrong. */
+    char *v = sbx_xmalloc(IDEM_HDR + len);
+    uint64_t at = (uint64_t)sbx_wall_ms();
+    for (int i = 0; i < IDEM_HDR; i++)
+        v[i] = (char)(at >> (8 * i));
+    memcpy(v + IDEM_HDR, buf, len);
+    sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
+    free(v);
 }
 
 int
@@ -320,6 +352,8 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     if (vn > IDEM_HDR)
         for (int i = 0; i < IDEM_HDR; i++)
             at |= (uint64_t)(unsigned char)((const char *)v)[i] << (8 * i);
+    bool pending = at & IDEM_PENDING;
+    at &= ~IDEM_PENDING;
     if (kn == 0 || kn >= SBX_IDEM_KEY)
         return 0; /* never written by this code */
     /* An expired or unreadable entry (at 0) is loaded too: idem_expire
@@ -334,7 +368,8 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     memcpy(e->id, k, kn);
     e->at_ms = (int64_t)at;
     e->dlen = vn;
-    e->interrupted = vn == IDEM_HDR + 1 && ((const unsigned char *)v)[IDEM_HDR] == IDEM_INTENT;
+    e->interrupted = pending ||
+                     (vn == IDEM_HDR + 1 && ((const unsigned char *)v)[IDEM_HDR] == IDEM_INTENT);
     lc->v[lc->n++] = e;
     return 0;
 }
@@ -364,7 +399,7 @@ idem_load(struct shard *sh)
         }
         idem_expire(sh);
         if (lc.n || lc.expired)
-            sbx_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
+            sbx_log_info("shard %s: %zu recorded replies of earlier requests kept, %zu expired",
                      sh->conf.name, lc.n - lc.expired, lc.expired);
     } else {
         for (size_t i = 0; i < lc.n; i++)

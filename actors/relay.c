@@ -174,7 +174,7 @@ socket_in_netns(int pidfd)
         rc = -errno;
     if (setns(self, CLONE_NEWNET) < 0) {
         /* This thread cannot go back: it must not serve anything else. */
-        sbx_error("relay: cannot return to the host network namespace: %s", strerror(errno));
+        sbx_log_error("relay: cannot return to the host network namespace: %s", strerror(errno));
         abort();
     }
 out:
@@ -326,7 +326,7 @@ conn_main(void *arg)
     int up = socket_in_netns(pidfd);
     close(pidfd);
     if (up < 0) {
-        sbx_warn("relay: cannot enter the network of sandbox %s: %s", id, strerror(-up));
+        sbx_log_warn("relay: cannot enter the network of sandbox %s: %s", id, strerror(-up));
         socks_reply(c->fd, SBX_SOCKS_FAIL);
         goto done;
     }
@@ -417,7 +417,7 @@ shard_relay_start(struct shard *sh)
         return 0;
     int fd = sbx_relay_listen(sh->conf.relay);
     if (fd < 0) {
-        sbx_error("shard %s: cannot listen for preview relays on %s: %s", sh->conf.name,
+        sbx_log_error("shard %s: cannot listen for preview relays on %s: %s", sh->conf.name,
                   sh->conf.relay, strerror(-fd));
         return fd;
     }

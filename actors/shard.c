@@ -236,7 +236,7 @@ on_signal(sbx_loop *l, int fd, uint32_t ev, void *arg)
     (void)ev;
     while (read(fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
         if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-            sbx_info("shard %s: stopping (signal %u)", sh->conf.name, si.ssi_signo);
+            sbx_log_info("shard %s: stopping (signal %u)", sh->conf.name, si.ssi_signo);
             sh->stopping = true;
             sbx_loop_stop(l);
         }
@@ -327,12 +327,12 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     signal(SIGPIPE, SIG_IGN);
 
     if ((rc = sbx_loop_new(&sh->loop)) != 0) {
-        sbx_error("shard: event loop: %s", strerror(-rc));
+        sbx_log_error("shard: event loop: %s", strerror(-rc));
         goto out;
     }
     if ((rc = sbx_store_open(&sh->store, conf->data, conf->map_size, conf->map_max,
                              shard_commit_cb, sh)) != 0) {
-        sbx_error("shard %s: cannot open the store in %s: %s", conf->name, conf->data,
+        sbx_log_error("shard %s: cannot open the store in %s: %s", conf->name, conf->data,
                   sbx_err_message(rc));
         goto out;
     }
@@ -341,7 +341,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     if (!base[0])
         snprintf(base, sizeof(base), "sbx/%s", conf->name);
     if ((rc = sbx_cgroups_open(&sh->cgroups, conf->cgroup, base, why, sizeof(why))) != 0) {
-        sbx_error("shard %s: cgroups: %s (%s)", conf->name, why, strerror(-rc));
+        sbx_log_error("shard %s: cgroups: %s (%s)", conf->name, why, strerror(-rc));
         goto out;
     }
     struct sbx_spawn_conf sc = {
@@ -361,18 +361,18 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         .setup_timeout_ms = (int)conf->setup_timeout,
     };
     if ((rc = sbx_spawner_new(&sh->spawner, &sc, why, sizeof(why))) != 0) {
-        sbx_error("shard %s: %s", conf->name, why);
+        sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
     }
     if ((rc = idem_load(sh)) != 0) {
-        sbx_error("shard %s: cannot read the idempotency table: %s", conf->name,
+        sbx_log_error("shard %s: cannot read the idempotency table: %s", conf->name,
                   sbx_err_message(rc));
         goto out;
     }
     struct fix_ctx fc = {sh, 0};
     sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, fix_one, &fc);
     if (fc.n)
-        sbx_info("shard %s: %zu sandboxes were running when the shard last stopped; their "
+        sbx_log_info("shard %s: %zu sandboxes were running when the shard last stopped; their "
                  "containers are gone and start again on their next operation",
                  conf->name, fc.n);
 
@@ -384,9 +384,10 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sh->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     sigw = sbx_loop_watch(sh->loop, sh->sigfd, EPOLLIN, on_signal, sh);
 
-    if ((rv = sbx_nng_rep_listen(&sh->rep, conf->listen)) != 0) {
-        sbx_error("shard %s: cannot listen on %s: %s", conf->name, conf->listen, nng_strerror(rv));
-        rc = sbx_nng_code(rv);
+    sbx_err_t lerr = NULL;
+    if ((rv = sbx_nng_rep_listen(&sh->rep, conf->listen, &lerr)) != 0) {
+        sbx_log_error("shard %s: %s", conf->name, sbx_err_msg(lerr));
+        rc = sbx_err_release(&lerr);
         sh->stopping = true;
         goto stop;
     }
@@ -406,7 +407,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     }
     shard_pool_fill(sh);
     sbx_loop_timer(sh->loop, 1000, sweep_cb, sh);
-    sbx_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
+    sbx_log_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
              conf->data, sbx_cgroups_describe(sh->cgroups), (long long)conf->pool);
     rc = sbx_loop_run(sh->loop);
 

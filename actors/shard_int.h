@@ -63,6 +63,7 @@ struct sop {
     uint64_t idem_seq;          /* store write of its reply to the idempotency table, or 0 */
     uint64_t idem_need;         /* the write its reply waited on before that one (idem.c) */
     uint64_t intent_seq;        /* store write of its intent entry (idem_intent), or 0 */
+    bool idem_pending;          /* its reply's entry is marked pending (idem.c IDEM_PENDING) */
     bool sent;                  /* handed to the agent: it may have run (idem_done) */
     uint64_t wseq;              /* the actor's last store write when op went to the agent:
                                  * its reply fails if that write did (output gate) */
@@ -135,6 +136,10 @@ struct actor {
     bool died;                  /* its last container ended unexpectedly */
     char last_exit[160];
     bool destroying;
+    /* Its partition's records were replaced while it could not be freed
+     * (its container still stopping, relays open): it writes nothing to the
+     * store, actor_get no longer finds it, and it is freed once idle. */
+    bool stale;
     int relays;                 /* preview connections open into the container */
     uint16_t part;              /* partition of the ID (runtime/place.h) */
 };
@@ -240,6 +245,13 @@ struct shard {
      * while its delete may still be uncommitted, and a handoff must not copy
      * the record before that delete is decided (the destroy's tombstone). */
     uint64_t part_seq[SBX_PARTITIONS];
+    /* Per partition: the last store write queued before its local records
+     * were last replaced (cluster_purge_partitions: a reload from etcd, an
+     * import, a handoff away).  Writes up to it belong to an earlier
+     * incarnation of the partition's records: their outcomes (a commit or
+     * replication that fails late) never touch the actors made since, and
+     * their queued images are not what the record is (gate.c, actor.c). */
+    uint64_t part_reset_seq[SBX_PARTITIONS];
     struct held *held;
     struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
     struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
@@ -361,6 +373,9 @@ uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
  *    is held: if op changes something, queue its reply to LMDB and return
  *    the write the reply must wait for (the later of need_seq and that one);
  *    else need_seq.
+ *  - idem_confirm — the reply (buf, len: borrowed) of op is leaving, its
+ *    writes decided and replicated: in a cluster, rewrite op's entry without
+ *    the pending mark idem_persist gave it (not waited on).
  *  - idem_gate_check — when the reply is about to leave: 0, or the error
  *    of the operation's own write (need_seq above) if that failed in an
  *    earlier batch than the reply's record.
@@ -389,6 +404,7 @@ int idem_load(struct shard *sh);
 uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
 uint64_t idem_intent(struct sop *op);
 int idem_gate_check(struct sop *op);
+void idem_confirm(struct sop *op, const char *buf, size_t len);
 char *idem_done(struct sop *op, char *buf, size_t len);
 int idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned);
 

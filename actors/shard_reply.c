@@ -48,6 +48,7 @@ deliver(struct sop *op, char *buf, size_t len)
         shard_deliver_error(op, rc == SBX_E_STORAGE_FULL ? rc : SBX_E_STORAGE);
         return;
     }
+    idem_confirm(op, buf, len); /* the write it recorded is replicated now */
     for (int i = 0; i < op->nctx; i++)
         shard_sctx_send(op->ctx[i], buf, len);
     free(idem_done(op, buf, len));

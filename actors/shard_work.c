@@ -78,7 +78,7 @@ work_done_loop(sbx_loop *l, void *arg)
             sh->start_us_total += w->c.start_us;
         } else {
             sh->n_start_failed++;
-            sbx_error("container start failed: %s", w->why);
+            sbx_log_error("container start failed: %s", w->why);
         }
     }
     if (w->kind == W_START && !w->actor) {

@@ -441,7 +441,7 @@ open_v2(sbx_cgroups *cg, char *why, size_t whylen)
     snprintf(cg->desc, sizeof(cg->desc), "v2%s at %s", cg->v2_limits ? " (memory, pids, cpu)" :
              " WITHOUT controllers: no limits", path);
     if (!cg->v2_limits)
-        sbx_warn("cgroup v2 at %s has no memory/pids/cpu controllers: sandboxes run without "
+        sbx_log_warn("cgroup v2 at %s has no memory/pids/cpu controllers: sandboxes run without "
                  "resource limits", path);
     return 0;
 }

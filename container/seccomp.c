@@ -74,7 +74,7 @@ out:
     do {                                                                                 \
         int r_ = seccomp_rule_add((ctx), (act), (sys), __VA_ARGS__);                     \
         if (r_ < 0) {                                                                    \
-            sbx_error("seccomp: rule for %s: %s", #sys, strerror(-r_));                 \
+            sbx_log_error("seccomp: rule for %s: %s", #sys, strerror(-r_));                 \
             rc = r_;                                                                     \
             goto out;                                                                    \
         }                                                                                \
@@ -185,7 +185,7 @@ api_level_from_kernel(void)
     size_t n = 0;
     if (sbx_fs_read("/proc/sys/kernel/seccomp/actions_avail", 4096, &avail, &n) == 0 && avail &&
         strstr(avail, "kill_process")) {
-        sbx_info("seccomp: libseccomp sees API level %u from this process; the kernel has "
+        sbx_log_info("seccomp: libseccomp sees API level %u from this process; the kernel has "
                  "kill_process (actions_avail): building for level 3",
                  seccomp_api_get());
         seccomp_api_set(3);

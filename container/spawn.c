@@ -137,7 +137,7 @@ sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
      * The probe's NULL arguments make a supporting kernel answer EINVAL. */
     sp->no_clone3 = syscall(SYS_clone3, NULL, 0) < 0 && errno == ENOSYS;
     if (sp->no_clone3)
-        sbx_info("spawn: clone3(2) is not available; containers start with clone(2)");
+        sbx_log_info("spawn: clone3(2) is not available; containers start with clone(2)");
     if (conf->interp_dir) {
         /* Say once when sandboxes will have to open the drivers' path
          * themselves (sbx_container_start: no open_tree). */
@@ -146,7 +146,7 @@ sbx_spawner_new(sbx_spawner **out, const struct sbx_spawn_conf *conf, char *why,
         if (t >= 0)
             close(t);
         else
-            sbx_warn("spawn: open_tree(%s): %s; sandboxes open the interpreter drivers by "
+            sbx_log_warn("spawn: open_tree(%s): %s; sandboxes open the interpreter drivers by "
                      "path, which every directory above them must let others search",
                      conf->interp_dir, strerror(errno));
     }
@@ -535,7 +535,7 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
     if (c->cg.created) {
         int rc = sbx_cgroup_destroy(sp->conf.cgroups, &c->cg, 5000);
         if (rc)
-            sbx_warn("container %llu: cgroup %s not removed: %s", (unsigned long long)c->serial,
+            sbx_log_warn("container %llu: cgroup %s not removed: %s", (unsigned long long)c->serial,
                      c->cg.name, strerror(-rc));
     } else if (c->cg.v2_fd >= 0) {
         close(c->cg.v2_fd);

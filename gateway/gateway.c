@@ -182,7 +182,8 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg);
 /* Open slot i's socket to url, for the view member of gen (0: standalone
  * start-up), under slot_mu or before any other thread runs. */
 static int
-slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint64_t gen)
+slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint64_t gen,
+          sbx_err_t *err)
 {
     struct gshard *s = &gw->shards[i];
     s->gw = gw;
@@ -192,7 +193,7 @@ slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint
     snprintf(s->url, sizeof(s->url), "%s", url);
     /* The pipe callbacks go in before the dial starts, so the connection
      * count never misses a peer that is already up. */
-    int rv = sbx_nng_req_dial_notify(&s->sock, &s->dialer, url, pipe_cb, s);
+    int rv = sbx_nng_req_dial_notify(&s->sock, &s->dialer, url, pipe_cb, s, err);
     if (rv)
         return rv;
     atomic_store(&s->open, true);
@@ -260,12 +261,14 @@ view_changed(void *arg)
             snprintf(s->url, sizeof(s->url), "%s", to_open[k].url);
             continue;
         }
-        int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url, to_open[k].gen);
+        sbx_err_t derr = NULL;
+        int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url, to_open[k].gen,
+                           &derr);
         if (rv)
-            sbx_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
-                     nng_strerror(rv));
-        else
-            sbx_info("gateway %s: shard %s joined (%s)", gw->conf.name, to_open[k].name,
+            sbx_log_warn("gateway: shard %s: %s", to_open[k].name, sbx_err_msg(derr));
+        sbx_err_release(&derr);
+        if (!rv)
+            sbx_log_info("gateway %s: shard %s joined (%s)", gw->conf.name, to_open[k].name,
                      to_open[k].url);
     }
     pthread_mutex_unlock(&gw->slot_mu);
@@ -277,10 +280,10 @@ view_changed(void *arg)
         int rv = nng_dial(s->sock, to_open[k].url, &s->dialer, NNG_FLAG_NONBLOCK);
         if (rv) {
             s->gen = 0; /* tried again at the next change */
-            sbx_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
+            sbx_log_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
                      nng_strerror(rv));
         } else {
-            sbx_info("gateway %s: shard %s joined (%s) in the slot of %s", gw->conf.name,
+            sbx_log_info("gateway %s: shard %s joined (%s) in the slot of %s", gw->conf.name,
                      to_open[k].name, to_open[k].url, to_open[k].was);
         }
     }
@@ -698,7 +701,7 @@ drain_main(void *arg)
             client_send_bytes(g, buf, len);
             free(buf);
         }
-        sbx_info("gateway %s: shard %s %s", gw->conf.name, j->shard,
+        sbx_log_info("gateway %s: shard %s %s", gw->conf.name, j->shard,
                  j->drain ? "is draining" : "is no longer draining");
     }
     free(j);
@@ -939,7 +942,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         for (char **p = conf->shards; p && *p; p++)
             n++;
         if (n == 0 || n > MAX_SLOTS) {
-            sbx_error("gateway: give 1-%d shards (--shard name=url), or --etcd for a cluster",
+            sbx_log_error("gateway: give 1-%d shards (--shard name=url), or --etcd for a cluster",
                       MAX_SLOTS);
             pthread_mutex_destroy(&gw->slot_mu);
             free(gw);
@@ -949,15 +952,16 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         for (int i = 0; i < n; i++) {
             const char *spec = conf->shards[i], *eq = strchr(spec, '=');
             if (!eq || eq == spec || eq - spec >= 64) {
-                sbx_error("gateway: shard '%s' must be given as name=url", spec);
+                sbx_log_error("gateway: shard '%s' must be given as name=url", spec);
                 rv = SBX_E_VALIDATION;
                 goto fail;
             }
             char name[64];
             snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
-            if ((rv = slot_open(gw, i, name, eq + 1, 0)) != 0) {
-                sbx_error("gateway: shard %s at %s: %s", name, eq + 1, nng_strerror(rv));
-                rv = sbx_nng_code(rv);
+            sbx_err_t derr = NULL;
+            if ((rv = slot_open(gw, i, name, eq + 1, 0, &derr)) != 0) {
+                sbx_log_error("gateway: shard %s: %s", name, sbx_err_msg(derr));
+                sbx_err_release(&derr);
                 goto fail;
             }
             names[i] = gw->shards[i].name;
@@ -984,13 +988,14 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
                  conf->cluster && *conf->cluster ? conf->cluster : "default");
         if ((rv = sbx_etcd_open(&gw->etcd, conf->etcd, 3000)) != 0 ||
             (rv = sbx_cview_start(&gw->view, gw->etcd, gw->prefix, view_changed, gw)) != 0) {
-            sbx_error("gateway: cannot follow the cluster in etcd at %s", conf->etcd);
+            sbx_log_error("gateway: cannot follow the cluster in etcd at %s", conf->etcd);
             goto fail;
         }
     }
-    if ((rv = sbx_nng_rep_listen(&gw->sock, conf->listen)) != 0) {
-        sbx_error("gateway: cannot listen on %s: %s", conf->listen, nng_strerror(rv));
-        rv = sbx_nng_code(rv);
+    sbx_err_t lerr = NULL;
+    if ((rv = sbx_nng_rep_listen(&gw->sock, conf->listen, &lerr)) != 0) {
+        sbx_log_error("gateway: %s", sbx_err_msg(lerr));
+        sbx_err_release(&lerr);
         goto fail;
     }
     for (int i = 0; i < gw->nctx; i++) {
@@ -1004,7 +1009,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         /* The HTTP front calls the gateway through an in-process transport. */
         snprintf(gw->inproc, sizeof(gw->inproc), "inproc://sbx-gateway-%p", (void *)gw);
         if ((rv = nng_listen(gw->sock, gw->inproc, NULL, 0)) != 0) {
-            sbx_error("gateway: cannot listen on %s: %s", gw->inproc, nng_strerror(rv));
+            sbx_log_error("gateway: cannot listen on %s: %s", gw->inproc, nng_strerror(rv));
             rv = sbx_nng_code(rv);
             goto fail;
         }
@@ -1020,16 +1025,16 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         };
         char why[256];
         if ((rv = sbx_http_start(&gw->http, &hc, why, sizeof(why))) != 0) {
-            sbx_error("gateway: %s", why);
+            sbx_log_error("gateway: %s", why);
             goto fail;
         }
-        sbx_info("gateway %s: HTTP on %s", conf->name, conf->http);
+        sbx_log_info("gateway %s: HTTP on %s", conf->name, conf->http);
     }
     if (cluster)
-        sbx_info("gateway %s: serving on %s, cluster '%s' from etcd at %s", conf->name,
+        sbx_log_info("gateway %s: serving on %s, cluster '%s' from etcd at %s", conf->name,
                  conf->listen, conf->cluster ? conf->cluster : "default", conf->etcd);
     else
-        sbx_info("gateway %s: serving on %s, %d shard(s)", conf->name, conf->listen,
+        sbx_log_info("gateway %s: serving on %s, %d shard(s)", conf->name, conf->listen,
                  gw->nshards);
     *out = gw;
     return 0;

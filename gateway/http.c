@@ -612,8 +612,10 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size
     h->openapi = json_dumps(doc, JSON_INDENT(1) | JSON_SORT_KEYS);
     json_decref(doc);
     h->openapi_len = strlen(h->openapi);
-    if ((rc = sbx_nng_req_dial(&h->req, h->upstream)) != 0) {
-        snprintf(why, whylen, "cannot reach the gateway at %s: %s", h->upstream, nng_strerror(rc));
+    sbx_err_t derr = NULL;
+    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, &derr)) != 0) {
+        snprintf(why, whylen, "cannot reach the gateway at %s: %s", h->upstream, sbx_err_msg(derr));
+        sbx_err_release(&derr);
         rc = -EIO;
         goto fail;
     }

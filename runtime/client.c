@@ -1,5 +1,9 @@
-/* client.c — the C client library; see sbx.h. */
-#include "sbx.h"
+/*
+ * client.c — the C client library; see include/sbx/sbx.h (the API) and
+ * include/sbx/result.h.  Built with -fvisibility=hidden: only what those
+ * headers declare with SBX_API leaves libsbx.
+ */
+#include "../include/sbx/sbx.h"
 
 #include <errno.h>
 #include <nng/nng.h>
@@ -10,7 +14,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "cleanup.h"
 #include "err.h"
+#include "error.h"
 #include "id.h"
 #include "json.h"
 #include "util.h"
@@ -29,6 +35,14 @@ struct sbx_reply {
 
 static const msgpack_object empty_map = {.type = MSGPACK_OBJECT_MAP};
 
+static inline void
+reply_cleanup(sbx_reply **r)
+{
+    sbx_reply_free(*r);
+}
+/* _cleanup_reply_ — sbx_reply_free a reply when it goes out of scope. */
+#define _cleanup_reply_ __attribute__((cleanup(reply_cleanup)))
+
 void
 sbx_error_free(sbx_error *err)
 {
@@ -38,22 +52,53 @@ sbx_error_free(sbx_error *err)
     err->context_json = NULL;
 }
 
+/*
+ * Errors.  Inside the library a failure is an sbx_err_t (runtime/error.h,
+ * docs/errors.md); a public function hands its caller the public form,
+ * sbx_error, through export_err, the one place where the two meet.  Two
+ * client-side failures have wire names that no code of err.h carries (sbx.h,
+ * Errors): they travel as these private codes and leave as their names with
+ * the public code given.  Errors a reply carries (the gateway's or a
+ * shard's) are copied as they came (call).
+ */
+#define E_GATEWAY_UNAVAILABLE (SBX_E__LAST + 1) /* leaves as SBX_E_SHARD_UNAVAILABLE */
+#define E_INVALID_RESPONSE (SBX_E__LAST + 2)    /* leaves as SBX_E_MALFORMED */
+
+/* export_err — fill out (may be NULL) from *e, release *e; the public code. */
 static int
-set_err(sbx_error *err, int code, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+export_err(sbx_error *out, sbx_err_t *e)
+{
+    int code = sbx_err_code(*e);
+    const char *name = sbx_err_name(code);
+    if (code == E_GATEWAY_UNAVAILABLE) {
+        name = "GATEWAY_UNAVAILABLE";
+        code = SBX_E_SHARD_UNAVAILABLE;
+    } else if (code == E_INVALID_RESPONSE) {
+        name = "INVALID_RESPONSE";
+        code = SBX_E_MALFORMED;
+    }
+    if (out) {
+        snprintf(out->code, sizeof(out->code), "%s", name);
+        snprintf(out->message, sizeof(out->message), "%s", sbx_err_msg(*e));
+        out->context_json = NULL;
+    }
+    sbx_err_release(e);
+    return code;
+}
+
+/* fail — a failure found at the API boundary: make the object, export it. */
+static int
+fail(sbx_error *out, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int
-set_err(sbx_error *err, int code, const char *name, const char *fmt, ...)
+fail(sbx_error *out, int code, const char *fmt, ...)
 {
-    if (err) {
-        va_list ap;
-        snprintf(err->code, sizeof(err->code), "%s", name ? name : sbx_err_name(code));
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-        err->context_json = NULL;
-    }
-    return code;
+    sbx_err_t e = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    sbx_err_makev(&e, code, fmt, ap);
+    va_end(ap);
+    return export_err(out, &e);
 }
 
 static void
@@ -95,9 +140,9 @@ sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
     return 0;
 fail:
     free(c);
-    return set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                   "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
-                   nng_strerror(rv));
+    return fail(err, E_GATEWAY_UNAVAILABLE,
+                "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
+                nng_strerror(rv));
 }
 
 void
@@ -116,21 +161,35 @@ sbx_client_set_timeout(sbx_client *c, int64_t ms)
         c->timeout_ms = ms;
 }
 
-/* One request/reply on its own context: concurrent calls do not interfere. */
+static inline void
+aio_cleanup(nng_aio **aio)
+{
+    if (*aio)
+        nng_aio_free(*aio);
+}
+
+static inline void
+ctx_cleanup(nng_ctx *ctx)
+{
+    if (nng_ctx_id(*ctx) > 0)
+        nng_ctx_close(*ctx);
+}
+
+/* roundtrip — one request/reply on a context of its own (concurrent calls
+ * do not interfere), each wait bounded by what is left of timeout_ms.  0
+ * with *reply (the caller's), or a negative code with *e set. */
 static int
 roundtrip(sbx_client *c, const char *buf, size_t len, int64_t timeout_ms, nng_msg **reply,
-          sbx_error *err)
+          sbx_err_t *e)
 {
-    nng_ctx ctx;
-    nng_aio *aio = NULL;
+    __attribute__((cleanup(ctx_cleanup))) nng_ctx ctx = NNG_CTX_INITIALIZER;
+    __attribute__((cleanup(aio_cleanup))) nng_aio *aio = NULL;
     nng_msg *m = NULL;
     int rv;
     if ((rv = nng_ctx_open(&ctx, c->sock)) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "nng_ctx_open: %s", nng_strerror(rv));
-    if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, len)) != 0) {
-        rv = set_err(err, SBX_E_INTERNAL, NULL, "out of memory");
-        goto out;
-    }
+        return sbx_err_make(e, SBX_E_INTERNAL, "nng_ctx_open: %s", nng_strerror(rv));
+    if (nng_aio_alloc(&aio, NULL, NULL) != 0 || nng_msg_alloc(&m, len) != 0)
+        return sbx_err_make(e, -ENOMEM, "a request of %zu bytes", len);
     memcpy(nng_msg_body(m), buf, len);
     int64_t deadline = sbx_mono_ms() + timeout_ms;
     nng_aio_set_timeout(aio, (nng_duration)timeout_ms);
@@ -138,35 +197,27 @@ roundtrip(sbx_client *c, const char *buf, size_t len, int64_t timeout_ms, nng_ms
     nng_ctx_send(ctx, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) != 0) {
-        nng_msg_free(m);
-        rv = rv == NNG_ETIMEDOUT
-                 ? set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                           "the gateway did not accept the request within %lld ms",
-                           (long long)timeout_ms)
-                 : set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                           "sending to the gateway failed: %s", nng_strerror(rv));
-        goto out;
+        nng_msg_free(m); /* not sent: still ours */
+        if (rv == NNG_ETIMEDOUT)
+            return sbx_err_make(e, E_GATEWAY_UNAVAILABLE,
+                                "the gateway did not accept the request within %lld ms",
+                                (long long)timeout_ms);
+        return sbx_err_make(e, E_GATEWAY_UNAVAILABLE, "sending to the gateway failed: %s",
+                            nng_strerror(rv));
     }
     int64_t left = deadline - sbx_mono_ms();
     nng_aio_set_timeout(aio, (nng_duration)(left > 1 ? left : 1));
     nng_ctx_recv(ctx, aio);
     nng_aio_wait(aio);
     if ((rv = nng_aio_result(aio)) != 0) {
-        rv = rv == NNG_ETIMEDOUT ? set_err(err, SBX_E_TIMEOUT, NULL,
-                                           "no reply within the deadline of %lld ms",
-                                           (long long)timeout_ms)
-                                 : set_err(err, SBX_E_SHARD_UNAVAILABLE, "GATEWAY_UNAVAILABLE",
-                                           "receiving from the gateway failed: %s",
-                                           nng_strerror(rv));
-        goto out;
+        if (rv == NNG_ETIMEDOUT)
+            return sbx_err_make(e, SBX_E_TIMEOUT, "no reply within the deadline of %lld ms",
+                                (long long)timeout_ms);
+        return sbx_err_make(e, E_GATEWAY_UNAVAILABLE, "receiving from the gateway failed: %s",
+                            nng_strerror(rv));
     }
     *reply = nng_aio_get_msg(aio);
-    rv = 0;
-out:
-    nng_ctx_close(ctx);
-    if (aio)
-        nng_aio_free(aio);
-    return rv;
+    return 0;
 }
 
 /* The body of sbx_call; with keep_err, an error reply is also returned in
@@ -177,7 +228,7 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
 {
     char id[37];
     sbx_enc e;
-    char *buf;
+    _cleanup_free_ char *buf = NULL;
     size_t len;
     nng_msg *reply = NULL;
     int rc;
@@ -207,24 +258,20 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     }
     sbx_enc_end(&e);
     if (sbx_enc_finish(&e, &buf, &len) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode the request");
-    if (len > SBX_WIRE_MAX_REQUEST) {
-        free(buf);
-        return set_err(err, SBX_E_TOO_LARGE, NULL, "request of %zu bytes exceeds the %u-byte limit",
-                       len, SBX_WIRE_MAX_REQUEST);
-    }
-    rc = roundtrip(c, buf, len, timeout_ms, &reply, err);
-    free(buf);
-    if (rc)
-        return rc;
+        return fail(err, SBX_E_INTERNAL, "cannot encode the request");
+    if (len > SBX_WIRE_MAX_REQUEST)
+        return fail(err, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit", len,
+                    SBX_WIRE_MAX_REQUEST);
+    sbx_err_t rt = NULL;
+    if ((rc = roundtrip(c, buf, len, timeout_ms, &reply, &rt)) != 0)
+        return export_err(err, &rt);
     sbx_reply *r = sbx_xcalloc(1, sizeof(*r));
     r->msg = reply;
     if (sbx_wire_decode(&r->dec, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply)) {
         nng_msg_free(reply);
         free(r);
         /* The request was fine; the reply is not: a client-side name. */
-        return set_err(err, SBX_E_MALFORMED, "INVALID_RESPONSE",
-                       "the gateway sent a reply that is not a valid frame");
+        return fail(err, E_INVALID_RESPONSE, "the gateway sent a reply that is not a valid frame");
     }
     bool ok = false;
     sbx_wire_get_bool(r->dec.root, "ok", &ok);
@@ -267,7 +314,7 @@ int
 sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *args_json,
               int64_t timeout_ms, sbx_reply **out, sbx_error *err)
 {
-    char *args = NULL;
+    _cleanup_free_ char *args = NULL;
     size_t alen = 0;
     clear_err(err);
     if (args_json && *args_json) {
@@ -276,8 +323,8 @@ sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *ar
         if (!j || !json_is_object(j)) {
             if (j)
                 json_decref(j);
-            return set_err(err, SBX_E_VALIDATION, NULL, "arguments must be a JSON object: %s",
-                           j ? "not an object" : je.text);
+            return fail(err, SBX_E_VALIDATION, "arguments must be a JSON object: %s",
+                        j ? "not an object" : je.text);
         }
         sbx_enc e;
         sbx_enc_init(&e);
@@ -285,12 +332,10 @@ sbx_call_json(sbx_client *c, const char *op, const char *sandbox, const char *ar
         json_decref(j);
         if (rc || sbx_enc_finish(&e, &args, &alen) != 0) {
             sbx_enc_free(&e);
-            return set_err(err, SBX_E_VALIDATION, NULL, "arguments cannot be encoded");
+            return fail(err, SBX_E_VALIDATION, "arguments cannot be encoded");
         }
     }
-    int rc = sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
-    free(args);
-    return rc;
+    return sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
 }
 
 const msgpack_object *
@@ -326,73 +371,82 @@ copy_bytes(const msgpack_object *res, const char *key, char **out, size_t *len)
     *len = s.n;
 }
 
-/* The exec arguments of o as one encoded msgpack map (plus an optional
- * processId for process.start).  0 or an error. */
+/* encode_exec_args — the exec arguments of o as one encoded msgpack map
+ * (plus an optional processId for process.start) in *args (heap, the
+ * caller's); 0, or a negative code with *e set. */
 static int
 encode_exec_args(const sbx_exec_opts *o, const char *process_id, char **args, size_t *alen,
-                 sbx_error *err)
+                 sbx_err_t *e)
 {
-    sbx_enc e;
+    sbx_enc enc;
     if ((!o->command) == (!o->argv))
-        return set_err(err, SBX_E_VALIDATION, NULL, "give exactly one of command and argv");
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
+        return sbx_err_make(e, SBX_E_VALIDATION, "give exactly one of command and argv");
+    sbx_enc_init(&enc);
+    sbx_enc_map(&enc);
     if (process_id)
-        sbx_enc_kstr(&e, "processId", process_id);
+        sbx_enc_kstr(&enc, "processId", process_id);
     if (o->command)
-        sbx_enc_kstr(&e, "command", o->command);
+        sbx_enc_kstr(&enc, "command", o->command);
     if (o->argv) {
-        sbx_enc_karray(&e, "argv");
+        sbx_enc_karray(&enc, "argv");
         for (const char *const *p = o->argv; *p; p++)
-            sbx_enc_str(&e, *p);
-        sbx_enc_end(&e);
+            sbx_enc_str(&enc, *p);
+        sbx_enc_end(&enc);
     }
     if (o->cwd)
-        sbx_enc_kstr(&e, "cwd", o->cwd);
+        sbx_enc_kstr(&enc, "cwd", o->cwd);
     if (o->env && o->env[0]) {
-        sbx_enc_kmap(&e, "env");
+        sbx_enc_kmap(&enc, "env");
         for (const char *const *p = o->env; *p; p++) {
             const char *eq = strchr(*p, '=');
-            if (!eq) {
-                sbx_enc_free(&e);
-                return set_err(err, SBX_E_VALIDATION, NULL, "env entry '%s' is not K=V", *p);
+            if (!eq || eq == *p) {
+                sbx_enc_free(&enc);
+                return sbx_err_make(e, SBX_E_VALIDATION,
+                                    "env entry '%s' is not NAME=VALUE (env maps names to values, "
+                                    "as the SDK's; a bare name is not inherited)",
+                                    *p);
             }
-            sbx_enc_strn(&e, *p, (size_t)(eq - *p));
-            sbx_enc_str(&e, eq + 1);
+            sbx_enc_strn(&enc, *p, (size_t)(eq - *p));
+            sbx_enc_str(&enc, eq + 1);
         }
-        sbx_enc_end(&e);
+        sbx_enc_end(&enc);
     }
     if (o->timeout_ms > 0)
-        sbx_enc_kint(&e, "timeout", o->timeout_ms);
+        sbx_enc_kint(&enc, "timeout", o->timeout_ms);
     if (o->session_id)
-        sbx_enc_kstr(&e, "sessionId", o->session_id);
+        sbx_enc_kstr(&enc, "sessionId", o->session_id);
     if (o->sessionless)
-        sbx_enc_kbool(&e, "sessionless", true);
+        sbx_enc_kbool(&enc, "sessionless", true);
     if (o->has_stdin || o->stdin_data)
-        sbx_enc_kbin(&e, "stdin", o->stdin_data ? o->stdin_data : "", o->stdin_len);
-    sbx_enc_end(&e);
-    if (sbx_enc_finish(&e, args, alen) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode exec arguments");
+        sbx_enc_kbin(&enc, "stdin", o->stdin_data ? o->stdin_data : "", o->stdin_len);
+    sbx_enc_end(&enc);
+    if (sbx_enc_finish(&enc, args, alen) != 0)
+        return sbx_err_make(e, SBX_E_INTERNAL, "cannot encode exec arguments");
     return 0;
+}
+
+/* The deadline of an exec call: the command's timeout + 30 s (sbx.h); 0 (the
+ * client's default) without one.  call() caps the sum; a timeout past 24 h
+ * is the gateway's to refuse. */
+static int64_t
+exec_deadline(const sbx_exec_opts *o)
+{
+    return o->timeout_ms > 0 ? SBX_MIN(o->timeout_ms, SBX_WIRE_MAX_DURATION_MS) + 30000 : 0;
 }
 
 int
 sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_result *res,
          sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     memset(res, 0, sizeof(*res));
     clear_err(err);
-    int rc0 = encode_exec_args(o, NULL, &args, &alen, err);
-    if (rc0)
-        return rc0;
-    /* call() caps the sum; a timeout past 24 h is the gateway's to refuse. */
-    int64_t deadline =
-        o->timeout_ms > 0 ? SBX_MIN(o->timeout_ms, SBX_WIRE_MAX_DURATION_MS) + 30000 : 0;
-    int rc = call(c, "exec", sandbox, args, alen, deadline, NULL, &r, err, true);
-    free(args);
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, NULL, &args, &alen, &e) != 0)
+        return export_err(err, &e);
+    int rc = call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, &r, err, true);
     if (rc) {
         /* SESSION_TERMINATED: the shell exited under the command; its exit
          * code and what it printed first are in the error's context. */
@@ -404,7 +458,6 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
             copy_bytes(ctx, "stderr", &res->stderr_data, &res->stderr_len);
             snprintf(res->cause, sizeof(res->cause), "EXITED");
         }
-        sbx_reply_free(r);
         return rc;
     }
     const msgpack_object *res_o = sbx_reply_result(r);
@@ -428,7 +481,6 @@ sbx_exec(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_exec_re
     sbx_str cause;
     if (sbx_wire_get_str(res_o, "cause", &cause) == 0)
         sbx_str_copy(cause, res->cause, sizeof(res->cause));
-    sbx_reply_free(r);
     return 0;
 }
 
@@ -443,7 +495,7 @@ sbx_exec_result_free(sbx_exec_result *r)
 int
 sbx_destroy(sbx_client *c, const char *sandbox, bool *destroyed, sbx_error *err)
 {
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     int rc = sbx_call(c, "destroy", sandbox, NULL, 0, 0, NULL, &r, err);
     if (rc)
         return rc;
@@ -451,17 +503,14 @@ sbx_destroy(sbx_client *c, const char *sandbox, bool *destroyed, sbx_error *err)
     sbx_wire_get_bool(sbx_reply_result(r), "destroyed", &d);
     if (destroyed)
         *destroyed = d;
-    sbx_reply_free(r);
     return 0;
 }
 
 int
 sbx_ping(sbx_client *c, const char *sandbox, sbx_error *err)
 {
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     int rc = sbx_call(c, "ping", sandbox, NULL, 0, 0, NULL, &r, err);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -499,22 +548,20 @@ int
 sbx_exec_stream(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_stream **out,
                 sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     clear_err(err);
-    int rc = encode_exec_args(o, NULL, &args, &alen, err);
-    if (rc)
-        return rc;
-    rc = sbx_call(c, "exec.stream", sandbox, args, alen, 0, NULL, &r, err);
-    free(args);
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, NULL, &args, &alen, &e) != 0)
+        return export_err(err, &e);
+    int rc = sbx_call(c, "exec.stream", sandbox, args, alen, 0, NULL, &r, err);
     if (rc)
         return rc;
     sbx_str id = {"", 0};
     sbx_wire_get_str(sbx_reply_result(r), "streamId", &id);
     char sid[80];
     sbx_str_copy(id, sid, sizeof(sid));
-    sbx_reply_free(r);
     *out = stream_alloc(c, sandbox, sid, 0);
     return 0;
 }
@@ -525,7 +572,7 @@ sbx_stream_open(sbx_client *c, const char *sandbox, const char *stream_id, uint6
 {
     clear_err(err);
     if (!stream_id || !*stream_id || strlen(stream_id) >= 72)
-        return set_err(err, SBX_E_VALIDATION, NULL, "a stream ID of 1-71 bytes is required");
+        return fail(err, SBX_E_VALIDATION, "a stream ID of 1-71 bytes is required");
     *out = stream_alloc(c, sandbox, stream_id, after);
     return 0;
 }
@@ -557,7 +604,7 @@ stream_fetch(sbx_stream *s, sbx_error *err)
     int64_t until = sbx_mono_ms() + STREAM_RETRY_MS + 10000;
     for (int attempt = 0;; attempt++) {
         sbx_enc e;
-        char *args;
+        _cleanup_free_ char *args = NULL;
         size_t alen;
         int64_t call_ms = SBX_MIN((int64_t)STREAM_CALL_MS, until - sbx_mono_ms());
         if (call_ms < 1)
@@ -571,7 +618,6 @@ stream_fetch(sbx_stream *s, sbx_error *err)
         sbx_enc_finish(&e, &args, &alen);
         sbx_reply *r = NULL;
         int rc = sbx_call(s->c, "stream.read", s->sandbox, args, alen, call_ms, NULL, &r, err);
-        free(args);
         if (rc == 0) {
             sbx_reply_free(s->batch);
             s->batch = r;
@@ -629,18 +675,15 @@ int
 sbx_stream_cancel(sbx_stream *s, sbx_error *err)
 {
     sbx_enc e;
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "streamId", s->id);
     sbx_enc_end(&e);
     sbx_enc_finish(&e, &args, &alen);
     int rc = sbx_call(s->c, "stream.cancel", s->sandbox, args, alen, 0, NULL, &r, err);
-    free(args);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -661,13 +704,12 @@ static int
 call_enc(sbx_client *c, const char *op, const char *sandbox, sbx_enc *e, sbx_reply **r,
          sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
     sbx_enc_end(e);
     if (sbx_enc_finish(e, &args, &alen) != 0)
-        return set_err(err, SBX_E_INTERNAL, NULL, "cannot encode arguments");
+        return fail(err, SBX_E_INTERNAL, "cannot encode arguments");
     int rc = sbx_call(c, op, sandbox, args, alen, 0, NULL, r, err);
-    free(args);
     return rc;
 }
 
@@ -676,14 +718,12 @@ sbx_write_file(sbx_client *c, const char *sandbox, const char *path, const void 
                sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "path", path);
     sbx_enc_kbin(&e, "content", data, len);
     int rc = call_enc(c, "file.write", sandbox, &e, &r, err);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -692,7 +732,7 @@ sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data,
               char mime[64], sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "path", path);
@@ -708,14 +748,12 @@ sbx_read_file(sbx_client *c, const char *sandbox, const char *path, char **data,
         snprintf(mime, 64, "%.*s", (int)m.n, m.p);
     if (sbx_str_eq(enc, "base64")) {
         if (sbx_base64_decode(content.p, content.n, data, len) != 0) {
-            sbx_reply_free(r);
-            return set_err(err, SBX_E_MALFORMED, NULL, "the file content is not valid base64");
+            return fail(err, SBX_E_MALFORMED, "the file content is not valid base64");
         }
     } else {
         *data = sbx_xstrndup(content.p, content.n);
         *len = content.n;
     }
-    sbx_reply_free(r);
     return 0;
 }
 
@@ -723,7 +761,7 @@ int
 sbx_set_env(sbx_client *c, const char *sandbox, const char *const *vars, sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kmap(&e, "vars");
@@ -737,8 +775,6 @@ sbx_set_env(sbx_client *c, const char *sandbox, const char *const *vars, sbx_err
     }
     sbx_enc_end(&e);
     int rc = call_enc(c, "env.set", sandbox, &e, &r, err);
-    if (rc == 0)
-        sbx_reply_free(r);
     return rc;
 }
 
@@ -746,21 +782,19 @@ int
 sbx_process_start(sbx_client *c, const char *sandbox, const sbx_exec_opts *o,
                   const char *process_id, char id[128], sbx_error *err)
 {
-    char *args;
+    _cleanup_free_ char *args = NULL;
     size_t alen;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     clear_err(err);
-    int rc = encode_exec_args(o, process_id, &args, &alen, err);
-    if (rc)
-        return rc;
-    rc = sbx_call(c, "process.start", sandbox, args, alen, 0, NULL, &r, err);
-    free(args);
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, process_id, &args, &alen, &e) != 0)
+        return export_err(err, &e);
+    int rc = sbx_call(c, "process.start", sandbox, args, alen, 0, NULL, &r, err);
     if (rc)
         return rc;
     sbx_str pid = {"", 0};
     sbx_wire_get_str(sbx_reply_result(r), "processId", &pid);
     snprintf(id, 128, "%.*s", (int)pid.n, pid.p);
-    sbx_reply_free(r);
     return 0;
 }
 
@@ -769,7 +803,7 @@ sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int
                  sbx_error *err)
 {
     sbx_enc e;
-    sbx_reply *r = NULL;
+    _cleanup_reply_ sbx_reply *r = NULL;
     sbx_enc_init(&e);
     sbx_enc_map(&e);
     sbx_enc_kstr(&e, "processId", process_id);
@@ -780,6 +814,249 @@ sbx_process_kill(sbx_client *c, const char *sandbox, const char *process_id, int
     sbx_wire_get_i64(sbx_reply_result(r), "exitCode", &code);
     if (exit_code)
         *exit_code = (int)code;
-    sbx_reply_free(r);
     return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* sbx_exec_reply: the exec reply itself, arguments encoded as sbx_exec's. */
+
+int
+sbx_exec_reply(sbx_client *c, const char *sandbox, const sbx_exec_opts *o, sbx_reply **out,
+               sbx_error *err)
+{
+    _cleanup_free_ char *args = NULL;
+    size_t alen;
+    *out = NULL;
+    clear_err(err);
+    sbx_err_t e = NULL;
+    if (encode_exec_args(o, NULL, &args, &alen, &e) != 0)
+        return export_err(err, &e);
+    return call(c, "exec", sandbox, args, alen, exec_deadline(o), NULL, out, err, false);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* The argument builder: an sbx_enc whose root map is open. */
+
+struct sbx_args {
+    sbx_enc e;
+    bool bad_json; /* a kjson text that did not parse (sbx_enc tracks the rest) */
+    bool sent;     /* sbx_call_args closed and sent it */
+};
+
+sbx_args *
+sbx_args_new(void)
+{
+    sbx_args *a = sbx_xcalloc(1, sizeof(*a));
+    sbx_enc_init(&a->e);
+    sbx_enc_map(&a->e);
+    return a;
+}
+
+void
+sbx_args_free(sbx_args *a)
+{
+    if (!a)
+        return;
+    sbx_enc_free(&a->e);
+    free(a);
+}
+
+void
+sbx_args_kstr(sbx_args *a, const char *k, const char *v)
+{
+    sbx_enc_kstr(&a->e, k, v);
+}
+
+void
+sbx_args_kstrn(sbx_args *a, const char *k, const char *v, size_t n)
+{
+    sbx_enc_kstrn(&a->e, k, v, n);
+}
+
+void
+sbx_args_kint(sbx_args *a, const char *k, int64_t v)
+{
+    sbx_enc_kint(&a->e, k, v);
+}
+
+void
+sbx_args_kbool(sbx_args *a, const char *k, bool v)
+{
+    sbx_enc_kbool(&a->e, k, v);
+}
+
+void
+sbx_args_kbin(sbx_args *a, const char *k, const void *p, size_t n)
+{
+    sbx_enc_kbin(&a->e, k, p, n);
+}
+
+void
+sbx_args_kmap(sbx_args *a, const char *k)
+{
+    sbx_enc_kmap(&a->e, k);
+}
+
+void
+sbx_args_karray(sbx_args *a, const char *k)
+{
+    sbx_enc_karray(&a->e, k);
+}
+
+void
+sbx_args_end(sbx_args *a)
+{
+    sbx_enc_end(&a->e);
+}
+
+void
+sbx_args_str(sbx_args *a, const char *v)
+{
+    sbx_enc_str(&a->e, v);
+}
+
+void
+sbx_args_strn(sbx_args *a, const char *v, size_t n)
+{
+    sbx_enc_strn(&a->e, v, n);
+}
+
+void
+sbx_args_int(sbx_args *a, int64_t v)
+{
+    sbx_enc_int(&a->e, v);
+}
+
+void
+sbx_args_bool(sbx_args *a, bool v)
+{
+    sbx_enc_bool(&a->e, v);
+}
+
+void
+sbx_args_nil(sbx_args *a)
+{
+    sbx_enc_nil(&a->e);
+}
+
+void
+sbx_args_knil(sbx_args *a, const char *k)
+{
+    sbx_enc_str(&a->e, k);
+    sbx_enc_nil(&a->e);
+}
+
+void
+sbx_args_kjson(sbx_args *a, const char *k, const char *json)
+{
+    json_error_t je;
+    json_t *j = json_loads(json ? json : "", JSON_DECODE_ANY, &je);
+    sbx_enc_str(&a->e, k);
+    if (!j || sbx_json_to_msgpack(j, &a->e) != 0) {
+        a->bad_json = true;
+        sbx_enc_nil(&a->e); /* keep the map's shape; the call is refused anyway */
+    }
+    json_decref(j);
+}
+
+int
+sbx_call_args(sbx_client *c, const char *op, const char *sandbox, sbx_args *a,
+              int64_t timeout_ms, sbx_reply **out, sbx_error *err)
+{
+    _cleanup_free_ char *args = NULL;
+    size_t alen = 0;
+    clear_err(err);
+    if (a) {
+        if (a->sent)
+            return fail(err, SBX_E_VALIDATION, "these arguments were already sent");
+        a->sent = true;
+        if (a->bad_json)
+            return fail(err, SBX_E_VALIDATION, "an argument is not valid JSON");
+        sbx_enc_end(&a->e);
+        if (sbx_enc_finish(&a->e, &args, &alen) != 0)
+            return fail(err, SBX_E_VALIDATION,
+                        "the arguments are not one well-formed map (unbalanced "
+                        "sbx_args_kmap/karray and sbx_args_end?)");
+    }
+    return sbx_call(c, op, sandbox, args, alen, timeout_ms, NULL, out, err);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Result accessors (include/sbx/result.h): the wire module's, exported. */
+
+const msgpack_object *
+sbx_get(const msgpack_object *map, const char *key)
+{
+    return sbx_wire_get(map, key);
+}
+
+static int
+get_view(int rc, sbx_str s, sbx_view *out)
+{
+    if (rc == 0)
+        *out = (sbx_view){s.p, s.n};
+    return rc;
+}
+
+int
+sbx_get_str(const msgpack_object *map, const char *key, sbx_view *out)
+{
+    sbx_str s;
+    return get_view(sbx_wire_get_str(map, key, &s), s, out);
+}
+
+int
+sbx_get_bytes(const msgpack_object *map, const char *key, sbx_view *out)
+{
+    sbx_str s;
+    return get_view(sbx_wire_get_bin(map, key, &s), s, out);
+}
+
+int
+sbx_get_i64(const msgpack_object *map, const char *key, int64_t *out)
+{
+    return sbx_wire_get_i64(map, key, out);
+}
+
+int
+sbx_get_bool(const msgpack_object *map, const char *key, bool *out)
+{
+    return sbx_wire_get_bool(map, key, out);
+}
+
+int
+sbx_get_map(const msgpack_object *map, const char *key, const msgpack_object **out)
+{
+    return sbx_wire_get_map(map, key, out);
+}
+
+int
+sbx_get_array(const msgpack_object *map, const char *key, const msgpack_object **out)
+{
+    return sbx_wire_get_array(map, key, out);
+}
+
+int
+sbx_value_str(const msgpack_object *o, sbx_view *out)
+{
+    sbx_str s;
+    return get_view(sbx_wire_obj_str(o, &s), s, out);
+}
+
+bool
+sbx_view_eq(sbx_view v, const char *s)
+{
+    return sbx_str_eq((sbx_str){v.p, v.n}, s);
+}
+
+char *
+sbx_value_json(const msgpack_object *o, bool pretty)
+{
+    return sbx_json_dump(o, pretty);
+}
+
+int
+sbx_base64_to_bytes(const char *text, size_t n, char **out, size_t *len)
+{
+    return sbx_base64_decode(text, n, out, len) == 0 ? 0 : SBX_E_VALIDATION;
 }

@@ -172,7 +172,7 @@ slot_new(sbx_cview *v, const char *name, bool evict)
             if (!v->members[i].live && (victim < 0 || v->refs[i] < v->refs[victim]))
                 victim = i;
         if (victim >= 0) {
-            sbx_warn("cluster view: the member table is full; shard %s takes the slot of %s "
+            sbx_log_warn("cluster view: the member table is full; shard %s takes the slot of %s "
                      "(no member; %d partition(s) left without an owner in the view)",
                      name, v->members[victim].name, v->refs[victim]);
             for (int p = 0; p < SBX_PARTITIONS; p++)
@@ -254,7 +254,7 @@ member_value(struct sbx_cmember *m, const struct sbx_etcd_kv *kv)
     if (!fits) {
         char v[512];
         shown(kv->value, kv->vlen, v, sizeof(v));
-        sbx_warn("cluster view: member %s: no usable address in '%s'", m->name, v);
+        sbx_log_warn("cluster view: member %s: no usable address in '%s'", m->name, v);
     }
     snprintf(m->url, sizeof(m->url), "%s", fits ? url : "");
     snprintf(m->relay, sizeof(m->relay), "%s", fits && relay ? relay : "");
@@ -273,13 +273,13 @@ apply(sbx_cview *v, bool put, const struct sbx_etcd_kv *kv)
     if (why[0]) {
         char k[512];
         shown(kv->key, strlen(kv->key), k, sizeof(k));
-        sbx_warn("cluster view: ignoring %s: %s", k, why);
+        sbx_log_warn("cluster view: ignoring %s: %s", k, why);
     }
     switch (kind) {
     case K_MEMBER:
         i = slot_find(v, name);
         if (put && i < 0 && (i = slot_new(v, name, true)) < 0)
-            sbx_warn("cluster view: no slot for shard %s: %d live members already", name,
+            sbx_log_warn("cluster view: no slot for shard %s: %d live members already", name,
                      SBX_CVIEW_MAX_MEMBERS);
         if (i >= 0) {
             v->members[i].live = put;
@@ -293,7 +293,7 @@ apply(sbx_cview *v, bool put, const struct sbx_etcd_kv *kv)
         if (put && !name[0]) {
             char val[512];
             shown(kv->value, kv->vlen, val, sizeof(val));
-            sbx_warn("cluster view: partition %04d: owner '%s' is not a shard name", p, val);
+            sbx_log_warn("cluster view: partition %04d: owner '%s' is not a shard name", p, val);
         }
         if (!(old >= 0 && put && !strcmp(v->members[old].name, name))) {
             /* a new owner: the old one may go first and make room */
@@ -304,7 +304,7 @@ apply(sbx_cview *v, bool put, const struct sbx_etcd_kv *kv)
             }
             i = put && name[0] ? slot_find(v, name) : -1;
             if (put && name[0] && i < 0 && (i = slot_new(v, name, false)) < 0)
-                sbx_warn("cluster view: partition %04d: no slot for %s (the table is full)", p,
+                sbx_log_warn("cluster view: partition %04d: no slot for %s (the table is full)", p,
                          name);
             if (i >= 0) {
                 v->parts[p].owner = (int16_t)i;

@@ -221,7 +221,7 @@ call(sbx_etcd *e, const char *path, json_t *req, json_t **resp)
         sbx_buf_free(&bd.b);
         if (!j || status != 200) {
             const char *msg = j ? json_string_value(json_object_get(j, "error")) : NULL;
-            sbx_warn("etcd %s: HTTP %ld %s", path, status, msg ? msg : "");
+            sbx_log_warn("etcd %s: HTTP %ld %s", path, status, msg ? msg : "");
             json_decref(j);
             rc = SBX_E_STORAGE;
             break;
@@ -276,7 +276,7 @@ sbx_etcd_range_page(sbx_etcd *e, const char *key, bool after, const char *range_
                 (*n)++;
         }
         if (*n < cnt) /* the others are what they were: one bad key is no reason to fail */
-            sbx_warn("etcd range: %zu of %zu key(s) skipped (not base64, or a key with a NUL)",
+            sbx_log_warn("etcd range: %zu of %zu key(s) skipped (not base64, or a key with a NUL)",
                      cnt - *n, cnt);
     }
     json_decref(resp);
@@ -504,7 +504,7 @@ json_cut_short(const json_error_t *je, size_t n)
 static void
 watch_resync(struct wctx *w, const char *why, const char *detail)
 {
-    sbx_warn("etcd watch: %s%s%s; re-syncing", why, detail ? ": " : "", detail ? detail : "");
+    sbx_log_warn("etcd watch: %s%s%s; re-syncing", why, detail ? ": " : "", detail ? detail : "");
     w->end = W_RESYNC;
 }
 

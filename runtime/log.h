@@ -23,10 +23,13 @@ int sbx_log_enabled(int level);
 
 void sbx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-#define sbx_error(...) sbx_log(SBX_LOG_ERROR, __VA_ARGS__)
-#define sbx_warn(...) sbx_log(SBX_LOG_WARN, __VA_ARGS__)
-#define sbx_info(...) sbx_log(SBX_LOG_INFO, __VA_ARGS__)
-#define sbx_debug(...)                                                                   \
+/* One macro per level; sbx_log_debug evaluates its arguments only when
+ * debug logging is on.  (Named sbx_log_*: sbx_error is the client
+ * library's error type, include/sbx/sbx.h.) */
+#define sbx_log_error(...) sbx_log(SBX_LOG_ERROR, __VA_ARGS__)
+#define sbx_log_warn(...) sbx_log(SBX_LOG_WARN, __VA_ARGS__)
+#define sbx_log_info(...) sbx_log(SBX_LOG_INFO, __VA_ARGS__)
+#define sbx_log_debug(...)                                                               \
     do {                                                                                 \
         if (sbx_log_enabled(SBX_LOG_DEBUG))                                              \
             sbx_log(SBX_LOG_DEBUG, __VA_ARGS__);                                         \

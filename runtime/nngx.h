@@ -11,11 +11,21 @@
 #include <nng/nng.h>
 #include <stdbool.h>
 
-/* sbx_nng_rep_listen — open a REP socket listening on url; 0 or an nng error. */
-int sbx_nng_rep_listen(nng_socket *s, const char *url);
+#include "error.h"
+
+/*
+ * Errors: each of these returns 0, or a negative code (sbx_nng_code of the
+ * nng error: SBX_E_SHARD_UNAVAILABLE, SBX_E_INTERNAL, …) with *err (err may
+ * be NULL) saying what failed and nng's reason ("listen on tcp://…: Address
+ * in use"); the socket is then closed.  nng's own codes are positive and
+ * never leave this module.
+ */
+
+/* sbx_nng_rep_listen — open a REP socket listening on url. */
+int sbx_nng_rep_listen(nng_socket *s, const char *url, sbx_err_t *err);
 /* sbx_nng_req_dial — open a REQ socket dialing url in the background (the
- * peer may come up later); 0 or an nng error. */
-int sbx_nng_req_dial(nng_socket *s, const char *url);
+ * peer may come up later). */
+int sbx_nng_req_dial(nng_socket *s, const char *url, sbx_err_t *err);
 /* sbx_nng_req_dial_notify — the same, with cb registered for the pipe
  * events ADD_POST and REM_POST *before* the dial starts.  A caller that
  * counts connections must use it: registered after sbx_nng_req_dial, the
@@ -26,8 +36,8 @@ int sbx_nng_req_dial(nng_socket *s, const char *url);
  * the socket elsewhere without closing it (a gateway's slot the cluster
  * view gave to another shard). */
 int sbx_nng_req_dial_notify(nng_socket *s, nng_dialer *d, const char *url, nng_pipe_cb cb,
-                            void *arg);
-/* sbx_nng_code — the sbx error code for an nng error (NNG_ETIMEDOUT →
+                            void *arg, sbx_err_t *err);
+/* sbx_nng_code — the sbx error code (negative) for an nng error (positive) (NNG_ETIMEDOUT →
  * SBX_E_TIMEOUT, connection errors → SBX_E_SHARD_UNAVAILABLE, …). */
 int sbx_nng_code(int rv);
 

@@ -138,11 +138,11 @@ grow_map(sbx_store *s)
         s->mapsize = want;
     pthread_rwlock_unlock(&s->maplock);
     if (rc) {
-        sbx_error("store: growing the map to %llu bytes failed: %s", (unsigned long long)want,
+        sbx_log_error("store: growing the map to %llu bytes failed: %s", (unsigned long long)want,
                   mdb_strerror(rc));
         return SBX_E_STORAGE_FULL;
     }
-    sbx_info("store: map grown from %llu to %llu bytes (at most %llu)", (unsigned long long)cur,
+    sbx_log_info("store: map grown from %llu to %llu bytes (at most %llu)", (unsigned long long)cur,
              (unsigned long long)want, (unsigned long long)s->map_max);
     return 0;
 }
@@ -171,20 +171,20 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
     last = o->seq;
     int rc = apply_growing(s, ops, n);
     if (rc == SBX_E_STORAGE_FULL && n > 1) {
-        sbx_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
+        sbx_log_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
                  (unsigned long long)first, (unsigned long long)last);
         o = ops;
         for (size_t i = 0; i < n; i++, o = o->next) {
             int r = apply_growing(s, o, 1);
             if (r)
-                sbx_error("store: write %llu failed: %s", (unsigned long long)o->seq,
+                sbx_log_error("store: write %llu failed: %s", (unsigned long long)o->seq,
                           sbx_err_message(r));
             decide(s, o->seq, o->seq, r);
         }
         return;
     }
     if (rc)
-        sbx_error("store: batch %llu..%llu failed: %s", (unsigned long long)first,
+        sbx_log_error("store: batch %llu..%llu failed: %s", (unsigned long long)first,
                   (unsigned long long)last, sbx_err_message(rc));
     decide(s, first, last, rc);
 }
@@ -285,7 +285,7 @@ sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_
     *out = s;
     return 0;
 fail_mdb:
-    sbx_error("store: %s: %s", dir, mdb_strerror(rc));
+    sbx_log_error("store: %s: %s", dir, mdb_strerror(rc));
     rc = mdb_to_rc(rc);
 fail:
     if (txn)
@@ -401,6 +401,15 @@ uint64_t
 sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
 {
     return enqueue(s, db, false, k, kn, v, vn);
+}
+
+uint64_t
+sbx_store_last_seq(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t seq = s->next_seq - 1;
+    pthread_mutex_unlock(&s->mu);
+    return seq;
 }
 
 uint64_t

@@ -25,7 +25,7 @@
  *
  * Durability contract (the output gate): a write's sequence number is
  * "committed" only after mdb_txn_commit() returned 0 with the default sync
- * mode; callers reply to clients only after that (see actors/actor.h).
+ * mode; callers reply to clients only after that (the output gate, actors/shard.h).
  */
 #ifndef SBX_STORE_H
 #define SBX_STORE_H
@@ -98,6 +98,10 @@ int sbx_store_foreach(sbx_store *s, int db,
  */
 uint64_t sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn);
 uint64_t sbx_store_del(sbx_store *s, int db, const void *k, size_t kn);
+
+/* sbx_store_last_seq — the sequence number of the last write queued so far
+ * (0 before the first).  Thread-safe. */
+uint64_t sbx_store_last_seq(sbx_store *s);
 
 /* sbx_store_wait — block until write `seq` is decided; returns its rc (0, or
  * the failure code the callback reported for it). */

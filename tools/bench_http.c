@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../runtime/sbx.h"
+#include "../include/sbx/sbx.h"
 #include "../runtime/util.h"
 #include "../tests/support/harness.h"
 #include "stats.h"

@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../runtime/sbx.h"
+#include "../include/sbx/sbx.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 #include "../tests/support/harness.h"

@@ -1,16 +1,21 @@
 /*
- * cli.h — what the verbs of the `sbx` CLI share (tools/sbx.c implements it).
+ * cli.h — what the verbs of the `sbx` CLI share (tools/sbx.c and
+ * tools/cli_util.c implement it).  The CLI uses the public client API
+ * (include/sbx/sbx.h), jansson and libc, nothing else of the tree.
  */
 #ifndef SBX_CLI_H
 #define SBX_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "../runtime/sbx.h"
+#include "../include/sbx/sbx.h"
 
 #define EXIT_SBX 125
 #define EXIT_USAGE 2
+#define CLI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CLI_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 struct gopts {
     const char *gateway;
@@ -26,17 +31,27 @@ sbx_client *cli_connect(struct gopts *g, int *rc);
  * printer) or through human(); 0, or 1 after printing the error. */
 int cli_call(struct gopts *g, const char *op, const char *sandbox, const char *args_json,
              void (*human)(const msgpack_object *res));
-/* call op with encoded args (takes ownership of e's buffer); same output. */
-int cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *enc,
+/* call op with the arguments of a (freed here); same output. */
+int cli_call_enc(struct gopts *g, const char *op, const char *sandbox, sbx_args *a,
                  void (*human)(const msgpack_object *res));
 /* cli_call_enc, then the exit status is status(result) (NULL: 0) when the
  * call succeeded — for ops whose result can report a failure of their own
  * (context.run's `error`). */
-int cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, void *enc,
+int cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, sbx_args *a,
                        void (*human)(const msgpack_object *res),
                        int (*status)(const msgpack_object *res));
-/* "30s", "5m", "1500" (ms) → ms; -1 if invalid. */
+/* "30s", "5m", "2h", "1500ms", "1500" (ms) → ms; -1 if invalid. */
 int64_t cli_parse_ms(const char *s);
+/* "256M", "1GiB", "4096" → bytes in *out; 0 or -EINVAL. */
+int cli_parse_size(const char *s, uint64_t *out);
+/* calloc/strdup that exit(EXIT_SBX) with a message when out of memory. */
+void *cli_xcalloc(size_t n, size_t sz);
+char *cli_xstrdup(const char *s);
+/* write all n bytes (EINTR retried); 0 or -errno. */
+int cli_write_full(int fd, const void *buf, size_t n);
+/* read fd to its end into *out (heap, NUL-terminated; caller frees), *len
+ * bytes; 0 or -errno. */
+int cli_read_all(int fd, char **out, size_t *len);
 /* print a reply's result as pretty JSON. */
 void cli_print_json(const msgpack_object *res);
 

@@ -5,15 +5,13 @@
  * operation's result as JSON.  Usage lines are in tools/sbx.c's verb table.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../runtime/json.h"
-#include "../runtime/util.h"
-#include "../runtime/wire.h"
 #include "cli.h"
 
 /* getopt_long over a verb's arguments (argv[0] is the first argument). */
@@ -25,7 +23,7 @@ struct opts {
 static void
 opts_init(struct opts *o, const char *verb, int argc, char **argv)
 {
-    o->argv = sbx_xcalloc((size_t)argc + 2, sizeof(char *));
+    o->argv = cli_xcalloc((size_t)argc + 2, sizeof(char *));
     o->argv[0] = (char *)verb;
     for (int i = 0; i < argc; i++)
         o->argv[i + 1] = argv[i];
@@ -48,28 +46,28 @@ static void
 human_session(const msgpack_object *res)
 {
     const msgpack_object *s = res, *arr;
-    if (sbx_wire_get_array(res, "sessions", &arr) == 0) {
+    if (sbx_get_array(res, "sessions", &arr) == 0) {
         printf("%-24s %-8s %-6s %s\n", "SESSION", "SHELL", "QUEUED", "CWD");
         for (uint32_t i = 0; i < arr->via.array.size; i++) {
             const msgpack_object *x = &arr->via.array.ptr[i];
-            sbx_str id = {"", 0}, cwd = {"", 0};
+            sbx_view id = {"", 0}, cwd = {"", 0};
             bool run = false;
             int64_t q = 0;
-            sbx_wire_get_str(x, "id", &id);
-            sbx_wire_get_str(x, "cwd", &cwd);
-            sbx_wire_get_bool(x, "shellRunning", &run);
-            sbx_wire_get_i64(x, "queued", &q);
+            sbx_get_str(x, "id", &id);
+            sbx_get_str(x, "cwd", &cwd);
+            sbx_get_bool(x, "shellRunning", &run);
+            sbx_get_i64(x, "queued", &q);
             printf("%-24.*s %-8s %-6lld %.*s\n", (int)id.n, id.p, run ? "running" : "-",
                    (long long)q, (int)cwd.n, cwd.p);
         }
         return;
     }
-    sbx_wire_get_map(res, "session", &s);
-    sbx_str id = {"", 0}, cwd = {"", 0};
-    sbx_wire_get_str(s, "id", &id);
+    sbx_get_map(res, "session", &s);
+    sbx_view id = {"", 0}, cwd = {"", 0};
+    sbx_get_str(s, "id", &id);
     if (!id.n)
-        sbx_wire_get_str(res, "sessionId", &id);
-    sbx_wire_get_str(s, "cwd", &cwd);
+        sbx_get_str(res, "sessionId", &id);
+    sbx_get_str(s, "cwd", &cwd);
     printf("%.*s%s%.*s\n", (int)id.n, id.p, cwd.n ? " " : "", (int)cwd.n, cwd.p);
 }
 
@@ -85,26 +83,19 @@ v_session(struct gopts *g, int argc, char **argv)
     opts_init(&o, "sbx session", argc - 2, argv + 2);
     static const struct option lo[] = {{"cwd", 1, 0, 'c'}, {"env", 1, 0, 'e'},
                                        {"timeout", 1, 0, 't'}, {0, 0, 0, 0}};
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    bool env_open = false;
+    sbx_args *e = sbx_args_new();
     int ch, rc = 0;
     char *cwd = NULL;
     int64_t tmo = 0;
-    sbx_enc env;
-    sbx_enc_init(&env);
-    sbx_enc_map(&env);
+    const char **env = cli_xcalloc((size_t)o.argc + 1, sizeof(char *));
+    size_t nenv = 0;
     while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
         if (ch == 'c')
             cwd = optarg;
         else if (ch == 't' && (tmo = cli_parse_ms(optarg)) >= 0)
             ;
-        else if (ch == 'e' && strchr(optarg, '=')) {
-            const char *eq = strchr(optarg, '=');
-            sbx_enc_strn(&env, optarg, (size_t)(eq - optarg));
-            sbx_enc_str(&env, eq + 1);
-            env_open = true;
+        else if (ch == 'e' && strchr(optarg, '=') && optarg[0] != '=') {
+            env[nenv++] = optarg;
         } else {
             rc = usage(u);
             goto out;
@@ -122,32 +113,32 @@ v_session(struct gopts *g, int argc, char **argv)
             goto out;
         }
         if (sid)
-            sbx_enc_kstr(&e, "id", sid);
+            sbx_args_kstr(e, "id", sid);
         if (cwd)
-            sbx_enc_kstr(&e, "cwd", cwd);
+            sbx_args_kstr(e, "cwd", cwd);
         if (tmo > 0)
-            sbx_enc_kint(&e, "commandTimeoutMs", tmo);
-        if (env_open) {
-            char *eb;
-            size_t el;
-            sbx_enc_end(&env);
-            sbx_enc_finish(&env, &eb, &el);
-            sbx_enc_str(&e, "env");
-            sbx_enc_raw(&e, eb, el);
-            free(eb);
+            sbx_args_kint(e, "commandTimeoutMs", tmo);
+        if (nenv) {
+            sbx_args_kmap(e, "env");
+            for (size_t k = 0; k < nenv; k++) {
+                const char *eq = strchr(env[k], '=');
+                sbx_args_strn(e, env[k], (size_t)(eq - env[k]));
+                sbx_args_str(e, eq + 1);
+            }
+            sbx_args_end(e);
         }
     } else {
         rc = usage(u);
         goto out;
     }
-    rc = cli_call_enc(g, op, id, &e, human_session);
+    rc = cli_call_enc(g, op, id, e, human_session);
     free(o.argv);
-    sbx_enc_free(&env);
+    free(env);
     return rc;
 out:
     free(o.argv);
-    sbx_enc_free(&e);
-    sbx_enc_free(&env);
+    sbx_args_free(e);
+    free(env);
     return rc;
 }
 
@@ -158,23 +149,23 @@ static void
 human_ps(const msgpack_object *res)
 {
     const msgpack_object *arr;
-    if (sbx_wire_get_array(res, "processes", &arr) != 0)
+    if (sbx_get_array(res, "processes", &arr) != 0)
         return;
     printf("%-20s %-7s %-10s %-5s %s\n", "ID", "PID", "STATUS", "EXIT", "COMMAND");
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *p = &arr->via.array.ptr[i];
-        sbx_str id = {"", 0}, st = {"", 0}, cmd = {"", 0};
+        sbx_view id = {"", 0}, st = {"", 0}, cmd = {"", 0};
         int64_t pid = 0, code = -1;
-        sbx_wire_get_str(p, "id", &id);
-        sbx_wire_get_str(p, "status", &st);
-        sbx_wire_get_str(p, "command", &cmd);
-        sbx_wire_get_i64(p, "pid", &pid);
-        bool has = sbx_wire_get_i64(p, "exitCode", &code) == 0;
+        sbx_get_str(p, "id", &id);
+        sbx_get_str(p, "status", &st);
+        sbx_get_str(p, "command", &cmd);
+        sbx_get_i64(p, "pid", &pid);
+        bool has = sbx_get_i64(p, "exitCode", &code) == 0;
         char ex[16] = "-";
         if (has)
             snprintf(ex, sizeof(ex), "%lld", (long long)code);
         printf("%-20.*s %-7lld %-10.*s %-5s %.*s\n", (int)id.n, id.p, (long long)pid, (int)st.n,
-               st.p, ex, (int)SBX_MIN(cmd.n, (size_t)60), cmd.p);
+               st.p, ex, (int)CLI_MIN(cmd.n, (size_t)60), cmd.p);
     }
 }
 
@@ -206,7 +197,7 @@ v_start(struct gopts *g, int argc, char **argv)
                                        {"timeout", 1, 0, 't'}, {0, 0, 0, 0}};
     const char *pid = NULL, *session = NULL, *cwd = NULL;
     int64_t tmo = 0;
-    char **env = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
+    char **env = cli_xcalloc((size_t)argc + 1, sizeof(char *));
     size_t nenv = 0;
     int ch, rc;
     while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
@@ -259,15 +250,15 @@ v_start(struct gopts *g, int argc, char **argv)
 static void
 human_killed(const msgpack_object *res)
 {
-    sbx_str id = {"", 0}, st = {"", 0};
+    sbx_view id = {"", 0}, st = {"", 0};
     int64_t code = 0, n = -1;
-    if (sbx_wire_get_i64(res, "killedCount", &n) == 0) {
+    if (sbx_get_i64(res, "killedCount", &n) == 0) {
         printf("%lld process(es) killed\n", (long long)n);
         return;
     }
-    sbx_wire_get_str(res, "processId", &id);
-    sbx_wire_get_str(res, "status", &st);
-    sbx_wire_get_i64(res, "exitCode", &code);
+    sbx_get_str(res, "processId", &id);
+    sbx_get_str(res, "status", &st);
+    sbx_get_i64(res, "exitCode", &code);
     printf("%.*s: %.*s (exit %lld)\n", (int)id.n, id.p, (int)st.n, st.p, (long long)code);
 }
 
@@ -278,11 +269,9 @@ v_kill(struct gopts *g, int argc, char **argv)
         return usage("kill ID (PROCESS | --all)");
     if (!strcmp(argv[1], "--all"))
         return cli_call(g, "process.killAll", argv[0], NULL, human_killed);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "processId", argv[1]);
-    return cli_call_enc(g, "process.kill", argv[0], &e, human_killed);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "processId", argv[1]);
+    return cli_call_enc(g, "process.kill", argv[0], e, human_killed);
 }
 
 int
@@ -308,17 +297,11 @@ v_logs(struct gopts *g, int argc, char **argv)
         return rc;
     sbx_error err;
     if (!follow) {
-        sbx_enc e;
-        char *args;
-        size_t alen;
         sbx_reply *r = NULL;
-        sbx_enc_init(&e);
-        sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "processId", pos[1]);
-        sbx_enc_end(&e);
-        sbx_enc_finish(&e, &args, &alen);
-        rc = sbx_call(c, "process.logs", pos[0], args, alen, 0, NULL, &r, &err);
-        free(args);
+        sbx_args *e = sbx_args_new();
+        sbx_args_kstr(e, "processId", pos[1]);
+        rc = sbx_call_args(c, "process.logs", pos[0], e, 0, &r, &err);
+        sbx_args_free(e);
         if (rc) {
             cli_print_err(&err);
             sbx_error_free(&err);
@@ -326,12 +309,12 @@ v_logs(struct gopts *g, int argc, char **argv)
         } else if (g->json) {
             cli_print_json(sbx_reply_result(r));
         } else {
-            sbx_str out = {"", 0}, er = {"", 0};
-            sbx_wire_get_bin(sbx_reply_result(r), "stdout", &out);
-            sbx_wire_get_bin(sbx_reply_result(r), "stderr", &er);
+            sbx_view out = {"", 0}, er = {"", 0};
+            sbx_get_bytes(sbx_reply_result(r), "stdout", &out);
+            sbx_get_bytes(sbx_reply_result(r), "stderr", &er);
             fflush(stdout);
-            sbx_write_full(STDOUT_FILENO, out.p, out.n);
-            sbx_write_full(STDERR_FILENO, er.p, er.n);
+            cli_write_full(STDOUT_FILENO, out.p, out.n);
+            cli_write_full(STDERR_FILENO, er.p, er.n);
         }
         sbx_reply_free(r);
         sbx_client_close(c);
@@ -355,13 +338,13 @@ v_logs(struct gopts *g, int argc, char **argv)
 static void
 human_wait(const msgpack_object *res)
 {
-    sbx_str line;
+    sbx_view line;
     int64_t v;
-    if (sbx_wire_get_str(res, "line", &line) == 0)
+    if (sbx_get_str(res, "line", &line) == 0)
         printf("%.*s\n", (int)line.n, line.p);
-    else if (sbx_wire_get_i64(res, "statusCode", &v) == 0)
+    else if (sbx_get_i64(res, "statusCode", &v) == 0)
         printf("ready (HTTP %lld)\n", (long long)v);
-    else if (sbx_wire_get_i64(res, "exitCode", &v) == 0)
+    else if (sbx_get_i64(res, "exitCode", &v) == 0)
         printf("exited %lld\n", (long long)v);
     else
         printf("ready\n");
@@ -373,7 +356,7 @@ static int
 exit_status_of(const msgpack_object *res)
 {
     int64_t v;
-    return sbx_wire_get_i64(res, "exitCode", &v) == 0 ? (int)(v & 255) : 0;
+    return sbx_get_i64(res, "exitCode", &v) == 0 ? (int)(v & 255) : 0;
 }
 
 int
@@ -410,30 +393,28 @@ v_wait(struct gopts *g, int argc, char **argv)
         return usage(u);
     }
     const char *id = o.argv[optind], *pid = o.argv[optind + 1];
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "processId", pid);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "processId", pid);
     if (tmo)
-        sbx_enc_kint(&e, "timeout", tmo);
+        sbx_args_kint(e, "timeout", tmo);
     const char *op;
     if (log) {
         op = "process.waitForLog";
-        sbx_enc_kstr(&e, "pattern", log);
-        sbx_enc_kbool(&e, "regex", regex);
+        sbx_args_kstr(e, "pattern", log);
+        sbx_args_kbool(e, "regex", regex);
     } else if (port) {
         op = "process.waitForPort";
-        sbx_enc_kint(&e, "port", port);
-        sbx_enc_kstr(&e, "mode", tcp ? "tcp" : "http");
+        sbx_args_kint(e, "port", port);
+        sbx_args_kstr(e, "mode", tcp ? "tcp" : "http");
         if (path)
-            sbx_enc_kstr(&e, "path", path);
+            sbx_args_kstr(e, "path", path);
         if (status)
-            sbx_enc_kint(&e, "status", status);
+            sbx_args_kint(e, "status", status);
     } else {
         op = "process.waitForExit";
     }
     free(o.argv);
-    return cli_call_enc_check(g, op, id, &e, human_wait, ex ? exit_status_of : NULL);
+    return cli_call_enc_check(g, op, id, e, human_wait, ex ? exit_status_of : NULL);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -469,30 +450,29 @@ v_write(struct gopts *g, int argc, char **argv)
         free(o.argv);
         return usage(u);
     }
-    sbx_buf b;
-    sbx_buf_init(&b);
-    if (content) {
-        sbx_buf_append(&b, content, strlen(content));
-    } else {
-        char buf[65536];
-        ssize_t r;
-        while ((r = read(STDIN_FILENO, buf, sizeof(buf))) > 0)
-            sbx_buf_append(&b, buf, (size_t)r);
+    char *in = NULL;
+    size_t in_len = 0;
+    int rc;
+    if (!content && (rc = cli_read_all(STDIN_FILENO, &in, &in_len)) != 0) {
+        fprintf(stderr, "sbx write: reading stdin: %s\n", strerror(-rc));
+        free(o.argv);
+        return EXIT_SBX;
     }
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "path", o.argv[optind + 1]);
-    sbx_enc_kbin(&e, "content", b.p ? b.p : "", b.len);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", o.argv[optind + 1]);
+    if (content)
+        sbx_args_kbin(e, "content", content, strlen(content));
+    else
+        sbx_args_kbin(e, "content", in, in_len);
     if (session)
-        sbx_enc_kstr(&e, "sessionId", session);
-    int rc = cli_call_enc(g, "file.write", o.argv[optind], &e, human_ok);
-    sbx_buf_free(&b);
+        sbx_args_kstr(e, "sessionId", session);
+    rc = cli_call_enc(g, "file.write", o.argv[optind], e, human_ok);
+    free(in);
     free(o.argv);
     return rc;
 }
 
-static int cli_start_stream(struct gopts *g, const char *op, const char *id, sbx_enc *e,
+static int cli_start_stream(struct gopts *g, const char *op, const char *id, sbx_args *e,
                             sbx_client **cp, sbx_stream **sp);
 
 /* write one file.readStream chunk to stdout: `data` is the text itself
@@ -500,15 +480,15 @@ static int cli_start_stream(struct gopts *g, const char *op, const char *id, sbx
 static int
 write_chunk(const msgpack_object *ev)
 {
-    sbx_str data = {"", 0}, enc = {"", 0};
-    sbx_wire_get_str(ev, "data", &data);
-    sbx_wire_get_str(ev, "encoding", &enc);
-    if (!sbx_str_eq(enc, "base64"))
-        return sbx_write_full(STDOUT_FILENO, data.p, data.n) == 0 ? 0 : -1;
+    sbx_view data = {"", 0}, enc = {"", 0};
+    sbx_get_str(ev, "data", &data);
+    sbx_get_str(ev, "encoding", &enc);
+    if (!sbx_view_eq(enc, "base64"))
+        return cli_write_full(STDOUT_FILENO, data.p, data.n) == 0 ? 0 : -1;
     char *raw = NULL;
     size_t n = 0;
-    int rc = sbx_base64_decode(data.p, data.n, &raw, &n) == 0 &&
-                     sbx_write_full(STDOUT_FILENO, raw, n) == 0
+    int rc = sbx_base64_to_bytes(data.p, data.n, &raw, &n) == 0 &&
+                     cli_write_full(STDOUT_FILENO, raw, n) == 0
                  ? 0
                  : -1;
     free(raw);
@@ -527,15 +507,13 @@ v_read(struct gopts *g, int argc, char **argv)
 {
     if (argc != 2)
         return usage("read ID PATH   (prints the file's bytes)");
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "path", argv[1]);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", argv[1]);
     if (g->json)
-        return cli_call_enc(g, "file.read", argv[0], &e, NULL);
+        return cli_call_enc(g, "file.read", argv[0], e, NULL);
     sbx_client *c = NULL;
     sbx_stream *s = NULL;
-    int rc = cli_start_stream(g, "file.readStream", argv[0], &e, &c, &s);
+    int rc = cli_start_stream(g, "file.readStream", argv[0], e, &c, &s);
     if (rc)
         return rc;
     sbx_event ev;
@@ -549,10 +527,10 @@ v_read(struct gopts *g, int argc, char **argv)
         }
         if (!strcmp(ev.type, "error")) {
             const msgpack_object *eo;
-            sbx_str m = {"", 0}, cd = {"ERROR", 5};
-            if (sbx_wire_get_map(ev.obj, "error", &eo) == 0) {
-                sbx_wire_get_str(eo, "code", &cd);
-                sbx_wire_get_str(eo, "message", &m);
+            sbx_view m = {"", 0}, cd = {"ERROR", 5};
+            if (sbx_get_map(ev.obj, "error", &eo) == 0) {
+                sbx_get_str(eo, "code", &cd);
+                sbx_get_str(eo, "message", &m);
             }
             fprintf(stderr, "sbx: %.*s: %.*s\n", (int)cd.n, cd.p, (int)m.n, m.p);
             rc = 1;
@@ -572,16 +550,16 @@ static void
 human_ls(const msgpack_object *res)
 {
     const msgpack_object *arr;
-    if (sbx_wire_get_array(res, "files", &arr) != 0)
+    if (sbx_get_array(res, "files", &arr) != 0)
         return;
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *f = &arr->via.array.ptr[i];
-        sbx_str rel = {"", 0}, type = {"", 0}, mode = {"", 0};
+        sbx_view rel = {"", 0}, type = {"", 0}, mode = {"", 0};
         int64_t size = 0;
-        sbx_wire_get_str(f, "relativePath", &rel);
-        sbx_wire_get_str(f, "type", &type);
-        sbx_wire_get_str(f, "mode", &mode);
-        sbx_wire_get_i64(f, "size", &size);
+        sbx_get_str(f, "relativePath", &rel);
+        sbx_get_str(f, "type", &type);
+        sbx_get_str(f, "mode", &mode);
+        sbx_get_i64(f, "size", &size);
         printf("%c%.*s %10lld %.*s%s\n", type.n && type.p[0] == 'd' ? 'd' : type.p[0] == 's' ? 'l' : '-',
                (int)mode.n, mode.p, (long long)size, (int)rel.n, rel.p,
                type.n && type.p[0] == 'd' ? "/" : "");
@@ -606,13 +584,11 @@ v_ls(struct gopts *g, int argc, char **argv)
     }
     if (np < 1)
         return usage("ls ID [PATH] [-r] [-a]");
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "path", pos[1]);
-    sbx_enc_kbool(&e, "recursive", rec);
-    sbx_enc_kbool(&e, "includeHidden", all);
-    return cli_call_enc(g, "file.list", pos[0], &e, human_ls);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", pos[1]);
+    sbx_args_kbool(e, "recursive", rec);
+    sbx_args_kbool(e, "includeHidden", all);
+    return cli_call_enc(g, "file.list", pos[0], e, human_ls);
 }
 
 
@@ -632,12 +608,10 @@ v_mkdir(struct gopts *g, int argc, char **argv)
     }
     if (np != 2)
         return usage("mkdir ID PATH [-p]");
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "path", pos[1]);
-    sbx_enc_kbool(&e, "recursive", p);
-    return cli_call_enc(g, "file.mkdir", pos[0], &e, human_ok);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", pos[1]);
+    sbx_args_kbool(e, "recursive", p);
+    return cli_call_enc(g, "file.mkdir", pos[0], e, human_ok);
 }
 
 int
@@ -645,11 +619,9 @@ v_rm(struct gopts *g, int argc, char **argv)
 {
     if (argc != 2)
         return usage("rm ID PATH   (files only, as the SDK's deleteFile)");
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "path", argv[1]);
-    return cli_call_enc(g, "file.delete", argv[0], &e, human_ok);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", argv[1]);
+    return cli_call_enc(g, "file.delete", argv[0], e, human_ok);
 }
 
 int
@@ -657,12 +629,10 @@ v_mv(struct gopts *g, int argc, char **argv)
 {
     if (argc != 3)
         return usage("mv ID SOURCE DESTINATION");
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "sourcePath", argv[1]);
-    sbx_enc_kstr(&e, "destinationPath", argv[2]);
-    return cli_call_enc(g, "file.move", argv[0], &e, human_ok);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "sourcePath", argv[1]);
+    sbx_args_kstr(e, "destinationPath", argv[2]);
+    return cli_call_enc(g, "file.move", argv[0], e, human_ok);
 }
 
 /* cli_start_stream — call `op` (a streaming op: its result carries
@@ -671,29 +641,24 @@ v_mv(struct gopts *g, int argc, char **argv)
  * stream in *sp (the caller closes both); otherwise prints why and returns
  * the exit code (1 for an error reply, EXIT_SBX when nothing was reached). */
 static int
-cli_start_stream(struct gopts *g, const char *op, const char *id, sbx_enc *e,
+cli_start_stream(struct gopts *g, const char *op, const char *id, sbx_args *e,
                  sbx_client **cp, sbx_stream **sp)
 {
-    char *args = NULL;
-    size_t alen;
     int rc = 0;
     sbx_client *c = NULL;
     sbx_reply *r = NULL;
     sbx_error err;
-    sbx_enc_end(e);
-    if (sbx_enc_finish(e, &args, &alen) != 0)
-        return EXIT_SBX;
     c = cli_connect(g, &rc);
     if (!c)
         goto out;
-    if (sbx_call(c, op, id, args, alen, 0, NULL, &r, &err) != 0) {
+    if (sbx_call_args(c, op, id, e, 0, &r, &err) != 0) {
         rc = 1;
         goto fail;
     }
-    sbx_str sid = {"", 0};
-    sbx_wire_get_str(sbx_reply_result(r), "streamId", &sid);
+    sbx_view sid = {"", 0};
+    sbx_get_str(sbx_reply_result(r), "streamId", &sid);
     char sids[80];
-    sbx_str_copy(sid, sids, sizeof(sids));
+    snprintf(sids, sizeof(sids), "%.*s", (int)sid.n, sid.p);
     sbx_reply_free(r);
     if (sbx_stream_open(c, id, sids, 0, sp, &err) != 0) {
         rc = EXIT_SBX;
@@ -706,7 +671,7 @@ fail:
     sbx_error_free(&err);
     sbx_client_close(c);
 out:
-    free(args);
+    sbx_args_free(e);
     return rc;
 }
 
@@ -718,61 +683,53 @@ v_watch(struct gopts *g, int argc, char **argv)
     opts_init(&o, "sbx watch", argc, argv);
     static const struct option lo[] = {{"include", 1, 0, 'i'}, {"exclude", 1, 0, 'x'},
                                        {"no-recursive", 0, 0, 'n'}, {0, 0, 0, 0}};
-    sbx_enc inc, exc;
-    sbx_enc_init(&inc);
-    sbx_enc_init(&exc);
-    sbx_enc_array(&inc);
-    sbx_enc_array(&exc);
+    /* --include and --exclude globs, in order (at most one per argument). */
+    const char **inc = cli_xcalloc((size_t)o.argc + 1, sizeof(char *));
+    const char **exc = cli_xcalloc((size_t)o.argc + 1, sizeof(char *));
     int ninc = 0, nexc = 0, ch;
     bool rec = true;
     while ((ch = getopt_long(o.argc, o.argv, "", lo, NULL)) != -1) {
         if (ch == 'i') {
-            sbx_enc_str(&inc, optarg);
-            ninc++;
+            inc[ninc++] = optarg;
         } else if (ch == 'x') {
-            sbx_enc_str(&exc, optarg);
-            nexc++;
+            exc[nexc++] = optarg;
         } else if (ch == 'n') {
             rec = false;
         } else {
-            sbx_enc_free(&inc);
-            sbx_enc_free(&exc);
+            free(inc);
+            free(exc);
             free(o.argv);
             return usage(u);
         }
     }
     if (o.argc - optind != 2) {
-        sbx_enc_free(&inc);
-        sbx_enc_free(&exc);
+        free(inc);
+        free(exc);
         free(o.argv);
         return usage(u);
     }
     const char *id = o.argv[optind], *path = o.argv[optind + 1];
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "path", path);
-    sbx_enc_kbool(&e, "recursive", rec);
-    char *b;
-    size_t bl;
-    sbx_enc_end(&inc);
-    sbx_enc_end(&exc);
-    if (ninc && sbx_enc_finish(&inc, &b, &bl) == 0) {
-        sbx_enc_str(&e, "include");
-        sbx_enc_raw(&e, b, bl);
-        free(b);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", path);
+    sbx_args_kbool(e, "recursive", rec);
+    if (ninc) {
+        sbx_args_karray(e, "include");
+        for (int k = 0; k < ninc; k++)
+            sbx_args_str(e, inc[k]);
+        sbx_args_end(e);
     }
-    if (nexc && sbx_enc_finish(&exc, &b, &bl) == 0) {
-        sbx_enc_str(&e, "exclude");
-        sbx_enc_raw(&e, b, bl);
-        free(b);
+    if (nexc) {
+        sbx_args_karray(e, "exclude");
+        for (int k = 0; k < nexc; k++)
+            sbx_args_str(e, exc[k]);
+        sbx_args_end(e);
     }
-    sbx_enc_free(&inc);
-    sbx_enc_free(&exc);
+    free(inc);
+    free(exc);
     free(o.argv);
     sbx_client *c;
     sbx_stream *s;
-    int rc = cli_start_stream(g, "file.watch", id, &e, &c, &s);
+    int rc = cli_start_stream(g, "file.watch", id, e, &c, &s);
     if (rc)
         return rc;
     rc = cli_follow(g, c, s, false);
@@ -787,9 +744,9 @@ v_watch(struct gopts *g, int argc, char **argv)
 static void
 human_git(const msgpack_object *res)
 {
-    sbx_str dir = {"", 0}, br = {"", 0};
-    sbx_wire_get_str(res, "targetDir", &dir);
-    sbx_wire_get_str(res, "branch", &br);
+    sbx_view dir = {"", 0}, br = {"", 0};
+    sbx_get_str(res, "targetDir", &dir);
+    sbx_get_str(res, "branch", &br);
     printf("cloned into %.*s (branch %.*s)\n", (int)dir.n, dir.p, (int)br.n, br.p);
 }
 
@@ -820,19 +777,17 @@ v_git_checkout(struct gopts *g, int argc, char **argv)
         free(o.argv);
         return usage(u);
     }
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstr(&e, "repoUrl", o.argv[optind + 1]);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "repoUrl", o.argv[optind + 1]);
     if (br)
-        sbx_enc_kstr(&e, "branch", br);
+        sbx_args_kstr(e, "branch", br);
     if (dir)
-        sbx_enc_kstr(&e, "targetDir", dir);
+        sbx_args_kstr(e, "targetDir", dir);
     if (depth > 0)
-        sbx_enc_kint(&e, "depth", depth);
+        sbx_args_kint(e, "depth", depth);
     const char *id = o.argv[optind];
     free(o.argv);
-    return cli_call_enc(g, "git.checkout", id, &e, human_git);
+    return cli_call_enc(g, "git.checkout", id, e, human_git);
 }
 
 int
@@ -841,26 +796,24 @@ v_env(struct gopts *g, int argc, char **argv)
     const char *u = "env ID K=V... [-u K]...   (set and unset sandbox environment variables)";
     if (argc < 2)
         return usage(u);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kmap(&e, "vars");
+    sbx_args *e = sbx_args_new();
+    sbx_args_kmap(e, "vars");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-u") && i + 1 < argc) {
-            sbx_enc_str(&e, argv[++i]);
-            sbx_enc_nil(&e);
+            sbx_args_str(e, argv[++i]);
+            sbx_args_nil(e);
             continue;
         }
         const char *eq = strchr(argv[i], '=');
         if (!eq || eq == argv[i]) {
-            sbx_enc_free(&e);
+            sbx_args_free(e);
             return usage(u);
         }
-        sbx_enc_strn(&e, argv[i], (size_t)(eq - argv[i]));
-        sbx_enc_str(&e, eq + 1);
+        sbx_args_strn(e, argv[i], (size_t)(eq - argv[i]));
+        sbx_args_str(e, eq + 1);
     }
-    sbx_enc_end(&e);
-    return cli_call_enc(g, "env.set", argv[0], &e, human_ok);
+    sbx_args_end(e);
+    return cli_call_enc(g, "env.set", argv[0], e, human_ok);
 }
 
 static void
@@ -868,8 +821,8 @@ human_configure(const msgpack_object *res)
 {
     int64_t sa = 0;
     bool ka = false;
-    sbx_wire_get_i64(res, "sleepAfter", &sa);
-    sbx_wire_get_bool(res, "keepAlive", &ka);
+    sbx_get_i64(res, "sleepAfter", &sa);
+    sbx_get_bool(res, "keepAlive", &ka);
     printf("sleepAfter %llds, keepAlive %s\n", (long long)(sa / 1000), ka ? "on" : "off");
 }
 
@@ -879,21 +832,20 @@ v_configure(struct gopts *g, int argc, char **argv)
     const char *u = "configure ID [--sleep-after D] [--keep-alive on|off]";
     if (argc < 1)
         return usage(u);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
+    sbx_args *e = sbx_args_new();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sleep-after") && i + 1 < argc) {
-            sbx_enc_kstr(&e, "sleepAfter", argv[++i]);
+            sbx_args_kstr(e, "sleepAfter", argv[++i]);
         } else if (!strcmp(argv[i], "--keep-alive") && i + 1 < argc) {
             const char *v = argv[++i];
-            sbx_enc_kbool(&e, "keepAlive", !strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1"));
+            sbx_args_kbool(e, "keepAlive",
+                           !strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1"));
         } else {
-            sbx_enc_free(&e);
+            sbx_args_free(e);
             return usage(u);
         }
     }
-    return cli_call_enc(g, "sandbox.configure", argv[0], &e, human_configure);
+    return cli_call_enc(g, "sandbox.configure", argv[0], e, human_configure);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -904,54 +856,54 @@ static int
 code_status(const msgpack_object *res)
 {
     const msgpack_object *err;
-    return sbx_wire_get_map(res, "error", &err) == 0 ? 1 : 0;
+    return sbx_get_map(res, "error", &err) == 0 ? 1 : 0;
 }
 
 static void
 print_code_result(const msgpack_object *res)
 {
     const msgpack_object *logs, *arr, *err;
-    if (sbx_wire_get_map(res, "logs", &logs) == 0) {
+    if (sbx_get_map(res, "logs", &logs) == 0) {
         const char *names[2] = {"stdout", "stderr"};
         for (int k = 0; k < 2; k++) {
-            if (sbx_wire_get_array(logs, names[k], &arr) != 0)
+            if (sbx_get_array(logs, names[k], &arr) != 0)
                 continue;
             for (uint32_t i = 0; i < arr->via.array.size; i++) {
-                sbx_str t;
-                if (sbx_wire_obj_str(&arr->via.array.ptr[i], &t) == 0) {
+                sbx_view t;
+                if (sbx_value_str(&arr->via.array.ptr[i], &t) == 0) {
                     fflush(stdout);
-                    sbx_write_full(k ? STDERR_FILENO : STDOUT_FILENO, t.p, t.n);
+                    cli_write_full(k ? STDERR_FILENO : STDOUT_FILENO, t.p, t.n);
                 }
             }
         }
     }
-    if (sbx_wire_get_array(res, "results", &arr) == 0) {
+    if (sbx_get_array(res, "results", &arr) == 0) {
         for (uint32_t i = 0; i < arr->via.array.size; i++) {
             const msgpack_object *r = &arr->via.array.ptr[i];
-            sbx_str text;
+            sbx_view text;
             static const char *const rich[] = {"png", "jpeg", "svg", "html", "latex", "markdown",
                                                "javascript", "json", "chart"};
-            for (size_t k = 0; k < SBX_ARRAY_LEN(rich); k++) {
-                const msgpack_object *v = sbx_wire_get(r, rich[k]);
-                sbx_str vs;
-                if (v && strcmp(rich[k], "json") && sbx_wire_obj_str(v, &vs) == 0)
+            for (size_t k = 0; k < sizeof(rich) / sizeof(rich[0]); k++) {
+                const msgpack_object *v = sbx_get(r, rich[k]);
+                sbx_view vs;
+                if (v && strcmp(rich[k], "json") && sbx_value_str(v, &vs) == 0)
                     printf("[%s: %zu bytes]\n", rich[k], vs.n);
                 else if (v)
                     printf("[%s]\n", rich[k]);
             }
-            if (sbx_wire_get_str(r, "text", &text) == 0)
+            if (sbx_get_str(r, "text", &text) == 0)
                 printf("%.*s\n", (int)text.n, text.p);
         }
     }
-    if (sbx_wire_get_map(res, "error", &err) == 0) {
+    if (sbx_get_map(res, "error", &err) == 0) {
         const msgpack_object *tb;
-        sbx_str name = {"Error", 5}, value = {"", 0};
-        sbx_wire_get_str(err, "name", &name);
-        sbx_wire_get_str(err, "value", &value);
-        if (sbx_wire_get_array(err, "traceback", &tb) == 0 && tb->via.array.size) {
+        sbx_view name = {"Error", 5}, value = {"", 0};
+        sbx_get_str(err, "name", &name);
+        sbx_get_str(err, "value", &value);
+        if (sbx_get_array(err, "traceback", &tb) == 0 && tb->via.array.size) {
             for (uint32_t i = 0; i < tb->via.array.size; i++) {
-                sbx_str l;
-                if (sbx_wire_obj_str(&tb->via.array.ptr[i], &l) == 0)
+                sbx_view l;
+                if (sbx_value_str(&tb->via.array.ptr[i], &l) == 0)
                     fprintf(stderr, "%.*s\n", (int)l.n, l.p);
             }
         } else {
@@ -993,8 +945,16 @@ v_code(struct gopts *g, int argc, char **argv)
     char *code = NULL;
     size_t clen = 0;
     if (file) {
-        if (sbx_fs_read(file, 32u << 20, &code, &clen) != 0) {
-            fprintf(stderr, "sbx code: cannot read %s: %s\n", file, strerror(errno));
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        int rrc = fd < 0 ? -errno : cli_read_all(fd, &code, &clen);
+        if (fd >= 0)
+            close(fd);
+        if (rrc == 0 && clen > (32u << 20)) {
+            free(code);
+            rrc = -EFBIG;
+        }
+        if (rrc != 0) {
+            fprintf(stderr, "sbx code: cannot read %s: %s\n", file, strerror(-rrc));
             free(o.argv);
             return EXIT_USAGE;
         }
@@ -1006,27 +966,25 @@ v_code(struct gopts *g, int argc, char **argv)
                 lang = "typescript";
         }
     } else {
-        code = sbx_xstrdup(o.argv[optind + 1]);
+        code = cli_xstrdup(o.argv[optind + 1]);
         clen = strlen(code);
     }
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kstrn(&e, "code", code, clen);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstrn(e, "code", code, clen);
     free(code);
     if (lang)
-        sbx_enc_kstr(&e, "language", lang);
+        sbx_args_kstr(e, "language", lang);
     if (ctx)
-        sbx_enc_kstr(&e, "context", ctx);
+        sbx_args_kstr(e, "context", ctx);
     if (tmo)
-        sbx_enc_kint(&e, "timeout", tmo);
+        sbx_args_kint(e, "timeout", tmo);
     free(o.argv);
     if (!stream) {
-        return cli_call_enc_check(g, "context.run", id, &e, print_code_result, code_status);
+        return cli_call_enc_check(g, "context.run", id, e, print_code_result, code_status);
     }
     sbx_client *c;
     sbx_stream *s;
-    int rc = cli_start_stream(g, "context.runStream", id, &e, &c, &s);
+    int rc = cli_start_stream(g, "context.runStream", id, e, &c, &s);
     if (rc)
         return rc;
     sbx_error err;
@@ -1036,26 +994,26 @@ v_code(struct gopts *g, int argc, char **argv)
         if (!strcmp(ev.type, "error"))
             raised = true;
         if (g->json) {
-            char *j = sbx_json_dump(ev.obj, false);
+            char *j = sbx_value_json(ev.obj, false);
             printf("%s\n", j ? j : "{}");
             free(j);
             fflush(stdout);
             continue;
         }
-        sbx_str t;
+        sbx_view t;
         if ((!strcmp(ev.type, "stdout") || !strcmp(ev.type, "stderr")) &&
-            sbx_wire_get_str(ev.obj, "text", &t) == 0) {
+            sbx_get_str(ev.obj, "text", &t) == 0) {
             fflush(stdout);
-            sbx_write_full(ev.type[3] == 'o' ? STDOUT_FILENO : STDERR_FILENO, t.p, t.n);
+            cli_write_full(ev.type[3] == 'o' ? STDOUT_FILENO : STDERR_FILENO, t.p, t.n);
         } else if (!strcmp(ev.type, "result")) {
             const msgpack_object *res;
-            if (sbx_wire_get_map(ev.obj, "result", &res) == 0 &&
-                sbx_wire_get_str(res, "text", &t) == 0)
+            if (sbx_get_map(ev.obj, "result", &res) == 0 &&
+                sbx_get_str(res, "text", &t) == 0)
                 printf("%.*s\n", (int)t.n, t.p);
         } else if (!strcmp(ev.type, "error")) {
-            sbx_str n = {"Error", 5}, v = {"", 0};
-            sbx_wire_get_str(ev.obj, "name", &n);
-            sbx_wire_get_str(ev.obj, "value", &v);
+            sbx_view n = {"Error", 5}, v = {"", 0};
+            sbx_get_str(ev.obj, "name", &n);
+            sbx_get_str(ev.obj, "value", &v);
             fprintf(stderr, "%.*s: %.*s\n", (int)n.n, n.p, (int)v.n, v.p);
         }
     }
@@ -1075,22 +1033,22 @@ static void
 human_contexts(const msgpack_object *res)
 {
     const msgpack_object *arr, *one;
-    if (sbx_wire_get_map(res, "context", &one) == 0) {
-        sbx_str id = {"", 0};
-        sbx_wire_get_str(one, "id", &id);
+    if (sbx_get_map(res, "context", &one) == 0) {
+        sbx_view id = {"", 0};
+        sbx_get_str(one, "id", &id);
         printf("%.*s\n", (int)id.n, id.p);
         return;
     }
-    if (sbx_wire_get_array(res, "contexts", &arr) != 0)
+    if (sbx_get_array(res, "contexts", &arr) != 0)
         return;
     printf("%-20s %-11s %-8s %s\n", "CONTEXT", "LANGUAGE", "MODE", "CWD");
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *c = &arr->via.array.ptr[i];
-        sbx_str id = {"", 0}, l = {"", 0}, m = {"", 0}, cwd = {"", 0};
-        sbx_wire_get_str(c, "id", &id);
-        sbx_wire_get_str(c, "language", &l);
-        sbx_wire_get_str(c, "mode", &m);
-        sbx_wire_get_str(c, "cwd", &cwd);
+        sbx_view id = {"", 0}, l = {"", 0}, m = {"", 0}, cwd = {"", 0};
+        sbx_get_str(c, "id", &id);
+        sbx_get_str(c, "language", &l);
+        sbx_get_str(c, "mode", &m);
+        sbx_get_str(c, "cwd", &cwd);
         printf("%-20.*s %-11.*s %-8.*s %.*s\n", (int)id.n, id.p, (int)l.n, l.p, (int)m.n, m.p,
                (int)cwd.n, cwd.p);
     }
@@ -1110,37 +1068,35 @@ v_context(struct gopts *g, int argc, char **argv)
     const char *u = "context (create ID [--lang L] [--cwd DIR] [--env K=V]... | delete ID CTX)";
     if (argc < 2)
         return usage(u);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
+    sbx_args *e = sbx_args_new();
     if (!strcmp(argv[0], "delete") && argc == 3) {
-        sbx_enc_kstr(&e, "contextId", argv[2]);
-        return cli_call_enc(g, "context.delete", argv[1], &e, human_ok);
+        sbx_args_kstr(e, "contextId", argv[2]);
+        return cli_call_enc(g, "context.delete", argv[1], e, human_ok);
     }
     if (strcmp(argv[0], "create") != 0) {
-        sbx_enc_free(&e);
+        sbx_args_free(e);
         return usage(u);
     }
     bool env_open = false;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--lang") && i + 1 < argc) {
-            sbx_enc_kstr(&e, "language", argv[++i]);
+            sbx_args_kstr(e, "language", argv[++i]);
         } else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) {
-            sbx_enc_kstr(&e, "cwd", argv[++i]);
+            sbx_args_kstr(e, "cwd", argv[++i]);
         } else if (!strcmp(argv[i], "--env") && i + 1 < argc && strchr(argv[i + 1], '=')) {
             if (!env_open) {
-                sbx_enc_kmap(&e, "envVars");
+                sbx_args_kmap(e, "envVars");
                 env_open = true;
             }
             const char *kv = argv[++i], *eq = strchr(kv, '=');
-            sbx_enc_strn(&e, kv, (size_t)(eq - kv));
-            sbx_enc_str(&e, eq + 1);
+            sbx_args_strn(e, kv, (size_t)(eq - kv));
+            sbx_args_str(e, eq + 1);
         } else {
-            sbx_enc_free(&e);
+            sbx_args_free(e);
             return usage(u);
         }
     }
     if (env_open)
-        sbx_enc_end(&e);
-    return cli_call_enc(g, "context.create", argv[1], &e, human_contexts);
+        sbx_args_end(e);
+    return cli_call_enc(g, "context.create", argv[1], e, human_contexts);
 }

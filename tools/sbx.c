@@ -7,7 +7,7 @@
  *   --gateway URL   gateway address (default $SBX_GATEWAY, else tcp://127.0.0.1:7700)
  *   --json          machine-readable output: the operation's result as JSON
  *   --timeout D     request deadline, e.g. 30s, 5m (default 5m); every call
- *                   returns by it + 1 s (runtime/sbx.h, Deadlines)
+ *                   returns by it + 1 s (include/sbx/sbx.h, Deadlines)
  *
  * Exit status: `sbx exec` exits with the command's own exit code (124 on
  * timeout, 128+N when killed by signal N); every other verb exits 0 on
@@ -17,6 +17,7 @@
  * on stderr (CODE is the stable wire code, see docs/protocol.md).
  */
 #include <errno.h>
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../runtime/json.h"
-#include "../runtime/sbx.h"
-#include "../runtime/util.h"
-#include "../runtime/wire.h"
+#include "../include/sbx/sbx.h"
 #include "cli.h"
 
 struct verb {
@@ -64,7 +62,7 @@ cli_connect(struct gopts *g, int *rc)
 void
 cli_print_json(const msgpack_object *res)
 {
-    char *s = sbx_json_dump(res, true);
+    char *s = sbx_value_json(res, true);
     if (s) {
         printf("%s\n", s);
         free(s);
@@ -104,32 +102,26 @@ cli_call(struct gopts *g, const char *op, const char *sandbox, const char *args,
 }
 
 int
-cli_call_enc(struct gopts *g, const char *op, const char *sandbox, void *encp,
+cli_call_enc(struct gopts *g, const char *op, const char *sandbox, sbx_args *a,
              void (*human)(const msgpack_object *res))
 {
-    return cli_call_enc_check(g, op, sandbox, encp, human, NULL);
+    return cli_call_enc_check(g, op, sandbox, a, human, NULL);
 }
 
 int
-cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, void *encp,
+cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, sbx_args *a,
                    void (*human)(const msgpack_object *res),
                    int (*status)(const msgpack_object *res))
 {
-    sbx_enc *e = encp;
-    char *args;
-    size_t alen;
     int rc = 0;
-    sbx_enc_end(e);
-    if (sbx_enc_finish(e, &args, &alen) != 0)
-        return EXIT_SBX;
     sbx_client *c = cli_connect(g, &rc);
     if (!c) {
-        free(args);
+        sbx_args_free(a);
         return rc;
     }
     sbx_reply *r = NULL;
     sbx_error err;
-    if (sbx_call(c, op, sandbox, args, alen, g->timeout_ms, NULL, &r, &err) != 0) {
+    if (sbx_call_args(c, op, sandbox, a, g->timeout_ms, &r, &err) != 0) {
         cli_print_err(&err);
         sbx_error_free(&err);
         rc = 1;
@@ -142,7 +134,7 @@ cli_call_enc_check(struct gopts *g, const char *op, const char *sandbox, void *e
             rc = status(sbx_reply_result(r));
         sbx_reply_free(r);
     }
-    free(args);
+    sbx_args_free(a);
     sbx_client_close(c);
     return rc;
 }
@@ -161,13 +153,13 @@ cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
         bool failed = false;
         if (!strcmp(ev.type, "error")) {
             const msgpack_object *e, *ctx;
-            sbx_str cd = {"", 0};
+            sbx_view cd = {"", 0};
             int64_t ec;
             failed = true;
-            if (sbx_wire_get_map(ev.obj, "error", &e) == 0 &&
-                sbx_wire_get_str(e, "code", &cd) == 0 && sbx_str_eq(cd, "SESSION_TERMINATED") &&
-                sbx_wire_get_map(e, "context", &ctx) == 0 &&
-                sbx_wire_get_i64(ctx, "exitCode", &ec) == 0) {
+            if (sbx_get_map(ev.obj, "error", &e) == 0 &&
+                sbx_get_str(e, "code", &cd) == 0 && sbx_view_eq(cd, "SESSION_TERMINATED") &&
+                sbx_get_map(e, "context", &ctx) == 0 &&
+                sbx_get_i64(ctx, "exitCode", &ec) == 0) {
                 failed = false;
                 code = (int)(ec & 255);
             } else {
@@ -175,28 +167,28 @@ cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
             }
         }
         if (g->json) {
-            char *j = sbx_json_dump(ev.obj, false);
+            char *j = sbx_value_json(ev.obj, false);
             if (j) {
                 printf("%s\n", j);
                 free(j);
             }
             fflush(stdout);
         } else if (raw_output && !strcmp(ev.type, "stdout")) {
-            sbx_write_full(STDOUT_FILENO, ev.data, ev.data_len);
+            cli_write_full(STDOUT_FILENO, ev.data, ev.data_len);
         } else if (raw_output && !strcmp(ev.type, "stderr")) {
-            sbx_write_full(STDERR_FILENO, ev.data, ev.data_len);
+            cli_write_full(STDERR_FILENO, ev.data, ev.data_len);
         } else if (!raw_output && !strcmp(ev.type, "event")) {
-            sbx_str t = {"", 0}, p = {"", 0};
-            sbx_wire_get_str(ev.obj, "eventType", &t);
-            sbx_wire_get_str(ev.obj, "path", &p);
+            sbx_view t = {"", 0}, p = {"", 0};
+            sbx_get_str(ev.obj, "eventType", &t);
+            sbx_get_str(ev.obj, "path", &p);
             printf("%-10.*s %.*s\n", (int)t.n, t.p, (int)p.n, p.p);
             fflush(stdout);
         } else if (failed) {
             const msgpack_object *e;
-            sbx_str m = {"", 0}, cd = {"ERROR", 5};
-            if (sbx_wire_get_map(ev.obj, "error", &e) == 0) {
-                sbx_wire_get_str(e, "code", &cd);
-                sbx_wire_get_str(e, "message", &m);
+            sbx_view m = {"", 0}, cd = {"ERROR", 5};
+            if (sbx_get_map(ev.obj, "error", &e) == 0) {
+                sbx_get_str(e, "code", &cd);
+                sbx_get_str(e, "message", &m);
             }
             fprintf(stderr, "sbx: %.*s: %.*s\n", (int)cd.n, cd.p, (int)m.n, m.p);
         }
@@ -209,20 +201,6 @@ cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output)
         return EXIT_SBX;
     }
     return code;
-}
-
-int64_t
-cli_parse_ms(const char *s)
-{
-    int64_t ms;
-    /* A bare number is milliseconds on the command line. */
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (end != s && !*end && v >= 0)
-        return v;
-    if (sbx_parse_duration_ms(s, &ms) == 0)
-        return ms;
-    return -1;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -258,7 +236,7 @@ static int
 v_exec(struct gopts *g, int argc, char **argv)
 {
     sbx_exec_opts o = {0};
-    char **env = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
+    char **env = cli_xcalloc((size_t)argc + 1, sizeof(char *));
     size_t nenv = 0;
     bool read_stdin = false, stream = false;
     const char *sandbox = NULL;
@@ -316,21 +294,22 @@ v_exec(struct gopts *g, int argc, char **argv)
         return EXIT_USAGE;
     }
     o.env = nenv ? (const char *const *)env : NULL;
-    sbx_buf in;
-    sbx_buf_init(&in);
+    char *in = NULL;
+    size_t in_len = 0;
     if (read_stdin) {
-        char buf[65536];
-        ssize_t r;
-        while ((r = read(STDIN_FILENO, buf, sizeof(buf))) > 0)
-            sbx_buf_append(&in, buf, (size_t)r);
-        o.stdin_data = in.p ? in.p : "";
-        o.stdin_len = in.len;
+        if ((rc = cli_read_all(STDIN_FILENO, &in, &in_len)) != 0) {
+            fprintf(stderr, "sbx exec: reading stdin: %s\n", strerror(-rc));
+            free(env);
+            return EXIT_SBX;
+        }
+        o.stdin_data = in;
+        o.stdin_len = in_len;
         o.has_stdin = true;
     }
     sbx_client *c = cli_connect(g, &rc);
     if (!c) {
         free(env);
-        sbx_buf_free(&in);
+        free(in);
         return rc;
     }
     sbx_exec_result res;
@@ -347,46 +326,11 @@ v_exec(struct gopts *g, int argc, char **argv)
             sbx_stream_close(st);
         }
     } else if (g->json) {
-        /* Print the result map itself. */
+        /* Print the result map itself.  The arguments are the library's
+         * encoding of o, as for sbx_exec: both forms accept and refuse the
+         * same input (an --env entry without '=' is VALIDATION_FAILED). */
         sbx_reply *r = NULL;
-        sbx_enc e;
-        char *args;
-        size_t alen;
-        sbx_enc_init(&e);
-        sbx_enc_map(&e);
-        if (o.command)
-            sbx_enc_kstr(&e, "command", o.command);
-        else {
-            sbx_enc_karray(&e, "argv");
-            for (const char *const *p = o.argv; *p; p++)
-                sbx_enc_str(&e, *p);
-            sbx_enc_end(&e);
-        }
-        if (o.cwd)
-            sbx_enc_kstr(&e, "cwd", o.cwd);
-        if (nenv) {
-            sbx_enc_kmap(&e, "env");
-            for (size_t k = 0; k < nenv; k++) {
-                const char *eq = strchr(env[k], '=');
-                if (!eq)
-                    continue;
-                sbx_enc_strn(&e, env[k], (size_t)(eq - env[k]));
-                sbx_enc_str(&e, eq + 1);
-            }
-            sbx_enc_end(&e);
-        }
-        if (o.timeout_ms)
-            sbx_enc_kint(&e, "timeout", o.timeout_ms);
-        if (o.session_id)
-            sbx_enc_kstr(&e, "sessionId", o.session_id);
-        if (o.sessionless)
-            sbx_enc_kbool(&e, "sessionless", true);
-        if (o.has_stdin)
-            sbx_enc_kbin(&e, "stdin", o.stdin_data, o.stdin_len);
-        sbx_enc_end(&e);
-        sbx_enc_finish(&e, &args, &alen);
-        int64_t deadline = o.timeout_ms > 0 ? o.timeout_ms + 30000 : g->timeout_ms;
-        if (sbx_call(c, "exec", sandbox, args, alen, deadline, NULL, &r, &err) != 0) {
+        if (sbx_exec_reply(c, sandbox, &o, &r, &err) != 0) {
             if ((rc = print_shell_exit(&err)) < 0) {
                 cli_print_err(&err);
                 rc = EXIT_SBX;
@@ -395,17 +339,16 @@ v_exec(struct gopts *g, int argc, char **argv)
         } else {
             print_json_result(r);
             int64_t code = 0;
-            sbx_wire_get_i64(sbx_reply_result(r), "exitCode", &code);
+            sbx_get_i64(sbx_reply_result(r), "exitCode", &code);
             rc = (int)(code & 255);
             sbx_reply_free(r);
         }
-        free(args);
     } else if (sbx_exec(c, sandbox, &o, &res, &err) != 0) {
         if (!strcmp(err.code, "SESSION_TERMINATED") && res.stdout_data) {
             /* `exit N` ended the session's shell: that is the command's exit
              * code; the next command gets a fresh shell. */
-            sbx_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);
-            sbx_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
+            cli_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);
+            cli_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
             rc = res.exit_code & 255;
         } else {
             cli_print_err(&err);
@@ -415,8 +358,8 @@ v_exec(struct gopts *g, int argc, char **argv)
         sbx_exec_result_free(&res);
     } else {
         fflush(stdout);
-        sbx_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);
-        sbx_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
+        cli_write_full(STDOUT_FILENO, res.stdout_data, res.stdout_len);
+        cli_write_full(STDERR_FILENO, res.stderr_data, res.stderr_len);
         if (res.stdout_truncated || res.stderr_truncated)
             fprintf(stderr, "sbx: output truncated (%llu stdout / %llu stderr bytes produced)\n",
                     (unsigned long long)res.stdout_bytes, (unsigned long long)res.stderr_bytes);
@@ -426,7 +369,7 @@ v_exec(struct gopts *g, int argc, char **argv)
         sbx_exec_result_free(&res);
     }
     sbx_client_close(c);
-    sbx_buf_free(&in);
+    free(in);
     free(env);
     return rc;
 }
@@ -446,9 +389,9 @@ static void
 human_destroy(const msgpack_object *res)
 {
     bool d = false;
-    sbx_str id = {"", 0};
-    sbx_wire_get_bool(res, "destroyed", &d);
-    sbx_wire_get_str(res, "id", &id);
+    sbx_view id = {"", 0};
+    sbx_get_bool(res, "destroyed", &d);
+    sbx_get_str(res, "id", &id);
     printf("%.*s: %s\n", (int)id.n, id.p, d ? "destroyed" : "did not exist");
 }
 
@@ -488,19 +431,19 @@ static void
 human_list(const msgpack_object *res)
 {
     const msgpack_object *arr;
-    if (sbx_wire_get_array(res, "sandboxes", &arr) != 0)
+    if (sbx_get_array(res, "sandboxes", &arr) != 0)
         return;
     printf("%-32s %-10s %-12s %-20s %s\n", "ID", "STATE", "SHARD", "CREATED", "GENERATION");
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *s = &arr->via.array.ptr[i];
-        sbx_str id = {"", 0}, st = {"", 0}, sh = {"", 0};
+        sbx_view id = {"", 0}, st = {"", 0}, sh = {"", 0};
         int64_t created = 0, gen = 0;
         char when[32];
-        sbx_wire_get_str(s, "id", &id);
-        sbx_wire_get_str(s, "state", &st);
-        sbx_wire_get_str(s, "shard", &sh);
-        sbx_wire_get_i64(s, "createdAt", &created);
-        sbx_wire_get_i64(s, "generation", &gen);
+        sbx_get_str(s, "id", &id);
+        sbx_get_str(s, "state", &st);
+        sbx_get_str(s, "shard", &sh);
+        sbx_get_i64(s, "createdAt", &created);
+        sbx_get_i64(s, "generation", &gen);
         fmt_time(created, when, sizeof(when));
         printf("%-32.*s %-10.*s %-12.*s %-20s %lld\n", (int)id.n, id.p, (int)st.n, st.p,
                (int)sh.n, sh.p, when, (long long)gen);
@@ -519,9 +462,9 @@ static void
 human_sandbox_status(const msgpack_object *res)
 {
     const msgpack_object *s;
-    if (sbx_wire_get_map(res, "sandbox", &s) != 0)
+    if (sbx_get_map(res, "sandbox", &s) != 0)
         return;
-    char *j = sbx_json_dump(s, true);
+    char *j = sbx_value_json(s, true);
     if (j) {
         printf("%s\n", j);
         free(j);
@@ -532,31 +475,31 @@ static void
 human_cluster_status(const msgpack_object *res)
 {
     const msgpack_object *gw, *arr;
-    if (sbx_wire_get_map(res, "gateway", &gw) == 0) {
-        sbx_str name = {"", 0}, listen = {"", 0};
+    if (sbx_get_map(res, "gateway", &gw) == 0) {
+        sbx_view name = {"", 0}, listen = {"", 0};
         int64_t up = 0;
-        sbx_wire_get_str(gw, "name", &name);
-        sbx_wire_get_str(gw, "listen", &listen);
-        sbx_wire_get_i64(gw, "uptimeMs", &up);
+        sbx_get_str(gw, "name", &name);
+        sbx_get_str(gw, "listen", &listen);
+        sbx_get_i64(gw, "uptimeMs", &up);
         printf("gateway %.*s on %.*s, up %llds\n", (int)name.n, name.p, (int)listen.n, listen.p,
                (long long)(up / 1000));
     }
-    if (sbx_wire_get_array(res, "shards", &arr) != 0)
+    if (sbx_get_array(res, "shards", &arr) != 0)
         return;
     printf("%-14s %-12s %-10s %-8s %-8s %-6s %s\n", "SHARD", "HEALTH", "PARTITIONS", "ACTORS",
            "RUNNING", "POOL", "URL");
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *s = &arr->via.array.ptr[i], *st = NULL;
-        sbx_str name = {"", 0}, health = {"", 0}, url = {"", 0};
+        sbx_view name = {"", 0}, health = {"", 0}, url = {"", 0};
         int64_t parts = 0, actors = 0, running = 0, pool = 0;
-        sbx_wire_get_str(s, "name", &name);
-        sbx_wire_get_str(s, "health", &health);
-        sbx_wire_get_str(s, "url", &url);
-        sbx_wire_get_i64(s, "partitions", &parts);
-        if (sbx_wire_get_map(s, "status", &st) == 0) {
-            sbx_wire_get_i64(st, "actors", &actors);
-            sbx_wire_get_i64(st, "running", &running);
-            sbx_wire_get_i64(st, "pool", &pool);
+        sbx_get_str(s, "name", &name);
+        sbx_get_str(s, "health", &health);
+        sbx_get_str(s, "url", &url);
+        sbx_get_i64(s, "partitions", &parts);
+        if (sbx_get_map(s, "status", &st) == 0) {
+            sbx_get_i64(st, "actors", &actors);
+            sbx_get_i64(st, "running", &running);
+            sbx_get_i64(st, "pool", &pool);
         }
         printf("%-14.*s %-12.*s %-10lld %-8lld %-8lld %-6lld %.*s\n", (int)name.n, name.p,
                (int)health.n, health.p, (long long)parts, (long long)actors, (long long)running,
@@ -570,37 +513,37 @@ human_cluster_members(const msgpack_object *res)
 {
     const msgpack_object *cl, *arr;
     human_cluster_status(res);
-    if (sbx_wire_get_map(res, "cluster", &cl) != 0) {
+    if (sbx_get_map(res, "cluster", &cl) != 0) {
         printf("\nnot a cluster: a fixed set of shards (sbxd dev, or sbxd gateway --shard …)\n");
         return;
     }
-    sbx_str name = {"", 0}, etcd = {"", 0};
+    sbx_view name = {"", 0}, etcd = {"", 0};
     int64_t rev = 0, orphan = 0;
     bool synced = false;
-    sbx_wire_get_str(cl, "name", &name);
-    sbx_wire_get_str(cl, "etcd", &etcd);
-    sbx_wire_get_i64(cl, "revision", &rev);
-    sbx_wire_get_i64(cl, "partitionsWithoutLiveOwner", &orphan);
-    sbx_wire_get_bool(cl, "synced", &synced);
+    sbx_get_str(cl, "name", &name);
+    sbx_get_str(cl, "etcd", &etcd);
+    sbx_get_i64(cl, "revision", &rev);
+    sbx_get_i64(cl, "partitionsWithoutLiveOwner", &orphan);
+    sbx_get_bool(cl, "synced", &synced);
     printf("\ncluster %.*s (etcd %.*s, revision %lld%s), partitions without a live owner: %lld\n",
            (int)name.n, name.p, (int)etcd.n, etcd.p, (long long)rev, synced ? "" : ", not synced",
            (long long)orphan);
-    if (sbx_wire_get_array(cl, "members", &arr) != 0)
+    if (sbx_get_array(cl, "members", &arr) != 0)
         return;
     printf("%-14s %-6s %-9s %-10s %-10s %-10s %s\n", "NODE", "LIVE", "DRAINING", "PARTITIONS",
            "MIN EPOCH", "MAX EPOCH", "URL");
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         const msgpack_object *m = &arr->via.array.ptr[i];
-        sbx_str n = {"", 0}, url = {"", 0};
+        sbx_view n = {"", 0}, url = {"", 0};
         bool live = false, draining = false;
         int64_t parts = 0, minep = 0, maxep = 0;
-        sbx_wire_get_str(m, "name", &n);
-        sbx_wire_get_str(m, "url", &url);
-        sbx_wire_get_bool(m, "live", &live);
-        sbx_wire_get_bool(m, "draining", &draining);
-        sbx_wire_get_i64(m, "partitions", &parts);
-        sbx_wire_get_i64(m, "minEpoch", &minep);
-        sbx_wire_get_i64(m, "maxEpoch", &maxep);
+        sbx_get_str(m, "name", &n);
+        sbx_get_str(m, "url", &url);
+        sbx_get_bool(m, "live", &live);
+        sbx_get_bool(m, "draining", &draining);
+        sbx_get_i64(m, "partitions", &parts);
+        sbx_get_i64(m, "minEpoch", &minep);
+        sbx_get_i64(m, "maxEpoch", &maxep);
         printf("%-14.*s %-6s %-9s %-10lld %-10lld %-10lld %.*s\n", (int)n.n, n.p,
                live ? "yes" : "NO", draining ? "yes" : "no", (long long)parts, (long long)minep,
                (long long)maxep, (int)url.n, url.p);
@@ -610,10 +553,10 @@ human_cluster_members(const msgpack_object *res)
 static void
 human_drain(const msgpack_object *res)
 {
-    sbx_str shard = {"", 0};
+    sbx_view shard = {"", 0};
     bool draining = false;
-    sbx_wire_get_str(res, "shard", &shard);
-    sbx_wire_get_bool(res, "draining", &draining);
+    sbx_get_str(res, "shard", &shard);
+    sbx_get_bool(res, "draining", &draining);
     printf("%.*s: %s\n", (int)shard.n, shard.p,
            draining ? "draining (its partitions move to the other nodes; `sbx cluster status` "
                       "shows progress)"
@@ -652,7 +595,7 @@ static void
 human_create(const msgpack_object *res)
 {
     bool created = false;
-    sbx_wire_get_bool(res, "created", &created);
+    sbx_get_bool(res, "created", &created);
     printf("%s\n", created ? "created" : "already existed");
 }
 
@@ -663,32 +606,32 @@ v_create(struct gopts *g, int argc, char **argv)
     int rc = need_id(argc, argv, "create", &id);
     if (rc)
         return rc;
-    sbx_buf j;
-    sbx_buf_init(&j);
-    sbx_buf_appendf(&j, "{\"limits\":{");
-    bool first = true;
+    sbx_args *a = sbx_args_new();
+    sbx_args_kmap(a, "limits");
     for (int i = 1; i < argc; i += 2) {
         uint64_t v;
         /* An option without its value is a usage error, not ignored. */
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(k, "--memory") && sbx_parse_size(val, &v) == 0)
+        if (!strcmp(k, "--memory") && cli_parse_size(val, &v) == 0)
             k = "memory";
-        else if (!strcmp(k, "--pids") && sbx_parse_size(val, &v) == 0)
+        else if (!strcmp(k, "--pids") && cli_parse_size(val, &v) == 0)
             k = "pids";
-        else if (!strcmp(k, "--cpu") && sbx_parse_size(val, &v) == 0)
+        else if (!strcmp(k, "--cpu") && cli_parse_size(val, &v) == 0)
             k = "cpu";
         else {
             fprintf(stderr, "usage: sbx create ID [--memory 256M] [--pids N] [--cpu MILLICPUS]\n");
-            sbx_buf_free(&j);
+            sbx_args_free(a);
             return EXIT_USAGE;
         }
-        sbx_buf_appendf(&j, "%s\"%s\":%llu", first ? "" : ",", k, (unsigned long long)v);
-        first = false;
+        if (v > INT64_MAX) {
+            fprintf(stderr, "sbx create: %s is too large\n", argv[i]);
+            sbx_args_free(a);
+            return EXIT_USAGE;
+        }
+        sbx_args_kint(a, k, (int64_t)v);
     }
-    sbx_buf_appendf(&j, "}}");
-    rc = cli_call(g, "create", id, j.p, human_create);
-    sbx_buf_free(&j);
-    return rc;
+    sbx_args_end(a);
+    return cli_call_enc(g, "create", id, a, human_create);
 }
 
 static int
@@ -774,7 +717,7 @@ int
 main(int argc, char **argv)
 {
     struct gopts g = {0};
-    char **rest = sbx_xcalloc((size_t)argc + 1, sizeof(char *));
+    char **rest = cli_xcalloc((size_t)argc + 1, sizeof(char *));
     int nrest = 0;
     const struct verb *verb = NULL;
     bool done_globals = false;

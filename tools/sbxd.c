@@ -238,7 +238,7 @@ lock_take(const char *path, bool excl, int *fd, pid_t *holder)
                 char buf[32];
                 int len = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
                 if (ftruncate(f, 0) != 0 || pwrite(f, buf, (size_t)len, 0) != len)
-                    sbx_warn("cannot record our pid in %s: %s", path, strerror(errno));
+                    sbx_log_warn("cannot record our pid in %s: %s", path, strerror(errno));
             }
             *fd = f;
             rc = 0;
@@ -465,7 +465,7 @@ cmd_shard(int argc, char **argv)
     snprintf(fallback, sizeof(fallback), "sbx/%s", c.name);
     if (cgroup_base_normalize(c.cgroup_base && *c.cgroup_base ? c.cgroup_base : fallback, base,
                               sizeof(base)) != 0) {
-        sbx_error("the cgroup subtree '%s' must be a relative path without '.' or '..' "
+        sbx_log_error("the cgroup subtree '%s' must be a relative path without '.' or '..' "
                   "(at most %zu bytes)", c.cgroup_base && *c.cgroup_base ? c.cgroup_base : fallback,
                   sizeof(base) - 1);
         sbx_shard_conf_free(&c);
@@ -477,7 +477,7 @@ cmd_shard(int argc, char **argv)
     int rc = hostlock_take(&hl, "cgroup", base, true, "the cgroup subtree of a live shard on "
                            "this host", lwhy, sizeof(lwhy));
     if (rc) {
-        sbx_error("cannot take cgroup subtree %s: %s%s", base, lwhy,
+        sbx_log_error("cannot take cgroup subtree %s: %s%s", base, lwhy,
                   rc == -EBUSY ? ". Its sweep at start-up would kill that shard's sandboxes: "
                                  "give this shard another --name or --cgroup-base"
                                : "");
@@ -496,11 +496,11 @@ cmd_shard(int argc, char **argv)
         rc = lock_take(dpath, true, &dfd, &dholder);
     if (rc) {
         if (rc == -EBUSY)
-            sbx_error("the data directory %s is in use by a live shard (pid %d): give this "
+            sbx_log_error("the data directory %s is in use by a live shard (pid %d): give this "
                       "shard its own --data",
                       c.data, (int)dholder);
         else
-            sbx_error("cannot lock the data directory %s: %s", c.data ? c.data : "(none)",
+            sbx_log_error("cannot lock the data directory %s: %s", c.data ? c.data : "(none)",
                       strerror(-rc));
         hostlock_release(&hl);
         sbx_shard_conf_free(&c);
@@ -514,7 +514,7 @@ cmd_shard(int argc, char **argv)
         char cwhy[256];
         rc = sbx_cgroups_open(&cg, c.cgroup, base, cwhy, sizeof(cwhy));
         if (rc)
-            sbx_error("sweep of cgroup subtree %s: %s (%s)", base, cwhy, strerror(-rc));
+            sbx_log_error("sweep of cgroup subtree %s: %s (%s)", base, cwhy, strerror(-rc));
         sbx_cgroups_close(cg);
     } else {
         rc = sbx_shard_run(&c);
@@ -748,7 +748,7 @@ cmd_dev(int argc, char **argv)
     }
     sbx_log_init("sbxd dev", -1);
     if (geteuid() != 0) {
-        sbx_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
+        sbx_log_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
         rc = 1;
         goto out;
     }
@@ -758,25 +758,25 @@ cmd_dev(int argc, char **argv)
     int lrc = hostlock_take(&dlock, "deploy", name, false, "the name of a live deployment on "
                             "this host", lwhy, sizeof(lwhy));
     if (lrc == -EBUSY) {
-        sbx_error("%s. A second deployment of one name would share its cgroups (and kill its "
+        sbx_log_error("%s. A second deployment of one name would share its cgroups (and kill its "
                   "sandboxes) and its host uids: stop that one, or give this one another --name",
                   lwhy);
         rc = 2;
         goto out;
     }
     if (lrc) {
-        sbx_error("cannot lock deployment '%s': %s", name, lwhy);
+        sbx_log_error("cannot lock deployment '%s': %s", name, lwhy);
         rc = 1;
         goto out;
     }
     if (sbx_mkdir_p(data, 0700) != 0) {
-        sbx_error("cannot create the data directory %s", data);
+        sbx_log_error("cannot create the data directory %s", data);
         rc = 1;
         goto out;
     }
     char absdata[PATH_MAX];
     if (!realpath(data, absdata)) {
-        sbx_error("cannot resolve %s", data);
+        sbx_log_error("cannot resolve %s", data);
         rc = 1;
         goto out;
     }
@@ -829,7 +829,7 @@ cmd_dev(int argc, char **argv)
             fputs(addr, f);
             fclose(f);
         }
-        sbx_info("HTTP API on http://%.*s:%d, preview URLs http://{port}-{id}-{token}.%s/",
+        sbx_log_info("HTTP API on http://%.*s:%d, preview URLs http://{port}-{id}-{token}.%s/",
                  colon ? (int)(colon - gc.http) : 0, gc.http, http_port, preview_domain);
     }
     /* Host uids: an explicit --uid-base, else a range picked from the
@@ -892,7 +892,7 @@ cmd_dev(int argc, char **argv)
         kids[i].pid = spawn_child(av);
         kids[i].started_ms = sbx_mono_ms();
     }
-    sbx_info("ready: gateway on %s, %lld shard(s), data in %s", listen, (long long)nshards,
+    sbx_log_info("ready: gateway on %s, %lld shard(s), data in %s", listen, (long long)nshards,
              absdata);
     for (;;) {
         /* Restarts are scheduled, not slept through: the supervisor keeps
@@ -930,7 +930,7 @@ cmd_dev(int argc, char **argv)
                      * its locks for a moment.  One slow shard never stops a
                      * healthy deployment: it is retried with back-off. */
                     if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && !kids[i].ever_restarted) {
-                        sbx_error("shard %d refused to start (status 2, its reason is above); "
+                        sbx_log_error("shard %d refused to start (status 2, its reason is above); "
                                   "stopping", i);
                         rc = 2;
                         continue;
@@ -939,7 +939,7 @@ cmd_dev(int argc, char **argv)
                      * (100 ms doubling to 5 s; reset after 10 s up). */
                     kids[i].restarts = up > 10000 ? 0 : kids[i].restarts + 1;
                     int delay = dev_restart_delay_ms(kids[i].restarts);
-                    sbx_warn("shard %d (pid %d) exited (%s %d); restarting in %d ms", i, (int)pid,
+                    sbx_log_warn("shard %d (pid %d) exited (%s %d); restarting in %d ms", i, (int)pid,
                              WIFEXITED(st) ? "status" : "signal",
                              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), delay);
                     kids[i].restart_at_ms = sbx_mono_ms() + delay;
@@ -950,7 +950,7 @@ cmd_dev(int argc, char **argv)
                 break;
             continue;
         }
-        sbx_info("stopping (signal %d)", sig);
+        sbx_log_info("stopping (signal %d)", sig);
         break;
     }
 stop:

@@ -43,7 +43,7 @@
 #include <nng/nng.h>
 
 #include "../runtime/json.h"
-#include "../runtime/sbx.h"
+#include "../include/sbx/sbx.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 #include "../tests/support/harness.h"

@@ -231,7 +231,7 @@ reply_too_large(struct agent *a, struct agent_req *r, size_t bytes)
     sbx_enc_kstr(sbx_werr_ctx(&w), "operation", r->op);
     sbx_enc_kint(sbx_werr_ctx(&w), "bytes", (int64_t)bytes);
     sbx_enc_kint(sbx_werr_ctx(&w), "limit", AGENT_MAX_REPLY);
-    sbx_warn("agent: the result of %s is too large to send (%zu bytes)", r->op, bytes);
+    sbx_log_warn("agent: the result of %s is too large to send (%zu bytes)", r->op, bytes);
     agent_reply_werr(a, r, &w);
     sbx_werr_free(&w);
 }
@@ -373,7 +373,7 @@ counters_timeout(sbx_loop *l, void *arg)
     static const struct agent_counters none;
     (void)l;
     a->cwait_timer = 0;
-    sbx_warn("agent: the shard did not answer a question for the cgroup counters");
+    sbx_log_warn("agent: the shard did not answer a question for the cgroup counters");
     counters_deliver(a, false, &none);
 }
 
@@ -606,7 +606,7 @@ dispatch(struct agent *a, const char *p, size_t n)
     if (sbx_wire_decode(&r->msg, r->frame, n, &sbx_wire_limits_request) != 0) {
         free(r->frame);
         free(r);
-        sbx_error("agent: malformed frame from the shard");
+        sbx_log_error("agent: malformed frame from the shard");
         return;
     }
     int64_t tag = 0;
@@ -614,7 +614,7 @@ dispatch(struct agent *a, const char *p, size_t n)
     static const msgpack_object empty = {.type = MSGPACK_OBJECT_MAP};
     if (sbx_wire_get_i64(r->msg.root, "t", &tag) != 0 || sbx_wire_get_str(r->msg.root, "op", &op) != 0) {
         agent_req_free(r);
-        sbx_error("agent: frame without tag or op");
+        sbx_log_error("agent: frame without tag or op");
         return;
     }
     r->tag = (uint64_t)tag;
@@ -759,7 +759,7 @@ main(int argc, char **argv)
 
     rc = sbx_frame_recv_blocking(a.chan, 1u << 20, &cfgbuf, &cfglen);
     if (rc) {
-        sbx_error("agent: no configuration: %s", strerror(-rc));
+        sbx_log_error("agent: no configuration: %s", strerror(-rc));
         return 1;
     }
     rc = sbx_wire_decode(&msg, cfgbuf, cfglen, &sbx_wire_limits_request);
@@ -776,7 +776,7 @@ main(int argc, char **argv)
     }
     rc = agent_setup(&a.cfg, why, sizeof(why));
     if (rc) {
-        sbx_error("agent: set-up failed at '%s': %s", why, strerror(-rc));
+        sbx_log_error("agent: set-up failed at '%s': %s", why, strerror(-rc));
         report_setup(a.chan, rc, why);
         return 1;
     }

@@ -1324,7 +1324,7 @@ env_applied(struct agent *a, void *arg, int rc, int status, struct outcap *out)
     (void)arg;
     (void)out;
     if (rc || status)
-        sbx_warn("agent: applying environment changes to the default session failed (%d/%d)",
+        sbx_log_warn("agent: applying environment changes to the default session failed (%d/%d)",
                  rc, status);
 }
 
@@ -1339,7 +1339,7 @@ agent_session_prestart(struct agent *a)
     if (!s)
         s = session_new(a, "default", NULL, NULL, 0);
     if (s->pid == 0 && start_shell(s) != 0)
-        sbx_warn("agent: the default session's shell could not be started early");
+        sbx_log_warn("agent: the default session's shell could not be started early");
 }
 
 void

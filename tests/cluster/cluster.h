@@ -33,7 +33,7 @@
 #include <sys/types.h>
 
 #include "../../runtime/place.h"
-#include "../../runtime/sbx.h"
+#include "../../include/sbx/sbx.h"
 
 #define CL_MAX_NODES 4
 #define CL_MAX_GWS 2

@@ -1003,7 +1003,7 @@ Test(cluster, t5_paused_node_is_fenced, .timeout = 200)
     /* The write fails whatever refuses it: the fence, or etcd's compare of
      * owner and epoch. */
     cr_expect(!strcmp(d[0].code, "SHARD_UNAVAILABLE") || !strcmp(d[0].code, "WRONG_OWNER") ||
-                  !strcmp(d[0].code, "STORAGE_ERROR"),
+                  !strcmp(d[0].code, "OPERATION_INTERRUPTED"),
               "the paused node's queued write got '%s' (%s); it must fail",
               d[0].code[0] ? d[0].code : "OK", d[0].message);
     /* The exec and the read touch nothing in etcd: only the node's own fence

@@ -436,6 +436,37 @@ Test(cli, exec_prints_output_and_exits_with_the_command_code, .timeout = 120)
     destroy(id);
 }
 
+/* --env has one encoding, the library's (sbx_exec_opts.env), whichever way
+ * the result is printed: NAME=VALUE sets NAME for this command; an entry
+ * without a name and '=' is VALIDATION_FAILED before anything runs (exit
+ * 125), where `--json exec` used to drop it silently. */
+Test(cli, exec_env_is_the_same_with_and_without_json, .timeout = 120)
+{
+    const char *id = new_id("cli-env1");
+    struct cli r = sbx("exec", id, "--env", "FOO=bar", "echo \"[$FOO]\"");
+    expect_status(r, 0);
+    expect_out(r, "[bar]\n");
+    cli_free(&r);
+    r = sbx("--json", "exec", id, "--env", "FOO=bar", "echo \"[$FOO]\"");
+    expect_status(r, 0);
+    json_t *j = json_of(&r);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "stdout")), "[bar]\n", "%s", r.o.p);
+    json_decref(j);
+    cli_free(&r);
+    const char *bad[] = {"FOO", "=bar"};
+    for (size_t b = 0; b < SBX_ARRAY_LEN(bad); b++)
+        for (int json = 0; json < 2; json++) {
+            const char *const plain[] = {"exec", id, "--env", bad[b], "echo ran", NULL};
+            const char *const js[] = {"--json", "exec", id, "--env", bad[b], "echo ran", NULL};
+            r = cli_run(test_url(), NULL, 0, json ? js : plain);
+            expect_status(r, 125);
+            expect_err_has(r, "sbx: VALIDATION_FAILED: ");
+            expect_err_has(r, bad[b]);
+            expect_out(r, "");
+            cli_free(&r);
+        }
+}
+
 Test(cli, exec_stdin_and_stream, .timeout = 120)
 {
     const char *id = new_id("cli-stream");

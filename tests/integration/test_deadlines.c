@@ -1,6 +1,6 @@
 /*
  * test_deadlines.c — every call of the C client returns by its deadline
- * (+ SBX_DEADLINE_SLACK_MS, runtime/sbx.h) whatever the peer does: a peer
+ * (+ SBX_DEADLINE_SLACK_MS, include/sbx/sbx.h) whatever the peer does: a peer
  * that never answers, one that sends half a frame or garbage, a stopped or
  * killed gateway, a stopped shard, a removed ipc socket.  Issue 11,
  * "Deadlines everywhere"; the rule is docs/protocol.md §2 (Deadlines).
@@ -34,7 +34,7 @@
 #include "../../runtime/wire.h"
 #include "../support/harness.h"
 
-/* The slack a call may take past its deadline (runtime/sbx.h). */
+/* The slack a call may take past its deadline (include/sbx/sbx.h). */
 #define SLACK_MS ((double)SBX_DEADLINE_SLACK_MS)
 
 /* ---------------------------------------------------------------------------

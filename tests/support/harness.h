@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "../../runtime/sbx.h"
+#include "../../include/sbx/sbx.h"
 
 struct testd {
     pid_t pid;
