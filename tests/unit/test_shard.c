@@ -241,7 +241,7 @@ setup(void)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     cr_assert_eq(pthread_create(&shard_th, NULL, shard_main, NULL), 0);
     shard_up = true;
-    cr_assert_eq(sbx_nng_req_dial(&req, conf.listen), 0);
+    cr_assert_eq(sbx_nng_req_dial(&req, conf.listen, NULL), 0);
     nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, 20000);
     nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, 20000);
     nng_socket_set_ms(req, NNG_OPT_REQ_RESENDTIME, 60000);
