@@ -92,7 +92,7 @@ b64_is(const char *s, const char *pfx, bool whole)
     return r;
 }
 
-enum verdict { FORWARD, FAIL, DROP, HOLD };
+enum verdict { FORWARD, FAIL, DROP, HOLD, REFUSE };
 
 static enum verdict
 judge(struct eproxy *p, const char *path, const char *body, size_t bl)
@@ -104,7 +104,8 @@ judge(struct eproxy *p, const char *path, const char *body, size_t bl)
     if (j && p->fail_prefix[0] && !strcmp(path, "/v3/kv/range") &&
         b64_is(json_string_value(json_object_get(j, "key")), p->fail_prefix, false))
         v = FAIL;
-    if (j && (p->drop_key[0] || p->hold_key[0]) && !strcmp(path, "/v3/kv/txn")) {
+    if (j && (p->drop_key[0] || p->hold_key[0] || p->refuse_key[0]) &&
+        !strcmp(path, "/v3/kv/txn")) {
         size_t i;
         json_t *op;
         json_array_foreach(json_object_get(j, "success"), i, op)
@@ -113,6 +114,9 @@ judge(struct eproxy *p, const char *path, const char *body, size_t bl)
             if (put && p->hold_key[0] && !p->held &&
                 b64_is(json_string_value(json_object_get(put, "key")), p->hold_key, true))
                 v = HOLD;
+            if (put && p->refuse_key[0] &&
+                b64_is(json_string_value(json_object_get(put, "key")), p->refuse_key, true))
+                v = REFUSE;
             if (put && b64_is(json_string_value(json_object_get(put, "key")), p->drop_key, true) &&
                 b64_is(json_string_value(json_object_get(put, "value")), p->drop_val, true))
                 v = DROP;
@@ -181,24 +185,29 @@ conn_main(void *arg)
             first = false;
             const char *body = in + hl + 2;
             enum verdict vd = judge(p, path, body, cl);
-            if (vd == HOLD) {
+            if (vd == HOLD || vd == REFUSE) {
                 size_t ol;
                 char *o = rebuild(in, hl, body, cl, "Connection: close\r\n", &ol);
                 pthread_mutex_lock(&p->mu);
-                p->held = o;
-                p->held_len = ol;
+                if (!p->held) {
+                    p->held = o;
+                    p->held_len = ol;
+                    o = NULL;
+                }
                 pthread_mutex_unlock(&p->mu);
-            } else if (vd == FAIL) {
+                free(o);
+            }
+            if (vd == FAIL || vd == REFUSE) {
                 const char *e = "{\"error\":\"injected by the test's etcd proxy\",\"code\":14}";
                 char resp[256];
                 int n = snprintf(resp, sizeof(resp),
                                  "HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
                                  "application/json\r\nContent-Length: %zu\r\n\r\n%s",
                                  strlen(e), e);
-                atomic_fetch_add(&p->ranges_failed, 1);
+                atomic_fetch_add(vd == FAIL ? &p->ranges_failed : &p->txns_refused, 1);
                 if (sbx_write_full(pc->cfd, resp, (size_t)n) != 0)
                     goto out;
-            } else {
+            } else if (vd != HOLD) {
                 if (vd == DROP) {
                     /* The watch threads see the freeze (they poll every 100
                      * ms) before etcd can send them the change. */
@@ -309,6 +318,14 @@ ep_hold(struct eproxy *p, const char *key)
 {
     pthread_mutex_lock(&p->mu);
     snprintf(p->hold_key, sizeof(p->hold_key), "%s", key);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void
+ep_refuse(struct eproxy *p, const char *key)
+{
+    pthread_mutex_lock(&p->mu);
+    snprintf(p->refuse_key, sizeof(p->refuse_key), "%s", key ? key : "");
     pthread_mutex_unlock(&p->mu);
 }
 

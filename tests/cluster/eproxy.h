@@ -15,7 +15,12 @@
  *  - hold: the first /v3/kv/txn that puts a given key is kept here,
  *    unanswered (the node's client gives up after its timeout and re-sends
  *    it to etcd directly, its next endpoint), until ep_release sends it to
- *    etcd — a copy that reaches etcd late, as after a long network stall.
+ *    etcd — a copy that reaches etcd late, as after a long network stall;
+ *  - refuse: every /v3/kv/txn that puts a given key gets an error answer
+ *    (as fail_ranges: the node does not switch endpoints, and takes the
+ *    write as not done) and never reaches etcd — but the first one is kept,
+ *    as by hold, until ep_release sends it to etcd: an etcd that answers
+ *    "request timed out" and applies the request later.
  * Everything else is forwarded unchanged.  The proxy listens on etcd's own
  * address (the bridge of the cluster's namespaces), on a free port.
  *
@@ -40,9 +45,11 @@ struct eproxy {
     char drop_val[64];
     bool freeze_on_drop;
     char hold_key[256];      /* under mu: the txn put to hold ("" none) */
+    char refuse_key[256];    /* under mu: the txn puts to refuse ("" none) */
     char *held;              /* under mu: the request held (Connection: close) */
     size_t held_len;
     atomic_int ranges_failed;   /* range requests answered with an error */
+    atomic_int txns_refused;    /* txn requests answered with an error (refuse) */
     atomic_bool dropped;        /* the txn's answer was dropped */
     atomic_bool frozen;         /* watch streams get nothing */
     atomic_bool stop;
@@ -59,6 +66,9 @@ void ep_fail_ranges(struct eproxy *p, const char *prefix);
 void ep_drop_reply(struct eproxy *p, const char *key, const char *val, bool freeze);
 /* ep_hold — hold the first txn putting key. */
 void ep_hold(struct eproxy *p, const char *key);
+/* ep_refuse — refuse every txn putting key (NULL: stop), keeping the first
+ * for ep_release (unless a request is held already). */
+void ep_refuse(struct eproxy *p, const char *key);
 /* ep_holds — whether a request is held. */
 bool ep_holds(struct eproxy *p);
 /* ep_release — send the held request to etcd: 0 with *succeeded (its

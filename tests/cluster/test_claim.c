@@ -11,12 +11,21 @@
  *  t14: a node whose handoff switch has an unknown outcome (etcd applied
  *       it, the answer never came back, the node's view of the cluster
  *       stands still) serves nothing of the partition: a request sent to it
- *       directly is refused, not run.
+ *       directly is refused, not run;
+ *  t15: a late copy of a replication transaction never undoes a newer
+ *       acknowledged write;
+ *  t16: a partition claimed but not loaded is never handed off (its empty
+ *       local copy would replace the records in etcd);
+ *  t17: a reply recorded before its write reached etcd is not returned to
+ *       a retry of the same request after a kill -9 and restart;
+ *  t18, t19: a replication transaction of an earlier process (t18) or lease
+ *       (t19) that reaches etcd after the node read the records back fails.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,6 +423,350 @@ Test(cluster, t15_a_late_copy_of_a_replication_never_undoes_a_newer_write, .time
     get_var(c, id, "H", got, sizeof(got));
     cr_expect_str_eq(got, "later");
 
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t16 (issue 11, a partition handed off before its records were loaded):
+ * node y claims partition P of a killed node x while every read of records
+ * (r/…) it sends to etcd fails, as in t13; then x comes back, and
+ * rendezvous hashing gives P back to x while y still has not loaded it.
+ * Before the fix y handed P off from LMDB — no records — and x served the
+ * sandbox empty over its acknowledged record in etcd (its environment
+ * lost).  Now P stays y's until y has loaded it, and moves after. */
+Test(cluster, t16_a_claimed_partition_is_not_handed_off_before_it_is_loaded, .timeout = 240)
+{
+    restore_base();
+    const int x = 1, y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int rest[2] = {0, y};
+    char id[64], got[64] = "";
+    uint32_t part = pick_id(&st, "unloaded", x, rest, 2, y, id, sizeof(id));
+    set_var(c, id, "H", "acknowledged");
+
+    char pfx[128];
+    snprintf(pfx, sizeof(pfx), "/sbx/%s/r/", cl_env()->cluster);
+    ep_fail_ranges(&px, pfx);
+    cr_assert_eq(cl_signal("shard", x, SIGKILL), 0);
+    cr_assert_eq(cl_wait_exit("shard", x, 30000), 0);
+    double t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(200);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while (st.owner[part] != y && cl_now_ms() - t0 < 30000);
+    cr_assert_eq(st.owner[part], y, "node %d did not claim partition %u", y, part);
+    cl_sleep_ms(1000); /* its loads fail meanwhile */
+    cr_assert_gt(atomic_load(&px.ranges_failed), 0,
+                 "node %d did not read the records through the proxy", y);
+
+    /* x is back: y hands it what rendezvous hashing gives x again, while
+     * its reads of records still fail (15 s for a handoff to happen). */
+    cr_assert_gt(cl_start("shard", x), 0);
+    t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(250);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while (st.owner[part] != x && cl_now_ms() - t0 < 15000);
+    cr_log_info("t16: partition %u, claimed by node %d and never loaded, is owned by node %d "
+                "%.1f s after node %d came back (%d record read(s) failed)",
+                part, y, st.owner[part], (cl_now_ms() - t0) / 1000, x,
+                atomic_load(&px.ranges_failed));
+
+    /* etcd answers again: the acknowledged environment is still there,
+     * wherever the partition is now. */
+    ep_fail_ranges(&px, NULL);
+    get_var(c, id, "H", got, sizeof(got));
+    cr_expect_str_eq(got, "acknowledged",
+                     "the acknowledged environment was lost (H='%s'; partition %u handed to "
+                     "node %d before node %d loaded it)",
+                     got, part, x, y);
+
+    converge(BASE, 3, "node 1 back");
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* env.set k=v with request id rid through c (borrowed), timeout_ms: 0, or
+ * -1 with the error code in code. */
+static int
+set_var_rid(sbx_client *c, const char *id, const char *k, const char *v, const char *rid,
+            int timeout_ms, char *code, size_t cl)
+{
+    sbx_enc e;
+    char *args;
+    size_t alen;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kmap(&e, "vars");
+    sbx_enc_kstr(&e, k, v);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &args, &alen), 0);
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call(c, "env.set", id, args, alen, timeout_ms, rid, &r, &err);
+    free(args);
+    if (rc == 0) {
+        sbx_reply_free(r);
+        code[0] = '\0';
+        return 0;
+    }
+    snprintf(code, cl, "%s", err.code);
+    sbx_error_free(&err);
+    return -1;
+}
+
+/* A set_var_rid running in a thread of its own (its reply waits for a
+ * replication the proxy holds). */
+struct bgset {
+    sbx_client *c; /* its own client (not shared with the test's thread) */
+    const char *id, *k, *v, *rid;
+    int rc;
+    char code[64];
+};
+
+static void *
+bgset_main(void *arg)
+{
+    struct bgset *b = arg;
+    b->rc = set_var_rid(b->c, b->id, b->k, b->v, b->rid, 30000, b->code, sizeof(b->code));
+    return NULL;
+}
+
+/* Start env.set H=v (request id rid) on id in the background with the
+ * proxy holding the replication transaction of id's record (key); return
+ * once it is held, with node y killed (SIGKILL, reaped) right after — the
+ * write is committed in y's LMDB, never in etcd — and the nodes stop[0..ns)
+ * stopped (SIGSTOP) right after that, before y's lease can expire.  The
+ * call's outcome is in *b (its client closed). */
+static void
+set_held_then_kill(struct eproxy *px, const char *key, int y, const int *stop, int ns,
+                   struct bgset *b)
+{
+    char why[512];
+    cr_assert_eq(cl_gw_client(0, &b->c, why, sizeof(why)), 0, "%s", why);
+    ep_hold(px, key);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bgset_main, b), 0);
+    /* y's etcd client re-sends it to etcd directly after 3 s: kill first. */
+    double t0 = cl_now_ms();
+    while (!ep_holds(px) && cl_now_ms() - t0 < 20000)
+        cl_sleep_ms(5);
+    bool held = ep_holds(px);
+    if (held) {
+        cl_signal("shard", y, SIGKILL);
+        for (int k = 0; k < ns; k++)
+            cl_signal("shard", stop[k], SIGSTOP);
+    }
+    pthread_join(th, NULL);
+    sbx_client_close(b->c);
+    b->c = NULL;
+    cr_assert(held, "node %d's replication of %s did not go through the proxy (env.set: %s)", y,
+              key, b->rc == 0 ? "ok" : b->code);
+    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not die", y);
+}
+
+/* Whether etcd's record at key holds the bytes s (it must exist). */
+static bool
+etcd_record_has(const char *key, const char *s)
+{
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
+    sbx_etcd_close(etcd);
+    cr_assert_eq(n, 1, "no record at %s in etcd", key);
+    bool has = memmem(kvs[0].value, kvs[0].vlen, s, strlen(s)) != NULL;
+    sbx_etcd_kvs_free(kvs, n);
+    return has;
+}
+
+/* t17 (issue 11 item 6, a recorded reply whose write never reached etcd):
+ * env.set with a request id on node y; y commits the record and the reply
+ * (idempotency table) to LMDB, and its replication transaction is held in
+ * the proxy; y is killed before it re-sends it, so etcd never gets the
+ * write, and the call is answered SHARD_UNAVAILABLE (unknown).  y restarts
+ * and reloads its records from etcd.  Before the fix the retry with the
+ * same request id got the recorded OK though the value was gone (an
+ * acknowledged write lost); now it is OPERATION_INTERRUPTED (it may have
+ * run, it does not run again), and the value is the last acknowledged. */
+Test(cluster, t17_a_retry_after_a_restart_never_gets_an_ok_etcd_does_not_hold, .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], got[64] = "", key[256], rid[64], code[64];
+    uint32_t part = pick_id(&st, "pending", y, all, 3, y, id, sizeof(id));
+    set_var(c, id, "H", "first");
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    snprintf(rid, sizeof(rid), "t17-%s", id);
+
+    struct bgset b = {.id = id, .k = "H", .v = "second", .rid = rid};
+    set_held_then_kill(&px, key, y, NULL, 0, &b);
+    cr_log_info("t17: env.set H=second (request %s) with its replication held, node %d "
+                "killed: %s",
+                rid, y, b.rc == 0 ? "ok" : b.code);
+    cr_assert_neq(b.rc, 0, "env.set was acknowledged though etcd never got its write");
+    cr_assert(!etcd_record_has(key, "second"), "etcd got the held write after all");
+
+    cr_assert_gt(cl_start("shard", y), 0);
+    converge(BASE, 3, "node 2 restarted");
+    int rc = set_var_rid(c, id, "H", "second", rid, 20000, code, sizeof(code));
+    get_var(c, id, "H", got, sizeof(got));
+    cr_log_info("t17: the retry of request %s answered %s; H=%s", rid, rc == 0 ? "ok" : code,
+                got);
+    cr_expect(rc != 0 || !strcmp(got, "second"),
+              "the retry was answered ok but H=%s: an acknowledged write is lost", got);
+    cr_expect_str_eq(rc == 0 ? "ok" : code, "OPERATION_INTERRUPTED");
+    cr_expect_str_eq(got, "first", "not the last acknowledged value");
+
+    ep_stop(&px); /* the held copy is dropped */
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t18 (issue 11, a replication of an earlier process landing after the
+ * records were read back): node y's replication transaction of H=second is
+ * held in the proxy and y is killed; the other nodes are stopped
+ * (SIGSTOP) so that nobody else claims y's partitions (a claim moves them
+ * to a new epoch, which would fail the held copy anyway).  y restarts,
+ * loads its records from etcd (H=first) and serves them; then the held copy
+ * reaches etcd.  Before the fix the partition was still at the epoch the
+ * copy compares: it was applied, and etcd held H=second while y served
+ * H=first (a failover would bring back a write never acknowledged, and
+ * y's next write would fail).  Now y moves what it owns to a new epoch
+ * before loading, and the copy fails its compare. */
+Test(cluster, t18_a_replication_of_an_earlier_process_fails_after_a_restart, .timeout = 240)
+{
+    restore_base();
+    const int y = 2, others[2] = {0, 1};
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], got[64] = "", key[256], rid[64];
+    uint32_t part = pick_id(&st, "epoch", y, all, 3, y, id, sizeof(id));
+    set_var(c, id, "H", "first");
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    snprintf(rid, sizeof(rid), "t18-%s", id);
+
+    struct bgset b = {.id = id, .k = "H", .v = "second", .rid = rid};
+    set_held_then_kill(&px, key, y, others, 2, &b);
+    cr_assert_neq(b.rc, 0, "env.set was acknowledged though etcd never got its write");
+    cr_assert(!etcd_record_has(key, "second"), "etcd got the held write after all");
+
+    /* y alone owns and serves every partition (its records loaded), the
+     * sandbox untouched since: an exec now would write its record again,
+     * and the held copy would then fail its record compare whatever the
+     * epoch (t15). */
+    cr_assert_gt(cl_start("shard", y), 0);
+    converge(&y, 1, "node 2 restarted alone");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.owner[part], y, "partition %u is not node %d's", part, y);
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the held transaction");
+    bool second = etcd_record_has(key, "second");
+    get_var(c, id, "H", got, sizeof(got));
+    cr_log_info("t18: the held replication of H=second %s after node %d restarted and served "
+                "H=%s; etcd's record %s it",
+                applied ? "was APPLIED" : "failed its compare", y, got,
+                second ? "HAS" : "does not have");
+    cr_expect(!applied, "a replication of the killed process was applied after the restart");
+    cr_expect(!second, "etcd's record of %s differs from what node %d serves (H=%s)", id, y, got);
+
+    for (int k = 0; k < 2; k++)
+        cl_signal("shard", others[k], SIGCONT);
+    converge(BASE, 3, "nodes 0 and 1 continued");
+    ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t19 (issue 11, the same after a fence): the other nodes are stopped
+ * (SIGSTOP) so that nobody claims node y's partitions; etcd answers y's
+ * replication transactions of a sandbox's record with an error (the
+ * proxy's refuse: the first is kept), so the write is answered with an
+ * error and y fences itself, re-joins and reloads its records from etcd
+ * (H=first).  Then the kept transaction reaches etcd, as from an etcd that
+ * answered "request timed out" and applied it later.  Before the fix the
+ * partition was still at the epoch it compares and it was applied: etcd
+ * held H=second while y served H=first.  Now y moves what it owns to a new
+ * epoch when it re-joins, and the late transaction fails. */
+Test(cluster, t19_a_replication_of_an_earlier_lease_fails_after_a_fence, .timeout = 240)
+{
+    restore_base();
+    const int y = 2, others[2] = {0, 1};
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], got[64] = "", key[256], rid[64], code[64];
+    uint32_t part = pick_id(&st, "fence", y, all, 3, y, id, sizeof(id));
+    set_var(c, id, "H", "first");
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+    snprintf(rid, sizeof(rid), "t19-%s", id);
+
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(cl_signal("shard", others[k], SIGSTOP), 0);
+    converge(&y, 1, "node 2 alone");
+    cr_assert_eq(cl_read_state(&st), 0);
+    int64_t lease = st.lease[y];
+    ep_refuse(&px, key);
+    int rc = set_var_rid(c, id, "H", "second", rid, 20000, code, sizeof(code));
+    cr_log_info("t19: env.set H=second with its replication refused: %s (%d refused)",
+                rc == 0 ? "ok" : code, atomic_load(&px.txns_refused));
+    cr_assert_neq(rc, 0, "env.set was acknowledged though etcd refused its write");
+    cr_assert(ep_holds(&px), "node %d's replication did not go through the proxy", y);
+    cr_assert(!etcd_record_has(key, "second"), "etcd got the refused write");
+
+    /* y fenced itself and re-joined (a new lease), its records loaded again,
+     * the sandbox untouched since (see t18). */
+    double t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(100);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while ((!st.live[y] || st.lease[y] == lease) && cl_now_ms() - t0 < 30000);
+    cr_assert(st.live[y] && st.lease[y] != lease, "node %d did not fence and re-join", y);
+    converge(&y, 1, "node 2 re-joined alone");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.owner[part], y, "partition %u is not node %d's", part, y);
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the kept transaction");
+    ep_refuse(&px, NULL);
+    bool second = etcd_record_has(key, "second");
+    get_var(c, id, "H", got, sizeof(got));
+    cr_log_info("t19: the refused replication of H=second %s after node %d re-joined and "
+                "served H=%s; etcd's record %s it",
+                applied ? "was APPLIED" : "failed its compare", y, got,
+                second ? "HAS" : "does not have");
+    cr_expect(!applied, "a replication of the fenced lease was applied after the re-join");
+    cr_expect(!second, "etcd's record of %s differs from what node %d serves (H=%s)", id, y, got);
+
+    for (int k = 0; k < 2; k++)
+        cl_signal("shard", others[k], SIGCONT);
+    converge(BASE, 3, "nodes 0 and 1 continued");
     restart_node(y, NULL);
     ep_stop(&px);
     sbx_destroy(c, id, NULL, NULL);
