@@ -403,10 +403,11 @@ bench: all
 clean:
 	rm -rf build bin lib share
 
-# Every object's header dependencies (-MMD -MP above; release, asan, pic and fuzz).  An object
-# without its .d was built before these rules: without knowing its headers, rebuild it.
+# Every object's header dependencies (-MMD -MP above; release, asan, pic and fuzz).  A
+# compiled object (build/*/obj/) without its .d was built before these rules: without
+# knowing its headers, rebuild it.
 DEPFILES := $(shell find build -name '*.d' 2>/dev/null)
 -include $(DEPFILES)
-$(filter-out $(DEPFILES:.d=.o),$(shell find build -name '*.o' 2>/dev/null)): FORCE
+$(filter-out $(DEPFILES:.d=.o),$(shell find build -path '*/obj/*' -name '*.o' 2>/dev/null)): FORCE
 .PHONY: FORCE
 FORCE:
