@@ -41,9 +41,15 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
-AGENT   := container/agent/main.c container/agent/setup.c container/agent/exec.c \
-           container/agent/session.c container/agent/stream.c container/agent/proc.c \
-           container/agent/files.c container/agent/interp.c container/agent/term.c \
+AGENT   := container/agent/main.c container/agent/setup.c \
+           container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
+           container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
+           container/agent/stream.c container/agent/proc.c container/agent/proc_wait.c \
+           container/agent/files.c container/agent/files_mime.c container/agent/files_rw.c \
+           container/agent/files_watch.c container/agent/files_git.c \
+           container/agent/interp.c container/agent/interp_driver.c container/agent/interp_result.c \
+           container/agent/interp_pool.c \
+           container/agent/term.c \
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
@@ -124,7 +130,8 @@ bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/s
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
-INTERP_SRC := container/interp/driver.py container/interp/driver.js \
+INTERP_SRC := container/interp/driver.py $(wildcard container/interp/_sbx_driver/*.py) \
+              container/interp/driver.js \
               container/interp/package.json container/interp/package-lock.json
 %/share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 	@tools/install-interp.sh $*/share/sbx/interp
@@ -270,7 +277,7 @@ FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
                runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c \
                runtime/error.c
-FUZZ_AGENT  := $(filter-out container/agent/main.c runtime/%,$(AGENT))
+FUZZ_AGENT  := $(filter-out runtime/%,$(AGENT))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
@@ -279,11 +286,15 @@ fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -c $< -o $@
-# fuzz_path and fuzz_agent include agent sources (for their static functions)
-# and link the rest of the agent.
+# fuzz_path and fuzz_agent link the agent and reach its internals through its
+# internal headers (container/agent/*_int.h); the agent's main() is renamed
+# in their copy of main.o so that libFuzzer's is the program's (rebuilt when the
+# Makefile changes: a copy compiled before the rename would clash with libFuzzer's main).
+build/fuzz/obj/container/agent/main.o: FUZZ_CFLAGS += -Dmain=sbx_agent_main
+build/fuzz/obj/container/agent/main.o: Makefile
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
-build/fuzz/fuzz_path: $(call fuzz_objs,$(filter-out container/agent/files.c,$(FUZZ_AGENT)))
-build/fuzz/fuzz_agent: $(call fuzz_objs,$(filter-out container/agent/session.c,$(FUZZ_AGENT)))
+build/fuzz/fuzz_path: $(call fuzz_objs,$(FUZZ_AGENT))
+build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # fuzz_preview and fuzz_terminal include one source of the HTTP front and link
 # the others, with the libraries they call; fuzz_http reaches the front through
 # gateway/http_int.h and links all of it.

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tools/install-interp.sh DEST — install the code-interpreter drivers into
-# DEST (e.g. share/sbx/interp): driver.py, driver.js, the npm packages the
-# JavaScript/TypeScript driver uses (pinned in container/interp/package-lock.json),
-# and a pre-built matplotlib font cache.  sbxd binds DEST read-only at /opt/sbx
-# in every sandbox.  Needs the npm registry only the first time (npm ci);
-# afterwards it works offline.
+# DEST (e.g. share/sbx/interp): driver.py and its package _sbx_driver/, driver.js,
+# the npm packages the JavaScript/TypeScript driver uses (pinned in
+# container/interp/package-lock.json), and a pre-built matplotlib font cache.
+# sbxd binds DEST read-only at /opt/sbx in every sandbox.  Needs the npm
+# registry only the first time (npm ci); afterwards it works offline.
 set -euo pipefail
 dest=${1:?usage: install-interp.sh DEST}
 src=$(cd "$(dirname "$0")/../container/interp" && pwd)
@@ -14,6 +14,12 @@ if [ ! -d "$src/node_modules" ] || [ "$src/package-lock.json" -nt "$src/node_mod
 fi
 mkdir -p "$dest"
 cp "$src/driver.py" "$src/driver.js" "$dest/"
+# The Python driver's package, imported by driver.py from beside it.
+rm -rf "$dest/_sbx_driver.new"
+mkdir -p "$dest/_sbx_driver.new"
+cp "$src"/_sbx_driver/*.py "$dest/_sbx_driver.new/"
+rm -rf "$dest/_sbx_driver"
+mv "$dest/_sbx_driver.new" "$dest/_sbx_driver"
 rm -rf "$dest/node_modules.new"
 cp -r "$src/node_modules" "$dest/node_modules.new"
 rm -rf "$dest/node_modules"

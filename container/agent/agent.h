@@ -89,6 +89,37 @@ struct agent_req {
     } cg;
 };
 
+/*
+ * The modules' own state, of which struct agent is composed.  Each is owned
+ * by the module named, touched only by it, empty when zeroed (the agent
+ * starts zeroed: no init is needed) and released by the module's fini,
+ * which main.c calls at exit.  Modules whose state is a list hold its head
+ * (jobs, procs, watches, terms); interp*.c allocates its struct interp on
+ * first use.
+ */
+/* stream.c: the agent's streams and the event being built (stream.h);
+ * fini agent_streams_free. */
+struct agent_streams {
+    struct stream *list;
+    sbx_enc ev_enc;           /* the stream event being built */
+    struct stream *ev_stream; /* ... and its stream */
+    bool ev_open;
+};
+/* session*.c: the sessions and the counter of their marker nonces;
+ * fini agent_sessions_free. */
+struct agent_sessions {
+    struct session *list;
+    uint64_t nonce_ctr;
+};
+/* main.c: agent_counters_ask calls waiting for the shard's answer, and the
+ * timer that gives up on it (AGENT_COUNTERS_WAIT_MS). */
+struct agent_cwait {
+    struct counters_wait *list;
+    uint64_t timer;
+};
+struct interp;
+struct term;
+
 /* The agent: one per sandbox, the loop's only state. */
 struct agent {
     sbx_loop *loop;
@@ -99,20 +130,15 @@ struct agent {
     int sigfd;                /* signalfd for SIGCHLD */
     struct agent_cfg cfg;
     char **env;               /* current sandbox env (cfg.env + setEnvVars), "K=V" */
-    struct job *jobs;         /* running commands (list) */
-    struct session *sessions; /* list */
-    struct stream *streams;   /* list (stream.c) */
-    struct proc *procs;       /* background processes (proc.c) */
-    struct watch *watches;    /* file watches (files.c) */
-    sbx_enc ev_enc;           /* the stream event being built (stream.c) */
-    struct stream *ev_stream;
-    bool ev_open;
-    void *interp;             /* code contexts (interp.c) */
-    void *terms;              /* terminals (term.c) */
-    uint64_t nonce_ctr;
-    uint64_t stream_ctr;
-    struct counters_wait *cwait; /* agent_counters_ask calls waiting (main.c) */
-    uint64_t cwait_timer;
+    struct job *jobs;         /* exec.c: running commands (list) */
+    struct agent_sessions sessions; /* session*.c */
+    struct agent_streams streams;   /* stream.c */
+    struct proc *procs;       /* proc*.c: background processes (list) */
+    struct watch *watches;    /* files_watch.c: file watches (list) */
+    struct interp *interp;    /* interp*.c: code contexts; NULL until used */
+    struct term *terms;       /* term.c: terminals (list) */
+    uint64_t stream_ctr;      /* stream ids made so far (every producer) */
+    struct agent_cwait cwait; /* main.c */
     uint64_t work_starts;     /* tenant work started so far (agent_work_mark) */
     bool bound;
     char sandbox[64];
@@ -161,8 +187,9 @@ int agent_env_check(const msgpack_object *env, bool shell_names, char *why, size
 const char *agent_env_get(char *const *env, const char *key);
 
 /* ------------------------------------------------------------------------------ */
-/* exec.c — commands run as fresh processes ("sessionless"), and the machinery
- * sessions share: output capture with caps, tree kill, exit causes. */
+/* exec.c — commands run as fresh processes ("sessionless"); exec_args.c and
+ * proctree.c — the machinery sessions and processes share: output capture
+ * with caps, arguments, results, exit causes; spawning, tree kill. */
 
 /* Output of one stream: kept up to `cap` bytes, the rest counted and dropped. */
 struct outcap {
@@ -188,16 +215,16 @@ int agent_run_internal(struct agent *a, const char *const *argv, const char *cwd
                        int64_t timeout_ms, job_done_fn done, void *arg);
 /* exec.c: called for every reaped child. */
 void agent_job_reaped(struct agent *a, pid_t pid, int status);
-/* exec.c: kill pid and all of its descendants with SIGKILL (pid itself last
+/* proctree.c: kill pid and all of its descendants with SIGKILL (pid itself last
  * unless skip_root); returns how many processes were signalled. */
 int agent_kill_tree(pid_t root, bool skip_root, const pid_t *spare, size_t nspare);
-/* exec.c: the same, sparing every subtree whose root started before clock
+/* proctree.c: the same, sparing every subtree whose root started before clock
  * tick `since` (proc(5) starttime; see agent_boot_ticks). */
 int agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nspare,
                           unsigned long long since);
-/* exec.c: now, in the clock ticks proc(5) uses for starttime. */
+/* proctree.c: now, in the clock ticks proc(5) uses for starttime. */
 unsigned long long agent_boot_ticks(void);
-/* exec.c: parse the common exec arguments (cmd/argv, cwd, env, timeout). */
+/* exec_args.c: parse the common exec arguments (cmd/argv, cwd, env, timeout). */
 struct exec_args {
     char *cmd;               /* shell string, or NULL when argv is set */
     char **argv;             /* NULL-terminated, or NULL */
@@ -216,19 +243,19 @@ void exec_encode_complete(sbx_enc *e, int exit_code, int sig, bool timed_out, bo
                           int64_t timeout_ms, int64_t duration_ms, const char *cause);
 /* exec.c: read and discard what fd still delivers, then close it. */
 void agent_hand_to_drainer(struct agent *a, int fd);
-/* exec.c: encode the common exec result fields (cause as above); with
+/* exec_args.c: encode the common exec result fields (cause as above); with
  * by_deadline the timeout was the request's deadline (deadlineExceeded). */
 void exec_encode_result(sbx_enc *e, int exit_code, int sig, bool timed_out, int64_t timeout_ms,
                         int64_t duration_ms, struct outcap *out, struct outcap *err,
                         const char *cause, bool by_deadline);
-/* exec.c: the timeout of a command answered in r's reply: timeout_ms (0:
+/* exec_args.c: the timeout of a command answered in r's reply: timeout_ms (0:
  * none), or what is left before r's deadline if that comes first
  * (*by_deadline then).  A command the caller can no longer hear about is
  * stopped as by a timeout (docs/protocol.md §2). */
 int64_t agent_bound_timeout(const struct agent_req *r, int64_t timeout_ms, bool *by_deadline);
 
 /*
- * exec.c: why a command or background process ended, beyond what its exit
+ * exec_args.c: why a command or background process ended, beyond what its exit
  * status says.  OOM_KILLED: SIGKILLed (or a shell's exit 137) while the
  * sandbox's OOM-kill counter rose since the request; PIDS_LIMIT: exited
  * non-zero while forks were refused by the pids limit since the request —
@@ -241,13 +268,14 @@ int64_t agent_bound_timeout(const struct agent_req *r, int64_t timeout_ms, bool 
 const char *agent_refine_cause(const char *cause, int exit_code, int sig,
                                const struct agent_counters *before,
                                const struct agent_counters *after, bool blame_pids);
-/* exec.c: whether output (n bytes) reports a refused fork or EAGAIN. */
+/* exec_args.c: whether output (n bytes) reports a refused fork or EAGAIN. */
 bool agent_fork_refused_in(const char *p, size_t n);
-/* exec.c: what else of the tenant's runs or starts while a command runs:
- * agent_work_mark when it starts (after its own fork), agent_work_alone when
- * it ends — true if no other command, process, busy session, running code
- * cell or open terminal existed at either time and none started between.
- * `self` is the caller's own job, session command or process. */
+/* exec_args.c (agent_others_running: exec.c): what else of the tenant's
+ * runs or starts while a command runs: agent_work_mark when it starts
+ * (after its own fork), agent_work_alone when it ends — true if no other
+ * command, process, busy session, running code cell or open terminal
+ * existed at either time and none started between.  `self` is the
+ * caller's own job, session command or process. */
 struct work_mark {
     uint64_t starts;          /* agent->work_starts after its own start */
     bool others;              /* something else ran at its start */
@@ -283,11 +311,11 @@ void agent_session_apply_env(struct agent *a, const msgpack_object *vars);
 void agent_sessions_reaped(struct agent *a, pid_t pid, int status);
 void agent_sessions_free(struct agent *a);
 
-/* exec.c: a new pseudo-terminal pair (both O_CLOEXEC, master non-blocking);
+/* proctree.c: a new pseudo-terminal pair (both O_CLOEXEC, master non-blocking);
  * 0 or -errno. */
 int agent_openpty(int *master, int *slave);
 
-/* proc.c: background processes. */
+/* proc.c (the waits: proc_wait.c): background processes. */
 void agent_op_process_start(struct agent *a, struct agent_req *r);
 void agent_op_process_list(struct agent *a, struct agent_req *r);
 void agent_op_process_get(struct agent *a, struct agent_req *r);
@@ -303,7 +331,7 @@ bool agent_procs_reaped(struct agent *a, pid_t pid, int status);
 void agent_procs_kill_session(struct agent *a, const char *sid);
 void agent_procs_free(struct agent *a);
 
-/* files.c */
+/* files.c, files_rw.c, files_watch.c, files_git.c: the file API (files_int.h). */
 void agent_op_file_write(struct agent *a, struct agent_req *r);
 void agent_op_file_read(struct agent *a, struct agent_req *r);
 void agent_op_file_read_stream(struct agent *a, struct agent_req *r);
@@ -316,7 +344,7 @@ void agent_op_file_watch(struct agent *a, struct agent_req *r);
 void agent_op_git_checkout(struct agent *a, struct agent_req *r);
 void agent_watches_free(struct agent *a);
 
-/* interp.c: code contexts. */
+/* interp.c (and interp_*.c, interp_int.h): code contexts. */
 void agent_op_context_create(struct agent *a, struct agent_req *r);
 void agent_op_context_run(struct agent *a, struct agent_req *r);
 void agent_op_context_run_stream(struct agent *a, struct agent_req *r);
@@ -335,11 +363,11 @@ bool agent_terms_reaped(struct agent *a, pid_t pid, int status);
 void agent_term_close_session(struct agent *a, const char *sid);
 void agent_terms_free(struct agent *a);
 
-/* exec.c: send `sig` to root's descendants (all, however deep) and, if
+/* proctree.c: send `sig` to root's descendants (all, however deep) and, if
  * include_root, to root; returns how many were signalled. */
 int agent_signal_tree(pid_t root, int sig, bool include_root);
 
-/* Spawning children (exec.c): fork, set up stdio/cwd/env/limits, exec. */
+/* Spawning children (proctree.c): fork, set up stdio/cwd/env/limits, exec. */
 struct spawn_opts {
     int in_fd, out_fd, err_fd;   /* become 0, 1, 2 */
     const int *keep_fds;         /* extra fds to keep open (dup'ed to 3, 4, …) */

@@ -354,10 +354,10 @@ struct counters_wait {
 static void
 counters_deliver(struct agent *a, bool ok, const struct agent_counters *now)
 {
-    sbx_loop_cancel(a->loop, a->cwait_timer);
-    a->cwait_timer = 0;
-    struct counters_wait *w = a->cwait;
-    a->cwait = NULL;
+    sbx_loop_cancel(a->loop, a->cwait.timer);
+    a->cwait.timer = 0;
+    struct counters_wait *w = a->cwait.list;
+    a->cwait.list = NULL;
     while (w) {
         struct counters_wait *n = w->next;
         w->fn(a, w->arg, ok, now);
@@ -372,7 +372,7 @@ counters_timeout(sbx_loop *l, void *arg)
     struct agent *a = arg;
     static const struct agent_counters none;
     (void)l;
-    a->cwait_timer = 0;
+    a->cwait.timer = 0;
     sbx_log_warn("agent: the shard did not answer a question for the cgroup counters");
     counters_deliver(a, false, &none);
 }
@@ -380,8 +380,8 @@ counters_timeout(sbx_loop *l, void *arg)
 void
 agent_counters_ask(struct agent *a, counters_fn fn, void *arg)
 {
-    struct counters_wait *w = sbx_xcalloc(1, sizeof(*w)), **pp = &a->cwait;
-    bool asked = a->cwait != NULL;
+    struct counters_wait *w = sbx_xcalloc(1, sizeof(*w)), **pp = &a->cwait.list;
+    bool asked = a->cwait.list != NULL;
     w->fn = fn;
     w->arg = arg;
     while (*pp)
@@ -400,13 +400,13 @@ agent_counters_ask(struct agent *a, counters_fn fn, void *arg)
     sbx_enc_end(&e);
     if (sbx_enc_finish(&e, &buf, &len) == 0)
         send_frame(a, buf, len);
-    a->cwait_timer = sbx_loop_timer(a->loop, AGENT_COUNTERS_WAIT_MS, counters_timeout, a);
+    a->cwait.timer = sbx_loop_timer(a->loop, AGENT_COUNTERS_WAIT_MS, counters_timeout, a);
 }
 
 void
 agent_counters_cancel(struct agent *a, void *arg)
 {
-    struct counters_wait **pp = &a->cwait;
+    struct counters_wait **pp = &a->cwait.list;
     while (*pp) {
         if ((*pp)->arg == arg) {
             struct counters_wait *w = *pp;
@@ -806,9 +806,9 @@ main(int argc, char **argv)
     agent_terms_free(&a);
     agent_watches_free(&a);
     agent_streams_free(&a);
-    while (a.cwait) {
-        struct counters_wait *w = a.cwait;
-        a.cwait = w->next;
+    while (a.cwait.list) {
+        struct counters_wait *w = a.cwait.list;
+        a.cwait.list = w->next;
         free(w);
     }
     return rc ? 1 : 0;

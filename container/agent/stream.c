@@ -36,7 +36,7 @@ struct sreader {
 struct stream *
 stream_find(struct agent *a, const char *id)
 {
-    for (struct stream *st = a->streams; st; st = st->next)
+    for (struct stream *st = a->streams.list; st; st = st->next)
         if (!strcmp(st->id, id))
             return st;
     return NULL;
@@ -57,8 +57,8 @@ stream_new(struct agent *a, const char *id, bool lossless, size_t cap,
     st->first_seq = 1;
     st->refs = 1;
     st->last_read_ms = sbx_mono_ms();
-    st->next = a->streams;
-    a->streams = st;
+    st->next = a->streams.list;
+    a->streams.list = st;
     return st;
 }
 
@@ -84,7 +84,7 @@ static void
 stream_destroy(struct stream *st)
 {
     struct agent *a = st->a;
-    for (struct stream **pp = &a->streams; *pp; pp = &(*pp)->next) {
+    for (struct stream **pp = &a->streams.list; *pp; pp = &(*pp)->next) {
         if (*pp == st) {
             *pp = st->next;
             break;
@@ -125,17 +125,17 @@ stream_begin(struct stream *st, const char *type)
     /* The agent is single-threaded and builds one event at a time, in the
      * scratch encoder it owns. */
     struct agent *a = st->a;
-    if (a->ev_open)
-        sbx_enc_free(&a->ev_enc);
-    a->ev_stream = st;
-    a->ev_open = true;
-    sbx_enc_init(&a->ev_enc);
-    sbx_enc_map(&a->ev_enc);
-    sbx_enc_str(&a->ev_enc, "seq");
-    sbx_enc_uint(&a->ev_enc, st->next_seq);
-    sbx_enc_kstr(&a->ev_enc, "type", type);
-    sbx_enc_kint(&a->ev_enc, "timestamp", sbx_wall_ms());
-    return &a->ev_enc;
+    if (a->streams.ev_open)
+        sbx_enc_free(&a->streams.ev_enc);
+    a->streams.ev_stream = st;
+    a->streams.ev_open = true;
+    sbx_enc_init(&a->streams.ev_enc);
+    sbx_enc_map(&a->streams.ev_enc);
+    sbx_enc_str(&a->streams.ev_enc, "seq");
+    sbx_enc_uint(&a->streams.ev_enc, st->next_seq);
+    sbx_enc_kstr(&a->streams.ev_enc, "type", type);
+    sbx_enc_kint(&a->streams.ev_enc, "timestamp", sbx_wall_ms());
+    return &a->streams.ev_enc;
 }
 
 static void serve(struct sreader *r);
@@ -146,11 +146,11 @@ stream_commit(struct stream *st, bool terminal)
     struct agent *a = st->a;
     char *buf;
     size_t len;
-    if (!a->ev_open || a->ev_stream != st)
+    if (!a->streams.ev_open || a->streams.ev_stream != st)
         return;
-    a->ev_open = false;
-    sbx_enc_end(&a->ev_enc);
-    if (sbx_enc_finish(&a->ev_enc, &buf, &len) != 0)
+    a->streams.ev_open = false;
+    sbx_enc_end(&a->streams.ev_enc);
+    if (sbx_enc_finish(&a->streams.ev_enc, &buf, &len) != 0)
         return;
     struct sev *e = sbx_xmalloc(sizeof(*e) + len);
     e->next = NULL;
@@ -404,7 +404,7 @@ void
 agent_streams_gc(struct agent *a)
 {
     int64_t now = sbx_mono_ms();
-    struct stream *st = a->streams;
+    struct stream *st = a->streams.list;
     while (st) {
         struct stream *n = st->next;
         bool consumed = st->lossless ? st->acked + 1 >= st->next_seq : false;
@@ -418,8 +418,8 @@ agent_streams_gc(struct agent *a)
 void
 agent_streams_free(struct agent *a)
 {
-    while (a->streams) {
-        struct stream *st = a->streams;
+    while (a->streams.list) {
+        struct stream *st = a->streams.list;
         while (st->readers) {
             struct sreader *r = st->readers;
             st->readers = r->next;

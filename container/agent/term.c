@@ -64,7 +64,7 @@ static void
 term_unlink_free(struct term *t)
 {
     struct agent *a = t->a;
-    for (struct term **pp = (struct term **)&a->terms; *pp; pp = &(*pp)->next)
+    for (struct term **pp = &a->terms; *pp; pp = &(*pp)->next)
         if (*pp == t) {
             *pp = t->next;
             break;

@@ -1,10 +1,11 @@
 /*
- * fake_agent.h — a minimal `struct agent` for fuzz targets that include
- * agent sources (container/agent/ sources): a real event loop and a socketpair
- * as the channel, so the reply helpers (agent_reply_err & co.) work as in
- * the sandbox.  Replies are read back from the other end and checked the
- * way the shard checks them: each must be a frame that passes the shard's
- * untrusted-input decode with {t, ok, r | e}.
+ * fake_agent.h — a minimal `struct agent` for fuzz targets that link the
+ * agent (container/agent/, internals through its *_int.h headers): a real
+ * event loop and a socketpair as the channel, so the reply helpers
+ * (agent_reply_err & co.) work as in the sandbox.  Replies are read back
+ * from the other end and checked the way the shard checks them: each must
+ * be a frame that passes the shard's untrusted-input decode with
+ * {t, ok, r | e}.
  *
  * Only pure request handling may be driven through it: nothing here runs
  * inside a sandbox, so no target calls an operation that touches files,

@@ -1,17 +1,18 @@
 /*
  * fuzz_agent.c — the agent's decoding of what reaches it (container/agent/
- * main.c and session.c are included for their static functions):
+ * main.c, exec.c and setup.c through agent.h; the session's shell protocol,
+ * session_shell.c, through session_int.h):
  *
  *  0. agent_env_merge: a base environment with the `env` map of a request
  *     (exec, session.create, process.start, bind) applied;
  *  1. exec_args_parse: the arguments of exec / process.start / session
  *     commands;
  *  2. agent_cfg_parse: the configuration frame;
- *  3. quote_ansi_c: how command text, env values and cwd travel to a
+ *  3. session_quote_ansi_c: how command text, env values and cwd travel to a
  *     session's bash as $'…' on one line;
- *  4. attribute: how a session's stdout is split at the end-of-command
+ *  4. session_attribute: how a session's stdout is split at the end-of-command
  *     marker "\001SBX<nonce>\002" — tenant output, fed in random pieces;
- *  5. ctl_cb: the session's control pipe, lines "<nonce> <status> <cwd>"
+ *  5. session_ctl_cb: the session's control pipe, lines "<nonce> <status> <cwd>"
  *     that end a command (written by bash, or by tenant code that opens
  *     the shell's fd 3 through /proc).
  *
@@ -29,10 +30,14 @@
  * and a number, with that status and the cwd that follows it, and no
  * complete line is left unparsed.
  */
-#define main sbx_agent_main
-#include "../../container/agent/main.c"
-#undef main
-#include "../../container/agent/session.c"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "../../container/agent/session_int.h"
 
 #include "fake_agent.h"
 
@@ -123,7 +128,7 @@ quoting(const char *p, size_t n)
 {
     sbx_buf b;
     sbx_buf_init(&b);
-    quote_ansi_c(&b, p, n);
+    session_quote_ansi_c(&b, p, n);
     FUZZ_CHECK(b.len >= 3 && !memcmp(b.p, "$'", 2) && b.p[b.len - 1] == '\'', "not $'…'");
     /* Unquote as bash does for the escapes the quoter emits. */
     char *out = sbx_xmalloc(b.len);
@@ -172,7 +177,7 @@ markers(uint8_t seed, const char *p, size_t n)
         x = x * 1103515245u + 12345u;
         size_t k = SBX_MIN(n - off, (size_t)(1 + (x >> 16) % 64));
         sbx_buf_append(&s.pend[0], p + off, k);
-        attribute(&s, 0);
+        session_attribute(&s, 0);
         off += k;
     }
     char mark[MARK_LEN + 1];
@@ -227,7 +232,7 @@ control(const char *p, size_t n)
     s.ctl_fd = fds[0];
     sbx_buf_init(&s.ctl);
     s.w_ctl = sbx_loop_watch(s.a->loop, fds[0], 0, noop_cb, &s);
-    ctl_cb(s.a->loop, fds[0], EPOLLIN, &s);
+    session_ctl_cb(s.a->loop, fds[0], EPOLLIN, &s);
     /* The reference: the first complete line "<nonce> <int>…". */
     bool want = false;
     int status = 0;

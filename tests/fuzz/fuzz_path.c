@@ -1,13 +1,13 @@
 /*
- * fuzz_path.c — the pure parts of the agent's file API
- * (container/agent/files.c, included here for its static functions):
+ * fuzz_path.c — the pure parts of the agent's file API (container/agent/
+ * files*.c, reached through files_int.h):
  *
- *  - path_arg: the `path` argument made absolute against the session's cwd
- *    (validation of length and NUL bytes, the join);
- *  - mime_of / valid_utf8: the MIME type and text/binary decision of
- *    file.read from a file's name and first bytes;
- *  - patterns / matches_any / wanted: file.watch's include/exclude globs
- *    against relative paths.
+ *  - files_path_arg: the `path` argument made absolute against the
+ *    session's cwd (validation of length and NUL bytes, the join);
+ *  - files_mime_of: the MIME type and text/binary decision of file.read
+ *    from a file's name and first bytes;
+ *  - files_patterns / files_matches_any / files_wanted: file.watch's
+ *    include/exclude globs against relative paths.
  *
  * The input is an args map as the shard forwards it: {path, sessionId,
  * content (bin: a file's first bytes), include, exclude (arrays of globs),
@@ -19,12 +19,9 @@
  * without NUL is never called binary; a path below the root that is
  * excluded by a pattern naming one of its components is not wanted.
  */
-#define main sbx_agent_main
-#include "../../container/agent/main.c"
-#undef main
-#include "../../container/agent/files.c"
-
 #include <jansson.h>
+
+#include "../../container/agent/files_int.h"
 
 #include "fake_agent.h"
 
@@ -42,8 +39,8 @@ static void
 globs(const msgpack_object *args, const char *root)
 {
     bool bad = false;
-    char **inc = patterns(args, "include", &bad);
-    char **exc = patterns(args, "exclude", &bad);
+    char **inc = files_patterns(args, "include", &bad);
+    char **exc = files_patterns(args, "exclude", &bad);
     sbx_str rel;
     if (!bad && sbx_wire_get_str(args, "rel", &rel) == 0 && rel.n < 1024 &&
         !memchr(rel.p, '\0', rel.n)) {
@@ -54,9 +51,9 @@ globs(const msgpack_object *args, const char *root)
         w.exclude = exc;
         char full[PATH_MAX_BYTES * 2];
         snprintf(full, sizeof(full), "%s/%.*s", root, (int)rel.n, rel.p);
-        bool want = wanted(&w, full);
+        bool want = files_wanted(&w, full);
         char *r = sbx_str_dup(rel);
-        if (exc && matches_any(exc, r) && r[0] != '/' && r[0] && strlen(full) < PATH_MAX_BYTES)
+        if (exc && files_matches_any(exc, r) && r[0] != '/' && r[0] && strlen(full) < PATH_MAX_BYTES)
             FUZZ_CHECK(!want, "'%s' is excluded but wanted", r);
         free(r);
     }
@@ -80,7 +77,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* file.read's decision. */
     bool binary;
-    const char *mime = mime_of(pathc, (const unsigned char *)content.p,
+    const char *mime = files_mime_of(pathc, (const unsigned char *)content.p,
                                SBX_MIN(content.n, (size_t)8192), &binary);
     FUZZ_CHECK(mime && *mime, "no MIME type");
     if (strict_utf8_no_nul(content.p, SBX_MIN(content.n, (size_t)8192)))
@@ -91,7 +88,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* path_arg answers the request itself when it refuses. */
     char out[PATH_MAX_BYTES];
     int code = -1;
-    int rc = path_arg(a, r, "path", out);
+    int rc = files_path_arg(a, r, "path", out);
     if (rc == 0) {
         FUZZ_CHECK(out[0] == '/', "relative result '%s'", out);
         FUZZ_CHECK(strlen(out) < PATH_MAX_BYTES, "result too long");
