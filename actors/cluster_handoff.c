@@ -47,6 +47,7 @@ struct hjob {
     bool done;
     int rc;
     sbx_enc recs;         /* array of [id, record] */
+    sbx_enc idem;         /* array of [idempotency key, entry] (idem_export) */
     size_t nrecs;
     char **ids;           /* the local records, deleted after a switch */
     size_t nids;
@@ -131,6 +132,10 @@ job_check(sbx_loop *l, void *arg)
     sbx_enc_array(&j->recs);
     sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, scan_one, &s);
     sbx_enc_end(&j->recs);
+    sbx_enc_init(&j->idem);
+    sbx_enc_array(&j->idem);
+    idem_export(sh, j->set, &j->idem);
+    sbx_enc_end(&j->idem);
     j->nrecs = s.nrecs;
     j->ids = s.ids;
     j->nids = s.nids;
@@ -205,6 +210,7 @@ job_end(sbx_loop *l, void *arg)
         free(j->ids[i]);
     free(j->ids);
     sbx_enc_free(&j->recs);
+    sbx_enc_free(&j->idem);
     c->job = NULL;
     free(j);
     free(e);
@@ -220,9 +226,16 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
     struct shard *sh = c->sh;
     char *recs;
     size_t rl;
+    char *idm;
+    size_t il;
     if (sbx_enc_finish(&j->recs, &recs, &rl) != 0)
         return SBX_E_INTERNAL;
     sbx_enc_init(&j->recs); /* consumed */
+    if (sbx_enc_finish(&j->idem, &idm, &il) != 0) {
+        free(recs);
+        return SBX_E_INTERNAL;
+    }
+    sbx_enc_init(&j->idem);
     sbx_enc e;
     char id[37];
     sbx_request_id(id);
@@ -241,9 +254,12 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
     sbx_enc_end(&e);
     sbx_enc_str(&e, "records");
     sbx_enc_raw(&e, recs, rl);
+    sbx_enc_str(&e, "idem");
+    sbx_enc_raw(&e, idm, il);
     sbx_enc_end(&e);
     sbx_enc_end(&e);
     free(recs);
+    free(idm);
     char *buf;
     size_t len;
     if (sbx_enc_finish(&e, &buf, &len) != 0)
@@ -494,14 +510,21 @@ cluster_op_import(struct sop *op)
         last = sbx_store_put(sh->store, SBX_DB_SANDBOXES, id.p, id.n, val.p, val.n);
         n++;
     }
+    /* The recorded replies of their sandboxes (optional: an older sender
+     * has none). */
+    const msgpack_object *idm = NULL;
+    if (sbx_wire_get_array(op->req.args, "idem", &idm) != 0)
+        idm = NULL;
+    size_t ni = idem_import(sh, idm);
     int64_t now = sbx_wall_ms();
     for (int p = 0; p < SBX_PARTITIONS; p++)
         if (set[p]) {
             c->lp[p].imported_ms = now;
             c->lp[p].imported_from = fidx;
         }
-    sbx_log_info("shard %s: imported %zu record(s) of %u partition(s) from %s", sh->conf.name, n,
-             parts->via.array.size, fname);
+    sbx_log_info("shard %s: imported %zu record(s) and %zu recorded repl%s of %u partition(s) "
+                 "from %s",
+                 sh->conf.name, n, ni, ni == 1 ? "y" : "ies", parts->via.array.size, fname);
     sbx_enc e;
     char *buf;
     size_t len;

@@ -374,6 +374,88 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     return 0;
 }
 
+/* ------------------------------------------------------------------------------ */
+/* Handoff: the entries of the sandboxes of moving partitions go with them. */
+
+#define IDEM_EXPORT_MAX_VALUE (64u << 10)   /* larger replies stay behind */
+#define IDEM_EXPORT_MAX_BYTES (4u << 20)    /* per partition.import */
+
+struct export_ctx {
+    struct shard *sh;
+    const uint8_t *set;
+    sbx_enc *e;
+    size_t n, bytes;
+};
+
+/* The partition of the sandbox named by idempotency key k, or -1. */
+static int
+key_partition(const char *k, size_t kn)
+{
+    const char *a = memchr(k, '\x1f', kn);
+    const char *b = a ? memchr(a + 1, '\x1f', kn - (size_t)(a + 1 - k)) : NULL;
+    if (!b || b == a + 1)
+        return -1;
+    return (int)sbx_place_partition(a + 1, (size_t)(b - a - 1));
+}
+
+static int
+export_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
+{
+    struct export_ctx *x = arg;
+    int p = key_partition(k, kn);
+    if (p < 0 || !x->set[p] || kn >= SBX_IDEM_KEY || vn <= IDEM_HDR ||
+        vn > IDEM_EXPORT_MAX_VALUE || x->bytes + vn > IDEM_EXPORT_MAX_BYTES)
+        return 0;
+    sbx_enc_array(x->e);
+    sbx_enc_strn(x->e, k, kn);
+    sbx_enc_bin(x->e, v, vn);
+    sbx_enc_end(x->e);
+    x->n++;
+    x->bytes += vn;
+    return 0;
+}
+
+size_t
+idem_export(struct shard *sh, const uint8_t *set, sbx_enc *e)
+{
+    struct export_ctx x = {sh, set, e, 0, 0};
+    sbx_store_foreach(sh->store, SBX_DB_IDEM, export_one, &x);
+    return x.n;
+}
+
+size_t
+idem_import(struct shard *sh, const msgpack_object *arr)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; arr && i < arr->via.array.size; i++) {
+        const msgpack_object *r = &arr->via.array.ptr[i];
+        sbx_str k, v;
+        if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 2 ||
+            sbx_wire_obj_str(&r->via.array.ptr[0], &k) != 0 ||
+            sbx_wire_obj_str(&r->via.array.ptr[1], &v) != 0 || k.n == 0 ||
+            k.n >= SBX_IDEM_KEY || v.n <= IDEM_HDR || key_partition(k.p, k.n) < 0)
+            continue;
+        char key[SBX_IDEM_KEY];
+        memcpy(key, k.p, k.n);
+        key[k.n] = '\0';
+        if (strlen(key) != k.n || idem_find(sh, key))
+            continue; /* a NUL inside, or known here already */
+        struct load_ctx lc = {.sh = sh, .now = sbx_wall_ms()};
+        load_one(&lc, k.p, k.n, v.p, v.n);
+        if (lc.n != 1) {
+            free(lc.v);
+            continue;
+        }
+        sbx_store_put(sh->store, SBX_DB_IDEM, k.p, k.n, v.p, v.n);
+        sh->idem.dbytes += lc.v[0]->dlen;
+        link_entry(sh, lc.v[0]);
+        free(lc.v);
+        n++;
+    }
+    idem_expire(sh);
+    return n;
+}
+
 static int
 by_time(const void *a, const void *b)
 {

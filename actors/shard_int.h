@@ -407,6 +407,22 @@ int idem_gate_check(struct sop *op);
 void idem_confirm(struct sop *op, const char *buf, size_t len);
 char *idem_done(struct sop *op, char *buf, size_t len);
 int idem_reply(struct shard *sh, struct idem *e, char **buf, size_t *len, bool *owned);
+/*
+ * A handoff carries the recorded replies of the moving partitions'
+ * sandboxes, so a late copy of a request that already ran (a retry, a
+ * re-send) gets the first answer from the new owner instead of running
+ * again (the fault test found a configure applied again after a destroy,
+ * and an exec run twice, after a drain):
+ *  - idem_export — append [key, value] for each durable entry (LMDB) of a
+ *    sandbox in a partition of set (SBX_PARTITIONS flags) to e, an open
+ *    array; entries over 64 KiB, and those past 4 MiB in all, stay behind.
+ *    Returns how many.  Loop thread.
+ *  - idem_import — store and index such an array (arr: borrowed; NULL:
+ *    nothing); entries of keys known here already, and malformed ones, are
+ *    skipped.  Returns how many were taken.  Loop thread.
+ */
+size_t idem_export(struct shard *sh, const uint8_t *set, sbx_enc *e);
+size_t idem_import(struct shard *sh, const msgpack_object *arr);
 
 /* relay.c: the preview relay server (conf.relay); start before serving,
  * stop after the loop has returned (its last posts run in the final loop run). */

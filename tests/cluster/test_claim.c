@@ -19,7 +19,9 @@
  *  t17: a reply recorded before its write reached etcd is not returned to
  *       a retry of the same request after a kill -9 and restart;
  *  t18, t19: a replication transaction of an earlier process (t18) or lease
- *       (t19) that reaches etcd after the node read the records back fails.
+ *       (t19) that reaches etcd after the node read the records back fails;
+ *  t20: a handoff carries the recorded replies of request ids: a request
+ *       that ran before it, sent again, gets its first answer, not a rerun.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -769,6 +771,50 @@ Test(cluster, t19_a_replication_of_an_earlier_lease_fails_after_a_fence, .timeou
     converge(BASE, 3, "nodes 0 and 1 continued");
     restart_node(y, NULL);
     ep_stop(&px);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* t20 (issue 11, the fault test's resurrection after a drain): a request id
+ * that ran on node y before y handed its partition off, sent again to the
+ * new owner, gets its first answer there and does not run again.  The
+ * handoff carries the recorded replies of the partition's sandboxes
+ * (idem_export / idem_import).  Before, the copy ran again on the new owner:
+ * here the re-sent env.set H=first undid the later acknowledged H=second
+ * (in the fault test, a configure applied again after a destroy, and an
+ * exec run twice). */
+Test(cluster, t20_a_handoff_carries_the_recorded_replies, .timeout = 240)
+{
+    restore_base();
+    const int y = 2, to = 0;
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int rest[2] = {0, 1};
+    char id[64], got[64] = "", code[64] = "", r1[80], r2[80], why[256];
+    uint32_t part = pick_id(&st, "hand", y, rest, 2, to, id, sizeof(id));
+    snprintf(r1, sizeof(r1), "t20-first-%s", id);
+    snprintf(r2, sizeof(r2), "t20-second-%s", id);
+    cr_assert_eq(set_var_rid(c, id, "H", "first", r1, 20000, code, sizeof(code)), 0, "%s", code);
+    cr_assert_eq(set_var_rid(c, id, "H", "second", r2, 20000, code, sizeof(code)), 0, "%s", code);
+
+    cr_assert_eq(cl_drain(c, y, true, why, sizeof(why)), 0, "%s", why);
+    converge(rest, 2, "node 2 drained");
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.owner[part], to, "partition %u went to node %d, not %d", part,
+                 st.owner[part], to);
+    int rc = set_var_rid(c, id, "H", "first", r1, 20000, code, sizeof(code));
+    get_var(c, id, "H", got, sizeof(got));
+    cr_log_info("t20: the request %s, sent again after node %d handed partition %u to node %d, "
+                "answered %s; H=%s",
+                r1, y, part, to, rc == 0 ? "ok" : code, got);
+    cr_expect_eq(rc, 0, "the re-sent request was not answered with its first reply (%s)", code);
+    cr_expect_str_eq(got, "second",
+                     "the re-sent request ran again on the new owner and undid a later "
+                     "acknowledged write");
+
+    cr_assert_eq(cl_drain(c, y, false, why, sizeof(why)), 0, "%s", why);
+    converge(BASE, 3, "node 2 back");
     sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);
 }
