@@ -10,6 +10,8 @@
 #   make test     install missing packages, build with ASan+UBSan, run the whole suite
 #                 (what CI runs: .ci/run), SBX_TEST_PARALLEL (2) binaries at a time
 #   make bench    build and run the benchmarks (tools/bench), figures on stdout
+#   make gen      regenerate what runtime/ops.yaml feeds (docs/schema.md); make gen-check
+#                 fails with the diff when a committed generated file is stale
 #   make clean    remove build outputs
 #
 # Warnings are errors everywhere (-Wall -Wextra -Werror, C17).  The test suite
@@ -36,8 +38,8 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
-           runtime/nngx.c runtime/json.c runtime/ops.c runtime/relay.c runtime/etcd.c \
-           runtime/cview.c runtime/error.c
+           runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
+           runtime/etcd.c runtime/cview.c runtime/error.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
@@ -49,20 +51,17 @@ AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/files_watch.c container/agent/files_git.c \
            container/agent/interp.c container/agent/interp_driver.c container/agent/interp_result.c \
            container/agent/interp_pool.c \
-           container/agent/term.c \
+           container/agent/term.c container/agent/ops_gen.c \
            runtime/err.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
-ACTORS  := actors/shard.c actors/gate.c actors/idem.c actors/actor.c actors/actor_container.c \
-           actors/actor_chan.c actors/actor_handoff.c actors/ports.c actors/record.c actors/relay.c \
-           actors/shard_intake.c actors/shard_reply.c actors/shard_work.c \
-           actors/cluster.c actors/cluster_repl.c actors/cluster_handoff.c actors/cluster_load.c \
-           actors/recrev.c
-GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/http_openapi.c \
+# Every file of actors/ is the shard's: a new op's handler file needs no line here.
+ACTORS  := $(sort $(wildcard actors/*.c))
+GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
-CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c
+CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c
 # The library the CLI links: the release one exports only the public API
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a
@@ -142,7 +141,7 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run check test unit integration bench clean install
+.PHONY: all deps run check test unit integration bench clean install gen gen-check
 all: $(RELEASE_BINS) lib/libsbx.a lib/libsbx.so lib/pkgconfig/sbx.pc
 
 # ---- the client library: libsbx.a, libsbx.so, sbx.pc, install --------------------------
@@ -227,7 +226,15 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@tools/demo.sh
 
-test: deps
+# The files generated from runtime/ops.yaml (docs/schema.md) are committed:
+# `make gen` rewrites them, `make gen-check` fails with the diff when one is
+# stale (run first by `make test`).
+gen:
+	@python3 tools/gen_ops.py
+gen-check:
+	@python3 tools/gen_ops.py --check
+
+test: deps gen-check
 	@$(MAKE) --no-print-directory $(ASAN_BINS) $(TEST_BINS) bin/sbx-bench
 	@tools/run-tests.sh build/asan
 
@@ -275,8 +282,8 @@ FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthr
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
-               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/loop.c \
-               runtime/error.c
+               runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/ops_gen.c \
+               runtime/loop.c runtime/error.c
 FUZZ_AGENT  := $(filter-out runtime/%,$(AGENT))
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
@@ -298,7 +305,7 @@ build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # fuzz_preview and fuzz_terminal include one source of the HTTP front and link
 # the others, with the libraries they call; fuzz_http reaches the front through
 # gateway/http_int.h and links all of it.
-FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/http_openapi.c gateway/http_auth.c \
+FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
                runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \

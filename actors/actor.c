@@ -21,6 +21,7 @@
 #include "../runtime/util.h"
 #include "../runtime/place.h"
 #include "cluster.h"
+#include "ops_gen.h"
 #include "shard_int.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -68,8 +69,8 @@ actor_maybe_free(struct actor *a)
 }
 
 /* The last store write of sandbox id not yet decided (sh->pw_head), or NULL. */
-static const struct pwrite *
-queued_write(const struct shard *sh, const char *id)
+const struct pwrite *
+actor_queued_write(const struct shard *sh, const char *id)
 {
     const struct pwrite *last = NULL;
     for (const struct pwrite *w = sh->pw_head; w; w = w->next)
@@ -101,7 +102,7 @@ actor_get(struct shard *sh, const char *id, bool load)
      * (a freed actor's, above all a destroy's delete) says what the record
      * is, and a reply on it waits for that write (tests/faults found
      * destroyed sandboxes coming back from LMDB before their delete committed). */
-    const struct pwrite *q = queued_write(sh, id);
+    const struct pwrite *q = actor_queued_write(sh, id);
     if (q && q->seq <= sh->part_reset_seq[a->part])
         q = NULL; /* made before the partition's records were replaced: not the record */
     const char *img = q ? q->img : val; /* NULL: no record */
@@ -273,8 +274,8 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     sbx_enc_end(e);
 }
 
-static void
-reply_status(struct actor *a, struct sop *op)
+void
+actor_op_status(struct actor *a, struct sop *op)
 {
     if (!a->exists) {
         shard_reply_err(op, SBX_E_NOT_FOUND, "sandbox '%s' does not exist", a->id);
@@ -329,8 +330,8 @@ parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, char *why,
     return 0;
 }
 
-static void
-op_create(struct actor *a, struct sop *op)
+void
+actor_op_create(struct actor *a, struct sop *op)
 {
     char why[160];
     struct sbx_limits lim;
@@ -349,8 +350,8 @@ op_create(struct actor *a, struct sop *op)
     shard_reply_end(op, &e, a->last_seq);
 }
 
-static void
-op_destroy(struct actor *a, struct sop *op)
+void
+actor_op_destroy(struct actor *a, struct sop *op)
 {
     if (a->cs == C_RUNNING) {
         a->gate = op;
@@ -449,8 +450,8 @@ reply_success(struct actor *a, struct sop *op)
 
 /* env.set {vars}: durable in the record (a container started later gets them
  * at bind), and applied by the agent now if the container runs. */
-static void
-op_env_set(struct actor *a, struct sop *op)
+void
+actor_op_env_set(struct actor *a, struct sop *op)
 {
     const msgpack_object *vars;
     if (sbx_wire_get_map(op->req.args, "vars", &vars) != 0 || vars->via.map.size > 4096) {
@@ -542,8 +543,8 @@ actor_commit_continue(struct actor *a)
 }
 
 /* sandbox.configure {sleepAfter: ms | "10m", keepAlive}: durable lifecycle settings. */
-static void
-op_configure(struct actor *a, struct sop *op)
+void
+actor_op_configure(struct actor *a, struct sop *op)
 {
     const msgpack_object *args = op->req.args;
     int64_t ms = -1;
@@ -608,40 +609,9 @@ actor_handle(struct actor *a, struct sop *op)
 {
     a->last_active_ms = sbx_wall_ms();
     const char *name = op->def->name;
-    if (!strcmp(name, "destroy")) {
-        op_destroy(a, op);
-        return;
-    }
-    if (!strcmp(name, "status")) {
-        reply_status(a, op);
-        return;
-    }
-    if (!strcmp(name, "create")) {
-        op_create(a, op);
-        return;
-    }
-    if (!strcmp(name, "env.set")) {
-        op_env_set(a, op);
-        return;
-    }
-    if (!strcmp(name, "sandbox.configure")) {
-        op_configure(a, op);
-        return;
-    }
-    if (!strcmp(name, "port.expose")) {
-        actor_op_port_expose(a, op);
-        return;
-    }
-    if (!strcmp(name, "port.unexpose")) {
-        actor_op_port_unexpose(a, op);
-        return;
-    }
-    if (!strcmp(name, "port.list")) {
-        actor_op_port_list(a, op);
-        return;
-    }
-    if (!strcmp(name, "preview.resolve")) {
-        actor_op_preview_resolve(a, op);
+    /* The shard-layer ops of runtime/ops.yaml (generated table, actors/ops_gen.c). */
+    if (actor_ops[op->def->id]) {
+        actor_ops[op->def->id](a, op);
         return;
     }
     if (!(op->def->flags & SBX_OP_AGENT)) {
@@ -747,10 +717,17 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         }
         a->exists = true;
         actor_load_config(a);
-    } else if (!a->durable && a->cs == C_NONE && !a->inflight && !a->mb_head) {
+    } else if (!a->durable && a->cs == C_NONE && !a->inflight) {
+        /* No record ever committed (or its destroy did) and no container:
+         * the sandbox does not exist, also for the ops waiting in its
+         * mailbox (a create creates it; issue 11's fill fault: a create
+         * after a failed configure answered "existed" and a status read
+         * showed the sandbox the failed write made). */
         sbx_record_free(&a->rec);
         memset(&a->rec, 0, sizeof(a->rec));
         a->exists = false;
+        actor_load_config(a); /* the failed write's settings go too (a later create
+                         * showed them: sleepAfter is cached from the record) */
     } else if (!a->durable) {
         /* No record ever committed, and the sandbox stays (its container
          * runs, or ops wait): the settings of the failed writes go, as

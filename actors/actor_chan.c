@@ -20,6 +20,7 @@
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "ops_gen.h"
 #include "shard_int.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -110,11 +111,17 @@ actor_dispatch(struct actor *a, struct sop *op)
         shard_commit_wait(a);
         return;
     }
+    /* No committed record and none queued (its creating write failed): one
+     * is written, and the reply waits for it — else an acknowledged op on a
+     * sandbox a restart or a failed destroy loses (issue 11's fill fault:
+     * exec answered OK, then status SANDBOX_NOT_FOUND). */
+    if (!a->durable && !actor_queued_write(a->sh, a->id))
+        actor_ensure_record(a, NULL);
     op->tag = ++a->next_tag;
     op->wseq = a->last_seq; /* its reply fails if this write does (output gate) */
     /* What started now may end by the sandbox's limits: the counters before. */
-    if (sbx_str_eq(op->req.op, "exec") || sbx_str_eq(op->req.op, "exec.stream") ||
-        sbx_str_eq(op->req.op, "process.start")) {
+    if (op->def->id == SBX_OPID_EXEC || op->def->id == SBX_OPID_EXEC_STREAM ||
+        op->def->id == SBX_OPID_PROCESS_START) {
         op->have_pre = sbx_container_stats(a->sh->spawner, &a->c, &op->pre) == 0;
     }
     op->sent = true; /* from here it may run (a partly written frame counts) */

@@ -285,6 +285,23 @@ track_write(struct shard *sh, uint64_t seq, const char *id, char *img, size_t le
     sh->pw_tail = w;
 }
 
+/* The write sandbox id's next record write is made on top of: its last
+ * one not yet decided, unless that one is known to have failed (the record
+ * went back to its durable image: actor_commit_failed), else 0.  The store
+ * fails the next write if this one fails (sbx_store_put_after): a change
+ * answered as failed never becomes durable through a later write of the
+ * actor queued before the failure was known (issue 11's fill fault). */
+static uint64_t
+write_base(struct shard *sh, const char *id)
+{
+    uint64_t seq = 0;
+    for (const struct pwrite *w = sh->pw_head; w; w = w->next)
+        if (!strcmp(w->id, id))
+            seq = w->seq;
+    struct actor *a = seq ? actor_get(sh, id, false) : NULL;
+    return a && actor_write_failed(a, seq) ? 0 : seq;
+}
+
 uint64_t
 shard_store_record(struct shard *sh, struct sbx_record *r)
 {
@@ -293,7 +310,8 @@ shard_store_record(struct shard *sh, struct sbx_record *r)
     r->updated_ms = sbx_wall_ms();
     if (sbx_record_encode(r, &buf, &len) != 0)
         return 0;
-    uint64_t seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, r->id, strlen(r->id), buf, len);
+    uint64_t seq = sbx_store_put_after(sh->store, SBX_DB_SANDBOXES, r->id, strlen(r->id), buf,
+                                       len, write_base(sh, r->id));
     sh->part_seq[sbx_place_partition(r->id, strlen(r->id))] = seq;
     cluster_replicate(sh, seq, r->id, buf, len);
     track_write(sh, seq, r->id, buf, len);
@@ -303,7 +321,8 @@ shard_store_record(struct shard *sh, struct sbx_record *r)
 uint64_t
 shard_store_delete(struct shard *sh, const char *id)
 {
-    uint64_t seq = sbx_store_del(sh->store, SBX_DB_SANDBOXES, id, strlen(id));
+    uint64_t seq = sbx_store_del_after(sh->store, SBX_DB_SANDBOXES, id, strlen(id),
+                                       write_base(sh, id));
     /* The destroy's tombstone: a handoff waits for it (actor_partition_quiesce);
      * kept per partition because the actor may be freed before it commits. */
     sh->part_seq[sbx_place_partition(id, strlen(id))] = seq;

@@ -54,14 +54,6 @@
  * kill -9 during a slow replication, retried with the same request id). */
 #define IDEM_PENDING (1ull << 63)
 
-/* Agent operations that only read: running them again changes nothing, so
- * their replies are not worth a store write. */
-static const char *const read_ops[] = {
-    "stream.read",   "session.get",  "session.list",       "process.list",
-    "process.get",   "process.logs", "process.waitForLog", "process.waitForPort",
-    "process.waitForExit", "file.read", "file.list",        "file.exists",
-    "context.list",  NULL};
-
 static int64_t
 ttl_ms(const struct shard *sh)
 {
@@ -170,12 +162,9 @@ durable_op(const struct sop *op)
         return false;
     if (op->def->flags & SBX_OP_MUTATES)
         return !(op->def->flags & SBX_OP_GLOBAL);
-    if (!(op->def->flags & SBX_OP_AGENT))
-        return false;
-    for (const char *const *r = read_ops; *r; r++)
-        if (!strcmp(*r, op->def->name))
-            return false;
-    return true;
+    /* An agent op that only reads (runtime/ops.yaml `readonly`) changes
+     * nothing when run again: its reply is not worth a store write. */
+    return (op->def->flags & SBX_OP_AGENT) && !(op->def->flags & SBX_OP_READONLY);
 }
 
 uint64_t
@@ -193,7 +182,9 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     for (int i = 0; i < IDEM_HDR; i++)
         v[i] = (char)(at >> (8 * i));
     memcpy(v + IDEM_HDR, buf, len);
-    op->idem_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
+    /* Made on top of the operation's write: it fails if that one does. */
+    op->idem_seq = sbx_store_put_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
+                                       IDEM_HDR + len, need_seq);
     op->idem_need = need_seq;
     sh->idem.dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;

@@ -487,6 +487,9 @@ void actor_partition_drop(struct shard *sh, const uint8_t *set);
  * NULL: not in memory (!load), or the store could not be read.  The shard
  * owns the actor. */
 struct actor *actor_get(struct shard *sh, const char *id, bool load);
+/* actor_queued_write — the last store write of sandbox id not yet decided
+ * (sh->pw_head), or NULL (borrowed). */
+const struct pwrite *actor_queued_write(const struct shard *sh, const char *id);
 void actor_enqueue(struct actor *a, struct sop *op);
 /* actor_inflight — whether op has been sent to its actor's agent and waits
  * for the reply. */

@@ -20,6 +20,7 @@
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "cluster.h"
+#include "ops_gen.h"
 #include "shard_int.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -158,10 +159,11 @@ on_request(sbx_loop *l, void *arg)
     }
     if (op->req.timeout_ms > 0)
         op->ctx_deadline[0] = op->t0_us / 1000 + shard_deadline(op->req.timeout_ms);
-    op->def = sbx_op_find(op->req.op.p, op->req.op.n);
-    if (!op->def) {
-        reply_early(c, op->req.id, SBX_E_UNKNOWN_OP, "unknown operation '%.*s'", (int)op->req.op.n,
-                    op->req.op.p);
+    /* The one intake check, the same as the gateway's (runtime/ops.h); an
+     * internal op is for peers, not for what a gateway forwards. */
+    rc = sbx_op_intake(&op->req, routed, &op->def, why, sizeof(why));
+    if (rc) {
+        reply_early(c, op->req.id, rc, "%s", why);
         op->nctx = 0;
         sop_free(op);
         return;
@@ -209,29 +211,10 @@ on_request(sbx_loop *l, void *arg)
         }
     }
 
-    if (op->def->flags & SBX_OP_INTERNAL) {
-        if (routed) {
-            reply_early(c, op->req.id, SBX_E_UNKNOWN_OP, "operation '%s' is not for clients",
-                        op->def->name);
-            op->nctx = 0;
-            sop_free(op);
-            return;
-        }
-        cluster_op_import(op);
-        return;
-    }
-    if (op->def->flags & SBX_OP_GLOBAL) {
-        if (sbx_str_eq(op->req.op, "list"))
-            shard_op_list(op);
-        else
-            shard_op_status(op);
-        return;
-    }
-    if (op->req.sandbox.n == 0) {
-        reply_early(c, op->req.id, SBX_E_VALIDATION, "operation '%s' needs a 'sandbox' ID",
-                    op->def->name);
-        op->nctx = 0;
-        sop_free(op);
+    /* Ops the shard runs itself (runtime/ops.yaml: internal ops, and its part
+     * of the deployment-wide ones; generated table, actors/ops_gen.c). */
+    if (shard_ops[op->def->id]) {
+        shard_ops[op->def->id](op);
         return;
     }
     if ((rc = sbx_id_check(op->req.sandbox.p, op->req.sandbox.n, why, sizeof(why))) != 0) {

@@ -80,6 +80,7 @@ struct gctx {
     bool in_fanout[MAX_SLOTS];
     char id[SBX_WIRE_MAX_ID + 1];
     char op[64];
+    int op_id;            /* enum sbx_op_id of op; -1 before the intake found it */
     /* a routed request, kept for retries (cluster mode) */
     char *body;
     size_t blen;
@@ -295,7 +296,7 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     struct gshard *s = arg;
     (void)p;
-    if (ev == NNG_PIPE_EV_ADD_POST) {
+    if (ev == NNG_PIPE_EV_ADD_PRE) { /* paired with REM_POST: runtime/nngx.h */
         atomic_fetch_add(&s->pipes, 1);
         return;
     }
@@ -363,7 +364,7 @@ static void
 merge_and_reply(struct gctx *g)
 {
     struct sbx_gateway *gw = g->gw;
-    bool is_list = !strcmp(g->op, "list");
+    bool is_list = g->op_id == SBX_OPID_LIST;
     sbx_enc e;
     char *buf;
     size_t len;
@@ -743,40 +744,6 @@ op_drain(struct gctx *g, const struct sbx_req *req)
 /* ------------------------------------------------------------------------------ */
 /* Client requests. */
 
-/*
- * check_durations — the envelope's deadline and the duration arguments every
- * operation shares are within range (runtime/wire.h SBX_WIRE_MAX_DURATION_MS):
- * one check at the front door, so no layer behind it (the gateway's own nng
- * timers, the shard, the agent's deadline arithmetic) sees a value that
- * wraps.  0, or -1 with `why` filled.
- */
-static int
-check_durations(const struct sbx_req *req, char *why, size_t whylen)
-{
-    static const char *const keys[] = {"timeout", "commandTimeoutMs", "cloneTimeoutMs",
-                                       "interval"};
-    if (req->timeout_ms > SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS) {
-        snprintf(why, whylen, "timeoutMs %lld is over the limit of %lld ms",
-                 (long long)req->timeout_ms,
-                 SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS);
-        return -1;
-    }
-    for (size_t i = 0; req->args && i < SBX_ARRAY_LEN(keys); i++) {
-        const msgpack_object *v = sbx_wire_get(req->args, keys[i]);
-        if (!v || v->type == MSGPACK_OBJECT_NIL)
-            continue;
-        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= SBX_WIRE_MAX_DURATION_MS)
-            continue;
-        if (v->type == MSGPACK_OBJECT_FLOAT64 && v->via.f64 >= 0 &&
-            v->via.f64 <= (double)SBX_WIRE_MAX_DURATION_MS)
-            continue;
-        snprintf(why, whylen, "'%s' must be a number of milliseconds from 0 to %lld (24 h)",
-                 keys[i], SBX_WIRE_MAX_DURATION_MS);
-        return -1;
-    }
-    return 0;
-}
-
 static void
 handle(struct gctx *g, nng_msg *m)
 {
@@ -788,6 +755,7 @@ handle(struct gctx *g, nng_msg *m)
     struct sbx_req req;
 
     g->id[0] = g->op[0] = '\0';
+    g->op_id = -1;
     g->fanout = false;
     g->attempts = 0;
     if (len > SBX_WIRE_MAX_REQUEST) {
@@ -810,20 +778,17 @@ handle(struct gctx *g, nng_msg *m)
         client_err(g, rc, "%s", why);
         return;
     }
-    const struct sbx_op_def *def = sbx_op_find(req.op.p, req.op.n);
-    if (!def || (def->flags & SBX_OP_INTERNAL)) {
-        snprintf(why, sizeof(why), "unknown operation '%.*s'", (int)SBX_MIN(req.op.n, 64),
-                 req.op.p);
-        sbx_wire_msg_free(&dec);
-        nng_msg_free(m);
-        client_err(g, SBX_E_UNKNOWN_OP, "%s", why);
-        return;
+    /* The one intake check, the same as the shard's (runtime/ops.h). */
+    const struct sbx_op_def *def;
+    rc = sbx_op_intake(&req, true, &def, why, sizeof(why));
+    if (def) {
+        snprintf(g->op, sizeof(g->op), "%s", def->name);
+        g->op_id = (int)def->id;
     }
-    snprintf(g->op, sizeof(g->op), "%s", def->name);
-    if (check_durations(&req, why, sizeof(why)) != 0) {
+    if (rc) {
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
-        client_err(g, SBX_E_VALIDATION, "%s", why);
+        client_err(g, rc, "%s", why);
         return;
     }
     /* Answer a little before the client's own deadline, so it hears why. */
@@ -831,7 +796,7 @@ handle(struct gctx *g, nng_msg *m)
     if (req.timeout_ms > 0)
         timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
     g->deadline = sbx_mono_ms() + timeout;
-    if (!strcmp(def->name, "cluster.drain")) {
+    if (def->id == SBX_OPID_CLUSTER_DRAIN) {
         op_drain(g, &req);
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
@@ -860,7 +825,7 @@ handle(struct gctx *g, nng_msg *m)
         if (cnt == 0) {
             g->fanout = false;
             nng_msg_free(m);
-            if (!strcmp(def->name, "list"))
+            if (def->id == SBX_OPID_LIST)
                 client_err(g, SBX_E_SHARD_UNAVAILABLE, "no shard is live");
             else
                 merge_and_reply(g); /* the gateway's own status, no shard */
@@ -873,12 +838,6 @@ handle(struct gctx *g, nng_msg *m)
             if (live[i])
                 forward(g, &gw->shards[i], body, len, 0, 0, timeout);
         nng_msg_free(m);
-        return;
-    }
-    if (req.sandbox.n == 0) {
-        sbx_wire_msg_free(&dec);
-        nng_msg_free(m);
-        client_err(g, SBX_E_VALIDATION, "operation '%s' needs a 'sandbox' ID", def->name);
         return;
     }
     if ((rc = sbx_id_check(req.sandbox.p, req.sandbox.n, why, sizeof(why))) != 0) {

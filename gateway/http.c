@@ -43,6 +43,7 @@
 #include "../runtime/nngx.h"
 #include "../runtime/ops.h"
 #include "http_int.h"
+#include "openapi_gen.h"
 
 #define DEFAULT_MAX_BODY (32 << 20)
 #define DEFAULT_TIMEOUT_MS 600000
@@ -608,10 +609,9 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size
         snprintf(why, whylen, "the table of operations declares a malformed HTTP alias");
         goto fail;
     }
-    json_t *doc = http_openapi_build(h);
-    h->openapi = json_dumps(doc, JSON_INDENT(1) | JSON_SORT_KEYS);
-    json_decref(doc);
-    h->openapi_len = strlen(h->openapi);
+    /* The document generated from runtime/ops.yaml (gateway/openapi_gen.h). */
+    h->openapi = sbx_xstrndup(sbx_openapi_json, sbx_openapi_json_len);
+    h->openapi_len = sbx_openapi_json_len;
     sbx_err_t derr = NULL;
     if ((rc = sbx_nng_req_dial(&h->req, h->upstream, &derr)) != 0) {
         snprintf(why, whylen, "cannot reach the gateway at %s: %s", h->upstream, sbx_err_msg(derr));

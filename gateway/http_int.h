@@ -6,7 +6,8 @@
  *                   request's phases), JSON and error responses
  *   http_route.c    the route table, matching a request to a route, and the
  *                   operation's arguments from path, query and body
- *   http_openapi.c  the OpenAPI document of the routes
+ *   openapi_gen.c   the OpenAPI document (generated from runtime/ops.yaml,
+ *                   gateway/openapi_gen.h)
  *   http_auth.c     API keys, bearer check, the keyless browser guard
  *   http_sse.c      a stream as Server-Sent Events (stream.read long polls)
  *   http_call.c     calls to the gateway over nng (asynchronous for the
@@ -174,9 +175,6 @@ enum MHD_Result http_query_arg(void *cls, enum MHD_ValueKind kind, const char *k
  * hr->timeout_ms for a command's own timeout.  0, or a negative code with a
  * sentence in why[whylen]. */
 int http_build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen);
-
-/* http_openapi.c: the OpenAPI document of h->routes (caller owns it). */
-json_t *http_openapi_build(struct sbx_http *h);
 
 /* ------------------------------------------------------------------------------ */
 /* http_auth.c */

@@ -66,7 +66,7 @@ sbx_nng_req_dial_notify(nng_socket *s, nng_dialer *d, const char *url, nng_pipe_
         return fail(err, "open a REQ socket for", url, rv);
     if ((rv = common(*s)) != 0 ||
         (rv = nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) != 0 ||
-        (rv = nng_pipe_notify(*s, NNG_PIPE_EV_ADD_POST, cb, arg)) != 0 ||
+        (rv = nng_pipe_notify(*s, NNG_PIPE_EV_ADD_PRE, cb, arg)) != 0 ||
         (rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, cb, arg)) != 0 ||
         (rv = nng_dial(*s, url, d, NNG_FLAG_NONBLOCK)) != 0) {
         nng_close(*s);

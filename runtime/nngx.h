@@ -27,9 +27,14 @@ int sbx_nng_rep_listen(nng_socket *s, const char *url, sbx_err_t *err);
  * peer may come up later). */
 int sbx_nng_req_dial(nng_socket *s, const char *url, sbx_err_t *err);
 /* sbx_nng_req_dial_notify — the same, with cb registered for the pipe
- * events ADD_POST and REM_POST *before* the dial starts.  A caller that
+ * events ADD_PRE and REM_POST *before* the dial starts.  These two come in
+ * pairs: nng fires REM_POST for every pipe whose ADD_PRE ran, also one
+ * closed before its ADD_POST (a peer killed just after it accepted —
+ * counting ADD_POST then lost one for good, and a gateway saw a restarted
+ * shard as unreachable forever: the fault test's fill run; nng
+ * src/core/socket.c nni_pipe_run_cb, p_cbs).  A caller that
  * counts connections must use it: registered after sbx_nng_req_dial, the
- * ADD_POST of a peer that is already up can fire first and be missed, and
+ * ADD_PRE of a peer that is already up can fire first and be missed, and
  * the count stays 0 for good (a restarted gateway never saw its shards;
  * tests/integration/test_faults.c gateway_restart_...).  *d (d may be NULL)
  * is the dialer: closing it and dialing another URL on the socket points

@@ -1,110 +1,17 @@
-/* ops.c — the table of operations; see ops.h and docs/protocol.md. */
+/*
+ * ops.c — lookup in the table of operations (generated: runtime/ops_gen.c from
+ * runtime/ops.yaml) and the one intake check of a request; see ops.h and
+ * docs/schema.md.
+ */
 #include "ops.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "err.h"
-
-#define S SBX_OP_SANDBOX
-#define A SBX_OP_AGENT
-#define NC SBX_OP_NOCREATE
-#define NW SBX_OP_NOWAKE
-#define G SBX_OP_GLOBAL
-#define M SBX_OP_MUTATES
-#define ST SBX_OP_STREAM
-
-const struct sbx_op_def sbx_ops[] = {
-    /* commands */
-    {"exec", S | A, 0, "run a shell string or an argv in the sandbox and return its output", NULL},
-    {"exec.stream", S | A | ST, 0, "run a command; its output comes as stream events", NULL},
-    {"stream.read", S | A | NC | NW, SBX_E_STREAM_NOT_FOUND,
-     "events of a stream after a sequence number (long poll)", NULL},
-    {"stream.cancel", S | A | NC | NW, SBX_E_STREAM_NOT_FOUND,
-     "cancel a stream (stops its command or watch)",
-     "DELETE /v1/sandboxes/{sandbox}/streams/{streamId}"},
-    /* sessions */
-    {"session.create", S | A, 0, "create a session: a persistent shell with its own cwd and env",
-     NULL},
-    {"session.get", S | A | NC | NW, SBX_E_SESSION_NOT_FOUND, "describe a session",
-     "GET /v1/sandboxes/{sandbox}/sessions/{id}"},
-    {"session.list", S | A | NC, 0, "the sessions of the sandbox",
-     "GET /v1/sandboxes/{sandbox}/sessions"},
-    {"session.delete", S | A | NC | NW, SBX_E_SESSION_NOT_FOUND,
-     "end a session's shell and its processes", "DELETE /v1/sandboxes/{sandbox}/sessions/{id}"},
-    /* background processes */
-    {"process.start", S | A, 0, "start a background process", NULL},
-    {"process.list", S | A | NC, 0, "the processes of the sandbox",
-     "GET /v1/sandboxes/{sandbox}/processes"},
-    {"process.get", S | A | NC | NW, SBX_E_PROCESS_NOT_FOUND, "describe a process",
-     "GET /v1/sandboxes/{sandbox}/processes/{processId}"},
-    {"process.kill", S | A | NC | NW, SBX_E_PROCESS_NOT_FOUND,
-     "SIGTERM the process tree, SIGKILL after 5 s",
-     "DELETE /v1/sandboxes/{sandbox}/processes/{processId}"},
-    {"process.killAll", S | A | NC, 0, "kill every process", "DELETE /v1/sandboxes/{sandbox}/processes"},
-    {"process.logs", S | A | NC | NW, SBX_E_PROCESS_NOT_FOUND, "a process's retained output",
-     "GET /v1/sandboxes/{sandbox}/processes/{processId}/logs"},
-    {"process.waitForLog", S | A | NC | NW, SBX_E_PROCESS_NOT_FOUND,
-     "wait for a line matching a string or regex", NULL},
-    {"process.waitForPort", S | A | NC | NW, SBX_E_PROCESS_NOT_FOUND,
-     "wait until a port answers (HTTP or TCP)", NULL},
-    {"process.waitForExit", S | A | NC | NW, SBX_E_PROCESS_NOT_FOUND, "wait for a process to end",
-     NULL},
-    /* files */
-    {"file.write", S | A, 0, "write a file (utf-8 or base64)", NULL},
-    {"file.read", S | A, 0, "read a file (text or base64, MIME type detected)", NULL},
-    {"file.readStream", S | A | ST, 0, "read a file as a stream of chunks", NULL},
-    {"file.mkdir", S | A, 0, "create a directory", NULL},
-    {"file.delete", S | A, 0, "delete a file (not a directory)", NULL},
-    {"file.rename", S | A, 0, "rename a file or directory", NULL},
-    {"file.move", S | A, 0, "move a file or directory", NULL},
-    {"file.list", S | A, 0, "list a directory (optionally recursive)", NULL},
-    {"file.exists", S | A, 0, "whether a path exists", NULL},
-    {"file.watch", S | A | ST, 0, "watch a directory; changes come as stream events", NULL},
-    {"git.checkout", S | A, 0, "clone a git repository into the sandbox", NULL},
-    /* code interpreter */
-    {"context.create", S | A, 0, "create a Python, JavaScript or TypeScript code context", NULL},
-    {"context.run", S | A, 0, "run code in a context (or the language's default one)", NULL},
-    {"context.runStream", S | A | ST, 0, "run code; outputs come as stream events as produced",
-     NULL},
-    {"context.list", S | A | NC, 0, "the code contexts of the sandbox",
-     "GET /v1/sandboxes/{sandbox}/contexts"},
-    {"context.delete", S | A | NC | NW, SBX_E_CONTEXT_NOT_FOUND, "delete a code context",
-     "DELETE /v1/sandboxes/{sandbox}/contexts/{contextId}"},
-    /* terminals */
-    {"terminal.open", S | A, 0,
-     "open (or join) the pseudo-terminal of a session; its output is stream pty:<session>", NULL},
-    {"terminal.write", S | A | NC | NW, SBX_E_SESSION_NOT_FOUND, "type bytes into a terminal",
-     NULL},
-    {"terminal.resize", S | A | NC | NW, SBX_E_SESSION_NOT_FOUND, "set a terminal's size", NULL},
-    {"terminal.close", S | A | NC | NW, SBX_E_SESSION_NOT_FOUND,
-     "end a terminal's shell (every viewer sees it exit)", NULL},
-    /* preview URLs */
-    {"port.expose", S | M, 0, "expose a port of the sandbox at a preview URL", NULL},
-    {"port.unexpose", S | NC | NW | M, 0, "withdraw a port's preview URL",
-     "DELETE /v1/sandboxes/{sandbox}/ports/{port:int}"},
-    {"port.list", S | NC | NW, 0, "the ports exposed for the current container",
-     "GET /v1/sandboxes/{sandbox}/ports"},
-    {"preview.resolve", S | NC | NW | SBX_OP_FRONT, 0,
-     "check a preview URL's port and token; where to relay it (used by the HTTP front)", NULL},
-    /* lifecycle and configuration */
-    {"ping", S | A, 0, "start the sandbox if needed and check its agent", NULL},
-    {"env.set", S | M, 0, "set or unset sandbox environment variables", NULL},
-    {"sandbox.configure", S | M, 0, "set sleepAfter and keepAlive", NULL},
-    {"create", S | M, 0, "create the sandbox now (it is also created by its first operation)",
-     "PUT /v1/sandboxes/{sandbox}"},
-    {"destroy", S | NC | NW | M, 0, "stop the sandbox's container and delete its metadata",
-     "DELETE /v1/sandboxes/{sandbox}"},
-    {"status", S | NC | NW, 0, "state, limits and resource use of a sandbox",
-     "GET /v1/sandboxes/{sandbox}"},
-    {"list", G, 0, "all sandboxes of the deployment", "GET /v1/sandboxes"},
-    {"cluster.status", G, 0, "gateway and shard health", "GET /v1/cluster"},
-    {"cluster.drain", G | M, 0,
-     "drain a shard (its partitions move to the others) or end a drain", NULL},
-    /* between shards */
-    {"partition.import", SBX_OP_INTERNAL, 0,
-     "handoff: the records of partitions moving to this shard (shard to shard)", NULL},
-    {NULL, 0, 0, NULL, NULL},
-};
+#include "util.h"
+#include "wire.h"
 
 const struct sbx_op_def *
 sbx_op_find(const char *name, size_t n)
@@ -114,4 +21,172 @@ sbx_op_find(const char *name, size_t n)
             return d;
     }
     return NULL;
+}
+
+/* kind_of — the enum sbx_arg_kind bit of a msgpack value (0 for nil / ext). */
+static unsigned
+kind_of(const msgpack_object *v)
+{
+    switch (v->type) {
+    case MSGPACK_OBJECT_STR:
+        return SBX_ARG_STR;
+    case MSGPACK_OBJECT_BIN:
+        return SBX_ARG_BIN;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return SBX_ARG_INT;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        return SBX_ARG_FLOAT;
+    case MSGPACK_OBJECT_BOOLEAN:
+        return SBX_ARG_BOOL;
+    case MSGPACK_OBJECT_MAP:
+        return SBX_ARG_MAP;
+    case MSGPACK_OBJECT_ARRAY:
+        return SBX_ARG_ARRAY;
+    default:
+        return 0;
+    }
+}
+
+/* bound_text — "from 1 to 10", "of at least 1", "of at most 10" (+ unit). */
+static void
+bound_text(const struct sbx_arg *a, char *buf, size_t len)
+{
+    const char *u = a->unit ? a->unit : "";
+    const char *sp = a->unit ? " " : "";
+    if (a->has_min && a->has_max)
+        snprintf(buf, len, " from %.17g to %.17g%s%s", a->min, a->max, sp, u);
+    else if (a->has_min)
+        snprintf(buf, len, " of at least %.17g%s%s", a->min, sp, u);
+    else if (a->has_max)
+        snprintf(buf, len, " of at most %.17g%s%s", a->max, sp, u);
+    else
+        buf[0] = '\0';
+}
+
+static int
+check_arg(const struct sbx_arg *a, const msgpack_object *v, char *why, size_t whylen)
+{
+    int fail = a->code ? a->code : SBX_E_VALIDATION;
+    unsigned k = kind_of(v);
+    bool integral_float = k == SBX_ARG_FLOAT && isfinite(v->via.f64) && v->via.f64 == floor(v->via.f64);
+    if (!(k & a->kinds) && !(integral_float && (a->kinds & SBX_ARG_INT))) {
+        snprintf(why, whylen, "'%s' must be %s", a->name, a->type);
+        return fail;
+    }
+    if ((a->has_min || a->has_max) && (k == SBX_ARG_INT || k == SBX_ARG_FLOAT)) {
+        double x = v->type == MSGPACK_OBJECT_POSITIVE_INTEGER   ? (double)v->via.u64
+                   : v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (double)v->via.i64
+                                                                : v->via.f64;
+        if ((a->has_min && !(x >= a->min)) || (a->has_max && !(x <= a->max))) {
+            char b[96];
+            bound_text(a, b, sizeof(b));
+            snprintf(why, whylen, "'%s' must be %s%s", a->name, a->type, b);
+            return fail;
+        }
+    }
+    if (a->max_len) {
+        uint32_t n = k == SBX_ARG_STR     ? v->via.str.size
+                     : k == SBX_ARG_BIN   ? v->via.bin.size
+                     : k == SBX_ARG_ARRAY ? v->via.array.size
+                     : k == SBX_ARG_MAP   ? v->via.map.size
+                                          : 0;
+        if (n > a->max_len) {
+            const char *what = k == SBX_ARG_ARRAY ? "items" : k == SBX_ARG_MAP ? "entries" : "bytes";
+            snprintf(why, whylen, "'%s' has %u %s, more than the limit of %u", a->name, n, what,
+                     a->max_len);
+            return fail;
+        }
+    }
+    if (a->enums && k == SBX_ARG_STR) {
+        for (const char *const *e = a->enums; *e; e++) {
+            if (strlen(*e) == v->via.str.size && memcmp(*e, v->via.str.ptr, v->via.str.size) == 0)
+                return 0;
+        }
+        char list[256];
+        size_t o = 0;
+        list[0] = '\0';
+        for (const char *const *e = a->enums; *e && o < sizeof(list); e++)
+            o += (size_t)snprintf(list + o, sizeof(list) - o, "%s\"%s\"", o ? ", " : "", *e);
+        snprintf(why, whylen, "'%s' must be one of %s", a->name, list);
+        return fail;
+    }
+    return 0;
+}
+
+int
+sbx_op_check_args(const struct sbx_op_def *def, const msgpack_object *args, char *why,
+                  size_t whylen)
+{
+    for (unsigned i = 0; i < def->nargs; i++) {
+        const struct sbx_arg *a = &def->args[i];
+        const msgpack_object *v = args ? sbx_wire_get(args, a->name) : NULL;
+        if (!v || v->type == MSGPACK_OBJECT_NIL) {
+            if (a->required) {
+                snprintf(why, whylen, "%s needs '%s' (%s)", def->name, a->name, a->type);
+                return SBX_E_VALIDATION;
+            }
+            continue;
+        }
+        int rc = check_arg(a, v, why, whylen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/*
+ * check_durations — the envelope's deadline and the duration arguments every
+ * operation shares are within range (runtime/wire.h SBX_WIRE_MAX_DURATION_MS):
+ * so no layer behind the intake (nng timers, the shard, the agent's deadline
+ * arithmetic) sees a value that wraps.
+ */
+static int
+check_durations(const struct sbx_req *req, char *why, size_t whylen)
+{
+    static const char *const keys[] = {"timeout", "commandTimeoutMs", "cloneTimeoutMs",
+                                       "interval"};
+    if (req->timeout_ms > SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS) {
+        snprintf(why, whylen, "timeoutMs %lld is over the limit of %lld ms",
+                 (long long)req->timeout_ms,
+                 SBX_WIRE_MAX_DURATION_MS + SBX_WIRE_DEADLINE_SLACK_MS);
+        return SBX_E_VALIDATION;
+    }
+    for (size_t i = 0; req->args && i < SBX_ARRAY_LEN(keys); i++) {
+        const msgpack_object *v = sbx_wire_get(req->args, keys[i]);
+        if (!v || v->type == MSGPACK_OBJECT_NIL)
+            continue;
+        if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= SBX_WIRE_MAX_DURATION_MS)
+            continue;
+        if (v->type == MSGPACK_OBJECT_FLOAT64 && v->via.f64 >= 0 &&
+            v->via.f64 <= (double)SBX_WIRE_MAX_DURATION_MS)
+            continue;
+        snprintf(why, whylen, "'%s' must be a number of milliseconds from 0 to %lld (24 h)",
+                 keys[i], SBX_WIRE_MAX_DURATION_MS);
+        return SBX_E_VALIDATION;
+    }
+    return 0;
+}
+
+int
+sbx_op_intake(const struct sbx_req *req, bool from_client, const struct sbx_op_def **def,
+              char *why, size_t whylen)
+{
+    const struct sbx_op_def *d = sbx_op_find(req->op.p, req->op.n);
+    *def = NULL;
+    if (!d || (from_client && (d->flags & SBX_OP_INTERNAL))) {
+        snprintf(why, whylen, "unknown operation '%.*s'", (int)SBX_MIN(req->op.n, 64),
+                 req->op.p);
+        return SBX_E_UNKNOWN_OP;
+    }
+    *def = d;
+    if ((d->flags & SBX_OP_SANDBOX) && req->sandbox.n == 0) {
+        snprintf(why, whylen, "operation '%s' needs a 'sandbox' ID", d->name);
+        return SBX_E_VALIDATION;
+    }
+    int rc = check_durations(req, why, whylen);
+    if (rc)
+        return rc;
+    return sbx_op_check_args(d, req->args, why, whylen);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include "err.h"
 #include "log.h"
@@ -17,6 +18,8 @@
 struct wop {
     struct wop *next;
     uint64_t seq;
+    uint64_t after; /* the write it was made on top of (sbx_store_put_after), or 0 */
+    int rc;         /* commit_batch: its failure, if decided before its batch ran */
     int db;
     bool del;
     size_t kn, vn;
@@ -25,6 +28,7 @@ struct wop {
 
 struct sbx_store {
     MDB_env *env;
+    char *dir; /* the data directory (a full file system: full_fs) */
     MDB_dbi dbi[SBX_DB__N];
     /* Read transactions hold it shared; the writer takes it exclusively to
      * grow the map (mdb_env_set_mapsize remaps: no transaction may be open). */
@@ -91,18 +95,35 @@ decide(sbx_store *s, uint64_t first, uint64_t last, int rc)
         s->cb(s->cbarg, first, last, rc);
 }
 
-/* Write the first n ops of the list in one transaction: 0 or a negative
- * code (mdb_to_rc); *map_full says whether LMDB's answer was MDB_MAP_FULL
- * (then the map may grow and the batch be retried). */
+/* Whether the file system of the data directory is (nearly) full: LMDB
+ * answers a short write of its pages — what a full tmpfs gives — with EIO,
+ * not ENOSPC (mdb.c mdb_page_flush, "short write, filesystem full?"). */
+static bool
+full_fs(const sbx_store *s, size_t bytes)
+{
+    struct statvfs v;
+    if (statvfs(s->dir, &v) != 0)
+        return false;
+    return (uint64_t)v.f_bavail * v.f_frsize < 2 * (uint64_t)bytes + (1u << 20);
+}
+
+/* Write the first n ops of the list in one transaction, leaving out those
+ * already failed (o->rc): 0 or a negative code (mdb_to_rc); *map_full says
+ * whether LMDB's answer was MDB_MAP_FULL (then the map may grow and the
+ * batch be retried). */
 static int
 apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
 {
     MDB_txn *txn;
+    size_t bytes = 0;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
     if (rc)
         goto out;
     for (struct wop *o = ops; o && n > 0; o = o->next, n--) {
+        if (o->rc)
+            continue;
         MDB_val k = {o->kn, o->data};
+        bytes += o->kn + o->vn;
         if (o->del) {
             rc = mdb_del(txn, s->dbi[o->db], &k, NULL);
             if (rc == MDB_NOTFOUND)
@@ -119,6 +140,8 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
     rc = mdb_txn_commit(txn); /* frees txn whatever it returns */
 out:
     *map_full = rc == MDB_MAP_FULL;
+    if (rc == EIO && full_fs(s, bytes))
+        rc = ENOSPC;
     return mdb_to_rc(rc);
 }
 
@@ -158,35 +181,93 @@ apply_growing(sbx_store *s, struct wop *ops, size_t n)
     return rc;
 }
 
-/* Commit a batch of n ops and report it.  A batch that does not fit is
+/* The code write seq failed with, or 0 (committed, or not decided). */
+static int
+failed_rc(sbx_store *s, uint64_t seq)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    /* Ranges are in order (decisions are): the last one at or before seq. */
+    size_t lo = 0, hi = s->nfails;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->fails[mid].first <= seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo > 0 && seq <= s->fails[lo - 1].last)
+        rc = s->fails[lo - 1].rc;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* The failure of the write o was made on top of, if that one failed:
+ * decided already, or earlier in this batch (ops..o). */
+static int
+after_failed(sbx_store *s, const struct wop *ops, const struct wop *o)
+{
+    if (!o->after)
+        return 0;
+    if (o->after >= ops->seq) {
+        for (const struct wop *p = ops; p != o; p = p->next)
+            if (p->seq == o->after)
+                return p->rc;
+        return 0;
+    }
+    return failed_rc(s, o->after);
+}
+
+/* Report the decisions of the n ops: rc for those not failed before,
+ * each run of one outcome as one range, in order. */
+static void
+report(sbx_store *s, struct wop *ops, size_t n, int rc)
+{
+    struct wop *o = ops;
+    while (n > 0) {
+        uint64_t first = o->seq, last = o->seq;
+        int r = o->rc ? o->rc : rc;
+        for (o = o->next, n--; n > 0 && (o->rc ? o->rc : rc) == r; o = o->next, n--)
+            last = o->seq;
+        if (r)
+            sbx_log_error("store: writes %llu..%llu failed: %s", (unsigned long long)first,
+                      (unsigned long long)last, sbx_err_message(r));
+        decide(s, first, last, r);
+    }
+}
+
+/* Commit a batch of n ops and report it.  A write made on top of one that
+ * failed fails too, and is left out (store.h: a failed change never
+ * becomes durable through a later write).  A batch that does not fit is
  * retried one write per transaction, so that only the writes that do not
  * fit fail and the others are committed. */
 static void
 commit_batch(sbx_store *s, struct wop *ops, size_t n)
 {
-    uint64_t first = ops->seq, last = ops->seq;
+    size_t live = 0;
+    uint64_t last = ops->seq;
     struct wop *o = ops;
-    for (size_t i = 1; i < n; i++)
-        o = o->next;
-    last = o->seq;
-    int rc = apply_growing(s, ops, n);
-    if (rc == SBX_E_STORAGE_FULL && n > 1) {
+    for (size_t i = 0; i < n; i++, o = o->next) {
+        o->rc = after_failed(s, ops, o);
+        live += !o->rc;
+        last = o->seq;
+    }
+    int rc = live ? apply_growing(s, ops, n) : 0;
+    if (rc == SBX_E_STORAGE_FULL && live > 1) {
         sbx_log_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
-                 (unsigned long long)first, (unsigned long long)last);
+                 (unsigned long long)ops->seq, (unsigned long long)last);
         o = ops;
         for (size_t i = 0; i < n; i++, o = o->next) {
-            int r = apply_growing(s, o, 1);
-            if (r)
-                sbx_log_error("store: write %llu failed: %s", (unsigned long long)o->seq,
-                          sbx_err_message(r));
-            decide(s, o->seq, o->seq, r);
+            /* Decided in order: an earlier failure of this batch is known. */
+            int r = after_failed(s, o, o);
+            if (!r && !o->rc)
+                r = apply_growing(s, o, 1);
+            o->rc = o->rc ? o->rc : r;
+            report(s, o, 1, 0);
         }
         return;
     }
-    if (rc)
-        sbx_log_error("store: batch %llu..%llu failed: %s", (unsigned long long)first,
-                  (unsigned long long)last, sbx_err_message(rc));
-    decide(s, first, last, rc);
+    report(s, ops, n, rc);
 }
 
 static void *
@@ -232,6 +313,7 @@ sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_
     int rc;
     MDB_txn *txn = NULL;
     sbx_store *s = sbx_xcalloc(1, sizeof(*s));
+    s->dir = sbx_xstrdup(dir);
 
     rc = sbx_mkdir_p(dir, 0700);
     if (rc)
@@ -292,6 +374,7 @@ fail:
         mdb_txn_abort(txn);
     if (s->env)
         mdb_env_close(s->env);
+    free(s->dir);
     free(s);
     return rc;
 }
@@ -312,6 +395,7 @@ sbx_store_close(sbx_store *s)
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->donecv);
     free(s->fails);
+    free(s->dir);
     free(s);
 }
 
@@ -374,10 +458,13 @@ sbx_store_foreach(sbx_store *s, int db,
 }
 
 static uint64_t
-enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v, size_t vn)
+enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v, size_t vn,
+        uint64_t after)
 {
     struct wop *o = sbx_xmalloc(sizeof(*o) + kn + vn);
     o->next = NULL;
+    o->after = after;
+    o->rc = 0;
     o->db = db;
     o->del = del;
     o->kn = kn;
@@ -400,7 +487,14 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
 uint64_t
 sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
 {
-    return enqueue(s, db, false, k, kn, v, vn);
+    return enqueue(s, db, false, k, kn, v, vn, 0);
+}
+
+uint64_t
+sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn,
+                    uint64_t after)
+{
+    return enqueue(s, db, false, k, kn, v, vn, after);
 }
 
 uint64_t
@@ -415,7 +509,13 @@ sbx_store_last_seq(sbx_store *s)
 uint64_t
 sbx_store_del(sbx_store *s, int db, const void *k, size_t kn)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0);
+    return enqueue(s, db, true, k, kn, NULL, 0, 0);
+}
+
+uint64_t
+sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after)
+{
+    return enqueue(s, db, true, k, kn, NULL, 0, after);
 }
 
 int

@@ -21,7 +21,13 @@
  *  - a write that still cannot be committed because the map is at its
  *    maximum or the file system is full (ENOSPC, EDQUOT) fails with
  *    SBX_E_STORAGE_FULL — alone: the writes of its batch are retried one per
- *    transaction, so the ones that fit are committed; reads keep working.
+ *    transaction, so the ones that fit are committed; reads keep working;
+ *    LMDB's EIO for a short write of its pages (a full tmpfs) counts as a
+ *    full file system when the data directory has (nearly) no space left;
+ *  - a write made on top of another (sbx_store_put_after) fails, with that
+ *    one's code, when that one failed: what a failed write changed never
+ *    becomes durable through a later write queued before the failure was
+ *    known (issue 11, the output gate's undo; docs/protocol.md §4.1).
  *
  * Durability contract (the output gate): a write's sequence number is
  * "committed" only after mdb_txn_commit() returned 0 with the default sync
@@ -102,6 +108,16 @@ uint64_t sbx_store_del(sbx_store *s, int db, const void *k, size_t kn);
 /* sbx_store_last_seq — the sequence number of the last write queued so far
  * (0 before the first).  Thread-safe. */
 uint64_t sbx_store_last_seq(sbx_store *s);
+
+/*
+ * sbx_store_put_after / sbx_store_del_after — the same, for a write made
+ * on top of write `after` (its sequence number; 0: none): if `after`
+ * failed, this write is not applied and fails with after's code.  `after`
+ * must be an earlier sequence number of this store.
+ */
+uint64_t sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
+                             size_t vn, uint64_t after);
+uint64_t sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after);
 
 /* sbx_store_wait — block until write `seq` is decided; returns its rc (0, or
  * the failure code the callback reported for it). */

@@ -28,6 +28,8 @@ pkgs=(
   npm
   # tests: a real Jupyter kernel for the differential test; pytest for the Python client
   python3-ipykernel python3-jupyter-client python3-pytest
+  # build: tools/gen_ops.py reads runtime/ops.yaml (make gen, make gen-check)
+  python3-yaml
   # benchmark baseline
   bubblewrap
   # clusters: etcd holds membership and partition ownership (tests start their own)

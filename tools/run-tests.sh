@@ -8,7 +8,7 @@
 #   check        what `make check` runs: the unit tests, the fuzz corpus
 #                replay (`make fuzz-replay`) and tests/integration/test_smoke
 #   all          unit, integration, security and cluster binaries, then the
-#                SDK suites (sdk/*/run-tests.sh) and `make fuzz-smoke`,
+#                SDK suites (sdk/*/run-tests.sh, tests/openapi) and `make fuzz-smoke`,
 #                `make valgrind` and `make faults-smoke` (each counted as one;
 #                SBX_SKIP_RELIABILITY=1 skips the last three) — what CI runs
 # Each binary is a Criterion suite run with --jobs SBX_TEST_JOBS (2); its
@@ -85,8 +85,11 @@ case "$which" in
   *)
     for d in unit integration security cluster; do add_bins "$d"; done
     # The SDKs' end-to-end suites (each starts its own private daemon from
-    # the same build): the TypeScript SDK (node:test) and the Python client (pytest).
-    for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh; do
+    # the same build): the TypeScript SDK (node:test), the Python client
+    # (pytest) and the OpenAPI document (tests/openapi: a real validator, real
+    # answers against its schemas, a client generated from it compiled and
+    # smoke-tested).
+    for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh; do
       jobs_all+=("$suite"$'\t'"$suite")
     done
     # The reliability jobs of the Makefile's reliability block: short runs of

@@ -32,6 +32,7 @@
 #include "../../runtime/id.h"
 #include "../../runtime/log.h"
 #include "agent.h"
+#include "ops_gen.h"
 #include "stream.h"
 
 #define AGENT_MAX_FRAME SBX_WIRE_MAX_FRAME
@@ -420,8 +421,8 @@ agent_counters_cancel(struct agent *a, void *arg)
 }
 
 /* counters {oomKills, pidsLimitHits}: the shard's answer (tag 0, no reply). */
-static void
-op_counters(struct agent *a, struct agent_req *r)
+void
+agent_op_counters(struct agent *a, struct agent_req *r)
 {
     struct agent_counters now = {0, 0};
     int64_t v;
@@ -438,8 +439,8 @@ op_counters(struct agent *a, struct agent_req *r)
 /* ------------------------------------------------------------------------------ */
 /* Operations. */
 
-static void
-op_ping(struct agent *a, struct agent_req *r)
+void
+agent_op_ping(struct agent *a, struct agent_req *r)
 {
     sbx_enc e;
     sbx_enc_init(&e);
@@ -450,8 +451,8 @@ op_ping(struct agent *a, struct agent_req *r)
 }
 
 /* bind: a pooled sandbox is given its identity and environment. */
-static void
-op_bind(struct agent *a, struct agent_req *r)
+void
+agent_op_bind(struct agent *a, struct agent_req *r)
 {
     sbx_str id;
     const msgpack_object *env = NULL;
@@ -505,14 +506,14 @@ exec_common(struct agent *a, struct agent_req *r, bool stream)
     agent_exec_session(a, r, id, stream);
 }
 
-static void
-op_exec(struct agent *a, struct agent_req *r)
+void
+agent_op_exec(struct agent *a, struct agent_req *r)
 {
     exec_common(a, r, false);
 }
 
-static void
-op_exec_stream(struct agent *a, struct agent_req *r)
+void
+agent_op_exec_stream(struct agent *a, struct agent_req *r)
 {
     exec_common(a, r, true);
 }
@@ -520,8 +521,8 @@ op_exec_stream(struct agent *a, struct agent_req *r)
 /* env.set {vars: {K: "v" | nil}}: the sandbox environment of sessions and
  * processes started later, and exported/unset in the default session now
  * (the SDK's setEnvVars). */
-static void
-op_env_set(struct agent *a, struct agent_req *r)
+void
+agent_op_env_set(struct agent *a, struct agent_req *r)
 {
     const msgpack_object *vars;
     if (sbx_wire_get_map(r->args, "vars", &vars) != 0) {
@@ -549,53 +550,6 @@ op_env_set(struct agent *a, struct agent_req *r)
     sbx_enc_kbool(&e, "success", true);
     agent_reply_ok(a, r, &e);
 }
-
-static const struct {
-    const char *name;
-    void (*fn)(struct agent *, struct agent_req *);
-} ops[] = {
-    {"ping", op_ping},
-    {"bind", op_bind},
-    {"counters", op_counters},
-    {"exec", op_exec},
-    {"exec.stream", op_exec_stream},
-    {"env.set", op_env_set},
-    {"stream.read", agent_op_stream_read},
-    {"stream.cancel", agent_op_stream_cancel},
-    {"session.create", agent_op_session_create},
-    {"session.get", agent_op_session_get},
-    {"session.list", agent_op_session_list},
-    {"session.delete", agent_op_session_delete},
-    {"process.start", agent_op_process_start},
-    {"process.list", agent_op_process_list},
-    {"process.get", agent_op_process_get},
-    {"process.kill", agent_op_process_kill},
-    {"process.killAll", agent_op_process_kill_all},
-    {"process.logs", agent_op_process_logs},
-    {"process.waitForLog", agent_op_process_wait_log},
-    {"process.waitForPort", agent_op_process_wait_port},
-    {"process.waitForExit", agent_op_process_wait_exit},
-    {"file.write", agent_op_file_write},
-    {"file.read", agent_op_file_read},
-    {"file.readStream", agent_op_file_read_stream},
-    {"file.mkdir", agent_op_file_mkdir},
-    {"file.delete", agent_op_file_delete},
-    {"file.rename", agent_op_file_rename},
-    {"file.move", agent_op_file_rename},
-    {"file.list", agent_op_file_list},
-    {"file.exists", agent_op_file_exists},
-    {"file.watch", agent_op_file_watch},
-    {"git.checkout", agent_op_git_checkout},
-    {"context.create", agent_op_context_create},
-    {"context.run", agent_op_context_run},
-    {"context.runStream", agent_op_context_run_stream},
-    {"context.list", agent_op_context_list},
-    {"context.delete", agent_op_context_delete},
-    {"terminal.open", agent_op_terminal_open},
-    {"terminal.write", agent_op_terminal_write},
-    {"terminal.resize", agent_op_terminal_resize},
-    {"terminal.close", agent_op_terminal_close},
-};
 
 static void
 dispatch(struct agent *a, const char *p, size_t n)
@@ -633,9 +587,9 @@ dispatch(struct agent *a, const char *p, size_t n)
         r->cg.pids_hits = (uint64_t)pids;
     }
     sbx_str_copy(op, r->op, sizeof(r->op));
-    for (size_t i = 0; i < SBX_ARRAY_LEN(ops); i++) {
-        if (sbx_str_eq(op, ops[i].name)) {
-            ops[i].fn(a, r);
+    for (const struct agent_op *o = agent_ops; o->name; o++) {
+        if (sbx_str_eq(op, o->name)) {
+            o->fn(a, r);
             return;
         }
     }

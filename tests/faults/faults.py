@@ -62,8 +62,9 @@ def say(*a) -> None:
     print(f"[faults {time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
-class Interrupted(Exception):
-    """SIGTERM or the run's time limit."""
+class Interrupted(BaseException):
+    """SIGTERM or the run's time limit (a BaseException: the client code's
+    ``except Exception`` must not take it for a failed operation and go on)."""
 
 
 class ExecWatch(threading.Thread):
@@ -378,8 +379,10 @@ def main(argv=None) -> int:
         run.stop.set()
         for th in threads:
             th.join(timeout=90)
-        # A last read of every key, once nothing is in flight, by a client of its own.
-        if dep.alive():
+        # A last read of every key, once nothing is in flight, by a client of its own
+        # (not when a shard stayed down: each read of its keys would wait its whole
+        # timeout, for hours, and tell nothing new).
+        if dep.alive() and died is None:
             cli = SbxClient(dep.url, timeout=30, retries=3, backoff=0.2)
             for k in sorted(run.keys):
                 do_op(run, cli, a.clients, k, "read")

@@ -7,7 +7,9 @@
  *    sbx_wire_parse_req and typed access to every argument;
  *  - client side: the reply envelope (ok, result, error {code, message,
  *    context}) with the reply limits, context rendered as JSON;
- *  - op lookup (sbx_op_find) with the op name of the frame.
+ *  - op lookup (sbx_op_find) with the op name of the frame, and the intake
+ *    check of gateways and shards (sbx_op_intake: envelope rules and every
+ *    argument against the schema's specs) as a client's and as a peer's.
  *
  * Properties:
  *  1. the pre-scan never accepts what msgpack-c cannot decode in full
@@ -108,6 +110,18 @@ request_side(const char *buf, size_t len)
         char id[SBX_WIRE_MAX_ID + 1];
         FUZZ_CHECK(sbx_str_copy(r.id, id, sizeof(id)) == 0, "id does not fit");
         sbx_op_find(r.op.p, r.op.n);
+        /* The one intake check of gateways and shards (runtime/ops.h), from a
+         * client and from a peer: a refusal has a code and a reason, and an
+         * accepted op is one the table knows. */
+        for (int peer = 0; peer < 2; peer++) {
+            const struct sbx_op_def *def = NULL;
+            why[0] = '\0';
+            int rc = sbx_op_intake(&r, !peer, &def, why, sizeof(why));
+            FUZZ_CHECK(rc <= 0, "intake returned %d", rc);
+            FUZZ_CHECK(rc == 0 || why[0], "intake refused without a reason");
+            FUZZ_CHECK(rc != 0 || (def && sbx_op_find(def->name, strlen(def->name)) == def),
+                       "intake accepted an op the table does not know");
+        }
         walk_args(r.args);
     }
     sbx_wire_msg_free(&m);

@@ -24,6 +24,7 @@
 /* The table of operations itself: the OpenAPI test checks that every
  * operation is served (the table is one file with no dependencies). */
 #include "../../runtime/ops.c"
+#include "../../runtime/ops_gen.c"
 #undef S
 #undef A
 #undef NC

@@ -16,6 +16,14 @@
  * still succeeds and reads keep working, and after a restart with a larger
  * --map-max the sandbox holds exactly its acknowledged variables.
  *
+ * A third fills the disk before any record of three new sandboxes exists:
+ * an env.set that would create one with a value that does not fit must not
+ * create it (its bare record would fit: it went first, alone); a
+ * configure that failed must not show its value once the sandbox is
+ * created after all (its settings are cached beside the record), and an
+ * exec whose sandbox record could not be written must not be acknowledged
+ * as if the sandbox existed (a restart loses it) — issue 11's fill fault.
+ *
  * Each daemon is one this test started (stopped by pid, its directory
  * removed); the mount and its directory are removed at the end, also when
  * an assertion ends the test.
@@ -237,4 +245,126 @@ Test(storage, a_tiny_map_grows_then_refuses_only_what_does_not_fit, .timeout = 1
     testd_stop(&d);
     live_testd = NULL;
     cr_log_info("tiny map: first STORAGE_FULL at write %d", first_failed);
+}
+
+/* env.set of n variables V0.. of 60 KB each in one op: 0, or non-zero with
+ * the error's code in code. */
+static int
+env_set_many(sbx_client *c, const char *id, int n, char code[48])
+{
+    static char v[60001];
+    memset(v, 'x', 60000);
+    json_t *vars = json_object();
+    for (int i = 0; i < n; i++) {
+        char k[16];
+        snprintf(k, sizeof(k), "V%d", i);
+        json_object_set_new(vars, k, json_string(v));
+    }
+    tcall t = tc_call(c, "env.set", id, json_pack("{s:o}", "vars", vars), 0);
+    int rc = t.rc;
+    snprintf(code, 48, "%s", rc ? t.err.code : "");
+    tc_free(&t);
+    return rc;
+}
+
+/* status's sleepAfter of id (ms), -1 if the sandbox does not exist. */
+static long long
+status_sleep(sbx_client *c, const char *id, char code[48])
+{
+    tcall t = tc_call(c, "status", id, NULL, 0);
+    long long v = t.rc ? -1 : jint(t.res, "sandbox.sleepAfter");
+    snprintf(code, 48, "%s", t.rc ? t.err.code : "");
+    tc_free(&t);
+    return v;
+}
+
+Test(storage, full_data_directory_failed_writes_never_show_up_later, .timeout = 180,
+     .fini = cleanup)
+{
+    char mnt[64];
+    cr_assert_eq(test_tmpfs_mount(mnt, sizeof(mnt), "fullnew", "8m"), 0, "mount tmpfs: %s",
+                 strerror(errno));
+    snprintf(live_mount, sizeof(live_mount), "%s", mnt);
+    static struct testd d;
+    const char *const extra[] = {"--data", mnt, "--pool", "0", "--memory", "256M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start on the tmpfs");
+    live_testd = &d;
+    sbx_client *c = tc_client(d.url, 30000);
+    const char *cfg = "ffullcfg", *ex = "ffullexec", *ref = "ffullref", *big = "ffullbig";
+    char code[48];
+
+    fill_fs(mnt);
+    /* configure on a sandbox with no record: it would create it; refused. */
+    int rc = configure_sleep(c, cfg, 1234, code);
+    cr_assert_neq(rc, 0, "configure of a new sandbox on a full disk was acknowledged");
+    cr_expect_str_eq(code, "STORAGE_FULL", "configure on a full disk: %s", code);
+    cr_expect_eq(status_sleep(c, cfg, code), -1, "the refused configure created the sandbox");
+    cr_expect_str_eq(code, "SANDBOX_NOT_FOUND", "status after the refused configure: %s", code);
+    /* exec on a sandbox with no record: its record cannot be written. */
+    sbx_exec_opts o = {.command = "echo ran", .timeout_ms = 60000};
+    sbx_exec_result r;
+    sbx_error err;
+    int exec_rc = sbx_exec(c, ex, &o, &r, &err);
+    if (exec_rc) {
+        cr_log_info("exec on a full disk: %s", err.code);
+        sbx_error_free(&err);
+    } else {
+        sbx_exec_result_free(&r);
+    }
+
+    char filler[300];
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    cr_assert_eq(unlink(filler), 0);
+
+    /* Free pages inside LMDB's file, then a full disk again: a small write
+     * still fits, a large one does not. */
+    cr_assert_eq(env_set_many(c, "ffullscratch", 4, code), 0, "env.set: %s", code);
+    tcall t = tc_call(c, "destroy", "ffullscratch", NULL, 0);
+    tc_ok(t, "destroy of the scratch sandbox");
+    tc_free(&t);
+    /* LMDB reuses the freed pages once later transactions have committed. */
+    for (int i = 0; i < 3; i++) {
+        t = tc_call(c, i % 2 ? "destroy" : "create", "ffulltick", NULL, 0);
+        tc_ok(t, "create/destroy of a small sandbox");
+        tc_free(&t);
+    }
+    fill_fs(mnt);
+    /* env.set creating a sandbox with a value that does not fit: refused,
+     * and the sandbox was not created either (its bare record would fit). */
+    cr_assert_neq(env_set_many(c, big, 12, code), 0,
+                  "env.set of 720 KB on a full disk was acknowledged");
+    cr_expect_str_eq(code, "STORAGE_FULL", "env.set on a full disk: %s", code);
+    cr_expect_eq(status_sleep(c, big, code), -1, "the refused env.set created the sandbox");
+    cr_assert_eq(unlink(filler), 0);
+
+    /* Created now: with the defaults, not with the refused value. */
+    t = tc_call(c, "create", cfg, NULL, 0);
+    tc_ok(t, "create after freeing space");
+    tc_free(&t);
+    t = tc_call(c, "create", ref, NULL, 0);
+    tc_ok(t, "create of a reference sandbox");
+    tc_free(&t);
+    long long dflt = status_sleep(c, ref, code);
+    cr_assert_gt(dflt, 0, "status of the reference sandbox: %s", code);
+    cr_expect_eq(status_sleep(c, cfg, code), dflt,
+                 "sleepAfter of a sandbox created after its configure was refused (the "
+                 "refused value is 1234000 ms)");
+
+    /* An acknowledged exec created its sandbox: it is there after a restart. */
+    cr_assert_eq(testd_restart(&d, 1, extra), 0, "restart on the tmpfs");
+    sbx_client_close(c);
+    c = tc_client(d.url, 30000);
+    long long v = status_sleep(c, ex, code);
+    if (exec_rc == 0)
+        cr_expect_neq(v, -1, "the sandbox of an acknowledged exec is gone after a restart (%s)",
+                      code);
+    cr_expect_eq(status_sleep(c, cfg, code), dflt, "sleepAfter after a restart");
+    cr_expect_eq(status_sleep(c, big, code), -1, "the refused env.set's sandbox after a restart");
+    sbx_client_close(c);
+    testd_stop(&d);
+    live_testd = NULL;
+    cr_expect_eq(umount2(mnt, 0), 0, "umount %s: %s", mnt, strerror(errno));
+    rmdir(mnt);
+    live_mount[0] = '\0';
+    cr_log_info("exec on a full disk: %s", exec_rc ? "refused" : "acknowledged");
 }

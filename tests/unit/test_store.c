@@ -8,7 +8,8 @@
  * a full map reported as STORAGE_FULL without a crash, with earlier data
  * still readable after reopen; the map growing up to its maximum before
  * writes fail; a write that does not fit failing alone while the writes
- * queued with it are committed; batches bounded in writes and bytes.
+ * queued with it are committed; batches bounded in writes and bytes; a
+ * write made on top of a failed one (sbx_store_put_after) failing with it.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails.
@@ -646,6 +647,45 @@ Test(store, a_write_that_does_not_fit_fails_alone)
     cr_expect_eq(sbx_store_wait(st, put_str(SBX_DB_SANDBOXES, "later", "fits")), 0);
     close_store();
     free(p.g.r);
+}
+
+/* Issue 11's fill fault: an actor's write fails (the disk is full), and the
+ * writes it queued on top of it before it knew — carrying the failed change
+ * — must not commit when they fit, else a change answered as failed is
+ * read back (after a restart).  Whether the writes share a batch or not,
+ * the answer is the same. */
+Test(store, a_write_on_top_of_a_failed_one_fails_with_it)
+{
+    open_store_max(1ull << 20, 2ull << 20, NULL, NULL);
+    uint64_t base = put_str(SBX_DB_SANDBOXES, "rec", "v1");
+    cr_assert_eq(sbx_store_wait(st, base), 0, "the first value of the record commits");
+    size_t big = 3u << 20; /* more than the largest map */
+    char *v = sbx_xmalloc(big);
+    memset(v, 'b', big);
+    uint64_t bad = sbx_store_put_after(st, SBX_DB_SANDBOXES, "rec", 3, v, big, base);
+    free(v);
+    /* Small enough to fit, but made on top of the one that does not. */
+    uint64_t on_bad = sbx_store_put_after(st, SBX_DB_SANDBOXES, "rec", 3, "v3", 2, bad);
+    uint64_t on_on = sbx_store_put_after(st, SBX_DB_SANDBOXES, "rec", 3, "v4", 2, on_bad);
+    uint64_t del_on = sbx_store_del_after(st, SBX_DB_SANDBOXES, "rec", 3, on_on);
+    uint64_t other = sbx_store_put_after(st, SBX_DB_SANDBOXES, "other", 5, "o1", 2, base);
+    cr_expect_eq(sbx_store_wait(st, bad), SBX_E_STORAGE_FULL, "the write that does not fit");
+    cr_expect_eq(sbx_store_wait(st, on_bad), SBX_E_STORAGE_FULL,
+                 "a write on top of a failed one: %s", sbx_err_name(sbx_store_wait(st, on_bad)));
+    cr_expect_eq(sbx_store_wait(st, on_on), SBX_E_STORAGE_FULL, "and one on top of that");
+    cr_expect_eq(sbx_store_wait(st, del_on), SBX_E_STORAGE_FULL, "and a delete on top of that");
+    cr_expect_eq(sbx_store_wait(st, other), 0, "a write on top of a committed one commits");
+    expect_value(SBX_DB_SANDBOXES, "rec", "v1", 2);
+    expect_value(SBX_DB_SANDBOXES, "other", "o1", 2);
+    /* The owner went back to the committed image: its next write is on top
+     * of that one, and commits. */
+    uint64_t again = sbx_store_put_after(st, SBX_DB_SANDBOXES, "rec", 3, "v5", 2, base);
+    cr_expect_eq(sbx_store_wait(st, again), 0, "a rewrite on top of the committed image");
+    expect_value(SBX_DB_SANDBOXES, "rec", "v5", 2);
+    close_store();
+    open_store_max(1ull << 20, 2ull << 20, NULL, NULL);
+    expect_value(SBX_DB_SANDBOXES, "rec", "v5", 2);
+    close_store();
 }
 
 Test(store, batches_are_bounded_in_writes_and_bytes)

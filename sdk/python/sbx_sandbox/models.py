@@ -1,6 +1,8 @@
 """Result types.
 
-They mirror the Cloudflare SDK's shapes with Python (snake_case) names.
+They mirror the Cloudflare SDK's shapes with Python (snake_case) names,
+built by ``from_json`` from the server's JSON, whose shapes (the TypedDicts
+of ``_ops``, generated from runtime/ops.yaml) are the annotations of ``d``.
 Every one keeps the server's JSON in ``raw`` so fields added by later server
 versions stay reachable.  Units: durations and timeouts in milliseconds,
 sizes in bytes, ``*_at``/timestamps as the server sends them (ISO 8601
@@ -13,6 +15,8 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Union
+
+from . import _ops  # the wire shapes, generated from runtime/ops.yaml
 
 __all__ = [
     "ExecResult", "FileInfo", "ListFilesResult", "ReadFileResult", "SessionInfo",
@@ -69,7 +73,7 @@ class ExecResult:
     deadline_exceeded: bool = False
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any], command: str = "") -> "ExecResult":
+    def from_json(cls, d: "_ops.ExecResult", command: str = "") -> "ExecResult":
         """Build from the server\'s JSON (camelCase keys)."""
         return cls(
             success=bool(d.get("success", d.get("exitCode") == 0)),
@@ -136,7 +140,7 @@ class FileInfo:
         return self.type == "directory"
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "FileInfo":
+    def from_json(cls, d: "_ops.FileInfo") -> "FileInfo":
         """Build from the server\'s JSON (camelCase keys)."""
         return cls(d.get("name", ""), d.get("absolutePath", ""), d.get("relativePath", ""),
                    d.get("type", "other"), int(d.get("size") or 0), d.get("modifiedAt", ""),
@@ -171,7 +175,7 @@ class ListFilesResult:
         return [f.name for f in self.files]
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "ListFilesResult":
+    def from_json(cls, d: "_ops.FileListResult") -> "ListFilesResult":
         """Build from the server\'s JSON (camelCase keys)."""
         files = [FileInfo.from_json(f) for f in d.get("files") or []]
         return cls(d.get("path", ""), files, int(d.get("count", len(files))),
@@ -201,7 +205,7 @@ class ReadFileResult:
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "ReadFileResult":
+    def from_json(cls, d: "_ops.FileReadResult") -> "ReadFileResult":
         """Build from the server\'s JSON (camelCase keys)."""
         enc = d.get("encoding", "utf-8")
         content: Union[str, bytes] = d.get("content", "")
@@ -232,7 +236,7 @@ class SessionInfo:
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "SessionInfo":
+    def from_json(cls, d: "_ops.SessionInfo") -> "SessionInfo":
         """Build from the server\'s JSON (camelCase keys)."""
         return cls(d.get("id", ""), d.get("cwd", ""), bool(d.get("shellRunning", False)),
                    bool(d.get("busy", False)), int(d.get("queued") or 0),
@@ -262,7 +266,7 @@ class CodeContext:
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "CodeContext":
+    def from_json(cls, d: "_ops.ContextInfo") -> "CodeContext":
         """Build from the server\'s JSON (camelCase keys)."""
         return cls(d.get("id", ""), d.get("language", ""), d.get("cwd", "/workspace"),
                    d.get("createdAt"), d.get("lastUsed"), d.get("mode"), d)
@@ -309,7 +313,7 @@ class Result:
         return base64.b64decode(self.jpeg) if self.jpeg else None
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Result":
+    def from_json(cls, d: "_ops.RichResult") -> "Result":
         """Build from the server\'s JSON (camelCase keys)."""
         return cls(d.get("text"), d.get("html"), d.get("png"), d.get("jpeg"), d.get("svg"),
                    d.get("latex"), d.get("markdown"), d.get("javascript"), d.get("json"),
@@ -393,7 +397,7 @@ class Execution:
         return None
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Execution":
+    def from_json(cls, d: "_ops.ContextRunResult") -> "Execution":
         """Build from the server\'s JSON (camelCase keys)."""
         logs = d.get("logs") or {}
         err = d.get("error")
@@ -434,7 +438,7 @@ class ExposedPort:
         return urlsplit(self.url).netloc
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "ExposedPort":
+    def from_json(cls, d: "_ops.PortExposeResult") -> "ExposedPort":
         """Build from the server\'s JSON (camelCase keys)."""
         return cls(d.get("url", ""), int(d.get("port") or 0), d.get("token"), d.get("name"),
                    d.get("status"), d)

@@ -30,6 +30,8 @@ export { parseSSEStream, SSEParser } from './sse.js';
 export type { SSEMessage } from './sse.js';
 export * from './errors.js';
 export type * from './types.js';
+/** The wire shapes of every operation, generated from runtime/ops.yaml (`ops.ExecArgs`, `ops.Ops`, …). */
+export type * as ops from './generated/ops.js';
 
 /** Is this value an {@link ExecResult} (has `exitCode`, `stdout`, `stderr`, `success`)? */
 export function isExecResult(value: unknown): value is import('./types.js').ExecResult {

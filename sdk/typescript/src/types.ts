@@ -6,8 +6,17 @@
  * fields and `startTime`/`endTime` are ISO 8601 strings unless stated;
  * stream event `timestamp`s are milliseconds since the Unix epoch.
  *
+ * The shapes that are the server's as they are (`SandboxLimits`,
+ * `SessionInfo`, `FileInfo`, `ExposedPort`, `WaitForLogResult`,
+ * `WaitForPortResult`) derive
+ * from the generated
+ * `./generated/ops.ts` (runtime/ops.yaml); the others are the SDK's own
+ * (Cloudflare's names, `Date`s, callbacks, computed fields).
+ *
  * @module
  */
+
+import type * as Wire from './generated/ops.js';
 
 // ---------------------------------------------------------------------------
 // Sandboxes
@@ -31,15 +40,8 @@ export interface SandboxOptions {
   enableDefaultSession?: boolean;
 }
 
-/** Resource limits of a sandbox (`create`). */
-export interface SandboxLimits {
-  /** Memory in bytes (16 MiB … 1 TiB). */
-  memory?: number;
-  /** Maximum number of tasks (16 … 1 048 576). */
-  pids?: number;
-  /** CPU in millicpus (10 … 1 024 000; 1000 = one CPU). */
-  cpu?: number;
-}
+/** Resource limits of a sandbox (`create`'s `limits`: bytes, tasks, millicpus; runtime/ops.yaml). */
+export interface SandboxLimits extends NonNullable<Wire.CreateArgs['limits']> {}
 
 /** The `sandbox` object of `status()` (docs/protocol.md "status"). */
 export interface SandboxStatus {
@@ -237,21 +239,8 @@ export interface SessionOptions {
   isolation?: boolean;
 }
 
-/** A session as `session.get` describes it. */
-export interface SessionInfo {
-  /** The session ID. */
-  id: string;
-  /** Current working directory of its shell. */
-  cwd: string;
-  /** Its shell is alive. */
-  shellRunning: boolean;
-  /** A command is running. */
-  busy: boolean;
-  /** Commands waiting. */
-  queued: number;
-  /** Default timeout of its commands, ms. */
-  commandTimeoutMs?: number;
-}
+/** A session as `session.get` describes it (runtime/ops.yaml `SessionInfo`). */
+export interface SessionInfo extends Wire.SessionInfo {}
 
 // ---------------------------------------------------------------------------
 // Processes
@@ -259,7 +248,11 @@ export interface SessionInfo {
 /** Status of a background process. */
 export type ProcessStatus = 'starting' | 'running' | 'completed' | 'failed' | 'killed' | 'error';
 
-/** A background process as the server describes it. */
+/**
+ * A background process as the server describes it: runtime/ops.yaml's
+ * `ProcessInfo`, but `status` is the SDK's {@link ProcessStatus} (with
+ * Cloudflare's `error`), so it is not derived from the generated type.
+ */
 export interface ProcessInfo {
   /** The process ID. */
   id: string;
@@ -337,13 +330,8 @@ export type LogEvent =
   | StreamErrorEvent
   | GapEvent;
 
-/** Result of `waitForLog()`. */
-export interface WaitForLogResult {
-  /** The first matching line (without its newline). */
-  line: string;
-  /** For a RegExp (or a server-side regex): the match, whole then groups. */
-  match?: string[];
-}
+/** Result of `waitForLog()` (runtime/ops.yaml `process.waitForLog`). */
+export interface WaitForLogResult extends Wire.ProcessWaitForLogResult {}
 
 /** Options of `waitForPort()`. */
 export interface WaitForPortOptions {
@@ -359,15 +347,8 @@ export interface WaitForPortOptions {
   interval?: number;
 }
 
-/** Result of `waitForPort()`. */
-export interface WaitForPortResult {
-  /** The port answered. */
-  ready: boolean;
-  /** The port. */
-  port: number;
-  /** HTTP status of the successful check (`http` mode). */
-  statusCode?: number;
-}
+/** Result of `waitForPort()` (runtime/ops.yaml `process.waitForPort`). */
+export interface WaitForPortResult extends Wire.ProcessWaitForPortResult {}
 
 /** Result of `waitForExit()`. */
 export interface WaitForExitResult {
@@ -436,25 +417,8 @@ export interface FileMetadata {
   encoding: 'utf-8' | 'base64';
 }
 
-/** One entry of `listFiles()`. */
-export interface FileInfo {
-  /** Entry name. */
-  name: string;
-  /** Absolute path. */
-  absolutePath: string;
-  /** Path relative to the listed directory. */
-  relativePath: string;
-  /** Entry type. */
-  type: 'file' | 'directory' | 'symlink' | 'other';
-  /** Bytes. */
-  size: number;
-  /** ISO 8601. */
-  modifiedAt: string;
-  /** e.g. `rw-r--r--`. */
-  mode: string;
-  /** What the sandbox's user may do with it. */
-  permissions: { readable: boolean; writable: boolean; executable: boolean };
-}
+/** One entry of `listFiles()` (runtime/ops.yaml `FileInfo`). */
+export interface FileInfo extends Wire.FileInfo {}
 
 /** Result of `listFiles()`. */
 export interface ListFilesResult {
@@ -543,19 +507,8 @@ export interface ExposePortOptions {
   name?: string;
 }
 
-/** Result of `exposePort()`. */
-export interface ExposedPort {
-  /** `http://{port}-{sandbox}-{token}.{hostname}/` */
-  url: string;
-  /** The sandbox port. */
-  port: number;
-  /** The URL's token (its credential). */
-  token?: string;
-  /** The label given to `exposePort`. */
-  name?: string;
-  /** `active` in `getExposedPorts()`. */
-  status?: string;
-}
+/** Result of `exposePort()`: `url` is `http://{port}-{sandbox}-{token}.{hostname}/` (runtime/ops.yaml `ExposedPort`). */
+export interface ExposedPort extends Wire.ExposedPort {}
 
 // ---------------------------------------------------------------------------
 // Code interpreter
