@@ -241,14 +241,15 @@ test: deps gen-check
 unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 	@tools/run-tests.sh build/asan unit
 
-# The inner loop: what a change should pass before `make test`.  The unit tests (no root,
+# The inner loop: what a change should pass before `make test`.  gen-check (half a
+# second: the generated files are current), then the unit tests (no root,
 # no containers), every fuzz target over its committed corpus once (fuzz-replay, below) and
 # tests/integration/test_smoke (one sandbox's life on a private sbxd dev, root).  No
 # `deps`: run `make deps` (or `make test`) once first on a new machine.  What it needs is
 # built with one job per core unless make was given -j.
 CHECK_BINS  = $(ASAN_BINS) $(patsubst %.c,build/asan/%,$(UNIT_TESTS)) \
               build/asan/tests/integration/test_smoke $(FUZZ_BINS)
-check:
+check: gen-check
 	@case " $(MAKEFLAGS) " in *" -j"*) j= ;; *) j=-j$$(nproc) ;; esac; \
 	  $(MAKE) --no-print-directory $$j $(CHECK_BINS)
 	@tools/run-tests.sh build/asan check
