@@ -253,11 +253,19 @@ struct lone_gw {
     char sock[128];
 };
 
+/* A fresh directory /tmp/sbx-dl-<test_prefix()>XXXXXX (tools/leftovers.sh
+ * finds what a run left by its prefix). */
+static void
+dl_tmpdir(char *dir, size_t n)
+{
+    snprintf(dir, n, "/tmp/sbx-dl-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp %s", dir);
+}
+
 static void
 lone_gw_start(struct lone_gw *g, const char *shard_url)
 {
-    snprintf(g->dir, sizeof(g->dir), "/tmp/sbx-dl-XXXXXX");
-    cr_assert_not_null(mkdtemp(g->dir));
+    dl_tmpdir(g->dir, sizeof(g->dir));
     snprintf(g->sock, sizeof(g->sock), "%s/gw.sock", g->dir);
     snprintf(g->url, sizeof(g->url), "ipc://%s", g->sock);
     char shard[300], sbxd[300];
@@ -344,8 +352,8 @@ open_client(const char *url)
 
 Test(deadlines, a_gateway_that_never_answers_is_a_request_timeout, .timeout = 60)
 {
-    char dir[] = "/tmp/sbx-dl-XXXXXX", url[128];
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64], url[128];
+    dl_tmpdir(dir, sizeof(dir));
     snprintf(url, sizeof(url), "ipc://%s/rep.sock", dir);
     nng_socket rep;
     cr_assert_eq(nng_rep0_open(&rep), 0);
@@ -567,8 +575,8 @@ Test(deadlines, a_stopped_shard_is_unavailable_in_time, .timeout = 120, .fini = 
 
 Test(deadlines, the_cli_gives_up_at_its_timeout, .timeout = 60)
 {
-    char dir[] = "/tmp/sbx-dl-XXXXXX", url[128], sock[160], sbx[300];
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64], url[128], sock[160], sbx[300];
+    dl_tmpdir(dir, sizeof(dir));
     snprintf(sock, sizeof(sock), "%s/rep.sock", dir);
     snprintf(url, sizeof(url), "ipc://%s", sock);
     nng_socket rep;
@@ -650,8 +658,8 @@ flaky_gw_main(void *arg)
 
 Test(deadlines, a_stream_read_gives_up_within_its_bound, .timeout = 120)
 {
-    char dir[] = "/tmp/sbx-dl-XXXXXX", url[128], sock[160];
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64], url[128], sock[160];
+    dl_tmpdir(dir, sizeof(dir));
     snprintf(sock, sizeof(sock), "%s/rep.sock", dir);
     snprintf(url, sizeof(url), "ipc://%s", sock);
     struct flaky_gw g = {.until = test_now_ms() + 29000};
