@@ -105,8 +105,9 @@ setup(void)
         .upstream = gw.url,
         .timeout = 5000,
     };
-    char why[256] = "";
-    cr_assert_eq(sbx_http_start(&front, &hc, why, sizeof(why)), 0, "sbx_http_start: %s", why);
+    sbx_err_t err = NULL;
+    int rc = sbx_http_start(&front, &hc, &err);
+    cr_assert_eq(rc, 0, "sbx_http_start: %s", sbx_err_msg(err));
     snprintf(base, sizeof(base), "http://127.0.0.1:%d", sbx_http_port(front));
     curl_global_init(CURL_GLOBAL_DEFAULT);
 }
