@@ -200,6 +200,10 @@ build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# The escape tests' two binaries share their probe helpers (tests/security/escape_util.h).
+ESCAPE_TESTS := $(wildcard tests/security/test_escape_*.c)
+$(patsubst %.c,build/asan/%,$(ESCAPE_TESTS)): build/asan/obj/tests/security/escape_util.o
+$(call objs,asan,$(ESCAPE_TESTS) tests/security/escape_util.c): tests/security/escape_util.h
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 
