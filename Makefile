@@ -355,9 +355,10 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
 CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
-                                    tests/cluster/eproxy.c)
+                                    tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
 $(call objs,asan,$(CLUSTER_TESTS) tests/cluster/eproxy.c): tests/cluster/eproxy.h
+$(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster_util.c): tests/cluster/cluster_util.h
 $(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster.c tests/cluster/cluster_client.c tests/cluster/cluster_main.c) \
 $(call objs,release,tools/bench-cluster.c tests/cluster/cluster.c tests/cluster/cluster_client.c): tests/cluster/cluster.h
 build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
