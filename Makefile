@@ -204,6 +204,14 @@ build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 ESCAPE_TESTS := $(wildcard tests/security/test_escape_*.c)
 $(patsubst %.c,build/asan/%,$(ESCAPE_TESTS)): build/asan/obj/tests/security/escape_util.o
 $(call objs,asan,$(ESCAPE_TESTS) tests/security/escape_util.c): tests/security/escape_util.h
+# So do the HTTP front's two (tests/integration/http_util.h).
+HTTP_TESTS := tests/integration/test_http.c tests/integration/test_http_sse.c
+$(patsubst %.c,build/asan/%,$(HTTP_TESTS)): build/asan/obj/tests/integration/http_util.o
+$(call objs,asan,$(HTTP_TESTS) tests/integration/http_util.c): tests/integration/http_util.h
+# And the code-context tests' two (tests/integration/interp_util.h).
+INTERP_TESTS := tests/integration/test_interp.c tests/integration/test_interp_edges.c
+$(patsubst %.c,build/asan/%,$(INTERP_TESTS)): build/asan/obj/tests/integration/interp_util.o
+$(call objs,asan,$(INTERP_TESTS) tests/integration/interp_util.c): tests/integration/interp_util.h
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 
