@@ -212,6 +212,10 @@ $(call objs,asan,$(HTTP_TESTS) tests/integration/http_util.c): tests/integration
 INTERP_TESTS := tests/integration/test_interp.c tests/integration/test_interp_edges.c
 $(patsubst %.c,build/asan/%,$(INTERP_TESTS)): build/asan/obj/tests/integration/interp_util.o
 $(call objs,asan,$(INTERP_TESTS) tests/integration/interp_util.c): tests/integration/interp_util.h
+# And the fault-injection tests' two (tests/integration/faults_util.h).
+FAULT_TESTS := tests/integration/test_faults.c tests/integration/test_faults_outages.c
+$(patsubst %.c,build/asan/%,$(FAULT_TESTS)): build/asan/obj/tests/integration/faults_util.o
+$(call objs,asan,$(FAULT_TESTS) tests/integration/faults_util.c): tests/integration/faults_util.h
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 

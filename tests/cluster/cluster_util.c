@@ -189,7 +189,6 @@ owner_of(const struct cl_state *st, const char *id)
     return st->owner[sbx_place_partition(id, strlen(id))];
 }
 
-
 struct load_arg {
     struct load *l;
     int t;
