@@ -365,7 +365,8 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 # horizontal-scaling benchmark (tools/bench-cluster.c) on the same setup with the release
 # binaries (docs/benchmarks.md, "Cluster scaling").
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
-CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
+CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c \
+                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
                                     tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
@@ -373,6 +374,9 @@ $(call objs,asan,$(CLUSTER_TESTS) tests/cluster/eproxy.c): tests/cluster/eproxy.
 $(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster_util.c): tests/cluster/cluster_util.h
 $(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster.c tests/cluster/cluster_client.c tests/cluster/cluster_main.c) \
 $(call objs,release,tools/bench-cluster.c tests/cluster/cluster.c tests/cluster/cluster_client.c): tests/cluster/cluster.h
+CLUSTER_HARNESS := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c
+$(call objs,asan,$(CLUSTER_HARNESS)) $(call objs,release,$(CLUSTER_HARNESS)): tests/cluster/cluster.h \
+                                                                  tests/cluster/cluster_int.h
 build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl $(LDLIBS_TEST)
