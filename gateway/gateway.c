@@ -80,6 +80,7 @@ struct gctx {
     bool in_fanout[MAX_SLOTS];
     char id[SBX_WIRE_MAX_ID + 1];
     char op[64];
+    int op_id;            /* enum sbx_op_id of op; -1 before the intake found it */
     /* a routed request, kept for retries (cluster mode) */
     char *body;
     size_t blen;
@@ -363,7 +364,7 @@ static void
 merge_and_reply(struct gctx *g)
 {
     struct sbx_gateway *gw = g->gw;
-    bool is_list = !strcmp(g->op, "list");
+    bool is_list = g->op_id == SBX_OPID_LIST;
     sbx_enc e;
     char *buf;
     size_t len;
@@ -754,6 +755,7 @@ handle(struct gctx *g, nng_msg *m)
     struct sbx_req req;
 
     g->id[0] = g->op[0] = '\0';
+    g->op_id = -1;
     g->fanout = false;
     g->attempts = 0;
     if (len > SBX_WIRE_MAX_REQUEST) {
@@ -779,8 +781,10 @@ handle(struct gctx *g, nng_msg *m)
     /* The one intake check, the same as the shard's (runtime/ops.h). */
     const struct sbx_op_def *def;
     rc = sbx_op_intake(&req, true, &def, why, sizeof(why));
-    if (def)
+    if (def) {
         snprintf(g->op, sizeof(g->op), "%s", def->name);
+        g->op_id = (int)def->id;
+    }
     if (rc) {
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);

@@ -75,6 +75,26 @@ int v_configure(struct gopts *g, int argc, char **argv);
 int v_code(struct gopts *g, int argc, char **argv);
 int v_contexts(struct gopts *g, int argc, char **argv);
 int v_context(struct gopts *g, int argc, char **argv);
+/* Of tools/cli_schema.c (the schema's part of the CLI; see cli_ops_gen.h). */
+struct cli_op;
+/* the op named name / run by the CLI verb verb ("ps", "session get"), or NULL. */
+const struct cli_op *cli_op_find(const char *name);
+const struct cli_op *cli_op_of_verb(const char *verb);
+/* check a `sbx call` before sending it, by the gateway's intake rules
+ * (runtime/ops.c sbx_op_check_args): the op exists and is not internal, has
+ * the sandbox ID it needs, and args_json (NULL or "": none) is a JSON object
+ * whose shared durations (timeout, interval, ...) are within 24 h and whose members of the op's spec have their type, bounds, length and enum
+ * value (unknown members are ignored).  0, or -EINVAL with *code the wire
+ * code (static) and the reason, naming the field, in why. */
+int cli_check_call(const char *op, const char *sandbox, const char *args_json,
+                   const char **code, char *why, size_t whylen);
+/* print the list of operations with their summaries (part of `sbx help`). */
+void cli_help_ops(void);
+/* print an op's (by name, or by its CLI verb) usage and arguments with their
+ * types, units, bounds and defaults, or for a verb of several ops ("wait",
+ * "session") the list of them; 0, or -ENOENT when there is no such op. */
+int cli_help_op(const char *name);
+
 /* print a stream's events as they come (exec --stream, logs -f, watch);
  * returns the exit code of a complete/exit event, 0 otherwise, or EXIT_SBX. */
 int cli_follow(struct gopts *g, sbx_client *c, sbx_stream *s, bool raw_output);

@@ -27,12 +27,13 @@
 
 #include "../include/sbx/sbx.h"
 #include "cli.h"
+#include "cli_ops_gen.h"
 
 struct verb {
     const char *name;
     int (*fn)(struct gopts *g, int argc, char **argv);
     const char *args;
-    const char *help;
+    const char *help; /* NULL: the summary of the op whose CLI verb this is (the schema's) */
 };
 
 void
@@ -644,6 +645,14 @@ v_call(struct gopts *g, int argc, char **argv)
     const char *op = argv[0];
     const char *id = argc >= 2 && strcmp(argv[1], "-") ? argv[1] : NULL;
     const char *args = argc >= 3 ? argv[2] : NULL;
+    /* Refused here as the gateway would refuse it (same code, same message,
+     * same exit status 1), before connecting: nothing is sent. */
+    const char *code;
+    char why[512];
+    if (cli_check_call(op, id, args, &code, why, sizeof(why)) != 0) {
+        fprintf(stderr, "sbx: %s: %s\n", code, why);
+        return 1;
+    }
     return cli_call(g, op, id, args, NULL);
 }
 
@@ -651,61 +660,77 @@ static int v_help(struct gopts *g, int argc, char **argv);
 
 static const struct verb verbs[] = {
     {"exec", v_exec, "ID [--cwd DIR] [--env K=V]... [--timeout D] [--session S|--sessionless] "
-                     "[--stdin] [--stream] (-- CMD ARGS... | 'shell string')",
-     "run a command in a sandbox; print its stdout/stderr; exit with its exit code"},
+                     "[--stdin] [--stream] (-- CMD ARGS... | 'shell string')", NULL},
     {"session", v_session, "(create|get|list|delete) ID [SESSION] [--cwd DIR] [--env K=V] "
                            "[--timeout D]",
      "manage sessions: persistent shells keeping cwd, variables and functions"},
     {"start", v_start, "ID [--id P] [--session S] [--cwd DIR] [--env K=V] [--timeout D] "
-                       "(-- CMD ARGS... | 'shell string')",
-     "start a background process; prints its ID"},
-    {"ps", v_ps, "ID", "list the sandbox's background processes"},
-    {"kill", v_kill, "ID (PROCESS | --all)", "SIGTERM a process tree, SIGKILL after 5 s"},
-    {"logs", v_logs, "ID PROCESS [-f]", "print a process's output; -f follows it live"},
+                       "(-- CMD ARGS... | 'shell string')", NULL},
+    {"ps", v_ps, "ID", NULL},
+    {"kill", v_kill, "ID (PROCESS | --all)", NULL},
+    {"logs", v_logs, "ID PROCESS [-f]", NULL},
     {"wait", v_wait, "ID PROCESS (--log TEXT [--regex] | --port N [--tcp] [--path /p] | --exit) "
                      "[--timeout D]",
      "wait until a process logs a line, serves a port, or exits (--exit: exit with its code)"},
-    {"write", v_write, "ID PATH [--content TEXT]", "write a file (content from stdin by default)"},
-    {"read", v_read, "ID PATH", "print a file's bytes"},
-    {"ls", v_ls, "ID [PATH] [-r] [-a]", "list a directory"},
-    {"mkdir", v_mkdir, "ID PATH [-p]", "create a directory"},
-    {"rm", v_rm, "ID PATH", "delete a file"},
-    {"mv", v_mv, "ID SOURCE DESTINATION", "move or rename a file or directory"},
-    {"watch", v_watch, "ID PATH [--include G]... [--exclude G]... [--no-recursive]",
-     "print file changes under PATH as they happen"},
-    {"git-checkout", v_git_checkout, "ID URL [--branch B] [--dir DIR] [--depth N]",
-     "clone a git repository into the sandbox"},
-    {"env", v_env, "ID K=V... [-u K]...", "set and unset sandbox environment variables"},
+    {"write", v_write, "ID PATH [--content TEXT]", NULL},
+    {"read", v_read, "ID PATH", NULL},
+    {"ls", v_ls, "ID [PATH] [-r] [-a]", NULL},
+    {"mkdir", v_mkdir, "ID PATH [-p]", NULL},
+    {"rm", v_rm, "ID PATH", NULL},
+    {"mv", v_mv, "ID SOURCE DESTINATION", NULL},
+    {"watch", v_watch, "ID PATH [--include G]... [--exclude G]... [--no-recursive]", NULL},
+    {"git-checkout", v_git_checkout, "ID URL [--branch B] [--dir DIR] [--depth N]", NULL},
+    {"env", v_env, "ID K=V... [-u K]...", NULL},
     {"code", v_code, "ID [--lang python|javascript|typescript] [--context CTX] [--timeout D] "
-                     "[--stream] ('code' | -f FILE)",
-     "run code in a persistent interpreter context; print output and results"},
-    {"contexts", v_contexts, "ID", "list the sandbox's code contexts"},
+                     "[--stream] ('code' | -f FILE)", NULL},
+    {"contexts", v_contexts, "ID", NULL},
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
-    {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]",
-     "lifecycle settings: idle time before the container stops, keep-alive"},
-    {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS]",
-     "create a sandbox now, with limits (it is also created by its first operation)"},
-    {"destroy", v_destroy, "ID", "stop a sandbox and delete it (idempotent)"},
-    {"list", v_list, "", "list every sandbox of the deployment"},
+    {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
+    {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS]", NULL},
+    {"destroy", v_destroy, "ID", NULL},
+    {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
     {"cluster", v_cluster, "[status | drain NODE | undrain NODE]",
      "nodes, health, partitions and epochs of a cluster; drain a node (its partitions move away)"},
-    {"ping", v_ping, "ID", "start a sandbox if needed and check its agent answers"},
+    {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
-    {"help", v_help, "", "this help"},
+    {"help", v_help, "[OP|VERB]", "this help; with OP or VERB: its arguments, units, bounds"},
     {NULL, NULL, NULL, NULL},
 };
 
+/* verb_help — a verb's summary: the schema's summary of the op it runs
+ * (runtime/ops.yaml `cli`), or, for a verb of several ops, its own. */
+static const char *
+verb_help(const struct verb *v)
+{
+    const struct cli_op *op = v->help ? NULL : cli_op_of_verb(v->name);
+    return op ? op->summary : v->help ? v->help : "";
+}
+
+/* sbx help [OP|VERB] */
 static int
 v_help(struct gopts *g, int argc, char **argv)
 {
     (void)g;
-    (void)argc;
-    (void)argv;
+    if (argc >= 1) {
+        const struct verb *vb = NULL;
+        for (const struct verb *v = verbs; v->name; v++)
+            if (!strcmp(v->name, argv[0]))
+                vb = v;
+        if (vb)
+            printf("usage: sbx %s %s\n  %s\n\n", vb->name, vb->args, verb_help(vb));
+        if (cli_help_op(argv[0]) != 0 && !vb) {
+            fprintf(stderr, "sbx help: no verb or operation '%s' (sbx help lists them)\n",
+                    argv[0]);
+            return EXIT_USAGE;
+        }
+        return 0;
+    }
     printf("usage: sbx [--gateway URL] [--json] [--timeout D] <verb> [arguments]\n\nverbs:\n");
     for (const struct verb *v = verbs; v->name; v++)
-        printf("  %-8s %s\n           %s\n", v->name, v->help, v->args);
+        printf("  %-8s %s\n           %s\n", v->name, verb_help(v), v->args);
+    cli_help_ops();
     printf("\nexit status: `exec` exits with the command's code (124 timeout, 128+N signal);\n"
            "`wait --exit` with the process's code; `code` exits 1 when the code raised an error;\n"
            "other verbs 0 = ok, 1 = the operation failed; 2 = usage; 125 = sbx failed before\n"
@@ -745,9 +770,9 @@ main(int argc, char **argv)
                     free(rest);
                     return v_help(&g, 0, NULL);
                 }
-                printf("usage: sbx %s %s\n  %s\n", verb->name, verb->args, verb->help);
+                char *name = (char *)verb->name;
                 free(rest);
-                return 0;
+                return v_help(&g, 1, &name);
             }
         }
         if (!verb) {

@@ -1,4 +1,5 @@
-"""tools/gen/schema.py — load, check and normalize runtime/ops.yaml.
+"""tools/gen/schema.py — load, check and normalize runtime/ops.yaml (and the
+files of ops, runtime/ops/*.yaml, its `op_files` lists).
 
 The format is documented in docs/schema.md and at the top of runtime/ops.yaml.
 load(root) returns a dict:
@@ -128,6 +129,15 @@ def load(root):
     path = os.path.join(root, 'runtime/ops.yaml')
     with open(path, encoding='utf-8') as f:
         doc = yaml.safe_load(f)
+    # The ops may be split into files by family (runtime/ops/*.yaml), listed
+    # in `op_files` relative to runtime/; their `ops` follow ops.yaml's own.
+    ops_raw = list(doc.get('ops') or [])
+    for rel in doc.get('op_files') or []:
+        with open(os.path.join(root, 'runtime', rel), encoding='utf-8') as f:
+            part = yaml.safe_load(f) or {}
+        if set(part) - {'ops'}:
+            raise SchemaError(f'runtime/{rel}: an op file holds `ops` only')
+        ops_raw += part.get('ops') or []
     errs = _err_codes(root)
     raw_types = doc.get('types') or {}
     names = set(raw_types)
@@ -140,7 +150,7 @@ def load(root):
         if c not in errs:
             raise SchemaError(f'common_errors: {c} is not in runtime/err.h')
     ops, seen = [], set()
-    for i, o in enumerate(doc.get('ops') or []):
+    for i, o in enumerate(ops_raw):
         name = o.get('name')
         where = f'ops[{i}]' if not name else f'ops.{name}'
         if not name or not re.fullmatch(r'[a-z][A-Za-z0-9]*(\.[a-z][A-Za-z0-9]*)?', name):

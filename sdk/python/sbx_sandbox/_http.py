@@ -22,6 +22,10 @@ from . import errors
 # body; treated like SHARD_UNAVAILABLE (retried with the same key).
 _PROXY_RETRY_STATUSES = (502, 503, 504)
 _RETRY_CODES = ("SHARD_UNAVAILABLE",)
+# Answers after which the request may have taken effect (docs/protocol.md §4):
+# a retry that then fails for another reason does not undo it.
+_UNKNOWN_CODES = ("SHARD_UNAVAILABLE", "REQUEST_TIMEOUT", "GATEWAY_UNAVAILABLE",
+                  "INTERNAL_ERROR", "OPERATION_INTERRUPTED")
 # The least time (seconds) a retry must have left before the deadline.
 _MIN_RETRY_LEFT = 0.5
 # The largest X-Sbx-Timeout-Ms the server accepts (25 h, in ms).
@@ -199,6 +203,22 @@ class Transport:
         if body is not None:
             hdrs.setdefault("Content-Type", "application/json")
         attempt = 0
+        # The first attempt whose outcome is not known (it may have taken
+        # effect): if a retry then fails with an error that says "did not
+        # run" (WRONG_OWNER, a validation error, ...), that is the retry's
+        # outcome, not the request's — the request's is still unknown, so
+        # the earlier error is raised, naming the last answer.
+        unknown: Optional[errors.SandboxError] = None
+
+        def final(e: errors.SandboxError) -> errors.SandboxError:
+            if unknown is None or e.code in _UNKNOWN_CODES:
+                return e
+            out = errors.make(unknown.code,
+                              f"{unknown.message} (the request's outcome is unknown: a retry "
+                              f"with the same idempotency key then answered {e.code}: "
+                              f"{e.message})", operation=operation)
+            out.__cause__ = e
+            return out
         while True:
             left = self._left(deadline, operation)
             if left is not None:
@@ -229,6 +249,8 @@ class Transport:
                 last = errors.make("GATEWAY_UNAVAILABLE", f"cannot reach {self.url}: {e}",
                                    operation=operation)
                 last.__cause__ = e
+                if unknown is None:
+                    unknown = last  # the request may have been sent
                 if attempt > self.retries:
                     raise last
                 self._pause(attempt, deadline, last)
@@ -248,6 +270,8 @@ class Transport:
                 last = errors.make("GATEWAY_UNAVAILABLE", f"connection to {self.url} dropped: {e}",
                                    operation=operation)
                 last.__cause__ = e
+                if unknown is None:
+                    unknown = last
                 if attempt > self.retries:
                     raise last
                 self._pause(attempt, deadline, last)
@@ -263,6 +287,8 @@ class Transport:
             retryable = (err.code in _RETRY_CODES or
                          (err.code == "INVALID_RESPONSE" and r.status in _PROXY_RETRY_STATUSES))
             if retryable and attempt < self.retries:
+                if unknown is None and err.code in _UNKNOWN_CODES:
+                    unknown = err
                 attempt += 1
                 retry_after = r.headers.get("Retry-After")
                 if retry_after and retry_after.isdigit():
@@ -270,7 +296,7 @@ class Transport:
                 else:
                     self._pause(attempt, deadline, err)
                 continue
-            raise err
+            raise final(err)
 
     def _read_body(self, resp: http.client.HTTPResponse, sock: Optional[socket.socket],
                    deadline: Optional[float], operation: Optional[str]) -> bytes:

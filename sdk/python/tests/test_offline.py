@@ -69,6 +69,51 @@ def test_retries_are_capped(flaky):
         FlakyFront.fail = 2
 
 
+class UnknownThenRefused(BaseHTTPRequestHandler):
+    """Answers 503 SHARD_UNAVAILABLE (the request may have run), then 409
+    WRONG_OWNER (the retry did not run)."""
+
+    calls = 0
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(n)
+        type(self).calls += 1
+        if type(self).calls == 1:
+            code, status = "SHARD_UNAVAILABLE", 503
+        else:
+            code, status = "WRONG_OWNER", 409
+        body = json.dumps({"code": code, "message": code.lower(), "context": {},
+                           "httpStatus": status}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_retry_refused_after_an_unknown_attempt_stays_unknown():
+    """Issue 11: the cluster fault test read back writes answered WRONG_OWNER
+    — the retry's answer, while the first attempt had taken effect."""
+    UnknownThenRefused.calls = 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), UnknownThenRefused)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        c = SbxClient(f"http://127.0.0.1:{srv.server_address[1]}", backoff=0.01)
+        with pytest.raises(errors.SandboxError) as ei:
+            get_sandbox(c, "x").exec("echo ok")
+        assert UnknownThenRefused.calls == 2
+        assert ei.value.code == "SHARD_UNAVAILABLE"
+        assert "WRONG_OWNER" in str(ei.value)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_parse_sse():
     raw = (b"retry: 1000\n\nid: 1\nevent: start\ndata: {\"seq\":1}\n\n: ping\n\n"
            b"id: 2\r\nevent: stdout\r\ndata: a\r\ndata: b\r\n\r\ndata: tail-without-blank\n")

@@ -340,13 +340,21 @@ export class SbxClient {
     const key = req.idempotencyKey === false ? undefined : (req.idempotencyKey ?? randomUUID());
     const deadline = req.deadline ?? performance.now() + (req.timeoutMs ?? this.timeoutMs);
     let attempt = 0;
+    // The first attempt whose outcome is not known (it may have taken
+    // effect): a retry that then fails with an error saying "did not run"
+    // (WRONG_OWNER, …) gives the retry's outcome, not the request's, which
+    // stays unknown — so that earlier error is thrown (naming the last
+    // answer).  Issue 11: the fault test read back writes answered so.
+    let unknown: unknown;
     for (;;) {
       let res: http.IncomingMessage;
       try {
         res = await this.send({ ...req, timeoutMs: this.timeLeft(deadline, req) }, key);
       } catch (err) {
         if (isNetworkError(err) && attempt < this.retry.retries && !req.signal?.aborted) {
-          await this.pause(attempt++, req, deadline, this.wrapTransportError(err, req));
+          const e = this.wrapTransportError(err, req);
+          unknown ??= e;
+          await this.pause(attempt++, req, deadline, e);
           continue;
         }
         throw this.wrapTransportError(err, req);
@@ -357,18 +365,33 @@ export class SbxClient {
           body = await readBody(res);
         } catch (err) {
           if (isNetworkError(err)) {
-            await this.pause(attempt++, req, deadline, this.wrapTransportError(err, req));
+            const e = this.wrapTransportError(err, req);
+            unknown ??= e;
+            await this.pause(attempt++, req, deadline, e);
             continue;
           }
           throw this.wrapTransportError(err, req);
         }
         const parsed = parseError(body, 503);
         if (parsed.code === 'SHARD_UNAVAILABLE') {
-          await this.pause(attempt++, req, deadline,
-            createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, 503));
+          const e = createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, 503);
+          unknown ??= e;
+          await this.pause(attempt++, req, deadline, e);
           continue;
         }
         throw createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, 503);
+      }
+      if (unknown instanceof SandboxError && (res.statusCode ?? 0) >= 400) {
+        const body = await readBody(res);
+        const parsed = parseError(body, res.statusCode ?? 500);
+        if (UNKNOWN_CODES.has(parsed.code))
+          throw createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, res.statusCode);
+        throw createErrorFromResponse({
+          code: unknown.code,
+          message: `${unknown.message} (the request's outcome is unknown: a retry with the same ` +
+            `idempotency key then answered ${parsed.code}: ${parsed.message})`,
+          operation: req.operation,
+        } as ErrorResponse, unknown.httpStatus);
       }
       return res;
     }
@@ -470,6 +493,10 @@ export class SbxClient {
 }
 
 /** @internal Parse an error body (JSON or not). */
+/** Answers after which a request may have taken effect (docs/protocol.md §4). */
+const UNKNOWN_CODES = new Set(['SHARD_UNAVAILABLE', 'REQUEST_TIMEOUT', 'GATEWAY_UNAVAILABLE',
+  'INTERNAL_ERROR', 'OPERATION_INTERRUPTED']);
+
 export function parseError(body: Buffer, status: number): ErrorResponse {
   const text = body.toString('utf8');
   try {

@@ -90,6 +90,28 @@ describe('retries', () => {
     }
   });
 
+  it('keeps an unknown outcome when a retry is refused (issue 11)', async () => {
+    // The first attempt may have run (503 SHARD_UNAVAILABLE); its retry with
+    // the same key is refused (WRONG_OWNER): the request's outcome is still
+    // unknown, so the client must not report the refusal as the outcome.
+    const srv = await fakeServer((req, res, n) => {
+      if (n === 1) return json(res, 503, { code: 'SHARD_UNAVAILABLE', message: 'shard s0 fenced', context: {}, httpStatus: 503 });
+      json(res, 409, { code: 'WRONG_OWNER', message: 'partition moved', context: {}, httpStatus: 409 });
+    });
+    const client = new SbxClient({ url: srv.url, retry: { retries: 3, minDelayMs: 5, maxDelayMs: 10 } });
+    try {
+      await assert.rejects(getSandbox(client, 'x').exec('true'), (err) => {
+        assert.ok(err instanceof ShardUnavailableError, `got ${err?.code}`);
+        assert.match(err.message, /WRONG_OWNER/);
+        return true;
+      });
+      assert.equal(srv.seen.length, 2);
+    } finally {
+      client.close();
+      await srv.close();
+    }
+  });
+
   it('does not retry other errors, and gives up after the retry budget', async () => {
     const srv = await fakeServer((req, res) =>
       json(res, 503, { code: 'CONTAINER_UNAVAILABLE', message: 'could not start', context: { sandboxId: 'x' }, httpStatus: 503, operation: 'exec' }),
