@@ -216,6 +216,22 @@ build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# The escape tests' two binaries share their probe helpers (tests/security/escape_util.h).
+ESCAPE_TESTS := $(wildcard tests/security/test_escape_*.c)
+$(patsubst %.c,build/asan/%,$(ESCAPE_TESTS)): build/asan/obj/tests/security/escape_util.o
+$(call objs,asan,$(ESCAPE_TESTS) tests/security/escape_util.c): tests/security/escape_util.h
+# So do the HTTP front's two (tests/integration/http_util.h).
+HTTP_TESTS := tests/integration/test_http.c tests/integration/test_http_sse.c
+$(patsubst %.c,build/asan/%,$(HTTP_TESTS)): build/asan/obj/tests/integration/http_util.o
+$(call objs,asan,$(HTTP_TESTS) tests/integration/http_util.c): tests/integration/http_util.h
+# And the code-context tests' two (tests/integration/interp_util.h).
+INTERP_TESTS := tests/integration/test_interp.c tests/integration/test_interp_edges.c
+$(patsubst %.c,build/asan/%,$(INTERP_TESTS)): build/asan/obj/tests/integration/interp_util.o
+$(call objs,asan,$(INTERP_TESTS) tests/integration/interp_util.c): tests/integration/interp_util.h
+# And the fault-injection tests' two (tests/integration/faults_util.h).
+FAULT_TESTS := tests/integration/test_faults.c tests/integration/test_faults_outages.c
+$(patsubst %.c,build/asan/%,$(FAULT_TESTS)): build/asan/obj/tests/integration/faults_util.o
+$(call objs,asan,$(FAULT_TESTS) tests/integration/faults_util.c): tests/integration/faults_util.h
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 
@@ -392,9 +408,10 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 # horizontal-scaling benchmark (tools/bench-cluster.c) on the same setup with the release
 # binaries (docs/benchmarks.md, "Cluster scaling").
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
-CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
+CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c \
+                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
-                                    tests/cluster/eproxy.c)
+                                    tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
 build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
 	@mkdir -p $(dir $@)
