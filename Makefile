@@ -52,7 +52,7 @@ AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/interp.c container/agent/interp_driver.c container/agent/interp_result.c \
            container/agent/interp_pool.c \
            container/agent/term.c container/agent/ops_gen.c \
-           runtime/err.c runtime/log.c \
+           runtime/err.c runtime/error.c runtime/log.c \
            runtime/util.c runtime/wire.c runtime/loop.c runtime/frame.c runtime/id.c \
            runtime/json.c
 # Every file of actors/ is the shard's: a new op's handler file needs no line here.

@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "../../runtime/error.h"
 #include "../../runtime/frame.h"
 #include "../../runtime/loop.h"
 #include "../../runtime/util.h"
@@ -181,9 +182,9 @@ void agent_env_free(char **env);
 /* agent_env_check — validate a map of per-call or per-session variables:
  * names of 1-256 bytes without '=' or NUL (with shell_names: shell
  * identifiers, what a session's bash can assign), values strings without
- * NUL or nil (unset).  Returns 0 or SBX_E_VALIDATION with why[] naming the
- * variable.  env may be NULL. */
-int agent_env_check(const msgpack_object *env, bool shell_names, char *why, size_t whylen);
+ * NUL or nil (unset).  Returns 0 or SBX_E_VALIDATION with *err naming the
+ * variable (runtime/error.h).  env may be NULL. */
+int agent_env_check(const msgpack_object *env, bool shell_names, sbx_err_t *err);
 const char *agent_env_get(char *const *env, const char *key);
 
 /* ------------------------------------------------------------------------------ */
@@ -235,7 +236,7 @@ struct exec_args {
     size_t stdin_len;
     bool has_stdin;
 };
-int exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, size_t whylen);
+int exec_args_parse(const msgpack_object *args, struct exec_args *ea, sbx_err_t *err);
 void exec_args_free(struct exec_args *ea);
 /* exec.c: the fields of a finished command in an exec stream's "complete"
  * event; cause NULL: the one the other fields imply (TIMEOUT, KILLED, EXITED). */

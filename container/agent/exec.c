@@ -405,7 +405,7 @@ agent_job_reaped(struct agent *a, pid_t pid, int status)
 
 /* Start a job for args; on success the job owns req and is running. */
 static int
-job_start(struct agent *a, struct exec_args *ea, struct job **out, char *why, size_t whylen)
+job_start(struct agent *a, struct exec_args *ea, struct job **out, sbx_err_t *err)
 {
     int p_in[2] = {-1, -1}, p_out[2] = {-1, -1}, p_err[2] = {-1, -1};
     int devnull = -1, rc = 0;
@@ -415,14 +415,13 @@ job_start(struct agent *a, struct exec_args *ea, struct job **out, char *why, si
     const char *cwd = ea->cwd ? ea->cwd : "/workspace";
     struct stat st;
     if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(why, whylen, "cwd '%s' is not a directory in the sandbox", cwd);
-        return SBX_E_VALIDATION;
+        return sbx_err_make(err, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox",
+                            cwd);
     }
     if (pipe2(p_out, O_CLOEXEC) < 0 || pipe2(p_err, O_CLOEXEC) < 0 ||
         (ea->has_stdin && pipe2(p_in, O_CLOEXEC) < 0) ||
         (!ea->has_stdin && (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)) {
-        rc = -errno;
-        snprintf(why, whylen, "could not start the command: %s", strerror(errno));
+        rc = sbx_err_make(err, -errno, "could not start the command");
         goto out;
     }
     env = agent_env_merge(a->env, ea->env);
@@ -441,8 +440,7 @@ job_start(struct agent *a, struct exec_args *ea, struct job **out, char *why, si
     j->start_us = sbx_mono_us();
     pid_t pid = agent_spawn(a, &so);
     if (pid < 0) {
-        rc = (int)pid;
-        snprintf(why, whylen, "could not start the command: %s", strerror(-rc));
+        rc = sbx_err_make(err, (int)pid, "could not start the command");
         free(j);
         j = NULL;
         goto out;
@@ -493,18 +491,19 @@ void
 agent_exec_fresh(struct agent *a, struct agent_req *r)
 {
     struct exec_args ea;
-    char why[256];
+    _cleanup_err_ sbx_err_t err = NULL;
     struct job *j;
     bool by_deadline = false;
-    int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
+    int rc = exec_args_parse(r->args, &ea, &err);
     /* Killed as by a timeout at the request's deadline at the latest: the
      * caller hears what it printed, and nothing runs on unheard. */
     if (rc == 0)
         ea.timeout_ms = agent_bound_timeout(r, ea.timeout_ms, &by_deadline);
     if (rc == 0)
-        rc = job_start(a, &ea, &j, why, sizeof(why));
+        rc = job_start(a, &ea, &j, &err);
     if (rc) {
-        agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s", why);
+        agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s",
+                        sbx_err_msg(err));
     } else {
         j->req = r;
         j->have_cg = r->have_cg;
@@ -518,13 +517,15 @@ void
 agent_exec_fresh_stream(struct agent *a, struct agent_req *r)
 {
     struct exec_args ea;
-    char why[256], sid[72];
+    _cleanup_err_ sbx_err_t err = NULL;
+    char sid[72];
     struct job *j;
-    int rc = exec_args_parse(r->args, &ea, why, sizeof(why));
+    int rc = exec_args_parse(r->args, &ea, &err);
     if (rc == 0)
-        rc = job_start(a, &ea, &j, why, sizeof(why));
+        rc = job_start(a, &ea, &j, &err);
     if (rc) {
-        agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s", why);
+        agent_reply_err(a, r, rc == SBX_E_VALIDATION ? rc : SBX_E_COMMAND, "%s",
+                        sbx_err_msg(err));
         exec_args_free(&ea);
         return;
     }
@@ -551,7 +552,7 @@ agent_run_internal(struct agent *a, const char *const *argv, const char *cwd, in
                    job_done_fn done, void *arg)
 {
     struct exec_args ea;
-    char why[256];
+    _cleanup_err_ sbx_err_t err = NULL;
     struct job *j;
     memset(&ea, 0, sizeof(ea));
     size_t n = 0;
@@ -562,7 +563,7 @@ agent_run_internal(struct agent *a, const char *const *argv, const char *cwd, in
         ea.argv[i] = sbx_xstrdup(argv[i]);
     ea.cwd = cwd ? sbx_xstrdup(cwd) : NULL;
     ea.timeout_ms = timeout_ms;
-    int rc = job_start(a, &ea, &j, why, sizeof(why));
+    int rc = job_start(a, &ea, &j, &err);
     if (rc == 0) {
         j->done = done;
         j->done_arg = arg;

@@ -65,7 +65,7 @@ exec_args_free(struct exec_args *ea)
 }
 
 int
-exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, size_t whylen)
+exec_args_parse(const msgpack_object *args, struct exec_args *ea, sbx_err_t *err)
 {
     sbx_str s;
     const msgpack_object *arr;
@@ -75,64 +75,67 @@ exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, siz
     rc = sbx_wire_get_array(args, "argv", &arr);
     if (rc == 0) {
         if (arr->via.array.size == 0 || arr->via.array.size > 4096) {
-            snprintf(why, whylen, "argv must have 1-4096 elements");
+            sbx_err_make(err, SBX_E_VALIDATION, "argv must have 1-4096 elements");
             return SBX_E_VALIDATION;
         }
         ea->argv = sbx_xcalloc(arr->via.array.size + 1, sizeof(char *));
         for (uint32_t i = 0; i < arr->via.array.size; i++) {
             if (sbx_wire_obj_str(&arr->via.array.ptr[i], &s) != 0 || memchr(s.p, '\0', s.n)) {
-                snprintf(why, whylen, "argv[%u] must be a string without NUL bytes", i);
+                sbx_err_make(err, SBX_E_VALIDATION,
+                             "argv[%u] must be a string without NUL bytes", i);
                 exec_args_free(ea);
                 return SBX_E_VALIDATION;
             }
             ea->argv[i] = sbx_str_dup(s);
         }
         if (ea->argv[0][0] == '\0') {
-            snprintf(why, whylen, "argv[0] must not be empty");
+            sbx_err_make(err, SBX_E_VALIDATION, "argv[0] must not be empty");
             exec_args_free(ea);
             return SBX_E_VALIDATION;
         }
     } else if (rc == -ENOENT) {
         rc = sbx_wire_get_str(args, "command", &s);
         if (rc != 0 || s.n == 0) {
-            snprintf(why, whylen, "'command' (a non-empty string) or 'argv' is required");
+            sbx_err_make(err, SBX_E_VALIDATION,
+                         "'command' (a non-empty string) or 'argv' is required");
             return SBX_E_VALIDATION;
         }
         if (memchr(s.p, '\0', s.n)) {
-            snprintf(why, whylen, "'command' must not contain NUL bytes");
+            sbx_err_make(err, SBX_E_VALIDATION, "'command' must not contain NUL bytes");
             return SBX_E_VALIDATION;
         }
         ea->cmd = sbx_str_dup(s);
     } else {
-        snprintf(why, whylen, "'argv' must be an array of strings");
+        sbx_err_make(err, SBX_E_VALIDATION, "'argv' must be an array of strings");
         return SBX_E_VALIDATION;
     }
     rc = sbx_wire_get_str(args, "cwd", &s);
     if (rc == 0) {
         if (s.n == 0 || s.n > 4096 || memchr(s.p, '\0', s.n)) {
-            snprintf(why, whylen, "'cwd' must be a path of 1-4096 bytes");
+            sbx_err_make(err, SBX_E_VALIDATION, "'cwd' must be a path of 1-4096 bytes");
             exec_args_free(ea);
             return SBX_E_VALIDATION;
         }
         ea->cwd = sbx_str_dup(s);
     } else if (rc != -ENOENT) {
-        snprintf(why, whylen, "'cwd' must be a string");
+        sbx_err_make(err, SBX_E_VALIDATION, "'cwd' must be a string");
         exec_args_free(ea);
         return SBX_E_VALIDATION;
     }
     rc = sbx_wire_get_map(args, "env", &ea->env);
     if (rc == SBX_E_VALIDATION) {
-        snprintf(why, whylen, "'env' must be a map of strings");
+        sbx_err_make(err, SBX_E_VALIDATION, "'env' must be a map of strings");
         exec_args_free(ea);
         return SBX_E_VALIDATION;
     }
-    if (agent_env_check(ea->env, false, why, whylen) != 0) {
+    if (agent_env_check(ea->env, false, err) != 0) {
         exec_args_free(ea);
         return SBX_E_VALIDATION;
     }
     rc = sbx_wire_get_i64(args, "timeout", &ea->timeout_ms);
     if (rc == SBX_E_VALIDATION || ea->timeout_ms < 0) {
-        snprintf(why, whylen, "'timeout' must be a non-negative number of milliseconds");
+        sbx_err_make(err, SBX_E_VALIDATION,
+                     "'timeout' must be a non-negative number of milliseconds");
         exec_args_free(ea);
         return SBX_E_VALIDATION;
     }
@@ -142,7 +145,8 @@ exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, siz
     if (rc == 0 && sbx_str_eq(enc, "base64")) {
         /* JSON clients (the HTTP API) send bytes that are not UTF-8 this way. */
         if (sbx_base64_decode(s.p, s.n, &ea->stdin_data, &ea->stdin_len) != 0) {
-            snprintf(why, whylen, "'stdin' is not valid base64 (stdinEncoding: base64)");
+            sbx_err_make(err, SBX_E_VALIDATION,
+                         "'stdin' is not valid base64 (stdinEncoding: base64)");
             exec_args_free(ea);
             return SBX_E_VALIDATION;
         }
@@ -152,7 +156,7 @@ exec_args_parse(const msgpack_object *args, struct exec_args *ea, char *why, siz
         ea->stdin_data = sbx_xstrndup(s.p, s.n);
         ea->stdin_len = s.n;
     } else if (rc != -ENOENT) {
-        snprintf(why, whylen, "'stdin' must be bytes or a string");
+        sbx_err_make(err, SBX_E_VALIDATION, "'stdin' must be bytes or a string");
         exec_args_free(ea);
         return SBX_E_VALIDATION;
     }

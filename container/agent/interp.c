@@ -395,6 +395,7 @@ agent_op_context_create(struct agent *a, struct agent_req *r)
     sbx_str lang = SBX_STR("python"), cwd = {0};
     const msgpack_object *env = NULL;
     char why[300];
+    _cleanup_err_ sbx_err_t err = NULL;
     if (sbx_wire_get_str(r->args, "language", &lang) == SBX_E_VALIDATION ||
         sbx_wire_get_str(r->args, "cwd", &cwd) == SBX_E_VALIDATION ||
         (sbx_wire_get_map(r->args, "envVars", &env) == SBX_E_VALIDATION)) {
@@ -411,8 +412,8 @@ agent_op_context_create(struct agent *a, struct agent_req *r)
     }
     /* As exec's env: names without '=' or NUL, values strings without NUL
      * or nil (unset); anything else is refused, not silently dropped. */
-    if (agent_env_check(env, false, why, sizeof(why)) != 0) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "envVars: %s", why);
+    if (agent_env_check(env, false, &err) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "envVars: %s", sbx_err_msg(err));
         return;
     }
     char cwds[1024] = "/workspace";

@@ -101,7 +101,7 @@ agent_env_merge(char *const *base, const msgpack_object *ov)
 }
 
 int
-agent_env_check(const msgpack_object *env, bool shell_names, char *why, size_t whylen)
+agent_env_check(const msgpack_object *env, bool shell_names, sbx_err_t *err)
 {
     int rc = 0;
     for (uint32_t i = 0; env && rc == 0 && i < env->via.map.size; i++) {
@@ -109,7 +109,8 @@ agent_env_check(const msgpack_object *env, bool shell_names, char *why, size_t w
         sbx_str k;
         if (sbx_wire_obj_str(&kv->key, &k) != 0 || k.n == 0 || k.n > 256 ||
             memchr(k.p, '=', k.n) || memchr(k.p, '\0', k.n)) {
-            snprintf(why, whylen, "'env' names must be 1-256 bytes without '=' or NUL");
+            sbx_err_make(err, SBX_E_VALIDATION,
+                         "'env' names must be 1-256 bytes without '=' or NUL");
             rc = SBX_E_VALIDATION;
             break;
         }
@@ -122,18 +123,20 @@ agent_env_check(const msgpack_object *env, bool shell_names, char *why, size_t w
                 name_ok = false;
         }
         if (shell_names && !name_ok) {
-            snprintf(why, whylen,
-                     "'env' variable '%.*s' is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*), "
-                     "which a session's shell cannot set; use a sessionless exec for it",
-                     kn, k.p);
+            sbx_err_make(err, SBX_E_VALIDATION,
+                         "'env' variable '%.*s' is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*), "
+                         "which a session's shell cannot set; use a sessionless exec for it",
+                         kn, k.p);
             rc = SBX_E_VALIDATION;
         } else if (kv->val.type != MSGPACK_OBJECT_NIL && kv->val.type != MSGPACK_OBJECT_STR) {
-            snprintf(why, whylen, "'env' variable '%.*s' must be a string (or nil to unset)", kn,
-                     k.p);
+            sbx_err_make(err, SBX_E_VALIDATION,
+                         "'env' variable '%.*s' must be a string (or nil to unset)", kn,
+                         k.p);
             rc = SBX_E_VALIDATION;
         } else if (kv->val.type == MSGPACK_OBJECT_STR &&
                    memchr(kv->val.via.str.ptr, '\0', kv->val.via.str.size)) {
-            snprintf(why, whylen, "'env' variable '%.*s' must not contain NUL bytes", kn, k.p);
+            sbx_err_make(err, SBX_E_VALIDATION,
+                         "'env' variable '%.*s' must not contain NUL bytes", kn, k.p);
             rc = SBX_E_VALIDATION;
         }
     }

@@ -354,13 +354,14 @@ session_state(struct agent *a, void *arg, int rc, int status, struct outcap *out
 void
 agent_op_process_start(struct agent *a, struct agent_req *r)
 {
+    _cleanup_err_ sbx_err_t err = NULL;
     char why[256], id[128];
     sbx_str s;
     struct proc *p = sbx_xcalloc(1, sizeof(*p));
-    int rc = exec_args_parse(r->args, &p->ea, why, sizeof(why));
+    int rc = exec_args_parse(r->args, &p->ea, &err);
     if (rc) {
         free(p);
-        agent_reply_err(a, r, rc, "%s", why);
+        agent_reply_err(a, r, rc, "%s", sbx_err_msg(err));
         return;
     }
     if (p->ea.has_stdin) {

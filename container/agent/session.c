@@ -88,18 +88,18 @@ enqueue(struct session *s, struct scmd *c)
 void
 agent_exec_session(struct agent *a, struct agent_req *r, const char *sid, bool stream)
 {
-    char why[256];
+    _cleanup_err_ sbx_err_t err = NULL;
     struct scmd *c = sbx_xcalloc(1, sizeof(*c));
-    int rc = exec_args_parse(r->args, &c->ea, why, sizeof(why));
+    int rc = exec_args_parse(r->args, &c->ea, &err);
     if (rc) {
         free(c);
-        agent_reply_err(a, r, rc, "%s", why);
+        agent_reply_err(a, r, rc, "%s", sbx_err_msg(err));
         return;
     }
     /* Per-call variables are assigned by the session's shell (session_run_cmd): a
      * name it cannot assign is refused rather than dropped. */
-    if (agent_env_check(c->ea.env, true, why, sizeof(why)) != 0) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+    if (agent_env_check(c->ea.env, true, &err) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", sbx_err_msg(err));
         session_scmd_free(c);
         return;
     }
@@ -218,7 +218,7 @@ agent_op_session_create(struct agent *a, struct agent_req *r)
     const msgpack_object *env = NULL;
     sbx_str cwd = {0};
     int64_t tmo = 0;
-    char why[256];
+    _cleanup_err_ sbx_err_t err = NULL;
     if (sbx_wire_get_map(r->args, "env", &env) == SBX_E_VALIDATION ||
         sbx_wire_get_str(r->args, "cwd", &cwd) == SBX_E_VALIDATION ||
         sbx_wire_get_i64(r->args, "commandTimeoutMs", &tmo) == SBX_E_VALIDATION || tmo < 0) {
@@ -229,8 +229,8 @@ agent_op_session_create(struct agent *a, struct agent_req *r)
     /* The same rules as exec's env (the session's bash hands names it cannot
      * assign on to its children, so any name goes); a value that is not a
      * string was dropped silently before. */
-    if (agent_env_check(env, false, why, sizeof(why)) != 0) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+    if (agent_env_check(env, false, &err) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", sbx_err_msg(err));
         return;
     }
     char *cwds = cwd.n ? sbx_str_dup(cwd) : NULL;

@@ -115,27 +115,26 @@ term_io(sbx_loop *l, int fd, uint32_t ev, void *arg)
 }
 
 static int
-session_arg(struct agent_req *r, char *sid, size_t sidlen, char *why, size_t whylen)
+session_arg(struct agent_req *r, char *sid, size_t sidlen, sbx_err_t *err)
 {
     sbx_str s = SBX_STR("default");
     int rc = sbx_wire_get_str(r->args, "sessionId", &s);
     if (rc == SBX_E_VALIDATION || s.n == 0 || s.n >= sidlen || memchr(s.p, 0, s.n)) {
-        snprintf(why, whylen, "'sessionId' must be a string of 1-%zu bytes", sidlen - 1);
-        return SBX_E_VALIDATION;
+        return sbx_err_make(err, SBX_E_VALIDATION, "'sessionId' must be a string of 1-%zu bytes",
+                            sidlen - 1);
     }
     sbx_str_copy(s, sid, sidlen);
     return 0;
 }
 
 static int
-size_args(struct agent_req *r, struct winsize *ws, char *why, size_t whylen)
+size_args(struct agent_req *r, struct winsize *ws, sbx_err_t *err)
 {
     int64_t cols = 80, rows = 24;
     if (sbx_wire_get_i64(r->args, "cols", &cols) == SBX_E_VALIDATION ||
         sbx_wire_get_i64(r->args, "rows", &rows) == SBX_E_VALIDATION || cols < 1 || rows < 1 ||
         cols > 1000 || rows > 1000) {
-        snprintf(why, whylen, "'cols' and 'rows' must be integers of 1-1000");
-        return SBX_E_VALIDATION;
+        return sbx_err_make(err, SBX_E_VALIDATION, "'cols' and 'rows' must be integers of 1-1000");
     }
     memset(ws, 0, sizeof(*ws));
     ws->ws_col = (unsigned short)cols;
@@ -146,12 +145,12 @@ size_args(struct agent_req *r, struct winsize *ws, char *why, size_t whylen)
 void
 agent_op_terminal_open(struct agent *a, struct agent_req *r)
 {
-    char sid[128], why[256], shell[256] = "/bin/bash";
+    char sid[128], shell[256] = "/bin/bash";
+    _cleanup_err_ sbx_err_t err = NULL;
     struct winsize ws;
     int rc;
-    if ((rc = session_arg(r, sid, sizeof(sid), why, sizeof(why))) ||
-        (rc = size_args(r, &ws, why, sizeof(why)))) {
-        agent_reply_err(a, r, rc, "%s", why);
+    if ((rc = session_arg(r, sid, sizeof(sid), &err)) || (rc = size_args(r, &ws, &err))) {
+        agent_reply_err(a, r, rc, "%s", sbx_err_msg(err));
         return;
     }
     sbx_str sh;
@@ -240,9 +239,10 @@ agent_op_terminal_open(struct agent *a, struct agent_req *r)
 static struct term *
 term_of(struct agent *a, struct agent_req *r)
 {
-    char sid[128], why[256];
-    if (session_arg(r, sid, sizeof(sid), why, sizeof(why)) != 0) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+    char sid[128];
+    _cleanup_err_ sbx_err_t err = NULL;
+    if (session_arg(r, sid, sizeof(sid), &err) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", sbx_err_msg(err));
         return NULL;
     }
     struct term *t = term_find(a, sid);
@@ -315,9 +315,9 @@ agent_op_terminal_resize(struct agent *a, struct agent_req *r)
     if (!t)
         return;
     struct winsize ws;
-    char why[128];
-    if (size_args(r, &ws, why, sizeof(why)) != 0) {
-        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", why);
+    _cleanup_err_ sbx_err_t err = NULL;
+    if (size_args(r, &ws, &err) != 0) {
+        agent_reply_err(a, r, SBX_E_VALIDATION, "%s", sbx_err_msg(err));
         return;
     }
     if (ioctl(t->master, TIOCSWINSZ, &ws) < 0) {

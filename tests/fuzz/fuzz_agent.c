@@ -88,10 +88,11 @@ static void
 exec_args(const msgpack_object *args)
 {
     struct exec_args ea;
-    char why[256] = "";
-    int rc = exec_args_parse(args, &ea, why, sizeof(why));
+    _cleanup_err_ sbx_err_t err = NULL;
+    int rc = exec_args_parse(args, &ea, &err);
     if (rc) {
-        FUZZ_CHECK(rc == SBX_E_VALIDATION && why[0], "rejection %d without reason", rc);
+        FUZZ_CHECK(rc == SBX_E_VALIDATION && sbx_err_code(err) == rc && sbx_err_msg(err)[0],
+                   "rejection %d without reason", rc);
         return;
     }
     FUZZ_CHECK((ea.cmd != NULL) != (ea.argv != NULL), "command and argv: %p %p", (void *)ea.cmd,
