@@ -236,6 +236,9 @@ struct exec_args {
     size_t stdin_len;
     bool has_stdin;
 };
+/* exec_args_parse — fill *ea from args (borrowed: ea->env points into it).
+ * 0, ea owning its strings (exec_args_free); or SBX_E_VALIDATION with *err
+ * naming the argument (runtime/error.h) and ea left empty. */
 int exec_args_parse(const msgpack_object *args, struct exec_args *ea, sbx_err_t *err);
 void exec_args_free(struct exec_args *ea);
 /* exec.c: the fields of a finished command in an exec stream's "complete"

@@ -328,7 +328,7 @@ ctx_find(struct agent *a, const char *id)
  * implicit default context). */
 static struct context *
 ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msgpack_object *env,
-           struct agent_req *init_req, char *why, size_t whylen)
+           struct agent_req *init_req, sbx_err_t *err)
 {
     struct interp *in = IS(a);
     /* A warm driver unless the envVars must be there at start; a pool that
@@ -337,7 +337,7 @@ ctx_create(struct agent *a, int lang, const char *id, const char *cwd, const msg
     bool own = interp_env_needs_start(KIND(lang), env);
     struct driver *d = own ? NULL : interp_pool_take(a, lang);
     bool refill = d && d->ready;
-    if (!d && !(d = interp_driver_spawn(a, lang, own ? env : NULL, why, whylen)))
+    if (!d && !(d = interp_driver_spawn(a, lang, own ? env : NULL, err)))
         return NULL;
     struct context *c = sbx_xcalloc(1, sizeof(*c));
     c->a = a;
@@ -394,7 +394,6 @@ agent_op_context_create(struct agent *a, struct agent_req *r)
 {
     sbx_str lang = SBX_STR("python"), cwd = {0};
     const msgpack_object *env = NULL;
-    char why[300];
     _cleanup_err_ sbx_err_t err = NULL;
     if (sbx_wire_get_str(r->args, "language", &lang) == SBX_E_VALIDATION ||
         sbx_wire_get_str(r->args, "cwd", &cwd) == SBX_E_VALIDATION ||
@@ -428,8 +427,9 @@ agent_op_context_create(struct agent *a, struct agent_req *r)
     }
     char id[64];
     snprintf(id, sizeof(id), "ctx-%llu", (unsigned long long)++IS(a)->ctr);
-    if (!ctx_create(a, l, id, cwds, env, r, why, sizeof(why)))
-        agent_reply_err(a, r, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s", why);
+    if (!ctx_create(a, l, id, cwds, env, r, &err))
+        agent_reply_err(a, r, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s",
+                        sbx_err_msg(err));
 }
 
 /* The reader of a streamed run caught up: read the driver again. */
@@ -480,7 +480,7 @@ run_common(struct agent *a, struct agent_req *req, bool stream)
 {
     sbx_str code, cid = {0}, lang = {0};
     int64_t tmo = 60000; /* the SDK's runCode default */
-    char why[300];
+    _cleanup_err_ sbx_err_t err = NULL;
     if (sbx_wire_get_str(req->args, "code", &code) != 0) {
         agent_reply_err(a, req, SBX_E_VALIDATION, "'code' (a string) is required");
         return;
@@ -523,8 +523,9 @@ run_common(struct agent *a, struct agent_req *req, bool stream)
             ctx_destroy(c);
             c = NULL;
         }
-        if (!c && !(c = ctx_create(a, l, id, "/workspace", NULL, NULL, why, sizeof(why)))) {
-            agent_reply_err(a, req, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s", why);
+        if (!c && !(c = ctx_create(a, l, id, "/workspace", NULL, NULL, &err))) {
+            agent_reply_err(a, req, l == L_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA, "%s",
+                            sbx_err_msg(err));
             return;
         }
     }

@@ -476,18 +476,18 @@ interp_env_needs_start(int kind, const msgpack_object *env)
     return false;
 }
 
-/* The interpreter and driver of a kind, or why not (the host lacks them). */
+/* The interpreter and driver of a kind, or why not (the host lacks them:
+ * SBX_E_PYTHON_NA or SBX_E_JAVASCRIPT_NA in *err). */
 int
-interp_driver_paths(int kind, const char **bin, const char **script, char *why, size_t whylen)
+interp_driver_paths(int kind, const char **bin, const char **script, sbx_err_t *err)
 {
     static const char *const nodes[] = {"/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"};
     struct stat st;
     *script = kind == K_PY ? INTERP_DIR "/driver.py" : INTERP_DIR "/driver.js";
     *bin = NULL;
-    if (stat(*script, &st) < 0) {
-        snprintf(why, whylen, "the interpreter driver %s is not installed", *script);
-        return -1;
-    }
+    int na = kind == K_PY ? SBX_E_PYTHON_NA : SBX_E_JAVASCRIPT_NA;
+    if (stat(*script, &st) < 0)
+        return sbx_err_make(err, na, "the interpreter driver %s is not installed", *script);
     if (kind == K_PY) {
         if (access("/usr/bin/python3", X_OK) == 0)
             *bin = "/usr/bin/python3";
@@ -496,10 +496,9 @@ interp_driver_paths(int kind, const char **bin, const char **script, char *why, 
             if (access(nodes[i], X_OK) == 0)
                 *bin = nodes[i];
     }
-    if (!*bin) {
-        snprintf(why, whylen, "%s is not installed on the host", kind == K_PY ? "python3" : "node");
-        return -1;
-    }
+    if (!*bin)
+        return sbx_err_make(err, na, "%s is not installed on the host",
+                            kind == K_PY ? "python3" : "node");
     return 0;
 }
 
@@ -530,7 +529,7 @@ interp_driver_env(struct agent *a, const msgpack_object *over)
 /* A driver with its pipes, not started: our ends are watched, its ends wait
  * in d->child for driver_exec or the fork server. */
 struct driver *
-interp_driver_new(struct agent *a, int kind, int lang, char *why, size_t whylen)
+interp_driver_new(struct agent *a, int kind, int lang, sbx_err_t *err)
 {
     int p[4][2];
     int n = 0;
@@ -538,7 +537,7 @@ interp_driver_new(struct agent *a, int kind, int lang, char *why, size_t whylen)
         if (pipe2(p[n], O_CLOEXEC) < 0)
             break;
     if (n < 4) {
-        snprintf(why, whylen, "pipe: %s", strerror(errno));
+        sbx_err_make(err, -errno, "pipe");
         for (int i = 0; i < n; i++) {
             close(p[i][0]);
             close(p[i][1]);
@@ -577,16 +576,15 @@ interp_driver_new(struct agent *a, int kind, int lang, char *why, size_t whylen)
 
 /* Start d as a process of its own (execve), with the context's overrides. */
 int
-interp_driver_exec(struct driver *d, const msgpack_object *over, char *why, size_t whylen)
+interp_driver_exec(struct driver *d, const msgpack_object *over, sbx_err_t *err)
 {
     const char *bin, *script;
-    if (interp_driver_paths(d->kind, &bin, &script, why, whylen) != 0)
-        return -1;
+    int rc = interp_driver_paths(d->kind, &bin, &script, err);
+    if (rc != 0)
+        return rc;
     int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (nul < 0) {
-        snprintf(why, whylen, "/dev/null: %s", strerror(errno));
-        return -1;
-    }
+    if (nul < 0)
+        return sbx_err_make(err, -errno, "/dev/null");
     const char *argv_py[] = {bin, "-u", script, NULL};
     const char *argv_js[] = {bin, script, d->lang == L_TS ? "typescript" : "javascript", NULL};
     char **env = interp_driver_env(d->a, over);
@@ -607,10 +605,8 @@ interp_driver_exec(struct driver *d, const msgpack_object *over, char *why, size
     agent_env_free(env);
     close(nul);
     interp_driver_close_child(d);
-    if (pid < 0) {
-        snprintf(why, whylen, "could not start the interpreter: %s", strerror((int)-pid));
-        return -1;
-    }
+    if (pid < 0)
+        return sbx_err_make(err, (int)pid, "could not start the interpreter");
     d->pid = pid;
     return 0;
 }

@@ -231,10 +231,15 @@ void interp_driver_kill(struct driver *d);
 void interp_seed_mpl_cache(void);
 uint64_t interp_env_hash(char *const *env);
 bool interp_env_needs_start(int kind, const msgpack_object *env);
-int interp_driver_paths(int kind, const char **bin, const char **script, char *why, size_t whylen);
+/* interp_driver_paths — the interpreter and driver script of kind (static
+ * strings); SBX_E_PYTHON_NA / SBX_E_JAVASCRIPT_NA in *err when the host lacks
+ * one.  interp_driver_new — a driver with its pipes, not started (owned by the
+ * interp's list), or NULL with -errno in *err.  interp_driver_exec — start d
+ * as a process of its own; 0 or a negative code with *err. */
+int interp_driver_paths(int kind, const char **bin, const char **script, sbx_err_t *err);
 char **interp_driver_env(struct agent *a, const msgpack_object *over);
-struct driver *interp_driver_new(struct agent *a, int kind, int lang, char *why, size_t whylen);
-int interp_driver_exec(struct driver *d, const msgpack_object *over, char *why, size_t whylen);
+struct driver *interp_driver_new(struct agent *a, int kind, int lang, sbx_err_t *err);
+int interp_driver_exec(struct driver *d, const msgpack_object *over, sbx_err_t *err);
 
 /* interp_result.c */
 void interp_logacc_init(struct logacc *l, size_t cap);
@@ -248,8 +253,10 @@ void interp_run_free(struct run *r);
 
 /* interp_pool.c */
 void interp_zygote_gone(struct agent *a, bool broken);
-struct driver *interp_driver_spawn(struct agent *a, int lang, const msgpack_object *over, char *why,
-                                   size_t whylen);
+/* interp_driver_spawn — a new driver for a context or the pool (owned by the
+ * interp's list), or NULL with *err (as interp_driver_paths/new/exec). */
+struct driver *interp_driver_spawn(struct agent *a, int lang, const msgpack_object *over,
+                                   sbx_err_t *err);
 struct driver *interp_pool_take(struct agent *a, int lang);
 void interp_pool_refill(struct agent *a, int lang);
 void interp_driver_died(struct driver *d, const char *why);

@@ -111,9 +111,8 @@ zygote_start(struct agent *a)
 {
     struct interp *in = IS(a);
     const char *bin, *script;
-    char why[200];
     int sv[2] = {-1, -1}, nul = -1;
-    if (interp_driver_paths(K_PY, &bin, &script, why, sizeof(why)) != 0 ||
+    if (interp_driver_paths(K_PY, &bin, &script, NULL) != 0 ||
         socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
         (nul = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0) {
         in->zyg_broken = true;
@@ -171,12 +170,12 @@ interp_zygote_gone(struct agent *a, bool broken)
     free(z);
     for (struct driver *d = in->drivers, *next; d; d = next) {
         next = d->next;
-        char why[200];
+        _cleanup_err_ sbx_err_t err = NULL;
         if (!d->pending)
             continue;
         d->pending = false;
-        if (interp_driver_exec(d, NULL, why, sizeof(why)) != 0)
-            interp_driver_died(d, why);
+        if (interp_driver_exec(d, NULL, &err) != 0)
+            interp_driver_died(d, sbx_err_msg(err));
     }
 }
 
@@ -187,16 +186,16 @@ interp_zygote_gone(struct agent *a, bool broken)
  * environment changed, as needed), else a process of its own with the
  * context's start-time envVars `over`. */
 struct driver *
-interp_driver_spawn(struct agent *a, int lang, const msgpack_object *over, char *why, size_t whylen)
+interp_driver_spawn(struct agent *a, int lang, const msgpack_object *over, sbx_err_t *err)
 {
     struct interp *in = IS(a);
     int kind = KIND(lang);
     const char *bin, *script;
-    if (interp_driver_paths(kind, &bin, &script, why, whylen) != 0)
+    if (interp_driver_paths(kind, &bin, &script, err) != 0)
         return NULL;
     if (kind == K_PY)
         interp_seed_mpl_cache();
-    struct driver *d = interp_driver_new(a, kind, lang, why, whylen);
+    struct driver *d = interp_driver_new(a, kind, lang, err);
     if (!d)
         return NULL;
     uint64_t h = interp_env_hash(a->env);
@@ -213,7 +212,7 @@ interp_driver_spawn(struct agent *a, int lang, const msgpack_object *over, char 
             return d;
         }
     }
-    if (interp_driver_exec(d, over, why, whylen) != 0) {
+    if (interp_driver_exec(d, over, err) != 0) {
         interp_driver_free(d);
         return NULL;
     }
@@ -270,9 +269,8 @@ pool_fill(struct agent *a, int lang)
     pool_prune(a, kind, h);
     for (struct driver *d = IS(a)->drivers; d; d = d->next)
         n += warm_usable(d, kind, h);
-    char why[200];
     while (n++ < POOL_SIZE[kind])
-        if (!interp_driver_spawn(a, lang, NULL, why, sizeof(why)))
+        if (!interp_driver_spawn(a, lang, NULL, NULL))
             break;
 }
 
