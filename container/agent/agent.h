@@ -58,8 +58,13 @@ struct agent_cfg {
     char **env;              /* base environment "K=V", NULL-terminated */
 };
 
-/* setup.c: build the sandbox; 0 or -errno with the failing step in why. */
-int agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen);
+/* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"
+ * (runtime/error.h; agent_setup_step recovers the step alone). */
+int agent_setup(const struct agent_cfg *cfg, sbx_err_t *err);
+/* setup.c: the step of a failed agent_setup into step[steplen] (cut to fit):
+ * its message without the ": <strerror>" sbx_err_make appended, for the ready
+ * frame's "step" field, which container/spawn.c prints beside "message". */
+void agent_setup_step(const struct sbx_err_s *err, char *step, size_t steplen);
 /* setup.c: parse the configuration frame; 0 or SBX_E_MALFORMED. */
 int agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root);
 void agent_cfg_free(struct agent_cfg *cfg);

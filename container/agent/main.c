@@ -704,7 +704,8 @@ main(int argc, char **argv)
     char *cfgbuf = NULL;
     size_t cfglen = 0;
     sbx_msg msg;
-    char why[256] = "";
+    _cleanup_err_ sbx_err_t err = NULL;
+    char step[256];
     int rc;
 
     memset(&a, 0, sizeof(a));
@@ -731,10 +732,11 @@ main(int argc, char **argv)
         report_setup(a.chan, rc, "parse the configuration");
         return 1;
     }
-    rc = agent_setup(&a.cfg, why, sizeof(why));
+    rc = agent_setup(&a.cfg, &err);
     if (rc) {
-        sbx_log_error("agent: set-up failed at '%s': %s", why, strerror(-rc));
-        report_setup(a.chan, rc, why);
+        agent_setup_step(err, step, sizeof(step));
+        sbx_log_error("agent: set-up failed at '%s': %s", step, strerror(-rc));
+        report_setup(a.chan, rc, step);
         return 1;
     }
     a.env = agent_env_merge(a.cfg.env, NULL);

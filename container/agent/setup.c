@@ -52,8 +52,7 @@
 #define STEP(cond, ...)                                                                  \
     do {                                                                                 \
         if (!(cond)) {                                                                   \
-            rc = -errno;                                                                 \
-            snprintf(why, whylen, __VA_ARGS__);                                          \
+            rc = sbx_err_make(err, -errno, __VA_ARGS__);                                 \
             goto out;                                                                    \
         }                                                                                \
     } while (0)
@@ -224,7 +223,7 @@ mirror_toplevel(const char *name)
 /* ------------------------------------------------------------------------------ */
 
 static int
-setup_etc(const struct agent_cfg *cfg, char *why, size_t whylen)
+setup_etc(const struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     char src[512], dst[512];
@@ -245,8 +244,7 @@ setup_etc(const struct agent_cfg *cfg, char *why, size_t whylen)
             if (n > 0) {
                 t[n] = '\0';
                 if (symlink(t, dst) < 0 && errno != EEXIST) {
-                    rc = -errno;
-                    snprintf(why, whylen, "symlink /etc/%s", *p);
+                    rc = sbx_err_make(err, -errno, "symlink /etc/%s", *p);
                     goto out;
                 }
             }
@@ -254,7 +252,7 @@ setup_etc(const struct agent_cfg *cfg, char *why, size_t whylen)
         }
         rc = bind_ro(src, dst, false);
         if (rc) {
-            snprintf(why, whylen, "bind /etc/%s read-only", *p);
+            sbx_err_make(err, rc, "bind /etc/%s read-only", *p);
             goto out;
         }
     }
@@ -281,7 +279,7 @@ setup_etc(const struct agent_cfg *cfg, char *why, size_t whylen)
             continue; /* the operator chose to bind the host's own */
         rc = write_text(dst, gen[i].text, 0644);
         if (rc) {
-            snprintf(why, whylen, "write /etc/%s", gen[i].name);
+            sbx_err_make(err, rc, "write /etc/%s", gen[i].name);
             goto out;
         }
     }
@@ -290,7 +288,7 @@ out:
 }
 
 static int
-setup_dev(const struct agent_cfg *cfg, char *why, size_t whylen)
+setup_dev(const struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     char opts[64];
@@ -339,7 +337,7 @@ out:
 }
 
 static int
-setup_proc(char *why, size_t whylen)
+setup_proc(sbx_err_t *err)
 {
     int rc = 0;
     /* A procfs of our own pid namespace.  It must be mounted before anything
@@ -390,7 +388,7 @@ out:
 }
 
 static int
-setup_rw(const struct agent_cfg *cfg, char *why, size_t whylen)
+setup_rw(const struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     char opts[96];
@@ -430,7 +428,7 @@ out:
 }
 
 static int
-drop_privileges(const struct agent_cfg *cfg, char *why, size_t whylen)
+drop_privileges(const struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     struct rlimit rl;
@@ -451,8 +449,7 @@ drop_privileges(const struct agent_cfg *cfg, char *why, size_t whylen)
      * set_required_caps, isolation.md §6 step 13). */
     for (int c = 0; c <= 63; c++) {
         if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) {
-            rc = -errno;
-            snprintf(why, whylen, "drop capability %d from the bounding set", c);
+            rc = sbx_err_make(err, -errno, "drop capability %d from the bounding set", c);
             goto out;
         }
     }
@@ -506,8 +503,23 @@ out:
     return rc;
 }
 
+void
+agent_setup_step(const struct sbx_err_s *err, char *step, size_t steplen)
+{
+    const char *m = sbx_err_msg(err);
+    size_t n = strlen(m);
+    int code = sbx_err_code(err);
+    if (code < 0 && code > -4096) {
+        const char *se = strerror(-code);
+        size_t sn = strlen(se);
+        if (n >= sn + 2 && !strcmp(m + n - sn, se) && !strncmp(m + n - sn - 2, ": ", 2))
+            n -= sn + 2;
+    }
+    snprintf(step, steplen, "%.*s", (int)n, m);
+}
+
 int
-agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
+agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     int interp_fd = -1;
@@ -542,24 +554,24 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
     STEP(mkdir(NEWROOT "/usr", 0755) == 0, "mkdir /usr");
     rc = bind_ro("/usr", NEWROOT "/usr", true);
     if (rc) {
-        snprintf(why, whylen, "bind /usr read-only");
+        sbx_err_make(err, rc, "bind /usr read-only");
         goto out;
     }
     static const char *const top[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
     for (size_t i = 0; i < SBX_ARRAY_LEN(top); i++) {
         rc = mirror_toplevel(top[i]);
         if (rc) {
-            snprintf(why, whylen, "mirror /%s", top[i]);
+            sbx_err_make(err, rc, "mirror /%s", top[i]);
             goto out;
         }
     }
-    if ((rc = setup_etc(cfg, why, whylen)) != 0)
+    if ((rc = setup_etc(cfg, err)) != 0)
         goto out;
-    if ((rc = setup_rw(cfg, why, whylen)) != 0)
+    if ((rc = setup_rw(cfg, err)) != 0)
         goto out;
-    if ((rc = setup_dev(cfg, why, whylen)) != 0)
+    if ((rc = setup_dev(cfg, err)) != 0)
         goto out;
-    if ((rc = setup_proc(why, whylen)) != 0)
+    if ((rc = setup_proc(err)) != 0)
         goto out;
     static const char *const empty[] = {"opt", "srv", "mnt", "media", "sys"};
     for (size_t i = 0; i < SBX_ARRAY_LEN(empty); i++) {
@@ -579,7 +591,7 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
         rc = set_attr(NEWROOT "/opt/sbx", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
                       true);
         if (rc) {
-            snprintf(why, whylen, "make the interpreter drivers read-only");
+            sbx_err_make(err, rc, "make the interpreter drivers read-only");
             goto out;
         }
     } else if (interp_fd >= 0) {
@@ -589,7 +601,7 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
         close(interp_fd);
         interp_fd = -1;
         if (rc) {
-            snprintf(why, whylen, "bind the interpreter drivers at /opt/sbx");
+            sbx_err_make(err, rc, "bind the interpreter drivers at /opt/sbx");
             goto out;
         }
     }
@@ -617,7 +629,7 @@ agent_setup(const struct agent_cfg *cfg, char *why, size_t whylen)
     STEP(chdir("/workspace") == 0, "chdir /workspace");
 
     /* 7. Privileges, last: nothing after this needs any. */
-    rc = drop_privileges(cfg, why, whylen);
+    rc = drop_privileges(cfg, err);
 out:
     if (interp_fd >= 0)
         close(interp_fd);
