@@ -195,6 +195,8 @@ build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 build/asan/tests/integration/%: build/asan/obj/tests/integration/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# test_http reads the table of operations (runtime/ops.h) to check that every one is served.
+build/asan/tests/integration/test_http: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.
 build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
