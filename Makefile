@@ -253,6 +253,7 @@ FUZZ_JOBS          ?= 2
 FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthread \
                -fno-strict-aliasing -I. -fno-omit-frame-pointer \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+FUZZ_LDFLAGS :=
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
                runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/ops_gen.c \
@@ -286,12 +287,14 @@ build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
 build/fuzz/fuzz_terminal: $(call fuzz_objs,$(filter-out gateway/terminal.c,$(FUZZ_GW)))
-# fuzz_relay includes actors/relay.c (the shard's relay) and replaces the actor table with a scripted one.
-build/fuzz/fuzz_relay: $(call fuzz_objs,runtime/relay.c)
+# fuzz_relay links actors/relay.c (the shard's relay; actors/relay_int.h), replaces the
+# actor table with a scripted one and catches its posts to the loop thread.
+build/fuzz/fuzz_relay: $(call fuzz_objs,actors/relay.c runtime/relay.c)
+build/fuzz/fuzz_relay: FUZZ_LDFLAGS += -Wl,--wrap=sbx_loop_post
 # fuzz_etcd includes runtime/etcd.c and runtime/cview.c (libcurl's easy API scripted).
 build/fuzz/fuzz_etcd: FUZZ_LIBS += -lcurl
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
-	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(FUZZ_LIBS)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 
 bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
