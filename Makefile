@@ -276,9 +276,9 @@ build/fuzz/obj/container/agent/main.o: FUZZ_CFLAGS += -Dmain=sbx_agent_main
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(FUZZ_AGENT))
 build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
-# fuzz_preview and fuzz_terminal include one source of the HTTP front and link
-# the others, with the libraries they call; fuzz_http reaches the front through
-# gateway/http_int.h and links all of it.
+# fuzz_http, fuzz_preview and fuzz_terminal link the HTTP front, with the libraries
+# it calls, and reach it through its internal headers (gateway/*_int.h);
+# fuzz_terminal catches the front's calls to the sandbox at link time.
 FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
                runtime/relay.c runtime/nngx.c
@@ -286,7 +286,8 @@ build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
-build/fuzz/fuzz_terminal: $(call fuzz_objs,$(filter-out gateway/terminal.c,$(FUZZ_GW)))
+build/fuzz/fuzz_terminal: $(call fuzz_objs,$(FUZZ_GW))
+build/fuzz/fuzz_terminal: FUZZ_LDFLAGS += -Wl,--wrap=http_call_sync
 # fuzz_relay links actors/relay.c (the shard's relay; actors/relay_int.h), replaces the
 # actor table with a scripted one and catches its posts to the loop thread.
 build/fuzz/fuzz_relay: $(call fuzz_objs,actors/relay.c runtime/relay.c)

@@ -40,7 +40,7 @@
 #include "http.h"
 
 struct preq;
-struct tstate;
+struct terminal_state;
 
 #define MAX_SEGS 12
 #define CALL_ERROR_REPLY 1 /* http_call_take: the reply is an error reply (in *m) */
@@ -83,7 +83,7 @@ struct sbx_http {
     pthread_cond_t cv;
     int workers;
     struct preq *previews;     /* live preview requests (preview.c), under mu */
-    struct tstate *terminals;  /* live terminals (terminal.c), under mu */
+    struct terminal_state *terminals;  /* live terminals (terminal.c), under mu */
     atomic_bool stopping;
     atomic_ullong n_requests, n_errors;
 };
