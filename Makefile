@@ -285,7 +285,7 @@ FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
-build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
+build/fuzz/fuzz_preview: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_terminal: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_terminal: FUZZ_LDFLAGS += -Wl,--wrap=http_call_sync
 # fuzz_relay links actors/relay.c (the shard's relay; actors/relay_int.h), replaces the

@@ -39,7 +39,7 @@
 #include "../runtime/wire.h"
 #include "http.h"
 
-struct preq;
+struct preview_req;
 struct terminal_state;
 
 #define MAX_SEGS 12
@@ -82,7 +82,7 @@ struct sbx_http {
     pthread_mutex_t mu;        /* live worker threads (preview, terminal) */
     pthread_cond_t cv;
     int workers;
-    struct preq *previews;     /* live preview requests (preview.c), under mu */
+    struct preview_req *previews;     /* live preview requests (preview.c), under mu */
     struct terminal_state *terminals;  /* live terminals (terminal.c), under mu */
     atomic_bool stopping;
     atomic_ullong n_requests, n_errors;
