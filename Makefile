@@ -292,8 +292,13 @@ build/fuzz/fuzz_terminal: FUZZ_LDFLAGS += -Wl,--wrap=http_call_sync
 # actor table with a scripted one and catches its posts to the loop thread.
 build/fuzz/fuzz_relay: $(call fuzz_objs,actors/relay.c runtime/relay.c)
 build/fuzz/fuzz_relay: FUZZ_LDFLAGS += -Wl,--wrap=sbx_loop_post
-# fuzz_etcd includes runtime/etcd.c and runtime/cview.c (libcurl's easy API scripted).
+# fuzz_etcd links runtime/etcd.c and runtime/cview.c (runtime/etcd_int.h, cview_int.h)
+# with libcurl's easy API scripted and jansson's parser counted.
+build/fuzz/fuzz_etcd: $(call fuzz_objs,runtime/etcd.c runtime/cview.c)
 build/fuzz/fuzz_etcd: FUZZ_LIBS += -lcurl
+build/fuzz/fuzz_etcd: FUZZ_LDFLAGS += -Wl,--wrap=curl_easy_init,--wrap=curl_easy_setopt \
+    -Wl,--wrap=curl_easy_perform,--wrap=curl_easy_getinfo,--wrap=curl_easy_cleanup \
+    -Wl,--wrap=json_loadb
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 
