@@ -5,7 +5,10 @@
 #                 lib/pkgconfig/sbx.pc
 #   make install  PREFIX=/usr/local [DESTDIR=…]: include/sbx/, libsbx.{a,so}, sbx.pc
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
+#   make check    the fast tier (< 2 min): unit tests, fuzz corpus replay, one end-to-end
+#                 smoke test, on the ASan build (README.md, "Tests")
 #   make test     install missing packages, build with ASan+UBSan, run the whole suite
+#                 (what CI runs: .ci/run), SBX_TEST_PARALLEL (2) binaries at a time
 #   make bench    build and run the benchmarks (tools/bench), figures on stdout
 #   make gen      regenerate what runtime/ops.yaml feeds (docs/schema.md); make gen-check
 #                 fails with the diff when a committed generated file is stale
@@ -13,6 +16,10 @@
 #
 # Warnings are errors everywhere (-Wall -Wextra -Werror, C17).  The test suite
 # runs against the sanitizer build in build/asan/.
+
+# The default goal: a bare `make` builds everything `make run` needs.  Its
+# prerequisites are listed further down, once the variables naming them exist.
+all:
 
 CC      ?= cc
 CSTD    := -std=c17 -D_GNU_SOURCE
@@ -66,16 +73,19 @@ INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/httpapi.c \
                 tests/support/wsclient.c
 
-HDRS := $(wildcard include/sbx/*.h runtime/*.h container/*.h container/agent/*.h actors/*.h gateway/*.h tools/*.h \
-                  tests/support/*.h)
+# Header dependencies are real: every object is compiled with -MMD -MP and its
+# .d file (next to the .o) is included below, so touching one header rebuilds
+# only the objects that include it.  An object built without a .d (before these rules)
+# is rebuilt once (the end of this file).
+DEPFLAGS := -MMD -MP
 
 # $(call objs,FLAVOR,SOURCES)
 objs = $(patsubst %.c,build/$(1)/obj/%.o,$(2))
 
 define build_flavor
-build/$(1)/obj/%.o: %.c $(HDRS)
+build/$(1)/obj/%.o: %.c
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(2)) -c $$< -o $$@
+	$$(CC) $$($(2)) $(DEPFLAGS) -c $$< -o $$@
 
 $(3)/sbxd: $$(call objs,$(1),$(DAEMON))
 	@mkdir -p $$(dir $$@)
@@ -131,7 +141,7 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run test unit integration bench clean install gen gen-check
+.PHONY: all deps run check test unit integration bench clean install gen gen-check
 all: $(RELEASE_BINS) lib/libsbx.a lib/libsbx.so lib/pkgconfig/sbx.pc
 
 # ---- the client library: libsbx.a, libsbx.so, sbx.pc, install --------------------------
@@ -148,9 +158,9 @@ SBX_VERSION := 0.1.0
 SBX_SOMAJOR := 0
 PREFIX      ?= /usr/local
 LIBSBX_PIC  := $(patsubst %.c,build/pic/obj/%.o,$(sort $(CLIENT)))
-build/pic/obj/%.o: %.c $(HDRS)
+build/pic/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(RELEASE_CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
+	$(CC) $(RELEASE_CFLAGS) -fPIC -fvisibility=hidden $(DEPFLAGS) -c $< -o $@
 
 build/pic/libsbx.o: $(LIBSBX_PIC)
 	$(LD) -r -o $@.tmp $^
@@ -195,13 +205,35 @@ build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 build/asan/tests/integration/%: build/asan/obj/tests/integration/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
-# test_http reads the table of operations (runtime/ops.h) to check that every one is served.
-build/asan/tests/integration/test_http: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
+# test_shard runs a real shard on scripted agents: tests/unit/fake_spawn.c stands in
+# for container/spawn.c (no root, no containers).
+build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
+    build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+# test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
+build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.
 build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# The escape tests' two binaries share their probe helpers (tests/security/escape_util.h).
+ESCAPE_TESTS := $(wildcard tests/security/test_escape_*.c)
+$(patsubst %.c,build/asan/%,$(ESCAPE_TESTS)): build/asan/obj/tests/security/escape_util.o
+$(call objs,asan,$(ESCAPE_TESTS) tests/security/escape_util.c): tests/security/escape_util.h
+# So do the HTTP front's two (tests/integration/http_util.h).
+HTTP_TESTS := tests/integration/test_http.c tests/integration/test_http_sse.c
+$(patsubst %.c,build/asan/%,$(HTTP_TESTS)): build/asan/obj/tests/integration/http_util.o
+$(call objs,asan,$(HTTP_TESTS) tests/integration/http_util.c): tests/integration/http_util.h
+# And the code-context tests' two (tests/integration/interp_util.h).
+INTERP_TESTS := tests/integration/test_interp.c tests/integration/test_interp_edges.c
+$(patsubst %.c,build/asan/%,$(INTERP_TESTS)): build/asan/obj/tests/integration/interp_util.o
+$(call objs,asan,$(INTERP_TESTS) tests/integration/interp_util.c): tests/integration/interp_util.h
+# And the fault-injection tests' two (tests/integration/faults_util.h).
+FAULT_TESTS := tests/integration/test_faults.c tests/integration/test_faults_outages.c
+$(patsubst %.c,build/asan/%,$(FAULT_TESTS)): build/asan/obj/tests/integration/faults_util.o
+$(call objs,asan,$(FAULT_TESTS) tests/integration/faults_util.c): tests/integration/faults_util.h
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 
@@ -227,6 +259,19 @@ test: deps gen-check
 unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 	@tools/run-tests.sh build/asan unit
 
+# The inner loop: what a change should pass before `make test`.  gen-check (half a
+# second: the generated files are current), then the unit tests (no root,
+# no containers), every fuzz target over its committed corpus once (fuzz-replay, below) and
+# tests/integration/test_smoke (one sandbox's life on a private sbxd dev, root).  No
+# `deps`: run `make deps` (or `make test`) once first on a new machine.  What it needs is
+# built with one job per core unless make was given -j.
+CHECK_BINS  = $(ASAN_BINS) $(patsubst %.c,build/asan/%,$(UNIT_TESTS)) \
+              build/asan/tests/integration/test_smoke $(FUZZ_BINS)
+check: gen-check
+	@case " $(MAKEFLAGS) " in *" -j"*) j= ;; *) j=-j$$(nproc) ;; esac; \
+	  $(MAKE) --no-print-directory $$j $(CHECK_BINS)
+	@tools/run-tests.sh build/asan check
+
 # ---- reliability (issue 7 parts 4-7): fuzzing, valgrind, soak --------------------------
 # One block; `make test` reaches it through tools/run-tests.sh, which runs
 # `make fuzz-smoke` and `make valgrind` after the test binaries.
@@ -234,6 +279,7 @@ unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 #   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each,
 #                      FUZZ_JOBS (2) at a time
 #   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (12) each, two at a time (make test)
+#   make fuzz-replay   each target over its committed corpus once, no mutation (make check)
 #   make valgrind      a short scenario with the release shard, gateway and client under
 #                      valgrind --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
 #   make soak          200 sandboxes doing mixed operations for SOAK_SECONDS (300) against
@@ -264,15 +310,15 @@ FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
 
 .PRECIOUS: build/fuzz/obj/%.o
-build/fuzz/obj/%.o: %.c $(HDRS) $(wildcard tests/fuzz/*.h)
+build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
-# The targets' dependency files: a target rebuilds when a source it includes changes.
--include $(wildcard build/fuzz/obj/tests/fuzz/*.d)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -c $< -o $@
 # fuzz_path and fuzz_agent link the agent and reach its internals through its
 # internal headers (container/agent/*_int.h); the agent's main() is renamed
-# in their copy of main.o so that libFuzzer's is the program's.
+# in their copy of main.o so that libFuzzer's is the program's (rebuilt when the
+# Makefile changes: a copy compiled before the rename would clash with libFuzzer's main).
 build/fuzz/obj/container/agent/main.o: FUZZ_CFLAGS += -Dmain=sbx_agent_main
+build/fuzz/obj/container/agent/main.o: Makefile
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(FUZZ_AGENT))
 build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
@@ -306,13 +352,26 @@ bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harne
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
-.PHONY: fuzz fuzz-smoke fuzz-bins valgrind soak
+.PHONY: fuzz fuzz-smoke fuzz-replay fuzz-bins valgrind soak
 fuzz-bins: $(FUZZ_BINS)
 fuzz: fuzz-bins
 	@tools/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_TARGETS)
 fuzz-smoke: fuzz-bins
 	@rm -rf build/fuzz/smoke
 	@FUZZ_WORK=build/fuzz/smoke tools/fuzz.sh $(FUZZ_SMOKE_SECONDS) 2 $(FUZZ_TARGETS)
+# -runs=0: libFuzzer runs the inputs of the corpus directory and stops; a crash, a
+# property failure or a 10 s input fails the target (log in build/fuzz/logs/<t>.replay.log).
+fuzz-replay: fuzz-bins
+	@mkdir -p build/fuzz/logs build/fuzz/artifacts; rc=0; for t in $(FUZZ_TARGETS); do \
+	  if build/fuzz/$$t -runs=0 -timeout=10 -rss_limit_mb=2560 \
+	       -artifact_prefix=build/fuzz/artifacts/$$t-replay- tests/fuzz/corpus/$$t \
+	       >build/fuzz/logs/$$t.replay.log 2>&1; then \
+	    echo "fuzz-replay: $$t ok ($$(ls tests/fuzz/corpus/$$t | wc -l) inputs)"; \
+	  else \
+	    echo "fuzz-replay: $$t FAILED — see build/fuzz/logs/$$t.replay.log"; \
+	    grep -m1 -A12 -E 'ERROR: |property failed|==ERROR|runtime error' \
+	      build/fuzz/logs/$$t.replay.log | sed 's/^/    /'; rc=1; \
+	  fi; done; exit $$rc
 SOAK_BINS := bin/sbxd bin/sbx bin/sbx-agent bin/sbx-soak share/sbx/interp/.installed
 valgrind: $(SOAK_BINS)
 	@tools/valgrind.sh
@@ -360,13 +419,11 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 # horizontal-scaling benchmark (tools/bench-cluster.c) on the same setup with the release
 # binaries (docs/benchmarks.md, "Cluster scaling").
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
-CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
+CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c \
+                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
-                                    tests/cluster/eproxy.c)
+                                    tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
-$(call objs,asan,$(CLUSTER_TESTS) tests/cluster/eproxy.c): tests/cluster/eproxy.h
-$(call objs,asan,$(CLUSTER_TESTS) tests/cluster/cluster.c tests/cluster/cluster_client.c tests/cluster/cluster_main.c) \
-$(call objs,release,tools/bench-cluster.c tests/cluster/cluster.c tests/cluster/cluster_client.c): tests/cluster/cluster.h
 build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl $(LDLIBS_TEST)
@@ -392,3 +449,12 @@ bench: all
 
 clean:
 	rm -rf build bin lib share
+
+# Every object's header dependencies (-MMD -MP above; release, asan, pic and fuzz).  A
+# compiled object (build/*/obj/) without its .d was built before these rules: without
+# knowing its headers, rebuild it.
+DEPFILES := $(shell find build -name '*.d' 2>/dev/null)
+-include $(DEPFILES)
+$(filter-out $(DEPFILES:.d=.o),$(shell find build -path '*/obj/*' -name '*.o' 2>/dev/null)): FORCE
+.PHONY: FORCE
+FORCE:

@@ -293,8 +293,10 @@ actor_op_status(struct actor *a, struct sop *op)
 /* ------------------------------------------------------------------------------ */
 /* The mailbox. */
 
+/* The create op's limits (defaults: the shard's); 0, or SBX_E_VALIDATION with
+ * *err set (docs/errors.md). */
 static int
-parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, char *why, size_t whylen)
+parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, sbx_err_t *err)
 {
     const msgpack_object *l = NULL;
     int64_t v;
@@ -302,29 +304,23 @@ parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, char *why,
     int rc = sbx_wire_get_map(op->req.args, "limits", &l);
     if (rc == -ENOENT)
         return 0;
-    if (rc) {
-        snprintf(why, whylen, "'limits' must be a map");
-        return SBX_E_VALIDATION;
-    }
+    if (rc)
+        return sbx_err_make(err, SBX_E_VALIDATION, "'limits' must be a map");
     if (sbx_wire_get_i64(l, "memory", &v) == 0) {
-        if (v < (16 << 20) || v > (1ll << 40)) {
-            snprintf(why, whylen, "limits.memory must be 16 MiB .. 1 TiB (bytes)");
-            return SBX_E_VALIDATION;
-        }
+        if (v < (16 << 20) || v > (1ll << 40))
+            return sbx_err_make(err, SBX_E_VALIDATION,
+                                "limits.memory must be 16 MiB .. 1 TiB (bytes)");
         lim->memory = (uint64_t)v;
     }
     if (sbx_wire_get_i64(l, "pids", &v) == 0) {
-        if (v < 16 || v > 1 << 20) {
-            snprintf(why, whylen, "limits.pids must be 16 .. 1048576");
-            return SBX_E_VALIDATION;
-        }
+        if (v < 16 || v > 1 << 20)
+            return sbx_err_make(err, SBX_E_VALIDATION, "limits.pids must be 16 .. 1048576");
         lim->pids = (uint32_t)v;
     }
     if (sbx_wire_get_i64(l, "cpu", &v) == 0) {
-        if (v < 10 || v > 1024000) {
-            snprintf(why, whylen, "limits.cpu must be 10 .. 1024000 millicpus");
-            return SBX_E_VALIDATION;
-        }
+        if (v < 10 || v > 1024000)
+            return sbx_err_make(err, SBX_E_VALIDATION,
+                                "limits.cpu must be 10 .. 1024000 millicpus");
         lim->cpu_milli = (uint32_t)v;
     }
     return 0;
@@ -333,11 +329,11 @@ parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, char *why,
 void
 actor_op_create(struct actor *a, struct sop *op)
 {
-    char why[160];
+    _cleanup_err_ sbx_err_t err = NULL;
     struct sbx_limits lim;
-    int rc = parse_limits(a, op, &lim, why, sizeof(why));
+    int rc = parse_limits(a, op, &lim, &err);
     if (rc) {
-        shard_reply_err(op, rc, "%s", why);
+        shard_reply_err(op, rc, "%s", sbx_err_msg(err));
         return;
     }
     bool created = !a->exists;

@@ -21,9 +21,9 @@
 #define LABEL_VALUE_MAX 255 /* bytes of a value: any UTF-8 but NUL */
 
 /* check_labels — each key a name, each value a string, no key twice; 0 or
- * SBX_E_VALIDATION with why[whylen]. */
+ * SBX_E_VALIDATION with *err set (docs/errors.md). */
 static int
-check_labels(const msgpack_object *l, char *why, size_t whylen)
+check_labels(const msgpack_object *l, sbx_err_t *err)
 {
     for (uint32_t i = 0; i < l->via.map.size; i++) {
         const msgpack_object_kv *kv = &l->via.map.ptr[i];
@@ -34,24 +34,21 @@ check_labels(const msgpack_object *l, char *why, size_t whylen)
             name_ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                       c == '.' || c == '_' || c == '-';
         }
-        if (!name_ok) {
-            snprintf(why, whylen, "a label key must be 1-%d bytes of [A-Za-z0-9._-]",
-                     LABEL_KEY_MAX);
-            return SBX_E_VALIDATION;
-        }
+        if (!name_ok)
+            return sbx_err_make(err, SBX_E_VALIDATION,
+                                "a label key must be 1-%d bytes of [A-Za-z0-9._-]", LABEL_KEY_MAX);
         if (kv->val.type != MSGPACK_OBJECT_STR || sbx_wire_obj_str(&kv->val, &v) != 0 ||
-            v.n > LABEL_VALUE_MAX || memchr(v.p, '\0', v.n)) {
-            snprintf(why, whylen, "label '%.*s' must have a string value of at most %d bytes "
-                                  "without NUL", (int)k.n, k.p, LABEL_VALUE_MAX);
-            return SBX_E_VALIDATION;
-        }
+            v.n > LABEL_VALUE_MAX || memchr(v.p, '\0', v.n))
+            return sbx_err_make(err, SBX_E_VALIDATION,
+                                "label '%.*s' must have a string value of at most %d bytes "
+                                "without NUL",
+                                (int)k.n, k.p, LABEL_VALUE_MAX);
         for (uint32_t j = 0; j < i; j++) {
             sbx_str k2;
             if (sbx_wire_obj_str(&l->via.map.ptr[j].key, &k2) == 0 && k2.n == k.n &&
-                !memcmp(k2.p, k.p, k.n)) {
-                snprintf(why, whylen, "label '%.*s' is given twice", (int)k.n, k.p);
-                return SBX_E_VALIDATION;
-            }
+                !memcmp(k2.p, k.p, k.n))
+                return sbx_err_make(err, SBX_E_VALIDATION, "label '%.*s' is given twice",
+                                    (int)k.n, k.p);
         }
     }
     return 0;
@@ -113,10 +110,10 @@ void
 actor_op_labels(struct actor *a, struct sop *op)
 {
     const msgpack_object *l = NULL;
-    char why[160];
+    _cleanup_err_ sbx_err_t err = NULL;
     if (sbx_wire_get_map(op->req.args, "labels", &l) == 0) {
-        if (check_labels(l, why, sizeof(why)) != 0) {
-            shard_reply_err(op, SBX_E_VALIDATION, "%s", why);
+        if (check_labels(l, &err) != 0) {
+            shard_reply_err(op, SBX_E_VALIDATION, "%s", sbx_err_msg(err));
             return;
         }
         actor_ensure_record(a, NULL);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "../container/spawn.h"
+#include "../runtime/error.h"
 #include "../runtime/frame.h"
 #include "../runtime/loop.h"
 #include "../runtime/ops.h"

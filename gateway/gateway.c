@@ -982,9 +982,9 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .max_body = conf->http_max_body,
             .timeout = conf->timeout,
         };
-        char why[256];
-        if ((rv = sbx_http_start(&gw->http, &hc, why, sizeof(why))) != 0) {
-            sbx_log_error("gateway: %s", why);
+        _cleanup_err_ sbx_err_t herr = NULL;
+        if ((rv = sbx_http_start(&gw->http, &hc, &herr)) != 0) {
+            sbx_log_error("gateway: %s", sbx_err_msg(herr));
             goto fail;
         }
         sbx_log_info("gateway %s: HTTP on %s", conf->name, conf->http);

@@ -166,11 +166,12 @@ queue_err(struct hreq *hr, int code, const char *fmt, ...)
 static enum MHD_Result
 start_op(struct hreq *hr, const char *op)
 {
-    char *args = NULL, why[256];
+    _cleanup_err_ sbx_err_t err = NULL;
+    char *args = NULL;
     size_t alen = 0;
-    int rc = http_build_args(hr, &args, &alen, why, sizeof(why));
+    int rc = http_build_args(hr, &args, &alen, &err);
     if (rc)
-        return queue_err(hr, rc, "%s", why);
+        return queue_err(hr, rc, "%s", sbx_err_msg(err));
     rc = http_call_start(hr, op, args, alen, hr->timeout_ms, hr->rid);
     free(args);
     if (rc)
@@ -570,7 +571,7 @@ http_free(struct sbx_http *h)
 }
 
 int
-sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size_t whylen)
+sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
 {
     struct sbx_http *h = sbx_xcalloc(1, sizeof(*h));
     int rc = 0;
@@ -591,32 +592,28 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size
     struct sockaddr_storage ss;
     socklen_t sl;
     if (parse_listen(h->listen, &ss, &sl) != 0) {
-        snprintf(why, whylen, "cannot parse the HTTP address '%s' (want host:port)", h->listen);
-        rc = -EINVAL;
+        rc = sbx_err_make(err, SBX_E_VALIDATION,
+                          "cannot parse the HTTP address '%s' (want host:port)", h->listen);
         goto fail;
     }
-    if (conf->api_keys && *conf->api_keys && (rc = http_load_keys(h, conf->api_keys, why, whylen)))
+    if (conf->api_keys && *conf->api_keys && (rc = http_load_keys(h, conf->api_keys, err)))
         goto fail;
     if (!h->keys && !http_is_loopback(&ss)) {
-        snprintf(why, whylen,
-                 "refusing to serve HTTP on %s without API keys: give --api-keys FILE, or "
-                 "listen on a loopback address",
-                 h->listen);
-        rc = -EPERM;
+        rc = sbx_err_make(err, -EPERM,
+                          "refusing to serve HTTP on %s without API keys: give --api-keys FILE, "
+                          "or listen on a loopback address",
+                          h->listen);
         goto fail;
     }
     if ((rc = http_routes_build(h)) != 0) {
-        snprintf(why, whylen, "the table of operations declares a malformed HTTP alias");
+        sbx_err_make(err, rc, "the table of operations declares a malformed HTTP alias");
         goto fail;
     }
     /* The document generated from runtime/ops.yaml (gateway/openapi_gen.h). */
     h->openapi = sbx_xstrndup(sbx_openapi_json, sbx_openapi_json_len);
     h->openapi_len = sbx_openapi_json_len;
-    sbx_err_t derr = NULL;
-    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, &derr)) != 0) {
-        snprintf(why, whylen, "cannot reach the gateway at %s: %s", h->upstream, sbx_err_msg(derr));
-        sbx_err_release(&derr);
-        rc = -EIO;
+    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, err)) != 0) {
+        sbx_err_prefix(err, "cannot reach the gateway at %s", h->upstream);
         goto fail;
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL_LINUX_ONLY |
@@ -631,9 +628,8 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2,
                             MHD_OPTION_UNESCAPE_CALLBACK, http_unescape_none, NULL, MHD_OPTION_END);
     if (!h->d) {
-        snprintf(why, whylen, "cannot listen for HTTP on %s (address in use?)", h->listen);
         nng_close(h->req);
-        rc = -EADDRINUSE;
+        rc = sbx_err_make(err, -EADDRINUSE, "cannot listen for HTTP on %s", h->listen);
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);

@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../runtime/error.h"
+
 struct sbx_http_conf {
     const char *listen;         /* "host:port" (IPv4 or [IPv6]); port 0 = any free port */
     const char *upstream;       /* nng URL of the gateway (inproc://…) */
@@ -49,10 +51,13 @@ typedef struct sbx_http sbx_http;
 
 /*
  * sbx_http_start — bind and serve on libmicrohttpd's thread.  On failure
- * returns a negative code and writes a sentence into why[whylen].  *out is
- * owned by the caller and released with sbx_http_stop.
+ * returns a negative code (-EPERM: a non-loopback address and no API keys;
+ * -EADDRINUSE: cannot listen; SBX_E_VALIDATION: a bad address or key file;
+ * a -errno of the key file; the nng dial's code) and sets *err (err may be
+ * NULL; runtime/error.h, docs/errors.md).  *out is owned by the caller and
+ * released with sbx_http_stop.
  */
-int sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, char *why, size_t whylen);
+int sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err);
 /* sbx_http_port — the TCP port actually bound (useful with port 0). */
 int sbx_http_port(const sbx_http *h);
 /* sbx_http_stop — finish in-flight calls, close every connection, free. */

@@ -127,15 +127,13 @@ http_authorized(struct sbx_http *h, struct MHD_Connection *c)
 }
 
 int
-http_load_keys(struct sbx_http *h, const char *path, char *why, size_t whylen)
+http_load_keys(struct sbx_http *h, const char *path, sbx_err_t *err)
 {
-    char *text;
+    _cleanup_free_ char *text = NULL;
     size_t n;
     int rc = sbx_fs_read(path, 1 << 20, &text, &n);
-    if (rc) {
-        snprintf(why, whylen, "cannot read the API key file %s: %s", path, strerror(-rc));
-        return rc;
-    }
+    if (rc)
+        return sbx_err_make(err, rc, "cannot read the API key file %s", path);
     size_t count = 0;
     char *save = NULL;
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
@@ -146,19 +144,14 @@ http_load_keys(struct sbx_http *h, const char *path, char *why, size_t whylen)
             line[--l] = 0;
         if (!l || line[0] == '#')
             continue;
-        if (l < 16) {
-            snprintf(why, whylen, "API keys must be at least 16 characters (%s)", path);
-            free(text);
-            return -EINVAL;
-        }
+        if (l < 16)
+            return sbx_err_make(err, SBX_E_VALIDATION,
+                                "API keys must be at least 16 characters (%s)", path);
         h->keys = sbx_xrealloc(h->keys, (count + 2) * sizeof(char *));
         h->keys[count++] = sbx_xstrdup(line);
         h->keys[count] = NULL;
     }
-    free(text);
-    if (!count) {
-        snprintf(why, whylen, "the API key file %s holds no key", path);
-        return -EINVAL;
-    }
+    if (!count)
+        return sbx_err_make(err, SBX_E_VALIDATION, "the API key file %s holds no key", path);
     return 0;
 }

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "../runtime/cleanup.h"
+#include "../runtime/error.h"
 #include "../runtime/id.h"
 #include "../runtime/ops.h"
 #include "../runtime/util.h"
@@ -172,9 +174,9 @@ enum MHD_Result http_query_arg(void *cls, enum MHD_ValueKind kind, const char *k
                                const char *value);
 /* The op's arguments as msgpack map bytes (*args, caller frees): query, then
  * the JSON body over them, then path arguments over both.  May raise
- * hr->timeout_ms for a command's own timeout.  0, or a negative code with a
- * sentence in why[whylen]. */
-int http_build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen);
+ * hr->timeout_ms for a command's own timeout.  0, or a negative code with
+ * *err set (docs/errors.md; err may be NULL). */
+int http_build_args(struct hreq *hr, char **args, size_t *alen, sbx_err_t *err);
 
 /* ------------------------------------------------------------------------------ */
 /* http_auth.c */
@@ -187,9 +189,9 @@ bool http_key_ok(struct sbx_http *h, const char *presented);
 const char *http_browser_guard(struct sbx_http *h, struct MHD_Connection *c);
 /* The request carries a valid key (Authorization: Bearer, ?access_token). */
 bool http_authorized(struct sbx_http *h, struct MHD_Connection *c);
-/* Read the key file at path into h->keys; 0, or a negative code with a
- * sentence in why[whylen]. */
-int http_load_keys(struct sbx_http *h, const char *path, char *why, size_t whylen);
+/* Read the key file at path into h->keys; 0, or a negative code with *err
+ * set (docs/errors.md; err may be NULL). */
+int http_load_keys(struct sbx_http *h, const char *path, sbx_err_t *err);
 
 /* ------------------------------------------------------------------------------ */
 /* http_call.c: calls to the gateway (nng). */

@@ -282,21 +282,20 @@ http_query_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *
 /* The op's arguments: query arguments, then the JSON body object over them,
  * then path arguments over both (the route the client chose). */
 int
-http_build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t whylen)
+http_build_args(struct hreq *hr, char **args, size_t *alen, sbx_err_t *err)
 {
     json_t *obj;
     if (hr->body.len) {
         json_error_t je;
         obj = json_loadb(hr->body.p, hr->body.len, JSON_REJECT_DUPLICATES, &je);
-        if (!obj) {
-            snprintf(why, whylen, "the body is not valid JSON: %s (line %d, column %d)", je.text,
-                     je.line, je.column);
-            return SBX_E_MALFORMED;
-        }
+        if (!obj)
+            return sbx_err_make(err, SBX_E_MALFORMED,
+                                "the body is not valid JSON: %s (line %d, column %d)", je.text,
+                                je.line, je.column);
         if (!json_is_object(obj)) {
             json_decref(obj);
-            snprintf(why, whylen, "the body must be a JSON object of the operation's arguments");
-            return SBX_E_MALFORMED;
+            return sbx_err_make(err, SBX_E_MALFORMED,
+                                "the body must be a JSON object of the operation's arguments");
         }
     } else {
         obj = json_object();
@@ -316,12 +315,9 @@ http_build_args(struct hreq *hr, char **args, size_t *alen, char *why, size_t wh
     json_decref(obj);
     if (rc) {
         sbx_enc_free(&e);
-        snprintf(why, whylen, "the body holds a value the protocol cannot carry");
-        return rc;
+        return sbx_err_make(err, rc, "the body holds a value the protocol cannot carry");
     }
-    if (sbx_enc_finish(&e, args, alen) != 0) {
-        snprintf(why, whylen, "cannot encode the arguments");
-        return SBX_E_INTERNAL;
-    }
+    if (sbx_enc_finish(&e, args, alen) != 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "cannot encode the arguments");
     return 0;
 }

@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# tools/run-tests.sh BUILD [unit|integration|all] — run the test binaries of
-# a build (build/asan) and print one summary line: "tests: N passed, N failed".
-# With `all` it then runs the SDK suites (sdk/*/run-tests.sh, tests/openapi) and `make
-# fuzz-smoke`, `make valgrind` and `make faults-smoke` (each counted as one;
-# SBX_SKIP_RELIABILITY=1 skips the last three).
-# Each binary is a Criterion suite; its own "Synthesis" line is kept in the
-# output.  Each runs under tools/watchdog.sh: one still running after
+# tools/run-tests.sh BUILD [unit|integration|check|all] — run the test
+# binaries of a build (build/asan), SBX_TEST_PARALLEL (2) at a time, and
+# print a table of seconds per binary, the total wall time and one summary
+# line: "tests: N passed, N failed".
+#   unit         tests/unit/test_* (no root, no containers)
+#   integration  tests/integration/test_*
+#   check        what `make check` runs: the unit tests, the fuzz corpus
+#                replay (`make fuzz-replay`) and tests/integration/test_smoke
+#   all          unit, integration, security and cluster binaries, then the
+#                SDK suites (sdk/*/run-tests.sh, tests/openapi) and `make fuzz-smoke`,
+#                `make valgrind` and `make faults-smoke` (each counted as one;
+#                SBX_SKIP_RELIABILITY=1 skips the last three) — what CI runs
+# Each binary is a Criterion suite run with --jobs SBX_TEST_JOBS (2); its
+# output (with its own "Synthesis" line) is buffered to a file and printed in
+# one piece when it ends, so parallel binaries do not interleave.  Binaries
+# that must have the machine to themselves (the list `alone` below: they
+# kill shards, fill disks, build clusters, exhaust resources or measure
+# leaks; SBX_TEST_ALONE names more) run after the others, one at a time.
+# Each runs under tools/watchdog.sh: one still running after
 # SBX_TEST_BINARY_TIMEOUT seconds (900) is reported as "HUNG: <binary>" with
 # the gdb stacks of its process tree, then ended by pid, and counts as failed.
 # The run ends with tools/leftovers.sh: processes, cgroups, mounts, /run/sbx
@@ -16,6 +28,8 @@
 set -uo pipefail
 build=${1:-build/asan}
 which=${2:-all}
+par=${SBX_TEST_PARALLEL:-2}
+[[ "$par" =~ ^[1-9][0-9]*$ ]] || { echo "run-tests.sh: SBX_TEST_PARALLEL must be a positive integer" >&2; exit 2; }
 export SBX_BIN="$(cd "$build/bin" 2>/dev/null && pwd || echo "$build/bin")"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -23,69 +37,148 @@ export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$(pwd)/tests/lsan.supp:print_s
 # This run's mark: tests put it in the names of what they create on the host.
 export SBX_TEST_PREFIX="${SBX_TEST_PREFIX:-u$(tr -dc a-z0-9 < /dev/urandom | head -c 5)}"
 tools=$(cd "$(dirname "$0")" && pwd)
-snapshot=$(mktemp /tmp/sbx-leftovers-XXXXXX)
-trap 'rm -f "$snapshot"' EXIT
+out=$(mktemp -d /tmp/sbx-run-tests-XXXXXX)
+snapshot="$out/leftovers.snapshot"
+running=() # pids of the jobs in flight
+cleanup() {
+  # Interrupted: end the jobs still running (each is a watchdog, which ends
+  # its own process tree by pid), then drop the buffers.
+  for pid in "${running[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$out"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 "$tools/leftovers.sh" snapshot "$snapshot"
 
-dirs=()
-case "$which" in
-  unit) dirs=(unit) ;;
-  integration) dirs=(integration) ;;
-  *) dirs=(unit integration security cluster) ;;
-esac
+# Must run with nothing else of the suite beside them (by file name; a
+# glob for the cluster binaries); SBX_TEST_ALONE adds more (space-separated).
+alone=(test_shard_kill test_faults test_exhaustion test_leaks 'cluster/*' 'make valgrind'
+       'make faults-smoke')
+read -r -a more_alone <<< "${SBX_TEST_ALONE:-}"
+alone+=("${more_alone[@]}")
+is_alone() {
+  local a
+  for a in "${alone[@]}"; do
+    # shellcheck disable=SC2053
+    [[ "$1" == *$a ]] && return 0
+  done
+  return 1
+}
 
-passed=0; failed=0; failed_names=()
-for d in "${dirs[@]}"; do
-  for t in "$build"/tests/"$d"/test_*; do
+# The jobs: "name<TAB>command" lines.
+jobs_all=()
+add_bins() { # DIR [GLOB]
+  local t
+  for t in "$build"/tests/"$1"/${2:-test_*}; do
     [ -x "$t" ] || continue
-    echo "== $t"
-    start=$(date +%s)
-    # An outer bound too: a binary whose daemon crashed must not hang the run.
-    if "$tools/watchdog.sh" "${SBX_TEST_BINARY_TIMEOUT:-900}" "$t" \
-        "$t" --jobs "${SBX_TEST_JOBS:-2}" --timeout 240 2>&1; then
-      passed=$((passed + 1))
-    else
-      failed=$((failed + 1)); failed_names+=("$t")
-    fi
-    echo "   ($(( $(date +%s) - start )) s)"
+    jobs_all+=("$t"$'\t'"$tools/watchdog.sh ${SBX_TEST_BINARY_TIMEOUT:-900} $t $t --jobs ${SBX_TEST_JOBS:-2} --timeout 240")
   done
+}
+case "$which" in
+  unit) add_bins unit ;;
+  integration) add_bins integration ;;
+  check)
+    add_bins unit
+    jobs_all+=("make fuzz-replay"$'\t'"make --no-print-directory fuzz-replay")
+    add_bins integration test_smoke ;;
+  *)
+    for d in unit integration security cluster; do add_bins "$d"; done
+    # The SDKs' end-to-end suites (each starts its own private daemon from
+    # the same build): the TypeScript SDK (node:test), the Python client
+    # (pytest) and the OpenAPI document (tests/openapi: a real validator, real
+    # answers against its schemas, a client generated from it compiled and
+    # smoke-tested).
+    for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh; do
+      jobs_all+=("$suite"$'\t'"$suite")
+    done
+    # The reliability jobs of the Makefile's reliability block: short runs of
+    # the fuzz targets (replaying tests/fuzz/corpus) and the valgrind
+    # scenario; and the short fault-injection history test (tests/faults,
+    # sbxd dev from $SBX_BIN).
+    if [ -z "${SBX_SKIP_RELIABILITY:-}" ]; then
+      for job in fuzz-smoke valgrind faults-smoke; do
+        jobs_all+=("make $job"$'\t'"make --no-print-directory $job")
+      done
+    fi ;;
+esac
+# The parallel ones first, longest first by the seconds of the last run
+# ($build/test-seconds, written at the end: fewer idle slots at the end of
+# the parallel part), then the ones that run alone.
+times_file="$build/test-seconds"
+declare -A last_secs
+if [ -r "$times_file" ]; then
+  while IFS=$'\t' read -r s n; do [[ "$s" =~ ^[0-9]+$ ]] && last_secs[$n]=$s; done < "$times_file"
+fi
+queue=()
+while IFS= read -r j; do [ -n "$j" ] && queue+=("$j"); done < <(
+  for j in "${jobs_all[@]}"; do
+    n=${j%%$'\t'*}
+    is_alone "$n" || printf '%s\t%s\n' "${last_secs[$n]:-0}" "$j"
+  done | sort -t$'\t' -k1,1nr -s | cut -f2-)
+nalone_start=${#queue[@]}
+for j in "${jobs_all[@]}"; do is_alone "${j%%$'\t'*}" && queue+=("$j"); done
+
+passed=0; failed=0; failed_names=(); table=()
+declare -A job_name job_start job_file
+t_run=$(date +%s)
+
+start_job() { # INDEX
+  local name=${queue[$1]%%$'\t'*} cmd=${queue[$1]#*$'\t'} f="$out/job$1.log"
+  bash -c "$cmd" >"$f" 2>&1 &
+  local pid=$!
+  running+=("$pid")
+  job_name[$pid]=$name; job_start[$pid]=$(date +%s); job_file[$pid]=$f
+}
+reap_one() { # wait for any job to end, print its output and account for it
+  local pid rc=0 secs name r
+  wait -n -p pid "${running[@]}"; rc=$?
+  name=${job_name[$pid]}
+  secs=$(( $(date +%s) - ${job_start[$pid]} ))
+  echo "== $name"
+  cat "${job_file[$pid]}"
+  echo "   ($secs s)"
+  rm -f "${job_file[$pid]}"
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1)); table+=("$secs"$'\t'"ok"$'\t'"$name")
+  else
+    failed=$((failed + 1)); failed_names+=("$name"); table+=("$secs"$'\t'"FAILED"$'\t'"$name")
+  fi
+  local keep=()
+  for r in "${running[@]}"; do [ "$r" != "$pid" ] && keep+=("$r"); done
+  running=("${keep[@]}")
+}
+
+for i in "${!queue[@]}"; do
+  if [ "$i" -ge "$nalone_start" ]; then
+    # Alone: wait for everything else to end first.
+    while [ ${#running[@]} -gt 0 ]; do reap_one; done
+    start_job "$i"
+    reap_one
+    continue
+  fi
+  while [ ${#running[@]} -ge "$par" ]; do reap_one; done
+  start_job "$i"
 done
-# The SDKs' end-to-end suites (each starts its own private daemon from the
-# same build): the TypeScript SDK (node:test), the Python client (pytest) and
-# the OpenAPI document (tests/openapi: a real validator, real answers against
-# its schemas, a client generated from it compiled and smoke-tested).
-if [ "$which" = all ]; then
-  for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh; do
-    echo "== $suite"
-    start=$(date +%s)
-    if "$suite" 2>&1; then
-      passed=$((passed + 1))
-    else
-      failed=$((failed + 1)); failed_names+=("$suite")
-    fi
-    echo "   ($(( $(date +%s) - start )) s)"
-  done
-fi
-# The reliability jobs of the Makefile's reliability block: short runs of the
-# fuzz targets (replaying tests/fuzz/corpus) and the valgrind scenario; and
-# the short fault-injection history test (tests/faults, sbxd dev from $SBX_BIN).
-if [ "$which" = all ] && [ -z "${SBX_SKIP_RELIABILITY:-}" ]; then
-  for job in fuzz-smoke valgrind faults-smoke; do
-    echo "== make $job"
-    start=$(date +%s)
-    if make --no-print-directory "$job" 2>&1; then
-      passed=$((passed + 1))
-    else
-      failed=$((failed + 1)); failed_names+=("make $job")
-    fi
-    echo "   ($(( $(date +%s) - start )) s)"
-  done
-fi
+while [ ${#running[@]} -gt 0 ]; do reap_one; done
+
 # Nothing of the run's deployments may be left behind.
 echo "== leftovers"
 if ! "$tools/leftovers.sh" check "$snapshot" 2>&1; then
   failed=$((failed + 1)); failed_names+=("leftovers")
 fi
+echo
+echo "seconds per binary (SBX_TEST_PARALLEL=$par, SBX_TEST_JOBS=${SBX_TEST_JOBS:-2}):"
+sum=0
+while IFS=$'\t' read -r s st n; do
+  [ -n "$s" ] || continue
+  printf '%6d  %-6s  %s\n' "$s" "$st" "$n"
+  sum=$((sum + s))
+  last_secs[$n]=$s
+done < <(printf '%s\n' "${table[@]}" | sort -t$'\t' -k1,1nr)
+for n in "${!last_secs[@]}"; do printf '%s\t%s\n' "${last_secs[$n]}" "$n"; done \
+  > "$times_file" 2>/dev/null
+printf '%6d  total wall time (%d s of binaries)\n' "$(( $(date +%s) - t_run ))" "$sum"
 echo
 echo "tests: $passed passed, $failed failed${failed_names[*]:+ (${failed_names[*]})}"
 [ "$failed" -eq 0 ]

@@ -89,8 +89,11 @@ end_tree() {
 
 "$@" &
 child=$!
-trap 'end_tree "$child"; exit 130' INT
-trap 'end_tree "$child"; exit 143' TERM
+# The timer goes too (tools/run-tests.sh ends its watchdogs this way when it is
+# interrupted; a `sleep SECONDS` was left behind).
+timer=
+trap 'end_tree "$child"; [ -n "$timer" ] && kill "$timer" 2>/dev/null; exit 130' INT
+trap 'end_tree "$child"; [ -n "$timer" ] && kill "$timer" 2>/dev/null; exit 143' TERM
 
 sleep "$limit" &
 timer=$!

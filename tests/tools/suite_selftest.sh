@@ -2,15 +2,19 @@
 # tests/tools/suite_selftest.sh — do the suite's own guards work?  (root)
 #
 # Not run by `make test` (tools/run-tests.sh runs build/*/tests/*/test_*
-# only): run it by hand after changing tools/watchdog.sh or
-# tools/leftovers.sh.  It checks what a user of `make test` relies on:
+# only): run it by hand after changing tools/watchdog.sh,
+# tools/leftovers.sh or tools/run-tests.sh.  It checks what a user of
+# `make test` relies on:
 #   1. tools/watchdog.sh passes on the exit status of a command that ends;
 #   2. a hanging command is reported as "HUNG: <name>" with the gdb stacks of
 #      every process of its tree, the tree is gone afterwards, status 124;
 #   3. tools/leftovers.sh check fails, naming each, on a process in a shard
 #      cgroup of the run, that cgroup, a tmpfs under /tmp/sbx-*, a /run/sbx
 #      lock file and a network namespace, all named with the run's prefix —
-#      and passes once they are cleaned up (by pid and path).
+#      and passes once they are cleaned up (by pid and path);
+#   4. tools/run-tests.sh runs binaries SBX_TEST_PARALLEL at a time, prints
+#      each one's output in one piece, a table of seconds and the total,
+#      and fails naming the binary that failed.
 # Everything it creates is named with a fresh prefix and removed at the end.
 # Exit status 0 only if every check passed.
 set -uo pipefail
@@ -107,6 +111,43 @@ cleanup
 SBX_LEFTOVER_GRACE=5 "$tools/leftovers.sh" check "$tmp/snap" > "$tmp/clean.out" 2>&1
 st=$?
 check "leftovers check passes once they are cleaned up (got $st)" $([ $st = 0 ]; echo $?)
+
+# 4. the parallel runner: two binaries that can only finish together (each
+# waits up to 30 s for the other to have started), one that fails; each
+# one's output in one piece, a table of seconds, the failure named.
+fb="$tmp/build"
+mkdir -p "$fb/bin" "$fb/tests/unit"
+for t in a b; do
+  o=$([ $t = a ] && echo b || echo a)
+  rc=$([ $t = a ] && echo 0 || echo 1)
+  cat > "$fb/tests/unit/test_$t" <<SCRIPT
+#!/usr/bin/env bash
+: > "$tmp/$t.started"; echo $t-1
+for _ in \$(seq 300); do [ -e "$tmp/$o.started" ] && { echo $t-2; exit $rc; }; sleep 0.1; done
+echo $t-alone; exit $rc
+SCRIPT
+done
+printf '#!/bin/sh\necho c-1\necho c-2\n' > "$fb/tests/unit/test_c"
+chmod +x "$fb"/tests/unit/test_*
+SBX_TEST_PARALLEL=2 "$tools/run-tests.sh" "$fb" unit > "$tmp/runner.out" 2>&1
+st=$?
+check "the runner fails when a binary fails (status $st)" $([ $st = 1 ]; echo $?)
+grep -q "^tests: 2 passed, 1 failed ($fb/tests/unit/test_b)$" "$tmp/runner.out"
+check "its summary counts and names the failure" $?
+grep -q '^a-2$' "$tmp/runner.out" && grep -q '^b-2$' "$tmp/runner.out"
+check "two binaries ran at the same time (SBX_TEST_PARALLEL=2)" $?
+together=0
+for t in a b c; do
+  grep -A3 "^== $fb/tests/unit/test_$t$" "$tmp/runner.out" | tr '\n' ' ' |
+    grep -qE "^== $fb/tests/unit/test_$t $t-1 $t-2 +\([0-9]+ s\) $" || together=1
+done
+check "each binary's output is printed in one piece" $together
+n=$(grep -cE "^ +[0-9]+  (ok|FAILED) +$fb/tests/unit/test_[abc]$" "$tmp/runner.out")
+check "a table with the seconds of each binary (3 rows, got $n)" $([ "$n" = 3 ]; echo $?)
+grep -qE '^ +[0-9]+  total wall time' "$tmp/runner.out"
+check "and the total wall time" $?
+[ "$(wc -l < "$fb/test-seconds")" = 3 ]
+check "the seconds are kept for the next run's order" $?
 
 if [ $failed -ne 0 ]; then
   for f in "$tmp"/*.out; do echo "---- $f"; cat "$f"; done

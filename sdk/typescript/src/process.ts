@@ -4,7 +4,7 @@
  * @module
  */
 
-import type { SandboxOperations } from './sandbox.js';
+import type { SandboxProcesses } from './sandbox_processes.js';
 import type {
   ProcessInfo,
   ProcessLogs,
@@ -46,10 +46,10 @@ export class Process {
   /** Its log stream's ID (`proc:<id>`). */
   readonly streamId: string;
 
-  private readonly ops: SandboxOperations;
+  private readonly ops: SandboxProcesses;
 
   /** @internal Made by the Sandbox methods. */
-  constructor(ops: SandboxOperations, info: ProcessInfo) {
+  constructor(ops: SandboxProcesses, info: ProcessInfo) {
     this.ops = ops;
     this.id = info.id;
     this.command = info.command;
