@@ -1,14 +1,15 @@
 /*
  * fuzz_relay.c — the shard's preview relay handshake (actors/relay.c,
- * linked; shard_relay_conn_main through actors/relay_int.h): SOCKS5 (RFC 1928) with username/password
- * authentication (RFC 1929), from whoever can connect to the relay's port.
+ * linked; shard_relay_conn_main through actors/relay_int.h): SOCKS5 (RFC
+ * 1928) with username/password authentication (RFC 1929), from whoever can
+ * connect to the relay's port.
  *
- * conn_main runs on one end of a socketpair holding the input (then EOF),
- * for a shard with or without a relay secret.  The loop thread is not
- * there: sbx_loop_post is wrapped (-Wl,--wrap, see the Makefile) by a fake that runs the query callback at
- * once and records what the relay asked, and actor_get finds no sandbox,
- * so a well-formed request ends with "host unreachable" before any
- * namespace is entered.
+ * shard_relay_conn_main runs on one end of a socketpair holding the input
+ * (then EOF), for a shard with or without a relay secret.  The loop thread
+ * is not there: sbx_loop_post is wrapped (-Wl,--wrap, see the Makefile) by
+ * a fake that runs the query callback at once and records what the relay
+ * asked, and actor_get finds no sandbox, so a well-formed request ends with
+ * "host unreachable" before any namespace is entered.
  *
  * Input: byte 0 selects the secret (none, or a fixed one), the rest is what
  * the client sends.

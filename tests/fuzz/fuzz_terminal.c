@@ -9,9 +9,10 @@
  *    "cols":N,"rows":N}).
  *
  * The calls to the sandbox are caught: http_call_sync is wrapped at link
- * time (-Wl,--wrap, see the Makefile) by a fake here that records the operation and its arguments and answers success
- * or an error whose message holds input bytes (a message from a reply may
- * be anything, cut anywhere).  Errors go back on the WebSocket through a
+ * time (-Wl,--wrap, see the Makefile) by a fake here that records the
+ * operation and its arguments and answers success or an error whose
+ * message holds input bytes (a message from a reply may be anything, cut
+ * anywhere).  Errors go back on the WebSocket through a
  * real wslay server context (never sent).
  *
  * Input: byte 0 picks the parser; then "key=value" lines, or byte 1 (the
