@@ -211,6 +211,8 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+# test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
+build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.
 build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
@@ -297,6 +299,7 @@ FUZZ_JOBS          ?= 2
 FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthread \
                -fno-strict-aliasing -I. -fno-omit-frame-pointer \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+FUZZ_LDFLAGS :=
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
 FUZZ_RT     := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
                runtime/json.c runtime/frame.c runtime/config.c runtime/ops.c runtime/ops_gen.c \
@@ -319,23 +322,31 @@ build/fuzz/obj/container/agent/main.o: Makefile
 build/fuzz/fuzz_record: $(call fuzz_objs,actors/record.c)
 build/fuzz/fuzz_path: $(call fuzz_objs,$(FUZZ_AGENT))
 build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
-# fuzz_preview and fuzz_terminal include one source of the HTTP front and link
-# the others, with the libraries they call; fuzz_http reaches the front through
-# gateway/http_int.h and links all of it.
+# fuzz_http, fuzz_preview and fuzz_terminal link the HTTP front, with the libraries
+# it calls, and reach it through its internal headers (gateway/*_int.h);
+# fuzz_terminal catches the front's calls to the sandbox at link time.
 FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
                runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
-build/fuzz/fuzz_preview: $(call fuzz_objs,$(filter-out gateway/preview.c,$(FUZZ_GW)))
-build/fuzz/fuzz_terminal: $(call fuzz_objs,$(filter-out gateway/terminal.c,$(FUZZ_GW)))
-# fuzz_relay includes actors/relay.c (the shard's relay) and replaces the actor table with a scripted one.
-build/fuzz/fuzz_relay: $(call fuzz_objs,runtime/relay.c)
-# fuzz_etcd includes runtime/etcd.c and runtime/cview.c (libcurl's easy API scripted).
+build/fuzz/fuzz_preview: $(call fuzz_objs,$(FUZZ_GW))
+build/fuzz/fuzz_terminal: $(call fuzz_objs,$(FUZZ_GW))
+build/fuzz/fuzz_terminal: FUZZ_LDFLAGS += -Wl,--wrap=http_call_sync
+# fuzz_relay links actors/relay.c (the shard's relay; actors/relay_int.h), replaces the
+# actor table with a scripted one and catches its posts to the loop thread.
+build/fuzz/fuzz_relay: $(call fuzz_objs,actors/relay.c runtime/relay.c)
+build/fuzz/fuzz_relay: FUZZ_LDFLAGS += -Wl,--wrap=sbx_loop_post
+# fuzz_etcd links runtime/etcd.c and runtime/cview.c (runtime/etcd_int.h, cview_int.h)
+# with libcurl's easy API scripted and jansson's parser counted.
+build/fuzz/fuzz_etcd: $(call fuzz_objs,runtime/etcd.c runtime/cview.c)
 build/fuzz/fuzz_etcd: FUZZ_LIBS += -lcurl
+build/fuzz/fuzz_etcd: FUZZ_LDFLAGS += -Wl,--wrap=curl_easy_init,--wrap=curl_easy_setopt \
+    -Wl,--wrap=curl_easy_perform,--wrap=curl_easy_getinfo,--wrap=curl_easy_cleanup \
+    -Wl,--wrap=json_loadb
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
-	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(FUZZ_LIBS)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 
 bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)

@@ -39,35 +39,14 @@
 #include "../runtime/log.h"
 #include "../runtime/relay.h"
 #include "../runtime/util.h"
+#include "relay_int.h"
 #include "shard_int.h"
 
 #define RELAY_IDLE_MS (10 * 60 * 1000)
 #define RELAY_MAX_CONNS 1024
 
-struct rconn {
-    struct rconn *next;
-    struct shard *sh;
-    int fd;        /* from the gateway */
-    int up;        /* into the sandbox, or -1 */
-};
-
-/* A question for the loop thread, answered under sh->relay.mu. */
-struct rquery {
-    struct shard *sh;
-    char id[64];
-    int port;
-    uint64_t gen;
-    bool end;      /* not a question: the relay of `id` ended */
-    int rc;
-    char why[160];
-    int pidfd;
-    bool done;
-    bool abandoned;/* the asker stopped waiting: take nothing */
-    int refs;      /* the asker and the loop callback */
-};
-
 static void
-rquery_unref(struct rquery *q)
+rquery_unref(struct shard_relay_query *q)
 {
     struct shard *sh = q->sh;
     pthread_mutex_lock(&sh->relay.mu);
@@ -84,7 +63,7 @@ rquery_unref(struct rquery *q)
 static void
 rquery_cb(sbx_loop *l, void *arg)
 {
-    struct rquery *q = arg;
+    struct shard_relay_query *q = arg;
     struct shard *sh = q->sh;
     (void)l;
     pthread_mutex_lock(&sh->relay.mu);
@@ -130,10 +109,10 @@ rquery_cb(sbx_loop *l, void *arg)
 
 /* Ask the loop thread; waits at most 5 s.  The query is released by the
  * caller (rquery_unref). */
-static struct rquery *
+static struct shard_relay_query *
 rquery_ask(struct shard *sh, const char *id, int port, uint64_t gen, bool end)
 {
-    struct rquery *q = sbx_xcalloc(1, sizeof(*q));
+    struct shard_relay_query *q = sbx_xcalloc(1, sizeof(*q));
     q->sh = sh;
     snprintf(q->id, sizeof(q->id), "%s", id);
     q->port = port;
@@ -249,10 +228,10 @@ socks_rep_of(int code)
     }
 }
 
-static void *
-conn_main(void *arg)
+void *
+shard_relay_conn_main(void *arg)
 {
-    struct rconn *c = arg;
+    struct shard_relay_conn *c = arg;
     struct shard *sh = c->sh;
     unsigned char b[512];
     int64_t deadline = sbx_mono_ms() + 5000;
@@ -310,7 +289,7 @@ conn_main(void *arg)
     memcpy(id, dot + 1, il);
     id[il] = 0;
     /* 2. the loop thread's view of the sandbox */
-    struct rquery *q = rquery_ask(sh, id, port, gen, false);
+    struct shard_relay_query *q = rquery_ask(sh, id, port, gen, false);
     pthread_mutex_lock(&sh->relay.mu);
     int rc = q->rc;
     int pidfd = q->pidfd;
@@ -347,7 +326,7 @@ done:
     if (counted)
         rquery_unref(rquery_ask(sh, id, 0, 0, true));
     pthread_mutex_lock(&sh->relay.mu);
-    for (struct rconn **pp = &sh->relay.conns; *pp; pp = &(*pp)->next)
+    for (struct shard_relay_conn **pp = &sh->relay.conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
             break;
@@ -384,7 +363,7 @@ accept_main(void *arg)
             close(fd); /* too many preview connections on this shard */
             continue;
         }
-        struct rconn *c = sbx_xcalloc(1, sizeof(*c));
+        struct shard_relay_conn *c = sbx_xcalloc(1, sizeof(*c));
         c->sh = sh;
         c->fd = fd;
         c->up = -1;
@@ -397,7 +376,7 @@ accept_main(void *arg)
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&at, 256 * 1024);
-        if (pthread_create(&t, &at, conn_main, c) != 0) {
+        if (pthread_create(&t, &at, shard_relay_conn_main, c) != 0) {
             pthread_mutex_lock(&sh->relay.mu);
             sh->relay.conns = c->next;
             sh->relay.nconns--;
@@ -445,7 +424,7 @@ shard_relay_stop(struct shard *sh)
     }
     /* End every relay: their pumps see EOF and the threads exit. */
     pthread_mutex_lock(&sh->relay.mu);
-    for (struct rconn *c = sh->relay.conns; c; c = c->next) {
+    for (struct shard_relay_conn *c = sh->relay.conns; c; c = c->next) {
         shutdown(c->fd, SHUT_RDWR);
         if (c->up >= 0)
             shutdown(c->up, SHUT_RDWR);

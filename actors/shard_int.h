@@ -218,7 +218,7 @@ struct shard_relay {
     int fd, stopfd;
     pthread_t thread;
     bool running;
-    struct rconn *conns;
+    struct shard_relay_conn *conns;
     int nconns;
 };
 

@@ -41,8 +41,8 @@
 #include "../runtime/wire.h"
 #include "http.h"
 
-struct preq;
-struct tstate;
+struct preview_req;
+struct terminal_state;
 
 #define MAX_SEGS 12
 #define CALL_ERROR_REPLY 1 /* http_call_take: the reply is an error reply (in *m) */
@@ -84,8 +84,8 @@ struct sbx_http {
     pthread_mutex_t mu;        /* live worker threads (preview, terminal) */
     pthread_cond_t cv;
     int workers;
-    struct preq *previews;     /* live preview requests (preview.c), under mu */
-    struct tstate *terminals;  /* live terminals (terminal.c), under mu */
+    struct preview_req *previews;     /* live preview requests (preview.c), under mu */
+    struct terminal_state *terminals;  /* live terminals (terminal.c), under mu */
     atomic_bool stopping;
     atomic_ullong n_requests, n_errors;
 };

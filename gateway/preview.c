@@ -42,61 +42,10 @@
 #include "../runtime/log.h"
 #include "../runtime/relay.h"
 #include "http_int.h"
+#include "preview_int.h"
 
 #define BUF_HIGH (1 << 20)        /* bytes buffered per direction before back-pressure */
-#define HEAD_MAX (64 * 1024)      /* an upstream WebSocket answer's head */
 #define WS_IDLE_MS (30 * 60 * 1000)
-#define CONN_OPTIONS_MAX 1024     /* bytes of Connection options honoured (hop_by_hop) */
-
-struct preq {
-    int kind; /* HS_PREVIEW */
-    struct sbx_http *h;
-    struct MHD_Connection *c;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;                      /* the connection and the worker */
-    bool suspended;
-    bool cancelled;                /* the connection is gone or the server stops */
-    /* the request */
-    char method[16];
-    char *target;                  /* path?query as the client sent it */
-    char sandbox[SBX_ID_MAX + 2];
-    int port;
-    char token[72];
-    char host[256];
-    char client_ip[64];
-    bool ws;
-    struct curl_slist *req_hdrs;   /* forwarded request headers */
-    int64_t content_length;        /* -1: unknown (chunked) */
-    bool has_body;
-    /* upload: client → upstream */
-    sbx_buf up;
-    size_t up_off;
-    bool up_done;
-    bool up_full;                  /* the connection was suspended for space */
-    /* response: upstream → client */
-    bool head_ready;
-    int status;
-    struct curl_slist *resp_hdrs;
-    char *resp_conn;               /* the upstream's Connection options (its fields are hop-by-hop) */
-    int64_t resp_length;           /* -1: unknown */
-    bool queued;
-    sbx_buf down;
-    size_t down_off;
-    bool down_done, down_err;
-    /* an error answered instead of the upstream's response */
-    int err_status;
-    char err_code[64];
-    char err_msg[320];
-    /* WebSocket */
-    int relay_fd;
-    struct MHD_UpgradeResponseHandle *urh;
-    int client_sock;
-    bool upgraded;
-    char *extra;                   /* upstream bytes read past its head */
-    size_t nextra;
-    struct preq *next;             /* h->previews */
-};
 
 /* ------------------------------------------------------------------------------ */
 /* Host names. */
@@ -159,8 +108,8 @@ preview_match(struct sbx_http *h, const char *host, int *port, char *id, size_t 
 /* ------------------------------------------------------------------------------ */
 /* Life of a request. */
 
-static void
-preq_unref(struct preq *pr)
+void
+preview_req_unref(struct preview_req *pr)
 {
     pthread_mutex_lock(&pr->mu);
     bool last = --pr->refs == 0;
@@ -169,7 +118,7 @@ preq_unref(struct preq *pr)
         return;
     struct sbx_http *h = pr->h;
     pthread_mutex_lock(&h->mu);
-    for (struct preq **pp = &h->previews; *pp; pp = &(*pp)->next)
+    for (struct preview_req **pp = &h->previews; *pp; pp = &(*pp)->next)
         if (*pp == pr) {
             *pp = pr->next;
             break;
@@ -191,7 +140,7 @@ preq_unref(struct preq *pr)
 
 /* Under pr->mu: let MHD go on with the connection if it waits for us. */
 static void
-wake_conn(struct preq *pr)
+wake_conn(struct preview_req *pr)
 {
     if (pr->suspended && !pr->cancelled) {
         pr->suspended = false;
@@ -201,7 +150,7 @@ wake_conn(struct preq *pr)
 
 /* Under pr->mu, on MHD's thread: park the connection until the worker calls. */
 static void
-park_conn(struct preq *pr)
+park_conn(struct preview_req *pr)
 {
     pr->suspended = true;
     MHD_suspend_connection(pr->c);
@@ -209,11 +158,11 @@ park_conn(struct preq *pr)
 
 /* Worker: end the request with an error response (if nothing was sent yet). */
 static void
-fail(struct preq *pr, int status, const char *code, const char *fmt, ...)
+fail(struct preview_req *pr, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 static void
-fail(struct preq *pr, int status, const char *code, const char *fmt, ...)
+fail(struct preview_req *pr, int status, const char *code, const char *fmt, ...)
 {
     va_list ap;
     pthread_mutex_lock(&pr->mu);
@@ -245,11 +194,11 @@ hop_by_hop(const char *name, size_t n, const char *connection)
         if (strlen(fixed[i]) == n && !strncasecmp(name, fixed[i], n))
             return true;
     /* …and every field the Connection header names, in its first
-     * CONN_OPTIONS_MAX bytes: a real one is a few options long, and every
+     * PREVIEW_CONN_OPTIONS_MAX bytes: a real one is a few options long, and every
      * field of a head is checked against it (a longer one would make a
      * head's cost quadratic in its size). */
     if (connection) {
-        const char *p = connection, *end = p + strnlen(p, CONN_OPTIONS_MAX);
+        const char *p = connection, *end = p + strnlen(p, PREVIEW_CONN_OPTIONS_MAX);
         while (p < end) {
             while (p < end && (*p == ' ' || *p == '\t' || *p == ',')) /* OWS: SP or HTAB */
                 p++;
@@ -264,16 +213,10 @@ hop_by_hop(const char *name, size_t n, const char *connection)
     return false;
 }
 
-struct hdr_walk {
-    struct preq *pr;
-    const char *connection;
-    bool ws;
-};
-
-static enum MHD_Result
-collect_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+enum MHD_Result
+preview_collect_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
-    struct hdr_walk *w = cls;
+    struct preview_hdr_walk *w = cls;
     (void)kind;
     size_t n = strlen(key);
     if (!strcasecmp(key, "Host") || !strcasecmp(key, "Content-Length") ||
@@ -337,11 +280,11 @@ drop_hop_by_hop(struct curl_slist *l, const char *connection, bool keep_upgrade)
 
 /* Append a Connection field's value to the options seen so far (*acc), up
  * to what hop_by_hop reads. */
-static void
-add_connection(char **acc, const char *value)
+void
+preview_add_connection(char **acc, const char *value)
 {
-    size_t ol = *acc ? strlen(*acc) : 0, vl = strnlen(value, CONN_OPTIONS_MAX);
-    if (ol >= CONN_OPTIONS_MAX)
+    size_t ol = *acc ? strlen(*acc) : 0, vl = strnlen(value, PREVIEW_CONN_OPTIONS_MAX);
+    if (ol >= PREVIEW_CONN_OPTIONS_MAX)
         return;
     char *c = sbx_xmalloc(ol + vl + 2);
     snprintf(c, ol + vl + 2, "%s,%s", *acc ? *acc : "", value);
@@ -361,10 +304,10 @@ status_code(const char *p, size_t n)
 
 /* curl's header callback: one line of the upstream's head (with its line
  * end; not NUL-terminated), the status lines of interim heads included. */
-static size_t
-on_header(char *p, size_t size, size_t nmemb, void *cls)
+size_t
+preview_on_header(char *p, size_t size, size_t nmemb, void *cls)
 {
-    struct preq *pr = cls;
+    struct preview_req *pr = cls;
     size_t n = size * nmemb;
     pthread_mutex_lock(&pr->mu);
     if (pr->cancelled) {
@@ -400,7 +343,7 @@ on_header(char *p, size_t size, size_t nmemb, void *cls)
             if (kl == 14 && !strncasecmp(line, "Content-Length", 14)) {
                 pr->resp_length = strtoll(colon + 1, NULL, 10);
             } else if (kl == 10 && !strncasecmp(line, "Connection", 10)) {
-                add_connection(&pr->resp_conn, colon + 1);
+                preview_add_connection(&pr->resp_conn, colon + 1);
             } else if (!hop_by_hop(line, kl, NULL)) {
                 pr->resp_hdrs = curl_slist_append(pr->resp_hdrs, line);
             }
@@ -413,7 +356,7 @@ on_header(char *p, size_t size, size_t nmemb, void *cls)
 static size_t
 on_body(char *p, size_t size, size_t nmemb, void *cls)
 {
-    struct preq *pr = cls;
+    struct preview_req *pr = cls;
     size_t n = size * nmemb;
     pthread_mutex_lock(&pr->mu);
     while (!pr->cancelled && pr->down.len - pr->down_off > BUF_HIGH)
@@ -435,7 +378,7 @@ on_body(char *p, size_t size, size_t nmemb, void *cls)
 static size_t
 on_upload(char *p, size_t size, size_t nmemb, void *cls)
 {
-    struct preq *pr = cls;
+    struct preview_req *pr = cls;
     size_t max = size * nmemb;
     pthread_mutex_lock(&pr->mu);
     while (!pr->cancelled && pr->up_off == pr->up.len && !pr->up_done) {
@@ -473,8 +416,8 @@ on_upload(char *p, size_t size, size_t nmemb, void *cls)
  * "@<gen>.<other-id>:<port>/" makes ours a user name and sends the request
  * to another sandbox, past its token.  The caller frees it.
  */
-static char *
-upstream_url(uint64_t gen, const char *sandbox, int port, const char *target)
+char *
+preview_upstream_url(uint64_t gen, const char *sandbox, int port, const char *target)
 {
     if (target[0] != '/')
         return NULL;
@@ -485,9 +428,9 @@ upstream_url(uint64_t gen, const char *sandbox, int port, const char *target)
 }
 
 static void
-proxy_http(struct preq *pr, const char *relay, uint64_t gen)
+proxy_http(struct preview_req *pr, const char *relay, uint64_t gen)
 {
-    char *url = upstream_url(gen, pr->sandbox, pr->port, pr->target);
+    char *url = preview_upstream_url(gen, pr->sandbox, pr->port, pr->target);
     CURL *cu = url ? curl_easy_init() : NULL;
     if (!cu) {
         free(url);
@@ -513,7 +456,7 @@ proxy_http(struct preq *pr, const char *relay, uint64_t gen)
     if (pr->has_body && pr->content_length < 0)
         hdrs = curl_slist_append(hdrs, "Transfer-Encoding: chunked");
     curl_easy_setopt(cu, CURLOPT_URL, url);
-    curl_easy_setopt(cu, CURLOPT_DISALLOW_USERNAME_IN_URL, 1L); /* see upstream_url */
+    curl_easy_setopt(cu, CURLOPT_DISALLOW_USERNAME_IN_URL, 1L); /* see preview_upstream_url */
     curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(cu, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(cu, CURLOPT_FOLLOWLOCATION, 0L);
@@ -527,7 +470,7 @@ proxy_http(struct preq *pr, const char *relay, uint64_t gen)
     curl_easy_setopt(cu, CURLOPT_SOCKS5_AUTH, (long)CURLAUTH_BASIC);
     curl_easy_setopt(cu, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(cu, CURLOPT_FORBID_REUSE, 1L);
-    curl_easy_setopt(cu, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(cu, CURLOPT_HEADERFUNCTION, preview_on_header);
     curl_easy_setopt(cu, CURLOPT_HEADERDATA, pr);
     curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(cu, CURLOPT_WRITEDATA, pr);
@@ -578,8 +521,8 @@ proxy_http(struct preq *pr, const char *relay, uint64_t gen)
 /* ------------------------------------------------------------------------------ */
 /* The worker: WebSocket pass-through. */
 
-static void
-proxy_ws(struct preq *pr)
+void
+preview_proxy_ws(struct preview_req *pr)
 {
     sbx_buf head;
     sbx_buf_init(&head);
@@ -601,7 +544,7 @@ proxy_ws(struct preq *pr)
     char *end = NULL;
     int64_t deadline = sbx_mono_ms() + 30000;
     while (!end) {
-        if (head.len >= HEAD_MAX) {
+        if (head.len >= PREVIEW_HEAD_MAX) {
             sbx_buf_free(&head);
             fail(pr, 502, "SERVICE_NOT_RESPONDING", "the upstream's answer head is too large");
             return;
@@ -643,7 +586,7 @@ proxy_ws(struct preq *pr)
             continue; /* not a field */
         size_t kl = (size_t)(colon - line);
         if (kl == 10 && !strncasecmp(line, "Connection", 10)) {
-            add_connection(&conn, colon + 1); /* MHD writes Connection: Upgrade itself */
+            preview_add_connection(&conn, colon + 1); /* MHD writes Connection: Upgrade itself */
             continue;
         }
         if (kl == 14 && !strncasecmp(line, "Content-Length", 14)) {
@@ -682,7 +625,7 @@ static void
 upgraded_cb(void *cls, struct MHD_Connection *c, void *con_cls, const char *extra_in,
             size_t extra_in_size, MHD_socket sock, struct MHD_UpgradeResponseHandle *urh)
 {
-    struct preq *pr = cls;
+    struct preview_req *pr = cls;
     (void)c;
     (void)con_cls;
     pthread_mutex_lock(&pr->mu);
@@ -699,7 +642,7 @@ upgraded_cb(void *cls, struct MHD_Connection *c, void *con_cls, const char *extr
 static void *
 worker_main(void *arg)
 {
-    struct preq *pr = arg;
+    struct preview_req *pr = arg;
     struct sbx_http *h = pr->h;
     char code[64], msg[256];
     /* 1. the shard checks the URL */
@@ -759,9 +702,9 @@ worker_main(void *arg)
     }
     pr->relay_fd = fd;
     pthread_mutex_unlock(&pr->mu);
-    proxy_ws(pr);
+    preview_proxy_ws(pr);
 out:
-    preq_unref(pr);
+    preview_req_unref(pr);
     http_worker_leave(h);
     return NULL;
 }
@@ -772,7 +715,7 @@ out:
 static ssize_t
 reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
-    struct preq *pr = cls;
+    struct preview_req *pr = cls;
     (void)pos;
     pthread_mutex_lock(&pr->mu);
     ssize_t ret;
@@ -795,7 +738,7 @@ reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 /* Under pr->mu: queue the upstream's response (or the error). */
 static enum MHD_Result
-queue_response(struct preq *pr)
+queue_response(struct preview_req *pr)
 {
     pr->queued = true;
     if (pr->err_status) {
@@ -842,10 +785,10 @@ queue_response(struct preq *pr)
 
 /* A new preview request of connection c (NULL in the fuzz target), one
  * reference held; freed through its reference count. */
-static struct preq *
-preq_new(struct sbx_http *h, struct MHD_Connection *c)
+struct preview_req *
+preview_req_new(struct sbx_http *h, struct MHD_Connection *c)
 {
-    struct preq *pr = sbx_xcalloc(1, sizeof(*pr));
+    struct preview_req *pr = sbx_xcalloc(1, sizeof(*pr));
     pr->kind = HS_PREVIEW;
     pr->h = h;
     pr->c = c;
@@ -866,11 +809,11 @@ start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char 
       void **con_cls, const char *host)
 {
     /* MHD passes any request-target on (absolute form, "*", "@host/…"):
-     * only a path can follow the upstream's authority (upstream_url). */
+     * only a path can follow the upstream's authority (preview_upstream_url). */
     if (url[0] != '/')
         return http_queue_error(c, 400, "VALIDATION_FAILED",
                                 "a preview request's target must be a path (origin form)");
-    struct preq *pr = preq_new(h, c);
+    struct preview_req *pr = preview_req_new(h, c);
     *con_cls = pr;
     preview_match(h, host, &pr->port, pr->sandbox, sizeof(pr->sandbox), pr->token,
                   sizeof(pr->token));
@@ -897,8 +840,8 @@ start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char 
     const char *upgrade = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Upgrade");
     pr->ws = upgrade && strcasestr(upgrade, "websocket") && connection &&
              strcasestr(connection, "upgrade");
-    struct hdr_walk w = {pr, connection, pr->ws};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
+    struct preview_hdr_walk w = {pr, connection, pr->ws};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, preview_collect_header, &w);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
     if (cl)
@@ -935,7 +878,7 @@ preview_access(struct sbx_http *h, struct MHD_Connection *c, const char *url,
 {
     if (!*con_cls)
         return start(h, c, url, method, con_cls, host);
-    struct preq *pr = *con_cls;
+    struct preview_req *pr = *con_cls;
     enum MHD_Result ret = MHD_YES;
     pthread_mutex_lock(&pr->mu);
     if (upload_data_size && *upload_data_size) {
@@ -967,7 +910,7 @@ preview_access(struct sbx_http *h, struct MHD_Connection *c, const char *url,
 void
 preview_completed(void *state)
 {
-    struct preq *pr = state;
+    struct preview_req *pr = state;
     pthread_mutex_lock(&pr->mu);
     pr->cancelled = true;
     pr->suspended = false;
@@ -975,14 +918,14 @@ preview_completed(void *state)
     if (pr->relay_fd >= 0 && !pr->upgraded)
         shutdown(pr->relay_fd, SHUT_RDWR);
     pthread_mutex_unlock(&pr->mu);
-    preq_unref(pr);
+    preview_req_unref(pr);
 }
 
 void
 preview_cancel_all(struct sbx_http *h)
 {
     pthread_mutex_lock(&h->mu);
-    for (struct preq *pr = h->previews; pr; pr = pr->next) {
+    for (struct preview_req *pr = h->previews; pr; pr = pr->next) {
         pthread_mutex_lock(&pr->mu);
         if (pr->suspended) {
             pr->suspended = false;

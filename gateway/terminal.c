@@ -46,6 +46,7 @@
 #include "../runtime/json.h"
 #include "../runtime/log.h"
 #include "http_int.h"
+#include "terminal_int.h"
 
 #define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11" /* RFC 6455 §1.3 */
 #define POLL_WAIT_MS 5000
@@ -53,45 +54,8 @@
 #define QUEUE_CAP (1u << 20)   /* bytes waiting for the WebSocket thread */
 #define WSLAY_CAP (1u << 20)   /* bytes queued in wslay, not yet on the socket */
 
-struct outmsg {
-    struct outmsg *next;
-    uint8_t opcode;
-    size_t len;
-    char data[];
-};
-
-struct tstate {
-    int kind; /* HS_TERMINAL */
-    struct sbx_http *h;
-    struct MHD_Connection *c;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;                 /* connection, WebSocket thread, reader thread */
-    bool suspended, cancelled, queued;
-    char sandbox[SBX_ID_MAX + 2];
-    char session[128];
-    char shell[128];
-    int cols, rows;
-    char accept[64];          /* Sec-WebSocket-Accept */
-    /* set by the opener */
-    bool opened;
-    int err_status;
-    char err_code[64], err_msg[256];
-    char stream_id[160];
-    /* after the upgrade */
-    bool upgraded;
-    int sock;
-    struct MHD_UpgradeResponseHandle *urh;
-    int evfd;
-    struct outmsg *q_head, *q_tail;
-    size_t q_bytes;           /* payload bytes in q_head… (back-pressure) */
-    bool reader_done;
-    bool stop;
-    struct tstate *next;      /* h->terminals */
-};
-
 static void
-ts_unref(struct tstate *t)
+ts_unref(struct terminal_state *t)
 {
     pthread_mutex_lock(&t->mu);
     bool last = --t->refs == 0;
@@ -100,14 +64,14 @@ ts_unref(struct tstate *t)
         return;
     struct sbx_http *h = t->h;
     pthread_mutex_lock(&h->mu);
-    for (struct tstate **pp = &h->terminals; *pp; pp = &(*pp)->next)
+    for (struct terminal_state **pp = &h->terminals; *pp; pp = &(*pp)->next)
         if (*pp == t) {
             *pp = t->next;
             break;
         }
     pthread_mutex_unlock(&h->mu);
     while (t->q_head) {
-        struct outmsg *m = t->q_head;
+        struct terminal_outmsg *m = t->q_head;
         t->q_head = m->next;
         free(m);
     }
@@ -119,7 +83,7 @@ ts_unref(struct tstate *t)
 }
 
 static void
-wake_conn(struct tstate *t)
+wake_conn(struct terminal_state *t)
 {
     if (t->suspended && !t->cancelled) {
         t->suspended = false;
@@ -129,9 +93,9 @@ wake_conn(struct tstate *t)
 
 /* Under t->mu: queue a frame for the WebSocket thread. */
 static void
-push(struct tstate *t, uint8_t opcode, const char *p, size_t n)
+push(struct terminal_state *t, uint8_t opcode, const char *p, size_t n)
 {
-    struct outmsg *m = sbx_xmalloc(sizeof(*m) + n);
+    struct terminal_outmsg *m = sbx_xmalloc(sizeof(*m) + n);
     m->next = NULL;
     m->opcode = opcode;
     m->len = n;
@@ -163,7 +127,7 @@ error_json(const char *code, const char *msg)
 }
 
 static void
-push_json(struct tstate *t, json_t *j)
+push_json(struct terminal_state *t, json_t *j)
 {
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -179,7 +143,7 @@ push_json(struct tstate *t, json_t *j)
 /* Calls to the sandbox. */
 
 static int
-call(struct tstate *t, const char *op, sbx_enc *e, int64_t timeout, struct hreply *rep,
+call(struct terminal_state *t, const char *op, sbx_enc *e, int64_t timeout, struct hreply *rep,
      char code[64], char *msg, size_t msglen)
 {
     char *args;
@@ -199,7 +163,7 @@ call(struct tstate *t, const char *op, sbx_enc *e, int64_t timeout, struct hrepl
 static void *
 reader_main(void *arg)
 {
-    struct tstate *t = arg;
+    struct terminal_state *t = arg;
     uint64_t after = 0;
     bool ready_sent = false;
     for (;;) {
@@ -278,7 +242,7 @@ reader_main(void *arg)
 static ssize_t
 ws_recv(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *ud)
 {
-    struct tstate *t = ud;
+    struct terminal_state *t = ud;
     (void)flags;
     ssize_t r = recv(t->sock, buf, len, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
@@ -295,7 +259,7 @@ ws_recv(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *
 static ssize_t
 ws_send(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags, void *ud)
 {
-    struct tstate *t = ud;
+    struct terminal_state *t = ud;
     (void)flags;
     ssize_t w = send(t->sock, data, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
@@ -310,7 +274,7 @@ ws_send(wslay_event_context_ptr ctx, const uint8_t *data, size_t len, int flags,
 }
 
 static void
-ws_error(struct tstate *t, wslay_event_context_ptr ctx, const char *code, const char *msg)
+ws_error(struct terminal_state *t, wslay_event_context_ptr ctx, const char *code, const char *msg)
 {
     json_t *j = error_json(code, msg);
     char *s = json_dumps(j, JSON_COMPACT);
@@ -320,10 +284,11 @@ ws_error(struct tstate *t, wslay_event_context_ptr ctx, const char *code, const 
     free(s);
 }
 
-static void
-ws_msg(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg, void *ud)
+void
+terminal_ws_msg(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *arg,
+                void *ud)
 {
-    struct tstate *t = ud;
+    struct terminal_state *t = ud;
     if (arg->opcode == WSLAY_BINARY_FRAME) {
         sbx_enc e;
         sbx_enc_init(&e);
@@ -370,9 +335,9 @@ ws_msg(wslay_event_context_ptr ctx, const struct wslay_event_on_msg_recv_arg *ar
 }
 
 static void
-ws_loop(struct tstate *t)
+ws_loop(struct terminal_state *t)
 {
-    struct wslay_event_callbacks cb = {ws_recv, ws_send, NULL, NULL, NULL, NULL, ws_msg};
+    struct wslay_event_callbacks cb = {ws_recv, ws_send, NULL, NULL, NULL, NULL, terminal_ws_msg};
     wslay_event_context_ptr ctx;
     if (wslay_event_context_server_init(&ctx, &cb, t) != 0)
         return;
@@ -402,7 +367,7 @@ ws_loop(struct tstate *t)
         pthread_mutex_lock(&t->mu);
         bool drained = false;
         while (t->q_head && wslay_event_get_queued_msg_length(ctx) < WSLAY_CAP) {
-            struct outmsg *m = t->q_head;
+            struct terminal_outmsg *m = t->q_head;
             t->q_head = m->next;
             t->q_bytes -= m->len;
             struct wslay_event_msg wm = {m->opcode, (const uint8_t *)m->data, m->len};
@@ -440,7 +405,7 @@ ws_loop(struct tstate *t)
 static void *
 main_thread(void *arg)
 {
-    struct tstate *t = arg;
+    struct terminal_state *t = arg;
     struct sbx_http *h = t->h;
     sbx_enc e;
     sbx_enc_init(&e);
@@ -501,7 +466,7 @@ static void
 upgraded_cb(void *cls, struct MHD_Connection *c, void *con_cls, const char *extra_in,
             size_t extra_in_size, MHD_socket sock, struct MHD_UpgradeResponseHandle *urh)
 {
-    struct tstate *t = cls;
+    struct terminal_state *t = cls;
     (void)c;
     (void)con_cls;
     (void)extra_in;
@@ -515,7 +480,7 @@ upgraded_cb(void *cls, struct MHD_Connection *c, void *con_cls, const char *extr
 }
 
 static enum MHD_Result
-queue_upgrade(struct tstate *t)
+queue_upgrade(struct terminal_state *t)
 {
     t->queued = true;
     if (t->err_status)
@@ -563,9 +528,9 @@ dim_arg(const char *v, int dflt)
  * session or shell that does not decode or fit is refused, not cut (a cut
  * name is another session, a cut path another program).
  */
-static int
-terminal_args(struct tstate *t, const char *session, const char *shell, const char *cols,
-              const char *rows, char *why, size_t whylen)
+int
+terminal_args(struct terminal_state *t, const char *session, const char *shell,
+              const char *cols, const char *rows, char *why, size_t whylen)
 {
     if (!text_arg(session ? session : "default", t->session, sizeof(t->session)) ||
         !t->session[0]) {
@@ -591,7 +556,7 @@ enum MHD_Result
 terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbox, void **con_cls)
 {
     if (*con_cls) {
-        struct tstate *t = *con_cls;
+        struct terminal_state *t = *con_cls;
         enum MHD_Result ret = MHD_YES;
         pthread_mutex_lock(&t->mu);
         if (!t->queued && (t->opened || t->err_status))
@@ -622,7 +587,7 @@ terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbo
     const char *session = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "session");
     if (!session)
         session = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "sessionId");
-    struct tstate *t = sbx_xcalloc(1, sizeof(*t));
+    struct terminal_state *t = sbx_xcalloc(1, sizeof(*t));
     char why[160];
     if (terminal_args(t, session, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "shell"),
                       MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cols"),
@@ -670,7 +635,7 @@ terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbo
 void
 terminal_completed(void *state)
 {
-    struct tstate *t = state;
+    struct terminal_state *t = state;
     pthread_mutex_lock(&t->mu);
     t->cancelled = true;
     t->suspended = false;
@@ -683,7 +648,7 @@ void
 terminal_cancel_all(struct sbx_http *h)
 {
     pthread_mutex_lock(&h->mu);
-    for (struct tstate *t = h->terminals; t; t = t->next) {
+    for (struct terminal_state *t = h->terminals; t; t = t->next) {
         pthread_mutex_lock(&t->mu);
         if (t->suspended) {
             t->suspended = false;

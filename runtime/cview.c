@@ -1,5 +1,6 @@
 /* cview.c — see cview.h. */
 #include "cview.h"
+#include "cview_int.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -11,31 +12,6 @@
 #include "err.h"
 #include "log.h"
 #include "util.h"
-
-struct sbx_cview {
-    sbx_etcd *etcd;
-    char prefix[160];
-    char cprefix[176];   /* prefix + "c/" */
-    sbx_cview_fn fn;
-    void *arg;
-    pthread_mutex_t mu;
-    /* Under mu: */
-    struct sbx_cmember members[SBX_CVIEW_MAX_MEMBERS];
-    int nmembers;        /* slots ever used (free ones among them have name "") */
-    int refs[SBX_CVIEW_MAX_MEMBERS];              /* partitions each slot owns */
-    char prev[SBX_CVIEW_MAX_MEMBERS][64];         /* a free slot's last name */
-    uint64_t freed[SBX_CVIEW_MAX_MEMBERS];        /* when it was freed (nfreed then) */
-    uint64_t nfreed;     /* slots freed so far */
-    uint64_t gen;        /* the last gen handed out */
-    char (*drains)[64];  /* names with a drain/ key (no slot of their own); heap */
-    size_t ndrains, capdrains;
-    struct sbx_cpart parts[SBX_PARTITIONS];
-    bool synced;
-    int64_t rev;
-    uint64_t nevents;    /* events applied (the watch's progress) */
-    pthread_t thread;
-    atomic_bool stop;
-};
 
 void
 sbx_cview_part_key(const char *prefix, uint32_t part, char *out, size_t outlen)
@@ -324,8 +300,8 @@ apply(sbx_cview *v, bool put, const struct sbx_etcd_kv *kv)
     }
 }
 
-static int
-watch_cb(void *arg, bool put, const struct sbx_etcd_kv *kv, int64_t revision)
+int
+sbx_cview_watch_cb(void *arg, bool put, const struct sbx_etcd_kv *kv, int64_t revision)
 {
     sbx_cview *v = arg;
     pthread_mutex_lock(&v->mu);
@@ -384,8 +360,8 @@ replace(sbx_cview *v, const struct sbx_etcd_kv *kvs, size_t n, int64_t rev)
 }
 
 /* A full read of c/: replaces the view. */
-static int
-resync(sbx_cview *v)
+int
+sbx_cview_resync(sbx_cview *v)
 {
     char end[200];
     sbx_etcd_prefix_end(v->cprefix, end, sizeof(end));
@@ -407,8 +383,8 @@ resync(sbx_cview *v)
 /* An empty view (no member, no owner, not synced), under mu or before the
  * thread starts; keeps etcd, prefixes, callback and the drain set's
  * memory. */
-static void
-view_reset(sbx_cview *v)
+void
+sbx_cview_reset(sbx_cview *v)
 {
     memset(v->members, 0, sizeof(v->members));
     memset(v->refs, 0, sizeof(v->refs));
@@ -427,8 +403,8 @@ view_reset(sbx_cview *v)
 
 /* The revision a watch starts from after revision r (etcd's revisions are
  * int64: a garbage INT64_MAX must not overflow). */
-static int64_t
-rev_after(int64_t r)
+int64_t
+sbx_cview_rev_after(int64_t r)
 {
     return r < INT64_MAX ? r + 1 : r;
 }
@@ -454,7 +430,7 @@ view_main(void *arg)
      * watches end at once with nothing (etcd refuses them, answers garbage). */
     int backoff = 50;
     while (!atomic_load(&v->stop)) {
-        if (resync(v) != 0) {
+        if (sbx_cview_resync(v) != 0) {
             nap(v, backoff);
             backoff = SBX_MIN(backoff * 2, 2000);
             continue;
@@ -462,11 +438,12 @@ view_main(void *arg)
         int64_t from;
         uint64_t seen;
         pthread_mutex_lock(&v->mu);
-        from = rev_after(v->rev);
+        from = sbx_cview_rev_after(v->rev);
         seen = v->nevents;
         pthread_mutex_unlock(&v->mu);
         int64_t t0 = sbx_mono_ms();
-        int rc = sbx_etcd_watch(v->etcd, v->cprefix, end, from, watch_cb, v, &v->stop);
+        int rc =
+            sbx_etcd_watch(v->etcd, v->cprefix, end, from, sbx_cview_watch_cb, v, &v->stop);
         pthread_mutex_lock(&v->mu);
         bool progressed = v->nevents != seen || sbx_mono_ms() - t0 >= 10000;
         pthread_mutex_unlock(&v->mu);
@@ -487,7 +464,7 @@ sbx_cview_start(sbx_cview **out, sbx_etcd *etcd, const char *prefix, sbx_cview_f
     v->fn = fn;
     v->arg = arg;
     pthread_mutex_init(&v->mu, NULL);
-    view_reset(v);
+    sbx_cview_reset(v);
     /* Published before the thread starts: its first callback may run before
      * pthread_create returns, and callbacks reach the view through *out
      * (the gateway's view_changed locks gw->view). */

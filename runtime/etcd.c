@@ -3,6 +3,7 @@
  * with the protobuf message as JSON; bytes fields are base64; int64 fields
  * come back as strings. */
 #include "etcd.h"
+#include "etcd_int.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -16,15 +17,7 @@
 #include "log.h"
 #include "util.h"
 
-#define MAX_ENDPOINTS 8
 #define MAX_REPLY (256u << 20)
-
-struct sbx_etcd {
-    char *ep[MAX_ENDPOINTS];
-    int nep;
-    _Atomic int cur;      /* the endpoint that answered last */
-    int64_t timeout_ms;
-};
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
@@ -41,7 +34,7 @@ sbx_etcd_open(sbx_etcd **out, const char *endpoints, int64_t timeout_ms)
     sbx_etcd *e = sbx_xcalloc(1, sizeof(*e));
     e->timeout_ms = timeout_ms > 0 ? timeout_ms : 5000;
     char *copy = sbx_xstrdup(endpoints), *save = NULL;
-    for (char *p = strtok_r(copy, ",", &save); p && e->nep < MAX_ENDPOINTS;
+    for (char *p = strtok_r(copy, ",", &save); p && e->nep < SBX_ETCD_MAX_ENDPOINTS;
          p = strtok_r(NULL, ",", &save)) {
         size_t n = strlen(p);
         while (n && p[n - 1] == '/')

@@ -1,16 +1,17 @@
 /*
  * fuzz_etcd.c — etcd's answers as sbx reads them: the JSON gateway client
  * (runtime/etcd.c) and the cluster view built from them (runtime/cview.c),
- * both included here for their static functions and left as they are.
+ * both linked as they are and reached through runtime/etcd_int.h and
+ * runtime/cview_int.h.
  *
- * The transport is scripted: libcurl's easy API is renamed to scripted fakes here
- * that hand the real write callbacks a sequence of answers (an HTTP status
- * and a body, or a transport failure), a watch's body cut into the chunks
- * the input says.  Everything above curl runs for real: call(), the
- * kvs/header/succeeded/ID/TTL readers, watch_data's incremental parse,
- * resync() and apply() on a view with no thread of its own.  jansson's
- * json_loadb is counted (the bytes it is handed), and so are the bytes the
- * write callbacks take.
+ * The transport is scripted: libcurl's easy API is wrapped at link time by
+ * fakes here that hand the real write callbacks a sequence of answers (an
+ * HTTP status and a body, or a transport failure), a watch's body cut into
+ * the chunks the input says.  Everything above curl runs for real: call(),
+ * the kvs/header/succeeded/ID/TTL readers, watch_data's incremental parse,
+ * sbx_cview_resync() and apply() on a view with no thread of its own.
+ * jansson's json_loadb is counted (the bytes it is handed), and so are the
+ * bytes the write callbacks take.
  *
  * Input: byte 0 picks the flow, byte 1 is a flag; then answers separated
  * by 0x1e, each a header byte (bit 0: transport failure; bits 1-2: status
@@ -62,41 +63,50 @@
  *    (gateways keep a socket per slot) unless the range references more
  *    names than slots.
  */
-#define CURL_DISABLE_TYPECHECK
-#include <curl/curl.h>
 #include <ctype.h>
-#include <stdarg.h>
-
-static CURL *fake_easy_init(void);
-static CURLcode fake_easy_setopt(CURL *h, CURLoption o, ...);
-static CURLcode fake_easy_perform(CURL *h);
-static CURLcode fake_easy_getinfo(CURL *h, CURLINFO i, ...);
-static void fake_easy_cleanup(CURL *h);
-#undef curl_easy_setopt  /* curl.h's arity checks */
-#undef curl_easy_getinfo
-#define curl_easy_init fake_easy_init
-#define curl_easy_setopt fake_easy_setopt
-#define curl_easy_perform fake_easy_perform
-#define curl_easy_getinfo fake_easy_getinfo
-#define curl_easy_cleanup fake_easy_cleanup
-/* jansson's parser is counted: a watch must parse each byte O(1) times. */
+#include <curl/curl.h>
 #include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../runtime/cview_int.h"
+#include "../../runtime/err.h"
+#include "../../runtime/etcd_int.h"
+#include "../../runtime/util.h"
+
+/* The calls of etcd.o and cview.o to libcurl's easy API and to jansson's
+ * json_loadb come here (-Wl,--wrap=…, see the Makefile); this file's own
+ * parses call the real json_loadb. */
+CURL *__wrap_curl_easy_init(void);
+CURLcode __wrap_curl_easy_setopt(CURL *h, CURLoption o, ...);
+CURLcode __wrap_curl_easy_perform(CURL *h);
+CURLcode __wrap_curl_easy_getinfo(CURL *h, CURLINFO i, ...);
+void __wrap_curl_easy_cleanup(CURL *h);
+json_t *__wrap_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error);
+json_t *__real_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error);
+
+/* jansson's parser is counted: a watch must parse each byte O(1) times. */
 static size_t fuzz_parsed;
-static json_t *
-fuzz_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error)
+
+json_t *
+__wrap_json_loadb(const char *buffer, size_t buflen, size_t flags, json_error_t *error)
 {
     fuzz_parsed += buflen;
-    return json_loadb(buffer, buflen, flags, error);
+    return __real_json_loadb(buffer, buflen, flags, error);
 }
-#define json_loadb fuzz_loadb
-#include "../../runtime/etcd.c"
-#include "../../runtime/cview.c"
-#undef json_loadb
-#undef curl_easy_init
-#undef curl_easy_setopt
-#undef curl_easy_perform
-#undef curl_easy_getinfo
-#undef curl_easy_cleanup
+
+/* An int64 field of an answer as etcd's JSON gateway writes it (a string,
+ * or a number), 0 when absent: the reference's reader. */
+static int64_t
+jint(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    if (json_is_string(v))
+        return strtoll(json_string_value(v), NULL, 10);
+    return json_is_integer(v) ? json_integer_value(v) : 0;
+}
 
 #include "fuzz.h"
 
@@ -126,14 +136,14 @@ struct fake {
     long status;
 };
 
-static CURL *
-fake_easy_init(void)
+CURL *
+__wrap_curl_easy_init(void)
 {
     return (CURL *)sbx_xcalloc(1, sizeof(struct fake));
 }
 
-static CURLcode
-fake_easy_setopt(CURL *h, CURLoption o, ...)
+CURLcode
+__wrap_curl_easy_setopt(CURL *h, CURLoption o, ...)
 {
     struct fake *f = (struct fake *)h;
     va_list ap;
@@ -165,8 +175,8 @@ deliver(struct fake *f, const uint8_t *p, size_t n)
     return w == n ? CURLE_OK : CURLE_WRITE_ERROR;
 }
 
-static CURLcode
-fake_easy_perform(CURL *h)
+CURLcode
+__wrap_curl_easy_perform(CURL *h)
 {
     struct fake *f = (struct fake *)h;
     if (S.next >= S.n)
@@ -210,8 +220,8 @@ fake_easy_perform(CURL *h)
     return CURLE_OK;
 }
 
-static CURLcode
-fake_easy_getinfo(CURL *h, CURLINFO i, ...)
+CURLcode
+__wrap_curl_easy_getinfo(CURL *h, CURLINFO i, ...)
 {
     struct fake *f = (struct fake *)h;
     va_list ap;
@@ -222,8 +232,8 @@ fake_easy_getinfo(CURL *h, CURLINFO i, ...)
     return CURLE_OK;
 }
 
-static void
-fake_easy_cleanup(CURL *h)
+void
+__wrap_curl_easy_cleanup(CURL *h)
 {
     free(h);
 }
@@ -259,7 +269,7 @@ expect_call(bool *ok, bool *answered)
             if (a.p[i] != SEP_CHUNK)
                 sbx_buf_append(&b, &a.p[i], 1);
         json_error_t je;
-        json_t *j = json_loadb(b.p ? b.p : "", b.len, 0, &je);
+        json_t *j = __real_json_loadb(b.p ? b.p : "", b.len, 0, &je);
         sbx_buf_free(&b);
         *ok = j && ((a.p[0] >> 1) & 3) < 2;
         if (!*ok) {
@@ -497,7 +507,7 @@ ref_watch(int stop_after, struct rec *r, int *rc, bool *ambiguous, size_t *bad_o
             break;
         }
         json_error_t je;
-        json_t *j = json_loadb(body.p + off, body.len - off, JSON_DISABLE_EOF_CHECK, &je);
+        json_t *j = __real_json_loadb(body.p + off, body.len - off, JSON_DISABLE_EOF_CHECK, &je);
         if (!j) {
             *rc = SBX_E_STORAGE;
             if (json_error_code(&je) == json_error_premature_end_of_input ||
@@ -655,7 +665,7 @@ static void
 maddr(struct mname *m, const struct sbx_etcd_kv *kv)
 {
     json_error_t je;
-    json_t *j = json_loadb(kv->value, kv->vlen, 0, &je);
+    json_t *j = __real_json_loadb(kv->value, kv->vlen, 0, &je);
     const char *url = json_string_value(json_object_get(j, "url"));
     const char *relay = json_string_value(json_object_get(j, "relay"));
     bool fits = !memchr(kv->value, 0, kv->vlen) && url && strlen(url) < 256 &&
@@ -811,7 +821,7 @@ flow_view(sbx_etcd *e)
         return; /* resync fails the same way: nothing to compare */
     size_t after_range = S.next;
     static atomic_bool stop;
-    sbx_etcd_watch(e, CPREFIX, end, rev_after(s.rev), model_cb, &s, &stop);
+    sbx_etcd_watch(e, CPREFIX, end, sbx_cview_rev_after(s.rev), model_cb, &s, &stop);
     size_t after_watch = S.next;
 
     /* The view, replaying the same answers. */
@@ -823,13 +833,14 @@ flow_view(sbx_etcd *e)
     v->etcd = e;
     snprintf(v->prefix, sizeof(v->prefix), "/sbx/t/");
     snprintf(v->cprefix, sizeof(v->cprefix), CPREFIX);
-    view_reset(v);
+    sbx_cview_reset(v);
     S.next = 0;
     e->cur = 0;
-    FUZZ_CHECK(resync(v) == 0 && v->synced, "resync failed where the range did not");
+    FUZZ_CHECK(sbx_cview_resync(v) == 0 && v->synced, "resync failed where the range did not");
     FUZZ_CHECK(S.next == after_range, "resync took other answers");
     e->cur = 0;
-    sbx_etcd_watch(e, v->cprefix, end, rev_after(v->rev), watch_cb, v, &v->stop);
+    sbx_etcd_watch(e, v->cprefix, end, sbx_cview_rev_after(v->rev), sbx_cview_watch_cb, v,
+                   &v->stop);
     FUZZ_CHECK(S.next == after_watch, "the view's watch took other answers");
     /* The model interned names in its own order, and keeps those the full
      * view could not: check by name. */
@@ -853,7 +864,7 @@ flow_view(sbx_etcd *e)
     size_t after_second = S.next;
     S.next = after_watch;
     e->cur = 0;
-    FUZZ_CHECK(resync(v) == 0, "the second resync failed where the range did not");
+    FUZZ_CHECK(sbx_cview_resync(v) == 0, "the second resync failed where the range did not");
     FUZZ_CHECK(S.next == after_second, "the second resync took other answers");
     check_view(v, &s);
     for (int i = 0; i < before && !s.saturated; i++)

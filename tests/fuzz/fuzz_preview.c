@@ -1,14 +1,14 @@
 /*
- * fuzz_preview.c — preview URLs (gateway/preview.c, included here for its
- * static functions): what a client sends and what a sandbox's service
+ * fuzz_preview.c — preview URLs (gateway/preview.c, linked; reached through
+ * gateway/preview_int.h): what a client sends and what a sandbox's service
  * answers, which is tenant-controlled.
  *
  *  - preview_match: the Host header, {port}-{id}-{token}.{domain};
- *  - upstream_url: the URL libcurl is given for a request-target;
- *  - collect_header: the client's request headers forwarded upstream;
- *  - on_header: the upstream's response head, line by line as libcurl's
+ *  - preview_upstream_url: the URL libcurl is given for a request-target;
+ *  - preview_collect_header: the client's request headers forwarded upstream;
+ *  - preview_on_header: the upstream's response head, line by line as libcurl's
  *    header callback gets it (each line with its line end);
- *  - proxy_ws: the upstream's answer to a WebSocket upgrade, read from a
+ *  - preview_proxy_ws: the upstream's answer to a WebSocket upgrade, read from a
  *    socketpair standing in for the relay.
  *
  * Input: byte 0 picks the parser, byte 1 is a flag (domain / ws / port),
@@ -36,7 +36,13 @@
  *    bytes read with it are a prefix of what follows it (a refusal's body);
  *    a head without an end or beyond 64 KiB is a 502.
  */
-#include "../../gateway/preview.c"
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include "../../gateway/preview_int.h"
 
 #include "fuzz.h"
 
@@ -53,21 +59,21 @@ setup(void)
     done = true;
 }
 
-static struct preq *
+static struct preview_req *
 fake_preq(void)
 {
-    return preq_new(&H, NULL);
+    return preview_req_new(&H, NULL);
 }
 
 /* Whether name (n bytes) is listed in connection (options separated by ','
- * and OWS; the first CONN_OPTIONS_MAX bytes count) — the reference for
+ * and OWS; the first PREVIEW_CONN_OPTIONS_MAX bytes count) — the reference for
  * hop_by_hop's second half. */
 static bool
 named_in(const char *connection, const char *name, size_t n)
 {
     if (!connection)
         return false;
-    char *c = sbx_xstrndup(connection, strnlen(connection, CONN_OPTIONS_MAX)), *save = NULL;
+    char *c = sbx_xstrndup(connection, strnlen(connection, PREVIEW_CONN_OPTIONS_MAX)), *save = NULL;
     bool found = false;
     for (char *t = strtok_r(c, ", \t", &save); t && !found; t = strtok_r(NULL, ", \t", &save))
         found = strlen(t) == n && !strncasecmp(t, name, n);
@@ -160,7 +166,7 @@ fuzz_url(const uint8_t *d, size_t n, int port)
     if (port < 1)
         port = 1;
     static const char id[] = "user-42";
-    char *url = upstream_url(gen, id, port, target);
+    char *url = preview_upstream_url(gen, id, port, target);
     FUZZ_CHECK(!url == (target[0] != '/'), "target '%s' %s", target,
                url ? "accepted" : "refused");
     if (url) {
@@ -225,10 +231,10 @@ fuzz_request_headers(char *text, bool ws)
     for (size_t i = 0; i < n && !connection; i++)
         if (!strcasecmp(p[i].key, "Connection"))
             connection = p[i].value; /* MHD_lookup_connection_value: the first */
-    struct preq *pr = fake_preq();
-    struct hdr_walk w = {pr, connection, ws};
+    struct preview_req *pr = fake_preq();
+    struct preview_hdr_walk w = {pr, connection, ws};
     for (size_t i = 0; i < n; i++)
-        collect_header(&w, MHD_HEADER_KIND, p[i].key, p[i].value);
+        preview_collect_header(&w, MHD_HEADER_KIND, p[i].key, p[i].value);
     struct curl_slist *l = pr->req_hdrs;
     for (size_t i = 0; i < n; i++) {
         const char *k = p[i].key;
@@ -248,7 +254,7 @@ fuzz_request_headers(char *text, bool ws)
         l = l->next;
     }
     FUZZ_CHECK(!l, "'%s' forwarded and not asked for", l->data);
-    preq_unref(pr);
+    preview_req_unref(pr);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -257,13 +263,14 @@ fuzz_request_headers(char *text, bool ws)
 /* The fields a complete head must pass on: lines[from..to) are its lines
  * after the status line, each cut at `cut` bytes by the parser. */
 static void
-check_head(struct preq *pr, char **lines, size_t from, size_t to, bool keep_upgrade, size_t cut)
+check_head(struct preview_req *pr, char **lines, size_t from, size_t to, bool keep_upgrade,
+           size_t cut)
 {
     char *conn = NULL;
     for (size_t i = from; i < to; i++) {
         size_t kl = strcspn(lines[i], ":");
         if (lines[i][kl] && kl == 10 && !strncasecmp(lines[i], "Connection", 10))
-            add_connection(&conn, lines[i] + kl + 1);
+            preview_add_connection(&conn, lines[i] + kl + 1);
     }
     struct curl_slist *l = pr->resp_hdrs;
     for (size_t i = from; i < to; i++) {
@@ -305,10 +312,10 @@ want_status(const char *line, size_t n)
 static void
 fuzz_response_head(const uint8_t *d, size_t n)
 {
-    struct preq *pr = fake_preq();
+    struct preview_req *pr = fake_preq();
     /* Lines as curl delivers them: each with its LF (an unterminated tail
      * never comes); the reference keeps them without CR/LF, cut at the first
-     * CR or LF as on_header does. */
+     * CR or LF as preview_on_header does. */
     char **lines = sbx_xcalloc(n + 1, sizeof(*lines));
     size_t nl = 0, status_at = 0;
     int status = 0;
@@ -319,7 +326,7 @@ fuzz_response_head(const uint8_t *d, size_t n)
             break;
         size_t len = (size_t)(lf - (d + off)) + 1;
         char *line = fuzz_copy(d + off, len); /* exact: ASan sees over-reads */
-        FUZZ_CHECK(on_header(line, 1, len, pr) == len, "line refused");
+        FUZZ_CHECK(preview_on_header(line, 1, len, pr) == len, "line refused");
         bool blank = (len == 2 && line[0] == '\r') || len == 1;
         lines[nl] = fuzz_cstr(line, len);
         lines[nl][strcspn(lines[nl], "\r\n")] = 0;
@@ -341,7 +348,7 @@ fuzz_response_head(const uint8_t *d, size_t n)
     for (size_t i = 0; i < nl; i++)
         free(lines[i]);
     free(lines);
-    preq_unref(pr);
+    preview_req_unref(pr);
 }
 
 /* The answer to a WebSocket upgrade: bytes from the relay. */
@@ -358,24 +365,24 @@ fuzz_ws_answer(const uint8_t *d, size_t n)
     if (sbx_write_full(sv[1], d, n) != 0)
         abort();
     shutdown(sv[1], SHUT_WR);
-    struct preq *pr = fake_preq();
+    struct preview_req *pr = fake_preq();
     snprintf(pr->method, sizeof(pr->method), "GET");
     pr->target = sbx_xstrdup("/ws");
     pr->port = 8080;
     pr->ws = true;
     pr->relay_fd = sv[0];
     pr->cancelled = true; /* no MHD side: a 101 does not wait for the upgrade */
-    proxy_ws(pr);
+    preview_proxy_ws(pr);
     const char *end = memmem(d, n, "\r\n\r\n", 4);
     size_t hl = end ? (size_t)(end - (const char *)d) + 4 : 0;
     /* The head is read 4 KiB at a time until its end or 64 KiB. */
-    if (!end || hl > HEAD_MAX + 4096)
+    if (!end || hl > PREVIEW_HEAD_MAX + 4096)
         FUZZ_CHECK(pr->err_status == 502, "a head of %zu bytes: %d", hl, pr->err_status);
-    else if (hl <= HEAD_MAX)
+    else if (hl <= PREVIEW_HEAD_MAX)
         FUZZ_CHECK(pr->err_status == 0, "a head of %zu bytes: %d", hl, pr->err_status);
     if (!pr->err_status) {
         FUZZ_CHECK(end, "a head without an end accepted");
-        /* The reference: the head's lines as proxy_ws splits them. */
+        /* The reference: the head's lines as preview_proxy_ws splits them. */
         char *head = fuzz_cstr(d, hl - 4), *save = NULL;
         char **lines = sbx_xcalloc(hl + 1, sizeof(*lines));
         size_t nl = 0;
@@ -402,7 +409,7 @@ fuzz_ws_answer(const uint8_t *d, size_t n)
         free(head);
     }
     close(sv[1]);
-    preq_unref(pr); /* closes sv[0] */
+    preview_req_unref(pr); /* closes sv[0] */
 }
 
 /* ------------------------------------------------------------------------------ */

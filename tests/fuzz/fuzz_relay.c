@@ -1,14 +1,15 @@
 /*
  * fuzz_relay.c — the shard's preview relay handshake (actors/relay.c,
- * included here for conn_main): SOCKS5 (RFC 1928) with username/password
- * authentication (RFC 1929), from whoever can connect to the relay's port.
+ * linked; shard_relay_conn_main through actors/relay_int.h): SOCKS5 (RFC
+ * 1928) with username/password authentication (RFC 1929), from whoever can
+ * connect to the relay's port.
  *
- * conn_main runs on one end of a socketpair holding the input (then EOF),
- * for a shard with or without a relay secret.  The loop thread is not
- * there: sbx_loop_post is renamed to a fake that runs the query callback at
- * once and records what the relay asked, and actor_get finds no sandbox,
- * so a well-formed request ends with "host unreachable" before any
- * namespace is entered.
+ * shard_relay_conn_main runs on one end of a socketpair holding the input
+ * (then EOF), for a shard with or without a relay secret.  The loop thread
+ * is not there: sbx_loop_post is wrapped (-Wl,--wrap, see the Makefile) by
+ * a fake that runs the query callback at once and records what the relay
+ * asked, and actor_get finds no sandbox, so a well-formed request ends with
+ * "host unreachable" before any namespace is entered.
  *
  * Input: byte 0 selects the secret (none, or a fixed one), the rest is what
  * the client sends.
@@ -22,16 +23,13 @@
  * 7 for another command or address type, 1 for any other destination; an
  * ID asked about passes sbx_id_check.
  */
-#include <stdbool.h>
-#include <stddef.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-typedef struct sbx_loop sbx_loop;
-typedef void (*sbx_post_cb)(sbx_loop *l, void *arg);
-static void fuzz_loop_post(sbx_loop *l, sbx_post_cb cb, void *arg);
-#define sbx_loop_post(l, cb, arg) fuzz_loop_post(l, cb, arg)
-#include "../../actors/relay.c"
-#undef sbx_loop_post
-
+#include "../../actors/relay_int.h"
+#include "../../actors/shard_int.h"
+#include "../../runtime/relay.h"
 #include "../../runtime/id.h"
 #include "fuzz.h"
 
@@ -45,10 +43,13 @@ static struct {
     uint64_t gen;
 } Q;
 
-static void
-fuzz_loop_post(sbx_loop *l, sbx_post_cb cb, void *arg)
+/* relay.o's calls to sbx_loop_post come here (-Wl,--wrap=sbx_loop_post). */
+void __wrap_sbx_loop_post(sbx_loop *l, sbx_post_cb cb, void *arg);
+
+void
+__wrap_sbx_loop_post(sbx_loop *l, sbx_post_cb cb, void *arg)
 {
-    struct rquery *q = arg;
+    struct shard_relay_query *q = arg;
     if (!q->end) {
         Q.n++;
         snprintf(Q.id, sizeof(Q.id), "%s", q->id);
@@ -199,7 +200,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (sbx_write_full(sv[1], d, n) != 0)
         abort();
     shutdown(sv[1], SHUT_WR); /* the client is done: reads see EOF, not the 5 s deadline */
-    struct rconn *c = sbx_xcalloc(1, sizeof(*c));
+    struct shard_relay_conn *c = sbx_xcalloc(1, sizeof(*c));
     c->sh = sh;
     c->fd = sv[0];
     c->up = -1;
@@ -207,7 +208,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sh->relay.conns = c;
     sh->relay.nconns++;
     memset(&Q, 0, sizeof(Q));
-    conn_main(c); /* frees c, closes sv[0] */
+    shard_relay_conn_main(c); /* frees c, closes sv[0] */
     FUZZ_CHECK(sh->relay.nconns == 0 && !sh->relay.conns, "the connection is still listed");
 
     uint8_t got[64];

@@ -1,17 +1,18 @@
 /*
  * fuzz_terminal.c — the terminal WebSocket's parsers of client input
- * (gateway/terminal.c, included here for its static functions):
+ * (gateway/terminal.c, linked; reached through gateway/terminal_int.h):
  *
  *  - terminal_args: the upgrade request's query arguments (session or
  *    sessionId, shell, cols, rows; percent-encoded as sent);
- *  - ws_msg: a message as wslay delivers it: binary frames are keystrokes
+ *  - terminal_ws_msg: a message as wslay delivers it: binary frames are keystrokes
  *    (terminal.write), text frames JSON control messages ({"type":"resize",
  *    "cols":N,"rows":N}).
  *
- * The calls to the sandbox are caught: http_call_sync is renamed to a fake
- * here that records the operation and its arguments and answers success
- * or an error whose message holds input bytes (a message from a reply may
- * be anything, cut anywhere).  Errors go back on the WebSocket through a
+ * The calls to the sandbox are caught: http_call_sync is wrapped at link
+ * time (-Wl,--wrap, see the Makefile) by a fake here that records the
+ * operation and its arguments and answers success or an error whose
+ * message holds input bytes (a message from a reply may be anything, cut
+ * anywhere).  Errors go back on the WebSocket through a
  * real wslay server context (never sent).
  *
  * Input: byte 0 picks the parser; then "key=value" lines, or byte 1 (the
@@ -29,20 +30,14 @@
  *    message queued; a failed call queues one error message (whatever the
  *    error text holds); other opcodes do nothing.
  */
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-
-struct sbx_http;
-struct hreply;
-static int fuzz_call_sync(struct sbx_http *h, const char *op, const char *sandbox,
-                          const char *args, size_t args_len, int64_t timeout_ms,
-                          struct hreply *reply, char code[64], char *msg, size_t msglen);
-#define http_call_sync(...) fuzz_call_sync(__VA_ARGS__)
-#include "../../gateway/terminal.c"
-#undef http_call_sync
-
+#include <jansson.h>
 #include <msgpack.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../gateway/terminal_int.h"
+#include "../../runtime/err.h"
+#include "../../runtime/wire.h"
 
 #include "fuzz.h"
 
@@ -59,10 +54,15 @@ static struct {
     size_t errlen;
 } C;
 
-static int
-fuzz_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const char *args,
-               size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
-               char *msg, size_t msglen)
+/* terminal.o's calls to http_call_sync come here (-Wl,--wrap=http_call_sync). */
+int __wrap_http_call_sync(struct sbx_http *h, const char *op, const char *sandbox,
+                          const char *args, size_t args_len, int64_t timeout_ms,
+                          struct hreply *reply, char code[64], char *msg, size_t msglen);
+
+int
+__wrap_http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const char *args,
+                      size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
+                      char *msg, size_t msglen)
 {
     (void)h;
     (void)timeout_ms;
@@ -128,7 +128,7 @@ fuzz_args(char *text)
                 v[k] = eq + 1;
     }
     const char *session = v[0] ? v[0] : v[1];
-    struct tstate *t = sbx_xcalloc(1, sizeof(*t));
+    struct terminal_state *t = sbx_xcalloc(1, sizeof(*t));
     char why[160] = "";
     int rc = terminal_args(t, session, v[2], v[3], v[4], why, sizeof(why));
 
@@ -180,11 +180,11 @@ fuzz_msg(uint8_t how, const uint8_t *p, size_t n)
 {
     static const uint8_t ops[] = {WSLAY_TEXT_FRAME, WSLAY_BINARY_FRAME, WSLAY_PING,
                                   WSLAY_CONNECTION_CLOSE};
-    struct tstate *t = sbx_xcalloc(1, sizeof(*t));
+    struct terminal_state *t = sbx_xcalloc(1, sizeof(*t));
     snprintf(t->sandbox, sizeof(t->sandbox), "user-42");
     snprintf(t->session, sizeof(t->session), "s-1");
     t->sock = t->evfd = -1;
-    struct wslay_event_callbacks cb = {no_io, no_send, NULL, NULL, NULL, NULL, ws_msg};
+    struct wslay_event_callbacks cb = {no_io, no_send, NULL, NULL, NULL, NULL, terminal_ws_msg};
     wslay_event_context_ptr ctx;
     if (wslay_event_context_server_init(&ctx, &cb, t) != 0)
         abort();
@@ -193,7 +193,7 @@ fuzz_msg(uint8_t how, const uint8_t *p, size_t n)
     C.errmsg = (const char *)p;
     C.errlen = n;
     struct wslay_event_on_msg_recv_arg arg = {0, ops[how % 4], p, n, 0};
-    ws_msg(ctx, &arg, t);
+    terminal_ws_msg(ctx, &arg, t);
     size_t queued = wslay_event_get_queued_msg_count(ctx);
 
     /* What should have happened. */
