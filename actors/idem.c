@@ -167,6 +167,18 @@ durable_op(const struct sop *op)
     return (op->def->flags & SBX_OP_AGENT) && !(op->def->flags & SBX_OP_READONLY);
 }
 
+/* An entry's value: the recording time `at` (little-endian, IDEM_HDR bytes)
+ * then len bytes of buf (a reply, or the intent byte).  Heap, caller frees. */
+static char *
+entry_new(uint64_t at, const char *buf, size_t len)
+{
+    char *v = sbx_xmalloc(IDEM_HDR + len);
+    for (int i = 0; i < IDEM_HDR; i++)
+        v[i] = (char)(at >> (8 * i));
+    memcpy(v + IDEM_HDR, buf, len);
+    return v;
+}
+
 uint64_t
 idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
 {
@@ -176,12 +188,8 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     struct idem *e = idem_find(sh, op->id);
     if (!e || e->inflight != op)
         return need_seq;
-    char *v = sbx_xmalloc(IDEM_HDR + len);
     op->idem_pending = cluster_on(sh);
-    uint64_t at = (uint64_t)sbx_wall_ms() | (op->idem_pending ? IDEM_PENDING : 0);
-    for (int i = 0; i < IDEM_HDR; i++)
-        v[i] = (char)(at >> (8 * i));
-    memcpy(v + IDEM_HDR, buf, len);
+    char *v = entry_new((uint64_t)sbx_wall_ms() | (op->idem_pending ? IDEM_PENDING : 0), buf, len);
     /* Made on top of the operation's write: it fails if that one does. */
     op->idem_seq = sbx_store_put_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
                                        IDEM_HDR + len, need_seq);
@@ -202,14 +210,12 @@ idem_intent(struct sop *op)
     struct idem *e = idem_find(sh, op->id);
     if (!e || e->inflight != op)
         return 0;
-    char v[IDEM_HDR + 1];
-    uint64_t at = (uint64_t)sbx_wall_ms();
-    for (int i = 0; i < IDEM_HDR; i++)
-        v[i] = (char)(at >> (8 * i));
-    v[IDEM_HDR] = (char)IDEM_INTENT;
-    op->intent_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, sizeof(v));
+    const char intent = (char)IDEM_INTENT;
+    char *v = entry_new((uint64_t)sbx_wall_ms(), &intent, 1);
+    op->intent_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + 1);
+    free(v);
     sh->idem.dbytes -= e->dlen;
-    e->dlen = sizeof(v);
+    e->dlen = IDEM_HDR + 1;
     sh->idem.dbytes += e->dlen;
     return op->intent_seq;
 }
@@ -226,11 +232,7 @@ idem_confirm(struct sop *op, const char *buf, size_t len)
         return;
     /* Not waited on: lost in a crash, the entry stays pending and a retry
      * is told OPERATION_INTERRUPTED — unknown, never wrong. */
-    char *v = sbx_xmalloc(IDEM_HDR + len);
-    uint64_t at = (uint64_t)sbx_wall_ms();
-    for (int i = 0; i < IDEM_HDR; i++)
-        v[i] = (char)(at >> (8 * i));
-    memcpy(v + IDEM_HDR, buf, len);
+    char *v = entry_new((uint64_t)sbx_wall_ms(), buf, len);
     sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + len);
     free(v);
 }
