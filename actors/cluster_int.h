@@ -112,6 +112,9 @@ struct cluster {
     pthread_cond_t rcv;
     struct ritem *rq_head, *rq_tail;
     recrev *revs;            /* replication thread: the records' revisions in etcd */
+    int64_t tomb_lease;      /* replication thread: the etcd lease tombstones are put under
+                                (0: none granted yet; cluster_repl.c) */
+    int64_t tomb_lease_ms;   /* replication thread: when it was granted (sbx_mono_ms) */
     /* loop thread only */
     struct lpart lp[SBX_PARTITIONS];
     bool first_view;

@@ -818,3 +818,93 @@ Test(cluster, t20_a_handoff_carries_the_recorded_replies, .timeout = 240)
     sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);
 }
+
+/* Whether a sandbox's record is live in etcd at key (a tombstone — an
+ * empty value — or no key at all: not live). */
+static bool
+etcd_record_live(const char *key)
+{
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
+    sbx_etcd_close(etcd);
+    bool live = n == 1 && kvs[0].vlen > 0;
+    sbx_etcd_kvs_free(kvs, n);
+    return live;
+}
+
+/* t21 (issue 11, a resurrection in the 300-event fault run: a sandbox back
+ * after its acknowledged destroy, made by no recorded operation): the
+ * replication transaction that creates a sandbox's record in etcd compares
+ * the record's revision with 0 ("no such key").  It is held in the proxy;
+ * node y's client re-sends it to etcd directly, where it is applied, and
+ * the creating env.set is acknowledged; then the sandbox is destroyed
+ * (acknowledged; its record deleted in etcd).  Then the held copy reaches
+ * etcd at the same epoch.  Before the fix the deletion had brought the key
+ * back to "no such key", the copy's compare held, and etcd held the
+ * destroyed sandbox again (the proxy's duplicated requests did this in the
+ * fault run; a failover or restart then served it).  Now a deletion leaves
+ * a tombstone (an empty value under a lease of TOMB_TTL_S, longer than any
+ * copy of a request lives) and the copy fails its compare. */
+Test(cluster, t21_a_late_copy_of_a_creation_never_brings_back_a_destroyed_sandbox,
+     .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], key[256];
+    uint32_t part = pick_id(&st, "abadel", y, all, 3, y, id, sizeof(id));
+    int64_t e1 = st.epoch[part];
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+
+    ep_hold(&px, key);
+    set_var(c, id, "H", "created");
+    cr_assert(ep_holds(&px), "node %d's transaction did not go through the proxy", y);
+    cr_assert(etcd_record_live(key), "etcd has no record of %s after its creation", id);
+    sbx_error err;
+    bool destroyed = false;
+    cr_assert_eq(sbx_destroy(c, id, &destroyed, &err), 0, "destroy %s: %s", id, err.code);
+    cr_assert(destroyed);
+    cr_assert(!etcd_record_live(key), "etcd still has the record of destroyed %s", id);
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.epoch[part], e1, "partition %u moved meanwhile", part);
+
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the late transaction");
+    cr_log_info("t21: the late copy of the creation of %s at epoch %lld %s", id, (long long)e1,
+                applied ? "was APPLIED" : "failed its compare");
+    cr_expect(!applied, "a late copy of a creating transaction was applied after the destroy");
+    cr_expect(!etcd_record_live(key), "etcd holds the destroyed sandbox %s again", id);
+
+    /* What a restart (or a failover) serves comes from etcd. */
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_reply *r = NULL;
+    int rc = -1;
+    double until = cl_now_ms() + 60000;
+    for (;;) {
+        rc = sbx_call_json(c, "status", id, "{}", 20000, &r, &err);
+        if (rc == 0 || !strcmp(err.code, "SANDBOX_NOT_FOUND") || cl_now_ms() > until)
+            break;
+        sbx_error_free(&err);
+        cl_sleep_ms(200);
+    }
+    cr_expect_neq(rc, 0, "the destroyed sandbox %s is served again after a restart", id);
+    if (rc == 0) {
+        sbx_reply_free(r);
+    } else {
+        cr_expect_str_eq(err.code, "SANDBOX_NOT_FOUND");
+        sbx_error_free(&err);
+    }
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
