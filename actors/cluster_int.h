@@ -107,6 +107,11 @@ struct cluster {
     int64_t load_next_ms;    /* ctl thread: no load before (monotonic ms; failures back off) */
     int64_t load_backoff_ms; /* ctl thread: the last back-off (0: the last load worked) */
     struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS; cluster.c) */
+    /* Per partition, wall ms: until then a retry of a request id this shard
+     * does not know may have run on an earlier owner whose idempotency table
+     * it lacks (cluster_in_doubt).  Written by the control thread (claims,
+     * rebump) and the loop (imports); read by the loop. */
+    _Atomic int64_t doubt_until[SBX_PARTITIONS];
     /* replication queue */
     pthread_mutex_t rmu;
     pthread_cond_t rcv;

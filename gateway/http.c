@@ -293,7 +293,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
-                                "X-Sbx-Binary, X-Sbx-Timeout-Ms");
+                                "X-Sbx-Binary, X-Sbx-Retry, X-Sbx-Timeout-Ms");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
         MHD_destroy_response(r);
@@ -373,6 +373,14 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
             return queue_err(hr, SBX_E_VALIDATION, "Idempotency-Key must be 1-%d bytes",
                              SBX_WIRE_MAX_ID);
         snprintf(hr->rid, sizeof(hr->rid), "%s", key);
+    }
+    /* A retry after an attempt of unknown outcome (docs/http.md): passed on
+     * as the envelope's `retry`. */
+    const char *retry = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Sbx-Retry");
+    if (retry) {
+        if (strcmp(retry, "1") && strcmp(retry, "0"))
+            return queue_err(hr, SBX_E_VALIDATION, "X-Sbx-Retry must be 1 or 0");
+        hr->retry = !strcmp(retry, "1") && key;
     }
     hr->timeout_ms = h->conf.timeout;
     /* The caller's own deadline (docs/http.md): the gateway then answers

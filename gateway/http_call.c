@@ -56,7 +56,7 @@ hreq_free(struct hreq *hr)
 /* Encode a request envelope; caller frees *out. */
 static int
 envelope(const char *op, const char *sandbox, const char *args, size_t alen, int64_t timeout,
-         const char *rid, char **out, size_t *outlen)
+         const char *rid, bool retry, char **out, size_t *outlen)
 {
     char id[37];
     if (!rid || !*rid) {
@@ -72,6 +72,8 @@ envelope(const char *op, const char *sandbox, const char *args, size_t alen, int
     if (sandbox && *sandbox)
         sbx_enc_kstr(&e, "sandbox", sandbox);
     sbx_enc_kint(&e, "timeoutMs", timeout);
+    if (retry)
+        sbx_enc_kbool(&e, "retry", true);
     if (args && alen) {
         sbx_enc_str(&e, "args");
         sbx_enc_raw(&e, args, alen);
@@ -92,7 +94,7 @@ http_call_start(struct hreq *hr, const char *op, const char *args, size_t alen, 
     struct sbx_http *h = hr->h;
     char *buf;
     size_t len;
-    int rc = envelope(op, hr->sandbox, args, alen, timeout, rid, &buf, &len);
+    int rc = envelope(op, hr->sandbox, args, alen, timeout, rid, hr->retry, &buf, &len);
     if (rc)
         return SBX_E_INTERNAL;
     if (len > SBX_WIRE_MAX_REQUEST) {
@@ -205,7 +207,7 @@ http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const ch
     memset(reply, 0, sizeof(*reply));
     char *buf;
     size_t len;
-    if (envelope(op, sandbox, args, args_len, timeout_ms, NULL, &buf, &len) != 0) {
+    if (envelope(op, sandbox, args, args_len, timeout_ms, NULL, false, &buf, &len) != 0) {
         snprintf(code, 64, "INTERNAL_ERROR");
         snprintf(msg, msglen, "cannot encode the request");
         return SBX_E_INTERNAL;

@@ -127,6 +127,7 @@ struct hreq {
     bool sse;
     bool b64;             /* X-Sbx-Binary: base64 — bytes as base64, not UTF-8 text */
     char rid[SBX_WIRE_MAX_ID + 1];
+    bool retry;           /* X-Sbx-Retry: an earlier attempt of rid may have run */
     int64_t timeout_ms;
     int phase;
     /* the call in flight */
