@@ -574,6 +574,7 @@ http_free(struct sbx_http *h)
     free(h->preview_domain);
     free(h->relay_secret);
     pthread_mutex_destroy(&h->mu);
+    pthread_rwlock_destroy(&h->req_lk);
     pthread_cond_destroy(&h->cv);
     free(h);
 }
@@ -584,6 +585,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
     struct sbx_http *h = sbx_xcalloc(1, sizeof(*h));
     int rc = 0;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_rwlock_init(&h->req_lk, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->conf = *conf;
     h->listen = sbx_xstrdup(conf->listen);
@@ -664,7 +666,10 @@ sbx_http_stop(sbx_http *h)
     MHD_quiesce_daemon(h->d);
     /* Closing the socket fails every call in flight: each completion resumes
      * its connection, so none is suspended when the daemon stops. */
+    pthread_rwlock_wrlock(&h->req_lk);
     nng_close(h->req);
+    h->req_closed = true;
+    pthread_rwlock_unlock(&h->req_lk);
     preview_cancel_all(h);
     terminal_cancel_all(h);
     pthread_mutex_lock(&h->mu);
