@@ -2280,7 +2280,7 @@ const char sbx_openapi_json[] =
     "      \"x-unit\": \"ms\"\n"
     "     },\n"
     "     \"cwd\": {\n"
-    "      \"description\": \"its working directory\",\n"
+    "      \"description\": \"its working directory; one that is not a directory starts it in $HOME (as the SDK)\",\n"
     "      \"type\": \"string\"\n"
     "     },\n"
     "     \"env\": {\n"

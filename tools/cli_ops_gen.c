@@ -112,7 +112,7 @@ static const struct cli_arg args_session_create[] = {
      "VALIDATION_FAILED"},
     {"cwd", CLI_K_STR, false, false, false, 0, 0, 0u, NULL,
      "a string", NULL, NULL,
-     "its working directory",
+     "its working directory; one that is not a directory starts it in $HOME (as the SDK)",
      "VALIDATION_FAILED"},
     {"env", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,

@@ -453,7 +453,7 @@ class SessionCreateArgs(TypedDict, total=False):
     id: str
     """session ID (default session-<ms>)"""
     cwd: str
-    """its working directory"""
+    """its working directory; one that is not a directory starts it in $HOME (as the SDK)"""
     env: 'Env'
     """its own environment (null unsets)"""
     commandTimeoutMs: int

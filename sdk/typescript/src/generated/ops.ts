@@ -492,7 +492,7 @@ export interface StreamCancelResult {
 export interface SessionCreateArgs {
   /** session ID (default session-<ms>) */
   id?: string;
-  /** its working directory */
+  /** its working directory; one that is not a directory starts it in $HOME (as the SDK) */
   cwd?: string;
   /** its own environment (null unsets) */
   env?: Env;
