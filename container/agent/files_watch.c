@@ -169,7 +169,8 @@ watch_free(struct watch *w)
     }
     if (w->w)
         sbx_loop_unwatch(a->loop, w->w);
-    close(w->fd);
+    if (w->fd >= 0)
+        close(w->fd);
     for (size_t i = 0; i < w->ndirs; i++)
         free(w->dirs[i].path);
     free(w->dirs);
