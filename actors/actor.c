@@ -603,7 +603,10 @@ actor_op_configure(struct actor *a, struct sop *op)
 void
 actor_handle(struct actor *a, struct sop *op)
 {
-    a->last_active_ms = sbx_wall_ms();
+    /* Every op is activity for sleepAfter but the `observe` ones (status,
+     * lists: reading state is not using the sandbox; docs/schema.md). */
+    if (!(op->def->flags & SBX_OP_OBSERVE))
+        a->last_active_ms = sbx_wall_ms();
     const char *name = op->def->name;
     /* The shard-layer ops of runtime/ops.yaml (generated table, actors/ops_gen.c). */
     if (actor_ops[op->def->id]) {
@@ -622,6 +625,17 @@ actor_handle(struct actor *a, struct sop *op)
         actor_ensure_record(a, NULL);
     }
     if (a->cs != C_RUNNING) {
+        if ((op->def->flags & SBX_OP_NOWAKE) && op->def->idle_empty) {
+            /* A list of what lives in the container: none without one. */
+            sbx_enc e;
+            shard_reply_begin(op, &e);
+            sbx_enc_kbool(&e, "success", true);
+            sbx_enc_str(&e, op->def->idle_empty);
+            sbx_enc_array(&e);
+            sbx_enc_end(&e);
+            shard_reply_end(op, &e, 0);
+            return;
+        }
         if (op->def->flags & SBX_OP_NOWAKE) {
             /* What it names lived in a container that is gone. */
             shard_reply_err(op, op->def->idle_code ? op->def->idle_code : SBX_E_NOT_FOUND,
