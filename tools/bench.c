@@ -339,8 +339,11 @@ daemon_start(struct daemon *d, long pool)
     snprintf(d->log, sizeof(d->log), "%s/sbxd.log", d->dir);
     char npool[32];
     snprintf(npool, sizeof(npool), "%ld", pool);
-    const char *argv[] = {d->sbxd, "dev",     "--data", d->dir,   "--listen", d->url, "--name",
-                          d->name, "--shards", "2",     pool >= 0 ? "--pool" : NULL, npool, NULL};
+    /* --http "": no HTTP front, whose default port other deployments on the
+     * machine may hold; the benchmark speaks nng only. */
+    const char *argv[] = {d->sbxd,  "dev",    "--data", d->dir, "--listen", d->url,
+                          "--name", d->name,  "--http", "",     "--shards", "2",
+                          pool >= 0 ? "--pool" : NULL,  npool,  NULL};
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "sbx-bench: fork: %s\n", strerror(errno));
