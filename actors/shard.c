@@ -61,6 +61,14 @@ strv_dup(const char *const *v)
     return r;
 }
 
+/* Worker threads per online CPU when conf.workers is 0.  A container start
+ * holds its worker for the whole set-up (spawn.h) but uses a CPU for only
+ * part of it: the rest is the agent building the sandbox in its own process
+ * and the kernel's cgroup and namespace work.  Two workers per shard made a
+ * burst of 50 creates queue behind one another (docs/benchmarks.md,
+ * "Bursts"); four per CPU keep the CPUs busy instead. */
+#define SHARD_WORKERS_PER_CPU 4
+
 void
 sbx_shard_conf_defaults(struct sbx_shard_conf *c)
 {
@@ -73,7 +81,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->uid_base = 1000000000;
     c->uid_count = 65536;
     c->contexts = 1024;
-    c->workers = 2;
+    c->workers = 0; /* SHARD_WORKERS_PER_CPU per online CPU */
     c->pool = 2;
     c->memory = 512ull << 20;
     c->pids = 512;
@@ -376,7 +384,12 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
                  "containers are gone and start again on their next operation",
                  conf->name, fc.n);
 
-    sh->work.n = (int)SBX_MAX(conf->workers, 1);
+    if (conf->workers > 0) {
+        sh->work.n = (int)conf->workers;
+    } else {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        sh->work.n = (int)SBX_MAX(cpus, 1) * SHARD_WORKERS_PER_CPU;
+    }
     sh->work.threads = sbx_xcalloc((size_t)sh->work.n, sizeof(pthread_t));
     for (int i = 0; i < sh->work.n; i++)
         pthread_create(&sh->work.threads[i], NULL, shard_worker_main, sh);

@@ -163,14 +163,18 @@ struct pooled {
     struct sbx_container c;
 };
 
-/* The worker threads (shard_work.c): a queue of work under their own lock;
- * results come back through sbx_loop_post. */
+/* The worker threads (shard_work.c): two queues of work under their own
+ * lock; results come back through sbx_loop_post.  Work for an actor (a
+ * request is waiting on it) goes in head/tail, the pool's refills and stops
+ * in bg_head/bg_tail, and a worker takes from the first queue while it has
+ * work: a refill never delays a waiting request's container. */
 struct shard_workers {
     pthread_t *threads;
     int n;
-    pthread_mutex_t mu;         /* guards head, tail, stop */
+    pthread_mutex_t mu;         /* guards head, tail, bg_head, bg_tail, stop */
     pthread_cond_t cv;
     struct work *head, *tail;
+    struct work *bg_head, *bg_tail;
     bool stop;
     int busy;                   /* loop-side count of work items not yet returned */
 };

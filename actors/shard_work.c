@@ -27,16 +27,24 @@ shard_worker_main(void *arg)
     struct shard *sh = arg;
     for (;;) {
         pthread_mutex_lock(&sh->work.mu);
-        while (!sh->work.head && !sh->work.stop)
+        while (!sh->work.head && !sh->work.bg_head && !sh->work.stop)
             pthread_cond_wait(&sh->work.cv, &sh->work.mu);
-        if (!sh->work.head && sh->work.stop) {
+        if (!sh->work.head && !sh->work.bg_head && sh->work.stop) {
             pthread_mutex_unlock(&sh->work.mu);
             break;
         }
-        struct work *w = sh->work.head;
-        sh->work.head = w->next;
-        if (!sh->work.head)
-            sh->work.tail = NULL;
+        struct work *w;
+        if (sh->work.head) {
+            w = sh->work.head;
+            sh->work.head = w->next;
+            if (!sh->work.head)
+                sh->work.tail = NULL;
+        } else {
+            w = sh->work.bg_head;
+            sh->work.bg_head = w->next;
+            if (!sh->work.bg_head)
+                sh->work.bg_tail = NULL;
+        }
         pthread_mutex_unlock(&sh->work.mu);
         if (w->kind == W_START) {
             w->rc = sbx_container_start(sh->spawner, &w->lim, &w->c, w->why, sizeof(w->why));
@@ -55,12 +63,15 @@ shard_work_submit(struct shard *sh, struct work *w)
     w->sh = sh;
     w->next = NULL;
     sh->work.busy++;
+    /* An actor's work has a request waiting on it; the pool's does not. */
+    struct work **head = w->actor ? &sh->work.head : &sh->work.bg_head;
+    struct work **tail = w->actor ? &sh->work.tail : &sh->work.bg_tail;
     pthread_mutex_lock(&sh->work.mu);
-    if (sh->work.tail)
-        sh->work.tail->next = w;
+    if (*tail)
+        (*tail)->next = w;
     else
-        sh->work.head = w;
-    sh->work.tail = w;
+        *head = w;
+    *tail = w;
     pthread_cond_signal(&sh->work.cv);
     pthread_mutex_unlock(&sh->work.mu);
 }
