@@ -83,6 +83,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->contexts = 1024;
     c->workers = 0; /* SHARD_WORKERS_PER_CPU per online CPU */
     c->pool = 2;
+    c->pool_memory = 32ull << 20;
     c->memory = 512ull << 20;
     c->pids = 512;
     c->cpu = 1000;
@@ -220,7 +221,11 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);
     sbx_enc_kint(&e, "containersDied", (int64_t)sh->n_died);
+    sbx_enc_kint(&e, "poolTarget", sh->pool.target);
+    sbx_enc_kint(&e, "poolCap", sh->pool.cap);
+    sbx_enc_kint(&e, "poolContainerBytes", (int64_t)sh->pool.mem_est);
     sbx_enc_kint(&e, "poolHits", (int64_t)sh->n_pool_hits);
+    sbx_enc_kint(&e, "poolMisses", (int64_t)sh->n_pool_misses);
     sbx_enc_kint(&e, "meanStartUs",
                  sh->n_started ? (int64_t)(sh->start_us_total / (int64_t)sh->n_started) : 0);
     sbx_enc_kstr(&e, "cgroups", sbx_cgroups_describe(sh->cgroups));
@@ -300,6 +305,7 @@ sweep_cb(sbx_loop *l, void *arg)
         return;
     actor_sleep_sweep(sh);
     idem_expire(sh); /* also when no new request comes to push entries out */
+    shard_pool_adapt(sh);
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -418,7 +424,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sh->stopping = true;
         goto stop;
     }
-    shard_pool_fill(sh);
+    shard_pool_adapt(sh); /* sets the target, then fills */
     sbx_loop_timer(sh->loop, 1000, sweep_cb, sh);
     sbx_log_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
              conf->data, sbx_cgroups_describe(sh->cgroups), (long long)conf->pool);
