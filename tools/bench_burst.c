@@ -125,6 +125,7 @@ struct burst_fig {
     size_t n, failures;
     double build_ms;        /* shard-side mean container build (sbx bursts; NAN if unknown) */
     int64_t started, pool_hits;
+    bool have_totals;       /* started and pool_hits are known */
 };
 
 static void
@@ -199,6 +200,7 @@ burst(sbx_client *c, const struct bench_burst_conf *bc, long n, long round, cons
     pthread_barrier_destroy(&ready);
     pthread_barrier_destroy(&go);
     if (have_totals && bench_cluster_totals(c, &after, &err) == 0) {
+        fig->have_totals = true;
         fig->started = after.started - before.started;
         fig->pool_hits = after.pool_hits - before.pool_hits;
         if (fig->started > 0)
@@ -240,9 +242,11 @@ print_fig(FILE *out, const char *what, long round, const struct burst_fig *f)
 {
     fprintf(out, "  %-6s round %ld: n=%-4zu p50 %7.2f  p95 %7.2f  p99 %7.2f  max %7.2f ms", what,
             round, f->n, f->p50, f->p95, f->p99, f->max);
+    if (f->have_totals)
+        fprintf(out, "  | shard: %lld started, %lld pool hits", (long long)f->started,
+                (long long)f->pool_hits);
     if (!isnan(f->build_ms))
-        fprintf(out, "  | shard: %lld started, %lld pool hits, mean build %.2f ms",
-                (long long)f->started, (long long)f->pool_hits, f->build_ms);
+        fprintf(out, ", mean build %.2f ms", f->build_ms);
     if (f->failures)
         fprintf(out, "  FAILED %zu", f->failures);
     fprintf(out, "\n");
