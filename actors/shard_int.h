@@ -429,6 +429,13 @@ void idem_expire(struct shard *sh);
 int idem_load(struct shard *sh);
 uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
 uint64_t idem_intent(struct sop *op);
+/* idem_ttl_ms — how long a request id is remembered (conf.idem_ttl, else
+ * 10 min), ms. */
+int64_t idem_ttl_ms(const struct shard *sh);
+/* idem_durable_op — whether op's reply goes to LMDB: an operation that
+ * changes durable state or runs something in the container (running it
+ * twice is not the same as running it once). */
+bool idem_durable_op(const struct sop *op);
 int idem_gate_check(struct sop *op);
 void idem_confirm(struct sop *op, const char *buf, size_t len);
 char *idem_done(struct sop *op, char *buf, size_t len);

@@ -225,6 +225,7 @@ static const struct sbx_arg args_partition_import[] = {
     {"partitions", SBX_ARG_ARRAY, true, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
     {"records", SBX_ARG_ARRAY, true, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
     {"idem", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
+    {"doubt", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
 };
 
 const struct sbx_op_def sbx_ops[] = {
@@ -643,6 +644,6 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "handoff: the records of partitions moving to this shard (shard to shard)",
      .http = NULL,
      .args = args_partition_import,
-     .nargs = 4},
+     .nargs = 5},
     {.name = NULL},
 };
