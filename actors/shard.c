@@ -66,8 +66,10 @@ strv_dup(const char *const *v)
  * part of it: the rest is the agent building the sandbox in its own process
  * and the kernel's cgroup and namespace work.  Two workers per shard made a
  * burst of 50 creates queue behind one another (docs/benchmarks.md,
- * "Bursts"); four per CPU keep the CPUs busy instead. */
+ * "Bursts"); four per CPU keep the CPUs busy instead, up to
+ * SHARD_WORKERS_MAX on a large host. */
 #define SHARD_WORKERS_PER_CPU 4
+#define SHARD_WORKERS_MAX 64
 
 void
 sbx_shard_conf_defaults(struct sbx_shard_conf *c)
@@ -394,7 +396,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sh->work.n = (int)conf->workers;
     } else {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        sh->work.n = (int)SBX_MAX(cpus, 1) * SHARD_WORKERS_PER_CPU;
+        sh->work.n = (int)SBX_MIN(SBX_MAX(cpus, 1) * SHARD_WORKERS_PER_CPU, SHARD_WORKERS_MAX);
     }
     sh->work.threads = sbx_xcalloc((size_t)sh->work.n, sizeof(pthread_t));
     for (int i = 0; i < sh->work.n; i++)
