@@ -1,11 +1,12 @@
 /*
  * cluster_repl.c — replication of sandbox record writes to etcd (cluster.h
  * "Ownership rules"; docs/cluster.md): cluster_replicate queues a write
- * (loop), the replication thread sends batches of them in transactions
- * that compare the partition's owner and epoch and each record's revision
- * (recrev.h), reads back what etcd holds when a transaction's outcome is
- * not known, and posts each outcome to the loop, which opens the output
- * gate (cluster_gate_open) or fails the replies that waited on it.
+ * (loop), the replication thread waits until the store has decided it and
+ * sends the committed ones, in batches, in transactions that compare the
+ * partition's owner and epoch and each record's revision (recrev.h), reads
+ * back what etcd holds when a transaction's outcome is not known, and posts
+ * each outcome to the loop, which opens the output gate (cluster_gate_open)
+ * or fails the replies that waited on it.
  */
 #include "cluster.h"
 
@@ -16,6 +17,7 @@
 #include "../runtime/cview.h"
 #include "../runtime/err.h"
 #include "../runtime/etcd.h"
+#include "../runtime/log.h"
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "cluster_int.h"
@@ -88,12 +90,14 @@ cluster_gate_open(struct shard *sh, uint64_t need)
     return c->outhead == c->nout || c->outstanding[c->outhead] > need;
 }
 
+/* The outcomes of one batch, in sequence order (the order of outstanding). */
 struct rdone {
     struct cluster *c;
     size_t n;
     struct {
         uint64_t seq;
-        int rc;
+        int rc;       /* the replication's: 0 also for a write not sent (sent false) */
+        bool sent;    /* false: its commit to LMDB failed, so it was never sent to etcd */
         char id[64];
         uint32_t part;
     } r[REPL_BATCH];
@@ -107,9 +111,11 @@ repl_done(sbx_loop *l, void *arg)
     struct shard *sh = c->sh;
     (void)l;
     for (size_t i = 0; i < d->n; i++) {
+        /* A write not sent is decided too: its commit failed, and its reply
+         * fails by the store's note of that (gate.c commit_loop). */
         if (c->outhead < c->nout && c->outstanding[c->outhead] == d->r[i].seq)
             c->outhead++;
-        if (d->r[i].rc) {
+        if (d->r[i].sent && d->r[i].rc) {
             /* Not in etcd: the write must not be acknowledged, and this shard
              * no longer owns the partition as far as the cluster goes. */
             shard_fail_held(sh, d->r[i].id, d->r[i].seq, d->r[i].rc,
@@ -241,6 +247,47 @@ repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
     return 0;
 }
 
+/*
+ * Replication thread: wait until the store has decided every write of the
+ * batch (it decides in sequence order: waiting for the highest is enough)
+ * and note each one in d, in order.  Returns the batch without the writes
+ * whose commit to LMDB failed (freed here: etcd never gets them, so a
+ * write answered as failed never becomes visible through etcd after a
+ * failover or handoff, and etcd never disagrees with the owner's LMDB).
+ * The remaining writes are sent as the batch: the last write of a record
+ * that was committed goes, however a later one of the batch failed.
+ */
+static struct ritem *
+repl_committed(struct cluster *c, struct ritem *batch, struct rdone *d)
+{
+    uint64_t top = 0;
+    for (const struct ritem *it = batch; it; it = it->next)
+        top = SBX_MAX(top, it->seq);
+    sbx_store_wait(c->sh->store, top);
+    struct ritem *keep = NULL, **tail = &keep;
+    for (struct ritem *it = batch; it;) {
+        struct ritem *next = it->next;
+        int rc = sbx_store_wait(c->sh->store, it->seq); /* decided: does not block */
+        d->r[d->n].seq = it->seq;
+        d->r[d->n].part = it->part;
+        d->r[d->n].sent = rc == 0;
+        snprintf(d->r[d->n].id, sizeof(d->r[0].id), "%s", it->id);
+        d->n++;
+        if (rc == 0) {
+            *tail = it;
+            tail = &it->next;
+        } else {
+            sbx_log_debug("cluster: write %llu of %s not replicated: its commit failed (%s)",
+                          (unsigned long long)it->seq, it->id, sbx_err_message(rc));
+            free(it->rec);
+            free(it);
+        }
+        it = next;
+    }
+    *tail = NULL;
+    return keep;
+}
+
 void *
 cluster_repl_main(void *arg)
 {
@@ -270,6 +317,9 @@ cluster_repl_main(void *arg)
             c->rq_tail = NULL;
         last->next = NULL;
         pthread_mutex_unlock(&c->rmu);
+        struct rdone *d = sbx_xcalloc(1, sizeof(*d));
+        d->c = c;
+        batch = repl_committed(c, batch, d);
 
         /* One transaction: every partition touched is still ours at the epoch
          * its writes were made at (owner and mod_revision of its key, as
@@ -277,8 +327,8 @@ cluster_repl_main(void *arg)
          * partition away and back to this shard fails); then the puts and
          * deletes.  Retried while etcd is unreachable and the lease may still
          * be ours. */
-        int rc;
-        for (int attempt = 0;; attempt++) {
+        int rc = 0;
+        for (int attempt = 0; batch; attempt++) {
             rc = repl_revs(c, batch);
             if (rc == 0) {
                 sbx_etcd_txn *t = sbx_etcd_txn_new();
@@ -345,15 +395,11 @@ cluster_repl_main(void *arg)
             cluster_fence_now(c);
             rc = SBX_E_SHARD_UNAVAILABLE;
         }
-        struct rdone *d = sbx_xcalloc(1, sizeof(*d));
-        d->c = c;
+        for (size_t i = 0; i < d->n; i++)
+            if (d->r[i].sent)
+                d->r[i].rc = rc;
         for (struct ritem *it = batch; it;) {
             struct ritem *next = it->next;
-            d->r[d->n].seq = it->seq;
-            d->r[d->n].rc = rc;
-            d->r[d->n].part = it->part;
-            snprintf(d->r[d->n].id, sizeof(d->r[0].id), "%s", it->id);
-            d->n++;
             free(it->rec);
             free(it);
             it = next;
