@@ -90,17 +90,11 @@ cluster_gate_open(struct shard *sh, uint64_t need)
     return c->outhead == c->nout || c->outstanding[c->outhead] > need;
 }
 
-/* The outcomes of one batch, in sequence order (the order of outstanding). */
+/* The outcomes of one batch (posted to the loop, which frees it). */
 struct rdone {
     struct cluster *c;
     size_t n;
-    struct {
-        uint64_t seq;
-        int rc;       /* the replication's: 0 also for a write not sent (sent false) */
-        bool sent;    /* false: its commit to LMDB failed, so it was never sent to etcd */
-        char id[64];
-        uint32_t part;
-    } r[REPL_BATCH];
+    struct rnote r[REPL_BATCH];
 };
 
 static void
@@ -247,36 +241,32 @@ repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
     return 0;
 }
 
-/*
- * Replication thread: wait until the store has decided every write of the
- * batch (it decides in sequence order: waiting for the highest is enough)
- * and note each one in d, in order.  Returns the batch without the writes
- * whose commit to LMDB failed (freed here: etcd never gets them, so a
- * write answered as failed never becomes visible through etcd after a
- * failover or handoff, and etcd never disagrees with the owner's LMDB).
- * The remaining writes are sent as the batch: the last write of a record
- * that was committed goes, however a later one of the batch failed.
- */
-static struct ritem *
-repl_committed(struct cluster *c, struct ritem *batch, struct rdone *d)
+struct ritem *
+cluster_repl_committed(sbx_store *st, struct ritem *batch, struct rnote *notes, size_t *n)
 {
+    /* The store decides in sequence order: waiting for the highest is enough. */
     uint64_t top = 0;
     for (const struct ritem *it = batch; it; it = it->next)
         top = SBX_MAX(top, it->seq);
-    sbx_store_wait(c->sh->store, top);
+    if (top)
+        sbx_store_wait(st, top);
     struct ritem *keep = NULL, **tail = &keep;
     for (struct ritem *it = batch; it;) {
         struct ritem *next = it->next;
-        int rc = sbx_store_wait(c->sh->store, it->seq); /* decided: does not block */
-        d->r[d->n].seq = it->seq;
-        d->r[d->n].part = it->part;
-        d->r[d->n].sent = rc == 0;
-        snprintf(d->r[d->n].id, sizeof(d->r[0].id), "%s", it->id);
-        d->n++;
+        int rc = sbx_store_wait(st, it->seq); /* decided: does not block */
+        struct rnote *r = &notes[(*n)++];
+        memset(r, 0, sizeof(*r));
+        r->seq = it->seq;
+        r->part = it->part;
+        r->sent = rc == 0;
+        snprintf(r->id, sizeof(r->id), "%s", it->id);
         if (rc == 0) {
             *tail = it;
             tail = &it->next;
         } else {
+            /* Never sent: a write answered as failed must not become visible
+             * through etcd (after a failover or handoff), nor etcd disagree
+             * with this shard's LMDB. */
             sbx_log_debug("cluster: write %llu of %s not replicated: its commit failed (%s)",
                           (unsigned long long)it->seq, it->id, sbx_err_message(rc));
             free(it->rec);
@@ -319,7 +309,7 @@ cluster_repl_main(void *arg)
         pthread_mutex_unlock(&c->rmu);
         struct rdone *d = sbx_xcalloc(1, sizeof(*d));
         d->c = c;
-        batch = repl_committed(c, batch, d);
+        batch = cluster_repl_committed(sh->store, batch, d->r, &d->n);
 
         /* One transaction: every partition touched is still ours at the epoch
          * its writes were made at (owner and mod_revision of its key, as
