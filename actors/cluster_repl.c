@@ -291,13 +291,22 @@ cluster_repl_main(void *arg)
             pthread_mutex_unlock(&c->rmu);
             break;
         }
+        /* Commit first, then replicate: the batch starts once the store has
+         * decided its oldest write, and takes only writes decided by then
+         * (waiting for later ones would hold back those ready).  The head
+         * stays: only this thread takes from the queue. */
+        uint64_t head = c->rq_head->seq;
+        pthread_mutex_unlock(&c->rmu);
+        sbx_store_wait(sh->store, head);
+        uint64_t decided = sbx_store_decided(sh->store);
+        pthread_mutex_lock(&c->rmu);
         /* A batch: up to REPL_BATCH records and REPL_BATCH_BYTES of them (one
          * record always goes, alone if it is larger: it fits in a request),
          * each partition at one epoch. */
         struct ritem *batch = c->rq_head, *last = batch;
         size_t n = 1, bytes = batch->len;
-        while (last->next && n < REPL_BATCH && bytes + last->next->len <= REPL_BATCH_BYTES &&
-               !epoch_conflict(batch, last->next)) {
+        while (last->next && last->next->seq <= decided && n < REPL_BATCH &&
+               bytes + last->next->len <= REPL_BATCH_BYTES && !epoch_conflict(batch, last->next)) {
             last = last->next;
             bytes += last->len;
             n++;

@@ -533,6 +533,15 @@ sbx_store_wait(sbx_store *s, uint64_t seq)
     return rc;
 }
 
+uint64_t
+sbx_store_decided(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t seq = s->decided;
+    pthread_mutex_unlock(&s->mu);
+    return seq;
+}
+
 void
 sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *failed)
 {

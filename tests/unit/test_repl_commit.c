@@ -110,6 +110,7 @@ Test(repl_commit, only_committed_writes_are_sent_and_a_record_keeps_its_last_com
     struct rnote notes[8];
     size_t n = 0;
     struct ritem *sent = cluster_repl_committed(st, batch, notes, &n);
+    cr_expect_geq(sbx_store_decided(st), s6, "the batch's writes are not all decided after it");
 
     /* Every write noted, in order; sent says which ones go to etcd. */
     const uint64_t seqs[6] = {s1, s2, s3, s4, s5, s6};
