@@ -898,17 +898,18 @@ t21_value(int i, char mark[48])
 
 /* t21 (issue 11, the replicate-before-commit gap): node y's data directory
  * is an 8 MiB tmpfs that the test fills; env.set of 60 KB values and
- * configures of sleepAfter go on until writes answer STORAGE_FULL.  etcd
- * must hold every acknowledged value and none of the refused ones; after y
- * is killed, the node that claims the partition loads the record from etcd
- * and must show exactly the acknowledged state (status's sleepAfter, the
- * sandbox's environment).  (Before the kill, space is freed and a write of
- * another sandbox of y acknowledged: replications go in order, so anything
- * y was to send of the refused write has reached etcd.)  Before the fix,
- * the replication thread sent each
- * write to etcd as soon as it was queued for LMDB, whether or not its
- * commit then failed: a write answered STORAGE_FULL was in etcd and became
- * visible after the failover ("failed_write_visible"). */
+ * configures of sleepAfter go on until writes answer STORAGE_FULL, then a
+ * destroy of another sandbox is tried.  etcd must hold every acknowledged
+ * value and none of the refused ones; after y is killed, the node that
+ * claims the partition loads the records from etcd and must show exactly
+ * the acknowledged state (status's sleepAfter, the sandbox's environment;
+ * the destroyed sandbox exists iff its destroy was refused).  Before the
+ * kill, space is freed and a write of a third sandbox of y acknowledged:
+ * replications go in order, so whatever y was to send of the refused
+ * writes has reached etcd by then.  Before the fix, the replication thread
+ * sent each write to etcd as soon as it was queued for LMDB, whether or
+ * not its commit then failed: a write answered STORAGE_FULL was in etcd
+ * and became visible after the failover ("failed_write_visible"). */
 Test(cluster, t21_a_write_whose_commit_failed_never_reaches_etcd, .timeout = 300,
      .fini = t21_cleanup)
 {
@@ -929,9 +930,11 @@ Test(cluster, t21_a_write_whose_commit_failed_never_reaches_etcd, .timeout = 300
     const int rest[2] = {0, 1};
     char id[64], code[64], key[256], mark[T21_VARS][48];
     uint32_t part = pick_id(&st, "full", y, rest, 2, to, id, sizeof(id));
-    char other[64];
+    char other[64], victim[64];
     pick_id(&st, "fullo", y, rest, 2, to, other, sizeof(other));
+    uint32_t vpart = pick_id(&st, "fullv", y, rest, 2, to, victim, sizeof(victim));
     set_var(c, id, "H", "acknowledged");
+    set_var(c, victim, "H", "acknowledged");
     cr_assert_eq(t21_call(c, "sandbox.configure", id, "{\"sleepAfter\":600}", NULL, code,
                           sizeof(code)), 0, "configure before the disk is full: %s", code);
     long long sleep_acked = 600;
@@ -973,6 +976,11 @@ Test(cluster, t21_a_write_whose_commit_failed_never_reaches_etcd, .timeout = 300
     }
     cr_assert_not_null(refused_op, "no write was refused: %d env.set of %d bytes on a full 8 MiB "
                                    "tmpfs were acknowledged", T21_VARS, T21_VALUE);
+    /* A destroy on the full disk: if its delete is refused, the sandbox
+     * must still exist after the failover (etcd keeps its record). */
+    int drc = t21_call(c, "destroy", victim, NULL, NULL, code, sizeof(code));
+    if (drc)
+        cr_assert_str_eq(code, "STORAGE_FULL", "destroy on a full disk: %s", code);
 
     /* Room again, and a write of another sandbox of y acknowledged: y's
      * replications are in order, so whatever it was to send of the refused
@@ -1000,6 +1008,17 @@ Test(cluster, t21_a_write_whose_commit_failed_never_reaches_etcd, .timeout = 300
                   has ? "holds" : "lacks", i, acked[i] ? "acknowledged" : "refused (STORAGE_FULL)");
     }
 
+    char vkey[256];
+    snprintf(vkey, sizeof(vkey), "/sbx/%s/r/%04u/%s", cl_env()->cluster, vpart, victim);
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t nkv = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, vkey, NULL, &kvs, &nkv, NULL), 0);
+    sbx_etcd_kvs_free(kvs, nkv);
+    sbx_etcd_close(etcd);
+    cr_expect_eq(nkv, drc ? 1u : 0u, "etcd %s the record of %s, whose destroy was %s",
+                 nkv ? "holds" : "lacks", victim, drc ? "refused (STORAGE_FULL)" : "acknowledged");
     char *js = NULL;
     double until = cl_now_ms() + 60000;
     while (t21_call(c, "status", id, NULL, &js, code, sizeof(code)) != 0) {
@@ -1030,9 +1049,22 @@ Test(cluster, t21_a_write_whose_commit_failed_never_reaches_etcd, .timeout = 300
                 sleep_acked, cfg_refused ? ", a later one refused" : "", env_refused);
     cr_expect_eq(sleep_ms, sleep_acked * 1000,
                  "status's sleepAfter after the failover is not the last acknowledged value");
+    /* The destroyed sandbox: gone iff its destroy was acknowledged. */
+    int vrc;
+    until = cl_now_ms() + 60000;
+    while ((vrc = t21_call(c, "status", victim, NULL, NULL, code, sizeof(code))) != 0 &&
+           strcmp(code, "SANDBOX_NOT_FOUND")) {
+        cr_assert(cl_now_ms() < until, "status of %s after the failover: %s", victim, code);
+        cl_sleep_ms(200);
+    }
+    cr_log_info("t21: destroy on the full disk %s; after the failover, status of it: %s",
+                drc ? "refused" : "acknowledged", vrc ? code : "ok");
+    cr_expect_eq(vrc == 0, drc != 0, "after the failover the sandbox whose destroy was %s %s",
+                 drc ? "refused" : "acknowledged", vrc ? "is gone" : "exists");
 
     sbx_destroy(c, id, NULL, NULL);
     sbx_destroy(c, other, NULL, NULL);
+    sbx_destroy(c, victim, NULL, NULL);
     sbx_client_close(c);
     umount2(t21_mnt, MNT_DETACH);
     t21_mnt[0] = '\0';
