@@ -99,6 +99,8 @@ struct pwrite {
 /* The container state of an actor. */
 enum cstate { C_NONE = 0, C_STARTING, C_RUNNING, C_STOPPING };
 
+#define ACTOR_OLD_BAD 8 /* earlier failed write ranges an actor remembers */
+
 struct actor {
     struct actor *hnext;
     struct shard *sh;
@@ -120,12 +122,22 @@ struct actor {
      * Writes bad_lo..bad_hi failed to commit, or were made on top of one
      * that failed and are undone with it: a reply that depends on one of
      * them carries bad_code (STORAGE_FULL, STORAGE_ERROR, WRONG_OWNER…).
+     * old_bad: the ranges before it (a ring of the last ACTOR_OLD_BAD;
+     * n_old_bad counts them all): a reply may still depend on a write of an
+     * earlier range when a later one fails (the fill fault's lost write: an
+     * exec whose sandbox's creating write failed was acknowledged after a
+     * configure of it failed too, when the actor remembered one range).
      * cw_seq: the write the op at the input gate waits for before it goes
      * to the agent (0: none); cwnext links sh->cwait. */
     char *durable;
     size_t durable_len;
     uint64_t bad_lo, bad_hi;
     int bad_code;
+    struct {
+        uint64_t lo, hi;
+        int code;
+    } old_bad[ACTOR_OLD_BAD];
+    unsigned n_old_bad;
     uint64_t cw_seq;
     struct actor *cwnext;
     bool restore;               /* LMDB may hold an undone write of it (one in bad_lo..
@@ -163,22 +175,42 @@ struct pooled {
     struct sbx_container c;
 };
 
-/* The worker threads (shard_work.c): a queue of work under their own lock;
- * results come back through sbx_loop_post. */
+/* The worker threads (shard_work.c): two queues of work under their own
+ * lock; results come back through sbx_loop_post.  Work for an actor (a
+ * request is waiting on it) goes in head/tail, the pool's refills and stops
+ * in bg_head/bg_tail, and a worker takes from the first queue while it has
+ * work: a refill never delays a waiting request's container. */
 struct shard_workers {
     pthread_t *threads;
     int n;
-    pthread_mutex_t mu;         /* guards head, tail, stop */
+    pthread_mutex_t mu;         /* guards head, tail, bg_head, bg_tail, stop */
     pthread_cond_t cv;
     struct work *head, *tail;
+    struct work *bg_head, *bg_tail;
     bool stop;
     int busy;                   /* loop-side count of work items not yet returned */
+    int actor_busy;             /* … of which for actors (a request waits on each) */
 };
 
-/* The warm pool of started containers (shard_work.c; loop thread). */
+/* The seconds of demand the adaptive pool remembers (shard_work.c). */
+#define SHARD_POOL_WINDOW 60
+
+/* The warm pool of started containers (shard_work.c; loop thread).  Its
+ * size adapts: `target` is the most containers asked for (pool hits and
+ * misses) in any one second of the last SHARD_POOL_WINDOW seconds, at
+ * least conf.pool and at most `cap`, which is conf.pool_memory divided by
+ * what one pooled container holds (`mem_est`, measured from the pooled
+ * containers' cgroups).  conf.pool == 0 turns the pool off. */
 struct shard_pool {
     struct pooled *head;        /* owned */
     int n, inflight;            /* containers in it; starts under way */
+    int target, cap;            /* containers wanted now; the memory budget's limit */
+    uint64_t mem_est;           /* bytes one pooled container holds (moving average) */
+    uint32_t demand[SHARD_POOL_WINDOW];  /* containers asked for in second … */
+    int64_t demand_sec[SHARD_POOL_WINDOW]; /* … this (monotonic seconds) */
+    int64_t last_take_ms;       /* monotonic time of the last shard_pool_take */
+    int64_t armed_ms;           /* when the pending refill timer was first set */
+    bool fill_armed;            /* a refill timer is pending (pool_fill_soon) */
 };
 
 /* Cached replies for retried request ids (idempotency). */
@@ -268,7 +300,7 @@ struct shard {
     struct cluster *cluster;
 
     /* counters for status */
-    uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_died;
+    uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_pool_misses, n_died;
     int64_t start_us_total;
 };
 
@@ -283,13 +315,18 @@ void shard_sctx_cb(void *arg);
 void shard_sctx_send(struct sctx *c, const char *buf, size_t len);
 
 /* shard_work.c: a worker thread's body (arg: the shard); and topping the
- * warm pool up to conf.pool containers (loop thread). */
+ * warm pool up to its target (loop thread). */
 void *shard_worker_main(void *arg);
 void shard_pool_fill(struct shard *sh);
+/* shard_pool_adapt — once a second (loop thread): forget demand older than
+ * the window, re-measure what a pooled container holds, recompute target
+ * and cap, stop pooled containers above the target, fill up to it. */
+void shard_pool_adapt(struct shard *sh);
 /* shard_work_submit — queue w (owned by the workers until it comes back to
  * the loop: actor_work_done for an actor's). */
 void shard_work_submit(struct shard *sh, struct work *w);
-/* shard_pool_take — a warm container into *out (true), or none (false). */
+/* shard_pool_take — a warm container into *out (true), or none (false);
+ * either way counts one container of demand (hit or miss). */
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 
 /* shard_reply.c */
@@ -404,6 +441,13 @@ void idem_expire(struct shard *sh);
 int idem_load(struct shard *sh);
 uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
 uint64_t idem_intent(struct sop *op);
+/* idem_ttl_ms — how long a request id is remembered (conf.idem_ttl, else
+ * 10 min), ms. */
+int64_t idem_ttl_ms(const struct shard *sh);
+/* idem_durable_op — whether op's reply goes to LMDB: an operation that
+ * changes durable state or runs something in the container (running it
+ * twice is not the same as running it once). */
+bool idem_durable_op(const struct sop *op);
 int idem_gate_check(struct sop *op);
 void idem_confirm(struct sop *op, const char *buf, size_t len);
 char *idem_done(struct sop *op, char *buf, size_t len);
@@ -476,8 +520,14 @@ void actor_commit_failed(struct actor *a, uint64_t seq, int code);
  * container runs any more), and the gate opens. */
 void actor_commit_continue(struct actor *a);
 /* actor_write_failed — whether a reply depending on write seq must fail
- * (seq in a->bad_lo..bad_hi); never for seq 0. */
+ * (seq in a->bad_lo..bad_hi or an earlier range still remembered); never
+ * for seq 0.  actor_failed_code — the error of that range, 0 if none. */
 bool actor_write_failed(const struct actor *a, uint64_t seq);
+int actor_failed_code(const struct actor *a, uint64_t seq);
+/* actor_mark_failed — writes of a from seq to its last one failed (or are
+ * undone with it), with code: the current range grows, or a new one starts
+ * and the current one is kept in old_bad. */
+void actor_mark_failed(struct actor *a, uint64_t seq, int code);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);

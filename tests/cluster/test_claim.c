@@ -21,16 +21,11 @@
  *  t18, t19: a replication transaction of an earlier process (t18) or lease
  *       (t19) that reaches etcd after the node read the records back fails;
  *  t20: a handoff carries the recorded replies of request ids: a request
- *       that ran before it, sent again, gets its first answer, not a rerun;
- *  t21: a write whose local commit failed (a full data directory:
- *       STORAGE_FULL) never reaches etcd, so another node that takes the
- *       partition over never shows it.
+ *       that ran before it, sent again, gets its first answer, not a rerun.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <jansson.h>
+#include <dirent.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
@@ -38,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include "../../runtime/etcd.h"
@@ -826,248 +820,266 @@ Test(cluster, t20_a_handoff_carries_the_recorded_replies, .timeout = 240)
     sbx_client_close(c);
 }
 
-/* ------------------------------------------------------------------------------ */
-/* t21: node y's data directory on a tmpfs that fills up. */
-
-#define T21_NODE 2
-#define T21_VARS 12        /* env.set attempts: 12 x 60 KB stays under the environment's bound */
-#define T21_VALUE 60000    /* bytes per value: every write grows the record by new pages */
-
-static char t21_mnt[320]; /* the tmpfs mounted on node y's data directory, "" when none */
-
-/* Also after a failed assertion: node y stopped, its tmpfs unmounted (its
- * usual data directory is back for the next test's restore_base). */
-static void
-t21_cleanup(void)
+/* Whether a sandbox's record is live in etcd at key (a tombstone — an
+ * empty value — or no key at all: not live). */
+static bool
+etcd_record_live(const char *key)
 {
-    if (!t21_mnt[0])
-        return;
-    cl_signal("shard", T21_NODE, SIGKILL);
-    cl_wait_exit("shard", T21_NODE, 30000);
-    umount2(t21_mnt, MNT_DETACH);
-    t21_mnt[0] = '\0';
-}
-
-/* Fill the file system at mnt with <mnt>/filler (it goes with the mount). */
-static void
-t21_fill(const char *mnt)
-{
-    char filler[400];
-    snprintf(filler, sizeof(filler), "%s/filler", mnt);
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    cr_assert(fd >= 0, "%s: %s", filler, strerror(errno));
-    static char block[65536];
-    while (write(fd, block, sizeof(block)) > 0)
-        ;
-    while (write(fd, block, 512) > 0)
-        ;
-    close(fd);
-}
-
-/* One call through c (borrowed), 20 s: 0 with the reply's JSON result in
- * *out (caller frees; may be NULL), or -1 with the error code in code. */
-static int
-t21_call(sbx_client *c, const char *op, const char *id, const char *args, char **out,
-         char *code, size_t cl)
-{
-    sbx_reply *r = NULL;
-    sbx_error err;
-    if (sbx_call_json(c, op, id, args, 20000, &r, &err) != 0) {
-        snprintf(code, cl, "%s", err.code);
-        sbx_error_free(&err);
-        return -1;
-    }
-    code[0] = '\0';
-    if (out)
-        *out = sbx_reply_json(r, false);
-    sbx_reply_free(r);
-    return 0;
-}
-
-/* The value F<i> of t21 in this run: a unique mark, then padding. */
-static char *
-t21_value(int i, char mark[48])
-{
-    snprintf(mark, 48, "t21v%02d-%d-", i, (int)getpid());
-    char *v = sbx_xmalloc(T21_VALUE + 1);
-    memset(v, 'x', T21_VALUE);
-    memcpy(v, mark, strlen(mark));
-    v[T21_VALUE] = '\0';
-    return v;
-}
-
-/* t21 (issue 11, the replicate-before-commit gap): node y's data directory
- * is an 8 MiB tmpfs that the test fills; env.set of 60 KB values and
- * configures of sleepAfter go on until writes answer STORAGE_FULL, then a
- * destroy of another sandbox is tried.  etcd must hold every acknowledged
- * value and none of the refused ones; after y is killed, the node that
- * claims the partition loads the records from etcd and must show exactly
- * the acknowledged state (status's sleepAfter, the sandbox's environment;
- * the destroyed sandbox exists iff its destroy was refused).  Before the
- * kill, space is freed and a write of a third sandbox of y acknowledged:
- * replications go in order, so whatever y was to send of the refused
- * writes has reached etcd by then.  Before the fix, the replication thread
- * sent each write to etcd as soon as it was queued for LMDB, whether or
- * not its commit then failed: a write answered STORAGE_FULL was in etcd
- * and became visible after the failover ("failed_write_visible"). */
-Test(cluster, t21_a_write_whose_commit_failed_never_reaches_etcd, .timeout = 300,
-     .fini = t21_cleanup)
-{
-    restore_base();
-    const int y = T21_NODE, to = 0;
-    /* y restarts on an empty tmpfs: it claims its partitions back from etcd. */
-    cr_assert_eq(cl_signal("shard", y, SIGTERM), 0);
-    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not stop", y);
-    snprintf(t21_mnt, sizeof(t21_mnt), "%s/s%d", cl_env()->dir, y);
-    cr_assert_eq(mount("tmpfs", t21_mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=8m,mode=0700"), 0,
-                 "mount a tmpfs on %s: %s", t21_mnt, strerror(errno));
-    cr_assert_gt(cl_start("shard", y), 0);
-    converge(BASE, 3, "node 2 re-joined on a tmpfs");
-
-    sbx_client *c = gw_client();
-    static struct cl_state st;
-    cr_assert_eq(cl_read_state(&st), 0);
-    const int rest[2] = {0, 1};
-    char id[64], code[64], key[256], mark[T21_VARS][48];
-    uint32_t part = pick_id(&st, "full", y, rest, 2, to, id, sizeof(id));
-    char other[64], victim[64];
-    pick_id(&st, "fullo", y, rest, 2, to, other, sizeof(other));
-    uint32_t vpart = pick_id(&st, "fullv", y, rest, 2, to, victim, sizeof(victim));
-    set_var(c, id, "H", "acknowledged");
-    set_var(c, victim, "H", "acknowledged");
-    cr_assert_eq(t21_call(c, "sandbox.configure", id, "{\"sleepAfter\":600}", NULL, code,
-                          sizeof(code)), 0, "configure before the disk is full: %s", code);
-    long long sleep_acked = 600;
-
-    t21_fill(t21_mnt);
-    /* Writes until one is refused; none after it (a later acknowledged
-     * write of the record would replace whatever etcd got). */
-    bool acked[T21_VARS] = {0}, cfg_refused = false;
-    int tried = 0, nacked = 0;
-    const char *refused_op = NULL;
-    for (int i = 0; i < T21_VARS && !refused_op; i++) {
-        char *v = t21_value(i, mark[i]);
-        size_t alen = T21_VALUE + 64;
-        char *args = sbx_xmalloc(alen);
-        snprintf(args, alen, "{\"vars\":{\"F%d\":\"%s\"}}", i, v);
-        free(v);
-        int rc = t21_call(c, "env.set", id, args, NULL, code, sizeof(code));
-        free(args);
-        tried++;
-        if (rc == 0) {
-            acked[i] = true;
-            nacked++;
-        } else {
-            cr_assert_str_eq(code, "STORAGE_FULL", "env.set F%d on a full disk: %s", i, code);
-            refused_op = "env.set";
-            break;
-        }
-        /* A register write through configure, read back through status. */
-        char cfg[64];
-        snprintf(cfg, sizeof(cfg), "{\"sleepAfter\":%d}", 1000 + i);
-        if (t21_call(c, "sandbox.configure", id, cfg, NULL, code, sizeof(code)) == 0) {
-            sleep_acked = 1000 + i;
-            nacked++;
-        } else {
-            cr_assert_str_eq(code, "STORAGE_FULL", "configure on a full disk: %s", code);
-            refused_op = "configure";
-            cfg_refused = true;
-        }
-    }
-    cr_assert_not_null(refused_op, "no write was refused: %d env.set of %d bytes on a full 8 MiB "
-                                   "tmpfs were acknowledged", T21_VARS, T21_VALUE);
-    /* A destroy on the full disk: if its delete is refused, the sandbox
-     * must still exist after the failover (etcd keeps its record). */
-    int drc = t21_call(c, "destroy", victim, NULL, NULL, code, sizeof(code));
-    if (drc)
-        cr_assert_str_eq(code, "STORAGE_FULL", "destroy on a full disk: %s", code);
-
-    /* Room again, and a write of another sandbox of y acknowledged: y's
-     * replications are in order, so whatever it was to send of the refused
-     * write has reached etcd by now. */
-    char filler[400];
-    snprintf(filler, sizeof(filler), "%s/filler", t21_mnt);
-    cr_assert_eq(unlink(filler), 0, "%s: %s", filler, strerror(errno));
-    set_var(c, other, "G", "after");
-
-    /* Failover: the partition's new owner loads the record from etcd. */
-    cr_assert_eq(cl_signal("shard", y, SIGKILL), 0);
-    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not die", y);
-    converge(rest, 2, "node 2 killed");
-    cr_assert_eq(cl_read_state(&st), 0);
-    cr_assert_eq(st.owner[part], to, "partition %u went to node %d, not %d", part, st.owner[part],
-                 to);
-    /* etcd holds exactly the acknowledged values (y is dead: what it sent
-     * is there, and a late copy fails its compare of the old epoch). */
-    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
-    int in_etcd_refused = 0;
-    for (int i = 0; i < tried; i++) {
-        bool has = etcd_record_has(key, mark[i]);
-        in_etcd_refused += !acked[i] && has;
-        cr_expect(acked[i] ? has : !has, "etcd's record %s F%d, whose env.set was %s",
-                  has ? "holds" : "lacks", i, acked[i] ? "acknowledged" : "refused (STORAGE_FULL)");
-    }
-
-    char vkey[256];
-    snprintf(vkey, sizeof(vkey), "/sbx/%s/r/%04u/%s", cl_env()->cluster, vpart, victim);
     sbx_etcd *etcd;
     cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
     struct sbx_etcd_kv *kvs = NULL;
-    size_t nkv = 0;
-    cr_assert_eq(sbx_etcd_range(etcd, vkey, NULL, &kvs, &nkv, NULL), 0);
-    sbx_etcd_kvs_free(kvs, nkv);
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
     sbx_etcd_close(etcd);
-    cr_expect_eq(nkv, drc ? 1u : 0u, "etcd %s the record of %s, whose destroy was %s",
-                 nkv ? "holds" : "lacks", victim, drc ? "refused (STORAGE_FULL)" : "acknowledged");
-    char *js = NULL;
-    double until = cl_now_ms() + 60000;
-    while (t21_call(c, "status", id, NULL, &js, code, sizeof(code)) != 0) {
-        cr_assert(cl_now_ms() < until, "status of %s after the failover: %s", id, code);
-        cl_sleep_ms(200);
-    }
-    json_error_t je;
-    json_t *j = js ? json_loads(js, 0, &je) : NULL;
-    free(js);
-    cr_assert_not_null(j, "status's result is not JSON");
-    long long sleep_ms = (long long)json_integer_value(
-        json_object_get(json_object_get(j, "sandbox"), "sleepAfter"));
-    json_decref(j);
-    int env_refused = 0;
-    for (int i = 0; i < tried; i++) {
-        char got[80], k[16];
-        snprintf(k, sizeof(k), "F%d", i);
-        get_var(c, id, k, got, sizeof(got));
-        bool has = !strncmp(got, mark[i], strlen(mark[i]));
-        env_refused += !acked[i] && has;
-        cr_expect(acked[i] ? has : got[0] == '\0', "after the failover, F%d='%.40s' (its env.set "
-                  "was %s)", i, got, acked[i] ? "acknowledged" : "refused (STORAGE_FULL)");
-    }
-    cr_log_info("t21: %d write(s) acknowledged on the full disk, then %s refused; etcd held %d "
-                "refused value(s); after the failover to node %d: sleepAfter %lld ms "
-                "(acknowledged %lld s%s), %d refused variable(s) in the sandbox",
-                nacked, refused_op, in_etcd_refused, to, sleep_ms,
-                sleep_acked, cfg_refused ? ", a later one refused" : "", env_refused);
-    cr_expect_eq(sleep_ms, sleep_acked * 1000,
-                 "status's sleepAfter after the failover is not the last acknowledged value");
-    /* The destroyed sandbox: gone iff its destroy was acknowledged. */
-    int vrc;
-    until = cl_now_ms() + 60000;
-    while ((vrc = t21_call(c, "status", victim, NULL, NULL, code, sizeof(code))) != 0 &&
-           strcmp(code, "SANDBOX_NOT_FOUND")) {
-        cr_assert(cl_now_ms() < until, "status of %s after the failover: %s", victim, code);
-        cl_sleep_ms(200);
-    }
-    cr_log_info("t21: destroy on the full disk %s; after the failover, status of it: %s",
-                drc ? "refused" : "acknowledged", vrc ? code : "ok");
-    cr_expect_eq(vrc == 0, drc != 0, "after the failover the sandbox whose destroy was %s %s",
-                 drc ? "refused" : "acknowledged", vrc ? "is gone" : "exists");
+    bool live = n == 1 && kvs[0].vlen > 0;
+    sbx_etcd_kvs_free(kvs, n);
+    return live;
+}
 
+/* t21 (issue 11, a resurrection in the 300-event fault run: a sandbox back
+ * after its acknowledged destroy, made by no recorded operation): the
+ * replication transaction that creates a sandbox's record in etcd compares
+ * the record's revision with 0 ("no such key").  It is held in the proxy;
+ * node y's client re-sends it to etcd directly, where it is applied, and
+ * the creating env.set is acknowledged; then the sandbox is destroyed
+ * (acknowledged; its record deleted in etcd).  Then the held copy reaches
+ * etcd at the same epoch.  Before the fix the deletion had brought the key
+ * back to "no such key", the copy's compare held, and etcd held the
+ * destroyed sandbox again (the proxy's duplicated requests did this in the
+ * fault run; a failover or restart then served it).  Now a deletion leaves
+ * a tombstone (an empty value under a lease of TOMB_TTL_S, longer than any
+ * copy of a request lives) and the copy fails its compare. */
+Test(cluster, t21_a_late_copy_of_a_creation_never_brings_back_a_destroyed_sandbox,
+     .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], key[256];
+    uint32_t part = pick_id(&st, "abadel", y, all, 3, y, id, sizeof(id));
+    int64_t e1 = st.epoch[part];
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+
+    ep_hold(&px, key);
+    set_var(c, id, "H", "created");
+    cr_assert(ep_holds(&px), "node %d's transaction did not go through the proxy", y);
+    cr_assert(etcd_record_live(key), "etcd has no record of %s after its creation", id);
+    sbx_error err;
+    bool destroyed = false;
+    cr_assert_eq(sbx_destroy(c, id, &destroyed, &err), 0, "destroy %s: %s", id, err.code);
+    cr_assert(destroyed);
+    cr_assert(!etcd_record_live(key), "etcd still has the record of destroyed %s", id);
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.epoch[part], e1, "partition %u moved meanwhile", part);
+
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the late transaction");
+    cr_log_info("t21: the late copy of the creation of %s at epoch %lld %s", id, (long long)e1,
+                applied ? "was APPLIED" : "failed its compare");
+    cr_expect(!applied, "a late copy of a creating transaction was applied after the destroy");
+    cr_expect(!etcd_record_live(key), "etcd holds the destroyed sandbox %s again", id);
+
+    /* What a restart (or a failover) serves comes from etcd. */
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_reply *r = NULL;
+    int rc = -1;
+    double until = cl_now_ms() + 60000;
+    for (;;) {
+        rc = sbx_call_json(c, "status", id, "{}", 20000, &r, &err);
+        if (rc == 0 || !strcmp(err.code, "SANDBOX_NOT_FOUND") || cl_now_ms() > until)
+            break;
+        sbx_error_free(&err);
+        cl_sleep_ms(200);
+    }
+    cr_expect_neq(rc, 0, "the destroyed sandbox %s is served again after a restart", id);
+    if (rc == 0) {
+        sbx_reply_free(r);
+    } else {
+        cr_expect_str_eq(err.code, "SANDBOX_NOT_FOUND");
+        sbx_error_free(&err);
+    }
     sbx_destroy(c, id, NULL, NULL);
-    sbx_destroy(c, other, NULL, NULL);
-    sbx_destroy(c, victim, NULL, NULL);
     sbx_client_close(c);
-    umount2(t21_mnt, MNT_DETACH);
-    t21_mnt[0] = '\0';
+}
+
+/* A request sent through gateway 0 as a client library would, with
+ * request id rid and, with retry, the envelope's `retry` mark ("an earlier
+ * attempt of this id may have run": docs/protocol.md §2); "" if it answered
+ * ok, else its error code or why there was none. */
+static void
+gw_raw(const char *op, const char *id, const char *argv2, const char *rid, bool retry,
+       int timeout_ms, char *code, size_t cl)
+{
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms + 10000);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    cr_assert_eq(nng_dial(s, cl_env()->gw[0], NULL, 0), 0, "cannot dial gateway 0");
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", rid);
+    sbx_enc_kstr(&e, "op", op);
+    sbx_enc_kstr(&e, "sandbox", id);
+    sbx_enc_kint(&e, "timeoutMs", timeout_ms);
+    if (retry)
+        sbx_enc_kbool(&e, "retry", true);
+    sbx_enc_kmap(&e, "args");
+    sbx_enc_karray(&e, "argv");
+    sbx_enc_str(&e, "/bin/bash");
+    sbx_enc_str(&e, "-c");
+    sbx_enc_str(&e, argv2);
+    sbx_enc_end(&e);
+    sbx_enc_kbool(&e, "sessionless", true);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
+    nng_msg *m = NULL;
+    cr_assert_eq(nng_msg_alloc(&m, len), 0);
+    memcpy(nng_msg_body(m), buf, len);
+    free(buf);
+    int rv = nng_sendmsg(s, m, 0);
+    if (rv == 0)
+        rv = nng_recvmsg(s, &m, 0);
+    if (rv != 0) {
+        snprintf(code, cl, "no reply: %s", nng_strerror(rv));
+        nng_close(s);
+        return;
+    }
+    sbx_msg dm;
+    snprintf(code, cl, "malformed reply");
+    if (sbx_wire_decode(&dm, nng_msg_body(m), nng_msg_len(m), &sbx_wire_limits_reply) == 0) {
+        bool ok = false;
+        sbx_wire_get_bool(dm.root, "ok", &ok);
+        const msgpack_object *eo;
+        sbx_str ec = {"?", 1};
+        if (!ok && sbx_wire_get_map(dm.root, "error", &eo) == 0)
+            sbx_wire_get_str(eo, "code", &ec);
+        snprintf(code, cl, "%.*s", ok ? 0 : (int)ec.n, ec.p);
+        sbx_wire_msg_free(&dm);
+    }
+    nng_msg_free(m);
+    nng_close(s);
+}
+
+/* The pid of a process on this host whose argv[0] is name (0: none). */
+static pid_t
+proc_named(const char *name)
+{
+    pid_t found = 0;
+    DIR *d = opendir("/proc");
+    cr_assert_not_null(d);
+    struct dirent *de;
+    while (!found && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        char path[64], arg0[128] = "";
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(arg0, 1, sizeof(arg0) - 1, f);
+        fclose(f);
+        arg0[n] = '\0';
+        if (!strcmp(arg0, name))
+            found = (pid_t)atoi(de->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
+struct bgexec {
+    const char *id, *cmd, *rid;
+    char code[64];
+};
+
+static void *
+bgexec_main(void *arg)
+{
+    struct bgexec *b = arg;
+    gw_raw("exec", b->id, b->cmd, b->rid, false, 30000, b->code, sizeof(b->code));
+    return NULL;
+}
+
+/* t22 (issue 11, the double execution in the 300-event fault run): an exec
+ * with request id R runs on node y, the partition's owner, and y is killed
+ * (SIGKILL) while it runs: the client gets SHARD_UNAVAILABLE — unknown, it
+ * may have run (it did) — and retries R once another node has claimed the
+ * partition.  That node never saw R: y's idempotency table (LMDB) died
+ * with y.  Before the fix it ran R a second time (two runs, 5.4 s apart,
+ * in the fault run).  Now a retry says so (`retry`, set by the SDKs after
+ * an attempt of unknown outcome), and the owner of a partition it claimed
+ * from a dead shard within the idempotency TTL answers a retry of a request
+ * id it does not know OPERATION_INTERRUPTED (it may have run, it does not
+ * run again) instead of running it.  A request that is no retry runs. */
+Test(cluster, t22_a_retry_after_a_failover_never_runs_a_request_twice, .timeout = 240)
+{
+    restore_base();
+    const int y = 2, to = 0;
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int rest[2] = {0, 1};
+    char id[64], rid[80], mark[96], cmd[160], code[64];
+    uint32_t part = pick_id(&st, "dbl", y, rest, 2, to, id, sizeof(id));
+    snprintf(rid, sizeof(rid), "t22-%s", id);
+    snprintf(mark, sizeof(mark), "t22R-%s", id);
+    snprintf(cmd, sizeof(cmd), "exec -a %s sleep 8", mark);
+    sbx_client *c = gw_client();
+    set_var(c, id, "H", "created"); /* the sandbox and its container exist */
+
+    struct bgexec b = {.id = id, .cmd = cmd, .rid = rid};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bgexec_main, &b), 0);
+    double t0 = cl_now_ms();
+    pid_t first = 0;
+    while (!(first = proc_named(mark)) && cl_now_ms() - t0 < 30000)
+        cl_sleep_ms(20);
+    if (first)
+        cl_signal("shard", y, SIGKILL);
+    pthread_join(th, NULL);
+    cr_assert_neq(first, 0, "the exec of request %s never ran on node %d (%s)", rid, y, b.code);
+    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not die", y);
+    cr_log_info("t22: request %s ran on node %d (host pid %d), node killed: %s", rid, y,
+                (int)first, b.code[0] ? b.code : "ok");
+    cr_assert_str_neq(b.code, "", "the exec was acknowledged although its shard died first");
+
+    /* The partition fails over to node `to` (y's lease: TTL 2 s). */
+    t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(200);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while (st.owner[part] != to && cl_now_ms() - t0 < 30000);
+    cr_assert_eq(st.owner[part], to, "node %d did not claim partition %u", to, part);
+    t0 = cl_now_ms();
+    do {
+        gw_raw("exec", id, cmd, rid, true, 20000, code, sizeof(code));
+        if (strcmp(code, "SHARD_UNAVAILABLE") && strcmp(code, "WRONG_OWNER"))
+            break;
+        cl_sleep_ms(200);
+    } while (cl_now_ms() - t0 < 30000);
+    cr_log_info("t22: the retry of %s on node %d answered %s", rid, to, code[0] ? code : "ok");
+    cr_expect_str_eq(code, "OPERATION_INTERRUPTED",
+                     "the retry of request %s after the failover %s", rid,
+                     code[0] ? "did not say the outcome is unknown" : "RAN IT AGAIN");
+
+    char rid2[96];
+    snprintf(rid2, sizeof(rid2), "t22-new-%s", id);
+    gw_raw("exec", id, "true", rid2, false, 20000, code, sizeof(code));
+    cr_expect_str_eq(code, "", "a new request on the failed-over partition: %s", code);
+
     cr_assert_gt(cl_start("shard", y), 0);
-    converge(BASE, 3, "node 2 back on its data directory");
+    converge(BASE, 3, "node 2 back");
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
 }
