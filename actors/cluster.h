@@ -21,6 +21,9 @@
  *    {partition, epoch, owner} (the gateway re-routes and retries);
  *  - a shard whose lease may have expired (it could not renew it in time)
  *    admits nothing (self-fencing) before anyone else can take over;
+ *  - a record write goes to etcd only after its LMDB commit succeeded (the
+ *    replication thread waits for the store's decision; a write whose commit
+ *    failed is never sent, so etcd holds no change answered as failed);
  *  - a reply to a state change leaves only after the record is committed to
  *    LMDB *and* to etcd by a transaction that compares the partition's owner
  *    with this shard and its epoch with the one the write was made at: an
@@ -71,7 +74,9 @@ bool cluster_in_doubt(struct shard *sh, uint32_t part);
 bool cluster_listable(struct shard *sh, uint32_t part);
 
 /* cluster_replicate — a record write (len 0: deletion) with store sequence
- * seq by actor id must reach etcd before replies that depend on it. */
+ * seq by actor id must reach etcd before replies that depend on it; it is
+ * sent once its commit succeeded, never if it failed (the rules above).
+ * Copies rec (len bytes); id is a NUL-terminated sandbox ID (borrowed). */
 void cluster_replicate(struct shard *sh, uint64_t seq, const char *id, const void *rec,
                        size_t len);
 /* cluster_gate_open — whether every replicated write ≤ need is decided. */

@@ -166,6 +166,27 @@ void cluster_fence_now(struct cluster *c);
  * c->stop, posting each batch's outcome to the loop.  Returns NULL. */
 void *cluster_repl_main(void *arg);
 
+/* The outcome of one write of a replication batch, as it goes to the loop
+ * (in sequence order: the order of the output gate's outstanding FIFO). */
+struct rnote {
+    uint64_t seq;
+    int rc;      /* the replication's: 0 also for a write not sent (sent false) */
+    bool sent;   /* false: its commit to LMDB failed, so it was never sent to etcd */
+    char id[64];
+    uint32_t part;
+};
+
+/* cluster_repl.c — cluster_repl_committed: replication thread; wait until
+ * store st has decided every write of batch (a list of ascending sequence
+ * numbers, owned by the caller) and note each one in notes[*n] onwards (in
+ * order; *n grows by the batch's length, room for it is the caller's).
+ * Returns the batch without the writes whose commit failed (those are
+ * freed): only committed writes are sent to etcd (cluster.h, ownership
+ * rules); the last committed write of a record then goes as its last one,
+ * however a later write of it failed. */
+struct ritem *cluster_repl_committed(sbx_store *st, struct ritem *batch, struct rnote *notes,
+                                     size_t *n);
+
 /* cluster_handoff.c — cluster_purge_partitions: loop thread; delete the
  * local records (not those in etcd) and the idle actors of the partitions
  * in set (a SBX_PARTITIONS byte map, borrowed). */

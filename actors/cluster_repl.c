@@ -1,11 +1,12 @@
 /*
  * cluster_repl.c — replication of sandbox record writes to etcd (cluster.h
  * "Ownership rules"; docs/cluster.md): cluster_replicate queues a write
- * (loop), the replication thread sends batches of them in transactions
- * that compare the partition's owner and epoch and each record's revision
- * (recrev.h), reads back what etcd holds when a transaction's outcome is
- * not known, and posts each outcome to the loop, which opens the output
- * gate (cluster_gate_open) or fails the replies that waited on it.
+ * (loop), the replication thread waits until the store has decided it and
+ * sends the committed ones, in batches, in transactions that compare the
+ * partition's owner and epoch and each record's revision (recrev.h), reads
+ * back what etcd holds when a transaction's outcome is not known, and posts
+ * each outcome to the loop, which opens the output gate (cluster_gate_open)
+ * or fails the replies that waited on it.
  *
  * A deleted record leaves a tombstone in etcd — its key with an empty value,
  * under a lease of TOMB_TTL_S — instead of no key: a late copy of the
@@ -25,6 +26,7 @@
 #include "../runtime/cview.h"
 #include "../runtime/err.h"
 #include "../runtime/etcd.h"
+#include "../runtime/log.h"
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "cluster_int.h"
@@ -100,15 +102,11 @@ cluster_gate_open(struct shard *sh, uint64_t need)
     return c->outhead == c->nout || c->outstanding[c->outhead] > need;
 }
 
+/* The outcomes of one batch (posted to the loop, which frees it). */
 struct rdone {
     struct cluster *c;
     size_t n;
-    struct {
-        uint64_t seq;
-        int rc;
-        char id[64];
-        uint32_t part;
-    } r[REPL_BATCH];
+    struct rnote r[REPL_BATCH];
 };
 
 static void
@@ -119,9 +117,11 @@ repl_done(sbx_loop *l, void *arg)
     struct shard *sh = c->sh;
     (void)l;
     for (size_t i = 0; i < d->n; i++) {
+        /* A write not sent is decided too: its commit failed, and its reply
+         * fails by the store's note of that (gate.c commit_loop). */
         if (c->outhead < c->nout && c->outstanding[c->outhead] == d->r[i].seq)
             c->outhead++;
-        if (d->r[i].rc) {
+        if (d->r[i].sent && d->r[i].rc) {
             /* Not in etcd: the write must not be acknowledged, and this shard
              * no longer owns the partition as far as the cluster goes. */
             shard_fail_held(sh, d->r[i].id, d->r[i].seq, d->r[i].rc,
@@ -253,6 +253,43 @@ repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
     return 0;
 }
 
+struct ritem *
+cluster_repl_committed(sbx_store *st, struct ritem *batch, struct rnote *notes, size_t *n)
+{
+    /* The store decides in sequence order: waiting for the highest is enough. */
+    uint64_t top = 0;
+    for (const struct ritem *it = batch; it; it = it->next)
+        top = SBX_MAX(top, it->seq);
+    if (top)
+        sbx_store_wait(st, top);
+    struct ritem *keep = NULL, **tail = &keep;
+    for (struct ritem *it = batch; it;) {
+        struct ritem *next = it->next;
+        int rc = sbx_store_wait(st, it->seq); /* decided: does not block */
+        struct rnote *r = &notes[(*n)++];
+        memset(r, 0, sizeof(*r));
+        r->seq = it->seq;
+        r->part = it->part;
+        r->sent = rc == 0;
+        snprintf(r->id, sizeof(r->id), "%s", it->id);
+        if (rc == 0) {
+            *tail = it;
+            tail = &it->next;
+        } else {
+            /* Never sent: a write answered as failed must not become visible
+             * through etcd (after a failover or handoff), nor etcd disagree
+             * with this shard's LMDB. */
+            sbx_log_debug("cluster: write %llu of %s not replicated: its commit failed (%s)",
+                          (unsigned long long)it->seq, it->id, sbx_err_message(rc));
+            free(it->rec);
+            free(it);
+        }
+        it = next;
+    }
+    *tail = NULL;
+    return keep;
+}
+
 /* Replication thread: the lease to put the batch's tombstones under, in
  * *lease (0 if the batch deletes nothing); a lease granted over
  * TOMB_LEASE_REUSE_MS ago is replaced.  0, or the error of the grant. */
@@ -291,13 +328,22 @@ cluster_repl_main(void *arg)
             pthread_mutex_unlock(&c->rmu);
             break;
         }
+        /* Commit first, then replicate: the batch starts once the store has
+         * decided its oldest write, and takes only writes decided by then
+         * (waiting for later ones would hold back those ready).  The head
+         * stays: only this thread takes from the queue. */
+        uint64_t head = c->rq_head->seq;
+        pthread_mutex_unlock(&c->rmu);
+        sbx_store_wait(sh->store, head);
+        uint64_t decided = sbx_store_decided(sh->store);
+        pthread_mutex_lock(&c->rmu);
         /* A batch: up to REPL_BATCH records and REPL_BATCH_BYTES of them (one
          * record always goes, alone if it is larger: it fits in a request),
          * each partition at one epoch. */
         struct ritem *batch = c->rq_head, *last = batch;
         size_t n = 1, bytes = batch->len;
-        while (last->next && n < REPL_BATCH && bytes + last->next->len <= REPL_BATCH_BYTES &&
-               !epoch_conflict(batch, last->next)) {
+        while (last->next && last->next->seq <= decided && n < REPL_BATCH &&
+               bytes + last->next->len <= REPL_BATCH_BYTES && !epoch_conflict(batch, last->next)) {
             last = last->next;
             bytes += last->len;
             n++;
@@ -307,6 +353,9 @@ cluster_repl_main(void *arg)
             c->rq_tail = NULL;
         last->next = NULL;
         pthread_mutex_unlock(&c->rmu);
+        struct rdone *d = sbx_xcalloc(1, sizeof(*d));
+        d->c = c;
+        batch = cluster_repl_committed(sh->store, batch, d->r, &d->n);
 
         /* One transaction: every partition touched is still ours at the epoch
          * its writes were made at (owner and mod_revision of its key, as
@@ -314,8 +363,8 @@ cluster_repl_main(void *arg)
          * partition away and back to this shard fails); then the puts and
          * deletes.  Retried while etcd is unreachable and the lease may still
          * be ours. */
-        int rc;
-        for (int attempt = 0;; attempt++) {
+        int rc = 0;
+        for (int attempt = 0; batch; attempt++) {
             int64_t tomb = 0;
             rc = repl_revs(c, batch);
             if (rc == 0)
@@ -387,15 +436,11 @@ cluster_repl_main(void *arg)
             cluster_fence_now(c);
             rc = SBX_E_SHARD_UNAVAILABLE;
         }
-        struct rdone *d = sbx_xcalloc(1, sizeof(*d));
-        d->c = c;
+        for (size_t i = 0; i < d->n; i++)
+            if (d->r[i].sent)
+                d->r[i].rc = rc;
         for (struct ritem *it = batch; it;) {
             struct ritem *next = it->next;
-            d->r[d->n].seq = it->seq;
-            d->r[d->n].rc = rc;
-            d->r[d->n].part = it->part;
-            snprintf(d->r[d->n].id, sizeof(d->r[0].id), "%s", it->id);
-            d->n++;
             free(it->rec);
             free(it);
             it = next;

@@ -521,16 +521,22 @@ sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t aft
 int
 sbx_store_wait(sbx_store *s, uint64_t seq)
 {
-    int rc = 0;
     pthread_mutex_lock(&s->mu);
     while (s->decided < seq)
         pthread_cond_wait(&s->donecv, &s->mu);
-    for (size_t i = 0; i < s->nfails; i++) {
-        if (seq >= s->fails[i].first && seq <= s->fails[i].last)
-            rc = s->fails[i].rc;
-    }
     pthread_mutex_unlock(&s->mu);
-    return rc;
+    /* A binary search of the failed ranges (the replication thread asks
+     * for every write it sends; a long-full disk leaves many ranges). */
+    return failed_rc(s, seq);
+}
+
+uint64_t
+sbx_store_decided(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t seq = s->decided;
+    pthread_mutex_unlock(&s->mu);
+    return seq;
 }
 
 void

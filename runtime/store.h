@@ -123,6 +123,11 @@ uint64_t sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uin
  * the failure code the callback reported for it). */
 int sbx_store_wait(sbx_store *s, uint64_t seq);
 
+/* sbx_store_decided — the highest sequence number up to which every write
+ * is decided (writes are decided in order; 0 before the first).  Does not
+ * block on the writer.  Thread-safe. */
+uint64_t sbx_store_decided(sbx_store *s);
+
 /* sbx_store_stat — counters for `sbx status`: batches and writes committed,
  * failed ranges (see the callback). */
 void sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *failed);

@@ -1,7 +1,7 @@
 /*
  * sbx-bench-cluster — horizontal scaling of an sbx cluster on one machine.
  *
- *   sbx-bench-cluster [--seconds S] [--clients C] [--nodes N] [--keep]
+ *   sbx-bench-cluster [--seconds S] [--clients C] [--nodes N] [--writes] [--keep]
  *
  * Builds the multi-host cluster of tests/cluster/cluster.h (shard nodes in
  * network namespaces on a private bridge, etcd on the bridge, one gateway in
@@ -30,6 +30,11 @@
  *             one of them has answered (each needs a new container on its new
  *             node); lease TTL 2 s.
  *
+ * --writes: each client runs `env.set V=<n>` instead (a record write, no
+ * container: committed to the node's LMDB, then replicated to etcd before
+ * the reply) — the write path's throughput and latency ("execs" are then
+ * writes).
+ *
  * All processes share this machine's cores: see the notes printed at the end
  * (and docs/benchmarks.md, "Cluster scaling") for how the figures extrapolate
  * to one node per machine.  Must run as root.  Exit status 0, or 1 when the
@@ -55,6 +60,7 @@
 #define MAX_CLIENTS 256
 
 static int seconds = 10, nclients = 64, max_nodes = 4;
+static bool writes; /* --writes: env.set instead of exec */
 
 struct client {
     int k;
@@ -74,6 +80,20 @@ static _Atomic double kill_at;
 static int
 exec_true(const char *id, char *errbuf, size_t el)
 {
+    if (writes) {
+        static atomic_long seq;
+        char args[96];
+        snprintf(args, sizeof(args), "{\"vars\":{\"V\":\"%ld\"}}", atomic_fetch_add(&seq, 1));
+        sbx_reply *rep = NULL;
+        sbx_error err;
+        int rc = sbx_call_json(C, "env.set", id, args, 30000, &rep, &err);
+        sbx_reply_free(rep);
+        if (rc) {
+            snprintf(errbuf, el, "%s %s", err.code, err.message);
+            sbx_error_free(&err);
+        }
+        return rc;
+    }
     sbx_exec_opts o = {.command = "true", .timeout_ms = 30000};
     sbx_exec_result r;
     sbx_error err;
@@ -277,11 +297,13 @@ main(int argc, char **argv)
             nclients = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--nodes") && i + 1 < argc)
             max_nodes = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--writes"))
+            writes = true;
         else if (!strcmp(argv[i], "--keep"))
             setenv("SBX_KEEP_TEST_DATA", "1", 1);
         else {
             fprintf(stderr, "usage: sbx-bench-cluster [--seconds S] [--clients C] [--nodes N] "
-                            "[--keep]\n");
+                            "[--writes] [--keep]\n");
             return 2;
         }
     }
@@ -307,10 +329,11 @@ main(int argc, char **argv)
             load1 = 0;
         fclose(lf);
     }
-    printf("sbx-bench-cluster: %d client threads, `exec true` on %d distinct sandboxes, %d s per "
+    printf("sbx-bench-cluster: %d client threads, `%s` on %d distinct sandboxes, %d s per "
            "step; %ld CPUs shared by everything (load average %.2f at the start); cluster up in "
            "%.1f s (binaries %s)\n",
-           nclients, nclients, seconds, ncpu, load1, (cl_now_ms() - t0) / 1000, o.bindir);
+           nclients, writes ? "env.set V=<n>" : "exec true", nclients, seconds, ncpu, load1,
+           (cl_now_ms() - t0) / 1000, o.bindir);
     sbx_error oerr;
     if (sbx_client_open(&C, cl_env()->gw[0], &oerr) != 0) {
         fprintf(stderr, "bench-cluster: cannot reach the gateway: %s\n", oerr.message);

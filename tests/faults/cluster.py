@@ -12,7 +12,10 @@ Faults (:meth:`ClusterDeployment.fault` and the shared kill/stop):
   proxy       for 2-6 s the proxy delays, drops and duplicates requests and
               drops replies (etcdproxy.Proxy)
   drain       `sbx cluster drain` of a shard, `undrain` 2-6 s later
-Everything started is stopped by pid in :meth:`stop`.
+  fill        (with tmpfs_mb: every shard's data directory is a tmpfs) the
+              shards' data directories full for 0.5-3 s (a ballast file each)
+Everything started is stopped by pid in :meth:`stop`; the tmpfs mounts are
+unmounted there.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class ClusterDeployment:
         self.root = tempfile.mkdtemp(prefix="sbx-fxc-", dir="/tmp")
         self.data = self.root
         self.mounted = False
+        # tmpfs_mb: each shard's data directory is a tmpfs of that size (the
+        # "data directory fills up" fault); the ones mounted, for stop()
+        self.tmpfs_mb = tmpfs_mb
+        self.mounts: List[str] = []
         self.secret = secrets.token_hex(16)
         self.stopped: set = set()
         self.procs: Dict[str, subprocess.Popen] = {}
@@ -122,6 +129,10 @@ class ClusterDeployment:
         c, r = self.shard_ports[i]
         d = os.path.join(self.root, f"s{i}")
         os.makedirs(d, exist_ok=True)
+        if self.tmpfs_mb and d not in self.mounts:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.tmpfs_mb}m,mode=0700",
+                            "sbx-fxc", d], check=True)
+            self.mounts.append(d)
         # each shard starts at another member (through its proxy)
         urls = [f"http://127.0.0.1:{p.port}" for p in self.proxies]
         etcd = ",".join(urls[i % 3:] + urls[:i % 3])
@@ -214,7 +225,31 @@ class ClusterDeployment:
         self.stopped.discard(pid)
 
     def fill_data(self, seconds: float) -> Optional[str]:
-        return None
+        """Fill every shard's data tmpfs with a ballast file for ``seconds``,
+        then remove them: writes answer STORAGE_FULL meanwhile, and one
+        refused must never show later, on any owner (its replication to etcd
+        must not happen)."""
+        if not self.mounts:
+            return None
+        paths = [os.path.join(d, "ballast") for d in self.mounts]
+        n = 0
+        for path in paths:
+            try:
+                with open(path, "wb") as f:
+                    chunk = b"\0" * (1 << 20)
+                    while True:
+                        f.write(chunk)
+                        n += 1
+                        f.flush()
+            except OSError:
+                pass
+        time.sleep(seconds)
+        for path in paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return f"data directories of {len(paths)} shards full ({n} MiB ballast) for {seconds:.1f} s"
 
     def etcd_leader(self) -> Optional[int]:
         for i, u in enumerate(self.etcd_urls):
@@ -293,6 +328,14 @@ class ClusterDeployment:
         left = sweep_name(self.name)
         for f in self.logs:
             f.close()
+        for d in self.mounts:
+            for _ in range(20):
+                if subprocess.run(["umount", d]).returncode == 0:
+                    break
+                time.sleep(0.5)
+            else:
+                subprocess.run(["umount", "-l", d])
+        self.mounts = []
         if os.environ.get("SBX_FAULTS_KEEP"):
             self.log(f"deployment files kept in {self.root}")
         else:

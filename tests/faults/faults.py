@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     try:
         if a.cluster:
             from cluster import ClusterDeployment
-            dep = ClusterDeployment(shards=a.shards, log=say)
+            dep = ClusterDeployment(shards=a.shards, tmpfs_mb=a.tmpfs_mb, log=say)
             say(f"cluster {dep.name}: 3 etcd members, {a.shards} shards, gateway {dep.url}, "
                 f"files {dep.root}")
         else:
