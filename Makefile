@@ -128,6 +128,13 @@ bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/s
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
+# The density benchmark (many idle sandboxes: memory, creation rate, stop time).
+bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
+                       build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
+RELEASE_BINS += bin/sbx-bench-density
+
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
 INTERP_SRC := container/interp/driver.py $(wildcard container/interp/_sbx_driver/*.py) \
               container/interp/driver.js \
