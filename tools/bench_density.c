@@ -4,7 +4,7 @@
  * time the daemon takes to stop with them all.
  *
  *   sbx-bench-density [--count N] [--clients P] [--shards S] [--pool K]
- *                     [--window W] [--memory M]
+ *                     [--window W] [--memory M] [--settle S]
  *
  * Starts a private `sbxd dev --shards S --pool K --sleep-after 1h` in a
  * fresh temporary directory (tests/support/harness.c; sbxd from $SBX_BIN,
@@ -19,7 +19,9 @@
  *              the first W completions (default 500) and of the last W:
  *              W / (time of completion W - start) and W / (time of the last
  *              completion - time of completion N-W).
- *   idle       after creation (no command run yet) and again after every
+ *   idle       S seconds (default 25) after creation (no command run yet:
+ *              the agent ends a default-session shell nobody used 10-20 s
+ *              after bind, container/agent/agent.h) and again after every
  *              sandbox answered one `exec true` in its default session:
  *              per sandbox, (a) the PSS of the daemon's whole process tree
  *              (gateway, shards, agents, shells; shared pages split) minus
@@ -60,7 +62,7 @@
 #include "stats.h"
 
 struct opts {
-    long count, clients, shards, pool, window;
+    long count, clients, shards, pool, window, settle;
     const char *memory;
 };
 
@@ -347,6 +349,10 @@ report_idle(const char *state, const struct tree *base, const struct tree *t,
            (double)(h1->pagetables - h0->pagetables) / (double)n,
            (double)(h1->kstack - h0->kstack) / (double)n,
            (double)(h1->shmem - h0->shmem) / (double)n);
+    long kern = (h1->slab - h0->slab) + (h1->pagetables - h0->pagetables) +
+                (h1->kstack - h0->kstack);
+    printf("  PSS growth + kernel growth (slab, page tables, stacks): %.3f MiB per sandbox\n",
+           (double)(t->pss_kib - base->pss_kib + kern) / 1024.0 / (double)n);
     printf("  sandbox cgroups (memoryBytes sum)     %8.1f MiB  = %.3f MiB per sandbox%s\n",
            (double)cg_kib / 1024.0, (double)cg_kib / 1024.0 / (double)(n - cg_missing),
            cg_missing ? " (some without a figure)" : "");
@@ -365,7 +371,8 @@ rate(const double *finish, long from, long to, double t_from)
 static int
 parse_args(int argc, char **argv, struct opts *o)
 {
-    *o = (struct opts){.count = 1000, .clients = 8, .shards = 2, .pool = -1, .window = 500};
+    *o = (struct opts){.count = 1000, .clients = 8, .shards = 2, .pool = -1, .window = 500,
+                     .settle = 25};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -374,6 +381,7 @@ parse_args(int argc, char **argv, struct opts *o)
                     : !strcmp(a, "--shards")  ? &o->shards
                     : !strcmp(a, "--pool")    ? &o->pool
                     : !strcmp(a, "--window")  ? &o->window
+                    : !strcmp(a, "--settle")  ? &o->settle
                                               : NULL;
         if (!strcmp(a, "--memory") && v) {
             o->memory = v;
@@ -383,7 +391,7 @@ parse_args(int argc, char **argv, struct opts *o)
         char *end;
         if (!dst || !v || (*dst = strtol(v, &end, 10), *end) || *dst < 0) {
             fprintf(stderr, "usage: sbx-bench-density [--count N] [--clients P] [--shards S] "
-                            "[--pool K] [--window W] [--memory M]\n");
+                            "[--pool K] [--window W] [--memory M] [--settle S]\n");
             return -1;
         }
         i++;
@@ -462,7 +470,7 @@ main(int argc, char **argv)
     printf("  last %ld (with %ld present)   %8.1f creates/s\n", w, o.count - w,
            rate(finish, o.count - w, o.count, finish[o.count - w - 1]));
 
-    sleep(2); /* pool refills, then quiet */
+    sleep((unsigned)o.settle); /* pool refills, unused shells end, then quiet */
     tree_measure(d.pid, &t1);
     host_mem(&host1);
     long missing;
