@@ -30,6 +30,12 @@ LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lm
                  -lcurl -lwslay -lnettle -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
+# The release agent is linked statically: one per sandbox, and without the
+# dynamic loader and the shared libraries' relocated pages it holds 96 KiB of
+# PSS instead of 157 KiB (docs/benchmarks.md, "Density").  ASan needs the
+# dynamic runtime, so the asan flavour stays dynamic.
+AGENT_LDFLAGS_release := -static
+AGENT_LDFLAGS_asan    :=
 LDLIBS_TEST   := -lcriterion -lcurl -lnettle
 
 RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
@@ -93,7 +99,7 @@ $(3)/sbxd: $$(call objs,$(1),$(DAEMON))
 
 $(3)/sbx-agent: $$(call objs,$(1),$(AGENT))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_AGENT)
+	$$(CC) $$($(2)) $$(AGENT_LDFLAGS_$(1)) -o $$@ $$^ $(LDLIBS_AGENT)
 
 build/$(1)/lib/libsbx.a: $$(call objs,$(1),$(sort $(CLIENT)))
 	@mkdir -p $$(dir $$@)
