@@ -18,7 +18,9 @@
  *              client threads (default 8) sharing one client.  Creates/s of
  *              the first W completions (default 500) and of the last W:
  *              W / (time of completion W - start) and W / (time of the last
- *              completion - time of completion N-W).
+ *              completion - time of completion N-W).  And the mean
+ *              shard-side container start (status container.startUs) of
+ *              the first W sandboxes and of the last W.
  *   idle       S seconds (default 25) after creation (no command run yet:
  *              the agent ends a default-session shell nobody used 10-20 s
  *              after bind, container/agent/agent.h) and again after every
@@ -301,22 +303,52 @@ run_all(sbx_client *c, const char *prefix, long n, long clients, bool exec, doub
     return atomic_load(&r.failed);
 }
 
-/* Sum of container.memoryBytes over the sandboxes, in KiB (-1 if none). */
+/* Sum of container.memoryBytes over the sandboxes, in KiB; and, when
+ * start_us is not NULL, each container's shard-side start time
+ * (container.startUs; 0 when absent). */
 static long
-cgroup_sum_kib(sbx_client *c, const char *prefix, long n, long *missing)
+cgroup_sum_kib(sbx_client *c, const char *prefix, long n, long *missing, int64_t *start_us)
 {
     int64_t sum = 0;
     *missing = 0;
     for (long i = 0; i < n; i++) {
         char id[64];
         snprintf(id, sizeof(id), "%s-%ld", prefix, i);
-        int64_t v = test_memory_bytes(c, id);
+        sbx_reply *r = NULL;
+        sbx_error err;
+        int64_t v = -1, su = 0;
+        if (sbx_call_json(c, "status", id, "{}", 30000, &r, &err) == 0) {
+            const msgpack_object *sb, *ct;
+            if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0 &&
+                sbx_wire_get_map(sb, "container", &ct) == 0) {
+                sbx_wire_get_i64(ct, "memoryBytes", &v);
+                sbx_wire_get_i64(ct, "startUs", &su);
+            }
+            sbx_reply_free(r);
+        } else {
+            sbx_error_free(&err);
+        }
         if (v < 0)
             (*missing)++;
         else
             sum += v;
+        if (start_us)
+            start_us[i] = su;
     }
     return (long)(sum / 1024);
+}
+
+static double
+mean_ms(const int64_t *us, long from, long to)
+{
+    double s = 0;
+    long k = 0;
+    for (long i = from; i < to; i++)
+        if (us[i] > 0) {
+            s += (double)us[i];
+            k++;
+        }
+    return k ? s / (double)k / 1000.0 : 0.0;
 }
 
 static void
@@ -474,7 +506,13 @@ main(int argc, char **argv)
     tree_measure(d.pid, &t1);
     host_mem(&host1);
     long missing;
-    long cg1 = cgroup_sum_kib(c, prefix, o.count, &missing);
+    int64_t *start_us = sbx_xcalloc((size_t)o.count, sizeof(int64_t));
+    long cg1 = cgroup_sum_kib(c, prefix, o.count, &missing, start_us);
+    /* Sandbox i was created about when i others were present (IDs are
+     * taken in order; a pooled container was started shortly before). */
+    printf("  shard-side container start (startUs), mean: first %ld %.2f ms, last %ld %.2f ms\n",
+           w, mean_ms(start_us, 0, w), w, mean_ms(start_us, o.count - w, o.count));
+    free(start_us);
     report_idle("after creation (no command run yet)", &base, &t1, &host0, &host1, cg1, missing,
                 o.count);
 
@@ -485,7 +523,7 @@ main(int argc, char **argv)
     sleep(2);
     tree_measure(d.pid, &t2);
     host_mem(&host2);
-    long cg2 = cgroup_sum_kib(c, prefix, o.count, &missing);
+    long cg2 = cgroup_sum_kib(c, prefix, o.count, &missing, NULL);
     report_idle("after one exec each (default session shell started)", &base, &t2, &host0, &host2,
                 cg2, missing, o.count);
 
