@@ -219,11 +219,12 @@ build/asan/tests/integration/%: build/asan/obj/tests/integration/%.o $(INTEG_LIN
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
 # test_shard runs a real shard on scripted agents: tests/unit/fake_spawn.c stands in
-# for container/spawn.c (no root, no containers).
+# for container/spawn.c (no root, no containers); --wrap=mdb_put lets it fail one
+# record's writes as a full disk would.
 build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
 build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.

@@ -530,7 +530,7 @@ actor_commit_continue(struct actor *a)
                 a->mb_tail = op;
         }
     } else if (actor_write_failed(a, seq))
-        shard_deliver_error(op, a->bad_code);
+        shard_deliver_error(op, actor_failed_code(a, seq));
     else if (a->cs == C_RUNNING)
         actor_dispatch(a, op);
     else
@@ -603,7 +603,10 @@ actor_op_configure(struct actor *a, struct sop *op)
 void
 actor_handle(struct actor *a, struct sop *op)
 {
-    a->last_active_ms = sbx_wall_ms();
+    /* Every op is activity for sleepAfter but the `observe` ones (status,
+     * lists: reading state is not using the sandbox; docs/schema.md). */
+    if (!(op->def->flags & SBX_OP_OBSERVE))
+        a->last_active_ms = sbx_wall_ms();
     const char *name = op->def->name;
     /* The shard-layer ops of runtime/ops.yaml (generated table, actors/ops_gen.c). */
     if (actor_ops[op->def->id]) {
@@ -622,6 +625,17 @@ actor_handle(struct actor *a, struct sop *op)
         actor_ensure_record(a, NULL);
     }
     if (a->cs != C_RUNNING) {
+        if ((op->def->flags & SBX_OP_NOWAKE) && op->def->idle_empty) {
+            /* A list of what lives in the container: none without one. */
+            sbx_enc e;
+            shard_reply_begin(op, &e);
+            sbx_enc_kbool(&e, "success", true);
+            sbx_enc_str(&e, op->def->idle_empty);
+            sbx_enc_array(&e);
+            sbx_enc_end(&e);
+            shard_reply_end(op, &e, 0);
+            return;
+        }
         if (op->def->flags & SBX_OP_NOWAKE) {
             /* What it names lived in a container that is gone. */
             shard_reply_err(op, op->def->idle_code ? op->def->idle_code : SBX_E_NOT_FOUND,
@@ -649,10 +663,38 @@ actor_pump(struct actor *a)
     }
 }
 
+int
+actor_failed_code(const struct actor *a, uint64_t seq)
+{
+    if (seq == 0)
+        return 0;
+    if (seq >= a->bad_lo && seq <= a->bad_hi)
+        return a->bad_code;
+    unsigned n = SBX_MIN(a->n_old_bad, (unsigned)ACTOR_OLD_BAD);
+    for (unsigned i = 0; i < n; i++)
+        if (seq >= a->old_bad[i].lo && seq <= a->old_bad[i].hi)
+            return a->old_bad[i].code;
+    return 0;
+}
+
 bool
 actor_write_failed(const struct actor *a, uint64_t seq)
 {
-    return seq != 0 && seq >= a->bad_lo && seq <= a->bad_hi;
+    return actor_failed_code(a, seq) != 0;
+}
+
+void
+actor_mark_failed(struct actor *a, uint64_t seq, int code)
+{
+    if (a->bad_hi && a->bad_hi < seq) {
+        unsigned k = a->n_old_bad++ % ACTOR_OLD_BAD;
+        a->old_bad[k].lo = a->bad_lo;
+        a->old_bad[k].hi = a->bad_hi;
+        a->old_bad[k].code = a->bad_code ? a->bad_code : SBX_E_STORAGE;
+    }
+    a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
+    a->bad_hi = SBX_MAX(a->last_seq, seq);
+    a->bad_code = code ? code : SBX_E_STORAGE;
 }
 
 /* How long a rewrite of the acknowledged record waits after a failed one. */
@@ -689,9 +731,7 @@ actor_commit_failed(struct actor *a, uint64_t seq, int code)
         return; /* undone already, with an earlier write of its batch */
     /* A range of its own if the last one is all earlier, else one range
      * (a replication failure may have marked later writes first). */
-    a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
-    a->bad_hi = SBX_MAX(a->last_seq, seq);
-    a->bad_code = code;
+    actor_mark_failed(a, seq, code);
     bool later = a->last_seq > seq; /* queued writes carry the failed change */
     /* Back to the last committed image — not to what LMDB holds now: a
      * later write of the actor, made on top of the failed one, may have

@@ -199,7 +199,8 @@ agent_reply(struct actor *a, const msgpack_object *root)
     struct sop *op = take_inflight(a, (uint64_t)tag);
     if (!op)
         return; /* a reply to nothing we sent: ignore */
-    a->last_active_ms = sbx_wall_ms();
+    if (!(op->def->flags & SBX_OP_OBSERVE))
+        a->last_active_ms = sbx_wall_ms();
     sbx_enc e;
     const msgpack_object *r = NULL;
     if (ok && sbx_wire_get_map(root, "r", &r) == 0) {

@@ -143,6 +143,9 @@ actor_start_container(struct actor *a, struct sop *op)
     struct shard *sh = a->sh;
     a->gate = op;
     a->cs = C_STARTING;
+    /* A start is activity, even for an `observe` op: the new container gets a
+     * whole sleepAfter (else a poll could start it only to see it stopped). */
+    a->last_active_ms = sbx_wall_ms();
     op->container_restarted = a->died;
     struct sbx_container c;
     if (shard_pool_take(sh, &c)) {

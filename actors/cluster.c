@@ -376,6 +376,21 @@ post_view(struct cluster *c)
  * whose answer is lost (a timeout, a broken connection) but that etcd
  * applied is found the same way, and so is one made by an earlier process
  * that crashed before loading. */
+/* Control thread: partition p comes to us other than by a handoff (before
+ * the claim is sent: one etcd applies but does not answer counts too). */
+static void
+doubt(struct cluster *c, uint32_t p)
+{
+    atomic_store(&c->doubt_until[p % SBX_PARTITIONS], sbx_wall_ms() + idem_ttl_ms(c->sh));
+}
+
+bool
+cluster_in_doubt(struct shard *sh, uint32_t part)
+{
+    struct cluster *c = cluster_of(sh);
+    return c && atomic_load(&c->doubt_until[part % SBX_PARTITIONS]) > sbx_wall_ms();
+}
+
 static void
 claim_batch(struct cluster *c, struct claim *cl, size_t n)
 {
@@ -383,6 +398,10 @@ claim_batch(struct cluster *c, struct claim *cl, size_t n)
     sbx_etcd_txn *t = sbx_etcd_txn_new();
     char key[320];
     for (size_t i = 0; i < n; i++) {
+        /* An owner before us (dead, or a name the view does not hold) may
+         * have run requests whose ids we never see. */
+        if (cl[i].owner[0] || cl[i].epoch)
+            doubt(c, cl[i].part);
         sbx_cview_part_key(c->prefix, cl[i].part, key, sizeof(key));
         if (cl[i].owner[0]) {
             sbx_etcd_txn_cmp_value(t, key, cl[i].owner, strlen(cl[i].owner));
@@ -430,6 +449,10 @@ rebump(struct cluster *c, struct claim *cl, size_t n)
         sbx_etcd_txn *t = sbx_etcd_txn_new();
         char key[320];
         for (size_t k = i; k < i + m; k++) {
+            /* What an earlier process claimed from a dead owner was in doubt,
+             * and that did not survive the restart (nor what a fence let
+             * others run meanwhile): in doubt again. */
+            doubt(c, cl[k].part);
             sbx_cview_part_key(c->prefix, cl[k].part, key, sizeof(key));
             sbx_etcd_txn_cmp_value(t, key, sh->conf.name, strlen(sh->conf.name));
             sbx_etcd_txn_cmp_mod(t, key, cl[k].epoch);

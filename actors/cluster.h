@@ -55,6 +55,18 @@ bool cluster_on(const struct shard *sh);
  * (the caller replies with it).
  */
 int cluster_admit(struct shard *sh, uint32_t part, int64_t epoch, sbx_werr *w);
+/*
+ * cluster_in_doubt — whether a retry (the envelope's `retry`: an earlier
+ * attempt had an unknown outcome) of a request id this shard does not know
+ * may have run on an earlier owner of `part`: the partition came to this
+ * shard other than by a handoff (a claim from a dead or absent owner, or a
+ * restart: its idempotency table stayed with that owner or may lack the
+ * entries of an owner before) less than the idempotency TTL ago, or came by
+ * a handoff from a shard for which it was so.  The caller answers such a
+ * retry of an operation that changes something OPERATION_INTERRUPTED rather
+ * than run it a second time.  Loop thread; false outside a cluster.
+ */
+bool cluster_in_doubt(struct shard *sh, uint32_t part);
 /* cluster_listable — whether records of part belong in `list` answers. */
 bool cluster_listable(struct shard *sh, uint32_t part);
 

@@ -256,6 +256,20 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
     sbx_enc_raw(&e, recs, rl);
     sbx_enc_str(&e, "idem");
     sbx_enc_raw(&e, idm, il);
+    /* The doubt windows go along (cluster_in_doubt): requests an owner
+     * before us ran are in neither table. */
+    sbx_enc_karray(&e, "doubt");
+    int64_t now = sbx_wall_ms();
+    for (int p = 0; p < SBX_PARTITIONS; p++) {
+        int64_t until = atomic_load(&c->doubt_until[p]);
+        if (j->set[p] && until > now) {
+            sbx_enc_array(&e);
+            sbx_enc_int(&e, p);
+            sbx_enc_int(&e, until);
+            sbx_enc_end(&e);
+        }
+    }
+    sbx_enc_end(&e);
     sbx_enc_end(&e);
     sbx_enc_end(&e);
     free(recs);
@@ -516,6 +530,23 @@ cluster_op_import(struct sop *op)
     if (sbx_wire_get_array(op->req.args, "idem", &idm) != 0)
         idm = NULL;
     size_t ni = idem_import(sh, idm);
+    /* The sender's doubt windows (optional: [[partition, until ms]…]). */
+    const msgpack_object *dbt = NULL;
+    if (sbx_wire_get_array(op->req.args, "doubt", &dbt) == 0) {
+        for (uint32_t i = 0; i < dbt->via.array.size; i++) {
+            const msgpack_object *d = &dbt->via.array.ptr[i];
+            if (d->type != MSGPACK_OBJECT_ARRAY || d->via.array.size != 2 ||
+                d->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                d->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                d->via.array.ptr[0].via.u64 >= SBX_PARTITIONS ||
+                !set[d->via.array.ptr[0].via.u64])
+                continue;
+            uint32_t p = (uint32_t)d->via.array.ptr[0].via.u64;
+            int64_t until = (int64_t)SBX_MIN(d->via.array.ptr[1].via.u64, (uint64_t)INT64_MAX);
+            if (until > atomic_load(&c->doubt_until[p]))
+                atomic_store(&c->doubt_until[p], until);
+        }
+    }
     int64_t now = sbx_wall_ms();
     for (int p = 0; p < SBX_PARTITIONS; p++)
         if (set[p]) {

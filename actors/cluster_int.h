@@ -107,11 +107,19 @@ struct cluster {
     int64_t load_next_ms;    /* ctl thread: no load before (monotonic ms; failures back off) */
     int64_t load_backoff_ms; /* ctl thread: the last back-off (0: the last load worked) */
     struct claim *claims;    /* ctl thread: scratch of reconcile (SBX_PARTITIONS; cluster.c) */
+    /* Per partition, wall ms: until then a retry of a request id this shard
+     * does not know may have run on an earlier owner whose idempotency table
+     * it lacks (cluster_in_doubt).  Written by the control thread (claims,
+     * rebump) and the loop (imports); read by the loop. */
+    _Atomic int64_t doubt_until[SBX_PARTITIONS];
     /* replication queue */
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
     struct ritem *rq_head, *rq_tail;
     recrev *revs;            /* replication thread: the records' revisions in etcd */
+    int64_t tomb_lease;      /* replication thread: the etcd lease tombstones are put under
+                                (0: none granted yet; cluster_repl.c) */
+    int64_t tomb_lease_ms;   /* replication thread: when it was granted (sbx_mono_ms) */
     /* loop thread only */
     struct lpart lp[SBX_PARTITIONS];
     bool first_view;

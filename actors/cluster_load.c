@@ -60,7 +60,8 @@ install_apply(sbx_loop *l, void *arg)
         if (!id || !id[1])
             continue;
         id++;
-        if (!in->set[sbx_place_partition(id, strlen(id))])
+        /* a tombstone (an empty value: cluster_repl.c) is no record */
+        if (!in->kvs[i].vlen || !in->set[sbx_place_partition(id, strlen(id))])
             continue;
         in->last_seq = sbx_store_put(sh->store, SBX_DB_SANDBOXES, id, strlen(id),
                                      in->kvs[i].value, in->kvs[i].vlen);

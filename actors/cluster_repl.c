@@ -6,6 +6,15 @@
  * (recrev.h), reads back what etcd holds when a transaction's outcome is
  * not known, and posts each outcome to the loop, which opens the output
  * gate (cluster_gate_open) or fails the replies that waited on it.
+ *
+ * A deleted record leaves a tombstone in etcd — its key with an empty value,
+ * under a lease of TOMB_TTL_S — instead of no key: a late copy of the
+ * transaction that created the record compares the record's revision with 0
+ * ("no such key") and would be applied again after a plain deletion (the
+ * key is back to revision 0), bringing a destroyed sandbox back in etcd.
+ * The tombstone moves the revision on; etcd removes it when its lease ends,
+ * long after any copy of a request can still arrive (the etcd client gives
+ * up on a request within seconds).  Loads skip tombstones (cluster_load.c).
  */
 #include "cluster.h"
 
@@ -31,6 +40,9 @@
  * actor.c) still fits alone. */
 #define REPL_BATCH_BYTES (384u << 10)
 #define REPL_ERROR_RETRIES 6 /* retries of a transaction etcd answered with an error */
+#define TOMB_TTL_S 600       /* the lease of tombstones, seconds (see the top) */
+#define TOMB_LEASE_REUSE_MS 60000 /* one lease serves the tombstones of a minute: each
+                                     lives between TOMB_TTL_S - 60 s and TOMB_TTL_S */
 
 /* ------------------------------------------------------------------------------ */
 /* Replication to etcd. */
@@ -233,11 +245,36 @@ repl_read_back(struct cluster *c, const struct ritem *batch, bool *again)
             return rc;
         bool applied = it->rec ? n && kvs[0].vlen == it->len && !memcmp(kvs[0].value, it->rec,
                                                                          it->len)
-                               : n == 0;
+                               : n && kvs[0].vlen == 0; /* its tombstone */
         recrev_set(c->revs, it->id, it->epoch, n ? kvs[0].mod_revision : 0);
         sbx_etcd_kvs_free(kvs, n);
         *again |= !applied;
     }
+    return 0;
+}
+
+/* Replication thread: the lease to put the batch's tombstones under, in
+ * *lease (0 if the batch deletes nothing); a lease granted over
+ * TOMB_LEASE_REUSE_MS ago is replaced.  0, or the error of the grant. */
+static int
+repl_tomb_lease(struct cluster *c, const struct ritem *batch, int64_t *lease)
+{
+    *lease = 0;
+    bool dels = false;
+    for (const struct ritem *it = batch; it && !dels; it = it->next)
+        dels = !it->rec && repl_last(it);
+    if (!dels)
+        return 0;
+    int64_t now = sbx_mono_ms();
+    if (!c->tomb_lease || now - c->tomb_lease_ms > TOMB_LEASE_REUSE_MS) {
+        int64_t id = 0;
+        int rc = sbx_etcd_lease_grant(c->etcd, TOMB_TTL_S, &id);
+        if (rc)
+            return rc;
+        c->tomb_lease = id;
+        c->tomb_lease_ms = now;
+    }
+    *lease = c->tomb_lease;
     return 0;
 }
 
@@ -279,7 +316,10 @@ cluster_repl_main(void *arg)
          * be ours. */
         int rc;
         for (int attempt = 0;; attempt++) {
+            int64_t tomb = 0;
             rc = repl_revs(c, batch);
+            if (rc == 0)
+                rc = repl_tomb_lease(c, batch, &tomb);
             if (rc == 0) {
                 sbx_etcd_txn *t = sbx_etcd_txn_new();
                 uint8_t seen[SBX_PARTITIONS / 8] = {0};
@@ -303,7 +343,7 @@ cluster_repl_main(void *arg)
                     if (it->rec)
                         sbx_etcd_txn_put(t, key, it->rec, it->len, 0);
                     else
-                        sbx_etcd_txn_del(t, key);
+                        sbx_etcd_txn_put(t, key, "", 0, tomb); /* its tombstone */
                 }
                 bool ok = false, again = false;
                 int64_t rev = 0;
@@ -311,9 +351,11 @@ cluster_repl_main(void *arg)
                 if (rc == 0 && ok) {
                     for (struct ritem *it = batch; it; it = it->next)
                         if (repl_last(it))
-                            recrev_set(c->revs, it->id, it->epoch, it->rec ? rev : 0);
+                            recrev_set(c->revs, it->id, it->epoch, rev);
                     break;
                 }
+                if (rc != 0)
+                    c->tomb_lease = 0; /* e.g. a lease etcd no longer has: a new one */
                 if (rc == 0 && (rc = repl_read_back(c, batch, &again)) == 0 && !again)
                     break; /* applied by an earlier copy of this transaction */
                 if (rc == SBX_E_WRONG_OWNER || rc == SBX_E_INTERRUPTED)

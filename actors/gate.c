@@ -107,7 +107,8 @@ held_failed(struct shard *sh, const struct held *h, int *code)
     struct actor *a = h->sandbox[0] ? actor_get(sh, h->sandbox, false) : NULL;
     if (!a || !(actor_write_failed(a, h->dep) || actor_write_failed(a, h->own)))
         return false;
-    *code = a->bad_code;
+    *code = actor_write_failed(a, h->dep) ? actor_failed_code(a, h->dep)
+                                          : actor_failed_code(a, h->own);
     return true;
 }
 
@@ -177,11 +178,8 @@ shard_fail_held(struct shard *sh, const char *id, uint64_t seq, int code, const 
     uint64_t reset = sh->part_reset_seq[sbx_place_partition(id, strlen(id))];
     if (a && seq <= reset)
         a = NULL; /* its partition's records were replaced since: see below */
-    if (a && !actor_write_failed(a, seq)) {
-        a->bad_lo = a->bad_hi < seq ? seq : SBX_MIN(a->bad_lo, seq);
-        a->bad_hi = SBX_MAX(a->last_seq, seq);
-        a->bad_code = code;
-    }
+    if (a && !actor_write_failed(a, seq))
+        actor_mark_failed(a, seq, code);
     struct held **pp = &sh->held;
     while (*pp) {
         struct held *h = *pp;

@@ -54,8 +54,8 @@
  * kill -9 during a slow replication, retried with the same request id). */
 #define IDEM_PENDING (1ull << 63)
 
-static int64_t
-ttl_ms(const struct shard *sh)
+int64_t
+idem_ttl_ms(const struct shard *sh)
 {
     return sh->conf.idem_ttl > 0 ? sh->conf.idem_ttl : 10 * 60 * 1000;
 }
@@ -122,7 +122,7 @@ idem_expire(struct shard *sh)
     int64_t now = sbx_wall_ms();
     while (sh->idem.head && !sh->idem.head->inflight &&
            (sh->idem.n > IDEM_MAX_ENTRIES || sh->idem.bytes > IDEM_MAX_BYTES ||
-            sh->idem.dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->idem.head->at_ms > ttl_ms(sh)))
+            sh->idem.dbytes > IDEM_MAX_DURABLE_BYTES || now - sh->idem.head->at_ms > idem_ttl_ms(sh)))
         idem_remove(sh, sh->idem.head);
 }
 
@@ -155,8 +155,8 @@ idem_add(struct shard *sh, const char *id, struct sop *op)
 
 /* Whether op's reply goes to LMDB: an operation that changes durable state
  * or runs something in the container. */
-static bool
-durable_op(const struct sop *op)
+bool
+idem_durable_op(const struct sop *op)
 {
     if (!op->def || !op->id[0])
         return false;
@@ -183,7 +183,7 @@ uint64_t
 idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
 {
     struct shard *sh = op->sh;
-    if (op->transient || op->idem_seq || len > IDEM_MAX_DURABLE_REPLY || !durable_op(op))
+    if (op->transient || op->idem_seq || len > IDEM_MAX_DURABLE_REPLY || !idem_durable_op(op))
         return need_seq;
     struct idem *e = idem_find(sh, op->id);
     if (!e || e->inflight != op)
@@ -205,7 +205,7 @@ uint64_t
 idem_intent(struct sop *op)
 {
     struct shard *sh = op->sh;
-    if (op->intent_seq || !durable_op(op) || !(op->def->flags & SBX_OP_AGENT))
+    if (op->intent_seq || !idem_durable_op(op) || !(op->def->flags & SBX_OP_AGENT))
         return 0;
     struct idem *e = idem_find(sh, op->id);
     if (!e || e->inflight != op)
@@ -351,7 +351,7 @@ load_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
         return 0; /* never written by this code */
     /* An expired or unreadable entry (at 0) is loaded too: idem_expire
      * deletes it once the walk is over (the store is not written during it). */
-    if (lc->now - (int64_t)at > ttl_ms(lc->sh))
+    if (lc->now - (int64_t)at > idem_ttl_ms(lc->sh))
         lc->expired++;
     if (lc->n == lc->cap) {
         lc->cap = lc->cap ? lc->cap * 2 : 256;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../runtime/err.h"
 #include "../runtime/log.h"
@@ -126,6 +127,32 @@ host_arg(struct sop *op, char *host, size_t hostlen)
     return 0;
 }
 
+/*
+ * custom_domain_arg — CUSTOM_DOMAIN_REQUIRED when `host` (lower-case, maybe
+ * with ":port") is one of the shard's --no-preview-host suffixes or ends in
+ * ".<suffix>": no wildcard DNS/certificate serves {port}-{id}-{token}.<host>
+ * there (the SDK's rule for *.workers.dev).  -1 after replying.
+ */
+static int
+custom_domain_arg(struct sop *op, const char *host)
+{
+    size_t hn = strcspn(host, ":");
+    for (char **p = op->actor->sh->conf.no_preview_host; p && *p; p++) {
+        size_t sn = strlen(*p);
+        if (!sn || sn > hn || strncasecmp(host + hn - sn, *p, sn) != 0)
+            continue;
+        if (sn < hn && host[hn - sn - 1] != '.')
+            continue;
+        shard_reply_err(op, SBX_E_CUSTOM_DOMAIN,
+                        "'%.*s' cannot carry preview URLs ({port}-{id}-{token}.%.*s): %s hosts "
+                        "have no wildcard certificate; expose the port with a hostname of a "
+                        "custom domain",
+                        (int)hn, host, (int)hn, host, *p);
+        return -1;
+    }
+    return 0;
+}
+
 static void
 encode_port(sbx_enc *e, struct actor *a, int port, const char *token, sbx_str name,
             const char *host)
@@ -176,7 +203,7 @@ actor_op_port_expose(struct actor *a, struct sop *op)
 {
     int port;
     char host[256];
-    if (port_arg(op, &port) || host_arg(op, host, sizeof(host)))
+    if (port_arg(op, &port) || host_arg(op, host, sizeof(host)) || custom_domain_arg(op, host))
         return;
     if (!dns_safe_id(a->id) || strlen(a->id) + 7 + TOKEN_MAX > 63) {
         shard_reply_err(op, SBX_E_VALIDATION,

@@ -92,6 +92,10 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->preview_scheme = sbx_xstrdup("http");
     c->etc = strv_dup(default_etc);
     c->env = strv_dup(default_env);
+    /* The SDK's rule: a *.workers.dev host has no wildcard certificate
+     * for {port}-{id}-{token}.<host> (cloudflare-sandbox-sdk.md §1.3). */
+    static const char *const default_no_preview_host[] = {"workers.dev", NULL};
+    c->no_preview_host = strv_dup(default_no_preview_host);
 }
 
 static void
@@ -123,6 +127,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->advertise);
     strv_free(c->etc);
     strv_free(c->env);
+    strv_free(c->no_preview_host);
     memset(c, 0, sizeof(*c));
 }
 

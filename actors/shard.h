@@ -55,6 +55,9 @@ struct sbx_shard_conf {
     char *relay_secret;   /* required of relay clients (tcp relays in a cluster), or NULL */
     char *preview_domain; /* default host of preview URLs: {port}-{id}-{token}.<this> */
     char *preview_scheme; /* http or https (where the deployment terminates TLS) */
+    char **no_preview_host; /* host suffixes that cannot carry wildcard preview URLs: an
+                             * exposePort hostname equal to one or ending in ".<one>" is
+                             * CUSTOM_DOMAIN_REQUIRED (default workers.dev, as the SDK) */
     char *etcd;           /* etcd endpoints (http://h:p[,…]): cluster mode; NULL = standalone */
     char *cluster;        /* cluster name: etcd keys live under /sbx/<cluster>/ */
     char *advertise;      /* nng URL other nodes reach this shard at (default: listen) */

@@ -99,6 +99,8 @@ struct pwrite {
 /* The container state of an actor. */
 enum cstate { C_NONE = 0, C_STARTING, C_RUNNING, C_STOPPING };
 
+#define ACTOR_OLD_BAD 8 /* earlier failed write ranges an actor remembers */
+
 struct actor {
     struct actor *hnext;
     struct shard *sh;
@@ -120,12 +122,22 @@ struct actor {
      * Writes bad_lo..bad_hi failed to commit, or were made on top of one
      * that failed and are undone with it: a reply that depends on one of
      * them carries bad_code (STORAGE_FULL, STORAGE_ERROR, WRONG_OWNER…).
+     * old_bad: the ranges before it (a ring of the last ACTOR_OLD_BAD;
+     * n_old_bad counts them all): a reply may still depend on a write of an
+     * earlier range when a later one fails (the fill fault's lost write: an
+     * exec whose sandbox's creating write failed was acknowledged after a
+     * configure of it failed too, when the actor remembered one range).
      * cw_seq: the write the op at the input gate waits for before it goes
      * to the agent (0: none); cwnext links sh->cwait. */
     char *durable;
     size_t durable_len;
     uint64_t bad_lo, bad_hi;
     int bad_code;
+    struct {
+        uint64_t lo, hi;
+        int code;
+    } old_bad[ACTOR_OLD_BAD];
+    unsigned n_old_bad;
     uint64_t cw_seq;
     struct actor *cwnext;
     bool restore;               /* LMDB may hold an undone write of it (one in bad_lo..
@@ -404,6 +416,13 @@ void idem_expire(struct shard *sh);
 int idem_load(struct shard *sh);
 uint64_t idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq);
 uint64_t idem_intent(struct sop *op);
+/* idem_ttl_ms — how long a request id is remembered (conf.idem_ttl, else
+ * 10 min), ms. */
+int64_t idem_ttl_ms(const struct shard *sh);
+/* idem_durable_op — whether op's reply goes to LMDB: an operation that
+ * changes durable state or runs something in the container (running it
+ * twice is not the same as running it once). */
+bool idem_durable_op(const struct sop *op);
 int idem_gate_check(struct sop *op);
 void idem_confirm(struct sop *op, const char *buf, size_t len);
 char *idem_done(struct sop *op, char *buf, size_t len);
@@ -476,8 +495,14 @@ void actor_commit_failed(struct actor *a, uint64_t seq, int code);
  * container runs any more), and the gate opens. */
 void actor_commit_continue(struct actor *a);
 /* actor_write_failed — whether a reply depending on write seq must fail
- * (seq in a->bad_lo..bad_hi); never for seq 0. */
+ * (seq in a->bad_lo..bad_hi or an earlier range still remembered); never
+ * for seq 0.  actor_failed_code — the error of that range, 0 if none. */
 bool actor_write_failed(const struct actor *a, uint64_t seq);
+int actor_failed_code(const struct actor *a, uint64_t seq);
+/* actor_mark_failed — writes of a from seq to its last one failed (or are
+ * undone with it), with code: the current range grows, or a new one starts
+ * and the current one is kept in old_bad. */
+void actor_mark_failed(struct actor *a, uint64_t seq, int code);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);

@@ -238,6 +238,21 @@ on_request(sbx_loop *l, void *arg)
             sop_free(op);
             return;
         }
+        if (!e && op->req.retry && idem_durable_op(op) && cluster_in_doubt(sh, part)) {
+            /* A retry of a request that may have run on the partition's
+             * earlier owner, whose idempotency table we lack (a failover):
+             * its outcome is unknown, and it does not run a second time. */
+            reply_early(c, op->req.id, SBX_E_INTERRUPTED,
+                        "request '%.*s' is a retry after an unknown outcome, and shard %s took "
+                        "over this sandbox's partition less than %lld s ago (a failover or a "
+                        "restart): the earlier attempt may have run on its owner before; it "
+                        "does not run again (send a new request id to run it anew)",
+                        (int)op->req.id.n, op->req.id.p, sh->conf.name,
+                        (long long)(idem_ttl_ms(sh) / 1000));
+            op->nctx = 0;
+            sop_free(op);
+            return;
+        }
     }
     if (!e)
         idem_add(sh, op->id, op);

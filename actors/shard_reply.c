@@ -69,7 +69,8 @@ shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq)
     if (op->actor && (actor_write_failed(op->actor, dep) ||
                       actor_write_failed(op->actor, op->wseq))) {
         /* A write it depends on failed (and its failure is known). */
-        int code = op->actor->bad_code;
+        int code = actor_write_failed(op->actor, dep) ? actor_failed_code(op->actor, dep)
+                                                      : actor_failed_code(op->actor, op->wseq);
         free(buf);
         shard_deliver_error(op, code);
         return;

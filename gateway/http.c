@@ -293,7 +293,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
-                                "X-Sbx-Binary, X-Sbx-Timeout-Ms");
+                                "X-Sbx-Binary, X-Sbx-Retry, X-Sbx-Timeout-Ms");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
         MHD_destroy_response(r);
@@ -373,6 +373,14 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
             return queue_err(hr, SBX_E_VALIDATION, "Idempotency-Key must be 1-%d bytes",
                              SBX_WIRE_MAX_ID);
         snprintf(hr->rid, sizeof(hr->rid), "%s", key);
+    }
+    /* A retry after an attempt of unknown outcome (docs/http.md): passed on
+     * as the envelope's `retry`. */
+    const char *retry = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Sbx-Retry");
+    if (retry) {
+        if (strcmp(retry, "1") && strcmp(retry, "0"))
+            return queue_err(hr, SBX_E_VALIDATION, "X-Sbx-Retry must be 1 or 0");
+        hr->retry = !strcmp(retry, "1") && key;
     }
     hr->timeout_ms = h->conf.timeout;
     /* The caller's own deadline (docs/http.md): the gateway then answers
@@ -566,6 +574,7 @@ http_free(struct sbx_http *h)
     free(h->preview_domain);
     free(h->relay_secret);
     pthread_mutex_destroy(&h->mu);
+    pthread_rwlock_destroy(&h->req_lk);
     pthread_cond_destroy(&h->cv);
     free(h);
 }
@@ -576,6 +585,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
     struct sbx_http *h = sbx_xcalloc(1, sizeof(*h));
     int rc = 0;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_rwlock_init(&h->req_lk, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->conf = *conf;
     h->listen = sbx_xstrdup(conf->listen);
@@ -656,7 +666,10 @@ sbx_http_stop(sbx_http *h)
     MHD_quiesce_daemon(h->d);
     /* Closing the socket fails every call in flight: each completion resumes
      * its connection, so none is suspended when the daemon stops. */
+    pthread_rwlock_wrlock(&h->req_lk);
     nng_close(h->req);
+    h->req_closed = true;
+    pthread_rwlock_unlock(&h->req_lk);
     preview_cancel_all(h);
     terminal_cancel_all(h);
     pthread_mutex_lock(&h->mu);

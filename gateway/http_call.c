@@ -34,6 +34,24 @@ hreq_new(struct sbx_http *h, struct MHD_Connection *c)
     return hr;
 }
 
+int
+http_ctx_open(struct sbx_http *h, nng_ctx *ctx)
+{
+    pthread_rwlock_rdlock(&h->req_lk);
+    int rv = h->req_closed ? NNG_ECLOSED : nng_ctx_open(ctx, h->req);
+    pthread_rwlock_unlock(&h->req_lk);
+    return rv;
+}
+
+void
+http_ctx_close(struct sbx_http *h, nng_ctx ctx)
+{
+    pthread_rwlock_rdlock(&h->req_lk);
+    if (!h->req_closed)
+        nng_ctx_close(ctx);
+    pthread_rwlock_unlock(&h->req_lk);
+}
+
 void
 hreq_free(struct hreq *hr)
 {
@@ -42,7 +60,7 @@ hreq_free(struct hreq *hr)
         nng_aio_free(hr->aio);
     }
     if (hr->ctx_open)
-        nng_ctx_close(hr->ctx);
+        http_ctx_close(hr->h, hr->ctx);
     if (hr->reply)
         nng_msg_free(hr->reply);
     json_decref(hr->params);
@@ -56,7 +74,7 @@ hreq_free(struct hreq *hr)
 /* Encode a request envelope; caller frees *out. */
 static int
 envelope(const char *op, const char *sandbox, const char *args, size_t alen, int64_t timeout,
-         const char *rid, char **out, size_t *outlen)
+         const char *rid, bool retry, char **out, size_t *outlen)
 {
     char id[37];
     if (!rid || !*rid) {
@@ -72,6 +90,8 @@ envelope(const char *op, const char *sandbox, const char *args, size_t alen, int
     if (sandbox && *sandbox)
         sbx_enc_kstr(&e, "sandbox", sandbox);
     sbx_enc_kint(&e, "timeoutMs", timeout);
+    if (retry)
+        sbx_enc_kbool(&e, "retry", true);
     if (args && alen) {
         sbx_enc_str(&e, "args");
         sbx_enc_raw(&e, args, alen);
@@ -92,7 +112,7 @@ http_call_start(struct hreq *hr, const char *op, const char *args, size_t alen, 
     struct sbx_http *h = hr->h;
     char *buf;
     size_t len;
-    int rc = envelope(op, hr->sandbox, args, alen, timeout, rid, &buf, &len);
+    int rc = envelope(op, hr->sandbox, args, alen, timeout, rid, hr->retry, &buf, &len);
     if (rc)
         return SBX_E_INTERNAL;
     if (len > SBX_WIRE_MAX_REQUEST) {
@@ -104,7 +124,7 @@ http_call_start(struct hreq *hr, const char *op, const char *args, size_t alen, 
         return SBX_E_INTERNAL;
     }
     if (!hr->ctx_open) {
-        if (nng_ctx_open(&hr->ctx, h->req) != 0) {
+        if (http_ctx_open(h, &hr->ctx) != 0) {
             free(buf);
             return SBX_E_INTERNAL;
         }
@@ -205,7 +225,7 @@ http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const ch
     memset(reply, 0, sizeof(*reply));
     char *buf;
     size_t len;
-    if (envelope(op, sandbox, args, args_len, timeout_ms, NULL, &buf, &len) != 0) {
+    if (envelope(op, sandbox, args, args_len, timeout_ms, NULL, false, &buf, &len) != 0) {
         snprintf(code, 64, "INTERNAL_ERROR");
         snprintf(msg, msglen, "cannot encode the request");
         return SBX_E_INTERNAL;
@@ -213,7 +233,7 @@ http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const ch
     nng_ctx ctx;
     nng_msg *m = NULL;
     nng_aio *aio = NULL;
-    int rv = nng_ctx_open(&ctx, h->req);
+    int rv = http_ctx_open(h, &ctx);
     if (rv == 0) {
         rv = nng_aio_alloc(&aio, NULL, NULL);
         if (rv == 0)
@@ -238,7 +258,7 @@ http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const ch
         }
         if (aio)
             nng_aio_free(aio);
-        nng_ctx_close(ctx);
+        http_ctx_close(h, ctx);
     }
     free(buf);
     if (rv != 0) {

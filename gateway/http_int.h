@@ -76,6 +76,13 @@ struct sbx_http {
     struct MHD_Daemon *d;
     int port;
     nng_socket req;
+    /* Contexts of req are opened and closed under its read lock; the socket
+     * is closed under its write lock, which sets req_closed: nng 1.5 can
+     * panic ("pthread_mutex_unlock: Invalid argument") when a context is
+     * closed while its socket closes, and closing the socket closes its
+     * contexts anyway (http_ctx_open, http_ctx_close). */
+    pthread_rwlock_t req_lk;
+    bool req_closed;
     char **keys;               /* API keys, NULL-terminated (NULL: no auth) */
     struct route *routes;
     size_t nroutes;
@@ -89,6 +96,13 @@ struct sbx_http {
     atomic_bool stopping;
     atomic_ullong n_requests, n_errors;
 };
+
+/* http_ctx_open — open a context of h->req: 0 or an nng error (NNG_ECLOSED
+ * once the front is stopping). */
+int http_ctx_open(struct sbx_http *h, nng_ctx *ctx);
+/* http_ctx_close — close a context http_ctx_open opened (nothing to do once
+ * the socket is closed: that closed it). */
+void http_ctx_close(struct sbx_http *h, nng_ctx ctx);
 
 /*
  * A synchronous call through the gateway, for worker threads (preview,
@@ -127,6 +141,7 @@ struct hreq {
     bool sse;
     bool b64;             /* X-Sbx-Binary: base64 — bytes as base64, not UTF-8 text */
     char rid[SBX_WIRE_MAX_ID + 1];
+    bool retry;           /* X-Sbx-Retry: an earlier attempt of rid may have run */
     int64_t timeout_ms;
     int phase;
     /* the call in flight */

@@ -66,6 +66,7 @@
     X(SBX_E_PORT_EXPOSED, "PORT_ALREADY_EXPOSED", 409, "port already exposed")           \
     X(SBX_E_INVALID_TOKEN, "INVALID_TOKEN", 404, "invalid token or port not exposed")    \
     X(SBX_E_STALE_PREVIEW, "STALE_PREVIEW_URL", 410, "preview URL is stale")             \
+    X(SBX_E_CUSTOM_DOMAIN, "CUSTOM_DOMAIN_REQUIRED", 400, "host cannot carry preview URLs") \
     X(SBX_E_SERVICE_NOT_RESPONDING, "SERVICE_NOT_RESPONDING", 502, "service not responding") \
     X(SBX_E_INVALID_GIT_URL, "INVALID_GIT_URL", 400, "invalid git URL")                  \
     X(SBX_E_GIT_REPO_NOT_FOUND, "GIT_REPOSITORY_NOT_FOUND", 404, "git repository not found") \

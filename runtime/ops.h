@@ -33,6 +33,8 @@ enum sbx_op_flags {
     SBX_OP_FRONT = 1 << 8,     /* a helper of the HTTP front (over nng): not an HTTP route */
     SBX_OP_READONLY = 1 << 9,  /* an agent op that only reads: running it again changes
                                 * nothing, so its reply is not written to the store */
+    SBX_OP_OBSERVE = 1 << 10,  /* looks at the sandbox without using it: not activity for
+                                * sleepAfter (polling it lets the sandbox sleep) */
 };
 
 /* The msgpack kinds an argument accepts (a bit set). */
@@ -68,6 +70,9 @@ struct sbx_op_def {
     /* For SBX_OP_AGENT|SBX_OP_NOWAKE ops: the error code answered when the
      * sandbox has no running container (what the op refers to died with it). */
     int idle_code;
+    /* ... or, when set, the success answered then instead: {success: true,
+     * <idle_empty>: []} (a list op: a stopped sandbox has none of them). */
+    const char *idle_empty;
     const char *summary;
     /*
      * REST aliases served by the HTTP front besides the canonical route

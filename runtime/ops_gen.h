@@ -32,6 +32,7 @@ enum sbx_op_id {
     SBX_OPID_FILE_LIST, /* file.list */
     SBX_OPID_FILE_EXISTS, /* file.exists */
     SBX_OPID_FILE_WATCH, /* file.watch */
+    SBX_OPID_FILE_CHECK_CHANGES, /* file.checkChanges */
     SBX_OPID_GIT_CHECKOUT, /* git.checkout */
     SBX_OPID_CONTEXT_CREATE, /* context.create */
     SBX_OPID_CONTEXT_RUN, /* context.run */

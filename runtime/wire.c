@@ -323,6 +323,11 @@ sbx_wire_parse_req(const msgpack_object *root, struct sbx_req *r, char *why, siz
         snprintf(why, whylen, "field 'timeoutMs' must be a non-negative integer");
         return SBX_E_MALFORMED;
     }
+    r->retry = false;
+    if (sbx_wire_get_bool(root, "retry", &r->retry) == SBX_E_VALIDATION) {
+        snprintf(why, whylen, "field 'retry' must be a boolean");
+        return SBX_E_MALFORMED;
+    }
     const msgpack_object *a = NULL;
     rc = sbx_wire_get_map(root, "args", &a);
     if (rc == SBX_E_VALIDATION) {

@@ -10,6 +10,9 @@
  *     "op": "exec",                 operation name
  *     "sandbox": "user-42",         sandbox ID (absent for cluster-wide ops)
  *     "timeoutMs": 30000,           optional: the caller's deadline (ms)
+ *     "retry": true,                optional: an earlier attempt of this id had
+ *                                   an unknown outcome (it may have run;
+ *                                   docs/protocol.md §2 "Idempotency")
  *     "args": { … } }               op-specific arguments (map, optional)
  *
  * A reply:  { "v": 1, "id": "0b6f…", "ok": true,  "result": { … } }
@@ -123,6 +126,7 @@ struct sbx_req {
     sbx_str op;
     sbx_str sandbox;              /* .n == 0 when absent */
     int64_t timeout_ms;           /* 0 when absent */
+    bool retry;                   /* "retry": an earlier attempt may have run (false if absent) */
     const msgpack_object *args;   /* a map; never NULL (an empty map when absent) */
 };
 

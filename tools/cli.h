@@ -67,6 +67,7 @@ int v_read(struct gopts *g, int argc, char **argv);
 int v_ls(struct gopts *g, int argc, char **argv);
 int v_mkdir(struct gopts *g, int argc, char **argv);
 int v_rm(struct gopts *g, int argc, char **argv);
+int v_changes(struct gopts *g, int argc, char **argv);
 int v_mv(struct gopts *g, int argc, char **argv);
 int v_watch(struct gopts *g, int argc, char **argv);
 int v_git_checkout(struct gopts *g, int argc, char **argv);

@@ -624,6 +624,31 @@ v_rm(struct gopts *g, int argc, char **argv)
     return cli_call_enc(g, "file.delete", argv[0], e, human_ok);
 }
 
+/* "changed watch-1-…:3", or "resync (expired) watch-2-…:0". */
+static void
+human_changes(const msgpack_object *res)
+{
+    sbx_view st = {"", 0}, why = {"", 0}, ver = {"", 0};
+    sbx_get_str(res, "status", &st);
+    sbx_get_str(res, "reason", &why);
+    sbx_get_str(res, "version", &ver);
+    printf("%.*s%s%.*s%s %.*s\n", (int)st.n, st.p, why.n ? " (" : "", (int)why.n, why.p,
+           why.n ? ")" : "", (int)ver.n, ver.p);
+}
+
+int
+v_changes(struct gopts *g, int argc, char **argv)
+{
+    const char *u = "changes ID PATH [--since VERSION]";
+    if (argc != 2 && !(argc == 4 && !strcmp(argv[2], "--since")))
+        return usage(u);
+    sbx_args *e = sbx_args_new();
+    sbx_args_kstr(e, "path", argv[1]);
+    if (argc == 4)
+        sbx_args_kstr(e, "since", argv[3]);
+    return cli_call_enc(g, "file.checkChanges", argv[0], e, human_changes);
+}
+
 int
 v_mv(struct gopts *g, int argc, char **argv)
 {

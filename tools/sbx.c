@@ -679,6 +679,7 @@ static const struct verb verbs[] = {
     {"rm", v_rm, "ID PATH", NULL},
     {"mv", v_mv, "ID SOURCE DESTINATION", NULL},
     {"watch", v_watch, "ID PATH [--include G]... [--exclude G]... [--no-recursive]", NULL},
+    {"changes", v_changes, "ID PATH [--since VERSION]", NULL},
     {"git-checkout", v_git_checkout, "ID URL [--branch B] [--dir DIR] [--depth N]", NULL},
     {"env", v_env, "ID K=V... [-u K]...", NULL},
     {"code", v_code, "ID [--lang python|javascript|typescript] [--context CTX] [--timeout D] "

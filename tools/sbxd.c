@@ -368,6 +368,9 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
          "scheme of preview URLs: http, or https behind a TLS terminator"},                  \
+        {"no-preview-host", SBX_OPT_LIST, &(c)->no_preview_host,                              \
+         "host suffix exposePort refuses with CUSTOM_DOMAIN_REQUIRED: no wildcard preview "  \
+         "URLs under it (repeat; replaces the default workers.dev)"},                        \
         {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,                                 \
          "file holding the relay secret (preferred to --relay-secret)"},                     \
         {"relay-secret", SBX_OPT_STR, &(c)->relay_secret,                                     \
@@ -420,6 +423,13 @@ cmd_shard(int argc, char **argv)
             break;
         }
     }
+    for (int i = 2; i < argc; i++) {
+        if (!strncmp(argv[i], "--no-preview-host", 17)) {
+            sbx_strv_free(c.no_preview_host);
+            c.no_preview_host = NULL;
+            break;
+        }
+    }
     if (sbx_config_parse(opts, argc, argv, 2, &rest, why, sizeof(why)) != 0) {
         fprintf(stderr, "sbxd shard: %s\n", why);
         sbx_shard_conf_free(&c);
@@ -455,6 +465,8 @@ cmd_shard(int argc, char **argv)
         c.etc = sbx_xcalloc(1, sizeof(char *));
     if (!c.env)
         c.env = sbx_xcalloc(1, sizeof(char *));
+    if (!c.no_preview_host)
+        c.no_preview_host = sbx_xcalloc(1, sizeof(char *));
     char tag[64];
     snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
     sbx_log_init(tag, -1);

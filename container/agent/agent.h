@@ -144,6 +144,9 @@ struct agent {
     struct interp *interp;    /* interp*.c: code contexts; NULL until used */
     struct term *terms;       /* term.c: terminals (list) */
     uint64_t stream_ctr;      /* stream ids made so far (every producer) */
+    uint64_t changes_ctr;     /* files_watch.c: checkChanges states made so far */
+    uint64_t instance;        /* files_watch.c: random, nonzero once used: names this
+                               * container's checkChanges versions */
     struct agent_cwait cwait; /* main.c */
     uint64_t work_starts;     /* tenant work started so far (agent_work_mark) */
     bool bound;

@@ -51,10 +51,16 @@ struct wdir {
     char *path;
 };
 
+/* A watch: file.watch's (st: its stream) or file.checkChanges's retained
+ * change state (st NULL: events only advance `cursor`). */
 struct watch {
     struct watch *next;
     struct agent *a;
-    struct stream *st;
+    struct stream *st;        /* file.watch's stream (a reference), or NULL */
+    char *key;                /* checkChanges: root + options, what a call matches on */
+    char id[64];              /* checkChanges: "watch-<n>-<instance>" (the version's prefix) */
+    uint64_t cursor;          /* checkChanges: events seen so far */
+    int64_t used_ms;          /* checkChanges: last call (monotonic), for the idle TTL */
     int fd;
     sbx_watch *w;
     bool recursive;

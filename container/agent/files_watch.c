@@ -1,9 +1,12 @@
 /*
  * files_watch.c — file.watch: inotify(7) events of a directory (recursive
- * on request, with include/exclude globs) as a lossless stream.  Called by
- * main.c's dispatch on the loop thread; a watch (struct watch, files_int.h)
- * is on a->watches, owned there, and ends when its stream is cancelled or
- * the agent frees it (agent_watches_free).
+ * on request, with include/exclude globs) as a lossless stream; and
+ * file.checkChanges: the same watch kept without a stream, whose count of
+ * events is the version a poller compares.  Called by main.c's dispatch on
+ * the loop thread; a watch (struct watch, files_int.h) is on a->watches,
+ * owned there, and ends when its stream is cancelled, when (checkChanges)
+ * it was not asked about for CHANGES_TTL_MS, or when the agent frees it
+ * (agent_watches_free).
  */
 #include "files_int.h"
 /* ------------------------------------------------------------------------------ */
@@ -166,18 +169,26 @@ watch_free(struct watch *w)
     }
     if (w->w)
         sbx_loop_unwatch(a->loop, w->w);
-    close(w->fd);
+    if (w->fd >= 0)
+        close(w->fd);
     for (size_t i = 0; i < w->ndirs; i++)
         free(w->dirs[i].path);
     free(w->dirs);
     agent_env_free(w->include);
     agent_env_free(w->exclude);
+    free(w->key);
     free(w);
 }
 
 static void
 watch_stop(struct watch *w, const char *reason)
 {
+    if (!w->st) {
+        /* A change state: dropped; the next checkChanges makes a new one
+         * (and answers resync, reason expired). */
+        watch_free(w);
+        return;
+    }
     sbx_enc *e = stream_begin(w->st, "stopped");
     sbx_enc_kstr(e, "reason", reason);
     stream_commit(w->st, true);
@@ -194,7 +205,7 @@ watch_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
     (void)l;
     (void)ev;
     for (;;) {
-        if (stream_full(w->st)) {
+        if (w->st && stream_full(w->st)) {
             /* The reader is behind: leave events in the kernel's queue. */
             w->st->paused = true;
             sbx_loop_modify(w->a->loop, w->w, 0);
@@ -206,6 +217,10 @@ watch_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
         for (char *p = buf; p < buf + n;) {
             struct inotify_event *ie = (struct inotify_event *)p;
             p += sizeof(*ie) + ie->len;
+            if ((ie->mask & IN_Q_OVERFLOW) && !w->st) {
+                w->cursor++; /* events were lost: something changed */
+                continue;
+            }
             if (ie->mask & IN_Q_OVERFLOW) {
                 sbx_enc *e = stream_begin(w->st, "error");
                 sbx_enc_kstr(e, "error", "inotify queue overflow: events were lost");
@@ -243,7 +258,9 @@ watch_cb(sbx_loop *l, int fd, uint32_t ev, void *arg)
                                : (ie->mask & IN_CLOSE_WRITE) ? "modify"
                                : (ie->mask & IN_MODIFY)      ? "modify"
                                                              : NULL;
-            if (type) {
+            if (type && !w->st) {
+                w->cursor++;
+            } else if (type) {
                 sbx_enc *e = stream_begin(w->st, "event");
                 sbx_enc_kstr(e, "eventType", type);
                 sbx_enc_kstr(e, "path", full);
@@ -272,19 +289,22 @@ watch_cancel(struct stream *st, void *arg)
 
 static const struct stream_ops watch_ops = {watch_resume, watch_cancel};
 
-void
-agent_op_file_watch(struct agent *a, struct agent_req *r)
+/*
+ * watch_new — a watch of the directory `path` with the request's options
+ * (recursive, include, exclude), not yet in place (watch_arm does that) and
+ * not on a->watches; *dfdp is the checked directory fd to arm it on.  NULL
+ * after replying the error.
+ */
+static struct watch *
+watch_new(struct agent *a, struct agent_req *r, const char *path, int *dfdp)
 {
-    char path[PATH_MAX_BYTES], sid[72];
-    if (files_path_arg(a, r, "path", path) != 0)
-        return;
     bool recursive = true;
     if (files_bool_arg(a, r, r->args, "recursive", &recursive) != 0)
-        return;
+        return NULL;
     int dfd = files_safe_open(path, O_RDONLY | O_DIRECTORY, 0, true);
     if (dfd < 0) {
         files_reply_path_err(a, r, dfd, "watch", path);
-        return;
+        return NULL;
     }
     bool bad = false;
     struct watch *w = sbx_xcalloc(1, sizeof(*w));
@@ -298,7 +318,7 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
         free(w);
         close(dfd);
         agent_reply_err(a, r, SBX_E_VALIDATION, "'include' and 'exclude' cannot be combined");
-        return;
+        return NULL;
     }
     if (bad) {
         agent_env_free(w->include);
@@ -306,7 +326,7 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
         free(w);
         close(dfd);
         agent_reply_err(a, r, SBX_E_VALIDATION, "'include' and 'exclude' are arrays of glob strings");
-        return;
+        return NULL;
     }
     if (!w->include && !w->exclude && !sbx_wire_get(r->args, "exclude")) {
         static const char *const defaults[] = {".git", "node_modules", ".DS_Store", NULL};
@@ -318,21 +338,49 @@ agent_op_file_watch(struct agent *a, struct agent_req *r)
     size_t rl = strlen(w->root);
     while (rl > 1 && w->root[rl - 1] == '/')
         w->root[--rl] = '\0';
+    w->fd = -1;
+    *dfdp = dfd;
+    return w;
+}
+
+/* watch_arm — put the watch made by watch_new in place on the checked fd
+ * `dfd` (taken over) and on a->watches; -1 after replying the error (the
+ * watch is freed). */
+static int
+watch_arm(struct agent *a, struct agent_req *r, struct watch *w, int dfd)
+{
     w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (w->fd < 0) {
+        agent_reply_err(a, r, SBX_E_WATCH_START, "inotify_init1: %s", strerror(errno));
         agent_env_free(w->include);
         agent_env_free(w->exclude);
+        free(w->key);
         free(w);
         close(dfd);
-        agent_reply_err(a, r, SBX_E_WATCH_START, "inotify_init1: %s", strerror(errno));
-        return;
+        return -1;
     }
     add_dir_fd(w, dfd, w->root, 0); /* the checked fd, not the path again */
-    snprintf(sid, sizeof(sid), "watch-%llu", (unsigned long long)++a->stream_ctr);
-    w->st = stream_new(a, sid, true, 1u << 20, &watch_ops, w);
     w->w = sbx_loop_watch(a->loop, w->fd, EPOLLIN, watch_cb, w);
     w->next = a->watches;
     a->watches = w;
+    return 0;
+}
+
+void
+agent_op_file_watch(struct agent *a, struct agent_req *r)
+{
+    char path[PATH_MAX_BYTES], sid[72];
+    if (files_path_arg(a, r, "path", path) != 0)
+        return;
+    int dfd = -1;
+    struct watch *w = watch_new(a, r, path, &dfd);
+    if (!w)
+        return;
+    if (watch_arm(a, r, w, dfd) != 0)
+        return;
+    /* watch_cb runs on this thread, after we return: no event is lost. */
+    snprintf(sid, sizeof(sid), "watch-%llu", (unsigned long long)++a->stream_ctr);
+    w->st = stream_new(a, sid, true, 1u << 20, &watch_ops, w);
     sbx_enc *e = stream_begin(w->st, "watching");
     sbx_enc_kstr(e, "path", w->root);
     sbx_enc_kstr(e, "watchId", sid);
@@ -353,8 +401,190 @@ agent_watches_free(struct agent *a)
 {
     while (a->watches) {
         struct watch *w = a->watches;
-        w->st->ops = NULL;
-        stream_unref(w->st);
+        if (w->st) {
+            w->st->ops = NULL;
+            stream_unref(w->st);
+        }
         watch_free(w);
     }
+}
+
+/* ------------------------------------------------------------------------------ */
+/* file.checkChanges: polling instead of a stream (the Cloudflare SDK's
+ * checkChanges, cloudflare-sandbox-sdk.md §1.3; its watch-service.ts). */
+
+#define CHANGES_TTL_MS (10 * 60 * 1000) /* a state not asked about this long is dropped (SDK) */
+#define CHANGES_MAX 64                  /* states per container; past it the least recently
+                                         * asked about is dropped (its pollers resync) */
+
+/* The key a call matches a state on: root and options, as the SDK's. */
+static char *
+changes_key(const struct watch *w)
+{
+    sbx_buf b;
+    sbx_buf_init(&b);
+    sbx_buf_append(&b, w->root, strlen(w->root) + 1); /* NULs separate the parts */
+    sbx_buf_append(&b, w->recursive ? "r" : "-", 1);
+    for (char **p = w->include; p && *p; p++) {
+        sbx_buf_append(&b, "\0i", 2);
+        sbx_buf_append(&b, *p, strlen(*p));
+    }
+    for (char **p = w->exclude; p && *p; p++) {
+        sbx_buf_append(&b, "\0e", 2);
+        sbx_buf_append(&b, *p, strlen(*p));
+    }
+    /* Hex-encoded, so the key is one C string. */
+    char *k = sbx_xmalloc(b.len * 2 + 1);
+    for (size_t i = 0; i < b.len; i++)
+        snprintf(k + 2 * i, 3, "%02x", (unsigned char)b.p[i]);
+    k[b.len * 2] = 0;
+    sbx_buf_free(&b);
+    return k;
+}
+
+/* Drop the states not asked about for CHANGES_TTL_MS; if `room`, also the
+ * least recently asked about ones past CHANGES_MAX - 1. */
+static void
+changes_sweep(struct agent *a, bool room)
+{
+    int64_t now = sbx_mono_ms();
+    size_t n = 0;
+    for (struct watch *w = a->watches, *next; w; w = next) {
+        next = w->next;
+        if (!w->key)
+            continue;
+        if (now - w->used_ms >= CHANGES_TTL_MS)
+            watch_free(w);
+        else
+            n++;
+    }
+    while (room && n >= CHANGES_MAX) {
+        struct watch *old = NULL;
+        for (struct watch *w = a->watches; w; w = w->next)
+            if (w->key && (!old || w->used_ms < old->used_ms))
+                old = w;
+        watch_free(old);
+        n--;
+    }
+}
+
+/*
+ * A version is "<id>:<cursor>", id "watch-<n>-<instance>" (the SDK's look):
+ * parse `since` into its id and cursor; -1 when it has no ':' or the cursor
+ * is not a decimal number (VALIDATION_FAILED, as the SDK).
+ */
+static int
+parse_version(sbx_str since, sbx_str *id, uint64_t *cursor)
+{
+    size_t colon = since.n;
+    for (size_t i = since.n; i-- > 0;)
+        if (since.p[i] == ':') {
+            colon = i;
+            break;
+        }
+    if (colon == since.n || colon == 0 || colon + 1 == since.n || since.n - colon - 1 > 19)
+        return -1;
+    uint64_t v = 0;
+    for (size_t i = colon + 1; i < since.n; i++) {
+        if (since.p[i] < '0' || since.p[i] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(since.p[i] - '0');
+    }
+    *id = (sbx_str){since.p, colon};
+    *cursor = v;
+    return 0;
+}
+
+/* Whether a state id was made by this container: "watch-<n>-<our instance>". */
+static bool
+made_here(const struct agent *a, sbx_str id)
+{
+    char tail[32];
+    int tn = snprintf(tail, sizeof(tail), "-%llu", (unsigned long long)a->instance);
+    return id.n > 6 + (size_t)tn && !memcmp(id.p, "watch-", 6) &&
+           !memcmp(id.p + id.n - (size_t)tn, tail, (size_t)tn);
+}
+
+void
+agent_op_file_check_changes(struct agent *a, struct agent_req *r)
+{
+    char path[PATH_MAX_BYTES];
+    if (files_path_arg(a, r, "path", path) != 0)
+        return;
+    sbx_str since = {NULL, 0}, sid = {NULL, 0};
+    uint64_t scur = 0;
+    int src = sbx_wire_get_str(r->args, "since", &since);
+    if (src == SBX_E_VALIDATION || (src == 0 && parse_version(since, &sid, &scur) != 0)) {
+        agent_reply_err(a, r, SBX_E_VALIDATION,
+                        "since must be a version returned by checkChanges() (\"<id>:<n>\")");
+        return;
+    }
+    int dfd = -1;
+    struct watch *w = watch_new(a, r, path, &dfd);
+    if (!w)
+        return;
+    w->key = changes_key(w);
+    changes_sweep(a, false);
+    struct watch *cur = NULL;
+    for (struct watch *x = a->watches; x && !cur; x = x->next)
+        if (x->key && !strcmp(x->key, w->key))
+            cur = x;
+    if (cur) {
+        watch_free(w); /* not armed, not listed */
+        close(dfd);
+    } else {
+        changes_sweep(a, true);
+        if (!a->instance) {
+            while (a->instance == 0 && sbx_random(&a->instance, sizeof(a->instance)) == 0)
+                a->instance &= (1ull << 53) - 1; /* an exact JSON number */
+            if (!a->instance)
+                a->instance = (uint64_t)sbx_wall_ms();
+        }
+        snprintf(w->id, sizeof(w->id), "watch-%llu-%llu", (unsigned long long)++a->changes_ctr,
+                 (unsigned long long)a->instance);
+        if (watch_arm(a, r, w, dfd) != 0)
+            return;
+        cur = w;
+    }
+    cur->used_ms = sbx_mono_ms();
+    /* Events already queued by the kernel count before we answer (a write
+     * the caller made just before asking is seen).  That may end the state
+     * (its root was deleted: watch_stop freed it). */
+    watch_cb(a->loop, cur->fd, EPOLLIN, cur);
+    bool alive = false;
+    for (struct watch *x = a->watches; x && !alive; x = x->next)
+        alive = x == cur;
+    if (!alive) {
+        agent_reply_err(a, r, SBX_E_FILE_NOT_FOUND, "'%s' was deleted", path);
+        return;
+    }
+    const char *status = "unchanged", *reason = NULL;
+    if (sid.p) {
+        bool ours = sid.n == strlen(cur->id) && !memcmp(sid.p, cur->id, sid.n);
+        if (ours && scur > cur->cursor) {
+            agent_reply_err(a, r, SBX_E_VALIDATION,
+                            "since refers to a newer version than the current state (%s:%llu)",
+                            cur->id, (unsigned long long)cur->cursor);
+            return;
+        }
+        if (ours)
+            status = scur == cur->cursor ? "unchanged" : "changed";
+        else {
+            status = "resync";
+            reason = made_here(a, sid) ? "expired" : "restarted";
+        }
+    }
+    char version[96], ts[40];
+    snprintf(version, sizeof(version), "%s:%llu", cur->id, (unsigned long long)cur->cursor);
+    sbx_iso8601(sbx_wall_ms(), ts, sizeof(ts));
+    sbx_enc res;
+    sbx_enc_init(&res);
+    sbx_enc_map(&res);
+    sbx_enc_kbool(&res, "success", true);
+    sbx_enc_kstr(&res, "status", status);
+    if (reason)
+        sbx_enc_kstr(&res, "reason", reason);
+    sbx_enc_kstr(&res, "version", version);
+    sbx_enc_kstr(&res, "timestamp", ts);
+    agent_reply_ok(a, r, &res);
 }

@@ -33,6 +33,7 @@ const struct agent_op agent_ops[] = {
     {"file.list", agent_op_file_list},
     {"file.exists", agent_op_file_exists},
     {"file.watch", agent_op_file_watch},
+    {"file.checkChanges", agent_op_file_check_changes},
     {"git.checkout", agent_op_git_checkout},
     {"context.create", agent_op_context_create},
     {"context.run", agent_op_context_run},

@@ -39,6 +39,7 @@ agent_op_fn agent_op_file_rename;
 agent_op_fn agent_op_file_list;
 agent_op_fn agent_op_file_exists;
 agent_op_fn agent_op_file_watch;
+agent_op_fn agent_op_file_check_changes;
 agent_op_fn agent_op_git_checkout;
 agent_op_fn agent_op_context_create;
 agent_op_fn agent_op_context_run;

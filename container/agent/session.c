@@ -234,16 +234,20 @@ agent_op_session_create(struct agent *a, struct agent_req *r)
         return;
     }
     char *cwds = cwd.n ? sbx_str_dup(cwd) : NULL;
-    if (cwds) {
-        struct stat st;
-        if (stat(cwds, &st) < 0 || !S_ISDIR(st.st_mode)) {
-            agent_reply_err(a, r, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox",
-                            cwds);
-            free(cwds);
-            return;
-        }
-    }
     struct session *s = session_new(a, id, env, cwds, tmo);
+    struct stat st;
+    if (cwds && (stat(cwds, &st) < 0 || !S_ISDIR(st.st_mode))) {
+        /* As the Cloudflare SDK: a cwd that is not a directory starts the
+         * session in $HOME (the session's, else /root); session.cwd says
+         * where it is (docs/protocol.md §3.2). */
+        const char *home = "/root";
+        for (char **e = s->env; e && *e; e++)
+            if (!strncmp(*e, "HOME=", 5) && (*e)[5] == '/')
+                home = *e + 5;
+        sbx_log_debug("session %s: cwd '%s' is not a directory, starting in %s", id, cwds, home);
+        free(s->cwd);
+        s->cwd = sbx_xstrdup(home);
+    }
     free(cwds);
     /* Start the shell now, so the first command does not pay for it. */
     if (session_start_shell(s) != 0)
@@ -490,9 +494,11 @@ agent_sessions_reaped(struct agent *a, pid_t pid, int status)
             }
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             char msg[320];
+            /* "shell exited … exit code: N": the Cloudflare SDK's phrase, which
+             * ported programs match on (issue 19). */
             snprintf(msg, sizeof(msg),
-                     "the shell of session '%s' exited (exit code %d); the next command "
-                     "starts a fresh shell", s->id, code);
+                     "shell exited (exit code: %d) in session '%s'; the next command "
+                     "starts a fresh shell", code, s->id);
             session_fail_cmd(s, c, SBX_E_SESSION_TERMINATED, code, msg);
             session_reset_cmd_state(s);
         }

@@ -25,6 +25,7 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <dirent.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
@@ -814,6 +815,270 @@ Test(cluster, t20_a_handoff_carries_the_recorded_replies, .timeout = 240)
                      "acknowledged write");
 
     cr_assert_eq(cl_drain(c, y, false, why, sizeof(why)), 0, "%s", why);
+    converge(BASE, 3, "node 2 back");
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* Whether a sandbox's record is live in etcd at key (a tombstone — an
+ * empty value — or no key at all: not live). */
+static bool
+etcd_record_live(const char *key)
+{
+    sbx_etcd *etcd;
+    cr_assert_eq(sbx_etcd_open(&etcd, cl_env()->etcd, 5000), 0);
+    struct sbx_etcd_kv *kvs = NULL;
+    size_t n = 0;
+    cr_assert_eq(sbx_etcd_range(etcd, key, NULL, &kvs, &n, NULL), 0);
+    sbx_etcd_close(etcd);
+    bool live = n == 1 && kvs[0].vlen > 0;
+    sbx_etcd_kvs_free(kvs, n);
+    return live;
+}
+
+/* t21 (issue 11, a resurrection in the 300-event fault run: a sandbox back
+ * after its acknowledged destroy, made by no recorded operation): the
+ * replication transaction that creates a sandbox's record in etcd compares
+ * the record's revision with 0 ("no such key").  It is held in the proxy;
+ * node y's client re-sends it to etcd directly, where it is applied, and
+ * the creating env.set is acknowledged; then the sandbox is destroyed
+ * (acknowledged; its record deleted in etcd).  Then the held copy reaches
+ * etcd at the same epoch.  Before the fix the deletion had brought the key
+ * back to "no such key", the copy's compare held, and etcd held the
+ * destroyed sandbox again (the proxy's duplicated requests did this in the
+ * fault run; a failover or restart then served it).  Now a deletion leaves
+ * a tombstone (an empty value under a lease of TOMB_TTL_S, longer than any
+ * copy of a request lives) and the copy fails its compare. */
+Test(cluster, t21_a_late_copy_of_a_creation_never_brings_back_a_destroyed_sandbox,
+     .timeout = 240)
+{
+    restore_base();
+    const int y = 2;
+    static struct eproxy px;
+    ep_start(&px);
+    restart_node(y, px.url);
+    sbx_client *c = gw_client();
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int all[3] = {0, 1, 2};
+    char id[64], key[256];
+    uint32_t part = pick_id(&st, "abadel", y, all, 3, y, id, sizeof(id));
+    int64_t e1 = st.epoch[part];
+    snprintf(key, sizeof(key), "/sbx/%s/r/%04u/%s", cl_env()->cluster, part, id);
+
+    ep_hold(&px, key);
+    set_var(c, id, "H", "created");
+    cr_assert(ep_holds(&px), "node %d's transaction did not go through the proxy", y);
+    cr_assert(etcd_record_live(key), "etcd has no record of %s after its creation", id);
+    sbx_error err;
+    bool destroyed = false;
+    cr_assert_eq(sbx_destroy(c, id, &destroyed, &err), 0, "destroy %s: %s", id, err.code);
+    cr_assert(destroyed);
+    cr_assert(!etcd_record_live(key), "etcd still has the record of destroyed %s", id);
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(st.epoch[part], e1, "partition %u moved meanwhile", part);
+
+    bool applied = true;
+    cr_assert_eq(ep_release(&px, &applied), 0, "etcd did not answer the late transaction");
+    cr_log_info("t21: the late copy of the creation of %s at epoch %lld %s", id, (long long)e1,
+                applied ? "was APPLIED" : "failed its compare");
+    cr_expect(!applied, "a late copy of a creating transaction was applied after the destroy");
+    cr_expect(!etcd_record_live(key), "etcd holds the destroyed sandbox %s again", id);
+
+    /* What a restart (or a failover) serves comes from etcd. */
+    restart_node(y, NULL);
+    ep_stop(&px);
+    sbx_reply *r = NULL;
+    int rc = -1;
+    double until = cl_now_ms() + 60000;
+    for (;;) {
+        rc = sbx_call_json(c, "status", id, "{}", 20000, &r, &err);
+        if (rc == 0 || !strcmp(err.code, "SANDBOX_NOT_FOUND") || cl_now_ms() > until)
+            break;
+        sbx_error_free(&err);
+        cl_sleep_ms(200);
+    }
+    cr_expect_neq(rc, 0, "the destroyed sandbox %s is served again after a restart", id);
+    if (rc == 0) {
+        sbx_reply_free(r);
+    } else {
+        cr_expect_str_eq(err.code, "SANDBOX_NOT_FOUND");
+        sbx_error_free(&err);
+    }
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+}
+
+/* A request sent through gateway 0 as a client library would, with
+ * request id rid and, with retry, the envelope's `retry` mark ("an earlier
+ * attempt of this id may have run": docs/protocol.md §2); "" if it answered
+ * ok, else its error code or why there was none. */
+static void
+gw_raw(const char *op, const char *id, const char *argv2, const char *rid, bool retry,
+       int timeout_ms, char *code, size_t cl)
+{
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms + 10000);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
+    nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    cr_assert_eq(nng_dial(s, cl_env()->gw[0], NULL, 0), 0, "cannot dial gateway 0");
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", rid);
+    sbx_enc_kstr(&e, "op", op);
+    sbx_enc_kstr(&e, "sandbox", id);
+    sbx_enc_kint(&e, "timeoutMs", timeout_ms);
+    if (retry)
+        sbx_enc_kbool(&e, "retry", true);
+    sbx_enc_kmap(&e, "args");
+    sbx_enc_karray(&e, "argv");
+    sbx_enc_str(&e, "/bin/bash");
+    sbx_enc_str(&e, "-c");
+    sbx_enc_str(&e, argv2);
+    sbx_enc_end(&e);
+    sbx_enc_kbool(&e, "sessionless", true);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
+    nng_msg *m = NULL;
+    cr_assert_eq(nng_msg_alloc(&m, len), 0);
+    memcpy(nng_msg_body(m), buf, len);
+    free(buf);
+    int rv = nng_sendmsg(s, m, 0);
+    if (rv == 0)
+        rv = nng_recvmsg(s, &m, 0);
+    if (rv != 0) {
+        snprintf(code, cl, "no reply: %s", nng_strerror(rv));
+        nng_close(s);
+        return;
+    }
+    sbx_msg dm;
+    snprintf(code, cl, "malformed reply");
+    if (sbx_wire_decode(&dm, nng_msg_body(m), nng_msg_len(m), &sbx_wire_limits_reply) == 0) {
+        bool ok = false;
+        sbx_wire_get_bool(dm.root, "ok", &ok);
+        const msgpack_object *eo;
+        sbx_str ec = {"?", 1};
+        if (!ok && sbx_wire_get_map(dm.root, "error", &eo) == 0)
+            sbx_wire_get_str(eo, "code", &ec);
+        snprintf(code, cl, "%.*s", ok ? 0 : (int)ec.n, ec.p);
+        sbx_wire_msg_free(&dm);
+    }
+    nng_msg_free(m);
+    nng_close(s);
+}
+
+/* The pid of a process on this host whose argv[0] is name (0: none). */
+static pid_t
+proc_named(const char *name)
+{
+    pid_t found = 0;
+    DIR *d = opendir("/proc");
+    cr_assert_not_null(d);
+    struct dirent *de;
+    while (!found && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        char path[64], arg0[128] = "";
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(arg0, 1, sizeof(arg0) - 1, f);
+        fclose(f);
+        arg0[n] = '\0';
+        if (!strcmp(arg0, name))
+            found = (pid_t)atoi(de->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
+struct bgexec {
+    const char *id, *cmd, *rid;
+    char code[64];
+};
+
+static void *
+bgexec_main(void *arg)
+{
+    struct bgexec *b = arg;
+    gw_raw("exec", b->id, b->cmd, b->rid, false, 30000, b->code, sizeof(b->code));
+    return NULL;
+}
+
+/* t22 (issue 11, the double execution in the 300-event fault run): an exec
+ * with request id R runs on node y, the partition's owner, and y is killed
+ * (SIGKILL) while it runs: the client gets SHARD_UNAVAILABLE — unknown, it
+ * may have run (it did) — and retries R once another node has claimed the
+ * partition.  That node never saw R: y's idempotency table (LMDB) died
+ * with y.  Before the fix it ran R a second time (two runs, 5.4 s apart,
+ * in the fault run).  Now a retry says so (`retry`, set by the SDKs after
+ * an attempt of unknown outcome), and the owner of a partition it claimed
+ * from a dead shard within the idempotency TTL answers a retry of a request
+ * id it does not know OPERATION_INTERRUPTED (it may have run, it does not
+ * run again) instead of running it.  A request that is no retry runs. */
+Test(cluster, t22_a_retry_after_a_failover_never_runs_a_request_twice, .timeout = 240)
+{
+    restore_base();
+    const int y = 2, to = 0;
+    static struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int rest[2] = {0, 1};
+    char id[64], rid[80], mark[96], cmd[160], code[64];
+    uint32_t part = pick_id(&st, "dbl", y, rest, 2, to, id, sizeof(id));
+    snprintf(rid, sizeof(rid), "t22-%s", id);
+    snprintf(mark, sizeof(mark), "t22R-%s", id);
+    snprintf(cmd, sizeof(cmd), "exec -a %s sleep 8", mark);
+    sbx_client *c = gw_client();
+    set_var(c, id, "H", "created"); /* the sandbox and its container exist */
+
+    struct bgexec b = {.id = id, .cmd = cmd, .rid = rid};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bgexec_main, &b), 0);
+    double t0 = cl_now_ms();
+    pid_t first = 0;
+    while (!(first = proc_named(mark)) && cl_now_ms() - t0 < 30000)
+        cl_sleep_ms(20);
+    if (first)
+        cl_signal("shard", y, SIGKILL);
+    pthread_join(th, NULL);
+    cr_assert_neq(first, 0, "the exec of request %s never ran on node %d (%s)", rid, y, b.code);
+    cr_assert_eq(cl_wait_exit("shard", y, 30000), 0, "node %d did not die", y);
+    cr_log_info("t22: request %s ran on node %d (host pid %d), node killed: %s", rid, y,
+                (int)first, b.code[0] ? b.code : "ok");
+    cr_assert_str_neq(b.code, "", "the exec was acknowledged although its shard died first");
+
+    /* The partition fails over to node `to` (y's lease: TTL 2 s). */
+    t0 = cl_now_ms();
+    do {
+        cl_sleep_ms(200);
+        cr_assert_eq(cl_read_state(&st), 0);
+    } while (st.owner[part] != to && cl_now_ms() - t0 < 30000);
+    cr_assert_eq(st.owner[part], to, "node %d did not claim partition %u", to, part);
+    t0 = cl_now_ms();
+    do {
+        gw_raw("exec", id, cmd, rid, true, 20000, code, sizeof(code));
+        if (strcmp(code, "SHARD_UNAVAILABLE") && strcmp(code, "WRONG_OWNER"))
+            break;
+        cl_sleep_ms(200);
+    } while (cl_now_ms() - t0 < 30000);
+    cr_log_info("t22: the retry of %s on node %d answered %s", rid, to, code[0] ? code : "ok");
+    cr_expect_str_eq(code, "OPERATION_INTERRUPTED",
+                     "the retry of request %s after the failover %s", rid,
+                     code[0] ? "did not say the outcome is unknown" : "RAN IT AGAIN");
+
+    char rid2[96];
+    snprintf(rid2, sizeof(rid2), "t22-new-%s", id);
+    gw_raw("exec", id, "true", rid2, false, 20000, code, sizeof(code));
+    cr_expect_str_eq(code, "", "a new request on the failed-over partition: %s", code);
+
+    cr_assert_gt(cl_start("shard", y), 0);
     converge(BASE, 3, "node 2 back");
     sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);

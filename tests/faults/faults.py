@@ -176,8 +176,9 @@ def outcome(e: Exception) -> tuple:
 
 
 def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
-          rid: Optional[str] = None) -> Op:
-    """Run one operation and record it."""
+          rid: Optional[str] = None, again: bool = False) -> Op:
+    """Run one operation and record it (``again``: an exec re-sent with the
+    request id of one whose outcome was unknown, marked as a retry)."""
     t = cli._t
     op = Op(key, client, f, value, None, OK, time.time() - run.t0, INF)
     path = t.path("v1", "sandboxes", key)
@@ -203,7 +204,8 @@ def do_op(run: Run, cli: SbxClient, client: int, key: str, f: str, value=None,
             t.send("POST", path + "/exec",
                    json.dumps({"argv": ["/bin/bash", "-c", f"exec -a fxR-{rid} sleep 5"],
                                "sessionless": True,
-                               "timeout": 20000}).encode(), operation="exec", key=rid)
+                               "timeout": 20000}).encode(), operation="exec", key=rid,
+                   retry=again)
             op.arg = rid
         op.complete = time.time() - run.t0
     except Exception as e:  # noqa: BLE001 - every failure is an outcome
@@ -246,7 +248,7 @@ def client_loop(run: Run, client: int, nslots: int) -> None:
                     rid = uuid.uuid4().hex
                 with run.lock:
                     run.exec_ids.add(rid)
-                op = do_op(run, cli, client, key, "touch", rid=rid)
+                op = do_op(run, cli, client, key, "touch", rid=rid, again=again is not None)
                 # re-sent only when the outcome is truly unknown (not after a
                 # definite OPERATION_INTERRUPTED: a destroy ended it)
                 if op.status == UNKNOWN and op.note in RESEND_CODES and not again:

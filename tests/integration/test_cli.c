@@ -709,6 +709,29 @@ Test(cli, watch_prints_changes_made_by_another_exec, .timeout = 120)
 /* ---------------------------------------------------------------------------------- */
 /* env, configure, lifecycle */
 
+/* `sbx changes ID PATH [--since V]` (file.checkChanges): "STATUS VERSION". */
+Test(cli, changes_reports_a_version_and_what_happened_since, .timeout = 120)
+{
+    const char *id = new_id("cli-chg");
+    run_ok("mkdir", id, "/workspace/c", "-p");
+    struct cli r = sbx("changes", id, "/workspace/c");
+    expect_status(r, 0);
+    char ver[128] = "";
+    cr_expect_eq(sscanf(r.o.p, "unchanged %127s", ver), 1, "first: %s", r.o.p);
+    cli_free(&r);
+    run_ok("exec", id, "--sessionless", "touch /workspace/c/new");
+    r = sbx("changes", id, "/workspace/c", "--since", ver);
+    expect_status(r, 0);
+    cr_expect(!strncmp(r.o.p, "changed watch-", 14), "after a touch: %s", r.o.p);
+    cli_free(&r);
+    r = sbx("--json", "changes", id, "/workspace/c", "--since", "nonsense");
+    expect_status(r, 1);
+    cr_expect(strstr(r.o.p, "VALIDATION_FAILED") || strstr(r.e.p, "VALIDATION_FAILED"),
+              "bad since: %s %s", r.o.p, r.e.p);
+    cli_free(&r);
+    destroy(id);
+}
+
 Test(cli, env_and_configure, .timeout = 120)
 {
     const char *id = new_id("cli-env");

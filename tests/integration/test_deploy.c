@@ -5,6 +5,9 @@
  * is, contains or lies inside a live shard's refuses too; the lock of a
  * SIGKILLed process does not block the next start.
  *
+ * `--no-preview-host` replaces the hosts port.expose refuses with
+ * CUSTOM_DOMAIN_REQUIRED (issue 19; docs/protocol.md §7).
+ *
  * Each test starts daemons and shards of its own, under names no other
  * test uses, and stops them by pid.  Shards started on their own run with
  * `--cgroup none --pool 0`: they create no cgroup and no container, so even
@@ -429,4 +432,38 @@ Test(deploy, the_lock_of_a_killed_deployment_does_not_block_the_next, .timeout =
     /* A clean stop removes the file. */
     cr_expect_neq(stat(lock, &sst), 0, "%s outlived a clean stop", lock);
     sbx_rm_rf(dir);
+}
+
+/* A deployment names the hosts that cannot carry wildcard preview URLs; the
+ * list replaces the default (workers.dev). */
+Test(deploy, no_preview_host_replaces_the_refused_preview_hosts, .timeout = 120)
+{
+    static const char *const extra[] = {"--pool", "0", "--no-preview-host", "example.org",
+                                        "--no-preview-host=internal.test", NULL};
+    struct testd d;
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    char *id = test_id("noph");
+    static const char *const refused[] = {"example.org", "a.b.example.org", "x.internal.test"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(refused); i++) {
+        tcall t = tc_call(c, "port.expose", id,
+                          json_pack("{s:i, s:s}", "port", 8080, "hostname", refused[i]), 0);
+        tc_fails_with(t, refused[i], "CUSTOM_DOMAIN_REQUIRED");
+        tc_free(&t);
+    }
+    /* Not a listed suffix at a label boundary, or the default no longer listed. */
+    static const char *const allowed[] = {"notexample.org", "x.workers.dev"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(allowed); i++) {
+        tcall t = tc_call(c, "port.expose", id,
+                          json_pack("{s:i, s:s}", "port", 8081 + (int)i, "hostname", allowed[i]),
+                          0);
+        tc_ok(t, allowed[i]);
+        cr_expect(strstr(jstr(t.res, "url"), allowed[i]) != NULL, "url %s", jstr(t.res, "url"));
+        tc_free(&t);
+    }
+    tdone(c, id);
+    sbx_client_close(c);
+    testd_stop(&d);
 }

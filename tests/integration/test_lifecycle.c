@@ -5,10 +5,10 @@
  * request id (§2 "Idempotency"), a process-log reader that fell behind the
  * ring (§3.1, `missed`), and `file.write` with `append` (§3.4).
  *
- * sleepAfter is counted from the last operation, and `status` is an
- * operation too: the sleep tests therefore leave the sandbox alone for the
- * whole idle window and look at it only afterwards.  The shard checks for
- * idle sandboxes once a second.
+ * sleepAfter is counted from the last operation that is activity; `status`
+ * and the lists are not (the schema's `observe` flag, docs/schema.md), which
+ * observing_is_not_activity checks.  The shard checks for idle sandboxes
+ * once a second.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -214,6 +214,54 @@ Test(lifecycle, a_running_command_counts_as_activity_and_idleness_then_stops_the
     cr_expect_str_eq(out, "again\n");
     free(out);
     cr_expect_eq(state_of(c, id).gen, before.gen + 1, "no fresh container after the sleep");
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* Issue 19: a program polling a sandbox's state (status, process, session,
+ * port and context lists every 500 ms) does not keep it awake; once it is
+ * stopped, the lists answer empty without starting it again. */
+Test(lifecycle, observing_is_not_activity, .timeout = 90)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("observe");
+    configure(c, id, json_pack("{s:s}", "sleepAfter", SLEEP_AFTER));
+    cr_assert_eq(sbx_ping(c, id, NULL), 0);
+    static const char *const lists[] = {"process.list", "session.list", "port.list",
+                                        "context.list"};
+    double t0 = test_now_ms();
+    struct st s = state_of(c, id);
+    cr_assert_str_eq(s.state, "running");
+    long long gen = s.gen;
+    /* Bound: sleepAfter 2 s + the once-a-second check + much slack. */
+    while (!asleep(&s) && test_now_ms() - t0 < 20000) {
+        for (size_t i = 0; i < SBX_ARRAY_LEN(lists); i++) {
+            tcall t = tc_call(c, lists[i], id, json_object(), 0);
+            tc_ok(t, lists[i]);
+            tc_free(&t);
+        }
+        tsleep_ms(500);
+        s = state_of(c, id);
+    }
+    cr_expect(asleep(&s), "still %s after %.0f ms of polling (sleepAfter %s)", s.state,
+              test_now_ms() - t0, SLEEP_AFTER);
+    /* Stopped: the lists are empty and did not start a container. */
+    tsleep_ms(1500);
+    for (size_t i = 0; i < SBX_ARRAY_LEN(lists); i++) {
+        tcall t = tc_call(c, lists[i], id, json_object(), 0);
+        tc_ok(t, lists[i]);
+        const char *key = !strcmp(lists[i], "process.list")   ? "processes"
+                          : !strcmp(lists[i], "session.list") ? "sessions"
+                          : !strcmp(lists[i], "port.list")    ? "ports"
+                                                              : "contexts";
+        json_t *arr = json_object_get(t.res, key);
+        cr_expect(json_is_array(arr) && json_array_size(arr) == 0,
+                  "%s of a stopped sandbox is not an empty '%s'", lists[i], key);
+        tc_free(&t);
+    }
+    s = state_of(c, id);
+    cr_expect(asleep(&s), "a list woke the sandbox: %s", s.state);
+    cr_expect_eq(s.gen, gen, "a list started a new container");
     tdone(c, id);
     sbx_client_close(c);
 }

@@ -420,6 +420,45 @@ Test(preview, refusals, .timeout = 120)
     hdone(id);
 }
 
+/* Issue 19: port 3000 is an ordinary port (sbx has no control plane in the
+ * sandbox: docs/protocol.md §7); a hostname under a --no-preview-host
+ * suffix (default workers.dev) is CUSTOM_DOMAIN_REQUIRED (400), as the SDK. */
+Test(preview, port_3000_is_exposable_and_workers_dev_needs_a_custom_domain, .timeout = 120)
+{
+    char *id = test_id("pvcd");
+    struct hresp r;
+    expose_raw(id, 3000, NULL, &r);
+    expect_status(r, 200, "port.expose 3000");
+    cr_expect_eq(jint(r.json, "port"), 3000);
+    hresp_free(&r);
+    static const char *const refused[] = {"x.workers.dev", "A.B.Workers.Dev", "workers.dev",
+                                          "x.workers.dev:8443"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(refused); i++) {
+        char *b = hfmt("{\"port\":9005,\"hostname\":\"%s\"}", refused[i]);
+        apif("POST", b, &r, "/v1/sandboxes/%s/port.expose", id);
+        free(b);
+        expect_status(r, 400, refused[i]);
+        expect_code(r, "CUSTOM_DOMAIN_REQUIRED", refused[i]);
+        cr_expect(r.body && strstr(r.body, "custom domain"), "%s: %s", refused[i],
+                  r.body ? r.body : "");
+        hresp_free(&r);
+    }
+    /* Only the suffix at a label boundary: myworkers.dev is someone's domain. */
+    char *b = hfmt("{\"port\":9006,\"hostname\":\"myworkers.dev\"}");
+    apif("POST", b, &r, "/v1/sandboxes/%s/port.expose", id);
+    free(b);
+    expect_status(r, 200, "myworkers.dev");
+    cr_expect(strstr(jstr(r.json, "url"), ".myworkers.dev/") != NULL, "url %s", jstr(r.json, "url"));
+    hresp_free(&r);
+    /* The refused ones left nothing exposed. */
+    apif("GET", NULL, &r, "/v1/sandboxes/%s/ports", id);
+    expect_status(r, 200, "ports");
+    json_t *ports = json_object_get(r.json, "ports");
+    cr_expect_eq(json_array_size(ports), 2, "ports: %s", r.body);
+    hresp_free(&r);
+    hdone(id);
+}
+
 /* A sandbox exposes at most 256 ports at once: the 257th is refused, a
  * re-expose of one it has is not, and unexposing one makes room. */
 Test(preview, exposed_ports_are_capped, .timeout = 180)

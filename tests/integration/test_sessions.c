@@ -307,6 +307,11 @@ Test(sessions, exit_terminates_the_session_and_the_next_call_gets_a_fresh_shell)
     int rc = sbx_exec(c, id, &o, &r, &err);
     cr_expect_neq(rc, 0, "exit 3 in a session should fail the call");
     cr_expect_str_eq(err.code, "SESSION_TERMINATED", "code %s (%s)", err.code, err.message);
+    /* The Cloudflare SDK's phrase, which ported programs match on
+     * (/shell exited/ and /exit code:? 3/). */
+    cr_expect(err.message && strstr(err.message, "shell exited") &&
+                  strstr(err.message, "exit code: 3"),
+              "message: %s", err.message ? err.message : "(null)");
     cr_expect_eq(r.exit_code, 3, "res.exit_code is %d", r.exit_code);
     cr_expect_str_eq(r.stdout_data ? r.stdout_data : "(null)", "before\n");
     cr_expect(r.stderr_data && !strncmp(r.stderr_data, "oops\n", 5), "stderr: %s",
@@ -437,6 +442,30 @@ Test(sessions, create_honours_cwd_env_and_command_timeout, .timeout = 60)
     /* Other sessions are not affected. */
     r = tsh(c, id, "sleep 1.5; echo fine", 0);
     cr_expect_eq(r.exit_code, 0, "default session exec exited %d", r.exit_code);
+    sbx_exec_result_free(&r);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* As the Cloudflare SDK: a session whose cwd does not exist is created and
+ * starts in $HOME (docs/protocol.md §3.2); session.get says where it is. */
+Test(sessions, create_with_a_missing_cwd_starts_in_home, .timeout = 60)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("sess-nocwd");
+    tcall t = tc_call(c, "session.create", id,
+                      json_pack("{s:s, s:s}", "id", "lost", "cwd", "/nonexistent"), 0);
+    tc_ok(t, "session.create with a missing cwd");
+    cr_expect_str_eq(jstr(t.res, "sessionId"), "lost");
+    cr_expect_str_eq(jstr(t.res, "session.cwd"), "/root", "cwd reported: %s",
+                     jstr(t.res, "session.cwd"));
+    tc_free(&t);
+    sbx_exec_result r = tsh_in(c, id, "lost",
+                               "test \"$(pwd -P)\" = \"$(cd ~ && pwd -P)\" && echo home; "
+                               "test -e /nonexistent || echo absent",
+                               0);
+    cr_expect_eq(r.exit_code, 0);
+    cr_expect_str_eq(r.stdout_data, "home\nabsent\n", "in the session: %s", r.stdout_data);
     sbx_exec_result_free(&r);
     tdone(c, id);
     sbx_client_close(c);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../runtime/util.h"
 #include "../support/sdk.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -250,6 +251,86 @@ Test(watch, cancel_stops_the_watch, .timeout = 60)
     /* A watch of a path that does not exist. */
     t = tc_call(c, "file.watch", id, json_pack("{s:s}", "path", "/workspace/no-such-dir"), 0);
     tc_fails_with(t, "file.watch of a missing dir", "FILE_NOT_FOUND");
+    tc_free(&t);
+    tdone(c, id);
+    sbx_client_close(c);
+}
+
+/* file.checkChanges (docs/protocol.md §3.4): one call, its version. */
+static tcall
+changes(sbx_client *c, const char *id, const char *path, const char *since)
+{
+    json_t *a = json_pack("{s:s}", "path", path);
+    if (since)
+        json_object_set_new(a, "since", json_string(since));
+    return tc_call(c, "file.checkChanges", id, a, 0);
+}
+
+/* The status of one checkChanges call that must succeed; *ver gets its version. */
+static void
+expect_changes(sbx_client *c, const char *id, const char *path, const char *since,
+               const char *status, const char *reason, char *ver, size_t verlen)
+{
+    tcall t = changes(c, id, path, since);
+    tc_ok(t, "file.checkChanges");
+    cr_expect_str_eq(jstr(t.res, "status"), status, "since %s", since ? since : "(none)");
+    const char *why = jstr(t.res, "reason");
+    cr_expect_str_eq(why ? why : "", reason ? reason : "", "reason after since %s",
+                     since ? since : "(none)");
+    const char *v = jstr(t.res, "version");
+    cr_assert(v, "no version");
+    /* The SDK's look: watch-<n>-<n>:<n>. */
+    unsigned long long n1, n2, n3;
+    char end;
+    cr_expect_eq(sscanf(v, "watch-%llu-%llu:%llu%c", &n1, &n2, &n3, &end), 3, "version '%s'", v);
+    snprintf(ver, verlen, "%s", v);
+    tc_free(&t);
+}
+
+Test(watch, check_changes_reports_unchanged_changed_and_resync, .timeout = 90)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("changes");
+    run(c, id, "mkdir -p /workspace/cc");
+    char v0[128], v1[128], v2[128], v3[128];
+    expect_changes(c, id, "/workspace/cc", NULL, "unchanged", NULL, v0, sizeof(v0));
+    expect_changes(c, id, "/workspace/cc", v0, "unchanged", NULL, v1, sizeof(v1));
+    cr_expect_str_eq(v1, v0, "nothing happened, yet the version moved");
+    run(c, id, "echo x > /workspace/cc/f");
+    expect_changes(c, id, "/workspace/cc", v0, "changed", NULL, v1, sizeof(v1));
+    cr_expect_str_neq(v1, v0);
+    expect_changes(c, id, "/workspace/cc", v1, "unchanged", NULL, v2, sizeof(v2));
+    /* Malformed, or ahead of the state: VALIDATION_FAILED (the SDK's). */
+    static const char *const bad[] = {"bogus", "watch-1-2:", ":3", "watch-1-2:x1"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(bad); i++) {
+        tcall t = changes(c, id, "/workspace/cc", bad[i]);
+        tc_fails_with(t, bad[i], "VALIDATION_FAILED");
+        tc_free(&t);
+    }
+    char ahead[160];
+    snprintf(ahead, sizeof(ahead), "%.*s:999999", (int)strcspn(v2, ":"), v2);
+    tcall t = changes(c, id, "/workspace/cc", ahead);
+    tc_fails_with(t, "a version ahead", "VALIDATION_FAILED");
+    tc_free(&t);
+    /* A missing directory is FILE_NOT_FOUND. */
+    t = changes(c, id, "/workspace/no-such-dir", NULL);
+    tc_fails_with(t, "checkChanges of a missing dir", "FILE_NOT_FOUND");
+    tc_free(&t);
+    /* The state ends with its directory: made again, resync (expired). */
+    run(c, id, "rm -r /workspace/cc && mkdir /workspace/cc");
+    expect_changes(c, id, "/workspace/cc", v2, "resync", "expired", v3, sizeof(v3));
+    expect_changes(c, id, "/workspace/cc", v3, "unchanged", NULL, v2, sizeof(v2));
+    /* Another container (destroyed and made again): resync (restarted). */
+    cr_assert_eq(sbx_destroy(c, id, NULL, NULL), 0);
+    run(c, id, "mkdir -p /workspace/cc");
+    expect_changes(c, id, "/workspace/cc", v2, "resync", "restarted", v3, sizeof(v3));
+    /* Options are part of the state: another include is another state. */
+    t = tc_call(c, "file.checkChanges", id,
+                json_pack("{s:s, s:s, s:[s]}", "path", "/workspace/cc", "since", v3, "include",
+                          "*.py"),
+                0);
+    tc_ok(t, "checkChanges with include");
+    cr_expect_str_eq(jstr(t.res, "status"), "resync", "another state: %s", jstr(t.res, "version"));
     tc_free(&t);
     tdone(c, id);
     sbx_client_close(c);

@@ -176,6 +176,11 @@ test('real answers match the result schemas', async (t) => {
     });
     await t.test('file.list', () => expectMatches('POST', T('file.list'), S('file.list'), { path: '/workspace' }));
     await t.test('file.exists', () => expectMatches('POST', T('file.exists'), S('file.exists'), { path: '/workspace/a.txt' }));
+    await t.test('file.checkChanges', async () => {
+      const first = await expectMatches('POST', T('file.checkChanges'), S('file.checkChanges'), { path: '/workspace' });
+      await expectMatches('POST', T('file.checkChanges'), S('file.checkChanges'), { path: '/workspace', since: first.version });
+      await expectMatches('POST', T('file.checkChanges'), S('file.checkChanges'), { path: '/workspace', since: 'watch-0-0:0' });
+    });
     await t.test('status', () => expectMatches('GET', '/v1/sandboxes/{sandbox}', `/v1/sandboxes/${sb}`));
     await t.test('session.create', () => expectMatches('POST', T('session.create'), S('session.create'), { id: 'oapi-s1' }));
     await t.test('session.get', () => expectMatches('GET', T('sessions/{id}'), S('sessions/oapi-s1')));

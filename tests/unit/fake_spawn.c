@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake_spawn.h"
@@ -131,6 +132,17 @@ agent_main(void *arg)
             die = true;
         } else if (sbx_str_eq(op, "exec") && sbx_str_eq(cmd, "hang")) {
             answer = false;
+        } else if (sbx_str_eq(op, "exec") && cmd.n > 6 && !memcmp(cmd.p, "sleep:", 6)) {
+            char ms[16];
+            snprintf(ms, sizeof(ms), "%.*s", (int)SBX_MIN(cmd.n - 6, sizeof(ms) - 1), cmd.p + 6);
+            struct timespec ts = {atoi(ms) / 1000, (long)(atoi(ms) % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            sbx_enc_kbool(&e, "ok", true);
+            sbx_enc_kmap(&e, "r");
+            sbx_enc_kint(&e, "exitCode", 0);
+            sbx_enc_kstrn(&e, "stdout", cmd.p, cmd.n);
+            sbx_enc_kint(&e, "agent", (int64_t)a->serial);
+            sbx_enc_end(&e);
         } else if (sbx_str_eq(op, "exec") && sbx_str_eq(cmd, "fail")) {
             sbx_enc_kbool(&e, "ok", false);
             sbx_enc_kmap(&e, "e");

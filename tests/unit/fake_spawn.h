@@ -13,6 +13,8 @@
  *       "fail"   an error FILE_NOT_FOUND with context {path: "/nope"},
  *       "die"    no reply: the agent closes its end (a crashed agent),
  *       "hang"   no reply at all (the request stays in flight),
+ *       "sleep:N" the usual answer after N ms (the agent answers nothing
+ *                meanwhile: a command that runs that long),
  *       else     {exitCode: 0, stdout: <command>, agent: <container serial>};
  *   - any other op with a tag: {op: <op>, agent: <serial>}.
  * sbx_container_stop closes the channel and joins that agent's thread;

@@ -90,8 +90,8 @@ def default(f):
 
 
 def overview(sch):
-    rows = ['| op | runs in | creates | mutates | idempotent | REST routes | summary |',
-            '|---|---|---|---|---|---|---|']
+    rows = ['| op | runs in | creates | mutates | activity | idempotent | REST routes | summary |',
+            '|---|---|---|---|---|---|---|---|']
     for op in sch['ops']:
         if 'internal' in op['flags'] or 'front' in op['flags']:
             continue
@@ -99,7 +99,8 @@ def overview(sch):
         creates = '—' if 'global' in fl else ('no' if 'nocreate' in fl else 'yes')
         routes = [op['rest']['canonical']] + op['rest']['aliases']
         rows.append(f"| `{op['name']}` | {op['layer']} | {creates} | "
-                    f"{'yes' if 'mutates' in fl else ''} | {'yes' if op['idempotent'] else 'no'} | "
+                    f"{'yes' if 'mutates' in fl else ''} | {'no' if 'observe' in fl else ''} | "
+                    f"{'yes' if op['idempotent'] else 'no'} | "
                     + '<br>'.join(f'`{cell(r)}`' for r in routes)
                     + f" | {cell(op['summary'])}{' (stream)' if 'stream' in fl else ''} |")
     return '\n'.join(rows)

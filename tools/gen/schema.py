@@ -37,11 +37,11 @@ JSON_TYPES = ('string', 'integer', 'number', 'boolean', 'object', 'array', 'null
 LAYERS = ('gateway', 'shard', 'agent')
 # The order is that of enum sbx_op_flags in runtime/ops.h ('agent' comes from the layer).
 FLAGS = ('sandbox', 'nocreate', 'nowake', 'global', 'mutates', 'stream', 'internal', 'front',
-         'readonly')
+         'readonly', 'observe')
 UNITS = ('bytes', 'ms', 's', 'seconds-or-duration')
 FIELD_KEYS = {'type', 'doc', 'required', 'unit', 'min', 'max', 'max_len', 'default', 'items',
               'values', 'enum', 'fields', 'additional', 'error'}
-OP_KEYS = {'name', 'layer', 'flags', 'idempotent', 'idle_code', 'summary', 'doc', 'args',
+OP_KEYS = {'name', 'layer', 'flags', 'idempotent', 'idle_code', 'idle_empty', 'summary', 'doc', 'args',
            'result', 'errors', 'http', 'cli', 'handler', 'agent_handler', 'shard_handler'}
 
 
@@ -174,6 +174,10 @@ def load(root):
         ic = o.get('idle_code')
         if ic is not None and ic not in errs:
             raise SchemaError(f'{where}: idle_code {ic} is not in runtime/err.h')
+        ie = o.get('idle_empty')
+        if ie is not None and (o['layer'] != 'agent' or 'nowake' not in flags
+                               or not re.fullmatch(r'[a-zA-Z]+', str(ie))):
+            raise SchemaError(f'{where}: idle_empty names the array member of a nowake agent op')
         op_errs = o.get('errors') or []
         for c in op_errs:
             if c not in errs:
@@ -200,7 +204,7 @@ def load(root):
             raise SchemaError(f'{where}: a {o["layer"]} op names its handler')
         op = {'name': name, 'layer': o['layer'],
               'flags': [fl for fl in FLAGS if fl in flags],
-              'idempotent': o['idempotent'], 'idle_code': ic,
+              'idempotent': o['idempotent'], 'idle_code': ic, 'idle_empty': ie,
               'summary': o['summary'].strip(), 'doc': (o.get('doc') or '').strip(),
               'args': args, 'result': res, 'errors': list(op_errs), 'cli': cli,
               'handler': handler, 'agent_handler': ah, 'shard_handler': sh}

@@ -188,8 +188,15 @@ class Transport:
     def send(self, method: str, path: str, body: Optional[bytes] = None,
              headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
              stream: bool = False, operation: Optional[str] = None,
-             key: Optional[str] = None):
+             key: Optional[str] = None, retry: bool = False):
         """Send a request with retries.
+
+        ``key`` reuses an idempotency key; ``retry=True`` says an earlier
+        request with that key had an unknown outcome (it may have run).
+        Attempts after one of unknown outcome say so too (``X-Sbx-Retry:
+        1``, docs/http.md): a shard that took the sandbox over from a failed
+        one answers them ``OPERATION_INTERRUPTED`` instead of running the
+        request a second time.
 
         Returns a :class:`Response` (body read) or, with ``stream=True``, a
         tuple ``(connection, http.client.HTTPResponse)`` whose body the caller
@@ -209,6 +216,8 @@ class Transport:
         # outcome, not the request's — the request's is still unknown, so
         # the earlier error is raised, naming the last answer.
         unknown: Optional[errors.SandboxError] = None
+        if retry and key:
+            hdrs["X-Sbx-Retry"] = "1"
 
         def final(e: errors.SandboxError) -> errors.SandboxError:
             if unknown is None or e.code in _UNKNOWN_CODES:
@@ -220,6 +229,8 @@ class Transport:
             out.__cause__ = e
             return out
         while True:
+            if unknown is not None:
+                hdrs["X-Sbx-Retry"] = "1"
             left = self._left(deadline, operation)
             if left is not None:
                 # The server's deadline is ours (docs/http.md): it answers a

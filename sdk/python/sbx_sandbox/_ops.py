@@ -19,6 +19,7 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
     'COMMAND_NOT_FOUND': 404,
     'CONTAINER_UNAVAILABLE': 503,
     'CONTEXT_NOT_FOUND': 404,
+    'CUSTOM_DOMAIN_REQUIRED': 400,
     'FILESYSTEM_ERROR': 500,
     'FILE_EXISTS': 409,
     'FILE_NOT_FOUND': 404,
@@ -453,7 +454,7 @@ class SessionCreateArgs(TypedDict, total=False):
     id: str
     """session ID (default session-<ms>)"""
     cwd: str
-    """its working directory"""
+    """its working directory; one that is not a directory starts it in $HOME (as the SDK)"""
     env: 'Env'
     """its own environment (null unsets)"""
     commandTimeoutMs: int
@@ -1020,6 +1021,41 @@ class FileWatchResult(TypedDict, total=False):
     """directories watched"""
 
 
+class _FileCheckChangesArgsRequired(TypedDict):
+    path: str
+    """absolute, or relative to the session's cwd (1-3840 bytes)"""
+
+
+class FileCheckChangesArgs(_FileCheckChangesArgsRequired, total=False):
+    """Arguments of ``file.checkChanges``: whether a directory changed since a version this op returned (polling instead of file.watch)."""
+
+    sessionId: str
+    """the session whose cwd resolves a relative path"""
+    since: str
+    """a version an earlier call returned (at most 128 bytes)"""
+    recursive: bool
+    """watch subdirectories too [default true]"""
+    include: List[str]
+    """only these"""
+    exclude: List[str]
+    """not these (default .git, node_modules, .DS_Store)"""
+
+
+class FileCheckChangesResult(TypedDict, total=False):
+    """Result of ``file.checkChanges``: the SDK's CheckChangesResult"""
+
+    success: bool
+    """true"""
+    status: str
+    """compared with since"""
+    reason: str
+    """with resync: why the state since names is gone"""
+    version: str
+    """the current version: pass it as since next time"""
+    timestamp: str
+    """ISO 8601"""
+
+
 class _GitCheckoutArgsRequired(TypedDict):
     repoUrl: str
     """https, http, git, ssh, file or user@host:path (≤ 2048 bytes)"""
@@ -1300,11 +1336,11 @@ class PortExposeArgs(TypedDict, total=False):
     """Arguments of ``port.expose``: expose a port of the sandbox at a preview URL."""
 
     port: int
-    """the port, 1024-65535"""
+    """the port, 1024-65535 (3000 too: sbx has no control plane in the sandbox)"""
     name: str
     """a name for it (≤ 128 bytes)"""
     hostname: str
-    """the preview host (and :port); default the shard's --preview-domain"""
+    """the preview host (and :port); default the shard's --preview-domain; one under a --no-preview-host suffix (default workers.dev) is CUSTOM_DOMAIN_REQUIRED"""
     token: str
     """a custom token (default a random one); PORT_ALREADY_EXPOSED when another port has it"""
 
@@ -1523,6 +1559,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'file.list': (FileListArgs, FileListResult),
     'file.exists': (FileExistsArgs, FileExistsResult),
     'file.watch': (FileWatchArgs, FileWatchResult),
+    'file.checkChanges': (FileCheckChangesArgs, FileCheckChangesResult),
     'git.checkout': (GitCheckoutArgs, GitCheckoutResult),
     'context.create': (ContextCreateArgs, ContextCreateResult),
     'context.run': (ContextRunArgs, ContextRunResult),
@@ -1613,6 +1650,8 @@ __all__ += [
     'FileExistsResult',
     'FileWatchArgs',
     'FileWatchResult',
+    'FileCheckChangesArgs',
+    'FileCheckChangesResult',
     'GitCheckoutArgs',
     'GitCheckoutResult',
     'ContextCreateArgs',

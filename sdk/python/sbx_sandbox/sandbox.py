@@ -24,7 +24,7 @@ DEFAULT_URL = "http://127.0.0.1:7780"
 _SESSION_OPS = frozenset([
     "exec", "exec.stream", "process.start", "file.write", "file.read", "file.readStream",
     "file.mkdir", "file.delete", "file.rename", "file.move", "file.list", "file.exists",
-    "file.watch", "git.checkout",
+    "file.watch", "file.checkChanges", "git.checkout",
 ])
 
 Command = Union[str, Sequence[str]]
@@ -498,6 +498,27 @@ class _Ops:
                                       "exclude": list(exclude) if exclude else None})
         return self.resume_stream(r["streamId"], kind="watch")
 
+    def check_changes(self, path: str, since: Optional[str] = None, recursive: bool = True,
+                      include: Optional[Sequence[str]] = None,
+                      exclude: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Has the directory changed since ``since``? The polling alternative
+        to :meth:`watch` (the Cloudflare SDK's ``checkChanges``).
+
+        The first call keeps a change state in the container and answers
+        ``{"status": "unchanged", "version"}``; pass ``version`` as
+        ``since`` next time to get ``unchanged`` or ``changed`` (and the new
+        version), or ``resync`` with ``reason`` ``expired`` (this container
+        dropped the state) or ``restarted`` (another container made it).
+        Counts as activity.
+
+        Raises errors.ValidationFailed (a malformed ``since``, or one ahead of
+        the state), errors.FileNotFound, errors.NotDirectory.
+        """
+        return self._call("file.checkChanges", {
+            "path": path, "since": since, "recursive": recursive,
+            "include": list(include) if include else None,
+            "exclude": list(exclude) if exclude else None})
+
     # -- git / env -----------------------------------------------------------------------------
 
     def git_checkout(self, repo_url: str, branch: Optional[str] = None,
@@ -603,7 +624,9 @@ class _Ops:
             name: a label.
 
         Raises errors.InvalidPortNumber, errors.PortAlreadyExposed (token used
-        by another port), errors.ValidationFailed (ID unfit for a DNS label)."""
+        by another port), errors.ValidationFailed (ID unfit for a DNS label),
+        errors.CustomDomainRequired (a hostname under the deployment's
+        ``--no-preview-host`` suffixes, default ``workers.dev``)."""
         return ExposedPort.from_json(self._call("port.expose", {
             "port": int(port), "hostname": hostname, "token": token, "name": name}))
 
@@ -617,6 +640,17 @@ class _Ops:
         included by the server; it is part of ``url``)."""
         r = self._call("port.list", {"hostname": hostname})
         return [ExposedPort.from_json(p) for p in r.get("ports", [])]
+
+    def is_port_exposed(self, port: int) -> bool:
+        """Is ``port`` exposed for the current container?  Answered from the
+        sandbox's record: it neither creates nor wakes the sandbox and is not
+        activity for ``sleep_after``; false for a sandbox that does not exist
+        or is stopped."""
+        try:
+            r = self._call("port.list")
+        except errors.SandboxNotFound:
+            return False
+        return any(p.get("port") == int(port) for p in r.get("ports", []))
 
     # -- terminal -------------------------------------------------------------------------------------
 

@@ -74,6 +74,7 @@ class UnknownThenRefused(BaseHTTPRequestHandler):
     WRONG_OWNER (the retry did not run)."""
 
     calls = 0
+    retry_marks: list = []
 
     def log_message(self, *a):
         pass
@@ -82,6 +83,7 @@ class UnknownThenRefused(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", 0))
         self.rfile.read(n)
         type(self).calls += 1
+        type(self).retry_marks.append(self.headers.get("X-Sbx-Retry"))
         if type(self).calls == 1:
             code, status = "SHARD_UNAVAILABLE", 503
         else:
@@ -99,6 +101,7 @@ def test_a_retry_refused_after_an_unknown_attempt_stays_unknown():
     """Issue 11: the cluster fault test read back writes answered WRONG_OWNER
     — the retry's answer, while the first attempt had taken effect."""
     UnknownThenRefused.calls = 0
+    UnknownThenRefused.retry_marks = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), UnknownThenRefused)
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
@@ -107,6 +110,8 @@ def test_a_retry_refused_after_an_unknown_attempt_stays_unknown():
         with pytest.raises(errors.SandboxError) as ei:
             get_sandbox(c, "x").exec("echo ok")
         assert UnknownThenRefused.calls == 2
+        # the retry says an earlier attempt may have run; the first does not
+        assert UnknownThenRefused.retry_marks == [None, "1"]
         assert ei.value.code == "SHARD_UNAVAILABLE"
         assert "WRONG_OWNER" in str(ei.value)
     finally:

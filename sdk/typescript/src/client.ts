@@ -349,7 +349,11 @@ export class SbxClient {
     for (;;) {
       let res: http.IncomingMessage;
       try {
-        res = await this.send({ ...req, timeoutMs: this.timeLeft(deadline, req) }, key);
+        // An attempt after one of unknown outcome says so (docs/http.md
+        // X-Sbx-Retry): a shard that took the sandbox over from a failed one
+        // then answers OPERATION_INTERRUPTED instead of running it twice.
+        const headers = unknown !== undefined && key ? { ...(req.headers ?? {}), 'x-sbx-retry': '1' } : req.headers;
+        res = await this.send({ ...req, headers, timeoutMs: this.timeLeft(deadline, req) }, key);
       } catch (err) {
         if (isNetworkError(err) && attempt < this.retry.retries && !req.signal?.aborted) {
           const e = this.wrapTransportError(err, req);

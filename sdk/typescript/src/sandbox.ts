@@ -162,9 +162,11 @@ export class SandboxOperations extends SandboxFiles {
    * `http://{port}-{sandbox}-{token}.{hostname}/`. Starts the container if
    * needed; re-exposing a port keeps its token.
    *
-   * @param port - 1024–65535.
+   * @param port - 1024–65535 (3000 too: sbx has no control plane in the sandbox).
    * @param options - `hostname` (default: the deployment's preview domain), `token`, `name`.
    * @throws {@link InvalidPortError}; {@link PortAlreadyExposedError} when a custom token is taken;
+   *   {@link CustomDomainRequiredError} for a hostname that cannot carry wildcard preview URLs
+   *   (`*.workers.dev` by default; the deployment's `--no-preview-host`);
    *   {@link ValidationFailedError} when the sandbox ID does not fit a DNS label.
    */
   async exposePort(port: number, options: ExposePortOptions = {}): Promise<ExposedPort> {
@@ -193,6 +195,22 @@ export class SandboxOperations extends SandboxFiles {
     void hostname;
     const r = await this.call<{ ports: ExposedPort[] }>('port.list');
     return r.ports ?? [];
+  }
+
+  /**
+   * Is `port` exposed for the current container? Answered from the
+   * sandbox's record, as the SDK's: it neither creates, configures nor
+   * wakes the sandbox, and does not count as activity (`port.list`, an
+   * `observe` op). `false` for a sandbox that does not exist or is stopped.
+   */
+  async isPortExposed(port: number): Promise<boolean> {
+    try {
+      const r = await this.state.client.call<{ ports: ExposedPort[] }>(this.state.id, 'port.list');
+      return (r.ports ?? []).some((p) => p.port === port);
+    } catch (err) {
+      if (err instanceof SandboxError && err.code === 'SANDBOX_NOT_FOUND') return false;
+      throw err;
+    }
   }
 
   // -------------------------------------------------------------------------

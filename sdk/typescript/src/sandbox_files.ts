@@ -12,6 +12,8 @@ import {
 } from './errors.js';
 import { EventStream } from './stream.js';
 import type {
+  CheckChangesOptions,
+  CheckChangesResult,
   FileEncoding,
   FileStreamEvent,
   FileWatchEvent,
@@ -233,6 +235,29 @@ export class SandboxFiles extends SandboxProcesses {
     const sid = this.session(options.sessionId);
     if (sid !== undefined) args.sessionId = sid;
     return this.openStream<FileWatchEvent>('file.watch', args, { signal: options.signal });
+  }
+
+  /**
+   * Has a directory changed since `options.since`? The polling alternative
+   * to {@link watch} (the Cloudflare SDK's `checkChanges`): the first call
+   * keeps a change state in the container and answers `unchanged` with a
+   * `version`; pass that as `since` next time to get `unchanged` or
+   * `changed` (and the new version), or `resync` (`reason` `expired` or
+   * `restarted`) when that state is gone — then read what you need again.
+   * Each call counts as activity (it keeps the sandbox awake).
+   *
+   * @throws {@link ValidationFailedError} for a malformed `since` or one ahead of the state;
+   *   {@link FileNotFoundError}; {@link WatchStartError}.
+   */
+  checkChanges(path: string, options: CheckChangesOptions = {}): Promise<CheckChangesResult> {
+    const args: Record<string, unknown> = { path };
+    if (options.since !== undefined) args.since = options.since;
+    if (options.recursive !== undefined) args.recursive = options.recursive;
+    if (options.include) args.include = options.include;
+    if (options.exclude) args.exclude = options.exclude;
+    const sid = this.session(options.sessionId);
+    if (sid !== undefined) args.sessionId = sid;
+    return this.call<CheckChangesResult>('file.checkChanges', args);
   }
 
   // -------------------------------------------------------------------------

@@ -450,6 +450,24 @@ export interface WatchOptions {
   signal?: AbortSignal;
 }
 
+/** Options of `checkChanges()`: those of `watch()` plus `since`. */
+export interface CheckChangesOptions extends Omit<WatchOptions, 'signal'> {
+  /** A `version` an earlier `checkChanges()` returned (absent: the first call). */
+  since?: string;
+}
+
+/**
+ * Result of `checkChanges()` (the Cloudflare SDK's CheckChangesResult):
+ * `unchanged` / `changed` compared with `since`, with the current
+ * `version`; or `resync` when the state `since` names is gone, `reason`
+ * `expired` (dropped in this container: idle 10 min, its directory deleted)
+ * or `restarted` (the sandbox's container was restarted since).
+ */
+export interface CheckChangesResult extends Wire.FileCheckChangesResult {
+  status: 'unchanged' | 'changed' | 'resync';
+  version: string;
+}
+
 /** Events of `watch()`. */
 export type FileWatchEvent =
   | (StreamEventBase & { type: 'watching'; path: string; watchId: string })

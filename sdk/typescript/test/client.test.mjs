@@ -106,6 +106,11 @@ describe('retries', () => {
         return true;
       });
       assert.equal(srv.seen.length, 2);
+      // The retry says an earlier attempt may have run (X-Sbx-Retry), with
+      // the same key; the first attempt does not.
+      assert.equal(srv.seen[0].headers['x-sbx-retry'], undefined);
+      assert.equal(srv.seen[1].headers['x-sbx-retry'], '1');
+      assert.equal(srv.seen[1].headers['idempotency-key'], srv.seen[0].headers['idempotency-key']);
     } finally {
       client.close();
       await srv.close();

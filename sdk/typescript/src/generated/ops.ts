@@ -17,6 +17,7 @@ export type ErrorCode =
   | 'COMMAND_NOT_FOUND'
   | 'CONTAINER_UNAVAILABLE'
   | 'CONTEXT_NOT_FOUND'
+  | 'CUSTOM_DOMAIN_REQUIRED'
   | 'FILESYSTEM_ERROR'
   | 'FILE_EXISTS'
   | 'FILE_NOT_FOUND'
@@ -77,6 +78,7 @@ export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   COMMAND_NOT_FOUND: 404,
   CONTAINER_UNAVAILABLE: 503,
   CONTEXT_NOT_FOUND: 404,
+  CUSTOM_DOMAIN_REQUIRED: 400,
   FILESYSTEM_ERROR: 500,
   FILE_EXISTS: 409,
   FILE_NOT_FOUND: 404,
@@ -492,7 +494,7 @@ export interface StreamCancelResult {
 export interface SessionCreateArgs {
   /** session ID (default session-<ms>) */
   id?: string;
-  /** its working directory */
+  /** its working directory; one that is not a directory starts it in $HOME (as the SDK) */
   cwd?: string;
   /** its own environment (null unsets) */
   env?: Env;
@@ -511,7 +513,7 @@ export interface SessionCreateResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `session.get`: describe a session. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+/** Arguments of `session.get`: describe a session. Runs in the agent; flags: sandbox, nocreate, nowake, readonly, observe. */
 export interface SessionGetArgs {
   /** session ID */
   id: string;
@@ -524,7 +526,7 @@ export interface SessionGetResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `session.list`: the sessions of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
+/** Arguments of `session.list`: the sessions of the sandbox. Runs in the agent; flags: sandbox, nocreate, nowake, readonly, observe. */
 export type SessionListArgs = Record<string, never>;
 
 /** Result of `session.list`: {sessions} */
@@ -584,7 +586,7 @@ export interface ProcessStartResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `process.list`: the processes of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
+/** Arguments of `process.list`: the processes of the sandbox. Runs in the agent; flags: sandbox, nocreate, nowake, readonly, observe. */
 export type ProcessListArgs = Record<string, never>;
 
 /** Result of `process.list`: {success, processes} */
@@ -596,7 +598,7 @@ export interface ProcessListResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `process.get`: describe a process. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+/** Arguments of `process.get`: describe a process. Runs in the agent; flags: sandbox, nocreate, nowake, readonly, observe. */
 export interface ProcessGetArgs {
   /** the process */
   processId: string;
@@ -642,7 +644,7 @@ export interface ProcessKillAllResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `process.logs`: a process's retained output. Runs in the agent; flags: sandbox, nocreate, nowake, readonly. */
+/** Arguments of `process.logs`: a process's retained output. Runs in the agent; flags: sandbox, nocreate, nowake, readonly, observe. */
 export interface ProcessLogsArgs {
   /** the process */
   processId: string;
@@ -984,6 +986,37 @@ export interface FileWatchResult {
   [key: string]: unknown;
 }
 
+/** Arguments of `file.checkChanges`: whether a directory changed since a version this op returned (polling instead of file.watch). Runs in the agent; flags: sandbox, readonly. */
+export interface FileCheckChangesArgs {
+  /** absolute, or relative to the session's cwd (1-3840 bytes) */
+  path: string;
+  /** the session whose cwd resolves a relative path */
+  sessionId?: string;
+  /** a version an earlier call returned (at most 128 bytes) */
+  since?: string;
+  /** watch subdirectories too [default true] */
+  recursive?: boolean;
+  /** only these */
+  include?: string[];
+  /** not these (default .git, node_modules, .DS_Store) */
+  exclude?: string[];
+}
+
+/** Result of `file.checkChanges`: the SDK's CheckChangesResult */
+export interface FileCheckChangesResult {
+  /** true */
+  success?: boolean;
+  /** compared with since */
+  status?: 'unchanged' | 'changed' | 'resync';
+  /** with resync: why the state since names is gone */
+  reason?: 'expired' | 'restarted';
+  /** the current version: pass it as since next time */
+  version?: string;
+  /** ISO 8601 */
+  timestamp?: string;
+  [key: string]: unknown;
+}
+
 /** Arguments of `git.checkout`: clone a git repository into the sandbox. Runs in the agent; flags: sandbox. */
 export interface GitCheckoutArgs {
   /** https, http, git, ssh, file or user@host:path (≤ 2048 bytes) */
@@ -1113,7 +1146,7 @@ export interface ContextRunStreamResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `context.list`: the code contexts of the sandbox. Runs in the agent; flags: sandbox, nocreate, readonly. */
+/** Arguments of `context.list`: the code contexts of the sandbox. Runs in the agent; flags: sandbox, nocreate, nowake, readonly, observe. */
 export type ContextListArgs = Record<string, never>;
 
 /** Result of `context.list`: {success, contexts} */
@@ -1230,11 +1263,11 @@ export interface TerminalCloseResult {
 
 /** Arguments of `port.expose`: expose a port of the sandbox at a preview URL. Runs in the shard; flags: sandbox, mutates. */
 export interface PortExposeArgs {
-  /** the port, 1024-65535 */
+  /** the port, 1024-65535 (3000 too: sbx has no control plane in the sandbox) */
   port?: number;
   /** a name for it (≤ 128 bytes) */
   name?: string;
-  /** the preview host (and :port); default the shard's --preview-domain */
+  /** the preview host (and :port); default the shard's --preview-domain; one under a --no-preview-host suffix (default workers.dev) is CUSTOM_DOMAIN_REQUIRED */
   hostname?: string;
   /** a custom token (default a random one); PORT_ALREADY_EXPOSED when another port has it */
   token?: string;
@@ -1257,7 +1290,7 @@ export interface PortUnexposeResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `port.list`: the ports exposed for the current container. Runs in the shard; flags: sandbox, nocreate, nowake. */
+/** Arguments of `port.list`: the ports exposed for the current container. Runs in the shard; flags: sandbox, nocreate, nowake, observe. */
 export interface PortListArgs {
   /** the preview host for the URLs */
   hostname?: string;
@@ -1365,7 +1398,7 @@ export interface DestroyResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `status`: state, limits and resource use of a sandbox. Runs in the shard; flags: sandbox, nocreate, nowake. */
+/** Arguments of `status`: state, limits and resource use of a sandbox. Runs in the shard; flags: sandbox, nocreate, nowake, observe. */
 export type StatusArgs = Record<string, never>;
 
 /** Result of `status`: state, limits and resource use */
@@ -1433,6 +1466,7 @@ export interface Ops {
   'file.list': { args: FileListArgs; result: FileListResult };
   'file.exists': { args: FileExistsArgs; result: FileExistsResult };
   'file.watch': { args: FileWatchArgs; result: FileWatchResult };
+  'file.checkChanges': { args: FileCheckChangesArgs; result: FileCheckChangesResult };
   'git.checkout': { args: GitCheckoutArgs; result: GitCheckoutResult };
   'context.create': { args: ContextCreateArgs; result: ContextCreateResult };
   'context.run': { args: ContextRunArgs; result: ContextRunResult };
