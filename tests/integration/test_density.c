@@ -46,6 +46,7 @@ Test(density, an_unused_default_shell_ends_and_the_next_command_starts_one, .tim
     char *idle = test_id("dens-idle");
     char *used = test_id("dens-used");
     /* Both from the pool, their default shells already running. */
+    double t0 = test_now_ms();
     tcall t = tc_call(c, "ping", idle, NULL, 0);
     tc_ok(t, "ping");
     tc_free(&t);
@@ -55,7 +56,9 @@ Test(density, an_unused_default_shell_ends_and_the_next_command_starts_one, .tim
     sbx_exec_result r = tsh(c, used, "cd /tmp && KEPT=yes", 0);
     cr_expect_eq(r.exit_code, 0);
     sbx_exec_result_free(&r);
-    cr_expect(shell_running(c, idle), "the prestarted default shell should run at first");
+    /* (Unless this machine is so slow that the 10 s went by already.) */
+    bool on = shell_running(c, idle);
+    cr_expect(on || test_now_ms() - t0 > 9000, "the prestarted default shell should run at first");
     /* Ended 10-20 s after bind (the agent's 10 s timer); allow 40 s. */
     double until = test_now_ms() + 40000;
     while (shell_running(c, idle) && test_now_ms() < until)
