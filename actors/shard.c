@@ -61,6 +61,16 @@ strv_dup(const char *const *v)
     return r;
 }
 
+/* Worker threads per online CPU when conf.workers is 0.  A container start
+ * holds its worker for the whole set-up (spawn.h) but uses a CPU for only
+ * part of it: the rest is the agent building the sandbox in its own process
+ * and the kernel's cgroup and namespace work.  Two workers per shard made a
+ * burst of 50 creates queue behind one another (docs/benchmarks.md,
+ * "Bursts"); four per CPU keep the CPUs busy instead, up to
+ * SHARD_WORKERS_MAX on a large host. */
+#define SHARD_WORKERS_PER_CPU 4
+#define SHARD_WORKERS_MAX 64
+
 void
 sbx_shard_conf_defaults(struct sbx_shard_conf *c)
 {
@@ -73,8 +83,9 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->uid_base = 1000000000;
     c->uid_count = 65536;
     c->contexts = 1024;
-    c->workers = 2;
+    c->workers = 0; /* SHARD_WORKERS_PER_CPU per online CPU */
     c->pool = 2;
+    c->pool_memory = 32ull << 20;
     c->memory = 512ull << 20;
     c->pids = 512;
     c->cpu = 1000;
@@ -217,7 +228,11 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);
     sbx_enc_kint(&e, "containersDied", (int64_t)sh->n_died);
+    sbx_enc_kint(&e, "poolTarget", sh->pool.target);
+    sbx_enc_kint(&e, "poolCap", sh->pool.cap);
+    sbx_enc_kint(&e, "poolContainerBytes", (int64_t)sh->pool.mem_est);
     sbx_enc_kint(&e, "poolHits", (int64_t)sh->n_pool_hits);
+    sbx_enc_kint(&e, "poolMisses", (int64_t)sh->n_pool_misses);
     sbx_enc_kint(&e, "meanStartUs",
                  sh->n_started ? (int64_t)(sh->start_us_total / (int64_t)sh->n_started) : 0);
     sbx_enc_kstr(&e, "cgroups", sbx_cgroups_describe(sh->cgroups));
@@ -297,6 +312,7 @@ sweep_cb(sbx_loop *l, void *arg)
         return;
     actor_sleep_sweep(sh);
     idem_expire(sh); /* also when no new request comes to push entries out */
+    shard_pool_adapt(sh);
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -382,7 +398,12 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
                  "containers are gone and start again on their next operation",
                  conf->name, fc.n);
 
-    sh->work.n = (int)SBX_MAX(conf->workers, 1);
+    if (conf->workers > 0) {
+        sh->work.n = (int)conf->workers;
+    } else {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        sh->work.n = (int)SBX_MIN(SBX_MAX(cpus, 1) * SHARD_WORKERS_PER_CPU, SHARD_WORKERS_MAX);
+    }
     sh->work.threads = sbx_xcalloc((size_t)sh->work.n, sizeof(pthread_t));
     for (int i = 0; i < sh->work.n; i++)
         pthread_create(&sh->work.threads[i], NULL, shard_worker_main, sh);
@@ -411,7 +432,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sh->stopping = true;
         goto stop;
     }
-    shard_pool_fill(sh);
+    shard_pool_adapt(sh); /* sets the target, then fills */
     sbx_loop_timer(sh->loop, 1000, sweep_cb, sh);
     sbx_log_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
              conf->data, sbx_cgroups_describe(sh->cgroups), (long long)conf->pool);

@@ -41,8 +41,12 @@ struct sbx_shard_conf {
     int64_t uid_base;     /* first host uid given to sandboxes */
     int64_t uid_count;    /* host uids available (= max live containers) */
     int64_t contexts;     /* concurrent requests received (nng contexts) */
-    int64_t workers;      /* threads that start and stop containers */
-    int64_t pool;         /* ready containers kept for new sandboxes (0 = none) */
+    int64_t workers;      /* threads that start and stop containers; 0 (the default) =
+                           * SHARD_WORKERS_PER_CPU per online CPU (shard.c) */
+    int64_t pool;         /* ready containers kept for new sandboxes at least (0 = no pool);
+                           * more while demand is high (shard_int.h, struct shard_pool) */
+    uint64_t pool_memory; /* bytes the pool's ready containers may hold beyond `pool`
+                           * (default 32 MiB; 0 = the pool stays at `pool`) */
     uint64_t memory;      /* default memory limit per sandbox, bytes */
     int64_t pids;         /* default pids limit per sandbox */
     int64_t cpu;          /* default CPU limit per sandbox, millicpus */

@@ -175,22 +175,42 @@ struct pooled {
     struct sbx_container c;
 };
 
-/* The worker threads (shard_work.c): a queue of work under their own lock;
- * results come back through sbx_loop_post. */
+/* The worker threads (shard_work.c): two queues of work under their own
+ * lock; results come back through sbx_loop_post.  Work for an actor (a
+ * request is waiting on it) goes in head/tail, the pool's refills and stops
+ * in bg_head/bg_tail, and a worker takes from the first queue while it has
+ * work: a refill never delays a waiting request's container. */
 struct shard_workers {
     pthread_t *threads;
     int n;
-    pthread_mutex_t mu;         /* guards head, tail, stop */
+    pthread_mutex_t mu;         /* guards head, tail, bg_head, bg_tail, stop */
     pthread_cond_t cv;
     struct work *head, *tail;
+    struct work *bg_head, *bg_tail;
     bool stop;
     int busy;                   /* loop-side count of work items not yet returned */
+    int actor_busy;             /* … of which for actors (a request waits on each) */
 };
 
-/* The warm pool of started containers (shard_work.c; loop thread). */
+/* The seconds of demand the adaptive pool remembers (shard_work.c). */
+#define SHARD_POOL_WINDOW 60
+
+/* The warm pool of started containers (shard_work.c; loop thread).  Its
+ * size adapts: `target` is the most containers asked for (pool hits and
+ * misses) in any one second of the last SHARD_POOL_WINDOW seconds, at
+ * least conf.pool and at most `cap`, which is conf.pool_memory divided by
+ * what one pooled container holds (`mem_est`, measured from the pooled
+ * containers' cgroups).  conf.pool == 0 turns the pool off. */
 struct shard_pool {
     struct pooled *head;        /* owned */
     int n, inflight;            /* containers in it; starts under way */
+    int target, cap;            /* containers wanted now; the memory budget's limit */
+    uint64_t mem_est;           /* bytes one pooled container holds (moving average) */
+    uint32_t demand[SHARD_POOL_WINDOW];  /* containers asked for in second … */
+    int64_t demand_sec[SHARD_POOL_WINDOW]; /* … this (monotonic seconds) */
+    int64_t last_take_ms;       /* monotonic time of the last shard_pool_take */
+    int64_t armed_ms;           /* when the pending refill timer was first set */
+    bool fill_armed;            /* a refill timer is pending (pool_fill_soon) */
 };
 
 /* Cached replies for retried request ids (idempotency). */
@@ -280,7 +300,7 @@ struct shard {
     struct cluster *cluster;
 
     /* counters for status */
-    uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_died;
+    uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_pool_misses, n_died;
     int64_t start_us_total;
 };
 
@@ -295,13 +315,18 @@ void shard_sctx_cb(void *arg);
 void shard_sctx_send(struct sctx *c, const char *buf, size_t len);
 
 /* shard_work.c: a worker thread's body (arg: the shard); and topping the
- * warm pool up to conf.pool containers (loop thread). */
+ * warm pool up to its target (loop thread). */
 void *shard_worker_main(void *arg);
 void shard_pool_fill(struct shard *sh);
+/* shard_pool_adapt — once a second (loop thread): forget demand older than
+ * the window, re-measure what a pooled container holds, recompute target
+ * and cap, stop pooled containers above the target, fill up to it. */
+void shard_pool_adapt(struct shard *sh);
 /* shard_work_submit — queue w (owned by the workers until it comes back to
  * the loop: actor_work_done for an actor's). */
 void shard_work_submit(struct shard *sh, struct work *w);
-/* shard_pool_take — a warm container into *out (true), or none (false). */
+/* shard_pool_take — a warm container into *out (true), or none (false);
+ * either way counts one container of demand (hit or miss). */
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
 
 /* shard_reply.c */

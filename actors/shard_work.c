@@ -1,6 +1,8 @@
 /*
  * shard_work.c — the shard's worker threads, which start and stop
- * containers off the loop thread, and the warm pool of started containers.
+ * containers off the loop thread, and the warm pool of started containers,
+ * whose size follows the recent demand within a memory budget (struct
+ * shard_pool in shard_int.h) and which is refilled once a burst is over.
  *
  * Threads: shard_worker_main runs on each worker thread and takes work from
  * the queue (sh->work, under its own lock); results come back to the loop
@@ -27,16 +29,24 @@ shard_worker_main(void *arg)
     struct shard *sh = arg;
     for (;;) {
         pthread_mutex_lock(&sh->work.mu);
-        while (!sh->work.head && !sh->work.stop)
+        while (!sh->work.head && !sh->work.bg_head && !sh->work.stop)
             pthread_cond_wait(&sh->work.cv, &sh->work.mu);
-        if (!sh->work.head && sh->work.stop) {
+        if (!sh->work.head && !sh->work.bg_head && sh->work.stop) {
             pthread_mutex_unlock(&sh->work.mu);
             break;
         }
-        struct work *w = sh->work.head;
-        sh->work.head = w->next;
-        if (!sh->work.head)
-            sh->work.tail = NULL;
+        struct work *w;
+        if (sh->work.head) {
+            w = sh->work.head;
+            sh->work.head = w->next;
+            if (!sh->work.head)
+                sh->work.tail = NULL;
+        } else {
+            w = sh->work.bg_head;
+            sh->work.bg_head = w->next;
+            if (!sh->work.bg_head)
+                sh->work.bg_tail = NULL;
+        }
         pthread_mutex_unlock(&sh->work.mu);
         if (w->kind == W_START) {
             w->rc = sbx_container_start(sh->spawner, &w->lim, &w->c, w->why, sizeof(w->why));
@@ -55,12 +65,17 @@ shard_work_submit(struct shard *sh, struct work *w)
     w->sh = sh;
     w->next = NULL;
     sh->work.busy++;
+    if (w->actor)
+        sh->work.actor_busy++;
+    /* An actor's work has a request waiting on it; the pool's does not. */
+    struct work **head = w->actor ? &sh->work.head : &sh->work.bg_head;
+    struct work **tail = w->actor ? &sh->work.tail : &sh->work.bg_tail;
     pthread_mutex_lock(&sh->work.mu);
-    if (sh->work.tail)
-        sh->work.tail->next = w;
+    if (*tail)
+        (*tail)->next = w;
     else
-        sh->work.head = w;
-    sh->work.tail = w;
+        *head = w;
+    *tail = w;
     pthread_cond_signal(&sh->work.cv);
     pthread_mutex_unlock(&sh->work.mu);
 }
@@ -72,6 +87,8 @@ work_done_loop(sbx_loop *l, void *arg)
     struct shard *sh = w->sh;
     (void)l;
     sh->work.busy--;
+    if (w->actor)
+        sh->work.actor_busy--;
     if (w->kind == W_START) {
         if (w->rc == 0) {
             sh->n_started++;
@@ -112,7 +129,7 @@ work_done_loop(sbx_loop *l, void *arg)
 void
 shard_pool_fill(struct shard *sh)
 {
-    while (!sh->stopping && sh->pool.n + sh->pool.inflight < sh->conf.pool) {
+    while (!sh->stopping && sh->pool.n + sh->pool.inflight < sh->pool.target) {
         struct work *w = sbx_xcalloc(1, sizeof(*w));
         w->kind = W_START;
         w->lim = sh->limits;
@@ -121,18 +138,144 @@ shard_pool_fill(struct shard *sh)
     }
 }
 
+/* ------------------------------------------------------------------------------ */
+/* The adaptive pool's size (struct shard_pool in shard_int.h). */
+
+/* What one pooled container is assumed to hold until one is measured: an
+ * idle agent and its session shell (about 1.5 MiB each measured, issue 18),
+ * rounded up. */
+#define POOL_MEM_GUESS (2u << 20)
+/* Never more ready containers than this per shard, whatever the budget. */
+#define POOL_HARD_MAX 256
+
+/* The busiest second of the window, in containers asked for. */
+static uint32_t
+pool_peak_demand(const struct shard_pool *p, int64_t now_s)
+{
+    uint32_t peak = 0;
+    for (int i = 0; i < SHARD_POOL_WINDOW; i++)
+        if (now_s - p->demand_sec[i] < SHARD_POOL_WINDOW && p->demand[i] > peak)
+            peak = p->demand[i];
+    return peak;
+}
+
+static void
+pool_set_target(struct shard *sh, int64_t now_s)
+{
+    struct shard_pool *p = &sh->pool;
+    if (!p->mem_est)
+        p->mem_est = POOL_MEM_GUESS;
+    uint64_t cap = sh->conf.pool_memory / p->mem_est;
+    p->cap = (int)SBX_MIN(cap, (uint64_t)POOL_HARD_MAX);
+    if (sh->conf.pool <= 0) {
+        p->target = 0;
+        return;
+    }
+    int64_t want = SBX_MAX((int64_t)pool_peak_demand(p, now_s), sh->conf.pool);
+    /* The configured minimum holds even past the budget: it was asked for. */
+    p->target = (int)SBX_MAX(SBX_MIN(want, (int64_t)p->cap), sh->conf.pool);
+}
+
+static void
+pool_note_demand(struct shard *sh)
+{
+    struct shard_pool *p = &sh->pool;
+    int64_t now_s = sbx_mono_ms() / 1000;
+    int i = (int)(now_s % SHARD_POOL_WINDOW);
+    if (p->demand_sec[i] != now_s) {
+        p->demand_sec[i] = now_s;
+        p->demand[i] = 0;
+    }
+    p->demand[i]++;
+    pool_set_target(sh, now_s);
+}
+
+void
+shard_pool_adapt(struct shard *sh)
+{
+    struct shard_pool *p = &sh->pool;
+    /* What a ready container holds: the mean over a few pooled ones (their
+     * cgroups' memory; the rest of the pool is alike). */
+    uint64_t sum = 0, n = 0;
+    for (struct pooled *q = p->head; q && n < 4; q = q->next) {
+        struct sbx_cgroup_stats st;
+        if (sbx_container_stats(sh->spawner, &q->c, &st) == 0 && st.memory_current > 0) {
+            sum += st.memory_current;
+            n++;
+        }
+    }
+    if (n)
+        p->mem_est = p->mem_est ? (p->mem_est * 3 + sum / n) / 4 : sum / n;
+    pool_set_target(sh, sbx_mono_ms() / 1000);
+    /* Above the target (demand went quiet): stop the surplus, in the
+     * background. */
+    while (!sh->stopping && p->head && p->n > p->target) {
+        struct pooled *q = p->head;
+        p->head = q->next;
+        p->n--;
+        struct work *w = sbx_xcalloc(1, sizeof(*w));
+        w->kind = W_STOP;
+        w->c = q->c;
+        free(q);
+        shard_work_submit(sh, w);
+    }
+    /* Below it: a pending refill timer fills when the burst is over. */
+    if (!p->fill_armed)
+        shard_pool_fill(sh);
+}
+
+/* Refills wait until no container has been asked for during
+ * POOL_REFILL_QUIET_MS and no actor's container start is under way:
+ * building one takes CPU that the requests of a burst need for their own
+ * (their containers, binding the agent, the first command), so the pool is
+ * topped up after the burst rather than during it.  Under a steady stream
+ * of creates there is no pause: the refill goes ahead anyway once it has
+ * waited POOL_REFILL_MAX_WAIT_MS. */
+#define POOL_REFILL_QUIET_MS 50
+#define POOL_REFILL_MAX_WAIT_MS 1000
+
+static void
+pool_fill_cb(sbx_loop *l, void *arg)
+{
+    struct shard *sh = arg;
+    int64_t now = sbx_mono_ms();
+    int64_t quiet = now - sh->pool.last_take_ms;
+    bool busy = quiet < POOL_REFILL_QUIET_MS || sh->work.actor_busy > 0;
+    if (busy && !sh->stopping && now - sh->pool.armed_ms < POOL_REFILL_MAX_WAIT_MS) {
+        int64_t d = quiet < POOL_REFILL_QUIET_MS ? POOL_REFILL_QUIET_MS - quiet : 20;
+        sbx_loop_timer(l, d, pool_fill_cb, sh);
+        return;
+    }
+    sh->pool.fill_armed = false;
+    shard_pool_fill(sh);
+}
+
+static void
+pool_fill_soon(struct shard *sh)
+{
+    sh->pool.last_take_ms = sbx_mono_ms();
+    if (!sh->pool.fill_armed) {
+        sh->pool.fill_armed = true;
+        sh->pool.armed_ms = sh->pool.last_take_ms;
+        sbx_loop_timer(sh->loop, POOL_REFILL_QUIET_MS, pool_fill_cb, sh);
+    }
+}
+
 bool
 shard_pool_take(struct shard *sh, struct sbx_container *out)
 {
-    if (!sh->pool.head)
+    pool_note_demand(sh);
+    pool_fill_soon(sh);
+    if (!sh->pool.head) {
+        sh->n_pool_misses++;
         return false;
+    }
     struct pooled *p = sh->pool.head;
     sh->pool.head = p->next;
     sh->pool.n--;
     *out = p->c;
     free(p);
     sh->n_pool_hits++;
-    shard_pool_fill(sh);
     return true;
 }
 

@@ -631,6 +631,31 @@ sbx_cgroup_attach(sbx_cgroups *cg, sbx_cgroup *c, pid_t pid)
 }
 
 int
+sbx_cgroup_open_tasks(sbx_cgroups *cg, sbx_cgroup *c, int fds[SBX_CG_MAX_HIER], int *n)
+{
+    _Static_assert(H_N <= SBX_CG_MAX_HIER, "SBX_CG_MAX_HIER is too small");
+    char d[600], p[640];
+    *n = 0;
+    if (cg->mode != SBX_CG_V1)
+        return 0;
+    for (int h = 0; h < H_N; h++) {
+        if (!cg->have[h])
+            continue;
+        cgdir(cg, h, c, d, sizeof(d));
+        snprintf(p, sizeof(p), "%s/tasks", d);
+        int fd = open(p, O_WRONLY | O_CLOEXEC);
+        if (fd < 0) {
+            int rc = -errno;
+            while (*n > 0)
+                close(fds[--*n]);
+            return rc;
+        }
+        fds[(*n)++] = fd;
+    }
+    return 0;
+}
+
+int
 sbx_cgroup_stats(sbx_cgroups *cg, sbx_cgroup *c, struct sbx_cgroup_stats *st)
 {
     char d[600];

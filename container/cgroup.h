@@ -71,6 +71,26 @@ int sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limit
 /* sbx_cgroup_attach — move process `pid` into the cgroup (every hierarchy). */
 int sbx_cgroup_attach(sbx_cgroups *cg, sbx_cgroup *c, pid_t pid);
 
+/* The most hierarchies a cgroup spans (v1: memory, pids, cpu, cpuacct). */
+#define SBX_CG_MAX_HIER 4
+
+/*
+ * sbx_cgroup_open_tasks — on cgroup v1, open the `tasks` file of the
+ * cgroup in every hierarchy (O_WRONLY|O_CLOEXEC) into fds[0..*n), for a
+ * freshly cloned, single-threaded child to join the cgroup itself by
+ * writing "0" to each before it execs (spawn.c).  Why: writing another
+ * process's pid to cgroup.procs takes the kernel's global
+ * cgroup_threadgroup_rwsem for writing, which waits for an RCU grace period
+ * (6–18 ms measured on this kind of host, docs/benchmarks.md "Bursts");
+ * a thread moving itself through `tasks` skips that lock (Linux 6.0,
+ * "cgroup: Optimize single thread migration"; older kernels take it as
+ * before).  The permission check uses the opener's credentials (the
+ * shard's), so the child needs none of its own.  Not v2 (its child is born
+ * in its cgroup with CLONE_INTO_CGROUP) nor mode none: *n = 0 there.  The
+ * fds are the caller's to close.  0 or -errno (nothing left open).
+ */
+int sbx_cgroup_open_tasks(sbx_cgroups *cg, sbx_cgroup *c, int fds[SBX_CG_MAX_HIER], int *n);
+
 struct sbx_cgroup_stats {
     uint64_t oom_kills;      /* processes killed by the OOM killer in this cgroup */
     uint64_t pids_max_hits;  /* forks refused by pids.max */

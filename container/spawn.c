@@ -252,6 +252,10 @@ uid_free(sbx_spawner *sp, uint32_t uid)
  *  2. close our copy of the shard's end of our channel (`parent_end`), so
  *     the read in 3 sees end-of-file once the shard is gone, even if the
  *     shard died before 1 took effect (then no death signal comes);
+ *  2b. on cgroup v1, join the sandbox's cgroup by writing "0" to each
+ *     hierarchy's `tasks` file, opened for us by the shard (`tasks`,
+ *     sbx_cgroup_open_tasks): a thread moving itself skips the kernel's
+ *     global threadgroup lock that the shard writing our pid would take;
  *  3. wait for the go-ahead at most `wait_ms` (ppoll(2)), so a sibling
  *     child that still holds a copy of our channel cannot keep us blocked;
  *  4. PR_SET_PDEATHSIG again after setresuid: any change of the effective
@@ -262,13 +266,16 @@ uid_free(sbx_spawner *sp, uint32_t uid)
  * children with it (tests/integration/test_shard_kill.c).
  */
 static void __attribute__((noreturn))
-child_main(sbx_spawner *sp, int chan, int parent_end, int tree, int wait_ms,
-           const char *const *argv, const char *const *envp)
+child_main(sbx_spawner *sp, int chan, int parent_end, int tree, const int *tasks, int ntasks,
+           int wait_ms, const char *const *argv, const char *const *envp)
 {
     char go = 0;
     if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
         syscall(SYS_exit_group, 1);
     syscall(SYS_close, parent_end);
+    for (int i = 0; i < ntasks; i++)
+        if (syscall(SYS_write, tasks[i], "0", 1) != 1)
+            syscall(SYS_exit_group, 4);
     struct pollfd pfd = {.fd = chan, .events = POLLIN};
     struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
     if (syscall(SYS_ppoll, &pfd, 1, &ts, NULL, 0) != 1 ||
@@ -356,6 +363,7 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
 {
     int sv[2] = {-1, -1};
     int pidfd = -1, tree = -1;
+    int tasks[SBX_CG_MAX_HIER], ntasks = 0; /* v1: the cgroup's tasks files, for the child */
     pid_t pid = -1;
     int rc = 0;
     char *ready = NULL;
@@ -377,6 +385,10 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     rc = sbx_cgroup_create(sp->conf.cgroups, name, lim, &c->cg);
     if (rc) {
         snprintf(why, whylen, "create cgroup %s: %s", name, strerror(-rc));
+        goto fail;
+    }
+    if ((rc = sbx_cgroup_open_tasks(sp->conf.cgroups, &c->cg, tasks, &ntasks)) != 0) {
+        snprintf(why, whylen, "open the tasks files of cgroup %s: %s", name, strerror(-rc));
         goto fail;
     }
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
@@ -414,7 +426,9 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         ca.flags |= CLONE_INTO_CGROUP | CLONE_NEWCGROUP;
         ca.cgroup = (uint64_t)c->cg.v2_fd;
     }
-    bool attach = sbx_cgroups_mode(sp->conf.cgroups) == SBX_CG_V1;
+    /* The parent attaches the child only where the child cannot join by
+     * itself (v2 after clone(2)); on v1 the child writes its tasks files. */
+    bool attach = false;
     if (!sp->no_clone3) {
         pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
     } else {
@@ -424,7 +438,7 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
                                                                        CLONE_NEWCGROUP)) |
                                              SIGCHLD,
                              NULL, &pidfd, NULL, NULL);
-        attach = true;
+        attach = ntasks == 0;
     }
     if (pid < 0) {
         rc = -errno;
@@ -433,10 +447,12 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         goto fail;
     }
     if (pid == 0)
-        child_main(sp, sv[1], sv[0], tree, sp->conf.setup_timeout_ms, argv, envp);
+        child_main(sp, sv[1], sv[0], tree, tasks, ntasks, sp->conf.setup_timeout_ms, argv, envp);
     if (tree >= 0)
         close(tree);
     tree = -1;
+    while (ntasks > 0)
+        close(tasks[--ntasks]);
 
     close(sv[1]);
     sv[1] = -1;
@@ -492,6 +508,8 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
 fail:
     if (tree >= 0)
         close(tree);
+    while (ntasks > 0)
+        close(tasks[--ntasks]);
     if (have_msg)
         sbx_wire_msg_free(&msg);
     free(ready);

@@ -12,11 +12,13 @@
  *      the same namespaces, the child then being attached to its cgroup in
  *      step 4 and making its cgroup namespace in the agent, as on v1;
  *   3. the child — a copy of this multi-threaded process, so it makes raw
- *      system calls only, no malloc, no glibc set*id broadcast — waits on
+ *      system calls only, no malloc, no glibc set*id broadcast — on cgroup
+ *      v1 joins its cgroups itself (writes "0" to the `tasks` files the
+ *      parent opened for it: sbx_cgroup_open_tasks says why), then waits on
  *      the channel for "go";
  *   4. the parent writes /proc/PID/{uid,gid}_map ("0 <host id> 1": one
- *      unprivileged host id per sandbox, nothing else mapped), on cgroup v1
- *      (or after clone(2)) attaches the pid to its cgroups, sets oom_score_adj -998 so
+ *      unprivileged host id per sandbox, nothing else mapped), on cgroup v2
+ *      after clone(2) attaches the pid to its cgroup, sets oom_score_adj -998 so
  *      the OOM killer prefers tenant processes to the agent, and says "go";
  *   5. the child sets PR_SET_PDEATHSIG, becomes uid/gid 0 of its namespace
  *      (setresuid/setresgid, setgroups(0)) and execs sbx-agent from a

@@ -2,7 +2,8 @@
  * sbx-bench — latency and throughput figures of an sbx deployment.
  *
  *   sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]
- *             [--seconds S] [--pool N] [--json]
+ *             [--seconds S] [--pool N] [--burst N[,N…]] [--rounds R]
+ *             [--idle M] [--json]
  *
  * By default sbx-bench starts its own private daemon,
  *
@@ -22,6 +23,10 @@
  *                  (--cold/--warm/--parallel 0 skip that phase)
  *   --seconds S    length of the throughput phase in seconds (default 10)
  *   --pool N       passed to `sbxd dev` as --pool N (default: sbxd's own)
+ *   --burst LIST   burst sizes, comma-separated (e.g. 50,200); the burst
+ *                  phase runs only when given (tools/bench_burst.c)
+ *   --rounds R     bursts per size (default 3); medians are printed
+ *   --idle M       idle sandboxes created before the bursts (default 0)
  *   --json         print a JSON summary on stdout; the human-readable lines
  *                  then go to stderr
  *
@@ -55,6 +60,18 @@
  *                  own sandbox in a loop for S seconds.  Total completed
  *                  execs / elapsed seconds (execs/s), and p50/p99 latency
  *                  of the calls under that load.
+ *   burst          (only with --burst) M idle sandboxes created first by 8
+ *                  client threads (their creation rate printed); then per
+ *                  size N, R rounds of: N client threads, one sbx_client
+ *                  each, connected before a barrier releases them together,
+ *                  each timing `exec true` on a new sandbox ID (create →
+ *                  first result); the shards' counters before and after
+ *                  give the containers started (pool refills included),
+ *                  pool hits and the mean shard-side build time (meanStartUs
+ *                  of status: clone to the agent's "ready", on a worker
+ *                  thread); then N threads each running the bwrap baseline
+ *                  command once, released together.  p50/p95/p99/max per
+ *                  round and their medians over the rounds.
  *   ratio          cold start p50 / bwrap p50 ("sbx cold start = 0.8x bwrap").
  *
  * Exit status: 0 when every phase ran without a failed call, 1 when a call
@@ -84,6 +101,7 @@
 #include "../include/sbx/sbx.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
+#include "bench.h"
 #include "stats.h"
 
 #define WARMUP_CALLS 50
@@ -95,6 +113,8 @@
 struct opts {
     const char *gateway; /* NULL: start a private daemon */
     long cold, warm, parallel, seconds, pool; /* pool < 0: sbxd's default */
+    long bursts[8], rounds, idle;             /* --burst sizes (0-terminated) */
+    size_t nbursts;
     bool json;
 };
 
@@ -112,13 +132,6 @@ on_signal(int sig)
 
 /* ------------------------------------------------------------------------------ */
 /* Results and output. */
-
-struct shard_totals {
-    int nshards;
-    bool all_ok;
-    int64_t started, pool_hits, start_us_total, pool;
-    char cgroups[160];
-};
 
 struct results {
     char date[40];
@@ -144,6 +157,9 @@ struct results {
     struct sbx_summary load;
     double execs_per_s, load_seconds;
     size_t load_execs, load_failures;
+
+    json_t *burst; /* bench_burst_run's figures (owned), or NULL */
+    size_t burst_failures;
 };
 
 static FILE *human; /* stdout, or stderr with --json */
@@ -234,9 +250,9 @@ print_log_tail(const struct daemon *d)
     free(buf);
 }
 
-/* cluster_totals — one cluster.status: shard health and summed counters. */
-static int
-cluster_totals(sbx_client *c, struct shard_totals *t, sbx_error *err)
+/* bench_cluster_totals — one cluster.status: shard health and summed counters. */
+int
+bench_cluster_totals(sbx_client *c, struct bench_totals *t, sbx_error *err)
 {
     sbx_reply *r = NULL;
     memset(t, 0, sizeof(*t));
@@ -284,8 +300,8 @@ wait_ready(const char *url, pid_t pid, int timeout_ms)
         sbx_client *c = NULL;
         sbx_error err;
         if (sbx_client_open(&c, url, &err) == 0) {
-            struct shard_totals t;
-            int rc = cluster_totals(c, &t, &err);
+            struct bench_totals t;
+            int rc = bench_cluster_totals(c, &t, &err);
             if (rc != 0)
                 sbx_error_free(&err);
             sbx_client_close(c);
@@ -323,8 +339,11 @@ daemon_start(struct daemon *d, long pool)
     snprintf(d->log, sizeof(d->log), "%s/sbxd.log", d->dir);
     char npool[32];
     snprintf(npool, sizeof(npool), "%ld", pool);
-    const char *argv[] = {d->sbxd, "dev",     "--data", d->dir,   "--listen", d->url, "--name",
-                          d->name, "--shards", "2",     pool >= 0 ? "--pool" : NULL, npool, NULL};
+    /* --http "": no HTTP front, whose default port other deployments on the
+     * machine may hold; the benchmark speaks nng only. */
+    const char *argv[] = {d->sbxd,  "dev",    "--data", d->dir, "--listen", d->url,
+                          "--name", d->name,  "--http", "",     "--shards", "2",
+                          pool >= 0 ? "--pool" : NULL,  npool,  NULL};
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "sbx-bench: fork: %s\n", strerror(errno));
@@ -390,9 +409,9 @@ make_id(char *out, size_t n, const char *kind, long i)
     snprintf(out, n, "%s-%s%ld", run_tag, kind, i);
 }
 
-/* exec_true — one timed `exec true`; 0 and *ms, or -1 with err filled. */
-static int
-exec_true(sbx_client *c, const char *id, bool sessionless, double *ms, sbx_error *err)
+/* bench_exec_true — one timed `exec true`; 0 and *ms, or -1 with err filled. */
+int
+bench_exec_true(sbx_client *c, const char *id, bool sessionless, double *ms, sbx_error *err)
 {
     sbx_exec_opts o = {.command = "true", .sessionless = sessionless};
     sbx_exec_result r;
@@ -427,7 +446,7 @@ static void
 phase_context(sbx_client *c, const struct opts *o, const struct daemon *d, struct results *res)
 {
     struct utsname u;
-    struct shard_totals t;
+    struct bench_totals t;
     sbx_error err;
     time_t now = time(NULL);
     struct tm tm;
@@ -437,7 +456,7 @@ phase_context(sbx_client *c, const struct opts *o, const struct daemon *d, struc
         snprintf(res->kernel, sizeof(res->kernel), "%s %s %s %s", u.sysname, u.release,
                  u.version, u.machine);
     res->cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cluster_totals(c, &t, &err) == 0) {
+    if (bench_cluster_totals(c, &t, &err) == 0) {
         snprintf(res->cgroups, sizeof(res->cgroups), "%s", t.cgroups);
     } else {
         print_error("cluster.status", &err);
@@ -466,17 +485,17 @@ phase_context(sbx_client *c, const struct opts *o, const struct daemon *d, struc
         say("gateway    %s (private `sbxd dev --shards 2`, default pool)\n", res->gateway);
 }
 
-/* wait_pool_settled — before timing cold starts, let the warm pools fill:
+/* bench_wait_pool_settled — before timing cold starts, let the warm pools fill:
  * until the shards' pooled containers stop changing for 300 ms (max 10 s). */
-static void
-wait_pool_settled(sbx_client *c)
+void
+bench_wait_pool_settled(sbx_client *c)
 {
     int64_t last = -1;
     double stable_since = sbx_stats_now_ms(), until = sbx_stats_now_ms() + 10000;
     while (sbx_stats_now_ms() < until && !interrupted) {
-        struct shard_totals t;
+        struct bench_totals t;
         sbx_error err;
-        if (cluster_totals(c, &t, &err) != 0) {
+        if (bench_cluster_totals(c, &t, &err) != 0) {
             sbx_error_free(&err);
             return;
         }
@@ -490,8 +509,8 @@ wait_pool_settled(sbx_client *c)
     }
 }
 
-static const char *
-find_bwrap(char *out, size_t n)
+const char *
+bench_find_bwrap(char *out, size_t n)
 {
     const char *path = getenv("PATH");
     char *dup = sbx_xstrdup(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
@@ -508,9 +527,9 @@ find_bwrap(char *out, size_t n)
     return found;
 }
 
-/* run_bwrap_once — fork/exec/waitpid of the bwrap command; its exit status or -1. */
-static int
-run_bwrap_once(const char *bwrap, double *ms)
+/* bench_bwrap_once — fork/exec/waitpid of the bwrap command; its exit status or -1. */
+int
+bench_bwrap_once(const char *bwrap, double *ms)
 {
     const char *argv[] = {bwrap,    "--unshare-all", "--ro-bind", "/usr",   "/usr",  "--symlink",
                           "usr/lib64", "/lib64",     "--symlink", "usr/lib", "/lib", "--symlink",
@@ -542,7 +561,7 @@ static void
 phase_baseline(struct results *res)
 {
     char path[PATH_MAX];
-    const char *bwrap = find_bwrap(path, sizeof(path));
+    const char *bwrap = bench_find_bwrap(path, sizeof(path));
     say("\nbaseline: bwrap --unshare-all … true (fork/exec/waitpid)\n");
     if (!bwrap) {
         snprintf(res->bwrap_note, sizeof(res->bwrap_note), "bwrap not found in $PATH");
@@ -552,7 +571,7 @@ phase_baseline(struct results *res)
     struct sbx_samples s = {0};
     double ms;
     for (int i = 0; i < BWRAP_WARMUP + BWRAP_RUNS && !interrupted; i++) {
-        int st = run_bwrap_once(bwrap, &ms);
+        int st = bench_bwrap_once(bwrap, &ms);
         if (st != 0) {
             snprintf(res->bwrap_note, sizeof(res->bwrap_note),
                      "%s failed (exit status %d): baseline and ratio skipped", bwrap, st);
@@ -574,20 +593,20 @@ static void
 phase_cold(sbx_client *c, const struct opts *o, struct results *res)
 {
     struct sbx_samples cold = {0}, destroy = {0};
-    struct shard_totals before, after;
+    struct bench_totals before, after;
     sbx_error err;
     bool have_totals;
     char id[80];
 
     say("\ncold start: first `exec true` on %ld new sandbox IDs, sequential\n", o->cold);
-    wait_pool_settled(c);
-    have_totals = cluster_totals(c, &before, &err) == 0;
+    bench_wait_pool_settled(c);
+    have_totals = bench_cluster_totals(c, &before, &err) == 0;
     if (!have_totals)
         sbx_error_free(&err);
     for (long i = 0; i < o->cold && !interrupted; i++) {
         double ms;
         make_id(id, sizeof(id), "c", i);
-        if (exec_true(c, id, false, &ms, &err) == 0) {
+        if (bench_exec_true(c, id, false, &ms, &err) == 0) {
             sbx_samples_add(&cold, ms);
         } else {
             if (res->cold_failures++ < 5)
@@ -603,7 +622,7 @@ phase_cold(sbx_client *c, const struct opts *o, struct results *res)
             sbx_error_free(&err);
         }
     }
-    if (have_totals && cluster_totals(c, &after, &err) == 0) {
+    if (have_totals && bench_cluster_totals(c, &after, &err) == 0) {
         res->cold_containers = after.started - before.started;
         res->cold_pool_hits = after.pool_hits - before.pool_hits;
         if (res->cold_containers > 0)
@@ -635,7 +654,7 @@ time_execs(sbx_client *c, const char *id, bool sessionless, long warmup, long n,
     sbx_error err;
     for (long i = 0; i < warmup + n && !interrupted; i++) {
         double ms;
-        if (exec_true(c, id, sessionless, &ms, &err) != 0) {
+        if (bench_exec_true(c, id, sessionless, &ms, &err) != 0) {
             if ((*failures)++ < 5)
                 print_error(id, &err);
             sbx_error_free(&err);
@@ -731,7 +750,7 @@ worker_main(void *arg)
     pthread_barrier_wait(w->go); /* the main thread has set *deadline in between */
     while (sbx_stats_now_ms() < *w->deadline && !interrupted) {
         double ms;
-        if (exec_true(w->c, w->id, false, &ms, &err) == 0) {
+        if (bench_exec_true(w->c, w->id, false, &ms, &err) == 0) {
             sbx_samples_add(&w->lat, ms);
         } else {
             w->failures++;
@@ -760,7 +779,7 @@ phase_throughput(sbx_client *c, const struct opts *o, struct results *res)
         make_id(w[i].id, sizeof(w[i].id), "t", (long)i);
         for (int k = 0; k < 5; k++) {
             double ms;
-            if (exec_true(c, w[i].id, false, &ms, &err) != 0) {
+            if (bench_exec_true(c, w[i].id, false, &ms, &err) != 0) {
                 if (res->load_failures++ < 5)
                     print_error(w[i].id, &err);
                 sbx_error_free(&err);
@@ -861,6 +880,8 @@ report_json(const struct opts *o, const struct results *res, int argc, char **ar
         "execsPerSecond", jnum(res->execs_per_s), "failures", (json_int_t)res->load_failures,
         "latency", jstats(&res->load),
         "coldOverBwrapP50", ratio);
+    if (root && res->burst)
+        json_object_set(root, "burst", res->burst);
     if (!root) {
         fprintf(stderr, "sbx-bench: cannot build the JSON summary\n");
         return;
@@ -879,7 +900,8 @@ static void
 usage(FILE *f)
 {
     fprintf(f, "usage: sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]\n"
-               "                 [--seconds S] [--pool N] [--json]\n"
+               "                 [--seconds S] [--pool N] [--burst N[,N...]] [--rounds R]\n"
+               "                 [--idle M] [--json]\n"
                "Starts a private `sbxd dev` unless --gateway is given; see the header of\n"
                "tools/bench.c for what each figure measures.\n");
 }
@@ -899,7 +921,8 @@ parse_long(const char *s, long min, long *out)
 static int
 parse_args(int argc, char **argv, struct opts *o)
 {
-    *o = (struct opts){.cold = 200, .warm = 2000, .parallel = 50, .seconds = 10, .pool = -1};
+    *o = (struct opts){
+        .cold = 200, .warm = 2000, .parallel = 50, .seconds = 10, .pool = -1, .rounds = 3};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -917,6 +940,27 @@ parse_args(int argc, char **argv, struct opts *o)
             i++;
             continue;
         }
+        if (!strcmp(a, "--burst") && v) {
+            char *dup = sbx_xstrdup(v);
+            int bad = 0;
+            for (char *save = NULL, *t = strtok_r(dup, ",", &save); t;
+                 t = strtok_r(NULL, ",", &save)) {
+                long n;
+                if (o->nbursts == sizeof(o->bursts) / sizeof(o->bursts[0]) ||
+                    parse_long(t, 1, &n) != 0 || n > 4096)
+                    bad = 1;
+                else
+                    o->bursts[o->nbursts++] = n;
+            }
+            free(dup);
+            if (bad || !o->nbursts) {
+                fprintf(stderr, "sbx-bench: --burst takes up to 8 sizes 1-4096, "
+                                "comma-separated (got '%s')\n", v);
+                return -1;
+            }
+            i++;
+            continue;
+        }
         if (!strcmp(a, "--cold"))
             num = &o->cold, min = 0;
         else if (!strcmp(a, "--warm"))
@@ -927,6 +971,10 @@ parse_args(int argc, char **argv, struct opts *o)
             num = &o->seconds;
         else if (!strcmp(a, "--pool"))
             num = &o->pool, min = 0;
+        else if (!strcmp(a, "--rounds"))
+            num = &o->rounds;
+        else if (!strcmp(a, "--idle"))
+            num = &o->idle, min = 0;
         if (!num || !v || parse_long(v, min, num) != 0) {
             fprintf(stderr, "sbx-bench: bad or incomplete option '%s'\n", a);
             usage(stderr);
@@ -989,6 +1037,12 @@ main(int argc, char **argv)
         phase_warm(c, &o, &res);
     if (!interrupted && o.parallel > 0)
         phase_throughput(c, &o, &res);
+    if (!interrupted && o.nbursts > 0) {
+        struct bench_burst_conf bc = {.url = url, .tag = run_tag, .sizes = o.bursts,
+                                      .nsizes = o.nbursts, .rounds = o.rounds, .idle = o.idle,
+                                      .out = human, .interrupted = &interrupted};
+        res.burst_failures = bench_burst_run(c, &bc, &res.burst);
+    }
     report_ratio(&res);
     if (o.json)
         report_json(&o, &res, argc, argv);
@@ -997,8 +1051,9 @@ main(int argc, char **argv)
         fprintf(stderr, "sbx-bench: interrupted\n");
         rc = 1;
     }
-    if (res.cold_failures || res.warm_failures || res.load_failures)
+    if (res.cold_failures || res.warm_failures || res.load_failures || res.burst_failures)
         rc = 1;
+    json_decref(res.burst);
     sbx_client_close(c);
     if (!o.gateway)
         daemon_stop(&d);

@@ -1,0 +1,75 @@
+/*
+ * bench.h — what the phases of sbx-bench share across its files
+ * (tools/bench.c: options, the private daemon, the sequential phases;
+ * tools/bench_burst.c: the burst phase).  Not a library: sbx-bench only.
+ */
+#ifndef SBX_TOOLS_BENCH_H
+#define SBX_TOOLS_BENCH_H
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../include/sbx/sbx.h"
+
+/* The shards' counters summed over one cluster.status (each shard's
+ * `status`: containersStarted, poolHits, meanStartUs × containersStarted,
+ * pool). */
+struct bench_totals {
+    int nshards;
+    bool all_ok;        /* every shard answered with health "ok" */
+    int64_t started, pool_hits, start_us_total, pool;
+    char cgroups[160];  /* the first shard's cgroup mode */
+};
+
+/* bench_cluster_totals — one cluster.status call on c; 0, or -1 with *err
+ * filled (the caller frees it). */
+int bench_cluster_totals(sbx_client *c, struct bench_totals *t, sbx_error *err);
+
+/* bench_wait_pool_settled — until the shards' pooled containers stop
+ * changing for 300 ms (at most 10 s). */
+void bench_wait_pool_settled(sbx_client *c);
+
+/* bench_exec_true — one `exec true` on sandbox id (default session unless
+ * sessionless), timed from the call to its result: 0 and *ms, or -1 with
+ * *err filled (a non-zero exit counts as a failure, code EXIT_STATUS). */
+int bench_exec_true(sbx_client *c, const char *id, bool sessionless, double *ms, sbx_error *err);
+
+/* bench_find_bwrap — the first executable bwrap in $PATH, written to
+ * out[0..n) and returned; NULL when there is none. */
+const char *bench_find_bwrap(char *out, size_t n);
+
+/* bench_bwrap_once — fork, exec and wait for `bwrap --unshare-all
+ * --ro-bind /usr /usr … true`; *ms from fork to waitpid.  Its exit status,
+ * or -1 when fork or waitpid failed.  Safe to call from several threads. */
+int bench_bwrap_once(const char *bwrap, double *ms);
+
+/* The burst phase (bench_burst.c). */
+struct bench_burst_conf {
+    const char *url;        /* the gateway each client thread connects to */
+    const char *tag;        /* prefix of this run's sandbox IDs */
+    const long *sizes;      /* burst sizes N (concurrent creates), nsizes of them */
+    size_t nsizes;
+    long rounds;            /* bursts per size; the summary is their median */
+    long idle;              /* idle sandboxes created (and left running) first */
+    FILE *out;              /* human-readable lines */
+    volatile sig_atomic_t *interrupted; /* set by the signal handler: stop early */
+};
+
+/*
+ * bench_burst_run — the burst phase: `idle` sandboxes created first (8
+ * client threads; their creation rate printed), then for every size N,
+ * `rounds` times: N threads, each with its own client connected before the
+ * start, released together, each timing `exec true` on a new sandbox ID
+ * (create → first result); the shards' counters before and after give the
+ * containers started and their mean shard-side build time; then N threads
+ * each running bwrap … true once, released together.  Every sandbox it
+ * created is destroyed before it returns.  c is a client for cluster.status
+ * (borrowed).  *json (owned by the caller) gets the figures.  Returns the
+ * number of failed calls.
+ */
+size_t bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t **json);
+
+#endif
