@@ -4,9 +4,10 @@
  * time the daemon takes to stop with them all.
  *
  *   sbx-bench-density [--count N] [--clients P] [--shards S] [--pool K]
- *                     [--window W] [--memory M] [--settle S]
+ *                     [--window W] [--memory M] [--settle S] [--workers T]
  *
- * Starts a private `sbxd dev --shards S --pool K --sleep-after 1h` in a
+ * Starts a private `sbxd dev --shards S --pool K --sleep-after 1h` (and
+ * --memory M, --workers T when given) in a
  * fresh temporary directory (tests/support/harness.c; sbxd from $SBX_BIN,
  * else next to this executable; root needed), then:
  *
@@ -64,7 +65,7 @@
 #include "stats.h"
 
 struct opts {
-    long count, clients, shards, pool, window, settle;
+    long count, clients, shards, pool, window, settle, workers; /* workers < 0: sbxd's */
     const char *memory;
 };
 
@@ -404,7 +405,7 @@ static int
 parse_args(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){.count = 1000, .clients = 8, .shards = 2, .pool = -1, .window = 500,
-                     .settle = 25};
+                     .settle = 25, .workers = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -414,6 +415,7 @@ parse_args(int argc, char **argv, struct opts *o)
                     : !strcmp(a, "--pool")    ? &o->pool
                     : !strcmp(a, "--window")  ? &o->window
                     : !strcmp(a, "--settle")  ? &o->settle
+                    : !strcmp(a, "--workers") ? &o->workers
                                               : NULL;
         if (!strcmp(a, "--memory") && v) {
             o->memory = v;
@@ -423,7 +425,7 @@ parse_args(int argc, char **argv, struct opts *o)
         char *end;
         if (!dst || !v || (*dst = strtol(v, &end, 10), *end) || *dst < 0) {
             fprintf(stderr, "usage: sbx-bench-density [--count N] [--clients P] [--shards S] "
-                            "[--pool K] [--window W] [--memory M] [--settle S]\n");
+                            "[--pool K] [--window W] [--memory M] [--settle S] [--workers T]\n");
             return -1;
         }
         i++;
@@ -459,6 +461,12 @@ main(int argc, char **argv)
         extra[ne++] = "--pool";
         extra[ne++] = pool;
     }
+    char workers[24];
+    snprintf(workers, sizeof(workers), "%ld", o.workers);
+    if (o.workers >= 0) {
+        extra[ne++] = "--workers";
+        extra[ne++] = workers;
+    }
     if (o.memory) {
         extra[ne++] = "--memory";
         extra[ne++] = o.memory;
@@ -483,8 +491,9 @@ main(int argc, char **argv)
         goto out;
     }
     sbx_client_set_timeout(c, 120000);
-    printf("sbx-bench-density: %ld sandboxes, %ld client threads, %ld shards, pool %s\n", o.count,
-           o.clients, o.shards, o.pool >= 0 ? pool : "(sbxd's default)");
+    printf("sbx-bench-density: %ld sandboxes, %ld client threads, %ld shards, pool %s, "
+           "workers %s\n", o.count, o.clients, o.shards, o.pool >= 0 ? pool : "(sbxd's default)",
+           o.workers >= 0 ? workers : "(sbxd's default)");
     /* Let the pools fill before the baseline. */
     sleep(2);
     tree_measure(d.pid, &base);
