@@ -324,6 +324,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     int rc = 0, rv;
     sigset_t set;
     sbx_watch *sigw = NULL;
+    int64_t t_stop = 0; /* when the stop of the containers began (sbx_mono_ms) */
 
     sh->conf = *conf;
     sh->started_ms = sbx_wall_ms();
@@ -449,6 +450,10 @@ stop:
     for (int i = 0; i < sh->nctx; i++)
         nng_aio_stop(sh->ctxs[i].aio);
     sh->ctx_closed = true;
+    t_stop = sbx_mono_ms();
+    size_t n_actors = sh->actors.n;
+    for (struct pooled *p = sh->pool.head; p; p = p->next)
+        sbx_container_kill(&p->c);
     actor_stop_all(sh);
     while (sh->pool.head) {
         struct pooled *p = sh->pool.head;
@@ -460,6 +465,8 @@ stop:
         free(p);
     }
     drain_to_idle(sh);
+    sbx_log_info("shard %s: the containers of %zu sandboxes stopped in %lld ms", sh->conf.name,
+                 n_actors, (long long)(sbx_mono_ms() - t_stop));
     pthread_mutex_lock(&sh->work.mu);
     sh->work.stop = true;
     pthread_cond_broadcast(&sh->work.cv);
@@ -475,6 +482,9 @@ stop:
 out:
     if (sh->store)
         sbx_store_close(sh->store);
+    if (t_stop)
+        sbx_log_info("shard %s: stopped in %lld ms", sh->conf.name,
+                     (long long)(sbx_mono_ms() - t_stop));
     if (sh->loop) {
         /* Deliver the last commit notes so no reply memory leaks. */
         sbx_loop_timer(sh->loop, 0, stop_cb, NULL);

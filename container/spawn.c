@@ -566,6 +566,13 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
     c->pid = 0;
 }
 
+void
+sbx_container_kill(const struct sbx_container *c)
+{
+    if (c->pidfd >= 0)
+        syscall(SYS_pidfd_send_signal, c->pidfd, SIGKILL, NULL, 0);
+}
+
 int
 sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st)
 {

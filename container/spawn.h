@@ -92,6 +92,14 @@ int sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sb
  */
 void sbx_container_stop(sbx_spawner *sp, struct sbx_container *c);
 
+/*
+ * sbx_container_kill — SIGKILL the container's PID 1 (so the kernel kills
+ * the rest of its pid namespace) without waiting: a shard that stops many
+ * lets them all die at once, then reaps each with sbx_container_stop.
+ * Does not block; harmless on a stopped or already dead container.
+ */
+void sbx_container_kill(const struct sbx_container *c);
+
 /* sbx_container_stats — the cgroup counters of a live container. */
 int sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st);
 

@@ -150,6 +150,7 @@ struct agent {
     struct agent_cwait cwait; /* main.c */
     uint64_t work_starts;     /* tenant work started so far (agent_work_mark) */
     bool bound;
+    int64_t bound_ms;         /* when bind came (sbx_mono_ms) */
     char sandbox[64];
 };
 
@@ -318,6 +319,13 @@ void agent_op_session_list(struct agent *a, struct agent_req *r);
 void agent_op_session_delete(struct agent *a, struct agent_req *r);
 /* session.c: start the default session's shell now (before bind). */
 void agent_session_prestart(struct agent *a);
+/* session.c: end the default session's shell when no command has run in it
+ * AGENT_SHELL_UNUSED_MS after bind.  Such a shell holds nothing a fresh one
+ * would not (the sandbox env, the default cwd), and an idle sandbox then
+ * costs its agent alone; the next command starts a shell (session_start_next).
+ * Called from the agent's periodic timer. */
+#define AGENT_SHELL_UNUSED_MS 10000
+void agent_sessions_trim(struct agent *a);
 /* session.c: apply env changes to the default session (setEnvVars). */
 void agent_session_apply_env(struct agent *a, const msgpack_object *vars);
 void agent_sessions_reaped(struct agent *a, pid_t pid, int status);

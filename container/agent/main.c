@@ -477,6 +477,7 @@ agent_op_bind(struct agent *a, struct agent_req *r)
         agent_session_apply_env(a, env);
     }
     a->bound = true;
+    a->bound_ms = sbx_mono_ms();
     agent_reply_ok(a, r, NULL);
 }
 
@@ -655,6 +656,7 @@ static void
 gc_cb(sbx_loop *l, void *arg)
 {
     agent_streams_gc(arg);
+    agent_sessions_trim(arg);
     sbx_loop_timer(l, 10000, gc_cb, arg);
 }
 

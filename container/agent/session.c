@@ -396,6 +396,24 @@ agent_session_prestart(struct agent *a)
 }
 
 void
+agent_sessions_trim(struct agent *a)
+{
+    struct session *s = session_find(a, "default");
+    if (!s || s->used || s->pid <= 0 || s->cur || s->q_head || !a->bound ||
+        sbx_mono_ms() - a->bound_ms < AGENT_SHELL_UNUSED_MS)
+        return;
+    /* Nothing of it to keep: its env is s->env (agent_session_apply_env
+     * keeps that equal to a->env), its cwd the session's start cwd. */
+    session_kill_shell(s);
+    int st;
+    while (waitpid(s->pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    s->pid = 0;
+    session_close_shell_fds(s);
+    session_reset_cmd_state(s);
+}
+
+void
 agent_session_apply_env(struct agent *a, const msgpack_object *vars)
 {
     struct session *s = session_find(a, "default");

@@ -226,6 +226,7 @@ session_run_cmd(struct session *s, struct scmd *c)
     sbx_buf line;
     sbx_buf_init(&line);
     s->cur = c;
+    s->used = s->used || !c->done;
     s->err_bol = true;
     s->serial++;
     session_new_nonce(s->a, s->nonce);

@@ -78,6 +78,7 @@ struct session {
     char *pwd;           /* the shell's cwd after its last command (heap) */
     bool pwd_unknown;    /* that cwd was too long to be reported */
     int64_t default_timeout_ms;
+    bool used;           /* a caller's command ran in it (not only internal ones) */
     /* the running shell (pid 0 when there is none) */
     pid_t pid;
     int in_fd, ctl_fd, junk_fd, fd[2];

@@ -294,9 +294,16 @@ setup_dev(const struct agent_cfg *cfg, sbx_err_t *err)
     char opts[64];
     static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
 
+    /* /dev is a directory of the root tmpfs bound on itself (a mount of its
+     * own, for noexec and, at the end, read-only), not a tmpfs: every
+     * superblock costs each memory cgroup on the host a slot in its shrinker
+     * map, so per-sandbox superblocks make the kernel's memory per sandbox
+     * grow with the number of sandboxes (docs/benchmarks.md, "Density"). */
     STEP(mkdir(NEWROOT "/dev", 0755) == 0, "mkdir /dev");
-    STEP(mount("tmpfs", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") == 0,
-         "mount tmpfs on /dev");
+    STEP(mount(NEWROOT "/dev", NEWROOT "/dev", NULL, MS_BIND, NULL) == 0, "bind /dev");
+    STEP(set_attr(NEWROOT "/dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                  false) == 0,
+         "restrict /dev");
     for (size_t i = 0; i < SBX_ARRAY_LEN(nodes); i++) {
         char src[32], dst[64];
         snprintf(src, sizeof(src), "/dev/%s", nodes[i]);
@@ -362,15 +369,20 @@ setup_proc(sbx_err_t *err)
                                MOUNT_ATTR_NOEXEC, false) == 0,
              "restrict mask /proc/%s", files[i]);
     }
+    /* Directories read as empty: read-only binds of the empty /sys of the
+     * root tmpfs (which stays empty: no sysfs), rather than a tmpfs each —
+     * see setup_dev on what a superblock per sandbox costs. */
     static const char *const dirs[] = {"acpi", "scsi", "asound", "driver"};
+    STEP(mkdir(NEWROOT "/sys", 0555) == 0, "mkdir /sys");
     for (size_t i = 0; i < SBX_ARRAY_LEN(dirs); i++) {
         char dst[64];
         snprintf(dst, sizeof(dst), NEWROOT "/proc/%s", dirs[i]);
         if (access(dst, F_OK) < 0)
             continue;
-        STEP(mount("tmpfs", dst, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                   "size=4k,nr_inodes=16,mode=0555") == 0,
-             "mask /proc/%s", dirs[i]);
+        STEP(mount(NEWROOT "/sys", dst, NULL, MS_BIND, NULL) == 0, "mask /proc/%s", dirs[i]);
+        STEP(set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                               MOUNT_ATTR_NOEXEC, false) == 0,
+             "restrict mask /proc/%s", dirs[i]);
     }
     static const char *const ro[] = {"sys", "irq", "bus", "fs"};
     for (size_t i = 0; i < SBX_ARRAY_LEN(ro); i++) {
@@ -573,7 +585,7 @@ agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
         goto out;
     if ((rc = setup_proc(err)) != 0)
         goto out;
-    static const char *const empty[] = {"opt", "srv", "mnt", "media", "sys"};
+    static const char *const empty[] = {"opt", "srv", "mnt", "media"}; /* and /sys (setup_proc) */
     for (size_t i = 0; i < SBX_ARRAY_LEN(empty); i++) {
         char d[64];
         snprintf(d, sizeof(d), NEWROOT "/%s", empty[i]);

@@ -241,6 +241,12 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
     c->chan = -1;
 }
 
+void
+sbx_container_kill(const struct sbx_container *c)
+{
+    (void)c; /* a scripted agent ends when sbx_container_stop closes its channel */
+}
+
 int
 sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st)
 {
