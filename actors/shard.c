@@ -61,14 +61,16 @@ strv_dup(const char *const *v)
     return r;
 }
 
-/* Worker threads per online CPU when conf.workers is 0.  A container start
- * holds its worker for the whole set-up (spawn.h) but uses a CPU for only
- * part of it: the rest is the agent building the sandbox in its own process
- * and the kernel's cgroup and namespace work.  Two workers per shard made a
- * burst of 50 creates queue behind one another (docs/benchmarks.md,
- * "Bursts"); four per CPU keep the CPUs busy instead, up to
- * SHARD_WORKERS_MAX on a large host. */
-#define SHARD_WORKERS_PER_CPU 4
+/* Worker threads per online CPU when conf.workers is 0 (at least
+ * SHARD_WORKERS_MIN, at most SHARD_WORKERS_MAX).  Measured on 2 CPUs
+ * (docs/benchmarks.md, "Bursts" and "Density"): 4 per CPU did not change a
+ * 50-create burst's p95 (a burst is CPU-bound: ~8 ms of CPU per sandbox),
+ * and with 2,000 sandboxes present it cut the creation rate to 37-47/s
+ * against 132/s with 2 workers per shard (more concurrent clones contend
+ * for the host's namespace and cgroup locks).  The adaptive pool is what
+ * makes bursts fast; a worker per CPU keeps the CPUs busy. */
+#define SHARD_WORKERS_PER_CPU 1
+#define SHARD_WORKERS_MIN 2
 #define SHARD_WORKERS_MAX 64
 
 void
@@ -402,7 +404,9 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sh->work.n = (int)conf->workers;
     } else {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        sh->work.n = (int)SBX_MIN(SBX_MAX(cpus, 1) * SHARD_WORKERS_PER_CPU, SHARD_WORKERS_MAX);
+        sh->work.n = (int)SBX_MIN(SBX_MAX(SBX_MAX(cpus, 1) * SHARD_WORKERS_PER_CPU,
+                                          SHARD_WORKERS_MIN),
+                                  SHARD_WORKERS_MAX);
     }
     sh->work.threads = sbx_xcalloc((size_t)sh->work.n, sizeof(pthread_t));
     for (int i = 0; i < sh->work.n; i++)

@@ -42,7 +42,8 @@ struct sbx_shard_conf {
     int64_t uid_count;    /* host uids available (= max live containers) */
     int64_t contexts;     /* concurrent requests received (nng contexts) */
     int64_t workers;      /* threads that start and stop containers; 0 (the default) =
-                           * SHARD_WORKERS_PER_CPU per online CPU (shard.c) */
+                           * SHARD_WORKERS_PER_CPU per online CPU, at least
+                           * SHARD_WORKERS_MIN (shard.c) */
     int64_t pool;         /* ready containers kept for new sandboxes at least (0 = no pool);
                            * more while demand is high (shard_int.h, struct shard_pool) */
     uint64_t pool_memory; /* bytes the pool's ready containers may hold beyond `pool`

@@ -347,7 +347,7 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"uid-base", SBX_OPT_INT, &(c)->uid_base, "first host uid mapped into sandboxes"},    \
         {"uid-count", SBX_OPT_INT, &(c)->uid_count, "host uids available (max live sandboxes)"}, \
         {"contexts", SBX_OPT_INT, &(c)->contexts, "requests received concurrently"},          \
-        {"workers", SBX_OPT_INT, &(c)->workers, "container start/stop threads (0: 4/CPU)"},   \
+        {"workers", SBX_OPT_INT, &(c)->workers, "container start/stop threads (0: 1/CPU, at least 2)"},   \
         {"pool", SBX_OPT_INT, &(c)->pool, "ready containers kept at least (0: none)"},        \
         {"pool-memory", SBX_OPT_SIZE, &(c)->pool_memory, "memory budget of the pool"},        \
         {"memory", SBX_OPT_SIZE, &(c)->memory, "memory limit per sandbox (e.g. 512M)"},       \
