@@ -237,6 +237,12 @@ agent_reply(struct actor *a, const msgpack_object *root)
         }
     }
     sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", a->id);
+    /* The agent's RESOURCE_BUSY (a process ID in use, a terminal not
+     * reading) says the operation did not run: its intent goes and a retry
+     * runs it (idem_done), instead of OPERATION_INTERRUPTED ("may have
+     * run") — the Python SDK's retry after a lost reply got that. */
+    if (c == SBX_E_BUSY)
+        op->sent = false;
     shard_reply_werr(op, &w);
     sbx_werr_free(&w);
 }

@@ -143,6 +143,12 @@ agent_main(void *arg)
             sbx_enc_kstrn(&e, "stdout", cmd.p, cmd.n);
             sbx_enc_kint(&e, "agent", (int64_t)a->serial);
             sbx_enc_end(&e);
+        } else if (sbx_str_eq(op, "exec") && sbx_str_eq(cmd, "busy")) {
+            sbx_enc_kbool(&e, "ok", false);
+            sbx_enc_kmap(&e, "e");
+            sbx_enc_kstr(&e, "code", "RESOURCE_BUSY");
+            sbx_enc_kstr(&e, "message", "a process with ID 'x' already exists");
+            sbx_enc_end(&e);
         } else if (sbx_str_eq(op, "exec") && sbx_str_eq(cmd, "fail")) {
             sbx_enc_kbool(&e, "ok", false);
             sbx_enc_kmap(&e, "e");

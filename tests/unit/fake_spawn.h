@@ -11,6 +11,7 @@
  *   - "bind" (tag 0): nothing (recorded);
  *   - "exec" {command}: by the command —
  *       "fail"   an error FILE_NOT_FOUND with context {path: "/nope"},
+ *       "busy"   an error RESOURCE_BUSY (as for a process ID in use),
  *       "die"    no reply: the agent closes its end (a crashed agent),
  *       "hang"   no reply at all (the request stays in flight),
  *       "sleep:N" the usual answer after N ms (the agent answers nothing

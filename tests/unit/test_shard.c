@@ -557,6 +557,25 @@ Test(actor, a_retried_request_id_is_answered_from_the_first_run)
     cr_expect_str_eq(ops, "bind exec", "the retry ran the command again");
 }
 
+/* The agent's RESOURCE_BUSY (a process ID in use) says the operation did
+ * not run: a retry of the request id (the SDK's, after a lost reply) runs
+ * it again and gets the agent's answer — not OPERATION_INTERRUPTED ("may
+ * have run"), which the Python SDK's suite once got in CI. */
+Test(actor, a_retry_after_the_agents_busy_answer_runs_again)
+{
+    struct rep r = call_id("busy-id", "exec", "sb-busy", "{\"command\":\"busy\"}");
+    cr_assert_not(r.ok);
+    cr_expect_str_eq(r.code, "RESOURCE_BUSY", "%s", r.message);
+    rep_free(&r);
+    r = call_id("busy-id", "exec", "sb-busy", "{\"command\":\"busy\"}");
+    cr_assert_not(r.ok);
+    cr_expect_str_eq(r.code, "RESOURCE_BUSY", "the retry: %s", r.message);
+    rep_free(&r);
+    char ops[256];
+    cr_assert(fake_spawn_ops(fake_spawn_current(), 1, ops, sizeof(ops)));
+    cr_expect_str_eq(ops, "bind exec exec", "the retry did not reach the agent");
+}
+
 Test(actor, an_unanswered_operation_times_out_and_does_not_hold_up_the_next)
 {
     struct rep r = call_tmo("r-hang", "exec", "sb-g", 1500, "{\"command\":\"hang\"}");
