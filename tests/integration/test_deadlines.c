@@ -58,6 +58,7 @@ struct fake {
     pthread_t conns[FAKE_MAX_CONNS];
     int fds[FAKE_MAX_CONNS];
     int nconns;
+    atomic_int greeted; /* connections whose SP greeting was answered */
 };
 
 struct fake_conn {
@@ -115,6 +116,7 @@ fake_conn_main(void *arg)
     unsigned char peer[8];
     if (fake_read(f, fd, peer, 8) != 0 || write(fd, hello, 8) != 8)
         return NULL;
+    atomic_fetch_add(&f->greeted, 1);
     bool answered = false;
     for (;;) {
         unsigned char lenb[8];
@@ -263,7 +265,7 @@ dl_tmpdir(char *dir, size_t n)
 }
 
 static void
-lone_gw_start(struct lone_gw *g, const char *shard_url)
+lone_gw_start(struct lone_gw *g, struct fake *f, const char *shard_url)
 {
     dl_tmpdir(g->dir, sizeof(g->dir));
     snprintf(g->sock, sizeof(g->sock), "%s/gw.sock", g->dir);
@@ -283,6 +285,14 @@ lone_gw_start(struct lone_gw *g, const char *shard_url)
     for (int i = 0; i < 200 && access(g->sock, F_OK) != 0; i++)
         usleep(25 * 1000);
     cr_assert_eq(access(g->sock, F_OK), 0, "the gateway did not listen at %s", g->url);
+    /* Connected to the fake shard: else a call sent at once is answered
+     * SHARD_UNAVAILABLE ("Connection refused") before anything the test
+     * does to the gateway (a fresh-clone CI run failed so).  The gateway
+     * counts the pipe once it read the greeting: a moment after. */
+    for (int i = 0; i < 200 && atomic_load(&f->greeted) == 0; i++)
+        usleep(25 * 1000);
+    cr_assert_gt(atomic_load(&f->greeted), 0, "the gateway never connected to the fake shard");
+    usleep(100 * 1000);
 }
 
 static void
@@ -401,7 +411,7 @@ Test(deadlines, a_shard_that_never_answers_is_unavailable_in_time, .timeout = 60
     char url[64];
     fake_start(&f, FAKE_SILENT, url, sizeof(url));
     struct lone_gw g;
-    lone_gw_start(&g, url);
+    lone_gw_start(&g, &f, url);
     sbx_client *c = open_client(g.url);
     expect_ping_fails(c, "shard-silent", 2000, "SHARD_UNAVAILABLE", "ping");
     sbx_client_close(c);
@@ -415,7 +425,7 @@ Test(deadlines, a_shard_that_sends_half_a_frame_is_unavailable_in_time, .timeout
     char url[64];
     fake_start(&f, FAKE_HALF, url, sizeof(url));
     struct lone_gw g;
-    lone_gw_start(&g, url);
+    lone_gw_start(&g, &f, url);
     sbx_client *c = open_client(g.url);
     for (int i = 0; i < 2; i++) {
         char what[32];
@@ -433,7 +443,7 @@ Test(deadlines, a_stopped_gateway_is_a_request_timeout, .timeout = 60)
     char url[64];
     fake_start(&f, FAKE_SILENT, url, sizeof(url));
     struct lone_gw g;
-    lone_gw_start(&g, url);
+    lone_gw_start(&g, &f, url);
     sbx_client *c = open_client(g.url);
     cr_assert_eq(kill(g.pid, SIGSTOP), 0);
     wait_stopped(g.pid);
@@ -458,7 +468,7 @@ Test(deadlines, a_killed_gateway_and_a_removed_socket_end_calls_in_time, .timeou
     char url[64];
     fake_start(&f, FAKE_SILENT, url, sizeof(url));
     struct lone_gw g;
-    lone_gw_start(&g, url);
+    lone_gw_start(&g, &f, url);
     sbx_client *c = open_client(g.url);
     pid_t killer = fork();
     cr_assert_geq(killer, 0);
