@@ -247,6 +247,36 @@ Test(cluster, t13_a_claim_whose_records_cannot_be_read_stays_unavailable, .timeo
     sbx_client_close(c);
 }
 
+/* Send the request frame buf[len] on s and wait for its reply: code gets ""
+ * if it answered ok, else its error code or why there was none. */
+static void
+raw_roundtrip(nng_socket s, const char *buf, size_t len, char *code, size_t cl)
+{
+    nng_msg *m = NULL;
+    cr_assert_eq(nng_msg_alloc(&m, len), 0);
+    memcpy(nng_msg_body(m), buf, len);
+    int rv = nng_sendmsg(s, m, 0);
+    if (rv == 0)
+        rv = nng_recvmsg(s, &m, 0);
+    if (rv != 0) {
+        snprintf(code, cl, "no reply: %s", nng_strerror(rv));
+        return;
+    }
+    sbx_msg dm;
+    snprintf(code, cl, "malformed reply");
+    if (sbx_wire_decode(&dm, nng_msg_body(m), nng_msg_len(m), &sbx_wire_limits_reply) == 0) {
+        bool ok = false;
+        sbx_wire_get_bool(dm.root, "ok", &ok);
+        const msgpack_object *eo;
+        sbx_str ec = {"?", 1};
+        if (!ok && sbx_wire_get_map(dm.root, "error", &eo) == 0)
+            sbx_wire_get_str(eo, "code", &ec);
+        snprintf(code, cl, "%.*s", ok ? 0 : (int)ec.n, ec.p);
+        sbx_wire_msg_free(&dm);
+    }
+    nng_msg_free(m);
+}
+
 /* One request sent to node i directly (no route: it is admitted on the
  * node's own beliefs); "" if it answered ok, else its error code or why
  * there was no answer. */
@@ -277,31 +307,8 @@ direct_call(int i, const char *op, const char *id, char *code, size_t cl)
     sbx_enc_end(&e);
     sbx_enc_end(&e);
     cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
-    nng_msg *m = NULL;
-    cr_assert_eq(nng_msg_alloc(&m, len), 0);
-    memcpy(nng_msg_body(m), buf, len);
+    raw_roundtrip(s, buf, len, code, cl);
     free(buf);
-    int rv = nng_sendmsg(s, m, 0);
-    if (rv == 0)
-        rv = nng_recvmsg(s, &m, 0);
-    if (rv != 0) {
-        snprintf(code, cl, "no reply: %s", nng_strerror(rv));
-        nng_close(s);
-        return;
-    }
-    sbx_msg dm;
-    snprintf(code, cl, "malformed reply");
-    if (sbx_wire_decode(&dm, nng_msg_body(m), nng_msg_len(m), &sbx_wire_limits_reply) == 0) {
-        bool ok = false;
-        sbx_wire_get_bool(dm.root, "ok", &ok);
-        const msgpack_object *eo;
-        sbx_str ec = {"?", 1};
-        if (!ok && sbx_wire_get_map(dm.root, "error", &eo) == 0)
-            sbx_wire_get_str(eo, "code", &ec);
-        snprintf(code, cl, "%.*s", ok ? 0 : (int)ec.n, ec.p);
-        sbx_wire_msg_free(&dm);
-    }
-    nng_msg_free(m);
     nng_close(s);
 }
 
@@ -945,31 +952,8 @@ gw_raw(const char *op, const char *id, const char *argv2, const char *rid, bool 
     sbx_enc_end(&e);
     sbx_enc_end(&e);
     cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
-    nng_msg *m = NULL;
-    cr_assert_eq(nng_msg_alloc(&m, len), 0);
-    memcpy(nng_msg_body(m), buf, len);
+    raw_roundtrip(s, buf, len, code, cl);
     free(buf);
-    int rv = nng_sendmsg(s, m, 0);
-    if (rv == 0)
-        rv = nng_recvmsg(s, &m, 0);
-    if (rv != 0) {
-        snprintf(code, cl, "no reply: %s", nng_strerror(rv));
-        nng_close(s);
-        return;
-    }
-    sbx_msg dm;
-    snprintf(code, cl, "malformed reply");
-    if (sbx_wire_decode(&dm, nng_msg_body(m), nng_msg_len(m), &sbx_wire_limits_reply) == 0) {
-        bool ok = false;
-        sbx_wire_get_bool(dm.root, "ok", &ok);
-        const msgpack_object *eo;
-        sbx_str ec = {"?", 1};
-        if (!ok && sbx_wire_get_map(dm.root, "error", &eo) == 0)
-            sbx_wire_get_str(eo, "code", &ec);
-        snprintf(code, cl, "%.*s", ok ? 0 : (int)ec.n, ec.p);
-        sbx_wire_msg_free(&dm);
-    }
-    nng_msg_free(m);
     nng_close(s);
 }
 
