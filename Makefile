@@ -226,6 +226,10 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+# The image tests build OCI layouts with libarchive (tests/support/imgbuild.h).
+build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_images: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
 build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.
