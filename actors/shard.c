@@ -138,6 +138,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->etcd);
     free(c->cluster);
     free(c->advertise);
+    free(c->images);
     strv_free(c->etc);
     strv_free(c->env);
     strv_free(c->no_preview_host);
@@ -388,6 +389,20 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
     }
+    /* The node's image store (docs/images.md): a shard without one still
+     * serves host-/usr sandboxes. */
+    {
+        char idir[4096];
+        snprintf(idir, sizeof(idir), "%s", conf->images ? conf->images : "");
+        if (!idir[0])
+            snprintf(idir, sizeof(idir), "%s/images", conf->data);
+        sbx_err_t ierr = NULL;
+        if (sbx_image_store_open(idir, &sh->images, &ierr) != 0) {
+            sbx_log_warn("shard %s: no image store: %s", conf->name, sbx_err_msg(ierr));
+            sh->images = NULL;
+        }
+        sbx_err_release(&ierr);
+    }
     if ((rc = idem_load(sh)) != 0) {
         sbx_log_error("shard %s: cannot read the idempotency table: %s", conf->name,
                   sbx_err_message(rc));
@@ -444,6 +459,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
 
 stop:
     sh->stopping = true;
+    shard_images_stop(sh);
     shard_relay_stop(sh);
     /* Leave the cluster first (the others take our partitions at once), then
      * run what its threads posted while the store is still open. */
@@ -512,6 +528,7 @@ out:
     idem_free_all(sh);
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
+    sbx_image_store_close(sh->images);
     if (sh->cgroups)
         sbx_cgroups_close(sh->cgroups);
     /* sbx_loop_free frees only unwatched handles: this one leaked at every

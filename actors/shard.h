@@ -70,6 +70,7 @@ struct sbx_shard_conf {
     int64_t idem_ttl;     /* ms a request id's recorded reply is kept (docs/protocol.md §2) */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
+    char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

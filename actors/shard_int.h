@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../container/image_store.h"
 #include "../container/spawn.h"
 #include "../runtime/error.h"
 #include "../runtime/frame.h"
@@ -165,6 +166,7 @@ struct work {
     struct actor *actor;        /* W_START for an actor; NULL for the pool */
     struct sbx_container c;     /* W_STOP: the container; W_START: the result */
     struct sbx_limits lim;
+    char image[72];             /* W_START: the image's digest ("" the host's /usr) */
     int rc;
     char why[256];
     bool for_destroy;
@@ -296,6 +298,9 @@ struct shard {
 
     struct shard_relay relay;  /* relay.c */
 
+    sbx_image_store *images;   /* the node's image store (images.c), or NULL */
+    _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
+
     /* cluster membership and ownership (actors/cluster.c), or NULL */
     struct cluster *cluster;
 
@@ -307,6 +312,9 @@ struct shard {
 /* shard.c: the shard-level operations list and shard.status (op consumed). */
 void shard_op_list(struct sop *op);
 void shard_op_status(struct sop *op);
+/* images.c: wait until no image op is running on its thread (the shard is
+ * stopping; the replies they posted are run by the loop afterwards). */
+void shard_images_stop(struct shard *sh);
 
 /* shard_intake.c: the REP contexts' nng callback (nng's threads: moves the
  * message and posts on_request to the loop), and a reply sent on context c

@@ -246,9 +246,8 @@ int
 sbx_image_resolve(sbx_image_store *st, const char *ref, char digest[SBX_IMAGE_DIGEST_LEN],
                   sbx_err_t *err)
 {
-    _cleanup_close_ int lk = store_lock(st, LOCK_SH, err);
-    if (lk < 0)
-        return lk;
+    /* No lock: names.json and images/ change only by rename(2) and
+     * unlink(2), so a reader sees the store before or after a change. */
     return resolve_locked(st, ref, digest, err);
 }
 
@@ -857,13 +856,11 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
     root->use_fd = -1;
     if (!is_digest(digest))
         return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "'%s' is not an image digest", digest);
-    _cleanup_close_ int lk = store_lock(st, LOCK_SH, err);
-    if (lk < 0)
-        return lk;
-    _cleanup_json_ json_t *img = image_load(st, digest);
-    if (!img)
-        return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND,
-                            "image %s is no longer in this node's store", digest);
+    /* No store lock (an import may hold it for long): the use lock first,
+     * then the record.  GC deletes an image only while it holds its use
+     * file's LOCK_EX, and unlinks that file before the record: so either we
+     * lock first and GC leaves the image alone, or its record is gone by the
+     * time we read it. */
     char u[4096];
     snprintf(u, sizeof(u), "%s/use/%s", st->dir, digest + 7);
     root->use_fd = open(u, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -871,6 +868,13 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
         int rc = sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", u, strerror(errno));
         sbx_image_root_free(root);
         return rc;
+    }
+    _cleanup_json_ json_t *img = image_load(st, digest);
+    if (!img) {
+        sbx_image_root_free(root);
+        unlink(u);
+        return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND,
+                            "image %s is no longer in this node's store", digest);
     }
     snprintf(root->digest, sizeof(root->digest), "%s", digest);
     json_t *layers = json_object_get(img, "layers");

@@ -27,7 +27,9 @@
  * (paths, links, whiteouts, devices, set-uid bits) are in image_unpack.c.
  *
  * Thread-safety: every function may be called from any thread; two
- * processes (shards) may share a store (the flock serialises them).
+ * processes (shards) may share a store (the flock serialises the writers;
+ * sbx_image_resolve and sbx_image_open_root take no store lock, so a
+ * sandbox start never waits behind an import).
  * Errors: SBX_E_IMAGE_NOT_FOUND, SBX_E_IMAGE_INVALID (corrupt or unsafe
  * input, digest mismatch, no /bin/sh), SBX_E_VALIDATION (a bad name or
  * path), SBX_E_STORAGE (the store's own files), SBX_E_INTERNAL; *err says

@@ -840,13 +840,20 @@ handle(struct gctx *g, nng_msg *m)
         nng_msg_free(m);
         return;
     }
-    if ((rc = sbx_id_check(req.sandbox.p, req.sandbox.n, why, sizeof(why))) != 0) {
+    if (def->flags & SBX_OP_NODE) {
+        /* A node's own op (its image store): one shard of the node runs it.
+         * The store is shared by the shards of one node (`sbxd dev`), so the
+         * owner of partition 0 serves it; in a cluster of several nodes that
+         * is one node's store (docs/images.md). */
+        g->part = 0;
+    } else if ((rc = sbx_id_check(req.sandbox.p, req.sandbox.n, why, sizeof(why))) != 0) {
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
         client_err(g, rc, "%s", why);
         return;
+    } else {
+        g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     }
-    g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     sbx_wire_msg_free(&dec);
     g->body = sbx_xmalloc(len);
     memcpy(g->body, body, len);

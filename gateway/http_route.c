@@ -75,7 +75,7 @@ http_routes_build(struct sbx_http *h)
          * routes (nor in /v1/openapi.json, which lists the routes). */
         if (d->flags & (SBX_OP_INTERNAL | SBX_OP_FRONT))
             continue;
-        if (d->flags & SBX_OP_GLOBAL)
+        if (d->flags & (SBX_OP_GLOBAL | SBX_OP_NODE))
             snprintf(path, sizeof(path), "/v1/%s", d->name);
         else
             snprintf(path, sizeof(path), "/v1/sandboxes/{sandbox}/%s", d->name);

@@ -365,6 +365,8 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
          "how long a request id's recorded reply is kept for retries (10m)"},                \
         {"etc", SBX_OPT_LIST, &(c)->etc, "/etc entry bound read-only into sandboxes (repeat)"}, \
         {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
+        {"images", SBX_OPT_STR, &(c)->images,                                                 \
+         "the node's image store (default <data>/images; dev: one for all shards)"},          \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
@@ -871,6 +873,10 @@ cmd_dev(int argc, char **argv)
         snprintf(buf, sizeof(buf), "--listen=ipc://%s/s%d.sock", absdata, i);
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--data=%s/s%d", absdata, i);
+        argv_add(&av, &n, buf);
+        /* One image store for the node, shared by its shards (docs/images.md);
+         * an --images given below replaces it. */
+        snprintf(buf, sizeof(buf), "--images=%s/images", absdata);
         argv_add(&av, &n, buf);
         /* Distinct host uid ranges per shard. */
         snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(uid_base + i * c.uid_count));

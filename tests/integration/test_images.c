@@ -1,0 +1,331 @@
+/*
+ * test_images.c — sandboxes from OCI images, end to end (docs/images.md):
+ * an image built in the test, offline (tests/support/imgbuild.h: the host's
+ * bash and its libraries plus busybox-static, in two layers, the second
+ * with a whiteout and an opaque directory), imported through the gateway
+ * (image.import, a path of this machine), then sandboxes created from it.
+ *
+ * Checks what a user would: `cat /etc/os-release` shows the image's; the
+ * image's Env reaches commands; whiteouts hide the first layer's files and
+ * the opaque directory shows only the second layer's; /usr is owned by the
+ * sandbox's root and writable (copy-on-write), and a file written under
+ * /usr in one sandbox is not seen by another of the same image; the
+ * sandbox's status names its image; an unknown image is IMAGE_NOT_FOUND; a
+ * tampered layer is IMAGE_INVALID and leaves no layer in the store; a
+ * `docker save`-style tarball (made by skopeo from the layout) imports and
+ * runs; image.list / inspect / rm, and rm of an image a running sandbox
+ * uses keeps it until the sandbox is gone.
+ *
+ * The layouts live in /tmp/sbx-img-<prefix>XXXXXX, removed by the suite's
+ * fini; the store is in the test daemon's data directory (removed with it).
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+#include "../support/imgbuild.h"
+
+static char work[128];
+
+static void
+cleanup(void)
+{
+    if (work[0]) {
+        sbx_rm_rf(work);
+        work[0] = '\0';
+    }
+}
+
+TestSuite(images, .fini = cleanup);
+
+/* call — op with JSON args (sandbox NULL for a node op); the result as JSON
+ * text (heap), or NULL with the error's code in code[64] and message in msg. */
+static char *
+call(sbx_client *c, const char *op, const char *id, const char *args, char code[64],
+     char msg[512])
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    code[0] = 0;
+    if (msg)
+        msg[0] = 0;
+    if (sbx_call_json(c, op, id, args, 60000, &r, &err) != 0) {
+        snprintf(code, 64, "%s", err.code);
+        if (msg)
+            snprintf(msg, 512, "%s", err.message);
+        sbx_error_free(&err);
+        return NULL;
+    }
+    char *j = sbx_reply_json(r, false);
+    sbx_reply_free(r);
+    return j;
+}
+
+/* sh — run cmd in id; its stdout (heap), exit code in *code. */
+static char *
+sh(sbx_client *c, const char *id, const char *cmd, int *code)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    int rc = test_sh(c, id, cmd, 30000, &r, &err);
+    cr_assert_eq(rc, 0, "exec '%s' in %s: %s %s", cmd, id, rc ? err.code : "",
+                 rc ? err.message : "");
+    char *out = strdup(r.stdout_data ? r.stdout_data : "");
+    if (code)
+        *code = r.exit_code;
+    sbx_exec_result_free(&r);
+    return out;
+}
+
+/* Build the test image's layout at work/<name> (gzip layers); *digest. */
+static void
+build_image(const char *name, char digest[72])
+{
+    size_t nb = 0;
+    struct imgb_entry *base = imgb_base_entries(&nb);
+    cr_assert(base, "busybox-static is not installed (tools/deps.sh)");
+    base = realloc(base, (nb + 8) * sizeof(*base));
+    struct imgb_entry more[] = {
+        {'f', "etc/os-release", "ID=base\n", 0},
+        {'d', "gone", NULL, 0},
+        {'f', "gone/f", "x\n", 0},
+        {'f', "rmme", "y\n", 0},
+        {'d', "opq", NULL, 0},
+        {'f', "opq/old", "old\n", 0},
+        {'d', "usr/share", NULL, 0},
+        {'f', "usr/share/base-file", "base\n", 0},
+    };
+    for (size_t i = 0; i < SBX_ARRAY_LEN(more); i++)
+        base[nb++] = (struct imgb_entry){more[i].type, strdup(more[i].path),
+                                         more[i].data ? strdup(more[i].data) : NULL,
+                                         more[i].mode};
+    static const struct imgb_entry top[] = {
+        {'d', "etc", NULL, 0},
+        {'f', "etc/os-release", "ID=sbxtest\nNAME=\"sbx test image\"\n", 0},
+        {'f', ".wh.gone", NULL, 0},
+        {'f', ".wh.rmme", NULL, 0},
+        {'d', "opq", NULL, 0},
+        {'f', "opq/.wh..wh..opq", NULL, 0},
+        {'f', "opq/new", "new\n", 0},
+    };
+    char l0[256], l1[256], dir[256], d0[72], d1[72];
+    snprintf(l0, sizeof(l0), "%s/%s-0.tar.gz", work, name);
+    snprintf(l1, sizeof(l1), "%s/%s-1.tar.gz", work, name);
+    cr_assert_eq(imgb_layer(l0, base, nb, true, d0), 0);
+    cr_assert_eq(imgb_layer(l1, top, SBX_ARRAY_LEN(top), true, d1), 0);
+    imgb_entries_free(base, nb);
+    char *layers[] = {l0, l1};
+    const char *diffs[] = {d0, d1};
+    snprintf(dir, sizeof(dir), "%s/%s", work, name);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 2, true,
+                             "\"Env\":[\"PATH=/usr/bin:/bin\",\"IMGVAR=from-image\"],"
+                             "\"WorkingDir\":\"/srv/app\"",
+                             digest),
+                 0);
+}
+
+static int
+count_layers(void)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/images/layers", getenv("SBX_TEST_DIR") ? getenv("SBX_TEST_DIR")
+                                                                        : "/nonexistent");
+    DIR *d = opendir(p);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+Test(images, sandbox_from_an_imported_image, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024];
+    build_image("img", digest);
+    sbx_client *c = test_client();
+    /* Another test's image may share these very layers (the same build). */
+    int layers0 = count_layers();
+
+    snprintf(args, sizeof(args), "{\"path\":\"%s/img\",\"name\":\"sbxtest/img:1\"}", work);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    cr_assert(strstr(res, digest), "the import answers the manifest's digest: %s", res);
+    free(res);
+
+    char *a = test_id("img-a"), *b = test_id("img-b");
+    res = call(c, "create", a, "{\"image\":\"sbxtest/img:1\"}", code, msg);
+    cr_assert(res, "create from the image: %s %s", code, msg);
+    cr_expect(strstr(res, digest), "the status names the image's digest: %s", res);
+    free(res);
+
+    int ec = -1;
+    char *out = sh(c, a, "cat /etc/os-release", &ec);
+    cr_expect_eq(ec, 0);
+    cr_expect(strstr(out, "ID=sbxtest") && strstr(out, "sbx test image"),
+              "the image's os-release, from its top layer: %s", out);
+    free(out);
+    out = sh(c, a, "echo \"$IMGVAR\"", &ec);
+    cr_expect_str_eq(out, "from-image\n", "the image's Env");
+    free(out);
+    out = sh(c, a, "test -d /srv/app && echo wd", &ec);
+    cr_expect_str_eq(out, "wd\n", "the image's WorkingDir exists");
+    free(out);
+    /* Whiteouts and the opaque directory of the second layer. */
+    out = sh(c, a, "ls -A /gone /rmme 2>&1; echo rc=$?; ls -A /opq; cat /usr/share/base-file",
+             &ec);
+    cr_expect(strstr(out, "rc=1") || strstr(out, "rc=2"), "whited-out files are gone: %s", out);
+    cr_expect(strstr(out, "new\n") && !strstr(out, "old"), "the opaque dir shows only new: %s",
+              out);
+    cr_expect(strstr(out, "base\n"), "the first layer's other files stay: %s", out);
+    free(out);
+    /* Owners: the image's root-owned files are the sandbox root's. */
+    out = sh(c, a, "id -u; stat -c %u:%g /usr /usr/share/base-file /bin/busybox", &ec);
+    cr_expect_str_eq(out, "0\n0:0\n0:0\n0:0\n", "uid 0 and root-owned image files: %s", out);
+    free(out);
+    /* /usr is writable, copy-on-write per sandbox. */
+    out = sh(c, a,
+             "echo mine > /usr/bin/mine && cat /usr/bin/mine && echo more >> "
+             "/usr/share/base-file && cat /usr/share/base-file",
+             &ec);
+    cr_expect_eq(ec, 0);
+    cr_expect_str_eq(out, "mine\nbase\nmore\n", "writes under /usr: %s", out);
+    free(out);
+    res = call(c, "create", b, "{\"image\":\"sbxtest/img:1\"}", code, msg);
+    cr_assert(res, "create b: %s %s", code, msg);
+    free(res);
+    out = sh(c, b, "test -e /usr/bin/mine && echo seen; cat /usr/share/base-file", &ec);
+    cr_expect_str_eq(out, "base\n", "b sees the image, not a's writes: %s", out);
+    free(out);
+    /* A sandbox without an image still runs the host's /usr. */
+    char *h = test_id("img-host");
+    out = sh(c, h, "grep -c sbxtest /etc/os-release; test -e /usr/bin/mine || echo host", &ec);
+    cr_expect_str_eq(out, "0\nhost\n", "a host-/usr sandbox is unchanged: %s", out);
+    free(out);
+
+    /* An unknown image. */
+    char *u = test_id("img-unknown");
+    res = call(c, "create", u, "{\"image\":\"no/such:image\"}", code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND", "%s", msg);
+    free(res);
+    res = call(c, "status", u, "{}", code, msg);
+    cr_expect_null(res, "no sandbox was created for an unknown image");
+    free(res);
+
+    /* list, inspect, rm while in use. */
+    res = call(c, "image.list", NULL, "{}", code, msg);
+    cr_assert(res, "image.list: %s", msg);
+    cr_expect(strstr(res, "sbxtest/img:1") && strstr(res, digest), "%s", res);
+    free(res);
+    res = call(c, "image.inspect", NULL, "{\"image\":\"sbxtest/img:1\"}", code, msg);
+    cr_assert(res, "image.inspect: %s", msg);
+    cr_expect(strstr(res, "/srv/app") && strstr(res, "IMGVAR=from-image"), "%s", res);
+    free(res);
+    res = call(c, "image.rm", NULL, "{\"image\":\"sbxtest/img:1\"}", code, msg);
+    cr_assert(res, "image.rm: %s", msg);
+    cr_expect(strstr(res, "\"removed\":0"), "in use by a and b: kept: %s", res);
+    free(res);
+    cr_expect_geq(count_layers(), 2, "both layers are kept while sandboxes use them");
+    out = sh(c, a, "cat /etc/os-release", &ec);
+    cr_expect(strstr(out, "ID=sbxtest"), "a still runs: %s", out);
+    free(out);
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, a, &destroyed, &err), 0);
+    cr_expect_eq(sbx_destroy(c, b, &destroyed, &err), 0);
+    cr_expect_eq(sbx_destroy(c, h, &destroyed, &err), 0);
+    /* The next GC finds the image unused. */
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", digest);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    cr_expect_eq(count_layers(), layers0, "no layer of this image is left");
+    free(a);
+    free(b);
+    free(h);
+    free(u);
+    sbx_client_close(c);
+}
+
+Test(images, tampered_layer_refused_and_nothing_left, .timeout = 120)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024];
+    build_image("bad", digest);
+    /* One byte of the largest blob (the base layer) changed. */
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "f=$(ls -S %s/bad/blobs/sha256/* | head -1); printf 'Z' | dd of=$f bs=1 seek=4000 "
+             "conv=notrunc status=none",
+             work);
+    cr_assert_eq(system(cmd), 0);
+    sbx_client *c = test_client();
+    int before = count_layers();
+    snprintf(args, sizeof(args), "{\"path\":\"%s/bad\",\"name\":\"sbxtest/bad:1\"}", work);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "IMAGE_INVALID", "%s", msg);
+    cr_expect(strstr(msg, "tampered"), "%s", msg);
+    cr_expect_eq(count_layers(), before, "nothing half-imported");
+    res = call(c, "image.inspect", NULL, "{\"image\":\"sbxtest/bad:1\"}", code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND");
+    res = call(c, "image.import", NULL, "{\"path\":\"/nonexistent/sbx-image\"}", code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND", "%s", msg);
+    sbx_client_close(c);
+}
+
+Test(images, docker_archive_import_through_skopeo, .timeout = 240)
+{
+    if (access("/usr/bin/skopeo", X_OK) != 0)
+        cr_skip_test("skopeo is not installed (tools/deps.sh)");
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024], cmd[1024];
+    build_image("arch", digest);
+    /* What `docker save` writes, made offline from the layout. */
+    snprintf(cmd, sizeof(cmd),
+             "skopeo copy --quiet oci:%s/arch docker-archive:%s/arch.tar:sbxtest/arch:1 "
+             ">%s/skopeo.log 2>&1",
+             work, work, work);
+    cr_assert_eq(system(cmd), 0, "skopeo could not write a docker-archive");
+    sbx_client *c = test_client();
+    snprintf(args, sizeof(args), "{\"path\":\"%s/arch.tar\",\"name\":\"sbxtest/arch:1\"}", work);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "import of a docker-archive: %s %s", code, msg);
+    free(res);
+    char *id = test_id("img-arch");
+    res = call(c, "create", id, "{\"image\":\"sbxtest/arch:1\"}", code, msg);
+    cr_assert(res, "create: %s %s", code, msg);
+    free(res);
+    int ec;
+    char *out = sh(c, id, "cat /etc/os-release; ls /opq", &ec);
+    cr_expect(strstr(out, "ID=sbxtest") && strstr(out, "new") && !strstr(out, "old"), "%s",
+              out);
+    free(out);
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, id, &destroyed, &err), 0);
+    res = call(c, "image.rm", NULL, "{\"image\":\"sbxtest/arch:1\"}", code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(id);
+    sbx_client_close(c);
+}
