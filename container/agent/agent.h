@@ -78,6 +78,11 @@ void agent_setup_step(const struct sbx_err_s *err, char *step, size_t steplen);
  * (SCM_RIGHTS) from chan into cfg (container/spawn.c image_send), and put
  * the image's Env over cfg->env.  0 or a negative code. */
 int agent_image_recv(struct agent_cfg *cfg, int chan);
+/* setup.c: the directory commands, processes and sessions start in when
+ * they name none: the image's WorkingDir in an image sandbox that has one
+ * (docs/images.md), else /workspace.  Static or a's storage. */
+struct agent;
+const char *agent_default_cwd(const struct agent *a);
 /* setup.c: parse the configuration frame; 0 or SBX_E_MALFORMED. */
 int agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root);
 void agent_cfg_free(struct agent_cfg *cfg);

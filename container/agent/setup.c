@@ -221,6 +221,12 @@ agent_image_recv(struct agent_cfg *cfg, int chan)
     return 0;
 }
 
+const char *
+agent_default_cwd(const struct agent *a)
+{
+    return a->cfg.image_workdir[0] ? a->cfg.image_workdir : "/workspace";
+}
+
 /* ------------------------------------------------------------------------------ */
 /* Mount helpers. */
 
