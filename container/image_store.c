@@ -78,17 +78,18 @@ sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err)
 {
     char p[4096];
     static const char *const sub[] = {"images", "layers", "use", "tmp"};
-    if (sbx_mkdir_p(dir, 0711) != 0)
+    if (sbx_mkdir_p(dir, 0700) != 0)
         return sbx_err_make(err, SBX_E_STORAGE, "create the image store %s: %s", dir,
                             strerror(errno));
     for (size_t i = 0; i < SBX_ARRAY_LEN(sub); i++) {
         snprintf(p, sizeof(p), "%s/%s", dir, sub[i]);
-        if (mkdir(p, sub[i][0] == 't' || sub[i][0] == 'u' ? 0700 : 0711) < 0 && errno != EEXIST)
+        if (mkdir(p, 0700) < 0 && errno != EEXIST)
             return sbx_err_make(err, SBX_E_STORAGE, "mkdir %s: %s", p, strerror(errno));
     }
-    /* The layers must be searchable by the sandboxes' unprivileged host
-     * uids (the overlay in their namespace opens them). */
-    chmod(dir, 0711);
+    /* Root's only: an image may hold what its owner keeps private.  The
+     * sandboxes never look the layers up by path: the shard hands each a
+     * detached mount of them (container/spawn.c). */
+    chmod(dir, 0700);
     sbx_image_store *st = sbx_xcalloc(1, sizeof(*st));
     st->dir = sbx_xstrdup(dir);
     /* What an import interrupted by a crash left (under the lock: another

@@ -2,7 +2,7 @@
  * image_store.h — the node's store of OCI images (docs/images.md).
  *
  * One directory per node (default `<data>/images`; `sbxd dev` gives every
- * shard the same one), laid out as:
+ * shard the same one), mode 0700, laid out as:
  *
  *   lock                   flock(2): LOCK_EX for import, pull, rm and GC;
  *                          readers of names.json and images/ take LOCK_SH
@@ -52,7 +52,7 @@
 
 typedef struct sbx_image_store sbx_image_store;
 
-/* sbx_image_store_open — open (creating it, mode 0711) the store at dir and
+/* sbx_image_store_open — open (creating it, mode 0700) the store at dir and
  * remove what an interrupted import left in tmp/.  *out is the caller's, to
  * free with sbx_image_store_close.  dir is copied. */
 int sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err);
