@@ -14,7 +14,9 @@
  * tampered layer is IMAGE_INVALID and leaves no layer in the store; a
  * `docker save`-style tarball (made by skopeo from the layout) imports and
  * runs; image.list / inspect / rm, and rm of an image a running sandbox
- * uses keeps it until the sandbox is gone.
+ * uses keeps it until the sandbox is gone; a sandbox keeps its image (by
+ * digest) across a restart of its deployment, after its name moved to
+ * another image.
  *
  * The layouts live in /tmp/sbx-img-<prefix>XXXXXX, removed by the suite's
  * fini; the store is in the test daemon's data directory (removed with it).
@@ -33,10 +35,15 @@
 #include "../support/imgbuild.h"
 
 static char work[128];
+static struct testd *live; /* a test's own daemon, stopped by the fini */
 
 static void
 cleanup(void)
 {
+    if (live) {
+        testd_stop(live);
+        live = NULL;
+    }
     if (work[0]) {
         sbx_rm_rf(work);
         work[0] = '\0';
@@ -84,9 +91,10 @@ sh(sbx_client *c, const char *id, const char *cmd, int *code)
     return out;
 }
 
-/* Build the test image's layout at work/<name> (gzip layers); *digest. */
+/* Build the test image's layout at work/<name> (gzip layers), its
+ * os-release ID=<osid>; *digest. */
 static void
-build_image(const char *name, char digest[72])
+build_image_as(const char *name, const char *osid, char digest[72])
 {
     size_t nb = 0;
     struct imgb_entry *base = imgb_base_entries(&nb);
@@ -108,18 +116,23 @@ build_image(const char *name, char digest[72])
                                          more[i].mode};
     static const struct imgb_entry top[] = {
         {'d', "etc", NULL, 0},
-        {'f', "etc/os-release", "ID=sbxtest\nNAME=\"sbx test image\"\n", 0},
+        {'f', "etc/os-release", NULL, 0},
         {'f', ".wh.gone", NULL, 0},
         {'f', ".wh.rmme", NULL, 0},
         {'d', "opq", NULL, 0},
         {'f', "opq/.wh..wh..opq", NULL, 0},
         {'f', "opq/new", "new\n", 0},
     };
+    char osr[128];
+    snprintf(osr, sizeof(osr), "ID=%s\nNAME=\"sbx test image\"\n", osid);
+    struct imgb_entry topv[SBX_ARRAY_LEN(top)];
+    memcpy(topv, top, sizeof(top));
+    topv[1].data = osr;
     char l0[256], l1[256], dir[256], d0[72], d1[72];
     snprintf(l0, sizeof(l0), "%s/%s-0.tar.gz", work, name);
     snprintf(l1, sizeof(l1), "%s/%s-1.tar.gz", work, name);
     cr_assert_eq(imgb_layer(l0, base, nb, true, d0), 0);
-    cr_assert_eq(imgb_layer(l1, top, SBX_ARRAY_LEN(top), true, d1), 0);
+    cr_assert_eq(imgb_layer(l1, topv, SBX_ARRAY_LEN(topv), true, d1), 0);
     imgb_entries_free(base, nb);
     char *layers[] = {l0, l1};
     const char *diffs[] = {d0, d1};
@@ -129,6 +142,12 @@ build_image(const char *name, char digest[72])
                              "\"WorkingDir\":\"/srv/app\"",
                              digest),
                  0);
+}
+
+static void
+build_image(const char *name, char digest[72])
+{
+    build_image_as(name, "sbxtest", digest);
 }
 
 static int
@@ -328,4 +347,62 @@ Test(images, docker_archive_import_through_skopeo, .timeout = 240)
     free(res);
     free(id);
     sbx_client_close(c);
+}
+
+/* The record keeps the digest: after a restart of the deployment, and after
+ * its name moved to another image, a sandbox still runs the image it was
+ * created from. */
+Test(images, a_sandbox_keeps_its_image_across_a_restart, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char d1[72], d2[72], code[64], msg[512], args[1024];
+    build_image_as("one", "first", d1);
+    build_image_as("two", "second", d2);
+    static struct testd d;
+    const char *const extra[] = {TESTD_SMALL, NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0);
+    live = &d;
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    snprintf(args, sizeof(args), "{\"path\":\"%s/one\",\"name\":\"sbxtest/k:1\"}", work);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "import one: %s", msg);
+    free(res);
+    char *id = test_id("img-keep");
+    res = call(c, "create", id, "{\"image\":\"sbxtest/k:1\"}", code, msg);
+    cr_assert(res, "create: %s", msg);
+    free(res);
+    int ec;
+    char *out = sh(c, id, "cat /etc/os-release | head -1", &ec);
+    cr_expect_str_eq(out, "ID=first\n");
+    free(out);
+    /* The name moves to another image. */
+    snprintf(args, sizeof(args), "{\"path\":\"%s/two\",\"name\":\"sbxtest/k:1\"}", work);
+    res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "import two: %s", msg);
+    free(res);
+    sbx_client_close(c);
+    cr_assert_eq(testd_restart(&d, 1, extra), 0);
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    out = sh(c, id, "cat /etc/os-release | head -1", &ec);
+    cr_expect_str_eq(out, "ID=first\n", "a new container of the same image after the restart");
+    free(out);
+    res = call(c, "status", id, "{}", code, msg);
+    cr_expect(res && strstr(res, d1), "status names the first image: %s", res ? res : msg);
+    free(res);
+    char *id2 = test_id("img-keep2");
+    res = call(c, "create", id2, "{\"image\":\"sbxtest/k:1\"}", code, msg);
+    cr_assert(res, "create: %s", msg);
+    free(res);
+    out = sh(c, id2, "cat /etc/os-release | head -1", &ec);
+    cr_expect_str_eq(out, "ID=second\n", "the name now means the second image");
+    free(out);
+    free(id);
+    free(id2);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live = NULL;
 }
