@@ -13,7 +13,7 @@
  * refused without a byte written outside the layer; a device node left
  * out; an image without /bin/sh refused; unknown names IMAGE_NOT_FOUND; rm
  * and GC, a layer kept while another image or a running user (the use
- * lock) still needs it.
+ * lock) still needs it; a pull from a registry that does not answer.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails.
@@ -301,5 +301,24 @@ Test(images, device_nodes_left_out_and_no_shell_refused)
     cr_assert_eq(sbx_image_import(st, missing, NULL, got, &err), SBX_E_IMAGE_NOT_FOUND);
     cr_assert_eq(sbx_image_import(st, "relative", NULL, got, &err), SBX_E_VALIDATION);
     cr_assert_eq(sbx_image_import(st, "/", "bad name!", got, &err), SBX_E_VALIDATION);
+    sbx_err_release(&err);
+}
+
+/* A pull goes through skopeo; a registry that does not answer (nothing
+ * listens on 127.0.0.1:1) is IMAGE_NOT_FOUND with skopeo's reason, and leaves
+ * nothing behind. */
+Test(images, pull_from_an_unreachable_registry)
+{
+    if (access("/usr/bin/skopeo", X_OK) != 0)
+        cr_skip_test("skopeo is not installed (tools/deps.sh)");
+    char got[SBX_IMAGE_DIGEST_LEN];
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_pull(st, "127.0.0.1:1/none:1", NULL, got, &err), SBX_E_IMAGE_NOT_FOUND,
+                 "%s", sbx_err_msg(err));
+    cr_assert(strstr(sbx_err_msg(err), "skopeo") && strstr(sbx_err_msg(err), "127.0.0.1:1"), "%s",
+              sbx_err_msg(err));
+    cr_assert_eq(count_dir("tmp"), 0);
+    cr_assert_eq(sbx_image_pull(st, "--help", NULL, got, &err), SBX_E_VALIDATION,
+                 "an option is not a reference");
     sbx_err_release(&err);
 }
