@@ -879,12 +879,21 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
     }
     snprintf(root->digest, sizeof(root->digest), "%s", digest);
     json_t *layers = json_object_get(img, "layers");
-    root->nlayers = (int)json_array_size(layers);
-    root->layers = sbx_xcalloc((size_t)root->nlayers + 1, sizeof(char *));
-    for (int i = 0; i < root->nlayers; i++) {
-        const char *d = json_string_value(json_array_get(layers, (size_t)i));
-        root->layers[i] = sbx_xmalloc(strlen(st->dir) + 80);
-        sprintf(root->layers[i], "%s/layers/%s", st->dir, d && is_digest(d) ? d + 7 : "-");
+    size_t n = json_array_size(layers);
+    root->layers = sbx_xcalloc(n + 1, sizeof(char *));
+    for (size_t i = 0; i < n; i++) {
+        const char *d = json_string_value(json_array_get(layers, i));
+        /* A layer that comes again higher up (Docker's empty layers) is
+         * left out below: overlayfs refuses overlapping lower dirs, and the
+         * higher copy shadows every path of the lower one anyway. */
+        bool again = false;
+        for (size_t k = i + 1; k < n && d; k++)
+            again |= json_equal(json_array_get(layers, k), json_array_get(layers, i));
+        if (again)
+            continue;
+        root->layers[root->nlayers] = sbx_xmalloc(strlen(st->dir) + 80);
+        sprintf(root->layers[root->nlayers++], "%s/layers/%s", st->dir,
+                d && is_digest(d) ? d + 7 : "-");
     }
     json_t *cfg = json_object_get(img, "config");
     root->env = strv_of(json_object_get(cfg, "env"));

@@ -103,7 +103,8 @@ int sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *
 /* What a container of an image needs (sbx_image_open_root). */
 struct sbx_image_root {
     char digest[SBX_IMAGE_DIGEST_LEN];
-    char **layers;     /* host paths of the layer dirs, bottom first, NULL-terminated */
+    char **layers;     /* host paths of the layer dirs, bottom first, NULL-terminated;
+                        * a layer the image repeats appears once, at its highest place */
     int nlayers;
     char **env;        /* the image config's Env "K=V", NULL-terminated */
     char *workdir;     /* WorkingDir or NULL */

@@ -92,9 +92,10 @@ sh(sbx_client *c, const char *id, const char *cmd, int *code)
 }
 
 /* Build the test image's layout at work/<name> (gzip layers), its
- * os-release ID=<osid>; *digest. */
+ * os-release ID=<osid>; with empties, an empty layer above each of the two
+ * (the same layer twice, as Docker makes for ENV or WORKDIR); *digest. */
 static void
-build_image_as(const char *name, const char *osid, char digest[72])
+build_image_x(const char *name, const char *osid, bool empties, char digest[72])
 {
     size_t nb = 0;
     struct imgb_entry *base = imgb_base_entries(&nb);
@@ -128,20 +129,31 @@ build_image_as(const char *name, const char *osid, char digest[72])
     struct imgb_entry topv[SBX_ARRAY_LEN(top)];
     memcpy(topv, top, sizeof(top));
     topv[1].data = osr;
-    char l0[256], l1[256], dir[256], d0[72], d1[72];
+    char l0[256], l1[256], le[256], dir[256], d0[72], d1[72], de[72];
     snprintf(l0, sizeof(l0), "%s/%s-0.tar.gz", work, name);
     snprintf(l1, sizeof(l1), "%s/%s-1.tar.gz", work, name);
     cr_assert_eq(imgb_layer(l0, base, nb, true, d0), 0);
     cr_assert_eq(imgb_layer(l1, topv, SBX_ARRAY_LEN(topv), true, d1), 0);
     imgb_entries_free(base, nb);
-    char *layers[] = {l0, l1};
-    const char *diffs[] = {d0, d1};
+    snprintf(le, sizeof(le), "%s/%s-e.tar.gz", work, name);
+    cr_assert_eq(imgb_layer(le, NULL, 0, true, de), 0);
+    char *layers[] = {l0, le, l1, le};
+    const char *diffs[] = {d0, de, d1, de};
+    char *plain[] = {l0, l1};
+    const char *pdiffs[] = {d0, d1};
     snprintf(dir, sizeof(dir), "%s/%s", work, name);
-    cr_assert_eq(imgb_layout(dir, layers, diffs, 2, true,
+    cr_assert_eq(imgb_layout(dir, empties ? layers : plain, empties ? diffs : pdiffs,
+                             empties ? 4 : 2, true,
                              "\"Env\":[\"PATH=/usr/bin:/bin\",\"IMGVAR=from-image\"],"
                              "\"WorkingDir\":\"/srv/app\"",
                              digest),
                  0);
+}
+
+static void
+build_image_as(const char *name, const char *osid, char digest[72])
+{
+    build_image_x(name, osid, false, digest);
 }
 
 static void
@@ -405,4 +417,37 @@ Test(images, a_sandbox_keeps_its_image_across_a_restart, .timeout = 240)
     sbx_client_close(c);
     testd_stop(&d);
     live = NULL;
+}
+
+/* Docker images repeat their empty layer (ENV, WORKDIR …): the layer is
+ * unpacked once, and the overlay gets it once. */
+Test(images, an_image_that_repeats_a_layer, .timeout = 120)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024];
+    build_image_x("rep", "repeated", true, digest);
+    sbx_client *c = test_client();
+    snprintf(args, sizeof(args), "{\"path\":\"%s/rep\",\"name\":\"sbxtest/rep:1\"}", work);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "import: %s %s", code, msg);
+    cr_expect(strstr(res, "\"layers\":4"), "four layers in the manifest: %s", res);
+    free(res);
+    char *id = test_id("img-rep");
+    res = call(c, "create", id, "{\"image\":\"sbxtest/rep:1\"}", code, msg);
+    cr_assert(res, "create: %s", msg);
+    free(res);
+    int ec;
+    char *out = sh(c, id, "head -1 /etc/os-release; ls -A /opq", &ec);
+    cr_expect_str_eq(out, "ID=repeated\nnew\n", "%s", out);
+    free(out);
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, id, &destroyed, &err), 0);
+    res = call(c, "image.rm", NULL, "{\"image\":\"sbxtest/rep:1\"}", code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(id);
+    sbx_client_close(c);
 }
