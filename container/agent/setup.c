@@ -586,6 +586,22 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
         snprintf(path, sizeof(path), NEWROOT "/l%d", i);
         umount2(path, MNT_DETACH);
     }
+    /* /dev and /sys start empty whatever the image holds there (a rootfs
+     * tarball carries /dev/fd, /dev/null …): empty directories of the tmpfs
+     * bound over them, moved with the overlay below (setup_dev and
+     * setup_proc then build on them as on the host-/usr root's). */
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } fresh[] = {{"dev", 0755}, {"sys", 0555}};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(fresh); i++) {
+        char src[64], dst[64];
+        snprintf(src, sizeof(src), NEWROOT "/empty-%s", fresh[i].name);
+        snprintf(dst, sizeof(dst), NEWROOT "/root/%s", fresh[i].name);
+        STEP(mkdir(src, fresh[i].mode) == 0 && chmod(src, fresh[i].mode) == 0, "mkdir %s", src);
+        STEP(mkdir_ok(dst, fresh[i].mode) == 0, "mkdir /%s", fresh[i].name);
+        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind an empty /%s", fresh[i].name);
+    }
     STEP(mount(NEWROOT "/root", NEWROOT, NULL, MS_MOVE, NULL) == 0,
          "move the overlay onto the new root");
 
