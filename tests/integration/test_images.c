@@ -100,7 +100,7 @@ build_image_x(const char *name, const char *osid, bool empties, char digest[72])
     size_t nb = 0;
     struct imgb_entry *base = imgb_base_entries(&nb);
     cr_assert(base, "busybox-static is not installed (tools/deps.sh)");
-    base = realloc(base, (nb + 8) * sizeof(*base));
+    base = realloc(base, (nb + 11) * sizeof(*base));
     struct imgb_entry more[] = {
         {'f', "etc/os-release", "ID=base\n", 0},
         {'d', "gone", NULL, 0},
@@ -110,6 +110,11 @@ build_image_x(const char *name, const char *osid, bool empties, char digest[72])
         {'f', "opq/old", "old\n", 0},
         {'d', "usr/share", NULL, 0},
         {'f', "usr/share/base-file", "base\n", 0},
+        /* What a rootfs tarball (mmdebstrap, debootstrap) has in /dev: the
+         * sandbox's /dev must be its own all the same. */
+        {'d', "dev", NULL, 0},
+        {'l', "dev/fd", "/proc/self/fd", 0},
+        {'c', "dev/console", NULL, 0},
     };
     for (size_t i = 0; i < SBX_ARRAY_LEN(more); i++)
         base[nb++] = (struct imgb_entry){more[i].type, strdup(more[i].path),
@@ -210,6 +215,9 @@ Test(images, sandbox_from_an_imported_image, .timeout = 240)
     free(out);
     out = sh(c, a, "echo \"$IMGVAR\"", &ec);
     cr_expect_str_eq(out, "from-image\n", "the image's Env");
+    free(out);
+    out = sh(c, a, "test -c /dev/null && test ! -e /dev/console && readlink /dev/fd", &ec);
+    cr_expect_str_eq(out, "/proc/self/fd\n", "the sandbox's own /dev: %s", out);
     free(out);
     out = sh(c, a, "pwd", &ec);
     cr_expect_str_eq(out, "/srv/app\n", "commands start in the image's WorkingDir: %s", out);
