@@ -13,7 +13,8 @@
  * refused without a byte written outside the layer; a device node left
  * out; an image without /bin/sh refused; unknown names IMAGE_NOT_FOUND; rm
  * and GC, a layer kept while another image or a running user (the use
- * lock) still needs it; a pull from a registry that does not answer.
+ * lock) still needs it; a pull from a registry that does not answer; two
+ * imports of one image at once through two store handles.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails.
@@ -21,6 +22,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,5 +322,55 @@ Test(images, pull_from_an_unreachable_registry)
     cr_assert_eq(count_dir("tmp"), 0);
     cr_assert_eq(sbx_image_pull(st, "--help", NULL, got, &err), SBX_E_VALIDATION,
                  "an option is not a reference");
+    sbx_err_release(&err);
+}
+
+/* Two shards of a node share the store: imports of the same image at once
+ * (two store handles, as two processes have, each on its own thread) both
+ * succeed, serialised by the store's flock, and leave one copy of each
+ * layer and nothing in tmp/. */
+struct imp_arg {
+    sbx_image_store *st;
+    const char *path, *name;
+    int rc;
+    char digest[SBX_IMAGE_DIGEST_LEN];
+};
+
+static void *
+imp_thread(void *p)
+{
+    struct imp_arg *a = p;
+    a->rc = sbx_image_import(a->st, a->path, a->name, a->digest, NULL);
+    return NULL;
+}
+
+Test(images, concurrent_imports_of_one_image)
+{
+    static const struct imgb_entry top[] = {{'f', "x", "x", 0}};
+    const struct imgb_entry *l[] = {base_min, top};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), 1};
+    char digest[72], diffs[2][72], path[256];
+    make_layout("conc", l, counts, 2, true, NULL, digest, diffs);
+    snprintf(path, sizeof(path), "%s/conc", tmpdir);
+    sbx_image_store *st2 = NULL;
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_store_open(storedir, &st2, &err), 0);
+    struct imp_arg a = {st, path, "conc:a", -1, ""}, b = {st2, path, "conc:b", -1, ""};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, imp_thread, &a);
+    pthread_create(&tb, NULL, imp_thread, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    sbx_image_store_close(st2);
+    cr_assert_eq(a.rc, 0);
+    cr_assert_eq(b.rc, 0);
+    cr_assert_str_eq(a.digest, digest);
+    cr_assert_str_eq(b.digest, digest);
+    cr_assert_eq(count_dir("layers"), 2);
+    cr_assert_eq(count_dir("images"), 1);
+    cr_assert_eq(count_dir("tmp"), 0);
+    char got[SBX_IMAGE_DIGEST_LEN];
+    cr_assert_eq(sbx_image_resolve(st, "conc:a", got, &err), 0);
+    cr_assert_eq(sbx_image_resolve(st, "conc:b", got, &err), 0);
     sbx_err_release(&err);
 }
