@@ -368,8 +368,9 @@ image_layer_trees(pid_t pid, const struct sbx_image_root *img, int *fds, char *w
     snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
     int ns = open(path, O_RDONLY | O_CLOEXEC);
     if (ns < 0) {
-        snprintf(why, whylen, "open %s: %s", path, strerror(errno));
-        return -errno;
+        int e = errno;
+        snprintf(why, whylen, "open %s: %s", path, strerror(e));
+        return -e;
     }
     int rc = 0;
     for (int i = 0; i < img->nlayers; i++)
