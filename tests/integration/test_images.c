@@ -167,6 +167,35 @@ build_image(const char *name, char digest[72])
     build_image_as(name, "sbxtest", digest);
 }
 
+/* How many layers of the test daemon's store hold rel (with exactly the
+ * content want, when not NULL). */
+static int
+store_file_count(const char *rel, const char *want)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/images/layers", getenv("SBX_TEST_DIR") ? getenv("SBX_TEST_DIR")
+                                                                        : "/nonexistent");
+    DIR *d = opendir(p);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char f[1024], buf[64] = {0};
+        snprintf(f, sizeof(f), "%s/%s/%s", p, de->d_name, rel);
+        FILE *fp = fopen(f, "r");
+        if (!fp)
+            continue;
+        size_t got = fread(buf, 1, sizeof(buf) - 1, fp);
+        fclose(fp);
+        n += !want || (got == strlen(want) && !memcmp(buf, want, got));
+    }
+    closedir(d);
+    return n;
+}
+
 static int
 count_layers(void)
 {
@@ -242,6 +271,10 @@ Test(images, sandbox_from_an_imported_image, .timeout = 240)
     cr_expect_eq(ec, 0);
     cr_expect_str_eq(out, "mine\nbase\nmore\n", "writes under /usr: %s", out);
     free(out);
+    /* The store's copy is untouched (the write went to a's upper layer). */
+    cr_expect_eq(store_file_count("usr/share/base-file", "base\n"), 1,
+                 "the layer's file on the host is the image's");
+    cr_expect_eq(store_file_count("usr/bin/mine", NULL), 0, "nothing new in the layers");
     res = call(c, "create", b, "{\"image\":\"sbxtest/img:1\"}", code, msg);
     cr_assert(res, "create b: %s %s", code, msg);
     free(res);
