@@ -148,9 +148,9 @@ actor_start_container(struct actor *a, struct sop *op)
     a->last_active_ms = sbx_wall_ms();
     op->container_restarted = a->died;
     struct sbx_container c;
-    /* The pool's containers run the host's /usr: an image sandbox's
-     * container is always started for it (pools per image: not yet). */
-    if (!a->rec.image[0] && shard_pool_take(sh, &c)) {
+    /* The warm pool's containers run the host's /usr; an image sandbox
+     * takes one of its image's pool (image_pool.c), if any. */
+    if (a->rec.image[0] ? shard_img_pool_take(sh, a->rec.image, &c) : shard_pool_take(sh, &c)) {
         a->gate = NULL;
         container_ready(a, &c, true);
         if (a->cs == C_RUNNING)

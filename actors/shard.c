@@ -227,6 +227,7 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "actors", (int64_t)sh->actors.n);
     sbx_enc_kint(&e, "running", (int64_t)running);
     sbx_enc_kint(&e, "pool", sh->pool.n);
+    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh));
     sbx_enc_kint(&e, "requests", (int64_t)sh->n_requests);
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);
@@ -316,6 +317,7 @@ sweep_cb(sbx_loop *l, void *arg)
     actor_sleep_sweep(sh);
     idem_expire(sh); /* also when no new request comes to push entries out */
     shard_pool_adapt(sh);
+    shard_img_pools_adapt(sh);
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -475,6 +477,7 @@ stop:
     for (struct pooled *p = sh->pool.head; p; p = p->next)
         sbx_container_kill(&p->c);
     actor_stop_all(sh);
+    shard_img_pools_stop(sh);
     while (sh->pool.head) {
         struct pooled *p = sh->pool.head;
         sh->pool.head = p->next;

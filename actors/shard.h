@@ -71,6 +71,7 @@ struct sbx_shard_conf {
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
     char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
+    int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

@@ -215,6 +215,20 @@ struct shard_pool {
     bool fill_armed;            /* a refill timer is pending (pool_fill_soon) */
 };
 
+/* Ready containers per image (image_pool.c; docs/images.md "Pools per
+ * image"): each of up to SHARD_IMG_POOLS images keeps conf.image_pool
+ * started containers while sandboxes of it were created in the last
+ * SHARD_IMG_POOL_IDLE_MS; then they stop (and with them their hold on the
+ * image: GC may delete it afterwards). */
+#define SHARD_IMG_POOLS 8
+#define SHARD_IMG_POOL_IDLE_MS 30000
+struct img_pool {
+    char digest[72];            /* the image; "": a free slot */
+    struct pooled *head;        /* owned */
+    int n, inflight;            /* containers in it; starts under way */
+    int64_t last_ms;            /* monotonic: the last create of a sandbox of it */
+};
+
 /* Cached replies for retried request ids (idempotency). */
 struct idem {
     struct idem *hnext, *lnext;
@@ -299,6 +313,7 @@ struct shard {
     struct shard_relay relay;  /* relay.c */
 
     sbx_image_store *images;   /* the node's image store (images.c), or NULL */
+    struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
     _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
 
     /* cluster membership and ownership (actors/cluster.c), or NULL */
@@ -336,6 +351,22 @@ void shard_work_submit(struct shard *sh, struct work *w);
 /* shard_pool_take — a warm container into *out (true), or none (false);
  * either way counts one container of demand (hit or miss). */
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+
+/* image_pool.c (loop thread).  shard_img_pool_take — a ready container of
+ * the image digest into *out (true), or none (false); either way the
+ * image's pool is (re)filled to conf.image_pool (0: no pools per image). */
+bool shard_img_pool_take(struct shard *sh, const char *digest, struct sbx_container *out);
+/* shard_img_pool_done — a pool start (w: W_START, no actor, w->image set)
+ * came back: into its image's pool, or stopped (w consumed). */
+void shard_img_pool_done(struct shard *sh, struct work *w);
+/* shard_img_pools_adapt — once a second: stop the pools of images no
+ * sandbox was created from for SHARD_IMG_POOL_IDLE_MS. */
+void shard_img_pools_adapt(struct shard *sh);
+/* shard_img_pools_stop — the shard stops: kill every pooled image
+ * container and queue its stop. */
+void shard_img_pools_stop(struct shard *sh);
+/* shard_img_pool_count — ready image containers (status). */
+int shard_img_pool_count(const struct shard *sh);
 
 /* shard_reply.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);

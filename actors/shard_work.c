@@ -121,6 +121,10 @@ work_done_loop(sbx_loop *l, void *arg)
             sbx_log_error("container start failed: %s", w->why);
         }
     }
+    if (w->kind == W_START && !w->actor && w->image[0]) {
+        shard_img_pool_done(sh, w); /* a container of an image's pool (image_pool.c) */
+        return;
+    }
     if (w->kind == W_START && !w->actor) {
         /* A pool container. */
         sh->pool.inflight--;

@@ -367,6 +367,8 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
         {"images", SBX_OPT_STR, &(c)->images,                                                 \
          "the node's image store (default <data>/images; dev: one for all shards)"},          \
+        {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
+         "ready containers kept per image sandboxes are being created from (0: none)"},      \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \

@@ -16,7 +16,8 @@
  * runs; image.list / inspect / rm, and rm of an image a running sandbox
  * uses keeps it until the sandbox is gone; a sandbox keeps its image (by
  * digest) across a restart of its deployment, after its name moved to
- * another image.
+ * another image; with --image-pool, the next sandbox of an image takes a
+ * ready container of its image's pool.
  *
  * The layouts live in /tmp/sbx-img-<prefix>XXXXXX, removed by the suite's
  * fini; the store is in the test daemon's data directory (removed with it).
@@ -491,4 +492,74 @@ Test(images, an_image_that_repeats_a_layer, .timeout = 120)
     free(res);
     free(id);
     sbx_client_close(c);
+}
+
+/* Pools per image (sbxd --image-pool N, docs/images.md): the first sandbox
+ * of an image starts its own container and makes the image's pool, which
+ * then holds a ready container of it; the next sandbox takes that one (a
+ * pool hit) and runs the image. */
+static int64_t
+shard_stat(sbx_client *c, const char *key)
+{
+    char code[64], msg[512];
+    char *res = call(c, "cluster.status", NULL, "{}", code, msg);
+    int64_t v = -1;
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    const char *p = res ? strstr(res, pat) : NULL;
+    if (p)
+        v = atoll(p + strlen(pat));
+    free(res);
+    return v;
+}
+
+Test(images, a_pool_per_image, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024];
+    build_image_as("pool", "pooled", digest);
+    static struct testd d;
+    const char *const extra[] = {TESTD_SMALL, "--image-pool", "1", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0);
+    live = &d;
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    snprintf(args, sizeof(args), "{\"path\":\"%s/pool\",\"name\":\"sbxtest/pool:1\"}", work);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "import: %s", msg);
+    free(res);
+    char *ids[3];
+    int ec;
+    for (int i = 0; i < 3; i++) {
+        /* Wait for the image's pool to hold a ready container (after the first). */
+        for (int k = 0; i > 0 && k < 200 && shard_stat(c, "imagePool") < 1; k++)
+            usleep(50 * 1000);
+        if (i > 0)
+            cr_assert_eq(shard_stat(c, "imagePool"), 1, "the image's pool holds one container");
+        int64_t hits = shard_stat(c, "poolHits");
+        ids[i] = test_id("img-pool");
+        res = call(c, "create", ids[i], "{\"image\":\"sbxtest/pool:1\"}", code, msg);
+        cr_assert(res, "create: %s", msg);
+        free(res);
+        char *out = sh(c, ids[i], "head -1 /etc/os-release", &ec);
+        cr_expect_str_eq(out, "ID=pooled\n", "sandbox %d runs the image", i);
+        free(out);
+        if (i > 0)
+            cr_expect_eq(shard_stat(c, "poolHits"), hits + 1, "sandbox %d took a pooled container",
+                         i);
+    }
+    /* A host-/usr sandbox never gets an image's container. */
+    char *h = test_id("img-pool-host");
+    char *out = sh(c, h, "grep -c pooled /etc/os-release", &ec);
+    cr_expect_str_eq(out, "0\n");
+    free(out);
+    for (int i = 0; i < 3; i++)
+        free(ids[i]);
+    free(h);
+    sbx_client_close(c);
+    testd_stop(&d);
+    live = NULL;
 }
