@@ -45,7 +45,7 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
            runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
-           runtime/etcd.c runtime/cview.c runtime/error.c
+           runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c

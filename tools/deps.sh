@@ -36,6 +36,8 @@ pkgs=(
   etcd-server etcd-client iproute2
   # tests: a real browser loads a page through a preview URL (tests/integration/test_preview.c)
   chromium
+  # operations (issue 17): a real Prometheus scrapes /metrics in tests; man pages from --help
+  prometheus help2man
 )
 
 missing=()
