@@ -32,6 +32,7 @@ actor_op_fn actor_op_status;
 shard_op_fn shard_op_list;
 shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;
+shard_op_fn shard_op_metrics;
 
 extern actor_op_fn *const actor_ops[SBX_OPID__COUNT];
 extern shard_op_fn *const shard_ops[SBX_OPID__COUNT];

@@ -143,15 +143,25 @@ sbx_prom_labels(char *out, size_t n, ...)
     return rc;
 }
 
+/* The shortest of %.15g and %.17g that reads back as v (0.1, not
+ * 0.10000000000000001), or +Inf, -Inf, NaN. */
+static void
+fmt_value(char out[40], double v)
+{
+    if (isnan(v))
+        snprintf(out, 40, "NaN");
+    else if (isinf(v))
+        snprintf(out, 40, "%s", v > 0 ? "+Inf" : "-Inf");
+    else if (snprintf(out, 40, "%.15g", v), strtod(out, NULL) != v)
+        snprintf(out, 40, "%.17g", v);
+}
+
 static void
 append_value(sbx_buf *b, double v)
 {
-    if (isnan(v))
-        sbx_buf_append(b, "NaN", 3);
-    else if (isinf(v))
-        sbx_buf_appendf(b, "%s", v > 0 ? "+Inf" : "-Inf");
-    else
-        sbx_buf_appendf(b, "%.17g", v);
+    char s[40];
+    fmt_value(s, v);
+    sbx_buf_appendf(b, "%s", s);
 }
 
 static void
@@ -187,10 +197,11 @@ sbx_prom_add_hist(sbx_prom *p, const char *family, const char *labels, const dou
     if (!f)
         return -ENOENT;
     uint64_t cum = 0;
-    char le[48];
+    char le[48], v[40];
     for (int i = 0; i < nb && i < SBX_HIST_MAX; i++) {
         cum += h->counts[i];
-        snprintf(le, sizeof(le), "le=\"%.17g\"", bounds[i]);
+        fmt_value(v, bounds[i]);
+        snprintf(le, sizeof(le), "le=\"%s\"", v);
         sample(f, "_bucket", labels, le, (double)cum);
     }
     sample(f, "_bucket", labels, "le=\"+Inf\"", (double)h->count);

@@ -63,7 +63,10 @@ void sbx_prom_free(sbx_prom *p);
 
 /*
  * sbx_prom_family — declare family `name` of `type` ("counter", "gauge",
- * "histogram", "untyped") with `help` (any text: escaped here).  Declaring
+ * "histogram", "untyped") with `help` (any text: escaped here).  A
+ * counter's name ends in "_total" and its samples carry that name (suffix
+ * ""): the 0.0.4 parsers group samples by their exact name, so a family
+ * "x" with samples "x_total" would read as two families.  Declaring
  * an existing family again is allowed when the type is the same (the first
  * help stays).  Returns 0, -EINVAL for a malformed name or unknown type, or
  * -EEXIST when the family exists with another type.
@@ -82,7 +85,8 @@ int sbx_prom_labels(char *out, size_t n, ...) __attribute__((sentinel));
  * sbx_prom_add — one sample of family `family` (declared before: -ENOENT
  * otherwise): the line `family<suffix>{labels} value`, suffix "" or e.g.
  * "_total"; labels from sbx_prom_labels, or NULL/"" for none.
- * Values print as the shortest exact decimal (%.17g), +Inf, -Inf or NaN.
+ * Values print as %.15g when that reads back exactly, else %.17g; +Inf,
+ * -Inf or NaN.
  */
 int sbx_prom_add(sbx_prom *p, const char *family, const char *suffix, const char *labels,
                  double value);

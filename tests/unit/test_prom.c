@@ -27,20 +27,22 @@ Test(prom, counter_and_gauge_lines)
     sbx_prom p;
     char l[128];
     sbx_prom_init(&p);
-    cr_assert_eq(sbx_prom_family(&p, "sbx_requests", "counter", "requests taken"), 0);
+    cr_assert_eq(sbx_prom_family(&p, "sbx_requests_total", "counter", "requests taken"), 0);
     cr_assert_eq(sbx_prom_labels(l, sizeof(l), "op", "exec", "code", "OK", NULL), 0);
-    cr_assert_eq(sbx_prom_add(&p, "sbx_requests", "_total", l, 3), 0);
+    cr_assert_eq(sbx_prom_add(&p, "sbx_requests_total", "", l, 3), 0);
     cr_assert_eq(sbx_prom_family(&p, "sbx_up", "gauge", "1"), 0);
     cr_assert_eq(sbx_prom_add(&p, "sbx_up", "", NULL, 0.5), 0);
+    cr_assert_eq(sbx_prom_add(&p, "sbx_up", "", NULL, 0.1 + 0.2), 0); /* needs 17 digits */
     cr_assert_eq(sbx_prom_add(&p, "sbx_up", "", "", INFINITY), 0);
     cr_assert_eq(sbx_prom_add(&p, "sbx_up", "", "", NAN), 0);
     char *s = render(&p);
-    cr_assert_str_eq(s, "# HELP sbx_requests requests taken\n"
-                        "# TYPE sbx_requests counter\n"
+    cr_assert_str_eq(s, "# HELP sbx_requests_total requests taken\n"
+                        "# TYPE sbx_requests_total counter\n"
                         "sbx_requests_total{op=\"exec\",code=\"OK\"} 3\n"
                         "# HELP sbx_up 1\n"
                         "# TYPE sbx_up gauge\n"
                         "sbx_up 0.5\n"
+                        "sbx_up 0.30000000000000004\n"
                         "sbx_up +Inf\n"
                         "sbx_up NaN\n");
     free(s);
@@ -94,11 +96,11 @@ Test(prom, histogram_is_cumulative)
     cr_assert_eq(sbx_prom_add_hist(&p, "lat_seconds", "op=\"a\"", b, 3, &h), 0);
     char *s = render(&p);
     cr_assert_str_eq(s, "# HELP lat_seconds x\n# TYPE lat_seconds histogram\n"
-                        "lat_seconds_bucket{op=\"a\",le=\"0.10000000000000001\"} 2\n"
+                        "lat_seconds_bucket{op=\"a\",le=\"0.1\"} 2\n"
                         "lat_seconds_bucket{op=\"a\",le=\"1\"} 2\n"
                         "lat_seconds_bucket{op=\"a\",le=\"10\"} 3\n"
                         "lat_seconds_bucket{op=\"a\",le=\"+Inf\"} 4\n"
-                        "lat_seconds_sum{op=\"a\"} 105.15000000000001\n"
+                        "lat_seconds_sum{op=\"a\"} 105.15\n"
                         "lat_seconds_count{op=\"a\"} 4\n");
     free(s);
     sbx_prom_free(&p);
@@ -111,8 +113,8 @@ Test(prom, merge_keeps_families_together)
     sbx_prom_init(&gw);
     cr_assert_eq(sbx_prom_family(&gw, "x", "gauge", "x help"), 0);
     cr_assert_eq(sbx_prom_add(&gw, "x", "", "shard=\"gw\"", 1), 0);
-    cr_assert_eq(sbx_prom_family(&shard, "y", "counter", "y help"), 0);
-    cr_assert_eq(sbx_prom_add(&shard, "y", "_total", "shard=\"s0\"", 2), 0);
+    cr_assert_eq(sbx_prom_family(&shard, "y_total", "counter", "y help"), 0);
+    cr_assert_eq(sbx_prom_add(&shard, "y_total", "", "shard=\"s0\"", 2), 0);
     cr_assert_eq(sbx_prom_family(&shard, "x", "gauge", "x help"), 0);
     cr_assert_eq(sbx_prom_add(&shard, "x", "", "shard=\"s0\"", 3), 0);
     for (size_t i = 0; i < shard.n; i++) {
@@ -125,7 +127,7 @@ Test(prom, merge_keeps_families_together)
     cr_assert_eq(sbx_prom_add_raw(&gw, "x", "gauge", "", "x 1", 3), -EINVAL);
     char *s = render(&gw);
     cr_assert_str_eq(s, "# HELP x x help\n# TYPE x gauge\nx{shard=\"gw\"} 1\nx{shard=\"s0\"} 3\n"
-                        "# HELP y y help\n# TYPE y counter\ny_total{shard=\"s0\"} 2\n");
+                        "# HELP y_total y help\n# TYPE y_total counter\ny_total{shard=\"s0\"} 2\n");
     free(s);
     sbx_prom_free(&shard);
     sbx_prom_free(&gw);
