@@ -9,6 +9,10 @@
  * bounded sets: shard names, operation names of the schema, error code names,
  * record and container states — never a sandbox ID.
  *
+ * Each answer is also a debug log line naming the request (its id, sandbox
+ * and operation: runtime/log.h sbx_log_req), so a request id leads from the
+ * gateway's lines to the shard's.
+ *
  * Everything here runs on the shard's loop thread, which owns sh->mx; the
  * store's histograms are copied under its lock (sbx_store_hists), the relay
  * count under the relay's.
@@ -38,8 +42,12 @@ shard_metrics_reply(struct sop *op)
     struct sbx_hist **h = &sh->mx.ops[(size_t)op->def->id * SHARD_MX_CODES + (size_t)slot];
     if (!*h)
         *h = sbx_xcalloc(1, sizeof(**h));
-    sbx_hist_observe(*h, sbx_prom_latency_s, sbx_prom_latency_n,
-                     (double)(sbx_mono_us() - op->t0_us) / 1e6);
+    int64_t us = sbx_mono_us() - op->t0_us;
+    sbx_hist_observe(*h, sbx_prom_latency_s, sbx_prom_latency_n, (double)us / 1e6);
+    struct sbx_log_req lr = {op->req.id.p,      op->req.id.n, op->req.sandbox.p,
+                             op->req.sandbox.n, op->req.op.p, op->req.op.n};
+    sbx_log_req_debug(&lr, "shard %s answered %s in %.3f ms", sh->conf.name,
+                      op->code ? sbx_err_name(op->code) : "OK", (double)us / 1000);
 }
 
 void

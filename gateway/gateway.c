@@ -153,6 +153,8 @@ client_err(struct gctx *g, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     atomic_fetch_add(&g->gw->n_errors, 1);
+    struct sbx_log_req lr = {g->id, strlen(g->id), NULL, 0, g->op, strlen(g->op)};
+    sbx_log_req_debug(&lr, "gateway answered %s: %s", sbx_err_name(code), msg);
     sbx_str id = {g->id, strlen(g->id)};
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
@@ -915,6 +917,8 @@ handle(struct gctx *g, nng_msg *m)
         return;
     }
     if (def->flags & SBX_OP_GLOBAL) {
+        struct sbx_log_req lr = {req.id.p, req.id.n, NULL, 0, def->name, strlen(def->name)};
+        sbx_log_req_debug(&lr, "gateway fans it out to every shard");
         sbx_wire_msg_free(&dec);
         g->fanout = true;
         bool live[MAX_SLOTS] = {false};
@@ -959,6 +963,9 @@ handle(struct gctx *g, nng_msg *m)
         return;
     }
     g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
+    struct sbx_log_req lr = {req.id.p, req.id.n, req.sandbox.p, req.sandbox.n, def->name,
+                             strlen(def->name)};
+    sbx_log_req_debug(&lr, "gateway routes it (partition %u)", g->part);
     sbx_wire_msg_free(&dec);
     g->body = sbx_xmalloc(len);
     memcpy(g->body, body, len);

@@ -338,6 +338,22 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
     return rc ? rc : k ? 0 : -EINVAL;
 }
 
+/* --log-format, which every command takes (`sbxd dev` passes it on to its
+ * shards with the shard options); read into a local `log_format`. */
+#define LOG_FORMAT_OPT                                                                        \
+    {"log-format", SBX_OPT_STR, &log_format,                                                  \
+     "log lines as text or json (one object per line: docs/operations.md)"}
+
+/* Apply --log-format; 0, or 2 with the reason printed. */
+static int
+set_log_format(const char *log_format, const char *cmd)
+{
+    if (sbx_log_set_format(log_format) == 0)
+        return 0;
+    fprintf(stderr, "%s: --log-format must be text or json, not '%s'\n", cmd, log_format);
+    return 2;
+}
+
 /* The options a shard takes; `sbxd dev` takes them too and passes them on. */
 #define SHARD_OPTS(c)                                                                         \
     {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
@@ -375,7 +391,8 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,                                 \
          "file holding the relay secret (preferred to --relay-secret)"},                     \
         {"relay-secret", SBX_OPT_STR, &(c)->relay_secret,                                     \
-         "secret gateways must present to preview relays (tcp relays)"}
+         "secret gateways must present to preview relays (tcp relays)"},                     \
+        LOG_FORMAT_OPT
 
 static int
 cmd_shard(int argc, char **argv)
@@ -384,6 +401,7 @@ cmd_shard(int argc, char **argv)
     bool help = false, sweep = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
+    char *log_format = NULL;
     sbx_shard_conf_defaults(&c);
     /* --etc/--env given on the command line replace the defaults. */
     struct sbx_opt opts[] = {
@@ -435,9 +453,17 @@ cmd_shard(int argc, char **argv)
         fprintf(stderr, "sbxd shard: %s\n", why);
         sbx_shard_conf_free(&c);
         free(relay_secret_file);
+        free(log_format);
         return 2;
     }
     free(rest);
+    int frc = set_log_format(log_format, "sbxd shard");
+    free(log_format);
+    if (frc) {
+        free(relay_secret_file);
+        sbx_shard_conf_free(&c);
+        return frc;
+    }
     int lrc = load_secret(relay_secret_file, &c.relay_secret, "sbxd shard");
     free(relay_secret_file);
     if (lrc) {
@@ -587,6 +613,7 @@ cmd_gateway(int argc, char **argv)
     bool help = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
+    char *log_format = NULL;
     c.name = sbx_xstrdup("gw");
     c.listen = sbx_xstrdup(DEFAULT_LISTEN);
     c.contexts = 1024;
@@ -607,6 +634,7 @@ cmd_gateway(int argc, char **argv)
         {"relay-secret", SBX_OPT_STR, &c.relay_secret, "secret of the shards' preview relays"},
         {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,
          "file holding the relay secret (preferred to --relay-secret)"},
+        LOG_FORMAT_OPT,
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };
@@ -625,6 +653,8 @@ cmd_gateway(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd gateway", -1);
+    if ((rc = set_log_format(log_format, "sbxd gateway")) != 0)
+        goto out;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -650,6 +680,7 @@ out:
     free(c.etcd);
     free(c.cluster);
     free(relay_secret_file);
+    free(log_format);
     sbx_strv_free(c.shards);
     return rc;
 }
@@ -714,6 +745,7 @@ cmd_dev(int argc, char **argv)
     bool help = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
+    char *log_format = NULL;
     sbx_shard_conf_defaults(&c);
     sbx_strv_free(c.etc);
     sbx_strv_free(c.env);
@@ -760,6 +792,8 @@ cmd_dev(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd dev", -1);
+    if ((rc = set_log_format(log_format, "sbxd dev")) != 0)
+        goto out;
     if (geteuid() != 0) {
         sbx_log_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
         rc = 1;
@@ -1015,6 +1049,7 @@ out:
     free(gc.http);
     free(gc.api_keys);
     free(relay_secret_file);
+    free(log_format);
     sbx_shard_conf_free(&c);
     return rc;
 }
