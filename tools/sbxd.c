@@ -58,6 +58,8 @@ interp_dir_default(void)
     return sbx_xstrdup(real);
 }
 
+/* The agent: next to sbxd (the build tree), else ../libexec/sbx/ from it
+ * (an install); the first path when neither exists (the error names it). */
 static char *
 agent_next_to_self(void)
 {
@@ -66,9 +68,15 @@ agent_next_to_self(void)
     if (n <= 0)
         return sbx_xstrdup("sbx-agent");
     self[n] = '\0';
-    char buf[PATH_MAX + 16];
-    snprintf(buf, sizeof(buf), "%s/sbx-agent", dirname(self));
-    return sbx_xstrdup(buf);
+    char buf[PATH_MAX + 32];
+    const char *dir = dirname(self);
+    snprintf(buf, sizeof(buf), "%s/sbx-agent", dir);
+    if (access(buf, X_OK) == 0)
+        return sbx_xstrdup(buf);
+    /* An install (make install): PREFIX/bin/sbxd, PREFIX/libexec/sbx/sbx-agent. */
+    char alt[PATH_MAX + 32];
+    snprintf(alt, sizeof(alt), "%s/../libexec/sbx/sbx-agent", dir);
+    return sbx_xstrdup(access(alt, X_OK) == 0 ? alt : buf);
 }
 
 /* --relay-secret-file: the secret from a file (not on the command line,
@@ -356,7 +364,7 @@ set_log_format(const char *log_format, const char *cmd)
 
 /* The options a shard takes; `sbxd dev` takes them too and passes them on. */
 #define SHARD_OPTS(c)                                                                         \
-    {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
+    {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd, or ../libexec/sbx/)"},         \
         {"interp", SBX_OPT_STR, &(c)->interp,                                                 \
          "interpreter drivers directory (default: ../share/sbx/interp from sbxd)"},           \
         {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
