@@ -69,7 +69,8 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
-CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c
+CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
+           tools/cli_mcp.c
 # The library the CLI links: the release one exports only the public API
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a

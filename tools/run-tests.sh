@@ -90,9 +90,10 @@ case "$which" in
     # answers against its schemas, a client generated from it compiled and
     # smoke-tested).
     # tests/install: `make install` (DESTDIR and PREFIX) of the build under test, its
-    # man pages and systemd units checked, the installed sbxd dev + sbx exec run.
+    # man pages and systemd units checked, the installed sbxd dev + sbx exec run;
+    # tests/mcp: `sbx mcp` driven by the official MCP TypeScript SDK as the client.
     for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh \
-                 tests/install/run-tests.sh; do
+                 tests/install/run-tests.sh tests/mcp/run-tests.sh; do
       jobs_all+=("$suite"$'\t'"$suite")
     done
     # The reliability jobs of the Makefile's reliability block: short runs of
