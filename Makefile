@@ -242,6 +242,14 @@ install: install-lib $(IB)bin/sbx $(IB)bin/sbxd $(IB)bin/sbx-agent $(IB)share/sb
 	  sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e '/^\.include-hardening$$/{r dist/systemd/hardening.conf' \
 	      -e 'd;}' dist/systemd/$$u.service.in > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
 	done
+# The Debian package (debian/): `make deb` builds build/deb/sbx_*.deb from HEAD in a temp
+# copy (tools/deb.sh; minutes: a full release build); `make deb-check` checks its files and
+# units and runs its sbxd dev + sbx exec from an extracted copy (tools/deb-check.sh).
+.PHONY: deb deb-check
+deb:
+	@tools/deb.sh build/deb
+deb-check:
+	@tools/deb-check.sh $$(ls -t build/deb/sbx_*.deb | head -1)
 # ---- end of the install block -------------------------------------------------------------
 
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
