@@ -141,6 +141,52 @@ test('each tool on a real sandbox', async () => {
   assert.equal(r.isError, false, text(r));
 });
 
+test('exec reports its output as progress notifications while it runs', async () => {
+  const seen = [];
+  const r = await client.callTool(
+    { name: 'exec', arguments: { sandbox, command: 'for i in 1 2 3; do echo line-$i; sleep 0.3; done' } },
+    undefined,
+    { onprogress: (p) => seen.push(p) },
+  );
+  assert.equal(r.isError, false, text(r));
+  assert.equal(r.structuredContent.stdout, 'line-1\nline-2\nline-3\n');
+  assert.ok(seen.length >= 2, `progress notifications: ${JSON.stringify(seen)}`);
+  assert.equal(seen.map((p) => p.message).join(''), 'line-1\nline-2\nline-3\n');
+  assert.ok(seen.every((p, i) => i === 0 || p.progress > seen[i - 1].progress), 'progress increases');
+});
+
+test('cancelling a long exec stops its command; other calls go on meanwhile', async () => {
+  // A duration of its own; the pattern's [.] keeps pgrep's own shell from matching it.
+  const dur = `3${process.pid % 1000}.25`;
+  const pattern = `sleep ${dur.replace('.', '[.]')}`;
+  const ac = new AbortController();
+  const long = client.callTool(
+    { name: 'exec', arguments: { sandbox, command: `sleep ${dur}` } },
+    undefined,
+    { signal: ac.signal, timeout: 200000 },
+  );
+  await sleep(1500);
+  // A second call is served while the first one runs.
+  const t0 = Date.now();
+  const r = await call('exec', { sandbox, command: 'echo meanwhile', sessionless: true });
+  assert.equal(r.structuredContent.stdout, 'meanwhile\n');
+  assert.ok(Date.now() - t0 < 60000);
+  let ps = await call('exec', { sandbox, command: `pgrep -f '${pattern}' || true`, sessionless: true });
+  assert.notEqual(ps.structuredContent.stdout.trim(), '', 'the long command runs before the cancel');
+  ac.abort();
+  await assert.rejects(long);
+  // The command is killed: it disappears from the sandbox.
+  let gone = false;
+  for (let i = 0; i < 50 && !gone; i++) {
+    ps = await call('exec', { sandbox, command: `pgrep -f '${pattern}' || true`, sessionless: true });
+    gone = ps.structuredContent.stdout.trim() === '';
+    if (!gone) await sleep(200);
+  }
+  assert.ok(gone, 'the cancelled command still runs: ' + ps.structuredContent.stdout);
+  // The server still answers.
+  assert.equal((await call('exec', { sandbox, command: 'echo after' })).structuredContent.stdout, 'after\n');
+});
+
 test('errors are MCP tool errors with the sbx code', async () => {
   let r = await call('exec', { command: 'true' });
   assert.equal(r.isError, true);
