@@ -29,9 +29,9 @@
 #include "../runtime/nngx.h"
 #include "../runtime/ops.h"
 #include "../runtime/place.h"
-#include "../runtime/prom.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
+#include "gw_metrics.h"
 #include "http.h"
 
 #define MAX_SLOTS SBX_CVIEW_MAX_MEMBERS
@@ -393,38 +393,6 @@ encode_cluster(struct sbx_gateway *gw, sbx_enc *e)
     sbx_enc_end(e);
 }
 
-/* A shard's families (actors/metrics.c) into p; a malformed one is skipped. */
-static void
-merge_shard_metrics(sbx_prom *p, nng_msg *reply)
-{
-    sbx_msg m;
-    const msgpack_object *r, *arr;
-    if (sbx_wire_decode(&m, nng_msg_body(reply), nng_msg_len(reply), &sbx_wire_limits_reply) != 0)
-        return;
-    if (sbx_wire_get_map(m.root, "result", &r) == 0 &&
-        sbx_wire_get_array(r, "families", &arr) == 0) {
-        for (uint32_t k = 0; k < arr->via.array.size; k++) {
-            const msgpack_object *f = &arr->via.array.ptr[k];
-            if (f->type != MSGPACK_OBJECT_ARRAY || f->via.array.size != 4)
-                continue;
-            char *v[4];
-            size_t blen = 0;
-            for (int i = 0; i < 4; i++) {
-                const msgpack_object *o = &f->via.array.ptr[i];
-                bool str = o->type == MSGPACK_OBJECT_STR;
-                v[i] = sbx_xstrndup(str ? o->via.str.ptr : "", str ? o->via.str.size : 0);
-                if (i == 3)
-                    blen = str ? o->via.str.size : 0;
-            }
-            if (sbx_prom_add_raw(p, v[0], v[1], v[2], v[3], blen) != 0)
-                sbx_log_warn("metrics: a shard's family %s was left out", v[0]);
-            for (int i = 0; i < 4; i++)
-                free(v[i]);
-        }
-    }
-    sbx_wire_msg_free(&m);
-}
-
 /* `metrics`: the gateway's own families, then every shard's merged in
  * (docs/operations.md, "Metrics"); answered as {text}. */
 static void
@@ -432,47 +400,35 @@ merge_metrics(struct gctx *g)
 {
     struct sbx_gateway *gw = g->gw;
     sbx_prom p;
-    char l[320];
+    struct gw_counters gc = {
+        .gateway = gw->conf.name,
+        .requests = atomic_load(&gw->n_requests),
+        .errors = atomic_load(&gw->n_errors),
+        .retries = atomic_load(&gw->n_retries),
+        .uptime_s = (double)(sbx_wall_ms() - gw->started_ms) / 1000,
+        .http = gw->http != NULL,
+        .clustered = clustered(gw),
+    };
+    if (gw->http)
+        sbx_http_counters(gw->http, &gc.http_requests, &gc.http_errors);
     sbx_prom_init(&p);
-    sbx_prom_labels(l, sizeof(l), "gateway", gw->conf.name, NULL);
-    sbx_prom_family(&p, "sbx_gateway_requests_total", "counter", "requests the gateway took");
-    sbx_prom_add(&p, "sbx_gateway_requests_total", "", l, (double)atomic_load(&gw->n_requests));
-    sbx_prom_family(&p, "sbx_gateway_errors_total", "counter", "requests the gateway answered with an error itself");
-    sbx_prom_add(&p, "sbx_gateway_errors_total", "", l, (double)atomic_load(&gw->n_errors));
-    sbx_prom_family(&p, "sbx_gateway_retries_total", "counter", "requests re-sent to a shard");
-    sbx_prom_add(&p, "sbx_gateway_retries_total", "", l, (double)atomic_load(&gw->n_retries));
-    sbx_prom_family(&p, "sbx_gateway_uptime_seconds", "gauge", "time since the gateway started");
-    sbx_prom_add(&p, "sbx_gateway_uptime_seconds", "", l,
-                 (double)(sbx_wall_ms() - gw->started_ms) / 1000);
-    if (gw->http) {
-        uint64_t hreq, herr;
-        sbx_http_counters(gw->http, &hreq, &herr);
-        sbx_prom_family(&p, "sbx_http_requests_total", "counter", "requests the HTTP front served");
-        sbx_prom_add(&p, "sbx_http_requests_total", "", l, (double)hreq);
-        sbx_prom_family(&p, "sbx_http_errors_total", "counter", "HTTP requests answered with an error");
-        sbx_prom_add(&p, "sbx_http_errors_total", "", l, (double)herr);
-    }
-    sbx_prom_family(&p, "sbx_shard_up", "gauge",
-                    "1 when the gateway is connected to the shard and it answered the scrape");
-    if (!clustered(gw))
-        sbx_prom_family(&p, "sbx_partitions_owned", "gauge", "partitions a shard owns");
+    gw_metrics_gateway(&p, &gc);
     for (int i = 0; i < gw->nshards; i++) {
         struct gfwd *f = &g->fwd[i];
         if (!g->in_fanout[i])
             continue;
         char sname[64], surl[256];
         slot_label(f->s, sname, surl);
-        sbx_prom_labels(l, sizeof(l), "shard", sname, NULL);
-        sbx_prom_add(&p, "sbx_shard_up", "", l,
-                     atomic_load(&f->s->pipes) > 0 && f->reply && !f->rv ? 1 : 0);
+        int parts = -1;
         if (!clustered(gw)) {
-            int parts = 0;
+            parts = 0;
             for (int k = 0; k < SBX_PARTITIONS; k++)
                 parts += gw->table[k] == i;
-            sbx_prom_add(&p, "sbx_partitions_owned", "", l, parts);
         }
+        gw_metrics_shard(&p, sname, atomic_load(&f->s->pipes) > 0 && f->reply && !f->rv, parts,
+                         f->reply ? nng_msg_body(f->reply) : NULL,
+                         f->reply ? nng_msg_len(f->reply) : 0);
         if (f->reply) {
-            merge_shard_metrics(&p, f->reply);
             nng_msg_free(f->reply);
             f->reply = NULL;
         }

@@ -3,7 +3,8 @@
  * format 0.0.4 renderer (https://prometheus.io/docs/instrumenting/exposition_formats/):
  * the exact lines of counters, gauges and histograms (cumulative buckets,
  * +Inf, _sum, _count), escaping in HELP text and label values, malformed
- * names refused, and the gateway's merge of two sources' families.
+ * names refused, the merge of two sources' families, and the gateway's merge of
+ * a shard's `metrics` reply (gateway/gw_metrics.h).
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -131,4 +132,52 @@ Test(prom, merge_keeps_families_together)
     free(s);
     sbx_prom_free(&shard);
     sbx_prom_free(&gw);
+}
+
+/* The gateway's merge of a shard's `metrics` reply (gateway/gw_metrics.h):
+ * the shard's families join the gateway's, sbx_shard_up and the standalone
+ * partition count are added, a family whose type clashes is left out. */
+#include "gateway/gw_metrics.h"
+#include "runtime/wire.h"
+
+Test(prom, gateway_merges_a_shard_reply)
+{
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_str id = {"r1", 2};
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, id);
+    sbx_enc_karray(&e, "families");
+    static const char *const fam[][4] = {
+        {"sbx_actors", "gauge", "in memory", "sbx_actors{shard=\"s0\"} 5\n"},
+        {"sbx_gateway_requests_total", "gauge", "clash", "sbx_gateway_requests_total 9\n"},
+    };
+    for (int i = 0; i < 2; i++) {
+        sbx_enc_array(&e);
+        for (int k = 0; k < 4; k++)
+            sbx_enc_str(&e, fam[i][k]);
+        sbx_enc_end(&e);
+    }
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    cr_assert_eq(sbx_enc_finish(&e, &buf, &len), 0);
+
+    sbx_prom p;
+    sbx_prom_init(&p);
+    struct gw_counters c = {.gateway = "g1", .requests = 7, .uptime_s = 1.5};
+    gw_metrics_gateway(&p, &c);
+    gw_metrics_shard(&p, "s0", true, 2048, buf, len);
+    gw_metrics_shard(&p, "s1", false, 2048, NULL, 0);
+    free(buf);
+    char *s = render(&p);
+    cr_expect(strstr(s, "sbx_gateway_requests_total{gateway=\"g1\"} 7\n"));
+    cr_expect_null(strstr(s, "sbx_gateway_requests_total 9"), "a clashing family merged");
+    cr_expect(strstr(s, "# TYPE sbx_actors gauge\nsbx_actors{shard=\"s0\"} 5\n"));
+    cr_expect(strstr(s, "sbx_shard_up{shard=\"s0\"} 1\nsbx_shard_up{shard=\"s1\"} 0\n"));
+    cr_expect(strstr(s, "sbx_partitions_owned{shard=\"s0\"} 2048\n"));
+    cr_expect_null(strstr(s, "sbx_http_requests_total"), "no HTTP front, no HTTP counters");
+    free(s);
+    sbx_prom_free(&p);
 }
