@@ -233,8 +233,8 @@ struct call {
 /* Calls running at once; the reader waits for one to end beyond this. */
 #define MCP_MAX_CALLS 16
 
-/* Write one message and a newline; 0, or -1 when stdout is gone.  Takes
- * m->mu unless the caller holds it (locked). */
+/* Write one message (taken) and a newline, whole, under m->mu; 0, or -1
+ * when stdout is gone. */
 static int
 send_msg(struct mcp *m, json_t *msg)
 {
@@ -427,7 +427,7 @@ run_exec(struct call *k, sbx_client *c, const char *aj)
         if (ev.has_exit_code)
             exit_code = ev.exit_code;
         if (!strcmp(ev.type, "error")) {
-            const msgpack_object *e, *ctx;
+            const msgpack_object *e = NULL, *ctx;
             sbx_view cd = {"INTERNAL_ERROR", 14}, msg = {"", 0};
             int64_t ec;
             if (sbx_get_map(ev.obj, "error", &e) == 0) {
