@@ -38,8 +38,11 @@ check() { # DESCRIPTION COMMAND...
   if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fail=1; fi
 }
 
+# flock: test_libsbx builds the same lib/ files (make install-lib) at the same time.
+mkdir -p "$repo/build"
+lock="$repo/build/install.lock"
 echo "# make install INSTALL_BUILD=$build"
-make -s --no-print-directory -C "$repo" install INSTALL_BUILD="$build" \
+flock "$lock" make -s --no-print-directory -C "$repo" install INSTALL_BUILD="$build" \
   DESTDIR="$tmp/stage" PREFIX=/usr/local >"$tmp/make1.log" 2>&1 ||
   { cat "$tmp/make1.log"; echo "FAIL make install DESTDIR"; exit 1; }
 s=$tmp/stage/usr/local
@@ -60,7 +63,7 @@ check "units are not left with a placeholder" \
 
 echo "# make install PREFIX=$tmp/prefix"
 p=$tmp/prefix
-make -s --no-print-directory -C "$repo" install INSTALL_BUILD="$build" PREFIX="$p" \
+flock "$lock" make -s --no-print-directory -C "$repo" install INSTALL_BUILD="$build" PREFIX="$p" \
   >"$tmp/make2.log" 2>&1 || { cat "$tmp/make2.log"; echo "FAIL make install PREFIX"; exit 1; }
 check "sbx(1) renders and documents exec" \
   bash -c "MANWIDTH=80 man -l '$p/share/man/man1/sbx.1' 2>/dev/null | grep -q 'exec'"

@@ -146,8 +146,11 @@ Test(libsbx, installed_copy_builds_with_pkg_config_and_runs, .timeout = 900)
     char *out = NULL;
     snprintf(tmp, sizeof(tmp), "/tmp/sbx-libsbx-%sXXXXXX", test_prefix());
     cr_assert_not_null(mkdtemp(tmp), "mkdtemp");
-    int st = sh(&out, "make -s --no-print-directory -C '%s' install-lib PREFIX='%s/usr' 2>&1",
-                src_dir(), tmp);
+    /* flock: tests/install/run-tests.sh builds the same lib/ files; two makes at once
+     * would write them together. */
+    int st = sh(&out, "mkdir -p '%s/build' && flock '%s/build/install.lock' make -s "
+                      "--no-print-directory -C '%s' install-lib PREFIX='%s/usr' 2>&1",
+                src_dir(), src_dir(), src_dir(), tmp);
     cr_assert_eq(st, 0, "make install failed (%d):\n%s", st, out);
     free(out);
     char usr[320];
@@ -251,8 +254,9 @@ Test(libsbx, installed_copy_builds_with_pkg_config_and_runs, .timeout = 900)
     free(id);
 
     /* DESTDIR stages the files of an install for another PREFIX. */
-    st = sh(&out, "make -s --no-print-directory -C '%s' install-lib DESTDIR='%s/stage' "
-                  "PREFIX=/opt/sbx 2>&1", src_dir(), tmp);
+    st = sh(&out, "flock '%s/build/install.lock' make -s --no-print-directory -C '%s' "
+                  "install-lib DESTDIR='%s/stage' "
+                  "PREFIX=/opt/sbx 2>&1", src_dir(), src_dir(), tmp);
     cr_assert_eq(st, 0, "make install DESTDIR failed:\n%s", out);
     free(out);
     char stage[320];
