@@ -11,11 +11,11 @@
 #include <stdint.h>
 
 #include "../container/spawn.h"
+#include "../runtime/err.h"
 #include "../runtime/error.h"
 #include "../runtime/frame.h"
 #include "../runtime/loop.h"
 #include "../runtime/ops.h"
-#include "../runtime/err.h"
 #include "../runtime/place.h"
 #include "../runtime/prom.h"
 #include "../runtime/store.h"
