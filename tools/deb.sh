@@ -5,7 +5,8 @@
 # The interpreter drivers' npm packages are copied from
 # container/interp/node_modules when present (no network needed then).
 # `make deb`; docs/operations.md, "Debian package".  A full release build:
-# minutes.
+# minutes.  Needs Debian's debhelper (apt-get install debhelper; not in
+# tools/deps.sh: `make test` does not build the package).
 set -euo pipefail
 out=$(mkdir -p "${1:?usage: deb.sh OUTDIR}" && cd "$1" && pwd)
 repo=$(cd "$(dirname "$0")/.." && pwd)
