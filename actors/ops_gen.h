@@ -32,6 +32,7 @@ actor_op_fn actor_op_status;
 shard_op_fn shard_op_list;
 shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;
+shard_op_fn shard_op_metrics;
 shard_op_fn shard_op_image_import;
 shard_op_fn shard_op_image_pull;
 shard_op_fn shard_op_image_list;

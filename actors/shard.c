@@ -515,6 +515,7 @@ out:
     }
     actor_free_all(sh);
     cluster_free(sh);
+    shard_metrics_free(sh);
     while (sh->held) {
         struct held *h = sh->held;
         sh->held = h->next;

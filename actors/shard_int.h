@@ -12,11 +12,13 @@
 
 #include "../container/image_store.h"
 #include "../container/spawn.h"
+#include "../runtime/err.h"
 #include "../runtime/error.h"
 #include "../runtime/frame.h"
 #include "../runtime/loop.h"
 #include "../runtime/ops.h"
 #include "../runtime/place.h"
+#include "../runtime/prom.h"
 #include "../runtime/store.h"
 #include "../runtime/wire.h"
 #include "record.h"
@@ -69,6 +71,7 @@ struct sop {
     bool sent;                  /* handed to the agent: it may have run (idem_done) */
     uint64_t wseq;              /* the actor's last store write when op went to the agent:
                                  * its reply fails if that write did (output gate) */
+    int code;                   /* the error code its reply carries, 0: success (metrics) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -270,6 +273,17 @@ struct shard_relay {
     int nconns;
 };
 
+/* The shard's histograms for GET /metrics (metrics.c; loop thread).  ops
+ * holds one histogram per (operation, result code) pair answered, made on
+ * first use: ops[op id * SHARD_MX_CODES + code slot], slot 0 success, slot
+ * 1 + (code - SBX_E__FIRST) an error; a code outside sbx's own counts as
+ * INTERNAL_ERROR.  Owns ops and each histogram. */
+#define SHARD_MX_CODES (SBX_E__LAST - SBX_E__FIRST + 1)
+struct shard_metrics {
+    struct sbx_hist **ops;
+    struct sbx_hist start;      /* container start time, s (pooled or not) */
+};
+
 struct shard {
     struct sbx_shard_conf conf;
     sbx_loop *loop;
@@ -322,7 +336,15 @@ struct shard {
     /* counters for status */
     uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_pool_misses, n_died;
     int64_t start_us_total;
+
+    struct shard_metrics mx;   /* metrics.c */
 };
+
+/* metrics.c: count op's answer (code, time since t0_us) in sh->mx; free
+ * the histograms; the shard's part of `metrics` (op consumed). */
+void shard_metrics_reply(struct sop *op);
+void shard_metrics_free(struct shard *sh);
+void shard_op_metrics(struct sop *op);
 
 /* shard.c: the shard-level operations list and shard.status (op consumed). */
 void shard_op_list(struct sop *op);

@@ -116,6 +116,8 @@ work_done_loop(sbx_loop *l, void *arg)
         if (w->rc == 0) {
             sh->n_started++;
             sh->start_us_total += w->c.start_us;
+            sbx_hist_observe(&sh->mx.start, sbx_prom_latency_s, sbx_prom_latency_n,
+                             (double)w->c.start_us / 1e6);
         } else {
             sh->n_start_failed++;
             sbx_log_error("container start failed: %s", w->why);

@@ -781,6 +781,8 @@ const struct cli_op cli_ops[] = {
      "cluster status", "", false, NULL, 0},
     {"cluster.drain", "drain a shard (its partitions move to the others) or end a drain",
      "cluster drain", "shard", false, args_cluster_drain, 2},
+    {"metrics", "Prometheus metrics of the gateway and every shard, in the text exposition format 0.0.4 (the HTTP front serves them as GET /metrics; docs/operations.md)",
+     NULL, "", false, NULL, 0},
     {"image.import", "import an image from a path on the server's machine (an OCI layout directory, a docker/podman save tarball or an OCI archive)",
      "image import", "path name", false, args_image_import, 2},
     {"image.pull", "pull an image from a registry (skopeo) into the node's store",

@@ -760,6 +760,8 @@ static const struct verb verbs[] = {
      "the node's image store (docs/images.md): PATH is on the server's machine"},
     {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
+    {"mcp", v_mcp, "", "serve the Model Context Protocol on stdin/stdout: sandbox tools for AI agents "
+                       "(docs/mcp.md)"},
     {"help", v_help, "[OP|VERB]", "this help; with OP or VERB: its arguments, units, bounds"},
     {NULL, NULL, NULL, NULL},
 };
