@@ -70,6 +70,8 @@ struct sbx_shard_conf {
     int64_t idem_ttl;     /* ms a request id's recorded reply is kept (docs/protocol.md §2) */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
+    char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
+    char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

@@ -616,6 +616,10 @@ static const struct cli_arg args_sandbox_configure[] = {
      "a boolean", NULL, NULL,
      "never stop the container for idleness",
      "VALIDATION_FAILED"},
+    {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
+     "an object", NULL, NULL,
+     "network mode and policy, from the sandbox's next container start",
+     "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_sandbox_labels[] = {
     {"labels", CLI_K_OBJECT, false, false, false, 0, 0, 64u, NULL,
@@ -627,6 +631,10 @@ static const struct cli_arg args_create[] = {
     {"limits", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,
      "resource limits (default the shard's)",
+     "VALIDATION_FAILED"},
+    {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
+     "an object", NULL, NULL,
+     "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings from its next container start",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
@@ -729,12 +737,12 @@ const struct cli_op cli_ops[] = {
      "ping", "sandbox", true, NULL, 0},
     {"env.set", "set or unset sandbox environment variables",
      "env", "sandbox", true, args_env_set, 1},
-    {"sandbox.configure", "set sleepAfter and keepAlive",
-     "configure", "sandbox", true, args_sandbox_configure, 2},
+    {"sandbox.configure", "set sleepAfter, keepAlive and network",
+     "configure", "sandbox", true, args_sandbox_configure, 3},
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 1},
+     "create", "sandbox", true, args_create, 2},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",

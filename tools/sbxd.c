@@ -365,6 +365,10 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
          "how long a request id's recorded reply is kept for retries (10m)"},                \
         {"etc", SBX_OPT_LIST, &(c)->etc, "/etc entry bound read-only into sandboxes (repeat)"}, \
         {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
+        {"network-default", SBX_OPT_STR, &(c)->network_default,                               \
+         "network mode of sandboxes that choose none: none (loopback only) or egress"},       \
+        {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
+         "IPv4 range of sandbox addresses, one /22 per shard (10.88.0.0/16)"},                \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \

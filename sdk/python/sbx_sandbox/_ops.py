@@ -301,6 +301,27 @@ class SandboxStatusContainer(TypedDict, total=False):
     """forks refused by the pids limit"""
 
 
+class SandboxStatusNetwork(TypedDict, total=False):
+    """its network (docs/network.md): mode and policy; counters while its container runs"""
+
+    mode: str
+    """none: loopback only; egress: outbound under the policy"""
+    allow: List[str]
+    """allow rules (none: every public address)"""
+    deny: List[str]
+    """deny rules"""
+    address: str
+    """the sandbox's IPv4 address while it runs (egress)"""
+    bytesOut: int
+    """IP bytes sent through the router by this container (bytes)"""
+    bytesIn: int
+    """IP bytes received through the router by this container (bytes)"""
+    connections: int
+    """outbound connections the policy accepted (this container)"""
+    attachUs: int
+    """how long attaching its network took (µs)"""
+
+
 class _SandboxStatusRequired(TypedDict):
     id: str
     """the sandbox ID"""
@@ -331,6 +352,8 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """how the previous container ended, when it died"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
+    network: 'SandboxStatusNetwork'
+    """its network (docs/network.md): mode and policy; counters while its container runs"""
 
 
 class _ExposedPortRequired(TypedDict):
@@ -349,6 +372,17 @@ class ExposedPort(_ExposedPortRequired, total=False):
     """the URL's token"""
     status: str
     """active"""
+
+
+class NetworkSettings(TypedDict, total=False):
+    """a sandbox's network (docs/network.md); the deployment's default mode is sbxd --network-default"""
+
+    mode: str
+    """none: loopback only; egress: outbound under the policy"""
+    allow: List[str]
+    """allow rules; none = every public address; a rule inside a private range opens it"""
+    deny: List[str]
+    """deny rules, checked before the allow rules"""
 
 
 #: a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64
@@ -1407,12 +1441,14 @@ class EnvSetResult(TypedDict, total=False):
 
 
 class SandboxConfigureArgs(TypedDict, total=False):
-    """Arguments of ``sandbox.configure``: set sleepAfter and keepAlive."""
+    """Arguments of ``sandbox.configure``: set sleepAfter, keepAlive and network."""
 
     sleepAfter: Union[str, int, float]
     """"30s", "10m", "1h" or seconds; 1 s .. 365 d (a duration: "30s", "10m", "1h", or a number of seconds)"""
     keepAlive: bool
     """never stop the container for idleness"""
+    network: 'NetworkSettings'
+    """network mode and policy, from the sandbox's next container start"""
 
 
 class SandboxConfigureResult(TypedDict, total=False):
@@ -1456,6 +1492,8 @@ class CreateArgs(TypedDict, total=False):
 
     limits: 'CreateArgsLimits'
     """resource limits (default the shard's)"""
+    network: 'NetworkSettings'
+    """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings from its next container start"""
 
 
 class CreateResult(TypedDict, total=False):
@@ -1597,6 +1635,7 @@ __all__ += [
     'ContextInfo',
     'SandboxStatus',
     'ExposedPort',
+    'NetworkSettings',
     'Labels',
     'ExecArgs',
     'ExecStreamArgs',

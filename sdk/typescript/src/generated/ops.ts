@@ -380,6 +380,26 @@ export interface SandboxStatus {
     pidsLimitHits?: number;
     [key: string]: unknown;
   };
+  /** its network (docs/network.md): mode and policy; counters while its container runs */
+  network?: {
+    /** none: loopback only; egress: outbound under the policy */
+    mode?: 'none' | 'egress';
+    /** allow rules (none: every public address) */
+    allow?: string[];
+    /** deny rules */
+    deny?: string[];
+    /** the sandbox's IPv4 address while it runs (egress) */
+    address?: string;
+    /** IP bytes sent through the router by this container (bytes) */
+    bytesOut?: number;
+    /** IP bytes received through the router by this container (bytes) */
+    bytesIn?: number;
+    /** outbound connections the policy accepted (this container) */
+    connections?: number;
+    /** how long attaching its network took (µs) */
+    attachUs?: number;
+    [key: string]: unknown;
+  };
   [key: string]: unknown;
 }
 
@@ -396,6 +416,16 @@ export interface ExposedPort {
   /** active */
   status?: string;
   [key: string]: unknown;
+}
+
+/** a sandbox's network (docs/network.md); the deployment's default mode is sbxd --network-default */
+export interface NetworkSettings {
+  /** none: loopback only; egress: outbound under the policy */
+  mode?: 'none' | 'egress';
+  /** allow rules; none = every public address; a rule inside a private range opens it */
+  allow?: string[];
+  /** deny rules, checked before the allow rules */
+  deny?: string[];
 }
 
 /** a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
@@ -1330,12 +1360,14 @@ export interface EnvSetResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `sandbox.configure`: set sleepAfter and keepAlive. Runs in the shard; flags: sandbox, mutates. */
+/** Arguments of `sandbox.configure`: set sleepAfter, keepAlive and network. Runs in the shard; flags: sandbox, mutates. */
 export interface SandboxConfigureArgs {
   /** "30s", "10m", "1h" or seconds; 1 s .. 365 d (a duration: "30s", "10m", "1h", or a number of seconds) */
   sleepAfter?: string | number | number;
   /** never stop the container for idleness */
   keepAlive?: boolean;
+  /** network mode and policy, from the sandbox's next container start */
+  network?: NetworkSettings;
 }
 
 /** Result of `sandbox.configure`: the settings now */
@@ -1373,6 +1405,8 @@ export interface CreateArgs {
     /** CPU in millicpus [10 … 1024000] */
     cpu?: number;
   };
+  /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings from its next container start */
+  network?: NetworkSettings;
 }
 
 /** Result of `create`: whether it was created now, and its status */
