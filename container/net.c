@@ -239,11 +239,12 @@ router_up(sbx_net *n, char *why, size_t whylen)
      * with the address of the outgoing interface. */
     snprintf(cmd, sizeof(cmd),
              "table inet %s {\n"
+             " comment \"sbx:%s\"\n"
              " chain input { type filter hook input priority filter - 10; iifname \"%s\" drop; }\n"
              " chain post { type nat hook postrouting priority srcnat;"
              " ip saddr %s oifname != \"%s\" masquerade; }\n"
              "}\n",
-             n->table, n->hostif, upaddr, n->hostif);
+             n->table, n->nsname, n->hostif, upaddr, n->hostif);
     const char *const nftf[] = {NFT, "-f", "-", NULL};
     if ((rc = run(nftf, -1, cmd, out, sizeof(out))) != 0) {
         snprintf(why, whylen, "host nft table %s: %s", n->table, out);

@@ -302,7 +302,7 @@ sbx_net_render_router(struct sbx_net_buf *b, const char *range)
                     " chain forward { type filter hook forward priority filter; policy drop;"
                     " iifname vmap @from_sb; oifname vmap @to_sb; }\n"
                     " chain input { type filter hook input priority filter; policy drop;"
-                    " iifname \"lo\" accept; ct state established,related accept; }\n"
+                    " iifname \"lo\" accept; ct state established,related accept; jump refuse; }\n"
                     " chain output { type filter hook output priority filter; policy accept;"
                     " meta nfproto ipv6 drop; }\n"
                     " chain post { type nat hook postrouting priority srcnat;"
