@@ -398,23 +398,30 @@ sbx_net_detach(sbx_net *n, int k)
     if (k <= 0 || k >= SLOTS)
         return;
     char out[512], cmd[512];
-    /* Each command on its own: a half-made slot lacks some of them. */
-    snprintf(cmd, sizeof(cmd),
-             "delete element inet sbx from_sb { \"s%d\" }\n", k);
     const char *const nftf[] = {NFT, "-f", "-", NULL};
     pthread_mutex_lock(&n->mu);
     int rnsfd = n->nsfd;
     pthread_mutex_unlock(&n->mu);
-    run(nftf, rnsfd, cmd, out, sizeof(out));
-    snprintf(cmd, sizeof(cmd), "delete element inet sbx to_sb { \"s%d\" }\n", k);
-    run(nftf, rnsfd, cmd, out, sizeof(out));
+    /* One batch (one nft run); a half-made slot lacks some of these, and a
+     * batch with one failing command does nothing: then each on its own. */
     snprintf(cmd, sizeof(cmd),
+             "delete element inet sbx from_sb { \"s%d\" }\n"
+             "delete element inet sbx to_sb { \"s%d\" }\n"
              "flush chain inet sbx so%d\nflush chain inet sbx si%d\n"
              "delete chain inet sbx so%d\ndelete chain inet sbx si%d\n"
              "delete counter inet sbx o%d\ndelete counter inet sbx i%d\n"
              "delete counter inet sbx n%d\n",
-             k, k, k, k, k, k, k);
-    run(nftf, rnsfd, cmd, out, sizeof(out));
+             k, k, k, k, k, k, k, k, k);
+    if (run(nftf, rnsfd, cmd, out, sizeof(out)) != 0) {
+        char *line = cmd;
+        while (*line) {
+            char one[128];
+            size_t len = strcspn(line, "\n");
+            snprintf(one, sizeof(one), "%.*s\n", (int)len, line);
+            run(nftf, rnsfd, one, out, sizeof(out));
+            line += len + (line[len] == '\n');
+        }
+    }
     /* The veth goes with the sandbox's netns, but that teardown is
      * asynchronous (cleanup_net): delete it now so the slot is clean. */
     char ifn[16];

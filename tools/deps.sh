@@ -36,6 +36,8 @@ pkgs=(
   etcd-server etcd-client iproute2
   # tests: a real browser loads a page through a preview URL (tests/integration/test_preview.c)
   chromium
+  # egress networking: the shards run ip and nft for each egress sandbox (docs/network.md)
+  nftables
 )
 
 missing=()
