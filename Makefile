@@ -27,7 +27,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
-                 -lcurl -lwslay -lnettle -lpthread -lm
+                 -lcurl -lwslay -lnettle -lnftables -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
@@ -48,7 +48,7 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
            runtime/etcd.c runtime/cview.c runtime/error.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
-CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/net.c container/net_policy.c
+CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/net.c container/net_link.c container/net_policy.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <nftables/libnftables.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -37,6 +38,7 @@ struct sbx_net {
     int lockfd;                /* flock on lockpath, -1 */
     char lockpath[96];
     int nsfd;                  /* the router netns, -1 */
+    struct nft_ctx *nft;       /* libnftables, its netlink socket in the router netns */
     char nsname[80];           /* "sbx-<name>" under /run/netns */
     char hostif[16];           /* "sbx<hex block>" in the host netns */
     char table[24];            /* host nft table "sbx_<hex block>" */
@@ -112,6 +114,53 @@ ip4(char *out, size_t len, uint32_t a)
 {
     struct in_addr ia = {.s_addr = htonl(a)};
     inet_ntop(AF_INET, &ia, out, (socklen_t)len);
+}
+
+/*
+ * nft_ctx_in — a libnftables context whose netlink socket lives in netns
+ * nsfd: the socket is opened by nft_ctx_new, in the netns of the calling
+ * thread, so this thread goes there for the call and comes back (a thread
+ * may change its own network namespace; the others are untouched).
+ * Output and errors are buffered.  NULL on failure.
+ */
+static struct nft_ctx *
+nft_ctx_in(int nsfd)
+{
+    int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (self < 0)
+        return NULL;
+    struct nft_ctx *c = NULL;
+    if (setns(nsfd, CLONE_NEWNET) == 0) {
+        c = nft_ctx_new(NFT_CTX_DEFAULT);
+        if (setns(self, CLONE_NEWNET) != 0) {
+            /* This thread would go on in the router's namespace. */
+            sbx_log_error("network: cannot return to the shard's network namespace: %s",
+                          strerror(errno));
+            abort();
+        }
+    }
+    close(self);
+    if (c) {
+        nft_ctx_buffer_output(c);
+        nft_ctx_buffer_error(c);
+    }
+    return c;
+}
+
+/* nft — run commands in the router's table (n->mu held); 0 or -EIO with
+ * nft's message in err.  *out (may be NULL) is nft's output, valid until the
+ * next call. */
+static int
+nft(sbx_net *n, const char *cmds, const char **out, char *err, size_t errlen)
+{
+    int rc = nft_run_cmd_from_buffer(n->nft, cmds);
+    const char *o = nft_ctx_get_output_buffer(n->nft);
+    const char *e = nft_ctx_get_error_buffer(n->nft);
+    if (out)
+        *out = o;
+    if (err && errlen)
+        snprintf(err, errlen, "%s", e ? e : "");
+    return rc == 0 ? 0 : -EIO;
 }
 
 int
@@ -268,9 +317,14 @@ router_up(sbx_net *n, char *why, size_t whylen)
         snprintf(why, whylen, "router sysctls: %s", out);
         goto fail;
     }
+    n->nft = nft_ctx_in(n->nsfd);
+    if (!n->nft) {
+        snprintf(why, whylen, "libnftables context in %s", n->nsname);
+        goto fail;
+    }
     struct sbx_net_buf b = {0};
     sbx_net_render_router(&b, n->range);
-    rc = run(nftf, n->nsfd, b.p, out, sizeof(out));
+    rc = nft(n, b.p, NULL, out, sizeof(out));
     free(b.p);
     if (rc) {
         snprintf(why, whylen, "router nft table: %s", out);
@@ -283,6 +337,9 @@ router_up(sbx_net *n, char *why, size_t whylen)
 fail:
     sbx_log_error("network: router %s: %s", n->nsname, why);
     remove_stale(n);
+    if (n->nft)
+        nft_ctx_free(n->nft);
+    n->nft = NULL;
     if (n->nsfd >= 0)
         close(n->nsfd);
     n->nsfd = -1;
@@ -299,6 +356,7 @@ sbx_net_free(sbx_net *n)
         return;
     if (n->up) {
         remove_stale(n); /* the netns (and with it both veths), the host table */
+        nft_ctx_free(n->nft);
         close(n->nsfd);
         sbx_log_info("network: router %s removed", n->nsname);
     }
@@ -341,30 +399,24 @@ sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
     at->slot = k;
     at->gw = n->block + 2u * (uint32_t)k;
     at->addr = at->gw + 1;
-    char out[1024], cmd[512], a[INET_ADDRSTRLEN], gw[INET_ADDRSTRLEN], path[64];
+    char out[1024], a[INET_ADDRSTRLEN], path[64];
     ip4(a, sizeof(a), at->addr);
-    ip4(gw, sizeof(gw), at->gw);
     /* The chains first: until its map element exists, the new veth's
      * traffic meets the forward chain's policy drop. */
     struct sbx_net_buf b = {0};
     sbx_net_render_slot(&b, k, at->addr, p);
-    const char *const nftf[] = {NFT, "-f", "-", NULL};
-    rc = run(nftf, rnsfd, b.p, out, sizeof(out));
+    pthread_mutex_lock(&n->mu);
+    rc = nft(n, b.p, NULL, out, sizeof(out));
+    pthread_mutex_unlock(&n->mu);
     free(b.p);
     if (rc) {
         snprintf(why, whylen, "nft chain of slot %d: %s", k, out);
         goto fail;
     }
-    snprintf(cmd, sizeof(cmd),
-             "link add s%d type veth peer name eth0 netns %d\n"
-             "addr add %s/31 dev s%d\n"
-             "link set s%d up\n",
-             k, (int)pid, gw, k, k);
-    const char *const batch[] = {IP, "-batch", "-", NULL};
-    if ((rc = run(batch, rnsfd, cmd, out, sizeof(out))) != 0) {
-        snprintf(why, whylen, "veth of slot %d: %s", k, out);
-        goto fail;
-    }
+    /* The veth, its router end addressed and up, the sandbox end born as
+     * eth0 in the sandbox's netns, addressed, up, default route. */
+    char ifn[16];
+    snprintf(ifn, sizeof(ifn), "s%d", k);
     snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)pid);
     nsfd = open(path, O_RDONLY | O_CLOEXEC);
     if (nsfd < 0) {
@@ -372,15 +424,22 @@ sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
         snprintf(why, whylen, "open %s: %s", path, strerror(errno));
         goto fail;
     }
-    snprintf(cmd, sizeof(cmd),
-             "addr add %s/31 dev eth0\n"
-             "link set eth0 up\n"
-             "route add default via %s\n",
-             a, gw);
-    rc = run(batch, nsfd, cmd, out, sizeof(out));
+    int rnl = sbx_nl_open_in(rnsfd), snl = sbx_nl_open_in(nsfd), ri = 0, si = 0;
+    const char *step = "netlink sockets";
+    rc = rnl < 0 ? rnl : snl < 0 ? snl : 0;
+    if (rc == 0 && (step = "veth", rc = sbx_nl_veth(rnl, ifn, "eth0", nsfd)) == 0 &&
+        (step = "router end", ri = rc = sbx_nl_index(rnl, ifn)) > 0 &&
+        (rc = sbx_nl_addr_up(rnl, ri, at->gw, 31)) == 0 &&
+        (step = "eth0", si = rc = sbx_nl_index(snl, "eth0")) > 0 &&
+        (rc = sbx_nl_addr_up(snl, si, at->addr, 31)) == 0)
+        rc = (step = "default route", sbx_nl_default_route(snl, si, at->gw));
+    if (rnl >= 0)
+        close(rnl);
+    if (snl >= 0)
+        close(snl);
     close(nsfd);
-    if (rc) {
-        snprintf(why, whylen, "eth0 of the sandbox: %s", out);
+    if (rc < 0) {
+        snprintf(why, whylen, "%s of slot %d (%s): %s", step, k, a, strerror(-rc));
         goto fail;
     }
     at->attach_us = sbx_mono_us() - t0;
@@ -398,10 +457,8 @@ sbx_net_detach(sbx_net *n, int k)
     if (k <= 0 || k >= SLOTS)
         return;
     char out[512], cmd[512];
-    const char *const nftf[] = {NFT, "-f", "-", NULL};
     pthread_mutex_lock(&n->mu);
     int rnsfd = n->nsfd;
-    pthread_mutex_unlock(&n->mu);
     /* One batch (one nft run); a half-made slot lacks some of these, and a
      * batch with one failing command does nothing: then each on its own. */
     snprintf(cmd, sizeof(cmd),
@@ -412,22 +469,26 @@ sbx_net_detach(sbx_net *n, int k)
              "delete counter inet sbx o%d\ndelete counter inet sbx i%d\n"
              "delete counter inet sbx n%d\n",
              k, k, k, k, k, k, k, k, k);
-    if (run(nftf, rnsfd, cmd, out, sizeof(out)) != 0) {
+    if (nft(n, cmd, NULL, out, sizeof(out)) != 0) {
         char *line = cmd;
         while (*line) {
             char one[128];
             size_t len = strcspn(line, "\n");
             snprintf(one, sizeof(one), "%.*s\n", (int)len, line);
-            run(nftf, rnsfd, one, out, sizeof(out));
+            nft(n, one, NULL, out, sizeof(out));
             line += len + (line[len] == '\n');
         }
     }
+    pthread_mutex_unlock(&n->mu);
     /* The veth goes with the sandbox's netns, but that teardown is
      * asynchronous (cleanup_net): delete it now so the slot is clean. */
     char ifn[16];
     snprintf(ifn, sizeof(ifn), "s%d", k);
-    const char *const del[] = {IP, "link", "delete", ifn, NULL};
-    run(del, rnsfd, NULL, out, sizeof(out));
+    int nl = rnsfd >= 0 ? sbx_nl_open_in(rnsfd) : -1;
+    if (nl >= 0) {
+        sbx_nl_del(nl, ifn); /* -ENODEV when it went already */
+        close(nl);
+    }
     pthread_mutex_lock(&n->mu);
     n->used[k] = false;
     pthread_mutex_unlock(&n->mu);
@@ -443,13 +504,13 @@ sbx_net_stats(sbx_net *n, int k, struct sbx_net_stats *st)
     snprintf(cmd, sizeof(cmd),
              "list counter inet sbx o%d\nlist counter inet sbx i%d\nlist counter inet sbx n%d\n",
              k, k, k);
-    const char *const nftf[] = {NFT, "-f", "-", NULL};
+    const char *o = NULL;
     pthread_mutex_lock(&n->mu);
-    int rnsfd = n->nsfd;
+    int rc = n->nft ? nft(n, cmd, &o, NULL, 0) : -ENOENT;
+    snprintf(out, sizeof(out), "%s", o ? o : "");
     pthread_mutex_unlock(&n->mu);
-    int rc = run(nftf, rnsfd, cmd, out, sizeof(out));
     if (rc)
-        return rc < 0 ? rc : -EIO;
+        return rc;
     /* "counter oK { packets P bytes B }" three times, in that order. */
     uint64_t v[3][2] = {{0}};
     const char *s = out;

@@ -34,4 +34,19 @@ void sbx_net_render_router(struct sbx_net_buf *b, const char *range);
 void sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr,
                          const struct sbx_net_policy *p);
 
+/* net_link.c — rtnetlink.  Every function returns 0 (or an index) or -errno.
+ * sbx_nl_open_in: a NETLINK_ROUTE socket (CLOEXEC, caller closes) in netns
+ * nsfd, made by this thread from inside it (it comes back at once).
+ * sbx_nl_veth: a veth pair `name` here and `peer` born in netns peer_nsfd.
+ * sbx_nl_index: the index of interface `name`.
+ * sbx_nl_addr_up: address addr/plen (host order) on index, and link up.
+ * sbx_nl_default_route: default via gw (host order) out of index.
+ * sbx_nl_del: delete interface `name` (with its veth peer). */
+int sbx_nl_open_in(int nsfd);
+int sbx_nl_veth(int nl, const char *name, const char *peer, int peer_nsfd);
+int sbx_nl_index(int nl, const char *name);
+int sbx_nl_addr_up(int nl, int index, uint32_t addr, uint8_t plen);
+int sbx_nl_default_route(int nl, int index, uint32_t gw);
+int sbx_nl_del(int nl, const char *name);
+
 #endif

@@ -37,7 +37,7 @@ pkgs=(
   # tests: a real browser loads a page through a preview URL (tests/integration/test_preview.c)
   chromium
   # egress networking: the shards run ip and nft for each egress sandbox (docs/network.md)
-  nftables
+  nftables libnftables-dev
 )
 
 missing=()
