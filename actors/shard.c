@@ -402,6 +402,9 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
     }
+    /* Not fatal: egress sandboxes try again at their start, and say why. */
+    if (!strcmp(conf->network_default, "egress") && sbx_net_prepare(sh->net, why, sizeof(why)))
+        sbx_log_warn("shard %s: the egress router is not ready: %s", conf->name, why);
     if ((rc = idem_load(sh)) != 0) {
         sbx_log_error("shard %s: cannot read the idempotency table: %s", conf->name,
                   sbx_err_message(rc));

@@ -349,6 +349,15 @@ fail:
     return SBX_E_CONTAINER;
 }
 
+int
+sbx_net_prepare(sbx_net *n, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&n->mu);
+    int rc = n->up ? 0 : router_up(n, why, whylen);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
 void
 sbx_net_free(sbx_net *n)
 {

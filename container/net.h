@@ -83,6 +83,11 @@ struct sbx_net_conf {
  * SBX_E_VALIDATION (bad range; reason in why). */
 int sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t whylen);
 
+/* sbx_net_prepare — make the router now (a deployment whose default mode is
+ * egress: its first sandbox then does not wait ~50 ms for it).  0 or
+ * SBX_E_CONTAINER (reason in why). */
+int sbx_net_prepare(sbx_net *n, char *why, size_t whylen);
+
 /* sbx_net_free — remove the router netns (with its veths), the host table
  * and the block's lock, if they were made; free.  NULL is fine. */
 void sbx_net_free(sbx_net *n);
