@@ -436,7 +436,11 @@ sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
     int rnl = sbx_nl_open_in(rnsfd), snl = sbx_nl_open_in(nsfd), ri = 0, si = 0;
     const char *step = "netlink sockets";
     rc = rnl < 0 ? rnl : snl < 0 ? snl : 0;
-    if (rc == 0 && (step = "veth", rc = sbx_nl_veth(rnl, ifn, "eth0", nsfd)) == 0 &&
+    if (rc == 0 && (step = "veth", rc = sbx_nl_veth(rnl, ifn, "eth0", nsfd)) == -EEXIST) {
+        sbx_nl_del(rnl, ifn); /* a previous holder's, not yet gone with its netns */
+        rc = sbx_nl_veth(rnl, ifn, "eth0", nsfd);
+    }
+    if (rc == 0 &&
         (step = "router end", ri = rc = sbx_nl_index(rnl, ifn)) > 0 &&
         (rc = sbx_nl_addr_up(rnl, ri, at->gw, 31)) == 0 &&
         (step = "eth0", si = rc = sbx_nl_index(snl, "eth0")) > 0 &&
@@ -489,15 +493,11 @@ sbx_net_detach(sbx_net *n, int k)
         }
     }
     pthread_mutex_unlock(&n->mu);
-    /* The veth goes with the sandbox's netns, but that teardown is
-     * asynchronous (cleanup_net): delete it now so the slot is clean. */
-    char ifn[16];
-    snprintf(ifn, sizeof(ifn), "s%d", k);
-    int nl = rnsfd >= 0 ? sbx_nl_open_in(rnsfd) : -1;
-    if (nl >= 0) {
-        sbx_nl_del(nl, ifn); /* -ENODEV when it went already */
-        close(nl);
-    }
+    /* The veth goes with the sandbox's netns, in the kernel's asynchronous
+     * cleanup_net: deleting it here took ~20 ms of RCU grace periods on
+     * every destroy.  Slots are handed out round robin, and an attach that
+     * still finds the old s<k> deletes it then (sbx_net_attach). */
+    (void)rnsfd;
     pthread_mutex_lock(&n->mu);
     n->used[k] = false;
     pthread_mutex_unlock(&n->mu);
