@@ -110,7 +110,8 @@ actor_net_egress(struct actor *a)
     sbx_str mode = {NULL, 0};
     bool egress = net && sbx_wire_get_str(net, "mode", &mode) == 0
                       ? sbx_str_eq(mode, "egress")
-                      : !strcmp(a->sh->conf.network_default, "egress");
+                      : a->sh->conf.network_default &&
+                            !strcmp(a->sh->conf.network_default, "egress");
     if (have)
         sbx_wire_msg_free(&m);
     return egress;

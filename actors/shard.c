@@ -392,7 +392,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
     }
-    if (strcmp(conf->network_default, "none") != 0 && strcmp(conf->network_default, "egress") != 0) {
+    if (!conf->network_default || (strcmp(conf->network_default, "none") != 0 &&
+                                   strcmp(conf->network_default, "egress") != 0)) {
         sbx_log_error("shard %s: --network-default must be none or egress", conf->name);
         rc = SBX_E_VALIDATION;
         goto out;
