@@ -74,6 +74,18 @@ actor_net_check_args(struct shard *sh, const msgpack_object *args, char **blob, 
         sbx_enc_free(&e);
         return sbx_err_make(err, SBX_E_VALIDATION, "network.mode must be none or egress");
     }
+    int64_t mc;
+    rc = sbx_wire_get_i64(net, "maxConnections", &mc);
+    if (rc == 0 && (mc < 1 || mc > 65536)) {
+        sbx_enc_free(&e);
+        return sbx_err_make(err, SBX_E_VALIDATION, "network.maxConnections must be 1..65536");
+    }
+    if (rc == 0)
+        sbx_enc_kint(&e, "maxConnections", mc);
+    else if (rc != -ENOENT) {
+        sbx_enc_free(&e);
+        return sbx_err_make(err, SBX_E_VALIDATION, "network.maxConnections must be an integer");
+    }
     if ((rc = check_rules(sh, net, "allow", &e, err)) != 0 ||
         (rc = check_rules(sh, net, "deny", &e, err)) != 0) {
         sbx_enc_free(&e);
@@ -147,6 +159,9 @@ actor_net_policy(struct actor *a, struct sbx_net_policy *p, char *why, size_t wh
     bool have;
     const msgpack_object *net = stored(a, &m, &have);
     memset(p, 0, sizeof(*p));
+    int64_t mc;
+    if (net && sbx_wire_get_i64(net, "maxConnections", &mc) == 0 && mc > 0 && mc <= 65536)
+        p->max_conns = (uint32_t)mc;
     int rc = load_rules(a->sh, net, "allow", p->allow, &p->nallow, why, whylen);
     if (rc == 0)
         rc = load_rules(a->sh, net, "deny", p->deny, &p->ndeny, why, whylen);
@@ -173,6 +188,9 @@ actor_net_encode_status(struct actor *a, sbx_enc *e)
                 sbx_enc_obj(e, &arr->via.array.ptr[i]);
         sbx_enc_end(e);
     }
+    int64_t mc;
+    if (net && sbx_wire_get_i64(net, "maxConnections", &mc) == 0)
+        sbx_enc_kint(e, "maxConnections", mc);
     if (have)
         sbx_wire_msg_free(&m);
     if (a->cs == C_RUNNING && a->net_att.slot) {

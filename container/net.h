@@ -53,6 +53,7 @@ struct sbx_net_rule {
  * sandbox may reach every public address; with some, only those. */
 struct sbx_net_policy {
     int nallow, ndeny;
+    uint32_t max_conns; /* outbound connections open at once; 0 = no limit */
     struct sbx_net_rule allow[SBX_NET_MAX_RULES];
     struct sbx_net_rule deny[SBX_NET_MAX_RULES];
 };

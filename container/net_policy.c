@@ -244,6 +244,10 @@ sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sb
         rule_match(m, sizeof(m), &p->deny[i]);
         sbx_net_buf_add(b, "%s%d %s jump refuse\n", R, k, m);
     }
+    /* Connections open at once (conntrack entries through this rule: those
+     * that end, or are refused below, leave its list). */
+    if (p->max_conns)
+        sbx_net_buf_add(b, "%s%d ct count over %u jump refuse\n", R, k, p->max_conns);
     for (int i = 0; i < p->nallow; i++) {
         if (!sbx_net_is_private(&p->allow[i]))
             continue;

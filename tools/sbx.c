@@ -602,7 +602,8 @@ human_create(const msgpack_object *res)
 
 #define CREATE_USAGE                                                                         \
     "usage: sbx create ID [--memory 256M] [--pids N] [--cpu MILLICPUS]\n"                     \
-    "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n"
+    "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n" \
+    "                     [--max-connections N]\n"
 
 static int
 v_create(struct gopts *g, int argc, char **argv)
@@ -613,6 +614,7 @@ v_create(struct gopts *g, int argc, char **argv)
         return rc;
     /* Network options: collected first, sent as {network: {mode, allow, deny}}. */
     const char *mode = NULL;
+    uint64_t maxconn = 0;
     const char *allow[64], *deny[64];
     int nallow = 0, ndeny = 0;
     sbx_args *a = sbx_args_new();
@@ -623,6 +625,14 @@ v_create(struct gopts *g, int argc, char **argv)
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
         if (i + 1 < argc && !strcmp(k, "--network")) {
             mode = val;
+            continue;
+        }
+        if (!strcmp(k, "--max-connections")) {
+            if (cli_parse_size(val, &maxconn) != 0 || maxconn == 0 || maxconn > 65536) {
+                fprintf(stderr, "sbx create: --max-connections must be 1..65536\n");
+                sbx_args_free(a);
+                return EXIT_USAGE;
+            }
             continue;
         }
         if (i + 1 < argc && (!strcmp(k, "--allow") || !strcmp(k, "--deny"))) {
@@ -657,10 +667,12 @@ v_create(struct gopts *g, int argc, char **argv)
         sbx_args_kint(a, k, (int64_t)v);
     }
     sbx_args_end(a);
-    if (mode || nallow || ndeny) {
+    if (mode || nallow || ndeny || maxconn) {
         sbx_args_kmap(a, "network");
         if (mode)
             sbx_args_kstr(a, "mode", mode);
+        if (maxconn)
+            sbx_args_kint(a, "maxConnections", (int64_t)maxconn);
         if (nallow) {
             sbx_args_karray(a, "allow");
             for (int i = 0; i < nallow; i++)
@@ -731,7 +743,7 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...", NULL},
+    {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},

@@ -545,3 +545,48 @@ Test(egress, configure_applies_at_the_next_start)
     free(id);
     sbx_client_close(c);
 }
+
+/* maxConnections: that many connections open at once, the next refused;
+ * once one closes, a new one is accepted again. */
+Test(egress, connection_limit)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("egr-conn");
+    char net[256];
+    snprintf(net, sizeof(net),
+             "{\"mode\":\"egress\",\"allow\":[\"%s\"],\"maxConnections\":3}", peer_ip);
+    create_ok(c, id, net);
+    char *st = status_network(c, id);
+    cr_expect_eq(json_int(st, "maxConnections"), 3, "%s", st);
+    free(st);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c '\n"
+             "import socket\n"
+             "def c():\n"
+             "    try:\n"
+             "        return socket.create_connection((\"%s\", 8080), timeout=5)\n"
+             "    except OSError as e:\n"
+             "        return None\n"
+             "held = [c() for _ in range(3)]\n"
+             "fourth = c()\n"
+             "held[0].close()\n"
+             "import time; time.sleep(0.5)\n"
+             "again = c()\n"
+             "print(sum(h is not None for h in held), fourth is not None, again is not None)'",
+             peer_ip);
+    sbx_exec_result r;
+    sbx_error err = {0};
+    cr_assert_eq(test_sh(c, id, cmd, 60000, &r, &err), 0, "%s", err.message);
+    cr_expect_str_eq(r.stdout_data, "3 False True\n", "held, fourth, after a close: %s %s",
+                     r.stdout_data, r.stderr_data);
+    sbx_exec_result_free(&r);
+    /* Out of range: VALIDATION_FAILED. */
+    char code[64], msg[512];
+    create(c, id, "{\"mode\":\"egress\",\"maxConnections\":0}", code, sizeof(code), msg,
+           sizeof(msg));
+    cr_expect_str_eq(code, "VALIDATION_FAILED", "%s", msg);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}

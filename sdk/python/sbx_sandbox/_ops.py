@@ -310,6 +310,8 @@ class SandboxStatusNetwork(TypedDict, total=False):
     """allow rules (none: every public address)"""
     deny: List[str]
     """deny rules"""
+    maxConnections: int
+    """most outbound connections open at once, if limited"""
     address: str
     """the sandbox's IPv4 address while it runs (egress)"""
     bytesOut: int
@@ -383,6 +385,8 @@ class NetworkSettings(TypedDict, total=False):
     """allow rules; none = every public address; a rule inside a private range opens it"""
     deny: List[str]
     """deny rules, checked before the allow rules"""
+    maxConnections: int
+    """most outbound connections open at once; more are refused (default: no limit) [1 … 65536]"""
 
 
 #: a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64

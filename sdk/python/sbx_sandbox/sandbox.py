@@ -764,18 +764,20 @@ class Sandbox(_Ops):
     def create(self, memory: Optional[int] = None, pids: Optional[int] = None,
                cpu: Optional[int] = None, network: Optional[str] = None,
                allow: Optional[List[str]] = None,
-               deny: Optional[List[str]] = None) -> Dict[str, Any]:
+               deny: Optional[List[str]] = None,
+               max_connections: Optional[int] = None) -> Dict[str, Any]:
         """Create the sandbox now with limits: ``memory`` bytes (16 MiB - 1
         TiB), ``pids`` (16 - 1 048 576), ``cpu`` millicpus (1000 = one CPU);
         and its network (docs/network.md): ``network`` ``"none"`` or
         ``"egress"``, ``allow`` / ``deny`` rules ``"CIDR[:PORT]"`` (a rule
         inside an always-denied range raises errors.ValidationFailed naming
-        it).  Returns ``{"created" (false if it existed; limits unchanged,
+        it), ``max_connections`` open at once.  Returns ``{"created" (false if it existed; limits unchanged,
         network settings replaced from its next container start),
         "sandbox"}``."""
         limits = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu))
                   if v is not None}
-        net = {k: v for k, v in (("mode", network), ("allow", allow), ("deny", deny))
+        net = {k: v for k, v in (("mode", network), ("allow", allow), ("deny", deny),
+                                 ("maxConnections", max_connections))
                if v is not None}
         return self._call("create", {"limits": limits or None, "network": net or None})
 

@@ -388,6 +388,8 @@ export interface SandboxStatus {
     allow?: string[];
     /** deny rules */
     deny?: string[];
+    /** most outbound connections open at once, if limited */
+    maxConnections?: number;
     /** the sandbox's IPv4 address while it runs (egress) */
     address?: string;
     /** IP bytes sent through the router by this container (bytes) */
@@ -426,6 +428,8 @@ export interface NetworkSettings {
   allow?: string[];
   /** deny rules, checked before the allow rules */
   deny?: string[];
+  /** most outbound connections open at once; more are refused (default: no limit) [1 … 65536] */
+  maxConnections?: number;
 }
 
 /** a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
