@@ -353,6 +353,8 @@ actor_op_create(struct actor *a, struct sop *op)
         }
         free(netcfg);
         actor_save_record(a);
+        if (!created)
+            actor_net_apply(a);
     } else {
         actor_ensure_record(a, &lim);
     }
@@ -623,6 +625,8 @@ actor_op_configure(struct actor *a, struct sop *op)
     actor_load_config(a);
     a->last_active_ms = sbx_wall_ms();
     actor_save_record(a);
+    if (netcfg)
+        actor_net_apply(a);
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);

@@ -171,6 +171,26 @@ actor_net_policy(struct actor *a, struct sbx_net_policy *p, char *why, size_t wh
 }
 
 void
+actor_net_apply(struct actor *a)
+{
+    if (a->cs != C_RUNNING || !a->net_att.slot || !actor_net_egress(a))
+        return;
+    struct sbx_net_policy *p = sbx_xcalloc(1, sizeof(*p));
+    char why[256] = "";
+    int rc = actor_net_policy(a, p, why, sizeof(why));
+    if (rc == 0)
+        rc = sbx_net_update(a->sh->net, a->net_att.slot, a->net_att.addr, p, why, sizeof(why));
+    if (rc) {
+        /* Fail closed: the old rules cannot stay, as they may allow what the
+         * new ones do not.  Its next operation starts a fresh container. */
+        sbx_log_warn("sandbox %s: new network policy not applied (%s): stopping its container",
+                     a->id, why);
+        actor_stop_container(a, false);
+    }
+    free(p);
+}
+
+void
 actor_net_encode_status(struct actor *a, sbx_enc *e)
 {
     sbx_msg m;

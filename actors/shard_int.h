@@ -583,6 +583,10 @@ int actor_net_check_args(struct shard *sh, const msgpack_object *args, char **bl
 bool actor_net_egress(struct actor *a);
 /* actor_net_policy: its rules, parsed again; SBX_E_CONTAINER (why) if one is refused now. */
 int actor_net_policy(struct actor *a, struct sbx_net_policy *p, char *why, size_t whylen);
+/* actor_net_apply: after a settings change, a running egress container that
+ * stays egress gets the new rules now (new connections); a mode change
+ * waits for the next container. */
+void actor_net_apply(struct actor *a);
 /* actor_net_encode_status: "network": {mode, allow, deny[, address, counters]}. */
 void actor_net_encode_status(struct actor *a, sbx_enc *e);
 /* actor.c: a's sleepAfter in ms (its own, else the shard's). */

@@ -464,6 +464,21 @@ fail:
     return SBX_E_CONTAINER;
 }
 
+int
+sbx_net_update(sbx_net *n, int k, uint32_t addr, const struct sbx_net_policy *p, char *why,
+               size_t whylen)
+{
+    if (k <= 0 || k >= SLOTS)
+        return -EINVAL;
+    struct sbx_net_buf b = {0};
+    sbx_net_render_update(&b, k, addr, p);
+    pthread_mutex_lock(&n->mu);
+    int rc = n->nft ? nft(n, b.p, NULL, why, whylen) : -ENOENT;
+    pthread_mutex_unlock(&n->mu);
+    free(b.p);
+    return rc;
+}
+
 void
 sbx_net_detach(sbx_net *n, int k)
 {

@@ -113,6 +113,12 @@ struct sbx_net_attachment {
 int sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
                    struct sbx_net_attachment *at, char *why, size_t whylen);
 
+/* sbx_net_update — replace the policy of attached slot (address addr) by p,
+ * atomically: new connections meet the new rules at once, established ones
+ * go on (the maxConnections count starts again).  0 or -EIO (why). */
+int sbx_net_update(sbx_net *n, int slot, uint32_t addr, const struct sbx_net_policy *p,
+                   char *why, size_t whylen);
+
 /* sbx_net_detach — remove slot's chains and counters and free the slot; call
  * after the container is dead.  Its veth goes with the sandbox's netns (the
  * kernel's asynchronous cleanup).  Harmless on slot 0. */

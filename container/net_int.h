@@ -33,6 +33,10 @@ void sbx_net_render_router(struct sbx_net_buf *b, const char *range);
  * chains so<k> (from the sandbox) and si<k> (to it) and map elements. */
 void sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr,
                          const struct sbx_net_policy *p);
+/* sbx_net_render_update — chain so<k>'s rules replaced by p's (one batch:
+ * flush, then the rules; nft applies it atomically). */
+void sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr,
+                           const struct sbx_net_policy *p);
 
 /* net_link.c — rtnetlink.  Every function returns 0 (or an index) or -errno.
  * sbx_nl_open_in: a NETLINK_ROUTE socket (CLOEXEC, caller closes) in netns

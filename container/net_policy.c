@@ -224,15 +224,11 @@ sbx_net_buf_add(struct sbx_net_buf *b, const char *fmt, ...)
  * refused.  "Refused" = TCP reset or ICMP admin-prohibited, so a client
  * fails at once rather than after a timeout.
  */
-void
-sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p)
+/* The rules of chain so<k> (address a), in the order above. */
+static void
+so_rules(struct sbx_net_buf *b, int k, const char *a, const struct sbx_net_policy *p)
 {
-    struct in_addr ia = {.s_addr = htonl(addr)};
-    char a[INET_ADDRSTRLEN], m[128];
-    inet_ntop(AF_INET, &ia, a, sizeof(a));
-    sbx_net_buf_add(b, "add counter inet sbx o%d\nadd counter inet sbx i%d\n"
-                       "add counter inet sbx n%d\n", k, k, k);
-    sbx_net_buf_add(b, "add chain inet sbx so%d\nadd chain inet sbx si%d\n", k, k);
+    char m[128];
     const char *R = "add rule inet sbx so";
     sbx_net_buf_add(b, "%s%d counter name \"o%d\"\n", R, k, k);
     sbx_net_buf_add(b, "%s%d ip saddr != %s drop\n", R, k, a);
@@ -255,23 +251,42 @@ sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sb
         sbx_net_buf_add(b, "%s%d %s counter name \"n%d\" accept\n", R, k, m, k);
     }
     sbx_net_buf_add(b, "%s%d ip daddr @priv4 jump refuse\n", R, k);
-    int npublic = 0;
     for (int i = 0; i < p->nallow; i++) {
         if (sbx_net_is_private(&p->allow[i]))
             continue;
         rule_match(m, sizeof(m), &p->allow[i]);
         sbx_net_buf_add(b, "%s%d %s counter name \"n%d\" accept\n", R, k, m, k);
-        npublic++;
     }
     if (p->nallow == 0)
         sbx_net_buf_add(b, "%s%d counter name \"n%d\" accept\n", R, k, k);
     sbx_net_buf_add(b, "%s%d jump refuse\n", R, k);
+}
+
+void
+sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p)
+{
+    struct in_addr ia = {.s_addr = htonl(addr)};
+    char a[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &ia, a, sizeof(a));
+    sbx_net_buf_add(b, "add counter inet sbx o%d\nadd counter inet sbx i%d\n"
+                       "add counter inet sbx n%d\n", k, k, k);
+    sbx_net_buf_add(b, "add chain inet sbx so%d\nadd chain inet sbx si%d\n", k, k);
+    so_rules(b, k, a, p);
     sbx_net_buf_add(b, "add rule inet sbx si%d counter name \"i%d\"\n", k, k);
     sbx_net_buf_add(b, "add rule inet sbx si%d ct state established,related accept\n", k);
     sbx_net_buf_add(b, "add rule inet sbx si%d drop\n", k);
     sbx_net_buf_add(b, "add element inet sbx from_sb { \"s%d\" : jump so%d }\n", k, k);
     sbx_net_buf_add(b, "add element inet sbx to_sb { \"s%d\" : jump si%d }\n", k, k);
-    (void)npublic;
+}
+
+void
+sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p)
+{
+    struct in_addr ia = {.s_addr = htonl(addr)};
+    char a[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &ia, a, sizeof(a));
+    sbx_net_buf_add(b, "flush chain inet sbx so%d\n", k);
+    so_rules(b, k, a, p);
 }
 
 /* The router's table: sets, maps, the forward and input hooks, NAT. */

@@ -618,7 +618,7 @@ static const struct cli_arg args_sandbox_configure[] = {
      "VALIDATION_FAILED"},
     {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,
-     "network mode and policy, from the sandbox's next container start",
+     "network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_sandbox_labels[] = {
@@ -634,7 +634,7 @@ static const struct cli_arg args_create[] = {
      "VALIDATION_FAILED"},
     {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,
-     "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings from its next container start",
+     "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {

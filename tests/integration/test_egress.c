@@ -590,3 +590,40 @@ Test(egress, connection_limit)
     free(id);
     sbx_client_close(c);
 }
+
+/* A running egress sandbox's rules change at once for new connections
+ * (issue 14: within 1 s), without a new container. */
+Test(egress, policy_change_applies_to_new_connections)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("egr-live");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"203.0.113.0/24\"]}");
+    expect_refused(c, id, peer_ip, 8080);
+    char *st = status_network(c, id);
+    long long pid_before = json_int(st, "pid");
+    cr_expect_gt(pid_before, 0, "no running container in %s", st);
+    free(st);
+    char args[256];
+    snprintf(args, sizeof(args), "{\"network\":{\"mode\":\"egress\",\"allow\":[\"%s\"]}}",
+             peer_ip);
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    cr_assert_eq(sbx_call_json(c, "sandbox.configure", id, args, 30000, &r, &err), 0, "%s",
+                 err.message);
+    sbx_reply_free(r);
+    expect_reaches(c, id, peer_ip, 8080);
+    snprintf(args, sizeof(args),
+             "{\"network\":{\"mode\":\"egress\",\"allow\":[\"%s\"],\"deny\":[\"%s:8080\"]}}",
+             peer_ip, peer_ip);
+    cr_assert_eq(sbx_call_json(c, "sandbox.configure", id, args, 30000, &r, &err), 0, "%s",
+                 err.message);
+    sbx_reply_free(r);
+    expect_refused(c, id, peer_ip, 8080);
+    /* The same container all along. */
+    st = status_network(c, id);
+    cr_expect_eq(json_int(st, "pid"), pid_before, "a new container was started: %s", st);
+    free(st);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}

@@ -1452,7 +1452,7 @@ class SandboxConfigureArgs(TypedDict, total=False):
     keepAlive: bool
     """never stop the container for idleness"""
     network: 'NetworkSettings'
-    """network mode and policy, from the sandbox's next container start"""
+    """network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container"""
 
 
 class SandboxConfigureResult(TypedDict, total=False):
@@ -1497,7 +1497,7 @@ class CreateArgs(TypedDict, total=False):
     limits: 'CreateArgsLimits'
     """resource limits (default the shard's)"""
     network: 'NetworkSettings'
-    """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings from its next container start"""
+    """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container"""
 
 
 class CreateResult(TypedDict, total=False):

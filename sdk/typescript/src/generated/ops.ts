@@ -1370,7 +1370,7 @@ export interface SandboxConfigureArgs {
   sleepAfter?: string | number | number;
   /** never stop the container for idleness */
   keepAlive?: boolean;
-  /** network mode and policy, from the sandbox's next container start */
+  /** network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container */
   network?: NetworkSettings;
 }
 
@@ -1409,7 +1409,7 @@ export interface CreateArgs {
     /** CPU in millicpus [10 … 1024000] */
     cpu?: number;
   };
-  /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings from its next container start */
+  /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container */
   network?: NetworkSettings;
 }
 
