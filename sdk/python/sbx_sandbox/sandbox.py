@@ -771,8 +771,9 @@ class Sandbox(_Ops):
         and its network (docs/network.md): ``network`` ``"none"`` or
         ``"egress"``, ``allow`` / ``deny`` rules ``"CIDR[:PORT]"`` (a rule
         inside an always-denied range raises errors.ValidationFailed naming
-        it), ``max_connections`` open at once.  Returns ``{"created" (false if it existed; limits unchanged,
-        network settings replaced from its next container start),
+        it), ``max_connections`` open at once.  Returns ``{"created" (false
+        if it existed: limits unchanged; network settings replaced, new rules
+        at once for new connections, a new mode from its next container),
         "sandbox"}``."""
         limits = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu))
                   if v is not None}
@@ -789,8 +790,9 @@ class Sandbox(_Ops):
                   keep_alive: Optional[bool] = None,
                   network: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Set ``sleep_after`` (``"30s"``, ``"10m"``, ``"1h"`` or seconds),
-        ``keep_alive`` and ``network`` (``{"mode", "allow", "deny"}``, from the
-        next container start; docs/network.md).  Returns ``{"success",
+        ``keep_alive`` and ``network`` (``{"mode", "allow", "deny",
+        "maxConnections"}``: new rules at once for new connections, a new mode
+        from the next container; docs/network.md).  Returns ``{"success",
         "sleepAfter" (ms), "keepAlive"}``."""
         return self._call("sandbox.configure", {"sleepAfter": sleep_after,
                                                 "keepAlive": keep_alive,

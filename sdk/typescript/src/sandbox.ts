@@ -313,8 +313,8 @@ export class Sandbox extends SandboxOperations {
    * with resource limits and a network (docs/network.md: `{ mode: 'egress',
    * allow: ['203.0.113.0/24:443'], deny: [...] }`; a rule inside an
    * always-denied range is VALIDATION_FAILED naming it). `created: false`
-   * when it existed (its limits are then unchanged; network settings apply
-   * from its next container start).
+   * when it existed (its limits are then unchanged; new network rules apply
+   * to new connections at once, a new mode from its next container).
    */
   async create(limits?: SandboxLimits, network?: NetworkSettings): Promise<{ created: boolean; sandbox: SandboxStatus }> {
     return this.call('create', { ...(limits ? { limits } : {}), ...(network ? { network } : {}) });
