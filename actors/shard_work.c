@@ -73,8 +73,15 @@ shard_worker_main(void *arg)
             w->rc = start_image(sh, w);
         } else if (w->kind == W_START) {
             w->rc = sbx_container_start(sh->spawner, &w->lim, &w->c, w->why, sizeof(w->why));
+            if (w->rc == 0 && w->net) {
+                w->rc = sbx_net_attach(sh->net, w->c.pid, &w->pol, &w->att, w->why,
+                                       sizeof(w->why));
+                if (w->rc)
+                    sbx_container_stop(sh->spawner, &w->c);
+            }
         } else {
             sbx_container_stop(sh->spawner, &w->c);
+            sbx_net_detach(sh->net, w->att.slot); /* after: no packet from it any more */
             w->rc = 0;
         }
         sbx_loop_post(sh->loop, work_done_loop, w);

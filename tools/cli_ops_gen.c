@@ -616,6 +616,10 @@ static const struct cli_arg args_sandbox_configure[] = {
      "a boolean", NULL, NULL,
      "never stop the container for idleness",
      "VALIDATION_FAILED"},
+    {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
+     "an object", NULL, NULL,
+     "network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container",
+     "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_sandbox_labels[] = {
     {"labels", CLI_K_OBJECT, false, false, false, 0, 0, 64u, NULL,
@@ -631,6 +635,10 @@ static const struct cli_arg args_create[] = {
     {"image", CLI_K_STR, false, false, false, 0, 0, 255u, NULL,
      "a string", NULL, NULL,
      "an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own",
+     "VALIDATION_FAILED"},
+    {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
+     "an object", NULL, NULL,
+     "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
@@ -765,12 +773,12 @@ const struct cli_op cli_ops[] = {
      "ping", "sandbox", true, NULL, 0},
     {"env.set", "set or unset sandbox environment variables",
      "env", "sandbox", true, args_env_set, 1},
-    {"sandbox.configure", "set sleepAfter and keepAlive",
-     "configure", "sandbox", true, args_sandbox_configure, 2},
+    {"sandbox.configure", "set sleepAfter, keepAlive and network",
+     "configure", "sandbox", true, args_sandbox_configure, 3},
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 2},
+     "create", "sandbox", true, args_create, 3},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",
