@@ -29,12 +29,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../support/clirun.h"
+#include "../../runtime/util.h"
 #include "../support/harness.h"
+#include "../support/imgbuild.h"
 
 #define BODY "hello-from-the-test-host"
 
@@ -626,4 +629,53 @@ Test(egress, policy_change_applies_to_new_connections)
     destroy(c, id);
     free(id);
     sbx_client_close(c);
+}
+
+/* An image sandbox (docs/images.md) with egress: both its image root and
+ * its network (the worker starts the one, then attaches the other; the
+ * merge of the two features first left an image sandbox without its
+ * network). */
+Test(egress, an_image_sandbox_reaches_the_allowed_host)
+{
+    char work[128], dir[192], layer[192], diff[72], digest[72];
+    snprintf(work, sizeof(work), "/tmp/sbx-egr-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    size_t nb = 0;
+    struct imgb_entry *base = imgb_base_entries(&nb);
+    cr_assert(base, "busybox-static is not installed (tools/deps.sh)");
+    snprintf(layer, sizeof(layer), "%s/l0.tar.gz", work);
+    cr_assert_eq(imgb_layer(layer, base, nb, true, diff), 0);
+    imgb_entries_free(base, nb);
+    char *layers[] = {layer};
+    const char *diffs[] = {diff};
+    snprintf(dir, sizeof(dir), "%s/img", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true, NULL, digest), 0);
+
+    sbx_client *c = test_client();
+    char args[512];
+    snprintf(args, sizeof(args), "{\"path\":\"%s\"}", dir);
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    cr_assert_eq(sbx_call_json(c, "image.import", NULL, args, 120000, &r, &err), 0,
+                 "image.import: %s %s", err.code, err.message);
+    sbx_reply_free(r);
+    char *id = test_id("egr-img");
+    snprintf(args, sizeof(args),
+             "{\"image\":\"%s\",\"network\":{\"mode\":\"egress\",\"allow\":[\"%s/32:8080\"]}}",
+             digest, peer_ip);
+    cr_assert_eq(sbx_call_json(c, "create", id, args, 30000, &r, &err), 0, "create: %s %s",
+                 err.code, err.message);
+    sbx_reply_free(r);
+    expect_reaches(c, id, peer_ip, 8080);
+    expect_refused(c, id, peer_ip, 8081);
+    destroy(c, id);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", digest);
+    cr_expect_eq(sbx_call_json(c, "image.rm", NULL, args, 30000, &r, &err), 0, "image.rm: %s",
+                 err.message);
+    sbx_reply_free(r);
+    sbx_error_free(&err);
+    free(id);
+    sbx_client_close(c);
+    sbx_rm_rf(work);
 }
