@@ -302,6 +302,30 @@ status_code(const char *p, size_t n)
     return (p[0] - '0') * 100 + (p[1] - '0') * 10 + (p[2] - '0');
 }
 
+void
+preview_cookie_host_only(char *v)
+{
+    char *w = strchr(v, ';'), *r = w;
+    if (!w)
+        return;
+    while (*r == ';') {
+        const char *end = strchr(r + 1, ';');
+        size_t seg = end ? (size_t)(end - r) : strlen(r);
+        const char *a = r + 1;
+        while (*a == ' ' || *a == '\t')
+            a++;
+        size_t an = strcspn(a, "=;");
+        while (an && (a[an - 1] == ' ' || a[an - 1] == '\t'))
+            an--;
+        if (!(an == 6 && !strncasecmp(a, "Domain", 6))) {
+            memmove(w, r, seg);
+            w += seg;
+        }
+        r += seg;
+    }
+    *w = 0;
+}
+
 /* curl's header callback: one line of the upstream's head (with its line
  * end; not NUL-terminated), the status lines of interim heads included. */
 size_t
@@ -772,9 +796,11 @@ queue_response(struct preview_req *pr)
         if (!colon)
             continue;
         *colon = 0;
-        const char *v = colon + 1;
+        char *v = colon + 1;
         while (*v == ' ' || *v == '\t')
             v++;
+        if (!strcasecmp(l->data, "Set-Cookie"))
+            preview_cookie_host_only(v);
         MHD_add_response_header(r, l->data, v);
         *colon = ':';
     }

@@ -114,6 +114,15 @@ void preview_add_connection(char **acc, const char *value);
  * the request was cancelled (libcurl then aborts). */
 size_t preview_on_header(char *p, size_t size, size_t nmemb, void *cls);
 
+/* preview_cookie_host_only — a Set-Cookie value as a preview's upstream sent
+ * it, rewritten in place (it only shrinks) without its Domain attributes
+ * (RFC 6265 §5.2.3, any case, any spacing), so the browser keeps the cookie
+ * for the exact preview host only: every preview host is a name under one
+ * domain, and a `Domain=` of it would send one sandbox's cookie to all
+ * others (issue 16 item 5).  Other attributes and the name=value pair are
+ * kept byte for byte. */
+void preview_cookie_host_only(char *v);
+
 /* The upstream URL of a request: the relay is a SOCKS5 proxy whose
  * destination "<gen>.<sandbox>" names the container (runtime/relay.h), then
  * the port and the target as the client sent it.  NULL unless the target is

@@ -615,6 +615,44 @@ Test(preview, stale_url_does_not_wake_the_sandbox, .timeout = 120)
     hdone(id);
 }
 
+/*
+ * Preview cookies are host-only (issue 16 item 5): all preview hosts are
+ * names under one domain, so an upstream's `Set-Cookie: …; Domain=localhost`
+ * would hand one sandbox's cookie to every other preview.  The front drops
+ * Domain (any case and spacing) and keeps the rest.
+ */
+Test(preview, preview_cookies_are_host_only, .timeout = 120)
+{
+    char *id = test_id("pvck");
+    app_start(id, 8087);
+    struct purl p = expose(id, 8087, NULL);
+    struct hresp r;
+    pget(&p, "/cookie", NULL, &r);
+    assert_status(r, 200, "GET /cookie");
+    /* The Set-Cookie lines of the head, in order. */
+    char got[3][256];
+    int n = 0;
+    for (const char *l = r.head; l && *l;) {
+        size_t len = strcspn(l, "\r\n");
+        if (len > 11 && !strncasecmp(l, "Set-Cookie:", 11) && n < 3) {
+            const char *v = l + 11;
+            while (*v == ' ')
+                v++;
+            snprintf(got[n++], sizeof(got[0]), "%.*s", (int)(len - (size_t)(v - l)), v);
+        }
+        l += len;
+        l += strspn(l, "\r\n");
+    }
+    cr_assert_eq(n, 3, "Set-Cookie lines: %d in %s", n, r.head);
+    static const char *const want[] = {"a=1; Path=/", "b=2;path=/;HttpOnly", "c=3; SameSite=Lax"};
+    for (int i = 0; i < 3; i++) {
+        cr_expect_str_eq(got[i], want[i], "cookie %d", i);
+        cr_expect(!strcasestr(got[i], "domain"), "a Domain attribute passed: %s", got[i]);
+    }
+    hresp_free(&r);
+    hdone(id);
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* A real browser. */
 
