@@ -85,3 +85,71 @@ Test(limits, every_rlimit_is_set_at_container_start, .timeout = 180)
     free(out);
     DONE();
 }
+
+/* Whether this process has CAP_SYS_RESOURCE (what the shard needs to
+ * give the agent a negative OOM score at all). */
+static bool
+have_sys_resource(void)
+{
+    char *st = NULL;
+    size_t n;
+    bool set = false;
+    if (sbx_fs_read("/proc/self/status", 1 << 16, &st, &n) == 0) {
+        const char *e = strstr(st, "CapEff:");
+        set = e && (strtoull(e + 7, NULL, 16) >> 24) & 1; /* CAP_SYS_RESOURCE = 24 */
+    }
+    free(st);
+    return set;
+}
+
+/*
+ * No floor below 0 for tenant processes (issue 16 item 7): a privileged
+ * write of oom_score_adj sets the target's oom_score_adj_min too, and
+ * forks inherit it; when the shard wrote -998 for the agent, every tenant
+ * process could lower itself to -998 and outlive sbxd in a host-wide OOM.
+ * A tenant process starts at +500 and may not go below 0.  Only a host
+ * whose root holds CAP_SYS_RESOURCE shows the old floor (without it the
+ * shard's -998 never took effect); the test says so when it runs on one
+ * that does not.
+ */
+Test(limits, tenant_processes_cannot_lower_their_oom_score_below_zero, .timeout = 120)
+{
+    if (!have_sys_resource())
+        kernel_note("root lacks CAP_SYS_RESOURCE here: the agent runs at oom_score_adj 0 and "
+                    "the floor the old -998 set cannot appear, so this test cannot fail on "
+                    "the old code on this host");
+    SANDBOX("oom");
+    static const char body[] =
+        "def adj(p='self'):\n"
+        "    return int(open('/proc/%s/oom_score_adj' % p).read())\n"
+        "def setadj(v):\n"
+        "    try:\n"
+        "        with open('/proc/self/oom_score_adj', 'w') as f:\n"
+        "            f.write(str(v))\n"
+        "        return 'OK'\n"
+        "    except OSError as e:\n"
+        "        return en(e.errno)\n"
+        "r = {'start': adj(), 'agent': adj(1)}\n"
+        "r['to_minus_998'] = setadj(-998)\n"
+        "r['to_minus_1'] = setadj(-1)\n"
+        "r['to_0'] = setadj(0)\n"
+        "r['end'] = adj()\n"
+        "r['child'] = in_child(lambda: {'w': setadj(-1), 'v': adj()})\n"
+        "print(json.dumps(r))\n";
+    json_t *j = py(c, id, body);
+    cr_expect_eq(json_integer_value(json_object_get(j, "start")), 500,
+                 "a tenant process starts at +500: %s", json_dumps(j, 0));
+    long long agent = json_integer_value(json_object_get(j, "agent"));
+    cr_expect(agent == 0 || agent == -941, "the agent's oom_score_adj %lld (0 or -941)", agent);
+    if (have_sys_resource())
+        cr_expect_eq(agent, -941, "with CAP_SYS_RESOURCE the agent is at -941");
+    want(j, "to_minus_998", "EACCES", "lowering to -998");
+    want(j, "to_minus_1", "EACCES", "lowering below 0");
+    want(j, "to_0", "OK", "lowering to 0 (the floor)");
+    cr_expect_eq(json_integer_value(json_object_get(j, "end")), 0);
+    json_t *ch = json_object_get(j, "child");
+    cr_expect_str_eq(json_string_value(json_object_get(ch, "w")), "EACCES", "a child: %s",
+                     json_dumps(j, 0));
+    json_decref(j);
+    DONE();
+}
