@@ -15,6 +15,7 @@
  * and when another live process on the host holds the deployment's name or
  * the shard's cgroup subtree (host locks, below).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -100,13 +101,13 @@ load_secret(const char *file, char **secret, const char *who)
 
 /* ------------------------------------------------------------------------------ */
 /*
- * Host locks: one live deployment per name, one live shard per cgroup subtree.
+ * Host locks: one live deployment per name, one live shard per cgroup subtree
+ * and per host uid (uid_range_lock, below).
  *
  * A shard sweeps its cgroup subtree at start-up, killing every process left
- * in it (container/cgroup.c), and `sbxd dev` derives its shards' host uid
- * ranges from the deployment name.  So a second deployment of the same name
- * on one host would kill the first one's sandboxes and then hand out the
- * same host uids.  Before touching a cgroup or a uid each process takes, in
+ * in it (container/cgroup.c).  So a second deployment of the same name
+ * on one host would kill the first one's sandboxes.  Before touching a
+ * cgroup or a uid each process takes, in
  * LOCK_DIR (root's, 0700, files 0600 so no other user can hold one):
  *   deploy.<name>.lock       exclusively, by `sbxd dev`;
  *   cgroup.<a>.lock, cgroup.<a/b>.lock, …  shared, by a shard with cgroup
@@ -313,6 +314,112 @@ hostlock_take(struct hostlock *hl, const char *kind, const char *key, bool neste
     return rc;
 }
 
+/*
+ * uid_range_lock — hold host uids [*base, *base + count) for this shard
+ * until hostlock_release(hl) (issue 16 item 10): two shards of one host on
+ * overlapping ranges would run two tenants as one host uid, sharing per-uid
+ * kernel accounting (RLIMIT_NPROC, SIGPENDING, inotify, mqueue bytes) and
+ * the uid as a line of defence.  Ranges are files LOCK_DIR/uids.<first>-
+ * <last>.lock, each held exclusively by its shard; LOCK_DIR/uids.lock,
+ * held (waiting) only while one shard looks, makes look-and-take atomic.
+ * A range file nobody holds is a dead shard's: removed.  With `pick`
+ * (no --uid-base given) *base becomes the lowest UID_AUTO_BASE + k × count
+ * overlapping no live range; otherwise an overlap refuses (-EBUSY, why
+ * names the holder).  0 or -errno with why.
+ */
+#define UID_AUTO_BASE 1000000000ll
+#define UID_LAST 4294967294ll /* (uid_t)-1 is "no uid" */
+
+static int
+uid_range_lock(struct hostlock *hl, int64_t *base, int64_t count, bool pick, char *why,
+               size_t whylen)
+{
+    memset(hl, 0, sizeof(*hl));
+    int rc = lock_dir_check(why, whylen), gfd = -1;
+    long long (*live)[2] = NULL;
+    size_t nlive = 0;
+    pid_t holder = 0;
+    DIR *d = NULL;
+    if (rc)
+        goto out;
+    if (count < 1 || (!pick && (*base < 1 || *base + count - 1 > UID_LAST))) {
+        rc = -EINVAL;
+        snprintf(why, whylen, "host uids %lld + %lld are not a range of valid uids",
+                 (long long)*base, (long long)count);
+        goto out;
+    }
+    gfd = open(LOCK_DIR "/uids.lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (gfd < 0 || flock(gfd, LOCK_EX) != 0 || !(d = opendir(LOCK_DIR))) {
+        rc = -errno;
+        snprintf(why, whylen, "cannot lock the host's uid ranges in %s: %s", LOCK_DIR,
+                 strerror(errno));
+        goto out;
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+        long long lo, hi;
+        int used = 0;
+        if (sscanf(e->d_name, "uids.%lld-%lld.lock%n", &lo, &hi, &used) != 2 ||
+            e->d_name[used] != '\0')
+            continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", LOCK_DIR, e->d_name);
+        int f = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (f < 0)
+            continue;
+        if (flock(f, LOCK_SH | LOCK_NB) == 0) {
+            unlink(path); /* its shard is gone */
+        } else if (errno == EWOULDBLOCK) {
+            bool clash = !pick && lo <= *base + count - 1 && *base <= hi;
+            if (clash && !rc) {
+                holder = lock_holder(f);
+                rc = -EBUSY;
+                snprintf(why, whylen,
+                         "host uids %lld-%lld overlap %lld-%lld of a live shard on this host "
+                         "(pid %d)",
+                         (long long)*base, (long long)(*base + count - 1), lo, hi, (int)holder);
+            }
+            live = sbx_xrealloc(live, (nlive + 1) * sizeof(*live));
+            live[nlive][0] = lo;
+            live[nlive++][1] = hi;
+        }
+        close(f);
+    }
+    for (int64_t k = 0; pick && !rc; k++) {
+        int64_t b = UID_AUTO_BASE + k * count;
+        if (b + count - 1 > UID_LAST) {
+            rc = -ENOSPC;
+            snprintf(why, whylen, "no free range of %lld host uids from %lld", (long long)count,
+                     UID_AUTO_BASE);
+            break;
+        }
+        bool free_range = true;
+        for (size_t i = 0; i < nlive && free_range; i++)
+            free_range = !(live[i][0] <= b + count - 1 && b <= live[i][1]);
+        if (free_range) {
+            *base = b;
+            break;
+        }
+    }
+    if (!rc) {
+        char key[48];
+        snprintf(key, sizeof(key), "%lld-%lld", (long long)*base, (long long)(*base + count - 1));
+        if ((rc = lock_path(hl->path, sizeof(hl->path), "uids", key, strlen(key))) == 0 &&
+            (rc = lock_take(hl->path, true, &hl->fds[0], &holder)) == 0)
+            hl->n = 1;
+        else
+            snprintf(why, whylen, "cannot lock host uids %s: %s", key, strerror(-rc));
+    }
+out:
+    if (d)
+        closedir(d);
+    if (gfd >= 0)
+        close(gfd);
+    free(live);
+    if (rc)
+        hl->path[0] = '\0';
+    return rc;
+}
+
 /* cgroup_base_normalize — the subtree as its components joined by single
  * '/' (none leading or trailing), so that spellings of one subtree take one
  * lock; "." and ".." are refused (a sweep must stay inside sbx's own
@@ -344,7 +451,9 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"interp", SBX_OPT_STR, &(c)->interp,                                                 \
          "interpreter drivers directory (default: ../share/sbx/interp from sbxd)"},           \
         {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
-        {"uid-base", SBX_OPT_INT, &(c)->uid_base, "first host uid mapped into sandboxes"},    \
+        {"uid-base", SBX_OPT_INT, &(c)->uid_base,                                            \
+         "first host uid mapped into sandboxes (default: the first free range from "          \
+         "1000000000; ranges are locked per host)"},                                          \
         {"uid-count", SBX_OPT_INT, &(c)->uid_count, "host uids available (max live sandboxes)"}, \
         {"contexts", SBX_OPT_INT, &(c)->contexts, "requests received concurrently"},          \
         {"workers", SBX_OPT_INT, &(c)->workers, "container start/stop threads (0: 1/CPU, at least 2)"},   \
@@ -519,6 +628,26 @@ cmd_shard(int argc, char **argv)
         sbx_shard_conf_free(&c);
         return rc == -EBUSY ? 2 : 1;
     }
+    /* Host uids, locked like names and cgroups (uid_range_lock); without
+     * --uid-base, the first free range.  A sweep hands out none. */
+    struct hostlock ul = {.n = 0};
+    bool uid_given = false;
+    for (int k = 2; k < argc; k++)
+        uid_given |= !strncmp(argv[k], "--uid-base", 10);
+    if (!sweep && (rc = uid_range_lock(&ul, &c.uid_base, c.uid_count, !uid_given, lwhy,
+                                       sizeof(lwhy))) != 0) {
+        sbx_log_error("%s%s", lwhy,
+                  rc == -EBUSY ? ": give this shard a --uid-base range of its own (or none: "
+                                 "it then takes a free one)"
+                               : "");
+        close(dfd);
+        hostlock_release(&hl);
+        sbx_shard_conf_free(&c);
+        return rc == -EBUSY ? 2 : 1;
+    }
+    if (!sweep)
+        sbx_log_info("host uids %lld-%lld", (long long)c.uid_base,
+                     (long long)(c.uid_base + c.uid_count - 1));
     if (sweep) {
         /* What sbx_shard_run does first and last, with nothing between:
          * sbx_cgroups_open kills what is left in the subtree (by pidfd) and
@@ -533,6 +662,7 @@ cmd_shard(int argc, char **argv)
         rc = sbx_shard_run(&c);
     }
     close(dfd); /* the file stays: it is the directory's, not a host-wide name */
+    hostlock_release(&ul);
     hostlock_release(&hl);
     sbx_shard_conf_free(&c);
     return rc ? 1 : 0;
@@ -845,20 +975,14 @@ cmd_dev(int argc, char **argv)
         sbx_log_info("HTTP API on http://%.*s:%d, preview URLs http://{port}-{id}-{token}.%s/",
                  colon ? (int)(colon - gc.http) : 0, gc.http, http_port, preview_domain);
     }
-    /* Host uids: an explicit --uid-base, else a range picked from the
-     * deployment's name, so that deployments side by side on one host (tests,
-     * benchmarks, a developer's own) do not hand out the same host uids. */
+    /* Host uids: an explicit --uid-base, split among the shards; else each
+     * shard locks a free range of its own (uid_range_lock), so deployments
+     * side by side on one host never hand out the same host uids. */
     int64_t uid_base = c.uid_base;
     bool uid_given = false;
     for (int k = 2; k < argc; k++)
         if (!strncmp(argv[k], "--uid-base", 10))
             uid_given = true;
-    if (!uid_given) {
-        uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
-        for (const char *p = name; *p; p++)
-            h = (h ^ (unsigned char)*p) * 1099511628211ull;
-        uid_base = 1000000000 + (int64_t)(h % 4096) * (4 * 65536); /* 4 shards of 65536 each */
-    }
     kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
     for (int i = 0; i < nshards; i++) {
         char buf[PATH_MAX + 64];
@@ -872,9 +996,11 @@ cmd_dev(int argc, char **argv)
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--data=%s/s%d", absdata, i);
         argv_add(&av, &n, buf);
-        /* Distinct host uid ranges per shard. */
+        /* Distinct host uid ranges per shard: from --uid-base when given,
+         * else each shard takes a free range itself (uid_range_lock). */
         snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(uid_base + i * c.uid_count));
-        argv_add(&av, &n, buf);
+        if (uid_given)
+            argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--relay=unix:%s/s%d.relay", absdata, i);
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--preview-domain=%s", preview_domain);

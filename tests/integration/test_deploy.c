@@ -467,3 +467,98 @@ Test(deploy, no_preview_host_replaces_the_refused_preview_hosts, .timeout = 120)
     sbx_client_close(c);
     testd_stop(&d);
 }
+
+/* A standalone shard named <name>-<tag> in dir with extra arguments,
+ * serving (asserted); its pid. */
+static pid_t
+shard_up(const char *dir, const char *name, const char *tag, const char *const *extra)
+{
+    char nm[96], data[320], listen[340], log[320];
+    snprintf(nm, sizeof(nm), "--name=%s-%s", name, tag);
+    snprintf(data, sizeof(data), "--data=%s/%s", dir, tag);
+    snprintf(listen, sizeof(listen), "--listen=ipc://%s/%s.sock", dir, tag);
+    snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+    const char *argv[24] = {"sbxd", "shard", nm, data, listen, "--cgroup", "none", "--pool", "0"};
+    int n = 9;
+    for (int i = 0; extra && extra[i] && n < 23; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t p = sbxd_spawn(argv, log);
+    char *text = NULL;
+    bool up = shard_serving(p, log);
+    if (!up)
+        text = slurp(log);
+    cr_assert(up, "shard %s did not start:\n%s", tag, text ? text : "");
+    return p;
+}
+
+/* The host uid range a shard's log says it took ("host uids A-B"). */
+static void
+uids_of(const char *dir, const char *tag, long long *lo, long long *hi)
+{
+    char log[320];
+    snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+    char *text = slurp(log);
+    const char *p = strstr(text, "host uids ");
+    cr_assert(p && sscanf(p, "host uids %lld-%lld", lo, hi) == 2, "no uid range in %s:\n%s",
+              log, text);
+    free(text);
+}
+
+/*
+ * Host uid ranges are locked per host like names and cgroups (issue 16 item
+ * 10): a shard whose --uid-base range overlaps a live shard's refuses to
+ * start (exit 2, naming the holder), an adjacent range is fine, a shard
+ * without --uid-base takes a free range of its own (before, every such
+ * shard took 1000000000…), and a SIGKILLed shard's range is free again.
+ */
+Test(deploy, shards_refuse_host_uid_ranges_that_overlap_a_live_ones, .timeout = 180)
+{
+    char dir[256], name[64];
+    tmpdir(dir, sizeof(dir));
+    name_from(dir, name, sizeof(name));
+    /* A range of our own, high above what `sbxd dev` and the other tests use. */
+    long long b = 3900000000ll + (long long)(getpid() % 100000) * 1000;
+    char pb[40], qb[40], rb[40];
+    snprintf(pb, sizeof(pb), "--uid-base=%lld", b);
+    snprintf(qb, sizeof(qb), "--uid-base=%lld", b + 50);
+    snprintf(rb, sizeof(rb), "--uid-base=%lld", b + 100);
+    const char *const pargs[] = {pb, "--uid-count", "100", NULL};
+    pid_t p = shard_up(dir, name, "p", pargs);
+    char ppid[32], qname[96];
+    snprintf(ppid, sizeof(ppid), "(pid %d)", (int)p);
+    snprintf(qname, sizeof(qname), "--name=%s-q", name);
+    const char *const qargs[] = {qname, qb, "--uid-count", "100", NULL};
+    char *text;
+    int code = shard_refusal(dir, "q", qargs, &text);
+    cr_expect_eq(code, 2, "a shard on uids %lld-%lld beside one on %lld-%lld: exit %d:\n%s",
+                 b + 50, b + 149, b, b + 99, code, text);
+    cr_expect(strstr(text, "overlap") && strstr(text, ppid),
+              "the refusal should say 'overlap' and name %s:\n%s", ppid, text);
+    free(text);
+    /* Adjacent is disjoint. */
+    const char *const rargs[] = {rb, "--uid-count", "100", NULL};
+    pid_t r = shard_up(dir, name, "r", rargs);
+    /* Two shards without --uid-base: free ranges, disjoint from each other
+     * and from P's and R's. */
+    pid_t s1 = shard_up(dir, name, "s1", NULL), s2 = shard_up(dir, name, "s2", NULL);
+    long long lo1, hi1, lo2, hi2;
+    uids_of(dir, "s1", &lo1, &hi1);
+    uids_of(dir, "s2", &lo2, &hi2);
+    cr_expect(hi1 < lo2 || hi2 < lo1, "two shards without --uid-base share uids: %lld-%lld and "
+              "%lld-%lld", lo1, hi1, lo2, hi2);
+    for (int i = 0; i < 2; i++) {
+        long long lo = i ? lo2 : lo1, hi = i ? hi2 : hi1;
+        cr_expect(hi < b || lo > b + 199, "a free range %lld-%lld overlaps P's or R's", lo, hi);
+    }
+    /* A killed shard's range is free again (R, which Q's range overlaps too,
+     * stopped first). */
+    stop_child(r);
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    pid_t q = shard_up(dir, name, "q2", qargs + 1);
+    stop_child(q);
+    stop_child(s1);
+    stop_child(s2);
+    sbx_rm_rf(dir);
+}
