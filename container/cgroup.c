@@ -508,6 +508,12 @@ sbx_cgroups_mode(const sbx_cgroups *cg)
     return cg->mode;
 }
 
+bool
+sbx_cgroups_limited(const sbx_cgroups *cg)
+{
+    return cg->mode == SBX_CG_V1 || (cg->mode == SBX_CG_V2 && cg->v2_limits);
+}
+
 const char *
 sbx_cgroups_describe(const sbx_cgroups *cg)
 {
@@ -562,7 +568,10 @@ sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *l
         if ((rc = write_str(d, "memory.max", v)) != 0)
             return rc;
         write_str(d, "memory.swap.max", "0"); /* absent without swap */
-        write_str(d, "memory.oom.group", "1");
+        /* One victim per OOM, chosen by oom_score_adj (tenant processes
+         * +500, the agent below): a group kill would end the agent, and
+         * the container, with every OOM of the sandbox (issue 16 item 8). */
+        write_str(d, "memory.oom.group", "0");
         if (lim->pids)
             snprintf(v, sizeof(v), "%u", lim->pids);
         else

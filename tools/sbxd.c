@@ -451,6 +451,8 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"interp", SBX_OPT_STR, &(c)->interp,                                                 \
          "interpreter drivers directory (default: ../share/sbx/interp from sbxd)"},           \
         {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
+        {"allow-unlimited", SBX_OPT_BOOL, &(c)->allow_unlimited,                              \
+         "run sandboxes without limits where cgroup v2 lacks memory/pids/cpu (else refuse)"}, \
         {"uid-base", SBX_OPT_INT, &(c)->uid_base,                                            \
          "first host uid mapped into sandboxes (default: the first free range from "          \
          "1000000000; ranges are locked per host)"},                                          \
