@@ -646,6 +646,8 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
                             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, h,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(h->conf.per_client > 0 ? h->conf.per_client : 1024),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2,
                             MHD_OPTION_UNESCAPE_CALLBACK, http_unescape_none, NULL, MHD_OPTION_END);

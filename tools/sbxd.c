@@ -710,7 +710,9 @@ wait_signal_until(const sigset_t *set, int64_t timeout_ms)
     {"http", SBX_OPT_STR, &(g)->http, "HTTP front address host:port (\"\" for none)"},        \
         {"api-keys", SBX_OPT_STR, &(g)->api_keys,                                             \
          "file of HTTP API keys, one per line (required unless --http is loopback)"},        \
-        {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"}
+        {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"},   \
+        {"http-per-client", SBX_OPT_INT, &(g)->http_per_client,                               \
+         "HTTP connections per client address (default 1024; raise it behind a proxy)"}
 
 static int
 cmd_gateway(int argc, char **argv)
