@@ -544,6 +544,15 @@ sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *l
             if (rc)
                 return rc;
             (void)r2; /* absent without swap accounting: no swap to escape to then */
+            /* TCP socket buffers are charged to a v1 memory cgroup only
+             * once it has a kmem.tcp limit (v2 charges them to memory.max):
+             * without one a sandbox pins host memory in unread sockets
+             * (issue 16 item 6).  A quarter of the memory limit, at least
+             * 16 MiB; absent on kernels without v1 kmem accounting. */
+            uint64_t tcp = SBX_MAX(lim->memory / 4, (uint64_t)16 << 20);
+            int r3 = write_u64(d, "memory.kmem.tcp.limit_in_bytes", tcp);
+            if (r3 && r3 != -ENOENT)
+                sbx_log_warn("cgroup %s: memory.kmem.tcp.limit_in_bytes: %s", d, strerror(-r3));
         }
         cgdir(cg, H_PIDS, c, d, sizeof(d));
         if ((rc = write_str(d, "pids.max", "max")) != 0)
