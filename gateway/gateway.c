@@ -87,6 +87,7 @@ struct gctx {
     uint32_t part;
     int64_t deadline;     /* monotonic ms */
     int attempts;
+    bool delivered;       /* an attempt reached a shard and may have run there */
     nng_aio *sleep;       /* back-off timer */
     int last_slot;
 };
@@ -142,21 +143,27 @@ client_send_bytes(struct gctx *g, const char *buf, size_t len)
 static void
 client_err(struct gctx *g, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Answer g with an error of code.  unsent: no attempt of this request
+ * reached a shard, so nothing of it ran; the error says so with context
+ * `ran: false` (docs/protocol.md "Retries"), and a client's retry of it is
+ * not one of unknown outcome. */
+static void client_err_ran(struct gctx *g, bool unsent, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+
 static void
-client_err(struct gctx *g, int code, const char *fmt, ...)
+client_err_ran(struct gctx *g, bool unsent, int code, const char *fmt, va_list ap)
 {
     char msg[512], *buf;
     size_t len;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
     atomic_fetch_add(&g->gw->n_errors, 1);
     sbx_str id = {g->id, strlen(g->id)};
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
     if (g->op[0])
         sbx_enc_kstr(sbx_werr_ctx(&w), "operation", g->op);
+    if (unsent)
+        sbx_enc_kbool(sbx_werr_ctx(&w), "ran", false);
     if (sbx_wire_reply_err(id, &w, &buf, &len) == 0) {
         client_send_bytes(g, buf, len);
         free(buf);
@@ -165,6 +172,29 @@ client_err(struct gctx *g, int code, const char *fmt, ...)
         nng_ctx_recv(g->ctx, g->aio);
     }
     sbx_werr_free(&w);
+}
+
+static void
+client_err(struct gctx *g, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    client_err_ran(g, false, code, fmt, ap);
+    va_end(ap);
+}
+
+/* client_err, saying `ran: false` when unsent (no attempt of the request
+ * was delivered to a shard). */
+static void client_err_unsent(struct gctx *g, bool unsent, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void
+client_err_unsent(struct gctx *g, bool unsent, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    client_err_ran(g, unsent, code, fmt, ap);
+    va_end(ap);
 }
 
 static void
@@ -509,7 +539,7 @@ sleep_cb(void *arg)
     struct gctx *g = arg;
     if (nng_aio_result(g->sleep) != 0) {
         request_done(g);
-        client_err(g, SBX_E_SHARD_UNAVAILABLE, "the gateway is stopping");
+        client_err_unsent(g, !g->delivered, SBX_E_SHARD_UNAVAILABLE, "the gateway is stopping");
         return;
     }
     route_and_forward(g);
@@ -537,6 +567,8 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
     /* Not sent at all (no connection): nothing ran, so a retry is safe. */
     if (!reply && !sent && retry_later(g))
         return;
+    if (sent)
+        g->delivered = true;
     request_done(g);
     if (reply) {
         client_send(g, reply);
@@ -545,12 +577,13 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
     char sname[64];
     slot_label(f->s, sname, NULL);
     if (rv == NNG_ETIMEDOUT)
-        client_err(g, SBX_E_SHARD_UNAVAILABLE,
-                   "shard %s did not answer before the request's deadline", sname);
+        client_err_unsent(g, !g->delivered, SBX_E_SHARD_UNAVAILABLE,
+                          "shard %s did not answer before the request's deadline", sname);
     else
-        client_err(g, SBX_E_SHARD_UNAVAILABLE, "shard %s is unavailable (%s)", sname,
-                   rv == NNG_ECANCELED ? "its connection dropped during the request"
-                                       : nng_strerror(rv));
+        client_err_unsent(g, !g->delivered, SBX_E_SHARD_UNAVAILABLE,
+                          "shard %s is unavailable (%s)", sname,
+                          rv == NNG_ECANCELED ? "its connection dropped during the request"
+                                              : nng_strerror(rv));
 }
 
 static void
@@ -657,8 +690,9 @@ route_and_forward(struct gctx *g)
         if (retry_later(g))
             return;
         request_done(g);
-        client_err(g, SBX_E_SHARD_UNAVAILABLE,
-                   "partition %u has no live shard (the cluster is reassigning it)", g->part);
+        client_err_unsent(g, !g->delivered, SBX_E_SHARD_UNAVAILABLE,
+                          "partition %u has no live shard (the cluster is reassigning it)",
+                          g->part);
         return;
     }
     g->last_slot = pt.owner;
@@ -758,6 +792,7 @@ handle(struct gctx *g, nng_msg *m)
     g->op_id = -1;
     g->fanout = false;
     g->attempts = 0;
+    g->delivered = false;
     if (len > SBX_WIRE_MAX_REQUEST) {
         nng_msg_free(m);
         client_err(g, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit", len,

@@ -72,6 +72,9 @@ add_bins() { # DIR [GLOB]
   local t
   for t in "$build"/tests/"$1"/${2:-test_*}; do
     [ -x "$t" ] || continue
+    # Only binaries of sources that still exist: a stale one in an old
+    # build directory (its test since renamed or removed) is not the suite.
+    [ -f "tests/$1/$(basename "$t").c" ] || continue
     jobs_all+=("$t"$'\t'"$tools/watchdog.sh ${SBX_TEST_BINARY_TIMEOUT:-900} $t $t --jobs ${SBX_TEST_JOBS:-2} --timeout 240")
   done
 }
@@ -119,7 +122,7 @@ while IFS= read -r j; do [ -n "$j" ] && queue+=("$j"); done < <(
 nalone_start=${#queue[@]}
 for j in "${jobs_all[@]}"; do is_alone "${j%%$'\t'*}" && queue+=("$j"); done
 
-passed=0; failed=0; failed_names=(); table=()
+passed=0; failed=0; failed_names=(); failed_logs=(); table=()
 declare -A job_name job_start job_file
 t_run=$(date +%s)
 
@@ -138,11 +141,12 @@ reap_one() { # wait for any job to end, print its output and account for it
   echo "== $name"
   cat "${job_file[$pid]}"
   echo "   ($secs s)"
-  rm -f "${job_file[$pid]}"
   if [ "$rc" -eq 0 ]; then
     passed=$((passed + 1)); table+=("$secs"$'\t'"ok"$'\t'"$name")
+    rm -f "${job_file[$pid]}"
   else
     failed=$((failed + 1)); failed_names+=("$name"); table+=("$secs"$'\t'"FAILED"$'\t'"$name")
+    failed_logs+=("${job_file[$pid]}") # kept for the excerpt at the end
   fi
   local keep=()
   for r in "${running[@]}"; do [ "$r" != "$pid" ] && keep+=("$r"); done
@@ -180,5 +184,12 @@ for n in "${!last_secs[@]}"; do printf '%s\t%s\n' "${last_secs[$n]}" "$n"; done 
   > "$times_file" 2>/dev/null
 printf '%6d  total wall time (%d s of binaries)\n' "$(( $(date +%s) - t_run ))" "$sum"
 echo
+# Why each failed job failed, again, here at the end: a CI log is often read
+# from its tail only, where each job's own output is long gone.
+for i in "${!failed_logs[@]}"; do
+  echo "why ${failed_names[$i]} failed (its lines that say so; the whole output is above):"
+  grep -aE '✖|FAIL|[Ff]ailing|[Aa]ssert|Error|error:|HUNG|DIED|leftover|Traceback|not ok' "${failed_logs[$i]}" \
+    | grep -avE '✔|^\s*at |Passing: [0-9]+ \| Failing: 0' | head -n 14 | cut -c1-400 | sed 's/^/  | /'
+done
 echo "tests: $passed passed, $failed failed${failed_names[*]:+ (${failed_names[*]})}"
 [ "$failed" -eq 0 ]

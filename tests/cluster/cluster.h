@@ -143,6 +143,14 @@ int cl_drain(sbx_client *c, int i, bool on, char *why, size_t wl);
  * by their names (cl_node_name): table[p] is the index into set of
  * partition p's rendezvous owner (runtime/place.h, sbx_place_table). */
 void cl_place_table(const int *set, int n, int16_t table[SBX_PARTITIONS]);
+/* cl_owner_among — the node (an element of set) that rendezvous hashing
+ * gives partition p among nodes set[0..n). */
+int cl_owner_among(const int *set, int n, uint32_t p);
+/* cl_pick_id — write to id (il bytes) a sandbox ID unique to this run,
+ * <kind><prefix>-<pid>-<k>, whose partition node a owns in st and node b
+ * would own among set[0..n); its partition, or -1 if none of 5,000 tries. */
+int cl_pick_id(const struct cl_state *st, const char *kind, int a, const int *set, int n,
+               int b, char *id, size_t il);
 
 double cl_now_ms(void);
 void cl_sleep_ms(int ms);

@@ -7,6 +7,8 @@
 #include "cluster.h"
 
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 int
 cl_gw_client(int j, sbx_client **out, char *why, size_t wl)
@@ -49,4 +51,27 @@ cl_place_table(const int *set, int n, int16_t table[SBX_PARTITIONS])
         np[i] = names[i];
     }
     sbx_place_table(np, (size_t)n, table);
+}
+
+int
+cl_owner_among(const int *set, int n, uint32_t p)
+{
+    int16_t table[SBX_PARTITIONS];
+    cl_place_table(set, n, table);
+    return set[table[p]];
+}
+
+int
+cl_pick_id(const struct cl_state *st, const char *kind, int a, const int *set, int n, int b,
+           char *id, size_t il)
+{
+    int16_t table[SBX_PARTITIONS];
+    cl_place_table(set, n, table);
+    for (int k = 0; k < 5000; k++) {
+        snprintf(id, il, "%s%s-%d-%d", kind, cl_env()->prefix + 1, (int)getpid() % 100000, k);
+        uint32_t p = sbx_place_partition(id, strlen(id));
+        if (st->owner[p] == a && set[table[p]] == b)
+            return (int)p;
+    }
+    return -1;
 }

@@ -28,29 +28,14 @@
 #include "cluster.h"
 #include "cluster_util.h"
 
-/* The node rendezvous hashing gives partition p among nodes set[0..n). */
-static int
-owner_among(const int *set, int n, uint32_t p)
-{
-    static int16_t table[SBX_PARTITIONS];
-    cl_place_table(set, n, table);
-    return set[table[p]];
-}
-
-/* A sandbox ID unique to this run whose partition node a owns now and node
- * b would own among set[0..n). */
+/* cl_pick_id, failing the test when there is no such ID. */
 static uint32_t
 pick_id(const struct cl_state *st, const char *kind, int a, const int *set, int n, int b,
         char *id, size_t il)
 {
-    for (int k = 0; k < 5000; k++) {
-        snprintf(id, il, "%s%s-%d-%d", kind, cl_env()->prefix + 1, (int)getpid() % 100000, k);
-        uint32_t p = sbx_place_partition(id, strlen(id));
-        if (st->owner[p] == a && owner_among(set, n, p) == b)
-            return p;
-    }
-    cr_assert_fail("no sandbox ID on node %d that node %d would take", a, b);
-    return 0;
+    int p = cl_pick_id(st, kind, a, set, n, b, id, il);
+    cr_assert_geq(p, 0, "no sandbox ID on node %d that node %d would take", a, b);
+    return (uint32_t)p;
 }
 
 /* Whether etcd's record at key holds the bytes s (it must exist). */

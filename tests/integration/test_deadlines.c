@@ -285,6 +285,8 @@ lone_gw_start(struct lone_gw *g, struct fake *f, const char *shard_url)
     for (int i = 0; i < 200 && access(g->sock, F_OK) != 0; i++)
         usleep(25 * 1000);
     cr_assert_eq(access(g->sock, F_OK), 0, "the gateway did not listen at %s", g->url);
+    if (!f)
+        return; /* a shard URL where nothing listens */
     /* Connected to the fake shard: else a call sent at once is answered
      * SHARD_UNAVAILABLE ("Connection refused") before anything the test
      * does to the gateway (a fresh-clone CI run failed so).  The gateway
@@ -405,6 +407,14 @@ Test(deadlines, a_garbage_reply_is_an_error_not_a_hang, .timeout = 60)
 /* ---------------------------------------------------------------------------
  * A real gateway in front of a fake shard. */
 
+/* ran_false — whether err's context says `ran: false` (docs/protocol.md
+ * "Retries": the gateway delivered no attempt of the request to a shard). */
+static bool
+ran_false(const sbx_error *err)
+{
+    return err->context_json && strstr(err->context_json, "\"ran\":false");
+}
+
 Test(deadlines, a_shard_that_never_answers_is_unavailable_in_time, .timeout = 60)
 {
     struct fake f;
@@ -414,9 +424,45 @@ Test(deadlines, a_shard_that_never_answers_is_unavailable_in_time, .timeout = 60
     lone_gw_start(&g, &f, url);
     sbx_client *c = open_client(g.url);
     expect_ping_fails(c, "shard-silent", 2000, "SHARD_UNAVAILABLE", "ping");
+    /* The shard took it: its outcome is unknown, never marked ran: false. */
+    sbx_error err;
+    int rc;
+    timed_ping(c, "shard-silent", 1000, &rc, &err);
+    cr_expect_neq(rc, 0);
+    cr_expect(!ran_false(&err), "a delivered request marked not run: %s",
+              err.context_json ? err.context_json : "(no context)");
+    sbx_error_free(&err);
     sbx_client_close(c);
     lone_gw_stop(&g);
     fake_stop(&f);
+}
+
+/* A request the gateway could not deliver (its shard is not connected: not
+ * started yet, or restarting) is SHARD_UNAVAILABLE with context ran: false,
+ * so that a client's retry of it is not one of unknown outcome (a fresh-
+ * clone CI run: the TypeScript SDK reported a status call made while a
+ * shard of a just-started daemon was still connecting as "outcome
+ * unknown" instead of the retry's SANDBOX_NOT_FOUND). */
+Test(deadlines, an_undelivered_request_says_it_did_not_run, .timeout = 60)
+{
+    char dir[64], shard[128];
+    dl_tmpdir(dir, sizeof(dir));
+    snprintf(shard, sizeof(shard), "ipc://%s/nobody.sock", dir);
+    struct lone_gw g;
+    lone_gw_start(&g, NULL, shard);
+    sbx_client *c = open_client(g.url);
+    sbx_error err;
+    int rc;
+    double took = timed_ping(c, "shard-absent", 2000, &rc, &err);
+    cr_expect_neq(rc, 0, "a ping with no shard succeeded");
+    cr_expect_str_eq(err.code, "SHARD_UNAVAILABLE", "%s: %s", err.code, err.message);
+    cr_expect(ran_false(&err), "no ran: false in %s",
+              err.context_json ? err.context_json : "(no context)");
+    cr_expect(took < 2000 + SLACK_MS, "answered after %.0f ms", took);
+    sbx_error_free(&err);
+    sbx_client_close(c);
+    lone_gw_stop(&g);
+    rmdir(dir);
 }
 
 Test(deadlines, a_shard_that_sends_half_a_frame_is_unavailable_in_time, .timeout = 60)

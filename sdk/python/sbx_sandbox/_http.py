@@ -301,7 +301,11 @@ class Transport:
             retryable = (err.code in _RETRY_CODES or
                          (err.code == "INVALID_RESPONSE" and r.status in _PROXY_RETRY_STATUSES))
             if retryable and attempt < self.retries:
-                if unknown is None and err.code in _UNKNOWN_CODES:
+                # context ran: false (the gateway never delivered it to a
+                # shard, docs/protocol.md "Retries"): nothing ran, so the
+                # outcome is known and a later answer is the request's own.
+                if (unknown is None and err.code in _UNKNOWN_CODES and
+                        (err.context or {}).get("ran") is not False):
                     unknown = err
                 attempt += 1
                 retry_after = r.headers.get("Retry-After")

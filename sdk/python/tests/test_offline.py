@@ -124,6 +124,54 @@ def test_a_retry_refused_after_an_unknown_attempt_stays_unknown():
         srv.server_close()
 
 
+class NotDeliveredThenMissing(BaseHTTPRequestHandler):
+    """Answers 503 SHARD_UNAVAILABLE with context ran: false (the gateway
+    delivered nothing: its shard was still connecting), then 404."""
+
+    calls = 0
+    retry_marks: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        type(self).calls += 1
+        type(self).retry_marks.append(self.headers.get("X-Sbx-Retry"))
+        if type(self).calls == 1:
+            code, status, ctx = "SHARD_UNAVAILABLE", 503, {"ran": False}
+        else:
+            code, status, ctx = "SANDBOX_NOT_FOUND", 404, {}
+        body = json.dumps({"code": code, "message": code.lower(), "context": ctx,
+                           "httpStatus": status}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+
+def test_a_retry_after_an_undelivered_attempt_is_the_outcome():
+    """A 503 with context ran: false ran nothing: the retry's answer is the
+    request's own (a fresh-clone CI run got "outcome unknown" here)."""
+    NotDeliveredThenMissing.calls = 0
+    NotDeliveredThenMissing.retry_marks = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), NotDeliveredThenMissing)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        c = SbxClient(f"http://127.0.0.1:{srv.server_address[1]}", backoff=0.01)
+        with pytest.raises(errors.SandboxError) as ei:
+            get_sandbox(c, "x").status()
+        assert NotDeliveredThenMissing.calls == 2
+        assert NotDeliveredThenMissing.retry_marks == [None, None]
+        assert ei.value.code == "SANDBOX_NOT_FOUND", str(ei.value)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_parse_sse():
     raw = (b"retry: 1000\n\nid: 1\nevent: start\ndata: {\"seq\":1}\n\n: ping\n\n"
            b"id: 2\r\nevent: stdout\r\ndata: a\r\ndata: b\r\n\r\ndata: tail-without-blank\n")

@@ -381,7 +381,10 @@ export class SbxClient {
         const parsed = parseError(body, 503);
         if (parsed.code === 'SHARD_UNAVAILABLE') {
           const e = createErrorFromResponse({ ...parsed, operation: parsed.operation ?? req.operation }, 503);
-          unknown ??= e;
+          // context.ran false: the gateway never delivered it to a shard
+          // (docs/protocol.md "Retries"), so nothing ran and a later answer
+          // is the request's own outcome.
+          if (parsed.context?.ran !== false) unknown ??= e;
           await this.pause(attempt++, req, deadline, e);
           continue;
         }

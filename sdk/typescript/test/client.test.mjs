@@ -117,6 +117,26 @@ describe('retries', () => {
     }
   });
 
+  it('reports the retry\'s answer after a 503 that says ran: false', async () => {
+    // The gateway could not deliver the first attempt (its shard was still
+    // connecting): context ran false, nothing ran, so the retry's
+    // SANDBOX_NOT_FOUND is the request's own outcome (a fresh-clone CI run
+    // got ShardUnavailableError "outcome unknown" from status() here).
+    const srv = await fakeServer((req, res, n) => {
+      if (n === 1) return json(res, 503, { code: 'SHARD_UNAVAILABLE', message: 'shard s1 is unavailable (Connection refused)', context: { ran: false }, httpStatus: 503 });
+      json(res, 404, { code: 'SANDBOX_NOT_FOUND', message: "sandbox 'x' does not exist", context: {}, httpStatus: 404 });
+    });
+    const client = new SbxClient({ url: srv.url, retry: { retries: 3, minDelayMs: 5, maxDelayMs: 10 } });
+    try {
+      await assert.rejects(getSandbox(client, 'x').status(), SandboxNotFoundError);
+      assert.equal(srv.seen.length, 2);
+      assert.equal(srv.seen[1].headers['x-sbx-retry'], undefined, 'a retry after ran: false is not marked');
+    } finally {
+      client.close();
+      await srv.close();
+    }
+  });
+
   it('does not retry other errors, and gives up after the retry budget', async () => {
     const srv = await fakeServer((req, res) =>
       json(res, 503, { code: 'CONTAINER_UNAVAILABLE', message: 'could not start', context: { sandboxId: 'x' }, httpStatus: 503, operation: 'exec' }),
