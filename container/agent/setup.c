@@ -457,7 +457,9 @@ drop_privileges(const struct agent_cfg *cfg, sbx_err_t *err)
     }
     /* Every other limit set here too, never inherited from whatever started
      * sbxd (issue 16 item 9; the values are docs/security.md §2 item 8's). */
-    uint64_t fsize = cfg->rw_size > cfg->shm_size ? cfg->rw_size : cfg->shm_size;
+    /* FSIZE: twice the larger writable tmpfs, so a full disk is always
+     * ENOSPC first (never SIGXFSZ), yet no file can grow without bound. */
+    uint64_t fsize = 2 * (cfg->rw_size > cfg->shm_size ? cfg->rw_size : cfg->shm_size);
     const struct {
         int res;
         rlim_t cur, max;

@@ -46,8 +46,8 @@ Test(limits, every_rlimit_is_set_at_container_start, .timeout = 180)
     const long long inf = -1; /* RLIM_INFINITY as Python reports it */
     long long disk = json_integer_value(json_object_get(j, "disk"));
     cr_assert_gt(disk, 0, "statvfs /workspace: %s", json_dumps(j, 0));
-    /* /dev/shm is 64 MiB: FSIZE is the larger of the two tmpfs sizes. */
-    long long fsize = disk > (64ll << 20) ? disk : (64ll << 20);
+    /* /dev/shm is 64 MiB: FSIZE is twice the larger of the two tmpfs sizes. */
+    long long fsize = 2 * (disk > (64ll << 20) ? disk : (64ll << 20));
     const struct {
         const char *name;
         long long cur, max;
