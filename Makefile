@@ -3,7 +3,9 @@
 #   make          release build: bin/sbxd, bin/sbx, bin/sbx-agent, bin/sbx-bench,
 #                 lib/libsbx.a, lib/libsbx.so + include/sbx/ (the C client library),
 #                 lib/pkgconfig/sbx.pc
-#   make install  PREFIX=/usr/local [DESTDIR=…]: include/sbx/, libsbx.{a,so}, sbx.pc
+#   make install  PREFIX=/usr/local [DESTDIR=…]: sbx, sbxd, the agent, interpreter files,
+#                 man pages, systemd units, include/sbx/, libsbx.{a,so}, sbx.pc
+#                 (make install-lib: only the client library; docs/operations.md)
 #   make run      install missing Debian packages, build, start `sbxd dev`, run the demo
 #   make check    the fast tier (< 2 min): unit tests, fuzz corpus replay, one end-to-end
 #                 smoke test, on the ASan build (README.md, "Tests")
@@ -27,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
-                 -lcurl -lwslay -lnettle -lpthread -lm
+                 -lcurl -lwslay -lnettle -larchive -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
@@ -45,10 +47,11 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
            runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
-           runtime/etcd.c runtime/cview.c runtime/error.c
+           runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
-CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c
+CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
+             container/image_unpack.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
@@ -65,14 +68,15 @@ AGENT   := container/agent/main.c container/agent/setup.c \
 ACTORS  := $(sort $(wildcard actors/*.c))
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
-           gateway/terminal.c
+           gateway/terminal.c gateway/gw_metrics.c
 DAEMON  := tools/sbxd.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
-CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c
+CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
+           tools/cli_mcp.c
 # The library the CLI links: the release one exports only the public API
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a
 CLI_LIBSBX_asan    := build/asan/lib/libsbx.a
-BENCH   := tools/bench.c tools/bench_burst.c tools/stats.c
+BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
@@ -154,7 +158,7 @@ share/sbx/interp/.installed: $(INTERP_SRC) tools/install-interp.sh
 # throwaway intermediates, and rebuilding them made every test link slower.
 .SECONDARY:
 
-.PHONY: all deps run check test unit integration bench clean install gen gen-check
+.PHONY: all deps run check test unit integration bench clean install install-lib man gen gen-check
 all: $(RELEASE_BINS) lib/libsbx.a lib/libsbx.so lib/pkgconfig/sbx.pc
 
 # ---- the client library: libsbx.a, libsbx.so, sbx.pc, install --------------------------
@@ -197,7 +201,7 @@ lib/pkgconfig/sbx.pc: Makefile tools/sbx-pc.sh
 	@mkdir -p $(dir $@)
 	tools/sbx-pc.sh $(CURDIR) $(SBX_VERSION) > $@
 
-install: lib/libsbx.a lib/libsbx.so.$(SBX_SOMAJOR)
+install-lib: lib/libsbx.a lib/libsbx.so.$(SBX_SOMAJOR)
 	install -d $(DESTDIR)$(PREFIX)/include/sbx $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 include/sbx/sbx.h include/sbx/result.h $(DESTDIR)$(PREFIX)/include/sbx/
 	install -m 644 lib/libsbx.a $(DESTDIR)$(PREFIX)/lib/
@@ -205,6 +209,49 @@ install: lib/libsbx.a lib/libsbx.so.$(SBX_SOMAJOR)
 	ln -sf libsbx.so.$(SBX_SOMAJOR) $(DESTDIR)$(PREFIX)/lib/libsbx.so
 	tools/sbx-pc.sh $(PREFIX) $(SBX_VERSION) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/sbx.pc
 # ---- end of the client library block ---------------------------------------------------
+
+# ---- install the daemon like a service (issue 17; docs/operations.md "Install") -----------
+#   make install  PREFIX=/usr/local [DESTDIR=…]: the client library (install-lib, above),
+#                 PREFIX/bin/{sbx,sbxd}, PREFIX/libexec/sbx/sbx-agent (sbxd finds it there),
+#                 PREFIX/share/sbx/interp (the interpreter drivers), man pages sbx(1) and
+#                 sbxd(8), systemd units sbxd-dev, sbxd-gateway, sbxd-shard in
+#                 SYSTEMD_UNIT_DIR (PREFIX/lib/systemd/system) with PREFIX/bin written in
+#   make man      build/man/sbx.1 and sbxd.8 (INSTALL_BUILD/man/ for another build) from
+#                 the programs' --help (tools/gen-man.sh, help2man)
+# INSTALL_BUILD picks the build installed: bin (release, default) or build/asan
+# (tests/install/run-tests.sh installs the build under test).
+INSTALL_BUILD    ?= .
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+IB := $(if $(filter .,$(INSTALL_BUILD)),,$(INSTALL_BUILD)/)
+MANOUT := $(if $(IB),$(IB)man,build/man)
+UNITS := sbxd-dev sbxd-gateway sbxd-shard
+$(MANOUT)/sbx.1 $(MANOUT)/sbxd.8: $(IB)bin/sbx $(IB)bin/sbxd tools/gen-man.sh
+	@tools/gen-man.sh $(IB)bin $(MANOUT) $(SBX_VERSION)
+man: $(MANOUT)/sbx.1
+install: install-lib $(IB)bin/sbx $(IB)bin/sbxd $(IB)bin/sbx-agent $(IB)share/sbx/interp/.installed \
+         $(MANOUT)/sbx.1 $(MANOUT)/sbxd.8
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/libexec/sbx \
+	    $(DESTDIR)$(PREFIX)/share/sbx $(DESTDIR)$(PREFIX)/share/man/man1 \
+	    $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
+	install -m 755 $(IB)bin/sbx $(IB)bin/sbxd $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(IB)bin/sbx-agent $(DESTDIR)$(PREFIX)/libexec/sbx/
+	rm -rf $(DESTDIR)$(PREFIX)/share/sbx/interp
+	cp -a $(IB)share/sbx/interp $(DESTDIR)$(PREFIX)/share/sbx/interp
+	install -m 644 $(MANOUT)/sbx.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 $(MANOUT)/sbxd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	for u in $(UNITS); do \
+	  sed -e 's|@BINDIR@|$(PREFIX)/bin|g' -e '/^\.include-hardening$$/{r dist/systemd/hardening.conf' \
+	      -e 'd;}' dist/systemd/$$u.service.in > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
+	done
+# The Debian package (debian/): `make deb` builds build/deb/sbx_*.deb from HEAD in a temp
+# copy (tools/deb.sh; minutes: a full release build); `make deb-check` checks its files and
+# units and runs its sbxd dev + sbx exec from an extracted copy (tools/deb-check.sh).
+.PHONY: deb deb-check
+deb:
+	@tools/deb.sh build/deb
+deb-check:
+	@tools/deb-check.sh $$(ls -t build/deb/sbx_*.deb | head -1)
+# ---- end of the install block -------------------------------------------------------------
 
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
 # integration and security tests link the client library and the harness,
@@ -225,6 +272,10 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+# The image tests build OCI layouts with libarchive (tests/support/imgbuild.h).
+build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_images: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
 build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.

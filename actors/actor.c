@@ -256,6 +256,8 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     sbx_enc_kbool(e, "keepAlive", a->keep_alive);
     if (a->died)
         sbx_enc_kstr(e, "lastExit", a->last_exit);
+    if (a->rec.image[0])
+        sbx_enc_kstr(e, "image", a->rec.image);
     if (a->cs == C_RUNNING) {
         struct sbx_cgroup_stats st;
         sbx_container_stats(sh->spawner, &a->c, &st);
@@ -337,7 +339,34 @@ actor_op_create(struct actor *a, struct sop *op)
         return;
     }
     bool created = !a->exists;
-    actor_ensure_record(a, &lim);
+    /* An image (docs/images.md): resolved to its digest now, kept in the
+     * record.  Only for a sandbox created here: an existing one keeps its own. */
+    char digest[SBX_IMAGE_DIGEST_LEN] = "";
+    sbx_str img;
+    if (created && sbx_wire_get_str(op->req.args, "image", &img) == 0 && img.n > 0) {
+        char ref[256];
+        if (sbx_str_copy(img, ref, sizeof(ref)) != 0 || memchr(img.p, '\0', img.n)) {
+            shard_reply_err(op, SBX_E_VALIDATION, "'image' must be a name or digest of at most "
+                                                  "255 bytes");
+            return;
+        }
+        if (!a->sh->images) {
+            shard_reply_err(op, SBX_E_IMAGE_NOT_FOUND, "shard %s has no image store",
+                            a->sh->conf.name);
+            return;
+        }
+        if ((rc = sbx_image_resolve(a->sh->images, ref, digest, &err)) != 0) {
+            shard_reply_err(op, rc, "%s", sbx_err_msg(err));
+            return;
+        }
+    }
+    if (created && digest[0]) {
+        ensure_record(a, &lim, false);
+        snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);
+        actor_save_record(a);
+    } else {
+        actor_ensure_record(a, &lim);
+    }
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "created", created);

@@ -148,7 +148,9 @@ actor_start_container(struct actor *a, struct sop *op)
     a->last_active_ms = sbx_wall_ms();
     op->container_restarted = a->died;
     struct sbx_container c;
-    if (shard_pool_take(sh, &c)) {
+    /* The warm pool's containers run the host's /usr; an image sandbox
+     * takes one of its image's pool (image_pool.c), if any. */
+    if (a->rec.image[0] ? shard_img_pool_take(sh, a->rec.image, &c) : shard_pool_take(sh, &c)) {
         a->gate = NULL;
         container_ready(a, &c, true);
         if (a->cs == C_RUNNING)
@@ -161,6 +163,7 @@ actor_start_container(struct actor *a, struct sop *op)
     w->kind = W_START;
     w->actor = a;
     w->lim = a->rec.limits;
+    snprintf(w->image, sizeof(w->image), "%s", a->rec.image);
     shard_work_submit(sh, w);
 }
 
@@ -198,8 +201,8 @@ actor_work_done(struct shard *sh, struct work *w)
         if (w->rc != 0) {
             a->cs = C_NONE;
             if (op)
-                shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start: %s",
-                                w->why);
+                shard_reply_err(op, w->rc == SBX_E_IMAGE_NOT_FOUND ? w->rc : SBX_E_CONTAINER,
+                                "the sandbox's container could not start: %s", w->why);
             free(w);
             actor_pump(a);
             actor_maybe_free(a);

@@ -875,3 +875,29 @@ cluster_encode_status(struct shard *sh, sbx_enc *e)
     sbx_enc_kint(e, "replicationPending", (int64_t)(c->nout - c->outhead));
     sbx_enc_end(e);
 }
+
+void
+cluster_metrics(struct shard *sh, struct sbx_prom *p)
+{
+    struct cluster *c = cluster_of(sh);
+    char l[160];
+    if (!c || sbx_prom_labels(l, sizeof(l), "shard", sh->conf.name, NULL) != 0)
+        return;
+    int owned = 0, moving = 0;
+    for (int i = 0; i < SBX_PARTITIONS; i++) {
+        owned += c->lp[i].mine;
+        moving += c->lp[i].mine && c->lp[i].moving;
+    }
+    int64_t f = atomic_load(&c->fence_at);
+    int64_t left = f ? f - sbx_mono_ms() : 0;
+    sbx_prom_family(p, "sbx_partitions_owned", "gauge", "partitions a shard owns");
+    sbx_prom_add(p, "sbx_partitions_owned", "", l, owned);
+    sbx_prom_family(p, "sbx_partitions_moving", "gauge", "owned partitions being handed off");
+    sbx_prom_add(p, "sbx_partitions_moving", "", l, moving);
+    sbx_prom_family(p, "sbx_etcd_lease_held", "gauge",
+                    "1 while the shard holds its etcd lease (serves), 0 when fenced");
+    sbx_prom_add(p, "sbx_etcd_lease_held", "", l, cluster_fenced(c) ? 0 : 1);
+    sbx_prom_family(p, "sbx_etcd_lease_seconds_left", "gauge",
+                    "time before the shard fences itself unless the lease is renewed");
+    sbx_prom_add(p, "sbx_etcd_lease_seconds_left", "", l, left > 0 ? (double)left / 1000 : 0);
+}

@@ -84,6 +84,11 @@ bool cluster_gate_open(struct shard *sh, uint64_t need);
 
 /* The shard-to-shard operation partition.import (handoff-in). */
 void cluster_op_import(struct sop *op);
+/* cluster_metrics — the cluster's metrics of the shard into p (metrics.c):
+ * partitions owned and moving, whether the etcd lease is held (not fenced)
+ * and the ms it has left; nothing when the shard is not clustered.  Loop thread. */
+struct sbx_prom;
+void cluster_metrics(struct shard *sh, struct sbx_prom *p);
 /* cluster.status: this shard's view of the cluster, as a map value. */
 void cluster_encode_status(struct shard *sh, sbx_enc *e);
 

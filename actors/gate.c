@@ -77,6 +77,7 @@ void
 shard_deliver_error(struct sop *op, int code)
 {
     op->transient = true; /* not committed: a retry must run again */
+    op->code = code;
     sbx_werr w;
     char msg[256];
     commit_failure_msg(code, msg, sizeof(msg));

@@ -21,4 +21,10 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_CLUSTER_STATUS] = shard_op_status,
     [SBX_OPID_CLUSTER_DRAIN] = shard_op_status,
     [SBX_OPID_PARTITION_IMPORT] = cluster_op_import,
+    [SBX_OPID_METRICS] = shard_op_metrics,
+    [SBX_OPID_IMAGE_IMPORT] = shard_op_image_import,
+    [SBX_OPID_IMAGE_PULL] = shard_op_image_pull,
+    [SBX_OPID_IMAGE_LIST] = shard_op_image_list,
+    [SBX_OPID_IMAGE_INSPECT] = shard_op_image_inspect,
+    [SBX_OPID_IMAGE_RM] = shard_op_image_rm,
 };

@@ -32,6 +32,12 @@ actor_op_fn actor_op_status;
 shard_op_fn shard_op_list;
 shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;
+shard_op_fn shard_op_metrics;
+shard_op_fn shard_op_image_import;
+shard_op_fn shard_op_image_pull;
+shard_op_fn shard_op_image_list;
+shard_op_fn shard_op_image_inspect;
+shard_op_fn shard_op_image_rm;
 
 extern actor_op_fn *const actor_ops[SBX_OPID__COUNT];
 extern shard_op_fn *const shard_ops[SBX_OPID__COUNT];

@@ -49,6 +49,8 @@ sbx_record_encode(const struct sbx_record *r, char **out, size_t *len)
         sbx_enc_str(&e, "ports");
         sbx_enc_raw(&e, r->ports, r->ports_len);
     }
+    if (r->image[0])
+        sbx_enc_kstr(&e, "image", r->image);
     sbx_enc_end(&e);
     return sbx_enc_finish(&e, out, len);
 }
@@ -104,6 +106,8 @@ sbx_record_decode(const void *buf, size_t len, struct sbx_record *r)
     blob_of(m.root, "env", &r->env, &r->env_len);
     blob_of(m.root, "config", &r->config, &r->config_len);
     blob_of(m.root, "ports", &r->ports, &r->ports_len);
+    if (sbx_wire_get_str(m.root, "image", &s) == 0 && s.n < sizeof(r->image))
+        sbx_str_copy(s, r->image, sizeof(r->image));
     rc = 0;
 out:
     sbx_wire_msg_free(&m);

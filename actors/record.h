@@ -9,9 +9,12 @@
  *     "limits": { "memory": <bytes>, "pids": <n>, "cpu": <millicpus> },
  *     "env": { "K": "v", … },         sandbox environment (setEnvVars)
  *     "config": { … },                lifecycle settings (sleepAfter, keepAlive, …)
- *     "ports": { "8080": { "token": "…", "name": "…", "generation": <n> }, … } }
+ *     "ports": { "8080": { "token": "…", "name": "…", "generation": <n> }, … },
  *                                     exposed ports: preview URL tokens, and the
  *                                     container generation each was exposed for
+ *     "image": "sha256:<hex>" }       the image it runs, by manifest digest (absent:
+ *                                     the host's /usr; docs/images.md), so every
+ *                                     container it gets runs the same image
  *
  * The state a record shows is the last one committed; a shard that restarts
  * has no live container for any of its sandboxes, whatever the record says,
@@ -41,6 +44,7 @@ struct sbx_record {
     size_t config_len;
     char *ports;        /* msgpack map bytes (heap) or NULL */
     size_t ports_len;
+    char image[72];     /* image manifest digest "sha256:<hex>", or "" */
 };
 
 /* sbx_record_encode — msgpack bytes of r into *out (caller frees). */

@@ -138,6 +138,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->etcd);
     free(c->cluster);
     free(c->advertise);
+    free(c->images);
     strv_free(c->etc);
     strv_free(c->env);
     strv_free(c->no_preview_host);
@@ -226,6 +227,7 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "actors", (int64_t)sh->actors.n);
     sbx_enc_kint(&e, "running", (int64_t)running);
     sbx_enc_kint(&e, "pool", sh->pool.n);
+    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh));
     sbx_enc_kint(&e, "requests", (int64_t)sh->n_requests);
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);
@@ -315,6 +317,7 @@ sweep_cb(sbx_loop *l, void *arg)
     actor_sleep_sweep(sh);
     idem_expire(sh); /* also when no new request comes to push entries out */
     shard_pool_adapt(sh);
+    shard_img_pools_adapt(sh);
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -400,6 +403,20 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
     }
+    /* The node's image store (docs/images.md): a shard without one still
+     * serves host-/usr sandboxes. */
+    {
+        char idir[4096];
+        snprintf(idir, sizeof(idir), "%s", conf->images ? conf->images : "");
+        if (!idir[0])
+            snprintf(idir, sizeof(idir), "%s/images", conf->data);
+        sbx_err_t ierr = NULL;
+        if (sbx_image_store_open(idir, &sh->images, &ierr) != 0) {
+            sbx_log_warn("shard %s: no image store: %s", conf->name, sbx_err_msg(ierr));
+            sh->images = NULL;
+        }
+        sbx_err_release(&ierr);
+    }
     if ((rc = idem_load(sh)) != 0) {
         sbx_log_error("shard %s: cannot read the idempotency table: %s", conf->name,
                   sbx_err_message(rc));
@@ -456,6 +473,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
 
 stop:
     sh->stopping = true;
+    shard_images_stop(sh);
     shard_relay_stop(sh);
     /* Leave the cluster first (the others take our partitions at once), then
      * run what its threads posted while the store is still open. */
@@ -471,6 +489,7 @@ stop:
     for (struct pooled *p = sh->pool.head; p; p = p->next)
         sbx_container_kill(&p->c);
     actor_stop_all(sh);
+    shard_img_pools_stop(sh);
     while (sh->pool.head) {
         struct pooled *p = sh->pool.head;
         sh->pool.head = p->next;
@@ -508,6 +527,7 @@ out:
     }
     actor_free_all(sh);
     cluster_free(sh);
+    shard_metrics_free(sh);
     while (sh->held) {
         struct held *h = sh->held;
         sh->held = h->next;
@@ -524,6 +544,7 @@ out:
     idem_free_all(sh);
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
+    sbx_image_store_close(sh->images);
     if (sh->cgroups)
         sbx_cgroups_close(sh->cgroups);
     /* sbx_loop_free frees only unwatched handles: this one leaked at every

@@ -72,6 +72,8 @@ struct sbx_shard_conf {
     int64_t idem_ttl;     /* ms a request id's recorded reply is kept (docs/protocol.md §2) */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */
+    char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
+    int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

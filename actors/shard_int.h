@@ -10,12 +10,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../container/image_store.h"
 #include "../container/spawn.h"
+#include "../runtime/err.h"
 #include "../runtime/error.h"
 #include "../runtime/frame.h"
 #include "../runtime/loop.h"
 #include "../runtime/ops.h"
 #include "../runtime/place.h"
+#include "../runtime/prom.h"
 #include "../runtime/store.h"
 #include "../runtime/wire.h"
 #include "record.h"
@@ -68,6 +71,7 @@ struct sop {
     bool sent;                  /* handed to the agent: it may have run (idem_done) */
     uint64_t wseq;              /* the actor's last store write when op went to the agent:
                                  * its reply fails if that write did (output gate) */
+    int code;                   /* the error code its reply carries, 0: success (metrics) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -165,6 +169,7 @@ struct work {
     struct actor *actor;        /* W_START for an actor; NULL for the pool */
     struct sbx_container c;     /* W_STOP: the container; W_START: the result */
     struct sbx_limits lim;
+    char image[72];             /* W_START: the image's digest ("" the host's /usr) */
     int rc;
     char why[256];
     bool for_destroy;
@@ -213,6 +218,20 @@ struct shard_pool {
     bool fill_armed;            /* a refill timer is pending (pool_fill_soon) */
 };
 
+/* Ready containers per image (image_pool.c; docs/images.md "Pools per
+ * image"): each of up to SHARD_IMG_POOLS images keeps conf.image_pool
+ * started containers while sandboxes of it were created in the last
+ * SHARD_IMG_POOL_IDLE_MS; then they stop (and with them their hold on the
+ * image: GC may delete it afterwards). */
+#define SHARD_IMG_POOLS 8
+#define SHARD_IMG_POOL_IDLE_MS 30000
+struct img_pool {
+    char digest[72];            /* the image; "": a free slot */
+    struct pooled *head;        /* owned */
+    int n, inflight;            /* containers in it; starts under way */
+    int64_t last_ms;            /* monotonic: the last create of a sandbox of it */
+};
+
 /* Cached replies for retried request ids (idempotency). */
 struct idem {
     struct idem *hnext, *lnext;
@@ -252,6 +271,17 @@ struct shard_relay {
     bool running;
     struct shard_relay_conn *conns;
     int nconns;
+};
+
+/* The shard's histograms for GET /metrics (metrics.c; loop thread).  ops
+ * holds one histogram per (operation, result code) pair answered, made on
+ * first use: ops[op id * SHARD_MX_CODES + code slot], slot 0 success, slot
+ * 1 + (code - SBX_E__FIRST) an error; a code outside sbx's own counts as
+ * INTERNAL_ERROR.  Owns ops and each histogram. */
+#define SHARD_MX_CODES (SBX_E__LAST - SBX_E__FIRST + 1)
+struct shard_metrics {
+    struct sbx_hist **ops;
+    struct sbx_hist start;      /* container start time, s (pooled or not) */
 };
 
 struct shard {
@@ -296,17 +326,32 @@ struct shard {
 
     struct shard_relay relay;  /* relay.c */
 
+    sbx_image_store *images;   /* the node's image store (images.c), or NULL */
+    struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
+    _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
+
     /* cluster membership and ownership (actors/cluster.c), or NULL */
     struct cluster *cluster;
 
     /* counters for status */
     uint64_t n_requests, n_started, n_start_failed, n_pool_hits, n_pool_misses, n_died;
     int64_t start_us_total;
+
+    struct shard_metrics mx;   /* metrics.c */
 };
+
+/* metrics.c: count op's answer (code, time since t0_us) in sh->mx; free
+ * the histograms; the shard's part of `metrics` (op consumed). */
+void shard_metrics_reply(struct sop *op);
+void shard_metrics_free(struct shard *sh);
+void shard_op_metrics(struct sop *op);
 
 /* shard.c: the shard-level operations list and shard.status (op consumed). */
 void shard_op_list(struct sop *op);
 void shard_op_status(struct sop *op);
+/* images.c: wait until no image op is running on its thread (the shard is
+ * stopping; the replies they posted are run by the loop afterwards). */
+void shard_images_stop(struct shard *sh);
 
 /* shard_intake.c: the REP contexts' nng callback (nng's threads: moves the
  * message and posts on_request to the loop), and a reply sent on context c
@@ -328,6 +373,22 @@ void shard_work_submit(struct shard *sh, struct work *w);
 /* shard_pool_take — a warm container into *out (true), or none (false);
  * either way counts one container of demand (hit or miss). */
 bool shard_pool_take(struct shard *sh, struct sbx_container *out);
+
+/* image_pool.c (loop thread).  shard_img_pool_take — a ready container of
+ * the image digest into *out (true), or none (false); either way the
+ * image's pool is (re)filled to conf.image_pool (0: no pools per image). */
+bool shard_img_pool_take(struct shard *sh, const char *digest, struct sbx_container *out);
+/* shard_img_pool_done — a pool start (w: W_START, no actor, w->image set)
+ * came back: into its image's pool, or stopped (w consumed). */
+void shard_img_pool_done(struct shard *sh, struct work *w);
+/* shard_img_pools_adapt — once a second: stop the pools of images no
+ * sandbox was created from for SHARD_IMG_POOL_IDLE_MS. */
+void shard_img_pools_adapt(struct shard *sh);
+/* shard_img_pools_stop — the shard stops: kill every pooled image
+ * container and queue its stop. */
+void shard_img_pools_stop(struct shard *sh);
+/* shard_img_pool_count — ready image containers (status). */
+int shard_img_pool_count(const struct shard *sh);
 
 /* shard_reply.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);

@@ -214,6 +214,10 @@ on_request(sbx_loop *l, void *arg)
     /* Ops the shard runs itself (runtime/ops.yaml: internal ops, and its part
      * of the deployment-wide ones; generated table, actors/ops_gen.c). */
     if (shard_ops[op->def->id]) {
+        /* A node op (the image store) is a request like a sandbox's: a
+         * retry with its id joins it or gets its reply (docs/protocol.md §2). */
+        if (!e && (op->def->flags & SBX_OP_NODE))
+            idem_add(sh, op->id, op);
         shard_ops[op->def->id](op);
         return;
     }

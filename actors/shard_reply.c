@@ -49,6 +49,7 @@ deliver(struct sop *op, char *buf, size_t len)
         return;
     }
     idem_confirm(op, buf, len); /* the write it recorded is replicated now */
+    shard_metrics_reply(op);
     for (int i = 0; i < op->nctx; i++)
         shard_sctx_send(op->ctx[i], buf, len);
     free(idem_done(op, buf, len));
@@ -120,6 +121,7 @@ shard_reply_end(struct sop *op, sbx_enc *e, uint64_t need_seq)
 void
 shard_reply_werr(struct sop *op, sbx_werr *w)
 {
+    op->code = w->code;
     switch (w->code) {
     case SBX_E_SHARD_UNAVAILABLE:
     case SBX_E_CONTAINER:

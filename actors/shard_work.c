@@ -23,6 +23,27 @@
 
 static void work_done_loop(sbx_loop *l, void *arg);
 
+/* A container of an image (docs/images.md): its root from the store, its
+ * use lock held by the container until it stops (container/spawn.h). */
+static int
+start_image(struct shard *sh, struct work *w)
+{
+    struct sbx_image_root root;
+    _cleanup_err_ sbx_err_t err = NULL;
+    if (!sh->images) {
+        snprintf(w->why, sizeof(w->why), "this shard has no image store");
+        return SBX_E_IMAGE_NOT_FOUND;
+    }
+    int rc = sbx_image_open_root(sh->images, w->image, &root, &err);
+    if (rc) {
+        snprintf(w->why, sizeof(w->why), "%s", sbx_err_msg(err));
+        return rc;
+    }
+    rc = sbx_container_start_image(sh->spawner, &w->lim, &root, &w->c, w->why, sizeof(w->why));
+    sbx_image_root_free(&root);
+    return rc;
+}
+
 void *
 shard_worker_main(void *arg)
 {
@@ -48,7 +69,9 @@ shard_worker_main(void *arg)
                 sh->work.bg_tail = NULL;
         }
         pthread_mutex_unlock(&sh->work.mu);
-        if (w->kind == W_START) {
+        if (w->kind == W_START && w->image[0]) {
+            w->rc = start_image(sh, w);
+        } else if (w->kind == W_START) {
             w->rc = sbx_container_start(sh->spawner, &w->lim, &w->c, w->why, sizeof(w->why));
         } else {
             sbx_container_stop(sh->spawner, &w->c);
@@ -93,10 +116,16 @@ work_done_loop(sbx_loop *l, void *arg)
         if (w->rc == 0) {
             sh->n_started++;
             sh->start_us_total += w->c.start_us;
+            sbx_hist_observe(&sh->mx.start, sbx_prom_latency_s, sbx_prom_latency_n,
+                             (double)w->c.start_us / 1e6);
         } else {
             sh->n_start_failed++;
             sbx_log_error("container start failed: %s", w->why);
         }
+    }
+    if (w->kind == W_START && !w->actor && w->image[0]) {
+        shard_img_pool_done(sh, w); /* a container of an image's pool (image_pool.c) */
+        return;
     }
     if (w->kind == W_START && !w->actor) {
         /* A pool container. */

@@ -28,6 +28,7 @@
 #include "../runtime/log.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
+#include "image_store.h"
 #include "seccomp.h"
 
 #ifndef CLONE_INTO_CGROUP
@@ -357,10 +358,120 @@ recv_ready(int fd, int timeout_ms, char **buf, size_t *len)
     return sbx_frame_recv_blocking(fd, 1u << 16, buf, len);
 }
 
+/* The idmapped layer mounts of an image container (sbx_container_start_image):
+ * one detached mount per layer, made for the child's user namespace. */
+static int
+image_layer_trees(pid_t pid, const struct sbx_image_root *img, int *fds, char *why,
+                  size_t whylen)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0) {
+        int e = errno;
+        snprintf(why, whylen, "open %s: %s", path, strerror(e));
+        return -e;
+    }
+    int rc = 0;
+    for (int i = 0; i < img->nlayers; i++)
+        fds[i] = -1;
+    for (int i = 0; i < img->nlayers; i++) {
+        fds[i] = (int)syscall(SYS_open_tree, AT_FDCWD, img->layers[i],
+                              OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        struct mount_attr ma = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY |
+                                            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                                .userns_fd = (uint64_t)ns};
+        if (fds[i] < 0 || syscall(SYS_mount_setattr, fds[i], "", AT_EMPTY_PATH, &ma,
+                                  sizeof(ma)) < 0) {
+            rc = -errno;
+            snprintf(why, whylen, "idmapped mount of layer %s: %s", img->layers[i],
+                     strerror(errno));
+            break;
+        }
+    }
+    close(ns);
+    return rc;
+}
+
+/* Send the image frame and the layers' descriptors (see spawn.h). */
+static int
+image_send(int chan, const struct sbx_image_root *img, const int *fds)
+{
+    sbx_enc e;
+    char *buf = NULL;
+    size_t len = 0;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "layers", img->nlayers);
+    sbx_enc_karray(&e, "env");
+    for (char **p = img->env; p && *p; p++)
+        sbx_enc_str(&e, *p);
+    sbx_enc_end(&e);
+    if (img->workdir)
+        sbx_enc_kstr(&e, "workdir", img->workdir);
+    if (img->user)
+        sbx_enc_kstr(&e, "user", img->user);
+    sbx_enc_end(&e);
+    int rc = sbx_enc_finish(&e, &buf, &len);
+    if (rc == 0)
+        rc = sbx_frame_send_blocking(chan, buf, len);
+    free(buf);
+    if (rc)
+        return rc;
+    char byte = 'L';
+    struct iovec io = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 253)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof(u));
+    struct msghdr mh = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)img->nlayers)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)img->nlayers);
+    memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)img->nlayers);
+    ssize_t n;
+    while ((n = sendmsg(chan, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    return n == 1 ? 0 : -errno;
+}
+
+static int container_start(sbx_spawner *sp, const struct sbx_limits *lim,
+                           const struct sbx_image_root *img, struct sbx_container *c, char *why,
+                           size_t whylen);
+
 int
 sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_container *c,
                     char *why, size_t whylen)
 {
+    return container_start(sp, lim, NULL, c, why, whylen);
+}
+
+int
+sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
+                          const struct sbx_image_root *img, struct sbx_container *c, char *why,
+                          size_t whylen)
+{
+    if (!img || img->nlayers < 1 || img->nlayers > 253) {
+        snprintf(why, whylen, "an image of %d layers cannot be mounted", img ? img->nlayers : 0);
+        return SBX_E_CONTAINER;
+    }
+    int rc = container_start(sp, lim, img, c, why, whylen);
+    if (rc == 0) {
+        c->image = true;
+        c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
+    }
+    return rc;
+}
+
+static int
+container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_image_root *img,
+                struct sbx_container *c, char *why, size_t whylen)
+{
+    int layer_fds[253];
+    int nlayer_fds = 0;
     int sv[2] = {-1, -1};
     int pidfd = -1, tree = -1;
     int tasks[SBX_CG_MAX_HIER], ntasks = 0; /* v1: the cgroup's tasks files, for the child */
@@ -411,7 +522,12 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     /* argv/envp are built before the clone: the child may not allocate.
      * "--interp-tree" tells the agent the drivers' tree is at
      * SPAWN_INTERP_FD. */
-    const char *const argv[] = {"sbx-agent", tree >= 0 ? "--interp-tree" : NULL, NULL};
+    const char *argv[4] = {"sbx-agent", NULL, NULL, NULL};
+    int ac = 1;
+    if (tree >= 0)
+        argv[ac++] = "--interp-tree";
+    if (img)
+        argv[ac++] = "--image"; /* the image frame and layers follow the configuration */
     /* A sanitizer build of the agent carries its own options
      * (__asan_default_options in agent/main.c). */
     const char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
@@ -447,7 +563,8 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
         goto fail;
     }
     if (pid == 0)
-        child_main(sp, sv[1], sv[0], tree, tasks, ntasks, sp->conf.setup_timeout_ms, argv, envp);
+        child_main(sp, sv[1], sv[0], tree, tasks, ntasks, sp->conf.setup_timeout_ms,
+                   (const char *const *)argv, envp);
     if (tree >= 0)
         close(tree);
     tree = -1;
@@ -486,11 +603,21 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     sbx_fs_write(adj, "0");
     snprintf(adj, sizeof(adj), "/proc/%d/oom_adj", (int)pid);
     sbx_fs_write(adj, "-16");
+    if (img) {
+        if ((rc = image_layer_trees(pid, img, layer_fds, why, whylen)) != 0) {
+            nlayer_fds = img->nlayers;
+            goto fail;
+        }
+        nlayer_fds = img->nlayers;
+    }
     if ((rc = sbx_write_full(sv[0], "G", 1)) != 0 ||
-        (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0) {
+        (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0 ||
+        (img && (rc = image_send(sv[0], img, layer_fds)) != 0)) {
         snprintf(why, whylen, "send the configuration to the agent: %s", strerror(-rc));
         goto fail;
     }
+    while (nlayer_fds > 0)
+        close(layer_fds[--nlayer_fds]);
     rc = recv_ready(sv[0], sp->conf.setup_timeout_ms, &ready, &ready_len);
     if (rc) {
         snprintf(why, whylen, "the agent did not report ready: %s",
@@ -520,6 +647,9 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     c->start_us = sbx_mono_us() - t0;
     return 0;
 fail:
+    while (nlayer_fds > 0)
+        if (layer_fds[--nlayer_fds] >= 0)
+            close(layer_fds[nlayer_fds]);
     if (tree >= 0)
         close(tree);
     while (ntasks > 0)
@@ -576,6 +706,12 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
     if (c->uid) {
         uid_free(sp, c->uid);
         c->uid = 0;
+    }
+    if (c->image) {
+        if (c->use_fd >= 0)
+            close(c->use_fd); /* the image's use lock: GC may take it now */
+        c->image = false;
+        c->use_fd = -1;
     }
     c->pid = 0;
 }

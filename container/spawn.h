@@ -75,6 +75,8 @@ struct sbx_container {
     sbx_cgroup cg;
     uint32_t uid;       /* host uid mapped to 0 inside */
     int64_t start_us;   /* time the set-up took */
+    bool image;         /* started from an image (sbx_container_start_image): */
+    int use_fd;         /* … then its image's use lock (image_store.h), closed by stop */
 };
 
 /*
@@ -86,6 +88,24 @@ struct sbx_container {
  */
 int sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_container *c,
                         char *why, size_t whylen);
+
+struct sbx_image_root;
+/*
+ * sbx_container_start_image — sbx_container_start for a sandbox of an image
+ * (docs/images.md): after writing the uid/gid maps, the shard makes for
+ * each layer directory of img a detached, read-only, idmapped copy of its
+ * mount (open_tree(2) OPEN_TREE_CLONE, then mount_setattr(2)
+ * MOUNT_ATTR_IDMAP with the child's user namespace: a file of host uid 0
+ * shows as the sandbox's root, Linux 5.12), and hands them to the agent
+ * after its configuration: an "image" frame {layers, env, workdir, user}
+ * and one byte carrying the descriptors (SCM_RIGHTS), bottom layer first.
+ * The agent stacks them as an overlayfs (container/agent/setup.c).  On
+ * success c->image is set and c->use_fd holds a duplicate of img->use_fd
+ * (the image's use lock) until sbx_container_stop.  img is borrowed.
+ */
+int sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
+                              const struct sbx_image_root *img, struct sbx_container *c,
+                              char *why, size_t whylen);
 
 /*
  * sbx_container_stop — SIGKILL the container, reap it, remove its cgroup,

@@ -31,6 +31,7 @@
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
+#include "gw_metrics.h"
 #include "http.h"
 
 #define MAX_SLOTS SBX_CVIEW_MAX_MEMBERS
@@ -157,6 +158,8 @@ client_err_ran(struct gctx *g, bool unsent, int code, const char *fmt, va_list a
     size_t len;
     vsnprintf(msg, sizeof(msg), fmt, ap);
     atomic_fetch_add(&g->gw->n_errors, 1);
+    struct sbx_log_req lr = {g->id, strlen(g->id), NULL, 0, g->op, strlen(g->op)};
+    sbx_log_req_debug(&lr, "gateway answered %s: %s", sbx_err_name(code), msg);
     sbx_str id = {g->id, strlen(g->id)};
     sbx_werr w;
     sbx_werr_init(&w, code, "%s", msg);
@@ -390,11 +393,78 @@ encode_cluster(struct sbx_gateway *gw, sbx_enc *e)
     sbx_enc_end(e);
 }
 
+/* `metrics`: the gateway's own families, then every shard's merged in
+ * (docs/operations.md, "Metrics"); answered as {text}. */
+static void
+merge_metrics(struct gctx *g)
+{
+    struct sbx_gateway *gw = g->gw;
+    sbx_prom p;
+    struct gw_counters gc = {
+        .gateway = gw->conf.name,
+        .requests = atomic_load(&gw->n_requests),
+        .errors = atomic_load(&gw->n_errors),
+        .retries = atomic_load(&gw->n_retries),
+        .uptime_s = (double)(sbx_wall_ms() - gw->started_ms) / 1000,
+        .http = gw->http != NULL,
+        .clustered = clustered(gw),
+    };
+    if (gw->http)
+        sbx_http_counters(gw->http, &gc.http_requests, &gc.http_errors);
+    sbx_prom_init(&p);
+    gw_metrics_gateway(&p, &gc);
+    for (int i = 0; i < gw->nshards; i++) {
+        struct gfwd *f = &g->fwd[i];
+        if (!g->in_fanout[i])
+            continue;
+        char sname[64], surl[256];
+        slot_label(f->s, sname, surl);
+        int parts = -1;
+        if (!clustered(gw)) {
+            parts = 0;
+            for (int k = 0; k < SBX_PARTITIONS; k++)
+                parts += gw->table[k] == i;
+        }
+        gw_metrics_shard(&p, sname, atomic_load(&f->s->pipes) > 0 && f->reply && !f->rv, parts,
+                         f->reply ? nng_msg_body(f->reply) : NULL,
+                         f->reply ? nng_msg_len(f->reply) : 0);
+        if (f->reply) {
+            nng_msg_free(f->reply);
+            f->reply = NULL;
+        }
+    }
+    sbx_buf text;
+    sbx_enc e;
+    char *buf;
+    size_t len;
+    sbx_str id = {g->id, strlen(g->id)};
+    sbx_buf_init(&text);
+    sbx_prom_render(&p, &text);
+    sbx_prom_free(&p);
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, id);
+    sbx_enc_kstrn(&e, "text", text.p ? text.p : "", text.len);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    sbx_buf_free(&text);
+    request_done(g);
+    if (sbx_enc_finish(&e, &buf, &len) == 0) {
+        client_send_bytes(g, buf, len);
+        free(buf);
+    } else {
+        client_err(g, SBX_E_INTERNAL, "could not encode the metrics");
+    }
+}
+
 static void
 merge_and_reply(struct gctx *g)
 {
     struct sbx_gateway *gw = g->gw;
     bool is_list = g->op_id == SBX_OPID_LIST;
+    if (g->op_id == SBX_OPID_METRICS) {
+        merge_metrics(g);
+        return;
+    }
     sbx_enc e;
     char *buf;
     size_t len;
@@ -838,6 +908,8 @@ handle(struct gctx *g, nng_msg *m)
         return;
     }
     if (def->flags & SBX_OP_GLOBAL) {
+        struct sbx_log_req lr = {req.id.p, req.id.n, NULL, 0, def->name, strlen(def->name)};
+        sbx_log_req_debug(&lr, "gateway fans it out to every shard");
         sbx_wire_msg_free(&dec);
         g->fanout = true;
         bool live[MAX_SLOTS] = {false};
@@ -875,13 +947,23 @@ handle(struct gctx *g, nng_msg *m)
         nng_msg_free(m);
         return;
     }
-    if ((rc = sbx_id_check(req.sandbox.p, req.sandbox.n, why, sizeof(why))) != 0) {
+    if (def->flags & SBX_OP_NODE) {
+        /* A node's own op (its image store): one shard of the node runs it.
+         * The store is shared by the shards of one node (`sbxd dev`), so the
+         * owner of partition 0 serves it; in a cluster of several nodes that
+         * is one node's store (docs/images.md). */
+        g->part = 0;
+    } else if ((rc = sbx_id_check(req.sandbox.p, req.sandbox.n, why, sizeof(why))) != 0) {
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
         client_err(g, rc, "%s", why);
         return;
+    } else {
+        g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     }
-    g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
+    struct sbx_log_req lr = {req.id.p, req.id.n, req.sandbox.p, req.sandbox.n, def->name,
+                             strlen(def->name)};
+    sbx_log_req_debug(&lr, "gateway routes it (partition %u)", g->part);
     sbx_wire_msg_free(&dec);
     g->body = sbx_xmalloc(len);
     memcpy(g->body, body, len);

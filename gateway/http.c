@@ -42,6 +42,7 @@
 #include "../runtime/log.h"
 #include "../runtime/nngx.h"
 #include "../runtime/ops.h"
+#include "../runtime/prom.h"
 #include "http_int.h"
 #include "openapi_gen.h"
 
@@ -235,6 +236,13 @@ finish_op(struct hreq *hr)
         snprintf(ctype, sizeof(ctype), "%.*s", (int)mime.n, mime.p);
         sbx_wire_msg_free(&m);
         return queue_buf(hr->h, hr->c, MHD_HTTP_OK, ctype, raw, rawlen, true);
+    }
+    if (hr->rt->kind == R_METRICS) {
+        sbx_str text = SBX_STR("");
+        sbx_wire_get_str(res, "text", &text);
+        char *body = sbx_xstrndup(text.p, text.n);
+        sbx_wire_msg_free(&m);
+        return queue_buf(hr->h, hr->c, MHD_HTTP_OK, SBX_PROM_CONTENT_TYPE, body, text.n, false);
     }
     if (hr->sse) {
         sbx_str sid;
@@ -465,6 +473,8 @@ access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *meth
             json_object_set_new(hr->params, "encoding", json_string("base64"));
             return start_op(hr, "file.read");
         }
+        if (hr->rt->kind == R_METRICS)
+            return start_op(hr, "metrics");
         if (hr->rt->kind == R_FILE_PUT) {
             if (hr->body.len > RAW_PUT_MAX)
                 return queue_err(hr, SBX_E_TOO_LARGE,
@@ -663,6 +673,13 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
 fail:
     http_free(h);
     return rc;
+}
+
+void
+sbx_http_counters(const sbx_http *h, uint64_t *requests, uint64_t *errors)
+{
+    *requests = atomic_load(&((sbx_http *)h)->n_requests);
+    *errors = atomic_load(&((sbx_http *)h)->n_errors);
 }
 
 int

@@ -8,7 +8,8 @@
  *   POST /v1/{op}                       deployment-wide ops (list, cluster.status)
  *   plus the REST aliases each table entry declares (GET /v1/sandboxes/{sandbox}, …)
  *
- * and a few routes of its own: GET /v1/health, GET /v1/openapi.json (the
+ * and a few routes of its own: GET /v1/health, GET /metrics (the `metrics`
+ * operation's text as Prometheus reads it), GET /v1/openapi.json (the
  * OpenAPI 3 document generated from the same table), GET|PUT
  * /v1/sandboxes/{sandbox}/files/{path} (raw bytes), GET
  * /v1/sandboxes/{sandbox}/streams/{streamId} (a stream as Server-Sent
@@ -62,6 +63,9 @@ typedef struct sbx_http sbx_http;
 int sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err);
 /* sbx_http_port — the TCP port actually bound (useful with port 0). */
 int sbx_http_port(const sbx_http *h);
+/* sbx_http_counters — requests the front served and those answered with an
+ * error, since it started (for the gateway's metrics).  Thread-safe. */
+void sbx_http_counters(const sbx_http *h, uint64_t *requests, uint64_t *errors);
 /* sbx_http_stop — finish in-flight calls, close every connection, free. */
 void sbx_http_stop(sbx_http *h);
 

@@ -56,6 +56,7 @@ enum route_kind {
     R_OPENAPI,
     R_STREAM,     /* GET …/streams/{streamId}: SSE */
     R_FILE_GET,   /* GET …/files/{path*}: raw bytes */
+    R_METRICS,    /* GET /metrics: the `metrics` op's text (Prometheus) */
     R_FILE_PUT,   /* PUT …/files/{path*} */
     R_TERMINAL,   /* GET …/terminal: WebSocket */
 };

@@ -65,6 +65,7 @@ http_routes_build(struct sbx_http *h)
     int rc = 0;
     rc |= route_add(h, "GET", "/v1/health", R_HEALTH, NULL, false);
     rc |= route_add(h, "GET", "/v1/openapi.json", R_OPENAPI, NULL, false);
+    rc |= route_add(h, "GET", "/metrics", R_METRICS, NULL, false);
     rc |= route_add(h, "GET", "/v1/sandboxes/{sandbox}/streams/{streamId}", R_STREAM, NULL, false);
     rc |= route_add(h, "GET", "/v1/sandboxes/{sandbox}/files/{path*}", R_FILE_GET, NULL, false);
     rc |= route_add(h, "PUT", "/v1/sandboxes/{sandbox}/files/{path*}", R_FILE_PUT, NULL, false);
@@ -75,7 +76,7 @@ http_routes_build(struct sbx_http *h)
          * routes (nor in /v1/openapi.json, which lists the routes). */
         if (d->flags & (SBX_OP_INTERNAL | SBX_OP_FRONT))
             continue;
-        if (d->flags & SBX_OP_GLOBAL)
+        if (d->flags & (SBX_OP_GLOBAL | SBX_OP_NODE))
             snprintf(path, sizeof(path), "/v1/%s", d->name);
         else
             snprintf(path, sizeof(path), "/v1/sandboxes/{sandbox}/%s", d->name);

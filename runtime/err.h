@@ -77,7 +77,9 @@
     X(SBX_E_WATCH_NOT_FOUND, "WATCH_NOT_FOUND", 404, "watch not found")                  \
     X(SBX_E_WATCH_START, "WATCH_START_ERROR", 500, "watch could not start")              \
     X(SBX_E_UNAUTHORIZED, "UNAUTHORIZED", 401, "missing or invalid API key")             \
-    X(SBX_E_ROUTE_NOT_FOUND, "ROUTE_NOT_FOUND", 404, "no such route")
+    X(SBX_E_ROUTE_NOT_FOUND, "ROUTE_NOT_FOUND", 404, "no such route")                    \
+    X(SBX_E_IMAGE_NOT_FOUND, "IMAGE_NOT_FOUND", 404, "no such image in the node's store")  \
+    X(SBX_E_IMAGE_INVALID, "IMAGE_INVALID", 400, "the image is corrupt or unsafe")
 
 enum sbx_errcode {
     SBX_E__FIRST = SBX_ERR_BASE,

@@ -35,6 +35,8 @@ enum sbx_op_flags {
                                 * nothing, so its reply is not written to the store */
     SBX_OP_OBSERVE = 1 << 10,  /* looks at the sandbox without using it: not activity for
                                 * sleepAfter (polling it lets the sandbox sleep) */
+    SBX_OP_NODE = 1 << 11,     /* about one node (its image store, docs/images.md): the gateway
+                                * sends it to one shard, the owner of partition 0 */
 };
 
 /* The msgpack kinds an argument accepts (a bit set). */

@@ -223,6 +223,7 @@ static const struct sbx_arg args_sandbox_labels[] = {
 };
 static const struct sbx_arg args_create[] = {
     {"limits", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
+    {"image", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
 };
 static const struct sbx_arg args_cluster_drain[] = {
     {"shard", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
@@ -234,6 +235,20 @@ static const struct sbx_arg args_partition_import[] = {
     {"records", SBX_ARG_ARRAY, true, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
     {"idem", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
     {"doubt", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
+};
+static const struct sbx_arg args_image_import[] = {
+    {"path", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
+    {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_image_pull[] = {
+    {"ref", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_image_inspect[] = {
+    {"image", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_image_rm[] = {
+    {"image", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
 };
 
 const struct sbx_op_def sbx_ops[] = {
@@ -659,7 +674,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "create the sandbox now (it is also created by its first operation)",
      .http = "PUT /v1/sandboxes/{sandbox}",
      .args = args_create,
-     .nargs = 1},
+     .nargs = 2},
     {.name = "destroy",
      .id = SBX_OPID_DESTROY,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_NOWAKE | SBX_OP_MUTATES,
@@ -714,5 +729,59 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_partition_import,
      .nargs = 5},
+    {.name = "metrics",
+     .id = SBX_OPID_METRICS,
+     .flags = SBX_OP_GLOBAL | SBX_OP_FRONT,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "Prometheus metrics of the gateway and every shard, in the text exposition format 0.0.4 (the HTTP front serves them as GET /metrics; docs/operations.md)",
+     .http = NULL,
+     .args = NULL,
+     .nargs = 0},
+    {.name = "image.import",
+     .id = SBX_OPID_IMAGE_IMPORT,
+     .flags = SBX_OP_MUTATES | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "import an image from a path on the server's machine (an OCI layout directory, a docker/podman save tarball or an OCI archive)",
+     .http = NULL,
+     .args = args_image_import,
+     .nargs = 2},
+    {.name = "image.pull",
+     .id = SBX_OPID_IMAGE_PULL,
+     .flags = SBX_OP_MUTATES | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "pull an image from a registry (skopeo) into the node's store",
+     .http = NULL,
+     .args = args_image_pull,
+     .nargs = 2},
+    {.name = "image.list",
+     .id = SBX_OPID_IMAGE_LIST,
+     .flags = SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the images of the node's store",
+     .http = "GET /v1/images",
+     .args = NULL,
+     .nargs = 0},
+    {.name = "image.inspect",
+     .id = SBX_OPID_IMAGE_INSPECT,
+     .flags = SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "an image's names, layers and config (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts)",
+     .http = NULL,
+     .args = args_image_inspect,
+     .nargs = 1},
+    {.name = "image.rm",
+     .id = SBX_OPID_IMAGE_RM,
+     .flags = SBX_OP_MUTATES | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "remove an image's name (or, by digest, all its names), then collect unused layers",
+     .http = NULL,
+     .args = args_image_rm,
+     .nargs = 1},
     {.name = NULL},
 };

@@ -58,6 +58,12 @@ enum sbx_op_id {
     SBX_OPID_CLUSTER_STATUS, /* cluster.status */
     SBX_OPID_CLUSTER_DRAIN, /* cluster.drain */
     SBX_OPID_PARTITION_IMPORT, /* partition.import */
+    SBX_OPID_METRICS, /* metrics */
+    SBX_OPID_IMAGE_IMPORT, /* image.import */
+    SBX_OPID_IMAGE_PULL, /* image.pull */
+    SBX_OPID_IMAGE_LIST, /* image.list */
+    SBX_OPID_IMAGE_INSPECT, /* image.inspect */
+    SBX_OPID_IMAGE_RM, /* image.rm */
     SBX_OPID__COUNT
 };
 

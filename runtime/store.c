@@ -49,6 +49,8 @@ struct sbx_store {
     sbx_store_commit_fn cb;
     void *cbarg;
     uint64_t n_batches, n_writes, n_failed;
+    /* under mu: time of each batch's commit (s) and its writes (metrics) */
+    struct sbx_hist h_commit, h_batch;
 };
 
 static const char *const dbnames[SBX_DB__N] = {"sandboxes", "meta", "idem"};
@@ -244,6 +246,7 @@ report(sbx_store *s, struct wop *ops, size_t n, int rc)
 static void
 commit_batch(sbx_store *s, struct wop *ops, size_t n)
 {
+    int64_t t0 = sbx_mono_us();
     size_t live = 0;
     uint64_t last = ops->seq;
     struct wop *o = ops;
@@ -253,6 +256,11 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
         last = o->seq;
     }
     int rc = live ? apply_growing(s, ops, n) : 0;
+    pthread_mutex_lock(&s->mu);
+    sbx_hist_observe(&s->h_commit, sbx_prom_latency_s, sbx_prom_latency_n,
+                     (double)(sbx_mono_us() - t0) / 1e6);
+    sbx_hist_observe(&s->h_batch, sbx_prom_batch_sizes, sbx_prom_batch_n, (double)n);
+    pthread_mutex_unlock(&s->mu);
     if (rc == SBX_E_STORAGE_FULL && live > 1) {
         sbx_log_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
                  (unsigned long long)ops->seq, (unsigned long long)last);
@@ -546,6 +554,15 @@ sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *fail
     *batches = s->n_batches;
     *writes = s->n_writes;
     *failed = s->n_failed;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void
+sbx_store_hists(sbx_store *s, struct sbx_hist *commit, struct sbx_hist *batch)
+{
+    pthread_mutex_lock(&s->mu);
+    *commit = s->h_commit;
+    *batch = s->h_batch;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -39,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "prom.h"
+
 typedef struct sbx_store sbx_store;
 
 /* Named databases. */
@@ -131,6 +133,12 @@ uint64_t sbx_store_decided(sbx_store *s);
 /* sbx_store_stat — counters for `sbx status`: batches and writes committed,
  * failed ranges (see the callback). */
 void sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *failed);
+
+/* sbx_store_hists — copies of the histograms of the batches committed
+ * (tried: a failed batch counts too): the commit's time in seconds, from
+ * taking the batch to its transaction's end (sbx_prom_latency_s bounds), and
+ * its writes (sbx_prom_batch_sizes bounds).  Thread-safe. */
+void sbx_store_hists(sbx_store *s, struct sbx_hist *commit, struct sbx_hist *batch);
 
 /* sbx_store_mapsize — the map's current size in bytes (grows, see above). */
 uint64_t sbx_store_mapsize(sbx_store *s);

@@ -3,7 +3,7 @@
  *
  *   sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]
  *             [--seconds S] [--pool N] [--burst N[,N…]] [--rounds R]
- *             [--idle M] [--json]
+ *             [--idle M] [--image PATH [--image-starts N]] [--json]
  *
  * By default sbx-bench starts its own private daemon,
  *
@@ -27,6 +27,9 @@
  *                  phase runs only when given (tools/bench_burst.c)
  *   --rounds R     bursts per size (default 3); medians are printed
  *   --idle M       idle sandboxes created before the bursts (default 0)
+ *   --image PATH   an image to import (a layout or tarball on this machine), then
+ *                  N cold starts of its sandboxes beside N host-/usr ones
+ *                  (--image-starts, default 50; tools/bench_image.c)
  *   --json         print a JSON summary on stdout; the human-readable lines
  *                  then go to stderr
  *
@@ -116,6 +119,8 @@ struct opts {
     long bursts[8], rounds, idle;             /* --burst sizes (0-terminated) */
     size_t nbursts;
     bool json;
+    const char *image;   /* --image PATH: the image phase (bench_image.c) */
+    long image_starts;
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -901,7 +906,7 @@ usage(FILE *f)
 {
     fprintf(f, "usage: sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]\n"
                "                 [--seconds S] [--pool N] [--burst N[,N...]] [--rounds R]\n"
-               "                 [--idle M] [--json]\n"
+               "                 [--idle M] [--image PATH [--image-starts N]] [--json]\n"
                "Starts a private `sbxd dev` unless --gateway is given; see the header of\n"
                "tools/bench.c for what each figure measures.\n");
 }
@@ -940,6 +945,11 @@ parse_args(int argc, char **argv, struct opts *o)
             i++;
             continue;
         }
+        if (!strcmp(a, "--image") && v) {
+            o->image = v;
+            i++;
+            continue;
+        }
         if (!strcmp(a, "--burst") && v) {
             char *dup = sbx_xstrdup(v);
             int bad = 0;
@@ -975,6 +985,8 @@ parse_args(int argc, char **argv, struct opts *o)
             num = &o->rounds;
         else if (!strcmp(a, "--idle"))
             num = &o->idle, min = 0;
+        else if (!strcmp(a, "--image-starts"))
+            num = &o->image_starts;
         if (!num || !v || parse_long(v, min, num) != 0) {
             fprintf(stderr, "sbx-bench: bad or incomplete option '%s'\n", a);
             usage(stderr);
@@ -1043,6 +1055,10 @@ main(int argc, char **argv)
                                       .out = human, .interrupted = &interrupted};
         res.burst_failures = bench_burst_run(c, &bc, &res.burst);
     }
+    size_t image_failures = 0;
+    if (!interrupted && o.image)
+        image_failures = bench_image_run(c, o.image, o.image_starts > 0 ? o.image_starts : 50,
+                                         run_tag, human, &interrupted);
     report_ratio(&res);
     if (o.json)
         report_json(&o, &res, argc, argv);
@@ -1051,7 +1067,8 @@ main(int argc, char **argv)
         fprintf(stderr, "sbx-bench: interrupted\n");
         rc = 1;
     }
-    if (res.cold_failures || res.warm_failures || res.load_failures || res.burst_failures)
+    if (res.cold_failures || res.warm_failures || res.load_failures || res.burst_failures ||
+        image_failures)
         rc = 1;
     json_decref(res.burst);
     sbx_client_close(c);

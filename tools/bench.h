@@ -72,4 +72,12 @@ struct bench_burst_conf {
  */
 size_t bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t **json);
 
+/* The image phase (bench_image.c): import path (a layout or tarball on this
+ * machine), then n cold starts (create → first `exec true`) of its sandboxes
+ * alternated with n of host-/usr sandboxes, IDs prefixed with tag; figures
+ * printed to out; the image is removed afterwards.  Returns the number of
+ * failed calls. */
+size_t bench_image_run(sbx_client *c, const char *path, long n, const char *tag, FILE *out,
+                       volatile sig_atomic_t *interrupted);
+
 #endif

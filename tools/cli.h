@@ -76,6 +76,8 @@ int v_configure(struct gopts *g, int argc, char **argv);
 int v_code(struct gopts *g, int argc, char **argv);
 int v_contexts(struct gopts *g, int argc, char **argv);
 int v_context(struct gopts *g, int argc, char **argv);
+/* Of tools/cli_mcp.c: `sbx mcp`, an MCP server on stdio (docs/mcp.md). */
+int v_mcp(struct gopts *g, int argc, char **argv);
 /* Of tools/cli_schema.c (the schema's part of the CLI; see cli_ops_gen.h). */
 struct cli_op;
 /* the op named name / run by the CLI verb verb ("ps", "session get"), or NULL. */

@@ -628,6 +628,10 @@ static const struct cli_arg args_create[] = {
      "an object", NULL, NULL,
      "resource limits (default the shard's)",
      "VALIDATION_FAILED"},
+    {"image", CLI_K_STR, false, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own",
+     "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
     {"shard", CLI_K_STR, true, false, false, 0, 0, 0u, NULL,
@@ -637,6 +641,38 @@ static const struct cli_arg args_cluster_drain[] = {
     {"drain", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
      "a boolean", NULL, "true",
      "false ends the drain",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_image_import[] = {
+    {"path", CLI_K_STR, true, false, false, 0, 0, 4096u, NULL,
+     "a string", NULL, NULL,
+     "absolute path on the server's machine",
+     "VALIDATION_FAILED"},
+    {"name", CLI_K_STR, false, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "the name to give it, repo:tag ([A-Za-z0-9._/:@-])",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_image_pull[] = {
+    {"ref", CLI_K_STR, true, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "registry reference, e.g. docker.io/library/debian:bookworm",
+     "VALIDATION_FAILED"},
+    {"name", CLI_K_STR, false, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "the name to give it (default: ref)",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_image_inspect[] = {
+    {"image", CLI_K_STR, true, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "a name, a digest, or a unique prefix of 12+ hex digits",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_image_rm[] = {
+    {"image", CLI_K_STR, true, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "a name, or a digest for all its names",
      "VALIDATION_FAILED"},
 };
 
@@ -734,7 +770,7 @@ const struct cli_op cli_ops[] = {
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 1},
+     "create", "sandbox", true, args_create, 2},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",
@@ -745,5 +781,17 @@ const struct cli_op cli_ops[] = {
      "cluster status", "", false, NULL, 0},
     {"cluster.drain", "drain a shard (its partitions move to the others) or end a drain",
      "cluster drain", "shard", false, args_cluster_drain, 2},
+    {"metrics", "Prometheus metrics of the gateway and every shard, in the text exposition format 0.0.4 (the HTTP front serves them as GET /metrics; docs/operations.md)",
+     NULL, "", false, NULL, 0},
+    {"image.import", "import an image from a path on the server's machine (an OCI layout directory, a docker/podman save tarball or an OCI archive)",
+     "image import", "path name", false, args_image_import, 2},
+    {"image.pull", "pull an image from a registry (skopeo) into the node's store",
+     "image pull", "ref name", false, args_image_pull, 2},
+    {"image.list", "the images of the node's store",
+     "image list", "", false, NULL, 0},
+    {"image.inspect", "an image's names, layers and config (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts)",
+     "image inspect", "image", false, args_image_inspect, 1},
+    {"image.rm", "remove an image's name (or, by digest, all its names), then collect unused layers",
+     "image rm", "image", false, args_image_rm, 1},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

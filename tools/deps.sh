@@ -36,6 +36,11 @@ pkgs=(
   etcd-server etcd-client iproute2
   # tests: a real browser loads a page through a preview URL (tests/integration/test_preview.c)
   chromium
+  # images (docs/images.md): layer tars read with libarchive; skopeo converts docker-archive
+  # tarballs and pulls from registries; busybox-static builds the tests' images
+  libarchive-dev skopeo busybox-static
+  # operations (issue 17): a real Prometheus scrapes /metrics in tests; man pages from --help
+  prometheus help2man
 )
 
 missing=()

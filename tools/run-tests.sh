@@ -92,7 +92,11 @@ case "$which" in
     # (pytest) and the OpenAPI document (tests/openapi: a real validator, real
     # answers against its schemas, a client generated from it compiled and
     # smoke-tested).
-    for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh; do
+    # tests/install: `make install` (DESTDIR and PREFIX) of the build under test, its
+    # man pages and systemd units checked, the installed sbxd dev + sbx exec run;
+    # tests/mcp: `sbx mcp` driven by the official MCP TypeScript SDK as the client.
+    for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh \
+                 tests/install/run-tests.sh tests/mcp/run-tests.sh; do
       jobs_all+=("$suite"$'\t'"$suite")
     done
     # The reliability jobs of the Makefile's reliability block: short runs of

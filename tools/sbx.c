@@ -608,9 +608,18 @@ v_create(struct gopts *g, int argc, char **argv)
     if (rc)
         return rc;
     sbx_args *a = sbx_args_new();
+    /* --image REF (docs/images.md) first: it is a top-level argument. */
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--image")) {
+            sbx_args_kstr(a, "image", argv[i + 1]);
+            argv[i] = argv[i + 1] = NULL;
+        }
+    }
     sbx_args_kmap(a, "limits");
     for (int i = 1; i < argc; i += 2) {
         uint64_t v;
+        if (!argv[i])
+            continue; /* --image, above */
         /* An option without its value is a usage error, not ignored. */
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(k, "--memory") && cli_parse_size(val, &v) == 0)
@@ -620,7 +629,8 @@ v_create(struct gopts *g, int argc, char **argv)
         else if (!strcmp(k, "--cpu") && cli_parse_size(val, &v) == 0)
             k = "cpu";
         else {
-            fprintf(stderr, "usage: sbx create ID [--memory 256M] [--pids N] [--cpu MILLICPUS]\n");
+            fprintf(stderr, "usage: sbx create ID [--image REF] [--memory 256M] [--pids N] "
+                            "[--cpu MILLICPUS]\n");
             sbx_args_free(a);
             return EXIT_USAGE;
         }
@@ -633,6 +643,58 @@ v_create(struct gopts *g, int argc, char **argv)
     }
     sbx_args_end(a);
     return cli_call_enc(g, "create", id, a, human_create);
+}
+
+static void
+human_images(const msgpack_object *res)
+{
+    const msgpack_object *arr;
+    if (sbx_get_array(res, "images", &arr) != 0)
+        return;
+    printf("%-20s %-8s %-12s %s\n", "DIGEST", "LAYERS", "SIZE", "NAMES");
+    for (uint32_t i = 0; i < arr->via.array.size; i++) {
+        const msgpack_object *o = &arr->via.array.ptr[i], *names = NULL;
+        sbx_view d = {"", 0};
+        int64_t layers = 0, size = 0;
+        sbx_get_str(o, "digest", &d);
+        sbx_get_i64(o, "layers", &layers);
+        sbx_get_i64(o, "size", &size);
+        printf("%-20.*s %-8lld %-12lld", (int)CLI_MIN(d.n, 19), d.p, (long long)layers,
+               (long long)size);
+        if (sbx_get_array(o, "names", &names) == 0) {
+            for (uint32_t k = 0; k < names->via.array.size; k++) {
+                const msgpack_object *nm = &names->via.array.ptr[k];
+                if (nm->type == MSGPACK_OBJECT_STR)
+                    printf("%s%.*s", k ? "," : "", (int)nm->via.str.size, nm->via.str.ptr);
+            }
+        }
+        printf("\n");
+    }
+}
+
+/* sbx image (import PATH [NAME] | pull REF [NAME] | list | inspect REF | rm REF) */
+static int
+v_image(struct gopts *g, int argc, char **argv)
+{
+    static const struct {
+        const char *verb, *op, *key;
+        int min, max;
+    } sub[] = {{"import", "image.import", "path", 2, 3}, {"pull", "image.pull", "ref", 2, 3},
+               {"list", "image.list", NULL, 1, 1},       {"inspect", "image.inspect", "image", 2, 2},
+               {"rm", "image.rm", "image", 2, 2}};
+    for (size_t i = 0; argc >= 1 && i < sizeof(sub) / sizeof(sub[0]); i++) {
+        if (strcmp(argv[0], sub[i].verb) != 0 || argc < sub[i].min || argc > sub[i].max)
+            continue;
+        sbx_args *a = sbx_args_new();
+        if (sub[i].key)
+            sbx_args_kstr(a, sub[i].key, argv[1]);
+        if (argc == 3)
+            sbx_args_kstr(a, "name", argv[2]);
+        return cli_call_enc(g, sub[i].op, NULL, a, sub[i].key ? NULL : human_images);
+    }
+    fprintf(stderr, "usage: sbx image (import PATH [NAME] | pull REF [NAME] | list | inspect REF "
+                    "| rm REF)\n");
+    return EXIT_USAGE;
 }
 
 static int
@@ -688,14 +750,18 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--memory 256M] [--pids N] [--cpu MILLICPUS]", NULL},
+    {"create", v_create, "ID [--image REF] [--memory 256M] [--pids N] [--cpu MILLICPUS]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
     {"cluster", v_cluster, "[status | drain NODE | undrain NODE]",
      "nodes, health, partitions and epochs of a cluster; drain a node (its partitions move away)"},
+    {"image", v_image, "(import PATH [NAME] | pull REF [NAME] | list | inspect REF | rm REF)",
+     "the node's image store (docs/images.md): PATH is on the server's machine"},
     {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
+    {"mcp", v_mcp, "", "serve the Model Context Protocol on stdin/stdout: sandbox tools for AI agents "
+                       "(docs/mcp.md)"},
     {"help", v_help, "[OP|VERB]", "this help; with OP or VERB: its arguments, units, bounds"},
     {NULL, NULL, NULL, NULL},
 };

@@ -59,6 +59,8 @@ interp_dir_default(void)
     return sbx_xstrdup(real);
 }
 
+/* The agent: next to sbxd (the build tree), else ../libexec/sbx/ from it
+ * (an install); the first path when neither exists (the error names it). */
 static char *
 agent_next_to_self(void)
 {
@@ -67,9 +69,15 @@ agent_next_to_self(void)
     if (n <= 0)
         return sbx_xstrdup("sbx-agent");
     self[n] = '\0';
-    char buf[PATH_MAX + 16];
-    snprintf(buf, sizeof(buf), "%s/sbx-agent", dirname(self));
-    return sbx_xstrdup(buf);
+    char buf[PATH_MAX + 32];
+    const char *dir = dirname(self);
+    snprintf(buf, sizeof(buf), "%s/sbx-agent", dir);
+    if (access(buf, X_OK) == 0)
+        return sbx_xstrdup(buf);
+    /* An install (make install): PREFIX/bin/sbxd, PREFIX/libexec/sbx/sbx-agent. */
+    char alt[PATH_MAX + 32];
+    snprintf(alt, sizeof(alt), "%s/../libexec/sbx/sbx-agent", dir);
+    return sbx_xstrdup(access(alt, X_OK) == 0 ? alt : buf);
 }
 
 /* --relay-secret-file: the secret from a file (not on the command line,
@@ -445,9 +453,25 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
     return rc ? rc : k ? 0 : -EINVAL;
 }
 
+/* --log-format, which every command takes (`sbxd dev` passes it on to its
+ * shards with the shard options); read into a local `log_format`. */
+#define LOG_FORMAT_OPT                                                                        \
+    {"log-format", SBX_OPT_STR, &log_format,                                                  \
+     "log lines as text or json (one object per line: docs/operations.md)"}
+
+/* Apply --log-format; 0, or 2 with the reason printed. */
+static int
+set_log_format(const char *log_format, const char *cmd)
+{
+    if (sbx_log_set_format(log_format) == 0)
+        return 0;
+    fprintf(stderr, "%s: --log-format must be text or json, not '%s'\n", cmd, log_format);
+    return 2;
+}
+
 /* The options a shard takes; `sbxd dev` takes them too and passes them on. */
 #define SHARD_OPTS(c)                                                                         \
-    {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd)"},         \
+    {"agent", SBX_OPT_STR, &(c)->agent, "path of sbx-agent (default: next to sbxd, or ../libexec/sbx/)"},         \
         {"interp", SBX_OPT_STR, &(c)->interp,                                                 \
          "interpreter drivers directory (default: ../share/sbx/interp from sbxd)"},           \
         {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
@@ -476,6 +500,10 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
          "how long a request id's recorded reply is kept for retries (10m)"},                \
         {"etc", SBX_OPT_LIST, &(c)->etc, "/etc entry bound read-only into sandboxes (repeat)"}, \
         {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
+        {"images", SBX_OPT_STR, &(c)->images,                                                 \
+         "the node's image store (default <data>/images; dev: one for all shards)"},          \
+        {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
+         "ready containers kept per image sandboxes are being created from (0: none)"},      \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
@@ -486,7 +514,8 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
         {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,                                 \
          "file holding the relay secret (preferred to --relay-secret)"},                     \
         {"relay-secret", SBX_OPT_STR, &(c)->relay_secret,                                     \
-         "secret gateways must present to preview relays (tcp relays)"}
+         "secret gateways must present to preview relays (tcp relays)"},                     \
+        LOG_FORMAT_OPT
 
 static int
 cmd_shard(int argc, char **argv)
@@ -495,6 +524,7 @@ cmd_shard(int argc, char **argv)
     bool help = false, sweep = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
+    char *log_format = NULL;
     sbx_shard_conf_defaults(&c);
     /* --etc/--env given on the command line replace the defaults. */
     struct sbx_opt opts[] = {
@@ -546,9 +576,17 @@ cmd_shard(int argc, char **argv)
         fprintf(stderr, "sbxd shard: %s\n", why);
         sbx_shard_conf_free(&c);
         free(relay_secret_file);
+        free(log_format);
         return 2;
     }
     free(rest);
+    int frc = set_log_format(log_format, "sbxd shard");
+    free(log_format);
+    if (frc) {
+        free(relay_secret_file);
+        sbx_shard_conf_free(&c);
+        return frc;
+    }
     int lrc = load_secret(relay_secret_file, &c.relay_secret, "sbxd shard");
     free(relay_secret_file);
     if (lrc) {
@@ -721,6 +759,7 @@ cmd_gateway(int argc, char **argv)
     bool help = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
+    char *log_format = NULL;
     c.name = sbx_xstrdup("gw");
     c.listen = sbx_xstrdup(DEFAULT_LISTEN);
     c.contexts = 1024;
@@ -741,6 +780,7 @@ cmd_gateway(int argc, char **argv)
         {"relay-secret", SBX_OPT_STR, &c.relay_secret, "secret of the shards' preview relays"},
         {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,
          "file holding the relay secret (preferred to --relay-secret)"},
+        LOG_FORMAT_OPT,
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };
@@ -759,6 +799,8 @@ cmd_gateway(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd gateway", -1);
+    if ((rc = set_log_format(log_format, "sbxd gateway")) != 0)
+        goto out;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -784,6 +826,7 @@ out:
     free(c.etcd);
     free(c.cluster);
     free(relay_secret_file);
+    free(log_format);
     sbx_strv_free(c.shards);
     return rc;
 }
@@ -848,6 +891,7 @@ cmd_dev(int argc, char **argv)
     bool help = false;
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
+    char *log_format = NULL;
     sbx_shard_conf_defaults(&c);
     sbx_strv_free(c.etc);
     sbx_strv_free(c.env);
@@ -894,6 +938,8 @@ cmd_dev(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd dev", -1);
+    if ((rc = set_log_format(log_format, "sbxd dev")) != 0)
+        goto out;
     if (geteuid() != 0) {
         sbx_log_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
         rc = 1;
@@ -999,6 +1045,10 @@ cmd_dev(int argc, char **argv)
         snprintf(buf, sizeof(buf), "--listen=ipc://%s/s%d.sock", absdata, i);
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--data=%s/s%d", absdata, i);
+        argv_add(&av, &n, buf);
+        /* One image store for the node, shared by its shards (docs/images.md);
+         * an --images given below replaces it. */
+        snprintf(buf, sizeof(buf), "--images=%s/images", absdata);
         argv_add(&av, &n, buf);
         /* Distinct host uid ranges per shard: from --uid-base when given,
          * else each shard takes a free range itself (uid_range_lock). */
@@ -1145,6 +1195,7 @@ out:
     free(gc.http);
     free(gc.api_keys);
     free(relay_secret_file);
+    free(log_format);
     sbx_shard_conf_free(&c);
     return rc;
 }

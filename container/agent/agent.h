@@ -35,6 +35,7 @@
 
 #define AGENT_CHAN_FD 3
 #define AGENT_INTERP_TREE_FD 4 /* container/spawn.c SPAWN_INTERP_FD */
+#define AGENT_MAX_LAYERS 253   /* image layers: one SCM_RIGHTS message (container/spawn.c) */
 
 /* Configuration sent by the shard in the first frame (spawn.c builds it). */
 struct agent_cfg {
@@ -56,15 +57,32 @@ struct agent_cfg {
     bool interp_tree;        /* argv "--interp-tree": a detached copy of that directory's mount
                                 (open_tree(2), made by the shard) is at AGENT_INTERP_TREE_FD */
     char **env;              /* base environment "K=V", NULL-terminated */
+    /* argv "--image" (container/spawn.c sbx_container_start_image): the root
+     * is an overlay of the image's layers, received after the configuration
+     * (agent_image_recv) as idmapped detached mounts, bottom first. */
+    int nlayers;
+    int layer_fds[AGENT_MAX_LAYERS];
+    char **image_env;        /* the image config's Env "K=V" (over env), NULL-terminated */
+    char image_workdir[512]; /* its WorkingDir ("" none): created, and the agent's cwd */
 };
 
 /* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"
  * (runtime/error.h; agent_setup_step recovers the step alone). */
-int agent_setup(const struct agent_cfg *cfg, sbx_err_t *err);
+int agent_setup(struct agent_cfg *cfg, sbx_err_t *err);
 /* setup.c: the step of a failed agent_setup into step[steplen] (cut to fit):
  * its message without the ": <strerror>" sbx_err_make appended, for the ready
  * frame's "step" field, which container/spawn.c prints beside "message". */
 void agent_setup_step(const struct sbx_err_s *err, char *step, size_t steplen);
+/* setup.c: with argv "--image", read the image frame {layers, env,
+ * workdir, user} and the byte carrying the layers' descriptors
+ * (SCM_RIGHTS) from chan into cfg (container/spawn.c image_send), and put
+ * the image's Env over cfg->env.  0 or a negative code. */
+int agent_image_recv(struct agent_cfg *cfg, int chan);
+/* setup.c: the directory commands, processes and sessions start in when
+ * they name none: the image's WorkingDir in an image sandbox that has one
+ * (docs/images.md), else /workspace.  Static or a's storage. */
+struct agent;
+const char *agent_default_cwd(const struct agent *a);
 /* setup.c: parse the configuration frame; 0 or SBX_E_MALFORMED. */
 int agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root);
 void agent_cfg_free(struct agent_cfg *cfg);

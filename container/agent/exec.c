@@ -412,7 +412,7 @@ job_start(struct agent *a, struct exec_args *ea, struct job **out, sbx_err_t *er
     char **env = NULL;
     struct job *j = NULL;
 
-    const char *cwd = ea->cwd ? ea->cwd : "/workspace";
+    const char *cwd = ea->cwd ? ea->cwd : agent_default_cwd(a);
     struct stat st;
     if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode)) {
         return sbx_err_make(err, SBX_E_VALIDATION, "cwd '%s' is not a directory in the sandbox",

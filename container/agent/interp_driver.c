@@ -497,7 +497,9 @@ interp_driver_paths(int kind, const char **bin, const char **script, sbx_err_t *
                 *bin = nodes[i];
     }
     if (!*bin)
-        return sbx_err_make(err, na, "%s is not installed on the host",
+        return sbx_err_make(err, na,
+                            "%s is not installed in the sandbox (its /usr: the host's, or its "
+                            "image's)",
                             kind == K_PY ? "python3" : "node");
     return 0;
 }

@@ -730,6 +730,14 @@ main(int argc, char **argv)
     /* container/spawn.c: the drivers' tree at AGENT_INTERP_TREE_FD */
     a.cfg.interp_tree = argc > 1 && !strcmp(argv[1], "--interp-tree");
     free(cfgbuf);
+    /* container/spawn.c sbx_container_start_image: the image's layers follow. */
+    if (rc == 0 && argc > 1 && !strcmp(argv[argc - 1], "--image")) {
+        rc = agent_image_recv(&a.cfg, a.chan);
+        if (rc) {
+            report_setup(a.chan, rc, "receive the image's layers");
+            return 1;
+        }
+    }
     if (rc) {
         report_setup(a.chan, rc, "parse the configuration");
         return 1;

@@ -345,7 +345,7 @@ session_state(struct agent *a, void *arg, int rc, int status, struct outcap *out
         off += len + 1;
     }
     char **merged = agent_env_merge(env, p->ea.env);
-    launch(p, merged, p->ea.cwd ? p->ea.cwd : (cwd && *cwd ? cwd : "/workspace"));
+    launch(p, merged, p->ea.cwd ? p->ea.cwd : (cwd && *cwd ? cwd : agent_default_cwd(p->a)));
     agent_env_free(merged);
     agent_env_free(env);
     free(cwd);
@@ -441,7 +441,7 @@ agent_op_process_start(struct agent *a, struct agent_req *r)
         return;
     }
     char **env = agent_env_merge(a->env, p->ea.env);
-    launch(p, env, p->ea.cwd ? p->ea.cwd : "/workspace");
+    launch(p, env, p->ea.cwd ? p->ea.cwd : agent_default_cwd(a));
     agent_env_free(env);
 }
 

@@ -113,7 +113,7 @@ session_start_shell(struct session *s)
      * that fd is not a terminal.  The pty is never made its controlling tty. */
     if ((rc = agent_openpty(&pjunk[0], &pjunk[1])) != 0)
         goto out;
-    const char *cwd = s->cwd ? s->cwd : "/workspace";
+    const char *cwd = s->cwd ? s->cwd : agent_default_cwd(a);
     struct stat st;
     if (stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode))
         cwd = "/workspace";

@@ -143,13 +143,108 @@ agent_cfg_free(struct agent_cfg *cfg)
 {
     strv_free(cfg->etc);
     strv_free(cfg->env);
+    strv_free(cfg->image_env);
+    for (int k = 0; k < cfg->nlayers; k++)
+        if (cfg->layer_fds[k] >= 0)
+            close(cfg->layer_fds[k]);
     for (int k = 0; k < cfg->nbpf; k++)
         free(cfg->bpf[k].p);
     memset(cfg, 0, sizeof(*cfg));
 }
 
+int
+agent_image_recv(struct agent_cfg *cfg, int chan)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    sbx_msg m;
+    int64_t n = 0;
+    int rc = sbx_frame_recv_blocking(chan, 1u << 20, &buf, &len);
+    if (rc)
+        return rc;
+    rc = sbx_wire_decode(&m, buf, len, &sbx_wire_limits_request);
+    if (rc) {
+        free(buf);
+        return SBX_E_MALFORMED;
+    }
+    sbx_str s;
+    if (sbx_wire_get_i64(m.root, "layers", &n) != 0 || n < 1 || n > AGENT_MAX_LAYERS)
+        rc = SBX_E_MALFORMED;
+    cfg->image_env = strv_from(sbx_wire_get(m.root, "env"));
+    if (sbx_wire_get_str(m.root, "workdir", &s) == 0 && s.n && s.n < sizeof(cfg->image_workdir) &&
+        s.p[0] == '/' && !memchr(s.p, '\0', s.n))
+        sbx_str_copy(s, cfg->image_workdir, sizeof(cfg->image_workdir));
+    sbx_wire_msg_free(&m);
+    free(buf); /* the decoded message pointed into it */
+    if (rc)
+        return rc;
+    /* The descriptors ride on one byte (container/spawn.c image_send). */
+    char byte = 0;
+    struct iovec io = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char b[CMSG_SPACE(sizeof(int) * AGENT_MAX_LAYERS)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = u.b,
+                        .msg_controllen = sizeof(u.b)};
+    ssize_t r;
+    while ((r = recvmsg(chan, &mh, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
+    if (!cm || cm->cmsg_type != SCM_RIGHTS ||
+        cm->cmsg_len != CMSG_LEN(sizeof(int) * (size_t)n) || byte != 'L')
+        return r < 0 ? -errno : SBX_E_MALFORMED;
+    memcpy(cfg->layer_fds, CMSG_DATA(cm), sizeof(int) * (size_t)n);
+    cfg->nlayers = (int)n;
+    /* The image's Env over the base environment, name by name. */
+    for (char **p = cfg->image_env; p && *p; p++) {
+        const char *eq = strchr(*p, '=');
+        if (!eq || eq == *p)
+            continue;
+        size_t k = (size_t)(eq - *p), cnt = 0;
+        for (char **q = cfg->env; q && *q; q++)
+            cnt++;
+        bool replaced = false;
+        for (size_t i = 0; i < cnt; i++) {
+            if (!strncmp(cfg->env[i], *p, k + 1)) {
+                free(cfg->env[i]);
+                cfg->env[i] = sbx_xstrdup(*p);
+                replaced = true;
+            }
+        }
+        if (!replaced) {
+            cfg->env = sbx_xrealloc(cfg->env, (cnt + 2) * sizeof(char *));
+            cfg->env[cnt] = sbx_xstrdup(*p);
+            cfg->env[cnt + 1] = NULL;
+        }
+    }
+    return 0;
+}
+
+const char *
+agent_default_cwd(const struct agent *a)
+{
+    return a->cfg.image_workdir[0] ? a->cfg.image_workdir : "/workspace";
+}
+
 /* ------------------------------------------------------------------------------ */
 /* Mount helpers. */
+
+/* mkdir that accepts an existing directory (an image brings its own /dev,
+ * /proc, /etc …). */
+static int
+mkdir_ok(const char *path, mode_t mode)
+{
+    struct stat st;
+    if (mkdir(path, mode) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -1;
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    errno = ENOTDIR;
+    return -1;
+}
 
 static int
 set_attr(const char *path, uint64_t attr, bool recursive)
@@ -299,7 +394,7 @@ setup_dev(const struct agent_cfg *cfg, sbx_err_t *err)
      * superblock costs each memory cgroup on the host a slot in its shrinker
      * map, so per-sandbox superblocks make the kernel's memory per sandbox
      * grow with the number of sandboxes (docs/benchmarks.md, "Density"). */
-    STEP(mkdir(NEWROOT "/dev", 0755) == 0, "mkdir /dev");
+    STEP(mkdir_ok(NEWROOT "/dev", 0755) == 0, "mkdir /dev");
     STEP(mount(NEWROOT "/dev", NEWROOT "/dev", NULL, MS_BIND, NULL) == 0, "bind /dev");
     STEP(set_attr(NEWROOT "/dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
                   false) == 0,
@@ -318,16 +413,16 @@ setup_dev(const struct agent_cfg *cfg, sbx_err_t *err)
         STEP(set_attr(dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false) == 0,
              "restrict /dev/%s", nodes[i]);
     }
-    STEP(mkdir(NEWROOT "/dev/pts", 0755) == 0, "mkdir /dev/pts");
+    STEP(mkdir_ok(NEWROOT "/dev/pts", 0755) == 0, "mkdir /dev/pts");
     STEP(mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
                "newinstance,ptmxmode=0666,mode=0620") == 0,
          "mount devpts");
     STEP(symlink("pts/ptmx", NEWROOT "/dev/ptmx") == 0, "link /dev/ptmx");
-    STEP(mkdir(NEWROOT "/dev/shm", 01777) == 0, "mkdir /dev/shm");
+    STEP(mkdir_ok(NEWROOT "/dev/shm", 01777) == 0, "mkdir /dev/shm");
     snprintf(opts, sizeof(opts), "size=%llu,mode=1777", (unsigned long long)cfg->shm_size);
     STEP(mount("tmpfs", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
          "mount /dev/shm");
-    STEP(mkdir(NEWROOT "/dev/mqueue", 0755) == 0, "mkdir /dev/mqueue");
+    STEP(mkdir_ok(NEWROOT "/dev/mqueue", 0755) == 0, "mkdir /dev/mqueue");
     /* POSIX message queues of our IPC namespace (best effort: optional fs). */
     if (mount("mqueue", NEWROOT "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               NULL) < 0 && errno != ENODEV)
@@ -350,7 +445,7 @@ setup_proc(sbx_err_t *err)
     /* A procfs of our own pid namespace.  It must be mounted before anything
      * is masked: the kernel refuses a new procfs in a user namespace when the
      * existing one is partly hidden (fs/namespace.c mount_too_revealing). */
-    STEP(mkdir(NEWROOT "/proc", 0555) == 0, "mkdir /proc");
+    STEP(mkdir_ok(NEWROOT "/proc", 0555) == 0, "mkdir /proc");
     STEP(mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0,
          "mount /proc");
     /* Masked like crun's defaults (src/libcrun/spec.c): kernel memory,
@@ -373,7 +468,7 @@ setup_proc(sbx_err_t *err)
      * root tmpfs (which stays empty: no sysfs), rather than a tmpfs each —
      * see setup_dev on what a superblock per sandbox costs. */
     static const char *const dirs[] = {"acpi", "scsi", "asound", "driver"};
-    STEP(mkdir(NEWROOT "/sys", 0555) == 0, "mkdir /sys");
+    STEP(mkdir_ok(NEWROOT "/sys", 0555) == 0, "mkdir /sys");
     for (size_t i = 0; i < SBX_ARRAY_LEN(dirs); i++) {
         char dst[64];
         snprintf(dst, sizeof(dst), NEWROOT "/proc/%s", dirs[i]);
@@ -436,6 +531,116 @@ setup_rw(const struct agent_cfg *cfg, sbx_err_t *err)
     STEP(symlink("/tmp", NEWROOT "/var/tmp") == 0, "link /var/tmp");
     STEP(symlink("/run", NEWROOT "/var/run") == 0, "link /var/run");
 out:
+    return rc;
+}
+
+/*
+ * 3'. The root of an image sandbox (docs/images.md): an overlayfs whose
+ * lower dirs are the image's layers — detached mounts the shard made
+ * read-only and idmapped to our user namespace (container/spawn.c), so a
+ * file of host uid 0 is our root's — and whose upper dir is the sandbox's
+ * writable layer, on a tmpfs of the sandbox's disk quota (size=, nr_inodes=:
+ * the same quota as /workspace, /tmp and /home of a host-/usr sandbox, and
+ * those live in the overlay here).  It is mounted from inside our user
+ * namespace, which overlayfs allows since Linux 5.11, with `userxattr`: its
+ * opaque and redirect markers are user.overlay.* xattrs
+ * (Documentation/filesystems/overlayfs.rst, "User xattr"), which is how
+ * container/image_unpack.c writes opaque directories.  The tmpfs is
+ * mounted at NEWROOT, the overlay on a directory of it, and then moved
+ * onto NEWROOT, over the tmpfs, so every later step builds on the overlay.
+ */
+static int
+setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
+{
+    int rc = 0;
+    char opts[96], path[64];
+    char *lower = NULL;
+    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
+             (unsigned long long)cfg->rw_size, (unsigned long long)cfg->rw_inodes);
+    STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
+         "mount the writable layer's tmpfs");
+    STEP(mkdir(NEWROOT "/upper", 0755) == 0 && mkdir(NEWROOT "/work", 0755) == 0 &&
+             mkdir(NEWROOT "/root", 0755) == 0,
+         "mkdir the overlay's directories");
+    size_t cap = (size_t)cfg->nlayers * 24 + 128, o = 0;
+    lower = sbx_xmalloc(cap);
+    o += (size_t)snprintf(lower, cap, "lowerdir=");
+    for (int i = 0; i < cfg->nlayers; i++) {
+        snprintf(path, sizeof(path), NEWROOT "/l%d", i);
+        STEP(mkdir(path, 0755) == 0, "mkdir %s", path);
+        STEP(syscall(SYS_move_mount, cfg->layer_fds[i], "", AT_FDCWD, path,
+                     MOVE_MOUNT_F_EMPTY_PATH) == 0,
+             "attach image layer %d", i);
+        close(cfg->layer_fds[i]);
+        cfg->layer_fds[i] = -1;
+    }
+    /* lowerdir lists the top layer first. */
+    for (int i = cfg->nlayers - 1; i >= 0; i--)
+        o += (size_t)snprintf(lower + o, cap - o, "%s" NEWROOT "/l%d",
+                              i == cfg->nlayers - 1 ? "" : ":", i);
+    snprintf(lower + o, cap - o, ",upperdir=" NEWROOT "/upper,workdir=" NEWROOT "/work,userxattr");
+    STEP(mount("overlay", NEWROOT "/root", "overlay", MS_NOSUID | MS_NODEV, lower) == 0,
+         "mount the image's overlay");
+    /* The overlay holds its own references to the layers. */
+    for (int i = 0; i < cfg->nlayers; i++) {
+        snprintf(path, sizeof(path), NEWROOT "/l%d", i);
+        umount2(path, MNT_DETACH);
+    }
+    /* /dev and /sys start empty whatever the image holds there (a rootfs
+     * tarball carries /dev/fd, /dev/null …): empty directories of the tmpfs
+     * bound over them, moved with the overlay below (setup_dev and
+     * setup_proc then build on them as on the host-/usr root's). */
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } fresh[] = {{"dev", 0755}, {"sys", 0555}};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(fresh); i++) {
+        char src[64], dst[64];
+        snprintf(src, sizeof(src), NEWROOT "/empty-%s", fresh[i].name);
+        snprintf(dst, sizeof(dst), NEWROOT "/root/%s", fresh[i].name);
+        STEP(mkdir(src, fresh[i].mode) == 0 && chmod(src, fresh[i].mode) == 0, "mkdir %s", src);
+        STEP(mkdir_ok(dst, fresh[i].mode) == 0, "mkdir /%s", fresh[i].name);
+        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind an empty /%s", fresh[i].name);
+    }
+    STEP(mount(NEWROOT "/root", NEWROOT, NULL, MS_MOVE, NULL) == 0,
+         "move the overlay onto the new root");
+
+    /* Generated files over the image's: no host name or resolver leaks in;
+     * its passwd and group stay (they name its users). */
+    char hosts[256];
+    snprintf(hosts, sizeof(hosts), "127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n",
+             cfg->hostname);
+    const char *gen[][2] = {{"hosts", hosts},
+                            {"hostname", cfg->hostname},
+                            {"resolv.conf", "# sbx sandboxes have no network beyond loopback\n"}};
+    STEP(mkdir_ok(NEWROOT "/etc", 0755) == 0, "mkdir /etc");
+    for (size_t i = 0; i < SBX_ARRAY_LEN(gen); i++) {
+        char dst[64];
+        snprintf(dst, sizeof(dst), NEWROOT "/etc/%s", gen[i][0]);
+        if (unlink(dst) < 0 && errno != ENOENT)
+            STEP(0, "replace /etc/%s", gen[i][0]);
+        rc = write_text(dst, gen[i][1], 0644);
+        if (rc) {
+            sbx_err_make(err, rc, "write /etc/%s", gen[i][0]);
+            goto out;
+        }
+    }
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } dirs[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}, {"root", 0700},
+                {"run", 0755}, {"opt", 0755}};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(dirs); i++) {
+        char d[64];
+        snprintf(d, sizeof(d), NEWROOT "/%s", dirs[i].name);
+        STEP(mkdir_ok(d, dirs[i].mode) == 0, "mkdir /%s", dirs[i].name);
+    }
+    STEP(chmod(NEWROOT "/tmp", 01777) == 0, "chmod /tmp");
+    STEP(mount("tmpfs", NEWROOT "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               "size=32m,nr_inodes=4096,mode=0755") == 0,
+         "mount /run");
+out:
+    free(lower);
     return rc;
 }
 
@@ -568,7 +773,7 @@ agent_setup_step(const struct sbx_err_s *err, char *step, size_t steplen)
 }
 
 int
-agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
+agent_setup(struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     int interp_fd = -1;
@@ -597,7 +802,13 @@ agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
                 : cfg->interp_dir[0] ? open(cfg->interp_dir, O_PATH | O_DIRECTORY | O_CLOEXEC)
                                      : -1;
 
-    /* 3. The new root: a small tmpfs, read-only once built. */
+    /* 3. The new root: a small tmpfs, read-only once built; or for an image
+     *    sandbox, the image's overlay (setup_image_root). */
+    if (cfg->nlayers > 0) {
+        if ((rc = setup_image_root(cfg, err)) != 0)
+            goto out;
+        goto common;
+    }
     STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") == 0,
          "mount the root tmpfs");
     STEP(mkdir(NEWROOT "/usr", 0755) == 0, "mkdir /usr");
@@ -618,6 +829,7 @@ agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
         goto out;
     if ((rc = setup_rw(cfg, err)) != 0)
         goto out;
+common:
     if ((rc = setup_dev(cfg, err)) != 0)
         goto out;
     if ((rc = setup_proc(err)) != 0)
@@ -626,12 +838,12 @@ agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
     for (size_t i = 0; i < SBX_ARRAY_LEN(empty); i++) {
         char d[64];
         snprintf(d, sizeof(d), NEWROOT "/%s", empty[i]);
-        STEP(mkdir(d, 0755) == 0, "mkdir /%s", empty[i]);
+        STEP(mkdir_ok(d, 0755) == 0, "mkdir /%s", empty[i]);
     }
 
     /* The interpreter drivers (code contexts), read-only, when installed. */
     if (interp_fd >= 0 && tree) {
-        STEP(mkdir(NEWROOT "/opt/sbx", 0755) == 0, "mkdir /opt/sbx");
+        STEP(mkdir_ok(NEWROOT "/opt/sbx", 0755) == 0, "mkdir /opt/sbx");
         STEP(syscall(SYS_move_mount, interp_fd, "", AT_FDCWD, NEWROOT "/opt/sbx",
                      MOVE_MOUNT_F_EMPTY_PATH) == 0,
              "attach the interpreter drivers at /opt/sbx");
@@ -661,7 +873,9 @@ agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
     STEP(syscall(SYS_pivot_root, ".", ".") == 0, "pivot_root");
     STEP(umount2(".", MNT_DETACH) == 0, "detach the old root");
     STEP(chdir("/") == 0, "chdir /");
-    STEP(set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false) == 0,
+    /* An image's root stays writable: its upper layer is the sandbox's. */
+    STEP(set_attr("/", (cfg->nlayers ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID |
+                           MOUNT_ATTR_NODEV, false) == 0,
          "make the root read-only");
 
     /* 5. The network namespace is empty: only lo, brought up. */
@@ -675,6 +889,9 @@ agent_setup(const struct agent_cfg *cfg, sbx_err_t *err)
     if (getsid(0) != getpid())
         STEP(setsid() >= 0, "setsid");
     umask(022);
+    /* An image's WorkingDir exists in its sandbox (Docker creates it too). */
+    if (cfg->image_workdir[0])
+        STEP(sbx_mkdir_p(cfg->image_workdir, 0755) == 0, "mkdir %s", cfg->image_workdir);
     STEP(chdir("/workspace") == 0, "chdir /workspace");
 
     /* 7. Privileges, last: nothing after this needs any. */

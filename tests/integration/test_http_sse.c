@@ -503,8 +503,9 @@ Test(openapi, document_matches_the_routes, .timeout = 300)
      * is listed; shard-to-shard operations and the front's own helpers are
      * neither listed nor served. */
     for (const struct sbx_op_def *d = sbx_ops; d->name; d++) {
-        char *p = d->flags & SBX_OP_GLOBAL ? hfmt("/v1/%s", d->name)
-                                           : hfmt("/v1/sandboxes/{sandbox}/%s", d->name);
+        char *p = d->flags & (SBX_OP_GLOBAL | SBX_OP_NODE)
+                      ? hfmt("/v1/%s", d->name)
+                      : hfmt("/v1/sandboxes/{sandbox}/%s", d->name);
         if (d->flags & (SBX_OP_INTERNAL | SBX_OP_FRONT)) {
             cr_expect(!json_object_get(paths, p), "%s is in the document", p);
             char *served = hfmt("/v1/sandboxes/%s/%s", "some-box", d->name);

@@ -1,12 +1,14 @@
 /*
- * test_libsbx.c — libsbx as a user gets it: `make install` into a private
+ * test_libsbx.c — libsbx as a user gets it: `make install-lib` (the client
+ * library part of `make install`, which also installs the daemon: that is
+ * tests/install/run-tests.sh) into a private
  * prefix, a small program built with `pkg-config --cflags --libs sbx`
  * against the installed header and library alone (shared, then static),
  * run against the test daemon.  Also: both libraries export only the public
  * API (include/sbx/sbx.h, result.h), and DESTDIR stages an install for
  * PREFIX.
  *
- * The tree is the current directory ($SBX_SRC overrides); `make install`
+ * The tree is the current directory ($SBX_SRC overrides); `make install-lib`
  * builds the release client objects if they are missing, so the first run
  * takes a while.  Everything goes into a mkdtemp directory removed at the
  * end, whatever happens.
@@ -144,8 +146,11 @@ Test(libsbx, installed_copy_builds_with_pkg_config_and_runs, .timeout = 900)
     char *out = NULL;
     snprintf(tmp, sizeof(tmp), "/tmp/sbx-libsbx-%sXXXXXX", test_prefix());
     cr_assert_not_null(mkdtemp(tmp), "mkdtemp");
-    int st = sh(&out, "make -s --no-print-directory -C '%s' install PREFIX='%s/usr' 2>&1",
-                src_dir(), tmp);
+    /* flock: tests/install/run-tests.sh builds the same lib/ files; two makes at once
+     * would write them together. */
+    int st = sh(&out, "mkdir -p '%s/build' && flock '%s/build/install.lock' make -s "
+                      "--no-print-directory -C '%s' install-lib PREFIX='%s/usr' 2>&1",
+                src_dir(), src_dir(), src_dir(), tmp);
     cr_assert_eq(st, 0, "make install failed (%d):\n%s", st, out);
     free(out);
     char usr[320];
@@ -249,8 +254,9 @@ Test(libsbx, installed_copy_builds_with_pkg_config_and_runs, .timeout = 900)
     free(id);
 
     /* DESTDIR stages the files of an install for another PREFIX. */
-    st = sh(&out, "make -s --no-print-directory -C '%s' install DESTDIR='%s/stage' "
-                  "PREFIX=/opt/sbx 2>&1", src_dir(), tmp);
+    st = sh(&out, "flock '%s/build/install.lock' make -s --no-print-directory -C '%s' "
+                  "install-lib DESTDIR='%s/stage' "
+                  "PREFIX=/opt/sbx 2>&1", src_dir(), src_dir(), tmp);
     cr_assert_eq(st, 0, "make install DESTDIR failed:\n%s", out);
     free(out);
     char stage[320];

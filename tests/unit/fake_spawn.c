@@ -225,6 +225,16 @@ sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_co
     return 0;
 }
 
+/* Image sandboxes are not scripted here: a fake container like the others. */
+int
+sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
+                          const struct sbx_image_root *img, struct sbx_container *c, char *why,
+                          size_t whylen)
+{
+    (void)img;
+    return sbx_container_start(sp, lim, c, why, whylen);
+}
+
 void
 sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
 {

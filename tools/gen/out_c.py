@@ -9,7 +9,7 @@ from . import schema as S
 C_FLAGS = {'sandbox': 'SBX_OP_SANDBOX', 'nocreate': 'SBX_OP_NOCREATE', 'nowake': 'SBX_OP_NOWAKE',
            'global': 'SBX_OP_GLOBAL', 'mutates': 'SBX_OP_MUTATES', 'stream': 'SBX_OP_STREAM',
            'internal': 'SBX_OP_INTERNAL', 'front': 'SBX_OP_FRONT', 'readonly': 'SBX_OP_READONLY',
-           'observe': 'SBX_OP_OBSERVE'}
+           'observe': 'SBX_OP_OBSERVE', 'node': 'SBX_OP_NODE'}
 # Which msgpack kinds each schema type accepts (runtime/ops.h enum sbx_arg_kind).
 KINDS = {'string': ['STR', 'BIN'], 'bytes': ['STR', 'BIN'], 'enum': ['STR'],
          'integer': ['INT'], 'number': ['INT', 'FLOAT'], 'boolean': ['BOOL'],

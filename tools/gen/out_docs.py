@@ -24,7 +24,7 @@ FAMILY_TITLE = {'exec': 'Commands', 'stream': 'Streams', 'session': 'Sessions',
                 'process': 'Background processes', 'file': 'Files', 'git': 'git',
                 'context': 'Code interpreter', 'terminal': 'Terminals', 'port': 'Preview URLs',
                 'preview': 'Preview URLs', 'env': 'Sandbox', 'sandbox': 'Sandbox',
-                'cluster': 'Deployment'}
+                'cluster': 'Deployment', 'image': 'Images'}
 
 
 def family(op):
@@ -96,7 +96,7 @@ def overview(sch):
         if 'internal' in op['flags'] or 'front' in op['flags']:
             continue
         fl = op['flags']
-        creates = '—' if 'global' in fl else ('no' if 'nocreate' in fl else 'yes')
+        creates = '—' if 'global' in fl or 'node' in fl else ('no' if 'nocreate' in fl else 'yes')
         routes = [op['rest']['canonical']] + op['rest']['aliases']
         rows.append(f"| `{op['name']}` | {op['layer']} | {creates} | "
                     f"{'yes' if 'mutates' in fl else ''} | {'no' if 'observe' in fl else ''} | "

@@ -37,7 +37,7 @@ JSON_TYPES = ('string', 'integer', 'number', 'boolean', 'object', 'array', 'null
 LAYERS = ('gateway', 'shard', 'agent')
 # The order is that of enum sbx_op_flags in runtime/ops.h ('agent' comes from the layer).
 FLAGS = ('sandbox', 'nocreate', 'nowake', 'global', 'mutates', 'stream', 'internal', 'front',
-         'readonly', 'observe')
+         'readonly', 'observe', 'node')
 UNITS = ('bytes', 'ms', 's', 'seconds-or-duration')
 FIELD_KEYS = {'type', 'doc', 'required', 'unit', 'min', 'max', 'max_len', 'default', 'items',
               'values', 'enum', 'fields', 'additional', 'error'}
@@ -115,7 +115,7 @@ def _rest(op):
     flags = op['flags']
     if 'internal' in flags or 'front' in flags:
         canonical = None
-    elif 'global' in flags:
+    elif 'global' in flags or 'node' in flags:
         canonical = f"POST /v1/{op['name']}"
     else:
         canonical = f"POST /v1/sandboxes/{{sandbox}}/{op['name']}"

@@ -29,6 +29,8 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
     'GIT_CLONE_FAILED': 500,
     'GIT_NETWORK_ERROR': 502,
     'GIT_REPOSITORY_NOT_FOUND': 404,
+    'IMAGE_INVALID': 400,
+    'IMAGE_NOT_FOUND': 404,
     'INTERNAL_ERROR': 500,
     'INTERPRETER_NOT_READY': 503,
     'INVALID_GIT_URL': 400,
@@ -329,6 +331,8 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """never stopped for idleness"""
     lastExit: str
     """how the previous container ended, when it died"""
+    image: str
+    """the digest of the image it runs (docs/images.md); absent: the host's /usr"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
 
@@ -1456,6 +1460,8 @@ class CreateArgs(TypedDict, total=False):
 
     limits: 'CreateArgsLimits'
     """resource limits (default the shard's)"""
+    image: str
+    """an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes)"""
 
 
 class CreateResult(TypedDict, total=False):
@@ -1530,6 +1536,91 @@ class ClusterDrainArgs(_ClusterDrainArgsRequired, total=False):
 ClusterDrainResult = Dict[str, Any]
 
 
+class _ImageImportArgsRequired(TypedDict):
+    path: str
+    """absolute path on the server's machine (at most 4096 bytes)"""
+
+
+class ImageImportArgs(_ImageImportArgsRequired, total=False):
+    """Arguments of ``image.import``: import an image from a path on the server's machine (an OCI layout directory, a docker/podman save tarball or an OCI archive)."""
+
+    name: str
+    """the name to give it, repo:tag ([A-Za-z0-9._/:@-]) (at most 255 bytes)"""
+
+
+class ImageImportResult(TypedDict, total=False):
+    """Result of ``image.import``: the image"""
+
+    digest: str
+    """its manifest digest, sha256:<hex>"""
+    image: Dict[str, Any]
+    """what image.inspect answers"""
+
+
+class _ImagePullArgsRequired(TypedDict):
+    ref: str
+    """registry reference, e.g. docker.io/library/debian:bookworm (at most 255 bytes)"""
+
+
+class ImagePullArgs(_ImagePullArgsRequired, total=False):
+    """Arguments of ``image.pull``: pull an image from a registry (skopeo) into the node's store."""
+
+    name: str
+    """the name to give it (default: ref) (at most 255 bytes)"""
+
+
+class ImagePullResult(TypedDict, total=False):
+    """Result of ``image.pull``: the image"""
+
+    digest: str
+    """its manifest digest, sha256:<hex>"""
+    image: Dict[str, Any]
+    """what image.inspect answers"""
+
+
+#: Arguments of ``image.list``: the images of the node's store.
+ImageListArgs = Dict[str, Any]
+
+
+class ImageListResult(TypedDict, total=False):
+    """Result of ``image.list``: the images"""
+
+    images: List[Dict[str, Any]]
+    """every image"""
+
+
+class ImageInspectArgs(TypedDict):
+    """Arguments of ``image.inspect``: an image's names, layers and config (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts)."""
+
+    image: str
+    """a name, a digest, or a unique prefix of 12+ hex digits (at most 255 bytes)"""
+
+
+class ImageInspectResult(TypedDict, total=False):
+    """Result of ``image.inspect``: the image"""
+
+    digest: str
+    """its manifest digest, sha256:<hex>"""
+    image: Dict[str, Any]
+    """what image.inspect answers"""
+
+
+class ImageRmArgs(TypedDict):
+    """Arguments of ``image.rm``: remove an image's name (or, by digest, all its names), then collect unused layers."""
+
+    image: str
+    """a name, or a digest for all its names (at most 255 bytes)"""
+
+
+class ImageRmResult(TypedDict, total=False):
+    """Result of ``image.rm``: what was removed"""
+
+    success: bool
+    """true"""
+    removed: int
+    """images deleted now"""
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1583,6 +1674,11 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'list': (ListArgs, ListResult),
     'cluster.status': (ClusterStatusArgs, ClusterStatusResult),
     'cluster.drain': (ClusterDrainArgs, ClusterDrainResult),
+    'image.import': (ImageImportArgs, ImageImportResult),
+    'image.pull': (ImagePullArgs, ImagePullResult),
+    'image.list': (ImageListArgs, ImageListResult),
+    'image.inspect': (ImageInspectArgs, ImageInspectResult),
+    'image.rm': (ImageRmArgs, ImageRmResult),
 }
 
 __all__ += [
@@ -1697,4 +1793,14 @@ __all__ += [
     'ClusterStatusResult',
     'ClusterDrainArgs',
     'ClusterDrainResult',
+    'ImageImportArgs',
+    'ImageImportResult',
+    'ImagePullArgs',
+    'ImagePullResult',
+    'ImageListArgs',
+    'ImageListResult',
+    'ImageInspectArgs',
+    'ImageInspectResult',
+    'ImageRmArgs',
+    'ImageRmResult',
 ]

@@ -231,6 +231,9 @@ _SPEC = [
     ("GATEWAY_UNAVAILABLE", "GatewayUnavailable", (TransientError, builtins.ConnectionError), None, "(client side) the server could not be reached after the retries."),
     ("INVALID_RESPONSE", "InvalidResponse", (), None, "(client side) the server's answer could not be understood."),
     ("WEBSOCKET_ERROR", "WebSocketError", (), None, "(client side) the terminal WebSocket failed (handshake or framing)."),
+    # images (docs/images.md)
+    ("IMAGE_NOT_FOUND", "ImageNotFound", (), 404, "No such image in the node's store (or no such path to import)."),
+    ("IMAGE_INVALID", "ImageInvalid", (), 400, "The image is corrupt, tampered with, unsafe, or has no /bin/sh."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

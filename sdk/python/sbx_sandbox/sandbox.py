@@ -70,9 +70,11 @@ class SbxClient:
         return self._t.url
 
     def get_sandbox(self, sandbox_id: str, sleep_after: Union[str, int, None] = None,
-                    keep_alive: Optional[bool] = None) -> "Sandbox":
+                    keep_alive: Optional[bool] = None, image: Optional[str] = None) -> "Sandbox":
         """A handle on sandbox ``sandbox_id`` (see :func:`get_sandbox`)."""
         sb = Sandbox(self, sandbox_id)
+        if image is not None:
+            sb._call("create", {"image": image})
         if sleep_after is not None or keep_alive is not None:
             sb.configure(sleep_after=sleep_after, keep_alive=keep_alive)
         return sb
@@ -86,6 +88,31 @@ class SbxClient:
     def health(self) -> Dict[str, Any]:
         """``GET /v1/health`` -> ``{"ok": true}``."""
         return self._t.call_json("GET", self._t.path("v1", "health"), operation="health")
+
+    def _node(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
+        return self._t.call_json("POST", self._t.path("v1", op), args, operation=op)
+
+    def import_image(self, path: str, name: Optional[str] = None) -> Dict[str, Any]:
+        """``image.import`` (docs/images.md): ``path`` is on the *server's*
+        machine (an OCI layout directory or a docker/podman save tarball).
+        Returns ``{"digest", "image"}``; raises ImageInvalid / ImageNotFound."""
+        return self._node("image.import", {"path": path, **({"name": name} if name else {})})
+
+    def pull_image(self, ref: str, name: Optional[str] = None) -> Dict[str, Any]:
+        """``image.pull``: ``ref`` from a registry (skopeo on the server)."""
+        return self._node("image.pull", {"ref": ref, **({"name": name} if name else {})})
+
+    def list_images(self) -> List[Dict[str, Any]]:
+        """``image.list``: ``{digest, names, layers, size, created}`` dicts."""
+        return self._node("image.list", {}).get("images", [])
+
+    def inspect_image(self, image: str) -> Dict[str, Any]:
+        """``image.inspect``: ``{"digest", "image": {..., "config": {...}}}``."""
+        return self._node("image.inspect", {"image": image})
+
+    def remove_image(self, image: str) -> Dict[str, Any]:
+        """``image.rm``: a name, or a digest for all its names; ``{"removed"}``."""
+        return self._node("image.rm", {"image": image})
 
     def cluster_status(self) -> Dict[str, Any]:
         """Gateway and shard health (``cluster.status``, protocol.md 3)."""
@@ -106,7 +133,7 @@ class SbxClient:
 
 
 def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int, None] = None,
-                keep_alive: Optional[bool] = None) -> "Sandbox":
+                keep_alive: Optional[bool] = None, image: Optional[str] = None) -> "Sandbox":
     """A handle on sandbox ``sandbox_id`` (the SDK's ``getSandbox``).
 
     Nothing is sent unless an option is given: the sandbox is created by its
@@ -120,12 +147,16 @@ def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int,
             server's, 10 minutes).  Files, sessions and processes are lost
             when it stops; the next operation starts a fresh container.
         keep_alive: ``True`` disables idle stopping (call ``destroy()``).
+        image: an image of the node's store (name or digest, docs/images.md)
+            to run instead of the host's ``/usr``: sent with ``create`` now; a
+            sandbox that exists keeps its own image.
 
     Raises:
         errors.ValidationFailed: a bad ID or option (only when an option is
             given; otherwise on first use).
     """
-    return client.get_sandbox(sandbox_id, sleep_after=sleep_after, keep_alive=keep_alive)
+    return client.get_sandbox(sandbox_id, sleep_after=sleep_after, keep_alive=keep_alive,
+                              image=image)
 
 
 def _ms_timeout(timeout_ms: Optional[int], base: float) -> float:

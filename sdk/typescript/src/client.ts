@@ -203,6 +203,45 @@ export class SbxClient {
     return this.requestJson({ method: 'POST', path: '/v1/list', body: '{}', signal: options.signal, operation: 'list' });
   }
 
+  /**
+   * Call a node operation (`image.*`, docs/images.md): `POST /v1/{op}`,
+   * answered by the node's image store.
+   */
+  private nodeCall<T>(op: string, args: Record<string, unknown>, signal?: AbortSignal): Promise<T> {
+    return this.requestJson({ method: 'POST', path: `/v1/${op}`, body: JSON.stringify(args), signal, operation: op });
+  }
+
+  /**
+   * Import an image from `path`, a path on the server's machine: an OCI
+   * image layout directory, or a `docker save` / `podman save` tarball
+   * (`image.import`). Every blob is checked against its digest.
+   * @returns `{digest, image}` (what {@link inspectImage} answers).
+   * @throws IMAGE_INVALID (corrupt, tampered, unsafe, no /bin/sh), IMAGE_NOT_FOUND (no such path).
+   */
+  importImage(path: string, name?: string, options: { signal?: AbortSignal } = {}): Promise<{ digest: string; image: Record<string, unknown> }> {
+    return this.nodeCall('image.import', name === undefined ? { path } : { path, name }, options.signal);
+  }
+
+  /** Pull `ref` from a registry into the node's store (`image.pull`, skopeo on the server). */
+  pullImage(ref: string, name?: string, options: { signal?: AbortSignal } = {}): Promise<{ digest: string; image: Record<string, unknown> }> {
+    return this.nodeCall('image.pull', name === undefined ? { ref } : { ref, name }, options.signal);
+  }
+
+  /** The images of the node's store (`image.list`). */
+  listImages(options: { signal?: AbortSignal } = {}): Promise<{ images: Record<string, unknown>[] }> {
+    return this.nodeCall('image.list', {}, options.signal);
+  }
+
+  /** An image's names, layers and config (`image.inspect`). @throws IMAGE_NOT_FOUND */
+  inspectImage(image: string, options: { signal?: AbortSignal } = {}): Promise<{ digest: string; image: Record<string, unknown> }> {
+    return this.nodeCall('image.inspect', { image }, options.signal);
+  }
+
+  /** Remove a name (or, by digest, every name) of an image, then unused layers (`image.rm`). */
+  removeImage(image: string, options: { signal?: AbortSignal } = {}): Promise<{ success: boolean; removed: number }> {
+    return this.nodeCall('image.rm', { image }, options.signal);
+  }
+
   /** Gateway and shard health (`cluster.status`), see docs/protocol.md §3. */
   clusterStatus(options: { signal?: AbortSignal } = {}): Promise<Record<string, unknown>> {
     return this.requestJson({

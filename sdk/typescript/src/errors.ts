@@ -209,6 +209,10 @@ export class RequestTooLargeError extends SandboxError {}
 export class UnauthorizedError extends SandboxError {}
 /** `INTERNAL_ERROR` / `STORAGE_ERROR` (500): a server bug or a metadata write that failed. */
 export class InternalError extends SandboxError {}
+/** `IMAGE_NOT_FOUND` (404): no such image in the node's store (or no such path to import; docs/images.md). */
+export class ImageNotFoundError extends SandboxError {}
+/** `IMAGE_INVALID` (400): the image is corrupt, tampered with, unsafe, or has no /bin/sh. */
+export class ImageInvalidError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -273,6 +277,8 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   UNAUTHORIZED: UnauthorizedError,
   INTERNAL_ERROR: InternalError,
   STORAGE_ERROR: InternalError,
+  IMAGE_NOT_FOUND: ImageNotFoundError,
+  IMAGE_INVALID: ImageInvalidError,
 });
 
 /**

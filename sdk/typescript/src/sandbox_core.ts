@@ -126,15 +126,25 @@ export class SandboxCore {
   // -------------------------------------------------------------------------
   // Plumbing
 
-  /** @internal Send `sandbox.configure` once, before the first operation, when options ask for it. */
+  /**
+   * @internal Before the first operation, once: `create` with the image when
+   * options name one, then `sandbox.configure` when options ask for it.
+   */
   protected ensureConfigured(): Promise<void> {
     const o = this.state.options;
-    if (o.sleepAfter === undefined && o.keepAlive === undefined) return Promise.resolve();
+    const configure = o.sleepAfter !== undefined || o.keepAlive !== undefined;
+    if (!configure && o.image === undefined) return Promise.resolve();
     if (!this.state.configured) {
       const args: Record<string, unknown> = {};
       if (o.sleepAfter !== undefined) args.sleepAfter = o.sleepAfter;
       if (o.keepAlive !== undefined) args.keepAlive = o.keepAlive;
-      this.state.configured = this.state.client.call(this.state.id, 'sandbox.configure', args).then(
+      const client = this.state.client;
+      const id = this.state.id;
+      const created: Promise<unknown> =
+        o.image !== undefined ? client.call(id, 'create', { image: o.image }) : Promise.resolve();
+      this.state.configured = created
+        .then(() => (configure ? client.call(id, 'sandbox.configure', args) : undefined))
+        .then(
         () => undefined,
         (err) => {
           this.state.configured = undefined; // try again next time

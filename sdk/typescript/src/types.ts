@@ -31,6 +31,13 @@ export interface SandboxOptions {
   sleepAfter?: string | number;
   /** `true`: never stop the container for idleness (call `destroy()` yourself). Sent with `sandbox.configure`. */
   keepAlive?: boolean;
+  /**
+   * An image of the node's store (a name such as `"myorg/py:3.12"`, or a
+   * digest; docs/images.md) to run instead of the host's `/usr`. Sent with
+   * `create` before the first operation; a sandbox that already exists keeps
+   * the image it was created with.
+   */
+  image?: string;
   /** Lower-case the sandbox ID (preview URLs need lower-case IDs). Default `false`. */
   normalizeId?: boolean;
   /**

@@ -27,6 +27,8 @@ export type ErrorCode =
   | 'GIT_CLONE_FAILED'
   | 'GIT_NETWORK_ERROR'
   | 'GIT_REPOSITORY_NOT_FOUND'
+  | 'IMAGE_INVALID'
+  | 'IMAGE_NOT_FOUND'
   | 'INTERNAL_ERROR'
   | 'INTERPRETER_NOT_READY'
   | 'INVALID_GIT_URL'
@@ -88,6 +90,8 @@ export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   GIT_CLONE_FAILED: 500,
   GIT_NETWORK_ERROR: 502,
   GIT_REPOSITORY_NOT_FOUND: 404,
+  IMAGE_INVALID: 400,
+  IMAGE_NOT_FOUND: 404,
   INTERNAL_ERROR: 500,
   INTERPRETER_NOT_READY: 503,
   INVALID_GIT_URL: 400,
@@ -358,6 +362,8 @@ export interface SandboxStatus {
   keepAlive?: boolean;
   /** how the previous container ended, when it died */
   lastExit?: string;
+  /** the digest of the image it runs (docs/images.md); absent: the host's /usr */
+  image?: string;
   /** the running container, when there is one */
   container?: {
     /** its init's pid on the host */
@@ -1373,6 +1379,8 @@ export interface CreateArgs {
     /** CPU in millicpus [10 … 1024000] */
     cpu?: number;
   };
+  /** an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes) */
+  image?: string;
 }
 
 /** Result of `create`: whether it was created now, and its status */
@@ -1437,6 +1445,80 @@ export interface ClusterDrainArgs {
 /** Result of `cluster.drain`: the node's state */
 export type ClusterDrainResult = Record<string, unknown>;
 
+/** Arguments of `image.import`: import an image from a path on the server's machine (an OCI layout directory, a docker/podman save tarball or an OCI archive). Runs in the shard; flags: mutates, node. */
+export interface ImageImportArgs {
+  /** absolute path on the server's machine (at most 4096 bytes) */
+  path: string;
+  /** the name to give it, repo:tag ([A-Za-z0-9._/:@-]) (at most 255 bytes) */
+  name?: string;
+}
+
+/** Result of `image.import`: the image */
+export interface ImageImportResult {
+  /** its manifest digest, sha256:<hex> */
+  digest?: string;
+  /** what image.inspect answers */
+  image?: Record<string, unknown>;
+  [key: string]: unknown;
+}
+
+/** Arguments of `image.pull`: pull an image from a registry (skopeo) into the node's store. Runs in the shard; flags: mutates, node. */
+export interface ImagePullArgs {
+  /** registry reference, e.g. docker.io/library/debian:bookworm (at most 255 bytes) */
+  ref: string;
+  /** the name to give it (default: ref) (at most 255 bytes) */
+  name?: string;
+}
+
+/** Result of `image.pull`: the image */
+export interface ImagePullResult {
+  /** its manifest digest, sha256:<hex> */
+  digest?: string;
+  /** what image.inspect answers */
+  image?: Record<string, unknown>;
+  [key: string]: unknown;
+}
+
+/** Arguments of `image.list`: the images of the node's store. Runs in the shard; flags: node. */
+export type ImageListArgs = Record<string, never>;
+
+/** Result of `image.list`: the images */
+export interface ImageListResult {
+  /** every image */
+  images?: Record<string, unknown>[];
+  [key: string]: unknown;
+}
+
+/** Arguments of `image.inspect`: an image's names, layers and config (Env, WorkingDir, User, Entrypoint, Cmd, ExposedPorts). Runs in the shard; flags: node. */
+export interface ImageInspectArgs {
+  /** a name, a digest, or a unique prefix of 12+ hex digits (at most 255 bytes) */
+  image: string;
+}
+
+/** Result of `image.inspect`: the image */
+export interface ImageInspectResult {
+  /** its manifest digest, sha256:<hex> */
+  digest?: string;
+  /** what image.inspect answers */
+  image?: Record<string, unknown>;
+  [key: string]: unknown;
+}
+
+/** Arguments of `image.rm`: remove an image's name (or, by digest, all its names), then collect unused layers. Runs in the shard; flags: mutates, node. */
+export interface ImageRmArgs {
+  /** a name, or a digest for all its names (at most 255 bytes) */
+  image: string;
+}
+
+/** Result of `image.rm`: what was removed */
+export interface ImageRmResult {
+  /** true */
+  success?: boolean;
+  /** images deleted now */
+  removed?: number;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1490,6 +1572,11 @@ export interface Ops {
   'list': { args: ListArgs; result: ListResult };
   'cluster.status': { args: ClusterStatusArgs; result: ClusterStatusResult };
   'cluster.drain': { args: ClusterDrainArgs; result: ClusterDrainResult };
+  'image.import': { args: ImageImportArgs; result: ImageImportResult };
+  'image.pull': { args: ImagePullArgs; result: ImagePullResult };
+  'image.list': { args: ImageListArgs; result: ImageListResult };
+  'image.inspect': { args: ImageInspectArgs; result: ImageInspectResult };
+  'image.rm': { args: ImageRmArgs; result: ImageRmResult };
 }
 
 /** The name of an operation. */

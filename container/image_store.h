@@ -1,0 +1,136 @@
+/*
+ * image_store.h — the node's store of OCI images (docs/images.md).
+ *
+ * One directory per node (default `<data>/images`; `sbxd dev` gives every
+ * shard the same one), mode 0700, laid out as:
+ *
+ *   lock                   flock(2): LOCK_EX for import, pull, rm and GC;
+ *                          readers of names.json and images/ take LOCK_SH
+ *   names.json             {"name:tag": "sha256:<manifest digest>", …}
+ *   images/<hex>.json      one image: manifest digest, its config (Env,
+ *                          WorkingDir, User, Entrypoint, Cmd, ExposedPorts),
+ *                          its layers by diff_id (bottom first), size
+ *   layers/<hex>/          one unpacked layer, named by its diff_id (the
+ *                          sha256 of the uncompressed tar), shared by every
+ *                          image that has it; an overlayfs lower dir as is
+ *                          (whiteouts as 0/0 character devices, opaque
+ *                          directories as user.overlay.opaque=y)
+ *   use/<hex>              one per image: a running sandbox of that image
+ *                          holds a LOCK_SH on it; GC removes an image only
+ *                          while it can take LOCK_EX|LOCK_NB on it
+ *   tmp/                   imports in progress (removed at open and on error)
+ *
+ * Every blob is verified against its sha256 digest (manifest, config, each
+ * layer's compressed blob and its diff_id) before anything is unpacked, and
+ * layers are unpacked into tmp/ and renamed into layers/ only when the whole
+ * image is good: an import that fails leaves nothing.  The unpack rules
+ * (paths, links, whiteouts, devices, set-uid bits) are in image_unpack.c.
+ *
+ * Thread-safety: every function may be called from any thread; two
+ * processes (shards) may share a store (the flock serialises the writers;
+ * sbx_image_resolve and sbx_image_open_root take no store lock, so a
+ * sandbox start never waits behind an import).
+ * Errors: SBX_E_IMAGE_NOT_FOUND, SBX_E_IMAGE_INVALID (corrupt or unsafe
+ * input, digest mismatch, no /bin/sh), SBX_E_VALIDATION (a bad name or
+ * path), SBX_E_STORAGE (the store's own files), SBX_E_INTERNAL; *err says
+ * which file and why.
+ */
+#ifndef SBX_IMAGE_STORE_H
+#define SBX_IMAGE_STORE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../runtime/error.h"
+
+/* "sha256:" and 64 hex digits, NUL. */
+#define SBX_IMAGE_DIGEST_LEN 72
+/* Most layers an image may have (overlayfs stacks up to 500; one message of
+ * SCM_RIGHTS carries at most 253 descriptors). */
+#define SBX_IMAGE_MAX_LAYERS 128
+
+typedef struct sbx_image_store sbx_image_store;
+
+/* sbx_image_store_open — open (creating it, mode 0700) the store at dir and
+ * remove what an interrupted import left in tmp/.  *out is the caller's, to
+ * free with sbx_image_store_close.  dir is copied. */
+int sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err);
+void sbx_image_store_close(sbx_image_store *st);
+const char *sbx_image_store_dir(const sbx_image_store *st);
+
+/*
+ * sbx_image_import — import the image at path, a file or directory of the
+ * machine the store is on:
+ *   - an OCI image layout directory (image-spec image-layout.md): its
+ *     index.json's first manifest (an image index: its linux/amd64 entry);
+ *   - a `docker save` / `podman save` tarball (docker-archive) or an OCI
+ *     archive: converted to a layout in tmp/ by `skopeo copy` first.
+ * name ("repo:tag"; NULL: none) then names it (a name already given to
+ * another image moves to this one).  digest receives the manifest digest.
+ */
+int sbx_image_import(sbx_image_store *st, const char *path, const char *name,
+                     char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/* sbx_image_pull — `skopeo copy docker://ref oci:…` then import; name
+ * defaults to ref.  The registry must be reachable from this machine. */
+int sbx_image_pull(sbx_image_store *st, const char *ref, const char *name,
+                   char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/* sbx_image_resolve — ref (a name, "sha256:<hex>", or a unique prefix of
+ * at least 12 hex digits) to its manifest digest.  SBX_E_IMAGE_NOT_FOUND. */
+int sbx_image_resolve(sbx_image_store *st, const char *ref, char digest[SBX_IMAGE_DIGEST_LEN],
+                      sbx_err_t *err);
+
+/* sbx_image_list — a new JSON array (the caller's) of every image:
+ * {digest, names[], layers, size, created}. */
+int sbx_image_list(sbx_image_store *st, json_t **out, sbx_err_t *err);
+
+/* sbx_image_inspect — a new JSON object (the caller's): the list's fields
+ * plus config {env[], workingDir, user, entrypoint[], cmd[], exposedPorts[]}
+ * and layers[] (diff_ids, bottom first). */
+int sbx_image_inspect(sbx_image_store *st, const char *ref, json_t **out, sbx_err_t *err);
+
+/*
+ * sbx_image_rm — remove a name (ref is a name) or every name of an image
+ * (ref is a digest), then collect garbage: an image with no name left is
+ * deleted unless a running sandbox uses it (its use/ lock is held: it is
+ * deleted by a later rm or import once free), and a layer no image
+ * references any more is deleted.  *removed: images deleted now.
+ */
+int sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *err);
+
+/* What a container of an image needs (sbx_image_open_root). */
+struct sbx_image_root {
+    char digest[SBX_IMAGE_DIGEST_LEN];
+    char **layers;     /* host paths of the layer dirs, bottom first, NULL-terminated;
+                        * a layer the image repeats appears once, at its highest place */
+    int nlayers;
+    char **env;        /* the image config's Env "K=V", NULL-terminated */
+    char *workdir;     /* WorkingDir or NULL */
+    char *user;        /* User or NULL */
+    int use_fd;        /* holds LOCK_SH on use/<hex> while the container lives; -1: none */
+};
+
+/* sbx_image_open_root — fill *root for the image of digest and take its
+ * use lock (GC leaves it alone until sbx_image_root_free).  Owned by the
+ * caller. */
+int sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_root *root,
+                        sbx_err_t *err);
+/* sbx_image_root_free — free *root and release its use lock.  Idempotent
+ * on a zeroed root with use_fd -1. */
+void sbx_image_root_free(struct sbx_image_root *root);
+
+/* image_unpack.c: unpack one layer blob (a tar, gzip, zstd, bzip2 or xz
+ * compressed or not) into the empty directory dirfd, with the OCI rules
+ * (whiteouts → overlayfs whiteouts; paths confined to dirfd).  The blob's
+ * digests are not checked here (sbx_image_layer_digests).  *skipped counts
+ * device nodes left out.  SBX_E_IMAGE_INVALID for an unsafe or corrupt
+ * entry, with *err naming it. */
+int sbx_image_unpack(const char *blob, int dirfd, int *skipped, sbx_err_t *err);
+/* image_unpack.c: the sha256 of the file at blob (compressed) and of its
+ * decompressed stream (diff_id), as "sha256:<hex>". */
+int sbx_image_layer_digests(const char *blob, char compressed[SBX_IMAGE_DIGEST_LEN],
+                            char uncompressed[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+#endif

@@ -1,0 +1,376 @@
+/*
+ * test_images.c — unit tests for the image store and the layer unpacker
+ * (container/image_store.h, container/image_unpack.c), on layouts built in
+ * the test (tests/support/imgbuild.h): no registry, no container.
+ *
+ * Covers: an import of a two-layer layout (gzip) whose layers land in
+ * layers/<diff_id> with the second layer's whiteout as a 0/0 character
+ * device and its opaque directory marked user.overlay.opaque=y; names,
+ * list, inspect (config Env/WorkingDir/User); a layer shared by two images
+ * unpacked once; a tampered layer refused by digest (IMAGE_INVALID) leaving
+ * nothing in the store; malicious tars (`../../x`, an absolute path, a file
+ * written through an absolute symlink, a hard link out of the layer)
+ * refused without a byte written outside the layer; a device node left
+ * out; an image without /bin/sh refused; unknown names IMAGE_NOT_FOUND; rm
+ * and GC, a layer kept while another image or a running user (the use
+ * lock) still needs it; a pull from a registry that does not answer; two
+ * imports of one image at once through two store handles.
+ *
+ * Every test works in its own mkdtemp directory under /tmp, removed by the
+ * fixture's fini even when an assertion fails.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "container/image_store.h"
+#include "runtime/err.h"
+#include "runtime/util.h"
+#include "tests/support/imgbuild.h"
+
+static char tmpdir[64];
+static char storedir[128];
+static sbx_image_store *st;
+
+static void
+setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/sbx-test-images-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+    snprintf(storedir, sizeof(storedir), "%s/store", tmpdir);
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_store_open(storedir, &st, &err), 0, "%s", sbx_err_msg(err));
+}
+
+static void
+teardown(void)
+{
+    sbx_image_store_close(st);
+    st = NULL;
+    sbx_rm_rf(tmpdir);
+}
+
+TestSuite(images, .init = setup, .fini = teardown);
+
+static const struct imgb_entry base_min[] = {
+    {'d', "bin", NULL, 0},
+    {'f', "bin/sh", "#!fake shell\n", 0755},
+    {'d', "etc", NULL, 0},
+    {'f', "etc/os-release", "ID=base\n", 0},
+    {'d', "gone", NULL, 0},
+    {'f', "gone/f", "x", 0},
+    {'f', "rmme", "y", 0},
+    {'d', "opq", NULL, 0},
+    {'f', "opq/old", "old", 0},
+    {'d', "usr", NULL, 0},
+    {'f', "usr/suid", "s", 04755},
+};
+
+/* A layout of the given layers (each an entry list) at tmpdir/<name>. */
+static void
+make_layout(const char *name, const struct imgb_entry *const *layers, const size_t *counts, int n,
+            bool gz, const char *extra, char digest[72], char diffs[][72])
+{
+    char *paths[8];
+    const char *dids[8];
+    for (int i = 0; i < n; i++) {
+        paths[i] = malloc(256);
+        snprintf(paths[i], 256, "%s/%s-layer%d.tar", tmpdir, name, i);
+        cr_assert_eq(imgb_layer(paths[i], layers[i], counts[i], gz, diffs[i]), 0);
+        dids[i] = diffs[i];
+    }
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/%s", tmpdir, name);
+    cr_assert_eq(imgb_layout(dir, paths, dids, n, gz, extra, digest), 0);
+    for (int i = 0; i < n; i++)
+        free(paths[i]);
+}
+
+static int
+import(const char *name, const char *as, char digest[72], sbx_err_t *err)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/%s", tmpdir, name);
+    return sbx_image_import(st, dir, as, digest, err);
+}
+
+static int
+count_dir(const char *sub)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "ls -A '%s/%s' | grep -v '^lock$' | wc -l", storedir, sub);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    cr_assert_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+Test(images, two_layers_with_whiteout_and_opaque_dir)
+{
+    static const struct imgb_entry top[] = {
+        {'d', "etc", NULL, 0},
+        {'f', "etc/os-release", "ID=sbxtest\n", 0},
+        {'f', ".wh.gone", NULL, 0},
+        {'f', ".wh.rmme", NULL, 0},
+        {'d', "opq", NULL, 0},
+        {'f', "opq/.wh..wh..opq", NULL, 0},
+        {'f', "opq/new", "new", 0},
+    };
+    const struct imgb_entry *layers[] = {base_min, top};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), SBX_ARRAY_LEN(top)};
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout("two", layers, counts, 2, true,
+                "\"Env\":[\"PATH=/bin\",\"IMG=1\"],\"WorkingDir\":\"/srv\",\"User\":\"0\"", digest,
+                diffs);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import("two", "test/two:1", got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_str_eq(got, digest);
+
+    char p[512];
+    struct stat sb;
+    snprintf(p, sizeof(p), "%s/layers/%s/gone", storedir, diffs[1] + 7);
+    cr_assert_eq(lstat(p, &sb), 0, "the whiteout of 'gone' is in the top layer");
+    cr_assert(S_ISCHR(sb.st_mode) && sb.st_rdev == makedev(0, 0), "a 0/0 character device");
+    snprintf(p, sizeof(p), "%s/layers/%s/.wh.gone", storedir, diffs[1] + 7);
+    cr_assert_neq(lstat(p, &sb), 0, "no .wh. file is left as such");
+    char v[8] = {0};
+    snprintf(p, sizeof(p), "%s/layers/%s/opq", storedir, diffs[1] + 7);
+    cr_assert_eq(getxattr(p, "user.overlay.opaque", v, sizeof(v)), 1);
+    cr_assert_eq(v[0], 'y');
+    snprintf(p, sizeof(p), "%s/layers/%s/usr/suid", storedir, diffs[0] + 7);
+    cr_assert_eq(stat(p, &sb), 0);
+    cr_assert_eq(sb.st_mode & 07777, 04755, "set-uid bits kept (docs/images.md)");
+
+    char d2[SBX_IMAGE_DIGEST_LEN];
+    cr_assert_eq(sbx_image_resolve(st, "test/two:1", d2, &err), 0);
+    cr_assert_str_eq(d2, digest);
+    cr_assert_eq(sbx_image_resolve(st, digest + 7 + 0, d2, NULL), SBX_E_IMAGE_NOT_FOUND,
+                 "a full hex without sha256: is not a prefix form (64 digits)");
+    char prefix[20];
+    snprintf(prefix, sizeof(prefix), "%.12s", digest + 7);
+    cr_assert_eq(sbx_image_resolve(st, prefix, d2, &err), 0, "a 12-digit prefix");
+    cr_assert_str_eq(d2, digest);
+
+    json_t *j = NULL;
+    cr_assert_eq(sbx_image_inspect(st, "test/two:1", &j, &err), 0);
+    json_t *cfg = json_object_get(j, "config");
+    cr_assert_str_eq(json_string_value(json_object_get(cfg, "workingDir")), "/srv");
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(cfg, "env"), 1)), "IMG=1");
+    cr_assert_eq(json_array_size(json_object_get(j, "diffIds")), 2);
+    json_decref(j);
+    cr_assert_eq(sbx_image_list(st, &j, &err), 0);
+    cr_assert_eq(json_array_size(j), 1);
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(json_array_get(j, 0),
+                                                                      "names"), 0)),
+                     "test/two:1");
+    json_decref(j);
+    sbx_err_release(&err);
+}
+
+Test(images, shared_layer_unpacked_once_and_gc)
+{
+    static const struct imgb_entry top_a[] = {{'f', "a", "a", 0}};
+    static const struct imgb_entry top_b[] = {{'f', "b", "b", 0}};
+    const struct imgb_entry *la[] = {base_min, top_a}, *lb[] = {base_min, top_b};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), 1};
+    char da[72], db[72], diffa[2][72], diffb[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout("a", la, counts, 2, false, NULL, da, diffa);
+    make_layout("b", lb, counts, 2, true, NULL, db, diffb);
+    cr_assert_str_eq(diffa[0], diffb[0], "the same base layer");
+    sbx_err_t err = NULL;
+    cr_assert_eq(import("a", "a:1", got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(import("b", "b:1", got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(count_dir("layers"), 3, "base once, and each top layer");
+
+    /* A running sandbox of b holds its use lock: rm takes the name, not b. */
+    char dbs[SBX_IMAGE_DIGEST_LEN];
+    cr_assert_eq(sbx_image_resolve(st, "b:1", dbs, &err), 0);
+    struct sbx_image_root root;
+    cr_assert_eq(sbx_image_open_root(st, dbs, &root, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(root.nlayers, 2);
+    int removed = -1;
+    cr_assert_eq(sbx_image_rm(st, "b:1", &removed, &err), 0);
+    cr_assert_eq(removed, 0, "in use: kept");
+    cr_assert_eq(sbx_image_resolve(st, "b:1", got, NULL), SBX_E_IMAGE_NOT_FOUND);
+    cr_assert_eq(count_dir("layers"), 3);
+    sbx_image_root_free(&root);
+    /* The next GC (an rm of a) removes both; the shared layer goes last. */
+    cr_assert_eq(sbx_image_rm(st, "a:1", &removed, &err), 0);
+    cr_assert_eq(removed, 2);
+    cr_assert_eq(count_dir("layers"), 0);
+    cr_assert_eq(count_dir("images"), 0);
+    cr_assert_eq(sbx_image_rm(st, "a:1", &removed, &err), SBX_E_IMAGE_NOT_FOUND);
+    sbx_err_release(&err);
+}
+
+Test(images, tampered_layer_refused_and_nothing_left)
+{
+    const struct imgb_entry *layers[] = {base_min};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min)};
+    char digest[72], diffs[1][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout("t", layers, counts, 1, false, NULL, digest, diffs);
+    /* Flip a byte of the layer blob (its name is its digest: find it by size). */
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "f=$(ls -S %s/t/blobs/sha256/* | head -1); printf 'Z' | dd of=$f bs=1 seek=600 "
+             "conv=notrunc status=none",
+             tmpdir);
+    cr_assert_eq(system(cmd), 0);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import("t", "t:1", got, &err), SBX_E_IMAGE_INVALID);
+    cr_assert(strstr(sbx_err_msg(err), "tampered"), "%s", sbx_err_msg(err));
+    cr_assert_eq(count_dir("layers"), 0);
+    cr_assert_eq(count_dir("images"), 0);
+    cr_assert_eq(count_dir("tmp"), 0);
+    cr_assert_eq(sbx_image_resolve(st, "t:1", got, NULL), SBX_E_IMAGE_NOT_FOUND);
+    sbx_err_release(&err);
+}
+
+/* Each malicious layer is refused and writes nothing outside the store's
+ * tmp/ (which is emptied). */
+Test(images, malicious_tars_change_nothing_outside)
+{
+    char victim[256], target[300];
+    snprintf(victim, sizeof(victim), "%s/victim", tmpdir);
+    cr_assert_eq(mkdir(victim, 0755), 0);
+    snprintf(target, sizeof(target), "%s/x", victim);
+    /* Paths relative to a layer dir (store/tmp/layer-XXXXXX): ../../../x is tmpdir/x. */
+    char dotdot[64] = "../../../victim/x";
+    const struct imgb_entry evil1[] = {{'d', "bin", NULL, 0}, {'f', "bin/sh", "s", 0755},
+                                       {'f', dotdot, "pwned", 0}};
+    const struct imgb_entry evil2[] = {{'d', "bin", NULL, 0}, {'f', "bin/sh", "s", 0755},
+                                       {'l', "esc", victim, 0}, {'f', "esc/x", "pwned", 0}};
+    char abs[300];
+    snprintf(abs, sizeof(abs), "%s/x", victim);
+    const struct imgb_entry evil3[] = {{'d', "bin", NULL, 0}, {'f', "bin/sh", "s", 0755},
+                                       {'f', abs, "pwned", 0}};
+    const struct imgb_entry evil4[] = {{'d', "bin", NULL, 0}, {'f', "bin/sh", "s", 0755},
+                                       {'l', "up", "../../..", 0}, {'f', "up/victim/x", "p", 0}};
+    const struct imgb_entry evil5[] = {{'d', "bin", NULL, 0}, {'f', "bin/sh", "s", 0755},
+                                       {'h', "hl", abs, 0}};
+    const struct imgb_entry *all[] = {evil1, evil2, evil3, evil4, evil5};
+    size_t counts[] = {3, 4, 3, 4, 3};
+    for (int i = 0; i < 5; i++) {
+        char name[16], digest[72], diffs[1][72], got[SBX_IMAGE_DIGEST_LEN];
+        snprintf(name, sizeof(name), "evil%d", i + 1);
+        const struct imgb_entry *l[] = {all[i]};
+        make_layout(name, l, &counts[i], 1, false, NULL, digest, diffs);
+        sbx_err_t err = NULL;
+        int rc = import(name, NULL, got, &err);
+        cr_assert_eq(rc, SBX_E_IMAGE_INVALID, "%s: %d %s", name, rc, sbx_err_msg(err));
+        struct stat sb;
+        cr_assert_neq(stat(target, &sb), 0, "%s wrote outside its layer", name);
+        cr_assert_eq(count_dir("layers"), 0);
+        cr_assert_eq(count_dir("tmp"), 0);
+        sbx_err_release(&err);
+    }
+}
+
+Test(images, device_nodes_left_out_and_no_shell_refused)
+{
+    static const struct imgb_entry dev[] = {{'d', "bin", NULL, 0}, {'f', "bin/sh", "s", 0755},
+                                            {'d', "dev", NULL, 0}, {'c', "dev/mem", NULL, 0}};
+    const struct imgb_entry *l[] = {dev};
+    size_t c = 4;
+    char digest[72], diffs[1][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout("dev", l, &c, 1, false, NULL, digest, diffs);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import("dev", "dev:1", got, &err), 0, "%s", sbx_err_msg(err));
+    char p[512];
+    struct stat sb;
+    snprintf(p, sizeof(p), "%s/layers/%s/dev/mem", storedir, diffs[0] + 7);
+    cr_assert_neq(lstat(p, &sb), 0, "the device node is not created");
+
+    static const struct imgb_entry nosh[] = {{'d', "etc", NULL, 0}, {'f', "etc/a", "a", 0}};
+    const struct imgb_entry *l2[] = {nosh};
+    size_t c2 = 2;
+    make_layout("nosh", l2, &c2, 1, false, NULL, digest, diffs);
+    cr_assert_eq(import("nosh", "nosh:1", got, &err), SBX_E_IMAGE_INVALID);
+    cr_assert(strstr(sbx_err_msg(err), "/bin/sh"), "%s", sbx_err_msg(err));
+    cr_assert_eq(count_dir("layers"), 1, "only dev:1's layer");
+    cr_assert_eq(sbx_image_resolve(st, "nope:1", got, &err), SBX_E_IMAGE_NOT_FOUND);
+    char missing[256];
+    snprintf(missing, sizeof(missing), "%s/missing", tmpdir);
+    cr_assert_eq(sbx_image_import(st, missing, NULL, got, &err), SBX_E_IMAGE_NOT_FOUND);
+    cr_assert_eq(sbx_image_import(st, "relative", NULL, got, &err), SBX_E_VALIDATION);
+    cr_assert_eq(sbx_image_import(st, "/", "bad name!", got, &err), SBX_E_VALIDATION);
+    sbx_err_release(&err);
+}
+
+/* A pull goes through skopeo; a registry that does not answer (nothing
+ * listens on 127.0.0.1:1) is IMAGE_NOT_FOUND with skopeo's reason, and leaves
+ * nothing behind. */
+Test(images, pull_from_an_unreachable_registry)
+{
+    if (access("/usr/bin/skopeo", X_OK) != 0)
+        cr_skip_test("skopeo is not installed (tools/deps.sh)");
+    char got[SBX_IMAGE_DIGEST_LEN];
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_pull(st, "127.0.0.1:1/none:1", NULL, got, &err), SBX_E_IMAGE_NOT_FOUND,
+                 "%s", sbx_err_msg(err));
+    cr_assert(strstr(sbx_err_msg(err), "skopeo") && strstr(sbx_err_msg(err), "127.0.0.1:1"), "%s",
+              sbx_err_msg(err));
+    cr_assert_eq(count_dir("tmp"), 0);
+    cr_assert_eq(sbx_image_pull(st, "--help", NULL, got, &err), SBX_E_VALIDATION,
+                 "an option is not a reference");
+    sbx_err_release(&err);
+}
+
+/* Two shards of a node share the store: imports of the same image at once
+ * (two store handles, as two processes have, each on its own thread) both
+ * succeed, serialised by the store's flock, and leave one copy of each
+ * layer and nothing in tmp/. */
+struct imp_arg {
+    sbx_image_store *st;
+    const char *path, *name;
+    int rc;
+    char digest[SBX_IMAGE_DIGEST_LEN];
+};
+
+static void *
+imp_thread(void *p)
+{
+    struct imp_arg *a = p;
+    a->rc = sbx_image_import(a->st, a->path, a->name, a->digest, NULL);
+    return NULL;
+}
+
+Test(images, concurrent_imports_of_one_image)
+{
+    static const struct imgb_entry top[] = {{'f', "x", "x", 0}};
+    const struct imgb_entry *l[] = {base_min, top};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), 1};
+    char digest[72], diffs[2][72], path[256];
+    make_layout("conc", l, counts, 2, true, NULL, digest, diffs);
+    snprintf(path, sizeof(path), "%s/conc", tmpdir);
+    sbx_image_store *st2 = NULL;
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_store_open(storedir, &st2, &err), 0);
+    struct imp_arg a = {st, path, "conc:a", -1, ""}, b = {st2, path, "conc:b", -1, ""};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, imp_thread, &a);
+    pthread_create(&tb, NULL, imp_thread, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    sbx_image_store_close(st2);
+    cr_assert_eq(a.rc, 0);
+    cr_assert_eq(b.rc, 0);
+    cr_assert_str_eq(a.digest, digest);
+    cr_assert_str_eq(b.digest, digest);
+    cr_assert_eq(count_dir("layers"), 2);
+    cr_assert_eq(count_dir("images"), 1);
+    cr_assert_eq(count_dir("tmp"), 0);
+    char got[SBX_IMAGE_DIGEST_LEN];
+    cr_assert_eq(sbx_image_resolve(st, "conc:a", got, &err), 0);
+    cr_assert_eq(sbx_image_resolve(st, "conc:b", got, &err), 0);
+    sbx_err_release(&err);
+}

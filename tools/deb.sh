@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# tools/deb.sh OUTDIR — build the Debian package (debian/, dpkg-buildpackage -b)
+# from the committed tree (HEAD), in a temp copy so that the package's
+# `make clean` leaves this tree's build alone; the .deb files land in OUTDIR.
+# The interpreter drivers' npm packages are copied from
+# container/interp/node_modules when present (no network needed then).
+# `make deb`; docs/operations.md, "Debian package".  A full release build:
+# minutes.  Needs Debian's debhelper (apt-get install debhelper; not in
+# tools/deps.sh: `make test` does not build the package).
+set -euo pipefail
+out=$(mkdir -p "${1:?usage: deb.sh OUTDIR}" && cd "$1" && pwd)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d /tmp/sbx-deb-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/sbx"
+git -C "$repo" archive --format=tar HEAD | tar -x -C "$tmp/sbx"
+if [ -d "$repo/container/interp/node_modules" ]; then
+  cp -r "$repo/container/interp/node_modules" "$tmp/sbx/container/interp/"
+fi
+(cd "$tmp/sbx" && DEB_BUILD_OPTIONS="nocheck" dpkg-buildpackage -b -us -uc)
+cp "$tmp"/*.deb "$out/"
+ls -l "$out"/*.deb
