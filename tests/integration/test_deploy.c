@@ -1,5 +1,5 @@
 /*
- * test_deploy.c — deployments side by side on one host (tools/sbxd.c, host
+ * test_deploy.c — deployments side by side on one host (tools/hostlock.c, host
  * locks): a second `sbxd dev` with a name in use refuses to start (exit 2)
  * and the first one's sandboxes keep running; a shard whose cgroup subtree
  * is, contains or lies inside a live shard's refuses too; the lock of a
