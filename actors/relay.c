@@ -44,6 +44,10 @@
 
 #define RELAY_IDLE_MS (10 * 60 * 1000)
 #define RELAY_MAX_CONNS 1024
+/* Relayed connections into one sandbox at most (issue 16 item 4): one
+ * tenant's previews cannot take all RELAY_MAX_CONNS of the shard.  Beyond,
+ * the handshake fails (the gateway answers 503). */
+#define RELAY_PER_SANDBOX 128
 
 static void
 rquery_unref(struct shard_relay_query *q)
@@ -87,6 +91,10 @@ rquery_cb(sbx_loop *l, void *arg)
     } else if (!actor_port_exposed(a, q->port)) {
         rc = SBX_E_INVALID_TOKEN;
         snprintf(why, sizeof(why), "port %d is not exposed", q->port);
+    } else if (a->relays >= RELAY_PER_SANDBOX) {
+        rc = SBX_E_BUSY;
+        snprintf(why, sizeof(why), "%d preview connections are open into the sandbox",
+                 a->relays);
     } else {
         pidfd = fcntl(a->c.pidfd, F_DUPFD_CLOEXEC, 0);
         if (pidfd < 0) {

@@ -375,6 +375,18 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: cgroups: %s (%s)", conf->name, why, strerror(-rc));
         goto out;
     }
+    /* cgroup v2 without the controllers would run every sandbox without a
+     * memory, pids or CPU limit (issue 16 item 8): only when asked. */
+    if (sbx_cgroups_mode(sh->cgroups) == SBX_CG_V2 && !sbx_cgroups_limited(sh->cgroups) &&
+        !conf->allow_unlimited) {
+        sbx_log_error("shard %s: cgroups: %s: the memory, pids and cpu controllers are not "
+                      "available to this subtree, so sandboxes would run without limits; "
+                      "delegate them (systemd Delegate=yes, docs/cluster.md) or pass "
+                      "--allow-unlimited",
+                      conf->name, sbx_cgroups_describe(sh->cgroups));
+        rc = -ENOTSUP;
+        goto out;
+    }
     struct sbx_spawn_conf sc = {
         .agent_path = conf->agent,
         .cgroups = sh->cgroups,

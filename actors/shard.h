@@ -38,6 +38,8 @@ struct sbx_shard_conf {
     char *interp;         /* directory of the interpreter drivers (code contexts) */
     char *cgroup;         /* auto | v1 | v2 | none */
     char *cgroup_base;    /* subtree under the cgroup roots, default sbx/<name> */
+    bool allow_unlimited; /* cgroup v2 without the memory/pids/cpu controllers: run
+                           * sandboxes without limits instead of refusing to start */
     int64_t uid_base;     /* first host uid given to sandboxes */
     int64_t uid_count;    /* host uids available (= max live containers) */
     int64_t contexts;     /* concurrent requests received (nng contexts) */

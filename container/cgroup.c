@@ -508,6 +508,12 @@ sbx_cgroups_mode(const sbx_cgroups *cg)
     return cg->mode;
 }
 
+bool
+sbx_cgroups_limited(const sbx_cgroups *cg)
+{
+    return cg->mode == SBX_CG_V1 || (cg->mode == SBX_CG_V2 && cg->v2_limits);
+}
+
 const char *
 sbx_cgroups_describe(const sbx_cgroups *cg)
 {
@@ -538,6 +544,15 @@ sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *l
             if (rc)
                 return rc;
             (void)r2; /* absent without swap accounting: no swap to escape to then */
+            /* TCP socket buffers are charged to a v1 memory cgroup only
+             * once it has a kmem.tcp limit (v2 charges them to memory.max):
+             * without one a sandbox pins host memory in unread sockets
+             * (issue 16 item 6).  A quarter of the memory limit, at least
+             * 16 MiB; absent on kernels without v1 kmem accounting. */
+            uint64_t tcp = SBX_MAX(lim->memory / 4, (uint64_t)16 << 20);
+            int r3 = write_u64(d, "memory.kmem.tcp.limit_in_bytes", tcp);
+            if (r3 && r3 != -ENOENT)
+                sbx_log_warn("cgroup %s: memory.kmem.tcp.limit_in_bytes: %s", d, strerror(-r3));
         }
         cgdir(cg, H_PIDS, c, d, sizeof(d));
         if ((rc = write_str(d, "pids.max", "max")) != 0)
@@ -562,7 +577,10 @@ sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *l
         if ((rc = write_str(d, "memory.max", v)) != 0)
             return rc;
         write_str(d, "memory.swap.max", "0"); /* absent without swap */
-        write_str(d, "memory.oom.group", "1");
+        /* One victim per OOM, chosen by oom_score_adj (tenant processes
+         * +500, the agent below): a group kill would end the agent, and
+         * the container, with every OOM of the sandbox (issue 16 item 8). */
+        write_str(d, "memory.oom.group", "0");
         if (lim->pids)
             snprintf(v, sizeof(v), "%u", lim->pids);
         else

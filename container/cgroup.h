@@ -15,7 +15,9 @@
  *
  * Files written (cgroups(7), Documentation/admin-guide/cgroup-v{1,2}):
  *   memory  v1 memory.limit_in_bytes = memory.memsw.limit_in_bytes (no swap
- *           escape), v2 memory.max, memory.swap.max = 0, memory.oom.group = 1
+ *           escape), v2 memory.max, memory.swap.max = 0, memory.oom.group = 0
+ *           (the OOM killer takes one process, a tenant's before the agent,
+ *           as on v1; 1 killed the agent with every OOM)
  *   pids    pids.max (both)
  *   cpu     v1 cpu.cfs_period_us/cpu.cfs_quota_us, v2 cpu.max "quota period"
  * Counters read for exit causes: v1 memory.oom_control "oom_kill N" and
@@ -53,6 +55,10 @@ int sbx_cgroups_open(sbx_cgroups **out, const char *mode, const char *base, char
 /* sbx_cgroups_close — remove the base subtree (sandbox cgroups first), free. */
 void sbx_cgroups_close(sbx_cgroups *cg);
 enum sbx_cg_mode sbx_cgroups_mode(const sbx_cgroups *cg);
+/* sbx_cgroups_limited — whether sandbox cgroups get memory, pids and CPU
+ * limits: always on v1 (a missing hierarchy fails the open), never in mode
+ * none, on v2 only when those controllers are available to the subtree. */
+bool sbx_cgroups_limited(const sbx_cgroups *cg);
 /* sbx_cgroups_describe — "v1 (memory,pids,cpu)" etc., static until close. */
 const char *sbx_cgroups_describe(const sbx_cgroups *cg);
 

@@ -2,6 +2,7 @@
 #include "seccomp.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <linux/sched.h>
 #include <seccomp.h>
 #include <stdlib.h>
@@ -99,6 +100,46 @@ set_binary_tree(scmp_filter_ctx ctx)
         sbx_log_debug("seccomp: no binary-tree optimisation in this libseccomp");
 }
 
+/*
+ * deny_int_outside — rules making syscall `sys` fail with errno `err` when
+ * the low 32 bits of its argument `arg` are not one of ok[0..n) (each in
+ * 0..31), and, when `cond_arg` >= 0, its argument `cond_arg` has the low 32
+ * bits `cond_val` too.  libseccomp ANDs the conditions of one rule and
+ * takes one comparison per argument, so "not in the set" is a union: one
+ * rule per value in 0..31 that is not allowed, and one per bit 5..31 (any
+ * value from 32 up).  Returns 0 or libseccomp's negative code.
+ */
+static int
+deny_int_outside(scmp_filter_ctx ctx, int sys, unsigned arg, const int *ok, size_t n, int err,
+                 int cond_arg, uint32_t cond_val)
+{
+    int rc = 0;
+    struct scmp_arg_cmp cond = {(unsigned)(cond_arg < 0 ? 0 : cond_arg), SCMP_CMP_MASKED_EQ,
+                                0xFFFFFFFFu, cond_val};
+    unsigned ncond = cond_arg < 0 ? 1 : 2;
+    for (uint32_t v = 0; v < 64 && rc == 0; v++) {
+        struct scmp_arg_cmp c[2];
+        if (v < 32) {
+            bool allowed = false;
+            for (size_t i = 0; i < n; i++)
+                allowed |= (uint32_t)ok[i] == v;
+            if (allowed)
+                continue;
+            c[0] = (struct scmp_arg_cmp){arg, SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, v};
+        } else if (v >= 32 + 5) {
+            uint32_t bit = 1u << (v - 32);
+            c[0] = (struct scmp_arg_cmp){arg, SCMP_CMP_MASKED_EQ, bit, bit};
+        } else {
+            continue;
+        }
+        c[1] = cond;
+        rc = seccomp_rule_add_array(ctx, SCMP_ACT_ERRNO((unsigned)err), sys, ncond, c);
+    }
+    if (rc < 0)
+        sbx_log_error("seccomp: argument rule for syscall %d: %s", sys, strerror(-rc));
+    return rc;
+}
+
 static int
 build_deny(struct sbx_bpf *out)
 {
@@ -148,13 +189,30 @@ build_deny(struct sbx_bpf *out)
         RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
              SCMP_A0(SCMP_CMP_MASKED_EQ, bit | 0x80000000u, 0x80000000u));
     }
-    /* Socket families: the crypto API, vsock to the hypervisor, raw packets.
-     * The kernel reads the family as an int: compared on the low 32 bits,
-     * or a family with garbage in the upper half would pass. */
-    static const int fams[] = {AF_ALG, AF_VSOCK, AF_PACKET};
-    for (size_t i = 0; i < SBX_ARRAY_LEN(fams); i++)
-        RULE(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
-             SCMP_A0(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (scmp_datum_t)fams[i]));
+    /* Socket families by allow-list (issue 16 item 9): every family but
+     * AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK fails with EAFNOSUPPORT, for
+     * socket and socketpair alike (both create a socket of the family, and
+     * creating one autoloads its module: TIPC, RDS, CAN, X25, AX25, …).
+     * AF_INET/AF_INET6 stay for loopback and egress networking; netlink is
+     * kept for NETLINK_ROUTE (ip, getaddrinfo's AI_ADDRCONFIG) and
+     * NETLINK_SOCK_DIAG (ss), its other protocols fail with
+     * EPROTONOSUPPORT.  The kernel reads family and protocol as ints:
+     * compared on the low 32 bits, or garbage in the upper half would pass. */
+    static const int fams_ok[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
+    static const int nl_ok[] = {0 /* NETLINK_ROUTE */, 4 /* NETLINK_SOCK_DIAG */};
+    const int socksys[] = {SCMP_SYS(socket), SCMP_SYS(socketpair)};
+    for (size_t k = 0; k < SBX_ARRAY_LEN(socksys); k++) {
+        if ((rc = deny_int_outside(ctx, socksys[k], 0, fams_ok, SBX_ARRAY_LEN(fams_ok),
+                                   EAFNOSUPPORT, -1, 0)) < 0)
+            goto out;
+        if ((rc = deny_int_outside(ctx, socksys[k], 2, nl_ok, SBX_ARRAY_LEN(nl_ok),
+                                   EPROTONOSUPPORT, 0, AF_NETLINK)) < 0)
+            goto out;
+    }
+    /* Line disciplines (n_gsm, n_hdlc, … each a history of CVEs): TIOCSETD
+     * refused like TIOCSTI. */
+    RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+         SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, (unsigned)TIOCSETD));
     /* Limits of other processes (the agent's among them). */
     RULE(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(prlimit64), 1, SCMP_A0(SCMP_CMP_NE, 0));
     rc = export_bpf(ctx, out);

@@ -13,10 +13,13 @@
  *     chroot, bpf, perf_event_open, userfaultfd, io_uring, keyrings,
  *     ptrace and process_vm_*, pidfd_getfd, kcmp, kernel modules, kexec,
  *     reboot, swap, clock and host-name changes, open_by_handle_at,
- *     TIOCSTI/TIOCLINUX ioctls (32-bit masked compare, CVE-2019-10063),
- *     personality values outside Docker's allowed set, AF_ALG, AF_VSOCK and
- *     AF_PACKET sockets (families and ioctl numbers compared on 32 bits),
- *     prlimit64 on another process.  Denied calls fail with EPERM
+ *     TIOCSTI/TIOCLINUX/TIOCSETD ioctls (32-bit masked compare,
+ *     CVE-2019-10063), personality values outside Docker's allowed set,
+ *     every socket family but AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK
+ *     for socket and socketpair (EAFNOSUPPORT) and every netlink protocol
+ *     but ROUTE and SOCK_DIAG (EPROTONOSUPPORT) — families, protocols and
+ *     ioctl numbers compared on 32 bits — and prlimit64 on another process.
+ *     Denied calls fail with EPERM unless said otherwise
  *     (clone3 with ENOSYS so glibc falls back to the filterable clone).
  *  2. the allow list: every system call libseccomp knows for the native
  *     architecture; anything newer than this libseccomp (a syscall the

@@ -584,11 +584,25 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         snprintf(why, whylen, "attach to cgroup: %s", strerror(-rc));
         goto fail;
     }
-    /* Best effort: lowering needs CAP_SYS_RESOURCE, which some hosts (and
-     * some VMs) withhold from root. */
+    /* The agent's OOM score, without a floor for the tenant (issue 16
+     * item 7).  A privileged write of oom_score_adj also sets the process's
+     * oom_score_adj_min — the value below which it may not go again without
+     * CAP_SYS_RESOURCE — and every process it forks inherits that floor:
+     * writing -998 there let every tenant process lower itself to -998 and
+     * outlive sbxd in a host-wide OOM.  So: oom_score_adj 0, which (when we
+     * hold CAP_SYS_RESOURCE) also resets any floor inherited from sbxd (a
+     * systemd OOMScoreAdjust=, say) to 0; then the legacy oom_adj -16
+     * (= oom_score_adj -941), which lowers the agent without moving its
+     * floor (proc(5); fs/proc/base.c __set_oom_adj updates the floor for
+     * oom_score_adj writes only).  Tenant processes raise themselves to
+     * +500 (container/agent/proctree.c) and can never go below 0.  Best
+     * effort: without CAP_SYS_RESOURCE (some hosts and VMs withhold it from
+     * root) the agent stays at 0 and the floor is sbxd's own. */
     char adj[64];
     snprintf(adj, sizeof(adj), "/proc/%d/oom_score_adj", (int)pid);
-    sbx_fs_write(adj, "-998");
+    sbx_fs_write(adj, "0");
+    snprintf(adj, sizeof(adj), "/proc/%d/oom_adj", (int)pid);
+    sbx_fs_write(adj, "-16");
     if (img) {
         if ((rc = image_layer_trees(pid, img, layer_fds, why, whylen)) != 0) {
             nlayer_fds = img->nlayers;

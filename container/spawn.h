@@ -18,8 +18,10 @@
  *      the channel for "go";
  *   4. the parent writes /proc/PID/{uid,gid}_map ("0 <host id> 1": one
  *      unprivileged host id per sandbox, nothing else mapped), on cgroup v2
- *      after clone(2) attaches the pid to its cgroup, sets oom_score_adj -998 so
- *      the OOM killer prefers tenant processes to the agent, and says "go";
+ *      after clone(2) attaches the pid to its cgroup, sets oom_score_adj 0
+ *      (floor 0) then the legacy oom_adj -16 (-941, floor unmoved) so the OOM
+ *      killer prefers tenant processes to the agent while no tenant process
+ *      can go below 0 (spawn.c says why), and says "go";
  *   5. the child sets PR_SET_PDEATHSIG, becomes uid/gid 0 of its namespace
  *      (setresuid/setresgid, setgroups(0)) and execs sbx-agent from a
  *      sealed memfd copy (F_SEAL_WRITE|SHRINK|GROW|SEAL): /proc/1/exe inside

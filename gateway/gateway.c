@@ -1098,6 +1098,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .relay_secret = conf->relay_secret,
             .max_body = conf->http_max_body,
             .timeout = conf->timeout,
+            .per_client = conf->http_per_client,
         };
         _cleanup_err_ sbx_err_t herr = NULL;
         if ((rv = sbx_http_start(&gw->http, &hc, &herr)) != 0) {

@@ -49,6 +49,7 @@ struct sbx_gateway_conf {
     char *preview_scheme;/* http or https: the X-Forwarded-Proto given to sandboxes */
     char *relay_secret;  /* shared with the shards' preview relays, or NULL */
     int64_t http_max_body; /* bytes of an HTTP request body */
+    int64_t http_per_client; /* HTTP connections per client address (0: 1024) */
 };
 
 typedef struct sbx_gateway sbx_gateway;

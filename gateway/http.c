@@ -72,10 +72,11 @@ http_add_common_headers(struct MHD_Response *r, bool cors)
 }
 
 /* Queue a response owning buf (freed either way).  h: whose CORS policy
- * applies (NULL: no CORS headers, for answers not meant for scripts). */
+ * applies (NULL: no CORS headers, for answers not meant for scripts);
+ * attachment: the body is a tenant's file (Content-Disposition: attachment). */
 static enum MHD_Result
 queue_buf(struct sbx_http *h, struct MHD_Connection *c, int status, const char *ctype, char *buf,
-          size_t len)
+          size_t len, bool attachment)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -83,6 +84,17 @@ queue_buf(struct sbx_http *h, struct MHD_Connection *c, int status, const char *
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
+    /* Tenant bytes are never a page of the API's origin (issue 16 item 1):
+     * a browser saves a raw file instead of rendering it, never sniffs a
+     * type into HTML, and if it renders anyway (a direct navigation some
+     * browsers still show) the page runs in an opaque origin with scripts
+     * off (CSP sandbox, W3C CSP3 §6.3.2), so it cannot call the API with the
+     * front's origin.  Applied to every answer: none of the API's is meant
+     * to be shown as a page. */
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy", "sandbox");
+    if (attachment)
+        MHD_add_response_header(r, "Content-Disposition", "attachment");
     MHD_add_response_header(r, "Cache-Control", "no-store");
     if (status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"sbx\"");
@@ -106,7 +118,7 @@ queue_json(struct sbx_http *h, struct MHD_Connection *c, int status, json_t *j)
     size_t n = strlen(text);
     text = sbx_xrealloc(text, n + 2);
     text[n] = '\n';
-    return queue_buf(h, c, status, "application/json", text, n + 1);
+    return queue_buf(h, c, status, "application/json", text, n + 1, false);
 }
 
 static enum MHD_Result
@@ -223,14 +235,14 @@ finish_op(struct hreq *hr)
         char ctype[128];
         snprintf(ctype, sizeof(ctype), "%.*s", (int)mime.n, mime.p);
         sbx_wire_msg_free(&m);
-        return queue_buf(hr->h, hr->c, MHD_HTTP_OK, ctype, raw, rawlen);
+        return queue_buf(hr->h, hr->c, MHD_HTTP_OK, ctype, raw, rawlen, true);
     }
     if (hr->rt->kind == R_METRICS) {
         sbx_str text = SBX_STR("");
         sbx_wire_get_str(res, "text", &text);
         char *body = sbx_xstrndup(text.p, text.n);
         sbx_wire_msg_free(&m);
-        return queue_buf(hr->h, hr->c, MHD_HTTP_OK, SBX_PROM_CONTENT_TYPE, body, text.n);
+        return queue_buf(hr->h, hr->c, MHD_HTTP_OK, SBX_PROM_CONTENT_TYPE, body, text.n, false);
     }
     if (hr->sse) {
         sbx_str sid;
@@ -291,7 +303,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (host && preview_match(h, host, &port, pid, sizeof(pid), ptok, sizeof(ptok)))
         return preview_access(h, c, url, method, NULL, NULL, con_cls, host);
 
-    const char *refused = http_browser_guard(h, c);
+    const char *refused = http_browser_guard(h, c, method);
     if (refused)
         return queue_error(h, c, MHD_HTTP_FORBIDDEN, "PERMISSION_DENIED", refused);
     if (!strcmp(method, "OPTIONS")) {
@@ -301,7 +313,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
-                                "X-Sbx-Binary, X-Sbx-Retry, X-Sbx-Timeout-Ms");
+                                "X-Sbx-Binary, X-Sbx-Client, X-Sbx-Retry, X-Sbx-Timeout-Ms");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
         MHD_destroy_response(r);
@@ -347,7 +359,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         return queue_json(h, c, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
     if (rt->kind == R_OPENAPI)
         return queue_buf(h, c, MHD_HTTP_OK, "application/json",
-                         sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len);
+                         sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len, false);
     if (!http_authorized(h, c))
         return queue_err(hr, SBX_E_UNAUTHORIZED,
                          "a valid API key is required: Authorization: Bearer <key> (or "
@@ -644,6 +656,8 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
                             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, h,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(h->conf.per_client > 0 ? h->conf.per_client : 1024),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024),
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2,
                             MHD_OPTION_UNESCAPE_CALLBACK, http_unescape_none, NULL, MHD_OPTION_END);

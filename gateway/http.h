@@ -46,6 +46,8 @@ struct sbx_http_conf {
     const char *relay_secret;   /* shared with the shards' preview relays (cluster mode), or NULL */
     int64_t max_body;           /* bytes of a request body (0: 32 MiB) */
     int64_t timeout;            /* ms: deadline of a request that names none (0: 600 000) */
+    int64_t per_client;         /* connections from one client address (0: 1024 of the 4096
+                                 * in all), so that one client cannot hold them all */
 };
 
 typedef struct sbx_http sbx_http;

@@ -92,10 +92,16 @@ host_name_len(const char *hp)
  * still sends Host: evil.example), and so is one whose Origin is not a
  * loopback origin (a cross-site form or fetch; a preview page on
  * *.localhost is tenant code and counts as cross-site).  Clients that are
- * not browsers send no Origin.  Returns NULL, or why the request is refused.
+ * not browsers send no Origin.  And a mutating request (any method but GET,
+ * HEAD, OPTIONS) must carry a non-empty X-Sbx-Client header: a custom header
+ * makes a browser send a CORS pre-flight first (WHATWG Fetch, "CORS-safelisted
+ * request-header"), which the keyless front never approves, so no page of
+ * another origin — another loopback port included, whose Origin the check
+ * above accepts — can send such a request; the SDKs send it (docs/http.md).
+ * Returns NULL, or why the request is refused (a static string).
  */
 const char *
-http_browser_guard(struct sbx_http *h, struct MHD_Connection *c)
+http_browser_guard(struct sbx_http *h, struct MHD_Connection *c, const char *method)
 {
     if (h->keys)
         return NULL;
@@ -104,14 +110,21 @@ http_browser_guard(struct sbx_http *h, struct MHD_Connection *c)
         return "without API keys the HTTP front answers only requests addressed to a loopback "
                "name (localhost, 127.0.0.1, [::1]); configure --api-keys to serve others";
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
-    if (!origin)
-        return NULL;
-    const char *hp = !strncmp(origin, "http://", 7)    ? origin + 7
-                     : !strncmp(origin, "https://", 8) ? origin + 8
-                                                       : NULL;
-    if (!hp || !loopback_name(hp, host_name_len(hp)))
-        return "without API keys the HTTP front refuses cross-origin requests from browsers; "
-               "configure --api-keys to call it from a web page";
+    if (origin) {
+        const char *hp = !strncmp(origin, "http://", 7)    ? origin + 7
+                         : !strncmp(origin, "https://", 8) ? origin + 8
+                                                           : NULL;
+        if (!hp || !loopback_name(hp, host_name_len(hp)))
+            return "without API keys the HTTP front refuses cross-origin requests from "
+                   "browsers; configure --api-keys to call it from a web page";
+    }
+    if (strcmp(method, "GET") && strcmp(method, "HEAD") && strcmp(method, "OPTIONS")) {
+        const char *client = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Sbx-Client");
+        if (!client || !*client)
+            return "without API keys the HTTP front needs an X-Sbx-Client header (any "
+                   "non-empty value, e.g. X-Sbx-Client: curl) on every request but GET and "
+                   "HEAD, so that a web page cannot send one; the SDKs send it";
+    }
     return NULL;
 }
 

@@ -201,8 +201,9 @@ int http_build_args(struct hreq *hr, char **args, size_t *alen, sbx_err_t *err);
 bool http_is_loopback(const struct sockaddr_storage *ss);
 /* Constant-time: presented equals a configured key (true with no keys). */
 bool http_key_ok(struct sbx_http *h, const char *presented);
-/* Keyless only: NULL, or why a browser-originated request is refused. */
-const char *http_browser_guard(struct sbx_http *h, struct MHD_Connection *c);
+/* Keyless only: NULL, or why a browser-originated request (or a mutating
+ * one without X-Sbx-Client) of `method` is refused. */
+const char *http_browser_guard(struct sbx_http *h, struct MHD_Connection *c, const char *method);
 /* The request carries a valid key (Authorization: Bearer, ?access_token). */
 bool http_authorized(struct sbx_http *h, struct MHD_Connection *c);
 /* Read the key file at path into h->keys; 0, or a negative code with *err

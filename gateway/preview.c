@@ -302,6 +302,30 @@ status_code(const char *p, size_t n)
     return (p[0] - '0') * 100 + (p[1] - '0') * 10 + (p[2] - '0');
 }
 
+void
+preview_cookie_host_only(char *v)
+{
+    char *w = strchr(v, ';'), *r = w;
+    if (!w)
+        return;
+    while (*r == ';') {
+        const char *end = strchr(r + 1, ';');
+        size_t seg = end ? (size_t)(end - r) : strlen(r);
+        const char *a = r + 1;
+        while (*a == ' ' || *a == '\t')
+            a++;
+        size_t an = strcspn(a, "=;");
+        while (an && (a[an - 1] == ' ' || a[an - 1] == '\t'))
+            an--;
+        if (!(an == 6 && !strncasecmp(a, "Domain", 6))) {
+            memmove(w, r, seg);
+            w += seg;
+        }
+        r += seg;
+    }
+    *w = 0;
+}
+
 /* curl's header callback: one line of the upstream's head (with its line
  * end; not NUL-terminated), the status lines of interim heads included. */
 size_t
@@ -314,6 +338,7 @@ preview_on_header(char *p, size_t size, size_t nmemb, void *cls)
         pthread_mutex_unlock(&pr->mu);
         return 0;
     }
+    pr->last_io_ms = sbx_mono_ms();
     if (n >= 5 && !strncmp(p, "HTTP/", 5)) {
         /* A status line: a new head (interim 1xx heads are dropped). */
         const char *sp = memchr(p, ' ', n);
@@ -370,6 +395,7 @@ on_body(char *p, size_t size, size_t nmemb, void *cls)
         pr->down_off = 0;
     }
     sbx_buf_append(&pr->down, p, n);
+    pr->last_io_ms = sbx_mono_ms();
     wake_conn(pr);
     pthread_mutex_unlock(&pr->mu);
     return n;
@@ -395,6 +421,7 @@ on_upload(char *p, size_t size, size_t nmemb, void *cls)
     size_t n = SBX_MIN(max, pr->up.len - pr->up_off);
     memcpy(p, pr->up.p + pr->up_off, n);
     pr->up_off += n;
+    pr->last_io_ms = sbx_mono_ms();
     if (pr->up_off == pr->up.len) {
         pr->up.len = 0;
         pr->up_off = 0;
@@ -425,6 +452,29 @@ preview_upstream_url(uint64_t gen, const char *sandbox, int port, const char *ta
     sbx_buf_init(&b);
     sbx_buf_appendf(&b, "http://%llu.%s:%d%s", (unsigned long long)gen, sandbox, port, target);
     return sbx_buf_steal(&b, NULL);
+}
+
+/* curl's progress callback (about once a second, also while the upstream
+ * is silent): abort an exchange whose upstream sent no head for
+ * PREVIEW_HEAD_TIMEOUT_MS, or whose body went idle for PREVIEW_IDLE_MS,
+ * since the last byte either way (preview_int.h). */
+static int
+on_progress(void *cls, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
+{
+    struct preview_req *pr = cls;
+    (void)dltotal;
+    (void)dlnow;
+    (void)ultotal;
+    (void)ulnow;
+    pthread_mutex_lock(&pr->mu);
+    int64_t quiet = sbx_mono_ms() - pr->last_io_ms;
+    bool head = pr->head_ready, cancelled = pr->cancelled;
+    pthread_mutex_unlock(&pr->mu);
+    if (!head && quiet > PREVIEW_HEAD_TIMEOUT_MS)
+        pr->timed_out = 1;
+    else if (head && quiet > PREVIEW_IDLE_MS)
+        pr->timed_out = 2;
+    return cancelled || pr->timed_out;
 }
 
 static void
@@ -474,6 +524,9 @@ proxy_http(struct preview_req *pr, const char *relay, uint64_t gen)
     curl_easy_setopt(cu, CURLOPT_HEADERDATA, pr);
     curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(cu, CURLOPT_WRITEDATA, pr);
+    curl_easy_setopt(cu, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(cu, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(cu, CURLOPT_XFERINFODATA, pr);
     curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hdrs);
     curl_easy_setopt(cu, CURLOPT_CUSTOMREQUEST, pr->method);
     if (!strcmp(pr->method, "HEAD"))
@@ -485,6 +538,9 @@ proxy_http(struct preview_req *pr, const char *relay, uint64_t gen)
         if (pr->content_length >= 0)
             curl_easy_setopt(cu, CURLOPT_INFILESIZE_LARGE, (curl_off_t)pr->content_length);
     }
+    pthread_mutex_lock(&pr->mu);
+    pr->last_io_ms = sbx_mono_ms();
+    pthread_mutex_unlock(&pr->mu);
     CURLcode rc = curl_easy_perform(cu);
     long pxerr = 0;
     curl_easy_getinfo(cu, CURLINFO_PROXY_ERROR, &pxerr);
@@ -504,6 +560,16 @@ proxy_http(struct preview_req *pr, const char *relay, uint64_t gen)
     if (rc == CURLE_COULDNT_RESOLVE_PROXY || rc == CURLE_COULDNT_CONNECT || rc == CURLE_PROXY) {
         fail(pr, 503, "SHARD_UNAVAILABLE", "cannot relay to the sandbox's shard: %s",
              curl_easy_strerror(rc));
+        return;
+    }
+    if (rc == CURLE_ABORTED_BY_CALLBACK && pr->timed_out) {
+        if (pr->timed_out == 1)
+            fail(pr, 504, "REQUEST_TIMEOUT",
+                 "the service on port %d sent no response head within %d s", pr->port,
+                 PREVIEW_HEAD_TIMEOUT_MS / 1000);
+        else
+            fail(pr, 504, "REQUEST_TIMEOUT", "the service on port %d went silent for %d s",
+                 pr->port, PREVIEW_IDLE_MS / 1000);
         return;
     }
     if (rc != CURLE_OK) {
@@ -772,9 +838,11 @@ queue_response(struct preview_req *pr)
         if (!colon)
             continue;
         *colon = 0;
-        const char *v = colon + 1;
+        char *v = colon + 1;
         while (*v == ' ' || *v == '\t')
             v++;
+        if (!strcasecmp(l->data, "Set-Cookie"))
+            preview_cookie_host_only(v);
         MHD_add_response_header(r, l->data, v);
         *colon = ':';
     }
@@ -850,10 +918,26 @@ start(struct sbx_http *h, struct MHD_Connection *c, const char *url, const char 
     if (!pr->has_body)
         pr->content_length = -1;
 
+    /* Caps, before a thread or an upstream connection is spent
+     * (preview_int.h): one sandbox's stalled service, or one client, cannot
+     * take every worker from the others. */
+    int same_sandbox = 0, same_client = 0;
     pthread_mutex_lock(&h->mu);
-    pr->next = h->previews;
-    h->previews = pr;
+    for (const struct preview_req *o = h->previews; o; o = o->next) {
+        same_sandbox += !strcmp(o->sandbox, pr->sandbox);
+        same_client += !strcmp(o->client_ip, pr->client_ip);
+    }
+    bool over = same_sandbox >= PREVIEW_PER_SANDBOX || same_client >= PREVIEW_PER_CLIENT;
+    if (!over) {
+        pr->next = h->previews;
+        h->previews = pr;
+    }
     pthread_mutex_unlock(&h->mu);
+    if (over)
+        return http_queue_error(c, 503, "RESOURCE_BUSY",
+                                same_sandbox >= PREVIEW_PER_SANDBOX
+                                    ? "too many preview requests in progress for this sandbox"
+                                    : "too many preview requests in progress from this client");
     pr->refs++;
     http_worker_enter(h);
     pthread_t t2;

@@ -20,6 +20,19 @@
 
 #define PREVIEW_HEAD_MAX (64 * 1024)     /* bytes of an upstream WebSocket answer's head */
 #define PREVIEW_CONN_OPTIONS_MAX 1024    /* bytes of Connection options honoured (hop-by-hop) */
+/* Fairness between tenants (issue 16 item 4; docs/http.md "Preview URLs").
+ * Preview requests in progress on this front, counted before a worker
+ * thread or an upstream connection is spent: at most PREVIEW_PER_SANDBOX
+ * for one sandbox and PREVIEW_PER_CLIENT from one client address; beyond,
+ * 503 RESOURCE_BUSY with Retry-After.  Upstream reads: an HTTP exchange
+ * whose upstream sends no response head for PREVIEW_HEAD_TIMEOUT_MS after
+ * the last byte either way is answered 504 REQUEST_TIMEOUT (as a WebSocket
+ * upgrade's head, 30 s); a response body silent for PREVIEW_IDLE_MS is cut
+ * (its relay then closes, and the sandbox may sleep again). */
+#define PREVIEW_PER_SANDBOX 64
+#define PREVIEW_PER_CLIENT 256
+#define PREVIEW_HEAD_TIMEOUT_MS 30000
+#define PREVIEW_IDLE_MS (5 * 60 * 1000)
 
 /* One preview request.  Reference-counted (refs; under mu): the MHD
  * connection and the worker thread each hold one; the last drop
@@ -46,6 +59,9 @@ struct preview_req {
     bool ws;
     struct curl_slist *req_hdrs;   /* forwarded request headers; owned */
     int64_t content_length;        /* -1: unknown (chunked) */
+    int64_t last_io_ms;            /* sbx_mono_ms() of the last upstream byte either way
+                                    * (the worker's start at first); under mu */
+    int timed_out;                 /* 1: no head in time, 2: the body went idle; worker only */
     bool has_body;
     /* upload: client → upstream */
     sbx_buf up;
@@ -113,6 +129,15 @@ void preview_add_connection(char **acc, const char *value);
  * pr->head_ready at the end of a final head.  Returns size * nmemb, or 0 when
  * the request was cancelled (libcurl then aborts). */
 size_t preview_on_header(char *p, size_t size, size_t nmemb, void *cls);
+
+/* preview_cookie_host_only — a Set-Cookie value as a preview's upstream sent
+ * it, rewritten in place (it only shrinks) without its Domain attributes
+ * (RFC 6265 §5.2.3, any case, any spacing), so the browser keeps the cookie
+ * for the exact preview host only: every preview host is a name under one
+ * domain, and a `Domain=` of it would send one sandbox's cookie to all
+ * others (issue 16 item 5).  Other attributes and the name=value pair are
+ * kept byte for byte. */
+void preview_cookie_host_only(char *v);
 
 /* The upstream URL of a request: the relay is a SOCKS5 proxy whose
  * destination "<gen>.<sandbox>" names the container (runtime/relay.h), then

@@ -112,6 +112,7 @@ main(int argc, char **argv)
     char url[256];
     snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/exec", base, id);
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    h = curl_slist_append(h, "X-Sbx-Client: sbx-bench-http"); /* keyless front, docs/http.md */
     curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, sink);
     curl_easy_setopt(cu, CURLOPT_TCP_NODELAY, 1L);
@@ -131,6 +132,7 @@ main(int argc, char **argv)
     snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/exec.stream", base, id);
     struct curl_slist *hs = curl_slist_append(NULL, "Content-Type: application/json");
     hs = curl_slist_append(hs, "Accept: text/event-stream");
+    hs = curl_slist_append(hs, "X-Sbx-Client: sbx-bench-http");
     curl_easy_setopt(cu, CURLOPT_HTTPHEADER, hs);
     curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, sse_data);
     for (int i = 0; i < 10 + ns; i++) {

@@ -39,6 +39,7 @@
 #include "../runtime/config.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "hostlock.h"
 
 #define DEFAULT_LISTEN "tcp://127.0.0.1:7700"
 #define DEFAULT_HTTP "127.0.0.1:7780"
@@ -106,221 +107,6 @@ load_secret(const char *file, char **secret, const char *who)
     return 0;
 }
 
-/* ------------------------------------------------------------------------------ */
-/*
- * Host locks: one live deployment per name, one live shard per cgroup subtree.
- *
- * A shard sweeps its cgroup subtree at start-up, killing every process left
- * in it (container/cgroup.c), and `sbxd dev` derives its shards' host uid
- * ranges from the deployment name.  So a second deployment of the same name
- * on one host would kill the first one's sandboxes and then hand out the
- * same host uids.  Before touching a cgroup or a uid each process takes, in
- * LOCK_DIR (root's, 0700, files 0600 so no other user can hold one):
- *   deploy.<name>.lock       exclusively, by `sbxd dev`;
- *   cgroup.<a>.lock, cgroup.<a/b>.lock, …  shared, by a shard with cgroup
- *   subtree a/b/…/z for every ancestor, and cgroup.<a/b/…/z>.lock
- *   exclusively: a subtree nested in a live shard's (whose sweep would
- *   empty it) is refused as well as the same one.
- * flock(2) without waiting; a lock dies with the last descriptor of its open
- * file, so the lock of a crashed or SIGKILLed process never blocks (its file
- * remains and is reused).  Descriptors are close-on-exec: neither shards nor
- * sandboxes inherit them.  A refusal names a holder from /proc/locks.  The
- * exclusive holder writes its pid into the file (for people) and unlinks
- * the file when it stops, before closing it (so while still holding it);
- * an ancestor's file is unlinked only by a shard whose own subtree it is.
- * Whoever locks a file checks that it is still the one at the path, and
- * tries again if it was unlinked meanwhile.
- */
-#define LOCK_DIR "/run/sbx"
-#define LOCK_DEPTH 32
-
-struct hostlock {
-    int fds[LOCK_DEPTH];          /* ancestors (shared) first, the key (exclusive) last */
-    int n;
-    char path[PATH_MAX];          /* the exclusive lock's file */
-};
-
-/* LOCK_DIR exists, is a directory and only its owner (root) writes to it. */
-static int
-lock_dir_check(char *why, size_t whylen)
-{
-    struct stat st;
-    int rc = 0;
-    if (mkdir(LOCK_DIR, 0700) != 0 && errno != EEXIST)
-        rc = -errno;
-    else if (lstat(LOCK_DIR, &st) != 0)
-        rc = -errno;
-    else if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
-        rc = -EPERM;
-    if (rc)
-        snprintf(why, whylen, "%s must be a directory of uid %d writable by it alone (%s)",
-                 LOCK_DIR, (int)geteuid(), strerror(-rc));
-    return rc;
-}
-
-/* LOCK_DIR/<kind>.<key[0..n)>.lock, bytes of the key other than
- * [A-Za-z0-9_.-] as %XX ('/' is %2F): one file per key, always inside
- * LOCK_DIR.  0 or -ENAMETOOLONG. */
-static int
-lock_path(char *out, size_t outlen, const char *kind, const char *key, size_t n)
-{
-    char name[NAME_MAX + 1];
-    size_t k = (size_t)snprintf(name, sizeof(name), "%s.", kind);
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++) {
-        unsigned char ch = (unsigned char)key[i];
-        bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                     (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '-';
-        if (k + 3 + 5 >= sizeof(name))
-            rc = -ENAMETOOLONG;
-        else if (plain)
-            name[k++] = (char)ch;
-        else
-            k += (size_t)snprintf(name + k, sizeof(name) - k, "%%%02X", ch);
-    }
-    if (!rc && k + 5 >= sizeof(name))
-        rc = -ENAMETOOLONG;
-    if (!rc) {
-        memcpy(name + k, ".lock", 6);
-        if ((size_t)snprintf(out, outlen, "%s/%s", LOCK_DIR, name) >= outlen)
-            rc = -ENAMETOOLONG;
-    }
-    return rc;
-}
-
-/* lock_holder — a process other than us that holds a flock on fd's file,
- * from /proc/locks ("1: FLOCK ADVISORY WRITE <pid> <maj>:<min>:<ino> 0 EOF",
- * the device in hex; waiters, "1: -> FLOCK …", skipped), or 0. */
-static pid_t
-lock_holder(int fd)
-{
-    struct stat st;
-    char *text = NULL;
-    size_t n;
-    pid_t pid = 0;
-    if (fstat(fd, &st) != 0 || sbx_fs_read("/proc/locks", 1 << 20, &text, &n) != 0)
-        text = NULL;
-    for (char *line = text; line && *line && !pid;) {
-        char *nl = strchr(line, '\n');
-        if (nl)
-            *nl = '\0';
-        char kind[16];
-        int p;
-        unsigned maj, min;
-        unsigned long long ino;
-        if (sscanf(line, "%*s %15s %*s %*s %d %x:%x:%llu", kind, &p, &maj, &min, &ino) == 5 &&
-            !strcmp(kind, "FLOCK") && maj == major(st.st_dev) && min == minor(st.st_dev) &&
-            ino == (unsigned long long)st.st_ino && p > 0 && p != getpid())
-            pid = p;
-        line = nl ? nl + 1 : NULL;
-    }
-    free(text);
-    return pid;
-}
-
-/*
- * lock_take — flock `path` (created if missing) shared or exclusive without
- * waiting.  0 with *fd; -EBUSY when a live process holds it, with *holder
- * one such process (0 when /proc/locks does not tell); or -errno.
- */
-static int
-lock_take(const char *path, bool excl, int *fd, pid_t *holder)
-{
-    int rc = -EAGAIN;
-    *holder = 0;
-    /* A retry only when a holder unlinked the file between our open and flock. */
-    for (int attempt = 0; attempt < 16 && rc == -EAGAIN; attempt++) {
-        int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        struct stat a, b;
-        if (f < 0) {
-            rc = -errno;
-        } else if (flock(f, (excl ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
-            rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-            *holder = rc == -EBUSY ? lock_holder(f) : 0;
-            close(f);
-        } else if (fstat(f, &a) != 0 || stat(path, &b) != 0 || a.st_ino != b.st_ino ||
-                   a.st_dev != b.st_dev) {
-            close(f); /* unlinked by its last holder: lock the file now at the path */
-        } else {
-            if (excl) {
-                char buf[32];
-                int len = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
-                if (ftruncate(f, 0) != 0 || pwrite(f, buf, (size_t)len, 0) != len)
-                    sbx_log_warn("cannot record our pid in %s: %s", path, strerror(errno));
-            }
-            *fd = f;
-            rc = 0;
-        }
-    }
-    return rc == -EAGAIN ? -EBUSY : rc;
-}
-
-/* hostlock_release — unlink the exclusive lock's file while still holding
- * it, then close every descriptor (no-op on an empty lock). */
-static void
-hostlock_release(struct hostlock *hl)
-{
-    if (hl->n > 0 && hl->path[0])
-        unlink(hl->path);
-    while (hl->n > 0)
-        close(hl->fds[--hl->n]);
-    hl->path[0] = '\0';
-}
-
-/*
- * hostlock_take — take the locks of `kind` key `key`: for a path-like key
- * (`nested`: components separated by '/', as a cgroup subtree), every
- * ancestor shared and the key exclusive; otherwise the key alone.  `what`
- * names a held key in messages ("the cgroup subtree of a live shard").  0;
- * -EBUSY with the reason (naming the holder's pid when it is known) in why;
- * or another -errno with the reason.
- */
-static int
-hostlock_take(struct hostlock *hl, const char *kind, const char *key, bool nested,
-              const char *what, char *why, size_t whylen)
-{
-    size_t len = strlen(key);
-    memset(hl, 0, sizeof(*hl));
-    int rc = len ? lock_dir_check(why, whylen) : -EINVAL;
-    if (!len)
-        snprintf(why, whylen, "an empty %s name cannot be locked", kind);
-    for (size_t end = 0; !rc && end < len; end++) {
-        /* The next prefix that ends a component: an ancestor, or the key itself. */
-        while (nested && end + 1 < len && key[end + 1] != '/')
-            end++;
-        if (!nested)
-            end = len - 1;
-        bool excl = end + 1 == len;
-        char path[PATH_MAX];
-        pid_t holder = 0;
-        if (hl->n == LOCK_DEPTH) {
-            rc = -ENAMETOOLONG;
-            snprintf(why, whylen, "'%s' has more than %d levels", key, LOCK_DEPTH);
-        } else if ((rc = lock_path(path, sizeof(path), kind, key, end + 1)) != 0) {
-            snprintf(why, whylen, "'%s' is too long for a lock file name", key);
-        } else if ((rc = lock_take(path, excl, &hl->fds[hl->n], &holder)) == 0) {
-            hl->n++;
-            if (excl)
-                snprintf(hl->path, sizeof(hl->path), "%s", path);
-        } else if (rc == -EBUSY) {
-            char pid[48] = "";
-            if (holder > 0)
-                snprintf(pid, sizeof(pid), " (pid %d)", (int)holder);
-            if (excl)
-                snprintf(why, whylen, "'%s' is %s%s%s", key, what, pid,
-                         nested ? ", or contains one" : "");
-            else
-                snprintf(why, whylen, "'%s' lies inside '%.*s', %s%s", key, (int)(end + 1), key,
-                         what, pid);
-        } else {
-            snprintf(why, whylen, "cannot lock %s: %s", path, strerror(-rc));
-        }
-    }
-    if (rc)
-        hostlock_release(hl);
-    return rc;
-}
-
 /* cgroup_base_normalize — the subtree as its components joined by single
  * '/' (none leading or trailing), so that spellings of one subtree take one
  * lock; "." and ".." are refused (a sweep must stay inside sbx's own
@@ -368,7 +154,11 @@ set_log_format(const char *log_format, const char *cmd)
         {"interp", SBX_OPT_STR, &(c)->interp,                                                 \
          "interpreter drivers directory (default: ../share/sbx/interp from sbxd)"},           \
         {"cgroup", SBX_OPT_STR, &(c)->cgroup, "cgroup mode: auto, v1, v2 or none"},           \
-        {"uid-base", SBX_OPT_INT, &(c)->uid_base, "first host uid mapped into sandboxes"},    \
+        {"allow-unlimited", SBX_OPT_BOOL, &(c)->allow_unlimited,                              \
+         "run sandboxes without limits where cgroup v2 lacks memory/pids/cpu (else refuse)"}, \
+        {"uid-base", SBX_OPT_INT, &(c)->uid_base,                                            \
+         "first host uid mapped into sandboxes (default: the first free range from "          \
+         "1000000000; ranges are locked per host)"},                                          \
         {"uid-count", SBX_OPT_INT, &(c)->uid_count, "host uids available (max live sandboxes)"}, \
         {"contexts", SBX_OPT_INT, &(c)->contexts, "requests received concurrently"},          \
         {"workers", SBX_OPT_INT, &(c)->workers, "container start/stop threads (0: 1/CPU, at least 2)"},   \
@@ -561,6 +351,26 @@ cmd_shard(int argc, char **argv)
         sbx_shard_conf_free(&c);
         return rc == -EBUSY ? 2 : 1;
     }
+    /* Host uids, locked like names and cgroups (uid_range_lock); without
+     * --uid-base, the first free range.  A sweep hands out none. */
+    struct hostlock ul = {.n = 0};
+    bool uid_given = false;
+    for (int k = 2; k < argc; k++)
+        uid_given |= !strncmp(argv[k], "--uid-base", 10);
+    if (!sweep && (rc = uid_range_lock(&ul, &c.uid_base, c.uid_count, !uid_given, lwhy,
+                                       sizeof(lwhy))) != 0) {
+        sbx_log_error("%s%s", lwhy,
+                  rc == -EBUSY ? ": give this shard a --uid-base range of its own (or none: "
+                                 "it then takes a free one)"
+                               : "");
+        close(dfd);
+        hostlock_release(&hl);
+        sbx_shard_conf_free(&c);
+        return rc == -EBUSY ? 2 : 1;
+    }
+    if (!sweep)
+        sbx_log_info("host uids %lld-%lld", (long long)c.uid_base,
+                     (long long)(c.uid_base + c.uid_count - 1));
     if (sweep) {
         /* What sbx_shard_run does first and last, with nothing between:
          * sbx_cgroups_open kills what is left in the subtree (by pidfd) and
@@ -575,6 +385,7 @@ cmd_shard(int argc, char **argv)
         rc = sbx_shard_run(&c);
     }
     close(dfd); /* the file stays: it is the directory's, not a host-wide name */
+    hostlock_release(&ul);
     hostlock_release(&hl);
     sbx_shard_conf_free(&c);
     return rc ? 1 : 0;
@@ -620,7 +431,9 @@ wait_signal_until(const sigset_t *set, int64_t timeout_ms)
     {"http", SBX_OPT_STR, &(g)->http, "HTTP front address host:port (\"\" for none)"},        \
         {"api-keys", SBX_OPT_STR, &(g)->api_keys,                                             \
          "file of HTTP API keys, one per line (required unless --http is loopback)"},        \
-        {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"}
+        {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"},   \
+        {"http-per-client", SBX_OPT_INT, &(g)->http_per_client,                               \
+         "HTTP connections per client address (default 1024; raise it behind a proxy)"}
 
 static int
 cmd_gateway(int argc, char **argv)
@@ -895,20 +708,14 @@ cmd_dev(int argc, char **argv)
         sbx_log_info("HTTP API on http://%.*s:%d, preview URLs http://{port}-{id}-{token}.%s/",
                  colon ? (int)(colon - gc.http) : 0, gc.http, http_port, preview_domain);
     }
-    /* Host uids: an explicit --uid-base, else a range picked from the
-     * deployment's name, so that deployments side by side on one host (tests,
-     * benchmarks, a developer's own) do not hand out the same host uids. */
+    /* Host uids: an explicit --uid-base, split among the shards; else each
+     * shard locks a free range of its own (uid_range_lock), so deployments
+     * side by side on one host never hand out the same host uids. */
     int64_t uid_base = c.uid_base;
     bool uid_given = false;
     for (int k = 2; k < argc; k++)
         if (!strncmp(argv[k], "--uid-base", 10))
             uid_given = true;
-    if (!uid_given) {
-        uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
-        for (const char *p = name; *p; p++)
-            h = (h ^ (unsigned char)*p) * 1099511628211ull;
-        uid_base = 1000000000 + (int64_t)(h % 4096) * (4 * 65536); /* 4 shards of 65536 each */
-    }
     kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
     for (int i = 0; i < nshards; i++) {
         char buf[PATH_MAX + 64];
@@ -926,9 +733,11 @@ cmd_dev(int argc, char **argv)
          * an --images given below replaces it. */
         snprintf(buf, sizeof(buf), "--images=%s/images", absdata);
         argv_add(&av, &n, buf);
-        /* Distinct host uid ranges per shard. */
+        /* Distinct host uid ranges per shard: from --uid-base when given,
+         * else each shard takes a free range itself (uid_range_lock). */
         snprintf(buf, sizeof(buf), "--uid-base=%lld", (long long)(uid_base + i * c.uid_count));
-        argv_add(&av, &n, buf);
+        if (uid_given)
+            argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--relay=unix:%s/s%d.relay", absdata, i);
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--preview-domain=%s", preview_domain);

@@ -100,7 +100,7 @@ h="http://127.0.0.1:$port/v1"
 http_fail=0
 check() { # expected-status curl-args...
   local want=$1; shift
-  local got; got=$(curl -s -o /dev/null -w '%{http_code}' --max-time 60 "$@")
+  local got; got=$(curl -s -o /dev/null -w '%{http_code}' --max-time 60 -H 'X-Sbx-Client: valgrind.sh' "$@")
   [ "$got" = "$want" ] || { echo "valgrind: HTTP $* answered $got, expected $want"; http_fail=1; }
 }
 check 200 "$h/health"

@@ -59,9 +59,9 @@ agent_spawn(struct agent *a, const struct spawn_opts *o)
         setsid();
     if (o->subreaper)
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    /* The agent asks for oom_score_adj -998 (the shard sets it; a host root
-     * without CAP_SYS_RESOURCE cannot lower it, and then the agent stays at
-     * 0).  What it starts goes to +500, which needs no privilege, so that
+    /* The agent runs at oom_score_adj -941 with a floor of 0 (the shard
+     * sets both, container/spawn.c; a host root without CAP_SYS_RESOURCE
+     * cannot lower it, and then the agent stays at 0).  What it starts goes to +500, which needs no privilege, so that
      * either way the OOM killer of the sandbox's memory cgroup picks tenant
      * processes before the agent (proc(5) oom_score_adj). */
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);

@@ -660,6 +660,43 @@ drop_privileges(const struct agent_cfg *cfg, sbx_err_t *err)
         rl.rlim_cur = rl.rlim_max = cfg->nofile;
         STEP(setrlimit(RLIMIT_NOFILE, &rl) == 0, "RLIMIT_NOFILE");
     }
+    /* Every other limit set here too, never inherited from whatever started
+     * sbxd (issue 16 item 9; the values are docs/security.md §2 item 8's). */
+    /* FSIZE: twice the larger writable tmpfs, so a full disk is always
+     * ENOSPC first (never SIGXFSZ), yet no file can grow without bound. */
+    uint64_t fsize = 2 * (cfg->rw_size > cfg->shm_size ? cfg->rw_size : cfg->shm_size);
+    const struct {
+        int res;
+        rlim_t cur, max;
+        const char *name;
+    } lims[] = {
+        {RLIMIT_RTPRIO, 0, 0, "RLIMIT_RTPRIO"},   /* no real-time scheduling */
+        {RLIMIT_NICE, 0, 0, "RLIMIT_NICE"},       /* nice can go up, never below 0 */
+        {RLIMIT_MEMLOCK, 8u << 20, 8u << 20, "RLIMIT_MEMLOCK"}, /* the default since 5.16 */
+        {RLIMIT_SIGPENDING, 4096, 4096, "RLIMIT_SIGPENDING"},   /* queued signals of the uid */
+        {RLIMIT_MSGQUEUE, 819200, 819200, "RLIMIT_MSGQUEUE"},   /* mqueue bytes (default) */
+        {RLIMIT_FSIZE, fsize ? (rlim_t)fsize : RLIM_INFINITY, fsize ? (rlim_t)fsize : RLIM_INFINITY,
+         "RLIMIT_FSIZE"},
+        {RLIMIT_STACK, 8u << 20, RLIM_INFINITY, "RLIMIT_STACK"},
+        {RLIMIT_LOCKS, 1024, 1024, "RLIMIT_LOCKS"},
+        {RLIMIT_CPU, RLIM_INFINITY, RLIM_INFINITY, "RLIMIT_CPU"},   /* cpu cgroup, timeouts */
+        {RLIMIT_DATA, RLIM_INFINITY, RLIM_INFINITY, "RLIMIT_DATA"}, /* the memory cgroup */
+        {RLIMIT_AS, RLIM_INFINITY, RLIM_INFINITY, "RLIMIT_AS"},
+        {RLIMIT_RSS, RLIM_INFINITY, RLIM_INFINITY, "RLIMIT_RSS"},
+    };
+    for (size_t i = 0; i < sizeof(lims) / sizeof(lims[0]); i++) {
+        rl.rlim_cur = lims[i].cur;
+        rl.rlim_max = lims[i].max;
+        if (setrlimit(lims[i].res, &rl) == 0)
+            continue;
+        /* Raising a hard limit needs CAP_SYS_RESOURCE on the host: keep the
+         * inherited hard limit, which is then the stricter value. */
+        struct rlimit old;
+        STEP(errno == EPERM && getrlimit(lims[i].res, &old) == 0, "%s", lims[i].name);
+        rl.rlim_max = old.rlim_max;
+        rl.rlim_cur = lims[i].cur < old.rlim_max ? lims[i].cur : old.rlim_max;
+        STEP(setrlimit(lims[i].res, &rl) == 0, "%s", lims[i].name);
+    }
 
     /* Capabilities: bounding set, ambient set, then securebits so that uid 0
      * gains nothing at execve, then the three sets emptied (crun

@@ -309,6 +309,8 @@ want_status(const char *line, size_t n)
     return st >= 100 ? st : 502;
 }
 
+static void check_cookie(const char *value);
+
 static void
 fuzz_response_head(const uint8_t *d, size_t n)
 {
@@ -345,10 +347,47 @@ fuzz_response_head(const uint8_t *d, size_t n)
         nl++;
         off += len;
     }
-    for (size_t i = 0; i < nl; i++)
+    for (size_t i = 0; i < nl; i++) {
+        if (!strncasecmp(lines[i], "Set-Cookie:", 11))
+            check_cookie(lines[i] + 11);
         free(lines[i]);
+    }
     free(lines);
     preview_req_unref(pr);
+}
+
+/* preview_cookie_host_only on a Set-Cookie value: the name=value pair is
+ * kept, no attribute named Domain is left, every other attribute is kept
+ * in order, and a second pass changes nothing. */
+static void
+check_cookie(const char *value)
+{
+    char *v = sbx_xstrdup(value);
+    size_t n0 = strlen(v), pair = strcspn(v, ";");
+    preview_cookie_host_only(v);
+    FUZZ_CHECK(strlen(v) <= n0 && !strncmp(v, value, pair), "the pair changed: '%s' -> '%s'",
+               value, v);
+    size_t kept = 0;
+    for (const char *r = value + pair; *r == ';';) {
+        size_t seg = 1 + strcspn(r + 1, ";");
+        const char *a = r + 1 + strspn(r + 1, " \t");
+        size_t an = strcspn(a, "=;");
+        while (an && (a[an - 1] == ' ' || a[an - 1] == '\t'))
+            an--;
+        bool domain = an == 6 && !strncasecmp(a, "Domain", 6);
+        if (!domain) {
+            FUZZ_CHECK(!strncmp(v + pair + kept, r, seg), "attribute '%.*s' lost in '%s'",
+                       (int)seg, r, v);
+            kept += seg;
+        }
+        r += seg;
+    }
+    FUZZ_CHECK(strlen(v) == pair + kept, "'%s' -> '%s': extra bytes", value, v);
+    char *again = sbx_xstrdup(v);
+    preview_cookie_host_only(again);
+    FUZZ_CHECK(!strcmp(again, v), "not idempotent: '%s' -> '%s'", v, again);
+    free(again);
+    free(v);
 }
 
 /* The answer to a WebSocket upgrade: bytes from the relay. */

@@ -143,6 +143,8 @@ seeds = {
                            b'Content-Length: 5\r\nConnection: keep-alive, X-Internal\r\nX-Internal: 1\r\n'
                            b'Set-Cookie: a=b\r\nTransfer-Encoding: chunked\r\n\r\n',
                    "resp-short-line": b'\x03\x00HTTP/1.1 200 OK\r\nA\nSet-Cookie: s=1\r\n\r\n',
+                   "resp-cookie-domain": b'\x03\x00HTTP/1.1 200 OK\r\nSet-Cookie: a=1; Domain=x; path=/ '
+                                         b';DOMAIN = y;HttpOnly\r\nset-cookie: b;domain\r\n\r\n',
                    "resp-status": b'\x03\x00HTTP/1.1 99999999999 X\r\n\r\nHTTP/1.1 2000\r\n\n',
                    "resp-long": b'\x03\x00HTTP/1.1 204\r\nX-Long: ' + b'v' * 9000 + b'\r\n\r\n',
                    "ws-101": b'\x04\x00HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n'

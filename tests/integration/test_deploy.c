@@ -1,5 +1,5 @@
 /*
- * test_deploy.c — deployments side by side on one host (tools/sbxd.c, host
+ * test_deploy.c — deployments side by side on one host (tools/hostlock.c, host
  * locks): a second `sbxd dev` with a name in use refuses to start (exit 2)
  * and the first one's sandboxes keep running; a shard whose cgroup subtree
  * is, contains or lies inside a live shard's refuses too; the lock of a
@@ -466,4 +466,151 @@ Test(deploy, no_preview_host_replaces_the_refused_preview_hosts, .timeout = 120)
     tdone(c, id);
     sbx_client_close(c);
     testd_stop(&d);
+}
+
+/* A standalone shard named <name>-<tag> in dir with extra arguments,
+ * serving (asserted); its pid. */
+static pid_t
+shard_up(const char *dir, const char *name, const char *tag, const char *const *extra)
+{
+    char nm[96], data[320], listen[340], log[320];
+    snprintf(nm, sizeof(nm), "--name=%s-%s", name, tag);
+    snprintf(data, sizeof(data), "--data=%s/%s", dir, tag);
+    snprintf(listen, sizeof(listen), "--listen=ipc://%s/%s.sock", dir, tag);
+    snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+    const char *argv[24] = {"sbxd", "shard", nm, data, listen, "--cgroup", "none", "--pool", "0"};
+    int n = 9;
+    for (int i = 0; extra && extra[i] && n < 23; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t p = sbxd_spawn(argv, log);
+    char *text = NULL;
+    bool up = shard_serving(p, log);
+    if (!up)
+        text = slurp(log);
+    cr_assert(up, "shard %s did not start:\n%s", tag, text ? text : "");
+    return p;
+}
+
+/* The host uid range a shard's log says it took ("host uids A-B"). */
+static void
+uids_of(const char *dir, const char *tag, long long *lo, long long *hi)
+{
+    char log[320];
+    snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+    char *text = slurp(log);
+    const char *p = strstr(text, "host uids ");
+    cr_assert(p && sscanf(p, "host uids %lld-%lld", lo, hi) == 2, "no uid range in %s:\n%s",
+              log, text);
+    free(text);
+}
+
+/*
+ * Host uid ranges are locked per host like names and cgroups (issue 16 item
+ * 10): a shard whose --uid-base range overlaps a live shard's refuses to
+ * start (exit 2, naming the holder), an adjacent range is fine, a shard
+ * without --uid-base takes a free range of its own (before, every such
+ * shard took 1000000000…), and a SIGKILLed shard's range is free again.
+ */
+Test(deploy, shards_refuse_host_uid_ranges_that_overlap_a_live_ones, .timeout = 180)
+{
+    char dir[256], name[64];
+    tmpdir(dir, sizeof(dir));
+    name_from(dir, name, sizeof(name));
+    /* A range of our own, high above what `sbxd dev` and the other tests use. */
+    long long b = 3900000000ll + (long long)(getpid() % 100000) * 1000;
+    char pb[40], qb[40], rb[40];
+    snprintf(pb, sizeof(pb), "--uid-base=%lld", b);
+    snprintf(qb, sizeof(qb), "--uid-base=%lld", b + 50);
+    snprintf(rb, sizeof(rb), "--uid-base=%lld", b + 100);
+    const char *const pargs[] = {pb, "--uid-count", "100", NULL};
+    pid_t p = shard_up(dir, name, "p", pargs);
+    char ppid[32], qname[96];
+    snprintf(ppid, sizeof(ppid), "(pid %d)", (int)p);
+    snprintf(qname, sizeof(qname), "--name=%s-q", name);
+    const char *const qargs[] = {qname, qb, "--uid-count", "100", NULL};
+    char *text;
+    int code = shard_refusal(dir, "q", qargs, &text);
+    cr_expect_eq(code, 2, "a shard on uids %lld-%lld beside one on %lld-%lld: exit %d:\n%s",
+                 b + 50, b + 149, b, b + 99, code, text);
+    cr_expect(strstr(text, "overlap") && strstr(text, ppid),
+              "the refusal should say 'overlap' and name %s:\n%s", ppid, text);
+    free(text);
+    /* Adjacent is disjoint. */
+    const char *const rargs[] = {rb, "--uid-count", "100", NULL};
+    pid_t r = shard_up(dir, name, "r", rargs);
+    /* Two shards without --uid-base: free ranges, disjoint from each other
+     * and from P's and R's. */
+    pid_t s1 = shard_up(dir, name, "s1", NULL), s2 = shard_up(dir, name, "s2", NULL);
+    long long lo1, hi1, lo2, hi2;
+    uids_of(dir, "s1", &lo1, &hi1);
+    uids_of(dir, "s2", &lo2, &hi2);
+    cr_expect(hi1 < lo2 || hi2 < lo1, "two shards without --uid-base share uids: %lld-%lld and "
+              "%lld-%lld", lo1, hi1, lo2, hi2);
+    for (int i = 0; i < 2; i++) {
+        long long lo = i ? lo2 : lo1, hi = i ? hi2 : hi1;
+        cr_expect(hi < b || lo > b + 199, "a free range %lld-%lld overlaps P's or R's", lo, hi);
+    }
+    /* A killed shard's range is free again (R, which Q's range overlaps too,
+     * stopped first). */
+    stop_child(r);
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    pid_t q = shard_up(dir, name, "q2", qargs + 1);
+    stop_child(q);
+    stop_child(s1);
+    stop_child(s2);
+    sbx_rm_rf(dir);
+}
+
+/* The cgroup v2 mount's root controllers ("" when there is no v2 mount). */
+static char *
+v2_root_controllers(void)
+{
+    static const char *const at[] = {"/sys/fs/cgroup/cgroup.controllers",
+                                     "/sys/fs/cgroup/unified/cgroup.controllers", NULL};
+    for (int i = 0; at[i]; i++)
+        if (access(at[i], R_OK) == 0)
+            return slurp(at[i]);
+    return strdup("");
+}
+
+/*
+ * cgroup v2 without the memory, pids and cpu controllers (issue 16 item 8):
+ * a shard refuses to start instead of running every sandbox without limits
+ * (before: a warning, then no limits), unless the operator passes
+ * --allow-unlimited.  This host's bare unified tree (cgroup v1 hybrid) has
+ * none; on a host whose v2 root has all three the refusal cannot be
+ * provoked and the test says so.
+ */
+Test(deploy, cgroup_v2_without_controllers_is_refused_unless_allowed, .timeout = 120)
+{
+    char *ctrls = v2_root_controllers();
+    struct stat st;
+    bool has_v2 = stat("/sys/fs/cgroup/unified", &st) == 0 ||
+                  access("/sys/fs/cgroup/cgroup.controllers", R_OK) == 0;
+    bool all = strstr(ctrls, "memory") && strstr(ctrls, "pids") && strstr(ctrls, "cpu");
+    free(ctrls);
+    if (!has_v2 || all)
+        cr_skip_test("this host's cgroup v2 tree %s: a subtree without controllers cannot be "
+                     "provoked here",
+                     has_v2 ? "has memory, pids and cpu" : "does not exist");
+    char dir[256], name[64];
+    tmpdir(dir, sizeof(dir));
+    name_from(dir, name, sizeof(name));
+    char nm[96];
+    snprintf(nm, sizeof(nm), "--name=%s-v2", name);
+    const char *const args[] = {nm, "--cgroup", "v2", NULL};
+    char *text;
+    int code = shard_refusal(dir, "v2", args, &text);
+    cr_expect(code > 0, "a shard on a cgroup v2 tree without controllers: exit %d:\n%s", code,
+              text);
+    cr_expect(strstr(text, "--allow-unlimited") && strstr(text, "without limits"),
+              "the refusal should say why and name --allow-unlimited:\n%s", text);
+    free(text);
+    const char *const allowed[] = {"--cgroup", "v2", "--allow-unlimited", NULL};
+    pid_t p = shard_up(dir, name, "v2ok", allowed);
+    int s = stop_child(p);
+    cr_expect(s >= 0 && WIFEXITED(s) && WEXITSTATUS(s) == 0, "the allowed shard: status %#x", s);
+    sbx_rm_rf(dir);
 }

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -668,6 +669,83 @@ Test(http, keyless_front_refuses_cross_origin_and_foreign_hosts, .timeout = 60)
     }
     free(lo);
     free(lh);
+    free(u);
+    hdone(id);
+}
+
+/*
+ * Files are never pages (issue 16 item 1): a tenant's HTML served by the raw
+ * file route is a download (Content-Disposition: attachment), never sniffed
+ * (nosniff), and sandboxed if shown anyway (CSP sandbox: opaque origin, no
+ * script).  Keyless, a mutating request without X-Sbx-Client is refused
+ * before it reaches the sandbox — also from a loopback origin on another
+ * port, which the Origin check lets through, and also with no Origin at all
+ * (a browser that sends none on a form POST).
+ */
+Test(http, files_are_downloads_and_keyless_writes_need_a_custom_header, .timeout = 120)
+{
+    char *id = test_id("hpage");
+    char *u = hfmt("%s/v1/sandboxes/%s/files/workspace/p.html", test_http_url(), id);
+    static const char page[] = "<!doctype html><script>fetch('/v1/list')</script><p>hi</p>";
+    struct hopts o = {.body = page, .body_len = sizeof(page) - 1};
+    struct hresp r;
+    http_req("PUT", u, &o, &r);
+    assert_status(r, 200, "PUT p.html");
+    hresp_free(&r);
+    for (int head = 0; head < 2; head++) {
+        http_req(head ? "HEAD" : "GET", u, NULL, &r);
+        expect_status(r, 200, head ? "HEAD p.html" : "GET p.html");
+        cr_expect(head || (r.len == sizeof(page) - 1 && !memcmp(r.body, page, r.len)),
+                  "the file's bytes changed: %s", r.body);
+        char *cd = hresp_header(&r, "Content-Disposition");
+        char *ns = hresp_header(&r, "X-Content-Type-Options");
+        char *csp = hresp_header(&r, "Content-Security-Policy");
+        cr_expect(cd && !strncmp(cd, "attachment", 10), "Content-Disposition %s", cd ? cd : "-");
+        cr_expect(ns && !strcasecmp(ns, "nosniff"), "X-Content-Type-Options %s", ns ? ns : "-");
+        cr_expect(csp && !strcmp(csp, "sandbox"), "Content-Security-Policy %s", csp ? csp : "-");
+        free(cd);
+        free(ns);
+        free(csp);
+        hresp_free(&r);
+    }
+    /* Mutating calls without X-Sbx-Client: refused, and nothing ran. */
+    char *lo = hfmt("Origin: http://localhost:%d", http_port() == 1 ? 2 : 1);
+    const char *const bare[][3] = {{"X-Sbx-Client:", "Content-Type: text/plain", NULL},
+                                   {"X-Sbx-Client:", lo, NULL},
+                                   {"X-Sbx-Client;", "Content-Type: text/plain", NULL}};
+    for (size_t i = 0; i < 3; i++) {
+        const char *b = "{\"command\":\"touch /workspace/csrf\"}";
+        struct hopts ob = {.headers = bare[i], .body = b, .body_len = strlen(b)};
+        char *ue = hfmt("%s/v1/sandboxes/%s/exec", test_http_url(), id);
+        http_req("POST", ue, &ob, &r);
+        expect_status(r, 403, bare[i][1]);
+        expect_code(r, "PERMISSION_DENIED", bare[i][1]);
+        cr_expect(r.body && strstr(r.body, "X-Sbx-Client"), "the refusal does not say why: %s",
+                  r.body);
+        hresp_free(&r);
+        free(ue);
+        struct hopts op = {.headers = bare[i], .body = "x", .body_len = 1};
+        http_req("PUT", u, &op, &r);
+        expect_status(r, 403, "PUT without X-Sbx-Client");
+        hresp_free(&r);
+        char *ud = hfmt("%s/v1/sandboxes/%s", test_http_url(), id);
+        struct hopts od = {.headers = bare[i]};
+        http_req("DELETE", ud, &od, &r);
+        expect_status(r, 403, "DELETE without X-Sbx-Client");
+        hresp_free(&r);
+        free(ud);
+    }
+    free(lo);
+    char *out = hsh(id, "test -e /workspace/csrf && echo ran || echo absent; cat /workspace/p.html");
+    cr_expect(!strncmp(out, "absent\n", 7) && !strcmp(out + 7, page),
+              "a refused request ran or wrote: %s", out);
+    free(out);
+    /* Reads need no header (a page can read nothing cross-origin anyway). */
+    const char *const get[] = {"X-Sbx-Client:", NULL};
+    struct hopts og = {.headers = get};
+    http_req("GET", u, &og, &r);
+    expect_status(r, 200, "GET without X-Sbx-Client");
+    hresp_free(&r);
     free(u);
     hdone(id);
 }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -614,6 +615,44 @@ Test(preview, stale_url_does_not_wake_the_sandbox, .timeout = 120)
     hdone(id);
 }
 
+/*
+ * Preview cookies are host-only (issue 16 item 5): all preview hosts are
+ * names under one domain, so an upstream's `Set-Cookie: …; Domain=localhost`
+ * would hand one sandbox's cookie to every other preview.  The front drops
+ * Domain (any case and spacing) and keeps the rest.
+ */
+Test(preview, preview_cookies_are_host_only, .timeout = 120)
+{
+    char *id = test_id("pvck");
+    app_start(id, 8087);
+    struct purl p = expose(id, 8087, NULL);
+    struct hresp r;
+    pget(&p, "/cookie", NULL, &r);
+    assert_status(r, 200, "GET /cookie");
+    /* The Set-Cookie lines of the head, in order. */
+    char got[3][256];
+    int n = 0;
+    for (const char *l = r.head; l && *l;) {
+        size_t len = strcspn(l, "\r\n");
+        if (len > 11 && !strncasecmp(l, "Set-Cookie:", 11) && n < 3) {
+            const char *v = l + 11;
+            while (*v == ' ')
+                v++;
+            snprintf(got[n++], sizeof(got[0]), "%.*s", (int)(len - (size_t)(v - l)), v);
+        }
+        l += len;
+        l += strspn(l, "\r\n");
+    }
+    cr_assert_eq(n, 3, "Set-Cookie lines: %d in %s", n, r.head);
+    static const char *const want[] = {"a=1; Path=/", "b=2;path=/;HttpOnly", "c=3; SameSite=Lax"};
+    for (int i = 0; i < 3; i++) {
+        cr_expect_str_eq(got[i], want[i], "cookie %d", i);
+        cr_expect(!strcasestr(got[i], "domain"), "a Domain attribute passed: %s", got[i]);
+    }
+    hresp_free(&r);
+    hdone(id);
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* A real browser. */
 
@@ -674,5 +713,89 @@ Test(preview, chromium_loads_the_page_and_its_websocket, .timeout = 180)
     unlink(out);
     unlink(errpath);
     sbx_rm_rf(profile);
+    hdone(id);
+}
+
+/* One headless Chromium run: the DOM of `url` (no single quote in it) after its scripts ran (heap,
+ * "" when the browser showed no page, e.g. for a download); *err_out: its
+ * stderr (heap). */
+static char *
+chromium_dom(const char *chrome, const char *url, char **err_out)
+{
+    char profile[] = "/tmp/sbx-chromium-XXXXXX";
+    cr_assert(mkdtemp(profile));
+    char out[] = "/tmp/sbx-chromium-out-XXXXXX";
+    int fd = mkstemp(out);
+    cr_assert(fd >= 0);
+    close(fd);
+    char *cmd = hfmt("timeout -k 5 60 %s --headless --no-sandbox --disable-gpu --no-first-run "
+                     "--no-proxy-server --disable-extensions --user-data-dir=%s "
+                     "--virtual-time-budget=8000 --dump-dom '%s' >%s 2>%s.err",
+                     chrome, profile, url, out, out);
+    int rc = system(cmd);
+    (void)rc;
+    free(cmd);
+    char *dom = NULL, *errlog = NULL;
+    size_t n;
+    sbx_fs_read(out, 1 << 20, &dom, &n);
+    char errpath[64];
+    snprintf(errpath, sizeof(errpath), "%s.err", out);
+    sbx_fs_read(errpath, 1 << 16, &errlog, &n);
+    unlink(out);
+    unlink(errpath);
+    sbx_rm_rf(profile);
+    *err_out = errlog ? errlog : sbx_xstrdup("");
+    return dom ? dom : sbx_xstrdup("");
+}
+
+/*
+ * Files are never pages (issue 16 item 1), in a real browser: a sandbox's
+ * HTML whose script calls the API from the page's own origin (same-origin,
+ * so it may send any header) is opened from the raw file route.  The page
+ * must not run against the API: the command it posts never runs.  The
+ * control: the same browser runs a page's script when it is a page.
+ */
+Test(preview, a_file_served_by_the_api_cannot_script_the_api, .timeout = 240)
+{
+    const char *chrome = chromium_path();
+    cr_assert(chrome, "chromium is not installed: run tools/deps.sh (Debian package chromium)");
+    char *err = NULL;
+    char *dom = chromium_dom(chrome,
+                             "data:text/html,<div id=r>x</div><script>document.getElementById("
+                             "\"r\").textContent=\"js-\"+\"ok\"</script>",
+                             &err);
+    cr_assert(strstr(dom, "js-ok"), "control: chromium ran no script: DOM %.300s\nstderr %.1500s",
+              dom, err);
+    free(dom);
+    free(err);
+
+    char *id = test_id("pvfile");
+    char *page = hfmt(
+        "<!doctype html><div id=r>start</div><script>"
+        "fetch('/v1/sandboxes/%s/exec',{method:'POST',headers:{'X-Sbx-Client':'page',"
+        "'Content-Type':'application/json'},body:JSON.stringify({command:"
+        "'touch /workspace/pwned'})}).then(r=>r.text()).then(t=>{document.getElementById("
+        "'r').textContent='fetched:'+t}).catch(e=>{document.getElementById('r').textContent="
+        "'blocked:'+e})</script>",
+        id);
+    char *u = hfmt("%s/v1/sandboxes/%s/files/workspace/p.html", test_http_url(), id);
+    struct hopts o = {.body = page, .body_len = strlen(page)};
+    struct hresp r;
+    http_req("PUT", u, &o, &r);
+    assert_status(r, 200, "PUT p.html");
+    hresp_free(&r);
+    dom = chromium_dom(chrome, u, &err);
+    struct hresp x;
+    apif("POST", "{\"command\":\"test -e /workspace/pwned && echo ran || echo absent\"}", &x,
+         "/v1/sandboxes/%s/exec", id);
+    assert_status(x, 200, "exec test -e");
+    cr_expect_str_eq(jstr(x.json, "stdout"), "absent\n",
+                     "the page served by the file route called the API: DOM %.400s", dom);
+    cr_expect(!strstr(dom, "fetched:"), "the page's script ran and fetched: %.400s", dom);
+    hresp_free(&x);
+    free(dom);
+    free(err);
+    free(page);
+    free(u);
     hdone(id);
 }

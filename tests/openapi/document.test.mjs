@@ -60,7 +60,8 @@ function requestValidator(method, template) {
 }
 
 async function call(method, route, body, headers = {}) {
-  const init = { method, headers: { ...headers } };
+  // X-Sbx-Client: what the keyless front requires of mutating requests (docs/http.md).
+  const init = { method, headers: { 'x-sbx-client': 'openapi-tests', ...headers } };
   if (body !== undefined) {
     init.body = JSON.stringify(body);
     init.headers['content-type'] = 'application/json';

@@ -533,6 +533,9 @@ Test(escape, terminal_injection_is_refused)
         {"tiocsti_high_bits", SYS_ioctl, "-1, 0x5412 | (1 << 32), 0", "EPERM", "EPERM"},
         {"tiocsti_other_high_bits", SYS_ioctl, "-1, 0x5412 | (0xdead << 40), 0", "EPERM", "EPERM"},
         {"tioclinux", SYS_ioctl, "-1, 0x541c, 0", "EPERM", "EPERM"},
+        /* Line disciplines (n_gsm, n_hdlc CVEs; issue 16 item 9). */
+        {"tiocsetd", SYS_ioctl, "-1, 0x5423, 0", "EPERM", "EPERM"},
+        {"tiocsetd_high_bits", SYS_ioctl, "-1, 0x5423 | (1 << 40), 0", "EPERM", "EPERM"},
     };
     run_probes(c, id, p, SBX_ARRAY_LEN(p), "tty ioctls");
     /* On real terminals: a fresh pty, and the session shell's own pty (the
@@ -547,6 +550,7 @@ Test(escape, terminal_injection_is_refused)
                        "r['pty_tiocsti'] = oserr(fcntl.ioctl, s, termios.TIOCSTI, b'x')\n"
                        "r['pty_tiocsti_high'] = sc(16, s, 0x5412 | (1 << 32), b'x')\n"
                        "r['pty_tioclinux'] = sc(16, s, 0x541c, b'\\x06')\n"
+                       "r['pty_tiocsetd'] = oserr(fcntl.ioctl, s, 0x5423, b'\\0\\0\\0\\0')\n"
                        "r['dev_tty'] = oserr(os.open, '/dev/tty', os.O_RDWR)\n"
                        "print(json.dumps(r))\n") > 0);
     json_t *j = py(c, id, body);
@@ -555,6 +559,7 @@ Test(escape, terminal_injection_is_refused)
     want(j, "pty_tiocsti", "EPERM", "pty");
     want(j, "pty_tiocsti_high", "EPERM", "pty");
     want(j, "pty_tioclinux", "EPERM", "pty");
+    want(j, "pty_tiocsetd", "EPERM", "pty: setting a line discipline (N_TTY)");
     want(j, "dev_tty", "ENXIO", "no controlling terminal");
     json_decref(j);
     /* The session's shell holds a pty: inject into it from a command of that
@@ -617,6 +622,37 @@ Test(escape, special_socket_families_are_refused)
         {"af_unix", SYS_socket, "1, 1, 0", "ENOSYS", "OK"},
         {"af_inet", SYS_socket, "2, 1, 0", "ENOSYS", "OK"},
         {"af_netlink", SYS_socket, "16, 3, 0", "ENOSYS", "OK"},
+        /* Issue 16 item 9: families by allow-list.  Each of these passed the
+         * old deny list and autoloads its module when created. */
+        {"af_ax25", SYS_socket, "3, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_appletalk", SYS_socket, "5, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_x25", SYS_socket, "9, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_rds", SYS_socket, "21, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_llc", SYS_socket, "26, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_can", SYS_socket, "29, 3, 1", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_tipc", SYS_socket, "30, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_rxrpc", SYS_socket, "33, 2, 2", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_phonet", SYS_socket, "35, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_ieee802154", SYS_socket, "36, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_caif", SYS_socket, "37, 1, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_nfc", SYS_socket, "39, 5, 1", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_kcm", SYS_socket, "41, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_qipcrtr", SYS_socket, "42, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_smc", SYS_socket, "43, 1, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_mctp", SYS_socket, "45, 2, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_tipc_hi", SYS_socket, "(3 << 32) | 30, 5, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_unspec", SYS_socket, "0, 1, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"af_future", SYS_socket, "200, 1, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        /* socketpair creates sockets of its family too (NULL sv: EFAULT
+         * when the family passes). */
+        {"socketpair_tipc", SYS_socketpair, "30, 5, 0, 0", "EAFNOSUPPORT", "EAFNOSUPPORT"},
+        {"socketpair_unix", SYS_socketpair, "1, 1, 0, 0", "ENOSYS", "EFAULT"},
+        /* netlink: ROUTE and SOCK_DIAG only. */
+        {"netlink_sock_diag", SYS_socket, "16, 3, 4", "ENOSYS", "OK"},
+        {"netlink_audit", SYS_socket, "16, 3, 9", "EPROTONOSUPPORT", "EPROTONOSUPPORT"},
+        {"netlink_netfilter", SYS_socket, "16, 3, 12", "EPROTONOSUPPORT", "EPROTONOSUPPORT"},
+        {"netlink_generic", SYS_socket, "16, 3, 16", "EPROTONOSUPPORT", "EPROTONOSUPPORT"},
+        {"netlink_uevent", SYS_socket, "16, 3, 15", "EPROTONOSUPPORT", "EPROTONOSUPPORT"},
     };
     run_probes(c, id, p, SBX_ARRAY_LEN(p), "socket families");
     /* Raw IP sockets are not filtered: they need CAP_NET_RAW, dropped. */

@@ -224,8 +224,17 @@ perform(const char *method, const char *url, const struct hopts *o, sse_cb cb, v
     sbx_buf_init(&x.data);
     CURL *cu = curl_easy_init();
     struct curl_slist *hdrs = NULL, *resolve = NULL;
-    for (int i = 0; o->headers && o->headers[i]; i++)
+    bool client = false;
+    for (int i = 0; o->headers && o->headers[i]; i++) {
         hdrs = curl_slist_append(hdrs, o->headers[i]);
+        client |= !strncasecmp(o->headers[i], "X-Sbx-Client", 12) &&
+                  (o->headers[i][12] == ':' || o->headers[i][12] == ';');
+    }
+    /* What the keyless front requires of mutating requests (docs/http.md);
+     * "X-Sbx-Client:" among o->headers sends none, "X-Sbx-Client;" an empty one
+     * (curl's syntax). */
+    if (!client)
+        hdrs = curl_slist_append(hdrs, "X-Sbx-Client: sbx-tests");
     hdrs = curl_slist_append(hdrs, "Expect:");
     if (cb)
         hdrs = curl_slist_append(hdrs, "Accept: text/event-stream");

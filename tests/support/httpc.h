@@ -26,7 +26,9 @@ struct hresp {
 
 /* Options of one request (all optional). */
 struct hopts {
-    const char *const *headers; /* "Name: value", NULL-terminated */
+    const char *const *headers; /* "Name: value", NULL-terminated; X-Sbx-Client: sbx-tests
+                                 * is added unless one is given ("X-Sbx-Client:" for none,
+                                 * "X-Sbx-Client;" for an empty one) */
     const void *body;           /* request body (PUT/POST) */
     size_t body_len;
     bool chunked;               /* send the body with Transfer-Encoding: chunked */

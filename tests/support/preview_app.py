@@ -69,6 +69,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/headers"):
             body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
             return self._send(200, body, "application/json")
+        if self.path == "/cookie":
+            # Cookies for the whole preview domain (test_preview.c:
+            # preview_cookies_are_host_only).
+            return self._send(200, b"cookies\n", extra=[
+                ("Set-Cookie", "a=1; Domain=localhost; Path=/"),
+                ("Set-Cookie", "b=2;path=/;  domain = .localhost ;HttpOnly"),
+                ("Set-Cookie", "c=3; SameSite=Lax; DOMAIN=x.localhost")])
         if self.path == "/redirect":
             return self._send(302, b"moved\n", extra=[("Location", "/target")])
         if self.path == "/stream":

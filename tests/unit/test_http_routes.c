@@ -175,12 +175,13 @@ http(const char *method, const char *path, const char *body)
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, header_cb);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
-    struct curl_slist *h = NULL;
+    /* What the keyless front requires of mutating requests (docs/http.md). */
+    struct curl_slist *h = curl_slist_append(NULL, "X-Sbx-Client: test_http_routes");
     if (body) {
         h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     CURLcode cc = curl_easy_perform(c);
     cr_assert_eq(cc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(cc));
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);

@@ -19,6 +19,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -203,6 +204,54 @@ Test(seccomp, native_verdicts)
     }
     /* A syscall number past every table: ENOSYS from the allow list. */
     cr_expect_eq(verdict(AUDIT_ARCH_X86_64, 1000, NULL), ERRNO_OF(ENOSYS), "nr 1000");
+}
+
+/*
+ * Socket families by allow-list (issue 16 item 9): for socket and socketpair
+ * every family but AF_UNIX, AF_INET, AF_INET6, AF_NETLINK is EAFNOSUPPORT,
+ * whatever the upper 32 bits hold; netlink only for ROUTE and SOCK_DIAG;
+ * TIOCSETD refused.  Before the allow-list only AF_ALG, AF_VSOCK and
+ * AF_PACKET were refused: TIPC (30), RDS (21), CAN (29), … passed.
+ */
+Test(seccomp, socket_families_are_an_allow_list)
+{
+    const long sys[] = {SYS_socket, SYS_socketpair};
+    for (size_t k = 0; k < 2; k++) {
+        for (uint64_t fam = 0; fam < 80; fam++) {
+            bool ok = fam == 1 || fam == 2 || fam == 10 || fam == 16;
+            for (uint64_t hi = 0; hi < 2; hi++) {
+                uint64_t a[6] = {fam | (hi ? 0xdead00000000ull : 0), 1, 0};
+                cr_expect_eq(verdict(AUDIT_ARCH_X86_64, sys[k], a),
+                             ok ? SECCOMP_RET_ALLOW : ERRNO_OF(EAFNOSUPPORT),
+                             "%s(family %llu, high bits %llu)", k ? "socketpair" : "socket",
+                             (unsigned long long)fam, (unsigned long long)hi);
+            }
+        }
+        for (uint64_t big = 32; big; big <<= 1) {
+            uint64_t a[6] = {big > 0xffffffffull ? big | 2 : big, 1, 0};
+            uint32_t want = big > 0xffffffffull ? SECCOMP_RET_ALLOW : ERRNO_OF(EAFNOSUPPORT);
+            cr_expect_eq(verdict(AUDIT_ARCH_X86_64, sys[k], a), want, "family %#llx",
+                         (unsigned long long)a[0]);
+        }
+        for (uint64_t proto = 0; proto < 40; proto++) {
+            uint64_t a[6] = {16 /* AF_NETLINK */, 3, proto};
+            bool ok = proto == 0 || proto == 4;
+            cr_expect_eq(verdict(AUDIT_ARCH_X86_64, sys[k], a),
+                         ok ? SECCOMP_RET_ALLOW : ERRNO_OF(EPROTONOSUPPORT),
+                         "netlink protocol %llu", (unsigned long long)proto);
+            /* The protocol of another family is that family's business. */
+            uint64_t b[6] = {2 /* AF_INET */, 1, proto};
+            cr_expect_eq(verdict(AUDIT_ARCH_X86_64, sys[k], b), SECCOMP_RET_ALLOW,
+                         "AF_INET protocol %llu", (unsigned long long)proto);
+        }
+    }
+    uint64_t setd[6] = {0, 0x5423 /* TIOCSETD */};
+    cr_expect_eq(verdict(AUDIT_ARCH_X86_64, SYS_ioctl, setd), ERRNO_OF(EPERM), "TIOCSETD");
+    uint64_t setd_hi[6] = {0, 0xbeef00005423ull};
+    cr_expect_eq(verdict(AUDIT_ARCH_X86_64, SYS_ioctl, setd_hi), ERRNO_OF(EPERM),
+                 "TIOCSETD, high bits");
+    uint64_t getd[6] = {0, 0x5424 /* TIOCGETD */};
+    cr_expect_eq(verdict(AUDIT_ARCH_X86_64, SYS_ioctl, getd), SECCOMP_RET_ALLOW, "TIOCGETD");
 }
 
 /*

@@ -146,7 +146,10 @@ class Transport:
         return p
 
     def headers(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-        h = {"User-Agent": "sbx-sandbox-python/0.1", "Accept": "application/json"}
+        # X-Sbx-Client: without API keys the server refuses mutating requests
+        # that lack it, which no web page can send cross-origin (docs/http.md).
+        h = {"User-Agent": "sbx-sandbox-python/0.1", "Accept": "application/json",
+             "X-Sbx-Client": "sbx-sandbox-python/0.1"}
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         if extra:

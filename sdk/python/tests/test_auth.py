@@ -38,3 +38,23 @@ def test_api_key(keyed_url):
             t.expect("42", timeout=15)
     finally:
         sb.destroy()
+
+
+def test_keyless_mutating_calls_need_x_sbx_client(daemon_url, client):
+    """Without API keys the server refuses a POST lacking X-Sbx-Client (a web
+    page cannot send that header cross-origin); the SDK sends it."""
+    import json
+    import urllib.error
+    import urllib.request
+    sid = new_id("hdr")
+    req = urllib.request.Request(f"{daemon_url}/v1/sandboxes/{sid}/exec", method="POST",
+                                 data=b'{"command":"true"}')
+    with pytest.raises(urllib.error.HTTPError) as ei:
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=60)
+    assert ei.value.code == 403
+    assert json.loads(ei.value.read())["code"] == "PERMISSION_DENIED"
+    sb = get_sandbox(client, sid)
+    try:
+        assert sb.exec("echo ok").stdout == "ok\n"
+    finally:
+        sb.destroy()

@@ -16,6 +16,7 @@ class FlakyFront(BaseHTTPRequestHandler):
 
     fail = 2
     keys = []
+    clients = []
 
     def log_message(self, *a):
         pass
@@ -24,6 +25,7 @@ class FlakyFront(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", 0))
         self.rfile.read(n)
         type(self).keys.append(self.headers.get("Idempotency-Key"))
+        type(self).clients.append(self.headers.get("X-Sbx-Client"))
         if len(type(self).keys) <= type(self).fail:
             body = json.dumps({"code": "SHARD_UNAVAILABLE", "message": "shard down",
                                "context": {}, "httpStatus": 503}).encode()
@@ -41,6 +43,7 @@ class FlakyFront(BaseHTTPRequestHandler):
 @pytest.fixture
 def flaky():
     FlakyFront.keys = []
+    FlakyFront.clients = []
     srv = ThreadingHTTPServer(("127.0.0.1", 0), FlakyFront)
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
@@ -55,6 +58,8 @@ def test_retry_reuses_idempotency_key(flaky):
     assert r.stdout == "ok\n"
     assert len(FlakyFront.keys) == 3 and len(set(FlakyFront.keys)) == 1
     assert len(FlakyFront.keys[0]) == 32
+    # What the keyless server requires of mutating calls (docs/http.md).
+    assert all(c and c.startswith("sbx-sandbox-python/") for c in FlakyFront.clients)
 
 
 def test_retries_are_capped(flaky):

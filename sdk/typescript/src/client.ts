@@ -294,7 +294,9 @@ export class SbxClient {
 
   /** @internal Headers of every request. */
   authHeaders(): Record<string, string> {
-    const h: Record<string, string> = { ...this.extraHeaders };
+    // x-sbx-client: without API keys the server refuses mutating requests
+    // that lack it, which no web page can send cross-origin (docs/http.md).
+    const h: Record<string, string> = { 'x-sbx-client': 'sbx-sandbox-typescript/0.1', ...this.extraHeaders };
     if (this.apiKey) h.authorization = `Bearer ${this.apiKey}`;
     return h;
   }

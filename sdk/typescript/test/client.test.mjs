@@ -172,6 +172,25 @@ describe('retries', () => {
     c3.close();
   });
 
+  it('sends X-Sbx-Client, which the keyless server requires of mutating calls', async () => {
+    const srv = await fakeServer((req, res) => json(res, 200, { success: true, exitCode: 0, stdout: '', stderr: '' }));
+    const client = new SbxClient({ url: srv.url });
+    try {
+      await getSandbox(client, 'hdr').exec('true');
+      assert.equal(srv.seen[0].method, 'POST');
+      assert.match(srv.seen[0].headers['x-sbx-client'] ?? '', /^sbx-sandbox-typescript\//);
+    } finally {
+      client.close();
+      await srv.close();
+    }
+    // And the real keyless front refuses a mutating call without it.
+    const res = await fetch(`${ctx.client.url}/v1/sandboxes/${ctx.newId('hdr').toLowerCase()}/exec`, {
+      method: 'POST', body: JSON.stringify({ command: 'true' }),
+    });
+    assert.equal(res.status, 403);
+    assert.equal((await res.json()).code, 'PERMISSION_DENIED');
+  });
+
   it('sends the API key and reads SBX_URL / SBX_API_KEY', async () => {
     const srv = await fakeServer((req, res) => json(res, 200, { ok: true }));
     const saved = [process.env.SBX_URL, process.env.SBX_API_KEY];

@@ -154,7 +154,7 @@ describe('deadlines', () => {
       const st = await client.call(id, 'status', {}, { timeoutMs: 60_000 });
       // A deadline the server cannot take is a clear 400, not a default.
       for (const bad of ['abc', '0', '-5', '1.5', '90000001']) {
-        const r = await fetch(`${d.url}/v1/sandboxes/${id}/ping`, { method: 'POST', headers: { 'x-sbx-timeout-ms': bad } });
+        const r = await fetch(`${d.url}/v1/sandboxes/${id}/ping`, { method: 'POST', headers: { 'x-sbx-client': 'test', 'x-sbx-timeout-ms': bad } });
         assert.equal(r.status, 400, `X-Sbx-Timeout-Ms: ${bad}`);
         assert.equal((await r.json()).code, 'VALIDATION_FAILED', `X-Sbx-Timeout-Ms: ${bad}`);
       }

@@ -9,7 +9,8 @@ import type { paths } from './schema.js';
 
 const baseUrl = process.env.SBX_URL;
 if (!baseUrl) throw new Error('set SBX_URL');
-const api = createClient<paths>({ baseUrl });
+// X-Sbx-Client: what the keyless front requires of mutating requests (docs/http.md).
+const api = createClient<paths>({ baseUrl, headers: { 'X-Sbx-Client': 'openapi-smoke' } });
 const sandbox = `oapi-smoke-${process.pid}`;
 const path = { sandbox };
 
