@@ -72,6 +72,8 @@ struct sbx_shard_conf {
     char **env;           /* base environment of sandboxes, "K=V" */
     char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
     int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
+    char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
+                              * `workspace` gets this (docs/persistence.md) */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

@@ -623,6 +623,7 @@ static const struct cli_arg args_sandbox_labels[] = {
      "the new labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64",
      "VALIDATION_FAILED"},
 };
+static const char *const enum_create_workspace[] = {"ephemeral", "persistent", NULL};
 static const struct cli_arg args_create[] = {
     {"limits", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,
@@ -631,6 +632,10 @@ static const struct cli_arg args_create[] = {
     {"image", CLI_K_STR, false, false, false, 0, 0, 255u, NULL,
      "a string", NULL, NULL,
      "an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own",
+     "VALIDATION_FAILED"},
+    {"workspace", CLI_K_STR, false, false, false, 0, 0, 0u, enum_create_workspace,
+     "a string", NULL, NULL,
+     "where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
@@ -770,7 +775,7 @@ const struct cli_op cli_ops[] = {
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 2},
+     "create", "sandbox", true, args_create, 3},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",

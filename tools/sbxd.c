@@ -393,6 +393,9 @@ set_log_format(const char *log_format, const char *cmd)
          "the node's image store (default <data>/images; dev: one for all shards)"},          \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
          "ready containers kept per image sandboxes are being created from (0: none)"},      \
+        {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
+         "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
+         "(kept on disk, docs/persistence.md)"},                                            \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
