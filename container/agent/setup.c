@@ -651,6 +651,12 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
         char src[64], dst[64];
         snprintf(src, sizeof(src), NEWROOT "/empty-%s", fresh[i].name);
         snprintf(dst, sizeof(dst), NEWROOT "/root/%s", fresh[i].name);
+        /* On a persistent workspace they hold what the last container's
+         * setup_dev made there: empty them. */
+        if (cfg->ws) {
+            int e = sbx_rm_rf(src);
+            STEP(e == 0 || e == -ENOENT, "empty %s", src);
+        }
         STEP(mkdir_ok(src, fresh[i].mode) == 0 && chmod(src, fresh[i].mode) == 0, "mkdir %s", src);
         STEP(mkdir_ok(dst, fresh[i].mode) == 0, "mkdir /%s", fresh[i].name);
         STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind an empty /%s", fresh[i].name);

@@ -9,7 +9,8 @@
  * workspace's directory under the shard's data and a new sandbox of the
  * same ID starts empty; writing past the disk limit fails with ENOSPC
  * inside, the image file on the host stays within the limit, and another
- * sandbox still writes; an ephemeral sandbox of the same deployment loses
+ * sandbox still writes; an image sandbox's write under /usr (its overlay's
+ * upper layer) survives sleep too; an ephemeral sandbox of the same deployment loses
  * its file at sleep (the default is unchanged); status shows the mode and
  * disk usage.  After the daemon stops, no loop device backed by a file of
  * its data directory is left.
@@ -28,9 +29,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../runtime/util.h"
 #include "../support/harness.h"
+#include "../support/imgbuild.h"
 
 static struct testd *live;
+static char work[128]; /* the image test's layout, removed by the fini */
 
 static void
 cleanup(void)
@@ -39,6 +43,10 @@ cleanup(void)
         testd_stop(live);
         free(live);
         live = NULL;
+    }
+    if (work[0]) {
+        sbx_rm_rf(work);
+        work[0] = '\0';
     }
 }
 
@@ -314,6 +322,51 @@ Test(workspace, bad_mode)
     char *j = call(c, "create", id, "{\"workspace\":\"forever\"}", code);
     cr_assert_null(j);
     cr_assert_str_eq(code, "VALIDATION_FAILED");
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(workspace, image_upper_layer)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-wsimg-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    size_t nb = 0;
+    struct imgb_entry *base = imgb_base_entries(&nb);
+    cr_assert(base, "busybox-static is not installed (tools/deps.sh)");
+    char l0[256], dir[256], d0[72], digest[72];
+    snprintf(l0, sizeof(l0), "%s/l0.tar.gz", work);
+    cr_assert_eq(imgb_layer(l0, base, nb, true, d0), 0);
+    imgb_entries_free(base, nb);
+    char *layers[] = {l0};
+    const char *diffs[] = {d0};
+    snprintf(dir, sizeof(dir), "%s/img", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true, NULL, digest), 0);
+
+    sbx_client *c = start();
+    char args[512], code[64];
+    snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"wstest/img:1\"}", dir);
+    char *res = call(c, "image.import", NULL, args, code);
+    cr_assert(res, "image.import: %s", code);
+    free(res);
+    char *id = test_id("wsi");
+    ok(c, "create", id, "{\"image\":\"wstest/img:1\",\"workspace\":\"persistent\"}");
+    ok(c, "sandbox.configure", id, "{\"sleepAfter\":\"1s\"}");
+    int ec;
+    free(sh(c, id, "echo up > /usr/kept && echo w > /workspace/f", &ec));
+    res = call(c, "status", id, "{}", code);
+    cr_assert(res && strstr(res, "\"mode\":\"persistent\"") && strstr(res, "usedBytes"),
+              "status: %s", res ? res : code);
+    free(res);
+    cr_assert_eq(ec, 0);
+    int64_t g0 = generation(c, id, NULL);
+    wait_stopped(c, id);
+    char *out = sh(c, id, "cat /usr/kept /workspace/f", &ec);
+    cr_assert_eq(ec, 0, "gone after sleep: %s", out);
+    cr_assert_str_eq(out, "up\nw\n");
+    free(out);
+    cr_assert_gt(generation(c, id, NULL), g0);
+    ok(c, "destroy", id, "{}");
     free(id);
     sbx_client_close(c);
 }
