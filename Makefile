@@ -76,7 +76,7 @@ CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a
 CLI_LIBSBX_asan    := build/asan/lib/libsbx.a
-BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/stats.c
+BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/bench_workspace.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
