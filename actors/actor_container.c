@@ -188,7 +188,8 @@ actor_finish_destroy(struct actor *a, struct sop *op)
      * image is no longer mounted).  A failure here is swept at the shard's
      * next start (sbx_ws_sweep). */
     char wsdir[1024];
-    if (existed && a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, wsdir, sizeof(wsdir)) == 0) {
+    if (existed && a->rec.persistent &&
+        sbx_ws_dir(sh->conf.data, a->id, wsdir, sizeof(wsdir)) == 0) {
         int rc = sbx_ws_remove(wsdir);
         if (rc)
             sbx_log_warn("sandbox %s: workspace %s not removed: %s", a->id, wsdir, strerror(-rc));
