@@ -12,7 +12,8 @@
  * sandbox still writes; an image sandbox's write under /usr (its overlay's
  * upper layer) survives sleep too; an ephemeral sandbox of the same deployment loses
  * its file at sleep (the default is unchanged); status shows the mode and
- * disk usage.  After the daemon stops, no loop device backed by a file of
+ * disk usage; `sbxd --workspace-default persistent` makes it the default.
+ * After the daemon stops, no loop device backed by a file of
  * its data directory is left.
  *
  * Each test starts its own small daemon (one shard, --disk 64M), stopped
@@ -53,15 +54,21 @@ cleanup(void)
 TestSuite(workspace, .fini = cleanup, .timeout = 240);
 
 static sbx_client *
-start(void)
+start_with(const char *const *extra)
 {
     live = calloc(1, sizeof(*live));
-    const char *const extra[] = {TESTD_SMALL, NULL};
     cr_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
     sbx_client *c = NULL;
     sbx_error err;
     cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
     return c;
+}
+
+static sbx_client *
+start(void)
+{
+    const char *const extra[] = {TESTD_SMALL, NULL};
+    return start_with(extra);
 }
 
 /* op with JSON args; the result's JSON (heap), or NULL with code[64]. */
@@ -368,5 +375,34 @@ Test(workspace, image_upper_layer)
     cr_assert_gt(generation(c, id, NULL), g0);
     ok(c, "destroy", id, "{}");
     free(id);
+    sbx_client_close(c);
+}
+
+/* sbxd --workspace-default persistent: a create that names no workspace
+ * gets a persistent one; one that says ephemeral does not. */
+Test(workspace, deployment_default)
+{
+    const char *const extra[] = {TESTD_SMALL, "--workspace-default", "persistent", NULL};
+    sbx_client *c = start_with(extra);
+    char *p = test_id("wsdp"), *e = test_id("wsde");
+    ok(c, "create", p, "{}");
+    create(c, e, "ephemeral");
+    char code[64];
+    char *j = call(c, "status", p, "{}", code);
+    cr_assert(j && strstr(j, "\"mode\":\"persistent\""), "status: %s", j ? j : code);
+    free(j);
+    j = call(c, "status", e, "{}", code);
+    cr_assert(j && strstr(j, "\"mode\":\"ephemeral\""), "status: %s", j ? j : code);
+    free(j);
+    int ec;
+    free(sh(c, p, "echo d > /workspace/f", &ec));
+    char img[512];
+    snprintf(img, sizeof(img), "%s/s0/workspaces/%s/disk.img", live->dir, p);
+    struct stat sb;
+    cr_assert_eq(stat(img, &sb), 0, "no image at %s", img);
+    ok(c, "destroy", p, "{}");
+    ok(c, "destroy", e, "{}");
+    free(p);
+    free(e);
     sbx_client_close(c);
 }
