@@ -608,10 +608,11 @@ v_create(struct gopts *g, int argc, char **argv)
     if (rc)
         return rc;
     sbx_args *a = sbx_args_new();
-    /* --image REF (docs/images.md) first: it is a top-level argument. */
+    /* --image REF (docs/images.md) and --workspace MODE (docs/persistence.md)
+     * first: they are top-level arguments. */
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--image")) {
-            sbx_args_kstr(a, "image", argv[i + 1]);
+        if (!strcmp(argv[i], "--image") || !strcmp(argv[i], "--workspace")) {
+            sbx_args_kstr(a, argv[i] + 2, argv[i + 1]);
             argv[i] = argv[i + 1] = NULL;
         }
     }
@@ -619,7 +620,7 @@ v_create(struct gopts *g, int argc, char **argv)
     for (int i = 1; i < argc; i += 2) {
         uint64_t v;
         if (!argv[i])
-            continue; /* --image, above */
+            continue; /* --image, --workspace, above */
         /* An option without its value is a usage error, not ignored. */
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(k, "--memory") && cli_parse_size(val, &v) == 0)
@@ -629,8 +630,8 @@ v_create(struct gopts *g, int argc, char **argv)
         else if (!strcmp(k, "--cpu") && cli_parse_size(val, &v) == 0)
             k = "cpu";
         else {
-            fprintf(stderr, "usage: sbx create ID [--image REF] [--memory 256M] [--pids N] "
-                            "[--cpu MILLICPUS]\n");
+            fprintf(stderr, "usage: sbx create ID [--image REF] [--workspace ephemeral|persistent] "
+                            "[--memory 256M] [--pids N] [--cpu MILLICPUS]\n");
             sbx_args_free(a);
             return EXIT_USAGE;
         }
@@ -750,7 +751,10 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF] [--memory 256M] [--pids N] [--cpu MILLICPUS]", NULL},
+    {"create", v_create,
+     "ID [--image REF] [--workspace ephemeral|persistent] [--memory 256M] [--pids N] "
+     "[--cpu MILLICPUS]",
+     NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
