@@ -7,7 +7,8 @@
  * (sleepAfter) is there after the next operation woke it; after a kill -9
  * of the shard and its restart by the supervisor; destroy removes the
  * workspace's directory under the shard's data and a new sandbox of the
- * same ID starts empty; writing past the disk limit fails with ENOSPC
+ * same ID starts empty, and a workspace left without a sandbox is swept at
+ * the shard's next start; writing past the disk limit fails with ENOSPC
  * inside, the image file on the host stays within the limit, and another
  * sandbox still writes; an image sandbox's write under /usr (its overlay's
  * upper layer) survives sleep too; an ephemeral sandbox of the same deployment loses
@@ -283,6 +284,21 @@ Test(workspace, destroy_removes_it)
     char *out = sh(c, id, "ls -A /workspace", &code);
     cr_assert_eq(code, 0);
     cr_assert_str_eq(out, "", "a new sandbox of the same ID sees: %s", out);
+    free(out);
+    /* A workspace without a sandbox (a destroy cut short) is swept when the
+     * shard starts; a live sandbox's is kept. */
+    free(sh(c, id, "echo y > /workspace/g", &code));
+    char ghost[512];
+    snprintf(ghost, sizeof(ghost), "%s/s0/workspaces/ghost-%d", live->dir, (int)getpid());
+    cr_assert_eq(mkdir(ghost, 0700), 0, "mkdir %s", ghost);
+    sbx_client_close(c);
+    const char *const extra[] = {TESTD_SMALL, NULL};
+    cr_assert_eq(testd_restart(live, 1, extra), 0, "the daemon did not restart");
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
+    cr_assert_neq(stat(ghost, &sb), 0, "%s was not swept", ghost);
+    out = sh(c, id, "cat /workspace/g", &code);
+    cr_assert_str_eq(out, "y\n", "the live sandbox's workspace after the restart");
     free(out);
     ok(c, "destroy", id, "{}");
     free(id);
