@@ -123,7 +123,9 @@ ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char 
         snprintf(dev, devlen, "/dev/loop%d", n);
         int fd = open(dev, O_RDWR | O_CLOEXEC);
         if (fd < 0) {
-            rc = errno == ENOENT ? -EBUSY : -errno;
+            rc = errno == ENOENT ? -EBUSY : -errno; /* ENOENT: its node is not there yet */
+            if (rc != -EBUSY)
+                snprintf(why, whylen, "open %s: %s", dev, strerror(-rc));
             continue;
         }
         struct loop_config cfg;
