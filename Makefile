@@ -52,7 +52,8 @@ CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
              container/image_unpack.c \
-             container/net.c container/net_link.c container/net_policy.c
+             container/net.c container/net_link.c container/net_policy.c \
+             container/workspace.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
@@ -77,7 +78,7 @@ CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a
 CLI_LIBSBX_asan    := build/asan/lib/libsbx.a
-BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/stats.c
+BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/bench_workspace.c tools/stats.c
 
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
@@ -279,6 +280,8 @@ build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.
 build/asan/tests/integration/test_images: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_egress: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_egress: LDLIBS_TEST += -larchive
+build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_workspace: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
 build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -260,6 +261,20 @@ actor_encode_status(struct actor *a, sbx_enc *e)
         sbx_enc_kstr(e, "lastExit", a->last_exit);
     if (a->rec.image[0])
         sbx_enc_kstr(e, "image", a->rec.image);
+    sbx_enc_kmap(e, "workspace");
+    sbx_enc_kstr(e, "mode", a->rec.persistent ? "persistent" : "ephemeral");
+    sbx_enc_kint(e, "limitBytes", (int64_t)sh->conf.disk);
+    if (a->rec.persistent) {
+        char dir[1024];
+        int64_t alloc = sbx_ws_dir(sh->conf.data, a->id, dir, sizeof(dir)) == 0
+                            ? sbx_ws_allocated(dir)
+                            : -1;
+        sbx_enc_kint(e, "allocatedBytes", alloc > 0 ? alloc : 0);
+        struct statfs sf;
+        if (a->cs == C_RUNNING && a->c.ws && fstatfs(a->c.ws_fd, &sf) == 0)
+            sbx_enc_kint(e, "usedBytes", (int64_t)((sf.f_blocks - sf.f_bfree) * sf.f_bsize));
+    }
+    sbx_enc_end(e);
     if (a->cs == C_RUNNING) {
         struct sbx_cgroup_stats st;
         sbx_container_stats(sh->spawner, &a->c, &st);
@@ -369,12 +384,30 @@ actor_op_create(struct actor *a, struct sop *op)
             return;
         }
     }
-    if ((created && digest[0]) || netcfg) {
-        /* One write: the record never exists without its image or its
-         * network settings. */
+    /* The workspace (docs/persistence.md): only when created, like the image. */
+    bool persistent = a->sh->conf.workspace_default &&
+                      !strcmp(a->sh->conf.workspace_default, "persistent");
+    sbx_str ws;
+    if (created && sbx_wire_get_str(op->req.args, "workspace", &ws) == 0) {
+        if (ws.n == 10 && !memcmp(ws.p, "persistent", 10)) {
+            persistent = true;
+        } else if (ws.n == 9 && !memcmp(ws.p, "ephemeral", 9)) {
+            persistent = false;
+        } else {
+            free(netcfg);
+            shard_reply_err(op, SBX_E_VALIDATION,
+                            "'workspace' must be \"ephemeral\" or \"persistent\"");
+            return;
+        }
+    }
+    if ((created && (digest[0] || persistent)) || netcfg) {
+        /* One write: the record never exists without its image, its
+         * workspace mode or its network settings. */
         ensure_record(a, &lim, false);
-        if (created && digest[0])
+        if (created) {
             snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);
+            a->rec.persistent = persistent;
+        }
         bool net = netcfg != NULL;
         if (netcfg) {
             sbx_msg m;

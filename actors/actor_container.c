@@ -167,8 +167,10 @@ actor_start_container(struct actor *a, struct sop *op)
         }
     }
     /* The warm pool's containers run the host's /usr; an image sandbox
-     * takes one of its image's pool (image_pool.c), if any. */
-    if (!egress &&
+     * takes one of its image's pool (image_pool.c), if any.  A persistent
+     * workspace is mounted at the container's start, an egress sandbox's
+     * network attached: no pooled one has them. */
+    if (!egress && !a->rec.persistent &&
         (a->rec.image[0] ? shard_img_pool_take(sh, a->rec.image, &c) : shard_pool_take(sh, &c))) {
         a->gate = NULL;
         container_ready(a, &c, true);
@@ -183,6 +185,13 @@ actor_start_container(struct actor *a, struct sop *op)
     w->actor = a;
     w->lim = a->rec.limits;
     snprintf(w->image, sizeof(w->image), "%s", a->rec.image);
+    if (a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, w->ws_dir, sizeof(w->ws_dir)) != 0) {
+        free(w);
+        a->gate = NULL;
+        a->cs = C_NONE;
+        shard_reply_err(op, SBX_E_CONTAINER, "the workspace's path is too long");
+        return;
+    }
     shard_work_submit(sh, w);
 }
 
@@ -193,6 +202,16 @@ actor_finish_destroy(struct actor *a, struct sop *op)
     bool existed = a->exists;
     if (existed) {
         a->last_seq = shard_store_delete(sh, a->id); /* also the partition's tombstone seq */
+    }
+    /* Its persistent workspace goes with it (its container is stopped: the
+     * image is no longer mounted).  A failure here is swept at the shard's
+     * next start (sbx_ws_sweep). */
+    char wsdir[1024];
+    if (existed && a->rec.persistent &&
+        sbx_ws_dir(sh->conf.data, a->id, wsdir, sizeof(wsdir)) == 0) {
+        int rc = sbx_ws_remove(wsdir);
+        if (rc)
+            sbx_log_warn("sandbox %s: workspace %s not removed: %s", a->id, wsdir, strerror(-rc));
     }
     a->exists = false;
     a->died = false;

@@ -51,6 +51,8 @@ sbx_record_encode(const struct sbx_record *r, char **out, size_t *len)
     }
     if (r->image[0])
         sbx_enc_kstr(&e, "image", r->image);
+    if (r->persistent)
+        sbx_enc_kstr(&e, "workspace", "persistent");
     sbx_enc_end(&e);
     return sbx_enc_finish(&e, out, len);
 }
@@ -108,6 +110,8 @@ sbx_record_decode(const void *buf, size_t len, struct sbx_record *r)
     blob_of(m.root, "ports", &r->ports, &r->ports_len);
     if (sbx_wire_get_str(m.root, "image", &s) == 0 && s.n < sizeof(r->image))
         sbx_str_copy(s, r->image, sizeof(r->image));
+    r->persistent = sbx_wire_get_str(m.root, "workspace", &s) == 0 && s.n == 10 &&
+                    !memcmp(s.p, "persistent", 10);
     rc = 0;
 out:
     sbx_wire_msg_free(&m);

@@ -12,6 +12,7 @@
  *     "ports": { "8080": { "token": "…", "name": "…", "generation": <n> }, … },
  *                                     exposed ports: preview URL tokens, and the
  *                                     container generation each was exposed for
+ *     "workspace": "persistent",      absent: ephemeral (docs/persistence.md)
  *     "image": "sha256:<hex>" }       the image it runs, by manifest digest (absent:
  *                                     the host's /usr; docs/images.md), so every
  *                                     container it gets runs the same image
@@ -45,6 +46,7 @@ struct sbx_record {
     char *ports;        /* msgpack map bytes (heap) or NULL */
     size_t ports_len;
     char image[72];     /* image manifest digest "sha256:<hex>", or "" */
+    bool persistent;    /* workspace kept on disk (container/workspace.h) */
 };
 
 /* sbx_record_encode — msgpack bytes of r into *out (caller frees). */

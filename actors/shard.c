@@ -143,6 +143,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->network_range);
     free(c->advertise);
     free(c->images);
+    free(c->workspace_default);
     strv_free(c->etc);
     strv_free(c->env);
     strv_free(c->no_preview_host);
@@ -295,6 +296,18 @@ fix_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     return 0;
 }
 
+/* sbx_ws_sweep's question: does the sandbox have a record here? */
+static bool
+ws_exists(const char *id, void *arg)
+{
+    struct shard *sh = arg;
+    char *v = NULL;
+    size_t vn = 0;
+    int rc = sbx_store_get(sh->store, SBX_DB_SANDBOXES, id, strlen(id), &v, &vn);
+    free(v);
+    return rc != -ENOENT; /* a read error keeps the workspace */
+}
+
 static void
 stop_cb(sbx_loop *l, void *arg)
 {
@@ -357,6 +370,13 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (conf->workspace_default && strcmp(conf->workspace_default, "ephemeral") &&
+        strcmp(conf->workspace_default, "persistent")) {
+        sbx_log_error("shard %s: --workspace-default must be ephemeral or persistent, not '%s'",
+                      conf->name, conf->workspace_default);
+        rc = -EINVAL;
+        goto out;
+    }
     if ((rc = sbx_loop_new(&sh->loop)) != 0) {
         sbx_log_error("shard: event loop: %s", strerror(-rc));
         goto out;
@@ -442,6 +462,12 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     }
     struct fix_ctx fc = {sh, 0};
     sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, fix_one, &fc);
+    /* Workspaces of sandboxes destroyed while no shard ran, or whose
+     * destroy was cut short (docs/persistence.md). */
+    int swept = sbx_ws_sweep(conf->data, ws_exists, sh);
+    if (swept > 0)
+        sbx_log_info("shard %s: removed %d workspaces of sandboxes that no longer exist",
+                     conf->name, swept);
     if (fc.n)
         sbx_log_info("shard %s: %zu sandboxes were running when the shard last stopped; their "
                  "containers are gone and start again on their next operation",

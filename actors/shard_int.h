@@ -13,6 +13,7 @@
 #include "../container/image_store.h"
 #include "../container/net.h"
 #include "../container/spawn.h"
+#include "../container/workspace.h"
 #include "../runtime/err.h"
 #include "../runtime/error.h"
 #include "../runtime/frame.h"
@@ -172,6 +173,7 @@ struct work {
     struct sbx_container c;     /* W_STOP: the container; W_START: the result */
     struct sbx_limits lim;
     char image[72];             /* W_START: the image's digest ("" the host's /usr) */
+    char ws_dir[1024];          /* W_START: a persistent workspace's directory ("" none) */
     int rc;
     char why[256];
     bool for_destroy;

@@ -39,8 +39,33 @@ start_image(struct shard *sh, struct work *w)
         snprintf(w->why, sizeof(w->why), "%s", sbx_err_msg(err));
         return rc;
     }
-    rc = sbx_container_start_image(sh->spawner, &w->lim, &root, &w->c, w->why, sizeof(w->why));
+    if (w->ws_dir[0]) {
+        int fd;
+        bool created;
+        rc = sbx_ws_mount(w->ws_dir, sh->conf.disk, (uint64_t)sh->conf.inodes, &fd, &created,
+                          w->why, sizeof(w->why));
+        if (rc == 0)
+            rc = sbx_container_start_ws(sh->spawner, &w->lim, &root, fd, &w->c, w->why,
+                                        sizeof(w->why));
+    } else {
+        rc = sbx_container_start_image(sh->spawner, &w->lim, &root, &w->c, w->why,
+                                       sizeof(w->why));
+    }
     sbx_image_root_free(&root);
+    return rc;
+}
+
+/* A host-/usr container with a persistent workspace (container/workspace.h). */
+static int
+start_ws(struct shard *sh, struct work *w)
+{
+    int fd;
+    bool created;
+    int rc = sbx_ws_mount(w->ws_dir, sh->conf.disk, (uint64_t)sh->conf.inodes, &fd, &created,
+                          w->why, sizeof(w->why));
+    if (rc == 0)
+        rc = sbx_container_start_ws(sh->spawner, &w->lim, NULL, fd, &w->c, w->why,
+                                    sizeof(w->why));
     return rc;
 }
 
@@ -70,11 +95,13 @@ shard_worker_main(void *arg)
         }
         pthread_mutex_unlock(&sh->work.mu);
         if (w->kind == W_START) {
-            /* An image sandbox's root (docs/images.md), then an egress
-             * sandbox's network (docs/network.md): either, both or none. */
-            w->rc = w->image[0] ? start_image(sh, w)
-                                : sbx_container_start(sh->spawner, &w->lim, &w->c, w->why,
-                                                      sizeof(w->why));
+            /* An image sandbox's root (docs/images.md) and a persistent
+             * workspace (docs/persistence.md), then an egress sandbox's
+             * network (docs/network.md): any of them, all or none. */
+            w->rc = w->image[0]  ? start_image(sh, w)
+                    : w->ws_dir[0] ? start_ws(sh, w)
+                                   : sbx_container_start(sh->spawner, &w->lim, &w->c, w->why,
+                                                         sizeof(w->why));
             if (w->rc == 0 && w->net) {
                 w->rc = sbx_net_attach(sh->net, w->c.pid, &w->pol, &w->att, w->why,
                                        sizeof(w->why));

@@ -438,15 +438,87 @@ image_send(int chan, const struct sbx_image_root *img, const int *fds)
     return n == 1 ? 0 : -errno;
 }
 
+/* Idmap the workspace's detached mount to the child's user namespace and
+ * send it (see spawn.h sbx_container_start_ws). */
+static int
+ws_send(int chan, pid_t pid, int ws_fd, char *why, size_t whylen)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0) {
+        int e = errno;
+        snprintf(why, whylen, "open %s: %s", path, strerror(e));
+        return -e;
+    }
+    struct mount_attr ma = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                            .userns_fd = (uint64_t)ns};
+    int rc = 0;
+    if (syscall(SYS_mount_setattr, ws_fd, "", AT_EMPTY_PATH, &ma, sizeof(ma)) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "idmapped mount of the workspace: %s", strerror(errno));
+    }
+    close(ns);
+    if (rc)
+        return rc;
+    char byte = 'W';
+    struct iovec io = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof(u));
+    struct msghdr mh = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &ws_fd, sizeof(int));
+    ssize_t n;
+    while ((n = sendmsg(chan, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    if (n != 1) {
+        rc = n < 0 ? -errno : -EPIPE;
+        snprintf(why, whylen, "send the workspace to the agent: %s", strerror(-rc));
+    }
+    return rc;
+}
+
 static int container_start(sbx_spawner *sp, const struct sbx_limits *lim,
-                           const struct sbx_image_root *img, struct sbx_container *c, char *why,
-                           size_t whylen);
+                           const struct sbx_image_root *img, int ws_fd,
+                           struct sbx_container *c, char *why, size_t whylen);
 
 int
 sbx_container_start(sbx_spawner *sp, const struct sbx_limits *lim, struct sbx_container *c,
                     char *why, size_t whylen)
 {
-    return container_start(sp, lim, NULL, c, why, whylen);
+    return container_start(sp, lim, NULL, -1, c, why, whylen);
+}
+
+int
+sbx_container_start_ws(sbx_spawner *sp, const struct sbx_limits *lim,
+                       const struct sbx_image_root *img, int ws_fd, struct sbx_container *c,
+                       char *why, size_t whylen)
+{
+    int rc;
+    if (img && (img->nlayers < 1 || img->nlayers > 253)) {
+        snprintf(why, whylen, "an image of %d layers cannot be mounted", img->nlayers);
+        rc = SBX_E_CONTAINER;
+    } else {
+        rc = container_start(sp, lim, img, ws_fd, c, why, whylen);
+    }
+    if (rc) {
+        close(ws_fd);
+        return rc;
+    }
+    c->ws = true;
+    c->ws_fd = ws_fd;
+    if (img) {
+        c->image = true;
+        c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
+    }
+    return 0;
 }
 
 int
@@ -458,7 +530,7 @@ sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
         snprintf(why, whylen, "an image of %d layers cannot be mounted", img ? img->nlayers : 0);
         return SBX_E_CONTAINER;
     }
-    int rc = container_start(sp, lim, img, c, why, whylen);
+    int rc = container_start(sp, lim, img, -1, c, why, whylen);
     if (rc == 0) {
         c->image = true;
         c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
@@ -468,7 +540,7 @@ sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
 
 static int
 container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_image_root *img,
-                struct sbx_container *c, char *why, size_t whylen)
+                int ws_fd, struct sbx_container *c, char *why, size_t whylen)
 {
     int layer_fds[253];
     int nlayer_fds = 0;
@@ -522,10 +594,12 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     /* argv/envp are built before the clone: the child may not allocate.
      * "--interp-tree" tells the agent the drivers' tree is at
      * SPAWN_INTERP_FD. */
-    const char *argv[4] = {"sbx-agent", NULL, NULL, NULL};
+    const char *argv[5] = {"sbx-agent", NULL, NULL, NULL, NULL};
     int ac = 1;
     if (tree >= 0)
         argv[ac++] = "--interp-tree";
+    if (ws_fd >= 0)
+        argv[ac++] = "--workspace"; /* its mount follows the image's layers */
     if (img)
         argv[ac++] = "--image"; /* the image frame and layers follow the configuration */
     /* A sanitizer build of the agent carries its own options
@@ -616,6 +690,8 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         snprintf(why, whylen, "send the configuration to the agent: %s", strerror(-rc));
         goto fail;
     }
+    if (ws_fd >= 0 && (rc = ws_send(sv[0], pid, ws_fd, why, whylen)) != 0)
+        goto fail;
     while (nlayer_fds > 0)
         close(layer_fds[--nlayer_fds]);
     rc = recv_ready(sv[0], sp->conf.setup_timeout_ms, &ready, &ready_len);
@@ -712,6 +788,12 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
             close(c->use_fd); /* the image's use lock: GC may take it now */
         c->image = false;
         c->use_fd = -1;
+    }
+    if (c->ws) {
+        if (c->ws_fd >= 0)
+            close(c->ws_fd); /* with the container gone, the kernel drops the mount */
+        c->ws = false;
+        c->ws_fd = -1;
     }
     c->pid = 0;
 }

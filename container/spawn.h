@@ -77,6 +77,8 @@ struct sbx_container {
     int64_t start_us;   /* time the set-up took */
     bool image;         /* started from an image (sbx_container_start_image): */
     int use_fd;         /* … then its image's use lock (image_store.h), closed by stop */
+    bool ws;            /* with a persistent workspace (sbx_container_start_ws): */
+    int ws_fd;          /* … its mount (for fstatfs), closed by stop */
 };
 
 /*
@@ -106,6 +108,23 @@ struct sbx_image_root;
 int sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
                               const struct sbx_image_root *img, struct sbx_container *c,
                               char *why, size_t whylen);
+
+/*
+ * sbx_container_start_ws — sbx_container_start (img NULL) or
+ * sbx_container_start_image with a persistent workspace (container/
+ * workspace.h): ws_fd is a detached mount of the workspace's file system
+ * (sbx_ws_mount), consumed: on success kept in c->ws_fd (c->ws set) until
+ * sbx_container_stop, closed on failure.  After the uid/gid maps the shard
+ * idmaps it to the child's user namespace (MOUNT_ATTR_IDMAP: the file
+ * system's uid 0 is the sandbox's root, whatever host uid the container
+ * gets) and sends it after the configuration (and the image's layers) as
+ * one byte 'W' carrying the descriptor; argv has "--workspace".  The agent
+ * puts /workspace, /tmp and /home — for an image, the overlay's upper and
+ * work dirs — on it instead of a tmpfs (container/agent/setup.c).
+ */
+int sbx_container_start_ws(sbx_spawner *sp, const struct sbx_limits *lim,
+                           const struct sbx_image_root *img, int ws_fd, struct sbx_container *c,
+                           char *why, size_t whylen);
 
 /*
  * sbx_container_stop — SIGKILL the container, reap it, remove its cgroup,

@@ -30,6 +30,8 @@
  *   --image PATH   an image to import (a layout or tarball on this machine), then
  *                  N cold starts of its sandboxes beside N host-/usr ones
  *                  (--image-starts, default 50; tools/bench_image.c)
+ *   --workspace-wake N  N wake-ups of a slept sandbox with a persistent 100 MB
+ *                  workspace beside N of an ephemeral one (tools/bench_workspace.c)
  *   --json         print a JSON summary on stdout; the human-readable lines
  *                  then go to stderr
  *
@@ -121,6 +123,7 @@ struct opts {
     bool json;
     const char *image;   /* --image PATH: the image phase (bench_image.c) */
     long image_starts;
+    long ws_wake;        /* --workspace-wake N: the wake-up phase (bench_workspace.c) */
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -906,7 +909,8 @@ usage(FILE *f)
 {
     fprintf(f, "usage: sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]\n"
                "                 [--seconds S] [--pool N] [--burst N[,N...]] [--rounds R]\n"
-               "                 [--idle M] [--image PATH [--image-starts N]] [--json]\n"
+               "                 [--idle M] [--image PATH [--image-starts N]] [--workspace-wake N]\n"
+               "                 [--json]\n"
                "Starts a private `sbxd dev` unless --gateway is given; see the header of\n"
                "tools/bench.c for what each figure measures.\n");
 }
@@ -987,6 +991,8 @@ parse_args(int argc, char **argv, struct opts *o)
             num = &o->idle, min = 0;
         else if (!strcmp(a, "--image-starts"))
             num = &o->image_starts;
+        else if (!strcmp(a, "--workspace-wake"))
+            num = &o->ws_wake, min = 0;
         if (!num || !v || parse_long(v, min, num) != 0) {
             fprintf(stderr, "sbx-bench: bad or incomplete option '%s'\n", a);
             usage(stderr);
@@ -1059,6 +1065,8 @@ main(int argc, char **argv)
     if (!interrupted && o.image)
         image_failures = bench_image_run(c, o.image, o.image_starts > 0 ? o.image_starts : 50,
                                          run_tag, human, &interrupted);
+    if (!interrupted && o.ws_wake > 0)
+        image_failures += bench_workspace_run(c, o.ws_wake, run_tag, human, &interrupted);
     report_ratio(&res);
     if (o.json)
         report_json(&o, &res, argc, argv);

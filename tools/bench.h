@@ -80,4 +80,11 @@ size_t bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t 
 size_t bench_image_run(sbx_client *c, const char *path, long n, const char *tag, FILE *out,
                        volatile sig_atomic_t *interrupted);
 
+/* The wake-up phase (bench_workspace.c): n wake-ups (stopped by sleepAfter
+ * → first `exec true`) of a sandbox with a persistent 100 MB workspace,
+ * alternated with n of an ephemeral one; figures printed to out; both
+ * destroyed afterwards.  Returns the number of failed calls. */
+size_t bench_workspace_run(sbx_client *c, long n, const char *tag, FILE *out,
+                           volatile sig_atomic_t *interrupted);
+
 #endif

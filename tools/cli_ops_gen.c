@@ -627,6 +627,7 @@ static const struct cli_arg args_sandbox_labels[] = {
      "the new labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64",
      "VALIDATION_FAILED"},
 };
+static const char *const enum_create_workspace[] = {"ephemeral", "persistent", NULL};
 static const struct cli_arg args_create[] = {
     {"limits", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,
@@ -639,6 +640,10 @@ static const struct cli_arg args_create[] = {
     {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
      "an object", NULL, NULL,
      "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container",
+     "VALIDATION_FAILED"},
+    {"workspace", CLI_K_STR, false, false, false, 0, 0, 0u, enum_create_workspace,
+     "a string", NULL, NULL,
+     "where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
@@ -778,7 +783,7 @@ const struct cli_op cli_ops[] = {
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 3},
+     "create", "sandbox", true, args_create, 4},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",

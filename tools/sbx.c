@@ -601,7 +601,8 @@ human_create(const msgpack_object *res)
 }
 
 #define CREATE_USAGE                                                                         \
-    "usage: sbx create ID [--image REF] [--memory 256M] [--pids N] [--cpu MILLICPUS]\n"       \
+    "usage: sbx create ID [--image REF] [--workspace ephemeral|persistent] [--memory 256M]\n" \
+    "                     [--pids N] [--cpu MILLICPUS]\n"                                      \
     "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n" \
     "                     [--max-connections N]\n"
 
@@ -618,10 +619,11 @@ v_create(struct gopts *g, int argc, char **argv)
     const char *allow[64], *deny[64];
     int nallow = 0, ndeny = 0;
     sbx_args *a = sbx_args_new();
-    /* --image REF (docs/images.md) first: it is a top-level argument. */
+    /* --image REF (docs/images.md) and --workspace MODE (docs/persistence.md)
+     * first: they are top-level arguments. */
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--image")) {
-            sbx_args_kstr(a, "image", argv[i + 1]);
+        if (!strcmp(argv[i], "--image") || !strcmp(argv[i], "--workspace")) {
+            sbx_args_kstr(a, argv[i] + 2, argv[i + 1]);
             argv[i] = argv[i + 1] = NULL;
         }
     }
@@ -629,7 +631,7 @@ v_create(struct gopts *g, int argc, char **argv)
     for (int i = 1; i < argc; i += 2) {
         uint64_t v;
         if (!argv[i])
-            continue; /* --image, above */
+            continue; /* --image, --workspace, above */
         /* An option without its value is a usage error, not ignored. */
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
         if (i + 1 < argc && !strcmp(k, "--network")) {
@@ -804,7 +806,7 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
+    {"create", v_create, "ID [--image REF] [--workspace ephemeral|persistent] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},

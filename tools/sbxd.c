@@ -187,6 +187,9 @@ set_log_format(const char *log_format, const char *cmd)
          "network mode of sandboxes that choose none: none (loopback only) or egress"},       \
         {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
          "IPv4 range of sandbox addresses, one /22 per shard (10.88.0.0/16)"},                \
+        {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
+         "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
+         "(kept on disk, docs/persistence.md)"},                                            \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \

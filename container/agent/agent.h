@@ -64,6 +64,11 @@ struct agent_cfg {
     int layer_fds[AGENT_MAX_LAYERS];
     char **image_env;        /* the image config's Env "K=V" (over env), NULL-terminated */
     char image_workdir[512]; /* its WorkingDir ("" none): created, and the agent's cwd */
+    /* argv "--workspace" (container/spawn.c sbx_container_start_ws): a
+     * persistent workspace, an idmapped detached mount received after the
+     * image's layers (agent_ws_recv), holds what the tmpfs would. */
+    bool ws;
+    int ws_fd;
 };
 
 /* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"
@@ -78,6 +83,9 @@ void agent_setup_step(const struct sbx_err_s *err, char *step, size_t steplen);
  * (SCM_RIGHTS) from chan into cfg (container/spawn.c image_send), and put
  * the image's Env over cfg->env.  0 or a negative code. */
 int agent_image_recv(struct agent_cfg *cfg, int chan);
+/* setup.c: with argv "--workspace", read the byte 'W' carrying the
+ * workspace's mount (SCM_RIGHTS) into cfg->ws_fd.  0 or a negative code. */
+int agent_ws_recv(struct agent_cfg *cfg, int chan);
 /* setup.c: the directory commands, processes and sessions start in when
  * they name none: the image's WorkingDir in an image sandbox that has one
  * (docs/images.md), else /workspace.  Static or a's storage. */

@@ -738,6 +738,16 @@ main(int argc, char **argv)
             return 1;
         }
     }
+    /* container/spawn.c sbx_container_start_ws: then the workspace's mount. */
+    for (int i = 1; rc == 0 && i < argc; i++) {
+        if (strcmp(argv[i], "--workspace"))
+            continue;
+        rc = agent_ws_recv(&a.cfg, a.chan);
+        if (rc) {
+            report_setup(a.chan, rc, "receive the workspace");
+            return 1;
+        }
+    }
     if (rc) {
         report_setup(a.chan, rc, "parse the configuration");
         return 1;

@@ -149,6 +149,8 @@ agent_cfg_free(struct agent_cfg *cfg)
             close(cfg->layer_fds[k]);
     for (int k = 0; k < cfg->nbpf; k++)
         free(cfg->bpf[k].p);
+    if (cfg->ws && cfg->ws_fd >= 0)
+        close(cfg->ws_fd);
     memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -218,6 +220,29 @@ agent_image_recv(struct agent_cfg *cfg, int chan)
             cfg->env[cnt + 1] = NULL;
         }
     }
+    return 0;
+}
+
+int
+agent_ws_recv(struct agent_cfg *cfg, int chan)
+{
+    char byte = 0;
+    struct iovec io = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char b[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = u.b,
+                        .msg_controllen = sizeof(u.b)};
+    ssize_t r;
+    while ((r = recvmsg(chan, &mh, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
+    if (!cm || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
+        byte != 'W')
+        return r < 0 ? -errno : SBX_E_MALFORMED;
+    memcpy(&cfg->ws_fd, CMSG_DATA(cm), sizeof(int));
+    cfg->ws = true;
     return 0;
 }
 
@@ -494,18 +519,39 @@ out:
     return rc;
 }
 
+/* Attach the persistent workspace's mount (agent_ws_recv) at path. */
 static int
-setup_rw(const struct agent_cfg *cfg, sbx_err_t *err)
+attach_ws(struct agent_cfg *cfg, const char *path, sbx_err_t *err)
+{
+    int rc = 0;
+    STEP(syscall(SYS_move_mount, cfg->ws_fd, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) == 0,
+         "attach the workspace");
+    close(cfg->ws_fd);
+    cfg->ws_fd = -1;
+    STEP(chmod(path, 0755) == 0, "chmod the workspace's root");
+out:
+    return rc;
+}
+
+static int
+setup_rw(struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     char opts[96];
     /* One tmpfs holds /workspace, /tmp and /home, so a sandbox has one disk
-     * quota (size=) and one inode quota (nr_inodes=) for all it can write. */
+     * quota (size=) and one inode quota (nr_inodes=) for all it can write;
+     * a persistent workspace is one file system of the same quota, kept
+     * (container/workspace.h), whose directories may exist already. */
     STEP(mkdir(NEWROOT "/.rw", 0755) == 0, "mkdir /.rw");
     snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
              (unsigned long long)cfg->rw_size, (unsigned long long)cfg->rw_inodes);
-    STEP(mount("tmpfs", NEWROOT "/.rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
-         "mount the writable tmpfs");
+    if (cfg->ws) {
+        if ((rc = attach_ws(cfg, NEWROOT "/.rw", err)) != 0)
+            goto out;
+    } else {
+        STEP(mount("tmpfs", NEWROOT "/.rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
+             "mount the writable tmpfs");
+    }
     static const struct {
         const char *name;
         mode_t mode;
@@ -514,11 +560,11 @@ setup_rw(const struct agent_cfg *cfg, sbx_err_t *err)
         char src[64], dst[64];
         snprintf(src, sizeof(src), NEWROOT "/.rw/%s", rw[i].name);
         snprintf(dst, sizeof(dst), NEWROOT "/%s", rw[i].name);
-        STEP(mkdir(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
+        STEP(mkdir_ok(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
         STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
         STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
     }
-    STEP(mkdir(NEWROOT "/.rw/home/root", 0700) == 0, "mkdir /home/root");
+    STEP(mkdir_ok(NEWROOT "/.rw/home/root", 0700) == 0, "mkdir /home/root");
     STEP(symlink("home/root", NEWROOT "/root") == 0, "link /root");
     STEP(umount2(NEWROOT "/.rw", MNT_DETACH) == 0, "detach /.rw");
     STEP(rmdir(NEWROOT "/.rw") == 0, "rmdir /.rw");
@@ -557,17 +603,24 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
     char *lower = NULL;
     snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
              (unsigned long long)cfg->rw_size, (unsigned long long)cfg->rw_inodes);
-    STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
-         "mount the writable layer's tmpfs");
-    STEP(mkdir(NEWROOT "/upper", 0755) == 0 && mkdir(NEWROOT "/work", 0755) == 0 &&
-             mkdir(NEWROOT "/root", 0755) == 0,
+    /* A persistent workspace (container/workspace.h) in place of the tmpfs:
+     * the upper layer, and so every write, is kept. */
+    if (cfg->ws) {
+        if ((rc = attach_ws(cfg, NEWROOT, err)) != 0)
+            goto out;
+    } else {
+        STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
+             "mount the writable layer's tmpfs");
+    }
+    STEP(mkdir_ok(NEWROOT "/upper", 0755) == 0 && mkdir_ok(NEWROOT "/work", 0755) == 0 &&
+             mkdir_ok(NEWROOT "/root", 0755) == 0,
          "mkdir the overlay's directories");
     size_t cap = (size_t)cfg->nlayers * 24 + 128, o = 0;
     lower = sbx_xmalloc(cap);
     o += (size_t)snprintf(lower, cap, "lowerdir=");
     for (int i = 0; i < cfg->nlayers; i++) {
         snprintf(path, sizeof(path), NEWROOT "/l%d", i);
-        STEP(mkdir(path, 0755) == 0, "mkdir %s", path);
+        STEP(mkdir_ok(path, 0755) == 0, "mkdir %s", path);
         STEP(syscall(SYS_move_mount, cfg->layer_fds[i], "", AT_FDCWD, path,
                      MOVE_MOUNT_F_EMPTY_PATH) == 0,
              "attach image layer %d", i);
@@ -598,7 +651,13 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
         char src[64], dst[64];
         snprintf(src, sizeof(src), NEWROOT "/empty-%s", fresh[i].name);
         snprintf(dst, sizeof(dst), NEWROOT "/root/%s", fresh[i].name);
-        STEP(mkdir(src, fresh[i].mode) == 0 && chmod(src, fresh[i].mode) == 0, "mkdir %s", src);
+        /* On a persistent workspace they hold what the last container's
+         * setup_dev made there: empty them. */
+        if (cfg->ws) {
+            int e = sbx_rm_rf(src);
+            STEP(e == 0 || e == -ENOENT, "empty %s", src);
+        }
+        STEP(mkdir_ok(src, fresh[i].mode) == 0 && chmod(src, fresh[i].mode) == 0, "mkdir %s", src);
         STEP(mkdir_ok(dst, fresh[i].mode) == 0, "mkdir /%s", fresh[i].name);
         STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind an empty /%s", fresh[i].name);
     }

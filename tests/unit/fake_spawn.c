@@ -235,6 +235,17 @@ sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
     return sbx_container_start(sp, lim, c, why, whylen);
 }
 
+/* Persistent workspaces neither: the mount is closed, the container fake. */
+int
+sbx_container_start_ws(sbx_spawner *sp, const struct sbx_limits *lim,
+                       const struct sbx_image_root *img, int ws_fd, struct sbx_container *c,
+                       char *why, size_t whylen)
+{
+    (void)img;
+    close(ws_fd);
+    return sbx_container_start(sp, lim, c, why, whylen);
+}
+
 void
 sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
 {

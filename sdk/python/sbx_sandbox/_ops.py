@@ -280,6 +280,19 @@ class SandboxStatusLimits(TypedDict, total=False):
     """CPU in millicpus"""
 
 
+class SandboxStatusWorkspace(TypedDict, total=False):
+    """its writable state (docs/persistence.md)"""
+
+    mode: str
+    """tmpfs, or kept on the shard's disk"""
+    limitBytes: int
+    """the size of its file system (the deployment's --disk) (bytes)"""
+    allocatedBytes: int
+    """persistent: host disk its image file holds now (sparse) (bytes)"""
+    usedBytes: int
+    """persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes)"""
+
+
 class SandboxStatusContainer(TypedDict, total=False):
     """the running container, when there is one"""
 
@@ -356,6 +369,8 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """how the previous container ended, when it died"""
     image: str
     """the digest of the image it runs (docs/images.md); absent: the host's /usr"""
+    workspace: 'SandboxStatusWorkspace'
+    """its writable state (docs/persistence.md)"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
     network: 'SandboxStatusNetwork'
@@ -1504,6 +1519,8 @@ class CreateArgs(TypedDict, total=False):
     """an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes)"""
     network: 'NetworkSettings'
     """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container"""
+    workspace: str
+    """where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created"""
 
 
 class CreateResult(TypedDict, total=False):

@@ -364,6 +364,18 @@ export interface SandboxStatus {
   lastExit?: string;
   /** the digest of the image it runs (docs/images.md); absent: the host's /usr */
   image?: string;
+  /** its writable state (docs/persistence.md) */
+  workspace?: {
+    /** tmpfs, or kept on the shard's disk */
+    mode?: 'ephemeral' | 'persistent';
+    /** the size of its file system (the deployment's --disk) (bytes) */
+    limitBytes?: number;
+    /** persistent: host disk its image file holds now (sparse) (bytes) */
+    allocatedBytes?: number;
+    /** persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes) */
+    usedBytes?: number;
+    [key: string]: unknown;
+  };
   /** the running container, when there is one */
   container?: {
     /** its init's pid on the host */
@@ -1419,6 +1431,8 @@ export interface CreateArgs {
   image?: string;
   /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container */
   network?: NetworkSettings;
+  /** where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created */
+  workspace?: 'ephemeral' | 'persistent';
 }
 
 /** Result of `create`: whether it was created now, and its status */

@@ -1,0 +1,250 @@
+/*
+ * workspace.c — persistent workspaces on per-sandbox ext4 images
+ * (workspace.h; design and measurements in docs/persistence.md).
+ */
+#include "workspace.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../runtime/util.h"
+
+extern char **environ;
+
+int
+sbx_ws_dir(const char *data, const char *id, char *buf, size_t n)
+{
+    int k = snprintf(buf, n, "%s/workspaces/%s", data, id);
+    return k < 0 || (size_t)k >= n ? -ENAMETOOLONG : 0;
+}
+
+/* mkfs.ext4 on path: no reserved blocks (the sandbox gets its whole
+ * limit), the inode count asked for, tables and journal left for lazy
+ * initialisation (the file stays sparse; the mount says noinit_itable).
+ * ext4's inode tables are preallocated (256 bytes an inode): the count is
+ * at most one per 8 KiB of the size (tmpfs's nr_inodes only caps). */
+static int
+ws_mkfs(const char *path, uint64_t size, uint64_t inodes, char *why, size_t whylen)
+{
+    char n[32];
+    if (inodes > size / 8192)
+        inodes = size / 8192;
+    if (inodes < 1024)
+        inodes = 1024;
+    snprintf(n, sizeof(n), "%llu", (unsigned long long)inodes);
+    char *argv[] = {"mkfs.ext4", "-q", "-F", "-m", "0", "-N", n, "-E",
+                    "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0",
+                    (char *)path, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "mkfs.ext4", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc) {
+        snprintf(why, whylen, "run mkfs.ext4 (e2fsprogs): %s", strerror(rc));
+        return -rc;
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) {
+            snprintf(why, whylen, "wait for mkfs.ext4: %s", strerror(errno));
+            return -errno;
+        }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(why, whylen, "mkfs.ext4 %s failed (status %d)", path, st);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Create dir/disk.img as a formatted sparse file of size bytes (written
+ * under a temporary name, renamed when complete). */
+static int
+ws_create(const char *dir, const char *img, uint64_t size, uint64_t inodes, char *why,
+          size_t whylen)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s/disk.img.new", dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
+        int e = errno;
+        snprintf(why, whylen, "create %s: %s", tmp, strerror(e));
+        if (fd >= 0)
+            close(fd);
+        return -e;
+    }
+    close(fd);
+    int rc = ws_mkfs(tmp, size, inodes, why, whylen);
+    if (rc == 0 && rename(tmp, img) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s: %s", tmp, strerror(errno));
+    }
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+/* Attach the image open at imgfd to a free loop device (auto-cleared on
+ * its last close); *loopfd and the device's path. */
+static int
+ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char *why,
+        size_t whylen)
+{
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0) {
+        int e = errno;
+        snprintf(why, whylen, "open /dev/loop-control: %s", strerror(e));
+        return -e;
+    }
+    int rc = -EBUSY;
+    /* Another process may take the free device between the two calls. */
+    for (int tries = 0; tries < 32 && rc == -EBUSY; tries++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0) {
+            rc = -errno;
+            snprintf(why, whylen, "no free loop device: %s", strerror(errno));
+            break;
+        }
+        snprintf(dev, devlen, "/dev/loop%d", n);
+        int fd = open(dev, O_RDWR | O_CLOEXEC);
+        if (fd < 0) {
+            rc = errno == ENOENT ? -EBUSY : -errno; /* ENOENT: its node is not there yet */
+            if (rc != -EBUSY)
+                snprintf(why, whylen, "open %s: %s", dev, strerror(-rc));
+            continue;
+        }
+        struct loop_config cfg;
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.fd = (uint32_t)imgfd;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        snprintf((char *)cfg.info.lo_file_name, sizeof(cfg.info.lo_file_name), "%s", img);
+        if (ioctl(fd, LOOP_CONFIGURE, &cfg) == 0) {
+            *loopfd = fd;
+            rc = 0;
+            break;
+        }
+        rc = -errno;
+        close(fd);
+        if (rc != -EBUSY)
+            snprintf(why, whylen, "LOOP_CONFIGURE %s: %s", dev, strerror(-rc));
+    }
+    if (rc == -EBUSY)
+        snprintf(why, whylen, "no loop device could be configured (busy)");
+    close(ctl);
+    return rc;
+}
+
+int
+sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool *created,
+             char *why, size_t whylen)
+{
+    char img[4200], dev[64];
+    int imgfd = -1, loopfd = -1, fs = -1, rc = 0;
+    *mnt_fd = -1;
+    *created = false;
+    if ((rc = sbx_mkdir_p(dir, 0700)) != 0) {
+        snprintf(why, whylen, "mkdir %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    snprintf(img, sizeof(img), "%s/disk.img", dir);
+    if (access(img, F_OK) < 0) {
+        if ((rc = ws_create(dir, img, size, inodes, why, whylen)) != 0)
+            return rc;
+        *created = true;
+    }
+    imgfd = open(img, O_RDWR | O_CLOEXEC);
+    if (imgfd < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "open %s: %s", img, strerror(errno));
+        goto out;
+    }
+    /* One mount at a time: the previous container's loop device keeps this
+     * lock (on its open file) until the kernel has let the mount go. */
+    for (int i = 0; flock(imgfd, LOCK_EX | LOCK_NB) < 0; i++) {
+        if (errno != EWOULDBLOCK || i >= 1000) {
+            rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+            snprintf(why, whylen, "the workspace %s is still in use", dir);
+            goto out;
+        }
+        nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
+    }
+    if ((rc = ws_loop(imgfd, img, &loopfd, dev, sizeof(dev), why, whylen)) != 0)
+        goto out;
+    fs = fsopen("ext4", FSOPEN_CLOEXEC);
+    if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+        fsconfig(fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
+        fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "mount %s (ext4 on %s): %s", img, dev, strerror(errno));
+        goto out;
+    }
+    *mnt_fd = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    if (*mnt_fd < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "fsmount %s: %s", img, strerror(errno));
+    }
+out:
+    if (fs >= 0)
+        close(fs);
+    if (loopfd >= 0)
+        close(loopfd); /* the mount holds the device now; AUTOCLEAR after it */
+    if (imgfd >= 0)
+        close(imgfd); /* the loop device holds the file (and its lock) */
+    return rc;
+}
+
+int
+sbx_ws_remove(const char *dir)
+{
+    int rc = sbx_rm_rf(dir);
+    return rc == -ENOENT ? 0 : rc;
+}
+
+int64_t
+sbx_ws_allocated(const char *dir)
+{
+    char img[4200];
+    struct stat st;
+    snprintf(img, sizeof(img), "%s/disk.img", dir);
+    if (stat(img, &st) < 0)
+        return -errno;
+    return (int64_t)st.st_blocks * 512;
+}
+
+int
+sbx_ws_sweep(const char *data, bool (*exists)(const char *id, void *arg), void *arg)
+{
+    char top[4200];
+    snprintf(top, sizeof(top), "%s/workspaces", data);
+    DIR *d = opendir(top);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.')
+            continue;
+        if (exists(de->d_name, arg))
+            continue;
+        char dir[4200];
+        if (sbx_ws_dir(data, de->d_name, dir, sizeof(dir)) == 0 && sbx_ws_remove(dir) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}

@@ -1,0 +1,62 @@
+/*
+ * workspace.h — persistent workspaces (docs/persistence.md): the writable
+ * state of a sandbox created with `workspace: "persistent"` on the shard's
+ * disk, in one sparse ext4 file-system image per sandbox:
+ *
+ *   <dir> = <shard data>/workspaces/<sandbox id>/
+ *   <dir>/disk.img   the ext4 image, sized to the sandbox's disk limit
+ *                    (mkfs.ext4 on first use; the kernel enforces the size:
+ *                    a write past it is ENOSPC inside, and the host file
+ *                    never grows beyond it)
+ *
+ * The shard (root in the host's namespaces) attaches the image to a free
+ * loop device (LOOP_CONFIGURE with LO_FLAGS_AUTOCLEAR) and mounts it as a
+ * detached mount (fsopen/fsmount: no mount point on the host, nothing to
+ * unmount); container/spawn.c idmaps that mount to the child's user
+ * namespace and hands it to the agent, which puts /workspace, /tmp, /home
+ * (and an image's overlay upper and work dirs) on it instead of a tmpfs.
+ * When the container and the shard's descriptors are gone the kernel drops
+ * the mount and AUTOCLEAR frees the loop device: a kill -9 of the shard
+ * leaves neither.  An exclusive flock(2) on the image file's open file,
+ * which the loop device keeps, guarantees one mount of an image at a time.
+ *
+ * Functions run on the shard's worker threads (mount, remove) or loop
+ * thread (usage, sweep); they keep no state.  Errors: 0 or -errno with the
+ * reason in why.
+ */
+#ifndef SBX_WORKSPACE_H
+#define SBX_WORKSPACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* sbx_ws_dir — "<data>/workspaces/<id>" into buf; -ENAMETOOLONG if it does
+ * not fit. */
+int sbx_ws_dir(const char *data, const char *id, char *buf, size_t n);
+
+/*
+ * sbx_ws_mount — make dir's image (size bytes, inodes inodes; created with
+ * mkfs.ext4 when absent, sparse) and mount it: *mnt_fd gets a detached
+ * mount (fsmount(2), MOUNT_ATTR_NOSUID|NODEV; the caller owns and closes
+ * it).  Waits up to 5 s for a previous mount of the same image to go (its
+ * container's teardown).  *created tells whether the image is new.
+ */
+int sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool *created,
+                 char *why, size_t whylen);
+
+/* sbx_ws_remove — delete dir and its image (destroy); 0 if there was none. */
+int sbx_ws_remove(const char *dir);
+
+/* sbx_ws_allocated — bytes of host disk dir's image holds (st_blocks), or
+ * -errno (-ENOENT: none yet). */
+int64_t sbx_ws_allocated(const char *dir);
+
+/*
+ * sbx_ws_sweep — remove every workspace under <data>/workspaces whose
+ * sandbox no longer exists (exists(id, arg) false): a shard does this when
+ * it starts.  Returns how many were removed.
+ */
+int sbx_ws_sweep(const char *data, bool (*exists)(const char *id, void *arg), void *arg);
+
+#endif
