@@ -9,10 +9,10 @@
 #include "err.h"
 #include "util.h"
 
-/* Length of the valid UTF-8 sequence at p (RFC 3629), or 0 if invalid. */
-static size_t
-utf8_seq(const unsigned char *p, size_t n)
+size_t
+sbx_utf8_seq(const char *s, size_t n)
 {
+    const unsigned char *p = (const unsigned char *)s;
     unsigned char c = p[0];
     if (c < 0x80)
         return 1;
@@ -43,7 +43,7 @@ sbx_utf8_valid(const char *p, size_t n, size_t *incomplete)
     if (incomplete)
         *incomplete = 0;
     while (i < n) {
-        size_t k = utf8_seq(u + i, n - i);
+        size_t k = sbx_utf8_seq(p + i, n - i);
         if (k == 0) {
             /* At the very end, a sequence cut short is incomplete, not wrong. */
             unsigned char c = u[i];
@@ -66,10 +66,9 @@ sbx_utf8_sanitize(const char *p, size_t n, size_t *outlen)
     sbx_buf b;
     sbx_buf_init(&b);
     sbx_buf_reserve(&b, n);
-    const unsigned char *u = (const unsigned char *)p;
     size_t i = 0;
     while (i < n) {
-        size_t k = utf8_seq(u + i, n - i);
+        size_t k = sbx_utf8_seq(p + i, n - i);
         if (k == 0) {
             sbx_buf_append(&b, "\xef\xbf\xbd", 3);
             i++;

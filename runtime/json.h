@@ -24,6 +24,11 @@ json_t *sbx_json_from_msgpack(const msgpack_object *o);
  * bytes (lossless; the HTTP front's X-Sbx-Binary: base64). */
 json_t *sbx_json_from_msgpack_b64(const msgpack_object *o);
 
+/* sbx_utf8_seq — length (1-4) of the valid UTF-8 sequence at s[0..n), n ≥ 1
+ * (RFC 3629: no overlong forms, no surrogates, ≤ U+10FFFF), or 0 if the bytes
+ * there are not one. */
+size_t sbx_utf8_seq(const char *s, size_t n);
+
 /* sbx_utf8_valid — length of the longest prefix of p[0..n) that is valid
  * UTF-8 (RFC 3629).  *incomplete (may be NULL) gets the length of a
  * sequence cut short at the very end (then the prefix plus it is all of

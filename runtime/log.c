@@ -1,5 +1,6 @@
 /* log.c — see log.h. */
 #include "log.h"
+#include "json.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -76,37 +77,6 @@ puts_(struct w *w, const char *s)
     put(w, s, strlen(s));
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n) (RFC 3629: no overlongs,
- * no surrogates, ≤ U+10FFFF), or 0. */
-static size_t
-utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    unsigned min;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef)
-        len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4)
-        len = 4, min = 0x10000;
-    else
-        return 0;
-    if (len > n)
-        return 0;
-    unsigned cp = c & (0x7f >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return len;
-}
-
 /* s[0..n) as a JSON string, quotes included; a sequence that would not fit
  * is left out whole, so the string stays valid when the line is cut. */
 static void
@@ -131,7 +101,7 @@ put_jstr(struct w *w, const char *s, size_t n)
             on = 6;
         } else if (u[i] < 0x80) {
             out = s + i, on = 1;
-        } else if ((adv = utf8_len(u + i, n - i)) != 0) {
+        } else if ((adv = sbx_utf8_seq((const char *)u + i, n - i)) != 0) {
             out = s + i, on = adv;
         } else {
             out = "\\ufffd", on = 6, adv = 1;
