@@ -133,4 +133,28 @@ int sbx_image_unpack(const char *blob, int dirfd, int *skipped, sbx_err_t *err);
 int sbx_image_layer_digests(const char *blob, char compressed[SBX_IMAGE_DIGEST_LEN],
                             char uncompressed[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
 
+/*
+ * sbx_image_add_layer — a template (docs/images.md, "Templates"): add to the
+ * store an image made of base's layers (base: a manifest digest) plus the
+ * layer blob (a tar, compressed or not, with OCI whiteouts; unpacked with
+ * the import's rules), with base's config, a new rootfs.diff_ids and a
+ * history entry created_by; name it name (moved if another image had it).
+ * digest receives the new image's manifest digest.  blob is left in place
+ * (the caller's).  Errors as an import; nothing is left of a failed one.
+ */
+int sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, const char *name,
+                        const char *created_by, char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/*
+ * image_layer.c: sbx_image_layer_write — write the overlayfs upper dir
+ * dirfd (a readable directory fd) as an OCI layer to the new file blob, a
+ * gzip-compressed tar: overlay whiteouts (0/0 character devices) become
+ * `.wh.NAME` entries, opaque directories (user.overlay.opaque or
+ * trusted.overlay.opaque = y) get a `.wh..wh..opq` entry (image-spec
+ * layer.md, "Whiteouts"); owner host_uid (the sandbox's root) becomes 0.
+ * Never follows a symbolic link (the tree is a sandbox's).  Hard links are
+ * written as separate files; sockets and other devices are left out.
+ */
+int sbx_image_layer_write(int dirfd, unsigned host_uid, const char *blob, sbx_err_t *err);
+
 #endif

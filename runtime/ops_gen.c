@@ -250,6 +250,12 @@ static const struct sbx_arg args_image_inspect[] = {
 static const struct sbx_arg args_image_rm[] = {
     {"image", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
 };
+static const struct sbx_arg args_template_build[] = {
+    {"name", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"from", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"run", SBX_ARG_ARRAY, true, false, false, 0, 0, 64u, NULL, "an array", NULL, 0},
+    {"stepTimeout", SBX_ARG_INT, false, true, true, 1000.0, 3600000.0, 0u, NULL, "an integer", "ms", 0},
+};
 
 const struct sbx_op_def sbx_ops[] = {
     {.name = "exec",
@@ -783,5 +789,14 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_image_rm,
      .nargs = 1},
+    {.name = "template.build",
+     .id = SBX_OPID_TEMPLATE_BUILD,
+     .flags = SBX_OP_MUTATES | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "build an image from another plus commands run in a sandbox of it (E2B's templates)",
+     .http = NULL,
+     .args = args_template_build,
+     .nargs = 4},
     {.name = NULL},
 };

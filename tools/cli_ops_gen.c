@@ -675,6 +675,24 @@ static const struct cli_arg args_image_rm[] = {
      "a name, or a digest for all its names",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_template_build[] = {
+    {"name", CLI_K_STR, true, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "the new image's name, repo:tag ([A-Za-z0-9._/:@-])",
+     "VALIDATION_FAILED"},
+    {"from", CLI_K_STR, true, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "the base image: a name, a digest, or a unique prefix of 12+ hex digits",
+     "VALIDATION_FAILED"},
+    {"run", CLI_K_ARRAY, true, false, false, 0, 0, 64u, NULL,
+     "an array", NULL, NULL,
+     "the build steps, run in order",
+     "VALIDATION_FAILED"},
+    {"stepTimeout", CLI_K_INT, false, true, true, 1000.0, 3600000.0, 0u, NULL,
+     "an integer", "ms", "600000",
+     "how long each step may run",
+     "VALIDATION_FAILED"},
+};
 
 const struct cli_op cli_ops[] = {
     {"exec", "run a shell string or an argv in the sandbox and return its output",
@@ -793,5 +811,7 @@ const struct cli_op cli_ops[] = {
      "image inspect", "image", false, args_image_inspect, 1},
     {"image.rm", "remove an image's name (or, by digest, all its names), then collect unused layers",
      "image rm", "image", false, args_image_rm, 1},
+    {"template.build", "build an image from another plus commands run in a sandbox of it (E2B's templates)",
+     "template build", "name", false, args_template_build, 4},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

@@ -35,6 +35,11 @@
 
 #define AGENT_CHAN_FD 3
 #define AGENT_INTERP_TREE_FD 4 /* container/spawn.c SPAWN_INTERP_FD */
+/* An image sandbox's upper dir (O_PATH, CLOEXEC), kept by the agent for the
+ * shard: a template build (actors/template.c) reads the writable layer through
+ * /proc/<agent pid>/fd/AGENT_UPPER_FD, the agent being non-dumpable so tenant
+ * processes cannot. */
+#define AGENT_UPPER_FD 63
 #define AGENT_MAX_LAYERS 253   /* image layers: one SCM_RIGHTS message (container/spawn.c) */
 
 /* Configuration sent by the shard in the first frame (spawn.c builds it). */

@@ -562,6 +562,14 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
     STEP(mkdir(NEWROOT "/upper", 0755) == 0 && mkdir(NEWROOT "/work", 0755) == 0 &&
              mkdir(NEWROOT "/root", 0755) == 0,
          "mkdir the overlay's directories");
+    {
+        /* The upper dir stays reachable for a template build (AGENT_UPPER_FD). */
+        int ufd = open(NEWROOT "/upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        STEP(ufd >= 0, "open the upper dir");
+        int d = dup3(ufd, AGENT_UPPER_FD, O_CLOEXEC);
+        close(ufd);
+        STEP(d == AGENT_UPPER_FD, "keep the upper dir at fd %d", AGENT_UPPER_FD);
+    }
     size_t cap = (size_t)cfg->nlayers * 24 + 128, o = 0;
     lower = sbx_xmalloc(cap);
     o += (size_t)snprintf(lower, cap, "lowerdir=");

@@ -1621,6 +1621,24 @@ class ImageRmResult(TypedDict, total=False):
     """images deleted now"""
 
 
+#: Arguments of ``template.build``: build an image from another plus commands run in a sandbox of it (E2B's templates).
+TemplateBuildArgs = TypedDict('TemplateBuildArgs', {
+    'name': str,  # the new image's name, repo:tag ([A-Za-z0-9._/:@-]) (at most 255 bytes)
+    'from': str,  # the base image: a name, a digest, or a unique prefix of 12+ hex digits (at most 255 bytes)
+    'run': List[str],  # the build steps, run in order
+    'stepTimeout': int,  # how long each step may run (milliseconds) [1000 … 3600000; default 600000]
+}, total=False)
+
+
+class TemplateBuildResult(TypedDict, total=False):
+    """Result of ``template.build``: the image"""
+
+    digest: str
+    """its manifest digest, sha256:<hex>"""
+    image: Dict[str, Any]
+    """what image.inspect answers"""
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1679,6 +1697,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'image.list': (ImageListArgs, ImageListResult),
     'image.inspect': (ImageInspectArgs, ImageInspectResult),
     'image.rm': (ImageRmArgs, ImageRmResult),
+    'template.build': (TemplateBuildArgs, TemplateBuildResult),
 }
 
 __all__ += [
@@ -1803,4 +1822,6 @@ __all__ += [
     'ImageInspectResult',
     'ImageRmArgs',
     'ImageRmResult',
+    'TemplateBuildArgs',
+    'TemplateBuildResult',
 ]

@@ -1519,6 +1519,27 @@ export interface ImageRmResult {
   [key: string]: unknown;
 }
 
+/** Arguments of `template.build`: build an image from another plus commands run in a sandbox of it (E2B's templates). Runs in the shard; flags: mutates, node. */
+export interface TemplateBuildArgs {
+  /** the new image's name, repo:tag ([A-Za-z0-9._/:@-]) (at most 255 bytes) */
+  name: string;
+  /** the base image: a name, a digest, or a unique prefix of 12+ hex digits (at most 255 bytes) */
+  from: string;
+  /** the build steps, run in order */
+  run: string[];
+  /** how long each step may run (milliseconds) [1000 … 3600000; default 600000] */
+  stepTimeout?: number;
+}
+
+/** Result of `template.build`: the image */
+export interface TemplateBuildResult {
+  /** its manifest digest, sha256:<hex> */
+  digest?: string;
+  /** what image.inspect answers */
+  image?: Record<string, unknown>;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1577,6 +1598,7 @@ export interface Ops {
   'image.list': { args: ImageListArgs; result: ImageListResult };
   'image.inspect': { args: ImageInspectArgs; result: ImageInspectResult };
   'image.rm': { args: ImageRmArgs; result: ImageRmResult };
+  'template.build': { args: TemplateBuildArgs; result: TemplateBuildResult };
 }
 
 /** The name of an operation. */
