@@ -36,13 +36,27 @@
 /* Bytes of a failing step's stdout and stderr quoted in the error. */
 #define TPL_OUTPUT_QUOTE 4096
 
+/* A decoded reply and the frame it points into. */
+struct tpl_reply {
+    sbx_msg m;
+    char *frame;
+};
+
+static void
+reply_free(struct tpl_reply *r)
+{
+    sbx_wire_msg_free(&r->m);
+    free(r->frame);
+}
+
 /*
  * Send {t: tag, op, a: args} to the agent and wait for the reply of that
- * tag (events, tag 0, are skipped).  *out is the caller's (sbx_wire_msg_free)
- * when 0 is returned; a reply {ok: false} becomes its code and message.
+ * tag (events, tag 0, are skipped).  *out is the caller's (reply_free) when
+ * 0 is returned; a reply {ok: false} becomes its code and message.
  */
 static int
-agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, sbx_msg *out, sbx_err_t *err)
+agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, struct tpl_reply *out,
+           sbx_err_t *err)
 {
     sbx_enc e;
     char *buf = NULL, *ab = NULL;
@@ -77,13 +91,15 @@ agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, sbx_msg *out, 
                                 rc == -EAGAIN ? "timed out" : strerror(-rc));
         sbx_msg m;
         rc = sbx_wire_decode(&m, f, n, &sbx_wire_limits_reply);
-        free(f);
-        if (rc)
+        if (rc) {
+            free(f);
             return sbx_err_make(err, SBX_E_CONTAINER, "a malformed frame from the build container");
+        }
         int64_t t = -1;
         sbx_wire_get_i64(m.root, "t", &t);
         if (t != (int64_t)tag) {
             sbx_wire_msg_free(&m);
+            free(f);
             continue;
         }
         bool ok = false;
@@ -100,9 +116,11 @@ agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, sbx_msg *out, 
                               "%s in the build container: %.*s", op, (int)msg.n,
                               msg.p ? msg.p : "");
             sbx_wire_msg_free(&m);
+            free(f);
             return rc;
         }
-        *out = m;
+        out->m = m;
+        out->frame = f;
         return 0;
     }
 }
@@ -113,7 +131,7 @@ static int
 run_step(int chan, int i, int n, const char *cmd, int64_t step_ms, sbx_err_t *err)
 {
     sbx_enc a;
-    sbx_msg m;
+    struct tpl_reply m;
     sbx_enc_init(&a);
     sbx_enc_map(&a);
     sbx_enc_kstr(&a, "command", cmd);
@@ -125,7 +143,7 @@ run_step(int chan, int i, int n, const char *cmd, int64_t step_ms, sbx_err_t *er
     const msgpack_object *r = NULL;
     int64_t code = -1;
     sbx_str out = {0}, errs = {0};
-    sbx_wire_get_map(m.root, "r", &r);
+    sbx_wire_get_map(m.m.root, "r", &r);
     if (r) {
         sbx_wire_get_i64(r, "exitCode", &code);
         sbx_wire_get_bin(r, "stdout", &out);
@@ -144,7 +162,7 @@ run_step(int chan, int i, int n, const char *cmd, int64_t step_ms, sbx_err_t *er
     } else {
         sbx_log_info("template step %d of %d done: %s", i + 1, n, cmd);
     }
-    sbx_wire_msg_free(&m);
+    reply_free(&m);
     return rc;
 }
 
@@ -177,13 +195,13 @@ shard_template_build(struct shard *sh, const char *name, const char *from, char 
     struct timeval tv = {.tv_sec = (time_t)(step_ms / 1000 + 60)};
     setsockopt(c.chan, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     sbx_enc a;
-    sbx_msg m;
+    struct tpl_reply m;
     sbx_enc_init(&a);
     sbx_enc_map(&a);
     sbx_enc_kstr(&a, "sandbox", "template-build");
     if ((rc = agent_call(c.chan, 1, "bind", &a, &m, err)) != 0)
         goto out;
-    sbx_wire_msg_free(&m);
+    reply_free(&m);
     for (int i = 0; i < nrun; i++)
         if ((rc = run_step(c.chan, i, nrun, run[i], step_ms, err)) != 0)
             goto out;

@@ -563,3 +563,130 @@ Test(images, a_pool_per_image, .timeout = 240)
     testd_stop(&d);
     live = NULL;
 }
+
+/* Entries of the store's tmp/ (imports and builds in progress). */
+static int
+count_store_tmp(void)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/images/tmp", getenv("SBX_TEST_DIR") ? getenv("SBX_TEST_DIR")
+                                                                     : "/nonexistent");
+    DIR *d = opendir(p);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* template.build (docs/images.md, "Templates"): the steps' writes, removals
+ * and a replaced directory become a new top layer; a sandbox of the
+ * template sees them, one of the base does not; a failing step fails the
+ * build with its output and leaves no image, layer or temporary file. */
+Test(images, a_template_bakes_its_steps_into_a_new_layer, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[2048], base[128], tpl[128], bad[128];
+    build_image("tplbase", digest);
+    snprintf(base, sizeof(base), "sbxtest/%s-tplbase:%d", test_prefix(), (int)getpid());
+    snprintf(tpl, sizeof(tpl), "sbxtest/%s-tpl:%d", test_prefix(), (int)getpid());
+    snprintf(bad, sizeof(bad), "sbxtest/%s-tplbad:%d", test_prefix(), (int)getpid());
+    sbx_client *c = test_client();
+    int layers0 = count_layers(), tmp0 = count_store_tmp();
+    snprintf(args, sizeof(args), "{\"path\":\"%s/tplbase\",\"name\":\"%s\"}", work, base);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+    int layers1 = count_layers();
+
+    snprintf(args, sizeof(args),
+             "{\"name\":\"%s\",\"from\":\"%s\",\"run\":["
+             "\"echo baked > /usr/share/baked && rm /usr/share/base-file\","
+             "\"rm -rf /opq && mkdir /opq && echo n2 > /opq/n2\","
+             "\"echo \\\"$IMGVAR\\\" > /usr/share/env-at-build\"]}",
+             tpl, base);
+    res = call(c, "template.build", NULL, args, code, msg);
+    cr_assert(res, "template.build: %s %s", code, msg);
+    cr_expect(strstr(res, "\"digest\":\"sha256:") && strncmp(res + 11, digest, 71) != 0 &&
+                  strstr(res, "\"layers\":3"),
+              "a new image, not the base: %s", res);
+    free(res);
+    cr_expect_eq(count_layers(), layers1 + 1, "one new layer, the base's shared");
+    cr_expect_eq(count_store_tmp(), tmp0, "the build left nothing in the store's tmp/");
+
+    char *t = test_id("tpl-t"), *b = test_id("tpl-b");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", tpl);
+    res = call(c, "create", t, args, code, msg);
+    cr_assert(res, "create from the template: %s %s", code, msg);
+    free(res);
+    int ec = -1;
+    char *out = sh(c, t,
+                   "cat /usr/share/baked /usr/share/env-at-build; test -e /usr/share/base-file "
+                   "&& echo base-file-still-there; ls -A /opq; head -1 /etc/os-release; pwd",
+                   &ec);
+    cr_expect_str_eq(out, "baked\nfrom-image\nn2\nID=sbxtest\n/srv/app\n",
+                     "the template's sandbox sees the steps' changes over the base: %s", out);
+    free(out);
+    out = sh(c, t, "stat -c %u /usr/share/baked; echo again > /usr/share/baked && cat "
+                   "/usr/share/baked", &ec);
+    cr_expect_str_eq(out, "0\nagain\n", "the baked file is root's and writable: %s", out);
+    free(out);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", base);
+    res = call(c, "create", b, args, code, msg);
+    cr_assert(res, "create from the base: %s %s", code, msg);
+    free(res);
+    out = sh(c, b, "test -e /usr/share/baked && echo baked; cat /usr/share/base-file; ls -A /opq",
+             &ec);
+    cr_expect_str_eq(out, "base\nnew\n", "the base image is unchanged: %s", out);
+    free(out);
+
+    /* A failing step: its output in the error, nothing added. */
+    int layers2 = count_layers();
+    snprintf(args, sizeof(args),
+             "{\"name\":\"%s\",\"from\":\"%s\",\"run\":[\"echo partial > /usr/share/partial\","
+             "\"echo step-out; echo step-err >&2; exit 3\",\"echo never\"]}",
+             bad, base);
+    res = call(c, "template.build", NULL, args, code, msg);
+    cr_expect_null(res, "a failing step fails the build");
+    cr_expect_str_eq(code, "COMMAND_EXECUTION_ERROR", "%s", msg);
+    cr_expect(strstr(msg, "step 2 of 3") && strstr(msg, "exited with 3") &&
+                  strstr(msg, "step-out") && strstr(msg, "step-err"),
+              "the error says which step and shows its output: %s", msg);
+    free(res);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", bad);
+    res = call(c, "image.inspect", NULL, args, code, msg);
+    cr_expect_null(res, "no image of a failed build");
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND", "%s", msg);
+    free(res);
+    cr_expect_eq(count_layers(), layers2, "no layer of a failed build");
+    cr_expect_eq(count_store_tmp(), tmp0, "no temporary file of a failed build");
+    /* An unknown base. */
+    res = call(c, "template.build", NULL,
+               "{\"name\":\"sbxtest/x:1\",\"from\":\"no/such:image\",\"run\":[\"true\"]}", code,
+               msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND", "%s", msg);
+    free(res);
+
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, t, &destroyed, &err), 0);
+    cr_expect_eq(sbx_destroy(c, b, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", tpl);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", base);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    cr_expect_eq(count_layers(), layers0, "no layer of the base or the template is left");
+    free(t);
+    free(b);
+    sbx_client_close(c);
+}
