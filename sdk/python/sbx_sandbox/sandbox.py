@@ -98,6 +98,17 @@ class SbxClient:
         Returns ``{"digest", "image"}``; raises ImageInvalid / ImageNotFound."""
         return self._node("image.import", {"path": path, **({"name": name} if name else {})})
 
+    def build_template(self, name: str, from_: str, run: List[str],
+                       step_timeout_ms: Optional[int] = None) -> Dict[str, Any]:
+        """``template.build`` (docs/images.md, "Templates"): the image ``name``
+        made of ``from_`` plus the shell strings ``run``, run in order in a
+        sandbox of it.  Returns ``{"digest", "image"}``; a failing step
+        raises with its output in the message, an unknown base ImageNotFound."""
+        args: Dict[str, Any] = {"name": name, "from": from_, "run": list(run)}
+        if step_timeout_ms is not None:
+            args["stepTimeout"] = step_timeout_ms
+        return self._node("template.build", args)
+
     def pull_image(self, ref: str, name: Optional[str] = None) -> Dict[str, Any]:
         """``image.pull``: ``ref`` from a registry (skopeo on the server)."""
         return self._node("image.pull", {"ref": ref, **({"name": name} if name else {})})
