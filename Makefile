@@ -51,7 +51,8 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
-             container/image_unpack.c container/image_layer.c
+             container/image_unpack.c container/image_layer.c \
+             container/image_user.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \

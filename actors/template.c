@@ -223,7 +223,9 @@ shard_template_build(struct shard *sh, const char *name, const char *from, char 
                               up, strerror(errno));
             goto out;
         }
-        if ((rc = sbx_image_layer_write(ufd, c.uid, blob, err)) != 0)
+        struct sbx_layer_ids ids = {.host_root = c.uid, .host_user = c.uid2,
+                                    .user_uid = root.run_uid, .user_gid = root.run_gid};
+        if ((rc = sbx_image_layer_write(ufd, &ids, blob, err)) != 0)
             goto out;
     }
     sbx_container_stop(sh->spawner, &c);

@@ -8,7 +8,9 @@
  *   - a 0/0 character device NAME (overlayfs' whiteout) → an empty regular
  *     file `.wh.NAME`;
  *   - a directory with user.overlay.opaque=y (or trusted.overlay.opaque=y)
- *     → the directory, then an empty `DIR/.wh..wh..opq`.
+ *     → the directory, then an empty `DIR/.wh..wh..opq`;
+ *   - owners: the host ids of the sandbox's root and of its image's User
+ *     (container/spawn.c maps them) become the ids the sandbox saw.
  *
  * The tree belongs to a sandbox and may change while it is read: every
  * entry is reached with *at() calls from its parent's descriptor, never
@@ -39,9 +41,20 @@
 
 struct lw {
     struct archive *a;
-    unsigned host_uid;
+    const struct sbx_layer_ids *ids;
     sbx_err_t *err;
 };
+
+/* A host id of the upper dir as the sandbox saw it. */
+static int64_t
+inner_id(const struct lw *w, uint32_t host, bool gid)
+{
+    if (host == w->ids->host_root)
+        return 0;
+    if (w->ids->host_user && host == w->ids->host_user)
+        return gid ? w->ids->user_gid : w->ids->user_uid;
+    return host;
+}
 
 static int
 put_entry(struct lw *w, const char *path, const struct stat *st, mode_t type, const char *link,
@@ -52,8 +65,8 @@ put_entry(struct lw *w, const char *path, const struct stat *st, mode_t type, co
     archive_entry_set_pathname(e, path);
     archive_entry_set_filetype(e, type);
     archive_entry_set_perm(e, st ? st->st_mode & 07777 : 0644);
-    archive_entry_set_uid(e, !st || st->st_uid == w->host_uid ? 0 : st->st_uid);
-    archive_entry_set_gid(e, !st || st->st_gid == w->host_uid ? 0 : st->st_gid);
+    archive_entry_set_uid(e, st ? inner_id(w, st->st_uid, false) : 0);
+    archive_entry_set_gid(e, st ? inner_id(w, st->st_gid, true) : 0);
     if (st)
         archive_entry_set_mtime(e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
     archive_entry_set_size(e, type == AE_IFREG && st && datafd >= 0 ? st->st_size : 0);
@@ -169,9 +182,10 @@ out:
 }
 
 int
-sbx_image_layer_write(int dirfd, unsigned host_uid, const char *blob, sbx_err_t *err)
+sbx_image_layer_write(int dirfd, const struct sbx_layer_ids *ids, const char *blob,
+                      sbx_err_t *err)
 {
-    struct lw w = {.a = archive_write_new(), .host_uid = host_uid, .err = err};
+    struct lw w = {.a = archive_write_new(), .ids = ids, .err = err};
     int rc = 0;
     if (!w.a)
         return sbx_err_make(err, -ENOMEM, "archive_write_new");

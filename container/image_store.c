@@ -901,7 +901,11 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
     const char *user = json_string_value(json_object_get(cfg, "user"));
     root->workdir = wd && wd[0] ? sbx_xstrdup(wd) : NULL;
     root->user = user && user[0] ? sbx_xstrdup(user) : NULL;
-    return 0;
+    int rc = sbx_image_user_resolve(root->layers, root->nlayers, root->user, &root->run_uid,
+                                    &root->run_gid, err);
+    if (rc)
+        sbx_image_root_free(root);
+    return rc;
 }
 
 void

@@ -69,6 +69,8 @@ struct agent_cfg {
     int layer_fds[AGENT_MAX_LAYERS];
     char **image_env;        /* the image config's Env "K=V" (over env), NULL-terminated */
     char image_workdir[512]; /* its WorkingDir ("" none): created, and the agent's cwd */
+    uint32_t run_uid;        /* its User, resolved by the shard (image_user.c): the agent and */
+    uint32_t run_gid;        /* everything it starts run as these ids (0:0: root) */
 };
 
 /* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"

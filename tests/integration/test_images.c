@@ -690,3 +690,65 @@ Test(images, a_template_bakes_its_steps_into_a_new_layer, .timeout = 240)
     free(b);
     sbx_client_close(c);
 }
+
+/* An image whose config names a User (image-spec config.md): commands run
+ * as that uid, with its primary group from the image's /etc/passwd; root's
+ * files are not theirs to change; /workspace is theirs. */
+Test(images, an_image_user_runs_the_commands, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024], name[128], l0[256], d0[72], dir[256];
+    size_t nb = 0;
+    struct imgb_entry *e = imgb_base_entries(&nb);
+    cr_assert(e, "busybox-static is not installed (tools/deps.sh)");
+    e = realloc(e, (nb + 4) * sizeof(*e));
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/passwd"),
+                                  strdup("root:x:0:0:root:/root:/bin/sh\n"
+                                         "app:x:1000:1001:app:/home/app:/bin/sh\n"),
+                                  0};
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/group"), strdup("root:x:0:\napp:x:1001:\n"), 0};
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/root-only"), strdup("root\n"), 0644};
+    snprintf(l0, sizeof(l0), "%s/user-0.tar.gz", work);
+    cr_assert_eq(imgb_layer(l0, e, nb, true, d0), 0);
+    imgb_entries_free(e, nb);
+    char *layers[] = {l0};
+    const char *diffs[] = {d0};
+    snprintf(dir, sizeof(dir), "%s/user", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true, "\"User\":\"1000\"", digest), 0);
+
+    sbx_client *c = test_client();
+    snprintf(name, sizeof(name), "sbxtest/%s-user:%d", test_prefix(), (int)getpid());
+    snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"%s\"}", dir, name);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+    char *id = test_id("img-user");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "create", id, args, code, msg);
+    cr_assert(res, "create: %s %s", code, msg);
+    free(res);
+    int ec = -1;
+    char *out = sh(c, id, "id -u; id -g; stat -c %u:%g /etc/root-only", &ec);
+    cr_expect_str_eq(out, "1000\n1001\n0:0\n",
+                     "the image's User (1000, primary group 1001 from its passwd): %s", out);
+    free(out);
+    out = sh(c, id, "echo x >> /etc/root-only; echo rc=$?; cat /etc/root-only", &ec);
+    cr_expect(strstr(out, "rc=1") && strstr(out, "root\n") && !strstr(out, "x\n"),
+              "a root-owned file is not the User's to write: %s", out);
+    free(out);
+    out = sh(c, id, "echo mine > /workspace/f && stat -c %u /workspace/f && cat /workspace/f",
+             &ec);
+    cr_expect_str_eq(out, "1000\nmine\n", "/workspace is the User's: %s", out);
+    free(out);
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, id, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(id);
+    sbx_client_close(c);
+}
