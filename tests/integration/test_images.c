@@ -17,7 +17,9 @@
  * uses keeps it until the sandbox is gone; a sandbox keeps its image (by
  * digest) across a restart of its deployment, after its name moved to
  * another image; with --image-pool, the next sandbox of an image takes a
- * ready container of its image's pool.
+ * ready container of its image's pool; template.build bakes its steps into
+ * a new layer a sandbox of the template sees and one of the base does not,
+ * and a failing step leaves nothing; an image's User runs the commands.
  *
  * The layouts live in /tmp/sbx-img-<prefix>XXXXXX, removed by the suite's
  * fini; the store is in the test daemon's data directory (removed with it).
