@@ -352,6 +352,9 @@ void shard_op_status(struct sop *op);
 /* images.c: wait until no image op is running on its thread (the shard is
  * stopping; the replies they posted are run by the loop afterwards). */
 void shard_images_stop(struct shard *sh);
+/* actor_container.c: start the image's start command in a's new container
+ * (record "imageConfig".start), if it has one. */
+void actor_image_start(struct actor *a);
 /* template.c: build the template name from the image from with the steps
  * run (nrun shell strings, each ended after step_ms) — blocking, on an image
  * job's thread (images.c); digest receives the new image's.  Errors: those

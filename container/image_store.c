@@ -833,6 +833,18 @@ sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *err)
     return gc_locked(st, removed);
 }
 
+int
+sbx_image_config(sbx_image_store *st, const char *digest, json_t **out, sbx_err_t *err)
+{
+    _cleanup_json_ json_t *img = is_digest(digest) ? image_load(st, digest) : NULL;
+    json_t *cfg = json_object_get(img, "config");
+    if (!json_is_object(cfg))
+        return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "no image %s in this node's store",
+                            digest);
+    *out = json_incref(cfg);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------ */
 /* A container's root. */
 

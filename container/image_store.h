@@ -101,6 +101,12 @@ int sbx_image_inspect(sbx_image_store *st, const char *ref, json_t **out, sbx_er
  */
 int sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *err);
 
+/* sbx_image_config — a new JSON object (the caller's): the config the
+ * store keeps of the image of digest {env, workingDir, user, entrypoint[],
+ * cmd[], exposedPorts[]}.  No store lock (as sbx_image_resolve): a small
+ * file read.  SBX_E_IMAGE_NOT_FOUND. */
+int sbx_image_config(sbx_image_store *st, const char *digest, json_t **out, sbx_err_t *err);
+
 /* What a container of an image needs (sbx_image_open_root). */
 struct sbx_image_root {
     char digest[SBX_IMAGE_DIGEST_LEN];

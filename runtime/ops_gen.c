@@ -224,6 +224,7 @@ static const struct sbx_arg args_sandbox_labels[] = {
 static const struct sbx_arg args_create[] = {
     {"limits", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
     {"image", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"start", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
 };
 static const struct sbx_arg args_cluster_drain[] = {
     {"shard", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
@@ -680,7 +681,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "create the sandbox now (it is also created by its first operation)",
      .http = "PUT /v1/sandboxes/{sandbox}",
      .args = args_create,
-     .nargs = 2},
+     .nargs = 3},
     {.name = "destroy",
      .id = SBX_OPID_DESTROY,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_NOWAKE | SBX_OP_MUTATES,

@@ -632,6 +632,10 @@ static const struct cli_arg args_create[] = {
      "a string", NULL, NULL,
      "an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own",
      "VALIDATION_FAILED"},
+    {"start", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
+     "a boolean", NULL, "false",
+     "with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither",
+     "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
     {"shard", CLI_K_STR, true, false, false, 0, 0, 0u, NULL,
@@ -788,7 +792,7 @@ const struct cli_op cli_ops[] = {
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 2},
+     "create", "sandbox", true, args_create, 3},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",

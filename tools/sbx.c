@@ -608,6 +608,15 @@ v_create(struct gopts *g, int argc, char **argv)
     if (rc)
         return rc;
     sbx_args *a = sbx_args_new();
+    /* --start (no value): the image's Entrypoint + Cmd as a background process. */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--start")) {
+            sbx_args_kbool(a, "start", true);
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i - 1) * sizeof(char *));
+            argc--;
+            i--;
+        }
+    }
     /* --image REF (docs/images.md) first: it is a top-level argument. */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--image")) {
@@ -629,7 +638,7 @@ v_create(struct gopts *g, int argc, char **argv)
         else if (!strcmp(k, "--cpu") && cli_parse_size(val, &v) == 0)
             k = "cpu";
         else {
-            fprintf(stderr, "usage: sbx create ID [--image REF] [--memory 256M] [--pids N] "
+            fprintf(stderr, "usage: sbx create ID [--image REF [--start]] [--memory 256M] [--pids N] "
                             "[--cpu MILLICPUS]\n");
             sbx_args_free(a);
             return EXIT_USAGE;
@@ -788,7 +797,8 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF] [--memory 256M] [--pids N] [--cpu MILLICPUS]", NULL},
+    {"create", v_create, "ID [--image REF [--start]] [--memory 256M] [--pids N] [--cpu MILLICPUS]",
+     NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},

@@ -754,3 +754,87 @@ Test(images, an_image_user_runs_the_commands, .timeout = 240)
     free(id);
     sbx_client_close(c);
 }
+
+/* Entrypoint + Cmd as an optional start command, and ExposedPorts as hints
+ * in status (docs/images.md, "Start command and ports"). */
+Test(images, start_command_and_port_hints, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024], name[128], l0[256], d0[72], dir[256];
+    size_t nb = 0;
+    struct imgb_entry *e = imgb_base_entries(&nb);
+    cr_assert(e, "busybox-static is not installed (tools/deps.sh)");
+    snprintf(l0, sizeof(l0), "%s/start-0.tar.gz", work);
+    cr_assert_eq(imgb_layer(l0, e, nb, true, d0), 0);
+    imgb_entries_free(e, nb);
+    char *layers[] = {l0};
+    const char *diffs[] = {d0};
+    snprintf(dir, sizeof(dir), "%s/start", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true,
+                             "\"Entrypoint\":[\"/bin/sh\",\"-c\"],"
+                             "\"Cmd\":[\"echo started-$0 > /tmp/started; exec sleep 600\"],"
+                             "\"ExposedPorts\":{\"8080/tcp\":{}}",
+                             digest),
+                 0);
+    sbx_client *c = test_client();
+    snprintf(name, sizeof(name), "sbxtest/%s-start:%d", test_prefix(), (int)getpid());
+    snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"%s\"}", dir, name);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+
+    char *s = test_id("img-start"), *n = test_id("img-nostart");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\",\"start\":true}", name);
+    res = call(c, "create", s, args, code, msg);
+    cr_assert(res, "create with start: %s %s", code, msg);
+    cr_expect(strstr(res, "\"imagePorts\":[\"8080/tcp\"]"), "the image's ports as hints: %s", res);
+    cr_expect(strstr(res, "\"startCommand\":[\"/bin/sh\",\"-c\",\"echo started-$0"),
+              "the start command: %s", res);
+    free(res);
+    int ec = -1;
+    /* The process starts with the container (the create started it). */
+    char *out = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(out);
+        out = sh(c, s, "cat /tmp/started 2>/dev/null", &ec);
+        if (out[0])
+            break;
+        usleep(50000);
+    }
+    cr_expect_str_eq(out, "started-/bin/sh\n", "Entrypoint + Cmd ran: %s", out);
+    free(out);
+    res = call(c, "process.get", s, "{\"processId\":\"image-start\"}", code, msg);
+    cr_expect(res && strstr(res, "\"running\""), "it runs as the process image-start: %s %s",
+              res ? res : code, msg);
+    free(res);
+
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "create", n, args, code, msg);
+    cr_assert(res, "create without start: %s %s", code, msg);
+    cr_expect(strstr(res, "\"imagePorts\":[\"8080/tcp\"]") && !strstr(res, "startCommand"),
+              "ports as hints, no start command: %s", res);
+    free(res);
+    out = sh(c, n, "test -e /tmp/started && echo started; echo done", &ec);
+    cr_expect_str_eq(out, "done\n", "nothing is started without 'start': %s", out);
+    free(out);
+    char *bad = test_id("img-badstart");
+    res = call(c, "create", bad, "{\"start\":true}", code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "VALIDATION_FAILED", "start without an image: %s", msg);
+    free(res);
+    free(bad);
+
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, s, &destroyed, &err), 0);
+    cr_expect_eq(sbx_destroy(c, n, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(s);
+    free(n);
+    sbx_client_close(c);
+}

@@ -333,6 +333,10 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """how the previous container ended, when it died"""
     image: str
     """the digest of the image it runs (docs/images.md); absent: the host's /usr"""
+    imagePorts: List[str]
+    """the image's ExposedPorts, as hints (nothing is exposed by them: port.expose does)"""
+    startCommand: List[str]
+    """the image's Entrypoint + Cmd the sandbox starts (create {start: true})"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
 
@@ -1462,6 +1466,8 @@ class CreateArgs(TypedDict, total=False):
     """resource limits (default the shard's)"""
     image: str
     """an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes)"""
+    start: bool
+    """with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false]"""
 
 
 class CreateResult(TypedDict, total=False):

@@ -364,6 +364,10 @@ export interface SandboxStatus {
   lastExit?: string;
   /** the digest of the image it runs (docs/images.md); absent: the host's /usr */
   image?: string;
+  /** the image's ExposedPorts, as hints (nothing is exposed by them: port.expose does) */
+  imagePorts?: string[];
+  /** the image's Entrypoint + Cmd the sandbox starts (create {start: true}) */
+  startCommand?: string[];
   /** the running container, when there is one */
   container?: {
     /** its init's pid on the host */
@@ -1381,6 +1385,8 @@ export interface CreateArgs {
   };
   /** an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes) */
   image?: string;
+  /** with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false] */
+  start?: boolean;
 }
 
 /** Result of `create`: whether it was created now, and its status */
