@@ -70,11 +70,12 @@ class SbxClient:
         return self._t.url
 
     def get_sandbox(self, sandbox_id: str, sleep_after: Union[str, int, None] = None,
-                    keep_alive: Optional[bool] = None, image: Optional[str] = None) -> "Sandbox":
+                    keep_alive: Optional[bool] = None, image: Optional[str] = None,
+                    start_image: bool = False) -> "Sandbox":
         """A handle on sandbox ``sandbox_id`` (see :func:`get_sandbox`)."""
         sb = Sandbox(self, sandbox_id)
         if image is not None:
-            sb._call("create", {"image": image})
+            sb._call("create", {"image": image, **({"start": True} if start_image else {})})
         if sleep_after is not None or keep_alive is not None:
             sb.configure(sleep_after=sleep_after, keep_alive=keep_alive)
         return sb
@@ -144,7 +145,8 @@ class SbxClient:
 
 
 def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int, None] = None,
-                keep_alive: Optional[bool] = None, image: Optional[str] = None) -> "Sandbox":
+                keep_alive: Optional[bool] = None, image: Optional[str] = None,
+                start_image: bool = False) -> "Sandbox":
     """A handle on sandbox ``sandbox_id`` (the SDK's ``getSandbox``).
 
     Nothing is sent unless an option is given: the sandbox is created by its
@@ -161,13 +163,15 @@ def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int,
         image: an image of the node's store (name or digest, docs/images.md)
             to run instead of the host's ``/usr``: sent with ``create`` now; a
             sandbox that exists keeps its own image.
+        start_image: with ``image``, start the image's Entrypoint + Cmd as
+            the background process ``image-start`` of every container.
 
     Raises:
         errors.ValidationFailed: a bad ID or option (only when an option is
             given; otherwise on first use).
     """
     return client.get_sandbox(sandbox_id, sleep_after=sleep_after, keep_alive=keep_alive,
-                              image=image)
+                              image=image, start_image=start_image)
 
 
 def _ms_timeout(timeout_ms: Optional[int], base: float) -> float:
