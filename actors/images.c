@@ -271,8 +271,10 @@ shard_op_template_build(struct sop *op)
 void
 shard_images_stop(struct shard *sh)
 {
-    /* Each job ends on its own (an import is bounded by its image); its
-     * post is run by the loop run that follows. */
+    /* Each job ends on its own (an import is bounded by its image; a
+     * template build gives up within a second of img_stop); its post is run
+     * by the loop run that follows. */
+    atomic_store(&sh->img_stop, true);
     while (atomic_load(&sh->img_jobs) > 0)
         usleep(10000);
 }

@@ -329,6 +329,7 @@ struct shard {
     sbx_image_store *images;   /* the node's image store (images.c), or NULL */
     struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
     _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
+    _Atomic bool img_stop;     /* set by shard_images_stop: template builds give up */
 
     /* cluster membership and ownership (actors/cluster.c), or NULL */
     struct cluster *cluster;

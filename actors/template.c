@@ -15,6 +15,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +57,8 @@ reply_free(struct tpl_reply *r)
  * 0 is returned; a reply {ok: false} becomes its code and message.
  */
 static int
-agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, struct tpl_reply *out,
-           sbx_err_t *err)
+agent_call(struct shard *sh, int chan, uint64_t tag, const char *op, sbx_enc *args,
+           struct tpl_reply *out, sbx_err_t *err)
 {
     sbx_enc e;
     char *buf = NULL, *ab = NULL;
@@ -84,6 +86,14 @@ agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, struct tpl_rep
     for (;;) {
         char *f = NULL;
         size_t n = 0;
+        /* A second at a time, so a stopping shard does not wait for a
+         * long step (shard_images_stop). */
+        struct pollfd pfd = {.fd = chan, .events = POLLIN};
+        int pr = poll(&pfd, 1, 1000);
+        if (atomic_load(&sh->img_stop))
+            return sbx_err_make(err, SBX_E_CONTAINER, "the shard is stopping: build abandoned");
+        if (pr == 0 || (pr < 0 && errno == EINTR))
+            continue;
         rc = sbx_frame_recv_blocking(chan, SBX_WIRE_MAX_FRAME, &f, &n);
         if (rc)
             return sbx_err_make(err, SBX_E_CONTAINER,
@@ -128,7 +138,8 @@ agent_call(int chan, uint64_t tag, const char *op, sbx_enc *args, struct tpl_rep
 /* Run step i (a shell string) to its end; a non-zero exit is SBX_E_COMMAND
  * with the step's output. */
 static int
-run_step(int chan, int i, int n, const char *cmd, int64_t step_ms, sbx_err_t *err)
+run_step(struct shard *sh, int chan, int i, int n, const char *cmd, int64_t step_ms,
+         sbx_err_t *err)
 {
     sbx_enc a;
     struct tpl_reply m;
@@ -137,7 +148,7 @@ run_step(int chan, int i, int n, const char *cmd, int64_t step_ms, sbx_err_t *er
     sbx_enc_kstr(&a, "command", cmd);
     sbx_enc_kbool(&a, "sessionless", true);
     sbx_enc_kint(&a, "timeout", step_ms);
-    int rc = agent_call(chan, (uint64_t)i + 2, "exec", &a, &m, err);
+    int rc = agent_call(sh, chan, (uint64_t)i + 2, "exec", &a, &m, err);
     if (rc)
         return rc;
     const msgpack_object *r = NULL;
@@ -190,20 +201,20 @@ shard_template_build(struct shard *sh, const char *name, const char *from, char 
         goto out;
     }
     started = true;
-    /* No step waits forever: the agent ends each at step_ms, and the
-     * channel read gives up a minute after that. */
-    struct timeval tv = {.tv_sec = (time_t)(step_ms / 1000 + 60)};
+    /* No read of a frame waits forever: the agent ends each step at
+     * step_ms, and a frame begun is whole within a minute. */
+    struct timeval tv = {.tv_sec = 60};
     setsockopt(c.chan, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     sbx_enc a;
     struct tpl_reply m;
     sbx_enc_init(&a);
     sbx_enc_map(&a);
     sbx_enc_kstr(&a, "sandbox", "template-build");
-    if ((rc = agent_call(c.chan, 1, "bind", &a, &m, err)) != 0)
+    if ((rc = agent_call(sh, c.chan, 1, "bind", &a, &m, err)) != 0)
         goto out;
     reply_free(&m);
     for (int i = 0; i < nrun; i++)
-        if ((rc = run_step(c.chan, i, nrun, run[i], step_ms, err)) != 0)
+        if ((rc = run_step(sh, c.chan, i, nrun, run[i], step_ms, err)) != 0)
             goto out;
 
     /* The writable layer, while the container (and its tmpfs) lives. */
