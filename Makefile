@@ -29,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
-                 -lcurl -lwslay -lnettle -larchive -lpthread -lm
+                 -lcurl -lwslay -lnettle -larchive -lnftables -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
@@ -51,8 +51,8 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
-             container/image_unpack.c container/image_layer.c \
-             container/image_user.c
+             container/image_unpack.c container/image_layer.c container/image_user.c \
+             container/net.c container/net_link.c container/net_policy.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
@@ -277,6 +277,8 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
 build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: LDLIBS_TEST += -larchive
+build/asan/tests/integration/test_egress: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_egress: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
 build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.

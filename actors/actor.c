@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "../runtime/cleanup.h"
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
@@ -254,6 +255,7 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     sbx_enc_end(e);
     sbx_enc_kint(e, "sleepAfter", actor_sleep_after(a));
     sbx_enc_kbool(e, "keepAlive", a->keep_alive);
+    actor_net_encode_status(a, e);
     if (a->died)
         sbx_enc_kstr(e, "lastExit", a->last_exit);
     if (a->rec.image[0])
@@ -400,7 +402,11 @@ actor_op_create(struct actor *a, struct sop *op)
 {
     _cleanup_err_ sbx_err_t err = NULL;
     struct sbx_limits lim;
+    char *netcfg = NULL;
+    size_t netlen = 0;
     int rc = parse_limits(a, op, &lim, &err);
+    if (rc == 0)
+        rc = actor_net_check_args(a->sh, op->req.args, &netcfg, &netlen, &err);
     if (rc) {
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
         return;
@@ -413,16 +419,19 @@ actor_op_create(struct actor *a, struct sop *op)
     if (created && sbx_wire_get_str(op->req.args, "image", &img) == 0 && img.n > 0) {
         char ref[256];
         if (sbx_str_copy(img, ref, sizeof(ref)) != 0 || memchr(img.p, '\0', img.n)) {
+            free(netcfg);
             shard_reply_err(op, SBX_E_VALIDATION, "'image' must be a name or digest of at most "
                                                   "255 bytes");
             return;
         }
         if (!a->sh->images) {
+            free(netcfg);
             shard_reply_err(op, SBX_E_IMAGE_NOT_FOUND, "shard %s has no image store",
                             a->sh->conf.name);
             return;
         }
         if ((rc = sbx_image_resolve(a->sh->images, ref, digest, &err)) != 0) {
+            free(netcfg);
             shard_reply_err(op, rc, "%s", sbx_err_msg(err));
             return;
         }
@@ -435,22 +444,39 @@ actor_op_create(struct actor *a, struct sop *op)
     sbx_wire_get_bool(op->req.args, "start", &start);
     sbx_str has_img = {0};
     if (start && (sbx_wire_get_str(op->req.args, "image", &has_img) != 0 || has_img.n == 0)) {
+        free(netcfg);
         shard_reply_err(op, SBX_E_VALIDATION,
                         "'start' runs an image's Entrypoint and Cmd: it needs 'image'");
         return;
     }
     if (created && digest[0] &&
         (rc = image_config_blob(a->sh->images, digest, start, &imgcfg, &imgcfg_len, &err)) != 0) {
+        free(netcfg);
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
         return;
     }
-    if (created && digest[0]) {
+    if ((created && digest[0]) || netcfg) {
+        /* One write: the record never exists without its image or its
+         * network settings. */
         ensure_record(a, &lim, false);
-        snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);
-        free(a->rec.imgcfg);
-        a->rec.imgcfg = imgcfg;
-        a->rec.imgcfg_len = imgcfg_len;
+        if (created && digest[0]) {
+            snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);
+            free(a->rec.imgcfg);
+            a->rec.imgcfg = imgcfg;
+            a->rec.imgcfg_len = imgcfg_len;
+        }
+        bool net = netcfg != NULL;
+        if (netcfg) {
+            sbx_msg m;
+            if (sbx_wire_decode(&m, netcfg, netlen, &sbx_wire_limits_request) == 0) {
+                actor_merge_map_blob(&a->rec.config, &a->rec.config_len, m.root);
+                sbx_wire_msg_free(&m);
+            }
+            free(netcfg);
+        }
         actor_save_record(a);
+        if (net && !created)
+            actor_net_apply(a);
     } else {
         actor_ensure_record(a, &lim);
     }
@@ -659,6 +685,7 @@ void
 actor_op_configure(struct actor *a, struct sop *op)
 {
     const msgpack_object *args = op->req.args;
+    _cleanup_err_ sbx_err_t err = NULL;
     int64_t ms = -1;
     bool ka = a->keep_alive, have_ka = false;
     const msgpack_object *sa = sbx_wire_get(args, "sleepAfter");
@@ -685,7 +712,20 @@ actor_op_configure(struct actor *a, struct sop *op)
         return;
     }
     have_ka = rc == 0;
+    _cleanup_free_ char *netcfg = NULL;
+    size_t netlen = 0;
+    if ((rc = actor_net_check_args(a->sh, args, &netcfg, &netlen, &err)) != 0) {
+        shard_reply_err(op, rc, "%s", sbx_err_msg(err));
+        return;
+    }
     ensure_record(a, NULL, false);
+    if (netcfg) {
+        sbx_msg nm;
+        if (sbx_wire_decode(&nm, netcfg, netlen, &sbx_wire_limits_request) == 0) {
+            actor_merge_map_blob(&a->rec.config, &a->rec.config_len, nm.root);
+            sbx_wire_msg_free(&nm);
+        }
+    }
     sbx_enc c;
     char *cb;
     size_t cl;
@@ -707,6 +747,8 @@ actor_op_configure(struct actor *a, struct sop *op)
     actor_load_config(a);
     a->last_active_ms = sbx_wall_ms();
     actor_save_record(a);
+    if (netcfg)
+        actor_net_apply(a);
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_kbool(&e, "success", true);

@@ -63,8 +63,10 @@ actor_stop_container(struct actor *a, bool for_destroy)
     w->kind = W_STOP;
     w->actor = a;
     w->c = a->c;
+    w->att = a->net_att;
     w->for_destroy = for_destroy;
     memset(&a->c, 0, sizeof(a->c));
+    memset(&a->net_att, 0, sizeof(a->net_att));
     a->c.chan = a->c.pidfd = -1;
     a->cs = C_STOPPING;
     shard_work_submit(a->sh, w);
@@ -174,9 +176,26 @@ actor_start_container(struct actor *a, struct sop *op)
     a->last_active_ms = sbx_wall_ms();
     op->container_restarted = a->died;
     struct sbx_container c;
+    /* An egress sandbox needs its network attached on a worker: not from the
+     * pool (docs/network.md: the pool holds no network-ready containers yet). */
+    bool egress = actor_net_egress(a);
+    struct work *nw = NULL;
+    if (egress) {
+        nw = sbx_xcalloc(1, sizeof(*nw));
+        nw->net = true;
+        char why[256];
+        if (actor_net_policy(a, &nw->pol, why, sizeof(why)) != 0) {
+            free(nw);
+            a->gate = NULL;
+            a->cs = C_NONE;
+            shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's network policy: %s", why);
+            return;
+        }
+    }
     /* The warm pool's containers run the host's /usr; an image sandbox
      * takes one of its image's pool (image_pool.c), if any. */
-    if (a->rec.image[0] ? shard_img_pool_take(sh, a->rec.image, &c) : shard_pool_take(sh, &c)) {
+    if (!egress &&
+        (a->rec.image[0] ? shard_img_pool_take(sh, a->rec.image, &c) : shard_pool_take(sh, &c))) {
         a->gate = NULL;
         container_ready(a, &c, true);
         if (a->cs == C_RUNNING)
@@ -185,7 +204,7 @@ actor_start_container(struct actor *a, struct sop *op)
             shard_reply_err(op, SBX_E_CONTAINER, "the sandbox's container could not start");
         return;
     }
-    struct work *w = sbx_xcalloc(1, sizeof(*w));
+    struct work *w = nw ? nw : sbx_xcalloc(1, sizeof(*w));
     w->kind = W_START;
     w->actor = a;
     w->lim = a->rec.limits;
@@ -243,6 +262,7 @@ actor_work_done(struct shard *sh, struct work *w)
                 shard_reply_err(op, SBX_E_INTERRUPTED, "the shard is stopping");
             return;
         }
+        a->net_att = w->att;
         container_ready(a, &w->c, false);
         free(w);
         if (a->cs == C_RUNNING)

@@ -101,6 +101,8 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->idem_ttl = 10 * 60 * 1000;
     c->preview_domain = sbx_xstrdup("localhost:7780");
     c->cluster = sbx_xstrdup("default");
+    c->network_default = sbx_xstrdup("none");
+    c->network_range = sbx_xstrdup("10.88.0.0/16");
     c->lease_ttl = 10000;
     c->preview_scheme = sbx_xstrdup("http");
     c->etc = strv_dup(default_etc);
@@ -137,6 +139,8 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->preview_scheme);
     free(c->etcd);
     free(c->cluster);
+    free(c->network_default);
+    free(c->network_range);
     free(c->advertise);
     free(c->images);
     strv_free(c->etc);
@@ -405,6 +409,20 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         }
         sbx_err_release(&ierr);
     }
+    if (!conf->network_default || (strcmp(conf->network_default, "none") != 0 &&
+                                   strcmp(conf->network_default, "egress") != 0)) {
+        sbx_log_error("shard %s: --network-default must be none or egress", conf->name);
+        rc = SBX_E_VALIDATION;
+        goto out;
+    }
+    struct sbx_net_conf nc = {.name = conf->name, .range = conf->network_range};
+    if ((rc = sbx_net_new(&sh->net, &nc, why, sizeof(why))) != 0) {
+        sbx_log_error("shard %s: %s", conf->name, why);
+        goto out;
+    }
+    /* Not fatal: egress sandboxes try again at their start, and say why. */
+    if (!strcmp(conf->network_default, "egress") && sbx_net_prepare(sh->net, why, sizeof(why)))
+        sbx_log_warn("shard %s: the egress router is not ready: %s", conf->name, why);
     if ((rc = idem_load(sh)) != 0) {
         sbx_log_error("shard %s: cannot read the idempotency table: %s", conf->name,
                   sbx_err_message(rc));
@@ -530,6 +548,7 @@ out:
         free(w);
     }
     idem_free_all(sh);
+    sbx_net_free(sh->net); /* after every container: their slots are detached */
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
     sbx_image_store_close(sh->images);

@@ -72,6 +72,8 @@ struct sbx_shard_conf {
     char **env;           /* base environment of sandboxes, "K=V" */
     char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
     int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
+    char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
+    char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "../container/image_store.h"
+#include "../container/net.h"
 #include "../container/spawn.h"
 #include "../runtime/err.h"
 #include "../runtime/error.h"
@@ -113,6 +114,7 @@ struct actor {
     struct sbx_record rec;
     enum cstate cs;
     struct sbx_container c;
+    struct sbx_net_attachment net_att; /* its eth0 into the router while running (egress) */
     sbx_watch *w;
     sbx_frame_reader rd;
     sbx_frame_writer wr;
@@ -173,6 +175,9 @@ struct work {
     int rc;
     char why[256];
     bool for_destroy;
+    bool net;                   /* W_START: attach c to the router under pol */
+    struct sbx_net_policy pol;
+    struct sbx_net_attachment att; /* W_START: the result; W_STOP: detached after the stop */
 };
 
 struct pooled {
@@ -290,6 +295,7 @@ struct shard {
     sbx_store *store;
     sbx_cgroups *cgroups;
     sbx_spawner *spawner;
+    sbx_net *net;               /* egress networking (container/net.h); thread-safe */
     nng_socket rep;
     struct sctx *ctxs;
     int nctx;
@@ -638,6 +644,24 @@ void actor_handle(struct actor *a, struct sop *op);
 void actor_maybe_free(struct actor *a);
 /* actor.c: the lifecycle settings (sleepAfter, keepAlive) from a's record. */
 void actor_load_config(struct actor *a);
+
+/* actor_net.c — network settings (docs/network.md).
+ * actor_net_check_args: args.network checked (each rule against the
+ * always-denied ranges); *blob = a config map {"network": {…}} to merge
+ * (heap, caller frees; NULL without args.network).  0 or SBX_E_VALIDATION
+ * naming the rule in err. */
+int actor_net_check_args(struct shard *sh, const msgpack_object *args, char **blob, size_t *len,
+                         sbx_err_t *err);
+/* actor_net_egress: the sandbox's mode (record, else the deployment's default) is egress. */
+bool actor_net_egress(struct actor *a);
+/* actor_net_policy: its rules, parsed again; SBX_E_CONTAINER (why) if one is refused now. */
+int actor_net_policy(struct actor *a, struct sbx_net_policy *p, char *why, size_t whylen);
+/* actor_net_apply: after a settings change, a running egress container that
+ * stays egress gets the new rules now (new connections); a mode change
+ * waits for the next container. */
+void actor_net_apply(struct actor *a);
+/* actor_net_encode_status: "network": {mode, allow, deny[, address, counters]}. */
+void actor_net_encode_status(struct actor *a, sbx_enc *e);
 /* actor.c: a's sleepAfter in ms (its own, else the shard's). */
 int64_t actor_sleep_after(struct actor *a);
 /* actor_container.c: answer every op of *list (emptied) with code and msg. */

@@ -69,12 +69,21 @@ shard_worker_main(void *arg)
                 sh->work.bg_tail = NULL;
         }
         pthread_mutex_unlock(&sh->work.mu);
-        if (w->kind == W_START && w->image[0]) {
-            w->rc = start_image(sh, w);
-        } else if (w->kind == W_START) {
-            w->rc = sbx_container_start(sh->spawner, &w->lim, &w->c, w->why, sizeof(w->why));
+        if (w->kind == W_START) {
+            /* An image sandbox's root (docs/images.md), then an egress
+             * sandbox's network (docs/network.md): either, both or none. */
+            w->rc = w->image[0] ? start_image(sh, w)
+                                : sbx_container_start(sh->spawner, &w->lim, &w->c, w->why,
+                                                      sizeof(w->why));
+            if (w->rc == 0 && w->net) {
+                w->rc = sbx_net_attach(sh->net, w->c.pid, &w->pol, &w->att, w->why,
+                                       sizeof(w->why));
+                if (w->rc)
+                    sbx_container_stop(sh->spawner, &w->c);
+            }
         } else {
             sbx_container_stop(sh->spawner, &w->c);
+            sbx_net_detach(sh->net, w->att.slot); /* after: no packet from it any more */
             w->rc = 0;
         }
         sbx_loop_post(sh->loop, work_done_loop, w);

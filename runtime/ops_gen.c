@@ -217,6 +217,7 @@ static const struct sbx_arg args_env_set[] = {
 static const struct sbx_arg args_sandbox_configure[] = {
     {"sleepAfter", SBX_ARG_STR | SBX_ARG_BIN | SBX_ARG_INT | SBX_ARG_FLOAT, false, false, false, 0, 0, 0u, NULL, "a string or an integer or a number", "seconds-or-duration", 0},
     {"keepAlive", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+    {"network", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
 };
 static const struct sbx_arg args_sandbox_labels[] = {
     {"labels", SBX_ARG_MAP, false, false, false, 0, 0, 64u, NULL, "an object", NULL, 0},
@@ -225,6 +226,7 @@ static const struct sbx_arg args_create[] = {
     {"limits", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
     {"image", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
     {"start", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+    {"network", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
 };
 static const struct sbx_arg args_cluster_drain[] = {
     {"shard", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
@@ -660,10 +662,10 @@ const struct sbx_op_def sbx_ops[] = {
      .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,
      .idle_code = 0,
      .idle_empty = NULL,
-     .summary = "set sleepAfter and keepAlive",
+     .summary = "set sleepAfter, keepAlive and network",
      .http = NULL,
      .args = args_sandbox_configure,
-     .nargs = 2},
+     .nargs = 3},
     {.name = "sandbox.labels",
      .id = SBX_OPID_SANDBOX_LABELS,
      .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,
@@ -681,7 +683,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "create the sandbox now (it is also created by its first operation)",
      .http = "PUT /v1/sandboxes/{sandbox}",
      .args = args_create,
-     .nargs = 3},
+     .nargs = 4},
     {.name = "destroy",
      .id = SBX_OPID_DESTROY,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_NOWAKE | SBX_OP_MUTATES,

@@ -616,6 +616,10 @@ static const struct cli_arg args_sandbox_configure[] = {
      "a boolean", NULL, NULL,
      "never stop the container for idleness",
      "VALIDATION_FAILED"},
+    {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
+     "an object", NULL, NULL,
+     "network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container",
+     "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_sandbox_labels[] = {
     {"labels", CLI_K_OBJECT, false, false, false, 0, 0, 64u, NULL,
@@ -635,6 +639,10 @@ static const struct cli_arg args_create[] = {
     {"start", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
      "a boolean", NULL, "false",
      "with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither",
+     "VALIDATION_FAILED"},
+    {"network", CLI_K_OBJECT, false, false, false, 0, 0, 0u, NULL,
+     "an object", NULL, NULL,
+     "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
@@ -787,12 +795,12 @@ const struct cli_op cli_ops[] = {
      "ping", "sandbox", true, NULL, 0},
     {"env.set", "set or unset sandbox environment variables",
      "env", "sandbox", true, args_env_set, 1},
-    {"sandbox.configure", "set sleepAfter and keepAlive",
-     "configure", "sandbox", true, args_sandbox_configure, 2},
+    {"sandbox.configure", "set sleepAfter, keepAlive and network",
+     "configure", "sandbox", true, args_sandbox_configure, 3},
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 3},
+     "create", "sandbox", true, args_create, 4},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",

@@ -41,6 +41,8 @@ pkgs=(
   libarchive-dev skopeo busybox-static
   # operations (issue 17): a real Prometheus scrapes /metrics in tests; man pages from --help
   prometheus help2man
+  # egress networking: the shards run ip and nft for each egress sandbox (docs/network.md)
+  nftables libnftables-dev
 )
 
 missing=()

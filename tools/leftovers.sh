@@ -19,7 +19,10 @@
 #   loop     a loop device whose backing file is under /tmp/sbx-*;
 #   lock     a file /run/sbx/*.lock (deployment and cgroup-subtree locks;
 #            sbxd unlinks its own when it stops), with the pid holding it;
-#   netns    a network namespace (`ip netns list`).
+#   netns    a network namespace (`ip netns list`);
+#   netif    a host network interface whose alias starts "sbx:" (a shard's
+#            router uplink, alias "sbx:<router netns>");
+#   nft      a host nft table inet sbx_* (a shard's, comment "sbx:<router netns>").
 # An item belongs to the run if the run's prefix (SBX_TEST_PREFIX when the
 # snapshot was taken; tests put it in their deployment names, data
 # directories and network namespaces) appears in it: in the process's
@@ -193,6 +196,24 @@ collect() {
     [ -n "$prefix" ] && [[ "$ns" == *"$prefix"* ]] && mine=1
     printf 'netns\t%s\t%s\tnetwork namespace %s\n' "$ns" "$mine" "$ns"
   done < <(ip netns list 2>/dev/null)
+  # egress networking (container/net.h): a shard's router uplink veth in the
+  # host netns (alias "sbx:<router netns>") and its host nft table
+  # (comment "sbx:<router netns>"); both go when the shard stops
+  local ifn alias t
+  while read -r ifn alias; do
+    mine=0
+    [ -n "$prefix" ] && [[ "$alias" == *"$prefix"* ]] && mine=1
+    printf 'netif\t%s\t%s\tnetwork interface %s (%s)\n' "$ifn" "$mine" "$ifn" "$alias"
+  done < <(for f in /sys/class/net/*/ifalias; do
+             a=$(cat "$f" 2>/dev/null); [[ "$a" == sbx:* ]] || continue
+             f=${f%/ifalias}; echo "${f##*/} $a"; done)
+  while read -r _ _ t; do
+    [[ "$t" == sbx_* ]] || continue
+    alias=$(nft list table inet "$t" 2>/dev/null | awk '/comment "sbx:/ {print $2; exit}')
+    mine=0
+    [ -n "$prefix" ] && [[ "$alias" == *"$prefix"* ]] && mine=1
+    printf 'nft\t%s\t%s\tnft table inet %s (%s)\n' "$t" "$mine" "$t" "$alias"
+  done < <(nft list tables inet 2>/dev/null)
 }
 
 case "$mode" in

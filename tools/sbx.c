@@ -600,6 +600,11 @@ human_create(const msgpack_object *res)
     printf("%s\n", created ? "created" : "already existed");
 }
 
+#define CREATE_USAGE                                                                         \
+    "usage: sbx create ID [--image REF [--start]] [--memory 256M] [--pids N] [--cpu MILLICPUS]\n" \
+    "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n" \
+    "                     [--max-connections N]\n"
+
 static int
 v_create(struct gopts *g, int argc, char **argv)
 {
@@ -607,6 +612,11 @@ v_create(struct gopts *g, int argc, char **argv)
     int rc = need_id(argc, argv, "create", &id);
     if (rc)
         return rc;
+    /* Network options: collected first, sent as {network: {mode, allow, deny}}. */
+    const char *mode = NULL;
+    uint64_t maxconn = 0;
+    const char *allow[64], *deny[64];
+    int nallow = 0, ndeny = 0;
     sbx_args *a = sbx_args_new();
     /* --start (no value): the image's Entrypoint + Cmd as a background process. */
     for (int i = 1; i < argc; i++) {
@@ -631,6 +641,31 @@ v_create(struct gopts *g, int argc, char **argv)
             continue; /* --image, above */
         /* An option without its value is a usage error, not ignored. */
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
+        if (i + 1 < argc && !strcmp(k, "--network")) {
+            mode = val;
+            continue;
+        }
+        if (!strcmp(k, "--max-connections")) {
+            if (cli_parse_size(val, &maxconn) != 0 || maxconn == 0 || maxconn > 65536) {
+                fprintf(stderr, "sbx create: --max-connections must be 1..65536\n");
+                sbx_args_free(a);
+                return EXIT_USAGE;
+            }
+            continue;
+        }
+        if (i + 1 < argc && (!strcmp(k, "--allow") || !strcmp(k, "--deny"))) {
+            bool al = !strcmp(k, "--allow");
+            if ((al ? nallow : ndeny) >= 64) {
+                fprintf(stderr, "sbx create: at most 64 %s rules\n", k + 2);
+                sbx_args_free(a);
+                return EXIT_USAGE;
+            }
+            if (al)
+                allow[nallow++] = val;
+            else
+                deny[ndeny++] = val;
+            continue;
+        }
         if (!strcmp(k, "--memory") && cli_parse_size(val, &v) == 0)
             k = "memory";
         else if (!strcmp(k, "--pids") && cli_parse_size(val, &v) == 0)
@@ -638,8 +673,7 @@ v_create(struct gopts *g, int argc, char **argv)
         else if (!strcmp(k, "--cpu") && cli_parse_size(val, &v) == 0)
             k = "cpu";
         else {
-            fprintf(stderr, "usage: sbx create ID [--image REF [--start]] [--memory 256M] [--pids N] "
-                            "[--cpu MILLICPUS]\n");
+            fprintf(stderr, CREATE_USAGE);
             sbx_args_free(a);
             return EXIT_USAGE;
         }
@@ -651,6 +685,26 @@ v_create(struct gopts *g, int argc, char **argv)
         sbx_args_kint(a, k, (int64_t)v);
     }
     sbx_args_end(a);
+    if (mode || nallow || ndeny || maxconn) {
+        sbx_args_kmap(a, "network");
+        if (mode)
+            sbx_args_kstr(a, "mode", mode);
+        if (maxconn)
+            sbx_args_kint(a, "maxConnections", (int64_t)maxconn);
+        if (nallow) {
+            sbx_args_karray(a, "allow");
+            for (int i = 0; i < nallow; i++)
+                sbx_args_str(a, allow[i]);
+            sbx_args_end(a);
+        }
+        if (ndeny) {
+            sbx_args_karray(a, "deny");
+            for (int i = 0; i < ndeny; i++)
+                sbx_args_str(a, deny[i]);
+            sbx_args_end(a);
+        }
+        sbx_args_end(a);
+    }
     return cli_call_enc(g, "create", id, a, human_create);
 }
 
@@ -797,8 +851,7 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF [--start]] [--memory 256M] [--pids N] [--cpu MILLICPUS]",
-     NULL},
+    {"create", v_create, "ID [--image REF [--start]] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},

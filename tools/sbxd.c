@@ -393,6 +393,10 @@ set_log_format(const char *log_format, const char *cmd)
          "the node's image store (default <data>/images; dev: one for all shards)"},          \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
          "ready containers kept per image sandboxes are being created from (0: none)"},      \
+        {"network-default", SBX_OPT_STR, &(c)->network_default,                               \
+         "network mode of sandboxes that choose none: none (loopback only) or egress"},       \
+        {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
+         "IPv4 range of sandbox addresses, one /22 per shard (10.88.0.0/16)"},                \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \

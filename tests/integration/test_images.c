@@ -27,9 +27,11 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,7 +55,24 @@ cleanup(void)
     }
 }
 
-TestSuite(images, .fini = cleanup);
+/* One test of this file at a time (Criterion runs them in parallel with
+ * --jobs): they share the daemon's image store, and one counts the store's
+ * layers before its import and after its removal — another test's import
+ * in between made it fail (a merged-main run).  The lock is the test
+ * process's until it exits. */
+static void
+serialize(void)
+{
+    char p[512];
+    const char *dir = getenv("SBX_TEST_DIR"); /* the suite's daemon's, removed with it */
+    cr_assert_not_null(dir, "no SBX_TEST_DIR");
+    snprintf(p, sizeof(p), "%s/images-tests.lock", dir);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "open %s: %s", p, strerror(errno));
+    cr_assert_eq(flock(fd, LOCK_EX), 0, "flock %s: %s", p, strerror(errno));
+}
+
+TestSuite(images, .init = serialize, .fini = cleanup);
 
 /* call — op with JSON args (sandbox NULL for a node op); the result as JSON
  * text (heap), or NULL with the error's code in code[64] and message in msg. */

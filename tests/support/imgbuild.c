@@ -244,7 +244,7 @@ imgb_base_entries(size_t *n)
                                        "usr", "usr/bin", "root", "tmp"};
     static const char *const applets[] = {"sh", "cat", "ls", "id", "echo", "rm", "touch",
                                           "mkdir", "env", "pwd", "stat", "sleep", "test",
-                                          "head", "wc", "mknod", "ln", "readlink", "true"};
+                                          "head", "wc", "mknod", "ln", "readlink", "true", "timeout"};
     static const char *const libs[] = {"/lib/x86_64-linux-gnu/libtinfo.so.6",
                                        "/lib/x86_64-linux-gnu/libc.so.6",
                                        "/lib64/ld-linux-x86-64.so.2"};

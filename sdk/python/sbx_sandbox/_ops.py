@@ -303,6 +303,29 @@ class SandboxStatusContainer(TypedDict, total=False):
     """forks refused by the pids limit"""
 
 
+class SandboxStatusNetwork(TypedDict, total=False):
+    """its network (docs/network.md): mode and policy; counters while its container runs"""
+
+    mode: str
+    """none: loopback only; egress: outbound under the policy"""
+    allow: List[str]
+    """allow rules (none: every public address)"""
+    deny: List[str]
+    """deny rules"""
+    maxConnections: int
+    """most outbound connections open at once, if limited"""
+    address: str
+    """the sandbox's IPv4 address while it runs (egress)"""
+    bytesOut: int
+    """IP bytes sent through the router by this container (bytes)"""
+    bytesIn: int
+    """IP bytes received through the router by this container (bytes)"""
+    connections: int
+    """outbound connections the policy accepted (this container)"""
+    attachUs: int
+    """how long attaching its network took (µs)"""
+
+
 class _SandboxStatusRequired(TypedDict):
     id: str
     """the sandbox ID"""
@@ -339,6 +362,8 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """the image's Entrypoint + Cmd the sandbox starts (create {start: true})"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
+    network: 'SandboxStatusNetwork'
+    """its network (docs/network.md): mode and policy; counters while its container runs"""
 
 
 class _ExposedPortRequired(TypedDict):
@@ -357,6 +382,19 @@ class ExposedPort(_ExposedPortRequired, total=False):
     """the URL's token"""
     status: str
     """active"""
+
+
+class NetworkSettings(TypedDict, total=False):
+    """a sandbox's network (docs/network.md); the deployment's default mode is sbxd --network-default"""
+
+    mode: str
+    """none: loopback only; egress: outbound under the policy"""
+    allow: List[str]
+    """allow rules; none = every public address; a rule inside a private range opens it"""
+    deny: List[str]
+    """deny rules, checked before the allow rules"""
+    maxConnections: int
+    """most outbound connections open at once; more are refused (default: no limit) [1 … 65536]"""
 
 
 #: a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64
@@ -1415,12 +1453,14 @@ class EnvSetResult(TypedDict, total=False):
 
 
 class SandboxConfigureArgs(TypedDict, total=False):
-    """Arguments of ``sandbox.configure``: set sleepAfter and keepAlive."""
+    """Arguments of ``sandbox.configure``: set sleepAfter, keepAlive and network."""
 
     sleepAfter: Union[str, int, float]
     """"30s", "10m", "1h" or seconds; 1 s .. 365 d (a duration: "30s", "10m", "1h", or a number of seconds)"""
     keepAlive: bool
     """never stop the container for idleness"""
+    network: 'NetworkSettings'
+    """network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container"""
 
 
 class SandboxConfigureResult(TypedDict, total=False):
@@ -1468,6 +1508,8 @@ class CreateArgs(TypedDict, total=False):
     """an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes)"""
     start: bool
     """with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false]"""
+    network: 'NetworkSettings'
+    """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container"""
 
 
 class CreateResult(TypedDict, total=False):
@@ -1718,6 +1760,7 @@ __all__ += [
     'ContextInfo',
     'SandboxStatus',
     'ExposedPort',
+    'NetworkSettings',
     'Labels',
     'ExecArgs',
     'ExecStreamArgs',

@@ -808,26 +808,41 @@ class Sandbox(_Ops):
         return self._call("status").get("sandbox", {})
 
     def create(self, memory: Optional[int] = None, pids: Optional[int] = None,
-               cpu: Optional[int] = None) -> Dict[str, Any]:
+               cpu: Optional[int] = None, network: Optional[str] = None,
+               allow: Optional[List[str]] = None,
+               deny: Optional[List[str]] = None,
+               max_connections: Optional[int] = None) -> Dict[str, Any]:
         """Create the sandbox now with limits: ``memory`` bytes (16 MiB - 1
-        TiB), ``pids`` (16 - 1 048 576), ``cpu`` millicpus (1000 = one CPU).
-        Returns ``{"created" (false if it existed; limits unchanged),
+        TiB), ``pids`` (16 - 1 048 576), ``cpu`` millicpus (1000 = one CPU);
+        and its network (docs/network.md): ``network`` ``"none"`` or
+        ``"egress"``, ``allow`` / ``deny`` rules ``"CIDR[:PORT]"`` (a rule
+        inside an always-denied range raises errors.ValidationFailed naming
+        it), ``max_connections`` open at once.  Returns ``{"created" (false
+        if it existed: limits unchanged; network settings replaced, new rules
+        at once for new connections, a new mode from its next container),
         "sandbox"}``."""
         limits = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu))
                   if v is not None}
-        return self._call("create", {"limits": limits or None})
+        net = {k: v for k, v in (("mode", network), ("allow", allow), ("deny", deny),
+                                 ("maxConnections", max_connections))
+               if v is not None}
+        return self._call("create", {"limits": limits or None, "network": net or None})
 
     def ping(self) -> Dict[str, Any]:
         """Start the container if needed; ``{"pid": 1, "bound": true}``."""
         return self._call("ping")
 
     def configure(self, sleep_after: Union[str, int, None] = None,
-                  keep_alive: Optional[bool] = None) -> Dict[str, Any]:
-        """Set ``sleep_after`` (``"30s"``, ``"10m"``, ``"1h"`` or seconds) and
-        ``keep_alive``.  Returns ``{"success", "sleepAfter" (ms),
-        "keepAlive"}``."""
+                  keep_alive: Optional[bool] = None,
+                  network: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Set ``sleep_after`` (``"30s"``, ``"10m"``, ``"1h"`` or seconds),
+        ``keep_alive`` and ``network`` (``{"mode", "allow", "deny",
+        "maxConnections"}``: new rules at once for new connections, a new mode
+        from the next container; docs/network.md).  Returns ``{"success",
+        "sleepAfter" (ms), "keepAlive"}``."""
         return self._call("sandbox.configure", {"sleepAfter": sleep_after,
-                                                "keepAlive": keep_alive})
+                                                "keepAlive": keep_alive,
+                                                "network": network})
 
     def set_keep_alive(self, keep_alive: bool) -> Dict[str, Any]:
         """``configure(keep_alive=...)``."""

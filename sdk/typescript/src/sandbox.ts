@@ -24,6 +24,7 @@ import type {
   FileStreamEvent,
   Result,
   RunCodeOptions,
+  NetworkSettings,
   SandboxLimits,
   SandboxOptions,
   SandboxStatus,
@@ -309,11 +310,14 @@ export class Sandbox extends SandboxOperations {
 
   /**
    * Create the sandbox now (otherwise the first operation does), optionally
-   * with resource limits. `created: false` when it existed (its limits are
-   * then unchanged).
+   * with resource limits and a network (docs/network.md: `{ mode: 'egress',
+   * allow: ['203.0.113.0/24:443'], deny: [...] }`; a rule inside an
+   * always-denied range is VALIDATION_FAILED naming it). `created: false`
+   * when it existed (its limits are then unchanged; new network rules apply
+   * to new connections at once, a new mode from its next container).
    */
-  async create(limits?: SandboxLimits): Promise<{ created: boolean; sandbox: SandboxStatus }> {
-    return this.call('create', limits ? { limits } : {});
+  async create(limits?: SandboxLimits, network?: NetworkSettings): Promise<{ created: boolean; sandbox: SandboxStatus }> {
+    return this.call('create', { ...(limits ? { limits } : {}), ...(network ? { network } : {}) });
   }
 
   /** Start the container if needed and check that its agent answers. */
@@ -338,7 +342,7 @@ export class Sandbox extends SandboxOperations {
    *
    * @returns the values in force; `sleepAfter` in ms.
    */
-  async configure(config: { sleepAfter?: string | number; keepAlive?: boolean }): Promise<{ sleepAfter: number; keepAlive: boolean }> {
+  async configure(config: { sleepAfter?: string | number; keepAlive?: boolean; network?: NetworkSettings }): Promise<{ sleepAfter: number; keepAlive: boolean }> {
     if (config.sleepAfter !== undefined) this.state.options.sleepAfter = config.sleepAfter;
     if (config.keepAlive !== undefined) this.state.options.keepAlive = config.keepAlive;
     const r = await this.state.client.call<{ sleepAfter: number; keepAlive: boolean }>(this.id, 'sandbox.configure', config);

@@ -56,6 +56,10 @@ export interface SandboxOptions {
 /** Resource limits of a sandbox (`create`'s `limits`: bytes, tasks, millicpus; runtime/ops.yaml). */
 export interface SandboxLimits extends NonNullable<Wire.CreateArgs['limits']> {}
 
+/** A sandbox's network (`create`/`configure`'s `network`; docs/network.md):
+ * `mode` none | egress, `allow` / `deny` rules "CIDR[:PORT]". */
+export interface NetworkSettings extends Wire.NetworkSettings {}
+
 /** The `sandbox` object of `status()` (docs/protocol.md "status"). */
 export interface SandboxStatus {
   /** The sandbox ID. */
@@ -78,6 +82,8 @@ export interface SandboxStatus {
   sleepAfter?: number;
   /** `true`: never stopped for idleness. */
   keepAlive?: boolean;
+  /** Network mode and rules; while running its address and counters (docs/network.md). */
+  network?: NonNullable<Wire.SandboxStatus['network']>;
   /** Why the last container ended, if unexpectedly. */
   lastExit?: Record<string, unknown>;
   /** While running: host pid, memory (bytes), CPU usage (µs), … */

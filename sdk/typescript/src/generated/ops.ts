@@ -390,6 +390,28 @@ export interface SandboxStatus {
     pidsLimitHits?: number;
     [key: string]: unknown;
   };
+  /** its network (docs/network.md): mode and policy; counters while its container runs */
+  network?: {
+    /** none: loopback only; egress: outbound under the policy */
+    mode?: 'none' | 'egress';
+    /** allow rules (none: every public address) */
+    allow?: string[];
+    /** deny rules */
+    deny?: string[];
+    /** most outbound connections open at once, if limited */
+    maxConnections?: number;
+    /** the sandbox's IPv4 address while it runs (egress) */
+    address?: string;
+    /** IP bytes sent through the router by this container (bytes) */
+    bytesOut?: number;
+    /** IP bytes received through the router by this container (bytes) */
+    bytesIn?: number;
+    /** outbound connections the policy accepted (this container) */
+    connections?: number;
+    /** how long attaching its network took (µs) */
+    attachUs?: number;
+    [key: string]: unknown;
+  };
   [key: string]: unknown;
 }
 
@@ -406,6 +428,18 @@ export interface ExposedPort {
   /** active */
   status?: string;
   [key: string]: unknown;
+}
+
+/** a sandbox's network (docs/network.md); the deployment's default mode is sbxd --network-default */
+export interface NetworkSettings {
+  /** none: loopback only; egress: outbound under the policy */
+  mode?: 'none' | 'egress';
+  /** allow rules; none = every public address; a rule inside a private range opens it */
+  allow?: string[];
+  /** deny rules, checked before the allow rules */
+  deny?: string[];
+  /** most outbound connections open at once; more are refused (default: no limit) [1 … 65536] */
+  maxConnections?: number;
 }
 
 /** a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
@@ -1340,12 +1374,14 @@ export interface EnvSetResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `sandbox.configure`: set sleepAfter and keepAlive. Runs in the shard; flags: sandbox, mutates. */
+/** Arguments of `sandbox.configure`: set sleepAfter, keepAlive and network. Runs in the shard; flags: sandbox, mutates. */
 export interface SandboxConfigureArgs {
   /** "30s", "10m", "1h" or seconds; 1 s .. 365 d (a duration: "30s", "10m", "1h", or a number of seconds) */
   sleepAfter?: string | number | number;
   /** never stop the container for idleness */
   keepAlive?: boolean;
+  /** network mode and policy: new rules apply to new connections at once, a new mode from the sandbox's next container */
+  network?: NetworkSettings;
 }
 
 /** Result of `sandbox.configure`: the settings now */
@@ -1387,6 +1423,8 @@ export interface CreateArgs {
   image?: string;
   /** with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false] */
   start?: boolean;
+  /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container */
+  network?: NetworkSettings;
 }
 
 /** Result of `create`: whether it was created now, and its status */
