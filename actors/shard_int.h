@@ -365,7 +365,7 @@ void actor_image_start(struct actor *a);
 /* template.c: build the template name from the image from with the steps
  * run (nrun shell strings, each ended after step_ms) — blocking, on an image
  * job's thread (images.c); digest receives the new image's.  Errors: those
- * of sbx_image_add_layer, SBX_E_COMMAND for a failing step (its output in
+ * of sbx_image_add_layer, SBX_E_TEMPLATE_BUILD for a failing step (its output in
  * *err), SBX_E_CONTAINER when the build container fails. */
 int shard_template_build(struct shard *sh, const char *name, const char *from, char *const *run,
                          int nrun, int64_t step_ms, char digest[SBX_IMAGE_DIGEST_LEN],

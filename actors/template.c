@@ -135,8 +135,8 @@ agent_call(struct shard *sh, int chan, uint64_t tag, const char *op, sbx_enc *ar
     }
 }
 
-/* Run step i (a shell string) to its end; a non-zero exit is SBX_E_COMMAND
- * with the step's output. */
+/* Run step i (a shell string) to its end; a non-zero exit is
+ * SBX_E_TEMPLATE_BUILD with the step's output. */
 static int
 run_step(struct shard *sh, int chan, int i, int n, const char *cmd, int64_t step_ms,
          sbx_err_t *err)
@@ -164,7 +164,7 @@ run_step(struct shard *sh, int chan, int i, int n, const char *cmd, int64_t step
         /* The ends of the output: where a failing build says why. */
         size_t on = SBX_MIN(out.n, (size_t)TPL_OUTPUT_QUOTE);
         size_t en = SBX_MIN(errs.n, (size_t)TPL_OUTPUT_QUOTE);
-        rc = sbx_err_make(err, SBX_E_COMMAND,
+        rc = sbx_err_make(err, SBX_E_TEMPLATE_BUILD,
                           "template step %d of %d (%s) exited with %lld%s\n--- stdout ---\n%.*s"
                           "\n--- stderr ---\n%.*s",
                           i + 1, n, cmd, (long long)code, code == 124 ? " (timed out)" : "",

@@ -674,7 +674,7 @@ Test(images, a_template_bakes_its_steps_into_a_new_layer, .timeout = 240)
              bad, base);
     res = call(c, "template.build", NULL, args, code, msg);
     cr_expect_null(res, "a failing step fails the build");
-    cr_expect_str_eq(code, "COMMAND_EXECUTION_ERROR", "%s", msg);
+    cr_expect_str_eq(code, "TEMPLATE_BUILD_FAILED", "%s", msg);
     cr_expect(strstr(msg, "step 2 of 3") && strstr(msg, "exited with 3") &&
                   strstr(msg, "step-out") && strstr(msg, "step-err"),
               "the error says which step and shows its output: %s", msg);

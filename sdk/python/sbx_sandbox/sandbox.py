@@ -104,7 +104,8 @@ class SbxClient:
         """``template.build`` (docs/images.md, "Templates"): the image ``name``
         made of ``from_`` plus the shell strings ``run``, run in order in a
         sandbox of it.  Returns ``{"digest", "image"}``; a failing step
-        raises with its output in the message, an unknown base ImageNotFound."""
+        raises TemplateBuildFailed (its output in the message), an unknown
+        base ImageNotFound."""
         args: Dict[str, Any] = {"name": name, "from": from_, "run": list(run)}
         if step_timeout_ms is not None:
             args["stepTimeout"] = step_timeout_ms

@@ -247,7 +247,7 @@ export class SbxClient {
    * order in a sandbox of it (`template.build`, docs/images.md "Templates"):
    * its writable layer becomes the new image's top layer.
    * @returns `{digest, image}` of the new image.
-   * @throws COMMAND_EXECUTION_ERROR (a step exited non-zero: its output in the message), IMAGE_NOT_FOUND.
+   * @throws TEMPLATE_BUILD_FAILED (a step exited non-zero: its output in the message), IMAGE_NOT_FOUND.
    */
   buildTemplate(name: string, from: string, run: string[], options: { stepTimeout?: number; signal?: AbortSignal } = {}): Promise<{ digest: string; image: Record<string, unknown> }> {
     const args: Record<string, unknown> = { name, from, run };
