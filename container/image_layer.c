@@ -110,7 +110,7 @@ static int
 walk(struct lw *w, int dfd, const char *prefix, int depth)
 {
     if (depth > LAYER_MAX_DEPTH)
-        return sbx_err_make(w->err, SBX_E_VALIDATION,
+        return sbx_err_make(w->err, SBX_E_IMAGE_INVALID,
                             "%s: the writable layer is deeper than %d directories", prefix,
                             LAYER_MAX_DEPTH);
     int rc = 0;
@@ -128,7 +128,7 @@ walk(struct lw *w, int dfd, const char *prefix, int depth)
             continue;
         char path[4096];
         if ((size_t)snprintf(path, sizeof(path), "%s%s", prefix, n) >= sizeof(path) - 2) {
-            rc = sbx_err_make(w->err, SBX_E_VALIDATION, "a path of the layer is too long");
+            rc = sbx_err_make(w->err, SBX_E_IMAGE_INVALID, "a path of the layer is too long");
             goto out;
         }
         struct stat st;
