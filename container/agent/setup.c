@@ -568,14 +568,6 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
     STEP(mkdir(NEWROOT "/upper", 0755) == 0 && mkdir(NEWROOT "/work", 0755) == 0 &&
              mkdir(NEWROOT "/root", 0755) == 0,
          "mkdir the overlay's directories");
-    {
-        /* The upper dir stays reachable for a template build (AGENT_UPPER_FD). */
-        int ufd = open(NEWROOT "/upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
-        STEP(ufd >= 0, "open the upper dir");
-        int d = dup3(ufd, AGENT_UPPER_FD, O_CLOEXEC);
-        close(ufd);
-        STEP(d == AGENT_UPPER_FD, "keep the upper dir at fd %d", AGENT_UPPER_FD);
-    }
     size_t cap = (size_t)cfg->nlayers * 24 + 128, o = 0;
     lower = sbx_xmalloc(cap);
     o += (size_t)snprintf(lower, cap, "lowerdir=");
@@ -587,6 +579,18 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
              "attach image layer %d", i);
         close(cfg->layer_fds[i]);
         cfg->layer_fds[i] = -1;
+    }
+    {
+        /* The upper dir stays reachable for a template build (AGENT_UPPER_FD),
+         * placed once the layers' descriptors are closed; the number must be
+         * free (dup3 would close what holds it). */
+        errno = EBUSY;
+        STEP(fcntl(AGENT_UPPER_FD, F_GETFD) < 0, "fd %d is in use", AGENT_UPPER_FD);
+        int ufd = open(NEWROOT "/upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        STEP(ufd >= 0, "open the upper dir");
+        int d = dup3(ufd, AGENT_UPPER_FD, O_CLOEXEC);
+        close(ufd);
+        STEP(d == AGENT_UPPER_FD, "keep the upper dir at fd %d", AGENT_UPPER_FD);
     }
     /* lowerdir lists the top layer first. */
     for (int i = cfg->nlayers - 1; i >= 0; i--)
