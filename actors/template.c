@@ -191,6 +191,10 @@ shard_template_build(struct shard *sh, const char *name, const char *from, char 
     memset(&c, 0, sizeof(c));
     memset(&root, 0, sizeof(root));
     root.use_fd = -1;
+    if (!sbx_image_name_valid(name))
+        return sbx_err_make(err, SBX_E_VALIDATION,
+                            "template name '%s': 1-255 bytes of [A-Za-z0-9._/:@-], not sha256:…",
+                            name);
     if ((rc = sbx_image_resolve(st, from, base, err)) != 0)
         return rc;
     if ((rc = sbx_image_open_root(st, base, &root, err)) != 0)

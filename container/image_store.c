@@ -968,6 +968,12 @@ json_digest(json_t *j, char out[SBX_IMAGE_DIGEST_LEN], size_t *len)
     return 0;
 }
 
+bool
+sbx_image_name_valid(const char *name)
+{
+    return name && is_name(name);
+}
+
 int
 sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, const char *name,
                     const char *created_by, char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)

@@ -142,6 +142,10 @@ int sbx_image_unpack(const char *blob, int dirfd, int *skipped, sbx_err_t *err);
 int sbx_image_layer_digests(const char *blob, char compressed[SBX_IMAGE_DIGEST_LEN],
                             char uncompressed[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
 
+/* sbx_image_name_valid — name is a name an image may be given (1-255 bytes
+ * of [A-Za-z0-9._/:@-], not "sha256:…"). */
+bool sbx_image_name_valid(const char *name);
+
 /*
  * sbx_image_add_layer — a template (docs/images.md, "Templates"): add to the
  * store an image made of base's layers (base: a manifest digest) plus the

@@ -686,6 +686,13 @@ Test(images, a_template_bakes_its_steps_into_a_new_layer, .timeout = 240)
     free(res);
     cr_expect_eq(count_layers(), layers2, "no layer of a failed build");
     cr_expect_eq(count_store_tmp(), tmp0, "no temporary file of a failed build");
+    /* A bad name is refused before anything runs. */
+    snprintf(args, sizeof(args), "{\"name\":\"bad name\",\"from\":\"%s\",\"run\":[\"true\"]}",
+             base);
+    res = call(c, "template.build", NULL, args, code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "VALIDATION_FAILED", "%s", msg);
+    free(res);
     /* An unknown base. */
     res = call(c, "template.build", NULL,
                "{\"name\":\"sbxtest/x:1\",\"from\":\"no/such:image\",\"run\":[\"true\"]}", code,
