@@ -275,6 +275,23 @@ actor_encode_status(struct actor *a, sbx_enc *e)
             sbx_enc_kint(e, "usedBytes", (int64_t)((sf.f_blocks - sf.f_bfree) * sf.f_bsize));
     }
     sbx_enc_end(e);
+    if (a->rec.imgcfg) {
+        /* The image's ExposedPorts (hints: nothing is exposed by them) and
+         * its start command, when the sandbox asked for it. */
+        sbx_msg m;
+        if (sbx_wire_decode(&m, a->rec.imgcfg, a->rec.imgcfg_len, &sbx_wire_limits_request) == 0) {
+            const msgpack_object *o;
+            if (sbx_wire_get_array(m.root, "ports", &o) == 0 && o && o->via.array.size) {
+                sbx_enc_str(e, "imagePorts");
+                sbx_enc_obj(e, o);
+            }
+            if (sbx_wire_get_array(m.root, "start", &o) == 0 && o) {
+                sbx_enc_str(e, "startCommand");
+                sbx_enc_obj(e, o);
+            }
+            sbx_wire_msg_free(&m);
+        }
+    }
     if (a->cs == C_RUNNING) {
         struct sbx_cgroup_stats st;
         sbx_container_stats(sh->spawner, &a->c, &st);
@@ -345,6 +362,56 @@ parse_limits(struct actor *a, struct sop *op, struct sbx_limits *lim, sbx_err_t 
     return 0;
 }
 
+/*
+ * The record's "imageConfig" of a sandbox of the image digest: {ports:
+ * [its ExposedPorts]} and, when start, {start: Entrypoint + Cmd} (the argv
+ * Docker runs: image-spec config.md, "Entrypoint", "Cmd").  *out is heap
+ * msgpack (the caller's).  SBX_E_VALIDATION when start and the image has
+ * neither; SBX_E_IMAGE_NOT_FOUND.
+ */
+static int
+image_config_blob(sbx_image_store *st, const char *digest, bool start, char **out,
+                  size_t *out_len, sbx_err_t *err)
+{
+    json_t *cfg = NULL;
+    int rc = sbx_image_config(st, digest, &cfg, err);
+    if (rc)
+        return rc;
+    json_t *ep = json_object_get(cfg, "entrypoint"), *cmd = json_object_get(cfg, "cmd");
+    size_t nargv = json_array_size(ep) + json_array_size(cmd);
+    if (start && nargv == 0) {
+        json_decref(cfg);
+        return sbx_err_make(err, SBX_E_VALIDATION,
+                            "'start': image %s has no Entrypoint or Cmd to start", digest);
+    }
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_karray(&e, "ports");
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(cfg, "exposedPorts"), i, v) {
+        if (json_is_string(v))
+            sbx_enc_str(&e, json_string_value(v));
+    }
+    sbx_enc_end(&e);
+    if (start) {
+        sbx_enc_karray(&e, "start");
+        json_t *parts[2] = {ep, cmd};
+        for (int k = 0; k < 2; k++)
+            json_array_foreach(parts[k], i, v) {
+                if (json_is_string(v))
+                    sbx_enc_str(&e, json_string_value(v));
+            }
+        sbx_enc_end(&e);
+    }
+    sbx_enc_end(&e);
+    json_decref(cfg);
+    if (sbx_enc_finish(&e, out, out_len) != 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "encode the image's config");
+    return 0;
+}
+
 void
 actor_op_create(struct actor *a, struct sop *op)
 {
@@ -400,6 +467,25 @@ actor_op_create(struct actor *a, struct sop *op)
             return;
         }
     }
+    /* What the sandbox keeps of its image's config (actors/record.h,
+     * "imageConfig"; docs/images.md, "Start command and ports"). */
+    char *imgcfg = NULL;
+    size_t imgcfg_len = 0;
+    bool start = false;
+    sbx_wire_get_bool(op->req.args, "start", &start);
+    sbx_str has_img = {0};
+    if (start && (sbx_wire_get_str(op->req.args, "image", &has_img) != 0 || has_img.n == 0)) {
+        free(netcfg);
+        shard_reply_err(op, SBX_E_VALIDATION,
+                        "'start' runs an image's Entrypoint and Cmd: it needs 'image'");
+        return;
+    }
+    if (created && digest[0] &&
+        (rc = image_config_blob(a->sh->images, digest, start, &imgcfg, &imgcfg_len, &err)) != 0) {
+        free(netcfg);
+        shard_reply_err(op, rc, "%s", sbx_err_msg(err));
+        return;
+    }
     if ((created && (digest[0] || persistent)) || netcfg) {
         /* One write: the record never exists without its image, its
          * workspace mode or its network settings. */
@@ -407,6 +493,11 @@ actor_op_create(struct actor *a, struct sop *op)
         if (created) {
             snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);
             a->rec.persistent = persistent;
+            if (imgcfg) {
+                free(a->rec.imgcfg);
+                a->rec.imgcfg = imgcfg; /* the record's now */
+                a->rec.imgcfg_len = imgcfg_len;
+            }
         }
         bool net = netcfg != NULL;
         if (netcfg) {

@@ -123,9 +123,35 @@ container_ready(struct actor *a, struct sbx_container *c, bool pooled)
         actor_container_died(a, "the bind frame could not be sent");
         return;
     }
+    actor_image_start(a);
     a->rec.generation++;
     snprintf(a->rec.state, sizeof(a->rec.state), "running");
     actor_save_record(a);
+}
+
+/* A sandbox created with {image, start: true} (docs/images.md, "Start
+ * command and ports"): its image's Entrypoint + Cmd, a background process
+ * "image-start" of every container it gets, started right after bind (the
+ * agent answers with tag 0; a refusal is logged by agent_reply). */
+void
+actor_image_start(struct actor *a)
+{
+    sbx_msg m;
+    const msgpack_object *argv = NULL;
+    if (!a->rec.imgcfg ||
+        sbx_wire_decode(&m, a->rec.imgcfg, a->rec.imgcfg_len, &sbx_wire_limits_request) != 0)
+        return;
+    if (sbx_wire_get_array(m.root, "start", &argv) == 0 && argv && argv->via.array.size) {
+        sbx_enc args;
+        sbx_enc_init(&args);
+        sbx_enc_map(&args);
+        sbx_enc_str(&args, "argv");
+        sbx_enc_obj(&args, argv);
+        sbx_enc_kstr(&args, "processId", "image-start");
+        if (actor_agent_send(a, "process.start", NULL, &args, 0, NULL) != 0)
+            sbx_log_warn("sandbox %s: its image's start command could not be sent", a->id);
+    }
+    sbx_wire_msg_free(&m);
 }
 
 /* The op that started the container goes on: to the agent, or back through

@@ -24,13 +24,16 @@
 #include "../runtime/util.h"
 #include "shard_int.h"
 
-enum img_kind { IMG_IMPORT, IMG_PULL, IMG_LIST, IMG_INSPECT, IMG_RM };
+enum img_kind { IMG_IMPORT, IMG_PULL, IMG_LIST, IMG_INSPECT, IMG_RM, IMG_TEMPLATE };
 
 struct img_job {
     struct sop *op;     /* answered by img_done on the loop thread */
     struct shard *sh;
     enum img_kind kind;
-    char *a, *b;        /* path/ref/image, then name (heap or NULL) */
+    char *a, *b;        /* path/ref/image, then name (heap or NULL); template: name, from */
+    char **run;         /* template: the steps (heap, NULL-terminated) */
+    int nrun;
+    int64_t step_ms;    /* template: each step's timeout */
     int code;           /* 0, or the error's code … */
     char *msg;          /* … and its message (heap) */
     json_t *result;     /* the result map's members (owned) */
@@ -43,6 +46,19 @@ arg_dup(const msgpack_object *args, const char *key)
     if (sbx_wire_get_str(args, key, &s) != 0 || s.n == 0 || memchr(s.p, '\0', s.n))
         return NULL;
     return sbx_str_dup(s);
+}
+
+static void
+job_free(struct img_job *j)
+{
+    free(j->a);
+    free(j->b);
+    for (int i = 0; i < j->nrun; i++)
+        free(j->run[i]);
+    free(j->run);
+    free(j->msg);
+    json_decref(j->result);
+    free(j);
 }
 
 static void
@@ -64,11 +80,7 @@ img_done(sbx_loop *l, void *arg)
         }
         shard_reply_end(j->op, &e, 0);
     }
-    free(j->a);
-    free(j->b);
-    free(j->msg);
-    json_decref(j->result);
-    free(j);
+    job_free(j);
 }
 
 /* The result of an import or pull: the digest and what inspect says. */
@@ -120,6 +132,14 @@ img_thread(void *arg)
         if (rc == 0)
             rc = describe(st, digest, j->result, &err);
         break;
+    case IMG_TEMPLATE:
+        rc = shard_template_build(j->sh, j->a, j->b, j->run, j->nrun, j->step_ms, digest, &err);
+        if (rc == 0) {
+            sbx_log_info("image %s built as template %s from %s (%d steps)", digest, j->a, j->b,
+                         j->nrun);
+            rc = describe(st, digest, j->result, &err);
+        }
+        break;
     case IMG_RM:
         rc = sbx_image_rm(st, j->a, &removed, &err);
         if (rc == 0) {
@@ -138,14 +158,14 @@ img_thread(void *arg)
     return NULL;
 }
 
-static void
-img_start(struct sop *op, enum img_kind kind, const char *ka, const char *kb)
+static struct img_job *
+img_job_new(struct sop *op, enum img_kind kind, const char *ka, const char *kb)
 {
     struct shard *sh = op->sh;
     if (!sh->images) {
         shard_reply_err(op, SBX_E_INTERNAL, "shard %s has no image store (see its log)",
                         sh->conf.name);
-        return;
+        return NULL;
     }
     struct img_job *j = sbx_xcalloc(1, sizeof(*j));
     j->op = op;
@@ -153,12 +173,21 @@ img_start(struct sop *op, enum img_kind kind, const char *ka, const char *kb)
     j->kind = kind;
     j->a = ka ? arg_dup(op->req.args, ka) : NULL;
     j->b = kb ? arg_dup(op->req.args, kb) : NULL;
-    if (ka && !j->a) {
-        shard_reply_err(op, SBX_E_VALIDATION, "'%s' must be a non-empty string", ka);
-        free(j->b);
-        free(j);
-        return;
+    const char *missing = ka && !j->a ? ka : kb && kind == IMG_TEMPLATE && !j->b ? kb : NULL;
+    if (missing) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'%s' must be a non-empty string", missing);
+        job_free(j);
+        return NULL;
     }
+    return j;
+}
+
+/* Run j on a thread of its own (it answers j->op). */
+static void
+img_run(struct img_job *j)
+{
+    struct sop *op = j->op;
+    struct shard *sh = j->sh;
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -167,11 +196,17 @@ img_start(struct sop *op, enum img_kind kind, const char *ka, const char *kb)
     if (pthread_create(&t, &at, img_thread, j) != 0) {
         atomic_fetch_sub(&sh->img_jobs, 1);
         shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
-        free(j->a);
-        free(j->b);
-        free(j);
+        job_free(j);
     }
     pthread_attr_destroy(&at);
+}
+
+static void
+img_start(struct sop *op, enum img_kind kind, const char *ka, const char *kb)
+{
+    struct img_job *j = img_job_new(op, kind, ka, kb);
+    if (j)
+        img_run(j);
 }
 
 void
@@ -205,10 +240,41 @@ shard_op_image_rm(struct sop *op)
 }
 
 void
+shard_op_template_build(struct sop *op)
+{
+    struct img_job *j = img_job_new(op, IMG_TEMPLATE, "name", "from");
+    if (!j)
+        return;
+    const msgpack_object *run = NULL;
+    int64_t ms = 600000;
+    sbx_wire_get_i64(op->req.args, "stepTimeout", &ms);
+    j->step_ms = ms;
+    if (sbx_wire_get_array(op->req.args, "run", &run) != 0 || !run || run->via.array.size == 0) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'run' must be a list of 1 to 64 shell strings");
+        job_free(j);
+        return;
+    }
+    j->run = sbx_xcalloc(run->via.array.size + 1, sizeof(char *));
+    for (uint32_t i = 0; i < run->via.array.size; i++) {
+        sbx_str s;
+        if (sbx_wire_obj_str(&run->via.array.ptr[i], &s) != 0 || s.n == 0 ||
+            memchr(s.p, '\0', s.n)) {
+            shard_reply_err(op, SBX_E_VALIDATION, "'run' item %u must be a non-empty string", i);
+            job_free(j);
+            return;
+        }
+        j->run[j->nrun++] = sbx_str_dup(s);
+    }
+    img_run(j);
+}
+
+void
 shard_images_stop(struct shard *sh)
 {
-    /* Each job ends on its own (an import is bounded by its image); its
-     * post is run by the loop run that follows. */
+    /* Each job ends on its own (an import is bounded by its image; a
+     * template build gives up within a second of img_stop); its post is run
+     * by the loop run that follows. */
+    atomic_store(&sh->img_stop, true);
     while (atomic_load(&sh->img_jobs) > 0)
         usleep(10000);
 }

@@ -27,4 +27,5 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_IMAGE_LIST] = shard_op_image_list,
     [SBX_OPID_IMAGE_INSPECT] = shard_op_image_inspect,
     [SBX_OPID_IMAGE_RM] = shard_op_image_rm,
+    [SBX_OPID_TEMPLATE_BUILD] = shard_op_template_build,
 };

@@ -38,6 +38,7 @@ shard_op_fn shard_op_image_pull;
 shard_op_fn shard_op_image_list;
 shard_op_fn shard_op_image_inspect;
 shard_op_fn shard_op_image_rm;
+shard_op_fn shard_op_template_build;
 
 extern actor_op_fn *const actor_ops[SBX_OPID__COUNT];
 extern shard_op_fn *const shard_ops[SBX_OPID__COUNT];

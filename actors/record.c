@@ -53,6 +53,10 @@ sbx_record_encode(const struct sbx_record *r, char **out, size_t *len)
         sbx_enc_kstr(&e, "image", r->image);
     if (r->persistent)
         sbx_enc_kstr(&e, "workspace", "persistent");
+    if (r->imgcfg) {
+        sbx_enc_str(&e, "imageConfig");
+        sbx_enc_raw(&e, r->imgcfg, r->imgcfg_len);
+    }
     sbx_enc_end(&e);
     return sbx_enc_finish(&e, out, len);
 }
@@ -112,6 +116,7 @@ sbx_record_decode(const void *buf, size_t len, struct sbx_record *r)
         sbx_str_copy(s, r->image, sizeof(r->image));
     r->persistent = sbx_wire_get_str(m.root, "workspace", &s) == 0 && s.n == 10 &&
                     !memcmp(s.p, "persistent", 10);
+    blob_of(m.root, "imageConfig", &r->imgcfg, &r->imgcfg_len);
     rc = 0;
 out:
     sbx_wire_msg_free(&m);
@@ -124,6 +129,7 @@ sbx_record_free(struct sbx_record *r)
     free(r->env);
     free(r->config);
     free(r->ports);
-    r->env = r->config = r->ports = NULL;
-    r->env_len = r->config_len = r->ports_len = 0;
+    free(r->imgcfg);
+    r->env = r->config = r->ports = r->imgcfg = NULL;
+    r->env_len = r->config_len = r->ports_len = r->imgcfg_len = 0;
 }

@@ -13,9 +13,14 @@
  *                                     exposed ports: preview URL tokens, and the
  *                                     container generation each was exposed for
  *     "workspace": "persistent",      absent: ephemeral (docs/persistence.md)
- *     "image": "sha256:<hex>" }       the image it runs, by manifest digest (absent:
+ *     "image": "sha256:<hex>",        the image it runs, by manifest digest (absent:
  *                                     the host's /usr; docs/images.md), so every
  *                                     container it gets runs the same image
+ *     "imageConfig": { "ports": ["8080/tcp", …], "start": ["argv", …] } }
+ *                                     what of the image's config the sandbox keeps
+ *                                     from its create: ExposedPorts (hints shown by
+ *                                     status) and, with create {start: true}, its
+ *                                     Entrypoint + Cmd, started at every container start
  *
  * The state a record shows is the last one committed; a shard that restarts
  * has no live container for any of its sandboxes, whatever the record says,
@@ -47,6 +52,8 @@ struct sbx_record {
     size_t ports_len;
     char image[72];     /* image manifest digest "sha256:<hex>", or "" */
     bool persistent;    /* workspace kept on disk (container/workspace.h) */
+    char *imgcfg;       /* "imageConfig": msgpack map bytes (heap) or NULL */
+    size_t imgcfg_len;
 };
 
 /* sbx_record_encode — msgpack bytes of r into *out (caller frees). */

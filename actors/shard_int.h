@@ -337,6 +337,7 @@ struct shard {
     sbx_image_store *images;   /* the node's image store (images.c), or NULL */
     struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
     _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
+    _Atomic bool img_stop;     /* set by shard_images_stop: template builds give up */
 
     /* cluster membership and ownership (actors/cluster.c), or NULL */
     struct cluster *cluster;
@@ -360,6 +361,17 @@ void shard_op_status(struct sop *op);
 /* images.c: wait until no image op is running on its thread (the shard is
  * stopping; the replies they posted are run by the loop afterwards). */
 void shard_images_stop(struct shard *sh);
+/* actor_container.c: start the image's start command in a's new container
+ * (record "imageConfig".start), if it has one. */
+void actor_image_start(struct actor *a);
+/* template.c: build the template name from the image from with the steps
+ * run (nrun shell strings, each ended after step_ms) — blocking, on an image
+ * job's thread (images.c); digest receives the new image's.  Errors: those
+ * of sbx_image_add_layer, SBX_E_TEMPLATE_BUILD for a failing step (its output in
+ * *err), SBX_E_CONTAINER when the build container fails. */
+int shard_template_build(struct shard *sh, const char *name, const char *from, char *const *run,
+                         int nrun, int64_t step_ms, char digest[SBX_IMAGE_DIGEST_LEN],
+                         sbx_err_t *err);
 
 /* shard_intake.c: the REP contexts' nng callback (nng's threads: moves the
  * message and posts on_request to the loop), and a reply sent on context c

@@ -41,6 +41,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../runtime/error.h"
 
@@ -100,6 +101,12 @@ int sbx_image_inspect(sbx_image_store *st, const char *ref, json_t **out, sbx_er
  */
 int sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *err);
 
+/* sbx_image_config — a new JSON object (the caller's): the config the
+ * store keeps of the image of digest {env, workingDir, user, entrypoint[],
+ * cmd[], exposedPorts[]}.  No store lock (as sbx_image_resolve): a small
+ * file read.  SBX_E_IMAGE_NOT_FOUND. */
+int sbx_image_config(sbx_image_store *st, const char *digest, json_t **out, sbx_err_t *err);
+
 /* What a container of an image needs (sbx_image_open_root). */
 struct sbx_image_root {
     char digest[SBX_IMAGE_DIGEST_LEN];
@@ -109,12 +116,14 @@ struct sbx_image_root {
     char **env;        /* the image config's Env "K=V", NULL-terminated */
     char *workdir;     /* WorkingDir or NULL */
     char *user;        /* User or NULL */
+    uint32_t run_uid;  /* User resolved (sbx_image_user_resolve): the ids commands run as */
+    uint32_t run_gid;  /* inside the sandbox; 0:0 (root) when the image names no User */
     int use_fd;        /* holds LOCK_SH on use/<hex> while the container lives; -1: none */
 };
 
 /* sbx_image_open_root — fill *root for the image of digest and take its
  * use lock (GC leaves it alone until sbx_image_root_free).  Owned by the
- * caller. */
+ * caller.  SBX_E_IMAGE_INVALID when its User names no user of the image. */
 int sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_root *root,
                         sbx_err_t *err);
 /* sbx_image_root_free — free *root and release its use lock.  Idempotent
@@ -132,5 +141,51 @@ int sbx_image_unpack(const char *blob, int dirfd, int *skipped, sbx_err_t *err);
  * decompressed stream (diff_id), as "sha256:<hex>". */
 int sbx_image_layer_digests(const char *blob, char compressed[SBX_IMAGE_DIGEST_LEN],
                             char uncompressed[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/* sbx_image_name_valid — name is a name an image may be given (1-255 bytes
+ * of [A-Za-z0-9._/:@-], not "sha256:…"). */
+bool sbx_image_name_valid(const char *name);
+
+/*
+ * sbx_image_add_layer — a template (docs/images.md, "Templates"): add to the
+ * store an image made of base's layers (base: a manifest digest) plus the
+ * layer blob (a tar, compressed or not, with OCI whiteouts; unpacked with
+ * the import's rules), with base's config, a new rootfs.diff_ids and a
+ * history entry created_by; name it name (moved if another image had it).
+ * digest receives the new image's manifest digest.  blob is left in place
+ * (the caller's).  Errors as an import; nothing is left of a failed one.
+ */
+int sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, const char *name,
+                        const char *created_by, char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/*
+ * image_user.c: sbx_image_user_resolve — the image config's User ("user",
+ * "uid", "user:group", "uid:gid", … — image-spec config.md) as *uid and *gid,
+ * names looked up in the image's /etc/passwd and /etc/group as its layers
+ * (host directories, bottom first) hold them; the gid defaults to the
+ * user's primary group (0 for a uid /etc/passwd does not list).  An empty
+ * or NULL user is 0:0.  SBX_E_IMAGE_INVALID for a name it cannot find.
+ */
+int sbx_image_user_resolve(char *const *layers, int nlayers, const char *user, uint32_t *uid,
+                           uint32_t *gid, sbx_err_t *err);
+
+/*
+ * image_layer.c: sbx_image_layer_write — write the overlayfs upper dir
+ * dirfd (a readable directory fd) as an OCI layer to the new file blob, a
+ * gzip-compressed tar: overlay whiteouts (0/0 character devices) become
+ * `.wh.NAME` entries, opaque directories (user.overlay.opaque or
+ * trusted.overlay.opaque = y) get a `.wh..wh..opq` entry (image-spec
+ * layer.md, "Whiteouts"); owners are written as the sandbox saw them
+ * (ids: host id → id inside).  Never follows a symbolic link (the tree is a
+ * sandbox's).  Hard links are written as separate files; sockets and other
+ * devices are left out.
+ */
+struct sbx_layer_ids {
+    uint32_t host_root;                 /* the sandbox's root: 0:0 in the layer */
+    uint32_t host_user;                 /* an image's User (0: none) … */
+    uint32_t user_uid, user_gid;        /* … as its uid and gid in the layer */
+};
+int sbx_image_layer_write(int dirfd, const struct sbx_layer_ids *ids, const char *blob,
+                          sbx_err_t *err);
 
 #endif

@@ -336,12 +336,17 @@ child_main(sbx_spawner *sp, int chan, int parent_end, int tree, const int *tasks
     __builtin_unreachable();
 }
 
+/* "0 <id> 1", and "<inner2> <id2> 1" when id2 is set and inner2 is not 0
+ * (an image's User, sbx_container_start_image). */
 static int
-write_map(pid_t pid, const char *file, uint32_t id)
+write_map(pid_t pid, const char *file, uint32_t id, uint32_t inner2, uint32_t id2)
 {
-    char path[64], val[64];
+    char path[64], val[96];
     snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
-    snprintf(val, sizeof(val), "0 %u 1\n", id);
+    if (id2 && inner2)
+        snprintf(val, sizeof(val), "0 %u 1\n%u %u 1\n", id, inner2, id2);
+    else
+        snprintf(val, sizeof(val), "0 %u 1\n", id);
     return sbx_fs_write(path, val);
 }
 
@@ -411,6 +416,10 @@ image_send(int chan, const struct sbx_image_root *img, const int *fds)
         sbx_enc_kstr(&e, "workdir", img->workdir);
     if (img->user)
         sbx_enc_kstr(&e, "user", img->user);
+    if (img->run_uid || img->run_gid) {
+        sbx_enc_kint(&e, "uid", img->run_uid);
+        sbx_enc_kint(&e, "gid", img->run_gid);
+    }
     sbx_enc_end(&e);
     int rc = sbx_enc_finish(&e, &buf, &len);
     if (rc == 0)
@@ -564,6 +573,13 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         snprintf(why, whylen, "no free sandbox uid (%u live sandboxes)", sp->conf.uid_count);
         return SBX_E_CONTAINER;
     }
+    if (img && (img->run_uid || img->run_gid) && uid_alloc(sp, &c->uid2) != 0) {
+        uid_free(sp, c->uid);
+        c->uid = 0;
+        snprintf(why, whylen, "no free sandbox uid for the image's User (%u ids in use)",
+                 sp->conf.uid_count);
+        return SBX_E_CONTAINER;
+    }
     snprintf(name, sizeof(name), "c%d-%llu", (int)getpid(), (unsigned long long)c->serial);
     rc = sbx_cgroup_create(sp->conf.cgroups, name, lim, &c->cg);
     if (rc) {
@@ -649,8 +665,8 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     sv[1] = -1;
     c->pid = pid;
     c->pidfd = pidfd;
-    if ((rc = write_map(pid, "uid_map", c->uid)) != 0 ||
-        (rc = write_map(pid, "gid_map", c->uid)) != 0) {
+    if ((rc = write_map(pid, "uid_map", c->uid, img ? img->run_uid : 0, c->uid2)) != 0 ||
+        (rc = write_map(pid, "gid_map", c->uid, img ? img->run_gid : 0, c->uid2)) != 0) {
         snprintf(why, whylen, "write uid/gid map: %s", strerror(-rc));
         goto fail;
     }
@@ -750,6 +766,9 @@ fail:
     sbx_cgroup_destroy(sp->conf.cgroups, &c->cg, 2000);
     uid_free(sp, c->uid);
     c->uid = 0;
+    if (c->uid2)
+        uid_free(sp, c->uid2);
+    c->uid2 = 0;
     return rc < 0 ? rc : SBX_E_CONTAINER;
 }
 
@@ -782,6 +801,10 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
     if (c->uid) {
         uid_free(sp, c->uid);
         c->uid = 0;
+    }
+    if (c->uid2) {
+        uid_free(sp, c->uid2);
+        c->uid2 = 0;
     }
     if (c->image) {
         if (c->use_fd >= 0)

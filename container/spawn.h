@@ -74,6 +74,8 @@ struct sbx_container {
     int chan;           /* our end of the channel (blocking, CLOEXEC) */
     sbx_cgroup cg;
     uint32_t uid;       /* host uid mapped to 0 inside */
+    uint32_t uid2;      /* an image with a non-root User: the host id mapped to its uid
+                         * and gid inside (one more slot of the range); 0: none */
     int64_t start_us;   /* time the set-up took */
     bool image;         /* started from an image (sbx_container_start_image): */
     int use_fd;         /* … then its image's use lock (image_store.h), closed by stop */
@@ -101,7 +103,11 @@ struct sbx_image_root;
  * shows as the sandbox's root, Linux 5.12), and hands them to the agent
  * after its configuration: an "image" frame {layers, env, workdir, user}
  * and one byte carrying the descriptors (SCM_RIGHTS), bottom layer first.
- * The agent stacks them as an overlayfs (container/agent/setup.c).  On
+ * The agent stacks them as an overlayfs (container/agent/setup.c).  An
+ * image whose User is not root (img->run_uid/run_gid) gets one more host id
+ * of the shard's range, mapped to that uid and gid inside ("0 <uid> 1" plus
+ * "<run_uid> <uid2> 1"), and the agent runs everything as it (docs/images.md,
+ * "User").  On
  * success c->image is set and c->use_fd holds a duplicate of img->use_fd
  * (the image's use lock) until sbx_container_stop.  img is borrowed.
  */

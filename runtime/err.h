@@ -79,7 +79,8 @@
     X(SBX_E_UNAUTHORIZED, "UNAUTHORIZED", 401, "missing or invalid API key")             \
     X(SBX_E_ROUTE_NOT_FOUND, "ROUTE_NOT_FOUND", 404, "no such route")                    \
     X(SBX_E_IMAGE_NOT_FOUND, "IMAGE_NOT_FOUND", 404, "no such image in the node's store")  \
-    X(SBX_E_IMAGE_INVALID, "IMAGE_INVALID", 400, "the image is corrupt or unsafe")
+    X(SBX_E_IMAGE_INVALID, "IMAGE_INVALID", 400, "the image is corrupt or unsafe")        \
+    X(SBX_E_TEMPLATE_BUILD, "TEMPLATE_BUILD_FAILED", 400, "a template's build step failed")
 
 enum sbx_errcode {
     SBX_E__FIRST = SBX_ERR_BASE,

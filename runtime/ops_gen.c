@@ -226,6 +226,7 @@ static const char *const enum_create_workspace[] = {"ephemeral", "persistent", N
 static const struct sbx_arg args_create[] = {
     {"limits", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
     {"image", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"start", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
     {"network", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
     {"workspace", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_create_workspace, "a string", NULL, 0},
 };
@@ -253,6 +254,12 @@ static const struct sbx_arg args_image_inspect[] = {
 };
 static const struct sbx_arg args_image_rm[] = {
     {"image", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_template_build[] = {
+    {"name", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"from", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"run", SBX_ARG_ARRAY, true, false, false, 0, 0, 64u, NULL, "an array", NULL, 0},
+    {"stepTimeout", SBX_ARG_INT, false, true, true, 1000.0, 3600000.0, 0u, NULL, "an integer", "ms", 0},
 };
 
 const struct sbx_op_def sbx_ops[] = {
@@ -678,7 +685,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "create the sandbox now (it is also created by its first operation)",
      .http = "PUT /v1/sandboxes/{sandbox}",
      .args = args_create,
-     .nargs = 4},
+     .nargs = 5},
     {.name = "destroy",
      .id = SBX_OPID_DESTROY,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_NOWAKE | SBX_OP_MUTATES,
@@ -787,5 +794,14 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_image_rm,
      .nargs = 1},
+    {.name = "template.build",
+     .id = SBX_OPID_TEMPLATE_BUILD,
+     .flags = SBX_OP_MUTATES | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "build an image from another plus commands run in a sandbox of it (E2B's templates)",
+     .http = NULL,
+     .args = args_template_build,
+     .nargs = 4},
     {.name = NULL},
 };

@@ -64,6 +64,7 @@ enum sbx_op_id {
     SBX_OPID_IMAGE_LIST, /* image.list */
     SBX_OPID_IMAGE_INSPECT, /* image.inspect */
     SBX_OPID_IMAGE_RM, /* image.rm */
+    SBX_OPID_TEMPLATE_BUILD, /* template.build */
     SBX_OPID__COUNT
 };
 

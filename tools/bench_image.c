@@ -4,7 +4,9 @@
  * this machine) into the deployment's store, then N cold starts of sandboxes
  * of that image side by side with N of host-/usr sandboxes, alternated so
  * both see the same machine: each timed from `create` (with or without the
- * image) to the result of the first `exec true`.  The host-/usr sandboxes may
+ * image) to the result of the first `exec true`; then a template of the
+ * image is built (template.build) and N sandboxes of it are started the
+ * same way.  The host-/usr sandboxes may
  * take a container from the warm pool, image sandboxes from their image's
  * pool when the deployment runs with --image-pool (a private daemon of
  * sbx-bench does not: use --gateway); the printed pool hits count both.
@@ -32,6 +34,59 @@ create_exec(sbx_client *c, const char *id, const char *image, double *ms, sbx_er
         return -1;
     *ms = sbx_stats_now_ms() - t0;
     return 0;
+}
+
+/* A template of the image (template.build, one step writing under /usr):
+ * the build's time, then n cold starts of sandboxes of the template, timed
+ * as the image's.  The template is removed after. */
+static size_t
+bench_template(sbx_client *c, const char *base, long n, const char *tag, FILE *out,
+               volatile sig_atomic_t *interrupted)
+{
+    size_t failures = 0;
+    sbx_error err;
+    sbx_reply *r = NULL;
+    char args[600], name[96], id[128];
+    snprintf(name, sizeof(name), "sbx-bench/%s-tpl:1", tag);
+    snprintf(args, sizeof(args),
+             "{\"name\":\"%s\",\"from\":\"%s\",\"run\":[\"mkdir -p /usr/share/baked && "
+             "echo baked > /usr/share/baked/f\"]}",
+             name, base);
+    double t0 = sbx_stats_now_ms();
+    if (sbx_call_json(c, "template.build", NULL, args, 600000, &r, &err) != 0) {
+        fprintf(out, "  template.build: %s: %s\n", err.code, err.message);
+        sbx_error_free(&err);
+        return 1;
+    }
+    sbx_reply_free(r);
+    fprintf(out, "  template.build %.1f ms (container of the image, one step, its upper dir "
+                 "as a new layer)\n",
+            sbx_stats_now_ms() - t0);
+    double *vt = calloc((size_t)n + 1, sizeof(double));
+    size_t nt = 0;
+    for (long i = 0; i < n && !*interrupted; i++) {
+        double ms;
+        snprintf(id, sizeof(id), "%s-it%ld", tag, i);
+        if (create_exec(c, id, name, &ms, &err) == 0) {
+            vt[nt++] = ms;
+        } else {
+            if (failures++ < 5)
+                fprintf(out, "  %s: %s: %s\n", id, err.code, err.message);
+            sbx_error_free(&err);
+        }
+        if (sbx_destroy(c, id, NULL, &err) != 0)
+            sbx_error_free(&err);
+    }
+    struct sbx_summary st = sbx_stats_summary(vt, nt);
+    fprintf(out, "  template sandbox n=%zu  p50 %.2f  p90 %.2f  max %.2f ms\n", st.n, st.p50,
+            st.p90, st.max);
+    free(vt);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    if (sbx_call_json(c, "image.rm", NULL, args, 60000, &r, &err) == 0)
+        sbx_reply_free(r);
+    else
+        sbx_error_free(&err);
+    return failures;
 }
 
 size_t
@@ -99,6 +154,7 @@ bench_image_run(sbx_client *c, const char *path, long n, const char *tag, FILE *
         fprintf(out, "  image / host-/usr p50: %.2fx\n", si.p50 / sh.p50);
     free(vi);
     free(vh);
+    failures += bench_template(c, name, n, tag, out, interrupted);
     snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
     if (sbx_call_json(c, "image.rm", NULL, args, 60000, &r, &err) == 0)
         sbx_reply_free(r);

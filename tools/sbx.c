@@ -601,8 +601,8 @@ human_create(const msgpack_object *res)
 }
 
 #define CREATE_USAGE                                                                         \
-    "usage: sbx create ID [--image REF] [--workspace ephemeral|persistent] [--memory 256M]\n" \
-    "                     [--pids N] [--cpu MILLICPUS]\n"                                      \
+    "usage: sbx create ID [--image REF [--start]] [--workspace ephemeral|persistent]\n"      \
+    "                     [--memory 256M] [--pids N] [--cpu MILLICPUS]\n"                     \
     "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n" \
     "                     [--max-connections N]\n"
 
@@ -619,6 +619,15 @@ v_create(struct gopts *g, int argc, char **argv)
     const char *allow[64], *deny[64];
     int nallow = 0, ndeny = 0;
     sbx_args *a = sbx_args_new();
+    /* --start (no value): the image's Entrypoint + Cmd as a background process. */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--start")) {
+            sbx_args_kbool(a, "start", true);
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i - 1) * sizeof(char *));
+            argc--;
+            i--;
+        }
+    }
     /* --image REF (docs/images.md) and --workspace MODE (docs/persistence.md)
      * first: they are top-level arguments. */
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -729,6 +738,44 @@ human_images(const msgpack_object *res)
 }
 
 /* sbx image (import PATH [NAME] | pull REF [NAME] | list | inspect REF | rm REF) */
+/* sbx template build NAME --from REF --run CMD [--run CMD …] [--step-timeout MS] */
+static int
+v_template(struct gopts *g, int argc, char **argv)
+{
+    const char *from = NULL;
+    int nrun = 0;
+    int64_t step_ms = 0;
+    bool ok = argc >= 2 && !strcmp(argv[0], "build") && argv[1][0] != '-';
+    for (int i = 2; ok && i < argc; i += 2) {
+        if (i + 1 >= argc)
+            ok = false;
+        else if (!strcmp(argv[i], "--from"))
+            from = argv[i + 1];
+        else if (!strcmp(argv[i], "--run"))
+            nrun++;
+        else if (!strcmp(argv[i], "--step-timeout"))
+            step_ms = strtoll(argv[i + 1], NULL, 10);
+        else
+            ok = false;
+    }
+    if (!ok || !from || nrun == 0) {
+        fprintf(stderr, "usage: sbx template build NAME --from REF --run 'CMD' [--run 'CMD' …] "
+                        "[--step-timeout MS]\n");
+        return EXIT_USAGE;
+    }
+    sbx_args *a = sbx_args_new();
+    sbx_args_kstr(a, "name", argv[1]);
+    sbx_args_kstr(a, "from", from);
+    if (step_ms > 0)
+        sbx_args_kint(a, "stepTimeout", step_ms);
+    sbx_args_karray(a, "run");
+    for (int i = 2; i + 1 < argc; i += 2)
+        if (!strcmp(argv[i], "--run"))
+            sbx_args_str(a, argv[i + 1]);
+    sbx_args_end(a);
+    return cli_call_enc(g, "template.build", NULL, a, NULL);
+}
+
 static int
 v_image(struct gopts *g, int argc, char **argv)
 {
@@ -806,7 +853,7 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF] [--workspace ephemeral|persistent] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
+    {"create", v_create, "ID [--image REF [--start]] [--workspace ephemeral|persistent] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
@@ -814,6 +861,8 @@ static const struct verb verbs[] = {
      "nodes, health, partitions and epochs of a cluster; drain a node (its partitions move away)"},
     {"image", v_image, "(import PATH [NAME] | pull REF [NAME] | list | inspect REF | rm REF)",
      "the node's image store (docs/images.md): PATH is on the server's machine"},
+    {"template", v_template, "build NAME --from REF --run 'CMD' [--run 'CMD' …]",
+     "bake build steps into a new image (docs/images.md, Templates)"},
     {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
     {"mcp", v_mcp, "", "serve the Model Context Protocol on stdin/stdout: sandbox tools for AI agents "

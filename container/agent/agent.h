@@ -35,6 +35,11 @@
 
 #define AGENT_CHAN_FD 3
 #define AGENT_INTERP_TREE_FD 4 /* container/spawn.c SPAWN_INTERP_FD */
+/* An image sandbox's upper dir (O_PATH, CLOEXEC), kept by the agent for the
+ * shard: a template build (actors/template.c) reads the writable layer through
+ * /proc/<agent pid>/fd/AGENT_UPPER_FD, the agent being non-dumpable so tenant
+ * processes cannot. */
+#define AGENT_UPPER_FD 63
 #define AGENT_MAX_LAYERS 253   /* image layers: one SCM_RIGHTS message (container/spawn.c) */
 
 /* Configuration sent by the shard in the first frame (spawn.c builds it). */
@@ -69,6 +74,8 @@ struct agent_cfg {
      * image's layers (agent_ws_recv), holds what the tmpfs would. */
     bool ws;
     int ws_fd;
+    uint32_t run_uid;        /* its User, resolved by the shard (image_user.c): the agent and */
+    uint32_t run_gid;        /* everything it starts run as these ids (0:0: root) */
 };
 
 /* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"

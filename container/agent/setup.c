@@ -20,6 +20,7 @@
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,11 @@ agent_image_recv(struct agent_cfg *cfg, int chan)
     if (sbx_wire_get_str(m.root, "workdir", &s) == 0 && s.n && s.n < sizeof(cfg->image_workdir) &&
         s.p[0] == '/' && !memchr(s.p, '\0', s.n))
         sbx_str_copy(s, cfg->image_workdir, sizeof(cfg->image_workdir));
+    int64_t id;
+    if (sbx_wire_get_i64(m.root, "uid", &id) == 0 && id > 0 && id < 0xffffffffLL)
+        cfg->run_uid = (uint32_t)id;
+    if (sbx_wire_get_i64(m.root, "gid", &id) == 0 && id > 0 && id < 0xffffffffLL)
+        cfg->run_gid = (uint32_t)id;
     sbx_wire_msg_free(&m);
     free(buf); /* the decoded message pointed into it */
     if (rc)
@@ -627,6 +633,18 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
         close(cfg->layer_fds[i]);
         cfg->layer_fds[i] = -1;
     }
+    {
+        /* The upper dir stays reachable for a template build (AGENT_UPPER_FD),
+         * placed once the layers' descriptors are closed; the number must be
+         * free (dup3 would close what holds it). */
+        errno = EBUSY;
+        STEP(fcntl(AGENT_UPPER_FD, F_GETFD) < 0, "fd %d is in use", AGENT_UPPER_FD);
+        int ufd = open(NEWROOT "/upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        STEP(ufd >= 0, "open the upper dir");
+        int d = dup3(ufd, AGENT_UPPER_FD, O_CLOEXEC);
+        close(ufd);
+        STEP(d == AGENT_UPPER_FD, "keep the upper dir at fd %d", AGENT_UPPER_FD);
+    }
     /* lowerdir lists the top layer first. */
     for (int i = cfg->nlayers - 1; i >= 0; i--)
         o += (size_t)snprintf(lower + o, cap - o, "%s" NEWROOT "/l%d",
@@ -773,6 +791,19 @@ drop_privileges(const struct agent_cfg *cfg, sbx_err_t *err)
                                       SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
                0, 0, 0) == 0,
          "lock securebits");
+    /* An image's User (docs/images.md, "User"): become its ids, which the
+     * shard mapped (container/spawn.c), while CAP_SETUID/SETGID are still
+     * ours (NO_SETUID_FIXUP keeps them across the change; capset empties
+     * them next).  A change of ids clears the parent-death signal: set it
+     * again (container/spawn.c sets it before, for the same reason). */
+    if (cfg->run_uid || cfg->run_gid) {
+        gid_t g = cfg->run_gid;
+        STEP(syscall(SYS_setgroups, 1, &g) == 0, "setgroups [%u]", cfg->run_gid);
+        STEP(syscall(SYS_setresgid, g, g, g) == 0, "setresgid %u", cfg->run_gid);
+        STEP(syscall(SYS_setresuid, cfg->run_uid, cfg->run_uid, cfg->run_uid) == 0,
+             "setresuid %u", cfg->run_uid);
+        STEP(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) == 0, "parent-death signal");
+    }
     struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
     struct __user_cap_data_struct data[2];
     memset(data, 0, sizeof(data));
@@ -951,6 +982,12 @@ common:
     /* An image's WorkingDir exists in its sandbox (Docker creates it too). */
     if (cfg->image_workdir[0])
         STEP(sbx_mkdir_p(cfg->image_workdir, 0755) == 0, "mkdir %s", cfg->image_workdir);
+    /* An image's User owns the sandbox's own writable places, as root
+     * would: /workspace and /run (the agent's files of stdin go there). */
+    if (cfg->run_uid || cfg->run_gid) {
+        STEP(chown("/workspace", cfg->run_uid, cfg->run_gid) == 0, "chown /workspace");
+        STEP(chown("/run", cfg->run_uid, cfg->run_gid) == 0, "chown /run");
+    }
     STEP(chdir("/workspace") == 0, "chdir /workspace");
 
     /* 7. Privileges, last: nothing after this needs any. */

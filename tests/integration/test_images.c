@@ -17,7 +17,9 @@
  * uses keeps it until the sandbox is gone; a sandbox keeps its image (by
  * digest) across a restart of its deployment, after its name moved to
  * another image; with --image-pool, the next sandbox of an image takes a
- * ready container of its image's pool.
+ * ready container of its image's pool; template.build bakes its steps into
+ * a new layer a sandbox of the template sees and one of the base does not,
+ * and a failing step leaves nothing; an image's User runs the commands.
  *
  * The layouts live in /tmp/sbx-img-<prefix>XXXXXX, removed by the suite's
  * fini; the store is in the test daemon's data directory (removed with it).
@@ -581,4 +583,284 @@ Test(images, a_pool_per_image, .timeout = 240)
     sbx_client_close(c);
     testd_stop(&d);
     live = NULL;
+}
+
+/* Entries of the store's tmp/ (imports and builds in progress). */
+static int
+count_store_tmp(void)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/images/tmp", getenv("SBX_TEST_DIR") ? getenv("SBX_TEST_DIR")
+                                                                     : "/nonexistent");
+    DIR *d = opendir(p);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* template.build (docs/images.md, "Templates"): the steps' writes, removals
+ * and a replaced directory become a new top layer; a sandbox of the
+ * template sees them, one of the base does not; a failing step fails the
+ * build with its output and leaves no image, layer or temporary file. */
+Test(images, a_template_bakes_its_steps_into_a_new_layer, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[2048], base[128], tpl[128], bad[128];
+    build_image("tplbase", digest);
+    snprintf(base, sizeof(base), "sbxtest/%s-tplbase:%d", test_prefix(), (int)getpid());
+    snprintf(tpl, sizeof(tpl), "sbxtest/%s-tpl:%d", test_prefix(), (int)getpid());
+    snprintf(bad, sizeof(bad), "sbxtest/%s-tplbad:%d", test_prefix(), (int)getpid());
+    sbx_client *c = test_client();
+    int layers0 = count_layers(), tmp0 = count_store_tmp();
+    snprintf(args, sizeof(args), "{\"path\":\"%s/tplbase\",\"name\":\"%s\"}", work, base);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+    int layers1 = count_layers();
+
+    snprintf(args, sizeof(args),
+             "{\"name\":\"%s\",\"from\":\"%s\",\"run\":["
+             "\"echo baked > /usr/share/baked && rm /usr/share/base-file\","
+             "\"rm -rf /opq && mkdir /opq && echo n2 > /opq/n2\","
+             "\"echo \\\"$IMGVAR\\\" > /usr/share/env-at-build\"]}",
+             tpl, base);
+    res = call(c, "template.build", NULL, args, code, msg);
+    cr_assert(res, "template.build: %s %s", code, msg);
+    cr_expect(strstr(res, "\"digest\":\"sha256:") && strncmp(res + 11, digest, 71) != 0 &&
+                  strstr(res, "\"layers\":3"),
+              "a new image, not the base: %s", res);
+    free(res);
+    cr_expect_eq(count_layers(), layers1 + 1, "one new layer, the base's shared");
+    cr_expect_eq(count_store_tmp(), tmp0, "the build left nothing in the store's tmp/");
+
+    char *t = test_id("tpl-t"), *b = test_id("tpl-b");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", tpl);
+    res = call(c, "create", t, args, code, msg);
+    cr_assert(res, "create from the template: %s %s", code, msg);
+    free(res);
+    int ec = -1;
+    char *out = sh(c, t,
+                   "cat /usr/share/baked /usr/share/env-at-build; test -e /usr/share/base-file "
+                   "&& echo base-file-still-there; ls -A /opq; head -1 /etc/os-release; pwd",
+                   &ec);
+    cr_expect_str_eq(out, "baked\nfrom-image\nn2\nID=sbxtest\n/srv/app\n",
+                     "the template's sandbox sees the steps' changes over the base: %s", out);
+    free(out);
+    out = sh(c, t, "stat -c %u /usr/share/baked; echo again > /usr/share/baked && cat "
+                   "/usr/share/baked", &ec);
+    cr_expect_str_eq(out, "0\nagain\n", "the baked file is root's and writable: %s", out);
+    free(out);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", base);
+    res = call(c, "create", b, args, code, msg);
+    cr_assert(res, "create from the base: %s %s", code, msg);
+    free(res);
+    out = sh(c, b, "test -e /usr/share/baked && echo baked; cat /usr/share/base-file; ls -A /opq",
+             &ec);
+    cr_expect_str_eq(out, "base\nnew\n", "the base image is unchanged: %s", out);
+    free(out);
+
+    /* A failing step: its output in the error, nothing added. */
+    int layers2 = count_layers();
+    snprintf(args, sizeof(args),
+             "{\"name\":\"%s\",\"from\":\"%s\",\"run\":[\"echo partial > /usr/share/partial\","
+             "\"echo step-out; echo step-err >&2; exit 3\",\"echo never\"]}",
+             bad, base);
+    res = call(c, "template.build", NULL, args, code, msg);
+    cr_expect_null(res, "a failing step fails the build");
+    cr_expect_str_eq(code, "TEMPLATE_BUILD_FAILED", "%s", msg);
+    cr_expect(strstr(msg, "step 2 of 3") && strstr(msg, "exited with 3") &&
+                  strstr(msg, "step-out") && strstr(msg, "step-err"),
+              "the error says which step and shows its output: %s", msg);
+    free(res);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", bad);
+    res = call(c, "image.inspect", NULL, args, code, msg);
+    cr_expect_null(res, "no image of a failed build");
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND", "%s", msg);
+    free(res);
+    cr_expect_eq(count_layers(), layers2, "no layer of a failed build");
+    cr_expect_eq(count_store_tmp(), tmp0, "no temporary file of a failed build");
+    /* A bad name is refused before anything runs. */
+    snprintf(args, sizeof(args), "{\"name\":\"bad name\",\"from\":\"%s\",\"run\":[\"true\"]}",
+             base);
+    res = call(c, "template.build", NULL, args, code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "VALIDATION_FAILED", "%s", msg);
+    free(res);
+    /* An unknown base. */
+    res = call(c, "template.build", NULL,
+               "{\"name\":\"sbxtest/x:1\",\"from\":\"no/such:image\",\"run\":[\"true\"]}", code,
+               msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "IMAGE_NOT_FOUND", "%s", msg);
+    free(res);
+
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, t, &destroyed, &err), 0);
+    cr_expect_eq(sbx_destroy(c, b, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", tpl);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", base);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    cr_expect_eq(count_layers(), layers0, "no layer of the base or the template is left");
+    free(t);
+    free(b);
+    sbx_client_close(c);
+}
+
+/* An image whose config names a User (image-spec config.md): commands run
+ * as that uid, with its primary group from the image's /etc/passwd; root's
+ * files are not theirs to change; /workspace is theirs. */
+Test(images, an_image_user_runs_the_commands, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024], name[128], l0[256], d0[72], dir[256];
+    size_t nb = 0;
+    struct imgb_entry *e = imgb_base_entries(&nb);
+    cr_assert(e, "busybox-static is not installed (tools/deps.sh)");
+    e = realloc(e, (nb + 4) * sizeof(*e));
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/passwd"),
+                                  strdup("root:x:0:0:root:/root:/bin/sh\n"
+                                         "app:x:1000:1001:app:/home/app:/bin/sh\n"),
+                                  0};
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/group"), strdup("root:x:0:\napp:x:1001:\n"), 0};
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/root-only"), strdup("root\n"), 0644};
+    snprintf(l0, sizeof(l0), "%s/user-0.tar.gz", work);
+    cr_assert_eq(imgb_layer(l0, e, nb, true, d0), 0);
+    imgb_entries_free(e, nb);
+    char *layers[] = {l0};
+    const char *diffs[] = {d0};
+    snprintf(dir, sizeof(dir), "%s/user", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true, "\"User\":\"1000\"", digest), 0);
+
+    sbx_client *c = test_client();
+    snprintf(name, sizeof(name), "sbxtest/%s-user:%d", test_prefix(), (int)getpid());
+    snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"%s\"}", dir, name);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+    char *id = test_id("img-user");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "create", id, args, code, msg);
+    cr_assert(res, "create: %s %s", code, msg);
+    free(res);
+    int ec = -1;
+    char *out = sh(c, id, "id -u; id -g; stat -c %u:%g /etc/root-only", &ec);
+    cr_expect_str_eq(out, "1000\n1001\n0:0\n",
+                     "the image's User (1000, primary group 1001 from its passwd): %s", out);
+    free(out);
+    out = sh(c, id, "echo x >> /etc/root-only; echo rc=$?; cat /etc/root-only", &ec);
+    cr_expect(strstr(out, "rc=1") && strstr(out, "root\n") && !strstr(out, "x\n"),
+              "a root-owned file is not the User's to write: %s", out);
+    free(out);
+    out = sh(c, id, "echo mine > /workspace/f && stat -c %u /workspace/f && cat /workspace/f",
+             &ec);
+    cr_expect_str_eq(out, "1000\nmine\n", "/workspace is the User's: %s", out);
+    free(out);
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, id, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* Entrypoint + Cmd as an optional start command, and ExposedPorts as hints
+ * in status (docs/images.md, "Start command and ports"). */
+Test(images, start_command_and_port_hints, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024], name[128], l0[256], d0[72], dir[256];
+    size_t nb = 0;
+    struct imgb_entry *e = imgb_base_entries(&nb);
+    cr_assert(e, "busybox-static is not installed (tools/deps.sh)");
+    snprintf(l0, sizeof(l0), "%s/start-0.tar.gz", work);
+    cr_assert_eq(imgb_layer(l0, e, nb, true, d0), 0);
+    imgb_entries_free(e, nb);
+    char *layers[] = {l0};
+    const char *diffs[] = {d0};
+    snprintf(dir, sizeof(dir), "%s/start", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true,
+                             "\"Entrypoint\":[\"/bin/sh\",\"-c\"],"
+                             "\"Cmd\":[\"echo started-$0 > /tmp/started; exec sleep 600\"],"
+                             "\"ExposedPorts\":{\"8080/tcp\":{}}",
+                             digest),
+                 0);
+    sbx_client *c = test_client();
+    snprintf(name, sizeof(name), "sbxtest/%s-start:%d", test_prefix(), (int)getpid());
+    snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"%s\"}", dir, name);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+
+    char *s = test_id("img-start"), *n = test_id("img-nostart");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\",\"start\":true}", name);
+    res = call(c, "create", s, args, code, msg);
+    cr_assert(res, "create with start: %s %s", code, msg);
+    cr_expect(strstr(res, "\"imagePorts\":[\"8080/tcp\"]"), "the image's ports as hints: %s", res);
+    cr_expect(strstr(res, "\"startCommand\":[\"/bin/sh\",\"-c\",\"echo started-$0"),
+              "the start command: %s", res);
+    free(res);
+    int ec = -1;
+    /* The process starts with the container (the create started it). */
+    char *out = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(out);
+        out = sh(c, s, "cat /tmp/started 2>/dev/null", &ec);
+        if (out[0])
+            break;
+        usleep(50000);
+    }
+    cr_expect_str_eq(out, "started-/bin/sh\n", "Entrypoint + Cmd ran: %s", out);
+    free(out);
+    res = call(c, "process.get", s, "{\"processId\":\"image-start\"}", code, msg);
+    cr_expect(res && strstr(res, "\"running\""), "it runs as the process image-start: %s %s",
+              res ? res : code, msg);
+    free(res);
+
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "create", n, args, code, msg);
+    cr_assert(res, "create without start: %s %s", code, msg);
+    cr_expect(strstr(res, "\"imagePorts\":[\"8080/tcp\"]") && !strstr(res, "startCommand"),
+              "ports as hints, no start command: %s", res);
+    free(res);
+    out = sh(c, n, "test -e /tmp/started && echo started; echo done", &ec);
+    cr_expect_str_eq(out, "done\n", "nothing is started without 'start': %s", out);
+    free(out);
+    char *bad = test_id("img-badstart");
+    res = call(c, "create", bad, "{\"start\":true}", code, msg);
+    cr_expect_null(res);
+    cr_expect_str_eq(code, "VALIDATION_FAILED", "start without an image: %s", msg);
+    free(res);
+    free(bad);
+
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, s, &destroyed, &err), 0);
+    cr_expect_eq(sbx_destroy(c, n, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(s);
+    free(n);
+    sbx_client_close(c);
 }

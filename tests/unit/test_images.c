@@ -14,7 +14,10 @@
  * out; an image without /bin/sh refused; unknown names IMAGE_NOT_FOUND; rm
  * and GC, a layer kept while another image or a running user (the use
  * lock) still needs it; a pull from a registry that does not answer; two
- * imports of one image at once through two store handles.
+ * imports of one image at once through two store handles; an overlay upper
+ * dir written as a layer (image_layer.c) and unpacked back unchanged
+ * (whiteout, opaque directory, a symlink not followed, owners mapped); an
+ * image's User resolved against its passwd and group (image_user.c).
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails.
@@ -372,5 +375,128 @@ Test(images, concurrent_imports_of_one_image)
     char got[SBX_IMAGE_DIGEST_LEN];
     cr_assert_eq(sbx_image_resolve(st, "conc:a", got, &err), 0);
     cr_assert_eq(sbx_image_resolve(st, "conc:b", got, &err), 0);
+    sbx_err_release(&err);
+}
+
+/* A new file at path holding s. */
+static int
+put_file(const char *path, const char *s)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fputs(s, f);
+    return fclose(f);
+}
+
+/* image_layer.c: an upper dir with an overlay whiteout, an opaque directory
+ * and a symlink, written as a layer and unpacked again with the import's
+ * rules, comes back the same: the whiteout a 0/0 character device, the
+ * opaque directory marked, the link not followed; owners of the sandbox's
+ * host ids become the ids inside. */
+Test(images, upper_dir_written_as_a_layer_round_trips)
+{
+    char up[128], out[128], blob[160], p[256];
+    snprintf(up, sizeof(up), "%s/upper", tmpdir);
+    snprintf(out, sizeof(out), "%s/out", tmpdir);
+    snprintf(blob, sizeof(blob), "%s/layer.tar.gz", tmpdir);
+    cr_assert_eq(mkdir(up, 0755), 0);
+    cr_assert_eq(mkdir(out, 0755), 0);
+    snprintf(p, sizeof(p), "%s/usr", up);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof(p), "%s/usr/new", up);
+    cr_assert_eq(put_file(p, "new\n"), 0);
+    cr_assert_eq(chown(p, 4000000, 4000000), 0);
+    snprintf(p, sizeof(p), "%s/usr/mine", up);
+    cr_assert_eq(put_file(p, "mine\n"), 0);
+    cr_assert_eq(chown(p, 4000001, 4000001), 0);
+    snprintf(p, sizeof(p), "%s/gone", up);
+    cr_assert_eq(mknod(p, S_IFCHR | 0000, makedev(0, 0)), 0, "mknod: %s", strerror(errno));
+    snprintf(p, sizeof(p), "%s/opq", up);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    cr_assert_eq(setxattr(p, "user.overlay.opaque", "y", 1, 0), 0, "%s", strerror(errno));
+    snprintf(p, sizeof(p), "%s/opq/n2", up);
+    cr_assert_eq(put_file(p, "n2\n"), 0);
+    snprintf(p, sizeof(p), "%s/escape", up);
+    cr_assert_eq(symlink("/etc", p), 0);
+
+    int dfd = open(up, O_RDONLY | O_DIRECTORY);
+    cr_assert_geq(dfd, 0);
+    struct sbx_layer_ids ids = {.host_root = 4000000, .host_user = 4000001, .user_uid = 1000,
+                                .user_gid = 1001};
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_layer_write(dfd, &ids, blob, &err), 0, "%s", sbx_err_msg(err));
+    close(dfd);
+    /* The tar has the OCI forms. */
+    char cmd[512], list[2048] = {0};
+    snprintf(cmd, sizeof(cmd), "tar -tvzf '%s' --numeric-owner | awk '{print $2, $6}' | sort",
+             blob);
+    FILE *f = popen(cmd, "r");
+    size_t got = fread(list, 1, sizeof(list) - 1, f);
+    pclose(f);
+    cr_assert_gt(got, 0);
+    cr_expect(strstr(list, "0/0 .wh.gone\n"), "the whiteout as .wh.gone: %s", list);
+    cr_expect(strstr(list, "0/0 opq/.wh..wh..opq\n"), "the opaque marker: %s", list);
+    cr_expect(strstr(list, "0/0 usr/new\n"), "the sandbox root's file as 0:0: %s", list);
+    cr_expect(strstr(list, "1000/1001 usr/mine\n"), "the User's file as its ids: %s", list);
+    cr_expect(strstr(list, " escape\n"), "the link itself: %s", list);
+    cr_expect(!strstr(list, "escape/"), "the link is not followed: %s", list);
+
+    int ofd = open(out, O_PATH | O_DIRECTORY);
+    int skipped = 0;
+    cr_assert_eq(sbx_image_unpack(blob, ofd, &skipped, &err), 0, "%s", sbx_err_msg(err));
+    close(ofd);
+    struct stat sb;
+    snprintf(p, sizeof(p), "%s/gone", out);
+    cr_expect(lstat(p, &sb) == 0 && S_ISCHR(sb.st_mode) && sb.st_rdev == makedev(0, 0),
+              "the whiteout comes back as a 0/0 character device");
+    char v[4] = {0};
+    snprintf(p, sizeof(p), "%s/opq", out);
+    cr_expect_eq(getxattr(p, "user.overlay.opaque", v, sizeof(v)), 1);
+    cr_expect_eq(v[0], 'y', "the opaque directory comes back marked");
+    snprintf(p, sizeof(p), "%s/usr/new", out);
+    cr_expect(lstat(p, &sb) == 0 && sb.st_uid == 0 && sb.st_size == 4);
+    sbx_err_release(&err);
+}
+
+/* image_user.c: the config's User against the image's passwd and group. */
+Test(images, image_user_resolved_against_its_passwd)
+{
+    char l0[128], l1[128], p[256];
+    snprintf(l0, sizeof(l0), "%s/l0", tmpdir);
+    snprintf(l1, sizeof(l1), "%s/l1", tmpdir);
+    snprintf(p, sizeof(p), "%s/etc", l0);
+    cr_assert_eq(sbx_mkdir_p(p, 0755), 0);
+    snprintf(p, sizeof(p), "%s/etc", l1);
+    cr_assert_eq(sbx_mkdir_p(p, 0755), 0);
+    snprintf(p, sizeof(p), "%s/etc/passwd", l0);
+    cr_assert_eq(put_file(p, "root:x:0:0::/root:/bin/sh\nold:x:5:5::/:/bin/sh\n"), 0);
+    /* The top layer's passwd decides. */
+    snprintf(p, sizeof(p), "%s/etc/passwd", l1);
+    cr_assert_eq(put_file(p, "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n"),
+                 0);
+    snprintf(p, sizeof(p), "%s/etc/group", l1);
+    cr_assert_eq(put_file(p, "root:x:0:\nstaff:x:50:\n"), 0);
+    char *layers[] = {l0, l1};
+    uint32_t uid = 9, gid = 9;
+    sbx_err_t err = NULL;
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "app", &uid, &gid, &err), 0);
+    cr_expect(uid == 1000 && gid == 1001, "app: %u:%u", uid, gid);
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "1000", &uid, &gid, &err), 0);
+    cr_expect(uid == 1000 && gid == 1001, "1000: its primary group: %u:%u", uid, gid);
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "2000", &uid, &gid, &err), 0);
+    cr_expect(uid == 2000 && gid == 0, "an unlisted uid: gid 0: %u:%u", uid, gid);
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "app:staff", &uid, &gid, &err), 0);
+    cr_expect(uid == 1000 && gid == 50, "app:staff: %u:%u", uid, gid);
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "1000:7", &uid, &gid, &err), 0);
+    cr_expect(uid == 1000 && gid == 7, "1000:7: %u:%u", uid, gid);
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "", &uid, &gid, &err), 0);
+    cr_expect(uid == 0 && gid == 0, "none: root");
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "old", &uid, &gid, &err), SBX_E_IMAGE_INVALID,
+                 "a user of a lower layer's passwd only");
+    sbx_err_release(&err);
+    cr_expect_eq(sbx_image_user_resolve(layers, 2, "app:nogroup", &uid, &gid, &err),
+                 SBX_E_IMAGE_INVALID);
+    cr_expect(strstr(sbx_err_msg(err), "nogroup"), "%s", sbx_err_msg(err));
     sbx_err_release(&err);
 }

@@ -67,6 +67,7 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
     'STORAGE_ERROR': 500,
     'STORAGE_FULL': 507,
     'STREAM_NOT_FOUND': 404,
+    'TEMPLATE_BUILD_FAILED': 400,
     'UNAUTHORIZED': 401,
     'UNKNOWN_OPERATION': 400,
     'UNSUPPORTED_VERSION': 400,
@@ -371,6 +372,10 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """the digest of the image it runs (docs/images.md); absent: the host's /usr"""
     workspace: 'SandboxStatusWorkspace'
     """its writable state (docs/persistence.md)"""
+    imagePorts: List[str]
+    """the image's ExposedPorts, as hints (nothing is exposed by them: port.expose does)"""
+    startCommand: List[str]
+    """the image's Entrypoint + Cmd the sandbox starts (create {start: true})"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
     network: 'SandboxStatusNetwork'
@@ -1517,6 +1522,8 @@ class CreateArgs(TypedDict, total=False):
     """resource limits (default the shard's)"""
     image: str
     """an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes)"""
+    start: bool
+    """with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false]"""
     network: 'NetworkSettings'
     """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container"""
     workspace: str
@@ -1680,6 +1687,24 @@ class ImageRmResult(TypedDict, total=False):
     """images deleted now"""
 
 
+#: Arguments of ``template.build``: build an image from another plus commands run in a sandbox of it (E2B's templates).
+TemplateBuildArgs = TypedDict('TemplateBuildArgs', {
+    'name': str,  # the new image's name, repo:tag ([A-Za-z0-9._/:@-]) (at most 255 bytes)
+    'from': str,  # the base image: a name, a digest, or a unique prefix of 12+ hex digits (at most 255 bytes)
+    'run': List[str],  # the build steps, run in order
+    'stepTimeout': int,  # how long each step may run (milliseconds) [1000 … 3600000; default 600000]
+}, total=False)
+
+
+class TemplateBuildResult(TypedDict, total=False):
+    """Result of ``template.build``: the image"""
+
+    digest: str
+    """its manifest digest, sha256:<hex>"""
+    image: Dict[str, Any]
+    """what image.inspect answers"""
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1738,6 +1763,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'image.list': (ImageListArgs, ImageListResult),
     'image.inspect': (ImageInspectArgs, ImageInspectResult),
     'image.rm': (ImageRmArgs, ImageRmResult),
+    'template.build': (TemplateBuildArgs, TemplateBuildResult),
 }
 
 __all__ += [
@@ -1863,4 +1889,6 @@ __all__ += [
     'ImageInspectResult',
     'ImageRmArgs',
     'ImageRmResult',
+    'TemplateBuildArgs',
+    'TemplateBuildResult',
 ]

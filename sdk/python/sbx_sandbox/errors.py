@@ -234,6 +234,7 @@ _SPEC = [
     # images (docs/images.md)
     ("IMAGE_NOT_FOUND", "ImageNotFound", (), 404, "No such image in the node's store (or no such path to import)."),
     ("IMAGE_INVALID", "ImageInvalid", (), 400, "The image is corrupt, tampered with, unsafe, or has no /bin/sh."),
+    ("TEMPLATE_BUILD_FAILED", "TemplateBuildFailed", (), 400, "A step of ``template.build`` exited non-zero; the message quotes its output."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

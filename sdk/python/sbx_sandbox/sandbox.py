@@ -70,11 +70,12 @@ class SbxClient:
         return self._t.url
 
     def get_sandbox(self, sandbox_id: str, sleep_after: Union[str, int, None] = None,
-                    keep_alive: Optional[bool] = None, image: Optional[str] = None) -> "Sandbox":
+                    keep_alive: Optional[bool] = None, image: Optional[str] = None,
+                    start_image: bool = False) -> "Sandbox":
         """A handle on sandbox ``sandbox_id`` (see :func:`get_sandbox`)."""
         sb = Sandbox(self, sandbox_id)
         if image is not None:
-            sb._call("create", {"image": image})
+            sb._call("create", {"image": image, **({"start": True} if start_image else {})})
         if sleep_after is not None or keep_alive is not None:
             sb.configure(sleep_after=sleep_after, keep_alive=keep_alive)
         return sb
@@ -97,6 +98,18 @@ class SbxClient:
         machine (an OCI layout directory or a docker/podman save tarball).
         Returns ``{"digest", "image"}``; raises ImageInvalid / ImageNotFound."""
         return self._node("image.import", {"path": path, **({"name": name} if name else {})})
+
+    def build_template(self, name: str, from_: str, run: List[str],
+                       step_timeout_ms: Optional[int] = None) -> Dict[str, Any]:
+        """``template.build`` (docs/images.md, "Templates"): the image ``name``
+        made of ``from_`` plus the shell strings ``run``, run in order in a
+        sandbox of it.  Returns ``{"digest", "image"}``; a failing step
+        raises TemplateBuildFailed (its output in the message), an unknown
+        base ImageNotFound."""
+        args: Dict[str, Any] = {"name": name, "from": from_, "run": list(run)}
+        if step_timeout_ms is not None:
+            args["stepTimeout"] = step_timeout_ms
+        return self._node("template.build", args)
 
     def pull_image(self, ref: str, name: Optional[str] = None) -> Dict[str, Any]:
         """``image.pull``: ``ref`` from a registry (skopeo on the server)."""
@@ -133,7 +146,8 @@ class SbxClient:
 
 
 def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int, None] = None,
-                keep_alive: Optional[bool] = None, image: Optional[str] = None) -> "Sandbox":
+                keep_alive: Optional[bool] = None, image: Optional[str] = None,
+                start_image: bool = False) -> "Sandbox":
     """A handle on sandbox ``sandbox_id`` (the SDK's ``getSandbox``).
 
     Nothing is sent unless an option is given: the sandbox is created by its
@@ -150,13 +164,15 @@ def get_sandbox(client: SbxClient, sandbox_id: str, sleep_after: Union[str, int,
         image: an image of the node's store (name or digest, docs/images.md)
             to run instead of the host's ``/usr``: sent with ``create`` now; a
             sandbox that exists keeps its own image.
+        start_image: with ``image``, start the image's Entrypoint + Cmd as
+            the background process ``image-start`` of every container.
 
     Raises:
         errors.ValidationFailed: a bad ID or option (only when an option is
             given; otherwise on first use).
     """
     return client.get_sandbox(sandbox_id, sleep_after=sleep_after, keep_alive=keep_alive,
-                              image=image)
+                              image=image, start_image=start_image)
 
 
 def _ms_timeout(timeout_ms: Optional[int], base: float) -> float:

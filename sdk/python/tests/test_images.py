@@ -3,7 +3,8 @@ here with the standard library (tarfile, gzip, hashlib: the host's bash and
 its libraries plus busybox-static, two layers, a whiteout in the second),
 imported with ``import_image`` (a path of this machine, which is the
 server's), a sandbox from it with ``get_sandbox(..., image=...)``, then
-list / inspect / remove, and the errors of an unknown and a tampered image.
+list / inspect / remove, and the errors of an unknown and a tampered image;
+a template (``build_template``) and a failing build step.
 """
 
 import gzip
@@ -129,3 +130,24 @@ def test_unknown_and_tampered_images(client, layout):
         f.write(b"Z")
     with pytest.raises(errors.ImageInvalid):
         client.import_image(path, f"pytest/{os.getpid()}:bad")
+
+
+def test_template_build(client, layout):
+    """build_template: a sandbox of the template sees its steps' changes; a
+    failing step raises TemplateBuildFailed with its output, adds nothing."""
+    path, digest = layout
+    base, tpl = f"pytest/{os.getpid()}:tplbase", f"pytest/{os.getpid()}:tpl"
+    client.import_image(path, base)
+    r = client.build_template(tpl, base, ["echo baked > /etc/baked", "rm /etc/os-release"])
+    assert r["digest"] != digest and r["image"]["layers"] == 3
+    sb = get_sandbox(client, new_id("tpl"), image=tpl)
+    r = sb.exec("cat /etc/baked; cat /etc/os-release 2>/dev/null || echo removed")
+    assert r.stdout == "baked\nremoved\n"
+    sb.destroy()
+    with pytest.raises(errors.TemplateBuildFailed) as ei:
+        client.build_template(tpl + "-bad", base, ["echo why >&2; exit 4"])
+    assert "exited with 4" in str(ei.value) and "why" in str(ei.value)
+    with pytest.raises(errors.ImageNotFound):
+        client.inspect_image(tpl + "-bad")
+    assert client.remove_image(tpl)["removed"] == 1
+    assert client.remove_image(base)["removed"] == 1

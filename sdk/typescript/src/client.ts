@@ -242,6 +242,19 @@ export class SbxClient {
     return this.nodeCall('image.rm', { image }, options.signal);
   }
 
+  /**
+   * Build the image `name` from `from` plus the shell strings `run`, run in
+   * order in a sandbox of it (`template.build`, docs/images.md "Templates"):
+   * its writable layer becomes the new image's top layer.
+   * @returns `{digest, image}` of the new image.
+   * @throws TEMPLATE_BUILD_FAILED (a step exited non-zero: its output in the message), IMAGE_NOT_FOUND.
+   */
+  buildTemplate(name: string, from: string, run: string[], options: { stepTimeout?: number; signal?: AbortSignal } = {}): Promise<{ digest: string; image: Record<string, unknown> }> {
+    const args: Record<string, unknown> = { name, from, run };
+    if (options.stepTimeout !== undefined) args.stepTimeout = options.stepTimeout;
+    return this.nodeCall('template.build', args, options.signal);
+  }
+
   /** Gateway and shard health (`cluster.status`), see docs/protocol.md §3. */
   clusterStatus(options: { signal?: AbortSignal } = {}): Promise<Record<string, unknown>> {
     return this.requestJson({

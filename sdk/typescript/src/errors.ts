@@ -213,6 +213,8 @@ export class InternalError extends SandboxError {}
 export class ImageNotFoundError extends SandboxError {}
 /** `IMAGE_INVALID` (400): the image is corrupt, tampered with, unsafe, or has no /bin/sh. */
 export class ImageInvalidError extends SandboxError {}
+/** `TEMPLATE_BUILD_FAILED` (400): a step of `template.build` exited non-zero; the message quotes its output. */
+export class TemplateBuildFailedError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -279,6 +281,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   STORAGE_ERROR: InternalError,
   IMAGE_NOT_FOUND: ImageNotFoundError,
   IMAGE_INVALID: ImageInvalidError,
+  TEMPLATE_BUILD_FAILED: TemplateBuildFailedError,
 });
 
 /**

@@ -141,7 +141,9 @@ export class SandboxCore {
       const client = this.state.client;
       const id = this.state.id;
       const created: Promise<unknown> =
-        o.image !== undefined ? client.call(id, 'create', { image: o.image }) : Promise.resolve();
+        o.image !== undefined
+          ? client.call(id, 'create', o.startImage ? { image: o.image, start: true } : { image: o.image })
+          : Promise.resolve();
       this.state.configured = created
         .then(() => (configure ? client.call(id, 'sandbox.configure', args) : undefined))
         .then(

@@ -38,6 +38,12 @@ export interface SandboxOptions {
    * the image it was created with.
    */
   image?: string;
+  /**
+   * With `image`: start the image's Entrypoint + Cmd as the background
+   * process `image-start` of every container the sandbox gets (`create
+   * {image, start: true}`, docs/images.md). Default `false`.
+   */
+  startImage?: boolean;
   /** Lower-case the sandbox ID (preview URLs need lower-case IDs). Default `false`. */
   normalizeId?: boolean;
   /**

@@ -3,7 +3,8 @@
 // busybox-static, two layers, a whiteout in the second), imported with
 // client.importImage (a path of this machine, which is the server's), a
 // sandbox from it with getSandbox(client, id, {image}), list / inspect /
-// remove, and the errors of an unknown and a tampered image.
+// remove, and the errors of an unknown and a tampered image; a template
+// (client.buildTemplate) and a failing build step; startImage.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync, readdirSync, statSync } from 'node:fs';
@@ -11,7 +12,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { gzipSync } from 'node:zlib';
 
-import { ImageInvalidError, ImageNotFoundError, getSandbox } from '../dist/index.js';
+import { ImageInvalidError, ImageNotFoundError, TemplateBuildFailedError, getSandbox } from '../dist/index.js';
 import { useDaemon } from './helpers.mjs';
 
 const ctx = useDaemon();
@@ -45,7 +46,7 @@ function tar(entries) {
   return Buffer.concat([...entries.map((e) => tarEntry(...e)), Buffer.alloc(1024)]);
 }
 
-function layout(dir, layers, env) {
+function layout(dir, layers, env, extra = {}) {
   mkdirSync(path.join(dir, 'blobs', 'sha256'), { recursive: true });
   writeFileSync(path.join(dir, 'oci-layout'), '{"imageLayoutVersion":"1.0.0"}');
   const blob = (data) => {
@@ -55,7 +56,7 @@ function layout(dir, layers, env) {
   };
   const diffs = layers.map((t) => `sha256:${createHash('sha256').update(t).digest('hex')}`);
   const descs = layers.map((t) => ({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...blob(gzipSync(t)) }));
-  const cfg = blob(Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', config: { Env: env }, rootfs: { type: 'layers', diff_ids: diffs } })));
+  const cfg = blob(Buffer.from(JSON.stringify({ architecture: 'amd64', os: 'linux', config: { Env: env, ...extra }, rootfs: { type: 'layers', diff_ids: diffs } })));
   const man = blob(Buffer.from(JSON.stringify({
     schemaVersion: 2,
     mediaType: 'application/vnd.oci.image.manifest.v1+json',
@@ -69,7 +70,7 @@ function layout(dir, layers, env) {
 describe('images', { skip: !usable && 'needs busybox-static and the host bash libraries' }, () => {
   let work;
   let digest;
-  const build = () => {
+  const build = (extra) => {
     const file = (p) => readFileSync(realpathSync(p));
     const base = [
       ['bin', '5'], ['lib', '5'], ['lib/x86_64-linux-gnu', '5'], ['lib64', '5'], ['etc', '5'], ['usr', '5'],
@@ -80,7 +81,7 @@ describe('images', { skip: !usable && 'needs busybox-static and the host bash li
     ];
     const top = [['etc', '5'], ['etc/os-release', '0', Buffer.from('ID=tsimage\n')], ['.wh.gone', '0', Buffer.alloc(0)]];
     rmSync(path.join(work, 'img'), { recursive: true, force: true });
-    digest = layout(path.join(work, 'img'), [tar(base), tar(top)], ['PATH=/usr/bin:/bin', 'TSIMG=1']);
+    digest = layout(path.join(work, 'img'), [tar(base), tar(top)], ['PATH=/usr/bin:/bin', 'TSIMG=1'], extra);
   };
   before(() => {
     work = mkdtempSync('/tmp/sbx-tsimg-');
@@ -104,6 +105,40 @@ describe('images', { skip: !usable && 'needs busybox-static and the host bash li
     await sb.destroy();
     assert.equal((await ctx.client.removeImage(name)).removed, 1);
     await assert.rejects(ctx.client.inspectImage(name), ImageNotFoundError);
+  });
+
+  it('builds a template whose sandboxes see its steps, and reports a failing step', async () => {
+    build();
+    const base = `tstest/${process.pid}:tplbase`;
+    const tpl = `tstest/${process.pid}:tpl`;
+    await ctx.client.importImage(path.join(work, 'img'), base);
+    const r = await ctx.client.buildTemplate(tpl, base, ['echo baked > /etc/baked', 'rm /etc/os-release']);
+    assert.notEqual(r.digest, digest);
+    assert.equal(r.image.layers, 3);
+    const sb = getSandbox(ctx.client, ctx.newId('tpl'), { image: tpl });
+    const out = await sb.exec('cat /etc/baked; cat /etc/os-release 2>/dev/null || echo removed');
+    assert.equal(out.stdout, 'baked\nremoved\n');
+    await sb.destroy();
+    await assert.rejects(ctx.client.buildTemplate(`${tpl}-bad`, base, ['echo why >&2; exit 4']),
+      (e) => e instanceof TemplateBuildFailedError && /exited with 4/.test(e.message) && /why/.test(e.message));
+    await assert.rejects(ctx.client.inspectImage(`${tpl}-bad`), ImageNotFoundError);
+    assert.equal((await ctx.client.removeImage(tpl)).removed, 1);
+    assert.equal((await ctx.client.removeImage(base)).removed, 1);
+  });
+
+  it('starts the image\'s Entrypoint + Cmd with startImage', async () => {
+    build({ Entrypoint: ['/bin/sh', '-c'], Cmd: ['echo up > /tmp/up; exec cat'], ExposedPorts: { '3000/tcp': {} } });
+    const name = `tstest/${process.pid}:start`;
+    await ctx.client.importImage(path.join(work, 'img'), name);
+    const sb = getSandbox(ctx.client, ctx.newId('start'), { image: name, startImage: true });
+    let out = '';
+    for (let i = 0; i < 100 && out !== 'up\n'; i++) {
+      out = (await sb.exec('cat /tmp/up 2>/dev/null || true')).stdout;
+      if (out !== 'up\n') await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.equal(out, 'up\n');
+    await sb.destroy();
+    assert.equal((await ctx.client.removeImage(name)).removed, 1);
   });
 
   it('refuses an unknown image and a tampered layer', async () => {

@@ -65,6 +65,7 @@ export type ErrorCode =
   | 'STORAGE_ERROR'
   | 'STORAGE_FULL'
   | 'STREAM_NOT_FOUND'
+  | 'TEMPLATE_BUILD_FAILED'
   | 'UNAUTHORIZED'
   | 'UNKNOWN_OPERATION'
   | 'UNSUPPORTED_VERSION'
@@ -128,6 +129,7 @@ export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   STORAGE_ERROR: 500,
   STORAGE_FULL: 507,
   STREAM_NOT_FOUND: 404,
+  TEMPLATE_BUILD_FAILED: 400,
   UNAUTHORIZED: 401,
   UNKNOWN_OPERATION: 400,
   UNSUPPORTED_VERSION: 400,
@@ -376,6 +378,10 @@ export interface SandboxStatus {
     usedBytes?: number;
     [key: string]: unknown;
   };
+  /** the image's ExposedPorts, as hints (nothing is exposed by them: port.expose does) */
+  imagePorts?: string[];
+  /** the image's Entrypoint + Cmd the sandbox starts (create {start: true}) */
+  startCommand?: string[];
   /** the running container, when there is one */
   container?: {
     /** its init's pid on the host */
@@ -1429,6 +1435,8 @@ export interface CreateArgs {
   };
   /** an image of the node's store (name or digest, docs/images.md) to run instead of the host's /usr; kept by digest in the sandbox's record. Only when the sandbox is created: an existing sandbox keeps its own (at most 255 bytes) */
   image?: string;
+  /** with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false] */
+  start?: boolean;
   /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container */
   network?: NetworkSettings;
   /** where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created */
@@ -1571,6 +1579,27 @@ export interface ImageRmResult {
   [key: string]: unknown;
 }
 
+/** Arguments of `template.build`: build an image from another plus commands run in a sandbox of it (E2B's templates). Runs in the shard; flags: mutates, node. */
+export interface TemplateBuildArgs {
+  /** the new image's name, repo:tag ([A-Za-z0-9._/:@-]) (at most 255 bytes) */
+  name: string;
+  /** the base image: a name, a digest, or a unique prefix of 12+ hex digits (at most 255 bytes) */
+  from: string;
+  /** the build steps, run in order */
+  run: string[];
+  /** how long each step may run (milliseconds) [1000 … 3600000; default 600000] */
+  stepTimeout?: number;
+}
+
+/** Result of `template.build`: the image */
+export interface TemplateBuildResult {
+  /** its manifest digest, sha256:<hex> */
+  digest?: string;
+  /** what image.inspect answers */
+  image?: Record<string, unknown>;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1629,6 +1658,7 @@ export interface Ops {
   'image.list': { args: ImageListArgs; result: ImageListResult };
   'image.inspect': { args: ImageInspectArgs; result: ImageInspectResult };
   'image.rm': { args: ImageRmArgs; result: ImageRmResult };
+  'template.build': { args: TemplateBuildArgs; result: TemplateBuildResult };
 }
 
 /** The name of an operation. */
