@@ -556,6 +556,11 @@ Test(deploy, shards_refuse_host_uid_ranges_that_overlap_a_live_ones, .timeout = 
     stop_child(r);
     kill(p, SIGKILL);
     waitpid(p, NULL, 0);
+    /* A killed shard leaves its cgroup subtree's lock file (unheld: the next
+     * shard of that name takes it over); no later shard is named so here. */
+    char plock[300];
+    snprintf(plock, sizeof(plock), "/run/sbx/cgroup.sbx%%2F%s-p.lock", name);
+    cr_expect_eq(unlink(plock), 0, "no lock file %s of the killed shard", plock);
     pid_t q = shard_up(dir, name, "q2", qargs + 1);
     stop_child(q);
     stop_child(s1);
