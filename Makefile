@@ -53,7 +53,7 @@ CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
              container/image_unpack.c container/image_layer.c container/image_user.c \
              container/net.c container/net_link.c container/net_policy.c \
-             container/workspace.c
+             container/workspace.c container/backup.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \

@@ -14,6 +14,8 @@ actor_op_fn *const actor_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_CREATE] = actor_op_create,
     [SBX_OPID_DESTROY] = actor_op_destroy,
     [SBX_OPID_STATUS] = actor_op_status,
+    [SBX_OPID_BACKUP_CREATE] = actor_op_backup_create,
+    [SBX_OPID_BACKUP_RESTORE] = actor_op_backup_restore,
 };
 
 shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
@@ -28,4 +30,6 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_IMAGE_INSPECT] = shard_op_image_inspect,
     [SBX_OPID_IMAGE_RM] = shard_op_image_rm,
     [SBX_OPID_TEMPLATE_BUILD] = shard_op_template_build,
+    [SBX_OPID_BACKUP_LIST] = shard_op_backup_list,
+    [SBX_OPID_BACKUP_DELETE] = shard_op_backup_delete,
 };

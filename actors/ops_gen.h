@@ -29,6 +29,8 @@ actor_op_fn actor_op_labels;
 actor_op_fn actor_op_create;
 actor_op_fn actor_op_destroy;
 actor_op_fn actor_op_status;
+actor_op_fn actor_op_backup_create;
+actor_op_fn actor_op_backup_restore;
 shard_op_fn shard_op_list;
 shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;
@@ -39,6 +41,8 @@ shard_op_fn shard_op_image_list;
 shard_op_fn shard_op_image_inspect;
 shard_op_fn shard_op_image_rm;
 shard_op_fn shard_op_template_build;
+shard_op_fn shard_op_backup_list;
+shard_op_fn shard_op_backup_delete;
 
 extern actor_op_fn *const actor_ops[SBX_OPID__COUNT];
 extern shard_op_fn *const shard_ops[SBX_OPID__COUNT];

@@ -28,6 +28,7 @@
 #include "../runtime/nngx.h"
 #include "../runtime/place.h"
 #include "../runtime/util.h"
+#include "../container/backup.h"
 #include "cluster.h"
 #include "shard_int.h"
 
@@ -143,6 +144,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->network_range);
     free(c->advertise);
     free(c->images);
+    free(c->backups);
     free(c->workspace_default);
     strv_free(c->etc);
     strv_free(c->env);
@@ -440,6 +442,19 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
             sh->images = NULL;
         }
         sbx_err_release(&ierr);
+    }
+    /* The node's backup store (docs/persistence.md, "Backups"). */
+    if (conf->backups)
+        snprintf(sh->backups, sizeof(sh->backups), "%s", conf->backups);
+    else
+        snprintf(sh->backups, sizeof(sh->backups), "%s/backups", conf->data);
+    {
+        sbx_err_t berr = NULL;
+        if (sbx_backup_store_init(sh->backups, &berr) != 0) {
+            sbx_log_warn("shard %s: no backup store: %s", conf->name, sbx_err_msg(berr));
+            sh->backups[0] = '\0';
+        }
+        sbx_err_release(&berr);
     }
     if (!conf->network_default || (strcmp(conf->network_default, "none") != 0 &&
                                    strcmp(conf->network_default, "egress") != 0)) {

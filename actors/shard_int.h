@@ -335,6 +335,7 @@ struct shard {
     struct shard_relay relay;  /* relay.c */
 
     sbx_image_store *images;   /* the node's image store (images.c), or NULL */
+    char backups[4096];        /* the node's backup store's directory ("": none; backups.c) */
     struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
     _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
     _Atomic bool img_stop;     /* set by shard_images_stop: template builds give up */

@@ -80,7 +80,10 @@
     X(SBX_E_ROUTE_NOT_FOUND, "ROUTE_NOT_FOUND", 404, "no such route")                    \
     X(SBX_E_IMAGE_NOT_FOUND, "IMAGE_NOT_FOUND", 404, "no such image in the node's store")  \
     X(SBX_E_IMAGE_INVALID, "IMAGE_INVALID", 400, "the image is corrupt or unsafe")        \
-    X(SBX_E_TEMPLATE_BUILD, "TEMPLATE_BUILD_FAILED", 400, "a template's build step failed")
+    X(SBX_E_TEMPLATE_BUILD, "TEMPLATE_BUILD_FAILED", 400, "a template's build step failed")   \
+    X(SBX_E_BACKUP_NOT_FOUND, "BACKUP_NOT_FOUND", 404, "no such backup in the node's store")  \
+    X(SBX_E_BACKUP_EXPIRED, "BACKUP_EXPIRED", 410, "the backup's ttl has passed")             \
+    X(SBX_E_BACKUP_TOO_LARGE, "BACKUP_TOO_LARGE", 413, "the backup exceeds the size limit")
 
 enum sbx_errcode {
     SBX_E__FIRST = SBX_ERR_BASE,

@@ -261,6 +261,19 @@ static const struct sbx_arg args_template_build[] = {
     {"run", SBX_ARG_ARRAY, true, false, false, 0, 0, 64u, NULL, "an array", NULL, 0},
     {"stepTimeout", SBX_ARG_INT, false, true, true, 1000.0, 3600000.0, 0u, NULL, "an integer", "ms", 0},
 };
+static const struct sbx_arg args_backup_create[] = {
+    {"dir", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
+    {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
+    {"ttl", SBX_ARG_INT, false, true, true, 1.0, 31536000.0, 0u, NULL, "an integer", "s", 0},
+    {"excludes", SBX_ARG_ARRAY, false, false, false, 0, 0, 256u, NULL, "an array", NULL, 0},
+};
+static const struct sbx_arg args_backup_restore[] = {
+    {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
+    {"dir", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_backup_delete[] = {
+    {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
+};
 
 const struct sbx_op_def sbx_ops[] = {
     {.name = "exec",
@@ -803,5 +816,41 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_template_build,
      .nargs = 4},
+    {.name = "backup.create",
+     .id = SBX_OPID_BACKUP_CREATE,
+     .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "archive a directory of the sandbox into the node's backup store (the SDK's createBackup)",
+     .http = NULL,
+     .args = args_backup_create,
+     .nargs = 4},
+    {.name = "backup.restore",
+     .id = SBX_OPID_BACKUP_RESTORE,
+     .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "replace a directory of the sandbox with a backup's content (the SDK's restoreBackup)",
+     .http = NULL,
+     .args = args_backup_restore,
+     .nargs = 2},
+    {.name = "backup.list",
+     .id = SBX_OPID_BACKUP_LIST,
+     .flags = SBX_OP_OBSERVE | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the backups of the node's store (expired ones are removed first)",
+     .http = "GET /v1/backups",
+     .args = NULL,
+     .nargs = 0},
+    {.name = "backup.delete",
+     .id = SBX_OPID_BACKUP_DELETE,
+     .flags = SBX_OP_MUTATES | SBX_OP_NODE,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "delete a backup",
+     .http = NULL,
+     .args = args_backup_delete,
+     .nargs = 1},
     {.name = NULL},
 };

@@ -65,6 +65,10 @@ enum sbx_op_id {
     SBX_OPID_IMAGE_INSPECT, /* image.inspect */
     SBX_OPID_IMAGE_RM, /* image.rm */
     SBX_OPID_TEMPLATE_BUILD, /* template.build */
+    SBX_OPID_BACKUP_CREATE, /* backup.create */
+    SBX_OPID_BACKUP_RESTORE, /* backup.restore */
+    SBX_OPID_BACKUP_LIST, /* backup.list */
+    SBX_OPID_BACKUP_DELETE, /* backup.delete */
     SBX_OPID__COUNT
 };
 

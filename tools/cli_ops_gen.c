@@ -710,6 +710,40 @@ static const struct cli_arg args_template_build[] = {
      "how long each step may run",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_backup_create[] = {
+    {"dir", CLI_K_STR, true, false, false, 0, 0, 4096u, NULL,
+     "a string", NULL, NULL,
+     "the directory, absolute in the sandbox",
+     "VALIDATION_FAILED"},
+    {"name", CLI_K_STR, false, false, false, 0, 0, 255u, NULL,
+     "a string", NULL, NULL,
+     "a label for it, shown by backup.list",
+     "VALIDATION_FAILED"},
+    {"ttl", CLI_K_INT, false, true, true, 1.0, 31536000.0, 0u, NULL,
+     "an integer", "s", "259200",
+     "seconds until it expires (default 3 days)",
+     "VALIDATION_FAILED"},
+    {"excludes", CLI_K_ARRAY, false, false, false, 0, 0, 256u, NULL,
+     "an array", NULL, NULL,
+     "paths left out",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_backup_restore[] = {
+    {"id", CLI_K_STR, true, false, false, 0, 0, 64u, NULL,
+     "a string", NULL, NULL,
+     "the backup",
+     "VALIDATION_FAILED"},
+    {"dir", CLI_K_STR, true, false, false, 0, 0, 4096u, NULL,
+     "a string", NULL, NULL,
+     "the directory, absolute in the sandbox (created if missing)",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_backup_delete[] = {
+    {"id", CLI_K_STR, true, false, false, 0, 0, 64u, NULL,
+     "a string", NULL, NULL,
+     "the backup",
+     "VALIDATION_FAILED"},
+};
 
 const struct cli_op cli_ops[] = {
     {"exec", "run a shell string or an argv in the sandbox and return its output",
@@ -830,5 +864,13 @@ const struct cli_op cli_ops[] = {
      "image rm", "image", false, args_image_rm, 1},
     {"template.build", "build an image from another plus commands run in a sandbox of it (E2B's templates)",
      "template build", "name", false, args_template_build, 4},
+    {"backup.create", "archive a directory of the sandbox into the node's backup store (the SDK's createBackup)",
+     "backup create", "sandbox dir", true, args_backup_create, 4},
+    {"backup.restore", "replace a directory of the sandbox with a backup's content (the SDK's restoreBackup)",
+     "backup restore", "sandbox id dir", true, args_backup_restore, 2},
+    {"backup.list", "the backups of the node's store (expired ones are removed first)",
+     "backup list", "", false, NULL, 0},
+    {"backup.delete", "delete a backup",
+     "backup delete", "id", false, args_backup_delete, 1},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

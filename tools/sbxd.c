@@ -181,6 +181,8 @@ set_log_format(const char *log_format, const char *cmd)
         {"env", SBX_OPT_LIST, &(c)->env, "base environment entry K=V of sandboxes (repeat)"}, \
         {"images", SBX_OPT_STR, &(c)->images,                                                 \
          "the node's image store (default <data>/images; dev: one for all shards)"},          \
+        {"backups", SBX_OPT_STR, &(c)->backups,                                               \
+         "the node's backup store (default <data>/backups; dev: one for all shards)"},        \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
          "ready containers kept per image sandboxes are being created from (0: none)"},      \
         {"network-default", SBX_OPT_STR, &(c)->network_default,                               \
@@ -735,6 +737,8 @@ cmd_dev(int argc, char **argv)
         /* One image store for the node, shared by its shards (docs/images.md);
          * an --images given below replaces it. */
         snprintf(buf, sizeof(buf), "--images=%s/images", absdata);
+        argv_add(&av, &n, buf);
+        snprintf(buf, sizeof(buf), "--backups=%s/backups", absdata);
         argv_add(&av, &n, buf);
         /* Distinct host uid ranges per shard: from --uid-base when given,
          * else each shard takes a free range itself (uid_range_lock). */

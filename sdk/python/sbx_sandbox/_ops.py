@@ -14,6 +14,9 @@ __all__ = ["ERROR_HTTP_STATUS", "OPS"]
 
 #: Stable error codes (runtime/err.h, docs/protocol.md §4) and their HTTP status.
 ERROR_HTTP_STATUS: Dict[str, int] = {
+    'BACKUP_EXPIRED': 410,
+    'BACKUP_NOT_FOUND': 404,
+    'BACKUP_TOO_LARGE': 413,
     'CODE_EXECUTION_ERROR': 500,
     'COMMAND_EXECUTION_ERROR': 500,
     'COMMAND_NOT_FOUND': 404,
@@ -1705,6 +1708,78 @@ class TemplateBuildResult(TypedDict, total=False):
     """what image.inspect answers"""
 
 
+class _BackupCreateArgsRequired(TypedDict):
+    dir: str
+    """the directory, absolute in the sandbox (at most 4096 bytes)"""
+
+
+class BackupCreateArgs(_BackupCreateArgsRequired, total=False):
+    """Arguments of ``backup.create``: archive a directory of the sandbox into the node's backup store (the SDK's createBackup)."""
+
+    name: str
+    """a label for it, shown by backup.list (at most 255 bytes)"""
+    ttl: int
+    """seconds until it expires (default 3 days) (seconds) [1 … 31536000; default 259200]"""
+    excludes: List[str]
+    """paths left out"""
+
+
+class BackupCreateResult(TypedDict):
+    """Result of ``backup.create``: the backup"""
+
+    id: str
+    """its ID (bk_ + 24 hex digits)"""
+    size: int
+    """the compressed archive's size (bytes)"""
+    digest: str
+    """sha256:<hex> of the archive"""
+
+
+class BackupRestoreArgs(TypedDict):
+    """Arguments of ``backup.restore``: replace a directory of the sandbox with a backup's content (the SDK's restoreBackup)."""
+
+    id: str
+    """the backup (at most 64 bytes)"""
+    dir: str
+    """the directory, absolute in the sandbox (created if missing) (at most 4096 bytes)"""
+
+
+class BackupRestoreResult(TypedDict):
+    """Result of ``backup.restore``: what was restored"""
+
+    success: bool
+    """true"""
+    id: str
+    """the backup"""
+    dir: str
+    """the directory"""
+
+
+#: Arguments of ``backup.list``: the backups of the node's store (expired ones are removed first).
+BackupListArgs = Dict[str, Any]
+
+
+class BackupListResult(TypedDict, total=False):
+    """Result of ``backup.list``: the backups"""
+
+    backups: List[Dict[str, Any]]
+    """every backup not expired"""
+
+
+class BackupDeleteArgs(TypedDict):
+    """Arguments of ``backup.delete``: delete a backup."""
+
+    id: str
+    """the backup (at most 64 bytes)"""
+
+
+class BackupDeleteResult(TypedDict, total=False):
+    """Result of ``backup.delete``: {success}"""
+
+    success: bool
+    """true"""
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1764,6 +1839,10 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'image.inspect': (ImageInspectArgs, ImageInspectResult),
     'image.rm': (ImageRmArgs, ImageRmResult),
     'template.build': (TemplateBuildArgs, TemplateBuildResult),
+    'backup.create': (BackupCreateArgs, BackupCreateResult),
+    'backup.restore': (BackupRestoreArgs, BackupRestoreResult),
+    'backup.list': (BackupListArgs, BackupListResult),
+    'backup.delete': (BackupDeleteArgs, BackupDeleteResult),
 }
 
 __all__ += [
@@ -1891,4 +1970,12 @@ __all__ += [
     'ImageRmResult',
     'TemplateBuildArgs',
     'TemplateBuildResult',
+    'BackupCreateArgs',
+    'BackupCreateResult',
+    'BackupRestoreArgs',
+    'BackupRestoreResult',
+    'BackupListArgs',
+    'BackupListResult',
+    'BackupDeleteArgs',
+    'BackupDeleteResult',
 ]

@@ -235,6 +235,10 @@ _SPEC = [
     ("IMAGE_NOT_FOUND", "ImageNotFound", (), 404, "No such image in the node's store (or no such path to import)."),
     ("IMAGE_INVALID", "ImageInvalid", (), 400, "The image is corrupt, tampered with, unsafe, or has no /bin/sh."),
     ("TEMPLATE_BUILD_FAILED", "TemplateBuildFailed", (), 400, "A step of ``template.build`` exited non-zero; the message quotes its output."),
+    # backups (docs/persistence.md)
+    ("BACKUP_NOT_FOUND", "BackupNotFound", (), 404, "No such backup in the node's store."),
+    ("BACKUP_EXPIRED", "BackupExpired", (), 410, "The backup's ttl has passed."),
+    ("BACKUP_TOO_LARGE", "BackupTooLarge", (), 413, "The backup's archive exceeds the store's limit per backup."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

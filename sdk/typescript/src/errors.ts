@@ -215,6 +215,12 @@ export class ImageNotFoundError extends SandboxError {}
 export class ImageInvalidError extends SandboxError {}
 /** `TEMPLATE_BUILD_FAILED` (400): a step of `template.build` exited non-zero; the message quotes its output. */
 export class TemplateBuildFailedError extends SandboxError {}
+/** `BACKUP_NOT_FOUND` (404): no such backup in the node's store. */
+export class BackupNotFoundError extends SandboxError {}
+/** `BACKUP_EXPIRED` (410): the backup's ttl has passed. */
+export class BackupExpiredError extends SandboxError {}
+/** `BACKUP_TOO_LARGE` (413): the backup's archive exceeds the store's limit per backup. */
+export class BackupTooLargeError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -282,6 +288,9 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   IMAGE_NOT_FOUND: ImageNotFoundError,
   IMAGE_INVALID: ImageInvalidError,
   TEMPLATE_BUILD_FAILED: TemplateBuildFailedError,
+  BACKUP_NOT_FOUND: BackupNotFoundError,
+  BACKUP_EXPIRED: BackupExpiredError,
+  BACKUP_TOO_LARGE: BackupTooLargeError,
 });
 
 /**

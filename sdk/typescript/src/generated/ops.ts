@@ -12,6 +12,9 @@
 
 /** Stable error codes (runtime/err.h, docs/protocol.md §4). */
 export type ErrorCode =
+  | 'BACKUP_EXPIRED'
+  | 'BACKUP_NOT_FOUND'
+  | 'BACKUP_TOO_LARGE'
   | 'CODE_EXECUTION_ERROR'
   | 'COMMAND_EXECUTION_ERROR'
   | 'COMMAND_NOT_FOUND'
@@ -76,6 +79,9 @@ export type ErrorCode =
 
 /** The HTTP status of each error code. */
 export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
+  BACKUP_EXPIRED: 410,
+  BACKUP_NOT_FOUND: 404,
+  BACKUP_TOO_LARGE: 413,
   CODE_EXECUTION_ERROR: 500,
   COMMAND_EXECUTION_ERROR: 500,
   COMMAND_NOT_FOUND: 404,
@@ -1600,6 +1606,71 @@ export interface TemplateBuildResult {
   [key: string]: unknown;
 }
 
+/** Arguments of `backup.create`: archive a directory of the sandbox into the node's backup store (the SDK's createBackup). Runs in the shard; flags: sandbox, mutates. */
+export interface BackupCreateArgs {
+  /** the directory, absolute in the sandbox (at most 4096 bytes) */
+  dir: string;
+  /** a label for it, shown by backup.list (at most 255 bytes) */
+  name?: string;
+  /** seconds until it expires (default 3 days) (seconds) [1 … 31536000; default 259200] */
+  ttl?: number;
+  /** paths left out */
+  excludes?: string[];
+}
+
+/** Result of `backup.create`: the backup */
+export interface BackupCreateResult {
+  /** its ID (bk_ + 24 hex digits) */
+  id: string;
+  /** the compressed archive's size (bytes) */
+  size: number;
+  /** sha256:<hex> of the archive */
+  digest: string;
+  [key: string]: unknown;
+}
+
+/** Arguments of `backup.restore`: replace a directory of the sandbox with a backup's content (the SDK's restoreBackup). Runs in the shard; flags: sandbox, mutates. */
+export interface BackupRestoreArgs {
+  /** the backup (at most 64 bytes) */
+  id: string;
+  /** the directory, absolute in the sandbox (created if missing) (at most 4096 bytes) */
+  dir: string;
+}
+
+/** Result of `backup.restore`: what was restored */
+export interface BackupRestoreResult {
+  /** true */
+  success: boolean;
+  /** the backup */
+  id: string;
+  /** the directory */
+  dir: string;
+  [key: string]: unknown;
+}
+
+/** Arguments of `backup.list`: the backups of the node's store (expired ones are removed first). Runs in the shard; flags: observe, node. */
+export type BackupListArgs = Record<string, never>;
+
+/** Result of `backup.list`: the backups */
+export interface BackupListResult {
+  /** every backup not expired */
+  backups?: Record<string, unknown>[];
+  [key: string]: unknown;
+}
+
+/** Arguments of `backup.delete`: delete a backup. Runs in the shard; flags: mutates, node. */
+export interface BackupDeleteArgs {
+  /** the backup (at most 64 bytes) */
+  id: string;
+}
+
+/** Result of `backup.delete`: {success} */
+export interface BackupDeleteResult {
+  /** true */
+  success?: boolean;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1659,6 +1730,10 @@ export interface Ops {
   'image.inspect': { args: ImageInspectArgs; result: ImageInspectResult };
   'image.rm': { args: ImageRmArgs; result: ImageRmResult };
   'template.build': { args: TemplateBuildArgs; result: TemplateBuildResult };
+  'backup.create': { args: BackupCreateArgs; result: BackupCreateResult };
+  'backup.restore': { args: BackupRestoreArgs; result: BackupRestoreResult };
+  'backup.list': { args: BackupListArgs; result: BackupListResult };
+  'backup.delete': { args: BackupDeleteArgs; result: BackupDeleteResult };
 }
 
 /** The name of an operation. */

@@ -1,0 +1,602 @@
+/*
+ * backup.c — a sandbox directory's archive, made and extracted inside the
+ * sandbox's namespaces, and the node's content-addressed backup store.
+ * See backup.h and docs/persistence.md, "Backups".
+ */
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <jansson.h>
+#include <nettle/sha2.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../runtime/cleanup.h"
+#include "../runtime/err.h"
+#include "../runtime/util.h"
+#include "backup.h"
+
+/* ------------------------------------------------------------------------------ */
+/* The child: inside the sandbox's namespaces. */
+
+/* What a child reports on its pipe: a code and a message. */
+struct child_msg {
+    int code;
+    char msg[512];
+};
+
+static int
+child_fail(int pfd, int code, const char *fmt, ...)
+{
+    struct child_msg m = {.code = code};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.msg, sizeof(m.msg), fmt, ap);
+    va_end(ap);
+    ssize_t w = write(pfd, &m, sizeof(m));
+    (void)w;
+    return 1;
+}
+
+/* Join the sandbox of agent pid: its user and mount namespaces, its root,
+ * uid/gid 0 there.  The descriptors were opened by the parent. */
+static int
+child_enter(int userns, int mntns, int rootfd, int pfd)
+{
+    if (setns(userns, CLONE_NEWUSER) != 0)
+        return child_fail(pfd, SBX_E_INTERNAL, "setns(user): %s", strerror(errno));
+    if (setns(mntns, CLONE_NEWNS) != 0)
+        return child_fail(pfd, SBX_E_INTERNAL, "setns(mnt): %s", strerror(errno));
+    if (fchdir(rootfd) != 0 || chroot(".") != 0 || chdir("/") != 0)
+        return child_fail(pfd, SBX_E_INTERNAL, "chroot to the sandbox's root: %s",
+                          strerror(errno));
+    if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0)
+        return child_fail(pfd, SBX_E_INTERNAL, "become the sandbox's root: %s", strerror(errno));
+    return 0;
+}
+
+static int
+dir_code(int e)
+{
+    return e == ENOTDIR ? -ENOTDIR : e == ENOENT ? -ENOENT : SBX_E_INTERNAL;
+}
+
+static int
+child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int pfd)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return child_fail(pfd, dir_code(errno), "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return child_fail(pfd, -ENOTDIR, "%s: not a directory", dir);
+    if (chdir(dir) != 0)
+        return child_fail(pfd, dir_code(errno), "%s: %s", dir, strerror(errno));
+    struct archive *disk = archive_read_disk_new();
+    struct archive *out = archive_write_new();
+    struct archive *match = archive_match_new();
+    struct archive_entry *e = archive_entry_new();
+    int rc = 0;
+    if (!disk || !out || !match || !e) {
+        rc = child_fail(pfd, SBX_E_INTERNAL, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < nex; i++)
+        if (archive_match_exclude_pattern(match, excludes[i]) != ARCHIVE_OK) {
+            rc = child_fail(pfd, SBX_E_VALIDATION, "exclude '%s': %s", excludes[i],
+                            archive_error_string(match));
+            goto out;
+        }
+    archive_read_disk_set_symlink_physical(disk);
+    archive_read_disk_set_behavior(disk, ARCHIVE_READDISK_NO_TRAVERSE_MOUNTS |
+                                             ARCHIVE_READDISK_NO_XATTR |
+                                             ARCHIVE_READDISK_NO_FFLAGS);
+    archive_read_disk_set_matching(disk, match, NULL, NULL);
+    archive_write_set_format_pax_restricted(out);
+    if (archive_write_add_filter_zstd(out) != ARCHIVE_OK ||
+        archive_write_open_fd(out, out_fd) != ARCHIVE_OK) {
+        rc = child_fail(pfd, SBX_E_INTERNAL, "archive: %s", archive_error_string(out));
+        goto out;
+    }
+    if (archive_read_disk_open(disk, ".") != ARCHIVE_OK) {
+        rc = child_fail(pfd, SBX_E_INTERNAL, "%s: %s", dir, archive_error_string(disk));
+        goto out;
+    }
+    static char buf[1 << 16];
+    for (;;) {
+        archive_entry_clear(e);
+        int r = archive_read_next_header2(disk, e);
+        if (r == ARCHIVE_EOF)
+            break;
+        if (r < ARCHIVE_WARN) {
+            rc = child_fail(pfd, SBX_E_INTERNAL, "%s: %s", dir, archive_error_string(disk));
+            goto out;
+        }
+        archive_read_disk_descend(disk);
+        if (archive_write_header(out, e) < ARCHIVE_WARN)
+            goto werr;
+        if (archive_entry_filetype(e) != AE_IFREG || archive_entry_size(e) == 0)
+            continue;
+        int fd = open(archive_entry_sourcepath(e), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) {
+            rc = child_fail(pfd, SBX_E_INTERNAL, "%s/%s: %s", dir, archive_entry_pathname(e),
+                            strerror(errno));
+            goto out;
+        }
+        /* Exactly the size in the header: a file that grows or shrinks
+         * meanwhile is cut or padded with zeros by libarchive. */
+        int64_t left = archive_entry_size(e);
+        ssize_t n;
+        while (left > 0 && (n = read(fd, buf, sizeof(buf))) > 0) {
+            if (n > left)
+                n = (ssize_t)left;
+            if (archive_write_data(out, buf, (size_t)n) < 0) {
+                close(fd);
+                goto werr;
+            }
+            left -= n;
+        }
+        close(fd);
+    }
+    if (archive_write_close(out) != ARCHIVE_OK)
+        goto werr;
+    goto out;
+werr:
+    rc = child_fail(pfd, errno == EFBIG ? SBX_E_BACKUP_TOO_LARGE : SBX_E_INTERNAL,
+                    "write the archive: %s", archive_error_string(out));
+out:
+    archive_entry_free(e);
+    archive_match_free(match);
+    archive_read_free(disk);
+    archive_write_free(out);
+    return rc;
+}
+
+static int
+rm_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st;
+    (void)flag;
+    if (f->level == 0)
+        return 0;
+    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+static int
+mkdir_p(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof(p), "%s", dir);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *s = '/';
+        }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static int
+child_unpack(int in_fd, const char *dir, int pfd)
+{
+    struct stat st;
+    if (mkdir_p(dir) != 0 || stat(dir, &st) != 0)
+        return child_fail(pfd, errno == ENOTDIR ? -ENOTDIR : SBX_E_INTERNAL, "%s: %s", dir,
+                          strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return child_fail(pfd, -ENOTDIR, "%s: not a directory", dir);
+    /* Its content goes (not other file systems mounted under it). */
+    if (nftw(dir, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+        return child_fail(pfd, -EIO, "empty %s: %s", dir, strerror(errno));
+    if (chdir(dir) != 0)
+        return child_fail(pfd, -EIO, "%s: %s", dir, strerror(errno));
+    struct archive *in = archive_read_new();
+    struct archive *disk = archive_write_disk_new();
+    int rc = 0;
+    if (!in || !disk) {
+        rc = child_fail(pfd, SBX_E_INTERNAL, "out of memory");
+        goto out;
+    }
+    archive_read_support_filter_zstd(in);
+    archive_read_support_format_tar(in);
+    archive_write_disk_set_options(
+        disk, ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | ARCHIVE_EXTRACT_SECURE_NODOTDOT |
+                  ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_TIME |
+                  ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_UNLINK);
+    if (archive_read_open_fd(in, in_fd, 1 << 16) != ARCHIVE_OK) {
+        rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
+        goto out;
+    }
+    struct archive_entry *e;
+    int r;
+    while ((r = archive_read_next_header(in, &e)) == ARCHIVE_OK) {
+        if (archive_write_header(disk, e) < ARCHIVE_WARN) {
+            rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
+                            archive_error_string(disk));
+            goto out;
+        }
+        const void *b;
+        size_t len;
+        la_int64_t off;
+        while ((r = archive_read_data_block(in, &b, &len, &off)) == ARCHIVE_OK)
+            if (archive_write_data_block(disk, b, len, off) < ARCHIVE_WARN) {
+                rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
+                                archive_error_string(disk));
+                goto out;
+            }
+        if (r != ARCHIVE_EOF) {
+            rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
+            goto out;
+        }
+        if (archive_write_finish_entry(disk) < ARCHIVE_WARN) {
+            rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
+                            archive_error_string(disk));
+            goto out;
+        }
+    }
+    if (r != ARCHIVE_EOF)
+        rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
+    else if (archive_write_close(disk) != ARCHIVE_OK)
+        rc = child_fail(pfd, -EIO, "%s", archive_error_string(disk));
+out:
+    archive_read_free(in);
+    archive_write_free(disk);
+    return rc;
+}
+
+/* Fork a child that enters the sandbox of pid and runs pack (in_fd < 0) or
+ * unpack; wait for it and turn its report into the return code. */
+static int
+run_child(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out_fd, int in_fd,
+          int64_t max_bytes, sbx_err_t *err)
+{
+    char p[64];
+    _cleanup_close_ int userns = -1, mntns = -1, rootfd = -1;
+    snprintf(p, sizeof(p), "/proc/%d/ns/user", (int)pid);
+    userns = open(p, O_RDONLY | O_CLOEXEC);
+    snprintf(p, sizeof(p), "/proc/%d/ns/mnt", (int)pid);
+    mntns = open(p, O_RDONLY | O_CLOEXEC);
+    snprintf(p, sizeof(p), "/proc/%d/root", (int)pid);
+    rootfd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (userns < 0 || mntns < 0 || rootfd < 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "the sandbox's namespaces (pid %d): %s",
+                            (int)pid, strerror(errno));
+    int pp[2];
+    if (pipe2(pp, O_CLOEXEC) != 0)
+        return sbx_err_make(err, -errno, "pipe");
+    pid_t c = fork();
+    if (c < 0) {
+        int e = errno;
+        close(pp[0]);
+        close(pp[1]);
+        return sbx_err_make(err, -e, "fork");
+    }
+    if (c == 0) {
+        close(pp[0]);
+        signal(SIGXFSZ, SIG_IGN);
+        if (in_fd < 0) {
+            struct rlimit rl = {(rlim_t)max_bytes, (rlim_t)max_bytes};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        int r = child_enter(userns, mntns, rootfd, pp[1]);
+        if (r == 0)
+            r = in_fd < 0 ? child_pack(dir, excludes, nex, out_fd, pp[1])
+                          : child_unpack(in_fd, dir, pp[1]);
+        _exit(r);
+    }
+    close(pp[1]);
+    struct child_msg m = {0};
+    ssize_t n = read(pp[0], &m, sizeof(m));
+    close(pp[0]);
+    int ws = 0;
+    while (waitpid(c, &ws, 0) < 0 && errno == EINTR)
+        ;
+    if (n == (ssize_t)sizeof(m))
+        return sbx_err_make(err, m.code, "%s", m.msg);
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "the backup's process ended with status 0x%x",
+                            ws);
+    return 0;
+}
+
+int
+sbx_backup_pack(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out_fd,
+                int64_t max_bytes, sbx_err_t *err)
+{
+    return run_child(pid, dir, excludes, nex, out_fd, -1, max_bytes, err);
+}
+
+int
+sbx_backup_unpack(pid_t pid, int in_fd, const char *dir, sbx_err_t *err)
+{
+    return run_child(pid, dir, NULL, 0, -1, in_fd, 0, err);
+}
+
+int
+sbx_backup_digest(int fd, char *out, size_t outlen, int64_t *size)
+{
+    struct sha256_ctx h;
+    sha256_init(&h);
+    static _Thread_local char buf[1 << 16];
+    int64_t total = 0;
+    ssize_t n;
+    off_t off = 0;
+    while ((n = pread(fd, buf, sizeof(buf), off)) > 0) {
+        sha256_update(&h, (size_t)n, (const uint8_t *)buf);
+        off += n;
+        total += n;
+    }
+    if (n < 0)
+        return -errno;
+    uint8_t d[SHA256_DIGEST_SIZE];
+    sha256_digest(&h, sizeof(d), d);
+    if (outlen < 7 + 2 * SHA256_DIGEST_SIZE + 1)
+        return -ENOSPC;
+    memcpy(out, "sha256:", 7);
+    for (int i = 0; i < SHA256_DIGEST_SIZE; i++)
+        snprintf(out + 7 + 2 * i, 3, "%02x", d[i]);
+    *size = total;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* The store. */
+
+static int
+store_lock(const char *root)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/lock", root);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+int
+sbx_backup_store_init(const char *root, sbx_err_t *err)
+{
+    const char *subs[] = {"", "/blobs", "/index", "/tmp"};
+    char p[4200];
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(p, sizeof(p), "%s%s", root, subs[i]);
+        if (mkdir(p, 0700) != 0 && errno != EEXIST)
+            return sbx_err_make(err, -errno, "mkdir %s", p);
+    }
+    return 0;
+}
+
+int
+sbx_backup_id_valid(const char *id)
+{
+    if (strlen(id) != 27 || strncmp(id, "bk_", 3) != 0)
+        return 0;
+    for (const char *s = id + 3; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+            return 0;
+    return 1;
+}
+
+static void
+blob_path(const char *root, const char *digest, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "%s/blobs/%s.tar.zst", root, digest + 7);
+}
+
+static int
+read_entry(const char *root, const char *id, struct sbx_backup_info *info)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/index/%s.json", root, id);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j)
+        return access(p, F_OK) == 0 ? SBX_E_STORAGE : SBX_E_BACKUP_NOT_FOUND;
+    memset(info, 0, sizeof(*info));
+    snprintf(info->id, sizeof(info->id), "%s", id);
+    const char *s;
+    if ((s = json_string_value(json_object_get(j, "name"))))
+        snprintf(info->name, sizeof(info->name), "%s", s);
+    if ((s = json_string_value(json_object_get(j, "sandbox"))))
+        snprintf(info->sandbox, sizeof(info->sandbox), "%s", s);
+    if ((s = json_string_value(json_object_get(j, "dir"))))
+        snprintf(info->dir, sizeof(info->dir), "%s", s);
+    if ((s = json_string_value(json_object_get(j, "digest"))))
+        snprintf(info->digest, sizeof(info->digest), "%s", s);
+    info->size = json_integer_value(json_object_get(j, "size"));
+    info->created_ms = json_integer_value(json_object_get(j, "created"));
+    info->expires_ms = json_integer_value(json_object_get(j, "expires"));
+    json_decref(j);
+    return strlen(info->digest) == 71 ? 0 : SBX_E_STORAGE;
+}
+
+/* Is another backup than `id` made of the blob `digest`? (lock held) */
+static int
+blob_used(const char *root, const char *id, const char *digest)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/index", root);
+    DIR *d = opendir(p);
+    if (!d)
+        return 1;
+    struct dirent *de;
+    int used = 0;
+    while (!used && (de = readdir(d))) {
+        char bid[32];
+        size_t n = strlen(de->d_name);
+        if (n != 32 || strcmp(de->d_name + 27, ".json") != 0)
+            continue;
+        memcpy(bid, de->d_name, 27);
+        bid[27] = '\0';
+        struct sbx_backup_info o;
+        if (strcmp(bid, id) != 0 && read_entry(root, bid, &o) == 0 &&
+            strcmp(o.digest, digest) == 0)
+            used = 1;
+    }
+    closedir(d);
+    return used;
+}
+
+/* Remove backup id's entry, and its blob if unused (lock held). */
+static int
+remove_entry(const char *root, const struct sbx_backup_info *info)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/index/%s.json", root, info->id);
+    if (unlink(p) != 0)
+        return -errno;
+    if (!blob_used(root, info->id, info->digest)) {
+        blob_path(root, info->digest, p, sizeof(p));
+        unlink(p);
+    }
+    return 0;
+}
+
+/* Collect expired backups, and fill *out (if not NULL) with the others (lock held). */
+static int
+scan(const char *root, struct sbx_backup_info **out, size_t *n)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/index", root);
+    DIR *d = opendir(p);
+    if (!d)
+        return -errno;
+    int64_t now = sbx_wall_ms();
+    size_t cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char id[32];
+        if (strlen(de->d_name) != 32 || strcmp(de->d_name + 27, ".json") != 0)
+            continue;
+        memcpy(id, de->d_name, 27);
+        id[27] = '\0';
+        struct sbx_backup_info info;
+        if (read_entry(root, id, &info) != 0)
+            continue;
+        if (info.expires_ms <= now) {
+            remove_entry(root, &info);
+            continue;
+        }
+        if (!out)
+            continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            *out = sbx_xrealloc(*out, cap * sizeof(**out));
+        }
+        (*out)[(*n)++] = info;
+    }
+    closedir(d);
+    return 0;
+}
+
+int
+sbx_backup_store_add(const char *root, const char *tmp_path, struct sbx_backup_info *info,
+                     sbx_err_t *err)
+{
+    uint8_t r[12];
+    if (sbx_random(r, sizeof(r)) != 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "getrandom");
+    memcpy(info->id, "bk_", 3);
+    for (int i = 0; i < 12; i++)
+        snprintf(info->id + 3 + 2 * i, 3, "%02x", r[i]);
+    _cleanup_close_ int lk = store_lock(root);
+    if (lk < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "lock the backup store: %s", strerror(-lk));
+    scan(root, NULL, NULL);
+    char bp[4200], ip[4200], tp[4200];
+    blob_path(root, info->digest, bp, sizeof(bp));
+    if (access(bp, F_OK) == 0)
+        unlink(tmp_path);
+    else if (rename(tmp_path, bp) != 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "store the archive: %s", strerror(errno));
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:I,s:I,s:I}", "id", info->id, "name", info->name,
+                          "sandbox", info->sandbox, "dir", info->dir, "digest", info->digest,
+                          "size", (json_int_t)info->size, "created",
+                          (json_int_t)info->created_ms, "expires", (json_int_t)info->expires_ms);
+    snprintf(tp, sizeof(tp), "%s/tmp/%s.json", root, info->id);
+    snprintf(ip, sizeof(ip), "%s/index/%s.json", root, info->id);
+    int rc = j ? json_dump_file(j, tp, JSON_COMPACT) : -1;
+    json_decref(j);
+    if (rc != 0 || rename(tp, ip) != 0) {
+        unlink(tp);
+        if (!blob_used(root, info->id, info->digest))
+            unlink(bp);
+        return sbx_err_make(err, SBX_E_STORAGE, "write the backup's index entry");
+    }
+    return 0;
+}
+
+int
+sbx_backup_store_open(const char *root, const char *id, struct sbx_backup_info *info, int *fd,
+                      sbx_err_t *err)
+{
+    if (!sbx_backup_id_valid(id))
+        return sbx_err_make(err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+    _cleanup_close_ int lk = store_lock(root);
+    if (lk < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "lock the backup store: %s", strerror(-lk));
+    int rc = read_entry(root, id, info);
+    if (rc == SBX_E_BACKUP_NOT_FOUND)
+        return sbx_err_make(err, rc, "no backup '%s'", id);
+    if (rc != 0)
+        return sbx_err_make(err, rc, "backup '%s': unreadable index entry", id);
+    if (info->expires_ms <= sbx_wall_ms())
+        return sbx_err_make(err, SBX_E_BACKUP_EXPIRED, "backup '%s' expired", id);
+    char bp[4200];
+    blob_path(root, info->digest, bp, sizeof(bp));
+    *fd = open(bp, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "backup '%s': its archive: %s", id,
+                            strerror(errno));
+    return 0;
+}
+
+int
+sbx_backup_store_list(const char *root, struct sbx_backup_info **out, size_t *n, sbx_err_t *err)
+{
+    *out = NULL;
+    *n = 0;
+    _cleanup_close_ int lk = store_lock(root);
+    if (lk < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "lock the backup store: %s", strerror(-lk));
+    int rc = scan(root, out, n);
+    if (rc != 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "read the backup store: %s", strerror(-rc));
+    return 0;
+}
+
+int
+sbx_backup_store_delete(const char *root, const char *id, sbx_err_t *err)
+{
+    if (!sbx_backup_id_valid(id))
+        return sbx_err_make(err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+    _cleanup_close_ int lk = store_lock(root);
+    if (lk < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "lock the backup store: %s", strerror(-lk));
+    struct sbx_backup_info info;
+    int rc = read_entry(root, id, &info);
+    if (rc != 0)
+        return sbx_err_make(err, rc, "no backup '%s'", id);
+    rc = remove_entry(root, &info);
+    if (rc != 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "delete backup '%s': %s", id, strerror(-rc));
+    return 0;
+}

@@ -1,0 +1,110 @@
+/*
+ * backup.h — backups of a sandbox's directory (docs/persistence.md,
+ * "Backups"; runtime/ops/backups.yaml).
+ *
+ * Two halves:
+ *  - the archive, made and extracted inside the sandbox's view:
+ *    sbx_backup_pack / sbx_backup_unpack fork a child that joins the user
+ *    and mount namespaces of the sandbox's agent (setns(2)), takes the
+ *    agent's root as its own (chroot) and uid/gid 0 of the sandbox, so every
+ *    path is the sandbox's, nothing outside its root can be named, and files
+ *    are owned as the sandbox sees them.  The caller blocks until the child
+ *    is done (waitpid).
+ *  - the node's store, a directory:
+ *        <root>/blobs/<hex>.tar.zst   archives, named by their sha256
+ *        <root>/index/<id>.json       one per backup: {id, name, sandbox,
+ *                                     dir, digest, size, created, expires}
+ *        <root>/tmp/                  archives being written
+ *        <root>/lock                  flock(2): shards of one node share it
+ *    Index files are written whole and renamed into place; a blob is shared
+ *    by the backups of the same content and deleted with the last of them.
+ */
+#ifndef SBX_CONTAINER_BACKUP_H
+#define SBX_CONTAINER_BACKUP_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "../runtime/error.h"
+
+/* The largest archive a backup may have (bytes, compressed). */
+#define SBX_BACKUP_MAX_BYTES (1LL << 30)
+
+/*
+ * sbx_backup_pack — write the directory `dir` (absolute in the sandbox whose
+ * agent is host pid `pid`) as a zstd-compressed pax tar to `out_fd` (the
+ * caller's; written from its current offset).  Symbolic links are stored as
+ * links, other mounts under dir are not entered, `excludes` (nex patterns,
+ * libarchive's archive_match patterns, as tar --exclude) are left out.
+ * Errors: FILE_NOT_FOUND / NOT_DIRECTORY for dir, BACKUP_TOO_LARGE past
+ * `max_bytes`, INTERNAL_ERROR otherwise (message in *err).
+ */
+int sbx_backup_pack(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out_fd,
+                    int64_t max_bytes, sbx_err_t *err);
+
+/*
+ * sbx_backup_unpack — replace the content of `dir` (absolute in the sandbox
+ * of agent `pid`; created with its parents if missing) with the archive
+ * read from `in_fd` (the caller's, read from its current offset).  Entries
+ * with absolute paths, `..` or a path through a symbolic link are refused
+ * (ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | _NODOTDOT | _SYMLINKS), and the
+ * child's root is the sandbox's anyway.  Errors: NOT_DIRECTORY,
+ * FILESYSTEM_ERROR (message in *err).
+ */
+int sbx_backup_unpack(pid_t pid, int in_fd, const char *dir, sbx_err_t *err);
+
+/* sbx_backup_digest — "sha256:<hex>" of the file at fd from offset 0 into
+ * out (≥ 72 bytes) and its size in *size.  Returns 0 or -errno. */
+int sbx_backup_digest(int fd, char *out, size_t outlen, int64_t *size);
+
+/*
+ * The store.  Every function takes the store's lock itself.  `root` is the
+ * store's directory (created with its subdirectories by sbx_backup_store_init).
+ */
+int sbx_backup_store_init(const char *root, sbx_err_t *err);
+
+/* A backup's index entry (strings owned by the struct's arrays). */
+struct sbx_backup_info {
+    char id[32];
+    char name[256];
+    char sandbox[64];
+    char dir[4096];
+    char digest[80];
+    int64_t size;       /* bytes of the compressed archive */
+    int64_t created_ms; /* wall clock */
+    int64_t expires_ms; /* wall clock */
+};
+
+/*
+ * sbx_backup_store_add — move the archive at tmp_path (a file of root/tmp)
+ * to its blob (named by info->digest; an existing blob of the same digest
+ * is kept and tmp_path removed) and write info's index entry.  info->id is
+ * filled in (bk_ + 24 hex digits).  Expired backups are collected first.
+ */
+int sbx_backup_store_add(const char *root, const char *tmp_path, struct sbx_backup_info *info,
+                         sbx_err_t *err);
+
+/*
+ * sbx_backup_store_open — look up backup `id`: its entry in *info and its
+ * blob opened read-only in *fd (the caller's).  BACKUP_NOT_FOUND,
+ * BACKUP_EXPIRED (the entry is kept until the next collection), or
+ * STORAGE_ERROR.
+ */
+int sbx_backup_store_open(const char *root, const char *id, struct sbx_backup_info *info, int *fd,
+                          sbx_err_t *err);
+
+/*
+ * sbx_backup_store_list — collect expired backups, then the others: *out a
+ * heap array of *n entries (the caller frees it).
+ */
+int sbx_backup_store_list(const char *root, struct sbx_backup_info **out, size_t *n,
+                          sbx_err_t *err);
+
+/* sbx_backup_store_delete — remove backup id (and its blob if no other
+ * backup has it).  BACKUP_NOT_FOUND if none. */
+int sbx_backup_store_delete(const char *root, const char *id, sbx_err_t *err);
+
+/* sbx_backup_id_valid — id is bk_ followed by 24 lowercase hex digits. */
+int sbx_backup_id_valid(const char *id);
+
+#endif
