@@ -1,0 +1,299 @@
+/*
+ * test_backup.c — backup.create / restore / list / delete
+ * (docs/persistence.md, "Backups"; issue 15).
+ *
+ * Checks what a user would: a tree with files, symbolic links (relative and
+ * absolute, kept as links), an empty file and a few MB of random bytes,
+ * backed up in one sandbox and restored into another (on another shard of
+ * the same node: one store), is identical there (types, link targets and
+ * the sha256sum of every file, computed inside each sandbox) and replaces
+ * what the target dir held; backup.list shows it; delete removes it.  An
+ * archive tampered with in the store is refused by its digest and the
+ * target dir is untouched; a backup whose ttl passed is BACKUP_EXPIRED, and
+ * list collects it (its archive is gone from the store); an unknown id is
+ * BACKUP_NOT_FOUND; a dir outside the sandbox's paths (`../..`, `/a/../..`)
+ * is VALIDATION_FAILED and a missing one FILE_NOT_FOUND.
+ *
+ * Each test starts its own small daemon (two shards), stopped by the fini.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+
+static struct testd *live;
+
+static void
+cleanup(void)
+{
+    if (live) {
+        testd_stop(live);
+        free(live);
+        live = NULL;
+    }
+}
+
+TestSuite(backup, .fini = cleanup, .timeout = 240);
+
+static sbx_client *
+start(void)
+{
+    const char *const extra[] = {TESTD_SMALL, NULL};
+    live = calloc(1, sizeof(*live));
+    cr_assert_eq(testd_start(live, 2, extra), 0, "the daemon did not start");
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
+    return c;
+}
+
+/* op with JSON args; the result's JSON (heap), or NULL with code[64]. */
+static char *
+call(sbx_client *c, const char *op, const char *id, const char *args, char code[64])
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    code[0] = 0;
+    if (sbx_call_json(c, op, id, args, 60000, &r, &err) != 0) {
+        snprintf(code, 64, "%s", err.code);
+        sbx_error_free(&err);
+        return NULL;
+    }
+    char *j = sbx_reply_json(r, false);
+    sbx_reply_free(r);
+    return j;
+}
+
+/* The error code of a call that must fail. */
+static void
+fails(sbx_client *c, const char *op, const char *id, const char *args, const char *want)
+{
+    char code[64];
+    char *j = call(c, op, id, args, code);
+    cr_assert_null(j, "%s %s %s succeeded: %s", op, id ? id : "", args, j);
+    cr_assert_str_eq(code, want, "%s %s %s", op, id ? id : "", args);
+}
+
+/* Run cmd (must exit 0); its stdout (heap). */
+static char *
+sh(sbx_client *c, const char *id, const char *cmd)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    int rc = test_sh(c, id, cmd, 60000, &r, &err);
+    cr_assert_eq(rc, 0, "exec '%s' in %s: %s %s", cmd, id, rc ? err.code : "",
+                 rc ? err.message : "");
+    cr_assert_eq(r.exit_code, 0, "'%s' in %s exited %d: %s", cmd, id, r.exit_code,
+                 r.stderr_data ? r.stderr_data : "");
+    char *out = strdup(r.stdout_data ? r.stdout_data : "");
+    sbx_exec_result_free(&r);
+    return out;
+}
+
+/* A string field of a JSON object (first occurrence), into out. */
+static void
+field(const char *json, const char *key, char *out, size_t outlen)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":\"", key);
+    const char *p = strstr(json, pat);
+    cr_assert(p, "no %s in %s", key, json);
+    p += strlen(pat);
+    size_t n = strcspn(p, "\"");
+    cr_assert_lt(n, outlen);
+    memcpy(out, p, n);
+    out[n] = '\0';
+}
+
+/* backup.create of dir in sandbox id; its id (and digest if wanted). */
+static void
+backup(sbx_client *c, const char *sb, const char *args, char bid[64], char digest[80])
+{
+    char code[64];
+    char *j = call(c, "backup.create", sb, args, code);
+    cr_assert(j, "backup.create %s %s: %s", sb, args, code);
+    field(j, "id", bid, 64);
+    char d[80];
+    field(j, "digest", d, sizeof(d));
+    cr_assert_eq(strncmp(d, "sha256:", 7), 0, "digest %s", d);
+    cr_assert_eq(strlen(d), 71, "digest %s", d);
+    const char *s = strstr(j, "\"size\":");
+    cr_assert(s && strtoll(s + 7, NULL, 10) > 0, "size in %s", j);
+    if (digest)
+        snprintf(digest, 80, "%s", d);
+    free(j);
+}
+
+/* What a tree is: every entry's type, path and link target, and the
+ * sha256sum of every regular file, computed in the sandbox. */
+#define TREE_CMD(dir)                                                                       \
+    "cd " dir " && find . -printf '%y %p %l %s\\n' | sort && "                              \
+    "find . -type f -print0 | sort -z | xargs -0 sha256sum"
+
+#define MAKE_TREE                                                                           \
+    "set -e; mkdir -p /workspace/proj/src/deep/er /workspace/proj/empty && "                \
+    "cd /workspace/proj && echo 'print(1)' > src/main.py && printf 'x%.0s' $(seq 1 5000) > " \
+    "src/deep/er/many && : > zero && head -c 3000000 /dev/urandom > blob.bin && "           \
+    "ln -s src/main.py rel-link && ln -s /etc/hostname abs-link && ln -s nowhere dangling && " \
+    "chmod 750 src/deep && chmod 600 zero"
+
+Test(backup, restore_into_another_sandbox_is_identical)
+{
+    sbx_client *c = start();
+    char pre[8];
+    snprintf(pre, sizeof(pre), "%s", test_prefix());
+    char a[64], b[64];
+    snprintf(a, sizeof(a), "%sbk-src", pre);
+    snprintf(b, sizeof(b), "%sbk-dst", pre);
+    free(sh(c, a, MAKE_TREE));
+    char *want = sh(c, a, TREE_CMD("/workspace/proj"));
+    cr_assert(strstr(want, "l ./abs-link /etc/hostname"), "the tree: %s", want);
+
+    char bid[64], digest[80];
+    backup(c, a, "{\"dir\":\"/workspace/proj\",\"name\":\"proj\",\"ttl\":600}", bid, digest);
+
+    /* The target holds something else first: it is replaced. */
+    free(sh(c, b, "mkdir -p /workspace/dst && echo old > /workspace/dst/stale"));
+    char args[256], code[64];
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/dst\"}", bid);
+    char *j = call(c, "backup.restore", b, args, code);
+    cr_assert(j, "backup.restore: %s", code);
+    free(j);
+    char *got = sh(c, b, TREE_CMD("/workspace/dst"));
+    cr_assert_str_eq(got, want, "restored tree differs");
+    /* Owned by the sandbox's root, and writable by it. */
+    char *own = sh(c, b, "stat -c '%u:%g' /workspace/dst/blob.bin && echo more >> /workspace/dst/src/main.py");
+    cr_assert_str_eq(own, "0:0\n");
+    free(own);
+
+    /* Into a new dir of the same sandbox too. */
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/tmp/again/x\"}", bid);
+    j = call(c, "backup.restore", a, args, code);
+    cr_assert(j, "backup.restore into a new dir: %s", code);
+    free(j);
+    char *again = sh(c, a, TREE_CMD("/tmp/again/x"));
+    cr_assert_str_eq(again, want);
+    free(again);
+
+    /* Listed, with what it is. */
+    j = call(c, "backup.list", NULL, "{}", code);
+    cr_assert(j, "backup.list: %s", code);
+    cr_assert(strstr(j, bid), "%s not in %s", bid, j);
+    cr_assert(strstr(j, digest) && strstr(j, "\"name\":\"proj\"") && strstr(j, a), "%s", j);
+    free(j);
+
+    /* Deleted: gone, and restoring it is BACKUP_NOT_FOUND. */
+    snprintf(args, sizeof(args), "{\"id\":\"%s\"}", bid);
+    j = call(c, "backup.delete", NULL, args, code);
+    cr_assert(j, "backup.delete: %s", code);
+    free(j);
+    fails(c, "backup.delete", NULL, args, "BACKUP_NOT_FOUND");
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/dst\"}", bid);
+    fails(c, "backup.restore", b, args, "BACKUP_NOT_FOUND");
+    char blob[512];
+    snprintf(blob, sizeof(blob), "%s/backups/blobs/%s.tar.zst", live->dir, digest + 7);
+    cr_assert_neq(access(blob, F_OK), 0, "%s is left after delete", blob);
+    free(want);
+    free(got);
+    sbx_client_close(c);
+}
+
+Test(backup, tampered_archive_is_refused_and_target_untouched)
+{
+    sbx_client *c = start();
+    char a[64];
+    snprintf(a, sizeof(a), "%sbk-tamper", test_prefix());
+    free(sh(c, a, MAKE_TREE));
+    char bid[64], digest[80];
+    backup(c, a, "{\"dir\":\"/workspace/proj\"}", bid, digest);
+    char blob[512];
+    snprintf(blob, sizeof(blob), "%s/backups/blobs/%s.tar.zst", live->dir, digest + 7);
+    int fd = open(blob, O_RDWR);
+    cr_assert_geq(fd, 0, "the archive is not in the store at %s", blob);
+    /* One byte changed in the middle. */
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    unsigned char x;
+    cr_assert_eq(pread(fd, &x, 1, st.st_size / 2), 1);
+    x ^= 0x55;
+    cr_assert_eq(pwrite(fd, &x, 1, st.st_size / 2), 1);
+    close(fd);
+
+    free(sh(c, a, "mkdir -p /workspace/keep && echo mine > /workspace/keep/f"));
+    char args[256], code[64];
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/keep\"}", bid);
+    char *j = call(c, "backup.restore", a, args, code);
+    cr_assert_null(j, "a tampered archive was restored: %s", j);
+    cr_assert_str_eq(code, "STORAGE_ERROR");
+    char *ls = sh(c, a, "cd /workspace/keep && find . | sort && cat f");
+    cr_assert_str_eq(ls, ".\n./f\nmine\n", "the target changed: %s", ls);
+    free(ls);
+
+    /* Truncated: refused the same way. */
+    cr_assert_eq(truncate(blob, st.st_size / 3), 0);
+    fails(c, "backup.restore", a, args, "STORAGE_ERROR");
+    ls = sh(c, a, "cat /workspace/keep/f");
+    cr_assert_str_eq(ls, "mine\n");
+    free(ls);
+    sbx_client_close(c);
+}
+
+Test(backup, expired_backup_is_refused_and_collected)
+{
+    sbx_client *c = start();
+    char a[64];
+    snprintf(a, sizeof(a), "%sbk-ttl", test_prefix());
+    free(sh(c, a, "mkdir -p /workspace/t && echo 1 > /workspace/t/one"));
+    char bid[64], digest[80];
+    backup(c, a, "{\"dir\":\"/workspace/t\",\"ttl\":1}", bid, digest);
+    char blob[512];
+    snprintf(blob, sizeof(blob), "%s/backups/blobs/%s.tar.zst", live->dir, digest + 7);
+    cr_assert_eq(access(blob, F_OK), 0, "no archive at %s", blob);
+    usleep(1500 * 1000);
+    char args[256], code[64];
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/t2\"}", bid);
+    fails(c, "backup.restore", a, args, "BACKUP_EXPIRED");
+    char *j = call(c, "backup.list", NULL, "{}", code);
+    cr_assert(j, "backup.list: %s", code);
+    cr_assert_null(strstr(j, bid), "expired %s still listed: %s", bid, j);
+    free(j);
+    cr_assert_neq(access(blob, F_OK), 0, "the expired archive %s is left", blob);
+    fails(c, "backup.restore", a, args, "BACKUP_NOT_FOUND");
+    sbx_client_close(c);
+}
+
+Test(backup, bad_ids_and_dirs_are_refused)
+{
+    sbx_client *c = start();
+    char a[64];
+    snprintf(a, sizeof(a), "%sbk-bad", test_prefix());
+    free(sh(c, a, "mkdir -p /workspace/w && echo 1 > /workspace/w/f && echo x > /workspace/file"));
+    fails(c, "backup.restore", a, "{\"id\":\"bk_000000000000000000000000\",\"dir\":\"/workspace/w\"}",
+          "BACKUP_NOT_FOUND");
+    fails(c, "backup.restore", a, "{\"id\":\"../../etc\",\"dir\":\"/workspace/w\"}",
+          "BACKUP_NOT_FOUND");
+    fails(c, "backup.delete", NULL, "{\"id\":\"bk_000000000000000000000000\"}", "BACKUP_NOT_FOUND");
+    fails(c, "backup.create", a, "{\"dir\":\"../..\"}", "VALIDATION_FAILED");
+    fails(c, "backup.create", a, "{\"dir\":\"/workspace/../..\"}", "VALIDATION_FAILED");
+    fails(c, "backup.create", a, "{\"dir\":\"/workspace/nope\"}", "FILE_NOT_FOUND");
+    fails(c, "backup.create", a, "{\"dir\":\"/workspace/file\"}", "NOT_DIRECTORY");
+    char bid[64];
+    backup(c, a, "{\"dir\":\"/workspace/w\"}", bid, NULL);
+    char args[256];
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"../..\"}", bid);
+    fails(c, "backup.restore", a, args, "VALIDATION_FAILED");
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/w/../../..\"}", bid);
+    fails(c, "backup.restore", a, args, "VALIDATION_FAILED");
+    /* The sandbox's / is its own: a backup of / holds its files, not the host's. */
+    char *f = sh(c, a, "cat /workspace/w/f");
+    cr_assert_str_eq(f, "1\n");
+    free(f);
+    sbx_client_close(c);
+}
