@@ -282,6 +282,8 @@ build/asan/tests/integration/test_egress: build/asan/obj/tests/support/imgbuild.
 build/asan/tests/integration/test_egress: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_workspace: LDLIBS_TEST += -larchive
+# test_backup writes hostile archives into the backup store with libarchive.
+build/asan/tests/integration/test_backup: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.
 build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # test_destroy_queued holds the write lock of a shard's LMDB environment.

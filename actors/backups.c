@@ -4,11 +4,14 @@
  *
  * create and restore are actor ops: the sandbox's container is started if
  * it is not running (its agent's namespaces are where the archive is made
- * or extracted: container/backup.c), then the work runs on the loop thread,
- * blocking it for the archive's time (a few MB: tens of ms; see "Not done"
- * in docs/persistence.md).  list and delete are node ops on the store.
+ * or extracted: container/backup.c), then the archive is made or checked
+ * and extracted on a thread of its own (struct bk_job) while the actor's
+ * input gate stays closed.  list and delete are node ops on the store,
+ * answered on the loop thread (a directory scan of small index files).
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +53,176 @@ reply_error(struct sop *op, int code, sbx_err_t err)
     shard_reply_err(op, code, "%s", sbx_err_msg(err));
 }
 
+/* A create or restore running on a thread of its own (bk_thread), with the
+ * actor's input gate closed on op (so its container is neither stopped for
+ * idleness nor handed off meanwhile: actor_container.c, actor_handoff.c).
+ * Owned by the thread, then by bk_done on the loop thread, which frees it. */
+struct bk_job {
+    struct actor *a;
+    struct sop *op;
+    bool restore;
+    struct sbx_backup_ns ns;
+    char dir[4096];
+    char **pats;                 /* create: excludes, NULL-terminated (owned) */
+    size_t nex;
+    int fd;                      /* create: the new archive; restore: the blob */
+    char tmp[4200];              /* create: the new archive's path in the store's tmp/ */
+    int64_t ttl;                 /* create: seconds */
+    struct sbx_backup_info info; /* create: filled; restore: the store's entry */
+    int code;                    /* 0 or the error's code */
+    char *msg;                   /* the error's message (owned) */
+    int64_t ms;                  /* how long the archive took */
+};
+
+static void
+job_free(struct bk_job *j)
+{
+    sbx_backup_ns_close(&j->ns);
+    if (j->fd >= 0)
+        close(j->fd);
+    sbx_cleanup_strv_(&j->pats);
+    free(j->msg);
+    free(j);
+}
+
+static void
+job_fail(struct bk_job *j, int code, sbx_err_t err)
+{
+    j->code = code;
+    j->msg = sbx_xstrdup(sbx_err_msg(err));
+}
+
+static void
+bk_create(struct bk_job *j)
+{
+    _cleanup_err_ sbx_err_t err = NULL;
+    struct shard *sh = j->a->sh;
+    int rc = sbx_backup_pack(&j->ns, j->dir, j->pats, j->nex, j->fd, SBX_BACKUP_MAX_BYTES, &err);
+    if (rc == 0 &&
+        (rc = sbx_backup_digest(j->fd, j->info.digest, sizeof(j->info.digest), &j->info.size)))
+        rc = sbx_err_make(&err, SBX_E_STORAGE, "hash the archive: %s", strerror(-rc));
+    if (rc == 0) {
+        j->info.created_ms = sbx_wall_ms();
+        j->info.expires_ms = j->info.created_ms + j->ttl * 1000;
+        rc = sbx_backup_store_add(sh->backups, j->tmp, &j->info, &err);
+    }
+    if (rc) {
+        unlink(j->tmp);
+        job_fail(j, rc, err);
+    }
+}
+
+static void
+bk_restore(struct bk_job *j)
+{
+    _cleanup_err_ sbx_err_t err = NULL;
+    /* The digest first: nothing is written from an archive that is not
+     * the one stored. */
+    char digest[80];
+    int64_t size;
+    int rc = sbx_backup_digest(j->fd, digest, sizeof(digest), &size);
+    if (rc) {
+        sbx_err_make(&err, SBX_E_STORAGE, "backup '%s': read its archive: %s", j->info.id,
+                     strerror(-rc));
+        job_fail(j, SBX_E_STORAGE, err);
+        return;
+    }
+    if (strcmp(digest, j->info.digest) != 0) {
+        sbx_log_error("backup %s: archive digest %s, expected %s: refused", j->info.id, digest,
+                      j->info.digest);
+        sbx_err_make(&err, SBX_E_STORAGE,
+                     "backup '%s' is corrupt: its archive's digest is %s, not %s; nothing was "
+                     "restored", j->info.id, digest, j->info.digest);
+        job_fail(j, SBX_E_STORAGE, err);
+        return;
+    }
+    if ((rc = sbx_backup_unpack(&j->ns, j->fd, j->dir, &err)) != 0)
+        job_fail(j, rc, err);
+}
+
+/* On the loop thread: answer, open the gate, free j. */
+static void
+bk_done(sbx_loop *l, void *arg)
+{
+    (void)l;
+    struct bk_job *j = arg;
+    struct actor *a = j->a;
+    struct sop *op = j->op;
+    a->gate = NULL;
+    if (j->code) {
+        shard_reply_err(op, j->code, "%s", j->msg);
+    } else if (j->restore) {
+        sbx_log_info("sandbox %s: backup %s restored into %s in %lld ms", a->id, j->info.id,
+                     j->dir, (long long)j->ms);
+        sbx_enc e;
+        shard_reply_begin(op, &e);
+        sbx_enc_kbool(&e, "success", true);
+        sbx_enc_kstr(&e, "id", j->info.id);
+        sbx_enc_kstr(&e, "dir", j->dir);
+        shard_reply_end(op, &e, a->last_seq);
+    } else {
+        sbx_log_info("sandbox %s: backup %s of %s: %lld bytes in %lld ms", a->id, j->info.id,
+                     j->dir, (long long)j->info.size, (long long)j->ms);
+        sbx_enc e;
+        shard_reply_begin(op, &e);
+        sbx_enc_kstr(&e, "id", j->info.id);
+        sbx_enc_kint(&e, "size", j->info.size);
+        sbx_enc_kstr(&e, "digest", j->info.digest);
+        shard_reply_end(op, &e, a->last_seq);
+    }
+    job_free(j);
+    actor_pump(a);
+}
+
+static void *
+bk_thread(void *arg)
+{
+    struct bk_job *j = arg;
+    struct shard *sh = j->a->sh;
+    int64_t t0 = sbx_mono_ms();
+    if (j->restore)
+        bk_restore(j);
+    else
+        bk_create(j);
+    j->ms = sbx_mono_ms() - t0;
+    /* j is bk_done's once posted; the shard's stop waits for img_jobs,
+     * then runs what was posted (shard.c). */
+    sbx_loop_post(sh->loop, bk_done, j);
+    atomic_fetch_sub(&sh->img_jobs, 1);
+    return NULL;
+}
+
+/* Enter the running sandbox of a and start j on its thread (j is consumed). */
+static void
+bk_start(struct actor *a, struct bk_job *j)
+{
+    struct shard *sh = a->sh;
+    _cleanup_err_ sbx_err_t err = NULL;
+    j->a = a;
+    j->ns = (struct sbx_backup_ns){-1, -1, -1};
+    int rc = sbx_backup_ns_open(a->c.pid, &j->ns, &err);
+    if (rc) {
+        shard_reply_err(j->op, rc, "%s", sbx_err_msg(err));
+        job_free(j);
+        return;
+    }
+    a->gate = j->op;
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&sh->img_jobs, 1);
+    if (pthread_create(&t, &at, bk_thread, j) != 0) {
+        atomic_fetch_sub(&sh->img_jobs, 1);
+        a->gate = NULL;
+        shard_reply_err(j->op, SBX_E_INTERNAL, "cannot start a thread for the backup");
+        if (!j->restore)
+            unlink(j->tmp);
+        job_free(j);
+    }
+    pthread_attr_destroy(&at);
+}
+
 void
 actor_op_backup_create(struct actor *a, struct sop *op)
 {
@@ -60,10 +233,9 @@ actor_op_backup_create(struct actor *a, struct sop *op)
     }
     if (get_dir(op, dir, sizeof(dir)) != 0)
         return;
-    struct sbx_backup_info info = {0};
     sbx_str name = {0};
-    if (sbx_wire_get_str(op->req.args, "name", &name) == SBX_E_VALIDATION ||
-        name.n >= sizeof(info.name) || (name.n && memchr(name.p, '\0', name.n))) {
+    if (sbx_wire_get_str(op->req.args, "name", &name) == SBX_E_VALIDATION || name.n > 255 ||
+        (name.n && memchr(name.p, '\0', name.n))) {
         shard_reply_err(op, SBX_E_VALIDATION, "'name' must be a string of at most 255 bytes");
         return;
     }
@@ -79,13 +251,7 @@ actor_op_backup_create(struct actor *a, struct sop *op)
         shard_reply_err(op, SBX_E_VALIDATION, "'excludes' must be a list of at most 256 strings");
         return;
     }
-    actor_ensure_record(a, NULL);
-    if (a->cs != C_RUNNING) {
-        actor_start_container(a, op);
-        return;
-    }
     size_t nex = ex ? ex->via.array.size : 0;
-    _cleanup_strv_ char **pats = sbx_xcalloc(nex + 1, sizeof(char *));
     for (size_t i = 0; i < nex; i++) {
         sbx_str s;
         if (sbx_wire_obj_str(&ex->via.array.ptr[i], &s) != 0 || s.n == 0 ||
@@ -94,44 +260,35 @@ actor_op_backup_create(struct actor *a, struct sop *op)
                             i);
             return;
         }
-        pats[i] = sbx_str_dup(s);
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s/tmp/archive-XXXXXX", a->sh->backups);
-    _cleanup_close_ int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        shard_reply_err(op, SBX_E_STORAGE, "backup store: %s", strerror(errno));
+    actor_ensure_record(a, NULL);
+    if (a->cs != C_RUNNING) {
+        actor_start_container(a, op);
         return;
     }
-    _cleanup_err_ sbx_err_t err = NULL;
-    int64_t t0 = sbx_mono_ms();
-    int rc = sbx_backup_pack(a->c.pid, dir, pats, nex, fd, SBX_BACKUP_MAX_BYTES, &err);
-    if (rc == 0 && (rc = sbx_backup_digest(fd, info.digest, sizeof(info.digest), &info.size)) != 0)
-        sbx_err_make(&err, SBX_E_STORAGE, "hash the archive: %s", strerror(-rc));
-    if (rc != 0) {
-        unlink(tmp);
-        reply_error(op, rc, err);
-        return;
+    struct bk_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->op = op;
+    j->ttl = ttl;
+    j->nex = nex;
+    j->pats = sbx_xcalloc(nex + 1, sizeof(char *));
+    for (size_t i = 0; i < nex; i++) {
+        sbx_str s;
+        sbx_wire_obj_str(&ex->via.array.ptr[i], &s);
+        j->pats[i] = sbx_str_dup(s);
     }
     if (name.n)
-        memcpy(info.name, name.p, name.n);
-    snprintf(info.sandbox, sizeof(info.sandbox), "%s", a->id);
-    snprintf(info.dir, sizeof(info.dir), "%s", dir);
-    info.created_ms = sbx_wall_ms();
-    info.expires_ms = info.created_ms + ttl * 1000;
-    if ((rc = sbx_backup_store_add(a->sh->backups, tmp, &info, &err)) != 0) {
-        unlink(tmp);
-        reply_error(op, rc, err);
+        memcpy(j->info.name, name.p, name.n);
+    snprintf(j->info.sandbox, sizeof(j->info.sandbox), "%s", a->id);
+    snprintf(j->info.dir, sizeof(j->info.dir), "%s", dir);
+    snprintf(j->dir, sizeof(j->dir), "%s", dir);
+    snprintf(j->tmp, sizeof(j->tmp), "%s/tmp/archive-XXXXXX", a->sh->backups);
+    j->fd = mkostemp(j->tmp, O_CLOEXEC);
+    if (j->fd < 0) {
+        shard_reply_err(op, SBX_E_STORAGE, "backup store: %s", strerror(errno));
+        job_free(j);
         return;
     }
-    sbx_log_info("sandbox %s: backup %s of %s: %lld bytes in %lld ms", a->id, info.id, dir,
-                 (long long)info.size, (long long)(sbx_mono_ms() - t0));
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kstr(&e, "id", info.id);
-    sbx_enc_kint(&e, "size", info.size);
-    sbx_enc_kstr(&e, "digest", info.digest);
-    shard_reply_end(op, &e, a->last_seq);
+    bk_start(a, j);
 }
 
 void
@@ -151,49 +308,27 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     id[ids.n] = '\0';
     if (get_dir(op, dir, sizeof(dir)) != 0)
         return;
-    struct sbx_backup_info info;
-    _cleanup_close_ int fd = -1;
+    struct bk_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->op = op;
+    j->restore = true;
+    j->fd = -1;
+    j->ns = (struct sbx_backup_ns){-1, -1, -1};
+    snprintf(j->dir, sizeof(j->dir), "%s", dir);
     _cleanup_err_ sbx_err_t err = NULL;
     /* Known and not expired before a container is started for it. */
-    int rc = sbx_backup_store_open(a->sh->backups, id, &info, &fd, &err);
+    int rc = sbx_backup_store_open(a->sh->backups, id, &j->info, &j->fd, &err);
     if (rc != 0) {
-        reply_error(op, rc, err);
+        shard_reply_err(op, rc, "%s", sbx_err_msg(err));
+        job_free(j);
         return;
     }
     actor_ensure_record(a, NULL);
     if (a->cs != C_RUNNING) {
+        job_free(j);
         actor_start_container(a, op);
         return;
     }
-    /* The digest first: nothing is written from an archive that is not
-     * the one stored. */
-    char digest[80];
-    int64_t size;
-    if ((rc = sbx_backup_digest(fd, digest, sizeof(digest), &size)) != 0) {
-        shard_reply_err(op, SBX_E_STORAGE, "backup '%s': read its archive: %s", id, strerror(-rc));
-        return;
-    }
-    if (strcmp(digest, info.digest) != 0) {
-        sbx_log_error("backup %s: archive digest %s, expected %s: refused", id, digest,
-                      info.digest);
-        shard_reply_err(op, SBX_E_STORAGE,
-                        "backup '%s' is corrupt: its archive's digest is %s, not %s; nothing "
-                        "was restored", id, digest, info.digest);
-        return;
-    }
-    int64_t t0 = sbx_mono_ms();
-    if ((rc = sbx_backup_unpack(a->c.pid, fd, dir, &err)) != 0) {
-        reply_error(op, rc, err);
-        return;
-    }
-    sbx_log_info("sandbox %s: backup %s restored into %s in %lld ms", a->id, id, dir,
-                 (long long)(sbx_mono_ms() - t0));
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kstr(&e, "id", id);
-    sbx_enc_kstr(&e, "dir", dir);
-    shard_reply_end(op, &e, a->last_seq);
+    bk_start(a, j);
 }
 
 void

@@ -79,17 +79,18 @@ child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int p
 {
     struct stat st;
     if (stat(dir, &st) != 0)
-        return child_fail(pfd, dir_code(errno), "%s: %s", dir, strerror(errno));
+        return child_fail(pfd, dir_code(errno), "%s", dir);
     if (!S_ISDIR(st.st_mode))
         return child_fail(pfd, -ENOTDIR, "%s: not a directory", dir);
     if (chdir(dir) != 0)
-        return child_fail(pfd, dir_code(errno), "%s: %s", dir, strerror(errno));
+        return child_fail(pfd, dir_code(errno), "%s", dir);
     struct archive *disk = archive_read_disk_new();
     struct archive *out = archive_write_new();
     struct archive *match = archive_match_new();
     struct archive_entry *e = archive_entry_new();
+    char *buf = malloc(1 << 16);
     int rc = 0;
-    if (!disk || !out || !match || !e) {
+    if (!disk || !out || !match || !e || !buf) {
         rc = child_fail(pfd, SBX_E_INTERNAL, "out of memory");
         goto out;
     }
@@ -114,7 +115,6 @@ child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int p
         rc = child_fail(pfd, SBX_E_INTERNAL, "%s: %s", dir, archive_error_string(disk));
         goto out;
     }
-    static char buf[1 << 16];
     for (;;) {
         archive_entry_clear(e);
         int r = archive_read_next_header2(disk, e);
@@ -139,7 +139,7 @@ child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int p
          * meanwhile is cut or padded with zeros by libarchive. */
         int64_t left = archive_entry_size(e);
         ssize_t n;
-        while (left > 0 && (n = read(fd, buf, sizeof(buf))) > 0) {
+        while (left > 0 && (n = read(fd, buf, 1 << 16)) > 0) {
             if (n > left)
                 n = (ssize_t)left;
             if (archive_write_data(out, buf, (size_t)n) < 0) {
@@ -157,6 +157,7 @@ werr:
     rc = child_fail(pfd, errno == EFBIG ? SBX_E_BACKUP_TOO_LARGE : SBX_E_INTERNAL,
                     "write the archive: %s", archive_error_string(out));
 out:
+    free(buf);
     archive_entry_free(e);
     archive_match_free(match);
     archive_read_free(disk);
@@ -169,9 +170,41 @@ rm_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
 {
     (void)st;
     (void)flag;
-    if (f->level == 0)
-        return 0;
+    (void)f;
     return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* Remove path and everything under it (not entering other mounts). */
+static int
+rm_tree(const char *path)
+{
+    return nftw(path, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* In the cwd (the target dir): remove every entry but `keep`, then move
+ * every entry of `keep` here and remove it, giving the dir its mode. */
+static int
+swap_in(const char *keep)
+{
+    DIR *d = opendir(".");
+    if (!d)
+        return -1;
+    struct dirent *de;
+    int rc = 0;
+    while (rc == 0 && (de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, keep))
+            rc = rm_tree(de->d_name);
+    closedir(d);
+    if (rc != 0 || !(d = opendir(keep)))
+        return -1;
+    while (rc == 0 && (de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            rc = renameat(dirfd(d), de->d_name, AT_FDCWD, de->d_name);
+    closedir(d);
+    struct stat st;
+    if (rc == 0 && stat(keep, &st) == 0)
+        chmod(".", st.st_mode & 07777);
+    return rc == 0 ? rmdir(keep) : -1;
 }
 
 static int
@@ -198,10 +231,11 @@ child_unpack(int in_fd, const char *dir, int pfd)
                           strerror(errno));
     if (!S_ISDIR(st.st_mode))
         return child_fail(pfd, -ENOTDIR, "%s: not a directory", dir);
-    /* Its content goes (not other file systems mounted under it). */
-    if (nftw(dir, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
-        return child_fail(pfd, -EIO, "empty %s: %s", dir, strerror(errno));
-    if (chdir(dir) != 0)
+    /* Extracted into a new dir inside it first: an archive that fails half
+     * way leaves the dir as it was.  Then its content goes (not other file
+     * systems mounted under it) and the new entries move up. */
+    char tmp[] = ".sbx-restore-XXXXXX";
+    if (chdir(dir) != 0 || !mkdtemp(tmp) || chdir(tmp) != 0)
         return child_fail(pfd, -EIO, "%s: %s", dir, strerror(errno));
     struct archive *in = archive_read_new();
     struct archive *disk = archive_write_disk_new();
@@ -215,7 +249,7 @@ child_unpack(int in_fd, const char *dir, int pfd)
     archive_write_disk_set_options(
         disk, ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | ARCHIVE_EXTRACT_SECURE_NODOTDOT |
                   ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_TIME |
-                  ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_UNLINK);
+                  ARCHIVE_EXTRACT_OWNER);
     if (archive_read_open_fd(in, in_fd, 1 << 16) != ARCHIVE_OK) {
         rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
         goto out;
@@ -254,26 +288,53 @@ child_unpack(int in_fd, const char *dir, int pfd)
 out:
     archive_read_free(in);
     archive_write_free(disk);
-    return rc;
+    if (chdir("..") != 0)
+        return rc ? rc : child_fail(pfd, -EIO, "%s: %s", dir, strerror(errno));
+    if (rc) {
+        rm_tree(tmp);
+        return rc;
+    }
+    if (swap_in(tmp) != 0)
+        return child_fail(pfd, -EIO, "replace the content of %s: %s", dir, strerror(errno));
+    return 0;
 }
 
 /* Fork a child that enters the sandbox of pid and runs pack (in_fd < 0) or
  * unpack; wait for it and turn its report into the return code. */
-static int
-run_child(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out_fd, int in_fd,
-          int64_t max_bytes, sbx_err_t *err)
+int
+sbx_backup_ns_open(pid_t pid, struct sbx_backup_ns *ns, sbx_err_t *err)
 {
     char p[64];
-    _cleanup_close_ int userns = -1, mntns = -1, rootfd = -1;
     snprintf(p, sizeof(p), "/proc/%d/ns/user", (int)pid);
-    userns = open(p, O_RDONLY | O_CLOEXEC);
+    ns->userns = open(p, O_RDONLY | O_CLOEXEC);
     snprintf(p, sizeof(p), "/proc/%d/ns/mnt", (int)pid);
-    mntns = open(p, O_RDONLY | O_CLOEXEC);
+    ns->mntns = open(p, O_RDONLY | O_CLOEXEC);
     snprintf(p, sizeof(p), "/proc/%d/root", (int)pid);
-    rootfd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (userns < 0 || mntns < 0 || rootfd < 0)
+    ns->rootfd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (ns->userns < 0 || ns->mntns < 0 || ns->rootfd < 0) {
+        int e = errno;
+        sbx_backup_ns_close(ns);
         return sbx_err_make(err, SBX_E_INTERNAL, "the sandbox's namespaces (pid %d): %s",
-                            (int)pid, strerror(errno));
+                            (int)pid, strerror(e));
+    }
+    return 0;
+}
+
+void
+sbx_backup_ns_close(struct sbx_backup_ns *ns)
+{
+    int *fds[] = {&ns->userns, &ns->mntns, &ns->rootfd};
+    for (size_t i = 0; i < 3; i++) {
+        if (*fds[i] >= 0)
+            close(*fds[i]);
+        *fds[i] = -1;
+    }
+}
+
+static int
+run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes, size_t nex,
+          int out_fd, int in_fd, int64_t max_bytes, sbx_err_t *err)
+{
     int pp[2];
     if (pipe2(pp, O_CLOEXEC) != 0)
         return sbx_err_make(err, -errno, "pipe");
@@ -291,7 +352,7 @@ run_child(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out
             struct rlimit rl = {(rlim_t)max_bytes, (rlim_t)max_bytes};
             setrlimit(RLIMIT_FSIZE, &rl);
         }
-        int r = child_enter(userns, mntns, rootfd, pp[1]);
+        int r = child_enter(ns->userns, ns->mntns, ns->rootfd, pp[1]);
         if (r == 0)
             r = in_fd < 0 ? child_pack(dir, excludes, nex, out_fd, pp[1])
                           : child_unpack(in_fd, dir, pp[1]);
@@ -313,16 +374,16 @@ run_child(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out
 }
 
 int
-sbx_backup_pack(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out_fd,
-                int64_t max_bytes, sbx_err_t *err)
+sbx_backup_pack(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes, size_t nex,
+                int out_fd, int64_t max_bytes, sbx_err_t *err)
 {
-    return run_child(pid, dir, excludes, nex, out_fd, -1, max_bytes, err);
+    return run_child(ns, dir, excludes, nex, out_fd, -1, max_bytes, err);
 }
 
 int
-sbx_backup_unpack(pid_t pid, int in_fd, const char *dir, sbx_err_t *err)
+sbx_backup_unpack(const struct sbx_backup_ns *ns, int in_fd, const char *dir, sbx_err_t *err)
 {
-    return run_child(pid, dir, NULL, 0, -1, in_fd, 0, err);
+    return run_child(ns, dir, NULL, 0, -1, in_fd, 0, err);
 }
 
 int
@@ -330,11 +391,13 @@ sbx_backup_digest(int fd, char *out, size_t outlen, int64_t *size)
 {
     struct sha256_ctx h;
     sha256_init(&h);
-    static _Thread_local char buf[1 << 16];
+    _cleanup_free_ char *buf = malloc(1 << 16);
+    if (!buf)
+        return -ENOMEM;
     int64_t total = 0;
     ssize_t n;
     off_t off = 0;
-    while ((n = pread(fd, buf, sizeof(buf), off)) > 0) {
+    while ((n = pread(fd, buf, 1 << 16, off)) > 0) {
         sha256_update(&h, (size_t)n, (const uint8_t *)buf);
         off += n;
         total += n;

@@ -9,7 +9,7 @@
  *    agent's root as its own (chroot) and uid/gid 0 of the sandbox, so every
  *    path is the sandbox's, nothing outside its root can be named, and files
  *    are owned as the sandbox sees them.  The caller blocks until the child
- *    is done (waitpid).
+ *    is done (waitpid): the shard calls them on a thread of their own.
  *  - the node's store, a directory:
  *        <root>/blobs/<hex>.tar.zst   archives, named by their sha256
  *        <root>/index/<id>.json       one per backup: {id, name, sandbox,
@@ -27,31 +27,43 @@
 
 #include "../runtime/error.h"
 
+/*
+ * The sandbox a pack or unpack runs in: its agent's user and mount
+ * namespaces and root, opened by sbx_backup_ns_open while the agent is
+ * known to run (the descriptors keep them valid whatever happens to the pid
+ * later), closed by sbx_backup_ns_close.
+ */
+struct sbx_backup_ns {
+    int userns, mntns, rootfd;
+};
+int sbx_backup_ns_open(pid_t pid, struct sbx_backup_ns *ns, sbx_err_t *err);
+void sbx_backup_ns_close(struct sbx_backup_ns *ns);
+
 /* The largest archive a backup may have (bytes, compressed). */
 #define SBX_BACKUP_MAX_BYTES (1LL << 30)
 
 /*
- * sbx_backup_pack — write the directory `dir` (absolute in the sandbox whose
- * agent is host pid `pid`) as a zstd-compressed pax tar to `out_fd` (the
+ * sbx_backup_pack — write the directory `dir` (absolute in the sandbox
+ * `ns`) as a zstd-compressed pax tar to `out_fd` (the
  * caller's; written from its current offset).  Symbolic links are stored as
  * links, other mounts under dir are not entered, `excludes` (nex patterns,
  * libarchive's archive_match patterns, as tar --exclude) are left out.
  * Errors: FILE_NOT_FOUND / NOT_DIRECTORY for dir, BACKUP_TOO_LARGE past
  * `max_bytes`, INTERNAL_ERROR otherwise (message in *err).
  */
-int sbx_backup_pack(pid_t pid, const char *dir, char *const *excludes, size_t nex, int out_fd,
-                    int64_t max_bytes, sbx_err_t *err);
+int sbx_backup_pack(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes,
+                    size_t nex, int out_fd, int64_t max_bytes, sbx_err_t *err);
 
 /*
  * sbx_backup_unpack — replace the content of `dir` (absolute in the sandbox
- * of agent `pid`; created with its parents if missing) with the archive
+ * `ns`; created with its parents if missing) with the archive
  * read from `in_fd` (the caller's, read from its current offset).  Entries
  * with absolute paths, `..` or a path through a symbolic link are refused
  * (ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | _NODOTDOT | _SYMLINKS), and the
  * child's root is the sandbox's anyway.  Errors: NOT_DIRECTORY,
  * FILESYSTEM_ERROR (message in *err).
  */
-int sbx_backup_unpack(pid_t pid, int in_fd, const char *dir, sbx_err_t *err);
+int sbx_backup_unpack(const struct sbx_backup_ns *ns, int in_fd, const char *dir, sbx_err_t *err);
 
 /* sbx_backup_digest — "sha256:<hex>" of the file at fd from offset 0 into
  * out (≥ 72 bytes) and its size in *size.  Returns 0 or -errno. */

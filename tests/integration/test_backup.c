@@ -12,13 +12,19 @@
  * target dir is untouched; a backup whose ttl passed is BACKUP_EXPIRED, and
  * list collects it (its archive is gone from the store); an unknown id is
  * BACKUP_NOT_FOUND; a dir outside the sandbox's paths (`../..`, `/a/../..`)
- * is VALIDATION_FAILED and a missing one FILE_NOT_FOUND.
+ * is VALIDATION_FAILED and a missing one FILE_NOT_FOUND.  A hostile archive
+ * put in the store with a matching digest (an entry `../../x`, or a symlink
+ * to / followed by an entry through it) is refused, writes nothing outside
+ * the target, and leaves the target as it was (no half restore).
  *
  * Each test starts its own small daemon (two shards), stopped by the fini.
  */
+#include <archive.h>
+#include <archive_entry.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,5 +301,103 @@ Test(backup, bad_ids_and_dirs_are_refused)
     char *f = sh(c, a, "cat /workspace/w/f");
     cr_assert_str_eq(f, "1\n");
     free(f);
+    sbx_client_close(c);
+}
+
+/* Put a zstd tar of the given entries in the store as backup bid (its index
+ * entry written as the store does: docs/persistence.md, "Backups"). */
+struct hentry {
+    const char *path;
+    const char *link; /* a symlink to this, or NULL: a file holding path */
+};
+
+static void
+plant(const char *store, const char *bid, const struct hentry *es, size_t n)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof(tmp), "%s/tmp/hostile.tar.zst", store);
+    struct archive *a = archive_write_new();
+    archive_write_set_format_pax_restricted(a);
+    cr_assert_eq(archive_write_add_filter_zstd(a), ARCHIVE_OK);
+    cr_assert_eq(archive_write_open_filename(a, tmp), ARCHIVE_OK);
+    for (size_t i = 0; i < n; i++) {
+        struct archive_entry *e = archive_entry_new();
+        archive_entry_set_pathname(e, es[i].path);
+        archive_entry_set_mtime(e, 1700000000, 0);
+        if (es[i].link) {
+            archive_entry_set_filetype(e, AE_IFLNK);
+            archive_entry_set_perm(e, 0777);
+            archive_entry_set_symlink(e, es[i].link);
+            cr_assert_eq(archive_write_header(a, e), ARCHIVE_OK);
+        } else {
+            archive_entry_set_filetype(e, AE_IFREG);
+            archive_entry_set_perm(e, 0644);
+            archive_entry_set_size(e, (la_int64_t)strlen(es[i].path));
+            cr_assert_eq(archive_write_header(a, e), ARCHIVE_OK);
+            archive_write_data(a, es[i].path, strlen(es[i].path));
+        }
+        archive_entry_free(e);
+    }
+    cr_assert_eq(archive_write_close(a), ARCHIVE_OK);
+    archive_write_free(a);
+    /* Its digest, as the store names it. */
+    FILE *f = fopen(tmp, "rb");
+    cr_assert(f);
+    struct sha256_ctx h;
+    sha256_init(&h);
+    unsigned char buf[4096];
+    size_t r;
+    long size = 0;
+    while ((r = fread(buf, 1, sizeof(buf), f)) > 0) {
+        sha256_update(&h, r, buf);
+        size += (long)r;
+    }
+    fclose(f);
+    uint8_t d[SHA256_DIGEST_SIZE];
+    sha256_digest(&h, sizeof(d), d);
+    char hex[65];
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    char blob[512], idx[512];
+    snprintf(blob, sizeof(blob), "%s/blobs/%s.tar.zst", store, hex);
+    cr_assert_eq(rename(tmp, blob), 0);
+    snprintf(idx, sizeof(idx), "%s/index/%s.json", store, bid);
+    f = fopen(idx, "w");
+    cr_assert(f);
+    fprintf(f,
+            "{\"id\":\"%s\",\"name\":\"\",\"sandbox\":\"x\",\"dir\":\"/x\","
+            "\"digest\":\"sha256:%s\",\"size\":%ld,\"created\":%lld,\"expires\":%lld}",
+            bid, hex, size, (long long)sbx_wall_ms(), (long long)sbx_wall_ms() + 3600000);
+    fclose(f);
+}
+
+Test(backup, hostile_archive_cannot_escape_and_leaves_target_as_it_was)
+{
+    sbx_client *c = start();
+    char a[64], store[320];
+    snprintf(a, sizeof(a), "%sbk-hostile", test_prefix());
+    snprintf(store, sizeof(store), "%s/backups", live->dir);
+    free(sh(c, a, "mkdir -p /workspace/t/sub && echo mine > /workspace/t/f"));
+
+    const struct hentry dotdot[] = {{"good.txt", NULL}, {"../../escaped.txt", NULL}};
+    plant(store, "bk_0000000000000000000000d1", dotdot, 2);
+    const struct hentry via_link[] = {{"good.txt", NULL}, {"up", "/"}, {"up/tmp/escaped2.txt", NULL}};
+    plant(store, "bk_0000000000000000000000d2", via_link, 3);
+    const struct hentry absolute[] = {{"/tmp/escaped3.txt", NULL}};
+    plant(store, "bk_0000000000000000000000d3", absolute, 1);
+
+    const char *ids[] = {"bk_0000000000000000000000d1", "bk_0000000000000000000000d2",
+                         "bk_0000000000000000000000d3"};
+    for (int i = 0; i < 3; i++) {
+        char args[256], code[64];
+        snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/t/sub\"}", ids[i]);
+        char *j = call(c, "backup.restore", a, args, code);
+        cr_assert_null(j, "hostile archive %s was restored: %s", ids[i], j);
+        cr_assert(code[0], "no error code for %s", ids[i]);
+        char *ls = sh(c, a, "cd /workspace && find . | sort && cat t/f && "
+                            "ls /tmp/escaped2.txt /tmp/escaped3.txt /escaped.txt 2>&1 | grep -c 'No such'");
+        cr_assert_str_eq(ls, ".\n./t\n./t/f\n./t/sub\nmine\n3\n", "after %s: %s", ids[i], ls);
+        free(ls);
+    }
     sbx_client_close(c);
 }
