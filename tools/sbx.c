@@ -800,6 +800,57 @@ v_image(struct gopts *g, int argc, char **argv)
     return EXIT_USAGE;
 }
 
+/* sbx backup create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]… |
+ * restore ID BACKUP DIR | list | delete BACKUP (docs/persistence.md, "Backups") */
+static int
+v_backup(struct gopts *g, int argc, char **argv)
+{
+    if (argc >= 3 && !strcmp(argv[0], "create")) {
+        bool ok = true;
+        int nex = 0;
+        for (int i = 3; ok && i < argc; i += 2) {
+            if (i + 1 >= argc)
+                ok = false;
+            else if (!strcmp(argv[i], "--exclude"))
+                nex++;
+            else if (strcmp(argv[i], "--name") && strcmp(argv[i], "--ttl"))
+                ok = false;
+        }
+        if (ok) {
+            sbx_args *a = sbx_args_new();
+            sbx_args_kstr(a, "dir", argv[2]);
+            for (int i = 3; i + 1 < argc; i += 2) {
+                if (!strcmp(argv[i], "--name"))
+                    sbx_args_kstr(a, "name", argv[i + 1]);
+                else if (!strcmp(argv[i], "--ttl"))
+                    sbx_args_kint(a, "ttl", strtoll(argv[i + 1], NULL, 10));
+            }
+            if (nex) {
+                sbx_args_karray(a, "excludes");
+                for (int i = 3; i + 1 < argc; i += 2)
+                    if (!strcmp(argv[i], "--exclude"))
+                        sbx_args_str(a, argv[i + 1]);
+                sbx_args_end(a);
+            }
+            return cli_call_enc(g, "backup.create", argv[1], a, NULL);
+        }
+    } else if (argc == 4 && !strcmp(argv[0], "restore")) {
+        sbx_args *a = sbx_args_new();
+        sbx_args_kstr(a, "id", argv[2]);
+        sbx_args_kstr(a, "dir", argv[3]);
+        return cli_call_enc(g, "backup.restore", argv[1], a, NULL);
+    } else if (argc == 1 && !strcmp(argv[0], "list")) {
+        return cli_call_enc(g, "backup.list", NULL, sbx_args_new(), NULL);
+    } else if (argc == 2 && !strcmp(argv[0], "delete")) {
+        sbx_args *a = sbx_args_new();
+        sbx_args_kstr(a, "id", argv[1]);
+        return cli_call_enc(g, "backup.delete", NULL, a, NULL);
+    }
+    fprintf(stderr, "usage: sbx backup (create ID DIR [--name N] [--ttl SECONDS] [--exclude "
+                    "PATTERN]... | restore ID BACKUP DIR | list | delete BACKUP)\n");
+    return EXIT_USAGE;
+}
+
 static int
 v_call(struct gopts *g, int argc, char **argv)
 {
@@ -863,6 +914,9 @@ static const struct verb verbs[] = {
      "the node's image store (docs/images.md): PATH is on the server's machine"},
     {"template", v_template, "build NAME --from REF --run 'CMD' [--run 'CMD' …]",
      "bake build steps into a new image (docs/images.md, Templates)"},
+    {"backup", v_backup, "(create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]... | "
+                         "restore ID BACKUP DIR | list | delete BACKUP)",
+     "backups of a sandbox's directory in the node's store (docs/persistence.md, Backups)"},
     {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
     {"mcp", v_mcp, "", "serve the Model Context Protocol on stdin/stdout: sandbox tools for AI agents "
