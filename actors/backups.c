@@ -97,7 +97,8 @@ bk_create(struct bk_job *j)
 {
     _cleanup_err_ sbx_err_t err = NULL;
     struct shard *sh = j->a->sh;
-    int rc = sbx_backup_pack(&j->ns, j->dir, j->pats, j->nex, j->fd, SBX_BACKUP_MAX_BYTES, &err);
+    int rc = sbx_backup_pack(&j->ns, j->dir, j->pats, j->nex, j->fd,
+                             (int64_t)sh->conf.backup_max, &err);
     if (rc == 0 &&
         (rc = sbx_backup_digest(j->fd, j->info.digest, sizeof(j->info.digest), &j->info.size)))
         rc = sbx_err_make(&err, SBX_E_STORAGE, "hash the archive: %s", strerror(-rc));
@@ -308,6 +309,10 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     id[ids.n] = '\0';
     if (get_dir(op, dir, sizeof(dir)) != 0)
         return;
+    if (strspn(dir, "/") == strlen(dir)) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'dir' must not be the sandbox's root");
+        return;
+    }
     struct bk_job *j = sbx_xcalloc(1, sizeof(*j));
     j->op = op;
     j->restore = true;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -154,7 +155,8 @@ child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int p
         goto werr;
     goto out;
 werr:
-    rc = child_fail(pfd, errno == EFBIG ? SBX_E_BACKUP_TOO_LARGE : SBX_E_INTERNAL,
+    rc = child_fail(pfd, archive_errno(out) == EFBIG || errno == EFBIG ? SBX_E_BACKUP_TOO_LARGE
+                                                                       : SBX_E_INTERNAL,
                     "write the archive: %s", archive_error_string(out));
 out:
     free(buf);
@@ -171,7 +173,9 @@ rm_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
     (void)st;
     (void)flag;
     (void)f;
-    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+    /* EBUSY: a mount point under the dir stays (its file system is not ours
+     * to empty). */
+    return remove(path) == 0 || errno == ENOENT || errno == EBUSY ? 0 : -1;
 }
 
 /* Remove path and everything under it (not entering other mounts). */
@@ -347,6 +351,8 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
     }
     if (c == 0) {
         close(pp[0]);
+        /* Gone with the shard (its thread forked it and waits for it). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         signal(SIGXFSZ, SIG_IGN);
         if (in_fd < 0) {
             struct rlimit rl = {(rlim_t)max_bytes, (rlim_t)max_bytes};

@@ -39,7 +39,8 @@ struct sbx_backup_ns {
 int sbx_backup_ns_open(pid_t pid, struct sbx_backup_ns *ns, sbx_err_t *err);
 void sbx_backup_ns_close(struct sbx_backup_ns *ns);
 
-/* The largest archive a backup may have (bytes, compressed). */
+/* The default of the largest archive a backup may have (bytes, compressed;
+ * sbxd --backup-max). */
 #define SBX_BACKUP_MAX_BYTES (1LL << 30)
 
 /*

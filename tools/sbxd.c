@@ -183,6 +183,8 @@ set_log_format(const char *log_format, const char *cmd)
          "the node's image store (default <data>/images; dev: one for all shards)"},          \
         {"backups", SBX_OPT_STR, &(c)->backups,                                               \
          "the node's backup store (default <data>/backups; dev: one for all shards)"},        \
+        {"backup-max", SBX_OPT_SIZE, &(c)->backup_max,                                        \
+         "the largest compressed archive of a backup (1G; more: BACKUP_TOO_LARGE)"},          \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
          "ready containers kept per image sandboxes are being created from (0: none)"},      \
         {"network-default", SBX_OPT_STR, &(c)->network_default,                               \

@@ -15,7 +15,9 @@
  * is VALIDATION_FAILED and a missing one FILE_NOT_FOUND.  A hostile archive
  * put in the store with a matching digest (an entry `../../x`, or a symlink
  * to / followed by an entry through it) is refused, writes nothing outside
- * the target, and leaves the target as it was (no half restore).
+ * the target, and leaves the target as it was (no half restore).  An
+ * archive over `sbxd --backup-max` is BACKUP_TOO_LARGE and nothing is
+ * stored; `excludes` leave out what they match.
  *
  * Each test starts its own small daemon (two shards), stopped by the fini.
  */
@@ -49,15 +51,21 @@ cleanup(void)
 TestSuite(backup, .fini = cleanup, .timeout = 240);
 
 static sbx_client *
-start(void)
+start_with(const char *const *extra)
 {
-    const char *const extra[] = {TESTD_SMALL, NULL};
     live = calloc(1, sizeof(*live));
     cr_assert_eq(testd_start(live, 2, extra), 0, "the daemon did not start");
     sbx_client *c = NULL;
     sbx_error err;
     cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
     return c;
+}
+
+static sbx_client *
+start(void)
+{
+    const char *const extra[] = {TESTD_SMALL, NULL};
+    return start_with(extra);
 }
 
 /* op with JSON args; the result's JSON (heap), or NULL with code[64]. */
@@ -399,5 +407,45 @@ Test(backup, hostile_archive_cannot_escape_and_leaves_target_as_it_was)
         cr_assert_str_eq(ls, ".\n./t\n./t/f\n./t/sub\nmine\n3\n", "after %s: %s", ids[i], ls);
         free(ls);
     }
+    sbx_client_close(c);
+}
+
+Test(backup, too_large_is_refused_and_excludes_leave_out)
+{
+    const char *const extra[] = {TESTD_SMALL, "--backup-max", "256K", NULL};
+    sbx_client *c = start_with(extra);
+    char a[64], code[64];
+    snprintf(a, sizeof(a), "%sbk-large", test_prefix());
+    free(sh(c, a, "mkdir -p /workspace/big/node_modules/m /workspace/big/src && "
+                  "head -c 1000000 /dev/urandom > /workspace/big/node_modules/m/blob && "
+                  "echo keep > /workspace/big/src/main.c && echo log > /workspace/big/src/x.log"));
+    fails(c, "backup.create", a, "{\"dir\":\"/workspace/big\"}", "BACKUP_TOO_LARGE");
+    char *j = call(c, "backup.list", NULL, "{}", code);
+    cr_assert(j, "backup.list: %s", code);
+    cr_assert_null(strstr(j, "bk_"), "a backup was stored: %s", j);
+    free(j);
+    char tmp[512];
+    snprintf(tmp, sizeof(tmp), "%s/backups/tmp", live->dir);
+    DIR *d = opendir(tmp);
+    cr_assert(d);
+    struct dirent *de;
+    int left = 0;
+    while ((de = readdir(d)))
+        left += de->d_name[0] != '.';
+    closedir(d);
+    cr_assert_eq(left, 0, "%d files left in %s", left, tmp);
+
+    /* Without the big dir (and the logs) it fits, and restores without them. */
+    char bid[64];
+    backup(c, a, "{\"dir\":\"/workspace/big\",\"excludes\":[\"node_modules\",\"*.log\"]}",
+           bid, NULL);
+    char args[256];
+    snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/small\"}", bid);
+    j = call(c, "backup.restore", a, args, code);
+    cr_assert(j, "backup.restore: %s", code);
+    free(j);
+    char *ls = sh(c, a, "cd /workspace/small && find . | sort");
+    cr_assert_str_eq(ls, ".\n./src\n./src/main.c\n", "restored: %s", ls);
+    free(ls);
     sbx_client_close(c);
 }
