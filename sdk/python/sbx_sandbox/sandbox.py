@@ -123,6 +123,14 @@ class SbxClient:
         """``image.inspect``: ``{"digest", "image": {..., "config": {...}}}``."""
         return self._node("image.inspect", {"image": image})
 
+    def list_backups(self) -> List[Dict[str, Any]]:
+        """``backup.list``: the node's backups (docs/persistence.md)."""
+        return self._node("backup.list", {}).get("backups", [])
+
+    def delete_backup(self, backup_id: str) -> Dict[str, Any]:
+        """``backup.delete``; BackupNotFound if there is none."""
+        return self._node("backup.delete", {"id": backup_id})
+
     def remove_image(self, image: str) -> Dict[str, Any]:
         """``image.rm``: a name, or a digest for all its names; ``{"removed"}``."""
         return self._node("image.rm", {"image": image})
@@ -676,6 +684,20 @@ class _Ops:
         ``--no-preview-host`` suffixes, default ``workers.dev``)."""
         return ExposedPort.from_json(self._call("port.expose", {
             "port": int(port), "hostname": hostname, "token": token, "name": name}))
+
+    def create_backup(self, dir: str, name: Optional[str] = None, ttl: Optional[int] = None,
+                      excludes: Optional[List[str]] = None) -> Dict[str, Any]:
+        """``backup.create`` (createBackup): archive ``dir`` (absolute) into the
+        node's store; ``ttl`` in seconds (default 3 days).  Returns ``{"id",
+        "dir", "size", "digest"}``.  Raises FileNotFound, BackupTooLarge."""
+        r = self._call("backup.create", {"dir": dir, "name": name, "ttl": ttl, "excludes": excludes})
+        return {"id": r["id"], "dir": dir, "size": r["size"], "digest": r["digest"]}
+
+    def restore_backup(self, backup: Dict[str, Any], dir: Optional[str] = None) -> Dict[str, Any]:
+        """``backup.restore``: replace ``dir`` (default ``backup["dir"]``) with
+        the backup's content, after checking its digest.  Raises
+        BackupNotFound, BackupExpired, StorageError (a corrupt archive)."""
+        return self._call("backup.restore", {"id": backup["id"], "dir": dir or backup["dir"]})
 
     def unexpose_port(self, port: int) -> Dict[str, Any]:
         """Withdraw a port's preview URL at once.  Returns ``{"success",

@@ -227,6 +227,16 @@ export class SbxClient {
     return this.nodeCall('image.pull', name === undefined ? { ref } : { ref, name }, options.signal);
   }
 
+  /** The backups of the node's store, expired ones removed first (`backup.list`, docs/persistence.md "Backups"). */
+  listBackups(options: { signal?: AbortSignal } = {}): Promise<{ backups: Record<string, unknown>[] }> {
+    return this.nodeCall('backup.list', {}, options.signal);
+  }
+
+  /** Delete a backup (`backup.delete`). @throws BACKUP_NOT_FOUND */
+  deleteBackup(id: string, options: { signal?: AbortSignal } = {}): Promise<{ success: boolean }> {
+    return this.nodeCall('backup.delete', { id }, options.signal);
+  }
+
   /** The images of the node's store (`image.list`). */
   listImages(options: { signal?: AbortSignal } = {}): Promise<{ images: Record<string, unknown>[] }> {
     return this.nodeCall('image.list', {}, options.signal);

@@ -182,6 +182,40 @@ export class SandboxOperations extends SandboxFiles {
     return out;
   }
 
+  /**
+   * Archive a directory of the sandbox into the node's backup store
+   * (`backup.create`, docs/persistence.md "Backups"; the Cloudflare SDK's
+   * createBackup). Starts the container if needed.
+   *
+   * @param options - `dir` (absolute in the sandbox), `name`, `ttl` (seconds, default 3 days),
+   *   `excludes` (patterns as tar's --exclude).
+   * @returns the backup: `{id, dir, size (bytes, compressed), digest}`; pass it to {@link restoreBackup}.
+   * @throws FILE_NOT_FOUND / NOT_DIRECTORY for `dir`, BACKUP_TOO_LARGE, VALIDATION_FAILED (a relative dir or `..`).
+   */
+  async createBackup(options: { dir: string; name?: string; ttl?: number; excludes?: string[] }): Promise<{ id: string; dir: string; size: number; digest: string }> {
+    const args: Record<string, unknown> = { dir: options.dir };
+    if (options.name !== undefined) args.name = options.name;
+    if (options.ttl !== undefined) args.ttl = options.ttl;
+    if (options.excludes !== undefined) args.excludes = options.excludes;
+    const r = await this.call<{ id: string; size: number; digest: string }>('backup.create', args);
+    return { id: r.id, dir: options.dir, size: r.size, digest: r.digest };
+  }
+
+  /**
+   * Replace a directory of this sandbox with a backup's content
+   * (`backup.restore`; the Cloudflare SDK's restoreBackup): into `backup.dir`
+   * unless `options.dir` names another. Any sandbox of the node may restore
+   * any backup. The archive's digest is checked first: a corrupt one
+   * throws STORAGE_ERROR and changes nothing.
+   *
+   * @throws BACKUP_NOT_FOUND, BACKUP_EXPIRED, STORAGE_ERROR.
+   */
+  async restoreBackup(backup: { id: string; dir?: string }, options: { dir?: string } = {}): Promise<{ success: boolean; id: string; dir: string }> {
+    const dir = options.dir ?? backup.dir;
+    if (!dir) throw new TypeError('restoreBackup: no dir (give backup.dir or options.dir)');
+    return this.call('backup.restore', { id: backup.id, dir });
+  }
+
   /** Withdraw a port's preview URL (at once). */
   async unexposePort(port: number): Promise<void> {
     await this.call('port.unexpose', { port });
