@@ -200,8 +200,7 @@ bk_start(struct actor *a, struct bk_job *j)
     struct shard *sh = a->sh;
     _cleanup_err_ sbx_err_t err = NULL;
     j->a = a;
-    j->ns = (struct sbx_backup_ns){-1, -1, -1};
-    int rc = sbx_backup_ns_open(a->c.pid, &j->ns, &err);
+    int rc = sbx_backup_ns_open(a->c.pid, sh->cgroups, &a->c.cg, &j->ns, &err);
     if (rc) {
         shard_reply_err(j->op, rc, "%s", sbx_err_msg(err));
         job_free(j);
@@ -269,6 +268,7 @@ actor_op_backup_create(struct actor *a, struct sop *op)
     }
     struct bk_job *j = sbx_xcalloc(1, sizeof(*j));
     j->op = op;
+    j->ns = (struct sbx_backup_ns){.userns = -1, .mntns = -1, .rootfd = -1};
     j->ttl = ttl;
     j->nex = nex;
     j->pats = sbx_xcalloc(nex + 1, sizeof(char *));
@@ -317,7 +317,7 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     j->op = op;
     j->restore = true;
     j->fd = -1;
-    j->ns = (struct sbx_backup_ns){-1, -1, -1};
+    j->ns = (struct sbx_backup_ns){.userns = -1, .mntns = -1, .rootfd = -1};
     snprintf(j->dir, sizeof(j->dir), "%s", dir);
     _cleanup_err_ sbx_err_t err = NULL;
     /* Known and not expired before a container is started for it. */

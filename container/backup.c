@@ -306,9 +306,13 @@ out:
 /* Fork a child that enters the sandbox of pid and runs pack (in_fd < 0) or
  * unpack; wait for it and turn its report into the return code. */
 int
-sbx_backup_ns_open(pid_t pid, struct sbx_backup_ns *ns, sbx_err_t *err)
+sbx_backup_ns_open(pid_t pid, sbx_cgroups *cg, sbx_cgroup *c, struct sbx_backup_ns *ns,
+                   sbx_err_t *err)
 {
     char p[64];
+    ns->ntasks = 0;
+    if (cg && c && sbx_cgroup_open_tasks(cg, c, ns->tasks, &ns->ntasks) != 0)
+        ns->ntasks = 0; /* not charged to the sandbox, but done */
     snprintf(p, sizeof(p), "/proc/%d/ns/user", (int)pid);
     ns->userns = open(p, O_RDONLY | O_CLOEXEC);
     snprintf(p, sizeof(p), "/proc/%d/ns/mnt", (int)pid);
@@ -333,6 +337,8 @@ sbx_backup_ns_close(struct sbx_backup_ns *ns)
             close(*fds[i]);
         *fds[i] = -1;
     }
+    while (ns->ntasks > 0)
+        close(ns->tasks[--ns->ntasks]);
 }
 
 static int
@@ -354,6 +360,12 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
         /* Gone with the shard (its thread forked it and waits for it). */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         signal(SIGXFSZ, SIG_IGN);
+        /* Into the sandbox's cgroup (a thread moving itself: spawn.c says
+         * why); a full pids limit leaves it in the shard's. */
+        for (int i = 0; i < ns->ntasks; i++) {
+            ssize_t w = write(ns->tasks[i], "0", 1);
+            (void)w;
+        }
         if (in_fd < 0) {
             struct rlimit rl = {(rlim_t)max_bytes, (rlim_t)max_bytes};
             setrlimit(RLIMIT_FSIZE, &rl);

@@ -26,6 +26,7 @@
 #include <sys/types.h>
 
 #include "../runtime/error.h"
+#include "cgroup.h"
 
 /*
  * The sandbox a pack or unpack runs in: its agent's user and mount
@@ -35,8 +36,15 @@
  */
 struct sbx_backup_ns {
     int userns, mntns, rootfd;
+    int tasks[SBX_CG_MAX_HIER]; /* the sandbox's cgroup's v1 `tasks` files (ntasks of them) */
+    int ntasks;
 };
-int sbx_backup_ns_open(pid_t pid, struct sbx_backup_ns *ns, sbx_err_t *err);
+/* sbx_backup_ns_open — pid is the agent's host pid; cg/c its cgroup (the
+ * child joins it through sbx_cgroup_open_tasks's files on cgroup v1, so its
+ * CPU, memory and page cache are charged to the sandbox; elsewhere it stays
+ * in the caller's). */
+int sbx_backup_ns_open(pid_t pid, sbx_cgroups *cg, sbx_cgroup *c, struct sbx_backup_ns *ns,
+                       sbx_err_t *err);
 void sbx_backup_ns_close(struct sbx_backup_ns *ns);
 
 /* The default of the largest archive a backup may have (bytes, compressed;
