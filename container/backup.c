@@ -23,6 +23,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../runtime/cleanup.h"
@@ -551,11 +552,35 @@ remove_entry(const char *root, const struct sbx_backup_info *info)
     return 0;
 }
 
-/* Collect expired backups, and fill *out (if not NULL) with the others (lock held). */
+/* Files of tmp/ untouched this long are a create's that its shard did not
+ * finish (killed): a running create writes its archive continuously. */
+#define TMP_STALE_S 3600
+
+static void
+sweep_tmp(const char *root)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/tmp", root);
+    DIR *d = opendir(p);
+    if (!d)
+        return;
+    time_t now = time(NULL);
+    struct dirent *de;
+    struct stat st;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.' && fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && now - st.st_mtime > TMP_STALE_S)
+            unlinkat(dirfd(d), de->d_name, 0);
+    closedir(d);
+}
+
+/* Collect expired backups and stale files of tmp/, and fill *out (if not
+ * NULL) with the other backups (lock held). */
 static int
 scan(const char *root, struct sbx_backup_info **out, size_t *n)
 {
     char p[4200];
+    sweep_tmp(root);
     snprintf(p, sizeof(p), "%s/index", root);
     DIR *d = opendir(p);
     if (!d)

@@ -14,7 +14,9 @@
  *        <root>/blobs/<hex>.tar.zst   archives, named by their sha256
  *        <root>/index/<id>.json       one per backup: {id, name, sandbox,
  *                                     dir, digest, size, created, expires}
- *        <root>/tmp/                  archives being written
+ *        <root>/tmp/                  archives being written (a file untouched
+ *                                     for an hour is collected with expired
+ *                                     backups: its shard died mid-create)
  *        <root>/lock                  flock(2): shards of one node share it
  *    Index files are written whole and renamed into place; a blob is shared
  *    by the backups of the same content and deleted with the last of them.

@@ -17,7 +17,8 @@
  * to / followed by an entry through it) is refused, writes nothing outside
  * the target, and leaves the target as it was (no half restore).  An
  * archive over `sbxd --backup-max` is BACKUP_TOO_LARGE and nothing is
- * stored; `excludes` leave out what they match.
+ * stored; `excludes` leave out what they match; a file of the store's tmp/
+ * two hours old (a create cut short) is collected by list, a fresh one not.
  *
  * Each test starts its own small daemon (two shards), stopped by the fini.
  */
@@ -31,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../runtime/util.h"
@@ -434,6 +437,24 @@ Test(backup, too_large_is_refused_and_excludes_leave_out)
         left += de->d_name[0] != '.';
     closedir(d);
     cr_assert_eq(left, 0, "%d files left in %s", left, tmp);
+
+    /* What a shard killed mid-create left in tmp/ two hours ago is collected
+     * by the next list; a fresh file (a create under way) is not. */
+    char stale[600], fresh[600];
+    snprintf(stale, sizeof(stale), "%s/archive-stale", tmp);
+    snprintf(fresh, sizeof(fresh), "%s/archive-fresh", tmp);
+    FILE *f = fopen(stale, "w");
+    cr_assert(f);
+    fclose(f);
+    f = fopen(fresh, "w");
+    cr_assert(f);
+    fclose(f);
+    struct timeval tv[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+    cr_assert_eq(utimes(stale, tv), 0);
+    free(call(c, "backup.list", NULL, "{}", code));
+    cr_assert_neq(access(stale, F_OK), 0, "%s was not collected", stale);
+    cr_assert_eq(access(fresh, F_OK), 0, "%s was collected", fresh);
+    unlink(fresh);
 
     /* Without the big dir (and the logs) it fits, and restores without them. */
     char bid[64];
