@@ -109,16 +109,26 @@ def _fast_format_calls(shell):
         setattr(cls, "__call__", fast)
 
 
-def _make_fast_call(wrapped, caller, func, least, most):
-    def __call__(*args, **kwargs):
-        if not kwargs and least <= len(args) <= most:
-            return caller(func, *args)
-        return wrapped(*args, **kwargs)
-    __call__.__wrapped__ = func
-    __call__.__doc__ = func.__doc__
-    __call__.__qualname__ = func.__qualname__
-    return __call__
+# Compiled under a name that is not one of the driver's files: a traceback
+# through it (a KeyboardInterrupt inside a formatter, a call the signature
+# refuses) keeps the frames below it (errors.strip_driver_frames cuts at the
+# first driver frame), as one through the decorator's wrapper does.
+_FAST_CALL_SRC = """
+def __call__(*args, **kwargs):
+    if not kwargs and least <= len(args) <= most:
+        return caller(func, *args)
+    return wrapped(*args, **kwargs)
+"""
 
+
+def _make_fast_call(wrapped, caller, func, least, most):
+    scope = {"wrapped": wrapped, "caller": caller, "func": func, "least": least, "most": most}
+    exec(compile(_FAST_CALL_SRC, "<sbx: formatter call>", "exec"), scope)
+    fast = scope["__call__"]
+    fast.__wrapped__ = func
+    fast.__doc__ = func.__doc__
+    fast.__qualname__ = func.__qualname__
+    return fast
 
 class IPythonRunner(BaseRunner):
     """An InteractiveShell with ipykernel's three output overrides
