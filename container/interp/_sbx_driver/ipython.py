@@ -82,8 +82,9 @@ def _fast_format_calls(shell):
     made with the `decorator` package, whose wrapper binds every call to the
     signature (inspect.Signature.bind, ~10 us) before calling the real
     wrapper; a cell's value goes through a dozen formatters, about a third
-    of the `1+1` round trip.  For plain positional calls that the signature
-    accepts (the bind cannot fail and changes nothing the method sees),
+    of the `1+1` round trip.  For calls that the signature accepts as they
+    are (all required arguments positional, keywords only for the later
+    parameters: the bind cannot fail and changes nothing the method sees),
     call catch_format_error's body directly; anything else still goes
     through the original wrapper.  Same behaviour, errors included."""
     import inspect
@@ -103,8 +104,9 @@ def _fast_format_calls(shell):
         params = list(inspect.signature(func).parameters.values())
         if any(p.kind != p.POSITIONAL_OR_KEYWORD for p in params):
             continue
-        least = sum(1 for p in params if p.default is p.empty)
-        fast = _make_fast_call(fun, caller, func, least, len(params))
+        # self and obj positional: catch_format_error reads args[0]
+        least = max(2, sum(1 for p in params if p.default is p.empty))
+        fast = _make_fast_call(fun, caller, func, least, len(params), tuple(p.name for p in params))
         done.add(fast)
         setattr(cls, "__call__", fast)
 
@@ -115,14 +117,15 @@ def _fast_format_calls(shell):
 # first driver frame), as one through the decorator's wrapper does.
 _FAST_CALL_SRC = """
 def __call__(*args, **kwargs):
-    if not kwargs and least <= len(args) <= most:
-        return caller(func, *args)
+    if least <= len(args) <= most and (not kwargs or kwargs.keys() <= set(names[len(args):])):
+        return caller(func, *args, **kwargs)
     return wrapped(*args, **kwargs)
 """
 
 
-def _make_fast_call(wrapped, caller, func, least, most):
-    scope = {"wrapped": wrapped, "caller": caller, "func": func, "least": least, "most": most}
+def _make_fast_call(wrapped, caller, func, least, most, names):
+    scope = {"wrapped": wrapped, "caller": caller, "func": func, "least": least, "most": most,
+             "names": names}
     exec(compile(_FAST_CALL_SRC, "<sbx: formatter call>", "exec"), scope)
     fast = scope["__call__"]
     fast.__wrapped__ = func
