@@ -81,8 +81,8 @@ def _fast_format_calls(shell):
     """Formatters' __call__ are wrapped by IPython's @catch_format_error,
     made with the `decorator` package, whose wrapper binds every call to the
     signature (inspect.Signature.bind, ~10 us) before calling the real
-    wrapper; a cell's value goes through a dozen formatters, about a third
-    of the `1+1` round trip.  For calls that the signature accepts as they
+    wrapper; a cell's value goes through a dozen formatters, and the binds
+    were ~20 % of the driver's `1+1` round trip (docs/benchmarks.md).  For calls that the signature accepts as they
     are (all required arguments positional, keywords only for the later
     parameters: the bind cannot fail and changes nothing the method sees),
     call catch_format_error's body directly; anything else still goes
