@@ -20,7 +20,12 @@
  *                      memoryBytes) for the first Python context (fork
  *                      server, pool) and per context of a burst
  *   runCode round trip context.run {code: "1+1"} on one context, N times
- *                      (default 500) after 20 warm-up runs
+ *                      (default 500) after 20 warm-up runs; each followed
+ *                      by an `exec true` in the same sandbox's default
+ *                      session (timed too): the same gateway/shard/agent
+ *                      path with a shell instead of the driver, measured
+ *                      under the same load, so the difference of the two
+ *                      p50s is what the driver hop costs
  *
  * then runs tools/jupyter_bench.py (Debian ipykernel + jupyter_client) for
  * kernel start-up (5 starts) and the execute_request round trip of "1+1"
@@ -141,6 +146,7 @@ main(int argc, char **argv)
     double *b2b[2] = {sbx_xcalloc((size_t)burst, sizeof(double)),
                       sbx_xcalloc((size_t)burst, sizeof(double))};
     double *rt = sbx_xcalloc((size_t)runs, sizeof(double));
+    double *ex_rt = sbx_xcalloc((size_t)runs, sizeof(double)); /* exec true, interleaved */
     int64_t mem[2] = {-1, -1}, jsmem[2] = {-1, -1}, first[2] = {-1, -1};
     if (sbx_client_open(&c, gateway, &err) != 0) {
         fprintf(stderr, "sbx-bench-interp: %s %s\n", err.code, err.message);
@@ -206,6 +212,18 @@ main(int argc, char **argv)
         sbx_reply_free(r);
         if (i >= 20)
             rt[i - 20] = dt;
+        sbx_exec_opts eo = {.command = "true"};
+        sbx_exec_result er;
+        t0 = sbx_stats_now_ms();
+        if (sbx_exec(c, id, &eo, &er, &err) != 0) {
+            fprintf(stderr, "sbx-bench-interp: exec true: %s %s\n", err.code, err.message);
+            sbx_error_free(&err);
+            goto close;
+        }
+        dt = sbx_stats_now_ms() - t0;
+        sbx_exec_result_free(&er);
+        if (i >= 20)
+            ex_rt[i - 20] = dt;
     }
     sbx_destroy(c, id, NULL, NULL);
 
@@ -251,6 +269,7 @@ main(int argc, char **argv)
         printf("  jupyter: not measured (python3-ipykernel / jupyter-client missing?)\n");
     printf("\n'1+1' round trip\n");
     sbx_stats_line("sbx context.run (via gateway)", rt, (size_t)runs);
+    sbx_stats_line("sbx exec true, same path (reference)", ex_rt, (size_t)runs);
     sbx_stats_line("sbx context.run, first in a new context", first_rt, (size_t)contexts);
     size_t ne = jb ? json_array_size(json_object_get(jb, "execute_ms")) : 0;
     double *ex = sbx_xcalloc(ne + 1, sizeof(double));
@@ -272,6 +291,7 @@ close:
     sbx_client_close(c);
 out:
     free(rt);
+    free(ex_rt);
     free(b2b[0]);
     free(b2b[1]);
     free(create);
