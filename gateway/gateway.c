@@ -51,6 +51,7 @@ struct gshard {
     uint64_t gen;         /* the view member's gen the slot dials (view thread) */
     atomic_bool open;
     atomic_int pipes;
+    atomic_bool ever;     /* it was connected once: the shard has started */
 };
 
 enum { F_IDLE = 0, F_SEND, F_RECV, F_SLEEP };
@@ -331,6 +332,7 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     (void)p;
     if (ev == NNG_PIPE_EV_ADD_PRE) { /* paired with REM_POST: runtime/nngx.h */
         atomic_fetch_add(&s->pipes, 1);
+        atomic_store(&s->ever, true);
         return;
     }
     if (ev != NNG_PIPE_EV_REM_POST)
@@ -589,13 +591,15 @@ is_wrong_owner(nng_msg *reply)
     return wrong;
 }
 
-/* In a cluster: try again later if there is time; false if not. */
+/* Try again later if there is time; false if not.  The callers say when:
+ * in a cluster (the table is moving), or for a shard that never connected
+ * yet (still starting: `sbxd dev` answers before its shards are up). */
 static bool
 retry_later(struct gctx *g)
 {
     int64_t left = g->deadline - sbx_mono_ms();
     int64_t wait = SBX_MIN((int64_t)RETRY_MIN_MS << SBX_MIN(g->attempts, 6), RETRY_MAX_MS);
-    if (!clustered(g->gw) || !g->body || left <= wait + 50)
+    if (!g->body || left <= wait + 50)
         return false;
     g->attempts++;
     atomic_fetch_add(&g->gw->n_retries, 1);
@@ -634,8 +638,15 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
         nng_msg_free(reply);
         return;
     }
-    /* Not sent at all (no connection): nothing ran, so a retry is safe. */
-    if (!reply && !sent && retry_later(g))
+    /* Not sent at all (no connection): nothing ran, so a retry is safe — in
+     * a cluster, or while a shard `sbxd dev` is starting has not connected
+     * yet (a fresh-clone CI run: `sbx exec` right after `sbxd dev` answered
+     * got SHARD_UNAVAILABLE "Connection refused").  A shard that was up and
+     * went away, or one nobody starts, is answered at once outside a
+     * cluster (a supervisor restarts it; the SDKs retry). */
+    if (!reply && !sent &&
+        (clustered(g->gw) || (g->gw->conf.await_shards && !atomic_load(&f->s->ever))) &&
+        retry_later(g))
         return;
     if (sent)
         g->delivered = true;

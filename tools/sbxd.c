@@ -681,6 +681,7 @@ cmd_dev(int argc, char **argv)
     gc.name = name;
     gc.listen = listen;
     gc.shards = shard_specs;
+    gc.await_shards = true; /* started below, after the gateway answers */
     gc.preview_domain = c.preview_domain;
     gc.preview_scheme = c.preview_scheme;
     gc.relay_secret = c.relay_secret;
