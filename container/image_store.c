@@ -189,6 +189,29 @@ names_save(sbx_image_store *st, json_t *names, sbx_err_t *err)
     return json_save(p, names, err);
 }
 
+/* Write image mdigest's record (unless an identical image is there already)
+ * and, with name, point the name at it; a record written here goes again if
+ * the name cannot be saved.  Under the store's lock.  0 or a code (*err). */
+static int
+record_save(sbx_image_store *st, const char *mdigest, json_t *record, const char *name,
+            sbx_err_t *err)
+{
+    char p[4096];
+    snprintf(p, sizeof(p), "%s/images/%s.json", st->dir, mdigest + 7);
+    struct stat sb;
+    bool existed = stat(p, &sb) == 0;
+    int rc;
+    if (!existed && (rc = json_save(p, record, err)) != 0)
+        return rc;
+    if (!name)
+        return 0;
+    _cleanup_json_ json_t *names = names_load(st);
+    json_object_set_new(names, name, json_string(mdigest));
+    if ((rc = names_save(st, names, err)) != 0 && !existed)
+        unlink(p);
+    return rc;
+}
+
 static json_t *
 image_load(sbx_image_store *st, const char *digest)
 {
@@ -619,21 +642,8 @@ import_layout(sbx_image_store *st, const char *layout, const char *source, const
         free(tmpdirs[i]);
         tmpdirs[i] = NULL;
     }
-    char p[4096];
-    snprintf(p, sizeof(p), "%s/images/%s.json", st->dir, mdigest + 7);
-    struct stat sb;
-    bool existed = stat(p, &sb) == 0;
-    if (!existed && (rc = json_save(p, record, err)) != 0)
+    if ((rc = record_save(st, mdigest, record, name, err)) != 0)
         goto out;
-    if (name) {
-        _cleanup_json_ json_t *names = names_load(st);
-        json_object_set_new(names, name, json_string(mdigest));
-        if ((rc = names_save(st, names, err)) != 0) {
-            if (!existed)
-                unlink(p);
-            goto out;
-        }
-    }
     snprintf(digest, SBX_IMAGE_DIGEST_LEN, "%s", mdigest);
 out:
     for (int i = 0; i < SBX_IMAGE_MAX_LAYERS; i++) {
@@ -1094,20 +1104,8 @@ sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, con
         free(tmpdir);
         tmpdir = NULL;
     }
-    char p[4096];
-    snprintf(p, sizeof(p), "%s/images/%s.json", st->dir, mdigest + 7);
-    bool existed = stat(p, &sb) == 0;
-    if (!existed && (rc = json_save(p, rec, err)) != 0)
+    if ((rc = record_save(st, mdigest, rec, name, err)) != 0)
         goto out;
-    {
-        _cleanup_json_ json_t *names = names_load(st);
-        json_object_set_new(names, name, json_string(mdigest));
-        if ((rc = names_save(st, names, err)) != 0) {
-            if (!existed)
-                unlink(p);
-            goto out;
-        }
-    }
     snprintf(digest, SBX_IMAGE_DIGEST_LEN, "%s", mdigest);
 out:
     if (tmpdir) {
