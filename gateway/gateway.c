@@ -1110,6 +1110,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .max_body = conf->http_max_body,
             .timeout = conf->timeout,
             .per_client = conf->http_per_client,
+            .console = conf->console,
         };
         _cleanup_err_ sbx_err_t herr = NULL;
         if ((rv = sbx_http_start(&gw->http, &hc, &herr)) != 0) {
