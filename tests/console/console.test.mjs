@@ -65,6 +65,9 @@ async function stopDaemon(d) {
   const t = setTimeout(() => d.child.kill('SIGKILL'), 20000);
   await gone;
   clearTimeout(t);
+  // Under the sanitizer build, the daemon's log must hold no report.
+  const log = readFileSync(path.join(d.data, 'sbxd.log'), 'utf8');
+  assert.doesNotMatch(log, /ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:/, log.slice(-3000));
 }
 
 /** The real CLI against daemon d: its parsed --json output (asserting success). */
