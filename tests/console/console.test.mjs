@@ -290,8 +290,15 @@ test('keys on: without a key the console sees nothing; with it, the sandboxes', 
   await page.type('#key', key);
   await page.click('#keyform button[type=submit]');
   await page.waitForSelector(`tr[data-id="${id}"]`, { timeout: 30000 });
-  assert.ok(!page.url().includes(key), 'the key is never in the URL');
+  assert.ok(!page.url().includes(key), 'the key is never in the page\'s URL');
   await shot(page, 'keyed');
+  // The terminal's WebSocket authenticates too (browsers cannot set its headers).
+  await page.goto(`${kd.http}/console/#/sb/${id}/terminal`);
+  await page.waitForSelector('#term[data-ready="1"]', { timeout: 60000 });
+  await page.click('#term');
+  await page.keyboard.type('echo keyed-$((6*7))\n');
+  await page.waitForFunction(() => document.querySelector('#term .xterm-rows')?.textContent.includes('keyed-42'),
+                             { timeout: 30000 });
   await page.close();
   await fetch(`${kd.http}/v1/sandboxes/${id}`, { method: 'DELETE', headers: { Authorization: `Bearer ${key}` } });
   await stopDaemon(kd);
