@@ -23,7 +23,7 @@ export function showSandbox(main: HTMLElement, id: string, tab: string): () => v
   main.append(el('h1', {}, el('a', { href: '#/' }, 'Sandboxes'), ' / ', id), info,
     el('nav', { class: 'tabs' }, ...Object.keys(TABS).map((t) =>
       el('a', { href: `#/sb/${id}/${t}`, class: t === tab ? 'on' : '' }, t))));
-  request('GET', `/v1/sandboxes/${id}`).then((r) => r.json()).then((r) => {
+  const status = () => request('GET', `/v1/sandboxes/${id}`).then((r) => r.json()).then((r) => {
     const s = r.sandbox, c = s.container ?? {};
     info.textContent = `${s.state}` + (c.memoryBytes != null ? ` · memory ${bytes(c.memoryBytes)}` : '') +
       (c.pids != null ? ` · ${c.pids} processes` : '') + (s.shard ? ` · shard ${s.shard}` : '');
@@ -31,8 +31,14 @@ export function showSandbox(main: HTMLElement, id: string, tab: string): () => v
     info.textContent = e instanceof ApiError && e.code === 'SANDBOX_NOT_FOUND'
       ? 'not created yet: its first operation creates it' : errText(e);
   });
+  status();
+  const timer = setInterval(status, 3000);
   const page = el('section', { id: `page-${tab}` });
   main.append(page);
-  return show(page, id);
+  const leave = show(page, id);
+  return () => {
+    clearInterval(timer);
+    leave();
+  };
 }
 

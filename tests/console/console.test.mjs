@@ -121,7 +121,9 @@ before(async () => {
 after(async () => {
   for (const b of browsers) await b.close().catch(() => {});
   for (const d of daemons) await stopDaemon(d);
-  rmSync(tmp, { recursive: true, force: true });
+  // SBX_CONSOLE_KEEP=1 keeps the screenshots and daemon logs to look at.
+  if (process.env.SBX_CONSOLE_KEEP === '1') console.log(`# kept ${tmp}`);
+  else rmSync(tmp, { recursive: true, force: true });
 });
 
 test('first paint from a cold browser (figure)', async () => {
@@ -214,8 +216,12 @@ test('processes: start one and follow its logs live', async () => {
   const page = await newPage(browser);
   await page.goto(`${dev.http}/console/#/sb/${id}/processes`);
   await page.waitForSelector('#proc-cmd');
-  await page.type('#proc-cmd', 'for i in 1 2 3; do echo tick-$((i*10)); sleep 0.3; done');
+  await page.type('#proc-cmd', 'for i in 1 2 3; do echo tick-$((i*10)); sleep 1; done');
   await page.keyboard.press('Enter');
+  // Live: the first line shows while the process still runs (2 s more).
+  await page.waitForFunction(() => document.querySelector('#proc-logs')?.textContent.includes('tick-10'),
+                             { timeout: 30000 });
+  assert.ok(!(await text(page, '#proc-logs')).includes('[exited'), 'the first line came before the end');
   await page.waitForFunction(() => document.querySelector('#proc-logs')?.textContent.includes('tick-30'),
                              { timeout: 30000 });
   await page.waitForFunction(() => document.querySelector('#proc-logs')?.textContent.includes('[exited 0]'),
