@@ -20,11 +20,22 @@
 #include <unistd.h>
 
 #include "../runtime/json.h"
+#include "../runtime/nngx.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
 #include "shard_int.h"
 
-enum img_kind { IMG_IMPORT, IMG_PULL, IMG_LIST, IMG_INSPECT, IMG_RM, IMG_TEMPLATE };
+enum img_kind {
+    IMG_IMPORT,
+    IMG_PULL,
+    IMG_LIST,
+    IMG_INSPECT,
+    IMG_RM,
+    IMG_TEMPLATE,
+    IMG_BLOB,      /* image.blob: a chunk of a kept blob (image_fetch.c) */
+    IMG_FETCH,     /* image.fetch: fetch an image from the peers */
+    IMG_REPLICATE, /* no op: ask the successor to image.fetch (shard_image_replicate) */
+};
 
 struct img_job {
     struct sop *op;     /* answered by img_done on the loop thread */
@@ -37,6 +48,11 @@ struct img_job {
     int code;           /* 0, or the error's code … */
     char *msg;          /* … and its message (heap) */
     json_t *result;     /* the result map's members (owned) */
+    uint64_t off;       /* blob: first byte, most bytes; then the chunk (heap), the blob's size */
+    size_t max, len;
+    char *data;
+    uint64_t size;
+    struct shard_peers *peers; /* fetch: the peers to ask (heap); replicate: [0] the successor */
 };
 
 static char *
@@ -57,6 +73,8 @@ job_free(struct img_job *j)
         free(j->run[i]);
     free(j->run);
     free(j->msg);
+    free(j->data);
+    free(j->peers);
     json_decref(j->result);
     free(j);
 }
@@ -66,7 +84,9 @@ img_done(sbx_loop *l, void *arg)
 {
     struct img_job *j = arg;
     (void)l;
-    if (j->code) {
+    if (!j->op) {
+        /* replicate: nobody waits for it */
+    } else if (j->code) {
         shard_reply_err(j->op, j->code, "%s", j->msg ? j->msg : "image operation failed");
     } else {
         sbx_enc e;
@@ -77,6 +97,10 @@ img_done(sbx_loop *l, void *arg)
             sbx_enc_str(&e, k);
             if (sbx_json_to_msgpack(v, &e) != 0)
                 sbx_enc_nil(&e);
+        }
+        if (j->kind == IMG_BLOB) {
+            sbx_enc_kbin(&e, "data", j->data ? j->data : "", j->len);
+            sbx_enc_kint(&e, "size", (int64_t)j->size);
         }
         shard_reply_end(j->op, &e, 0);
     }
@@ -94,6 +118,40 @@ describe(sbx_image_store *st, const char *digest, json_t *res, sbx_err_t *err)
     json_object_set_new(res, "digest", json_string(digest));
     json_object_set_new(res, "image", img);
     return 0;
+}
+
+/* How long an image.fetch may fetch (the images cross the network). */
+#define FETCH_JOB_MS (10 * 60 * 1000)
+
+/* IMG_REPLICATE: image.fetch {digest, from: us} to the successor j->peers->p[0]. */
+static int
+replicate(struct img_job *j, sbx_err_t *err)
+{
+    const struct shard_peer *p = &j->peers->p[0];
+    nng_socket s;
+    if (sbx_nng_req_dial(&s, p->url, NULL) != 0)
+        return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "dial %s", p->url);
+    sbx_enc a;
+    sbx_enc_init(&a);
+    sbx_enc_map(&a);
+    sbx_enc_kstr(&a, "digest", j->a);
+    sbx_enc_kstr(&a, "from", j->b); /* this shard's name */
+    sbx_enc_end(&a);
+    char *args, *buf = NULL;
+    size_t al, bl;
+    int rc = sbx_enc_finish(&a, &args, &al);
+    if (rc == 0) {
+        sbx_msg m;
+        rc = shard_peer_call(s, "image.fetch", args, al, FETCH_JOB_MS + 5000, &buf, &bl, &m, err);
+        free(args);
+        if (rc == 0) {
+            sbx_log_info("image %s: %s has it for the failover of its sandboxes", j->a, p->name);
+            sbx_wire_msg_free(&m);
+            free(buf);
+        }
+    }
+    nng_close(s);
+    return rc;
 }
 
 static void *
@@ -140,6 +198,30 @@ img_thread(void *arg)
             rc = describe(st, digest, j->result, &err);
         }
         break;
+    case IMG_BLOB:
+        rc = sbx_image_blob_read(st, j->a, j->off, j->max, &j->data, &j->len, &j->size, &err);
+        break;
+    case IMG_FETCH: {
+        char from[64] = "";
+        uint64_t bytes = 0;
+        if (sbx_image_resolve(st, j->a, digest, NULL) != 0 || strcmp(digest, j->a) != 0)
+            rc = shard_image_fetch(j->sh, j->peers, j->a, sbx_mono_ms() + FETCH_JOB_MS, from,
+                                   &bytes, &err);
+        if (rc == 0) {
+            json_object_set_new(j->result, "digest", json_string(j->a));
+            json_object_set_new(j->result, "fetchedFrom", json_string(from));
+            json_object_set_new(j->result, "bytes", json_integer((json_int_t)bytes));
+        }
+        break;
+    }
+    case IMG_REPLICATE:
+        /* Touches nothing of the shard (it may be stopping: this job is not
+         * counted in img_jobs and posts nothing), and frees itself. */
+        if (replicate(j, &err) != 0)
+            sbx_log_warn("image %s: its sandboxes' successor %s could not fetch it: %s", j->a,
+                         j->peers->p[0].name, sbx_err_msg(err));
+        job_free(j);
+        return NULL;
     case IMG_RM:
         rc = sbx_image_rm(st, j->a, &removed, &err);
         if (rc == 0) {
@@ -192,10 +274,14 @@ img_run(struct img_job *j)
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
+    bool counted = j->kind != IMG_REPLICATE; /* see img_thread */
+    if (counted)
+        atomic_fetch_add(&sh->img_jobs, 1);
     if (pthread_create(&t, &at, img_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
-        shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
+        if (counted)
+            atomic_fetch_sub(&sh->img_jobs, 1);
+        if (op)
+            shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
         job_free(j);
     }
     pthread_attr_destroy(&at);
@@ -277,4 +363,45 @@ shard_images_stop(struct shard *sh)
     atomic_store(&sh->img_stop, true);
     while (atomic_load(&sh->img_jobs) > 0)
         usleep(10000);
+}
+
+void
+shard_op_image_blob(struct sop *op)
+{
+    struct img_job *j = img_job_new(op, IMG_BLOB, "digest", NULL);
+    if (!j)
+        return;
+    int64_t off = 0, max = 4 << 20;
+    sbx_wire_get_i64(op->req.args, "offset", &off);
+    sbx_wire_get_i64(op->req.args, "max", &max);
+    j->off = off > 0 ? (uint64_t)off : 0;
+    j->max = max > 0 && max <= (16 << 20) ? (size_t)max : (4u << 20);
+    img_run(j);
+}
+
+void
+shard_op_image_fetch(struct sop *op)
+{
+    struct img_job *j = img_job_new(op, IMG_FETCH, "digest", "from");
+    if (!j)
+        return;
+    j->peers = shard_peers_snapshot(op->sh, j->b);
+    img_run(j);
+}
+
+void
+shard_image_replicate(struct shard *sh, const char *digest, uint32_t part)
+{
+    struct shard_peer succ;
+    if (!sh->images || shard_successor(sh, part, &succ) != 0)
+        return;
+    struct img_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->sh = sh;
+    j->kind = IMG_REPLICATE;
+    j->a = sbx_xstrdup(digest);
+    j->b = sbx_xstrdup(sh->conf.name);
+    j->peers = sbx_xcalloc(1, sizeof(*j->peers));
+    j->peers->n = 1;
+    j->peers->p[0] = succ;
+    img_run(j);
 }

@@ -77,7 +77,7 @@ int
 sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err)
 {
     char p[4096];
-    static const char *const sub[] = {"images", "layers", "use", "tmp"};
+    static const char *const sub[] = {"images", "layers", "use", "tmp", "blobs"};
     if (sbx_mkdir_p(dir, 0700) != 0)
         return sbx_err_make(err, SBX_E_STORAGE, "create the image store %s: %s", dir,
                             strerror(errno));
@@ -448,6 +448,7 @@ gc_locked(sbx_image_store *st, int *removed)
     char p[4096];
     _cleanup_json_ json_t *names = names_load(st);
     _cleanup_json_ json_t *keep = json_object(); /* layer diff_id hex -> true */
+    _cleanup_json_ json_t *bkeep = json_object(); /* blob digest hex -> true */
     int n = 0;
     snprintf(p, sizeof(p), "%s/images", st->dir);
     DIR *d = opendir(p);
@@ -492,6 +493,27 @@ gc_locked(sbx_image_store *st, int *removed)
             if (s && is_digest(s))
                 json_object_set_new(keep, s + 7, json_true());
         }
+        /* The blobs it was imported from (served to peers: image_fetch.c). */
+        json_object_set_new(bkeep, digest + 7, json_true());
+        const char *cd = json_string_value(json_object_get(img, "configDigest"));
+        if (cd && is_digest(cd))
+            json_object_set_new(bkeep, cd + 7, json_true());
+        json_array_foreach(json_object_get(img, "layerBlobs"), i, l) {
+            const char *s = json_string_value(l);
+            if (s && is_digest(s))
+                json_object_set_new(bkeep, s + 7, json_true());
+        }
+    }
+    if (d)
+        closedir(d);
+    snprintf(p, sizeof(p), "%s/blobs", st->dir);
+    d = opendir(p);
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.' || json_object_get(bkeep, de->d_name))
+            continue;
+        char f[4200];
+        snprintf(f, sizeof(f), "%s/blobs/%s", st->dir, de->d_name);
+        unlink(f);
     }
     if (d)
         closedir(d);
@@ -509,6 +531,45 @@ gc_locked(sbx_image_store *st, int *removed)
     if (removed)
         *removed = n;
     return 0;
+}
+
+/*
+ * Keep the verified blob digest of layout in <store>/blobs/<hex> (unless
+ * there already), so that peers can fetch the image by digest
+ * (image_fetch.c): hard-linked when the layout is the store's own
+ * (tmp/: a tarball, a pull, a fetch), else copied — a user's layout file
+ * must not share an inode with the store.  Under the exclusive lock.
+ */
+static int
+keep_blob(sbx_image_store *st, const char *layout, const char *digest, sbx_err_t *err)
+{
+    char src[4096], dst[4096], tmp[4200];
+    int rc = blob_path(layout, digest, src, sizeof(src), err);
+    if (rc)
+        return rc;
+    snprintf(dst, sizeof(dst), "%s/blobs/%s", st->dir, digest + 7);
+    struct stat sb;
+    if (stat(dst, &sb) == 0)
+        return 0;
+    char own[4200];
+    snprintf(own, sizeof(own), "%s/tmp/", st->dir);
+    if (!strncmp(src, own, strlen(own)) && link(src, dst) == 0)
+        return 0;
+    snprintf(tmp, sizeof(tmp), "%s/tmp/blob-XXXXXX", st->dir);
+    _cleanup_close_ int out = mkostemp(tmp, O_CLOEXEC);
+    _cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (out < 0 || in < 0)
+        rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
+    char buf[65536];
+    ssize_t n = 0;
+    while (rc == 0 && (n = read(in, buf, sizeof(buf))) > 0)
+        if (sbx_write_full(out, buf, (size_t)n) != 0)
+            n = -1;
+    if (rc == 0 && (n < 0 || fsync(out) < 0 || rename(tmp, dst) < 0))
+        rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
+    if (rc && out >= 0)
+        unlink(tmp);
+    return rc;
 }
 
 /* Import the OCI layout at layout, under the exclusive lock. */
@@ -631,6 +692,19 @@ import_layout(sbx_image_store *st, const char *layout, const char *source, const
         size += json_integer_value(json_object_get(json_array_get(layers, i), "size"));
     }
     json_object_set_new(record, "layers", ll);
+    json_t *lb = json_array();
+    for (int i = 0; i < nl; i++)
+        json_array_append(lb, json_object_get(json_array_get(layers, i), "digest"));
+    json_object_set_new(record, "layerBlobs", lb);
+    if ((rc = keep_blob(st, layout, mdigest, err)) != 0 ||
+        (rc = keep_blob(st, layout, cdigest, err)) != 0)
+        goto out;
+    for (int i = 0; i < nl && rc == 0; i++)
+        rc = keep_blob(st, layout,
+                       json_string_value(json_object_get(json_array_get(layers, i), "digest")),
+                       err);
+    if (rc)
+        goto out;
     json_object_set_new(record, "size", json_integer(size));
     json_object_set_new(record, "created", json_integer(sbx_wall_ms()));
     json_object_set_new(record, "source", json_string(source));
@@ -707,6 +781,16 @@ sbx_image_import(sbx_image_store *st, const char *path, const char *name,
     }
     sbx_rm_rf(tmp);
     return rc;
+}
+
+int
+sbx_image_import_layout(sbx_image_store *st, const char *layout, const char *source,
+                        char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
+{
+    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
+    if (lk < 0)
+        return lk;
+    return import_layout(st, layout, source, NULL, digest, err);
 }
 
 int

@@ -130,6 +130,54 @@ int sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_imag
  * on a zeroed root with use_fd -1. */
 void sbx_image_root_free(struct sbx_image_root *root);
 
+/*
+ * sbx_image_import_layout — import the OCI layout directory layout (as
+ * sbx_image_import, with no name), recording source as where it came from
+ * ("peer <shard>").  For image_fetch.c: the layout it assembled in tmp/.
+ */
+int sbx_image_import_layout(sbx_image_store *st, const char *layout, const char *source,
+                            char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/*
+ * Fetching an image from a peer node (image_fetch.c; docs/images.md,
+ * "Images in a cluster").  The store keeps the blobs an image was imported
+ * from — its manifest, its config and its compressed layers — under
+ * blobs/<hex> (the layers' unpacked trees are not byte-for-byte a tar
+ * again), so a node that has an image can serve it by digest.
+ *
+ * sbx_image_blob_read — up to max bytes of the kept blob digest from
+ * offset: *data (heap, the caller's; NULL when *len is 0), *len, *size the
+ * blob's whole size.  SBX_E_IMAGE_NOT_FOUND when the store keeps no such
+ * blob (no such image here, or one imported before blobs were kept, or a
+ * template's: see docs/images.md), SBX_E_VALIDATION for a malformed digest.
+ */
+int sbx_image_blob_read(sbx_image_store *st, const char *digest, uint64_t offset, size_t max,
+                        char **data, size_t *len, uint64_t *size, sbx_err_t *err);
+
+/* A source of blobs for sbx_image_fetch: up to max bytes of blob digest
+ * from offset into *data (heap, the fetch's), *len and *size as
+ * sbx_image_blob_read.  0 or a negative code with *err. */
+typedef int (*sbx_image_blob_fn)(void *arg, const char *digest, uint64_t offset, size_t max,
+                                 char **data, size_t *len, uint64_t *size, sbx_err_t *err);
+
+/*
+ * sbx_image_fetch — fetch the image of manifest digest through get(arg, …)
+ * and import it: the manifest, its config and its layer blobs are written
+ * into a layout under tmp/ chunk by chunk (chunk bytes per call), each
+ * checked against its digest as it completes, then imported exactly as
+ * `image.import` of a layout (every digest verified again, layers unpacked
+ * with the same rules).  source names where it came from.  Nothing is left
+ * of a fetch that fails: the layout is removed, the import cleans up as
+ * always.  *bytes (may be NULL) counts what was received.  Stops with
+ * SBX_E_DEADLINE once the monotonic clock passes deadline_ms (0: none).
+ * Errors: get's (SBX_E_IMAGE_NOT_FOUND: the source lacks it), IMAGE_INVALID
+ * (a blob whose digest is not what was asked: tampered or corrupt, or a
+ * manifest that is not an image manifest), SBX_E_STORAGE, SBX_E_DEADLINE.
+ */
+int sbx_image_fetch(sbx_image_store *st, const char *digest, sbx_image_blob_fn get, void *arg,
+                    size_t chunk, int64_t deadline_ms, const char *source, uint64_t *bytes,
+                    sbx_err_t *err);
+
 /* image_unpack.c: unpack one layer blob (a tar, gzip, zstd, bzip2 or xz
  * compressed or not) into the empty directory dirfd, with the OCI rules
  * (whiteouts → overlayfs whiteouts; paths confined to dirfd).  The blob's
