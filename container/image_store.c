@@ -1009,9 +1009,29 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
     root->user = user && user[0] ? sbx_xstrdup(user) : NULL;
     int rc = sbx_image_user_resolve(root->layers, root->nlayers, root->user, &root->run_uid,
                                     &root->run_gid, err);
-    if (rc)
+    if (rc) {
         sbx_image_root_free(root);
-    return rc;
+        return rc;
+    }
+    /* HOME from /etc/passwd unless the image's Env sets it; the groups. */
+    char *home = NULL;
+    int left = sbx_image_user_extras(root->layers, root->nlayers, root->user, root->run_uid,
+                                     root->run_gid, &home, root->groups, &root->ngroups);
+    if (left)
+        sbx_log_warn("image %s: its User is in %d more supplementary groups than the %d "
+                     "mapped; those are left out", digest, left, SBX_IMAGE_MAX_GROUPS);
+    bool has_home = false;
+    size_t ne = 0;
+    for (char **e = root->env; e && *e; e++, ne++)
+        has_home |= !strncmp(*e, "HOME=", 5);
+    if (home && !has_home) {
+        root->env = sbx_xrealloc(root->env, (ne + 2) * sizeof(char *));
+        root->env[ne] = sbx_xmalloc(strlen(home) + 6);
+        sprintf(root->env[ne], "HOME=%s", home);
+        root->env[ne + 1] = NULL;
+    }
+    free(home);
+    return 0;
 }
 
 void

@@ -118,6 +118,8 @@ struct sbx_image_root {
     char *user;        /* User or NULL */
     uint32_t run_uid;  /* User resolved (sbx_image_user_resolve): the ids commands run as */
     uint32_t run_gid;  /* inside the sandbox; 0:0 (root) when the image names no User */
+    uint32_t groups[8];/* the User's supplementary groups (sbx_image_user_extras) */
+    int ngroups;       /* SBX_IMAGE_MAX_GROUPS at most */
     int use_fd;        /* holds LOCK_SH on use/<hex> while the container lives; -1: none */
 };
 
@@ -216,6 +218,20 @@ int sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob,
  */
 int sbx_image_user_resolve(char *const *layers, int nlayers, const char *user, uint32_t *uid,
                            uint32_t *gid, sbx_err_t *err);
+
+/*
+ * image_user.c: sbx_image_user_extras — for the User resolved to uid:gid,
+ * what runc also applies (libcontainer/user GetExecUser): *home, the home
+ * directory of uid's /etc/passwd line (heap, the caller's; NULL: none or not
+ * absolute), and, when user names no group, groups[0..*ngroups): the gids of
+ * the /etc/group lines that list the user's name, other than gid, in file
+ * order, at most SBX_IMAGE_MAX_GROUPS.  Nothing for an empty user or a uid
+ * /etc/passwd does not list.  Returns how many groups were left out past
+ * the limit (0 normally).
+ */
+#define SBX_IMAGE_MAX_GROUPS 8
+int sbx_image_user_extras(char *const *layers, int nlayers, const char *user, uint32_t uid,
+                          uint32_t gid, char **home, uint32_t *groups, int *ngroups);
 
 /*
  * image_layer.c: sbx_image_layer_write — write the overlayfs upper dir
