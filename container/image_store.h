@@ -18,7 +18,12 @@
  *   use/<hex>              one per image: a running sandbox of that image
  *                          holds a LOCK_SH on it; GC removes an image only
  *                          while it can take LOCK_EX|LOCK_NB on it
- *   tmp/                   imports in progress (removed at open and on error)
+ *   blobs/<hex>            the blobs each image was imported from (manifest,
+ *                          config, compressed layers), served to peers that
+ *                          fetch the image by digest (image_fetch.c); GC
+ *                          removes those no image references
+ *   tmp/                   imports and fetches in progress (removed at open
+ *                          and on error)
  *
  * Every blob is verified against its sha256 digest (manifest, config, each
  * layer's compressed blob and its diff_id) before anything is unpacked, and
