@@ -1,7 +1,11 @@
 /*
  * images.c — the shard's part of the image ops (runtime/ops/images.yaml):
  * image.import, image.pull, image.list, image.inspect, image.rm on the
- * node's store (container/image_store.h, docs/images.md).
+ * node's store (container/image_store.h, docs/images.md), and the shard to
+ * shard image.blob (serving a kept blob) and image.fetch (fetching an image
+ * from the peers, in the background: a job whose op was answered when it
+ * was accepted), and the replication of a new sandbox's image to its
+ * partition's successor (shard_image_replicate).
  *
  * Each op runs on a thread of its own: an import or a pull reads, hashes
  * and unpacks the whole image (seconds for a large one), and even a list
@@ -85,7 +89,7 @@ img_done(sbx_loop *l, void *arg)
     struct img_job *j = arg;
     (void)l;
     if (!j->op) {
-        /* replicate: nobody waits for it */
+        /* image.fetch in the background, a replication: nobody waits */
     } else if (j->code) {
         shard_reply_err(j->op, j->code, "%s", j->msg ? j->msg : "image operation failed");
     } else {
@@ -122,6 +126,8 @@ describe(sbx_image_store *st, const char *digest, json_t *res, sbx_err_t *err)
 
 /* How long an image.fetch may fetch (the images cross the network). */
 #define FETCH_JOB_MS (10 * 60 * 1000)
+/* How long the replication waits for the successor to accept image.fetch. */
+#define REPLICATE_MS 10000
 
 /* IMG_REPLICATE: image.fetch {digest, from: us} to the successor j->peers->p[0]. */
 static int
@@ -142,10 +148,11 @@ replicate(struct img_job *j, sbx_err_t *err)
     int rc = sbx_enc_finish(&a, &args, &al);
     if (rc == 0) {
         sbx_msg m;
-        rc = shard_peer_call(s, "image.fetch", args, al, FETCH_JOB_MS + 5000, &buf, &bl, &m, err);
+        rc = shard_peer_call(s, "image.fetch", args, al, REPLICATE_MS, &buf, &bl, &m, err);
         free(args);
         if (rc == 0) {
-            sbx_log_info("image %s: %s has it for the failover of its sandboxes", j->a, p->name);
+            sbx_log_info("image %s: %s fetches it for the failover of its sandboxes", j->a,
+                         p->name);
             sbx_wire_msg_free(&m);
             free(buf);
         }
@@ -202,26 +209,22 @@ img_thread(void *arg)
         rc = sbx_image_blob_read(st, j->a, j->off, j->max, &j->data, &j->len, &j->size, &err);
         break;
     case IMG_FETCH: {
+        /* In the background: image.fetch was answered when it was accepted. */
         char from[64] = "";
         uint64_t bytes = 0;
-        if (sbx_image_resolve(st, j->a, digest, NULL) != 0 || strcmp(digest, j->a) != 0)
+        if (sbx_image_resolve(st, j->a, digest, NULL) != 0 || strcmp(digest, j->a) != 0) {
             rc = shard_image_fetch(j->sh, j->peers, j->a, sbx_mono_ms() + FETCH_JOB_MS, from,
                                    &bytes, &err);
-        if (rc == 0) {
-            json_object_set_new(j->result, "digest", json_string(j->a));
-            json_object_set_new(j->result, "fetchedFrom", json_string(from));
-            json_object_set_new(j->result, "bytes", json_integer((json_int_t)bytes));
+            if (rc)
+                sbx_log_warn("image %s: image.fetch failed: %s", j->a, sbx_err_msg(err));
         }
         break;
     }
     case IMG_REPLICATE:
-        /* Touches nothing of the shard (it may be stopping: this job is not
-         * counted in img_jobs and posts nothing), and frees itself. */
         if (replicate(j, &err) != 0)
-            sbx_log_warn("image %s: its sandboxes' successor %s could not fetch it: %s", j->a,
-                         j->peers->p[0].name, sbx_err_msg(err));
-        job_free(j);
-        return NULL;
+            sbx_log_warn("image %s: its sandboxes' successor %s was not told to fetch it: %s",
+                         j->a, j->peers->p[0].name, sbx_err_msg(err));
+        break;
     case IMG_RM:
         rc = sbx_image_rm(st, j->a, &removed, &err);
         if (rc == 0) {
@@ -274,12 +277,9 @@ img_run(struct img_job *j)
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    bool counted = j->kind != IMG_REPLICATE; /* see img_thread */
-    if (counted)
-        atomic_fetch_add(&sh->img_jobs, 1);
+    atomic_fetch_add(&sh->img_jobs, 1);
     if (pthread_create(&t, &at, img_thread, j) != 0) {
-        if (counted)
-            atomic_fetch_sub(&sh->img_jobs, 1);
+        atomic_fetch_sub(&sh->img_jobs, 1);
         if (op)
             shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
         job_free(j);
@@ -385,7 +385,21 @@ shard_op_image_fetch(struct sop *op)
     struct img_job *j = img_job_new(op, IMG_FETCH, "digest", "from");
     if (!j)
         return;
+    if (strlen(j->a) != 71 || strncmp(j->a, "sha256:", 7) ||
+        strspn(j->a + 7, "0123456789abcdef") != 64) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'digest' must be sha256:<64 hex digits>");
+        job_free(j);
+        return;
+    }
     j->peers = shard_peers_snapshot(op->sh, j->b);
+    /* Accepted: answered now, fetched in the background (a job without an
+     * op: its outcome is logged), so the asking shard never waits for it. */
+    sbx_enc e;
+    shard_reply_begin(op, &e);
+    sbx_enc_kstr(&e, "digest", j->a);
+    sbx_enc_kbool(&e, "accepted", true);
+    shard_reply_end(op, &e, 0);
+    j->op = NULL;
     img_run(j);
 }
 
