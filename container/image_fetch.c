@@ -76,6 +76,36 @@ sbx_image_blob_read(sbx_image_store *st, const char *digest, uint64_t offset, si
     return 0;
 }
 
+int
+sbx_image_keep_blob(sbx_image_store *st, const char *src, const char *digest, sbx_err_t *err)
+{
+    char dst[4200], tmp[4200], own[4200];
+    const char *dir = sbx_image_store_dir(st);
+    snprintf(dst, sizeof(dst), "%s/blobs/%s", dir, digest + 7);
+    struct stat sb;
+    if (stat(dst, &sb) == 0)
+        return 0;
+    snprintf(own, sizeof(own), "%s/tmp/", dir);
+    if (!strncmp(src, own, strlen(own)) && link(src, dst) == 0)
+        return 0;
+    snprintf(tmp, sizeof(tmp), "%s/tmp/blob-XXXXXX", dir);
+    _cleanup_close_ int out = mkostemp(tmp, O_CLOEXEC);
+    _cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC);
+    int rc = 0;
+    if (out < 0 || in < 0)
+        rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
+    char buf[65536];
+    ssize_t n = 0;
+    while (rc == 0 && (n = read(in, buf, sizeof(buf))) > 0)
+        if (sbx_write_full(out, buf, (size_t)n) != 0)
+            n = -1;
+    if (rc == 0 && (n < 0 || fsync(out) < 0 || rename(tmp, dst) < 0))
+        rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
+    if (rc && out >= 0)
+        unlink(tmp);
+    return rc;
+}
+
 /* One blob through get into <layout>/blobs/sha256/<hex>, its digest checked. */
 static int
 fetch_blob(const char *layout, const char *digest, sbx_image_blob_fn get, void *arg, size_t chunk,

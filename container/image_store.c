@@ -533,43 +533,13 @@ gc_locked(sbx_image_store *st, int *removed)
     return 0;
 }
 
-/*
- * Keep the verified blob digest of layout in <store>/blobs/<hex> (unless
- * there already), so that peers can fetch the image by digest
- * (image_fetch.c): hard-linked when the layout is the store's own
- * (tmp/: a tarball, a pull, a fetch), else copied — a user's layout file
- * must not share an inode with the store.  Under the exclusive lock.
- */
+/* Keep layout's verified blob digest in the store's blobs/ (image_fetch.c). */
 static int
 keep_blob(sbx_image_store *st, const char *layout, const char *digest, sbx_err_t *err)
 {
-    char src[4096], dst[4096], tmp[4200];
+    char src[4096];
     int rc = blob_path(layout, digest, src, sizeof(src), err);
-    if (rc)
-        return rc;
-    snprintf(dst, sizeof(dst), "%s/blobs/%s", st->dir, digest + 7);
-    struct stat sb;
-    if (stat(dst, &sb) == 0)
-        return 0;
-    char own[4200];
-    snprintf(own, sizeof(own), "%s/tmp/", st->dir);
-    if (!strncmp(src, own, strlen(own)) && link(src, dst) == 0)
-        return 0;
-    snprintf(tmp, sizeof(tmp), "%s/tmp/blob-XXXXXX", st->dir);
-    _cleanup_close_ int out = mkostemp(tmp, O_CLOEXEC);
-    _cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (out < 0 || in < 0)
-        rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
-    char buf[65536];
-    ssize_t n = 0;
-    while (rc == 0 && (n = read(in, buf, sizeof(buf))) > 0)
-        if (sbx_write_full(out, buf, (size_t)n) != 0)
-            n = -1;
-    if (rc == 0 && (n < 0 || fsync(out) < 0 || rename(tmp, dst) < 0))
-        rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
-    if (rc && out >= 0)
-        unlink(tmp);
-    return rc;
+    return rc ? rc : sbx_image_keep_blob(st, src, digest, err);
 }
 
 /* Import the OCI layout at layout, under the exclusive lock. */

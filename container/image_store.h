@@ -161,6 +161,13 @@ int sbx_image_import_layout(sbx_image_store *st, const char *layout, const char 
 int sbx_image_blob_read(sbx_image_store *st, const char *digest, uint64_t offset, size_t max,
                         char **data, size_t *len, uint64_t *size, sbx_err_t *err);
 
+/* sbx_image_keep_blob — the import's step (under the store's exclusive
+ * lock): keep the verified blob at src as blobs/<hex of digest>, unless
+ * kept already — hard-linked when src is in the store's own tmp/ (a
+ * tarball, a pull, a fetch), else copied (a user's layout file must not
+ * share an inode with the store).  0 or SBX_E_STORAGE. */
+int sbx_image_keep_blob(sbx_image_store *st, const char *src, const char *digest, sbx_err_t *err);
+
 /* A source of blobs for sbx_image_fetch: up to max bytes of blob digest
  * from offset into *data (heap, the fetch's), *len and *size as
  * sbx_image_blob_read.  0 or a negative code with *err. */
