@@ -212,6 +212,13 @@ actor_start_container(struct actor *a, struct sop *op)
     w->actor = a;
     w->lim = a->rec.limits;
     snprintf(w->image, sizeof(w->image), "%s", a->rec.image);
+    if (a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, w->ws_dir, sizeof(w->ws_dir)) != 0) {
+        free(w);
+        a->gate = NULL;
+        a->cs = C_NONE;
+        shard_reply_err(op, SBX_E_CONTAINER, "the workspace's path is too long");
+        return;
+    }
     char have[SBX_IMAGE_DIGEST_LEN];
     if (a->rec.image[0] && sh->images && cluster_on(sh) &&
         sbx_image_resolve(sh->images, a->rec.image, have, NULL) != 0) {
@@ -219,13 +226,6 @@ actor_start_container(struct actor *a, struct sop *op)
         w->peers = shard_peers_snapshot(sh, NULL);
         a->img_fetch = 1;
         a->img_from[0] = a->img_why[0] = '\0';
-    }
-    if (a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, w->ws_dir, sizeof(w->ws_dir)) != 0) {
-        free(w);
-        a->gate = NULL;
-        a->cs = C_NONE;
-        shard_reply_err(op, SBX_E_CONTAINER, "the workspace's path is too long");
-        return;
     }
     shard_work_submit(sh, w);
 }
