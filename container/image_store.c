@@ -20,6 +20,7 @@
 
 struct sbx_image_store {
     char *dir;
+    bool keep_blobs; /* imports keep their blobs (sbx_image_store_keep_blobs) */
 };
 
 /* A JSON value released at the end of its scope. */
@@ -121,6 +122,12 @@ sbx_image_store_close(sbx_image_store *st)
         return;
     free(st->dir);
     free(st);
+}
+
+void
+sbx_image_store_keep_blobs(sbx_image_store *st, bool on)
+{
+    st->keep_blobs = on;
 }
 
 const char *
@@ -666,10 +673,10 @@ import_layout(sbx_image_store *st, const char *layout, const char *source, const
     for (int i = 0; i < nl; i++)
         json_array_append(lb, json_object_get(json_array_get(layers, i), "digest"));
     json_object_set_new(record, "layerBlobs", lb);
-    if ((rc = keep_blob(st, layout, mdigest, err)) != 0 ||
-        (rc = keep_blob(st, layout, cdigest, err)) != 0)
+    if (st->keep_blobs && ((rc = keep_blob(st, layout, mdigest, err)) != 0 ||
+                           (rc = keep_blob(st, layout, cdigest, err)) != 0))
         goto out;
-    for (int i = 0; i < nl && rc == 0; i++)
+    for (int i = 0; st->keep_blobs && i < nl && rc == 0; i++)
         rc = keep_blob(st, layout,
                        json_string_value(json_object_get(json_array_get(layers, i), "digest")),
                        err);

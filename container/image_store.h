@@ -64,6 +64,12 @@ typedef struct sbx_image_store sbx_image_store;
 int sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err);
 void sbx_image_store_close(sbx_image_store *st);
 const char *sbx_image_store_dir(const sbx_image_store *st);
+/* sbx_image_store_keep_blobs — whether imports from now on keep the blobs
+ * they import (blobs/, served to peers: sbx_image_blob_read).  Off by
+ * default: a single node has nobody to serve them to, and they cost the
+ * image's compressed size once more; a shard in a cluster turns it on
+ * before serving.  Call before the store is shared with other threads. */
+void sbx_image_store_keep_blobs(sbx_image_store *st, bool on);
 
 /*
  * sbx_image_import — import the image at path, a file or directory of the

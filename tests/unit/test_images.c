@@ -537,6 +537,7 @@ peer_with(const char *name, char digest[72], char diffs[][72])
     sbx_image_store *p = NULL;
     sbx_err_t err = NULL;
     cr_assert_eq(sbx_image_store_open(pdir, &p, &err), 0, "%s", sbx_err_msg(err));
+    sbx_image_store_keep_blobs(p, true);
     cr_assert_eq(sbx_image_import(p, dir, "img:1", got, &err), 0, "%s", sbx_err_msg(err));
     cr_assert_str_eq(got, digest);
     return p;
@@ -551,6 +552,7 @@ Test(images, fetch_by_digest_from_a_peer_store)
     struct src s = {.from = peer};
     sbx_err_t err = NULL;
     uint64_t bytes = 0;
+    sbx_image_store_keep_blobs(st, true); /* to serve it in turn */
     cr_assert_eq(sbx_image_fetch(st, digest, src_get, &s, 97, 0, "peer test", &bytes, &err), 0,
                  "%s", sbx_err_msg(err));
     cr_assert_gt(s.calls, 10, "97-byte chunks: many calls (%d)", s.calls);
@@ -574,6 +576,25 @@ Test(images, fetch_by_digest_from_a_peer_store)
     sbx_image_store_close(peer);
 }
 
+/* A store that keeps no blobs (a single node's, the default) serves none. */
+Test(images, a_store_keeps_no_blobs_by_default)
+{
+    static const struct imgb_entry top[] = {{'f', "x", "x", 0}};
+    const struct imgb_entry *layers[] = {base_min, top};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), 1};
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout("nb", layers, counts, 2, true, NULL, digest, diffs);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import("nb", "nb:1", got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(count_dir("blobs"), 0);
+    char *d = NULL;
+    size_t l = 0;
+    uint64_t sz = 0;
+    cr_assert_eq(sbx_image_blob_read(st, digest, 0, 100, &d, &l, &sz, &err),
+                 SBX_E_IMAGE_NOT_FOUND);
+    sbx_err_release(&err);
+}
+
 /* A corrupt blob is refused by digest and nothing of the fetch is left; a
  * source without the image is IMAGE_NOT_FOUND; a bad digest VALIDATION. */
 Test(images, fetch_refuses_a_corrupt_blob_and_leaves_nothing)
@@ -591,6 +612,7 @@ Test(images, fetch_refuses_a_corrupt_blob_and_leaves_nothing)
     const char *ldig = json_string_value(
         json_object_get(json_array_get(json_object_get(man, "layers"), 1), "digest"));
     cr_assert_not_null(ldig);
+    sbx_image_store_keep_blobs(st, true);
     struct src s = {.from = peer, .corrupt = ldig};
     cr_assert_eq(sbx_image_fetch(st, digest, src_get, &s, 0, 0, "peer test", NULL, &err),
                  SBX_E_IMAGE_INVALID);
