@@ -10,6 +10,7 @@
  * the actors (sh->actors.buckets) and the table frees them (actor_maybe_free).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -271,6 +272,9 @@ actor_encode_status(struct actor *a, sbx_enc *e)
             sbx_enc_kstr(e, "fetchedFrom", a->img_from);
         if (a->img_why[0])
             sbx_enc_kstr(e, "error", a->img_why);
+        uint64_t b = a->img_fetch == 1 && a->img_work ? atomic_load(&a->img_work->fetch_bytes)
+                                                      : a->img_bytes;
+        sbx_enc_kint(e, "bytes", (int64_t)b);
         sbx_enc_end(e);
     }
     sbx_enc_kmap(e, "workspace");

@@ -12,6 +12,7 @@
  * The container handle (a->c) is the actor's while it runs and the work's
  * while it stops.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +227,8 @@ actor_start_container(struct actor *a, struct sop *op)
         w->peers = shard_peers_snapshot(sh, NULL);
         a->img_fetch = 1;
         a->img_from[0] = a->img_why[0] = '\0';
+        a->img_bytes = 0;
+        a->img_work = w;
     }
     shard_work_submit(sh, w);
 }
@@ -271,7 +274,9 @@ actor_work_done(struct shard *sh, struct work *w)
     if (w->kind == W_START) {
         struct sop *op = a->gate;
         a->gate = NULL;
-        if (a->img_fetch == 1) {
+        if (a->img_fetch == 1 && a->img_work == w) {
+            a->img_work = NULL;
+            a->img_bytes = atomic_load(&w->fetch_bytes);
             a->img_fetch = w->fetched_from[0] ? 2 : 3;
             snprintf(a->img_from, sizeof(a->img_from), "%s", w->fetched_from);
             snprintf(a->img_why, sizeof(a->img_why), "%s", w->rc ? w->why : "");

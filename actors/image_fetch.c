@@ -173,6 +173,7 @@ struct peer_src {
     struct shard *sh;
     nng_socket s;
     const char *name;
+    _Atomic uint64_t *bytes; /* progress, or NULL */
 };
 
 static int
@@ -211,6 +212,8 @@ peer_get(void *arg, const char *digest, uint64_t offset, size_t max, char **data
         memcpy(*data, d.p, d.n);
         *len = d.n;
         *size = (uint64_t)sz;
+        if (ps->bytes)
+            atomic_fetch_add(ps->bytes, d.n);
     }
     sbx_wire_msg_free(&m);
     free(buf);
@@ -219,7 +222,8 @@ peer_get(void *arg, const char *digest, uint64_t offset, size_t max, char **data
 
 int
 shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const char *digest,
-                  int64_t deadline_ms, char from[64], uint64_t *bytes, sbx_err_t *err)
+                  int64_t deadline_ms, char from[64], _Atomic uint64_t *bytes,
+                  sbx_err_t *err)
 {
     from[0] = '\0';
     if (!sh->images)
@@ -230,7 +234,7 @@ shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const char 
     _cleanup_err_ sbx_err_t why = NULL; /* the last peer's error other than "not found" */
     for (int i = 0; peers && i < peers->n; i++) {
         const struct shard_peer *p = &peers->p[i];
-        struct peer_src src = {.sh = sh, .name = p->name};
+        struct peer_src src = {.sh = sh, .name = p->name, .bytes = bytes};
         if (sbx_nng_req_dial(&src.s, p->url, NULL) != 0)
             continue;
         _cleanup_err_ sbx_err_t e = NULL;
@@ -241,8 +245,6 @@ shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const char 
         int rc = sbx_image_fetch(sh->images, digest, peer_get, &src, FETCH_CHUNK, deadline_ms,
                                  source, &got, &e);
         nng_close(src.s);
-        if (bytes)
-            *bytes += got;
         size_t al = strlen(asked);
         snprintf(asked + al, sizeof(asked) - al, "%s%s", al ? ", " : "", p->name);
         if (rc == 0) {

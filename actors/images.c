@@ -211,7 +211,7 @@ img_thread(void *arg)
     case IMG_FETCH: {
         /* In the background: image.fetch was answered when it was accepted. */
         char from[64] = "";
-        uint64_t bytes = 0;
+        _Atomic uint64_t bytes = 0;
         if (sbx_image_resolve(st, j->a, digest, NULL) != 0 || strcmp(digest, j->a) != 0) {
             rc = shard_image_fetch(j->sh, j->peers, j->a, sbx_mono_ms() + FETCH_JOB_MS, from,
                                    &bytes, &err);

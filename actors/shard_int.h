@@ -161,6 +161,8 @@ struct actor {
     int img_fetch;
     char img_from[64];
     char img_why[160];
+    uint64_t img_bytes;         /* bytes received (when fetched or failed) */
+    struct work *img_work;      /* while fetching: the start's work (its fetch_bytes) */
     bool destroying;
     /* Its partition's records were replaced while it could not be freed
      * (its container still stopping, relays open): it writes nothing to the
@@ -183,6 +185,7 @@ struct work {
     struct shard_peers *peers;  /* W_START of an image this node lacks: the peers to fetch it
                                  * from (heap; the worker frees it), else NULL */
     char fetched_from[64];      /* W_START: the peer the image came from ("" none) */
+    _Atomic uint64_t fetch_bytes; /* W_START: bytes of it received so far (the worker adds) */
     int rc;
     char why[512];
     bool for_destroy;
@@ -403,12 +406,14 @@ int shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_
 /* shard_image_fetch — blocking (a worker or an image job's thread): fetch
  * the image digest from peers in turn (container/image_store.h
  * sbx_image_fetch) until one serves it intact; from receives that peer's
- * name, *bytes (may be NULL) counts what was received.  deadline_ms:
+ * name, *bytes (may be NULL) counts what was received as it arrives (an
+ * atomic: the loop thread reads it for `status`).  deadline_ms:
  * monotonic, 0 none.  Errors: SBX_E_IMAGE_NOT_FOUND (no peer has it),
  * SBX_E_IMAGE_INVALID (the peers that have it served corrupt blobs),
  * SBX_E_TIMEOUT, SBX_E_SHARD_UNAVAILABLE (stopping), SBX_E_STORAGE. */
 int shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const char *digest,
-                      int64_t deadline_ms, char from[64], uint64_t *bytes, sbx_err_t *err);
+                      int64_t deadline_ms, char from[64], _Atomic uint64_t *bytes,
+                      sbx_err_t *err);
 /* images.c: shard_image_replicate — loop thread: after a sandbox of image
  * digest was created on partition part, ask the partition's successor to
  * fetch the image (image.fetch) in the background, so that a failover does

@@ -46,7 +46,7 @@ start_image(struct shard *sh, struct work *w)
          * finds the image here. */
         sbx_err_release(&err);
         rc = shard_image_fetch(sh, w->peers, w->image, sbx_mono_ms() + START_FETCH_MS,
-                               w->fetched_from, NULL, &err);
+                               w->fetched_from, &w->fetch_bytes, &err);
         if (rc == 0)
             rc = sbx_image_open_root(sh->images, w->image, &root, &err);
     }

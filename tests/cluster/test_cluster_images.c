@@ -230,6 +230,8 @@ Test(cimages, create_by_digest_on_a_node_without_the_image_fetches_it_from_a_pee
     cr_assert(strstr(st, "\"imageFetch\"") && strstr(st, "\"state\":\"fetched\"") &&
                   (strstr(st, fa) || strstr(st, fc)),
               "status does not say the image came from a peer: %s", st);
+    const char *bp = strstr(st, "\"bytes\":");
+    cr_assert(bp && atoll(bp + 8) > 1000, "status does not count the bytes fetched: %s", st);
     free(st);
     cr_assert_eq(store_count(b, "tmp"), 0, "node %d left a fetch in tmp/", b);
     sbx_destroy(c, id, NULL, NULL);

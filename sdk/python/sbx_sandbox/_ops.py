@@ -306,6 +306,8 @@ class SandboxStatusImageFetch(TypedDict, total=False):
     """the peer shard it came from"""
     error: str
     """why the start failed (failed, or fetched but the container did not start)"""
+    bytes: int
+    """received so far from the peers asked (the progress while fetching) (bytes)"""
 
 
 class SandboxStatusContainer(TypedDict, total=False):

@@ -396,6 +396,8 @@ export interface SandboxStatus {
     fetchedFrom?: string;
     /** why the start failed (failed, or fetched but the container did not start) */
     error?: string;
+    /** received so far from the peers asked (the progress while fetching) (bytes) */
+    bytes?: number;
     [key: string]: unknown;
   };
   /** the running container, when there is one */
