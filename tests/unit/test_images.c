@@ -640,3 +640,72 @@ Test(images, fetch_refuses_a_corrupt_blob_and_leaves_nothing)
     sbx_image_store_close(empty);
     sbx_image_store_close(peer);
 }
+
+/* The HOME and supplementary groups of an image's User (image_user.c): from
+ * /etc/passwd and /etc/group; the image's Env HOME wins; with an explicit
+ * group, no supplementary groups (runc's rules). */
+static void
+user_root(const char *name, const char *cfg, struct sbx_image_root *root)
+{
+    static const struct imgb_entry files[] = {
+        {'d', "etc", NULL, 0},
+        {'f', "etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n",
+         0},
+        {'f', "etc/group",
+         "root:x:0:\napp:x:1001:\ndev:x:2000:app\nother:x:2002:bob\nops:x:2001:bob,app\n"
+         "wheel:x:0:app\n",
+         0},
+    };
+    const struct imgb_entry *layers[] = {base_min, files};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), SBX_ARRAY_LEN(files)};
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout(name, layers, counts, 2, false, cfg, digest, diffs);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import(name, NULL, got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(sbx_image_open_root(st, got, root, &err), 0, "%s", sbx_err_msg(err));
+}
+
+static const char *
+env_of(char **env, const char *k, int *count)
+{
+    const char *v = NULL;
+    *count = 0;
+    for (char **e = env; e && *e; e++)
+        if (!strncmp(*e, k, strlen(k)) && (*e)[strlen(k)] == '=') {
+            v = *e + strlen(k) + 1;
+            (*count)++;
+        }
+    return v;
+}
+
+Test(images, image_user_home_and_supplementary_groups)
+{
+    struct sbx_image_root r;
+    int n;
+    user_root("u1", "\"User\":\"app\"", &r);
+    cr_assert_eq(r.run_uid, 1000);
+    cr_assert_eq(r.run_gid, 1001);
+    cr_assert_eq(r.ngroups, 3, "dev, ops and wheel list app: %d", r.ngroups);
+    cr_assert(r.groups[0] == 2000 && r.groups[1] == 2001 && r.groups[2] == 0);
+    cr_assert_str_eq(env_of(r.env, "HOME", &n), "/home/app");
+    cr_assert_eq(n, 1);
+    sbx_image_root_free(&r);
+
+    user_root("u2", "\"User\":\"1000\",\"Env\":[\"HOME=/srv\"]", &r);
+    cr_assert_eq(r.ngroups, 3, "a numeric User is its passwd name's groups too");
+    cr_assert_str_eq(env_of(r.env, "HOME", &n), "/srv", "the image's Env wins");
+    cr_assert_eq(n, 1);
+    sbx_image_root_free(&r);
+
+    user_root("u3", "\"User\":\"app:dev\"", &r);
+    cr_assert_eq(r.run_gid, 2000);
+    cr_assert_eq(r.ngroups, 0, "an explicit group: that one only");
+    cr_assert_str_eq(env_of(r.env, "HOME", &n), "/home/app");
+    sbx_image_root_free(&r);
+
+    user_root("u4", "\"User\":\"4242\"", &r);
+    cr_assert_eq(r.run_uid, 4242);
+    cr_assert_eq(r.ngroups, 0);
+    cr_assert_null(env_of(r.env, "HOME", &n), "a uid /etc/passwd does not list has no HOME");
+    sbx_image_root_free(&r);
+}
