@@ -469,6 +469,9 @@ actor_op_create(struct actor *a, struct sop *op)
                             a->sh->conf.name);
             return;
         }
+        /* A name a peer resolved (and this node fetched): its digest. */
+        if (op->img_digest[0])
+            snprintf(ref, sizeof(ref), "%s", op->img_digest);
         if ((rc = sbx_image_resolve(a->sh->images, ref, digest, &err)) != 0 &&
             !(rc == SBX_E_IMAGE_NOT_FOUND && cluster_on(a->sh) && image_digest_ok(ref))) {
             free(netcfg);

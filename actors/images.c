@@ -27,6 +27,7 @@
 #include "../runtime/nngx.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "cluster.h"
 #include "shard_int.h"
 
 enum img_kind {
@@ -39,6 +40,7 @@ enum img_kind {
     IMG_BLOB,      /* image.blob: a chunk of a kept blob (image_fetch.c) */
     IMG_FETCH,     /* image.fetch: fetch an image from the peers */
     IMG_REPLICATE, /* no op: ask the successor to image.fetch (shard_image_replicate) */
+    IMG_RESOLVE,   /* a create's image name: from the peers, then fetched (its op waits) */
 };
 
 struct img_job {
@@ -57,6 +59,7 @@ struct img_job {
     char *data;
     uint64_t size;
     struct shard_peers *peers; /* fetch: the peers to ask (heap); replicate: [0] the successor */
+    char digest[72];    /* resolve: the name's digest */
 };
 
 static char *
@@ -83,12 +86,16 @@ job_free(struct img_job *j)
     free(j);
 }
 
+static void resolved(struct img_job *j);
+
 static void
 img_done(sbx_loop *l, void *arg)
 {
     struct img_job *j = arg;
     (void)l;
-    if (!j->op) {
+    if (j->kind == IMG_RESOLVE && !j->code) {
+        resolved(j);
+    } else if (!j->op) {
         /* image.fetch in the background, a replication: nobody waits */
     } else if (j->code) {
         shard_reply_err(j->op, j->code, "%s", j->msg ? j->msg : "image operation failed");
@@ -161,6 +168,64 @@ replicate(struct img_job *j, sbx_err_t *err)
     return rc;
 }
 
+/* How long a create waits for a peer's answer about an image name. */
+#define RESOLVE_ASK_MS 10000
+
+/* IMG_RESOLVE: ask the peers in turn for the name j->a (image.inspect on
+ * each: a node op, answered from that node's store); the first that knows
+ * it gives the digest, and the image is fetched from it first. */
+static int
+resolve_name(struct img_job *j, sbx_err_t *err)
+{
+    sbx_enc a;
+    sbx_enc_init(&a);
+    sbx_enc_map(&a);
+    sbx_enc_kstr(&a, "image", j->a);
+    sbx_enc_end(&a);
+    char *args;
+    size_t al;
+    if (sbx_enc_finish(&a, &args, &al) != 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "encode image.inspect");
+    int found = -1;
+    for (int i = 0; j->peers && i < j->peers->n && found < 0; i++) {
+        nng_socket s;
+        if (sbx_nng_req_dial(&s, j->peers->p[i].url, NULL) != 0)
+            continue;
+        char *buf = NULL;
+        size_t bl;
+        sbx_msg m;
+        if (shard_peer_call(s, "image.inspect", args, al, RESOLVE_ASK_MS, &buf, &bl, &m, NULL) ==
+            0) {
+            const msgpack_object *res = NULL;
+            sbx_str d = {0};
+            sbx_wire_get_map(m.root, "result", &res);
+            if (res && sbx_wire_get_str(res, "digest", &d) == 0 && d.n == 71 &&
+                !memcmp(d.p, "sha256:", 7)) {
+                sbx_str_copy(d, j->digest, sizeof(j->digest));
+                found = i;
+            }
+            sbx_wire_msg_free(&m);
+            free(buf);
+        }
+        nng_close(s);
+    }
+    free(args);
+    if (found < 0)
+        return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND,
+                            "no image named '%s' on this node or any live node of the cluster",
+                            j->a);
+    /* That peer first. */
+    struct shard_peer t = j->peers->p[0];
+    j->peers->p[0] = j->peers->p[found];
+    j->peers->p[found] = t;
+    char from[64];
+    char have[SBX_IMAGE_DIGEST_LEN];
+    if (sbx_image_resolve(j->sh->images, j->digest, have, NULL) == 0)
+        return 0; /* here already, by another name or none */
+    return shard_image_fetch(j->sh, j->peers, j->digest, sbx_mono_ms() + FETCH_JOB_MS, from, NULL,
+                             err);
+}
+
 static void *
 img_thread(void *arg)
 {
@@ -220,6 +285,9 @@ img_thread(void *arg)
         }
         break;
     }
+    case IMG_RESOLVE:
+        rc = resolve_name(j, &err);
+        break;
     case IMG_REPLICATE:
         if (replicate(j, &err) != 0)
             sbx_log_warn("image %s: its sandboxes' successor %s was not told to fetch it: %s",
@@ -418,4 +486,51 @@ shard_image_replicate(struct shard *sh, const char *digest, uint32_t part)
     j->peers->n = 1;
     j->peers->p[0] = succ;
     img_run(j);
+}
+
+bool
+shard_image_resolve(struct shard *sh, struct sop *op)
+{
+    sbx_str img;
+    char ref[256], have[SBX_IMAGE_DIGEST_LEN];
+    if (!cluster_on(sh) || !sh->images ||
+        sbx_wire_get_str(op->req.args, "image", &img) != 0 || img.n == 0 ||
+        sbx_str_copy(img, ref, sizeof(ref)) != 0 || memchr(img.p, '\0', img.n) ||
+        !sbx_image_name_valid(ref) || sbx_image_resolve(sh->images, ref, have, NULL) == 0)
+        return false; /* the actor answers as on a single node */
+    char sid[64];
+    sbx_str_copy(op->req.sandbox, sid, sizeof(sid));
+    struct actor *a = actor_get(sh, sid, true);
+    if (!a || a->exists)
+        return false; /* an existing sandbox keeps its image: nothing to resolve */
+    struct img_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->op = op;
+    j->sh = sh;
+    j->kind = IMG_RESOLVE;
+    j->a = sbx_xstrdup(ref);
+    j->peers = shard_peers_snapshot(sh, NULL);
+    img_run(j);
+    return true;
+}
+
+/* IMG_RESOLVE done (loop thread): the create goes to its actor with the
+ * digest, if this shard still owns the sandbox's partition. */
+static void
+resolved(struct img_job *j)
+{
+    struct sop *op = j->op;
+    struct shard *sh = j->sh;
+    snprintf(op->img_digest, sizeof(op->img_digest), "%s", j->digest);
+    if (sh->stopping) {
+        shard_reply_err(op, SBX_E_INTERRUPTED, "the shard is stopping");
+        return;
+    }
+    sbx_werr w;
+    uint32_t part = sbx_place_partition(op->req.sandbox.p, op->req.sandbox.n);
+    if (cluster_admit(sh, part, 0, &w) != 0) {
+        shard_reply_werr(op, &w); /* the partition moved meanwhile: the gateway routes again */
+        sbx_werr_free(&w);
+        return;
+    }
+    shard_enqueue(sh, op);
 }

@@ -74,6 +74,8 @@ struct sop {
     uint64_t wseq;              /* the actor's last store write when op went to the agent:
                                  * its reply fails if that write did (output gate) */
     int code;                   /* the error code its reply carries, 0: success (metrics) */
+    char img_digest[72];        /* create by a name this node lacks: the digest a peer
+                                 * resolved it to, fetched here (images.c shard_image_resolve) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -420,6 +422,16 @@ int shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const c
  * not find the new owner without it when this node is gone.  Best effort:
  * the outcome is logged. */
 void shard_image_replicate(struct shard *sh, const char *digest, uint32_t part);
+/* images.c: shard_image_resolve — loop thread, before a `create` op is
+ * given to its actor: when its image is a name this node's store lacks and
+ * the shard is in a cluster, ask the peers for the name (image.inspect),
+ * fetch the image by the digest the first one that knows it answers, and
+ * then give the op to the actor with op->img_digest set (true: op is the
+ * job's now, answered by it on failure).  false: nothing to do. */
+bool shard_image_resolve(struct shard *sh, struct sop *op);
+/* shard_intake.c: give a sandbox op (admitted, in the idempotency table)
+ * to its actor. */
+void shard_enqueue(struct shard *sh, struct sop *op);
 
 /* actor_container.c: start the image's start command in a's new container
  * (record "imageConfig".start), if it has one. */

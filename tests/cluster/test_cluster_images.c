@@ -258,6 +258,49 @@ Test(cimages, create_by_digest_on_a_node_without_the_image_fetches_it_from_a_pee
     sbx_client_close(c);
 }
 
+/* A create by a name the owner's store lacks: the owner asks its peers for
+ * the name, fetches the image by the digest the one that knows it answers,
+ * and creates the sandbox with that digest; a name no node knows is
+ * IMAGE_NOT_FOUND and creates nothing. */
+Test(cimages, create_by_a_name_only_a_peer_knows, .timeout = 300)
+{
+    char dir[256], digest[72], id[64], out[512], name[64], osid[32], want[64];
+    snprintf(osid, sizeof(osid), "byname%d", getpid());
+    snprintf(want, sizeof(want), "ID=%s", osid);
+    build_image("n", osid, dir, digest);
+    int a = 2, b = 0;
+    snprintf(name, sizeof(name), "cl-n-%d:1", getpid());
+    import_on(a, dir, name);
+    cr_assert(!node_has(b, digest));
+    sbx_client *c = gw_client(0);
+    id_on("byname", b, id);
+    create(c, id, name);
+    cr_assert(node_has(b, digest), "node %d created the sandbox without fetching the image", b);
+    char *st = status_json(c, id);
+    char frag[120];
+    snprintf(frag, sizeof(frag), "\"image\":\"%s\"", digest);
+    cr_assert(strstr(st, frag), "the record keeps the digest the name had on node %d: %s", a, st);
+    free(st);
+    exec_out(c, id, "cat /etc/os-release", out, sizeof(out));
+    cr_assert(strstr(out, want), "%s", out);
+    sbx_destroy(c, id, NULL, NULL);
+
+    char id2[64], args[256];
+    id_on("noname", b, id2);
+    snprintf(args, sizeof(args), "{\"image\":\"cl-nobody-%d:1\"}", getpid());
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call_json(c, "create", id2, args, 30000, &r, &err);
+    cr_assert_neq(rc, 0, "a name no node has was accepted");
+    cr_assert_str_eq(err.code, "IMAGE_NOT_FOUND", "%s %s", err.code, err.message);
+    sbx_error_free(&err);
+    rc = sbx_call_json(c, "status", id2, NULL, 20000, &r, &err);
+    cr_assert_neq(rc, 0, "the failed create left a sandbox");
+    cr_assert_str_eq(err.code, "SANDBOX_NOT_FOUND", "%s %s", err.code, err.message);
+    sbx_error_free(&err);
+    sbx_client_close(c);
+}
+
 /* The image on one node only, the sandbox owned by it; that node is killed:
  * the sandbox comes up on the node that took its partition, from the image
  * it fetched when the sandbox was created (the partition's successor). */
