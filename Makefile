@@ -51,7 +51,7 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
-             container/image_unpack.c container/image_layer.c container/image_user.c \
+             container/image_unpack.c container/image_layer.c container/image_user.c container/image_fetch.c \
              container/net.c container/net_link.c container/net_policy.c \
              container/workspace.c container/backup.c
 AGENT   := container/agent/main.c container/agent/setup.c \
@@ -290,6 +290,8 @@ build/asan/tests/integration/test_egress: build/asan/obj/tests/support/imgbuild.
 build/asan/tests/integration/test_egress: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_workspace: LDLIBS_TEST += -larchive
+build/asan/tests/cluster/test_cluster_images: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/cluster/test_cluster_images: LDLIBS_TEST += -larchive
 # test_backup writes hostile archives into the backup store with libarchive.
 build/asan/tests/integration/test_backup: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.

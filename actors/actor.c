@@ -10,6 +10,7 @@
  * the actors (sh->actors.buckets) and the table frees them (actor_maybe_free).
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +262,21 @@ actor_encode_status(struct actor *a, sbx_enc *e)
         sbx_enc_kstr(e, "lastExit", a->last_exit);
     if (a->rec.image[0])
         sbx_enc_kstr(e, "image", a->rec.image);
+    if (a->img_fetch) {
+        /* Its image fetched from a peer for its container (docs/images.md,
+         * "Images in a cluster"): only on the node that fetched it. */
+        static const char *const states[] = {"", "fetching", "fetched", "failed"};
+        sbx_enc_kmap(e, "imageFetch");
+        sbx_enc_kstr(e, "state", states[a->img_fetch & 3]);
+        if (a->img_from[0])
+            sbx_enc_kstr(e, "fetchedFrom", a->img_from);
+        if (a->img_why[0])
+            sbx_enc_kstr(e, "error", a->img_why);
+        uint64_t b = a->img_fetch == 1 && a->img_work ? atomic_load(&a->img_work->fetch_bytes)
+                                                      : a->img_bytes;
+        sbx_enc_kint(e, "bytes", (int64_t)b);
+        sbx_enc_end(e);
+    }
     sbx_enc_kmap(e, "workspace");
     sbx_enc_kstr(e, "mode", a->rec.persistent ? "persistent" : "ephemeral");
     sbx_enc_kint(e, "limitBytes", (int64_t)sh->conf.disk);
@@ -412,6 +428,13 @@ image_config_blob(sbx_image_store *st, const char *digest, bool start, char **ou
     return 0;
 }
 
+/* "sha256:" and 64 lower-case hex digits. */
+static bool
+image_digest_ok(const char *s)
+{
+    return strlen(s) == 71 && !strncmp(s, "sha256:", 7) && strspn(s + 7, "0123456789abcdef") == 64;
+}
+
 void
 actor_op_create(struct actor *a, struct sop *op)
 {
@@ -430,6 +453,7 @@ actor_op_create(struct actor *a, struct sop *op)
     /* An image (docs/images.md): resolved to its digest now, kept in the
      * record.  Only for a sandbox created here: an existing one keeps its own. */
     char digest[SBX_IMAGE_DIGEST_LEN] = "";
+    bool remote = false; /* digest is not in this node's store (yet) */
     sbx_str img;
     if (created && sbx_wire_get_str(op->req.args, "image", &img) == 0 && img.n > 0) {
         char ref[256];
@@ -445,10 +469,21 @@ actor_op_create(struct actor *a, struct sop *op)
                             a->sh->conf.name);
             return;
         }
-        if ((rc = sbx_image_resolve(a->sh->images, ref, digest, &err)) != 0) {
+        /* A name a peer resolved (and this node fetched): its digest. */
+        if (op->img_digest[0])
+            snprintf(ref, sizeof(ref), "%s", op->img_digest);
+        if ((rc = sbx_image_resolve(a->sh->images, ref, digest, &err)) != 0 &&
+            !(rc == SBX_E_IMAGE_NOT_FOUND && cluster_on(a->sh) && image_digest_ok(ref))) {
             free(netcfg);
             shard_reply_err(op, rc, "%s", sbx_err_msg(err));
             return;
+        }
+        if (rc) {
+            /* A digest this node lacks, in a cluster: kept as is; the first
+             * container start fetches it from a peer that has it
+             * (docs/images.md, "Images in a cluster"). */
+            snprintf(digest, sizeof(digest), "%s", ref);
+            remote = true;
         }
     }
     /* The workspace (docs/persistence.md): only when created, like the image. */
@@ -480,7 +515,15 @@ actor_op_create(struct actor *a, struct sop *op)
                         "'start' runs an image's Entrypoint and Cmd: it needs 'image'");
         return;
     }
-    if (created && digest[0] &&
+    if (remote && start) {
+        free(netcfg);
+        shard_reply_err(op, SBX_E_IMAGE_NOT_FOUND,
+                        "'start' needs the image's Entrypoint and Cmd, and image %s is not on "
+                        "this node: create the sandbox without 'start', or import it here",
+                        digest);
+        return;
+    }
+    if (created && digest[0] && !remote &&
         (rc = image_config_blob(a->sh->images, digest, start, &imgcfg, &imgcfg_len, &err)) != 0) {
         free(netcfg);
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
@@ -511,6 +554,10 @@ actor_op_create(struct actor *a, struct sop *op)
         actor_save_record(a);
         if (net && !created)
             actor_net_apply(a);
+        /* The node that would take the partition over gets the image now, so
+         * a failover finds it there even when this node is gone. */
+        if (created && digest[0] && cluster_on(a->sh))
+            shard_image_replicate(a->sh, digest, a->part);
     } else {
         actor_ensure_record(a, &lim);
     }

@@ -12,6 +12,7 @@
  * The container handle (a->c) is the actor's while it runs and the work's
  * while it stops.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "cluster.h"
 #include "shard_int.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -218,6 +220,16 @@ actor_start_container(struct actor *a, struct sop *op)
         shard_reply_err(op, SBX_E_CONTAINER, "the workspace's path is too long");
         return;
     }
+    char have[SBX_IMAGE_DIGEST_LEN];
+    if (a->rec.image[0] && sh->images && cluster_on(sh) &&
+        sbx_image_resolve(sh->images, a->rec.image, have, NULL) != 0) {
+        /* Not on this node: the worker fetches it from a peer (image_fetch.c). */
+        w->peers = shard_peers_snapshot(sh, NULL);
+        a->img_fetch = 1;
+        a->img_from[0] = a->img_why[0] = '\0';
+        a->img_bytes = 0;
+        a->img_work = w;
+    }
     shard_work_submit(sh, w);
 }
 
@@ -262,10 +274,19 @@ actor_work_done(struct shard *sh, struct work *w)
     if (w->kind == W_START) {
         struct sop *op = a->gate;
         a->gate = NULL;
+        if (a->img_fetch == 1 && a->img_work == w) {
+            a->img_work = NULL;
+            a->img_bytes = atomic_load(&w->fetch_bytes);
+            a->img_fetch = w->fetched_from[0] ? 2 : 3;
+            snprintf(a->img_from, sizeof(a->img_from), "%s", w->fetched_from);
+            snprintf(a->img_why, sizeof(a->img_why), "%s", w->rc ? w->why : "");
+        }
         if (w->rc != 0) {
             a->cs = C_NONE;
+            bool img = w->rc == SBX_E_IMAGE_NOT_FOUND || w->rc == SBX_E_IMAGE_INVALID ||
+                       w->rc == SBX_E_TIMEOUT;
             if (op)
-                shard_reply_err(op, w->rc == SBX_E_IMAGE_NOT_FOUND ? w->rc : SBX_E_CONTAINER,
+                shard_reply_err(op, img ? w->rc : SBX_E_CONTAINER,
                                 "the sandbox's container could not start: %s", w->why);
             free(w);
             actor_pump(a);

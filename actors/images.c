@@ -1,7 +1,11 @@
 /*
  * images.c — the shard's part of the image ops (runtime/ops/images.yaml):
  * image.import, image.pull, image.list, image.inspect, image.rm on the
- * node's store (container/image_store.h, docs/images.md).
+ * node's store (container/image_store.h, docs/images.md), and the shard to
+ * shard image.blob (serving a kept blob) and image.fetch (fetching an image
+ * from the peers, in the background: a job whose op was answered when it
+ * was accepted), and the replication of a new sandbox's image to its
+ * partition's successor (shard_image_replicate).
  *
  * Each op runs on a thread of its own: an import or a pull reads, hashes
  * and unpacks the whole image (seconds for a large one), and even a list
@@ -20,11 +24,24 @@
 #include <unistd.h>
 
 #include "../runtime/json.h"
+#include "../runtime/nngx.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "cluster.h"
 #include "shard_int.h"
 
-enum img_kind { IMG_IMPORT, IMG_PULL, IMG_LIST, IMG_INSPECT, IMG_RM, IMG_TEMPLATE };
+enum img_kind {
+    IMG_IMPORT,
+    IMG_PULL,
+    IMG_LIST,
+    IMG_INSPECT,
+    IMG_RM,
+    IMG_TEMPLATE,
+    IMG_BLOB,      /* image.blob: a chunk of a kept blob (image_fetch.c) */
+    IMG_FETCH,     /* image.fetch: fetch an image from the peers */
+    IMG_REPLICATE, /* no op: ask the successor to image.fetch (shard_image_replicate) */
+    IMG_RESOLVE,   /* a create's image name: from the peers, then fetched (its op waits) */
+};
 
 struct img_job {
     struct sop *op;     /* answered by img_done on the loop thread */
@@ -37,6 +54,12 @@ struct img_job {
     int code;           /* 0, or the error's code … */
     char *msg;          /* … and its message (heap) */
     json_t *result;     /* the result map's members (owned) */
+    uint64_t off;       /* blob: first byte, most bytes; then the chunk (heap), the blob's size */
+    size_t max, len;
+    char *data;
+    uint64_t size;
+    struct shard_peers *peers; /* fetch: the peers to ask (heap); replicate: [0] the successor */
+    char digest[72];    /* resolve: the name's digest */
 };
 
 static char *
@@ -57,16 +80,24 @@ job_free(struct img_job *j)
         free(j->run[i]);
     free(j->run);
     free(j->msg);
+    free(j->data);
+    free(j->peers);
     json_decref(j->result);
     free(j);
 }
+
+static void resolved(struct img_job *j);
 
 static void
 img_done(sbx_loop *l, void *arg)
 {
     struct img_job *j = arg;
     (void)l;
-    if (j->code) {
+    if (j->kind == IMG_RESOLVE && !j->code) {
+        resolved(j);
+    } else if (!j->op) {
+        /* image.fetch in the background, a replication: nobody waits */
+    } else if (j->code) {
         shard_reply_err(j->op, j->code, "%s", j->msg ? j->msg : "image operation failed");
     } else {
         sbx_enc e;
@@ -77,6 +108,10 @@ img_done(sbx_loop *l, void *arg)
             sbx_enc_str(&e, k);
             if (sbx_json_to_msgpack(v, &e) != 0)
                 sbx_enc_nil(&e);
+        }
+        if (j->kind == IMG_BLOB) {
+            sbx_enc_kbin(&e, "data", j->data ? j->data : "", j->len);
+            sbx_enc_kint(&e, "size", (int64_t)j->size);
         }
         shard_reply_end(j->op, &e, 0);
     }
@@ -94,6 +129,101 @@ describe(sbx_image_store *st, const char *digest, json_t *res, sbx_err_t *err)
     json_object_set_new(res, "digest", json_string(digest));
     json_object_set_new(res, "image", img);
     return 0;
+}
+
+/* How long an image.fetch may fetch (the images cross the network). */
+#define FETCH_JOB_MS (10 * 60 * 1000)
+/* How long the replication waits for the successor to accept image.fetch. */
+#define REPLICATE_MS 10000
+
+/* IMG_REPLICATE: image.fetch {digest, from: us} to the successor j->peers->p[0]. */
+static int
+replicate(struct img_job *j, sbx_err_t *err)
+{
+    const struct shard_peer *p = &j->peers->p[0];
+    nng_socket s;
+    if (sbx_nng_req_dial(&s, p->url, NULL) != 0)
+        return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "dial %s", p->url);
+    sbx_enc a;
+    sbx_enc_init(&a);
+    sbx_enc_map(&a);
+    sbx_enc_kstr(&a, "digest", j->a);
+    sbx_enc_kstr(&a, "from", j->b); /* this shard's name */
+    sbx_enc_end(&a);
+    char *args, *buf = NULL;
+    size_t al, bl;
+    int rc = sbx_enc_finish(&a, &args, &al);
+    if (rc == 0) {
+        sbx_msg m;
+        rc = shard_peer_call(s, "image.fetch", args, al, REPLICATE_MS, &buf, &bl, &m, err);
+        free(args);
+        if (rc == 0) {
+            sbx_log_info("image %s: %s fetches it for the failover of its sandboxes", j->a,
+                         p->name);
+            sbx_wire_msg_free(&m);
+            free(buf);
+        }
+    }
+    nng_close(s);
+    return rc;
+}
+
+/* How long a create waits for a peer's answer about an image name. */
+#define RESOLVE_ASK_MS 10000
+
+/* IMG_RESOLVE: ask the peers in turn for the name j->a (image.inspect on
+ * each: a node op, answered from that node's store); the first that knows
+ * it gives the digest, and the image is fetched from it first. */
+static int
+resolve_name(struct img_job *j, sbx_err_t *err)
+{
+    sbx_enc a;
+    sbx_enc_init(&a);
+    sbx_enc_map(&a);
+    sbx_enc_kstr(&a, "image", j->a);
+    sbx_enc_end(&a);
+    char *args;
+    size_t al;
+    if (sbx_enc_finish(&a, &args, &al) != 0)
+        return sbx_err_make(err, SBX_E_INTERNAL, "encode image.inspect");
+    int found = -1;
+    for (int i = 0; j->peers && i < j->peers->n && found < 0; i++) {
+        nng_socket s;
+        if (sbx_nng_req_dial(&s, j->peers->p[i].url, NULL) != 0)
+            continue;
+        char *buf = NULL;
+        size_t bl;
+        sbx_msg m;
+        if (shard_peer_call(s, "image.inspect", args, al, RESOLVE_ASK_MS, &buf, &bl, &m, NULL) ==
+            0) {
+            const msgpack_object *res = NULL;
+            sbx_str d = {0};
+            sbx_wire_get_map(m.root, "result", &res);
+            if (res && sbx_wire_get_str(res, "digest", &d) == 0 && d.n == 71 &&
+                !memcmp(d.p, "sha256:", 7)) {
+                sbx_str_copy(d, j->digest, sizeof(j->digest));
+                found = i;
+            }
+            sbx_wire_msg_free(&m);
+            free(buf);
+        }
+        nng_close(s);
+    }
+    free(args);
+    if (found < 0)
+        return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND,
+                            "no image named '%s' on this node or any live node of the cluster",
+                            j->a);
+    /* That peer first. */
+    struct shard_peer t = j->peers->p[0];
+    j->peers->p[0] = j->peers->p[found];
+    j->peers->p[found] = t;
+    char from[64];
+    char have[SBX_IMAGE_DIGEST_LEN];
+    if (sbx_image_resolve(j->sh->images, j->digest, have, NULL) == 0)
+        return 0; /* here already, by another name or none */
+    return shard_image_fetch(j->sh, j->peers, j->digest, sbx_mono_ms() + FETCH_JOB_MS, from, NULL,
+                             err);
 }
 
 static void *
@@ -139,6 +269,29 @@ img_thread(void *arg)
                          j->nrun);
             rc = describe(st, digest, j->result, &err);
         }
+        break;
+    case IMG_BLOB:
+        rc = sbx_image_blob_read(st, j->a, j->off, j->max, &j->data, &j->len, &j->size, &err);
+        break;
+    case IMG_FETCH: {
+        /* In the background: image.fetch was answered when it was accepted. */
+        char from[64] = "";
+        _Atomic uint64_t bytes = 0;
+        if (sbx_image_resolve(st, j->a, digest, NULL) != 0 || strcmp(digest, j->a) != 0) {
+            rc = shard_image_fetch(j->sh, j->peers, j->a, sbx_mono_ms() + FETCH_JOB_MS, from,
+                                   &bytes, &err);
+            if (rc)
+                sbx_log_warn("image %s: image.fetch failed: %s", j->a, sbx_err_msg(err));
+        }
+        break;
+    }
+    case IMG_RESOLVE:
+        rc = resolve_name(j, &err);
+        break;
+    case IMG_REPLICATE:
+        if (replicate(j, &err) != 0)
+            sbx_log_warn("image %s: its sandboxes' successor %s was not told to fetch it: %s",
+                         j->a, j->peers->p[0].name, sbx_err_msg(err));
         break;
     case IMG_RM:
         rc = sbx_image_rm(st, j->a, &removed, &err);
@@ -195,7 +348,8 @@ img_run(struct img_job *j)
     atomic_fetch_add(&sh->img_jobs, 1);
     if (pthread_create(&t, &at, img_thread, j) != 0) {
         atomic_fetch_sub(&sh->img_jobs, 1);
-        shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
+        if (op)
+            shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
         job_free(j);
     }
     pthread_attr_destroy(&at);
@@ -277,4 +431,106 @@ shard_images_stop(struct shard *sh)
     atomic_store(&sh->img_stop, true);
     while (atomic_load(&sh->img_jobs) > 0)
         usleep(10000);
+}
+
+void
+shard_op_image_blob(struct sop *op)
+{
+    struct img_job *j = img_job_new(op, IMG_BLOB, "digest", NULL);
+    if (!j)
+        return;
+    int64_t off = 0, max = 4 << 20;
+    sbx_wire_get_i64(op->req.args, "offset", &off);
+    sbx_wire_get_i64(op->req.args, "max", &max);
+    j->off = off > 0 ? (uint64_t)off : 0;
+    j->max = max > 0 && max <= (16 << 20) ? (size_t)max : (4u << 20);
+    img_run(j);
+}
+
+void
+shard_op_image_fetch(struct sop *op)
+{
+    struct img_job *j = img_job_new(op, IMG_FETCH, "digest", "from");
+    if (!j)
+        return;
+    if (strlen(j->a) != 71 || strncmp(j->a, "sha256:", 7) ||
+        strspn(j->a + 7, "0123456789abcdef") != 64) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'digest' must be sha256:<64 hex digits>");
+        job_free(j);
+        return;
+    }
+    j->peers = shard_peers_snapshot(op->sh, j->b);
+    /* Accepted: answered now, fetched in the background (a job without an
+     * op: its outcome is logged), so the asking shard never waits for it. */
+    sbx_enc e;
+    shard_reply_begin(op, &e);
+    sbx_enc_kstr(&e, "digest", j->a);
+    sbx_enc_kbool(&e, "accepted", true);
+    shard_reply_end(op, &e, 0);
+    j->op = NULL;
+    img_run(j);
+}
+
+void
+shard_image_replicate(struct shard *sh, const char *digest, uint32_t part)
+{
+    struct shard_peer succ;
+    if (!sh->images || shard_successor(sh, part, &succ) != 0)
+        return;
+    struct img_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->sh = sh;
+    j->kind = IMG_REPLICATE;
+    j->a = sbx_xstrdup(digest);
+    j->b = sbx_xstrdup(sh->conf.name);
+    j->peers = sbx_xcalloc(1, sizeof(*j->peers));
+    j->peers->n = 1;
+    j->peers->p[0] = succ;
+    img_run(j);
+}
+
+bool
+shard_image_resolve(struct shard *sh, struct sop *op)
+{
+    sbx_str img;
+    char ref[256], have[SBX_IMAGE_DIGEST_LEN];
+    if (!cluster_on(sh) || !sh->images ||
+        sbx_wire_get_str(op->req.args, "image", &img) != 0 || img.n == 0 ||
+        sbx_str_copy(img, ref, sizeof(ref)) != 0 || memchr(img.p, '\0', img.n) ||
+        !sbx_image_name_valid(ref) || sbx_image_resolve(sh->images, ref, have, NULL) == 0)
+        return false; /* the actor answers as on a single node */
+    char sid[64];
+    sbx_str_copy(op->req.sandbox, sid, sizeof(sid));
+    struct actor *a = actor_get(sh, sid, true);
+    if (!a || a->exists)
+        return false; /* an existing sandbox keeps its image: nothing to resolve */
+    struct img_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->op = op;
+    j->sh = sh;
+    j->kind = IMG_RESOLVE;
+    j->a = sbx_xstrdup(ref);
+    j->peers = shard_peers_snapshot(sh, NULL);
+    img_run(j);
+    return true;
+}
+
+/* IMG_RESOLVE done (loop thread): the create goes to its actor with the
+ * digest, if this shard still owns the sandbox's partition. */
+static void
+resolved(struct img_job *j)
+{
+    struct sop *op = j->op;
+    struct shard *sh = j->sh;
+    snprintf(op->img_digest, sizeof(op->img_digest), "%s", j->digest);
+    if (sh->stopping) {
+        shard_reply_err(op, SBX_E_INTERRUPTED, "the shard is stopping");
+        return;
+    }
+    sbx_werr w;
+    uint32_t part = sbx_place_partition(op->req.sandbox.p, op->req.sandbox.n);
+    if (cluster_admit(sh, part, 0, &w) != 0) {
+        shard_reply_werr(op, &w); /* the partition moved meanwhile: the gateway routes again */
+        sbx_werr_free(&w);
+        return;
+    }
+    shard_enqueue(sh, op);
 }

@@ -30,6 +30,8 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_IMAGE_INSPECT] = shard_op_image_inspect,
     [SBX_OPID_IMAGE_RM] = shard_op_image_rm,
     [SBX_OPID_TEMPLATE_BUILD] = shard_op_template_build,
+    [SBX_OPID_IMAGE_BLOB] = shard_op_image_blob,
+    [SBX_OPID_IMAGE_FETCH] = shard_op_image_fetch,
     [SBX_OPID_BACKUP_LIST] = shard_op_backup_list,
     [SBX_OPID_BACKUP_DELETE] = shard_op_backup_delete,
 };

@@ -41,6 +41,8 @@ shard_op_fn shard_op_image_list;
 shard_op_fn shard_op_image_inspect;
 shard_op_fn shard_op_image_rm;
 shard_op_fn shard_op_template_build;
+shard_op_fn shard_op_image_blob;
+shard_op_fn shard_op_image_fetch;
 shard_op_fn shard_op_backup_list;
 shard_op_fn shard_op_backup_delete;
 

@@ -441,6 +441,10 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         if (sbx_image_store_open(idir, &sh->images, &ierr) != 0) {
             sbx_log_warn("shard %s: no image store: %s", conf->name, sbx_err_msg(ierr));
             sh->images = NULL;
+        } else if (conf->etcd && *conf->etcd) {
+            /* In a cluster, peers fetch images from this node by digest
+             * (docs/images.md, "Images in a cluster"). */
+            sbx_image_store_keep_blobs(sh->images, true);
         }
         sbx_err_release(&ierr);
     }

@@ -74,6 +74,8 @@ struct sop {
     uint64_t wseq;              /* the actor's last store write when op went to the agent:
                                  * its reply fails if that write did (output gate) */
     int code;                   /* the error code its reply carries, 0: success (metrics) */
+    char img_digest[72];        /* create by a name this node lacks: the digest a peer
+                                 * resolved it to, fetched here (images.c shard_image_resolve) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -155,6 +157,14 @@ struct actor {
     bool keep_alive;            /* never stopped for idleness */
     bool died;                  /* its last container ended unexpectedly */
     char last_exit[160];
+    /* Its image fetched from a peer for its container (image_fetch.c;
+     * `status` imageFetch): 0 none, 1 fetching, 2 fetched, 3 failed; the
+     * peer it came from; the failure. */
+    int img_fetch;
+    char img_from[64];
+    char img_why[160];
+    uint64_t img_bytes;         /* bytes received (when fetched or failed) */
+    struct work *img_work;      /* while fetching: the start's work (its fetch_bytes) */
     bool destroying;
     /* Its partition's records were replaced while it could not be freed
      * (its container still stopping, relays open): it writes nothing to the
@@ -174,8 +184,12 @@ struct work {
     struct sbx_limits lim;
     char image[72];             /* W_START: the image's digest ("" the host's /usr) */
     char ws_dir[1024];          /* W_START: a persistent workspace's directory ("" none) */
+    struct shard_peers *peers;  /* W_START of an image this node lacks: the peers to fetch it
+                                 * from (heap; the worker frees it), else NULL */
+    char fetched_from[64];      /* W_START: the peer the image came from ("" none) */
+    _Atomic uint64_t fetch_bytes; /* W_START: bytes of it received so far (the worker adds) */
     int rc;
-    char why[256];
+    char why[512];
     bool for_destroy;
     bool net;                   /* W_START: attach c to the router under pol */
     struct sbx_net_policy pol;
@@ -362,6 +376,63 @@ void shard_op_status(struct sop *op);
 /* images.c: wait until no image op is running on its thread (the shard is
  * stopping; the replies they posted are run by the loop afterwards). */
 void shard_images_stop(struct shard *sh);
+/*
+ * image_fetch.c: images fetched from peer nodes (docs/images.md, "Images in
+ * a cluster").  A snapshot of the peers to ask: the cluster's live members
+ * other than this shard, with their nng URLs.
+ */
+struct shard_peer {
+    char name[64];
+    char url[256];
+};
+struct shard_peers {
+    int n;
+    struct shard_peer p[64]; /* SBX_CVIEW_MAX_MEMBERS */
+};
+/* shard_peers_snapshot — loop thread: the peers (heap, the caller's; NULL
+ * when the shard is not in a cluster), the one named first (may be NULL)
+ * placed first. */
+struct shard_peers *shard_peers_snapshot(struct shard *sh, const char *first);
+/* shard_successor — loop thread: the shard that would own partition part
+ * if this one left (rendezvous hashing over the other live, non-draining
+ * members: the one a drain or a failover hands it to).  0, or -1 (none). */
+int shard_successor(struct shard *sh, uint32_t part, struct shard_peer *out);
+/* shard_peer_call — any thread: send op {args} (args_len bytes of an
+ * encoded msgpack map) on the REQ socket s and wait up to timeout_ms; on
+ * success *out is the decoded answer (its "ok" true), pointing into *buf
+ * (heap): the caller frees both (sbx_wire_msg_free, free).  Errors: the
+ * peer's answered code with its message, SBX_E_SHARD_UNAVAILABLE when no
+ * answer came. */
+int shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
+                    int64_t timeout_ms, char **buf, size_t *len, sbx_msg *out, sbx_err_t *err);
+/* shard_image_fetch — blocking (a worker or an image job's thread): fetch
+ * the image digest from peers in turn (container/image_store.h
+ * sbx_image_fetch) until one serves it intact; from receives that peer's
+ * name, *bytes (may be NULL) counts what was received as it arrives (an
+ * atomic: the loop thread reads it for `status`).  deadline_ms:
+ * monotonic, 0 none.  Errors: SBX_E_IMAGE_NOT_FOUND (no peer has it),
+ * SBX_E_IMAGE_INVALID (the peers that have it served corrupt blobs),
+ * SBX_E_TIMEOUT, SBX_E_SHARD_UNAVAILABLE (stopping), SBX_E_STORAGE. */
+int shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const char *digest,
+                      int64_t deadline_ms, char from[64], _Atomic uint64_t *bytes,
+                      sbx_err_t *err);
+/* images.c: shard_image_replicate — loop thread: after a sandbox of image
+ * digest was created on partition part, ask the partition's successor to
+ * fetch the image (image.fetch) in the background, so that a failover does
+ * not find the new owner without it when this node is gone.  Best effort:
+ * the outcome is logged. */
+void shard_image_replicate(struct shard *sh, const char *digest, uint32_t part);
+/* images.c: shard_image_resolve — loop thread, before a `create` op is
+ * given to its actor: when its image is a name this node's store lacks and
+ * the shard is in a cluster, ask the peers for the name (image.inspect),
+ * fetch the image by the digest the first one that knows it answers, and
+ * then give the op to the actor with op->img_digest set (true: op is the
+ * job's now, answered by it on failure).  false: nothing to do. */
+bool shard_image_resolve(struct shard *sh, struct sop *op);
+/* shard_intake.c: give a sandbox op (admitted, in the idempotency table)
+ * to its actor. */
+void shard_enqueue(struct shard *sh, struct sop *op);
+
 /* actor_container.c: start the image's start command in a's new container
  * (record "imageConfig".start), if it has one. */
 void actor_image_start(struct actor *a);

@@ -260,6 +260,16 @@ on_request(sbx_loop *l, void *arg)
     }
     if (!e)
         idem_add(sh, op->id, op);
+    /* A create by an image name this node lacks: the peers resolve it first
+     * (docs/images.md, "Images in a cluster"). */
+    if (op->def->id == SBX_OPID_CREATE && shard_image_resolve(sh, op))
+        return;
+    shard_enqueue(sh, op);
+}
+
+void
+shard_enqueue(struct shard *sh, struct sop *op)
+{
     char sid[64];
     sbx_str_copy(op->req.sandbox, sid, sizeof(sid));
     struct actor *a = actor_get(sh, sid, true);

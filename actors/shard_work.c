@@ -23,6 +23,9 @@
 
 static void work_done_loop(sbx_loop *l, void *arg);
 
+/* How long a container start may spend fetching its image from peers. */
+#define START_FETCH_MS (10 * 60 * 1000)
+
 /* A container of an image (docs/images.md): its root from the store, its
  * use lock held by the container until it stops (container/spawn.h). */
 static int
@@ -35,6 +38,20 @@ start_image(struct shard *sh, struct work *w)
         return SBX_E_IMAGE_NOT_FOUND;
     }
     int rc = sbx_image_open_root(sh->images, w->image, &root, &err);
+    if (rc == SBX_E_IMAGE_NOT_FOUND && w->peers) {
+        /* The image is not on this node (a handoff, a failover, a create by
+         * digest elsewhere): fetch it from a peer first (docs/images.md,
+         * "Images in a cluster").  The request waiting for this start gets
+         * REQUEST_TIMEOUT at its deadline; the fetch goes on, and a retry
+         * finds the image here. */
+        sbx_err_release(&err);
+        rc = shard_image_fetch(sh, w->peers, w->image, sbx_mono_ms() + START_FETCH_MS,
+                               w->fetched_from, &w->fetch_bytes, &err);
+        if (rc == 0)
+            rc = sbx_image_open_root(sh->images, w->image, &root, &err);
+    }
+    free(w->peers);
+    w->peers = NULL;
     if (rc) {
         snprintf(w->why, sizeof(w->why), "%s", sbx_err_msg(err));
         return rc;

@@ -20,6 +20,7 @@
 
 struct sbx_image_store {
     char *dir;
+    bool keep_blobs; /* imports keep their blobs (sbx_image_store_keep_blobs) */
 };
 
 /* A JSON value released at the end of its scope. */
@@ -77,7 +78,7 @@ int
 sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err)
 {
     char p[4096];
-    static const char *const sub[] = {"images", "layers", "use", "tmp"};
+    static const char *const sub[] = {"images", "layers", "use", "tmp", "blobs"};
     if (sbx_mkdir_p(dir, 0700) != 0)
         return sbx_err_make(err, SBX_E_STORAGE, "create the image store %s: %s", dir,
                             strerror(errno));
@@ -121,6 +122,12 @@ sbx_image_store_close(sbx_image_store *st)
         return;
     free(st->dir);
     free(st);
+}
+
+void
+sbx_image_store_keep_blobs(sbx_image_store *st, bool on)
+{
+    st->keep_blobs = on;
 }
 
 const char *
@@ -448,6 +455,7 @@ gc_locked(sbx_image_store *st, int *removed)
     char p[4096];
     _cleanup_json_ json_t *names = names_load(st);
     _cleanup_json_ json_t *keep = json_object(); /* layer diff_id hex -> true */
+    _cleanup_json_ json_t *bkeep = json_object(); /* blob digest hex -> true */
     int n = 0;
     snprintf(p, sizeof(p), "%s/images", st->dir);
     DIR *d = opendir(p);
@@ -492,6 +500,27 @@ gc_locked(sbx_image_store *st, int *removed)
             if (s && is_digest(s))
                 json_object_set_new(keep, s + 7, json_true());
         }
+        /* The blobs it was imported from (served to peers: image_fetch.c). */
+        json_object_set_new(bkeep, digest + 7, json_true());
+        const char *cd = json_string_value(json_object_get(img, "configDigest"));
+        if (cd && is_digest(cd))
+            json_object_set_new(bkeep, cd + 7, json_true());
+        json_array_foreach(json_object_get(img, "layerBlobs"), i, l) {
+            const char *s = json_string_value(l);
+            if (s && is_digest(s))
+                json_object_set_new(bkeep, s + 7, json_true());
+        }
+    }
+    if (d)
+        closedir(d);
+    snprintf(p, sizeof(p), "%s/blobs", st->dir);
+    d = opendir(p);
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.' || json_object_get(bkeep, de->d_name))
+            continue;
+        char f[4200];
+        snprintf(f, sizeof(f), "%s/blobs/%s", st->dir, de->d_name);
+        unlink(f);
     }
     if (d)
         closedir(d);
@@ -509,6 +538,15 @@ gc_locked(sbx_image_store *st, int *removed)
     if (removed)
         *removed = n;
     return 0;
+}
+
+/* Keep layout's verified blob digest in the store's blobs/ (image_fetch.c). */
+static int
+keep_blob(sbx_image_store *st, const char *layout, const char *digest, sbx_err_t *err)
+{
+    char src[4096];
+    int rc = blob_path(layout, digest, src, sizeof(src), err);
+    return rc ? rc : sbx_image_keep_blob(st, src, digest, err);
 }
 
 /* Import the OCI layout at layout, under the exclusive lock. */
@@ -631,6 +669,19 @@ import_layout(sbx_image_store *st, const char *layout, const char *source, const
         size += json_integer_value(json_object_get(json_array_get(layers, i), "size"));
     }
     json_object_set_new(record, "layers", ll);
+    json_t *lb = json_array();
+    for (int i = 0; i < nl; i++)
+        json_array_append(lb, json_object_get(json_array_get(layers, i), "digest"));
+    json_object_set_new(record, "layerBlobs", lb);
+    if (st->keep_blobs && ((rc = keep_blob(st, layout, mdigest, err)) != 0 ||
+                           (rc = keep_blob(st, layout, cdigest, err)) != 0))
+        goto out;
+    for (int i = 0; st->keep_blobs && i < nl && rc == 0; i++)
+        rc = keep_blob(st, layout,
+                       json_string_value(json_object_get(json_array_get(layers, i), "digest")),
+                       err);
+    if (rc)
+        goto out;
     json_object_set_new(record, "size", json_integer(size));
     json_object_set_new(record, "created", json_integer(sbx_wall_ms()));
     json_object_set_new(record, "source", json_string(source));
@@ -707,6 +758,16 @@ sbx_image_import(sbx_image_store *st, const char *path, const char *name,
     }
     sbx_rm_rf(tmp);
     return rc;
+}
+
+int
+sbx_image_import_layout(sbx_image_store *st, const char *layout, const char *source,
+                        char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
+{
+    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
+    if (lk < 0)
+        return lk;
+    return import_layout(st, layout, source, NULL, digest, err);
 }
 
 int
@@ -925,9 +986,29 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
     root->user = user && user[0] ? sbx_xstrdup(user) : NULL;
     int rc = sbx_image_user_resolve(root->layers, root->nlayers, root->user, &root->run_uid,
                                     &root->run_gid, err);
-    if (rc)
+    if (rc) {
         sbx_image_root_free(root);
-    return rc;
+        return rc;
+    }
+    /* HOME from /etc/passwd unless the image's Env sets it; the groups. */
+    char *home = NULL;
+    int left = sbx_image_user_extras(root->layers, root->nlayers, root->user, root->run_uid,
+                                     root->run_gid, &home, root->groups, &root->ngroups);
+    if (left)
+        sbx_log_warn("image %s: its User is in %d more supplementary groups than the %d "
+                     "mapped; those are left out", digest, left, SBX_IMAGE_MAX_GROUPS);
+    bool has_home = false;
+    size_t ne = 0;
+    for (char **e = root->env; e && *e; e++, ne++)
+        has_home |= !strncmp(*e, "HOME=", 5);
+    if (home && !has_home) {
+        root->env = sbx_xrealloc(root->env, (ne + 2) * sizeof(char *));
+        root->env[ne] = sbx_xmalloc(strlen(home) + 6);
+        sprintf(root->env[ne], "HOME=%s", home);
+        root->env[ne + 1] = NULL;
+    }
+    free(home);
+    return 0;
 }
 
 void

@@ -18,7 +18,12 @@
  *   use/<hex>              one per image: a running sandbox of that image
  *                          holds a LOCK_SH on it; GC removes an image only
  *                          while it can take LOCK_EX|LOCK_NB on it
- *   tmp/                   imports in progress (removed at open and on error)
+ *   blobs/<hex>            the blobs each image was imported from (manifest,
+ *                          config, compressed layers), served to peers that
+ *                          fetch the image by digest (image_fetch.c); GC
+ *                          removes those no image references
+ *   tmp/                   imports and fetches in progress (removed at open
+ *                          and on error)
  *
  * Every blob is verified against its sha256 digest (manifest, config, each
  * layer's compressed blob and its diff_id) before anything is unpacked, and
@@ -59,6 +64,12 @@ typedef struct sbx_image_store sbx_image_store;
 int sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err);
 void sbx_image_store_close(sbx_image_store *st);
 const char *sbx_image_store_dir(const sbx_image_store *st);
+/* sbx_image_store_keep_blobs — whether imports from now on keep the blobs
+ * they import (blobs/, served to peers: sbx_image_blob_read).  Off by
+ * default: a single node has nobody to serve them to, and they cost the
+ * image's compressed size once more; a shard in a cluster turns it on
+ * before serving.  Call before the store is shared with other threads. */
+void sbx_image_store_keep_blobs(sbx_image_store *st, bool on);
 
 /*
  * sbx_image_import — import the image at path, a file or directory of the
@@ -118,6 +129,8 @@ struct sbx_image_root {
     char *user;        /* User or NULL */
     uint32_t run_uid;  /* User resolved (sbx_image_user_resolve): the ids commands run as */
     uint32_t run_gid;  /* inside the sandbox; 0:0 (root) when the image names no User */
+    uint32_t groups[8];/* the User's supplementary groups (sbx_image_user_extras) */
+    int ngroups;       /* SBX_IMAGE_MAX_GROUPS at most */
     int use_fd;        /* holds LOCK_SH on use/<hex> while the container lives; -1: none */
 };
 
@@ -129,6 +142,61 @@ int sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_imag
 /* sbx_image_root_free — free *root and release its use lock.  Idempotent
  * on a zeroed root with use_fd -1. */
 void sbx_image_root_free(struct sbx_image_root *root);
+
+/*
+ * sbx_image_import_layout — import the OCI layout directory layout (as
+ * sbx_image_import, with no name), recording source as where it came from
+ * ("peer <shard>").  For image_fetch.c: the layout it assembled in tmp/.
+ */
+int sbx_image_import_layout(sbx_image_store *st, const char *layout, const char *source,
+                            char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/*
+ * Fetching an image from a peer node (image_fetch.c; docs/images.md,
+ * "Images in a cluster").  The store keeps the blobs an image was imported
+ * from — its manifest, its config and its compressed layers — under
+ * blobs/<hex> (the layers' unpacked trees are not byte-for-byte a tar
+ * again), so a node that has an image can serve it by digest.
+ *
+ * sbx_image_blob_read — up to max bytes of the kept blob digest from
+ * offset: *data (heap, the caller's; NULL when *len is 0), *len, *size the
+ * blob's whole size.  SBX_E_IMAGE_NOT_FOUND when the store keeps no such
+ * blob (no such image here, or one imported before blobs were kept, or a
+ * template's: see docs/images.md), SBX_E_VALIDATION for a malformed digest.
+ */
+int sbx_image_blob_read(sbx_image_store *st, const char *digest, uint64_t offset, size_t max,
+                        char **data, size_t *len, uint64_t *size, sbx_err_t *err);
+
+/* sbx_image_keep_blob — the import's step (under the store's exclusive
+ * lock): keep the verified blob at src as blobs/<hex of digest>, unless
+ * kept already — hard-linked when src is in the store's own tmp/ (a
+ * tarball, a pull, a fetch), else copied (a user's layout file must not
+ * share an inode with the store).  0 or SBX_E_STORAGE. */
+int sbx_image_keep_blob(sbx_image_store *st, const char *src, const char *digest, sbx_err_t *err);
+
+/* A source of blobs for sbx_image_fetch: up to max bytes of blob digest
+ * from offset into *data (heap, the fetch's), *len and *size as
+ * sbx_image_blob_read.  0 or a negative code with *err. */
+typedef int (*sbx_image_blob_fn)(void *arg, const char *digest, uint64_t offset, size_t max,
+                                 char **data, size_t *len, uint64_t *size, sbx_err_t *err);
+
+/*
+ * sbx_image_fetch — fetch the image of manifest digest through get(arg, …)
+ * and import it: the manifest, its config and its layer blobs are written
+ * into a layout under tmp/ chunk by chunk (chunk bytes per call), each
+ * checked against its digest as it completes, then imported exactly as
+ * `image.import` of a layout (every digest verified again, layers unpacked
+ * with the same rules).  source names where it came from.  Nothing is left
+ * of a fetch that fails: the layout is removed, the import cleans up as
+ * always.  *bytes (may be NULL) counts what was received.  Stops with
+ * SBX_E_DEADLINE once the monotonic clock passes deadline_ms (0: none).
+ * Errors: get's (SBX_E_IMAGE_NOT_FOUND: the source lacks it), IMAGE_INVALID
+ * (a blob whose digest is not what was asked: tampered or corrupt, or a
+ * manifest that is not an image manifest), SBX_E_STORAGE, SBX_E_DEADLINE.
+ */
+int sbx_image_fetch(sbx_image_store *st, const char *digest, sbx_image_blob_fn get, void *arg,
+                    size_t chunk, int64_t deadline_ms, const char *source, uint64_t *bytes,
+                    sbx_err_t *err);
 
 /* image_unpack.c: unpack one layer blob (a tar, gzip, zstd, bzip2 or xz
  * compressed or not) into the empty directory dirfd, with the OCI rules
@@ -168,6 +236,20 @@ int sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob,
  */
 int sbx_image_user_resolve(char *const *layers, int nlayers, const char *user, uint32_t *uid,
                            uint32_t *gid, sbx_err_t *err);
+
+/*
+ * image_user.c: sbx_image_user_extras — for the User resolved to uid:gid,
+ * what runc also applies (libcontainer/user GetExecUser): *home, the home
+ * directory of uid's /etc/passwd line (heap, the caller's; NULL: none or not
+ * absolute), and, when user names no group, groups[0..*ngroups): the gids of
+ * the /etc/group lines that list the user's name, other than gid, in file
+ * order, at most SBX_IMAGE_MAX_GROUPS.  Nothing for an empty user or a uid
+ * /etc/passwd does not list.  Returns how many groups were left out past
+ * the limit (0 normally).
+ */
+#define SBX_IMAGE_MAX_GROUPS 8
+int sbx_image_user_extras(char *const *layers, int nlayers, const char *user, uint32_t uid,
+                          uint32_t gid, char **home, uint32_t *groups, int *ngroups);
 
 /*
  * image_layer.c: sbx_image_layer_write — write the overlayfs upper dir

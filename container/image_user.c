@@ -6,8 +6,10 @@
  * user:gid"; a name is looked up in the container's /etc/passwd or
  * /etc/group, and "if group/gid is not specified, the default group … of
  * the given user/uid in /etc/passwd … are applied" (gid 0 for a uid that has
- * no entry, as Docker and runc do).  Supplementary groups of /etc/group are
- * not applied (sbx maps one extra id per sandbox, container/spawn.c).
+ * no entry, as Docker and runc do).  sbx_image_user_extras adds what runc
+ * adds (libcontainer/user GetExecUser): the user's HOME from its passwd
+ * line, and when User names no group, the supplementary groups of
+ * /etc/group that list the user by name.
  *
  * The files are read from the image's layers on the host, top layer first:
  * the first layer that has etc/<file> (a regular file, reached without
@@ -142,4 +144,80 @@ sbx_image_user_resolve(char *const *layers, int nlayers, const char *user, uint3
         return sbx_err_make(err, SBX_E_IMAGE_INVALID,
                             "the image's User '%s': no group '%s' in its /etc/group", user, grp);
     return 0;
+}
+
+/* The passwd line of uid: its name and home into name[nl] and home[hl]
+ * (""  when it has none).  True when found. */
+static bool
+passwd_of(const char *file, uint32_t uid, char *name, size_t nl, char *home, size_t hl)
+{
+    for (const char *p = file; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        char line[1024];
+        if (len < sizeof(line)) {
+            memcpy(line, p, len);
+            line[len] = '\0';
+            char *f[7] = {NULL};
+            char *s = line;
+            for (int k = 0; k < 7; k++)
+                f[k] = strsep(&s, ":");
+            uint32_t v;
+            if (f[0] && f[2] && parse_id(f[2], &v) && v == uid) {
+                snprintf(name, nl, "%s", f[0]);
+                snprintf(home, hl, "%s", f[5] ? f[5] : "");
+                return true;
+            }
+        }
+        p += len + (eol ? 1 : 0);
+    }
+    return false;
+}
+
+int
+sbx_image_user_extras(char *const *layers, int nlayers, const char *user, uint32_t uid,
+                      uint32_t gid, char **home, uint32_t *groups, int *ngroups)
+{
+    *home = NULL;
+    *ngroups = 0;
+    if (!user || !user[0])
+        return 0;
+    _cleanup_free_ char *passwd = layer_etc_file(layers, nlayers, "passwd");
+    char name[256] = "", dir[512] = "";
+    if (!passwd_of(passwd, uid, name, sizeof(name), dir, sizeof(dir)))
+        return 0; /* a uid the image does not list: no home, no groups (runc: the same) */
+    if (dir[0] == '/')
+        *home = sbx_xstrdup(dir);
+    if (strchr(user, ':'))
+        return 0; /* an explicit group: that one only (runc) */
+    _cleanup_free_ char *group = layer_etc_file(layers, nlayers, "group");
+    int skipped = 0;
+    for (const char *p = group; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        char line[4096];
+        if (len < sizeof(line)) {
+            memcpy(line, p, len);
+            line[len] = '\0';
+            char *f[4] = {NULL};
+            char *s = line;
+            for (int k = 0; k < 4; k++)
+                f[k] = strsep(&s, ":");
+            uint32_t g;
+            bool member = false;
+            for (char *m = f[3], *tok; m && (tok = strsep(&m, ","));)
+                member |= !strcmp(tok, name);
+            bool dup = false;
+            if (member && f[2] && parse_id(f[2], &g) && g != gid) {
+                for (int k = 0; k < *ngroups; k++)
+                    dup |= groups[k] == g;
+                if (!dup && *ngroups < SBX_IMAGE_MAX_GROUPS)
+                    groups[(*ngroups)++] = g;
+                else if (!dup)
+                    skipped++;
+            }
+        }
+        p += len + (eol ? 1 : 0);
+    }
+    return skipped;
 }

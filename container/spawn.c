@@ -339,15 +339,30 @@ child_main(sbx_spawner *sp, int chan, int parent_end, int tree, const int *tasks
 /* "0 <id> 1", and "<inner2> <id2> 1" when id2 is set and inner2 is not 0
  * (an image's User, sbx_container_start_image). */
 static int
-write_map(pid_t pid, const char *file, uint32_t id, uint32_t inner2, uint32_t id2)
+write_map(pid_t pid, const char *file, uint32_t id, uint32_t inner2, uint32_t id2,
+          const struct sbx_container *groups)
 {
-    char path[64], val[96];
+    char path[64], val[96 + 8 * 24];
     snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
     if (id2 && inner2)
         snprintf(val, sizeof(val), "0 %u 1\n%u %u 1\n", id, inner2, id2);
     else
         snprintf(val, sizeof(val), "0 %u 1\n", id);
+    /* gid_map: one line per supplementary group of an image's User. */
+    for (int i = 0; groups && i < groups->ngid; i++) {
+        size_t n = strlen(val);
+        snprintf(val + n, sizeof(val) - n, "%u %u 1\n", groups->gid_in[i], groups->gid_host[i]);
+    }
     return sbx_fs_write(path, val);
+}
+
+/* Free the host ids of c's supplementary groups. */
+static void
+gids_free(sbx_spawner *sp, struct sbx_container *c)
+{
+    for (int i = 0; i < c->ngid; i++)
+        uid_free(sp, c->gid_host[i]);
+    c->ngid = 0;
 }
 
 /* Wait for a frame with a timeout, then read it. */
@@ -419,6 +434,10 @@ image_send(int chan, const struct sbx_image_root *img, const int *fds)
     if (img->run_uid || img->run_gid) {
         sbx_enc_kint(&e, "uid", img->run_uid);
         sbx_enc_kint(&e, "gid", img->run_gid);
+        sbx_enc_karray(&e, "groups");
+        for (int i = 0; i < img->ngroups && i < 8; i++)
+            sbx_enc_int(&e, img->groups[i]);
+        sbx_enc_end(&e);
     }
     sbx_enc_end(&e);
     int rc = sbx_enc_finish(&e, &buf, &len);
@@ -580,6 +599,21 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
                  sp->conf.uid_count);
         return SBX_E_CONTAINER;
     }
+    /* Its supplementary groups: one more host id each (docs/images.md, "User"). */
+    for (int i = 0; img && c->uid2 && i < img->ngroups && i < 8; i++) {
+        if (img->groups[i] == 0 || img->groups[i] == img->run_gid)
+            continue; /* mapped already */
+        if (uid_alloc(sp, &c->gid_host[c->ngid]) != 0) {
+            gids_free(sp, c);
+            uid_free(sp, c->uid2);
+            uid_free(sp, c->uid);
+            c->uid = c->uid2 = 0;
+            snprintf(why, whylen, "no free sandbox id for the image User's groups (%u ids in use)",
+                     sp->conf.uid_count);
+            return SBX_E_CONTAINER;
+        }
+        c->gid_in[c->ngid++] = img->groups[i];
+    }
     snprintf(name, sizeof(name), "c%d-%llu", (int)getpid(), (unsigned long long)c->serial);
     rc = sbx_cgroup_create(sp->conf.cgroups, name, lim, &c->cg);
     if (rc) {
@@ -671,8 +705,8 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     sv[1] = -1;
     c->pid = pid;
     c->pidfd = pidfd;
-    if ((rc = write_map(pid, "uid_map", c->uid, img ? img->run_uid : 0, c->uid2)) != 0 ||
-        (rc = write_map(pid, "gid_map", c->uid, img ? img->run_gid : 0, c->uid2)) != 0) {
+    if ((rc = write_map(pid, "uid_map", c->uid, img ? img->run_uid : 0, c->uid2, NULL)) != 0 ||
+        (rc = write_map(pid, "gid_map", c->uid, img ? img->run_gid : 0, c->uid2, c)) != 0) {
         snprintf(why, whylen, "write uid/gid map: %s", strerror(-rc));
         goto fail;
     }
@@ -775,6 +809,7 @@ fail:
     if (c->uid2)
         uid_free(sp, c->uid2);
     c->uid2 = 0;
+    gids_free(sp, c);
     return rc < 0 ? rc : SBX_E_CONTAINER;
 }
 
@@ -812,6 +847,7 @@ sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
         uid_free(sp, c->uid2);
         c->uid2 = 0;
     }
+    gids_free(sp, c);
     if (c->image) {
         if (c->use_fd >= 0)
             close(c->use_fd); /* the image's use lock: GC may take it now */

@@ -76,6 +76,10 @@ struct sbx_container {
     uint32_t uid;       /* host uid mapped to 0 inside */
     uint32_t uid2;      /* an image with a non-root User: the host id mapped to its uid
                          * and gid inside (one more slot of the range); 0: none */
+    uint32_t gid_in[8]; /* … and its supplementary groups (struct sbx_image_root groups,
+                         * but 0 and its gid): gid gid_in[i] inside is host id */
+    uint32_t gid_host[8]; /* gid_host[i] (one more slot of the range each) */
+    int ngid;
     int64_t start_us;   /* time the set-up took */
     bool image;         /* started from an image (sbx_container_start_image): */
     int use_fd;         /* … then its image's use lock (image_store.h), closed by stop */

@@ -261,6 +261,15 @@ static const struct sbx_arg args_template_build[] = {
     {"run", SBX_ARG_ARRAY, true, false, false, 0, 0, 64u, NULL, "an array", NULL, 0},
     {"stepTimeout", SBX_ARG_INT, false, true, true, 1000.0, 3600000.0, 0u, NULL, "an integer", "ms", 0},
 };
+static const struct sbx_arg args_image_blob[] = {
+    {"digest", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 71u, NULL, "a string", NULL, 0},
+    {"offset", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", NULL, 0},
+    {"max", SBX_ARG_INT, false, true, true, 1.0, 16777216.0, 0u, NULL, "an integer", "bytes", 0},
+};
+static const struct sbx_arg args_image_fetch[] = {
+    {"digest", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 71u, NULL, "a string", NULL, 0},
+    {"from", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 63u, NULL, "a string", NULL, 0},
+};
 static const struct sbx_arg args_backup_create[] = {
     {"dir", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
     {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
@@ -816,6 +825,24 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_template_build,
      .nargs = 4},
+    {.name = "image.blob",
+     .id = SBX_OPID_IMAGE_BLOB,
+     .flags = SBX_OP_INTERNAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "a chunk of a blob an image of this node's store was imported from (shard to shard: a peer fetching the image by digest)",
+     .http = NULL,
+     .args = args_image_blob,
+     .nargs = 3},
+    {.name = "image.fetch",
+     .id = SBX_OPID_IMAGE_FETCH,
+     .flags = SBX_OP_INTERNAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "fetch an image by digest from the peers that have it into this node's store, in the background (shard to shard: the owner of a new image sandbox asks the node that would take its partition over)",
+     .http = NULL,
+     .args = args_image_fetch,
+     .nargs = 2},
     {.name = "backup.create",
      .id = SBX_OPID_BACKUP_CREATE,
      .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,

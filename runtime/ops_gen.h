@@ -65,6 +65,8 @@ enum sbx_op_id {
     SBX_OPID_IMAGE_INSPECT, /* image.inspect */
     SBX_OPID_IMAGE_RM, /* image.rm */
     SBX_OPID_TEMPLATE_BUILD, /* template.build */
+    SBX_OPID_IMAGE_BLOB, /* image.blob */
+    SBX_OPID_IMAGE_FETCH, /* image.fetch */
     SBX_OPID_BACKUP_CREATE, /* backup.create */
     SBX_OPID_BACKUP_RESTORE, /* backup.restore */
     SBX_OPID_BACKUP_LIST, /* backup.list */

@@ -76,6 +76,8 @@ struct agent_cfg {
     int ws_fd;
     uint32_t run_uid;        /* its User, resolved by the shard (image_user.c): the agent and */
     uint32_t run_gid;        /* everything it starts run as these ids (0:0: root) */
+    uint32_t run_groups[8];  /* … with these supplementary groups besides run_gid (the */
+    int run_ngroups;         /* User's in the image's /etc/group, mapped by the shard) */
 };
 
 /* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"

@@ -182,6 +182,13 @@ agent_image_recv(struct agent_cfg *cfg, int chan)
         cfg->run_uid = (uint32_t)id;
     if (sbx_wire_get_i64(m.root, "gid", &id) == 0 && id > 0 && id < 0xffffffffLL)
         cfg->run_gid = (uint32_t)id;
+    const msgpack_object *gl = NULL;
+    if (sbx_wire_get_array(m.root, "groups", &gl) == 0 && gl)
+        for (uint32_t i = 0; i < gl->via.array.size && cfg->run_ngroups < 8; i++) {
+            const msgpack_object *g = &gl->via.array.ptr[i];
+            if (g->type == MSGPACK_OBJECT_POSITIVE_INTEGER && g->via.u64 < 0xffffffffULL)
+                cfg->run_groups[cfg->run_ngroups++] = (uint32_t)g->via.u64;
+        }
     sbx_wire_msg_free(&m);
     free(buf); /* the decoded message pointed into it */
     if (rc)
@@ -797,8 +804,11 @@ drop_privileges(const struct agent_cfg *cfg, sbx_err_t *err)
      * them next).  A change of ids clears the parent-death signal: set it
      * again (container/spawn.c sets it before, for the same reason). */
     if (cfg->run_uid || cfg->run_gid) {
-        gid_t g = cfg->run_gid;
-        STEP(syscall(SYS_setgroups, 1, &g) == 0, "setgroups [%u]", cfg->run_gid);
+        gid_t g = cfg->run_gid, gs[9] = {cfg->run_gid};
+        for (int i = 0; i < cfg->run_ngroups && i < 8; i++)
+            gs[i + 1] = cfg->run_groups[i];
+        STEP(syscall(SYS_setgroups, 1 + SBX_MIN(cfg->run_ngroups, 8), gs) == 0,
+             "setgroups [%u + %d more]", cfg->run_gid, cfg->run_ngroups);
         STEP(syscall(SYS_setresgid, g, g, g) == 0, "setresgid %u", cfg->run_gid);
         STEP(syscall(SYS_setresuid, cfg->run_uid, cfg->run_uid, cfg->run_uid) == 0,
              "setresuid %u", cfg->run_uid);

@@ -781,6 +781,68 @@ Test(images, an_image_user_runs_the_commands, .timeout = 240)
     sbx_client_close(c);
 }
 
+/* An image User's HOME comes from the image's /etc/passwd and its
+ * supplementary groups from its /etc/group, each mapped into the sandbox
+ * (docs/images.md, "User"): `id -G` lists them (setgroups would fail on an
+ * unmapped one), $HOME is the passwd line's, a group that does not list
+ * the user is not among them. */
+Test(images, an_image_user_gets_its_home_and_groups, .timeout = 240)
+{
+    snprintf(work, sizeof(work), "/tmp/sbx-img-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(work));
+    chmod(work, 0755);
+    char digest[72], code[64], msg[512], args[1024], name[128], l0[256], d0[72], dir[256];
+    size_t nb = 0;
+    struct imgb_entry *e = imgb_base_entries(&nb);
+    cr_assert(e, "busybox-static is not installed (tools/deps.sh)");
+    e = realloc(e, (nb + 5) * sizeof(*e));
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/passwd"),
+                                  strdup("root:x:0:0:root:/root:/bin/sh\n"
+                                         "app:x:1000:1001:app:/home/app:/bin/sh\n"),
+                                  0};
+    e[nb++] = (struct imgb_entry){'f', strdup("etc/group"),
+                                  strdup("root:x:0:\napp:x:1001:\ndev:x:2000:app\n"
+                                         "other:x:2002:someone\nops:x:2001:someone,app\n"),
+                                  0};
+    e[nb++] = (struct imgb_entry){'d', strdup("home"), NULL, 0};
+    e[nb++] = (struct imgb_entry){'d', strdup("home/app"), NULL, 0};
+    snprintf(l0, sizeof(l0), "%s/groups-0.tar.gz", work);
+    cr_assert_eq(imgb_layer(l0, e, nb, true, d0), 0);
+    imgb_entries_free(e, nb);
+    char *layers[] = {l0};
+    const char *diffs[] = {d0};
+    snprintf(dir, sizeof(dir), "%s/groups", work);
+    cr_assert_eq(imgb_layout(dir, layers, diffs, 1, true, "\"User\":\"app\"", digest), 0);
+
+    sbx_client *c = test_client();
+    snprintf(name, sizeof(name), "sbxtest/%s-groups:%d", test_prefix(), (int)getpid());
+    snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"%s\"}", dir, name);
+    char *res = call(c, "image.import", NULL, args, code, msg);
+    cr_assert(res, "image.import: %s %s", code, msg);
+    free(res);
+    char *id = test_id("img-groups");
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "create", id, args, code, msg);
+    cr_assert(res, "create: %s %s", code, msg);
+    free(res);
+    int ec = -1;
+    char *out = sh(c, id, "id -u; id -g; id -G; echo $HOME", &ec);
+    cr_expect_str_eq(out, "1000\n1001\n1001 2000 2001\n/home/app\n",
+                     "the User app: uid 1000, gid 1001, groups dev (2000) and ops (2001) of "
+                     "its /etc/group, HOME /home/app of its /etc/passwd: %s",
+                     out);
+    free(out);
+    bool destroyed;
+    sbx_error err;
+    cr_expect_eq(sbx_destroy(c, id, &destroyed, &err), 0);
+    snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
+    res = call(c, "image.rm", NULL, args, code, msg);
+    cr_expect(res && strstr(res, "\"removed\":1"), "%s %s", res ? res : code, msg);
+    free(res);
+    free(id);
+    sbx_client_close(c);
+}
+
 /* Entrypoint + Cmd as an optional start command, and ExposedPorts as hints
  * in status (docs/images.md, "Start command and ports"). */
 Test(images, start_command_and_port_hints, .timeout = 240)

@@ -500,3 +500,212 @@ Test(images, image_user_resolved_against_its_passwd)
     cr_expect(strstr(sbx_err_msg(err), "nogroup"), "%s", sbx_err_msg(err));
     sbx_err_release(&err);
 }
+
+/* ---- fetching an image by digest from another store (image_fetch.c) ---- */
+
+/* A source of blobs for sbx_image_fetch: a second store's kept blobs, with
+ * one byte of the blob `corrupt` (NULL: none) flipped as it is served. */
+struct src {
+    sbx_image_store *from;
+    const char *corrupt;
+    int calls;
+};
+
+static int
+src_get(void *arg, const char *digest, uint64_t offset, size_t max, char **data, size_t *len,
+        uint64_t *size, sbx_err_t *err)
+{
+    struct src *s = arg;
+    s->calls++;
+    int rc = sbx_image_blob_read(s->from, digest, offset, max, data, len, size, err);
+    if (rc == 0 && s->corrupt && !strcmp(digest, s->corrupt) && *len)
+        (*data)[*len - 1] ^= 0x20;
+    return rc;
+}
+
+/* A peer store that imported the image (a, with name) and its digest. */
+static sbx_image_store *
+peer_with(const char *name, char digest[72], char diffs[][72])
+{
+    static const struct imgb_entry top[] = {{'f', "etc/os-release", "ID=fetched\n", 0}};
+    const struct imgb_entry *layers[] = {base_min, top};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), 1};
+    make_layout(name, layers, counts, 2, true, "\"WorkingDir\":\"/srv\"", digest, diffs);
+    char pdir[256], dir[256], got[SBX_IMAGE_DIGEST_LEN];
+    snprintf(pdir, sizeof(pdir), "%s/peer-%s", tmpdir, name);
+    snprintf(dir, sizeof(dir), "%s/%s", tmpdir, name);
+    sbx_image_store *p = NULL;
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_store_open(pdir, &p, &err), 0, "%s", sbx_err_msg(err));
+    sbx_image_store_keep_blobs(p, true);
+    cr_assert_eq(sbx_image_import(p, dir, "img:1", got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_str_eq(got, digest);
+    return p;
+}
+
+/* Fetched in small chunks (many calls), verified, imported: the same
+ * image (digest, layers, config) as the peer's, servable in turn. */
+Test(images, fetch_by_digest_from_a_peer_store)
+{
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    sbx_image_store *peer = peer_with("f", digest, diffs);
+    struct src s = {.from = peer};
+    sbx_err_t err = NULL;
+    uint64_t bytes = 0;
+    sbx_image_store_keep_blobs(st, true); /* to serve it in turn */
+    cr_assert_eq(sbx_image_fetch(st, digest, src_get, &s, 97, 0, "peer test", &bytes, &err), 0,
+                 "%s", sbx_err_msg(err));
+    cr_assert_gt(s.calls, 10, "97-byte chunks: many calls (%d)", s.calls);
+    cr_assert_gt(bytes, 0);
+    cr_assert_eq(sbx_image_resolve(st, digest, got, &err), 0);
+    cr_assert_eq(count_dir("layers"), 2);
+    cr_assert_eq(count_dir("tmp"), 0);
+    json_t *cfg = NULL;
+    cr_assert_eq(sbx_image_config(st, digest, &cfg, &err), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(cfg, "workingDir")), "/srv");
+    json_decref(cfg);
+    /* This store serves it now: its manifest blob is the same bytes. */
+    char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    uint64_t sa = 0, sb = 0;
+    cr_assert_eq(sbx_image_blob_read(st, digest, 0, 1 << 20, &a, &la, &sa, &err), 0);
+    cr_assert_eq(sbx_image_blob_read(peer, digest, 0, 1 << 20, &b, &lb, &sb, &err), 0);
+    cr_assert(la == lb && sa == sb && !memcmp(a, b, la));
+    free(a);
+    free(b);
+    sbx_image_store_close(peer);
+}
+
+/* A store that keeps no blobs (a single node's, the default) serves none. */
+Test(images, a_store_keeps_no_blobs_by_default)
+{
+    static const struct imgb_entry top[] = {{'f', "x", "x", 0}};
+    const struct imgb_entry *layers[] = {base_min, top};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), 1};
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout("nb", layers, counts, 2, true, NULL, digest, diffs);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import("nb", "nb:1", got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(count_dir("blobs"), 0);
+    char *d = NULL;
+    size_t l = 0;
+    uint64_t sz = 0;
+    cr_assert_eq(sbx_image_blob_read(st, digest, 0, 100, &d, &l, &sz, &err),
+                 SBX_E_IMAGE_NOT_FOUND);
+    sbx_err_release(&err);
+}
+
+/* A corrupt blob is refused by digest and nothing of the fetch is left; a
+ * source without the image is IMAGE_NOT_FOUND; a bad digest VALIDATION. */
+Test(images, fetch_refuses_a_corrupt_blob_and_leaves_nothing)
+{
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    sbx_image_store *peer = peer_with("c", digest, diffs);
+    /* The top layer's blob: the manifest's second layer. */
+    char *m = NULL;
+    size_t ml = 0;
+    uint64_t ms = 0;
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_image_blob_read(peer, digest, 0, 1 << 20, &m, &ml, &ms, &err), 0);
+    json_t *man = json_loadb(m, ml, 0, NULL);
+    free(m);
+    const char *ldig = json_string_value(
+        json_object_get(json_array_get(json_object_get(man, "layers"), 1), "digest"));
+    cr_assert_not_null(ldig);
+    sbx_image_store_keep_blobs(st, true);
+    struct src s = {.from = peer, .corrupt = ldig};
+    cr_assert_eq(sbx_image_fetch(st, digest, src_get, &s, 0, 0, "peer test", NULL, &err),
+                 SBX_E_IMAGE_INVALID);
+    cr_assert(strstr(sbx_err_msg(err), "tampered or corrupt"), "%s", sbx_err_msg(err));
+    sbx_err_release(&err);
+    cr_assert_eq(sbx_image_resolve(st, digest, got, NULL), SBX_E_IMAGE_NOT_FOUND);
+    cr_assert_eq(count_dir("layers"), 0);
+    cr_assert_eq(count_dir("images"), 0);
+    cr_assert_eq(count_dir("blobs"), 0);
+    cr_assert_eq(count_dir("tmp"), 0);
+    json_decref(man);
+
+    sbx_image_store *empty = NULL;
+    char edir[256];
+    snprintf(edir, sizeof(edir), "%s/empty", tmpdir);
+    cr_assert_eq(sbx_image_store_open(edir, &empty, &err), 0);
+    struct src e = {.from = empty};
+    cr_assert_eq(sbx_image_fetch(st, digest, src_get, &e, 0, 0, "peer test", NULL, &err),
+                 SBX_E_IMAGE_NOT_FOUND);
+    sbx_err_release(&err);
+    cr_assert_eq(count_dir("tmp"), 0);
+    cr_assert_eq(sbx_image_fetch(st, "sha256:xyz", src_get, &e, 0, 0, "peer test", NULL, &err),
+                 SBX_E_VALIDATION);
+    sbx_err_release(&err);
+    sbx_image_store_close(empty);
+    sbx_image_store_close(peer);
+}
+
+/* The HOME and supplementary groups of an image's User (image_user.c): from
+ * /etc/passwd and /etc/group; the image's Env HOME wins; with an explicit
+ * group, no supplementary groups (runc's rules). */
+static void
+user_root(const char *name, const char *cfg, struct sbx_image_root *root)
+{
+    static const struct imgb_entry files[] = {
+        {'d', "etc", NULL, 0},
+        {'f', "etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n",
+         0},
+        {'f', "etc/group",
+         "root:x:0:\napp:x:1001:\ndev:x:2000:app\nother:x:2002:bob\nops:x:2001:bob,app\n"
+         "wheel:x:0:app\n",
+         0},
+    };
+    const struct imgb_entry *layers[] = {base_min, files};
+    size_t counts[] = {SBX_ARRAY_LEN(base_min), SBX_ARRAY_LEN(files)};
+    char digest[72], diffs[2][72], got[SBX_IMAGE_DIGEST_LEN];
+    make_layout(name, layers, counts, 2, false, cfg, digest, diffs);
+    sbx_err_t err = NULL;
+    cr_assert_eq(import(name, NULL, got, &err), 0, "%s", sbx_err_msg(err));
+    cr_assert_eq(sbx_image_open_root(st, got, root, &err), 0, "%s", sbx_err_msg(err));
+}
+
+static const char *
+env_of(char **env, const char *k, int *count)
+{
+    const char *v = NULL;
+    *count = 0;
+    for (char **e = env; e && *e; e++)
+        if (!strncmp(*e, k, strlen(k)) && (*e)[strlen(k)] == '=') {
+            v = *e + strlen(k) + 1;
+            (*count)++;
+        }
+    return v;
+}
+
+Test(images, image_user_home_and_supplementary_groups)
+{
+    struct sbx_image_root r;
+    int n;
+    user_root("u1", "\"User\":\"app\"", &r);
+    cr_assert_eq(r.run_uid, 1000);
+    cr_assert_eq(r.run_gid, 1001);
+    cr_assert_eq(r.ngroups, 3, "dev, ops and wheel list app: %d", r.ngroups);
+    cr_assert(r.groups[0] == 2000 && r.groups[1] == 2001 && r.groups[2] == 0);
+    cr_assert_str_eq(env_of(r.env, "HOME", &n), "/home/app");
+    cr_assert_eq(n, 1);
+    sbx_image_root_free(&r);
+
+    user_root("u2", "\"User\":\"1000\",\"Env\":[\"HOME=/srv\"]", &r);
+    cr_assert_eq(r.ngroups, 3, "a numeric User is its passwd name's groups too");
+    cr_assert_str_eq(env_of(r.env, "HOME", &n), "/srv", "the image's Env wins");
+    cr_assert_eq(n, 1);
+    sbx_image_root_free(&r);
+
+    user_root("u3", "\"User\":\"app:dev\"", &r);
+    cr_assert_eq(r.run_gid, 2000);
+    cr_assert_eq(r.ngroups, 0, "an explicit group: that one only");
+    cr_assert_str_eq(env_of(r.env, "HOME", &n), "/home/app");
+    sbx_image_root_free(&r);
+
+    user_root("u4", "\"User\":\"4242\"", &r);
+    cr_assert_eq(r.run_uid, 4242);
+    cr_assert_eq(r.ngroups, 0);
+    cr_assert_null(env_of(r.env, "HOME", &n), "a uid /etc/passwd does not list has no HOME");
+    sbx_image_root_free(&r);
+}

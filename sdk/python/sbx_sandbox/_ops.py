@@ -297,6 +297,19 @@ class SandboxStatusWorkspace(TypedDict, total=False):
     """persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes)"""
 
 
+class SandboxStatusImageFetch(TypedDict, total=False):
+    """its image fetched from a peer node for its container, on the node that fetched it (docs/images.md, "Images in a cluster")"""
+
+    state: str
+    """the fetch's state"""
+    fetchedFrom: str
+    """the peer shard it came from"""
+    error: str
+    """why the start failed (failed, or fetched but the container did not start)"""
+    bytes: int
+    """received so far from the peers asked (the progress while fetching) (bytes)"""
+
+
 class SandboxStatusContainer(TypedDict, total=False):
     """the running container, when there is one"""
 
@@ -379,6 +392,8 @@ class SandboxStatus(_SandboxStatusRequired, total=False):
     """the image's ExposedPorts, as hints (nothing is exposed by them: port.expose does)"""
     startCommand: List[str]
     """the image's Entrypoint + Cmd the sandbox starts (create {start: true})"""
+    imageFetch: 'SandboxStatusImageFetch'
+    """its image fetched from a peer node for its container, on the node that fetched it (docs/images.md, "Images in a cluster")"""
     container: 'SandboxStatusContainer'
     """the running container, when there is one"""
     network: 'SandboxStatusNetwork'

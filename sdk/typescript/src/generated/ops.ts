@@ -388,6 +388,18 @@ export interface SandboxStatus {
   imagePorts?: string[];
   /** the image's Entrypoint + Cmd the sandbox starts (create {start: true}) */
   startCommand?: string[];
+  /** its image fetched from a peer node for its container, on the node that fetched it (docs/images.md, "Images in a cluster") */
+  imageFetch?: {
+    /** the fetch's state */
+    state?: 'fetching' | 'fetched' | 'failed';
+    /** the peer shard it came from */
+    fetchedFrom?: string;
+    /** why the start failed (failed, or fetched but the container did not start) */
+    error?: string;
+    /** received so far from the peers asked (the progress while fetching) (bytes) */
+    bytes?: number;
+    [key: string]: unknown;
+  };
   /** the running container, when there is one */
   container?: {
     /** its init's pid on the host */
