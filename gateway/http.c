@@ -644,7 +644,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
     /* The document generated from runtime/ops.yaml (gateway/openapi_gen.h). */
     h->openapi = sbx_xstrndup(sbx_openapi_json, sbx_openapi_json_len);
     h->openapi_len = sbx_openapi_json_len;
-    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, err)) != 0) {
+    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, NULL, err)) != 0) {
         sbx_err_prefix(err, "cannot reach the gateway at %s", h->upstream);
         goto fail;
     }
