@@ -165,7 +165,9 @@ tls_opts_free(struct tls_opts *t)
 
 /* tls_open — load t into *sec (sbx_nng_sec_close it) and check that listen
  * may be served with it; 0, or 2 with the reason logged (*sec then holds
- * nothing). */
+ * nothing).  Its first nng call starts nng's threads: the caller blocks the
+ * signals it waits for before (a SIGTERM that such a thread takes kills
+ * the process; a SIGCHLD it takes is lost). */
 static int
 tls_open(const struct tls_opts *t, sbx_nng_sec *sec, const char *listen)
 {
@@ -362,7 +364,13 @@ cmd_shard(int argc, char **argv)
     snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
     sbx_log_init(tag, -1);
     /* A listen the transport rules refuse stops the shard here, status 2,
-     * before it takes any lock (a sweep serves nothing). */
+     * before it takes any lock (a sweep serves nothing).  The signals
+     * sbx_shard_run waits for are blocked first (tls_open). */
+    sigset_t tset;
+    sigemptyset(&tset);
+    sigaddset(&tset, SIGTERM);
+    sigaddset(&tset, SIGINT);
+    sigprocmask(SIG_BLOCK, &tset, NULL);
     int trc = sweep ? 0 : tls_open(&tls, &sec, c.listen);
     tls_opts_free(&tls);
     if (trc) {
@@ -559,15 +567,15 @@ cmd_gateway(int argc, char **argv)
     sbx_log_init("sbxd gateway", -1);
     if ((rc = set_log_format(log_format, "sbxd gateway")) != 0)
         goto out;
-    if ((rc = tls_open(&tls, &sec, c.listen)) != 0)
-        goto out;
-    c.sec = &sec;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if ((rc = tls_open(&tls, &sec, c.listen)) != 0)
+        goto out;
+    c.sec = &sec;
     sbx_gateway *gw;
     if (sbx_gateway_start(&gw, &c) != 0) {
         rc = 1;
@@ -706,6 +714,13 @@ cmd_dev(int argc, char **argv)
     sbx_log_init("sbxd dev", -1);
     if ((rc = set_log_format(log_format, "sbxd dev")) != 0)
         goto out;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
     /* The gateway's listen is checked here; the shards (on ipc://) get the
      * TLS options with the other shard options. */
     if ((rc = tls_open(&tls, &sec, listen)) != 0)
@@ -744,13 +759,6 @@ cmd_dev(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     /* The gateway first: it dials the shards in the background, and its HTTP
      * port (maybe picked by the kernel) names the preview domain. */
