@@ -134,7 +134,8 @@ run(const char *const *argv)
     })
 
 /* make_pki — the deployment's TLS identities in <dir>/pki (tools/sbx-cert,
- * openssl): ca.pem, s<i>.pem/.key per shard node, g<j> per gateway and
+ * openssl): ca.pem, s<i>.pem/.key per shard node (every one that may
+ * join, not only those started at setup), g<j> per gateway and
  * "client" for the tests' direct dials (cl_dial).  Shards listen on
  * tls+tcp:// (docs/security.md, Transports), so gateway → shard and
  * shard ↔ shard traffic of every cluster test is mutual TLS.  0 or -1. */
@@ -160,12 +161,12 @@ make_pki(void)
     snprintf(pki, sizeof(pki), "%s/pki", S.dir);
     if (RUN(tool, "ca", pki) != 0)
         return -1;
-    for (int i = 0; i < S.o.nodes + CL_MAX_GWS + 1; i++) {
+    for (int i = 0; i < CL_MAX_NODES + CL_MAX_GWS + 1; i++) {
         char name[16];
-        if (i < S.o.nodes)
+        if (i < CL_MAX_NODES)
             snprintf(name, sizeof(name), "s%d", i);
-        else if (i < S.o.nodes + CL_MAX_GWS)
-            snprintf(name, sizeof(name), "g%d", i - S.o.nodes);
+        else if (i < CL_MAX_NODES + CL_MAX_GWS)
+            snprintf(name, sizeof(name), "g%d", i - CL_MAX_NODES);
         else
             snprintf(name, sizeof(name), "client");
         if (RUN(tool, "node", pki, name) != 0)
