@@ -136,7 +136,9 @@ sbx_client_open_tls(sbx_client **out, const char *url, const sbx_tls_files *tls,
     sbx_tls_files env = {getenv("SBX_TLS_CA"), getenv("SBX_TLS_CERT"), getenv("SBX_TLS_KEY")};
     if (!tls)
         tls = &env;
-    if (sbx_nng_sec_open(&c->sec, tls->ca, tls->cert, tls->key, false, &e) != 0) {
+    /* Loaded for tls+tcp:// only: a plain or ipc:// gateway needs none. */
+    if (sbx_nng_url_is_tls(url) &&
+        sbx_nng_sec_open(&c->sec, tls->ca, tls->cert, tls->key, false, &e) != 0) {
         free(c);
         return export_err(err, &e);
     }

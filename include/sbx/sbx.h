@@ -129,7 +129,8 @@ typedef struct sbx_tls_files {
 
 /*
  * sbx_client_open_tls — sbx_client_open with a TLS identity (tls borrowed
- * for the call; NULL means $SBX_TLS_CA, $SBX_TLS_CERT and $SBX_TLS_KEY).
+ * for the call; NULL means $SBX_TLS_CA, $SBX_TLS_CERT and $SBX_TLS_KEY),
+ * used when url is tls+tcp:// (ignored otherwise).
  * Errors beyond sbx_client_open's: VALIDATION_FAILED for an identity that
  * is incomplete or unreadable, or a tls+tcp:// url without one;
  * GATEWAY_UNAVAILABLE when the gateway refuses the handshake (no
