@@ -245,6 +245,7 @@ install: install-lib $(IB)bin/sbx $(IB)bin/sbxd $(IB)bin/sbx-agent $(IB)share/sb
 	    $(DESTDIR)$(PREFIX)/share/sbx $(DESTDIR)$(PREFIX)/share/man/man1 \
 	    $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
 	install -m 755 $(IB)bin/sbx $(IB)bin/sbxd $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 tools/sbx-cert $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(IB)bin/sbx-agent $(DESTDIR)$(PREFIX)/libexec/sbx/
 	rm -rf $(DESTDIR)$(PREFIX)/share/sbx/interp
 	cp -a $(IB)share/sbx/interp $(DESTDIR)$(PREFIX)/share/sbx/interp
