@@ -70,7 +70,8 @@ AGENT   := container/agent/main.c container/agent/setup.c \
 ACTORS  := $(sort $(wildcard actors/*.c))
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
-           gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c
+           gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
+           gateway/http_token.c
 # The web console (console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
@@ -244,6 +245,7 @@ install: install-lib $(IB)bin/sbx $(IB)bin/sbxd $(IB)bin/sbx-agent $(IB)share/sb
 	    $(DESTDIR)$(PREFIX)/share/sbx $(DESTDIR)$(PREFIX)/share/man/man1 \
 	    $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
 	install -m 755 $(IB)bin/sbx $(IB)bin/sbxd $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 tools/sbx-cert $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(IB)bin/sbx-agent $(DESTDIR)$(PREFIX)/libexec/sbx/
 	rm -rf $(DESTDIR)$(PREFIX)/share/sbx/interp
 	cp -a $(IB)share/sbx/interp $(DESTDIR)$(PREFIX)/share/sbx/interp
@@ -409,6 +411,7 @@ build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # it calls, and reach it through its internal headers (gateway/*_int.h);
 # fuzz_terminal catches the front's calls to the sandbox at link time.
 FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
+               gateway/http_token.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
                gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \

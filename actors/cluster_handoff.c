@@ -279,7 +279,7 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
     if (sbx_enc_finish(&e, &buf, &len) != 0)
         return SBX_E_INTERNAL;
     nng_socket s;
-    int rv = sbx_nng_req_dial(&s, url, NULL);
+    int rv = sbx_nng_req_dial(&s, url, sh->conf.sec, NULL);
     if (rv) {
         free(buf);
         return SBX_E_SHARD_UNAVAILABLE;

@@ -235,7 +235,7 @@ shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const char 
     for (int i = 0; peers && i < peers->n; i++) {
         const struct shard_peer *p = &peers->p[i];
         struct peer_src src = {.sh = sh, .name = p->name, .bytes = bytes};
-        if (sbx_nng_req_dial(&src.s, p->url, NULL) != 0)
+        if (sbx_nng_req_dial(&src.s, p->url, sh->conf.sec, NULL) != 0)
             continue;
         _cleanup_err_ sbx_err_t e = NULL;
         int64_t t0 = sbx_mono_ms();

@@ -142,7 +142,7 @@ replicate(struct img_job *j, sbx_err_t *err)
 {
     const struct shard_peer *p = &j->peers->p[0];
     nng_socket s;
-    if (sbx_nng_req_dial(&s, p->url, NULL) != 0)
+    if (sbx_nng_req_dial(&s, p->url, j->sh->conf.sec, NULL) != 0)
         return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "dial %s", p->url);
     sbx_enc a;
     sbx_enc_init(&a);
@@ -189,7 +189,7 @@ resolve_name(struct img_job *j, sbx_err_t *err)
     int found = -1;
     for (int i = 0; j->peers && i < j->peers->n && found < 0; i++) {
         nng_socket s;
-        if (sbx_nng_req_dial(&s, j->peers->p[i].url, NULL) != 0)
+        if (sbx_nng_req_dial(&s, j->peers->p[i].url, j->sh->conf.sec, NULL) != 0)
             continue;
         char *buf = NULL;
         size_t bl;

@@ -509,7 +509,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sigw = sbx_loop_watch(sh->loop, sh->sigfd, EPOLLIN, on_signal, sh);
 
     sbx_err_t lerr = NULL;
-    if ((rv = sbx_nng_rep_listen(&sh->rep, conf->listen, &lerr)) != 0) {
+    if ((rv = sbx_nng_rep_listen(&sh->rep, conf->listen, conf->sec, &lerr)) != 0) {
         sbx_log_error("shard %s: %s", conf->name, sbx_err_msg(lerr));
         rc = sbx_err_release(&lerr);
         sh->stopping = true;

@@ -28,6 +28,8 @@
 
 #include "../container/cgroup.h"
 
+struct sbx_nng_sec; /* runtime/nngx.h */
+
 struct sbx_shard_conf {
     char *name;           /* shard name: unique in the deployment, [a-z0-9-] */
     char *listen;         /* nng URL, e.g. ipc:///var/lib/sbx/s0.sock or tcp://0.0.0.0:7701 */
@@ -80,6 +82,10 @@ struct sbx_shard_conf {
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
+    const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity
+                                    * of its listen and its dials to other shards, and whether
+                                    * plaintext may listen off loopback; NULL: plaintext on
+                                    * loopback/ipc only (runtime/nngx.h) */
 };
 
 /* sbx_shard_conf_defaults — fill with defaults (heap strings; see sbxd). */

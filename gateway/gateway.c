@@ -228,7 +228,7 @@ slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint
     snprintf(s->url, sizeof(s->url), "%s", url);
     /* The pipe callbacks go in before the dial starts, so the connection
      * count never misses a peer that is already up. */
-    int rv = sbx_nng_req_dial_notify(&s->sock, &s->dialer, url, pipe_cb, s, err);
+    int rv = sbx_nng_req_dial_notify(&s->sock, &s->dialer, url, gw->conf.sec, pipe_cb, s, err);
     if (rv)
         return rv;
     atomic_store(&s->open, true);
@@ -312,11 +312,13 @@ view_changed(void *arg)
             continue;
         struct gshard *s = &gw->shards[to_open[k].idx];
         nng_dialer_close(to_open[k].old);
-        int rv = nng_dial(s->sock, to_open[k].url, &s->dialer, NNG_FLAG_NONBLOCK);
+        sbx_err_t derr = NULL;
+        int rv = sbx_nng_dial(s->sock, to_open[k].url, gw->conf.sec, &s->dialer,
+                              NNG_FLAG_NONBLOCK, &derr);
         if (rv) {
             s->gen = 0; /* tried again at the next change */
-            sbx_log_warn("gateway: cannot dial shard %s at %s: %s", to_open[k].name, to_open[k].url,
-                     nng_strerror(rv));
+            sbx_log_warn("gateway: cannot dial shard %s: %s", to_open[k].name, sbx_err_msg(derr));
+            sbx_err_release(&derr);
         } else {
             sbx_log_info("gateway %s: shard %s joined (%s) in the slot of %s", gw->conf.name,
                      to_open[k].name, to_open[k].url, to_open[k].was);
@@ -1080,7 +1082,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         }
     }
     sbx_err_t lerr = NULL;
-    if ((rv = sbx_nng_rep_listen(&gw->sock, conf->listen, &lerr)) != 0) {
+    if ((rv = sbx_nng_rep_listen(&gw->sock, conf->listen, conf->sec, &lerr)) != 0) {
         sbx_log_error("gateway: %s", sbx_err_msg(lerr));
         sbx_err_release(&lerr);
         goto fail;

@@ -35,6 +35,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+struct sbx_nng_sec; /* runtime/nngx.h */
+
 struct sbx_gateway_conf {
     char *name;          /* gateway name (status output) */
     char *listen;        /* nng URL for clients, e.g. tcp://127.0.0.1:7700 */
@@ -56,6 +58,9 @@ struct sbx_gateway_conf {
     bool await_shards;   /* its shards are being started with it (`sbxd dev`): a request
                           * for one that has not connected yet waits for it until the
                           * request's deadline, instead of SHARD_UNAVAILABLE at once */
+    const struct sbx_nng_sec *sec; /* borrowed (outlives the gateway): the TLS identity of
+                                    * its listen and of its dials to shards; NULL: plaintext
+                                    * on loopback/ipc only (runtime/nngx.h) */
 };
 
 typedef struct sbx_gateway sbx_gateway;

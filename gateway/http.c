@@ -362,10 +362,11 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (rt->kind == R_OPENAPI)
         return queue_buf(h, c, MHD_HTTP_OK, "application/json",
                          sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len, false);
-    if (!http_authorized(h, c))
+    if (!http_authorized(h, c) && !http_url_token_ok(h, c, rt->kind, hr->sandbox))
         return queue_err(hr, SBX_E_UNAUTHORIZED,
-                         "a valid API key is required: Authorization: Bearer <key> (or "
-                         "?access_token=<key>)");
+                         "a valid API key is required: Authorization: Bearer <key> (in a URL "
+                         "only ?access_token=<token> of POST …/url-token, for its sandbox and "
+                         "purpose, for 60 s)");
     if (bad)
         return queue_err(hr, SBX_E_VALIDATION,
                          bad == 2 ? "the path %s holds a malformed or NUL percent-escape, or "
@@ -376,6 +377,15 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         char why[160];
         if (sbx_id_check(hr->sandbox, strlen(hr->sandbox), why, sizeof(why)) != 0)
             return queue_err(hr, SBX_E_VALIDATION, "%s", why);
+    }
+    if (rt->kind == R_URL_TOKEN) {
+        const char *purpose = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "purpose");
+        json_t *j = http_url_token_mint(h, hr->sandbox, purpose);
+        if (!j)
+            return queue_err(hr, SBX_E_VALIDATION,
+                             "?purpose= must be terminal, stream or file (the route the token "
+                             "is for)");
+        return queue_json(h, c, MHD_HTTP_OK, j);
     }
     if (rt->kind == R_TERMINAL) {
         *con_cls = NULL;
@@ -632,6 +642,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
     }
     if (conf->api_keys && *conf->api_keys && (rc = http_load_keys(h, conf->api_keys, err)))
         goto fail;
+    http_url_key_init(h);
     if (!h->keys && !http_is_loopback(&ss)) {
         rc = sbx_err_make(err, -EPERM,
                           "refusing to serve HTTP on %s without API keys: give --api-keys FILE, "
@@ -646,7 +657,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
     /* The document generated from runtime/ops.yaml (gateway/openapi_gen.h). */
     h->openapi = sbx_xstrndup(sbx_openapi_json, sbx_openapi_json_len);
     h->openapi_len = sbx_openapi_json_len;
-    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, err)) != 0) {
+    if ((rc = sbx_nng_req_dial(&h->req, h->upstream, NULL, err)) != 0) {
         sbx_err_prefix(err, "cannot reach the gateway at %s", h->upstream);
         goto fail;
     }

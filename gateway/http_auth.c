@@ -134,9 +134,9 @@ http_authorized(struct sbx_http *h, struct MHD_Connection *c)
     if (!h->keys)
         return true;
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (auth && !strncasecmp(auth, "Bearer ", 7))
-        return http_key_ok(h, auth + 7);
-    return http_key_ok(h, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token"));
+    /* Keys travel in the header only; a URL carries a short-lived token
+     * (http_token.c), checked by the caller, who knows the route. */
+    return auth && !strncasecmp(auth, "Bearer ", 7) && http_key_ok(h, auth + 7);
 }
 
 int

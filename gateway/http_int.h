@@ -60,6 +60,7 @@ enum route_kind {
     R_METRICS,    /* GET /metrics: the `metrics` op's text (Prometheus) */
     R_FILE_PUT,   /* PUT …/files/{path*} */
     R_TERMINAL,   /* GET …/terminal: WebSocket */
+    R_URL_TOKEN,  /* POST …/url-token: a short-lived URL token (http_token.c) */
 };
 
 struct route {
@@ -86,6 +87,7 @@ struct sbx_http {
     pthread_rwlock_t req_lk;
     bool req_closed;
     char **keys;               /* API keys, NULL-terminated (NULL: no auth) */
+    uint8_t url_key[32];       /* HMAC key of URL tokens (http_token.c), set before MHD starts */
     struct route *routes;
     size_t nroutes;
     char *openapi;             /* the OpenAPI document (JSON text) */
@@ -207,6 +209,26 @@ bool http_key_ok(struct sbx_http *h, const char *presented);
 const char *http_browser_guard(struct sbx_http *h, struct MHD_Connection *c, const char *method);
 /* The request carries a valid key (Authorization: Bearer, ?access_token). */
 bool http_authorized(struct sbx_http *h, struct MHD_Connection *c);
+
+/* ------------------------------------------------------------------------------ */
+/* URL tokens (http_token.c; docs/http.md, "Tokens in URLs"). */
+
+#define HTTP_URL_TOKEN_TTL_MS 60000 /* a token's life from its minting */
+
+/* http_url_key_init — set h->url_key (from h->relay_secret, else random). */
+void http_url_key_init(struct sbx_http *h);
+/* http_url_purpose — the URL-token purpose of a route kind ("terminal",
+ * "stream", "file"), or NULL: that route takes no URL token. */
+const char *http_url_purpose(int route_kind);
+/* http_url_token_mint — a new token for purpose on sandbox, as the JSON
+ * answer {token, purpose, sandbox, expiresAt (ms since the epoch), ttlMs}
+ * (caller owns it); NULL when purpose is not one of http_url_purpose's. */
+json_t *http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose);
+/* http_url_token_ok — whether the request's ?access_token= is an unexpired
+ * token minted for the purpose of route_kind on sandbox (MAC compared in
+ * constant time).  Never true for a route without a purpose. */
+bool http_url_token_ok(const struct sbx_http *h, struct MHD_Connection *c, int route_kind,
+                       const char *sandbox);
 /* Read the key file at path into h->keys; 0, or a negative code with *err
  * set (docs/errors.md; err may be NULL). */
 int http_load_keys(struct sbx_http *h, const char *path, sbx_err_t *err);

@@ -70,6 +70,7 @@ http_routes_build(struct sbx_http *h)
     rc |= route_add(h, "GET", "/v1/sandboxes/{sandbox}/files/{path*}", R_FILE_GET, NULL, false);
     rc |= route_add(h, "PUT", "/v1/sandboxes/{sandbox}/files/{path*}", R_FILE_PUT, NULL, false);
     rc |= route_add(h, "GET", "/v1/sandboxes/{sandbox}/terminal", R_TERMINAL, NULL, false);
+    rc |= route_add(h, "POST", "/v1/sandboxes/{sandbox}/url-token", R_URL_TOKEN, NULL, false);
     for (const struct sbx_op_def *d = sbx_ops; d->name; d++) {
         char path[160];
         /* Shard-to-shard operations and the front's own helpers are not

@@ -19,12 +19,14 @@
 #include "error.h"
 #include "id.h"
 #include "json.h"
+#include "nngx.h"
 #include "util.h"
 #include "wire.h"
 
 struct sbx_client {
     nng_socket sock;
     int64_t timeout_ms;
+    sbx_nng_sec sec; /* the TLS identity (owned references), or none */
 };
 
 struct sbx_reply {
@@ -113,7 +115,14 @@ clear_err(sbx_error *err)
 int
 sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
 {
+    return sbx_client_open_tls(out, url, NULL, err);
+}
+
+int
+sbx_client_open_tls(sbx_client **out, const char *url, const sbx_tls_files *tls, sbx_error *err)
+{
     int rv;
+    sbx_err_t e = NULL;
     clear_err(err);
     if (!url || !*url)
         url = getenv("SBX_GATEWAY");
@@ -124,6 +133,15 @@ sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
     const char *t = getenv("SBX_TIMEOUT_MS");
     if (t && atoll(t) > 0)
         c->timeout_ms = atoll(t);
+    sbx_tls_files env = {getenv("SBX_TLS_CA"), getenv("SBX_TLS_CERT"), getenv("SBX_TLS_KEY")};
+    if (!tls)
+        tls = &env;
+    /* Loaded for tls+tcp:// only: a plain or ipc:// gateway needs none. */
+    if (sbx_nng_url_is_tls(url) &&
+        sbx_nng_sec_open(&c->sec, tls->ca, tls->cert, tls->key, false, &e) != 0) {
+        free(c);
+        return export_err(err, &e);
+    }
     if ((rv = nng_req0_open(&c->sock)) != 0)
         goto fail;
     nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, SBX_WIRE_MAX_FRAME);
@@ -132,13 +150,23 @@ sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
     nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 10);
     nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
-    if ((rv = nng_dial(c->sock, url, NULL, 0)) != 0) {
+    /* A synchronous dial: a refused handshake fails here, at once. */
+    if (sbx_nng_dial(c->sock, url, &c->sec, NULL, 0, &e) != 0) {
         nng_close(c->sock);
-        goto fail;
+        sbx_nng_sec_close(&c->sec);
+        free(c);
+        if (sbx_err_code(e) == SBX_E_VALIDATION)
+            return export_err(err, &e);
+        sbx_err_t g = NULL;
+        sbx_err_make(&g, E_GATEWAY_UNAVAILABLE, "cannot reach the sbx gateway: %s (is sbxd running%s?)",
+                     sbx_err_msg(e), sbx_nng_url_is_tls(url) ? ", with a certificate of this CA" : "");
+        sbx_err_release(&e);
+        return export_err(err, &g);
     }
     *out = c;
     return 0;
 fail:
+    sbx_nng_sec_close(&c->sec);
     free(c);
     return fail(err, E_GATEWAY_UNAVAILABLE,
                 "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
@@ -151,6 +179,7 @@ sbx_client_close(sbx_client *c)
     if (!c)
         return;
     nng_close(c->sock);
+    sbx_nng_sec_close(&c->sec);
     free(c);
 }
 

@@ -21,12 +21,16 @@ struct gopts {
     const char *gateway;
     bool json;
     int64_t timeout_ms;
+    sbx_tls_files tls; /* --tls-ca/--tls-cert/--tls-key (argv strings), NULL each when not given */
 };
 
 /* print "sbx: CODE: message" on stderr. */
 void cli_print_err(const sbx_error *err);
 /* connect to the gateway, or print why and set *rc (EXIT_SBX). */
 sbx_client *cli_connect(struct gopts *g, int *rc);
+/* the TLS identity to connect with: each of g's flags, else its
+ * $SBX_TLS_CA / $SBX_TLS_CERT / $SBX_TLS_KEY (strings borrowed). */
+sbx_tls_files cli_tls(const struct gopts *g);
 /* call op with JSON args; print the result as JSON (--json or no human
  * printer) or through human(); 0, or 1 after printing the error. */
 int cli_call(struct gopts *g, const char *op, const char *sandbox, const char *args_json,

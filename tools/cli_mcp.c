@@ -263,7 +263,8 @@ static sbx_client *
 client_of(struct mcp *m, sbx_error *err)
 {
     pthread_mutex_lock(&m->mu);
-    if (!m->c && sbx_client_open(&m->c, m->g->gateway, err) != 0)
+    sbx_tls_files tls = cli_tls(m->g);
+    if (!m->c && sbx_client_open_tls(&m->c, m->g->gateway, &tls, err) != 0)
         m->c = NULL;
     else if (m->g->timeout_ms > 0)
         sbx_client_set_timeout(m->c, m->g->timeout_ms);

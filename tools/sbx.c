@@ -8,6 +8,10 @@
  *   --json          machine-readable output: the operation's result as JSON
  *   --timeout D     request deadline, e.g. 30s, 5m (default 5m); every call
  *                   returns by it + 1 s (include/sbx/sbx.h, Deadlines)
+ *   --tls-ca F, --tls-cert F, --tls-key F
+ *                   PEM files of the deployment CA, this client's certificate
+ *                   and key, for tls+tcp:// gateways (default $SBX_TLS_CA,
+ *                   $SBX_TLS_CERT, $SBX_TLS_KEY; docs/security.md, Transports)
  *
  * Exit status: `sbx exec` exits with the command's own exit code (124 on
  * timeout, 128+N when killed by signal N); every other verb exits 0 on
@@ -44,12 +48,24 @@ cli_print_err(const sbx_error *err)
         fprintf(stderr, "sbx: context: %s\n", err->context_json);
 }
 
+sbx_tls_files
+cli_tls(const struct gopts *g)
+{
+    sbx_tls_files t = {
+        g->tls.ca ? g->tls.ca : getenv("SBX_TLS_CA"),
+        g->tls.cert ? g->tls.cert : getenv("SBX_TLS_CERT"),
+        g->tls.key ? g->tls.key : getenv("SBX_TLS_KEY"),
+    };
+    return t;
+}
+
 sbx_client *
 cli_connect(struct gopts *g, int *rc)
 {
     sbx_client *c = NULL;
     sbx_error err;
-    if (sbx_client_open(&c, g->gateway, &err) != 0) {
+    sbx_tls_files tls = cli_tls(g);
+    if (sbx_client_open_tls(&c, g->gateway, &tls, &err) != 0) {
         cli_print_err(&err);
         sbx_error_free(&err);
         *rc = EXIT_SBX;
@@ -953,7 +969,8 @@ v_help(struct gopts *g, int argc, char **argv)
         }
         return 0;
     }
-    printf("usage: sbx [--gateway URL] [--json] [--timeout D] <verb> [arguments]\n\nverbs:\n");
+    printf("usage: sbx [--gateway URL] [--json] [--timeout D] [--tls-ca F --tls-cert F --tls-key F] "
+           "<verb> [arguments]\n\nverbs:\n");
     for (const struct verb *v = verbs; v->name; v++)
         printf("  %-8s %s\n           %s\n", v->name, verb_help(v), v->args);
     cli_help_ops();
@@ -987,6 +1004,21 @@ main(int argc, char **argv)
                 g.json = true;
                 continue;
             }
+            static const char *const tls_flags[] = {"--tls-ca", "--tls-cert", "--tls-key"};
+            const char **tls_vals[] = {&g.tls.ca, &g.tls.cert, &g.tls.key};
+            bool tls_flag = false;
+            for (size_t k = 0; k < 3 && !tls_flag; k++) {
+                size_t n = strlen(tls_flags[k]);
+                if (!strcmp(a, tls_flags[k]) && i + 1 < argc) {
+                    *tls_vals[k] = argv[++i];
+                    tls_flag = true;
+                } else if (!strncmp(a, tls_flags[k], n) && a[n] == '=') {
+                    *tls_vals[k] = a + n + 1;
+                    tls_flag = true;
+                }
+            }
+            if (tls_flag)
+                continue;
             if ((!strcmp(a, "--timeout") && !verb) && i + 1 < argc) {
                 g.timeout_ms = cli_parse_ms(argv[++i]);
                 continue;

@@ -38,6 +38,7 @@
 #include "../gateway/gateway.h"
 #include "../runtime/config.h"
 #include "../runtime/log.h"
+#include "../runtime/nngx.h"
 #include "../runtime/util.h"
 #include "hostlock.h"
 
@@ -138,6 +139,50 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
     {"log-format", SBX_OPT_STR, &log_format,                                                  \
      "log lines as text or json (one object per line: docs/operations.md)"}
 
+/* The transport security options of every command (docs/security.md,
+ * Transports); `sbxd dev` passes them on to its shards. */
+struct tls_opts {
+    char *ca, *cert, *key; /* PEM file paths (heap), or NULL */
+    bool insecure;         /* --insecure-plaintext */
+};
+#define TLS_OPTS(t)                                                                           \
+    {"tls-ca", SBX_OPT_STR, &(t)->ca,                                                         \
+     "PEM file of the deployment CA: tls+tcp:// peers must present a certificate it signed"}, \
+        {"tls-cert", SBX_OPT_STR, &(t)->cert,                                                 \
+         "PEM file of this node's certificate (signed by --tls-ca; tools/sbx-cert)"},        \
+        {"tls-key", SBX_OPT_STR, &(t)->key, "PEM file of this node's private key"},          \
+        {"insecure-plaintext", SBX_OPT_BOOL, &(t)->insecure,                                  \
+         "INSECURE: allow plain tcp:// listens on non-loopback addresses (anyone who reaches " \
+         "them controls every sandbox)"}
+
+static void
+tls_opts_free(struct tls_opts *t)
+{
+    free(t->ca);
+    free(t->cert);
+    free(t->key);
+}
+
+/* tls_open — load t into *sec (sbx_nng_sec_close it) and check that listen
+ * may be served with it; 0, or 2 with the reason logged (*sec then holds
+ * nothing).  Its first nng call starts nng's threads: the caller blocks the
+ * signals it waits for before (a SIGTERM that such a thread takes kills
+ * the process; a SIGCHLD it takes is lost). */
+static int
+tls_open(const struct tls_opts *t, sbx_nng_sec *sec, const char *listen)
+{
+    sbx_err_t err = NULL;
+    int rc = sbx_nng_sec_open(sec, t->ca, t->cert, t->key, t->insecure, &err);
+    if (!rc && (rc = sbx_nng_listen_check(listen, sec, &err)) != 0)
+        sbx_nng_sec_close(sec);
+    if (rc) {
+        sbx_log_error("%s", sbx_err_msg(err));
+        sbx_err_release(&err);
+        return 2;
+    }
+    return 0;
+}
+
 /* Apply --log-format; 0, or 2 with the reason printed. */
 static int
 set_log_format(const char *log_format, const char *cmd)
@@ -215,6 +260,8 @@ cmd_shard(int argc, char **argv)
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
     char *log_format = NULL;
+    struct tls_opts tls = {0};
+    sbx_nng_sec sec = {0};
     sbx_shard_conf_defaults(&c);
     /* --etc/--env given on the command line replace the defaults. */
     struct sbx_opt opts[] = {
@@ -234,6 +281,7 @@ cmd_shard(int argc, char **argv)
         {"lease-ttl", SBX_OPT_MS, &c.lease_ttl,
          "membership lease; unrenewed for this long, the shard stops serving (10s)"},
         SHARD_OPTS(&c),
+        TLS_OPTS(&tls),
         {"sweep", SBX_OPT_BOOL, &sweep,
          "take this shard's locks, remove what an earlier incarnation of it left (every "
          "process and cgroup of its subtree) and exit 0; `sbxd dev` runs it for a shard that "
@@ -267,6 +315,7 @@ cmd_shard(int argc, char **argv)
         sbx_shard_conf_free(&c);
         free(relay_secret_file);
         free(log_format);
+        tls_opts_free(&tls);
         return 2;
     }
     free(rest);
@@ -275,12 +324,14 @@ cmd_shard(int argc, char **argv)
     if (frc) {
         free(relay_secret_file);
         sbx_shard_conf_free(&c);
+        tls_opts_free(&tls);
         return frc;
     }
     int lrc = load_secret(relay_secret_file, &c.relay_secret, "sbxd shard");
     free(relay_secret_file);
     if (lrc) {
         sbx_shard_conf_free(&c);
+        tls_opts_free(&tls);
         return 2;
     }
     /* A relay on TCP without a secret would let anyone who can reach the
@@ -290,11 +341,13 @@ cmd_shard(int argc, char **argv)
                         "a TCP relay without a secret serves anyone who reaches it\n",
                 c.relay);
         sbx_shard_conf_free(&c);
+        tls_opts_free(&tls);
         return 2;
     }
     if (help) {
         sbx_config_usage(opts, "sbxd shard", "Run one shard node.");
         sbx_shard_conf_free(&c);
+        tls_opts_free(&tls);
         return 0;
     }
     if (!c.agent)
@@ -310,6 +363,21 @@ cmd_shard(int argc, char **argv)
     char tag[64];
     snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
     sbx_log_init(tag, -1);
+    /* A listen the transport rules refuse stops the shard here, status 2,
+     * before it takes any lock (a sweep serves nothing).  The signals
+     * sbx_shard_run waits for are blocked first (tls_open). */
+    sigset_t tset;
+    sigemptyset(&tset);
+    sigaddset(&tset, SIGTERM);
+    sigaddset(&tset, SIGINT);
+    sigprocmask(SIG_BLOCK, &tset, NULL);
+    int trc = sweep ? 0 : tls_open(&tls, &sec, c.listen);
+    tls_opts_free(&tls);
+    if (trc) {
+        sbx_shard_conf_free(&c);
+        return trc;
+    }
+    c.sec = &sec;
     /* The subtree the shard will sweep, spelled one way, locked before the
      * shard touches it (host locks, above); the shard uses it as given. */
     char base[256], fallback[256];
@@ -321,6 +389,7 @@ cmd_shard(int argc, char **argv)
                   "(at most %zu bytes)", c.cgroup_base && *c.cgroup_base ? c.cgroup_base : fallback,
                   sizeof(base) - 1);
         sbx_shard_conf_free(&c);
+        sbx_nng_sec_close(&sec);
         return 2;
     }
     free(c.cgroup_base);
@@ -334,6 +403,7 @@ cmd_shard(int argc, char **argv)
                                  "give this shard another --name or --cgroup-base"
                                : "");
         sbx_shard_conf_free(&c);
+        sbx_nng_sec_close(&sec);
         return rc == -EBUSY ? 2 : 1;
     }
     /* One live shard per data directory too: two shards of different names
@@ -356,6 +426,7 @@ cmd_shard(int argc, char **argv)
                       strerror(-rc));
         hostlock_release(&hl);
         sbx_shard_conf_free(&c);
+        sbx_nng_sec_close(&sec);
         return rc == -EBUSY ? 2 : 1;
     }
     /* Host uids, locked like names and cgroups (uid_range_lock); without
@@ -373,6 +444,7 @@ cmd_shard(int argc, char **argv)
         close(dfd);
         hostlock_release(&hl);
         sbx_shard_conf_free(&c);
+        sbx_nng_sec_close(&sec);
         return rc == -EBUSY ? 2 : 1;
     }
     if (!sweep)
@@ -395,6 +467,7 @@ cmd_shard(int argc, char **argv)
     hostlock_release(&ul);
     hostlock_release(&hl);
     sbx_shard_conf_free(&c);
+    sbx_nng_sec_close(&sec);
     return rc ? 1 : 0;
 }
 
@@ -452,6 +525,8 @@ cmd_gateway(int argc, char **argv)
     char **rest = NULL, why[256];
     char *relay_secret_file = NULL;
     char *log_format = NULL;
+    struct tls_opts tls = {0};
+    sbx_nng_sec sec = {0};
     c.name = sbx_xstrdup("gw");
     c.listen = sbx_xstrdup(DEFAULT_LISTEN);
     c.contexts = 1024;
@@ -472,6 +547,7 @@ cmd_gateway(int argc, char **argv)
         {"relay-secret", SBX_OPT_STR, &c.relay_secret, "secret of the shards' preview relays"},
         {"relay-secret-file", SBX_OPT_STR, &relay_secret_file,
          "file holding the relay secret (preferred to --relay-secret)"},
+        TLS_OPTS(&tls),
         LOG_FORMAT_OPT,
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
@@ -499,6 +575,9 @@ cmd_gateway(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if ((rc = tls_open(&tls, &sec, c.listen)) != 0)
+        goto out;
+    c.sec = &sec;
     sbx_gateway *gw;
     if (sbx_gateway_start(&gw, &c) != 0) {
         rc = 1;
@@ -520,6 +599,8 @@ out:
     free(relay_secret_file);
     free(log_format);
     sbx_strv_free(c.shards);
+    tls_opts_free(&tls);
+    sbx_nng_sec_close(&sec);
     return rc;
 }
 
@@ -579,6 +660,8 @@ cmd_dev(int argc, char **argv)
     char *name = sbx_xstrdup("dev");
     int64_t nshards = 2;
     struct sbx_gateway_conf gc = {.contexts = 1024, .timeout = 600000};
+    struct tls_opts tls = {0};
+    sbx_nng_sec sec = {0};
     gc.http = sbx_xstrdup(DEFAULT_HTTP);
     bool help = false;
     char **rest = NULL, why[256];
@@ -600,6 +683,7 @@ cmd_dev(int argc, char **argv)
         {"shards", SBX_OPT_INT, &nshards, "number of shard processes"},
         GATEWAY_HTTP_OPTS(&gc),
         SHARD_OPTS(&c),
+        TLS_OPTS(&tls),
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };
@@ -632,6 +716,18 @@ cmd_dev(int argc, char **argv)
     sbx_log_init("sbxd dev", -1);
     if ((rc = set_log_format(log_format, "sbxd dev")) != 0)
         goto out;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    /* The gateway's listen is checked here; the shards (on ipc://) get the
+     * TLS options with the other shard options. */
+    if ((rc = tls_open(&tls, &sec, listen)) != 0)
+        goto out;
+    gc.sec = &sec;
     if (geteuid() != 0) {
         sbx_log_error("sbxd must run as root (it creates namespaces, cgroups and mounts)");
         rc = 1;
@@ -665,13 +761,6 @@ cmd_dev(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     /* The gateway first: it dials the shards in the background, and its HTTP
      * port (maybe picked by the kernel) names the preview domain. */
@@ -892,6 +981,8 @@ out:
     free(relay_secret_file);
     free(log_format);
     sbx_shard_conf_free(&c);
+    tls_opts_free(&tls);
+    sbx_nng_sec_close(&sec);
     return rc;
 }
 

@@ -1,8 +1,8 @@
 // api.ts — the console's calls to the gateway's HTTP front (docs/http.md),
 // always on the console's own origin.  The API key lives in sessionStorage
 // (this tab only, gone when it closes) and travels as the API's header,
-// Authorization: Bearer <key>; never in a URL but for the terminal's
-// WebSocket (wsCredential below).  Without a key (the keyless loopback
+// Authorization: Bearer <key>; never in a URL: the terminal's WebSocket
+// carries a 60 s token minted for it (wsCredential below).  Without a key (the keyless loopback
 // front) every request carries X-Sbx-Client, which the front demands of
 // every mutating request (docs/http.md, "Browsers").
 
@@ -74,14 +74,17 @@ export function fileUrl(sandbox: string, path: string): string {
 }
 
 /**
- * The credential for a WebSocket URL: browsers cannot set headers on a
- * WebSocket, so with keys on the front takes ?access_token= (RFC 6750 §2.3).
- * This is the one place a URL carries a credential; when the front issues
- * short-lived URL tokens from an authenticated call, this function is what
- * fetches one instead.  '' when keyless.
+ * The credential for sandbox's terminal WebSocket URL: browsers cannot set
+ * headers on a WebSocket, so with keys the front takes ?access_token= — not
+ * the key (keys never go into URLs), a token minted with the key in the
+ * header by POST …/url-token?purpose=terminal, good for this sandbox's
+ * terminal only, for 60 s (docs/http.md, "Tokens in URLs").  '' when
+ * keyless.
  */
-export async function wsCredential(): Promise<string> {
-  return getKey();
+export async function wsCredential(sandbox: string): Promise<string> {
+  if (!getKey()) return '';
+  const r = await request('POST', `/v1/sandboxes/${encodeURIComponent(sandbox)}/url-token?purpose=terminal`);
+  return (await r.json()).token;
 }
 
 /**

@@ -17,7 +17,7 @@ export function showTerminal(main: HTMLElement, id: string): () => void {
   let closed = false;
 
   (async () => {
-    const cred = await wsCredential();
+    const cred = await wsCredential(id);
     if (closed) return;
     const q = new URLSearchParams({ session: 'console', cols: String(term.cols), rows: String(term.rows) });
     if (cred) q.set('access_token', cred);

@@ -116,6 +116,28 @@ SBX_API void sbx_error_free(sbx_error *err);
  * untouched.
  */
 SBX_API int sbx_client_open(sbx_client **out, const char *url, sbx_error *err);
+
+/* A client's TLS identity for tls+tcp:// gateways (docs/security.md,
+ * Transports): paths of PEM files, all three or none.  The gateway's
+ * certificate must chain to ca; the gateway requires the client's (cert,
+ * signed by the same deployment CA). */
+typedef struct sbx_tls_files {
+    const char *ca;   /* the deployment CA */
+    const char *cert; /* this client's certificate */
+    const char *key;  /* its private key (unencrypted PEM) */
+} sbx_tls_files;
+
+/*
+ * sbx_client_open_tls — sbx_client_open with a TLS identity (tls borrowed
+ * for the call; NULL means $SBX_TLS_CA, $SBX_TLS_CERT and $SBX_TLS_KEY),
+ * used when url is tls+tcp:// (ignored otherwise).
+ * Errors beyond sbx_client_open's: VALIDATION_FAILED for an identity that
+ * is incomplete or unreadable, or a tls+tcp:// url without one;
+ * GATEWAY_UNAVAILABLE when the gateway refuses the handshake (no
+ * certificate, one of another CA, plaintext against TLS).
+ */
+SBX_API int sbx_client_open_tls(sbx_client **out, const char *url, const sbx_tls_files *tls,
+                                sbx_error *err);
 /* sbx_client_close — close the connection and free c (NULL: nothing).  No
  * call on c may be running or start after it. */
 SBX_API void sbx_client_close(sbx_client *c);

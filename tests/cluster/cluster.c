@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "../../runtime/etcd.h"
+#include "../../runtime/nngx.h"
 #include "../../runtime/util.h"
 #include "../../runtime/wire.h"
 #include "cluster_int.h"
@@ -183,7 +184,26 @@ cl_node_name(int i, char *out, size_t outlen)
 void
 cl_node_url(int i, char *out, size_t outlen)
 {
-    snprintf(out, outlen, "tcp://%s.%d:%d", cl_env()->net, 11 + i, NODE_PORT);
+    snprintf(out, outlen, "tls+tcp://%s.%d:%d", cl_env()->net, 11 + i, NODE_PORT);
+}
+
+int
+cl_dial(nng_socket s, const char *url)
+{
+    char ca[320], cert[320], key[320];
+    snprintf(ca, sizeof(ca), "%s/pki/ca.pem", cl_env()->dir);
+    snprintf(cert, sizeof(cert), "%s/pki/client.pem", cl_env()->dir);
+    snprintf(key, sizeof(key), "%s/pki/client.key", cl_env()->dir);
+    sbx_nng_sec sec;
+    sbx_err_t err = NULL;
+    int rc = sbx_nng_sec_open(&sec, ca, cert, key, false, &err);
+    if (rc == 0)
+        rc = sbx_nng_dial(s, url, &sec, NULL, 0, &err); /* the dialer holds the config */
+    if (rc)
+        fprintf(stderr, "cl_dial: %s\n", sbx_err_msg(err));
+    sbx_err_release(&err);
+    sbx_nng_sec_close(&sec);
+    return rc;
 }
 
 int

@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <nng/nng.h>
 #include <sys/types.h>
 
 #include "../../runtime/place.h"
@@ -80,6 +81,10 @@ int cl_teardown(bool keep_logs);
 const struct cl_env *cl_env(void);
 void cl_node_name(int i, char *out, size_t outlen);
 void cl_node_url(int i, char *out, size_t outlen);
+/* cl_dial — dial url (synchronously) on s with the cluster's client
+ * identity (<dir>/pki/client.*, signed by the cluster's CA): node URLs are
+ * tls+tcp:// (docs/security.md, Transports).  0 or a negative code. */
+int cl_dial(nng_socket s, const char *url);
 /* cl_node_index — i for "<prefix>-s<i>", else -1. */
 int cl_node_index(const char *name);
 

@@ -133,6 +133,63 @@ run(const char *const *argv)
         run(_a);                                                                              \
     })
 
+/* make_pki — the deployment's TLS identities in <dir>/pki (tools/sbx-cert,
+ * openssl): ca.pem, s<i>.pem/.key per shard node (every one that may
+ * join, not only those started at setup), g<j> per gateway and
+ * "client" for the tests' direct dials (cl_dial).  Shards listen on
+ * tls+tcp:// (docs/security.md, Transports), so gateway → shard and
+ * shard ↔ shard traffic of every cluster test is mutual TLS.  0 or -1. */
+static int
+make_pki(void)
+{
+    /* $SBX_CERT_TOOL, else the tree's: from the working directory, or
+     * from the binaries' (build/<flavor>/bin or bin). */
+    char cands[4][600], pki[300];
+    const char *env = getenv("SBX_CERT_TOOL");
+    snprintf(cands[0], sizeof(cands[0]), "%s", env && *env ? env : "");
+    snprintf(cands[1], sizeof(cands[1]), "tools/sbx-cert");
+    snprintf(cands[2], sizeof(cands[2]), "%s/../../../tools/sbx-cert", S.bindir);
+    snprintf(cands[3], sizeof(cands[3]), "%s/../tools/sbx-cert", S.bindir);
+    const char *tool = NULL;
+    for (int k = 0; k < 4 && !tool; k++)
+        if (cands[k][0] && access(cands[k], X_OK) == 0)
+            tool = cands[k];
+    if (!tool) {
+        slog("tools/sbx-cert not found (set SBX_CERT_TOOL)");
+        return -1;
+    }
+    snprintf(pki, sizeof(pki), "%s/pki", S.dir);
+    if (RUN(tool, "ca", pki) != 0)
+        return -1;
+    for (int i = 0; i < CL_MAX_NODES + CL_MAX_GWS + 1; i++) {
+        char name[16];
+        if (i < CL_MAX_NODES)
+            snprintf(name, sizeof(name), "s%d", i);
+        else if (i < CL_MAX_NODES + CL_MAX_GWS)
+            snprintf(name, sizeof(name), "g%d", i - CL_MAX_NODES);
+        else
+            snprintf(name, sizeof(name), "client");
+        if (RUN(tool, "node", pki, name) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* tls_args — the --tls-* arguments of node `name` into argv at *n. */
+static void
+tls_args(const char **argv, int *n, const char *name, char bufs[3][320])
+{
+    snprintf(bufs[0], 320, "%s/pki/ca.pem", S.dir);
+    snprintf(bufs[1], 320, "%s/pki/%s.pem", S.dir, name);
+    snprintf(bufs[2], 320, "%s/pki/%s.key", S.dir, name);
+    argv[(*n)++] = "--tls-ca";
+    argv[(*n)++] = bufs[0];
+    argv[(*n)++] = "--tls-cert";
+    argv[(*n)++] = bufs[1];
+    argv[(*n)++] = "--tls-key";
+    argv[(*n)++] = bufs[2];
+}
+
 /* A random /24 in 10.[100-250].x.0 that no route of this host overlaps. */
 static int
 pick_subnet(void)
@@ -294,12 +351,13 @@ start_shard(int i)
     if (S.shard[i].pid > 0)
         return 0;
     char name[64], listen[64], data[320], uid[32], relay[64], log[320], pool[16], etcd[300];
+    char node[16], tls[3][320];
     snprintf(name, sizeof(name), "%s-s%d", S.prefix, i);
     if (S.etcd_via[i][0])
         snprintf(etcd, sizeof(etcd), "%s,%s", S.etcd_via[i], S.etcd_url);
     else
         snprintf(etcd, sizeof(etcd), "%s", S.etcd_url);
-    snprintf(listen, sizeof(listen), "tcp://%s.%d:%d", S.net, 11 + i, NODE_PORT);
+    snprintf(listen, sizeof(listen), "tls+tcp://%s.%d:%d", S.net, 11 + i, NODE_PORT);
     snprintf(relay, sizeof(relay), "tcp:%s.%d:%d", S.net, 11 + i, RELAY_PORT);
     snprintf(data, sizeof(data), "%s/s%d", S.dir, i);
     mkdir(data, 0700);
@@ -316,6 +374,8 @@ start_shard(int i)
     int n = 0;
     while (argv[n])
         n++;
+    snprintf(node, sizeof(node), "s%d", i);
+    tls_args(argv, &n, node, tls);
     for (int k = 0; S.o.shard_extra && S.o.shard_extra[k] && n < 62; k++)
         argv[n++] = S.o.shard_extra[k];
     argv[n] = NULL;
@@ -331,15 +391,21 @@ start_gw(int j)
 {
     if (S.gw[j].pid > 0)
         return 0;
-    char name[64], listen[64], http[64], log[320], sbxd[600];
+    char name[64], listen[64], http[64], log[320], sbxd[600], node[16], tls[3][320];
     snprintf(name, sizeof(name), "%s-g%d", S.prefix, j);
     snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", S.gw_port[j]);
     snprintf(http, sizeof(http), "127.0.0.1:%d", S.gw_http[j]);
     snprintf(log, sizeof(log), "%s/g%d.log", S.dir, j);
     snprintf(sbxd, sizeof(sbxd), "%s/sbxd", S.bindir);
-    const char *argv[] = {sbxd, "gateway", "--name", name, "--listen", listen, "--etcd",
-                          S.etcd_url, "--cluster", S.cluster, "--http", http, "--relay-secret",
-                          S.secret, NULL};
+    const char *argv[32] = {sbxd, "gateway", "--name", name, "--listen", listen, "--etcd",
+                            S.etcd_url, "--cluster", S.cluster, "--http", http, "--relay-secret",
+                            S.secret};
+    int n = 0;
+    while (argv[n])
+        n++;
+    snprintf(node, sizeof(node), "g%d", j);
+    tls_args(argv, &n, node, tls);
+    argv[n] = NULL;
     pid_t pid = spawn(NULL, log, (char *const *)argv);
     if (pid < 0)
         return -1;
@@ -704,6 +770,10 @@ sup_main(const struct cl_opts *o, int to_main, int from_main)
     }
     if (start_etcd() != 0) {
         fail = "cannot start etcd";
+        goto out;
+    }
+    if (make_pki() != 0) {
+        fail = "cannot make the TLS identities (tools/sbx-cert, openssl; see setup.log)";
         goto out;
     }
     for (int j = 0; j < CL_MAX_GWS; j++) {

@@ -275,7 +275,7 @@ direct_call(int i, const char *op, const char *id, char *code, size_t cl)
     cr_assert_eq(nng_req0_open(&s), 0);
     nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 10000);
     nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 5000);
-    cr_assert_eq(nng_dial(s, url, NULL, 0), 0, "cannot dial %s", url);
+    cr_assert_eq(cl_dial(s, url), 0, "cannot dial %s", url);
     sbx_enc e;
     char *buf, rid[48];
     size_t len;

@@ -564,7 +564,7 @@ direct_dial(struct direct *d, const char *url)
     nng_socket_set_ms(d->s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
     nng_socket_set_ms(d->s, NNG_OPT_RECVTIMEO, 90000);
     nng_socket_set_ms(d->s, NNG_OPT_SENDTIMEO, 5000);
-    cr_assert_eq(nng_dial(d->s, url, NULL, 0), 0, "cannot dial %s", url);
+    cr_assert_eq(cl_dial(d->s, url), 0, "cannot dial %s", url);
 }
 
 /* Send d->op on d->id (env.set F=fenced, an exec, or a status) and wait

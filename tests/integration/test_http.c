@@ -836,10 +836,12 @@ Test(http, api_keys, .timeout = 120)
         free(ao);
         hresp_free(&r);
     }
-    /* ?access_token= for clients that cannot set headers. */
+    /* A key never works in a URL (issue 16: keys in URLs end up in logs,
+     * history and Referer headers); ?access_token= takes only URL tokens
+     * (url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds). */
     char *ut = hfmt("%s?access_token=key-two-0123456789abcdef", u);
     http_req("GET", ut, NULL, &r);
-    expect_status(r, 200, "access_token");
+    expect_status(r, 401, "a raw API key in ?access_token=");
     hresp_free(&r);
     free(ut);
     ut = hfmt("%s?access_token=wrong-0123456789abcdef", u);
@@ -879,6 +881,132 @@ Test(http, api_keys, .timeout = 120)
     hresp_free(&r);
     free(uh);
     free(u);
+    free(base);
+    testd_stop(&d);
+    unlink(keyfile);
+}
+
+/* URL tokens (issue 16; docs/http.md, "Tokens in URLs"): minted with a key
+ * in the header, good for one sandbox and one purpose (terminal, stream,
+ * file) for 60 s, never elsewhere; a raw key in the URL is refused. */
+Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds, .timeout = 200)
+{
+    char keyfile[] = "/tmp/sbx-keys-XXXXXX";
+    int fd = mkstemp(keyfile);
+    cr_assert(fd >= 0);
+    const char *text = "key-one-0123456789abcdef\n";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    struct testd d;
+    const char *const extra[] = {"--api-keys", keyfile, "--pool", "0", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "cannot start sbxd with --api-keys");
+    char *base = daemon_http_url(&d);
+    /* Two sandboxes with a file each (over nng: no key needed there). */
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "%s", err.message);
+    char *x = test_id("utx"), *y = test_id("uty");
+    const char *ids[] = {x, y};
+    for (int i = 0; i < 2; i++) {
+        sbx_reply *rep = NULL;
+        cr_assert_eq(sbx_call_json(c, "create", ids[i], "{}", 60000, &rep, &err), 0, "create: %s",
+                     err.message);
+        sbx_reply_free(rep);
+        cr_assert_eq(sbx_write_file(c, ids[i], "/workspace/t.txt", ids[i], strlen(ids[i]), &err),
+                     0, "write: %s", err.message);
+    }
+    const char *key[] = {"Authorization: Bearer key-one-0123456789abcdef", NULL};
+    struct hopts ok = {.headers = key};
+    struct hresp r;
+    /* Minting needs the key, and a purpose of the three. */
+    char *mu = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file", base, x);
+    http_req("POST", mu, NULL, &r);
+    expect_status(r, 401, "minting without a key");
+    hresp_free(&r);
+    char *bad = hfmt("%s/v1/sandboxes/%s/url-token?purpose=exec", base, x);
+    http_req("POST", bad, &ok, &r);
+    expect_status(r, 400, "minting for an unknown purpose");
+    hresp_free(&r);
+    free(bad);
+    http_req("POST", mu, &ok, &r);
+    expect_status(r, 200, "minting a file token");
+    char *tok = strdup(jstr(r.json, "token"));
+    cr_expect_str_eq(jstr(r.json, "purpose"), "file");
+    cr_expect_str_eq(jstr(r.json, "sandbox"), x);
+    json_int_t exp = json_integer_value(jget(r.json, "expiresAt"));
+    cr_expect(exp > sbx_wall_ms() && exp <= sbx_wall_ms() + 60000, "expiresAt %lld",
+              (long long)exp);
+    cr_expect(!strstr(tok, "key-one"), "the token holds the key: %s", tok);
+    hresp_free(&r);
+    free(mu);
+    mu = hfmt("%s/v1/sandboxes/%s/url-token?purpose=terminal", base, x);
+    http_req("POST", mu, &ok, &r);
+    expect_status(r, 200, "minting a terminal token");
+    char *ttok = strdup(jstr(r.json, "token"));
+    hresp_free(&r);
+    free(mu);
+
+    /* The file token reads X's file, without any header. */
+    char *fx = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=%s", base, x, tok);
+    http_req("GET", fx, NULL, &r);
+    expect_status(r, 200, "X's file with X's file token");
+    cr_expect(r.body && !strcmp(r.body, x), "body %.80s", r.body ? r.body : "");
+    hresp_free(&r);
+    /* Not Y's file. */
+    char *fy = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=%s", base, y, tok);
+    http_req("GET", fy, NULL, &r);
+    expect_status(r, 401, "Y's file with X's token");
+    cr_expect(!r.body || !strstr(r.body, y), "Y's content leaked");
+    hresp_free(&r);
+    /* Not another purpose of X: its terminal, its streams, its operations. */
+    const char *others[] = {"terminal", "streams/abc", "exec", NULL};
+    for (int i = 0; others[i]; i++) {
+        char *o = hfmt("%s/v1/sandboxes/%s/%s?access_token=%s", base, x, others[i], tok);
+        http_req(i == 2 ? "POST" : "GET", o, NULL, &r);
+        expect_status(r, 401, others[i]);
+        hresp_free(&r);
+        free(o);
+    }
+    /* A terminal token does not read files; nor does a tampered file token. */
+    char *ft = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=%s", base, x, ttok);
+    http_req("GET", ft, NULL, &r);
+    expect_status(r, 401, "X's file with X's terminal token");
+    hresp_free(&r);
+    free(ft);
+    char *forged = strdup(tok);
+    char *dot = strchr(forged, '.');
+    dot[1] = dot[1] == '9' ? '8' : '9'; /* a later expiry, same MAC */
+    ft = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=%s", base, x, forged);
+    http_req("GET", ft, NULL, &r);
+    expect_status(r, 401, "a token whose expiry was changed");
+    hresp_free(&r);
+    free(ft);
+    free(forged);
+    /* A raw key in the URL: refused on every route. */
+    char *fk = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=key-one-"
+                    "0123456789abcdef",
+                    base, x);
+    http_req("GET", fk, NULL, &r);
+    expect_status(r, 401, "a raw key in the URL");
+    hresp_free(&r);
+    free(fk);
+    /* After its 60 s, the token is refused where it worked. */
+    sleep(61);
+    http_req("GET", fx, NULL, &r);
+    expect_status(r, 401, "X's file token after 61 s");
+    hresp_free(&r);
+
+    free(fx);
+    free(fy);
+    free(tok);
+    free(ttok);
+    for (int i = 0; i < 2; i++) {
+        bool gone;
+        sbx_destroy(c, ids[i], &gone, &err);
+    }
+    sbx_client_close(c);
+    free(x);
+    free(y);
     free(base);
     testd_stop(&d);
     unlink(keyfile);

@@ -78,16 +78,16 @@ Test(error, nng_helpers_return_negative_codes_with_the_url)
 {
     nng_socket s;
     sbx_err_t err = NULL;
-    int rc = sbx_nng_rep_listen(&s, "tcp://256.0.0.1:1", &err);
+    int rc = sbx_nng_rep_listen(&s, "tcp://256.0.0.1:1", NULL, &err);
     cr_assert_lt(rc, 0, "listen on an invalid address: %d", rc);
     cr_expect_eq(sbx_err_code(err), rc);
     cr_expect(strstr(sbx_err_msg(err), "tcp://256.0.0.1:1") != NULL, "%s", sbx_err_msg(err));
     sbx_err_release(&err);
-    rc = sbx_nng_req_dial(&s, "nosuchscheme://x", &err);
+    rc = sbx_nng_req_dial(&s, "nosuchscheme://x", NULL, &err);
     cr_assert_lt(rc, 0, "dial with an unknown scheme: %d", rc);
     cr_expect(strstr(sbx_err_msg(err), "nosuchscheme://x") != NULL, "%s", sbx_err_msg(err));
     sbx_err_release(&err);
-    cr_expect_lt(sbx_nng_rep_listen(&s, "nosuchscheme://y", NULL), 0);
+    cr_expect_lt(sbx_nng_rep_listen(&s, "nosuchscheme://y", NULL, NULL), 0);
 }
 
 static char *

@@ -243,7 +243,7 @@ setup(void)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     cr_assert_eq(pthread_create(&shard_th, NULL, shard_main, NULL), 0);
     shard_up = true;
-    cr_assert_eq(sbx_nng_req_dial(&req, conf.listen, NULL), 0);
+    cr_assert_eq(sbx_nng_req_dial(&req, conf.listen, NULL, NULL), 0);
     nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, 20000);
     nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, 20000);
     nng_socket_set_ms(req, NNG_OPT_REQ_RESENDTIME, 60000);
@@ -625,7 +625,7 @@ bg_exec_main(void *arg)
 {
     struct bg_exec *b = arg;
     nng_socket s;
-    cr_assert_eq(sbx_nng_req_dial(&s, conf.listen, NULL), 0);
+    cr_assert_eq(sbx_nng_req_dial(&s, conf.listen, NULL, NULL), 0);
     nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 20000);
     nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, 60000);
     sbx_enc e;
@@ -670,7 +670,7 @@ restart_shard(void)
     pthread_join(shard_th, NULL);
     cr_assert_eq(shard_rc, 0, "sbx_shard_run returned %d", shard_rc);
     cr_assert_eq(pthread_create(&shard_th, NULL, shard_main, NULL), 0);
-    cr_assert_eq(sbx_nng_req_dial(&req, conf.listen, NULL), 0);
+    cr_assert_eq(sbx_nng_req_dial(&req, conf.listen, NULL, NULL), 0);
     nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, 20000);
     nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, 20000);
     nng_socket_set_ms(req, NNG_OPT_REQ_RESENDTIME, 60000);

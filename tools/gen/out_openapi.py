@@ -357,6 +357,27 @@ def front_routes(sch):
             'parameters': [sb],
             'responses': {'101': {'description': 'switching to WebSocket'}, **err},
             'security': SECURITY}),
+        ('/v1/sandboxes/{sandbox}/url-token', 'post', {
+            'operationId': 'url-token',
+            'summary': ("a 60 s token for ?access_token= on this sandbox's terminal, streams or "
+                        "file downloads (docs/http.md, Tokens in URLs)"),
+            'tags': ['front'],
+            'parameters': [sb, {'name': 'purpose', 'in': 'query', 'required': True,
+                                'schema': {'type': 'string',
+                                           'enum': ['terminal', 'stream', 'file']},
+                                'description': 'the route the token opens'}],
+            'responses': {'200': {'description': 'the token', 'content': {
+                'application/json': {'schema': {
+                    'type': 'object',
+                    'properties': {'token': {'type': 'string'},
+                                   'purpose': {'type': 'string'},
+                                   'sandbox': {'type': 'string'},
+                                   'expiresAt': {'type': 'integer',
+                                                 'description': 'ms since the Unix epoch'},
+                                   'ttlMs': {'type': 'integer'}},
+                    'required': ['token', 'purpose', 'sandbox', 'expiresAt', 'ttlMs'],
+                    'additionalProperties': False}}}}, **err},
+            'security': SECURITY}),
     ]
 
 

@@ -324,7 +324,7 @@ export class SbxClient {
     return h;
   }
 
-  /** @internal The API key, if any (for `?access_token=` URLs). */
+  /** @internal The API key, if any (whether URLs need a minted token). */
   get key(): string | undefined {
     return this.apiKey;
   }

@@ -261,7 +261,7 @@ export class SandboxOperations extends SandboxFiles {
   async terminal(sessionId?: string, options: TerminalOptions = {}): Promise<Terminal> {
     await this.ensureConfigured();
     const sid = this.session(sessionId) ?? 'default';
-    const url = this.terminalUrl(sid, options, false);
+    const url = this.terminalUrl(sid, options);
     const ws = await WebSocketClient.connect(new URL(url), {
       headers: this.state.client.authHeaders(),
       timeoutMs: options.timeoutMs,
@@ -271,19 +271,37 @@ export class SandboxOperations extends SandboxFiles {
   }
 
   /**
-   * The `ws://` / `wss://` URL of a session's terminal, for clients that
-   * connect themselves (a browser's `WebSocket`, xterm.js). The API key, if
-   * any, is put in `?access_token=` unless `withToken` is false.
+   * The `ws://` / `wss://` URL of a session's terminal, without credentials
+   * (the API key never goes into a URL). For a browser's `WebSocket` against
+   * a server with API keys, use {@link terminalUrlWithToken}.
    */
-  terminalUrl(sessionId?: string, options: Pick<TerminalOptions, 'cols' | 'rows' | 'shell'> = {}, withToken = true): string {
+  terminalUrl(sessionId?: string, options: Pick<TerminalOptions, 'cols' | 'rows' | 'shell'> = {}): string {
     const u = this.state.client.resolve(`/v1/sandboxes/${encodeURIComponent(this.state.id)}/terminal`);
     u.searchParams.set('session', this.session(sessionId) ?? 'default');
     if (options.cols !== undefined) u.searchParams.set('cols', String(options.cols));
     if (options.rows !== undefined) u.searchParams.set('rows', String(options.rows));
     if (options.shell !== undefined) u.searchParams.set('shell', options.shell);
-    const key = this.state.client.key;
-    if (withToken && key) u.searchParams.set('access_token', key);
     u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
+    return u.toString();
+  }
+
+  /**
+   * {@link terminalUrl} with a short-lived token in `?access_token=` when the
+   * client has an API key: minted by `POST /v1/sandboxes/{id}/url-token?purpose=terminal`,
+   * it opens this sandbox's terminal only, for 60 s (connect within that;
+   * the connection then lasts). Hand it to a browser instead of the key.
+   */
+  async terminalUrlWithToken(sessionId?: string, options: Pick<TerminalOptions, 'cols' | 'rows' | 'shell'> = {}): Promise<string> {
+    const u = new URL(this.terminalUrl(sessionId, options));
+    if (this.state.client.key) {
+      const r = await this.state.client.requestJson<{ token: string }>({
+        method: 'POST',
+        path: `/v1/sandboxes/${encodeURIComponent(this.state.id)}/url-token?purpose=terminal`,
+        idempotencyKey: false,
+        operation: 'url-token',
+      });
+      u.searchParams.set('access_token', r.token);
+    }
     return u.toString();
   }
 }

@@ -205,7 +205,8 @@ describe('retries', () => {
       const explicit = new SbxClient({ url: srv.url, apiKey: 'other-key-0123456789' });
       await explicit.health();
       assert.equal(srv.seen[1].headers.authorization, 'Bearer other-key-0123456789');
-      assert.match(getSandbox(explicit, 'abc').terminalUrl(), /access_token=other-key-0123456789/);
+      // The key never goes into a URL: a minted URL token does (issue 16).
+      assert.doesNotMatch(getSandbox(explicit, 'abc').terminalUrl(), /access_token|other-key/);
       explicit.close();
     } finally {
       [process.env.SBX_URL, process.env.SBX_API_KEY] = saved;
@@ -216,6 +217,28 @@ describe('retries', () => {
     delete process.env.SBX_URL;
     assert.equal(new SbxClient().url, 'http://127.0.0.1:7780');
     if (saved[0] !== undefined) process.env.SBX_URL = saved[0];
+  });
+
+  it('puts a minted URL token, never the key, into a terminal URL (issue 16)', async () => {
+    const srv = await fakeServer((req, res) => json(res, 200, { token: 'ut1.123.abc', purpose: 'terminal', sandbox: 'abc', expiresAt: 123, ttlMs: 60000 }));
+    try {
+      const client = new SbxClient({ url: srv.url, apiKey: 'secret-key-0123456789' });
+      const u = await getSandbox(client, 'abc').terminalUrlWithToken('tty', { cols: 80 });
+      assert.equal(srv.seen.length, 1);
+      assert.equal(srv.seen[0].method, 'POST');
+      assert.equal(srv.seen[0].url, '/v1/sandboxes/abc/url-token?purpose=terminal');
+      assert.equal(srv.seen[0].headers.authorization, 'Bearer secret-key-0123456789');
+      assert.match(u, /^ws:\/\/.*\/v1\/sandboxes\/abc\/terminal\?session=tty&cols=80&access_token=ut1\.123\.abc$/);
+      assert.doesNotMatch(u, /secret-key/);
+      client.close();
+      // Without a key there is nothing to mint (a keyless server needs none).
+      const keyless = new SbxClient({ url: srv.url });
+      assert.doesNotMatch(await getSandbox(keyless, 'abc').terminalUrlWithToken(), /access_token/);
+      assert.equal(srv.seen.length, 1);
+      keyless.close();
+    } finally {
+      await srv.close();
+    }
   });
 });
 

@@ -1,0 +1,474 @@
+/*
+ * test_transport.c — issue 16, authenticated transports: nng on tls+tcp://
+ * with mutual TLS between clients, gateways and shards, and plaintext
+ * listens off loopback refused at start (docs/security.md, Transports).
+ *
+ * Each test makes a deployment CA and certificates with tools/sbx-cert
+ * (openssl) in a temporary directory, plus a second CA standing in for an
+ * attacker's, and runs daemons of its own on loopback ports the kernel
+ * picked (by pid; stopped and removed at the end).  An unauthenticated peer
+ * must never get an answer, and every failing call must return by its
+ * deadline with a stable code.
+ */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+
+/* Each deadline a refused client is given; it must return by it + slack. */
+#define REFUSED_DEADLINE_MS 3000
+#define SLACK_MS 2000
+
+struct pki {
+    char dir[256];    /* /tmp/sbx-tls-<prefix>XXXXXX, removed by pki_remove */
+    char ca[320];     /* the deployment CA */
+    char other[320];  /* directory of another CA ("evil") */
+};
+
+static const char *
+bindir(void)
+{
+    const char *b = getenv("SBX_BIN");
+    return b && *b ? b : "build/asan/bin";
+}
+
+/* sbx_cert — run tools/sbx-cert with args (NULL-terminated); asserts success. */
+static void
+sbx_cert(const char *const *args)
+{
+    const char *argv[16] = {"tools/sbx-cert"};
+    int n = 1;
+    for (; args[n - 1] && n < 15; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        execv(argv[0], (char **)argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tools/sbx-cert %s %s failed", args[0],
+              args[1]);
+}
+
+/* pki_make — a CA with node certificates gw, shard, cli; another CA with evil. */
+static void
+pki_make(struct pki *p)
+{
+    snprintf(p->dir, sizeof(p->dir), "/tmp/sbx-tls-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(p->dir));
+    snprintf(p->ca, sizeof(p->ca), "%s/ca", p->dir);
+    snprintf(p->other, sizeof(p->other), "%s/other", p->dir);
+    sbx_cert((const char *[]){"ca", p->ca, NULL});
+    sbx_cert((const char *[]){"node", p->ca, "gw", "--san", "IP:127.0.0.1", NULL});
+    sbx_cert((const char *[]){"node", p->ca, "shard", "--san", "IP:127.0.0.1", NULL});
+    sbx_cert((const char *[]){"node", p->ca, "cli", NULL});
+    sbx_cert((const char *[]){"ca", p->other, NULL});
+    sbx_cert((const char *[]){"node", p->other, "evil", NULL});
+}
+
+static void
+pki_remove(struct pki *p)
+{
+    if (p->dir[0])
+        sbx_rm_rf(p->dir);
+}
+
+/* pem — "<dir>/<name>.<ext>" in a static ring of buffers. */
+static const char *
+pem(const char *dir, const char *name, const char *ext)
+{
+    static char ring[16][340];
+    static int k;
+    char *b = ring[k++ % 16];
+    snprintf(b, sizeof(ring[0]), "%s/%s.%s", dir, name, ext);
+    return b;
+}
+
+/* free_port — a loopback TCP port free right now. */
+static int
+free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &l), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* spawn — start bindir()/sbxd with argv (argv[0] ignored), output to log. */
+static pid_t
+spawn(const char *const *argv, const char *log)
+{
+    char sbxd[512];
+    snprintf(sbxd, sizeof(sbxd), "%s/sbxd", bindir());
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(sbxd, (char **)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* stop — SIGTERM pid, wait up to 20 s, then SIGKILL; its exit status (-1 if killed). */
+static int
+stop(pid_t pid)
+{
+    if (pid <= 0)
+        return -1;
+    kill(pid, SIGTERM);
+    double until = test_now_ms() + 20000;
+    int st = 0;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (test_now_ms() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        usleep(10 * 1000);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* run_status — run sbxd with argv to completion (at most 30 s); its exit status. */
+static int
+run_status(const char *const *argv, const char *log)
+{
+    pid_t pid = spawn(argv, log);
+    double until = test_now_ms() + 30000;
+    int st = 0;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (test_now_ms() > until) {
+            stop(pid);
+            return -1;
+        }
+        usleep(10 * 1000);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool
+log_has(const char *log, const char *needle)
+{
+    char *text = NULL;
+    size_t n;
+    if (sbx_fs_read(log, 1 << 20, &text, &n) != 0)
+        return false;
+    bool found = strstr(text, needle) != NULL;
+    free(text);
+    return found;
+}
+
+/* dump — print a daemon's log on stderr (for a failed expectation). */
+static void
+dump(const char *log)
+{
+    char *text = NULL;
+    size_t n;
+    sbx_fs_read(log, 1 << 20, &text, &n);
+    fprintf(stderr, "--- %s:\n%s\n", log, text ? text : "");
+    free(text);
+}
+
+/* expect_refused — a client with identity tls (NULL: none) cannot use url: its
+ * open fails, or its first call does, with a stable code, by the deadline. */
+static void
+expect_refused(const char *url, const sbx_tls_files *tls, const char *what)
+{
+    sbx_tls_files none = {NULL, NULL, NULL};
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    double t0 = test_now_ms();
+    int rc = sbx_client_open_tls(&c, url, tls ? tls : &none, &err);
+    if (rc == 0) {
+        sbx_reply *r = NULL;
+        rc = sbx_call(c, "cluster.status", NULL, NULL, 0, REFUSED_DEADLINE_MS, NULL, &r, &err);
+        sbx_reply_free(r);
+        sbx_client_close(c);
+    }
+    double took = test_now_ms() - t0;
+    cr_expect_neq(rc, 0, "%s: the call was answered", what);
+    cr_expect(!strcmp(err.code, "GATEWAY_UNAVAILABLE") || !strcmp(err.code, "REQUEST_TIMEOUT") ||
+                  !strcmp(err.code, "VALIDATION_FAILED"),
+              "%s: code %s (%s)", what, err.code, err.message);
+    cr_expect_lt(took, REFUSED_DEADLINE_MS + SLACK_MS, "%s: took %.0f ms", what, took);
+    sbx_error_free(&err);
+}
+
+/* raw_refused — a bare nng REQ socket on url, with TLS config cfg (NULL: none),
+ * gets no reply within the deadline. */
+static void
+raw_refused(const char *url, nng_tls_config *cfg, const char *what)
+{
+    nng_socket s;
+    nng_dialer d;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, REFUSED_DEADLINE_MS);
+    nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, REFUSED_DEADLINE_MS);
+    cr_assert_eq(nng_dialer_create(&d, s, url), 0);
+    if (cfg)
+        cr_assert_eq(nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg), 0);
+    nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    double t0 = test_now_ms();
+    nng_msg *m = NULL;
+    int rv = nng_msg_alloc(&m, 0);
+    cr_assert_eq(rv, 0);
+    nng_msg_append(m, "\x81\xa1v\x01", 4); /* any bytes: no reply may come */
+    rv = nng_sendmsg(s, m, 0);
+    if (rv != 0)
+        nng_msg_free(m);
+    else if ((rv = nng_recvmsg(s, &m, 0)) == 0)
+        nng_msg_free(m);
+    cr_expect_neq(rv, 0, "%s: a reply came", what);
+    cr_expect_lt(test_now_ms() - t0, 2 * REFUSED_DEADLINE_MS + SLACK_MS, "%s: hung", what);
+    nng_close(s);
+}
+
+/* The client side of the mutual TLS: a TLS client gets through, to an exec
+ * in a sandbox; no certificate, a certificate of another CA (also with the
+ * right CA to check the server by), a CA-only client and plain tcp:// do
+ * not, and each fails by its deadline. */
+Test(transport, tls_gateway_serves_only_clients_with_a_certificate_of_its_ca, .timeout = 240)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    char data[300], log[300], url[64], name[64];
+    snprintf(data, sizeof(data), "%s/data", p.dir);
+    snprintf(log, sizeof(log), "%s/sbxd.log", p.dir);
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", free_port());
+    snprintf(name, sizeof(name), "tls%s%d", test_prefix(), (int)getpid() % 100000);
+    const char *argv[] = {"sbxd", "dev", "--data", data, "--listen", url, "--name", name,
+                          "--shards", "1", "--http", "", TESTD_SMALL,
+                          "--tls-ca", pem(p.ca, "ca", "pem"),
+                          "--tls-cert", pem(p.ca, "gw", "pem"),
+                          "--tls-key", pem(p.ca, "gw", "key"), NULL};
+    pid_t pid = spawn(argv, log);
+    /* testd_wait_ready's client takes its identity from the environment. */
+    setenv("SBX_TLS_CA", pem(p.ca, "ca", "pem"), 1);
+    setenv("SBX_TLS_CERT", pem(p.ca, "cli", "pem"), 1);
+    setenv("SBX_TLS_KEY", pem(p.ca, "cli", "key"), 1);
+    int ready = testd_wait_ready(url, 60000);
+    unsetenv("SBX_TLS_CA");
+    unsetenv("SBX_TLS_CERT");
+    unsetenv("SBX_TLS_KEY");
+    if (ready != 0) {
+        stop(pid);
+        char *text = NULL;
+        size_t n;
+        sbx_fs_read(log, 1 << 20, &text, &n);
+        fprintf(stderr, "%s\n", text ? text : "");
+        free(text);
+        pki_remove(&p);
+        cr_assert_fail("the TLS deployment never became ready");
+    }
+
+    /* The authenticated client: end to end. */
+    sbx_tls_files good = {pem(p.ca, "ca", "pem"), pem(p.ca, "cli", "pem"), pem(p.ca, "cli", "key")};
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    cr_assert_eq(sbx_client_open_tls(&c, url, &good, &err), 0, "open: %s", err.message);
+    char *id = test_id("tls");
+    sbx_reply *r = NULL;
+    cr_assert_eq(sbx_call_json(c, "create", id, "{}", 60000, &r, &err), 0, "create: %s %s",
+                 err.code, err.message);
+    sbx_reply_free(r);
+    sbx_exec_opts o = {.command = "echo over-tls-$((6 * 7))"};
+    sbx_exec_result res;
+    cr_assert_eq(sbx_exec(c, id, &o, &res, &err), 0, "exec: %s", err.message);
+    cr_expect_str_eq(res.stdout_data, "over-tls-42\n");
+    sbx_exec_result_free(&res);
+
+    /* The refused ones. */
+    expect_refused(url, NULL, "no identity");
+    sbx_tls_files evil = {pem(p.other, "ca", "pem"), pem(p.other, "evil", "pem"),
+                          pem(p.other, "evil", "key")};
+    expect_refused(url, &evil, "a certificate of another CA");
+    sbx_tls_files evil_right_ca = {pem(p.ca, "ca", "pem"), pem(p.other, "evil", "pem"),
+                                   pem(p.other, "evil", "key")};
+    expect_refused(url, &evil_right_ca, "another CA's certificate, checking the gateway by ours");
+    char plain[64];
+    snprintf(plain, sizeof(plain), "tcp://%s", url + strlen("tls+tcp://"));
+    expect_refused(plain, NULL, "plain tcp:// to the TLS port");
+    raw_refused(plain, NULL, "raw plain tcp://");
+    /* A TLS client that trusts the right CA but has no certificate. */
+    nng_tls_config *ca_only;
+    cr_assert_eq(nng_tls_config_alloc(&ca_only, NNG_TLS_MODE_CLIENT), 0);
+    cr_assert_eq(nng_tls_config_ca_file(ca_only, pem(p.ca, "ca", "pem")), 0);
+    cr_assert_eq(nng_tls_config_auth_mode(ca_only, NNG_TLS_AUTH_MODE_REQUIRED), 0);
+    raw_refused(url, ca_only, "TLS without a client certificate");
+    nng_tls_config_free(ca_only);
+
+    /* Still serving the authenticated client after all that. */
+    cr_assert_eq(sbx_exec(c, id, &o, &res, &err), 0, "exec after the refusals: %s", err.message);
+    cr_expect_str_eq(res.stdout_data, "over-tls-42\n");
+    sbx_exec_result_free(&res);
+    bool gone;
+    sbx_destroy(c, id, &gone, &err);
+    sbx_client_close(c);
+    free(id);
+    int st = stop(pid);
+    cr_expect_eq(st, 0, "sbxd dev did not stop cleanly (%d)", st);
+    if (st != 0)
+        dump(log);
+    pki_remove(&p);
+}
+
+/* Gateway → shard: a shard on tls+tcp:// serves a gateway with a certificate
+ * of its CA (an exec goes through), and nobody else: a raw client without a
+ * certificate, and a gateway whose certificate another CA signed (its calls
+ * answer SHARD_UNAVAILABLE by their deadline). */
+Test(transport, tls_shard_serves_only_gateways_with_a_certificate_of_its_ca, .timeout = 240)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    char data[300], slog[300], glog[300], elog[300], surl[64], gurl[64], eurl[64];
+    char sname[64], spec[128], espec[128];
+    snprintf(data, sizeof(data), "%s/shard", p.dir);
+    snprintf(slog, sizeof(slog), "%s/shard.log", p.dir);
+    snprintf(glog, sizeof(glog), "%s/gw.log", p.dir);
+    snprintf(elog, sizeof(elog), "%s/evil.log", p.dir);
+    snprintf(surl, sizeof(surl), "tls+tcp://127.0.0.1:%d", free_port());
+    snprintf(gurl, sizeof(gurl), "ipc://%s/gw.sock", p.dir);
+    snprintf(eurl, sizeof(eurl), "ipc://%s/evil.sock", p.dir);
+    snprintf(sname, sizeof(sname), "tls%s%ds", test_prefix(), (int)getpid() % 100000);
+    snprintf(spec, sizeof(spec), "%s=%s", sname, surl);
+    snprintf(espec, sizeof(espec), "%s=%s", sname, surl);
+    const char *sargv[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                           TESTD_SMALL,
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "shard", "pem"),
+                           "--tls-key", pem(p.ca, "shard", "key"), NULL};
+    const char *gargv[] = {"sbxd", "gateway", "--name", "tlsgw", "--listen", gurl, "--shard",
+                           spec, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw", "pem"),
+                           "--tls-key", pem(p.ca, "gw", "key"), NULL};
+    const char *eargv[] = {"sbxd", "gateway", "--name", "evilgw", "--listen", eurl, "--shard",
+                           espec, "--http", "",
+                           "--tls-ca", pem(p.other, "ca", "pem"),
+                           "--tls-cert", pem(p.other, "evil", "pem"),
+                           "--tls-key", pem(p.other, "evil", "key"), NULL};
+    pid_t spid = spawn(sargv, slog);
+    pid_t gpid = spawn(gargv, glog);
+    pid_t epid = spawn(eargv, elog);
+    int ready = testd_wait_ready(gurl, 60000);
+    if (ready != 0) {
+        stop(epid);
+        stop(gpid);
+        stop(spid);
+        char *text = NULL;
+        size_t n;
+        sbx_fs_read(slog, 1 << 20, &text, &n);
+        fprintf(stderr, "shard log:\n%s\n", text ? text : "");
+        free(text);
+        pki_remove(&p);
+        cr_assert_fail("the gateway never reached the TLS shard");
+    }
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    cr_assert_eq(sbx_client_open(&c, gurl, &err), 0, "open: %s", err.message);
+    char *id = test_id("tlss");
+    sbx_reply *r = NULL;
+    cr_assert_eq(sbx_call_json(c, "create", id, "{}", 60000, &r, &err), 0, "create: %s %s",
+                 err.code, err.message);
+    sbx_reply_free(r);
+    sbx_exec_opts o = {.command = "echo shard-over-tls"};
+    sbx_exec_result res;
+    cr_assert_eq(sbx_exec(c, id, &o, &res, &err), 0, "exec: %s", err.message);
+    cr_expect_str_eq(res.stdout_data, "shard-over-tls\n");
+    sbx_exec_result_free(&res);
+
+    /* The gateway of another CA: never connected, its calls fail by their deadline. */
+    sbx_client *e = NULL;
+    cr_assert_eq(sbx_client_open(&e, eurl, &err), 0, "open evil gateway: %s", err.message);
+    sbx_client_set_timeout(e, REFUSED_DEADLINE_MS);
+    double t0 = test_now_ms();
+    o.command = "echo should-not-run";
+    int rc = sbx_exec(e, id, &o, &res, &err);
+    double took = test_now_ms() - t0;
+    cr_expect_neq(rc, 0, "the other CA's gateway reached the shard");
+    if (rc == 0)
+        sbx_exec_result_free(&res);
+    else
+        cr_expect(!strcmp(err.code, "SHARD_UNAVAILABLE") || !strcmp(err.code, "REQUEST_TIMEOUT"),
+                  "code %s (%s)", err.code, err.message);
+    cr_expect_lt(took, REFUSED_DEADLINE_MS + SLACK_MS, "took %.0f ms", took);
+    sbx_error_free(&err);
+    sbx_client_close(e);
+
+    /* A raw client straight at the shard: no certificate, plain tcp://. */
+    nng_tls_config *ca_only;
+    cr_assert_eq(nng_tls_config_alloc(&ca_only, NNG_TLS_MODE_CLIENT), 0);
+    cr_assert_eq(nng_tls_config_ca_file(ca_only, pem(p.ca, "ca", "pem")), 0);
+    raw_refused(surl, ca_only, "TLS without a certificate at the shard");
+    nng_tls_config_free(ca_only);
+    char plain[64];
+    snprintf(plain, sizeof(plain), "tcp://%s", surl + strlen("tls+tcp://"));
+    raw_refused(plain, NULL, "plain tcp:// at the shard");
+
+    bool gone;
+    sbx_destroy(c, id, &gone, &err);
+    sbx_client_close(c);
+    free(id);
+    stop(epid);
+    stop(gpid);
+    int st = stop(spid);
+    cr_expect_eq(st, 0, "the shard did not stop cleanly (%d)", st);
+    if (st != 0)
+        dump(slog);
+    pki_remove(&p);
+}
+
+/* Plaintext off loopback is refused at start, status 2, with the reason;
+ * so is tls+tcp:// without an identity.  Loopback plaintext stays allowed
+ * (every other test's daemon uses ipc:// or 127.0.0.1). */
+Test(transport, plaintext_listen_off_loopback_is_refused_at_start, .timeout = 120)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    char data[300], log[300], any[64], tls[64], sname[64];
+    snprintf(data, sizeof(data), "%s/shard", p.dir);
+    snprintf(log, sizeof(log), "%s/refused.log", p.dir);
+    snprintf(any, sizeof(any), "tcp://0.0.0.0:%d", free_port());
+    snprintf(tls, sizeof(tls), "tls+tcp://127.0.0.1:%d", free_port());
+    snprintf(sname, sizeof(sname), "tls%s%dr", test_prefix(), (int)getpid() % 100000);
+
+    const char *shard[] = {"sbxd", "shard", "--name", sname, "--listen", any, "--data", data,
+                           NULL};
+    cr_expect_eq(run_status(shard, log), 2, "a shard on %s", any);
+    cr_expect(log_has(log, "refusing to listen on tcp://0.0.0.0"), "no reason in the log");
+    const char *gw[] = {"sbxd", "gateway", "--listen", "tcp://:7799", "--shard", "a=ipc:///x",
+                        NULL};
+    cr_expect_eq(run_status(gw, log), 2, "a gateway on every interface");
+    const char *dev[] = {"sbxd", "dev", "--listen", any, "--data", data, NULL};
+    cr_expect_eq(run_status(dev, log), 2, "sbxd dev on %s", any);
+    const char *noid[] = {"sbxd", "gateway", "--listen", tls, "--shard", "a=ipc:///x", NULL};
+    cr_expect_eq(run_status(noid, log), 2, "tls+tcp:// without an identity");
+    cr_expect(log_has(log, "needs a TLS identity"), "no reason for the missing identity");
+    /* The shard refused before it touched anything. */
+    cr_expect_neq(access(data, F_OK), 0, "the refused shard created its data directory");
+    pki_remove(&p);
+}
