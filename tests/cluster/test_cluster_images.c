@@ -68,8 +68,16 @@ node_call(int i, const char *op, const char *args, char code[64], char *out, siz
     sbx_client *c = NULL;
     sbx_error err;
     code[0] = '\0';
-    if (sbx_client_open(&c, url, &err) != 0) {
+    /* Node URLs are tls+tcp://: the cluster's client identity (cluster.h). */
+    char ca[300], cert[300], key[300];
+    snprintf(ca, sizeof(ca), "%s/pki/ca.pem", cl_env()->dir);
+    snprintf(cert, sizeof(cert), "%s/pki/client.pem", cl_env()->dir);
+    snprintf(key, sizeof(key), "%s/pki/client.key", cl_env()->dir);
+    const sbx_tls_files tls = {.ca = ca, .cert = cert, .key = key};
+    if (sbx_client_open_tls(&c, url, &tls, &err) != 0) {
         snprintf(code, 64, "%s", err.code);
+        if (out)
+            snprintf(out, outlen, "%s", err.message);
         sbx_error_free(&err);
         return -1;
     }
