@@ -93,6 +93,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->pids = 512;
     c->cpu = 1000;
     c->disk = 1ull << 30;
+    c->disk_max = 16ull << 30;
     c->backup_max = SBX_BACKUP_MAX_BYTES;
     c->inodes = 262144;
     c->output_cap = 32ull << 20;

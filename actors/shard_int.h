@@ -174,6 +174,7 @@ struct work {
     struct sbx_limits lim;
     char image[72];             /* W_START: the image's digest ("" the host's /usr) */
     char ws_dir[1024];          /* W_START: a persistent workspace's directory ("" none) */
+    uint64_t disk;              /* W_START: its size, bytes (a new image's; an existing one keeps its own) */
     int rc;
     char why[256];
     bool for_destroy;

@@ -22,6 +22,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -227,6 +228,23 @@ mkdir_p(const char *dir)
     return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* A write into the sandbox failed (libarchive's disk writer w, entry
+ * name): DISK_FULL with the size of its file system (its disk limit) when
+ * it is out of space, else -EIO. */
+static int
+write_fail(int pfd, struct archive *w, const char *name)
+{
+    int e = archive_errno(w);
+    struct statfs sf;
+    if ((e == ENOSPC || e == EDQUOT) && statfs(".", &sf) == 0)
+        return child_fail(pfd, SBX_E_DISK_FULL,
+                          "%s: the sandbox's disk is full (its limit: %llu bytes, %llu MiB); "
+                          "nothing was restored", name,
+                          (unsigned long long)sf.f_blocks * sf.f_bsize,
+                          (unsigned long long)sf.f_blocks * sf.f_bsize >> 20);
+    return child_fail(pfd, -EIO, "%s: %s", name, archive_error_string(w));
+}
+
 static int
 child_unpack(int in_fd, const char *dir, int pfd)
 {
@@ -263,8 +281,7 @@ child_unpack(int in_fd, const char *dir, int pfd)
     int r;
     while ((r = archive_read_next_header(in, &e)) == ARCHIVE_OK) {
         if (archive_write_header(disk, e) < ARCHIVE_WARN) {
-            rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
-                            archive_error_string(disk));
+            rc = write_fail(pfd, disk, archive_entry_pathname(e));
             goto out;
         }
         const void *b;
@@ -272,8 +289,7 @@ child_unpack(int in_fd, const char *dir, int pfd)
         la_int64_t off;
         while ((r = archive_read_data_block(in, &b, &len, &off)) == ARCHIVE_OK)
             if (archive_write_data_block(disk, b, len, off) < ARCHIVE_WARN) {
-                rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
-                                archive_error_string(disk));
+                rc = write_fail(pfd, disk, archive_entry_pathname(e));
                 goto out;
             }
         if (r != ARCHIVE_EOF) {
@@ -281,15 +297,14 @@ child_unpack(int in_fd, const char *dir, int pfd)
             goto out;
         }
         if (archive_write_finish_entry(disk) < ARCHIVE_WARN) {
-            rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
-                            archive_error_string(disk));
+            rc = write_fail(pfd, disk, archive_entry_pathname(e));
             goto out;
         }
     }
     if (r != ARCHIVE_EOF)
         rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
     else if (archive_write_close(disk) != ARCHIVE_OK)
-        rc = child_fail(pfd, -EIO, "%s", archive_error_string(disk));
+        rc = write_fail(pfd, disk, dir);
 out:
     archive_read_free(in);
     archive_write_free(disk);

@@ -208,6 +208,173 @@ out:
     return rc;
 }
 
+#ifndef FIFREEZE /* <linux/fs.h>, which clashes with <sys/mount.h> */
+#define FIFREEZE _IOWR('X', 119, int)
+#define FITHAW _IOWR('X', 120, int)
+#endif
+
+/* Copy the data extents of in (size bytes) to out at the same offsets
+ * (out is already size bytes long, all hole); *copied adds the bytes. */
+static int
+ws_copy_extents(int in, int out, off_t size, int64_t *copied)
+{
+    off_t pos = 0;
+    while (pos < size) {
+        off_t data = lseek(in, pos, SEEK_DATA);
+        if (data < 0)
+            return errno == ENXIO ? 0 : -errno; /* ENXIO: no data past pos */
+        off_t hole = lseek(in, data, SEEK_HOLE);
+        if (hole < 0)
+            return -errno;
+        loff_t ip = data, op = data;
+        while (ip < hole) {
+            ssize_t k = copy_file_range(in, &ip, out, &op, (size_t)(hole - ip), 0);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0)
+                return -errno;
+            if (k == 0)
+                return -EIO; /* the source shrank under us */
+            *copied += k;
+        }
+        pos = hole;
+    }
+    return 0;
+}
+
+/* One fork: dst/disk.img.fork from in, renamed to dst/disk.img. */
+static int
+ws_fork_one(int in, off_t size, const char *dst, int64_t *copied, char *why, size_t whylen)
+{
+    char tmp[4200], img[4200];
+    int rc = sbx_mkdir_p(dst, 0700);
+    if (rc) {
+        snprintf(why, whylen, "mkdir %s: %s", dst, strerror(-rc));
+        return rc;
+    }
+    snprintf(tmp, sizeof(tmp), "%s/disk.img.fork", dst);
+    snprintf(img, sizeof(img), "%s/disk.img", dst);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0 || ftruncate(out, size) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "create %s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+    *copied = 0;
+    if ((rc = ws_copy_extents(in, out, size, copied)) != 0) {
+        snprintf(why, whylen, "copy the workspace image to %s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, img, RENAME_NOREPLACE) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s: %s", tmp, strerror(-rc));
+    }
+out:
+    if (out >= 0)
+        close(out);
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+int
+sbx_ws_fork(const char *src_dir, int src_mnt_fd, const char *const *dst_dirs, size_t n,
+            int64_t *copied, int64_t *frozen_ms, char *why, size_t whylen)
+{
+    char img[4200];
+    int in = -1, root = -1, rc = 0;
+    bool frozen = false;
+    size_t made = 0;
+    *copied = 0;
+    *frozen_ms = 0;
+    snprintf(img, sizeof(img), "%s/disk.img", src_dir);
+    in = open(img, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "open %s: %s", img, strerror(-rc));
+        goto out;
+    }
+    if (src_mnt_fd >= 0) {
+        root = openat(src_mnt_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0 || ioctl(root, FIFREEZE, 0) < 0) {
+            rc = -errno;
+            snprintf(why, whylen, "freeze the workspace %s: %s", src_dir, strerror(-rc));
+            goto out;
+        }
+        frozen = true;
+    } else {
+        /* Not mounted: hold the lock a mount takes (sbx_ws_mount). */
+        for (int i = 0; flock(in, LOCK_EX | LOCK_NB) < 0; i++) {
+            if (errno != EWOULDBLOCK || i >= 1000) {
+                rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+                snprintf(why, whylen, "the workspace %s is still in use", src_dir);
+                goto out;
+            }
+            nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
+        }
+    }
+    struct stat st;
+    if (fstat(in, &st) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "stat %s: %s", img, strerror(-rc));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char first[4200];
+        struct stat dst;
+        snprintf(first, sizeof(first), "%s/disk.img", dst_dirs[i]);
+        if (stat(first, &dst) == 0) {
+            rc = -EEXIST;
+            snprintf(why, whylen, "%s exists already", first);
+            goto out;
+        }
+    }
+    int64_t t0 = sbx_mono_ms();
+    for (; made < n; made++) {
+        int src = in;
+        char first[4200];
+        if (made > 0) {
+            /* The source is thawed: the other forks copy the first. */
+            snprintf(first, sizeof(first), "%s/disk.img", dst_dirs[0]);
+            if ((src = open(first, O_RDONLY | O_CLOEXEC)) < 0) {
+                rc = -errno;
+                snprintf(why, whylen, "open %s: %s", first, strerror(-rc));
+                goto out;
+            }
+        }
+        rc = ws_fork_one(src, st.st_size, dst_dirs[made], copied, why, whylen);
+        if (src != in)
+            close(src);
+        if (rc) {
+            rmdir(dst_dirs[made]); /* only if empty: never another's image */
+            goto out;
+        }
+        if (made == 0 && frozen) {
+            frozen = false;
+            *frozen_ms = sbx_mono_ms() - t0;
+            if (ioctl(root, FITHAW, 0) < 0) {
+                rc = -errno;
+                snprintf(why, whylen, "thaw the workspace %s: %s", src_dir, strerror(-rc));
+                made++;
+                goto out;
+            }
+        }
+    }
+out:
+    if (frozen && ioctl(root, FITHAW, 0) < 0 && rc == 0) {
+        rc = -errno;
+        snprintf(why, whylen, "thaw the workspace %s: %s", src_dir, strerror(-rc));
+    }
+    if (rc)
+        for (size_t i = 0; i < made; i++)
+            sbx_rm_rf(dst_dirs[i]);
+    if (root >= 0)
+        close(root);
+    if (in >= 0)
+        close(in); /* and its flock */
+    return rc;
+}
+
 int
 sbx_ws_remove(const char *dir)
 {

@@ -749,6 +749,47 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
 }
 
 /* Route g's request by the current table and forward it. */
+/* The owner (shard slot) of partition part now, or -1. */
+static int
+part_owner(struct sbx_gateway *gw, uint32_t part)
+{
+    if (!clustered(gw))
+        return gw->table[part];
+    sbx_cview_lock(gw->view);
+    int owner = sbx_cview_parts(gw->view)[part].owner;
+    sbx_cview_unlock(gw->view);
+    return owner;
+}
+
+/*
+ * sandbox.fork (runtime/ops/fork.yaml): a fork is made by its source's
+ * shard, so in this version every ID of args.ids must be owned by the
+ * source's (partition src_part's) shard.  True, with the reason in why, if
+ * one is not.  Malformed ids are left to the shard's checks.
+ */
+static bool
+fork_cross_shard(struct sbx_gateway *gw, uint32_t src_part, const msgpack_object *args,
+                 char *why, size_t whylen)
+{
+    const msgpack_object *ids = NULL;
+    if (sbx_wire_get_array(args, "ids", &ids) != 0 || !ids)
+        return false;
+    int src = part_owner(gw, src_part);
+    for (uint32_t i = 0; i < ids->via.array.size; i++) {
+        sbx_str s;
+        if (sbx_wire_obj_str(&ids->via.array.ptr[i], &s) != 0 || s.n == 0 || s.n > 63)
+            continue;
+        if (part_owner(gw, sbx_place_partition(s.p, s.n)) != src) {
+            snprintf(why, whylen,
+                     "fork '%.*s' would live on another shard than its source: a fork is made "
+                     "on its source's shard (docs/persistence.md, \"Fork\"); choose another "
+                     "ID", (int)s.n, s.p);
+            return true;
+        }
+    }
+    return false;
+}
+
 static void
 route_and_forward(struct gctx *g)
 {
@@ -971,6 +1012,13 @@ handle(struct gctx *g, nng_msg *m)
         return;
     } else {
         g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
+    }
+    if (def->id == SBX_OPID_SANDBOX_FORK && fork_cross_shard(gw, g->part, req.args, why,
+                                                             sizeof(why))) {
+        sbx_wire_msg_free(&dec);
+        nng_msg_free(m);
+        client_err(g, SBX_E_FORK_CROSS_SHARD, "%s", why);
+        return;
     }
     struct sbx_log_req lr = {req.id.p, req.id.n, req.sandbox.p, req.sandbox.n, def->name,
                              strlen(def->name)};

@@ -1,0 +1,465 @@
+/*
+ * test_fork.c — sandbox.fork, DISK_FULL and the per-sandbox disk size
+ * (docs/persistence.md, "Fork" and "Disk size and DISK_FULL"; issue 15).
+ *
+ * Checks what a user would:
+ *  - a fork sees the source's files: a git repository with history built
+ *    in the source has the same sha256 of every file and the same log in
+ *    each fork; writes in a fork are invisible to the source and to the
+ *    other fork, and the source's later writes are invisible to the forks;
+ *    the forks survive the shard's kill -9 and the source's destroy;
+ *  - a fork of a source whose process keeps appending lines is consistent:
+ *    its image is fsck-clean before its first start, and every line of the
+ *    file is complete;
+ *  - a fork to an existing ID is SANDBOX_EXISTS (and nothing is created),
+ *    of an unknown source SANDBOX_NOT_FOUND, of an ephemeral source
+ *    VALIDATION_FAILED; with two shards, an ID owned by the other shard is
+ *    FORK_CROSS_SHARD and one owned by the source's shard is forked;
+ *  - DISK_FULL: file.write into a full workspace answers DISK_FULL with the
+ *    limit in its message, over nng and over HTTP (507), file.mkdir too,
+ *    and a neighbour still writes;
+ *  - `disk` in create sizes the workspace (status limitBytes, df inside,
+ *    a write past it fails), past --disk-max or without a persistent
+ *    workspace it is VALIDATION_FAILED.
+ *
+ * The fork tests start their own daemon (two shards, --disk 64M); the
+ * DISK_FULL tests use the test binary's daemon (tests/support/itest_main.c).
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/place.h"
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+#include "../support/httpapi.h"
+#include "../support/sdk.h"
+
+static struct testd *live;
+
+static void
+cleanup(void)
+{
+    if (live) {
+        testd_stop(live);
+        free(live);
+        live = NULL;
+    }
+}
+
+TestSuite(fork, .fini = cleanup, .timeout = 300);
+
+/* A private daemon of two shards; a client of it. */
+static sbx_client *
+start(void)
+{
+    const char *const extra[] = {TESTD_SMALL, NULL};
+    live = calloc(1, sizeof(*live));
+    cr_assert_eq(testd_start(live, 2, extra), 0, "the daemon did not start");
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
+    return c;
+}
+
+/* op with JSON args; the result's JSON (heap), or NULL with code[64] and msg. */
+static char *
+call_msg(sbx_client *c, const char *op, const char *id, const char *args, char code[64],
+         char *msg, size_t msglen)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    code[0] = 0;
+    if (sbx_call_json(c, op, id, args, 120000, &r, &err) != 0) {
+        snprintf(code, 64, "%s", err.code);
+        if (msg)
+            snprintf(msg, msglen, "%s", err.message);
+        sbx_error_free(&err);
+        return NULL;
+    }
+    char *j = sbx_reply_json(r, false);
+    sbx_reply_free(r);
+    return j;
+}
+
+static char *
+call(sbx_client *c, const char *op, const char *id, const char *args, char code[64])
+{
+    return call_msg(c, op, id, args, code, NULL, 0);
+}
+
+static void
+ok(sbx_client *c, const char *op, const char *id, const char *args)
+{
+    char code[64], msg[512] = "";
+    char *j = call_msg(c, op, id, args, code, msg, sizeof(msg));
+    cr_assert(j, "%s %s %s: %s %s", op, id, args, code, msg);
+    free(j);
+}
+
+/* Run cmd; its stdout (heap), exit code in *code.  Retries while the
+ * shard is away (after its kill) for up to 60 s. */
+static char *
+sh(sbx_client *c, const char *id, const char *cmd, int *code)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    int rc = -1;
+    for (int i = 0; i < 300; i++) {
+        rc = test_sh(c, id, cmd, 60000, &r, &err);
+        if (rc == 0)
+            break;
+        bool away = !strcmp(err.code, "SHARD_UNAVAILABLE") || !strcmp(err.code, "UNAVAILABLE") ||
+                    !strcmp(err.code, "INTERRUPTED") || !strcmp(err.code, "TIMEOUT");
+        if (!away)
+            break;
+        sbx_error_free(&err);
+        usleep(200 * 1000);
+    }
+    cr_assert_eq(rc, 0, "exec '%s' in %s: %s %s", cmd, id, rc ? err.code : "",
+                 rc ? err.message : "");
+    char *out = strdup(r.stdout_data ? r.stdout_data : "");
+    if (code)
+        *code = r.exit_code;
+    sbx_exec_result_free(&r);
+    return out;
+}
+
+/* The index of the shard of the private daemon that owns id (sbxd dev's
+ * placement: runtime/place.h over its shard names). */
+static int
+owner(const char *id)
+{
+    char n0[96], n1[96];
+    snprintf(n0, sizeof(n0), "%s-s0", live->name);
+    snprintf(n1, sizeof(n1), "%s-s1", live->name);
+    const char *names[] = {n0, n1};
+    return sbx_place_owner(names, 2, sbx_place_partition(id, strlen(id)));
+}
+
+/* A new ID owned by shard `want` (same == true) or by the other one. */
+static char *
+id_on(const char *prefix, int src_shard, bool same)
+{
+    for (int i = 0; i < 1000; i++) {
+        char *id = test_id(prefix);
+        if ((owner(id) == src_shard) == same)
+            return id;
+        free(id);
+    }
+    cr_assert_fail("no ID found on the wanted shard");
+    return NULL;
+}
+
+/* The shard's pid: a child of the supervisor (the first found). */
+static pid_t
+child_of(pid_t dev, pid_t not)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    pid_t found = -1;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t p = (pid_t)atoi(de->d_name);
+        if (p > 0 && p != not && test_ppid(p) == dev) {
+            found = p;
+            break;
+        }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* The checksums of every file of the repository and its log, as seen in id. */
+#define TREE_SUMS                                                                                 \
+    "cd /workspace/repo && find . -type f | LC_ALL=C sort | xargs sha256sum && "                \
+    "git log --format='%H %s' && git status --porcelain | wc -l"
+
+Test(fork, copies_the_workspace_and_forks_are_independent)
+{
+    sbx_client *c = start();
+    char *src = test_id("fks");
+    int s = owner(src);
+    char *f1 = id_on("fka", s, true), *f2 = id_on("fkb", s, true);
+    ok(c, "create", src, "{\"workspace\":\"persistent\"}");
+    int code;
+    /* A real tree: a git repository with history and a binary file. */
+    char *out = sh(c, src,
+                   "set -e; mkdir -p /workspace/repo && cd /workspace/repo && git init -q && "
+                   "git config user.email t@t && git config user.name t && "
+                   "for i in 1 2 3 4 5; do seq $i 5000 > f$i.txt; mkdir -p d$i; "
+                   "head -c 200000 /dev/urandom > d$i/blob; git add -A; git commit -qm c$i; done; "
+                   "echo done",
+                   &code);
+    cr_assert_eq(code, 0, "building the repository: %s", out);
+    free(out);
+    char *want = sh(c, src, TREE_SUMS, &code);
+    cr_assert_eq(code, 0);
+    cr_assert(strstr(want, " c5\n") && strstr(want, "./d3/blob"), "the tree: %s", want);
+
+    char args[256], cd[64], msg[512] = "";
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\",\"%s\"]}", f1, f2);
+    char *res = call_msg(c, "sandbox.fork", src, args, cd, msg, sizeof(msg));
+    cr_assert(res, "sandbox.fork: %s %s", cd, msg);
+    cr_assert(strstr(res, f1) && strstr(res, f2), "the answer: %s", res);
+    free(res);
+
+    /* Each fork: the same files, the same history, persistent, its own image. */
+    const char *forks[] = {f1, f2};
+    for (int i = 0; i < 2; i++) {
+        char *got = sh(c, forks[i], TREE_SUMS, &code);
+        cr_assert_eq(code, 0);
+        cr_assert_str_eq(got, want, "fork %s differs from its source", forks[i]);
+        free(got);
+        char *st = call(c, "status", forks[i], "{}", cd);
+        cr_assert(st && strstr(st, "\"mode\":\"persistent\""), "status: %s", st ? st : cd);
+        free(st);
+        char img[512];
+        struct stat sb;
+        snprintf(img, sizeof(img), "%s/s%d/workspaces/%s/disk.img", live->dir, s, forks[i]);
+        cr_assert_eq(stat(img, &sb), 0, "no image at %s", img);
+    }
+
+    /* Independent: a write in a fork is seen neither by the source nor by
+     * the other fork; the source's by neither fork. */
+    free(sh(c, f1, "echo one > /workspace/repo/only-f1 && cd /workspace/repo && "
+                   "echo changed >> f1.txt && git commit -qam in-f1", &code));
+    cr_assert_eq(code, 0);
+    free(sh(c, src, "echo src > /workspace/repo/only-src", &code));
+    out = sh(c, src, "ls /workspace/repo/only-f1 2>&1; git -C /workspace/repo log -1 --format=%s",
+             &code);
+    cr_assert(strstr(out, "No such file") && strstr(out, "c5\n"), "the source sees: %s", out);
+    free(out);
+    out = sh(c, f2, "ls /workspace/repo/only-f1 /workspace/repo/only-src 2>&1 | grep -c 'No such'",
+             &code);
+    cr_assert_str_eq(out, "2\n", "the second fork sees the others' files");
+    free(out);
+    out = sh(c, f1, "ls /workspace/repo/only-src 2>&1; git -C /workspace/repo log -1 --format=%s",
+             &code);
+    cr_assert(strstr(out, "No such file") && strstr(out, "in-f1\n"), "the fork sees: %s", out);
+    free(out);
+
+    /* The forks survive the source's destroy and a kill -9 of the shard. */
+    ok(c, "destroy", src, "{}");
+    pid_t sp0 = child_of(live->pid, -1);
+    pid_t sp1 = child_of(live->pid, sp0);
+    cr_assert(sp0 > 0 && sp1 > 0, "no shard processes");
+    cr_assert_eq(kill(sp0, SIGKILL), 0);
+    cr_assert_eq(kill(sp1, SIGKILL), 0);
+    char *got = sh(c, f2, TREE_SUMS, &code);
+    cr_assert_str_eq(got, want, "the fork after its source's destroy and the shards' kill -9");
+    free(got);
+    out = sh(c, f1, "cat /workspace/repo/only-f1", &code);
+    cr_assert_str_eq(out, "one\n");
+    free(out);
+    free(want);
+    ok(c, "destroy", f1, "{}");
+    ok(c, "destroy", f2, "{}");
+    free(src);
+    free(f1);
+    free(f2);
+    sbx_client_close(c);
+}
+
+Test(fork, busy_source_is_consistent)
+{
+    sbx_client *c = start();
+    char *src = test_id("fbs");
+    int s = owner(src);
+    char *f = id_on("fbf", s, true);
+    ok(c, "create", src, "{\"workspace\":\"persistent\"}");
+    int code;
+    /* A writer that never stops: numbered lines of 100 bytes, and 1 MB files. */
+    free(sh(c, src,
+            "nohup sh -c 'i=0; while :; do i=$((i+1)); "
+            "printf \"%099d\\n\" $i >> /workspace/log; "
+            "[ $((i % 50)) = 0 ] && head -c 1000000 /dev/zero > /workspace/chunk.$((i % 7)); "
+            "done' >/dev/null 2>&1 & sleep 1; echo started",
+            &code));
+    cr_assert_eq(code, 0);
+    char args[128], cd[64], msg[512] = "";
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", f);
+    char *res = call_msg(c, "sandbox.fork", src, args, cd, msg, sizeof(msg));
+    cr_assert(res, "sandbox.fork: %s %s", cd, msg);
+    free(res);
+    /* Before the fork's first start: its image is a clean file system. */
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "e2fsck -fn %s/s%d/workspaces/%s/disk.img >/dev/null 2>&1",
+             live->dir, s, f);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "e2fsck -fn of the fork's image: %d", st);
+    /* Every line complete, and numbered without a gap. */
+    char *out = sh(c, f,
+                   "awk 'length($0) != 99 || $0 + 0 != NR { bad++ } END { print NR, bad + 0 }' "
+                   "/workspace/log",
+                   &code);
+    long lines = 0, bad = -1;
+    cr_assert_eq(sscanf(out, "%ld %ld", &lines, &bad), 2, "awk said: %s", out);
+    cr_assert_gt(lines, 0, "the fork's log is empty");
+    cr_assert_eq(bad, 0, "%ld of %ld lines are torn or missing in the fork", bad, lines);
+    free(out);
+    /* The source still runs its writer after the fork (it was not stopped). */
+    out = sh(c, src, "a=$(wc -l < /workspace/log); sleep 0.5; b=$(wc -l < /workspace/log); "
+                     "[ $b -gt $a ] && echo growing", &code);
+    cr_assert_str_eq(out, "growing\n", "the source's writer stopped");
+    free(out);
+    ok(c, "destroy", src, "{}");
+    ok(c, "destroy", f, "{}");
+    free(src);
+    free(f);
+    sbx_client_close(c);
+}
+
+Test(fork, errors)
+{
+    sbx_client *c = start();
+    char *src = test_id("fes");
+    int s = owner(src);
+    char *taken = id_on("fet", s, true), *fresh = id_on("fef", s, true);
+    char *other = id_on("feo", s, false), *eph = id_on("fee", s, true);
+    ok(c, "create", src, "{\"workspace\":\"persistent\"}");
+    ok(c, "create", taken, "{}");
+    ok(c, "create", eph, "{\"workspace\":\"ephemeral\"}");
+    int code;
+    free(sh(c, src, "echo s > /workspace/f", &code));
+    char args[256], cd[64];
+
+    /* An existing ID: SANDBOX_EXISTS, and nothing is created. */
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\",\"%s\"]}", fresh, taken);
+    char *j = call(c, "sandbox.fork", src, args, cd);
+    cr_assert_null(j, "fork into an existing sandbox: %s", j);
+    cr_assert_str_eq(cd, "SANDBOX_EXISTS");
+    j = call(c, "status", fresh, "{}", cd);
+    cr_assert_null(j, "a fork was created anyway: %s", j);
+    cr_assert_str_eq(cd, "SANDBOX_NOT_FOUND");
+
+    /* An unknown source. */
+    char *ghost = id_on("feg", s, true);
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", fresh);
+    j = call(c, "sandbox.fork", ghost, args, cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "SANDBOX_NOT_FOUND");
+
+    /* An ephemeral source. */
+    j = call(c, "sandbox.fork", eph, args, cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "VALIDATION_FAILED");
+
+    /* No ids, or the source itself. */
+    j = call(c, "sandbox.fork", src, "{\"ids\":[]}", cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "VALIDATION_FAILED");
+
+    /* An ID of the other shard: FORK_CROSS_SHARD, and it is not created. */
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", other);
+    j = call(c, "sandbox.fork", src, args, cd);
+    cr_assert_null(j, "a cross-shard fork: %s", j);
+    cr_assert_str_eq(cd, "FORK_CROSS_SHARD");
+    j = call(c, "status", other, "{}", cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "SANDBOX_NOT_FOUND");
+
+    /* A sleeping source (not mounted) forks too. */
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", fresh);
+    ok(c, "sandbox.fork", src, args);
+    char *out = sh(c, fresh, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "s\n");
+    free(out);
+    /* Twice the same fork: it exists now. */
+    j = call(c, "sandbox.fork", src, args, cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "SANDBOX_EXISTS");
+
+    const char *all[] = {src, taken, fresh, eph};
+    for (int i = 0; i < 4; i++)
+        ok(c, "destroy", all[i], "{}");
+    free(src);
+    free(taken);
+    free(fresh);
+    free(other);
+    free(eph);
+    free(ghost);
+    sbx_client_close(c);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* DISK_FULL and the disk size, on the test binary's daemon. */
+
+Test(fork, disk_full_and_disk_size)
+{
+    sbx_client *c = test_client();
+    char *a = test_id("dfa"), *b = test_id("dfb");
+    char cd[64], msg[512] = "";
+    ok(c, "create", a, "{\"workspace\":\"persistent\",\"disk\":33554432}");
+    ok(c, "create", b, "{\"workspace\":\"persistent\",\"disk\":33554432}");
+    char *st = call(c, "status", a, "{}", cd);
+    cr_assert(st && strstr(st, "\"limitBytes\":33554432"), "status: %s", st ? st : cd);
+    free(st);
+    int code;
+    /* The file system inside is that size (ext4 keeps a little of it). */
+    char *out = sh(c, a, "df -k /workspace | awk 'NR==2 { print $2 }'", &code);
+    long kb = atol(out);
+    cr_assert(kb > 24 * 1024 && kb <= 32 * 1024, "df says %ld KiB for a 32 MiB disk", kb);
+    free(out);
+    /* Fill it: 48 MB do not fit. */
+    out = sh(c, a, "dd if=/dev/zero of=/workspace/big bs=1M count=48 2>&1; echo rc=$?", &code);
+    cr_assert(strstr(out, "No space left on device") && !strstr(out, "rc=0"), "dd: %s", out);
+    free(out);
+
+    /* nng: file.write and file.mkdir answer DISK_FULL with the limit. */
+    char *j = call_msg(c, "file.write", a,
+                       "{\"path\":\"/workspace/more.txt\",\"content\":\"0123456789012345678901234"
+                       "567890123456789012345678901234567890123456789\"}",
+                       cd, msg, sizeof(msg));
+    if (j) {
+        /* A small write may still fit in a partly filled block: fill on. */
+        free(j);
+        free(sh(c, a, "i=0; while [ $i -lt 4000 ] && echo x > /workspace/f$i 2>/dev/null; do "
+                      "i=$((i+1)); done; true", &code));
+        j = call_msg(c, "file.write", a, "{\"path\":\"/workspace/more2.txt\",\"content\":\"abc\"}",
+                     cd, msg, sizeof(msg));
+    }
+    cr_assert_null(j, "a write into a full disk succeeded");
+    cr_assert_str_eq(cd, "DISK_FULL", "file.write: %s %s", cd, msg);
+    cr_assert(strstr(msg, "limit"), "the message names no limit: %s", msg);
+    j = call_msg(c, "file.mkdir", a, "{\"path\":\"/workspace/newdir/sub\",\"recursive\":true}",
+                 cd, msg, sizeof(msg));
+    if (j == NULL)
+        cr_assert_str_eq(cd, "DISK_FULL", "file.mkdir: %s %s", cd, msg);
+    free(j);
+
+    /* HTTP: 507 and the code. */
+    struct hresp r;
+    apif("POST", "{\"path\":\"/workspace/http.txt\",\"content\":\"hello from http\"}", &r,
+         "/v1/sandboxes/%s/file.write", a);
+    expect_status(r, 507, "file.write over HTTP into a full disk");
+    expect_code(r, "DISK_FULL", "file.write over HTTP");
+    hresp_free(&r);
+
+    /* The neighbour is unaffected. */
+    ok(c, "file.write", b, "{\"path\":\"/workspace/ok.txt\",\"content\":\"fine\"}");
+    out = sh(c, b, "cat /workspace/ok.txt", &code);
+    cr_assert_str_eq(out, "fine");
+    free(out);
+
+    /* Past the deployment's maximum, or without a persistent workspace. */
+    char *d = test_id("dfd");
+    j = call(c, "create", d, "{\"workspace\":\"persistent\",\"disk\":1099511627776}", cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "VALIDATION_FAILED");
+    j = call(c, "create", d, "{\"workspace\":\"ephemeral\",\"disk\":33554432}", cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "VALIDATION_FAILED");
+    ok(c, "destroy", a, "{}");
+    ok(c, "destroy", b, "{}");
+    free(a);
+    free(b);
+    free(d);
+    sbx_client_close(c);
+}
