@@ -748,7 +748,6 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     nng_ctx_send(f->ctx, f->aio);
 }
 
-/* Route g's request by the current table and forward it. */
 /* The owner (shard slot) of partition part now, or -1. */
 static int
 part_owner(struct sbx_gateway *gw, uint32_t part)
@@ -790,6 +789,7 @@ fork_cross_shard(struct sbx_gateway *gw, uint32_t src_part, const msgpack_object
     return false;
 }
 
+/* Route g's request by the current table and forward it. */
 static void
 route_and_forward(struct gctx *g)
 {

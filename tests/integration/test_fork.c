@@ -191,11 +191,11 @@ Test(fork, copies_the_workspace_and_forks_are_independent)
     int code;
     /* A real tree: a git repository with history and a binary file. */
     char *out = sh(c, src,
-                   "set -e; mkdir -p /workspace/repo && cd /workspace/repo && git init -q && "
+                   "(mkdir -p /workspace/repo && cd /workspace/repo && git init -q && "
                    "git config user.email t@t && git config user.name t && "
-                   "for i in 1 2 3 4 5; do seq $i 5000 > f$i.txt; mkdir -p d$i; "
-                   "head -c 200000 /dev/urandom > d$i/blob; git add -A; git commit -qm c$i; done; "
-                   "echo done",
+                   "for i in 1 2 3 4 5; do seq $i 5000 > f$i.txt && mkdir -p d$i && "
+                   "head -c 200000 /dev/urandom > d$i/blob && git add -A && git commit -qm c$i "
+                   "|| exit 1; done)",
                    &code);
     cr_assert_eq(code, 0, "building the repository: %s", out);
     free(out);
