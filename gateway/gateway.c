@@ -10,6 +10,7 @@
  * holds any more to another (runtime/cview.h: a new gen); the slot's socket
  * then dials the new shard's address instead (its dialer is replaced). */
 #include "gateway.h"
+#include "gw_fork.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -760,33 +761,82 @@ part_owner(struct sbx_gateway *gw, uint32_t part)
     return owner;
 }
 
+static void
+fork_done(void *arg, const char *reply, size_t len)
+{
+    struct gctx *g = arg;
+    if (reply) {
+        client_send_bytes(g, reply, len);
+    } else {
+        g->state = G_RECV;
+        nng_ctx_recv(g->ctx, g->aio);
+    }
+}
+
 /*
- * sandbox.fork (runtime/ops/fork.yaml): a fork is made by its source's
- * shard, so in this version every ID of args.ids must be owned by the
- * source's (partition src_part's) shard.  True, with the reason in why, if
- * one is not.  Malformed ids are left to the shard's checks.
+ * sandbox.fork (runtime/ops/fork.yaml) whose IDs are owned by other shards
+ * than the source's: gw_fork.c runs it (standalone: the shards of one
+ * node); in a cluster it is FORK_CROSS_SHARD.  True if g was answered or
+ * handed on; false: every fork is the source's shard's, route as usual.
  */
 static bool
-fork_cross_shard(struct sbx_gateway *gw, uint32_t src_part, const msgpack_object *args,
-                 char *why, size_t whylen)
+fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t len)
 {
+    struct sbx_gateway *gw = g->gw;
     const msgpack_object *ids = NULL;
-    if (sbx_wire_get_array(args, "ids", &ids) != 0 || !ids)
-        return false;
-    int src = part_owner(gw, src_part);
-    for (uint32_t i = 0; i < ids->via.array.size; i++) {
-        sbx_str s;
-        if (sbx_wire_obj_str(&ids->via.array.ptr[i], &s) != 0 || s.n == 0 || s.n > 63)
-            continue;
-        if (part_owner(gw, sbx_place_partition(s.p, s.n)) != src) {
-            snprintf(why, whylen,
-                     "fork '%.*s' would live on another shard than its source: a fork is made "
-                     "on its source's shard (docs/persistence.md, \"Fork\"); choose another "
-                     "ID", (int)s.n, s.p);
-            return true;
-        }
+    if (sbx_wire_get(req->args, "stage")) {
+        client_err(g, SBX_E_VALIDATION, "'stage' is set by the gateway, not by a client");
+        return true;
     }
-    return false;
+    if (sbx_wire_get_array(req->args, "ids", &ids) != 0 || !ids ||
+        ids->via.array.size > GW_FORK_MAX)
+        return false; /* the shard answers VALIDATION_FAILED */
+    int src = part_owner(gw, g->part);
+    struct gw_fork_plan *p = sbx_xcalloc(1, sizeof(*p));
+    bool cross = false;
+    p->n = ids->via.array.size;
+    for (size_t i = 0; i < p->n; i++) {
+        sbx_str s;
+        if (sbx_wire_obj_str(&ids->via.array.ptr[i], &s) != 0 || s.n == 0 || s.n > 63) {
+            free(p);
+            return false;
+        }
+        int o = part_owner(gw, sbx_place_partition(s.p, s.n));
+        memcpy(p->ids[i], s.p, s.n);
+        p->remote[i] = o != src;
+        cross |= p->remote[i];
+        if (o >= 0 && o < MAX_SLOTS)
+            p->sock[i] = gw->shards[o].sock;
+    }
+    if (!cross || src < 0 || src >= MAX_SLOTS) {
+        free(p);
+        return false;
+    }
+    if (clustered(gw)) {
+        char first[64] = "";
+        for (size_t i = 0; i < p->n && !first[0]; i++)
+            if (p->remote[i])
+                snprintf(first, sizeof(first), "%s", p->ids[i]);
+        free(p);
+        client_err(g, SBX_E_FORK_CROSS_SHARD,
+                   "fork '%s' would live on another shard than its source: in a cluster a fork "
+                   "is made on its source's shard (docs/persistence.md, \"Fork\"); choose "
+                   "another ID", first);
+        return true;
+    }
+    snprintf(p->req_id, sizeof(p->req_id), "%s", g->id);
+    sbx_str_copy(req->sandbox, p->from, sizeof(p->from));
+    p->timeout_ms = SBX_MAX(g->deadline - sbx_mono_ms(), 1);
+    p->src_sock = gw->shards[src].sock;
+    p->body = sbx_xmalloc(len);
+    memcpy(p->body, body, len);
+    p->blen = len;
+    p->done = fork_done;
+    p->arg = g;
+    int rc = gw_fork_start(p);
+    if (rc)
+        client_err(g, rc, "cannot start the fork");
+    return true;
 }
 
 /* Route g's request by the current table and forward it. */
@@ -1013,11 +1063,9 @@ handle(struct gctx *g, nng_msg *m)
     } else {
         g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     }
-    if (def->id == SBX_OPID_SANDBOX_FORK && fork_cross_shard(gw, g->part, req.args, why,
-                                                             sizeof(why))) {
+    if (def->id == SBX_OPID_SANDBOX_FORK && fork_route(g, &req, body, len)) {
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
-        client_err(g, SBX_E_FORK_CROSS_SHARD, "%s", why);
         return;
     }
     struct sbx_log_req lr = {req.id.p, req.id.n, req.sandbox.p, req.sandbox.n, def->name,

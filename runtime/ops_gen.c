@@ -278,6 +278,9 @@ static const struct sbx_arg args_backup_delete[] = {
 static const struct sbx_arg args_sandbox_fork[] = {
     {"ids", SBX_ARG_ARRAY, true, false, false, 0, 0, 16u, NULL, "an array", NULL, 0},
 };
+static const struct sbx_arg args_sandbox_adopt[] = {
+    {"discard", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+};
 
 const struct sbx_op_def sbx_ops[] = {
     {.name = "exec",
@@ -864,6 +867,15 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped)",
      .http = "POST /v1/sandboxes/{sandbox}/fork",
      .args = args_sandbox_fork,
+     .nargs = 1},
+    {.name = "sandbox.adopt",
+     .id = SBX_OPID_SANDBOX_ADOPT,
+     .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES | SBX_OP_INTERNAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "(gateway → shard) create this sandbox from the fork's copy staged for it in the node's store",
+     .http = NULL,
+     .args = args_sandbox_adopt,
      .nargs = 1},
     {.name = NULL},
 };

@@ -13,8 +13,10 @@
  *    file is complete;
  *  - a fork to an existing ID is SANDBOX_EXISTS (and nothing is created),
  *    of an unknown source SANDBOX_NOT_FOUND, of an ephemeral source
- *    VALIDATION_FAILED; with two shards, an ID owned by the other shard is
- *    FORK_CROSS_SHARD and one owned by the source's shard is forked;
+ *    VALIDATION_FAILED; with two shards, a fork owned by the other shard
+ *    is made too (staged by the source's shard, adopted by its owner), and
+ *    one into an existing sandbox of the other shard is SANDBOX_EXISTS with
+ *    the same call's other fork undone and no staged copy left;
  *  - DISK_FULL: file.write into a full workspace answers DISK_FULL with the
  *    limit in its message, over nng and over HTTP (507), file.mkdir too,
  *    and a neighbour still writes;
@@ -186,7 +188,8 @@ Test(fork, copies_the_workspace_and_forks_are_independent)
     sbx_client *c = start();
     char *src = test_id("fks");
     int s = owner(src);
-    char *f1 = id_on("fka", s, true), *f2 = id_on("fkb", s, true);
+    /* One fork on the source's shard, one on the other (staged and adopted). */
+    char *f1 = id_on("fka", s, true), *f2 = id_on("fkb", s, false);
     ok(c, "create", src, "{\"workspace\":\"persistent\"}");
     int code;
     /* A real tree: a git repository with history and a binary file. */
@@ -222,7 +225,8 @@ Test(fork, copies_the_workspace_and_forks_are_independent)
         free(st);
         char img[512];
         struct stat sb;
-        snprintf(img, sizeof(img), "%s/s%d/workspaces/%s/disk.img", live->dir, s, forks[i]);
+        snprintf(img, sizeof(img), "%s/s%d/workspaces/%s/disk.img", live->dir, owner(forks[i]),
+                 forks[i]);
         cr_assert_eq(stat(img, &sb), 0, "no image at %s", img);
     }
 
@@ -356,14 +360,26 @@ Test(fork, errors)
     cr_assert_null(j);
     cr_assert_str_eq(cd, "VALIDATION_FAILED");
 
-    /* An ID of the other shard: FORK_CROSS_SHARD, and it is not created. */
-    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", other);
+    /* An existing ID on the other shard: SANDBOX_EXISTS from its owner,
+     * and the fork of the same call on the source's shard is undone. */
+    char *taken2 = id_on("feu", s, false);
+    ok(c, "create", taken2, "{}");
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\",\"%s\"]}", fresh, taken2);
     j = call(c, "sandbox.fork", src, args, cd);
-    cr_assert_null(j, "a cross-shard fork: %s", j);
-    cr_assert_str_eq(cd, "FORK_CROSS_SHARD");
-    j = call(c, "status", other, "{}", cd);
-    cr_assert_null(j);
+    cr_assert_null(j, "fork into an existing sandbox of the other shard: %s", j);
+    cr_assert_str_eq(cd, "SANDBOX_EXISTS");
+    j = call(c, "status", fresh, "{}", cd);
+    cr_assert_null(j, "the fork on the source's shard was not undone: %s", j);
     cr_assert_str_eq(cd, "SANDBOX_NOT_FOUND");
+    char stage[512];
+    struct stat sb;
+    snprintf(stage, sizeof(stage), "%s/backups/forks/%s", live->dir, taken2);
+    cr_assert_neq(stat(stage, &sb), 0, "a staged copy is left at %s", stage);
+    /* 'stage' is the gateway's argument. */
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"],\"stage\":[\"%s\"]}", fresh, fresh);
+    j = call(c, "sandbox.fork", src, args, cd);
+    cr_assert_null(j);
+    cr_assert_str_eq(cd, "VALIDATION_FAILED");
 
     /* A sleeping source (not mounted) forks too. */
     snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", fresh);
@@ -376,9 +392,10 @@ Test(fork, errors)
     cr_assert_null(j);
     cr_assert_str_eq(cd, "SANDBOX_EXISTS");
 
-    const char *all[] = {src, taken, fresh, eph};
-    for (int i = 0; i < 4; i++)
+    const char *all[] = {src, taken, fresh, eph, taken2};
+    for (int i = 0; i < 5; i++)
         ok(c, "destroy", all[i], "{}");
+    free(taken2);
     free(src);
     free(taken);
     free(fresh);
