@@ -11,7 +11,7 @@
  *
  * The fork phase (--fork N): a running sandbox with a persistent workspace
  * holding 100 MB of random bytes; N times, sandbox.fork into one new ID
- * (an ID of another shard, FORK_CROSS_SHARD, is replaced by the next one),
+ * (in a cluster an ID of another shard, FORK_CROSS_SHARD, is replaced by the next one),
  * timed from the client, and the shard's own copyMs; each fork destroyed.
  */
 #include <stdio.h>

@@ -242,7 +242,7 @@ _SPEC = [
     # disk and fork (docs/persistence.md)
     ("DISK_FULL", "DiskFull", (FilesystemError,), 507, "A write, mkdir or backup restore ran out of the sandbox's disk; the message names its limit."),
     ("SANDBOX_EXISTS", "SandboxExists", (), 409, "``fork`` into an ID that is a sandbox already."),
-    ("FORK_CROSS_SHARD", "ForkCrossShard", (), 409, "A fork's ID is owned by another shard than its source's: choose another ID."),
+    ("FORK_CROSS_SHARD", "ForkCrossShard", (), 409, "In a cluster, a fork's ID is owned by another shard than its source's: choose another ID."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

@@ -700,8 +700,8 @@ class _Ops:
         return self._call("backup.restore", {"id": backup["id"], "dir": dir or backup["dir"]})
 
     def fork(self, ids: List[str]) -> Dict[str, Any]:
-        """``sandbox.fork``: create the sandboxes ``ids`` (1-16 new IDs of this
-        sandbox's shard) whose workspace starts as a copy of this one's, taken
+        """``sandbox.fork``: create the sandboxes ``ids`` (1-16 new IDs; in a
+        cluster, of this sandbox's shard) whose workspace starts as a copy of this one's, taken
         without stopping it (docs/persistence.md, "Fork").  This sandbox needs
         a persistent workspace.  Returns ``{"from", "ids", "copyMs",
         "copiedBytes"}``.  Raises SandboxNotFound, SandboxExists,

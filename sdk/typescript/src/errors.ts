@@ -225,7 +225,7 @@ export class BackupTooLargeError extends SandboxError {}
 export class DiskFullError extends FileSystemError {}
 /** `SANDBOX_EXISTS` (409): `fork` into an ID that is a sandbox already. */
 export class SandboxExistsError extends SandboxError {}
-/** `FORK_CROSS_SHARD` (409): a fork's ID is owned by another shard than its source's (docs/persistence.md, "Fork"): choose another ID. */
+/** `FORK_CROSS_SHARD` (409): in a cluster, a fork's ID is owned by another shard than its source's (docs/persistence.md, "Fork"): choose another ID. */
 export class ForkCrossShardError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;

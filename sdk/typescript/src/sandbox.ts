@@ -223,7 +223,7 @@ export class SandboxOperations extends SandboxFiles {
    * this sandbox's image, limits, disk size, environment and settings, and
    * is independent afterwards. This sandbox must have a persistent workspace.
    *
-   * @param ids - 1 to 16 new sandbox IDs, owned by this sandbox's shard.
+   * @param ids - 1 to 16 new sandbox IDs (in a cluster: owned by this sandbox's shard).
    * @returns `{from, ids, copyMs, copiedBytes}`.
    * @throws SANDBOX_NOT_FOUND, SANDBOX_EXISTS (an ID is taken), FORK_CROSS_SHARD,
    *   VALIDATION_FAILED (an ephemeral workspace, bad IDs).
