@@ -19,6 +19,7 @@
  * shards of `sbxd dev`) with their record beside (record.mp); the owner's
  * sandbox.adopt (actor_op_adopt, below) moves them into its workspaces.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -26,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../runtime/err.h"
@@ -418,4 +421,29 @@ actor_op_adopt(struct actor *a, struct sop *op)
     sbx_enc_kbool(&e, "success", true);
     sbx_enc_kstr(&e, "id", a->id);
     shard_reply_end(op, &e, a->last_seq);
+}
+
+void
+shard_fork_sweep(struct shard *sh)
+{
+    char top[4200];
+    if (!sh->backups[0] ||
+        snprintf(top, sizeof(top), "%s/forks", sh->backups) >= (int)sizeof(top))
+        return;
+    DIR *d = opendir(top);
+    if (!d)
+        return;
+    struct dirent *de;
+    time_t now = time(NULL);
+    while ((de = readdir(d)) != NULL) {
+        char p[4500];
+        struct stat st;
+        if (de->d_name[0] == '.' ||
+            snprintf(p, sizeof(p), "%s/%s", top, de->d_name) >= (int)sizeof(p) ||
+            stat(p, &st) != 0 || now - st.st_mtime < 3600)
+            continue;
+        if (sbx_rm_rf(p) == 0)
+            sbx_log_info("shard %s: removed the stale staged fork %s", sh->conf.name, p);
+    }
+    closedir(d);
 }

@@ -485,6 +485,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     if (swept > 0)
         sbx_log_info("shard %s: removed %d workspaces of sandboxes that no longer exist",
                      conf->name, swept);
+    shard_fork_sweep(sh);
     if (fc.n)
         sbx_log_info("shard %s: %zu sandboxes were running when the shard last stopped; their "
                  "containers are gone and start again on their next operation",

@@ -779,51 +779,28 @@ fork_done(void *arg, const char *reply, size_t len)
  * node); in a cluster it is FORK_CROSS_SHARD.  True if g was answered or
  * handed on; false: every fork is the source's shard's, route as usual.
  */
+static int
+fork_owner(void *arg, uint32_t part)
+{
+    return part_owner(arg, part);
+}
+
 static bool
 fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t len)
 {
     struct sbx_gateway *gw = g->gw;
-    const msgpack_object *ids = NULL;
-    if (sbx_wire_get(req->args, "stage")) {
-        client_err(g, SBX_E_VALIDATION, "'stage' is set by the gateway, not by a client");
-        return true;
-    }
-    if (sbx_wire_get_array(req->args, "ids", &ids) != 0 || !ids ||
-        ids->via.array.size > GW_FORK_MAX)
-        return false; /* the shard answers VALIDATION_FAILED */
+    char why[256];
     int src = part_owner(gw, g->part);
-    struct gw_fork_plan *p = sbx_xcalloc(1, sizeof(*p));
-    bool cross = false;
-    p->n = ids->via.array.size;
-    for (size_t i = 0; i < p->n; i++) {
-        sbx_str s;
-        if (sbx_wire_obj_str(&ids->via.array.ptr[i], &s) != 0 || s.n == 0 || s.n > 63) {
-            free(p);
-            return false;
-        }
-        int o = part_owner(gw, sbx_place_partition(s.p, s.n));
-        memcpy(p->ids[i], s.p, s.n);
-        p->remote[i] = o != src;
-        cross |= p->remote[i];
-        if (o >= 0 && o < MAX_SLOTS)
-            p->sock[i] = gw->shards[o].sock;
-    }
-    if (!cross || src < 0 || src >= MAX_SLOTS) {
-        free(p);
-        return false;
-    }
-    if (clustered(gw)) {
-        char first[64] = "";
-        for (size_t i = 0; i < p->n && !first[0]; i++)
-            if (p->remote[i])
-                snprintf(first, sizeof(first), "%s", p->ids[i]);
-        free(p);
-        client_err(g, SBX_E_FORK_CROSS_SHARD,
-                   "fork '%s' would live on another shard than its source: in a cluster a fork "
-                   "is made on its source's shard (docs/persistence.md, \"Fork\"); choose "
-                   "another ID", first);
+    struct gw_fork_plan *p = NULL;
+    int rc = gw_fork_plan(req->args, src, fork_owner, gw, clustered(gw), &p, why, sizeof(why));
+    if (rc == 0)
+        return false; /* the source's shard makes every fork */
+    if (rc < 0) {
+        client_err(g, rc, "%s", why);
         return true;
     }
+    for (size_t i = 0; i < p->n; i++)
+        p->sock[i] = gw->shards[p->slot[i]].sock;
     snprintf(p->req_id, sizeof(p->req_id), "%s", g->id);
     sbx_str_copy(req->sandbox, p->from, sizeof(p->from));
     p->timeout_ms = SBX_MAX(g->deadline - sbx_mono_ms(), 1);
@@ -833,8 +810,7 @@ fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t l
     p->blen = len;
     p->done = fork_done;
     p->arg = g;
-    int rc = gw_fork_start(p);
-    if (rc)
+    if ((rc = gw_fork_start(p)) != 0)
         client_err(g, rc, "cannot start the fork");
     return true;
 }

@@ -25,6 +25,7 @@
 
 #include "../runtime/err.h"
 #include "../runtime/log.h"
+#include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "../runtime/wire.h"
 
@@ -256,6 +257,52 @@ out:
     free(p->body);
     free(p);
     return NULL;
+}
+
+int
+gw_fork_plan(const msgpack_object *args, int src, int (*owner)(void *arg, uint32_t part),
+             void *arg, bool cluster, struct gw_fork_plan **out, char *why, size_t whylen)
+{
+    const msgpack_object *ids = NULL;
+    *out = NULL;
+    if (sbx_wire_get(args, "stage"))
+        return snprintf(why, whylen, "'stage' is set by the gateway, not by a client"),
+               SBX_E_VALIDATION;
+    if (sbx_wire_get_array(args, "ids", &ids) != 0 || !ids || ids->via.array.size > GW_FORK_MAX ||
+        src < 0)
+        return 0;
+    struct gw_fork_plan *p = sbx_xcalloc(1, sizeof(*p));
+    bool cross = false;
+    p->n = ids->via.array.size;
+    for (size_t i = 0; i < p->n; i++) {
+        sbx_str s;
+        if (sbx_wire_obj_str(&ids->via.array.ptr[i], &s) != 0 || s.n == 0 || s.n > 63) {
+            free(p);
+            return 0;
+        }
+        memcpy(p->ids[i], s.p, s.n);
+        p->slot[i] = owner(arg, sbx_place_partition(s.p, s.n));
+        if (p->slot[i] < 0) {
+            free(p);
+            return 0; /* no owner now: the source's shard answers, or the retry does */
+        }
+        p->remote[i] = p->slot[i] != src;
+        if (p->remote[i] && cluster) {
+            snprintf(why, whylen,
+                     "fork '%s' would live on another shard than its source: in a cluster a "
+                     "fork is made on its source's shard (docs/persistence.md, \"Fork\"); "
+                     "choose another ID", p->ids[i]);
+            free(p);
+            return SBX_E_FORK_CROSS_SHARD;
+        }
+        cross |= p->remote[i];
+    }
+    if (!cross) {
+        free(p);
+        return 0;
+    }
+    *out = p;
+    return 1;
 }
 
 int
