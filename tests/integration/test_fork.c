@@ -419,6 +419,17 @@ Test(fork, disk_full_and_disk_size)
     cr_assert(st && strstr(st, "\"limitBytes\":33554432"), "status: %s", st ? st : cd);
     free(st);
     int code;
+    /* A backup of 20 MB of random bytes, made in b, for the restore below. */
+    free(sh(c, b, "mkdir -p /workspace/bk && head -c 20000000 /dev/urandom > /workspace/bk/r",
+            &code));
+    cr_assert_eq(code, 0);
+    char *bk = call_msg(c, "backup.create", b, "{\"dir\":\"/workspace/bk\",\"ttl\":600}", cd,
+                        msg, sizeof(msg));
+    cr_assert(bk, "backup.create: %s %s", cd, msg);
+    char bkid[64] = "";
+    const char *bp = strstr(bk, "\"id\":\"");
+    cr_assert(bp && sscanf(bp + 6, "%63[^\"]", bkid) == 1, "backup: %s", bk);
+    free(bk);
     /* The file system inside is that size (ext4 keeps a little of it). */
     char *out = sh(c, a, "df -k /workspace | awk 'NR==2 { print $2 }'", &code);
     long kb = atol(out);
@@ -459,10 +470,44 @@ Test(fork, disk_full_and_disk_size)
     expect_code(r, "DISK_FULL", "file.write over HTTP");
     hresp_free(&r);
 
+    /* The fork's REST alias (the full sandbox forks: its copy is on the host's disk). */
+    char *f = test_id("dff");
+    char fj[160];
+    snprintf(fj, sizeof(fj), "{\"ids\":[\"%s\"]}", f);
+    apif("POST", fj, &r, "/v1/sandboxes/%s/fork", a);
+    expect_status(r, 200, "POST /v1/sandboxes/{id}/fork");
+    hresp_free(&r);
+    out = sh(c, f, "ls /workspace/big && df -k /workspace | awk 'NR==2 { print $2 }'", &code);
+    cr_assert(strstr(out, "/workspace/big"), "the fork: %s", out);
+    free(out);
+    ok(c, "destroy", f, "{}");
+    free(f);
+
     /* The neighbour is unaffected. */
     ok(c, "file.write", b, "{\"path\":\"/workspace/ok.txt\",\"content\":\"fine\"}");
     out = sh(c, b, "cat /workspace/ok.txt", &code);
     cr_assert_str_eq(out, "fine");
+    free(out);
+
+    /* backup.restore of 20 MB into the same directory: DISK_FULL, nothing
+     * restored — once when even its directory cannot be made, once with
+     * ~12 MB free (the archive's data does not fit). */
+    char rargs[160];
+    snprintf(rargs, sizeof(rargs), "{\"id\":\"%s\",\"dir\":\"/workspace/restored\"}", bkid);
+    j = call_msg(c, "backup.restore", a, rargs, cd, msg, sizeof(msg));
+    cr_assert_null(j, "a restore of 20 MB into a full disk succeeded");
+    cr_assert_str_eq(cd, "DISK_FULL", "backup.restore: %s %s", cd, msg);
+    cr_assert(strstr(msg, "limit"), "the message names no limit: %s", msg);
+    free(sh(c, a, "truncate -s 16M /workspace/big && rm -f /workspace/f*", &code));
+    j = call_msg(c, "backup.restore", a, rargs, cd, msg, sizeof(msg));
+    if (j) {
+        free(j);
+        out = sh(c, a, "df -k /workspace; ls -ls /workspace/restored", &code);
+        cr_assert_fail("a restore of 20 MB into 12 MB succeeded: %s", out);
+    }
+    cr_assert_str_eq(cd, "DISK_FULL", "backup.restore: %s %s", cd, msg);
+    out = sh(c, a, "ls -A /workspace/restored | wc -l", &code);
+    cr_assert_str_eq(out, "0\n", "something was restored");
     free(out);
 
     /* Past the deployment's maximum, or without a persistent workspace. */
