@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <linux/loop.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../runtime/log.h"
 #include "../runtime/util.h"
 
 extern char **environ;
@@ -149,6 +151,92 @@ ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char 
     return rc;
 }
 
+#ifndef FIFREEZE /* <linux/fs.h>, which clashes with <sys/mount.h> */
+#define FIFREEZE _IOWR('X', 119, int)
+#define FITHAW _IOWR('X', 120, int)
+#endif
+
+/* The "major:minor" of the loop device backed by img, into dev; 0 or -1. */
+static int
+ws_loop_of(const char *img, char *dev, size_t devlen)
+{
+    char real[4096];
+    glob_t g;
+    int rc = -1;
+    if (!realpath(img, real) || glob("/sys/block/loop*/loop/backing_file", 0, NULL, &g) != 0)
+        return -1;
+    for (size_t i = 0; rc && i < g.gl_pathc; i++) {
+        char line[4200] = "", p[256];
+        FILE *f = fopen(g.gl_pathv[i], "re");
+        if (!f)
+            continue;
+        if (fgets(line, sizeof(line), f))
+            line[strcspn(line, "\n")] = '\0';
+        fclose(f);
+        if (strcmp(line, real) != 0)
+            continue;
+        /* /sys/block/loopN/loop/backing_file → /sys/block/loopN/dev */
+        snprintf(p, sizeof(p), "%.*s/dev", (int)(strstr(g.gl_pathv[i], "/loop/") - g.gl_pathv[i]),
+                 g.gl_pathv[i]);
+        if ((f = fopen(p, "re")) != NULL) {
+            if (fgets(dev, (int)devlen, f)) {
+                dev[strcspn(dev, "\n")] = '\0';
+                rc = 0;
+            }
+            fclose(f);
+        }
+    }
+    globfree(&g);
+    return rc;
+}
+
+/*
+ * A previous mount of img that does not go away may be frozen: a shard
+ * killed during a fork's copy (sbx_ws_fork) leaves the file system frozen,
+ * the container's writers blocked in the kernel where their SIGKILL cannot
+ * end them, so the mount, the loop device and the image's lock stay.  Find
+ * the mount through a process that has it (/proc/<pid>/mountinfo: the
+ * loop device's number) and thaw it: the writers then die, and the rest
+ * goes as usual.  Returns whether one was thawed.
+ */
+static bool
+ws_thaw_stale(const char *img)
+{
+    char dev[32];
+    if (ws_loop_of(img, dev, sizeof(dev)) != 0)
+        return false;
+    DIR *d = opendir("/proc");
+    bool thawed = false;
+    struct dirent *de;
+    while (!thawed && d && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        char p[300], line[8192];
+        snprintf(p, sizeof(p), "/proc/%s/mountinfo", de->d_name);
+        FILE *f = fopen(p, "re");
+        while (f && !thawed && fgets(line, sizeof(line), f)) {
+            /* id parent major:minor root mount-point … */
+            char mm[32], mp[4096];
+            if (sscanf(line, "%*s %*s %31s %*s %4095s", mm, mp) != 2 || strcmp(mm, dev) != 0)
+                continue;
+            char path[4500];
+            snprintf(path, sizeof(path), "/proc/%s/root%s", de->d_name, mp);
+            int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (fd >= 0 && ioctl(fd, FITHAW, 0) == 0) {
+                sbx_log_warn("workspace %s was left frozen (a fork cut short): thawed it", img);
+                thawed = true;
+            }
+            if (fd >= 0)
+                close(fd);
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return thawed;
+}
+
 int
 sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool *created,
              char *why, size_t whylen)
@@ -181,6 +269,8 @@ sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool 
             snprintf(why, whylen, "the workspace %s is still in use", dir);
             goto out;
         }
+        if (i == 40) /* 200 ms: more than a container's teardown takes */
+            ws_thaw_stale(img);
         nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
     }
     if ((rc = ws_loop(imgfd, img, &loopfd, dev, sizeof(dev), why, whylen)) != 0)
@@ -207,11 +297,6 @@ out:
         close(imgfd); /* the loop device holds the file (and its lock) */
     return rc;
 }
-
-#ifndef FIFREEZE /* <linux/fs.h>, which clashes with <sys/mount.h> */
-#define FIFREEZE _IOWR('X', 119, int)
-#define FITHAW _IOWR('X', 120, int)
-#endif
 
 /* Copy the data extents of in (size bytes) to out at the same offsets
  * (out is already size bytes long, all hole); *copied adds the bytes. */

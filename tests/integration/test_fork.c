@@ -33,6 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,10 +47,29 @@
 #include "../support/sdk.h"
 
 static struct testd *live;
+static char frozen_img[600]; /* the image of a file system a test froze: thawed by the fini */
+
+static void mounted_path(const char *img, char *out, size_t n);
+
+#ifndef FIFREEZE
+#define FIFREEZE _IOWR('X', 119, int)
+#define FITHAW _IOWR('X', 120, int)
+#endif
 
 static void
 cleanup(void)
 {
+    if (frozen_img[0]) {
+        /* Through whichever process has it mounted now. */
+        char path[4500];
+        mounted_path(frozen_img, path, sizeof(path));
+        int fd = path[0] ? open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        if (fd >= 0) {
+            ioctl(fd, FITHAW, 0);
+            close(fd);
+        }
+        frozen_img[0] = '\0';
+    }
     if (live) {
         testd_stop(live);
         free(live);
@@ -402,6 +424,86 @@ Test(fork, errors)
     free(other);
     free(eph);
     free(ghost);
+    sbx_client_close(c);
+}
+
+/* Path, through a process that has it mounted, of the file system on the
+ * loop device backed by img ("" if none): /proc/<pid>/root<mount point>. */
+static void
+mounted_path(const char *img, char *out, size_t n)
+{
+    glob_t g;
+    char dev[32] = "";
+    out[0] = '\0';
+    if (glob("/sys/block/loop*/loop/backing_file", 0, NULL, &g) != 0)
+        return;
+    for (size_t i = 0; !dev[0] && i < g.gl_pathc; i++) {
+        char line[4200] = "", p[300];
+        FILE *f = fopen(g.gl_pathv[i], "re");
+        if (f && fgets(line, sizeof(line), f))
+            line[strcspn(line, "\n")] = '\0';
+        if (f)
+            fclose(f);
+        if (strcmp(line, img) != 0)
+            continue;
+        snprintf(p, sizeof(p), "%.*s/dev", (int)(strstr(g.gl_pathv[i], "/loop/") - g.gl_pathv[i]),
+                 g.gl_pathv[i]);
+        if ((f = fopen(p, "re")) != NULL) {
+            if (fgets(dev, sizeof(dev), f))
+                dev[strcspn(dev, "\n")] = '\0';
+            fclose(f);
+        }
+    }
+    globfree(&g);
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    while (dev[0] && !out[0] && d && (de = readdir(d)) != NULL) {
+        char p[300], line[8192], mm[32], mp[4096];
+        snprintf(p, sizeof(p), "/proc/%s/mountinfo", de->d_name);
+        FILE *f = fopen(p, "re");
+        while (f && !out[0] && fgets(line, sizeof(line), f))
+            if (sscanf(line, "%*s %*s %31s %*s %4095s", mm, mp) == 2 && !strcmp(mm, dev))
+                snprintf(out, n, "/proc/%s/root%s", de->d_name, mp);
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* A shard killed while a source is frozen for a fork's copy (simulated:
+ * the test freezes it, then kills the shards): the source's writer is
+ * blocked in the kernel, where SIGKILL cannot end it, so its container,
+ * mount and loop device stay; the restarted shard thaws the orphaned mount
+ * and the sandbox works again with its files. */
+Test(fork, shard_killed_while_the_source_is_frozen)
+{
+    sbx_client *c = start();
+    char *src = test_id("fzs");
+    ok(c, "create", src, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, src, "echo before > /workspace/f && nohup sh -c 'while :; do echo x >> "
+                    "/workspace/log; done' >/dev/null 2>&1 & echo started", &code));
+    char frozen[4500];
+    snprintf(frozen_img, sizeof(frozen_img), "%s/s%d/workspaces/%s/disk.img", live->dir,
+             owner(src), src);
+    mounted_path(frozen_img, frozen, sizeof(frozen));
+    cr_assert(frozen[0], "no mount of %s found", frozen_img);
+    int fd = open(frozen, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open %s", frozen);
+    cr_assert_eq(ioctl(fd, FIFREEZE, 0), 0, "FIFREEZE %s", frozen);
+    close(fd);
+    usleep(200 * 1000); /* the writer blocks */
+    pid_t sp0 = child_of(live->pid, -1), sp1 = child_of(live->pid, sp0);
+    cr_assert(sp0 > 0 && sp1 > 0);
+    cr_assert_eq(kill(sp0, SIGKILL), 0);
+    cr_assert_eq(kill(sp1, SIGKILL), 0);
+    char *out = sh(c, src, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "before\n", "the sandbox after its shard's restart");
+    free(out);
+    frozen_img[0] = '\0'; /* thawed by the shard */
+    ok(c, "destroy", src, "{}");
+    free(src);
     sbx_client_close(c);
 }
 
