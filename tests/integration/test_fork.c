@@ -348,7 +348,7 @@ Test(fork, errors)
     char *src = test_id("fes");
     int s = owner(src);
     char *taken = id_on("fet", s, true), *fresh = id_on("fef", s, true);
-    char *other = id_on("feo", s, false), *eph = id_on("fee", s, true);
+    char *eph = id_on("fee", s, true);
     ok(c, "create", src, "{\"workspace\":\"persistent\"}");
     ok(c, "create", taken, "{}");
     ok(c, "create", eph, "{\"workspace\":\"ephemeral\"}");
@@ -421,7 +421,6 @@ Test(fork, errors)
     free(src);
     free(taken);
     free(fresh);
-    free(other);
     free(eph);
     free(ghost);
     sbx_client_close(c);

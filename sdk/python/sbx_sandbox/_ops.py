@@ -1796,8 +1796,8 @@ class SandboxForkArgs(TypedDict):
 SandboxForkResult = TypedDict('SandboxForkResult', {
     'from': str,  # the source
     'ids': List[str],  # the sandboxes created
-    'copyMs': int,  # how long the copy of the source's workspace took (its file system frozen meanwhile when running) (milliseconds)
-    'copiedBytes': int,  # bytes of the source's disk image copied per fork (its allocated data) (bytes)
+    'copyMs': int,  # how long the copy of the source's workspace took on its shard: freeze (a sync of its file system), copy, thaw (milliseconds)
+    'copiedBytes': int,  # bytes of image data each fork got: copied, or shared with the source where the data directory's file system has reflinks (XFS, btrfs) (bytes)
 }, total=False)
 
 

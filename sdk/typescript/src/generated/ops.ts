@@ -1691,9 +1691,9 @@ export interface SandboxForkResult {
   from: string;
   /** the sandboxes created */
   ids: string[];
-  /** how long the copy of the source's workspace took (its file system frozen meanwhile when running) (milliseconds) */
+  /** how long the copy of the source's workspace took on its shard: freeze (a sync of its file system), copy, thaw (milliseconds) */
   copyMs?: number;
-  /** bytes of the source's disk image copied per fork (its allocated data) (bytes) */
+  /** bytes of image data each fork got: copied, or shared with the source where the data directory's file system has reflinks (XFS, btrfs) (bytes) */
   copiedBytes?: number;
   [key: string]: unknown;
 }
