@@ -304,10 +304,6 @@ actor_op_fork(struct actor *a, struct sop *op)
     j->a = a;
     j->op = op;
     j->mnt_fd = -1;
-    if (fork_ids(a, op, j) != 0) {
-        free(j);
-        return;
-    }
     if (sbx_ws_dir(sh->conf.data, a->id, j->src, sizeof(j->src)) != 0) {
         shard_reply_err(op, SBX_E_VALIDATION, "the workspace path of '%s' is too long", a->id);
         free(j);
@@ -319,6 +315,10 @@ actor_op_fork(struct actor *a, struct sop *op)
         /* Never started: its workspace is made (empty) on its first start.
          * Start it, then fork (the op comes back here). */
         actor_start_container(a, op);
+        free(j);
+        return;
+    }
+    if (fork_ids(a, op, j) != 0) {
         free(j);
         return;
     }

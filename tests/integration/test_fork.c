@@ -414,9 +414,20 @@ Test(fork, errors)
     cr_assert_null(j);
     cr_assert_str_eq(cd, "SANDBOX_EXISTS");
 
-    const char *all[] = {src, taken, fresh, eph, taken2};
-    for (int i = 0; i < 5; i++)
+    /* A source never started (no image yet): started, then forked. */
+    char *nw = id_on("fen", s, true), *nwf = id_on("fenf", s, true);
+    ok(c, "create", nw, "{\"workspace\":\"persistent\"}");
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", nwf);
+    ok(c, "sandbox.fork", nw, args);
+    out = sh(c, nwf, "ls -A /workspace | wc -l", &code);
+    cr_assert_str_eq(out, "0\n", "the fork of a new sandbox");
+    free(out);
+
+    const char *all[] = {src, taken, fresh, eph, taken2, nw, nwf};
+    for (int i = 0; i < 7; i++)
         ok(c, "destroy", all[i], "{}");
+    free(nw);
+    free(nwf);
     free(taken2);
     free(src);
     free(taken);
