@@ -71,7 +71,7 @@ ACTORS  := $(sort $(wildcard actors/*.c))
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
-           gateway/http_token.c
+           gateway/http_token.c gateway/gw_fork.c
 # The web console (console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
@@ -294,6 +294,9 @@ build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbui
 build/asan/tests/integration/test_workspace: LDLIBS_TEST += -larchive
 build/asan/tests/cluster/test_cluster_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/cluster/test_cluster_images: LDLIBS_TEST += -larchive
+# test_fork computes which shard of `sbxd dev` owns an ID (runtime/place.c).
+build/asan/tests/integration/test_fork: $(call objs,asan,runtime/place.c)
+build/asan/tests/integration/test_fork: LDLIBS_TEST += -lxxhash
 # test_backup writes hostile archives into the backup store with libarchive.
 build/asan/tests/integration/test_backup: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.

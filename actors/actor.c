@@ -279,7 +279,7 @@ actor_encode_status(struct actor *a, sbx_enc *e)
     }
     sbx_enc_kmap(e, "workspace");
     sbx_enc_kstr(e, "mode", a->rec.persistent ? "persistent" : "ephemeral");
-    sbx_enc_kint(e, "limitBytes", (int64_t)sh->conf.disk);
+    sbx_enc_kint(e, "limitBytes", (int64_t)(a->rec.disk ? a->rec.disk : sh->conf.disk));
     if (a->rec.persistent) {
         char dir[1024];
         int64_t alloc = sbx_ws_dir(sh->conf.data, a->id, dir, sizeof(dir)) == 0
@@ -502,6 +502,21 @@ actor_op_create(struct actor *a, struct sop *op)
             return;
         }
     }
+    /* Its disk size (bytes, docs/persistence.md): a persistent workspace's
+     * file system; only when created; at most the deployment's --disk-max. */
+    int64_t disk = 0;
+    if (created && (rc = sbx_wire_get_i64(op->req.args, "disk", &disk)) != -ENOENT &&
+        (rc != 0 || disk < (16 << 20) || (uint64_t)disk > a->sh->conf.disk_max || !persistent)) {
+        free(netcfg);
+        if (rc == 0 && disk >= (16 << 20) && (uint64_t)disk <= a->sh->conf.disk_max)
+            shard_reply_err(op, SBX_E_VALIDATION, "'disk' sizes a persistent workspace: it "
+                                                  "needs workspace \"persistent\"");
+        else
+            shard_reply_err(op, SBX_E_VALIDATION,
+                            "'disk' must be 16 MiB (16777216) to %llu bytes (this deployment's "
+                            "--disk-max)", (unsigned long long)a->sh->conf.disk_max);
+        return;
+    }
     /* What the sandbox keeps of its image's config (actors/record.h,
      * "imageConfig"; docs/images.md, "Start command and ports"). */
     char *imgcfg = NULL;
@@ -536,6 +551,7 @@ actor_op_create(struct actor *a, struct sop *op)
         if (created) {
             snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);
             a->rec.persistent = persistent;
+            a->rec.disk = (uint64_t)disk;
             if (imgcfg) {
                 free(a->rec.imgcfg);
                 a->rec.imgcfg = imgcfg; /* the record's now */

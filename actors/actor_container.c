@@ -213,6 +213,7 @@ actor_start_container(struct actor *a, struct sop *op)
     w->actor = a;
     w->lim = a->rec.limits;
     snprintf(w->image, sizeof(w->image), "%s", a->rec.image);
+    w->disk = a->rec.disk ? a->rec.disk : sh->conf.disk;
     if (a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, w->ws_dir, sizeof(w->ws_dir)) != 0) {
         free(w);
         a->gate = NULL;

@@ -16,6 +16,8 @@ actor_op_fn *const actor_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_STATUS] = actor_op_status,
     [SBX_OPID_BACKUP_CREATE] = actor_op_backup_create,
     [SBX_OPID_BACKUP_RESTORE] = actor_op_backup_restore,
+    [SBX_OPID_SANDBOX_FORK] = actor_op_fork,
+    [SBX_OPID_SANDBOX_ADOPT] = actor_op_adopt,
 };
 
 shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {

@@ -31,6 +31,8 @@ actor_op_fn actor_op_destroy;
 actor_op_fn actor_op_status;
 actor_op_fn actor_op_backup_create;
 actor_op_fn actor_op_backup_restore;
+actor_op_fn actor_op_fork;
+actor_op_fn actor_op_adopt;
 shard_op_fn shard_op_list;
 shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;

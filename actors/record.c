@@ -53,6 +53,8 @@ sbx_record_encode(const struct sbx_record *r, char **out, size_t *len)
         sbx_enc_kstr(&e, "image", r->image);
     if (r->persistent)
         sbx_enc_kstr(&e, "workspace", "persistent");
+    if (r->disk)
+        sbx_enc_kint(&e, "disk", (int64_t)r->disk);
     if (r->imgcfg) {
         sbx_enc_str(&e, "imageConfig");
         sbx_enc_raw(&e, r->imgcfg, r->imgcfg_len);
@@ -116,6 +118,8 @@ sbx_record_decode(const void *buf, size_t len, struct sbx_record *r)
         sbx_str_copy(s, r->image, sizeof(r->image));
     r->persistent = sbx_wire_get_str(m.root, "workspace", &s) == 0 && s.n == 10 &&
                     !memcmp(s.p, "persistent", 10);
+    if (sbx_wire_get_i64(m.root, "disk", &v) == 0 && v > 0)
+        r->disk = (uint64_t)v;
     blob_of(m.root, "imageConfig", &r->imgcfg, &r->imgcfg_len);
     rc = 0;
 out:

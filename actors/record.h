@@ -13,6 +13,7 @@
  *                                     exposed ports: preview URL tokens, and the
  *                                     container generation each was exposed for
  *     "workspace": "persistent",      absent: ephemeral (docs/persistence.md)
+ *     "disk": <bytes>,                its disk size from create (absent: the shard's --disk)
  *     "image": "sha256:<hex>",        the image it runs, by manifest digest (absent:
  *                                     the host's /usr; docs/images.md), so every
  *                                     container it gets runs the same image
@@ -52,6 +53,7 @@ struct sbx_record {
     size_t ports_len;
     char image[72];     /* image manifest digest "sha256:<hex>", or "" */
     bool persistent;    /* workspace kept on disk (container/workspace.h) */
+    uint64_t disk;      /* "disk": bytes of its writable file system, 0 = the shard's --disk */
     char *imgcfg;       /* "imageConfig": msgpack map bytes (heap) or NULL */
     size_t imgcfg_len;
 };

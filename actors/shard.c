@@ -93,6 +93,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->pids = 512;
     c->cpu = 1000;
     c->disk = 1ull << 30;
+    c->disk_max = 16ull << 30;
     c->backup_max = SBX_BACKUP_MAX_BYTES;
     c->inodes = 262144;
     c->output_cap = 32ull << 20;
@@ -488,6 +489,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     if (swept > 0)
         sbx_log_info("shard %s: removed %d workspaces of sandboxes that no longer exist",
                      conf->name, swept);
+    shard_fork_sweep(sh);
     if (fc.n)
         sbx_log_info("shard %s: %zu sandboxes were running when the shard last stopped; their "
                  "containers are gone and start again on their next operation",

@@ -57,6 +57,7 @@ struct sbx_shard_conf {
     int64_t cpu;          /* default CPU limit per sandbox, millicpus */
     uint64_t disk;        /* bytes of /workspace + /tmp + /home */
     int64_t inodes;       /* inodes of the same */
+    uint64_t disk_max;    /* bytes: the largest `disk` a create may ask for (persistent workspaces) */
     uint64_t output_cap;  /* bytes of stdout (and of stderr) kept per exec */
     int64_t setup_timeout;/* ms a container may take to start */
     int64_t sleep_after;  /* ms of inactivity before a sandbox's container is stopped */

@@ -188,6 +188,7 @@ struct work {
                                  * from (heap; the worker frees it), else NULL */
     char fetched_from[64];      /* W_START: the peer the image came from ("" none) */
     _Atomic uint64_t fetch_bytes; /* W_START: bytes of it received so far (the worker adds) */
+    uint64_t disk;              /* W_START: its size, bytes (a new image's; an existing one keeps its own) */
     int rc;
     char why[512];
     bool for_destroy;
@@ -686,6 +687,10 @@ void actor_mark_failed(struct actor *a, uint64_t seq, int code);
 /* actor_partition_drop — forget the in-memory actors of set (their records
  * are gone from this shard); busy ones go once their container stopped. */
 void actor_partition_drop(struct shard *sh, const uint8_t *set);
+/* fork.c: remove copies staged in the node's store (<backups>/forks/) for
+ * forks on other shards and not adopted within an hour (a gateway that died
+ * between the copy and the adopt); when the shard starts. */
+void shard_fork_sweep(struct shard *sh);
 /* actor_get — the in-memory actor of sandbox id; with load, a new one if
  * there is none, its record what the sandbox's last queued store write
  * made (sh->pw_head) or else what LMDB holds (a destroy's delete may still

@@ -59,8 +59,8 @@ start_image(struct shard *sh, struct work *w)
     if (w->ws_dir[0]) {
         int fd;
         bool created;
-        rc = sbx_ws_mount(w->ws_dir, sh->conf.disk, (uint64_t)sh->conf.inodes, &fd, &created,
-                          w->why, sizeof(w->why));
+        rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
+                          sizeof(w->why));
         if (rc == 0)
             rc = sbx_container_start_ws(sh->spawner, &w->lim, &root, fd, &w->c, w->why,
                                         sizeof(w->why));
@@ -78,8 +78,8 @@ start_ws(struct shard *sh, struct work *w)
 {
     int fd;
     bool created;
-    int rc = sbx_ws_mount(w->ws_dir, sh->conf.disk, (uint64_t)sh->conf.inodes, &fd, &created,
-                          w->why, sizeof(w->why));
+    int rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
+                          sizeof(w->why));
     if (rc == 0)
         rc = sbx_container_start_ws(sh->spawner, &w->lim, NULL, fd, &w->c, w->why,
                                     sizeof(w->why));

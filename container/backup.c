@@ -22,6 +22,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -227,21 +228,58 @@ mkdir_p(const char *dir)
     return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* DISK_FULL for name, with the size of the file system of the working
+ * directory (the sandbox's disk limit). */
+static int
+disk_full(int pfd, const char *name)
+{
+    struct statfs sf;
+    unsigned long long size = statfs(".", &sf) == 0 ? (unsigned long long)sf.f_blocks * sf.f_bsize
+                                                    : 0;
+    return child_fail(pfd, SBX_E_DISK_FULL,
+                      "%s: the sandbox's disk is full (its limit: %llu bytes, %llu MiB); "
+                      "nothing was restored", name, size, size >> 20);
+}
+
+/* The last step of w failed for want of space (a warning to libarchive). */
+static bool
+out_of_space(struct archive *w)
+{
+    return archive_errno(w) == ENOSPC || archive_errno(w) == EDQUOT;
+}
+
+/* A write into the sandbox failed (libarchive's disk writer w, entry
+ * name): DISK_FULL when it is out of space, else -EIO. */
+static int
+write_fail(int pfd, struct archive *w, const char *name)
+{
+    int e = archive_errno(w);
+    if (e == ENOSPC || e == EDQUOT)
+        return disk_full(pfd, name);
+    return child_fail(pfd, -EIO, "%s: %s", name, archive_error_string(w));
+}
+
 static int
 child_unpack(int in_fd, const char *dir, int pfd)
 {
     struct stat st;
-    if (mkdir_p(dir) != 0 || stat(dir, &st) != 0)
+    if (mkdir_p(dir) != 0 || stat(dir, &st) != 0) {
+        if (errno == ENOSPC || errno == EDQUOT)
+            return disk_full(pfd, dir);
         return child_fail(pfd, errno == ENOTDIR ? -ENOTDIR : SBX_E_INTERNAL, "%s: %s", dir,
                           strerror(errno));
+    }
     if (!S_ISDIR(st.st_mode))
         return child_fail(pfd, -ENOTDIR, "%s: not a directory", dir);
     /* Extracted into a new dir inside it first: an archive that fails half
      * way leaves the dir as it was.  Then its content goes (not other file
      * systems mounted under it) and the new entries move up. */
     char tmp[] = ".sbx-restore-XXXXXX";
-    if (chdir(dir) != 0 || !mkdtemp(tmp) || chdir(tmp) != 0)
+    if (chdir(dir) != 0 || !mkdtemp(tmp) || chdir(tmp) != 0) {
+        if (errno == ENOSPC || errno == EDQUOT)
+            return disk_full(pfd, dir);
         return child_fail(pfd, -EIO, "%s: %s", dir, strerror(errno));
+    }
     struct archive *in = archive_read_new();
     struct archive *disk = archive_write_disk_new();
     int rc = 0;
@@ -262,34 +300,33 @@ child_unpack(int in_fd, const char *dir, int pfd)
     struct archive_entry *e;
     int r;
     while ((r = archive_read_next_header(in, &e)) == ARCHIVE_OK) {
-        if (archive_write_header(disk, e) < ARCHIVE_WARN) {
-            rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
-                            archive_error_string(disk));
+        if (archive_write_header(disk, e) < ARCHIVE_WARN || out_of_space(disk)) {
+            rc = write_fail(pfd, disk, archive_entry_pathname(e));
             goto out;
         }
         const void *b;
         size_t len;
         la_int64_t off;
         while ((r = archive_read_data_block(in, &b, &len, &off)) == ARCHIVE_OK)
-            if (archive_write_data_block(disk, b, len, off) < ARCHIVE_WARN) {
-                rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
-                                archive_error_string(disk));
+            /* Not only < ARCHIVE_WARN: libarchive answers a failed write(2)
+             * (ENOSPC: the rest of the file missing) with ARCHIVE_WARN. */
+            if (archive_write_data_block(disk, b, len, off) != ARCHIVE_OK) {
+                rc = write_fail(pfd, disk, archive_entry_pathname(e));
                 goto out;
             }
         if (r != ARCHIVE_EOF) {
             rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
             goto out;
         }
-        if (archive_write_finish_entry(disk) < ARCHIVE_WARN) {
-            rc = child_fail(pfd, -EIO, "%s: %s", archive_entry_pathname(e),
-                            archive_error_string(disk));
+        if (archive_write_finish_entry(disk) < ARCHIVE_WARN || out_of_space(disk)) {
+            rc = write_fail(pfd, disk, archive_entry_pathname(e));
             goto out;
         }
     }
     if (r != ARCHIVE_EOF)
         rc = child_fail(pfd, -EIO, "read the archive: %s", archive_error_string(in));
     else if (archive_write_close(disk) != ARCHIVE_OK)
-        rc = child_fail(pfd, -EIO, "%s", archive_error_string(disk));
+        rc = write_fail(pfd, disk, dir);
 out:
     archive_read_free(in);
     archive_write_free(disk);

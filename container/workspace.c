@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <linux/loop.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../runtime/log.h"
 #include "../runtime/util.h"
 
 extern char **environ;
@@ -149,6 +151,92 @@ ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char 
     return rc;
 }
 
+#ifndef FIFREEZE /* <linux/fs.h>, which clashes with <sys/mount.h> */
+#define FIFREEZE _IOWR('X', 119, int)
+#define FITHAW _IOWR('X', 120, int)
+#endif
+
+/* The "major:minor" of the loop device backed by img, into dev; 0 or -1. */
+static int
+ws_loop_of(const char *img, char *dev, size_t devlen)
+{
+    char real[4096];
+    glob_t g;
+    int rc = -1;
+    if (!realpath(img, real) || glob("/sys/block/loop*/loop/backing_file", 0, NULL, &g) != 0)
+        return -1;
+    for (size_t i = 0; rc && i < g.gl_pathc; i++) {
+        char line[4200] = "", p[256];
+        FILE *f = fopen(g.gl_pathv[i], "re");
+        if (!f)
+            continue;
+        if (fgets(line, sizeof(line), f))
+            line[strcspn(line, "\n")] = '\0';
+        fclose(f);
+        if (strcmp(line, real) != 0)
+            continue;
+        /* /sys/block/loopN/loop/backing_file → /sys/block/loopN/dev */
+        snprintf(p, sizeof(p), "%.*s/dev", (int)(strstr(g.gl_pathv[i], "/loop/") - g.gl_pathv[i]),
+                 g.gl_pathv[i]);
+        if ((f = fopen(p, "re")) != NULL) {
+            if (fgets(dev, (int)devlen, f)) {
+                dev[strcspn(dev, "\n")] = '\0';
+                rc = 0;
+            }
+            fclose(f);
+        }
+    }
+    globfree(&g);
+    return rc;
+}
+
+/*
+ * A previous mount of img that does not go away may be frozen: a shard
+ * killed during a fork's copy (sbx_ws_fork) leaves the file system frozen,
+ * the container's writers blocked in the kernel where their SIGKILL cannot
+ * end them, so the mount, the loop device and the image's lock stay.  Find
+ * the mount through a process that has it (/proc/<pid>/mountinfo: the
+ * loop device's number) and thaw it: the writers then die, and the rest
+ * goes as usual.  Returns whether one was thawed.
+ */
+static bool
+ws_thaw_stale(const char *img)
+{
+    char dev[32];
+    if (ws_loop_of(img, dev, sizeof(dev)) != 0)
+        return false;
+    DIR *d = opendir("/proc");
+    bool thawed = false;
+    struct dirent *de;
+    while (!thawed && d && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        char p[300], line[8192];
+        snprintf(p, sizeof(p), "/proc/%s/mountinfo", de->d_name);
+        FILE *f = fopen(p, "re");
+        while (f && !thawed && fgets(line, sizeof(line), f)) {
+            /* id parent major:minor root mount-point … */
+            char mm[32], mp[4096];
+            if (sscanf(line, "%*s %*s %31s %*s %4095s", mm, mp) != 2 || strcmp(mm, dev) != 0)
+                continue;
+            char path[4500];
+            snprintf(path, sizeof(path), "/proc/%s/root%s", de->d_name, mp);
+            int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (fd >= 0 && ioctl(fd, FITHAW, 0) == 0) {
+                sbx_log_warn("workspace %s was left frozen (a fork cut short): thawed it", img);
+                thawed = true;
+            }
+            if (fd >= 0)
+                close(fd);
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return thawed;
+}
+
 int
 sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool *created,
              char *why, size_t whylen)
@@ -181,6 +269,8 @@ sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool 
             snprintf(why, whylen, "the workspace %s is still in use", dir);
             goto out;
         }
+        if (i == 40) /* 200 ms: more than a container's teardown takes */
+            ws_thaw_stale(img);
         nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
     }
     if ((rc = ws_loop(imgfd, img, &loopfd, dev, sizeof(dev), why, whylen)) != 0)
@@ -205,6 +295,168 @@ out:
         close(loopfd); /* the mount holds the device now; AUTOCLEAR after it */
     if (imgfd >= 0)
         close(imgfd); /* the loop device holds the file (and its lock) */
+    return rc;
+}
+
+/* Copy the data extents of in (size bytes) to out at the same offsets
+ * (out is already size bytes long, all hole); *copied adds the bytes. */
+static int
+ws_copy_extents(int in, int out, off_t size, int64_t *copied)
+{
+    off_t pos = 0;
+    while (pos < size) {
+        off_t data = lseek(in, pos, SEEK_DATA);
+        if (data < 0)
+            return errno == ENXIO ? 0 : -errno; /* ENXIO: no data past pos */
+        off_t hole = lseek(in, data, SEEK_HOLE);
+        if (hole < 0)
+            return -errno;
+        loff_t ip = data, op = data;
+        while (ip < hole) {
+            ssize_t k = copy_file_range(in, &ip, out, &op, (size_t)(hole - ip), 0);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0)
+                return -errno;
+            if (k == 0)
+                return -EIO; /* the source shrank under us */
+            *copied += k;
+        }
+        pos = hole;
+    }
+    return 0;
+}
+
+/* One fork: dst/disk.img.fork from in, renamed to dst/disk.img. */
+static int
+ws_fork_one(int in, off_t size, const char *dst, int64_t *copied, char *why, size_t whylen)
+{
+    char tmp[4200], img[4200];
+    int rc = sbx_mkdir_p(dst, 0700);
+    if (rc) {
+        snprintf(why, whylen, "mkdir %s: %s", dst, strerror(-rc));
+        return rc;
+    }
+    snprintf(tmp, sizeof(tmp), "%s/disk.img.fork", dst);
+    snprintf(img, sizeof(img), "%s/disk.img", dst);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0 || ftruncate(out, size) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "create %s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+    *copied = 0;
+    if ((rc = ws_copy_extents(in, out, size, copied)) != 0) {
+        snprintf(why, whylen, "copy the workspace image to %s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, img, RENAME_NOREPLACE) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s: %s", tmp, strerror(-rc));
+    }
+out:
+    if (out >= 0)
+        close(out);
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+int
+sbx_ws_fork(const char *src_dir, int src_mnt_fd, const char *const *dst_dirs, size_t n,
+            int64_t *copied, int64_t *frozen_ms, char *why, size_t whylen)
+{
+    char img[4200];
+    int in = -1, root = -1, rc = 0;
+    bool frozen = false;
+    size_t made = 0;
+    *copied = 0;
+    *frozen_ms = 0;
+    snprintf(img, sizeof(img), "%s/disk.img", src_dir);
+    in = open(img, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "open %s: %s", img, strerror(-rc));
+        goto out;
+    }
+    if (src_mnt_fd >= 0) {
+        root = openat(src_mnt_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0 || ioctl(root, FIFREEZE, 0) < 0) {
+            rc = -errno;
+            snprintf(why, whylen, "freeze the workspace %s: %s", src_dir, strerror(-rc));
+            goto out;
+        }
+        frozen = true;
+    } else {
+        /* Not mounted: hold the lock a mount takes (sbx_ws_mount). */
+        for (int i = 0; flock(in, LOCK_EX | LOCK_NB) < 0; i++) {
+            if (errno != EWOULDBLOCK || i >= 1000) {
+                rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+                snprintf(why, whylen, "the workspace %s is still in use", src_dir);
+                goto out;
+            }
+            nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
+        }
+    }
+    struct stat st;
+    if (fstat(in, &st) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "stat %s: %s", img, strerror(-rc));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char first[4200];
+        struct stat dst;
+        snprintf(first, sizeof(first), "%s/disk.img", dst_dirs[i]);
+        if (stat(first, &dst) == 0) {
+            rc = -EEXIST;
+            snprintf(why, whylen, "%s exists already", first);
+            goto out;
+        }
+    }
+    int64_t t0 = sbx_mono_ms();
+    for (; made < n; made++) {
+        int src = in;
+        char first[4200];
+        if (made > 0) {
+            /* The source is thawed: the other forks copy the first. */
+            snprintf(first, sizeof(first), "%s/disk.img", dst_dirs[0]);
+            if ((src = open(first, O_RDONLY | O_CLOEXEC)) < 0) {
+                rc = -errno;
+                snprintf(why, whylen, "open %s: %s", first, strerror(-rc));
+                goto out;
+            }
+        }
+        rc = ws_fork_one(src, st.st_size, dst_dirs[made], copied, why, whylen);
+        if (src != in)
+            close(src);
+        if (rc) {
+            rmdir(dst_dirs[made]); /* only if empty: never another's image */
+            goto out;
+        }
+        if (made == 0 && frozen) {
+            frozen = false;
+            *frozen_ms = sbx_mono_ms() - t0;
+            if (ioctl(root, FITHAW, 0) < 0) {
+                rc = -errno;
+                snprintf(why, whylen, "thaw the workspace %s: %s", src_dir, strerror(-rc));
+                made++;
+                goto out;
+            }
+        }
+    }
+out:
+    if (frozen && ioctl(root, FITHAW, 0) < 0 && rc == 0) {
+        rc = -errno;
+        snprintf(why, whylen, "thaw the workspace %s: %s", src_dir, strerror(-rc));
+    }
+    if (rc)
+        for (size_t i = 0; i < made; i++)
+            sbx_rm_rf(dst_dirs[i]);
+    if (root >= 0)
+        close(root);
+    if (in >= 0)
+        close(in); /* and its flock */
     return rc;
 }
 

@@ -45,6 +45,26 @@ int sbx_ws_dir(const char *data, const char *id, char *buf, size_t n);
 int sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool *created,
                  char *why, size_t whylen);
 
+/*
+ * sbx_ws_fork — copy the image of the workspace at src_dir into each of
+ * dst_dirs[0..n) (made, mode 0700; each must hold no image yet: -EEXIST),
+ * consistent as of one instant (docs/persistence.md, "Fork"):
+ *  - src_mnt_fd ≥ 0 (borrowed): the source is mounted (its container runs);
+ *    its file system is frozen (FIFREEZE: dirty data and the journal are
+ *    written to the image, writers block) while the image is copied to
+ *    dst_dirs[0], then thawed; the other forks are copied from that one;
+ *  - src_mnt_fd < 0: the source is not mounted; the image's flock (the one
+ *    sbx_ws_mount takes) is held for the copy, so it is not mounted meanwhile.
+ * The copy is copy_file_range(2) of the image's data extents only
+ * (SEEK_DATA/SEEK_HOLE): each fork is as sparse as the source.  Each is
+ * written as disk.img.fork and renamed to disk.img with RENAME_NOREPLACE.
+ * On failure no fork's directory is left.  *copied: bytes copied per fork;
+ * *frozen_ms: how long the source was frozen (0 if it was not mounted).
+ * Runs on a worker thread (blocking).  0 or -errno with the reason in why.
+ */
+int sbx_ws_fork(const char *src_dir, int src_mnt_fd, const char *const *dst_dirs, size_t n,
+                int64_t *copied, int64_t *frozen_ms, char *why, size_t whylen);
+
 /* sbx_ws_remove — delete dir and its image (destroy); 0 if there was none. */
 int sbx_ws_remove(const char *dir);
 

@@ -10,6 +10,7 @@
  * holds any more to another (runtime/cview.h: a new gen); the slot's socket
  * then dials the new shard's address instead (its dialer is replaced). */
 #include "gateway.h"
+#include "gw_fork.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -750,6 +751,72 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     nng_ctx_send(f->ctx, f->aio);
 }
 
+/* The owner (shard slot) of partition part now, or -1. */
+static int
+part_owner(struct sbx_gateway *gw, uint32_t part)
+{
+    if (!clustered(gw))
+        return gw->table[part];
+    sbx_cview_lock(gw->view);
+    int owner = sbx_cview_parts(gw->view)[part].owner;
+    sbx_cview_unlock(gw->view);
+    return owner;
+}
+
+static void
+fork_done(void *arg, const char *reply, size_t len)
+{
+    struct gctx *g = arg;
+    if (reply) {
+        client_send_bytes(g, reply, len);
+    } else {
+        g->state = G_RECV;
+        nng_ctx_recv(g->ctx, g->aio);
+    }
+}
+
+/*
+ * sandbox.fork (runtime/ops/fork.yaml) whose IDs are owned by other shards
+ * than the source's: gw_fork.c runs it (standalone: the shards of one
+ * node); in a cluster it is FORK_CROSS_SHARD.  True if g was answered or
+ * handed on; false: every fork is the source's shard's, route as usual.
+ */
+static int
+fork_owner(void *arg, uint32_t part)
+{
+    return part_owner(arg, part);
+}
+
+static bool
+fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t len)
+{
+    struct sbx_gateway *gw = g->gw;
+    char why[256];
+    int src = part_owner(gw, g->part);
+    struct gw_fork_plan *p = NULL;
+    int rc = gw_fork_plan(req->args, src, fork_owner, gw, clustered(gw), &p, why, sizeof(why));
+    if (rc == 0)
+        return false; /* the source's shard makes every fork */
+    if (rc < 0) {
+        client_err(g, rc, "%s", why);
+        return true;
+    }
+    for (size_t i = 0; i < p->n; i++)
+        p->sock[i] = gw->shards[p->slot[i]].sock;
+    snprintf(p->req_id, sizeof(p->req_id), "%s", g->id);
+    sbx_str_copy(req->sandbox, p->from, sizeof(p->from));
+    p->timeout_ms = SBX_MAX(g->deadline - sbx_mono_ms(), 1);
+    p->src_sock = gw->shards[src].sock;
+    p->body = sbx_xmalloc(len);
+    memcpy(p->body, body, len);
+    p->blen = len;
+    p->done = fork_done;
+    p->arg = g;
+    if ((rc = gw_fork_start(p)) != 0)
+        client_err(g, rc, "cannot start the fork");
+    return true;
+}
+
 /* Route g's request by the current table and forward it. */
 static void
 route_and_forward(struct gctx *g)
@@ -973,6 +1040,11 @@ handle(struct gctx *g, nng_msg *m)
         return;
     } else {
         g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
+    }
+    if (def->id == SBX_OPID_SANDBOX_FORK && fork_route(g, &req, body, len)) {
+        sbx_wire_msg_free(&dec);
+        nng_msg_free(m);
+        return;
     }
     struct sbx_log_req lr = {req.id.p, req.id.n, req.sandbox.p, req.sandbox.n, def->name,
                              strlen(def->name)};

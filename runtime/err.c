@@ -39,7 +39,7 @@ from_errno(int e)
     case EPERM: return SBX_E_PERMISSION;
     case EROFS: return SBX_E_READ_ONLY;
     case ENOSPC:
-    case EDQUOT: return SBX_E_NO_SPACE;
+    case EDQUOT: return SBX_E_DISK_FULL;
     case ENAMETOOLONG: return SBX_E_NAME_TOO_LONG;
     case EINVAL: return SBX_E_VALIDATION;
     case ETIMEDOUT: return SBX_E_TIMEOUT;

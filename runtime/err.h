@@ -83,7 +83,10 @@
     X(SBX_E_TEMPLATE_BUILD, "TEMPLATE_BUILD_FAILED", 400, "a template's build step failed")   \
     X(SBX_E_BACKUP_NOT_FOUND, "BACKUP_NOT_FOUND", 404, "no such backup in the node's store")  \
     X(SBX_E_BACKUP_EXPIRED, "BACKUP_EXPIRED", 410, "the backup's ttl has passed")             \
-    X(SBX_E_BACKUP_TOO_LARGE, "BACKUP_TOO_LARGE", 413, "the backup exceeds the size limit")
+    X(SBX_E_BACKUP_TOO_LARGE, "BACKUP_TOO_LARGE", 413, "the backup exceeds the size limit") \
+    X(SBX_E_DISK_FULL, "DISK_FULL", 507, "the sandbox's disk is full")                         \
+    X(SBX_E_SANDBOX_EXISTS, "SANDBOX_EXISTS", 409, "the sandbox exists already")              \
+    X(SBX_E_FORK_CROSS_SHARD, "FORK_CROSS_SHARD", 409, "a fork must be on its source's shard")
 
 enum sbx_errcode {
     SBX_E__FIRST = SBX_ERR_BASE,

@@ -228,6 +228,7 @@ static const struct sbx_arg args_create[] = {
     {"image", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
     {"start", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
     {"network", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
+    {"disk", SBX_ARG_INT, false, true, false, 16777216.0, 0, 0u, NULL, "an integer", "bytes", 0},
     {"workspace", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_create_workspace, "a string", NULL, 0},
 };
 static const struct sbx_arg args_cluster_drain[] = {
@@ -282,6 +283,12 @@ static const struct sbx_arg args_backup_restore[] = {
 };
 static const struct sbx_arg args_backup_delete[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_sandbox_fork[] = {
+    {"ids", SBX_ARG_ARRAY, true, false, false, 0, 0, 16u, NULL, "an array", NULL, 0},
+};
+static const struct sbx_arg args_sandbox_adopt[] = {
+    {"discard", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
 };
 
 const struct sbx_op_def sbx_ops[] = {
@@ -707,7 +714,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "create the sandbox now (it is also created by its first operation)",
      .http = "PUT /v1/sandboxes/{sandbox}",
      .args = args_create,
-     .nargs = 5},
+     .nargs = 6},
     {.name = "destroy",
      .id = SBX_OPID_DESTROY,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_NOWAKE | SBX_OP_MUTATES,
@@ -878,6 +885,24 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "delete a backup",
      .http = NULL,
      .args = args_backup_delete,
+     .nargs = 1},
+    {.name = "sandbox.fork",
+     .id = SBX_OPID_SANDBOX_FORK,
+     .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped)",
+     .http = "POST /v1/sandboxes/{sandbox}/fork",
+     .args = args_sandbox_fork,
+     .nargs = 1},
+    {.name = "sandbox.adopt",
+     .id = SBX_OPID_SANDBOX_ADOPT,
+     .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES | SBX_OP_INTERNAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "(gateway → shard) create this sandbox from the fork's copy staged for it in the node's store",
+     .http = NULL,
+     .args = args_sandbox_adopt,
      .nargs = 1},
     {.name = NULL},
 };

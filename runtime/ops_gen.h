@@ -71,6 +71,8 @@ enum sbx_op_id {
     SBX_OPID_BACKUP_RESTORE, /* backup.restore */
     SBX_OPID_BACKUP_LIST, /* backup.list */
     SBX_OPID_BACKUP_DELETE, /* backup.delete */
+    SBX_OPID_SANDBOX_FORK, /* sandbox.fork */
+    SBX_OPID_SANDBOX_ADOPT, /* sandbox.adopt */
     SBX_OPID__COUNT
 };
 

@@ -32,6 +32,8 @@
  *                  (--image-starts, default 50; tools/bench_image.c)
  *   --workspace-wake N  N wake-ups of a slept sandbox with a persistent 100 MB
  *                  workspace beside N of an ephemeral one (tools/bench_workspace.c)
+ *   --fork N       N forks of a running sandbox with a persistent 100 MB
+ *                  workspace (sandbox.fork; tools/bench_workspace.c)
  *   --json         print a JSON summary on stdout; the human-readable lines
  *                  then go to stderr
  *
@@ -124,6 +126,7 @@ struct opts {
     const char *image;   /* --image PATH: the image phase (bench_image.c) */
     long image_starts;
     long ws_wake;        /* --workspace-wake N: the wake-up phase (bench_workspace.c) */
+    long forks;          /* --fork N: the fork phase (bench_workspace.c) */
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -909,7 +912,7 @@ usage(FILE *f)
 {
     fprintf(f, "usage: sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]\n"
                "                 [--seconds S] [--pool N] [--burst N[,N...]] [--rounds R]\n"
-               "                 [--idle M] [--image PATH [--image-starts N]] [--workspace-wake N]\n"
+               "                 [--idle M] [--image PATH [--image-starts N]] [--workspace-wake N] [--fork N]\n"
                "                 [--json]\n"
                "Starts a private `sbxd dev` unless --gateway is given; see the header of\n"
                "tools/bench.c for what each figure measures.\n");
@@ -993,6 +996,8 @@ parse_args(int argc, char **argv, struct opts *o)
             num = &o->image_starts;
         else if (!strcmp(a, "--workspace-wake"))
             num = &o->ws_wake, min = 0;
+        else if (!strcmp(a, "--fork"))
+            num = &o->forks, min = 0;
         if (!num || !v || parse_long(v, min, num) != 0) {
             fprintf(stderr, "sbx-bench: bad or incomplete option '%s'\n", a);
             usage(stderr);
@@ -1067,6 +1072,8 @@ main(int argc, char **argv)
                                          run_tag, human, &interrupted);
     if (!interrupted && o.ws_wake > 0)
         image_failures += bench_workspace_run(c, o.ws_wake, run_tag, human, &interrupted);
+    if (!interrupted && o.forks > 0)
+        image_failures += bench_fork_run(c, o.forks, run_tag, human, &interrupted);
     report_ratio(&res);
     if (o.json)
         report_json(&o, &res, argc, argv);

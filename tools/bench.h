@@ -87,4 +87,11 @@ size_t bench_image_run(sbx_client *c, const char *path, long n, const char *tag,
 size_t bench_workspace_run(sbx_client *c, long n, const char *tag, FILE *out,
                            volatile sig_atomic_t *interrupted);
 
+/* The fork phase (bench_workspace.c): n forks, one at a time, of a running
+ * sandbox with a persistent 100 MB workspace, each destroyed after; the
+ * client's round trip of sandbox.fork and the shard's copyMs printed to
+ * out.  Returns the number of failed calls. */
+size_t bench_fork_run(sbx_client *c, long n, const char *tag, FILE *out,
+                      volatile sig_atomic_t *interrupted);
+
 #endif

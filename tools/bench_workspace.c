@@ -8,6 +8,11 @@
  * with an empty workspace, alternated, for comparison.  Needs a deployment
  * whose --disk exceeds 100 MB (sbxd's default is 1 GiB).  Both sandboxes
  * are destroyed before it returns.
+ *
+ * The fork phase (--fork N): a running sandbox with a persistent workspace
+ * holding 100 MB of random bytes; N times, sandbox.fork into one new ID
+ * (in a cluster an ID of another shard, FORK_CROSS_SHARD, is replaced by the next one),
+ * timed from the client, and the shard's own copyMs; each fork destroyed.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,5 +108,74 @@ out:
     for (int k = 0; k < 2; k++)
         if (sbx_destroy(c, ids[k], NULL, &err) != 0)
             sbx_error_free(&err);
+    return failures;
+}
+
+size_t
+bench_fork_run(sbx_client *c, long n, const char *tag, FILE *out,
+               volatile sig_atomic_t *interrupted)
+{
+    size_t failures = 0;
+    sbx_error err;
+    char src[128];
+    snprintf(src, sizeof(src), "%s-forksrc", tag);
+    fprintf(out, "\nfork: %ld forks, one at a time, of a running sandbox with a persistent "
+                 "100 MB workspace (random bytes): the client's round trip of sandbox.fork, "
+                 "and the shard's copy (copyMs)\n", n);
+    sbx_exec_result r;
+    sbx_exec_opts o = {.command = "head -c 100000000 /dev/urandom > /workspace/data && sync",
+                       .timeout_ms = 120000};
+    if (call(c, "create", src, "{\"workspace\":\"persistent\"}", &err) != 0 ||
+        sbx_exec(c, src, &o, &r, &err) != 0) {
+        fprintf(out, "  set-up of %s: %s: %s\n", src, err.code, err.message);
+        sbx_error_free(&err);
+        failures++;
+        goto out;
+    }
+    sbx_exec_result_free(&r);
+    double *rt = calloc((size_t)n + 1, sizeof(double));
+    double *cp = calloc((size_t)n + 1, sizeof(double));
+    size_t nv = 0;
+    long seq = 0;
+    for (long i = 0; i < n && !*interrupted; i++) {
+        char id[160], args[256];
+        sbx_reply *rep = NULL;
+        double t0 = 0;
+        int rc = -1;
+        for (int tries = 0; tries < 64; tries++) {
+            snprintf(id, sizeof(id), "%s-fork%ld", tag, seq++);
+            snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", id);
+            t0 = sbx_stats_now_ms();
+            rc = sbx_call_json(c, "sandbox.fork", src, args, 120000, &rep, &err);
+            if (rc == 0 || strcmp(err.code, "FORK_CROSS_SHARD"))
+                break;
+            sbx_error_free(&err);
+        }
+        double ms = sbx_stats_now_ms() - t0;
+        if (rc != 0) {
+            if (failures++ < 5)
+                fprintf(out, "  fork %s: %s: %s\n", id, err.code, err.message);
+            sbx_error_free(&err);
+            continue;
+        }
+        char *j = sbx_reply_json(rep, false);
+        sbx_reply_free(rep);
+        const char *k = j ? strstr(j, "\"copyMs\":") : NULL;
+        rt[nv] = ms;
+        cp[nv++] = k ? strtod(k + 9, NULL) : 0;
+        free(j);
+        if (sbx_destroy(c, id, NULL, &err) != 0)
+            sbx_error_free(&err);
+    }
+    struct sbx_summary s = sbx_stats_summary(rt, nv), sc = sbx_stats_summary(cp, nv);
+    fprintf(out, "  round trip  n=%zu  p50 %.2f  p90 %.2f  max %.2f ms\n", s.n, s.p50, s.p90,
+            s.max);
+    fprintf(out, "  copyMs      n=%zu  p50 %.2f  p90 %.2f  max %.2f ms\n", sc.n, sc.p50, sc.p90,
+            sc.max);
+    free(rt);
+    free(cp);
+out:
+    if (sbx_destroy(c, src, NULL, &err) != 0)
+        sbx_error_free(&err);
     return failures;
 }

@@ -645,6 +645,10 @@ static const struct cli_arg args_create[] = {
      "an object", NULL, NULL,
      "network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container",
      "VALIDATION_FAILED"},
+    {"disk", CLI_K_INT, false, true, false, 16777216.0, 0, 0u, NULL,
+     "an integer", "bytes", NULL,
+     "with workspace persistent: the size of its file system (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created",
+     "VALIDATION_FAILED"},
     {"workspace", CLI_K_STR, false, false, false, 0, 0, 0u, enum_create_workspace,
      "a string", NULL, NULL,
      "where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created",
@@ -744,6 +748,12 @@ static const struct cli_arg args_backup_delete[] = {
      "the backup",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_sandbox_fork[] = {
+    {"ids", CLI_K_ARRAY, true, false, false, 0, 0, 16u, NULL,
+     "an array", NULL, NULL,
+     "the forks to create, 1-16 distinct IDs",
+     "VALIDATION_FAILED"},
+};
 
 const struct cli_op cli_ops[] = {
     {"exec", "run a shell string or an argv in the sandbox and return its output",
@@ -839,7 +849,7 @@ const struct cli_op cli_ops[] = {
     {"sandbox.labels", "read or replace the sandbox's labels (the SDK's setLabels)",
      NULL, "", true, args_sandbox_labels, 1},
     {"create", "create the sandbox now (it is also created by its first operation)",
-     "create", "sandbox", true, args_create, 5},
+     "create", "sandbox", true, args_create, 6},
     {"destroy", "stop the sandbox's container and delete its metadata",
      "destroy", "sandbox", true, NULL, 0},
     {"status", "state, limits and resource use of a sandbox",
@@ -872,5 +882,7 @@ const struct cli_op cli_ops[] = {
      "backup list", "", false, NULL, 0},
     {"backup.delete", "delete a backup",
      "backup delete", "id", false, args_backup_delete, 1},
+    {"sandbox.fork", "create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped)",
+     "fork", "sandbox ids", true, args_sandbox_fork, 1},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

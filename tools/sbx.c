@@ -617,7 +617,7 @@ human_create(const msgpack_object *res)
 }
 
 #define CREATE_USAGE                                                                         \
-    "usage: sbx create ID [--image REF [--start]] [--workspace ephemeral|persistent]\n"      \
+    "usage: sbx create ID [--image REF [--start]] [--workspace ephemeral|persistent] [--disk 2G]\n" \
     "                     [--memory 256M] [--pids N] [--cpu MILLICPUS]\n"                     \
     "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n" \
     "                     [--max-connections N]\n"
@@ -650,13 +650,23 @@ v_create(struct gopts *g, int argc, char **argv)
         if (!strcmp(argv[i], "--image") || !strcmp(argv[i], "--workspace")) {
             sbx_args_kstr(a, argv[i] + 2, argv[i + 1]);
             argv[i] = argv[i + 1] = NULL;
+        } else if (!strcmp(argv[i], "--disk")) {
+            /* A persistent workspace's size (e.g. 2G), sent in bytes. */
+            uint64_t v;
+            if (cli_parse_size(argv[i + 1], &v) != 0 || v > INT64_MAX) {
+                fprintf(stderr, "sbx create: --disk must be a size (e.g. 2G)\n");
+                sbx_args_free(a);
+                return EXIT_USAGE;
+            }
+            sbx_args_kint(a, "disk", (int64_t)v);
+            argv[i] = argv[i + 1] = NULL;
         }
     }
     sbx_args_kmap(a, "limits");
     for (int i = 1; i < argc; i += 2) {
         uint64_t v;
         if (!argv[i])
-            continue; /* --image, --workspace, above */
+            continue; /* --image, --workspace, --disk, above */
         /* An option without its value is a usage error, not ignored. */
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : "";
         if (i + 1 < argc && !strcmp(k, "--network")) {
@@ -867,6 +877,22 @@ v_backup(struct gopts *g, int argc, char **argv)
     return EXIT_USAGE;
 }
 
+/* sbx fork FROM ID... (sandbox.fork; docs/persistence.md, "Fork") */
+static int
+v_fork(struct gopts *g, int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: sbx fork FROM ID...\n");
+        return EXIT_USAGE;
+    }
+    sbx_args *a = sbx_args_new();
+    sbx_args_karray(a, "ids");
+    for (int i = 1; i < argc; i++)
+        sbx_args_str(a, argv[i]);
+    sbx_args_end(a);
+    return cli_call_enc(g, "sandbox.fork", argv[0], a, NULL);
+}
+
 static int
 v_call(struct gopts *g, int argc, char **argv)
 {
@@ -920,7 +946,7 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF [--start]] [--workspace ephemeral|persistent] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
+    {"create", v_create, "ID [--image REF [--start]] [--workspace ephemeral|persistent] [--disk 2G] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
@@ -933,6 +959,7 @@ static const struct verb verbs[] = {
     {"backup", v_backup, "(create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]... | "
                          "restore ID BACKUP DIR | list | delete BACKUP)",
      "backups of a sandbox's directory in the node's store (docs/persistence.md, Backups)"},
+    {"fork", v_fork, "FROM ID...", NULL},
     {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
     {"mcp", v_mcp, "", "serve the Model Context Protocol on stdin/stdout: sandbox tools for AI agents "

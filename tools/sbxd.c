@@ -214,6 +214,8 @@ set_log_format(const char *log_format, const char *cmd)
         {"cpu", SBX_OPT_INT, &(c)->cpu, "CPU limit per sandbox, millicpus (1000 = 1 CPU)"},   \
         {"disk", SBX_OPT_SIZE, &(c)->disk, "size of /workspace+/tmp+/home per sandbox"},      \
         {"inodes", SBX_OPT_INT, &(c)->inodes, "inodes of /workspace+/tmp+/home"},             \
+        {"disk-max", SBX_OPT_SIZE, &(c)->disk_max,                                            \
+         "largest `disk` a create may ask for (16G; more: VALIDATION_FAILED)"},              \
         {"output-cap", SBX_OPT_SIZE, &(c)->output_cap, "bytes kept per output stream of an exec"}, \
         {"setup-timeout", SBX_OPT_MS, &(c)->setup_timeout, "longest container start-up"},     \
         {"map-size", SBX_OPT_SIZE, &(c)->map_size, "initial metadata store map (1G)"},      \

@@ -195,9 +195,18 @@ files_reply_path_err(struct agent *a, struct agent_req *r, int rc, const char *o
                            ? "refused: not a regular file of the sandbox (devices, /proc, sockets "
                              "and links into the agent are off limits)"
                            : sbx_err_message(rc);
-    if (rc == -ENOENT)
+    struct statfs sf;
+    if (rc == -ENOENT) {
         sbx_werr_init(&w, rc, "File not found: %s", path);
-    else
+    } else if ((rc == -ENOSPC || rc == -EDQUOT || rc == SBX_E_DISK_FULL) &&
+               statfs("/workspace", &sf) == 0) {
+        /* DISK_FULL: the size of the sandbox's writable file system
+         * (/workspace, /tmp, /home share it): its disk limit. */
+        sbx_werr_init(&w, SBX_E_DISK_FULL,
+                      "%s %s: the sandbox's disk is full (its limit: %llu bytes, %llu MiB)", op,
+                      path, (unsigned long long)sf.f_blocks * sf.f_bsize,
+                      (unsigned long long)sf.f_blocks * sf.f_bsize >> 20);
+    } else
         sbx_werr_init(&w, rc, "%s %s: %s", op, path, what);
     sbx_enc_kstr(sbx_werr_ctx(&w), "path", path);
     sbx_enc_kstr(sbx_werr_ctx(&w), "operation", op);

@@ -831,3 +831,57 @@ Test(cluster, t12_garbage_in_etcd_leaves_the_views_alone, .timeout = 240)
     sbx_client_close(c);
     no_sanitizer_reports();
 }
+
+/* sandbox.fork in a cluster (docs/persistence.md, "Fork"): a fork owned by
+ * the source's node is made, with the source's files; one owned by another
+ * node is FORK_CROSS_SHARD from the gateway, and is not created. */
+Test(cluster, t24_fork_within_a_node_and_refused_across_nodes, .timeout = 150)
+{
+    restore_base();
+    sbx_client *c = gw_client(0);
+    struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    char ids[3][64], out[128];
+    sb_id(ids[0], sizeof(ids[0]), "fsrc", 0);
+    int src = owner_of(&st, ids[0]);
+    bool same = false, other = false;
+    for (int k = 1; k < 400 && !(same && other); k++) {
+        char id[64];
+        sb_id(id, sizeof(id), "fk", k);
+        if (!same && owner_of(&st, id) == src) {
+            snprintf(ids[1], sizeof(ids[1]), "%s", id);
+            same = true;
+        } else if (!other && owner_of(&st, id) != src) {
+            snprintf(ids[2], sizeof(ids[2]), "%s", id);
+            other = true;
+        }
+    }
+    cr_assert(same && other, "no IDs on the wanted nodes");
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call_json(c, "create", ids[0], "{\"workspace\":\"persistent\"}", 30000, &r,
+                               &err), 0, "create: %s %s", err.code, err.message);
+    sbx_reply_free(r);
+    exec_out(c, ids[0], "echo from-source > /workspace/f && echo ok", out, sizeof(out));
+    cr_assert_str_eq(out, "ok\n");
+    char args[160];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", ids[2]);
+    int rc = sbx_call_json(c, "sandbox.fork", ids[0], args, 30000, &r, &err);
+    cr_assert_neq(rc, 0, "a fork to another node was made");
+    cr_assert_str_eq(err.code, "FORK_CROSS_SHARD", "%s", err.message);
+    sbx_error_free(&err);
+    rc = sbx_call_json(c, "status", ids[2], NULL, 10000, &r, &err);
+    cr_assert_neq(rc, 0, "the refused fork exists");
+    cr_assert_str_eq(err.code, "SANDBOX_NOT_FOUND");
+    sbx_error_free(&err);
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", ids[1]);
+    rc = sbx_call_json(c, "sandbox.fork", ids[0], args, 60000, &r, &err);
+    cr_assert_eq(rc, 0, "fork on the source's node: %s %s", rc ? err.code : "",
+                 rc ? err.message : "");
+    sbx_reply_free(r);
+    exec_out(c, ids[1], "cat /workspace/f", out, sizeof(out));
+    cr_assert_str_eq(out, "from-source\n", "the fork's file");
+    destroy_all(c, ids, 2);
+    sbx_client_close(c);
+    no_sanitizer_reports();
+}

@@ -23,10 +23,12 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
     'CONTAINER_UNAVAILABLE': 503,
     'CONTEXT_NOT_FOUND': 404,
     'CUSTOM_DOMAIN_REQUIRED': 400,
+    'DISK_FULL': 507,
     'FILESYSTEM_ERROR': 500,
     'FILE_EXISTS': 409,
     'FILE_NOT_FOUND': 404,
     'FILE_TOO_LARGE': 413,
+    'FORK_CROSS_SHARD': 409,
     'GIT_AUTH_FAILED': 401,
     'GIT_BRANCH_NOT_FOUND': 404,
     'GIT_CLONE_FAILED': 500,
@@ -60,6 +62,7 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
     'RESOURCE_BUSY': 409,
     'RESULT_TOO_LARGE': 413,
     'ROUTE_NOT_FOUND': 404,
+    'SANDBOX_EXISTS': 409,
     'SANDBOX_NOT_FOUND': 404,
     'SERVICE_NOT_RESPONDING': 502,
     'SESSION_ALREADY_EXISTS': 409,
@@ -1544,6 +1547,8 @@ class CreateArgs(TypedDict, total=False):
     """with image: start the image's Entrypoint + Cmd as the background process 'image-start' of every container the sandbox gets (docs/images.md); VALIDATION_FAILED if it has neither [default false]"""
     network: 'NetworkSettings'
     """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container"""
+    disk: int
+    """with workspace persistent: the size of its file system (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created (bytes) [16777216 … …]"""
     workspace: str
     """where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created"""
 
@@ -1795,6 +1800,22 @@ class BackupDeleteResult(TypedDict, total=False):
     """true"""
 
 
+class SandboxForkArgs(TypedDict):
+    """Arguments of ``sandbox.fork``: create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped)."""
+
+    ids: List[str]
+    """the forks to create, 1-16 distinct IDs"""
+
+
+#: Result of ``sandbox.fork``: the forks
+SandboxForkResult = TypedDict('SandboxForkResult', {
+    'from': str,  # the source
+    'ids': List[str],  # the sandboxes created
+    'copyMs': int,  # how long the copy of the source's workspace took on its shard: freeze (a sync of its file system), copy, thaw (milliseconds)
+    'copiedBytes': int,  # bytes of image data each fork got: copied, or shared with the source where the data directory's file system has reflinks (XFS, btrfs) (bytes)
+}, total=False)
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1858,6 +1879,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'backup.restore': (BackupRestoreArgs, BackupRestoreResult),
     'backup.list': (BackupListArgs, BackupListResult),
     'backup.delete': (BackupDeleteArgs, BackupDeleteResult),
+    'sandbox.fork': (SandboxForkArgs, SandboxForkResult),
 }
 
 __all__ += [
@@ -1993,4 +2015,6 @@ __all__ += [
     'BackupListResult',
     'BackupDeleteArgs',
     'BackupDeleteResult',
+    'SandboxForkArgs',
+    'SandboxForkResult',
 ]

@@ -239,6 +239,10 @@ _SPEC = [
     ("BACKUP_NOT_FOUND", "BackupNotFound", (), 404, "No such backup in the node's store."),
     ("BACKUP_EXPIRED", "BackupExpired", (), 410, "The backup's ttl has passed."),
     ("BACKUP_TOO_LARGE", "BackupTooLarge", (), 413, "The backup's archive exceeds the store's limit per backup."),
+    # disk and fork (docs/persistence.md)
+    ("DISK_FULL", "DiskFull", (FilesystemError,), 507, "A write, mkdir or backup restore ran out of the sandbox's disk; the message names its limit."),
+    ("SANDBOX_EXISTS", "SandboxExists", (), 409, "``fork`` into an ID that is a sandbox already."),
+    ("FORK_CROSS_SHARD", "ForkCrossShard", (), 409, "In a cluster, a fork's ID is owned by another shard than its source's: choose another ID."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

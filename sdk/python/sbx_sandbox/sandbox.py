@@ -699,6 +699,15 @@ class _Ops:
         BackupNotFound, BackupExpired, StorageError (a corrupt archive)."""
         return self._call("backup.restore", {"id": backup["id"], "dir": dir or backup["dir"]})
 
+    def fork(self, ids: List[str]) -> Dict[str, Any]:
+        """``sandbox.fork``: create the sandboxes ``ids`` (1-16 new IDs; in a
+        cluster, of this sandbox's shard) whose workspace starts as a copy of this one's, taken
+        without stopping it (docs/persistence.md, "Fork").  This sandbox needs
+        a persistent workspace.  Returns ``{"from", "ids", "copyMs",
+        "copiedBytes"}``.  Raises SandboxNotFound, SandboxExists,
+        ForkCrossShard, ValidationFailed."""
+        return self._call("sandbox.fork", {"ids": list(ids)})
+
     def unexpose_port(self, port: int) -> Dict[str, Any]:
         """Withdraw a port's preview URL at once.  Returns ``{"success",
         "port", "wasExposed"}``."""

@@ -221,6 +221,12 @@ export class BackupNotFoundError extends SandboxError {}
 export class BackupExpiredError extends SandboxError {}
 /** `BACKUP_TOO_LARGE` (413): the backup's archive exceeds the store's limit per backup. */
 export class BackupTooLargeError extends SandboxError {}
+/** `DISK_FULL` (507): a write, mkdir or backup restore ran out of the sandbox's disk (ENOSPC/EDQUOT inside); the message names its limit. */
+export class DiskFullError extends FileSystemError {}
+/** `SANDBOX_EXISTS` (409): `fork` into an ID that is a sandbox already. */
+export class SandboxExistsError extends SandboxError {}
+/** `FORK_CROSS_SHARD` (409): in a cluster, a fork's ID is owned by another shard than its source's (docs/persistence.md, "Fork"): choose another ID. */
+export class ForkCrossShardError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -291,6 +297,9 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   BACKUP_NOT_FOUND: BackupNotFoundError,
   BACKUP_EXPIRED: BackupExpiredError,
   BACKUP_TOO_LARGE: BackupTooLargeError,
+  DISK_FULL: DiskFullError,
+  SANDBOX_EXISTS: SandboxExistsError,
+  FORK_CROSS_SHARD: ForkCrossShardError,
 });
 
 /**

@@ -216,6 +216,22 @@ export class SandboxOperations extends SandboxFiles {
     return this.call('backup.restore', { id: backup.id, dir });
   }
 
+  /**
+   * Create new sandboxes whose workspace starts as a copy of this one's
+   * (`sandbox.fork`, docs/persistence.md "Fork"), without stopping it: a
+   * running sandbox's file system is frozen for the copy. Each fork gets
+   * this sandbox's image, limits, disk size, environment and settings, and
+   * is independent afterwards. This sandbox must have a persistent workspace.
+   *
+   * @param ids - 1 to 16 new sandbox IDs (in a cluster: owned by this sandbox's shard).
+   * @returns `{from, ids, copyMs, copiedBytes}`.
+   * @throws SANDBOX_NOT_FOUND, SANDBOX_EXISTS (an ID is taken), FORK_CROSS_SHARD,
+   *   VALIDATION_FAILED (an ephemeral workspace, bad IDs).
+   */
+  async fork(ids: string[]): Promise<{ from: string; ids: string[]; copyMs?: number; copiedBytes?: number }> {
+    return this.call('sandbox.fork', { ids });
+  }
+
   /** Withdraw a port's preview URL (at once). */
   async unexposePort(port: number): Promise<void> {
     await this.call('port.unexpose', { port });

@@ -21,10 +21,12 @@ export type ErrorCode =
   | 'CONTAINER_UNAVAILABLE'
   | 'CONTEXT_NOT_FOUND'
   | 'CUSTOM_DOMAIN_REQUIRED'
+  | 'DISK_FULL'
   | 'FILESYSTEM_ERROR'
   | 'FILE_EXISTS'
   | 'FILE_NOT_FOUND'
   | 'FILE_TOO_LARGE'
+  | 'FORK_CROSS_SHARD'
   | 'GIT_AUTH_FAILED'
   | 'GIT_BRANCH_NOT_FOUND'
   | 'GIT_CLONE_FAILED'
@@ -58,6 +60,7 @@ export type ErrorCode =
   | 'RESOURCE_BUSY'
   | 'RESULT_TOO_LARGE'
   | 'ROUTE_NOT_FOUND'
+  | 'SANDBOX_EXISTS'
   | 'SANDBOX_NOT_FOUND'
   | 'SERVICE_NOT_RESPONDING'
   | 'SESSION_ALREADY_EXISTS'
@@ -88,10 +91,12 @@ export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   CONTAINER_UNAVAILABLE: 503,
   CONTEXT_NOT_FOUND: 404,
   CUSTOM_DOMAIN_REQUIRED: 400,
+  DISK_FULL: 507,
   FILESYSTEM_ERROR: 500,
   FILE_EXISTS: 409,
   FILE_NOT_FOUND: 404,
   FILE_TOO_LARGE: 413,
+  FORK_CROSS_SHARD: 409,
   GIT_AUTH_FAILED: 401,
   GIT_BRANCH_NOT_FOUND: 404,
   GIT_CLONE_FAILED: 500,
@@ -125,6 +130,7 @@ export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   RESOURCE_BUSY: 409,
   RESULT_TOO_LARGE: 413,
   ROUTE_NOT_FOUND: 404,
+  SANDBOX_EXISTS: 409,
   SANDBOX_NOT_FOUND: 404,
   SERVICE_NOT_RESPONDING: 502,
   SESSION_ALREADY_EXISTS: 409,
@@ -1457,6 +1463,8 @@ export interface CreateArgs {
   start?: boolean;
   /** network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container */
   network?: NetworkSettings;
+  /** with workspace persistent: the size of its file system (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created (bytes) [16777216 … …] */
+  disk?: number;
   /** where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created */
   workspace?: 'ephemeral' | 'persistent';
 }
@@ -1683,6 +1691,25 @@ export interface BackupDeleteResult {
   [key: string]: unknown;
 }
 
+/** Arguments of `sandbox.fork`: create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped). Runs in the shard; flags: sandbox, nocreate, mutates. */
+export interface SandboxForkArgs {
+  /** the forks to create, 1-16 distinct IDs */
+  ids: string[];
+}
+
+/** Result of `sandbox.fork`: the forks */
+export interface SandboxForkResult {
+  /** the source */
+  from: string;
+  /** the sandboxes created */
+  ids: string[];
+  /** how long the copy of the source's workspace took on its shard: freeze (a sync of its file system), copy, thaw (milliseconds) */
+  copyMs?: number;
+  /** bytes of image data each fork got: copied, or shared with the source where the data directory's file system has reflinks (XFS, btrfs) (bytes) */
+  copiedBytes?: number;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1746,6 +1773,7 @@ export interface Ops {
   'backup.restore': { args: BackupRestoreArgs; result: BackupRestoreResult };
   'backup.list': { args: BackupListArgs; result: BackupListResult };
   'backup.delete': { args: BackupDeleteArgs; result: BackupDeleteResult };
+  'sandbox.fork': { args: SandboxForkArgs; result: SandboxForkResult };
 }
 
 /** The name of an operation. */
