@@ -38,6 +38,30 @@ void sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr,
 void sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr,
                            const struct sbx_net_policy *p);
 
+/* sbx_net_render_tc — `tc -batch` text that sets slot k's limit to mbps
+ * Mbit/s each way (0: none): a tbf qdisc on s<k>'s egress (traffic to the
+ * sandbox), and a class 1:<k hex> of the htb on the uplink up0 (traffic
+ * from it, put there by the priority its nft chain sets); had: it has a
+ * limit now, whose qdisc and class go first.  (This kernel has no tc
+ * police action, hence no ingress policer.) */
+void sbx_net_render_tc(struct sbx_net_buf *b, int k, uint32_t mbps, bool had);
+
+/* net_dns.c — the sandboxes' resolver (docs/network.md §Host names).
+ * sbx_dns_start: a thread serving SBX_NET_RESOLVER:53/udp from a socket
+ * opened in netns router_nsfd, forwarding allowed queries from a socket of
+ * the caller's netns to upstream ("A.B.C.D[:PORT]"), pinning the A answers
+ * through pin(ctx, nft_cmds) (0 or -errno); a query's source address
+ * block + 2k + 1 is slot k's.  *out owned by the caller (sbx_dns_stop).  0 or -errno (why).
+ * sbx_dns_set_policy: slot's names from p (NULL: the slot is gone).
+ * sbx_dns_pins: as sbx_net_pins. */
+struct sbx_dns;
+typedef int (*sbx_dns_pin_fn)(void *ctx, const char *nft_cmds);
+int sbx_dns_start(struct sbx_dns **out, int router_nsfd, const char *upstream, uint32_t block,
+                  sbx_dns_pin_fn pin, void *ctx, char *why, size_t whylen);
+void sbx_dns_stop(struct sbx_dns *d);
+void sbx_dns_set_policy(struct sbx_dns *d, int slot, const struct sbx_net_policy *p);
+int sbx_dns_pins(struct sbx_dns *d, int slot, struct sbx_net_pin *out, int max);
+
 /* net_link.c — rtnetlink.  Every function returns 0 (or an index) or -errno.
  * sbx_nl_open_in: a NETLINK_ROUTE socket (CLOEXEC, caller closes) in netns
  * nsfd, made by this thread from inside it (it comes back at once).
