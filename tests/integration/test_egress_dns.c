@@ -13,7 +13,8 @@
  * .1 the host side, .2 .. .4 the test host: dnsmasq on .2:53 answers
  * allowed.test and *.wild.test with .3 and denied.test and other.test with
  * .4, TTL 3 s; an HTTP-ish server on every address, port 8080 and 9090; a
- * bulk server on .3:7000 that sends 20 MB.  A private `sbxd dev` per run
+ * bulk server on .3:7000 that sends 20 MB, a sink on :7001; a git
+ * repository served over plain ("dumb") HTTP on :8000, as git.test.  A private `sbxd dev` per run
  * forwards its sandboxes' lookups to that dnsmasq (--dns-upstream).
  * Everything is removed by name and pid in the suite's fini.
  */
@@ -43,7 +44,8 @@
 
 static char ns_name[64], ns_path[96], host_if[16], host_ip[16], dns_ip[16], ip_ok[16],
     ip_other[16];
-static pid_t dnsmasq_pid = -1, srv_pids[8], bulk_pid = -1;
+static pid_t dnsmasq_pid = -1, srv_pids[8], bulk_pid = -1, git_pid = -1;
+static char git_dir[128];
 static int nsrv;
 static struct testd *live;
 
@@ -196,7 +198,8 @@ suite_up(void)
     cr_assert_gt(srv_pids[nsrv++], 0, "sink server");
     /* dnsmasq in the test host, in the foreground, answering only its
      * --address names (TTL 3 s), no upstream of its own. */
-    char a1[96], a2[96], a3[96], a4[96], la[64];
+    char a1[96], a2[96], a3[96], a4[96], a5[96], la[64];
+    snprintf(a5, sizeof(a5), "--address=/git.test/%s", ip_ok);
     snprintf(a1, sizeof(a1), "--address=/allowed.test/%s", ip_ok);
     snprintf(a2, sizeof(a2), "--address=/wild.test/%s", ip_ok);
     snprintf(a3, sizeof(a3), "--address=/denied.test/%s", ip_other);
@@ -212,11 +215,39 @@ suite_up(void)
         dup2(devnull, 2);
         execl("/usr/sbin/dnsmasq", "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
               "--no-resolv", "--no-hosts", "--bind-interfaces", la, "--user=root",
-              "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, (char *)NULL);
+              "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, (char *)NULL);
         _exit(127);
     }
     cr_assert_gt(dnsmasq_pid, 0);
     cr_assert(dns_ready(), "dnsmasq in %s does not answer", ns_name);
+    /* A bare repository with one commit, served as static files. */
+    snprintf(git_dir, sizeof(git_dir), "/tmp/sbx-dnsgit-%s%d", test_prefix(), p);
+    cr_assert_eq(sh("set -e; rm -rf %s; mkdir -p %s/w; cd %s/w; git init -q -b main; "
+                    "echo hello-over-git > README; git add README; "
+                    "git -c user.name=t -c user.email=t@t commit -q -m one; "
+                    "git clone -q --bare . ../repo.git; cd ../repo.git; git update-server-info",
+                    git_dir, git_dir, git_dir),
+                 0, "the test repository");
+    git_pid = fork();
+    if (git_pid == 0) {
+        int nfd = open(ns_path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
+            _exit(126);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        /* socketserver, not http.server's HTTPServer: that one looks its
+         * own address up (getfqdn), with no resolver in the test host. */
+        char py[512];
+        snprintf(py, sizeof(py),
+                 "import functools, http.server, socketserver\n"
+                 "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='%s')\n"
+                 "socketserver.TCPServer(('%s', 8000), h).serve_forever()\n",
+                 git_dir, ip_ok);
+        execl("/usr/bin/python3", "python3", "-c", py, (char *)NULL);
+        _exit(127);
+    }
+    cr_assert_gt(git_pid, 0);
     /* A private daemon whose sandboxes' resolver forwards to that dnsmasq. */
     live = sbx_xcalloc(1, sizeof(*live));
     const char *const extra[] = {TESTD_SMALL, "--dns-upstream", dns_ip, NULL};
@@ -232,6 +263,9 @@ suite_down(void)
         live = NULL;
     }
     stop_child(&dnsmasq_pid);
+    stop_child(&git_pid);
+    if (git_dir[0])
+        sh("rm -rf %s", git_dir);
     stop_child(&bulk_pid);
     for (int i = 0; i < nsrv; i++)
         stop_child(&srv_pids[i]);
@@ -621,6 +655,41 @@ Test(egress_dns, lookup_round_trip_figures)
     fprintf(stderr, "egress_dns: A lookup round trip p50/p90: sandbox via its resolver %.3f / "
             "%.3f ms; host to dnsmasq directly %s", p50, p90, h ? h : "?\n");
     free(h);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(egress_dns, git_checkout_reaches_a_named_host)
+{
+    sbx_client *c = client();
+    char *id = test_id("dns-git");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"git.test:8000\"]}");
+    int ec;
+    /* CA certificates are there for https remotes (the host's /etc/ssl). */
+    char *out = run(c, id, "test -r /etc/ssl/certs/ca-certificates.crt && echo certs", &ec);
+    cr_expect(strstr(out, "certs"), "no /etc/ssl/certs/ca-certificates.crt: %s", out);
+    free(out);
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    int rc = -1;
+    for (int i = 0; i < 20 && rc != 0; i++) { /* the HTTP server may still be starting */
+        sbx_reply_free(r);
+        r = NULL;
+        sbx_error_free(&err);
+        rc = sbx_call_json(c, "git.checkout", id,
+                           "{\"repoUrl\":\"http://git.test:8000/repo.git\","
+                           "\"targetDir\":\"/workspace/repo\"}",
+                           60000, &r, &err);
+        if (rc)
+            usleep(250 * 1000);
+    }
+    cr_expect_eq(rc, 0, "git.checkout: %s %s", err.code, err.message);
+    sbx_reply_free(r);
+    sbx_error_free(&err);
+    out = run(c, id, "cat /workspace/repo/README", &ec);
+    cr_expect(strstr(out, "hello-over-git"), "README: %s", out);
+    free(out);
     destroy(c, id);
     free(id);
     sbx_client_close(c);
