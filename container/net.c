@@ -43,6 +43,7 @@ struct sbx_net {
     char hostif[16];           /* "sbx<hex block>" in the host netns */
     char table[24];            /* host nft table "sbx_<hex block>" */
     bool used[SLOTS];
+    pthread_mutex_t tc_mu;     /* one tc run at a time (the first makes up0's htb); guards: */
     uint32_t bw[SLOTS];        /* each slot's bandwidth limit now, Mbit/s (0: none) */
     bool htb;                  /* up0 has its root htb (made by the first limit) */
     char upstream[64];         /* --dns-upstream, "" = the host's resolv.conf */
@@ -189,31 +190,33 @@ pin_locked(void *ctx, const char *cmds)
 static int
 set_bandwidth(sbx_net *n, int k, uint32_t mbps, char *why, size_t whylen)
 {
-    pthread_mutex_lock(&n->mu);
+    pthread_mutex_lock(&n->tc_mu);
+    int rc = 0;
     uint32_t had = n->bw[k];
-    bool htb = n->htb;
+    pthread_mutex_lock(&n->mu);
     int nsfd = n->nsfd;
     pthread_mutex_unlock(&n->mu);
     if (had == mbps)
-        return 0;
+        goto out;
     char out[512];
     struct sbx_net_buf b = {0};
-    if (mbps && !htb) /* unclassified packets (default 0) pass unshaped */
+    if (mbps && !n->htb) /* unclassified packets (default 0) pass unshaped */
         sbx_net_buf_add(&b, "qdisc add dev up0 root handle 1: htb default 0\n");
     sbx_net_render_tc(&b, k, mbps, had != 0);
     const char *const argv[] = {TC, "-batch", "-", NULL};
-    int rc = run(argv, nsfd, b.p, out, sizeof(out));
+    rc = run(argv, nsfd, b.p, out, sizeof(out));
     free(b.p);
     if (rc != 0) {
         snprintf(why, whylen, "bandwidth limit of slot %d: %s", k, out);
-        return SBX_E_CONTAINER;
+        rc = SBX_E_CONTAINER;
+        goto out;
     }
-    pthread_mutex_lock(&n->mu);
     n->bw[k] = mbps;
     if (mbps)
         n->htb = true;
-    pthread_mutex_unlock(&n->mu);
-    return 0;
+out:
+    pthread_mutex_unlock(&n->tc_mu);
+    return rc;
 }
 
 int
@@ -232,6 +235,7 @@ sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t wh
     }
     sbx_net *n = sbx_xcalloc(1, sizeof(*n));
     pthread_mutex_init(&n->mu, NULL);
+    pthread_mutex_init(&n->tc_mu, NULL);
     snprintf(n->name, sizeof(n->name), "%s", conf->name);
     char a[INET_ADDRSTRLEN];
     ip4(a, sizeof(a), base);
@@ -439,6 +443,7 @@ sbx_net_free(sbx_net *n)
         close(n->lockfd);
     }
     pthread_mutex_destroy(&n->mu);
+    pthread_mutex_destroy(&n->tc_mu);
     free(n);
 }
 
@@ -540,15 +545,15 @@ sbx_net_update(sbx_net *n, int k, uint32_t addr, const struct sbx_net_policy *p,
         return -EINVAL;
     struct sbx_net_buf b = {0};
     sbx_net_render_update(&b, k, addr, p);
+    /* The resolver's policy first, then the flush of the pins: a pin it
+     * makes under the old policy lands before the flush (net_dns.c). */
+    sbx_dns_set_policy(n->dns, k, p);
     pthread_mutex_lock(&n->mu);
     int rc = n->nft ? nft(n, b.p, NULL, why, whylen) : -ENOENT;
     pthread_mutex_unlock(&n->mu);
     free(b.p);
-    if (rc == 0) {
-        sbx_dns_set_policy(n->dns, k, p);
-        if (set_bandwidth(n, k, p->bandwidth, why, whylen) != 0)
-            rc = -EIO;
-    }
+    if (rc == 0 && set_bandwidth(n, k, p->bandwidth, why, whylen) != 0)
+        rc = -EIO;
     return rc;
 }
 
@@ -591,9 +596,11 @@ sbx_net_detach(sbx_net *n, int k)
     char why[256];
     if (set_bandwidth(n, k, 0, why, sizeof(why)) != 0) /* its class on up0 goes first */
         sbx_log_debug("network: detach: %s", why);
+    pthread_mutex_lock(&n->tc_mu);
+    n->bw[k] = 0;
+    pthread_mutex_unlock(&n->tc_mu);
     pthread_mutex_lock(&n->mu);
     n->used[k] = false;
-    n->bw[k] = 0;
     pthread_mutex_unlock(&n->mu);
 }
 

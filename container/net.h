@@ -145,7 +145,8 @@ struct sbx_net_attachment {
 /*
  * sbx_net_attach — give the container whose PID 1 is `pid` (host pid) an
  * eth0 into the router under policy p: veth, addresses, default route,
- * nft chain.  Makes the router first if needed.  On success *at is filled;
+ * nft chain, its resolver's names (net_dns.c) and, with p->bandwidth, its
+ * limit (tc).  Makes the router first if needed.  On success *at is filled;
  * the caller must call sbx_net_detach(at->slot) when the container stops.
  * 0 or a negative code (SBX_E_CONTAINER, reason in why).
  */
@@ -154,7 +155,9 @@ int sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
 
 /* sbx_net_update — replace the policy of attached slot (address addr) by p,
  * atomically: new connections meet the new rules at once, established ones
- * go on (the maxConnections count starts again).  0 or -EIO (why). */
+ * go on (the maxConnections count starts again); the pinned addresses of
+ * its names are dropped (looked up again under the new names) and its
+ * bandwidth limit set to p's.  0 or -EIO (why). */
 int sbx_net_update(sbx_net *n, int slot, uint32_t addr, const struct sbx_net_policy *p,
                    char *why, size_t whylen);
 

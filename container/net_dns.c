@@ -198,11 +198,11 @@ question(ldns_pkt *p, char *name, size_t len, uint16_t *type)
 
 enum verdict { V_REFUSE, V_OPEN, V_PIN };
 
+/* decide_locked — what slot k's policy says of name q (d->mu held). */
 static enum verdict
-decide(struct sbx_dns *d, int k, const char *q)
+decide_locked(struct sbx_dns *d, int k, const char *q)
 {
     enum verdict v = V_REFUSE;
-    pthread_mutex_lock(&d->mu);
     struct dns_slot *s = &d->slots[k];
     if (s->used) {
         bool denied = false, allowed = false;
@@ -212,6 +212,14 @@ decide(struct sbx_dns *d, int k, const char *q)
             allowed = sbx_net_name_match(&s->names[i], q);
         v = denied ? V_REFUSE : s->open ? V_OPEN : allowed ? V_PIN : V_REFUSE;
     }
+    return v;
+}
+
+static enum verdict
+decide(struct sbx_dns *d, int k, const char *q)
+{
+    pthread_mutex_lock(&d->mu);
+    enum verdict v = decide_locked(d, k, q);
     pthread_mutex_unlock(&d->mu);
     return v;
 }
@@ -424,10 +432,15 @@ on_answer(struct sbx_dns *d, const uint8_t *buf, size_t len, const struct sockad
         strcmp(name, p->qname) != 0 || type != p->qtype)
         goto out; /* not the answer to that question: wait for the real one */
     p->used = false;
-    /* The policy may have changed while the query was out. */
-    enum verdict v = decide(d, p->slot, p->qname);
+    /* The policy may have changed while the query was out.  d->mu is held
+     * from this decision until the pins are in nft: sbx_net_update sets the
+     * new policy here before it flushes the sets, so a pin made under the
+     * old policy is flushed with it (lock order: d->mu, then the net's). */
+    pthread_mutex_lock(&d->mu);
+    enum verdict v = decide_locked(d, p->slot, p->qname);
     ldns_pkt_set_id(a, p->client_id);
     if (v == V_REFUSE) {
+        pthread_mutex_unlock(&d->mu);
         ldns_rr_list_deep_free(ldns_pkt_answer(a));
         ldns_pkt_set_answer(a, ldns_rr_list_new());
         ldns_pkt_set_ancount(a, 0);
@@ -437,7 +450,6 @@ on_answer(struct sbx_dns *d, const uint8_t *buf, size_t len, const struct sockad
     struct sbx_net_buf b = {0};
     int rc = 0;
     ldns_rr_list *ans = ldns_pkt_answer(a);
-    pthread_mutex_lock(&d->mu);
     for (size_t i = 0; i < ldns_rr_list_rr_count(ans) && v == V_PIN && rc >= 0; i++) {
         ldns_rr *rr = ldns_rr_list_rr(ans, i);
         if (ldns_rr_get_type(rr) != LDNS_RR_TYPE_A || ldns_rr_rd_count(rr) != 1 ||
@@ -450,9 +462,9 @@ on_answer(struct sbx_dns *d, const uint8_t *buf, size_t len, const struct sockad
         rc = pin_cmds(d, p->slot, p->qname, ntohl(addr), ttl, &eff, &b);
         ldns_rr_set_ttl(rr, eff);
     }
-    pthread_mutex_unlock(&d->mu);
     if (rc >= 0 && b.p)
         rc = d->pin(d->ctx, b.p);
+    pthread_mutex_unlock(&d->mu);
     free(b.p);
     if (rc < 0) {
         sbx_log_warn("dns: slot %d: %s: pinning its addresses failed (%s): SERVFAIL", p->slot,

@@ -582,10 +582,15 @@ Test(egress_dns, bandwidth_limit_holds_within_ten_percent)
     sbx_client *c = client();
     char *id = test_id("dns-bw"), *free_id = test_id("dns-nobw");
     char net[256];
-    snprintf(net, sizeof(net), "{\"mode\":\"egress\",\"allow\":[\"%s\"],\"bandwidth\":80}", ip_ok);
-    create_ok(c, id, net);
+    int ec;
+    /* The unlimited one first: the shard's first egress sandbox also waits
+     * for its router, which is not the limit's cost. */
     snprintf(net, sizeof(net), "{\"mode\":\"egress\",\"allow\":[\"%s\"]}", ip_ok);
     create_ok(c, free_id, net);
+    free(run(c, free_id, "true", &ec));
+    snprintf(net, sizeof(net), "{\"mode\":\"egress\",\"allow\":[\"%s\"],\"bandwidth\":80}", ip_ok);
+    create_ok(c, id, net);
+    free(run(c, id, "true", &ec));
     /* Goodput: TCP payload bits per second; the limit counts IP + Ethernet
      * headers too (~4.4 % of full 1514-byte frames). */
     for (int up = 0; up < 2; up++) {
@@ -598,7 +603,8 @@ Test(egress_dns, bandwidth_limit_holds_within_ten_percent)
     }
     char *st = status_network(c, id), *st0 = status_network(c, free_id);
     cr_expect_eq(json_int(st, "bandwidth"), 80, "%s", st);
-    fprintf(stderr, "egress_dns: attach with a bandwidth limit %lld us, without %lld us\n",
+    fprintf(stderr, "egress_dns: attach with a bandwidth limit %lld us; the first unlimited "
+            "one, the router's making included: %lld us\n",
             json_int(st, "attachUs"), json_int(st0, "attachUs"));
     free(st);
     free(st0);
