@@ -460,6 +460,36 @@ Test(egress_dns, an_unresolved_address_is_refused_and_a_pin_ends_with_its_ttl)
     sbx_client_close(c);
 }
 
+Test(egress_dns, a_policy_change_drops_the_pins_at_once)
+{
+    sbx_client *c = client();
+    char *id = test_id("dns-conf");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"allowed.test:8080\"]}");
+    char a[64];
+    lookup(c, id, "allowed.test", a, sizeof(a));
+    cr_expect_str_eq(a, ip_ok);
+    cr_expect(fetch(c, id, ip_ok, 8080), "not reached after the lookup");
+    /* Now only other.test: allowed.test's pin (3 s) goes with the old rules. */
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    cr_expect_eq(sbx_call_json(c, "sandbox.configure", id,
+                               "{\"network\":{\"mode\":\"egress\","
+                               "\"allow\":[\"other.test:8080\"]}}",
+                               30000, &r, &err),
+                 0, "%s", err.message);
+    sbx_reply_free(r);
+    sbx_error_free(&err);
+    cr_expect(!fetch(c, id, ip_ok, 8080), "%s still reached after configure", ip_ok);
+    lookup(c, id, "allowed.test", a, sizeof(a));
+    cr_expect_str_eq(a, "", "allowed.test resolved to %s after configure", a);
+    lookup(c, id, "other.test", a, sizeof(a));
+    cr_expect_str_eq(a, ip_other);
+    cr_expect(fetch(c, id, "other.test", 8080), "other.test not reached");
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
 Test(egress_dns, wildcard_rules_match_names_below_only)
 {
     sbx_client *c = client();
@@ -603,8 +633,8 @@ Test(egress_dns, bandwidth_limit_holds_within_ten_percent)
     }
     char *st = status_network(c, id), *st0 = status_network(c, free_id);
     cr_expect_eq(json_int(st, "bandwidth"), 80, "%s", st);
-    fprintf(stderr, "egress_dns: attach with a bandwidth limit %lld us; the first unlimited "
-            "one, the router's making included: %lld us\n",
+    fprintf(stderr, "egress_dns: attach with a bandwidth limit %lld us, without %lld us (which "
+            "includes making the router if it was the shard's first egress sandbox)\n",
             json_int(st, "attachUs"), json_int(st0, "attachUs"));
     free(st);
     free(st0);
