@@ -54,7 +54,6 @@ struct sbx_net {
 
 static const char IP[] = "/usr/sbin/ip";
 static const char NFT[] = "/usr/sbin/nft";
-static const char TC[] = "/usr/sbin/tc";
 
 /*
  * run — run argv[0] with argv in netns nsfd (-1: ours), input on stdin,
@@ -185,38 +184,72 @@ pin_locked(void *ctx, const char *cmds)
     return rc;
 }
 
-/* set_bandwidth — slot k's limit to mbps (tc in the router's netns, on
- * s<k> and the uplink's htb); 0 or SBX_E_CONTAINER (why). */
+/* set_bandwidth — slot k's limit to mbps (rtnetlink in the router's netns:
+ * a tbf on s<k>, a class 1:<k> of the uplink's htb); 0 or SBX_E_CONTAINER
+ * (why).  A detach finds s<k> gone with the sandbox's netns, or going. */
 static int
 set_bandwidth(sbx_net *n, int k, uint32_t mbps, char *why, size_t whylen)
 {
     pthread_mutex_lock(&n->tc_mu);
-    int rc = 0;
+    int rc = 0, nl = -1;
+    const char *step = "";
     uint32_t had = n->bw[k];
+    if (had == mbps)
+        goto out;
     pthread_mutex_lock(&n->mu);
     int nsfd = n->nsfd;
     pthread_mutex_unlock(&n->mu);
-    if (had == mbps)
+    char ifn[16];
+    snprintf(ifn, sizeof(ifn), "s%d", k);
+    step = "netlink socket";
+    if ((rc = nl = sbx_nl_open_in(nsfd)) < 0)
         goto out;
-    char out[512];
-    struct sbx_net_buf b = {0};
-    if (mbps && !n->htb) /* unclassified packets (default 0) pass unshaped */
-        sbx_net_buf_add(&b, "qdisc add dev up0 root handle 1: htb default 0\n");
-    sbx_net_render_tc(&b, k, mbps, had != 0);
-    const char *const argv[] = {TC, "-batch", "-", NULL};
-    rc = run(argv, nsfd, b.p, out, sizeof(out));
-    free(b.p);
-    if (rc != 0) {
-        snprintf(why, whylen, "bandwidth limit of slot %d: %s", k, out);
-        rc = SBX_E_CONTAINER;
+    int up = sbx_nl_index(nl, "up0"), si = sbx_nl_index(nl, ifn);
+    step = "up0";
+    if ((rc = up) < 0)
         goto out;
+    rc = 0;
+    if (had) { /* the class first: s<k>'s qdisc may have gone with it */
+        step = "the old class";
+        if ((rc = sbx_nl_tc_del(nl, up, true, (uint16_t)k)) != 0 && rc != -ENOENT)
+            goto out;
+        if (si > 0)
+            sbx_nl_tc_del(nl, si, false, 0);
+        n->bw[k] = 0;
+        rc = 0;
     }
-    n->bw[k] = mbps;
-    if (mbps)
-        n->htb = true;
+    if (mbps) {
+        uint64_t rate = (uint64_t)mbps * 125000u; /* bytes/s */
+        /* Burst: 10 ms of the rate, at least 64 KiB (one TSO segment of the
+         * veth); queue: 50 ms of it more (tc's "latency 50ms"). */
+        uint32_t burst = (uint32_t)SBX_MAX(rate / 100, 65536u);
+        uint32_t limit = (uint32_t)(rate / 20 + burst);
+        step = ifn;
+        if ((rc = si) < 0)
+            goto out;
+        if (!n->htb) {
+            step = "the uplink's htb";
+            if ((rc = sbx_nl_htb_root(nl, up)) != 0 && rc != -EEXIST)
+                goto out;
+            n->htb = true;
+        }
+        step = "tbf";
+        if ((rc = sbx_nl_tbf(nl, si, rate, burst, limit)) != 0)
+            goto out;
+        step = "htb class";
+        if ((rc = sbx_nl_htb_class(nl, up, (uint16_t)k, rate, burst)) != 0)
+            goto out;
+        n->bw[k] = mbps;
+    }
 out:
+    if (nl >= 0)
+        close(nl);
     pthread_mutex_unlock(&n->tc_mu);
-    return rc;
+    if (rc < 0) {
+        snprintf(why, whylen, "bandwidth limit of slot %d: %s: %s", k, step, strerror(-rc));
+        return SBX_E_CONTAINER;
+    }
+    return 0;
 }
 
 int

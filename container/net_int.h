@@ -38,14 +38,6 @@ void sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr,
 void sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr,
                            const struct sbx_net_policy *p);
 
-/* sbx_net_render_tc — `tc -batch` text that sets slot k's limit to mbps
- * Mbit/s each way (0: none): a tbf qdisc on s<k>'s egress (traffic to the
- * sandbox), and a class 1:<k hex> of the htb on the uplink up0 (traffic
- * from it, put there by the priority its nft chain sets); had: it has a
- * limit now, whose qdisc and class go first.  (This kernel has no tc
- * police action, hence no ingress policer.) */
-void sbx_net_render_tc(struct sbx_net_buf *b, int k, uint32_t mbps, bool had);
-
 /* net_dns.c — the sandboxes' resolver (docs/network.md §Host names).
  * sbx_dns_start: a thread serving SBX_NET_RESOLVER:53/udp from a socket
  * opened in netns router_nsfd, forwarding allowed queries from a socket of
@@ -76,5 +68,14 @@ int sbx_nl_index(int nl, const char *name);
 int sbx_nl_addr_up(int nl, int index, uint32_t addr, uint8_t plen);
 int sbx_nl_default_route(int nl, int index, uint32_t gw);
 int sbx_nl_del(int nl, const char *name);
+/* Traffic control (what `tc` would send).  sbx_nl_tbf: a tbf root qdisc 1:
+ * on index, rate bytes/s, burst and limit bytes.  sbx_nl_htb_root: an htb
+ * root qdisc 1: whose unclassified packets pass unshaped.  sbx_nl_htb_class:
+ * its class 1:minor, rate = ceiling bytes/s, burst bytes.  sbx_nl_tc_del:
+ * delete class 1:minor (cls) or the root qdisc. */
+int sbx_nl_tbf(int nl, int index, uint64_t rate, uint32_t burst, uint32_t limit);
+int sbx_nl_htb_root(int nl, int index);
+int sbx_nl_htb_class(int nl, int index, uint16_t minor, uint64_t rate, uint32_t burst);
+int sbx_nl_tc_del(int nl, int index, bool cls, uint16_t minor);
 
 #endif

@@ -6,7 +6,6 @@
 #include <ctype.h>
 #include <stdarg.h>
 #include <ifaddrs.h>
-#include <inttypes.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,28 +390,6 @@ sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct 
     sbx_net_buf_add(b, "flush chain inet sbx so%d\nflush set inet sbx ha%d\n"
                        "flush set inet sbx hp%d\n", k, k, k);
     so_rules(b, k, a, p);
-}
-
-void
-sbx_net_render_tc(struct sbx_net_buf *b, int k, uint32_t mbps, bool had)
-{
-    if (had) /* the old limit's class on up0, then its qdisc on s<k> (which a
-              * detach may find gone with the sandbox's netns) */
-        sbx_net_buf_add(b, "class del dev up0 classid 1:%x\nqdisc del dev s%d root\n", k, k);
-    if (!mbps)
-        return;
-    uint64_t bps = (uint64_t)mbps * 1000000u;
-    /* Bursts: 10 ms of the rate, never below 64 KiB, so one TSO segment of
-     * the veth always fits. */
-    uint64_t burst = bps / 8 / 100;
-    if (burst < 65536)
-        burst = 65536;
-    sbx_net_buf_add(b,
-                    "qdisc add dev s%d root handle 1: tbf rate %" PRIu64 "bit burst %" PRIu64
-                    " latency 50ms\n"
-                    "class add dev up0 parent 1: classid 1:%x htb rate %" PRIu64 "bit ceil %" PRIu64
-                    "bit burst %" PRIu64 " cburst %" PRIu64 " quantum 65536\n",
-                    k, bps, burst, k, bps, bps, burst, burst);
 }
 
 /* The router's table: sets, maps, the forward and input hooks, NAT. */

@@ -173,12 +173,5 @@ Test(net_policy, pinned_sets_after_the_private_drop)
     sbx_net_render_slot(&b2, 300, 0x0a58000bu, p);
     cr_expect(at(b2.p, "so300 meta priority set 1:12c") >= 0, "%s", b2.p);
     free(b2.p);
-    struct sbx_net_buf t = {0};
-    sbx_net_render_tc(&t, 5, 80, false);
-    cr_expect(at(t.p, "qdisc add dev s5 root handle 1: tbf rate 80000000bit") >= 0, "%s", t.p);
-    cr_expect(at(t.p, "class add dev up0 parent 1: classid 1:5 htb rate 80000000bit") >= 0, "%s",
-              t.p);
-    cr_expect(at(t.p, "qdisc del") < 0, "%s", t.p);
-    free(t.p);
     free(p);
 }
