@@ -32,6 +32,7 @@
 #ifndef SBX_HTTP_H
 #define SBX_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,7 @@ struct sbx_http_conf {
     int64_t timeout;            /* ms: deadline of a request that names none (0: 600 000) */
     int64_t per_client;         /* connections from one client address (0: 1024 of the 4096
                                  * in all), so that one client cannot hold them all */
+    bool console;               /* serve the web console under /console/ (docs/console.md) */
 };
 
 typedef struct sbx_http sbx_http;
