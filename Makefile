@@ -29,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
-                 -lcurl -lwslay -lnettle -larchive -lnftables -lpthread -lm
+                 -lcurl -lwslay -lnettle -larchive -lnftables -lldns -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
@@ -52,7 +52,7 @@ CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
              container/image_unpack.c container/image_layer.c container/image_user.c container/image_fetch.c \
-             container/net.c container/net_link.c container/net_policy.c \
+             container/net.c container/net_dns.c container/net_link.c container/net_policy.c \
              container/workspace.c container/backup.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \

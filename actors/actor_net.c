@@ -15,6 +15,19 @@
 #include "../runtime/util.h"
 #include "shard_int.h"
 
+/* parse_rule — one rule's text: a host name (into *nm, *is_name set) or a
+ * CIDR (into *r).  0 or SBX_E_VALIDATION (why names the rule). */
+static int
+parse_rule(struct shard *sh, const char *text, bool deny, struct sbx_net_rule *r,
+           struct sbx_net_name *nm, bool *is_name, char *why, size_t whylen)
+{
+    int rc = sbx_net_name_parse(text, deny, nm, why, whylen);
+    *is_name = rc == 0;
+    if (rc != 1)
+        return rc;
+    return sbx_net_rule_parse(text, sh->conf.network_range, r, why, whylen);
+}
+
 /* Check one rule list (array of strings); on success encode it as key. */
 static int
 check_rules(struct shard *sh, const msgpack_object *net, const char *key, sbx_enc *e,
@@ -32,13 +45,15 @@ check_rules(struct shard *sh, const msgpack_object *net, const char *key, sbx_en
     sbx_enc_karray(e, key);
     for (uint32_t i = 0; i < arr->via.array.size; i++) {
         sbx_str s;
-        char text[64], why[256];
+        char text[SBX_NET_NAME_MAX + 8], why[512];
         struct sbx_net_rule r;
+        struct sbx_net_name nm;
+        bool is_name;
         if (sbx_wire_obj_str(&arr->via.array.ptr[i], &s) != 0 || s.n >= sizeof(text))
             return sbx_err_make(err, SBX_E_VALIDATION, "network.%s[%u] must be a string of at "
-                                "most 48 bytes, CIDR[:PORT]", key, i);
+                                "most 259 bytes, CIDR[:PORT] or NAME[:PORT]", key, i);
         sbx_str_copy(s, text, sizeof(text));
-        if (sbx_net_rule_parse(text, sh->conf.network_range, &r, why, sizeof(why)) != 0)
+        if (parse_rule(sh, text, !strcmp(key, "deny"), &r, &nm, &is_name, why, sizeof(why)))
             return sbx_err_make(err, SBX_E_VALIDATION, "network.%s[%u]: %s", key, i, why);
         sbx_enc_str(e, text);
     }
@@ -86,6 +101,15 @@ actor_net_check_args(struct shard *sh, const msgpack_object *args, char **blob, 
         sbx_enc_free(&e);
         return sbx_err_make(err, SBX_E_VALIDATION, "network.maxConnections must be an integer");
     }
+    int64_t bw;
+    rc = sbx_wire_get_i64(net, "bandwidth", &bw);
+    if ((rc == 0 && (bw < 1 || bw > SBX_NET_BW_MAX)) || (rc != 0 && rc != -ENOENT)) {
+        sbx_enc_free(&e);
+        return sbx_err_make(err, SBX_E_VALIDATION, "network.bandwidth must be an integer of "
+                            "Mbit/s, 1..%d", SBX_NET_BW_MAX);
+    }
+    if (rc == 0)
+        sbx_enc_kint(&e, "bandwidth", bw);
     if ((rc = check_rules(sh, net, "allow", &e, err)) != 0 ||
         (rc = check_rules(sh, net, "deny", &e, err)) != 0) {
         sbx_enc_free(&e);
@@ -131,23 +155,28 @@ actor_net_egress(struct actor *a)
 
 static int
 load_rules(struct shard *sh, const msgpack_object *net, const char *key, struct sbx_net_rule *out,
-           int *n, char *why, size_t whylen)
+           int *n, struct sbx_net_name *names, int *nn, char *why, size_t whylen)
 {
     const msgpack_object *arr;
-    *n = 0;
+    *n = *nn = 0;
     if (!net || sbx_wire_get_array(net, key, &arr) != 0)
         return 0;
     for (uint32_t i = 0; i < arr->via.array.size && i < SBX_NET_MAX_RULES; i++) {
         sbx_str s;
-        char text[64];
+        char text[SBX_NET_NAME_MAX + 8];
+        bool is_name;
         if (sbx_wire_obj_str(&arr->via.array.ptr[i], &s) != 0)
             continue;
         sbx_str_copy(s, text, sizeof(text));
         /* Checked at create; a rule refused now (the host took that
          * address since) fails the start: never a wider policy. */
-        if (sbx_net_rule_parse(text, sh->conf.network_range, &out[*n], why, whylen) != 0)
+        if (parse_rule(sh, text, !strcmp(key, "deny"), &out[*n], &names[*nn], &is_name, why,
+                       whylen) != 0)
             return SBX_E_CONTAINER;
-        (*n)++;
+        if (is_name)
+            (*nn)++;
+        else
+            (*n)++;
     }
     return 0;
 }
@@ -162,9 +191,14 @@ actor_net_policy(struct actor *a, struct sbx_net_policy *p, char *why, size_t wh
     int64_t mc;
     if (net && sbx_wire_get_i64(net, "maxConnections", &mc) == 0 && mc > 0 && mc <= 65536)
         p->max_conns = (uint32_t)mc;
-    int rc = load_rules(a->sh, net, "allow", p->allow, &p->nallow, why, whylen);
+    int64_t bw;
+    if (net && sbx_wire_get_i64(net, "bandwidth", &bw) == 0 && bw > 0 && bw <= SBX_NET_BW_MAX)
+        p->bandwidth = (uint32_t)bw;
+    int rc = load_rules(a->sh, net, "allow", p->allow, &p->nallow, p->allow_names,
+                        &p->nallow_names, why, whylen);
     if (rc == 0)
-        rc = load_rules(a->sh, net, "deny", p->deny, &p->ndeny, why, whylen);
+        rc = load_rules(a->sh, net, "deny", p->deny, &p->ndeny, p->deny_names, &p->ndeny_names,
+                        why, whylen);
     if (have)
         sbx_wire_msg_free(&m);
     return rc;
@@ -211,6 +245,9 @@ actor_net_encode_status(struct actor *a, sbx_enc *e)
     int64_t mc;
     if (net && sbx_wire_get_i64(net, "maxConnections", &mc) == 0)
         sbx_enc_kint(e, "maxConnections", mc);
+    int64_t bw;
+    if (net && sbx_wire_get_i64(net, "bandwidth", &bw) == 0)
+        sbx_enc_kint(e, "bandwidth", bw);
     if (have)
         sbx_wire_msg_free(&m);
     if (a->cs == C_RUNNING && a->net_att.slot) {
@@ -226,6 +263,22 @@ actor_net_encode_status(struct actor *a, sbx_enc *e)
             sbx_enc_kint(e, "bytesIn", (int64_t)st.bytes_in);
             sbx_enc_kint(e, "connections", (int64_t)st.connections);
         }
+        /* The names its resolver answered lately, and the pinned addresses. */
+        struct sbx_net_pin pins[16];
+        int np = sbx_net_pins(a->sh->net, a->net_att.slot, pins, 16);
+        int64_t now = sbx_wall_ms();
+        sbx_enc_karray(e, "resolved");
+        for (int i = 0; i < np; i++) {
+            uint32_t v2 = pins[i].addr;
+            snprintf(addr, sizeof(addr), "%u.%u.%u.%u", v2 >> 24, (v2 >> 16) & 255,
+                     (v2 >> 8) & 255, v2 & 255);
+            sbx_enc_map(e);
+            sbx_enc_kstr(e, "name", pins[i].name);
+            sbx_enc_kstr(e, "address", addr);
+            sbx_enc_kint(e, "expiresInMs", pins[i].expires_ms - now);
+            sbx_enc_end(e);
+        }
+        sbx_enc_end(e);
     }
     sbx_enc_end(e);
 }

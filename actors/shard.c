@@ -144,6 +144,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->cluster);
     free(c->network_default);
     free(c->network_range);
+    free(c->dns_upstream);
     free(c->advertise);
     free(c->images);
     free(c->backups);
@@ -468,7 +469,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         rc = SBX_E_VALIDATION;
         goto out;
     }
-    struct sbx_net_conf nc = {.name = conf->name, .range = conf->network_range};
+    struct sbx_net_conf nc = {.name = conf->name, .range = conf->network_range,
+                              .dns_upstream = conf->dns_upstream};
     if ((rc = sbx_net_new(&sh->net, &nc, why, sizeof(why))) != 0) {
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;

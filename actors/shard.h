@@ -81,6 +81,8 @@ struct sbx_shard_conf {
     int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
     char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
+    char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the
+                           * host's /etc/resolv.conf (docs/network.md §Host names) */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity

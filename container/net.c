@@ -43,6 +43,11 @@ struct sbx_net {
     char hostif[16];           /* "sbx<hex block>" in the host netns */
     char table[24];            /* host nft table "sbx_<hex block>" */
     bool used[SLOTS];
+    pthread_mutex_t tc_mu;     /* one tc run at a time (the first makes up0's htb); guards: */
+    uint32_t bw[SLOTS];        /* each slot's bandwidth limit now, Mbit/s (0: none) */
+    bool htb;                  /* up0 has its root htb (made by the first limit) */
+    char upstream[64];         /* --dns-upstream, "" = the host's resolv.conf */
+    struct sbx_dns *dns;       /* the sandboxes' resolver (net_dns.c), once the router is up */
     int next;                  /* next slot to try: round robin, so a freed slot's
                                 * veth has time to go with its netns */
 };
@@ -147,6 +152,9 @@ nft_ctx_in(int nsfd)
     return c;
 }
 
+/* pin_locked — the resolver's pin callback: nft commands under n->mu. */
+static int pin_locked(void *ctx, const char *cmds);
+
 /* nft — run commands in the router's table (n->mu held); 0 or -EIO with
  * nft's message in err.  *out (may be NULL) is nft's output, valid until the
  * next call. */
@@ -161,6 +169,87 @@ nft(sbx_net *n, const char *cmds, const char **out, char *err, size_t errlen)
     if (err && errlen)
         snprintf(err, errlen, "%s", e ? e : "");
     return rc == 0 ? 0 : -EIO;
+}
+
+static int
+pin_locked(void *ctx, const char *cmds)
+{
+    sbx_net *n = ctx;
+    char err[512];
+    pthread_mutex_lock(&n->mu);
+    int rc = nft(n, cmds, NULL, err, sizeof(err));
+    pthread_mutex_unlock(&n->mu);
+    if (rc)
+        sbx_log_warn("network: pinning resolved addresses: %s", err);
+    return rc;
+}
+
+/* set_bandwidth — slot k's limit to mbps (rtnetlink in the router's netns:
+ * a tbf on s<k>, a class 1:<k> of the uplink's htb); 0 or SBX_E_CONTAINER
+ * (why).  A detach finds s<k> gone with the sandbox's netns, or going. */
+static int
+set_bandwidth(sbx_net *n, int k, uint32_t mbps, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&n->tc_mu);
+    int rc = 0, nl = -1;
+    const char *step = "";
+    uint32_t had = n->bw[k];
+    if (had == mbps)
+        goto out;
+    pthread_mutex_lock(&n->mu);
+    int nsfd = n->nsfd;
+    pthread_mutex_unlock(&n->mu);
+    char ifn[16];
+    snprintf(ifn, sizeof(ifn), "s%d", k);
+    step = "netlink socket";
+    if ((rc = nl = sbx_nl_open_in(nsfd)) < 0)
+        goto out;
+    int up = sbx_nl_index(nl, "up0"), si = sbx_nl_index(nl, ifn);
+    step = "up0";
+    if ((rc = up) < 0)
+        goto out;
+    rc = 0;
+    if (had) { /* the class first: s<k>'s qdisc may have gone with it */
+        step = "the old class";
+        if ((rc = sbx_nl_tc_del(nl, up, true, (uint16_t)k)) != 0 && rc != -ENOENT)
+            goto out;
+        if (si > 0)
+            sbx_nl_tc_del(nl, si, false, 0);
+        n->bw[k] = 0;
+        rc = 0;
+    }
+    if (mbps) {
+        uint64_t rate = (uint64_t)mbps * 125000u; /* bytes/s */
+        /* Burst: 10 ms of the rate, at least 64 KiB (one TSO segment of the
+         * veth); queue: 50 ms of it more (tc's "latency 50ms"). */
+        uint32_t burst = (uint32_t)SBX_MAX(rate / 100, 65536u);
+        uint32_t limit = (uint32_t)(rate / 20 + burst);
+        step = ifn;
+        if ((rc = si) < 0)
+            goto out;
+        if (!n->htb) {
+            step = "the uplink's htb";
+            if ((rc = sbx_nl_htb_root(nl, up)) != 0 && rc != -EEXIST)
+                goto out;
+            n->htb = true;
+        }
+        step = "tbf";
+        if ((rc = sbx_nl_tbf(nl, si, rate, burst, limit)) != 0)
+            goto out;
+        step = "htb class";
+        if ((rc = sbx_nl_htb_class(nl, up, (uint16_t)k, rate, burst)) != 0)
+            goto out;
+        n->bw[k] = mbps;
+    }
+out:
+    if (nl >= 0)
+        close(nl);
+    pthread_mutex_unlock(&n->tc_mu);
+    if (rc < 0) {
+        snprintf(why, whylen, "bandwidth limit of slot %d: %s: %s", k, step, strerror(-rc));
+        return SBX_E_CONTAINER;
+    }
+    return 0;
 }
 
 int
@@ -179,6 +268,7 @@ sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t wh
     }
     sbx_net *n = sbx_xcalloc(1, sizeof(*n));
     pthread_mutex_init(&n->mu, NULL);
+    pthread_mutex_init(&n->tc_mu, NULL);
     snprintf(n->name, sizeof(n->name), "%s", conf->name);
     char a[INET_ADDRSTRLEN];
     ip4(a, sizeof(a), base);
@@ -187,6 +277,7 @@ sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t wh
     n->range_plen = plen;
     n->lockfd = n->nsfd = -1;
     n->next = 1;
+    snprintf(n->upstream, sizeof(n->upstream), "%s", conf->dns_upstream ? conf->dns_upstream : "");
     snprintf(n->nsname, sizeof(n->nsname), "sbx-%s", conf->name);
     *out = n;
     return 0;
@@ -302,6 +393,7 @@ router_up(sbx_net *n, char *why, size_t whylen)
     /* Router side. */
     snprintf(cmd, sizeof(cmd),
              "link set lo up\n"
+             "addr add " SBX_NET_RESOLVER "/32 dev lo\n"
              "addr add %s/31 dev up0\n"
              "link set up0 up\n"
              "route add default via %s\n",
@@ -312,7 +404,11 @@ router_up(sbx_net *n, char *why, size_t whylen)
     }
     const char *const sysctl[] = {"/usr/sbin/sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
                                   "net.ipv6.conf.all.disable_ipv6=1",
-                                  "net.ipv6.conf.default.disable_ipv6=1", NULL};
+                                  "net.ipv6.conf.default.disable_ipv6=1",
+                                  /* strict: a packet from s<k> must come from slot k's
+                                   * address (the resolver trusts its source) */
+                                  "net.ipv4.conf.all.rp_filter=1",
+                                  "net.ipv4.conf.default.rp_filter=1", NULL};
     if ((rc = run(sysctl, n->nsfd, NULL, out, sizeof(out))) != 0) {
         snprintf(why, whylen, "router sysctls: %s", out);
         goto fail;
@@ -330,12 +426,17 @@ router_up(sbx_net *n, char *why, size_t whylen)
         snprintf(why, whylen, "router nft table: %s", out);
         goto fail;
     }
+    if ((rc = sbx_dns_start(&n->dns, n->nsfd, n->upstream, n->block, pin_locked, n, why,
+                            whylen)) != 0)
+        goto fail;
     n->up = true;
     sbx_log_info("network: router %s up, block %s/22, host veth %s, host table inet %s",
                  n->nsname, hostaddr, n->hostif, n->table);
     return 0;
 fail:
     sbx_log_error("network: router %s: %s", n->nsname, why);
+    sbx_dns_stop(n->dns);
+    n->dns = NULL;
     remove_stale(n);
     if (n->nft)
         nft_ctx_free(n->nft);
@@ -364,6 +465,7 @@ sbx_net_free(sbx_net *n)
     if (!n)
         return;
     if (n->up) {
+        sbx_dns_stop(n->dns);
         remove_stale(n); /* the netns (and with it both veths), the host table */
         nft_ctx_free(n->nft);
         close(n->nsfd);
@@ -374,6 +476,7 @@ sbx_net_free(sbx_net *n)
         close(n->lockfd);
     }
     pthread_mutex_destroy(&n->mu);
+    pthread_mutex_destroy(&n->tc_mu);
     free(n);
 }
 
@@ -422,6 +525,7 @@ sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
         snprintf(why, whylen, "nft chain of slot %d: %s", k, out);
         goto fail;
     }
+    sbx_dns_set_policy(n->dns, k, p);
     /* The veth, its router end addressed and up, the sandbox end born as
      * eth0 in the sandbox's netns, addressed, up, default route. */
     char ifn[16];
@@ -455,6 +559,8 @@ sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
         snprintf(why, whylen, "%s of slot %d (%s): %s", step, k, a, strerror(-rc));
         goto fail;
     }
+    if (p->bandwidth && set_bandwidth(n, k, p->bandwidth, why, whylen) != 0)
+        goto fail;
     at->attach_us = sbx_mono_us() - t0;
     return 0;
 fail:
@@ -472,10 +578,15 @@ sbx_net_update(sbx_net *n, int k, uint32_t addr, const struct sbx_net_policy *p,
         return -EINVAL;
     struct sbx_net_buf b = {0};
     sbx_net_render_update(&b, k, addr, p);
+    /* The resolver's policy first, then the flush of the pins: a pin it
+     * makes under the old policy lands before the flush (net_dns.c). */
+    sbx_dns_set_policy(n->dns, k, p);
     pthread_mutex_lock(&n->mu);
     int rc = n->nft ? nft(n, b.p, NULL, why, whylen) : -ENOENT;
     pthread_mutex_unlock(&n->mu);
     free(b.p);
+    if (rc == 0 && set_bandwidth(n, k, p->bandwidth, why, whylen) != 0)
+        rc = -EIO;
     return rc;
 }
 
@@ -494,9 +605,10 @@ sbx_net_detach(sbx_net *n, int k)
              "delete element inet sbx to_sb { \"s%d\" }\n"
              "flush chain inet sbx so%d\nflush chain inet sbx si%d\n"
              "delete chain inet sbx so%d\ndelete chain inet sbx si%d\n"
+             "delete set inet sbx ha%d\ndelete set inet sbx hp%d\n"
              "delete counter inet sbx o%d\ndelete counter inet sbx i%d\n"
              "delete counter inet sbx n%d\n",
-             k, k, k, k, k, k, k, k, k);
+             k, k, k, k, k, k, k, k, k, k, k);
     if (nft(n, cmd, NULL, out, sizeof(out)) != 0) {
         char *line = cmd;
         while (*line) {
@@ -513,6 +625,13 @@ sbx_net_detach(sbx_net *n, int k)
      * every destroy.  Slots are handed out round robin, and an attach that
      * still finds the old s<k> deletes it then (sbx_net_attach). */
     (void)rnsfd;
+    sbx_dns_set_policy(n->dns, k, NULL);
+    char why[256];
+    if (set_bandwidth(n, k, 0, why, sizeof(why)) != 0) /* its class on up0 goes first */
+        sbx_log_debug("network: detach: %s", why);
+    pthread_mutex_lock(&n->tc_mu);
+    n->bw[k] = 0;
+    pthread_mutex_unlock(&n->tc_mu);
     pthread_mutex_lock(&n->mu);
     n->used[k] = false;
     pthread_mutex_unlock(&n->mu);
@@ -550,4 +669,13 @@ sbx_net_stats(sbx_net *n, int k, struct sbx_net_stats *st)
     st->bytes_in = v[1][1];
     st->connections = v[2][0];
     return 0;
+}
+
+int
+sbx_net_pins(sbx_net *n, int k, struct sbx_net_pin *out, int max)
+{
+    pthread_mutex_lock(&n->mu);
+    struct sbx_dns *d = n->dns;
+    pthread_mutex_unlock(&n->mu);
+    return sbx_dns_pins(d, k, out, max);
 }

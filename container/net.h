@@ -40,7 +40,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define SBX_NET_MAX_RULES 64 /* per list (allow, deny) */
+#define SBX_NET_MAX_RULES 64 /* per list (allow, deny), CIDR and host-name rules together */
+#define SBX_NET_NAME_MAX 254 /* a host-name rule's name, with its NUL */
+#define SBX_NET_BW_MAX 100000 /* Mbit/s: the largest bandwidth limit */
+/* The resolver every sandbox is given (/etc/resolv.conf): an address of the
+ * router's lo, reached through each sandbox's default route (net_dns.c). */
+#define SBX_NET_RESOLVER "169.254.0.53"
 
 /* One rule: an IPv4 CIDR and an optional TCP/UDP port (0 = every port). */
 struct sbx_net_rule {
@@ -49,13 +54,27 @@ struct sbx_net_rule {
     uint16_t port;  /* destination port, 0 = any */
 };
 
-/* A sandbox's policy (docs/network.md §Policy).  With no allow rule an egress
- * sandbox may reach every public address; with some, only those. */
+/* One host-name rule: "example.org" (that name) or "*.example.org" (every
+ * name below it, not the name itself), lower case, no trailing dot; an
+ * optional TCP/UDP port (0 = every port; deny rules have none). */
+struct sbx_net_name {
+    char name[SBX_NET_NAME_MAX];
+    uint16_t port;
+};
+
+/* A sandbox's policy (docs/network.md §Policy).  With no allow rule (CIDR or
+ * name) an egress sandbox may reach every public address; with some, only
+ * those: a CIDR rule's addresses, and the addresses the sandbox's resolver
+ * answered for an allowed name, until their TTL ends (net_dns.c). */
 struct sbx_net_policy {
     int nallow, ndeny;
-    uint32_t max_conns; /* outbound connections open at once; 0 = no limit */
+    int nallow_names, ndeny_names;
+    uint32_t max_conns;     /* outbound connections open at once; 0 = no limit */
+    uint32_t bandwidth;     /* Mbit/s each way (10^6 bit/s); 0 = no limit */
     struct sbx_net_rule allow[SBX_NET_MAX_RULES];
     struct sbx_net_rule deny[SBX_NET_MAX_RULES];
+    struct sbx_net_name allow_names[SBX_NET_MAX_RULES];
+    struct sbx_net_name deny_names[SBX_NET_MAX_RULES];
 };
 
 /*
@@ -71,6 +90,22 @@ struct sbx_net_policy {
 int sbx_net_rule_parse(const char *text, const char *range, struct sbx_net_rule *r, char *why,
                        size_t whylen);
 
+/*
+ * sbx_net_name_parse — if text is a host-name rule, "NAME[:PORT]" or
+ * "*.NAME[:PORT]" (a host part with a letter or a '*'), parse it into *r:
+ * labels of 1..63 bytes of [A-Za-z0-9-] not starting or ending with '-', at
+ * most 253 bytes, lower-cased, a trailing dot dropped; with deny, no port.
+ * Returns 1 when text is not a host-name rule (parse it as CIDR[:PORT]),
+ * 0 when it is one, SBX_E_VALIDATION (reason naming the rule in why) when it
+ * looks like one but is not valid.
+ */
+int sbx_net_name_parse(const char *text, bool deny, struct sbx_net_name *r, char *why,
+                       size_t whylen);
+
+/* sbx_net_name_match — whether host name q (lower case, no trailing dot)
+ * matches rule r: equal to r's name, or below the suffix of a "*." rule. */
+bool sbx_net_name_match(const struct sbx_net_name *r, const char *q);
+
 /* sbx_net_range_parse — "A.B.C.D/N" with 8 <= N <= 22 (at least one /22
  * block) into base/plen.  0 or SBX_E_VALIDATION. */
 int sbx_net_range_parse(const char *text, uint32_t *base, uint8_t *plen);
@@ -80,6 +115,10 @@ typedef struct sbx_net sbx_net;
 struct sbx_net_conf {
     const char *name;   /* the shard's name: router netns "sbx-<name>" */
     const char *range;  /* IPv4 range the shard's /22 block comes from */
+    const char *dns_upstream; /* "A.B.C.D[:PORT]": where the sandboxes' resolver forwards
+                               * the queries it allows; NULL: the first IPv4 nameserver
+                               * of the host's /etc/resolv.conf (read when the router is
+                               * made) */
 };
 
 /* sbx_net_new — remember the configuration; nothing on the host changes
@@ -106,7 +145,8 @@ struct sbx_net_attachment {
 /*
  * sbx_net_attach — give the container whose PID 1 is `pid` (host pid) an
  * eth0 into the router under policy p: veth, addresses, default route,
- * nft chain.  Makes the router first if needed.  On success *at is filled;
+ * nft chain, its resolver's names (net_dns.c) and, with p->bandwidth, its
+ * limit (tc).  Makes the router first if needed.  On success *at is filled;
  * the caller must call sbx_net_detach(at->slot) when the container stops.
  * 0 or a negative code (SBX_E_CONTAINER, reason in why).
  */
@@ -115,7 +155,9 @@ int sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
 
 /* sbx_net_update — replace the policy of attached slot (address addr) by p,
  * atomically: new connections meet the new rules at once, established ones
- * go on (the maxConnections count starts again).  0 or -EIO (why). */
+ * go on (the maxConnections count starts again); the pinned addresses of
+ * its names are dropped (looked up again under the new names) and its
+ * bandwidth limit set to p's.  0 or -EIO (why). */
 int sbx_net_update(sbx_net *n, int slot, uint32_t addr, const struct sbx_net_policy *p,
                    char *why, size_t whylen);
 
@@ -132,5 +174,17 @@ struct sbx_net_stats {
 
 /* sbx_net_stats — slot's nft counters (libnftables, ~0.5 ms here).  0 or -errno. */
 int sbx_net_stats(sbx_net *n, int slot, struct sbx_net_stats *st);
+
+/* A name the resolver answered for a slot, and the address it pinned. */
+struct sbx_net_pin {
+    char name[SBX_NET_NAME_MAX];
+    uint32_t addr;        /* host order */
+    int64_t expires_ms;   /* wall clock (ms since the epoch) when the pin goes */
+};
+
+/* sbx_net_pins — the slot's most recent pins still in force, newest first,
+ * at most max into out (caller's array); returns how many (0 when none or
+ * no resolver).  The resolver remembers the last 16 per slot. */
+int sbx_net_pins(sbx_net *n, int slot, struct sbx_net_pin *out, int max);
 
 #endif

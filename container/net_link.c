@@ -1,7 +1,7 @@
 /*
  * net_link.c — the few rtnetlink requests a sandbox's attachment needs
  * (net_int.h): a veth pair whose peer is born in another netns, an IPv4
- * address, link up, a default route.  In-process: running `ip` for them cost
+ * address, link up, a default route; and a bandwidth limit's qdiscs.  In-process: running `ip` for them cost
  * two fork+execs (~2 ms each here) per egress cold start (docs/network.md).
  * Requests are synchronous (NLM_F_ACK), one socket per caller: no state
  * shared between threads.
@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/if_link.h>
+#include <linux/pkt_sched.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <net/if.h>
@@ -185,5 +186,98 @@ sbx_nl_del(int nl, const char *name)
     struct ifinfomsg ifi = {.ifi_family = AF_UNSPEC};
     init(&r, RTM_DELLINK, 0, &ifi, sizeof(ifi));
     put(&r, IFLA_IFNAME, name, strlen(name) + 1);
+    return talk(nl, &r, NULL);
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Traffic control: what `tc` would send for a bandwidth limit (~4 ms a run
+ * of it here, fork and exec; docs/network.md §Bandwidth). */
+
+#define ROOT_HANDLE 0x00010000u /* 1: */
+
+static void
+ratespec(struct tc_ratespec *r, uint64_t rate)
+{
+    memset(r, 0, sizeof(*r));
+    r->linklayer = TC_LINKLAYER_ETHERNET; /* no rate table: the kernel computes */
+    r->rate = rate >= 0xffffffffu ? 0xffffffffu : (uint32_t)rate;
+}
+
+/* The time to send bytes at rate bytes/s, in psched ticks (64 ns). */
+static uint32_t
+ticks(uint64_t bytes, uint64_t rate)
+{
+    uint64_t ns = bytes * 1000000000ull / (rate ? rate : 1);
+    uint64_t t = ns >> 6;
+    return t > 0xffffffffu ? 0xffffffffu : (uint32_t)t;
+}
+
+int
+sbx_nl_tbf(int nl, int index, uint64_t rate, uint32_t burst, uint32_t limit)
+{
+    struct nlreq r;
+    struct tcmsg tcm = {.tcm_family = AF_UNSPEC, .tcm_ifindex = index,
+                        .tcm_handle = ROOT_HANDLE, .tcm_parent = TC_H_ROOT};
+    init(&r, RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, &tcm, sizeof(tcm));
+    put(&r, TCA_KIND, "tbf", 4);
+    struct rtattr *o = put(&r, TCA_OPTIONS, NULL, 0);
+    struct tc_tbf_qopt q = {.limit = limit, .buffer = ticks(burst, rate)};
+    ratespec(&q.rate, rate);
+    put(&r, TCA_TBF_PARMS, &q, sizeof(q));
+    if (rate >= 0xffffffffu)
+        put(&r, TCA_TBF_RATE64, &rate, sizeof(rate));
+    put(&r, TCA_TBF_BURST, &burst, sizeof(burst));
+    nest_end(&r, o);
+    return talk(nl, &r, NULL);
+}
+
+int
+sbx_nl_htb_root(int nl, int index)
+{
+    struct nlreq r;
+    struct tcmsg tcm = {.tcm_family = AF_UNSPEC, .tcm_ifindex = index,
+                        .tcm_handle = ROOT_HANDLE, .tcm_parent = TC_H_ROOT};
+    init(&r, RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, &tcm, sizeof(tcm));
+    put(&r, TCA_KIND, "htb", 4);
+    struct rtattr *o = put(&r, TCA_OPTIONS, NULL, 0);
+    /* version 3; default class 0: unclassified packets go out unshaped */
+    struct tc_htb_glob g = {.version = 3, .rate2quantum = 10, .defcls = 0};
+    put(&r, TCA_HTB_INIT, &g, sizeof(g));
+    nest_end(&r, o);
+    return talk(nl, &r, NULL);
+}
+
+int
+sbx_nl_htb_class(int nl, int index, uint16_t minor, uint64_t rate, uint32_t burst)
+{
+    struct nlreq r;
+    struct tcmsg tcm = {.tcm_family = AF_UNSPEC, .tcm_ifindex = index,
+                        .tcm_handle = ROOT_HANDLE | minor, .tcm_parent = ROOT_HANDLE};
+    init(&r, RTM_NEWTCLASS, NLM_F_CREATE | NLM_F_EXCL, &tcm, sizeof(tcm));
+    put(&r, TCA_KIND, "htb", 4);
+    struct rtattr *o = put(&r, TCA_OPTIONS, NULL, 0);
+    struct tc_htb_opt h = {.buffer = ticks(burst, rate), .cbuffer = ticks(burst, rate),
+                           .quantum = 65536};
+    ratespec(&h.rate, rate);
+    ratespec(&h.ceil, rate);
+    put(&r, TCA_HTB_PARMS, &h, sizeof(h));
+    if (rate >= 0xffffffffu) {
+        put(&r, TCA_HTB_RATE64, &rate, sizeof(rate));
+        put(&r, TCA_HTB_CEIL64, &rate, sizeof(rate));
+    }
+    nest_end(&r, o);
+    return talk(nl, &r, NULL);
+}
+
+int
+sbx_nl_tc_del(int nl, int index, bool cls, uint16_t minor)
+{
+    struct nlreq r;
+    struct tcmsg tcm = {.tcm_family = AF_UNSPEC, .tcm_ifindex = index};
+    if (cls)
+        tcm.tcm_handle = ROOT_HANDLE | minor;
+    else
+        tcm.tcm_parent = TC_H_ROOT;
+    init(&r, cls ? RTM_DELTCLASS : RTM_DELQDISC, 0, &tcm, sizeof(tcm));
     return talk(nl, &r, NULL);
 }

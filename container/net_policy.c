@@ -3,6 +3,7 @@
  * nft text of one sandbox's chains (net.h; docs/network.md §Policy).
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <stdarg.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -177,6 +178,91 @@ sbx_net_rule_parse(const char *text, const char *range, struct sbx_net_rule *r, 
     return 0;
 }
 
+int
+sbx_net_name_parse(const char *text, bool deny, struct sbx_net_name *r, char *why, size_t whylen)
+{
+    char buf[SBX_NET_NAME_MAX + 8];
+    memset(r, 0, sizeof(*r));
+    size_t n = strlen(text);
+    /* The host part: up to the last ':' (a second ':' is IPv6, not ours). */
+    const char *colon = strrchr(text, ':');
+    size_t hl = colon ? (size_t)(colon - text) : n;
+    if (colon && strchr(text, ':') != colon)
+        return 1;
+    bool name = false;
+    for (size_t i = 0; i < hl; i++)
+        if (isalpha((unsigned char)text[i]) || text[i] == '*' || text[i] == '_')
+            name = true;
+    if (!name)
+        return 1;
+    if (hl == 0 || hl >= sizeof(buf)) {
+        snprintf(why, whylen, "rule '%.64s': a host name has at most 253 bytes", text);
+        return SBX_E_VALIDATION;
+    }
+    memcpy(buf, text, hl);
+    buf[hl] = '\0';
+    if (hl > 1 && buf[hl - 1] == '.')
+        buf[--hl] = '\0';
+    if (colon) {
+        char *end;
+        long p = strtol(colon + 1, &end, 10);
+        if (colon[1] == '\0' || *end || p < 1 || p > 65535) {
+            snprintf(why, whylen, "rule '%s': the port must be 1..65535", text);
+            return SBX_E_VALIDATION;
+        }
+        if (deny) {
+            snprintf(why, whylen, "rule '%s': a host-name deny rule takes no port (its name is "
+                     "not resolved at all)", text);
+            return SBX_E_VALIDATION;
+        }
+        r->port = (uint16_t)p;
+    }
+    const char *s = buf;
+    if (s[0] == '*') {
+        if (s[1] != '.') {
+            snprintf(why, whylen, "rule '%s': a wildcard is '*.' and a name (*.example.org)",
+                     text);
+            return SBX_E_VALIDATION;
+        }
+        s += 2;
+    }
+    size_t total = strlen(s);
+    if (total == 0 || total > 253) {
+        snprintf(why, whylen, "rule '%.64s': expected a host name[:PORT], e.g. example.org:443 or "
+                 "*.example.org", text);
+        return SBX_E_VALIDATION;
+    }
+    for (const char *l = s; *l;) {
+        size_t len = strcspn(l, ".");
+        bool ok = len >= 1 && len <= 63 && l[0] != '-' && l[len - 1] != '-';
+        for (size_t i = 0; ok && i < len; i++)
+            ok = isalnum((unsigned char)l[i]) || l[i] == '-';
+        if (!ok) {
+            snprintf(why, whylen, "rule '%.64s': not a host name (labels of 1-63 letters, digits "
+                     "and '-', separated by dots; '*.' only in front)", text);
+            return SBX_E_VALIDATION;
+        }
+        l += len + (l[len] == '.');
+        if (l[-1] == '.' && !*l) {
+            snprintf(why, whylen, "rule '%.64s': not a host name (empty label)", text);
+            return SBX_E_VALIDATION;
+        }
+    }
+    for (char *c = buf; *c; c++)
+        *c = (char)tolower((unsigned char)*c);
+    snprintf(r->name, sizeof(r->name), "%s", buf);
+    return 0;
+}
+
+bool
+sbx_net_name_match(const struct sbx_net_name *r, const char *q)
+{
+    if (r->name[0] != '*')
+        return strcmp(r->name, q) == 0;
+    size_t sl = strlen(r->name) - 1, ql = strlen(q); /* ".suffix" */
+    return ql > sl && strcmp(q + ql - sl, r->name + 1) == 0;
+}
+
 /* ------------------------------------------------------------------------------ */
 /* nft text. */
 
@@ -231,6 +317,10 @@ so_rules(struct sbx_net_buf *b, int k, const char *a, const struct sbx_net_polic
     char m[128];
     const char *R = "add rule inet sbx so";
     sbx_net_buf_add(b, "%s%d counter name \"o%d\"\n", R, k, k);
+    /* A bandwidth limit: the uplink's htb puts the packet in class 1:<k>
+     * by its priority (no tc classifier needed; net.c, set_bandwidth). */
+    if (p->bandwidth)
+        sbx_net_buf_add(b, "%s%d meta priority set 1:%x\n", R, k, k);
     sbx_net_buf_add(b, "%s%d ip saddr != %s drop\n", R, k, a);
     sbx_net_buf_add(b, "%s%d ct state established,related accept\n", R, k);
     sbx_net_buf_add(b, "%s%d ct state != new drop\n", R, k);
@@ -251,13 +341,20 @@ so_rules(struct sbx_net_buf *b, int k, const char *a, const struct sbx_net_polic
         sbx_net_buf_add(b, "%s%d %s counter name \"n%d\" accept\n", R, k, m, k);
     }
     sbx_net_buf_add(b, "%s%d ip daddr @priv4 jump refuse\n", R, k);
+    /* Addresses the resolver answered for an allowed name (net_dns.c):
+     * for every port (set ha<k>) or one (hp<k>), until the pin's timeout. */
+    if (p->nallow_names) {
+        sbx_net_buf_add(b, "%s%d ip daddr @ha%d counter name \"n%d\" accept\n", R, k, k, k);
+        sbx_net_buf_add(b, "%s%d meta l4proto { tcp, udp } ip daddr . th dport @hp%d "
+                           "counter name \"n%d\" accept\n", R, k, k, k);
+    }
     for (int i = 0; i < p->nallow; i++) {
         if (sbx_net_is_private(&p->allow[i]))
             continue;
         rule_match(m, sizeof(m), &p->allow[i]);
         sbx_net_buf_add(b, "%s%d %s counter name \"n%d\" accept\n", R, k, m, k);
     }
-    if (p->nallow == 0)
+    if (p->nallow == 0 && p->nallow_names == 0)
         sbx_net_buf_add(b, "%s%d counter name \"n%d\" accept\n", R, k, k);
     sbx_net_buf_add(b, "%s%d jump refuse\n", R, k);
 }
@@ -271,6 +368,9 @@ sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sb
     sbx_net_buf_add(b, "add counter inet sbx o%d\nadd counter inet sbx i%d\n"
                        "add counter inet sbx n%d\n", k, k, k);
     sbx_net_buf_add(b, "add chain inet sbx so%d\nadd chain inet sbx si%d\n", k, k);
+    sbx_net_buf_add(b, "add set inet sbx ha%d { type ipv4_addr; flags timeout; }\n"
+                       "add set inet sbx hp%d { type ipv4_addr . inet_service; flags timeout; }\n",
+                    k, k);
     so_rules(b, k, a, p);
     sbx_net_buf_add(b, "add rule inet sbx si%d counter name \"i%d\"\n", k, k);
     sbx_net_buf_add(b, "add rule inet sbx si%d ct state established,related accept\n", k);
@@ -285,7 +385,10 @@ sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct 
     struct in_addr ia = {.s_addr = htonl(addr)};
     char a[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &ia, a, sizeof(a));
-    sbx_net_buf_add(b, "flush chain inet sbx so%d\n", k);
+    /* The pins go with the old rules: a name the new policy no longer
+     * allows must not stay reachable until its TTL ends. */
+    sbx_net_buf_add(b, "flush chain inet sbx so%d\nflush set inet sbx ha%d\n"
+                       "flush set inet sbx hp%d\n", k, k, k);
     so_rules(b, k, a, p);
 }
 
@@ -321,7 +424,9 @@ sbx_net_render_router(struct sbx_net_buf *b, const char *range)
                     " chain forward { type filter hook forward priority filter; policy drop;"
                     " iifname vmap @from_sb; oifname vmap @to_sb; }\n"
                     " chain input { type filter hook input priority filter; policy drop;"
-                    " iifname \"lo\" accept; ct state established,related accept; jump refuse; }\n"
+                    " iifname \"lo\" accept; ct state established,related accept;"
+                    " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " udp dport 53 accept;"
+                    " jump refuse; }\n"
                     " chain output { type filter hook output priority filter; policy accept;"
                     " meta nfproto ipv6 drop; }\n"
                     " chain post { type nat hook postrouting priority srcnat;"

@@ -43,6 +43,8 @@ pkgs=(
   prometheus help2man
   # egress networking: the shards run ip and nft for each egress sandbox (docs/network.md)
   nftables libnftables-dev
+  # the sandboxes' resolver parses and writes DNS with libldns; the DNS tests' server is dnsmasq
+  libldns-dev dnsmasq-base
 )
 
 missing=()

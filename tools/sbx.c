@@ -619,8 +619,9 @@ human_create(const msgpack_object *res)
 #define CREATE_USAGE                                                                         \
     "usage: sbx create ID [--image REF [--start]] [--workspace ephemeral|persistent] [--disk 2G]\n" \
     "                     [--memory 256M] [--pids N] [--cpu MILLICPUS]\n"                     \
-    "                     [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]...\n" \
-    "                     [--max-connections N]\n"
+    "                     [--network none|egress] [--allow CIDR[:PORT]|NAME[:PORT]]...\n"   \
+    "                     [--deny CIDR[:PORT]|NAME]... [--max-connections N]\n"              \
+    "                     [--bandwidth MBIT_PER_S]\n"
 
 static int
 v_create(struct gopts *g, int argc, char **argv)
@@ -631,7 +632,7 @@ v_create(struct gopts *g, int argc, char **argv)
         return rc;
     /* Network options: collected first, sent as {network: {mode, allow, deny}}. */
     const char *mode = NULL;
-    uint64_t maxconn = 0;
+    uint64_t maxconn = 0, bandwidth = 0;
     const char *allow[64], *deny[64];
     int nallow = 0, ndeny = 0;
     sbx_args *a = sbx_args_new();
@@ -681,6 +682,14 @@ v_create(struct gopts *g, int argc, char **argv)
             }
             continue;
         }
+        if (!strcmp(k, "--bandwidth")) {
+            if (cli_parse_size(val, &bandwidth) != 0 || bandwidth == 0 || bandwidth > 100000) {
+                fprintf(stderr, "sbx create: --bandwidth is in Mbit/s, 1..100000\n");
+                sbx_args_free(a);
+                return EXIT_USAGE;
+            }
+            continue;
+        }
         if (i + 1 < argc && (!strcmp(k, "--allow") || !strcmp(k, "--deny"))) {
             bool al = !strcmp(k, "--allow");
             if ((al ? nallow : ndeny) >= 64) {
@@ -713,12 +722,14 @@ v_create(struct gopts *g, int argc, char **argv)
         sbx_args_kint(a, k, (int64_t)v);
     }
     sbx_args_end(a);
-    if (mode || nallow || ndeny || maxconn) {
+    if (mode || nallow || ndeny || maxconn || bandwidth) {
         sbx_args_kmap(a, "network");
         if (mode)
             sbx_args_kstr(a, "mode", mode);
         if (maxconn)
             sbx_args_kint(a, "maxConnections", (int64_t)maxconn);
+        if (bandwidth)
+            sbx_args_kint(a, "bandwidth", (int64_t)bandwidth);
         if (nallow) {
             sbx_args_karray(a, "allow");
             for (int i = 0; i < nallow; i++)

@@ -238,6 +238,9 @@ set_log_format(const char *log_format, const char *cmd)
          "network mode of sandboxes that choose none: none (loopback only) or egress"},       \
         {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
          "IPv4 range of sandbox addresses, one /22 per shard (10.88.0.0/16)"},                \
+        {"dns-upstream", SBX_OPT_STR, &(c)->dns_upstream,                                     \
+         "A.B.C.D[:PORT]: where egress sandboxes' resolver forwards allowed names "           \
+         "(default: the host's first IPv4 nameserver)"},                                      \
         {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
          "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
          "(kept on disk, docs/persistence.md)"},                                            \

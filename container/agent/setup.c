@@ -355,6 +355,12 @@ mirror_toplevel(const char *name)
 
 /* ------------------------------------------------------------------------------ */
 
+/* The resolver of an egress sandbox: an address of its shard's router
+ * (SBX_NET_RESOLVER, container/net.h), the same for every sandbox; in a
+ * `none` sandbox it is unreachable and lookups fail at once. */
+#define RESOLV_CONF "# sbx: the shard's resolver (docs/network.md); only egress sandboxes reach it\n" \
+                    "nameserver 169.254.0.53\n"
+
 static int
 setup_etc(const struct agent_cfg *cfg, sbx_err_t *err)
 {
@@ -401,8 +407,8 @@ setup_etc(const struct agent_cfg *cfg, sbx_err_t *err)
         {"group", "root:x:0:\nnogroup:x:65534:\n"},
         {"hosts", hosts},
         {"hostname", cfg->hostname},
-        {"resolv.conf", "# sbx sandboxes have no network beyond loopback\n"},
-        {"nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\n"
+        {"resolv.conf", RESOLV_CONF},
+        {"nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
                           "networks: files\nprotocols: files\nservices: files\n"},
     };
     for (size_t i = 0; i < SBX_ARRAY_LEN(gen); i++) {
@@ -696,7 +702,7 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
              cfg->hostname);
     const char *gen[][2] = {{"hosts", hosts},
                             {"hostname", cfg->hostname},
-                            {"resolv.conf", "# sbx sandboxes have no network beyond loopback\n"}};
+                            {"resolv.conf", RESOLV_CONF}};
     STEP(mkdir_ok(NEWROOT "/etc", 0755) == 0, "mkdir /etc");
     for (size_t i = 0; i < SBX_ARRAY_LEN(gen); i++) {
         char dst[64];

@@ -411,7 +411,7 @@ Test(egress, rules_that_open_denied_ranges_are_refused)
     char *id = test_id("egr-bad");
     static const char *const bad[] = {
         "169.254.169.254", "169.254.0.0/16:80", "127.0.0.1:22", "10.88.0.0/24",
-        "224.0.0.1",       "not-a-cidr",        "1.2.3.4:0",    "1.2.3.5/24", "fd00:ec2::254",
+        "224.0.0.1",       "not_a_cidr",        "1.2.3.4:0",    "1.2.3.5/24", "fd00:ec2::254",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char net[256], code[64], msg[512];

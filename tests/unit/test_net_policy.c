@@ -116,3 +116,62 @@ Test(net_policy, chain_order)
               b2.p);
     free(b2.p);
 }
+
+Test(net_policy, host_name_rules)
+{
+    struct sbx_net_name n;
+    char why[256];
+    cr_assert_eq(sbx_net_name_parse("Example.ORG.:443", false, &n, why, sizeof(why)), 0, "%s",
+                 why);
+    cr_expect_str_eq(n.name, "example.org");
+    cr_expect_eq(n.port, 443);
+    cr_assert_eq(sbx_net_name_parse("*.cdn.example.org", false, &n, why, sizeof(why)), 0, "%s",
+                 why);
+    cr_expect_eq(n.port, 0);
+    cr_expect(sbx_net_name_match(&n, "a.cdn.example.org"));
+    cr_expect(sbx_net_name_match(&n, "b.a.cdn.example.org"));
+    cr_expect(!sbx_net_name_match(&n, "cdn.example.org"), "the apex is not below itself");
+    cr_expect(!sbx_net_name_match(&n, "xcdn.example.org"));
+    cr_assert_eq(sbx_net_name_parse("registry.npmjs.org", true, &n, why, sizeof(why)), 0);
+    cr_expect(sbx_net_name_match(&n, "registry.npmjs.org"));
+    cr_expect(!sbx_net_name_match(&n, "x.registry.npmjs.org"));
+    /* Addresses are not names: the CIDR parser takes them. */
+    cr_expect_eq(sbx_net_name_parse("203.0.113.0/24:443", false, &n, why, sizeof(why)), 1);
+    cr_expect_eq(sbx_net_name_parse("fd00:ec2::254", false, &n, why, sizeof(why)), 1);
+    static const char *const bad[] = {"bad..name", "*example.org", "-x.test", "*.", "a.test:0",
+                                      "x_y.test", "a.*.test", "a.test:", "x-.test"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why[0] = '\0';
+        cr_expect_eq(sbx_net_name_parse(bad[i], false, &n, why, sizeof(why)), SBX_E_VALIDATION,
+                     "'%s' accepted", bad[i]);
+        cr_expect(strstr(why, bad[i]) != NULL, "'%s': %s", bad[i], why);
+    }
+    cr_expect_eq(sbx_net_name_parse("x.test:443", true, &n, why, sizeof(why)), SBX_E_VALIDATION,
+                 "a deny name with a port");
+}
+
+Test(net_policy, pinned_sets_after_the_private_drop)
+{
+    struct sbx_net_policy *p = calloc(1, sizeof(*p));
+    char why[256];
+    cr_assert_eq(sbx_net_name_parse("example.org:443", false, &p->allow_names[p->nallow_names++],
+                                    why, sizeof(why)), 0);
+    struct sbx_net_buf b = {0};
+    sbx_net_render_slot(&b, 5, 0x0a58000bu, p);
+    long sets = at(b.p, "add set inet sbx hp5 { type ipv4_addr . inet_service; flags timeout; }");
+    long priv = at(b.p, "so5 ip daddr @priv4 jump refuse");
+    long ha = at(b.p, "so5 ip daddr @ha5 counter");
+    long hp = at(b.p, "so5 meta l4proto { tcp, udp } ip daddr . th dport @hp5 counter");
+    long last = at(b.p, "so5 jump refuse");
+    cr_expect(sets >= 0 && priv < ha && ha < hp && hp < last, "%s", b.p);
+    cr_expect(at(b.p, "meta priority set") < 0, "no limit, no class: %s", b.p);
+    /* Names only: not "everything public". */
+    cr_expect(at(b.p, "so5 counter name \"n5\" accept") < 0, "%s", b.p);
+    free(b.p);
+    p->bandwidth = 80;
+    struct sbx_net_buf b2 = {0};
+    sbx_net_render_slot(&b2, 300, 0x0a58000bu, p);
+    cr_expect(at(b2.p, "so300 meta priority set 1:12c") >= 0, "%s", b2.p);
+    free(b2.p);
+    free(p);
+}

@@ -432,6 +432,8 @@ class NetworkSettings(TypedDict, total=False):
     """deny rules, checked before the allow rules"""
     maxConnections: int
     """most outbound connections open at once; more are refused (default: no limit) [1 … 65536]"""
+    bandwidth: int
+    """limit of each direction in Mbit/s (10^6 bit/s), enforced on the router's side of the sandbox's veth (default: no limit) [1 … 100000]"""
 
 
 #: a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64

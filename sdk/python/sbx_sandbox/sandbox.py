@@ -843,20 +843,24 @@ class Sandbox(_Ops):
                cpu: Optional[int] = None, network: Optional[str] = None,
                allow: Optional[List[str]] = None,
                deny: Optional[List[str]] = None,
-               max_connections: Optional[int] = None) -> Dict[str, Any]:
+               max_connections: Optional[int] = None,
+               bandwidth: Optional[int] = None) -> Dict[str, Any]:
         """Create the sandbox now with limits: ``memory`` bytes (16 MiB - 1
         TiB), ``pids`` (16 - 1 048 576), ``cpu`` millicpus (1000 = one CPU);
         and its network (docs/network.md): ``network`` ``"none"`` or
-        ``"egress"``, ``allow`` / ``deny`` rules ``"CIDR[:PORT]"`` (a rule
-        inside an always-denied range raises errors.ValidationFailed naming
-        it), ``max_connections`` open at once.  Returns ``{"created" (false
+        ``"egress"``, ``allow`` / ``deny`` rules ``"CIDR[:PORT]"`` or host
+        names ``"NAME[:PORT]"`` / ``"*.NAME[:PORT]"`` (a rule inside an
+        always-denied range, or not a name, raises errors.ValidationFailed
+        naming it), ``max_connections`` open at once, ``bandwidth`` in Mbit/s
+        each way.  Returns ``{"created" (false
         if it existed: limits unchanged; network settings replaced, new rules
         at once for new connections, a new mode from its next container),
         "sandbox"}``."""
         limits = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu))
                   if v is not None}
         net = {k: v for k, v in (("mode", network), ("allow", allow), ("deny", deny),
-                                 ("maxConnections", max_connections))
+                                 ("maxConnections", max_connections),
+                                 ("bandwidth", bandwidth))
                if v is not None}
         return self._call("create", {"limits": limits or None, "network": net or None})
 
@@ -869,7 +873,7 @@ class Sandbox(_Ops):
                   network: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Set ``sleep_after`` (``"30s"``, ``"10m"``, ``"1h"`` or seconds),
         ``keep_alive`` and ``network`` (``{"mode", "allow", "deny",
-        "maxConnections"}``: new rules at once for new connections, a new mode
+        "maxConnections", "bandwidth"}``: new rules at once for new connections, a new mode
         from the next container; docs/network.md).  Returns ``{"success",
         "sleepAfter" (ms), "keepAlive"}``."""
         return self._call("sandbox.configure", {"sleepAfter": sleep_after,

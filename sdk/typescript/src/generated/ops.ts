@@ -478,6 +478,8 @@ export interface NetworkSettings {
   deny?: string[];
   /** most outbound connections open at once; more are refused (default: no limit) [1 … 65536] */
   maxConnections?: number;
+  /** limit of each direction in Mbit/s (10^6 bit/s), enforced on the router's side of the sandbox's veth (default: no limit) [1 … 100000] */
+  bandwidth?: number;
 }
 
 /** a sandbox's labels: key (1-63 bytes of [A-Za-z0-9._-]) -> value (≤ 255 bytes), at most 64 */
