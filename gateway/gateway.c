@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runtime/cleanup.h"
 #include "../runtime/cview.h"
 #include "../runtime/err.h"
 #include "../runtime/etcd.h"
@@ -33,6 +34,7 @@
 #include "../runtime/wire.h"
 #include "gw_metrics.h"
 #include "http.h"
+#include "tenant.h"
 
 #define MAX_SLOTS SBX_CVIEW_MAX_MEMBERS
 #define RETRY_MIN_MS 10
@@ -92,6 +94,10 @@ struct gctx {
     bool delivered;       /* an attempt reached a shard and may have run there */
     nng_aio *sleep;       /* back-off timer */
     int last_slot;
+    /* tenancy (gw->tenants): who sent it, and its sandbox outside / inside */
+    bool tenanted;
+    struct sbx_principal who;
+    char ext_id[SBX_ID_MAX + 1], int_id[SBX_ID_MAX + 1];
 };
 
 struct sbx_gateway {
@@ -111,6 +117,7 @@ struct sbx_gateway {
     sbx_cview *view;
     char prefix[160];
     pthread_mutex_t slot_mu; /* opening slots */
+    sbx_tenants *tenants;    /* with API keys: the tenant registry (gateway/tenant.h) */
 };
 
 static bool
@@ -487,7 +494,17 @@ merge_and_reply(struct gctx *g)
                 if (sbx_wire_get_map(m.root, "result", &r) == 0 &&
                     sbx_wire_get_array(r, "sandboxes", &arr) == 0) {
                     for (uint32_t k = 0; k < arr->via.array.size; k++) {
-                        sbx_enc_obj(&e, &arr->via.array.ptr[k]);
+                        const msgpack_object *it = &arr->via.array.ptr[k];
+                        sbx_str sid = {"", 0};
+                        if (g->tenanted) {
+                            /* Only the caller's own sandboxes, under their own IDs. */
+                            sbx_wire_get_str(it, "id", &sid);
+                            if (!sbx_tenants_owns(&g->who, sid))
+                                continue;
+                            sbx_tenants_enc_obj(&e, &g->who, it);
+                        } else {
+                            sbx_enc_obj(&e, it);
+                        }
                         count++;
                     }
                 }
@@ -651,6 +668,18 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
     if (sent)
         g->delivered = true;
     request_done(g);
+    if (reply && g->tenanted && g->who.scope != SBX_SCOPE_SYSTEM && g->who.tenant[0]) {
+        /* The tenant's IDs as it named them, never "<tenant>--<id>". */
+        char *buf;
+        size_t blen;
+        if (sbx_tenants_rewrite(&g->who, nng_msg_body(reply), nng_msg_len(reply), g->int_id,
+                                g->ext_id, &buf, &blen) == 0) {
+            nng_msg_free(reply);
+            client_send_bytes(g, buf, blen);
+            free(buf);
+            return;
+        }
+    }
     if (reply) {
         client_send(g, reply);
         return;
@@ -731,6 +760,8 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     sbx_enc_kint(&e, "partition", part);
     sbx_enc_kint(&e, "epoch", epoch);
     sbx_enc_kstr(&e, "gateway", g->gw->conf.name);
+    if (g->tenanted && g->who.scope != SBX_SCOPE_SYSTEM)
+        sbx_enc_kstr(&e, "tenant", g->who.tenant); /* the shard checks the namespace */
     sbx_enc_end(&e);
     sbx_enc_kbin(&e, "req", body, len);
     sbx_enc_end(&e);
@@ -857,6 +888,100 @@ op_drain(struct gctx *g, const struct sbx_req *req)
 }
 
 /* ------------------------------------------------------------------------------ */
+/* Tenancy (gateway/tenant.h; docs/security.md §6). */
+
+static bool
+is_admin_op(int id)
+{
+    return id == SBX_OPID_TENANT_CREATE || id == SBX_OPID_TENANT_LIST ||
+           id == SBX_OPID_TENANT_DELETE || id == SBX_OPID_KEY_CREATE ||
+           id == SBX_OPID_KEY_LIST || id == SBX_OPID_KEY_REVOKE;
+}
+
+/* An admin op's reply, from its thread. */
+static void
+admin_done(void *arg, const char *reply, size_t len)
+{
+    client_send_bytes(arg, reply, len);
+}
+
+/*
+ * The intake's tenancy step (only with API keys): resolve the request's key
+ * to g->who, refuse what its scope may not do, put its sandbox into its
+ * tenant's namespace (g->ext_id → g->int_id) and check the quotas.  0: go on
+ * with *body (the request re-encoded without its key, with the internal ID;
+ * caller frees); 1: g was answered.
+ */
+static int
+tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *root,
+            const struct sbx_op_def *def, char **body, size_t *blen)
+{
+    struct sbx_gateway *gw = g->gw;
+    char why[256];
+    sbx_str key = {NULL, 0};
+    sbx_wire_get_str(root, "key", &key);
+    if (sbx_tenants_resolve(gw->tenants, key, &g->who) != 0) {
+        client_err(g, SBX_E_UNAUTHORIZED,
+                   "a valid API key is required: the request's 'key' field (SBX_API_KEY for "
+                   "the sbx CLI and the C library; over HTTP Authorization: Bearer <key>)");
+        return 1;
+    }
+    g->tenanted = true;
+    bool global = def->flags & SBX_OP_GLOBAL, node = def->flags & SBX_OP_NODE;
+    bool needs_admin = is_admin_op((int)def->id) || (global && def->id != SBX_OPID_LIST) ||
+                       (node && ((def->flags & SBX_OP_MUTATES) || def->id == SBX_OPID_BACKUP_LIST));
+    if (needs_admin && g->who.scope < SBX_SCOPE_ADMIN) {
+        client_err(g, SBX_E_PERMISSION, "%s needs an admin key", def->name);
+        return 1;
+    }
+    if (is_admin_op((int)def->id)) {
+        sbx_enc e;
+        _cleanup_free_ char *args = NULL;
+        size_t alen;
+        sbx_enc_init(&e);
+        sbx_enc_obj(&e, req->args);
+        if (sbx_enc_finish(&e, &args, &alen) != 0 ||
+            sbx_tenants_admin(gw->tenants, (int)def->id, g->id, args, alen, admin_done, g) != 0)
+            client_err(g, SBX_E_INTERNAL, "cannot start %s", def->name);
+        return 1;
+    }
+    const char *sandbox = NULL;
+    if (!global && !node && sbx_id_check(req->sandbox.p, req->sandbox.n, why, sizeof(why)) == 0) {
+        if (sbx_tenants_map_id(&g->who, req->sandbox, g->int_id, why, sizeof(why)) != 0) {
+            client_err(g, SBX_E_VALIDATION, "%s", why);
+            return 1;
+        }
+        sbx_str_copy(req->sandbox, g->ext_id, sizeof(g->ext_id));
+        int64_t retry_ms = 0;
+        if (sbx_tenants_admit(gw->tenants, &g->who, g->int_id, !(def->flags & SBX_OP_NOCREATE),
+                              &retry_ms, why, sizeof(why)) != 0) {
+            char *buf;
+            size_t len;
+            sbx_werr w;
+            sbx_werr_init(&w, SBX_E_QUOTA_EXCEEDED, "%s", why);
+            sbx_enc_kstr(sbx_werr_ctx(&w), "operation", def->name);
+            sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", g->ext_id);
+            sbx_enc_kint(sbx_werr_ctx(&w), "retryAfterMs", retry_ms);
+            atomic_fetch_add(&gw->n_errors, 1);
+            if (sbx_wire_reply_err((sbx_str){g->id, strlen(g->id)}, &w, &buf, &len) == 0) {
+                client_send_bytes(g, buf, len);
+                free(buf);
+            } else {
+                client_err(g, SBX_E_QUOTA_EXCEEDED, "%s", why);
+            }
+            sbx_werr_free(&w);
+            return 1;
+        }
+        sandbox = g->int_id;
+    }
+    if (sbx_tenants_reencode(root, sandbox, body, blen) != 0) {
+        client_err(g, SBX_E_INTERNAL, "cannot encode the request");
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
 /* Client requests. */
 
 static void
@@ -874,6 +999,9 @@ handle(struct gctx *g, nng_msg *m)
     g->fanout = false;
     g->attempts = 0;
     g->delivered = false;
+    g->tenanted = false;
+    g->ext_id[0] = g->int_id[0] = '\0';
+    _cleanup_free_ char *tbody = NULL; /* the request as the shards get it (tenancy) */
     if (len > SBX_WIRE_MAX_REQUEST) {
         nng_msg_free(m);
         client_err(g, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit", len,
@@ -912,6 +1040,14 @@ handle(struct gctx *g, nng_msg *m)
     if (req.timeout_ms > 0)
         timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
     g->deadline = sbx_mono_ms() + timeout;
+    if (gw->tenants) {
+        if (tenant_gate(g, &req, dec.root, def, &tbody, &len) != 0) {
+            sbx_wire_msg_free(&dec);
+            nng_msg_free(m);
+            return;
+        }
+        body = tbody;
+    }
     if (def->id == SBX_OPID_CLUSTER_DRAIN) {
         op_drain(g, &req);
         sbx_wire_msg_free(&dec);
@@ -969,6 +1105,8 @@ handle(struct gctx *g, nng_msg *m)
         nng_msg_free(m);
         client_err(g, rc, "%s", why);
         return;
+    } else if (g->int_id[0]) {
+        g->part = sbx_place_partition(g->int_id, strlen(g->int_id));
     } else {
         g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     }
@@ -1092,14 +1230,25 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         g->state = G_RECV;
         nng_ctx_recv(g->ctx, g->aio);
     }
-    if (conf->http && *conf->http) {
-        /* The HTTP front calls the gateway through an in-process transport. */
+    bool keyed = conf->api_keys && *conf->api_keys;
+    if ((conf->http && *conf->http) || keyed) {
+        /* The HTTP front and the tenant registry call the gateway through an
+         * in-process transport. */
         snprintf(gw->inproc, sizeof(gw->inproc), "inproc://sbx-gateway-%p", (void *)gw);
         if ((rv = nng_listen(gw->sock, gw->inproc, NULL, 0)) != 0) {
             sbx_log_error("gateway: cannot listen on %s: %s", gw->inproc, nng_strerror(rv));
             rv = sbx_nng_code(rv);
             goto fail;
         }
+    }
+    if (keyed) {
+        _cleanup_err_ sbx_err_t terr = NULL;
+        if ((rv = sbx_tenants_start(&gw->tenants, conf->api_keys, gw->inproc, &terr)) != 0) {
+            sbx_log_error("gateway: %s", sbx_err_msg(terr));
+            goto fail;
+        }
+    }
+    if (conf->http && *conf->http) {
         struct sbx_http_conf hc = {
             .listen = conf->http,
             .upstream = gw->inproc,
@@ -1110,6 +1259,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .max_body = conf->http_max_body,
             .timeout = conf->timeout,
             .per_client = conf->http_per_client,
+            .system_key = gw->tenants ? sbx_tenants_system_key(gw->tenants) : NULL,
         };
         _cleanup_err_ sbx_err_t herr = NULL;
         if ((rv = sbx_http_start(&gw->http, &hc, &herr)) != 0) {
@@ -1145,6 +1295,9 @@ sbx_gateway_stop(sbx_gateway *gw)
     /* The HTTP front first: it calls into the sockets below. */
     if (gw->http)
         sbx_http_stop(gw->http);
+    /* Then the registry, whose thread calls the gateway too. */
+    sbx_tenants_stop(gw->tenants);
+    gw->tenants = NULL;
     /* No new slots from here on. */
     if (gw->view)
         sbx_cview_stop(gw->view);

@@ -102,6 +102,10 @@ queue_buf(struct sbx_http *h, struct MHD_Connection *c, int status, const char *
      * starting, a shard is failing over, the interpreter is not ready). */
     if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
         MHD_add_response_header(r, "Retry-After", "1");
+    /* RFC 6585 §4: a tenant's quota (QUOTA_EXCEEDED); the bucket refills
+     * within a second (context.retryAfterMs is the precise wait). */
+    if (status == 429)
+        MHD_add_response_header(r, "Retry-After", "1");
     http_add_common_headers(r, h && h->keys);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -360,6 +364,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (rt->kind == R_OPENAPI)
         return queue_buf(h, c, MHD_HTTP_OK, "application/json",
                          sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len, false);
+    if (h->keys)
+        http_presented_key(c, hr->key);
     if (!http_authorized(h, c))
         return queue_err(hr, SBX_E_UNAUTHORIZED,
                          "a valid API key is required: Authorization: Bearer <key> (or "
@@ -595,6 +601,7 @@ http_free(struct sbx_http *h)
     free(h->upstream);
     free(h->preview_domain);
     free(h->relay_secret);
+    free(h->system_key);
     pthread_mutex_destroy(&h->mu);
     pthread_rwlock_destroy(&h->req_lk);
     pthread_cond_destroy(&h->cv);
@@ -616,6 +623,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
                             ? sbx_xstrdup(conf->preview_domain)
                             : NULL;
     h->relay_secret = conf->relay_secret ? sbx_xstrdup(conf->relay_secret) : NULL;
+    h->system_key = conf->system_key ? sbx_xstrdup(conf->system_key) : NULL;
     if (h->conf.max_body <= 0)
         h->conf.max_body = DEFAULT_MAX_BODY;
     if (h->conf.timeout <= 0)

@@ -128,15 +128,32 @@ http_browser_guard(struct sbx_http *h, struct MHD_Connection *c, const char *met
     return NULL;
 }
 
+/*
+ * With API keys, a request must present one; which keys are valid — the key
+ * file's admin keys and the tenants' keys — is the gateway's to decide (it
+ * gets the key in the envelope and answers UNAUTHORIZED, 401 here, for any
+ * other: gateway/tenant.h), since the tenants' keys live in its registry.
+ */
 bool
 http_authorized(struct sbx_http *h, struct MHD_Connection *c)
 {
     if (!h->keys)
         return true;
+    char key[SBX_HTTP_KEY_MAX + 1];
+    http_presented_key(c, key);
+    return key[0] != '\0';
+}
+
+void
+http_presented_key(struct MHD_Connection *c, char *out)
+{
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (auth && !strncasecmp(auth, "Bearer ", 7))
-        return http_key_ok(h, auth + 7);
-    return http_key_ok(h, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token"));
+    const char *k = auth && !strncasecmp(auth, "Bearer ", 7)
+                        ? auth + 7
+                        : MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
+    out[0] = '\0';
+    if (k && strlen(k) <= SBX_HTTP_KEY_MAX)
+        snprintf(out, SBX_HTTP_KEY_MAX + 1, "%s", k);
 }
 
 int

@@ -45,7 +45,8 @@ struct preview_req;
 struct terminal_state;
 
 #define MAX_SEGS 12
-#define CALL_ERROR_REPLY 1 /* http_call_take: the reply is an error reply (in *m) */
+#define CALL_ERROR_REPLY 1
+#define SBX_HTTP_KEY_MAX 256 /* bytes of a presented API key */ /* http_call_take: the reply is an error reply (in *m) */
 
 /* ------------------------------------------------------------------------------ */
 /* Routes (http_route.c). */
@@ -73,7 +74,7 @@ struct route {
 
 struct sbx_http {
     struct sbx_http_conf conf; /* strings below are owned copies */
-    char *listen, *upstream, *preview_domain, *relay_secret;
+    char *listen, *upstream, *preview_domain, *relay_secret, *system_key;
     struct MHD_Daemon *d;
     int port;
     nng_socket req;
@@ -118,9 +119,9 @@ struct hreply {
     char *buf;
     const msgpack_object *result;
 };
-int http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const char *args,
-                   size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
-                   char *msg, size_t msglen);
+int http_call_sync(struct sbx_http *h, const char *key, const char *op, const char *sandbox,
+                   const char *args, size_t args_len, int64_t timeout_ms, struct hreply *reply,
+                   char code[64], char *msg, size_t msglen);
 void hreply_free(struct hreply *r);
 
 /* ------------------------------------------------------------------------------ */
@@ -142,6 +143,8 @@ struct hreq {
     bool sse;
     bool b64;             /* X-Sbx-Binary: base64 — bytes as base64, not UTF-8 text */
     char rid[SBX_WIRE_MAX_ID + 1];
+    char key[SBX_HTTP_KEY_MAX + 1]; /* the presented API key ("" without keys): the
+                                     * gateway resolves it (gateway/tenant.h) */
     bool retry;           /* X-Sbx-Retry: an earlier attempt of rid may have run */
     int64_t timeout_ms;
     int phase;
@@ -206,6 +209,9 @@ bool http_key_ok(struct sbx_http *h, const char *presented);
 const char *http_browser_guard(struct sbx_http *h, struct MHD_Connection *c, const char *method);
 /* The request carries a valid key (Authorization: Bearer, ?access_token). */
 bool http_authorized(struct sbx_http *h, struct MHD_Connection *c);
+/* http_presented_key — the API key c presents (Bearer, else ?access_token=),
+ * copied into out[SBX_HTTP_KEY_MAX + 1] ("" for none or a longer one). */
+void http_presented_key(struct MHD_Connection *c, char *out);
 /* Read the key file at path into h->keys; 0, or a negative code with *err
  * set (docs/errors.md; err may be NULL). */
 int http_load_keys(struct sbx_http *h, const char *path, sbx_err_t *err);

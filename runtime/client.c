@@ -25,6 +25,7 @@
 struct sbx_client {
     nng_socket sock;
     int64_t timeout_ms;
+    char *key; /* $SBX_API_KEY at open, sent in every request's "key"; or NULL */
 };
 
 struct sbx_reply {
@@ -124,6 +125,9 @@ sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
     const char *t = getenv("SBX_TIMEOUT_MS");
     if (t && atoll(t) > 0)
         c->timeout_ms = atoll(t);
+    const char *k = getenv("SBX_API_KEY");
+    if (k && *k)
+        c->key = sbx_xstrdup(k);
     if ((rv = nng_req0_open(&c->sock)) != 0)
         goto fail;
     nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, SBX_WIRE_MAX_FRAME);
@@ -139,6 +143,7 @@ sbx_client_open(sbx_client **out, const char *url, sbx_error *err)
     *out = c;
     return 0;
 fail:
+    free(c->key);
     free(c);
     return fail(err, E_GATEWAY_UNAVAILABLE,
                 "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
@@ -151,6 +156,7 @@ sbx_client_close(sbx_client *c)
     if (!c)
         return;
     nng_close(c->sock);
+    free(c->key);
     free(c);
 }
 
@@ -252,6 +258,8 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     if (sandbox)
         sbx_enc_kstr(&e, "sandbox", sandbox);
     sbx_enc_kint(&e, "timeoutMs", timeout_ms);
+    if (c->key)
+        sbx_enc_kstr(&e, "key", c->key);
     if (args && args_len) {
         sbx_enc_str(&e, "args");
         sbx_enc_raw(&e, args, args_len);

@@ -83,7 +83,8 @@
     X(SBX_E_TEMPLATE_BUILD, "TEMPLATE_BUILD_FAILED", 400, "a template's build step failed")   \
     X(SBX_E_BACKUP_NOT_FOUND, "BACKUP_NOT_FOUND", 404, "no such backup in the node's store")  \
     X(SBX_E_BACKUP_EXPIRED, "BACKUP_EXPIRED", 410, "the backup's ttl has passed")             \
-    X(SBX_E_BACKUP_TOO_LARGE, "BACKUP_TOO_LARGE", 413, "the backup exceeds the size limit")
+    X(SBX_E_BACKUP_TOO_LARGE, "BACKUP_TOO_LARGE", 413, "the backup exceeds the size limit") \
+    X(SBX_E_QUOTA_EXCEEDED, "QUOTA_EXCEEDED", 429, "a quota of the caller's tenant is used up")
 
 enum sbx_errcode {
     SBX_E__FIRST = SBX_ERR_BASE,

@@ -274,6 +274,25 @@ static const struct sbx_arg args_backup_restore[] = {
 static const struct sbx_arg args_backup_delete[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
 };
+static const struct sbx_arg args_tenant_create[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+    {"maxSandboxes", SBX_ARG_INT, false, true, true, 0.0, 1000000.0, 0u, NULL, "an integer", NULL, 0},
+    {"createsPerSecond", SBX_ARG_INT, false, true, true, 1.0, 10000.0, 0u, NULL, "an integer", NULL, 0},
+};
+static const struct sbx_arg args_tenant_delete[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+};
+static const char *const enum_key_create_scope[] = {"tenant", "admin", NULL};
+static const struct sbx_arg args_key_create[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+    {"scope", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_key_create_scope, "a string", NULL, 0},
+};
+static const struct sbx_arg args_key_list[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_key_revoke[] = {
+    {"keyId", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
+};
 
 const struct sbx_op_def sbx_ops[] = {
     {.name = "exec",
@@ -851,6 +870,60 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "delete a backup",
      .http = NULL,
      .args = args_backup_delete,
+     .nargs = 1},
+    {.name = "tenant.create",
+     .id = SBX_OPID_TENANT_CREATE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "create a tenant, or change its quotas (admin keys only)",
+     .http = "PUT /v1/tenants/{tenant}",
+     .args = args_tenant_create,
+     .nargs = 3},
+    {.name = "tenant.list",
+     .id = SBX_OPID_TENANT_LIST,
+     .flags = SBX_OP_GLOBAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the tenants, their quotas and sandbox counts (admin keys only)",
+     .http = "GET /v1/tenants",
+     .args = NULL,
+     .nargs = 0},
+    {.name = "tenant.delete",
+     .id = SBX_OPID_TENANT_DELETE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only)",
+     .http = "DELETE /v1/tenants/{tenant}",
+     .args = args_tenant_delete,
+     .nargs = 1},
+    {.name = "key.create",
+     .id = SBX_OPID_KEY_CREATE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "make an API key for a tenant; the key is in this reply only (admin keys only)",
+     .http = "POST /v1/tenants/{tenant}/keys",
+     .args = args_key_create,
+     .nargs = 2},
+    {.name = "key.list",
+     .id = SBX_OPID_KEY_LIST,
+     .flags = SBX_OP_GLOBAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the API keys (ids, tenants, scopes; never the keys) (admin keys only)",
+     .http = "GET /v1/keys",
+     .args = args_key_list,
+     .nargs = 1},
+    {.name = "key.revoke",
+     .id = SBX_OPID_KEY_REVOKE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "revoke an API key: every gateway refuses it within 2 s (admin keys only)",
+     .http = "DELETE /v1/keys/{keyId}",
+     .args = args_key_revoke,
      .nargs = 1},
     {.name = NULL},
 };

@@ -69,6 +69,12 @@ enum sbx_op_id {
     SBX_OPID_BACKUP_RESTORE, /* backup.restore */
     SBX_OPID_BACKUP_LIST, /* backup.list */
     SBX_OPID_BACKUP_DELETE, /* backup.delete */
+    SBX_OPID_TENANT_CREATE, /* tenant.create */
+    SBX_OPID_TENANT_LIST, /* tenant.list */
+    SBX_OPID_TENANT_DELETE, /* tenant.delete */
+    SBX_OPID_KEY_CREATE, /* key.create */
+    SBX_OPID_KEY_LIST, /* key.list */
+    SBX_OPID_KEY_REVOKE, /* key.revoke */
     SBX_OPID__COUNT
 };
 

@@ -744,6 +744,49 @@ static const struct cli_arg args_backup_delete[] = {
      "the backup",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_tenant_create[] = {
+    {"tenant", CLI_K_STR, true, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "the tenant's name: 1-16 of [a-z0-9], not 'sbx'",
+     "VALIDATION_FAILED"},
+    {"maxSandboxes", CLI_K_INT, false, true, true, 0.0, 1000000.0, 0u, NULL,
+     "an integer", NULL, "100",
+     "most sandboxes the tenant may have at once (0: none)",
+     "VALIDATION_FAILED"},
+    {"createsPerSecond", CLI_K_INT, false, true, true, 1.0, 10000.0, 0u, NULL,
+     "an integer", NULL, "10",
+     "sandbox creations per second, per gateway (a token bucket of twice this many)",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_tenant_delete[] = {
+    {"tenant", CLI_K_STR, true, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "the tenant's name",
+     "VALIDATION_FAILED"},
+};
+static const char *const enum_key_create_scope[] = {"tenant", "admin", NULL};
+static const struct cli_arg args_key_create[] = {
+    {"tenant", CLI_K_STR, true, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "the tenant it belongs to",
+     "VALIDATION_FAILED"},
+    {"scope", CLI_K_STR, false, false, false, 0, 0, 0u, enum_key_create_scope,
+     "a string", NULL, "\"tenant\"",
+     "tenant: uses the tenant's sandboxes; admin: also manages tenants and keys",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_key_list[] = {
+    {"tenant", CLI_K_STR, false, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "only this tenant's",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_key_revoke[] = {
+    {"keyId", CLI_K_STR, true, false, false, 0, 0, 32u, NULL,
+     "a string", NULL, NULL,
+     "the key's id (key.create, key.list)",
+     "VALIDATION_FAILED"},
+};
 
 const struct cli_op cli_ops[] = {
     {"exec", "run a shell string or an argv in the sandbox and return its output",
@@ -872,5 +915,17 @@ const struct cli_op cli_ops[] = {
      "backup list", "", false, NULL, 0},
     {"backup.delete", "delete a backup",
      "backup delete", "id", false, args_backup_delete, 1},
+    {"tenant.create", "create a tenant, or change its quotas (admin keys only)",
+     "tenant create", "tenant", false, args_tenant_create, 3},
+    {"tenant.list", "the tenants, their quotas and sandbox counts (admin keys only)",
+     "tenant list", "", false, NULL, 0},
+    {"tenant.delete", "delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only)",
+     "tenant delete", "tenant", false, args_tenant_delete, 1},
+    {"key.create", "make an API key for a tenant; the key is in this reply only (admin keys only)",
+     "key create", "tenant", false, args_key_create, 2},
+    {"key.list", "the API keys (ids, tenants, scopes; never the keys) (admin keys only)",
+     "key list", "", false, args_key_list, 1},
+    {"key.revoke", "revoke an API key: every gateway refuses it within 2 s (admin keys only)",
+     "key revoke", "keyId", false, args_key_revoke, 1},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

@@ -1,0 +1,1094 @@
+/*
+ * tenant.c — the tenant registry of a gateway: keys → principals, sandbox
+ * namespaces, quotas, reply rewriting and the admin ops (gateway/tenant.h;
+ * the model is docs/security.md §6).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <nettle/sha2.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/cleanup.h"
+#include "../runtime/err.h"
+#include "../runtime/id.h"
+#include "../runtime/log.h"
+#include "../runtime/nngx.h"
+#include "../runtime/ops.h"
+#include "../runtime/util.h"
+#include "tenant.h"
+
+#define REFRESH_MS 1000      /* the snapshot's period: revocation within 2 s */
+#define CALL_TIMEOUT_MS 8000 /* one call of the refresh thread or an admin op */
+#define RECENT_MAX 4096      /* creations remembered between two snapshots */
+#define SYS_PREFIX "sbx--"
+#define KEYID_HEX 32         /* hex digits of a key's id: 16 bytes of its SHA-256 */
+
+struct tkey {
+    char id[KEYID_HEX + 1];
+    char tenant[SBX_TENANT_MAX + 1];
+    int scope;
+};
+
+struct tten {
+    char name[SBX_TENANT_MAX + 1];
+    int64_t max_sandboxes, rate;
+    int64_t sandboxes; /* in the snapshot, plus this gateway's creations since */
+    double tokens;     /* the create bucket (this gateway's) */
+    int64_t bucket_ms; /* when tokens was last topped up */
+};
+
+struct sbx_tenants {
+    pthread_mutex_t mu;         /* everything below but the thread's own */
+    pthread_mutex_t refresh_mu; /* one refresh at a time */
+    pthread_cond_t cv;
+    bool stopping;
+    bool thread_started;
+    pthread_t thread;
+    const char *upstream;
+    uint8_t (*admin)[SHA256_DIGEST_SIZE]; /* the key file's keys, hashed */
+    size_t nadmin;
+    uint8_t sys_hash[SHA256_DIGEST_SIZE];
+    char sys_key[2 * 32 + 5];
+    struct tkey *keys;
+    size_t nkeys;
+    struct tten *tens;
+    size_t ntens;
+    char **ids; /* sorted: every sandbox ID of the snapshot */
+    size_t nids;
+    char (*recent)[64];
+    size_t nrecent;
+    bool loaded; /* a snapshot was taken */
+    int jobs;    /* admin ops running (sbx_tenants_stop waits for them) */
+};
+
+/* ------------------------------------------------------------------------------ */
+/* Hashes and names. */
+
+static void
+sha256(const void *p, size_t n, uint8_t out[SHA256_DIGEST_SIZE])
+{
+    struct sha256_ctx c;
+    sha256_init(&c);
+    sha256_update(&c, n, p);
+    sha256_digest(&c, SHA256_DIGEST_SIZE, out);
+}
+
+static void
+hex(const uint8_t *p, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[p[i] >> 4];
+        out[2 * i + 1] = d[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+/* A tenant name: 1-16 of [a-z0-9], not "sbx". */
+static bool
+tenant_name_ok(sbx_str s)
+{
+    if (s.n < 1 || s.n > SBX_TENANT_MAX || (s.n == 3 && !memcmp(s.p, "sbx", 3)))
+        return false;
+    for (size_t i = 0; i < s.n; i++)
+        if (!((s.p[i] >= 'a' && s.p[i] <= 'z') || (s.p[i] >= '0' && s.p[i] <= '9')))
+            return false;
+    return true;
+}
+
+static bool
+has_dashdash(const char *p, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '-' && p[i + 1] == '-')
+            return true;
+    return false;
+}
+
+int
+sbx_tenants_map_id(const struct sbx_principal *p, sbx_str id, char out[64], char *why,
+                   size_t whylen)
+{
+    if (p->scope == SBX_SCOPE_SYSTEM || !p->tenant[0]) {
+        if (p->scope != SBX_SCOPE_SYSTEM && has_dashdash(id.p, id.n)) {
+            snprintf(why, whylen,
+                     "sandbox IDs holding '--' are reserved for tenants' namespaces; choose "
+                     "another ID");
+            return SBX_E_VALIDATION;
+        }
+        snprintf(out, 64, "%.*s", (int)SBX_MIN(id.n, 63), id.p);
+        return 0;
+    }
+    size_t tl = strlen(p->tenant);
+    if (tl + 2 + id.n > 63) {
+        snprintf(why, whylen, "a sandbox ID of tenant %s is at most %zu characters", p->tenant,
+                 61 - tl);
+        return SBX_E_VALIDATION;
+    }
+    snprintf(out, 64, "%s--%.*s", p->tenant, (int)id.n, id.p);
+    return 0;
+}
+
+bool
+sbx_tenants_owns(const struct sbx_principal *p, sbx_str id)
+{
+    if (p->scope == SBX_SCOPE_SYSTEM)
+        return true;
+    if (!p->tenant[0])
+        return !has_dashdash(id.p, id.n);
+    size_t tl = strlen(p->tenant);
+    return id.n > tl + 2 && !memcmp(id.p, p->tenant, tl) && id.p[tl] == '-' &&
+           id.p[tl + 1] == '-';
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Calls to the gateway with the system token (refresh thread, admin ops). */
+
+struct sys_conn {
+    nng_socket s;
+    bool open;
+};
+
+static int
+sys_open(sbx_tenants *t, struct sys_conn *c)
+{
+    int rv = nng_req0_open(&c->s);
+    if (rv)
+        return sbx_nng_code(rv);
+    c->open = true;
+    nng_socket_set_size(c->s, NNG_OPT_RECVMAXSZ, SBX_WIRE_MAX_FRAME);
+    nng_socket_set_ms(c->s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    nng_socket_set_ms(c->s, NNG_OPT_RECVTIMEO, CALL_TIMEOUT_MS);
+    nng_socket_set_ms(c->s, NNG_OPT_SENDTIMEO, CALL_TIMEOUT_MS);
+    if ((rv = nng_dial(c->s, t->upstream, NULL, 0)) != 0)
+        return sbx_nng_code(rv);
+    return 0;
+}
+
+static void
+sys_close(struct sys_conn *c)
+{
+    if (c->open)
+        nng_close(c->s);
+    c->open = false;
+}
+
+/*
+ * One call: op on sandbox (may be NULL) with args (map bytes, may be NULL).
+ * 0 with *buf (the reply's bytes, caller frees) decoded in *m (caller frees
+ * with sbx_wire_msg_free, before *buf) and its result in *res; or a negative
+ * code (an error reply's code) with msg[] set.
+ */
+static int
+sys_call(sbx_tenants *t, struct sys_conn *c, const char *op, const char *sandbox,
+         const char *args, size_t alen, char **buf, sbx_msg *m, const msgpack_object **res,
+         char *msg, size_t msglen)
+{
+    char rid[37];
+    sbx_request_id(rid);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", rid);
+    sbx_enc_kstr(&e, "op", op);
+    if (sandbox)
+        sbx_enc_kstr(&e, "sandbox", sandbox);
+    sbx_enc_kint(&e, "timeoutMs", CALL_TIMEOUT_MS - 500);
+    sbx_enc_kstr(&e, "key", t->sys_key);
+    if (args && alen) {
+        sbx_enc_str(&e, "args");
+        sbx_enc_raw(&e, args, alen);
+    }
+    sbx_enc_end(&e);
+    _cleanup_free_ char *req = NULL;
+    size_t len;
+    if (sbx_enc_finish(&e, &req, &len) != 0)
+        return SBX_E_INTERNAL;
+    int rv = nng_send(c->s, req, len, 0);
+    size_t rlen = 0;
+    char *rbuf = NULL;
+    if (rv == 0)
+        rv = nng_recv(c->s, &rbuf, &rlen, NNG_FLAG_ALLOC);
+    if (rv) {
+        snprintf(msg, msglen, "the gateway did not answer: %s", nng_strerror(rv));
+        return sbx_nng_code(rv);
+    }
+    *buf = sbx_xmalloc(rlen ? rlen : 1);
+    memcpy(*buf, rbuf, rlen);
+    nng_free(rbuf, rlen);
+    if (sbx_wire_decode(m, *buf, rlen, &sbx_wire_limits_reply) != 0) {
+        free(*buf);
+        *buf = NULL;
+        snprintf(msg, msglen, "the gateway's reply is not msgpack");
+        return SBX_E_INTERNAL;
+    }
+    bool ok = false;
+    sbx_wire_get_bool(m->root, "ok", &ok);
+    if (ok && sbx_wire_get_map(m->root, "result", res) == 0)
+        return 0;
+    const msgpack_object *eo;
+    sbx_str code = {"INTERNAL_ERROR", 14}, text = {"", 0};
+    if (sbx_wire_get_map(m->root, "error", &eo) == 0) {
+        sbx_wire_get_str(eo, "code", &code);
+        sbx_wire_get_str(eo, "message", &text);
+    }
+    snprintf(msg, msglen, "%.*s", (int)text.n, text.p);
+    int rc = sbx_err_from_name(code.p, code.n);
+    sbx_wire_msg_free(m);
+    free(*buf);
+    *buf = NULL;
+    return rc ? rc : SBX_E_INTERNAL;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Snapshots. */
+
+static int
+cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void
+free_ids(char **ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(ids[i]);
+    free(ids);
+}
+
+/* Parse "sbx--t-<name>-<max>-<rate>" into x; false if it is no tenant record. */
+static bool
+parse_tenant(const char *id, struct tten *x)
+{
+    if (strncmp(id, SYS_PREFIX "t-", 7))
+        return false;
+    char name[SBX_TENANT_MAX + 2];
+    long long max, rate;
+    int used = 0;
+    if (sscanf(id + 7, "%17[a-z0-9]-%lld-%lld%n", name, &max, &rate, &used) != 3 ||
+        id[7 + used] != '\0' || !tenant_name_ok((sbx_str){name, strlen(name)}))
+        return false;
+    memset(x, 0, sizeof(*x));
+    snprintf(x->name, sizeof(x->name), "%s", name);
+    x->max_sandboxes = max;
+    x->rate = rate > 0 ? rate : 1;
+    return true;
+}
+
+/* Parse "sbx--k<32 hex>-<tenant>-<a|t>" into k. */
+static bool
+parse_key(const char *id, struct tkey *k)
+{
+    if (strncmp(id, SYS_PREFIX "k", 6) || strlen(id) < 6 + KEYID_HEX + 4)
+        return false;
+    const char *p = id + 6;
+    for (int i = 0; i < KEYID_HEX; i++)
+        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f')))
+            return false;
+    if (p[KEYID_HEX] != '-')
+        return false;
+    const char *tn = p + KEYID_HEX + 1, *dash = strrchr(tn, '-');
+    if (!dash || dash[1] == '\0' || dash[2] != '\0' || (dash[1] != 'a' && dash[1] != 't') ||
+        !tenant_name_ok((sbx_str){tn, (size_t)(dash - tn)}))
+        return false;
+    memcpy(k->id, p, KEYID_HEX);
+    k->id[KEYID_HEX] = '\0';
+    snprintf(k->tenant, sizeof(k->tenant), "%.*s", (int)(dash - tn), tn);
+    k->scope = dash[1] == 'a' ? SBX_SCOPE_ADMIN : SBX_SCOPE_TENANT;
+    return true;
+}
+
+/* Take a snapshot: one `list`, then swap it in.  0 or a negative code. */
+static int
+refresh(sbx_tenants *t, struct sys_conn *c)
+{
+    pthread_mutex_lock(&t->refresh_mu);
+    char *buf = NULL, msg[256];
+    sbx_msg m;
+    const msgpack_object *res, *arr;
+    int rc = sys_call(t, c, "list", NULL, NULL, 0, &buf, &m, &res, msg, sizeof(msg));
+    if (rc) {
+        pthread_mutex_unlock(&t->refresh_mu);
+        sbx_log_debug("tenants: cannot list the registry: %s", msg);
+        return rc;
+    }
+    char **ids = NULL;
+    size_t nids = 0;
+    struct tkey *keys = NULL;
+    size_t nkeys = 0;
+    struct tten *tens = NULL;
+    size_t ntens = 0;
+    if (sbx_wire_get_array(res, "sandboxes", &arr) == 0) {
+        ids = sbx_xcalloc(arr->via.array.size + 1, sizeof(char *));
+        for (uint32_t i = 0; i < arr->via.array.size; i++) {
+            const msgpack_object *it = &arr->via.array.ptr[i];
+            sbx_str s;
+            if (it->type != MSGPACK_OBJECT_MAP || sbx_wire_get_str(it, "id", &s) || !s.n)
+                continue;
+            char *id = sbx_str_dup(s);
+            struct tten x;
+            struct tkey k;
+            if (parse_tenant(id, &x)) {
+                tens = sbx_xrealloc(tens, (ntens + 1) * sizeof(*tens));
+                tens[ntens++] = x;
+            } else if (parse_key(id, &k)) {
+                keys = sbx_xrealloc(keys, (nkeys + 1) * sizeof(*keys));
+                keys[nkeys++] = k;
+            }
+            ids[nids++] = id;
+        }
+    }
+    sbx_wire_msg_free(&m);
+    free(buf);
+    qsort(ids, nids, sizeof(char *), cmp_str);
+    /* Count each tenant's sandboxes; keep each bucket's state. */
+    for (size_t i = 0; i < nids; i++) {
+        const char *dd = strstr(ids[i], "--");
+        if (!dd || !strncmp(ids[i], SYS_PREFIX, 5))
+            continue;
+        for (size_t j = 0; j < ntens; j++)
+            if (strlen(tens[j].name) == (size_t)(dd - ids[i]) &&
+                !memcmp(tens[j].name, ids[i], (size_t)(dd - ids[i])))
+                tens[j].sandboxes++;
+    }
+    pthread_mutex_lock(&t->mu);
+    for (size_t j = 0; j < ntens; j++) {
+        tens[j].tokens = 2.0 * (double)tens[j].rate;
+        tens[j].bucket_ms = sbx_mono_ms();
+        for (size_t o = 0; o < t->ntens; o++)
+            if (!strcmp(t->tens[o].name, tens[j].name)) {
+                tens[j].tokens = SBX_MIN(t->tens[o].tokens, 2.0 * (double)tens[j].rate);
+                tens[j].bucket_ms = t->tens[o].bucket_ms;
+            }
+    }
+    free_ids(t->ids, t->nids);
+    free(t->keys);
+    free(t->tens);
+    t->ids = ids;
+    t->nids = nids;
+    t->keys = keys;
+    t->nkeys = nkeys;
+    t->tens = tens;
+    t->ntens = ntens;
+    t->nrecent = 0;
+    t->loaded = true;
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&t->refresh_mu);
+    return 0;
+}
+
+static void *
+refresh_main(void *arg)
+{
+    sbx_tenants *t = arg;
+    struct sys_conn c = {0};
+    if (sys_open(t, &c) != 0)
+        sbx_log_warn("tenants: cannot dial the gateway at %s", t->upstream);
+    pthread_mutex_lock(&t->mu);
+    while (!t->stopping) {
+        pthread_mutex_unlock(&t->mu);
+        if (c.open)
+            refresh(t, &c);
+        pthread_mutex_lock(&t->mu);
+        if (t->stopping)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t ns = ts.tv_nsec + (int64_t)REFRESH_MS * 1000000;
+        ts.tv_sec += ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+    }
+    pthread_mutex_unlock(&t->mu);
+    sys_close(&c);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Lifecycle. */
+
+int
+sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstream,
+                  sbx_err_t *err)
+{
+    _cleanup_free_ char *text = NULL;
+    size_t n;
+    int rc = sbx_fs_read(key_file, 1 << 20, &text, &n);
+    if (rc)
+        return sbx_err_make(err, rc, "cannot read the API key file %s", key_file);
+    sbx_tenants *t = sbx_xcalloc(1, sizeof(*t));
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_mutex_init(&t->refresh_mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    t->upstream = upstream;
+    t->recent = sbx_xcalloc(RECENT_MAX, sizeof(*t->recent));
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        while (*line == ' ' || *line == '\t')
+            line++;
+        size_t l = strlen(line);
+        while (l && (line[l - 1] == ' ' || line[l - 1] == '\t' || line[l - 1] == '\r'))
+            line[--l] = 0;
+        if (!l || line[0] == '#')
+            continue;
+        t->admin = sbx_xrealloc(t->admin, (t->nadmin + 1) * sizeof(*t->admin));
+        sha256(line, l, t->admin[t->nadmin++]);
+    }
+    uint8_t r[32];
+    if ((rc = sbx_random(r, sizeof(r))) != 0) {
+        sbx_tenants_stop(t);
+        return sbx_err_make(err, rc, "cannot draw the gateway's system token");
+    }
+    memcpy(t->sys_key, "sbx_", 4);
+    hex(r, sizeof(r), t->sys_key + 4);
+    sha256(t->sys_key, strlen(t->sys_key), t->sys_hash);
+    if (pthread_create(&t->thread, NULL, refresh_main, t) != 0) {
+        sbx_tenants_stop(t);
+        return sbx_err_make(err, -ENOMEM, "cannot start the tenant registry's thread");
+    }
+    t->thread_started = true;
+    *out = t;
+    return 0;
+}
+
+void
+sbx_tenants_stop(sbx_tenants *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->stopping = true;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (t->thread_started)
+        pthread_join(t->thread, NULL);
+    pthread_mutex_lock(&t->mu);
+    while (t->jobs > 0)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    free_ids(t->ids, t->nids);
+    free(t->keys);
+    free(t->tens);
+    free(t->admin);
+    free(t->recent);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->refresh_mu);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+const char *
+sbx_tenants_system_key(const sbx_tenants *t)
+{
+    return t->sys_key;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Requests. */
+
+static struct tten *
+find_tenant(sbx_tenants *t, const char *name)
+{
+    for (size_t i = 0; i < t->ntens; i++)
+        if (!strcmp(t->tens[i].name, name))
+            return &t->tens[i];
+    return NULL;
+}
+
+int
+sbx_tenants_resolve(sbx_tenants *t, sbx_str key, struct sbx_principal *p)
+{
+    memset(p, 0, sizeof(*p));
+    if (key.n == 0 || key.n > 256)
+        return SBX_E_UNAUTHORIZED;
+    uint8_t h[SHA256_DIGEST_SIZE];
+    sha256(key.p, key.n, h);
+    if (!memcmp(h, t->sys_hash, sizeof(h))) {
+        p->scope = SBX_SCOPE_SYSTEM;
+        return 0;
+    }
+    for (size_t i = 0; i < t->nadmin; i++)
+        if (!memcmp(h, t->admin[i], sizeof(h))) {
+            p->scope = SBX_SCOPE_ADMIN;
+            return 0;
+        }
+    char id[KEYID_HEX + 1];
+    hex(h, KEYID_HEX / 2, id);
+    int rc = SBX_E_UNAUTHORIZED;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->nkeys; i++)
+        if (!strcmp(t->keys[i].id, id) && find_tenant(t, t->keys[i].tenant)) {
+            p->scope = t->keys[i].scope;
+            snprintf(p->tenant, sizeof(p->tenant), "%s", t->keys[i].tenant);
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int
+sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id, bool creates,
+                  int64_t *retry_ms, char *why, size_t whylen)
+{
+    if (!creates || p->scope == SBX_SCOPE_SYSTEM || !p->tenant[0])
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    const char *key = id;
+    bool known = bsearch(&key, t->ids, t->nids, sizeof(char *), cmp_str) != NULL;
+    for (size_t i = 0; !known && i < t->nrecent; i++)
+        known = !strcmp(t->recent[i], id);
+    struct tten *x = find_tenant(t, p->tenant);
+    if (known || !x)
+        goto out;
+    int64_t now = sbx_mono_ms();
+    x->tokens = SBX_MIN(2.0 * (double)x->rate,
+                        x->tokens + (double)(now - x->bucket_ms) * (double)x->rate / 1000.0);
+    x->bucket_ms = now;
+    if (x->sandboxes >= x->max_sandboxes) {
+        *retry_ms = 1000;
+        snprintf(why, whylen,
+                 "tenant %s has %lld sandboxes, its quota (maxSandboxes); destroy one first",
+                 x->name, (long long)x->max_sandboxes);
+        rc = SBX_E_QUOTA_EXCEEDED;
+        goto out;
+    }
+    if (x->tokens < 1.0) {
+        *retry_ms = (int64_t)((1.0 - x->tokens) * 1000.0 / (double)x->rate) + 1;
+        snprintf(why, whylen,
+                 "tenant %s creates sandboxes faster than its quota of %lld per second",
+                 x->name, (long long)x->rate);
+        rc = SBX_E_QUOTA_EXCEEDED;
+        goto out;
+    }
+    x->tokens -= 1.0;
+    x->sandboxes++;
+    if (t->nrecent < RECENT_MAX)
+        snprintf(t->recent[t->nrecent++], 64, "%s", id);
+out:
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Reply rewriting. */
+
+struct rw {
+    const struct sbx_principal *p;
+    const char *internal, *external;
+    size_t tl; /* strlen(p->tenant) */
+};
+
+static bool
+key_is(const msgpack_object *k, const char *s)
+{
+    sbx_str ks;
+    return k && sbx_wire_obj_str(k, &ks) == 0 && sbx_str_eq(ks, s);
+}
+
+/* A message with every occurrence of r->internal replaced. */
+static void
+enc_message(sbx_enc *e, sbx_str v, const struct rw *r)
+{
+    size_t il = r->internal ? strlen(r->internal) : 0;
+    if (!il) {
+        sbx_enc_strn(e, v.p, v.n);
+        return;
+    }
+    sbx_buf b;
+    sbx_buf_init(&b);
+    for (size_t i = 0; i < v.n;) {
+        if (i + il <= v.n && !memcmp(v.p + i, r->internal, il)) {
+            sbx_buf_append(&b, r->external, strlen(r->external));
+            i += il;
+        } else {
+            sbx_buf_append(&b, v.p + i, 1);
+            i++;
+        }
+    }
+    sbx_enc_strn(e, b.p ? b.p : "", b.len);
+    sbx_buf_free(&b);
+}
+
+static void
+enc_rw(sbx_enc *e, const msgpack_object *o, const msgpack_object *key, const struct rw *r)
+{
+    sbx_str v;
+    if (o->type == MSGPACK_OBJECT_STR && sbx_wire_obj_str(o, &v) == 0) {
+        if ((key_is(key, "sandboxId") || key_is(key, "sandbox") || key_is(key, "id")) &&
+            r->tl && v.n > r->tl + 2 && sbx_tenants_owns(r->p, v)) {
+            sbx_enc_strn(e, v.p + r->tl + 2, v.n - r->tl - 2);
+            return;
+        }
+        if (key_is(key, "message")) {
+            enc_message(e, v, r);
+            return;
+        }
+        sbx_enc_obj(e, o);
+        return;
+    }
+    if (o->type == MSGPACK_OBJECT_MAP) {
+        sbx_enc_map(e);
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            sbx_enc_obj(e, &o->via.map.ptr[i].key);
+            enc_rw(e, &o->via.map.ptr[i].val, &o->via.map.ptr[i].key, r);
+        }
+        sbx_enc_end(e);
+        return;
+    }
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        sbx_enc_array(e);
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            enc_rw(e, &o->via.array.ptr[i], NULL, r);
+        sbx_enc_end(e);
+        return;
+    }
+    sbx_enc_obj(e, o);
+}
+
+void
+sbx_tenants_enc_obj(sbx_enc *e, const struct sbx_principal *p, const msgpack_object *o)
+{
+    struct rw r = {p, NULL, NULL, p->scope == SBX_SCOPE_SYSTEM ? 0 : strlen(p->tenant)};
+    enc_rw(e, o, NULL, &r);
+}
+
+int
+sbx_tenants_rewrite(const struct sbx_principal *p, const void *reply, size_t len,
+                    const char *internal, const char *external, char **out, size_t *outlen)
+{
+    sbx_msg m;
+    if (sbx_wire_decode(&m, reply, len, &sbx_wire_limits_reply) != 0)
+        return SBX_E_MALFORMED;
+    struct rw r = {p, internal, external, p->scope == SBX_SCOPE_SYSTEM ? 0 : strlen(p->tenant)};
+    sbx_enc e;
+    sbx_enc_init(&e);
+    enc_rw(&e, m.root, NULL, &r);
+    sbx_wire_msg_free(&m);
+    return sbx_enc_finish(&e, out, outlen) ? -ENOMEM : 0;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Admin ops (on a thread of their own: they call the gateway synchronously). */
+
+struct admin_job {
+    sbx_tenants *t;
+    int op_id;
+    char rid[SBX_WIRE_MAX_ID + 1];
+    char *args;
+    size_t alen;
+    void (*done)(void *arg, const char *reply, size_t len);
+    void *arg;
+};
+
+/* Create (labels {}) or destroy the system record `id`. */
+static int
+sys_record(sbx_tenants *t, struct sys_conn *c, const char *id, bool create, char *msg,
+           size_t msglen)
+{
+    static const char empty_labels[] = "\x81\xa6labels\x80"; /* {labels: {}} */
+    char *buf = NULL;
+    sbx_msg m;
+    const msgpack_object *res;
+    int rc = create ? sys_call(t, c, "sandbox.labels", id, empty_labels,
+                               sizeof(empty_labels) - 1, &buf, &m, &res, msg, msglen)
+                    : sys_call(t, c, "destroy", id, NULL, 0, &buf, &m, &res, msg, msglen);
+    if (rc == 0) {
+        sbx_wire_msg_free(&m);
+        free(buf);
+    }
+    return rc;
+}
+
+static void
+job_reply_err(struct admin_job *j, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+job_reply_err(struct admin_job *j, int code, const char *fmt, ...)
+{
+    char msg[512], *buf;
+    size_t len;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    sbx_str id = {j->rid, strlen(j->rid)};
+    if (sbx_wire_reply_errf(id, code, &buf, &len, "%s", msg) == 0) {
+        j->done(j->arg, buf, len);
+        free(buf);
+    }
+}
+
+static void
+job_reply(struct admin_job *j, sbx_enc *e)
+{
+    char *buf;
+    size_t len;
+    sbx_enc_end(e);
+    sbx_enc_end(e);
+    if (sbx_enc_finish(e, &buf, &len) == 0) {
+        j->done(j->arg, buf, len);
+        free(buf);
+    } else {
+        job_reply_err(j, SBX_E_INTERNAL, "could not encode the reply");
+    }
+}
+
+/* The tenant argument, checked; false after answering the error. */
+static bool
+arg_tenant(struct admin_job *j, const msgpack_object *args, char out[SBX_TENANT_MAX + 1])
+{
+    sbx_str s;
+    if (sbx_wire_get_str(args, "tenant", &s) != 0 || !tenant_name_ok(s)) {
+        job_reply_err(j, SBX_E_VALIDATION,
+                      "'tenant' must be a name of 1-%d characters of [a-z0-9], not 'sbx'",
+                      SBX_TENANT_MAX);
+        return false;
+    }
+    sbx_str_copy(s, out, SBX_TENANT_MAX + 1);
+    return true;
+}
+
+static void
+op_tenant_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
+{
+    sbx_tenants *t = j->t;
+    char name[SBX_TENANT_MAX + 1], msg[256], id[64];
+    if (!arg_tenant(j, args, name))
+        return;
+    int64_t max = 100, rate = 10;
+    sbx_wire_get_i64(args, "maxSandboxes", &max);
+    sbx_wire_get_i64(args, "createsPerSecond", &rate);
+    snprintf(id, sizeof(id), SYS_PREFIX "t-%s-%lld-%lld", name, (long long)max, (long long)rate);
+    int rc = sys_record(t, c, id, true, msg, sizeof(msg));
+    if (rc) {
+        job_reply_err(j, rc, "cannot record tenant %s: %s", name, msg);
+        return;
+    }
+    /* The same tenant's records with other quotas go. */
+    char **old = NULL;
+    size_t nold = 0;
+    bool existed = false;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->nids; i++) {
+        struct tten x;
+        if (parse_tenant(t->ids[i], &x) && !strcmp(x.name, name)) {
+            existed = true;
+            if (strcmp(t->ids[i], id)) {
+                old = sbx_xrealloc(old, (nold + 1) * sizeof(char *));
+                old[nold++] = sbx_xstrdup(t->ids[i]);
+            }
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (size_t i = 0; i < nold; i++)
+        sys_record(t, c, old[i], false, msg, sizeof(msg));
+    free_ids(old, nold);
+    refresh(t, c);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "tenant", name);
+    sbx_enc_kbool(&e, "created", !existed);
+    sbx_enc_kint(&e, "maxSandboxes", max);
+    sbx_enc_kint(&e, "createsPerSecond", rate);
+    job_reply(j, &e);
+}
+
+static void
+op_tenant_list(struct admin_job *j)
+{
+    sbx_tenants *t = j->t;
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
+    sbx_enc_karray(&e, "tenants");
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->ntens; i++) {
+        const struct tten *x = &t->tens[i];
+        int64_t keys = 0;
+        for (size_t k = 0; k < t->nkeys; k++)
+            keys += !strcmp(t->keys[k].tenant, x->name);
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "tenant", x->name);
+        sbx_enc_kint(&e, "maxSandboxes", x->max_sandboxes);
+        sbx_enc_kint(&e, "createsPerSecond", x->rate);
+        sbx_enc_kint(&e, "sandboxes", x->sandboxes);
+        sbx_enc_kint(&e, "keys", keys);
+        sbx_enc_end(&e);
+    }
+    pthread_mutex_unlock(&t->mu);
+    sbx_enc_end(&e);
+    job_reply(j, &e);
+}
+
+/* Destroy every system record of `name` (kind 't' tenant, 'k' key) or of key
+ * `keyid`; the count destroyed. */
+static int64_t
+destroy_records(struct admin_job *j, struct sys_conn *c, const char *name, char kind,
+                const char *keyid)
+{
+    sbx_tenants *t = j->t;
+    char **ids = NULL, msg[256];
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->nids; i++) {
+        struct tten x;
+        struct tkey k;
+        bool hit = (kind == 't' && parse_tenant(t->ids[i], &x) && !strcmp(x.name, name)) ||
+                   (kind == 'k' && parse_key(t->ids[i], &k) &&
+                    (keyid ? !strcmp(k.id, keyid) : !strcmp(k.tenant, name)));
+        if (hit) {
+            ids = sbx_xrealloc(ids, (n + 1) * sizeof(char *));
+            ids[n++] = sbx_xstrdup(t->ids[i]);
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    int64_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        done += sys_record(t, c, ids[i], false, msg, sizeof(msg)) == 0;
+    free_ids(ids, n);
+    return done;
+}
+
+static void
+op_tenant_delete(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
+{
+    sbx_tenants *t = j->t;
+    char name[SBX_TENANT_MAX + 1];
+    if (!arg_tenant(j, args, name))
+        return;
+    pthread_mutex_lock(&t->mu);
+    struct tten *x = find_tenant(t, name);
+    int64_t live = x ? x->sandboxes : 0;
+    pthread_mutex_unlock(&t->mu);
+    if (live > 0) {
+        job_reply_err(j, SBX_E_VALIDATION,
+                      "tenant %s still has %lld sandboxes: destroy them first", name,
+                      (long long)live);
+        return;
+    }
+    int64_t keys = destroy_records(j, c, name, 'k', NULL);
+    int64_t recs = destroy_records(j, c, name, 't', NULL);
+    refresh(t, c);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "tenant", name);
+    sbx_enc_kbool(&e, "deleted", recs > 0);
+    sbx_enc_kint(&e, "keysRevoked", keys);
+    job_reply(j, &e);
+}
+
+static void
+op_key_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
+{
+    sbx_tenants *t = j->t;
+    char name[SBX_TENANT_MAX + 1], msg[256], id[64];
+    if (!arg_tenant(j, args, name))
+        return;
+    sbx_str scope = {"tenant", 6};
+    sbx_wire_get_str(args, "scope", &scope);
+    bool admin = sbx_str_eq(scope, "admin");
+    pthread_mutex_lock(&t->mu);
+    bool known = find_tenant(t, name) != NULL;
+    pthread_mutex_unlock(&t->mu);
+    if (!known) {
+        job_reply_err(j, SBX_E_VALIDATION, "there is no tenant %s (tenant.create first)", name);
+        return;
+    }
+    uint8_t r[32], h[SHA256_DIGEST_SIZE];
+    char key[2 * 32 + 5], keyid[KEYID_HEX + 1];
+    int rc = sbx_random(r, sizeof(r));
+    if (rc) {
+        job_reply_err(j, SBX_E_INTERNAL, "cannot draw a key: %s", sbx_err_message(rc));
+        return;
+    }
+    memcpy(key, "sbx_", 4);
+    hex(r, sizeof(r), key + 4);
+    sha256(key, strlen(key), h);
+    hex(h, KEYID_HEX / 2, keyid);
+    snprintf(id, sizeof(id), SYS_PREFIX "k%s-%s-%c", keyid, name, admin ? 'a' : 't');
+    if ((rc = sys_record(t, c, id, true, msg, sizeof(msg))) != 0) {
+        job_reply_err(j, rc, "cannot record the key: %s", msg);
+        return;
+    }
+    refresh(t, c);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "key", key);
+    sbx_enc_kstr(&e, "keyId", keyid);
+    sbx_enc_kstr(&e, "tenant", name);
+    sbx_enc_kstr(&e, "scope", admin ? "admin" : "tenant");
+    job_reply(j, &e);
+    explicit_bzero(key, sizeof(key));
+    explicit_bzero(r, sizeof(r));
+}
+
+static void
+op_key_list(struct admin_job *j, const msgpack_object *args)
+{
+    sbx_tenants *t = j->t;
+    sbx_str only = {NULL, 0};
+    sbx_wire_get_str(args, "tenant", &only);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
+    sbx_enc_karray(&e, "keys");
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->nkeys; i++) {
+        const struct tkey *k = &t->keys[i];
+        if (only.n && !sbx_str_eq(only, k->tenant))
+            continue;
+        sbx_enc_map(&e);
+        sbx_enc_kstr(&e, "keyId", k->id);
+        sbx_enc_kstr(&e, "tenant", k->tenant);
+        sbx_enc_kstr(&e, "scope", k->scope == SBX_SCOPE_ADMIN ? "admin" : "tenant");
+        sbx_enc_end(&e);
+    }
+    pthread_mutex_unlock(&t->mu);
+    sbx_enc_end(&e);
+    job_reply(j, &e);
+}
+
+static void
+op_key_revoke(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
+{
+    sbx_str s;
+    char keyid[KEYID_HEX + 1];
+    if (sbx_wire_get_str(args, "keyId", &s) != 0 || s.n != KEYID_HEX) {
+        job_reply_err(j, SBX_E_VALIDATION, "'keyId' must be a key's id (%d hex digits)",
+                      KEYID_HEX);
+        return;
+    }
+    sbx_str_copy(s, keyid, sizeof(keyid));
+    int64_t n = destroy_records(j, c, NULL, 'k', keyid);
+    refresh(j->t, c);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
+    sbx_enc_kbool(&e, "success", true);
+    sbx_enc_kstr(&e, "keyId", keyid);
+    sbx_enc_kbool(&e, "revoked", n > 0);
+    job_reply(j, &e);
+}
+
+static void *
+admin_main(void *arg)
+{
+    struct admin_job *j = arg;
+    struct sys_conn c = {0};
+    sbx_msg am;
+    bool decoded = false;
+    const msgpack_object *args = NULL;
+    static const char empty[] = "\x80";
+    if (j->alen && sbx_wire_decode(&am, j->args, j->alen, &sbx_wire_limits_request) == 0 &&
+        am.root->type == MSGPACK_OBJECT_MAP) {
+        decoded = true;
+        args = am.root;
+    } else if (sbx_wire_decode(&am, empty, 1, &sbx_wire_limits_request) == 0) {
+        decoded = true;
+        args = am.root;
+    }
+    char msg[256];
+    int rc = sys_open(j->t, &c);
+    if (rc == 0)
+        rc = refresh(j->t, &c);
+    if (rc || !args) {
+        snprintf(msg, sizeof(msg), "%s", sbx_err_message(rc));
+        job_reply_err(j, rc ? rc : SBX_E_INTERNAL, "cannot read the tenant registry: %s", msg);
+    } else if (j->op_id == SBX_OPID_TENANT_CREATE) {
+        op_tenant_create(j, &c, args);
+    } else if (j->op_id == SBX_OPID_TENANT_LIST) {
+        op_tenant_list(j);
+    } else if (j->op_id == SBX_OPID_TENANT_DELETE) {
+        op_tenant_delete(j, &c, args);
+    } else if (j->op_id == SBX_OPID_KEY_CREATE) {
+        op_key_create(j, &c, args);
+    } else if (j->op_id == SBX_OPID_KEY_LIST) {
+        op_key_list(j, args);
+    } else if (j->op_id == SBX_OPID_KEY_REVOKE) {
+        op_key_revoke(j, &c, args);
+    } else {
+        job_reply_err(j, SBX_E_INTERNAL, "not an admin op");
+    }
+    sys_close(&c);
+    if (decoded)
+        sbx_wire_msg_free(&am);
+    sbx_tenants *t = j->t;
+    free(j->args);
+    free(j);
+    pthread_mutex_lock(&t->mu);
+    t->jobs--;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+int
+sbx_tenants_admin(sbx_tenants *t, int op_id, const char *rid, const void *args, size_t alen,
+                  void (*done)(void *arg, const char *reply, size_t len), void *arg)
+{
+    struct admin_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->t = t;
+    j->op_id = op_id;
+    snprintf(j->rid, sizeof(j->rid), "%s", rid);
+    if (alen) {
+        j->args = sbx_xmalloc(alen);
+        memcpy(j->args, args, alen);
+        j->alen = alen;
+    }
+    j->done = done;
+    j->arg = arg;
+    pthread_mutex_lock(&t->mu);
+    t->jobs++;
+    pthread_mutex_unlock(&t->mu);
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&th, &at, admin_main, j);
+    pthread_attr_destroy(&at);
+    if (rc) {
+        free(j->args);
+        free(j);
+        pthread_mutex_lock(&t->mu);
+        t->jobs--;
+        pthread_mutex_unlock(&t->mu);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+int
+sbx_tenants_reencode(const msgpack_object *root, const char *sandbox, char **out,
+                     size_t *outlen)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object_kv *kv = &root->via.map.ptr[i];
+        if (key_is(&kv->key, "key") || (sandbox && key_is(&kv->key, "sandbox")))
+            continue;
+        sbx_enc_obj(&e, &kv->key);
+        sbx_enc_obj(&e, &kv->val);
+    }
+    if (sandbox)
+        sbx_enc_kstr(&e, "sandbox", sandbox);
+    sbx_enc_end(&e);
+    return sbx_enc_finish(&e, out, outlen) ? -ENOMEM : 0;
+}
