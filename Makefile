@@ -291,6 +291,8 @@ build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# test_tenants' randomized client draws operations from the table (runtime/ops.h).
+build/asan/tests/security/test_tenants: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # The escape tests' two binaries share their probe helpers (tests/security/escape_util.h).
 ESCAPE_TESTS := $(wildcard tests/security/test_escape_*.c)
 $(patsubst %.c,build/asan/%,$(ESCAPE_TESTS)): build/asan/obj/tests/security/escape_util.o
