@@ -438,10 +438,19 @@ sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstream,
             line[--l] = 0;
         if (!l || line[0] == '#')
             continue;
+        if (l < 16) {
+            sbx_tenants_stop(t);
+            return sbx_err_make(err, SBX_E_VALIDATION,
+                                "API keys must be at least 16 characters (%s)", key_file);
+        }
         t->admin = sbx_xrealloc(t->admin, (t->nadmin + 1) * sizeof(*t->admin));
         sha256(line, l, t->admin[t->nadmin++]);
     }
     uint8_t r[32];
+    if (!t->nadmin) {
+        sbx_tenants_stop(t);
+        return sbx_err_make(err, SBX_E_VALIDATION, "the API key file %s holds no key", key_file);
+    }
     if ((rc = sbx_random(r, sizeof(r))) != 0) {
         sbx_tenants_stop(t);
         return sbx_err_make(err, rc, "cannot draw the gateway's system token");
