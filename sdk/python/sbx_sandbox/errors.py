@@ -239,6 +239,8 @@ _SPEC = [
     ("BACKUP_NOT_FOUND", "BackupNotFound", (), 404, "No such backup in the node's store."),
     ("BACKUP_EXPIRED", "BackupExpired", (), 410, "The backup's ttl has passed."),
     ("BACKUP_TOO_LARGE", "BackupTooLarge", (), 413, "The backup's archive exceeds the store's limit per backup."),
+    # tenants (docs/security.md §6)
+    ("QUOTA_EXCEEDED", "QuotaExceeded", (), 429, "A quota of the caller's tenant is used up; ``context['retryAfterMs']`` says when to try again."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

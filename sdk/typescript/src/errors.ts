@@ -221,6 +221,8 @@ export class BackupNotFoundError extends SandboxError {}
 export class BackupExpiredError extends SandboxError {}
 /** `BACKUP_TOO_LARGE` (413): the backup's archive exceeds the store's limit per backup. */
 export class BackupTooLargeError extends SandboxError {}
+/** `QUOTA_EXCEEDED` (429): a quota of the caller's tenant is used up; `context.retryAfterMs` says when to try again. */
+export class QuotaExceededError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -291,6 +293,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   BACKUP_NOT_FOUND: BackupNotFoundError,
   BACKUP_EXPIRED: BackupExpiredError,
   BACKUP_TOO_LARGE: BackupTooLargeError,
+  QUOTA_EXCEEDED: QuotaExceededError,
 });
 
 /**
