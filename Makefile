@@ -70,7 +70,8 @@ AGENT   := container/agent/main.c container/agent/setup.c \
 ACTORS  := $(sort $(wildcard actors/*.c))
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
-           gateway/terminal.c gateway/gw_metrics.c gateway/tenant.c
+           gateway/terminal.c gateway/gw_metrics.c gateway/tenant.c \
+           gateway/tenant_admin.c gateway/gw_merge.c
 DAEMON  := tools/sbxd.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
            tools/cli_mcp.c

@@ -38,4 +38,5 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_KEY_CREATE] = shard_op_status,
     [SBX_OPID_KEY_LIST] = shard_op_status,
     [SBX_OPID_KEY_REVOKE] = shard_op_status,
+    [SBX_OPID_AUDIT_LIST] = shard_op_audit_list,
 };

@@ -390,6 +390,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
                   sbx_err_message(rc));
         goto out;
     }
+    shard_audit_open(sh);
     char base[256];
     snprintf(base, sizeof(base), "%s", conf->cgroup_base ? conf->cgroup_base : "");
     if (!base[0])

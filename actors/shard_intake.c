@@ -161,8 +161,12 @@ on_request(sbx_loop *l, void *arg)
             sbx_wire_get_i64(route, "epoch", &route_epoch);
             if (sbx_wire_get_str(route, "tenant", &ts) == 0 && ts.n < sizeof(tenant)) {
                 sbx_str_copy(ts, tenant, sizeof(tenant));
+                sbx_str_copy(ts, op->tenant, sizeof(op->tenant));
                 tenant_set = true;
             }
+            /* The caller's key id: its changes go to the audit log (audit.c). */
+            if (sbx_wire_get_str(route, "keyId", &ts) == 0 && ts.n < sizeof(op->audit_key))
+                sbx_str_copy(ts, op->audit_key, sizeof(op->audit_key));
         }
         /* The inner bytes live in the nng message, not in the decoded outer map. */
         sbx_wire_msg_free(&op->dec);

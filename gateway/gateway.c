@@ -36,89 +36,7 @@
 #include "http.h"
 #include "tenant.h"
 
-#define MAX_SLOTS SBX_CVIEW_MAX_MEMBERS
-#define RETRY_MIN_MS 10
-#define RETRY_MAX_MS 400
-
-struct sbx_gateway;
-struct gctx;
-
-struct gshard {
-    struct sbx_gateway *gw;
-    int idx;
-    char name[64];        /* in a cluster, rewritten under gw->slot_mu when the slot is given */
-    char url[256];        /* to another shard: read them elsewhere through slot_label() */
-    nng_socket sock;
-    nng_dialer dialer;    /* set by slot_open; replaced by the view thread only */
-    uint64_t gen;         /* the view member's gen the slot dials (view thread) */
-    atomic_bool open;
-    atomic_int pipes;
-    atomic_bool ever;     /* it was connected once: the shard has started */
-};
-
-enum { F_IDLE = 0, F_SEND, F_RECV, F_SLEEP };
-
-struct gfwd {
-    struct gctx *g;
-    struct gshard *s;
-    bool ctx_open;
-    nng_ctx ctx;
-    nng_aio *aio;
-    int state;
-    int64_t deadline;
-    nng_msg *reply;
-    int rv;
-};
-
-enum { G_RECV = 1, G_WORK, G_SEND };
-
-struct gctx {
-    struct sbx_gateway *gw;
-    nng_ctx ctx;
-    nng_aio *aio;
-    int state;
-    struct gfwd fwd[MAX_SLOTS];
-    pthread_mutex_t mu;   /* fan-out bookkeeping */
-    int pending;
-    bool fanout;          /* list / cluster.status: merge every shard's answer */
-    bool in_fanout[MAX_SLOTS];
-    char id[SBX_WIRE_MAX_ID + 1];
-    char op[64];
-    int op_id;            /* enum sbx_op_id of op; -1 before the intake found it */
-    /* a routed request, kept for retries (cluster mode) */
-    char *body;
-    size_t blen;
-    uint32_t part;
-    int64_t deadline;     /* monotonic ms */
-    int attempts;
-    bool delivered;       /* an attempt reached a shard and may have run there */
-    nng_aio *sleep;       /* back-off timer */
-    int last_slot;
-    /* tenancy (gw->tenants): who sent it, and its sandbox outside / inside */
-    bool tenanted;
-    struct sbx_principal who;
-    char ext_id[SBX_ID_MAX + 1], int_id[SBX_ID_MAX + 1];
-};
-
-struct sbx_gateway {
-    struct sbx_gateway_conf conf;
-    nng_socket sock;
-    struct gshard shards[MAX_SLOTS];
-    int nshards;          /* slots in use */
-    int16_t table[SBX_PARTITIONS]; /* standalone */
-    struct gctx *ctxs;
-    int nctx;
-    atomic_ullong n_requests, n_errors, n_retries;
-    int64_t started_ms;
-    sbx_http *http;
-    char inproc[96];
-    /* cluster mode */
-    sbx_etcd *etcd;
-    sbx_cview *view;
-    char prefix[160];
-    pthread_mutex_t slot_mu; /* opening slots */
-    sbx_tenants *tenants;    /* with API keys: the tenant registry (gateway/tenant.h) */
-};
+#include "gateway_int.h"
 
 static bool
 clustered(const struct sbx_gateway *gw)
@@ -257,6 +175,37 @@ slot_label(struct gshard *s, char name[64], char url[256])
     pthread_mutex_unlock(&s->gw->slot_mu);
 }
 
+/* The helpers above, for the gateway's other parts (gateway_int.h). */
+bool
+gw_clustered(const struct sbx_gateway *gw)
+{
+    return clustered(gw);
+}
+
+void
+gw_client_send_bytes(struct gctx *g, const char *buf, size_t len)
+{
+    client_send_bytes(g, buf, len);
+}
+
+void
+gw_client_err(struct gctx *g, int code, const char *msg)
+{
+    client_err(g, code, "%s", msg);
+}
+
+void
+gw_request_done(struct gctx *g)
+{
+    request_done(g);
+}
+
+void
+gw_slot_label(struct gshard *s, char name[64], char url[256])
+{
+    slot_label(s, name, url);
+}
+
 /* The view changed: open sockets for new members, and point slots the view
  * gave to another shard (another gen) at it: the old dialer goes, with its
  * connections (what was in flight on them fails, as when a shard drops),
@@ -354,233 +303,6 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Fan-out (list, cluster.status). */
-
-static void
-encode_cluster(struct sbx_gateway *gw, sbx_enc *e)
-{
-    sbx_enc_kmap(e, "cluster");
-    sbx_enc_kstr(e, "name", gw->conf.cluster ? gw->conf.cluster : "default");
-    sbx_enc_kstr(e, "etcd", gw->conf.etcd);
-    sbx_cview_lock(gw->view);
-    int n;
-    const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
-    const struct sbx_cpart *parts = sbx_cview_parts(gw->view);
-    sbx_enc_kbool(e, "synced", sbx_cview_synced(gw->view));
-    sbx_enc_kint(e, "revision", sbx_cview_revision(gw->view));
-    int unowned = 0;
-    for (int p = 0; p < SBX_PARTITIONS; p++)
-        unowned += parts[p].owner < 0 || !m[parts[p].owner].live;
-    sbx_enc_kint(e, "partitionsWithoutLiveOwner", unowned);
-    sbx_enc_karray(e, "members");
-    for (int i = 0; i < n; i++) {
-        int cnt = 0;
-        int64_t minep = 0, maxep = 0;
-        for (int p = 0; p < SBX_PARTITIONS; p++) {
-            if (parts[p].owner != i)
-                continue;
-            cnt++;
-            if (parts[p].epoch > maxep)
-                maxep = parts[p].epoch;
-            if (!minep || parts[p].epoch < minep)
-                minep = parts[p].epoch;
-        }
-        if (!m[i].live && !cnt)
-            continue;
-        sbx_enc_map(e);
-        sbx_enc_kstr(e, "name", m[i].name);
-        sbx_enc_kstr(e, "url", m[i].url);
-        sbx_enc_kbool(e, "live", m[i].live);
-        sbx_enc_kbool(e, "draining", m[i].draining);
-        sbx_enc_kint(e, "partitions", cnt);
-        sbx_enc_kint(e, "minEpoch", minep);
-        sbx_enc_kint(e, "maxEpoch", maxep);
-        sbx_enc_end(e);
-    }
-    sbx_enc_end(e);
-    sbx_cview_unlock(gw->view);
-    sbx_enc_end(e);
-}
-
-/* `metrics`: the gateway's own families, then every shard's merged in
- * (docs/operations.md, "Metrics"); answered as {text}. */
-static void
-merge_metrics(struct gctx *g)
-{
-    struct sbx_gateway *gw = g->gw;
-    sbx_prom p;
-    struct gw_counters gc = {
-        .gateway = gw->conf.name,
-        .requests = atomic_load(&gw->n_requests),
-        .errors = atomic_load(&gw->n_errors),
-        .retries = atomic_load(&gw->n_retries),
-        .uptime_s = (double)(sbx_wall_ms() - gw->started_ms) / 1000,
-        .http = gw->http != NULL,
-        .clustered = clustered(gw),
-    };
-    if (gw->http)
-        sbx_http_counters(gw->http, &gc.http_requests, &gc.http_errors);
-    sbx_prom_init(&p);
-    gw_metrics_gateway(&p, &gc);
-    for (int i = 0; i < gw->nshards; i++) {
-        struct gfwd *f = &g->fwd[i];
-        if (!g->in_fanout[i])
-            continue;
-        char sname[64], surl[256];
-        slot_label(f->s, sname, surl);
-        int parts = -1;
-        if (!clustered(gw)) {
-            parts = 0;
-            for (int k = 0; k < SBX_PARTITIONS; k++)
-                parts += gw->table[k] == i;
-        }
-        gw_metrics_shard(&p, sname, atomic_load(&f->s->pipes) > 0 && f->reply && !f->rv, parts,
-                         f->reply ? nng_msg_body(f->reply) : NULL,
-                         f->reply ? nng_msg_len(f->reply) : 0);
-        if (f->reply) {
-            nng_msg_free(f->reply);
-            f->reply = NULL;
-        }
-    }
-    sbx_buf text;
-    sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_str id = {g->id, strlen(g->id)};
-    sbx_buf_init(&text);
-    sbx_prom_render(&p, &text);
-    sbx_prom_free(&p);
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, id);
-    sbx_enc_kstrn(&e, "text", text.p ? text.p : "", text.len);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    sbx_buf_free(&text);
-    request_done(g);
-    if (sbx_enc_finish(&e, &buf, &len) == 0) {
-        client_send_bytes(g, buf, len);
-        free(buf);
-    } else {
-        client_err(g, SBX_E_INTERNAL, "could not encode the metrics");
-    }
-}
-
-static void
-merge_and_reply(struct gctx *g)
-{
-    struct sbx_gateway *gw = g->gw;
-    bool is_list = g->op_id == SBX_OPID_LIST;
-    if (g->op_id == SBX_OPID_METRICS) {
-        merge_metrics(g);
-        return;
-    }
-    sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_str id = {g->id, strlen(g->id)};
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, id);
-    if (is_list) {
-        size_t count = 0;
-        sbx_enc_karray(&e, "sandboxes");
-        for (int i = 0; i < gw->nshards; i++) {
-            struct gfwd *f = &g->fwd[i];
-            if (!g->in_fanout[i] || !f->reply)
-                continue;
-            sbx_msg m;
-            if (sbx_wire_decode(&m, nng_msg_body(f->reply), nng_msg_len(f->reply),
-                                &sbx_wire_limits_reply) == 0) {
-                const msgpack_object *r, *arr;
-                if (sbx_wire_get_map(m.root, "result", &r) == 0 &&
-                    sbx_wire_get_array(r, "sandboxes", &arr) == 0) {
-                    for (uint32_t k = 0; k < arr->via.array.size; k++) {
-                        const msgpack_object *it = &arr->via.array.ptr[k];
-                        sbx_str sid = {"", 0};
-                        if (g->tenanted) {
-                            /* Only the caller's own sandboxes, under their own IDs. */
-                            sbx_wire_get_str(it, "id", &sid);
-                            if (!sbx_tenants_owns(&g->who, sid))
-                                continue;
-                            sbx_tenants_enc_obj(&e, &g->who, it);
-                        } else {
-                            sbx_enc_obj(&e, it);
-                        }
-                        count++;
-                    }
-                }
-                sbx_wire_msg_free(&m);
-            }
-        }
-        sbx_enc_end(&e);
-        sbx_enc_kint(&e, "count", (int64_t)count);
-    } else {
-        sbx_enc_kmap(&e, "gateway");
-        sbx_enc_kstr(&e, "name", gw->conf.name);
-        sbx_enc_kstr(&e, "listen", gw->conf.listen);
-        sbx_enc_kint(&e, "uptimeMs", sbx_wall_ms() - gw->started_ms);
-        sbx_enc_kint(&e, "requests", (int64_t)atomic_load(&gw->n_requests));
-        sbx_enc_kint(&e, "errors", (int64_t)atomic_load(&gw->n_errors));
-        sbx_enc_kint(&e, "retries", (int64_t)atomic_load(&gw->n_retries));
-        sbx_enc_kint(&e, "partitions", SBX_PARTITIONS);
-        sbx_enc_end(&e);
-        if (clustered(gw))
-            encode_cluster(gw, &e);
-    }
-    sbx_enc_karray(&e, "shards");
-    for (int i = 0; i < gw->nshards; i++) {
-        struct gfwd *f = &g->fwd[i];
-        if (!g->in_fanout[i])
-            continue;
-        char sname[64], surl[256];
-        slot_label(f->s, sname, surl);
-        sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "name", sname);
-        sbx_enc_kstr(&e, "url", surl);
-        sbx_enc_kbool(&e, "connected", atomic_load(&f->s->pipes) > 0);
-        if (!is_list && !clustered(gw)) {
-            int parts = 0;
-            for (int p = 0; p < SBX_PARTITIONS; p++)
-                parts += gw->table[p] == i;
-            sbx_enc_kint(&e, "partitions", parts);
-        }
-        bool ok = false;
-        if (f->reply) {
-            sbx_msg m;
-            if (sbx_wire_decode(&m, nng_msg_body(f->reply), nng_msg_len(f->reply),
-                                &sbx_wire_limits_reply) == 0) {
-                const msgpack_object *r, *st;
-                sbx_wire_get_bool(m.root, "ok", &ok);
-                if (!is_list && sbx_wire_get_map(m.root, "result", &r) == 0 &&
-                    sbx_wire_get_map(r, "shard", &st) == 0) {
-                    sbx_enc_str(&e, "status");
-                    sbx_enc_obj(&e, st);
-                }
-                sbx_wire_msg_free(&m);
-            }
-        }
-        sbx_enc_kstr(&e, "health", ok ? "ok" : "unavailable");
-        if (!ok)
-            sbx_enc_kstr(&e, "error",
-                         f->rv ? nng_strerror(f->rv) : "the shard answered with an error");
-        sbx_enc_end(&e);
-        if (f->reply) {
-            nng_msg_free(f->reply);
-            f->reply = NULL;
-        }
-    }
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    request_done(g);
-    if (sbx_enc_finish(&e, &buf, &len) == 0) {
-        client_send_bytes(g, buf, len);
-        free(buf);
-    } else {
-        client_err(g, SBX_E_INTERNAL, "could not encode the merged reply");
-    }
-}
-
-/* ------------------------------------------------------------------------------ */
 /* Forwarding. */
 
 static void route_and_forward(struct gctx *g);
@@ -648,7 +370,7 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
         int left = --g->pending;
         pthread_mutex_unlock(&g->mu);
         if (left == 0)
-            merge_and_reply(g);
+            gw_merge_and_reply(g);
         return;
     }
     if (reply && clustered(g->gw) && is_wrong_owner(reply) && retry_later(g)) {
@@ -762,6 +484,8 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     sbx_enc_kstr(&e, "gateway", g->gw->conf.name);
     if (g->tenanted && g->who.scope != SBX_SCOPE_SYSTEM)
         sbx_enc_kstr(&e, "tenant", g->who.tenant); /* the shard checks the namespace */
+    if (g->tenanted)
+        sbx_enc_kstr(&e, "keyId", g->who.key_id); /* for the shard's audit log */
     sbx_enc_end(&e);
     sbx_enc_kbin(&e, "req", body, len);
     sbx_enc_end(&e);
@@ -927,6 +651,10 @@ tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *roo
         return 1;
     }
     g->tenanted = true;
+    sbx_str for_key;
+    if (g->who.scope == SBX_SCOPE_SYSTEM && sbx_wire_get_str(root, "for", &for_key) == 0 &&
+        for_key.n && for_key.n < sizeof(g->who.key_id))
+        sbx_str_copy(for_key, g->who.key_id, sizeof(g->who.key_id)); /* an admin op's writes */
     bool global = def->flags & SBX_OP_GLOBAL, node = def->flags & SBX_OP_NODE;
     bool needs_admin = is_admin_op((int)def->id) || (global && def->id != SBX_OPID_LIST) ||
                        (node && ((def->flags & SBX_OP_MUTATES) || def->id == SBX_OPID_BACKUP_LIST));
@@ -941,7 +669,8 @@ tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *roo
         sbx_enc_init(&e);
         sbx_enc_obj(&e, req->args);
         if (sbx_enc_finish(&e, &args, &alen) != 0 ||
-            sbx_tenants_admin(gw->tenants, (int)def->id, g->id, args, alen, admin_done, g) != 0)
+            sbx_tenants_admin(gw->tenants, (int)def->id, g->id, g->who.key_id, args, alen,
+                              admin_done, g) != 0)
             client_err(g, SBX_E_INTERNAL, "cannot start %s", def->name);
         return 1;
     }
@@ -1040,6 +769,15 @@ handle(struct gctx *g, nng_msg *m)
     if (req.timeout_ms > 0)
         timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
     g->deadline = sbx_mono_ms() + timeout;
+    if (!gw->tenants && is_admin_op((int)def->id)) {
+        sbx_wire_msg_free(&dec);
+        nng_msg_free(m);
+        client_err(g, SBX_E_VALIDATION,
+                   "%s needs a deployment with API keys (sbxd --api-keys): without keys there "
+                   "are no tenants (docs/security.md §6)",
+                   def->name);
+        return;
+    }
     if (gw->tenants) {
         if (tenant_gate(g, &req, dec.root, def, &tbody, &len) != 0) {
             sbx_wire_msg_free(&dec);
@@ -1053,6 +791,11 @@ handle(struct gctx *g, nng_msg *m)
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
         return;
+    }
+    if (def->id == SBX_OPID_AUDIT_LIST) {
+        int64_t lim = 100;
+        sbx_wire_get_i64(req.args, "limit", &lim);
+        g->limit = (size_t)SBX_MAX(1, SBX_MIN(lim, 1000));
     }
     if (def->flags & SBX_OP_GLOBAL) {
         struct sbx_log_req lr = {req.id.p, req.id.n, NULL, 0, def->name, strlen(def->name)};
@@ -1082,7 +825,7 @@ handle(struct gctx *g, nng_msg *m)
             if (def->id == SBX_OPID_LIST)
                 client_err(g, SBX_E_SHARD_UNAVAILABLE, "no shard is live");
             else
-                merge_and_reply(g); /* the gateway's own status, no shard */
+                gw_merge_and_reply(g); /* the gateway's own status, no shard */
             return;
         }
         pthread_mutex_lock(&g->mu);

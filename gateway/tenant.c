@@ -20,57 +20,13 @@
 #include "../runtime/nngx.h"
 #include "../runtime/ops.h"
 #include "../runtime/util.h"
-#include "tenant.h"
-
-#define REFRESH_MS 1000      /* the snapshot's period: revocation within 2 s */
-#define CALL_TIMEOUT_MS 8000 /* one call of the refresh thread or an admin op */
-#define RECENT_MAX 4096      /* creations remembered between two snapshots */
-#define SYS_PREFIX "sbx--"
-#define KEYID_HEX 32         /* hex digits of a key's id: 16 bytes of its SHA-256 */
-
-struct tkey {
-    char id[KEYID_HEX + 1];
-    char tenant[SBX_TENANT_MAX + 1];
-    int scope;
-};
-
-struct tten {
-    char name[SBX_TENANT_MAX + 1];
-    int64_t max_sandboxes, rate;
-    int64_t sandboxes; /* in the snapshot, plus this gateway's creations since */
-    double tokens;     /* the create bucket (this gateway's) */
-    int64_t bucket_ms; /* when tokens was last topped up */
-};
-
-struct sbx_tenants {
-    pthread_mutex_t mu;         /* everything below but the thread's own */
-    pthread_mutex_t refresh_mu; /* one refresh at a time */
-    pthread_cond_t cv;
-    bool stopping;
-    bool thread_started;
-    pthread_t thread;
-    const char *upstream;
-    uint8_t (*admin)[SHA256_DIGEST_SIZE]; /* the key file's keys, hashed */
-    size_t nadmin;
-    uint8_t sys_hash[SHA256_DIGEST_SIZE];
-    char sys_key[2 * 32 + 5];
-    struct tkey *keys;
-    size_t nkeys;
-    struct tten *tens;
-    size_t ntens;
-    char **ids; /* sorted: every sandbox ID of the snapshot */
-    size_t nids;
-    char (*recent)[64];
-    size_t nrecent;
-    bool loaded; /* a snapshot was taken */
-    int jobs;    /* admin ops running (sbx_tenants_stop waits for them) */
-};
+#include "tenant_int.h"
 
 /* ------------------------------------------------------------------------------ */
 /* Hashes and names. */
 
-static void
-sha256(const void *p, size_t n, uint8_t out[SHA256_DIGEST_SIZE])
+void
+tenant_sha256(const void *p, size_t n, uint8_t out[SHA256_DIGEST_SIZE])
 {
     struct sha256_ctx c;
     sha256_init(&c);
@@ -78,8 +34,8 @@ sha256(const void *p, size_t n, uint8_t out[SHA256_DIGEST_SIZE])
     sha256_digest(&c, SHA256_DIGEST_SIZE, out);
 }
 
-static void
-hex(const uint8_t *p, size_t n, char *out)
+void
+tenant_hex(const uint8_t *p, size_t n, char *out)
 {
     static const char d[] = "0123456789abcdef";
     for (size_t i = 0; i < n; i++) {
@@ -90,7 +46,7 @@ hex(const uint8_t *p, size_t n, char *out)
 }
 
 /* A tenant name: 1-16 of [a-z0-9], not "sbx". */
-static bool
+bool
 tenant_name_ok(sbx_str s)
 {
     if (s.n < 1 || s.n > SBX_TENANT_MAX || (s.n == 3 && !memcmp(s.p, "sbx", 3)))
@@ -149,13 +105,9 @@ sbx_tenants_owns(const struct sbx_principal *p, sbx_str id)
 /* ------------------------------------------------------------------------------ */
 /* Calls to the gateway with the system token (refresh thread, admin ops). */
 
-struct sys_conn {
-    nng_socket s;
-    bool open;
-};
 
-static int
-sys_open(sbx_tenants *t, struct sys_conn *c)
+int
+tenant_sys_open(sbx_tenants *t, struct sys_conn *c)
 {
     int rv = nng_req0_open(&c->s);
     if (rv)
@@ -170,8 +122,8 @@ sys_open(sbx_tenants *t, struct sys_conn *c)
     return 0;
 }
 
-static void
-sys_close(struct sys_conn *c)
+void
+tenant_sys_close(struct sys_conn *c)
 {
     if (c->open)
         nng_close(c->s);
@@ -182,12 +134,13 @@ sys_close(struct sys_conn *c)
  * One call: op on sandbox (may be NULL) with args (map bytes, may be NULL).
  * 0 with *buf (the reply's bytes, caller frees) decoded in *m (caller frees
  * with sbx_wire_msg_free, before *buf) and its result in *res; or a negative
- * code (an error reply's code) with msg[] set.
+ * code (an error reply's code) with msg[] set.  for_key (may be NULL): the
+ * admin it is made for (the envelope's "for": the audit log's key id).
  */
-static int
-sys_call(sbx_tenants *t, struct sys_conn *c, const char *op, const char *sandbox,
-         const char *args, size_t alen, char **buf, sbx_msg *m, const msgpack_object **res,
-         char *msg, size_t msglen)
+int
+tenant_sys_call(sbx_tenants *t, struct sys_conn *c, const char *for_key, const char *op,
+             const char *sandbox, const char *args, size_t alen, char **buf, sbx_msg *m,
+             const msgpack_object **res, char *msg, size_t msglen)
 {
     char rid[37];
     sbx_request_id(rid);
@@ -201,6 +154,8 @@ sys_call(sbx_tenants *t, struct sys_conn *c, const char *op, const char *sandbox
         sbx_enc_kstr(&e, "sandbox", sandbox);
     sbx_enc_kint(&e, "timeoutMs", CALL_TIMEOUT_MS - 500);
     sbx_enc_kstr(&e, "key", t->sys_key);
+    if (for_key && *for_key)
+        sbx_enc_kstr(&e, "for", for_key);
     if (args && alen) {
         sbx_enc_str(&e, "args");
         sbx_enc_raw(&e, args, alen);
@@ -255,8 +210,8 @@ cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void
-free_ids(char **ids, size_t n)
+void
+tenant_free_ids(char **ids, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         free(ids[i]);
@@ -264,8 +219,8 @@ free_ids(char **ids, size_t n)
 }
 
 /* Parse "sbx--t-<name>-<max>-<rate>" into x; false if it is no tenant record. */
-static bool
-parse_tenant(const char *id, struct tten *x)
+bool
+tenant_parse_record(const char *id, struct tten *x)
 {
     if (strncmp(id, SYS_PREFIX "t-", 7))
         return false;
@@ -283,8 +238,8 @@ parse_tenant(const char *id, struct tten *x)
 }
 
 /* Parse "sbx--k<32 hex>-<tenant>-<a|t>" into k. */
-static bool
-parse_key(const char *id, struct tkey *k)
+bool
+tenant_parse_key(const char *id, struct tkey *k)
 {
     if (strncmp(id, SYS_PREFIX "k", 6) || strlen(id) < 6 + KEYID_HEX + 4)
         return false;
@@ -306,14 +261,16 @@ parse_key(const char *id, struct tkey *k)
 }
 
 /* Take a snapshot: one `list`, then swap it in.  0 or a negative code. */
-static int
-refresh(sbx_tenants *t, struct sys_conn *c)
+int
+tenant_refresh(sbx_tenants *t, struct sys_conn *c)
 {
     pthread_mutex_lock(&t->refresh_mu);
     char *buf = NULL, msg[256];
     sbx_msg m;
     const msgpack_object *res, *arr;
-    int rc = sys_call(t, c, "list", NULL, NULL, 0, &buf, &m, &res, msg, sizeof(msg));
+    int64_t started = sbx_mono_ms(); /* creations admitted since may be missing from it */
+    int rc =
+        tenant_sys_call(t, c, NULL, "list", NULL, NULL, 0, &buf, &m, &res, msg, sizeof(msg));
     if (rc) {
         pthread_mutex_unlock(&t->refresh_mu);
         sbx_log_debug("tenants: cannot list the registry: %s", msg);
@@ -335,10 +292,10 @@ refresh(sbx_tenants *t, struct sys_conn *c)
             char *id = sbx_str_dup(s);
             struct tten x;
             struct tkey k;
-            if (parse_tenant(id, &x)) {
+            if (tenant_parse_record(id, &x)) {
                 tens = sbx_xrealloc(tens, (ntens + 1) * sizeof(*tens));
                 tens[ntens++] = x;
-            } else if (parse_key(id, &k)) {
+            } else if (tenant_parse_key(id, &k)) {
                 keys = sbx_xrealloc(keys, (nkeys + 1) * sizeof(*keys));
                 keys[nkeys++] = k;
             }
@@ -368,7 +325,7 @@ refresh(sbx_tenants *t, struct sys_conn *c)
                 tens[j].bucket_ms = t->tens[o].bucket_ms;
             }
     }
-    free_ids(t->ids, t->nids);
+    tenant_free_ids(t->ids, t->nids);
     free(t->keys);
     free(t->tens);
     t->ids = ids;
@@ -377,7 +334,19 @@ refresh(sbx_tenants *t, struct sys_conn *c)
     t->nkeys = nkeys;
     t->tens = tens;
     t->ntens = ntens;
-    t->nrecent = 0;
+    /* Keep the creations the list may have missed (admitted after it started,
+     * not in it), and count them. */
+    size_t kept = 0;
+    for (size_t i = 0; i < t->nrecent; i++) {
+        const char *key = t->recent[i].id;
+        if (t->recent[i].at < started || bsearch(&key, ids, nids, sizeof(char *), cmp_str))
+            continue;
+        struct tten *x = tenant_find(t, t->recent[i].tenant);
+        if (x)
+            x->sandboxes++;
+        t->recent[kept++] = t->recent[i];
+    }
+    t->nrecent = kept;
     t->loaded = true;
     pthread_mutex_unlock(&t->mu);
     pthread_mutex_unlock(&t->refresh_mu);
@@ -389,13 +358,13 @@ refresh_main(void *arg)
 {
     sbx_tenants *t = arg;
     struct sys_conn c = {0};
-    if (sys_open(t, &c) != 0)
+    if (tenant_sys_open(t, &c) != 0)
         sbx_log_warn("tenants: cannot dial the gateway at %s", t->upstream);
     pthread_mutex_lock(&t->mu);
     while (!t->stopping) {
         pthread_mutex_unlock(&t->mu);
         if (c.open)
-            refresh(t, &c);
+            tenant_refresh(t, &c);
         pthread_mutex_lock(&t->mu);
         if (t->stopping)
             break;
@@ -407,7 +376,7 @@ refresh_main(void *arg)
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
     pthread_mutex_unlock(&t->mu);
-    sys_close(&c);
+    tenant_sys_close(&c);
     return NULL;
 }
 
@@ -444,7 +413,7 @@ sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstream,
                                 "API keys must be at least 16 characters (%s)", key_file);
         }
         t->admin = sbx_xrealloc(t->admin, (t->nadmin + 1) * sizeof(*t->admin));
-        sha256(line, l, t->admin[t->nadmin++]);
+        tenant_sha256(line, l, t->admin[t->nadmin++]);
     }
     uint8_t r[32];
     if (!t->nadmin) {
@@ -456,8 +425,8 @@ sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstream,
         return sbx_err_make(err, rc, "cannot draw the gateway's system token");
     }
     memcpy(t->sys_key, "sbx_", 4);
-    hex(r, sizeof(r), t->sys_key + 4);
-    sha256(t->sys_key, strlen(t->sys_key), t->sys_hash);
+    tenant_hex(r, sizeof(r), t->sys_key + 4);
+    tenant_sha256(t->sys_key, strlen(t->sys_key), t->sys_hash);
     if (pthread_create(&t->thread, NULL, refresh_main, t) != 0) {
         sbx_tenants_stop(t);
         return sbx_err_make(err, -ENOMEM, "cannot start the tenant registry's thread");
@@ -482,7 +451,7 @@ sbx_tenants_stop(sbx_tenants *t)
     while (t->jobs > 0)
         pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
-    free_ids(t->ids, t->nids);
+    tenant_free_ids(t->ids, t->nids);
     free(t->keys);
     free(t->tens);
     free(t->admin);
@@ -502,8 +471,8 @@ sbx_tenants_system_key(const sbx_tenants *t)
 /* ------------------------------------------------------------------------------ */
 /* Requests. */
 
-static struct tten *
-find_tenant(sbx_tenants *t, const char *name)
+struct tten *
+tenant_find(sbx_tenants *t, const char *name)
 {
     for (size_t i = 0; i < t->ntens; i++)
         if (!strcmp(t->tens[i].name, name))
@@ -518,22 +487,24 @@ sbx_tenants_resolve(sbx_tenants *t, sbx_str key, struct sbx_principal *p)
     if (key.n == 0 || key.n > 256)
         return SBX_E_UNAUTHORIZED;
     uint8_t h[SHA256_DIGEST_SIZE];
-    sha256(key.p, key.n, h);
+    tenant_sha256(key.p, key.n, h);
     if (!memcmp(h, t->sys_hash, sizeof(h))) {
         p->scope = SBX_SCOPE_SYSTEM;
+        snprintf(p->key_id, sizeof(p->key_id), "system");
         return 0;
     }
+    char id[KEYID_HEX + 1];
+    tenant_hex(h, KEYID_HEX / 2, id);
+    snprintf(p->key_id, sizeof(p->key_id), "%s", id);
     for (size_t i = 0; i < t->nadmin; i++)
         if (!memcmp(h, t->admin[i], sizeof(h))) {
             p->scope = SBX_SCOPE_ADMIN;
             return 0;
         }
-    char id[KEYID_HEX + 1];
-    hex(h, KEYID_HEX / 2, id);
     int rc = SBX_E_UNAUTHORIZED;
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->nkeys; i++)
-        if (!strcmp(t->keys[i].id, id) && find_tenant(t, t->keys[i].tenant)) {
+        if (!strcmp(t->keys[i].id, id) && tenant_find(t, t->keys[i].tenant)) {
             p->scope = t->keys[i].scope;
             snprintf(p->tenant, sizeof(p->tenant), "%s", t->keys[i].tenant);
             rc = 0;
@@ -554,8 +525,8 @@ sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id,
     const char *key = id;
     bool known = bsearch(&key, t->ids, t->nids, sizeof(char *), cmp_str) != NULL;
     for (size_t i = 0; !known && i < t->nrecent; i++)
-        known = !strcmp(t->recent[i], id);
-    struct tten *x = find_tenant(t, p->tenant);
+        known = !strcmp(t->recent[i].id, id);
+    struct tten *x = tenant_find(t, p->tenant);
     if (known || !x)
         goto out;
     int64_t now = sbx_mono_ms();
@@ -580,8 +551,12 @@ sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id,
     }
     x->tokens -= 1.0;
     x->sandboxes++;
-    if (t->nrecent < RECENT_MAX)
-        snprintf(t->recent[t->nrecent++], 64, "%s", id);
+    if (t->nrecent < RECENT_MAX) {
+        struct trecent *r = &t->recent[t->nrecent++];
+        snprintf(r->id, sizeof(r->id), "%s", id);
+        snprintf(r->tenant, sizeof(r->tenant), "%s", x->name);
+        r->at = now;
+    }
 out:
     pthread_mutex_unlock(&t->mu);
     return rc;
@@ -683,403 +658,6 @@ sbx_tenants_rewrite(const struct sbx_principal *p, const void *reply, size_t len
     enc_rw(&e, m.root, NULL, &r);
     sbx_wire_msg_free(&m);
     return sbx_enc_finish(&e, out, outlen) ? -ENOMEM : 0;
-}
-
-/* ------------------------------------------------------------------------------ */
-/* Admin ops (on a thread of their own: they call the gateway synchronously). */
-
-struct admin_job {
-    sbx_tenants *t;
-    int op_id;
-    char rid[SBX_WIRE_MAX_ID + 1];
-    char *args;
-    size_t alen;
-    void (*done)(void *arg, const char *reply, size_t len);
-    void *arg;
-};
-
-/* Create (labels {}) or destroy the system record `id`. */
-static int
-sys_record(sbx_tenants *t, struct sys_conn *c, const char *id, bool create, char *msg,
-           size_t msglen)
-{
-    static const char empty_labels[] = "\x81\xa6labels\x80"; /* {labels: {}} */
-    char *buf = NULL;
-    sbx_msg m;
-    const msgpack_object *res;
-    int rc = create ? sys_call(t, c, "sandbox.labels", id, empty_labels,
-                               sizeof(empty_labels) - 1, &buf, &m, &res, msg, msglen)
-                    : sys_call(t, c, "destroy", id, NULL, 0, &buf, &m, &res, msg, msglen);
-    if (rc == 0) {
-        sbx_wire_msg_free(&m);
-        free(buf);
-    }
-    return rc;
-}
-
-static void
-job_reply_err(struct admin_job *j, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void
-job_reply_err(struct admin_job *j, int code, const char *fmt, ...)
-{
-    char msg[512], *buf;
-    size_t len;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    sbx_str id = {j->rid, strlen(j->rid)};
-    if (sbx_wire_reply_errf(id, code, &buf, &len, "%s", msg) == 0) {
-        j->done(j->arg, buf, len);
-        free(buf);
-    }
-}
-
-static void
-job_reply(struct admin_job *j, sbx_enc *e)
-{
-    char *buf;
-    size_t len;
-    sbx_enc_end(e);
-    sbx_enc_end(e);
-    if (sbx_enc_finish(e, &buf, &len) == 0) {
-        j->done(j->arg, buf, len);
-        free(buf);
-    } else {
-        job_reply_err(j, SBX_E_INTERNAL, "could not encode the reply");
-    }
-}
-
-/* The tenant argument, checked; false after answering the error. */
-static bool
-arg_tenant(struct admin_job *j, const msgpack_object *args, char out[SBX_TENANT_MAX + 1])
-{
-    sbx_str s;
-    if (sbx_wire_get_str(args, "tenant", &s) != 0 || !tenant_name_ok(s)) {
-        job_reply_err(j, SBX_E_VALIDATION,
-                      "'tenant' must be a name of 1-%d characters of [a-z0-9], not 'sbx'",
-                      SBX_TENANT_MAX);
-        return false;
-    }
-    sbx_str_copy(s, out, SBX_TENANT_MAX + 1);
-    return true;
-}
-
-static void
-op_tenant_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
-{
-    sbx_tenants *t = j->t;
-    char name[SBX_TENANT_MAX + 1], msg[256], id[64];
-    if (!arg_tenant(j, args, name))
-        return;
-    int64_t max = 100, rate = 10;
-    sbx_wire_get_i64(args, "maxSandboxes", &max);
-    sbx_wire_get_i64(args, "createsPerSecond", &rate);
-    snprintf(id, sizeof(id), SYS_PREFIX "t-%s-%lld-%lld", name, (long long)max, (long long)rate);
-    int rc = sys_record(t, c, id, true, msg, sizeof(msg));
-    if (rc) {
-        job_reply_err(j, rc, "cannot record tenant %s: %s", name, msg);
-        return;
-    }
-    /* The same tenant's records with other quotas go. */
-    char **old = NULL;
-    size_t nold = 0;
-    bool existed = false;
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->nids; i++) {
-        struct tten x;
-        if (parse_tenant(t->ids[i], &x) && !strcmp(x.name, name)) {
-            existed = true;
-            if (strcmp(t->ids[i], id)) {
-                old = sbx_xrealloc(old, (nold + 1) * sizeof(char *));
-                old[nold++] = sbx_xstrdup(t->ids[i]);
-            }
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    for (size_t i = 0; i < nold; i++)
-        sys_record(t, c, old[i], false, msg, sizeof(msg));
-    free_ids(old, nold);
-    refresh(t, c);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kstr(&e, "tenant", name);
-    sbx_enc_kbool(&e, "created", !existed);
-    sbx_enc_kint(&e, "maxSandboxes", max);
-    sbx_enc_kint(&e, "createsPerSecond", rate);
-    job_reply(j, &e);
-}
-
-static void
-op_tenant_list(struct admin_job *j)
-{
-    sbx_tenants *t = j->t;
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
-    sbx_enc_karray(&e, "tenants");
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->ntens; i++) {
-        const struct tten *x = &t->tens[i];
-        int64_t keys = 0;
-        for (size_t k = 0; k < t->nkeys; k++)
-            keys += !strcmp(t->keys[k].tenant, x->name);
-        sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "tenant", x->name);
-        sbx_enc_kint(&e, "maxSandboxes", x->max_sandboxes);
-        sbx_enc_kint(&e, "createsPerSecond", x->rate);
-        sbx_enc_kint(&e, "sandboxes", x->sandboxes);
-        sbx_enc_kint(&e, "keys", keys);
-        sbx_enc_end(&e);
-    }
-    pthread_mutex_unlock(&t->mu);
-    sbx_enc_end(&e);
-    job_reply(j, &e);
-}
-
-/* Destroy every system record of `name` (kind 't' tenant, 'k' key) or of key
- * `keyid`; the count destroyed. */
-static int64_t
-destroy_records(struct admin_job *j, struct sys_conn *c, const char *name, char kind,
-                const char *keyid)
-{
-    sbx_tenants *t = j->t;
-    char **ids = NULL, msg[256];
-    size_t n = 0;
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->nids; i++) {
-        struct tten x;
-        struct tkey k;
-        bool hit = (kind == 't' && parse_tenant(t->ids[i], &x) && !strcmp(x.name, name)) ||
-                   (kind == 'k' && parse_key(t->ids[i], &k) &&
-                    (keyid ? !strcmp(k.id, keyid) : !strcmp(k.tenant, name)));
-        if (hit) {
-            ids = sbx_xrealloc(ids, (n + 1) * sizeof(char *));
-            ids[n++] = sbx_xstrdup(t->ids[i]);
-        }
-    }
-    pthread_mutex_unlock(&t->mu);
-    int64_t done = 0;
-    for (size_t i = 0; i < n; i++)
-        done += sys_record(t, c, ids[i], false, msg, sizeof(msg)) == 0;
-    free_ids(ids, n);
-    return done;
-}
-
-static void
-op_tenant_delete(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
-{
-    sbx_tenants *t = j->t;
-    char name[SBX_TENANT_MAX + 1];
-    if (!arg_tenant(j, args, name))
-        return;
-    pthread_mutex_lock(&t->mu);
-    struct tten *x = find_tenant(t, name);
-    int64_t live = x ? x->sandboxes : 0;
-    pthread_mutex_unlock(&t->mu);
-    if (live > 0) {
-        job_reply_err(j, SBX_E_VALIDATION,
-                      "tenant %s still has %lld sandboxes: destroy them first", name,
-                      (long long)live);
-        return;
-    }
-    int64_t keys = destroy_records(j, c, name, 'k', NULL);
-    int64_t recs = destroy_records(j, c, name, 't', NULL);
-    refresh(t, c);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kstr(&e, "tenant", name);
-    sbx_enc_kbool(&e, "deleted", recs > 0);
-    sbx_enc_kint(&e, "keysRevoked", keys);
-    job_reply(j, &e);
-}
-
-static void
-op_key_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
-{
-    sbx_tenants *t = j->t;
-    char name[SBX_TENANT_MAX + 1], msg[256], id[64];
-    if (!arg_tenant(j, args, name))
-        return;
-    sbx_str scope = {"tenant", 6};
-    sbx_wire_get_str(args, "scope", &scope);
-    bool admin = sbx_str_eq(scope, "admin");
-    pthread_mutex_lock(&t->mu);
-    bool known = find_tenant(t, name) != NULL;
-    pthread_mutex_unlock(&t->mu);
-    if (!known) {
-        job_reply_err(j, SBX_E_VALIDATION, "there is no tenant %s (tenant.create first)", name);
-        return;
-    }
-    uint8_t r[32], h[SHA256_DIGEST_SIZE];
-    char key[2 * 32 + 5], keyid[KEYID_HEX + 1];
-    int rc = sbx_random(r, sizeof(r));
-    if (rc) {
-        job_reply_err(j, SBX_E_INTERNAL, "cannot draw a key: %s", sbx_err_message(rc));
-        return;
-    }
-    memcpy(key, "sbx_", 4);
-    hex(r, sizeof(r), key + 4);
-    sha256(key, strlen(key), h);
-    hex(h, KEYID_HEX / 2, keyid);
-    snprintf(id, sizeof(id), SYS_PREFIX "k%s-%s-%c", keyid, name, admin ? 'a' : 't');
-    if ((rc = sys_record(t, c, id, true, msg, sizeof(msg))) != 0) {
-        job_reply_err(j, rc, "cannot record the key: %s", msg);
-        return;
-    }
-    refresh(t, c);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kstr(&e, "key", key);
-    sbx_enc_kstr(&e, "keyId", keyid);
-    sbx_enc_kstr(&e, "tenant", name);
-    sbx_enc_kstr(&e, "scope", admin ? "admin" : "tenant");
-    job_reply(j, &e);
-    explicit_bzero(key, sizeof(key));
-    explicit_bzero(r, sizeof(r));
-}
-
-static void
-op_key_list(struct admin_job *j, const msgpack_object *args)
-{
-    sbx_tenants *t = j->t;
-    sbx_str only = {NULL, 0};
-    sbx_wire_get_str(args, "tenant", &only);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
-    sbx_enc_karray(&e, "keys");
-    pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < t->nkeys; i++) {
-        const struct tkey *k = &t->keys[i];
-        if (only.n && !sbx_str_eq(only, k->tenant))
-            continue;
-        sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "keyId", k->id);
-        sbx_enc_kstr(&e, "tenant", k->tenant);
-        sbx_enc_kstr(&e, "scope", k->scope == SBX_SCOPE_ADMIN ? "admin" : "tenant");
-        sbx_enc_end(&e);
-    }
-    pthread_mutex_unlock(&t->mu);
-    sbx_enc_end(&e);
-    job_reply(j, &e);
-}
-
-static void
-op_key_revoke(struct admin_job *j, struct sys_conn *c, const msgpack_object *args)
-{
-    sbx_str s;
-    char keyid[KEYID_HEX + 1];
-    if (sbx_wire_get_str(args, "keyId", &s) != 0 || s.n != KEYID_HEX) {
-        job_reply_err(j, SBX_E_VALIDATION, "'keyId' must be a key's id (%d hex digits)",
-                      KEYID_HEX);
-        return;
-    }
-    sbx_str_copy(s, keyid, sizeof(keyid));
-    int64_t n = destroy_records(j, c, NULL, 'k', keyid);
-    refresh(j->t, c);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, (sbx_str){j->rid, strlen(j->rid)});
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kstr(&e, "keyId", keyid);
-    sbx_enc_kbool(&e, "revoked", n > 0);
-    job_reply(j, &e);
-}
-
-static void *
-admin_main(void *arg)
-{
-    struct admin_job *j = arg;
-    struct sys_conn c = {0};
-    sbx_msg am;
-    bool decoded = false;
-    const msgpack_object *args = NULL;
-    static const char empty[] = "\x80";
-    if (j->alen && sbx_wire_decode(&am, j->args, j->alen, &sbx_wire_limits_request) == 0 &&
-        am.root->type == MSGPACK_OBJECT_MAP) {
-        decoded = true;
-        args = am.root;
-    } else if (sbx_wire_decode(&am, empty, 1, &sbx_wire_limits_request) == 0) {
-        decoded = true;
-        args = am.root;
-    }
-    char msg[256];
-    int rc = sys_open(j->t, &c);
-    if (rc == 0)
-        rc = refresh(j->t, &c);
-    if (rc || !args) {
-        snprintf(msg, sizeof(msg), "%s", sbx_err_message(rc));
-        job_reply_err(j, rc ? rc : SBX_E_INTERNAL, "cannot read the tenant registry: %s", msg);
-    } else if (j->op_id == SBX_OPID_TENANT_CREATE) {
-        op_tenant_create(j, &c, args);
-    } else if (j->op_id == SBX_OPID_TENANT_LIST) {
-        op_tenant_list(j);
-    } else if (j->op_id == SBX_OPID_TENANT_DELETE) {
-        op_tenant_delete(j, &c, args);
-    } else if (j->op_id == SBX_OPID_KEY_CREATE) {
-        op_key_create(j, &c, args);
-    } else if (j->op_id == SBX_OPID_KEY_LIST) {
-        op_key_list(j, args);
-    } else if (j->op_id == SBX_OPID_KEY_REVOKE) {
-        op_key_revoke(j, &c, args);
-    } else {
-        job_reply_err(j, SBX_E_INTERNAL, "not an admin op");
-    }
-    sys_close(&c);
-    if (decoded)
-        sbx_wire_msg_free(&am);
-    sbx_tenants *t = j->t;
-    free(j->args);
-    free(j);
-    pthread_mutex_lock(&t->mu);
-    t->jobs--;
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    return NULL;
-}
-
-int
-sbx_tenants_admin(sbx_tenants *t, int op_id, const char *rid, const void *args, size_t alen,
-                  void (*done)(void *arg, const char *reply, size_t len), void *arg)
-{
-    struct admin_job *j = sbx_xcalloc(1, sizeof(*j));
-    j->t = t;
-    j->op_id = op_id;
-    snprintf(j->rid, sizeof(j->rid), "%s", rid);
-    if (alen) {
-        j->args = sbx_xmalloc(alen);
-        memcpy(j->args, args, alen);
-        j->alen = alen;
-    }
-    j->done = done;
-    j->arg = arg;
-    pthread_mutex_lock(&t->mu);
-    t->jobs++;
-    pthread_mutex_unlock(&t->mu);
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&th, &at, admin_main, j);
-    pthread_attr_destroy(&at);
-    if (rc) {
-        free(j->args);
-        free(j);
-        pthread_mutex_lock(&t->mu);
-        t->jobs--;
-        pthread_mutex_unlock(&t->mu);
-        return -ENOMEM;
-    }
-    return 0;
 }
 
 int

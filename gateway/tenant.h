@@ -55,6 +55,8 @@ enum sbx_scope {
 struct sbx_principal {
     int scope;                        /* enum sbx_scope */
     char tenant[SBX_TENANT_MAX + 1];  /* "" = the default tenant */
+    char key_id[40];                  /* the key's id (16 bytes of its SHA-256 in hex), or
+                                       * "system" (for the audit log) */
 };
 
 typedef struct sbx_tenants sbx_tenants;
@@ -126,11 +128,13 @@ int sbx_tenants_reencode(const msgpack_object *root, const char *sandbox, char *
  * sbx_tenants_admin — run admin op `op_id` (tenant.* / key.*) with its
  * args (msgpack map bytes, copied) for request id `rid` on a thread of its
  * own; done(arg, reply, len) is called there once with the encoded reply
- * (borrowed for the call).  0, or -ENOMEM when no thread could start
- * (done is not called then).
+ * (borrowed for the call).  Its changes to the registry are made with the
+ * system token on behalf of `caller_key_id` (the envelope's "for", which the
+ * gateway honours from the system token only), so the audit log names the
+ * admin.  0, or -ENOMEM when no thread could start (done is not called then).
  */
-int sbx_tenants_admin(sbx_tenants *t, int op_id, const char *rid, const void *args,
-                      size_t alen, void (*done)(void *arg, const char *reply, size_t len),
-                      void *arg);
+int sbx_tenants_admin(sbx_tenants *t, int op_id, const char *rid, const char *caller_key_id,
+                      const void *args, size_t alen,
+                      void (*done)(void *arg, const char *reply, size_t len), void *arg);
 
 #endif

@@ -293,6 +293,11 @@ static const struct sbx_arg args_key_list[] = {
 static const struct sbx_arg args_key_revoke[] = {
     {"keyId", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
 };
+static const struct sbx_arg args_audit_list[] = {
+    {"since", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", "ms", 0},
+    {"limit", SBX_ARG_INT, false, true, true, 1.0, 1000.0, 0u, NULL, "an integer", NULL, 0},
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+};
 
 const struct sbx_op_def sbx_ops[] = {
     {.name = "exec",
@@ -925,5 +930,14 @@ const struct sbx_op_def sbx_ops[] = {
      .http = "DELETE /v1/keys/{keyId}",
      .args = args_key_revoke,
      .nargs = 1},
+    {.name = "audit.list",
+     .id = SBX_OPID_AUDIT_LIST,
+     .flags = SBX_OP_GLOBAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the audit log: who changed what, newest last, merged from every shard (admin keys only)",
+     .http = "GET /v1/audit",
+     .args = args_audit_list,
+     .nargs = 3},
     {.name = NULL},
 };

@@ -75,6 +75,7 @@ enum sbx_op_id {
     SBX_OPID_KEY_CREATE, /* key.create */
     SBX_OPID_KEY_LIST, /* key.list */
     SBX_OPID_KEY_REVOKE, /* key.revoke */
+    SBX_OPID_AUDIT_LIST, /* audit.list */
     SBX_OPID__COUNT
 };
 

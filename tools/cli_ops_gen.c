@@ -787,6 +787,20 @@ static const struct cli_arg args_key_revoke[] = {
      "the key's id (key.create, key.list)",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_audit_list[] = {
+    {"since", CLI_K_INT, false, true, false, 0.0, 0, 0u, NULL,
+     "an integer", "ms", NULL,
+     "only entries at or after this time (ms since the epoch)",
+     "VALIDATION_FAILED"},
+    {"limit", CLI_K_INT, false, true, true, 1.0, 1000.0, 0u, NULL,
+     "an integer", NULL, "100",
+     "most entries (the newest)",
+     "VALIDATION_FAILED"},
+    {"tenant", CLI_K_STR, false, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "only this tenant's",
+     "VALIDATION_FAILED"},
+};
 
 const struct cli_op cli_ops[] = {
     {"exec", "run a shell string or an argv in the sandbox and return its output",
@@ -927,5 +941,7 @@ const struct cli_op cli_ops[] = {
      "key list", "", false, args_key_list, 1},
     {"key.revoke", "revoke an API key: every gateway refuses it within 2 s (admin keys only)",
      "key revoke", "keyId", false, args_key_revoke, 1},
+    {"audit.list", "the audit log: who changed what, newest last, merged from every shard (admin keys only)",
+     "audit", "", false, args_audit_list, 3},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

@@ -591,6 +591,44 @@ Test(tenants, revocation_and_quotas, .timeout = 240)
     }
     cr_assert(fitted, "after a destroy the quota did not free up within 10 s");
 
+    /* The audit log: a's creations under a's key id and internal IDs, the
+     * revocation under the admin's key id; a tenant key may not read it. */
+    char kida[65], kidadm[65];
+    sha256_hex(e.ka, strlen(e.ka), kida);
+    kida[32] = 0;
+    sha256_hex(e.admin, strlen(e.admin), kidadm);
+    kidadm[32] = 0;
+    t = tc_call(adm, "audit.list", NULL, json_pack("{s:s,s:i}", "tenant", "a", "limit", 1000), 0);
+    tc_ok(t, "audit.list");
+    bool saw_create = false, saw_other = false;
+    size_t ai;
+    json_t *it;
+    json_array_foreach(jget(t.res, "entries"), ai, it) {
+        const char *op = jstr(it, "op"), *sb = jstr(it, "sandbox"), *res = jstr(it, "result");
+        if (!strcmp(op, "sandbox.labels") && !strcmp(sb, "a--q2") && !strcmp(res, "ok") &&
+            !strcmp(jstr(it, "keyId"), kida) && jint(it, "at") > 0)
+            saw_create = true;
+        saw_other |= strcmp(jstr(it, "tenant"), "a") != 0;
+    }
+    cr_assert(saw_create, "a's creation of q2 is not in the audit log: %s",
+              json_dumps(t.res, JSON_COMPACT));
+    cr_assert(!saw_other, "the tenant filter let another tenant's entries through");
+    tc_free(&t);
+    t = tc_call(adm, "audit.list", NULL, json_pack("{s:i}", "limit", 1000), 0);
+    tc_ok(t, "audit.list");
+    bool saw_revoke = false;
+    char revoked[80];
+    snprintf(revoked, sizeof(revoked), "sbx--k%s-a-t", kid);
+    json_array_foreach(jget(t.res, "entries"), ai, it) {
+        saw_revoke |= !strcmp(jstr(it, "op"), "destroy") && !strcmp(jstr(it, "sandbox"), revoked) &&
+                      !strcmp(jstr(it, "keyId"), kidadm);
+    }
+    cr_assert(saw_revoke, "the revocation is not in the audit log under the admin's key id");
+    tc_free(&t);
+    t = tc_call(a, "audit.list", NULL, NULL, 0);
+    cr_assert_str_eq(t.err.code, "PERMISSION_DENIED");
+    tc_free(&t);
+
     /* A tenant with sandboxes cannot be deleted; without, it goes with its keys. */
     t = tc_call(adm, "tenant.delete", NULL, json_pack("{s:s}", "tenant", "a"), 0);
     cr_assert_str_eq(t.err.code, "VALIDATION_FAILED", "%s", t.rc ? t.err.code : "ok");

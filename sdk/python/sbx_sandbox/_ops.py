@@ -1878,6 +1878,26 @@ class KeyRevokeArgs(TypedDict):
 KeyRevokeResult = Dict[str, Any]
 
 
+class AuditListArgs(TypedDict, total=False):
+    """Arguments of ``audit.list``: the audit log: who changed what, newest last, merged from every shard (admin keys only)."""
+
+    since: int
+    """only entries at or after this time (ms since the epoch) (milliseconds) [0 … …]"""
+    limit: int
+    """most entries (the newest) [1 … 1000; default 100]"""
+    tenant: str
+    """only this tenant's (at most 16 bytes)"""
+
+
+class AuditListResult(TypedDict, total=False):
+    """Result of ``audit.list``: the entries"""
+
+    entries: List[Dict[str, Any]]
+    """oldest first"""
+    count: int
+    """how many"""
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1947,6 +1967,7 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'key.create': (KeyCreateArgs, KeyCreateResult),
     'key.list': (KeyListArgs, KeyListResult),
     'key.revoke': (KeyRevokeArgs, KeyRevokeResult),
+    'audit.list': (AuditListArgs, AuditListResult),
 }
 
 __all__ += [
@@ -2094,4 +2115,6 @@ __all__ += [
     'KeyListResult',
     'KeyRevokeArgs',
     'KeyRevokeResult',
+    'AuditListArgs',
+    'AuditListResult',
 ]

@@ -1756,6 +1756,25 @@ export interface KeyRevokeArgs {
 /** Result of `key.revoke`: {success, keyId, revoked} */
 export type KeyRevokeResult = Record<string, unknown>;
 
+/** Arguments of `audit.list`: the audit log: who changed what, newest last, merged from every shard (admin keys only). Runs in the gateway; flags: global. */
+export interface AuditListArgs {
+  /** only entries at or after this time (ms since the epoch) (milliseconds) [0 … …] */
+  since?: number;
+  /** most entries (the newest) [1 … 1000; default 100] */
+  limit?: number;
+  /** only this tenant's (at most 16 bytes) */
+  tenant?: string;
+}
+
+/** Result of `audit.list`: the entries */
+export interface AuditListResult {
+  /** oldest first */
+  entries?: Record<string, unknown>[];
+  /** how many */
+  count?: number;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1825,6 +1844,7 @@ export interface Ops {
   'key.create': { args: KeyCreateArgs; result: KeyCreateResult };
   'key.list': { args: KeyListArgs; result: KeyListResult };
   'key.revoke': { args: KeyRevokeArgs; result: KeyRevokeResult };
+  'audit.list': { args: AuditListArgs; result: AuditListResult };
 }
 
 /** The name of an operation. */
