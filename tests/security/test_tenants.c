@@ -24,6 +24,7 @@
 #include "../../runtime/ops.h"
 #include "../../runtime/util.h"
 #include "../support/httpc.h"
+#include "../support/wsclient.h"
 #include "../support/sdk.h"
 
 #define B_SECRET "B-SECRET-7f3a91"
@@ -411,6 +412,55 @@ sse_collect(const struct sse_ev *ev, void *arg)
     return true;
 }
 
+/* The terminal WebSocket of `id` with ?access_token=key: types `cmd`, reads
+ * until `until` is in the output (or 30 s); the output (heap) or NULL when the
+ * upgrade is refused (*status then holds the answer's status). */
+static char *
+terminal_run(const char *http, const char *id, const char *key, const char *cmd,
+             const char *until, int *status)
+{
+    int port = atoi(strrchr(http, ':') + 1);
+    char host[64], err[256];
+    snprintf(host, sizeof(host), "127.0.0.1:%d", port);
+    char *path = hfmt("/v1/sandboxes/%s/terminal?access_token=%s", id, key);
+    wsc w;
+    *status = wsc_connect(&w, port, host, path, NULL, 60000, err, sizeof(err));
+    free(path);
+    if (*status != 101) {
+        wsc_close(&w);
+        return NULL;
+    }
+    sbx_buf out;
+    sbx_buf_init(&out);
+    bool ready = false, typed = false;
+    double until_ms = test_now_ms() + 30000;
+    while (test_now_ms() < until_ms) {
+        char *d;
+        size_t n;
+        int op = wsc_recv(&w, &d, &n, 1000);
+        if (op == WS_BINARY)
+            sbx_buf_append(&out, d, n);
+        else if (op == WS_TEXT && strstr(d, "\"ready\""))
+            ready = true;
+        if (op >= 0)
+            free(d);
+        if (op == WS_CLOSE || op == -2)
+            break;
+        if (ready && !typed) {
+            cr_assert_eq(wsc_send(&w, WS_BINARY, cmd, strlen(cmd)), 0);
+            typed = true;
+        }
+        sbx_buf_append(&out, "", 1);
+        out.len--;
+        if (typed && out.p && strstr(out.p, until))
+            break;
+    }
+    wsc_send_close(&w);
+    wsc_close(&w);
+    sbx_buf_append(&out, "", 1);
+    return out.p;
+}
+
 Test(tenants, http_routes_and_streams_stay_in_the_tenant, .timeout = 240)
 {
     struct tenv e;
@@ -483,6 +533,21 @@ Test(tenants, http_routes_and_streams_stay_in_the_tenant, .timeout = 240)
     sbx_buf_free(&acc.all);
     hresp_free(&r);
     free(u);
+
+    /* The terminal WebSocket with a's key: a's sandbox (a's own file), not b's;
+     * with a wrong key the upgrade is refused. */
+    int st2;
+    char *term = terminal_run(e.http, "victim", e.ka,
+                              "printf " A_SECRET " > /workspace/secret; cat /workspace/secret; "
+                              "echo; echo term-$((40+2))\n",
+                              "term-42", &st2);
+    cr_assert(term, "terminal upgrade refused: %d", st2);
+    cr_assert(strstr(term, "term-42"), "the terminal ran nothing: %s", term);
+    cr_assert(strstr(term, A_SECRET) && !strstr(term, B_SECRET), "terminal output: %s", term);
+    free(term);
+    term = terminal_run(e.http, "victim", "sbx_00000000000000000000000000000000", "true\n", "x",
+                        &st2);
+    cr_assert(!term && st2 != 101, "a terminal with a wrong key was opened");
 
     /* Admin routes: the admin key may, a tenant's key may not, no key is 401. */
     u = hfmt("%s/v1/tenants", e.http);
