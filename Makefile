@@ -70,8 +70,16 @@ AGENT   := container/agent/main.c container/agent/setup.c \
 ACTORS  := $(sort $(wildcard actors/*.c))
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
-           gateway/terminal.c gateway/gw_metrics.c gateway/tenant.c \
-           gateway/tenant_admin.c gateway/gw_merge.c
+           gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
+           gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c
+# The web console (console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
+# (npm packages pinned in console/package-lock.json) into files embedded in sbxd as
+# C arrays (tools/build-console.sh; build output only, not in git).  A console that
+# cannot be built fails the build: sbxd is never built without it.
+CONSOLE_SRC := $(wildcard console/src/*.ts) console/index.html console/style.css \
+               console/tsconfig.json console/package.json console/package-lock.json
+build/console/console_assets.c: $(CONSOLE_SRC) tools/build-console.sh
+	@tools/build-console.sh build/console
 DAEMON  := tools/sbxd.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
            tools/cli_mcp.c
@@ -403,7 +411,7 @@ build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # fuzz_terminal catches the front's calls to the sandbox at link time.
 FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
-               runtime/relay.c runtime/nngx.c
+               gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))

@@ -31,7 +31,8 @@
  * encoder, consumed) or {}} to the agent, with what only the shard knows
  * when `op` is given: "cg", the sandbox's cgroup counters when the request
  * left (op->pre, for the agent to tell why a command or process ended,
- * docs/protocol.md §6).
+ * docs/protocol.md §6), and "rid"/"sb", the client's request id and the
+ * sandbox, for the agent's log lines about it.
  */
 int
 actor_agent_send(struct actor *a, const char *op, const msgpack_object *args, sbx_enc *args_enc,
@@ -45,6 +46,12 @@ actor_agent_send(struct actor *a, const char *op, const msgpack_object *args, sb
     sbx_enc_str(&e, "t");
     sbx_enc_uint(&e, tag);
     sbx_enc_kstr(&e, "op", op);
+    if (sop && sop->req.id.n) {
+        /* For the agent's log lines about it (docs/operations.md "Logs"). */
+        sbx_enc_str(&e, "rid");
+        sbx_enc_strn(&e, sop->req.id.p, sop->req.id.n);
+        sbx_enc_kstr(&e, "sb", a->id);
+    }
     int64_t dl = sop ? shard_op_deadline(sop) : 0;
     if (dl) {
         /* How long the agent has: it answers before the shard does. */

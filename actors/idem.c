@@ -198,6 +198,14 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     e->dlen = IDEM_HDR + len;
     sh->idem.dbytes += e->dlen;
     free(v);
+    /* An agent operation's intent is already committed (its input gate
+     * waited for it): if this record is lost in a crash, a retry finds the
+     * intent and is told OPERATION_INTERRUPTED, never run again — so the
+     * reply need not wait for this commit, only for the operation's own
+     * write.  Other operations have no intent: their reply waits for the
+     * record, or a retry after a crash would run them again. */
+    if (op->intent_seq)
+        return need_seq;
     return SBX_MAX(need_seq, op->idem_seq);
 }
 

@@ -508,8 +508,10 @@ uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
  *    (expired ones deleted).  0 or a store error.
  *  - idem_persist — called with op's reply (buf, len: borrowed) before it
  *    is held: if op changes something, queue its reply to LMDB and return
- *    the write the reply must wait for (the later of need_seq and that one);
- *    else need_seq.
+ *    the write the reply must wait for (the later of need_seq and that one;
+ *    need_seq alone for an op with a committed intent, whose retry after a
+ *    crash that lost the record is answered OPERATION_INTERRUPTED); else
+ *    need_seq.
  *  - idem_confirm — the reply (buf, len: borrowed) of op is leaving, its
  *    writes decided and replicated: in a cluster, rewrite op's entry without
  *    the pending mark idem_persist gave it (not waited on).

@@ -619,8 +619,14 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     if (img)
         argv[ac++] = "--image"; /* the image frame and layers follow the configuration */
     /* A sanitizer build of the agent carries its own options
-     * (__asan_default_options in agent/main.c). */
-    const char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+     * (__asan_default_options in agent/main.c).  The agent logs to the
+     * shard's stderr at the shard's level and in its format (a JSON log
+     * stays JSON, docs/operations.md "Logs"); its own children never see
+     * this environment (each gets the sandbox's). */
+    const char *log_level, *log_format;
+    sbx_log_env(&log_level, &log_format);
+    const char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", log_level, log_format,
+                                NULL};
 
     struct clone_args ca;
     memset(&ca, 0, sizeof(ca));

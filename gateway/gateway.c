@@ -1003,13 +1003,17 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .timeout = conf->timeout,
             .per_client = conf->http_per_client,
             .system_key = gw->tenants ? sbx_tenants_system_key(gw->tenants) : NULL,
+            .console = conf->console,
         };
         _cleanup_err_ sbx_err_t herr = NULL;
         if ((rv = sbx_http_start(&gw->http, &hc, &herr)) != 0) {
             sbx_log_error("gateway: %s", sbx_err_msg(herr));
             goto fail;
         }
-        sbx_log_info("gateway %s: HTTP on %s", conf->name, conf->http);
+        sbx_log_info("gateway %s: HTTP on %s%s", conf->name, conf->http,
+                     conf->console ? ", web console at /console/" : "");
+    } else if (conf->console) {
+        sbx_log_warn("gateway %s: --console needs the HTTP front (--http): no console", conf->name);
     }
     if (cluster)
         sbx_log_info("gateway %s: serving on %s, cluster '%s' from etcd at %s", conf->name,

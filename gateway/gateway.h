@@ -51,6 +51,8 @@ struct sbx_gateway_conf {
     char *relay_secret;  /* shared with the shards' preview relays, or NULL */
     int64_t http_max_body; /* bytes of an HTTP request body */
     int64_t http_per_client; /* HTTP connections per client address (0: 1024) */
+    bool console;        /* the HTTP front serves the web console under /console/
+                          * (sbxd --console; off by default; docs/console.md) */
     bool await_shards;   /* its shards are being started with it (`sbxd dev`): a request
                           * for one that has not connected yet waits for it until the
                           * request's deadline, instead of SHARD_UNAVAILABLE at once */

@@ -323,6 +323,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         MHD_destroy_response(r);
         return ret;
     }
+    if (console_match(h, url))
+        return console_access(h, c, url, method);
 
     struct hreq *hr = hreq_new(h, c);
     *con_cls = hr;

@@ -32,6 +32,7 @@
 #ifndef SBX_HTTP_H
 #define SBX_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,7 @@ struct sbx_http_conf {
                                  * in all), so that one client cannot hold them all */
     const char *system_key;     /* with API keys: the gateway's system token (gateway/tenant.h),
                                  * for preview lookups, which carry no caller's key; or NULL */
+    bool console;               /* serve the web console under /console/ (docs/console.md) */
 };
 
 typedef struct sbx_http sbx_http;

@@ -13,6 +13,7 @@
  *   http_call.c     calls to the gateway over nng (asynchronous for the
  *                   access handler, synchronous for worker threads)
  *   preview.c, terminal.c   preview URLs and terminals (worker threads)
+ *   console.c       the web console's files under /console/ (--console)
  *
  * Threads: libmicrohttpd's threads (MHD_OPTION_THREAD_POOL_SIZE) run the
  * access handler, the SSE content reader and the completion callback; nng's
@@ -275,6 +276,12 @@ void terminal_cancel_all(struct sbx_http *h);
 enum MHD_Result terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbox,
                                 void **con_cls);
 void terminal_completed(void *state);
+
+/* console.c: whether url is the console's (/console or /console/…) and the
+ * console is on; then serve it (static files, docs/console.md). */
+bool console_match(const struct sbx_http *h, const char *url);
+enum MHD_Result console_access(struct sbx_http *h, struct MHD_Connection *c, const char *url,
+                               const char *method);
 
 /* Kinds of per-connection state behind con_cls (first field of each). */
 enum { HS_API = 1, HS_PREVIEW, HS_TERMINAL };

@@ -50,6 +50,16 @@ sbx_log_set_format(const char *format)
     return 0;
 }
 
+void
+sbx_log_env(const char **level, const char **format)
+{
+    static const char *const levels[] = {"SBX_LOG=error", "SBX_LOG=warn", "SBX_LOG=info",
+                                         "SBX_LOG=debug"};
+    *level = levels[log_level >= SBX_LOG_ERROR && log_level <= SBX_LOG_DEBUG ? log_level
+                                                                               : SBX_LOG_INFO];
+    *format = log_json ? "SBX_LOG_FORMAT=json" : "SBX_LOG_FORMAT=text";
+}
+
 int
 sbx_log_enabled(int level)
 {

@@ -41,6 +41,13 @@ void sbx_log_init(const char *tag, int level);
  */
 int sbx_log_set_format(const char *format);
 
+/*
+ * sbx_log_env — the two environment entries ("SBX_LOG=<level>",
+ * "SBX_LOG_FORMAT=<text|json>") that make a child's sbx_log_init(tag, -1)
+ * and sbx_log_set_format(NULL) log like this process; static strings, for
+ * an envp built before a clone (container/spawn.c: the sandbox's agent).
+ */
+void sbx_log_env(const char **level, const char **format);
 /* sbx_log_enabled — whether a message at `level` would be printed. */
 int sbx_log_enabled(int level);
 

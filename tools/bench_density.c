@@ -5,6 +5,7 @@
  *
  *   sbx-bench-density [--count N] [--clients P] [--shards S] [--pool K]
  *                     [--window W] [--memory M] [--settle S] [--workers T]
+ *                     [--image PATH] [--workspace persistent|ephemeral]
  *
  * Starts a private `sbxd dev --shards S --pool K --sleep-after 1h` (and
  * --memory M, --workers T when given) in a
@@ -38,6 +39,15 @@
  *   stop       SIGTERM to sbxd, timed until waitpid returns; then how many
  *              of the agents seen before are still alive (must be 0).
  *
+ * With --image PATH (an OCI layout or `docker save` tarball, as `sbx image
+ * import` takes), the image is imported first and every sandbox is created
+ * from it (`create {image}` instead of `ping`); with --workspace, each
+ * sandbox's workspace is that kind (docs/persistence.md).  Then, after the
+ * exec phase, the disk the deployment's data directory takes (allocated
+ * blocks, st_blocks, each inode once) in all, in its image store (the
+ * image's unpacked layers) and in the sandboxes' workspace images — issue
+ * 13's "1,000 sandboxes share the image's layers" check.
+ *
  * Figures are printed on stdout.  Limits to watch for large N: the host's
  * pid_max (one agent per sandbox, plus a shell once a command ran), open
  * files of the shard (two per container: channel and pidfd) and the uid
@@ -47,6 +57,8 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fts.h>
+#include <sys/stat.h>
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
@@ -67,6 +79,8 @@
 struct opts {
     long count, clients, shards, pool, window, settle, workers; /* workers < 0: sbxd's */
     const char *memory;
+    const char *image;     /* --image: a path to import, or NULL */
+    const char *workspace; /* --workspace: persistent | ephemeral, or NULL (sbxd's) */
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -240,6 +254,7 @@ struct run {
     const char *prefix;
     long n;
     bool exec;              /* exec true instead of ping */
+    const char *create;     /* JSON args of a `create` instead of ping, or NULL */
     atomic_long next;       /* next index to take */
     atomic_long done;       /* completions so far */
     atomic_long failed;
@@ -268,6 +283,10 @@ client_main(void *arg)
                 rc = res.exit_code == 0 ? 0 : -1;
                 sbx_exec_result_free(&res);
             }
+        } else if (r->create) {
+            sbx_reply *rep = NULL;
+            rc = sbx_call_json(r->c, "create", id, r->create, 120000, &rep, &err);
+            sbx_reply_free(rep);
         } else {
             rc = sbx_ping(r->c, id, &err);
         }
@@ -288,10 +307,11 @@ client_main(void *arg)
 
 /* Run op on every sandbox from P threads; 0 or the number of failures. */
 static long
-run_all(sbx_client *c, const char *prefix, long n, long clients, bool exec, double *t0,
-        double *finish)
+run_all(sbx_client *c, const char *prefix, long n, long clients, bool exec, const char *create,
+        double *t0, double *finish)
 {
-    struct run r = {.c = c, .prefix = prefix, .n = n, .exec = exec, .finish = finish};
+    struct run r = {.c = c, .prefix = prefix, .n = n, .exec = exec, .create = create,
+                    .finish = finish};
     pthread_mutex_init(&r.mu, NULL);
     pthread_t *th = sbx_xcalloc((size_t)clients, sizeof(*th));
     *t0 = sbx_stats_now_ms();
@@ -400,6 +420,74 @@ rate(const double *finish, long from, long to, double t_from)
 }
 
 /* ------------------------------------------------------------------------------ */
+/* Disk. */
+
+/* Allocated bytes (st_blocks × 512) under a directory, each inode once
+ * (hard links of the layers' files count once), split by where the path
+ * lies; mounts below are not crossed. */
+struct disk {
+    long long all, images, workspaces;
+};
+
+/* Whether (dev, ino) was met before; else remember it.  0 seen before, 1
+ * new, -1 out of memory. */
+static int
+inode_first(struct stat *st, struct stat **seen, size_t *n, size_t *cap)
+{
+    for (size_t i = 0; i < *n; i++)
+        if ((*seen)[i].st_ino == st->st_ino && (*seen)[i].st_dev == st->st_dev)
+            return 0;
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 1024;
+        struct stat *m = realloc(*seen, nc * sizeof(**seen));
+        if (!m)
+            return -1;
+        *seen = m;
+        *cap = nc;
+    }
+    (*seen)[(*n)++] = *st;
+    return 1;
+}
+
+/* Walk dir with fts(3); 0 or -1. */
+static int
+disk_measure(const char *dir, struct disk *d)
+{
+    *d = (struct disk){0};
+    char *paths[] = {(char *)dir, NULL};
+    FTS *f = fts_open(paths, FTS_PHYSICAL | FTS_XDEV | FTS_NOCHDIR, NULL);
+    if (!f)
+        return -1;
+    struct stat *seen = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (FTSENT *e; (e = fts_read(f)) != NULL;) {
+        if (e->fts_info == FTS_DP || e->fts_info == FTS_NS || e->fts_info == FTS_DNR ||
+            e->fts_info == FTS_ERR)
+            continue;
+        struct stat *st = e->fts_statp;
+        if (st->st_nlink > 1 && !S_ISDIR(st->st_mode)) {
+            int first = inode_first(st, &seen, &n, &cap);
+            if (first < 0) {
+                rc = -1;
+                break;
+            }
+            if (!first)
+                continue;
+        }
+        long long b = (long long)st->st_blocks * 512;
+        d->all += b;
+        if (strstr(e->fts_path, "/images/"))
+            d->images += b;
+        if (strstr(e->fts_path, "/workspaces/"))
+            d->workspaces += b;
+    }
+    free(seen);
+    fts_close(f);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
 
 static int
 parse_args(int argc, char **argv, struct opts *o)
@@ -422,10 +510,22 @@ parse_args(int argc, char **argv, struct opts *o)
             i++;
             continue;
         }
+        if (!strcmp(a, "--image") && v) {
+            o->image = v;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--workspace") && v &&
+            (!strcmp(v, "persistent") || !strcmp(v, "ephemeral"))) {
+            o->workspace = v;
+            i++;
+            continue;
+        }
         char *end;
         if (!dst || !v || (*dst = strtol(v, &end, 10), *end) || *dst < 0) {
             fprintf(stderr, "usage: sbx-bench-density [--count N] [--clients P] [--shards S] "
-                            "[--pool K] [--window W] [--memory M] [--settle S] [--workers T]\n");
+                            "[--pool K] [--window W] [--memory M] [--settle S] [--workers T] "
+                            "[--image PATH] [--workspace persistent|ephemeral]\n");
             return -1;
         }
         i++;
@@ -500,11 +600,46 @@ main(int argc, char **argv)
     struct host_mem host0, host1, host2;
     host_mem(&host0);
 
+    /* --image / --workspace: sandboxes made by `create` with them. */
+    char image_name[64], create_args[256];
+    const char *create = NULL;
+    snprintf(image_name, sizeof(image_name), "bench-density-%d", (int)getpid());
+    if (o.image) {
+        char args[PATH_MAX + 128];
+        sbx_reply *ir = NULL;
+        snprintf(args, sizeof(args), "{\"path\":\"%s\",\"name\":\"%s\"}", o.image, image_name);
+        double i0 = sbx_stats_now_ms();
+        if (sbx_call_json(c, "image.import", NULL, args, 600000, &ir, &err) != 0) {
+            fprintf(stderr, "sbx-bench-density: image.import %s: %s %s\n", o.image, err.code,
+                    err.message);
+            sbx_error_free(&err);
+            goto out;
+        }
+        sbx_reply_free(ir);
+        printf("image.import %s  %.1f ms\n", o.image, sbx_stats_now_ms() - i0);
+    }
+    if (o.image || o.workspace) {
+        int k = snprintf(create_args, sizeof(create_args), "{");
+        if (o.image)
+            k += snprintf(create_args + k, sizeof(create_args) - (size_t)k, "\"image\":\"%s\"%s",
+                          image_name, o.workspace ? "," : "");
+        if (o.workspace)
+            k += snprintf(create_args + k, sizeof(create_args) - (size_t)k,
+                          "\"workspace\":\"%s\"", o.workspace);
+        snprintf(create_args + k, sizeof(create_args) - (size_t)k, "}");
+        create = create_args;
+    }
+    struct disk disk0 = {0};
+    disk_measure(d.dir, &disk0);
+
     double t0;
-    failed += run_all(c, prefix, o.count, o.clients, false, &t0, finish);
+    failed += run_all(c, prefix, o.count, o.clients, false, create, &t0, finish);
     double total_s = (finish[o.count - 1] - t0) / 1000.0;
     long w = o.window;
-    printf("create (ping on a new ID)\n");
+    if (create)
+        printf("create %s\n", create);
+    else
+        printf("create (ping on a new ID)\n");
     printf("  all %ld                          %8.1f creates/s (%.2f s)\n", o.count,
            (double)o.count / total_s, total_s);
     printf("  first %ld                        %8.1f creates/s\n", w, rate(finish, 0, w, t0));
@@ -525,7 +660,7 @@ main(int argc, char **argv)
     report_idle("after creation (no command run yet)", &base, &t1, &host0, &host1, cg1, missing,
                 o.count);
 
-    long efail = run_all(c, prefix, o.count, o.clients, true, &t0, finish);
+    long efail = run_all(c, prefix, o.count, o.clients, true, NULL, &t0, finish);
     printf("exec true on each (default session)  %ld of %ld answered, %.1f execs/s\n",
            o.count - efail, o.count, (double)o.count / ((finish[o.count - 1] - t0) / 1000.0));
     failed += efail;
@@ -535,6 +670,14 @@ main(int argc, char **argv)
     long cg2 = cgroup_sum_kib(c, prefix, o.count, &missing, NULL);
     report_idle("after one exec each (default session shell started)", &base, &t2, &host0, &host2,
                 cg2, missing, o.count);
+    struct disk disk1 = {0};
+    if (disk_measure(d.dir, &disk1) == 0)
+        printf("disk (allocated, data directory %s): before the sandboxes %.1f MiB (image store "
+               "%.1f MiB); with %ld: %.1f MiB — image store %.1f MiB, workspaces %.1f MiB "
+               "(%.1f KiB per sandbox)\n",
+               d.dir, disk0.all / 1048576.0, disk0.images / 1048576.0, o.count,
+               disk1.all / 1048576.0, disk1.images / 1048576.0, disk1.workspaces / 1048576.0,
+               disk1.workspaces / 1024.0 / (double)o.count);
 
     sbx_client_close(c);
     c = NULL;

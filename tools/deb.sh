@@ -2,8 +2,9 @@
 # tools/deb.sh OUTDIR — build the Debian package (debian/, dpkg-buildpackage -b)
 # from the committed tree (HEAD), in a temp copy so that the package's
 # `make clean` leaves this tree's build alone; the .deb files land in OUTDIR.
-# The interpreter drivers' npm packages are copied from
-# container/interp/node_modules when present (no network needed then).
+# The interpreter drivers' and the web console's npm packages are copied from
+# container/interp/node_modules and console/node_modules when present (no network
+# needed then).
 # `make deb`; docs/operations.md, "Debian package".  A full release build:
 # minutes.  Needs Debian's debhelper (apt-get install debhelper; not in
 # tools/deps.sh: `make test` does not build the package).
@@ -16,6 +17,10 @@ mkdir "$tmp/sbx"
 git -C "$repo" archive --format=tar HEAD | tar -x -C "$tmp/sbx"
 if [ -d "$repo/container/interp/node_modules" ]; then
   cp -r "$repo/container/interp/node_modules" "$tmp/sbx/container/interp/"
+fi
+# And the web console's build tools (TypeScript, esbuild, xterm.js; docs/console.md).
+if [ -d "$repo/console/node_modules" ]; then
+  cp -r "$repo/console/node_modules" "$tmp/sbx/console/"
 fi
 (cd "$tmp/sbx" && DEB_BUILD_OPTIONS="nocheck" dpkg-buildpackage -b -us -uc)
 cp "$tmp"/*.deb "$out/"

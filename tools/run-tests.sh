@@ -94,9 +94,10 @@ case "$which" in
     # smoke-tested).
     # tests/install: `make install` (DESTDIR and PREFIX) of the build under test, its
     # man pages and systemd units checked, the installed sbxd dev + sbx exec run;
-    # tests/mcp: `sbx mcp` driven by the official MCP TypeScript SDK as the client.
+    # tests/mcp: `sbx mcp` driven by the official MCP TypeScript SDK as the client;
+    # tests/console: the web console in chromium driven by puppeteer-core.
     for suite in sdk/typescript/run-tests.sh sdk/python/run-tests.sh tests/openapi/run-tests.sh \
-                 tests/install/run-tests.sh tests/mcp/run-tests.sh; do
+                 tests/install/run-tests.sh tests/mcp/run-tests.sh tests/console/run-tests.sh; do
       jobs_all+=("$suite"$'\t'"$suite")
     done
     # The reliability jobs of the Makefile's reliability block: short runs of

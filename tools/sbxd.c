@@ -440,7 +440,9 @@ wait_signal_until(const sigset_t *set, int64_t timeout_ms)
          "file of HTTP API keys, one per line (required unless --http is loopback)"},        \
         {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"},   \
         {"http-per-client", SBX_OPT_INT, &(g)->http_per_client,                               \
-         "HTTP connections per client address (default 1024; raise it behind a proxy)"}
+         "HTTP connections per client address (default 1024; raise it behind a proxy)"},      \
+        {"console", SBX_OPT_BOOL, &(g)->console,                                              \
+         "serve the web console at http://<--http>/console/ (off by default; docs/console.md)"}
 
 static int
 cmd_gateway(int argc, char **argv)
@@ -760,7 +762,7 @@ cmd_dev(int argc, char **argv)
             static const char *const mine[] = {"--data",     "--listen",   "--name",
                                                "--shards",   "--help",     "--config",
                                                "--uid-base", "--http",     "--api-keys",
-                                               "--preview-domain"};
+                                               "--preview-domain", "--console"};
             bool skip = false;
             for (size_t j = 0; j < SBX_ARRAY_LEN(mine); j++)
                 if (!strncmp(a, mine[j], strlen(mine[j])))

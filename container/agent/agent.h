@@ -118,6 +118,10 @@ struct agent_req {
     sbx_msg msg;
     const msgpack_object *args;
     char op[32];
+    sbx_str rid;              /* "rid": the client's request id, for log lines
+                               * (empty for the shard's own requests) */
+    sbx_str sandbox;          /* "sb": the sandbox ID, with rid */
+    int64_t t0_us;            /* when it arrived (sbx_mono_us), for the log */
     int64_t deadline_ms;      /* "d": when the shard stops waiting for the reply, on
                                * sbx_mono_ms()'s clock; 0 when the request has none */
     bool have_cg;             /* "cg": the sandbox's cgroup counters when the shard

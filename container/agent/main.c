@@ -187,6 +187,26 @@ agent_req_free(struct agent_req *r)
 
 static void chan_cb(sbx_loop *l, int fd, uint32_t ev, void *arg);
 
+/* What a log line about r names (docs/operations.md "Logs"): the client's
+ * request id and sandbox the shard passed on ("rid", "sb"), and the op. */
+static struct sbx_log_req
+req_names(const struct agent_req *r)
+{
+    return (struct sbx_log_req){.rid = r->rid.p, .rid_n = r->rid.n, .sandbox = r->sandbox.p,
+                                .sandbox_n = r->sandbox.n, .op = r->op, .op_n = strlen(r->op)};
+}
+
+/* The debug line every answered client request gets, with its outcome. */
+static void
+log_answer(const struct agent_req *r, const char *code)
+{
+    if (!r->rid.n || !sbx_log_enabled(SBX_LOG_DEBUG))
+        return;
+    struct sbx_log_req lr = req_names(r);
+    sbx_log_req(SBX_LOG_DEBUG, &lr, "agent answered %s in %.3f ms", code,
+                (double)(sbx_mono_us() - r->t0_us) / 1000.0);
+}
+
 static void
 send_frame(struct agent *a, char *buf, size_t len)
 {
@@ -235,7 +255,9 @@ reply_too_large(struct agent *a, struct agent_req *r, size_t bytes)
     sbx_enc_kstr(sbx_werr_ctx(&w), "operation", r->op);
     sbx_enc_kint(sbx_werr_ctx(&w), "bytes", (int64_t)bytes);
     sbx_enc_kint(sbx_werr_ctx(&w), "limit", AGENT_MAX_REPLY);
-    sbx_log_warn("agent: the result of %s is too large to send (%zu bytes)", r->op, bytes);
+    struct sbx_log_req lr = req_names(r);
+    sbx_log_req(SBX_LOG_WARN, &lr, "agent: the result of %s is too large to send (%zu bytes)",
+                r->op, bytes);
     agent_reply_werr(a, r, &w);
     sbx_werr_free(&w);
 }
@@ -281,6 +303,7 @@ agent_reply_ok(struct agent *a, struct agent_req *r, sbx_enc *result)
         reply_too_large(a, r, len);
         return;
     }
+    log_answer(r, "OK");
     send_frame(a, buf, len);
     agent_req_free(r);
 }
@@ -325,6 +348,7 @@ agent_reply_werr(struct agent *a, struct agent_req *r, sbx_werr *w)
             if (encode_err(r->tag, w, false, &buf, &len) != 0)
                 buf = NULL;
         }
+        log_answer(r, sbx_err_name(w->code));
         if (buf)
             send_frame(a, buf, len);
     }
@@ -576,6 +600,12 @@ dispatch(struct agent *a, const char *p, size_t n)
         return;
     }
     r->tag = (uint64_t)tag;
+    r->t0_us = sbx_mono_us();
+    /* Point into r->frame, which lives as long as r. */
+    if (sbx_wire_get_str(r->msg.root, "rid", &r->rid) != 0)
+        r->rid = (sbx_str){0};
+    if (sbx_wire_get_str(r->msg.root, "sb", &r->sandbox) != 0)
+        r->sandbox = (sbx_str){0};
     if (sbx_wire_get_map(r->msg.root, "a", &r->args) != 0)
         r->args = &empty;
     /* What the shard adds to a request (docs/protocol.md §6): the time it
@@ -711,7 +741,9 @@ main(int argc, char **argv)
     int rc;
 
     memset(&a, 0, sizeof(a));
+    /* Level and format from the shard (container/spawn.c passes its own). */
     sbx_log_init("sbx-agent", -1);
+    sbx_log_set_format(NULL);
     /* Exec'd from a memfd, our comm would be the fd number. */
     prctl(PR_SET_NAME, "sbx-agent", 0, 0, 0);
     signal(SIGPIPE, SIG_IGN);
