@@ -756,14 +756,46 @@ Test(tenants, randomized_client_never_crosses, .timeout = 900)
     while (sbx_ops[nops].name)
         nops++;
     long crossed = 0, replies = 0, succeeded = 0;
+    json_t *codes = json_object(); /* error code → count, printed */
     for (int i = 0; i < 10000; i++) {
         const struct sbx_op_def *def = &sbx_ops[rand_r(&seed) % nops];
         const char *sb = pick(&seed, ids, SBX_ARRAY_LEN(ids));
         json_t *args = json_object();
+        /* Two requests in three have arguments of the declared kinds (so that
+         * they reach the sandbox), the third any kind. */
+        bool typed = rand_r(&seed) % 3 != 0;
         for (size_t f = 0; f < def->nargs; f++) {
+            const struct sbx_arg *ad = &def->args[f];
+            if (typed) {
+                if (!ad->required && rand_r(&seed) % 2)
+                    continue;
+                json_t *v;
+                if ((ad->kinds & SBX_ARG_STR) && ad->enums) {
+                    size_t ne = 0;
+                    while (ad->enums[ne])
+                        ne++;
+                    v = json_string(ad->enums[rand_r(&seed) % ne]);
+                } else if (ad->kinds & (SBX_ARG_STR | SBX_ARG_BIN)) {
+                    v = json_string(pick(&seed, strs, SBX_ARRAY_LEN(strs)));
+                } else if (ad->kinds & (SBX_ARG_INT | SBX_ARG_FLOAT)) {
+                    double lo = ad->has_min ? ad->min : 0, hi = ad->has_max ? ad->max : lo + 5000;
+                    v = json_integer((json_int_t)(lo + (double)(rand_r(&seed) % 1000) *
+                                                           (hi - lo) / 1000.0));
+                } else if (ad->kinds & SBX_ARG_BOOL) {
+                    v = json_boolean(rand_r(&seed) % 2);
+                } else if (ad->kinds & SBX_ARG_MAP) {
+                    v = json_pack("{s:s}", "owner", "a");
+                } else if (ad->kinds & SBX_ARG_ARRAY) {
+                    v = json_pack("[s]", pick(&seed, strs, SBX_ARRAY_LEN(strs)));
+                } else {
+                    continue;
+                }
+                json_object_set_new(args, ad->name, v);
+                continue;
+            }
             if (rand_r(&seed) % 3 == 0)
                 continue;
-            const char *name = def->args[f].name;
+            const char *name = ad->name;
             switch (rand_r(&seed) % 4) {
             case 0:
                 json_object_set_new(args, name, json_string(pick(&seed, strs, SBX_ARRAY_LEN(strs))));
@@ -782,6 +814,11 @@ Test(tenants, randomized_client_never_crosses, .timeout = 900)
         tcall t = tc_call(a, def->name, *sb ? sb : NULL, args, 3000);
         replies++;
         succeeded += t.rc == 0;
+        if (t.rc) {
+            json_t *cnt = json_object_get(codes, t.err.code);
+            json_object_set_new(codes, t.err.code,
+                                json_integer(cnt ? json_integer_value(cnt) + 1 : 1));
+        }
         const char *text = t.rc == 0 ? NULL : t.err.message;
         char *js = t.rc == 0 ? json_dumps(t.res, JSON_COMPACT) : NULL;
         if ((js && strstr(js, B_SECRET)) || (text && strstr(text, B_SECRET)) ||
@@ -794,6 +831,10 @@ Test(tenants, randomized_client_never_crosses, .timeout = 900)
     }
     fprintf(stderr, "randomized_client_never_crosses: %ld requests, %ld succeeded, %ld crossed\n",
             replies, succeeded, crossed);
+    char *hist = json_dumps(codes, JSON_COMPACT | JSON_SORT_KEYS);
+    fprintf(stderr, "randomized_client_never_crosses: errors %s\n", hist);
+    free(hist);
+    json_decref(codes);
     cr_assert(succeeded > 0, "no request of a succeeded: the run tried nothing");
     cr_assert_eq(crossed, 0, "%ld replies to a held b's data", crossed);
     /* b's sandbox is untouched, still b's only. */
