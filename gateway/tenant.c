@@ -269,8 +269,10 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
     sbx_msg m;
     const msgpack_object *res, *arr;
     int64_t started = sbx_mono_ms(); /* creations admitted since may be missing from it */
+    static const char ids_only[] = "\x81\xa7idsOnly\xc3"; /* {idsOnly: true}: keys only */
     int rc =
-        tenant_sys_call(t, c, NULL, "list", NULL, NULL, 0, &buf, &m, &res, msg, sizeof(msg));
+        tenant_sys_call(t, c, NULL, "list", NULL, ids_only, sizeof(ids_only) - 1, &buf, &m, &res,
+                        msg, sizeof(msg));
     if (rc) {
         pthread_mutex_unlock(&t->refresh_mu);
         sbx_log_debug("tenants: cannot list the registry: %s", msg);

@@ -230,6 +230,9 @@ static const struct sbx_arg args_create[] = {
     {"network", SBX_ARG_MAP, false, false, false, 0, 0, 0u, NULL, "an object", NULL, 0},
     {"workspace", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_create_workspace, "a string", NULL, 0},
 };
+static const struct sbx_arg args_list[] = {
+    {"idsOnly", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+};
 static const struct sbx_arg args_cluster_drain[] = {
     {"shard", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
     {"drain", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
@@ -748,8 +751,8 @@ const struct sbx_op_def sbx_ops[] = {
      .idle_empty = NULL,
      .summary = "all sandboxes of the deployment",
      .http = "GET /v1/sandboxes",
-     .args = NULL,
-     .nargs = 0},
+     .args = args_list,
+     .nargs = 1},
     {.name = "cluster.status",
      .id = SBX_OPID_CLUSTER_STATUS,
      .flags = SBX_OP_GLOBAL,

@@ -650,6 +650,12 @@ static const struct cli_arg args_create[] = {
      "where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_list[] = {
+    {"idsOnly", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
+     "a boolean", NULL, "false",
+     "each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6)",
+     "VALIDATION_FAILED"},
+};
 static const struct cli_arg args_cluster_drain[] = {
     {"shard", CLI_K_STR, true, false, false, 0, 0, 0u, NULL,
      "a string", NULL, NULL,
@@ -902,7 +908,7 @@ const struct cli_op cli_ops[] = {
     {"status", "state, limits and resource use of a sandbox",
      "status", "sandbox", true, NULL, 0},
     {"list", "all sandboxes of the deployment",
-     "list", "", false, NULL, 0},
+     "list", "", false, args_list, 1},
     {"cluster.status", "gateway and shard health",
      "cluster status", "", false, NULL, 0},
     {"cluster.drain", "drain a shard (its partitions move to the others) or end a drain",

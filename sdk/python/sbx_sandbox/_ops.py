@@ -1569,8 +1569,11 @@ class StatusResult(TypedDict):
     """the sandbox"""
 
 
-#: Arguments of ``list``: all sandboxes of the deployment.
-ListArgs = Dict[str, Any]
+class ListArgs(TypedDict, total=False):
+    """Arguments of ``list``: all sandboxes of the deployment."""
+
+    idsOnly: bool
+    """each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6) [default false]"""
 
 
 class ListResult(TypedDict, total=False):

@@ -1485,7 +1485,10 @@ export interface StatusResult {
 }
 
 /** Arguments of `list`: all sandboxes of the deployment. Runs in the gateway; flags: global. */
-export type ListArgs = Record<string, never>;
+export interface ListArgs {
+  /** each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6) [default false] */
+  idsOnly?: boolean;
+}
 
 /** Result of `list`: every sandbox, merged from every shard */
 export interface ListResult {
