@@ -71,7 +71,8 @@ ACTORS  := $(sort $(wildcard actors/*.c))
 GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi_gen.c \
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
-           gateway/http_token.c gateway/gw_fork.c
+           gateway/http_token.c gateway/gw_fork.c \
+           gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c
 # The web console (console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
@@ -306,6 +307,8 @@ build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+# test_tenants' randomized client draws operations from the table (runtime/ops.h).
+build/asan/tests/security/test_tenants: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # The escape tests' two binaries share their probe helpers (tests/security/escape_util.h).
 ESCAPE_TESTS := $(wildcard tests/security/test_escape_*.c)
 $(patsubst %.c,build/asan/%,$(ESCAPE_TESTS)): build/asan/obj/tests/security/escape_util.o

@@ -36,4 +36,11 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_IMAGE_FETCH] = shard_op_image_fetch,
     [SBX_OPID_BACKUP_LIST] = shard_op_backup_list,
     [SBX_OPID_BACKUP_DELETE] = shard_op_backup_delete,
+    [SBX_OPID_TENANT_CREATE] = shard_op_status,
+    [SBX_OPID_TENANT_LIST] = shard_op_status,
+    [SBX_OPID_TENANT_DELETE] = shard_op_status,
+    [SBX_OPID_KEY_CREATE] = shard_op_status,
+    [SBX_OPID_KEY_LIST] = shard_op_status,
+    [SBX_OPID_KEY_REVOKE] = shard_op_status,
+    [SBX_OPID_AUDIT_LIST] = shard_op_audit_list,
 };

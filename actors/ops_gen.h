@@ -47,6 +47,7 @@ shard_op_fn shard_op_image_blob;
 shard_op_fn shard_op_image_fetch;
 shard_op_fn shard_op_backup_list;
 shard_op_fn shard_op_backup_delete;
+shard_op_fn shard_op_audit_list;
 
 extern actor_op_fn *const actor_ops[SBX_OPID__COUNT];
 extern shard_op_fn *const shard_ops[SBX_OPID__COUNT];

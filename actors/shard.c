@@ -162,6 +162,7 @@ struct list_ctx {
     struct shard *sh;
     sbx_enc *e;
     size_t n;
+    bool ids_only; /* {id} per sandbox, nothing read but the store's keys */
 };
 
 static int
@@ -175,6 +176,13 @@ list_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     id[kn] = '\0';
     if (!cluster_listable(lc->sh, sbx_place_partition(id, kn)))
         return 0; /* a record this shard holds but does not own */
+    if (lc->ids_only) {
+        sbx_enc_map(lc->e);
+        sbx_enc_kstr(lc->e, "id", id);
+        sbx_enc_end(lc->e);
+        lc->n++;
+        return 0;
+    }
     struct actor *a = actor_get(lc->sh, id, false);
     if (a && a->exists) {
         actor_encode_status(a, lc->e);
@@ -203,7 +211,8 @@ shard_op_list(struct sop *op)
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_karray(&e, "sandboxes");
-    struct list_ctx lc = {sh, &e, 0};
+    struct list_ctx lc = {sh, &e, 0, false};
+    sbx_wire_get_bool(op->req.args, "idsOnly", &lc.ids_only);
     int rc = sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, list_one, &lc);
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)lc.n);
@@ -392,6 +401,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
                   sbx_err_message(rc));
         goto out;
     }
+    shard_audit_open(sh);
     char base[256];
     snprintf(base, sizeof(base), "%s", conf->cgroup_base ? conf->cgroup_base : "");
     if (!base[0])

@@ -76,6 +76,8 @@ struct sop {
     int code;                   /* the error code its reply carries, 0: success (metrics) */
     char img_digest[72];        /* create by a name this node lacks: the digest a peer
                                  * resolved it to, fetched here (images.c shard_image_resolve) */
+    char audit_key[40];         /* route.keyId: the caller's key id (audit.c), "": not audited */
+    char tenant[20];            /* route.tenant ("" for the default tenant or none) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -306,6 +308,12 @@ struct shard_metrics {
     struct sbx_hist start;      /* container start time, s (pooled or not) */
 };
 
+/* The audit table's bookkeeping (audit.c; loop thread only). */
+struct shard_audit {
+    uint64_t seq;   /* the last entry's sequence number */
+    int64_t count;  /* entries in the table (counted at start, then kept) */
+};
+
 struct shard {
     struct sbx_shard_conf conf;
     sbx_loop *loop;
@@ -363,6 +371,8 @@ struct shard {
     int64_t start_us_total;
 
     struct shard_metrics mx;   /* metrics.c */
+
+    struct shard_audit audit;  /* audit.c */
 };
 
 /* metrics.c: count op's answer (code, time since t0_us) in sh->mx; free
@@ -370,6 +380,13 @@ struct shard {
 void shard_metrics_reply(struct sop *op);
 void shard_metrics_free(struct shard *sh);
 void shard_op_metrics(struct sop *op);
+
+/* audit.c: append op's audit entry once its reply is sent, when the gateway
+ * stamped a key id (API keys on) and op changes something; the shard's
+ * part of `audit.list` (op consumed); count the table at start. */
+void shard_audit_reply(struct sop *op);
+void shard_op_audit_list(struct sop *op);
+void shard_audit_open(struct shard *sh);
 
 /* shard.c: the shard-level operations list and shard.status (op consumed). */
 void shard_op_list(struct sop *op);

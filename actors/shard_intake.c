@@ -93,6 +93,21 @@ reply_early(struct sctx *c, sbx_str id, int code, const char *fmt, ...)
     }
 }
 
+/* Whether sandbox ID `id` is in the namespace of `tenant` ("" the default
+ * tenant: IDs without "--"; else "<tenant>--…"), gateway/tenant.h. */
+static bool
+shard_tenant_owns(const char *tenant, sbx_str id)
+{
+    size_t tl = strlen(tenant);
+    if (!tl) {
+        for (size_t i = 0; i + 1 < id.n; i++)
+            if (id.p[i] == '-' && id.p[i + 1] == '-')
+                return false;
+        return true;
+    }
+    return id.n > tl + 2 && !memcmp(id.p, tenant, tl) && id.p[tl] == '-' && id.p[tl + 1] == '-';
+}
+
 static void
 on_request(sbx_loop *l, void *arg)
 {
@@ -134,11 +149,25 @@ on_request(sbx_loop *l, void *arg)
     sbx_str inner;
     int64_t route_epoch = 0;
     bool routed = false;
+    /* The tenant the gateway stamped (gateway/tenant.h), copied before the
+     * outer map is freed; tenant_set false: none (keyless, or the system). */
+    char tenant[20] = "";
+    bool tenant_set = false;
     if (sbx_wire_get_bin(op->dec.root, "req", &inner) == 0) {
         const msgpack_object *route;
         routed = true;
-        if (sbx_wire_get_map(op->dec.root, "route", &route) == 0)
+        if (sbx_wire_get_map(op->dec.root, "route", &route) == 0) {
+            sbx_str ts;
             sbx_wire_get_i64(route, "epoch", &route_epoch);
+            if (sbx_wire_get_str(route, "tenant", &ts) == 0 && ts.n < sizeof(tenant)) {
+                sbx_str_copy(ts, tenant, sizeof(tenant));
+                sbx_str_copy(ts, op->tenant, sizeof(op->tenant));
+                tenant_set = true;
+            }
+            /* The caller's key id: its changes go to the audit log (audit.c). */
+            if (sbx_wire_get_str(route, "keyId", &ts) == 0 && ts.n < sizeof(op->audit_key))
+                sbx_str_copy(ts, op->audit_key, sizeof(op->audit_key));
+        }
         /* The inner bytes live in the nng message, not in the decoded outer map. */
         sbx_wire_msg_free(&op->dec);
         if (sbx_wire_decode(&op->dec, inner.p, inner.n, &sbx_wire_limits_request) != 0) {
@@ -164,6 +193,16 @@ on_request(sbx_loop *l, void *arg)
     rc = sbx_op_intake(&op->req, routed, &op->def, why, sizeof(why));
     if (rc) {
         reply_early(c, op->req.id, rc, "%s", why);
+        op->nctx = 0;
+        sop_free(op);
+        return;
+    }
+    /* Defence in depth: a sandbox outside the stamped tenant's namespace
+     * ("<tenant>--<id>"; the default tenant's IDs hold no "--") does not
+     * exist for it, whatever the gateway forwarded. */
+    if (tenant_set && op->req.sandbox.n && !shard_tenant_owns(tenant, op->req.sandbox)) {
+        reply_early(c, op->req.id, SBX_E_NOT_FOUND, "sandbox '%.*s' does not exist",
+                    (int)op->req.sandbox.n, op->req.sandbox.p);
         op->nctx = 0;
         sop_free(op);
         return;

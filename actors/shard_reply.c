@@ -50,6 +50,7 @@ deliver(struct sop *op, char *buf, size_t len)
     }
     idem_confirm(op, buf, len); /* the write it recorded is replicated now */
     shard_metrics_reply(op);
+    shard_audit_reply(op);
     for (int i = 0; i < op->nctx; i++)
         shard_sctx_send(op->ctx[i], buf, len);
     free(idem_done(op, buf, len));

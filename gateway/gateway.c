@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runtime/cleanup.h"
 #include "../runtime/cview.h"
 #include "../runtime/err.h"
 #include "../runtime/etcd.h"
@@ -34,85 +35,9 @@
 #include "../runtime/wire.h"
 #include "gw_metrics.h"
 #include "http.h"
+#include "tenant.h"
 
-#define MAX_SLOTS SBX_CVIEW_MAX_MEMBERS
-#define RETRY_MIN_MS 10
-#define RETRY_MAX_MS 400
-
-struct sbx_gateway;
-struct gctx;
-
-struct gshard {
-    struct sbx_gateway *gw;
-    int idx;
-    char name[64];        /* in a cluster, rewritten under gw->slot_mu when the slot is given */
-    char url[256];        /* to another shard: read them elsewhere through slot_label() */
-    nng_socket sock;
-    nng_dialer dialer;    /* set by slot_open; replaced by the view thread only */
-    uint64_t gen;         /* the view member's gen the slot dials (view thread) */
-    atomic_bool open;
-    atomic_int pipes;
-    atomic_bool ever;     /* it was connected once: the shard has started */
-};
-
-enum { F_IDLE = 0, F_SEND, F_RECV, F_SLEEP };
-
-struct gfwd {
-    struct gctx *g;
-    struct gshard *s;
-    bool ctx_open;
-    nng_ctx ctx;
-    nng_aio *aio;
-    int state;
-    int64_t deadline;
-    nng_msg *reply;
-    int rv;
-};
-
-enum { G_RECV = 1, G_WORK, G_SEND };
-
-struct gctx {
-    struct sbx_gateway *gw;
-    nng_ctx ctx;
-    nng_aio *aio;
-    int state;
-    struct gfwd fwd[MAX_SLOTS];
-    pthread_mutex_t mu;   /* fan-out bookkeeping */
-    int pending;
-    bool fanout;          /* list / cluster.status: merge every shard's answer */
-    bool in_fanout[MAX_SLOTS];
-    char id[SBX_WIRE_MAX_ID + 1];
-    char op[64];
-    int op_id;            /* enum sbx_op_id of op; -1 before the intake found it */
-    /* a routed request, kept for retries (cluster mode) */
-    char *body;
-    size_t blen;
-    uint32_t part;
-    int64_t deadline;     /* monotonic ms */
-    int attempts;
-    bool delivered;       /* an attempt reached a shard and may have run there */
-    nng_aio *sleep;       /* back-off timer */
-    int last_slot;
-};
-
-struct sbx_gateway {
-    struct sbx_gateway_conf conf;
-    nng_socket sock;
-    struct gshard shards[MAX_SLOTS];
-    int nshards;          /* slots in use */
-    int16_t table[SBX_PARTITIONS]; /* standalone */
-    struct gctx *ctxs;
-    int nctx;
-    atomic_ullong n_requests, n_errors, n_retries;
-    int64_t started_ms;
-    sbx_http *http;
-    char inproc[96];
-    /* cluster mode */
-    sbx_etcd *etcd;
-    sbx_cview *view;
-    char prefix[160];
-    pthread_mutex_t slot_mu; /* opening slots */
-};
+#include "gateway_int.h"
 
 static bool
 clustered(const struct sbx_gateway *gw)
@@ -251,6 +176,37 @@ slot_label(struct gshard *s, char name[64], char url[256])
     pthread_mutex_unlock(&s->gw->slot_mu);
 }
 
+/* The helpers above, for the gateway's other parts (gateway_int.h). */
+bool
+gw_clustered(const struct sbx_gateway *gw)
+{
+    return clustered(gw);
+}
+
+void
+gw_client_send_bytes(struct gctx *g, const char *buf, size_t len)
+{
+    client_send_bytes(g, buf, len);
+}
+
+void
+gw_client_err(struct gctx *g, int code, const char *msg)
+{
+    client_err(g, code, "%s", msg);
+}
+
+void
+gw_request_done(struct gctx *g)
+{
+    request_done(g);
+}
+
+void
+gw_slot_label(struct gshard *s, char name[64], char url[256])
+{
+    slot_label(s, name, url);
+}
+
 /* The view changed: open sockets for new members, and point slots the view
  * gave to another shard (another gen) at it: the old dialer goes, with its
  * connections (what was in flight on them fails, as when a shard drops),
@@ -350,223 +306,6 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 }
 
 /* ------------------------------------------------------------------------------ */
-/* Fan-out (list, cluster.status). */
-
-static void
-encode_cluster(struct sbx_gateway *gw, sbx_enc *e)
-{
-    sbx_enc_kmap(e, "cluster");
-    sbx_enc_kstr(e, "name", gw->conf.cluster ? gw->conf.cluster : "default");
-    sbx_enc_kstr(e, "etcd", gw->conf.etcd);
-    sbx_cview_lock(gw->view);
-    int n;
-    const struct sbx_cmember *m = sbx_cview_members(gw->view, &n);
-    const struct sbx_cpart *parts = sbx_cview_parts(gw->view);
-    sbx_enc_kbool(e, "synced", sbx_cview_synced(gw->view));
-    sbx_enc_kint(e, "revision", sbx_cview_revision(gw->view));
-    int unowned = 0;
-    for (int p = 0; p < SBX_PARTITIONS; p++)
-        unowned += parts[p].owner < 0 || !m[parts[p].owner].live;
-    sbx_enc_kint(e, "partitionsWithoutLiveOwner", unowned);
-    sbx_enc_karray(e, "members");
-    for (int i = 0; i < n; i++) {
-        int cnt = 0;
-        int64_t minep = 0, maxep = 0;
-        for (int p = 0; p < SBX_PARTITIONS; p++) {
-            if (parts[p].owner != i)
-                continue;
-            cnt++;
-            if (parts[p].epoch > maxep)
-                maxep = parts[p].epoch;
-            if (!minep || parts[p].epoch < minep)
-                minep = parts[p].epoch;
-        }
-        if (!m[i].live && !cnt)
-            continue;
-        sbx_enc_map(e);
-        sbx_enc_kstr(e, "name", m[i].name);
-        sbx_enc_kstr(e, "url", m[i].url);
-        sbx_enc_kbool(e, "live", m[i].live);
-        sbx_enc_kbool(e, "draining", m[i].draining);
-        sbx_enc_kint(e, "partitions", cnt);
-        sbx_enc_kint(e, "minEpoch", minep);
-        sbx_enc_kint(e, "maxEpoch", maxep);
-        sbx_enc_end(e);
-    }
-    sbx_enc_end(e);
-    sbx_cview_unlock(gw->view);
-    sbx_enc_end(e);
-}
-
-/* `metrics`: the gateway's own families, then every shard's merged in
- * (docs/operations.md, "Metrics"); answered as {text}. */
-static void
-merge_metrics(struct gctx *g)
-{
-    struct sbx_gateway *gw = g->gw;
-    sbx_prom p;
-    struct gw_counters gc = {
-        .gateway = gw->conf.name,
-        .requests = atomic_load(&gw->n_requests),
-        .errors = atomic_load(&gw->n_errors),
-        .retries = atomic_load(&gw->n_retries),
-        .uptime_s = (double)(sbx_wall_ms() - gw->started_ms) / 1000,
-        .http = gw->http != NULL,
-        .clustered = clustered(gw),
-    };
-    if (gw->http)
-        sbx_http_counters(gw->http, &gc.http_requests, &gc.http_errors);
-    sbx_prom_init(&p);
-    gw_metrics_gateway(&p, &gc);
-    for (int i = 0; i < gw->nshards; i++) {
-        struct gfwd *f = &g->fwd[i];
-        if (!g->in_fanout[i])
-            continue;
-        char sname[64], surl[256];
-        slot_label(f->s, sname, surl);
-        int parts = -1;
-        if (!clustered(gw)) {
-            parts = 0;
-            for (int k = 0; k < SBX_PARTITIONS; k++)
-                parts += gw->table[k] == i;
-        }
-        gw_metrics_shard(&p, sname, atomic_load(&f->s->pipes) > 0 && f->reply && !f->rv, parts,
-                         f->reply ? nng_msg_body(f->reply) : NULL,
-                         f->reply ? nng_msg_len(f->reply) : 0);
-        if (f->reply) {
-            nng_msg_free(f->reply);
-            f->reply = NULL;
-        }
-    }
-    sbx_buf text;
-    sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_str id = {g->id, strlen(g->id)};
-    sbx_buf_init(&text);
-    sbx_prom_render(&p, &text);
-    sbx_prom_free(&p);
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, id);
-    sbx_enc_kstrn(&e, "text", text.p ? text.p : "", text.len);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    sbx_buf_free(&text);
-    request_done(g);
-    if (sbx_enc_finish(&e, &buf, &len) == 0) {
-        client_send_bytes(g, buf, len);
-        free(buf);
-    } else {
-        client_err(g, SBX_E_INTERNAL, "could not encode the metrics");
-    }
-}
-
-static void
-merge_and_reply(struct gctx *g)
-{
-    struct sbx_gateway *gw = g->gw;
-    bool is_list = g->op_id == SBX_OPID_LIST;
-    if (g->op_id == SBX_OPID_METRICS) {
-        merge_metrics(g);
-        return;
-    }
-    sbx_enc e;
-    char *buf;
-    size_t len;
-    sbx_str id = {g->id, strlen(g->id)};
-    sbx_enc_init(&e);
-    sbx_enc_reply_ok(&e, id);
-    if (is_list) {
-        size_t count = 0;
-        sbx_enc_karray(&e, "sandboxes");
-        for (int i = 0; i < gw->nshards; i++) {
-            struct gfwd *f = &g->fwd[i];
-            if (!g->in_fanout[i] || !f->reply)
-                continue;
-            sbx_msg m;
-            if (sbx_wire_decode(&m, nng_msg_body(f->reply), nng_msg_len(f->reply),
-                                &sbx_wire_limits_reply) == 0) {
-                const msgpack_object *r, *arr;
-                if (sbx_wire_get_map(m.root, "result", &r) == 0 &&
-                    sbx_wire_get_array(r, "sandboxes", &arr) == 0) {
-                    for (uint32_t k = 0; k < arr->via.array.size; k++) {
-                        sbx_enc_obj(&e, &arr->via.array.ptr[k]);
-                        count++;
-                    }
-                }
-                sbx_wire_msg_free(&m);
-            }
-        }
-        sbx_enc_end(&e);
-        sbx_enc_kint(&e, "count", (int64_t)count);
-    } else {
-        sbx_enc_kmap(&e, "gateway");
-        sbx_enc_kstr(&e, "name", gw->conf.name);
-        sbx_enc_kstr(&e, "listen", gw->conf.listen);
-        sbx_enc_kint(&e, "uptimeMs", sbx_wall_ms() - gw->started_ms);
-        sbx_enc_kint(&e, "requests", (int64_t)atomic_load(&gw->n_requests));
-        sbx_enc_kint(&e, "errors", (int64_t)atomic_load(&gw->n_errors));
-        sbx_enc_kint(&e, "retries", (int64_t)atomic_load(&gw->n_retries));
-        sbx_enc_kint(&e, "partitions", SBX_PARTITIONS);
-        sbx_enc_end(&e);
-        if (clustered(gw))
-            encode_cluster(gw, &e);
-    }
-    sbx_enc_karray(&e, "shards");
-    for (int i = 0; i < gw->nshards; i++) {
-        struct gfwd *f = &g->fwd[i];
-        if (!g->in_fanout[i])
-            continue;
-        char sname[64], surl[256];
-        slot_label(f->s, sname, surl);
-        sbx_enc_map(&e);
-        sbx_enc_kstr(&e, "name", sname);
-        sbx_enc_kstr(&e, "url", surl);
-        sbx_enc_kbool(&e, "connected", atomic_load(&f->s->pipes) > 0);
-        if (!is_list && !clustered(gw)) {
-            int parts = 0;
-            for (int p = 0; p < SBX_PARTITIONS; p++)
-                parts += gw->table[p] == i;
-            sbx_enc_kint(&e, "partitions", parts);
-        }
-        bool ok = false;
-        if (f->reply) {
-            sbx_msg m;
-            if (sbx_wire_decode(&m, nng_msg_body(f->reply), nng_msg_len(f->reply),
-                                &sbx_wire_limits_reply) == 0) {
-                const msgpack_object *r, *st;
-                sbx_wire_get_bool(m.root, "ok", &ok);
-                if (!is_list && sbx_wire_get_map(m.root, "result", &r) == 0 &&
-                    sbx_wire_get_map(r, "shard", &st) == 0) {
-                    sbx_enc_str(&e, "status");
-                    sbx_enc_obj(&e, st);
-                }
-                sbx_wire_msg_free(&m);
-            }
-        }
-        sbx_enc_kstr(&e, "health", ok ? "ok" : "unavailable");
-        if (!ok)
-            sbx_enc_kstr(&e, "error",
-                         f->rv ? nng_strerror(f->rv) : "the shard answered with an error");
-        sbx_enc_end(&e);
-        if (f->reply) {
-            nng_msg_free(f->reply);
-            f->reply = NULL;
-        }
-    }
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    request_done(g);
-    if (sbx_enc_finish(&e, &buf, &len) == 0) {
-        client_send_bytes(g, buf, len);
-        free(buf);
-    } else {
-        client_err(g, SBX_E_INTERNAL, "could not encode the merged reply");
-    }
-}
-
-/* ------------------------------------------------------------------------------ */
 /* Forwarding. */
 
 static void route_and_forward(struct gctx *g);
@@ -634,7 +373,7 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
         int left = --g->pending;
         pthread_mutex_unlock(&g->mu);
         if (left == 0)
-            merge_and_reply(g);
+            gw_merge_and_reply(g);
         return;
     }
     if (reply && clustered(g->gw) && is_wrong_owner(reply) && retry_later(g)) {
@@ -654,6 +393,18 @@ fwd_done(struct gfwd *f, nng_msg *reply, int rv, bool sent)
     if (sent)
         g->delivered = true;
     request_done(g);
+    if (reply && g->tenanted && g->who.scope != SBX_SCOPE_SYSTEM && g->who.tenant[0]) {
+        /* The tenant's IDs as it named them, never "<tenant>--<id>". */
+        char *buf;
+        size_t blen;
+        if (sbx_tenants_rewrite(&g->who, nng_msg_body(reply), nng_msg_len(reply), g->int_id,
+                                g->ext_id, &buf, &blen) == 0) {
+            nng_msg_free(reply);
+            client_send_bytes(g, buf, blen);
+            free(buf);
+            return;
+        }
+    }
     if (reply) {
         client_send(g, reply);
         return;
@@ -734,6 +485,10 @@ forward(struct gctx *g, struct gshard *s, const char *body, size_t len, uint32_t
     sbx_enc_kint(&e, "partition", part);
     sbx_enc_kint(&e, "epoch", epoch);
     sbx_enc_kstr(&e, "gateway", g->gw->conf.name);
+    if (g->tenanted && g->who.scope != SBX_SCOPE_SYSTEM)
+        sbx_enc_kstr(&e, "tenant", g->who.tenant); /* the shard checks the namespace */
+    if (g->tenanted)
+        sbx_enc_kstr(&e, "keyId", g->who.key_id); /* for the shard's audit log */
     sbx_enc_end(&e);
     sbx_enc_kbin(&e, "req", body, len);
     sbx_enc_end(&e);
@@ -767,7 +522,14 @@ static void
 fork_done(void *arg, const char *reply, size_t len)
 {
     struct gctx *g = arg;
-    if (reply) {
+    char *buf = NULL;
+    size_t blen;
+    if (reply && g->tenanted && g->who.scope != SBX_SCOPE_SYSTEM && g->who.tenant[0] &&
+        sbx_tenants_rewrite(&g->who, reply, len, g->int_id, g->ext_id, &buf, &blen) == 0) {
+        /* The tenant's IDs as it named them (fwd_done does the same). */
+        client_send_bytes(g, buf, blen);
+        free(buf);
+    } else if (reply) {
         client_send_bytes(g, reply, len);
     } else {
         g->state = G_RECV;
@@ -794,7 +556,20 @@ fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t l
     char why[256];
     int src = part_owner(gw, g->part);
     struct gw_fork_plan *p = NULL;
-    int rc = gw_fork_plan(req->args, src, fork_owner, gw, clustered(gw), &p, why, sizeof(why));
+    /* With tenants the body was re-encoded with internal IDs (tenant_gate):
+     * the forks are placed by those, not by the IDs the tenant named. */
+    sbx_msg dec;
+    struct sbx_req ireq;
+    const msgpack_object *args = req->args;
+    bool decoded = false;
+    if (g->tenanted && sbx_wire_decode(&dec, body, len, &sbx_wire_limits_request) == 0) {
+        decoded = true;
+        if (sbx_wire_parse_req(dec.root, &ireq, why, sizeof(why)) == 0)
+            args = ireq.args;
+    }
+    int rc = gw_fork_plan(args, src, fork_owner, gw, clustered(gw), &p, why, sizeof(why));
+    if (decoded)
+        sbx_wire_msg_free(&dec);
     if (rc == 0)
         return false; /* the source's shard makes every fork */
     if (rc < 0) {
@@ -804,7 +579,10 @@ fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t l
     for (size_t i = 0; i < p->n; i++)
         p->sock[i] = gw->shards[p->slot[i]].sock;
     snprintf(p->req_id, sizeof(p->req_id), "%s", g->id);
-    sbx_str_copy(req->sandbox, p->from, sizeof(p->from));
+    if (g->int_id[0])
+        snprintf(p->from, sizeof(p->from), "%s", g->int_id);
+    else
+        sbx_str_copy(req->sandbox, p->from, sizeof(p->from));
     p->timeout_ms = SBX_MAX(g->deadline - sbx_mono_ms(), 1);
     p->src_sock = gw->shards[src].sock;
     p->body = sbx_xmalloc(len);
@@ -926,6 +704,114 @@ op_drain(struct gctx *g, const struct sbx_req *req)
 }
 
 /* ------------------------------------------------------------------------------ */
+/* Tenancy (gateway/tenant.h; docs/security.md §6). */
+
+static bool
+is_admin_op(int id)
+{
+    return id == SBX_OPID_TENANT_CREATE || id == SBX_OPID_TENANT_LIST ||
+           id == SBX_OPID_TENANT_DELETE || id == SBX_OPID_KEY_CREATE ||
+           id == SBX_OPID_KEY_LIST || id == SBX_OPID_KEY_REVOKE;
+}
+
+/* An admin op's reply, from its thread. */
+static void
+admin_done(void *arg, const char *reply, size_t len)
+{
+    client_send_bytes(arg, reply, len);
+}
+
+/*
+ * The intake's tenancy step (only with API keys): resolve the request's key
+ * to g->who, refuse what its scope may not do, put its sandbox into its
+ * tenant's namespace (g->ext_id → g->int_id) and check the quotas.  0: go on
+ * with *body (the request re-encoded without its key, with the internal ID;
+ * caller frees); 1: g was answered.
+ */
+static int
+tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *root,
+            const struct sbx_op_def *def, char **body, size_t *blen)
+{
+    struct sbx_gateway *gw = g->gw;
+    char why[256];
+    sbx_str key = {NULL, 0};
+    sbx_wire_get_str(root, "key", &key);
+    if (sbx_tenants_resolve(gw->tenants, key, &g->who) != 0) {
+        client_err(g, SBX_E_UNAUTHORIZED,
+                   "a valid API key is required: the request's 'key' field (SBX_API_KEY for "
+                   "the sbx CLI and the C library; over HTTP Authorization: Bearer <key>)");
+        return 1;
+    }
+    g->tenanted = true;
+    sbx_str for_key;
+    if (g->who.scope == SBX_SCOPE_SYSTEM && sbx_wire_get_str(root, "for", &for_key) == 0 &&
+        for_key.n && for_key.n < sizeof(g->who.key_id))
+        sbx_str_copy(for_key, g->who.key_id, sizeof(g->who.key_id)); /* an admin op's writes */
+    bool global = def->flags & SBX_OP_GLOBAL, node = def->flags & SBX_OP_NODE;
+    bool needs_admin = is_admin_op((int)def->id) || (global && def->id != SBX_OPID_LIST) ||
+                       (node && ((def->flags & SBX_OP_MUTATES) || def->id == SBX_OPID_BACKUP_LIST));
+    if (needs_admin && g->who.scope < SBX_SCOPE_ADMIN) {
+        client_err(g, SBX_E_PERMISSION, "%s needs an admin key", def->name);
+        return 1;
+    }
+    if (is_admin_op((int)def->id)) {
+        sbx_enc e;
+        _cleanup_free_ char *args = NULL;
+        size_t alen;
+        sbx_enc_init(&e);
+        sbx_enc_obj(&e, req->args);
+        if (sbx_enc_finish(&e, &args, &alen) != 0 ||
+            sbx_tenants_admin(gw->tenants, (int)def->id, g->id, g->who.key_id, args, alen,
+                              admin_done, g) != 0)
+            client_err(g, SBX_E_INTERNAL, "cannot start %s", def->name);
+        return 1;
+    }
+    const char *sandbox = NULL;
+    if (!global && !node && sbx_id_check(req->sandbox.p, req->sandbox.n, why, sizeof(why)) == 0) {
+        if (sbx_tenants_map_id(&g->who, req->sandbox, g->int_id, why, sizeof(why)) != 0) {
+            client_err(g, SBX_E_VALIDATION, "%s", why);
+            return 1;
+        }
+        sbx_str_copy(req->sandbox, g->ext_id, sizeof(g->ext_id));
+        int64_t retry_ms = 0;
+        if (sbx_tenants_admit(gw->tenants, &g->who, g->int_id, !(def->flags & SBX_OP_NOCREATE),
+                              &retry_ms, why, sizeof(why)) != 0) {
+            char *buf;
+            size_t len;
+            sbx_werr w;
+            sbx_werr_init(&w, SBX_E_QUOTA_EXCEEDED, "%s", why);
+            sbx_enc_kstr(sbx_werr_ctx(&w), "operation", def->name);
+            sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", g->ext_id);
+            sbx_enc_kint(sbx_werr_ctx(&w), "retryAfterMs", retry_ms);
+            atomic_fetch_add(&gw->n_errors, 1);
+            if (sbx_wire_reply_err((sbx_str){g->id, strlen(g->id)}, &w, &buf, &len) == 0) {
+                client_send_bytes(g, buf, len);
+                free(buf);
+            } else {
+                client_err(g, SBX_E_QUOTA_EXCEEDED, "%s", why);
+            }
+            sbx_werr_free(&w);
+            return 1;
+        }
+        sandbox = g->int_id;
+    }
+    if (def->id == SBX_OPID_SANDBOX_FORK) {
+        int rc = sbx_tenants_reencode_ids(root, &g->who, sandbox, body, blen, why, sizeof(why));
+        if (rc) {
+            client_err(g, rc == SBX_E_VALIDATION ? rc : SBX_E_INTERNAL, "%s",
+                       rc == SBX_E_VALIDATION ? why : "cannot encode the request");
+            return 1;
+        }
+        return 0;
+    }
+    if (sbx_tenants_reencode(root, sandbox, body, blen) != 0) {
+        client_err(g, SBX_E_INTERNAL, "cannot encode the request");
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ */
 /* Client requests. */
 
 static void
@@ -943,6 +829,9 @@ handle(struct gctx *g, nng_msg *m)
     g->fanout = false;
     g->attempts = 0;
     g->delivered = false;
+    g->tenanted = false;
+    g->ext_id[0] = g->int_id[0] = '\0';
+    _cleanup_free_ char *tbody = NULL; /* the request as the shards get it (tenancy) */
     if (len > SBX_WIRE_MAX_REQUEST) {
         nng_msg_free(m);
         client_err(g, SBX_E_TOO_LARGE, "request of %zu bytes exceeds the %u-byte limit", len,
@@ -981,11 +870,33 @@ handle(struct gctx *g, nng_msg *m)
     if (req.timeout_ms > 0)
         timeout = req.timeout_ms > 1000 ? req.timeout_ms - 100 : req.timeout_ms * 9 / 10 + 1;
     g->deadline = sbx_mono_ms() + timeout;
+    if (!gw->tenants && is_admin_op((int)def->id)) {
+        sbx_wire_msg_free(&dec);
+        nng_msg_free(m);
+        client_err(g, SBX_E_VALIDATION,
+                   "%s needs a deployment with API keys (sbxd --api-keys): without keys there "
+                   "are no tenants (docs/security.md §6)",
+                   def->name);
+        return;
+    }
+    if (gw->tenants) {
+        if (tenant_gate(g, &req, dec.root, def, &tbody, &len) != 0) {
+            sbx_wire_msg_free(&dec);
+            nng_msg_free(m);
+            return;
+        }
+        body = tbody;
+    }
     if (def->id == SBX_OPID_CLUSTER_DRAIN) {
         op_drain(g, &req);
         sbx_wire_msg_free(&dec);
         nng_msg_free(m);
         return;
+    }
+    if (def->id == SBX_OPID_AUDIT_LIST) {
+        int64_t lim = 100;
+        sbx_wire_get_i64(req.args, "limit", &lim);
+        g->limit = (size_t)SBX_MAX(1, SBX_MIN(lim, 1000));
     }
     if (def->flags & SBX_OP_GLOBAL) {
         struct sbx_log_req lr = {req.id.p, req.id.n, NULL, 0, def->name, strlen(def->name)};
@@ -1015,7 +926,7 @@ handle(struct gctx *g, nng_msg *m)
             if (def->id == SBX_OPID_LIST)
                 client_err(g, SBX_E_SHARD_UNAVAILABLE, "no shard is live");
             else
-                merge_and_reply(g); /* the gateway's own status, no shard */
+                gw_merge_and_reply(g); /* the gateway's own status, no shard */
             return;
         }
         pthread_mutex_lock(&g->mu);
@@ -1038,6 +949,8 @@ handle(struct gctx *g, nng_msg *m)
         nng_msg_free(m);
         client_err(g, rc, "%s", why);
         return;
+    } else if (g->int_id[0]) {
+        g->part = sbx_place_partition(g->int_id, strlen(g->int_id));
     } else {
         g->part = sbx_place_partition(req.sandbox.p, req.sandbox.n);
     }
@@ -1166,14 +1079,25 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
         g->state = G_RECV;
         nng_ctx_recv(g->ctx, g->aio);
     }
-    if (conf->http && *conf->http) {
-        /* The HTTP front calls the gateway through an in-process transport. */
+    bool keyed = conf->api_keys && *conf->api_keys;
+    if ((conf->http && *conf->http) || keyed) {
+        /* The HTTP front and the tenant registry call the gateway through an
+         * in-process transport. */
         snprintf(gw->inproc, sizeof(gw->inproc), "inproc://sbx-gateway-%p", (void *)gw);
         if ((rv = nng_listen(gw->sock, gw->inproc, NULL, 0)) != 0) {
             sbx_log_error("gateway: cannot listen on %s: %s", gw->inproc, nng_strerror(rv));
             rv = sbx_nng_code(rv);
             goto fail;
         }
+    }
+    if (keyed) {
+        _cleanup_err_ sbx_err_t terr = NULL;
+        if ((rv = sbx_tenants_start(&gw->tenants, conf->api_keys, gw->inproc, &terr)) != 0) {
+            sbx_log_error("gateway: %s", sbx_err_msg(terr));
+            goto fail;
+        }
+    }
+    if (conf->http && *conf->http) {
         struct sbx_http_conf hc = {
             .listen = conf->http,
             .upstream = gw->inproc,
@@ -1184,6 +1108,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .max_body = conf->http_max_body,
             .timeout = conf->timeout,
             .per_client = conf->http_per_client,
+            .system_key = gw->tenants ? sbx_tenants_system_key(gw->tenants) : NULL,
             .console = conf->console,
         };
         _cleanup_err_ sbx_err_t herr = NULL;
@@ -1223,6 +1148,9 @@ sbx_gateway_stop(sbx_gateway *gw)
     /* The HTTP front first: it calls into the sockets below. */
     if (gw->http)
         sbx_http_stop(gw->http);
+    /* Then the registry, whose thread calls the gateway too. */
+    sbx_tenants_stop(gw->tenants);
+    gw->tenants = NULL;
     /* No new slots from here on. */
     if (gw->view)
         sbx_cview_stop(gw->view);

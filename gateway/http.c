@@ -102,6 +102,10 @@ queue_buf(struct sbx_http *h, struct MHD_Connection *c, int status, const char *
      * starting, a shard is failing over, the interpreter is not ready). */
     if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
         MHD_add_response_header(r, "Retry-After", "1");
+    /* RFC 6585 §4: a tenant's quota (QUOTA_EXCEEDED); the bucket refills
+     * within a second (context.retryAfterMs is the precise wait). */
+    if (status == 429)
+        MHD_add_response_header(r, "Retry-After", "1");
     http_add_common_headers(r, h && h->keys);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -362,7 +366,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (rt->kind == R_OPENAPI)
         return queue_buf(h, c, MHD_HTTP_OK, "application/json",
                          sbx_xstrndup(h->openapi, h->openapi_len), h->openapi_len, false);
-    if (!http_authorized(h, c) && !http_url_token_ok(h, c, rt->kind, hr->sandbox))
+    if (h->keys && !http_request_key(h, c, rt->kind, hr->sandbox, hr->key))
         return queue_err(hr, SBX_E_UNAUTHORIZED,
                          "a valid API key is required: Authorization: Bearer <key> (in a URL "
                          "only ?access_token=<token> of POST …/url-token, for its sandbox and "
@@ -380,7 +384,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     }
     if (rt->kind == R_URL_TOKEN) {
         const char *purpose = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "purpose");
-        json_t *j = http_url_token_mint(h, hr->sandbox, purpose);
+        json_t *j = http_url_token_mint(h, hr->sandbox, purpose, hr->key);
         if (!j)
             return queue_err(hr, SBX_E_VALIDATION,
                              "?purpose= must be terminal, stream or file (the route the token "
@@ -607,6 +611,7 @@ http_free(struct sbx_http *h)
     free(h->upstream);
     free(h->preview_domain);
     free(h->relay_secret);
+    free(h->system_key);
     pthread_mutex_destroy(&h->mu);
     pthread_rwlock_destroy(&h->req_lk);
     pthread_cond_destroy(&h->cv);
@@ -628,6 +633,7 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
                             ? sbx_xstrdup(conf->preview_domain)
                             : NULL;
     h->relay_secret = conf->relay_secret ? sbx_xstrdup(conf->relay_secret) : NULL;
+    h->system_key = conf->system_key ? sbx_xstrdup(conf->system_key) : NULL;
     if (h->conf.max_body <= 0)
         h->conf.max_body = DEFAULT_MAX_BODY;
     if (h->conf.timeout <= 0)

@@ -49,6 +49,8 @@ struct sbx_http_conf {
     int64_t timeout;            /* ms: deadline of a request that names none (0: 600 000) */
     int64_t per_client;         /* connections from one client address (0: 1024 of the 4096
                                  * in all), so that one client cannot hold them all */
+    const char *system_key;     /* with API keys: the gateway's system token (gateway/tenant.h),
+                                 * for preview lookups, which carry no caller's key; or NULL */
     bool console;               /* serve the web console under /console/ (docs/console.md) */
 };
 

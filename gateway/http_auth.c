@@ -128,15 +128,39 @@ http_browser_guard(struct sbx_http *h, struct MHD_Connection *c, const char *met
     return NULL;
 }
 
+/*
+ * With API keys, a request must present one; which keys are valid — the key
+ * file's admin keys and the tenants' keys — is the gateway's to decide (it
+ * gets the key in the envelope and answers UNAUTHORIZED, 401 here, for any
+ * other: gateway/tenant.h), since the tenants' keys live in its registry.
+ */
 bool
 http_authorized(struct sbx_http *h, struct MHD_Connection *c)
 {
     if (!h->keys)
         return true;
+    char key[SBX_HTTP_KEY_MAX + 1];
+    http_presented_key(c, key);
+    return key[0] != '\0';
+}
+
+void
+http_presented_key(struct MHD_Connection *c, char *out)
+{
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    out[0] = '\0';
     /* Keys travel in the header only; a URL carries a short-lived token
-     * (http_token.c), checked by the caller, who knows the route. */
-    return auth && !strncasecmp(auth, "Bearer ", 7) && http_key_ok(h, auth + 7);
+     * (http_token.c), checked by http_request_key, which knows the route. */
+    if (auth && !strncasecmp(auth, "Bearer ", 7) && strlen(auth + 7) <= SBX_HTTP_KEY_MAX)
+        snprintf(out, SBX_HTTP_KEY_MAX + 1, "%s", auth + 7);
+}
+
+bool
+http_request_key(const struct sbx_http *h, struct MHD_Connection *c, int route_kind,
+                 const char *sandbox, char *out)
+{
+    http_presented_key(c, out);
+    return out[0] || http_url_token_ok(h, c, route_kind, sandbox, out);
 }
 
 int

@@ -73,8 +73,8 @@ hreq_free(struct hreq *hr)
 
 /* Encode a request envelope; caller frees *out. */
 static int
-envelope(const char *op, const char *sandbox, const char *args, size_t alen, int64_t timeout,
-         const char *rid, bool retry, char **out, size_t *outlen)
+envelope(const char *key, const char *op, const char *sandbox, const char *args, size_t alen,
+         int64_t timeout, const char *rid, bool retry, char **out, size_t *outlen)
 {
     char id[37];
     if (!rid || !*rid) {
@@ -92,6 +92,8 @@ envelope(const char *op, const char *sandbox, const char *args, size_t alen, int
     sbx_enc_kint(&e, "timeoutMs", timeout);
     if (retry)
         sbx_enc_kbool(&e, "retry", true);
+    if (key && *key)
+        sbx_enc_kstr(&e, "key", key); /* the gateway resolves it (gateway/tenant.h) */
     if (args && alen) {
         sbx_enc_str(&e, "args");
         sbx_enc_raw(&e, args, alen);
@@ -112,7 +114,7 @@ http_call_start(struct hreq *hr, const char *op, const char *args, size_t alen, 
     struct sbx_http *h = hr->h;
     char *buf;
     size_t len;
-    int rc = envelope(op, hr->sandbox, args, alen, timeout, rid, hr->retry, &buf, &len);
+    int rc = envelope(hr->key, op, hr->sandbox, args, alen, timeout, rid, hr->retry, &buf, &len);
     if (rc)
         return SBX_E_INTERNAL;
     if (len > SBX_WIRE_MAX_REQUEST) {
@@ -218,14 +220,14 @@ http_call_take(struct hreq *hr, sbx_msg *m, const msgpack_object **result, char 
 /* Synchronous calls for worker threads. */
 
 int
-http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const char *args,
-               size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
-               char *msg, size_t msglen)
+http_call_sync(struct sbx_http *h, const char *key, const char *op, const char *sandbox,
+               const char *args, size_t args_len, int64_t timeout_ms, struct hreply *reply,
+               char code[64], char *msg, size_t msglen)
 {
     memset(reply, 0, sizeof(*reply));
     char *buf;
     size_t len;
-    if (envelope(op, sandbox, args, args_len, timeout_ms, NULL, false, &buf, &len) != 0) {
+    if (envelope(key, op, sandbox, args, args_len, timeout_ms, NULL, false, &buf, &len) != 0) {
         snprintf(code, 64, "INTERNAL_ERROR");
         snprintf(msg, msglen, "cannot encode the request");
         return SBX_E_INTERNAL;

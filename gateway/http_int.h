@@ -46,7 +46,8 @@ struct preview_req;
 struct terminal_state;
 
 #define MAX_SEGS 12
-#define CALL_ERROR_REPLY 1 /* http_call_take: the reply is an error reply (in *m) */
+#define CALL_ERROR_REPLY 1
+#define SBX_HTTP_KEY_MAX 256 /* bytes of a presented API key */ /* http_call_take: the reply is an error reply (in *m) */
 
 /* ------------------------------------------------------------------------------ */
 /* Routes (http_route.c). */
@@ -75,7 +76,7 @@ struct route {
 
 struct sbx_http {
     struct sbx_http_conf conf; /* strings below are owned copies */
-    char *listen, *upstream, *preview_domain, *relay_secret;
+    char *listen, *upstream, *preview_domain, *relay_secret, *system_key;
     struct MHD_Daemon *d;
     int port;
     nng_socket req;
@@ -121,9 +122,9 @@ struct hreply {
     char *buf;
     const msgpack_object *result;
 };
-int http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const char *args,
-                   size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
-                   char *msg, size_t msglen);
+int http_call_sync(struct sbx_http *h, const char *key, const char *op, const char *sandbox,
+                   const char *args, size_t args_len, int64_t timeout_ms, struct hreply *reply,
+                   char code[64], char *msg, size_t msglen);
 void hreply_free(struct hreply *r);
 
 /* ------------------------------------------------------------------------------ */
@@ -145,6 +146,8 @@ struct hreq {
     bool sse;
     bool b64;             /* X-Sbx-Binary: base64 — bytes as base64, not UTF-8 text */
     char rid[SBX_WIRE_MAX_ID + 1];
+    char key[SBX_HTTP_KEY_MAX + 1]; /* the presented API key ("" without keys): the
+                                     * gateway resolves it (gateway/tenant.h) */
     bool retry;           /* X-Sbx-Retry: an earlier attempt of rid may have run */
     int64_t timeout_ms;
     int phase;
@@ -220,15 +223,29 @@ void http_url_key_init(struct sbx_http *h);
 /* http_url_purpose — the URL-token purpose of a route kind ("terminal",
  * "stream", "file"), or NULL: that route takes no URL token. */
 const char *http_url_purpose(int route_kind);
-/* http_url_token_mint — a new token for purpose on sandbox, as the JSON
- * answer {token, purpose, sandbox, expiresAt (ms since the epoch), ttlMs}
- * (caller owns it); NULL when purpose is not one of http_url_purpose's. */
-json_t *http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose);
+/* http_url_token_mint — a new token for purpose on sandbox sealing key (the
+ * caller's API key, "" keyless; borrowed), as the JSON answer {token,
+ * purpose, sandbox, expiresAt (ms since the epoch), ttlMs} (caller owns
+ * it); NULL when purpose is not one of http_url_purpose's or key is longer
+ * than SBX_HTTP_KEY_MAX. */
+json_t *http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose,
+                            const char *key);
 /* http_url_token_ok — whether the request's ?access_token= is an unexpired
- * token minted for the purpose of route_kind on sandbox (MAC compared in
- * constant time).  Never true for a route without a purpose. */
+ * token minted for the purpose of route_kind on sandbox (GCM tag compared
+ * in constant time); if so, the key it seals goes to key_out (else "").
+ * Never true for a route without a purpose. */
 bool http_url_token_ok(const struct sbx_http *h, struct MHD_Connection *c, int route_kind,
-                       const char *sandbox);
+                       const char *sandbox, char key_out[SBX_HTTP_KEY_MAX + 1]);
+/* http_presented_key — the API key c presents in its Authorization header
+ * (Bearer), copied into out[SBX_HTTP_KEY_MAX + 1] ("" for none or a longer
+ * one).  Keys never come from a URL: see http_request_key. */
+void http_presented_key(struct MHD_Connection *c, char *out);
+/* http_request_key — the key a request to route_kind on sandbox acts with:
+ * the header's, else the one sealed in a good URL token for that route and
+ * sandbox (http_url_token_ok); into out[SBX_HTTP_KEY_MAX + 1].  Whether
+ * there is one. */
+bool http_request_key(const struct sbx_http *h, struct MHD_Connection *c, int route_kind,
+                      const char *sandbox, char *out);
 /* Read the key file at path into h->keys; 0, or a negative code with *err
  * set (docs/errors.md; err may be NULL). */
 int http_load_keys(struct sbx_http *h, const char *path, sbx_err_t *err);

@@ -2,26 +2,35 @@
  * http_token.c — short-lived URL tokens (issue 16; docs/http.md,
  * "Tokens in URLs").  A browser cannot put an Authorization header on a
  * WebSocket or an EventSource, and an API key in a URL ends up in logs,
- * history and Referer headers.  So a key travels only in the header: a
- * holder of one mints, for one purpose on one sandbox,
+ * history and Referer headers.  So a key travels in the clear only in the
+ * header: a holder of one mints, for one purpose on one sandbox,
  *
  *     POST /v1/sandboxes/{sandbox}/url-token?purpose=terminal|stream|file
  *
- * a token "ut1.<expiresAt>.<mac>" (expiresAt: ms since the epoch, now +
- * HTTP_URL_TOKEN_TTL_MS; mac: hex HMAC-SHA256 under h->url_key of
- * "ut1" NUL purpose NUL sandbox NUL expiresAt), which `?access_token=`
- * carries on that sandbox's route of that purpose until it expires, and on
- * no other: R_TERMINAL (terminal), R_STREAM (stream: SSE), R_FILE_GET (file:
- * a download link).
+ * a token "ut2.<expiresAt>.<nonce>.<sealed>" (expiresAt: ms since the
+ * epoch, now + HTTP_URL_TOKEN_TTL_MS; nonce: 12 random bytes, hex; sealed:
+ * hex of the caller's API key encrypted with AES-256-GCM under h->url_key
+ * and that nonce, then GCM's 16-byte tag, with "ut2" NUL purpose NUL
+ * sandbox NUL expiresAt as associated data — NIST SP 800-38D), which
+ * `?access_token=` carries on that sandbox's route of that purpose until it
+ * expires, and on no other: R_TERMINAL (terminal), R_STREAM (stream: SSE),
+ * R_FILE_GET (file: a download link).  A request that shows a good token
+ * acts with the key sealed in it, which the gateway checks as if it came in
+ * the header (docs/security.md §6: a revoked key's tokens die with it, and
+ * a tenant's token opens only that tenant's sandbox of that name).  The
+ * token says nothing about the key to whoever reads the URL.
  *
  * The key: HMAC-SHA256(relay secret, "sbx url tokens v1") when the
  * deployment has a relay secret (every gateway of a cluster has the same
  * one, so a token minted at one gateway is good at all of them), else 32
  * random bytes drawn at start (one gateway: `sbxd dev`).  Set once before
- * MHD starts, read-only afterwards.
+ * MHD starts, read-only afterwards.  Random 96-bit nonces keep GCM safe for
+ * well over 2^32 tokens per key (SP 800-38D §8.3).
  */
+#include <nettle/gcm.h>
 #include <nettle/hmac.h>
 #include <nettle/memops.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +38,8 @@
 #include "../runtime/util.h"
 #include "http_int.h"
 
-#define TOKEN_PREFIX "ut1"
+#define TOKEN_PREFIX "ut2"
+#define NONCE_SIZE GCM_IV_SIZE /* 12 bytes */
 
 void
 http_url_key_init(struct sbx_http *h)
@@ -57,34 +67,64 @@ http_url_purpose(int route_kind)
     }
 }
 
-/* mac_hex — the token's MAC for (purpose, sandbox, expires) into out[65]. */
-static void
-mac_hex(const struct sbx_http *h, const char *purpose, const char *sandbox, long long expires,
-        char out[65])
+/* The associated data of a token: what it is for, bound by GCM's tag. */
+static size_t
+token_aad(const char *purpose, const char *sandbox, long long expires, char out[256])
 {
-    char msg[256];
-    int n = snprintf(msg, sizeof(msg), TOKEN_PREFIX "%c%s%c%s%c%lld", 0, purpose, 0, sandbox, 0,
-                     expires);
-    uint8_t d[SHA256_DIGEST_SIZE];
-    struct hmac_sha256_ctx ctx;
-    hmac_sha256_set_key(&ctx, sizeof(h->url_key), h->url_key);
-    hmac_sha256_update(&ctx, n > 0 && (size_t)n < sizeof(msg) ? (size_t)n : 0,
-                       (const uint8_t *)msg);
-    hmac_sha256_digest(&ctx, sizeof(d), d);
-    for (size_t i = 0; i < sizeof(d); i++)
-        snprintf(out + 2 * i, 3, "%02x", d[i]);
+    int n = snprintf(out, 256, TOKEN_PREFIX "%c%s%c%s%c%lld", 0, purpose, 0, sandbox, 0, expires);
+    return n > 0 && n < 256 ? (size_t)n : 0;
+}
+
+static void
+hex(const uint8_t *p, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        snprintf(out + 2 * i, 3, "%02x", p[i]);
+}
+
+/* Decode 2n hex digits of s into p[n]; false if s is not exactly that. */
+static bool
+unhex(const char *s, size_t slen, uint8_t *p, size_t n)
+{
+    if (slen != 2 * n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1 || !isxdigit((unsigned char)s[2 * i]) ||
+            !isxdigit((unsigned char)s[2 * i + 1]))
+            return false;
+        p[i] = (uint8_t)v;
+    }
+    return true;
 }
 
 json_t *
-http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose)
+http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose,
+                    const char *key)
 {
     if (!purpose || (strcmp(purpose, "terminal") && strcmp(purpose, "stream") &&
                      strcmp(purpose, "file")))
         return NULL;
+    size_t kn = strlen(key);
+    if (kn > SBX_HTTP_KEY_MAX)
+        return NULL;
     long long expires = (long long)(sbx_wall_ms() + HTTP_URL_TOKEN_TTL_MS);
-    char mac[65], token[128];
-    mac_hex(h, purpose, sandbox, expires, mac);
-    snprintf(token, sizeof(token), TOKEN_PREFIX ".%lld.%s", expires, mac);
+    uint8_t nonce[NONCE_SIZE], sealed[SBX_HTTP_KEY_MAX + GCM_DIGEST_SIZE];
+    if (sbx_random(nonce, sizeof(nonce)) != 0)
+        abort(); /* getrandom(2) cannot fail for 12 bytes after boot */
+    char aad[256];
+    struct gcm_aes256_ctx ctx;
+    gcm_aes256_set_key(&ctx, h->url_key);
+    gcm_aes256_set_iv(&ctx, sizeof(nonce), nonce);
+    gcm_aes256_update(&ctx, token_aad(purpose, sandbox, expires, aad), (const uint8_t *)aad);
+    gcm_aes256_encrypt(&ctx, kn, sealed, (const uint8_t *)key);
+    gcm_aes256_digest(&ctx, GCM_DIGEST_SIZE, sealed + kn);
+    char token[32 + 2 * NONCE_SIZE + 2 * sizeof(sealed)];
+    int n = snprintf(token, sizeof(token), TOKEN_PREFIX ".%lld.", expires);
+    hex(nonce, sizeof(nonce), token + n);
+    n += 2 * NONCE_SIZE;
+    token[n++] = '.';
+    hex(sealed, kn + GCM_DIGEST_SIZE, token + n);
     return json_pack("{s:s,s:s,s:s,s:I,s:I}", "token", token, "purpose", purpose, "sandbox",
                      sandbox, "expiresAt", (json_int_t)expires, "ttlMs",
                      (json_int_t)HTTP_URL_TOKEN_TTL_MS);
@@ -92,19 +132,40 @@ http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *p
 
 bool
 http_url_token_ok(const struct sbx_http *h, struct MHD_Connection *c, int route_kind,
-                  const char *sandbox)
+                  const char *sandbox, char key_out[SBX_HTTP_KEY_MAX + 1])
 {
+    key_out[0] = '\0';
     const char *purpose = http_url_purpose(route_kind);
     const char *t = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
     if (!purpose || !sandbox || !*sandbox || !t || strncmp(t, TOKEN_PREFIX ".", 4) != 0)
         return false;
     char *end = NULL;
     long long expires = strtoll(t + 4, &end, 10);
-    if (end == t + 4 || *end != '.' || strlen(end + 1) != 64)
+    if (end == t + 4 || *end != '.')
         return false;
-    if (expires < sbx_wall_ms()) /* (a later one than minted would need the key) */
+    if (expires < sbx_wall_ms()) /* (a later one than minted would fail the tag) */
         return false;
-    char mac[65];
-    mac_hex(h, purpose, sandbox, expires, mac);
-    return memeql_sec(mac, end + 1, 64) != 0;
+    const char *ns = end + 1, *dot = strchr(ns, '.');
+    uint8_t nonce[NONCE_SIZE], sealed[SBX_HTTP_KEY_MAX + GCM_DIGEST_SIZE];
+    size_t sl = dot ? strlen(dot + 1) : 0;
+    if (!dot || !unhex(ns, (size_t)(dot - ns), nonce, sizeof(nonce)) || sl % 2 ||
+        sl / 2 < GCM_DIGEST_SIZE || sl / 2 > sizeof(sealed) ||
+        !unhex(dot + 1, sl, sealed, sl / 2))
+        return false;
+    size_t kn = sl / 2 - GCM_DIGEST_SIZE;
+    char aad[256], plain[SBX_HTTP_KEY_MAX + 1];
+    uint8_t tag[GCM_DIGEST_SIZE];
+    struct gcm_aes256_ctx ctx;
+    gcm_aes256_set_key(&ctx, h->url_key);
+    gcm_aes256_set_iv(&ctx, sizeof(nonce), nonce);
+    gcm_aes256_update(&ctx, token_aad(purpose, sandbox, expires, aad), (const uint8_t *)aad);
+    gcm_aes256_decrypt(&ctx, kn, (uint8_t *)plain, sealed);
+    gcm_aes256_digest(&ctx, sizeof(tag), tag);
+    if (!memeql_sec(tag, sealed + kn, sizeof(tag)))
+        return false;
+    plain[kn] = '\0';
+    if (strlen(plain) != kn) /* a key holds no NUL */
+        return false;
+    memcpy(key_out, plain, kn + 1);
+    return true;
 }

@@ -725,7 +725,7 @@ worker_main(void *arg)
         goto out;
     }
     struct hreply rep;
-    int rc = http_call_sync(h, "preview.resolve", pr->sandbox, args, alen, 10000, &rep, code,
+    int rc = http_call_sync(h, h->system_key, "preview.resolve", pr->sandbox, args, alen, 10000, &rep, code,
                             msg, sizeof(msg));
     free(args);
     if (rc) {

@@ -154,7 +154,7 @@ call(struct terminal_state *t, const char *op, sbx_enc *e, int64_t timeout, stru
         snprintf(msg, msglen, "cannot encode the request");
         return SBX_E_INTERNAL;
     }
-    int rc = http_call_sync(t->h, op, t->sandbox, args, alen, timeout, rep, code, msg, msglen);
+    int rc = http_call_sync(t->h, t->key, op, t->sandbox, args, alen, timeout, rep, code, msg, msglen);
     free(args);
     return rc;
 }
@@ -605,6 +605,8 @@ terminal_access(struct sbx_http *h, struct MHD_Connection *c, const char *sandbo
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     snprintf(t->sandbox, sizeof(t->sandbox), "%s", sandbox);
+    if (h->keys)
+        http_request_key(h, c, R_TERMINAL, sandbox, t->key); /* http.c checked there is one */
     /* Sec-WebSocket-Accept = base64(SHA-1(key + GUID)) (RFC 6455 §4.2.2). */
     struct sha1_ctx sc;
     uint8_t dig[SHA1_DIGEST_SIZE];

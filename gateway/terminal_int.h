@@ -37,6 +37,7 @@ struct terminal_state {
     int refs;                 /* connection, WebSocket thread, reader thread */
     bool suspended, cancelled, queued;
     char sandbox[SBX_ID_MAX + 2];
+    char key[SBX_HTTP_KEY_MAX + 1]; /* the caller's API key, for its calls ("" keyless) */
     char session[128];        /* decoded; 1-127 bytes */
     char shell[128];          /* decoded; 0-127 bytes ("": the sandbox's default) */
     int cols, rows;           /* 1-1000 */

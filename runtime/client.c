@@ -27,6 +27,7 @@ struct sbx_client {
     nng_socket sock;
     int64_t timeout_ms;
     sbx_nng_sec sec; /* the TLS identity (owned references), or none */
+    char *key; /* $SBX_API_KEY at open, sent in every request's "key"; or NULL */
 };
 
 struct sbx_reply {
@@ -142,6 +143,9 @@ sbx_client_open_tls(sbx_client **out, const char *url, const sbx_tls_files *tls,
         free(c);
         return export_err(err, &e);
     }
+    const char *k = getenv("SBX_API_KEY");
+    if (k && *k)
+        c->key = sbx_xstrdup(k);
     if ((rv = nng_req0_open(&c->sock)) != 0)
         goto fail;
     nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, SBX_WIRE_MAX_FRAME);
@@ -154,6 +158,7 @@ sbx_client_open_tls(sbx_client **out, const char *url, const sbx_tls_files *tls,
     if (sbx_nng_dial(c->sock, url, &c->sec, NULL, 0, &e) != 0) {
         nng_close(c->sock);
         sbx_nng_sec_close(&c->sec);
+        free(c->key);
         free(c);
         if (sbx_err_code(e) == SBX_E_VALIDATION)
             return export_err(err, &e);
@@ -167,6 +172,7 @@ sbx_client_open_tls(sbx_client **out, const char *url, const sbx_tls_files *tls,
     return 0;
 fail:
     sbx_nng_sec_close(&c->sec);
+    free(c->key);
     free(c);
     return fail(err, E_GATEWAY_UNAVAILABLE,
                 "cannot reach the sbx gateway at %s: %s (is sbxd running?)", url,
@@ -180,6 +186,7 @@ sbx_client_close(sbx_client *c)
         return;
     nng_close(c->sock);
     sbx_nng_sec_close(&c->sec);
+    free(c->key);
     free(c);
 }
 
@@ -281,6 +288,8 @@ call(sbx_client *c, const char *op, const char *sandbox, const void *args, size_
     if (sandbox)
         sbx_enc_kstr(&e, "sandbox", sandbox);
     sbx_enc_kint(&e, "timeoutMs", timeout_ms);
+    if (c->key)
+        sbx_enc_kstr(&e, "key", c->key);
     if (args && args_len) {
         sbx_enc_str(&e, "args");
         sbx_enc_raw(&e, args, args_len);

@@ -231,6 +231,9 @@ static const struct sbx_arg args_create[] = {
     {"disk", SBX_ARG_INT, false, true, false, 16777216.0, 0, 0u, NULL, "an integer", "bytes", 0},
     {"workspace", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_create_workspace, "a string", NULL, 0},
 };
+static const struct sbx_arg args_list[] = {
+    {"idsOnly", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+};
 static const struct sbx_arg args_cluster_drain[] = {
     {"shard", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 0u, NULL, "a string", NULL, 0},
     {"drain", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
@@ -289,6 +292,30 @@ static const struct sbx_arg args_sandbox_fork[] = {
 };
 static const struct sbx_arg args_sandbox_adopt[] = {
     {"discard", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
+};
+static const struct sbx_arg args_tenant_create[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+    {"maxSandboxes", SBX_ARG_INT, false, true, true, 0.0, 1000000.0, 0u, NULL, "an integer", NULL, 0},
+    {"createsPerSecond", SBX_ARG_INT, false, true, true, 1.0, 10000.0, 0u, NULL, "an integer", NULL, 0},
+};
+static const struct sbx_arg args_tenant_delete[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+};
+static const char *const enum_key_create_scope[] = {"tenant", "admin", NULL};
+static const struct sbx_arg args_key_create[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+    {"scope", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_key_create_scope, "a string", NULL, 0},
+};
+static const struct sbx_arg args_key_list[] = {
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_key_revoke[] = {
+    {"keyId", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
+};
+static const struct sbx_arg args_audit_list[] = {
+    {"since", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", "ms", 0},
+    {"limit", SBX_ARG_INT, false, true, true, 1.0, 1000.0, 0u, NULL, "an integer", NULL, 0},
+    {"tenant", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
 };
 
 const struct sbx_op_def sbx_ops[] = {
@@ -740,8 +767,8 @@ const struct sbx_op_def sbx_ops[] = {
      .idle_empty = NULL,
      .summary = "all sandboxes of the deployment",
      .http = "GET /v1/sandboxes",
-     .args = NULL,
-     .nargs = 0},
+     .args = args_list,
+     .nargs = 1},
     {.name = "cluster.status",
      .id = SBX_OPID_CLUSTER_STATUS,
      .flags = SBX_OP_GLOBAL,
@@ -904,5 +931,68 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = args_sandbox_adopt,
      .nargs = 1},
+    {.name = "tenant.create",
+     .id = SBX_OPID_TENANT_CREATE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "create a tenant, or change its quotas (admin keys only)",
+     .http = "PUT /v1/tenants/{tenant}",
+     .args = args_tenant_create,
+     .nargs = 3},
+    {.name = "tenant.list",
+     .id = SBX_OPID_TENANT_LIST,
+     .flags = SBX_OP_GLOBAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the tenants, their quotas and sandbox counts (admin keys only)",
+     .http = "GET /v1/tenants",
+     .args = NULL,
+     .nargs = 0},
+    {.name = "tenant.delete",
+     .id = SBX_OPID_TENANT_DELETE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only)",
+     .http = "DELETE /v1/tenants/{tenant}",
+     .args = args_tenant_delete,
+     .nargs = 1},
+    {.name = "key.create",
+     .id = SBX_OPID_KEY_CREATE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "make an API key for a tenant; the key is in this reply only (admin keys only)",
+     .http = "POST /v1/tenants/{tenant}/keys",
+     .args = args_key_create,
+     .nargs = 2},
+    {.name = "key.list",
+     .id = SBX_OPID_KEY_LIST,
+     .flags = SBX_OP_GLOBAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the API keys (ids, tenants, scopes; never the keys) (admin keys only)",
+     .http = "GET /v1/keys",
+     .args = args_key_list,
+     .nargs = 1},
+    {.name = "key.revoke",
+     .id = SBX_OPID_KEY_REVOKE,
+     .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "revoke an API key: every gateway refuses it within 2 s (admin keys only)",
+     .http = "DELETE /v1/keys/{keyId}",
+     .args = args_key_revoke,
+     .nargs = 1},
+    {.name = "audit.list",
+     .id = SBX_OPID_AUDIT_LIST,
+     .flags = SBX_OP_GLOBAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "the audit log: who changed what, newest last, merged from every shard (admin keys only)",
+     .http = "GET /v1/audit",
+     .args = args_audit_list,
+     .nargs = 3},
     {.name = NULL},
 };

@@ -73,6 +73,13 @@ enum sbx_op_id {
     SBX_OPID_BACKUP_DELETE, /* backup.delete */
     SBX_OPID_SANDBOX_FORK, /* sandbox.fork */
     SBX_OPID_SANDBOX_ADOPT, /* sandbox.adopt */
+    SBX_OPID_TENANT_CREATE, /* tenant.create */
+    SBX_OPID_TENANT_LIST, /* tenant.list */
+    SBX_OPID_TENANT_DELETE, /* tenant.delete */
+    SBX_OPID_KEY_CREATE, /* key.create */
+    SBX_OPID_KEY_LIST, /* key.list */
+    SBX_OPID_KEY_REVOKE, /* key.revoke */
+    SBX_OPID_AUDIT_LIST, /* audit.list */
     SBX_OPID__COUNT
 };
 

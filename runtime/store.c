@@ -53,7 +53,7 @@ struct sbx_store {
     struct sbx_hist h_commit, h_batch;
 };
 
-static const char *const dbnames[SBX_DB__N] = {"sandboxes", "meta", "idem"};
+static const char *const dbnames[SBX_DB__N] = {"sandboxes", "meta", "idem", "audit"};
 
 static int
 mdb_to_rc(int rc)

@@ -48,6 +48,7 @@ enum sbx_db {
     SBX_DB_SANDBOXES = 0, /* sandbox ID → msgpack sandbox record (actors/record.h) */
     SBX_DB_META,          /* process metadata (schema version, shard name, …) */
     SBX_DB_IDEM,          /* request id → cached reply of a state-changing op */
+    SBX_DB_AUDIT,         /* time + sequence → audit entry (actors/audit.c) */
     SBX_DB__N
 };
 

@@ -654,6 +654,12 @@ static const struct cli_arg args_create[] = {
      "where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_list[] = {
+    {"idsOnly", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
+     "a boolean", NULL, "false",
+     "each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6)",
+     "VALIDATION_FAILED"},
+};
 static const struct cli_arg args_cluster_drain[] = {
     {"shard", CLI_K_STR, true, false, false, 0, 0, 0u, NULL,
      "a string", NULL, NULL,
@@ -752,6 +758,63 @@ static const struct cli_arg args_sandbox_fork[] = {
     {"ids", CLI_K_ARRAY, true, false, false, 0, 0, 16u, NULL,
      "an array", NULL, NULL,
      "the forks to create, 1-16 distinct IDs",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_tenant_create[] = {
+    {"tenant", CLI_K_STR, true, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "the tenant's name: 1-16 of [a-z0-9], not 'sbx'",
+     "VALIDATION_FAILED"},
+    {"maxSandboxes", CLI_K_INT, false, true, true, 0.0, 1000000.0, 0u, NULL,
+     "an integer", NULL, "100",
+     "most sandboxes the tenant may have at once (0: none)",
+     "VALIDATION_FAILED"},
+    {"createsPerSecond", CLI_K_INT, false, true, true, 1.0, 10000.0, 0u, NULL,
+     "an integer", NULL, "10",
+     "sandbox creations per second, per gateway (a token bucket of twice this many)",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_tenant_delete[] = {
+    {"tenant", CLI_K_STR, true, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "the tenant's name",
+     "VALIDATION_FAILED"},
+};
+static const char *const enum_key_create_scope[] = {"tenant", "admin", NULL};
+static const struct cli_arg args_key_create[] = {
+    {"tenant", CLI_K_STR, true, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "the tenant it belongs to",
+     "VALIDATION_FAILED"},
+    {"scope", CLI_K_STR, false, false, false, 0, 0, 0u, enum_key_create_scope,
+     "a string", NULL, "\"tenant\"",
+     "tenant: uses the tenant's sandboxes; admin: also manages tenants and keys",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_key_list[] = {
+    {"tenant", CLI_K_STR, false, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "only this tenant's",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_key_revoke[] = {
+    {"keyId", CLI_K_STR, true, false, false, 0, 0, 32u, NULL,
+     "a string", NULL, NULL,
+     "the key's id (key.create, key.list)",
+     "VALIDATION_FAILED"},
+};
+static const struct cli_arg args_audit_list[] = {
+    {"since", CLI_K_INT, false, true, false, 0.0, 0, 0u, NULL,
+     "an integer", "ms", NULL,
+     "only entries at or after this time (ms since the epoch)",
+     "VALIDATION_FAILED"},
+    {"limit", CLI_K_INT, false, true, true, 1.0, 1000.0, 0u, NULL,
+     "an integer", NULL, "100",
+     "most entries (the newest)",
+     "VALIDATION_FAILED"},
+    {"tenant", CLI_K_STR, false, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "only this tenant's",
      "VALIDATION_FAILED"},
 };
 
@@ -855,7 +918,7 @@ const struct cli_op cli_ops[] = {
     {"status", "state, limits and resource use of a sandbox",
      "status", "sandbox", true, NULL, 0},
     {"list", "all sandboxes of the deployment",
-     "list", "", false, NULL, 0},
+     "list", "", false, args_list, 1},
     {"cluster.status", "gateway and shard health",
      "cluster status", "", false, NULL, 0},
     {"cluster.drain", "drain a shard (its partitions move to the others) or end a drain",
@@ -884,5 +947,19 @@ const struct cli_op cli_ops[] = {
      "backup delete", "id", false, args_backup_delete, 1},
     {"sandbox.fork", "create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped)",
      "fork", "sandbox ids", true, args_sandbox_fork, 1},
+    {"tenant.create", "create a tenant, or change its quotas (admin keys only)",
+     "tenant create", "tenant", false, args_tenant_create, 3},
+    {"tenant.list", "the tenants, their quotas and sandbox counts (admin keys only)",
+     "tenant list", "", false, NULL, 0},
+    {"tenant.delete", "delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only)",
+     "tenant delete", "tenant", false, args_tenant_delete, 1},
+    {"key.create", "make an API key for a tenant; the key is in this reply only (admin keys only)",
+     "key create", "tenant", false, args_key_create, 2},
+    {"key.list", "the API keys (ids, tenants, scopes; never the keys) (admin keys only)",
+     "key list", "", false, args_key_list, 1},
+    {"key.revoke", "revoke an API key: every gateway refuses it within 2 s (admin keys only)",
+     "key revoke", "keyId", false, args_key_revoke, 1},
+    {"audit.list", "the audit log: who changed what, newest last, merged from every shard (admin keys only)",
+     "audit", "", false, args_audit_list, 3},
     {NULL, NULL, NULL, NULL, false, NULL, 0},
 };

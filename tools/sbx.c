@@ -837,6 +837,62 @@ v_image(struct gopts *g, int argc, char **argv)
     return EXIT_USAGE;
 }
 
+/* sbx tenant create NAME [--max-sandboxes N] [--creates-per-second N] | list | delete NAME
+ * (admin keys; docs/security.md §6) */
+static int
+v_tenant(struct gopts *g, int argc, char **argv)
+{
+    if (argc >= 2 && argc % 2 == 0 && !strcmp(argv[0], "create")) {
+        sbx_args *a = sbx_args_new();
+        sbx_args_kstr(a, "tenant", argv[1]);
+        bool ok = true;
+        for (int i = 2; ok && i + 1 < argc; i += 2) {
+            if (!strcmp(argv[i], "--max-sandboxes"))
+                sbx_args_kint(a, "maxSandboxes", strtoll(argv[i + 1], NULL, 10));
+            else if (!strcmp(argv[i], "--creates-per-second"))
+                sbx_args_kint(a, "createsPerSecond", strtoll(argv[i + 1], NULL, 10));
+            else
+                ok = false;
+        }
+        if (ok)
+            return cli_call_enc(g, "tenant.create", NULL, a, NULL);
+        sbx_args_free(a);
+    } else if (argc == 1 && !strcmp(argv[0], "list")) {
+        return cli_call_enc(g, "tenant.list", NULL, sbx_args_new(), NULL);
+    } else if (argc == 2 && !strcmp(argv[0], "delete")) {
+        sbx_args *a = sbx_args_new();
+        sbx_args_kstr(a, "tenant", argv[1]);
+        return cli_call_enc(g, "tenant.delete", NULL, a, NULL);
+    }
+    fprintf(stderr, "usage: sbx tenant (create NAME [--max-sandboxes N] [--creates-per-second N] "
+                    "| list | delete NAME)\n");
+    return EXIT_USAGE;
+}
+
+/* sbx key create TENANT [--admin] | list [TENANT] | revoke KEYID (admin keys; the
+ * new key is printed once: only its hash is kept) */
+static int
+v_key(struct gopts *g, int argc, char **argv)
+{
+    if ((argc == 2 || (argc == 3 && !strcmp(argv[2], "--admin"))) && !strcmp(argv[0], "create")) {
+        sbx_args *a = sbx_args_new();
+        sbx_args_kstr(a, "tenant", argv[1]);
+        sbx_args_kstr(a, "scope", argc == 3 ? "admin" : "tenant");
+        return cli_call_enc(g, "key.create", NULL, a, NULL);
+    } else if ((argc == 1 || argc == 2) && !strcmp(argv[0], "list")) {
+        sbx_args *a = sbx_args_new();
+        if (argc == 2)
+            sbx_args_kstr(a, "tenant", argv[1]);
+        return cli_call_enc(g, "key.list", NULL, a, NULL);
+    } else if (argc == 2 && !strcmp(argv[0], "revoke")) {
+        sbx_args *a = sbx_args_new();
+        sbx_args_kstr(a, "keyId", argv[1]);
+        return cli_call_enc(g, "key.revoke", NULL, a, NULL);
+    }
+    fprintf(stderr, "usage: sbx key (create TENANT [--admin] | list [TENANT] | revoke KEYID)\n");
+    return EXIT_USAGE;
+}
+
 /* sbx backup create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]… |
  * restore ID BACKUP DIR | list | delete BACKUP (docs/persistence.md, "Backups") */
 static int
@@ -971,6 +1027,11 @@ static const struct verb verbs[] = {
                          "restore ID BACKUP DIR | list | delete BACKUP)",
      "backups of a sandbox's directory in the node's store (docs/persistence.md, Backups)"},
     {"fork", v_fork, "FROM ID...", NULL},
+    {"tenant", v_tenant, "(create NAME [--max-sandboxes N] [--creates-per-second N] | list | "
+                         "delete NAME)",
+     "tenants and their quotas (admin keys; docs/security.md §6)"},
+    {"key", v_key, "(create TENANT [--admin] | list [TENANT] | revoke KEYID)",
+     "API keys of tenants: a created key is shown once (admin keys; docs/security.md §6)"},
     {"ping", v_ping, "ID", NULL},
     {"call", v_call, "OP [ID|-] [JSON]", "send any operation of docs/protocol.md; print the result"},
     {"mcp", v_mcp, "", "serve the Model Context Protocol on stdin/stdout: sandbox tools for AI agents "

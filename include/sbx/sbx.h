@@ -111,7 +111,9 @@ SBX_API void sbx_error_free(sbx_error *err);
  * sbx_client_open — connect to a gateway.  url NULL or "" means
  * $SBX_GATEWAY, else SBX_DEFAULT_GATEWAY (nng URLs: tcp://host:port,
  * ipc:///path).  Fails at once with GATEWAY_UNAVAILABLE when nothing
- * listens there.  $SBX_TIMEOUT_MS (> 0) sets the default deadline.  On
+ * listens there.  $SBX_TIMEOUT_MS (> 0) sets the default deadline;
+ * $SBX_API_KEY, when set, is sent as every request's "key" (a gateway with
+ * API keys requires one: docs/security.md §6).  On
  * success the caller owns *out (sbx_client_close); on failure *out is
  * untouched.
  */

@@ -55,16 +55,17 @@ static struct {
 } C;
 
 /* terminal.o's calls to http_call_sync come here (-Wl,--wrap=http_call_sync). */
-int __wrap_http_call_sync(struct sbx_http *h, const char *op, const char *sandbox,
+int __wrap_http_call_sync(struct sbx_http *h, const char *key, const char *op, const char *sandbox,
                           const char *args, size_t args_len, int64_t timeout_ms,
                           struct hreply *reply, char code[64], char *msg, size_t msglen);
 
 int
-__wrap_http_call_sync(struct sbx_http *h, const char *op, const char *sandbox, const char *args,
-                      size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
+__wrap_http_call_sync(struct sbx_http *h, const char *key, const char *op, const char *sandbox,
+                      const char *args, size_t args_len, int64_t timeout_ms, struct hreply *reply, char code[64],
                       char *msg, size_t msglen)
 {
     (void)h;
+    (void)key;
     (void)timeout_ms;
     C.n++;
     snprintf(C.op, sizeof(C.op), "%s", op);

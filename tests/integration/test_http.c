@@ -763,7 +763,12 @@ Test(http, api_keys, .timeout = 120)
     close(fd);
     struct testd d;
     const char *const extra[] = {"--api-keys", keyfile, "--pool", "0", NULL};
-    cr_assert_eq(testd_start(&d, 1, extra), 0, "cannot start sbxd with --api-keys");
+    /* With keys, nng requests need one too (docs/security.md §6): the
+     * harness's readiness check sends the library's $SBX_API_KEY. */
+    setenv("SBX_API_KEY", "key-one-0123456789abcdef", 1);
+    int started = testd_start(&d, 1, extra);
+    unsetenv("SBX_API_KEY");
+    cr_assert_eq(started, 0, "cannot start sbxd with --api-keys");
     char *base = daemon_http_url(&d);
     char *u = hfmt("%s/v1/cluster", base);
     struct hresp r;

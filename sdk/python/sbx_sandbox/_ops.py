@@ -56,6 +56,7 @@ ERROR_HTTP_STATUS: Dict[str, int] = {
     'PROCESS_NOT_FOUND': 404,
     'PROCESS_READY_TIMEOUT': 408,
     'PYTHON_NOT_AVAILABLE': 501,
+    'QUOTA_EXCEEDED': 429,
     'READ_ONLY': 403,
     'REQUEST_TIMEOUT': 504,
     'REQUEST_TOO_LARGE': 413,
@@ -1590,8 +1591,11 @@ class StatusResult(TypedDict):
     """the sandbox"""
 
 
-#: Arguments of ``list``: all sandboxes of the deployment.
-ListArgs = Dict[str, Any]
+class ListArgs(TypedDict, total=False):
+    """Arguments of ``list``: all sandboxes of the deployment."""
+
+    idsOnly: bool
+    """each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6) [default false]"""
 
 
 class ListResult(TypedDict, total=False):
@@ -1818,6 +1822,123 @@ SandboxForkResult = TypedDict('SandboxForkResult', {
 }, total=False)
 
 
+class _TenantCreateArgsRequired(TypedDict):
+    tenant: str
+    """the tenant's name: 1-16 of [a-z0-9], not 'sbx' (at most 16 bytes)"""
+
+
+class TenantCreateArgs(_TenantCreateArgsRequired, total=False):
+    """Arguments of ``tenant.create``: create a tenant, or change its quotas (admin keys only)."""
+
+    maxSandboxes: int
+    """most sandboxes the tenant may have at once (0: none) [0 … 1000000; default 100]"""
+    createsPerSecond: int
+    """sandbox creations per second, per gateway (a token bucket of twice this many) [1 … 10000; default 10]"""
+
+
+class TenantCreateResult(TypedDict, total=False):
+    """Result of ``tenant.create``: the tenant"""
+
+    tenant: str
+    """its name"""
+    maxSandboxes: int
+    """most sandboxes at once"""
+    createsPerSecond: int
+    """creations per second per gateway"""
+
+
+#: Arguments of ``tenant.list``: the tenants, their quotas and sandbox counts (admin keys only).
+TenantListArgs = Dict[str, Any]
+
+
+class TenantListResult(TypedDict, total=False):
+    """Result of ``tenant.list``: the tenants"""
+
+    tenants: List[Dict[str, Any]]
+    """one per tenant"""
+
+
+class TenantDeleteArgs(TypedDict):
+    """Arguments of ``tenant.delete``: delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only)."""
+
+    tenant: str
+    """the tenant's name (at most 16 bytes)"""
+
+
+#: Result of ``tenant.delete``: {success, tenant, deleted, keysRevoked}
+TenantDeleteResult = Dict[str, Any]
+
+
+class _KeyCreateArgsRequired(TypedDict):
+    tenant: str
+    """the tenant it belongs to (at most 16 bytes)"""
+
+
+class KeyCreateArgs(_KeyCreateArgsRequired, total=False):
+    """Arguments of ``key.create``: make an API key for a tenant; the key is in this reply only (admin keys only)."""
+
+    scope: str
+    """tenant: uses the tenant's sandboxes; admin: also manages tenants and keys [default "tenant"]"""
+
+
+class KeyCreateResult(TypedDict, total=False):
+    """Result of ``key.create``: the new key"""
+
+    key: str
+    """the key (shown once: only its SHA-256 is stored)"""
+    keyId: str
+    """its id, for key.list and key.revoke"""
+    tenant: str
+    """its tenant"""
+    scope: str
+    """tenant or admin"""
+
+
+class KeyListArgs(TypedDict, total=False):
+    """Arguments of ``key.list``: the API keys (ids, tenants, scopes; never the keys) (admin keys only)."""
+
+    tenant: str
+    """only this tenant's (at most 16 bytes)"""
+
+
+class KeyListResult(TypedDict, total=False):
+    """Result of ``key.list``: the keys"""
+
+    keys: List[Dict[str, Any]]
+    """one per key"""
+
+
+class KeyRevokeArgs(TypedDict):
+    """Arguments of ``key.revoke``: revoke an API key: every gateway refuses it within 2 s (admin keys only)."""
+
+    keyId: str
+    """the key's id (key.create, key.list) (at most 32 bytes)"""
+
+
+#: Result of ``key.revoke``: {success, keyId, revoked}
+KeyRevokeResult = Dict[str, Any]
+
+
+class AuditListArgs(TypedDict, total=False):
+    """Arguments of ``audit.list``: the audit log: who changed what, newest last, merged from every shard (admin keys only)."""
+
+    since: int
+    """only entries at or after this time (ms since the epoch) (milliseconds) [0 … …]"""
+    limit: int
+    """most entries (the newest) [1 … 1000; default 100]"""
+    tenant: str
+    """only this tenant's (at most 16 bytes)"""
+
+
+class AuditListResult(TypedDict, total=False):
+    """Result of ``audit.list``: the entries"""
+
+    entries: List[Dict[str, Any]]
+    """oldest first"""
+    count: int
+    """how many"""
+
+
 #: Every operation a client may call: (arguments, result).
 OPS: Dict[str, Tuple[Any, Any]] = {
     'exec': (ExecArgs, ExecResult),
@@ -1882,6 +2003,13 @@ OPS: Dict[str, Tuple[Any, Any]] = {
     'backup.list': (BackupListArgs, BackupListResult),
     'backup.delete': (BackupDeleteArgs, BackupDeleteResult),
     'sandbox.fork': (SandboxForkArgs, SandboxForkResult),
+    'tenant.create': (TenantCreateArgs, TenantCreateResult),
+    'tenant.list': (TenantListArgs, TenantListResult),
+    'tenant.delete': (TenantDeleteArgs, TenantDeleteResult),
+    'key.create': (KeyCreateArgs, KeyCreateResult),
+    'key.list': (KeyListArgs, KeyListResult),
+    'key.revoke': (KeyRevokeArgs, KeyRevokeResult),
+    'audit.list': (AuditListArgs, AuditListResult),
 }
 
 __all__ += [
@@ -2019,4 +2147,18 @@ __all__ += [
     'BackupDeleteResult',
     'SandboxForkArgs',
     'SandboxForkResult',
+    'TenantCreateArgs',
+    'TenantCreateResult',
+    'TenantListArgs',
+    'TenantListResult',
+    'TenantDeleteArgs',
+    'TenantDeleteResult',
+    'KeyCreateArgs',
+    'KeyCreateResult',
+    'KeyListArgs',
+    'KeyListResult',
+    'KeyRevokeArgs',
+    'KeyRevokeResult',
+    'AuditListArgs',
+    'AuditListResult',
 ]

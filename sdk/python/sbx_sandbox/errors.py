@@ -243,6 +243,8 @@ _SPEC = [
     ("DISK_FULL", "DiskFull", (FilesystemError,), 507, "A write, mkdir or backup restore ran out of the sandbox's disk; the message names its limit."),
     ("SANDBOX_EXISTS", "SandboxExists", (), 409, "``fork`` into an ID that is a sandbox already."),
     ("FORK_CROSS_SHARD", "ForkCrossShard", (), 409, "In a cluster, a fork's ID is owned by another shard than its source's: choose another ID."),
+    # tenants (docs/security.md §6)
+    ("QUOTA_EXCEEDED", "QuotaExceeded", (), 429, "A quota of the caller's tenant is used up; ``context['retryAfterMs']`` says when to try again."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

@@ -227,6 +227,8 @@ export class DiskFullError extends FileSystemError {}
 export class SandboxExistsError extends SandboxError {}
 /** `FORK_CROSS_SHARD` (409): in a cluster, a fork's ID is owned by another shard than its source's (docs/persistence.md, "Fork"): choose another ID. */
 export class ForkCrossShardError extends SandboxError {}
+/** `QUOTA_EXCEEDED` (429): a quota of the caller's tenant is used up; `context.retryAfterMs` says when to try again. */
+export class QuotaExceededError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -300,6 +302,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   DISK_FULL: DiskFullError,
   SANDBOX_EXISTS: SandboxExistsError,
   FORK_CROSS_SHARD: ForkCrossShardError,
+  QUOTA_EXCEEDED: QuotaExceededError,
 });
 
 /**

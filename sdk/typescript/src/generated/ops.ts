@@ -54,6 +54,7 @@ export type ErrorCode =
   | 'PROCESS_NOT_FOUND'
   | 'PROCESS_READY_TIMEOUT'
   | 'PYTHON_NOT_AVAILABLE'
+  | 'QUOTA_EXCEEDED'
   | 'READ_ONLY'
   | 'REQUEST_TIMEOUT'
   | 'REQUEST_TOO_LARGE'
@@ -124,6 +125,7 @@ export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   PROCESS_NOT_FOUND: 404,
   PROCESS_READY_TIMEOUT: 408,
   PYTHON_NOT_AVAILABLE: 501,
+  QUOTA_EXCEEDED: 429,
   READ_ONLY: 403,
   REQUEST_TIMEOUT: 504,
   REQUEST_TOO_LARGE: 413,
@@ -1505,7 +1507,10 @@ export interface StatusResult {
 }
 
 /** Arguments of `list`: all sandboxes of the deployment. Runs in the gateway; flags: global. */
-export type ListArgs = Record<string, never>;
+export interface ListArgs {
+  /** each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6) [default false] */
+  idsOnly?: boolean;
+}
 
 /** Result of `list`: every sandbox, merged from every shard */
 export interface ListResult {
@@ -1712,6 +1717,108 @@ export interface SandboxForkResult {
   [key: string]: unknown;
 }
 
+/** Arguments of `tenant.create`: create a tenant, or change its quotas (admin keys only). Runs in the gateway; flags: global, mutates. */
+export interface TenantCreateArgs {
+  /** the tenant's name: 1-16 of [a-z0-9], not 'sbx' (at most 16 bytes) */
+  tenant: string;
+  /** most sandboxes the tenant may have at once (0: none) [0 … 1000000; default 100] */
+  maxSandboxes?: number;
+  /** sandbox creations per second, per gateway (a token bucket of twice this many) [1 … 10000; default 10] */
+  createsPerSecond?: number;
+}
+
+/** Result of `tenant.create`: the tenant */
+export interface TenantCreateResult {
+  /** its name */
+  tenant?: string;
+  /** most sandboxes at once */
+  maxSandboxes?: number;
+  /** creations per second per gateway */
+  createsPerSecond?: number;
+  [key: string]: unknown;
+}
+
+/** Arguments of `tenant.list`: the tenants, their quotas and sandbox counts (admin keys only). Runs in the gateway; flags: global. */
+export type TenantListArgs = Record<string, never>;
+
+/** Result of `tenant.list`: the tenants */
+export interface TenantListResult {
+  /** one per tenant */
+  tenants?: Record<string, unknown>[];
+  [key: string]: unknown;
+}
+
+/** Arguments of `tenant.delete`: delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only). Runs in the gateway; flags: global, mutates. */
+export interface TenantDeleteArgs {
+  /** the tenant's name (at most 16 bytes) */
+  tenant: string;
+}
+
+/** Result of `tenant.delete`: {success, tenant, deleted, keysRevoked} */
+export type TenantDeleteResult = Record<string, unknown>;
+
+/** Arguments of `key.create`: make an API key for a tenant; the key is in this reply only (admin keys only). Runs in the gateway; flags: global, mutates. */
+export interface KeyCreateArgs {
+  /** the tenant it belongs to (at most 16 bytes) */
+  tenant: string;
+  /** tenant: uses the tenant's sandboxes; admin: also manages tenants and keys [default "tenant"] */
+  scope?: 'tenant' | 'admin';
+}
+
+/** Result of `key.create`: the new key */
+export interface KeyCreateResult {
+  /** the key (shown once: only its SHA-256 is stored) */
+  key?: string;
+  /** its id, for key.list and key.revoke */
+  keyId?: string;
+  /** its tenant */
+  tenant?: string;
+  /** tenant or admin */
+  scope?: string;
+  [key: string]: unknown;
+}
+
+/** Arguments of `key.list`: the API keys (ids, tenants, scopes; never the keys) (admin keys only). Runs in the gateway; flags: global. */
+export interface KeyListArgs {
+  /** only this tenant's (at most 16 bytes) */
+  tenant?: string;
+}
+
+/** Result of `key.list`: the keys */
+export interface KeyListResult {
+  /** one per key */
+  keys?: Record<string, unknown>[];
+  [key: string]: unknown;
+}
+
+/** Arguments of `key.revoke`: revoke an API key: every gateway refuses it within 2 s (admin keys only). Runs in the gateway; flags: global, mutates. */
+export interface KeyRevokeArgs {
+  /** the key's id (key.create, key.list) (at most 32 bytes) */
+  keyId: string;
+}
+
+/** Result of `key.revoke`: {success, keyId, revoked} */
+export type KeyRevokeResult = Record<string, unknown>;
+
+/** Arguments of `audit.list`: the audit log: who changed what, newest last, merged from every shard (admin keys only). Runs in the gateway; flags: global. */
+export interface AuditListArgs {
+  /** only entries at or after this time (ms since the epoch) (milliseconds) [0 … …] */
+  since?: number;
+  /** most entries (the newest) [1 … 1000; default 100] */
+  limit?: number;
+  /** only this tenant's (at most 16 bytes) */
+  tenant?: string;
+}
+
+/** Result of `audit.list`: the entries */
+export interface AuditListResult {
+  /** oldest first */
+  entries?: Record<string, unknown>[];
+  /** how many */
+  count?: number;
+  [key: string]: unknown;
+}
+
 /** Every operation a client may call: its arguments and its result. */
 export interface Ops {
   'exec': { args: ExecArgs; result: ExecResult };
@@ -1776,6 +1883,13 @@ export interface Ops {
   'backup.list': { args: BackupListArgs; result: BackupListResult };
   'backup.delete': { args: BackupDeleteArgs; result: BackupDeleteResult };
   'sandbox.fork': { args: SandboxForkArgs; result: SandboxForkResult };
+  'tenant.create': { args: TenantCreateArgs; result: TenantCreateResult };
+  'tenant.list': { args: TenantListArgs; result: TenantListResult };
+  'tenant.delete': { args: TenantDeleteArgs; result: TenantDeleteResult };
+  'key.create': { args: KeyCreateArgs; result: KeyCreateResult };
+  'key.list': { args: KeyListArgs; result: KeyListResult };
+  'key.revoke': { args: KeyRevokeArgs; result: KeyRevokeResult };
+  'audit.list': { args: AuditListArgs; result: AuditListResult };
 }
 
 /** The name of an operation. */
