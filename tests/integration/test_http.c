@@ -904,12 +904,18 @@ Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds, .time
     close(fd);
     struct testd d;
     const char *const extra[] = {"--api-keys", keyfile, "--pool", "0", NULL};
-    cr_assert_eq(testd_start(&d, 1, extra), 0, "cannot start sbxd with --api-keys");
+    /* With keys, nng requests carry one too (docs/security.md §6): the
+     * readiness check and the client below send $SBX_API_KEY. */
+    setenv("SBX_API_KEY", "key-one-0123456789abcdef", 1);
+    int started = testd_start(&d, 1, extra);
+    cr_assert_eq(started, 0, "cannot start sbxd with --api-keys");
     char *base = daemon_http_url(&d);
-    /* Two sandboxes with a file each (over nng: no key needed there). */
+    /* Two sandboxes with a file each (over nng, with the key). */
     sbx_client *c = NULL;
     sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0, "%s", err.message);
+    int opened = sbx_client_open(&c, d.url, &err);
+    unsetenv("SBX_API_KEY");
+    cr_assert_eq(opened, 0, "%s", err.message);
     char *x = test_id("utx"), *y = test_id("uty");
     const char *ids[] = {x, y};
     for (int i = 0; i < 2; i++) {

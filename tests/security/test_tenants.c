@@ -412,9 +412,11 @@ sse_collect(const struct sse_ev *ev, void *arg)
     return true;
 }
 
-/* The terminal WebSocket of `id` with ?access_token=key: types `cmd`, reads
- * until `until` is in the output (or 30 s); the output (heap) or NULL when the
- * upgrade is refused (*status then holds the answer's status). */
+/* The terminal WebSocket of `id` as a browser opens it with key: a URL
+ * token minted with the key in the header (docs/http.md, "Tokens in URLs"),
+ * then ?access_token=<token>; types `cmd`, reads until `until` is in the
+ * output (or 30 s); the output (heap) or NULL when the upgrade is refused
+ * (*status then holds the answer's status). */
 static char *
 terminal_run(const char *http, const char *id, const char *key, const char *cmd,
              const char *until, int *status)
@@ -422,7 +424,17 @@ terminal_run(const char *http, const char *id, const char *key, const char *cmd,
     int port = atoi(strrchr(http, ':') + 1);
     char host[64], err[256];
     snprintf(host, sizeof(host), "127.0.0.1:%d", port);
-    char *path = hfmt("/v1/sandboxes/%s/terminal?access_token=%s", id, key);
+    char *mint = hfmt("%s/v1/sandboxes/%s/url-token?purpose=terminal", http, id);
+    char *auth = hfmt("Authorization: Bearer %s", key);
+    const char *hdrs[] = {auth, NULL};
+    struct hopts mo = {.headers = hdrs};
+    struct hresp mr;
+    http_req("POST", mint, &mo, &mr);
+    cr_assert_eq(mr.status, 200, "url-token: %ld %.200s", mr.status, mr.body ? mr.body : "");
+    char *path = hfmt("/v1/sandboxes/%s/terminal?access_token=%s", id, jstr(mr.json, "token"));
+    hresp_free(&mr);
+    free(mint);
+    free(auth);
     wsc w;
     *status = wsc_connect(&w, port, host, path, NULL, 60000, err, sizeof(err));
     free(path);
@@ -519,11 +531,13 @@ Test(tenants, http_routes_and_streams_stay_in_the_tenant, .timeout = 240)
     hresp_free(&r);
     free(u);
 
-    /* An SSE stream (exec.stream), with the key as ?access_token= as an
-     * EventSource sends it: a's sandbox, never b's bytes. */
-    u = hfmt("%s/v1/sandboxes/victim/exec.stream?access_token=%s", e.http, e.ka);
+    /* An SSE stream (exec.stream, a POST: the key goes in its header; keys
+     * never travel in URLs, docs/http.md): a's sandbox, never b's bytes. */
+    u = hfmt("%s/v1/sandboxes/victim/exec.stream", e.http);
     const char *body = "{\"command\":\"cat /workspace/secret; echo stream-done\"}";
-    struct hopts os = {.body = body, .body_len = strlen(body)};
+    char *sse_auth = hfmt("Authorization: Bearer %s", e.ka);
+    const char *sse_hdrs[] = {sse_auth, NULL};
+    struct hopts os = {.headers = sse_hdrs, .body = body, .body_len = strlen(body)};
     struct sse_acc acc;
     sbx_buf_init(&acc.all);
     long st = sse_req("POST", u, &os, sse_collect, &acc, &r);
@@ -533,6 +547,7 @@ Test(tenants, http_routes_and_streams_stay_in_the_tenant, .timeout = 240)
     sbx_buf_free(&acc.all);
     hresp_free(&r);
     free(u);
+    free(sse_auth);
 
     /* The terminal WebSocket with a's key: a's sandbox (a's own file), not b's;
      * with a wrong key the upgrade is refused. */
