@@ -350,6 +350,13 @@ test: deps gen-check
 unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
 	@tools/run-tests.sh build/asan unit
 
+# Opt-in, never in `make test` or CI: tests that reach the public npm registry
+# (tests/online/run-tests.sh: `npm install` in an egress sandbox allowed the
+# registry by name, refused without the rule).  Release build.
+.PHONY: test-online
+test-online: deps all
+	@tests/online/run-tests.sh
+
 # The inner loop: what a change should pass before `make test`.  gen-check (half a
 # second: the generated files are current), then the unit tests (no root,
 # no containers), every fuzz target over its committed corpus once (fuzz-replay, below) and

@@ -155,6 +155,45 @@ nft_ctx_in(int nsfd)
 /* pin_locked — the resolver's pin callback: nft commands under n->mu. */
 static int pin_locked(void *ctx, const char *cmds);
 
+/*
+ * Warn when the host's uplink does not forward IPv4: the router's NATed
+ * traffic leaves, but the replies coming back on the uplink are dropped
+ * (the kernel forwards by the *input* interface's
+ * net.ipv4.conf.<if>.forwarding, ip-sysctl.rst), so egress sandboxes reach
+ * only hosts behind interfaces that forward — a fresh Debian host has
+ * forwarding off everywhere.  sbx does not change it (docs/network.md,
+ * "What the host must provide").  The uplinks: the interfaces of the
+ * default routes in /proc/net/route.
+ */
+static void
+warn_uplink_forwarding(void)
+{
+    FILE *f = fopen("/proc/net/route", "re");
+    if (!f)
+        return;
+    char line[256];
+    while (fgets(line, sizeof(line), f)) {
+        char ifname[32];
+        unsigned long dest, mask;
+        if (sscanf(line, "%31s %lx %*x %*x %*d %*d %*d %lx", ifname, &dest, &mask) != 3 ||
+            dest != 0 || mask != 0)
+            continue;
+        char path[96], v[8] = "";
+        snprintf(path, sizeof(path), "/proc/sys/net/ipv4/conf/%s/forwarding", ifname);
+        FILE *s = fopen(path, "re");
+        if (!s)
+            continue;
+        if (fgets(v, sizeof(v), s) && v[0] == '0')
+            sbx_log_warn("network: the host's uplink %s does not forward IPv4 "
+                         "(net.ipv4.conf.%s.forwarding = 0): egress sandboxes will not reach "
+                         "hosts through it until it does (docs/network.md, \"What the host "
+                         "must provide\")",
+                         ifname, ifname);
+        fclose(s);
+    }
+    fclose(f);
+}
+
 /* nft — run commands in the router's table (n->mu held); 0 or -EIO with
  * nft's message in err.  *out (may be NULL) is nft's output, valid until the
  * next call. */
@@ -432,6 +471,7 @@ router_up(sbx_net *n, char *why, size_t whylen)
     n->up = true;
     sbx_log_info("network: router %s up, block %s/22, host veth %s, host table inet %s",
                  n->nsname, hostaddr, n->hostif, n->table);
+    warn_uplink_forwarding();
     return 0;
 fail:
     sbx_log_error("network: router %s: %s", n->nsname, why);
