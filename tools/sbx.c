@@ -1013,7 +1013,7 @@ static const struct verb verbs[] = {
     {"context", v_context, "(create ID [--lang L] [--cwd DIR] [--env K=V] | delete ID CTX)",
      "create or delete a code context"},
     {"configure", v_configure, "ID [--sleep-after D] [--keep-alive on|off]", NULL},
-    {"create", v_create, "ID [--image REF [--start]] [--workspace ephemeral|persistent] [--disk 2G] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]]... [--deny CIDR[:PORT]]... [--max-connections N]", NULL},
+    {"create", v_create, "ID [--image REF [--start]] [--workspace ephemeral|persistent] [--disk 2G] [--memory 256M] [--pids N] [--cpu MILLICPUS] [--network none|egress] [--allow CIDR[:PORT]|NAME[:PORT]]... [--deny CIDR[:PORT]|NAME]... [--max-connections N] [--bandwidth MBIT]", NULL},
     {"destroy", v_destroy, "ID", NULL},
     {"list", v_list, "", NULL},
     {"status", v_status, "[ID]", "status of a sandbox, or of the gateway and shards"},
