@@ -72,7 +72,7 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
            gateway/http_token.c gateway/gw_fork.c \
-           gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c
+           gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c gateway/keyfile.c
 # The web console (console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
@@ -424,6 +424,7 @@ build/fuzz/fuzz_agent: $(call fuzz_objs,$(FUZZ_AGENT))
 # it calls, and reach it through its internal headers (gateway/*_int.h);
 # fuzz_terminal catches the front's calls to the sandbox at link time.
 FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway/http_auth.c \
+               gateway/keyfile.c \
                gateway/http_token.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
                gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c

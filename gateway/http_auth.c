@@ -16,6 +16,7 @@
 
 #include "../runtime/util.h"
 #include "http_int.h"
+#include "keyfile.h"
 
 bool
 http_is_loopback(const struct sockaddr_storage *ss)
@@ -166,29 +167,5 @@ http_request_key(const struct sbx_http *h, struct MHD_Connection *c, int route_k
 int
 http_load_keys(struct sbx_http *h, const char *path, sbx_err_t *err)
 {
-    _cleanup_free_ char *text = NULL;
-    size_t n;
-    int rc = sbx_fs_read(path, 1 << 20, &text, &n);
-    if (rc)
-        return sbx_err_make(err, rc, "cannot read the API key file %s", path);
-    size_t count = 0;
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        while (*line == ' ' || *line == '\t')
-            line++;
-        size_t l = strlen(line);
-        while (l && (line[l - 1] == ' ' || line[l - 1] == '\t' || line[l - 1] == '\r'))
-            line[--l] = 0;
-        if (!l || line[0] == '#')
-            continue;
-        if (l < 16)
-            return sbx_err_make(err, SBX_E_VALIDATION,
-                                "API keys must be at least 16 characters (%s)", path);
-        h->keys = sbx_xrealloc(h->keys, (count + 2) * sizeof(char *));
-        h->keys[count++] = sbx_xstrdup(line);
-        h->keys[count] = NULL;
-    }
-    if (!count)
-        return sbx_err_make(err, SBX_E_VALIDATION, "the API key file %s holds no key", path);
-    return 0;
+    return sbx_keyfile_load(path, &h->keys, err);
 }

@@ -20,6 +20,7 @@
 #include "../runtime/nngx.h"
 #include "../runtime/ops.h"
 #include "../runtime/util.h"
+#include "keyfile.h"
 #include "tenant_int.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -389,39 +390,22 @@ int
 sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstream,
                   sbx_err_t *err)
 {
-    _cleanup_free_ char *text = NULL;
-    size_t n;
-    int rc = sbx_fs_read(key_file, 1 << 20, &text, &n);
+    char **keys = NULL;
+    int rc = sbx_keyfile_load(key_file, &keys, err);
     if (rc)
-        return sbx_err_make(err, rc, "cannot read the API key file %s", key_file);
+        return rc;
     sbx_tenants *t = sbx_xcalloc(1, sizeof(*t));
     pthread_mutex_init(&t->mu, NULL);
     pthread_mutex_init(&t->refresh_mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     t->upstream = upstream;
     t->recent = sbx_xcalloc(RECENT_MAX, sizeof(*t->recent));
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        while (*line == ' ' || *line == '\t')
-            line++;
-        size_t l = strlen(line);
-        while (l && (line[l - 1] == ' ' || line[l - 1] == '\t' || line[l - 1] == '\r'))
-            line[--l] = 0;
-        if (!l || line[0] == '#')
-            continue;
-        if (l < 16) {
-            sbx_tenants_stop(t);
-            return sbx_err_make(err, SBX_E_VALIDATION,
-                                "API keys must be at least 16 characters (%s)", key_file);
-        }
+    for (char **k = keys; *k; k++) {
         t->admin = sbx_xrealloc(t->admin, (t->nadmin + 1) * sizeof(*t->admin));
-        tenant_sha256(line, l, t->admin[t->nadmin++]);
+        tenant_sha256(*k, strlen(*k), t->admin[t->nadmin++]);
     }
+    sbx_keyfile_free(keys);
     uint8_t r[32];
-    if (!t->nadmin) {
-        sbx_tenants_stop(t);
-        return sbx_err_make(err, SBX_E_VALIDATION, "the API key file %s holds no key", key_file);
-    }
     if ((rc = sbx_random(r, sizeof(r))) != 0) {
         sbx_tenants_stop(t);
         return sbx_err_make(err, rc, "cannot draw the gateway's system token");
