@@ -9,8 +9,8 @@
  *
  * The test host is a network namespace this test makes ("<prefix>egr<pid>"),
  * joined to the host by a veth pair ("egh<pid>" on the host side) with a /30
- * of 198.18.0.0/15 (RFC 2544 benchmarking: not private, so an egress policy
- * may open it) and an HTTP-ish server in it on port 8080.  The host side of
+ * of 198.18.0.0/16 (RFC 2544 benchmarking: not private, so an egress policy
+ * may open it; test_egress_dns takes 198.19.0.0/16, so the two never meet) and an HTTP-ish server in it on port 8080.  The host side of
  * the veth forwards (net.ipv4.conf.egh<pid>.forwarding, which goes with the
  * veth), so that the replies reach the shard's router.  Everything is removed
  * by name and pid in the fixture's fini; tools/leftovers.sh lists the netns
@@ -133,7 +133,7 @@ static void
 host_up(void)
 {
     int p = (int)getpid();
-    uint32_t idx = (uint32_t)p % 32768u; /* a /30 of 198.18.0.0/15 */
+    uint32_t idx = (uint32_t)p % 16384u; /* a /30 of 198.18.0.0/16 */
     uint32_t base = (198u << 24) | (18u << 16) | (idx << 2);
     snprintf(host_ip, sizeof(host_ip), "%u.%u.%u.%u", base >> 24, (base >> 16) & 255,
              (base >> 8) & 255, (base & 255) + 1);

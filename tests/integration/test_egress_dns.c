@@ -9,7 +9,10 @@
  *
  * The test host is a network namespace this test makes ("<prefix>dns<pid>"),
  * joined to the host by a veth pair ("edh<pid>" on the host side) with a /29
- * of 192.0.2.0/24 (TEST-NET-1: not private, so a policy may open it):
+ * of 198.19.0.0/16 (RFC 2544 benchmarking: not private, so a policy may open
+ * it; not TEST-NET-1, which some hosts' own networks use — this VM's uplink
+ * is 192.0.2.2/24 with its gateway at .1 —, and apart from test_egress's
+ * 198.18.0.0/16):
  * .1 the host side, .2 .. .4 the test host: dnsmasq on .2:53 answers
  * allowed.test and *.wild.test with .3 and denied.test and other.test with
  * .4, TTL 3 s; an HTTP-ish server on every address, port 8080 and 9090; a
@@ -169,11 +172,12 @@ static void
 suite_up(void)
 {
     int p = (int)getpid();
-    unsigned idx = (unsigned)p % 32u; /* a /29 of 192.0.2.0/24 */
-    snprintf(host_ip, sizeof(host_ip), "192.0.2.%u", idx * 8 + 1);
-    snprintf(dns_ip, sizeof(dns_ip), "192.0.2.%u", idx * 8 + 2);
-    snprintf(ip_ok, sizeof(ip_ok), "192.0.2.%u", idx * 8 + 3);
-    snprintf(ip_other, sizeof(ip_other), "192.0.2.%u", idx * 8 + 4);
+    unsigned idx = (unsigned)p % 8192u; /* a /29 of 198.19.0.0/16 */
+    unsigned hi = idx * 8 / 256, lo = idx * 8 % 256;
+    snprintf(host_ip, sizeof(host_ip), "198.19.%u.%u", hi, lo + 1);
+    snprintf(dns_ip, sizeof(dns_ip), "198.19.%u.%u", hi, lo + 2);
+    snprintf(ip_ok, sizeof(ip_ok), "198.19.%u.%u", hi, lo + 3);
+    snprintf(ip_other, sizeof(ip_other), "198.19.%u.%u", hi, lo + 4);
     snprintf(ns_name, sizeof(ns_name), "%sdns%d", test_prefix(), p);
     snprintf(ns_path, sizeof(ns_path), "/run/netns/%s", ns_name);
     snprintf(host_if, sizeof(host_if), "edh%d", p);
@@ -516,7 +520,7 @@ Test(egress_dns, another_resolver_gains_nothing)
     int ec;
     /* resolv.conf cannot be changed (a read-only root), and asking the
      * upstream server directly is a connection the policy refuses. */
-    char *out = run(c, id, "echo nameserver 192.0.2.9 > /etc/resolv.conf && echo written", &ec);
+    char *out = run(c, id, "echo nameserver 198.18.255.9 > /etc/resolv.conf && echo written", &ec);
     cr_expect(!strstr(out, "written"), "resolv.conf was rewritten");
     free(out);
     char cmd[1024];
