@@ -25,8 +25,10 @@ const daemons = [];
 const browsers = [];
 const sb = (what) => `con-${mark}${process.pid}-${what}`;
 
-/** Start a private sbxd dev with these extra flags; {gateway, http, stop()} once ready. */
-async function startDaemon(tag, extra) {
+/** Start a private sbxd dev with these extra flags; {gateway, http, stop()} once ready.
+ *  `key`: the deployment's API key, which the readiness check over nng must
+ *  send too (SBX_API_KEY: with keys, nng requests carry one, docs/security.md §6). */
+async function startDaemon(tag, extra, key) {
   const data = path.join(tmp, tag);
   const gateway = `ipc://${data}/gw.sock`;
   const name = 'con' + tag + mark + Math.random().toString(36).slice(2, 8).replace(/[^a-z]/g, 'x');
@@ -39,7 +41,8 @@ async function startDaemon(tag, extra) {
   const d = { child, gateway, data, http: null };
   daemons.push(d);
   const ready = () => {
-    const st = spawnSync(path.join(bin, 'sbx'), ['--gateway', gateway, '--json', 'cluster', 'status']);
+    const env = key ? { ...process.env, SBX_API_KEY: key } : process.env;
+    const st = spawnSync(path.join(bin, 'sbx'), ['--gateway', gateway, '--json', 'cluster', 'status'], { env });
     try {
       const shards = JSON.parse(st.stdout.toString()).shards;
       return st.status === 0 && shards.length > 0 && shards.every((s) => s.health === 'ok');
@@ -284,7 +287,7 @@ test('keys on: without a key the console sees nothing; with it, the sandboxes', 
   const key = 'console-test-key-' + Math.random().toString(36).slice(2);
   const keys = path.join(tmp, 'api-keys');
   writeFileSync(keys, key + '\n');
-  const kd = await startDaemon('keys', ['--console', '--api-keys', keys]);
+  const kd = await startDaemon('keys', ['--console', '--api-keys', keys], key);
   const id = sb('keyed');
   const r = await fetch(`${kd.http}/v1/sandboxes/${id}`, { method: 'PUT', headers: { Authorization: `Bearer ${key}` } });
   assert.equal(r.status, 200, await r.text());

@@ -168,6 +168,20 @@ dns_ready(void)
     return false;
 }
 
+static void suite_down(void);
+/* Criterion runs no .fini after a failed .init: a failed set-up step takes
+ * down what the earlier steps made (its dnsmasq, servers, netns, veth)
+ * before it fails, so nothing of the test is left on the host. */
+#define up_assert(cond, ...)                                                             \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            suite_down();                                                                \
+            cr_assert(false, __VA_ARGS__);                                               \
+        }                                                                                \
+    } while (0)
+#define up_assert_eq(a, b, ...) up_assert((a) == (b), __VA_ARGS__)
+#define up_assert_gt(a, b, ...) up_assert((a) > (b), "set-up step")
+
 static void
 suite_up(void)
 {
@@ -181,7 +195,7 @@ suite_up(void)
     snprintf(ns_name, sizeof(ns_name), "%sdns%d", test_prefix(), p);
     snprintf(ns_path, sizeof(ns_path), "/run/netns/%s", ns_name);
     snprintf(host_if, sizeof(host_if), "edh%d", p);
-    cr_assert_eq(sh("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
+    up_assert_eq(sh("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
                     "ip addr add %s/29 dev %s && ip link set %s up && "
                     "ip -n %s addr add %s/29 dev eth0 && ip -n %s addr add %s/29 dev eth0 && "
                     "ip -n %s addr add %s/29 dev eth0 && ip -n %s link set eth0 up && "
@@ -194,12 +208,12 @@ suite_up(void)
     int ports[] = {8080, 9090};
     for (size_t i = 0; i < SBX_ARRAY_LEN(ports); i++) {
         srv_pids[nsrv] = listen_ns(ports[i], M_BODY);
-        cr_assert_gt(srv_pids[nsrv++], 0, "test host server on %d", ports[i]);
+        up_assert_gt(srv_pids[nsrv++], 0, "test host server on %d", ports[i]);
     }
     bulk_pid = listen_ns(7000, M_BULK);
-    cr_assert_gt(bulk_pid, 0, "bulk server");
+    up_assert_gt(bulk_pid, 0, "bulk server");
     srv_pids[nsrv] = listen_ns(7001, M_SINK);
-    cr_assert_gt(srv_pids[nsrv++], 0, "sink server");
+    up_assert_gt(srv_pids[nsrv++], 0, "sink server");
     /* dnsmasq in the test host, in the foreground, answering only its
      * --address names (TTL 3 s), no upstream of its own. */
     char a1[96], a2[96], a3[96], a4[96], a5[96], la[64];
@@ -222,11 +236,11 @@ suite_up(void)
               "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, (char *)NULL);
         _exit(127);
     }
-    cr_assert_gt(dnsmasq_pid, 0);
-    cr_assert(dns_ready(), "dnsmasq in %s does not answer", ns_name);
+    up_assert_gt(dnsmasq_pid, 0);
+    up_assert(dns_ready(), "dnsmasq in %s does not answer", ns_name);
     /* A bare repository with one commit, served as static files. */
     snprintf(git_dir, sizeof(git_dir), "/tmp/sbx-dnsgit-%s%d", test_prefix(), p);
-    cr_assert_eq(sh("set -e; rm -rf %s; mkdir -p %s/w; cd %s/w; git init -q -b main; "
+    up_assert_eq(sh("set -e; rm -rf %s; mkdir -p %s/w; cd %s/w; git init -q -b main; "
                     "echo hello-over-git > README; git add README; "
                     "git -c user.name=t -c user.email=t@t commit -q -m one; "
                     "git clone -q --bare . ../repo.git; cd ../repo.git; git update-server-info",
@@ -251,11 +265,11 @@ suite_up(void)
         execl("/usr/bin/python3", "python3", "-c", py, (char *)NULL);
         _exit(127);
     }
-    cr_assert_gt(git_pid, 0);
+    up_assert_gt(git_pid, 0);
     /* A private daemon whose sandboxes' resolver forwards to that dnsmasq. */
     live = sbx_xcalloc(1, sizeof(*live));
     const char *const extra[] = {TESTD_SMALL, "--dns-upstream", dns_ip, NULL};
-    cr_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
+    up_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
 }
 
 static void
