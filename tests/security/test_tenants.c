@@ -861,3 +861,67 @@ Test(tenants, randomized_client_never_crosses, .timeout = 900)
     sbx_client_close(b);
     tenv_stop(&e);
 }
+
+/* sandbox.fork names new sandboxes in its args (`ids`), not only in the
+ * envelope: the gateway puts them into the caller's tenant like the source
+ * (gateway/tenant.c sbx_tenants_reencode_ids).  a forks its source into six
+ * IDs — over the deployment's two shards, so most runs cross shards (the
+ * gateway's gw_fork.c path) — and one of them is "victim", which b has: a
+ * gets its own "victim", b's is untouched; the reply names the forks as a
+ * named them; b cannot fork a's source (NOT_FOUND in b's namespace). */
+Test(tenants, forks_stay_in_the_tenant, .timeout = 240)
+{
+    struct tenv e;
+    tenv_start(&e, 100, 100);
+    sbx_client *b = plant_victim(&e);
+    long long gen = check_victim(b, -1);
+    sbx_client *a = keyed(&e, e.ka);
+    tcall t = tc_call(a, "create", "src", json_pack("{s:s}", "workspace", "persistent"), 0);
+    tc_ok(t, "create src (persistent)");
+    tc_free(&t);
+    char *out = tsh_out(a, "src", "printf " A_SECRET " > /workspace/f && cat /workspace/f");
+    cr_assert_str_eq(out, A_SECRET);
+    free(out);
+
+    const char *ids[] = {"fk0", "fk1", "fk2", "fk3", "victim", "fk5"};
+    json_t *arr = json_array();
+    for (size_t i = 0; i < 6; i++)
+        json_array_append_new(arr, json_string(ids[i]));
+    t = tc_call(a, "sandbox.fork", "src", json_pack("{s:o}", "ids", arr), 120000);
+    tc_ok(t, "sandbox.fork by a");
+    cr_assert_str_eq(jstr(t.res, "from"), "src", "the reply's source");
+    json_t *got = jget(t.res, "ids");
+    cr_assert(json_is_array(got) && json_array_size(got) == 6, "ids in the reply");
+    for (size_t i = 0; i < 6; i++)
+        cr_assert_str_eq(json_string_value(json_array_get(got, i)), ids[i],
+                         "the reply names fork %zu in a's words", i);
+    tc_free(&t);
+    for (size_t i = 0; i < 6; i++) {
+        out = tsh_out(a, ids[i], "cat /workspace/f");
+        cr_assert_str_eq(out, A_SECRET, "a's fork %s does not hold the source's file", ids[i]);
+        free(out);
+    }
+    /* b's victim is b's still; a's "victim" is a's fork. */
+    check_victim(b, gen);
+    char *la = list_ids(a);
+    cr_assert(strstr(la, "src,") && strstr(la, "fk0,") && strstr(la, "victim,") &&
+                  !strstr(la, "--"),
+              "a's list: %s", la);
+    free(la);
+    char *lb = list_ids(b);
+    cr_assert_str_eq(lb, "victim,", "b's list: %s", lb);
+    free(lb);
+
+    /* b forking "src" forks b's own (absent) src: NOT_FOUND, nothing made. */
+    t = tc_call(b, "sandbox.fork", "src", json_pack("{s:[s]}", "ids", "stolen"), 60000);
+    cr_assert_str_eq(t.err.code, "SANDBOX_NOT_FOUND", "b forked a's sandbox: %s",
+                     t.err.code[0] ? t.err.code : "ok");
+    tc_free(&t);
+    lb = list_ids(b);
+    cr_assert_str_eq(lb, "victim,", "b's list after its fork: %s", lb);
+    free(lb);
+
+    sbx_client_close(a);
+    sbx_client_close(b);
+    tenv_stop(&e);
+}
