@@ -73,12 +73,13 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
            gateway/http_token.c gateway/gw_fork.c \
            gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c gateway/keyfile.c
-# The web console (console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
-# (npm packages pinned in console/package-lock.json) into files embedded in sbxd as
+# The web console (gateway/console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
+# (npm packages pinned in gateway/console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
 # cannot be built fails the build: sbxd is never built without it.
-CONSOLE_SRC := $(wildcard console/src/*.ts) console/index.html console/style.css \
-               console/tsconfig.json console/package.json console/package-lock.json
+CONSOLE_SRC := $(wildcard gateway/console/src/*.ts) gateway/console/index.html \
+               gateway/console/style.css gateway/console/tsconfig.json \
+               gateway/console/package.json gateway/console/package-lock.json
 build/console/console_assets.c: $(CONSOLE_SRC) tools/build-console.sh
 	@tools/build-console.sh build/console
 DAEMON  := tools/sbxd.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)

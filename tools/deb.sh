@@ -3,7 +3,7 @@
 # from the committed tree (HEAD), in a temp copy so that the package's
 # `make clean` leaves this tree's build alone; the .deb files land in OUTDIR.
 # The interpreter drivers' and the web console's npm packages are copied from
-# container/interp/node_modules and console/node_modules when present (no network
+# container/interp/node_modules and gateway/console/node_modules when present (no network
 # needed then).
 # `make deb`; docs/operations.md, "Debian package".  A full release build:
 # minutes.  Needs Debian's debhelper (apt-get install debhelper; not in
@@ -19,8 +19,8 @@ if [ -d "$repo/container/interp/node_modules" ]; then
   cp -r "$repo/container/interp/node_modules" "$tmp/sbx/container/interp/"
 fi
 # And the web console's build tools (TypeScript, esbuild, xterm.js; docs/console.md).
-if [ -d "$repo/console/node_modules" ]; then
-  cp -r "$repo/console/node_modules" "$tmp/sbx/console/"
+if [ -d "$repo/gateway/console/node_modules" ]; then
+  cp -r "$repo/gateway/console/node_modules" "$tmp/sbx/gateway/console/"
 fi
 (cd "$tmp/sbx" && DEB_BUILD_OPTIONS="nocheck" dpkg-buildpackage -b -us -uc)
 cp "$tmp"/*.deb "$out/"

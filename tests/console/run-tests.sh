@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/console/run-tests.sh — the web console (console/; docs/console.md) in
+# tests/console/run-tests.sh — the web console (gateway/console/; docs/console.md) in
 # Debian's chromium (tools/deps.sh) driven by puppeteer-core (pinned in
 # package.json / package-lock.json; `npm ci`, offline once in npm's cache),
 # against private `sbxd dev --console` daemons the test starts and stops
