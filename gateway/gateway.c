@@ -721,6 +721,29 @@ admin_done(void *arg, const char *reply, size_t len)
     client_send_bytes(arg, reply, len);
 }
 
+/* Answer g QUOTA_EXCEEDED for `sandbox` (the ID as the tenant named it):
+ * context operation, sandboxId, retryAfterMs (HTTP: Retry-After). */
+static void
+quota_refused(struct gctx *g, const struct sbx_op_def *def, const char *sandbox,
+              int64_t retry_ms, const char *why)
+{
+    char *buf;
+    size_t len;
+    sbx_werr w;
+    sbx_werr_init(&w, SBX_E_QUOTA_EXCEEDED, "%s", why);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "operation", def->name);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", sandbox);
+    sbx_enc_kint(sbx_werr_ctx(&w), "retryAfterMs", retry_ms);
+    atomic_fetch_add(&g->gw->n_errors, 1);
+    if (sbx_wire_reply_err((sbx_str){g->id, strlen(g->id)}, &w, &buf, &len) == 0) {
+        client_send_bytes(g, buf, len);
+        free(buf);
+    } else {
+        client_err(g, SBX_E_QUOTA_EXCEEDED, "%s", why);
+    }
+    sbx_werr_free(&w);
+}
+
 /*
  * The intake's tenancy step (only with API keys): resolve the request's key
  * to g->who, refuse what its scope may not do, put its sandbox into its
@@ -776,22 +799,31 @@ tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *roo
         int64_t retry_ms = 0;
         if (sbx_tenants_admit(gw->tenants, &g->who, g->int_id, !(def->flags & SBX_OP_NOCREATE),
                               &retry_ms, why, sizeof(why)) != 0) {
-            char *buf;
-            size_t len;
-            sbx_werr w;
-            sbx_werr_init(&w, SBX_E_QUOTA_EXCEEDED, "%s", why);
-            sbx_enc_kstr(sbx_werr_ctx(&w), "operation", def->name);
-            sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", g->ext_id);
-            sbx_enc_kint(sbx_werr_ctx(&w), "retryAfterMs", retry_ms);
-            atomic_fetch_add(&gw->n_errors, 1);
-            if (sbx_wire_reply_err((sbx_str){g->id, strlen(g->id)}, &w, &buf, &len) == 0) {
-                client_send_bytes(g, buf, len);
-                free(buf);
-            } else {
-                client_err(g, SBX_E_QUOTA_EXCEEDED, "%s", why);
-            }
-            sbx_werr_free(&w);
+            quota_refused(g, def, g->ext_id, retry_ms, why);
             return 1;
+        }
+        /* A fork creates each of its `ids`: they count against the quotas
+         * like any creation (a fork is no way around maxSandboxes).  Those
+         * admitted before one is refused stay counted until the registry's
+         * next snapshot (≤ 1 s), which shows they were never made. */
+        const msgpack_object *fids = NULL;
+        if (def->id == SBX_OPID_SANDBOX_FORK &&
+            sbx_wire_get_array(req->args, "ids", &fids) == 0) {
+            for (uint32_t i = 0; i < fids->via.array.size; i++) {
+                sbx_str fid;
+                char fint[64];
+                if (sbx_wire_obj_str(&fids->via.array.ptr[i], &fid) != 0 ||
+                    sbx_id_check(fid.p, fid.n, why, sizeof(why)) != 0 ||
+                    sbx_tenants_map_id(&g->who, fid, fint, why, sizeof(why)) != 0)
+                    continue; /* refused below, with the request's other errors */
+                if (sbx_tenants_admit(gw->tenants, &g->who, fint, true, &retry_ms, why,
+                                      sizeof(why)) != 0) {
+                    char ext[SBX_ID_MAX + 1];
+                    sbx_str_copy(fid, ext, sizeof(ext));
+                    quota_refused(g, def, ext, retry_ms, why);
+                    return 1;
+                }
+            }
         }
         sandbox = g->int_id;
     }

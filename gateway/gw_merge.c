@@ -14,6 +14,7 @@
 #include "../runtime/wire.h"
 #include "gateway_int.h"
 #include "gw_metrics.h"
+#include "tenant.h"
 
 /* ------------------------------------------------------------------------------ */
 /* Fan-out (list, cluster.status). */
@@ -84,6 +85,8 @@ merge_metrics(struct gctx *g)
         sbx_http_counters(gw->http, &gc.http_requests, &gc.http_errors);
     sbx_prom_init(&p);
     gw_metrics_gateway(&p, &gc);
+    if (gw->tenants)
+        sbx_tenants_metrics(gw->tenants, &p);
     for (int i = 0; i < gw->nshards; i++) {
         struct gfwd *f = &g->fwd[i];
         if (!g->in_fanout[i])

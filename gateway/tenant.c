@@ -500,6 +500,23 @@ sbx_tenants_resolve(sbx_tenants *t, sbx_str key, struct sbx_principal *p)
     return rc;
 }
 
+void
+sbx_tenants_metrics(sbx_tenants *t, sbx_prom *p)
+{
+    sbx_prom_family(p, "sbx_tenant_sandboxes", "gauge",
+                    "sandboxes of a tenant (the registry's snapshot plus this gateway's "
+                    "creations since)");
+    sbx_prom_family(p, "sbx_tenant_max_sandboxes", "gauge", "a tenant's maxSandboxes quota");
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->ntens; i++) {
+        char l[160];
+        sbx_prom_labels(l, sizeof(l), "tenant", t->tens[i].name, NULL);
+        sbx_prom_add(p, "sbx_tenant_sandboxes", "", l, (double)t->tens[i].sandboxes);
+        sbx_prom_add(p, "sbx_tenant_max_sandboxes", "", l, (double)t->tens[i].max_sandboxes);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
 int
 sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id, bool creates,
                   int64_t *retry_ms, char *why, size_t whylen)

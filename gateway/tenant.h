@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "../runtime/error.h"
+#include "../runtime/prom.h"
 #include "../runtime/wire.h"
 
 #define SBX_TENANT_MAX 16 /* bytes of a tenant name: [a-z0-9] */
@@ -72,6 +73,13 @@ int sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstr
                       sbx_err_t *err);
 /* sbx_tenants_stop — stop the refresh thread and free (NULL is fine). */
 void sbx_tenants_stop(sbx_tenants *t);
+/* sbx_tenants_metrics — add to p, for GET /metrics (admin keys only: it
+ * names every tenant; docs/operations.md "Metrics"), one sample per tenant
+ * (label tenant; as many as there are tenants) of the gauges
+ * sbx_tenant_sandboxes (its sandboxes: the registry's last snapshot plus
+ * this gateway's creations since) and sbx_tenant_max_sandboxes (its
+ * quota). */
+void sbx_tenants_metrics(sbx_tenants *t, sbx_prom *p);
 /* sbx_tenants_system_key — the system token (owned by t) for in-process
  * callers: the HTTP front's preview lookups. */
 const char *sbx_tenants_system_key(const sbx_tenants *t);

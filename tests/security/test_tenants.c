@@ -921,6 +921,36 @@ Test(tenants, forks_stay_in_the_tenant, .timeout = 240)
     cr_assert_str_eq(lb, "victim,", "b's list after its fork: %s", lb);
     free(lb);
 
+    /* Forks count against the quota like creates: with maxSandboxes 8 and
+     * 7 sandboxes, a fork into two more is QUOTA_EXCEEDED, naming the one
+     * past the quota; /metrics (admin) shows each tenant's count and quota. */
+    sbx_client *adm = keyed(&e, e.admin);
+    t = tc_call(adm, "tenant.create", NULL,
+                json_pack("{s:s,s:I,s:I}", "tenant", "a", "maxSandboxes", (json_int_t)8,
+                          "createsPerSecond", (json_int_t)100),
+                0);
+    tc_ok(t, "tenant.create a (quota 8)");
+    tc_free(&t);
+    usleep(2500 * 1000); /* the gateway's registry refresh (≤ 2 s) */
+    t = tc_call(a, "sandbox.fork", "src", json_pack("{s:[s,s]}", "ids", "fk6", "fk7"), 60000);
+    cr_assert_str_eq(t.err.code, "QUOTA_EXCEEDED", "a fork past the quota: %s",
+                     t.err.code[0] ? t.err.code : "ok");
+    cr_assert_str_eq(jstr(t.ctx, "sandboxId"), "fk7", "the ID past the quota");
+    tc_free(&t);
+    t = tc_call(adm, "metrics", NULL, NULL, 0);
+    tc_ok(t, "metrics (admin)");
+    const char *text = jstr(t.res, "text");
+    cr_assert(text && strstr(text, "sbx_tenant_max_sandboxes{tenant=\"a\"} 8"),
+              "no quota of a in /metrics");
+    cr_assert(strstr(text, "sbx_tenant_sandboxes{tenant=\"a\"} ") &&
+                  strstr(text, "sbx_tenant_sandboxes{tenant=\"b\"} 1"),
+              "no sandbox counts per tenant in /metrics");
+    tc_free(&t);
+    t = tc_call(a, "metrics", NULL, NULL, 0);
+    cr_assert_str_eq(t.err.code, "PERMISSION_DENIED", "a tenant key read /metrics (every tenant)");
+    tc_free(&t);
+    sbx_client_close(adm);
+
     sbx_client_close(a);
     sbx_client_close(b);
     tenv_stop(&e);
