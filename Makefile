@@ -52,6 +52,7 @@ CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
              container/image_unpack.c container/image_layer.c container/image_user.c container/image_fetch.c \
+             container/image_template.c \
              container/net.c container/net_dns.c container/net_link.c container/net_policy.c \
              container/workspace.c container/backup.c
 AGENT   := container/agent/main.c container/agent/setup.c \
@@ -72,7 +73,8 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi
            gateway/http_auth.c gateway/http_sse.c gateway/http_call.c gateway/preview.c \
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
            gateway/http_token.c gateway/gw_fork.c \
-           gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c gateway/keyfile.c
+           gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c gateway/keyfile.c \
+           gateway/gw_tenant.c
 # The web console (gateway/console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in gateway/console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that

@@ -1,4 +1,7 @@
-/* image_store.c — the node's image store; see image_store.h and docs/images.md. */
+/* image_store.c — the node's image store: open, imports (layout, tarball,
+ * pull), list/inspect/rm, garbage collection and sandbox roots; see
+ * image_store.h and docs/images.md.  A template's new layer is
+ * image_template.c; what the two share, image_store_int.h. */
 #include "image_store.h"
 
 #include <dirent.h>
@@ -17,23 +20,11 @@
 #include "../runtime/err.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
-
-struct sbx_image_store {
-    char *dir;
-    bool keep_blobs; /* imports keep their blobs (sbx_image_store_keep_blobs) */
-};
-
-/* A JSON value released at the end of its scope. */
-static inline void
-json_cleanup_(json_t **j)
-{
-    json_decref(*j);
-}
-#define _cleanup_json_ __attribute__((cleanup(json_cleanup_)))
+#include "image_store_int.h"
 
 /* The store-wide lock (flock on <dir>/lock): held by its fd; -1 on error. */
-static int
-store_lock(sbx_image_store *st, int op, sbx_err_t *err)
+int
+imgst_lock(sbx_image_store *st, int op, sbx_err_t *err)
 {
     char p[4096];
     snprintf(p, sizeof(p), "%s/lock", st->dir);
@@ -50,8 +41,8 @@ store_lock(sbx_image_store *st, int op, sbx_err_t *err)
     return fd;
 }
 
-static bool
-is_digest(const char *s)
+bool
+imgst_is_digest(const char *s)
 {
     if (strncmp(s, "sha256:", 7) != 0 || strlen(s) != 71)
         return false;
@@ -62,8 +53,8 @@ is_digest(const char *s)
 }
 
 /* An image name: 1-255 bytes of [A-Za-z0-9._/:@-], not starting with "sha256:". */
-static bool
-is_name(const char *s)
+bool
+imgst_is_name(const char *s)
 {
     size_t n = strlen(s);
     if (n == 0 || n > 255 || !strncmp(s, "sha256:", 7))
@@ -95,7 +86,7 @@ sbx_image_store_open(const char *dir, sbx_image_store **out, sbx_err_t *err)
     st->dir = sbx_xstrdup(dir);
     /* What an import interrupted by a crash left (under the lock: another
      * shard's import may be running). */
-    int lk = store_lock(st, LOCK_EX | LOCK_NB, NULL);
+    int lk = imgst_lock(st, LOCK_EX | LOCK_NB, NULL);
     if (lk >= 0) {
         snprintf(p, sizeof(p), "%s/tmp", dir);
         DIR *d = opendir(p);
@@ -199,9 +190,9 @@ names_save(sbx_image_store *st, json_t *names, sbx_err_t *err)
 /* Write image mdigest's record (unless an identical image is there already)
  * and, with name, point the name at it; a record written here goes again if
  * the name cannot be saved.  Under the store's lock.  0 or a code (*err). */
-static int
-record_save(sbx_image_store *st, const char *mdigest, json_t *record, const char *name,
-            sbx_err_t *err)
+int
+imgst_record_save(sbx_image_store *st, const char *mdigest, json_t *record, const char *name,
+                  sbx_err_t *err)
 {
     char p[4096];
     snprintf(p, sizeof(p), "%s/images/%s.json", st->dir, mdigest + 7);
@@ -219,8 +210,8 @@ record_save(sbx_image_store *st, const char *mdigest, json_t *record, const char
     return rc;
 }
 
-static json_t *
-image_load(sbx_image_store *st, const char *digest)
+json_t *
+imgst_load(sbx_image_store *st, const char *digest)
 {
     char p[4096];
     snprintf(p, sizeof(p), "%s/images/%s.json", st->dir, digest + 7);
@@ -234,7 +225,7 @@ resolve_locked(sbx_image_store *st, const char *ref, char digest[SBX_IMAGE_DIGES
 {
     char p[4096];
     struct stat sb;
-    if (is_digest(ref)) {
+    if (imgst_is_digest(ref)) {
         snprintf(p, sizeof(p), "%s/images/%s.json", st->dir, ref + 7);
         if (stat(p, &sb) == 0) {
             snprintf(digest, SBX_IMAGE_DIGEST_LEN, "%s", ref);
@@ -244,7 +235,7 @@ resolve_locked(sbx_image_store *st, const char *ref, char digest[SBX_IMAGE_DIGES
     }
     _cleanup_json_ json_t *names = names_load(st);
     const char *d = json_string_value(json_object_get(names, ref));
-    if (d && is_digest(d)) {
+    if (d && imgst_is_digest(d)) {
         snprintf(digest, SBX_IMAGE_DIGEST_LEN, "%s", d);
         return 0;
     }
@@ -289,7 +280,7 @@ sbx_image_resolve(sbx_image_store *st, const char *ref, char digest[SBX_IMAGE_DI
 static int
 blob_path(const char *layout, const char *digest, char *out, size_t outlen, sbx_err_t *err)
 {
-    if (!digest || !is_digest(digest))
+    if (!digest || !imgst_is_digest(digest))
         return sbx_err_make(err, SBX_E_IMAGE_INVALID,
                             "a descriptor's digest '%s' is not sha256:<64 hex digits>",
                             digest ? digest : "(none)");
@@ -449,8 +440,8 @@ run_tool(char *const argv[], int code, sbx_err_t *err)
 }
 
 /* Collect garbage under the exclusive lock (the policy is in image_store.h). */
-static int
-gc_locked(sbx_image_store *st, int *removed)
+int
+imgst_gc_locked(sbx_image_store *st, int *removed)
 {
     char p[4096];
     _cleanup_json_ json_t *names = names_load(st);
@@ -492,22 +483,22 @@ gc_locked(sbx_image_store *st, int *removed)
             n++;
             continue;
         }
-        _cleanup_json_ json_t *img = image_load(st, digest);
+        _cleanup_json_ json_t *img = imgst_load(st, digest);
         size_t i;
         json_t *l;
         json_array_foreach(json_object_get(img, "layers"), i, l) {
             const char *s = json_string_value(l);
-            if (s && is_digest(s))
+            if (s && imgst_is_digest(s))
                 json_object_set_new(keep, s + 7, json_true());
         }
         /* The blobs it was imported from (served to peers: image_fetch.c). */
         json_object_set_new(bkeep, digest + 7, json_true());
         const char *cd = json_string_value(json_object_get(img, "configDigest"));
-        if (cd && is_digest(cd))
+        if (cd && imgst_is_digest(cd))
             json_object_set_new(bkeep, cd + 7, json_true());
         json_array_foreach(json_object_get(img, "layerBlobs"), i, l) {
             const char *s = json_string_value(l);
-            if (s && is_digest(s))
+            if (s && imgst_is_digest(s))
                 json_object_set_new(bkeep, s + 7, json_true());
         }
     }
@@ -586,7 +577,7 @@ import_layout(sbx_image_store *st, const char *layout, const char *source, const
         char bp[4096], comp[SBX_IMAGE_DIGEST_LEN], unc[SBX_IMAGE_DIGEST_LEN];
         if ((rc = blob_path(layout, ld, bp, sizeof(bp), err)) != 0)
             goto out;
-        if (!diff || !is_digest(diff)) {
+        if (!diff || !imgst_is_digest(diff)) {
             rc = sbx_err_make(err, SBX_E_IMAGE_INVALID, "diff_id %d is not a sha256 digest", i);
             goto out;
         }
@@ -693,7 +684,7 @@ import_layout(sbx_image_store *st, const char *layout, const char *source, const
         free(tmpdirs[i]);
         tmpdirs[i] = NULL;
     }
-    if ((rc = record_save(st, mdigest, record, name, err)) != 0)
+    if ((rc = imgst_record_save(st, mdigest, record, name, err)) != 0)
         goto out;
     snprintf(digest, SBX_IMAGE_DIGEST_LEN, "%s", mdigest);
 out:
@@ -704,7 +695,7 @@ out:
         free(dirs[i]);
     }
     if (rc)
-        gc_locked(st, NULL); /* layers renamed before a later step failed */
+        imgst_gc_locked(st, NULL); /* layers renamed before a later step failed */
     json_decref(manifest);
     json_decref(config);
     json_decref(record);
@@ -716,7 +707,7 @@ sbx_image_import(sbx_image_store *st, const char *path, const char *name,
                  char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
 {
     struct stat sb;
-    if (name && !is_name(name))
+    if (name && !imgst_is_name(name))
         return sbx_err_make(err, SBX_E_VALIDATION,
                             "image name '%s': 1-255 bytes of [A-Za-z0-9._/:@-], not sha256:…",
                             name);
@@ -726,7 +717,7 @@ sbx_image_import(sbx_image_store *st, const char *path, const char *name,
     if (stat(path, &sb) < 0)
         return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "%s: %s (a path on the server's machine)",
                             path, strerror(errno));
-    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
+    _cleanup_close_ int lk = imgst_lock(st, LOCK_EX, err);
     if (lk < 0)
         return lk;
     if (S_ISDIR(sb.st_mode))
@@ -764,7 +755,7 @@ int
 sbx_image_import_layout(sbx_image_store *st, const char *layout, const char *source,
                         char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
 {
-    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
+    _cleanup_close_ int lk = imgst_lock(st, LOCK_EX, err);
     if (lk < 0)
         return lk;
     return import_layout(st, layout, source, NULL, digest, err);
@@ -774,12 +765,12 @@ int
 sbx_image_pull(sbx_image_store *st, const char *ref, const char *name,
                char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
 {
-    if (!ref || !is_name(ref) || ref[0] == '-')
+    if (!ref || !imgst_is_name(ref) || ref[0] == '-')
         return sbx_err_make(err, SBX_E_VALIDATION, "image reference '%s' is not valid",
                             ref ? ref : "");
-    if (name && !is_name(name))
+    if (name && !imgst_is_name(name))
         return sbx_err_make(err, SBX_E_VALIDATION, "image name '%s' is not valid", name);
-    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
+    _cleanup_close_ int lk = imgst_lock(st, LOCK_EX, err);
     if (lk < 0)
         return lk;
     char tmp[4096], dst[4200], src[600];
@@ -806,7 +797,7 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name,
 static json_t *
 summary(sbx_image_store *st, const char *digest, json_t *names, bool full)
 {
-    json_t *img = image_load(st, digest);
+    json_t *img = imgst_load(st, digest);
     if (!img)
         return NULL;
     json_t *o = json_object();
@@ -835,7 +826,7 @@ summary(sbx_image_store *st, const char *digest, json_t *names, bool full)
 int
 sbx_image_list(sbx_image_store *st, json_t **out, sbx_err_t *err)
 {
-    _cleanup_close_ int lk = store_lock(st, LOCK_SH, err);
+    _cleanup_close_ int lk = imgst_lock(st, LOCK_SH, err);
     if (lk < 0)
         return lk;
     _cleanup_json_ json_t *names = names_load(st);
@@ -862,7 +853,7 @@ sbx_image_list(sbx_image_store *st, json_t **out, sbx_err_t *err)
 int
 sbx_image_inspect(sbx_image_store *st, const char *ref, json_t **out, sbx_err_t *err)
 {
-    _cleanup_close_ int lk = store_lock(st, LOCK_SH, err);
+    _cleanup_close_ int lk = imgst_lock(st, LOCK_SH, err);
     if (lk < 0)
         return lk;
     char digest[SBX_IMAGE_DIGEST_LEN];
@@ -879,7 +870,7 @@ sbx_image_inspect(sbx_image_store *st, const char *ref, json_t **out, sbx_err_t 
 int
 sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *err)
 {
-    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
+    _cleanup_close_ int lk = imgst_lock(st, LOCK_EX, err);
     if (lk < 0)
         return lk;
     char digest[SBX_IMAGE_DIGEST_LEN];
@@ -901,13 +892,13 @@ sbx_image_rm(sbx_image_store *st, const char *ref, int *removed, sbx_err_t *err)
     }
     if ((rc = names_save(st, names, err)) != 0)
         return rc;
-    return gc_locked(st, removed);
+    return imgst_gc_locked(st, removed);
 }
 
 int
 sbx_image_config(sbx_image_store *st, const char *digest, json_t **out, sbx_err_t *err)
 {
-    _cleanup_json_ json_t *img = is_digest(digest) ? image_load(st, digest) : NULL;
+    _cleanup_json_ json_t *img = imgst_is_digest(digest) ? imgst_load(st, digest) : NULL;
     json_t *cfg = json_object_get(img, "config");
     if (!json_is_object(cfg))
         return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "no image %s in this node's store",
@@ -938,7 +929,7 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
 {
     memset(root, 0, sizeof(*root));
     root->use_fd = -1;
-    if (!is_digest(digest))
+    if (!imgst_is_digest(digest))
         return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "'%s' is not an image digest", digest);
     /* No store lock (an import may hold it for long): the use lock first,
      * then the record.  GC deletes an image only while it holds its use
@@ -953,7 +944,7 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
         sbx_image_root_free(root);
         return rc;
     }
-    _cleanup_json_ json_t *img = image_load(st, digest);
+    _cleanup_json_ json_t *img = imgst_load(st, digest);
     if (!img) {
         sbx_image_root_free(root);
         unlink(u);
@@ -976,7 +967,7 @@ sbx_image_open_root(sbx_image_store *st, const char *digest, struct sbx_image_ro
             continue;
         root->layers[root->nlayers] = sbx_xmalloc(strlen(st->dir) + 80);
         sprintf(root->layers[root->nlayers++], "%s/layers/%s", st->dir,
-                d && is_digest(d) ? d + 7 : "-");
+                d && imgst_is_digest(d) ? d + 7 : "-");
     }
     json_t *cfg = json_object_get(img, "config");
     root->env = strv_of(json_object_get(cfg, "env"));
@@ -1028,175 +1019,4 @@ sbx_image_root_free(struct sbx_image_root *root)
         close(root->use_fd);
     memset(root, 0, sizeof(*root));
     root->use_fd = -1;
-}
-
-/* ------------------------------------------------------------------------------ */
-/* Templates: an image plus one layer (actors/template.c). */
-
-static void
-sha256_mem(const char *p, size_t n, char out[SBX_IMAGE_DIGEST_LEN])
-{
-    struct sha256_ctx h;
-    uint8_t d[SHA256_DIGEST_SIZE];
-    sha256_init(&h);
-    sha256_update(&h, n, (const uint8_t *)p);
-    sha256_digest(&h, sizeof(d), d);
-    memcpy(out, "sha256:", 7);
-    for (int i = 0; i < SHA256_DIGEST_SIZE; i++)
-        snprintf(out + 7 + 2 * i, 3, "%02x", d[i]);
-}
-
-/* The digest of a JSON document as written compactly with sorted keys. */
-static int
-json_digest(json_t *j, char out[SBX_IMAGE_DIGEST_LEN], size_t *len)
-{
-    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!s)
-        return SBX_E_INTERNAL;
-    *len = strlen(s);
-    sha256_mem(s, *len, out);
-    free(s);
-    return 0;
-}
-
-bool
-sbx_image_name_valid(const char *name)
-{
-    return name && is_name(name);
-}
-
-int
-sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, const char *name,
-                    const char *created_by, char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
-{
-    if (!name || !is_name(name))
-        return sbx_err_make(err, SBX_E_VALIDATION,
-                            "image name '%s': 1-255 bytes of [A-Za-z0-9._/:@-], not sha256:…",
-                            name ? name : "");
-    _cleanup_close_ int lk = store_lock(st, LOCK_EX, err);
-    if (lk < 0)
-        return lk;
-    int rc = 0;
-    char *tmpdir = NULL;
-    json_t *rec = NULL, *config = NULL, *manifest = NULL;
-    _cleanup_json_ json_t *brec = is_digest(base) ? image_load(st, base) : NULL;
-    json_t *blayers = json_object_get(brec, "layers");
-    if (!json_is_array(blayers)) {
-        rc = sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "no image %s in this node's store "
-                          "(removed during the build?)", base);
-        goto out;
-    }
-    if (json_array_size(blayers) + 1 > SBX_IMAGE_MAX_LAYERS) {
-        rc = sbx_err_make(err, SBX_E_IMAGE_INVALID, "image %s has %zu layers: a template of it "
-                          "would exceed %d", base, json_array_size(blayers), SBX_IMAGE_MAX_LAYERS);
-        goto out;
-    }
-    char comp[SBX_IMAGE_DIGEST_LEN], diff[SBX_IMAGE_DIGEST_LEN], ldir[4200];
-    if ((rc = sbx_image_layer_digests(blob, comp, diff, err)) != 0)
-        goto out;
-    snprintf(ldir, sizeof(ldir), "%s/layers/%s", st->dir, diff + 7);
-    struct stat sb;
-    if (stat(ldir, &sb) != 0) {
-        /* Unpacked with the import's rules (image_unpack.c), into tmp/ first. */
-        tmpdir = sbx_xmalloc(strlen(st->dir) + 40);
-        sprintf(tmpdir, "%s/tmp/layer-XXXXXX", st->dir);
-        if (!mkdtemp(tmpdir)) {
-            rc = sbx_err_make(err, SBX_E_STORAGE, "mkdtemp in %s/tmp: %s", st->dir,
-                              strerror(errno));
-            free(tmpdir);
-            tmpdir = NULL;
-            goto out;
-        }
-        chmod(tmpdir, 0755);
-        _cleanup_close_ int dfd = open(tmpdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        int skipped = 0;
-        if (dfd < 0) {
-            rc = sbx_err_make(err, SBX_E_STORAGE, "open %s: %s", tmpdir, strerror(errno));
-            goto out;
-        }
-        if ((rc = sbx_image_unpack(blob, dfd, &skipped, err)) != 0)
-            goto out;
-    }
-    /* An OCI config and manifest for the new image (image-spec config.md,
-     * manifest.md): the base's config, its diff_ids plus the new one, and a
-     * history entry; layers described by diff_id (the store keeps layers
-     * unpacked, not the base's compressed blobs).  Their digests name the
-     * image as an import's do. */
-    json_t *bcfg = json_object_get(brec, "config");
-    json_t *cc = json_object();
-    json_object_set(cc, "Env", json_object_get(bcfg, "env"));
-    json_object_set(cc, "Entrypoint", json_object_get(bcfg, "entrypoint"));
-    json_object_set(cc, "Cmd", json_object_get(bcfg, "cmd"));
-    json_object_set(cc, "WorkingDir", json_object_get(bcfg, "workingDir"));
-    json_object_set(cc, "User", json_object_get(bcfg, "user"));
-    json_t *ports = json_object();
-    size_t i;
-    json_t *v;
-    json_array_foreach(json_object_get(bcfg, "exposedPorts"), i, v) {
-        if (json_is_string(v))
-            json_object_set_new(ports, json_string_value(v), json_object());
-    }
-    json_object_set_new(cc, "ExposedPorts", ports);
-    json_t *diffs = json_deep_copy(blayers);
-    json_array_append_new(diffs, json_string(diff));
-    json_t *hist = json_array();
-    json_array_append_new(hist, json_pack("{s:s, s:s}", "created_by", created_by ? created_by : "",
-                                          "comment", "sbx template build"));
-    config = json_pack("{s:s, s:s, s:o, s:{s:s, s:o}, s:o}", "architecture", "amd64", "os",
-                       "linux", "config", cc, "rootfs", "type", "layers", "diff_ids", diffs,
-                       "history", hist);
-    char cdigest[SBX_IMAGE_DIGEST_LEN], mdigest[SBX_IMAGE_DIGEST_LEN];
-    size_t clen = 0, mlen = 0;
-    if (!config || (rc = json_digest(config, cdigest, &clen)) != 0) {
-        rc = sbx_err_make(err, SBX_E_INTERNAL, "encode the template's config");
-        goto out;
-    }
-    json_t *mlayers = json_array();
-    json_array_foreach(diffs, i, v) {
-        json_array_append_new(mlayers, json_pack("{s:s, s:O}", "mediaType",
-                                                 "application/vnd.oci.image.layer.v1.tar",
-                                                 "digest", v));
-    }
-    manifest = json_pack("{s:i, s:s, s:{s:s, s:s, s:I}, s:o}", "schemaVersion", 2, "mediaType",
-                         "application/vnd.oci.image.manifest.v1+json", "config", "mediaType",
-                         "application/vnd.oci.image.config.v1+json", "digest", cdigest, "size",
-                         (json_int_t)clen, "layers", mlayers);
-    if (!manifest || (rc = json_digest(manifest, mdigest, &mlen)) != 0) {
-        rc = sbx_err_make(err, SBX_E_INTERNAL, "encode the template's manifest");
-        goto out;
-    }
-    char src[200];
-    snprintf(src, sizeof(src), "template of %s", base);
-    rec = json_object();
-    json_object_set_new(rec, "digest", json_string(mdigest));
-    json_object_set_new(rec, "configDigest", json_string(cdigest));
-    json_object_set(rec, "config", bcfg);
-    json_object_set(rec, "layers", diffs);
-    json_object_set_new(rec, "size", json_integer(json_integer_value(json_object_get(brec, "size")) +
-                                                  (json_int_t)(stat(blob, &sb) == 0 ? sb.st_size : 0)));
-    json_object_set_new(rec, "created", json_integer(sbx_wall_ms()));
-    json_object_set_new(rec, "source", json_string(src));
-    json_object_set(rec, "history", hist);
-    if (tmpdir) {
-        if (rename(tmpdir, ldir) < 0) {
-            rc = sbx_err_make(err, SBX_E_STORAGE, "rename %s: %s", tmpdir, strerror(errno));
-            goto out;
-        }
-        free(tmpdir);
-        tmpdir = NULL;
-    }
-    if ((rc = record_save(st, mdigest, rec, name, err)) != 0)
-        goto out;
-    snprintf(digest, SBX_IMAGE_DIGEST_LEN, "%s", mdigest);
-out:
-    if (tmpdir) {
-        sbx_rm_rf(tmpdir);
-        free(tmpdir);
-    }
-    if (rc)
-        gc_locked(st, NULL);
-    json_decref(rec);
-    json_decref(config);
-    json_decref(manifest);
-    return rc;
 }

@@ -110,10 +110,24 @@ bool gw_clustered(const struct sbx_gateway *gw);
 /* Answer g with these bytes (copied) / with an error of code (gateway.c client_err). */
 void gw_client_send_bytes(struct gctx *g, const char *buf, size_t len);
 void gw_client_err(struct gctx *g, int code, const char *msg);
+void gw_client_errf(struct gctx *g, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Free g's kept request (its routing is over). */
 void gw_request_done(struct gctx *g);
 /* A slot's shard name and URL, read under the slot lock (url may be NULL). */
 void gw_slot_label(struct gshard *s, char name[64], char url[256]);
+/* gw_tenant.c: whether op id is one of the tenant/key admin ops. */
+bool gw_is_admin_op(int id);
+/*
+ * gw_tenant_gate (gw_tenant.c) — the intake's tenancy step (only with API
+ * keys): resolve the request's key to g->who, refuse what its scope may not
+ * do, put its sandbox (and a sandbox.fork's `ids`) into its tenant's
+ * namespace (g->ext_id → g->int_id) and check the quotas.  0: go on with
+ * *body (the request re-encoded without its key, with internal IDs; caller
+ * frees); 1: g was answered.
+ */
+int gw_tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *root,
+                   const struct sbx_op_def *def, char **body, size_t *blen);
 /* gw_merge.c: answer a fanned-out op from every shard's reply in g->fwd[]
  * (the replies are freed). */
 void gw_merge_and_reply(struct gctx *g);
