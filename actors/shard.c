@@ -145,6 +145,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->network_default);
     free(c->network_range);
     free(c->dns_upstream);
+    strv_free(c->insecure_registry);
     free(c->advertise);
     free(c->images);
     free(c->backups);

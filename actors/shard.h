@@ -83,6 +83,9 @@ struct sbx_shard_conf {
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
     char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the
                            * host's /etc/resolv.conf (docs/network.md §Host names) */
+    char **insecure_registry; /* registry hosts ("host[:port]") pulled from over plain HTTP
+                               * or an unverified certificate, besides loopback ones
+                               * (docs/images.md, "Pull") */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity

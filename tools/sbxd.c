@@ -241,6 +241,9 @@ set_log_format(const char *log_format, const char *cmd)
         {"dns-upstream", SBX_OPT_STR, &(c)->dns_upstream,                                     \
          "A.B.C.D[:PORT]: where egress sandboxes' resolver forwards allowed names "           \
          "(default: the host's first IPv4 nameserver)"},                                      \
+        {"insecure-registry", SBX_OPT_LIST, &(c)->insecure_registry,                          \
+         "registry host[:port] pulled from over plain HTTP or an unverified certificate "     \
+         "(repeat; loopback registries always are, as Docker's default)"},                    \
         {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
          "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
          "(kept on disk, docs/persistence.md)"},                                            \
