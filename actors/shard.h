@@ -69,6 +69,8 @@ struct sbx_shard_conf {
                              * exposePort hostname equal to one or ending in ".<one>" is
                              * CUSTOM_DOMAIN_REQUIRED (default workers.dev, as the SDK) */
     char *etcd;           /* etcd endpoints (http://h:p[,…]): cluster mode; NULL = standalone */
+    char *etcd_ca, *etcd_cert, *etcd_key; /* PEM paths for https:// etcd endpoints (or
+                           * NULL): sbx_etcd_set_tls; sbxd defaults them to --tls-* */
     char *cluster;        /* cluster name: etcd keys live under /sbx/<cluster>/ */
     char *advertise;      /* nng URL other nodes reach this shard at (default: listen) */
     int64_t lease_ttl;    /* ms: membership lease; a shard unable to renew it stops serving */

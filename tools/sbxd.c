@@ -155,6 +155,29 @@ struct tls_opts {
          "INSECURE: allow plain tcp:// listens on non-loopback addresses (anyone who reaches " \
          "them controls every sandbox)"}
 
+/* The etcd client's TLS (https:// endpoints; runtime/etcd.h sbx_etcd_set_tls). */
+#define ETCD_TLS_OPTS(ca, cert, key)                                                          \
+    {"etcd-ca", SBX_OPT_STR, ca,                                                              \
+     "PEM file of the CA etcd's certificate chains to (https:// --etcd; default --tls-ca)"},  \
+        {"etcd-cert", SBX_OPT_STR, cert,                                                      \
+         "PEM file of the client certificate shown to etcd (default --tls-cert)"},           \
+        {"etcd-key", SBX_OPT_STR, key, "PEM file of its key (default --tls-key)"}
+
+/* For https:// etcd endpoints, the etcd TLS paths not given default to the
+ * node's --tls-* ones (one deployment CA for nng and etcd). */
+static void
+etcd_tls_defaults(const char *etcd, char **ca, char **cert, char **key, const struct tls_opts *t)
+{
+    if (!etcd || !strstr(etcd, "https://"))
+        return;
+    if (!*ca && t->ca)
+        *ca = sbx_xstrdup(t->ca);
+    if (!*cert && !*key && t->cert && t->key) {
+        *cert = sbx_xstrdup(t->cert);
+        *key = sbx_xstrdup(t->key);
+    }
+}
+
 static void
 tls_opts_free(struct tls_opts *t)
 {
@@ -282,10 +305,11 @@ cmd_shard(int argc, char **argv)
         {"relay", SBX_OPT_STR, &c.relay,
          "preview relay address: unix:/path or tcp:host:port (gateways connect to it)"},
         {"etcd", SBX_OPT_STR, &c.etcd,
-         "etcd endpoints http://host:port[,…]: join a cluster (docs/cluster.md)"},
+         "etcd endpoints http(s)://host:port[,…]: join a cluster (docs/cluster.md)"},
         {"cluster", SBX_OPT_STR, &c.cluster, "cluster name (etcd keys under /sbx/<name>/)"},
         {"advertise", SBX_OPT_STR, &c.advertise,
          "nng URL gateways and shards reach this shard at (default: --listen)"},
+        ETCD_TLS_OPTS(&c.etcd_ca, &c.etcd_cert, &c.etcd_key),
         {"lease-ttl", SBX_OPT_MS, &c.lease_ttl,
          "membership lease; unrenewed for this long, the shard stops serving (10s)"},
         SHARD_OPTS(&c),
@@ -379,6 +403,7 @@ cmd_shard(int argc, char **argv)
     sigaddset(&tset, SIGTERM);
     sigaddset(&tset, SIGINT);
     sigprocmask(SIG_BLOCK, &tset, NULL);
+    etcd_tls_defaults(c.etcd, &c.etcd_ca, &c.etcd_cert, &c.etcd_key, &tls);
     int trc = sweep ? 0 : tls_open(&tls, &sec, c.listen);
     tls_opts_free(&tls);
     if (trc) {
@@ -544,8 +569,9 @@ cmd_gateway(int argc, char **argv)
         {"listen", SBX_OPT_STR, &c.listen, "nng URL for clients"},
         {"shard", SBX_OPT_LIST, &c.shards, "a shard as name=url (repeat for each)"},
         {"etcd", SBX_OPT_STR, &c.etcd,
-         "etcd endpoints http://host:port[,…]: shards and partitions come from the cluster"},
+         "etcd endpoints http(s)://host:port[,…]: shards and partitions come from the cluster"},
         {"cluster", SBX_OPT_STR, &c.cluster, "cluster name (etcd keys under /sbx/<name>/)"},
+        ETCD_TLS_OPTS(&c.etcd_ca, &c.etcd_cert, &c.etcd_key),
         {"contexts", SBX_OPT_INT, &c.contexts, "client requests handled concurrently"},
         {"timeout", SBX_OPT_MS, &c.timeout, "deadline of requests that carry none"},
         GATEWAY_HTTP_OPTS(&c),
@@ -583,6 +609,7 @@ cmd_gateway(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    etcd_tls_defaults(c.etcd, &c.etcd_ca, &c.etcd_cert, &c.etcd_key, &tls);
     if ((rc = tls_open(&tls, &sec, c.listen)) != 0)
         goto out;
     c.sec = &sec;
@@ -603,6 +630,9 @@ out:
     free(c.preview_scheme);
     free(c.relay_secret);
     free(c.etcd);
+    free(c.etcd_ca);
+    free(c.etcd_cert);
+    free(c.etcd_key);
     free(c.cluster);
     free(relay_secret_file);
     free(log_format);
