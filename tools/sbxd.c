@@ -143,6 +143,7 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
  * Transports); `sbxd dev` passes them on to its shards. */
 struct tls_opts {
     char *ca, *cert, *key; /* PEM file paths (heap), or NULL */
+    char *crl;             /* PEM revocation list (heap), or NULL */
     bool insecure;         /* --insecure-plaintext */
 };
 #define TLS_OPTS(t)                                                                           \
@@ -151,6 +152,8 @@ struct tls_opts {
         {"tls-cert", SBX_OPT_STR, &(t)->cert,                                                 \
          "PEM file of this node's certificate (signed by --tls-ca; tools/sbx-cert)"},        \
         {"tls-key", SBX_OPT_STR, &(t)->key, "PEM file of this node's private key"},          \
+        {"tls-crl", SBX_OPT_STR, &(t)->crl,                                                   \
+         "PEM revocation list of the CA (tools/sbx-cert revoke): peers it names are refused"}, \
         {"insecure-plaintext", SBX_OPT_BOOL, &(t)->insecure,                                  \
          "INSECURE: allow plain tcp:// listens on non-loopback addresses (anyone who reaches " \
          "them controls every sandbox)"}
@@ -184,6 +187,7 @@ tls_opts_free(struct tls_opts *t)
     free(t->ca);
     free(t->cert);
     free(t->key);
+    free(t->crl);
 }
 
 /* tls_open — load t into *sec (sbx_nng_sec_close it) and check that listen
@@ -196,6 +200,8 @@ tls_open(const struct tls_opts *t, sbx_nng_sec *sec, const char *listen)
 {
     sbx_err_t err = NULL;
     int rc = sbx_nng_sec_open(sec, t->ca, t->cert, t->key, t->insecure, &err);
+    if (!rc && t->crl && *t->crl && (rc = sbx_nng_sec_add_crl(sec, t->ca, t->crl, &err)) != 0)
+        sbx_nng_sec_close(sec);
     if (!rc && (rc = sbx_nng_listen_check(listen, sec, &err)) != 0)
         sbx_nng_sec_close(sec);
     if (rc) {

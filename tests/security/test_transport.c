@@ -603,3 +603,108 @@ Test(transport, etcd_over_https_with_client_certificates, .timeout = 240)
     free(id);
     pki_remove(&p);
 }
+
+/* Certificate revocation (docs/security.md, Transports): a shard given the
+ * CA's revocation list (--tls-crl, from `sbx-cert revoke`) serves a
+ * gateway whose certificate is not on it and refuses one whose certificate
+ * is, by the call's deadline; a --tls-crl file that holds no list stops
+ * sbxd at start with status 2. */
+Test(transport, a_revoked_certificate_is_refused, .timeout = 240)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    sbx_cert((const char *[]){"node", p.ca, "gw2", NULL});
+    sbx_cert((const char *[]){"revoke", p.ca, "gw2", NULL});
+    char data[300], slog[300], glog[300], rlog[300], surl[64], gurl[64], rurl[64];
+    char sname[64], spec[128];
+    snprintf(data, sizeof(data), "%s/shard", p.dir);
+    snprintf(slog, sizeof(slog), "%s/shard.log", p.dir);
+    snprintf(glog, sizeof(glog), "%s/gw.log", p.dir);
+    snprintf(rlog, sizeof(rlog), "%s/revoked.log", p.dir);
+    snprintf(surl, sizeof(surl), "tls+tcp://127.0.0.1:%d", free_port());
+    snprintf(gurl, sizeof(gurl), "ipc://%s/gw.sock", p.dir);
+    snprintf(rurl, sizeof(rurl), "ipc://%s/revoked.sock", p.dir);
+    snprintf(sname, sizeof(sname), "tls%s%dv", test_prefix(), (int)getpid() % 100000);
+    snprintf(spec, sizeof(spec), "%s=%s", sname, surl);
+    /* Not a list: refused at start. */
+    const char *bad[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                         "--tls-ca", pem(p.ca, "ca", "pem"), "--tls-cert", pem(p.ca, "shard", "pem"),
+                         "--tls-key", pem(p.ca, "shard", "key"),
+                         "--tls-crl", pem(p.ca, "ca", "pem"), NULL};
+    cr_expect_eq(run_status(bad, slog), 2, "a --tls-crl without a list was accepted");
+    cr_expect(log_has(slog, "no PEM revocation list"), "no reason for the refused list");
+    const char *sargv[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                           TESTD_SMALL,
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "shard", "pem"),
+                           "--tls-key", pem(p.ca, "shard", "key"),
+                           "--tls-crl", pem(p.ca, "crl", "pem"), NULL};
+    const char *gargv[] = {"sbxd", "gateway", "--name", "crlgw", "--listen", gurl, "--shard",
+                           spec, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw", "pem"),
+                           "--tls-key", pem(p.ca, "gw", "key"), NULL};
+    const char *rargv[] = {"sbxd", "gateway", "--name", "crlrev", "--listen", rurl, "--shard",
+                           spec, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw2", "pem"),
+                           "--tls-key", pem(p.ca, "gw2", "key"), NULL};
+    pid_t spid = spawn(sargv, slog);
+    pid_t gpid = spawn(gargv, glog);
+    pid_t rpid = spawn(rargv, rlog);
+    int ready = testd_wait_ready(gurl, 60000);
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    char *id = test_id("crl");
+    int rc = -1;
+    sbx_exec_result res = {0};
+    if (ready == 0 && sbx_client_open(&c, gurl, &err) == 0) {
+        sbx_exec_opts o = {.command = "echo not-revoked"};
+        sbx_client_set_timeout(c, 60000);
+        rc = sbx_exec(c, id, &o, &res, &err);
+    }
+    sbx_client *r = NULL;
+    sbx_error rerr = {.code = ""};
+    int rrc = -1;
+    double took = 0;
+    if (sbx_client_open(&r, rurl, &rerr) == 0) {
+        sbx_client_set_timeout(r, REFUSED_DEADLINE_MS);
+        sbx_exec_opts o = {.command = "echo should-not-run"};
+        sbx_exec_result rres;
+        double t0 = test_now_ms();
+        rrc = sbx_exec(r, id, &o, &rres, &rerr);
+        took = test_now_ms() - t0;
+        if (rrc == 0)
+            sbx_exec_result_free(&rres);
+        sbx_client_close(r);
+    }
+    if (rc == 0) {
+        bool gone;
+        sbx_error derr;
+        if (sbx_destroy(c, id, &gone, &derr) != 0)
+            sbx_error_free(&derr);
+    }
+    if (c)
+        sbx_client_close(c);
+    stop(rpid);
+    stop(gpid);
+    int st = stop(spid);
+    if (rc != 0)
+        dump(slog);
+    cr_expect_eq(rc, 0, "exec through the gateway whose certificate is not revoked: %s %s",
+                 err.code, err.message);
+    if (rc == 0)
+        cr_expect_str_eq(res.stdout_data, "not-revoked\n");
+    cr_expect_neq(rrc, 0, "the gateway with a revoked certificate reached the shard");
+    if (rrc != 0)
+        cr_expect(!strcmp(rerr.code, "SHARD_UNAVAILABLE") || !strcmp(rerr.code, "REQUEST_TIMEOUT"),
+                  "code %s (%s)", rerr.code, rerr.message);
+    cr_expect_lt(took, REFUSED_DEADLINE_MS + SLACK_MS, "took %.0f ms", took);
+    cr_expect_eq(st, 0, "the shard did not stop cleanly (%d)", st);
+    if (rc == 0)
+        sbx_exec_result_free(&res);
+    sbx_error_free(&err);
+    sbx_error_free(&rerr);
+    free(id);
+    pki_remove(&p);
+}
