@@ -250,7 +250,9 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "actors", (int64_t)sh->actors.n);
     sbx_enc_kint(&e, "running", (int64_t)running);
     sbx_enc_kint(&e, "pool", sh->pool.n);
-    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh));
+    int img_target = 0;
+    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh, &img_target));
+    sbx_enc_kint(&e, "imagePoolTarget", img_target);
     sbx_enc_kint(&e, "requests", (int64_t)sh->n_requests);
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);

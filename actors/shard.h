@@ -80,7 +80,8 @@ struct sbx_shard_conf {
     char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
     char *backups;        /* the node's backup store (docs/persistence.md); NULL: <data>/backups */
     uint64_t backup_max;  /* bytes: the largest compressed archive of a backup (BACKUP_TOO_LARGE) */
-    int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
+        int64_t image_pool;   /* ready containers kept at least per image in demand (0: no
+                           * image pools; they adapt above it: image_pool.c) */
     char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
     char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the

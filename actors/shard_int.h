@@ -243,17 +243,24 @@ struct shard_pool {
 };
 
 /* Ready containers per image (image_pool.c; docs/images.md "Pools per
- * image"): each of up to SHARD_IMG_POOLS images keeps conf.image_pool
- * started containers while sandboxes of it were created in the last
- * SHARD_IMG_POOL_IDLE_MS; then they stop (and with them their hold on the
- * image: GC may delete it afterwards). */
+ * image"): each of up to SHARD_IMG_POOLS images keeps started containers
+ * while sandboxes of it were created in the last SHARD_IMG_POOL_IDLE_MS —
+ * as many as the busiest second of the last SHARD_POOL_WINDOW seconds asked
+ * for, at least conf.image_pool, within the pool memory budget — then they
+ * stop (and with them their hold on the image: GC may delete it
+ * afterwards). */
 #define SHARD_IMG_POOLS 8
 #define SHARD_IMG_POOL_IDLE_MS 30000
 struct img_pool {
     char digest[72];            /* the image; "": a free slot */
     struct pooled *head;        /* owned */
     int n, inflight;            /* containers in it; starts under way */
+    int target;                 /* containers wanted now (image_pool.c set_target) */
+    struct shard *sh;           /* borrowed: its shard (for its refill timer) */
     int64_t last_ms;            /* monotonic: the last create of a sandbox of it */
+    int64_t armed_ms;           /* when its pending refill timer was set; 0: none */
+    uint32_t demand[SHARD_POOL_WINDOW];    /* creates of it in second … */
+    int64_t demand_sec[SHARD_POOL_WINDOW]; /* … this (monotonic seconds) */
 };
 
 /* Cached replies for retried request ids (idempotency). */
@@ -499,8 +506,9 @@ void shard_img_pools_adapt(struct shard *sh);
 /* shard_img_pools_stop — the shard stops: kill every pooled image
  * container and queue its stop. */
 void shard_img_pools_stop(struct shard *sh);
-/* shard_img_pool_count — ready image containers (status). */
-int shard_img_pool_count(const struct shard *sh);
+/* shard_img_pool_count — ready image containers (status); *target (may
+ * be NULL) the sum of the pools' targets. */
+int shard_img_pool_count(const struct shard *sh, int *target);
 
 /* shard_reply.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);

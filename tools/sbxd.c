@@ -262,7 +262,8 @@ set_log_format(const char *log_format, const char *cmd)
         {"backup-max", SBX_OPT_SIZE, &(c)->backup_max,                                        \
          "the largest compressed archive of a backup (1G; more: BACKUP_TOO_LARGE)"},          \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
-         "ready containers kept per image sandboxes are being created from (0: none)"},      \
+         "ready containers kept at least per image sandboxes are being created from; more "  \
+         "follow its busiest second of creates, within --pool-memory (0: no image pools)"},      \
         {"network-default", SBX_OPT_STR, &(c)->network_default,                               \
          "network mode of sandboxes that choose none: none (loopback only) or egress"},       \
         {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
