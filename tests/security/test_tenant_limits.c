@@ -156,6 +156,14 @@ check_resource_quota(struct lenv *e, const char *key, const char *quota, long lo
     sbx_client_close(c);
 }
 
+static bool
+sse_ignore(const struct sse_ev *ev, void *arg)
+{
+    (void)ev;
+    (void)arg;
+    return true;
+}
+
 Test(tenant_limits, resource_and_stream_quotas_and_a_second_gateway, .timeout = 240)
 {
     struct lenv e;
@@ -198,6 +206,26 @@ Test(tenant_limits, resource_and_stream_quotas_and_a_second_gateway, .timeout = 
     tc_free(&t);
     sbx_client_close(m);
 
+    /* A fork's sandboxes count their source's limits: a 64 MiB source under
+     * 150 MiB admits one fork (128) and refuses the second (192), naming it;
+     * counted at the default 256 MiB, the first would be refused. */
+    char kf[80];
+    tenant_with_key(adm, "frk", json_pack("{s:I}", "maxMemoryBytes", (json_int_t)150 << 20), kf);
+    sbx_client *f = keyed_at(e.d.url, kf);
+    t = tc_call(f, "create", "src",
+                json_pack("{s:s,s:{s:I}}", "workspace", "persistent", "limits", "memory",
+                          (json_int_t)64 << 20),
+                0);
+    tc_ok(t, "create src (64 MiB, persistent)");
+    tc_free(&t);
+    t = tc_call(f, "sandbox.fork", "src", json_pack("{s:[s,s]}", "ids", "f1", "f2"), 120000);
+    cr_assert_str_eq(t.rc ? t.err.code : "ok", "QUOTA_EXCEEDED", "a fork past the memory quota");
+    cr_assert_str_eq(jstr(t.ctx, "sandboxId"), "f2", "context %s", t.err.context_json);
+    cr_assert_str_eq(jstr(t.ctx, "quota"), "maxMemoryBytes");
+    cr_assert_eq(jint(t.ctx, "used"), 128 << 20, "context %s", t.err.context_json);
+    tc_free(&t);
+    sbx_client_close(f);
+
     /* maxStreams 1: while one stream is read, an op that starts another is
      * refused; once it is cancelled and not read for the linger (3 s), a
      * new one starts (polled, 15 s). */
@@ -215,6 +243,28 @@ Test(tenant_limits, resource_and_stream_quotas_and_a_second_gateway, .timeout = 
     cr_assert_str_eq(jstr(t.ctx, "quota"), "maxStreams", "context %s", t.err.context_json);
     cr_assert(jint(t.ctx, "retryAfterMs") > 0, "context %s", t.err.context_json);
     tc_free(&t);
+    /* The same over HTTP: an SSE exec.stream is 429 with Retry-After (the
+     * stream read again first: it counts for 3 s after a read). */
+    t = tc_call(s, "stream.read", "st", json_pack("{s:s,s:i}", "streamId", sid, "waitMs", 0), 0);
+    tc_ok(t, "stream.read");
+    tc_free(&t);
+    {
+        char *u = hfmt("%s/v1/sandboxes/st/exec.stream", e.http);
+        const char *body = "{\"command\":\"echo sse\"}";
+        char auth[160];
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", ks);
+        const char *hs[] = {auth, NULL};
+        struct hopts os = {.headers = hs, .body = body, .body_len = strlen(body)};
+        struct hresp r;
+        long st = sse_req("POST", u, &os, sse_ignore, NULL, &r);
+        cr_assert_eq(st, 429, "SSE past maxStreams: %ld %.200s", st, r.body ? r.body : "");
+        cr_assert_str_eq(jstr(r.json, "code"), "QUOTA_EXCEEDED");
+        char *ra = hresp_header(&r, "Retry-After");
+        cr_assert(ra && atoi(ra) >= 1, "Retry-After %s", ra ? ra : "-");
+        free(ra);
+        hresp_free(&r);
+        free(u);
+    }
     /* The stream already counted is read on. */
     t = tc_call(s, "stream.read", "st", json_pack("{s:s,s:i}", "streamId", sid, "waitMs", 0), 0);
     tc_ok(t, "stream.read of the counted stream");
