@@ -305,14 +305,6 @@ tenant_of(const char *sandbox, sbx_str owner)
     return dd && (size_t)(dd - sandbox) == owner.n && !memcmp(sandbox, owner.p, owner.n);
 }
 
-/* The tenant of internal sandbox ID `id` as a view of it ("" the default). */
-static sbx_str
-owner_of(const char *id)
-{
-    const char *dd = strstr(id, "--");
-    return (sbx_str){id, dd ? (size_t)(dd - id) : 0};
-}
-
 void
 actor_op_backup_restore(struct actor *a, struct sop *op)
 {
@@ -343,8 +335,11 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     _cleanup_err_ sbx_err_t err = NULL;
     /* Known and not expired before a container is started for it. */
     int rc = sbx_backup_store_open(a->sh->backups, id, &j->info, &j->fd, &err);
-    if (rc == 0 && !tenant_of(j->info.sandbox, owner_of(a->id))) {
-        /* Another tenant's backup: answered as an unknown ID, word for word. */
+    if (rc == 0 && op->tenant_set &&
+        !tenant_of(j->info.sandbox, (sbx_str){op->tenant, strlen(op->tenant)})) {
+        /* With API keys (the gateway stamped the caller's tenant), another
+         * tenant's backup is answered as an unknown ID, word for word;
+         * keyless, every sandbox is the one implicit tenant's. */
         sbx_err_release(&err);
         rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
     }
