@@ -617,7 +617,8 @@ res_refused(const struct tten *x, const char *quota, const char *what, int64_t u
 {
     if (limit <= 0 || (ask < RES_UNLIMITED && used <= limit - ask))
         return false;
-    *miss = (struct sbx_quota_miss){quota, SBX_MIN(used, limit), limit, 0};
+    int64_t shown = used >= RES_UNLIMITED ? -1 : used; /* -1: one of them is unlimited */
+    *miss = (struct sbx_quota_miss){quota, shown, limit, 0};
     if (ask >= RES_UNLIMITED)
         snprintf(why, whylen,
                  "tenant %s has a quota of %s (%s %lld) and the new sandbox's %s is unlimited: "
@@ -627,8 +628,7 @@ res_refused(const struct tten *x, const char *quota, const char *what, int64_t u
         snprintf(why, whylen,
                  "tenant %s's sandboxes have %lld of %s (their limits), the new one asks %lld: "
                  "over its quota %s %lld; destroy one or ask less",
-                 x->name, (long long)SBX_MIN(used, limit), what, (long long)ask, quota,
-                 (long long)limit);
+                 x->name, (long long)shown, what, (long long)ask, quota, (long long)limit);
     return true;
 }
 

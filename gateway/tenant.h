@@ -110,8 +110,9 @@ struct sbx_tenant_ask {
 };
 
 /* Why a quota refused: its name (the tenant record's field, e.g.
- * "maxMemoryBytes"; static), what the tenant has and may have, and when
- * to try again (ms; 0: not until the tenant frees some, no Retry-After). */
+ * "maxMemoryBytes"; static), what the tenant has (-1: a sandbox of it is
+ * unlimited) and may have, and when to try again (ms; 0: not until the
+ * tenant frees some, no Retry-After). */
 struct sbx_quota_miss {
     const char *quota;
     int64_t used, limit, retry_ms;
