@@ -166,7 +166,7 @@ struct list_ctx {
     struct shard *sh;
     sbx_enc *e;
     size_t n;
-    bool ids_only; /* {id} per sandbox, nothing read but the store's keys */
+    bool ids_only; /* {id, memory, cpu, disk} per sandbox (the tenant registry), no actor */
 };
 
 static int
@@ -181,8 +181,19 @@ list_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     if (!cluster_listable(lc->sh, sbx_place_partition(id, kn)))
         return 0; /* a record this shard holds but does not own */
     if (lc->ids_only) {
+        /* The tenant registry's refresh: the ID and the limits the tenant's
+         * resource quotas count (docs/security.md §6): memory, cpu, disk
+         * (0: unlimited; disk is the writable file system's size). */
+        struct sbx_record r;
+        bool have = sbx_record_decode(v, vn, &r) == 0;
         sbx_enc_map(lc->e);
         sbx_enc_kstr(lc->e, "id", id);
+        if (have) {
+            sbx_enc_kint(lc->e, "memory", (int64_t)r.limits.memory);
+            sbx_enc_kint(lc->e, "cpu", (int64_t)r.limits.cpu_milli);
+            sbx_enc_kint(lc->e, "disk", (int64_t)(r.disk ? r.disk : lc->sh->conf.disk));
+            sbx_record_free(&r);
+        }
         sbx_enc_end(lc->e);
         lc->n++;
         return 0;
@@ -220,6 +231,14 @@ shard_op_list(struct sop *op)
     int rc = sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, list_one, &lc);
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)lc.n);
+    if (lc.ids_only) {
+        /* What a new sandbox gets without limits (the tenant quotas' estimate). */
+        sbx_enc_kmap(&e, "defaults");
+        sbx_enc_kint(&e, "memory", (int64_t)sh->limits.memory);
+        sbx_enc_kint(&e, "cpu", (int64_t)sh->limits.cpu_milli);
+        sbx_enc_kint(&e, "disk", (int64_t)sh->conf.disk);
+        sbx_enc_end(&e);
+    }
     if (rc) {
         sbx_enc_free(&e);
         shard_reply_err(op, SBX_E_STORAGE, "cannot list sandboxes: %s", sbx_err_message(rc));

@@ -78,6 +78,7 @@ struct sop {
                                  * resolved it to, fetched here (images.c shard_image_resolve) */
     char audit_key[40];         /* route.keyId: the caller's key id (audit.c), "": not audited */
     char tenant[20];            /* route.tenant ("" for the default tenant or none) */
+    bool tenant_set;            /* route.tenant was stamped (a gateway with API keys) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
