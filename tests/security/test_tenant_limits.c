@@ -44,6 +44,12 @@ keyed_at(const char *url, const char *key)
     return c;
 }
 
+/* What a test started, for the suite's fini when an assertion ends the
+ * test before it stops it (a copy: the test's own struct is on a stack that
+ * is gone by then). */
+static struct lenv live_env;
+static bool live_on;
+
 /* Start a keyed daemon (2 shards, 256 MiB / 1000 millicpus / 64 MiB of disk
  * per sandbox by default). */
 static void
@@ -62,6 +68,12 @@ lenv_start(struct lenv *e)
     setenv("SBX_API_KEY", e->admin, 1); /* testd_start's readiness check calls the gateway */
     int rc = testd_start(&e->d, 2, extra);
     unsetenv("SBX_API_KEY");
+    if (rc == 0) {
+        live_env = *e;
+        live_on = true;
+    } else {
+        unlink(e->keyfile);
+    }
     cr_assert_eq(rc, 0, "cannot start sbxd with --api-keys");
     char path[512], *text = NULL;
     size_t n;
@@ -74,13 +86,35 @@ lenv_start(struct lenv *e)
     free(text);
 }
 
+static pid_t live_gw2; /* the second gateway's pid (its own process group), 0: none */
+
 static void
 lenv_stop(struct lenv *e)
 {
     testd_stop(&e->d);
     unlink(e->keyfile);
     free(e->http);
+    live_on = false;
 }
+
+/* The suite's fini: stops what a test that failed before its *_stop left
+ * (its daemon by pid, its key file, a second gateway). */
+static void
+fini(void)
+{
+    if (live_gw2 > 0) {
+        kill(live_gw2, SIGTERM);
+        waitpid(live_gw2, NULL, 0);
+        live_gw2 = 0;
+    }
+    if (live_on) {
+        testd_stop(&live_env.d);
+        unlink(live_env.keyfile);
+        live_on = false;
+    }
+}
+
+TestSuite(tenant_limits, .fini = fini);
 
 /* tenant.create with the quotas of `quotas` (a JSON object, consumed) and a
  * key of it into key[80]. */
@@ -303,6 +337,7 @@ Test(tenant_limits, resource_and_stream_quotas_and_a_second_gateway, .timeout = 
               sh1, "--api-keys", e.keyfile, "--http", "", (char *)NULL);
         _exit(127);
     }
+    live_gw2 = pid;
     t = tc_call(adm, "key.create", NULL, json_pack("{s:s}", "tenant", "mem"), 0);
     tc_ok(t, "key.create");
     char k2[80], kid[40];
@@ -351,6 +386,7 @@ Test(tenant_limits, resource_and_stream_quotas_and_a_second_gateway, .timeout = 
     sbx_client_close(g2);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
+    live_gw2 = 0;
     sbx_client_close(adm);
     lenv_stop(&e);
 }
