@@ -160,6 +160,14 @@ bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c t
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 RELEASE_BINS += bin/sbx-bench-density
 
+# The bystander benchmark (a sandbox's API latency while another runs
+# exhaustion attacks: issue 16's floor).
+bin/sbx-bench-bystander: $(call objs,release,tools/bench_bystander.c tools/stats.c tests/support/harness.c) \
+                         build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
+RELEASE_BINS += bin/sbx-bench-bystander
+
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
 INTERP_SRC := container/interp/driver.py $(wildcard container/interp/_sbx_driver/*.py) \
               container/interp/driver.js \
