@@ -153,6 +153,12 @@ bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/s
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
+# The observability benchmark (exec throughput with metrics scraped and JSON logs on vs off).
+bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c \
+                   runtime/prom.c) build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
+
 # The density benchmark (many idle sandboxes: memory, creation rate, stop time).
 bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
                        build/release/lib/libsbx.a
