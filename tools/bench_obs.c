@@ -3,17 +3,20 @@
  * scraped and JSON logs on, against plain text logs and no scraping, in one
  * run (issue 17's floor: ≤ 2 %).
  *
- *   sbx-bench-obs [--seconds S] [--rounds R] [--threads T]
+ *   sbx-bench-obs [--seconds S] [--rounds R] [--threads T] [--debug-logs]
  *
  * Starts two private `sbxd dev` (1 shard, pool 2; sbxd from $SBX_BIN, else
  * next to this executable): "off" with --log-format text and nobody reading
  * /metrics, "on" with --log-format json and GET /metrics on its HTTP front
- * every second (15 times Prometheus's default scrape interval) while it is
- * measured.  Each round runs T client threads (default 8), each on a
- * sandbox of its own doing `exec true` back to back for S seconds (default
- * 3), on one daemon and then on the other (the order alternates between
- * rounds, so drift of the machine's load falls on both); R rounds (default
- * 5).  The idle daemon costs next to nothing meanwhile.
+ * every second (15 times Prometheus's default scrape interval).  At the
+ * default level (info) an exec writes no log line; --debug-logs starts "on"
+ * with SBX_LOG=debug (runtime/log.c), so that it writes its per-request
+ * lines (request id, sandbox, op) as JSON: the worst case.  Each round
+ * loads both daemons at once for S seconds (default 3): T client threads
+ * each (default 8), each thread on a sandbox of its own doing `exec true`
+ * back to back; both sides thus see the same load from the rest of the
+ * machine, and what "on" costs shows as its smaller share.  R rounds
+ * (default 5).
  *
  * What cannot be switched off is measured apart: every answered operation
  * is observed into the shard's latency histogram (actors/metrics.c,
@@ -23,7 +26,9 @@
  * throughput.  The gateway's own metrics are counters it keeps anyway.
  *
  * Prints execs/s of each daemon per round and in total, the difference in
- * per cent, the scrapes (count, p50 time, bytes), and the histogram's cost.
+ * per cent (of the totals, and the median of the rounds' paired
+ * differences, which a load spike in one block moves less), the scrapes
+ * (count, p50 time, bytes), and the histogram's cost.
  */
 #include <curl/curl.h>
 #include <libgen.h>
@@ -126,29 +131,33 @@ scraper_main(void *arg)
     return NULL;
 }
 
-/* One block of T threads for secs seconds on s; execs/s, or -1. */
-static double
-block(struct side *s, int threads, int secs, struct scraper *scrape)
+/* One block: T threads on each side at once for secs seconds (the two
+ * daemons share the machine's load alike), scraping `on` meanwhile; each
+ * side's execs/s into *r_off / *r_on.  0, or -1 when an exec failed. */
+static int
+block(struct side *off, struct side *on, int threads, int secs, struct scraper *scrape,
+      double *r_off, double *r_on)
 {
-    struct worker *w = sbx_xcalloc((size_t)threads, sizeof(*w));
-    pthread_t *th = sbx_xcalloc((size_t)threads, sizeof(*th));
+    int nt = 2 * threads;
+    struct worker *w = sbx_xcalloc((size_t)nt, sizeof(*w));
+    pthread_t *th = sbx_xcalloc((size_t)nt, sizeof(*th));
     pthread_t st;
     if (scrape) {
         atomic_store(&scrape->stop, false);
         pthread_create(&st, NULL, scraper_main, scrape);
     }
     double t0 = sbx_stats_now_ms();
-    for (int i = 0; i < threads; i++) {
-        w[i].s = s;
-        snprintf(w[i].id, sizeof(w[i].id), "obs-%s-%d-%d", s->name, (int)getpid(), i);
+    for (int i = 0; i < nt; i++) {
+        w[i].s = i % 2 ? on : off; /* interleaved: neither side starts first */
+        snprintf(w[i].id, sizeof(w[i].id), "obs-%s-%d-%d", w[i].s->name, (int)getpid(), i / 2);
         w[i].until_ms = t0 + secs * 1000.0;
         pthread_create(&th[i], NULL, worker_main, &w[i]);
     }
-    long n = 0;
+    long n[2] = {0, 0};
     bool failed = false;
-    for (int i = 0; i < threads; i++) {
+    for (int i = 0; i < nt; i++) {
         pthread_join(th[i], NULL);
-        n += w[i].n;
+        n[i % 2] += w[i].n;
         failed |= w[i].failed;
     }
     double dt = (sbx_stats_now_ms() - t0) / 1000.0;
@@ -159,11 +168,13 @@ block(struct side *s, int threads, int secs, struct scraper *scrape)
     }
     free(w);
     free(th);
-    if (failed)
-        return -1;
-    s->execs += (double)n;
-    s->secs += dt;
-    return (double)n / dt;
+    off->execs += (double)n[0];
+    on->execs += (double)n[1];
+    off->secs += dt;
+    on->secs += dt;
+    *r_off = (double)n[0] / dt;
+    *r_on = (double)n[1] / dt;
+    return failed ? -1 : 0;
 }
 
 static int
@@ -206,6 +217,7 @@ int
 main(int argc, char **argv)
 {
     int secs = 3, rounds = 5, threads = 8;
+    bool debug = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             secs = atoi(argv[++i]);
@@ -213,8 +225,10 @@ main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--debug-logs"))
+            debug = true;
         else {
-            fprintf(stderr, "usage: sbx-bench-obs [--seconds S] [--rounds R] [--threads T]\n");
+            fprintf(stderr, "usage: sbx-bench-obs [--seconds S] [--rounds R] [--threads T] [--debug-logs]\n");
             return 2;
         }
     }
@@ -233,42 +247,52 @@ main(int argc, char **argv)
     static const char *const xon[] = {"--pool", "2", "--log-format", "json", NULL};
     int rc = 1;
     char murl[200] = "";
+    double *diff = NULL;
     struct scraper sc = {.url = murl};
-    if (side_start(&off, xoff) != 0 || side_start(&on, xon) != 0) {
+    int started = side_start(&off, xoff);
+    if (started == 0 && debug)
+        setenv("SBX_LOG", "debug", 1); /* runtime/log.c: the on daemon only */
+    if (started == 0)
+        started = side_start(&on, xon);
+    unsetenv("SBX_LOG");
+    if (started != 0) {
         fprintf(stderr, "sbx-bench-obs: cannot start sbxd (root needed)\n");
         goto out;
     }
     snprintf(murl, sizeof(murl), "%s/metrics", on.http);
     /* Warm-up: every sandbox created and its session started on both. */
-    if (block(&off, threads, 1, NULL) < 0 || block(&on, threads, 1, NULL) < 0)
+    double a, b;
+    if (block(&off, &on, threads, 1, NULL, &a, &b) != 0)
         goto out;
     off.execs = off.secs = on.execs = on.secs = 0;
-    printf("exec `true` throughput, %d threads, %d s blocks, metrics+JSON logs on vs off\n",
-           threads, secs);
+    printf("exec `true` throughput, %d threads on each daemon at once, %d s blocks, "
+           "metrics+JSON logs%s on vs off\n",
+           threads, secs, debug ? " (debug level)" : "");
+    diff = sbx_xcalloc((size_t)rounds, sizeof(double));
     for (int r = 0; r < rounds; r++) {
-        struct side *first = r % 2 ? &on : &off, *second = r % 2 ? &off : &on;
-        double a = block(first, threads, secs, first == &on ? &sc : NULL);
-        double b = block(second, threads, secs, second == &on ? &sc : NULL);
-        if (a < 0 || b < 0)
+        if (block(&off, &on, threads, secs, &sc, &a, &b) != 0)
             goto out;
-        printf("  round %d: %-3s %8.0f execs/s, %-3s %8.0f execs/s\n", r + 1, first->name, a,
-               second->name, b);
+        diff[r] = (a - b) / a * 100.0;
+        printf("  round %2d: off %7.0f execs/s, on %7.0f execs/s (%+.2f %%)\n", r + 1, a, b,
+               diff[r]);
     }
+    struct sbx_summary ds = sbx_stats_summary(diff, (size_t)rounds);
     double toff = off.execs / off.secs, ton = on.execs / on.secs;
-    printf("  total: off %.0f execs/s, on %.0f execs/s: on costs %+.2f %% (floor: <= 2 %%; "
-           "negative: on was faster, i.e. noise)\n",
-           toff, ton, (toff - ton) / toff * 100.0);
+    printf("  total: off %.0f execs/s, on %.0f execs/s: on costs %+.2f %%; median of the "
+           "rounds %+.2f %% (floor: <= 2 %%; negative: on was faster, i.e. noise)\n",
+           toff, ton, (toff - ton) / toff * 100.0, ds.p50);
     struct sbx_summary ss = sbx_stats_summary(sc.ms.v, sc.ms.n);
     printf("  scrapes of the on daemon's /metrics during its blocks: %zu, p50 %.2f ms, "
            "%zu bytes\n",
            sc.ms.n, ss.p50, sc.bytes);
     double ns = observe_ns();
-    double per_exec_ns = 2e9 / (toff > 0 ? toff : 1); /* 2 CPUs' time per exec */
+    double per_exec_ns = 2e9 / (toff + ton > 0 ? toff + ton : 1); /* 2 CPUs' time per exec */
     printf("  always on: one latency-histogram observation per operation: %.1f ns in-process "
            "= %.4f %% of the %.0f ns of CPU one exec takes at %.0f execs/s on 2 CPUs\n",
-           ns, ns / per_exec_ns * 100.0, per_exec_ns, toff);
+           ns, ns / per_exec_ns * 100.0, per_exec_ns, toff + ton);
     rc = 0;
 out:
+    free(diff);
     sbx_samples_free(&sc.ms);
     if (off.c)
         sbx_client_close(off.c);
