@@ -158,6 +158,7 @@ bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/sup
                    runtime/prom.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
+RELEASE_BINS += bin/sbx-bench-obs
 
 # The density benchmark (many idle sandboxes: memory, creation rate, stop time).
 bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
