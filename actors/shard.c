@@ -141,10 +141,14 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->preview_domain);
     free(c->preview_scheme);
     free(c->etcd);
+    free(c->etcd_ca);
+    free(c->etcd_cert);
+    free(c->etcd_key);
     free(c->cluster);
     free(c->network_default);
     free(c->network_range);
     free(c->dns_upstream);
+    strv_free(c->insecure_registry);
     free(c->advertise);
     free(c->images);
     free(c->backups);

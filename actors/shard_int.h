@@ -441,11 +441,13 @@ int shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const c
  * the outcome is logged. */
 void shard_image_replicate(struct shard *sh, const char *digest, uint32_t part);
 /* images.c: shard_image_resolve — loop thread, before a `create` op is
- * given to its actor: when its image is a name this node's store lacks and
- * the shard is in a cluster, ask the peers for the name (image.inspect),
- * fetch the image by the digest the first one that knows it answers, and
- * then give the op to the actor with op->img_digest set (true: op is the
- * job's now, answered by it on failure).  false: nothing to do. */
+ * given to its actor: when its image is a name this node's store lacks,
+ * ask the peers for the name (image.inspect; in a cluster), fetch the image
+ * by the digest the first one that knows it answers — or, when none does and
+ * the name holds its registry's host (sbx_image_ref_registry), pull it from
+ * that registry — and then give the op to the actor with op->img_digest set
+ * (true: op is the job's now, answered by it on failure: IMAGE_NOT_FOUND
+ * with the registry's or skopeo's message).  false: nothing to do. */
 bool shard_image_resolve(struct shard *sh, struct sop *op);
 /* shard_intake.c: give a sandbox op (admitted, in the idempotency table)
  * to its actor. */

@@ -963,7 +963,15 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
     if (cluster) {
         snprintf(gw->prefix, sizeof(gw->prefix), "/sbx/%s/",
                  conf->cluster && *conf->cluster ? conf->cluster : "default");
-        if ((rv = sbx_etcd_open(&gw->etcd, conf->etcd, 3000)) != 0 ||
+        char plain[256];
+        if (sbx_etcd_insecure_endpoint(conf->etcd, plain, sizeof(plain)))
+            sbx_log_warn("gateway: etcd at %s is plain HTTP off loopback: whoever reaches it "
+                         "can redirect this gateway's requests (use https:// with "
+                         "--etcd-ca/--etcd-cert/--etcd-key; docs/security.md, Transports)",
+                         plain);
+        if ((rv = sbx_etcd_open(&gw->etcd, conf->etcd, 3000)) == 0)
+            sbx_etcd_set_tls(gw->etcd, conf->etcd_ca, conf->etcd_cert, conf->etcd_key);
+        if (rv != 0 ||
             (rv = sbx_cview_start(&gw->view, gw->etcd, gw->prefix, view_changed, gw)) != 0) {
             sbx_log_error("gateway: cannot follow the cluster in etcd at %s", conf->etcd);
             goto fail;
