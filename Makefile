@@ -47,7 +47,7 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
            runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
-           runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c
+           runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c runtime/mcp.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
@@ -74,7 +74,7 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
            gateway/http_token.c gateway/gw_fork.c \
            gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c gateway/keyfile.c \
-           gateway/gw_tenant.c
+           gateway/gw_tenant.c gateway/mcp_http.c
 # The web console (gateway/console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in gateway/console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
@@ -86,7 +86,7 @@ build/console/console_assets.c: $(CONSOLE_SRC) tools/build-console.sh
 	@tools/build-console.sh build/console
 DAEMON  := tools/sbxd.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
-           tools/cli_mcp.c
+           tools/cli_mcp.c runtime/mcp.c
 # The library the CLI links: the release one exports only the public API
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a
@@ -152,6 +152,13 @@ bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/s
                     build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
+
+# The observability benchmark (exec throughput with metrics scraped and JSON logs on vs off).
+bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c \
+                   runtime/prom.c) build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
+RELEASE_BINS += bin/sbx-bench-obs
 
 # The density benchmark (many idle sandboxes: memory, creation rate, stop time).
 bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
@@ -440,7 +447,8 @@ FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway
                gateway/keyfile.c \
                gateway/http_token.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
-               gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c
+               gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c \
+               gateway/mcp_http.c runtime/mcp.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
