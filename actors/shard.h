@@ -83,6 +83,8 @@ struct sbx_shard_conf {
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
     char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the
                            * host's /etc/resolv.conf (docs/network.md §Host names) */
+    char *egress_inject;  /* file of header injection rules for plain-HTTP egress (mode 600;
+                           * docs/network.md §Credentials stay outside); NULL: none */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity

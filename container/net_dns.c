@@ -72,6 +72,15 @@ struct pin_ent {
     int64_t expires_ms;
 };
 
+/* An answer for an injection rule's host: its address is in ij<k> until
+ * expires_ms (net_proxy.c). */
+struct inj_ent {
+    uint32_t addr;
+    int64_t expires_ms;
+    char name[SBX_NET_NAME_MAX];
+};
+#define INJ_MAX 64       /* per slot; the oldest goes first */
+
 struct dns_slot {
     bool used;
     bool open;                   /* no allow rule: every public address is open */
@@ -81,6 +90,10 @@ struct dns_slot {
     int npins, cap;
     struct sbx_net_pin recent[RECENT];
     int nrecent, head;
+    int ndeny;                   /* the policy's CIDR deny rules (heap) */
+    struct sbx_net_rule *deny;
+    struct inj_ent *inj;         /* answers for injection hosts (heap), ninj of INJ_MAX */
+    int ninj;
 };
 
 struct pending {
@@ -102,6 +115,7 @@ struct sbx_dns {
     uint32_t block;
     sbx_dns_pin_fn pin;
     void *ctx;
+    const struct sbx_inject_set *inject; /* borrowed; NULL: no injection rules */
     pthread_mutex_t mu;          /* guards slots */
     struct dns_slot slots[SLOTS];
     struct pending pend[PENDING]; /* the thread's own */
@@ -233,6 +247,8 @@ sbx_dns_set_policy(struct sbx_dns *d, int k, const struct sbx_net_policy *p)
     struct dns_slot *s = &d->slots[k];
     free(s->names);
     free(s->pins);
+    free(s->deny);
+    free(s->inj);
     memset(s, 0, sizeof(*s)); /* a new policy flushed the sets: no pin is left */
     if (p) {
         s->used = true;
@@ -242,6 +258,9 @@ sbx_dns_set_policy(struct sbx_dns *d, int k, const struct sbx_net_policy *p)
         s->names = sbx_xcalloc((size_t)(s->na + s->nd) + 1, sizeof(*s->names));
         memcpy(s->names, p->allow_names, (size_t)s->na * sizeof(*s->names));
         memcpy(s->names + s->na, p->deny_names, (size_t)s->nd * sizeof(*s->names));
+        s->ndeny = p->ndeny;
+        s->deny = sbx_xcalloc((size_t)p->ndeny + 1, sizeof(*s->deny));
+        memcpy(s->deny, p->deny, (size_t)p->ndeny * sizeof(*s->deny));
     }
     pthread_mutex_unlock(&d->mu);
 }
@@ -342,6 +361,86 @@ pin_cmds(struct sbx_dns *d, int k, const char *name, uint32_t addr, uint32_t ttl
     if (s->nrecent < RECENT)
         s->nrecent++;
     return added;
+}
+
+/*
+ * inject_cmds — for each injection rule whose host matches name, whose port
+ * slot k's policy lets the sandbox reach at that name (no allow rule at
+ * all, or an allow name rule for every port or that one) and whose address
+ * no CIDR deny rule covers: addr . port into set ij<k> for ttl seconds, and
+ * remembered for sbx_dns_resolved (d->mu held).  The always-denied and
+ * private ranges are left to the forward chain by the nat chain itself.
+ */
+static void
+inject_cmds(struct sbx_dns *d, int k, const char *name, uint32_t addr, uint32_t ttl,
+            struct sbx_net_buf *b)
+{
+    struct dns_slot *s = &d->slots[k];
+    bool any = false;
+    for (int i = 0; d->inject && i < d->inject->n; i++) {
+        const struct sbx_inject *r = &d->inject->r[i];
+        uint16_t port = sbx_inject_port(r);
+        if (!sbx_net_name_match(&r->host, name))
+            continue;
+        bool ok = s->open;
+        for (int j = 0; j < s->na && !ok; j++)
+            ok = sbx_net_name_match(&s->names[j], name) &&
+                 (s->names[j].port == 0 || s->names[j].port == port);
+        for (int j = 0; j < s->ndeny && ok; j++) {
+            const struct sbx_net_rule *dr = &s->deny[j];
+            uint32_t m = dr->plen ? 0xffffffffu << (32 - dr->plen) : 0;
+            ok = !((addr & m) == dr->addr && (dr->port == 0 || dr->port == port));
+        }
+        if (!ok)
+            continue;
+        struct in_addr ia = {.s_addr = htonl(addr)};
+        char a[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &ia, a, sizeof(a));
+        sbx_net_buf_add(b,
+                        "add element inet sbx ij%d { %s . %u }\n"
+                        "delete element inet sbx ij%d { %s . %u }\n"
+                        "add element inet sbx ij%d { %s . %u timeout %us }\n",
+                        k, a, port, k, a, port, k, a, port, ttl);
+        any = true;
+    }
+    if (!any)
+        return;
+    int64_t now = sbx_wall_ms();
+    struct inj_ent *e = NULL;
+    if (!s->inj)
+        s->inj = sbx_xcalloc(INJ_MAX, sizeof(*s->inj));
+    for (int i = 0; i < s->ninj && !e; i++)
+        if (s->inj[i].addr == addr && !strcmp(s->inj[i].name, name))
+            e = &s->inj[i];
+    for (int i = 0; i < s->ninj && !e; i++) /* an ended one */
+        if (s->inj[i].expires_ms <= now)
+            e = &s->inj[i];
+    if (!e && s->ninj < INJ_MAX)
+        e = &s->inj[s->ninj++];
+    if (!e) { /* full: the one that ends first */
+        e = &s->inj[0];
+        for (int i = 1; i < s->ninj; i++)
+            if (s->inj[i].expires_ms < e->expires_ms)
+                e = &s->inj[i];
+    }
+    e->addr = addr;
+    e->expires_ms = now + (int64_t)ttl * 1000;
+    snprintf(e->name, sizeof(e->name), "%s", name);
+}
+
+bool
+sbx_dns_resolved(struct sbx_dns *d, int k, uint32_t addr, const char *host)
+{
+    if (!d || k <= 0 || k >= SLOTS)
+        return false;
+    bool hit = false;
+    int64_t now = sbx_wall_ms();
+    pthread_mutex_lock(&d->mu);
+    struct dns_slot *s = &d->slots[k];
+    for (int i = 0; i < s->ninj && !hit; i++)
+        hit = s->inj[i].addr == addr && s->inj[i].expires_ms > now && !strcmp(s->inj[i].name, host);
+    pthread_mutex_unlock(&d->mu);
+    return hit;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -450,17 +549,21 @@ on_answer(struct sbx_dns *d, const uint8_t *buf, size_t len, const struct sockad
     struct sbx_net_buf b = {0};
     int rc = 0;
     ldns_rr_list *ans = ldns_pkt_answer(a);
-    for (size_t i = 0; i < ldns_rr_list_rr_count(ans) && v == V_PIN && rc >= 0; i++) {
+    for (size_t i = 0; i < ldns_rr_list_rr_count(ans) && rc >= 0; i++) {
         ldns_rr *rr = ldns_rr_list_rr(ans, i);
         if (ldns_rr_get_type(rr) != LDNS_RR_TYPE_A || ldns_rr_rd_count(rr) != 1 ||
             ldns_rdf_size(ldns_rr_rdf(rr, 0)) != 4)
             continue;
         uint32_t ttl = ldns_rr_ttl(rr);
         ttl = ttl < PIN_MIN_S ? PIN_MIN_S : ttl > PIN_MAX_S ? PIN_MAX_S : ttl;
-        uint32_t addr, eff;
+        uint32_t addr, eff = ttl;
         memcpy(&addr, ldns_rdf_data(ldns_rr_rdf(rr, 0)), 4);
-        rc = pin_cmds(d, p->slot, p->qname, ntohl(addr), ttl, &eff, &b);
-        ldns_rr_set_ttl(rr, eff);
+        if (v == V_PIN) {
+            rc = pin_cmds(d, p->slot, p->qname, ntohl(addr), ttl, &eff, &b);
+            ldns_rr_set_ttl(rr, eff);
+        }
+        if (rc >= 0 && d->inject)
+            inject_cmds(d, p->slot, p->qname, ntohl(addr), ttl, &b);
     }
     if (rc >= 0 && b.p)
         rc = d->pin(d->ctx, b.p);
@@ -546,9 +649,11 @@ listen_in(int nsfd)
 
 int
 sbx_dns_start(struct sbx_dns **out, int router_nsfd, const char *upstream, uint32_t block,
-              sbx_dns_pin_fn pin, void *ctx, char *why, size_t whylen)
+              const struct sbx_inject_set *inject, sbx_dns_pin_fn pin, void *ctx, char *why,
+              size_t whylen)
 {
     struct sbx_dns *d = sbx_xcalloc(1, sizeof(*d));
+    d->inject = inject && inject->n ? inject : NULL;
     d->dfd = d->ufd = d->wake[0] = d->wake[1] = -1;
     d->block = block;
     d->pin = pin;
@@ -613,6 +718,8 @@ sbx_dns_stop(struct sbx_dns *d)
     for (int k = 0; k < SLOTS; k++) {
         free(d->slots[k].names);
         free(d->slots[k].pins);
+        free(d->slots[k].deny);
+        free(d->slots[k].inj);
     }
     pthread_mutex_destroy(&d->mu);
     free(d);

@@ -241,6 +241,9 @@ set_log_format(const char *log_format, const char *cmd)
         {"dns-upstream", SBX_OPT_STR, &(c)->dns_upstream,                                     \
          "A.B.C.D[:PORT]: where egress sandboxes' resolver forwards allowed names "           \
          "(default: the host's first IPv4 nameserver)"},                                      \
+        {"egress-inject", SBX_OPT_STR, &(c)->egress_inject,                                   \
+         "file of rules 'HOST[:PORT] Name: value' (mode 600): headers the egress point adds "  \
+         "to sandboxes' plain-HTTP requests to HOST, the secret never inside"},              \
         {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
          "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
          "(kept on disk, docs/persistence.md)"},                                            \
