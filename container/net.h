@@ -115,7 +115,9 @@ typedef struct sbx_net sbx_net;
 struct sbx_net_conf {
     const char *name;   /* the shard's name: router netns "sbx-<name>" */
     const char *range;  /* IPv4 range the shard's /22 block comes from */
-    const char *dns_upstream; /* "A.B.C.D[:PORT]": where the sandboxes' resolver forwards
+    const char *dns_upstream; /* "A.B.C.D[:PORT]" (or up to 4, ',' between them, tried in
+                               * order: failover on SERVFAIL or silence): where the
+                               * sandboxes' resolver forwards
                                * the queries it allows; NULL: the first IPv4 nameserver
                                * of the host's /etc/resolv.conf (read when the router is
                                * made) */

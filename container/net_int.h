@@ -128,9 +128,11 @@ int sbx_proxy_start(struct sbx_proxy **out, int router_nsfd, uint32_t block,
 void sbx_proxy_stop(struct sbx_proxy *p);
 
 /* net_dns.c — the sandboxes' resolver (docs/network.md §Host names).
- * sbx_dns_start: a thread serving SBX_NET_RESOLVER:53/udp from a socket
- * opened in netns router_nsfd, forwarding allowed queries from a socket of
- * the caller's netns to upstream ("A.B.C.D[:PORT]"), pinning the A answers
+ * sbx_dns_start: a thread serving SBX_NET_RESOLVER:53 over UDP and TCP from
+ * sockets opened in netns router_nsfd, forwarding allowed queries from
+ * sockets of the caller's netns to upstream ("A.B.C.D[:PORT]", or up to 4
+ * separated by ',', the next tried on SERVFAIL or 1.5 s of silence; NULL or
+ * "": the host's first IPv4 nameserver), pinning the A answers
  * through pin(ctx, nft_cmds) (0 or -errno); a query's source address
  * block + 2k + 1 is slot k's; for names of inject's rules (NULL: none) that
  * the policy lets reach the rule's port, the A answers also go to set ij<k>

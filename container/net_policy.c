@@ -437,6 +437,7 @@ sbx_net_render_router(struct sbx_net_buf *b, const char *range, bool inject)
                     " chain input { type filter hook input priority filter; policy drop;"
                     " iifname \"lo\" accept; ct state established,related accept;"
                     " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " udp dport 53 accept;"
+                    " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " tcp dport 53 accept;"
                     "%s"
                     " jump refuse; }\n"
                     " chain output { type filter hook output priority filter; policy accept;"

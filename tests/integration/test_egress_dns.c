@@ -912,3 +912,129 @@ Test(egress_dns, injection_keeps_the_policy)
     free(id);
     sbx_client_close(c);
 }
+
+/* ask_tcp — the sandbox asks its resolver (or addr) for name's A record
+ * over TCP (RFC 7766 framing), in Python: "rcode R addr A" (A the first
+ * address, or "-"). */
+static char *
+ask_tcp(sbx_client *c, const char *id, const char *name)
+{
+    char cmd[1536];
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c \"\n"
+             "import socket, struct, sys\n"
+             "n = sys.argv[1]\n"
+             "q = b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00' + "
+             "b''.join(bytes([len(l)]) + l.encode() for l in n.split('.')) + b'\\x00\\x00\\x01\\x00\\x01'\n"
+             "s = socket.create_connection(('" RESOLVER "', 53), timeout=8)\n"
+             "s.sendall(struct.pack('!H', len(q)) + q)\n"
+             "def rd(k):\n"
+             "    b = b''\n"
+             "    while len(b) < k:\n"
+             "        x = s.recv(k - len(b))\n"
+             "        if not x: raise SystemExit('closed')\n"
+             "        b += x\n"
+             "    return b\n"
+             "r = rd(struct.unpack('!H', rd(2))[0])\n"
+             "a = '-'\n"
+             "if struct.unpack('!H', r[6:8])[0] > 0 and r[-6:-4] == b'\\x00\\x04': a = socket.inet_ntoa(r[-4:])\n"
+             "print('rcode', r[3] & 15, 'addr', a, 'id', r[0:2].hex())\n"
+             "\" %s 2>&1",
+             name);
+    int ec;
+    return run(c, id, cmd, &ec);
+}
+
+Test(egress_dns, dns_over_tcp_answers_and_pins)
+{
+    sbx_client *c = client();
+    char *id = test_id("dns-tcp");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"allowed.test:8080\"]}");
+    cr_expect(!fetch(c, id, ip_ok, 8080), "%s reached before a lookup", ip_ok);
+    char *out = ask_tcp(c, id, "allowed.test");
+    char want[96];
+    snprintf(want, sizeof(want), "rcode 0 addr %s id 1234", ip_ok);
+    cr_expect(strstr(out, want), "over TCP: %s", out);
+    free(out);
+    /* The TCP answer pinned the address as a UDP one does. */
+    cr_expect(fetch(c, id, ip_ok, 8080), "not reached after a lookup over TCP");
+    out = ask_tcp(c, id, "other.test");
+    cr_expect(strstr(out, "rcode 5 addr -"), "an unlisted name over TCP: %s", out);
+    free(out);
+    /* glibc's own client over TCP (RES_OPTIONS=use-vc). */
+    int ec;
+    out = run(c, id, "RES_OPTIONS=use-vc getent ahostsv4 allowed.test | awk 'NR==1 {print $1}'",
+              &ec);
+    cr_expect(!strncmp(out, ip_ok, strlen(ip_ok)), "use-vc lookup: '%s'", out);
+    free(out);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* servfail_ns — a child in the test host answering every UDP query on
+ * addr:port with SERVFAIL. */
+static pid_t
+servfail_ns(const char *addr, int port)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nfd = open(ns_path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
+            _exit(126);
+        char py[512];
+        snprintf(py, sizeof(py),
+                 "import socket\n"
+                 "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                 "s.bind(('%s', %d))\n"
+                 "while True:\n"
+                 "    q, a = s.recvfrom(4096)\n"
+                 "    r = bytearray(q); r[2] |= 0x80; r[3] = (r[3] & 0xf0) | 2\n"
+                 "    s.sendto(bytes(r), a)\n",
+                 addr, port);
+        execl("/usr/bin/python3", "python3", "-c", py, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+Test(egress_dns, upstream_failover)
+{
+    /* A daemon whose first upstream answers SERVFAIL, whose second is
+     * silent (nothing listens there), and whose third is the dnsmasq. */
+    pid_t sf = servfail_ns(ip_other, 5300);
+    cr_assert_gt(sf, 0);
+    usleep(300 * 1000);
+    char ups[128];
+    snprintf(ups, sizeof(ups), "%s:5300,%s:5353,%s", ip_other, ip_ok, dns_ip);
+    struct testd *d2 = sbx_xcalloc(1, sizeof(*d2));
+    const char *const extra[] = {TESTD_SMALL, "--dns-upstream", ups, NULL};
+    int started = testd_start(d2, 1, extra);
+    sbx_client *c = NULL;
+    sbx_error err = {0};
+    char *id = test_id("dns-fo");
+    if (started == 0 && sbx_client_open(&c, d2->url, &err) == 0) {
+        create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"allowed.test:8080\"]}");
+        char a[64];
+        lookup(c, id, "allowed.test", a, sizeof(a));
+        cr_expect_str_eq(a, ip_ok, "over UDP past a SERVFAIL and a silent upstream: '%s'", a);
+        cr_expect(fetch(c, id, "allowed.test", 8080), "allowed.test:8080 not reached");
+        char *out = ask_tcp(c, id, "wild.test");
+        cr_expect(strstr(out, "rcode 5"), "wild.test is not allowed: %s", out);
+        free(out);
+        out = ask_tcp(c, id, "allowed.test");
+        char want[64];
+        snprintf(want, sizeof(want), "rcode 0 addr %s", ip_ok);
+        cr_expect(strstr(out, want), "over TCP past the failing upstreams: %s", out);
+        free(out);
+        destroy(c, id);
+        sbx_client_close(c);
+    } else {
+        cr_expect(false, "the second daemon: %s", started ? "did not start" : err.message);
+    }
+    sbx_error_free(&err);
+    free(id);
+    testd_stop(d2);
+    free(d2);
+    stop_child(&sf);
+}
