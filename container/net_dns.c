@@ -76,6 +76,7 @@
 #define UPS_MAX 4        /* upstream resolvers (--dns-upstream A,B,...) */
 #define TRY_MS 1500      /* an upstream silent this long: the next one */
 #define TCP_CONNS_MAX 32 /* DNS-over-TCP connections at once (one thread each) */
+#define TCP_SLOT_MAX 4   /* ... of one sandbox */
 #define TCP_IDLE_MS 10000
 
 struct pin_ent {
@@ -136,9 +137,10 @@ struct sbx_dns {
     int nup;                     /* upstreams, in order of preference */
     struct sockaddr_in ups[UPS_MAX];
     atomic_int cur;              /* the upstream queries start at (the last that answered) */
-    pthread_mutex_t tcp_mu;      /* guards tcp_conns */
+    pthread_mutex_t tcp_mu;      /* guards tcp_conns, tcp_slot */
     pthread_cond_t tcp_cv;
     int tcp_conns;
+    uint8_t tcp_slot[SLOTS];
     uint32_t block;
     sbx_dns_pin_fn pin;
     void *ctx;
@@ -860,6 +862,7 @@ tcp_main(void *arg)
     close(c->fd);
     pthread_mutex_lock(&d->tcp_mu);
     d->tcp_conns--;
+    d->tcp_slot[c->slot]--;
     pthread_cond_broadcast(&d->tcp_cv);
     pthread_mutex_unlock(&d->tcp_mu);
     free(c);
@@ -876,9 +879,11 @@ on_tcp_accept(struct sbx_dns *d)
         return;
     int k = slot_of(d, ntohl(peer.sin_addr.s_addr));
     pthread_mutex_lock(&d->tcp_mu);
-    bool ok = k > 0 && d->tcp_conns < TCP_CONNS_MAX;
-    if (ok)
+    bool ok = k > 0 && d->tcp_conns < TCP_CONNS_MAX && d->tcp_slot[k] < TCP_SLOT_MAX;
+    if (ok) {
         d->tcp_conns++;
+        d->tcp_slot[k]++;
+    }
     pthread_mutex_unlock(&d->tcp_mu);
     if (!ok) {
         close(fd);
@@ -896,6 +901,7 @@ on_tcp_accept(struct sbx_dns *d)
         free(c);
         pthread_mutex_lock(&d->tcp_mu);
         d->tcp_conns--;
+        d->tcp_slot[k]--;
         pthread_mutex_unlock(&d->tcp_mu);
     }
     pthread_attr_destroy(&at);
