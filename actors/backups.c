@@ -292,6 +292,19 @@ actor_op_backup_create(struct actor *a, struct sop *op)
     bk_start(a, j);
 }
 
+/* Whether internal sandbox ID `sandbox` is in tenant `owner`'s namespace
+ * ("<owner>--<id>"; owner "" = the default tenant, IDs without "--"):
+ * a backup belongs to the tenant of the sandbox it was made of
+ * (docs/security.md §6). */
+static bool
+tenant_of(const char *sandbox, sbx_str owner)
+{
+    const char *dd = strstr(sandbox, "--");
+    if (!owner.n)
+        return dd == NULL;
+    return dd && (size_t)(dd - sandbox) == owner.n && !memcmp(sandbox, owner.p, owner.n);
+}
+
 void
 actor_op_backup_restore(struct actor *a, struct sop *op)
 {
@@ -322,6 +335,14 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     _cleanup_err_ sbx_err_t err = NULL;
     /* Known and not expired before a container is started for it. */
     int rc = sbx_backup_store_open(a->sh->backups, id, &j->info, &j->fd, &err);
+    if (rc == 0 && op->tenant_set &&
+        !tenant_of(j->info.sandbox, (sbx_str){op->tenant, strlen(op->tenant)})) {
+        /* With API keys (the gateway stamped the caller's tenant), another
+         * tenant's backup is answered as an unknown ID, word for word;
+         * keyless, every sandbox is the one implicit tenant's. */
+        sbx_err_release(&err);
+        rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+    }
     if (rc != 0) {
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
         job_free(j);
@@ -352,12 +373,17 @@ shard_op_backup_list(struct sop *op)
         reply_error(op, rc, err);
         return;
     }
+    /* owner (set by the gateway from a tenant's key): that tenant's only. */
+    sbx_str owner;
+    bool scoped = sbx_wire_get_str(op->req.args, "owner", &owner) == 0;
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_str(&e, "backups");
     sbx_enc_array(&e);
     for (size_t i = 0; i < n; i++) {
         char ts[40];
+        if (scoped && !tenant_of(v[i].sandbox, owner))
+            continue;
         sbx_enc_map(&e);
         sbx_enc_kstr(&e, "id", v[i].id);
         sbx_enc_kstr(&e, "name", v[i].name);
@@ -392,6 +418,23 @@ shard_op_backup_delete(struct sop *op)
     if (!sh->backups[0]) {
         shard_reply_err(op, SBX_E_STORAGE, "this node has no backup store");
         return;
+    }
+    sbx_str owner;
+    if (sbx_wire_get_str(op->req.args, "owner", &owner) == 0) {
+        /* A tenant deletes its own backups: another's is an unknown ID. */
+        struct sbx_backup_info info;
+        int fd = -1;
+        int orc = sbx_backup_store_open(sh->backups, id, &info, &fd, &err);
+        if (fd >= 0)
+            close(fd);
+        if (orc == 0 && !tenant_of(info.sandbox, owner)) {
+            shard_reply_err(op, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+            return;
+        }
+        if (orc != 0) {
+            reply_error(op, orc, err);
+            return;
+        }
     }
     int rc = sbx_backup_store_delete(sh->backups, id, &err);
     if (rc != 0) {
