@@ -54,6 +54,7 @@ CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/
              container/image_unpack.c container/image_layer.c container/image_user.c container/image_fetch.c \
              container/image_template.c \
              container/net.c container/net_dns.c container/net_link.c container/net_policy.c \
+             container/net_proxy.c container/net_http.c \
              container/workspace.c container/backup.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
@@ -466,6 +467,10 @@ build/fuzz/fuzz_etcd: FUZZ_LIBS += -lcurl
 build/fuzz/fuzz_etcd: FUZZ_LDFLAGS += -Wl,--wrap=curl_easy_init,--wrap=curl_easy_setopt \
     -Wl,--wrap=curl_easy_perform,--wrap=curl_easy_getinfo,--wrap=curl_easy_cleanup \
     -Wl,--wrap=json_loadb
+# fuzz_egress_head links the egress point's request-head parser and injection rules
+# (container/net_http.c, net_proxy.c; container/net_int.h).
+build/fuzz/fuzz_egress_head: $(call fuzz_objs,container/net_http.c container/net_proxy.c \
+    container/net_policy.c)
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 

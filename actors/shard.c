@@ -148,6 +148,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->network_default);
     free(c->network_range);
     free(c->dns_upstream);
+    free(c->egress_inject);
     strv_free(c->insecure_registry);
     free(c->advertise);
     free(c->images);
@@ -505,7 +506,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         goto out;
     }
     struct sbx_net_conf nc = {.name = conf->name, .range = conf->network_range,
-                              .dns_upstream = conf->dns_upstream};
+                              .dns_upstream = conf->dns_upstream,
+                              .inject_file = conf->egress_inject};
     if ((rc = sbx_net_new(&sh->net, &nc, why, sizeof(why))) != 0) {
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;

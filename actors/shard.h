@@ -84,8 +84,11 @@ struct sbx_shard_conf {
                            * image pools; they adapt above it: image_pool.c) */
     char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
-    char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the
-                           * host's /etc/resolv.conf (docs/network.md §Host names) */
+    char *dns_upstream;   /* A.B.C.D[:PORT][,…] (up to 4, failover in order) the sandboxes'
+                           * resolver forwards to; NULL: the host's /etc/resolv.conf
+                           * (docs/network.md §Host names) */
+    char *egress_inject;  /* file of header injection rules for plain-HTTP egress (mode 600;
+                           * docs/network.md §Credentials stay outside); NULL: none */
     char **insecure_registry; /* registry hosts ("host[:port]") pulled from over plain HTTP
                                * or an unverified certificate, besides loopback ones
                                * (docs/images.md, "Pull") */

@@ -269,8 +269,12 @@ set_log_format(const char *log_format, const char *cmd)
         {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
          "IPv4 range of sandbox addresses, one /22 per shard (10.88.0.0/16)"},                \
         {"dns-upstream", SBX_OPT_STR, &(c)->dns_upstream,                                     \
-         "A.B.C.D[:PORT]: where egress sandboxes' resolver forwards allowed names "           \
-         "(default: the host's first IPv4 nameserver)"},                                      \
+         "A.B.C.D[:PORT][,…] (up to 4, the next on SERVFAIL or silence): where egress "       \
+         "sandboxes' resolver forwards allowed names (default: the host's first IPv4 "        \
+         "nameserver)"},                                                                      \
+        {"egress-inject", SBX_OPT_STR, &(c)->egress_inject,                                   \
+         "file of rules 'HOST[:PORT] Name: value' (mode 600): headers the egress point adds "  \
+         "to sandboxes' plain-HTTP requests to HOST, the secret never inside"},              \
         {"insecure-registry", SBX_OPT_LIST, &(c)->insecure_registry,                          \
          "registry host[:port] pulled from over plain HTTP or an unverified certificate "     \
          "(repeat; loopback registries always are, as Docker's default)"},                    \
