@@ -88,9 +88,10 @@ sbx_s3_new(const struct sbx_s3_conf *conf, struct sbx_s3 **out, sbx_err_t *err)
     memcpy(s->bucket, u, bl);
     const char *p = u[bl] ? u + bl + 1 : "";
     if (!key_chars_ok(s->bucket) || strchr(s->bucket, '/') || !key_chars_ok(p) ||
-        strlen(p) > 400 || strstr(p, "//") || p[0] == '/')
+        strlen(p) > 400 || strstr(p, "//") || strstr(p, "..") || p[0] == '/')
         return sbx_err_make(err, SBX_E_VALIDATION,
-                            "--backup-store: bucket and prefix may have only A-Z a-z 0-9 . _ - /");
+                            "--backup-store: bucket and prefix may have only A-Z a-z 0-9 . _ - / "
+                            "(no empty or '..' component)");
     snprintf(s->prefix, sizeof(s->prefix), "%s%s", p, p[0] && p[strlen(p) - 1] != '/' ? "/" : "");
     const char *region = conf->region && *conf->region ? conf->region : "us-east-1";
     if (strlen(region) > 60 || !key_chars_ok(region) || strchr(region, '/'))
