@@ -523,8 +523,10 @@ blob_path(const char *root, const char *digest, char *out, size_t outlen)
 static void
 info_from_json(const char *id, json_t *j, struct sbx_backup_info *info)
 {
+    char keep[sizeof(info->id)]; /* id may be info->id */
+    snprintf(keep, sizeof(keep), "%s", id);
     memset(info, 0, sizeof(*info));
-    snprintf(info->id, sizeof(info->id), "%s", id);
+    memcpy(info->id, keep, sizeof(keep));
     const char *s;
     if ((s = json_string_value(json_object_get(j, "name"))))
         snprintf(info->name, sizeof(info->name), "%s", s);

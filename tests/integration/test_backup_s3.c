@@ -366,6 +366,7 @@ Test(backup_s3, git_repo_round_trip_list_delete)
     snprintf(args, sizeof(args), "{\"id\":\"%s\",\"dir\":\"/workspace/dst\"}", bid);
     char *j = call(c, "backup.restore", b, args, code);
     cr_assert(j, "backup.restore: %s", code);
+    cr_assert(strstr(j, bid), "the answer does not name the backup: %s", j);
     free(j);
     char *got = sh(c, b, TREE_CMD("/workspace/dst"));
     cr_assert_str_eq(got, want, "the restored repository differs");
