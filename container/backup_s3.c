@@ -159,8 +159,9 @@ struct s3_call {
     /* GET's body of a 2xx: into out_fd (hashed into h), else into buf. */
     int out_fd;
     struct sha256_ctx h;
-    int64_t out_max;     /* bytes beyond which a body is cut (the call fails) */
-    int64_t got;
+    int64_t out_max;     /* bytes beyond which a body is cut (the call fails): of a 2xx
+                          * into out_fd, else of buf */
+    int64_t got;         /* bytes of a 2xx body written to out_fd */
     bool too_big, write_failed;
     char *buf;           /* heap, NUL-terminated; also a non-2xx answer's body */
     size_t len, cap;
@@ -197,12 +198,12 @@ on_write(char *src, size_t size, size_t nmemb, void *arg)
     size_t n = size * nmemb;
     if (!c->status)
         curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &c->status);
-    c->got += (int64_t)n;
-    if (c->got > c->out_max) {
-        c->too_big = true;
-        return 0;
-    }
     if (c->out_fd >= 0 && c->status / 100 == 2) {
+        c->got += (int64_t)n;
+        if (c->got > c->out_max) {
+            c->too_big = true;
+            return 0;
+        }
         sha256_update(&c->h, n, (const uint8_t *)src);
         for (size_t off = 0; off < n;) {
             ssize_t w = write(c->out_fd, src + off, n - off);
@@ -215,6 +216,11 @@ on_write(char *src, size_t size, size_t nmemb, void *arg)
             off += (size_t)w;
         }
         return n;
+    }
+    /* Into buf: an answer read whole, or an error's body (1 MiB at most). */
+    if ((int64_t)(c->len + n) > (c->out_fd >= 0 ? (1 << 20) : c->out_max)) {
+        c->too_big = true;
+        return 0;
     }
     if (c->len + n + 1 > c->cap) {
         c->cap = (c->len + n + 1) * 2;
