@@ -292,6 +292,8 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
 build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: LDLIBS_TEST += -larchive
+build/asan/tests/integration/test_image_pull: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_image_pull: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_egress: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_egress: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbuild.o

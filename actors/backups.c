@@ -79,7 +79,11 @@ struct bk_job {
     int code;                    /* 0 or the error's code */
     char *msg;                   /* the error's message (owned) */
     int64_t ms;                  /* how long the archive took */
+    char tenant[20];             /* restore from S3: the caller's tenant (sop.tenant) … */
+    bool tenant_set;             /* … if stamped: another tenant's backup is unknown */
 };
+
+static bool tenant_of(const char *sandbox, sbx_str owner);
 
 static void
 job_free(struct bk_job *j)
@@ -132,8 +136,13 @@ bk_restore(struct bk_job *j)
     struct sbx_s3 *s3 = j->a->sh->s3;
     int rc;
     if (s3) {
-        /* Downloaded into j->fd and checked as it arrives. */
-        if ((rc = sbx_s3_store_fetch(s3, j->info.id, j->fd, &j->info, &err)) != 0 ||
+        /* Looked up (another tenant's is unknown, as in actor_op_backup_restore),
+         * then downloaded into j->fd and checked as it arrives. */
+        rc = sbx_s3_store_lookup(s3, j->info.id, &j->info, &err);
+        if (rc == 0 && j->tenant_set &&
+            !tenant_of(j->info.sandbox, (sbx_str){j->tenant, strlen(j->tenant)}))
+            rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", j->info.id);
+        if (rc != 0 || (rc = sbx_s3_store_fetch(s3, &j->info, j->fd, &err)) != 0 ||
             (lseek(j->fd, 0, SEEK_SET) != 0 &&
              (rc = sbx_err_make(&err, -errno, "backup '%s': its download", j->info.id)))) {
             job_fail(j, rc, err);
@@ -318,6 +327,19 @@ actor_op_backup_create(struct actor *a, struct sop *op)
     bk_start(a, j);
 }
 
+/* Whether internal sandbox ID `sandbox` is in tenant `owner`'s namespace
+ * ("<owner>--<id>"; owner "" = the default tenant, IDs without "--"):
+ * a backup belongs to the tenant of the sandbox it was made of
+ * (docs/security.md §6). */
+static bool
+tenant_of(const char *sandbox, sbx_str owner)
+{
+    const char *dd = strstr(sandbox, "--");
+    if (!owner.n)
+        return dd == NULL;
+    return dd && (size_t)(dd - sandbox) == owner.n && !memcmp(sandbox, owner.p, owner.n);
+}
+
 void
 actor_op_backup_restore(struct actor *a, struct sop *op)
 {
@@ -348,10 +370,13 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     _cleanup_err_ sbx_err_t err = NULL;
     int rc;
     if (a->sh->s3) {
-        /* Looked up on the job's thread; downloaded into an unnamed file
-         * of the local tmp/ (gone with its descriptor). */
+        /* Looked up on the job's thread (with the tenant's check below);
+         * downloaded into an unnamed file of the local tmp/ (gone with its
+         * descriptor). */
         char tmpd[4200];
         snprintf(j->info.id, sizeof(j->info.id), "%.27s", id);
+        snprintf(j->tenant, sizeof(j->tenant), "%s", op->tenant);
+        j->tenant_set = op->tenant_set;
         snprintf(tmpd, sizeof(tmpd), "%s/tmp", a->sh->backups);
         j->fd = open(tmpd, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
         rc = j->fd < 0 ? sbx_err_make(&err, SBX_E_STORAGE, "backup store's tmp/: %s",
@@ -362,6 +387,14 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     } else {
         /* Known and not expired before a container is started for it. */
         rc = sbx_backup_store_open(a->sh->backups, id, &j->info, &j->fd, &err);
+    }
+    if (rc == 0 && !a->sh->s3 && op->tenant_set &&
+        !tenant_of(j->info.sandbox, (sbx_str){op->tenant, strlen(op->tenant)})) {
+        /* With API keys (the gateway stamped the caller's tenant), another
+         * tenant's backup is answered as an unknown ID, word for word;
+         * keyless, every sandbox is the one implicit tenant's. */
+        sbx_err_release(&err);
+        rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
     }
     if (rc != 0) {
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
@@ -381,12 +414,17 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
 static void
 reply_list(struct sop *op, const struct sbx_backup_info *v, size_t n)
 {
+    /* owner (set by the gateway from a tenant's key): that tenant's only. */
+    sbx_str owner;
+    bool scoped = sbx_wire_get_str(op->req.args, "owner", &owner) == 0;
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_str(&e, "backups");
     sbx_enc_array(&e);
     for (size_t i = 0; i < n; i++) {
         char ts[40];
+        if (scoped && !tenant_of(v[i].sandbox, owner))
+            continue;
         sbx_enc_map(&e);
         sbx_enc_kstr(&e, "id", v[i].id);
         sbx_enc_kstr(&e, "name", v[i].name);
@@ -420,6 +458,8 @@ struct bk_node_job {
     struct shard *sh;
     struct sop *op;
     char id[64];                 /* delete's; "" for list */
+    bool scoped;                 /* delete: only a backup of tenant `owner` (the gateway's) */
+    char owner[64];
     struct sbx_backup_info *v;   /* list's answer (heap) */
     size_t n;
     int code;
@@ -448,7 +488,17 @@ bk_node_thread(void *arg)
     struct bk_node_job *j = arg;
     struct shard *sh = j->sh;
     _cleanup_err_ sbx_err_t err = NULL;
-    int rc = j->id[0] ? sbx_s3_store_delete(sh->s3, j->id, &err)
+    int rc = 0;
+    struct sbx_backup_info info;
+    if (j->id[0] && j->scoped) {
+        /* A tenant deletes its own backups: another's is an unknown ID
+         * (errors of the lookup answered as the local store's path does). */
+        rc = sbx_s3_store_lookup(sh->s3, j->id, &info, &err);
+        if (rc == 0 && !tenant_of(info.sandbox, (sbx_str){j->owner, strlen(j->owner)}))
+            rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", j->id);
+    }
+    if (rc == 0)
+        rc = j->id[0] ? sbx_s3_store_delete(sh->s3, j->id, &err)
                       : sbx_s3_store_list(sh->s3, &j->v, &j->n, &err);
     if (rc) {
         j->code = rc;
@@ -459,14 +509,24 @@ bk_node_thread(void *arg)
     return NULL;
 }
 
+/* owner: delete's tenant scope (NULL: none). */
 static void
-bk_node_start(struct sop *op, const char *id)
+bk_node_start(struct sop *op, const char *id, const sbx_str *owner)
 {
     struct shard *sh = op->sh;
     struct bk_node_job *j = sbx_xcalloc(1, sizeof(*j));
     j->sh = sh;
     j->op = op;
     snprintf(j->id, sizeof(j->id), "%s", id ? id : "");
+    if (owner && owner->n >= sizeof(j->owner)) { /* no tenant has so long a name */
+        shard_reply_err(op, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", j->id);
+        free(j);
+        return;
+    }
+    if (owner) {
+        j->scoped = true;
+        memcpy(j->owner, owner->p, owner->n);
+    }
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -492,7 +552,7 @@ shard_op_backup_list(struct sop *op)
         return;
     }
     if (sh->s3) {
-        bk_node_start(op, NULL);
+        bk_node_start(op, NULL, NULL); /* reply_list scopes the answer */
         return;
     }
     int rc = sbx_backup_store_list(sh->backups, &v, &n, &err);
@@ -521,9 +581,27 @@ shard_op_backup_delete(struct sop *op)
         shard_reply_err(op, SBX_E_STORAGE, "this node has no backup store");
         return;
     }
+    sbx_str owner;
+    bool scoped = sbx_wire_get_str(op->req.args, "owner", &owner) == 0;
     if (sh->s3) {
-        bk_node_start(op, id);
+        bk_node_start(op, id, scoped ? &owner : NULL);
         return;
+    }
+    if (scoped) {
+        /* A tenant deletes its own backups: another's is an unknown ID. */
+        struct sbx_backup_info info;
+        int fd = -1;
+        int orc = sbx_backup_store_open(sh->backups, id, &info, &fd, &err);
+        if (fd >= 0)
+            close(fd);
+        if (orc == 0 && !tenant_of(info.sandbox, owner)) {
+            shard_reply_err(op, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+            return;
+        }
+        if (orc != 0) {
+            reply_error(op, orc, err);
+            return;
+        }
     }
     int rc = sbx_backup_store_delete(sh->backups, id, &err);
     if (rc != 0) {

@@ -144,10 +144,14 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->preview_domain);
     free(c->preview_scheme);
     free(c->etcd);
+    free(c->etcd_ca);
+    free(c->etcd_cert);
+    free(c->etcd_key);
     free(c->cluster);
     free(c->network_default);
     free(c->network_range);
     free(c->dns_upstream);
+    strv_free(c->insecure_registry);
     free(c->advertise);
     free(c->images);
     free(c->backups);
@@ -169,7 +173,7 @@ struct list_ctx {
     struct shard *sh;
     sbx_enc *e;
     size_t n;
-    bool ids_only; /* {id} per sandbox, nothing read but the store's keys */
+    bool ids_only; /* {id, memory, cpu, disk} per sandbox (the tenant registry), no actor */
 };
 
 static int
@@ -184,8 +188,19 @@ list_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     if (!cluster_listable(lc->sh, sbx_place_partition(id, kn)))
         return 0; /* a record this shard holds but does not own */
     if (lc->ids_only) {
+        /* The tenant registry's refresh: the ID and the limits the tenant's
+         * resource quotas count (docs/security.md §6): memory, cpu, disk
+         * (0: unlimited; disk is the writable file system's size). */
+        struct sbx_record r;
+        bool have = sbx_record_decode(v, vn, &r) == 0;
         sbx_enc_map(lc->e);
         sbx_enc_kstr(lc->e, "id", id);
+        if (have) {
+            sbx_enc_kint(lc->e, "memory", (int64_t)r.limits.memory);
+            sbx_enc_kint(lc->e, "cpu", (int64_t)r.limits.cpu_milli);
+            sbx_enc_kint(lc->e, "disk", (int64_t)(r.disk ? r.disk : lc->sh->conf.disk));
+            sbx_record_free(&r);
+        }
         sbx_enc_end(lc->e);
         lc->n++;
         return 0;
@@ -223,6 +238,14 @@ shard_op_list(struct sop *op)
     int rc = sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, list_one, &lc);
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)lc.n);
+    if (lc.ids_only) {
+        /* What a new sandbox gets without limits (the tenant quotas' estimate). */
+        sbx_enc_kmap(&e, "defaults");
+        sbx_enc_kint(&e, "memory", (int64_t)sh->limits.memory);
+        sbx_enc_kint(&e, "cpu", (int64_t)sh->limits.cpu_milli);
+        sbx_enc_kint(&e, "disk", (int64_t)sh->conf.disk);
+        sbx_enc_end(&e);
+    }
     if (rc) {
         sbx_enc_free(&e);
         shard_reply_err(op, SBX_E_STORAGE, "cannot list sandboxes: %s", sbx_err_message(rc));
@@ -253,7 +276,9 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "actors", (int64_t)sh->actors.n);
     sbx_enc_kint(&e, "running", (int64_t)running);
     sbx_enc_kint(&e, "pool", sh->pool.n);
-    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh));
+    int img_target = 0;
+    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh, &img_target));
+    sbx_enc_kint(&e, "imagePoolTarget", img_target);
     sbx_enc_kint(&e, "requests", (int64_t)sh->n_requests);
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);

@@ -69,6 +69,8 @@ struct sbx_shard_conf {
                              * exposePort hostname equal to one or ending in ".<one>" is
                              * CUSTOM_DOMAIN_REQUIRED (default workers.dev, as the SDK) */
     char *etcd;           /* etcd endpoints (http://h:p[,…]): cluster mode; NULL = standalone */
+    char *etcd_ca, *etcd_cert, *etcd_key; /* PEM paths for https:// etcd endpoints (or
+                           * NULL): sbx_etcd_set_tls; sbxd defaults them to --tls-* */
     char *cluster;        /* cluster name: etcd keys live under /sbx/<cluster>/ */
     char *advertise;      /* nng URL other nodes reach this shard at (default: listen) */
     int64_t lease_ttl;    /* ms: membership lease; a shard unable to renew it stops serving */
@@ -85,11 +87,15 @@ struct sbx_shard_conf {
     char *s3_credentials; /* file of AWS_ACCESS_KEY_ID=…/AWS_SECRET_ACCESS_KEY=… lines (mode
                            * 600); NULL: those variables of sbxd's environment */
     int64_t s3_timeout;   /* ms: each S3 call's deadline, retries included (30000) */
-    int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
+        int64_t image_pool;   /* ready containers kept at least per image in demand (0: no
+                           * image pools; they adapt above it: image_pool.c) */
     char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
     char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the
                            * host's /etc/resolv.conf (docs/network.md §Host names) */
+    char **insecure_registry; /* registry hosts ("host[:port]") pulled from over plain HTTP
+                               * or an unverified certificate, besides loopback ones
+                               * (docs/images.md, "Pull") */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity

@@ -612,14 +612,23 @@ get_entry(const struct sbx_s3 *s, const char *id, struct sbx_backup_info *info, 
 }
 
 int
-sbx_s3_store_fetch(const struct sbx_s3 *s, const char *id, int out_fd,
-                   struct sbx_backup_info *info, sbx_err_t *err)
+sbx_s3_store_lookup(const struct sbx_s3 *s, const char *id, struct sbx_backup_info *info,
+                    sbx_err_t *err)
 {
     int rc = get_entry(s, id, info, err);
     if (rc)
         return rc;
     if (info->expires_ms <= sbx_wall_ms())
-        return sbx_err_make(err, SBX_E_BACKUP_EXPIRED, "backup '%s' expired", id);
+        return sbx_err_make(err, SBX_E_BACKUP_EXPIRED, "backup '%s' expired", info->id);
+    return 0;
+}
+
+int
+sbx_s3_store_fetch(const struct sbx_s3 *s, const struct sbx_backup_info *info, int out_fd,
+                   sbx_err_t *err)
+{
+    const char *id = info->id;
+    int rc;
     char bk[200];
     blob_key(info->digest, bk, sizeof(bk));
     struct s3_call c;

@@ -72,14 +72,22 @@ int sbx_s3_store_add(const struct sbx_s3 *s, int fd, struct sbx_backup_info *inf
                      sbx_err_t *err);
 
 /*
- * sbx_s3_store_fetch — look up backup id (*info) and download its archive
- * into out_fd (the caller's, written from offset 0, truncated first),
- * hashing it as it arrives: STORAGE_ERROR "corrupt" when the digest or size
- * differs from the entry's (out_fd's content is then not to be used).
- * BACKUP_NOT_FOUND, BACKUP_EXPIRED, BACKUP_STORE_UNAVAILABLE.
+ * sbx_s3_store_lookup — backup id's entry into *info (id may be info->id).
+ * BACKUP_NOT_FOUND, BACKUP_EXPIRED, STORAGE_ERROR (unreadable entry),
+ * BACKUP_STORE_UNAVAILABLE.
  */
-int sbx_s3_store_fetch(const struct sbx_s3 *s, const char *id, int out_fd,
-                       struct sbx_backup_info *info, sbx_err_t *err);
+int sbx_s3_store_lookup(const struct sbx_s3 *s, const char *id, struct sbx_backup_info *info,
+                        sbx_err_t *err);
+
+/*
+ * sbx_s3_store_fetch — download the archive of the backup whose entry is
+ * *info (from sbx_s3_store_lookup) into out_fd (the caller's, written from
+ * offset 0, truncated first), hashing it as it arrives: STORAGE_ERROR
+ * "corrupt" when the digest or size differs from the entry's (out_fd's
+ * content is then not to be used), or "missing"; BACKUP_STORE_UNAVAILABLE.
+ */
+int sbx_s3_store_fetch(const struct sbx_s3 *s, const struct sbx_backup_info *info, int out_fd,
+                       sbx_err_t *err);
 
 /*
  * sbx_s3_store_list — every backup's entry (ListObjectsV2 of index/, then
