@@ -34,15 +34,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../runtime/id.h"
 #include "../../runtime/util.h"
 #include "../support/harness.h"
+#include "../support/sdk.h"
 
 #define BUCKET "sbx-backups"
 #define PREFIX "node1/bk"
 
 static struct testd *live;
 static pid_t s3pid;
-static char s3dir[256], s3url[128], credfile[300];
+static char s3dir[256], s3url[128], credfile[300], keyfile[300];
 
 static int
 rm_cb(const char *p, const struct stat *st, int f, struct FTW *w)
@@ -72,6 +74,9 @@ cleanup(void)
         live = NULL;
     }
     s3_stop();
+    if (keyfile[0])
+        unlink(keyfile);
+    keyfile[0] = '\0';
     if (s3dir[0])
         nftw(s3dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     s3dir[0] = '\0';
@@ -165,16 +170,39 @@ write_creds(mode_t mode)
     cr_assert_eq(chmod(credfile, mode), 0);
 }
 
-static sbx_client *
-start_daemon(void)
+/* s3rver and a daemon of 2 shards whose backup store is its bucket; with
+ * admin_key, the daemon takes API keys (that one the deployment's admin). */
+static void
+start_keyed(const char *admin_key)
 {
     s3_start();
     write_creds(0600);
-    const char *const extra[] = {TESTD_SMALL, "--backup-store", "s3://" BUCKET "/" PREFIX,
-                                 "--s3-endpoint", s3url, "--s3-credentials", credfile,
-                                 "--s3-timeout", "2s", NULL};
+    const char *extra[24] = {TESTD_SMALL, "--backup-store", "s3://" BUCKET "/" PREFIX,
+                             "--s3-endpoint", s3url, "--s3-credentials", credfile,
+                             "--s3-timeout", "2s"};
+    if (admin_key) {
+        snprintf(keyfile, sizeof(keyfile), "%s/keys", s3dir);
+        FILE *f = fopen(keyfile, "w");
+        cr_assert(f);
+        fprintf(f, "# test admin key\n%s\n", admin_key);
+        fclose(f);
+        size_t n = 0;
+        while (extra[n])
+            n++;
+        extra[n++] = "--api-keys";
+        extra[n++] = keyfile;
+        setenv("SBX_API_KEY", admin_key, 1); /* testd_start's readiness check */
+    }
     live = calloc(1, sizeof(*live));
-    cr_assert_eq(testd_start(live, 2, extra), 0, "the daemon did not start");
+    int rc = testd_start(live, 2, extra);
+    unsetenv("SBX_API_KEY");
+    cr_assert_eq(rc, 0, "the daemon did not start");
+}
+
+static sbx_client *
+start_daemon(void)
+{
+    start_keyed(NULL);
     sbx_client *c = NULL;
     sbx_error err;
     cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
@@ -521,4 +549,88 @@ Test(backup_s3, readable_credentials_file_is_refused)
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 124,
               "the shard ran (status 0x%x): %s", st, out);
     cr_assert(strstr(out, "not readable by group or others"), "no reason given: %s", out);
+}
+
+/* A client whose requests carry `key` (the library reads $SBX_API_KEY). */
+static sbx_client *
+keyed(const char *key)
+{
+    setenv("SBX_API_KEY", key, 1);
+    sbx_client *c = tc_client(live->url, 60000);
+    unsetenv("SBX_API_KEY");
+    return c;
+}
+
+static void
+tenant_key(sbx_client *adm, const char *name, char key[80])
+{
+    tcall t = tc_call(adm, "tenant.create", NULL,
+                      json_pack("{s:s,s:i}", "tenant", name, "createsPerSecond", 1000), 0);
+    tc_ok(t, "tenant.create");
+    tc_free(&t);
+    t = tc_call(adm, "key.create", NULL, json_pack("{s:s}", "tenant", name), 0);
+    tc_ok(t, "key.create");
+    snprintf(key, 80, "%s", jstr(t.res, "key"));
+    tc_free(&t);
+}
+
+/* Tenants (docs/security.md §6) with the S3 store: as with the local one,
+ * another tenant's backup is an unknown ID to restore and delete, and is not
+ * in its list. */
+Test(backup_s3, tenants_see_only_their_backups)
+{
+    char rid[37], admin[80];
+    sbx_request_id(rid);
+    snprintf(admin, sizeof(admin), "admin-%s", rid);
+    start_keyed(admin);
+    sbx_client *adm = keyed(admin);
+    char ka[80], kb[80];
+    tenant_key(adm, "a", ka);
+    tenant_key(adm, "b", kb);
+    sbx_client *a = keyed(ka), *b = keyed(kb);
+    tcall t = tc_call(a, "exec", "bk",
+                      json_pack("{s:s}", "command", "mkdir -p /workspace/d && "
+                                                    "printf A-BACKUP > /workspace/d/f"), 0);
+    tc_ok(t, "exec");
+    tc_free(&t);
+    t = tc_call(a, "backup.create", "bk", json_pack("{s:s}", "dir", "/workspace/d"), 120000);
+    tc_ok(t, "backup.create");
+    char bid[64], want[128];
+    snprintf(bid, sizeof(bid), "%s", jstr(t.res, "id"));
+    tc_free(&t);
+    snprintf(want, sizeof(want), "no backup '%s'", bid);
+
+    t = tc_call(b, "backup.restore", "bb",
+                json_pack("{s:s,s:s}", "id", bid, "dir", "/workspace/r"), 120000);
+    cr_assert_str_eq(t.rc ? t.err.code : "ok", "BACKUP_NOT_FOUND", "B restored A's backup");
+    cr_assert_str_eq(t.err.message, want);
+    tc_free(&t);
+    t = tc_call(b, "backup.delete", NULL, json_pack("{s:s}", "id", bid), 0);
+    cr_assert_str_eq(t.rc ? t.err.code : "ok", "BACKUP_NOT_FOUND", "B deleted A's backup");
+    cr_assert_str_eq(t.err.message, want);
+    tc_free(&t);
+    sbx_client *who[] = {b, a, adm};
+    const bool sees[] = {false, true, true};
+    for (int k = 0; k < 3; k++) {
+        t = tc_call(who[k], "backup.list", NULL, NULL, 0);
+        tc_ok(t, "backup.list");
+        bool seen = false;
+        size_t n;
+        json_t *it;
+        json_array_foreach(jget(t.res, "backups"), n, it) seen |= !strcmp(jstr(it, "id"), bid);
+        cr_assert_eq(seen, sees[k], "backup.list of client %d", k);
+        tc_free(&t);
+    }
+    /* Still there for A. */
+    t = tc_call(a, "backup.restore", "bk",
+                json_pack("{s:s,s:s}", "id", bid, "dir", "/workspace/r"), 120000);
+    tc_ok(t, "A's restore");
+    tc_free(&t);
+    t = tc_call(a, "exec", "bk", json_pack("{s:s}", "command", "cat /workspace/r/f"), 0);
+    tc_ok(t, "exec");
+    cr_assert_str_eq(jstr(t.res, "stdout"), "A-BACKUP");
+    tc_free(&t);
+    sbx_client_close(a);
+    sbx_client_close(b);
+    sbx_client_close(adm);
 }
