@@ -17,7 +17,8 @@
  * list, create and restore answer BACKUP_STORE_UNAVAILABLE by their
  * deadline (--s3-timeout 2s, retries included) instead of hanging, and the
  * create leaves nothing staged on the node.  A credentials file others can
- * read is refused at start.
+ * read is refused at start.  With API keys, tenants see only their own
+ * backups (docs/security.md §6), as with the local store.
  */
 #include <criterion/criterion.h>
 #include <curl/curl.h>
