@@ -29,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
-                 -lcurl -lwslay -lnettle -larchive -lnftables -lldns -lpthread -lm
+                 -lcurl -lwslay -lnettle -larchive -lnftables -lldns -lexpat -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
@@ -55,7 +55,7 @@ CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/
              container/image_template.c \
              container/net.c container/net_dns.c container/net_link.c container/net_policy.c \
              container/net_proxy.c container/net_http.c \
-             container/workspace.c container/backup.c
+             container/workspace.c container/backup.c container/backup_s3.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \

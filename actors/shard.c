@@ -10,6 +10,7 @@
  */
 #include "shard.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <nng/nng.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "../container/backup.h"
+#include "../container/backup_s3.h"
 #include "cluster.h"
 #include "shard_int.h"
 
@@ -95,6 +97,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->disk = 1ull << 30;
     c->disk_max = 16ull << 30;
     c->backup_max = SBX_BACKUP_MAX_BYTES;
+    c->s3_timeout = 30000;
     c->inodes = 262144;
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
@@ -153,6 +156,10 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->advertise);
     free(c->images);
     free(c->backups);
+    free(c->backup_store);
+    free(c->s3_endpoint);
+    free(c->s3_region);
+    free(c->s3_credentials);
     free(c->workspace_default);
     strv_free(c->etc);
     strv_free(c->env);
@@ -417,6 +424,27 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         rc = -EINVAL;
         goto out;
     }
+    /* The S3 backup store's settings, checked before anything is set up
+     * (container/backup_s3.h). */
+    if (conf->backup_store && *conf->backup_store) {
+        sbx_err_t berr = NULL;
+        struct sbx_s3_conf s3c = {.url = conf->backup_store, .endpoint = conf->s3_endpoint,
+                                  .region = conf->s3_region, .cred_file = conf->s3_credentials,
+                                  .timeout_ms = conf->s3_timeout};
+        if (conf->backup_max > (uint64_t)SBX_S3_MAX_PUT)
+            rc = sbx_err_make(&berr, SBX_E_VALIDATION,
+                              "--backup-max is at most 5G with an S3 backup store (one PUT)");
+        else if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+            rc = sbx_err_make(&berr, SBX_E_INTERNAL, "curl_global_init");
+        else
+            rc = sbx_s3_new(&s3c, &sh->s3, &berr);
+        if (rc) {
+            sbx_log_error("shard %s: %s", conf->name, sbx_err_msg(berr));
+            sbx_err_release(&berr);
+            goto out;
+        }
+        sbx_log_info("shard %s: backups in %s", conf->name, sbx_s3_describe(sh->s3));
+    }
     if ((rc = sbx_loop_new(&sh->loop)) != 0) {
         sbx_log_error("shard: event loop: %s", strerror(-rc));
         goto out;
@@ -498,6 +526,12 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
             sh->backups[0] = '\0';
         }
         sbx_err_release(&berr);
+    }
+    if (sh->s3 && !sh->backups[0]) {
+        sbx_log_error("shard %s: the S3 backup store stages archives in --backups, which is "
+                      "not usable (see above)", conf->name);
+        rc = SBX_E_VALIDATION;
+        goto out;
     }
     if (!conf->network_default || (strcmp(conf->network_default, "none") != 0 &&
                                    strcmp(conf->network_default, "egress") != 0)) {
@@ -651,6 +685,7 @@ out:
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
     sbx_image_store_close(sh->images);
+    sbx_s3_free(sh->s3);
     if (sh->cgroups)
         sbx_cgroups_close(sh->cgroups);
     /* sbx_loop_free frees only unwatched handles: this one leaked at every

@@ -80,6 +80,13 @@ struct sbx_shard_conf {
     char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
     char *backups;        /* the node's backup store (docs/persistence.md); NULL: <data>/backups */
     uint64_t backup_max;  /* bytes: the largest compressed archive of a backup (BACKUP_TOO_LARGE) */
+    char *backup_store;   /* s3://bucket[/prefix]: the backups in S3 (docs/persistence.md, "The
+                           * S3 store"); NULL: the directory `backups` */
+    char *s3_endpoint;    /* http(s)://host[:port] of the S3 service; NULL: AWS's of s3_region */
+    char *s3_region;      /* SigV4's region (NULL: us-east-1) */
+    char *s3_credentials; /* file of AWS_ACCESS_KEY_ID=…/AWS_SECRET_ACCESS_KEY=… lines (mode
+                           * 600); NULL: those variables of sbxd's environment */
+    int64_t s3_timeout;   /* ms: each S3 call's deadline, retries included (30000) */
         int64_t image_pool;   /* ready containers kept at least per image in demand (0: no
                            * image pools; they adapt above it: image_pool.c) */
     char *network_default;/* none | egress: the mode of sandboxes that do not choose one */

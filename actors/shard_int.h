@@ -366,7 +366,10 @@ struct shard {
     struct shard_relay relay;  /* relay.c */
 
     sbx_image_store *images;   /* the node's image store (images.c), or NULL */
-    char backups[4096];        /* the node's backup store's directory ("": none; backups.c) */
+    char backups[4096];        /* the node's backup store's directory ("": none; backups.c);
+                                * with s3, its tmp/ stages archives */
+    struct sbx_s3 *s3;         /* owned: the S3 backup store (--backup-store s3://…), or NULL:
+                                * the directory is the store (container/backup_s3.h) */
     struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
     _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
     _Atomic bool img_stop;     /* set by shard_images_stop: template builds give up */

@@ -696,6 +696,7 @@ const char sbx_openapi_json[] =
     "      \"enum\": [\n"
     "       \"BACKUP_EXPIRED\",\n"
     "       \"BACKUP_NOT_FOUND\",\n"
+    "       \"BACKUP_STORE_UNAVAILABLE\",\n"
     "       \"BACKUP_TOO_LARGE\",\n"
     "       \"CODE_EXECUTION_ERROR\",\n"
     "       \"COMMAND_EXECUTION_ERROR\",\n"

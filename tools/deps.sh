@@ -48,6 +48,8 @@ pkgs=(
   nftables libnftables-dev
   # the sandboxes' resolver parses and writes DNS with libldns; the DNS tests' server is dnsmasq
   libldns-dev dnsmasq-base
+  # the S3 backup store: ListObjectsV2's XML read with expat (signing and transfers: libcurl above)
+  libexpat1-dev
 )
 
 missing=()

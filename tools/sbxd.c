@@ -261,6 +261,17 @@ set_log_format(const char *log_format, const char *cmd)
          "the node's backup store (default <data>/backups; dev: one for all shards)"},        \
         {"backup-max", SBX_OPT_SIZE, &(c)->backup_max,                                        \
          "the largest compressed archive of a backup (1G; more: BACKUP_TOO_LARGE)"},          \
+        {"backup-store", SBX_OPT_STR, &(c)->backup_store,                                     \
+         "s3://bucket[/prefix]: keep backups in an S3-compatible store (default: the "       \
+         "directory --backups; docs/persistence.md)"},                                       \
+        {"s3-endpoint", SBX_OPT_STR, &(c)->s3_endpoint,                                       \
+         "http(s)://host[:port] of the S3 service (default: AWS's of --s3-region)"},         \
+        {"s3-region", SBX_OPT_STR, &(c)->s3_region, "the S3 region SigV4 signs for (us-east-1)"}, \
+        {"s3-credentials", SBX_OPT_STR, &(c)->s3_credentials,                                 \
+         "file of AWS_ACCESS_KEY_ID=/AWS_SECRET_ACCESS_KEY= lines, mode 600 (default: "      \
+         "those environment variables)"},                                                    \
+        {"s3-timeout", SBX_OPT_MS, &(c)->s3_timeout,                                          \
+         "deadline of each S3 call, retries included (30s)"},                                \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
          "ready containers kept at least per image sandboxes are being created from; more "  \
          "follow its busiest second of creates, within --pool-memory (0: no image pools)"},      \
