@@ -278,11 +278,16 @@ install: install-lib $(IB)bin/sbx $(IB)bin/sbxd $(IB)bin/sbx-agent $(IB)share/sb
 # The Debian package (debian/): `make deb` builds build/deb/sbx_*.deb from HEAD in a temp
 # copy (tools/deb.sh; minutes: a full release build); `make deb-check` checks its files and
 # units and runs its sbxd dev + sbx exec from an extracted copy (tools/deb-check.sh).
-.PHONY: deb deb-check
+# `make deb-systemd-check` installs it under a real systemd booted in a throwaway container
+# (systemd-nspawn over an overlay of this host's root; tools/deb-systemd-check.sh): the unit
+# starts, `sbx exec` works through it, the package purges cleanly.
+.PHONY: deb deb-check deb-systemd-check
 deb:
 	@tools/deb.sh build/deb
 deb-check:
 	@tools/deb-check.sh $$(ls -t build/deb/sbx_*.deb | head -1)
+deb-systemd-check:
+	@tools/deb-systemd-check.sh $$(ls -t build/deb/sbx_*.deb | head -1)
 # ---- end of the install block -------------------------------------------------------------
 
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
