@@ -30,6 +30,7 @@
 #include "../runtime/wire.h"
 #include "image_store.h"
 #include "seccomp.h"
+#include "spawn_child.h"
 
 #ifndef CLONE_INTO_CGROUP
 #define CLONE_INTO_CGROUP 0x200000000ULL
@@ -37,11 +38,6 @@
 #ifndef P_PIDFD
 #define P_PIDFD 3
 #endif
-
-/* The fd number the agent inherits the interpreter drivers' detached tree
- * at (after 3, the channel), when its argv says "--interp-tree"
- * (container/agent/agent.h AGENT_INTERP_TREE_FD). */
-#define SPAWN_INTERP_FD 4
 
 struct sbx_spawner {
     struct sbx_spawn_conf conf;
@@ -240,247 +236,48 @@ uid_free(sbx_spawner *sp, uint32_t uid)
     pthread_mutex_unlock(&sp->mu);
 }
 
-/*
- * Containers are cloned from the shard with CLONE_VM where the architecture
- * allows it (x86-64 here; clone_vm below): the child shares the shard's
- * memory until its exec instead of getting a copy of it.  A fork-like clone
- * copies the caller's page tables under its mmap lock for writing (the
- * shard's other threads wait at their next page fault) and the exec throws
- * the copy away; both grow with the shard, which holds every sandbox's
- * actor, so container starts slowed as sandboxes accumulated
- * (docs/benchmarks.md, "Density": `copy_page_range` in the profile).  The
- * child of a CLONE_VM clone may touch nothing the shard's threads write:
- * its own stack (mmap'd per start, freed once the child has exec'd or been
- * reaped), and read-only the arguments below.  Not even errno, which lives
- * in the calling thread's TLS: its system calls go through CSYS, raw (the
- * result or -errno, no errno).  Every other architecture keeps the
- * fork-like clone, where CSYS is syscall(2).  This is what glibc's
- * posix_spawn does (sysdeps/unix/sysv/linux/spawni.c: CLONE_VM|CLONE_VFORK
- * on a stack of its own, signals blocked, handlers reset in the child); a
- * container's child cannot be a vfork, as the shard writes its uid map
- * between the clone and the exec.
- */
-#if defined(__x86_64__)
-#define SPAWN_VM 1
-static inline long
-raw_sys6(long n, long a, long b, long c, long d, long e, long f)
+/* fd, or a duplicate of it at SPAWN_FD_HIGH or above (close-on-exec) that
+ * replaces it (fd closed).  Owns fd; returns the descriptor to keep. */
+static int
+fd_high(int fd)
 {
-    register long r10 __asm__("r10") = d;
-    register long r8 __asm__("r8") = e;
-    register long r9 __asm__("r9") = f;
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
-                     : "rcx", "r11", "memory");
-    return ret;
+    if (fd < 0 || fd >= SPAWN_FD_HIGH)
+        return fd;
+    int h = fcntl(fd, F_DUPFD_CLOEXEC, SPAWN_FD_HIGH);
+    if (h < 0)
+        return fd;
+    close(fd);
+    return h;
 }
-#define CSYS_(n, a, b, c, d, e, f, ...)                                                          \
-    raw_sys6((long)(n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
-#define CSYS(...) CSYS_(__VA_ARGS__, 0, 0, 0, 0, 0, 0, 0)
 
-/*
- * clone3(2) with a stack for the child (ca->stack, ca->stack_size): the
- * child starts on it at the instruction after the syscall, so it cannot
- * return into C; it calls fn(arg) and exits with its value.  Returns the
- * child's pid or -errno, in the parent.
- */
-static long
-clone3_vm(struct clone_args *ca, int (*fn)(void *), void *arg)
+/* Wait for the child's "U" (it has its own descriptor table now), at most
+ * timeout_ms; -EPIPE if it died first.  The shard holds the child's end of
+ * the channel until then, so its death shows on the pidfd, not as EOF. */
+static int
+wait_unshared(int chan, int pidfd, int timeout_ms)
 {
-    register long r12 __asm__("r12") = (long)fn;
-    register long r13 __asm__("r13") = (long)arg;
-    long ret;
-    __asm__ volatile("syscall\n\t"
-                     "test %%rax, %%rax\n\t"
-                     "jnz 1f\n\t"
-                     "xor %%ebp, %%ebp\n\t"
-                     "mov %%r13, %%rdi\n\t"
-                     "call *%%r12\n\t"
-                     "mov %%eax, %%edi\n\t"
-                     "mov %[exit], %%eax\n\t"
-                     "syscall\n\t"
-                     "hlt\n"
-                     "1:"
-                     : "=a"(ret)
-                     : "0"((long)SYS_clone3), "D"(ca), "S"(sizeof(*ca)), "r"(r12), "r"(r13),
-                       [exit] "i"(SYS_exit_group)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
-#else
-#define SPAWN_VM 0
-#define CSYS(...) syscall(__VA_ARGS__)
-#endif
-
-/* The child's code runs on a stack and in a thread the sanitizer runtime
- * knows nothing of (its fake stacks are the calling thread's): no
- * instrumentation there. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SPAWN_NO_ASAN __attribute__((no_sanitize_address))
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SPAWN_NO_ASAN __attribute__((no_sanitize_address))
-#endif
-#endif
-#ifndef SPAWN_NO_ASAN
-#define SPAWN_NO_ASAN
-#endif
-
-/* The child's stack for clone_vm: child_main needs well under 4 KiB. */
-#define SPAWN_STACK (64 * 1024)
-
-/* The kernel's struct sigaction (x86-64, generic: the handler first). */
-struct child_ksa {
-    unsigned long handler, flags, restorer, mask;
-};
-
-/*
- * Before the exec of a child cloned with every signal blocked: every
- * signal the shard handles goes back to its default action (a handler of
- * the shard's would run on memory the shard shares with us), then the mask
- * the shard's thread had (`restore`; its first 64 bits, the kernel's
- * sigset) is restored.  Ignored signals stay ignored across exec, as after
- * a fork.
- */
-static void SPAWN_NO_ASAN
-child_signals_reset(const sigset_t *restore)
-{
-    for (long sig = 1; sig <= 64; sig++) {
-        struct child_ksa ka = {0}, dfl = {0};
-        if (sig == SIGKILL || sig == SIGSTOP)
+    struct pollfd pfd[2] = {{.fd = chan, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    int64_t until = sbx_mono_ms() + timeout_ms;
+    for (;;) {
+        int64_t left = until - sbx_mono_ms();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        int r = poll(pfd, 2, (int)left);
+        if (r < 0 && errno == EINTR)
             continue;
-        if (CSYS(SYS_rt_sigaction, sig, NULL, &ka, 8) == 0 &&
-            ka.handler != (unsigned long)(uintptr_t)SIG_DFL &&
-            ka.handler != (unsigned long)(uintptr_t)SIG_IGN)
-            CSYS(SYS_rt_sigaction, sig, &dfl, NULL, 8);
+        if (r < 0)
+            return -errno;
+        if (pfd[0].revents) {
+            char u = 0;
+            ssize_t n;
+            while ((n = read(chan, &u, 1)) < 0 && errno == EINTR)
+                ;
+            return n == 1 && u == 'U' ? 0 : -EPIPE;
+        }
+        if (pfd[1].revents)
+            return -EPIPE;
     }
-    CSYS(SYS_rt_sigprocmask, SIG_SETMASK, restore, NULL, 8);
 }
-
-/*
- * The child between clone3 (or clone) and execveat.  It shares nothing with the parent
- * but a copy of its memory, and other threads may have held glibc locks at
- * the moment of the clone: only raw system calls from here on.
- *
- * Until its exec this child holds a copy of every descriptor of the shard:
- * the LMDB files, the host locks in /run/sbx, and the shard's end of the
- * channel of every container being started at that moment.  So it must
- * never outlive the shard, not even while it waits for the go-ahead:
- *  1. PR_SET_PDEATHSIG before anything that can block (prctl(2));
- *  2. close our copy of the shard's end of our channel (`parent_end`), so
- *     the read in 3 sees end-of-file once the shard is gone, even if the
- *     shard died before 1 took effect (then no death signal comes);
- *  2b. on cgroup v1, join the sandbox's cgroup by writing "0" to each
- *     hierarchy's `tasks` file, opened for us by the shard (`tasks`,
- *     sbx_cgroup_open_tasks): a thread moving itself skips the kernel's
- *     global threadgroup lock that the shard writing our pid would take;
- *  3. wait for the go-ahead at most `wait_ms` (ppoll(2)), so a sibling
- *     child that still holds a copy of our channel cannot keep us blocked;
- *  4. PR_SET_PDEATHSIG again after setresuid: any change of the effective
- *     uid or gid clears the parent-death signal (prctl(2), "the
- *     parent-death signal is cleared … on credential changes"; kernel
- *     commit_creds()), and the agent keeps it across execve (not set-uid).
- * A shard that is SIGKILLed therefore takes its agents and half-started
- * children with it (tests/integration/test_shard_kill.c).
- *
- * Started by clone_vm (below) the child also shares the shard's memory until
- * its exec, runs on its own small stack with every signal blocked, and
- * `restore` is the mask to exec the agent with (child_signals_reset).
- */
-static void __attribute__((noreturn)) SPAWN_NO_ASAN
-child_main(sbx_spawner *sp, int chan, int parent_end, int tree, const int *tasks, int ntasks,
-           int wait_ms, const char *const *argv, const char *const *envp,
-           const sigset_t *restore)
-{
-    char go = 0;
-    if (CSYS(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-        CSYS(SYS_exit_group, 1);
-    CSYS(SYS_close, parent_end);
-    for (int i = 0; i < ntasks; i++)
-        if (CSYS(SYS_write, tasks[i], "0", 1) != 1)
-            CSYS(SYS_exit_group, 4);
-    struct pollfd pfd = {.fd = chan, .events = POLLIN};
-    struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
-    if (CSYS(SYS_ppoll, &pfd, 1, &ts, NULL, 0) != 1 ||
-        CSYS(SYS_read, chan, &go, 1) != 1 || go != 'G')
-        CSYS(SYS_exit_group, 1);
-    /* Become 0:0 of our user namespace: without it the child is the
-     * overflow uid and execve would drop every capability. */
-    if (CSYS(SYS_setgroups, 0, NULL) < 0 || CSYS(SYS_setresgid, 0, 0, 0) < 0 ||
-        CSYS(SYS_setresuid, 0, 0, 0) < 0)
-        CSYS(SYS_exit_group, 2);
-    /* Die with the thread that created us (4 above): a crashed shard
-     * leaves no sandbox behind. */
-    if (CSYS(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-        CSYS(SYS_exit_group, 2);
-    /* fd 3 = channel, 4 = the interpreter drivers' detached tree (when there
-     * is one), 0/1 = /dev/null, 2 = the shard's stderr (agent logs).
-     * Lift every fd we need above the small numbers first, so no dup3 below
-     * can overwrite one we still need. */
-    long afd = CSYS(SYS_fcntl, sp->agent_fd, F_DUPFD_CLOEXEC, 16);
-    long nfd = CSYS(SYS_fcntl, sp->devnull, F_DUPFD_CLOEXEC, 16);
-    long cfd = CSYS(SYS_fcntl, chan, F_DUPFD_CLOEXEC, 16);
-    long tfd = tree >= 0 ? CSYS(SYS_fcntl, tree, F_DUPFD_CLOEXEC, 16) : 0;
-    if (afd < 0 || nfd < 0 || cfd < 0 || tfd < 0 || CSYS(SYS_dup3, cfd, 3, 0) < 0 ||
-        CSYS(SYS_dup3, nfd, 0, 0) < 0 || CSYS(SYS_dup3, nfd, 1, 0) < 0 ||
-        (tree >= 0 && CSYS(SYS_dup3, tfd, SPAWN_INTERP_FD, 0) < 0))
-        CSYS(SYS_exit_group, 3);
-    /* Nothing else the shard holds crosses the exec: its LMDB file, etcd
-     * and client sockets, pipes inherited from whatever started sbxd.  Every
-     * fd above the ones handed over (3, and SPAWN_INTERP_FD, which the agent
-     * closes once it is bound) becomes close-on-exec (close_range(2), Linux
-     * 5.11); on an older kernel, one fcntl per possible fd up to
-     * RLIMIT_NOFILE. */
-    unsigned first = tree >= 0 ? SPAWN_INTERP_FD + 1 : SPAWN_INTERP_FD;
-    if (CSYS(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
-        struct rlimit rl;
-        if (CSYS(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl) != 0)
-            CSYS(SYS_exit_group, 3);
-        for (unsigned long fd = first; fd < rl.rlim_cur; fd++)
-            CSYS(SYS_fcntl, (int)fd, F_SETFD, FD_CLOEXEC);
-    }
-    if (restore)
-        child_signals_reset(restore);
-    CSYS(SYS_execveat, afd, "", argv, envp, AT_EMPTY_PATH);
-    /* Where execveat is missing (ENOSYS) or cannot take an empty path
-     * (valgrind 3.19 resolves it by name: ENOENT for a memfd), exec the
-     * memfd by its /proc path, as fexecve(3) does without execveat.  The
-     * path is built by hand: no snprintf here. */
-    char path[32] = "/proc/self/fd/";
-    char digits[12];
-    int nd = 0;
-    for (long v = afd; nd == 0 || v > 0; v /= 10)
-        digits[nd++] = (char)('0' + v % 10);
-    size_t at = 14; /* strlen("/proc/self/fd/") */
-    while (nd > 0)
-        path[at++] = digits[--nd];
-    path[at] = '\0';
-    CSYS(SYS_execve, path, argv, envp);
-    CSYS(SYS_exit_group, 127);
-    __builtin_unreachable();
-}
-
-/* child_main's arguments through clone3_vm: on the caller's stack, which
- * lives until the child has exec'd or been reaped (container_start). */
-struct child_args {
-    sbx_spawner *sp;
-    int chan, parent_end, tree, ntasks, wait_ms;
-    const int *tasks;
-    const char *const *argv;
-    const char *const *envp;
-    sigset_t restore;
-};
-
-#if SPAWN_VM
-static int SPAWN_NO_ASAN
-child_entry(void *arg)
-{
-    const struct child_args *a = arg;
-    child_main(a->sp, a->chan, a->parent_end, a->tree, a->tasks, a->ntasks, a->wait_ms, a->argv,
-               a->envp, &a->restore);
-}
-#endif
 
 /* "0 <id> 1", and "<inner2> <id2> 1" when id2 is set and inner2 is not 0
  * (an image's User, sbx_container_start_image). */
@@ -687,10 +484,10 @@ sbx_container_start_ws(sbx_spawner *sp, const struct sbx_limits *lim,
         return rc;
     }
     c->ws = true;
-    c->ws_fd = ws_fd;
+    c->ws_fd = fd_high(ws_fd);
     if (img) {
         c->image = true;
-        c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
+        c->use_fd = img->use_fd >= 0 ? fd_high(fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3)) : -1;
     }
     return 0;
 }
@@ -707,7 +504,7 @@ sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
     int rc = container_start(sp, lim, img, -1, c, why, whylen);
     if (rc == 0) {
         c->image = true;
-        c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
+        c->use_fd = img->use_fd >= 0 ? fd_high(fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3)) : -1;
     }
     return rc;
 }
@@ -729,7 +526,7 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     bool have_msg = false;
     char name[64];
     void *stack = MAP_FAILED;  /* the child's stack (CLONE_VM), until it exec'd or died */
-    struct child_args cargs __attribute__((unused)); /* what the CLONE_VM child reads, as long */
+    bool shared_files = false; /* the child starts in our descriptor table (CLONE_FILES) */
 
     memset(c, 0, sizeof(*c));
     c->pidfd = c->chan = -1;
@@ -823,11 +620,14 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     /* The parent attaches the child only where the child cannot join by
      * itself (v2 after clone(2)); on v1 the child writes its tasks files. */
     bool attach = false;
+    struct spawn_child child = {.agent_fd = sp->agent_fd, .devnull = sp->devnull,
+                                .chan = sv[1], .parent_end = sv[0], .tree = tree,
+                                .tasks = tasks, .ntasks = ntasks,
+                                .wait_ms = sp->conf.setup_timeout_ms,
+                                .argv = (const char *const *)argv, .envp = envp};
     if (SPAWN_VM && !sp->no_clone3) {
-#if SPAWN_VM
-        /* Shares the shard's memory until its exec (clone3_vm, above), on a
-         * stack of its own below a guard page, with every signal blocked
-         * meanwhile (a handler of the shard's must not run in it). */
+        /* Shares the shard's memory until its exec (spawn_child.c says
+         * why), on a stack of its own above a guard page. */
         stack = mmap(NULL, SPAWN_STACK, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (stack == MAP_FAILED || mprotect(stack, 4096, PROT_NONE) != 0) {
@@ -835,23 +635,21 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
             snprintf(why, whylen, "the child's stack: %s", strerror(errno));
             goto fail;
         }
-        ca.flags |= CLONE_VM;
         ca.stack = (uint64_t)(uintptr_t)stack;
         ca.stack_size = SPAWN_STACK;
-        cargs = (struct child_args){.sp = sp, .chan = sv[1], .parent_end = sv[0], .tree = tree,
-                                    .ntasks = ntasks, .wait_ms = sp->conf.setup_timeout_ms,
-                                    .tasks = tasks, .argv = (const char *const *)argv,
-                                    .envp = envp};
-        sigset_t all;
-        sigfillset(&all);
-        /* Raw: glibc's pthread_sigmask leaves its own two signals open. */
-        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &cargs.restore, 8);
-        long r = clone3_vm(&ca, child_entry, &cargs);
-        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &cargs.restore, NULL, 8);
+        /* Its descriptor table too, when all it needs lies in the low part
+         * (SPAWN_FD_HIGH): it copies only that part. */
+        bool low = sp->agent_fd < SPAWN_FD_HIGH && sp->devnull < SPAWN_FD_HIGH &&
+                   sv[0] < SPAWN_FD_HIGH && sv[1] < SPAWN_FD_HIGH && tree < SPAWN_FD_HIGH;
+        for (int i = 0; i < ntasks; i++)
+            low = low && tasks[i] < SPAWN_FD_HIGH;
+        if (low)
+            ca.flags |= CLONE_FILES;
+        shared_files = child.shared_files = low;
+        long r = spawn_child_clone_vm(&ca, &child);
         if (r < 0)
             errno = (int)-r;
         pid = r < 0 ? -1 : (pid_t)r;
-#endif
     } else if (!sp->no_clone3) {
         pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
     } else {
@@ -870,16 +668,18 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         goto fail;
     }
     if (pid == 0)
-        child_main(sp, sv[1], sv[0], tree, tasks, ntasks, sp->conf.setup_timeout_ms,
-                   (const char *const *)argv, envp, NULL);
-    if (tree >= 0)
-        close(tree);
-    tree = -1;
-    while (ntasks > 0)
-        close(tasks[--ntasks]);
-
-    close(sv[1]);
-    sv[1] = -1;
+        spawn_child_main(&child, false);
+    /* What only the child needs: closed here, or once it has a table of its
+     * own (shared_files, below). */
+    if (!shared_files) {
+        if (tree >= 0)
+            close(tree);
+        tree = -1;
+        while (ntasks > 0)
+            close(tasks[--ntasks]);
+        close(sv[1]);
+        sv[1] = -1;
+    }
     c->pid = pid;
     c->pidfd = pidfd;
     if ((rc = write_map(pid, "uid_map", c->uid, img ? img->run_uid : 0, c->uid2, NULL)) != 0 ||
@@ -897,6 +697,20 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
             goto fail;
         }
         nlayer_fds = img->nlayers;
+    }
+    if (shared_files) {
+        if ((rc = wait_unshared(sv[0], pidfd, sp->conf.setup_timeout_ms)) != 0) {
+            snprintf(why, whylen, "the child did not take its descriptors: %s",
+                     rc == -EPIPE ? "it exited" : strerror(-rc));
+            goto fail;
+        }
+        if (tree >= 0)
+            close(tree);
+        tree = -1;
+        while (ntasks > 0)
+            close(tasks[--ntasks]);
+        close(sv[1]);
+        sv[1] = -1;
     }
     if ((rc = sbx_write_full(sv[0], "G", 1)) != 0 ||
         (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0 ||
@@ -958,7 +772,9 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     free(ready);
     if (stack != MAP_FAILED)
         munmap(stack, SPAWN_STACK); /* the agent is running: the child exec'd */
-    c->chan = sv[0];
+    c->chan = fd_high(sv[0]);
+    c->pidfd = fd_high(c->pidfd);
+    c->cg.v2_fd = fd_high(c->cg.v2_fd);
     c->start_us = sbx_mono_us() - t0;
     return 0;
 fail:
