@@ -250,6 +250,20 @@ fd_high(int fd)
     return h;
 }
 
+/* Close what only the child needed (the drivers' tree, the cgroup's tasks
+ * files, its end of the channel) and mark them closed. */
+static void
+close_child_fds(int *tree, int *tasks, int *ntasks, int *chan)
+{
+    if (*tree >= 0)
+        close(*tree);
+    *tree = -1;
+    while (*ntasks > 0)
+        close(tasks[--*ntasks]);
+    close(*chan);
+    *chan = -1;
+}
+
 /* Wait for the child's "U" (it has its own descriptor table now), at most
  * timeout_ms; -EPIPE if it died first.  The shard holds the child's end of
  * the channel until then, so its death shows on the pidfd, not as EOF. */
@@ -671,15 +685,8 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         spawn_child_main(&child, false);
     /* What only the child needs: closed here, or once it has a table of its
      * own (shared_files, below). */
-    if (!shared_files) {
-        if (tree >= 0)
-            close(tree);
-        tree = -1;
-        while (ntasks > 0)
-            close(tasks[--ntasks]);
-        close(sv[1]);
-        sv[1] = -1;
-    }
+    if (!shared_files)
+        close_child_fds(&tree, tasks, &ntasks, &sv[1]);
     c->pid = pid;
     c->pidfd = pidfd;
     if ((rc = write_map(pid, "uid_map", c->uid, img ? img->run_uid : 0, c->uid2, NULL)) != 0 ||
@@ -704,13 +711,7 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
                      rc == -EPIPE ? "it exited" : strerror(-rc));
             goto fail;
         }
-        if (tree >= 0)
-            close(tree);
-        tree = -1;
-        while (ntasks > 0)
-            close(tasks[--ntasks]);
-        close(sv[1]);
-        sv[1] = -1;
+        close_child_fds(&tree, tasks, &ntasks, &sv[1]);
     }
     if ((rc = sbx_write_full(sv[0], "G", 1)) != 0 ||
         (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0 ||
