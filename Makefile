@@ -29,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
            -Wno-format-truncation
 CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
 LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
-                 -lcurl -lwslay -lnettle -larchive -lnftables -lldns -lpthread -lm
+                 -lcurl -lwslay -lnettle -larchive -lnftables -lldns -lexpat -lpthread -lm
 LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
@@ -47,14 +47,15 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
            runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
-           runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c
+           runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c runtime/mcp.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
 CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/spawn_child.c container/image_store.c \
              container/image_unpack.c container/image_layer.c container/image_user.c container/image_fetch.c \
              container/image_template.c \
              container/net.c container/net_dns.c container/net_link.c container/net_policy.c \
-             container/workspace.c container/backup.c
+             container/net_proxy.c container/net_http.c \
+             container/workspace.c container/backup.c container/backup_s3.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
@@ -74,7 +75,7 @@ GATEWAY := gateway/gateway.c gateway/http.c gateway/http_route.c gateway/openapi
            gateway/terminal.c gateway/gw_metrics.c gateway/console.c build/console/console_assets.c \
            gateway/http_token.c gateway/gw_fork.c \
            gateway/tenant.c gateway/tenant_admin.c gateway/gw_merge.c gateway/keyfile.c \
-           gateway/gw_tenant.c
+           gateway/gw_tenant.c gateway/mcp_http.c
 # The web console (gateway/console/, docs/console.md): TypeScript + xterm.js bundled by esbuild
 # (npm packages pinned in gateway/console/package-lock.json) into files embedded in sbxd as
 # C arrays (tools/build-console.sh; build output only, not in git).  A console that
@@ -86,7 +87,7 @@ build/console/console_assets.c: $(CONSOLE_SRC) tools/build-console.sh
 	@tools/build-console.sh build/console
 DAEMON  := tools/sbxd.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
-           tools/cli_mcp.c
+           tools/cli_mcp.c runtime/mcp.c
 # The library the CLI links: the release one exports only the public API
 # (see the client library block below), so the CLI cannot use anything else.
 CLI_LIBSBX_release := lib/libsbx.a
@@ -153,12 +154,27 @@ bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/s
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
+# The observability benchmark (exec throughput with metrics scraped and JSON logs on vs off).
+bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c \
+                   runtime/prom.c) build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
+RELEASE_BINS += bin/sbx-bench-obs
+
 # The density benchmark (many idle sandboxes: memory, creation rate, stop time).
 bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
                        build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 RELEASE_BINS += bin/sbx-bench-density
+
+# The bystander benchmark (a sandbox's API latency while another runs
+# exhaustion attacks: issue 16's floor).
+bin/sbx-bench-bystander: $(call objs,release,tools/bench_bystander.c tools/stats.c tests/support/harness.c) \
+                         build/release/lib/libsbx.a
+	@mkdir -p $(dir $@)
+	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
+RELEASE_BINS += bin/sbx-bench-bystander
 
 # The code-interpreter drivers and their npm packages (bound at /opt/sbx in sandboxes).
 INTERP_SRC := container/interp/driver.py $(wildcard container/interp/_sbx_driver/*.py) \
@@ -262,11 +278,16 @@ install: install-lib $(IB)bin/sbx $(IB)bin/sbxd $(IB)bin/sbx-agent $(IB)share/sb
 # The Debian package (debian/): `make deb` builds build/deb/sbx_*.deb from HEAD in a temp
 # copy (tools/deb.sh; minutes: a full release build); `make deb-check` checks its files and
 # units and runs its sbxd dev + sbx exec from an extracted copy (tools/deb-check.sh).
-.PHONY: deb deb-check
+# `make deb-systemd-check` installs it under a real systemd booted in a throwaway container
+# (systemd-nspawn over an overlay of this host's root; tools/deb-systemd-check.sh): the unit
+# starts, `sbx exec` works through it, the package purges cleanly.
+.PHONY: deb deb-check deb-systemd-check
 deb:
 	@tools/deb.sh build/deb
 deb-check:
 	@tools/deb-check.sh $$(ls -t build/deb/sbx_*.deb | head -1)
+deb-systemd-check:
+	@tools/deb-systemd-check.sh $$(ls -t build/deb/sbx_*.deb | head -1)
 # ---- end of the install block -------------------------------------------------------------
 
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
@@ -292,6 +313,8 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
 build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: LDLIBS_TEST += -larchive
+build/asan/tests/integration/test_image_pull: build/asan/obj/tests/support/imgbuild.o
+build/asan/tests/integration/test_image_pull: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_egress: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_egress: LDLIBS_TEST += -larchive
 build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbuild.o
@@ -430,7 +453,8 @@ FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway
                gateway/keyfile.c \
                gateway/http_token.c \
                gateway/http_sse.c gateway/http_call.c gateway/preview.c gateway/terminal.c \
-               gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c
+               gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c \
+               gateway/mcp_http.c runtime/mcp.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
     FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
@@ -448,6 +472,10 @@ build/fuzz/fuzz_etcd: FUZZ_LIBS += -lcurl
 build/fuzz/fuzz_etcd: FUZZ_LDFLAGS += -Wl,--wrap=curl_easy_init,--wrap=curl_easy_setopt \
     -Wl,--wrap=curl_easy_perform,--wrap=curl_easy_getinfo,--wrap=curl_easy_cleanup \
     -Wl,--wrap=json_loadb
+# fuzz_egress_head links the egress point's request-head parser and injection rules
+# (container/net_http.c, net_proxy.c; container/net_int.h).
+build/fuzz/fuzz_egress_head: $(call fuzz_objs,container/net_http.c container/net_proxy.c \
+    container/net_policy.c)
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 

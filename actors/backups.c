@@ -8,6 +8,12 @@
  * and extracted on a thread of its own (struct bk_job) while the actor's
  * input gate stays closed.  list and delete are node ops on the store,
  * answered on the loop thread (a directory scan of small index files).
+ *
+ * With an S3 store (sh->s3, container/backup_s3.h) the archive is still
+ * made in, or downloaded to, a file of the local directory's tmp/, and
+ * every call to the store runs off the loop thread: restore looks the
+ * backup up on its job's thread (after the container is started), list
+ * and delete run on a thread of their own (struct bk_node_job).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -19,6 +25,7 @@
 #include <unistd.h>
 
 #include "../container/backup.h"
+#include "../container/backup_s3.h"
 #include "../runtime/cleanup.h"
 #include "../runtime/err.h"
 #include "../runtime/log.h"
@@ -72,7 +79,11 @@ struct bk_job {
     int code;                    /* 0 or the error's code */
     char *msg;                   /* the error's message (owned) */
     int64_t ms;                  /* how long the archive took */
+    char tenant[20];             /* restore from S3: the caller's tenant (sop.tenant) … */
+    bool tenant_set;             /* … if stamped: another tenant's backup is unknown */
 };
+
+static bool tenant_of(const char *sandbox, sbx_str owner);
 
 static void
 job_free(struct bk_job *j)
@@ -105,7 +116,12 @@ bk_create(struct bk_job *j)
     if (rc == 0) {
         j->info.created_ms = sbx_wall_ms();
         j->info.expires_ms = j->info.created_ms + j->ttl * 1000;
-        rc = sbx_backup_store_add(sh->backups, j->tmp, &j->info, &err);
+        if (sh->s3) {
+            rc = sbx_s3_store_add(sh->s3, j->fd, &j->info, &err);
+            unlink(j->tmp);
+        } else {
+            rc = sbx_backup_store_add(sh->backups, j->tmp, &j->info, &err);
+        }
     }
     if (rc) {
         unlink(j->tmp);
@@ -117,11 +133,30 @@ static void
 bk_restore(struct bk_job *j)
 {
     _cleanup_err_ sbx_err_t err = NULL;
+    struct sbx_s3 *s3 = j->a->sh->s3;
+    int rc;
+    if (s3) {
+        /* Looked up (another tenant's is unknown, as in actor_op_backup_restore),
+         * then downloaded into j->fd and checked as it arrives. */
+        rc = sbx_s3_store_lookup(s3, j->info.id, &j->info, &err);
+        if (rc == 0 && j->tenant_set &&
+            !tenant_of(j->info.sandbox, (sbx_str){j->tenant, strlen(j->tenant)}))
+            rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", j->info.id);
+        if (rc != 0 || (rc = sbx_s3_store_fetch(s3, &j->info, j->fd, &err)) != 0 ||
+            (lseek(j->fd, 0, SEEK_SET) != 0 &&
+             (rc = sbx_err_make(&err, -errno, "backup '%s': its download", j->info.id)))) {
+            job_fail(j, rc, err);
+            return;
+        }
+        if ((rc = sbx_backup_unpack(&j->ns, j->fd, j->dir, &err)) != 0)
+            job_fail(j, rc, err);
+        return;
+    }
     /* The digest first: nothing is written from an archive that is not
      * the one stored. */
     char digest[80];
     int64_t size;
-    int rc = sbx_backup_digest(j->fd, digest, sizeof(digest), &size);
+    rc = sbx_backup_digest(j->fd, digest, sizeof(digest), &size);
     if (rc) {
         sbx_err_make(&err, SBX_E_STORAGE, "backup '%s': read its archive: %s", j->info.id,
                      strerror(-rc));
@@ -292,6 +327,19 @@ actor_op_backup_create(struct actor *a, struct sop *op)
     bk_start(a, j);
 }
 
+/* Whether internal sandbox ID `sandbox` is in tenant `owner`'s namespace
+ * ("<owner>--<id>"; owner "" = the default tenant, IDs without "--"):
+ * a backup belongs to the tenant of the sandbox it was made of
+ * (docs/security.md §6). */
+static bool
+tenant_of(const char *sandbox, sbx_str owner)
+{
+    const char *dd = strstr(sandbox, "--");
+    if (!owner.n)
+        return dd == NULL;
+    return dd && (size_t)(dd - sandbox) == owner.n && !memcmp(sandbox, owner.p, owner.n);
+}
+
 void
 actor_op_backup_restore(struct actor *a, struct sop *op)
 {
@@ -320,8 +368,34 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     j->ns = (struct sbx_backup_ns){.userns = -1, .mntns = -1, .rootfd = -1};
     snprintf(j->dir, sizeof(j->dir), "%s", dir);
     _cleanup_err_ sbx_err_t err = NULL;
-    /* Known and not expired before a container is started for it. */
-    int rc = sbx_backup_store_open(a->sh->backups, id, &j->info, &j->fd, &err);
+    int rc;
+    if (a->sh->s3) {
+        /* Looked up on the job's thread (with the tenant's check below);
+         * downloaded into an unnamed file of the local tmp/ (gone with its
+         * descriptor). */
+        char tmpd[4200];
+        snprintf(j->info.id, sizeof(j->info.id), "%.27s", id);
+        snprintf(j->tenant, sizeof(j->tenant), "%s", op->tenant);
+        j->tenant_set = op->tenant_set;
+        snprintf(tmpd, sizeof(tmpd), "%s/tmp", a->sh->backups);
+        j->fd = open(tmpd, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        rc = j->fd < 0 ? sbx_err_make(&err, SBX_E_STORAGE, "backup store's tmp/: %s",
+                                      strerror(errno))
+             : sbx_backup_id_valid(id) ? 0
+                                       : sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND,
+                                                      "no backup '%s'", id);
+    } else {
+        /* Known and not expired before a container is started for it. */
+        rc = sbx_backup_store_open(a->sh->backups, id, &j->info, &j->fd, &err);
+    }
+    if (rc == 0 && !a->sh->s3 && op->tenant_set &&
+        !tenant_of(j->info.sandbox, (sbx_str){op->tenant, strlen(op->tenant)})) {
+        /* With API keys (the gateway stamped the caller's tenant), another
+         * tenant's backup is answered as an unknown ID, word for word;
+         * keyless, every sandbox is the one implicit tenant's. */
+        sbx_err_release(&err);
+        rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+    }
     if (rc != 0) {
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
         job_free(j);
@@ -336,28 +410,21 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     bk_start(a, j);
 }
 
-void
-shard_op_backup_list(struct sop *op)
+/* Answer backup.list with v (n entries; borrowed). */
+static void
+reply_list(struct sop *op, const struct sbx_backup_info *v, size_t n)
 {
-    struct shard *sh = op->sh;
-    _cleanup_err_ sbx_err_t err = NULL;
-    struct sbx_backup_info *v = NULL;
-    size_t n = 0;
-    if (!sh->backups[0]) {
-        shard_reply_err(op, SBX_E_STORAGE, "this node has no backup store");
-        return;
-    }
-    int rc = sbx_backup_store_list(sh->backups, &v, &n, &err);
-    if (rc != 0) {
-        reply_error(op, rc, err);
-        return;
-    }
+    /* owner (set by the gateway from a tenant's key): that tenant's only. */
+    sbx_str owner;
+    bool scoped = sbx_wire_get_str(op->req.args, "owner", &owner) == 0;
     sbx_enc e;
     shard_reply_begin(op, &e);
     sbx_enc_str(&e, "backups");
     sbx_enc_array(&e);
     for (size_t i = 0; i < n; i++) {
         char ts[40];
+        if (scoped && !tenant_of(v[i].sandbox, owner))
+            continue;
         sbx_enc_map(&e);
         sbx_enc_kstr(&e, "id", v[i].id);
         sbx_enc_kstr(&e, "name", v[i].name);
@@ -372,8 +439,129 @@ shard_op_backup_list(struct sop *op)
         sbx_enc_end(&e);
     }
     sbx_enc_end(&e);
-    free(v);
     shard_reply_end(op, &e, 0);
+}
+
+static void
+reply_deleted(struct sop *op)
+{
+    sbx_enc e;
+    shard_reply_begin(op, &e);
+    sbx_enc_kbool(&e, "success", true);
+    shard_reply_end(op, &e, 0);
+}
+
+/* backup.list or backup.delete on an S3 store, on a thread of its own
+ * (network calls: seconds at worst, bounded by --s3-timeout per call).
+ * Owned by the thread, then by bk_node_done on the loop thread. */
+struct bk_node_job {
+    struct shard *sh;
+    struct sop *op;
+    char id[64];                 /* delete's; "" for list */
+    bool scoped;                 /* delete: only a backup of tenant `owner` (the gateway's) */
+    char owner[64];
+    struct sbx_backup_info *v;   /* list's answer (heap) */
+    size_t n;
+    int code;
+    char *msg;                   /* heap */
+};
+
+static void
+bk_node_done(sbx_loop *l, void *arg)
+{
+    (void)l;
+    struct bk_node_job *j = arg;
+    if (j->code)
+        shard_reply_err(j->op, j->code, "%s", j->msg);
+    else if (j->id[0])
+        reply_deleted(j->op);
+    else
+        reply_list(j->op, j->v, j->n);
+    free(j->v);
+    free(j->msg);
+    free(j);
+}
+
+static void *
+bk_node_thread(void *arg)
+{
+    struct bk_node_job *j = arg;
+    struct shard *sh = j->sh;
+    _cleanup_err_ sbx_err_t err = NULL;
+    int rc = 0;
+    struct sbx_backup_info info;
+    if (j->id[0] && j->scoped) {
+        /* A tenant deletes its own backups: another's is an unknown ID
+         * (errors of the lookup answered as the local store's path does). */
+        rc = sbx_s3_store_lookup(sh->s3, j->id, &info, &err);
+        if (rc == 0 && !tenant_of(info.sandbox, (sbx_str){j->owner, strlen(j->owner)}))
+            rc = sbx_err_make(&err, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", j->id);
+    }
+    if (rc == 0)
+        rc = j->id[0] ? sbx_s3_store_delete(sh->s3, j->id, &err)
+                      : sbx_s3_store_list(sh->s3, &j->v, &j->n, &err);
+    if (rc) {
+        j->code = rc;
+        j->msg = sbx_xstrdup(sbx_err_msg(err));
+    }
+    sbx_loop_post(sh->loop, bk_node_done, j); /* j is bk_node_done's */
+    atomic_fetch_sub(&sh->img_jobs, 1);
+    return NULL;
+}
+
+/* owner: delete's tenant scope (NULL: none). */
+static void
+bk_node_start(struct sop *op, const char *id, const sbx_str *owner)
+{
+    struct shard *sh = op->sh;
+    struct bk_node_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->sh = sh;
+    j->op = op;
+    snprintf(j->id, sizeof(j->id), "%s", id ? id : "");
+    if (owner && owner->n >= sizeof(j->owner)) { /* no tenant has so long a name */
+        shard_reply_err(op, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", j->id);
+        free(j);
+        return;
+    }
+    if (owner) {
+        j->scoped = true;
+        memcpy(j->owner, owner->p, owner->n);
+    }
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&sh->img_jobs, 1);
+    if (pthread_create(&t, &at, bk_node_thread, j) != 0) {
+        atomic_fetch_sub(&sh->img_jobs, 1);
+        shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the backup store");
+        free(j);
+    }
+    pthread_attr_destroy(&at);
+}
+
+void
+shard_op_backup_list(struct sop *op)
+{
+    struct shard *sh = op->sh;
+    _cleanup_err_ sbx_err_t err = NULL;
+    struct sbx_backup_info *v = NULL;
+    size_t n = 0;
+    if (!sh->backups[0]) {
+        shard_reply_err(op, SBX_E_STORAGE, "this node has no backup store");
+        return;
+    }
+    if (sh->s3) {
+        bk_node_start(op, NULL, NULL); /* reply_list scopes the answer */
+        return;
+    }
+    int rc = sbx_backup_store_list(sh->backups, &v, &n, &err);
+    if (rc != 0) {
+        reply_error(op, rc, err);
+        return;
+    }
+    reply_list(op, v, n);
+    free(v);
 }
 
 void
@@ -393,13 +581,32 @@ shard_op_backup_delete(struct sop *op)
         shard_reply_err(op, SBX_E_STORAGE, "this node has no backup store");
         return;
     }
+    sbx_str owner;
+    bool scoped = sbx_wire_get_str(op->req.args, "owner", &owner) == 0;
+    if (sh->s3) {
+        bk_node_start(op, id, scoped ? &owner : NULL);
+        return;
+    }
+    if (scoped) {
+        /* A tenant deletes its own backups: another's is an unknown ID. */
+        struct sbx_backup_info info;
+        int fd = -1;
+        int orc = sbx_backup_store_open(sh->backups, id, &info, &fd, &err);
+        if (fd >= 0)
+            close(fd);
+        if (orc == 0 && !tenant_of(info.sandbox, owner)) {
+            shard_reply_err(op, SBX_E_BACKUP_NOT_FOUND, "no backup '%s'", id);
+            return;
+        }
+        if (orc != 0) {
+            reply_error(op, orc, err);
+            return;
+        }
+    }
     int rc = sbx_backup_store_delete(sh->backups, id, &err);
     if (rc != 0) {
         reply_error(op, rc, err);
         return;
     }
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kbool(&e, "success", true);
-    shard_reply_end(op, &e, 0);
+    reply_deleted(op);
 }

@@ -764,6 +764,13 @@ cluster_start(struct shard *sh)
         free(c);
         return rc;
     }
+    sbx_etcd_set_tls(c->etcd, sh->conf.etcd_ca, sh->conf.etcd_cert, sh->conf.etcd_key);
+    char plain[256];
+    if (sbx_etcd_insecure_endpoint(sh->conf.etcd, plain, sizeof(plain)))
+        sbx_log_warn("shard %s: etcd at %s is plain HTTP off loopback: whoever reaches it can "
+                     "change membership and partition ownership (use https:// with "
+                     "--etcd-ca/--etcd-cert/--etcd-key; docs/security.md, Transports)",
+                     sh->conf.name, plain);
     sh->cluster = c;
     if ((rc = sbx_cview_start(&c->view, c->etcd, c->prefix, view_changed, c)) != 0) {
         sbx_log_error("shard %s: cannot start the cluster view", sh->conf.name);

@@ -295,10 +295,18 @@ send_import(struct cluster *c, const char *url, struct hjob *j)
             nng_send_aio(s, aio);
             nng_aio_wait(aio);
             if (nng_aio_result(aio) != 0) {
+                /* Which step failed and how, for the "handoff … failed"
+                 * line that follows (a timeout here: no connection was
+                 * made to the new owner in IMPORT_TIMEOUT_MS). */
+                sbx_log_warn("shard %s: partition.import to %s not sent: %s", sh->conf.name,
+                             url, nng_strerror(nng_aio_result(aio)));
                 nng_msg_free(m);
             } else {
                 nng_recv_aio(s, aio);
                 nng_aio_wait(aio);
+                if (nng_aio_result(aio) != 0)
+                    sbx_log_warn("shard %s: partition.import to %s sent, no answer: %s",
+                                 sh->conf.name, url, nng_strerror(nng_aio_result(aio)));
                 if (nng_aio_result(aio) == 0) {
                     nng_msg *r = nng_aio_get_msg(aio);
                     sbx_msg dm;

@@ -168,6 +168,28 @@ replicate(struct img_job *j, sbx_err_t *err)
     return rc;
 }
 
+/* The pull flags for ref: insecure for a loopback registry — Docker's
+ * default (dockerd(8), "--insecure-registry": 127.0.0.0/8 is insecure
+ * unless configured otherwise) — and for the hosts the deployment names
+ * (--insecure-registry host[:port], or host for every port). */
+static unsigned
+pull_flags(const struct shard *sh, const char *ref)
+{
+    char host[256], bare[256];
+    if (!sbx_image_ref_registry(ref, host, sizeof(host)))
+        return 0;
+    snprintf(bare, sizeof(bare), "%s", host);
+    char *colon = bare[0] == '[' ? strstr(bare, "]:") : strrchr(bare, ':');
+    if (colon)
+        colon[bare[0] == '[' ? 1 : 0] = '\0';
+    if (!strcmp(bare, "localhost") || !strncmp(bare, "127.", 4) || !strcmp(bare, "[::1]"))
+        return SBX_IMAGE_PULL_INSECURE;
+    for (char **r = sh->conf.insecure_registry; r && *r; r++)
+        if (!strcmp(*r, host) || !strcmp(*r, bare))
+            return SBX_IMAGE_PULL_INSECURE;
+    return 0;
+}
+
 /* How long a create waits for a peer's answer about an image name. */
 #define RESOLVE_ASK_MS 10000
 
@@ -187,6 +209,7 @@ resolve_name(struct img_job *j, sbx_err_t *err)
     if (sbx_enc_finish(&a, &args, &al) != 0)
         return sbx_err_make(err, SBX_E_INTERNAL, "encode image.inspect");
     int found = -1;
+    char from_host[256];
     for (int i = 0; j->peers && i < j->peers->n && found < 0; i++) {
         nng_socket s;
         if (sbx_nng_req_dial(&s, j->peers->p[i].url, j->sh->conf.sec, NULL) != 0)
@@ -210,10 +233,27 @@ resolve_name(struct img_job *j, sbx_err_t *err)
         nng_close(s);
     }
     free(args);
+    if (found < 0 && sbx_image_ref_registry(j->a, from_host, sizeof(from_host))) {
+        /* Nobody here has it, and it names its registry: pulled on demand
+         * (docs/images.md, "Pull on demand"); creates of it meanwhile wait
+         * for this pull, not another (SBX_IMAGE_PULL_MISSING). */
+        sbx_log_info("image %s: not on this node%s; pulling it from %s", j->a,
+                     j->peers && j->peers->n ? " nor on a peer" : "", from_host);
+        char d[SBX_IMAGE_DIGEST_LEN];
+        int rc = sbx_image_pull(j->sh->images, j->a, NULL,
+                                SBX_IMAGE_PULL_MISSING | pull_flags(j->sh, j->a), d, err);
+        if (rc == 0)
+            snprintf(j->digest, sizeof(j->digest), "%s", d);
+        return rc;
+    }
     if (found < 0)
         return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND,
-                            "no image named '%s' on this node or any live node of the cluster",
-                            j->a);
+                            "no image named '%s' on this node or any live node of the cluster%s",
+                            j->a,
+                            strchr(j->a, '/') ? ""
+                                              : " (a name with its registry, e.g. "
+                                                "docker.io/library/python:3.12, is pulled "
+                                                "on demand)");
     /* That peer first. */
     struct shard_peer t = j->peers->p[0];
     j->peers->p[0] = j->peers->p[found];
@@ -246,7 +286,7 @@ img_thread(void *arg)
         }
         break;
     case IMG_PULL:
-        rc = sbx_image_pull(st, j->a, j->b, digest, &err);
+        rc = sbx_image_pull(st, j->a, j->b, pull_flags(j->sh, j->a), digest, &err);
         if (rc == 0) {
             sbx_log_info("image %s pulled from %s", digest, j->a);
             rc = describe(st, digest, j->result, &err);
@@ -493,11 +533,12 @@ shard_image_resolve(struct shard *sh, struct sop *op)
 {
     sbx_str img;
     char ref[256], have[SBX_IMAGE_DIGEST_LEN];
-    if (!cluster_on(sh) || !sh->images ||
-        sbx_wire_get_str(op->req.args, "image", &img) != 0 || img.n == 0 ||
+    char host[256];
+    if (!sh->images || sbx_wire_get_str(op->req.args, "image", &img) != 0 || img.n == 0 ||
         sbx_str_copy(img, ref, sizeof(ref)) != 0 || memchr(img.p, '\0', img.n) ||
-        !sbx_image_name_valid(ref) || sbx_image_resolve(sh->images, ref, have, NULL) == 0)
-        return false; /* the actor answers as on a single node */
+        !sbx_image_name_valid(ref) || sbx_image_resolve(sh->images, ref, have, NULL) == 0 ||
+        (!cluster_on(sh) && !sbx_image_ref_registry(ref, host, sizeof(host))))
+        return false; /* the actor answers (single node: IMAGE_NOT_FOUND) */
     char sid[64];
     sbx_str_copy(op->req.sandbox, sid, sizeof(sid));
     struct actor *a = actor_get(sh, sid, true);

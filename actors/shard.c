@@ -10,6 +10,7 @@
  */
 #include "shard.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <nng/nng.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include "../runtime/place.h"
 #include "../runtime/util.h"
 #include "../container/backup.h"
+#include "../container/backup_s3.h"
 #include "cluster.h"
 #include "shard_int.h"
 
@@ -96,6 +98,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->disk = 1ull << 30;
     c->disk_max = 16ull << 30;
     c->backup_max = SBX_BACKUP_MAX_BYTES;
+    c->s3_timeout = 30000;
     c->inodes = 262144;
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
@@ -142,13 +145,22 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->preview_domain);
     free(c->preview_scheme);
     free(c->etcd);
+    free(c->etcd_ca);
+    free(c->etcd_cert);
+    free(c->etcd_key);
     free(c->cluster);
     free(c->network_default);
     free(c->network_range);
     free(c->dns_upstream);
+    free(c->egress_inject);
+    strv_free(c->insecure_registry);
     free(c->advertise);
     free(c->images);
     free(c->backups);
+    free(c->backup_store);
+    free(c->s3_endpoint);
+    free(c->s3_region);
+    free(c->s3_credentials);
     free(c->workspace_default);
     strv_free(c->etc);
     strv_free(c->env);
@@ -163,7 +175,7 @@ struct list_ctx {
     struct shard *sh;
     sbx_enc *e;
     size_t n;
-    bool ids_only; /* {id} per sandbox, nothing read but the store's keys */
+    bool ids_only; /* {id, memory, cpu, disk} per sandbox (the tenant registry), no actor */
 };
 
 static int
@@ -178,8 +190,19 @@ list_one(void *arg, const void *k, size_t kn, const void *v, size_t vn)
     if (!cluster_listable(lc->sh, sbx_place_partition(id, kn)))
         return 0; /* a record this shard holds but does not own */
     if (lc->ids_only) {
+        /* The tenant registry's refresh: the ID and the limits the tenant's
+         * resource quotas count (docs/security.md §6): memory, cpu, disk
+         * (0: unlimited; disk is the writable file system's size). */
+        struct sbx_record r;
+        bool have = sbx_record_decode(v, vn, &r) == 0;
         sbx_enc_map(lc->e);
         sbx_enc_kstr(lc->e, "id", id);
+        if (have) {
+            sbx_enc_kint(lc->e, "memory", (int64_t)r.limits.memory);
+            sbx_enc_kint(lc->e, "cpu", (int64_t)r.limits.cpu_milli);
+            sbx_enc_kint(lc->e, "disk", (int64_t)(r.disk ? r.disk : lc->sh->conf.disk));
+            sbx_record_free(&r);
+        }
         sbx_enc_end(lc->e);
         lc->n++;
         return 0;
@@ -217,6 +240,14 @@ shard_op_list(struct sop *op)
     int rc = sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, list_one, &lc);
     sbx_enc_end(&e);
     sbx_enc_kint(&e, "count", (int64_t)lc.n);
+    if (lc.ids_only) {
+        /* What a new sandbox gets without limits (the tenant quotas' estimate). */
+        sbx_enc_kmap(&e, "defaults");
+        sbx_enc_kint(&e, "memory", (int64_t)sh->limits.memory);
+        sbx_enc_kint(&e, "cpu", (int64_t)sh->limits.cpu_milli);
+        sbx_enc_kint(&e, "disk", (int64_t)sh->conf.disk);
+        sbx_enc_end(&e);
+    }
     if (rc) {
         sbx_enc_free(&e);
         shard_reply_err(op, SBX_E_STORAGE, "cannot list sandboxes: %s", sbx_err_message(rc));
@@ -247,7 +278,9 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "actors", (int64_t)sh->actors.n);
     sbx_enc_kint(&e, "running", (int64_t)running);
     sbx_enc_kint(&e, "pool", sh->pool.n);
-    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh));
+    int img_target = 0;
+    sbx_enc_kint(&e, "imagePool", shard_img_pool_count(sh, &img_target));
+    sbx_enc_kint(&e, "imagePoolTarget", img_target);
     sbx_enc_kint(&e, "requests", (int64_t)sh->n_requests);
     sbx_enc_kint(&e, "containersStarted", (int64_t)sh->n_started);
     sbx_enc_kint(&e, "containerStartFailures", (int64_t)sh->n_start_failed);
@@ -397,6 +430,27 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         rc = SBX_E_VALIDATION;
         goto out;
     }
+    /* The S3 backup store's settings, checked before anything is set up
+     * (container/backup_s3.h). */
+    if (conf->backup_store && *conf->backup_store) {
+        sbx_err_t berr = NULL;
+        struct sbx_s3_conf s3c = {.url = conf->backup_store, .endpoint = conf->s3_endpoint,
+                                  .region = conf->s3_region, .cred_file = conf->s3_credentials,
+                                  .timeout_ms = conf->s3_timeout};
+        if (conf->backup_max > (uint64_t)SBX_S3_MAX_PUT)
+            rc = sbx_err_make(&berr, SBX_E_VALIDATION,
+                              "--backup-max is at most 5G with an S3 backup store (one PUT)");
+        else if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+            rc = sbx_err_make(&berr, SBX_E_INTERNAL, "curl_global_init");
+        else
+            rc = sbx_s3_new(&s3c, &sh->s3, &berr);
+        if (rc) {
+            sbx_log_error("shard %s: %s", conf->name, sbx_err_msg(berr));
+            sbx_err_release(&berr);
+            goto out;
+        }
+        sbx_log_info("shard %s: backups in %s", conf->name, sbx_s3_describe(sh->s3));
+    }
     if ((rc = sbx_loop_new(&sh->loop)) != 0) {
         sbx_log_error("shard: event loop: %s", strerror(-rc));
         goto out;
@@ -479,6 +533,12 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         }
         sbx_err_release(&berr);
     }
+    if (sh->s3 && !sh->backups[0]) {
+        sbx_log_error("shard %s: the S3 backup store stages archives in --backups, which is "
+                      "not usable (see above)", conf->name);
+        rc = SBX_E_VALIDATION;
+        goto out;
+    }
     if (!conf->network_default || (strcmp(conf->network_default, "none") != 0 &&
                                    strcmp(conf->network_default, "egress") != 0)) {
         sbx_log_error("shard %s: --network-default must be none or egress", conf->name);
@@ -486,7 +546,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         goto out;
     }
     struct sbx_net_conf nc = {.name = conf->name, .range = conf->network_range,
-                              .dns_upstream = conf->dns_upstream};
+                              .dns_upstream = conf->dns_upstream,
+                              .inject_file = conf->egress_inject};
     if ((rc = sbx_net_new(&sh->net, &nc, why, sizeof(why))) != 0) {
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
@@ -630,6 +691,7 @@ out:
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
     sbx_image_store_close(sh->images);
+    sbx_s3_free(sh->s3);
     if (sh->cgroups)
         sbx_cgroups_close(sh->cgroups);
     /* sbx_loop_free frees only unwatched handles: this one leaked at every

@@ -71,6 +71,8 @@ struct sbx_shard_conf {
                              * exposePort hostname equal to one or ending in ".<one>" is
                              * CUSTOM_DOMAIN_REQUIRED (default workers.dev, as the SDK) */
     char *etcd;           /* etcd endpoints (http://h:p[,…]): cluster mode; NULL = standalone */
+    char *etcd_ca, *etcd_cert, *etcd_key; /* PEM paths for https:// etcd endpoints (or
+                           * NULL): sbx_etcd_set_tls; sbxd defaults them to --tls-* */
     char *cluster;        /* cluster name: etcd keys live under /sbx/<cluster>/ */
     char *advertise;      /* nng URL other nodes reach this shard at (default: listen) */
     int64_t lease_ttl;    /* ms: membership lease; a shard unable to renew it stops serving */
@@ -80,11 +82,25 @@ struct sbx_shard_conf {
     char *images;         /* the node's image store (docs/images.md); NULL: <data>/images */
     char *backups;        /* the node's backup store (docs/persistence.md); NULL: <data>/backups */
     uint64_t backup_max;  /* bytes: the largest compressed archive of a backup (BACKUP_TOO_LARGE) */
-    int64_t image_pool;   /* ready containers kept per image in demand (0: none; image_pool.c) */
+    char *backup_store;   /* s3://bucket[/prefix]: the backups in S3 (docs/persistence.md, "The
+                           * S3 store"); NULL: the directory `backups` */
+    char *s3_endpoint;    /* http(s)://host[:port] of the S3 service; NULL: AWS's of s3_region */
+    char *s3_region;      /* SigV4's region (NULL: us-east-1) */
+    char *s3_credentials; /* file of AWS_ACCESS_KEY_ID=…/AWS_SECRET_ACCESS_KEY=… lines (mode
+                           * 600); NULL: those variables of sbxd's environment */
+    int64_t s3_timeout;   /* ms: each S3 call's deadline, retries included (30000) */
+        int64_t image_pool;   /* ready containers kept at least per image in demand (0: no
+                           * image pools; they adapt above it: image_pool.c) */
     char *network_default;/* none | egress: the mode of sandboxes that do not choose one */
     char *network_range;  /* IPv4 range of sandbox addresses, /8../22 (docs/network.md) */
-    char *dns_upstream;   /* A.B.C.D[:PORT] the sandboxes' resolver forwards to; NULL: the
-                           * host's /etc/resolv.conf (docs/network.md §Host names) */
+    char *dns_upstream;   /* A.B.C.D[:PORT][,…] (up to 4, failover in order) the sandboxes'
+                           * resolver forwards to; NULL: the host's /etc/resolv.conf
+                           * (docs/network.md §Host names) */
+    char *egress_inject;  /* file of header injection rules for plain-HTTP egress (mode 600;
+                           * docs/network.md §Credentials stay outside); NULL: none */
+    char **insecure_registry; /* registry hosts ("host[:port]") pulled from over plain HTTP
+                               * or an unverified certificate, besides loopback ones
+                               * (docs/images.md, "Pull") */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity

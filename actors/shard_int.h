@@ -78,6 +78,7 @@ struct sop {
                                  * resolved it to, fetched here (images.c shard_image_resolve) */
     char audit_key[40];         /* route.keyId: the caller's key id (audit.c), "": not audited */
     char tenant[20];            /* route.tenant ("" for the default tenant or none) */
+    bool tenant_set;            /* route.tenant was stamped (a gateway with API keys) */
 };
 
 /* A reply waiting for the output gate.  It names its sandbox by id, not by
@@ -244,17 +245,24 @@ struct shard_pool {
 };
 
 /* Ready containers per image (image_pool.c; docs/images.md "Pools per
- * image"): each of up to SHARD_IMG_POOLS images keeps conf.image_pool
- * started containers while sandboxes of it were created in the last
- * SHARD_IMG_POOL_IDLE_MS; then they stop (and with them their hold on the
- * image: GC may delete it afterwards). */
+ * image"): each of up to SHARD_IMG_POOLS images keeps started containers
+ * while sandboxes of it were created in the last SHARD_IMG_POOL_IDLE_MS —
+ * as many as the busiest second of the last SHARD_POOL_WINDOW seconds asked
+ * for, at least conf.image_pool, within the pool memory budget — then they
+ * stop (and with them their hold on the image: GC may delete it
+ * afterwards). */
 #define SHARD_IMG_POOLS 8
 #define SHARD_IMG_POOL_IDLE_MS 30000
 struct img_pool {
     char digest[72];            /* the image; "": a free slot */
     struct pooled *head;        /* owned */
     int n, inflight;            /* containers in it; starts under way */
+    int target;                 /* containers wanted now (image_pool.c set_target) */
+    struct shard *sh;           /* borrowed: its shard (for its refill timer) */
     int64_t last_ms;            /* monotonic: the last create of a sandbox of it */
+    int64_t armed_ms;           /* when its pending refill timer was set; 0: none */
+    uint32_t demand[SHARD_POOL_WINDOW];    /* creates of it in second … */
+    int64_t demand_sec[SHARD_POOL_WINDOW]; /* … this (monotonic seconds) */
 };
 
 /* Cached replies for retried request ids (idempotency). */
@@ -359,7 +367,10 @@ struct shard {
     struct shard_relay relay;  /* relay.c */
 
     sbx_image_store *images;   /* the node's image store (images.c), or NULL */
-    char backups[4096];        /* the node's backup store's directory ("": none; backups.c) */
+    char backups[4096];        /* the node's backup store's directory ("": none; backups.c);
+                                * with s3, its tmp/ stages archives */
+    struct sbx_s3 *s3;         /* owned: the S3 backup store (--backup-store s3://…), or NULL:
+                                * the directory is the store (container/backup_s3.h) */
     struct img_pool img_pools[SHARD_IMG_POOLS]; /* image_pool.c */
     _Atomic int img_jobs;      /* image ops running on their threads (images.c) */
     _Atomic bool img_stop;     /* set by shard_images_stop: template builds give up */
@@ -442,11 +453,13 @@ int shard_image_fetch(struct shard *sh, const struct shard_peers *peers, const c
  * the outcome is logged. */
 void shard_image_replicate(struct shard *sh, const char *digest, uint32_t part);
 /* images.c: shard_image_resolve — loop thread, before a `create` op is
- * given to its actor: when its image is a name this node's store lacks and
- * the shard is in a cluster, ask the peers for the name (image.inspect),
- * fetch the image by the digest the first one that knows it answers, and
- * then give the op to the actor with op->img_digest set (true: op is the
- * job's now, answered by it on failure).  false: nothing to do. */
+ * given to its actor: when its image is a name this node's store lacks,
+ * ask the peers for the name (image.inspect; in a cluster), fetch the image
+ * by the digest the first one that knows it answers — or, when none does and
+ * the name holds its registry's host (sbx_image_ref_registry), pull it from
+ * that registry — and then give the op to the actor with op->img_digest set
+ * (true: op is the job's now, answered by it on failure: IMAGE_NOT_FOUND
+ * with the registry's or skopeo's message).  false: nothing to do. */
 bool shard_image_resolve(struct shard *sh, struct sop *op);
 /* shard_intake.c: give a sandbox op (admitted, in the idempotency table)
  * to its actor. */
@@ -498,8 +511,9 @@ void shard_img_pools_adapt(struct shard *sh);
 /* shard_img_pools_stop — the shard stops: kill every pooled image
  * container and queue its stop. */
 void shard_img_pools_stop(struct shard *sh);
-/* shard_img_pool_count — ready image containers (status). */
-int shard_img_pool_count(const struct shard *sh);
+/* shard_img_pool_count — ready image containers (status); *target (may
+ * be NULL) the sum of the pools' targets. */
+int shard_img_pool_count(const struct shard *sh, int *target);
 
 /* shard_reply.c */
 void shard_reply(struct sop *op, char *buf, size_t len, uint64_t need_seq);

@@ -162,7 +162,7 @@ on_request(sbx_loop *l, void *arg)
             if (sbx_wire_get_str(route, "tenant", &ts) == 0 && ts.n < sizeof(tenant)) {
                 sbx_str_copy(ts, tenant, sizeof(tenant));
                 sbx_str_copy(ts, op->tenant, sizeof(op->tenant));
-                tenant_set = true;
+                tenant_set = op->tenant_set = true;
             }
             /* The caller's key id: its changes go to the audit log (audit.c). */
             if (sbx_wire_get_str(route, "keyId", &ts) == 0 && ts.n < sizeof(op->audit_key))

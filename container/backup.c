@@ -520,17 +520,13 @@ blob_path(const char *root, const char *digest, char *out, size_t outlen)
     snprintf(out, outlen, "%s/blobs/%s.tar.zst", root, digest + 7);
 }
 
-static int
-read_entry(const char *root, const char *id, struct sbx_backup_info *info)
+static void
+info_from_json(const char *id, json_t *j, struct sbx_backup_info *info)
 {
-    char p[4200];
-    snprintf(p, sizeof(p), "%s/index/%s.json", root, id);
-    json_error_t je;
-    json_t *j = json_load_file(p, 0, &je);
-    if (!j)
-        return access(p, F_OK) == 0 ? SBX_E_STORAGE : SBX_E_BACKUP_NOT_FOUND;
+    char keep[sizeof(info->id)]; /* id may be info->id */
+    snprintf(keep, sizeof(keep), "%s", id);
     memset(info, 0, sizeof(*info));
-    snprintf(info->id, sizeof(info->id), "%s", id);
+    memcpy(info->id, keep, sizeof(keep));
     const char *s;
     if ((s = json_string_value(json_object_get(j, "name"))))
         snprintf(info->name, sizeof(info->name), "%s", s);
@@ -543,6 +539,57 @@ read_entry(const char *root, const char *id, struct sbx_backup_info *info)
     info->size = json_integer_value(json_object_get(j, "size"));
     info->created_ms = json_integer_value(json_object_get(j, "created"));
     info->expires_ms = json_integer_value(json_object_get(j, "expires"));
+}
+
+int
+sbx_backup_info_parse(const char *id, const char *text, size_t len,
+                      struct sbx_backup_info *info)
+{
+    json_error_t je;
+    json_t *j = json_loadb(text, len, 0, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return SBX_E_STORAGE;
+    }
+    info_from_json(id, j, info);
+    json_decref(j);
+    return strlen(info->digest) == 71 ? 0 : SBX_E_STORAGE;
+}
+
+char *
+sbx_backup_info_json(const struct sbx_backup_info *info)
+{
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:I,s:I,s:I}", "id", info->id, "name", info->name,
+                          "sandbox", info->sandbox, "dir", info->dir, "digest", info->digest,
+                          "size", (json_int_t)info->size, "created",
+                          (json_int_t)info->created_ms, "expires", (json_int_t)info->expires_ms);
+    char *out = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return out;
+}
+
+int
+sbx_backup_new_id(char id[32])
+{
+    uint8_t r[12];
+    if (sbx_random(r, sizeof(r)) != 0)
+        return SBX_E_INTERNAL;
+    memcpy(id, "bk_", 3);
+    for (int i = 0; i < 12; i++)
+        snprintf(id + 3 + 2 * i, 3, "%02x", r[i]);
+    return 0;
+}
+
+static int
+read_entry(const char *root, const char *id, struct sbx_backup_info *info)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/index/%s.json", root, id);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j)
+        return access(p, F_OK) == 0 ? SBX_E_STORAGE : SBX_E_BACKUP_NOT_FOUND;
+    info_from_json(id, j, info);
     json_decref(j);
     return strlen(info->digest) == 71 ? 0 : SBX_E_STORAGE;
 }
@@ -654,12 +701,8 @@ int
 sbx_backup_store_add(const char *root, const char *tmp_path, struct sbx_backup_info *info,
                      sbx_err_t *err)
 {
-    uint8_t r[12];
-    if (sbx_random(r, sizeof(r)) != 0)
+    if (sbx_backup_new_id(info->id) != 0)
         return sbx_err_make(err, SBX_E_INTERNAL, "getrandom");
-    memcpy(info->id, "bk_", 3);
-    for (int i = 0; i < 12; i++)
-        snprintf(info->id + 3 + 2 * i, 3, "%02x", r[i]);
     _cleanup_close_ int lk = store_lock(root);
     if (lk < 0)
         return sbx_err_make(err, SBX_E_STORAGE, "lock the backup store: %s", strerror(-lk));

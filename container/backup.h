@@ -130,4 +130,17 @@ int sbx_backup_store_delete(const char *root, const char *id, sbx_err_t *err);
 /* sbx_backup_id_valid — id is bk_ followed by 24 lowercase hex digits. */
 int sbx_backup_id_valid(const char *id);
 
+/* sbx_backup_new_id — a fresh random id into id[32] (bk_ + 24 hex digits).
+ * Returns 0 or SBX_E_INTERNAL (no randomness). */
+int sbx_backup_new_id(char id[32]);
+
+/* sbx_backup_info_json — info as its index entry's JSON (compact, heap,
+ * the caller frees it), or NULL (out of memory). */
+char *sbx_backup_info_json(const struct sbx_backup_info *info);
+
+/* sbx_backup_info_parse — the index entry of backup id from JSON text
+ * (len bytes) into *info.  0, or STORAGE_ERROR (not an entry). */
+int sbx_backup_info_parse(const char *id, const char *text, size_t len,
+                          struct sbx_backup_info *info);
+
 #endif

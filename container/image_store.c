@@ -761,8 +761,24 @@ sbx_image_import_layout(sbx_image_store *st, const char *layout, const char *sou
     return import_layout(st, layout, source, NULL, digest, err);
 }
 
+bool
+sbx_image_ref_registry(const char *ref, char *host, size_t n)
+{
+    const char *slash = ref ? strchr(ref, '/') : NULL;
+    if (!slash || slash == ref || slash[1] == '\0')
+        return false;
+    size_t len = (size_t)(slash - ref);
+    bool domain = memchr(ref, '.', len) || memchr(ref, ':', len) ||
+                  (len == 9 && !strncmp(ref, "localhost", 9));
+    if (!domain || len >= n)
+        return false;
+    memcpy(host, ref, len);
+    host[len] = '\0';
+    return true;
+}
+
 int
-sbx_image_pull(sbx_image_store *st, const char *ref, const char *name,
+sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned flags,
                char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
 {
     if (!ref || !imgst_is_name(ref) || ref[0] == '-')
@@ -770,22 +786,72 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name,
                             ref ? ref : "");
     if (name && !imgst_is_name(name))
         return sbx_err_make(err, SBX_E_VALIDATION, "image name '%s' is not valid", name);
-    _cleanup_close_ int lk = imgst_lock(st, LOCK_EX, err);
+    if ((flags & SBX_IMAGE_PULL_MISSING) &&
+        sbx_image_resolve(st, name ? name : ref, digest, NULL) == 0)
+        return 0;
+    /* One pull of a reference at a time on this node (every thread and
+     * shard process of the store): <store>/pulls/<sha-256 of ref, 32 hex>, flock(2)ed
+     * for the pull; a pull on demand that waited finds the image then. */
+    char lpath[4200];
+    snprintf(lpath, sizeof(lpath), "%s/pulls", st->dir);
+    if (mkdir(lpath, 0700) < 0 && errno != EEXIST)
+        return sbx_err_make(err, SBX_E_STORAGE, "mkdir %s: %s", lpath, strerror(errno));
+    uint8_t h[SHA256_DIGEST_SIZE];
+    struct sha256_ctx hc;
+    sha256_init(&hc);
+    sha256_update(&hc, strlen(ref), (const uint8_t *)ref);
+    sha256_digest(&hc, sizeof(h), h);
+    int off = snprintf(lpath, sizeof(lpath), "%s/pulls/", st->dir);
+    for (int i = 0; i < 16; i++)
+        off += snprintf(lpath + off, sizeof(lpath) - (size_t)off, "%02x", h[i]);
+    _cleanup_close_ int rl = open(lpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (rl < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "open %s: %s", lpath, strerror(errno));
+    while (flock(rl, LOCK_EX) < 0)
+        if (errno != EINTR)
+            return sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", lpath, strerror(errno));
+    if ((flags & SBX_IMAGE_PULL_MISSING) &&
+        sbx_image_resolve(st, name ? name : ref, digest, NULL) == 0)
+        return 0; /* the pull this one waited for brought it */
+    /* The copy under the shared lock: the sweep of tmp/ at a store's open
+     * needs the exclusive one, so it cannot remove this copy's directory. */
+    int lk = imgst_lock(st, LOCK_SH, err);
     if (lk < 0)
         return lk;
     char tmp[4096], dst[4200], src[600];
     snprintf(tmp, sizeof(tmp), "%s/tmp/pull-XXXXXX", st->dir);
-    if (!mkdtemp(tmp))
+    if (!mkdtemp(tmp)) {
+        close(lk);
         return sbx_err_make(err, SBX_E_STORAGE, "mkdtemp: %s", strerror(errno));
+    }
     snprintf(dst, sizeof(dst), "oci:%s/oci:img", tmp);
     snprintf(src, sizeof(src), "docker://%s", ref);
     char *argv[] = {"skopeo", "copy", "--quiet", "--override-os", "linux", "--override-arch",
-                    "amd64", src, dst, NULL};
+                    "amd64", src, dst, NULL, NULL};
+    if (flags & SBX_IMAGE_PULL_INSECURE) {
+        argv[9] = argv[8];
+        argv[8] = argv[7];
+        argv[7] = "--src-tls-verify=false";
+    }
     int rc = run_tool(argv, SBX_E_IMAGE_NOT_FOUND, err);
+    close(lk);
     if (rc == 0) {
-        char layout[4200];
-        snprintf(layout, sizeof(layout), "%s/oci", tmp);
-        rc = import_layout(st, layout, src, name ? name : ref, digest, err);
+        /* The import under the exclusive lock.  Between the two, only a
+         * store's open could have swept tmp/ (it takes the exclusive lock
+         * without waiting): then the layout is gone and the pull fails. */
+        lk = imgst_lock(st, LOCK_EX, err);
+        if (lk < 0) {
+            rc = lk;
+        } else {
+            char layout[4200];
+            snprintf(layout, sizeof(layout), "%s/oci", tmp);
+            if ((flags & SBX_IMAGE_PULL_MISSING) &&
+                sbx_image_resolve(st, name ? name : ref, digest, NULL) == 0)
+                rc = 0; /* another pull of it ended first */
+            else
+                rc = import_layout(st, layout, src, name ? name : ref, digest, err);
+            close(lk);
+        }
     }
     sbx_rm_rf(tmp);
     return rc;

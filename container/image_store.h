@@ -84,10 +84,34 @@ void sbx_image_store_keep_blobs(sbx_image_store *st, bool on);
 int sbx_image_import(sbx_image_store *st, const char *path, const char *name,
                      char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
 
+/* Flags of sbx_image_pull. */
+#define SBX_IMAGE_PULL_MISSING 1u  /* when the store already has an image of that
+                                    * name, its digest, no pull (a create's pull on
+                                    * demand: concurrent creates of one new image
+                                    * pull it once) */
+#define SBX_IMAGE_PULL_INSECURE 2u /* the registry may answer plain HTTP or with a
+                                    * certificate that does not verify (skopeo
+                                    * --src-tls-verify=false) */
+
 /* sbx_image_pull — `skopeo copy docker://ref oci:…` then import; name
- * defaults to ref.  The registry must be reachable from this machine. */
-int sbx_image_pull(sbx_image_store *st, const char *ref, const char *name,
+ * defaults to ref.  The registry must be reachable from this machine.
+ * The copy runs under the store's shared lock (image sandboxes start and
+ * other pulls go on meanwhile; an import, rm or GC waits), the import of its
+ * layout under the exclusive one.  SBX_E_VALIDATION (ref), the registry's
+ * refusal or an unreachable registry SBX_E_IMAGE_NOT_FOUND (skopeo's message
+ * in err), SBX_E_IMAGE_INVALID (what it sent), SBX_E_STORAGE. */
+int sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned flags,
                    char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
+
+/* sbx_image_ref_registry — whether ref names an image in a registry by its
+ * host: a '/' follows a first component that is a domain (holds '.' or ':',
+ * or is "localhost"), the rule of the distribution reference grammar Docker
+ * and containers/image follow (github.com/distribution/reference,
+ * normalize.go splitDockerDomain).  Short names ("python:3.12") are not:
+ * which registry they mean is a host's setting (containers-registries.conf(5),
+ * short-name-mode), not sbx's to guess.  The host (with its port) is copied
+ * into host (n bytes) when it is one. */
+bool sbx_image_ref_registry(const char *ref, char *host, size_t n);
 
 /* sbx_image_resolve — ref (a name, "sha256:<hex>", or a unique prefix of
  * at least 12 hex digits) to its manifest digest.  SBX_E_IMAGE_NOT_FOUND. */

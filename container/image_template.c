@@ -45,6 +45,61 @@ json_digest(json_t *j, char out[SBX_IMAGE_DIGEST_LEN], size_t *len)
     return 0;
 }
 
+/* Keep the bytes text (len) in the store's blobs/ under digest, through a
+ * file in tmp/ (sbx_image_keep_blob links it). */
+static int
+keep_text(sbx_image_store *st, const char *text, size_t len, const char *digest, sbx_err_t *err)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s/tmp/tblob-XXXXXX", st->dir);
+    _cleanup_close_ int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0 || sbx_write_full(fd, text, len) != 0 || fsync(fd) < 0) {
+        int rc = sbx_err_make(err, SBX_E_STORAGE, "keep blob %s: %s", digest, strerror(errno));
+        if (fd >= 0)
+            unlink(tmp);
+        return rc;
+    }
+    int rc = sbx_image_keep_blob(st, tmp, digest, err);
+    unlink(tmp);
+    return rc;
+}
+
+/* The layer descriptors of the manifest of base (a digest), read from the
+ * blobs kept for peers (a new reference, the caller's); NULL when the store
+ * keeps no blobs or not these (an image imported before it kept them, or a
+ * template of one). */
+static json_t *
+base_descriptors(sbx_image_store *st, const char *base, json_t *blayers)
+{
+    if (!st->keep_blobs)
+        return NULL;
+    char p[4200], *text = NULL;
+    size_t n;
+    snprintf(p, sizeof(p), "%s/blobs/%s", st->dir, base + 7);
+    if (sbx_fs_read(p, 4 << 20, &text, &n) != 0)
+        return NULL;
+    json_t *m = json_loadb(text, n, 0, NULL);
+    free(text);
+    json_t *ls = json_incref(json_object_get(m, "layers"));
+    json_decref(m);
+    if (!json_is_array(ls) || json_array_size(ls) != json_array_size(blayers)) {
+        json_decref(ls);
+        return NULL;
+    }
+    size_t i;
+    json_t *d;
+    json_array_foreach(ls, i, d) {
+        const char *dg = json_string_value(json_object_get(d, "digest"));
+        struct stat sb;
+        snprintf(p, sizeof(p), "%s/blobs/%s", st->dir, dg && imgst_is_digest(dg) ? dg + 7 : "-");
+        if (!dg || !imgst_is_digest(dg) || stat(p, &sb) != 0) {
+            json_decref(ls);
+            return NULL;
+        }
+    }
+    return ls;
+}
+
 bool
 sbx_image_name_valid(const char *name)
 {
@@ -64,7 +119,7 @@ sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, con
         return lk;
     int rc = 0;
     char *tmpdir = NULL;
-    json_t *rec = NULL, *config = NULL, *manifest = NULL;
+    json_t *rec = NULL, *config = NULL, *manifest = NULL, *bdesc = NULL;
     _cleanup_json_ json_t *brec = imgst_is_digest(base) ? imgst_load(st, base) : NULL;
     json_t *blayers = json_object_get(brec, "layers");
     if (!json_is_array(blayers)) {
@@ -137,11 +192,32 @@ sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, con
         rc = sbx_err_make(err, SBX_E_INTERNAL, "encode the template's config");
         goto out;
     }
+    /* In a cluster the store keeps the blobs peers fetch an image by
+     * (image_fetch.c): the template's manifest then names the base's
+     * compressed layer blobs and the new layer's blob, which are kept with
+     * its config and manifest, so a node that lacks the template fetches it
+     * like any image (a handoff, a failover).  Else the layers are named by
+     * diff_id: this node alone can serve its sandboxes. */
+    bdesc = base_descriptors(st, base, blayers);
     json_t *mlayers = json_array();
-    json_array_foreach(diffs, i, v) {
-        json_array_append_new(mlayers, json_pack("{s:s, s:O}", "mediaType",
-                                                 "application/vnd.oci.image.layer.v1.tar",
-                                                 "digest", v));
+    if (bdesc) {
+        json_array_foreach(bdesc, i, v)
+            json_array_append(mlayers, v);
+        unsigned char magic[2] = {0};
+        _cleanup_close_ int bfd = open(blob, O_RDONLY | O_CLOEXEC);
+        bool gz = bfd >= 0 && read(bfd, magic, 2) == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+        json_array_append_new(
+            mlayers, json_pack("{s:s, s:s, s:I}", "mediaType",
+                               gz ? "application/vnd.oci.image.layer.v1.tar+gzip"
+                                  : "application/vnd.oci.image.layer.v1.tar",
+                               "digest", comp, "size",
+                               (json_int_t)(stat(blob, &sb) == 0 ? sb.st_size : 0)));
+    } else {
+        json_array_foreach(diffs, i, v) {
+            json_array_append_new(mlayers, json_pack("{s:s, s:O}", "mediaType",
+                                                     "application/vnd.oci.image.layer.v1.tar",
+                                                     "digest", v));
+        }
     }
     manifest = json_pack("{s:i, s:s, s:{s:s, s:s, s:I}, s:o}", "schemaVersion", 2, "mediaType",
                          "application/vnd.oci.image.manifest.v1+json", "config", "mediaType",
@@ -163,6 +239,26 @@ sbx_image_add_layer(sbx_image_store *st, const char *base, const char *blob, con
     json_object_set_new(rec, "created", json_integer(sbx_wall_ms()));
     json_object_set_new(rec, "source", json_string(src));
     json_object_set(rec, "history", hist);
+    if (bdesc) {
+        json_t *lb = json_array();
+        json_array_foreach(mlayers, i, v)
+            json_array_append(lb, json_object_get(v, "digest"));
+        json_object_set_new(rec, "layerBlobs", lb);
+        char *ctext = json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS);
+        char *mtext = json_dumps(manifest, JSON_COMPACT | JSON_SORT_KEYS);
+        if (!ctext || !mtext)
+            rc = sbx_err_make(err, SBX_E_INTERNAL, "encode the template's blobs");
+        if (rc == 0)
+            rc = keep_text(st, ctext, strlen(ctext), cdigest, err);
+        if (rc == 0)
+            rc = keep_text(st, mtext, strlen(mtext), mdigest, err);
+        if (rc == 0)
+            rc = sbx_image_keep_blob(st, blob, comp, err);
+        free(ctext);
+        free(mtext);
+        if (rc)
+            goto out;
+    }
     if (tmpdir) {
         if (rename(tmpdir, ldir) < 0) {
             rc = sbx_err_make(err, SBX_E_STORAGE, "rename %s: %s", tmpdir, strerror(errno));
@@ -184,5 +280,6 @@ out:
     json_decref(rec);
     json_decref(config);
     json_decref(manifest);
+    json_decref(bdesc);
     return rc;
 }

@@ -48,6 +48,8 @@ struct sbx_net {
     bool htb;                  /* up0 has its root htb (made by the first limit) */
     char upstream[64];         /* --dns-upstream, "" = the host's resolv.conf */
     struct sbx_dns *dns;       /* the sandboxes' resolver (net_dns.c), once the router is up */
+    struct sbx_inject_set *inject; /* --egress-inject's rules (net_proxy.c); NULL: none */
+    struct sbx_proxy *proxy;   /* the injecting proxy, once the router is up (with rules) */
     int next;                  /* next slot to try: round robin, so a freed slot's
                                 * veth has time to go with its netns */
 };
@@ -318,8 +320,23 @@ sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t wh
     n->next = 1;
     snprintf(n->upstream, sizeof(n->upstream), "%s", conf->dns_upstream ? conf->dns_upstream : "");
     snprintf(n->nsname, sizeof(n->nsname), "sbx-%s", conf->name);
+    if (conf->inject_file && conf->inject_file[0]) {
+        int rc = sbx_inject_load(conf->inject_file, &n->inject, why, whylen);
+        if (rc) {
+            sbx_net_free(n);
+            return rc;
+        }
+    }
     *out = n;
     return 0;
+}
+
+/* The proxy asks whether slot k's resolver answered host with addr. */
+static bool
+resolved_cb(void *ctx, int k, uint32_t addr, const char *host)
+{
+    sbx_net *n = ctx;
+    return sbx_dns_resolved(n->dns, k, addr, host);
 }
 
 /* Take the first free /22 block of the range: flock /run/sbx/net-<B>.lock,
@@ -458,15 +475,18 @@ router_up(sbx_net *n, char *why, size_t whylen)
         goto fail;
     }
     struct sbx_net_buf b = {0};
-    sbx_net_render_router(&b, n->range);
+    sbx_net_render_router(&b, n->range, n->inject != NULL);
     rc = nft(n, b.p, NULL, out, sizeof(out));
     free(b.p);
     if (rc) {
         snprintf(why, whylen, "router nft table: %s", out);
         goto fail;
     }
-    if ((rc = sbx_dns_start(&n->dns, n->nsfd, n->upstream, n->block, pin_locked, n, why,
-                            whylen)) != 0)
+    if ((rc = sbx_dns_start(&n->dns, n->nsfd, n->upstream, n->block, n->inject, pin_locked, n,
+                            why, whylen)) != 0)
+        goto fail;
+    if (n->inject && (rc = sbx_proxy_start(&n->proxy, n->nsfd, n->block, n->inject, resolved_cb,
+                                           n, why, whylen)) != 0)
         goto fail;
     n->up = true;
     sbx_log_info("network: router %s up, block %s/22, host veth %s, host table inet %s",
@@ -475,6 +495,8 @@ router_up(sbx_net *n, char *why, size_t whylen)
     return 0;
 fail:
     sbx_log_error("network: router %s: %s", n->nsname, why);
+    sbx_proxy_stop(n->proxy);
+    n->proxy = NULL;
     sbx_dns_stop(n->dns);
     n->dns = NULL;
     remove_stale(n);
@@ -505,6 +527,7 @@ sbx_net_free(sbx_net *n)
     if (!n)
         return;
     if (n->up) {
+        sbx_proxy_stop(n->proxy); /* first: it asks the resolver */
         sbx_dns_stop(n->dns);
         remove_stale(n); /* the netns (and with it both veths), the host table */
         nft_ctx_free(n->nft);
@@ -515,6 +538,7 @@ sbx_net_free(sbx_net *n)
         unlink(n->lockpath);
         close(n->lockfd);
     }
+    sbx_inject_free(n->inject);
     pthread_mutex_destroy(&n->mu);
     pthread_mutex_destroy(&n->tc_mu);
     free(n);
@@ -556,7 +580,7 @@ sbx_net_attach(sbx_net *n, pid_t pid, const struct sbx_net_policy *p,
     /* The chains first: until its map element exists, the new veth's
      * traffic meets the forward chain's policy drop. */
     struct sbx_net_buf b = {0};
-    sbx_net_render_slot(&b, k, at->addr, p);
+    sbx_net_render_slot(&b, k, at->addr, p, n->inject != NULL);
     pthread_mutex_lock(&n->mu);
     rc = nft(n, b.p, NULL, out, sizeof(out));
     pthread_mutex_unlock(&n->mu);
@@ -617,7 +641,7 @@ sbx_net_update(sbx_net *n, int k, uint32_t addr, const struct sbx_net_policy *p,
     if (k <= 0 || k >= SLOTS)
         return -EINVAL;
     struct sbx_net_buf b = {0};
-    sbx_net_render_update(&b, k, addr, p);
+    sbx_net_render_update(&b, k, addr, p, n->inject != NULL);
     /* The resolver's policy first, then the flush of the pins: a pin it
      * makes under the old policy lands before the flush (net_dns.c). */
     sbx_dns_set_policy(n->dns, k, p);
@@ -635,7 +659,7 @@ sbx_net_detach(sbx_net *n, int k)
 {
     if (k <= 0 || k >= SLOTS)
         return;
-    char out[512], cmd[512];
+    char out[512], cmd[768];
     pthread_mutex_lock(&n->mu);
     int rnsfd = n->nsfd;
     /* One batch (one nft run); a half-made slot lacks some of these, and a
@@ -649,6 +673,13 @@ sbx_net_detach(sbx_net *n, int k)
              "delete counter inet sbx o%d\ndelete counter inet sbx i%d\n"
              "delete counter inet sbx n%d\n",
              k, k, k, k, k, k, k, k, k, k, k);
+    if (n->inject) { /* net_proxy.c's */
+        size_t l = strlen(cmd);
+        snprintf(cmd + l, sizeof(cmd) - l,
+                 "delete element inet sbx pre_sb { \"s%d\" }\nflush chain inet sbx pr%d\n"
+                 "delete chain inet sbx pr%d\ndelete set inet sbx ij%d\n",
+                 k, k, k, k);
+    }
     if (nft(n, cmd, NULL, out, sizeof(out)) != 0) {
         char *line = cmd;
         while (*line) {

@@ -115,15 +115,21 @@ typedef struct sbx_net sbx_net;
 struct sbx_net_conf {
     const char *name;   /* the shard's name: router netns "sbx-<name>" */
     const char *range;  /* IPv4 range the shard's /22 block comes from */
-    const char *dns_upstream; /* "A.B.C.D[:PORT]": where the sandboxes' resolver forwards
+    const char *dns_upstream; /* "A.B.C.D[:PORT]" (or up to 4, ',' between them, tried in
+                               * order: failover on SERVFAIL or silence): where the
+                               * sandboxes' resolver forwards
                                * the queries it allows; NULL: the first IPv4 nameserver
                                * of the host's /etc/resolv.conf (read when the router is
                                * made) */
+    const char *inject_file;  /* --egress-inject: the file of header injection rules
+                               * (docs/network.md §Credentials stay outside); NULL: none */
 };
 
-/* sbx_net_new — remember the configuration; nothing on the host changes
- * until the first attach.  *out owned by the caller (sbx_net_free).  0 or
- * SBX_E_VALIDATION (bad range; reason in why). */
+/* sbx_net_new — remember the configuration and read the injection rules;
+ * nothing on the host changes until the first attach.  *out owned by the
+ * caller (sbx_net_free).  0 or SBX_E_VALIDATION (bad range, an injection
+ * file that is unreadable, readable by others or has a bad rule; reason in
+ * why, never a header's value). */
 int sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t whylen);
 
 /* sbx_net_prepare — make the router now (a deployment whose default mode is

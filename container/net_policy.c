@@ -360,7 +360,8 @@ so_rules(struct sbx_net_buf *b, int k, const char *a, const struct sbx_net_polic
 }
 
 void
-sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p)
+sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p,
+                    bool inject)
 {
     struct in_addr ia = {.s_addr = htonl(addr)};
     char a[INET_ADDRSTRLEN];
@@ -377,10 +378,18 @@ sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sb
     sbx_net_buf_add(b, "add rule inet sbx si%d drop\n", k);
     sbx_net_buf_add(b, "add element inet sbx from_sb { \"s%d\" : jump so%d }\n", k, k);
     sbx_net_buf_add(b, "add element inet sbx to_sb { \"s%d\" : jump si%d }\n", k, k);
+    if (inject) /* the pairs its resolver answered for an injection host: to the proxy */
+        sbx_net_buf_add(b, "add set inet sbx ij%d { type ipv4_addr . inet_service; flags timeout; }\n"
+                           "add chain inet sbx pr%d\n"
+                           "add rule inet sbx pr%d meta l4proto tcp ip daddr . tcp dport @ij%d"
+                           " dnat ip to " SBX_NET_RESOLVER ":80\n"
+                           "add element inet sbx pre_sb { \"s%d\" : jump pr%d }\n",
+                        k, k, k, k, k, k);
 }
 
 void
-sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p)
+sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p,
+                      bool inject)
 {
     struct in_addr ia = {.s_addr = htonl(addr)};
     char a[INET_ADDRSTRLEN];
@@ -389,12 +398,14 @@ sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct 
      * allows must not stay reachable until its TTL ends. */
     sbx_net_buf_add(b, "flush chain inet sbx so%d\nflush set inet sbx ha%d\n"
                        "flush set inet sbx hp%d\n", k, k, k);
+    if (inject)
+        sbx_net_buf_add(b, "flush set inet sbx ij%d\n", k);
     so_rules(b, k, a, p);
 }
 
 /* The router's table: sets, maps, the forward and input hooks, NAT. */
 void
-sbx_net_render_router(struct sbx_net_buf *b, const char *range)
+sbx_net_render_router(struct sbx_net_buf *b, const char *range, bool inject)
 {
     sbx_net_buf_add(b, "table inet sbx {\n"
                        " set hard4 { type ipv4_addr; flags interval; auto-merge; elements = { ");
@@ -426,10 +437,23 @@ sbx_net_render_router(struct sbx_net_buf *b, const char *range)
                     " chain input { type filter hook input priority filter; policy drop;"
                     " iifname \"lo\" accept; ct state established,related accept;"
                     " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " udp dport 53 accept;"
+                    " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " tcp dport 53 accept;"
+                    "%s"
                     " jump refuse; }\n"
                     " chain output { type filter hook output priority filter; policy accept;"
                     " meta nfproto ipv6 drop; }\n"
                     " chain post { type nat hook postrouting priority srcnat;"
                     " oifname \"up0\" masquerade; }\n"
-                    "}\n");
+                    "%s"
+                    "}\n",
+                    /* the proxy's port, for connections the nat chain sent there only */
+                    inject ? " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " tcp dport 80"
+                             " ct status dnat accept;" : "",
+                    /* Credentials stay outside (net_proxy.c): after the always-denied and
+                     * private ranges (left to the forward chain, which refuses them), each
+                     * sandbox's pr<k> sends its connections to ij<k>'s pairs to the proxy. */
+                    inject ? " map pre_sb { type ifname : verdict; }\n"
+                             " chain pre { type nat hook prerouting priority dstnat;"
+                             " ip daddr @hard4 return; ip daddr @priv4 return;"
+                             " iifname vmap @pre_sb; }\n" : "");
 }

@@ -48,9 +48,19 @@ clustered(const struct sbx_gateway *gw)
 
 /* ------------------------------------------------------------------------------ */
 
+/* A counted stream.read of g is answered (tenant quotas, maxStreams). */
+static void
+stream_release(struct gctx *g)
+{
+    if (g->stream_key[0] && g->gw->tenants)
+        sbx_tenants_stream_leave(g->gw->tenants, g->stream_key);
+    g->stream_key[0] = '\0';
+}
+
 static void
 client_send(struct gctx *g, nng_msg *m)
 {
+    stream_release(g);
     nng_aio_set_msg(g->aio, m);
     g->state = G_SEND;
     nng_ctx_send(g->ctx, g->aio);
@@ -61,6 +71,7 @@ client_send_bytes(struct gctx *g, const char *buf, size_t len)
 {
     nng_msg *m;
     if (nng_msg_alloc(&m, len) != 0) {
+        stream_release(g);
         g->state = G_RECV;
         nng_ctx_recv(g->ctx, g->aio);
         return;
@@ -733,6 +744,7 @@ handle(struct gctx *g, nng_msg *m)
     g->attempts = 0;
     g->delivered = false;
     g->tenanted = false;
+    stream_release(g);
     g->ext_id[0] = g->int_id[0] = '\0';
     _cleanup_free_ char *tbody = NULL; /* the request as the shards get it (tenancy) */
     if (len > SBX_WIRE_MAX_REQUEST) {
@@ -963,7 +975,15 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
     if (cluster) {
         snprintf(gw->prefix, sizeof(gw->prefix), "/sbx/%s/",
                  conf->cluster && *conf->cluster ? conf->cluster : "default");
-        if ((rv = sbx_etcd_open(&gw->etcd, conf->etcd, 3000)) != 0 ||
+        char plain[256];
+        if (sbx_etcd_insecure_endpoint(conf->etcd, plain, sizeof(plain)))
+            sbx_log_warn("gateway: etcd at %s is plain HTTP off loopback: whoever reaches it "
+                         "can redirect this gateway's requests (use https:// with "
+                         "--etcd-ca/--etcd-cert/--etcd-key; docs/security.md, Transports)",
+                         plain);
+        if ((rv = sbx_etcd_open(&gw->etcd, conf->etcd, 3000)) == 0)
+            sbx_etcd_set_tls(gw->etcd, conf->etcd_ca, conf->etcd_cert, conf->etcd_key);
+        if (rv != 0 ||
             (rv = sbx_cview_start(&gw->view, gw->etcd, gw->prefix, view_changed, gw)) != 0) {
             sbx_log_error("gateway: cannot follow the cluster in etcd at %s", conf->etcd);
             goto fail;

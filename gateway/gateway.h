@@ -42,6 +42,8 @@ struct sbx_gateway_conf {
     char *listen;        /* nng URL for clients, e.g. tcp://127.0.0.1:7700 */
     char **shards;       /* "name=url" entries, NULL-terminated (standalone mode) */
     char *etcd;          /* etcd endpoints: cluster mode (shards come from etcd) */
+    char *etcd_ca, *etcd_cert, *etcd_key; /* PEM paths for https:// etcd endpoints (or
+                          * NULL): sbx_etcd_set_tls; sbxd defaults them to --tls-* */
     char *cluster;       /* cluster name (etcd prefix /sbx/<cluster>/) */
     int64_t contexts;    /* concurrent client requests */
     int64_t timeout;     /* ms, deadline of requests that carry none */

@@ -83,6 +83,9 @@ struct gctx {
     size_t limit;         /* audit.list: the most entries of the merged answer */
     struct sbx_principal who;
     char ext_id[SBX_ID_MAX + 1], int_id[SBX_ID_MAX + 1];
+    /* a stream.read counted against its tenant's maxStreams ("<int_id>/<streamId>";
+     * "" none): released when its answer goes out (client_send) */
+    char stream_key[SBX_ID_MAX + 2 + 64];
 };
 
 struct sbx_gateway {

@@ -225,6 +225,10 @@ gw_merge_and_reply(struct gctx *g)
     sbx_enc_reply_ok(&e, id);
     if (is_list) {
         size_t count = 0;
+        /* idsOnly: each shard's defaults, the largest of each kept (the
+         * tenant registry's estimate of a new sandbox, docs/security.md §6). */
+        int64_t defs[3] = {-1, -1, -1};
+        static const char *const defk[3] = {"memory", "cpu", "disk"};
         sbx_enc_karray(&e, "sandboxes");
         for (int i = 0; i < gw->nshards; i++) {
             struct gfwd *f = &g->fwd[i];
@@ -233,7 +237,14 @@ gw_merge_and_reply(struct gctx *g)
             sbx_msg m;
             if (sbx_wire_decode(&m, nng_msg_body(f->reply), nng_msg_len(f->reply),
                                 &sbx_wire_limits_reply) == 0) {
-                const msgpack_object *r, *arr;
+                const msgpack_object *r, *arr, *dm;
+                if (sbx_wire_get_map(m.root, "result", &r) == 0 &&
+                    sbx_wire_get_map(r, "defaults", &dm) == 0)
+                    for (int d = 0; d < 3; d++) {
+                        int64_t v;
+                        if (sbx_wire_get_i64(dm, defk[d], &v) == 0 && v > defs[d])
+                            defs[d] = v;
+                    }
                 if (sbx_wire_get_map(m.root, "result", &r) == 0 &&
                     sbx_wire_get_array(r, "sandboxes", &arr) == 0) {
                     for (uint32_t k = 0; k < arr->via.array.size; k++) {
@@ -256,6 +267,12 @@ gw_merge_and_reply(struct gctx *g)
         }
         sbx_enc_end(&e);
         sbx_enc_kint(&e, "count", (int64_t)count);
+        if (defs[0] >= 0) {
+            sbx_enc_kmap(&e, "defaults");
+            for (int d = 0; d < 3; d++)
+                sbx_enc_kint(&e, defk[d], defs[d]);
+            sbx_enc_end(&e);
+        }
     } else {
         sbx_enc_kmap(&e, "gateway");
         sbx_enc_kstr(&e, "name", gw->conf.name);

@@ -4,6 +4,7 @@
  * an admin key, the namespace of a request's sandbox and of a fork's new
  * IDs, and the quota answers.
  */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +36,12 @@ admin_done(void *arg, const char *reply, size_t len)
 }
 
 /* Answer g QUOTA_EXCEEDED for `sandbox` (the ID as the tenant named it):
- * context operation, sandboxId, retryAfterMs (HTTP: Retry-After). */
+ * context operation, sandboxId, quota, used, limit and, when waiting can
+ * help (createsPerSecond, maxSandboxes, maxStreams), retryAfterMs (HTTP:
+ * Retry-After). */
 static void
 quota_refused(struct gctx *g, const struct sbx_op_def *def, const char *sandbox,
-              int64_t retry_ms, const char *why)
+              const struct sbx_quota_miss *miss, const char *why)
 {
     char *buf;
     size_t len;
@@ -46,7 +49,11 @@ quota_refused(struct gctx *g, const struct sbx_op_def *def, const char *sandbox,
     sbx_werr_init(&w, SBX_E_QUOTA_EXCEEDED, "%s", why);
     sbx_enc_kstr(sbx_werr_ctx(&w), "operation", def->name);
     sbx_enc_kstr(sbx_werr_ctx(&w), "sandboxId", sandbox);
-    sbx_enc_kint(sbx_werr_ctx(&w), "retryAfterMs", retry_ms);
+    sbx_enc_kstr(sbx_werr_ctx(&w), "quota", miss->quota);
+    sbx_enc_kint(sbx_werr_ctx(&w), "used", miss->used);
+    sbx_enc_kint(sbx_werr_ctx(&w), "limit", miss->limit);
+    if (miss->retry_ms > 0)
+        sbx_enc_kint(sbx_werr_ctx(&w), "retryAfterMs", miss->retry_ms);
     atomic_fetch_add(&g->gw->n_errors, 1);
     if (sbx_wire_reply_err((sbx_str){g->id, strlen(g->id)}, &w, &buf, &len) == 0) {
         gw_client_send_bytes(g, buf, len);
@@ -55,6 +62,48 @@ quota_refused(struct gctx *g, const struct sbx_op_def *def, const char *sandbox,
         gw_client_errf(g, SBX_E_QUOTA_EXCEEDED, "%s", why);
     }
     sbx_werr_free(&w);
+}
+
+/* Request map `root` again without its "key", with args.owner = tenant
+ * (any owner the client gave dropped).  0 with *out (caller frees), or -ENOMEM. */
+static int
+reencode_owner(const msgpack_object *root, const char *tenant, char **out, size_t *outlen)
+{
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    bool had_args = false;
+    for (uint32_t i = 0; i < root->via.map.size; i++) {
+        const msgpack_object_kv *kv = &root->via.map.ptr[i];
+        sbx_str k;
+        if (sbx_wire_obj_str(&kv->key, &k) != 0 || sbx_str_eq(k, "key"))
+            continue;
+        sbx_enc_obj(&e, &kv->key);
+        if (!sbx_str_eq(k, "args")) {
+            sbx_enc_obj(&e, &kv->val);
+            continue;
+        }
+        had_args = true;
+        sbx_enc_map(&e); /* args that are no map become {owner} */
+        for (uint32_t j = 0; kv->val.type == MSGPACK_OBJECT_MAP && j < kv->val.via.map.size;
+             j++) {
+            const msgpack_object_kv *a = &kv->val.via.map.ptr[j];
+            sbx_str ak;
+            if (sbx_wire_obj_str(&a->key, &ak) == 0 && sbx_str_eq(ak, "owner"))
+                continue;
+            sbx_enc_obj(&e, &a->key);
+            sbx_enc_obj(&e, &a->val);
+        }
+        sbx_enc_kstr(&e, "owner", tenant);
+        sbx_enc_end(&e);
+    }
+    if (!had_args) {
+        sbx_enc_kmap(&e, "args");
+        sbx_enc_kstr(&e, "owner", tenant);
+        sbx_enc_end(&e);
+    }
+    sbx_enc_end(&e);
+    return sbx_enc_finish(&e, out, outlen) ? -ENOMEM : 0;
 }
 
 /*
@@ -84,8 +133,11 @@ gw_tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *
         for_key.n && for_key.n < sizeof(g->who.key_id))
         sbx_str_copy(for_key, g->who.key_id, sizeof(g->who.key_id)); /* an admin op's writes */
     bool global = def->flags & SBX_OP_GLOBAL, node = def->flags & SBX_OP_NODE;
+    /* backup.list / backup.delete see only the caller's tenant's backups
+     * (the shard filters by the `owner` set below), so a tenant key may. */
+    bool backup_node = def->id == SBX_OPID_BACKUP_LIST || def->id == SBX_OPID_BACKUP_DELETE;
     bool needs_admin = gw_is_admin_op((int)def->id) || (global && def->id != SBX_OPID_LIST) ||
-                       (node && ((def->flags & SBX_OP_MUTATES) || def->id == SBX_OPID_BACKUP_LIST));
+                       (node && (def->flags & SBX_OP_MUTATES) && !backup_node);
     if (needs_admin && g->who.scope < SBX_SCOPE_ADMIN) {
         gw_client_errf(g, SBX_E_PERMISSION, "%s needs an admin key", def->name);
         return 1;
@@ -109,11 +161,39 @@ gw_tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *
             return 1;
         }
         sbx_str_copy(req->sandbox, g->ext_id, sizeof(g->ext_id));
-        int64_t retry_ms = 0;
+        struct sbx_quota_miss miss = {0};
+        struct sbx_tenant_ask ask = {0, 0, 0, NULL};
+        if (def->id == SBX_OPID_CREATE) { /* the limits it asks (else the defaults) */
+            const msgpack_object *lim;
+            if (sbx_wire_get_map(req->args, "limits", &lim) == 0) {
+                sbx_wire_get_i64(lim, "memory", &ask.memory);
+                sbx_wire_get_i64(lim, "cpu", &ask.cpu);
+            }
+            sbx_wire_get_i64(req->args, "disk", &ask.disk);
+        }
         if (sbx_tenants_admit(gw->tenants, &g->who, g->int_id, !(def->flags & SBX_OP_NOCREATE),
-                              &retry_ms, why, sizeof(why)) != 0) {
-            quota_refused(g, def, g->ext_id, retry_ms, why);
+                              &ask, &miss, why, sizeof(why)) != 0) {
+            quota_refused(g, def, g->ext_id, &miss, why);
             return 1;
+        }
+        /* Streams: a stream.read counts its stream, an op that starts one
+         * is refused at the quota (maxStreams). */
+        bool counted = false;
+        sbx_str sid;
+        if (def->id == SBX_OPID_STREAM_READ &&
+            sbx_wire_get_str(req->args, "streamId", &sid) == 0 && sid.n && sid.n < 64)
+            snprintf(g->stream_key, sizeof(g->stream_key), "%s/%.*s", g->int_id, (int)sid.n,
+                     sid.p);
+        if ((def->id == SBX_OPID_STREAM_READ && g->stream_key[0]) || (def->flags & SBX_OP_STREAM)) {
+            if (sbx_tenants_stream_enter(gw->tenants, &g->who,
+                                         g->stream_key[0] ? g->stream_key : NULL, &counted,
+                                         &miss, why, sizeof(why)) != 0) {
+                g->stream_key[0] = '\0';
+                quota_refused(g, def, g->ext_id, &miss, why);
+                return 1;
+            }
+            if (!counted)
+                g->stream_key[0] = '\0';
         }
         /* A fork creates each of its `ids`: they count against the quotas
          * like any creation (a fork is no way around maxSandboxes).  Those
@@ -129,11 +209,13 @@ gw_tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *
                     sbx_id_check(fid.p, fid.n, why, sizeof(why)) != 0 ||
                     sbx_tenants_map_id(&g->who, fid, fint, why, sizeof(why)) != 0)
                     continue; /* refused below, with the request's other errors */
-                if (sbx_tenants_admit(gw->tenants, &g->who, fint, true, &retry_ms, why,
+                /* a fork's sandbox has its source's limits */
+                struct sbx_tenant_ask like = {0, 0, 0, g->int_id};
+                if (sbx_tenants_admit(gw->tenants, &g->who, fint, true, &like, &miss, why,
                                       sizeof(why)) != 0) {
                     char ext[SBX_ID_MAX + 1];
                     sbx_str_copy(fid, ext, sizeof(ext));
-                    quota_refused(g, def, ext, retry_ms, why);
+                    quota_refused(g, def, ext, &miss, why);
                     return 1;
                 }
             }
@@ -145,6 +227,14 @@ gw_tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *
         if (rc) {
             gw_client_errf(g, rc == SBX_E_VALIDATION ? rc : SBX_E_INTERNAL, "%s",
                        rc == SBX_E_VALIDATION ? why : "cannot encode the request");
+            return 1;
+        }
+        return 0;
+    }
+    if (backup_node && g->who.scope != SBX_SCOPE_SYSTEM && g->who.tenant[0]) {
+        /* A tenant's backups: its own only; the client's `owner` is replaced. */
+        if (reencode_owner(root, g->who.tenant, body, blen) != 0) {
+            gw_client_errf(g, SBX_E_INTERNAL, "cannot encode the request");
             return 1;
         }
         return 0;

@@ -307,6 +307,14 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     if (host && preview_match(h, host, &port, pid, sizeof(pid), ptok, sizeof(ptok)))
         return preview_access(h, c, url, method, NULL, NULL, con_cls, host);
 
+    /* MCP (mcp_http.c): the Host and Origin checks here, its own for the body. */
+    if (mcp_match(url) && strcmp(method, "OPTIONS")) {
+        const char *bad = http_browser_guard(h, c, "GET");
+        if (bad)
+            return queue_error(h, c, MHD_HTTP_FORBIDDEN, "PERMISSION_DENIED", bad);
+        size_t none = 0;
+        return mcp_access(h, c, method, NULL, &none, con_cls);
+    }
     const char *refused = http_browser_guard(h, c, method);
     if (refused)
         return queue_error(h, c, MHD_HTTP_FORBIDDEN, "PERMISSION_DENIED", refused);
@@ -317,7 +325,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
                                 "GET, POST, PUT, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                 "Authorization, Content-Type, Idempotency-Key, Last-Event-ID, "
-                                "X-Sbx-Binary, X-Sbx-Client, X-Sbx-Retry, X-Sbx-Timeout-Ms");
+                                "X-Sbx-Binary, X-Sbx-Client, X-Sbx-Retry, X-Sbx-Timeout-Ms, "
+                                "Mcp-Session-Id, MCP-Protocol-Version");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
         enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
         MHD_destroy_response(r);
@@ -455,6 +464,8 @@ access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *meth
         *upload_data_size = 0;
         return terminal_access(h, c, NULL, con_cls);
     }
+    if (kind == HS_MCP)
+        return mcp_access(h, c, method, upload_data, upload_data_size, con_cls);
     struct hreq *hr = *con_cls;
     if (*upload_data_size) {
         if (hr->body.len + *upload_data_size > (size_t)h->conf.max_body)
@@ -529,6 +540,8 @@ completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_Reque
         preview_completed(*con_cls);
     else if (kind == HS_TERMINAL)
         terminal_completed(*con_cls);
+    else if (kind == HS_MCP)
+        mcp_completed(*con_cls);
     else
         hreq_free(*con_cls);
     *con_cls = NULL;
@@ -606,6 +619,7 @@ http_free(struct sbx_http *h)
         free(h->keys);
     }
     http_routes_free(h);
+    mcp_front_free(h);
     free(h->openapi);
     free(h->listen);
     free(h->upstream);
@@ -663,6 +677,10 @@ sbx_http_start(sbx_http **out, const struct sbx_http_conf *conf, sbx_err_t *err)
     /* The document generated from runtime/ops.yaml (gateway/openapi_gen.h). */
     h->openapi = sbx_xstrndup(sbx_openapi_json, sbx_openapi_json_len);
     h->openapi_len = sbx_openapi_json_len;
+    if ((rc = mcp_front_new(h)) != 0) {
+        sbx_err_make(err, rc, "cannot build the MCP tool list from the OpenAPI document");
+        goto fail;
+    }
     if ((rc = sbx_nng_req_dial(&h->req, h->upstream, NULL, err)) != 0) {
         sbx_err_prefix(err, "cannot reach the gateway at %s", h->upstream);
         goto fail;

@@ -14,6 +14,7 @@
  *                   access handler, synchronous for worker threads)
  *   preview.c, terminal.c   preview URLs and terminals (worker threads)
  *   console.c       the web console's files under /console/ (--console)
+ *   mcp_http.c      MCP over streamable HTTP at /mcp (worker threads)
  *
  * Threads: libmicrohttpd's threads (MHD_OPTION_THREAD_POOL_SIZE) run the
  * access handler, the SSE content reader and the completion callback; nng's
@@ -44,6 +45,7 @@
 
 struct preview_req;
 struct terminal_state;
+struct mcp_front;
 
 #define MAX_SEGS 12
 #define CALL_ERROR_REPLY 1
@@ -98,6 +100,7 @@ struct sbx_http {
     int workers;
     struct preview_req *previews;     /* live preview requests (preview.c), under mu */
     struct terminal_state *terminals;  /* live terminals (terminal.c), under mu */
+    struct mcp_front *mcp;             /* MCP sessions and calls (mcp_http.c; own lock) */
     atomic_bool stopping;
     atomic_ullong n_requests, n_errors;
 };
@@ -316,7 +319,20 @@ bool console_match(const struct sbx_http *h, const char *url);
 enum MHD_Result console_access(struct sbx_http *h, struct MHD_Connection *c, const char *url,
                                const char *method);
 
+/* mcp_http.c (docs/mcp.md, "Streamable HTTP").  mcp_front_new builds
+ * h->mcp (the tools/list answer from h->openapi, so after it is set): 0 or
+ * SBX_E_INTERNAL; mcp_front_free frees it (once no worker runs).
+ * mcp_match: whether url is the MCP endpoint (/mcp).  mcp_access serves a
+ * request to it (first call: *con_cls NULL; later calls continue it), after
+ * first_call's Host/Origin checks; mcp_completed frees its state. */
+int mcp_front_new(struct sbx_http *h);
+void mcp_front_free(struct sbx_http *h);
+bool mcp_match(const char *url);
+enum MHD_Result mcp_access(struct sbx_http *h, struct MHD_Connection *c, const char *method,
+                           const char *upload_data, size_t *upload_data_size, void **con_cls);
+void mcp_completed(void *state);
+
 /* Kinds of per-connection state behind con_cls (first field of each). */
-enum { HS_API = 1, HS_PREVIEW, HS_TERMINAL };
+enum { HS_API = 1, HS_PREVIEW, HS_TERMINAL, HS_MCP };
 
 #endif

@@ -238,6 +238,48 @@ tenant_parse_record(const char *id, struct tten *x)
     return true;
 }
 
+bool
+tenant_parse_res(const char *id, char name[SBX_TENANT_MAX + 1], struct tten *x)
+{
+    if (strncmp(id, SYS_PREFIX "r-", 7))
+        return false;
+    char nm[SBX_TENANT_MAX + 2];
+    long long mem, cpu, disk, streams;
+    int used = 0;
+    if (sscanf(id + 7, "%17[a-z0-9]-%lld-%lld-%lld-%lld%n", nm, &mem, &cpu, &disk, &streams,
+               &used) != 5 ||
+        id[7 + used] != '\0' || !tenant_name_ok((sbx_str){nm, strlen(nm)}) || mem < 0 ||
+        cpu < 0 || disk < 0 || streams < 0 || mem > (1LL << 40) || disk > (1LL << 40))
+        return false;
+    snprintf(name, SBX_TENANT_MAX + 1, "%s", nm);
+    x->max = (struct tres){mem << 20, cpu, disk << 20};
+    x->max_streams = streams;
+    return true;
+}
+
+/* A limit as the resource quotas count it: 0 (unlimited) counts as more than any. */
+static int64_t
+res_count(int64_t v)
+{
+    return v > 0 ? v : RES_UNLIMITED;
+}
+
+static void
+res_add(struct tres *to, const struct tres *r)
+{
+    to->memory = SBX_MIN(to->memory + r->memory, RES_UNLIMITED);
+    to->cpu = SBX_MIN(to->cpu + r->cpu, RES_UNLIMITED);
+    to->disk = SBX_MIN(to->disk + r->disk, RES_UNLIMITED);
+}
+
+static void
+free_sbs(struct tsb *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].id);
+    free(v);
+}
+
 /* Parse "sbx--k<32 hex>-<tenant>-<a|t>" into k. */
 bool
 tenant_parse_key(const char *id, struct tkey *k)
@@ -279,14 +321,21 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
         sbx_log_debug("tenants: cannot list the registry: %s", msg);
         return rc;
     }
-    char **ids = NULL;
+    struct tsb *ids = NULL;
     size_t nids = 0;
+    struct tres defs = {0, 0, 0};
     struct tkey *keys = NULL;
     size_t nkeys = 0;
     struct tten *tens = NULL;
     size_t ntens = 0;
+    const msgpack_object *dm;
+    if (sbx_wire_get_map(res, "defaults", &dm) == 0) {
+        sbx_wire_get_i64(dm, "memory", &defs.memory);
+        sbx_wire_get_i64(dm, "cpu", &defs.cpu);
+        sbx_wire_get_i64(dm, "disk", &defs.disk);
+    }
     if (sbx_wire_get_array(res, "sandboxes", &arr) == 0) {
-        ids = sbx_xcalloc(arr->via.array.size + 1, sizeof(char *));
+        ids = sbx_xcalloc(arr->via.array.size + 1, sizeof(*ids));
         for (uint32_t i = 0; i < arr->via.array.size; i++) {
             const msgpack_object *it = &arr->via.array.ptr[i];
             sbx_str s;
@@ -302,21 +351,40 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
                 keys = sbx_xrealloc(keys, (nkeys + 1) * sizeof(*keys));
                 keys[nkeys++] = k;
             }
-            ids[nids++] = id;
+            struct tres r = {0, 0, 0}; /* unknown (a shard before resource quotas): unlimited */
+            sbx_wire_get_i64(it, "memory", &r.memory);
+            sbx_wire_get_i64(it, "cpu", &r.cpu);
+            sbx_wire_get_i64(it, "disk", &r.disk);
+            ids[nids++] = (struct tsb){id, {res_count(r.memory), res_count(r.cpu),
+                                            res_count(r.disk)}};
         }
     }
     sbx_wire_msg_free(&m);
     free(buf);
-    qsort(ids, nids, sizeof(char *), cmp_str);
-    /* Count each tenant's sandboxes; keep each bucket's state. */
+    qsort(ids, nids, sizeof(*ids), cmp_str);
+    /* Each tenant's resource quotas (its "sbx--r-" record); its sandboxes
+     * counted with their limits; keep each bucket's state. */
     for (size_t i = 0; i < nids; i++) {
-        const char *dd = strstr(ids[i], "--");
-        if (!dd || !strncmp(ids[i], SYS_PREFIX, 5))
+        char rname[SBX_TENANT_MAX + 1];
+        struct tten q;
+        if (!tenant_parse_res(ids[i].id, rname, &q))
             continue;
         for (size_t j = 0; j < ntens; j++)
-            if (strlen(tens[j].name) == (size_t)(dd - ids[i]) &&
-                !memcmp(tens[j].name, ids[i], (size_t)(dd - ids[i])))
+            if (!strcmp(tens[j].name, rname)) {
+                tens[j].max = q.max;
+                tens[j].max_streams = q.max_streams;
+            }
+    }
+    for (size_t i = 0; i < nids; i++) {
+        const char *dd = strstr(ids[i].id, "--");
+        if (!dd || !strncmp(ids[i].id, SYS_PREFIX, 5))
+            continue;
+        for (size_t j = 0; j < ntens; j++)
+            if (strlen(tens[j].name) == (size_t)(dd - ids[i].id) &&
+                !memcmp(tens[j].name, ids[i].id, (size_t)(dd - ids[i].id))) {
                 tens[j].sandboxes++;
+                res_add(&tens[j].used, &ids[i].res);
+            }
     }
     pthread_mutex_lock(&t->mu);
     for (size_t j = 0; j < ntens; j++) {
@@ -328,11 +396,12 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
                 tens[j].bucket_ms = t->tens[o].bucket_ms;
             }
     }
-    tenant_free_ids(t->ids, t->nids);
+    free_sbs(t->ids, t->nids);
     free(t->keys);
     free(t->tens);
     t->ids = ids;
     t->nids = nids;
+    t->defaults = defs;
     t->keys = keys;
     t->nkeys = nkeys;
     t->tens = tens;
@@ -342,11 +411,13 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
     size_t kept = 0;
     for (size_t i = 0; i < t->nrecent; i++) {
         const char *key = t->recent[i].id;
-        if (t->recent[i].at < started || bsearch(&key, ids, nids, sizeof(char *), cmp_str))
+        if (t->recent[i].at < started || bsearch(&key, ids, nids, sizeof(*ids), cmp_str))
             continue;
         struct tten *x = tenant_find(t, t->recent[i].tenant);
-        if (x)
+        if (x) {
             x->sandboxes++;
+            res_add(&x->used, &t->recent[i].res);
+        }
         t->recent[kept++] = t->recent[i];
     }
     t->nrecent = kept;
@@ -400,6 +471,7 @@ sbx_tenants_start(sbx_tenants **out, const char *key_file, const char *upstream,
     pthread_cond_init(&t->cv, NULL);
     t->upstream = upstream;
     t->recent = sbx_xcalloc(RECENT_MAX, sizeof(*t->recent));
+    t->streams = sbx_xcalloc(STREAMS_MAX, sizeof(*t->streams));
     for (char **k = keys; *k; k++) {
         t->admin = sbx_xrealloc(t->admin, (t->nadmin + 1) * sizeof(*t->admin));
         tenant_sha256(*k, strlen(*k), t->admin[t->nadmin++]);
@@ -437,11 +509,12 @@ sbx_tenants_stop(sbx_tenants *t)
     while (t->jobs > 0)
         pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
-    tenant_free_ids(t->ids, t->nids);
+    free_sbs(t->ids, t->nids);
     free(t->keys);
     free(t->tens);
     free(t->admin);
     free(t->recent);
+    free(t->streams);
     pthread_cond_destroy(&t->cv);
     pthread_mutex_destroy(&t->refresh_mu);
     pthread_mutex_destroy(&t->mu);
@@ -517,16 +590,59 @@ sbx_tenants_metrics(sbx_tenants *t, sbx_prom *p)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* The limits a creation of x's tenant would count, under t->mu. */
+static struct tres
+ask_res(sbx_tenants *t, const struct sbx_tenant_ask *ask)
+{
+    if (ask && ask->like) {
+        const char *key = ask->like;
+        const struct tsb *sb = bsearch(&key, t->ids, t->nids, sizeof(*t->ids), cmp_str);
+        if (sb)
+            return sb->res;
+        for (size_t i = 0; i < t->nrecent; i++)
+            if (!strcmp(t->recent[i].id, ask->like))
+                return t->recent[i].res;
+    }
+    struct tres r = {ask && ask->memory > 0 ? ask->memory : t->defaults.memory,
+                     ask && ask->cpu > 0 ? ask->cpu : t->defaults.cpu,
+                     ask && ask->disk > 0 ? ask->disk : t->defaults.disk};
+    return (struct tres){res_count(r.memory), res_count(r.cpu), res_count(r.disk)};
+}
+
+/* Whether x's quota `limit` (0: none) of a resource refuses `used` + `ask`;
+ * then *miss and why[] are set. */
+static bool
+res_refused(const struct tten *x, const char *quota, const char *what, int64_t used,
+            int64_t ask, int64_t limit, struct sbx_quota_miss *miss, char *why, size_t whylen)
+{
+    if (limit <= 0 || (ask < RES_UNLIMITED && used <= limit - ask))
+        return false;
+    int64_t shown = used >= RES_UNLIMITED ? -1 : used; /* -1: one of them is unlimited */
+    *miss = (struct sbx_quota_miss){quota, shown, limit, 0};
+    if (ask >= RES_UNLIMITED)
+        snprintf(why, whylen,
+                 "tenant %s has a quota of %s (%s %lld) and the new sandbox's %s is unlimited: "
+                 "give it a limit",
+                 x->name, what, quota, (long long)limit, what);
+    else
+        snprintf(why, whylen,
+                 "tenant %s's sandboxes have %lld of %s (their limits), the new one asks %lld: "
+                 "over its quota %s %lld; destroy one or ask less",
+                 x->name, (long long)shown, what, (long long)ask, quota, (long long)limit);
+    return true;
+}
+
 int
 sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id, bool creates,
-                  int64_t *retry_ms, char *why, size_t whylen)
+                  const struct sbx_tenant_ask *ask, struct sbx_quota_miss *miss, char *why,
+                  size_t whylen)
 {
     if (!creates || p->scope == SBX_SCOPE_SYSTEM || !p->tenant[0])
         return 0;
     int rc = 0;
     pthread_mutex_lock(&t->mu);
     const char *key = id;
-    bool known = bsearch(&key, t->ids, t->nids, sizeof(char *), cmp_str) != NULL;
+    bool known = bsearch(&key, t->ids, t->nids, sizeof(*t->ids), cmp_str) != NULL;
     for (size_t i = 0; !known && i < t->nrecent; i++)
         known = !strcmp(t->recent[i].id, id);
     struct tten *x = tenant_find(t, p->tenant);
@@ -537,15 +653,27 @@ sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id,
                         x->tokens + (double)(now - x->bucket_ms) * (double)x->rate / 1000.0);
     x->bucket_ms = now;
     if (x->sandboxes >= x->max_sandboxes) {
-        *retry_ms = 1000;
+        *miss = (struct sbx_quota_miss){"maxSandboxes", x->sandboxes, x->max_sandboxes, 1000};
         snprintf(why, whylen,
                  "tenant %s has %lld sandboxes, its quota (maxSandboxes); destroy one first",
                  x->name, (long long)x->max_sandboxes);
         rc = SBX_E_QUOTA_EXCEEDED;
         goto out;
     }
+    struct tres r = ask_res(t, ask);
+    if (res_refused(x, "maxMemoryBytes", "memory", x->used.memory, r.memory, x->max.memory, miss,
+                    why, whylen) ||
+        res_refused(x, "maxCpus", "millicpus", x->used.cpu, r.cpu, x->max.cpu, miss, why,
+                    whylen) ||
+        res_refused(x, "maxDiskBytes", "disk bytes", x->used.disk, r.disk, x->max.disk, miss,
+                    why, whylen)) {
+        rc = SBX_E_QUOTA_EXCEEDED;
+        goto out;
+    }
     if (x->tokens < 1.0) {
-        *retry_ms = (int64_t)((1.0 - x->tokens) * 1000.0 / (double)x->rate) + 1;
+        *miss = (struct sbx_quota_miss){"createsPerSecond", 0, x->rate,
+                                        (int64_t)((1.0 - x->tokens) * 1000.0 / (double)x->rate) +
+                                            1};
         snprintf(why, whylen,
                  "tenant %s creates sandboxes faster than its quota of %lld per second",
                  x->name, (long long)x->rate);
@@ -554,15 +682,91 @@ sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id,
     }
     x->tokens -= 1.0;
     x->sandboxes++;
+    res_add(&x->used, &r);
     if (t->nrecent < RECENT_MAX) {
-        struct trecent *r = &t->recent[t->nrecent++];
-        snprintf(r->id, sizeof(r->id), "%s", id);
-        snprintf(r->tenant, sizeof(r->tenant), "%s", x->name);
-        r->at = now;
+        struct trecent *rr = &t->recent[t->nrecent++];
+        snprintf(rr->id, sizeof(rr->id), "%s", id);
+        snprintf(rr->tenant, sizeof(rr->tenant), "%s", x->name);
+        rr->at = now;
+        rr->res = r;
     }
 out:
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* Streams (maxStreams). */
+
+int
+sbx_tenants_stream_enter(sbx_tenants *t, const struct sbx_principal *p, const char *key,
+                         bool *counted, struct sbx_quota_miss *miss, char *why, size_t whylen)
+{
+    *counted = false;
+    if (p->scope == SBX_SCOPE_SYSTEM || !p->tenant[0])
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&t->mu);
+    struct tten *x = tenant_find(t, p->tenant);
+    if (!x || x->max_streams <= 0)
+        goto out;
+    /* Forget the streams read last more than STREAM_LINGER_MS ago; count
+     * the tenant's; find this one. */
+    int64_t now = sbx_mono_ms(), mine = 0;
+    struct tstream *hit = NULL;
+    size_t kept = 0;
+    for (size_t i = 0; i < t->nstreams; i++) {
+        struct tstream *s = &t->streams[i];
+        if (s->inflight == 0 && now - s->last_ms > STREAM_LINGER_MS)
+            continue;
+        t->streams[kept] = *s;
+        s = &t->streams[kept++];
+        if (!strcmp(s->tenant, x->name)) {
+            mine++;
+            if (key && !strcmp(s->key, key))
+                hit = s;
+        }
+    }
+    t->nstreams = kept;
+    if (!hit && mine >= x->max_streams) {
+        *miss = (struct sbx_quota_miss){"maxStreams", mine, x->max_streams, STREAM_LINGER_MS};
+        snprintf(why, whylen,
+                 "tenant %s reads %lld streams through this gateway, its quota (maxStreams); "
+                 "close one first",
+                 x->name, (long long)mine);
+        rc = SBX_E_QUOTA_EXCEEDED;
+        goto out;
+    }
+    if (!key)
+        goto out;
+    if (!hit) {
+        if (t->nstreams >= STREAMS_MAX)
+            goto out; /* the table is full: not counted (it bounds the memory) */
+        hit = &t->streams[t->nstreams++];
+        memset(hit, 0, sizeof(*hit));
+        snprintf(hit->key, sizeof(hit->key), "%s", key);
+        snprintf(hit->tenant, sizeof(hit->tenant), "%s", x->name);
+    }
+    hit->inflight++;
+    hit->last_ms = now;
+    *counted = true;
+out:
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+void
+sbx_tenants_stream_leave(sbx_tenants *t, const char *key)
+{
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < t->nstreams; i++)
+        if (!strcmp(t->streams[i].key, key)) {
+            if (t->streams[i].inflight > 0)
+                t->streams[i].inflight--;
+            t->streams[i].last_ms = sbx_mono_ms();
+            break;
+        }
+    pthread_mutex_unlock(&t->mu);
 }
 
 /* ------------------------------------------------------------------------------ */

@@ -19,6 +19,8 @@
  * IDs are "<tenant>--<id>" and "sbx" is no tenant name; the default
  * tenant's IDs hold no "--"):
  *   sbx--t-<tenant>-<maxSandboxes>-<createsPerSecond>   a tenant
+ *   sbx--r-<tenant>-<memory MiB>-<millicpus>-<disk MiB>-<streams>
+ *                                                       its resource quotas (0: none)
  *   sbx--k<keyid>-<tenant>-<a|t>                        a key (admin | tenant scope)
  * made by `sandbox.labels` (a record, no container) and removed by
  * `destroy`, so they get the shards' LMDB durability, replication and
@@ -99,18 +101,56 @@ int sbx_tenants_map_id(const struct sbx_principal *p, sbx_str id, char out[64], 
 /* sbx_tenants_owns — whether internal ID `id` is in p's namespace. */
 bool sbx_tenants_owns(const struct sbx_principal *p, sbx_str id);
 
+/* The limits a creation asks for: memory (bytes), cpu (millicpus), disk
+ * (bytes); 0 = the shards' default.  like: the internal ID whose limits the
+ * new sandbox copies (a fork's source), or NULL; it wins over the rest. */
+struct sbx_tenant_ask {
+    int64_t memory, cpu, disk;
+    const char *like;
+};
+
+/* Why a quota refused: its name (the tenant record's field, e.g.
+ * "maxMemoryBytes"; static), what the tenant has (-1: a sandbox of it is
+ * unlimited) and may have, and when to try again (ms; 0: not until the
+ * tenant frees some, no Retry-After). */
+struct sbx_quota_miss {
+    const char *quota;
+    int64_t used, limit, retry_ms;
+};
+
 /*
  * sbx_tenants_admit — the quota check of an op on internal ID `id` of p's
  * tenant that may create it (`creates`: the op is not `nocreate`).  An ID
  * the last snapshot or this gateway has seen is no creation; a new one
  * takes a token of the tenant's bucket (createsPerSecond, capacity twice
- * that, per gateway) and must fit under maxSandboxes (counted from the
- * snapshot plus this gateway's creations since).  0, or SBX_E_QUOTA_EXCEEDED
- * with *retry_ms (when to try again) and why[] set.  The default tenant
- * and the system have no quotas.
+ * that, per gateway) and must fit under maxSandboxes, and the sum of the
+ * *limits* (ask; a limit of 0, unlimited, fits no quota) of the tenant's
+ * sandboxes and the new one under maxMemoryBytes, maxCpus and maxDiskBytes
+ * (each counted from the snapshot plus this gateway's creations since;
+ * docs/security.md §6).  0, or SBX_E_QUOTA_EXCEEDED with *miss and why[]
+ * set.  ask may be NULL (the defaults).  The default tenant and the system
+ * have no quotas.
  */
 int sbx_tenants_admit(sbx_tenants *t, const struct sbx_principal *p, const char *id,
-                      bool creates, int64_t *retry_ms, char *why, size_t whylen);
+                      bool creates, const struct sbx_tenant_ask *ask,
+                      struct sbx_quota_miss *miss, char *why, size_t whylen);
+
+/*
+ * sbx_tenants_stream_enter — count a stream.read of p's tenant on stream
+ * `key` ("<internal sandbox ID>/<streamId>", copied) against its
+ * maxStreams: a stream counts while a read of it is in flight and for
+ * STREAM_LINGER_MS (3 s) after its last one (SSE and terminals read again
+ * at once), per gateway.  A stream already counted always passes; a new
+ * one (or, with key NULL, an op that starts one: `stream` ops) is refused
+ * at the quota: SBX_E_QUOTA_EXCEEDED with *miss and why[].  0 with
+ * *counted (call sbx_tenants_stream_leave(key) when its answer goes out)
+ * or nothing counted (no quota, or key NULL).
+ */
+int sbx_tenants_stream_enter(sbx_tenants *t, const struct sbx_principal *p, const char *key,
+                             bool *counted, struct sbx_quota_miss *miss, char *why,
+                             size_t whylen);
+/* sbx_tenants_stream_leave — a counted stream.read of `key` was answered. */
+void sbx_tenants_stream_leave(sbx_tenants *t, const char *key);
 
 /*
  * sbx_tenants_rewrite — re-encode a shard's reply for p: string values of

@@ -106,11 +106,23 @@ op_tenant_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *
     char name[SBX_TENANT_MAX + 1], msg[256], id[64];
     if (!arg_tenant(j, args, name))
         return;
-    int64_t max = 100, rate = 10;
+    int64_t max = 100, rate = 10, mem = 0, cpus = 0, disk = 0, streams = 0;
     sbx_wire_get_i64(args, "maxSandboxes", &max);
     sbx_wire_get_i64(args, "createsPerSecond", &rate);
+    sbx_wire_get_i64(args, "maxMemoryBytes", &mem);
+    sbx_wire_get_i64(args, "maxCpus", &cpus);
+    sbx_wire_get_i64(args, "maxDiskBytes", &disk);
+    sbx_wire_get_i64(args, "maxStreams", &streams);
+    /* The record holds MiB (an ID is at most 63 bytes): a quota is rounded
+     * up to a whole MiB, and the reply says what is kept. */
+    int64_t mem_mib = (mem + (1 << 20) - 1) >> 20, disk_mib = (disk + (1 << 20) - 1) >> 20;
+    char rid[64];
     snprintf(id, sizeof(id), SYS_PREFIX "t-%s-%lld-%lld", name, (long long)max, (long long)rate);
+    snprintf(rid, sizeof(rid), SYS_PREFIX "r-%s-%lld-%lld-%lld-%lld", name, (long long)mem_mib,
+             (long long)cpus, (long long)disk_mib, (long long)streams);
     int rc = sys_record(t, c, j->caller, id, true, msg, sizeof(msg));
+    if (rc == 0)
+        rc = sys_record(t, c, j->caller, rid, true, msg, sizeof(msg));
     if (rc) {
         job_reply_err(j, rc, "cannot record tenant %s: %s", name, msg);
         return;
@@ -122,12 +134,14 @@ op_tenant_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *
     pthread_mutex_lock(&t->mu);
     for (size_t i = 0; i < t->nids; i++) {
         struct tten x;
-        if (tenant_parse_record(t->ids[i], &x) && !strcmp(x.name, name)) {
-            existed = true;
-            if (strcmp(t->ids[i], id)) {
-                old = sbx_xrealloc(old, (nold + 1) * sizeof(char *));
-                old[nold++] = sbx_xstrdup(t->ids[i]);
-            }
+        char rname[SBX_TENANT_MAX + 1];
+        const char *sid = t->ids[i].id;
+        bool mine = tenant_parse_record(sid, &x) && !strcmp(x.name, name);
+        existed |= mine;
+        mine |= tenant_parse_res(sid, rname, &x) && !strcmp(rname, name);
+        if (mine && strcmp(sid, id) && strcmp(sid, rid)) {
+            old = sbx_xrealloc(old, (nold + 1) * sizeof(char *));
+            old[nold++] = sbx_xstrdup(sid);
         }
     }
     pthread_mutex_unlock(&t->mu);
@@ -143,6 +157,10 @@ op_tenant_create(struct admin_job *j, struct sys_conn *c, const msgpack_object *
     sbx_enc_kbool(&e, "created", !existed);
     sbx_enc_kint(&e, "maxSandboxes", max);
     sbx_enc_kint(&e, "createsPerSecond", rate);
+    sbx_enc_kint(&e, "maxMemoryBytes", mem_mib << 20);
+    sbx_enc_kint(&e, "maxCpus", cpus);
+    sbx_enc_kint(&e, "maxDiskBytes", disk_mib << 20);
+    sbx_enc_kint(&e, "maxStreams", streams);
     job_reply(j, &e);
 }
 
@@ -165,6 +183,14 @@ op_tenant_list(struct admin_job *j)
         sbx_enc_kint(&e, "maxSandboxes", x->max_sandboxes);
         sbx_enc_kint(&e, "createsPerSecond", x->rate);
         sbx_enc_kint(&e, "sandboxes", x->sandboxes);
+        sbx_enc_kint(&e, "maxMemoryBytes", x->max.memory);
+        sbx_enc_kint(&e, "maxCpus", x->max.cpu);
+        sbx_enc_kint(&e, "maxDiskBytes", x->max.disk);
+        sbx_enc_kint(&e, "maxStreams", x->max_streams);
+        /* the limits of its sandboxes (-1: one is unlimited) */
+        sbx_enc_kint(&e, "memoryBytes", x->used.memory >= RES_UNLIMITED ? -1 : x->used.memory);
+        sbx_enc_kint(&e, "cpus", x->used.cpu >= RES_UNLIMITED ? -1 : x->used.cpu);
+        sbx_enc_kint(&e, "diskBytes", x->used.disk >= RES_UNLIMITED ? -1 : x->used.disk);
         sbx_enc_kint(&e, "keys", keys);
         sbx_enc_end(&e);
     }
@@ -173,8 +199,8 @@ op_tenant_list(struct admin_job *j)
     job_reply(j, &e);
 }
 
-/* Destroy every system record of `name` (kind 't' tenant, 'k' key) or of key
- * `keyid`; the count destroyed. */
+/* Destroy every system record of `name` (kind 't' tenant and its resource
+ * quotas, 'k' key) or of key `keyid`; the count destroyed. */
 static int64_t
 destroy_records(struct admin_job *j, struct sys_conn *c, const char *name, char kind,
                 const char *keyid)
@@ -186,12 +212,15 @@ destroy_records(struct admin_job *j, struct sys_conn *c, const char *name, char 
     for (size_t i = 0; i < t->nids; i++) {
         struct tten x;
         struct tkey k;
-        bool hit = (kind == 't' && tenant_parse_record(t->ids[i], &x) && !strcmp(x.name, name)) ||
-                   (kind == 'k' && tenant_parse_key(t->ids[i], &k) &&
+        char rname[SBX_TENANT_MAX + 1];
+        const char *sid = t->ids[i].id;
+        bool hit = (kind == 't' && tenant_parse_record(sid, &x) && !strcmp(x.name, name)) ||
+                   (kind == 't' && tenant_parse_res(sid, rname, &x) && !strcmp(rname, name)) ||
+                   (kind == 'k' && tenant_parse_key(sid, &k) &&
                     (keyid ? !strcmp(k.id, keyid) : !strcmp(k.tenant, name)));
         if (hit) {
             ids = sbx_xrealloc(ids, (n + 1) * sizeof(char *));
-            ids[n++] = sbx_xstrdup(t->ids[i]);
+            ids[n++] = sbx_xstrdup(sid);
         }
     }
     pthread_mutex_unlock(&t->mu);

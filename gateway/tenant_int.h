@@ -9,7 +9,9 @@
 #include <nettle/sha2.h>
 #include <nng/nng.h>
 #include <pthread.h>
+#include <stdint.h>
 
+#include "../runtime/id.h"
 #include "tenant.h"
 
 #define REFRESH_MS 1000      /* the snapshot's period: revocation within 2 s */
@@ -24,12 +26,32 @@ struct tkey {
     int scope;
 };
 
+#define STREAM_LINGER_MS 3000 /* a stream without a read in flight counts this long after */
+#define STREAMS_MAX 4096      /* streams tracked by a gateway (quotas) */
+#define RES_UNLIMITED (INT64_MAX / 8) /* a limit of 0 (unlimited), as a tenant's quotas count it */
+
+/* The limits a tenant's resource quotas count, of one sandbox: bytes,
+ * millicpus, bytes (RES_UNLIMITED for an unlimited one). */
+struct tres {
+    int64_t memory, cpu, disk;
+};
+
 struct tten {
     char name[SBX_TENANT_MAX + 1];
     int64_t max_sandboxes, rate;
     int64_t sandboxes; /* in the snapshot, plus this gateway's creations since */
     double tokens;     /* the create bucket (this gateway's) */
     int64_t bucket_ms; /* when tokens was last topped up */
+    struct tres max;   /* resource quotas (its "sbx--r-" record; 0: none) */
+    int64_t max_streams; /* concurrent streams per gateway (0: no quota) */
+    struct tres used;  /* the limits of its sandboxes, counted like `sandboxes` */
+};
+
+/* A sandbox of the snapshot: its internal ID (first: the array is sorted
+ * and searched by it) and its limits. */
+struct tsb {
+    char *id;
+    struct tres res;
 };
 
 /* A sandbox this gateway admitted as a creation (quotas). */
@@ -37,6 +59,15 @@ struct trecent {
     char id[64];                     /* its internal ID */
     char tenant[SBX_TENANT_MAX + 1];
     int64_t at;                      /* sbx_mono_ms when admitted */
+    struct tres res;                 /* the limits it was admitted with */
+};
+
+/* A stream a tenant reads through this gateway (maxStreams). */
+struct tstream {
+    char key[SBX_ID_MAX + 2 + 64];   /* "<internal sandbox ID>/<streamId>" */
+    char tenant[SBX_TENANT_MAX + 1];
+    int inflight;                    /* stream.read calls not yet answered */
+    int64_t last_ms;                 /* sbx_mono_ms of the last answer */
 };
 
 struct sbx_tenants {
@@ -55,8 +86,11 @@ struct sbx_tenants {
     size_t nkeys;
     struct tten *tens;
     size_t ntens;
-    char **ids; /* sorted: every sandbox ID of the snapshot */
+    struct tsb *ids; /* sorted by id: every sandbox of the snapshot */
     size_t nids;
+    struct tres defaults; /* a new sandbox's limits without its own (the shards' largest) */
+    struct tstream *streams; /* STREAMS_MAX */
+    size_t nstreams;
     struct trecent *recent; /* this gateway's creations a snapshot may not show yet */
     size_t nrecent;
     bool loaded; /* a snapshot was taken */
@@ -93,6 +127,10 @@ int tenant_refresh(sbx_tenants *t, struct sys_conn *c);
 /* Parse a system record's ID: a tenant's ("sbx--t-<name>-<max>-<rate>") or a
  * key's ("sbx--k<keyid>-<tenant>-<a|t>"); false if it is not one. */
 bool tenant_parse_record(const char *id, struct tten *x);
+/* Parse a tenant's resource quotas' record
+ * ("sbx--r-<name>-<memory MiB>-<millicpus>-<disk MiB>-<streams>") into
+ * name[] and x's max and max_streams; false if it is not one. */
+bool tenant_parse_res(const char *id, char name[SBX_TENANT_MAX + 1], struct tten *x);
 bool tenant_parse_key(const char *id, struct tkey *k);
 /* Free n strings and their array. */
 void tenant_free_ids(char **ids, size_t n);

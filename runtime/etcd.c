@@ -58,7 +58,71 @@ sbx_etcd_close(sbx_etcd *e)
         return;
     for (int i = 0; i < e->nep; i++)
         free(e->ep[i]);
+    free(e->ca);
+    free(e->cert);
+    free(e->key);
     free(e);
+}
+
+void
+sbx_etcd_set_tls(sbx_etcd *e, const char *ca, const char *cert, const char *key)
+{
+    free(e->ca);
+    free(e->cert);
+    free(e->key);
+    e->ca = ca && *ca ? sbx_xstrdup(ca) : NULL;
+    e->cert = cert && *cert ? sbx_xstrdup(cert) : NULL;
+    e->key = key && *key ? sbx_xstrdup(key) : NULL;
+}
+
+bool
+sbx_etcd_insecure_endpoint(const char *endpoints, char *out, size_t n)
+{
+    char *copy = sbx_xstrdup(endpoints ? endpoints : ""), *save = NULL;
+    bool found = false;
+    for (char *p = strtok_r(copy, ",", &save); p && !found; p = strtok_r(NULL, ",", &save)) {
+        if (strncmp(p, "http://", 7) != 0)
+            continue;
+        const char *h = p + 7;
+        found = !(!strncmp(h, "127.", 4) || !strncmp(h, "localhost", 9) ||
+                  !strncmp(h, "[::1]", 5));
+        if (found)
+            snprintf(out, n, "%s", p);
+    }
+    free(copy);
+    return found;
+}
+
+/* The TLS settings of e on a curl handle (https:// endpoints). */
+static void
+tls_setopts(const sbx_etcd *e, CURL *cu)
+{
+    if (e->ca)
+        curl_easy_setopt(cu, CURLOPT_CAINFO, e->ca);
+    if (e->cert && e->key) {
+        curl_easy_setopt(cu, CURLOPT_SSLCERT, e->cert);
+        curl_easy_setopt(cu, CURLOPT_SSLKEY, e->key);
+    }
+}
+
+/* A transport failure that is TLS's (a certificate refused either way):
+ * worth a warning, unlike an etcd that is down, which the caller reports. */
+static void
+tls_warn(const char *url, CURLcode cr)
+{
+    switch (cr) {
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_CLIENTCERT:
+        sbx_log_warn("etcd %s: TLS: %s", url, curl_easy_strerror(cr));
+        break;
+    default:
+        break;
+    }
 }
 
 void
@@ -199,12 +263,14 @@ call(sbx_etcd *e, const char *path, json_t *req, json_t **resp)
         curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, collect);
         curl_easy_setopt(cu, CURLOPT_WRITEDATA, &bd);
         curl_easy_setopt(cu, CURLOPT_PROTOCOLS_STR, "http,https");
+        tls_setopts(e, cu);
         CURLcode cr = curl_easy_perform(cu);
         long status = 0;
         curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status);
         curl_slist_free_all(h);
         curl_easy_cleanup(cu);
         if (cr != CURLE_OK) {
+            tls_warn(e->ep[i], cr);
             sbx_buf_free(&bd.b);
             continue; /* next endpoint */
         }
@@ -699,6 +765,7 @@ sbx_etcd_watch(sbx_etcd *e, const char *key, const char *range_end, int64_t star
         curl_easy_setopt(cu, CURLOPT_LOW_SPEED_LIMIT, 1L);
         curl_easy_setopt(cu, CURLOPT_LOW_SPEED_TIME, 30L);
         curl_easy_setopt(cu, CURLOPT_PROTOCOLS_STR, "http,https");
+        tls_setopts(e, cu);
         CURLcode cc = curl_easy_perform(cu);
         long status = 0;
         curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status);

@@ -36,6 +36,22 @@ struct sbx_etcd_kv {
 /* sbx_etcd_open — a client for the endpoints; timeout_ms per call (0: 5000). */
 int sbx_etcd_open(sbx_etcd **out, const char *endpoints, int64_t timeout_ms);
 void sbx_etcd_close(sbx_etcd *e);
+/* sbx_etcd_set_tls — for https:// endpoints: ca (PEM path; NULL: the
+ * system's CAs) is what etcd's server certificate must chain to, its name
+ * checked against the endpoint's host (curl's CURLOPT_SSL_VERIFYHOST 2);
+ * cert and key (PEM paths, both or neither) are presented as this client's
+ * certificate, for an etcd run with --client-cert-auth (etcd's "Transport
+ * security model", etcd.io/docs/v3.4/op-guide/security).  Copies the paths;
+ * call before the client is used from other threads.  A TLS failure shows
+ * as SBX_E_SHARD_UNAVAILABLE on the call and a warning naming curl's
+ * reason. */
+void sbx_etcd_set_tls(sbx_etcd *e, const char *ca, const char *cert, const char *key);
+/* sbx_etcd_insecure_endpoint — the first endpoint of the list that is
+ * plain http:// to a host other than loopback (127.0.0.0/8, localhost,
+ * [::1]), copied into out (n bytes); false when there is none.  The shard
+ * and gateway warn about it: membership and ownership would cross the
+ * network unauthenticated. */
+bool sbx_etcd_insecure_endpoint(const char *endpoints, char *out, size_t n);
 /* sbx_etcd_kvs_free — free what sbx_etcd_range returned. */
 void sbx_etcd_kvs_free(struct sbx_etcd_kv *kvs, size_t n);
 

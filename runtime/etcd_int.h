@@ -19,6 +19,10 @@ struct sbx_etcd {
     int nep;
     _Atomic int cur;      /* the endpoint that answered last (tried first) */
     int64_t timeout_ms;   /* per call */
+    char *ca, *cert, *key;/* PEM paths for https:// endpoints (heap or NULL): the CA
+                           * etcd's certificate must chain to (NULL: the system's)
+                           * and this client's certificate and key (etcd's
+                           * --client-cert-auth); set by sbx_etcd_set_tls */
 };
 
 #endif

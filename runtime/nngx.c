@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cleanup.h"
 #include "err.h"
 #include "log.h"
 #include "util.h"
@@ -94,6 +95,32 @@ sbx_nng_sec_open(sbx_nng_sec *sec, const char *ca, const char *cert, const char 
     if (rc)
         sbx_nng_sec_close(sec);
     return rc;
+}
+
+int
+sbx_nng_sec_add_crl(sbx_nng_sec *sec, const char *ca, const char *crl, sbx_err_t *err)
+{
+    if (!sec->server || !sec->client)
+        return sbx_err_make(err, SBX_E_VALIDATION,
+                            "a revocation list (--tls-crl) needs a TLS identity (--tls-ca, "
+                            "--tls-cert, --tls-key)");
+    _cleanup_free_ char *ca_pem = NULL, *crl_pem = NULL;
+    size_t n;
+    int rc, rv;
+    if ((rc = sbx_fs_read(ca, PEM_MAX, &ca_pem, &n)) != 0)
+        return sbx_err_make(err, SBX_E_VALIDATION, "cannot read the CA %s: %s", ca,
+                            strerror(-rc));
+    if ((rc = sbx_fs_read(crl, PEM_MAX, &crl_pem, &n)) != 0)
+        return sbx_err_make(err, SBX_E_VALIDATION, "cannot read the revocation list %s: %s",
+                            crl, strerror(-rc));
+    if (!strstr(crl_pem, "-----BEGIN X509 CRL-----"))
+        return sbx_err_make(err, SBX_E_VALIDATION,
+                            "%s holds no PEM revocation list (-----BEGIN X509 CRL-----)", crl);
+    if ((rv = nng_tls_config_ca_chain(sec->server, ca_pem, crl_pem)) != 0 ||
+        (rv = nng_tls_config_ca_chain(sec->client, ca_pem, crl_pem)) != 0)
+        return sbx_err_make(err, SBX_E_VALIDATION, "revocation list %s (CA %s) refused: %s", crl,
+                            ca, nng_strerror(rv));
+    return 0;
 }
 
 void

@@ -48,6 +48,15 @@ typedef struct sbx_nng_sec {
  * naming the file nng or mbedTLS refused. */
 int sbx_nng_sec_open(sbx_nng_sec *sec, const char *ca, const char *cert, const char *key,
                      bool insecure_plaintext, sbx_err_t *err);
+/* sbx_nng_sec_add_crl — make sec refuse peers whose certificate the
+ * revocation list crl (PEM file, e.g. from `tools/sbx-cert revoke`) names:
+ * nng_tls_config_ca_chain with ca (the same PEM file as given to
+ * sbx_nng_sec_open) and the CRL, on both of sec's configs, before any
+ * endpoint uses them.  mbedTLS then also refuses every peer once the CRL is
+ * past its nextUpdate (re-issue it in time: `sbx-cert crl`).  0, or
+ * SBX_E_VALIDATION with *err naming the file that could not be read or
+ * parsed; sec without an identity: SBX_E_VALIDATION. */
+int sbx_nng_sec_add_crl(sbx_nng_sec *sec, const char *ca, const char *crl, sbx_err_t *err);
 /* sbx_nng_sec_close — drop sec's references (endpoints keep their own). */
 void sbx_nng_sec_close(sbx_nng_sec *sec);
 /* sbx_nng_listen_check — 0 if url may be listened on with sec (may be

@@ -284,8 +284,12 @@ static const struct sbx_arg args_backup_restore[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
     {"dir", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
 };
+static const struct sbx_arg args_backup_list[] = {
+    {"owner", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
+};
 static const struct sbx_arg args_backup_delete[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
+    {"owner", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
 };
 static const struct sbx_arg args_sandbox_fork[] = {
     {"ids", SBX_ARG_ARRAY, true, false, false, 0, 0, 16u, NULL, "an array", NULL, 0},
@@ -297,6 +301,10 @@ static const struct sbx_arg args_tenant_create[] = {
     {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
     {"maxSandboxes", SBX_ARG_INT, false, true, true, 0.0, 1000000.0, 0u, NULL, "an integer", NULL, 0},
     {"createsPerSecond", SBX_ARG_INT, false, true, true, 1.0, 10000.0, 0u, NULL, "an integer", NULL, 0},
+    {"maxMemoryBytes", SBX_ARG_INT, false, true, true, 0.0, 1125899906842624.0, 0u, NULL, "an integer", "bytes", 0},
+    {"maxCpus", SBX_ARG_INT, false, true, true, 0.0, 10000000.0, 0u, NULL, "an integer", NULL, 0},
+    {"maxDiskBytes", SBX_ARG_INT, false, true, true, 0.0, 1125899906842624.0, 0u, NULL, "an integer", "bytes", 0},
+    {"maxStreams", SBX_ARG_INT, false, true, true, 0.0, 1000000.0, 0u, NULL, "an integer", NULL, 0},
 };
 static const struct sbx_arg args_tenant_delete[] = {
     {"tenant", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 16u, NULL, "a string", NULL, 0},
@@ -902,8 +910,8 @@ const struct sbx_op_def sbx_ops[] = {
      .idle_empty = NULL,
      .summary = "the backups of the node's store (expired ones are removed first)",
      .http = "GET /v1/backups",
-     .args = NULL,
-     .nargs = 0},
+     .args = args_backup_list,
+     .nargs = 1},
     {.name = "backup.delete",
      .id = SBX_OPID_BACKUP_DELETE,
      .flags = SBX_OP_MUTATES | SBX_OP_NODE,
@@ -912,7 +920,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "delete a backup",
      .http = NULL,
      .args = args_backup_delete,
-     .nargs = 1},
+     .nargs = 2},
     {.name = "sandbox.fork",
      .id = SBX_OPID_SANDBOX_FORK,
      .flags = SBX_OP_SANDBOX | SBX_OP_NOCREATE | SBX_OP_MUTATES,
@@ -936,10 +944,10 @@ const struct sbx_op_def sbx_ops[] = {
      .flags = SBX_OP_GLOBAL | SBX_OP_MUTATES,
      .idle_code = 0,
      .idle_empty = NULL,
-     .summary = "create a tenant, or change its quotas (admin keys only)",
+     .summary = "create a tenant, or change its quotas: each one not given is back at its default (admin keys only)",
      .http = "PUT /v1/tenants/{tenant}",
      .args = args_tenant_create,
-     .nargs = 3},
+     .nargs = 7},
     {.name = "tenant.list",
      .id = SBX_OPID_TENANT_LIST,
      .flags = SBX_OP_GLOBAL,

@@ -15,6 +15,14 @@
  *                        `echo hi`: from sending the request to the first
  *                        `event:` line of the response (the stream's start)
  *   SSE first output     … to the first `event: stdout` (the command ran)
+ *   MCP exec over HTTP   POST /mcp tools/call of the `exec` tool {"sandbox": id,
+ *                        "command": "true"} in one MCP session (streamable
+ *                        HTTP, docs/mcp.md), answered as application/json, on
+ *                        one kept-alive connection; the answer is checked to
+ *                        be a tool result without isError.  Each is followed
+ *                        by the same exec over nng, so that both see the same
+ *                        load: "MCP minus nng, per pair" is the overhead
+ *                        (issue 17's floor: p50 ≤ 2 ms)
  *
  * N runs each (default 1000; the SSE ones N/4) after 50 warm-up runs.
  */
@@ -24,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +64,103 @@ sse_data(char *p, size_t s, size_t n, void *arg)
     if (!x->first_stdout && memmem(x->b.p, x->b.len, "event: stdout", 13))
         x->first_stdout = sbx_stats_now_ms() - x->t0;
     return s * n;
+}
+
+/* The MCP session ID from initialize's response headers. */
+static size_t
+mcp_header(char *p, size_t s, size_t n, void *arg)
+{
+    char *sid = arg;
+    size_t len = s * n;
+    if (len > 15 && !strncasecmp(p, "Mcp-Session-Id:", 15)) {
+        const char *v = p + 15;
+        while (*v == ' ')
+            v++;
+        size_t k = strcspn(v, "\r\n");
+        snprintf(sid, 64, "%.*s", (int)SBX_MIN(k, 63), v);
+    }
+    return len;
+}
+
+static size_t
+keep(char *p, size_t s, size_t n, void *arg)
+{
+    sbx_buf_append(arg, p, s * n);
+    return s * n;
+}
+
+/* MCP exec round trips over streamable HTTP into ms[runs] (after 50 warm-up
+ * ones), each followed by the same exec over nng into nng[runs] (so the two
+ * see the same load: the paired difference is the MCP overhead); 0, or -1
+ * with the reason printed. */
+static int
+mcp_runs(CURL *cu, const char *base, const char *id, sbx_client *c, double *ms, double *nng,
+         int runs)
+{
+    char url[256], sid[64] = "", hsid[96], body[256];
+    snprintf(url, sizeof(url), "%s/mcp", base);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    h = curl_slist_append(h, "Accept: application/json, text/event-stream");
+    sbx_buf b;
+    sbx_buf_init(&b);
+    int rc = -1;
+    curl_easy_setopt(cu, CURLOPT_URL, url);
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, keep);
+    curl_easy_setopt(cu, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(cu, CURLOPT_HEADERFUNCTION, mcp_header);
+    curl_easy_setopt(cu, CURLOPT_HEADERDATA, (void *)sid);
+    curl_easy_setopt(cu, CURLOPT_POSTFIELDS,
+                     "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{"
+                     "\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{"
+                     "\"name\":\"sbx-bench-http\",\"version\":\"1\"}}}");
+    if (curl_easy_perform(cu) != CURLE_OK || !sid[0]) {
+        fprintf(stderr, "sbx-bench-http: MCP initialize failed\n");
+        goto out;
+    }
+    snprintf(hsid, sizeof(hsid), "Mcp-Session-Id: %s", sid);
+    h = curl_slist_append(h, hsid);
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+    for (int i = 0; i < 50 + runs; i++) {
+        snprintf(body, sizeof(body),
+                 "{\"jsonrpc\":\"2.0\",\"id\":%d,\"method\":\"tools/call\",\"params\":{"
+                 "\"name\":\"exec\",\"arguments\":{\"sandbox\":\"%s\",\"command\":\"true\"}}}",
+                 i + 1, id);
+        curl_easy_setopt(cu, CURLOPT_POSTFIELDS, body);
+        b.len = 0;
+        double t0 = sbx_stats_now_ms();
+        long status = 0;
+        if (curl_easy_perform(cu) != CURLE_OK ||
+            (curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status), status != 200) ||
+            !memmem(b.p, b.len, "\"isError\":false", sizeof("\"isError\":false") - 1)) {
+            fprintf(stderr, "sbx-bench-http: MCP exec failed (status %ld): %.*s\n", status,
+                    (int)SBX_MIN(b.len, 300), b.p ? b.p : "");
+            goto out;
+        }
+        double t1 = sbx_stats_now_ms();
+        sbx_exec_opts o = {.command = "true"};
+        sbx_exec_result r;
+        sbx_error err;
+        if (sbx_exec(c, id, &o, &r, &err) != 0) {
+            fprintf(stderr, "sbx-bench-http: exec: %s %s\n", err.code, err.message);
+            sbx_error_free(&err);
+            goto out;
+        }
+        sbx_exec_result_free(&r);
+        if (i >= 50) {
+            ms[i - 50] = t1 - t0;
+            nng[i - 50] = sbx_stats_now_ms() - t1;
+        }
+    }
+    rc = 0;
+out:
+    curl_easy_setopt(cu, CURLOPT_HTTPHEADER, NULL);
+    curl_easy_setopt(cu, CURLOPT_WRITEDATA, NULL);
+    curl_easy_setopt(cu, CURLOPT_HEADERFUNCTION, NULL); /* both: else headers go to WRITEFUNCTION */
+    curl_easy_setopt(cu, CURLOPT_HEADERDATA, NULL);
+    curl_slist_free_all(h);
+    sbx_buf_free(&b);
+    return rc;
 }
 
 int
@@ -99,6 +205,9 @@ main(int argc, char **argv)
     int ns = runs / 4;
     double *ev = sbx_xcalloc((size_t)ns, sizeof(double));
     double *out = sbx_xcalloc((size_t)ns, sizeof(double));
+    double *mcp = sbx_xcalloc((size_t)runs, sizeof(double));
+    double *nng2 = sbx_xcalloc((size_t)runs, sizeof(double));
+    double *pair = sbx_xcalloc((size_t)runs, sizeof(double));
     for (int i = 0; i < 50 + runs; i++) {
         double t0 = sbx_stats_now_ms();
         if (sbx_exec(c, id, &o, &r, &err) != 0) {
@@ -155,6 +264,8 @@ main(int argc, char **argv)
     }
     curl_slist_free_all(h);
     curl_slist_free_all(hs);
+    if (mcp_runs(cu, base, id, c, mcp, nng2, runs) != 0)
+        goto out;
     sbx_destroy(c, id, NULL, NULL);
     printf("HTTP front vs nng, `exec true` on one running sandbox (default session)\n");
     sbx_stats_line("exec over nng (libsbx)", nng, (size_t)runs);
@@ -162,6 +273,14 @@ main(int argc, char **argv)
     printf("Server-Sent Events, exec.stream `echo hi`\n");
     sbx_stats_line("SSE first event (start)", ev, (size_t)ns);
     sbx_stats_line("SSE first stdout event", out, (size_t)ns);
+    for (int i = 0; i < runs; i++)
+        pair[i] = mcp[i] - nng2[i];
+    printf("MCP over streamable HTTP, tools/call exec `true` (application/json answer), each "
+           "followed by the same exec over nng\n");
+    sbx_stats_line("MCP exec over HTTP (keep-alive)", mcp, (size_t)runs);
+    sbx_stats_line("exec over nng, paired", nng2, (size_t)runs);
+    sbx_stats_line("MCP minus nng, per pair", pair, (size_t)runs);
+    printf("(floor: an MCP exec <= 2 ms above the same exec over nng: the pairs' p50)\n");
     rc = 0;
 out:
     if (cu)

@@ -6,7 +6,7 @@
  * and writes JSON-RPC 2.0 messages to its stdin, one per line (UTF-8, no
  * embedded newline); the answers go to stdout the same way; stdout carries
  * nothing else (diagnostics go to stderr).  The server speaks the protocol
- * version the client asks for when it is one of mcp_versions, else the
+ * version the client asks for when it is one it serves (runtime/mcp.h), else the
  * newest of them (lifecycle: "Version Negotiation").  Requests are served
  * one at a time, in order; there is no batching (removed in 2025-06-18).
  *
@@ -45,47 +45,12 @@
 #include <unistd.h>
 
 #include "../include/sbx/result.h"
+#include "../runtime/mcp.h"
 #include "cli.h"
 #include "cli_ops_gen.h"
 
-/* The protocol versions served, newest first. */
-static const char *const mcp_versions[] = {"2025-11-25", "2025-06-18", "2025-03-26",
-                                           "2024-11-05", NULL};
-
 /* The longest message read (a file.write of 40 MiB travels as JSON text). */
 #define MCP_MAX_LINE (64u << 20)
-
-struct mcp_tool {
-    const char *name;  /* MCP tool name */
-    const char *op;    /* the operation it runs */
-    const char *title; /* human-readable */
-    const char *desc;  /* what an agent reads to choose it */
-};
-
-static const struct mcp_tool tools[] = {
-    {"sandbox_create", "create", "Create a sandbox",
-     "Create the sandbox now (an isolated Linux container addressed by the ID you choose; any "
-     "other tool also creates it on first use). Optional resource limits."},
-    {"sandbox_destroy", "destroy", "Destroy a sandbox",
-     "Stop the sandbox's container and delete it with its files."},
-    {"sandbox_list", "list", "List sandboxes", "All sandboxes of the deployment."},
-    {"exec", "exec", "Run a command",
-     "Run a shell command (or an argv) in the sandbox and return its exit code, stdout and "
-     "stderr. Commands of one session share cwd and environment."},
-    {"file_read", "file.read", "Read a file", "Read a file of the sandbox (text, or base64)."},
-    {"file_write", "file.write", "Write a file",
-     "Write a file in the sandbox (utf-8 text, or base64 with encoding: base64)."},
-    {"file_list", "file.list", "List a directory",
-     "List a directory of the sandbox, optionally recursively."},
-    {"run_code", "context.run", "Run code",
-     "Run Python, JavaScript or TypeScript in a persistent interpreter context of the sandbox; "
-     "returns printed output, rich results (images come as image content) and any error."},
-    {"process_start", "process.start", "Start a background process",
-     "Start a long-running process (a server, a watcher) in the sandbox; returns its ID."},
-    {"port_expose", "port.expose", "Expose a port",
-     "Expose a port a process of the sandbox listens on at a preview URL."},
-};
-#define NTOOLS (sizeof(tools) / sizeof(tools[0]))
 
 /* ---------------------------------------------------------------------------- */
 /* Input schemas from the operation schema. */
@@ -161,13 +126,7 @@ input_schema(const struct cli_op *op)
 {
     json_t *props = json_object(), *req = json_array();
     if (op->sandbox) {
-        json_object_set_new(
-            props, "sandbox",
-            json_pack("{s:s,s:s,s:i,s:i,s:s}", "type", "string", "description",
-                      "the sandbox ID: 1-63 of a-z, 0-9 and '-', not starting or ending with "
-                      "'-' (you choose it; the same ID reaches the same sandbox)",
-                      "minLength", 1, "maxLength", 63, "pattern",
-                      "^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"));
+        json_object_set_new(props, "sandbox", sbx_mcp_sandbox_schema());
         json_array_append_new(req, json_string("sandbox"));
     }
     for (unsigned i = 0; i < op->nargs; i++) {
@@ -188,18 +147,10 @@ static json_t *
 tools_list(void)
 {
     json_t *arr = json_array();
-    for (size_t i = 0; i < NTOOLS; i++) {
-        const struct cli_op *op = cli_op_find(tools[i].op);
-        if (!op)
-            continue; /* not in this build's schema */
-        json_t *t = json_pack("{s:s,s:s,s:s,s:o}", "name", tools[i].name, "title", tools[i].title,
-                              "description", tools[i].desc, "inputSchema", input_schema(op));
-        bool ro = !strcmp(tools[i].op, "file.read") || !strcmp(tools[i].op, "file.list") ||
-                  !strcmp(tools[i].op, "list");
-        json_object_set_new(t, "annotations",
-                            json_pack("{s:b,s:b}", "readOnlyHint", ro, "destructiveHint",
-                                      !strcmp(tools[i].op, "destroy")));
-        json_array_append_new(arr, t);
+    for (size_t i = 0; i < sbx_mcp_ntools; i++) {
+        const struct cli_op *op = cli_op_find(sbx_mcp_tools[i].op);
+        if (op) /* else not in this build's schema */
+            json_array_append_new(arr, sbx_mcp_tool_entry(&sbx_mcp_tools[i], input_schema(op)));
     }
     return json_pack("{s:o}", "tools", arr);
 }
@@ -254,8 +205,7 @@ send_msg(struct mcp *m, json_t *msg)
 static int
 send_error(struct mcp *m, json_t *id, int code, const char *msg)
 {
-    return send_msg(m, json_pack("{s:s,s:O,s:{s:i,s:s}}", "jsonrpc", "2.0", "id",
-                                 id ? id : json_null(), "error", "code", code, "message", msg));
+    return send_msg(m, sbx_mcp_error(id, code, msg));
 }
 
 /* The client, opened once (thread-safe: include/sbx/sbx.h); NULL with *err. */
@@ -275,74 +225,6 @@ client_of(struct mcp *m, sbx_error *err)
 
 /* ---------------------------------------------------------------------------- */
 /* tools/call */
-
-static json_t *
-text_block(const char *text)
-{
-    return json_pack("{s:s,s:s}", "type", "text", "text", text);
-}
-
-/* A tool result with isError: "CODE: message". */
-static json_t *
-tool_error(const char *code, const char *msg)
-{
-    char *t = NULL;
-    if (asprintf(&t, "%s: %s", code, msg) < 0)
-        return NULL;
-    json_t *r = json_pack("{s:[o],s:b}", "content", text_block(t), "isError", 1);
-    free(t);
-    return r;
-}
-
-/* context.run: the images of its rich results as image content. */
-static void
-add_images(json_t *content, json_t *result)
-{
-    json_t *results = json_object_get(result, "results");
-    size_t i;
-    json_t *r;
-    json_array_foreach(results, i, r) {
-        static const char *const fmt[][2] = {{"png", "image/png"}, {"jpeg", "image/jpeg"}};
-        for (size_t k = 0; k < 2; k++) {
-            json_t *d = json_object_get(r, fmt[k][0]);
-            if (!json_is_string(d))
-                continue;
-            json_array_append_new(content, json_pack("{s:s,s:O,s:s}", "type", "image", "data", d,
-                                                     "mimeType", fmt[k][1]));
-        }
-    }
-}
-
-/* The result as JSON text, with png/jpeg replaced by a note (they travel
- * once, as image content). */
-static json_t *
-json_text_without_images(json_t *result)
-{
-    json_t *copy = json_deep_copy(result);
-    size_t i;
-    json_t *r;
-    json_array_foreach(json_object_get(copy, "results"), i, r) {
-        if (json_object_get(r, "png"))
-            json_object_set_new(r, "png", json_string("(an image/png, as image content)"));
-        if (json_object_get(r, "jpeg"))
-            json_object_set_new(r, "jpeg", json_string("(an image/jpeg, as image content)"));
-    }
-    char *s = json_dumps(copy, JSON_INDENT(1) | JSON_SORT_KEYS);
-    json_decref(copy);
-    json_t *b = text_block(s ? s : "{}");
-    free(s);
-    return b;
-}
-
-/* A successful tool result from the operation's result object (taken). */
-static json_t *
-tool_ok(json_t *res)
-{
-    json_t *content = json_array();
-    json_array_append_new(content, json_text_without_images(res));
-    add_images(content, res);
-    return json_pack("{s:o,s:o,s:b}", "content", content, "structuredContent", res, "isError", 0);
-}
 
 /* A growing byte string (stdout / stderr of a streamed exec). */
 struct bytes {
@@ -377,7 +259,7 @@ run_exec(struct call *k, sbx_client *c, const char *aj)
     sbx_reply *rep = NULL;
     sbx_error err;
     if (sbx_call_json(c, "exec.stream", k->sandbox, aj, 0, &rep, &err) != 0) {
-        json_t *r = tool_error(err.code, err.message);
+        json_t *r = sbx_mcp_tool_error(err.code, err.message);
         sbx_error_free(&err);
         return r;
     }
@@ -401,7 +283,7 @@ run_exec(struct call *k, sbx_client *c, const char *aj)
     }
     sbx_stream *s = NULL;
     if (sbx_stream_open(c, k->sandbox, k->stream, 0, &s, &err) != 0) {
-        json_t *r = tool_error(err.code, err.message);
+        json_t *r = sbx_mcp_tool_error(err.code, err.message);
         sbx_error_free(&err);
         return r;
     }
@@ -415,12 +297,7 @@ run_exec(struct call *k, sbx_client *c, const char *aj)
         if (is_out || is_err) {
             bytes_add(is_out ? &out : &errb, ev.data, ev.data_len);
             if (token) {
-                char *msg = strndup(ev.data, CLI_MIN(ev.data_len, 4096));
-                json_t *note = json_pack(
-                    "{s:s,s:s,s:{s:O,s:i,s:s}}", "jsonrpc", "2.0", "method",
-                    "notifications/progress", "params", "progressToken", token, "progress",
-                    ++progress, "message", msg ? msg : "");
-                free(msg);
+                json_t *note = sbx_mcp_progress(token, ++progress, ev.data, ev.data_len);
                 if (note)
                     send_msg(m, note);
             }
@@ -443,19 +320,17 @@ run_exec(struct call *k, sbx_client *c, const char *aj)
                 char code[64], text[1024];
                 snprintf(code, sizeof(code), "%.*s", (int)cd.n, cd.p);
                 snprintf(text, sizeof(text), "%.*s", (int)msg.n, msg.p);
-                res = tool_error(code, text);
+                res = sbx_mcp_tool_error(code, text);
             }
         }
     }
     if (rc < 0 && !res) {
-        res = tool_error(err.code, err.message);
+        res = sbx_mcp_tool_error(err.code, err.message);
         sbx_error_free(&err);
     }
     sbx_stream_close(s);
     if (!res)
-        res = tool_ok(json_pack("{s:b,s:i,s:s%,s:s%}", "success", exit_code == 0, "exitCode",
-                                exit_code, "stdout", out.p ? out.p : "", out.n, "stderr",
-                                errb.p ? errb.p : "", errb.n));
+        res = sbx_mcp_tool_ok(sbx_mcp_exec_result(exit_code, out.p, out.n, errb.p, errb.n));
     free(out.p);
     free(errb.p);
     return res;
@@ -467,10 +342,7 @@ static json_t *
 tools_call(struct call *k, int *rpc_code, const char **rpc_msg)
 {
     const char *name = json_string_value(json_object_get(k->params, "name"));
-    const struct mcp_tool *t = NULL;
-    for (size_t i = 0; name && i < NTOOLS; i++)
-        if (!strcmp(tools[i].name, name))
-            t = &tools[i];
+    const struct sbx_mcp_tool *t = sbx_mcp_tool_find(name);
     const struct cli_op *op = t ? cli_op_find(t->op) : NULL;
     if (!op) {
         *rpc_code = -32602;
@@ -479,13 +351,13 @@ tools_call(struct call *k, int *rpc_code, const char **rpc_msg)
     }
     json_t *in = json_object_get(k->params, "arguments");
     if (in && !json_is_object(in))
-        return tool_error("VALIDATION_FAILED", "arguments must be an object");
+        return sbx_mcp_tool_error("VALIDATION_FAILED", "arguments must be an object");
     json_t *args = in ? json_deep_copy(in) : json_object();
     json_t *sb = json_object_get(args, "sandbox");
     if (op->sandbox) {
         if (!json_is_string(sb) || json_string_length(sb) >= sizeof(k->sandbox)) {
             json_decref(args);
-            return tool_error("VALIDATION_FAILED", "'sandbox' (a sandbox ID) is required");
+            return sbx_mcp_tool_error("VALIDATION_FAILED", "'sandbox' (a sandbox ID) is required");
         }
         snprintf(k->sandbox, sizeof(k->sandbox), "%s", json_string_value(sb));
     }
@@ -499,18 +371,18 @@ tools_call(struct call *k, int *rpc_code, const char **rpc_msg)
     sbx_error err;
     sbx_client *c;
     if (!aj) {
-        out = tool_error("VALIDATION_FAILED", "arguments could not be encoded");
+        out = sbx_mcp_tool_error("VALIDATION_FAILED", "arguments could not be encoded");
     } else if (cli_check_call(op->name, sandbox, aj, &code, why, sizeof(why)) != 0) {
-        out = tool_error(code, why);
+        out = sbx_mcp_tool_error(code, why);
     } else if (!(c = client_of(k->m, &err))) {
-        out = tool_error(err.code, err.message);
+        out = sbx_mcp_tool_error(err.code, err.message);
         sbx_error_free(&err);
     } else if (!strcmp(op->name, "exec")) {
         out = run_exec(k, c, aj);
     } else {
         sbx_reply *rep = NULL;
         if (sbx_call_json(c, op->name, sandbox, aj, 0, &rep, &err) != 0) {
-            out = tool_error(err.code, err.message);
+            out = sbx_mcp_tool_error(err.code, err.message);
             sbx_error_free(&err);
         } else {
             char *rj = sbx_reply_json(rep, false);
@@ -521,7 +393,7 @@ tools_call(struct call *k, int *rpc_code, const char **rpc_msg)
                 json_decref(res);
                 res = json_object();
             }
-            out = tool_ok(res);
+            out = sbx_mcp_tool_ok(res);
         }
     }
     free(aj);
@@ -548,7 +420,7 @@ call_main(void *arg)
     pthread_mutex_unlock(&m->mu);
     /* A cancelled request gets no answer (MCP "Cancellation"). */
     if (!cancelled && res)
-        send_msg(m, json_pack("{s:s,s:O,s:o}", "jsonrpc", "2.0", "id", k->id, "result", res));
+        send_msg(m, sbx_mcp_result(k->id, res));
     else if (!cancelled && code)
         send_error(m, k->id, code, msg);
     else
@@ -590,21 +462,6 @@ cancel(struct mcp *m, json_t *params)
 
 /* ---------------------------------------------------------------------------- */
 /* JSON-RPC over stdio */
-
-static json_t *
-initialize(json_t *params)
-{
-    const char *want = json_string_value(json_object_get(params, "protocolVersion"));
-    const char *ver = mcp_versions[0];
-    for (const char *const *v = mcp_versions; want && *v; v++)
-        if (!strcmp(*v, want))
-            ver = *v;
-    return json_pack("{s:s,s:{s:{s:b}},s:{s:s,s:s,s:s},s:s}", "protocolVersion", ver,
-                     "capabilities", "tools", "listChanged", 0, "serverInfo", "name", "sbx",
-                     "title", "sbx code-execution sandboxes", "version", "0.1.0", "instructions",
-                     "Each tool takes a sandbox ID you choose (e.g. 'task-1'); the sandbox is "
-                     "created on first use and keeps its files until sandbox_destroy.");
-}
 
 /* Start a tools/call on its own thread (waiting while MCP_MAX_CALLS run). */
 static int
@@ -660,14 +517,13 @@ handle(struct mcp *m, const char *line, size_t len)
     } else {
         json_t *result = NULL;
         if (!strcmp(method, "initialize"))
-            result = initialize(params);
+            result = sbx_mcp_initialize(params);
         else if (!strcmp(method, "ping"))
             result = json_object();
         else if (!strcmp(method, "tools/list"))
             result = tools_list();
         if (result)
-            rc = send_msg(m, json_pack("{s:s,s:O,s:o}", "jsonrpc", "2.0", "id", id, "result",
-                                       result));
+            rc = send_msg(m, sbx_mcp_result(id, result));
         else
             rc = send_error(m, id, -32601, "Method not found");
     }

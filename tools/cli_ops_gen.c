@@ -657,7 +657,7 @@ static const struct cli_arg args_create[] = {
 static const struct cli_arg args_list[] = {
     {"idsOnly", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
      "a boolean", NULL, "false",
-     "each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6)",
+     "each sandbox as {id, memory, cpu, disk} only (its limits: bytes, millicpus, bytes of its writable file system; 0 unlimited), read from the store without its state, and the shards' largest defaults as {defaults: {memory, cpu, disk}} (the tenant registry's refresh and resource quotas, docs/security.md §6)",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_cluster_drain[] = {
@@ -748,10 +748,20 @@ static const struct cli_arg args_backup_restore[] = {
      "the directory, absolute in the sandbox (created if missing)",
      "VALIDATION_FAILED"},
 };
+static const struct cli_arg args_backup_list[] = {
+    {"owner", CLI_K_STR, false, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "only the backups of this tenant's sandboxes. With API keys the gateway sets it to the caller's tenant (a client's value is replaced; the default tenant's admin keys see all)",
+     "VALIDATION_FAILED"},
+};
 static const struct cli_arg args_backup_delete[] = {
     {"id", CLI_K_STR, true, false, false, 0, 0, 64u, NULL,
      "a string", NULL, NULL,
      "the backup",
+     "VALIDATION_FAILED"},
+    {"owner", CLI_K_STR, false, false, false, 0, 0, 16u, NULL,
+     "a string", NULL, NULL,
+     "set by the gateway to the caller's tenant (as backup.list): another tenant's backup is BACKUP_NOT_FOUND, word for word as an unknown ID",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_sandbox_fork[] = {
@@ -772,6 +782,22 @@ static const struct cli_arg args_tenant_create[] = {
     {"createsPerSecond", CLI_K_INT, false, true, true, 1.0, 10000.0, 0u, NULL,
      "an integer", NULL, "10",
      "sandbox creations per second, per gateway (a token bucket of twice this many)",
+     "VALIDATION_FAILED"},
+    {"maxMemoryBytes", CLI_K_INT, false, true, true, 0.0, 1125899906842624.0, 0u, NULL,
+     "an integer", "bytes", "0",
+     "most memory of the *limits* of the tenant's sandboxes together, rounded up to a whole MiB (0: no quota)",
+     "VALIDATION_FAILED"},
+    {"maxCpus", CLI_K_INT, false, true, true, 0.0, 10000000.0, 0u, NULL,
+     "an integer", NULL, "0",
+     "most CPU of the limits of the tenant's sandboxes together, millicpus (0: no quota)",
+     "VALIDATION_FAILED"},
+    {"maxDiskBytes", CLI_K_INT, false, true, true, 0.0, 1125899906842624.0, 0u, NULL,
+     "an integer", "bytes", "0",
+     "most bytes of the writable file systems (disk) of the tenant's sandboxes together, rounded up to a whole MiB (0: no quota)",
+     "VALIDATION_FAILED"},
+    {"maxStreams", CLI_K_INT, false, true, true, 0.0, 1000000.0, 0u, NULL,
+     "an integer", NULL, "0",
+     "most streams (SSE, exec and log streams, terminals: stream.read) the tenant reads at once, per gateway (0: no quota)",
      "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_tenant_delete[] = {
@@ -942,13 +968,13 @@ const struct cli_op cli_ops[] = {
     {"backup.restore", "replace a directory of the sandbox with a backup's content (the SDK's restoreBackup)",
      "backup restore", "sandbox id dir", true, args_backup_restore, 2},
     {"backup.list", "the backups of the node's store (expired ones are removed first)",
-     "backup list", "", false, NULL, 0},
+     "backup list", "", false, args_backup_list, 1},
     {"backup.delete", "delete a backup",
-     "backup delete", "id", false, args_backup_delete, 1},
+     "backup delete", "id", false, args_backup_delete, 2},
     {"sandbox.fork", "create new sandboxes whose workspace starts as a copy of this one's (the source is not stopped)",
      "fork", "sandbox ids", true, args_sandbox_fork, 1},
-    {"tenant.create", "create a tenant, or change its quotas (admin keys only)",
-     "tenant create", "tenant", false, args_tenant_create, 3},
+    {"tenant.create", "create a tenant, or change its quotas: each one not given is back at its default (admin keys only)",
+     "tenant create", "tenant", false, args_tenant_create, 7},
     {"tenant.list", "the tenants, their quotas and sandbox counts (admin keys only)",
      "tenant list", "", false, NULL, 0},
     {"tenant.delete", "delete a tenant and revoke its keys; refused while it has sandboxes (admin keys only)",

@@ -39,12 +39,17 @@ pkgs=(
   # images (docs/images.md): layer tars read with libarchive; skopeo converts docker-archive
   # tarballs and pulls from registries; busybox-static builds the tests' images
   libarchive-dev skopeo busybox-static
+  # tests: a real registry (the CNCF distribution registry) on loopback for pulls
+  # (tests/integration/test_image_pull.c starts its own; the package's service is not used)
+  docker-registry
   # operations (issue 17): a real Prometheus scrapes /metrics in tests; man pages from --help
   prometheus help2man
   # egress networking: the shards run ip and nft for each egress sandbox (docs/network.md)
   nftables libnftables-dev
   # the sandboxes' resolver parses and writes DNS with libldns; the DNS tests' server is dnsmasq
   libldns-dev dnsmasq-base
+  # the S3 backup store: ListObjectsV2's XML read with expat (signing and transfers: libcurl above)
+  libexpat1-dev
 )
 
 missing=()

@@ -837,20 +837,30 @@ v_image(struct gopts *g, int argc, char **argv)
     return EXIT_USAGE;
 }
 
-/* sbx tenant create NAME [--max-sandboxes N] [--creates-per-second N] | list | delete NAME
- * (admin keys; docs/security.md §6) */
+/* sbx tenant (create|set) NAME [--max-sandboxes N] [--creates-per-second N] [--max-memory SIZE]
+ * [--max-cpus MILLICPUS] [--max-disk SIZE] [--max-streams N] | list | delete NAME (admin keys;
+ * set is create: every quota not given is back at its default; docs/security.md §6) */
 static int
 v_tenant(struct gopts *g, int argc, char **argv)
 {
-    if (argc >= 2 && argc % 2 == 0 && !strcmp(argv[0], "create")) {
+    if (argc >= 2 && argc % 2 == 0 && (!strcmp(argv[0], "create") || !strcmp(argv[0], "set"))) {
         sbx_args *a = sbx_args_new();
         sbx_args_kstr(a, "tenant", argv[1]);
         bool ok = true;
+        uint64_t sz;
         for (int i = 2; ok && i + 1 < argc; i += 2) {
             if (!strcmp(argv[i], "--max-sandboxes"))
                 sbx_args_kint(a, "maxSandboxes", strtoll(argv[i + 1], NULL, 10));
             else if (!strcmp(argv[i], "--creates-per-second"))
                 sbx_args_kint(a, "createsPerSecond", strtoll(argv[i + 1], NULL, 10));
+            else if (!strcmp(argv[i], "--max-cpus"))
+                sbx_args_kint(a, "maxCpus", strtoll(argv[i + 1], NULL, 10));
+            else if (!strcmp(argv[i], "--max-streams"))
+                sbx_args_kint(a, "maxStreams", strtoll(argv[i + 1], NULL, 10));
+            else if ((!strcmp(argv[i], "--max-memory") || !strcmp(argv[i], "--max-disk")) &&
+                     cli_parse_size(argv[i + 1], &sz) == 0)
+                sbx_args_kint(a, argv[i][6] == 'm' ? "maxMemoryBytes" : "maxDiskBytes",
+                              (int64_t)sz);
             else
                 ok = false;
         }
@@ -864,8 +874,9 @@ v_tenant(struct gopts *g, int argc, char **argv)
         sbx_args_kstr(a, "tenant", argv[1]);
         return cli_call_enc(g, "tenant.delete", NULL, a, NULL);
     }
-    fprintf(stderr, "usage: sbx tenant (create NAME [--max-sandboxes N] [--creates-per-second N] "
-                    "| list | delete NAME)\n");
+    fprintf(stderr, "usage: sbx tenant ((create|set) NAME [--max-sandboxes N] [--creates-per-second "
+                    "N] [--max-memory SIZE] [--max-cpus MILLICPUS] [--max-disk SIZE] [--max-streams "
+                    "N] | list | delete NAME)\n");
     return EXIT_USAGE;
 }
 
@@ -1027,8 +1038,9 @@ static const struct verb verbs[] = {
                          "restore ID BACKUP DIR | list | delete BACKUP)",
      "backups of a sandbox's directory in the node's store (docs/persistence.md, Backups)"},
     {"fork", v_fork, "FROM ID...", NULL},
-    {"tenant", v_tenant, "(create NAME [--max-sandboxes N] [--creates-per-second N] | list | "
-                         "delete NAME)",
+    {"tenant", v_tenant, "((create|set) NAME [--max-sandboxes N] [--creates-per-second N] "
+     "[--max-memory SIZE] [--max-cpus MILLICPUS] [--max-disk SIZE] [--max-streams N] | list | "
+     "delete NAME)",
      "tenants and their quotas (admin keys; docs/security.md §6)"},
     {"key", v_key, "(create TENANT [--admin] | list [TENANT] | revoke KEYID)",
      "API keys of tenants: a created key is shown once (admin keys; docs/security.md §6)"},

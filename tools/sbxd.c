@@ -143,6 +143,7 @@ cgroup_base_normalize(const char *in, char *out, size_t outlen)
  * Transports); `sbxd dev` passes them on to its shards. */
 struct tls_opts {
     char *ca, *cert, *key; /* PEM file paths (heap), or NULL */
+    char *crl;             /* PEM revocation list (heap), or NULL */
     bool insecure;         /* --insecure-plaintext */
 };
 #define TLS_OPTS(t)                                                                           \
@@ -151,9 +152,34 @@ struct tls_opts {
         {"tls-cert", SBX_OPT_STR, &(t)->cert,                                                 \
          "PEM file of this node's certificate (signed by --tls-ca; tools/sbx-cert)"},        \
         {"tls-key", SBX_OPT_STR, &(t)->key, "PEM file of this node's private key"},          \
+        {"tls-crl", SBX_OPT_STR, &(t)->crl,                                                   \
+         "PEM revocation list of the CA (tools/sbx-cert revoke): peers it names are refused"}, \
         {"insecure-plaintext", SBX_OPT_BOOL, &(t)->insecure,                                  \
          "INSECURE: allow plain tcp:// listens on non-loopback addresses (anyone who reaches " \
          "them controls every sandbox)"}
+
+/* The etcd client's TLS (https:// endpoints; runtime/etcd.h sbx_etcd_set_tls). */
+#define ETCD_TLS_OPTS(ca, cert, key)                                                          \
+    {"etcd-ca", SBX_OPT_STR, ca,                                                              \
+     "PEM file of the CA etcd's certificate chains to (https:// --etcd; default --tls-ca)"},  \
+        {"etcd-cert", SBX_OPT_STR, cert,                                                      \
+         "PEM file of the client certificate shown to etcd (default --tls-cert)"},           \
+        {"etcd-key", SBX_OPT_STR, key, "PEM file of its key (default --tls-key)"}
+
+/* For https:// etcd endpoints, the etcd TLS paths not given default to the
+ * node's --tls-* ones (one deployment CA for nng and etcd). */
+static void
+etcd_tls_defaults(const char *etcd, char **ca, char **cert, char **key, const struct tls_opts *t)
+{
+    if (!etcd || !strstr(etcd, "https://"))
+        return;
+    if (!*ca && t->ca)
+        *ca = sbx_xstrdup(t->ca);
+    if (!*cert && !*key && t->cert && t->key) {
+        *cert = sbx_xstrdup(t->cert);
+        *key = sbx_xstrdup(t->key);
+    }
+}
 
 static void
 tls_opts_free(struct tls_opts *t)
@@ -161,6 +187,7 @@ tls_opts_free(struct tls_opts *t)
     free(t->ca);
     free(t->cert);
     free(t->key);
+    free(t->crl);
 }
 
 /* tls_open — load t into *sec (sbx_nng_sec_close it) and check that listen
@@ -173,6 +200,8 @@ tls_open(const struct tls_opts *t, sbx_nng_sec *sec, const char *listen)
 {
     sbx_err_t err = NULL;
     int rc = sbx_nng_sec_open(sec, t->ca, t->cert, t->key, t->insecure, &err);
+    if (!rc && t->crl && *t->crl && (rc = sbx_nng_sec_add_crl(sec, t->ca, t->crl, &err)) != 0)
+        sbx_nng_sec_close(sec);
     if (!rc && (rc = sbx_nng_listen_check(listen, sec, &err)) != 0)
         sbx_nng_sec_close(sec);
     if (rc) {
@@ -234,15 +263,34 @@ set_log_format(const char *log_format, const char *cmd)
          "the node's backup store (default <data>/backups; dev: one for all shards)"},        \
         {"backup-max", SBX_OPT_SIZE, &(c)->backup_max,                                        \
          "the largest compressed archive of a backup (1G; more: BACKUP_TOO_LARGE)"},          \
+        {"backup-store", SBX_OPT_STR, &(c)->backup_store,                                     \
+         "s3://bucket[/prefix]: keep backups in an S3-compatible store (default: the "       \
+         "directory --backups; docs/persistence.md)"},                                       \
+        {"s3-endpoint", SBX_OPT_STR, &(c)->s3_endpoint,                                       \
+         "http(s)://host[:port] of the S3 service (default: AWS's of --s3-region)"},         \
+        {"s3-region", SBX_OPT_STR, &(c)->s3_region, "the S3 region SigV4 signs for (us-east-1)"}, \
+        {"s3-credentials", SBX_OPT_STR, &(c)->s3_credentials,                                 \
+         "file of AWS_ACCESS_KEY_ID=/AWS_SECRET_ACCESS_KEY= lines, mode 600 (default: "      \
+         "those environment variables)"},                                                    \
+        {"s3-timeout", SBX_OPT_MS, &(c)->s3_timeout,                                          \
+         "deadline of each S3 call, retries included (30s)"},                                \
         {"image-pool", SBX_OPT_INT, &(c)->image_pool,                                         \
-         "ready containers kept per image sandboxes are being created from (0: none)"},      \
+         "ready containers kept at least per image sandboxes are being created from; more "  \
+         "follow its busiest second of creates, within --pool-memory (0: no image pools)"},      \
         {"network-default", SBX_OPT_STR, &(c)->network_default,                               \
          "network mode of sandboxes that choose none: none (loopback only) or egress"},       \
         {"network-range", SBX_OPT_STR, &(c)->network_range,                                   \
          "IPv4 range of sandbox addresses, one /22 per shard (10.88.0.0/16)"},                \
         {"dns-upstream", SBX_OPT_STR, &(c)->dns_upstream,                                     \
-         "A.B.C.D[:PORT]: where egress sandboxes' resolver forwards allowed names "           \
-         "(default: the host's first IPv4 nameserver)"},                                      \
+         "A.B.C.D[:PORT][,…] (up to 4, the next on SERVFAIL or silence): where egress "       \
+         "sandboxes' resolver forwards allowed names (default: the host's first IPv4 "        \
+         "nameserver)"},                                                                      \
+        {"egress-inject", SBX_OPT_STR, &(c)->egress_inject,                                   \
+         "file of rules 'HOST[:PORT] Name: value' (mode 600): headers the egress point adds "  \
+         "to sandboxes' plain-HTTP requests to HOST, the secret never inside"},              \
+        {"insecure-registry", SBX_OPT_LIST, &(c)->insecure_registry,                          \
+         "registry host[:port] pulled from over plain HTTP or an unverified certificate "     \
+         "(repeat; loopback registries always are, as Docker's default)"},                    \
         {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
          "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
          "(kept on disk, docs/persistence.md)"},                                            \
@@ -281,10 +329,11 @@ cmd_shard(int argc, char **argv)
         {"relay", SBX_OPT_STR, &c.relay,
          "preview relay address: unix:/path or tcp:host:port (gateways connect to it)"},
         {"etcd", SBX_OPT_STR, &c.etcd,
-         "etcd endpoints http://host:port[,…]: join a cluster (docs/cluster.md)"},
+         "etcd endpoints http(s)://host:port[,…]: join a cluster (docs/cluster.md)"},
         {"cluster", SBX_OPT_STR, &c.cluster, "cluster name (etcd keys under /sbx/<name>/)"},
         {"advertise", SBX_OPT_STR, &c.advertise,
          "nng URL gateways and shards reach this shard at (default: --listen)"},
+        ETCD_TLS_OPTS(&c.etcd_ca, &c.etcd_cert, &c.etcd_key),
         {"lease-ttl", SBX_OPT_MS, &c.lease_ttl,
          "membership lease; unrenewed for this long, the shard stops serving (10s)"},
         SHARD_OPTS(&c),
@@ -378,6 +427,7 @@ cmd_shard(int argc, char **argv)
     sigaddset(&tset, SIGTERM);
     sigaddset(&tset, SIGINT);
     sigprocmask(SIG_BLOCK, &tset, NULL);
+    etcd_tls_defaults(c.etcd, &c.etcd_ca, &c.etcd_cert, &c.etcd_key, &tls);
     int trc = sweep ? 0 : tls_open(&tls, &sec, c.listen);
     tls_opts_free(&tls);
     if (trc) {
@@ -543,8 +593,9 @@ cmd_gateway(int argc, char **argv)
         {"listen", SBX_OPT_STR, &c.listen, "nng URL for clients"},
         {"shard", SBX_OPT_LIST, &c.shards, "a shard as name=url (repeat for each)"},
         {"etcd", SBX_OPT_STR, &c.etcd,
-         "etcd endpoints http://host:port[,…]: shards and partitions come from the cluster"},
+         "etcd endpoints http(s)://host:port[,…]: shards and partitions come from the cluster"},
         {"cluster", SBX_OPT_STR, &c.cluster, "cluster name (etcd keys under /sbx/<name>/)"},
+        ETCD_TLS_OPTS(&c.etcd_ca, &c.etcd_cert, &c.etcd_key),
         {"contexts", SBX_OPT_INT, &c.contexts, "client requests handled concurrently"},
         {"timeout", SBX_OPT_MS, &c.timeout, "deadline of requests that carry none"},
         GATEWAY_HTTP_OPTS(&c),
@@ -582,6 +633,7 @@ cmd_gateway(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    etcd_tls_defaults(c.etcd, &c.etcd_ca, &c.etcd_cert, &c.etcd_key, &tls);
     if ((rc = tls_open(&tls, &sec, c.listen)) != 0)
         goto out;
     c.sec = &sec;
@@ -602,6 +654,9 @@ out:
     free(c.preview_scheme);
     free(c.relay_secret);
     free(c.etcd);
+    free(c.etcd_ca);
+    free(c.etcd_cert);
+    free(c.etcd_key);
     free(c.cluster);
     free(relay_secret_file);
     free(log_format);

@@ -309,6 +309,47 @@ Test(cimages, create_by_a_name_only_a_peer_knows, .timeout = 300)
     sbx_client_close(c);
 }
 
+/* A template is served to peers like any image: built on node a (from an
+ * image imported there), a sandbox of it created by its name on node b
+ * fetches it from a by digest (the base's layer blobs, the template's new
+ * layer, config and manifest, each checked) and sees the baked file. */
+Test(cimages, a_template_is_fetched_by_a_peer, .timeout = 300)
+{
+    char dir[256], digest[72], id[64], out[4096], name[64], tname[64], osid[32], want[64];
+    char args[600], code[64];
+    snprintf(osid, sizeof(osid), "tmplbase%d", getpid());
+    snprintf(want, sizeof(want), "ID=%s", osid);
+    build_image("t", osid, dir, digest);
+    int a = 2, b = 0;
+    snprintf(name, sizeof(name), "cl-t-%d:1", getpid());
+    snprintf(tname, sizeof(tname), "cl-tmpl-%d:1", getpid());
+    import_on(a, dir, name);
+    snprintf(args, sizeof(args),
+             "{\"name\":\"%s\",\"from\":\"%s\",\"run\":[\"mkdir -p /usr/share/baked && "
+             "echo baked-%d > /usr/share/baked/f\"]}",
+             tname, name, getpid());
+    cr_assert_eq(node_call(a, "template.build", args, code, out, sizeof(out)), 0,
+                 "template.build on node %d: %s %s", a, code, out);
+    char *dg = strstr(out, "\"digest\":\"");
+    cr_assert_not_null(dg, "template.build answered no digest: %s", out);
+    char tdigest[72];
+    snprintf(tdigest, sizeof(tdigest), "%.71s", dg + strlen("\"digest\":\""));
+    cr_assert(!node_has(b, tdigest), "node %d has the template before the test", b);
+    sbx_client *c = gw_client(0);
+    id_on("template", b, id);
+    create(c, id, tname);
+    cr_assert(node_has(b, tdigest), "node %d created the sandbox without fetching the template",
+              b);
+    char bake[64];
+    snprintf(bake, sizeof(bake), "baked-%d", getpid());
+    exec_out(c, id, "cat /etc/os-release /usr/share/baked/f", out, sizeof(out));
+    cr_assert(strstr(out, want) && strstr(out, bake),
+              "a sandbox of the fetched template shows %s (want %s and %s)", out, want, bake);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+    restore_base();
+}
+
 /* The image on one node only, the sandbox owned by it; that node is killed:
  * the sandbox comes up on the node that took its partition, from the image
  * it fetched when the sandbox was created (the partition's successor). */

@@ -186,6 +186,36 @@ test('terminal: a command typed in shows its output', async () => {
   await page.close();
 });
 
+test('terminal: its size follows the window; stty size inside follows a resize', async () => {
+  const id = sb('size');
+  cli(dev, 'create', id);
+  const page = await newPage(browser);
+  await page.goto(`${dev.http}/console/#/sb/${id}/terminal`);
+  await page.waitForSelector('#term[data-ready="1"]', { timeout: 60000 });
+  await page.click('#term');
+  const dims = () => page.$eval('#term', (e) => [Number(e.dataset.rows), Number(e.dataset.cols)]);
+  // What the shell sees; the output (rows x cols between markers) is not the text typed.
+  const stty = async (tag) => {
+    await page.keyboard.type(`echo ${tag}-$(stty size | tr ' ' x)-end\n`);
+    const h = await page.waitForFunction((t) => {
+      const m = document.querySelector('#term .xterm-rows')?.textContent.match(new RegExp(`${t}-(\\d+)x(\\d+)-end`));
+      return m && [Number(m[1]), Number(m[2])];
+    }, { timeout: 30000 }, tag);
+    return h.jsonValue();
+  };
+  const [r1, c1] = await dims();
+  assert.ok(r1 >= 5 && c1 >= 20, `the terminal has a size: ${r1}x${c1}`);
+  assert.ok(c1 !== 100 || r1 !== 28, 'the terminal is fitted to the window, not left at 100x28');
+  assert.deepEqual(await stty('sz1'), [r1, c1], 'stty size inside is the size sent when it opened');
+  await page.setViewport({ width: 760, height: 480 });
+  await page.waitForFunction((c) => Number(document.querySelector('#term').dataset.cols) < c, { timeout: 10000 }, c1);
+  const [r2, c2] = await dims();
+  assert.ok(r2 < r1 && c2 < c1, `a smaller window, a smaller terminal: ${r1}x${c1} -> ${r2}x${c2}`);
+  assert.deepEqual(await stty('sz2'), [r2, c2], 'stty size inside follows the resize');
+  await shot(page, 'terminal-resized');
+  await page.close();
+});
+
 test('files: an uploaded file appears in sbx ls; download gives its bytes', async () => {
   const id = sb('files');
   cli(dev, 'create', id);

@@ -17,7 +17,10 @@
  * allowed.test and *.wild.test with .3 and denied.test and other.test with
  * .4, TTL 3 s; an HTTP-ish server on every address, port 8080 and 9090; a
  * bulk server on .3:7000 that sends 20 MB, a sink on :7001; a git
- * repository served over plain ("dumb") HTTP on :8000, as git.test.  A private `sbxd dev` per run
+ * repository served over plain ("dumb") HTTP on :8000, as git.test; on :80
+ * a server that answers with the request head it got, as api.test (.3,
+ * which the daemon's --egress-inject file gives an Authorization header with
+ * a secret made per run) and plain.test (.4, no rule).  A private `sbxd dev` per run
  * forwards its sandboxes' lookups to that dnsmasq (--dns-upstream).
  * Everything is removed by name and pid in the suite's fini.
  */
@@ -48,7 +51,7 @@
 static char ns_name[64], ns_path[96], host_if[16], host_ip[16], dns_ip[16], ip_ok[16],
     ip_other[16];
 static pid_t dnsmasq_pid = -1, srv_pids[8], bulk_pid = -1, git_pid = -1;
-static char git_dir[128];
+static char git_dir[128], inject_path[128], secret[64];
 static int nsrv;
 static struct testd *live;
 
@@ -66,7 +69,7 @@ sh(const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-enum mode { M_BODY, M_BULK, M_SINK };
+enum mode { M_BODY, M_BULK, M_SINK, M_ECHO };
 
 /* serve — accept on fd forever: answer BODY, send BULK_BYTES of zeros, or
  * read until the client's end (then close). */
@@ -79,6 +82,24 @@ serve(int fd, enum mode mode)
         if (c < 0)
             continue;
         char buf[512];
+        if (mode == M_ECHO) { /* the request head back, as the body */
+            char head[8192];
+            size_t n = 0;
+            while (n < sizeof(head) - 1) {
+                ssize_t r = read(c, head + n, sizeof(head) - 1 - n);
+                if (r <= 0)
+                    break;
+                n += (size_t)r;
+                head[n] = '\0';
+                if (strstr(head, "\r\n\r\n"))
+                    break;
+            }
+            const char *r = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n";
+            (void)!write(c, r, strlen(r));
+            (void)!write(c, head, n);
+            close(c);
+            continue;
+        }
         if (mode == M_SINK) {
             while (read(c, zeros, sizeof(zeros)) > 0)
                 ;
@@ -214,9 +235,13 @@ suite_up(void)
     up_assert_gt(bulk_pid, 0, "bulk server");
     srv_pids[nsrv] = listen_ns(7001, M_SINK);
     up_assert_gt(srv_pids[nsrv++], 0, "sink server");
+    srv_pids[nsrv] = listen_ns(80, M_ECHO);
+    up_assert_gt(srv_pids[nsrv++], 0, "echo server");
     /* dnsmasq in the test host, in the foreground, answering only its
      * --address names (TTL 3 s), no upstream of its own. */
-    char a1[96], a2[96], a3[96], a4[96], a5[96], la[64];
+    char a1[96], a2[96], a3[96], a4[96], a5[96], a6[96], a7[96], la[64];
+    snprintf(a6, sizeof(a6), "--address=/api.test/%s", ip_ok);
+    snprintf(a7, sizeof(a7), "--address=/plain.test/%s", ip_other);
     snprintf(a5, sizeof(a5), "--address=/git.test/%s", ip_ok);
     snprintf(a1, sizeof(a1), "--address=/allowed.test/%s", ip_ok);
     snprintf(a2, sizeof(a2), "--address=/wild.test/%s", ip_ok);
@@ -233,7 +258,7 @@ suite_up(void)
         dup2(devnull, 2);
         execl("/usr/sbin/dnsmasq", "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
               "--no-resolv", "--no-hosts", "--bind-interfaces", la, "--user=root",
-              "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, (char *)NULL);
+              "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, a6, a7, (char *)NULL);
         _exit(127);
     }
     up_assert_gt(dnsmasq_pid, 0);
@@ -266,9 +291,20 @@ suite_up(void)
         _exit(127);
     }
     up_assert_gt(git_pid, 0);
+    /* The injection rules: a secret of this run, in a file only root reads. */
+    snprintf(secret, sizeof(secret), "sbxsecret-%d-%08x", p, (unsigned)arc4random());
+    snprintf(inject_path, sizeof(inject_path), "/tmp/sbx-inject-%s%d.conf", test_prefix(), p);
+    int ifd = open(inject_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    up_assert(ifd >= 0, "%s", inject_path);
+    char rules[256];
+    int rl = snprintf(rules, sizeof(rules), "# test_egress_dns\napi.test Authorization: Bearer %s\n",
+                      secret);
+    up_assert_eq(write(ifd, rules, (size_t)rl), rl, "%s", inject_path);
+    close(ifd);
     /* A private daemon whose sandboxes' resolver forwards to that dnsmasq. */
     live = sbx_xcalloc(1, sizeof(*live));
-    const char *const extra[] = {TESTD_SMALL, "--dns-upstream", dns_ip, NULL};
+    const char *const extra[] = {TESTD_SMALL, "--dns-upstream", dns_ip, "--egress-inject",
+                                 inject_path, NULL};
     up_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
 }
 
@@ -280,6 +316,8 @@ suite_down(void)
         free(live);
         live = NULL;
     }
+    if (inject_path[0])
+        unlink(inject_path);
     stop_child(&dnsmasq_pid);
     stop_child(&git_pid);
     if (git_dir[0])
@@ -744,6 +782,302 @@ Test(egress_dns, git_checkout_reaches_a_named_host)
     out = run(c, id, "cat /workspace/repo/README", &ec);
     cr_expect(strstr(out, "hello-over-git"), "README: %s", out);
     free(out);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* curl_in — plain-HTTP GET of url from the sandbox, with extra curl
+ * arguments; what came back (the echo server's body: the head it got). */
+static char *
+curl_in(sbx_client *c, const char *id, const char *args, const char *url)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "curl -sS --max-time 5 %s %s 2>&1", args, url);
+    int ec;
+    return run(c, id, cmd, &ec);
+}
+
+Test(egress_dns, injected_header_arrives_and_the_secret_stays_outside)
+{
+    sbx_client *c = client();
+    char *id = test_id("inj");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"api.test:80\",\"plain.test:80\"]}");
+    char auth[128];
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", secret);
+    /* The rule's host: the header arrives, the sandbox's own never does. */
+    char *out = curl_in(c, id, "-H 'Authorization: Bearer forged' -H 'authorization: x2'",
+                        "http://api.test/v1/echo");
+    cr_expect(strstr(out, "GET /v1/echo HTTP/1.1") && strstr(out, auth),
+              "the injected header did not arrive: %s", out);
+    cr_expect(!strstr(out, "forged") && !strstr(out, "x2"),
+              "the sandbox's header was forwarded: %s", out);
+    cr_expect(strstr(out, "Connection: close"), "%s", out);
+    free(out);
+    /* An absolute-form target names its own host: refused, nothing sent. */
+    out = curl_in(c, id, "-i --request-target http://evil.test/x", "http://api.test/");
+    cr_expect(strstr(out, "HTTP/1.1 400") && !strstr(out, secret) && !strstr(out, "Host:"),
+              "an absolute-form request to a rule's host: %s", out);
+    free(out);
+    /* A host without a rule: nothing added, its own header as it was. */
+    out = curl_in(c, id, "-H 'Authorization: mine'", "http://plain.test/");
+    cr_expect(strstr(out, "Authorization: mine") && !strstr(out, secret),
+              "plain.test (no rule): %s", out);
+    free(out);
+    /* The rule's Host aimed at an address the resolver gave for another
+     * name: nothing added. */
+    out = curl_in(c, id, "", "http://plain.test/"); /* pins its address */
+    free(out);
+    char res[96];
+    snprintf(res, sizeof(res), "--resolve api.test:80:%s", ip_other);
+    out = curl_in(c, id, res, "http://api.test/");
+    cr_expect(strstr(out, "Host: api.test") && !strstr(out, secret),
+              "the header went to another name's address: %s", out);
+    free(out);
+    /* The secret exists nowhere in the sandbox: its environment, the
+     * environ and cmdline of each of its processes, its files (all of /
+     * but /proc, /sys, /dev and the host's read-only /usr, which no sandbox
+     * or deployment writes to).  The needle is given reversed, so the
+     * searching process's own cmdline does not hold it. */
+    char rev[64];
+    size_t sl = strlen(secret);
+    for (size_t i = 0; i < sl; i++)
+        rev[i] = secret[sl - 1 - i];
+    rev[sl] = '\0';
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c \"\n"
+             "import os, sys, glob\n"
+             "s = sys.argv[1][::-1].encode()\n"
+             "hits, n = [], 0\n"
+             "if any(s in (k + '=' + v).encode() for k, v in os.environ.items()): hits.append('env')\n"
+             "for f in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
+             "    try:\n"
+             "        n += 1\n"
+             "        if s in open(f, 'rb').read(): hits.append(f)\n"
+             "    except OSError: pass\n"
+             "for root, dirs, files in os.walk('/'):\n"
+             "    if root == '/': dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'dev', 'usr')]\n"
+             "    for name in files:\n"
+             "        p = os.path.join(root, name)\n"
+             "        try:\n"
+             "            if os.path.islink(p) or not os.path.isfile(p): continue\n"
+             "            n += 1\n"
+             "            if s in open(p, 'rb').read(1 << 24): hits.append(p)\n"
+             "        except OSError: pass\n"
+             "print('HITS', hits, 'SCANNED', n)\n"
+             "\" %s",
+             rev);
+    int ec;
+    out = run(c, id, cmd, &ec);
+    cr_expect(strstr(out, "HITS [] SCANNED"), "the secret is visible in the sandbox: %s", out);
+    int scanned = 0;
+    char *sc = strstr(out, "SCANNED ");
+    if (sc)
+        scanned = atoi(sc + 8);
+    cr_expect_gt(scanned, 20, "the search read too little to mean anything: %s", out);
+    free(out);
+    /* Nor in the daemon's log. */
+    char *log = NULL;
+    size_t loglen = 0;
+    cr_assert_eq(sbx_fs_read(live->log, 64 << 20, &log, &loglen), 0, "%s", live->log);
+    cr_expect(!memmem(log, loglen, secret, strlen(secret)), "the secret is in %s", live->log);
+    free(log);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+Test(egress_dns, injection_keeps_the_policy)
+{
+    sbx_client *c = client();
+    char *id = test_id("inj-no");
+    /* api.test is not allowed: no answer, and its address is refused (no
+     * header goes anywhere). */
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"plain.test:80\"]}");
+    char a[64];
+    lookup(c, id, "api.test", a, sizeof(a));
+    cr_expect_str_eq(a, "", "api.test resolved to %s", a);
+    char res[96];
+    snprintf(res, sizeof(res), "--resolve api.test:80:%s", ip_ok);
+    char *out = curl_in(c, id, res, "http://api.test/");
+    cr_expect(!strstr(out, "HTTP/1") && !strstr(out, secret) && !strstr(out, "Host:"),
+              "a host the policy does not allow was reached: %s", out);
+    free(out);
+    /* Allowed on another port only (443): port 80 is not opened by the
+     * rule, through the proxy or not. */
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    cr_assert_eq(sbx_call_json(c, "sandbox.configure", id,
+                               "{\"network\":{\"mode\":\"egress\",\"allow\":[\"api.test:443\"]}}",
+                               30000, &r, &err),
+                 0, "configure: %s", err.message);
+    sbx_reply_free(r);
+    sbx_error_free(&err);
+    lookup(c, id, "api.test", a, sizeof(a));
+    cr_expect_str_eq(a, ip_ok);
+    out = curl_in(c, id, "", "http://api.test/");
+    cr_expect(!strstr(out, secret) && !strstr(out, "Host:"), "port 80 reached: %s", out);
+    free(out);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* ask_tcp — the sandbox asks its resolver (or addr) for name's A record
+ * over TCP (RFC 7766 framing), in Python: "rcode R addr A" (A the first
+ * address, or "-"). */
+static char *
+ask_tcp(sbx_client *c, const char *id, const char *name)
+{
+    char cmd[1536];
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c \"\n"
+             "import socket, struct, sys\n"
+             "n = sys.argv[1]\n"
+             "q = b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00' + "
+             "b''.join(bytes([len(l)]) + l.encode() for l in n.split('.')) + b'\\x00\\x00\\x01\\x00\\x01'\n"
+             "s = socket.create_connection(('" RESOLVER "', 53), timeout=8)\n"
+             "s.sendall(struct.pack('!H', len(q)) + q)\n"
+             "def rd(k):\n"
+             "    b = b''\n"
+             "    while len(b) < k:\n"
+             "        x = s.recv(k - len(b))\n"
+             "        if not x: raise SystemExit('closed')\n"
+             "        b += x\n"
+             "    return b\n"
+             "r = rd(struct.unpack('!H', rd(2))[0])\n"
+             "a = '-'\n"
+             "if struct.unpack('!H', r[6:8])[0] > 0 and r[-6:-4] == b'\\x00\\x04': a = socket.inet_ntoa(r[-4:])\n"
+             "print('rcode', r[3] & 15, 'addr', a, 'id', r[0:2].hex())\n"
+             "\" %s 2>&1",
+             name);
+    int ec;
+    return run(c, id, cmd, &ec);
+}
+
+Test(egress_dns, dns_over_tcp_answers_and_pins)
+{
+    sbx_client *c = client();
+    char *id = test_id("dns-tcp");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"allowed.test:8080\"]}");
+    cr_expect(!fetch(c, id, ip_ok, 8080), "%s reached before a lookup", ip_ok);
+    char *out = ask_tcp(c, id, "allowed.test");
+    char want[96];
+    snprintf(want, sizeof(want), "rcode 0 addr %s id 1234", ip_ok);
+    cr_expect(strstr(out, want), "over TCP: %s", out);
+    free(out);
+    /* The TCP answer pinned the address as a UDP one does. */
+    cr_expect(fetch(c, id, ip_ok, 8080), "not reached after a lookup over TCP");
+    out = ask_tcp(c, id, "other.test");
+    cr_expect(strstr(out, "rcode 5 addr -"), "an unlisted name over TCP: %s", out);
+    free(out);
+    /* glibc's own client over TCP (RES_OPTIONS=use-vc). */
+    int ec;
+    out = run(c, id, "RES_OPTIONS=use-vc getent ahostsv4 allowed.test | awk 'NR==1 {print $1}'",
+              &ec);
+    cr_expect(!strncmp(out, ip_ok, strlen(ip_ok)), "use-vc lookup: '%s'", out);
+    free(out);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* servfail_ns — a child in the test host answering every UDP query on
+ * addr:port with SERVFAIL. */
+static pid_t
+servfail_ns(const char *addr, int port)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nfd = open(ns_path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
+            _exit(126);
+        char py[512];
+        snprintf(py, sizeof(py),
+                 "import socket\n"
+                 "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                 "s.bind(('%s', %d))\n"
+                 "while True:\n"
+                 "    q, a = s.recvfrom(4096)\n"
+                 "    r = bytearray(q); r[2] |= 0x80; r[3] = (r[3] & 0xf0) | 2\n"
+                 "    s.sendto(bytes(r), a)\n",
+                 addr, port);
+        execl("/usr/bin/python3", "python3", "-c", py, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+Test(egress_dns, upstream_failover)
+{
+    /* A daemon whose first upstream answers SERVFAIL, whose second is
+     * silent (nothing listens there), and whose third is the dnsmasq. */
+    pid_t sf = servfail_ns(ip_other, 5300);
+    cr_assert_gt(sf, 0);
+    usleep(300 * 1000);
+    char ups[128];
+    snprintf(ups, sizeof(ups), "%s:5300,%s:5353,%s", ip_other, ip_ok, dns_ip);
+    struct testd *d2 = sbx_xcalloc(1, sizeof(*d2));
+    const char *const extra[] = {TESTD_SMALL, "--dns-upstream", ups, NULL};
+    int started = testd_start(d2, 1, extra);
+    sbx_client *c = NULL;
+    sbx_error err = {0};
+    char *id = test_id("dns-fo");
+    if (started == 0 && sbx_client_open(&c, d2->url, &err) == 0) {
+        create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"allowed.test:8080\"]}");
+        char a[64];
+        lookup(c, id, "allowed.test", a, sizeof(a));
+        cr_expect_str_eq(a, ip_ok, "over UDP past a SERVFAIL and a silent upstream: '%s'", a);
+        cr_expect(fetch(c, id, "allowed.test", 8080), "allowed.test:8080 not reached");
+        char *out = ask_tcp(c, id, "wild.test");
+        cr_expect(strstr(out, "rcode 5"), "wild.test is not allowed: %s", out);
+        free(out);
+        out = ask_tcp(c, id, "allowed.test");
+        char want[64];
+        snprintf(want, sizeof(want), "rcode 0 addr %s", ip_ok);
+        cr_expect(strstr(out, want), "over TCP past the failing upstreams: %s", out);
+        free(out);
+        destroy(c, id);
+        sbx_client_close(c);
+    } else {
+        cr_expect(false, "the second daemon: %s", started ? "did not start" : err.message);
+    }
+    sbx_error_free(&err);
+    free(id);
+    testd_stop(d2);
+    free(d2);
+    stop_child(&sf);
+}
+
+/* Figures, not assertions: the time of a plain-HTTP request from a sandbox
+ * after its name is resolved (curl's time_total less time_namelookup:
+ * connect, request, answer), through the injecting proxy (api.test) and
+ * straight (plain.test), 40 each, p50 / p90. */
+Test(egress_dns, injection_round_trip_figures)
+{
+    sbx_client *c = client();
+    char *id = test_id("inj-fig");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"api.test:80\",\"plain.test:80\"]}");
+    const char *hosts[] = {"api.test", "plain.test"};
+    double p50[2] = {0}, p90[2] = {0};
+    for (int h = 0; h < 2; h++) {
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd),
+                 "for i in $(seq 40); do curl -s -o /dev/null -w '%%{time_total} "
+                 "%%{time_namelookup}\\n' http://%s/; done | awk '{printf \"%%.3f\\n\", "
+                 "($1 - $2) * 1000}' | sort -n | awk '{v[NR]=$1} END {print v[int(NR*0.5)], "
+                 "v[int(NR*0.9)]}'",
+                 hosts[h]);
+        int ec;
+        char *out = run(c, id, cmd, &ec);
+        cr_expect_eq(sscanf(out, "%lf %lf", &p50[h], &p90[h]), 2, "%s: %s", hosts[h], out);
+        free(out);
+    }
+    fprintf(stderr,
+            "egress_dns: plain-HTTP request after lookup p50/p90: through the injecting proxy "
+            "%.3f / %.3f ms; straight %.3f / %.3f ms\n",
+            p50[0], p90[0], p50[1], p90[1]);
     destroy(c, id);
     free(id);
     sbx_client_close(c);

@@ -1,66 +1,98 @@
-// `sbx mcp` with the official MCP TypeScript SDK as the client (tests/mcp/run-tests.sh):
+// `sbx mcp` (stdio) and MCP over streamable HTTP on the gateway's front (/mcp),
+// each with the official MCP TypeScript SDK as the client (tests/mcp/run-tests.sh):
 // the handshake, the tool list and its input schemas (from the operation schema),
-// each tool called on a real sandbox of a private `sbxd dev`, and errors as MCP
-// tool errors (isError) or, for an unknown tool, a JSON-RPC error.
+// each tool called on a real sandbox of a private `sbxd dev`, progress, cancellation,
+// and errors as MCP tool errors (isError) or, for an unknown tool, a JSON-RPC error;
+// then what only HTTP has: sessions, keys (a bad key refused), the Origin check.
 import { spawn, spawnSync } from 'node:child_process';
 import assert from 'node:assert/strict';
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { after, before, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { McpError } from '@modelcontextprotocol/sdk/types.js';
 
 const bin = path.resolve(process.env.SBX_BIN);
 const mark = /^[a-z0-9]{1,8}$/.test(process.env.SBX_TEST_PREFIX ?? '') ? process.env.SBX_TEST_PREFIX : '';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const sandbox = `mcp-${mark}${process.pid}`;
+const daemons = [];
 
-let dataDir, daemon, gateway, client;
-
-before(async () => {
-  dataDir = mkdtempSync(`/tmp/sbx-mcp-${mark}`);
-  gateway = `ipc://${dataDir}/gw.sock`;
+/** A private `sbxd dev` (extra: more arguments; key: its API key, if it has keys);
+ * {dataDir, gateway, http, proc} once ready. */
+async function startDaemon(extra = [], key = '') {
+  const dataDir = mkdtempSync(`/tmp/sbx-mcp-${mark}`);
+  const gateway = `ipc://${dataDir}/gw.sock`;
   const name = 'mcp' + mark + Math.random().toString(36).slice(2, 10).replace(/[^a-z]/g, 'x');
   const fd = openSync(path.join(dataDir, 'sbxd.log'), 'a');
-  daemon = spawn(path.join(bin, 'sbxd'),
+  const proc = spawn(path.join(bin, 'sbxd'),
     ['dev', '--data', dataDir, '--listen', gateway, '--name', name, '--shards', '1',
-     '--http', '127.0.0.1:0', '--pool', '0'], { stdio: ['ignore', fd, fd] });
+     '--http', '127.0.0.1:0', '--pool', '0', ...extra], { stdio: ['ignore', fd, fd] });
   closeSync(fd);
-  // Ready when the gateway answers and every shard is healthy.
+  const d = { dataDir, gateway, proc };
+  daemons.push(d);
+  // Ready when the gateway answers, every shard is healthy and the front wrote its address.
   const ready = () => {
-    const st = spawnSync(path.join(bin, 'sbx'), ['--gateway', gateway, '--json', 'cluster', 'status']);
+    const env = key ? { ...process.env, SBX_API_KEY: key } : process.env;
+    const st = spawnSync(path.join(bin, 'sbx'), ['--gateway', gateway, '--json', 'cluster', 'status'], { env });
     try {
       const shards = JSON.parse(st.stdout.toString()).shards;
-      return st.status === 0 && shards.length > 0 && shards.every((s) => s.health === 'ok');
+      return st.status === 0 && shards.length > 0 && shards.every((s) => s.health === 'ok') &&
+             existsSync(path.join(dataDir, 'http.addr'));
     } catch {
       return false;
     }
   };
   for (let i = 0; ; i++) {
     if (ready()) break;
-    if (i > 300 || daemon.exitCode !== null) {
+    if (i > 300 || proc.exitCode !== null) {
       throw new Error('sbxd did not come up:\n' + readFileSync(path.join(dataDir, 'sbxd.log'), 'utf8').slice(-2000));
     }
     await sleep(100);
   }
+  d.http = 'http://' + readFileSync(path.join(dataDir, 'http.addr'), 'utf8').trim().replace(/^http:\/\//, '');
+  return d;
+}
+
+let dev;
+
+before(async () => {
+  dev = await startDaemon();
+});
+
+after(async () => {
+  for (const d of daemons) {
+    if (d.proc.exitCode === null) {
+      const gone = new Promise((r) => d.proc.once('exit', r));
+      d.proc.kill('SIGTERM');
+      const t = setTimeout(() => d.proc.kill('SIGKILL'), 20000);
+      await gone;
+      clearTimeout(t);
+    }
+    if (existsSync(d.dataDir)) rmSync(d.dataDir, { recursive: true, force: true });
+  }
+});
+
+const transports = {
+  stdio: () => new StdioClientTransport({
+    command: path.join(bin, 'sbx'), args: ['--gateway', dev.gateway, 'mcp'], stderr: 'inherit',
+  }),
+  http: () => new StreamableHTTPClientTransport(new URL(`${dev.http}/mcp`)),
+};
+
+for (const [kind, transport] of Object.entries(transports)) describe(`MCP over ${kind}`, () => {
+const sandbox = `mcp-${kind}-${mark}${process.pid}`;
+let client;
+
+before(async () => {
   client = new Client({ name: 'sbx-mcp-test', version: '1.0.0' });
-  await client.connect(new StdioClientTransport({
-    command: path.join(bin, 'sbx'), args: ['--gateway', gateway, 'mcp'], stderr: 'inherit',
-  }));
+  await client.connect(transport());
 });
 
 after(async () => {
   if (client) await client.close();
-  if (daemon && daemon.exitCode === null) {
-    const gone = new Promise((r) => daemon.once('exit', r));
-    daemon.kill('SIGTERM');
-    const t = setTimeout(() => daemon.kill('SIGKILL'), 20000);
-    await gone;
-    clearTimeout(t);
-  }
-  if (dataDir && existsSync(dataDir)) rmSync(dataDir, { recursive: true, force: true });
 });
 
 const call = (name, args) => client.callTool({ name, arguments: args });
@@ -208,4 +240,68 @@ test('errors are MCP tool errors with the sbx code', async () => {
 
 test('an unknown tool is a JSON-RPC invalid-params error', async () => {
   await assert.rejects(call('no_such_tool', {}), (e) => e instanceof McpError && e.code === -32602);
+});
+});
+
+describe('MCP over HTTP only', () => {
+  const init = {
+    jsonrpc: '2.0', id: 1, method: 'initialize',
+    params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+  };
+  const post = (url, body, headers = {}) => fetch(url, {
+    method: 'POST', body: JSON.stringify(body),
+    headers: { 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream', ...headers },
+  });
+
+  test('sessions: initialize opens one, DELETE ends it, then it is unknown (404)', async () => {
+    const url = `${dev.http}/mcp`;
+    let r = await post(url, init);
+    assert.equal(r.status, 200);
+    const sid = r.headers.get('mcp-session-id');
+    assert.match(sid ?? '', /^[0-9a-f]{32}$/);
+    assert.equal((await r.json()).result.serverInfo.name, 'sbx');
+    r = await post(url, { jsonrpc: '2.0', id: 2, method: 'tools/list' });
+    assert.equal(r.status, 400, 'a request without its session is refused');
+    r = await post(url, { jsonrpc: '2.0', id: 2, method: 'tools/list' }, { 'Mcp-Session-Id': sid });
+    assert.equal(r.status, 200);
+    assert.equal((await r.json()).result.tools.length, 10);
+    r = await post(url, { jsonrpc: '2.0', method: 'notifications/initialized' }, { 'Mcp-Session-Id': sid });
+    assert.equal(r.status, 202);
+    assert.equal((await fetch(url)).status, 405, 'no server-initiated stream: GET is 405');
+    r = await fetch(url, { method: 'DELETE', headers: { 'Mcp-Session-Id': sid } });
+    assert.equal(r.status, 204);
+    r = await post(url, { jsonrpc: '2.0', id: 3, method: 'ping' }, { 'Mcp-Session-Id': sid });
+    assert.equal(r.status, 404, 'an ended session is unknown');
+  });
+
+  test('keyless: a page of another origin is refused (DNS rebinding), so is a non-JSON POST', async () => {
+    const url = `${dev.http}/mcp`;
+    let r = await post(url, init, { Origin: 'http://evil.example' });
+    assert.equal(r.status, 403);
+    r = await fetch(url, { method: 'POST', body: JSON.stringify(init), headers: { 'Content-Type': 'text/plain' } });
+    assert.equal(r.status, 415, 'a simple (pre-flight-free) POST is refused');
+  });
+
+  test('with API keys: the right key works, a bad or missing key is refused', async () => {
+    const key = 'mcp-test-key-' + Math.random().toString(36).slice(2).padEnd(12, 'x');
+    const keyfile = path.join(dev.dataDir, 'api-keys');
+    writeFileSync(keyfile, key + '\n', { mode: 0o600 });
+    const kd = await startDaemon(['--api-keys', keyfile], key);
+    const url = new URL(`${kd.http}/mcp`);
+    const auth = (k) => ({ requestInit: { headers: { Authorization: `Bearer ${k}` } } });
+    const good = new Client({ name: 'sbx-mcp-test', version: '1.0.0' });
+    await good.connect(new StreamableHTTPClientTransport(url, auth(key)));
+    const sb = `mcp-key-${mark}${process.pid}`;
+    const r = await good.callTool({ name: 'exec', arguments: { sandbox: sb, command: 'echo keyed' } });
+    assert.equal(r.isError, false, JSON.stringify(r.content));
+    assert.equal(r.structuredContent.stdout, 'keyed\n');
+    await good.callTool({ name: 'sandbox_destroy', arguments: { sandbox: sb } });
+    await good.close();
+    const bad = new Client({ name: 'sbx-mcp-test', version: '1.0.0' });
+    await assert.rejects(bad.connect(new StreamableHTTPClientTransport(url, auth(key + 'x'))),
+                         (e) => e.code === 401 && /UNAUTHORIZED/.test(String(e)), 'a wrong key');
+    const none = new Client({ name: 'sbx-mcp-test', version: '1.0.0' });
+    await assert.rejects(none.connect(new StreamableHTTPClientTransport(url)),
+                         (e) => e.code === 401 && /UNAUTHORIZED/.test(String(e)), 'no key');
+  });
 });

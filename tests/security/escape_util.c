@@ -94,6 +94,25 @@ py(sbx_client *c, const char *id, const char *body)
     return j;
 }
 
+/* escape_create — see escape_util.h. */
+void
+escape_create(sbx_client *c, const char *id, const char *mode)
+{
+    char args[512];
+    if (!strcmp(mode, "egress"))
+        snprintf(args, sizeof(args),
+                 "{\"network\":{\"mode\":\"egress\",\"allow\":[\"0.0.0.0/0\",\"10.0.0.0/8\","
+                 "\"172.16.0.0/12\",\"192.168.0.0/16\",\"100.64.0.0/10\"]}}");
+    else
+        snprintf(args, sizeof(args), "{\"network\":{\"mode\":\"%s\"}}", mode);
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    cr_assert_eq(sbx_call_json(c, "create", id, args, 30000, &r, &err), 0, "create %s (%s): %s",
+                 id, mode, err.message);
+    sbx_reply_free(r);
+    sbx_error_free(&err);
+}
+
 /* want — the string at `key` is `expect` (one of several: "EACCES|EROFS"). */
 void
 want(json_t *o, const char *key, const char *expect, const char *what)

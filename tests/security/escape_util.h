@@ -8,6 +8,8 @@
 #ifndef SBX_TEST_ESCAPE_UTIL_H
 #define SBX_TEST_ESCAPE_UTIL_H
 
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <jansson.h>
 #include <stdio.h>
 
@@ -40,6 +42,23 @@ char *sh_out(sbx_client *c, const char *id, const char *cmd);
         fprintf(stderr, "[NOTE] " __VA_ARGS__);                                              \
         fputc('\n', stderr);                                                                 \
     } while (0)
+
+/* escape_create — create sandbox id with network mode `mode`: "none" (the
+ * default: lo only) or "egress" under the widest policy a sandbox can ask
+ * for (0.0.0.0/0 and every private range allowed), so what stays
+ * unreachable does so whatever the policy (docs/network.md §Policy).  The
+ * network-facing escape tests run once per mode (ESCAPE_NET_MODES). */
+void escape_create(sbx_client *c, const char *id, const char *mode);
+/* The parameter: a copy reaches the test's worker process, so no pointer. */
+struct escape_mode {
+    char name[8];
+};
+#define ESCAPE_NET_MODES(suite, test)                                                        \
+    ParameterizedTestParameters(suite, test)                                                 \
+    {                                                                                        \
+        static struct escape_mode modes[] = {{"none"}, {"egress"}};                          \
+        return cr_make_param_array(struct escape_mode, modes, 2);                            \
+    }
 
 /* one sandbox per test, destroyed at the end */
 #define SANDBOX(prefix)                                                                      \

@@ -56,9 +56,24 @@ host_tcp_listener(int *port)
     return s;
 }
 
-Test(escape, only_loopback_and_host_ports_are_unreachable)
+/* The port of the gateway the suite talks to (SBX_TEST_URL, tcp://HOST:PORT),
+ * or 0. */
+static int
+gateway_port(void)
+{
+    const char *u = test_url(), *colon = strrchr(u, ':');
+    return colon && strncmp(u, "tcp://", 6) == 0 ? atoi(colon + 1) : 0;
+}
+
+/* Once per network mode (none, egress under the widest policy): the host's
+ * addresses on a port it serves, on 80, on the gateway's and etcd's ports,
+ * the metadata address, another sandbox, the host's loopback. */
+ESCAPE_NET_MODES(escape, only_loopback_and_host_ports_are_unreachable)
+ParameterizedTest(struct escape_mode *mode, escape, only_loopback_and_host_ports_are_unreachable)
 {
     SANDBOX("net");
+    bool egress = !strcmp(mode->name, "egress");
+    escape_create(c, id, mode->name);
     int port;
     int ls = host_tcp_listener(&port);
     /* Control: the host itself reaches the listener. */
@@ -70,8 +85,20 @@ Test(escape, only_loopback_and_host_ports_are_unreachable)
     int acc = accept(ls, NULL, NULL);
     cr_assert(acc >= 0);
     close(acc);
-    /* The host's own addresses (every non-loopback IPv4 address) and the
-     * cloud metadata address. */
+    /* Another sandbox of the same mode, serving on its address (egress:
+     * one it has; none: it has none). */
+    char *other = test_id("net-peer");
+    escape_create(c, other, mode->name);
+    char *oip = sh_out(c, other,
+                       "python3 -c 'import socket,os\n"
+                       "s=socket.socket(); s.bind((\"0.0.0.0\",8080)); s.listen()\n"
+                       "if os.fork(): os._exit(0)\n"
+                       "while True:\n c,_=s.accept(); c.close()' </dev/null >/dev/null 2>&1; "
+                       "ip -o -4 addr show eth0 2>/dev/null | awk '{print $4}' | cut -d/ -f1");
+    oip[strcspn(oip, "\n")] = '\0';
+    cr_expect_eq(oip[0] != '\0', egress, "the other sandbox's address: '%s'", oip);
+    /* The host's own addresses (every non-loopback IPv4 address), the cloud
+     * metadata address and the other sandbox. */
     char *body = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&body, &len);
@@ -92,11 +119,13 @@ Test(escape, only_loopback_and_host_ports_are_unreachable)
         }
         freeifaddrs(ifa);
     }
-    fprintf(f, "'169.254.169.254']\nPORT = %d\n", port);
+    fprintf(f, "'169.254.169.254']\nPORTS = [%d, 80, %d, 2379, 2380]\nOTHER = '%s'\n", port,
+            gateway_port(), oip);
     fprintf(f,
+            "import concurrent.futures\n"
             "def conn(host, port):\n"
             "    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
-            "    s.settimeout(5)\n"
+            "    s.settimeout(3)\n"
             "    try:\n"
             "        s.connect((host, port))\n"
             "        return 'CONNECTED'\n"
@@ -107,29 +136,45 @@ Test(escape, only_loopback_and_host_ports_are_unreachable)
             "    finally:\n"
             "        s.close()\n"
             "r = {'ifaces': [n for i, n in socket.if_nameindex()]}\n"
-            "r['loopback_port'] = conn('127.0.0.1', PORT)\n"
-            "r['addrs'] = {a: conn(a, PORT) for a in ADDRS}\n"
-            "r['addrs80'] = {a: conn(a, 80) for a in ADDRS}\n"
+            "r['loopback_port'] = conn('127.0.0.1', PORTS[0])\n"
+            "keys = [(a, p) for a in ADDRS for p in PORTS if p] + ([(OTHER, 8080)] if OTHER else [])\n"
+            "with concurrent.futures.ThreadPoolExecutor(32) as ex:\n"
+            "    r['addrs'] = {'%%s:%%d' %% k: v for k, v in zip(keys, ex.map(lambda k: conn(*k), keys))}\n"
             "r['routes'] = open('/proc/net/route').read().splitlines()[1:]\n"
             "print(json.dumps(r))\n");
     fclose(f);
     json_t *j = py(c, id, body);
     free(body);
     char *s = json_dumps(jget(j, "ifaces"), JSON_COMPACT);
-    cr_expect_str_eq(s, "[\"lo\"]", "interfaces: %s", s);
+    cr_expect_str_eq(s, egress ? "[\"lo\",\"eth0\"]" : "[\"lo\"]", "interfaces: %s", s);
     free(s);
     /* 127.0.0.1 inside is the sandbox's own loopback: nobody listens. */
     want(j, "loopback_port", "ECONNREFUSED", "the host's 127.0.0.1 port");
+    /* none: no route at all.  egress: refused by the router (a reset), or,
+     * for a host address that came after the router was made, dropped by
+     * the host's table (a timeout); never connected. */
     const char *k;
     json_t *v;
-    json_object_foreach(jget(j, "addrs"), k, v)
-        cr_expect_str_eq(json_string_value(v), "ENETUNREACH", "connect %s:%d: %s", k, port,
-                         json_string_value(v));
-    json_object_foreach(jget(j, "addrs80"), k, v)
-        cr_expect_str_eq(json_string_value(v), "ENETUNREACH", "connect %s:80: %s", k,
-                         json_string_value(v));
-    cr_expect_eq(json_array_size(jget(j, "routes")), 0, "routes inside: %s",
-                 json_dumps(jget(j, "routes"), 0));
+    json_object_foreach(jget(j, "addrs"), k, v) {
+        const char *got = json_string_value(v);
+        if (egress)
+            cr_expect(!strcmp(got, "ECONNREFUSED") || !strcmp(got, "TIMEOUT"),
+                      "egress: connect %s: %s", k, got);
+        else
+            cr_expect_str_eq(got, "ENETUNREACH", "connect %s: %s", k, got);
+    }
+    if (egress) {
+        const char *md = json_string_value(json_object_get(jget(j, "addrs"),
+                                                           "169.254.169.254:80"));
+        cr_expect(md && !strcmp(md, "ECONNREFUSED"), "the metadata address: %s", md ? md : "-");
+        char ok[64];
+        snprintf(ok, sizeof(ok), "%s:8080", oip);
+        cr_expect(json_object_get(jget(j, "addrs"), ok) != NULL, "the other sandbox not tried");
+    }
+    /* none: no route; egress: one, the default route via its router. */
+    size_t nroutes = json_array_size(jget(j, "routes"));
+    cr_expect(egress ? nroutes >= 1 : nroutes == 0, "routes inside: %s",
+              json_dumps(jget(j, "routes"), 0));
     if (naddr == 0)
         kernel_note("the host has no non-loopback IPv4 address; only the metadata address was tried");
     json_decref(j);
@@ -141,12 +186,17 @@ Test(escape, only_loopback_and_host_ports_are_unreachable)
     if (acc >= 0)
         close(acc);
     close(ls);
+    free(oip);
+    tdone(c, other);
     DONE();
 }
 
-Test(escape, host_unix_sockets_are_unreachable)
+/* Once per network mode: an egress sandbox's netns is its own too. */
+ESCAPE_NET_MODES(escape, host_unix_sockets_are_unreachable)
+ParameterizedTest(struct escape_mode *mode, escape, host_unix_sockets_are_unreachable)
 {
     SANDBOX("unix");
+    escape_create(c, id, mode->name);
     /* An abstract socket on the host: that namespace belongs to the network
      * namespace (unix(7)), so the sandbox's is another one (CVE-2020-15257). */
     char name[64];

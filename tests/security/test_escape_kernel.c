@@ -607,9 +607,13 @@ Test(escape, personality_flags_are_refused)
     DONE();
 }
 
-Test(escape, special_socket_families_are_refused)
+/* Once per network mode (none, egress under the widest policy): raw sockets,
+ * netlink families and network configuration stay refused with an eth0. */
+ESCAPE_NET_MODES(escape, special_socket_families_are_refused)
+ParameterizedTest(struct escape_mode *mode, escape, special_socket_families_are_refused)
 {
     SANDBOX("sock");
+    escape_create(c, id, mode->name);
     static const struct sysprobe p[] = {
         /* The filter answers EAFNOSUPPORT without the kernel looking at the
          * family (this kernel lacks AF_ALG; the oracle sees the rule). */
@@ -670,6 +674,29 @@ Test(escape, special_socket_families_are_refused)
     sbx_exec_result r = tsh(c, id, "ip link add sbx0 type dummy 2>&1; echo rc=$?", 20000);
     cr_expect(strstr(r.stdout_data, "rc=0") == NULL, "ip link add: %s", r.stdout_data);
     sbx_exec_result_free(&r);
+    if (!strcmp(mode->name, "egress")) {
+        /* Over netlink (rtnetlink and nfnetlink through ip and nft): its
+         * address, route, link and the nft rules stay as they were; each
+         * line counts one change that went through. */
+        char *before = sh_out(c, id, "ip -o -4 addr show eth0; ip route");
+        char *out = sh_out(c, id,
+                           "ok=0; nft flush ruleset 2>/dev/null && ok=$((ok+1)); "
+                           "nft add table inet t 2>/dev/null && ok=$((ok+1)); "
+                           "ip addr add 10.88.255.1/32 dev eth0 2>/dev/null && ok=$((ok+1)); "
+                           "ip addr flush dev eth0 2>/dev/null && ok=$((ok+1)); "
+                           "ip route replace default dev eth0 2>/dev/null && ok=$((ok+1)); "
+                           "ip route add 169.254.169.254/32 dev eth0 2>/dev/null && ok=$((ok+1)); "
+                           "ip link set eth0 down 2>/dev/null && ok=$((ok+1)); "
+                           "ip link set eth0 address 02:00:00:00:00:01 2>/dev/null && "
+                           "ok=$((ok+1)); echo changed=$ok");
+        char *after = sh_out(c, id, "ip -o -4 addr show eth0; ip route");
+        cr_expect(strstr(out, "changed=0") != NULL, "root inside changed its network: %s", out);
+        cr_expect_str_eq(after, before, "eth0 or its routes changed");
+        cr_expect(strstr(before, "eth0") && strstr(before, "default via"), "%s", before);
+        free(before);
+        free(out);
+        free(after);
+    }
     DONE();
 }
 

@@ -63,6 +63,12 @@ make_key(sbx_client *admin, const char *tenant, char out[80])
     tc_free(&t);
 }
 
+/* What a test started, for the suite's fini when an assertion ends the
+ * test before it stops it (a copy: the test's own struct is on a stack that
+ * is gone by then). */
+static struct tenv live_env;
+static bool live_on;
+
 /* Start a keyed daemon, tenants a and b (a's quotas as given), one key each. */
 static void
 tenv_start(struct tenv *e, int64_t a_max, int64_t a_rate)
@@ -80,6 +86,12 @@ tenv_start(struct tenv *e, int64_t a_max, int64_t a_rate)
     setenv("SBX_API_KEY", e->admin, 1); /* testd_start's readiness check calls the gateway */
     int rc = testd_start(&e->d, 2, extra);
     unsetenv("SBX_API_KEY");
+    if (rc == 0) {
+        live_env = *e;
+        live_on = true;
+    } else {
+        unlink(e->keyfile);
+    }
     cr_assert_eq(rc, 0, "cannot start sbxd with --api-keys");
     char path[512], *text = NULL;
     size_t n;
@@ -109,7 +121,22 @@ tenv_stop(struct tenv *e)
     testd_stop(&e->d);
     unlink(e->keyfile);
     free(e->http);
+    live_on = false;
 }
+
+/* The suite's fini: stops what a test that failed before its *_stop left
+ * (its daemon by pid, its key file, a second gateway). */
+static void
+fini(void)
+{
+    if (live_on) {
+        testd_stop(&live_env.d);
+        unlink(live_env.keyfile);
+        live_on = false;
+    }
+}
+
+TestSuite(tenants, .fini = fini);
 
 /* b's victim: a secret file and labels; returns b's client. */
 static sbx_client *
@@ -382,8 +409,8 @@ Test(tenants, nng_tenants_are_namespaces, .timeout = 240)
     cr_assert_str_eq(t.err.code, "UNAUTHORIZED");
     tc_free(&t);
     sbx_client_close(wrong);
-    const char *admin_ops[] = {"tenant.list", "key.list", "cluster.status", "metrics",
-                               "backup.list", NULL};
+    /* (backup.list is a tenant's own backups: test_tenant_limits.c) */
+    const char *admin_ops[] = {"tenant.list", "key.list", "cluster.status", "metrics", NULL};
     for (int i = 0; admin_ops[i]; i++) {
         t = tc_call(a, admin_ops[i], NULL, NULL, 0);
         cr_assert_str_eq(t.err.code, "PERMISSION_DENIED", "%s by a tenant key: %s", admin_ops[i],

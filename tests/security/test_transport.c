@@ -472,3 +472,239 @@ Test(transport, plaintext_listen_off_loopback_is_refused_at_start, .timeout = 12
     cr_expect_neq(access(data, F_OK), 0, "the refused shard created its data directory");
     pki_remove(&p);
 }
+
+/* etcd over https with client certificates (docs/security.md, Transports):
+ * a shard and a gateway whose --etcd is https:// reach an etcd run with
+ * --client-cert-auth using their --tls-* identity (the --etcd-* defaults),
+ * and a sandbox runs through them; a gateway given another CA for etcd
+ * refuses etcd's certificate (and etcd refuses its own), says so in its
+ * log, and its calls fail by their deadline.  etcd is Debian's, on loopback
+ * ports, its data in the test's directory. */
+Test(transport, etcd_over_https_with_client_certificates, .timeout = 240)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    sbx_cert((const char *[]){"node", p.ca, "etcd", "--san", "IP:127.0.0.1", NULL});
+    int cport = free_port(), pport = free_port();
+    char eurl[64], purl[64], edata[300], elog[300], init[128];
+    snprintf(eurl, sizeof(eurl), "https://127.0.0.1:%d", cport);
+    snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", pport);
+    snprintf(edata, sizeof(edata), "%s/etcd", p.dir);
+    snprintf(elog, sizeof(elog), "%s/etcd.log", p.dir);
+    snprintf(init, sizeof(init), "e=%s", purl);
+    pid_t etcd = fork();
+    cr_assert_geq(etcd, 0);
+    if (etcd == 0) {
+        int fd = open(elog, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execlp("etcd", "etcd", "--name", "e", "--data-dir", edata, "--listen-client-urls", eurl,
+               "--advertise-client-urls", eurl, "--listen-peer-urls", purl,
+               "--initial-advertise-peer-urls", purl, "--initial-cluster", init,
+               "--cert-file", pem(p.ca, "etcd", "pem"), "--key-file", pem(p.ca, "etcd", "key"),
+               "--client-cert-auth", "--trusted-ca-file", pem(p.ca, "ca", "pem"), (char *)NULL);
+        _exit(127);
+    }
+    char data[300], slog[300], glog[300], xlog[300], surl[64], gurl[64], xurl[64], sname[64],
+        cl[64];
+    snprintf(data, sizeof(data), "%s/shard", p.dir);
+    snprintf(slog, sizeof(slog), "%s/shard.log", p.dir);
+    snprintf(glog, sizeof(glog), "%s/gw.log", p.dir);
+    snprintf(xlog, sizeof(xlog), "%s/othergw.log", p.dir);
+    snprintf(surl, sizeof(surl), "tls+tcp://127.0.0.1:%d", free_port());
+    snprintf(gurl, sizeof(gurl), "ipc://%s/gw.sock", p.dir);
+    snprintf(xurl, sizeof(xurl), "ipc://%s/othergw.sock", p.dir);
+    snprintf(sname, sizeof(sname), "tls%s%de", test_prefix(), (int)getpid() % 100000);
+    snprintf(cl, sizeof(cl), "etls%d", (int)getpid());
+    const char *sargv[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                           "--etcd", eurl, "--cluster", cl, TESTD_SMALL,
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "shard", "pem"),
+                           "--tls-key", pem(p.ca, "shard", "key"), NULL};
+    const char *gargv[] = {"sbxd", "gateway", "--name", "etlsgw", "--listen", gurl, "--etcd",
+                           eurl, "--cluster", cl, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw", "pem"),
+                           "--tls-key", pem(p.ca, "gw", "key"), NULL};
+    /* Right nng identity, wrong etcd trust: the other CA for etcd. */
+    const char *xargv[] = {"sbxd", "gateway", "--name", "etlsx", "--listen", xurl, "--etcd",
+                           eurl, "--cluster", cl, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw", "pem"),
+                           "--tls-key", pem(p.ca, "gw", "key"),
+                           "--etcd-ca", pem(p.other, "ca", "pem"),
+                           "--etcd-cert", pem(p.other, "evil", "pem"),
+                           "--etcd-key", pem(p.other, "evil", "key"), NULL};
+    pid_t spid = spawn(sargv, slog);
+    pid_t gpid = spawn(gargv, glog);
+    pid_t xpid = spawn(xargv, xlog);
+    int ready = testd_wait_ready(gurl, 60000);
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    char *id = test_id("etls");
+    int rc = -1;
+    sbx_exec_result res = {0};
+    if (ready == 0 && sbx_client_open(&c, gurl, &err) == 0) {
+        sbx_exec_opts o = {.command = "echo over-etcd-tls"};
+        sbx_client_set_timeout(c, 60000);
+        rc = sbx_exec(c, id, &o, &res, &err);
+    }
+    /* The other gateway: a TLS refusal in its log within 20 s. */
+    bool refused = false;
+    for (int i = 0; i < 200 && !refused; i++) {
+        refused = log_has(xlog, "etcd") && log_has(xlog, "TLS");
+        if (!refused)
+            usleep(100 * 1000);
+    }
+    sbx_client *x = NULL;
+    int xrc = -1;
+    double took = 0;
+    sbx_error xerr = {.code = ""};
+    if (sbx_client_open(&x, xurl, &xerr) == 0) {
+        sbx_client_set_timeout(x, REFUSED_DEADLINE_MS);
+        sbx_exec_opts o = {.command = "echo should-not-run"};
+        sbx_exec_result xres;
+        double t0 = test_now_ms();
+        xrc = sbx_exec(x, id, &o, &xres, &xerr);
+        took = test_now_ms() - t0;
+        if (xrc == 0)
+            sbx_exec_result_free(&xres);
+        sbx_client_close(x);
+    }
+    if (rc == 0) {
+        bool gone;
+        sbx_error derr;
+        if (sbx_destroy(c, id, &gone, &derr) != 0)
+            sbx_error_free(&derr);
+    }
+    if (c)
+        sbx_client_close(c);
+    stop(xpid);
+    stop(gpid);
+    int st = stop(spid);
+    stop(etcd);
+    if (rc != 0) {
+        dump(slog);
+        dump(glog);
+        dump(elog);
+    }
+    cr_expect_eq(ready, 0, "the gateway over https etcd never became ready");
+    cr_expect_eq(rc, 0, "exec through a cluster on https etcd: %s %s", err.code, err.message);
+    if (rc == 0)
+        cr_expect_str_eq(res.stdout_data, "over-etcd-tls\n");
+    cr_expect(refused, "the gateway with another CA for etcd logged no TLS refusal");
+    cr_expect_neq(xrc, 0, "the gateway that cannot read etcd ran a command");
+    cr_expect_lt(took, REFUSED_DEADLINE_MS + SLACK_MS, "its call took %.0f ms", took);
+    cr_expect_eq(st, 0, "the shard did not stop cleanly (%d)", st);
+    if (rc == 0)
+        sbx_exec_result_free(&res);
+    sbx_error_free(&err);
+    sbx_error_free(&xerr);
+    free(id);
+    pki_remove(&p);
+}
+
+/* Certificate revocation (docs/security.md, Transports): a shard given the
+ * CA's revocation list (--tls-crl, from `sbx-cert revoke`) serves a
+ * gateway whose certificate is not on it and refuses one whose certificate
+ * is, by the call's deadline; a --tls-crl file that holds no list stops
+ * sbxd at start with status 2. */
+Test(transport, a_revoked_certificate_is_refused, .timeout = 240)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    sbx_cert((const char *[]){"node", p.ca, "gw2", NULL});
+    sbx_cert((const char *[]){"revoke", p.ca, "gw2", NULL});
+    char data[300], slog[300], glog[300], rlog[300], surl[64], gurl[64], rurl[64];
+    char sname[64], spec[128];
+    snprintf(data, sizeof(data), "%s/shard", p.dir);
+    snprintf(slog, sizeof(slog), "%s/shard.log", p.dir);
+    snprintf(glog, sizeof(glog), "%s/gw.log", p.dir);
+    snprintf(rlog, sizeof(rlog), "%s/revoked.log", p.dir);
+    snprintf(surl, sizeof(surl), "tls+tcp://127.0.0.1:%d", free_port());
+    snprintf(gurl, sizeof(gurl), "ipc://%s/gw.sock", p.dir);
+    snprintf(rurl, sizeof(rurl), "ipc://%s/revoked.sock", p.dir);
+    snprintf(sname, sizeof(sname), "tls%s%dv", test_prefix(), (int)getpid() % 100000);
+    snprintf(spec, sizeof(spec), "%s=%s", sname, surl);
+    /* Not a list: refused at start. */
+    const char *bad[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                         "--tls-ca", pem(p.ca, "ca", "pem"), "--tls-cert", pem(p.ca, "shard", "pem"),
+                         "--tls-key", pem(p.ca, "shard", "key"),
+                         "--tls-crl", pem(p.ca, "ca", "pem"), NULL};
+    cr_expect_eq(run_status(bad, slog), 2, "a --tls-crl without a list was accepted");
+    cr_expect(log_has(slog, "no PEM revocation list"), "no reason for the refused list");
+    const char *sargv[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                           TESTD_SMALL,
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "shard", "pem"),
+                           "--tls-key", pem(p.ca, "shard", "key"),
+                           "--tls-crl", pem(p.ca, "crl", "pem"), NULL};
+    const char *gargv[] = {"sbxd", "gateway", "--name", "crlgw", "--listen", gurl, "--shard",
+                           spec, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw", "pem"),
+                           "--tls-key", pem(p.ca, "gw", "key"), NULL};
+    const char *rargv[] = {"sbxd", "gateway", "--name", "crlrev", "--listen", rurl, "--shard",
+                           spec, "--http", "",
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "gw2", "pem"),
+                           "--tls-key", pem(p.ca, "gw2", "key"), NULL};
+    pid_t spid = spawn(sargv, slog);
+    pid_t gpid = spawn(gargv, glog);
+    pid_t rpid = spawn(rargv, rlog);
+    int ready = testd_wait_ready(gurl, 60000);
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    char *id = test_id("crl");
+    int rc = -1;
+    sbx_exec_result res = {0};
+    if (ready == 0 && sbx_client_open(&c, gurl, &err) == 0) {
+        sbx_exec_opts o = {.command = "echo not-revoked"};
+        sbx_client_set_timeout(c, 60000);
+        rc = sbx_exec(c, id, &o, &res, &err);
+    }
+    sbx_client *r = NULL;
+    sbx_error rerr = {.code = ""};
+    int rrc = -1;
+    double took = 0;
+    if (sbx_client_open(&r, rurl, &rerr) == 0) {
+        sbx_client_set_timeout(r, REFUSED_DEADLINE_MS);
+        sbx_exec_opts o = {.command = "echo should-not-run"};
+        sbx_exec_result rres;
+        double t0 = test_now_ms();
+        rrc = sbx_exec(r, id, &o, &rres, &rerr);
+        took = test_now_ms() - t0;
+        if (rrc == 0)
+            sbx_exec_result_free(&rres);
+        sbx_client_close(r);
+    }
+    if (rc == 0) {
+        bool gone;
+        sbx_error derr;
+        if (sbx_destroy(c, id, &gone, &derr) != 0)
+            sbx_error_free(&derr);
+    }
+    if (c)
+        sbx_client_close(c);
+    stop(rpid);
+    stop(gpid);
+    int st = stop(spid);
+    if (rc != 0)
+        dump(slog);
+    cr_expect_eq(rc, 0, "exec through the gateway whose certificate is not revoked: %s %s",
+                 err.code, err.message);
+    if (rc == 0)
+        cr_expect_str_eq(res.stdout_data, "not-revoked\n");
+    cr_expect_neq(rrc, 0, "the gateway with a revoked certificate reached the shard");
+    if (rrc != 0)
+        cr_expect(!strcmp(rerr.code, "SHARD_UNAVAILABLE") || !strcmp(rerr.code, "REQUEST_TIMEOUT"),
+                  "code %s (%s)", rerr.code, rerr.message);
+    cr_expect_lt(took, REFUSED_DEADLINE_MS + SLACK_MS, "took %.0f ms", took);
+    cr_expect_eq(st, 0, "the shard did not stop cleanly (%d)", st);
+    if (rc == 0)
+        sbx_exec_result_free(&res);
+    sbx_error_free(&err);
+    sbx_error_free(&rerr);
+    free(id);
+    pki_remove(&p);
+}

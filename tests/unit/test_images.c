@@ -318,12 +318,12 @@ Test(images, pull_from_an_unreachable_registry)
         cr_skip_test("skopeo is not installed (tools/deps.sh)");
     char got[SBX_IMAGE_DIGEST_LEN];
     sbx_err_t err = NULL;
-    cr_assert_eq(sbx_image_pull(st, "127.0.0.1:1/none:1", NULL, got, &err), SBX_E_IMAGE_NOT_FOUND,
+    cr_assert_eq(sbx_image_pull(st, "127.0.0.1:1/none:1", NULL, 0, got, &err), SBX_E_IMAGE_NOT_FOUND,
                  "%s", sbx_err_msg(err));
     cr_assert(strstr(sbx_err_msg(err), "skopeo") && strstr(sbx_err_msg(err), "127.0.0.1:1"), "%s",
               sbx_err_msg(err));
     cr_assert_eq(count_dir("tmp"), 0);
-    cr_assert_eq(sbx_image_pull(st, "--help", NULL, got, &err), SBX_E_VALIDATION,
+    cr_assert_eq(sbx_image_pull(st, "--help", NULL, 0, got, &err), SBX_E_VALIDATION,
                  "an option is not a reference");
     sbx_err_release(&err);
 }

@@ -93,7 +93,7 @@ Test(net_policy, chain_order)
     cr_assert_eq(parse("10.1.0.0/16:5432", &p.allow[p.nallow++], why, sizeof(why)), 0);
     cr_assert_eq(parse("203.0.113.9", &p.deny[p.ndeny++], why, sizeof(why)), 0);
     struct sbx_net_buf b = {0};
-    sbx_net_render_slot(&b, 7, 0x0a58000fu, &p);
+    sbx_net_render_slot(&b, 7, 0x0a58000fu, &p, false);
     cr_assert_not_null(b.p);
     long spoof = at(b.p, "so7 ip saddr != 10.88.0.15 drop");
     long hard = at(b.p, "so7 ip daddr @hard4 jump refuse");
@@ -111,7 +111,7 @@ Test(net_policy, chain_order)
     /* No allow rule: everything that is left is accepted. */
     memset(&p, 0, sizeof(p));
     struct sbx_net_buf b2 = {0};
-    sbx_net_render_slot(&b2, 3, 0x0a580007u, &p);
+    sbx_net_render_slot(&b2, 3, 0x0a580007u, &p, false);
     cr_expect(at(b2.p, "so3 counter name \"n3\" accept") > at(b2.p, "so3 ip daddr @priv4"), "%s",
               b2.p);
     free(b2.p);
@@ -157,7 +157,7 @@ Test(net_policy, pinned_sets_after_the_private_drop)
     cr_assert_eq(sbx_net_name_parse("example.org:443", false, &p->allow_names[p->nallow_names++],
                                     why, sizeof(why)), 0);
     struct sbx_net_buf b = {0};
-    sbx_net_render_slot(&b, 5, 0x0a58000bu, p);
+    sbx_net_render_slot(&b, 5, 0x0a58000bu, p, false);
     long sets = at(b.p, "add set inet sbx hp5 { type ipv4_addr . inet_service; flags timeout; }");
     long priv = at(b.p, "so5 ip daddr @priv4 jump refuse");
     long ha = at(b.p, "so5 ip daddr @ha5 counter");
@@ -170,7 +170,7 @@ Test(net_policy, pinned_sets_after_the_private_drop)
     free(b.p);
     p->bandwidth = 80;
     struct sbx_net_buf b2 = {0};
-    sbx_net_render_slot(&b2, 300, 0x0a58000bu, p);
+    sbx_net_render_slot(&b2, 300, 0x0a58000bu, p, false);
     cr_expect(at(b2.p, "so300 meta priority set 1:12c") >= 0, "%s", b2.p);
     free(b2.p);
     free(p);

@@ -66,6 +66,11 @@ Test(nngx, an_incomplete_or_unreadable_identity_is_refused)
     cr_expect(strstr(sbx_err_msg(err), "/nonexistent/n.pem") != NULL, "%s", sbx_err_msg(err));
     cr_expect(!sec.server && !sec.client);
     sbx_err_release(&err);
+    /* A revocation list needs an identity to attach to. */
+    cr_expect_eq(sbx_nng_sec_add_crl(&sec, "/nonexistent/ca.pem", "/nonexistent/crl.pem", &err),
+                 SBX_E_VALIDATION);
+    cr_expect(strstr(sbx_err_msg(err), "needs a TLS identity") != NULL, "%s", sbx_err_msg(err));
+    sbx_err_release(&err);
     /* Dialing tls+tcp:// without an identity is refused before any connection. */
     nng_socket s;
     cr_expect_eq(sbx_nng_req_dial(&s, "tls+tcp://127.0.0.1:1", NULL, &err), SBX_E_VALIDATION);

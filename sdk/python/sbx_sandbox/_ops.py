@@ -16,6 +16,7 @@ __all__ = ["ERROR_HTTP_STATUS", "OPS"]
 ERROR_HTTP_STATUS: Dict[str, int] = {
     'BACKUP_EXPIRED': 410,
     'BACKUP_NOT_FOUND': 404,
+    'BACKUP_STORE_UNAVAILABLE': 503,
     'BACKUP_TOO_LARGE': 413,
     'CODE_EXECUTION_ERROR': 500,
     'COMMAND_EXECUTION_ERROR': 500,
@@ -1595,7 +1596,7 @@ class ListArgs(TypedDict, total=False):
     """Arguments of ``list``: all sandboxes of the deployment."""
 
     idsOnly: bool
-    """each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6) [default false]"""
+    """each sandbox as {id, memory, cpu, disk} only (its limits: bytes, millicpus, bytes of its writable file system; 0 unlimited), read from the store without its state, and the shards' largest defaults as {defaults: {memory, cpu, disk}} (the tenant registry's refresh and resource quotas, docs/security.md §6) [default false]"""
 
 
 class ListResult(TypedDict, total=False):
@@ -1781,8 +1782,11 @@ class BackupRestoreResult(TypedDict):
     """the directory"""
 
 
-#: Arguments of ``backup.list``: the backups of the node's store (expired ones are removed first).
-BackupListArgs = Dict[str, Any]
+class BackupListArgs(TypedDict, total=False):
+    """Arguments of ``backup.list``: the backups of the node's store (expired ones are removed first)."""
+
+    owner: str
+    """only the backups of this tenant's sandboxes. With API keys the gateway sets it to the caller's tenant (a client's value is replaced; the default tenant's admin keys see all) (at most 16 bytes)"""
 
 
 class BackupListResult(TypedDict, total=False):
@@ -1792,11 +1796,16 @@ class BackupListResult(TypedDict, total=False):
     """every backup not expired"""
 
 
-class BackupDeleteArgs(TypedDict):
-    """Arguments of ``backup.delete``: delete a backup."""
-
+class _BackupDeleteArgsRequired(TypedDict):
     id: str
     """the backup (at most 64 bytes)"""
+
+
+class BackupDeleteArgs(_BackupDeleteArgsRequired, total=False):
+    """Arguments of ``backup.delete``: delete a backup."""
+
+    owner: str
+    """set by the gateway to the caller's tenant (as backup.list): another tenant's backup is BACKUP_NOT_FOUND, word for word as an unknown ID (at most 16 bytes)"""
 
 
 class BackupDeleteResult(TypedDict, total=False):
@@ -1828,12 +1837,20 @@ class _TenantCreateArgsRequired(TypedDict):
 
 
 class TenantCreateArgs(_TenantCreateArgsRequired, total=False):
-    """Arguments of ``tenant.create``: create a tenant, or change its quotas (admin keys only)."""
+    """Arguments of ``tenant.create``: create a tenant, or change its quotas: each one not given is back at its default (admin keys only)."""
 
     maxSandboxes: int
     """most sandboxes the tenant may have at once (0: none) [0 … 1000000; default 100]"""
     createsPerSecond: int
     """sandbox creations per second, per gateway (a token bucket of twice this many) [1 … 10000; default 10]"""
+    maxMemoryBytes: int
+    """most memory of the *limits* of the tenant's sandboxes together, rounded up to a whole MiB (0: no quota) (bytes) [0 … 1125899906842624; default 0]"""
+    maxCpus: int
+    """most CPU of the limits of the tenant's sandboxes together, millicpus (0: no quota) [0 … 10000000; default 0]"""
+    maxDiskBytes: int
+    """most bytes of the writable file systems (disk) of the tenant's sandboxes together, rounded up to a whole MiB (0: no quota) (bytes) [0 … 1125899906842624; default 0]"""
+    maxStreams: int
+    """most streams (SSE, exec and log streams, terminals: stream.read) the tenant reads at once, per gateway (0: no quota) [0 … 1000000; default 0]"""
 
 
 class TenantCreateResult(TypedDict, total=False):
@@ -1845,6 +1862,14 @@ class TenantCreateResult(TypedDict, total=False):
     """most sandboxes at once"""
     createsPerSecond: int
     """creations per second per gateway"""
+    maxMemoryBytes: int
+    """the memory quota kept (0: none) (bytes)"""
+    maxCpus: int
+    """the CPU quota, millicpus (0: none)"""
+    maxDiskBytes: int
+    """the disk quota kept (0: none) (bytes)"""
+    maxStreams: int
+    """the streams quota (0: none)"""
 
 
 #: Arguments of ``tenant.list``: the tenants, their quotas and sandbox counts (admin keys only).

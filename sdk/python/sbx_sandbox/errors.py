@@ -245,6 +245,8 @@ _SPEC = [
     ("FORK_CROSS_SHARD", "ForkCrossShard", (), 409, "In a cluster, a fork's ID is owned by another shard than its source's: choose another ID."),
     # tenants (docs/security.md §6)
     ("QUOTA_EXCEEDED", "QuotaExceeded", (), 429, "A quota of the caller's tenant is used up; ``context['retryAfterMs']`` says when to try again."),
+    # backups in S3 (docs/persistence.md, "The S3 store")
+    ("BACKUP_STORE_UNAVAILABLE", "BackupStoreUnavailable", (), 503, "The deployment's S3 backup store did not answer by the call's deadline, or refused the request (the message says which); nothing was changed in the sandbox."),
 ]
 
 _BY_CODE: Dict[str, Type[SandboxError]] = {}

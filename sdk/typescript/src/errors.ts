@@ -229,6 +229,8 @@ export class SandboxExistsError extends SandboxError {}
 export class ForkCrossShardError extends SandboxError {}
 /** `QUOTA_EXCEEDED` (429): a quota of the caller's tenant is used up; `context.retryAfterMs` says when to try again. */
 export class QuotaExceededError extends SandboxError {}
+/** `BACKUP_STORE_UNAVAILABLE` (503): the deployment's S3 backup store did not answer by the call's deadline, or refused the request (the message says which); nothing was changed in the sandbox. */
+export class BackupStoreUnavailableError extends SandboxError {}
 
 type ErrorClass = new (response: ErrorResponse, options?: { cause?: unknown }) => SandboxError;
 
@@ -303,6 +305,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
   SANDBOX_EXISTS: SandboxExistsError,
   FORK_CROSS_SHARD: ForkCrossShardError,
   QUOTA_EXCEEDED: QuotaExceededError,
+  BACKUP_STORE_UNAVAILABLE: BackupStoreUnavailableError,
 });
 
 /**

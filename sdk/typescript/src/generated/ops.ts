@@ -14,6 +14,7 @@
 export type ErrorCode =
   | 'BACKUP_EXPIRED'
   | 'BACKUP_NOT_FOUND'
+  | 'BACKUP_STORE_UNAVAILABLE'
   | 'BACKUP_TOO_LARGE'
   | 'CODE_EXECUTION_ERROR'
   | 'COMMAND_EXECUTION_ERROR'
@@ -85,6 +86,7 @@ export type ErrorCode =
 export const ERROR_HTTP_STATUS: Readonly<Record<ErrorCode, number>> = {
   BACKUP_EXPIRED: 410,
   BACKUP_NOT_FOUND: 404,
+  BACKUP_STORE_UNAVAILABLE: 503,
   BACKUP_TOO_LARGE: 413,
   CODE_EXECUTION_ERROR: 500,
   COMMAND_EXECUTION_ERROR: 500,
@@ -1508,7 +1510,7 @@ export interface StatusResult {
 
 /** Arguments of `list`: all sandboxes of the deployment. Runs in the gateway; flags: global. */
 export interface ListArgs {
-  /** each sandbox as {id} only, read from the store without its state (the tenant registry's refresh, docs/security.md §6) [default false] */
+  /** each sandbox as {id, memory, cpu, disk} only (its limits: bytes, millicpus, bytes of its writable file system; 0 unlimited), read from the store without its state, and the shards' largest defaults as {defaults: {memory, cpu, disk}} (the tenant registry's refresh and resource quotas, docs/security.md §6) [default false] */
   idsOnly?: boolean;
 }
 
@@ -1676,7 +1678,10 @@ export interface BackupRestoreResult {
 }
 
 /** Arguments of `backup.list`: the backups of the node's store (expired ones are removed first). Runs in the shard; flags: observe, node. */
-export type BackupListArgs = Record<string, never>;
+export interface BackupListArgs {
+  /** only the backups of this tenant's sandboxes. With API keys the gateway sets it to the caller's tenant (a client's value is replaced; the default tenant's admin keys see all) (at most 16 bytes) */
+  owner?: string;
+}
 
 /** Result of `backup.list`: the backups */
 export interface BackupListResult {
@@ -1689,6 +1694,8 @@ export interface BackupListResult {
 export interface BackupDeleteArgs {
   /** the backup (at most 64 bytes) */
   id: string;
+  /** set by the gateway to the caller's tenant (as backup.list): another tenant's backup is BACKUP_NOT_FOUND, word for word as an unknown ID (at most 16 bytes) */
+  owner?: string;
 }
 
 /** Result of `backup.delete`: {success} */
@@ -1717,7 +1724,7 @@ export interface SandboxForkResult {
   [key: string]: unknown;
 }
 
-/** Arguments of `tenant.create`: create a tenant, or change its quotas (admin keys only). Runs in the gateway; flags: global, mutates. */
+/** Arguments of `tenant.create`: create a tenant, or change its quotas: each one not given is back at its default (admin keys only). Runs in the gateway; flags: global, mutates. */
 export interface TenantCreateArgs {
   /** the tenant's name: 1-16 of [a-z0-9], not 'sbx' (at most 16 bytes) */
   tenant: string;
@@ -1725,6 +1732,14 @@ export interface TenantCreateArgs {
   maxSandboxes?: number;
   /** sandbox creations per second, per gateway (a token bucket of twice this many) [1 … 10000; default 10] */
   createsPerSecond?: number;
+  /** most memory of the *limits* of the tenant's sandboxes together, rounded up to a whole MiB (0: no quota) (bytes) [0 … 1125899906842624; default 0] */
+  maxMemoryBytes?: number;
+  /** most CPU of the limits of the tenant's sandboxes together, millicpus (0: no quota) [0 … 10000000; default 0] */
+  maxCpus?: number;
+  /** most bytes of the writable file systems (disk) of the tenant's sandboxes together, rounded up to a whole MiB (0: no quota) (bytes) [0 … 1125899906842624; default 0] */
+  maxDiskBytes?: number;
+  /** most streams (SSE, exec and log streams, terminals: stream.read) the tenant reads at once, per gateway (0: no quota) [0 … 1000000; default 0] */
+  maxStreams?: number;
 }
 
 /** Result of `tenant.create`: the tenant */
@@ -1735,6 +1750,14 @@ export interface TenantCreateResult {
   maxSandboxes?: number;
   /** creations per second per gateway */
   createsPerSecond?: number;
+  /** the memory quota kept (0: none) (bytes) */
+  maxMemoryBytes?: number;
+  /** the CPU quota, millicpus (0: none) */
+  maxCpus?: number;
+  /** the disk quota kept (0: none) (bytes) */
+  maxDiskBytes?: number;
+  /** the streams quota (0: none) */
+  maxStreams?: number;
   [key: string]: unknown;
 }
 
