@@ -239,7 +239,7 @@ set_log_format(const char *log_format, const char *cmd)
         {"pool", SBX_OPT_INT, &(c)->pool, "ready containers kept at least (0: none)"},        \
         {"pool-memory", SBX_OPT_SIZE, &(c)->pool_memory, "memory budget of the pool"},        \
         {"pool-window", SBX_OPT_MS, &(c)->pool_window,                                       \
-         "demand the pool follows: its busiest second in this window (1s..60s, default 60s)"}, \
+         "demand the pools follow: their busiest second in this window (1s..60s, default 60s)"}, \
         {"memory", SBX_OPT_SIZE, &(c)->memory, "memory limit per sandbox (e.g. 512M)"},       \
         {"pids", SBX_OPT_INT, &(c)->pids, "process limit per sandbox"},                       \
         {"cpu", SBX_OPT_INT, &(c)->cpu, "CPU limit per sandbox, millicpus (1000 = 1 CPU)"},   \
