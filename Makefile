@@ -50,7 +50,7 @@ RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.
            runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c runtime/mcp.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \
            runtime/json.c runtime/nngx.c runtime/log.c
-CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/image_store.c \
+CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/spawn_child.c container/image_store.c \
              container/image_unpack.c container/image_layer.c container/image_user.c container/image_fetch.c \
              container/image_template.c \
              container/net.c container/net_dns.c container/net_link.c container/net_policy.c \

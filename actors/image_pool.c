@@ -9,7 +9,7 @@
  *
  * Its size adapts as the host-/usr pool's does (shard_work.c): the target
  * is the busiest second of creates of that image in the last
- * SHARD_POOL_WINDOW seconds, at least conf.image_pool (the configured
+ * conf.pool_window (SHARD_POOL_WINDOW seconds by default), at least conf.image_pool (the configured
  * minimum, kept even past the budget), and all image pools together at most
  * what conf.pool_memory holds of containers of the size measured in them.
  * Refills wait until creates of the image pause for IMG_REFILL_QUIET_MS (at
@@ -63,13 +63,14 @@ find(struct shard *sh, const char *digest)
 #define IMG_REFILL_QUIET_MS 50
 #define IMG_REFILL_MAX_WAIT_MS 1000
 
-/* The busiest second of the window, in creates of the image. */
+/* The busiest second of the last window_s (at most SHARD_POOL_WINDOW), in
+ * creates of the image. */
 static uint32_t
-peak_demand(const struct img_pool *p, int64_t now_s)
+peak_demand(const struct img_pool *p, int64_t now_s, int64_t window_s)
 {
     uint32_t peak = 0;
     for (int i = 0; i < SHARD_POOL_WINDOW; i++)
-        if (now_s - p->demand_sec[i] < SHARD_POOL_WINDOW && p->demand[i] > peak)
+        if (now_s - p->demand_sec[i] < window_s && p->demand[i] > peak)
             peak = p->demand[i];
     return peak;
 }
@@ -94,7 +95,8 @@ set_target(struct shard *sh, struct img_pool *p, int64_t now_s)
         if (q != p && q->digest[0])
             cap -= q->n + q->inflight;
     }
-    int64_t want = SBX_MAX((int64_t)peak_demand(p, now_s), (int64_t)sh->conf.image_pool);
+    int64_t want = SBX_MAX((int64_t)peak_demand(p, now_s, sh->conf.pool_window / 1000),
+                           (int64_t)sh->conf.image_pool);
     want = SBX_MIN(want, SBX_MIN(cap, (int64_t)IMG_POOL_HARD_MAX));
     p->target = (int)SBX_MAX(want, (int64_t)sh->conf.image_pool);
 }

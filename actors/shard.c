@@ -91,6 +91,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->workers = 0; /* SHARD_WORKERS_PER_CPU per online CPU */
     c->pool = 2;
     c->pool_memory = 32ull << 20;
+    c->pool_window = SHARD_POOL_WINDOW * 1000;
     c->memory = 512ull << 20;
     c->pids = 512;
     c->cpu = 1000;
@@ -422,6 +423,11 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: --workspace-default must be ephemeral or persistent, not '%s'",
                       conf->name, conf->workspace_default);
         rc = -EINVAL;
+        goto out;
+    }
+    if (conf->pool_window < 1000 || conf->pool_window > SHARD_POOL_WINDOW * 1000) {
+        sbx_log_error("shard %s: --pool-window must be 1s..%ds", conf->name, SHARD_POOL_WINDOW);
+        rc = SBX_E_VALIDATION;
         goto out;
     }
     /* The S3 backup store's settings, checked before anything is set up

@@ -52,6 +52,8 @@ struct sbx_shard_conf {
                            * more while demand is high (shard_int.h, struct shard_pool) */
     uint64_t pool_memory; /* bytes the pool's ready containers may hold beyond `pool`
                            * (default 32 MiB; 0 = the pool stays at `pool`) */
+    int64_t pool_window;  /* ms of demand the pool's target follows: 1 s to
+                           * SHARD_POOL_WINDOW s, whole seconds (default 60 s) */
     uint64_t memory;      /* default memory limit per sandbox, bytes */
     int64_t pids;         /* default pids limit per sandbox */
     int64_t cpu;          /* default CPU limit per sandbox, millicpus */

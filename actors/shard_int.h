@@ -227,7 +227,8 @@ struct shard_workers {
 
 /* The warm pool of started containers (shard_work.c; loop thread).  Its
  * size adapts: `target` is the most containers asked for (pool hits and
- * misses) in any one second of the last SHARD_POOL_WINDOW seconds, at
+ * misses) in any one second of the last conf.pool_window (at most
+ * SHARD_POOL_WINDOW seconds, the default), at
  * least conf.pool and at most `cap`, which is conf.pool_memory divided by
  * what one pooled container holds (`mem_est`, measured from the pooled
  * containers' cgroups).  conf.pool == 0 turns the pool off. */

@@ -230,13 +230,14 @@ shard_pool_fill(struct shard *sh)
 /* Never more ready containers than this per shard, whatever the budget. */
 #define POOL_HARD_MAX 256
 
-/* The busiest second of the window, in containers asked for. */
+/* The busiest second of the last window_s (at most SHARD_POOL_WINDOW), in
+ * containers asked for. */
 static uint32_t
-pool_peak_demand(const struct shard_pool *p, int64_t now_s)
+pool_peak_demand(const struct shard_pool *p, int64_t now_s, int64_t window_s)
 {
     uint32_t peak = 0;
     for (int i = 0; i < SHARD_POOL_WINDOW; i++)
-        if (now_s - p->demand_sec[i] < SHARD_POOL_WINDOW && p->demand[i] > peak)
+        if (now_s - p->demand_sec[i] < window_s && p->demand[i] > peak)
             peak = p->demand[i];
     return peak;
 }
@@ -253,7 +254,8 @@ pool_set_target(struct shard *sh, int64_t now_s)
         p->target = 0;
         return;
     }
-    int64_t want = SBX_MAX((int64_t)pool_peak_demand(p, now_s), sh->conf.pool);
+    int64_t want = SBX_MAX((int64_t)pool_peak_demand(p, now_s, sh->conf.pool_window / 1000),
+                           sh->conf.pool);
     /* The configured minimum holds even past the budget: it was asked for. */
     p->target = (int)SBX_MAX(SBX_MIN(want, (int64_t)p->cap), sh->conf.pool);
 }

@@ -30,6 +30,7 @@
 #include "../runtime/wire.h"
 #include "image_store.h"
 #include "seccomp.h"
+#include "spawn_child.h"
 
 #ifndef CLONE_INTO_CGROUP
 #define CLONE_INTO_CGROUP 0x200000000ULL
@@ -37,11 +38,6 @@
 #ifndef P_PIDFD
 #define P_PIDFD 3
 #endif
-
-/* The fd number the agent inherits the interpreter drivers' detached tree
- * at (after 3, the channel), when its argv says "--interp-tree"
- * (container/agent/agent.h AGENT_INTERP_TREE_FD). */
-#define SPAWN_INTERP_FD 4
 
 struct sbx_spawner {
     struct sbx_spawn_conf conf;
@@ -240,100 +236,61 @@ uid_free(sbx_spawner *sp, uint32_t uid)
     pthread_mutex_unlock(&sp->mu);
 }
 
-/*
- * The child between clone3 (or clone) and execveat.  It shares nothing with the parent
- * but a copy of its memory, and other threads may have held glibc locks at
- * the moment of the clone: only raw system calls from here on.
- *
- * Until its exec this child holds a copy of every descriptor of the shard:
- * the LMDB files, the host locks in /run/sbx, and the shard's end of the
- * channel of every container being started at that moment.  So it must
- * never outlive the shard, not even while it waits for the go-ahead:
- *  1. PR_SET_PDEATHSIG before anything that can block (prctl(2));
- *  2. close our copy of the shard's end of our channel (`parent_end`), so
- *     the read in 3 sees end-of-file once the shard is gone, even if the
- *     shard died before 1 took effect (then no death signal comes);
- *  2b. on cgroup v1, join the sandbox's cgroup by writing "0" to each
- *     hierarchy's `tasks` file, opened for us by the shard (`tasks`,
- *     sbx_cgroup_open_tasks): a thread moving itself skips the kernel's
- *     global threadgroup lock that the shard writing our pid would take;
- *  3. wait for the go-ahead at most `wait_ms` (ppoll(2)), so a sibling
- *     child that still holds a copy of our channel cannot keep us blocked;
- *  4. PR_SET_PDEATHSIG again after setresuid: any change of the effective
- *     uid or gid clears the parent-death signal (prctl(2), "the
- *     parent-death signal is cleared … on credential changes"; kernel
- *     commit_creds()), and the agent keeps it across execve (not set-uid).
- * A shard that is SIGKILLed therefore takes its agents and half-started
- * children with it (tests/integration/test_shard_kill.c).
- */
-static void __attribute__((noreturn))
-child_main(sbx_spawner *sp, int chan, int parent_end, int tree, const int *tasks, int ntasks,
-           int wait_ms, const char *const *argv, const char *const *envp)
+/* fd, or a duplicate of it at SPAWN_FD_HIGH or above (close-on-exec) that
+ * replaces it (fd closed).  Owns fd; returns the descriptor to keep. */
+static int
+fd_high(int fd)
 {
-    char go = 0;
-    if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-        syscall(SYS_exit_group, 1);
-    syscall(SYS_close, parent_end);
-    for (int i = 0; i < ntasks; i++)
-        if (syscall(SYS_write, tasks[i], "0", 1) != 1)
-            syscall(SYS_exit_group, 4);
-    struct pollfd pfd = {.fd = chan, .events = POLLIN};
-    struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
-    if (syscall(SYS_ppoll, &pfd, 1, &ts, NULL, 0) != 1 ||
-        syscall(SYS_read, chan, &go, 1) != 1 || go != 'G')
-        syscall(SYS_exit_group, 1);
-    /* Become 0:0 of our user namespace: without it the child is the
-     * overflow uid and execve would drop every capability. */
-    if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, 0, 0, 0) < 0 ||
-        syscall(SYS_setresuid, 0, 0, 0) < 0)
-        syscall(SYS_exit_group, 2);
-    /* Die with the thread that created us (4 above): a crashed shard
-     * leaves no sandbox behind. */
-    if (syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-        syscall(SYS_exit_group, 2);
-    /* fd 3 = channel, 4 = the interpreter drivers' detached tree (when there
-     * is one), 0/1 = /dev/null, 2 = the shard's stderr (agent logs).
-     * Lift every fd we need above the small numbers first, so no dup3 below
-     * can overwrite one we still need. */
-    long afd = syscall(SYS_fcntl, sp->agent_fd, F_DUPFD_CLOEXEC, 16);
-    long nfd = syscall(SYS_fcntl, sp->devnull, F_DUPFD_CLOEXEC, 16);
-    long cfd = syscall(SYS_fcntl, chan, F_DUPFD_CLOEXEC, 16);
-    long tfd = tree >= 0 ? syscall(SYS_fcntl, tree, F_DUPFD_CLOEXEC, 16) : 0;
-    if (afd < 0 || nfd < 0 || cfd < 0 || tfd < 0 || syscall(SYS_dup3, cfd, 3, 0) < 0 ||
-        syscall(SYS_dup3, nfd, 0, 0) < 0 || syscall(SYS_dup3, nfd, 1, 0) < 0 ||
-        (tree >= 0 && syscall(SYS_dup3, tfd, SPAWN_INTERP_FD, 0) < 0))
-        syscall(SYS_exit_group, 3);
-    /* Nothing else the shard holds crosses the exec: its LMDB file, etcd
-     * and client sockets, pipes inherited from whatever started sbxd.  Every
-     * fd above the ones handed over (3, and SPAWN_INTERP_FD, which the agent
-     * closes once it is bound) becomes close-on-exec (close_range(2), Linux
-     * 5.11); on an older kernel, one fcntl per possible fd up to
-     * RLIMIT_NOFILE. */
-    unsigned first = tree >= 0 ? SPAWN_INTERP_FD + 1 : SPAWN_INTERP_FD;
-    if (syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
-        struct rlimit rl;
-        if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl) != 0)
-            syscall(SYS_exit_group, 3);
-        for (unsigned long fd = first; fd < rl.rlim_cur; fd++)
-            syscall(SYS_fcntl, (int)fd, F_SETFD, FD_CLOEXEC);
+    if (fd < 0 || fd >= SPAWN_FD_HIGH)
+        return fd;
+    int h = fcntl(fd, F_DUPFD_CLOEXEC, SPAWN_FD_HIGH);
+    if (h < 0)
+        return fd;
+    close(fd);
+    return h;
+}
+
+/* Close what only the child needed (the drivers' tree, the cgroup's tasks
+ * files, its end of the channel) and mark them closed. */
+static void
+close_child_fds(int *tree, int *tasks, int *ntasks, int *chan)
+{
+    if (*tree >= 0)
+        close(*tree);
+    *tree = -1;
+    while (*ntasks > 0)
+        close(tasks[--*ntasks]);
+    close(*chan);
+    *chan = -1;
+}
+
+/* Wait for the child's "U" (it has its own descriptor table now), at most
+ * timeout_ms; -EPIPE if it died first.  The shard holds the child's end of
+ * the channel until then, so its death shows on the pidfd, not as EOF. */
+static int
+wait_unshared(int chan, int pidfd, int timeout_ms)
+{
+    struct pollfd pfd[2] = {{.fd = chan, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    int64_t until = sbx_mono_ms() + timeout_ms;
+    for (;;) {
+        int64_t left = until - sbx_mono_ms();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        int r = poll(pfd, 2, (int)left);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (pfd[0].revents) {
+            char u = 0;
+            ssize_t n;
+            while ((n = read(chan, &u, 1)) < 0 && errno == EINTR)
+                ;
+            return n == 1 && u == 'U' ? 0 : -EPIPE;
+        }
+        if (pfd[1].revents)
+            return -EPIPE;
     }
-    syscall(SYS_execveat, afd, "", argv, envp, AT_EMPTY_PATH);
-    /* Where execveat is missing (ENOSYS) or cannot take an empty path
-     * (valgrind 3.19 resolves it by name: ENOENT for a memfd), exec the
-     * memfd by its /proc path, as fexecve(3) does without execveat.  The
-     * path is built by hand: no snprintf here. */
-    char path[32] = "/proc/self/fd/";
-    char digits[12];
-    int nd = 0;
-    for (long v = afd; nd == 0 || v > 0; v /= 10)
-        digits[nd++] = (char)('0' + v % 10);
-    size_t at = 14; /* strlen("/proc/self/fd/") */
-    while (nd > 0)
-        path[at++] = digits[--nd];
-    path[at] = '\0';
-    syscall(SYS_execve, path, argv, envp);
-    syscall(SYS_exit_group, 127);
-    __builtin_unreachable();
 }
 
 /* "0 <id> 1", and "<inner2> <id2> 1" when id2 is set and inner2 is not 0
@@ -541,10 +498,10 @@ sbx_container_start_ws(sbx_spawner *sp, const struct sbx_limits *lim,
         return rc;
     }
     c->ws = true;
-    c->ws_fd = ws_fd;
+    c->ws_fd = fd_high(ws_fd);
     if (img) {
         c->image = true;
-        c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
+        c->use_fd = img->use_fd >= 0 ? fd_high(fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3)) : -1;
     }
     return 0;
 }
@@ -561,7 +518,7 @@ sbx_container_start_image(sbx_spawner *sp, const struct sbx_limits *lim,
     int rc = container_start(sp, lim, img, -1, c, why, whylen);
     if (rc == 0) {
         c->image = true;
-        c->use_fd = img->use_fd >= 0 ? fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3) : -1;
+        c->use_fd = img->use_fd >= 0 ? fd_high(fcntl(img->use_fd, F_DUPFD_CLOEXEC, 3)) : -1;
     }
     return rc;
 }
@@ -582,6 +539,8 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     sbx_msg msg;
     bool have_msg = false;
     char name[64];
+    void *stack = MAP_FAILED;  /* the child's stack (CLONE_VM), until it exec'd or died */
+    bool shared_files = false; /* the child starts in our descriptor table (CLONE_FILES) */
 
     memset(c, 0, sizeof(*c));
     c->pidfd = c->chan = -1;
@@ -675,7 +634,37 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     /* The parent attaches the child only where the child cannot join by
      * itself (v2 after clone(2)); on v1 the child writes its tasks files. */
     bool attach = false;
-    if (!sp->no_clone3) {
+    struct spawn_child child = {.agent_fd = sp->agent_fd, .devnull = sp->devnull,
+                                .chan = sv[1], .parent_end = sv[0], .tree = tree,
+                                .tasks = tasks, .ntasks = ntasks,
+                                .wait_ms = sp->conf.setup_timeout_ms,
+                                .argv = (const char *const *)argv, .envp = envp};
+    if (SPAWN_VM && !sp->no_clone3) {
+        /* Shares the shard's memory until its exec (spawn_child.c says
+         * why), on a stack of its own above a guard page. */
+        stack = mmap(NULL, SPAWN_STACK, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (stack == MAP_FAILED || mprotect(stack, 4096, PROT_NONE) != 0) {
+            rc = -errno;
+            snprintf(why, whylen, "the child's stack: %s", strerror(errno));
+            goto fail;
+        }
+        ca.stack = (uint64_t)(uintptr_t)stack;
+        ca.stack_size = SPAWN_STACK;
+        /* Its descriptor table too, when all it needs lies in the low part
+         * (SPAWN_FD_HIGH): it copies only that part. */
+        bool low = sp->agent_fd < SPAWN_FD_HIGH && sp->devnull < SPAWN_FD_HIGH &&
+                   sv[0] < SPAWN_FD_HIGH && sv[1] < SPAWN_FD_HIGH && tree < SPAWN_FD_HIGH;
+        for (int i = 0; i < ntasks; i++)
+            low = low && tasks[i] < SPAWN_FD_HIGH;
+        if (low)
+            ca.flags |= CLONE_FILES;
+        shared_files = child.shared_files = low;
+        long r = spawn_child_clone_vm(&ca, &child);
+        if (r < 0)
+            errno = (int)-r;
+        pid = r < 0 ? -1 : (pid_t)r;
+    } else if (!sp->no_clone3) {
         pid = (pid_t)syscall(SYS_clone3, &ca, sizeof(ca));
     } else {
         /* clone(2): no stack (fork-like), the pidfd at parent_tid; the
@@ -693,16 +682,11 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         goto fail;
     }
     if (pid == 0)
-        child_main(sp, sv[1], sv[0], tree, tasks, ntasks, sp->conf.setup_timeout_ms,
-                   (const char *const *)argv, envp);
-    if (tree >= 0)
-        close(tree);
-    tree = -1;
-    while (ntasks > 0)
-        close(tasks[--ntasks]);
-
-    close(sv[1]);
-    sv[1] = -1;
+        spawn_child_main(&child, false);
+    /* What only the child needs: closed here, or once it has a table of its
+     * own (shared_files, below). */
+    if (!shared_files)
+        close_child_fds(&tree, tasks, &ntasks, &sv[1]);
     c->pid = pid;
     c->pidfd = pidfd;
     if ((rc = write_map(pid, "uid_map", c->uid, img ? img->run_uid : 0, c->uid2, NULL)) != 0 ||
@@ -714,31 +698,20 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         snprintf(why, whylen, "attach to cgroup: %s", strerror(-rc));
         goto fail;
     }
-    /* The agent's OOM score, without a floor for the tenant (issue 16
-     * item 7).  A privileged write of oom_score_adj also sets the process's
-     * oom_score_adj_min — the value below which it may not go again without
-     * CAP_SYS_RESOURCE — and every process it forks inherits that floor:
-     * writing -998 there let every tenant process lower itself to -998 and
-     * outlive sbxd in a host-wide OOM.  So: oom_score_adj 0, which (when we
-     * hold CAP_SYS_RESOURCE) also resets any floor inherited from sbxd (a
-     * systemd OOMScoreAdjust=, say) to 0; then the legacy oom_adj -16
-     * (= oom_score_adj -941), which lowers the agent without moving its
-     * floor (proc(5); fs/proc/base.c __set_oom_adj updates the floor for
-     * oom_score_adj writes only).  Tenant processes raise themselves to
-     * +500 (container/agent/proctree.c) and can never go below 0.  Best
-     * effort: without CAP_SYS_RESOURCE (some hosts and VMs withhold it from
-     * root) the agent stays at 0 and the floor is sbxd's own. */
-    char adj[64];
-    snprintf(adj, sizeof(adj), "/proc/%d/oom_score_adj", (int)pid);
-    sbx_fs_write(adj, "0");
-    snprintf(adj, sizeof(adj), "/proc/%d/oom_adj", (int)pid);
-    sbx_fs_write(adj, "-16");
     if (img) {
         if ((rc = image_layer_trees(pid, img, layer_fds, why, whylen)) != 0) {
             nlayer_fds = img->nlayers;
             goto fail;
         }
         nlayer_fds = img->nlayers;
+    }
+    if (shared_files) {
+        if ((rc = wait_unshared(sv[0], pidfd, sp->conf.setup_timeout_ms)) != 0) {
+            snprintf(why, whylen, "the child did not take its descriptors: %s",
+                     rc == -EPIPE ? "it exited" : strerror(-rc));
+            goto fail;
+        }
+        close_child_fds(&tree, tasks, &ntasks, &sv[1]);
     }
     if ((rc = sbx_write_full(sv[0], "G", 1)) != 0 ||
         (rc = sbx_frame_send_blocking(sv[0], sp->cfg, sp->cfg_len)) != 0 ||
@@ -773,9 +746,36 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
         rc = SBX_E_CONTAINER;
         goto fail;
     }
+    /* The agent's OOM score, without a floor for the tenant (issue 16
+     * item 7).  A privileged write of oom_score_adj also sets the process's
+     * oom_score_adj_min — the value below which it may not go again without
+     * CAP_SYS_RESOURCE — and every process it forks inherits that floor:
+     * writing -998 there let every tenant process lower itself to -998 and
+     * outlive sbxd in a host-wide OOM.  So: oom_score_adj 0, which (when we
+     * hold CAP_SYS_RESOURCE) also resets any floor inherited from sbxd (a
+     * systemd OOMScoreAdjust=, say) to 0; then the legacy oom_adj -16
+     * (= oom_score_adj -941), which lowers the agent without moving its
+     * floor (proc(5); fs/proc/base.c __set_oom_adj updates the floor for
+     * oom_score_adj writes only).  Tenant processes raise themselves to
+     * +500 (container/agent/proctree.c) and can never go below 0.  Best
+     * effort: without CAP_SYS_RESOURCE (some hosts and VMs withhold it from
+     * root) the agent stays at 0 and the floor is sbxd's own.
+     * Written once the agent has exec'd (its "ready"; it forks nothing
+     * before): until then a CLONE_VM child shares the shard's memory, and
+     * the kernel applies an oom_score_adj write to every process sharing
+     * the target's memory (__set_oom_adj) — the shard itself. */
+    char adj[64];
+    snprintf(adj, sizeof(adj), "/proc/%d/oom_score_adj", (int)pid);
+    sbx_fs_write(adj, "0");
+    snprintf(adj, sizeof(adj), "/proc/%d/oom_adj", (int)pid);
+    sbx_fs_write(adj, "-16");
     sbx_wire_msg_free(&msg);
     free(ready);
-    c->chan = sv[0];
+    if (stack != MAP_FAILED)
+        munmap(stack, SPAWN_STACK); /* the agent is running: the child exec'd */
+    c->chan = fd_high(sv[0]);
+    c->pidfd = fd_high(c->pidfd);
+    c->cg.v2_fd = fd_high(c->cg.v2_fd);
     c->start_us = sbx_mono_us() - t0;
     return 0;
 fail:
@@ -797,10 +797,13 @@ fail:
     if (pid > 0) {
         syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
         siginfo_t si;
-        waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED);
+        while (waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED) < 0 && errno == EINTR)
+            ;
     }
     if (pidfd >= 0)
         close(pidfd);
+    if (stack != MAP_FAILED)
+        munmap(stack, SPAWN_STACK); /* the child was reaped above, or never was */
     c->pidfd = -1;
     c->pid = 0;
     sbx_cgroup_destroy(sp->conf.cgroups, &c->cg, 2000);

@@ -11,22 +11,29 @@
  *      before 5.3, Docker's default seccomp profile, valgrind) clone(2) with
  *      the same namespaces, the child then being attached to its cgroup in
  *      step 4 and making its cgroup namespace in the agent, as on v1;
- *   3. the child — a copy of this multi-threaded process, so it makes raw
- *      system calls only, no malloc, no glibc set*id broadcast — on cgroup
- *      v1 joins its cgroups itself (writes "0" to the `tasks` files the
- *      parent opened for it: sbx_cgroup_open_tasks says why), then waits on
- *      the channel for "go";
+ *   3. the child (container/spawn_child.c) — on x86-64 cloned with CLONE_VM
+ *      and CLONE_FILES on a small stack of its own, sharing this
+ *      multi-threaded process's memory until its exec (elsewhere a
+ *      fork-like copy), so it makes raw system calls only, no malloc, no
+ *      glibc set*id broadcast, not even errno — takes a copy of the low part
+ *      of the descriptor table (the sandboxes' own descriptors live above
+ *      SPAWN_FD_HIGH and are not copied) and says "U", on cgroup v1 joins
+ *      its cgroups itself (writes "0" to the `tasks` files the parent
+ *      opened for it: sbx_cgroup_open_tasks says why), then waits on the
+ *      channel for "go";
  *   4. the parent writes /proc/PID/{uid,gid}_map ("0 <host id> 1": one
  *      unprivileged host id per sandbox, nothing else mapped), on cgroup v2
- *      after clone(2) attaches the pid to its cgroup, sets oom_score_adj 0
- *      (floor 0) then the legacy oom_adj -16 (-941, floor unmoved) so the OOM
- *      killer prefers tenant processes to the agent while no tenant process
- *      can go below 0 (spawn.c says why), and says "go";
+ *      after clone(2) attaches the pid to its cgroup, waits for "U" and
+ *      says "go";
  *   5. the child sets PR_SET_PDEATHSIG, becomes uid/gid 0 of its namespace
  *      (setresuid/setresgid, setgroups(0)) and execs sbx-agent from a
  *      sealed memfd copy (F_SEAL_WRITE|SHRINK|GROW|SEAL): /proc/1/exe inside
  *      is that memfd, never a host file (runc CVE-2019-5736);
- *   6. the parent sends the agent's configuration and waits for "ready".
+ *   6. the parent sends the agent's configuration and waits for "ready",
+ *      then sets the agent's oom_score_adj 0 (floor 0) and the legacy
+ *      oom_adj -16 (-941, floor unmoved) so the OOM killer prefers tenant
+ *      processes to the agent while no tenant process can go below 0
+ *      (spawn.c says why, and why only after the exec).
  *
  * Everything the agent then does to build the sandbox is in
  * container/agent/setup.c.  sbx_container_stop() kills PID 1 through its

@@ -238,6 +238,8 @@ set_log_format(const char *log_format, const char *cmd)
         {"workers", SBX_OPT_INT, &(c)->workers, "container start/stop threads (0: 1/CPU, at least 2)"},   \
         {"pool", SBX_OPT_INT, &(c)->pool, "ready containers kept at least (0: none)"},        \
         {"pool-memory", SBX_OPT_SIZE, &(c)->pool_memory, "memory budget of the pool"},        \
+        {"pool-window", SBX_OPT_MS, &(c)->pool_window,                                       \
+         "demand the pools follow: their busiest second in this window (1s..60s, default 60s)"}, \
         {"memory", SBX_OPT_SIZE, &(c)->memory, "memory limit per sandbox (e.g. 512M)"},       \
         {"pids", SBX_OPT_INT, &(c)->pids, "process limit per sandbox"},                       \
         {"cpu", SBX_OPT_INT, &(c)->cpu, "CPU limit per sandbox, millicpus (1000 = 1 CPU)"},   \

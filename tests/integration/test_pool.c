@@ -8,7 +8,9 @@
  * container asked for is counted as a pool hit or a miss; the burst raised
  * the pool's target above --pool (at most the cap the memory budget
  * allows) and the pool refills up to that target; with --pool-memory 0 the
- * pool keeps exactly --pool containers.  Counts only: nothing here is timed.
+ * pool keeps exactly --pool containers; once demand has been quiet for
+ * --pool-window the pool shrinks back to --pool.  Counts only: nothing
+ * here is timed (the polls have deadlines).
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -173,4 +175,42 @@ Test(pool, without_a_memory_budget_the_pool_stays_at_its_minimum, .timeout = 240
     cr_expect_eq(f.cap, 0);
     wait_refilled(d.url, &f);
     cr_expect_eq(f.pool, 1);
+}
+
+/* Once demand has been quiet for --pool-window (2 s here; 60 s by default)
+ * the target falls back to --pool and the surplus ready containers are
+ * stopped: polled until then, nothing timed.  The deadline (45 s) is
+ * shorter than the default window, so a --pool-window left unused fails. */
+Test(pool, once_demand_is_quiet_the_pool_shrinks_back_to_its_minimum, .timeout = 240,
+     .fini = stop_daemon)
+{
+    static const char *const extra[] = {"--pool", "1", "--pool-memory", "64M", "--pool-window",
+                                        "2s", "--memory", "256M", "--pids", "128", "--disk",
+                                        "64M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    struct pool_fig f;
+    wait_refilled(d.url, &f);
+    /* Bursts until one is seen to have raised the target above --pool (a
+     * burst that straddles a second, on a slow machine, may show only after
+     * its window has passed): the test is of the way back down. */
+    int64_t peak = 0;
+    for (int round = 0; round < 5 && peak <= 1; round++) {
+        burst(d.url);
+        for (int i = 0; i < 20 && peak <= 1; i++) {
+            pool_status(d.url, &f);
+            peak = f.pool > peak ? f.pool : peak;
+            peak = f.target > peak ? f.target : peak;
+            usleep(100 * 1000);
+        }
+    }
+    cr_assert_gt(peak, 1, "no burst of %d raised the pool or its target above 1", BURST);
+    bool back = false;
+    for (int i = 0; i < 450 && !back; i++) {
+        pool_status(d.url, &f);
+        back = f.pool == 1 && f.target == 1;
+        if (!back)
+            usleep(100 * 1000);
+    }
+    cr_expect(back, "45 s after the last burst the pool holds %lld, target %lld (--pool 1)",
+              (long long)f.pool, (long long)f.target);
 }
