@@ -254,6 +254,7 @@ actor_finish_destroy(struct actor *a, struct sop *op)
         int rc = sbx_ws_remove(wsdir);
         if (rc)
             sbx_log_warn("sandbox %s: workspace %s not removed: %s", a->id, wsdir, strerror(-rc));
+        cluster_ws_snap_forget(sh, a->id); /* and its snapshot on another node */
     }
     a->exists = false;
     a->died = false;

@@ -131,6 +131,11 @@ struct cluster {
     uint64_t fence_timer;    /* fires at fence_at (0: none armed) */
     int me;                  /* my member index (loop's copy) */
     char member_names[SBX_CVIEW_MAX_MEMBERS][64];
+    /* ws_snap.c: the snapshot thread (started with the others when
+     * conf.snapshot_interval > 0) and the drops it is to send (under mu). */
+    pthread_t ws_snap;
+    bool ws_snap_thread;
+    struct ws_drop *ws_drops;
 };
 
 /* cluster_of — the shard's cluster state, or NULL when it is not in a
@@ -227,6 +232,10 @@ void cluster_load_wanted(struct cluster *c);
 int cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id,
                     const char *src_dir, enum sbx_ws_kind k, int64_t taken_ms,
                     int64_t deadline_ms, sbx_err_t *err);
+/* ws_snap.c: ws_snap_main — the snapshot thread's body (arg: the cluster);
+ * cluster_ws_snap_free — free the drops not sent (cluster_free). */
+void *ws_snap_main(void *arg);
+void cluster_ws_snap_free(struct cluster *c);
 /* cluster_ws_push_set — blocking (control thread): cluster_ws_push of the
  * workspace of each of ids[0..n) that has one on this shard to the peer
  * (name, url), one after the other over one connection; stops at the first

@@ -55,6 +55,14 @@ ws_present(struct work *w)
     }
     if (t > 0 && rename(snap, img) == 0) {
         w->ws_snap_ms = t;
+        /* For status: when the snapshot was taken and restored (ws_snap.c). */
+        char rp[1100];
+        snprintf(rp, sizeof(rp), "%s/restored.time", w->ws_dir);
+        if ((f = fopen(rp, "we")) != NULL) {
+            fprintf(f, "%lld %lld\n", t, (long long)sbx_wall_ms());
+            fclose(f);
+        }
+        unlink(tp);
         sbx_log_warn("workspace %s: restored from the snapshot taken %lld ms ago", w->ws_dir,
                      (long long)(sbx_wall_ms() - t));
         return 0;

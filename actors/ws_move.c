@@ -118,8 +118,11 @@ shard_op_workspace_put(struct sop *op)
                          k == SBX_WS_SNAP ? "snapshot" : "move");
     } else if (phase.n == 5 && !memcmp(phase.p, "abort", 5)) {
         sbx_ws_recv_abort(dir, k);
+    } else if (phase.n == 4 && !memcmp(phase.p, "drop", 4) && k == SBX_WS_SNAP) {
+        sbx_ws_snap_drop(dir);
     } else {
-        shard_reply_err(op, SBX_E_VALIDATION, "phase must be begin, data, commit or abort");
+        shard_reply_err(op, SBX_E_VALIDATION,
+                        "phase must be begin, data, commit, abort or (snapshot) drop");
         return;
     }
     if (rc) {

@@ -304,6 +304,18 @@ out:
 }
 
 void
+sbx_ws_snap_drop(const char *dir)
+{
+    char p[4200];
+    sbx_ws_recv_abort(dir, SBX_WS_SNAP);
+    snprintf(p, sizeof(p), "%s/snap.img", dir);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/snap.time", dir);
+    unlink(p);
+    rmdir(dir); /* only if empty: never a live workspace */
+}
+
+void
 sbx_ws_recv_abort(const char *dir, enum sbx_ws_kind kind)
 {
     char img[4200], sums[4200];

@@ -88,4 +88,8 @@ int sbx_ws_recv_commit(const char *dir, enum sbx_ws_kind kind, const uint8_t dig
 /* sbx_ws_recv_abort — remove what a transfer left ("<kind>.in", its sums). */
 void sbx_ws_recv_abort(const char *dir, enum sbx_ws_kind kind);
 
+/* sbx_ws_snap_drop — remove the snapshot kept in dir (snap.img, snap.time
+ * and a transfer's leftovers), and dir itself if nothing else is in it. */
+void sbx_ws_snap_drop(const char *dir);
+
 #endif

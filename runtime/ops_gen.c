@@ -245,7 +245,7 @@ static const struct sbx_arg args_partition_import[] = {
     {"idem", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
     {"doubt", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
 };
-static const char *const enum_workspace_put_phase[] = {"begin", "data", "commit", "abort", NULL};
+static const char *const enum_workspace_put_phase[] = {"begin", "data", "commit", "abort", "drop", NULL};
 static const char *const enum_workspace_put_kind[] = {"move", "snapshot", NULL};
 static const struct sbx_arg args_workspace_put[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 63u, NULL, "a string", NULL, 0},
