@@ -1,7 +1,8 @@
 /*
  * ws_move.c — persistent workspaces that follow their partition
  * (docs/persistence.md, "Across the cluster"; docs/cluster.md, "Handoff"):
- * the receiving side of workspace.put (loop thread) and the sender that a
+ * the receiving side of workspace.put (loop thread; a chunk's write and a
+ * commit on a thread of their own) and the sender that a
  * handoff runs on the control thread (cluster_ws_push_set) before it sends
  * the partitions' records: the new owner has every persistent workspace of
  * the partitions, checked by digest and on its disk, before the switch in
@@ -12,6 +13,8 @@
  */
 #include <errno.h>
 #include <nng/nng.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +44,78 @@ static int
 ws_errno_code(int rc)
 {
     return rc == -EBADMSG || rc == -ERANGE || rc == -ENOENT ? SBX_E_VALIDATION : SBX_E_STORAGE;
+}
+
+/* A data or commit phase, run off the loop (a 4 MiB write and its sha256,
+ * a commit's fdatasync): on a thread of its own counted in sh->img_jobs, as
+ * the image jobs are (images.c), so a stopping shard waits for it; the
+ * reply is posted back to the loop. */
+struct put_job {
+    struct sop *op;      /* answered by put_done on the loop */
+    char dir[1024];
+    char id[64];
+    enum sbx_ws_kind kind;
+    bool commit;
+    uint64_t off;
+    sbx_str data;        /* into op's request, which lives until the reply */
+    uint8_t sha[SBX_WS_XFER_SHA];
+    int64_t taken;
+    int rc;
+    char why[512];
+};
+
+static void
+put_done(sbx_loop *l, void *arg)
+{
+    struct put_job *j = arg;
+    (void)l;
+    if (j->rc) {
+        shard_reply_err(j->op, ws_errno_code(j->rc), "workspace.put %s of %s: %s",
+                        j->commit ? "commit" : "data", j->id, j->why);
+    } else {
+        sbx_enc e;
+        shard_reply_begin(j->op, &e);
+        sbx_enc_kstr(&e, "id", j->id);
+        shard_reply_end(j->op, &e, 0);
+    }
+    free(j);
+}
+
+static void *
+put_thread(void *arg)
+{
+    struct put_job *j = arg;
+    struct shard *sh = j->op->sh;
+    if (j->commit)
+        j->rc = sbx_ws_recv_commit(j->dir, j->kind, j->sha, j->taken, j->why, sizeof(j->why));
+    else
+        j->rc = sbx_ws_recv_chunk(j->dir, j->kind, j->off, j->data.p, j->data.n, j->sha, j->why,
+                                  sizeof(j->why));
+    if (j->rc && (j->commit || j->rc != -ENOENT)) /* a chunk without a begin: nothing to clean */
+        sbx_ws_recv_abort(j->dir, j->kind);
+    if (j->rc == 0 && j->commit)
+        sbx_log_info("shard %s: workspace of %s received (%s)", sh->conf.name, j->id,
+                     j->kind == SBX_WS_SNAP ? "snapshot" : "move");
+    sbx_loop_post(sh->loop, put_done, j); /* j is put_done's now */
+    atomic_fetch_sub(&sh->img_jobs, 1);
+    return NULL;
+}
+
+static void
+put_run(struct put_job *j)
+{
+    struct shard *sh = j->op->sh;
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&sh->img_jobs, 1);
+    if (atomic_load(&sh->img_stop) || pthread_create(&t, &at, put_thread, j) != 0) {
+        atomic_fetch_sub(&sh->img_jobs, 1);
+        shard_reply_err(j->op, SBX_E_SHARD_UNAVAILABLE, "workspace.put: no thread (stopping?)");
+        free(j);
+    }
+    pthread_attr_destroy(&at);
 }
 
 void
@@ -102,8 +177,16 @@ shard_op_workspace_put(struct sop *op)
                             "workspace.put data needs offset, data and a 32-byte sha");
             return;
         }
-        rc = sbx_ws_recv_chunk(dir, k, (uint64_t)off, data.p, data.n, (const uint8_t *)sha.p, why,
-                               sizeof(why));
+        struct put_job *j = sbx_xcalloc(1, sizeof(*j));
+        j->op = op;
+        snprintf(j->dir, sizeof(j->dir), "%s", dir);
+        snprintf(j->id, sizeof(j->id), "%s", sid);
+        j->kind = k;
+        j->off = (uint64_t)off;
+        j->data = data;
+        memcpy(j->sha, sha.p, SBX_WS_XFER_SHA);
+        put_run(j);
+        return;
     } else if (phase.n == 6 && !memcmp(phase.p, "commit", 6)) {
         int64_t taken = 0;
         if (sbx_wire_get_bin(op->req.args, "digest", &digest) != 0 ||
@@ -112,10 +195,16 @@ shard_op_workspace_put(struct sop *op)
             return;
         }
         sbx_wire_get_i64(op->req.args, "takenMs", &taken);
-        rc = sbx_ws_recv_commit(dir, k, (const uint8_t *)digest.p, taken, why, sizeof(why));
-        if (rc == 0)
-            sbx_log_info("shard %s: workspace of %s received (%s)", sh->conf.name, sid,
-                         k == SBX_WS_SNAP ? "snapshot" : "move");
+        struct put_job *j = sbx_xcalloc(1, sizeof(*j));
+        j->op = op;
+        snprintf(j->dir, sizeof(j->dir), "%s", dir);
+        snprintf(j->id, sizeof(j->id), "%s", sid);
+        j->kind = k;
+        j->commit = true;
+        j->taken = taken;
+        memcpy(j->sha, digest.p, SBX_WS_XFER_SHA);
+        put_run(j);
+        return;
     } else if (phase.n == 5 && !memcmp(phase.p, "abort", 5)) {
         sbx_ws_recv_abort(dir, k);
     } else if (phase.n == 4 && !memcmp(phase.p, "drop", 4) && k == SBX_WS_SNAP) {
@@ -126,8 +215,7 @@ shard_op_workspace_put(struct sop *op)
         return;
     }
     if (rc) {
-        if (rc != -ENOENT || phase.n != 4) /* a chunk without a begin: the abort cleans */
-            sbx_ws_recv_abort(dir, k);
+        sbx_ws_recv_abort(dir, k);
         shard_reply_err(op, ws_errno_code(rc), "workspace.put %.*s of %s: %s", (int)phase.n,
                         phase.p, sid, why);
         return;
