@@ -4,7 +4,8 @@
  * cluster"): a drain moves the workspace image to the partition's new owner
  * (workspace.put, shard to shard) before that owner serves the sandbox; a
  * move cut short by the loss of its source never gives the sandbox an
- * empty workspace.
+ * empty workspace; a move the new owner cannot take leaves the partition
+ * (and the files) where they were, and a later try completes it.
  *
  * Each node of the cluster of tests/cluster/cluster_main.c keeps its
  * workspaces under <cluster dir>/s<i>/workspaces/<id>/ (container/workspace.h).
@@ -12,6 +13,7 @@
  * on nodes 0-2 and destroy their sandboxes.
  */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,4 +143,47 @@ Test(cws, source_killed_mid_move_never_gives_an_empty_workspace, .timeout = 300)
     }
     sbx_destroy(c, id, NULL, NULL);
     sbx_client_close(c);
+}
+
+/* The new owner cannot store the workspace (a file where its directory
+ * goes): the handoff fails, the partition stays on the draining node,
+ * which serves the sandbox with its files; once the obstacle is gone the
+ * drain's next try moves it. */
+Test(cws, failed_move_keeps_the_partition_until_a_retry_succeeds, .timeout = 300)
+{
+    char id[64], before[512], after[512], p[600], top[600];
+    int a = 0;
+    sbx_client *c = gw_client(0);
+    id_on("wsblock", a, id);
+    create_persistent(c, id);
+    const char *sum = "cd /workspace && sha256sum f";
+    exec_out(c, id, "head -c 2000000 /dev/urandom > /workspace/f && sync && echo ok", before,
+             sizeof(before));
+    exec_out(c, id, sum, before, sizeof(before));
+    int succ = successor(id, a);
+    snprintf(top, sizeof(top), "%s/s%d/workspaces", cl_env()->dir, succ);
+    mkdir(top, 0700);
+    snprintf(p, sizeof(p), "%s/%s", top, id);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0, "the obstacle %s", p);
+    close(fd);
+    drain(c, a, true);
+    /* A few handoff attempts' worth of time: none can complete. */
+    cl_sleep_ms(6000);
+    struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    cr_assert_eq(owner_of(&st, id), a, "the partition left node %d without its workspace", a);
+    after[0] = '\0';
+    exec_out(c, id, sum, after, sizeof(after));
+    cr_assert_str_eq(after, before, "node %d serves the sandbox with other files", a);
+    cr_assert_eq(unlink(p), 0);
+    wait_drained(a, &st);
+    cr_assert_eq(owner_of(&st, id), succ);
+    after[0] = '\0';
+    exec_out(c, id, sum, after, sizeof(after));
+    cr_assert_str_eq(after, before, "the files differ after the retried move");
+    sbx_destroy(c, id, NULL, NULL);
+    drain(c, a, false);
+    sbx_client_close(c);
+    restore_base();
 }
