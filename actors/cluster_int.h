@@ -223,7 +223,8 @@ void cluster_load_wanted(struct cluster *c);
  * caller's) with workspace.put: begin, its data extents in 4 MiB chunks,
  * commit (kind and taken_ms: container/ws_xfer.h).  The image is locked
  * against mounts while it is read.  deadline_ms: monotonic, 0 none.
- * Returns 0, 1 when there is no image (nothing sent), or an error code:
+ * *sent: whether there was an image to send (none: 0, nothing sent).
+ * Returns 0 or an error code:
  * SBX_E_SHARD_UNAVAILABLE (no answer), SBX_E_TIMEOUT, SBX_E_STORAGE, the
  * peer's refusal (WRONG_OWNER, VALIDATION: a chunk or the digest did not
  * match).  After an error the peer was asked to abort (what it holds of
@@ -231,7 +232,7 @@ void cluster_load_wanted(struct cluster *c);
  */
 int cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id,
                     const char *src_dir, enum sbx_ws_kind k, int64_t taken_ms,
-                    int64_t deadline_ms, sbx_err_t *err);
+                    int64_t deadline_ms, bool *sent, sbx_err_t *err);
 /* ws_snap.c: ws_snap_main — the snapshot thread's body (arg: the cluster);
  * cluster_ws_snap_free — free the drops not sent (cluster_free). */
 void *ws_snap_main(void *arg);

@@ -300,13 +300,14 @@ add_commit(sbx_enc *e, const void *arg)
 int
 cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id,
                 const char *src_dir, enum sbx_ws_kind k, int64_t taken_ms, int64_t deadline_ms,
-                sbx_err_t *err)
+                bool *sent, sbx_err_t *err)
 {
     struct sbx_ws_src src;
     char why[512] = "";
+    *sent = false;
     int rc = sbx_ws_src_open(src_dir, &src, why, sizeof(why));
     if (rc == -ENOENT)
-        return 1; /* no workspace image: nothing to send */
+        return 0; /* no workspace image: nothing to send */
     if (rc)
         return sbx_err_make(err, SBX_E_STORAGE, "workspace of %s: %s", id, why);
     int64_t t0 = sbx_mono_ms();
@@ -340,6 +341,7 @@ cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id
         struct commit_args ca = {d, taken_ms};
         rc = put_call(s, id, "commit", k, add_commit, &ca, err);
     }
+    *sent = rc == 0;
     if (rc == 0)
         sbx_log_info("shard %s: workspace of %s sent to %s (%s): %llu bytes of a %llu-byte image "
                      "in %llu chunk(s), %lld ms",
@@ -373,10 +375,9 @@ cluster_ws_push_set(struct shard *sh, const char *peer, const char *url, char *c
                 return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "dial %s", url);
             open = true;
         }
-        rc = cluster_ws_push(sh, s, peer, ids[i], dir, SBX_WS_MOVE, 0, deadline_ms, err);
-        if (rc == 1)
-            rc = 0;
-        else if (rc == 0)
+        bool sent = false;
+        rc = cluster_ws_push(sh, s, peer, ids[i], dir, SBX_WS_MOVE, 0, deadline_ms, &sent, err);
+        if (rc == 0 && sent)
             (*moved)++;
     }
     if (open)

@@ -162,9 +162,12 @@ snap_one(struct cluster *c, struct snap_item *it)
     if (sbx_nng_req_dial(&s, it->succ.url, sh->conf.sec, NULL) != 0) {
         rc = sbx_err_make(&err, SBX_E_SHARD_UNAVAILABLE, "dial %s", it->succ.url);
     } else {
+        bool pushed = false;
         rc = cluster_ws_push(sh, s, it->succ.name, it->id, tmp, SBX_WS_SNAP, taken,
-                             sbx_mono_ms() + WS_SNAP_MS, &err);
+                             sbx_mono_ms() + WS_SNAP_MS, &pushed, &err);
         nng_close(s);
+        if (rc == 0 && !pushed)
+            rc = sbx_err_make(&err, SBX_E_STORAGE, "the copy %s has no image", tmp);
     }
     sbx_rm_rf(tmp);
     if (rc) {
