@@ -289,6 +289,7 @@ actor_encode_status(struct actor *a, sbx_enc *e)
         struct statfs sf;
         if (a->cs == C_RUNNING && a->c.ws && fstatfs(a->c.ws_fd, &sf) == 0)
             sbx_enc_kint(e, "usedBytes", (int64_t)((sf.f_blocks - sf.f_bfree) * sf.f_bsize));
+        cluster_ws_status(sh, a->id, e); /* snapshots for a failover (ws_snap.c) */
     }
     sbx_enc_end(e);
     if (a->rec.imgcfg) {

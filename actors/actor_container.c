@@ -127,6 +127,8 @@ container_ready(struct actor *a, struct sbx_container *c, bool pooled)
     }
     actor_image_start(a);
     a->rec.generation++;
+    if (a->rec.persistent)
+        a->rec.ws_made = true; /* its image exists from now on (a later start needs it) */
     snprintf(a->rec.state, sizeof(a->rec.state), "running");
     actor_save_record(a);
 }
@@ -214,6 +216,7 @@ actor_start_container(struct actor *a, struct sop *op)
     w->lim = a->rec.limits;
     snprintf(w->image, sizeof(w->image), "%s", a->rec.image);
     w->disk = a->rec.disk ? a->rec.disk : sh->conf.disk;
+    w->ws_must = a->rec.ws_made;
     if (a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, w->ws_dir, sizeof(w->ws_dir)) != 0) {
         free(w);
         a->gate = NULL;
@@ -251,6 +254,7 @@ actor_finish_destroy(struct actor *a, struct sop *op)
         int rc = sbx_ws_remove(wsdir);
         if (rc)
             sbx_log_warn("sandbox %s: workspace %s not removed: %s", a->id, wsdir, strerror(-rc));
+        cluster_ws_snap_forget(sh, a->id); /* and its snapshot on another node */
     }
     a->exists = false;
     a->died = false;

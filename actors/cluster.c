@@ -790,6 +790,13 @@ cluster_start(struct shard *sh)
         return -EAGAIN;
     }
     c->threads = true;
+    /* Snapshots of persistent workspaces for a failover (ws_snap.c); without
+     * the thread there are none (logged). */
+    if (sh->conf.snapshot_interval > 0) {
+        c->ws_snap_thread = pthread_create(&c->ws_snap, NULL, ws_snap_main, c) == 0;
+        if (!c->ws_snap_thread)
+            sbx_log_warn("shard %s: no workspace snapshot thread", sh->conf.name);
+    }
     return 0;
 }
 
@@ -807,6 +814,8 @@ cluster_stop(struct shard *sh)
         pthread_join(c->lth, NULL);
         pthread_join(c->repl, NULL);
     }
+    if (c->ws_snap_thread)
+        pthread_join(c->ws_snap, NULL);
     /* What the threads posted finds stop set; the deadline's timer goes. */
     sbx_loop_cancel(sh->loop, c->fence_timer);
     c->fence_timer = 0;
@@ -828,6 +837,7 @@ cluster_free(struct shard *sh)
         return;
     cluster_stop(sh);
     sbx_etcd_close(c->etcd);
+    cluster_ws_snap_free(c);
     while (c->rq_head) {
         struct ritem *it = c->rq_head;
         c->rq_head = it->next;

@@ -52,6 +52,19 @@ void cluster_stop(struct shard *sh);
 void cluster_free(struct shard *sh);
 bool cluster_on(const struct shard *sh);
 
+/* Persistent workspaces across the cluster (actors/ws_snap.c,
+ * docs/persistence.md "Across the cluster"), loop thread:
+ * cluster_ws_snap_forget — sandbox id was destroyed: the partition's
+ * successor is asked (in the background) to drop the snapshot of its
+ * workspace it keeps; nothing outside a cluster or without snapshots.
+ * cluster_ws_status — add to status's open `workspace` map what this node
+ * knows of id's snapshots: snapshotTakenMs, snapshotAgeMs, snapshotOn (the
+ * last snapshot sent off this node: the recovery point if it is lost) and
+ * restoredFromSnapshot {takenMs, restoredMs, ageMs} (the workspace came
+ * back from a snapshot after a failover; ageMs: what was lost, at most). */
+void cluster_ws_snap_forget(struct shard *sh, const char *id);
+void cluster_ws_status(struct shard *sh, const char *id, sbx_enc *e);
+
 /*
  * cluster_admit — may a request for `part`, routed at `epoch` (0: not given),
  * run here?  0, or an error code with the error's context written into w

@@ -10,8 +10,9 @@
  *         let in-flight operations finish (HANDOFF_GRACE_MS, then interrupt
  *         them), stop P's containers as an idle sleep would, wait until every
  *         write is decided, read P's records from LMDB;
- *   ctl:  send them to B (partition.import over nng; B commits them before
- *         answering), then switch the owner of each partition in etcd with a
+ *   ctl:  send P's persistent workspaces to B (workspace.put, ws_move.c;
+ *         a failure ends the handoff here), send the records to B
+ *         (partition.import over nng; B commits them before answering), then switch the owner of each partition in etcd with a
  *         transaction comparing owner and epoch; the new epoch is the key's
  *         new mod_revision;
  *   loop: drop P's actors and local records (on failure: serve P again).
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../container/workspace.h"
 #include "../runtime/cview.h"
 #include "../runtime/err.h"
 #include "../runtime/etcd.h"
@@ -38,6 +40,9 @@
 
 #define HANDOFF_GRACE_MS 10000
 #define IMPORT_TIMEOUT_MS 30000
+/* The most the workspaces of one handoff may take to move (ws_move.c): past
+ * it the handoff fails and the partitions stay (docs/persistence.md). */
+#define WS_MOVE_MS 300000
 
 /* A handoff's rendezvous between the control thread and the loop. */
 struct hjob {
@@ -202,8 +207,13 @@ job_end(sbx_loop *l, void *arg)
     if (e->ok) {
         /* B holds them now: drop ours (local only: etcd's copy is B's). */
         for (size_t i = 0; i < j->nids; i++)
-            if (gone[sbx_place_partition(j->ids[i], strlen(j->ids[i]))])
+            if (gone[sbx_place_partition(j->ids[i], strlen(j->ids[i]))]) {
                 sbx_store_del(sh->store, SBX_DB_SANDBOXES, j->ids[i], strlen(j->ids[i]));
+                /* Its workspace is B's now (cluster_ws_push_set): ours goes. */
+                char wd[1024];
+                if (sbx_ws_dir(sh->conf.data, j->ids[i], wd, sizeof(wd)) == 0)
+                    sbx_ws_remove(wd);
+            }
         actor_partition_drop(sh, gone);
     }
     for (size_t i = 0; i < j->nids; i++)
@@ -410,7 +420,23 @@ cluster_handoff(struct cluster *c, int target, const char *tname, const char *tu
     epochs = he;
     n = nn;
     if (n && j->done && !cluster_fenced(c)) {
-        int rc = send_import(c, turl, j);
+        /* The persistent workspaces first (ws_move.c): B has each one on
+         * its disk, checked, before its records — and so before the switch
+         * makes B serve them.  Their containers are stopped (job_check). */
+        size_t moved = 0;
+        _cleanup_err_ sbx_err_t werr = NULL;
+        int64_t tw = sbx_mono_ms();
+        int rc = cluster_ws_push_set(sh, tname, turl, j->ids, j->nids, tw + WS_MOVE_MS, &moved,
+                                     &werr);
+        if (rc)
+            sbx_log_warn("shard %s: handoff of %zu partition(s) to %s: a workspace could not "
+                         "move (%s): they stay here",
+                         sh->conf.name, n, tname, sbx_err_msg(werr));
+        else if (moved)
+            sbx_log_info("shard %s: moved %zu workspace(s) to %s in %lld ms", sh->conf.name, moved,
+                         tname, (long long)(sbx_mono_ms() - tw));
+        if (rc == 0)
+            rc = send_import(c, turl, j);
         if (rc == 0) {
             /* The switch: owner and epoch must be what we saw.  A transaction
              * whose outcome is not known is read back; the partitions it did
@@ -441,7 +467,7 @@ cluster_handoff(struct cluster *c, int target, const char *tname, const char *tu
                     break;
                 }
             }
-        } else {
+        } else if (!werr) {
             sbx_log_warn("shard %s: handoff of %zu partition(s) to %s failed: %s", sh->conf.name, n,
                      tname, sbx_err_message(rc));
         }

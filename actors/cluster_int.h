@@ -34,6 +34,8 @@
 #include "../runtime/loop.h"
 #include "../runtime/place.h"
 #include "../runtime/util.h"
+#include "../container/ws_xfer.h"
+#include "../runtime/error.h"
 #include "recrev.h"
 #include "shard_int.h"
 
@@ -129,6 +131,11 @@ struct cluster {
     uint64_t fence_timer;    /* fires at fence_at (0: none armed) */
     int me;                  /* my member index (loop's copy) */
     char member_names[SBX_CVIEW_MAX_MEMBERS][64];
+    /* ws_snap.c: the snapshot thread (started with the others when
+     * conf.snapshot_interval > 0) and the drops it is to send (under mu). */
+    pthread_t ws_snap;
+    bool ws_snap_thread;
+    struct ws_drop *ws_drops;
 };
 
 /* cluster_of — the shard's cluster state, or NULL when it is not in a
@@ -206,5 +213,35 @@ void cluster_handoff(struct cluster *c, int target, const char *tname, const cha
  * to the loop, which installs those still due and then serves them.  A
  * failed read leaves them unavailable and backs off (load_next_ms). */
 void cluster_load_wanted(struct cluster *c);
+
+/*
+ * ws_move.c: persistent workspaces that follow their partition
+ * (docs/persistence.md, "Across the cluster").
+ *
+ * cluster_ws_push — blocking (control thread): send the workspace image
+ * in src_dir/disk.img of sandbox id to the peer on s (a REQ socket, the
+ * caller's) with workspace.put: begin, its data extents in 4 MiB chunks,
+ * commit (kind and taken_ms: container/ws_xfer.h).  The image is locked
+ * against mounts while it is read.  deadline_ms: monotonic, 0 none.
+ * *sent: whether there was an image to send (none: 0, nothing sent).
+ * Returns 0 or an error code:
+ * SBX_E_SHARD_UNAVAILABLE (no answer), SBX_E_TIMEOUT, SBX_E_STORAGE, the
+ * peer's refusal (WRONG_OWNER, VALIDATION: a chunk or the digest did not
+ * match).  After an error the peer was asked to abort (what it holds of
+ * the transfer is never used).
+ */
+int cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id,
+                    const char *src_dir, enum sbx_ws_kind k, int64_t taken_ms,
+                    int64_t deadline_ms, bool *sent, sbx_err_t *err);
+/* ws_snap.c: ws_snap_main — the snapshot thread's body (arg: the cluster);
+ * cluster_ws_snap_free — free the drops not sent (cluster_free). */
+void *ws_snap_main(void *arg);
+void cluster_ws_snap_free(struct cluster *c);
+/* cluster_ws_push_set — blocking (control thread): cluster_ws_push of the
+ * workspace of each of ids[0..n) that has one on this shard to the peer
+ * (name, url), one after the other over one connection; stops at the first
+ * failure (its code).  *moved: how many were sent. */
+int cluster_ws_push_set(struct shard *sh, const char *peer, const char *url, char *const *ids,
+                        size_t n, int64_t deadline_ms, size_t *moved, sbx_err_t *err);
 
 #endif

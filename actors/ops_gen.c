@@ -26,6 +26,7 @@ shard_op_fn *const shard_ops[SBX_OPID__COUNT] = {
     [SBX_OPID_CLUSTER_DRAIN] = shard_op_status,
     [SBX_OPID_PARTITION_IMPORT] = cluster_op_import,
     [SBX_OPID_METRICS] = shard_op_metrics,
+    [SBX_OPID_WORKSPACE_PUT] = shard_op_workspace_put,
     [SBX_OPID_IMAGE_IMPORT] = shard_op_image_import,
     [SBX_OPID_IMAGE_PULL] = shard_op_image_pull,
     [SBX_OPID_IMAGE_LIST] = shard_op_image_list,

@@ -37,6 +37,7 @@ shard_op_fn shard_op_list;
 shard_op_fn shard_op_status;
 shard_op_fn cluster_op_import;
 shard_op_fn shard_op_metrics;
+shard_op_fn shard_op_workspace_put;
 shard_op_fn shard_op_image_import;
 shard_op_fn shard_op_image_pull;
 shard_op_fn shard_op_image_list;

@@ -53,6 +53,8 @@ sbx_record_encode(const struct sbx_record *r, char **out, size_t *len)
         sbx_enc_kstr(&e, "image", r->image);
     if (r->persistent)
         sbx_enc_kstr(&e, "workspace", "persistent");
+    if (r->ws_made)
+        sbx_enc_kbool(&e, "wsMade", true);
     if (r->disk)
         sbx_enc_kint(&e, "disk", (int64_t)r->disk);
     if (r->imgcfg) {
@@ -120,6 +122,8 @@ sbx_record_decode(const void *buf, size_t len, struct sbx_record *r)
                     !memcmp(s.p, "persistent", 10);
     if (sbx_wire_get_i64(m.root, "disk", &v) == 0 && v > 0)
         r->disk = (uint64_t)v;
+    bool made = false;
+    r->ws_made = sbx_wire_get_bool(m.root, "wsMade", &made) == 0 && made;
     blob_of(m.root, "imageConfig", &r->imgcfg, &r->imgcfg_len);
     rc = 0;
 out:

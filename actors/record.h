@@ -53,6 +53,9 @@ struct sbx_record {
     size_t ports_len;
     char image[72];     /* image manifest digest "sha256:<hex>", or "" */
     bool persistent;    /* workspace kept on disk (container/workspace.h) */
+    bool ws_made;       /* "wsMade": its workspace image was made (a container started with
+                           it): a start that finds none must not make an empty one
+                           (docs/persistence.md, "Across the cluster") */
     uint64_t disk;      /* "disk": bytes of its writable file system, 0 = the shard's --disk */
     char *imgcfg;       /* "imageConfig": msgpack map bytes (heap) or NULL */
     size_t imgcfg_len;

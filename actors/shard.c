@@ -111,6 +111,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->network_default = sbx_xstrdup("none");
     c->network_range = sbx_xstrdup("10.88.0.0/16");
     c->lease_ttl = 10000;
+    c->snapshot_interval = 300000;
     c->preview_scheme = sbx_xstrdup("http");
     c->etc = strv_dup(default_etc);
     c->env = strv_dup(default_env);

@@ -76,6 +76,9 @@ struct sbx_shard_conf {
     char *cluster;        /* cluster name: etcd keys live under /sbx/<cluster>/ */
     char *advertise;      /* nng URL other nodes reach this shard at (default: listen) */
     int64_t lease_ttl;    /* ms: membership lease; a shard unable to renew it stops serving */
+    int64_t snapshot_interval; /* ms between snapshots of the persistent workspaces this shard
+                                * owns, pushed to each partition's successor (cluster only;
+                                * 0: none; default 5 min; docs/persistence.md) */
     int64_t idem_ttl;     /* ms a request id's recorded reply is kept (docs/protocol.md §2) */
     char **etc;           /* /etc entries bound read-only into sandboxes */
     char **env;           /* base environment of sandboxes, "K=V" */

@@ -187,6 +187,10 @@ struct work {
     struct sbx_limits lim;
     char image[72];             /* W_START: the image's digest ("" the host's /usr) */
     char ws_dir[1024];          /* W_START: a persistent workspace's directory ("" none) */
+    bool ws_must;               /* W_START: its image was made before: absent, it is restored
+                                 * from a snapshot or the start fails (never made empty) */
+    int64_t ws_snap_ms;         /* W_START: the result: when the snapshot it was restored from
+                                 * was taken (ms since the epoch; 0: none restored) */
     struct shard_peers *peers;  /* W_START of an image this node lacks: the peers to fetch it
                                  * from (heap; the worker frees it), else NULL */
     char fetched_from[64];      /* W_START: the peer the image came from ("" none) */

@@ -11,8 +11,11 @@
  * runs on the loop thread.  A struct work is owned by the queue, then the
  * worker, then whoever it is handed back to (actor_work_done frees it).
  */
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "../runtime/log.h"
 #include "../runtime/util.h"
@@ -25,6 +28,51 @@ static void work_done_loop(sbx_loop *l, void *arg);
 
 /* How long a container start may spend fetching its image from peers. */
 #define START_FETCH_MS (10 * 60 * 1000)
+
+/*
+ * Before a persistent workspace is mounted: an image made before (the
+ * record's wsMade) that is not on this node — its partition came here by a
+ * failover, or a handoff that did not bring it — is restored from the
+ * snapshot the sandbox's earlier owner pushed here (<dir>/snap.img,
+ * taken at <dir>/snap.time; docs/persistence.md, "Across the cluster"),
+ * else the start fails: sbx_ws_mount would make an empty one.
+ */
+static int
+ws_present(struct work *w)
+{
+    char img[1100], snap[1100], tp[1100];
+    snprintf(img, sizeof(img), "%s/disk.img", w->ws_dir);
+    if (!w->ws_must || access(img, F_OK) == 0)
+        return 0;
+    snprintf(snap, sizeof(snap), "%s/snap.img", w->ws_dir);
+    snprintf(tp, sizeof(tp), "%s/snap.time", w->ws_dir);
+    FILE *f = fopen(tp, "re");
+    long long t = 0;
+    if (f) {
+        if (fscanf(f, "%lld", &t) != 1)
+            t = 0;
+        fclose(f);
+    }
+    if (t > 0 && rename(snap, img) == 0) {
+        w->ws_snap_ms = t;
+        /* For status: when the snapshot was taken and restored (ws_snap.c). */
+        char rp[1100];
+        snprintf(rp, sizeof(rp), "%s/restored.time", w->ws_dir);
+        if ((f = fopen(rp, "we")) != NULL) {
+            fprintf(f, "%lld %lld\n", t, (long long)sbx_wall_ms());
+            fclose(f);
+        }
+        unlink(tp);
+        sbx_log_warn("workspace %s: restored from the snapshot taken %lld ms ago", w->ws_dir,
+                     (long long)(sbx_wall_ms() - t));
+        return 0;
+    }
+    snprintf(w->why, sizeof(w->why),
+             "the sandbox's workspace is not on this node and no snapshot of it reached this "
+             "node (its previous node was lost, or a move of it failed; docs/persistence.md): "
+             "its files are lost unless that node comes back");
+    return -ENOENT;
+}
 
 /* A container of an image (docs/images.md): its root from the store, its
  * use lock held by the container until it stops (container/spawn.h). */
@@ -59,7 +107,9 @@ start_image(struct shard *sh, struct work *w)
     if (w->ws_dir[0]) {
         int fd;
         bool created;
-        rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
+        rc = ws_present(w);
+        if (rc == 0)
+            rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
                           sizeof(w->why));
         if (rc == 0)
             rc = sbx_container_start_ws(sh->spawner, &w->lim, &root, fd, &w->c, w->why,
@@ -78,7 +128,9 @@ start_ws(struct shard *sh, struct work *w)
 {
     int fd;
     bool created;
-    int rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
+    int rc = ws_present(w);
+    if (rc == 0)
+        rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
                           sizeof(w->why));
     if (rc == 0)
         rc = sbx_container_start_ws(sh->spawner, &w->lim, NULL, fd, &w->c, w->why,

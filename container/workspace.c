@@ -493,7 +493,13 @@ sbx_ws_sweep(const char *data, bool (*exists)(const char *id, void *arg), void *
             continue;
         if (exists(de->d_name, arg))
             continue;
-        char dir[4200];
+        char dir[4200], img[4300], snap[4300];
+        /* Only a snapshot another node sent (ws_xfer.h): its sandbox's
+         * record is on that node; kept for a failover. */
+        snprintf(img, sizeof(img), "%s/%s/disk.img", top, de->d_name);
+        snprintf(snap, sizeof(snap), "%s/%s/snap.img", top, de->d_name);
+        if (access(img, F_OK) != 0 && access(snap, F_OK) == 0)
+            continue;
         if (sbx_ws_dir(data, de->d_name, dir, sizeof(dir)) == 0 && sbx_ws_remove(dir) == 0)
             n++;
     }

@@ -75,7 +75,8 @@ int64_t sbx_ws_allocated(const char *dir);
 /*
  * sbx_ws_sweep — remove every workspace under <data>/workspaces whose
  * sandbox no longer exists (exists(id, arg) false): a shard does this when
- * it starts.  Returns how many were removed.
+ * it starts.  A directory that holds only a snapshot (snap.img, sent by
+ * another node: container/ws_xfer.h) is kept.  Returns how many were removed.
  */
 int sbx_ws_sweep(const char *data, bool (*exists)(const char *id, void *arg), void *arg);
 

@@ -245,6 +245,19 @@ static const struct sbx_arg args_partition_import[] = {
     {"idem", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
     {"doubt", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
 };
+static const char *const enum_workspace_put_phase[] = {"begin", "data", "commit", "abort", "drop", NULL};
+static const char *const enum_workspace_put_kind[] = {"move", "snapshot", NULL};
+static const struct sbx_arg args_workspace_put[] = {
+    {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 63u, NULL, "a string", NULL, 0},
+    {"phase", SBX_ARG_STR, true, false, false, 0, 0, 0u, enum_workspace_put_phase, "a string", NULL, 0},
+    {"kind", SBX_ARG_STR, false, false, false, 0, 0, 0u, enum_workspace_put_kind, "a string", NULL, 0},
+    {"size", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", "bytes", 0},
+    {"offset", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", "bytes", 0},
+    {"data", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 8388608u, NULL, "a string", NULL, 0},
+    {"sha", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
+    {"digest", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
+    {"takenMs", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", "ms", 0},
+};
 static const struct sbx_arg args_image_import[] = {
     {"path", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
     {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
@@ -813,6 +826,15 @@ const struct sbx_op_def sbx_ops[] = {
      .http = NULL,
      .args = NULL,
      .nargs = 0},
+    {.name = "workspace.put",
+     .id = SBX_OPID_WORKSPACE_PUT,
+     .flags = SBX_OP_INTERNAL,
+     .idle_code = 0,
+     .idle_empty = NULL,
+     .summary = "a persistent workspace's image sent to this shard, chunk by chunk (shard to shard: a handoff moves it to the partition's new owner)",
+     .http = NULL,
+     .args = args_workspace_put,
+     .nargs = 9},
     {.name = "image.import",
      .id = SBX_OPID_IMAGE_IMPORT,
      .flags = SBX_OP_MUTATES | SBX_OP_NODE,

@@ -59,6 +59,7 @@ enum sbx_op_id {
     SBX_OPID_CLUSTER_DRAIN, /* cluster.drain */
     SBX_OPID_PARTITION_IMPORT, /* partition.import */
     SBX_OPID_METRICS, /* metrics */
+    SBX_OPID_WORKSPACE_PUT, /* workspace.put */
     SBX_OPID_IMAGE_IMPORT, /* image.import */
     SBX_OPID_IMAGE_PULL, /* image.pull */
     SBX_OPID_IMAGE_LIST, /* image.list */

@@ -336,6 +336,9 @@ cmd_shard(int argc, char **argv)
         ETCD_TLS_OPTS(&c.etcd_ca, &c.etcd_cert, &c.etcd_key),
         {"lease-ttl", SBX_OPT_MS, &c.lease_ttl,
          "membership lease; unrenewed for this long, the shard stops serving (10s)"},
+        {"snapshot-interval", SBX_OPT_MS, &c.snapshot_interval,
+         "how often the persistent workspaces a cluster shard owns are snapshotted to each "
+         "partition's successor, for a failover (5m; 0: never; docs/persistence.md)"},
         SHARD_OPTS(&c),
         TLS_OPTS(&tls),
         {"sweep", SBX_OPT_BOOL, &sweep,

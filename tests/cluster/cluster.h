@@ -64,6 +64,11 @@ struct cl_env {
 
 /* ---- main() side ---------------------------------------------------------------- */
 
+/* The `sbxd shard` arguments cluster_main.c adds for every node
+ * (NULL-terminated): a weak empty list there; a test binary that needs
+ * others defines this (e.g. test_cluster_ws_snap.c: --snapshot-interval). */
+extern const char *const cl_shard_extra[];
+
 /*
  * cl_setup — fork the supervisor, build the cluster and wait until it has
  * converged (every partition owned by its rendezvous owner and ready);

@@ -16,6 +16,10 @@
 
 #include "cluster.h"
 
+/* More `sbxd shard` arguments of every node: none, unless the test binary
+ * defines its own cl_shard_extra (cluster.h). */
+__attribute__((weak)) const char *const cl_shard_extra[] = {NULL};
+
 int
 main(int argc, char *argv[])
 {
@@ -25,8 +29,7 @@ main(int argc, char *argv[])
         return 0;
     }
     criterion_options.jobs = 1;
-    const char *const extra[] = {NULL};
-    struct cl_opts o = {.nodes = 3, .gateways = 2, .pool = 1, .shard_extra = extra};
+    struct cl_opts o = {.nodes = 3, .gateways = 2, .pool = 1, .shard_extra = cl_shard_extra};
     double t0 = cl_now_ms();
     if (cl_setup(&o) != 0) {
         fprintf(stderr, "cluster tests: could not build the cluster\n");

@@ -289,6 +289,17 @@ class SandboxStatusLimits(TypedDict, total=False):
     """CPU in millicpus"""
 
 
+class SandboxStatusWorkspaceRestoredFromSnapshot(TypedDict, total=False):
+    """persistent, after a failover: the snapshot its workspace was restored from"""
+
+    takenMs: int
+    """when it was taken (ms since the epoch) (milliseconds)"""
+    restoredMs: int
+    """when it was restored (ms since the epoch) (milliseconds)"""
+    ageMs: int
+    """its age when restored: at most what was lost (milliseconds)"""
+
+
 class SandboxStatusWorkspace(TypedDict, total=False):
     """its writable state (docs/persistence.md)"""
 
@@ -300,6 +311,14 @@ class SandboxStatusWorkspace(TypedDict, total=False):
     """persistent: host disk its image file holds now (sparse) (bytes)"""
     usedBytes: int
     """persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes)"""
+    snapshotTakenMs: int
+    """persistent, in a cluster: when the last snapshot this node sent of it was taken (ms since the epoch): the recovery point if this node is lost (docs/persistence.md, "Across the cluster") (milliseconds)"""
+    snapshotAgeMs: int
+    """persistent, in a cluster: how old that snapshot is now (milliseconds)"""
+    snapshotOn: str
+    """persistent, in a cluster: the node that holds that snapshot (the partition's successor)"""
+    restoredFromSnapshot: 'SandboxStatusWorkspaceRestoredFromSnapshot'
+    """persistent, after a failover: the snapshot its workspace was restored from"""
 
 
 class SandboxStatusImageFetch(TypedDict, total=False):

@@ -392,6 +392,22 @@ export interface SandboxStatus {
     allocatedBytes?: number;
     /** persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes) */
     usedBytes?: number;
+    /** persistent, in a cluster: when the last snapshot this node sent of it was taken (ms since the epoch): the recovery point if this node is lost (docs/persistence.md, "Across the cluster") (milliseconds) */
+    snapshotTakenMs?: number;
+    /** persistent, in a cluster: how old that snapshot is now (milliseconds) */
+    snapshotAgeMs?: number;
+    /** persistent, in a cluster: the node that holds that snapshot (the partition's successor) */
+    snapshotOn?: string;
+    /** persistent, after a failover: the snapshot its workspace was restored from */
+    restoredFromSnapshot?: {
+      /** when it was taken (ms since the epoch) (milliseconds) */
+      takenMs?: number;
+      /** when it was restored (ms since the epoch) (milliseconds) */
+      restoredMs?: number;
+      /** its age when restored: at most what was lost (milliseconds) */
+      ageMs?: number;
+      [key: string]: unknown;
+    };
     [key: string]: unknown;
   };
   /** the image's ExposedPorts, as hints (nothing is exposed by them: port.expose does) */
