@@ -404,7 +404,7 @@ check: gen-check
 #
 #   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each,
 #                      FUZZ_JOBS (2) at a time
-#   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (12) each, two at a time (make test)
+#   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (8) each, two at a time (make test)
 #   make fuzz-replay   each target over its committed corpus once, no mutation (make check)
 #   make valgrind      a short scenario with the release shard, gateway and client under
 #                      valgrind --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
@@ -417,7 +417,7 @@ check: gen-check
 # are tests/fuzz/corpus/<target>/.
 FUZZ_CC            ?= clang
 FUZZ_SECONDS       ?= 300
-FUZZ_SMOKE_SECONDS ?= 12
+FUZZ_SMOKE_SECONDS ?= 8
 SOAK_SECONDS       ?= 300
 SOAK_SANDBOXES     ?= 200
 FUZZ_JOBS          ?= 2
