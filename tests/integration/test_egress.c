@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -678,4 +679,152 @@ Test(egress, an_image_sandbox_reaches_the_allowed_host)
     free(id);
     sbx_client_close(c);
     sbx_rm_rf(work);
+}
+
+/* git.checkout over https (issue 14: "gitCheckout over https works when the
+ * policy allows the host"): a git server on the test host (a bare
+ * repository served over TLS by Python's http.server, git's "dumb" HTTP
+ * protocol, with a certificate of a CA made here by tools/sbx-cert), the
+ * sandbox trusting that CA (its own git config), allowed the host's port:
+ * the checkout succeeds and holds the commit's file; a sandbox allowed only
+ * another port gets a GIT_ error by the call's deadline, nothing cloned. */
+Test(egress, git_checkout_over_https_when_the_policy_allows)
+{
+    char dir[128];
+    snprintf(dir, sizeof(dir), "/tmp/sbx-egit-%sXXXXXX", test_prefix());
+    cr_assert_not_null(mkdtemp(dir));
+    cr_assert_eq(sh("tools/sbx-cert ca %s/pki >/dev/null && "
+                    "tools/sbx-cert node %s/pki gitsrv --san IP:%s >/dev/null && "
+                    "git init -q --bare %s/srv/repo.git && git init -q %s/w && "
+                    "echo served-over-https > %s/w/f && git -C %s/w add f && "
+                    "git -C %s/w -c user.email=t@sbx -c user.name=t commit -qm init && "
+                    "git -C %s/w push -q %s/srv/repo.git HEAD:refs/heads/main && "
+                    "git -C %s/srv/repo.git symbolic-ref HEAD refs/heads/main && "
+                    "git -C %s/srv/repo.git update-server-info",
+                    dir, dir, peer_ip, dir, dir, dir, dir, dir, dir, dir, dir, dir),
+                 0, "could not make the CA or the repository in %s", dir);
+    char prog[1024], nspath[128];
+    snprintf(prog, sizeof(prog),
+             "import http.server, ssl, os\n"
+             "os.chdir('%s/srv')\n"
+             "ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+             "ctx.load_cert_chain('%s/pki/gitsrv.pem', '%s/pki/gitsrv.key')\n"
+             "class H(http.server.SimpleHTTPRequestHandler):\n"
+             "    def log_message(self, *a):\n"
+             "        pass\n"
+             "s = http.server.ThreadingHTTPServer(('%s', 8443), H)\n"
+             "s.socket = ctx.wrap_socket(s.socket, server_side=True)\n"
+             "s.serve_forever()\n",
+             dir, dir, dir, peer_ip);
+    snprintf(nspath, sizeof(nspath), "/run/netns/%s", ns_name);
+    pid_t srv = fork();
+    cr_assert_geq(srv, 0);
+    if (srv == 0) {
+        int nfd = open(nspath, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
+            _exit(1);
+        char log[200];
+        snprintf(log, sizeof(log), "%s/server.log", dir);
+        int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (lfd >= 0) {
+            dup2(lfd, 1);
+            dup2(lfd, 2);
+        }
+        execlp("python3", "python3", "-c", prog, (char *)NULL);
+        _exit(127);
+    }
+    /* The server is up once its port takes a connection (the host reaches
+     * the test host over the veth). */
+    bool up = false;
+    for (int i = 0; i < 400 && !up; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(8443)};
+        inet_pton(AF_INET, peer_ip, &sa.sin_addr);
+        up = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        close(fd);
+        if (!up)
+            usleep(50 * 1000);
+    }
+    int st = 0;
+    if (!up) {
+        sh("cat %s/server.log >&2", dir);
+        if (waitpid(srv, &st, WNOHANG) != srv) {
+            kill(srv, SIGKILL);
+            waitpid(srv, &st, 0);
+        }
+        sh("rm -rf %s", dir);
+        cr_assert_fail("the test host's https git server did not start (status %d)", st);
+    }
+    sbx_client *c = test_client();
+    char *ok = test_id("egr-git"), *no = test_id("egr-nogit");
+    char net[256], ca_path[200], url[128], args[512];
+    snprintf(net, sizeof(net), "{\"mode\":\"egress\",\"allow\":[\"%s/32:8443\"]}", peer_ip);
+    create_ok(c, ok, net);
+    snprintf(net, sizeof(net), "{\"mode\":\"egress\",\"allow\":[\"%s/32:8080\"]}", peer_ip);
+    create_ok(c, no, net);
+    snprintf(ca_path, sizeof(ca_path), "%s/pki/ca.pem", dir);
+    char *ca = NULL;
+    size_t calen;
+    cr_assert_eq(sbx_fs_read(ca_path, 65536, &ca, &calen), 0);
+    snprintf(url, sizeof(url), "https://%s:8443/repo.git", peer_ip);
+    const char *ids[2] = {ok, no};
+    int rc[2] = {-1, -1};
+    char code[2][64] = {"", ""}, msg[2][512] = {"", ""};
+    for (int k = 0; k < 2; k++) {
+        json_t *w = json_pack("{s:s,s:s}", "path", "/workspace/ca.pem", "content", ca);
+        char *wa = json_dumps(w, JSON_COMPACT);
+        json_decref(w);
+        sbx_reply *r = NULL;
+        sbx_error err = {0};
+        cr_assert_eq(sbx_call_json(c, "file.write", ids[k], wa, 30000, &r, &err), 0,
+                     "file.write: %s", err.message);
+        sbx_reply_free(r);
+        free(wa);
+        sbx_exec_result x;
+        cr_assert_eq(test_sh(c, ids[k], "git config --global http.sslCAInfo /workspace/ca.pem",
+                             30000, &x, &err),
+                     0);
+        sbx_exec_result_free(&x);
+        snprintf(args, sizeof(args),
+                 "{\"repoUrl\":\"%s\",\"branch\":\"main\",\"targetDir\":\"/workspace/repo\","
+                 "\"cloneTimeoutMs\":20000}",
+                 url);
+        rc[k] = sbx_call_json(c, "git.checkout", ids[k], args, 60000, &r, &err);
+        if (rc[k] == 0) {
+            sbx_reply_free(r);
+        } else {
+            snprintf(code[k], sizeof(code[k]), "%s", err.code);
+            snprintf(msg[k], sizeof(msg[k]), "%s", err.message);
+            sbx_error_free(&err);
+        }
+    }
+    int ec = -1;
+    char *out = NULL;
+    if (rc[0] == 0) {
+        sbx_exec_result x;
+        sbx_error err = {0};
+        if (test_sh(c, ok, "cat /workspace/repo/f", 30000, &x, &err) == 0) {
+            out = strndup((const char *)x.stdout_data, x.stdout_len);
+            ec = x.exit_code;
+            sbx_exec_result_free(&x);
+        }
+    }
+    if (srv > 0) {
+        kill(srv, SIGKILL);
+        waitpid(srv, NULL, 0);
+    }
+    destroy(c, ok);
+    destroy(c, no);
+    sbx_client_close(c);
+    free(ca);
+    sh("rm -rf %s", dir);
+    cr_expect_eq(rc[0], 0, "git.checkout over https of an allowed host: %s %s", code[0], msg[0]);
+    cr_expect(ec == 0 && out && !strcmp(out, "served-over-https\n"),
+              "the checkout's file: exit %d, %s", ec, out ? out : "(none)");
+    cr_expect_neq(rc[1], 0, "git.checkout of a host the policy does not allow succeeded");
+    cr_expect(!strncmp(code[1], "GIT_", 4), "a refused host's checkout: %s %s", code[1],
+              msg[1]);
+    free(out);
+    free(ok);
+    free(no);
 }
