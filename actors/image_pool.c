@@ -63,18 +63,6 @@ find(struct shard *sh, const char *digest)
 #define IMG_REFILL_QUIET_MS 50
 #define IMG_REFILL_MAX_WAIT_MS 1000
 
-/* The busiest second of the last window_s (at most SHARD_POOL_WINDOW), in
- * creates of the image. */
-static uint32_t
-peak_demand(const struct img_pool *p, int64_t now_s, int64_t window_s)
-{
-    uint32_t peak = 0;
-    for (int i = 0; i < SHARD_POOL_WINDOW; i++)
-        if (now_s - p->demand_sec[i] < window_s && p->demand[i] > peak)
-            peak = p->demand[i];
-    return peak;
-}
-
 /* The memory estimate of one image container: the host pool's measured one
  * (the same agent and shell; the image's files are page cache shared by
  * all), else the guess. */
@@ -95,7 +83,7 @@ set_target(struct shard *sh, struct img_pool *p, int64_t now_s)
         if (q != p && q->digest[0])
             cap -= q->n + q->inflight;
     }
-    int64_t want = SBX_MAX((int64_t)peak_demand(p, now_s, sh->conf.pool_window / 1000),
+    int64_t want = SBX_MAX((int64_t)shard_demand_peak(&p->demand, now_s, sh->conf.pool_window / 1000),
                            (int64_t)sh->conf.image_pool);
     want = SBX_MIN(want, SBX_MIN(cap, (int64_t)IMG_POOL_HARD_MAX));
     p->target = (int)SBX_MAX(want, (int64_t)sh->conf.image_pool);
@@ -166,18 +154,12 @@ shard_img_pool_take(struct shard *sh, const char *digest, struct sbx_container *
             p = lru;
         }
         snprintf(p->digest, sizeof(p->digest), "%s", digest);
-        memset(p->demand, 0, sizeof(p->demand));
-        memset(p->demand_sec, 0, sizeof(p->demand_sec));
+        memset(&p->demand, 0, sizeof(p->demand));
         p->armed_ms = 0;
     }
     p->last_ms = sbx_mono_ms();
     int64_t now_s = p->last_ms / 1000;
-    int k = (int)(now_s % SHARD_POOL_WINDOW);
-    if (p->demand_sec[k] != now_s) {
-        p->demand_sec[k] = now_s;
-        p->demand[k] = 0;
-    }
-    p->demand[k]++;
+    shard_demand_note(&p->demand, now_s);
     set_target(sh, p, now_s);
     bool hit = false;
     if (p->head) {

@@ -229,6 +229,19 @@ struct shard_workers {
 /* The seconds of demand the adaptive pool remembers (shard_work.c). */
 #define SHARD_POOL_WINDOW 60
 
+/* Containers asked for, per second, over the last SHARD_POOL_WINDOW
+ * seconds: a ring indexed by the monotonic second (the warm pool's and each
+ * image pool's demand).  Zeroed: no demand. */
+struct shard_demand {
+    uint32_t n[SHARD_POOL_WINDOW];   /* asked for in second … */
+    int64_t sec[SHARD_POOL_WINDOW];  /* … this (monotonic seconds) */
+};
+/* shard_work.c: shard_demand_note — one more asked for in second now_s. */
+void shard_demand_note(struct shard_demand *d, int64_t now_s);
+/* shard_work.c: shard_demand_peak — the busiest second of the last window_s
+ * seconds before now_s (window_s ≤ SHARD_POOL_WINDOW). */
+uint32_t shard_demand_peak(const struct shard_demand *d, int64_t now_s, int64_t window_s);
+
 /* The warm pool of started containers (shard_work.c; loop thread).  Its
  * size adapts: `target` is the most containers asked for (pool hits and
  * misses) in any one second of the last conf.pool_window (at most
@@ -241,8 +254,7 @@ struct shard_pool {
     int n, inflight;            /* containers in it; starts under way */
     int target, cap;            /* containers wanted now; the memory budget's limit */
     uint64_t mem_est;           /* bytes one pooled container holds (moving average) */
-    uint32_t demand[SHARD_POOL_WINDOW];  /* containers asked for in second … */
-    int64_t demand_sec[SHARD_POOL_WINDOW]; /* … this (monotonic seconds) */
+    struct shard_demand demand; /* containers asked for (hits and misses) */
     int64_t last_take_ms;       /* monotonic time of the last shard_pool_take */
     int64_t armed_ms;           /* when the pending refill timer was first set */
     bool fill_armed;            /* a refill timer is pending (pool_fill_soon) */
@@ -265,8 +277,7 @@ struct img_pool {
     struct shard *sh;           /* borrowed: its shard (for its refill timer) */
     int64_t last_ms;            /* monotonic: the last create of a sandbox of it */
     int64_t armed_ms;           /* when its pending refill timer was set; 0: none */
-    uint32_t demand[SHARD_POOL_WINDOW];    /* creates of it in second … */
-    int64_t demand_sec[SHARD_POOL_WINDOW]; /* … this (monotonic seconds) */
+    struct shard_demand demand; /* creates of it */
 };
 
 /* Cached replies for retried request ids (idempotency). */

@@ -282,15 +282,24 @@ shard_pool_fill(struct shard *sh)
 /* Never more ready containers than this per shard, whatever the budget. */
 #define POOL_HARD_MAX 256
 
-/* The busiest second of the last window_s (at most SHARD_POOL_WINDOW), in
- * containers asked for. */
-static uint32_t
-pool_peak_demand(const struct shard_pool *p, int64_t now_s, int64_t window_s)
+void
+shard_demand_note(struct shard_demand *d, int64_t now_s)
+{
+    int i = (int)(now_s % SHARD_POOL_WINDOW);
+    if (d->sec[i] != now_s) {
+        d->sec[i] = now_s;
+        d->n[i] = 0;
+    }
+    d->n[i]++;
+}
+
+uint32_t
+shard_demand_peak(const struct shard_demand *d, int64_t now_s, int64_t window_s)
 {
     uint32_t peak = 0;
     for (int i = 0; i < SHARD_POOL_WINDOW; i++)
-        if (now_s - p->demand_sec[i] < window_s && p->demand[i] > peak)
-            peak = p->demand[i];
+        if (now_s - d->sec[i] < window_s && d->n[i] > peak)
+            peak = d->n[i];
     return peak;
 }
 
@@ -306,7 +315,7 @@ pool_set_target(struct shard *sh, int64_t now_s)
         p->target = 0;
         return;
     }
-    int64_t want = SBX_MAX((int64_t)pool_peak_demand(p, now_s, sh->conf.pool_window / 1000),
+    int64_t want = SBX_MAX((int64_t)shard_demand_peak(&p->demand, now_s, sh->conf.pool_window / 1000),
                            sh->conf.pool);
     /* The configured minimum holds even past the budget: it was asked for. */
     p->target = (int)SBX_MAX(SBX_MIN(want, (int64_t)p->cap), sh->conf.pool);
@@ -315,14 +324,8 @@ pool_set_target(struct shard *sh, int64_t now_s)
 static void
 pool_note_demand(struct shard *sh)
 {
-    struct shard_pool *p = &sh->pool;
     int64_t now_s = sbx_mono_ms() / 1000;
-    int i = (int)(now_s % SHARD_POOL_WINDOW);
-    if (p->demand_sec[i] != now_s) {
-        p->demand_sec[i] = now_s;
-        p->demand[i] = 0;
-    }
-    p->demand[i]++;
+    shard_demand_note(&sh->pool.demand, now_s);
     pool_set_target(sh, now_s);
 }
 
