@@ -591,7 +591,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sigw = sbx_loop_watch(sh->loop, sh->sigfd, EPOLLIN, on_signal, sh);
 
     sbx_err_t lerr = NULL;
-    if ((rv = sbx_nng_rep_listen(&sh->rep, conf->listen, conf->sec, &lerr)) != 0) {
+    if ((rv = sbx_nng_rep_listen_l(&sh->rep, &sh->listener, conf->listen, conf->sec, &lerr)) !=
+        0) {
         sbx_log_error("shard %s: %s", conf->name, sbx_err_msg(lerr));
         rc = sbx_err_release(&lerr);
         sh->stopping = true;
@@ -611,6 +612,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sh->stopping = true;
         goto stop;
     }
+    shard_probe_start(sh);
     shard_pool_adapt(sh); /* sets the target, then fills */
     sbx_loop_timer(sh->loop, 1000, sweep_cb, sh);
     sbx_log_info("shard %s: serving on %s (data %s, %s, pool %lld)", conf->name, conf->listen,
@@ -619,6 +621,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
 
 stop:
     sh->stopping = true;
+    shard_probe_stop(sh);
     shard_images_stop(sh);
     shard_relay_stop(sh);
     /* Leave the cluster first (the others take our partitions at once), then

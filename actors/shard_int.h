@@ -226,6 +226,21 @@ struct shard_workers {
     int actor_busy;             /* … of which for actors (a request waits on each) */
 };
 
+/* The listener's self-probe thread (listen_probe.c). */
+struct shard_probe {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* signalled to stop */
+    bool stop, started;
+};
+/* listen_probe.c: shard_probe_start — from the loop thread once the shard
+ * listens: a thread that sends the shard a request through its own listen
+ * URL every 5 s and, after 3 unanswered in a row, has the loop close the
+ * listener and listen again (see the file's header for why).
+ * shard_probe_stop — join it (before the loop stops running). */
+void shard_probe_start(struct shard *sh);
+void shard_probe_stop(struct shard *sh);
+
 /* The seconds of demand the adaptive pool remembers (shard_work.c). */
 #define SHARD_POOL_WINDOW 60
 
@@ -346,6 +361,8 @@ struct shard {
     sbx_spawner *spawner;
     sbx_net *net;               /* egress networking (container/net.h); thread-safe */
     nng_socket rep;
+    nng_listener listener;      /* rep's listener (listen_probe.c may replace it) */
+    struct shard_probe probe;   /* listen_probe.c */
     struct sctx *ctxs;
     int nctx;
     int sigfd;

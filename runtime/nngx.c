@@ -214,23 +214,54 @@ sbx_nng_listen_check(const char *url, const sbx_nng_sec *sec, sbx_err_t *err)
                         url);
 }
 
+/* A listener of s on url (TLS with sec's server identity), started. */
+static int
+listen_on(nng_socket s, nng_listener *lp, const char *url, const sbx_nng_sec *sec)
+{
+    nng_listener l;
+    int rv;
+    if ((rv = nng_listener_create(&l, s, url)) != 0)
+        return rv;
+    if ((sbx_nng_url_is_tls(url) &&
+         (rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, sec->server)) != 0) ||
+        (rv = nng_listener_start(l, 0)) != 0) {
+        nng_listener_close(l);
+        return rv;
+    }
+    if (lp)
+        *lp = l;
+    return 0;
+}
+
 int
-sbx_nng_rep_listen(nng_socket *s, const char *url, const sbx_nng_sec *sec, sbx_err_t *err)
+sbx_nng_rep_listen_l(nng_socket *s, nng_listener *l, const char *url, const sbx_nng_sec *sec,
+                     sbx_err_t *err)
 {
     int rv, rc;
     if ((rc = sbx_nng_listen_check(url, sec, err)) != 0)
         return rc;
     if ((rv = nng_rep0_open(s)) != 0)
         return fail(err, "open a REP socket for", url, rv);
-    nng_listener l;
-    if ((rv = common(*s)) != 0 || (rv = nng_listener_create(&l, *s, url)) != 0 ||
-        (sbx_nng_url_is_tls(url) &&
-         (rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, sec->server)) != 0) ||
-        (rv = nng_listener_start(l, 0)) != 0) {
+    if ((rv = common(*s)) != 0 || (rv = listen_on(*s, l, url, sec)) != 0) {
         nng_close(*s);
         return fail(err, "listen on", url, rv);
     }
     return 0;
+}
+
+int
+sbx_nng_rep_listen(nng_socket *s, const char *url, const sbx_nng_sec *sec, sbx_err_t *err)
+{
+    return sbx_nng_rep_listen_l(s, NULL, url, sec, err);
+}
+
+int
+sbx_nng_relisten(nng_socket s, nng_listener *l, const char *url, const sbx_nng_sec *sec,
+                 sbx_err_t *err)
+{
+    nng_listener_close(*l);
+    int rv = listen_on(s, l, url, sec);
+    return rv ? fail(err, "listen again on", url, rv) : 0;
 }
 
 int

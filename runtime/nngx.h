@@ -70,6 +70,17 @@ bool sbx_nng_url_is_tls(const char *url);
 /* sbx_nng_rep_listen — open a REP socket listening on url (sbx_nng_listen_check
  * first; sec borrowed, may be NULL). */
 int sbx_nng_rep_listen(nng_socket *s, const char *url, const sbx_nng_sec *sec, sbx_err_t *err);
+/* sbx_nng_rep_listen_l — the same, *l (may be NULL) receiving the listener
+ * (for sbx_nng_relisten). */
+int sbx_nng_rep_listen_l(nng_socket *s, nng_listener *l, const char *url,
+                         const sbx_nng_sec *sec, sbx_err_t *err);
+/* sbx_nng_relisten — close listener *l of socket s (its pipes and the
+ * connections it accepted close with it) and listen on url again with sec,
+ * *l then the new listener: a listener that stopped taking connections
+ * comes back without a restart (the socket, its contexts and its dialed
+ * pipes stay).  0 or a negative code with *err. */
+int sbx_nng_relisten(nng_socket s, nng_listener *l, const char *url, const sbx_nng_sec *sec,
+                     sbx_err_t *err);
 /* sbx_nng_req_dial — open a REQ socket dialing url in the background (the
  * peer may come up later); a tls+tcp:// url is dialed with sec's identity
  * (borrowed; NULL or without one: SBX_E_VALIDATION). */

@@ -7,7 +7,10 @@
  * tests/security/test_transport.c.
  */
 #include <criterion/criterion.h>
+#include <nng/nng.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../runtime/err.h"
 #include "../../runtime/nngx.h"
@@ -76,4 +79,51 @@ Test(nngx, an_incomplete_or_unreadable_identity_is_refused)
     cr_expect_eq(sbx_nng_req_dial(&s, "tls+tcp://127.0.0.1:1", NULL, &err), SBX_E_VALIDATION);
     cr_expect(strstr(sbx_err_msg(err), "needs a TLS identity") != NULL, "%s", sbx_err_msg(err));
     sbx_err_release(&err);
+}
+
+/* One request over a fresh REQ socket to url, answered by rep's `recv`: true
+ * when the echo came back. */
+static bool
+round_trip(nng_socket rep, const char *url)
+{
+    nng_socket req;
+    cr_assert_eq(sbx_nng_req_dial(&req, url, NULL, NULL), 0);
+    nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, 3000);
+    nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, 3000);
+    nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, 3000);
+    bool ok = false;
+    if (nng_send(req, "ping", 5, 0) == 0) {
+        char *buf = NULL;
+        size_t n = 0;
+        if (nng_recv(rep, &buf, &n, NNG_FLAG_ALLOC) == 0) {
+            nng_send(rep, buf, n, NNG_FLAG_ALLOC);
+            char *back = NULL;
+            size_t bn = 0;
+            if (nng_recv(req, &back, &bn, NNG_FLAG_ALLOC) == 0) {
+                ok = bn == 5 && !strcmp(back, "ping");
+                nng_free(back, bn);
+            }
+        }
+    }
+    nng_close(req);
+    return ok;
+}
+
+/* sbx_nng_relisten (listen_probe.c's remedy): the socket serves again
+ * through a new listener on the same address, and the old one is gone. */
+Test(nngx, relisten_serves_on_the_same_address)
+{
+    char url[128];
+    snprintf(url, sizeof(url), "ipc:///tmp/sbx-nngx-relisten-%d.sock", (int)getpid());
+    nng_socket rep;
+    nng_listener l, first;
+    sbx_err_t err = NULL;
+    cr_assert_eq(sbx_nng_rep_listen_l(&rep, &l, url, NULL, &err), 0, "%s", sbx_err_msg(err));
+    first = l;
+    cr_expect(round_trip(rep, url), "no round trip before");
+    cr_assert_eq(sbx_nng_relisten(rep, &l, url, NULL, &err), 0, "%s", sbx_err_msg(err));
+    cr_expect_neq(nng_listener_id(l), nng_listener_id(first), "the listener was not replaced");
+    cr_expect(round_trip(rep, url), "no round trip after listening again");
+    nng_close(rep);
+    unlink(url + strlen("ipc://"));
 }

@@ -1,0 +1,191 @@
+/*
+ * listen_probe.c — the shard checks that its own listener still takes
+ * requests, and listens again when it does not (issue 11: a dead listener
+ * must not stall a deployment).
+ *
+ * Seen in the cluster tests (test_claim, a shard restarted while the
+ * machine was loaded): the restarted shard's tls+tcp:// listener accepted
+ * TCP connections but never read from them — the peers' partition.import
+ * and a client's request sat unread in the kernel's receive queues
+ * (CLOSE-WAIT once the peers gave up), while the shard's loop was idle,
+ * every REP context was waiting to receive and not one request had
+ * arrived; every handoff to it failed ("sent, no answer") and the cluster
+ * never converged.  The cause lies in nng's TLS listener (nng 1.5.2 of
+ * Debian bookworm) and is not found yet.
+ *
+ * A thread sends the shard one request through its own listen URL every
+ * PROBE_INTERVAL_MS, as a peer does (a REQ socket with the shard's own TLS
+ * identity; cluster.status, whose answer — an error one included — proves
+ * the listener works).  After PROBE_FAILURES probes in a row got no answer
+ * within PROBE_TIMEOUT_MS it asks the loop to close the listener and
+ * listen again (sbx_nng_relisten: the socket, its contexts and what it
+ * dialed stay), with an error line.  A listen on a wildcard address is
+ * probed through loopback.
+ */
+#include <nng/nng.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../runtime/err.h"
+#include "../runtime/id.h"
+#include "../runtime/log.h"
+#include "../runtime/nngx.h"
+#include "../runtime/util.h"
+#include "../runtime/wire.h"
+#include "shard_int.h"
+
+#define PROBE_INTERVAL_MS 5000
+#define PROBE_TIMEOUT_MS 3000
+#define PROBE_FAILURES 3
+
+/* The URL this shard reaches its own listener at: url with a wildcard host
+ * (0.0.0.0, [::], none) replaced by loopback. */
+static void
+self_url(const char *url, char *out, size_t n)
+{
+    const char *h = strstr(url, "://");
+    if (!h) {
+        snprintf(out, n, "%s", url);
+        return;
+    }
+    h += 3;
+    int pre = (int)(h - url);
+    if (!strncmp(h, "0.0.0.0:", 8))
+        snprintf(out, n, "%.*s127.0.0.1:%s", pre, url, h + 8);
+    else if (!strncmp(h, "[::]:", 5))
+        snprintf(out, n, "%.*s[::1]:%s", pre, url, h + 5);
+    else if (h[0] == ':')
+        snprintf(out, n, "%.*s127.0.0.1%s", pre, url, h);
+    else
+        snprintf(out, n, "%s", url);
+}
+
+/* One probe: true when an answer (any) came back in time. */
+static bool
+probe_once(const char *url, const sbx_nng_sec *sec)
+{
+    nng_socket s;
+    if (sbx_nng_req_dial(&s, url, sec, NULL) != 0)
+        return false;
+    char id[37];
+    sbx_request_id(id);
+    sbx_enc e;
+    sbx_enc_init(&e);
+    sbx_enc_map(&e);
+    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
+    sbx_enc_kstr(&e, "id", id);
+    sbx_enc_kstr(&e, "op", "cluster.status");
+    sbx_enc_kint(&e, "timeoutMs", PROBE_TIMEOUT_MS);
+    sbx_enc_str(&e, "args");
+    sbx_enc_map(&e);
+    sbx_enc_end(&e);
+    sbx_enc_end(&e);
+    char *req = NULL;
+    size_t rl = 0;
+    bool ok = false;
+    nng_aio *aio = NULL;
+    nng_msg *m = NULL;
+    if (sbx_enc_finish(&e, &req, &rl) == 0 && nng_aio_alloc(&aio, NULL, NULL) == 0 &&
+        nng_msg_alloc(&m, rl) == 0) {
+        memcpy(nng_msg_body(m), req, rl);
+        nng_aio_set_timeout(aio, PROBE_TIMEOUT_MS);
+        nng_aio_set_msg(aio, m);
+        nng_send_aio(s, aio);
+        nng_aio_wait(aio);
+        if (nng_aio_result(aio) != 0) {
+            nng_msg_free(m);
+        } else {
+            nng_recv_aio(s, aio);
+            nng_aio_wait(aio);
+            if (nng_aio_result(aio) == 0) {
+                nng_msg_free(nng_aio_get_msg(aio));
+                ok = true;
+            }
+        }
+    }
+    if (aio)
+        nng_aio_free(aio);
+    free(req);
+    nng_close(s);
+    return ok;
+}
+
+/* Loop thread: listen again (the probe thread asked). */
+static void
+relisten_cb(sbx_loop *l, void *arg)
+{
+    struct shard *sh = arg;
+    (void)l;
+    if (sh->stopping || sh->ctx_closed)
+        return;
+    _cleanup_err_ sbx_err_t err = NULL;
+    if (sbx_nng_relisten(sh->rep, &sh->listener, sh->conf.listen, sh->conf.sec, &err) != 0)
+        sbx_log_error("shard %s: %s", sh->conf.name, sbx_err_msg(err));
+    else
+        sbx_log_warn("shard %s: listening on %s again", sh->conf.name, sh->conf.listen);
+}
+
+static void *
+probe_main(void *arg)
+{
+    struct shard *sh = arg;
+    struct shard_probe *p = &sh->probe;
+    char url[600];
+    self_url(sh->conf.listen, url, sizeof(url));
+    int fails = 0;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += PROBE_INTERVAL_MS / 1000;
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        if (p->stop)
+            break;
+        pthread_mutex_unlock(&p->mu);
+        bool ok = probe_once(url, sh->conf.sec);
+        pthread_mutex_lock(&p->mu);
+        if (ok) {
+            fails = 0;
+            continue;
+        }
+        if (++fails < PROBE_FAILURES || p->stop)
+            continue;
+        sbx_log_error("shard %s: its listener %s answered none of %d requests sent to it "
+                      "(%d s apart, %d s each); closing it and listening again",
+                      sh->conf.name, sh->conf.listen, fails, PROBE_INTERVAL_MS / 1000,
+                      PROBE_TIMEOUT_MS / 1000);
+        fails = 0;
+        sbx_loop_post(sh->loop, relisten_cb, sh);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+void
+shard_probe_start(struct shard *sh)
+{
+    struct shard_probe *p = &sh->probe;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->stop = false;
+    p->started = pthread_create(&p->thread, NULL, probe_main, sh) == 0;
+}
+
+void
+shard_probe_stop(struct shard *sh)
+{
+    struct shard_probe *p = &sh->probe;
+    if (!p->started)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->thread, NULL);
+    p->started = false;
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+}
