@@ -106,7 +106,9 @@ const struct sbx_http_field *sbx_http_field_get(const struct sbx_http_head *h, c
  * Upgrade) left out, then (with add) names[i]: values[i] for each i, then
  * "Connection: close" (one request per connection: a later request on it
  * would pass unparsed).  Heap (caller frees), length in *outlen; NULL on
- * OOM. */
+ * OOM, or with errno E2BIG when the result would exceed what
+ * sbx_http_head_parse accepts (SBX_HTTP_FIELDS_MAX fields, SBX_HTTP_HEAD_MAX
+ * bytes). */
 char *sbx_http_rewrite(const struct sbx_http_head *h, const char *const *names,
                        const char *const *values, int n, bool add, size_t *outlen);
 

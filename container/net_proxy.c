@@ -441,7 +441,8 @@ serve(struct conn *c)
          * fields still go (they never pass from the sandbox), none added. */
         out = sbx_http_rewrite(h, names, values, nrules, resolved, &outlen);
         if (!out) {
-            reply(c->fd, "500 Internal Server Error");
+            reply(c->fd, errno == E2BIG ? "431 Request Header Fields Too Large"
+                                        : "500 Internal Server Error");
             goto out;
         }
         sbx_log_debug("egress proxy: slot %d: %s: %d header(s) %s", c->slot, host, nrules,

@@ -75,8 +75,14 @@ head(const char *buf, size_t n)
     free(exact);
     const char *names[] = {"Authorization"}, *values[] = {"Bearer injected"};
     size_t olen = 0;
+    errno = 0;
     char *out = sbx_http_rewrite(&h, names, values, 1, true, &olen);
-    FUZZ_CHECK(out, "rewrite");
+    if (!out) {
+        /* Refused only when the rewrite would not parse (too many fields or
+         * bytes); anything else is an allocation failure. */
+        FUZZ_CHECK(errno == E2BIG, "rewrite");
+        return;
+    }
     FUZZ_CHECK(sbx_http_head_parse(out, olen, &h2) == (int)olen, "the rewrite parses");
     int nauth = 0, nconn = 0, k = 0;
     for (int i = 0; i < h2.nfields; i++) {
