@@ -90,8 +90,8 @@ shard_successor(struct shard *sh, uint32_t part, struct shard_peer *out)
 }
 
 int
-shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
-                int64_t timeout_ms, char **buf, size_t *len, sbx_msg *out, sbx_err_t *err)
+shard_peer_roundtrip(nng_socket s, const char *op, const char *args, size_t args_len,
+                     int64_t timeout_ms, nng_msg **reply, sbx_err_t *err)
 {
     sbx_enc e;
     char id[37];
@@ -134,7 +134,22 @@ shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
                           nng_strerror(nng_aio_result(aio)));
         goto out;
     }
-    m = nng_aio_get_msg(aio);
+    *reply = nng_aio_get_msg(aio);
+out:
+    if (aio)
+        nng_aio_free(aio);
+    free(req);
+    return rc;
+}
+
+int
+shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
+                int64_t timeout_ms, char **buf, size_t *len, sbx_msg *out, sbx_err_t *err)
+{
+    nng_msg *m = NULL;
+    int rc = shard_peer_roundtrip(s, op, args, args_len, timeout_ms, &m, err);
+    if (rc)
+        return rc;
     *len = nng_msg_len(m);
     *buf = sbx_xmalloc(*len ? *len : 1);
     memcpy(*buf, nng_msg_body(m), *len);
@@ -142,8 +157,7 @@ shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
     if (sbx_wire_decode(out, *buf, *len, &sbx_wire_limits_reply) != 0) {
         free(*buf);
         *buf = NULL;
-        rc = sbx_err_make(err, SBX_E_INTERNAL, "%s: an answer that is not msgpack", op);
-        goto out;
+        return sbx_err_make(err, SBX_E_INTERNAL, "%s: an answer that is not msgpack", op);
     }
     bool ok = false;
     sbx_wire_get_bool(out->root, "ok", &ok);
@@ -161,10 +175,6 @@ shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
         free(*buf);
         *buf = NULL;
     }
-out:
-    if (aio)
-        nng_aio_free(aio);
-    free(req);
     return rc;
 }
 

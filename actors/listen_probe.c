@@ -30,11 +30,9 @@
 #include <time.h>
 
 #include "../runtime/err.h"
-#include "../runtime/id.h"
 #include "../runtime/log.h"
 #include "../runtime/nngx.h"
 #include "../runtime/util.h"
-#include "../runtime/wire.h"
 #include "shard_int.h"
 
 #define PROBE_INTERVAL_MS 5000
@@ -70,45 +68,12 @@ probe_once(const char *url, const sbx_nng_sec *sec)
     nng_socket s;
     if (sbx_nng_req_dial(&s, url, sec, NULL) != 0)
         return false;
-    char id[37];
-    sbx_request_id(id);
-    sbx_enc e;
-    sbx_enc_init(&e);
-    sbx_enc_map(&e);
-    sbx_enc_kint(&e, "v", SBX_WIRE_VERSION);
-    sbx_enc_kstr(&e, "id", id);
-    sbx_enc_kstr(&e, "op", "cluster.status");
-    sbx_enc_kint(&e, "timeoutMs", PROBE_TIMEOUT_MS);
-    sbx_enc_str(&e, "args");
-    sbx_enc_map(&e);
-    sbx_enc_end(&e);
-    sbx_enc_end(&e);
-    char *req = NULL;
-    size_t rl = 0;
-    bool ok = false;
-    nng_aio *aio = NULL;
-    nng_msg *m = NULL;
-    if (sbx_enc_finish(&e, &req, &rl) == 0 && nng_aio_alloc(&aio, NULL, NULL) == 0 &&
-        nng_msg_alloc(&m, rl) == 0) {
-        memcpy(nng_msg_body(m), req, rl);
-        nng_aio_set_timeout(aio, PROBE_TIMEOUT_MS);
-        nng_aio_set_msg(aio, m);
-        nng_send_aio(s, aio);
-        nng_aio_wait(aio);
-        if (nng_aio_result(aio) != 0) {
-            nng_msg_free(m);
-        } else {
-            nng_recv_aio(s, aio);
-            nng_aio_wait(aio);
-            if (nng_aio_result(aio) == 0) {
-                nng_msg_free(nng_aio_get_msg(aio));
-                ok = true;
-            }
-        }
-    }
-    if (aio)
-        nng_aio_free(aio);
-    free(req);
+    nng_msg *reply = NULL;
+    static const char empty_map[] = "\x80"; /* msgpack {} */
+    bool ok = shard_peer_roundtrip(s, "cluster.status", empty_map, 1, PROBE_TIMEOUT_MS, &reply,
+                                   NULL) == 0;
+    if (reply)
+        nng_msg_free(reply);
     nng_close(s);
     return ok;
 }

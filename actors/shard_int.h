@@ -467,6 +467,12 @@ int shard_successor(struct shard *sh, uint32_t part, struct shard_peer *out);
  * answer came. */
 int shard_peer_call(nng_socket s, const char *op, const char *args, size_t args_len,
                     int64_t timeout_ms, char **buf, size_t *len, sbx_msg *out, sbx_err_t *err);
+/* shard_peer_roundtrip — its transport alone: 0 with *reply (nng's, the
+ * caller frees it) once any answer came, an error one included;
+ * SBX_E_SHARD_UNAVAILABLE when none came by timeout_ms (listen_probe.c
+ * needs only that). */
+int shard_peer_roundtrip(nng_socket s, const char *op, const char *args, size_t args_len,
+                         int64_t timeout_ms, nng_msg **reply, sbx_err_t *err);
 /* shard_image_fetch — blocking (a worker or an image job's thread): fetch
  * the image digest from peers in turn (container/image_store.h
  * sbx_image_fetch) until one serves it intact; from receives that peer's
