@@ -190,9 +190,16 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
         return need_seq;
     op->idem_pending = cluster_on(sh);
     char *v = entry_new((uint64_t)sbx_wall_ms() | (op->idem_pending ? IDEM_PENDING : 0), buf, len);
-    /* Made on top of the operation's write: it fails if that one does. */
-    op->idem_seq = sbx_store_put_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
-                                       IDEM_HDR + len, need_seq);
+    /* Made on top of the operation's write: it fails if that one does.
+     * After an intent nothing waits for it (below): it rides with the
+     * next commit (the next request's intent, usually) instead of one of
+     * its own, within SBX_STORE_LAZY_MS. */
+    if (op->intent_seq)
+        op->idem_seq = sbx_store_put_lazy_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
+                                                IDEM_HDR + len, need_seq);
+    else
+        op->idem_seq = sbx_store_put_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
+                                           IDEM_HDR + len, need_seq);
     op->idem_need = need_seq;
     sh->idem.dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 
 #include "err.h"
 #include "log.h"
@@ -40,6 +41,12 @@ struct sbx_store {
     pthread_cond_t donecv;  /* sbx_store_wait waits for decisions */
     struct wop *head, *tail;
     uint64_t next_seq;
+    /* Lazy writes (sbx_store_put_lazy_after) wake no one: the queue is
+     * committed once it holds a write ≤ urgent (any other write, or one
+     * someone waits for), or at lazy_due (CLOCK_MONOTONIC ms; 0: no lazy
+     * write queued since the queue was last empty). */
+    uint64_t urgent;
+    int64_t lazy_due;
     uint64_t decided;       /* all writes ≤ decided have a result */
     /* Every failed range (adjacent ones with the same rc merged), so
      * sbx_store_wait reports a failure however long ago it was decided. */
@@ -278,14 +285,31 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
     report(s, ops, n, rc);
 }
 
+/* Under mu: whether the writer should take the queue now. */
+static bool
+queue_due(sbx_store *s)
+{
+    if (!s->head)
+        return false;
+    return s->stopping || s->urgent >= s->head->seq || sbx_mono_ms() >= s->lazy_due;
+}
+
 static void *
 writer_main(void *arg)
 {
     sbx_store *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->head && !s->stopping)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!queue_due(s) && !s->stopping) {
+            if (!s->head) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            /* Lazy writes only: until one is due, or a write wakes us. */
+            struct timespec ts = {.tv_sec = s->lazy_due / 1000,
+                                  .tv_nsec = (long)(s->lazy_due % 1000) * 1000000L};
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
         /* Take a bounded prefix of the queue (store.h); the rest waits. */
         struct wop *ops = s->head, *end = ops;
         size_t n = 0, bytes = 0;
@@ -296,8 +320,10 @@ writer_main(void *arg)
             end = end->next;
         }
         s->head = end;
-        if (!end)
+        if (!end) {
             s->tail = NULL;
+            s->lazy_due = 0;
+        }
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (ops) {
@@ -363,7 +389,11 @@ sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_
     s->map_max = map_max > s->mapsize ? map_max : s->mapsize;
     pthread_rwlock_init(&s->maplock, NULL);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* lazy_due */
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->donecv, NULL);
     s->next_seq = 1;
     s->cb = cb;
@@ -467,7 +497,7 @@ sbx_store_foreach(sbx_store *s, int db,
 
 static uint64_t
 enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v, size_t vn,
-        uint64_t after)
+        uint64_t after, bool lazy)
 {
     struct wop *o = sbx_xmalloc(sizeof(*o) + kn + vn);
     o->next = NULL;
@@ -487,7 +517,13 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
     else
         s->head = o;
     s->tail = o;
-    pthread_cond_signal(&s->cv);
+    if (!lazy) {
+        s->urgent = seq;
+        pthread_cond_signal(&s->cv);
+    } else if (!s->lazy_due) {
+        s->lazy_due = sbx_mono_ms() + SBX_STORE_LAZY_MS; /* the writer sees it at its next wake-up */
+        pthread_cond_signal(&s->cv);
+    }
     pthread_mutex_unlock(&s->mu);
     return seq;
 }
@@ -495,14 +531,21 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
 uint64_t
 sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
 {
-    return enqueue(s, db, false, k, kn, v, vn, 0);
+    return enqueue(s, db, false, k, kn, v, vn, 0, false);
 }
 
 uint64_t
 sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn,
                     uint64_t after)
 {
-    return enqueue(s, db, false, k, kn, v, vn, after);
+    return enqueue(s, db, false, k, kn, v, vn, after, false);
+}
+
+uint64_t
+sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
+                         size_t vn, uint64_t after)
+{
+    return enqueue(s, db, false, k, kn, v, vn, after, true);
 }
 
 uint64_t
@@ -517,19 +560,24 @@ sbx_store_last_seq(sbx_store *s)
 uint64_t
 sbx_store_del(sbx_store *s, int db, const void *k, size_t kn)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0, 0);
+    return enqueue(s, db, true, k, kn, NULL, 0, 0, false);
 }
 
 uint64_t
 sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0, after);
+    return enqueue(s, db, true, k, kn, NULL, 0, after, false);
 }
 
 int
 sbx_store_wait(sbx_store *s, uint64_t seq)
 {
     pthread_mutex_lock(&s->mu);
+    if (s->decided < seq && s->urgent < seq) {
+        /* A lazy write someone waits for is due now. */
+        s->urgent = seq;
+        pthread_cond_signal(&s->cv);
+    }
     while (s->decided < seq)
         pthread_cond_wait(&s->donecv, &s->mu);
     pthread_mutex_unlock(&s->mu);

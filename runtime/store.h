@@ -122,6 +122,21 @@ uint64_t sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, con
                              size_t vn, uint64_t after);
 uint64_t sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after);
 
+/*
+ * sbx_store_put_lazy_after — sbx_store_put_after for a write nobody needs
+ * committed soon (an agent operation's recorded reply, whose intent is
+ * already committed: actors/idem.c idem_persist).  It wakes no writer: it
+ * goes with the next batch another write (or an sbx_store_wait for it)
+ * starts, and at the latest SBX_STORE_LAZY_MS after it was queued.  Its
+ * sequence number is decided in order with the others as usual; a
+ * sbx_store_wait for it (or a later one) makes it due at once.  So one
+ * sandbox's requests one after another cost one commit each (a request's
+ * intent carries the previous reply), not two.  Thread-safe.
+ */
+#define SBX_STORE_LAZY_MS 5
+uint64_t sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
+                                  size_t vn, uint64_t after);
+
 /* sbx_store_wait — block until write `seq` is decided; returns its rc (0, or
  * the failure code the callback reported for it). */
 int sbx_store_wait(sbx_store *s, uint64_t seq);

@@ -9,7 +9,9 @@
  * still readable after reopen; the map growing up to its maximum before
  * writes fail; a write that does not fit failing alone while the writes
  * queued with it are committed; batches bounded in writes and bytes; a
- * write made on top of a failed one (sbx_store_put_after) failing with it.
+ * write made on top of a failed one (sbx_store_put_after) failing with it;
+ * lazy writes committed alone, when waited for, with the next write and at
+ * close.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails.
@@ -725,4 +727,44 @@ Test(store, batches_are_bounded_in_writes_and_bytes)
     cr_expect_geq(batches_of_plan, (size_t)(SMALL / SBX_STORE_BATCH_OPS + BIG / 3),
                   "%zu batches for the queued writes", batches_of_plan);
     free(p.g.r);
+}
+
+/* ---------------------------------------------------------------------------------
+ * Lazy writes (sbx_store_put_lazy_after): committed with the next batch, by
+ * themselves after SBX_STORE_LAZY_MS, when waited for, and at close. */
+
+Test(store, lazy_writes_are_committed_waited_for_or_not)
+{
+    struct ranges g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    open_store(MAPSIZE, record_range, &g);
+
+    /* Alone, nobody waiting: it commits by itself (polled, not timed). */
+    uint64_t l1 = sbx_store_put_lazy_after(st, SBX_DB_IDEM, "lazy-1", 6, "r1", 2, 0);
+    cr_assert_gt(l1, 0u);
+    for (int i = 0; i < 5000 && sbx_store_decided(st) < l1; i++)
+        usleep(1000);
+    cr_assert_geq(sbx_store_decided(st), l1, "a lazy write alone was never committed");
+    expect_value(SBX_DB_IDEM, "lazy-1", "r1", 2);
+
+    /* Waited for: sbx_store_wait makes it due and gives its rc. */
+    uint64_t l2 = sbx_store_put_lazy_after(st, SBX_DB_IDEM, "lazy-2", 6, "r2", 2, l1);
+    cr_assert_eq(sbx_store_wait(st, l2), 0);
+    expect_value(SBX_DB_IDEM, "lazy-2", "r2", 2);
+
+    /* Followed by an ordinary write: both committed, in order. */
+    uint64_t l3 = sbx_store_put_lazy_after(st, SBX_DB_IDEM, "lazy-3", 6, "r3", 2, 0);
+    uint64_t w = put_str(SBX_DB_IDEM, "plain", "p");
+    cr_assert_gt(w, l3);
+    cr_assert_eq(sbx_store_wait(st, w), 0);
+    cr_assert_geq(sbx_store_decided(st), l3, "writes are decided in order");
+    expect_value(SBX_DB_IDEM, "lazy-3", "r3", 2);
+    expect_value(SBX_DB_IDEM, "plain", "p", 1);
+
+    /* Queued at close: committed. */
+    sbx_store_put_lazy_after(st, SBX_DB_IDEM, "lazy-4", 6, "r4", 2, 0);
+    close_store();
+    check_ranges(&g, w + 1);
+    free(g.r);
+    open_store(MAPSIZE, NULL, NULL);
+    expect_value(SBX_DB_IDEM, "lazy-4", "r4", 2);
 }
