@@ -635,8 +635,9 @@ uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
  *    is held: if op changes something, queue its reply to LMDB and return
  *    the write the reply must wait for (the later of need_seq and that one;
  *    need_seq alone for an op with a committed intent, whose retry after a
- *    crash that lost the record is answered OPERATION_INTERRUPTED); else
- *    need_seq.
+ *    crash that lost the record is answered OPERATION_INTERRUPTED — that
+ *    record is a lazy write, runtime/store.h sbx_store_put_lazy_after);
+ *    else need_seq.
  *  - idem_confirm — the reply (buf, len: borrowed) of op is leaving, its
  *    writes decided and replicated: in a cluster, rewrite op's entry without
  *    the pending mark idem_persist gave it (not waited on).
