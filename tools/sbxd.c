@@ -95,7 +95,7 @@ agent_next_to_self(void)
  * epoll), and every child process the daemon starts sets its own limits
  * (container/spawn_child.c). */
 static void
-raise_nofile(const char *who)
+raise_nofile(void)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
@@ -104,15 +104,43 @@ raise_nofile(const char *who)
         rlim_t was = rl.rlim_cur;
         rl.rlim_cur = rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-            sbx_log_warn("%s: RLIMIT_NOFILE not raised from %llu: %s", who,
-                         (unsigned long long)was, strerror(errno));
+            sbx_log_warn("RLIMIT_NOFILE not raised from %llu: %s", (unsigned long long)was,
+                         strerror(errno));
             return;
         }
     }
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 4096 + 10000)
-        sbx_log_warn("%s: RLIMIT_NOFILE is %llu (hard limit): a shard needs about 4096 + 2 "
+        sbx_log_warn("RLIMIT_NOFILE is %llu (hard limit): a shard needs about 4096 + 2 "
                      "per running sandbox",
-                     who, (unsigned long long)rl.rlim_cur);
+                     (unsigned long long)rl.rlim_cur);
+}
+
+/* check_pty_capacity — a note in the log when the host caps the sandboxes that can
+ * run a shell at once below 10,000.  Every session's shell holds one
+ * pseudo-terminal of its sandbox's devpts instance (container/agent/
+ * session_shell.c), and the kernel allows kernel.pty.max - kernel.pty.reserve
+ * of them (3,072 by default) across all non-initial instances of the host:
+ * past that, a command in a session fails with "no pseudo-terminal left on
+ * the host".  A host-wide setting, the administrator's (sysctl
+ * kernel.pty.max, up to 1048576); it is only read here. */
+static void
+check_pty_capacity(void)
+{
+    long v[2] = {-1, -1};
+    const char *f[2] = {"/proc/sys/kernel/pty/max", "/proc/sys/kernel/pty/reserve"};
+    for (int i = 0; i < 2; i++) {
+        char *text;
+        size_t n;
+        if (sbx_fs_read(f[i], 64, &text, &n) != 0)
+            return;
+        v[i] = strtol(text, NULL, 10);
+        free(text);
+    }
+    if (v[0] - v[1] < 10000)
+        sbx_log_info("at most %ld sandboxes of this host can run a session shell at once "
+                     "(kernel.pty.max %ld less kernel.pty.reserve %ld); raise kernel.pty.max "
+                     "for more",
+                     v[0] - v[1], v[0], v[1]);
 }
 
 /* --relay-secret-file: the secret from a file (not on the command line,
@@ -456,7 +484,8 @@ cmd_shard(int argc, char **argv)
     char tag[64];
     snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
     sbx_log_init(tag, -1);
-    raise_nofile(tag);
+    raise_nofile();
+    check_pty_capacity();
     /* A listen the transport rules refuse stops the shard here, status 2,
      * before it takes any lock (a sweep serves nothing).  The signals
      * sbx_shard_run waits for are blocked first (tls_open). */
@@ -663,7 +692,7 @@ cmd_gateway(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd gateway", -1);
-    raise_nofile("sbxd gateway");
+    raise_nofile();
     if ((rc = set_log_format(log_format, "sbxd gateway")) != 0)
         goto out;
     sigset_t set;
@@ -815,7 +844,7 @@ cmd_dev(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd dev", -1);
-    raise_nofile("sbxd dev");
+    raise_nofile();
     if ((rc = set_log_format(log_format, "sbxd dev")) != 0)
         goto out;
     sigset_t set;
