@@ -33,7 +33,8 @@
  *              (all of the kernel's share too, and noisy: anything else on
  *              the host moves it), (c) the sum of the sandboxes' cgroup
  *              usage (`status` container.memoryBytes).  And the PSS per
- *              agent and per other process of a sandbox.
+ *              agent and per other process of a sandbox, and the slab
+ *              caches (/proc/slabinfo) that grew most per sandbox.
  *   exec       each sandbox, one `exec true` (default session); failures
  *              are counted and make the exit status 1.
  *   stop       SIGTERM to sbxd, timed until waitpid returns; then how many
@@ -119,6 +120,62 @@ host_mem(struct host_mem *h)
     }
     fclose(f);
     h->used = total >= 0 && avail >= 0 ? total - avail : -1;
+}
+
+/* /proc/slabinfo: each cache's size in KiB (objects × object size), to
+ * name where the slab growth per sandbox goes.  At most SLABS_MAX caches;
+ * n = 0 when the file cannot be read (not root, no SLUB stats). */
+#define SLABS_MAX 1024
+struct slabs {
+    int n;
+    char name[SLABS_MAX][40];
+    long kib[SLABS_MAX];
+};
+
+static void
+slabs_read(struct slabs *sl)
+{
+    sl->n = 0;
+    FILE *f = fopen("/proc/slabinfo", "re");
+    if (!f)
+        return;
+    char line[512];
+    while (sl->n < SLABS_MAX && fgets(line, sizeof(line), f)) {
+        long active, num, size;
+        if (sscanf(line, "%39s %ld %ld %ld", sl->name[sl->n], &active, &num, &size) == 4)
+            sl->kib[sl->n++] = num * size / 1024;
+    }
+    fclose(f);
+}
+
+/* The 6 caches that grew most from s0 to s1, per sandbox. */
+static void
+slabs_report(const struct slabs *s0, const struct slabs *s1, long n)
+{
+    if (!s0->n || !s1->n)
+        return;
+    long grow[SLABS_MAX];
+    for (int i = 0; i < s1->n; i++) {
+        grow[i] = s1->kib[i];
+        for (int j = 0; j < s0->n; j++)
+            if (!strcmp(s0->name[j], s1->name[i])) {
+                grow[i] -= s0->kib[j];
+                break;
+            }
+    }
+    printf("    slab caches that grew most, per sandbox (kmalloc-1k: mostly the memory "
+           "cgroups' shrinker maps):");
+    for (int k = 0; k < 6; k++) {
+        int best = -1;
+        for (int i = 0; i < s1->n; i++)
+            if (grow[i] > 0 && (best < 0 || grow[i] > grow[best]))
+                best = i;
+        if (best < 0)
+            break;
+        printf("%s %s %.1f KiB", k ? "," : "", s1->name[best], (double)grow[best] / (double)n);
+        grow[best] = 0;
+    }
+    printf("\n");
 }
 
 static pid_t
@@ -582,6 +639,7 @@ main(int argc, char **argv)
     sbx_error err;
     double *finish = sbx_xcalloc((size_t)o.count, sizeof(double));
     struct tree base = {0}, t1 = {0}, t2 = {0};
+    struct slabs *slab0 = NULL, *slab1 = NULL; /* owned; freed at out */
     long failed = 0;
     char prefix[32];
     snprintf(prefix, sizeof(prefix), "dens%d", (int)getpid());
@@ -599,6 +657,9 @@ main(int argc, char **argv)
     tree_measure(d.pid, &base);
     struct host_mem host0, host1, host2;
     host_mem(&host0);
+    slab0 = sbx_xcalloc(1, sizeof(*slab0));
+    slab1 = sbx_xcalloc(1, sizeof(*slab1));
+    slabs_read(slab0);
 
     /* --image / --workspace: sandboxes made by `create` with them. */
     char image_name[64], create_args[256];
@@ -649,6 +710,7 @@ main(int argc, char **argv)
     sleep((unsigned)o.settle); /* pool refills, unused shells end, then quiet */
     tree_measure(d.pid, &t1);
     host_mem(&host1);
+    slabs_read(slab1);
     long missing;
     int64_t *start_us = sbx_xcalloc((size_t)o.count, sizeof(int64_t));
     long cg1 = cgroup_sum_kib(c, prefix, o.count, &missing, start_us);
@@ -659,6 +721,7 @@ main(int argc, char **argv)
     free(start_us);
     report_idle("after creation (no command run yet)", &base, &t1, &host0, &host1, cg1, missing,
                 o.count);
+    slabs_report(slab0, slab1, o.count);
 
     long efail = run_all(c, prefix, o.count, o.clients, true, NULL, &t0, finish);
     printf("exec true on each (default session)  %ld of %ld answered, %.1f execs/s\n",
@@ -667,9 +730,11 @@ main(int argc, char **argv)
     sleep(2);
     tree_measure(d.pid, &t2);
     host_mem(&host2);
+    slabs_read(slab1);
     long cg2 = cgroup_sum_kib(c, prefix, o.count, &missing, NULL);
     report_idle("after one exec each (default session shell started)", &base, &t2, &host0, &host2,
                 cg2, missing, o.count);
+    slabs_report(slab0, slab1, o.count);
     struct disk disk1 = {0};
     if (disk_measure(d.dir, &disk1) == 0)
         printf("disk (allocated, data directory %s): before the sandboxes %.1f MiB (image store "
@@ -706,6 +771,8 @@ out:
     free(base.agents);
     free(t1.agents);
     free(t2.agents);
+    free(slab0);
+    free(slab1);
     free(finish);
     return rc;
 }

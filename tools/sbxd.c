@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -79,6 +80,67 @@ agent_next_to_self(void)
     char alt[PATH_MAX + 32];
     snprintf(alt, sizeof(alt), "%s/../libexec/sbx/sbx-agent", dir);
     return sbx_xstrdup(access(alt, X_OK) == 0 ? alt : buf);
+}
+
+/* raise_nofile — the soft RLIMIT_NOFILE raised to the hard limit, once at
+ * start-up.  A shard keeps 2 descriptors per running sandbox (channel,
+ * pidfd) and more for image and workspace sandboxes, at 4096 and above
+ * (container/spawn.c, fd_high); a gateway one per client connection (the
+ * HTTP front takes up to 4096).  The usual soft limit, 1024, would stop a
+ * shard near 500 sandboxes with EMFILE; 10,000 idle sandboxes per node
+ * (docs/benchmarks.md, "Density") need about 4096 + 2 per sandbox in each
+ * shard.  The hard limit is the administrator's (systemd LimitNOFILE=); it
+ * is only read here, and a warning names it when it is below 4096 + 2 *
+ * 10,000 / 2.  Nothing here uses select(2) (the HTTP front polls with
+ * epoll), and every child process the daemon starts sets its own limits
+ * (container/spawn_child.c). */
+static void
+raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            sbx_log_warn("RLIMIT_NOFILE not raised from %llu: %s", (unsigned long long)was,
+                         strerror(errno));
+            return;
+        }
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 4096 + 10000)
+        sbx_log_warn("RLIMIT_NOFILE is %llu (hard limit): a shard needs about 4096 + 2 "
+                     "per running sandbox",
+                     (unsigned long long)rl.rlim_cur);
+}
+
+/* check_pty_capacity — a note in the log when the host caps the sandboxes that can
+ * run a shell at once below 10,000.  Every session's shell holds one
+ * pseudo-terminal of its sandbox's devpts instance (container/agent/
+ * session_shell.c), and the kernel allows kernel.pty.max - kernel.pty.reserve
+ * of them (3,072 by default) across all non-initial instances of the host:
+ * past that, a command in a session fails with "no pseudo-terminal left on
+ * the host".  A host-wide setting, the administrator's (sysctl
+ * kernel.pty.max, up to 1048576); it is only read here. */
+static void
+check_pty_capacity(void)
+{
+    long v[2] = {-1, -1};
+    const char *f[2] = {"/proc/sys/kernel/pty/max", "/proc/sys/kernel/pty/reserve"};
+    for (int i = 0; i < 2; i++) {
+        char *text;
+        size_t n;
+        if (sbx_fs_read(f[i], 64, &text, &n) != 0)
+            return;
+        v[i] = strtol(text, NULL, 10);
+        free(text);
+    }
+    if (v[0] - v[1] < 10000)
+        sbx_log_info("at most %ld sandboxes of this host can run a session shell at once "
+                     "(kernel.pty.max %ld less kernel.pty.reserve %ld); raise kernel.pty.max "
+                     "for more",
+                     v[0] - v[1], v[0], v[1]);
 }
 
 /* --relay-secret-file: the secret from a file (not on the command line,
@@ -422,6 +484,8 @@ cmd_shard(int argc, char **argv)
     char tag[64];
     snprintf(tag, sizeof(tag), "sbxd shard %s", c.name);
     sbx_log_init(tag, -1);
+    raise_nofile();
+    check_pty_capacity();
     /* A listen the transport rules refuse stops the shard here, status 2,
      * before it takes any lock (a sweep serves nothing).  The signals
      * sbx_shard_run waits for are blocked first (tls_open). */
@@ -628,6 +692,7 @@ cmd_gateway(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd gateway", -1);
+    raise_nofile();
     if ((rc = set_log_format(log_format, "sbxd gateway")) != 0)
         goto out;
     sigset_t set;
@@ -779,6 +844,7 @@ cmd_dev(int argc, char **argv)
         goto out;
     }
     sbx_log_init("sbxd dev", -1);
+    raise_nofile();
     if ((rc = set_log_format(log_format, "sbxd dev")) != 0)
         goto out;
     sigset_t set;

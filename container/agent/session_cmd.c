@@ -400,9 +400,16 @@ session_start_next(struct session *s)
                 s->q_head = c->next;
                 if (!s->q_head)
                     s->q_tail = NULL;
-                char msg[160];
+                char msg[200];
+                /* ENOSPC comes from posix_openpt only: every pseudo-terminal
+                 * the host allows outside its initial devpts instance
+                 * (kernel.pty.max - kernel.pty.reserve, 3,072 by default) is
+                 * in use, one per running shell of every sandbox
+                 * (docs/benchmarks.md, "Density"). */
                 snprintf(msg, sizeof(msg), "could not start the session shell: %s",
-                         strerror(-rc));
+                         rc == -ENOSPC ? "no pseudo-terminal left on the host (kernel.pty.max "
+                                         "less kernel.pty.reserve are in use)"
+                                       : strerror(-rc));
                 session_fail_cmd(s, c, SBX_E_COMMAND, -1, msg);
                 continue;
             }

@@ -11,15 +11,21 @@
  *   - stopping the daemon ends the containers of every running sandbox
  *     (they are all killed first, then reaped: actors/actor.c
  *     actor_stop_all).
+ *   - sbxd and its shards raise their soft descriptor limit to the hard
+ *     one (tools/sbxd.c raise_nofile: a shard keeps 2 per sandbox, at 4096
+ *     and above), so a sandbox still starts when sbxd was started with the
+ *     usual soft limit of 1024.
  *
  * Each test starts a daemon of its own (the pool of 1 gives the prestarted
  * shell; the last test stops its daemon).
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../support/harness.h"
@@ -114,4 +120,87 @@ Test(density, stopping_the_daemon_ends_every_container, .timeout = 180)
         cr_expect(strncmp(comm, "sbx-agent", 9) != 0, "agent %d outlived its daemon",
                   (int)pids[i]);
     }
+}
+
+/* The soft and hard "Max open files" of a process (/proc/PID/limits); 0, or
+ * -1 if it cannot be read.  "unlimited" reads as -1 in either. */
+static int
+proc_nofile(pid_t pid, long long *soft, long long *hard)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    int rc = -1;
+    while (fgets(line, sizeof(line), f)) {
+        char s[32], h[32];
+        if (sscanf(line, "Max open files %31s %31s", s, h) == 2) {
+            *soft = strcmp(s, "unlimited") ? atoll(s) : -1;
+            *hard = strcmp(h, "unlimited") ? atoll(h) : -1;
+            rc = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+Test(density, the_daemon_raises_its_descriptor_limit, .timeout = 120)
+{
+    /* This test's process only (Criterion runs each test in its own): the
+     * daemon inherits a soft limit of 1024 under a higher hard one. */
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max <= 1024)
+        cr_skip_test("hard RLIMIT_NOFILE %llu: nothing to raise",
+                     (unsigned long long)rl.rlim_max);
+    rl.rlim_cur = 1024;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    struct testd d;
+    cr_assert_eq(testd_start(&d, 1, DAEMON_ARGS), 0);
+    /* sbxd dev and its processes (the shard, started as children). */
+    pid_t procs[8];
+    int n = 0;
+    procs[n++] = d.pid;
+    DIR *dir = opendir("/proc");
+    cr_assert_not_null(dir);
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL && n < 8) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        char path[64], buf[512];
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[k] = '\0';
+        char *rp = strrchr(buf, ')');
+        int ppid = 0;
+        if (rp && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == (int)d.pid)
+            procs[n++] = pid;
+    }
+    closedir(dir);
+    cr_expect_geq(n, 2, "no shard process under sbxd %d", (int)d.pid);
+    for (int i = 0; i < n; i++) {
+        long long soft = 0, hard = 0;
+        if (proc_nofile(procs[i], &soft, &hard) != 0)
+            continue; /* exited meanwhile */
+        cr_expect_eq(soft, hard, "process %d of sbxd: soft RLIMIT_NOFILE %lld, hard %lld",
+                     (int)procs[i], soft, hard);
+        cr_expect(soft == -1 || soft > 1024, "process %d: soft limit %lld not raised",
+                  (int)procs[i], soft);
+    }
+    /* And a sandbox runs. */
+    sbx_client *c = tc_client(d.url, 0);
+    char *id = test_id("dens-nofile");
+    sbx_exec_result r = tsh(c, id, "echo ok", 0);
+    cr_expect_str_eq(r.stdout_data, "ok\n");
+    sbx_exec_result_free(&r);
+    free(id);
+    sbx_client_close(c);
+    testd_stop(&d);
 }
