@@ -816,8 +816,24 @@ phase_throughput(sbx_client *c, const struct opts *o, struct results *res)
     pthread_barrier_wait(&go);
     struct sbx_samples all = {0};
     double end = start;
+    /* The spread between sandboxes: whether the tail is every sandbox's
+     * (a stall of the whole path) or a few sandboxes' (unfairness). */
+    double p50_lo = 0, p50_hi = 0, max_lo = 0, max_hi = 0;
+    size_t over100 = 0, measured = 0;
     for (size_t i = 0; i < started; i++) {
         pthread_join(w[i].thread, NULL);
+        if (w[i].lat.n) {
+            struct sbx_summary ws = sbx_stats_summary(w[i].lat.v, w[i].lat.n);
+            if (!measured++ || ws.p50 < p50_lo)
+                p50_lo = ws.p50;
+            if (measured == 1 || ws.max < max_lo)
+                max_lo = ws.max;
+            if (ws.p50 > p50_hi)
+                p50_hi = ws.p50;
+            if (ws.max > max_hi)
+                max_hi = ws.max;
+            over100 += ws.max > 100.0;
+        }
         for (size_t k = 0; k < w[i].lat.n; k++)
             sbx_samples_add(&all, w[i].lat.v[k]);
         res->load_failures += w[i].failures;
@@ -834,6 +850,10 @@ phase_throughput(sbx_client *c, const struct opts *o, struct results *res)
     say("  %.0f execs/s total (%zu execs in %.2f s)\n", res->execs_per_s, res->load_execs,
         res->load_seconds);
     say_stats("latency under load", &res->load);
+    if (measured)
+        say("  per sandbox (%zu): p50 %.1f-%.1f ms, max %.1f-%.1f ms; %zu with a max over "
+            "100 ms\n",
+            measured, p50_lo, p50_hi, max_lo, max_hi, over100);
     if (res->load_failures)
         say("  FAILED calls: %zu\n", res->load_failures);
     sbx_samples_free(&all);
