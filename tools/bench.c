@@ -66,7 +66,10 @@
  *                  sharing one sbx_client, each running `exec true` on its
  *                  own sandbox in a loop for S seconds.  Total completed
  *                  execs / elapsed seconds (execs/s), and p50/p99 latency
- *                  of the calls under that load.
+ *                  of the calls under that load; then the spread between
+ *                  the sandboxes: the range of their p50s and of their
+ *                  maxima, and how many had a max over 100 ms (printed
+ *                  only, not in --json).
  *   burst          (only with --burst) M idle sandboxes created first by 8
  *                  client threads (their creation rate printed); then per
  *                  size N, R rounds of: N client threads, one sbx_client
