@@ -66,7 +66,10 @@
  *                  sharing one sbx_client, each running `exec true` on its
  *                  own sandbox in a loop for S seconds.  Total completed
  *                  execs / elapsed seconds (execs/s), and p50/p99 latency
- *                  of the calls under that load.
+ *                  of the calls under that load; then the spread between
+ *                  the sandboxes: the range of their p50s and of their
+ *                  maxima, and how many had a max over 100 ms, for all
+ *                  and per shard (printed only, not in --json).
  *   burst          (only with --burst) M idle sandboxes created first by 8
  *                  client threads (their creation rate printed); then per
  *                  size N, R rounds of: N client threads, one sbx_client
@@ -748,9 +751,70 @@ struct worker {
     pthread_barrier_t *ready, *go;
     const double *deadline;
     struct sbx_samples lat;
+    struct sbx_summary sum; /* of lat, after the join */
     size_t failures;
     double end_ms;
 };
+
+/* spread_line — one line of say_spread: the workers of `shard` (NULL: all;
+ * shards[i] names worker i's) with samples. */
+static void
+spread_line(const struct worker *w, char (*shards)[64], size_t n, const char *shard)
+{
+    double p50_lo = 0, p50_hi = 0, max_lo = 0, max_hi = 0;
+    size_t over100 = 0, measured = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!w[i].sum.n || (shard && strcmp(shards[i], shard) != 0))
+            continue;
+        if (!measured++ || w[i].sum.p50 < p50_lo)
+            p50_lo = w[i].sum.p50;
+        if (measured == 1 || w[i].sum.max < max_lo)
+            max_lo = w[i].sum.max;
+        if (w[i].sum.p50 > p50_hi)
+            p50_hi = w[i].sum.p50;
+        if (w[i].sum.max > max_hi)
+            max_hi = w[i].sum.max;
+        over100 += w[i].sum.max > 100.0;
+    }
+    if (measured)
+        say("  %s%s (%zu): p50 %.1f-%.1f ms, max %.1f-%.1f ms; %zu with a max over 100 ms\n",
+            shard ? "  on shard " : "per sandbox", shard ? shard : "", measured, p50_lo, p50_hi,
+            max_lo, max_hi, over100);
+}
+
+/* say_spread — the spread between the sandboxes of the throughput phase, all
+ * of them and then per shard (each sandbox's shard from its `status`):
+ * whether the tail is every sandbox's (a stall of the whole path) or some
+ * sandboxes' or one shard's (unfairness).  Sandboxes whose status fails are
+ * left out of the per-shard lines. */
+static void
+say_spread(sbx_client *c, const struct worker *w, size_t n)
+{
+    char(*shards)[64] = sbx_xcalloc(n ? n : 1, sizeof(*shards));
+    spread_line(w, shards, n, NULL);
+    for (size_t i = 0; i < n; i++) {
+        sbx_reply *r = NULL;
+        sbx_error err;
+        const msgpack_object *sb;
+        sbx_str name = {"", 0};
+        if (sbx_call(c, "status", w[i].id, NULL, 0, 5000, NULL, &r, &err) != 0) {
+            sbx_error_free(&err);
+            continue;
+        }
+        if (sbx_wire_get_map(sbx_reply_result(r), "sandbox", &sb) == 0)
+            sbx_wire_get_str(sb, "shard", &name);
+        snprintf(shards[i], sizeof(shards[i]), "%.*s", (int)name.n, name.p);
+        sbx_reply_free(r);
+    }
+    for (size_t i = 0; i < n; i++) {
+        bool seen = !shards[i][0];
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = !strcmp(shards[k], shards[i]);
+        if (!seen)
+            spread_line(w, shards, n, shards[i]);
+    }
+    free(shards);
+}
 
 static void *
 worker_main(void *arg)
@@ -818,6 +882,7 @@ phase_throughput(sbx_client *c, const struct opts *o, struct results *res)
     double end = start;
     for (size_t i = 0; i < started; i++) {
         pthread_join(w[i].thread, NULL);
+        w[i].sum = sbx_stats_summary(w[i].lat.v, w[i].lat.n);
         for (size_t k = 0; k < w[i].lat.n; k++)
             sbx_samples_add(&all, w[i].lat.v[k]);
         res->load_failures += w[i].failures;
@@ -834,6 +899,7 @@ phase_throughput(sbx_client *c, const struct opts *o, struct results *res)
     say("  %.0f execs/s total (%zu execs in %.2f s)\n", res->execs_per_s, res->load_execs,
         res->load_seconds);
     say_stats("latency under load", &res->load);
+    say_spread(c, w, started);
     if (res->load_failures)
         say("  FAILED calls: %zu\n", res->load_failures);
     sbx_samples_free(&all);
