@@ -12,7 +12,8 @@
  * inside, the image file on the host stays within the limit, and another
  * sandbox still writes; an ephemeral sandbox's `disk` bounds its tmpfs the
  * same way (ENOSPC inside, over --disk-max refused); an image sandbox's write under /usr (its overlay's
- * upper layer) survives sleep too; an ephemeral sandbox of the same deployment loses
+ * upper layer) survives sleep too, and an ephemeral one's `disk` bounds
+ * that layer; an ephemeral sandbox of the same deployment loses
  * its file at sleep (the default is unchanged); status shows the mode and
  * disk usage; `sbxd --workspace-default persistent` makes it the default.
  * After the daemon stops, no loop device backed by a file of
@@ -433,6 +434,15 @@ Test(workspace, image_upper_layer)
     cr_assert_str_eq(out, "up\nw\n");
     free(out);
     cr_assert_gt(generation(c, id, NULL), g0);
+    ok(c, "destroy", id, "{}");
+    free(id);
+    /* An ephemeral image sandbox's `disk` bounds its upper layer's tmpfs. */
+    id = test_id("wsj");
+    ok(c, "create", id, "{\"image\":\"wstest/img:1\",\"workspace\":\"ephemeral\","
+                        "\"disk\":33554432}");
+    out = sh(c, id, "busybox dd if=/dev/zero of=/usr/big bs=1M count=48 2>&1; echo rc=$?", &ec);
+    cr_assert(strstr(out, "No space left on device") && !strstr(out, "rc=0"), "dd said: %s", out);
+    free(out);
     ok(c, "destroy", id, "{}");
     free(id);
     sbx_client_close(c);
