@@ -504,18 +504,15 @@ actor_op_create(struct actor *a, struct sop *op)
         }
     }
     /* Its disk size (bytes, docs/persistence.md): a persistent workspace's
-     * file system; only when created; at most the deployment's --disk-max. */
+     * file system, or an ephemeral one's tmpfs; only when created; at most
+     * the deployment's --disk-max. */
     int64_t disk = 0;
     if (created && (rc = sbx_wire_get_i64(op->req.args, "disk", &disk)) != -ENOENT &&
-        (rc != 0 || disk < (16 << 20) || (uint64_t)disk > a->sh->conf.disk_max || !persistent)) {
+        (rc != 0 || disk < (16 << 20) || (uint64_t)disk > a->sh->conf.disk_max)) {
         free(netcfg);
-        if (rc == 0 && disk >= (16 << 20) && (uint64_t)disk <= a->sh->conf.disk_max)
-            shard_reply_err(op, SBX_E_VALIDATION, "'disk' sizes a persistent workspace: it "
-                                                  "needs workspace \"persistent\"");
-        else
-            shard_reply_err(op, SBX_E_VALIDATION,
-                            "'disk' must be 16 MiB (16777216) to %llu bytes (this deployment's "
-                            "--disk-max)", (unsigned long long)a->sh->conf.disk_max);
+        shard_reply_err(op, SBX_E_VALIDATION,
+                        "'disk' must be 16 MiB (16777216) to %llu bytes (this deployment's "
+                        "--disk-max)", (unsigned long long)a->sh->conf.disk_max);
         return;
     }
     /* What the sandbox keeps of its image's config (actors/record.h,
@@ -545,9 +542,9 @@ actor_op_create(struct actor *a, struct sop *op)
         shard_reply_err(op, rc, "%s", sbx_err_msg(err));
         return;
     }
-    if ((created && (digest[0] || persistent)) || netcfg) {
+    if ((created && (digest[0] || persistent || disk)) || netcfg) {
         /* One write: the record never exists without its image, its
-         * workspace mode or its network settings. */
+         * workspace mode and size or its network settings. */
         ensure_record(a, &lim, false);
         if (created) {
             snprintf(a->rec.image, sizeof(a->rec.image), "%s", digest);

@@ -200,7 +200,9 @@ actor_start_container(struct actor *a, struct sop *op)
      * takes one of its image's pool (image_pool.c), if any.  A persistent
      * workspace is mounted at the container's start, an egress sandbox's
      * network attached: no pooled one has them. */
-    if (!egress && !a->rec.persistent &&
+    /* An ephemeral workspace of its own size is a tmpfs made at the start. */
+    bool ws_tmpfs = !a->rec.persistent && a->rec.disk && a->rec.disk != sh->conf.disk;
+    if (!egress && !a->rec.persistent && !ws_tmpfs &&
         (a->rec.image[0] ? shard_img_pool_take(sh, a->rec.image, &c) : shard_pool_take(sh, &c))) {
         a->gate = NULL;
         container_ready(a, &c, true);
@@ -217,6 +219,7 @@ actor_start_container(struct actor *a, struct sop *op)
     snprintf(w->image, sizeof(w->image), "%s", a->rec.image);
     w->disk = a->rec.disk ? a->rec.disk : sh->conf.disk;
     w->ws_must = a->rec.ws_made;
+    w->ws_tmpfs = ws_tmpfs;
     if (a->rec.persistent && sbx_ws_dir(sh->conf.data, a->id, w->ws_dir, sizeof(w->ws_dir)) != 0) {
         free(w);
         a->gate = NULL;

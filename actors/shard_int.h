@@ -196,6 +196,8 @@ struct work {
     char fetched_from[64];      /* W_START: the peer the image came from ("" none) */
     _Atomic uint64_t fetch_bytes; /* W_START: bytes of it received so far (the worker adds) */
     uint64_t disk;              /* W_START: its size, bytes (a new image's; an existing one keeps its own) */
+    bool ws_tmpfs;              /* W_START: an ephemeral workspace of `disk` bytes, not the
+                                 * shard's --disk: its own tmpfs (sbx_ws_tmpfs) */
     int rc;
     char why[512];
     bool for_destroy;

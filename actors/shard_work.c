@@ -104,13 +104,15 @@ start_image(struct shard *sh, struct work *w)
         snprintf(w->why, sizeof(w->why), "%s", sbx_err_msg(err));
         return rc;
     }
-    if (w->ws_dir[0]) {
+    if (w->ws_dir[0] || w->ws_tmpfs) {
         int fd;
         bool created;
-        rc = ws_present(w);
+        rc = w->ws_tmpfs ? 0 : ws_present(w);
         if (rc == 0)
-            rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
-                          sizeof(w->why));
+            rc = w->ws_tmpfs ? sbx_ws_tmpfs(w->disk, (uint64_t)sh->conf.inodes, &fd, w->why,
+                                            sizeof(w->why))
+                             : sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd,
+                                            &created, w->why, sizeof(w->why));
         if (rc == 0)
             rc = sbx_container_start_ws(sh->spawner, &w->lim, &root, fd, &w->c, w->why,
                                         sizeof(w->why));
@@ -122,16 +124,19 @@ start_image(struct shard *sh, struct work *w)
     return rc;
 }
 
-/* A host-/usr container with a persistent workspace (container/workspace.h). */
+/* A host-/usr container with a persistent workspace, or an ephemeral one of
+ * its own size (container/workspace.h). */
 static int
 start_ws(struct shard *sh, struct work *w)
 {
     int fd;
     bool created;
-    int rc = ws_present(w);
+    int rc = w->ws_tmpfs ? 0 : ws_present(w);
     if (rc == 0)
-        rc = sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd, &created, w->why,
-                          sizeof(w->why));
+        rc = w->ws_tmpfs ? sbx_ws_tmpfs(w->disk, (uint64_t)sh->conf.inodes, &fd, w->why,
+                                        sizeof(w->why))
+                         : sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd,
+                                        &created, w->why, sizeof(w->why));
     if (rc == 0)
         rc = sbx_container_start_ws(sh->spawner, &w->lim, NULL, fd, &w->c, w->why,
                                     sizeof(w->why));
@@ -168,7 +173,7 @@ shard_worker_main(void *arg)
              * workspace (docs/persistence.md), then an egress sandbox's
              * network (docs/network.md): any of them, all or none. */
             w->rc = w->image[0]  ? start_image(sh, w)
-                    : w->ws_dir[0] ? start_ws(sh, w)
+                    : w->ws_dir[0] || w->ws_tmpfs ? start_ws(sh, w)
                                    : sbx_container_start(sh->spawner, &w->lim, &w->c, w->why,
                                                          sizeof(w->why));
             if (w->rc == 0 && w->net) {

@@ -327,6 +327,39 @@ ws_copy_extents(int in, int out, off_t size, int64_t *copied)
     return 0;
 }
 
+int
+sbx_ws_tmpfs(uint64_t size, uint64_t inodes, int *mnt_fd, char *why, size_t whylen)
+{
+    int rc = 0;
+    char n[32];
+    *mnt_fd = -1;
+    int fs = fsopen("tmpfs", FSOPEN_CLOEXEC);
+    if (fs < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "fsopen tmpfs: %s", strerror(errno));
+        goto out;
+    }
+    snprintf(n, sizeof(n), "%llu", (unsigned long long)size);
+    if (fsconfig(fs, FSCONFIG_SET_STRING, "size", n, 0) < 0)
+        goto fail;
+    snprintf(n, sizeof(n), "%llu", (unsigned long long)inodes);
+    if (fsconfig(fs, FSCONFIG_SET_STRING, "nr_inodes", n, 0) < 0 ||
+        fsconfig(fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0 ||
+        fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+        goto fail;
+    *mnt_fd = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    if (*mnt_fd >= 0)
+        goto out;
+fail:
+    rc = -errno;
+    snprintf(why, whylen, "mount the workspace's tmpfs (size=%llu): %s",
+             (unsigned long long)size, strerror(errno));
+out:
+    if (fs >= 0)
+        close(fs);
+    return rc;
+}
+
 /* One fork: dst/disk.img.fork from in, renamed to dst/disk.img. */
 static int
 ws_fork_one(int in, off_t size, const char *dst, int64_t *copied, char *why, size_t whylen)

@@ -46,6 +46,17 @@ int sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, b
                  char *why, size_t whylen);
 
 /*
+ * sbx_ws_tmpfs — an ephemeral workspace of its own size: a tmpfs of size
+ * bytes and at most inodes inodes (mode 0755), as a detached mount like
+ * sbx_ws_mount's (*mnt_fd, MOUNT_ATTR_NOSUID|NODEV; the caller owns and
+ * closes it; with the last reference, the kernel frees its pages).  For a
+ * create whose `disk` differs from the shard's --disk (docs/persistence.md,
+ * "Ephemeral workspaces"): the agent's own tmpfs has the shard's size.
+ * 0 or -errno with the reason in why.
+ */
+int sbx_ws_tmpfs(uint64_t size, uint64_t inodes, int *mnt_fd, char *why, size_t whylen);
+
+/*
  * sbx_ws_fork — copy the image of the workspace at src_dir into each of
  * dst_dirs[0..n) (made, mode 0700; each must hold no image yet: -EEXIST),
  * consistent as of one instant (docs/persistence.md, "Fork"):

@@ -558,7 +558,7 @@ const char sbx_openapi_json[] =
     "    \"description\": \"Arguments of create (docs/protocol.md §3).\",\n"
     "    \"properties\": {\n"
     "     \"disk\": {\n"
-    "      \"description\": \"with workspace persistent: the size of its file system (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created (bytes)\",\n"
+    "      \"description\": \"the size of its writable file system: a persistent workspace's image, or an ephemeral one's tmpfs, where a full disk answers ENOSPC to the writer (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created (bytes)\",\n"
     "      \"minimum\": 16777216,\n"
     "      \"type\": \"integer\",\n"
     "      \"x-unit\": \"bytes\"\n"

@@ -647,7 +647,7 @@ static const struct cli_arg args_create[] = {
      "VALIDATION_FAILED"},
     {"disk", CLI_K_INT, false, true, false, 16777216.0, 0, 0u, NULL,
      "an integer", "bytes", NULL,
-     "with workspace persistent: the size of its file system (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created",
+     "the size of its writable file system: a persistent workspace's image, or an ephemeral one's tmpfs, where a full disk answers ENOSPC to the writer (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created",
      "VALIDATION_FAILED"},
     {"workspace", CLI_K_STR, false, false, false, 0, 0, 0u, enum_create_workspace,
      "a string", NULL, NULL,

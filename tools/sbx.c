@@ -652,7 +652,7 @@ v_create(struct gopts *g, int argc, char **argv)
             sbx_args_kstr(a, argv[i] + 2, argv[i + 1]);
             argv[i] = argv[i + 1] = NULL;
         } else if (!strcmp(argv[i], "--disk")) {
-            /* A persistent workspace's size (e.g. 2G), sent in bytes. */
+            /* The workspace's size (e.g. 2G; persistent or ephemeral), in bytes. */
             uint64_t v;
             if (cli_parse_size(argv[i + 1], &v) != 0 || v > INT64_MAX) {
                 fprintf(stderr, "sbx create: --disk must be a size (e.g. 2G)\n");

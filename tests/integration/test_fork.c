@@ -622,12 +622,13 @@ Test(fork, disk_full_and_disk_size)
     cr_assert_str_eq(out, "0\n", "something was restored");
     free(out);
 
-    /* Past the deployment's maximum, or without a persistent workspace. */
+    /* Past the deployment's maximum, persistent or ephemeral (an ephemeral
+     * workspace's disk sizes its tmpfs: test_workspace.c ephemeral_disk). */
     char *d = test_id("dfd");
     j = call(c, "create", d, "{\"workspace\":\"persistent\",\"disk\":1099511627776}", cd);
     cr_assert_null(j);
     cr_assert_str_eq(cd, "VALIDATION_FAILED");
-    j = call(c, "create", d, "{\"workspace\":\"ephemeral\",\"disk\":33554432}", cd);
+    j = call(c, "create", d, "{\"workspace\":\"ephemeral\",\"disk\":1099511627776}", cd);
     cr_assert_null(j);
     cr_assert_str_eq(cd, "VALIDATION_FAILED");
     ok(c, "destroy", a, "{}");

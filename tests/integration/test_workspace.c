@@ -10,8 +10,10 @@
  * same ID starts empty, and a workspace left without a sandbox is swept at
  * the shard's next start; writing past the disk limit fails with ENOSPC
  * inside, the image file on the host stays within the limit, and another
- * sandbox still writes; an image sandbox's write under /usr (its overlay's
- * upper layer) survives sleep too; an ephemeral sandbox of the same deployment loses
+ * sandbox still writes; an ephemeral sandbox's `disk` bounds its tmpfs the
+ * same way (ENOSPC inside, over --disk-max refused); an image sandbox's write under /usr (its overlay's
+ * upper layer) survives sleep too, and an ephemeral one's `disk` bounds
+ * that layer; an ephemeral sandbox of the same deployment loses
  * its file at sleep (the default is unchanged); status shows the mode and
  * disk usage; `sbxd --workspace-default persistent` makes it the default.
  * After the daemon stops, no loop device backed by a file of
@@ -337,6 +339,49 @@ Test(workspace, quota)
     sbx_client_close(c);
 }
 
+/* An ephemeral workspace's `disk` sizes its tmpfs: writing past it fails
+ * with ENOSPC inside, status reports the limit, a sandbox without `disk`
+ * keeps the deployment's --disk, and more than --disk-max is refused. */
+Test(workspace, ephemeral_disk)
+{
+    const char *const extra[] = {TESTD_SMALL, "--disk-max", "128M", NULL};
+    sbx_client *c = start_with(extra);
+    char *a = test_id("wse");
+    char *b = test_id("wsf");
+    char *x = test_id("wsx");
+    ok(c, "create", a, "{\"workspace\":\"ephemeral\",\"disk\":33554432}");
+    create(c, b, "ephemeral");
+    int code;
+    /* 48 MB into a 32 MiB workspace: refused; the same into 64 MiB fits. */
+    char *out = sh(c, a,
+                   "dd if=/dev/zero of=/workspace/big bs=1M count=48 2>&1; echo rc=$?", &code);
+    cr_assert(strstr(out, "No space left on device"), "dd said: %s", out);
+    cr_assert(!strstr(out, "rc=0"), "dd succeeded: %s", out);
+    free(out);
+    out = sh(c, a, "rm /workspace/big; echo ok > /tmp/t && cat /tmp/t", &code);
+    cr_assert_eq(code, 0, "the workspace is not writable after the full disk");
+    cr_assert_str_eq(out, "ok\n");
+    free(out);
+    out = sh(c, b, "dd if=/dev/zero of=/workspace/big bs=1M count=48 2>&1; echo rc=$?", &code);
+    cr_assert(strstr(out, "rc=0"), "the default-sized sandbox cannot write 48 MB: %s", out);
+    free(out);
+    char cd[64];
+    char *j = call(c, "status", a, "{}", cd);
+    cr_assert(j, "status: %s", cd);
+    cr_assert(strstr(j, "\"mode\":\"ephemeral\"") && strstr(j, "\"limitBytes\":33554432"),
+              "status: %s", j);
+    free(j);
+    j = call(c, "create", x, "{\"workspace\":\"ephemeral\",\"disk\":268435456}", cd);
+    cr_assert_null(j, "a disk over --disk-max was accepted");
+    cr_assert_str_eq(cd, "VALIDATION_FAILED");
+    ok(c, "destroy", a, "{}");
+    ok(c, "destroy", b, "{}");
+    free(a);
+    free(b);
+    free(x);
+    sbx_client_close(c);
+}
+
 Test(workspace, bad_mode)
 {
     sbx_client *c = start();
@@ -389,6 +434,15 @@ Test(workspace, image_upper_layer)
     cr_assert_str_eq(out, "up\nw\n");
     free(out);
     cr_assert_gt(generation(c, id, NULL), g0);
+    ok(c, "destroy", id, "{}");
+    free(id);
+    /* An ephemeral image sandbox's `disk` bounds its upper layer's tmpfs. */
+    id = test_id("wsj");
+    ok(c, "create", id, "{\"image\":\"wstest/img:1\",\"workspace\":\"ephemeral\","
+                        "\"disk\":33554432}");
+    out = sh(c, id, "busybox dd if=/dev/zero of=/usr/big bs=1M count=48 2>&1; echo rc=$?", &ec);
+    cr_assert(strstr(out, "No space left on device") && !strstr(out, "rc=0"), "dd said: %s", out);
+    free(out);
     ok(c, "destroy", id, "{}");
     free(id);
     sbx_client_close(c);

@@ -1571,7 +1571,7 @@ class CreateArgs(TypedDict, total=False):
     network: 'NetworkSettings'
     """network mode and policy (default: the deployment's mode, no rules); on an existing sandbox they replace its settings: new rules apply to new connections at once, a new mode from its next container"""
     disk: int
-    """with workspace persistent: the size of its file system (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created (bytes) [16777216 … …]"""
+    """the size of its writable file system: a persistent workspace's image, or an ephemeral one's tmpfs, where a full disk answers ENOSPC to the writer (default the deployment's sbxd --disk; at most its --disk-max, else VALIDATION_FAILED). Only when the sandbox is created (bytes) [16777216 … …]"""
     workspace: str
     """where its writable state (/workspace, /tmp, /home; an image's upper layer) lives: ephemeral, a tmpfs lost when the container stops; persistent, a file system of the disk limit on the shard's disk that survives sleep, container and shard restarts until destroy (docs/persistence.md). Default: the deployment's (sbxd --workspace-default, ephemeral unless set). Only when the sandbox is created"""
 
