@@ -4,7 +4,8 @@
  * operator passed --insecure-plaintext), and an incomplete or unreadable
  * TLS identity refused with VALIDATION_FAILED naming what is wrong.  The
  * handshakes themselves are tested end to end in
- * tests/security/test_transport.c.
+ * tests/security/test_transport.c.  Issue 11: nng 1.5.2's listener that
+ * stops accepting after a reset handshake, and sbx_nng_relisten's remedy.
  */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
