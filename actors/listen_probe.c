@@ -18,9 +18,9 @@
  * (a peer giving up on a slow, just restarted shard) makes the TCP layer
  * close the descriptor and the next send fail so — tlstran_pipe_nego_cb
  * passes ECLOSED to the socket's pending accept (src/sp/transport/tls/
- * tls.c:281-289 at v1.5.2), and the socket's listener takes ECLOSED for
+ * tls.c:282-288 at v1.5.2), and the socket's listener takes ECLOSED for
  * "this listener was closed" and never accepts again (src/core/listener.c:
- * 399-402).  The transport keeps accepting and negotiating; the negotiated
+ * 399-401).  The transport keeps accepting and negotiating; the negotiated
  * pipes wait forever for an accept, their requests unread.  Fixed upstream
  * in nng 1.6.0 (commit 9248ed74, nanomsg/nng#1518: ECLOSED becomes
  * ECONNSHUT there); tcp:// and ipc:// have the same flaw in 1.5.2.

@@ -784,7 +784,7 @@ client_hello(nng_tls_config *cfg, unsigned char *buf, size_t n)
 /* Issue 11: nng 1.5.2's TLS listener stops handing connections to its
  * socket after a handshake reset at the wrong moment (nanomsg/nng#1518;
  * actors/listen_probe.c).  Clients that send a ClientHello and reset, in
- * batches, until a fresh client is no longer answered (at most 400); the
+ * batches, until a fresh client is no longer answered (at most 1,000); the
  * shard's listen probe must then notice and listen again, and a fresh
  * client be answered within the probe's window (3 probes 5 s apart, 3 s
  * each: about 25 s; given 45 s). */
@@ -827,7 +827,7 @@ Test(transport, a_shard_listener_stalled_by_reset_handshakes_serves_again, .time
     unsigned seed = (unsigned)getpid();
     int resets = 0;
     bool stalled = false;
-    while (!stalled && resets < 400) {
+    while (!stalled && resets < 1000) {
         for (int i = 0; i < 10; i++, resets++) {
             int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
             cr_assert(fd >= 0);

@@ -220,8 +220,8 @@ client_hello(const sbx_nng_sec *sec, unsigned char *buf, size_t n)
  * (a peer's reset racing the server's own send: the TCP layer closed the
  * descriptor, the next send got ECLOSED) to the socket's pending accept,
  * and the socket's listener takes ECLOSED for "the listener was closed"
- * and never asks to accept again (src/sp/transport/tls/tls.c:281-289,
- * src/core/listener.c:399-402 at v1.5.2; fixed in nng 1.6.0 by commit
+ * and never asks to accept again (src/sp/transport/tls/tls.c:282-288,
+ * src/core/listener.c:399-401 at v1.5.2; fixed in nng 1.6.0 by commit
  * 9248ed74, nanomsg/nng#1518).  From then on connections are accepted and
  * negotiated by the transport but never handed to the socket: requests sit
  * unread, exactly as seen in test_claim.  Here: clients that send a
