@@ -10,8 +10,22 @@
  * (CLOSE-WAIT once the peers gave up), while the shard's loop was idle,
  * every REP context was waiting to receive and not one request had
  * arrived; every handoff to it failed ("sent, no answer") and the cluster
- * never converged.  The cause lies in nng's TLS listener (nng 1.5.2 of
- * Debian bookworm) and is not found yet.
+ * never converged.
+ *
+ * The cause is nng 1.5.2's (Debian bookworm's) TLS transport: when a
+ * connection's TLS handshake or SP header exchange fails with NNG_ECLOSED
+ * — a peer that resets the connection while the listener is sending to it
+ * (a peer giving up on a slow, just restarted shard) makes the TCP layer
+ * close the descriptor and the next send fail so — tlstran_pipe_nego_cb
+ * passes ECLOSED to the socket's pending accept (src/sp/transport/tls/
+ * tls.c:282-288 at v1.5.2), and the socket's listener takes ECLOSED for
+ * "this listener was closed" and never accepts again (src/core/listener.c:
+ * 399-401).  The transport keeps accepting and negotiating; the negotiated
+ * pipes wait forever for an accept, their requests unread.  Fixed upstream
+ * in nng 1.6.0 (commit 9248ed74, nanomsg/nng#1518: ECLOSED becomes
+ * ECONNSHUT there); tcp:// and ipc:// have the same flaw in 1.5.2.
+ * tests/unit/test_nngx.c reproduces it (ClientHellos reset mid-handshake)
+ * and shows that listening again (below) makes the socket serve again.
  *
  * A thread sends the shard one request through its own listen URL every
  * PROBE_INTERVAL_MS, as a peer does (a REQ socket with the shard's own TLS

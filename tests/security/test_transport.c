@@ -8,7 +8,8 @@
  * attacker's, and runs daemons of its own on loopback ports the kernel
  * picked (by pid; stopped and removed at the end).  An unauthenticated peer
  * must never get an answer, and every failing call must return by its
- * deadline with a stable code.
+ * deadline with a stable code.  Issue 11: a shard whose TLS listener
+ * stalled (nng 1.5.2, nanomsg/nng#1518) serves again by its listen probe.
  */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -711,5 +712,150 @@ Test(transport, a_revoked_certificate_is_refused, .timeout = 240)
     sbx_error_free(&err);
     sbx_error_free(&rerr);
     free(id);
+    pki_remove(&p);
+}
+
+/* answered — a fresh client (a new connection, identity cli) calls
+ * cluster.status on url: true when any answer (an error one included) came
+ * back within 3 s, i.e. the listener hands new connections to the socket. */
+static bool
+answered(const char *url, const sbx_tls_files *cli)
+{
+    sbx_client *c = NULL;
+    sbx_error err = {.code = ""};
+    bool ok = false;
+    if (sbx_client_open_tls(&c, url, cli, &err) == 0) {
+        sbx_reply *r = NULL;
+        int rc = sbx_call(c, "cluster.status", NULL, NULL, 0, REFUSED_DEADLINE_MS, NULL, &r, &err);
+        ok = rc == 0 || (strcmp(err.code, "GATEWAY_UNAVAILABLE") &&
+                         strcmp(err.code, "REQUEST_TIMEOUT") && strcmp(err.code, "SHARD_UNAVAILABLE"));
+        sbx_reply_free(r);
+        sbx_client_close(c);
+    }
+    sbx_error_free(&err);
+    return ok;
+}
+
+/* client_hello — the first TLS record a dialer with config cfg sends,
+ * caught by a plain TCP socket: into buf (n bytes), its length returned. */
+static size_t
+client_hello(nng_tls_config *cfg, unsigned char *buf, size_t n)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    cr_assert(bind(lfd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(lfd, 4) == 0 &&
+              getsockname(lfd, (struct sockaddr *)&a, &len) == 0);
+    char url[64];
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    nng_stream_dialer *d;
+    nng_aio *aio;
+    cr_assert_eq(nng_stream_dialer_alloc(&d, url), 0);
+    cr_assert_eq(nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg), 0);
+    cr_assert_eq(nng_aio_alloc(&aio, NULL, NULL), 0);
+    nng_aio_set_timeout(aio, 5000);
+    nng_stream_dialer_dial(d, aio);
+    int fd = accept(lfd, NULL, NULL);
+    nng_aio_wait(aio);
+    cr_assert(fd >= 0 && nng_aio_result(aio) == 0);
+    nng_stream *st = nng_aio_get_output(aio, 0);
+    char one = 0;
+    nng_iov iov = {.iov_buf = &one, .iov_len = 1};
+    nng_aio_set_iov(aio, 1, &iov);
+    nng_stream_send(st, aio); /* starts the handshake; never completes */
+    size_t got = 0, want = 5;
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, n - got);
+        cr_assert_gt(r, 0, "no ClientHello");
+        got += (size_t)r;
+        if (got >= 5)
+            want = 5 + ((size_t)buf[3] << 8 | buf[4]);
+        cr_assert_leq(want, n);
+    }
+    close(fd);
+    close(lfd);
+    nng_aio_wait(aio);
+    nng_stream_free(st);
+    nng_stream_dialer_free(d);
+    nng_aio_free(aio);
+    return want;
+}
+
+/* Issue 11: nng 1.5.2's TLS listener stops handing connections to its
+ * socket after a handshake reset at the wrong moment (nanomsg/nng#1518;
+ * actors/listen_probe.c).  Clients that send a ClientHello and reset, in
+ * batches, until a fresh client is no longer answered (at most 1,000); the
+ * shard's listen probe must then notice and listen again, and a fresh
+ * client be answered within the probe's window (3 probes 5 s apart, 3 s
+ * each: about 25 s; given 45 s). */
+Test(transport, a_shard_listener_stalled_by_reset_handshakes_serves_again, .timeout = 240)
+{
+    struct pki p = {.dir = ""};
+    pki_make(&p);
+    char data[300], slog[300], surl[64], sname[64];
+    snprintf(data, sizeof(data), "%s/shard", p.dir);
+    snprintf(slog, sizeof(slog), "%s/shard.log", p.dir);
+    int port = free_port();
+    snprintf(surl, sizeof(surl), "tls+tcp://127.0.0.1:%d", port);
+    snprintf(sname, sizeof(sname), "tlp%s%ds", test_prefix(), (int)getpid() % 100000);
+    const char *sargv[] = {"sbxd", "shard", "--name", sname, "--listen", surl, "--data", data,
+                           TESTD_SMALL,
+                           "--tls-ca", pem(p.ca, "ca", "pem"),
+                           "--tls-cert", pem(p.ca, "shard", "pem"),
+                           "--tls-key", pem(p.ca, "shard", "key"), NULL};
+    sbx_tls_files cli = {pem(p.ca, "ca", "pem"), pem(p.ca, "cli", "pem"), pem(p.ca, "cli", "key")};
+    pid_t spid = spawn(sargv, slog);
+    bool up = false;
+    for (double until = test_now_ms() + 60000; !up && test_now_ms() < until;)
+        if (!(up = answered(surl, &cli)))
+            usleep(200 * 1000);
+    if (!up) {
+        stop(spid);
+        dump(slog);
+        pki_remove(&p);
+        cr_assert_fail("the TLS shard never answered");
+    }
+
+    nng_tls_config *cfg;
+    cr_assert_eq(nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT), 0);
+    cr_assert_eq(nng_tls_config_ca_file(cfg, pem(p.ca, "ca", "pem")), 0);
+    unsigned char hello[4096];
+    size_t hn = client_hello(cfg, hello, sizeof(hello));
+    nng_tls_config_free(cfg);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    unsigned seed = (unsigned)getpid();
+    int resets = 0;
+    bool stalled = false;
+    while (!stalled && resets < 1000) {
+        for (int i = 0; i < 10; i++, resets++) {
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            cr_assert(fd >= 0);
+            if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+                write(fd, hello, hn) == (ssize_t)hn && i % 3)
+                usleep((useconds_t)(rand_r(&seed) % 3000)); /* mid-handshake */
+            struct linger lg = {.l_onoff = 1, .l_linger = 0}; /* close with a reset */
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+            close(fd);
+        }
+        stalled = !answered(surl, &cli);
+    }
+    double t0 = test_now_ms();
+    bool back = !stalled;
+    while (!back && test_now_ms() < t0 + 45000)
+        if (!(back = answered(surl, &cli)))
+            usleep(500 * 1000);
+    fprintf(stderr, "test_transport: nng %s: %s after %d reset handshakes; answered again "
+                    "after %.1f s\n", nng_version(), stalled ? "stalled" : "no stall", resets,
+            (test_now_ms() - t0) / 1000);
+    cr_expect(back, "the shard never answered again after its listener stalled");
+    char again[128];
+    snprintf(again, sizeof(again), "listening on %s again", surl);
+    if (stalled)
+        cr_expect(log_has(slog, again), "the probe did not listen again");
+    int st = stop(spid);
+    cr_expect_eq(st, 0, "the shard did not stop cleanly (%d)", st);
+    if (!back || st != 0)
+        dump(slog);
     pki_remove(&p);
 }
