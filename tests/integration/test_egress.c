@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -94,6 +95,8 @@ listen_in(const char *nspath, const char *addr, int port)
     pid_t pid = fork();
     if (pid == 0) {
         close(ready[0]);
+        /* Ends with the test process, should a failed assertion skip stop_child. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (nspath) {
             int nfd = open(nspath, O_RDONLY | O_CLOEXEC);
             if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
