@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -83,7 +84,8 @@ serve(int fd)
     }
 }
 
-/* listen_in — a child that listens on addr:port in netns path (NULL: ours). */
+/* listen_in — a child that listens on addr:port (IPv4, or IPv6 when addr has
+ * a ':') in netns path (NULL: ours). */
 static pid_t
 listen_in(const char *nspath, const char *addr, int port)
 {
@@ -93,16 +95,25 @@ listen_in(const char *nspath, const char *addr, int port)
     pid_t pid = fork();
     if (pid == 0) {
         close(ready[0]);
+        /* Ends with the test process, should a failed assertion skip stop_child. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (nspath) {
             int nfd = open(nspath, O_RDONLY | O_CLOEXEC);
             if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
                 _exit(1);
         }
-        int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        bool v6 = strchr(addr, ':') != NULL; /* an IPv6 address: v6 only */
+        int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0), one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        inet_pton(AF_INET, addr, &sa.sin_addr);
-        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 64) < 0)
+        struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        int ok = v6 ? inet_pton(AF_INET6, addr, &sa6.sin6_addr) : inet_pton(AF_INET, addr, &sa.sin_addr);
+        if (v6)
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+        if (ok != 1 ||
+            (v6 ? bind(fd, (struct sockaddr *)&sa6, sizeof(sa6))
+                : bind(fd, (struct sockaddr *)&sa, sizeof(sa))) < 0 ||
+            listen(fd, 64) < 0)
             _exit(1);
         (void)!write(ready[1], "r", 1);
         close(ready[1]);
@@ -827,4 +838,80 @@ Test(egress, git_checkout_over_https_when_the_policy_allows)
     free(out);
     free(ok);
     free(no);
+}
+
+/*
+ * IPv6: sandboxes have none (docs/network.md §IPv6).  With a policy that
+ * allows every IPv4 address, the sandbox has no IPv6 address but loopback's
+ * and no IPv6 route; a connect to the test host's IPv6 address (given here,
+ * a listener on it), to the cloud metadata address fd00:ec2::254, to every
+ * non-link-local IPv6 address of the host (a listener on [::]) and to ::1
+ * (the sandbox's own loopback, not the host's) fails, while the test host
+ * is reached over IPv4 from the same sandbox.
+ */
+Test(egress, ipv6_reaches_nothing)
+{
+    int p = (int)getpid() & 0xffff;
+    char h6[64], t6[64], nspath[128];
+    snprintf(h6, sizeof(h6), "fd5b:%x::1", p);
+    snprintf(t6, sizeof(t6), "fd5b:%x::2", p);
+    cr_assert_eq(sh("ip addr add %s/64 dev %s nodad && ip -n %s addr add %s/64 dev eth0 nodad",
+                    h6, host_if, ns_name, t6),
+                 0, "could not give the test host an IPv6 address");
+    snprintf(nspath, sizeof(nspath), "/run/netns/%s", ns_name);
+    pid_t l6 = listen_in(nspath, t6, 8080), h6l = listen_in(NULL, "::", host_port);
+    cr_assert_gt(l6, 0, "IPv6 listener in the test host");
+    cr_assert_gt(h6l, 0, "IPv6 listener on the host");
+    /* The listeners answer over IPv6 from the host: a failure below is the sandbox's. */
+    cr_assert_eq(sh("timeout 5 bash -c 'exec 3<>/dev/tcp/%s/8080 && printf \"GET /\\r\\n\\r\\n\" "
+                    ">&3 && cat <&3' | grep -q " BODY, t6),
+                 0, "the test host's IPv6 listener does not answer the host");
+
+    sbx_client *c = test_client();
+    char *id = test_id("egr-v6");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"0.0.0.0/0\"]}");
+    expect_reaches(c, id, peer_ip, 8080);
+    char targets[2048];
+    int n = snprintf(targets, sizeof(targets), "%s,8080 fd00:ec2::254,80 ::1,%d", t6, host_port);
+    struct ifaddrs *ifs = NULL;
+    cr_assert_eq(getifaddrs(&ifs), 0);
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET6)
+            continue;
+        struct in6_addr *a6 = &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+        if (IN6_IS_ADDR_LINKLOCAL(a6) || IN6_IS_ADDR_LOOPBACK(a6))
+            continue;
+        char a[INET6_ADDRSTRLEN];
+        inet_ntop(AF_INET6, a6, a, sizeof(a));
+        if (n > 0 && (size_t)n < sizeof(targets) - 128)
+            n += snprintf(targets + n, sizeof(targets) - (size_t)n, " %s,%d", a, host_port);
+    }
+    freeifaddrs(ifs);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "ip -6 addr show scope global; ip -6 route show | grep -v '^fe80\\|^multicast\\|^ff00'; "
+             "python3 -c 'import socket,sys\n"
+             "for t in sys.argv[1:]:\n"
+             " h,p=t.rsplit(\",\",1)\n"
+             " try:\n"
+             "  s=socket.create_connection((h,int(p)),timeout=3); s.close(); print(\"REACHED\",t)\n"
+             " except OSError as e: print(\"failed\",t,e)' %s 2>&1",
+             targets);
+    sbx_exec_result r;
+    sbx_error err = {0};
+    cr_assert_eq(test_sh(c, id, cmd, 60000, &r, &err), 0, "exec in %s: %s", id, err.message);
+    char *out = strndup((const char *)r.stdout_data, r.stdout_len);
+    sbx_exec_result_free(&r);
+    cr_expect(!strstr(out, "inet6"), "the sandbox has a global IPv6 address: %s", out);
+    cr_expect(!strstr(out, "default"), "the sandbox has an IPv6 route: %s", out);
+    cr_expect(!strstr(out, "REACHED"), "an IPv6 connect succeeded: %s", out);
+    cr_expect(strstr(out, "failed fd00:ec2::254,80") && strstr(out, "failed ::1,"),
+              "the connects did not run: %s", out);
+    free(out);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+    stop_child(&l6);
+    stop_child(&h6l);
+    sh("ip addr del %s/64 dev %s 2>/dev/null; true", h6, host_if);
 }

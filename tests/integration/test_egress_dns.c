@@ -240,6 +240,8 @@ suite_up(void)
     /* dnsmasq in the test host, in the foreground, answering only its
      * --address names (TTL 3 s), no upstream of its own. */
     char a1[96], a2[96], a3[96], a4[96], a5[96], a6[96], a7[96], la[64];
+    /* allowed.test has an AAAA record upstream too (aaaa_answers_are_empty). */
+    const char *a8 = "--address=/allowed.test/fd5b::5";
     snprintf(a6, sizeof(a6), "--address=/api.test/%s", ip_ok);
     snprintf(a7, sizeof(a7), "--address=/plain.test/%s", ip_other);
     snprintf(a5, sizeof(a5), "--address=/git.test/%s", ip_ok);
@@ -258,7 +260,7 @@ suite_up(void)
         dup2(devnull, 2);
         execl("/usr/sbin/dnsmasq", "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
               "--no-resolv", "--no-hosts", "--bind-interfaces", la, "--user=root",
-              "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, a6, a7, (char *)NULL);
+              "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, a6, a7, a8, (char *)NULL);
         _exit(127);
     }
     up_assert_gt(dnsmasq_pid, 0);
@@ -1078,6 +1080,41 @@ Test(egress_dns, injection_round_trip_figures)
             "egress_dns: plain-HTTP request after lookup p50/p90: through the injecting proxy "
             "%.3f / %.3f ms; straight %.3f / %.3f ms\n",
             p50[0], p90[0], p50[1], p90[1]);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
+/*
+ * IPv6: an allowed name's AAAA query gets an empty answer (sandboxes have no
+ * IPv6; docs/network.md §IPv6), while its A query answers, in one sandbox.
+ */
+Test(egress_dns, aaaa_answers_are_empty)
+{
+    sbx_client *c = client();
+    char *id = test_id("dns-v6");
+    /* Upstream has an AAAA record for it: an empty answer below is sbx's. */
+    cr_assert_eq(sh("python3 -c \"import socket,sys\n"
+                    "q=b'\\x12\\x35\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00"
+                    "\\x07allowed\\x04test\\x00\\x00\\x1c\\x00\\x01'\n"
+                    "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(2)\n"
+                    "s.sendto(q,('%s',53)); r=s.recv(512); sys.exit(0 if r[7] > 0 else 1)\" ",
+                    dns_ip),
+                 0, "the test's dnsmasq has no AAAA record for allowed.test");
+    create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"allowed.test:8080\"]}");
+    int ec;
+    char *out = run(c, id,
+                    "python3 -c 'import socket\n"
+                    "for f in (socket.AF_INET, socket.AF_INET6):\n"
+                    " try: print(f.name, sorted({a[4][0] for a in socket.getaddrinfo("
+                    "\"allowed.test\", 8080, f)}))\n"
+                    " except socket.gaierror as e: print(f.name, \"none\", e)' 2>&1",
+                    &ec);
+    char want[128];
+    snprintf(want, sizeof(want), "AF_INET ['%s']", ip_ok);
+    cr_expect(strstr(out, want), "the A answer: %s", out);
+    cr_expect(strstr(out, "AF_INET6 none"), "an AAAA answer: %s", out);
+    free(out);
     destroy(c, id);
     free(id);
     sbx_client_close(c);
