@@ -659,20 +659,31 @@ sbx_net_detach(sbx_net *n, int k)
 {
     if (k <= 0 || k >= SLOTS)
         return;
-    char out[512], cmd[768];
+    char out[512], cmd[1536];
     pthread_mutex_lock(&n->mu);
     int rnsfd = n->nsfd;
     /* One batch (one nft run); a half-made slot lacks some of these, and a
-     * batch with one failing command does nothing: then each on its own. */
-    snprintf(cmd, sizeof(cmd),
+     * batch with one failing command does nothing: then each on its own.
+     * What refers to a counter or set goes before it (the proxy's chains
+     * first), else the fallback would leave counters a reused slot shows. */
+    cmd[0] = '\0';
+    if (n->inject) /* net_proxy.c's */
+        snprintf(cmd, sizeof(cmd),
+                 "delete element inet sbx pin_sb { \"s%d\" }\n"
+                 "delete element inet sbx pout_sb { \"s%d\" }\n"
+                 "flush chain inet sbx pi%d\nflush chain inet sbx po%d\n"
+                 "delete chain inet sbx pi%d\ndelete chain inet sbx po%d\n",
+                 k, k, k, k, k, k);
+    size_t l0 = strlen(cmd);
+    snprintf(cmd + l0, sizeof(cmd) - l0,
              "delete element inet sbx from_sb { \"s%d\" }\n"
              "delete element inet sbx to_sb { \"s%d\" }\n"
              "flush chain inet sbx so%d\nflush chain inet sbx si%d\n"
              "delete chain inet sbx so%d\ndelete chain inet sbx si%d\n"
              "delete set inet sbx ha%d\ndelete set inet sbx hp%d\n"
              "delete counter inet sbx o%d\ndelete counter inet sbx i%d\n"
-             "delete counter inet sbx n%d\n",
-             k, k, k, k, k, k, k, k, k, k, k);
+             "delete counter inet sbx n%d\ndelete set inet sbx cc%d\n",
+             k, k, k, k, k, k, k, k, k, k, k, k);
     if (n->inject) { /* net_proxy.c's */
         size_t l = strlen(cmd);
         snprintf(cmd + l, sizeof(cmd) - l,

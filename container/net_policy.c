@@ -332,8 +332,9 @@ so_rules(struct sbx_net_buf *b, int k, const char *a, const struct sbx_net_polic
     }
     /* Connections open at once (conntrack entries through this rule: those
      * that end, or are refused below, leave its list). */
-    if (p->max_conns)
-        sbx_net_buf_add(b, "%s%d ct count over %u jump refuse\n", R, k, p->max_conns);
+    if (p->max_conns) /* in set cc<k>: one count with the proxy's leg (pi_rules) */
+        sbx_net_buf_add(b, "%s%d add @cc%d { ip saddr ct count over %u } jump refuse\n", R, k, k,
+                        p->max_conns);
     for (int i = 0; i < p->nallow; i++) {
         if (!sbx_net_is_private(&p->allow[i]))
             continue;
@@ -359,6 +360,22 @@ so_rules(struct sbx_net_buf *b, int k, const char *a, const struct sbx_net_polic
     sbx_net_buf_add(b, "%s%d jump refuse\n", R, k);
 }
 
+/* The rules of chain pi<k>: the sandbox's connections the nat chain sent
+ * to the injection proxy (net_proxy.c), which reach the router's input
+ * hook, not the forward chains: counted as its own (bytes out o<k>, new
+ * connections n<k>) and held to the same maxConnections count (set cc<k>,
+ * shared with so<k>'s rule: one count, not one per path). */
+static void
+pi_rules(struct sbx_net_buf *b, int k, const struct sbx_net_policy *p)
+{
+    const char *R = "add rule inet sbx pi";
+    sbx_net_buf_add(b, "%s%d counter name \"o%d\"\n", R, k, k);
+    if (p->max_conns)
+        sbx_net_buf_add(b, "%s%d ct state new add @cc%d { ip saddr ct count over %u } jump refuse\n",
+                        R, k, k, p->max_conns);
+    sbx_net_buf_add(b, "%s%d ct state new counter name \"n%d\"\n", R, k, k);
+}
+
 void
 sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sbx_net_policy *p,
                     bool inject)
@@ -368,6 +385,7 @@ sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sb
     inet_ntop(AF_INET, &ia, a, sizeof(a));
     sbx_net_buf_add(b, "add counter inet sbx o%d\nadd counter inet sbx i%d\n"
                        "add counter inet sbx n%d\n", k, k, k);
+    sbx_net_buf_add(b, "add set inet sbx cc%d { type ipv4_addr; flags dynamic; }\n", k);
     sbx_net_buf_add(b, "add chain inet sbx so%d\nadd chain inet sbx si%d\n", k, k);
     sbx_net_buf_add(b, "add set inet sbx ha%d { type ipv4_addr; flags timeout; }\n"
                        "add set inet sbx hp%d { type ipv4_addr . inet_service; flags timeout; }\n",
@@ -385,6 +403,20 @@ sbx_net_render_slot(struct sbx_net_buf *b, int k, uint32_t addr, const struct sb
                            " dnat ip to " SBX_NET_RESOLVER ":80\n"
                            "add element inet sbx pre_sb { \"s%d\" : jump pr%d }\n",
                         k, k, k, k, k, k);
+    if (inject) {
+        /* Its proxied connections counted as its own (pi_rules); the
+         * proxy's answers to it (reply direction of a DNATed connection,
+         * leaving through the output hook) in i<k>; the proxy's own
+         * upstream connection leaves by up0 and is not counted again. */
+        sbx_net_buf_add(b, "add chain inet sbx pi%d\n", k);
+        pi_rules(b, k, p);
+        sbx_net_buf_add(b, "add chain inet sbx po%d\n"
+                           "add rule inet sbx po%d ct direction reply ct status dnat"
+                           " counter name \"i%d\"\n"
+                           "add element inet sbx pin_sb { \"s%d\" : jump pi%d }\n"
+                           "add element inet sbx pout_sb { \"s%d\" : jump po%d }\n",
+                        k, k, k, k, k, k, k);
+    }
 }
 
 void
@@ -399,8 +431,10 @@ sbx_net_render_update(struct sbx_net_buf *b, int k, uint32_t addr, const struct 
     sbx_net_buf_add(b, "flush chain inet sbx so%d\nflush set inet sbx ha%d\n"
                        "flush set inet sbx hp%d\n", k, k, k);
     if (inject)
-        sbx_net_buf_add(b, "flush set inet sbx ij%d\n", k);
+        sbx_net_buf_add(b, "flush set inet sbx ij%d\nflush chain inet sbx pi%d\n", k, k);
     so_rules(b, k, a, p);
+    if (inject)
+        pi_rules(b, k, p);
 }
 
 /* The router's table: sets, maps, the forward and input hooks, NAT. */
@@ -435,24 +469,32 @@ sbx_net_render_router(struct sbx_net_buf *b, const char *range, bool inject)
                     " chain forward { type filter hook forward priority filter; policy drop;"
                     " iifname vmap @from_sb; oifname vmap @to_sb; }\n"
                     " chain input { type filter hook input priority filter; policy drop;"
-                    " iifname \"lo\" accept; ct state established,related accept;"
+                    " iifname \"lo\" accept;%s ct state established,related accept;"
                     " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " udp dport 53 accept;"
                     " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " tcp dport 53 accept;"
                     "%s"
                     " jump refuse; }\n"
                     " chain output { type filter hook output priority filter; policy accept;"
-                    " meta nfproto ipv6 drop; }\n"
+                    " meta nfproto ipv6 drop;%s }\n"
                     " chain post { type nat hook postrouting priority srcnat;"
                     " oifname \"up0\" masquerade; }\n"
                     "%s"
                     "}\n",
+                    /* each sandbox's packets to the proxy, established ones too, through
+                     * its pi<k> (counters, maxConnections) before they are accepted */
+                    inject ? " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " tcp dport 80"
+                             " ct status dnat iifname vmap @pin_sb;" : "",
                     /* the proxy's port, for connections the nat chain sent there only */
                     inject ? " iifname \"s*\" ip daddr " SBX_NET_RESOLVER " tcp dport 80"
                              " ct status dnat accept;" : "",
+                    /* the proxy's packets to a sandbox: po<k> counts them */
+                    inject ? " oifname vmap @pout_sb;" : "",
                     /* Credentials stay outside (net_proxy.c): after the always-denied and
                      * private ranges (left to the forward chain, which refuses them), each
                      * sandbox's pr<k> sends its connections to ij<k>'s pairs to the proxy. */
                     inject ? " map pre_sb { type ifname : verdict; }\n"
+                             " map pin_sb { type ifname : verdict; }\n"
+                             " map pout_sb { type ifname : verdict; }\n"
                              " chain pre { type nat hook prerouting priority dstnat;"
                              " ip daddr @hard4 return; ip daddr @priv4 return;"
                              " iifname vmap @pre_sb; }\n" : "");

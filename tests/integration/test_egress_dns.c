@@ -890,6 +890,79 @@ Test(egress_dns, injected_header_arrives_and_the_secret_stays_outside)
     sbx_client_close(c);
 }
 
+/* json_ll — the integer after "key": in json, or -1. */
+static long long
+json_ll(const char *json, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    const char *p = strstr(json, k);
+    return p ? strtoll(p + strlen(k), NULL, 10) : -1;
+}
+
+/* Connections the router sends to the injection proxy are the sandbox's
+ * own: counted in status (connections, bytes both ways) and held to its
+ * maxConnections, one count with its direct connections (issue 14). */
+Test(egress_dns, proxied_connections_are_counted_and_capped)
+{
+    sbx_client *c = client();
+    char *id = test_id("inj-cnt");
+    create_ok(c, id,
+              "{\"mode\":\"egress\",\"allow\":[\"api.test:80\",\"allowed.test:8080\"],"
+              "\"maxConnections\":3}");
+    int ec;
+    free(run(c, id, "true", &ec)); /* its container and counters are there */
+    char *st = status_network(c, id);
+    long long in0 = json_ll(st, "bytesIn"), out0 = json_ll(st, "bytesOut"),
+              n0 = json_ll(st, "connections");
+    cr_assert(in0 >= 0 && out0 >= 0 && n0 >= 0, "no counters before: %s", st);
+    free(st);
+    /* A 6,000-byte header goes out and comes back (the echo server returns
+     * the head it got), through the proxy. */
+    char *out = curl_in(c, id, "-H \"X-Pad: $(head -c 6000 /dev/zero | tr '\\0' p)\"",
+                        "http://api.test/v1/echo");
+    cr_expect(strstr(out, "X-Pad: ppp") && strstr(out, "Authorization: Bearer "),
+              "the proxied request: %.300s", out);
+    free(out);
+    st = status_network(c, id);
+    cr_expect_geq(json_ll(st, "bytesOut") - out0, 6000, "bytes out of a proxied request: %s", st);
+    cr_expect_geq(json_ll(st, "bytesIn") - in0, 6000, "bytes in of a proxied answer: %s", st);
+    cr_expect_geq(json_ll(st, "connections") - n0, 1, "the proxied connection: %s", st);
+    free(st);
+    /* maxConnections 3: two held through the proxy and one direct fill it;
+     * a fourth, by either path, is refused; after a close one opens again. */
+    char a[64];
+    lookup(c, id, "api.test", a, sizeof(a));
+    char b[64];
+    lookup(c, id, "allowed.test", b, sizeof(b));
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c '\n"
+             "import socket, time\n"
+             "def c(h, p):\n"
+             "    try:\n"
+             "        return socket.create_connection((h, p), timeout=5)\n"
+             "    except OSError:\n"
+             "        return None\n"
+             "held = [c(\"%s\", 80), c(\"%s\", 80), c(\"%s\", 8080)]\n"
+             "fourth_proxy = c(\"%s\", 80)\n"
+             "fourth_direct = c(\"%s\", 8080)\n"
+             "held[0].close()\n"
+             "time.sleep(0.5)\n"
+             "again = c(\"%s\", 80)\n"
+             "print(sum(h is not None for h in held), fourth_proxy is not None,"
+             " fourth_direct is not None, again is not None)'",
+             a, a, b, a, b, a);
+    out = run(c, id, cmd, &ec);
+    cr_expect_str_eq(out, "3 False False True\n",
+                     "held (2 proxied, 1 direct), a 4th proxied, a 4th direct, one after a close: "
+                     "%s", out);
+    free(out);
+    destroy(c, id);
+    free(id);
+    sbx_client_close(c);
+}
+
 Test(egress_dns, injection_keeps_the_policy)
 {
     sbx_client *c = client();
