@@ -679,6 +679,44 @@ lease_main(void *arg)
     return NULL;
 }
 
+/* The cluster's members' addresses join the sandboxes' always-denied set
+ * (issue 14; docs/network.md, always denied): a sandbox reaches no node of
+ * its deployment, whatever its policy.  Names resolve outside the view's
+ * lock; sbx_net_deny_add skips what it holds already. */
+static void
+deny_members(struct cluster *c)
+{
+    if (!c->sh->net)
+        return;
+    int n = 0;
+    sbx_cview_lock(c->view);
+    const struct sbx_cmember *m = sbx_cview_members(c->view, &n);
+    struct sbx_cmember *copy = n > 0 ? sbx_xcalloc((size_t)n, sizeof(*copy)) : NULL;
+    for (int i = 0; i < n; i++)
+        copy[i] = m[i];
+    sbx_cview_unlock(c->view);
+    if (n > c->ndenied) { /* each member's addresses once (a name resolves here) */
+        c->denied = sbx_xrealloc(c->denied, (size_t)n * sizeof(*c->denied));
+        memset(c->denied + c->ndenied, 0, (size_t)(n - c->ndenied) * sizeof(*c->denied));
+        c->ndenied = n;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!copy[i].name[0])
+            continue;
+        if (copy[i].url[0] && strcmp(c->denied[i][0], copy[i].url) != 0) {
+            if (sbx_net_deny_add(c->sh->net, copy[i].url) != 0)
+                sbx_log_warn("cluster: member %s's address (%s) could not join the sandboxes' "
+                             "always-denied set", copy[i].name, copy[i].url);
+            snprintf(c->denied[i][0], sizeof(c->denied[i][0]), "%s", copy[i].url);
+        }
+        if (copy[i].relay[0] && strcmp(c->denied[i][1], copy[i].relay) != 0) {
+            (void)sbx_net_deny_add(c->sh->net, copy[i].relay);
+            snprintf(c->denied[i][1], sizeof(c->denied[i][1]), "%s", copy[i].relay);
+        }
+    }
+    free(copy);
+}
+
 /* Control thread: follow the view, reconcile. */
 static void *
 ctl_main(void *arg)
@@ -690,8 +728,10 @@ ctl_main(void *arg)
         dirty = c->dirty;
         c->dirty = false;
         pthread_mutex_unlock(&c->mu);
-        if (dirty)
+        if (dirty) {
             post_view(c);
+            deny_members(c);
+        }
         reconcile(c);
         cluster_load_wanted(c);
         pthread_mutex_lock(&c->mu);
@@ -846,6 +886,7 @@ cluster_free(struct shard *sh)
     }
     free(c->outstanding);
     free(c->claims);
+    free(c->denied);
     recrev_free(c->revs);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);

@@ -76,6 +76,9 @@ struct cluster {
     char prefix[160];
     int64_t ttl_ms;
     int64_t lease;           /* lease thread (cluster_stop once it ended); 0: none */
+    char (*denied)[2][256];  /* per member index: the url and relay last added to the
+                              * sandboxes' always-denied set (deny_members; ctl thread) */
+    int ndenied;
     /* Monotonic ms; past it (or 0) the shard admits nothing.  Set by the lease
      * thread when it registers, and moved later by a keep-alive only while it
      * has not passed; set to 0 by anyone who fences (the loop's timer at the

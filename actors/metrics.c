@@ -190,6 +190,18 @@ collect(struct shard *sh, sbx_prom *p)
                           &hb);
     }
 
+    struct sbx_net_stats ns;
+    if (sh->net && sbx_net_totals(sh->net, &ns) == 0) { /* docs/network.md, usage */
+        one(p, sn, "sbx_egress_bytes_total", "counter",
+            "IP bytes of egress sandboxes through the router, since the shard started", "",
+            "direction", "out", (double)ns.bytes_out);
+        one(p, sn, "sbx_egress_bytes_total", "counter", "", "", "direction", "in",
+            (double)ns.bytes_in);
+        one(p, sn, "sbx_egress_connections_total", "counter",
+            "new outbound connections the policy accepted, since the shard started", "", NULL,
+            NULL, (double)ns.connections);
+    }
+
     pthread_mutex_lock(&sh->relay.mu);
     int relays = sh->relay.nconns;
     pthread_mutex_unlock(&sh->relay.mu);

@@ -155,6 +155,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->dns_upstream);
     free(c->egress_inject);
     strv_free(c->insecure_registry);
+    strv_free(c->egress_deny);
     free(c->advertise);
     free(c->images);
     free(c->backups);
@@ -553,6 +554,22 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_error("shard %s: %s", conf->name, why);
         goto out;
     }
+    /* Always denied to sandboxes: the deployment's own addresses (issue 14;
+     * docs/network.md, always denied).  An --egress-deny host that does not
+     * resolve is an error: the operator named it to be closed. */
+    for (char **d = conf->egress_deny; d && *d; d++)
+        if (sbx_net_deny_add(sh->net, *d) != 0) {
+            sbx_log_error("shard %s: --egress-deny %s: not an IPv4 address or a name that "
+                          "resolves (or more than %d addresses)", conf->name, *d,
+                          SBX_NET_DENY_MAX);
+            rc = SBX_E_VALIDATION;
+            goto out;
+        }
+    const char *own[] = {conf->etcd, conf->listen, conf->advertise, conf->relay};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(own); i++)
+        if (own[i] && sbx_net_deny_add(sh->net, own[i]) != 0)
+            sbx_log_warn("shard %s: could not add every address of %s to the sandboxes' "
+                         "always-denied set", conf->name, own[i]);
     /* Not fatal: egress sandboxes try again at their start, and say why. */
     if (!strcmp(conf->network_default, "egress") && sbx_net_prepare(sh->net, why, sizeof(why)))
         sbx_log_warn("shard %s: the egress router is not ready: %s", conf->name, why);

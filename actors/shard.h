@@ -101,6 +101,9 @@ struct sbx_shard_conf {
                            * (docs/network.md §Host names) */
     char *egress_inject;  /* file of header injection rules for plain-HTTP egress (mode 600;
                            * docs/network.md §Credentials stay outside); NULL: none */
+    char **egress_deny;   /* --egress-deny: hosts (IPv4 addresses or names) no sandbox may reach
+                           * whatever its policy, besides the deployment's own (etcd, its
+                           * listen/advertise/relay, the cluster's members): sbx_net_deny_add */
     char **insecure_registry; /* registry hosts ("host[:port]") pulled from over plain HTTP
                                * or an unverified certificate, besides loopback ones
                                * (docs/images.md, "Pull") */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <nftables/libnftables.h>
 #include <pthread.h>
 #include <sched.h>
@@ -52,6 +53,9 @@ struct sbx_net {
     struct sbx_proxy *proxy;   /* the injecting proxy, once the router is up (with rules) */
     int next;                  /* next slot to try: round robin, so a freed slot's
                                 * veth has time to go with its netns */
+    struct sbx_net_stats gone; /* counters of detached slots, summed (under mu) */
+    uint32_t deny[SBX_NET_DENY_MAX]; /* sbx_net_deny_add's addresses (host order), under mu */
+    int ndeny;
 };
 
 static const char IP[] = "/usr/sbin/ip";
@@ -476,6 +480,12 @@ router_up(sbx_net *n, char *why, size_t whylen)
     }
     struct sbx_net_buf b = {0};
     sbx_net_render_router(&b, n->range, n->inject != NULL);
+    for (int i = 0; i < n->ndeny; i++) { /* the deployment's own addresses (sbx_net_deny_add) */
+        struct in_addr ia = {.s_addr = htonl(n->deny[i])};
+        char a[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &ia, a, sizeof(a));
+        sbx_net_buf_add(&b, "add element inet sbx hard4 { %s }\n", a);
+    }
     rc = nft(n, b.p, NULL, out, sizeof(out));
     free(b.p);
     if (rc) {
@@ -660,7 +670,16 @@ sbx_net_detach(sbx_net *n, int k)
     if (k <= 0 || k >= SLOTS)
         return;
     char out[512], cmd[1536];
+    struct sbx_net_stats last; /* what the slot counted goes to the totals (sbx_net_totals) */
+    bool have_last = sbx_net_stats(n, k, &last) == 0;
     pthread_mutex_lock(&n->mu);
+    if (have_last) {
+        n->gone.bytes_out += last.bytes_out;
+        n->gone.bytes_in += last.bytes_in;
+        n->gone.packets_out += last.packets_out;
+        n->gone.packets_in += last.packets_in;
+        n->gone.connections += last.connections;
+    }
     int rnsfd = n->nsfd;
     /* One batch (one nft run); a half-made slot lacks some of these, and a
      * batch with one failing command does nothing: then each on its own.
@@ -760,4 +779,123 @@ sbx_net_pins(sbx_net *n, int k, struct sbx_net_pin *out, int max)
     struct sbx_dns *d = n->dns;
     pthread_mutex_unlock(&n->mu);
     return sbx_dns_pins(d, k, out, max);
+}
+
+/* One host of sbx_net_deny_add's list: "[scheme://]host[:port][/path]". */
+static int
+deny_one(sbx_net *n, const char *item, size_t len)
+{
+    char buf[256], host[256];
+    if (len == 0)
+        return 0;
+    if (len >= sizeof(buf))
+        return SBX_E_VALIDATION;
+    memcpy(buf, item, len);
+    buf[len] = '\0';
+    const char *h = strstr(buf, "://");
+    h = h ? h + 3 : buf;
+    if (!strncmp(h, "unix:", 5))
+        return 0; /* a preview relay's socket: nothing of the network */
+    if (!strncmp(h, "tcp:", 4))
+        h += 4; /* a preview relay's "tcp:host:port" */
+    if (*h == '[')
+        return 0; /* IPv6: sandboxes have none (docs/network.md §IPv6) */
+    size_t hl = strcspn(h, ":/");
+    if (hl == 0 || hl >= sizeof(host))
+        return 0; /* ipc://, a bare path: nothing of the network */
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    char *slash = strchr(host, '/');
+    if (slash)
+        *slash = '\0';
+    uint32_t a32 = 0;
+    struct in_addr lit;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = 0;
+    if (inet_pton(AF_INET, host, &lit) == 1)
+        a32 = ntohl(lit.s_addr);
+    else if (!strcmp(host, "localhost"))
+        return 0;
+    else if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
+        return SBX_E_VALIDATION;
+    pthread_mutex_lock(&n->mu);
+    for (struct addrinfo *ai = res;; ai = ai->ai_next) {
+        if (res) {
+            if (!ai)
+                break;
+            a32 = ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr);
+        }
+        bool have = (a32 >> 24) == 127 || (a32 >> 24) == 0; /* loopback, 0/8: denied already */
+        for (int i = 0; i < n->ndeny && !have; i++)
+            have = n->deny[i] == a32;
+        if (!have && n->ndeny >= SBX_NET_DENY_MAX)
+            rc = SBX_E_VALIDATION;
+        else if (!have) {
+            n->deny[n->ndeny++] = a32;
+            if (n->up) {
+                char cmd[96], a[INET_ADDRSTRLEN], err[256];
+                struct in_addr ia = {.s_addr = htonl(a32)};
+                inet_ntop(AF_INET, &ia, a, sizeof(a));
+                snprintf(cmd, sizeof(cmd), "add element inet sbx hard4 { %s }\n", a);
+                if (nft(n, cmd, NULL, err, sizeof(err)) != 0)
+                    rc = SBX_E_CONTAINER;
+            }
+        }
+        if (!res)
+            break;
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (res)
+        freeaddrinfo(res);
+    return rc;
+}
+
+int
+sbx_net_deny_add(sbx_net *n, const char *list)
+{
+    int rc = 0;
+    if (!n || !list)
+        return 0;
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ", ");
+        int r = deny_one(n, p, len);
+        if (r && !rc)
+            rc = r;
+        p += len;
+        p += strspn(p, ", ");
+    }
+    return rc;
+}
+
+int
+sbx_net_totals(sbx_net *n, struct sbx_net_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    if (!n)
+        return 0;
+    pthread_mutex_lock(&n->mu);
+    *st = n->gone;
+    const char *o = NULL;
+    int rc = n->nft ? nft(n, "list counters table inet sbx\n", &o, NULL, 0) : 0;
+    /* "counter oK {\n packets P bytes B\n}" per counter: o, i, n of each slot */
+    for (const char *s = rc == 0 && o ? strstr(o, "counter ") : NULL; s;
+         s = strstr(s + 1, "counter ")) {
+        char kind = s[8];
+        const char *pk = strstr(s, "packets ");
+        uint64_t pkts, bytes;
+        if (!pk || (kind != 'o' && kind != 'i' && kind != 'n') ||
+            sscanf(pk, "packets %" SCNu64 " bytes %" SCNu64, &pkts, &bytes) != 2)
+            continue;
+        if (kind == 'o') {
+            st->bytes_out += bytes;
+            st->packets_out += pkts;
+        } else if (kind == 'i') {
+            st->bytes_in += bytes;
+            st->packets_in += pkts;
+        } else {
+            st->connections += pkts;
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    return rc;
 }

@@ -132,6 +132,25 @@ struct sbx_net_conf {
  * why, never a header's value). */
 int sbx_net_new(sbx_net **out, const struct sbx_net_conf *conf, char *why, size_t whylen);
 
+/* At most this many addresses are added by sbx_net_deny_add. */
+#define SBX_NET_DENY_MAX 256
+
+/*
+ * sbx_net_deny_add — addresses of the deployment itself that no sandbox
+ * may reach whatever its policy (issue 14's always-denied list: the
+ * cluster's and etcd's addresses): `list` is hosts or URLs separated by
+ * ',' or ' ' ("[scheme://]host[:port][/path]", e.g. the --etcd endpoints,
+ * a peer's advertised tls+tcp:// URL, --egress-deny's entries).  Each host
+ * (an IPv4 literal, or a name resolved now with getaddrinfo, AF_INET: all
+ * its addresses) joins the router's always-denied set hard4 — at once when
+ * the router is up, else when it is made.  Loopback, ipc:// and IPv6 hosts
+ * are skipped (denied already: sandboxes reach neither).  Thread-safe.
+ * 0; SBX_E_VALIDATION when a name does not resolve or the list would pass
+ * SBX_NET_DENY_MAX (the others are still added); SBX_E_CONTAINER when nft
+ * refused the addition.
+ */
+int sbx_net_deny_add(sbx_net *n, const char *list);
+
 /* sbx_net_prepare — make the router now (a deployment whose default mode is
  * egress: its first sandbox then does not wait ~50 ms for it).  0 or
  * SBX_E_CONTAINER (reason in why). */
@@ -180,6 +199,13 @@ struct sbx_net_stats {
 
 /* sbx_net_stats — slot's nft counters (libnftables, ~0.5 ms here).  0 or -errno. */
 int sbx_net_stats(sbx_net *n, int slot, struct sbx_net_stats *st);
+
+/* sbx_net_totals — the shard's egress usage since it started: every
+ * slot's counters (as sbx_net_stats) summed, those of containers gone
+ * (added at their detach) and those attached now (one nft listing of the
+ * table).  Cumulative, for /metrics.  0, or -errno (st then holds the gone
+ * part). */
+int sbx_net_totals(sbx_net *n, struct sbx_net_stats *st);
 
 /* A name the resolver answered for a slot, and the address it pinned. */
 struct sbx_net_pin {

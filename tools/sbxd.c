@@ -350,6 +350,9 @@ set_log_format(const char *log_format, const char *cmd)
         {"egress-inject", SBX_OPT_STR, &(c)->egress_inject,                                   \
          "file of rules 'HOST[:PORT] Name: value' (mode 600): headers the egress point adds "  \
          "to sandboxes' plain-HTTP requests to HOST, the secret never inside"},              \
+        {"egress-deny", SBX_OPT_LIST, &(c)->egress_deny,                                       \
+         "host or IPv4 address no egress sandbox may reach whatever its policy (repeat; "     \
+         "etcd, this node's and the cluster members' addresses always are)"},                 \
         {"insecure-registry", SBX_OPT_LIST, &(c)->insecure_registry,                          \
          "registry host[:port] pulled from over plain HTTP or an unverified certificate "     \
          "(repeat; loopback registries always are, as Docker's default)"},                    \

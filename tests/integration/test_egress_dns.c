@@ -49,7 +49,7 @@
 #define RESOLVER "169.254.0.53" /* SBX_NET_RESOLVER, container/net.h */
 
 static char ns_name[64], ns_path[96], host_if[16], host_ip[16], dns_ip[16], ip_ok[16],
-    ip_other[16];
+    ip_other[16], ip_deny[16];
 static pid_t dnsmasq_pid = -1, srv_pids[8], bulk_pid = -1, git_pid = -1;
 static char git_dir[128], inject_path[128], secret[64];
 static int nsrv;
@@ -213,6 +213,7 @@ suite_up(void)
     snprintf(dns_ip, sizeof(dns_ip), "198.19.%u.%u", hi, lo + 2);
     snprintf(ip_ok, sizeof(ip_ok), "198.19.%u.%u", hi, lo + 3);
     snprintf(ip_other, sizeof(ip_other), "198.19.%u.%u", hi, lo + 4);
+    snprintf(ip_deny, sizeof(ip_deny), "198.19.%u.%u", hi, lo + 5); /* --egress-deny */
     snprintf(ns_name, sizeof(ns_name), "%sdns%d", test_prefix(), p);
     snprintf(ns_path, sizeof(ns_path), "/run/netns/%s", ns_name);
     snprintf(host_if, sizeof(host_if), "edh%d", p);
@@ -226,6 +227,8 @@ suite_up(void)
                     ns_name, ip_ok, ns_name, ip_other, ns_name, ns_name, ns_name, host_ip,
                     host_if),
                  0, "could not make the test host %s", ns_name);
+    up_assert_eq(sh("ip -n %s addr add %s/29 dev eth0", ns_name, ip_deny), 0,
+                 "could not add %s", ip_deny);
     int ports[] = {8080, 9090};
     for (size_t i = 0; i < SBX_ARRAY_LEN(ports); i++) {
         srv_pids[nsrv] = listen_ns(ports[i], M_BODY);
@@ -306,7 +309,7 @@ suite_up(void)
     /* A private daemon whose sandboxes' resolver forwards to that dnsmasq. */
     live = sbx_xcalloc(1, sizeof(*live));
     const char *const extra[] = {TESTD_SMALL, "--dns-upstream", dns_ip, "--egress-inject",
-                                 inject_path, NULL};
+                                 inject_path, "--egress-deny", ip_deny, NULL};
     up_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
 }
 
@@ -900,6 +903,32 @@ json_ll(const char *json, const char *key)
     return p ? strtoll(p + strlen(k), NULL, 10) : -1;
 }
 
+/* metric_sum — the sum over shards of the samples of metric whose labels
+ * hold `label` (e.g. direction="out"), from the `metrics` op; -1 if none. */
+static double
+metric_sum(sbx_client *c, const char *metric, const char *label)
+{
+    sbx_reply *r = NULL;
+    sbx_error err = {0};
+    cr_assert_eq(sbx_call_json(c, "metrics", NULL, "{}", 30000, &r, &err), 0, "metrics: %s",
+                 err.message);
+    char *json = sbx_reply_json(r, false);
+    sbx_reply_free(r);
+    double sum = -1;
+    size_t ml = strlen(metric);
+    for (const char *p = strstr(json, metric); p; p = strstr(p + 1, metric)) {
+        if (p[ml] != '{')
+            continue;
+        const char *end = strstr(p, "}");
+        const char *l = strstr(p, label);
+        if (!end || !l || l > end)
+            continue;
+        sum = (sum < 0 ? 0 : sum) + strtod(end + 1, NULL);
+    }
+    free(json);
+    return sum;
+}
+
 /* Connections the router sends to the injection proxy are the sandbox's
  * own: counted in status (connections, bytes both ways) and held to its
  * maxConnections, one count with its direct connections (issue 14). */
@@ -917,6 +946,9 @@ Test(egress_dns, proxied_connections_are_counted_and_capped)
               n0 = json_ll(st, "connections");
     cr_assert(in0 >= 0 && out0 >= 0 && n0 >= 0, "no counters before: %s", st);
     free(st);
+    double mout0 = metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"out\\\"");
+    double min0 = metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"in\\\"");
+    cr_assert(mout0 >= 0 && min0 >= 0, "no sbx_egress_bytes_total in the metrics");
     /* A 6,000-byte header goes out and comes back (the echo server returns
      * the head it got), through the proxy. */
     char *out = curl_in(c, id, "-H \"X-Pad: $(head -c 6000 /dev/zero | tr '\\0' p)\"",
@@ -929,6 +961,11 @@ Test(egress_dns, proxied_connections_are_counted_and_capped)
     cr_expect_geq(json_ll(st, "bytesIn") - in0, 6000, "bytes in of a proxied answer: %s", st);
     cr_expect_geq(json_ll(st, "connections") - n0, 1, "the proxied connection: %s", st);
     free(st);
+    /* The shard's usage counters (/metrics) saw them too. */
+    cr_expect_geq(metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"out\\\"") - mout0, 6000,
+                  "sbx_egress_bytes_total out");
+    cr_expect_geq(metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"in\\\"") - min0, 6000,
+                  "sbx_egress_bytes_total in");
     /* maxConnections 3: two held through the proxy and one direct fill it;
      * a fourth, by either path, is refused; after a close one opens again. */
     char a[64];
@@ -958,6 +995,31 @@ Test(egress_dns, proxied_connections_are_counted_and_capped)
                      "held (2 proxied, 1 direct), a 4th proxied, a 4th direct, one after a close: "
                      "%s", out);
     free(out);
+    /* Usage is cumulative: what a container counted stays after it goes. */
+    double mout1 = metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"out\\\"");
+    destroy(c, id);
+    cr_expect_geq(metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"out\\\"") - mout1, 0,
+                  "sbx_egress_bytes_total fell when the sandbox went");
+    free(id);
+    sbx_client_close(c);
+}
+
+/* An address the deployment names always denied (--egress-deny; the
+ * cluster's members and etcd join the same set) is refused whatever the
+ * policy: under a rule that covers it and under one that names it; the
+ * same test host's other address stays reachable (issue 14). */
+Test(egress_dns, deployment_denied_addresses_stay_closed)
+{
+    cr_assert_eq(sh("curl -s --max-time 5 http://%s:8080/ | grep -q %s", ip_deny, BODY), 0,
+                 "the host does not reach %s itself: the test proves nothing", ip_deny);
+    sbx_client *c = client();
+    char *id = test_id("deny");
+    char net[256];
+    snprintf(net, sizeof(net), "{\"mode\":\"egress\",\"allow\":[\"198.19.0.0/16\",\"%s/32:8080\"]}",
+             ip_deny);
+    create_ok(c, id, net);
+    cr_expect(fetch(c, id, ip_ok, 8080), "%s:8080 (allowed) was not reached", ip_ok);
+    cr_expect(!fetch(c, id, ip_deny, 8080), "%s:8080 (--egress-deny) was reached", ip_deny);
     destroy(c, id);
     free(id);
     sbx_client_close(c);
