@@ -63,10 +63,18 @@ Test(cwsnap, failover_brings_back_the_last_snapshot, .timeout = 300)
     cr_assert(strlen(one) > 64, "writing the file: %s", one);
     double t1 = wall_ms();
     int succ = successor(id, a);
-    /* A snapshot taken after the write reaches the successor. */
-    double until = cl_now_ms() + 60000;
+    /* A snapshot taken after the write reaches the successor.  One taken
+     * between the write's end and t1 already holds the file but is older
+     * than t1, and an unchanged image gets no other: a small write now and
+     * then gives the next round a change to snapshot (seen once in make
+     * test: the only snapshot came 2 ms before t1). */
+    double until = cl_now_ms() + 60000, nudge = cl_now_ms() + 3000;
     while (snap_time(succ, id) < (long long)t1) {
         cr_assert_lt(cl_now_ms(), until, "no snapshot of %s reached node %d", id, succ);
+        if (cl_now_ms() > nudge) {
+            exec_out(c, id, "date +%s%N > /workspace/nudge && sync", out, sizeof(out));
+            nudge = cl_now_ms() + 3000;
+        }
         cl_sleep_ms(100);
     }
     /* The owner reports it: the recovery point if it were lost now. */
