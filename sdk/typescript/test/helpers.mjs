@@ -59,6 +59,13 @@ export async function startDaemon({ log = false } = {}) {
       const t = setTimeout(() => child.kill('SIGKILL'), 20_000);
       await exitPromise;
       clearTimeout(t);
+      // A daemon that did not stop cleanly (a crash at shutdown, or the
+      // SIGKILL above) leaves its deploy lock behind and the suite's
+      // leftovers check fails: say why here, while its log still exists.
+      if (exited && (exited.code !== 0 || exited.sig)) {
+        const tail = existsSync(logPath) ? readFileSync(logPath, 'utf8').slice(-4000) : '';
+        console.error(`# sbxd dev (pid ${child.pid}) did not stop cleanly: ${JSON.stringify(exited)}\n${tail}`);
+      }
     }
     try {
       rmSync(dataDir, { recursive: true, force: true, maxRetries: 3 });
