@@ -99,7 +99,7 @@ BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/bench_wor
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/httpapi.c \
-                tests/support/wsclient.c
+                tests/support/wsclient.c tests/support/hostlocks.c
 
 # Header dependencies are real: every object is compiled with -MMD -MP and its
 # .d file (next to the .o) is included below, so touching one header rebuilds
@@ -145,26 +145,26 @@ ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent 
                 build/asan/share/sbx/interp/.installed
 
 # The interpreter benchmark (sbx against Jupyter; tools/jupyter_bench.py).
-bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                       build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
 # The HTTP benchmark (the HTTP front against the nng path).
-bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                     build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
 # The observability benchmark (exec throughput with metrics scraped and JSON logs on vs off).
-bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c \
+bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c \
                    runtime/prom.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 RELEASE_BINS += bin/sbx-bench-obs
 
 # The density benchmark (many idle sandboxes: memory, creation rate, stop time).
-bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                        build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
@@ -172,7 +172,7 @@ RELEASE_BINS += bin/sbx-bench-density
 
 # The bystander benchmark (a sandbox's API latency while another runs
 # exhaustion attacks: issue 16's floor).
-bin/sbx-bench-bystander: $(call objs,release,tools/bench_bystander.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-bystander: $(call objs,release,tools/bench_bystander.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                          build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
@@ -481,7 +481,7 @@ build/fuzz/fuzz_egress_head: $(call fuzz_objs,container/net_http.c container/net
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 
-bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c) build/release/lib/libsbx.a
+bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
@@ -553,7 +553,8 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 # binaries (docs/benchmarks.md, "Cluster scaling").
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
 CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c \
-                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
+                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c \
+                   tests/support/hostlocks.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
                                     tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
