@@ -664,16 +664,20 @@ sbx_net_update(sbx_net *n, int k, uint32_t addr, const struct sbx_net_policy *p,
     return rc;
 }
 
+static int stats_locked(sbx_net *n, int k, struct sbx_net_stats *st);
+
 void
 sbx_net_detach(sbx_net *n, int k)
 {
     if (k <= 0 || k >= SLOTS)
         return;
     char out[512], cmd[1536];
-    struct sbx_net_stats last; /* what the slot counted goes to the totals (sbx_net_totals) */
-    bool have_last = sbx_net_stats(n, k, &last) == 0;
+    /* What the slot counted goes to the totals (sbx_net_totals), read under
+     * the same hold of n->mu as the deletion: nothing counted in between is
+     * lost. */
+    struct sbx_net_stats last;
     pthread_mutex_lock(&n->mu);
-    if (have_last) {
+    if (stats_locked(n, k, &last) == 0) {
         n->gone.bytes_out += last.bytes_out;
         n->gone.bytes_in += last.bytes_in;
         n->gone.packets_out += last.packets_out;
@@ -738,21 +742,19 @@ sbx_net_detach(sbx_net *n, int k)
     pthread_mutex_unlock(&n->mu);
 }
 
-int
-sbx_net_stats(sbx_net *n, int k, struct sbx_net_stats *st)
+/* The counters of slot k into *st; n->mu held by the caller.  0, -ENOENT
+ * (no router), -EIO (unreadable answer) or nft()'s error. */
+static int
+stats_locked(sbx_net *n, int k, struct sbx_net_stats *st)
 {
     memset(st, 0, sizeof(*st));
-    if (k <= 0 || k >= SLOTS)
-        return -EINVAL;
     char out[1024], cmd[256];
     snprintf(cmd, sizeof(cmd),
              "list counter inet sbx o%d\nlist counter inet sbx i%d\nlist counter inet sbx n%d\n",
              k, k, k);
     const char *o = NULL;
-    pthread_mutex_lock(&n->mu);
     int rc = n->nft ? nft(n, cmd, &o, NULL, 0) : -ENOENT;
     snprintf(out, sizeof(out), "%s", o ? o : "");
-    pthread_mutex_unlock(&n->mu);
     if (rc)
         return rc;
     /* "counter oK { packets P bytes B }" three times, in that order. */
@@ -770,6 +772,18 @@ sbx_net_stats(sbx_net *n, int k, struct sbx_net_stats *st)
     st->bytes_in = v[1][1];
     st->connections = v[2][0];
     return 0;
+}
+
+int
+sbx_net_stats(sbx_net *n, int k, struct sbx_net_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    if (k <= 0 || k >= SLOTS)
+        return -EINVAL;
+    pthread_mutex_lock(&n->mu);
+    int rc = stats_locked(n, k, st);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
 }
 
 int
