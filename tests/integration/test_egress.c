@@ -268,15 +268,6 @@ status_network(sbx_client *c, const char *id)
     return out;
 }
 
-static long long
-json_int(const char *json, const char *key)
-{
-    char k[64];
-    snprintf(k, sizeof(k), "\"%s\":", key);
-    const char *p = strstr(json, k);
-    return p ? strtoll(p + strlen(k), NULL, 10) : -1;
-}
-
 static void
 destroy(sbx_client *c, const char *id)
 {
@@ -297,9 +288,9 @@ Test(egress, allowed_host_is_reached_and_counted)
     expect_reaches(c, id, peer_ip, 8080);
     char *st = status_network(c, id);
     cr_expect(strstr(st, "\"mode\":\"egress\""), "%s", st);
-    cr_expect_geq(json_int(st, "connections"), 1, "%s", st);
-    cr_expect_gt(json_int(st, "bytesOut"), 0, "%s", st);
-    cr_expect_gt(json_int(st, "bytesIn"), (long long)strlen(BODY), "%s", st);
+    cr_expect_geq(test_json_int(st, "connections"), 1, "%s", st);
+    cr_expect_gt(test_json_int(st, "bytesOut"), 0, "%s", st);
+    cr_expect_gt(test_json_int(st, "bytesIn"), (long long)strlen(BODY), "%s", st);
     free(st);
     destroy(c, id);
     free(id);
@@ -322,7 +313,7 @@ Test(egress, not_allowed_is_refused)
     expect_refused(c, b, peer_ip, 8080);
     expect_refused(c, d, peer_ip, 8080);
     char *st = status_network(c, a);
-    cr_expect_eq(json_int(st, "connections"), 0, "%s", st);
+    cr_expect_eq(test_json_int(st, "connections"), 0, "%s", st);
     free(st);
     destroy(c, a);
     destroy(c, b);
@@ -572,7 +563,7 @@ Test(egress, connection_limit)
              "{\"mode\":\"egress\",\"allow\":[\"%s\"],\"maxConnections\":3}", peer_ip);
     create_ok(c, id, net);
     char *st = status_network(c, id);
-    cr_expect_eq(json_int(st, "maxConnections"), 3, "%s", st);
+    cr_expect_eq(test_json_int(st, "maxConnections"), 3, "%s", st);
     free(st);
     char cmd[1024];
     snprintf(cmd, sizeof(cmd),
@@ -615,7 +606,7 @@ Test(egress, policy_change_applies_to_new_connections)
     create_ok(c, id, "{\"mode\":\"egress\",\"allow\":[\"203.0.113.0/24\"]}");
     expect_refused(c, id, peer_ip, 8080);
     char *st = status_network(c, id);
-    long long pid_before = json_int(st, "pid");
+    long long pid_before = test_json_int(st, "pid");
     cr_expect_gt(pid_before, 0, "no running container in %s", st);
     free(st);
     char args[256];
@@ -636,7 +627,7 @@ Test(egress, policy_change_applies_to_new_connections)
     expect_refused(c, id, peer_ip, 8080);
     /* The same container all along. */
     st = status_network(c, id);
-    cr_expect_eq(json_int(st, "pid"), pid_before, "a new container was started: %s", st);
+    cr_expect_eq(test_json_int(st, "pid"), pid_before, "a new container was started: %s", st);
     free(st);
     destroy(c, id);
     free(id);

@@ -659,15 +659,6 @@ transfer(sbx_client *c, const char *id, bool up)
     return t;
 }
 
-static long long
-json_int(const char *json, const char *key)
-{
-    char k[64];
-    snprintf(k, sizeof(k), "\"%s\":", key);
-    const char *p = strstr(json, k);
-    return p ? strtoll(p + strlen(k), NULL, 10) : -1;
-}
-
 Test(egress_dns, bandwidth_limit_holds_within_ten_percent)
 {
     sbx_client *c = client();
@@ -693,10 +684,10 @@ Test(egress_dns, bandwidth_limit_holds_within_ten_percent)
                   up ? "upload" : "download", mbps);
     }
     char *st = status_network(c, id), *st0 = status_network(c, free_id);
-    cr_expect_eq(json_int(st, "bandwidth"), 80, "%s", st);
+    cr_expect_eq(test_json_int(st, "bandwidth"), 80, "%s", st);
     fprintf(stderr, "egress_dns: attach with a bandwidth limit %lld us, without %lld us (which "
             "includes making the router if it was the shard's first egress sandbox)\n",
-            json_int(st, "attachUs"), json_int(st0, "attachUs"));
+            test_json_int(st, "attachUs"), test_json_int(st0, "attachUs"));
     free(st);
     free(st0);
     /* configure lifts the limit of the running container. */
@@ -893,16 +884,6 @@ Test(egress_dns, injected_header_arrives_and_the_secret_stays_outside)
     sbx_client_close(c);
 }
 
-/* json_ll — the integer after "key": in json, or -1. */
-static long long
-json_ll(const char *json, const char *key)
-{
-    char k[64];
-    snprintf(k, sizeof(k), "\"%s\":", key);
-    const char *p = strstr(json, k);
-    return p ? strtoll(p + strlen(k), NULL, 10) : -1;
-}
-
 /* metric_sum — the sum over shards of the samples of metric whose labels
  * hold `label` (e.g. direction="out"), from the `metrics` op; -1 if none. */
 static double
@@ -942,8 +923,8 @@ Test(egress_dns, proxied_connections_are_counted_and_capped)
     int ec;
     free(run(c, id, "true", &ec)); /* its container and counters are there */
     char *st = status_network(c, id);
-    long long in0 = json_ll(st, "bytesIn"), out0 = json_ll(st, "bytesOut"),
-              n0 = json_ll(st, "connections");
+    long long in0 = test_json_int(st, "bytesIn"), out0 = test_json_int(st, "bytesOut"),
+              n0 = test_json_int(st, "connections");
     cr_assert(in0 >= 0 && out0 >= 0 && n0 >= 0, "no counters before: %s", st);
     free(st);
     double mout0 = metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"out\\\"");
@@ -957,9 +938,9 @@ Test(egress_dns, proxied_connections_are_counted_and_capped)
               "the proxied request: %.300s", out);
     free(out);
     st = status_network(c, id);
-    cr_expect_geq(json_ll(st, "bytesOut") - out0, 6000, "bytes out of a proxied request: %s", st);
-    cr_expect_geq(json_ll(st, "bytesIn") - in0, 6000, "bytes in of a proxied answer: %s", st);
-    cr_expect_geq(json_ll(st, "connections") - n0, 1, "the proxied connection: %s", st);
+    cr_expect_geq(test_json_int(st, "bytesOut") - out0, 6000, "bytes out of a proxied request: %s", st);
+    cr_expect_geq(test_json_int(st, "bytesIn") - in0, 6000, "bytes in of a proxied answer: %s", st);
+    cr_expect_geq(test_json_int(st, "connections") - n0, 1, "the proxied connection: %s", st);
     free(st);
     /* The shard's usage counters (/metrics) saw them too. */
     cr_expect_geq(metric_sum(c, "sbx_egress_bytes_total", "direction=\\\"out\\\"") - mout0, 6000,

@@ -322,3 +322,12 @@ test_ppid(pid_t pid)
     free(buf);
     return pp;
 }
+
+long long
+test_json_int(const char *json, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    const char *p = strstr(json, k);
+    return p ? strtoll(p + strlen(k), NULL, 10) : -1;
+}

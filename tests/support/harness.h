@@ -73,6 +73,11 @@ int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
 /* Elapsed monotonic milliseconds. */
 double test_now_ms(void);
 
+/* test_json_int — the integer after the first "key": in the JSON text json
+ * (a flat search: the first member of that name at any depth), or -1 when
+ * there is none.  For reading one figure of a status reply in a test. */
+long long test_json_int(const char *json, const char *key);
+
 /* test_ppid — the parent pid of pid (the PPid line of /proc/<pid>/status),
  * or -1 when pid is gone.  Tests check it before they signal a pid they
  * found, so that they signal only their own daemon's children. */
