@@ -682,7 +682,9 @@ lease_main(void *arg)
 /* The cluster's members' addresses join the sandboxes' always-denied set
  * (issue 14; docs/network.md, always denied): a sandbox reaches no node of
  * its deployment, whatever its policy.  Names resolve outside the view's
- * lock; sbx_net_deny_add skips what it holds already. */
+ * lock, on the deny thread (deny_main), not on the control thread whose
+ * claims and handoffs a slow resolver would hold up; sbx_net_deny_add skips
+ * what it holds already. */
 static void
 deny_members(struct cluster *c)
 {
@@ -717,6 +719,27 @@ deny_members(struct cluster *c)
     free(copy);
 }
 
+/* Deny thread: deny_members each time the control thread saw the view
+ * change (c->dwake), until stop. */
+static void *
+deny_main(void *arg)
+{
+    struct cluster *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!atomic_load(&c->stop)) {
+        if (!c->dwake) {
+            pthread_cond_wait(&c->dcv, &c->mu);
+            continue;
+        }
+        c->dwake = false;
+        pthread_mutex_unlock(&c->mu);
+        deny_members(c);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
 /* Control thread: follow the view, reconcile. */
 static void *
 ctl_main(void *arg)
@@ -730,7 +753,14 @@ ctl_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         if (dirty) {
             post_view(c);
-            deny_members(c);
+            if (c->deny_thread) { /* names resolve there, not here */
+                pthread_mutex_lock(&c->mu);
+                c->dwake = true;
+                pthread_cond_signal(&c->dcv);
+                pthread_mutex_unlock(&c->mu);
+            } else {
+                deny_members(c);
+            }
         }
         reconcile(c);
         cluster_load_wanted(c);
@@ -761,6 +791,7 @@ wake_threads(struct cluster *c)
     c->lwake = true;
     pthread_cond_broadcast(&c->cv);
     pthread_cond_broadcast(&c->lcv);
+    pthread_cond_broadcast(&c->dcv);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_lock(&c->rmu);
     pthread_cond_broadcast(&c->rcv);
@@ -794,6 +825,7 @@ cluster_start(struct shard *sh)
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     pthread_cond_init(&c->lcv, NULL);
+    pthread_cond_init(&c->dcv, NULL);
     pthread_mutex_init(&c->rmu, NULL);
     pthread_cond_init(&c->rcv, NULL);
     int rc = sbx_etcd_open(&c->etcd, sh->conf.etcd, 3000);
@@ -816,6 +848,12 @@ cluster_start(struct shard *sh)
         sbx_log_error("shard %s: cannot start the cluster view", sh->conf.name);
         return rc;
     }
+    /* Before the control thread, which reads deny_thread: without it that
+     * thread resolves members' names itself (logged). */
+    c->deny_thread = pthread_create(&c->deny, NULL, deny_main, c) == 0;
+    if (!c->deny_thread)
+        sbx_log_warn("shard %s: no deny thread: members' names resolve on the control thread",
+                     sh->conf.name);
     pthread_t *th[] = {&c->repl, &c->lth, &c->ctl};
     void *(*fn[])(void *) = {cluster_repl_main, lease_main, ctl_main};
     size_t started = 0;
@@ -827,6 +865,9 @@ cluster_start(struct shard *sh)
         wake_threads(c);
         for (size_t i = 0; i < started; i++)
             pthread_join(*th[i], NULL);
+        if (c->deny_thread)
+            pthread_join(c->deny, NULL);
+        c->deny_thread = false;
         return -EAGAIN;
     }
     c->threads = true;
@@ -854,6 +895,8 @@ cluster_stop(struct shard *sh)
         pthread_join(c->lth, NULL);
         pthread_join(c->repl, NULL);
     }
+    if (c->deny_thread)
+        pthread_join(c->deny, NULL);
     if (c->ws_snap_thread)
         pthread_join(c->ws_snap, NULL);
     /* What the threads posted finds stop set; the deadline's timer goes. */
@@ -891,6 +934,7 @@ cluster_free(struct shard *sh)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_cond_destroy(&c->lcv);
+    pthread_cond_destroy(&c->dcv);
     pthread_mutex_destroy(&c->rmu);
     pthread_cond_destroy(&c->rcv);
     free(c);

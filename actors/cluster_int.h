@@ -77,8 +77,15 @@ struct cluster {
     int64_t ttl_ms;
     int64_t lease;           /* lease thread (cluster_stop once it ended); 0: none */
     char (*denied)[2][256];  /* per member index: the url and relay last added to the
-                              * sandboxes' always-denied set (deny_members; ctl thread) */
+                              * sandboxes' always-denied set (deny_members; its thread) */
     int ndenied;
+    /* The deny thread (deny_main): resolves members' names off the control
+     * thread, whose reconcile a slow resolver would hold up.  Woken through
+     * dcv when dwake is set (both under mu); started with the others. */
+    pthread_t deny;
+    bool deny_thread;        /* it was started (else the control thread denies inline) */
+    pthread_cond_t dcv;
+    bool dwake;
     /* Monotonic ms; past it (or 0) the shard admits nothing.  Set by the lease
      * thread when it registers, and moved later by a keep-alive only while it
      * has not passed; set to 0 by anyone who fences (the loop's timer at the
