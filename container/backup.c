@@ -55,9 +55,10 @@ child_fail(int pfd, int code, const char *fmt, ...)
 }
 
 /* Join the sandbox of agent pid: its user and mount namespaces, its root,
- * uid/gid 0 there.  The descriptors were opened by the parent. */
+ * uid/gid 0 there.  The descriptors were opened by the parent, the shard
+ * (pid parent), whose death ends this process. */
 static int
-child_enter(int userns, int mntns, int rootfd, int pfd)
+child_enter(int userns, int mntns, int rootfd, int pfd, pid_t parent)
 {
     if (setns(userns, CLONE_NEWUSER) != 0)
         return child_fail(pfd, SBX_E_INTERNAL, "setns(user): %s", strerror(errno));
@@ -68,6 +69,11 @@ child_enter(int userns, int mntns, int rootfd, int pfd)
                           strerror(errno));
     if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0)
         return child_fail(pfd, SBX_E_INTERNAL, "become the sandbox's root: %s", strerror(errno));
+    /* The change of credentials cleared the parent-death signal (prctl(2)):
+     * armed again, then a parent that died meanwhile is seen (adopted by
+     * init, or by a subreaper: either way not the shard). */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        return child_fail(pfd, SBX_E_INTERNAL, "the shard is gone");
     return 0;
 }
 
@@ -379,11 +385,45 @@ sbx_backup_ns_close(struct sbx_backup_ns *ns)
         close(ns->tasks[--ns->ntasks]);
 }
 
+/* The descriptors of a child re-executed as `sbxd backup-child`
+ * (sbx_backup_child_main): 3..7, in this order. */
+enum { CHILD_USERNS = 3, CHILD_MNTNS, CHILD_ROOT, CHILD_PIPE, CHILD_DATA, CHILD_NFDS = 5 };
+
+/*
+ * The pack or unpack runs in a new program image, not in the forked copy of
+ * the shard: the shard has many threads, and a fork's child may only call
+ * async-signal-safe functions until it execs (fork(2), signal-safety(7)) —
+ * libarchive's path, locale and user-name lookups and malloc take locks
+ * that another thread may have held at the fork, and such a child waited
+ * forever on one (seen: a restore that never answered, the actor's input
+ * gate closed behind it).  So the child only joins the sandbox's cgroup,
+ * sets its limits, moves its descriptors to 3..7 and execs the shard's own
+ * binary (/proc/self/exe, the image that is running even if the file was
+ * replaced) as `sbxd backup-child pack|unpack PID DIR [EXCLUDE…]`, everything
+ * it needs prepared before the fork.
+ */
 static int
 run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes, size_t nex,
           int out_fd, int in_fd, int64_t max_bytes, sbx_err_t *err)
 {
     int pp[2];
+    if (nex > SBX_BACKUP_MAX_EXCLUDES)
+        return sbx_err_make(err, SBX_E_VALIDATION, "at most %d excludes",
+                            SBX_BACKUP_MAX_EXCLUDES);
+    const char *argv[SBX_BACKUP_MAX_EXCLUDES + 6];
+    char parent[24];
+    snprintf(parent, sizeof(parent), "%d", (int)getpid());
+    size_t ac = 0;
+    argv[ac++] = "sbxd";
+    argv[ac++] = "backup-child";
+    argv[ac++] = in_fd < 0 ? "pack" : "unpack";
+    argv[ac++] = parent;
+    argv[ac++] = dir;
+    for (size_t i = 0; i < nex; i++)
+        argv[ac++] = excludes[i];
+    argv[ac] = NULL;
+    const int from[CHILD_NFDS] = {ns->userns, ns->mntns, ns->rootfd, -1,
+                                  in_fd < 0 ? out_fd : in_fd};
     if (pipe2(pp, O_CLOEXEC) != 0)
         return sbx_err_make(err, -errno, "pipe");
     pid_t c = fork();
@@ -394,10 +434,10 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
         return sbx_err_make(err, -e, "fork");
     }
     if (c == 0) {
-        close(pp[0]);
+        /* Only async-signal-safe calls from here to the exec. */
         /* Gone with the shard (its thread forked it and waits for it). */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        signal(SIGXFSZ, SIG_IGN);
+        signal(SIGXFSZ, SIG_IGN); /* kept across the exec: a write past the cap fails */
         /* Into the sandbox's cgroup (a thread moving itself: spawn.c says
          * why); a full pids limit leaves it in the shard's. */
         for (int i = 0; i < ns->ntasks; i++) {
@@ -408,11 +448,20 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
             struct rlimit rl = {(rlim_t)max_bytes, (rlim_t)max_bytes};
             setrlimit(RLIMIT_FSIZE, &rl);
         }
-        int r = child_enter(ns->userns, ns->mntns, ns->rootfd, pp[1]);
-        if (r == 0)
-            r = in_fd < 0 ? child_pack(dir, excludes, nex, out_fd, pp[1])
-                          : child_unpack(in_fd, dir, pp[1]);
-        _exit(r);
+        /* To 3..7: copies above them first (one of the originals may be
+         * 3..7), then into place (dup2 clears close-on-exec). */
+        int tmp[CHILD_NFDS];
+        for (int i = 0; i < CHILD_NFDS; i++)
+            if ((tmp[i] = fcntl(i == CHILD_PIPE - 3 ? pp[1] : from[i], F_DUPFD_CLOEXEC, 16)) < 0)
+                _exit(126);
+        for (int i = 0; i < CHILD_NFDS; i++)
+            if (dup2(tmp[i], 3 + i) < 0)
+                _exit(126);
+        execve("/proc/self/exe", (char *const *)argv, environ);
+        struct child_msg m = {.code = SBX_E_INTERNAL, .msg = "cannot run the backup's program"};
+        ssize_t w = write(CHILD_PIPE, &m, sizeof(m));
+        (void)w;
+        _exit(127);
     }
     close(pp[1]);
     struct child_msg m = {0};
@@ -427,6 +476,25 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
         return sbx_err_make(err, SBX_E_INTERNAL, "the backup's process ended with status 0x%x",
                             ws);
     return 0;
+}
+
+_Noreturn void
+sbx_backup_child_main(int argc, char **argv)
+{
+    /* argv: sbxd backup-child pack|unpack PID DIR [EXCLUDE…] (PID: the shard's) */
+    int r = 1;
+    char *end = NULL;
+    long parent = argc >= 5 ? strtol(argv[3], &end, 10) : 0;
+    if (argc < 5 || (strcmp(argv[2], "pack") != 0 && strcmp(argv[2], "unpack") != 0) ||
+        !end || *end || parent <= 0)
+        r = child_fail(CHILD_PIPE, SBX_E_INTERNAL, "backup-child: bad arguments");
+    else if ((r = child_enter(CHILD_USERNS, CHILD_MNTNS, CHILD_ROOT, CHILD_PIPE,
+                              (pid_t)parent)) == 0)
+        r = argv[2][0] == 'p'
+                ? child_pack(argv[4], argv + 5, (size_t)(argc - 5), CHILD_DATA, CHILD_PIPE)
+                : child_unpack(CHILD_DATA, argv[4], CHILD_PIPE);
+    /* _exit: no atexit handlers (a leak check of what libarchive keeps). */
+    _exit(r);
 }
 
 int

@@ -4,7 +4,10 @@
  *
  * Two halves:
  *  - the archive, made and extracted inside the sandbox's view:
- *    sbx_backup_pack / sbx_backup_unpack fork a child that joins the user
+ *    sbx_backup_pack / sbx_backup_unpack fork a child that re-executes the
+ *    running binary as `sbxd backup-child` (sbx_backup_child_main; a forked
+ *    copy of the many-threaded shard may not call libarchive: fork(2)),
+ *    which joins the user
  *    and mount namespaces of the sandbox's agent (setns(2)), takes the
  *    agent's root as its own (chroot) and uid/gid 0 of the sandbox, so every
  *    path is the sandbox's, nothing outside its root can be named, and files
@@ -48,6 +51,24 @@ struct sbx_backup_ns {
 int sbx_backup_ns_open(pid_t pid, sbx_cgroups *cg, sbx_cgroup *c, struct sbx_backup_ns *ns,
                        sbx_err_t *err);
 void sbx_backup_ns_close(struct sbx_backup_ns *ns);
+
+/* The most `excludes` patterns a pack takes (runtime/ops/backups.yaml's
+ * max_len; more is SBX_E_VALIDATION). */
+#define SBX_BACKUP_MAX_EXCLUDES 256
+
+/*
+ * sbx_backup_child_main — the program of a pack's or unpack's child, run as
+ * `sbxd backup-child pack|unpack PID DIR [EXCLUDE…]` by sbx_backup_pack and
+ * sbx_backup_unpack only (not a command for people; PID is the shard's,
+ * whose death ends the child: prctl(2) PR_SET_PDEATHSIG, armed again after
+ * the child's credentials change in the sandbox): descriptors 3, 4 and 5
+ * are the sandbox's user namespace, mount namespace and root, 6 the pipe
+ * for its one report (a code and a message, on failure), 7 the archive
+ * (written by pack, read by unpack); its cgroup and RLIMIT_FSIZE were set
+ * before the exec.  Never returns: _exit(0) when done, else 1 after the
+ * report (or when the report could not be written).
+ */
+_Noreturn void sbx_backup_child_main(int argc, char **argv);
 
 /* The default of the largest archive a backup may have (bytes, compressed;
  * sbxd --backup-max). */

@@ -35,6 +35,7 @@
 #include <nng/nng.h>
 
 #include "../actors/shard.h"
+#include "../container/backup.h"
 #include "../container/cgroup.h"
 #include "../gateway/gateway.h"
 #include "../runtime/config.h"
@@ -1140,6 +1141,9 @@ main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "dev"))
         return cmd_dev(argc, argv);
+    /* Not for people: a shard's backup child (container/backup.h). */
+    if (!strcmp(argv[1], "backup-child"))
+        sbx_backup_child_main(argc, argv);
     /* nng frees closed sockets' endpoints and pipes on its reaper thread
      * after nng_close returns; nng_fini waits for it, so a leak check at
      * exit (LeakSanitizer, valgrind) sees only real leaks. */
