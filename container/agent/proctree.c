@@ -255,9 +255,36 @@ agent_kill_tree_since(pid_t root, bool skip_root, const pid_t *spare, size_t nsp
                       unsigned long long since)
 {
     int killed = 0;
-    /* Kill the descendants first, round after round: a killed process's
-     * children are re-parented to the subreaper `root` and show up in the
-     * next walk; a fork bomb is bounded by the pids cgroup. */
+    /* First stop them, round after round, until a walk finds none it has not
+     * stopped: a stopped process forks no more, so only children born
+     * before their parent's stop are new in the next walk.  Killing alone
+     * raced a fork bomb — each killed process's slot in the pids cgroup went
+     * to a new fork — and after the rounds below ran out the rest outlived
+     * `root`, re-parented to the agent (seen: 128 processes left). */
+    pid_t *stopped = NULL;
+    size_t nstopped = 0, capstopped = 0;
+    for (int round = 0; round < 200; round++) {
+        pid_t *d;
+        size_t n = descendants(root, spare, nspare, since, &d), fresh = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (in_list(stopped, nstopped, d[i]))
+                continue;
+            if (nstopped == capstopped) {
+                capstopped = capstopped ? 2 * capstopped : 64;
+                stopped = sbx_xrealloc(stopped, capstopped * sizeof(*stopped));
+            }
+            stopped[nstopped++] = d[i];
+            kill(d[i], SIGSTOP);
+            fresh++;
+        }
+        free(d);
+        if (fresh == 0)
+            break;
+    }
+    free(stopped);
+    /* Then kill them (SIGKILL ends a stopped process too), round after
+     * round: a killed process's children are re-parented to the subreaper
+     * `root` and show up in the next walk. */
     for (int round = 0; round < 200; round++) {
         pid_t *d;
         size_t n = descendants(root, spare, nspare, since, &d);
