@@ -406,12 +406,20 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
     t->nkeys = nkeys;
     t->tens = tens;
     t->ntens = ntens;
-    /* Keep the creations the list may have missed (admitted after it started,
-     * not in it), and count them. */
+    /* Keep the creations the list does not hold yet, and count them: those
+     * admitted after it started, and those admitted before whose record the
+     * shard had not written when the list asked it (a creation is admitted
+     * here before the shard creates it: with only "after it started" kept,
+     * one admitted just before a refresh counted nowhere, and a tenant at
+     * maxSandboxes 2 got a third — test_tenants, revocation_and_quotas).
+     * Those go RECENT_GRACE_MS after their admission: a creation that failed
+     * or was destroyed since counts that long (a refusal errs that way). */
     size_t kept = 0;
+    int64_t now = sbx_mono_ms();
     for (size_t i = 0; i < t->nrecent; i++) {
         const char *key = t->recent[i].id;
-        if (t->recent[i].at < started || bsearch(&key, ids, nids, sizeof(*ids), cmp_str))
+        if (bsearch(&key, ids, nids, sizeof(*ids), cmp_str) ||
+            (t->recent[i].at < started && now - t->recent[i].at > RECENT_GRACE_MS))
             continue;
         struct tten *x = tenant_find(t, t->recent[i].tenant);
         if (x) {
