@@ -38,6 +38,7 @@ struct gi_level {
 struct sbx_gi {
     struct gi_level *lv; /* [0, nfixed): info/exclude and the root's ancestors; then the walk's */
     size_t n, cap, nfixed;
+    bool all; /* the root or a directory between it and <top> is ignored: so is everything */
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -286,6 +287,62 @@ push(sbx_gi *g, const char *dir, const char *prefix, size_t strip, const char *f
     return file ? load_file(lv, file) : 0;
 }
 
+/* Does the last matching line of lv decide path (relative to lv's
+ * directory; base its last component)?  If so, *ignored is the decision. */
+static bool
+level_decides(const struct gi_level *lv, const char *path, const char *base, bool is_dir,
+              bool *ignored)
+{
+    for (size_t k = lv->n; k-- > 0;) {
+        const struct gi_pat *pt = &lv->p[k];
+        if (pt->dir_only && !is_dir)
+            continue;
+        if (sbx_gi_wildmatch(pt->pat, pt->anchored ? path : base)) {
+            *ignored = !pt->neg;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Is a directory between <top> and the root, or the root, ignored?  `below`
+ * is the root relative to <top>; the fixed levels are loaded: level 0 is
+ * info/exclude and level j ≥ 1 the .gitignore of <top>'s (j-1)-th
+ * descendant towards the root.  Git ignores everything under such a
+ * directory. */
+static bool
+root_ignored(const sbx_gi *g, const char *below)
+{
+    char p[4096];
+    size_t k = 0;
+    for (const char *s = below; *s;) {
+        const char *sl = strchr(s, '/');
+        size_t cl = sl ? (size_t)(sl - s) : strlen(s);
+        snprintf(p, sizeof(p), "%.*s", (int)(s + cl - below), below); /* P_k, k+1 components */
+        const char *base = p + (s - below);
+        k++;
+        for (size_t j = k < g->nfixed - 1 ? k : g->nfixed - 1;; j--) {
+            /* relative to level j's directory: P_k less its first j-1 components */
+            const char *rel = p;
+            for (size_t c = 1; c < j && rel; c++)
+                if ((rel = strchr(rel, '/')))
+                    rel++;
+            bool ign;
+            if (rel && level_decides(&g->lv[j], rel, base, true, &ign)) {
+                if (ign)
+                    return true;
+                break;
+            }
+            if (j == 0)
+                break;
+        }
+        s += cl;
+        while (*s == '/')
+            s++;
+    }
+    return false;
+}
+
 /* Does a path have a component ".git"? */
 static bool
 has_git(const char *p)
@@ -354,6 +411,8 @@ sbx_gi_open(const char *root, sbx_gi **out)
     }
     g->nfixed = g->n;
     if (rc == 0)
+        g->all = root_ignored(g, below);
+    if (rc == 0)
         rc = push(g, "", NULL, 0, ".gitignore");
     if (rc != 0) {
         sbx_gi_free(g);
@@ -401,6 +460,8 @@ sbx_gi_ignored(sbx_gi *g, const char *rel, bool is_dir)
 {
     if (!*rel || has_git(rel))
         return false;
+    if (g->all)
+        return true;
     const char *sl = strrchr(rel, '/');
     const char *base = sl ? sl + 1 : rel;
     sync_levels(g, rel, sl ? (size_t)(sl - rel) : 0);
@@ -410,13 +471,9 @@ sbx_gi_ignored(sbx_gi *g, const char *rel, bool is_dir)
             continue;
         char path[8400];
         snprintf(path, sizeof(path), "%s%s", lv->prefix ? lv->prefix : "", rel + lv->strip);
-        for (size_t k = lv->n; k-- > 0;) {
-            const struct gi_pat *pt = &lv->p[k];
-            if (pt->dir_only && !is_dir)
-                continue;
-            if (sbx_gi_wildmatch(pt->pat, pt->anchored ? path : base))
-                return !pt->neg;
-        }
+        bool ign;
+        if (level_decides(lv, path, base, is_dir, &ign))
+            return ign;
     }
     return false;
 }

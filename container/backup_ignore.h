@@ -22,7 +22,8 @@
  * ≥ 2.32 does the same).  Paths with a `.git` component are never ignored.
  * An ignored directory is not entered, so nothing under it can be
  * re-included (gitignore(5): "It is not possible to re-include a file if a
- * parent directory of that file is excluded").
+ * parent directory of that file is excluded"); likewise if the walk's root,
+ * or a directory between it and <top>, is ignored, so is everything in it.
  */
 #ifndef SBX_CONTAINER_BACKUP_IGNORE_H
 #define SBX_CONTAINER_BACKUP_IGNORE_H

@@ -7,7 +7,8 @@
  * on disk: nested .gitignore files, negation, directory-only patterns,
  * anchored patterns, .git/info/exclude, a parent repository's .gitignore
  * seen from a walk of a subdirectory, a re-include under an ignored
- * directory that git refuses too, and `.git` never ignored.  Where git is
+ * directory that git refuses too, a walk of a directory the repository
+ * ignores (everything in it is), and `.git` never ignored.  Where git is
  * installed the tree's answers are compared with `git check-ignore`'s.
  */
 #include <criterion/criterion.h>
@@ -201,6 +202,34 @@ Test(backup_ignore, a_subdirectory_of_a_repository, .init = setup, .fini = teard
         {"c.txt", false, false},
     };
     check(root, w, sizeof(w) / sizeof(w[0]));
+}
+
+/* A walk of a directory that the repository ignores (or one under it):
+ * git ignores everything there, whatever its own .gitignore says. */
+Test(backup_ignore, an_ignored_directory_of_a_repository, .init = setup, .fini = teardown)
+{
+    make_repo();
+    put("build/sub/.gitignore", "!*\n");
+    put("build/sub/x.c", "");
+    put("src/kept/.gitignore", "*.c\n");
+    char root[128];
+    snprintf(root, sizeof(root), "%s/build/sub", top);
+    cr_assert_eq(chdir(root), 0);
+    const struct want w[] = {
+        {"x.c", false, true},
+        {"d", true, true},
+        {".gitignore", false, true},
+    };
+    check(root, w, sizeof(w) / sizeof(w[0]));
+    /* A directory that is not ignored is walked by the usual rules. */
+    snprintf(root, sizeof(root), "%s/src/kept", top);
+    cr_assert_eq(chdir(root), 0);
+    const struct want w2[] = {
+        {"x.c", false, true},
+        {"x.h", false, false},
+        {"y.log", false, true},
+    };
+    check(root, w2, sizeof(w2) / sizeof(w2[0]));
 }
 
 /* Without a repository the walk's root is the top: its .gitignore files
