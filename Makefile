@@ -39,6 +39,16 @@ LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 AGENT_LDFLAGS_release := -static
 AGENT_LDFLAGS_asan    :=
 LDLIBS_TEST   := -lcriterion -lcurl -lnettle
+# Criterion talks to its test workers through nanomsg (nn_socket, nn_recv, …
+# over ipc:///tmp/criterion_<pid>.sock).  libnng also exports those names (its
+# nanomsg compatibility layer), and a binary linked with -lnng before
+# libcriterion's own libnanomsg got nng 1.5.2's: whose listener stops
+# accepting for good after a connection reset during its handshake (the bug
+# of docs/cluster.md note 12, in its ipc transport).  A Criterion runner
+# whose listener stops accepting waits forever for its next worker: the
+# suite's "HUNG" binaries.  Naming libnanomsg first, before any library,
+# makes the dynamic linker bind Criterion's nn_* calls to it.
+CRITERION_IPC := -Wl,--push-state,--no-as-needed -lnanomsg -Wl,--pop-state
 
 RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
 ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -101,7 +111,7 @@ BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/bench_wor
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/httpapi.c \
-                tests/support/wsclient.c
+                tests/support/wsclient.c tests/support/hostlocks.c
 
 # Header dependencies are real: every object is compiled with -MMD -MP and its
 # .d file (next to the .o) is included below, so touching one header rebuilds
@@ -147,26 +157,26 @@ ASAN_BINS    := build/asan/bin/sbxd build/asan/bin/sbx build/asan/bin/sbx-agent 
                 build/asan/share/sbx/interp/.installed
 
 # The interpreter benchmark (sbx against Jupyter; tools/jupyter_bench.py).
-bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-interp: $(call objs,release,tools/bench_interp.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                       build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
 # The HTTP benchmark (the HTTP front against the nng path).
-bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-http: $(call objs,release,tools/bench_http.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                     build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 
 # The observability benchmark (exec throughput with metrics scraped and JSON logs on vs off).
-bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c \
+bin/sbx-bench-obs: $(call objs,release,tools/bench_obs.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c \
                    runtime/prom.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lcurl
 RELEASE_BINS += bin/sbx-bench-obs
 
 # The density benchmark (many idle sandboxes: memory, creation rate, stop time).
-bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-density: $(call objs,release,tools/bench_density.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                        build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
@@ -174,7 +184,7 @@ RELEASE_BINS += bin/sbx-bench-density
 
 # The bystander benchmark (a sandbox's API latency while another runs
 # exhaustion attacks: issue 16's floor).
-bin/sbx-bench-bystander: $(call objs,release,tools/bench_bystander.c tools/stats.c tests/support/harness.c) \
+bin/sbx-bench-bystander: $(call objs,release,tools/bench_bystander.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) \
                          build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
@@ -302,17 +312,17 @@ UNIT_LINK  := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON
 INTEG_LINK := $(call objs,asan,$(sort $(CLIENT)) $(TEST_SUPPORT) tests/support/itest_main.c)
 build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
 build/asan/tests/integration/%: build/asan/obj/tests/integration/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
 # test_shard runs a real shard on scripted agents: tests/unit/fake_spawn.c stands in
 # for container/spawn.c (no root, no containers); --wrap=mdb_put lets it fail one
 # record's writes as a full disk would.
 build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
 # The image tests build OCI layouts with libarchive (tests/support/imgbuild.h).
 build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o
@@ -336,7 +346,7 @@ build/asan/tests/integration/test_http_sse: $(call objs,asan,runtime/ops.c runti
 build/asan/tests/integration/test_destroy_queued: LDLIBS_TEST += -llmdb
 build/asan/tests/security/%: build/asan/obj/tests/security/%.o $(INTEG_LINK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -o $@ $^ $(LDLIBS_CLIENT) $(LDLIBS_TEST)
 # test_tenants' randomized client draws operations from the table (runtime/ops.h).
 build/asan/tests/security/test_tenants: $(call objs,asan,runtime/ops.c runtime/ops_gen.c)
 # The escape tests' two binaries share their probe helpers (tests/security/escape_util.h).
@@ -483,7 +493,7 @@ build/fuzz/fuzz_egress_head: $(call fuzz_objs,container/net_http.c container/net
 build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o $(call fuzz_objs,$(FUZZ_RT))
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined $(FUZZ_LDFLAGS) -o $@ $^ $(FUZZ_LIBS)
 
-bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c) build/release/lib/libsbx.a
+bin/sbx-soak: $(call objs,release,tools/soak.c tools/stats.c tests/support/harness.c tests/support/hostlocks.c) build/release/lib/libsbx.a
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT)
 
@@ -555,13 +565,14 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 # binaries (docs/benchmarks.md, "Cluster scaling").
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
 CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c \
-                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c
+                   tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c \
+                   tests/support/hostlocks.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
                                     tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))
 build/asan/tests/cluster/%: build/asan/obj/tests/cluster/%.o $(CLUSTER_LINK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -o $@ $^ $(LDLIBS_CLIENT) -lxxhash -lcurl $(LDLIBS_TEST)
 TEST_BINS += $(CLUSTER_BINS)
 bin/sbx-bench-cluster: $(call objs,release,tools/bench-cluster.c tools/stats.c $(CLUSTER_SUPPORT)) \
                        build/release/lib/libsbx.a

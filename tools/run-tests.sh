@@ -11,7 +11,9 @@
 #                SDK suites (sdk/*/run-tests.sh, tests/openapi) and `make fuzz-smoke`,
 #                `make valgrind` and `make faults-smoke` (each counted as one;
 #                SBX_SKIP_RELIABILITY=1 skips the last three) — what CI runs
-# Each binary is a Criterion suite run with --jobs SBX_TEST_JOBS (2); its
+# Each binary is a Criterion suite run with --jobs SBX_TEST_JOBS (2) and
+# --verbose (a "[RUN ]" line as each test starts: a hung binary's excerpt
+# names the tests it was running); its
 # output (with its own "Synthesis" line) is buffered to a file and printed in
 # one piece when it ends, so parallel binaries do not interleave.  Binaries
 # that must have the machine to themselves (the list `alone` below: they
@@ -75,7 +77,7 @@ add_bins() { # DIR [GLOB]
     # Only binaries of sources that still exist: a stale one in an old
     # build directory (its test since renamed or removed) is not the suite.
     [ -f "tests/$1/$(basename "$t").c" ] || continue
-    jobs_all+=("$t"$'\t'"$tools/watchdog.sh ${SBX_TEST_BINARY_TIMEOUT:-900} $t $t --jobs ${SBX_TEST_JOBS:-2} --timeout 240")
+    jobs_all+=("$t"$'\t'"$tools/watchdog.sh ${SBX_TEST_BINARY_TIMEOUT:-900} $t $t --jobs ${SBX_TEST_JOBS:-2} --timeout 240 --verbose")
   done
 }
 case "$which" in
@@ -173,9 +175,10 @@ while [ ${#running[@]} -gt 0 ]; do reap_one; done
 
 # Nothing of the run's deployments may be left behind.
 echo "== leftovers"
-if ! "$tools/leftovers.sh" check "$snapshot" 2>&1; then
-  failed=$((failed + 1)); failed_names+=("leftovers")
+if ! "$tools/leftovers.sh" check "$snapshot" > "$out/leftovers.log" 2>&1; then
+  failed=$((failed + 1)); failed_names+=("leftovers"); failed_logs+=("$out/leftovers.log")
 fi
+cat "$out/leftovers.log"
 echo
 echo "seconds per binary (SBX_TEST_PARALLEL=$par, SBX_TEST_JOBS=${SBX_TEST_JOBS:-2}):"
 sum=0
@@ -191,10 +194,27 @@ printf '%6d  total wall time (%d s of binaries)\n' "$(( $(date +%s) - t_run ))" 
 echo
 # Why each failed job failed, again, here at the end: a CI log is often read
 # from its tail only, where each job's own output is long gone.
+# Kept short (a tail of ~20 lines must hold it): per failed job at most 10
+# lines, a hung binary's first (HUNG, the Criterion tests it was running —
+# "[RUN ]" lines of --verbose with no result line —, its tree and stacks in
+# short, from tools/watchdog.sh).
+nfail=${#failed_logs[@]}
+per=$(( nfail > 1 ? 16 / nfail : 12 )); [ "$per" -lt 3 ] && per=3
 for i in "${!failed_logs[@]}"; do
+  f=${failed_logs[$i]}
   echo "why ${failed_names[$i]} failed (its lines that say so; the whole output is above):"
-  grep -aE '✖|FAIL|[Ff]ailing|[Aa]ssert|Error|error:|HUNG|DIED|leftover|Traceback|not ok' "${failed_logs[$i]}" \
-    | grep -avE '✔|^\s*at |Passing: [0-9]+ \| Failing: 0' | head -n 14 | cut -c1-400 | sed 's/^/  | /'
+  {
+    if grep -aq '^HUNG: ' "$f"; then
+      grep -a '^HUNG: ' "$f"
+      echo "in flight: $(awk '
+        /^\[RUN \] / { run[$3] = 1; order[++n] = $3; next }
+        /^\[(PASS|FAIL|SKIP|ERR )\] / { t = ($1 == "[ERR") ? $3 : $2; sub(/:$/, "", t); done[t] = 1 }
+        END { for (i = 1; i <= n; i++) if (!done[order[i]]) printf "%s ", order[i] }' "$f")"
+      grep -a '^HUNG-TREE: \|^HUNG-STACK ' "$f"
+    fi
+    grep -aE '✖|FAIL|[Ff]ailing|[Aa]ssert|Error|error:|DIED|leftover|Traceback|not ok|^  (process|cgroup|mount|lock|netns|network|nft|loop)' "$f" \
+      | grep -avE '✔|^\s*at |Passing: [0-9]+ \| Failing: 0|^HUNG|^\[(PASS|RUN |SKIP)\]'
+  } | head -n "$per" | cut -c1-400 | sed 's/^/  | /'
 done
 echo "tests: $passed passed, $failed failed${failed_names[*]:+ (${failed_names[*]})}"
 [ "$failed" -eq 0 ]

@@ -8,7 +8,10 @@
 #   2. the process tree under CMD (pid, parent, command line), and the stacks
 #      of every thread of every process in it (`gdb -p PID -batch -ex 'thread
 #      apply all bt'`, at most 60 s each), CMD first — its sbxd children,
-#      their shards and the sandboxes' processes are in that tree;
+#      their shards and the sandboxes' processes are in that tree; then, in
+#      short for a log read from its tail, "HUNG-TREE: pid:state:name …" and
+#      "HUNG-STACK PID: f<g<h<i | …" (the innermost functions of each thread)
+#      for CMD and the processes of its name (a Criterion binary's workers);
 #   3. the tree is ended by pid: SIGTERM to every process in it (sbxd cleans
 #      up its cgroups and locks on SIGTERM), up to 15 s for it to go, then
 #      SIGKILL to whatever of it is left;
@@ -113,17 +116,46 @@ while read -r pid _; do
   printf '%s (parent %s): %s\n' "$pid" "$(ps -o ppid= -p "$pid" 2>/dev/null | tr -d ' ')" \
     "$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
 done <<< "$t"
+# One line for the whole tree (a CI log is often read from its tail only;
+# tools/run-tests.sh repeats the HUNG-* lines at the end): pid, state (ps(1)
+# STAT: S sleeping, T stopped, Z zombie, D in the kernel) and name of each.
+summary=
+while read -r pid _; do
+  [ -n "$pid" ] || continue
+  summary+="$pid:$(ps -o stat= -p "$pid" 2>/dev/null | tr -d ' '):$(cat "/proc/$pid/comm" 2>/dev/null) "
+done <<< "$t"
+stack_lines=()
 if command -v gdb >/dev/null 2>&1; then
+  root_comm=$(cat "/proc/$child/comm" 2>/dev/null)
   while read -r pid _; do
     [ -n "$pid" ] || continue
     echo "---- stacks of pid $pid: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) ----"
-    timeout -k 5 60 gdb -p "$pid" -batch -nx -ex 'set pagination off' \
+    bt=$(timeout -k 5 60 gdb -p "$pid" -batch -nx -ex 'set pagination off' \
       -ex 'thread apply all bt' < /dev/null 2>&1 |
-      grep -v '^\[New LWP\|^\[Thread debugging\|^Using host libthread_db'
+      grep -v '^\[New LWP\|^\[Thread debugging\|^Using host libthread_db')
+    echo "$bt"
+    # The binary itself and its Criterion workers (same name), in short: per
+    # thread its three innermost functions that are not the C library's
+    # internals (a name starting with "_", "??"), threads of one shape
+    # counted once ("2x f<g<h").
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$root_comm" ] && [ ${#stack_lines[@]} -lt 4 ]; then
+      stack_lines+=("HUNG-STACK $pid: $(awk '
+        function flush() { if (have) { if (!(line in cnt)) ord[++n] = line; cnt[line]++ }
+                           line = ""; k = 0; have = 0 }
+        /^Thread / { flush(); next }
+        /^#[0-9]/ { have = 1; f = ($3 == "in") ? $4 : $2
+                    if (k < 3 && f !~ /^_/ && f != "??" && f != "start_thread" && f !~ /^clone/) {
+                      line = line (k ? "<" : "") f; k++ } }
+        END { flush(); for (i = 1; i <= n; i++) printf "%s%s%s", (i > 1 ? " | " : ""),
+                                                    (cnt[ord[i]] > 1 ? cnt[ord[i]] "x " : ""), ord[i] }
+        ' <<< "$bt" | cut -c1-600)")
+    fi
   done <<< "$t"
 else
   echo "(gdb is not installed: no stacks; tools/deps.sh installs it)"
 fi
 echo "---- end of stacks of $name ----"
+echo "HUNG-TREE: $summary" | cut -c1-600
+for l in "${stack_lines[@]}"; do echo "$l"; done
 end_tree "$child"
 exit 124

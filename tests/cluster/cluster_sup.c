@@ -25,6 +25,7 @@
 #include "../../runtime/etcd.h"
 #include "../../runtime/util.h"
 #include "../../runtime/wire.h"
+#include "../support/hostlocks.h"
 #include "cluster_int.h"
 
 /* ================================================================================ */
@@ -583,8 +584,11 @@ sup_teardown(void)
         kill(S.etcd.pid, SIGTERM);
         wait_proc(&S.etcd, 10000, true);
     }
-    if (S.prefix[0])
+    if (S.prefix[0]) {
         sweep_cgroups();
+        /* the host-lock files of shards killed and not restarted */
+        test_hostlocks_sweep(S.prefix);
+    }
     for (int i = 0; i < CL_MAX_NODES; i++) {
         if (S.made_ns[i])
             RUN("ip", "netns", "del", S.ns[i]);

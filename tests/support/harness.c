@@ -1,5 +1,6 @@
 /* harness.c — see harness.h. */
 #include "harness.h"
+#include "hostlocks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -175,6 +176,9 @@ void
 testd_stop(struct testd *d)
 {
     stop_pid(d);
+    /* A daemon or shard the test SIGKILLed left its host-lock files. */
+    if (d->name[0])
+        test_hostlocks_sweep(d->name);
     if (d->dir[0] && !getenv("SBX_KEEP_TEST_DATA"))
         sbx_rm_rf(d->dir);
 }

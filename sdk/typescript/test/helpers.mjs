@@ -1,7 +1,7 @@
 // Test helpers: a private sbx daemon, unique sandbox IDs, a cuttable TCP
 // proxy and an HTTP helper for preview URLs.
-import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, closeSync, statSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync, closeSync, statSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
@@ -66,6 +66,17 @@ export async function startDaemon({ log = false } = {}) {
         const tail = existsSync(logPath) ? readFileSync(logPath, 'utf8').slice(-4000) : '';
         console.error(`# sbxd dev (pid ${child.pid}) did not stop cleanly: ${JSON.stringify(exited)}\n${tail}`);
       }
+    }
+    // What a daemon killed without its clean stop left in /run/sbx (its
+    // host-lock files, tools/hostlock.c): each one nobody holds goes
+    // (flock(1) takes it first, so a live holder's is never touched).
+    try {
+      for (const f of readdirSync('/run/sbx')) {
+        if (f.endsWith('.lock') && f.includes(name))
+          spawnSync('flock', ['-n', '-x', path.join('/run/sbx', f), 'rm', '-f', path.join('/run/sbx', f)]);
+      }
+    } catch {
+      // no /run/sbx: nothing was left there
     }
     try {
       rmSync(dataDir, { recursive: true, force: true, maxRetries: 3 });
