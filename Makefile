@@ -66,6 +66,8 @@ CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/
              container/net.c container/net_dns.c container/net_link.c container/net_policy.c \
              container/net_proxy.c container/net_http.c \
              container/workspace.c container/backup.c container/backup_s3.c
+# git's ignore rules for backup.create's gitignore (issue 15).
+CONTAINER += container/backup_ignore.c
 # Moving a persistent workspace between nodes (issue 15, docs/persistence.md).
 CONTAINER += container/ws_xfer.c
 AGENT   := container/agent/main.c container/agent/setup.c \

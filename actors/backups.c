@@ -72,6 +72,7 @@ struct bk_job {
     char dir[4096];
     char **pats;                 /* create: excludes, NULL-terminated (owned) */
     size_t nex;
+    bool gitignore;              /* create: leave out what git's ignore files name */
     int fd;                      /* create: the new archive; restore: the blob */
     char tmp[4200];              /* create: the new archive's path in the store's tmp/ */
     int64_t ttl;                 /* create: seconds */
@@ -79,6 +80,7 @@ struct bk_job {
     int code;                    /* 0 or the error's code */
     char *msg;                   /* the error's message (owned) */
     int64_t ms;                  /* how long the archive took */
+    char sandbox[80];            /* restore: the target sandbox's ID (its note in restoring/) */
     char tenant[20];             /* restore from S3: the caller's tenant (sop.tenant) … */
     bool tenant_set;             /* … if stamped: another tenant's backup is unknown */
 };
@@ -108,7 +110,7 @@ bk_create(struct bk_job *j)
 {
     _cleanup_err_ sbx_err_t err = NULL;
     struct shard *sh = j->a->sh;
-    int rc = sbx_backup_pack(&j->ns, j->dir, j->pats, j->nex, j->fd,
+    int rc = sbx_backup_pack(&j->ns, j->dir, j->pats, j->nex, j->gitignore, j->fd,
                              (int64_t)sh->conf.backup_max, &err);
     if (rc == 0 &&
         (rc = sbx_backup_digest(j->fd, j->info.digest, sizeof(j->info.digest), &j->info.size)))
@@ -127,6 +129,26 @@ bk_create(struct bk_job *j)
         unlink(j->tmp);
         job_fail(j, rc, err);
     }
+}
+
+/* Extract j's archive into j->dir, noted in the store while it runs: a
+ * restore whose shard is killed leaves its note, and the sandbox's next
+ * restore sweeps its leftovers (container/backup.h). */
+static int
+bk_unpack(struct bk_job *j, sbx_err_t *err)
+{
+    const char *root = j->a->sh->backups;
+    char prev[4096];
+    int rc = sbx_backup_restore_begin(root, j->sandbox, j->dir, prev, sizeof(prev));
+    if (rc != 0)
+        sbx_log_warn("sandbox %s: note of the restore into %s: %s (a kill now would leave "
+                     "its directory unswept)", j->sandbox, j->dir, strerror(-rc));
+    if (prev[0])
+        sbx_log_info("sandbox %s: a restore into %s never ended; its leftovers are swept",
+                     j->sandbox, prev);
+    rc = sbx_backup_unpack(&j->ns, j->fd, j->dir, prev, err);
+    sbx_backup_restore_end(root, j->sandbox);
+    return rc;
 }
 
 static void
@@ -148,7 +170,7 @@ bk_restore(struct bk_job *j)
             job_fail(j, rc, err);
             return;
         }
-        if ((rc = sbx_backup_unpack(&j->ns, j->fd, j->dir, &err)) != 0)
+        if ((rc = bk_unpack(j, &err)) != 0)
             job_fail(j, rc, err);
         return;
     }
@@ -172,7 +194,7 @@ bk_restore(struct bk_job *j)
         job_fail(j, SBX_E_STORAGE, err);
         return;
     }
-    if ((rc = sbx_backup_unpack(&j->ns, j->fd, j->dir, &err)) != 0)
+    if ((rc = bk_unpack(j, &err)) != 0)
         job_fail(j, rc, err);
 }
 
@@ -296,6 +318,11 @@ actor_op_backup_create(struct actor *a, struct sop *op)
             return;
         }
     }
+    bool gitignore = false;
+    if (sbx_wire_get_bool(op->req.args, "gitignore", &gitignore) == SBX_E_VALIDATION) {
+        shard_reply_err(op, SBX_E_VALIDATION, "'gitignore' must be true or false");
+        return;
+    }
     actor_ensure_record(a, NULL);
     if (a->cs != C_RUNNING) {
         actor_start_container(a, op);
@@ -305,6 +332,7 @@ actor_op_backup_create(struct actor *a, struct sop *op)
     j->op = op;
     j->ns = (struct sbx_backup_ns){.userns = -1, .mntns = -1, .rootfd = -1};
     j->ttl = ttl;
+    j->gitignore = gitignore;
     j->nex = nex;
     j->pats = sbx_xcalloc(nex + 1, sizeof(char *));
     for (size_t i = 0; i < nex; i++) {
@@ -367,6 +395,7 @@ actor_op_backup_restore(struct actor *a, struct sop *op)
     j->fd = -1;
     j->ns = (struct sbx_backup_ns){.userns = -1, .mntns = -1, .rootfd = -1};
     snprintf(j->dir, sizeof(j->dir), "%s", dir);
+    snprintf(j->sandbox, sizeof(j->sandbox), "%s", a->id);
     _cleanup_err_ sbx_err_t err = NULL;
     int rc;
     if (a->sh->s3) {

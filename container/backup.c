@@ -31,6 +31,7 @@
 #include "../runtime/err.h"
 #include "../runtime/util.h"
 #include "backup.h"
+#include "backup_ignore.h"
 
 /* ------------------------------------------------------------------------------ */
 /* The child: inside the sandbox's namespaces. */
@@ -83,8 +84,23 @@ dir_code(int e)
     return e == ENOTDIR ? -ENOTDIR : e == ENOENT ? -ENOENT : SBX_E_INTERNAL;
 }
 
+/* The path of a walked entry relative to the walk's root ("./a/b" → "a/b";
+ * "." → ""). */
+static const char *
+rel_path(struct archive_entry *e)
+{
+    const char *p = archive_entry_pathname(e);
+    if (!p)
+        return "";
+    if (p[0] == '.' && p[1] == '\0')
+        return "";
+    if (p[0] == '.' && p[1] == '/')
+        p += 2;
+    return p;
+}
+
 static int
-child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int pfd)
+child_pack(const char *dir, char *const *excludes, size_t nex, bool gitignore, int out_fd, int pfd)
 {
     struct stat st;
     if (stat(dir, &st) != 0)
@@ -98,8 +114,9 @@ child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int p
     struct archive *match = archive_match_new();
     struct archive_entry *e = archive_entry_new();
     char *buf = malloc(1 << 16);
+    sbx_gi *gi = NULL;
     int rc = 0;
-    if (!disk || !out || !match || !e || !buf) {
+    if (!disk || !out || !match || !e || !buf || (gitignore && sbx_gi_open(dir, &gi) != 0)) {
         rc = child_fail(pfd, SBX_E_INTERNAL, "out of memory");
         goto out;
     }
@@ -133,6 +150,9 @@ child_pack(const char *dir, char *const *excludes, size_t nex, int out_fd, int p
             rc = child_fail(pfd, SBX_E_INTERNAL, "%s: %s", dir, archive_error_string(disk));
             goto out;
         }
+        /* An ignored directory is neither stored nor entered. */
+        if (gi && sbx_gi_ignored(gi, rel_path(e), archive_entry_filetype(e) == AE_IFDIR))
+            continue;
         archive_read_disk_descend(disk);
         if (archive_write_header(out, e) < ARCHIVE_WARN)
             goto werr;
@@ -167,6 +187,7 @@ werr:
                                                                        : SBX_E_INTERNAL,
                     "write the archive: %s", archive_error_string(out));
 out:
+    sbx_gi_free(gi);
     free(buf);
     archive_entry_free(e);
     archive_match_free(match);
@@ -265,10 +286,40 @@ write_fail(int pfd, struct archive *w, const char *name)
     return child_fail(pfd, -EIO, "%s: %s", name, archive_error_string(w));
 }
 
+/* The name of the directory a restore extracts into (mkdtemp's template):
+ * `.sbx-restore-` and 6 characters. */
+#define RESTORE_PREFIX ".sbx-restore-"
+#define RESTORE_NAME_LEN (sizeof(RESTORE_PREFIX) - 1 + 6)
+
+/* Remove the directories named like a restore's extraction directly in d
+ * (left by a restore whose shard was killed); nothing else is touched. */
+static void
+sweep_leftovers(const char *d)
+{
+    DIR *dd = opendir(d);
+    if (!dd)
+        return;
+    struct dirent *de;
+    struct stat st;
+    while ((de = readdir(dd))) {
+        if (strlen(de->d_name) != RESTORE_NAME_LEN ||
+            strncmp(de->d_name, RESTORE_PREFIX, sizeof(RESTORE_PREFIX) - 1) != 0 ||
+            fstatat(dirfd(dd), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
+            continue;
+        char p[4200];
+        snprintf(p, sizeof(p), "%s/%s", strcmp(d, "/") ? d : "", de->d_name);
+        rm_tree(p);
+    }
+    closedir(dd);
+}
+
 static int
-child_unpack(int in_fd, const char *dir, int pfd)
+child_unpack(int in_fd, const char *dir, const char *sweep, int pfd)
 {
     struct stat st;
+    if (sweep && *sweep)
+        sweep_leftovers(sweep);
+    sweep_leftovers(dir);
     if (mkdir_p(dir) != 0 || stat(dir, &st) != 0) {
         if (errno == ENOSPC || errno == EDQUOT)
             return disk_full(pfd, dir);
@@ -280,7 +331,7 @@ child_unpack(int in_fd, const char *dir, int pfd)
     /* Extracted into a new dir inside it first: an archive that fails half
      * way leaves the dir as it was.  Then its content goes (not other file
      * systems mounted under it) and the new entries move up. */
-    char tmp[] = ".sbx-restore-XXXXXX";
+    char tmp[] = RESTORE_PREFIX "XXXXXX";
     if (chdir(dir) != 0 || !mkdtemp(tmp) || chdir(tmp) != 0) {
         if (errno == ENOSPC || errno == EDQUOT)
             return disk_full(pfd, dir);
@@ -347,8 +398,6 @@ out:
     return 0;
 }
 
-/* Fork a child that enters the sandbox of pid and runs pack (in_fd < 0) or
- * unpack; wait for it and turn its report into the return code. */
 int
 sbx_backup_ns_open(pid_t pid, sbx_cgroups *cg, sbx_cgroup *c, struct sbx_backup_ns *ns,
                    sbx_err_t *err)
@@ -399,18 +448,22 @@ enum { CHILD_USERNS = 3, CHILD_MNTNS, CHILD_ROOT, CHILD_PIPE, CHILD_DATA, CHILD_
  * gate closed behind it).  So the child only joins the sandbox's cgroup,
  * sets its limits, moves its descriptors to 3..7 and execs the shard's own
  * binary (/proc/self/exe, the image that is running even if the file was
- * replaced) as `sbxd backup-child pack|unpack PID DIR [EXCLUDE…]`, everything
+ * replaced) as `sbxd backup-child pack PID DIR gitignore|- [EXCLUDE…]` or
+ * `sbxd backup-child unpack PID DIR SWEEP`, everything
  * it needs prepared before the fork.
  */
+/* Fork a child that enters the sandbox of ns and runs pack (in_fd < 0) or
+ * unpack; wait for it and turn its report into the return code. */
 static int
 run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes, size_t nex,
-          int out_fd, int in_fd, int64_t max_bytes, sbx_err_t *err)
+          bool gitignore, int out_fd, int in_fd, const char *sweep, int64_t max_bytes,
+          sbx_err_t *err)
 {
     int pp[2];
     if (nex > SBX_BACKUP_MAX_EXCLUDES)
         return sbx_err_make(err, SBX_E_VALIDATION, "at most %d excludes",
                             SBX_BACKUP_MAX_EXCLUDES);
-    const char *argv[SBX_BACKUP_MAX_EXCLUDES + 6];
+    const char *argv[SBX_BACKUP_MAX_EXCLUDES + 7];
     char parent[24];
     snprintf(parent, sizeof(parent), "%d", (int)getpid());
     size_t ac = 0;
@@ -419,6 +472,9 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
     argv[ac++] = in_fd < 0 ? "pack" : "unpack";
     argv[ac++] = parent;
     argv[ac++] = dir;
+    /* pack: "gitignore" or "-", then the excludes; unpack: the dir to sweep
+     * ("" for none) */
+    argv[ac++] = in_fd < 0 ? (gitignore ? "gitignore" : "-") : (sweep ? sweep : "");
     for (size_t i = 0; i < nex; i++)
         argv[ac++] = excludes[i];
     argv[ac] = NULL;
@@ -481,33 +537,36 @@ run_child(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes
 _Noreturn void
 sbx_backup_child_main(int argc, char **argv)
 {
-    /* argv: sbxd backup-child pack|unpack PID DIR [EXCLUDE…] (PID: the shard's) */
+    /* argv: sbxd backup-child pack PID DIR gitignore|- [EXCLUDE…]
+     *       sbxd backup-child unpack PID DIR SWEEP     (PID: the shard's) */
     int r = 1;
     char *end = NULL;
-    long parent = argc >= 5 ? strtol(argv[3], &end, 10) : 0;
-    if (argc < 5 || (strcmp(argv[2], "pack") != 0 && strcmp(argv[2], "unpack") != 0) ||
-        !end || *end || parent <= 0)
+    long parent = argc >= 6 ? strtol(argv[3], &end, 10) : 0;
+    bool pack = argc >= 6 && !strcmp(argv[2], "pack");
+    if (argc < 6 || (!pack && (strcmp(argv[2], "unpack") != 0 || argc != 6)) || !end || *end ||
+        parent <= 0)
         r = child_fail(CHILD_PIPE, SBX_E_INTERNAL, "backup-child: bad arguments");
     else if ((r = child_enter(CHILD_USERNS, CHILD_MNTNS, CHILD_ROOT, CHILD_PIPE,
                               (pid_t)parent)) == 0)
-        r = argv[2][0] == 'p'
-                ? child_pack(argv[4], argv + 5, (size_t)(argc - 5), CHILD_DATA, CHILD_PIPE)
-                : child_unpack(CHILD_DATA, argv[4], CHILD_PIPE);
+        r = pack ? child_pack(argv[4], argv + 6, (size_t)(argc - 6),
+                              !strcmp(argv[5], "gitignore"), CHILD_DATA, CHILD_PIPE)
+                 : child_unpack(CHILD_DATA, argv[4], argv[5], CHILD_PIPE);
     /* _exit: no atexit handlers (a leak check of what libarchive keeps). */
     _exit(r);
 }
 
 int
 sbx_backup_pack(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes, size_t nex,
-                int out_fd, int64_t max_bytes, sbx_err_t *err)
+                bool gitignore, int out_fd, int64_t max_bytes, sbx_err_t *err)
 {
-    return run_child(ns, dir, excludes, nex, out_fd, -1, max_bytes, err);
+    return run_child(ns, dir, excludes, nex, gitignore, out_fd, -1, NULL, max_bytes, err);
 }
 
 int
-sbx_backup_unpack(const struct sbx_backup_ns *ns, int in_fd, const char *dir, sbx_err_t *err)
+sbx_backup_unpack(const struct sbx_backup_ns *ns, int in_fd, const char *dir, const char *sweep,
+                  sbx_err_t *err)
 {
-    return run_child(ns, dir, NULL, 0, -1, in_fd, 0, err);
+    return run_child(ns, dir, NULL, 0, false, -1, in_fd, sweep, 0, err);
 }
 
 int
@@ -561,9 +620,9 @@ store_lock(const char *root)
 int
 sbx_backup_store_init(const char *root, sbx_err_t *err)
 {
-    const char *subs[] = {"", "/blobs", "/index", "/tmp"};
+    const char *subs[] = {"", "/blobs", "/index", "/tmp", "/restoring"};
     char p[4200];
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
         snprintf(p, sizeof(p), "%s%s", root, subs[i]);
         if (mkdir(p, 0700) != 0 && errno != EEXIST)
             return sbx_err_make(err, -errno, "mkdir %s", p);
@@ -765,6 +824,37 @@ scan(const char *root, struct sbx_backup_info **out, size_t *n)
     return 0;
 }
 
+/* fsync(2) the file or directory at path.  0 or -errno. */
+static int
+sync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = fsync(fd) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+/* Write text to path (new, mode 0600) and fsync it.  0 or -errno. */
+static int
+write_synced(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    int rc = sbx_write_full(fd, text, strlen(text));
+    if (rc == 0 && fsync(fd) != 0)
+        rc = -errno;
+    close(fd);
+    return rc;
+}
+
+/* Durability (docs/persistence.md, "The store"): each file is fsynced
+ * before its rename and its directory after it (rename(2) alone orders
+ * nothing against a power cut), blob before entry, so an acknowledged
+ * create's entry and blob are both on disk and an entry never names a
+ * blob that a crash lost. */
 int
 sbx_backup_store_add(const char *root, const char *tmp_path, struct sbx_backup_info *info,
                      sbx_err_t *err)
@@ -775,25 +865,41 @@ sbx_backup_store_add(const char *root, const char *tmp_path, struct sbx_backup_i
     if (lk < 0)
         return sbx_err_make(err, SBX_E_STORAGE, "lock the backup store: %s", strerror(-lk));
     scan(root, NULL, NULL);
-    char bp[4200], ip[4200], tp[4200];
+    char bp[4200], ip[4200], tp[4200], dp[4200];
+    int rc;
     blob_path(root, info->digest, bp, sizeof(bp));
-    if (access(bp, F_OK) == 0)
+    /* An existing blob was synced by the create that stored it. */
+    if (access(bp, F_OK) == 0) {
         unlink(tmp_path);
-    else if (rename(tmp_path, bp) != 0)
-        return sbx_err_make(err, SBX_E_STORAGE, "store the archive: %s", strerror(errno));
-    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:I,s:I,s:I}", "id", info->id, "name", info->name,
-                          "sandbox", info->sandbox, "dir", info->dir, "digest", info->digest,
-                          "size", (json_int_t)info->size, "created",
-                          (json_int_t)info->created_ms, "expires", (json_int_t)info->expires_ms);
+    } else {
+        snprintf(dp, sizeof(dp), "%s/blobs", root);
+        if ((rc = sync_path(tmp_path)) != 0 || (rc = rename(tmp_path, bp) != 0 ? -errno : 0) ||
+            (rc = sync_path(dp)) != 0)
+            return sbx_err_make(err, SBX_E_STORAGE, "store the archive: %s", strerror(-rc));
+    }
+    _cleanup_free_ char *text = sbx_backup_info_json(info);
     snprintf(tp, sizeof(tp), "%s/tmp/%s.json", root, info->id);
     snprintf(ip, sizeof(ip), "%s/index/%s.json", root, info->id);
-    int rc = j ? json_dump_file(j, tp, JSON_COMPACT) : -1;
-    json_decref(j);
-    if (rc != 0 || rename(tp, ip) != 0) {
+    snprintf(dp, sizeof(dp), "%s/index", root);
+    rc = text ? write_synced(tp, text) : -ENOMEM;
+    if (rc == 0 && rename(tp, ip) != 0)
+        rc = -errno;
+    if (rc != 0) {
         unlink(tp);
         if (!blob_used(root, info->id, info->digest))
             unlink(bp);
-        return sbx_err_make(err, SBX_E_STORAGE, "write the backup's index entry");
+        return sbx_err_make(err, SBX_E_STORAGE, "write the backup's index entry: %s",
+                            strerror(-rc));
+    }
+    /* The entry is in place; only its directory's sync can still fail, and
+     * an answer of failure then would leave a backup the caller never
+     * heard of: the entry is taken back. */
+    if ((rc = sync_path(dp)) != 0) {
+        unlink(ip);
+        if (!blob_used(root, info->id, info->digest))
+            unlink(bp);
+        return sbx_err_make(err, SBX_E_STORAGE, "sync the backup store's index: %s",
+                            strerror(-rc));
     }
     return 0;
 }
@@ -853,4 +959,47 @@ sbx_backup_store_delete(const char *root, const char *id, sbx_err_t *err)
     if (rc != 0)
         return sbx_err_make(err, SBX_E_STORAGE, "delete backup '%s': %s", id, strerror(-rc));
     return 0;
+}
+
+/* The note of sandbox's restore in root/restoring/, into p; false if the
+ * ID is unfit for a file name. */
+static bool
+restore_note(const char *root, const char *sandbox, char *p, size_t plen)
+{
+    if (!sandbox[0] || sandbox[0] == '.' || strchr(sandbox, '/'))
+        return false;
+    snprintf(p, plen, "%s/restoring/%s", root, sandbox);
+    return true;
+}
+
+int
+sbx_backup_restore_begin(const char *root, const char *sandbox, const char *dir, char *prev,
+                         size_t prevlen)
+{
+    char p[4200];
+    prev[0] = '\0';
+    if (!restore_note(root, sandbox, p, sizeof(p)))
+        return 0;
+    char *text = NULL;
+    size_t len = 0;
+    if (sbx_fs_read(p, 8192, &text, &len) == 0 && len < prevlen && text[0] == '/' &&
+        !memchr(text, '\0', len)) {
+        memcpy(prev, text, len);
+        prev[len] = '\0';
+    }
+    free(text);
+    /* Written whole (mkdir of restoring/ for a store made before it). */
+    char d[4200];
+    snprintf(d, sizeof(d), "%s/restoring", root);
+    if (mkdir(d, 0700) != 0 && errno != EEXIST)
+        return -errno;
+    return write_synced(p, dir);
+}
+
+void
+sbx_backup_restore_end(const char *root, const char *sandbox)
+{
+    char p[4200];
+    if (restore_note(root, sandbox, p, sizeof(p)))
+        unlink(p);
 }

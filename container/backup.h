@@ -20,6 +20,8 @@
  *        <root>/tmp/                  archives being written (a file untouched
  *                                     for an hour is collected with expired
  *                                     backups: its shard died mid-create)
+ *        <root>/restoring/<sandbox>   the dir of a restore under way (its
+ *                                     leftovers are swept if it never ends)
  *        <root>/lock                  flock(2): shards of one node share it
  *    Index files are written whole and renamed into place; a blob is shared
  *    by the backups of the same content and deleted with the last of them.
@@ -27,6 +29,7 @@
 #ifndef SBX_CONTAINER_BACKUP_H
 #define SBX_CONTAINER_BACKUP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -58,7 +61,9 @@ void sbx_backup_ns_close(struct sbx_backup_ns *ns);
 
 /*
  * sbx_backup_child_main — the program of a pack's or unpack's child, run as
- * `sbxd backup-child pack|unpack PID DIR [EXCLUDE…]` by sbx_backup_pack and
+ * `sbxd backup-child pack PID DIR gitignore|- [EXCLUDE…]` (gitignore: the
+ * pack's gitignore) or `sbxd backup-child unpack PID DIR SWEEP` (SWEEP: the
+ * unpack's sweep, "" for none) by sbx_backup_pack and
  * sbx_backup_unpack only (not a command for people; PID is the shard's,
  * whose death ends the child: prctl(2) PR_SET_PDEATHSIG, armed again after
  * the child's credentials change in the sandbox): descriptors 3, 4 and 5
@@ -79,12 +84,14 @@ _Noreturn void sbx_backup_child_main(int argc, char **argv);
  * `ns`) as a zstd-compressed pax tar to `out_fd` (the
  * caller's; written from its current offset).  Symbolic links are stored as
  * links, other mounts under dir are not entered, `excludes` (nex patterns,
- * libarchive's archive_match patterns, as tar --exclude) are left out.
+ * libarchive's archive_match patterns, as tar --exclude) are left out, and
+ * with `gitignore` so is what git's ignore files would ignore
+ * (backup_ignore.h says which files and what is not done).
  * Errors: FILE_NOT_FOUND / NOT_DIRECTORY for dir, BACKUP_TOO_LARGE past
  * `max_bytes`, INTERNAL_ERROR otherwise (message in *err).
  */
 int sbx_backup_pack(const struct sbx_backup_ns *ns, const char *dir, char *const *excludes,
-                    size_t nex, int out_fd, int64_t max_bytes, sbx_err_t *err);
+                    size_t nex, bool gitignore, int out_fd, int64_t max_bytes, sbx_err_t *err);
 
 /*
  * sbx_backup_unpack — replace the content of `dir` (absolute in the sandbox
@@ -92,10 +99,28 @@ int sbx_backup_pack(const struct sbx_backup_ns *ns, const char *dir, char *const
  * read from `in_fd` (the caller's, read from its current offset).  Entries
  * with absolute paths, `..` or a path through a symbolic link are refused
  * (ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS | _NODOTDOT | _SYMLINKS), and the
- * child's root is the sandbox's anyway.  Errors: NOT_DIRECTORY,
+ * child's root is the sandbox's anyway.  First the directories named like
+ * a restore's extraction directory (`.sbx-restore-` + 6 characters)
+ * directly in `dir` and in `sweep` (absolute in the sandbox; NULL or ""
+ * for none: sbx_backup_restore_begin's prev) are removed: what restores
+ * cut short by their shard's death left.  Errors: NOT_DIRECTORY,
  * FILESYSTEM_ERROR (message in *err).
  */
-int sbx_backup_unpack(const struct sbx_backup_ns *ns, int in_fd, const char *dir, sbx_err_t *err);
+int sbx_backup_unpack(const struct sbx_backup_ns *ns, int in_fd, const char *dir,
+                      const char *sweep, sbx_err_t *err);
+
+/*
+ * sbx_backup_restore_begin — note in the store (root/restoring/<sandbox>,
+ * written and fsynced) that a restore into `dir` (absolute in sandbox
+ * `sandbox`) is under way; in prev (prevlen bytes, "" if none) the dir of
+ * the sandbox's previous note, which only a restore that never ended (its
+ * shard was killed) leaves: pass it to sbx_backup_unpack's sweep.  A
+ * sandbox ID unfit for a file name notes nothing.  0 or -errno.
+ * sbx_backup_restore_end removes the note (the restore ended, either way).
+ */
+int sbx_backup_restore_begin(const char *root, const char *sandbox, const char *dir, char *prev,
+                             size_t prevlen);
+void sbx_backup_restore_end(const char *root, const char *sandbox);
 
 /* sbx_backup_digest — "sha256:<hex>" of the file at fd from offset 0 into
  * out (≥ 72 bytes) and its size in *size.  Returns 0 or -errno. */

@@ -292,6 +292,7 @@ static const struct sbx_arg args_backup_create[] = {
     {"name", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 255u, NULL, "a string", NULL, 0},
     {"ttl", SBX_ARG_INT, false, true, true, 1.0, 31536000.0, 0u, NULL, "an integer", "s", 0},
     {"excludes", SBX_ARG_ARRAY, false, false, false, 0, 0, 256u, NULL, "an array", NULL, 0},
+    {"gitignore", SBX_ARG_BOOL, false, false, false, 0, 0, 0u, NULL, "a boolean", NULL, 0},
 };
 static const struct sbx_arg args_backup_restore[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 64u, NULL, "a string", NULL, 0},
@@ -915,7 +916,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "archive a directory of the sandbox into the node's backup store (the SDK's createBackup)",
      .http = NULL,
      .args = args_backup_create,
-     .nargs = 4},
+     .nargs = 5},
     {.name = "backup.restore",
      .id = SBX_OPID_BACKUP_RESTORE,
      .flags = SBX_OP_SANDBOX | SBX_OP_MUTATES,

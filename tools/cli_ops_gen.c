@@ -737,6 +737,10 @@ static const struct cli_arg args_backup_create[] = {
      "an array", NULL, NULL,
      "paths left out",
      "VALIDATION_FAILED"},
+    {"gitignore", CLI_K_BOOL, false, false, false, 0, 0, 0u, NULL,
+     "a boolean", NULL, "false",
+     "true: also leave out what git would ignore: the .gitignore files of dir's tree and of its parents up to the repository's top (the nearest directory above with a .git directory; dir itself if none) and that repository's .git/info/exclude, read by sbx's own matcher of gitignore(5) (git is not run in the sandbox); not core.excludesFile, not the index (a tracked file that matches is left out too). .git itself is kept",
+     "VALIDATION_FAILED"},
 };
 static const struct cli_arg args_backup_restore[] = {
     {"id", CLI_K_STR, true, false, false, 0, 0, 64u, NULL,
@@ -964,7 +968,7 @@ const struct cli_op cli_ops[] = {
     {"template.build", "build an image from another plus commands run in a sandbox of it (E2B's templates)",
      "template build", "name", false, args_template_build, 4},
     {"backup.create", "archive a directory of the sandbox into the node's backup store (the SDK's createBackup)",
-     "backup create", "sandbox dir", true, args_backup_create, 4},
+     "backup create", "sandbox dir", true, args_backup_create, 5},
     {"backup.restore", "replace a directory of the sandbox with a backup's content (the SDK's restoreBackup)",
      "backup restore", "sandbox id dir", true, args_backup_restore, 2},
     {"backup.list", "the backups of the node's store (expired ones are removed first)",

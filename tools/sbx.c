@@ -904,16 +904,19 @@ v_key(struct gopts *g, int argc, char **argv)
     return EXIT_USAGE;
 }
 
-/* sbx backup create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]… |
+/* sbx backup create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]… [--gitignore] |
  * restore ID BACKUP DIR | list | delete BACKUP (docs/persistence.md, "Backups") */
 static int
 v_backup(struct gopts *g, int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[0], "create")) {
-        bool ok = true;
+        bool ok = true, gitignore = false;
         int nex = 0;
         for (int i = 3; ok && i < argc; i += 2) {
-            if (i + 1 >= argc)
+            if (!strcmp(argv[i], "--gitignore")) {
+                gitignore = true;
+                i--; /* a flag: no value */
+            } else if (i + 1 >= argc)
                 ok = false;
             else if (!strcmp(argv[i], "--exclude"))
                 nex++;
@@ -923,16 +926,22 @@ v_backup(struct gopts *g, int argc, char **argv)
         if (ok) {
             sbx_args *a = sbx_args_new();
             sbx_args_kstr(a, "dir", argv[2]);
-            for (int i = 3; i + 1 < argc; i += 2) {
-                if (!strcmp(argv[i], "--name"))
+            for (int i = 3; i < argc; i += 2) {
+                if (!strcmp(argv[i], "--gitignore"))
+                    i--;
+                else if (!strcmp(argv[i], "--name"))
                     sbx_args_kstr(a, "name", argv[i + 1]);
                 else if (!strcmp(argv[i], "--ttl"))
                     sbx_args_kint(a, "ttl", strtoll(argv[i + 1], NULL, 10));
             }
+            if (gitignore)
+                sbx_args_kbool(a, "gitignore", true);
             if (nex) {
                 sbx_args_karray(a, "excludes");
-                for (int i = 3; i + 1 < argc; i += 2)
-                    if (!strcmp(argv[i], "--exclude"))
+                for (int i = 3; i < argc; i += 2)
+                    if (!strcmp(argv[i], "--gitignore"))
+                        i--;
+                    else if (!strcmp(argv[i], "--exclude"))
                         sbx_args_str(a, argv[i + 1]);
                 sbx_args_end(a);
             }
@@ -951,7 +960,7 @@ v_backup(struct gopts *g, int argc, char **argv)
         return cli_call_enc(g, "backup.delete", NULL, a, NULL);
     }
     fprintf(stderr, "usage: sbx backup (create ID DIR [--name N] [--ttl SECONDS] [--exclude "
-                    "PATTERN]... | restore ID BACKUP DIR | list | delete BACKUP)\n");
+                    "PATTERN]... [--gitignore] | restore ID BACKUP DIR | list | delete BACKUP)\n");
     return EXIT_USAGE;
 }
 
@@ -1034,8 +1043,8 @@ static const struct verb verbs[] = {
      "the node's image store (docs/images.md): PATH is on the server's machine"},
     {"template", v_template, "build NAME --from REF --run 'CMD' [--run 'CMD' …]",
      "bake build steps into a new image (docs/images.md, Templates)"},
-    {"backup", v_backup, "(create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]... | "
-                         "restore ID BACKUP DIR | list | delete BACKUP)",
+    {"backup", v_backup, "(create ID DIR [--name N] [--ttl SECONDS] [--exclude PATTERN]... "
+                         "[--gitignore] | restore ID BACKUP DIR | list | delete BACKUP)",
      "backups of a sandbox's directory in the node's store (docs/persistence.md, Backups)"},
     {"fork", v_fork, "FROM ID...", NULL},
     {"tenant", v_tenant, "((create|set) NAME [--max-sandboxes N] [--creates-per-second N] "

@@ -1768,6 +1768,8 @@ class BackupCreateArgs(_BackupCreateArgsRequired, total=False):
     """seconds until it expires (default 3 days) (seconds) [1 … 31536000; default 259200]"""
     excludes: List[str]
     """paths left out"""
+    gitignore: bool
+    """true: also leave out what git would ignore: the .gitignore files of dir's tree and of its parents up to the repository's top (the nearest directory above with a .git directory; dir itself if none) and that repository's .git/info/exclude, read by sbx's own matcher of gitignore(5) (git is not run in the sandbox); not core.excludesFile, not the index (a tracked file that matches is left out too). .git itself is kept [default false]"""
 
 
 class BackupCreateResult(TypedDict):

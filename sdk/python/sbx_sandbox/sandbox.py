@@ -686,11 +686,16 @@ class _Ops:
             "port": int(port), "hostname": hostname, "token": token, "name": name}))
 
     def create_backup(self, dir: str, name: Optional[str] = None, ttl: Optional[int] = None,
-                      excludes: Optional[List[str]] = None) -> Dict[str, Any]:
+                      excludes: Optional[List[str]] = None,
+                      gitignore: Optional[bool] = None) -> Dict[str, Any]:
         """``backup.create`` (createBackup): archive ``dir`` (absolute) into the
-        node's store; ``ttl`` in seconds (default 3 days).  Returns ``{"id",
+        node's store; ``ttl`` in seconds (default 3 days); ``excludes``
+        (patterns as tar's --exclude); ``gitignore=True`` also leaves out what
+        the tree's .gitignore files and .git/info/exclude ignore
+        (docs/persistence.md, "Backups").  Returns ``{"id",
         "dir", "size", "digest"}``.  Raises FileNotFound, BackupTooLarge."""
-        r = self._call("backup.create", {"dir": dir, "name": name, "ttl": ttl, "excludes": excludes})
+        r = self._call("backup.create", {"dir": dir, "name": name, "ttl": ttl, "excludes": excludes,
+                                             "gitignore": gitignore})
         return {"id": r["id"], "dir": dir, "size": r["size"], "digest": r["digest"]}
 
     def restore_backup(self, backup: Dict[str, Any], dir: Optional[str] = None) -> Dict[str, Any]:

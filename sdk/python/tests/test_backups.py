@@ -3,7 +3,9 @@
 backup's own dir, and a dir named at restore), identical content there;
 ``list_backups`` shows it; ``delete_backup`` removes it, after which a
 restore raises BackupNotFound; a dir outside the sandbox's paths is
-ValidationFailed and a missing one FileNotFound.
+ValidationFailed and a missing one FileNotFound.  With ``gitignore=True``
+what the tree's .gitignore names is left out (a non-boolean is
+ValidationFailed).
 """
 
 import pytest
@@ -35,6 +37,14 @@ def test_backup_restore_list_delete(client):
 
         listed = [x for x in client.list_backups() if x["id"] == bk["id"]]
         assert len(listed) == 1 and listed[0]["name"] == "py" and listed[0]["digest"] == bk["digest"]
+
+        a.exec("printf '*.bin\\n' > /workspace/bk/.gitignore")
+        gi = a.create_backup("/workspace/bk", gitignore=True)
+        b.restore_backup(gi, dir="/tmp/gi")
+        assert b.exec("cd /tmp/gi && ls -A").stdout == ".gitignore\nlink\nsrc\n"
+        with pytest.raises(errors.ValidationFailed):
+            a.create_backup("/workspace/bk", gitignore="yes")
+        client.delete_backup(gi["id"])
 
         client.delete_backup(bk["id"])
         with pytest.raises(errors.BackupNotFound):

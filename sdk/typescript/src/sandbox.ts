@@ -188,15 +188,17 @@ export class SandboxOperations extends SandboxFiles {
    * createBackup). Starts the container if needed.
    *
    * @param options - `dir` (absolute in the sandbox), `name`, `ttl` (seconds, default 3 days),
-   *   `excludes` (patterns as tar's --exclude).
+   *   `excludes` (patterns as tar's --exclude), `gitignore` (true: also leave out what the tree's
+   *   .gitignore files and .git/info/exclude ignore; docs/persistence.md "Backups").
    * @returns the backup: `{id, dir, size (bytes, compressed), digest}`; pass it to {@link restoreBackup}.
    * @throws FILE_NOT_FOUND / NOT_DIRECTORY for `dir`, BACKUP_TOO_LARGE, VALIDATION_FAILED (a relative dir or `..`).
    */
-  async createBackup(options: { dir: string; name?: string; ttl?: number; excludes?: string[] }): Promise<{ id: string; dir: string; size: number; digest: string }> {
+  async createBackup(options: { dir: string; name?: string; ttl?: number; excludes?: string[]; gitignore?: boolean }): Promise<{ id: string; dir: string; size: number; digest: string }> {
     const args: Record<string, unknown> = { dir: options.dir };
     if (options.name !== undefined) args.name = options.name;
     if (options.ttl !== undefined) args.ttl = options.ttl;
     if (options.excludes !== undefined) args.excludes = options.excludes;
+    if (options.gitignore !== undefined) args.gitignore = options.gitignore;
     const r = await this.call<{ id: string; size: number; digest: string }>('backup.create', args);
     return { id: r.id, dir: options.dir, size: r.size, digest: r.digest };
   }

@@ -3,7 +3,8 @@
 // named at restore) with identical content there; client.listBackups shows
 // it; client.deleteBackup removes it, after which a restore rejects with
 // BackupNotFoundError; a dir outside the sandbox's paths is
-// ValidationFailedError.
+// ValidationFailedError.  With `gitignore: true` what the tree's .gitignore
+// names is left out (a non-boolean is ValidationFailedError).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
@@ -37,6 +38,13 @@ describe('backups', () => {
     assert.equal(listed.length, 1);
     assert.equal(listed[0].name, 'ts');
     assert.equal(listed[0].digest, bk.digest);
+
+    await a.exec("printf '*.bin\\n' > /workspace/bk/.gitignore");
+    const gi = await a.createBackup({ dir: '/workspace/bk', gitignore: true });
+    await b.restoreBackup(gi, { dir: '/tmp/gi' });
+    assert.equal((await b.exec('cd /tmp/gi && ls -A')).stdout, '.gitignore\nlink\nsrc\n');
+    await assert.rejects(a.createBackup({ dir: '/workspace/bk', gitignore: 'yes' }), ValidationFailedError);
+    await ctx.client.deleteBackup(gi.id);
 
     await ctx.client.deleteBackup(bk.id);
     await assert.rejects(b.restoreBackup(bk), BackupNotFoundError);
