@@ -197,8 +197,9 @@ gw_tenant_gate(struct gctx *g, const struct sbx_req *req, const msgpack_object *
         }
         /* A fork creates each of its `ids`: they count against the quotas
          * like any creation (a fork is no way around maxSandboxes).  Those
-         * admitted before one is refused stay counted until the registry's
-         * next snapshot (≤ 1 s), which shows they were never made. */
+         * admitted before one is refused stay counted until a snapshot of
+         * the registry started RECENT_GRACE_MS after them (1.5-2.5 s) shows
+         * they were never made. */
         const msgpack_object *fids = NULL;
         if (def->id == SBX_OPID_SANDBOX_FORK &&
             sbx_wire_get_array(req->args, "ids", &fids) == 0) {

@@ -412,8 +412,9 @@ tenant_refresh(sbx_tenants *t, struct sys_conn *c)
      * here before the shard creates it: with only "after it started" kept,
      * one admitted just before a refresh counted nowhere, and a tenant at
      * maxSandboxes 2 got a third — test_tenants, revocation_and_quotas).
-     * Those go RECENT_GRACE_MS after their admission: a creation that failed
-     * or was destroyed since counts that long (a refusal errs that way). */
+     * Those go RECENT_GRACE_MS (a refresh and a half) after their
+     * admission: a creation that failed or was destroyed since counts that
+     * long (a refusal errs that way). */
     size_t kept = 0;
     int64_t now = sbx_mono_ms();
     for (size_t i = 0; i < t->nrecent; i++) {

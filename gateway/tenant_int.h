@@ -17,7 +17,7 @@
 #define REFRESH_MS 1000      /* the snapshot's period: revocation within 2 s */
 #define CALL_TIMEOUT_MS 8000 /* one call of the refresh thread or an admin op */
 #define RECENT_MAX 4096      /* creations remembered between two snapshots */
-#define RECENT_GRACE_MS 5000 /* how long an admitted creation missing from the
+#define RECENT_GRACE_MS 1500 /* how long an admitted creation missing from the
                                * snapshots still counts (tenant.c, refresh) */
 #define SYS_PREFIX "sbx--"
 #define KEYID_HEX 32         /* hex digits of a key's id: 16 bytes of its SHA-256 */
