@@ -80,8 +80,8 @@ struct agent_cfg {
     int run_ngroups;         /* User's in the image's /etc/group, mapped by the shard) */
     /* Set-up only (setup.c, closed by agent_setup): O_PATH descriptors of
      * the directories of the writable tmpfs that become /run and /dev/shm,
-     * or -1 where each is a tmpfs of its own (a workspace of the sandbox's
-     * own: its file system is kept, these are not). */
+     * or -1 where each is a tmpfs of its own (an image sandbox with a
+     * workspace of its own: that file system is kept, these are not). */
     int run_fd;
     int shm_fd;
 };

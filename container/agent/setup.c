@@ -591,8 +591,7 @@ out:
 }
 
 /*
- * The writable tmpfs of a sandbox without a workspace of its own (!cfg->ws),
- * and its root in it.  One tmpfs of the sandbox's disk quota (size=,
+ * The writable tmpfs of a sandbox, and its root in it.  One tmpfs of the sandbox's disk quota (size=,
  * nr_inodes=) holds /workspace, /tmp, /home, /run and /dev/shm (directories
  * bound where they go: setup_rw, setup_dev) and, in a directory of its own,
  * the root's files (the mount points, /etc's generated files, /dev's
@@ -604,14 +603,20 @@ out:
  * where every later step builds on it; after pivot_root it is made
  * read-only, as the root tmpfs it replaces was.  The tmpfs's top level is
  * reachable from the sandbox only through those binds.
+ *
+ * With a workspace of the sandbox's own (cfg->ws), /workspace, /tmp and
+ * /home are on it (setup_rw) and the tmpfs holds the root, /run and
+ * /dev/shm only, of their former sizes together (1 MiB + 32 MiB +
+ * shm_size): that file system is kept across restarts, these are not.
  */
 static int
 setup_rw_root(struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     char opts[96];
-    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
-             (unsigned long long)cfg->rw_size, (unsigned long long)cfg->rw_inodes);
+    uint64_t size = cfg->ws ? (33ull << 20) + cfg->shm_size : cfg->rw_size;
+    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755", (unsigned long long)size,
+             (unsigned long long)cfg->rw_inodes);
     STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
          "mount the writable tmpfs");
     STEP(mkdir(NEWROOT "/.root", 0755) == 0, "mkdir the root's directory");
@@ -621,7 +626,7 @@ setup_rw_root(struct agent_cfg *cfg, sbx_err_t *err)
         const char *name;
         mode_t mode;
     } rw[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}};
-    for (size_t i = 0; i < SBX_ARRAY_LEN(rw); i++) {
+    for (size_t i = 0; !cfg->ws && i < SBX_ARRAY_LEN(rw); i++) {
         char src[64], dst[64];
         snprintf(src, sizeof(src), NEWROOT "/%s", rw[i].name);
         snprintf(dst, sizeof(dst), NEWROOT "/.root/%s", rw[i].name);
@@ -629,8 +634,10 @@ setup_rw_root(struct agent_cfg *cfg, sbx_err_t *err)
         STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
         STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
     }
-    STEP(mkdir(NEWROOT "/home/root", 0700) == 0, "mkdir /home/root");
-    STEP(symlink("home/root", NEWROOT "/.root/root") == 0, "link /root");
+    if (!cfg->ws) {
+        STEP(mkdir(NEWROOT "/home/root", 0700) == 0, "mkdir /home/root");
+        STEP(symlink("home/root", NEWROOT "/.root/root") == 0, "link /root");
+    }
     cfg->run_fd = rw_dir_open(NEWROOT "/run", 0755);
     STEP(cfg->run_fd >= 0, "mkdir the writable tmpfs's run");
     cfg->shm_fd = rw_dir_open(NEWROOT "/shm", 01777);
@@ -1012,21 +1019,15 @@ agent_setup(struct agent_cfg *cfg, sbx_err_t *err)
                                      : -1;
 
     /* 3. The new root: a directory of the writable tmpfs (setup_rw_root),
-     *    read-only once built; with a workspace of the sandbox's own, whose
-     *    file system is kept, a small tmpfs of its own; or for an image
-     *    sandbox, the image's overlay (setup_image_root). */
+     *    read-only once built; or for an image sandbox, the image's overlay
+     *    (setup_image_root). */
     if (cfg->nlayers > 0) {
         if ((rc = setup_image_root(cfg, err)) != 0)
             goto out;
         goto common;
     }
-    if (!cfg->ws) {
-        if ((rc = setup_rw_root(cfg, err)) != 0)
-            goto out;
-    } else {
-        STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") == 0,
-             "mount the root tmpfs");
-    }
+    if ((rc = setup_rw_root(cfg, err)) != 0)
+        goto out;
     STEP(mkdir(NEWROOT "/usr", 0755) == 0, "mkdir /usr");
     rc = bind_ro("/usr", NEWROOT "/usr", true);
     if (rc) {
