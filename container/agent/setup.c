@@ -358,8 +358,8 @@ mirror_toplevel(const char *name)
  * Mount at dst one of the sandbox's writable places besides /workspace,
  * /tmp and /home (/run, /dev/shm): the directory of the writable tmpfs that
  * *fd holds (an O_PATH descriptor; closed here and set to -1), bound with
- * attr (MOUNT_ATTR_*); or, when *fd < 0 (a workspace of the sandbox's own),
- * a tmpfs of its own with flags and opts.  A bind shares the writable
+ * attr (MOUNT_ATTR_*); or, when *fd < 0 (an image sandbox with a workspace
+ * of its own), a tmpfs of its own with flags and opts.  A bind shares the writable
  * tmpfs's superblock and quota instead of adding one of each: every
  * superblock costs each memory cgroup on the host a slot in its shrinker
  * map (docs/benchmarks.md, "Density").  0 or -errno.
@@ -591,9 +591,10 @@ out:
 }
 
 /*
- * The writable tmpfs of a sandbox, and its root in it.  One tmpfs of the sandbox's disk quota (size=,
- * nr_inodes=) holds /workspace, /tmp, /home, /run and /dev/shm (directories
- * bound where they go: setup_rw, setup_dev) and, in a directory of its own,
+ * The writable tmpfs of a host-/usr sandbox, and its root in it.  One tmpfs
+ * of the sandbox's disk quota (size=, nr_inodes=) holds /workspace, /tmp,
+ * /home, /run and /dev/shm (directories bound where they go: here,
+ * setup_rw, setup_dev) and, in a directory of its own,
  * the root's files (the mount points, /etc's generated files, /dev's
  * nodes): one superblock instead of four (the root, the writable tmpfs,
  * /run and /dev/shm each had one), as every superblock costs each memory
