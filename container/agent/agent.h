@@ -48,7 +48,7 @@ struct agent_cfg {
     bool unshare_cgroupns;   /* cgroup v1: the parent attached us, now unshare */
     uint64_t rw_size;        /* bytes: /workspace + /tmp + /home share one tmpfs */
     uint64_t rw_inodes;
-    uint64_t shm_size;       /* bytes of /dev/shm */
+    uint64_t shm_size;       /* bytes of /dev/shm, when it is a tmpfs of its own (setup.c) */
     char **etc;              /* NULL-terminated names under /etc to bind read-only */
     struct {
         char *p;             /* a seccomp program (struct sock_filter[]) */
@@ -78,6 +78,12 @@ struct agent_cfg {
     uint32_t run_gid;        /* everything it starts run as these ids (0:0: root) */
     uint32_t run_groups[8];  /* … with these supplementary groups besides run_gid (the */
     int run_ngroups;         /* User's in the image's /etc/group, mapped by the shard) */
+    /* Set-up only (setup.c, closed by agent_setup): O_PATH descriptors of
+     * the directories of the writable tmpfs that become /run and /dev/shm,
+     * or -1 where each is a tmpfs of its own (an image sandbox with a
+     * workspace of its own: that file system is kept, these are not). */
+    int run_fd;
+    int shm_fd;
 };
 
 /* setup.c: build the sandbox; 0 or -errno with *err "<failing step>: <strerror>"

@@ -84,6 +84,7 @@ agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root)
     const msgpack_object *o;
 
     memset(cfg, 0, sizeof(*cfg));
+    cfg->run_fd = cfg->shm_fd = -1;
     snprintf(cfg->hostname, sizeof(cfg->hostname), "sandbox");
     if (sbx_wire_get_str(root, "hostname", &s) == 0 && s.n > 0 && s.n < sizeof(cfg->hostname))
         sbx_str_copy(s, cfg->hostname, sizeof(cfg->hostname));
@@ -353,6 +354,39 @@ mirror_toplevel(const char *name)
     return bind_ro(host, dst, false);
 }
 
+/*
+ * Mount at dst one of the sandbox's writable places besides /workspace,
+ * /tmp and /home (/run, /dev/shm): the directory of the writable tmpfs that
+ * *fd holds (an O_PATH descriptor; closed here and set to -1), bound with
+ * attr (MOUNT_ATTR_*); or, when *fd < 0 (an image sandbox with a workspace
+ * of its own), a tmpfs of its own with flags and opts.  A bind shares the writable
+ * tmpfs's superblock and quota instead of adding one of each: every
+ * superblock costs each memory cgroup on the host a slot in its shrinker
+ * map (docs/benchmarks.md, "Density").  0 or -errno.
+ */
+static int
+mount_rw_dir(int *fd, const char *dst, uint64_t attr, unsigned long flags, const char *opts)
+{
+    if (*fd < 0)
+        return mount("tmpfs", dst, "tmpfs", flags, opts) == 0 ? 0 : -errno;
+    char src[32];
+    snprintf(src, sizeof(src), "/proc/self/fd/%d", *fd);
+    int rc = mount(src, dst, NULL, MS_BIND, NULL) == 0 ? 0 : -errno;
+    close(*fd);
+    *fd = -1;
+    return rc ? rc : set_attr(dst, attr, false);
+}
+
+/* An O_PATH descriptor of path, a directory made here with mode (for
+ * mount_rw_dir); -1 with errno set on failure. */
+static int
+rw_dir_open(const char *path, mode_t mode)
+{
+    if (mkdir_ok(path, mode) < 0 || chmod(path, mode) < 0)
+        return -1;
+    return open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+}
+
 /* ------------------------------------------------------------------------------ */
 
 /* The resolver of an egress sandbox: an address of its shard's router
@@ -427,7 +461,7 @@ out:
 }
 
 static int
-setup_dev(const struct agent_cfg *cfg, sbx_err_t *err)
+setup_dev(struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
     char opts[64];
@@ -464,8 +498,12 @@ setup_dev(const struct agent_cfg *cfg, sbx_err_t *err)
     STEP(symlink("pts/ptmx", NEWROOT "/dev/ptmx") == 0, "link /dev/ptmx");
     STEP(mkdir_ok(NEWROOT "/dev/shm", 01777) == 0, "mkdir /dev/shm");
     snprintf(opts, sizeof(opts), "size=%llu,mode=1777", (unsigned long long)cfg->shm_size);
-    STEP(mount("tmpfs", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
-         "mount /dev/shm");
+    rc = mount_rw_dir(&cfg->shm_fd, NEWROOT "/dev/shm", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                      MS_NOSUID | MS_NODEV, opts);
+    if (rc) {
+        errno = -rc;
+        STEP(0, "mount /dev/shm");
+    }
     STEP(mkdir_ok(NEWROOT "/dev/mqueue", 0755) == 0, "mkdir /dev/mqueue");
     /* POSIX message queues of our IPC namespace (best effort: optional fs). */
     if (mount("mqueue", NEWROOT "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC,
@@ -552,25 +590,79 @@ out:
     return rc;
 }
 
+/*
+ * The writable tmpfs of a host-/usr sandbox, and its root in it.  One tmpfs
+ * of the sandbox's disk quota (size=, nr_inodes=) holds /workspace, /tmp,
+ * /home, /run and /dev/shm (directories bound where they go: here,
+ * setup_rw, setup_dev) and, in a directory of its own,
+ * the root's files (the mount points, /etc's generated files, /dev's
+ * nodes): one superblock instead of four (the root, the writable tmpfs,
+ * /run and /dev/shm each had one), as every superblock costs each memory
+ * cgroup on the host a slot in its shrinker map (docs/benchmarks.md,
+ * "Density").  The root's directory is bound on itself, the binds of
+ * /workspace, /tmp and /home are made in it, and it is moved onto NEWROOT,
+ * where every later step builds on it; after pivot_root it is made
+ * read-only, as the root tmpfs it replaces was.  The tmpfs's top level is
+ * reachable from the sandbox only through those binds.
+ *
+ * With a workspace of the sandbox's own (cfg->ws), /workspace, /tmp and
+ * /home are on it (setup_rw) and the tmpfs holds the root, /run and
+ * /dev/shm only, of their former sizes together (1 MiB + 32 MiB +
+ * shm_size): that file system is kept across restarts, these are not.
+ */
+static int
+setup_rw_root(struct agent_cfg *cfg, sbx_err_t *err)
+{
+    int rc = 0;
+    char opts[96];
+    uint64_t size = cfg->ws ? (33ull << 20) + cfg->shm_size : cfg->rw_size;
+    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755", (unsigned long long)size,
+             (unsigned long long)cfg->rw_inodes);
+    STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
+         "mount the writable tmpfs");
+    STEP(mkdir(NEWROOT "/.root", 0755) == 0, "mkdir the root's directory");
+    STEP(mount(NEWROOT "/.root", NEWROOT "/.root", NULL, MS_BIND, NULL) == 0,
+         "bind the root's directory");
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } rw[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}};
+    for (size_t i = 0; !cfg->ws && i < SBX_ARRAY_LEN(rw); i++) {
+        char src[64], dst[64];
+        snprintf(src, sizeof(src), NEWROOT "/%s", rw[i].name);
+        snprintf(dst, sizeof(dst), NEWROOT "/.root/%s", rw[i].name);
+        STEP(mkdir(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
+        STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
+        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
+    }
+    if (!cfg->ws) {
+        STEP(mkdir(NEWROOT "/home/root", 0700) == 0, "mkdir /home/root");
+        STEP(symlink("home/root", NEWROOT "/.root/root") == 0, "link /root");
+    }
+    cfg->run_fd = rw_dir_open(NEWROOT "/run", 0755);
+    STEP(cfg->run_fd >= 0, "mkdir the writable tmpfs's run");
+    cfg->shm_fd = rw_dir_open(NEWROOT "/shm", 01777);
+    STEP(cfg->shm_fd >= 0, "mkdir the writable tmpfs's shm");
+    STEP(mount(NEWROOT "/.root", NEWROOT, NULL, MS_MOVE, NULL) == 0,
+         "move the root's directory onto the new root");
+out:
+    return rc;
+}
+
 static int
 setup_rw(struct agent_cfg *cfg, sbx_err_t *err)
 {
     int rc = 0;
-    char opts[96];
-    /* One tmpfs holds /workspace, /tmp and /home, so a sandbox has one disk
-     * quota (size=) and one inode quota (nr_inodes=) for all it can write;
-     * a persistent workspace is one file system of the same quota, kept
-     * (container/workspace.h), whose directories may exist already. */
+    /* One file system holds /workspace, /tmp and /home, so a sandbox has one
+     * disk quota and one inode quota for all it can write: the writable
+     * tmpfs (setup_rw_root made these on it), or a workspace of the
+     * sandbox's own of the same quota (container/workspace.h), whose
+     * directories may exist already. */
+    if (!cfg->ws)
+        goto run;
     STEP(mkdir(NEWROOT "/.rw", 0755) == 0, "mkdir /.rw");
-    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
-             (unsigned long long)cfg->rw_size, (unsigned long long)cfg->rw_inodes);
-    if (cfg->ws) {
-        if ((rc = attach_ws(cfg, NEWROOT "/.rw", err)) != 0)
-            goto out;
-    } else {
-        STEP(mount("tmpfs", NEWROOT "/.rw", "tmpfs", MS_NOSUID | MS_NODEV, opts) == 0,
-             "mount the writable tmpfs");
-    }
+    if ((rc = attach_ws(cfg, NEWROOT "/.rw", err)) != 0)
+        goto out;
     static const struct {
         const char *name;
         mode_t mode;
@@ -587,11 +679,16 @@ setup_rw(struct agent_cfg *cfg, sbx_err_t *err)
     STEP(symlink("home/root", NEWROOT "/root") == 0, "link /root");
     STEP(umount2(NEWROOT "/.rw", MNT_DETACH) == 0, "detach /.rw");
     STEP(rmdir(NEWROOT "/.rw") == 0, "rmdir /.rw");
+run:
     /* /run for the agent's own small files (stdin of session commands). */
     STEP(mkdir(NEWROOT "/run", 0755) == 0, "mkdir /run");
-    STEP(mount("tmpfs", NEWROOT "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-               "size=32m,nr_inodes=4096,mode=0755") == 0,
-         "mount /run");
+    rc = mount_rw_dir(&cfg->run_fd, NEWROOT "/run",
+                      MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                      MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=32m,nr_inodes=4096,mode=0755");
+    if (rc) {
+        errno = -rc;
+        STEP(0, "mount /run");
+    }
     STEP(mkdir(NEWROOT "/var", 0755) == 0, "mkdir /var");
     STEP(symlink("/tmp", NEWROOT "/var/tmp") == 0, "link /var/tmp");
     STEP(symlink("/run", NEWROOT "/var/run") == 0, "link /var/run");
@@ -657,6 +754,16 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
         int d = dup3(ufd, AGENT_UPPER_FD, O_CLOEXEC);
         close(ufd);
         STEP(d == AGENT_UPPER_FD, "keep the upper dir at fd %d", AGENT_UPPER_FD);
+    }
+    /* /run and /dev/shm: directories of the tmpfs beside the upper dir (so
+     * never in the image's writable layer, which templates and snapshots
+     * read), bound later (mount_rw_dir); a workspace's file system is kept,
+     * so with one they are tmpfs of their own. */
+    if (!cfg->ws) {
+        cfg->run_fd = rw_dir_open(NEWROOT "/run", 0755);
+        STEP(cfg->run_fd >= 0, "mkdir the writable tmpfs's run");
+        cfg->shm_fd = rw_dir_open(NEWROOT "/shm", 01777);
+        STEP(cfg->shm_fd >= 0, "mkdir the writable tmpfs's shm");
     }
     /* lowerdir lists the top layer first. */
     for (int i = cfg->nlayers - 1; i >= 0; i--)
@@ -726,9 +833,13 @@ setup_image_root(struct agent_cfg *cfg, sbx_err_t *err)
         STEP(mkdir_ok(d, dirs[i].mode) == 0, "mkdir /%s", dirs[i].name);
     }
     STEP(chmod(NEWROOT "/tmp", 01777) == 0, "chmod /tmp");
-    STEP(mount("tmpfs", NEWROOT "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-               "size=32m,nr_inodes=4096,mode=0755") == 0,
-         "mount /run");
+    rc = mount_rw_dir(&cfg->run_fd, NEWROOT "/run",
+                      MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                      MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=32m,nr_inodes=4096,mode=0755");
+    if (rc) {
+        errno = -rc;
+        STEP(0, "mount /run");
+    }
 out:
     free(lower);
     return rc;
@@ -908,15 +1019,16 @@ agent_setup(struct agent_cfg *cfg, sbx_err_t *err)
                 : cfg->interp_dir[0] ? open(cfg->interp_dir, O_PATH | O_DIRECTORY | O_CLOEXEC)
                                      : -1;
 
-    /* 3. The new root: a small tmpfs, read-only once built; or for an image
-     *    sandbox, the image's overlay (setup_image_root). */
+    /* 3. The new root: a directory of the writable tmpfs (setup_rw_root),
+     *    read-only once built; or for an image sandbox, the image's overlay
+     *    (setup_image_root). */
     if (cfg->nlayers > 0) {
         if ((rc = setup_image_root(cfg, err)) != 0)
             goto out;
         goto common;
     }
-    STEP(mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") == 0,
-         "mount the root tmpfs");
+    if ((rc = setup_rw_root(cfg, err)) != 0)
+        goto out;
     STEP(mkdir(NEWROOT "/usr", 0755) == 0, "mkdir /usr");
     rc = bind_ro("/usr", NEWROOT "/usr", true);
     if (rc) {
@@ -1011,5 +1123,10 @@ common:
 out:
     if (interp_fd >= 0)
         close(interp_fd);
+    if (cfg->run_fd >= 0)
+        close(cfg->run_fd);
+    if (cfg->shm_fd >= 0)
+        close(cfg->shm_fd);
+    cfg->run_fd = cfg->shm_fd = -1;
     return rc;
 }

@@ -274,6 +274,14 @@ Test(images, sandbox_from_an_imported_image, .timeout = 240)
     out = sh(c, a, "pwd", &ec);
     cr_expect_str_eq(out, "/srv/app\n", "commands start in the image's WorkingDir: %s", out);
     free(out);
+    /* /run and /dev/shm: one file system, the writable layer's tmpfs (one
+     * superblock less each, issue 18), not the overlay: what is written
+     * there never lands in the layer. */
+    out = sh(c, a, "stat -c %d / /run /dev/shm", &ec);
+    unsigned long long d_root = 0, d_run = 0, d_shm = 0;
+    cr_expect_eq(sscanf(out, "%llu %llu %llu", &d_root, &d_run, &d_shm), 3, "%s", out);
+    cr_expect(d_run == d_shm && d_run != d_root, "devices of /, /run, /dev/shm: %s", out);
+    free(out);
     /* Whiteouts and the opaque directory of the second layer. */
     out = sh(c, a, "ls -A /gone /rmme 2>&1; echo rc=$?; ls -A /opq; cat /usr/share/base-file",
              &ec);

@@ -4,6 +4,8 @@
  * attempts, seccomp probes) lives in tests/security/.
  */
 #include <criterion/criterion.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -114,6 +116,58 @@ Test(isolation, system_directories_are_read_only)
     /* …and the writable ones are writable. */
     r = sh(c, id, "for d in /workspace /tmp /home /root; do echo x > $d/f && echo ok; done", 0);
     cr_expect_str_eq(r.stdout_data, "ok\nok\nok\nok\n", "stderr: %s", r.stderr_data);
+    sbx_exec_result_free(&r);
+    sbx_destroy(c, id, NULL, NULL);
+    free(id);
+    sbx_client_close(c);
+}
+
+/* Whether the device "major:minor" dev is that of a mount of the host's
+ * (this test's) mount table. */
+static bool
+host_has_dev(const char *dev)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    cr_assert(f != NULL);
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (!found && getline(&line, &cap, f) > 0) {
+        char d[32];
+        found = sscanf(line, "%*s %*s %31s", d) == 1 && !strcmp(d, dev);
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+/* The file systems a sandbox makes of its own (issue 18, density): the
+ * devices of its mount table that the host's has not.  The writable tmpfs
+ * (which also holds the read-only root, /run and /dev/shm), devpts, proc
+ * and mqueue: 4, where there were 7.  Every superblock costs each memory
+ * cgroup on the host a slot in its shrinker map (docs/benchmarks.md,
+ * "Density"). */
+Test(isolation, a_sandbox_makes_at_most_four_file_systems)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("sbs");
+    sbx_exec_result r = sh(c, id, "cut -d' ' -f3 /proc/self/mountinfo | sort -u", 0);
+    cr_assert_eq(r.exit_code, 0, "%s", r.stderr_data);
+    int own = 0;
+    char list[512] = "";
+    for (char *save = NULL, *dev = strtok_r(r.stdout_data, "\n", &save); dev;
+         dev = strtok_r(NULL, "\n", &save)) {
+        if (host_has_dev(dev))
+            continue;
+        own++;
+        strncat(list, dev, sizeof(list) - strlen(list) - 2);
+        strcat(list, " ");
+    }
+    cr_expect(own >= 3 && own <= 4, "%d file systems of the sandbox's own: %s", own, list);
+    sbx_exec_result_free(&r);
+    /* The root, /run and /dev/shm are on the writable file system. */
+    r = sh(c, id, "stat -c %d / /workspace /tmp /home /run /dev/shm | sort -u | wc -l", 0);
+    cr_expect_str_eq(r.stdout_data, "1\n", "stderr: %s", r.stderr_data);
     sbx_exec_result_free(&r);
     sbx_destroy(c, id, NULL, NULL);
     free(id);

@@ -222,6 +222,13 @@ Test(workspace, survives_sleep_and_shard_kill)
     cr_assert_eq(code, 0);
     free(sh(c, eph, "echo lost > /workspace/f", &code));
     cr_assert_eq(code, 0);
+    /* Beside the kept file system, the root, /run and /dev/shm are one tmpfs
+     * (issue 18: one superblock where there were three), not kept. */
+    char *fs = sh(c, id, "stat -c %d / /run /dev/shm | sort -u | wc -l; "
+                         "test $(stat -c %d /) != $(stat -c %d /workspace) && echo apart",
+                  &code);
+    cr_expect_str_eq(fs, "1\napart\n", "devices of /, /run, /dev/shm, /workspace: %s", fs);
+    free(fs);
 
     /* Status: the mode, and the disk the workspace holds. */
     char cd[64];

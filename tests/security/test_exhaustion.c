@@ -305,19 +305,37 @@ Test(exhaustion, full_disk_is_enospc_at_the_disk_cap, .timeout = 240)
     cr_expect(strstr(r.stdout_data, "'/tmp/more': No space left on device") != NULL,
               "/tmp is not under the same cap: %s", r.stdout_data);
     sbx_exec_result_free(&r);
-    /* The other small tmpfs have their own caps: /dev/shm (64 MiB), /run (32 MiB). */
+    /* /dev/shm and /run are directories of the same writable tmpfs
+     * (container/agent/setup.c setup_rw_root): the one cap holds them too,
+     * so with /workspace full they are full. */
     r = run(c, id,
-            "for f in /dev/shm/x /run/x; do dd if=/dev/zero of=$f bs=1M count=200 2>&1 | "
+            "for f in /dev/shm/x /run/x; do dd if=/dev/zero of=$f bs=1M count=1 2>&1 | "
             "grep -c 'No space'; done; df -B1 --output=size /dev/shm /run | tail -2 | tr -d ' '",
             60000, false);
-    cr_expect_str_eq(r.stdout_data, "1\n1\n67108864\n33554432\n", "%s", r.stdout_data);
+    cr_expect_str_eq(r.stdout_data, "1\n1\n268435456\n268435456\n", "%s", r.stdout_data);
+    sbx_exec_result_free(&r);
+    /* Filled alone, /dev/shm stops at that cap (not above), and then
+     * /workspace is full. */
+    r = run(c, id,
+            "rm -f /workspace/big /tmp/more /dev/shm/x /run/x; "
+            "dd if=/dev/zero of=/dev/shm/x bs=1M count=400 2>&1 | grep -c 'No space'; "
+            "stat -c %s /dev/shm/x; "
+            "dd if=/dev/zero of=/workspace/y bs=1M count=1 2>&1 | grep -c 'No space'",
+            60000, false);
+    long long shm = -1;
+    int full_shm = -1, full_ws = -1;
+    cr_expect_eq(sscanf(r.stdout_data, "%d %lld %d", &full_shm, &shm, &full_ws), 3, "%s",
+                 r.stdout_data);
+    cr_expect_eq(full_shm, 1, "/dev/shm was not filled to ENOSPC: %s", r.stdout_data);
+    cr_expect(shm > (200ll << 20) && shm <= (256ll << 20), "/dev/shm took %lld bytes", shm);
+    cr_expect_eq(full_ws, 1, "/workspace had room beside a full /dev/shm: %s", r.stdout_data);
     sbx_exec_result_free(&r);
     json_t *sb = ts_status(c, id);
     cr_expect_eq(jint(sb, "container.oomKills"), 0);
     cr_expect_eq(jint(sb, "restarts"), 0);
     json_decref(sb);
     /* Space is given back on delete. */
-    r = run(c, id, "rm -f /workspace/big /tmp/more /dev/shm/x /run/x && "
+    r = run(c, id, "rm -f /workspace/big /tmp/more /dev/shm/x /run/x /workspace/y && "
                    "dd if=/dev/zero of=/workspace/f bs=1M count=8 2>/dev/null && echo written",
             60000, false);
     cr_expect_str_eq(r.stdout_data, "written\n", "%s", r.stderr_data);
