@@ -3,7 +3,8 @@
  * tests/cluster/ (and tools/bench-cluster.c).
  *
  * Each "host" is a network namespace with a veth pair to a bridge of its own
- * (a random 10.[100-250].x.0/24; the bridge holds .1, node i holds .(11+i)).
+ * (a random 10.[100-250].x.0/24; the bridge holds .1, node i holds .(11+i);
+ * each node's veth forwards IPv4, so its egress sandboxes reach the bridge).
  * etcd listens on the bridge's address (random free ports), every shard node
  * runs `sbxd shard` inside its namespace, listening on tcp://NODEIP:7701 with
  * a tcp relay on :7790 and a relay secret, lease TTL 2 s, distinct host uid

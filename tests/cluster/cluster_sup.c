@@ -496,6 +496,13 @@ make_network(void)
             RUN("ip", "-n", S.ns[i], "link", "set", S.veth_node[i], "up") != 0 ||
             RUN("ip", "-n", S.ns[i], "link", "set", "lo", "up") != 0)
             return -1;
+        /* The node's uplink forwards, as a host of egress sandboxes must
+         * (docs/network.md, "What the host must provide"): else the replies
+         * to its sandboxes' connections across the bridge are dropped. */
+        char fwd[96];
+        snprintf(fwd, sizeof(fwd), "net.ipv4.conf.%s.forwarding=1", S.veth_node[i]);
+        if (RUN("ip", "netns", "exec", S.ns[i], "sysctl", "-q", "-w", fwd) != 0)
+            return -1;
     }
     return 0;
 }

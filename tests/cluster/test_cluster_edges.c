@@ -9,7 +9,8 @@
  * is not applied, and garbage written to etcd (partition keys in other
  * spellings or with a NUL, more drain keys of ghosts than the views have
  * member slots, partitions owned by names no shard has) disturbs neither the
- * views, a gateway that starts, nor a node that joins.  test_cluster_churn.c
+ * views, a gateway that starts, nor a node that joins, and a sandbox reaches
+ * no member of its cluster nor etcd (t25).  test_cluster_churn.c
  * has t1-t5 (joins, drains, kills, restarts, fencing); cluster_util.h what
  * both share.
  *
@@ -22,19 +23,24 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../../runtime/etcd.h"
@@ -883,5 +889,275 @@ Test(cluster, t24_fork_within_a_node_and_refused_across_nodes, .timeout = 150)
     cr_assert_str_eq(out, "from-source\n", "the fork's file");
     destroy_all(c, ids, 2);
     sbx_client_close(c);
+    no_sanitizer_reports();
+}
+
+/* ------------------------------------------------------------------------------ */
+/* t25: a sandbox reaches no member of its cluster (issue 14, always denied). */
+
+#define CD_HOST 201 /* the test host's last byte on the cluster's /24 (nodes are .11-.14) */
+
+/* What t25 made, removed by cd_cleanup (also after a failed assertion). */
+static struct {
+    pid_t pid[2];    /* the listeners: on the test host, on the bridge's address */
+    char ns[64];     /* the test host's netns, "" when none */
+    char veth[16];   /* its veth's bridge end */
+} cd = {{-1, -1}, "", ""};
+
+static int
+cd_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int
+cd_sh(const char *fmt, ...)
+{
+    char cmd[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void
+cd_cleanup(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (cd.pid[i] > 0) {
+            kill(cd.pid[i], SIGKILL);
+            waitpid(cd.pid[i], NULL, 0);
+            cd.pid[i] = -1;
+        }
+    if (cd.ns[0])
+        cd_sh("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", cd.ns,
+              cd.veth);
+    cd.ns[0] = '\0';
+}
+
+/* A child that listens on addr:<a port of the kernel's choosing> in netns ns
+ * (NULL: ours) and writes body to each connection; its pid (the port in
+ * *port), or -1.  It dies with the test's process. */
+static pid_t
+cd_listen(const char *ns, const char *addr, const char *body, int *port)
+{
+    int pp[2];
+    if (pipe(pp) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pp[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char path[128];
+        snprintf(path, sizeof(path), "/run/netns/%s", ns ? ns : "");
+        int nfd = ns ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+        if (ns && (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0))
+            _exit(1);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET};
+        socklen_t sl = sizeof(sa);
+        if (fd < 0 || inet_pton(AF_INET, addr, &sa.sin_addr) != 1 ||
+            bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 16) < 0 ||
+            getsockname(fd, (struct sockaddr *)&sa, &sl) < 0)
+            _exit(1);
+        int p = ntohs(sa.sin_port);
+        (void)!write(pp[1], &p, sizeof(p));
+        close(pp[1]);
+        for (;;) {
+            int c = accept(fd, NULL, NULL);
+            if (c < 0)
+                continue;
+            (void)!write(c, body, strlen(body));
+            shutdown(c, SHUT_WR);
+            close(c);
+        }
+    }
+    close(pp[1]);
+    ssize_t n = pid > 0 ? read(pp[0], port, sizeof(*port)) : -1;
+    close(pp[0]);
+    if (n != (ssize_t)sizeof(*port)) {
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+        return -1;
+    }
+    return pid;
+}
+
+/* The line of out that starts with "<target> ", copied to line ("" if none). */
+static void
+cd_line(const char *out, const char *target, char *line, size_t n)
+{
+    size_t tl = strlen(target);
+    line[0] = '\0';
+    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, target, tl) && p[tl] == ' ') {
+            snprintf(line, n, "%.*s", (int)strcspn(p, "\n"), p);
+            return;
+        }
+}
+
+/* Connect from sandbox id to each "ip:port" of t[0..n) (bash's /dev/tcp,
+ * one exec): per target, a line "<ip:port> CONNECTED <what it sent>" or
+ * "<ip:port> FAILED <bash's message>", into out. */
+static void
+cd_probe(sbx_client *c, const char *id, char (*t)[40], int n, char *out, size_t ol)
+{
+    char cmd[2048];
+    int o = snprintf(cmd, sizeof(cmd), "for t in");
+    for (int i = 0; i < n; i++)
+        o += snprintf(cmd + o, sizeof(cmd) - (size_t)o, " %s", t[i]);
+    snprintf(cmd + o, sizeof(cmd) - (size_t)o,
+             "; do m=$(timeout 5 bash -c \"exec 3<>/dev/tcp/${t%%:*}/${t#*:} && echo CONNECTED "
+             "&& timeout 1 head -c 64 <&3\" 2>&1 | tr '\\n' ' '); case \"$m\" in CONNECTED*) "
+             "echo \"$t $m\";; *) echo \"$t FAILED $m\";; esac; done");
+    exec_out(c, id, cmd, out, ol);
+}
+
+/* Whether out's line of target says the connection was refused. */
+static bool
+cd_refused(const char *out, const char *target, char *line, size_t n)
+{
+    cd_line(out, target, line, n);
+    return strstr(line, " FAILED ") && strstr(line, "Connection refused");
+}
+
+/* Issue 14, always denied (docs/network.md): the cluster's members and
+ * etcd are unreachable from a sandbox whatever its policy.  An `egress`
+ * sandbox on node 0 whose policy allows the cluster's own /24 (the private
+ * range opened by a rule inside it) connects from inside (bash's /dev/tcp)
+ * to
+ *   - a test host on that /24: a netns of the test's own on the cluster's
+ *     bridge (.201) with a listener on a port of the kernel's choosing —
+ *     the positive control: it is reached and its banner read, so the
+ *     route from a node's sandboxes to the bridge exists and what follows
+ *     is refused by the policy, not for want of a route (the bridge's own
+ *     address .1 cannot serve: it is etcd's, so always denied);
+ *   - every other member's node and relay ports (.(11+j):7701 and :7790;
+ *     actors/cluster.c deny_members), the node's own (its --listen and
+ *     --relay), etcd's client and peer ports on the bridge's address .1,
+ *     and a listener the test opens on .1 (etcd's address: the whole
+ *     address is denied, not its port): each is refused (ECONNREFUSED, the
+ *     router's reset), although something listens there.
+ * Then node 3 joins while the sandbox runs (its router is up): within 5 s
+ * of the cluster's convergence, node 3's ports are refused too (the deny
+ * thread adds a member to running routers; between its join and that, a
+ * sandbox could reach it), the control still reached; node 3 leaves again.
+ * The sandbox's partition stays on node 0 throughout (cl_pick_id).
+ * The gateways listen on 127.0.0.1 of the root namespace, which no sandbox
+ * can route to (127.0.0.0/8 of a sandbox is its own loopback, and always
+ * denied at the router too): there is nothing of theirs to probe.  With
+ * deny_members disabled this test fails: the other members' ports connect. */
+Test(cluster, t25_a_sandbox_reaches_no_member_of_its_cluster, .timeout = 150,
+     .fini = cd_cleanup)
+{
+    restore_base();
+    const struct cl_env *e = cl_env();
+    char host[32], bridge_ip[32], mark[32], body[40];
+    snprintf(host, sizeof(host), "%s.%d", e->net, CD_HOST);
+    snprintf(bridge_ip, sizeof(bridge_ip), "%s.1", e->net);
+    snprintf(mark, sizeof(mark), "cdeny-%d", (int)getpid());
+    snprintf(body, sizeof(body), "%s\n", mark);
+    /* Names with the run's tag, as cluster_sup.c names its own (the cluster
+     * name is "c<tag>", the bridge "sbxb<tag>", the shard prefix "k<run><tag>"). */
+    const char *tag = e->cluster + 1;
+    snprintf(cd.veth, sizeof(cd.veth), "sx%scd", tag);
+    snprintf(cd.ns, sizeof(cd.ns), "sbx%scd", e->prefix + 1);
+    cr_assert_eq(cd_sh("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
+                       "ip link set %s master sbxb%s up && ip -n %s addr add %s/24 dev eth0 && "
+                       "ip -n %s link set eth0 up && ip -n %s link set lo up",
+                       cd.ns, cd.veth, cd.ns, cd.veth, tag, cd.ns, host, cd.ns, cd.ns),
+                 0, "could not make the test host %s on bridge sbxb%s", cd.ns, tag);
+    int hport = 0, bport = 0;
+    cd.pid[0] = cd_listen(cd.ns, host, body, &hport);
+    cr_assert_gt(cd.pid[0], 0, "listener on the test host %s", host);
+    cd.pid[1] = cd_listen(NULL, bridge_ip, body, &bport);
+    cr_assert_gt(cd.pid[1], 0, "listener on the bridge's address %s", bridge_ip);
+    int eport = 0;
+    const char *ep = strrchr(e->etcd, ':');
+    cr_assert(ep && (eport = atoi(ep + 1)) > 0, "etcd's URL %s", e->etcd);
+
+    sbx_client *c = gw_client(0);
+    struct cl_state st;
+    cr_assert_eq(cl_read_state(&st), 0);
+    const int self = 0, all[4] = {0, 1, 2, 3};
+    char id[64];
+    cr_assert_geq(cl_pick_id(&st, "cdeny", self, all, 4, self, id, sizeof(id)), 0,
+                  "no sandbox ID that node 0 owns with and without node 3");
+    char args[256];
+    snprintf(args, sizeof(args), "{\"network\":{\"mode\":\"egress\",\"allow\":[\"%s.0/24\"]}}",
+             e->net);
+    sbx_reply *r = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_call_json(c, "create", id, args, 60000, &r, &err), 0, "create %s %s: %s %s",
+                 id, args, err.code, err.message);
+    sbx_reply_free(r);
+
+    /* The targets: [0] the control, then what must be refused; node 3's
+     * ports last (probed after it joined). */
+    char t[16][40], why[16][48], out[4096], line[512];
+    int nt = 0;
+    snprintf(t[nt], sizeof(t[nt]), "%s:%d", host, hport);
+    snprintf(why[nt++], sizeof(why[0]), "the test host (control)");
+    snprintf(t[nt], sizeof(t[nt]), "%s:%d", bridge_ip, eport);
+    snprintf(why[nt++], sizeof(why[0]), "etcd's client port");
+    snprintf(t[nt], sizeof(t[nt]), "%s:%d", bridge_ip, eport + 1); /* cluster_sup.c start_etcd */
+    snprintf(why[nt++], sizeof(why[0]), "etcd's peer port");
+    snprintf(t[nt], sizeof(t[nt]), "%s:%d", bridge_ip, bport);
+    snprintf(why[nt++], sizeof(why[0]), "a listener on etcd's address");
+    for (int j = 0; j < 4; j++) {
+        const int ports[2] = {7701, 7790}; /* cluster_int.h NODE_PORT, RELAY_PORT */
+        for (int k = 0; k < 2; k++) {
+            snprintf(t[nt], sizeof(t[nt]), "%s.%d:%d", e->net, 11 + j, ports[k]);
+            snprintf(why[nt++], sizeof(why[0]), "%s node %d's %s port",
+                     j == self ? "its own" : "member", j, k ? "relay" : "node");
+        }
+    }
+    const int n3 = nt - 2; /* node 3's two */
+    cd_probe(c, id, t, n3, out, sizeof(out));
+    cd_line(out, t[0], line, sizeof(line));
+    cr_assert(strstr(line, "CONNECTED") && strstr(line, mark),
+              "the control: %s (%s) was not reached from %s on node %d: '%s'\n%s", t[0], why[0],
+              id, self, line, out);
+    int refused = 0;
+    for (int i = 1; i < n3; i++) {
+        bool ok = cd_refused(out, t[i], line, sizeof(line));
+        refused += ok;
+        cr_expect(ok, "%s (%s) from %s on node %d: '%s' (want refused)", t[i], why[i], id, self,
+                  line);
+    }
+    cr_log_info("always denied: from node %d, the test host %s reached; %d of %d members' and "
+                "etcd's addresses refused", self, t[0], refused, n3 - 1);
+
+    /* Node 3 joins while the sandbox's router is up. */
+    cr_assert_gt(cl_start("shard", 3), 0, "cannot start node 3");
+    converge(all, 4, 0, "node 3 joined");
+    double t0 = cl_now_ms(), waited = -1;
+    bool denied = false;
+    while (!denied) {
+        cd_probe(c, id, t, nt, out, sizeof(out));
+        denied = cd_refused(out, t[n3], line, sizeof(line)) &&
+                 cd_refused(out, t[n3 + 1], line, sizeof(line));
+        waited = cl_now_ms() - t0;
+        if (!denied && waited > 5000)
+            break;
+        if (!denied)
+            cl_sleep_ms(200);
+    }
+    cr_expect(denied, "node 3 joined, and 5 s after the convergence the sandbox on node %d still "
+              "reaches it: '%s'\n%s", self, line, out);
+    cd_line(out, t[0], line, sizeof(line));
+    cr_expect(strstr(line, "CONNECTED") && strstr(line, mark), "the control after node 3 "
+              "joined: '%s'", line);
+    for (int i = 1; i < n3; i++)
+        cr_expect(cd_refused(out, t[i], line, sizeof(line)), "after node 3 joined, %s (%s): '%s' "
+                  "(want refused)", t[i], why[i], line);
+    cr_log_info("always denied: node 3 joined; its ports %s %.0f ms after the convergence",
+                denied ? "refused" : "still reached", waited);
+    sbx_destroy(c, id, NULL, NULL);
+    sbx_client_close(c);
+    cd_cleanup();
+    cr_assert_eq(cl_signal("shard", 3, SIGTERM), 0);
+    cr_assert_eq(cl_wait_exit("shard", 3, 30000), 0, "node 3 did not stop");
+    converge(BASE, 3, 0, "node 3 left");
     no_sanitizer_reports();
 }
