@@ -306,6 +306,12 @@ UNIT_LINK  := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON
               build/asan/obj/runtime/client.o $(NNG_LIB)
 INTEG_LINK := $(call objs,asan,$(sort $(CLIENT)) $(TEST_SUPPORT) tests/support/itest_main.c) \
               $(NNG_LIB)
+# The TLS test helpers (a test PKI, captured ClientHellos, reset-handshake storms;
+# tests/support/tlstest.h).
+TLSTEST_BINS := build/asan/tests/unit/test_nngx build/asan/tests/security/test_transport
+$(TLSTEST_BINS): build/asan/obj/tests/support/tlstest.o
+$(call objs,asan,tests/unit/test_nngx.c tests/security/test_transport.c tests/support/tlstest.c): \
+    tests/support/tlstest.h
 build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
