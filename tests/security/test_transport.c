@@ -717,7 +717,7 @@ storm(const char *url, int port, const struct tlstest_pki *p, const sbx_tls_file
  * docs/cluster.md note 12): against Debian's libnng1 a few tens of such
  * clients stalled a shard for good, or until its listen probe listened
  * again (actors/listen_probe.c).  sbx links nng with the upstream fix
- * (tools/nng-build.sh): 300 clients that send a ClientHello and reset, in
+ * (tools/nng-build.sh): 500 clients that send a ClientHello and reset, in
  * batches of 10, and after each batch a fresh client must be answered. */
 Test(transport, a_shard_listener_keeps_serving_through_reset_handshakes, .timeout = 240)
 {
@@ -747,7 +747,7 @@ Test(transport, a_shard_listener_keeps_serving_through_reset_handshakes, .timeou
         cr_assert_fail("the TLS shard never answered");
     }
     int sent;
-    bool ok = storm(surl, port, &p, &cli, 300, &sent);
+    bool ok = storm(surl, port, &p, &cli, 500, &sent);
     cr_expect(ok, "the shard stopped answering after %d reset handshakes", sent);
     int st = stop(spid);
     cr_expect_eq(st, 0, "the shard did not stop cleanly (%d)", st);
@@ -758,7 +758,7 @@ Test(transport, a_shard_listener_keeps_serving_through_reset_handshakes, .timeou
 
 /* The same storm against a gateway's tls+tcp:// listener (sbxd dev), which
  * has no listen probe: anyone who reaches the port could stall it for good
- * with nng 1.5.2.  After 300 reset handshakes a fresh client is answered,
+ * with nng 1.5.2.  After 500 reset handshakes a fresh client is answered,
  * and the client connected before the storm still runs commands. */
 Test(transport, a_gateway_listener_keeps_serving_through_reset_handshakes, .timeout = 240)
 {
@@ -804,7 +804,7 @@ Test(transport, a_gateway_listener_keeps_serving_through_reset_handshakes, .time
     sbx_exec_result_free(&res);
 
     int sent;
-    bool ok = storm(url, port, &p, &cli, 300, &sent);
+    bool ok = storm(url, port, &p, &cli, 500, &sent);
     cr_expect(ok, "the gateway stopped answering after %d reset handshakes", sent);
     res = (sbx_exec_result){0};
     cr_expect_eq(sbx_exec(c, id, &o, &res, &err), 0, "exec after the storm: %s", err.message);
