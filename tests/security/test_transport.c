@@ -714,7 +714,7 @@ storm(const char *url, int port, const struct tlstest_pki *p, const sbx_tls_file
 
 /* Issue 11: nng 1.5.2's TLS listener stopped handing connections to its
  * socket after a handshake reset at the wrong moment (nanomsg/nng#1518;
- * docs/cluster.md note 12): against Debian's libnng1 a few tens of such
+ * docs/cluster.md, "The patched nng"): against Debian's libnng1 tens to hundreds of such
  * clients stalled a shard for good, or until its listen probe listened
  * again (actors/listen_probe.c).  sbx links nng with the upstream fix
  * (tools/nng-build.sh): 500 clients that send a ClientHello and reset, in
