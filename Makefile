@@ -27,10 +27,17 @@ CC      ?= cc
 CSTD    := -std=c17 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter \
            -Wno-format-truncation
-CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I.
-LDLIBS_DAEMON := -lnng -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
+# nng is Debian's 1.5.2 with the upstream fix of its listeners' stall (nng#1518; docs/cluster.md
+# note 12), built by tools/nng-build.sh into build/nng as a static, PIC libnng.a with TLS
+# (mbedTLS): its headers come before the system's, the archive is linked into every
+# program and into lib/libsbx.{a,so} (whose users need no nng).
+NNG_DIR  := build/nng
+NNG_LIB  := $(NNG_DIR)/lib/libnng.a
+NNG_LIBS := $(NNG_LIB) -lmbedtls -lmbedx509 -lmbedcrypto
+CFLAGS_COMMON := $(CSTD) $(WARN) -g -pthread -fno-strict-aliasing -I. -I$(NNG_DIR)/include
+LDLIBS_DAEMON := $(NNG_LIBS) -lmsgpackc -llmdb -lseccomp -luuid -lxxhash -ljansson -lmicrohttpd \
                  -lcurl -lwslay -lnettle -larchive -lnftables -lldns -lexpat -lpthread -lm
-LDLIBS_CLIENT := -lnng -lmsgpackc -luuid -ljansson -lpthread -lm
+LDLIBS_CLIENT := $(NNG_LIBS) -lmsgpackc -luuid -ljansson -lpthread -lm
 LDLIBS_AGENT  := -lmsgpackc -luuid -ljansson -lm
 # The release agent is linked statically: one per sandbox, and without the
 # dynamic loader and the shared libraries' relocated pages it holds 96 KiB of
@@ -123,11 +130,11 @@ DEPFLAGS := -MMD -MP
 objs = $(patsubst %.c,build/$(1)/obj/%.o,$(2))
 
 define build_flavor
-build/$(1)/obj/%.o: %.c
+build/$(1)/obj/%.o: %.c | $(NNG_LIB)
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(2)) $(DEPFLAGS) -c $$< -o $$@
 
-$(3)/sbxd: $$(call objs,$(1),$(DAEMON))
+$(3)/sbxd: $$(call objs,$(1),$(DAEMON)) $(NNG_LIB)
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$($(2)) -o $$@ $$^ $(LDLIBS_DAEMON)
 
@@ -220,11 +227,11 @@ SBX_VERSION := 0.1.0
 SBX_SOMAJOR := 0
 PREFIX      ?= /usr/local
 LIBSBX_PIC  := $(patsubst %.c,build/pic/obj/%.o,$(sort $(CLIENT)))
-build/pic/obj/%.o: %.c
+build/pic/obj/%.o: %.c | $(NNG_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(RELEASE_CFLAGS) -fPIC -fvisibility=hidden $(DEPFLAGS) -c $< -o $@
 
-build/pic/libsbx.o: $(LIBSBX_PIC)
+build/pic/libsbx.o: $(LIBSBX_PIC) $(NNG_LIB)
 	$(LD) -r -o $@.tmp $^
 	objcopy --localize-hidden $@.tmp $@
 	rm -f $@.tmp
@@ -233,7 +240,7 @@ lib/libsbx.a: build/pic/libsbx.o
 	@mkdir -p lib
 	rm -f $@ && ar rcs $@ $<
 
-lib/libsbx.so.$(SBX_SOMAJOR): $(LIBSBX_PIC)
+lib/libsbx.so.$(SBX_SOMAJOR): $(LIBSBX_PIC) $(NNG_LIB)
 	@mkdir -p lib
 	$(CC) $(RELEASE_CFLAGS) -shared -Wl,-soname,libsbx.so.$(SBX_SOMAJOR) -Wl,--no-undefined \
 	    -o $@ $^ $(LDLIBS_CLIENT)
@@ -308,8 +315,15 @@ deb-systemd-check:
 # integration and security tests link the client library and the harness,
 # whose main() starts a private sbxd (tests/support/itest_main.c).
 UNIT_LINK  := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON))) \
-              build/asan/obj/runtime/client.o
-INTEG_LINK := $(call objs,asan,$(sort $(CLIENT)) $(TEST_SUPPORT) tests/support/itest_main.c)
+              build/asan/obj/runtime/client.o $(NNG_LIB)
+INTEG_LINK := $(call objs,asan,$(sort $(CLIENT)) $(TEST_SUPPORT) tests/support/itest_main.c) \
+              $(NNG_LIB)
+# The TLS test helpers (a test PKI, captured ClientHellos, reset-handshake storms;
+# tests/support/tlstest.h).
+TLSTEST_BINS := build/asan/tests/unit/test_nngx build/asan/tests/security/test_transport
+$(TLSTEST_BINS): build/asan/obj/tests/support/tlstest.o
+$(call objs,asan,tests/unit/test_nngx.c tests/security/test_transport.c tests/support/tlstest.c): \
+    tests/support/tlstest.h
 build/asan/tests/unit/%: build/asan/obj/tests/unit/%.o $(UNIT_LINK)
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
@@ -370,6 +384,12 @@ TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 
 deps:
 	@tools/deps.sh
+
+# The patched nng (above): fetched, checked, patched and built once; the script is a
+# no-op when build/nng is current.  Every object waits for it (its headers).
+$(NNG_LIB): tools/nng-build.sh $(wildcard tools/nng/*.patch)
+	@tools/nng-build.sh $(NNG_DIR)
+	@touch $@
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -435,7 +455,7 @@ SOAK_SANDBOXES     ?= 200
 FUZZ_JOBS          ?= 2
 # clang has no -Wformat-truncation to switch off
 FUZZ_CFLAGS := $(CSTD) $(filter-out -Wno-format-truncation,$(WARN)) -g -O1 -pthread \
-               -fno-strict-aliasing -I. -fno-omit-frame-pointer \
+               -fno-strict-aliasing -I. -I$(NNG_DIR)/include -fno-omit-frame-pointer \
                -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 FUZZ_LDFLAGS :=
 FUZZ_LIBS   := -lmsgpackc -ljansson -luuid -lpthread -lm
@@ -448,7 +468,7 @@ FUZZ_BINS   := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz_objs    = $(patsubst %.c,build/fuzz/obj/%.o,$(1))
 
 .PRECIOUS: build/fuzz/obj/%.o
-build/fuzz/obj/%.o: %.c
+build/fuzz/obj/%.o: %.c | $(NNG_LIB)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -c $< -o $@
 # fuzz_path and fuzz_agent link the agent and reach its internals through its
@@ -470,7 +490,7 @@ FUZZ_GW     := gateway/http.c gateway/http_route.c gateway/openapi_gen.c gateway
                gateway/console.c build/console/console_assets.c runtime/relay.c runtime/nngx.c \
                gateway/mcp_http.c runtime/mcp.c
 build/fuzz/fuzz_http build/fuzz/fuzz_preview build/fuzz/fuzz_terminal: \
-    FUZZ_LIBS += -lmicrohttpd -lnng -lcurl -lwslay -lnettle
+    FUZZ_LIBS += -lmicrohttpd $(NNG_LIBS) -lcurl -lwslay -lnettle
 build/fuzz/fuzz_http: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_preview: $(call fuzz_objs,$(FUZZ_GW))
 build/fuzz/fuzz_terminal: $(call fuzz_objs,$(FUZZ_GW))

@@ -24,8 +24,17 @@
  * pipes wait forever for an accept, their requests unread.  Fixed upstream
  * in nng 1.6.0 (commit 9248ed74, nanomsg/nng#1518: ECLOSED becomes
  * ECONNSHUT there); tcp:// and ipc:// have the same flaw in 1.5.2.
- * tests/unit/test_nngx.c reproduces it (ClientHellos reset mid-handshake)
- * and shows that listening again (below) makes the socket serve again.
+ *
+ * sbx now links nng 1.5.2 with that fix (tools/nng/0001-*.patch, built by
+ * tools/nng-build.sh; docs/cluster.md, "The patched nng"): the stall no
+ * longer happens (tests/unit/test_nngx.c and tests/security/test_transport.c
+ * storm the listeners with ClientHellos reset mid-handshake; against Debian's
+ * libnng1 the unit test's listener stalls within tens of them).  The probe
+ * stays as defence in depth: a listener that stops taking requests for a
+ * reason not known yet (or an sbx built against an unpatched nng) is still
+ * noticed and replaced, at the cost of one request every 5 s.
+ * sbx_nng_relisten itself is tested by test_nngx
+ * relisten_serves_on_the_same_address.
  *
  * A thread sends the shard one request through its own listen URL every
  * PROBE_INTERVAL_MS, as a peer does (a REQ socket with the shard's own TLS

@@ -22,6 +22,11 @@ fi
 if [ -d "$repo/gateway/console/node_modules" ]; then
   cp -r "$repo/gateway/console/node_modules" "$tmp/sbx/gateway/console/"
 fi
+# And nng's source files as fetched and checked by tools/nng-build.sh (the package's
+# build makes its own build/nng from them; no network needed then).
+if [ -d "$repo/build/nng/dl" ]; then
+  export SBX_NNG_DL="$repo/build/nng/dl"
+fi
 (cd "$tmp/sbx" && DEB_BUILD_OPTIONS="nocheck" dpkg-buildpackage -b -us -uc)
 cp "$tmp"/*.deb "$out/"
 ls -l "$out"/*.deb

@@ -12,8 +12,12 @@ pkgs=(
   # build
   build-essential pkg-config
   # libraries named by the project, and the ones it chose (see README)
-  libnng-dev libmsgpack-dev liblmdb-dev lmdb-utils libseccomp-dev uuid-dev
+  libmsgpack-dev liblmdb-dev lmdb-utils libseccomp-dev uuid-dev
   libxxhash-dev libjansson-dev
+  # nng: Debian's 1.5.2 source with the upstream fix of its listener stall, built into
+  # build/nng by tools/nng-build.sh (the Makefile runs it): cmake, patch, curl to fetch
+  # it from the Debian archive, mbedTLS for its TLS transport
+  cmake patch curl libmbedtls-dev
   # the HTTP front: server, upstream client for preview URLs, WebSocket framing, SHA-1
   libmicrohttpd-dev libcurl4-openssl-dev libwslay-dev nettle-dev
   # tests: the framework; libFuzzer targets (clang with its fuzzer runtime) and the
