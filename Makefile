@@ -47,14 +47,15 @@ AGENT_LDFLAGS_release := -static
 AGENT_LDFLAGS_asan    :=
 LDLIBS_TEST   := -lcriterion -lcurl -lnettle
 # Criterion talks to its test workers through nanomsg (nn_socket, nn_recv, …
-# over ipc:///tmp/criterion_<pid>.sock).  libnng also exports those names (its
-# nanomsg compatibility layer), and a binary linked with -lnng before
-# libcriterion's own libnanomsg got nng 1.5.2's: whose listener stops
-# accepting for good after a connection reset during its handshake (the bug
-# of docs/cluster.md note 12, in its ipc transport).  A Criterion runner
-# whose listener stops accepting waits forever for its next worker: the
-# suite's "HUNG" binaries.  Naming libnanomsg first, before any library,
-# makes the dynamic linker bind Criterion's nn_* calls to it.
+# over ipc:///tmp/criterion_<pid>.sock).  Debian's libnng.so also exports
+# those names (its nanomsg compatibility layer), and a binary linked with
+# -lnng before libcriterion's own libnanomsg got nng 1.5.2's unpatched ipc
+# transport, whose listener stops accepting for good after a connection
+# fails during its handshake (docs/cluster.md, "The patched nng"): a
+# Criterion runner whose listener stops waits forever for its next worker,
+# the suite's "HUNG" binaries.  The static patched nng exports nothing; naming
+# libnanomsg first, before any library, keeps Criterion's nn_* calls bound
+# to it whatever else a binary links.
 CRITERION_IPC := -Wl,--push-state,--no-as-needed -lnanomsg -Wl,--pop-state
 
 RELEASE_CFLAGS := $(CFLAGS_COMMON) -O2
