@@ -32,7 +32,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -904,19 +903,6 @@ static struct {
     char veth[16];   /* its veth's bridge end */
 } cd = {{-1, -1}, "", ""};
 
-static int
-cd_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int
-cd_sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void
 cd_cleanup(void)
@@ -928,7 +914,7 @@ cd_cleanup(void)
             cd.pid[i] = -1;
         }
     if (cd.ns[0])
-        cd_sh("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", cd.ns,
+        cl_shf("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", cd.ns,
               cd.veth);
     cd.ns[0] = '\0';
 }
@@ -1062,7 +1048,7 @@ Test(cluster, t25_a_sandbox_reaches_no_member_of_its_cluster, .timeout = 150,
     const char *tag = e->cluster + 1;
     snprintf(cd.veth, sizeof(cd.veth), "sx%scd", tag);
     snprintf(cd.ns, sizeof(cd.ns), "sbx%scd", e->prefix + 1);
-    cr_assert_eq(cd_sh("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
+    cr_assert_eq(cl_shf("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
                        "ip link set %s master sbxb%s up && ip -n %s addr add %s/24 dev eth0 && "
                        "ip -n %s link set eth0 up && ip -n %s link set lo up",
                        cd.ns, cd.veth, cd.ns, cd.veth, tag, cd.ns, host, cd.ns, cd.ns),

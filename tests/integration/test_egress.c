@@ -25,7 +25,6 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,19 +46,6 @@ static char ns_name[64], host_if[16], host_ip[16], peer_ip[16];
 static pid_t server_pid = -1, host_listener_pid = -1;
 static int host_port;
 
-static int
-sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int
-sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* serve — accept on fd forever, answer each connection with BODY. */
 static void __attribute__((noreturn))
@@ -153,7 +139,7 @@ host_up(void)
              (base >> 8) & 255, (base & 255) + 2);
     snprintf(ns_name, sizeof(ns_name), "%segr%d", test_prefix(), p);
     snprintf(host_if, sizeof(host_if), "egh%d", p);
-    cr_assert_eq(sh("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
+    cr_assert_eq(test_shf("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
                     "ip addr add %s/30 dev %s && ip link set %s up && "
                     "ip -n %s addr add %s/30 dev eth0 && ip -n %s link set eth0 up && "
                     "ip -n %s link set lo up && ip -n %s route add default via %s && "
@@ -182,7 +168,7 @@ host_down(void)
     stop_child(&server_pid);
     stop_child(&host_listener_pid);
     if (ns_name[0])
-        sh("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", ns_name,
+        test_shf("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", ns_name,
            host_if);
 }
 
@@ -695,7 +681,7 @@ Test(egress, git_checkout_over_https_when_the_policy_allows)
     char dir[128];
     snprintf(dir, sizeof(dir), "/tmp/sbx-egit-%sXXXXXX", test_prefix());
     cr_assert_not_null(mkdtemp(dir));
-    cr_assert_eq(sh("tools/sbx-cert ca %s/pki >/dev/null && "
+    cr_assert_eq(test_shf("tools/sbx-cert ca %s/pki >/dev/null && "
                     "tools/sbx-cert node %s/pki gitsrv --san IP:%s >/dev/null && "
                     "git init -q --bare %s/srv/repo.git && git init -q %s/w && "
                     "echo served-over-https > %s/w/f && git -C %s/w add f && "
@@ -749,12 +735,12 @@ Test(egress, git_checkout_over_https_when_the_policy_allows)
     }
     int st = 0;
     if (!up) {
-        sh("cat %s/server.log >&2", dir);
+        test_shf("cat %s/server.log >&2", dir);
         if (waitpid(srv, &st, WNOHANG) != srv) {
             kill(srv, SIGKILL);
             waitpid(srv, &st, 0);
         }
-        sh("rm -rf %s", dir);
+        test_shf("rm -rf %s", dir);
         cr_assert_fail("the test host's https git server did not start (status %d)", st);
     }
     sbx_client *c = test_client();
@@ -819,7 +805,7 @@ Test(egress, git_checkout_over_https_when_the_policy_allows)
     destroy(c, no);
     sbx_client_close(c);
     free(ca);
-    sh("rm -rf %s", dir);
+    test_shf("rm -rf %s", dir);
     cr_expect_eq(rc[0], 0, "git.checkout over https of an allowed host: %s %s", code[0], msg[0]);
     cr_expect(ec == 0 && out && !strcmp(out, "served-over-https\n"),
               "the checkout's file: exit %d, %s", ec, out ? out : "(none)");
@@ -846,7 +832,7 @@ Test(egress, ipv6_reaches_nothing)
     char h6[64], t6[64], nspath[128];
     snprintf(h6, sizeof(h6), "fd5b:%x::1", p);
     snprintf(t6, sizeof(t6), "fd5b:%x::2", p);
-    cr_assert_eq(sh("ip addr add %s/64 dev %s nodad && ip -n %s addr add %s/64 dev eth0 nodad",
+    cr_assert_eq(test_shf("ip addr add %s/64 dev %s nodad && ip -n %s addr add %s/64 dev eth0 nodad",
                     h6, host_if, ns_name, t6),
                  0, "could not give the test host an IPv6 address");
     snprintf(nspath, sizeof(nspath), "/run/netns/%s", ns_name);
@@ -854,7 +840,7 @@ Test(egress, ipv6_reaches_nothing)
     cr_assert_gt(l6, 0, "IPv6 listener in the test host");
     cr_assert_gt(h6l, 0, "IPv6 listener on the host");
     /* The listeners answer over IPv6 from the host: a failure below is the sandbox's. */
-    cr_assert_eq(sh("timeout 5 bash -c 'exec 3<>/dev/tcp/%s/8080 && printf \"GET /\\r\\n\\r\\n\" "
+    cr_assert_eq(test_shf("timeout 5 bash -c 'exec 3<>/dev/tcp/%s/8080 && printf \"GET /\\r\\n\\r\\n\" "
                     ">&3 && cat <&3' | grep -q " BODY, t6),
                  0, "the test host's IPv6 listener does not answer the host");
 
@@ -904,5 +890,5 @@ Test(egress, ipv6_reaches_nothing)
     sbx_client_close(c);
     stop_child(&l6);
     stop_child(&h6l);
-    sh("ip addr del %s/64 dev %s 2>/dev/null; true", h6, host_if);
+    test_shf("ip addr del %s/64 dev %s 2>/dev/null; true", h6, host_if);
 }

@@ -31,7 +31,6 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,20 +53,6 @@ static pid_t dnsmasq_pid = -1, srv_pids[8], bulk_pid = -1, git_pid = -1;
 static char git_dir[128], inject_path[128], secret[64];
 static int nsrv;
 static struct testd *live;
-
-static int
-sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int
-sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 enum mode { M_BODY, M_BULK, M_SINK, M_ECHO };
 
@@ -176,7 +161,7 @@ static bool
 dns_ready(void)
 {
     for (int i = 0; i < 50; i++) {
-        if (sh("python3 -c \"import socket,sys\n"
+        if (test_shf("python3 -c \"import socket,sys\n"
                "q=b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00"
                "\\x07allowed\\x04test\\x00\\x00\\x01\\x00\\x01'\n"
                "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(0.2)\n"
@@ -217,7 +202,7 @@ suite_up(void)
     snprintf(ns_name, sizeof(ns_name), "%sdns%d", test_prefix(), p);
     snprintf(ns_path, sizeof(ns_path), "/run/netns/%s", ns_name);
     snprintf(host_if, sizeof(host_if), "edh%d", p);
-    up_assert_eq(sh("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
+    up_assert_eq(test_shf("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
                     "ip addr add %s/29 dev %s && ip link set %s up && "
                     "ip -n %s addr add %s/29 dev eth0 && ip -n %s addr add %s/29 dev eth0 && "
                     "ip -n %s addr add %s/29 dev eth0 && ip -n %s link set eth0 up && "
@@ -227,7 +212,7 @@ suite_up(void)
                     ns_name, ip_ok, ns_name, ip_other, ns_name, ns_name, ns_name, host_ip,
                     host_if),
                  0, "could not make the test host %s", ns_name);
-    up_assert_eq(sh("ip -n %s addr add %s/29 dev eth0", ns_name, ip_deny), 0,
+    up_assert_eq(test_shf("ip -n %s addr add %s/29 dev eth0", ns_name, ip_deny), 0,
                  "could not add %s", ip_deny);
     int ports[] = {8080, 9090};
     for (size_t i = 0; i < SBX_ARRAY_LEN(ports); i++) {
@@ -270,7 +255,7 @@ suite_up(void)
     up_assert(dns_ready(), "dnsmasq in %s does not answer", ns_name);
     /* A bare repository with one commit, served as static files. */
     snprintf(git_dir, sizeof(git_dir), "/tmp/sbx-dnsgit-%s%d", test_prefix(), p);
-    up_assert_eq(sh("set -e; rm -rf %s; mkdir -p %s/w; cd %s/w; git init -q -b main; "
+    up_assert_eq(test_shf("set -e; rm -rf %s; mkdir -p %s/w; cd %s/w; git init -q -b main; "
                     "echo hello-over-git > README; git add README; "
                     "git -c user.name=t -c user.email=t@t commit -q -m one; "
                     "git clone -q --bare . ../repo.git; cd ../repo.git; git update-server-info",
@@ -326,12 +311,12 @@ suite_down(void)
     stop_child(&dnsmasq_pid);
     stop_child(&git_pid);
     if (git_dir[0])
-        sh("rm -rf %s", git_dir);
+        test_shf("rm -rf %s", git_dir);
     stop_child(&bulk_pid);
     for (int i = 0; i < nsrv; i++)
         stop_child(&srv_pids[i]);
     if (ns_name[0])
-        sh("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", ns_name,
+        test_shf("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", ns_name,
            host_if);
 }
 
@@ -734,7 +719,7 @@ Test(egress_dns, lookup_round_trip_figures)
     snprintf(cmd, sizeof(cmd), py, dns_ip);
     char hcmd[1200];
     snprintf(hcmd, sizeof(hcmd), "%s > /tmp/sbx-dnsrt-%d 2>&1", cmd, (int)getpid());
-    sh("%s", hcmd);
+    test_shf("%s", hcmd);
     char path[64], *h = NULL;
     size_t hn;
     snprintf(path, sizeof(path), "/tmp/sbx-dnsrt-%d", (int)getpid());
@@ -991,7 +976,7 @@ Test(egress_dns, proxied_connections_are_counted_and_capped)
  * same test host's other address stays reachable (issue 14). */
 Test(egress_dns, deployment_denied_addresses_stay_closed)
 {
-    cr_assert_eq(sh("curl -s --max-time 5 http://%s:8080/ | grep -q %s", ip_deny, BODY), 0,
+    cr_assert_eq(test_shf("curl -s --max-time 5 http://%s:8080/ | grep -q %s", ip_deny, BODY), 0,
                  "the host does not reach %s itself: the test proves nothing", ip_deny);
     sbx_client *c = client();
     char *id = test_id("deny");
@@ -1210,7 +1195,7 @@ Test(egress_dns, aaaa_answers_are_empty)
     sbx_client *c = client();
     char *id = test_id("dns-v6");
     /* Upstream has an AAAA record for it: an empty answer below is sbx's. */
-    cr_assert_eq(sh("python3 -c \"import socket,sys\n"
+    cr_assert_eq(test_shf("python3 -c \"import socket,sys\n"
                     "q=b'\\x12\\x35\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00"
                     "\\x07allowed\\x04test\\x00\\x00\\x1c\\x00\\x01'\n"
                     "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(2)\n"

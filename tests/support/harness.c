@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -330,4 +331,16 @@ test_json_int(const char *json, const char *key)
     snprintf(k, sizeof(k), "\"%s\":", key);
     const char *p = strstr(json, k);
     return p ? strtoll(p + strlen(k), NULL, 10) : -1;
+}
+
+int
+test_shf(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

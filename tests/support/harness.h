@@ -73,6 +73,11 @@ int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
 /* Elapsed monotonic milliseconds. */
 double test_now_ms(void);
 
+/* test_shf — run the shell command line made from fmt (printf(3)) with
+ * system(3); its exit status, or -1 when it did not exit (a signal).  For
+ * the test's own set-up commands (ip, nft, servers in netns). */
+int test_shf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* test_json_int — the integer after the first "key": in the JSON text json
  * (a flat search: the first member of that name at any depth), or -1 when
  * there is none.  For reading one figure of a status reply in a test. */
