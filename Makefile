@@ -119,7 +119,7 @@ BENCH   := tools/bench.c tools/bench_burst.c tools/bench_image.c tools/bench_wor
 UNIT_TESTS  := $(wildcard tests/unit/test_*.c)
 INTEG_TESTS := $(wildcard tests/integration/test_*.c tests/security/test_*.c)
 TEST_SUPPORT := tests/support/harness.c tests/support/httpc.c tests/support/httpapi.c \
-                tests/support/wsclient.c tests/support/hostlocks.c
+                tests/support/wsclient.c tests/support/hostlocks.c tests/support/shell.c
 
 # Header dependencies are real: every object is compiled with -MMD -MP and its
 # .d file (next to the .o) is included below, so touching one header rebuilds
@@ -587,7 +587,7 @@ faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 CLUSTER_TESTS   := $(wildcard tests/cluster/test_*.c)
 CLUSTER_SUPPORT := tests/cluster/cluster.c tests/cluster/cluster_sup.c tests/cluster/cluster_state.c \
                    tests/cluster/cluster_client.c runtime/etcd.c runtime/place.c \
-                   tests/support/hostlocks.c
+                   tests/support/hostlocks.c tests/support/shell.c
 CLUSTER_LINK    := $(call objs,asan,$(sort $(CLIENT)) $(CLUSTER_SUPPORT) tests/cluster/cluster_main.c \
                                     tests/cluster/eproxy.c tests/cluster/cluster_util.c)
 CLUSTER_BINS    := $(patsubst %.c,build/asan/%,$(CLUSTER_TESTS))

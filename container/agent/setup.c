@@ -590,6 +590,29 @@ out:
     return rc;
 }
 
+/* /workspace, /tmp and /home: directories <from>/<name> (made with their
+ * modes where missing: a persistent workspace keeps them) bound on
+ * <to>/<name> (made here).  0 or the failing step's code with *err. */
+static int
+bind_rw_dirs(const char *from, const char *to, sbx_err_t *err)
+{
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } rw[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}};
+    int rc = 0;
+    for (size_t i = 0; i < SBX_ARRAY_LEN(rw); i++) {
+        char src[64], dst[64];
+        snprintf(src, sizeof(src), "%s/%s", from, rw[i].name);
+        snprintf(dst, sizeof(dst), "%s/%s", to, rw[i].name);
+        STEP(mkdir_ok(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
+        STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
+        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
+    }
+out:
+    return rc;
+}
+
 /*
  * The writable tmpfs of a host-/usr sandbox, and its root in it.  One tmpfs
  * of the sandbox's disk quota (size=, nr_inodes=) holds /workspace, /tmp,
@@ -623,19 +646,9 @@ setup_rw_root(struct agent_cfg *cfg, sbx_err_t *err)
     STEP(mkdir(NEWROOT "/.root", 0755) == 0, "mkdir the root's directory");
     STEP(mount(NEWROOT "/.root", NEWROOT "/.root", NULL, MS_BIND, NULL) == 0,
          "bind the root's directory");
-    static const struct {
-        const char *name;
-        mode_t mode;
-    } rw[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}};
-    for (size_t i = 0; !cfg->ws && i < SBX_ARRAY_LEN(rw); i++) {
-        char src[64], dst[64];
-        snprintf(src, sizeof(src), NEWROOT "/%s", rw[i].name);
-        snprintf(dst, sizeof(dst), NEWROOT "/.root/%s", rw[i].name);
-        STEP(mkdir(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
-        STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
-        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
-    }
     if (!cfg->ws) {
+        if ((rc = bind_rw_dirs(NEWROOT, NEWROOT "/.root", err)) != 0)
+            goto out;
         STEP(mkdir(NEWROOT "/home/root", 0700) == 0, "mkdir /home/root");
         STEP(symlink("home/root", NEWROOT "/.root/root") == 0, "link /root");
     }
@@ -663,18 +676,8 @@ setup_rw(struct agent_cfg *cfg, sbx_err_t *err)
     STEP(mkdir(NEWROOT "/.rw", 0755) == 0, "mkdir /.rw");
     if ((rc = attach_ws(cfg, NEWROOT "/.rw", err)) != 0)
         goto out;
-    static const struct {
-        const char *name;
-        mode_t mode;
-    } rw[] = {{"workspace", 0755}, {"tmp", 01777}, {"home", 0755}};
-    for (size_t i = 0; i < SBX_ARRAY_LEN(rw); i++) {
-        char src[64], dst[64];
-        snprintf(src, sizeof(src), NEWROOT "/.rw/%s", rw[i].name);
-        snprintf(dst, sizeof(dst), NEWROOT "/%s", rw[i].name);
-        STEP(mkdir_ok(src, rw[i].mode) == 0 && chmod(src, rw[i].mode) == 0, "mkdir %s", src);
-        STEP(mkdir(dst, 0755) == 0, "mkdir /%s", rw[i].name);
-        STEP(mount(src, dst, NULL, MS_BIND, NULL) == 0, "bind /%s", rw[i].name);
-    }
+    if ((rc = bind_rw_dirs(NEWROOT "/.rw", NEWROOT, err)) != 0)
+        goto out;
     STEP(mkdir_ok(NEWROOT "/.rw/home/root", 0700) == 0, "mkdir /home/root");
     STEP(symlink("home/root", NEWROOT "/root") == 0, "link /root");
     STEP(umount2(NEWROOT "/.rw", MNT_DETACH) == 0, "detach /.rw");

@@ -20,9 +20,6 @@
 /* Nodes 0-2: the cluster every test starts from. */
 extern const int BASE[3];
 
-/* cl_shf — run the shell command line made from fmt (printf(3)) with
- * system(3); its exit status, or -1 when it did not exit (a signal). */
-int cl_shf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fail_with_logs(const char *what, const char *why);
 /* Wait until the cluster is exactly `set` and everything in it is ready. */
 double converge(const int *set, int n, int gw, const char *what);

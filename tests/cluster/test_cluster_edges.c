@@ -47,6 +47,7 @@
 #include "../../runtime/wire.h"
 #include "cluster.h"
 #include "eproxy.h"
+#include "../support/shell.h"
 #include "cluster_util.h"
 
 /* ------------------------------------------------------------------------------ */
@@ -914,7 +915,7 @@ cd_cleanup(void)
             cd.pid[i] = -1;
         }
     if (cd.ns[0])
-        cl_shf("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", cd.ns,
+        test_shf("ip netns delete %s 2>/dev/null; ip link delete %s 2>/dev/null; true", cd.ns,
               cd.veth);
     cd.ns[0] = '\0';
 }
@@ -1048,7 +1049,7 @@ Test(cluster, t25_a_sandbox_reaches_no_member_of_its_cluster, .timeout = 150,
     const char *tag = e->cluster + 1;
     snprintf(cd.veth, sizeof(cd.veth), "sx%scd", tag);
     snprintf(cd.ns, sizeof(cd.ns), "sbx%scd", e->prefix + 1);
-    cr_assert_eq(cl_shf("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
+    cr_assert_eq(test_shf("ip netns add %s && ip link add %s type veth peer name eth0 netns %s && "
                        "ip link set %s master sbxb%s up && ip -n %s addr add %s/24 dev eth0 && "
                        "ip -n %s link set eth0 up && ip -n %s link set lo up",
                        cd.ns, cd.veth, cd.ns, cd.veth, tag, cd.ns, host, cd.ns, cd.ns),

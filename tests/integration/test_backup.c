@@ -602,25 +602,6 @@ Test(backup, next_restore_sweeps_what_a_killed_restore_left)
     sbx_client_close(c);
 }
 
-/* The shard's pid: a child of the supervisor other than `not`. */
-static pid_t
-shard_pid(pid_t dev, pid_t not)
-{
-    DIR *d = opendir("/proc");
-    struct dirent *de;
-    pid_t found = -1;
-    while (d && (de = readdir(d)) != NULL) {
-        pid_t p = (pid_t)atoi(de->d_name);
-        if (p > 0 && p != not && test_ppid(p) == dev) {
-            found = p;
-            break;
-        }
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
 /* An acknowledged create is in the store when the shards are killed (-9)
  * at once after its answer: the restarted shards restore it, identical.
  * This shows the answer comes after the blob and entry are in place; it
@@ -637,7 +618,7 @@ Test(backup, acknowledged_backup_survives_a_shard_kill)
     char *want = sh(c, a, TREE_CMD("/workspace/proj"));
     char bid[64];
     backup(c, a, "{\"dir\":\"/workspace/proj\"}", bid, NULL);
-    pid_t s0 = shard_pid(live->pid, -1), s1 = shard_pid(live->pid, s0);
+    pid_t s0 = test_child_of(live->pid, -1), s1 = test_child_of(live->pid, s0);
     cr_assert(s0 > 0 && s1 > 0, "no shard processes");
     cr_assert_eq(kill(s0, SIGKILL), 0);
     cr_assert_eq(kill(s1, SIGKILL), 0);

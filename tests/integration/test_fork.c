@@ -181,25 +181,6 @@ id_on(const char *prefix, int src_shard, bool same)
     return NULL;
 }
 
-/* The shard's pid: a child of the supervisor (the first found). */
-static pid_t
-child_of(pid_t dev, pid_t not)
-{
-    DIR *d = opendir("/proc");
-    struct dirent *de;
-    pid_t found = -1;
-    while (d && (de = readdir(d)) != NULL) {
-        pid_t p = (pid_t)atoi(de->d_name);
-        if (p > 0 && p != not && test_ppid(p) == dev) {
-            found = p;
-            break;
-        }
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
 /* The checksums of every file of the repository and its log, as seen in id. */
 #define TREE_SUMS                                                                                 \
     "cd /workspace/repo && find . -type f | LC_ALL=C sort | xargs sha256sum && "                \
@@ -273,8 +254,8 @@ Test(fork, copies_the_workspace_and_forks_are_independent)
 
     /* The forks survive the source's destroy and a kill -9 of the shard. */
     ok(c, "destroy", src, "{}");
-    pid_t sp0 = child_of(live->pid, -1);
-    pid_t sp1 = child_of(live->pid, sp0);
+    pid_t sp0 = test_child_of(live->pid, -1);
+    pid_t sp1 = test_child_of(live->pid, sp0);
     cr_assert(sp0 > 0 && sp1 > 0, "no shard processes");
     cr_assert_eq(kill(sp0, SIGKILL), 0);
     cr_assert_eq(kill(sp1, SIGKILL), 0);
@@ -504,7 +485,7 @@ Test(fork, shard_killed_while_the_source_is_frozen)
     cr_assert_eq(ioctl(fd, FIFREEZE, 0), 0, "FIFREEZE %s", frozen);
     close(fd);
     usleep(200 * 1000); /* the writer blocks */
-    pid_t sp0 = child_of(live->pid, -1), sp1 = child_of(live->pid, sp0);
+    pid_t sp0 = test_child_of(live->pid, -1), sp1 = test_child_of(live->pid, sp0);
     cr_assert(sp0 > 0 && sp1 > 0);
     cr_assert_eq(kill(sp0, SIGKILL), 0);
     cr_assert_eq(kill(sp1, SIGKILL), 0);

@@ -2,6 +2,7 @@
 #include "harness.h"
 #include "hostlocks.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -9,7 +10,6 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -333,14 +333,20 @@ test_json_int(const char *json, const char *key)
     return p ? strtoll(p + strlen(k), NULL, 10) : -1;
 }
 
-int
-test_shf(const char *fmt, ...)
+pid_t
+test_child_of(pid_t parent, pid_t not)
 {
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    pid_t found = -1;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t p = (pid_t)atoi(de->d_name);
+        if (p > 0 && p != not && test_ppid(p) == parent) {
+            found = p;
+            break;
+        }
+    }
+    if (d)
+        closedir(d);
+    return found;
 }

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "shell.h"
 #include "../../include/sbx/sbx.h"
 
 struct testd {
@@ -73,11 +74,6 @@ int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
 /* Elapsed monotonic milliseconds. */
 double test_now_ms(void);
 
-/* test_shf — run the shell command line made from fmt (printf(3)) with
- * system(3); its exit status, or -1 when it did not exit (a signal).  For
- * the test's own set-up commands (ip, nft, servers in netns). */
-int test_shf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 /* test_json_int — the integer after the first "key": in the JSON text json
  * (a flat search: the first member of that name at any depth), or -1 when
  * there is none.  For reading one figure of a status reply in a test. */
@@ -87,6 +83,10 @@ long long test_json_int(const char *json, const char *key);
  * or -1 when pid is gone.  Tests check it before they signal a pid they
  * found, so that they signal only their own daemon's children. */
 pid_t test_ppid(pid_t pid);
+
+/* test_child_of — a child of parent other than not (-1: any), the first
+ * /proc lists (e.g. a shard of the `sbxd dev` whose pid is parent), or -1. */
+pid_t test_child_of(pid_t parent, pid_t not);
 
 /* test_tmpfs_mount — a fresh directory /tmp/sbx-<tag>-<test_prefix()>XXXXXX
  * (into dir, n ≥ 64 bytes) with a tmpfs of `size` (mount(8) syntax, e.g.
