@@ -301,6 +301,35 @@ write_base(struct shard *sh, const char *id)
     return a && actor_write_failed(a, seq) ? 0 : seq;
 }
 
+static void
+release_store(sbx_loop *l, void *arg)
+{
+    struct shard *sh = arg;
+    (void)l;
+    if (!sh->store_held)
+        return; /* the store was closed meanwhile (shard.c clears the flag first) */
+    sh->store_held = false;
+    sbx_store_release(sh->store);
+}
+
+/* Hold the store until the current loop callback has ended (a posted
+ * callback runs after it): a state write and the recorded reply of its
+ * operation, made later in the same callback, are then taken by one batch
+ * and committed together (idem_persist uses sbx_store_put_with).  Without
+ * it the writer could commit the write alone, and a crash before the
+ * reply's record left a change whose retry runs again: a destroy retried
+ * after a kill -9 answered `destroyed: false` (make faults-smoke,
+ * not_linearizable). */
+static void
+hold_store(struct shard *sh)
+{
+    if (sh->store_held)
+        return;
+    sh->store_held = true;
+    sbx_store_hold(sh->store);
+    sbx_loop_post(sh->loop, release_store, sh);
+}
+
 uint64_t
 shard_store_record(struct shard *sh, struct sbx_record *r)
 {
@@ -309,6 +338,7 @@ shard_store_record(struct shard *sh, struct sbx_record *r)
     r->updated_ms = sbx_wall_ms();
     if (sbx_record_encode(r, &buf, &len) != 0)
         return 0;
+    hold_store(sh);
     uint64_t seq = sbx_store_put_after(sh->store, SBX_DB_SANDBOXES, r->id, strlen(r->id), buf,
                                        len, write_base(sh, r->id));
     sh->part_seq[sbx_place_partition(r->id, strlen(r->id))] = seq;
@@ -320,6 +350,7 @@ shard_store_record(struct shard *sh, struct sbx_record *r)
 uint64_t
 shard_store_delete(struct shard *sh, const char *id)
 {
+    hold_store(sh);
     uint64_t seq = sbx_store_del_after(sh->store, SBX_DB_SANDBOXES, id, strlen(id),
                                        write_base(sh, id));
     /* The destroy's tombstone: a handoff waits for it (actor_partition_quiesce);

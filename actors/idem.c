@@ -197,9 +197,10 @@ idem_persist(struct sop *op, const char *buf, size_t len, uint64_t need_seq)
     if (op->intent_seq)
         op->idem_seq = sbx_store_put_lazy_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
                                                 IDEM_HDR + len, need_seq);
-    else
-        op->idem_seq = sbx_store_put_after(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
-                                           IDEM_HDR + len, need_seq);
+    else /* in one transaction with the operation's write: a crash never
+          * keeps the change without the reply its retry must get */
+        op->idem_seq = sbx_store_put_with(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v,
+                                          IDEM_HDR + len, need_seq);
     op->idem_need = need_seq;
     sh->idem.dbytes -= e->dlen; /* the intent it replaces, if any */
     e->dlen = IDEM_HDR + len;

@@ -681,6 +681,7 @@ stop:
     if (sh->nctx)
         nng_close(sh->rep);
 out:
+    sh->store_held = false; /* a close ends the hold; the posted release is a no-op */
     if (sh->store)
         sbx_store_close(sh->store);
     if (t_stop)

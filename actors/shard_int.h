@@ -390,6 +390,10 @@ struct shard {
      * their queued images are not what the record is (gate.c, actor.c). */
     uint64_t part_reset_seq[SBX_PARTITIONS];
     struct held *held;
+    /* The store is held (sbx_store_hold) from a record write to the end of
+     * the loop callback that made it, so the reply's idempotency record,
+     * made in that callback, commits with it (gate.c hold_store). */
+    bool store_held;
     struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
     struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
 
@@ -619,7 +623,10 @@ void shard_commit_wait(struct actor *a);
 uint64_t shard_store_delete(struct shard *sh, const char *id);
 /* shard_store_record — set r->updated_ms, queue the write of r (encoded) and
  * its replication, and track it for the output gate; its sequence number,
- * or 0 if r could not be encoded (nothing written). */
+ * or 0 if r could not be encoded (nothing written).  Loop thread only: the
+ * store is held until the current loop callback ends, so the reply that
+ * callback records (idem_persist, sbx_store_put_with) is committed in the
+ * same transaction as the write (shard_store_delete too). */
 uint64_t shard_store_record(struct shard *sh, struct sbx_record *r);
 
 /*

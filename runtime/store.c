@@ -20,6 +20,7 @@ struct wop {
     struct wop *next;
     uint64_t seq;
     uint64_t after; /* the write it was made on top of (sbx_store_put_after), or 0 */
+    bool with;      /* committed in one transaction with `after` (sbx_store_put_with) */
     int rc;         /* commit_batch: its failure, if decided before its batch ran */
     int db;
     bool del;
@@ -47,6 +48,9 @@ struct sbx_store {
      * write queued since the queue was last empty). */
     uint64_t urgent;
     int64_t lazy_due;
+    /* sbx_store_hold: writes with seq >= hold_from wait in the queue until
+     * sbx_store_release (0: no hold). */
+    uint64_t hold_from;
     uint64_t decided;       /* all writes ≤ decided have a result */
     /* Every failed range (adjacent ones with the same rc merged), so
      * sbx_store_wait reports a failure however long ago it was decided. */
@@ -245,6 +249,14 @@ report(sbx_store *s, struct wop *ops, size_t n, int rc)
     }
 }
 
+/* Whether o must go in the batch that starts at first: it is to be committed
+ * with a write of that batch (sbx_store_put_with). */
+static bool
+joins(const struct wop *first, const struct wop *o)
+{
+    return o->with && o->after >= first->seq;
+}
+
 /* Commit a batch of n ops and report it.  A write made on top of one that
  * failed fails too, and is left out (store.h: a failed change never
  * becomes durable through a later write).  A batch that does not fit is
@@ -271,28 +283,50 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
     if (rc == SBX_E_STORAGE_FULL && live > 1) {
         sbx_log_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
                  (unsigned long long)ops->seq, (unsigned long long)last);
+        /* One write per transaction — with the writes to be committed
+         * with it (sbx_store_put_with): they fit or fail together. */
         o = ops;
-        for (size_t i = 0; i < n; i++, o = o->next) {
+        for (size_t i = 0; i < n;) {
+            size_t k = 1;
+            for (const struct wop *p = o->next; i + k < n && joins(o, p); p = p->next)
+                k++;
             /* Decided in order: an earlier failure of this batch is known. */
-            int r = after_failed(s, o, o);
-            if (!r && !o->rc)
-                r = apply_growing(s, o, 1);
-            o->rc = o->rc ? o->rc : r;
-            report(s, o, 1, 0);
+            size_t glive = 0;
+            struct wop *m = o;
+            for (size_t j = 0; j < k; j++, m = m->next) {
+                int r = after_failed(s, o, m);
+                m->rc = m->rc ? m->rc : r;
+                glive += !m->rc;
+            }
+            int r = glive ? apply_growing(s, o, k) : 0;
+            m = o;
+            for (size_t j = 0; j < k; j++, m = m->next)
+                m->rc = m->rc ? m->rc : r;
+            report(s, o, k, 0);
+            o = m;
+            i += k;
         }
         return;
     }
     report(s, ops, n, rc);
 }
 
+/* Under mu: whether write o waits for a release (sbx_store_hold). */
+static bool
+held(const sbx_store *s, const struct wop *o)
+{
+    return s->hold_from && o->seq >= s->hold_from && !s->stopping;
+}
+
 /* Under mu: whether the writer should take the queue now. */
 static bool
 queue_due(sbx_store *s)
 {
-    if (!s->head)
+    if (!s->head || held(s, s->head))
         return false;
     return s->stopping || s->urgent >= s->head->seq || sbx_mono_ms() >= s->lazy_due;
 }
+
 
 static void *
 writer_main(void *arg)
@@ -301,8 +335,8 @@ writer_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!queue_due(s) && !s->stopping) {
-            if (!s->head) {
-                pthread_cond_wait(&s->cv, &s->mu);
+            if (!s->head || held(s, s->head)) {
+                pthread_cond_wait(&s->cv, &s->mu); /* a write or a release wakes us */
                 continue;
             }
             /* Lazy writes only: until one is due, or a write wakes us. */
@@ -310,14 +344,22 @@ writer_main(void *arg)
                                   .tv_nsec = (long)(s->lazy_due % 1000) * 1000000L};
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
-        /* Take a bounded prefix of the queue (store.h); the rest waits. */
+        /* Take a bounded prefix of the queue (store.h), never a held write,
+         * never a write without the ones to be committed with it; the
+         * rest waits. */
         struct wop *ops = s->head, *end = ops;
         size_t n = 0, bytes = 0;
-        while (end && n < SBX_STORE_BATCH_OPS &&
-               (n == 0 || bytes + end->kn + end->vn <= SBX_STORE_BATCH_BYTES)) {
+        while (end && !held(s, end) &&
+               ((n < SBX_STORE_BATCH_OPS &&
+                 (n == 0 || bytes + end->kn + end->vn <= SBX_STORE_BATCH_BYTES)) ||
+                joins(ops, end))) {
             bytes += end->kn + end->vn;
             n++;
             end = end->next;
+        }
+        if (ops && n == 0) { /* cannot happen: a due head is never held */
+            pthread_mutex_unlock(&s->mu);
+            continue;
         }
         s->head = end;
         if (!end) {
@@ -497,11 +539,12 @@ sbx_store_foreach(sbx_store *s, int db,
 
 static uint64_t
 enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v, size_t vn,
-        uint64_t after, bool lazy)
+        uint64_t after, bool lazy, bool with)
 {
     struct wop *o = sbx_xmalloc(sizeof(*o) + kn + vn);
     o->next = NULL;
     o->after = after;
+    o->with = with && after;
     o->rc = 0;
     o->db = db;
     o->del = del;
@@ -531,21 +574,48 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
 uint64_t
 sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
 {
-    return enqueue(s, db, false, k, kn, v, vn, 0, false);
+    return enqueue(s, db, false, k, kn, v, vn, 0, false, false);
 }
 
 uint64_t
 sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn,
                     uint64_t after)
 {
-    return enqueue(s, db, false, k, kn, v, vn, after, false);
+    return enqueue(s, db, false, k, kn, v, vn, after, false, false);
+}
+
+uint64_t
+sbx_store_put_with(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn,
+                   uint64_t with)
+{
+    return enqueue(s, db, false, k, kn, v, vn, with, false, true);
+}
+
+void
+sbx_store_hold(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!s->hold_from)
+        s->hold_from = s->next_seq;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void
+sbx_store_release(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->hold_from) {
+        s->hold_from = 0;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 uint64_t
 sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
                          size_t vn, uint64_t after)
 {
-    return enqueue(s, db, false, k, kn, v, vn, after, true);
+    return enqueue(s, db, false, k, kn, v, vn, after, true, false);
 }
 
 uint64_t
@@ -560,19 +630,24 @@ sbx_store_last_seq(sbx_store *s)
 uint64_t
 sbx_store_del(sbx_store *s, int db, const void *k, size_t kn)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0, 0, false);
+    return enqueue(s, db, true, k, kn, NULL, 0, 0, false, false);
 }
 
 uint64_t
 sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0, after, false);
+    return enqueue(s, db, true, k, kn, NULL, 0, after, false, false);
 }
 
 int
 sbx_store_wait(sbx_store *s, uint64_t seq)
 {
     pthread_mutex_lock(&s->mu);
+    if (s->hold_from && seq >= s->hold_from) {
+        /* Waiting for a held write ends the hold (store.h). */
+        s->hold_from = 0;
+        pthread_cond_signal(&s->cv);
+    }
     if (s->decided < seq && s->urgent < seq) {
         /* A lazy write someone waits for is due now. */
         s->urgent = seq;

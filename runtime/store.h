@@ -13,7 +13,8 @@
  *  - a batch is bounded: at most SBX_STORE_BATCH_OPS writes and, beyond its
  *    first write, at most SBX_STORE_BATCH_BYTES of keys and values, so one
  *    transaction (and its dirty pages in memory) stays small however much
- *    is queued;
+ *    is queued (beyond them only the writes to be committed with one of its
+ *    writes: sbx_store_put_with);
  *  - the map starts at `mapsize` (sparse on disk) and grows: a batch that
  *    meets MDB_MAP_FULL is aborted, the map is doubled (up to `map_max`,
  *    mdb_env_set_mapsize, with no read transaction open: readers hold a
@@ -24,6 +25,8 @@
  *    transaction, so the ones that fit are committed; reads keep working;
  *    LMDB's EIO for a short write of its pages (a full tmpfs) counts as a
  *    full file system when the data directory has (nearly) no space left;
+ *  - writes that must be atomic are committed together (sbx_store_put_with,
+ *    sbx_store_hold below);
  *  - a write made on top of another (sbx_store_put_after) fails, with that
  *    one's code, when that one failed: what a failed write changed never
  *    becomes durable through a later write queued before the failure was
@@ -121,6 +124,34 @@ uint64_t sbx_store_last_seq(sbx_store *s);
 uint64_t sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
                              size_t vn, uint64_t after);
 uint64_t sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after);
+
+/*
+ * sbx_store_put_with — sbx_store_put_after for a write that must be
+ * committed in the same transaction as write `with` whenever both are
+ * still queued when the writer takes a batch: the batch's bounds never
+ * separate them, and a batch that does not fit is retried with them
+ * together (they fit or fail together).  With a hold (below) around both,
+ * neither is taken before the other is queued.  Its use: a state change
+ * and its recorded reply in the idempotency table (actors/idem.c), so a
+ * crash never leaves the change without the reply a retry must get (a
+ * destroy answered `destroyed: false` on its retry: the fault test's
+ * not_linearizable).  Thread-safe.
+ */
+uint64_t sbx_store_put_with(sbx_store *s, int db, const void *k, size_t kn, const void *v,
+                            size_t vn, uint64_t with);
+
+/*
+ * sbx_store_hold / sbx_store_release — the writes queued from the hold on
+ * (by any thread) stay in the queue until the release; writes queued
+ * before it are committed as usual.  A hold is not counted: a second hold
+ * is a no-op, one release ends it.  A close, and an sbx_store_wait for a
+ * held write (the caller needs it decided), end it too.  The holder must
+ * release it soon (the shard holds from a state write to the end of the
+ * loop callback that made it: actors/gate.c shard_store_record).
+ * Thread-safe.
+ */
+void sbx_store_hold(sbx_store *s);
+void sbx_store_release(sbx_store *s);
 
 /*
  * sbx_store_put_lazy_after — sbx_store_put_after for a write nobody needs

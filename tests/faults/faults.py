@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -125,11 +125,17 @@ class ExecWatch(threading.Thread):
                 pass
 
 
+# Upper bounds of write, read, create and destroy in [0, 1); the rest is exec.
+MIXES = {"default": (0.38, 0.78, 0.83, 0.88), "lifecycle": (0.10, 0.30, 0.65, 1.0)}
+
+
 class Run:
     """Shared state of the client threads (the history, keys, counters)."""
 
-    def __init__(self, url: str, nkeys: int, seed: int) -> None:
+    def __init__(self, url: str, nkeys: int, seed: int,
+                 mix: Tuple[float, ...] = (0.38, 0.78, 0.83, 0.88)) -> None:
         self.url = url
+        self.mix = mix  # upper bounds of write, read, create, destroy; the rest exec
         self.tag = uuid.uuid4().hex[:6]
         self.lock = threading.Lock()
         self.history: List[Op] = []
@@ -231,13 +237,14 @@ def client_loop(run: Run, client: int, nslots: int) -> None:
             slot = rng.choice(my)
             key = run.key_for(slot)
             x = rng.random()
-            if x < 0.38:
+            w, r, c, d = run.mix
+            if x < w:
                 do_op(run, cli, client, key, "write", run.next_value(key))
-            elif x < 0.78:
+            elif x < r:
                 do_op(run, cli, client, key, "read")
-            elif x < 0.83:
+            elif x < c:
                 do_op(run, cli, client, key, "create")
-            elif x < 0.88:
+            elif x < d:
                 do_op(run, cli, client, key, "destroy")
             else:
                 with run.lock:
@@ -319,6 +326,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shards", type=int, default=0, help="default dev 2, cluster 3")
     ap.add_argument("--tmpfs-mb", type=int, default=0,
                     help="data directory on a tmpfs of this size (needed by the fill fault)")
+    ap.add_argument("--mix", choices=sorted(MIXES), default="default",
+                    help="the operations' shares: default (38%% write, 40%% read, 5%% create, "
+                         "5%% destroy, 12%% exec) or lifecycle (10%% write, 20%% read, 35%% "
+                         "create, 35%% destroy: the answers whose retry must not run again)")
     ap.add_argument("--history", help="write the history (JSON lines) here")
     ap.add_argument("--max-seconds", type=int, default=0,
                     help="end the run (exit 2, after cleaning up) after this long "
@@ -358,7 +369,7 @@ def main(argv=None) -> int:
         else:
             dep = DevDeployment(shards=a.shards, tmpfs_mb=a.tmpfs_mb, log=say)
             say(f"sbxd dev {dep.name} at {dep.url}, data {dep.data}")
-        run = Run(dep.url, a.keys, a.seed)
+        run = Run(dep.url, a.keys, a.seed, MIXES[a.mix])
         watch = ExecWatch(run.exec_ids)
         watch.start()
         for c in range(a.clients):

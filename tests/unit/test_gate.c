@@ -86,6 +86,7 @@ static void
 teardown(void)
 {
     if (sh) {
+        sh->store_held = false; /* as the shard does: the posted release is a no-op */
         if (sh->store)
             sbx_store_close(sh->store);
         drain(); /* the last notes: their memory */
@@ -392,7 +393,7 @@ expect_answered_ok(const char *id, size_t n)
     cr_expect_eq(e->len, n, "the answer is %zu bytes, not the success's %zu", e->len, n);
 }
 
-Test(gate, a_reply_whose_idempotency_record_does_not_fit_still_answers_the_committed_write)
+Test(gate, a_reply_whose_idempotency_record_does_not_fit_fails_the_write_with_it)
 {
     struct actor *a = actor_get(sh, "gate-d", true);
     cr_assert_not_null(a);
@@ -404,7 +405,11 @@ Test(gate, a_reply_whose_idempotency_record_does_not_fit_still_answers_the_commi
     cr_assert_eq(sbx_store_wait(sh->store, s0), 0);
     drain();
 
-    /* The op's write (small) commits; its reply of ~1 MB does not fit. */
+    /* The op's write (small) would fit; its reply of ~1 MB does not.  They
+     * are one transaction (sbx_store_put_with): both fail, the op is
+     * answered STORAGE_FULL, and nothing of it stays — neither the change
+     * (read back later, it would be a write answered as failed that took
+     * effect: the fault test's failed_write_visible) nor a reply. */
     struct sop *op = configure_op(a, "req-d");
     uint64_t s1 = write_env(a, "B", 10);
     size_t len;
@@ -412,12 +417,16 @@ Test(gate, a_reply_whose_idempotency_record_does_not_fit_still_answers_the_commi
     shard_reply(op, buf, len, s1);
     uint64_t i = op->idem_seq; /* op is freed once answered */
     cr_assert_gt(i, s1, "the reply was not recorded in the idempotency table");
-    cr_assert_eq(sbx_store_wait(sh->store, s1), 0, "the op's write must commit");
     cr_assert_eq(sbx_store_wait(sh->store, i), SBX_E_STORAGE_FULL,
                  "the reply's record fitted: the scenario needs it to fail");
+    cr_assert_eq(sbx_store_wait(sh->store, s1), SBX_E_STORAGE_FULL,
+                 "the op's write was committed without its reply's record");
     drain();
-    expect_answered_ok("req-d\x1fgate-d\x1fsandbox.configure", len);
-    expect_stored_env(a->id, "B", 10);
+    cr_expect_null(sh->held, "the reply is still held");
+    cr_expect_null(idem_find(sh, "req-d\x1fgate-d\x1fsandbox.configure"),
+                   "a failed op's answer was kept: its retry would not run it");
+    expect_stored_env(a->id, "A", 300000);
+    expect_env("in memory", a->rec.env, a->rec.env_len, "A", 300000);
 }
 
 Test(gate, a_failed_later_write_spanning_the_reply_record_leaves_the_committed_op_answered)
@@ -545,4 +554,40 @@ Test(gate, a_status_answered_for_a_sandbox_with_no_committed_record_waits_for_on
     cr_expect_eq(sbx_store_get(sh->store, SBX_DB_SANDBOXES, a->id, strlen(a->id), &val, &vn), 0,
                  "the sandbox answered as existing has no record in the store");
     free(val);
+}
+
+/* A state write and the recorded reply of its operation go to LMDB in one
+ * transaction, however long the shard takes between them within its loop
+ * callback: a crash in between would keep the change and lose the reply,
+ * and the retry would run again (make faults-smoke found a destroy retried
+ * after a kill -9 answered "destroyed: false"). */
+Test(gate, a_state_write_and_its_recorded_reply_commit_in_one_transaction)
+{
+    struct actor *a = actor_get(sh, "gate-h", true);
+    cr_assert_not_null(a);
+    a->exists = true;
+    snprintf(a->rec.id, sizeof(a->rec.id), "%s", a->id);
+    snprintf(a->rec.state, sizeof(a->rec.state), "stopped");
+    uint64_t b0, w0, f0;
+    sbx_store_stat(sh->store, &b0, &w0, &f0);
+
+    struct sop *op = configure_op(a, "req-h");
+    uint64_t s1 = write_env(a, "A", 10);
+    usleep(30 * 1000); /* the rest of the callback: the writer could take s1 alone */
+    cr_assert_lt(sbx_store_decided(sh->store), s1,
+                 "the state write was committed before its reply was recorded");
+    size_t len;
+    char *buf = ok_reply("req-h", 64, &len);
+    shard_reply(op, buf, len, s1);
+    uint64_t i = op->idem_seq;
+    cr_assert_gt(i, s1, "the reply was not recorded in the idempotency table");
+    drain(); /* the callback "ends": the store is released */
+    cr_assert_eq(sbx_store_wait(sh->store, i), 0);
+    uint64_t b1, w1, f1;
+    sbx_store_stat(sh->store, &b1, &w1, &f1);
+    cr_expect_eq(b1 - b0, 1u, "the write and its reply took %llu batches",
+                 (unsigned long long)(b1 - b0));
+    cr_expect_eq(w1 - w0, 2u);
+    expect_answered_ok("req-h\x1fgate-h\x1fsandbox.configure", len);
+    expect_stored_env(a->id, "A", 10);
 }
