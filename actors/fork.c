@@ -194,8 +194,11 @@ fk_thread(void *arg)
             sbx_rm_rf(j->dirs[i]); /* a stale stage of an earlier fork that failed */
     }
     int64_t t0 = sbx_mono_ms();
-    j->rc = sbx_ws_fork(j->src, j->mnt_fd, dirs, j->n, &j->copied, &j->frozen_ms, j->why,
-                        sizeof(j->why));
+    /* A full workspace pool (ws_pool.h) takes no more forks: DISK_FULL. */
+    j->rc = sbx_wspool_room(sh->wspool, j->why, sizeof(j->why));
+    if (j->rc == 0)
+        j->rc = sbx_ws_fork(j->src, j->mnt_fd, dirs, j->n, &j->copied, &j->frozen_ms, j->why,
+                            sizeof(j->why));
     j->ms = sbx_mono_ms() - t0;
     sbx_loop_post(sh->loop, fk_done, j);
     atomic_fetch_sub(&sh->img_jobs, 1); /* the shard's stop waits for these */
@@ -360,7 +363,7 @@ void
 actor_op_adopt(struct actor *a, struct sop *op)
 {
     struct shard *sh = a->sh;
-    char stage[4200], img[4300], rec[4300], ws[1024], dst[1100];
+    char stage[4200], img[4300], rec[4300], ws[1024];
     bool discard = false;
     sbx_wire_get_bool(op->req.args, "discard", &discard);
     if (!sh->backups[0] ||
@@ -395,18 +398,21 @@ actor_op_adopt(struct actor *a, struct sop *op)
         return;
     }
     free(buf);
+    char iwhy[512] = "";
     int rc = sbx_ws_dir(sh->conf.data, a->id, ws, sizeof(ws));
     if (rc == 0)
-        rc = sbx_mkdir_p(ws, 0700);
-    snprintf(dst, sizeof(dst), "%s/disk.img", ws);
-    if (rc == 0 && renameat2(AT_FDCWD, img, AT_FDCWD, dst, RENAME_NOREPLACE) != 0)
-        rc = -errno;
+        rc = sbx_wspool_room(sh->wspool, iwhy, sizeof(iwhy));
+    /* Renamed; copied if this shard's workspaces are in its pool (another
+     * file system than the store's: ws_pool.h). */
+    if (rc == 0)
+        rc = sbx_ws_import(img, ws, iwhy, sizeof(iwhy));
     if (rc) {
         sbx_record_free(&r);
-        shard_reply_err(op, rc == -EXDEV ? SBX_E_FORK_CROSS_SHARD
-                            : rc == -EEXIST ? SBX_E_SANDBOX_EXISTS
+        shard_reply_err(op, rc == -EEXIST ? SBX_E_SANDBOX_EXISTS
+                            : rc == -ENOSPC ? SBX_E_DISK_FULL
                                             : SBX_E_INTERNAL,
-                        "adopt the fork '%s' staged in %s: %s", a->id, stage, strerror(-rc));
+                        "adopt the fork '%s' staged in %s: %s", a->id, stage,
+                        iwhy[0] ? iwhy : strerror(-rc));
         if (rc != -EEXIST)
             sbx_rm_rf(stage);
         actor_maybe_free(a);
