@@ -323,6 +323,39 @@ out:
 
 /* Copy the data extents of in (size bytes) to out at the same offsets
  * (out is already size bytes long, all hole); *copied adds the bytes. */
+/* pread/pwrite of up to n bytes at off, 1 MiB at a time: bytes copied,
+ * or -1 with errno. */
+static ssize_t
+ws_copy_buf(int in, off_t off, int out, size_t n)
+{
+    size_t bs = 1 << 20;
+    char *buf = malloc(bs);
+    ssize_t done = 0;
+    if (!buf)
+        return -1;
+    while ((size_t)done < n) {
+        ssize_t k = pread(in, buf, SBX_MIN(bs, n - (size_t)done), off + done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        ssize_t w = 0;
+        while (w < k) {
+            ssize_t m = pwrite(out, buf + w, (size_t)(k - w), off + done + w);
+            if (m < 0 && errno == EINTR)
+                continue;
+            if (m <= 0)
+                break;
+            w += m;
+        }
+        if (w < k)
+            break;
+        done += k;
+    }
+    free(buf);
+    return done > 0 ? done : -1;
+}
+
 int
 sbx_ws_copy_sparse(int in, int out, off_t size, int64_t *copied)
 {
@@ -339,6 +372,14 @@ sbx_ws_copy_sparse(int in, int out, off_t size, int64_t *copied)
             ssize_t k = copy_file_range(in, &ip, out, &op, (size_t)(hole - ip), 0);
             if (k < 0 && errno == EINTR)
                 continue;
+            if (k < 0 && errno == EXDEV) {
+                /* Between two file systems of different types (the host's
+                 * and the workspace pool: Linux ≥ 5.19 refuses): by hand. */
+                if ((k = ws_copy_buf(in, ip, out, (size_t)(hole - ip))) > 0) {
+                    ip += k;
+                    op += k;
+                }
+            }
             if (k < 0)
                 return -errno;
             if (k == 0)

@@ -27,6 +27,7 @@
 #ifndef FSOPEN_CLOEXEC
 #define FSOPEN_CLOEXEC 0x00000001
 #define FSMOUNT_CLOEXEC 0x00000001
+#define FSCONFIG_SET_FLAG 0
 #define FSCONFIG_SET_STRING 1
 #define FSCONFIG_CMD_CREATE 6
 #define MOUNT_ATTR_NOSUID 0x00000002
@@ -45,10 +46,11 @@ struct sbx_wspool {
     char target[64];   /* /proc/<pid>/fd/<mnt> */
     int mnt;           /* the pool's detached mount (owned) */
     uint64_t size;     /* bytes of the pool file */
-    pthread_t trimmer; /* FITRIM after destroys */
+    pthread_t trimmer; /* FITRIM after destroys (pool_trimmer) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool dirty, stop;  /* under mu */
+    int64_t due[2];    /* under mu: when the next two trims are due (mono ms; 0: none) */
+    bool stop;         /* under mu */
 };
 
 /* 0: reflinks work in dir; 1: they do not (the errors FICLONE gives on a
@@ -185,7 +187,12 @@ pool_lock(int fd, const char *file, char *why, size_t whylen)
 }
 
 /* Attach and mount the pool file open (and locked) at fd: *mnt a detached
- * XFS mount, nosuid, nodev. */
+ * XFS mount, nosuid, nodev, with `discard`: XFS discards each extent it
+ * frees (a destroyed workspace's image, a fork's blocks no longer shared)
+ * once the free is committed, and the loop device turns the discard into a
+ * hole of the pool file — the host gets the space back.  (A FITRIM after a
+ * destroy came too early: the image's blocks are freed only when its loop
+ * device lets the file go and XFS has inactivated the inode, both later.) */
 static int
 pool_mount(int fd, const char *file, int *mnt, char *why, size_t whylen)
 {
@@ -195,6 +202,7 @@ pool_mount(int fd, const char *file, int *mnt, char *why, size_t whylen)
         return rc;
     fs = (int)syscall(SYS_fsopen, "xfs", FSOPEN_CLOEXEC);
     if (fs < 0 || syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+        syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "discard", NULL, 0) < 0 ||
         syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) {
         rc = -errno;
         snprintf(why, whylen, "mount the workspace pool %s (xfs on %s): %s", file, dev,
@@ -309,36 +317,67 @@ pool_migrate(const char *top, int mnt, char *why, size_t whylen)
     return n;
 }
 
-/* The trimmer: FITRIM the pool whenever asked (coalesced), until stop. */
+/*
+ * The trimmer: a destroy asks for two FITRIMs of the whole pool, 1 s and
+ * 5 s later (the destroys of a burst share them).  The image's blocks are
+ * freed only once its loop device has let the file go (its container's
+ * mount torn down) and XFS has inactivated the inode, both after the
+ * unlink; a trim before that finds them still in use (seen: the pool file
+ * kept them).  FITRIM forces the XFS log, so the mount's `discard` also
+ * sends what was freed since; XFS's own log worker would do that within
+ * 30 s anyway.
+ */
 static void *
 pool_trimmer(void *arg)
 {
     sbx_wspool *p = arg;
     pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!p->dirty && !p->stop)
+    while (!p->stop) {
+        int64_t now = sbx_mono_ms(), next = 0;
+        int which = -1;
+        for (int i = 0; i < 2; i++)
+            if (p->due[i] && (!next || p->due[i] < next)) {
+                next = p->due[i];
+                which = i;
+            }
+        if (which < 0) {
             pthread_cond_wait(&p->cv, &p->mu);
-        if (p->stop)
-            break;
-        /* 100 ms more: the destroys of a burst share one trim. */
-        sbx_cond_wait_ms(&p->cv, &p->mu, 100);
-        if (p->stop)
-            break;
-        p->dirty = false;
+            continue;
+        }
+        if (next > now) {
+            sbx_cond_wait_ms(&p->cv, &p->mu, next - now);
+            continue;
+        }
+        p->due[which] = 0;
         pthread_mutex_unlock(&p->mu);
         struct fstrim_range r = {.start = 0, .len = UINT64_MAX, .minlen = 0};
+        int64_t t0 = sbx_mono_ms();
         int root = openat(p->mnt, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        /* syncfs first: XFS frees an unlinked file's blocks in the
-         * background (inode inactivation); FITRIM before that finds them
-         * still in use (seen: the pool file kept them). */
-        if (root < 0 || syncfs(root) < 0 || ioctl(root, FITRIM, &r) < 0)
+        if (root < 0 || ioctl(root, FITRIM, &r) < 0)
             sbx_log_warn("workspace pool %s: FITRIM: %s", p->file, strerror(errno));
+        else if (sbx_mono_ms() - t0 > 1000)
+            sbx_log_info("workspace pool %s: FITRIM took %lld ms", p->file,
+                         (long long)(sbx_mono_ms() - t0));
         if (root >= 0)
             close(root);
         pthread_mutex_lock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
+}
+
+void
+sbx_wspool_trim_soon(sbx_wspool *p)
+{
+    if (!p)
+        return;
+    int64_t now = sbx_mono_ms();
+    pthread_mutex_lock(&p->mu);
+    if (!p->due[0])
+        p->due[0] = now + 1000;
+    p->due[1] = now + 5000;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Point the link at the pool's root: /proc/<pid>/fd/<mnt> (written as
@@ -485,17 +524,6 @@ sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen)
              (unsigned long long)(((uint64_t)vs.f_blocks * vs.f_frsize) >> 20),
              SBX_WSPOOL_RESERVE >> 20);
     return -ENOSPC;
-}
-
-void
-sbx_wspool_trim_soon(sbx_wspool *p)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&p->mu);
-    p->dirty = true;
-    pthread_cond_signal(&p->cv);
-    pthread_mutex_unlock(&p->mu);
 }
 
 void

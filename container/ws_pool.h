@@ -24,8 +24,11 @@
  * anyway).  The link stays behind a stopped shard, dangling; the next start
  * replaces it before anything uses it.
  *
- * Functions run on the shard's main thread at start and stop, except
- * sbx_wspool_room (any thread) and the trimmer (a thread of its own).
+ * The pool is mounted with `discard` and trimmed after destroys: the
+ * extents XFS frees (a destroyed workspace's image) become holes of the
+ * pool file, so the host gets the space back.  Functions run on the
+ * shard's main thread at start and stop, except sbx_wspool_room and
+ * sbx_wspool_trim_soon (any thread); the trims run on a thread of the pool.
  */
 #ifndef SBX_WS_POOL_H
 #define SBX_WS_POOL_H
@@ -59,7 +62,7 @@ typedef struct sbx_wspool sbx_wspool;
 int sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **out,
                     char *why, size_t whylen);
 
-/* sbx_wspool_close — stop the trimmer, remove the link, close the pool's
+/* sbx_wspool_close — remove the link, close the pool's
  * descriptor (the kernel drops the mount once no image of it is in use).
  * NULL is a no-op. */
 void sbx_wspool_close(sbx_wspool *p);
@@ -68,9 +71,10 @@ void sbx_wspool_close(sbx_wspool *p);
  * free, else -ENOSPC with the free and total bytes in why; NULL: 0. */
 int sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen);
 
-/* sbx_wspool_trim_soon — ask the trimmer thread to FITRIM the pool (after a
- * destroy: the loop device turns the discards into holes of the pool file,
- * which gives the host its space back).  Coalesces; never blocks; NULL: no-op. */
+/* sbx_wspool_trim_soon — after a destroy: FITRIM the pool 1 s and 5 s
+ * later on the pool's own thread (coalesced; the loop device turns the
+ * discards into holes of the pool file, which gives the host its space
+ * back).  Never blocks; NULL: a no-op. */
 void sbx_wspool_trim_soon(sbx_wspool *p);
 
 /* sbx_wspool_describe — "xfs pool <file> (<size> MiB, <free> MiB free)" or
