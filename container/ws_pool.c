@@ -411,6 +411,7 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
     pthread_cond_init(&p->cv, NULL);
     snprintf(p->file, sizeof(p->file), "%s/wspool.img", data);
     snprintf(p->link, sizeof(p->link), "%s/workspaces", data);
+    bool made = false; /* the pool file is this start's */
     if (!mode)
         mode = "auto";
     if (strcmp(mode, "auto") && strcmp(mode, "on") && strcmp(mode, "off")) {
@@ -440,8 +441,15 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
                 goto out; /* 0: reflinks here, no pool needed */
             rc = 0;
         }
-        if ((rc = pool_make(data, p->file, size, why, whylen)) != 0)
+        if ((rc = pool_make(data, p->file, size, why, whylen)) != 0) {
+            if (rc == -ENOENT && !strcmp(mode, "auto")) { /* no mkfs.xfs (xfsprogs) */
+                sbx_log_warn("workspace pool not made, workspaces stay on the host file "
+                             "system (forks copy their data): %s", why);
+                rc = 0;
+            }
             goto out;
+        }
+        made = true;
         sbx_log_info("workspace pool %s made (xfs, reflink=1): the file system of %s has no "
                      "reflinks", p->file, data);
     }
@@ -452,8 +460,19 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
     }
     p->size = (uint64_t)st.st_size;
     if ((rc = pool_lock(fd, p->file, why, whylen)) != 0 ||
-        (rc = pool_mount(fd, p->file, &p->mnt, why, whylen)) != 0)
+        (rc = pool_mount(fd, p->file, &p->mnt, why, whylen)) != 0) {
+        /* auto, and the pool is new: a host where it cannot be mounted (no
+         * loop devices or no XFS in the kernel, no privilege for them) keeps
+         * the workspaces where they are, as before the pool, and says so. */
+        if (made && !strcmp(mode, "auto") &&
+            (rc == -EPERM || rc == -EACCES || rc == -ENOENT || rc == -ENODEV || rc == -ENXIO)) {
+            sbx_log_warn("workspace pool not usable here, workspaces stay on the host file "
+                         "system (forks copy their data): %s", why);
+            unlink(p->file);
+            rc = 0;
+        }
         goto out;
+    }
     /* Workspaces on the host file system (made before the pool): moved in. */
     if (lstat(p->link, &st) == 0 && S_ISDIR(st.st_mode)) {
         int moved = pool_migrate(p->link, p->mnt, why, whylen);
