@@ -272,7 +272,14 @@ pool_migrate(const char *top, int mnt, char *why, size_t whylen)
             snprintf(why, whylen, "move the workspace %s/%s into the pool: %s", top, de->d_name,
                      strerror(-rc));
         }
-        DIR *sd = rc == 0 ? fdopendir(dup(src)) : NULL;
+        int sfd = rc == 0 ? dup(src) : -1;
+        DIR *sd = sfd >= 0 ? fdopendir(sfd) : NULL;
+        if (rc == 0 && !sd) {
+            rc = -errno;
+            snprintf(why, whylen, "read %s/%s: %s", top, de->d_name, strerror(-rc));
+            if (sfd >= 0)
+                close(sfd);
+        }
         struct dirent *fe;
         while (sd && rc == 0 && (fe = readdir(sd)) != NULL) {
             if (fe->d_type != DT_REG)
@@ -459,8 +466,14 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
         goto out;
     }
     p->size = (uint64_t)st.st_size;
-    if ((rc = pool_lock(fd, p->file, why, whylen)) != 0 ||
-        (rc = pool_mount(fd, p->file, &p->mnt, why, whylen)) != 0) {
+    if ((rc = pool_lock(fd, p->file, why, whylen)) == 0)
+        rc = pool_mount(fd, p->file, &p->mnt, why, whylen);
+    if (rc == 0 && fchmodat(p->mnt, ".", 0700, 0) < 0) { /* root's, as <data>/workspaces */
+        rc = -errno;
+        snprintf(why, whylen, "chmod the workspace pool's root: %s", strerror(-rc));
+        goto out;
+    }
+    if (rc != 0) {
         /* auto, and the pool is new: a host where it cannot be mounted (no
          * loop devices or no XFS in the kernel, no privilege for them) keeps
          * the workspaces where they are, as before the pool, and says so. */
