@@ -587,7 +587,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     if ((rc = sbx_wspool_open(conf->data, conf->ws_pool, conf->ws_pool_size, &sh->wspool, pwhy,
                               sizeof(pwhy))) != 0) {
         sbx_log_error("shard %s: %s", conf->name, pwhy);
-        rc = rc == -EINVAL || rc == -EEXIST ? SBX_E_VALIDATION : rc;
+        rc = rc == -EINVAL || rc == -EEXIST || rc == -EFBIG ? SBX_E_VALIDATION : rc;
         goto out;
     }
     sbx_wspool_describe(sh->wspool, pwhy, sizeof(pwhy));

@@ -138,7 +138,7 @@ pool_make(const char *data, const char *file, uint64_t size, char *why, size_t w
         snprintf(why, whylen, "the workspace pool would be %llu MiB, under the %llu MiB XFS "
                  "needs (--ws-pool-size, or free space on %s)",
                  (unsigned long long)(size >> 20), SBX_WSPOOL_MIN >> 20, data);
-        return -EINVAL;
+        return -EFBIG;
     }
     snprintf(tmp, sizeof(tmp), "%s.new", file);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -449,7 +449,9 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
             rc = 0;
         }
         if ((rc = pool_make(data, p->file, size, why, whylen)) != 0) {
-            if (rc == -ENOENT && !strcmp(mode, "auto")) { /* no mkfs.xfs (xfsprogs) */
+            /* auto: no mkfs.xfs (xfsprogs), or too little free space for an
+             * XFS (a small data directory, such as a test's tmpfs). */
+            if (!strcmp(mode, "auto") && (rc == -ENOENT || (rc == -EFBIG && size == 0))) {
                 sbx_log_warn("workspace pool not made, workspaces stay on the host file "
                              "system (forks copy their data): %s", why);
                 rc = 0;

@@ -51,7 +51,9 @@ typedef struct sbx_wspool sbx_wspool;
  * pool file made before is always used ("off" with one present is
  * -EEXIST: its workspaces would be hidden).  size: bytes of a new pool
  * file (0: the free space of data's file system; at least SBX_WSPOOL_MIN,
- * else -EINVAL); an existing pool keeps its size.  Workspaces found as
+ * else -EFBIG — "auto" with size 0 then keeps the workspaces on the host
+ * file system, as when mkfs.xfs, loop devices or XFS are missing); an
+ * existing pool keeps its size.  Workspaces found as
  * directories of <data>/workspaces on the host file system are moved into
  * the pool (copied sparse, synced, then removed; a start cut short
  * resumes).  Waits up to 10 s for a previous incarnation's mount of the
