@@ -3,7 +3,9 @@
  * state of a sandbox created with `workspace: "persistent"` on the shard's
  * disk, in one sparse ext4 file-system image per sandbox:
  *
- *   <dir> = <shard data>/workspaces/<sandbox id>/
+ *   <dir> = <shard data>/workspaces/<sandbox id>/  (<shard data>/workspaces
+ *           is the link into the shard's XFS workspace pool where the data
+ *           directory has no reflinks: ws_pool.h; the paths are the same)
  *   <dir>/disk.img   the ext4 image, sized to the sandbox's disk limit
  *                    (mkfs.ext4 on first use; the kernel enforces the size:
  *                    a write past it is ENOSPC inside, and the host file
