@@ -78,6 +78,8 @@ CONTAINER := container/seccomp.c container/cgroup.c container/spawn.c container/
 CONTAINER += container/backup_ignore.c
 # Moving a persistent workspace between nodes (issue 15, docs/persistence.md).
 CONTAINER += container/ws_xfer.c
+# The XFS workspace pool where the data directory has no reflinks (issue 15).
+CONTAINER += container/ws_pool.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \

@@ -257,6 +257,7 @@ actor_finish_destroy(struct actor *a, struct sop *op)
         int rc = sbx_ws_remove(wsdir);
         if (rc)
             sbx_log_warn("sandbox %s: workspace %s not removed: %s", a->id, wsdir, strerror(-rc));
+        sbx_wspool_trim_soon(sh->wspool); /* the pool file gives the host its space back */
         cluster_ws_snap_forget(sh, a->id); /* and its snapshot on another node */
     }
     a->exists = false;
@@ -292,7 +293,7 @@ actor_work_done(struct shard *sh, struct work *w)
         if (w->rc != 0) {
             a->cs = C_NONE;
             bool img = w->rc == SBX_E_IMAGE_NOT_FOUND || w->rc == SBX_E_IMAGE_INVALID ||
-                       w->rc == SBX_E_TIMEOUT;
+                       w->rc == SBX_E_TIMEOUT || w->rc == SBX_E_DISK_FULL;
             if (op)
                 shard_reply_err(op, img ? w->rc : SBX_E_CONTAINER,
                                 "the sandbox's container could not start: %s", w->why);

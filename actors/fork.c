@@ -194,8 +194,11 @@ fk_thread(void *arg)
             sbx_rm_rf(j->dirs[i]); /* a stale stage of an earlier fork that failed */
     }
     int64_t t0 = sbx_mono_ms();
-    j->rc = sbx_ws_fork(j->src, j->mnt_fd, dirs, j->n, &j->copied, &j->frozen_ms, j->why,
-                        sizeof(j->why));
+    /* A full workspace pool (ws_pool.h) takes no more forks: DISK_FULL. */
+    j->rc = sbx_wspool_room(sh->wspool, j->why, sizeof(j->why));
+    if (j->rc == 0)
+        j->rc = sbx_ws_fork(j->src, j->mnt_fd, dirs, j->n, &j->copied, &j->frozen_ms, j->why,
+                            sizeof(j->why));
     j->ms = sbx_mono_ms() - t0;
     sbx_loop_post(sh->loop, fk_done, j);
     atomic_fetch_sub(&sh->img_jobs, 1); /* the shard's stop waits for these */
@@ -346,12 +349,83 @@ actor_op_fork(struct actor *a, struct sop *op)
     pthread_attr_destroy(&at);
 }
 
+/* An adopt's move of its staged image into the workspace (actor_op_adopt). */
+struct ad_job {
+    struct actor *a;
+    struct sop *op;
+    struct sbx_record r; /* the staged record (owned) */
+    char stage[4200], img[4300], ws[1024];
+    int rc;
+    char why[512];
+    bool async; /* ran on a thread: ad_done reopens the gate and pumps */
+};
+
+/* The move itself: a rename, or a copy into the pool (blocking). */
+static void
+ad_work(struct ad_job *j)
+{
+    struct shard *sh = j->a->sh;
+    j->rc = sbx_wspool_room(sh->wspool, j->why, sizeof(j->why));
+    if (j->rc == 0)
+        j->rc = sbx_ws_import(j->img, j->ws, j->why, sizeof(j->why));
+}
+
+/* On the loop thread: the record and the reply; frees j. */
+static void
+ad_done(sbx_loop *l, void *arg)
+{
+    (void)l;
+    struct ad_job *j = arg;
+    struct actor *a = j->a;
+    if (a->gate == j->op)
+        a->gate = NULL;
+    if (j->rc) {
+        shard_reply_err(j->op, j->rc == -EEXIST ? SBX_E_SANDBOX_EXISTS
+                               : j->rc == -ENOSPC ? SBX_E_DISK_FULL
+                                                  : SBX_E_INTERNAL,
+                        "adopt the fork '%s' staged in %s: %s", a->id, j->stage,
+                        j->why[0] ? j->why : strerror(-j->rc));
+        if (j->rc != -EEXIST)
+            sbx_rm_rf(j->stage);
+        sbx_record_free(&j->r);
+    } else {
+        sbx_rm_rf(j->stage);
+        j->r.created_ms = sbx_wall_ms();
+        fork_adopt_record(a, &j->r);
+        sbx_log_info("sandbox %s: adopted the fork staged for it", a->id);
+        sbx_enc e;
+        shard_reply_begin(j->op, &e);
+        sbx_enc_kbool(&e, "success", true);
+        sbx_enc_kstr(&e, "id", a->id);
+        shard_reply_end(j->op, &e, a->last_seq);
+    }
+    bool async = j->async;
+    free(j);
+    if (async)
+        actor_pump(a);
+    actor_maybe_free(a);
+}
+
+static void *
+ad_thread(void *arg)
+{
+    struct ad_job *j = arg;
+    struct shard *sh = j->a->sh;
+    ad_work(j);
+    sbx_loop_post(sh->loop, ad_done, j);
+    atomic_fetch_sub(&sh->img_jobs, 1); /* the shard's stop waits for these */
+    return NULL;
+}
+
 /*
  * sandbox.adopt (internal, from the gateway's cross-shard fork): make this
  * new sandbox from the copy a fork staged for it in the node's store,
  * <backups>/forks/<id>/{disk.img, record.mp}: the image is renamed into its
  * workspace directory (same node, same file system: the data directories
- * and the store of `sbxd dev` are under one directory), the record written.
+ * and the store of `sbxd dev` are under one directory) or, when this shard's
+ * workspaces are in its pool (container/ws_pool.h), copied there on a
+ * thread of its own (~30 ms per 100 MB here; the sandbox's gate closed
+ * meanwhile), the record written.
  * With `discard`, the staged copy is removed instead (the fork failed
  * elsewhere).  SANDBOX_EXISTS (and the stage removed) if the sandbox
  * exists; FORK_CROSS_SHARD if there is no staged copy (another node).
@@ -360,7 +434,7 @@ void
 actor_op_adopt(struct actor *a, struct sop *op)
 {
     struct shard *sh = a->sh;
-    char stage[4200], img[4300], rec[4300], ws[1024], dst[1100];
+    char stage[4200], img[4300], rec[4300];
     bool discard = false;
     sbx_wire_get_bool(op->req.args, "discard", &discard);
     if (!sh->backups[0] ||
@@ -395,32 +469,38 @@ actor_op_adopt(struct actor *a, struct sop *op)
         return;
     }
     free(buf);
-    int rc = sbx_ws_dir(sh->conf.data, a->id, ws, sizeof(ws));
-    if (rc == 0)
-        rc = sbx_mkdir_p(ws, 0700);
-    snprintf(dst, sizeof(dst), "%s/disk.img", ws);
-    if (rc == 0 && renameat2(AT_FDCWD, img, AT_FDCWD, dst, RENAME_NOREPLACE) != 0)
-        rc = -errno;
-    if (rc) {
-        sbx_record_free(&r);
-        shard_reply_err(op, rc == -EXDEV ? SBX_E_FORK_CROSS_SHARD
-                            : rc == -EEXIST ? SBX_E_SANDBOX_EXISTS
-                                            : SBX_E_INTERNAL,
-                        "adopt the fork '%s' staged in %s: %s", a->id, stage, strerror(-rc));
-        if (rc != -EEXIST)
-            sbx_rm_rf(stage);
-        actor_maybe_free(a);
+    struct ad_job *j = sbx_xcalloc(1, sizeof(*j));
+    j->a = a;
+    j->op = op;
+    j->r = r;
+    snprintf(j->stage, sizeof(j->stage), "%s", stage);
+    snprintf(j->img, sizeof(j->img), "%s", img);
+    if (sbx_ws_dir(sh->conf.data, a->id, j->ws, sizeof(j->ws)) != 0) {
+        j->rc = -ENAMETOOLONG;
+        ad_done(sh->loop, j);
         return;
     }
-    sbx_rm_rf(stage);
-    r.created_ms = sbx_wall_ms();
-    fork_adopt_record(a, &r);
-    sbx_log_info("sandbox %s: adopted the fork staged for it", a->id);
-    sbx_enc e;
-    shard_reply_begin(op, &e);
-    sbx_enc_kbool(&e, "success", true);
-    sbx_enc_kstr(&e, "id", a->id);
-    shard_reply_end(op, &e, a->last_seq);
+    if (!sh->wspool) { /* a rename: done here */
+        ad_work(j);
+        ad_done(sh->loop, j);
+        return;
+    }
+    /* A copy into the pool: on a thread, the sandbox's gate closed. */
+    a->gate = op;
+    j->async = true;
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&sh->img_jobs, 1);
+    if (pthread_create(&th, &at, ad_thread, j) != 0) {
+        atomic_fetch_sub(&sh->img_jobs, 1);
+        j->rc = -EAGAIN;
+        j->async = false;
+        snprintf(j->why, sizeof(j->why), "cannot start a thread for the copy");
+        ad_done(sh->loop, j);
+    }
+    pthread_attr_destroy(&at);
 }
 
 void

@@ -164,6 +164,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->s3_region);
     free(c->s3_credentials);
     free(c->workspace_default);
+    free(c->ws_pool);
     strv_free(c->etc);
     strv_free(c->env);
     strv_free(c->no_preview_host);
@@ -582,6 +583,15 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, fix_one, &fc);
     /* Workspaces of sandboxes destroyed while no shard ran, or whose
      * destroy was cut short (docs/persistence.md). */
+    char pwhy[512];
+    if ((rc = sbx_wspool_open(conf->data, conf->ws_pool, conf->ws_pool_size, &sh->wspool, pwhy,
+                              sizeof(pwhy))) != 0) {
+        sbx_log_error("shard %s: %s", conf->name, pwhy);
+        rc = rc == -EINVAL || rc == -EEXIST || rc == -EFBIG ? SBX_E_VALIDATION : rc;
+        goto out;
+    }
+    sbx_wspool_describe(sh->wspool, pwhy, sizeof(pwhy));
+    sbx_log_info("shard %s: %s", conf->name, pwhy);
     int swept = sbx_ws_sweep(conf->data, ws_exists, sh);
     if (swept > 0)
         sbx_log_info("shard %s: removed %d workspaces of sandboxes that no longer exist",
@@ -710,6 +720,7 @@ out:
     }
     idem_free_all(sh);
     sbx_net_free(sh->net); /* after every container: their slots are detached */
+    sbx_wspool_close(sh->wspool); /* after every container: the kernel drops it with them */
     if (sh->spawner)
         sbx_spawner_free(sh->spawner);
     sbx_image_store_close(sh->images);

@@ -109,6 +109,11 @@ struct sbx_shard_conf {
                                * (docs/images.md, "Pull") */
     char *workspace_default; /* "ephemeral" (default) or "persistent": a create that names no
                               * `workspace` gets this (docs/persistence.md) */
+    char *ws_pool;        /* auto (NULL: the same) | on | off: persistent workspaces in an XFS
+                           * pool <data>/wspool.img when <data>/workspaces has no reflinks
+                           * (container/ws_pool.h; docs/persistence.md, "The workspace pool") */
+    uint64_t ws_pool_size; /* bytes of a new pool file (sparse); 0: the free space of the
+                            * data directory's file system when the pool is made */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity
                                     * of its listen and its dials to other shards, and whether
                                     * plaintext may listen off loopback; NULL: plaintext on

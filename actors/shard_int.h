@@ -14,6 +14,7 @@
 #include "../container/net.h"
 #include "../container/spawn.h"
 #include "../container/workspace.h"
+#include "../container/ws_pool.h"
 #include "../runtime/err.h"
 #include "../runtime/error.h"
 #include "../runtime/frame.h"
@@ -362,6 +363,8 @@ struct shard {
     sbx_cgroups *cgroups;
     sbx_spawner *spawner;
     sbx_net *net;               /* egress networking (container/net.h); thread-safe */
+    sbx_wspool *wspool;         /* the workspace pool (container/ws_pool.h), or NULL: the
+                                 * workspaces are on the host's file system; thread-safe */
     nng_socket rep;
     nng_listener listener;      /* rep's listener (listen_probe.c may replace it) */
     struct shard_probe probe;   /* listen_probe.c */

@@ -38,12 +38,15 @@ static void work_done_loop(sbx_loop *l, void *arg);
  * else the start fails: sbx_ws_mount would make an empty one.
  */
 static int
-ws_present(struct work *w)
+ws_present(struct shard *sh, struct work *w)
 {
     char img[1100], snap[1100], tp[1100];
     snprintf(img, sizeof(img), "%s/disk.img", w->ws_dir);
-    if (!w->ws_must || access(img, F_OK) == 0)
+    if (access(img, F_OK) == 0)
         return 0;
+    /* A new image: refused if the workspace pool is full (ws_pool.h). */
+    if (!w->ws_must)
+        return sbx_wspool_room(sh->wspool, w->why, sizeof(w->why)) ? SBX_E_DISK_FULL : 0;
     snprintf(snap, sizeof(snap), "%s/snap.img", w->ws_dir);
     snprintf(tp, sizeof(tp), "%s/snap.time", w->ws_dir);
     FILE *f = fopen(tp, "re");
@@ -107,7 +110,7 @@ start_image(struct shard *sh, struct work *w)
     if (w->ws_dir[0] || w->ws_tmpfs) {
         int fd;
         bool created;
-        rc = w->ws_tmpfs ? 0 : ws_present(w);
+        rc = w->ws_tmpfs ? 0 : ws_present(sh, w);
         if (rc == 0)
             rc = w->ws_tmpfs ? sbx_ws_tmpfs(w->disk, (uint64_t)sh->conf.inodes, &fd, w->why,
                                             sizeof(w->why))
@@ -131,7 +134,7 @@ start_ws(struct shard *sh, struct work *w)
 {
     int fd;
     bool created;
-    int rc = w->ws_tmpfs ? 0 : ws_present(w);
+    int rc = w->ws_tmpfs ? 0 : ws_present(sh, w);
     if (rc == 0)
         rc = w->ws_tmpfs ? sbx_ws_tmpfs(w->disk, (uint64_t)sh->conf.inodes, &fd, w->why,
                                         sizeof(w->why))

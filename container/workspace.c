@@ -17,6 +17,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -101,10 +102,8 @@ ws_create(const char *dir, const char *img, uint64_t size, uint64_t inodes, char
     return rc;
 }
 
-/* Attach the image open at imgfd to a free loop device (auto-cleared on
- * its last close); *loopfd and the device's path. */
-static int
-ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char *why,
+int
+sbx_ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char *why,
         size_t whylen)
 {
     int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
@@ -156,55 +155,39 @@ ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char 
 #define FITHAW _IOWR('X', 120, int)
 #endif
 
-/* The "major:minor" of the loop device backed by img, into dev; 0 or -1. */
-static int
-ws_loop_of(const char *img, char *dev, size_t devlen)
+/* Calls fn(rdev of /dev/loopN, arg) for each loop device whose backing
+ * file is on the file system fsdev (and is inode ino, unless ino is 0),
+ * asked of each device (LOOP_GET_STATUS64: the backing file's device and
+ * inode; paths in /sys/block/loopN/loop/backing_file are ambiguous for
+ * files of a detached mount such as the workspace pool's). */
+static void
+ws_loops_backed_by(dev_t fsdev, ino_t ino, void (*fn)(dev_t, void *), void *arg)
 {
-    char real[4096];
     glob_t g;
-    int rc = -1;
-    if (!realpath(img, real) || glob("/sys/block/loop*/loop/backing_file", 0, NULL, &g) != 0)
-        return -1;
-    for (size_t i = 0; rc && i < g.gl_pathc; i++) {
-        char line[4200] = "", p[256];
-        FILE *f = fopen(g.gl_pathv[i], "re");
-        if (!f)
+    if (glob("/dev/loop[0-9]*", 0, NULL, &g) != 0)
+        return;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        int fd = open(g.gl_pathv[i], O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        struct loop_info64 li;
+        struct stat st;
+        if (fd < 0)
             continue;
-        if (fgets(line, sizeof(line), f))
-            line[strcspn(line, "\n")] = '\0';
-        fclose(f);
-        if (strcmp(line, real) != 0)
-            continue;
-        /* /sys/block/loopN/loop/backing_file → /sys/block/loopN/dev */
-        snprintf(p, sizeof(p), "%.*s/dev", (int)(strstr(g.gl_pathv[i], "/loop/") - g.gl_pathv[i]),
-                 g.gl_pathv[i]);
-        if ((f = fopen(p, "re")) != NULL) {
-            if (fgets(dev, (int)devlen, f)) {
-                dev[strcspn(dev, "\n")] = '\0';
-                rc = 0;
-            }
-            fclose(f);
-        }
+        if (ioctl(fd, LOOP_GET_STATUS64, &li) == 0 && fstat(fd, &st) == 0 &&
+            li.lo_device == (uint64_t)fsdev && (ino == 0 || li.lo_inode == (uint64_t)ino))
+            fn(st.st_rdev, arg);
+        close(fd);
     }
     globfree(&g);
-    return rc;
 }
 
-/*
- * A previous mount of img that does not go away may be frozen: a shard
- * killed during a fork's copy (sbx_ws_fork) leaves the file system frozen,
- * the container's writers blocked in the kernel where their SIGKILL cannot
- * end them, so the mount, the loop device and the image's lock stay.  Find
- * the mount through a process that has it (/proc/<pid>/mountinfo: the
- * loop device's number) and thaw it: the writers then die, and the rest
- * goes as usual.  Returns whether one was thawed.
- */
-static bool
-ws_thaw_stale(const char *img)
+/* fn for ws_loops_backed_by: FITHAW the file system on loop device rdev
+ * through a process that has it mounted (/proc/<pid>/root<mount point>);
+ * *(int *)arg counts the thaws. */
+static void
+ws_thaw_dev(dev_t rdev, void *arg)
 {
     char dev[32];
-    if (ws_loop_of(img, dev, sizeof(dev)) != 0)
-        return false;
+    snprintf(dev, sizeof(dev), "%u:%u", major(rdev), minor(rdev));
     DIR *d = opendir("/proc");
     bool thawed = false;
     struct dirent *de;
@@ -222,10 +205,8 @@ ws_thaw_stale(const char *img)
             char path[4500];
             snprintf(path, sizeof(path), "/proc/%s/root%s", de->d_name, mp);
             int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (fd >= 0 && ioctl(fd, FITHAW, 0) == 0) {
-                sbx_log_warn("workspace %s was left frozen (a fork cut short): thawed it", img);
+            if (fd >= 0 && ioctl(fd, FITHAW, 0) == 0)
                 thawed = true;
-            }
             if (fd >= 0)
                 close(fd);
         }
@@ -234,7 +215,49 @@ ws_thaw_stale(const char *img)
     }
     if (d)
         closedir(d);
-    return thawed;
+    if (thawed)
+        (*(int *)arg)++;
+}
+
+int
+sbx_ws_thaw_backed_by(dev_t fsdev, ino_t ino)
+{
+    int n = 0;
+    ws_loops_backed_by(fsdev, ino, ws_thaw_dev, &n);
+    return n;
+}
+
+/* fn for ws_loops_backed_by: the device's number into *(dev_t *)arg. */
+static void
+ws_rdev(dev_t rdev, void *arg)
+{
+    *(dev_t *)arg = rdev;
+}
+
+dev_t
+sbx_ws_loop_of(dev_t fsdev, ino_t ino)
+{
+    dev_t r = 0;
+    ws_loops_backed_by(fsdev, ino, ws_rdev, &r);
+    return r;
+}
+
+/*
+ * A previous mount of img that does not go away may be frozen: a shard
+ * killed during a fork's copy (sbx_ws_fork) leaves the file system frozen,
+ * the container's writers blocked in the kernel where their SIGKILL cannot
+ * end them, so the mount, the loop device and the image's lock stay.  Find
+ * the mount through a process that has it and thaw it: the writers then
+ * die, and the rest goes as usual.  Returns whether one was thawed.
+ */
+static bool
+ws_thaw_stale(int imgfd, const char *img)
+{
+    struct stat st;
+    if (fstat(imgfd, &st) != 0 || sbx_ws_thaw_backed_by(st.st_dev, st.st_ino) == 0)
+        return false;
+    sbx_log_warn("workspace %s was left frozen (a fork cut short): thawed it", img);
+    return true;
 }
 
 int
@@ -270,10 +293,10 @@ sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool 
             goto out;
         }
         if (i == 40) /* 200 ms: more than a container's teardown takes */
-            ws_thaw_stale(img);
+            ws_thaw_stale(imgfd, img);
         nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
     }
-    if ((rc = ws_loop(imgfd, img, &loopfd, dev, sizeof(dev), why, whylen)) != 0)
+    if ((rc = sbx_ws_loop(imgfd, img, &loopfd, dev, sizeof(dev), why, whylen)) != 0)
         goto out;
     fs = fsopen("ext4", FSOPEN_CLOEXEC);
     if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
@@ -300,8 +323,41 @@ out:
 
 /* Copy the data extents of in (size bytes) to out at the same offsets
  * (out is already size bytes long, all hole); *copied adds the bytes. */
-static int
-ws_copy_extents(int in, int out, off_t size, int64_t *copied)
+/* pread/pwrite of up to n bytes at off, 1 MiB at a time: bytes copied,
+ * or -1 with errno. */
+static ssize_t
+ws_copy_buf(int in, off_t off, int out, size_t n)
+{
+    size_t bs = 1 << 20;
+    char *buf = malloc(bs);
+    ssize_t done = 0;
+    if (!buf)
+        return -1;
+    while ((size_t)done < n) {
+        ssize_t k = pread(in, buf, SBX_MIN(bs, n - (size_t)done), off + done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        ssize_t w = 0;
+        while (w < k) {
+            ssize_t m = pwrite(out, buf + w, (size_t)(k - w), off + done + w);
+            if (m < 0 && errno == EINTR)
+                continue;
+            if (m <= 0)
+                break;
+            w += m;
+        }
+        if (w < k)
+            break;
+        done += k;
+    }
+    free(buf);
+    return done > 0 ? done : -1;
+}
+
+int
+sbx_ws_copy_sparse(int in, int out, off_t size, int64_t *copied)
 {
     off_t pos = 0;
     while (pos < size) {
@@ -316,6 +372,14 @@ ws_copy_extents(int in, int out, off_t size, int64_t *copied)
             ssize_t k = copy_file_range(in, &ip, out, &op, (size_t)(hole - ip), 0);
             if (k < 0 && errno == EINTR)
                 continue;
+            if (k < 0 && errno == EXDEV) {
+                /* Between two file systems of different types (the host's
+                 * and the workspace pool: Linux ≥ 5.19 refuses): by hand. */
+                if ((k = ws_copy_buf(in, ip, out, (size_t)(hole - ip))) > 0) {
+                    ip += k;
+                    op += k;
+                }
+            }
             if (k < 0)
                 return -errno;
             if (k == 0)
@@ -379,7 +443,7 @@ ws_fork_one(int in, off_t size, const char *dst, int64_t *copied, char *why, siz
         goto out;
     }
     *copied = 0;
-    if ((rc = ws_copy_extents(in, out, size, copied)) != 0) {
+    if ((rc = sbx_ws_copy_sparse(in, out, size, copied)) != 0) {
         snprintf(why, whylen, "copy the workspace image to %s: %s", tmp, strerror(-rc));
         goto out;
     }
@@ -490,6 +554,54 @@ out:
         close(root);
     if (in >= 0)
         close(in); /* and its flock */
+    return rc;
+}
+
+int
+sbx_ws_import(const char *img, const char *dir, char *why, size_t whylen)
+{
+    char dst[4200], tmp[4200];
+    int in = -1, out = -1, rc = sbx_mkdir_p(dir, 0700);
+    if (rc) {
+        snprintf(why, whylen, "mkdir %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    snprintf(dst, sizeof(dst), "%s/disk.img", dir);
+    snprintf(tmp, sizeof(tmp), "%s/disk.img.fork", dir);
+    if (renameat2(AT_FDCWD, img, AT_FDCWD, dst, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EXDEV) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s to %s: %s", img, dst, strerror(-rc));
+        return rc;
+    }
+    struct stat st;
+    int64_t copied = 0;
+    if ((in = open(img, O_RDONLY | O_CLOEXEC)) < 0 || fstat(in, &st) < 0 ||
+        (out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0 ||
+        ftruncate(out, st.st_size) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "copy %s to %s: %s", img, tmp, strerror(-rc));
+        goto out;
+    }
+    if ((rc = sbx_ws_copy_sparse(in, out, st.st_size, &copied)) != 0 ||
+        (fsync(out) < 0 && (rc = -errno))) {
+        snprintf(why, whylen, "copy %s to %s: %s", img, tmp, strerror(-rc));
+        goto out;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dst, RENAME_NOREPLACE) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "rename %s: %s", tmp, strerror(-rc));
+        goto out;
+    }
+    unlink(img);
+out:
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    if (rc && out >= 0)
+        unlink(tmp);
     return rc;
 }
 

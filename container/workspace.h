@@ -3,7 +3,9 @@
  * state of a sandbox created with `workspace: "persistent"` on the shard's
  * disk, in one sparse ext4 file-system image per sandbox:
  *
- *   <dir> = <shard data>/workspaces/<sandbox id>/
+ *   <dir> = <shard data>/workspaces/<sandbox id>/  (<shard data>/workspaces
+ *           is the link into the shard's XFS workspace pool where the data
+ *           directory has no reflinks: ws_pool.h; the paths are the same)
  *   <dir>/disk.img   the ext4 image, sized to the sandbox's disk limit
  *                    (mkfs.ext4 on first use; the kernel enforces the size:
  *                    a write past it is ENOSPC inside, and the host file
@@ -30,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* sbx_ws_dir — "<data>/workspaces/<id>" into buf; -ENAMETOOLONG if it does
  * not fit. */
@@ -90,5 +93,38 @@ int64_t sbx_ws_allocated(const char *dir);
  * another node: container/ws_xfer.h) is kept.  Returns how many were removed.
  */
 int sbx_ws_sweep(const char *data, bool (*exists)(const char *id, void *arg), void *arg);
+
+/* sbx_ws_loop — attach the file open at imgfd (named img, for the device's
+ * lo_file_name) to a free loop device with LO_FLAGS_AUTOCLEAR (freed on its
+ * last close); *loopfd (the caller owns and closes it) and the device's
+ * path into dev.  0 or -errno with the reason in why. */
+int sbx_ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char *why,
+                size_t whylen);
+
+/* sbx_ws_copy_sparse — copy_file_range(2) of the data extents of in (size
+ * bytes; SEEK_DATA/SEEK_HOLE) to the same offsets of out: out stays as
+ * sparse as in, and shares in's extents where the file system has
+ * reflinks.  *copied grows by the bytes copied.  0 or -errno. */
+int sbx_ws_copy_sparse(int in, int out, off_t size, int64_t *copied);
+
+/* sbx_ws_loop_of — the device number of a loop device whose backing file
+ * is inode ino of the file system fsdev, or 0 if none. */
+dev_t sbx_ws_loop_of(dev_t fsdev, ino_t ino);
+
+/* sbx_ws_thaw_backed_by — FITHAW each mounted file system on a loop device
+ * whose backing file is on fsdev (inode ino; 0: any): what a fork cut short
+ * by a kill of its shard leaves frozen (docs/persistence.md, "Fork").
+ * Returns how many were thawed. */
+int sbx_ws_thaw_backed_by(dev_t fsdev, ino_t ino);
+
+/*
+ * sbx_ws_import — make img (a fork's image staged elsewhere: fork.c) the
+ * image of the workspace dir (made, mode 0700): renamed when both are on
+ * one file system, else copied sparse (the workspace pool is a file
+ * system of its own: ws_pool.h) to disk.img.fork, synced and renamed;
+ * then img is removed.  -EEXIST if dir holds an image already.  Blocking
+ * (a copy: ~1 GB/s).  0 or -errno with the reason in why.
+ */
+int sbx_ws_import(const char *img, const char *dir, char *why, size_t whylen);
 
 #endif

@@ -9,6 +9,9 @@
 # `tests/`), one file changed before each so every create writes and syncs
 # a new blob; then three restores.  docs/benchmarks.md, "Backup and restore".
 # Needs root (the daemon does); BIN defaults to ./bin (`make all`).
+# BENCH_WORKSPACE=persistent: the sandbox's workspace is persistent (an
+# ext4 image; default ephemeral, a tmpfs); BENCH_SBXD_ARGS: more `sbxd dev`
+# arguments (e.g. "--ws-pool off": docs/persistence.md, "The workspace pool").
 set -u
 bin=${1:-bin}
 src=/usr/lib/python3/dist-packages
@@ -17,7 +20,7 @@ d=$(mktemp -d /tmp/sbx-bench-backup-XXXXXX)
 url="ipc://$d/gw.sock"
 name=bb$(basename "$d" | tail -c 7 | tr 'A-Z' 'a-z' | tr -cd 'a-z0-9')
 "$bin/sbxd" dev --data "$d" --listen "$url" --name "$name" --shards 1 --pool 0 --disk 1G \
-    > "$d/sbxd.log" 2>&1 &
+    ${BENCH_SBXD_ARGS:-} > "$d/sbxd.log" 2>&1 &
 pid=$!
 stop() {
     kill -TERM "$pid" 2>/dev/null && wait "$pid"
@@ -27,6 +30,7 @@ trap stop EXIT
 S="$bin/sbx --gateway $url"
 for _ in $(seq 150); do $S health >/dev/null 2>&1 && break; sleep 0.2; done
 id=bench-backup-$$
+$S create "$id" --workspace "${BENCH_WORKSPACE:-ephemeral}" >/dev/null || exit 1
 $S exec "$id" "mkdir -p /workspace/t && cp -r $src/numpy $src/pandas /workspace/t/ && \
     printf '*.pyc\\n__pycache__/\\ntests/\\n' > /workspace/t/.gitignore && \
     echo \"tree: \$(du -sh /workspace/t | cut -f1), \$(find /workspace/t | wc -l) entries\"" || exit 1

@@ -536,7 +536,10 @@ disk_measure(const char *dir, struct disk *d)
         d->all += b;
         if (strstr(e->fts_path, "/images/"))
             d->images += b;
-        if (strstr(e->fts_path, "/workspaces/"))
+        /* The images, or the shard's workspace pool that holds them
+         * (<data>/wspool.img; <data>/workspaces is then a link into it,
+         * not followed here: docs/persistence.md, "The workspace pool"). */
+        if (strstr(e->fts_path, "/workspaces/") || !strcmp(e->fts_name, "wspool.img"))
             d->workspaces += b;
     }
     free(seen);

@@ -52,6 +52,9 @@ pkgs=(
   nftables libnftables-dev
   # the sandboxes' resolver parses and writes DNS with libldns; the DNS tests' server is dnsmasq
   libldns-dev dnsmasq-base
+  # persistent workspaces: the XFS workspace pool (reflinks for forks) where the data
+  # directory's file system has none (container/ws_pool.c runs mkfs.xfs)
+  xfsprogs
   # the S3 backup store: ListObjectsV2's XML read with expat (signing and transfers: libcurl above)
   libexpat1-dev
 )

@@ -16,7 +16,10 @@
 #            (v1: every controller; v2), i.e. a shard's subtree sbx/<shard>;
 #   mount    a mount whose mount point is under /tmp/sbx-*, /run/sbx or
 #            /var/lib/sbx;
-#   loop     a loop device whose backing file is under /tmp/sbx-*;
+#   loop     a loop device whose backing file is under /tmp/sbx-* or /var/lib/sbx
+#            (a shard's workspace pool <data>/wspool.img among them: it stays
+#            attached while any sandbox image in it is mounted, so it stands
+#            for those too, whose backing files read "/<id>/disk.img");
 #   lock     a file /run/sbx/*.lock (deployment and cgroup-subtree locks;
 #            sbxd unlinks its own when it stops), with the pid holding it;
 #   netns    a network namespace (`ip netns list`);
@@ -148,13 +151,13 @@ collect() {
   done < <(awk '{ for (i = 7; $i != "-"; i++) ; mp = $5;
                   if (mp ~ "^/tmp/sbx-" || mp ~ "^/run/sbx(/|$)" || mp ~ "^/var/lib/sbx(/|$)")
                     print $1, mp, $(i + 1), $(i + 2) }' /proc/self/mountinfo)
-  # loop devices whose backing file is under /tmp/sbx-* (a loop file system
-  # of a test, unmounted but not detached)
+  # loop devices whose backing file is under /tmp/sbx-* or /var/lib/sbx (a
+  # loop file system of a test, unmounted but not detached; a workspace pool)
   local bf
   for f in /sys/block/loop*/loop/backing_file; do
     [ -r "$f" ] || continue
     bf=$(cat "$f" 2>/dev/null)
-    [[ "$bf" == /tmp/sbx-* ]] || continue
+    [[ "$bf" == /tmp/sbx-* || "$bf" == /var/lib/sbx/* ]] || continue
     d=${f#/sys/block/}; d=/dev/${d%%/*}
     mine=0
     [ -n "$prefix" ] && [[ "$bf" == *"$prefix"* ]] && mine=1

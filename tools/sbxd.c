@@ -360,6 +360,13 @@ set_log_format(const char *log_format, const char *cmd)
         {"workspace-default", SBX_OPT_STR, &(c)->workspace_default,                           \
          "workspace of a sandbox created without one: ephemeral (tmpfs) or persistent "      \
          "(kept on disk, docs/persistence.md)"},                                            \
+        {"ws-pool", SBX_OPT_STR, &(c)->ws_pool,                                               \
+         "persistent workspaces in an XFS pool <data>/wspool.img (reflinks: fast forks): "   \
+         "auto (when <data>/workspaces has no reflinks), on, or off (images on the host "    \
+         "file system; refused once a pool exists)"},                                        \
+        {"ws-pool-size", SBX_OPT_SIZE, &(c)->ws_pool_size,                                    \
+         "size of a new workspace pool, sparse (default: the data file system's free space; " \
+         "at least 320M)"},                                                                  \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \

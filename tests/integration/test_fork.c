@@ -35,8 +35,10 @@
 #include <string.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,8 +50,9 @@
 
 static struct testd *live;
 static char frozen_img[600]; /* the image of a file system a test froze: thawed by the fini */
+static struct stat frozen_st; /* its stat (the path may not resolve once its shard is gone) */
 
-static void mounted_path(const char *img, char *out, size_t n);
+static void mounted_path(const struct stat *img, char *out, size_t n);
 
 #ifndef FIFREEZE
 #define FIFREEZE _IOWR('X', 119, int)
@@ -62,7 +65,7 @@ cleanup(void)
     if (frozen_img[0]) {
         /* Through whichever process has it mounted now. */
         char path[4500];
-        mounted_path(frozen_img, path, sizeof(path));
+        mounted_path(&frozen_st, path, sizeof(path));
         int fd = path[0] ? open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
         if (fd >= 0) {
             ioctl(fd, FITHAW, 0);
@@ -419,31 +422,27 @@ Test(fork, errors)
 }
 
 /* Path, through a process that has it mounted, of the file system on the
- * loop device backed by img ("" if none): /proc/<pid>/root<mount point>. */
+ * loop device backed by the image whose stat is *img ("" if none):
+ * /proc/<pid>/root<mount point>.  The loop device is found by the backing
+ * file's device and inode (LOOP_GET_STATUS64): in the workspace pool the
+ * backing file's path in /sys says only "/<id>/disk.img". */
 static void
-mounted_path(const char *img, char *out, size_t n)
+mounted_path(const struct stat *img, char *out, size_t n)
 {
     glob_t g;
     char dev[32] = "";
     out[0] = '\0';
-    if (glob("/sys/block/loop*/loop/backing_file", 0, NULL, &g) != 0)
+    if (glob("/dev/loop[0-9]*", 0, NULL, &g) != 0)
         return;
     for (size_t i = 0; !dev[0] && i < g.gl_pathc; i++) {
-        char line[4200] = "", p[300];
-        FILE *f = fopen(g.gl_pathv[i], "re");
-        if (f && fgets(line, sizeof(line), f))
-            line[strcspn(line, "\n")] = '\0';
-        if (f)
-            fclose(f);
-        if (strcmp(line, img) != 0)
-            continue;
-        snprintf(p, sizeof(p), "%.*s/dev", (int)(strstr(g.gl_pathv[i], "/loop/") - g.gl_pathv[i]),
-                 g.gl_pathv[i]);
-        if ((f = fopen(p, "re")) != NULL) {
-            if (fgets(dev, sizeof(dev), f))
-                dev[strcspn(dev, "\n")] = '\0';
-            fclose(f);
-        }
+        int fd = open(g.gl_pathv[i], O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        struct loop_info64 li;
+        struct stat st;
+        if (fd >= 0 && ioctl(fd, LOOP_GET_STATUS64, &li) == 0 && fstat(fd, &st) == 0 &&
+            li.lo_device == (uint64_t)img->st_dev && li.lo_inode == (uint64_t)img->st_ino)
+            snprintf(dev, sizeof(dev), "%u:%u", major(st.st_rdev), minor(st.st_rdev));
+        if (fd >= 0)
+            close(fd);
     }
     globfree(&g);
     DIR *d = opendir("/proc");
@@ -478,7 +477,8 @@ Test(fork, shard_killed_while_the_source_is_frozen)
     char frozen[4500];
     snprintf(frozen_img, sizeof(frozen_img), "%s/s%d/workspaces/%s/disk.img", live->dir,
              owner(src), src);
-    mounted_path(frozen_img, frozen, sizeof(frozen));
+    cr_assert_eq(stat(frozen_img, &frozen_st), 0, "stat %s", frozen_img);
+    mounted_path(&frozen_st, frozen, sizeof(frozen));
     cr_assert(frozen[0], "no mount of %s found", frozen_img);
     int fd = open(frozen, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     cr_assert_geq(fd, 0, "open %s", frozen);

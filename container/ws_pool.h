@@ -1,0 +1,86 @@
+/*
+ * ws_pool.h — the shard's workspace pool: an XFS file system with reflinks
+ * under the persistent workspaces when the host's file system has none
+ * (docs/persistence.md, "The workspace pool").
+ *
+ *   <data>/wspool.img    sparse file, formatted `mkfs.xfs -m reflink=1`
+ *                        (xfsprogs) when the pool is first made
+ *   <data>/workspaces    a symbolic link to /proc/<shard pid>/fd/<n>: the
+ *                        pool's root, a *detached* mount (fsmount(2)) the
+ *                        shard holds open as descriptor n
+ *
+ * The pool is mounted nowhere: the file system is reached only through the
+ * shard's descriptor (the link resolves through /proc's magic link into
+ * it, for the shard, its helpers and root on the host alike), so every
+ * path <data>/workspaces/<id>/disk.img works unchanged (workspace.h,
+ * fork.c, ws_move.c, ws_snap.c, ws_xfer.c).  The loop device under it is
+ * attached with LO_FLAGS_AUTOCLEAR.  When the shard's process ends — a
+ * stop or a kill -9 — its descriptor goes; when the last sandbox image of
+ * the pool is unmounted too (its containers die with the shard) the kernel
+ * drops the file system and frees the loop device: nothing to unmount,
+ * nothing left attached.  An exclusive flock(2) on the pool file's open
+ * file, which the loop device keeps, makes a restarted shard wait for that
+ * (one mount of the pool at a time; XFS refuses a second mount of its UUID
+ * anyway).  The link stays behind a stopped shard, dangling; the next start
+ * replaces it before anything uses it.
+ *
+ * The pool is mounted with `discard` and trimmed after destroys: the
+ * extents XFS frees (a destroyed workspace's image) become holes of the
+ * pool file, so the host gets the space back.  Functions run on the
+ * shard's main thread at start and stop, except sbx_wspool_room and
+ * sbx_wspool_trim_soon (any thread); the trims run on a thread of the pool.
+ */
+#ifndef SBX_WS_POOL_H
+#define SBX_WS_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Free space below which a new workspace or a fork is refused (bytes). */
+#define SBX_WSPOOL_RESERVE (64ull << 20)
+/* The smallest pool (mkfs.xfs refuses file systems under 300 MB). */
+#define SBX_WSPOOL_MIN (320ull << 20)
+
+typedef struct sbx_wspool sbx_wspool;
+
+/*
+ * sbx_wspool_open — decide and set up the pool for the shard whose data
+ * directory is data.  mode: "auto" (NULL: the same) makes the pool when
+ * FICLONE between two files of <data>/workspaces fails (EOPNOTSUPP, EXDEV,
+ * EINVAL, ENOTTY, EPERM: no reflinks there), "on" always, "off" never.  A
+ * pool file made before is always used ("off" with one present is
+ * -EEXIST: its workspaces would be hidden).  size: bytes of a new pool
+ * file (0: the free space of data's file system; at least SBX_WSPOOL_MIN,
+ * else -EFBIG — "auto" with size 0 then keeps the workspaces on the host
+ * file system, as when mkfs.xfs, loop devices or XFS are missing); an
+ * existing pool keeps its size.  Workspaces found as
+ * directories of <data>/workspaces on the host file system are moved into
+ * the pool (copied sparse, synced, then removed; a start cut short
+ * resumes).  Waits up to 10 s for a previous incarnation's mount of the
+ * pool to go.  *out: the pool (the caller owns it: sbx_wspool_close), or
+ * NULL when there is none (workspaces stay on the host file system).
+ * 0 or -errno with the reason in why.
+ */
+int sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **out,
+                    char *why, size_t whylen);
+
+/* sbx_wspool_close — remove the link, close the pool's
+ * descriptor (the kernel drops the mount once no image of it is in use).
+ * NULL is a no-op. */
+void sbx_wspool_close(sbx_wspool *p);
+
+/* sbx_wspool_room — 0 if the pool has at least SBX_WSPOOL_RESERVE bytes
+ * free, else -ENOSPC with the free and total bytes in why; NULL: 0. */
+int sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen);
+
+/* sbx_wspool_trim_soon — after a destroy: FITRIM the pool 1 s and 5 s
+ * later on the pool's own thread (coalesced; the loop device turns the
+ * discards into holes of the pool file, which gives the host its space
+ * back).  Never blocks; NULL: a no-op. */
+void sbx_wspool_trim_soon(sbx_wspool *p);
+
+/* sbx_wspool_describe — "xfs pool <file> (<size> MiB, <free> MiB free)" or
+ * "no pool (host file system)" into buf, for the shard's start-up log. */
+void sbx_wspool_describe(sbx_wspool *p, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,394 @@
+/*
+ * test_wspool.c — the workspace pool (docs/persistence.md, "The workspace
+ * pool"; container/ws_pool.h): on a data directory without reflinks (the
+ * test directories are on the host's ext4) a shard keeps its persistent
+ * workspaces in <data>/wspool.img, an XFS with reflinks.
+ *
+ * Checks what an operator and a user would: the pool is made and
+ * <data>/workspaces reaches into it; a fork shares the source's extents
+ * (FIEMAP says SHARED, and the pool file grows by far less than the
+ * workspace) and each side's writes stay its own; a destroy gives the
+ * space back (the pool file's allocated blocks shrink); a kill -9 of the
+ * shard and its restart find the workspace; `sbxd` stopped leaves no loop
+ * device backed by the pool and no mount; a full pool refuses a new
+ * workspace and a fork with DISK_FULL while a running sandbox goes on;
+ * `--ws-pool off` keeps workspaces on the host file system, and a later
+ * start with the pool moves them in.
+ *
+ * Each test starts its own small daemon (one shard), stopped by the fini.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../runtime/util.h"
+#include "../support/harness.h"
+
+static struct testd *live;
+
+static void
+cleanup(void)
+{
+    if (live) {
+        testd_stop(live);
+        free(live);
+        live = NULL;
+    }
+}
+
+TestSuite(wspool, .fini = cleanup, .timeout = 240);
+
+static sbx_client *
+start_with(const char *const *extra)
+{
+    live = calloc(1, sizeof(*live));
+    cr_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
+    return c;
+}
+
+/* op with JSON args; the result's JSON (heap), or NULL with code[64], msg. */
+static char *
+call(sbx_client *c, const char *op, const char *id, const char *args, char code[64], char *msg,
+     size_t msglen)
+{
+    sbx_reply *r = NULL;
+    sbx_error err;
+    code[0] = 0;
+    if (sbx_call_json(c, op, id, args, 60000, &r, &err) != 0) {
+        snprintf(code, 64, "%s", err.code);
+        if (msg)
+            snprintf(msg, msglen, "%s", err.message);
+        sbx_error_free(&err);
+        return NULL;
+    }
+    char *j = sbx_reply_json(r, false);
+    sbx_reply_free(r);
+    return j;
+}
+
+static void
+ok(sbx_client *c, const char *op, const char *id, const char *args)
+{
+    char code[64], msg[512] = "";
+    char *j = call(c, op, id, args, code, msg, sizeof(msg));
+    cr_assert(j, "%s %s %s: %s %s", op, id, args, code, msg);
+    free(j);
+}
+
+/* Run cmd; its stdout (heap), exit code in *code.  Retries while the
+ * shard is away (after its kill) for up to 60 s. */
+static char *
+sh(sbx_client *c, const char *id, const char *cmd, int *code)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    int rc = -1;
+    for (int i = 0; i < 300; i++) {
+        rc = test_sh(c, id, cmd, 60000, &r, &err);
+        if (rc == 0)
+            break;
+        bool away = !strcmp(err.code, "SHARD_UNAVAILABLE") || !strcmp(err.code, "UNAVAILABLE") ||
+                    !strcmp(err.code, "INTERRUPTED") || !strcmp(err.code, "TIMEOUT");
+        if (!away)
+            break;
+        sbx_error_free(&err);
+        usleep(200 * 1000);
+    }
+    cr_assert_eq(rc, 0, "exec '%s' in %s: %s %s", cmd, id, rc ? err.code : "",
+                 rc ? err.message : "");
+    char *out = strdup(r.stdout_data ? r.stdout_data : "");
+    if (code)
+        *code = r.exit_code;
+    sbx_exec_result_free(&r);
+    return out;
+}
+
+/* Bytes of host disk the file holds (st_blocks), or -1. */
+static long long
+allocated(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long long)st.st_blocks * 512 : -1;
+}
+
+/* Bytes of path's extents that FIEMAP flags SHARED. */
+static long long
+shared_bytes(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "open %s", path);
+    long long shared = 0;
+    size_t n = 256;
+    struct fiemap *fm = calloc(1, sizeof(*fm) + n * sizeof(struct fiemap_extent));
+    uint64_t start = 0;
+    for (;;) {
+        memset(fm, 0, sizeof(*fm));
+        fm->fm_start = start;
+        fm->fm_length = FIEMAP_MAX_OFFSET - start;
+        fm->fm_flags = FIEMAP_FLAG_SYNC;
+        fm->fm_extent_count = (uint32_t)n;
+        cr_assert_eq(ioctl(fd, FS_IOC_FIEMAP, fm), 0, "FIEMAP %s: %s", path, strerror(errno));
+        if (fm->fm_mapped_extents == 0)
+            break;
+        bool last = false;
+        for (uint32_t i = 0; i < fm->fm_mapped_extents; i++) {
+            struct fiemap_extent *e = &fm->fm_extents[i];
+            if (e->fe_flags & FIEMAP_EXTENT_SHARED)
+                shared += (long long)e->fe_length;
+            start = e->fe_logical + e->fe_length;
+            last = last || (e->fe_flags & FIEMAP_EXTENT_LAST);
+        }
+        if (last)
+            break;
+    }
+    free(fm);
+    close(fd);
+    return shared;
+}
+
+/* Loop devices whose backing file is path. */
+static int
+loops_of(const char *path)
+{
+    glob_t g;
+    int n = 0;
+    if (glob("/sys/block/loop*/loop/backing_file", 0, NULL, &g) != 0)
+        return 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        FILE *f = fopen(g.gl_pathv[i], "re");
+        char line[4096] = "";
+        if (f && fgets(line, sizeof(line), f)) {
+            line[strcspn(line, "\n")] = '\0';
+            n += !strcmp(line, path);
+        }
+        if (f)
+            fclose(f);
+    }
+    globfree(&g);
+    return n;
+}
+
+/* Mounts of this (host) namespace whose mount point or source is under dir. */
+static int
+mounts_under(const char *dir)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[8192];
+    int n = 0;
+    while (f && fgets(line, sizeof(line), f))
+        n += strstr(line, dir) != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The shard's pid: the supervisor's child. */
+static pid_t
+shard_pid(void)
+{
+    return test_child_of(live->pid, -1);
+}
+
+Test(wspool, fork_shares_extents_and_destroy_gives_space_back)
+{
+    sbx_client *c = start_with((const char *const[]){TESTD_SMALL, NULL});
+    char pool[512], link[512], tgt[256], img[600], fimg[600];
+    snprintf(pool, sizeof(pool), "%s/s0/wspool.img", live->dir);
+    snprintf(link, sizeof(link), "%s/s0/workspaces", live->dir);
+    struct stat st;
+    cr_assert_eq(stat(pool, &st), 0, "no pool file %s on this ext4 data directory", pool);
+    ssize_t k = readlink(link, tgt, sizeof(tgt) - 1);
+    cr_assert_gt(k, 0, "%s is not a link into the pool", link);
+    tgt[k] = '\0';
+    char want[64];
+    snprintf(want, sizeof(want), "/proc/%d/fd/", (int)shard_pid());
+    cr_assert(!strncmp(tgt, want, strlen(want)), "%s -> %s, not the shard's %s", link, tgt, want);
+
+    char *src = test_id("psrc"), *fk = test_id("pfrk");
+    ok(c, "create", src, "{\"workspace\":\"persistent\",\"disk\":268435456}");
+    int code;
+    free(sh(c, src, "head -c 50000000 /dev/urandom > /workspace/r && sync && "
+                    "md5sum < /workspace/r > /workspace/sum", &code));
+    cr_assert_eq(code, 0);
+    snprintf(img, sizeof(img), "%s/%s/disk.img", link, src);
+    snprintf(fimg, sizeof(fimg), "%s/%s/disk.img", link, fk);
+    cr_assert_gt(allocated(img), 50000000, "the source's image holds %lld bytes", allocated(img));
+    long long before = allocated(pool);
+    char args[256];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", fk);
+    ok(c, "sandbox.fork", src, args);
+    long long grown = allocated(pool) - before;
+    long long sh_b = shared_bytes(fimg);
+    cr_assert_gt(sh_b, 50000000, "the fork's image shares %lld bytes with its source", sh_b);
+    cr_assert_lt(grown, 8 << 20, "the pool file grew by %lld bytes for a fork of 50 MB", grown);
+
+    /* Each side's writes are its own. */
+    free(sh(c, fk, "echo fork > /workspace/mine && md5sum < /workspace/r | cmp - /workspace/sum",
+            &code));
+    cr_assert_eq(code, 0, "the fork's copy of the data differs");
+    free(sh(c, src, "echo src > /workspace/theirs", &code));
+    char *out = sh(c, src, "ls /workspace/mine /workspace/theirs 2>&1", &code);
+    cr_assert(strstr(out, "No such file") && strstr(out, "/workspace/theirs\n"),
+              "the source sees: %s", out);
+    free(out);
+    out = sh(c, fk, "ls /workspace/mine /workspace/theirs 2>&1", &code);
+    cr_assert(strstr(out, "No such file") && strstr(out, "/workspace/mine\n"),
+              "the fork sees: %s", out);
+    free(out);
+
+    /* Both destroyed: the pool file gives the 50 MB back (FITRIM → holes). */
+    long long full = allocated(pool);
+    ok(c, "destroy", fk, "{}");
+    ok(c, "destroy", src, "{}");
+    long long now = full;
+    for (int i = 0; i < 100 && full - now < 40000000; i++) {
+        usleep(100 * 1000);
+        now = allocated(pool);
+    }
+    cr_assert_geq(full - now, 40000000, "the pool file holds %lld bytes after the destroys, "
+                  "%lld before", now, full);
+    free(src);
+    free(fk);
+    sbx_client_close(c);
+}
+
+Test(wspool, kill9_restart_then_stop_leaves_nothing)
+{
+    sbx_client *c = start_with((const char *const[]){TESTD_SMALL, NULL});
+    char pool[512], data[300];
+    snprintf(pool, sizeof(pool), "%s/s0/wspool.img", live->dir);
+    snprintf(data, sizeof(data), "%s", live->dir);
+    char *id = test_id("pk9");
+    ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, id, "echo kept > /workspace/f", &code));
+    cr_assert_eq(loops_of(pool), 1, "the pool is not on one loop device");
+    pid_t sp = shard_pid();
+    cr_assert_gt(sp, 0);
+    cr_assert_eq(kill(sp, SIGKILL), 0);
+    char *out = sh(c, id, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "kept\n", "after the shard's kill -9: %s", out);
+    free(out);
+    cr_assert_neq(shard_pid(), sp, "the shard was not restarted");
+    cr_assert_eq(loops_of(pool), 1, "after the restart the pool is on %d loop devices",
+                 loops_of(pool));
+    free(id);
+    sbx_client_close(c);
+
+    /* Stopped: no loop device backed by the pool, no mount. */
+    testd_stop(live);
+    free(live);
+    live = NULL;
+    int left = 0;
+    for (int i = 0; i < 50 && (left = loops_of(pool)) > 0; i++)
+        usleep(100 * 1000);
+    cr_assert_eq(left, 0, "%d loop devices still back %s", left, pool);
+    cr_assert_eq(mounts_under(data), 0, "a mount under %s is left", data);
+}
+
+Test(wspool, full_pool_refuses_new_workspaces_and_forks)
+{
+    sbx_client *c =
+        start_with((const char *const[]){TESTD_SMALL, "--ws-pool-size", "400M", NULL});
+    char link[512], filler[600];
+    snprintf(link, sizeof(link), "%s/s0/workspaces", live->dir);
+    char *a = test_id("pfa"), *b = test_id("pfb"), *f = test_id("pff");
+    ok(c, "create", a, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, a, "echo a > /workspace/f", &code));
+    /* Fill the pool to under its reserve (64 MiB) from the host. */
+    snprintf(filler, sizeof(filler), "%s/filler", link);
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
+    off_t sz = 0;
+    for (off_t step = 64 << 20; step >= (1 << 20); step /= 2)
+        while (fallocate(fd, 0, sz, step) == 0)
+            sz += step;
+    close(fd);
+    cr_assert_gt(sz, 100 << 20, "the filler took only %lld bytes", (long long)sz);
+
+    char cd[64], msg[512] = "";
+    ok(c, "create", b, "{\"workspace\":\"persistent\"}");
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_neq(test_sh(c, b, "true", 30000, &r, &err), 0, "a new workspace started");
+    cr_assert_str_eq(err.code, "DISK_FULL", "start of a new workspace: %s %s", err.code,
+                     err.message);
+    cr_assert(strstr(err.message, "pool"), "the message does not name the pool: %s",
+              err.message);
+    sbx_error_free(&err);
+    char args[128];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", f);
+    char *j = call(c, "sandbox.fork", a, args, cd, msg, sizeof(msg));
+    cr_assert_null(j, "a fork into a full pool succeeded");
+    cr_assert_str_eq(cd, "DISK_FULL", "fork: %s %s", cd, msg);
+    /* The running sandbox goes on. */
+    char *out = sh(c, a, "cat /workspace/f && echo more >> /workspace/f && echo ok", &code);
+    cr_assert_str_eq(out, "a\nok\n", "the running sandbox: %s", out);
+    free(out);
+    /* Space back (XFS frees the blocks in the background): the new one starts. */
+    cr_assert_eq(unlink(filler), 0);
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 0; i++) {
+        if ((rc = test_sh(c, b, "echo b", 30000, &r, &err)) == 0) {
+            cr_assert_str_eq(r.stdout_data, "b\n");
+            sbx_exec_result_free(&r);
+        } else {
+            cr_assert_str_eq(err.code, "DISK_FULL", "%s %s", err.code, err.message);
+            sbx_error_free(&err);
+            usleep(100 * 1000);
+        }
+    }
+    cr_assert_eq(rc, 0, "the new workspace did not start once the pool had room");
+    free(a);
+    free(b);
+    free(f);
+    sbx_client_close(c);
+}
+
+Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
+{
+    sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool", "off", NULL});
+    char pool[512], dir[512], img[600];
+    snprintf(pool, sizeof(pool), "%s/s0/wspool.img", live->dir);
+    snprintf(dir, sizeof(dir), "%s/s0/workspaces", live->dir);
+    char *id = test_id("pof");
+    ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, id, "echo before-pool > /workspace/f", &code));
+    struct stat st;
+    cr_assert_neq(stat(pool, &st), 0, "--ws-pool off made a pool");
+    cr_assert_eq(lstat(dir, &st), 0);
+    cr_assert(S_ISDIR(st.st_mode), "%s is not a directory with --ws-pool off", dir);
+    snprintf(img, sizeof(img), "%s/%s/disk.img", dir, id);
+    cr_assert_eq(stat(img, &st), 0, "no image at %s", img);
+    sbx_client_close(c);
+
+    /* The same data with the pool (the default): the workspace is moved in. */
+    cr_assert_eq(testd_restart(live, 1, (const char *const[]){TESTD_SMALL, NULL}), 0);
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0);
+    cr_assert_eq(stat(pool, &st), 0, "no pool after a start without --ws-pool off");
+    cr_assert_eq(lstat(dir, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode), "%s is not the pool's link", dir);
+    cr_assert_eq(stat(img, &st), 0, "the image is not in the pool: %s", img);
+    char *out = sh(c, id, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "before-pool\n", "after the move into the pool: %s", out);
+    free(out);
+    free(id);
+    sbx_client_close(c);
+}
