@@ -477,10 +477,13 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
     }
     if (rc != 0) {
         /* auto, and the pool is new: a host where it cannot be mounted (no
-         * loop devices or no XFS in the kernel, no privilege for them) keeps
-         * the workspaces where they are, as before the pool, and says so. */
+         * loop devices or no XFS in the kernel, no privilege for them, no
+         * fsopen(2)/fsmount(2): Linux < 5.2, or valgrind 3.19, which lacks
+         * them — `make valgrind`) keeps the workspaces where they are, as
+         * before the pool, and says so. */
         if (made && !strcmp(mode, "auto") &&
-            (rc == -EPERM || rc == -EACCES || rc == -ENOENT || rc == -ENODEV || rc == -ENXIO)) {
+            (rc == -EPERM || rc == -EACCES || rc == -ENOENT || rc == -ENODEV || rc == -ENXIO ||
+             rc == -ENOSYS || rc == -EOPNOTSUPP)) {
             sbx_log_warn("workspace pool not usable here, workspaces stay on the host file "
                          "system (forks copy their data): %s", why);
             unlink(p->file);

@@ -73,6 +73,7 @@ for _ in $(seq 1 300); do
 done
 if [ $ready = 0 ]; then
   echo "valgrind: the gateway did not become ready"; cat "$dir/gateway.log" "$dir/vg-gateway.log"
+  echo "valgrind: the shard's log (last lines):"; tail -n 15 "$dir/shard.log"
   exit 1
 fi
 
