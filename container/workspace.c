@@ -51,25 +51,36 @@ ws_mkfs(const char *path, uint64_t size, uint64_t inodes, char *why, size_t whyl
     char *argv[] = {"mkfs.ext4", "-q", "-F", "-m", "0", "-N", n, "-E",
                     "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0",
                     (char *)path, NULL};
+    return sbx_ws_run_tool(argv, "e2fsprogs", why, whylen);
+}
+
+int
+sbx_ws_run_tool(char *const argv[], const char *package, char *why, size_t whylen)
+{
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
     pid_t pid;
-    int rc = posix_spawnp(&pid, "mkfs.ext4", &fa, NULL, argv, environ);
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc) {
-        snprintf(why, whylen, "run mkfs.ext4 (e2fsprogs): %s", strerror(rc));
+        snprintf(why, whylen, "run %s (%s): %s", argv[0], package, strerror(rc));
         return -rc;
     }
     int st;
     while (waitpid(pid, &st, 0) < 0)
         if (errno != EINTR) {
-            snprintf(why, whylen, "wait for mkfs.ext4: %s", strerror(errno));
-            return -errno;
+            rc = -errno;
+            snprintf(why, whylen, "wait for %s: %s", argv[0], strerror(-rc));
+            return rc;
         }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        snprintf(why, whylen, "mkfs.ext4 %s failed (status %d)", path, st);
+        int n = snprintf(why, whylen, "%s", argv[0]);
+        for (int i = 1; argv[i] && n >= 0 && (size_t)n < whylen; i++)
+            n += snprintf(why + n, whylen - (size_t)n, " %s", argv[i]);
+        if (n >= 0 && (size_t)n < whylen)
+            snprintf(why + n, whylen - (size_t)n, " failed (status %d)", st);
         return -EIO;
     }
     return 0;

@@ -82,6 +82,16 @@ int sbx_ws_fork(const char *src_dir, int src_mnt_fd, const char *const *dst_dirs
 /* sbx_ws_remove — delete dir and its image (destroy); 0 if there was none. */
 int sbx_ws_remove(const char *dir);
 
+/*
+ * sbx_ws_run_tool — run argv[0] (searched in PATH) with argv, its stdin and
+ * stdout on /dev/null (stderr inherited: the shard's log), and wait for it:
+ * 0 if it exited 0, else a negative code with the reason in why (the
+ * command line and its wait status, or why it could not run; `package`
+ * names what provides the program, for that message).  For mkfs.ext4 and
+ * mkfs.xfs (ws_pool.c).
+ */
+int sbx_ws_run_tool(char *const argv[], const char *package, char *why, size_t whylen);
+
 /* sbx_ws_allocated — bytes of host disk dir's image holds (st_blocks), or
  * -errno (-ENOENT: none yet). */
 int64_t sbx_ws_allocated(const char *dir);

@@ -9,7 +9,6 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +17,6 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,7 +36,6 @@
 #include "../runtime/util.h"
 #include "workspace.h"
 
-extern char **environ;
 
 struct sbx_wspool {
     char file[4200];   /* <data>/wspool.img */
@@ -94,28 +91,7 @@ static int
 pool_mkfs(const char *file, char *why, size_t whylen)
 {
     char *argv[] = {"mkfs.xfs", "-q", "-f", "-K", "-m", "reflink=1", (char *)file, NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "mkfs.xfs", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc) {
-        snprintf(why, whylen, "run mkfs.xfs (xfsprogs, tools/deps.sh): %s", strerror(rc));
-        return -rc;
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) {
-            snprintf(why, whylen, "wait for mkfs.xfs: %s", strerror(errno));
-            return -errno;
-        }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        snprintf(why, whylen, "mkfs.xfs -m reflink=1 %s failed (status %d)", file, st);
-        return -EIO;
-    }
-    return 0;
+    return sbx_ws_run_tool(argv, "xfsprogs, tools/deps.sh", why, whylen);
 }
 
 /* Make the pool file: sparse, size bytes (0: data's free space), formatted

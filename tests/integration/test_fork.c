@@ -135,26 +135,9 @@ ok(sbx_client *c, const char *op, const char *id, const char *args)
 static char *
 sh(sbx_client *c, const char *id, const char *cmd, int *code)
 {
-    sbx_exec_result r;
-    sbx_error err;
-    int rc = -1;
-    for (int i = 0; i < 300; i++) {
-        rc = test_sh(c, id, cmd, 60000, &r, &err);
-        if (rc == 0)
-            break;
-        bool away = !strcmp(err.code, "SHARD_UNAVAILABLE") || !strcmp(err.code, "UNAVAILABLE") ||
-                    !strcmp(err.code, "INTERRUPTED") || !strcmp(err.code, "TIMEOUT");
-        if (!away)
-            break;
-        sbx_error_free(&err);
-        usleep(200 * 1000);
-    }
-    cr_assert_eq(rc, 0, "exec '%s' in %s: %s %s", cmd, id, rc ? err.code : "",
-                 rc ? err.message : "");
-    char *out = strdup(r.stdout_data ? r.stdout_data : "");
-    if (code)
-        *code = r.exit_code;
-    sbx_exec_result_free(&r);
+    char why[768];
+    char *out = test_sh_out(c, id, cmd, 60000, code, why, sizeof(why));
+    cr_assert(out, "%s", why);
     return out;
 }
 

@@ -266,6 +266,31 @@ test_sh(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms,
     return sbx_exec(c, sandbox, &o, r, err);
 }
 
+char *
+test_sh_out(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms, int *code,
+            char *why, size_t whylen)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    for (int i = 0; i < 300; i++) {
+        if (test_sh(c, sandbox, cmd, timeout_ms, &r, &err) == 0) {
+            char *out = strdup(r.stdout_data ? r.stdout_data : "");
+            if (code)
+                *code = r.exit_code;
+            sbx_exec_result_free(&r);
+            return out;
+        }
+        bool away = !strcmp(err.code, "SHARD_UNAVAILABLE") || !strcmp(err.code, "UNAVAILABLE") ||
+                    !strcmp(err.code, "INTERRUPTED") || !strcmp(err.code, "TIMEOUT");
+        snprintf(why, whylen, "exec '%s' in %s: %s %s", cmd, sandbox, err.code, err.message);
+        sbx_error_free(&err);
+        if (!away)
+            break;
+        usleep(200 * 1000);
+    }
+    return NULL;
+}
+
 int64_t
 test_memory_bytes(sbx_client *c, const char *sandbox)
 {

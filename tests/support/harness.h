@@ -67,6 +67,14 @@ char *test_id(const char *prefix);
 int test_sh(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms,
             sbx_exec_result *r, sbx_error *err);
 
+/* test_sh_out — test_sh, tried again every 200 ms for up to 60 s while the
+ * answer says the shard is away (SHARD_UNAVAILABLE, UNAVAILABLE,
+ * INTERRUPTED, TIMEOUT: after a kill or a restart).  Its stdout (heap,
+ * caller frees; "" when none) and exit code (*code, if not NULL), or NULL
+ * with the error in why. */
+char *test_sh_out(sbx_client *c, const char *sandbox, const char *cmd, int64_t timeout_ms,
+                  int *code, char *why, size_t whylen);
+
 /* test_memory_bytes — the sandbox's container.memoryBytes from `status`
  * (its cgroup's usage), or -1. */
 int64_t test_memory_bytes(sbx_client *c, const char *sandbox);
