@@ -648,6 +648,13 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
 
 stop:
     sh->stopping = true;
+    /* A hold the last callback took (gate.c hold_store) ends before the
+     * cluster's threads are joined: its replication thread may be waiting
+     * for a held write, and the posted release runs only in a later loop. */
+    if (sh->store_held) {
+        sh->store_held = false;
+        sbx_store_release(sh->store);
+    }
     shard_probe_stop(sh);
     shard_images_stop(sh);
     shard_relay_stop(sh);

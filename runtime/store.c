@@ -51,6 +51,7 @@ struct sbx_store {
     /* sbx_store_hold: writes with seq >= hold_from wait in the queue until
      * sbx_store_release (0: no hold). */
     uint64_t hold_from;
+    pthread_t holder; /* the thread that took the hold (its waits end it) */
     uint64_t decided;       /* all writes ≤ decided have a result */
     /* Every failed range (adjacent ones with the same rc merged), so
      * sbx_store_wait reports a failure however long ago it was decided. */
@@ -595,8 +596,10 @@ void
 sbx_store_hold(sbx_store *s)
 {
     pthread_mutex_lock(&s->mu);
-    if (!s->hold_from)
+    if (!s->hold_from) {
         s->hold_from = s->next_seq;
+        s->holder = pthread_self();
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -643,8 +646,10 @@ int
 sbx_store_wait(sbx_store *s, uint64_t seq)
 {
     pthread_mutex_lock(&s->mu);
-    if (s->hold_from && seq >= s->hold_from) {
-        /* Waiting for a held write ends the hold (store.h). */
+    if (s->hold_from && seq >= s->hold_from && pthread_equal(s->holder, pthread_self())) {
+        /* Its holder waiting for a held write ends the hold (store.h);
+         * another thread waits for the release (the shard's replication
+         * thread waits for every write it sends). */
         s->hold_from = 0;
         pthread_cond_signal(&s->cv);
     }

@@ -145,10 +145,11 @@ uint64_t sbx_store_put_with(sbx_store *s, int db, const void *k, size_t kn, cons
  * (by any thread) stay in the queue until the release; writes queued
  * before it are committed as usual.  A hold is not counted: a second hold
  * is a no-op, one release ends it.  A close, and an sbx_store_wait for a
- * held write (the caller needs it decided), end it too.  The holder must
- * release it soon (the shard holds from a state write to the end of the
- * loop callback that made it: actors/gate.c shard_store_record).
- * Thread-safe.
+ * held write by the thread that took the hold (it needs the write decided:
+ * no deadlock), end it too; other threads' waits last until the release.
+ * The holder must release it soon (the shard holds from a state write to
+ * the end of the loop callback that made it: actors/gate.c
+ * shard_store_record).  Thread-safe.
  */
 void sbx_store_hold(sbx_store *s);
 void sbx_store_release(sbx_store *s);

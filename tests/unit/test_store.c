@@ -19,6 +19,8 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -789,6 +791,21 @@ one_batch(struct ranges *g, uint64_t a, uint64_t b)
     return r;
 }
 
+struct waiter {
+    uint64_t seq;
+    int rc;
+    atomic_bool done;
+};
+
+static void *
+wait_main(void *arg)
+{
+    struct waiter *w = arg;
+    w->rc = sbx_store_wait(st, w->seq);
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
 Test(store, held_writes_wait_for_the_release_and_commit_with_their_reply)
 {
     struct ranges g = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -797,12 +814,20 @@ Test(store, held_writes_wait_for_the_release_and_commit_with_their_reply)
 
     sbx_store_hold(st);
     uint64_t a = sbx_store_del(st, SBX_DB_SANDBOXES, "before", 6); /* a destroy */
+    /* Another thread's wait for it (the shard's replication thread) lasts
+     * until the release: it does not end the hold. */
+    struct waiter wt = {.seq = a};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, wait_main, &wt), 0);
     usleep(50 * 1000); /* the writer, woken by it, has had every chance to take it */
     cr_assert_lt(sbx_store_decided(st), a, "a held write was committed before the release");
+    cr_expect(!atomic_load(&wt.done), "another thread's wait ended the hold");
     cr_assert_geq(sbx_store_decided(st), w0, "a write queued before the hold was held too");
     uint64_t b = sbx_store_put_with(st, SBX_DB_IDEM, "req-1", 5, "destroyed", 9, a);
     sbx_store_release(st);
     cr_assert_eq(sbx_store_wait(st, b), 0);
+    pthread_join(th, NULL);
+    cr_expect_eq(wt.rc, 0);
     expect_absent(SBX_DB_SANDBOXES, "before");
     expect_value(SBX_DB_IDEM, "req-1", "destroyed", 9);
 
