@@ -275,8 +275,8 @@ int
 sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool *created,
              char *why, size_t whylen)
 {
-    char img[4200], dev[64];
-    int imgfd = -1, loopfd = -1, fs = -1, rc = 0;
+    char img[4200];
+    int imgfd = -1, rc = 0;
     *mnt_fd = -1;
     *created = false;
     if ((rc = sbx_mkdir_p(dir, 0700)) != 0) {
@@ -307,28 +307,40 @@ sbx_ws_mount(const char *dir, uint64_t size, uint64_t inodes, int *mnt_fd, bool 
             ws_thaw_stale(imgfd, img);
         nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL);
     }
-    if ((rc = sbx_ws_loop(imgfd, img, &loopfd, dev, sizeof(dev), why, whylen)) != 0)
-        goto out;
-    fs = fsopen("ext4", FSOPEN_CLOEXEC);
+    rc = sbx_ws_mount_loop(imgfd, img, "ext4", "noinit_itable", mnt_fd, why, whylen);
+out:
+    if (imgfd >= 0)
+        close(imgfd); /* the loop device holds the file (and its lock) */
+    return rc;
+}
+
+int
+sbx_ws_mount_loop(int fd, const char *name, const char *fstype, const char *flag, int *mnt,
+                  char *why, size_t whylen)
+{
+    char dev[64];
+    int loopfd = -1, fs = -1;
+    *mnt = -1;
+    int rc = sbx_ws_loop(fd, name, &loopfd, dev, sizeof(dev), why, whylen);
+    if (rc)
+        return rc;
+    fs = fsopen(fstype, FSOPEN_CLOEXEC);
     if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
-        fsconfig(fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
+        fsconfig(fs, FSCONFIG_SET_FLAG, flag, NULL, 0) < 0 ||
         fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) {
         rc = -errno;
-        snprintf(why, whylen, "mount %s (ext4 on %s): %s", img, dev, strerror(errno));
+        snprintf(why, whylen, "mount %s (%s on %s): %s", name, fstype, dev, strerror(-rc));
         goto out;
     }
-    *mnt_fd = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-    if (*mnt_fd < 0) {
+    *mnt = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    if (*mnt < 0) {
         rc = -errno;
-        snprintf(why, whylen, "fsmount %s: %s", img, strerror(errno));
+        snprintf(why, whylen, "fsmount %s: %s", name, strerror(-rc));
     }
 out:
     if (fs >= 0)
         close(fs);
-    if (loopfd >= 0)
-        close(loopfd); /* the mount holds the device now; AUTOCLEAR after it */
-    if (imgfd >= 0)
-        close(imgfd); /* the loop device holds the file (and its lock) */
+    close(loopfd); /* the mount holds the device now; AUTOCLEAR after it */
     return rc;
 }
 

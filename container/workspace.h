@@ -111,6 +111,16 @@ int sbx_ws_sweep(const char *data, bool (*exists)(const char *id, void *arg), vo
 int sbx_ws_loop(int imgfd, const char *img, int *loopfd, char *dev, size_t devlen, char *why,
                 size_t whylen);
 
+/* sbx_ws_mount_loop — attach the file open at fd (named name, for messages
+ * and lo_file_name) to a loop device (sbx_ws_loop) and mount the fstype file
+ * system on it with the one flag option `flag`, nosuid and nodev, as a
+ * detached mount (fsopen(2)/fsmount(2)): *mnt (the caller owns it; -1 on
+ * failure).  The loop device is freed (AUTOCLEAR) once the mount goes.  0 or
+ * -errno with the reason in why (ENOSYS where the new mount API is missing).
+ * For the workspace images (ext4) and the workspace pool (xfs, ws_pool.c). */
+int sbx_ws_mount_loop(int fd, const char *name, const char *fstype, const char *flag, int *mnt,
+                      char *why, size_t whylen);
+
 /* sbx_ws_copy_sparse — copy_file_range(2) of the data extents of in (size
  * bytes; SEEK_DATA/SEEK_HOLE) to the same offsets of out: out stays as
  * sparse as in, and shares in's extents where the file system has

@@ -20,22 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* <sys/mount.h> clashes with <linux/fs.h>: the new mount API by hand. */
-#include <sys/syscall.h>
-#ifndef FSOPEN_CLOEXEC
-#define FSOPEN_CLOEXEC 0x00000001
-#define FSMOUNT_CLOEXEC 0x00000001
-#define FSCONFIG_SET_FLAG 0
-#define FSCONFIG_SET_STRING 1
-#define FSCONFIG_CMD_CREATE 6
-#define MOUNT_ATTR_NOSUID 0x00000002
-#define MOUNT_ATTR_NODEV 0x00000004
-#endif
-
 #include "../runtime/log.h"
 #include "../runtime/util.h"
 #include "workspace.h"
-
 
 struct sbx_wspool {
     char file[4200];   /* <data>/wspool.img */
@@ -172,29 +159,9 @@ pool_lock(int fd, const char *file, char *why, size_t whylen)
 static int
 pool_mount(int fd, const char *file, int *mnt, char *why, size_t whylen)
 {
-    char dev[64];
-    int loopfd = -1, fs = -1, rc = sbx_ws_loop(fd, file, &loopfd, dev, sizeof(dev), why, whylen);
-    if (rc)
-        return rc;
-    fs = (int)syscall(SYS_fsopen, "xfs", FSOPEN_CLOEXEC);
-    if (fs < 0 || syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
-        syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "discard", NULL, 0) < 0 ||
-        syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) {
-        rc = -errno;
-        snprintf(why, whylen, "mount the workspace pool %s (xfs on %s): %s", file, dev,
-                 strerror(errno));
-        goto out;
-    }
-    *mnt = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-    if (*mnt < 0) {
-        rc = -errno;
-        snprintf(why, whylen, "fsmount the workspace pool %s: %s", file, strerror(errno));
-    }
-out:
-    if (fs >= 0)
-        close(fs);
-    close(loopfd); /* the mount holds the device; AUTOCLEAR after it */
-    return rc;
+    char name[4200];
+    snprintf(name, sizeof(name), "the workspace pool %s", file);
+    return sbx_ws_mount_loop(fd, name, "xfs", "discard", mnt, why, whylen);
 }
 
 /* Copy the regular file name of dir src into dir dst of the pool (a
