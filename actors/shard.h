@@ -57,6 +57,10 @@ struct sbx_shard_conf {
     uint64_t memory;      /* default memory limit per sandbox, bytes */
     int64_t pids;         /* default pids limit per sandbox */
     int64_t cpu;          /* default CPU limit per sandbox, millicpus */
+    int64_t cpu_share;    /* CPU weight of all the host's sandboxes together, in nice-0
+                           * processes (container/cgroup.h sbx_cgroups_set_share);
+                           * -1 (the default) = SHARD_CPU_SHARE_PER_CPU per online
+                           * CPU, 0 = the kernel's default (one process's worth) */
     uint64_t disk;        /* bytes of /workspace + /tmp + /home */
     int64_t inodes;       /* inodes of the same */
     uint64_t disk_max;    /* bytes: the largest `disk` a create may ask for (persistent workspaces) */

@@ -502,6 +502,44 @@ sbx_cgroups_close(sbx_cgroups *cg)
     free(cg);
 }
 
+int
+sbx_cgroups_set_share(sbx_cgroups *cg, unsigned procs)
+{
+    int h = cg->mode == SBX_CG_V1 ? H_CPU : 0;
+    if (procs == 0 || cg->mode == SBX_CG_NONE || (cg->mode == SBX_CG_V2 && !cg->v2_limits) ||
+        !cg->have[h])
+        return 0;
+    /* The top directory: dir[h] less what follows the base's first level. */
+    char top[512];
+    snprintf(top, sizeof(top), "%s", cg->dir[h]);
+    const char *rest = strchr(cg->base, '/');
+    size_t tl = strlen(top), rl = rest ? strlen(rest) : 0;
+    if (rl < tl)
+        top[tl - rl] = '\0';
+    uint64_t v;
+    int rc;
+    if (cg->mode == SBX_CG_V1) {
+        v = (uint64_t)procs * 1024;
+        v = v < 2 ? 2 : v > 262144 ? 262144 : v;
+        rc = write_u64(top, "cpu.shares", v);
+    } else {
+        v = (uint64_t)procs * 100;
+        v = v > 10000 ? 10000 : v;
+        rc = write_u64(top, "cpu.weight", v);
+        /* The shard's leaf beside the tree, when it made one. */
+        char leaf[600];
+        snprintf(leaf, sizeof(leaf), "%s", top);
+        char *slash = strrchr(leaf, '/');
+        if (rc == 0 && slash) {
+            snprintf(slash, sizeof(leaf) - (size_t)(slash - leaf), "/sbx-supervisor");
+            struct stat st;
+            if (stat(leaf, &st) == 0)
+                rc = write_u64(leaf, "cpu.weight", v);
+        }
+    }
+    return rc;
+}
+
 enum sbx_cg_mode
 sbx_cgroups_mode(const sbx_cgroups *cg)
 {

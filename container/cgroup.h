@@ -54,6 +54,33 @@ int sbx_cgroups_open(sbx_cgroups **out, const char *mode, const char *base, char
                      size_t whylen);
 /* sbx_cgroups_close — remove the base subtree (sandbox cgroups first), free. */
 void sbx_cgroups_close(sbx_cgroups *cg);
+/*
+ * sbx_cgroups_set_share — give all sandboxes of the host together the CPU
+ * weight of `procs` ordinary (nice 0) processes, in the top directory of the
+ * base ("sbx", shared by the host's shards, which all write the same value
+ * unless configured apart: the last writer wins).
+ *
+ * Why: the CPU controller schedules a cgroup as one entity.  Left at the
+ * kernel's default, every sandbox of the host together weighs as much as
+ * ONE thread of the shard or of any other process, so under load the
+ * sandboxes queue behind the control plane, and the kernel serves that
+ * queue unfairly between their cgroups: a 50-way closed loop of `exec true`
+ * on 2 CPUs had p99 100–140 ms and max 300–600 ms, every sandbox seeing
+ * some call over 100 ms (docs/benchmarks.md, "the sandboxes' CPU weight").
+ * Too large a weight starves the shard instead: with 256 processes' worth,
+ * four sandboxes spinning on the CPU made a fifth one's `exec true` take
+ * p50 215 ms.  The default (8 per online CPU) is measured between both.
+ *
+ * Files (Documentation/admin-guide/cgroup-v1/cfs / cgroup-v2 "cpu"):
+ *   v1  cpu.shares = procs × 1024 (clamped to 2..262144)
+ *   v2  cpu.weight = procs × 100 (clamped to 1..10000), on the tree and on
+ *       the shard's own leaf `sbx-supervisor` alike, so that the sandboxes
+ *       can never hold the control plane below half the CPU.  Not measured:
+ *       no cgroup v2 host was at hand (this machine is v1 hybrid).
+ * procs 0 leaves the kernel's default.  Mode none: nothing to do.
+ * 0 or -errno (the weight is then what it was; the caller logs and goes on).
+ */
+int sbx_cgroups_set_share(sbx_cgroups *cg, unsigned procs);
 enum sbx_cg_mode sbx_cgroups_mode(const sbx_cgroups *cg);
 /* sbx_cgroups_limited — whether sandbox cgroups get memory, pids and CPU
  * limits: always on v1 (a missing hierarchy fails the open), never in mode

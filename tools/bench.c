@@ -23,6 +23,9 @@
  *                  (--cold/--warm/--parallel 0 skip that phase)
  *   --seconds S    length of the throughput phase in seconds (default 10)
  *   --pool N       passed to `sbxd dev` as --pool N (default: sbxd's own)
+ *   --sbxd-arg A   one more argument for the private `sbxd dev` (repeat, up
+ *                  to 8; e.g. --sbxd-arg --sandbox-cpu-share --sbxd-arg 0),
+ *                  for runs of one client against differently set daemons
  *   --burst LIST   burst sizes, comma-separated (e.g. 50,200); the burst
  *                  phase runs only when given (tools/bench_burst.c)
  *   --rounds R     bursts per size (default 3); medians are printed
@@ -130,6 +133,8 @@ struct opts {
     long image_starts;
     long ws_wake;        /* --workspace-wake N: the wake-up phase (bench_workspace.c) */
     long forks;          /* --fork N: the fork phase (bench_workspace.c) */
+    const char *sbxd_args[8]; /* --sbxd-arg: appended to the private daemon's arguments */
+    size_t nsbxd_args;
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -330,7 +335,7 @@ wait_ready(const char *url, pid_t pid, int timeout_ms)
 }
 
 static int
-daemon_start(struct daemon *d, long pool)
+daemon_start(struct daemon *d, long pool, const char *const *extra, size_t nextra)
 {
     if (find_sbxd(d->sbxd, sizeof(d->sbxd)) != 0) {
         fprintf(stderr, "sbx-bench: no executable sbxd at %s (set $SBX_BIN)\n", d->sbxd);
@@ -355,9 +360,16 @@ daemon_start(struct daemon *d, long pool)
     snprintf(npool, sizeof(npool), "%ld", pool);
     /* --http "": no HTTP front, whose default port other deployments on the
      * machine may hold; the benchmark speaks nng only. */
-    const char *argv[] = {d->sbxd,  "dev",    "--data", d->dir, "--listen", d->url,
-                          "--name", d->name,  "--http", "",     "--shards", "2",
-                          pool >= 0 ? "--pool" : NULL,  npool,  NULL};
+    const char *argv[32] = {d->sbxd, "dev",   "--data", d->dir, "--listen", d->url,
+                            "--name", d->name, "--http", "",     "--shards", "2"};
+    size_t argc = 12;
+    if (pool >= 0) {
+        argv[argc++] = "--pool";
+        argv[argc++] = npool;
+    }
+    for (size_t i = 0; i < nextra && argc < 31; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "sbx-bench: fork: %s\n", strerror(errno));
@@ -497,6 +509,12 @@ phase_context(sbx_client *c, const struct opts *o, const struct daemon *d, struc
             o->pool);
     else
         say("gateway    %s (private `sbxd dev --shards 2`, default pool)\n", res->gateway);
+    if (!o->gateway && o->nsbxd_args) {
+        say("sbxd args ");
+        for (size_t i = 0; i < o->nsbxd_args; i++)
+            say(" %s", o->sbxd_args[i]);
+        say("\n");
+    }
 }
 
 /* bench_wait_pool_settled — before timing cold starts, let the warm pools fill:
@@ -979,7 +997,7 @@ usage(FILE *f)
     fprintf(f, "usage: sbx-bench [--gateway URL] [--cold N] [--warm N] [--parallel N]\n"
                "                 [--seconds S] [--pool N] [--burst N[,N...]] [--rounds R]\n"
                "                 [--idle M] [--image PATH [--image-starts N]] [--workspace-wake N] [--fork N]\n"
-               "                 [--json]\n"
+               "                 [--sbxd-arg ARG]... [--json]\n"
                "Starts a private `sbxd dev` unless --gateway is given; see the header of\n"
                "tools/bench.c for what each figure measures.\n");
 }
@@ -1015,6 +1033,11 @@ parse_args(int argc, char **argv, struct opts *o)
         }
         if (!strcmp(a, "--gateway") && v) {
             o->gateway = v;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--sbxd-arg") && v && o->nsbxd_args < 8) {
+            o->sbxd_args[o->nsbxd_args++] = v;
             i++;
             continue;
         }
@@ -1099,7 +1122,7 @@ main(int argc, char **argv)
     snprintf(run_tag, sizeof(run_tag), "bench-%d-%02x%02x%02x", (int)getpid(), rnd[0], rnd[1],
              rnd[2]);
 
-    if (!o.gateway && daemon_start(&d, o.pool) != 0) {
+    if (!o.gateway && daemon_start(&d, o.pool, o.sbxd_args, o.nsbxd_args) != 0) {
         daemon_stop(&d);
         return 1;
     }

@@ -5,6 +5,7 @@
  * 2× of idle).
  *
  *   sbx-bench-bystander [--calls N] [--flood F] [--sockets S] [--procs P]
+ *                       [--burners B] [--phases LIST] [--sbxd-arg ARG]...
  *
  * Starts a private `sbxd dev` (2 shards; tests/support/harness.c; sbxd from
  * $SBX_BIN, else next to this executable; root needed) and a bystander
@@ -22,7 +23,15 @@
  *              each open S (default 256) loopback TCP connections to
  *              itself and S AF_UNIX socket pairs and write into them until
  *              every buffer is full, never reading, and hold them.
+ *   cpu        B attacker sandboxes (default 4) each run two processes
+ *              that spin on the CPU (each sandbox capped at its CPU limit,
+ *              1 CPU by default), so sandboxes ask for more CPU than the
+ *              host has: the shard's own threads must still get theirs.
  *
+ * --phases picks phases (comma-separated: preview,sockets,cpu; default all;
+ * idle always runs first).  --sbxd-arg adds one argument to the private
+ * `sbxd dev` (repeat, up to 8), e.g. --sbxd-arg --sandbox-cpu-share
+ * --sbxd-arg 0.
  * Prints, per phase, p50/p99/max (ms) and p99 against idle's.  Exit status
  * 0 when every bystander call succeeded, 1 otherwise, 2 on usage errors.
  * The machine's load moves the figures: run it on a quiet host, and read
@@ -46,8 +55,27 @@
 #include "stats.h"
 
 struct opts {
-    long calls, flood, sockets, procs;
+    long calls, flood, sockets, procs, burners;
+    const char *phases; /* comma-separated, NULL = all */
+    const char *sbxd_args[10]; /* --sbxd-arg, then the fixed ones, NULL-terminated */
+    size_t nsbxd_args;
 };
+
+/* Whether phase `name` was asked for. */
+static bool
+want(const struct opts *o, const char *name)
+{
+    if (!o->phases)
+        return true;
+    size_t n = strlen(name);
+    for (const char *p = o->phases; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, name, n))
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
 
 /* An op with JSON args; the result (heap JSON) or NULL with the error printed. */
 static json_t *
@@ -184,6 +212,13 @@ static const char STALL_PY[] =
     "while True:\n"
     "    held.append(s.accept()[0])\n";
 
+/* Two processes spinning on the CPU. */
+static const char SPIN_PY[] =
+    "import os\n"
+    "os.fork()\n"
+    "while True:\n"
+    "    pass\n";
+
 /* %ld: connections per process, %ld: processes. */
 static const char SOCKS_PY[] =
     "import os, socket, time\n"
@@ -216,16 +251,26 @@ static const char SOCKS_PY[] =
 int
 main(int argc, char **argv)
 {
-    struct opts o = {.calls = 300, .flood = 4500, .sockets = 256, .procs = 8};
+    struct opts o = {.calls = 300, .flood = 4500, .sockets = 256, .procs = 8, .burners = 4};
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--phases") && i + 1 < argc) {
+            o.phases = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--sbxd-arg") && i + 1 < argc && o.nsbxd_args < 8) {
+            o.sbxd_args[o.nsbxd_args++] = argv[++i];
+            continue;
+        }
         long *dst = !strcmp(argv[i], "--calls")     ? &o.calls
+                    : !strcmp(argv[i], "--burners") ? &o.burners
                     : !strcmp(argv[i], "--flood")   ? &o.flood
                     : !strcmp(argv[i], "--sockets") ? &o.sockets
                     : !strcmp(argv[i], "--procs")   ? &o.procs
                                                     : NULL;
         if (!dst || i + 1 >= argc || (*dst = strtol(argv[++i], NULL, 10)) <= 0) {
             fprintf(stderr, "usage: sbx-bench-bystander [--calls N] [--flood F] [--sockets S] "
-                            "[--procs P]\n");
+                            "[--procs P] [--burners B] [--phases preview,sockets,cpu] "
+                            "[--sbxd-arg ARG]...\n");
             return 2;
         }
     }
@@ -237,7 +282,10 @@ main(int argc, char **argv)
         o.flood = (long)rl.rlim_cur - 256;
 
     static struct testd d;
-    const char *const extra[] = {"--sleep-after", "1h", NULL};
+    o.sbxd_args[o.nsbxd_args] = NULL;
+    const char *const extra[] = {"--sleep-after", "1h", o.sbxd_args[0], o.sbxd_args[1],
+                                 o.sbxd_args[2], o.sbxd_args[3], o.sbxd_args[4],
+                                 o.sbxd_args[5], o.sbxd_args[6], o.sbxd_args[7], NULL};
     if (testd_start(&d, 2, extra) != 0) {
         fprintf(stderr, "sbx-bench-bystander: cannot start sbxd dev (root? $SBX_BIN?)\n");
         return 1;
@@ -274,65 +322,89 @@ main(int argc, char **argv)
     long all_failed = failed;
 
     /* Item 4: a preview flood at a service that never answers. */
-    if (start_program(c, atk, "stall.py", STALL_PY) != 0)
-        goto out;
-    json_t *w = op(c, "process.waitForPort", atk,
-                   "{\"processId\":\"stall.py\",\"port\":8090,\"mode\":\"tcp\",\"timeout\":30000}");
-    json_t *e = w ? op(c, "port.expose", atk, "{\"port\":8090}") : NULL;
-    json_decref(w);
-    const char *url = e ? json_string_value(json_object_get(e, "url")) : NULL;
-    const char *h = url ? strstr(url, "://") : NULL;
-    if (!h) {
+    if (want(&o, "preview")) {
+        if (start_program(c, atk, "stall.py", STALL_PY) != 0)
+            goto out;
+        json_t *w = op(c, "process.waitForPort", atk,
+                       "{\"processId\":\"stall.py\",\"port\":8090,\"mode\":\"tcp\","
+                       "\"timeout\":30000}");
+        json_t *e = w ? op(c, "port.expose", atk, "{\"port\":8090}") : NULL;
+        json_decref(w);
+        const char *url = e ? json_string_value(json_object_get(e, "url")) : NULL;
+        const char *h = url ? strstr(url, "://") : NULL;
+        if (!h) {
+            json_decref(e);
+            goto out;
+        }
+        char host[256];
+        snprintf(host, sizeof(host), "%.*s", (int)strcspn(h + 3, "/"), h + 3);
         json_decref(e);
-        goto out;
+        long opened = 0;
+        double f0 = sbx_stats_now_ms();
+        for (long i = 0; i < o.flood; i++) {
+            fds[i] = flood_conn(http_port, host);
+            opened += fds[i] >= 0;
+        }
+        printf("preview flood: %ld of %ld connections opened in %.0f ms\n", opened, o.flood,
+               sbx_stats_now_ms() - f0);
+        failed = measure(c, by, http_port, o.calls, v);
+        report("preview", v, o.calls, idle.p99, failed);
+        all_failed += failed;
+        for (long i = 0; i < o.flood; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        json_decref(op(c, "destroy", atk, "{}"));
     }
-    char host[256];
-    snprintf(host, sizeof(host), "%.*s", (int)strcspn(h + 3, "/"), h + 3);
-    json_decref(e);
-    long opened = 0;
-    double f0 = sbx_stats_now_ms();
-    for (long i = 0; i < o.flood; i++) {
-        fds[i] = flood_conn(http_port, host);
-        opened += fds[i] >= 0;
-    }
-    printf("preview flood: %ld of %ld connections opened in %.0f ms\n", opened, o.flood,
-           sbx_stats_now_ms() - f0);
-    failed = measure(c, by, http_port, o.calls, v);
-    report("preview", v, o.calls, idle.p99, failed);
-    all_failed += failed;
-    for (long i = 0; i < o.flood; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    json_decref(op(c, "destroy", atk, "{}"));
 
     /* Item 6: socket buffers filled and held. */
-    char prog[2048];
-    snprintf(prog, sizeof(prog), SOCKS_PY, o.sockets, o.procs);
-    if (start_program(c, atk2, "socks.py", prog) != 0)
-        goto out;
-    double s0 = sbx_stats_now_ms();
-    bool ready = false;
-    char check[128];
-    snprintf(check, sizeof(check), "test $(ls /tmp | grep -c ready-) -ge %ld", o.procs);
-    while (!ready && sbx_stats_now_ms() - s0 < 120000) {
-        sbx_exec_opts xo = {.command = check};
-        sbx_exec_result r;
-        if (sbx_exec(c, atk2, &xo, &r, &err) == 0) {
-            ready = r.exit_code == 0;
-            sbx_exec_result_free(&r);
-        } else {
-            sbx_error_free(&err);
+    if (want(&o, "sockets")) {
+        char prog[2048];
+        snprintf(prog, sizeof(prog), SOCKS_PY, o.sockets, o.procs);
+        if (start_program(c, atk2, "socks.py", prog) != 0)
+            goto out;
+        double s0 = sbx_stats_now_ms();
+        bool ready = false;
+        char check[128];
+        snprintf(check, sizeof(check), "test $(ls /tmp | grep -c ready-) -ge %ld", o.procs);
+        while (!ready && sbx_stats_now_ms() - s0 < 120000) {
+            sbx_exec_opts xo = {.command = check};
+            sbx_exec_result r;
+            if (sbx_exec(c, atk2, &xo, &r, &err) == 0) {
+                ready = r.exit_code == 0;
+                sbx_exec_result_free(&r);
+            } else {
+                sbx_error_free(&err);
+            }
+            if (!ready)
+                usleep(200 * 1000);
         }
-        if (!ready)
-            usleep(200 * 1000);
+        printf("socket buffers: %s after %.0f ms\n", ready ? "all processes filled theirs"
+                                                           : "not all processes filled theirs",
+               sbx_stats_now_ms() - s0);
+        failed = measure(c, by, http_port, o.calls, v);
+        report("sockets", v, o.calls, idle.p99, failed);
+        all_failed += failed;
+        json_decref(op(c, "destroy", atk2, "{}"));
     }
-    printf("socket buffers: %s after %.0f ms\n", ready ? "all processes filled theirs"
-                                                       : "not all processes filled theirs",
-           sbx_stats_now_ms() - s0);
-    failed = measure(c, by, http_port, o.calls, v);
-    report("sockets", v, o.calls, idle.p99, failed);
-    all_failed += failed;
-    json_decref(op(c, "destroy", atk2, "{}"));
+
+    /* CPU: more spinning processes than the host has CPUs. */
+    if (want(&o, "cpu")) {
+        char name[64];
+        long started = 0;
+        for (long k = 0; k < o.burners; k++) {
+            snprintf(name, sizeof(name), "burner%ld-%d", k, (int)getpid());
+            started += start_program(c, name, "spin.py", SPIN_PY) == 0;
+        }
+        printf("cpu: %ld of %ld sandboxes spinning (2 processes each)\n", started, o.burners);
+        usleep(500 * 1000); /* the spinners past their start-up */
+        failed = measure(c, by, http_port, o.calls, v);
+        report("cpu", v, o.calls, idle.p99, failed);
+        all_failed += failed;
+        for (long k = 0; k < o.burners; k++) {
+            snprintf(name, sizeof(name), "burner%ld-%d", k, (int)getpid());
+            json_decref(op(c, "destroy", name, "{}"));
+        }
+    }
     json_decref(op(c, "destroy", by, "{}"));
     rc = all_failed ? 1 : 0;
 out:

@@ -306,6 +306,9 @@ set_log_format(const char *log_format, const char *cmd)
         {"memory", SBX_OPT_SIZE, &(c)->memory, "memory limit per sandbox (e.g. 512M)"},       \
         {"pids", SBX_OPT_INT, &(c)->pids, "process limit per sandbox"},                       \
         {"cpu", SBX_OPT_INT, &(c)->cpu, "CPU limit per sandbox, millicpus (1000 = 1 CPU)"},   \
+        {"sandbox-cpu-share", SBX_OPT_INT, &(c)->cpu_share,                                   \
+         "CPU weight of all sandboxes together, in nice-0 processes (default 8 per CPU; "     \
+         "0: the kernel's, one process)"},                                                    \
         {"disk", SBX_OPT_SIZE, &(c)->disk, "size of /workspace+/tmp+/home per sandbox"},      \
         {"inodes", SBX_OPT_INT, &(c)->inodes, "inodes of /workspace+/tmp+/home"},             \
         {"disk-max", SBX_OPT_SIZE, &(c)->disk_max,                                            \

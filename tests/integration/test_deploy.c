@@ -619,3 +619,84 @@ Test(deploy, cgroup_v2_without_controllers_is_refused_unless_allowed, .timeout =
     cr_expect(s >= 0 && WIFEXITED(s) && WEXITSTATUS(s) == 0, "the allowed shard: status %#x", s);
     sbx_rm_rf(dir);
 }
+
+/* The CPU weight file of a shard's top cgroup directory `top` (the first
+ * level of its --cgroup-base): v1 <cpu mount>/<top>/cpu.shares, v2
+ * <the shard's delegation cgroup>/<top>/cpu.weight.  "" when neither. */
+static void
+weight_file(pid_t shard, const char *top, char *out, size_t n)
+{
+    struct stat st;
+    out[0] = '\0';
+    if (stat("/sys/fs/cgroup/cpu/cpu.shares", &st) == 0) {
+        snprintf(out, n, "/sys/fs/cgroup/cpu/%s/cpu.shares", top);
+        return;
+    }
+    char p[64], *text;
+    snprintf(p, sizeof(p), "/proc/%d/cgroup", (int)shard);
+    if (!(text = slurp(p)))
+        return;
+    char *own = strstr(text, "0::");
+    if (own) {
+        own += 3;
+        own[strcspn(own, "\n")] = '\0';
+        char *leaf = strstr(own, "/sbx-supervisor");
+        if (leaf && !leaf[15])
+            *leaf = '\0';
+        snprintf(out, n, "/sys/fs/cgroup%s/%s/cpu.weight", !strcmp(own, "/") ? "" : own, top);
+    }
+    free(text);
+}
+
+/*
+ * The sandboxes' CPU weight (container/cgroup.h sbx_cgroups_set_share):
+ * a shard gives the top directory of its cgroup subtree the weight of
+ * --sandbox-cpu-share nice-0 processes (v1 × 1024 in cpu.shares, v2 × 100 in
+ * cpu.weight), 8 per online CPU by default, and 0 leaves the kernel's.
+ * Each shard here has a top directory of its own, so no other test's
+ * sandboxes see these weights; each is gone once its shard stops.
+ */
+Test(deploy, the_sandboxes_cpu_weight_follows_sandbox_cpu_share, .timeout = 180)
+{
+    char dir[256], name[64];
+    tmpdir(dir, sizeof(dir));
+    name_from(dir, name, sizeof(name));
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    struct stat st;
+    bool v1 = stat("/sys/fs/cgroup/cpu/cpu.shares", &st) == 0;
+    long long unit = v1 ? 1024 : 100, cap = v1 ? 262144 : 10000;
+    long long dflt = 8 * ncpu * unit > cap ? cap : 8 * ncpu * unit;
+    const struct {
+        const char *share; /* NULL: the default */
+        long long want;
+    } cases[] = {{NULL, dflt}, {"3", 3 * unit}, {"0", v1 ? 1024 : 100}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char tag[16], top[96], base[140];
+        snprintf(tag, sizeof(tag), "cw%zu", i);
+        snprintf(top, sizeof(top), "%s-%s", name, tag);
+        snprintf(base, sizeof(base), "--cgroup-base=%s/s", top);
+        const char *args[] = {"--cgroup", "auto", base, "--sandbox-cpu-share", cases[i].share,
+                              NULL};
+        if (!cases[i].share)
+            args[3] = NULL;
+        pid_t p = shard_up(dir, name, tag, args);
+        char file[700];
+        weight_file(p, top, file, sizeof(file));
+        char *text = file[0] ? slurp(file) : NULL;
+        long long got = text ? atoll(text) : -1;
+        free(text);
+        cr_expect_eq(got, cases[i].want, "--sandbox-cpu-share %s: %s holds %lld, expected %lld",
+                     cases[i].share ? cases[i].share : "(default)", file, got, cases[i].want);
+        int s = stop_child(p);
+        cr_expect(s >= 0 && WIFEXITED(s) && WEXITSTATUS(s) == 0, "shard %s: status %#x", tag, s);
+        char *slash = strrchr(file, '/');
+        if (slash) {
+            *slash = '\0';
+            cr_expect_neq(stat(file, &st), 0, "%s is left after its shard stopped", file);
+        }
+        char lock[300];
+        snprintf(lock, sizeof(lock), "/run/sbx/cgroup.%s.lock", top);
+        unlink(lock); /* the ancestor's lock file, ours alone (see above) */
+    }
+    sbx_rm_rf(dir);
+}
