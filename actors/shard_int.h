@@ -263,7 +263,8 @@ uint32_t shard_demand_peak(const struct shard_demand *d, int64_t now_s, int64_t 
 /* The warm pool of started containers (shard_work.c; loop thread).  Its
  * size adapts: `target` is the most containers asked for (pool hits and
  * misses) in any one second of the last conf.pool_window (at most
- * SHARD_POOL_WINDOW seconds, the default), at
+ * SHARD_POOL_WINDOW seconds, the default) plus a quarter of it (a burst's
+ * split between shards varies), at
  * least conf.pool and at most `cap`, which is conf.pool_memory divided by
  * what one pooled container holds (`mem_est`, measured from the pooled
  * containers' cgroups).  conf.pool == 0 turns the pool off. */

@@ -283,7 +283,7 @@ bench_cluster_totals(sbx_client *c, struct bench_totals *t, sbx_error *err)
         for (uint32_t i = 0; i < arr->via.array.size; i++) {
             const msgpack_object *sh = &arr->via.array.ptr[i], *st;
             sbx_str h = {"", 0}, cg = {"", 0};
-            int64_t started = 0, hits = 0, mean_us = 0, pool = 0;
+            int64_t started = 0, hits = 0, mean_us = 0, pool = 0, target = 0;
             t->nshards++;
             sbx_wire_get_str(sh, "health", &h);
             if (!sbx_str_eq(h, "ok"))
@@ -294,10 +294,12 @@ bench_cluster_totals(sbx_client *c, struct bench_totals *t, sbx_error *err)
             sbx_wire_get_i64(st, "poolHits", &hits);
             sbx_wire_get_i64(st, "meanStartUs", &mean_us);
             sbx_wire_get_i64(st, "pool", &pool);
+            sbx_wire_get_i64(st, "poolTarget", &target);
             t->started += started;
             t->pool_hits += hits;
             t->start_us_total += mean_us * started;
             t->pool += pool;
+            t->pool_target += target;
             if (!t->cgroups[0] && sbx_wire_get_str(st, "cgroups", &cg) == 0)
                 snprintf(t->cgroups, sizeof(t->cgroups), "%.*s", (int)cg.n, cg.p);
         }
@@ -518,7 +520,7 @@ phase_context(sbx_client *c, const struct opts *o, const struct daemon *d, struc
 }
 
 /* bench_wait_pool_settled — before timing cold starts, let the warm pools fill:
- * until the shards' pooled containers stop changing for 300 ms (max 10 s). */
+ * until they hold their targets and stop changing for 300 ms (max 10 s). */
 void
 bench_wait_pool_settled(sbx_client *c)
 {
@@ -534,7 +536,7 @@ bench_wait_pool_settled(sbx_client *c)
         if (t.pool != last) {
             last = t.pool;
             stable_since = sbx_stats_now_ms();
-        } else if (sbx_stats_now_ms() - stable_since >= 300) {
+        } else if (t.pool >= t.pool_target && sbx_stats_now_ms() - stable_since >= 300) {
             return;
         }
         usleep(50 * 1000);

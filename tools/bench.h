@@ -21,6 +21,7 @@ struct bench_totals {
     int nshards;
     bool all_ok;        /* every shard answered with health "ok" */
     int64_t started, pool_hits, start_us_total, pool;
+    int64_t pool_target; /* the shards' poolTarget summed */
     char cgroups[160];  /* the first shard's cgroup mode */
 };
 
@@ -28,8 +29,9 @@ struct bench_totals {
  * filled (the caller frees it). */
 int bench_cluster_totals(sbx_client *c, struct bench_totals *t, sbx_error *err);
 
-/* bench_wait_pool_settled — until the shards' pooled containers stop
- * changing for 300 ms (at most 10 s). */
+/* bench_wait_pool_settled — until the shards' pools hold their targets and
+ * have not changed for 300 ms (at most 10 s): a burst then meets the pools
+ * a quiet spell would leave. */
 void bench_wait_pool_settled(sbx_client *c);
 
 /* bench_exec_true — one `exec true` on sandbox id (default session unless

@@ -125,7 +125,8 @@ struct burst_fig {
     size_t n, failures;
     double build_ms;        /* shard-side mean container build (sbx bursts; NAN if unknown) */
     int64_t started, pool_hits;
-    bool have_totals;       /* started and pool_hits are known */
+    int64_t pool_before, target_before; /* ready containers and their target at the start */
+    bool have_totals;       /* started, pool_hits and the pool are known */
 };
 
 static void
@@ -203,6 +204,8 @@ burst(sbx_client *c, const struct bench_burst_conf *bc, long n, long round, cons
         fig->have_totals = true;
         fig->started = after.started - before.started;
         fig->pool_hits = after.pool_hits - before.pool_hits;
+        fig->pool_before = before.pool;
+        fig->target_before = before.pool_target;
         if (fig->started > 0)
             fig->build_ms = (double)(after.start_us_total - before.start_us_total) /
                             (double)fig->started / 1000.0;
@@ -243,7 +246,8 @@ print_fig(FILE *out, const char *what, long round, const struct burst_fig *f)
     fprintf(out, "  %-6s round %ld: n=%-4zu p50 %7.2f  p95 %7.2f  p99 %7.2f  max %7.2f ms", what,
             round, f->n, f->p50, f->p95, f->p99, f->max);
     if (f->have_totals)
-        fprintf(out, "  | shard: %lld started, %lld pool hits", (long long)f->started,
+        fprintf(out, "  | shard: pool %lld/%lld ready, %lld started, %lld pool hits",
+                (long long)f->pool_before, (long long)f->target_before, (long long)f->started,
                 (long long)f->pool_hits);
     if (!isnan(f->build_ms))
         fprintf(out, ", mean build %.2f ms", f->build_ms);
