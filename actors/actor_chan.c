@@ -129,7 +129,7 @@ actor_dispatch(struct actor *a, struct sop *op)
     /* What started now may end by the sandbox's limits: the counters before. */
     if (op->def->id == SBX_OPID_EXEC || op->def->id == SBX_OPID_EXEC_STREAM ||
         op->def->id == SBX_OPID_PROCESS_START) {
-        op->have_pre = sbx_container_stats(a->sh->spawner, &a->c, &op->pre) == 0;
+        op->have_pre = sbx_container_limit_hits(a->sh->spawner, &a->c, &op->pre) == 0;
     }
     op->sent = true; /* from here it may run (a partly written frame counts) */
     int rc = actor_agent_send(a, op->def->name, op->req.args, NULL, op->tag, op);
@@ -174,7 +174,7 @@ agent_event(struct actor *a, sbx_str ev)
     if (!sbx_str_eq(ev, "counters") || a->cs != C_RUNNING)
         return;
     struct sbx_cgroup_stats st;
-    if (sbx_container_stats(a->sh->spawner, &a->c, &st) != 0)
+    if (sbx_container_limit_hits(a->sh->spawner, &a->c, &st) != 0)
         return; /* the agent gives up after a while and keeps the plain cause */
     sbx_enc args;
     sbx_enc_init(&args);

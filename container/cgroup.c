@@ -741,6 +741,21 @@ sbx_cgroup_stats(sbx_cgroups *cg, sbx_cgroup *c, struct sbx_cgroup_stats *st)
 }
 
 int
+sbx_cgroup_limit_hits(sbx_cgroups *cg, sbx_cgroup *c, struct sbx_cgroup_stats *st)
+{
+    char d[600];
+    memset(st, 0, sizeof(*st));
+    if (cg->mode == SBX_CG_NONE)
+        return 0;
+    bool v1 = cg->mode == SBX_CG_V1;
+    cgdir(cg, v1 ? H_MEMORY : 0, c, d, sizeof(d));
+    st->oom_kills = read_key(d, v1 ? "memory.oom_control" : "memory.events", "oom_kill");
+    cgdir(cg, v1 ? H_PIDS : 0, c, d, sizeof(d));
+    st->pids_max_hits = read_key(d, "pids.events", "max");
+    return 0;
+}
+
+int
 sbx_cgroup_destroy(sbx_cgroups *cg, sbx_cgroup *c, int wait_ms)
 {
     char d[600];

@@ -880,6 +880,12 @@ sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_
 }
 
 int
+sbx_container_limit_hits(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st)
+{
+    return sbx_cgroup_limit_hits(sp->conf.cgroups, &c->cg, st);
+}
+
+int
 sbx_container_set_limits(sbx_spawner *sp, struct sbx_container *c, const struct sbx_limits *lim)
 {
     return sbx_cgroup_set_limits(sp->conf.cgroups, &c->cg, lim);

@@ -160,6 +160,10 @@ void sbx_container_kill(const struct sbx_container *c);
 
 /* sbx_container_stats — the cgroup counters of a live container. */
 int sbx_container_stats(sbx_spawner *sp, struct sbx_container *c, struct sbx_cgroup_stats *st);
+/* sbx_container_limit_hits — its OOM kills and refused forks only
+ * (sbx_cgroup_limit_hits: the cheap read, per exec). */
+int sbx_container_limit_hits(sbx_spawner *sp, struct sbx_container *c,
+                             struct sbx_cgroup_stats *st);
 
 /* sbx_container_set_limits — change the limits of a live container. */
 int sbx_container_set_limits(sbx_spawner *sp, struct sbx_container *c,
