@@ -496,13 +496,25 @@ sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen)
     if (!p || fstatvfs(p->mnt, &vs) < 0)
         return 0;
     uint64_t avail = (uint64_t)vs.f_bavail * vs.f_frsize;
+    if (avail < SBX_WSPOOL_RESERVE) {
+        snprintf(why, whylen, "the shard's workspace pool %s is full: %llu MiB free of %llu MiB, "
+                 "under the %llu MiB a new workspace needs",
+                 p->file, (unsigned long long)(avail >> 20),
+                 (unsigned long long)(((uint64_t)vs.f_blocks * vs.f_frsize) >> 20),
+                 SBX_WSPOOL_RESERVE >> 20);
+        return -ENOSPC;
+    }
+    /* The pool file is sparse: the host file system under it must have the
+     * room too, or the pool's writes would fail there (as I/O errors inside
+     * the sandboxes).  A new workspace or fork is refused before that. */
+    if (statvfs(p->file, &vs) < 0)
+        return 0;
+    avail = (uint64_t)vs.f_bavail * vs.f_frsize;
     if (avail >= SBX_WSPOOL_RESERVE)
         return 0;
-    snprintf(why, whylen, "the shard's workspace pool %s is full: %llu MiB free of %llu MiB, "
-             "under the %llu MiB a new workspace needs",
-             p->file, (unsigned long long)(avail >> 20),
-             (unsigned long long)(((uint64_t)vs.f_blocks * vs.f_frsize) >> 20),
-             SBX_WSPOOL_RESERVE >> 20);
+    snprintf(why, whylen, "the host file system under the workspace pool %s is full: %llu MiB "
+             "free, under the %llu MiB a new workspace needs",
+             p->file, (unsigned long long)(avail >> 20), SBX_WSPOOL_RESERVE >> 20);
     return -ENOSPC;
 }
 

@@ -70,7 +70,9 @@ int sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspoo
 void sbx_wspool_close(sbx_wspool *p);
 
 /* sbx_wspool_room — 0 if the pool has at least SBX_WSPOOL_RESERVE bytes
- * free, else -ENOSPC with the free and total bytes in why; NULL: 0. */
+ * free, and so has the host file system holding the (sparse) pool file;
+ * else -ENOSPC with the free bytes and which of the two is full in why;
+ * NULL: 0. */
 int sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen);
 
 /* sbx_wspool_trim_soon — after a destroy: FITRIM the pool 1 s and 5 s

@@ -13,7 +13,8 @@
  * device backed by the pool and no mount; a full pool refuses a new
  * workspace and a fork with DISK_FULL while a running sandbox goes on;
  * `--ws-pool off` keeps workspaces on the host file system, and a later
- * start with the pool moves them in.
+ * start with the pool moves them in; a full host file system under the
+ * (sparse) pool refuses a new workspace and a fork with DISK_FULL too.
  *
  * Each test starts its own small daemon (one shard), stopped by the fini.
  */
@@ -30,6 +31,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "../../runtime/util.h"
@@ -337,6 +339,84 @@ Test(wspool, full_pool_refuses_new_workspaces_and_forks)
         }
     }
     cr_assert_eq(rc, 0, "the new workspace did not start once the pool had room");
+    free(a);
+    free(b);
+    free(f);
+    sbx_client_close(c);
+}
+
+static char host_mnt[64];
+
+static void
+cleanup_host(void)
+{
+    cleanup(); /* the daemon first: the pool's loop device and mount go with it */
+    if (host_mnt[0]) {
+        test_tmpfs_remove(host_mnt);
+        host_mnt[0] = 0;
+    }
+}
+
+/*
+ * The pool file is sparse, so the host file system under it can fill while
+ * the pool still has room: then a new workspace and a fork are refused
+ * with DISK_FULL naming the host file system (before, they were made, and
+ * the pool's writes would have failed as I/O errors inside the sandboxes),
+ * a running sandbox goes on, and with room back the new one starts.  The
+ * data directory is a tmpfs of the test's (test_tmpfs_mount).
+ */
+Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
+     .fini = cleanup_host)
+{
+    cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wsph", "900m"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--data", host_mnt,
+                                                     "--ws-pool", "on", "--ws-pool-size",
+                                                     "400M", NULL});
+    char *a = test_id("pha"), *b = test_id("phb"), *f = test_id("phf");
+    ok(c, "create", a, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, a, "echo a > /workspace/f && sync", &code));
+    /* Fill the host file system (the tmpfs) to 40 MiB free; the pool keeps
+     * its own free space (about 330 MiB). */
+    char filler[128];
+    snprintf(filler, sizeof(filler), "%s/filler", host_mnt);
+    struct statvfs vs;
+    cr_assert_eq(statvfs(host_mnt, &vs), 0);
+    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
+    cr_assert_gt(avail, 100ll << 20, "the tmpfs has only %lld bytes free", avail);
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
+    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - (40ll << 20))), 0, "fallocate: %s",
+                 strerror(errno));
+    close(fd);
+
+    char cd[64], msg[512] = "";
+    ok(c, "create", b, "{\"workspace\":\"persistent\"}");
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_neq(test_sh(c, b, "true", 30000, &r, &err), 0,
+                  "a new workspace started on a full host file system");
+    cr_assert_str_eq(err.code, "DISK_FULL", "start of a new workspace: %s %s", err.code,
+                     err.message);
+    cr_assert(strstr(err.message, "host file system"),
+              "the message does not name the host file system: %s", err.message);
+    sbx_error_free(&err);
+    char args[128];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", f);
+    char *j = call(c, "sandbox.fork", a, args, cd, msg, sizeof(msg));
+    cr_assert_null(j, "a fork onto a full host file system succeeded");
+    cr_assert_str_eq(cd, "DISK_FULL", "fork: %s %s", cd, msg);
+    /* The running sandbox goes on. */
+    char *out = sh(c, a, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "a\n", "the running sandbox: %s", out);
+    free(out);
+    /* Room back: the new workspace starts. */
+    cr_assert_eq(unlink(filler), 0);
+    cr_assert_eq(test_sh(c, b, "echo b > /workspace/g && cat /workspace/g", 30000, &r, &err), 0,
+                 "the new workspace did not start once the host had room: %s", err.message);
+    cr_assert_str_eq(r.stdout_data, "b\n");
+    sbx_exec_result_free(&r);
     free(a);
     free(b);
     free(f);
