@@ -27,6 +27,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -37,6 +38,7 @@
 #include "../actors/shard.h"
 #include "../container/backup.h"
 #include "../container/cgroup.h"
+#include "../container/ws_pool.h"
 #include "../gateway/gateway.h"
 #include "../runtime/config.h"
 #include "../runtime/log.h"
@@ -368,8 +370,8 @@ set_log_format(const char *log_format, const char *cmd)
          "auto (when <data>/workspaces has no reflinks), on, or off (images on the host "    \
          "file system; refused once a pool exists)"},                                        \
         {"ws-pool-size", SBX_OPT_SIZE, &(c)->ws_pool_size,                                    \
-         "size of a new workspace pool, sparse (default: the data file system's free space; " \
-         "at least 320M)"},                                                                  \
+         "size of a new workspace pool, sparse (default: the data file system's free space, " \
+         "dev: divided among its shards; at least 320M)"},                                                                  \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
@@ -960,6 +962,24 @@ cmd_dev(int argc, char **argv)
     for (int k = 2; k < argc; k++)
         if (!strncmp(argv[k], "--uid-base", 10))
             uid_given = true;
+    /* Workspace pools (container/ws_pool.h) are sparse and, unless sized,
+     * each takes the free space its shard finds: N shards of one data
+     * directory would promise that space N times.  Each new pool gets an
+     * equal share instead (an existing pool keeps its size; a share under
+     * the smallest pool leaves the shards to their own rule, which then
+     * keeps workspaces on the host file system). */
+    char pool_size[64] = "";
+    bool pool_size_given = false;
+    for (int k = 2; k < argc; k++)
+        if (!strncmp(argv[k], "--ws-pool-size", 14))
+            pool_size_given = true;
+    struct statvfs dvs;
+    if (!pool_size_given && nshards > 1 && statvfs(absdata, &dvs) == 0) {
+        uint64_t share = (uint64_t)dvs.f_bavail * dvs.f_frsize / (uint64_t)nshards;
+        if (share >= SBX_WSPOOL_MIN)
+            snprintf(pool_size, sizeof(pool_size), "--ws-pool-size=%llu",
+                     (unsigned long long)share);
+    }
     kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
     for (int i = 0; i < nshards; i++) {
         char buf[PATH_MAX + 64];
@@ -988,6 +1008,8 @@ cmd_dev(int argc, char **argv)
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--preview-domain=%s", preview_domain);
         argv_add(&av, &n, buf);
+        if (pool_size[0])
+            argv_add(&av, &n, pool_size);
         /* Pass on every shard option the user gave. */
         for (int k = 2; k < argc; k++) {
             const char *a = argv[k];

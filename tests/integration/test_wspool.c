@@ -423,6 +423,56 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
     sbx_client_close(c);
 }
 
+/*
+ * The shards of one `sbxd dev` share its data directory's file system:
+ * their sparse pools together are sized to its free space, not each to all
+ * of it (which promised the space once per shard).  Both pools are made and
+ * used: a persistent sandbox on each shard writes its workspace.
+ */
+Test(wspool, the_pools_of_a_deployment_share_its_free_space, .fini = cleanup_host)
+{
+    cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wsps", "1600m"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    struct statvfs vs;
+    cr_assert_eq(statvfs(host_mnt, &vs), 0);
+    long long free0 = (long long)vs.f_bavail * (long long)vs.f_frsize;
+    live = calloc(1, sizeof(*live));
+    const char *const extra[] = {TESTD_SMALL, "--data", host_mnt, "--ws-pool", "on", NULL};
+    cr_assert_eq(testd_start(live, 2, extra), 0, "the daemon did not start");
+    long long total = 0;
+    for (int i = 0; i < 2; i++) {
+        char file[128];
+        snprintf(file, sizeof(file), "%s/s%d/wspool.img", host_mnt, i);
+        struct stat st;
+        cr_assert_eq(stat(file, &st), 0, "no pool %s: %s", file, strerror(errno));
+        cr_expect_leq((long long)st.st_size, free0 / 2, "pool %s is %lld bytes, above half of "
+                      "the %lld free", file, (long long)st.st_size, free0);
+        total += (long long)st.st_size;
+    }
+    cr_expect_leq(total, free0, "the two pools promise %lld bytes of %lld free", total, free0);
+    /* Each shard's pool takes a workspace. */
+    sbx_client *c = NULL;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
+    int seen = 0;
+    for (int k = 0; k < 12 && seen != 3; k++) {
+        char *id = test_id("psh");
+        ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+        int code;
+        char *out = sh(c, id, "echo w > /workspace/f && cat /workspace/f", &code);
+        cr_assert_str_eq(out, "w\n", "%s: %s", id, out);
+        free(out);
+        char cd[64], msg[256];
+        char *st = call(c, "status", id, NULL, cd, msg, sizeof(msg));
+        cr_assert(st, "status %s: %s %s", id, cd, msg);
+        seen |= strstr(st, "-s0") ? 1 : strstr(st, "-s1") ? 2 : 0;
+        free(st);
+        free(id);
+    }
+    cr_expect_eq(seen, 3, "persistent sandboxes did not land on both shards (%d)", seen);
+    sbx_client_close(c);
+}
+
 Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
 {
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool", "off", NULL});
