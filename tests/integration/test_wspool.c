@@ -285,6 +285,27 @@ Test(wspool, kill9_restart_then_stop_leaves_nothing)
     cr_assert_eq(mounts_under(data), 0, "a mount under %s is left", data);
 }
 
+/* The first start of b (a new persistent workspace) and a fork of a into
+ * the new ID f both answer DISK_FULL, the start's message naming `what`. */
+static void
+refused_full(sbx_client *c, const char *a, const char *b, const char *f, const char *what)
+{
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_neq(test_sh(c, b, "true", 30000, &r, &err), 0, "a new workspace started (%s full)",
+                  what);
+    cr_assert_str_eq(err.code, "DISK_FULL", "start of a new workspace: %s %s", err.code,
+                     err.message);
+    cr_assert(strstr(err.message, what), "the message does not name the %s: %s", what,
+              err.message);
+    sbx_error_free(&err);
+    char args[128], cd[64], msg[512] = "";
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", f);
+    char *j = call(c, "sandbox.fork", a, args, cd, msg, sizeof(msg));
+    cr_assert_null(j, "a fork succeeded (%s full)", what);
+    cr_assert_str_eq(cd, "DISK_FULL", "fork: %s %s", cd, msg);
+}
+
 Test(wspool, full_pool_refuses_new_workspaces_and_forks)
 {
     sbx_client *c =
@@ -306,21 +327,10 @@ Test(wspool, full_pool_refuses_new_workspaces_and_forks)
     close(fd);
     cr_assert_gt(sz, 100 << 20, "the filler took only %lld bytes", (long long)sz);
 
-    char cd[64], msg[512] = "";
     ok(c, "create", b, "{\"workspace\":\"persistent\"}");
+    refused_full(c, a, b, f, "pool");
     sbx_exec_result r;
     sbx_error err;
-    cr_assert_neq(test_sh(c, b, "true", 30000, &r, &err), 0, "a new workspace started");
-    cr_assert_str_eq(err.code, "DISK_FULL", "start of a new workspace: %s %s", err.code,
-                     err.message);
-    cr_assert(strstr(err.message, "pool"), "the message does not name the pool: %s",
-              err.message);
-    sbx_error_free(&err);
-    char args[128];
-    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", f);
-    char *j = call(c, "sandbox.fork", a, args, cd, msg, sizeof(msg));
-    cr_assert_null(j, "a fork into a full pool succeeded");
-    cr_assert_str_eq(cd, "DISK_FULL", "fork: %s %s", cd, msg);
     /* The running sandbox goes on. */
     char *out = sh(c, a, "cat /workspace/f && echo more >> /workspace/f && echo ok", &code);
     cr_assert_str_eq(out, "a\nok\n", "the running sandbox: %s", out);
@@ -391,22 +401,10 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
                  strerror(errno));
     close(fd);
 
-    char cd[64], msg[512] = "";
     ok(c, "create", b, "{\"workspace\":\"persistent\"}");
+    refused_full(c, a, b, f, "host file system");
     sbx_exec_result r;
     sbx_error err;
-    cr_assert_neq(test_sh(c, b, "true", 30000, &r, &err), 0,
-                  "a new workspace started on a full host file system");
-    cr_assert_str_eq(err.code, "DISK_FULL", "start of a new workspace: %s %s", err.code,
-                     err.message);
-    cr_assert(strstr(err.message, "host file system"),
-              "the message does not name the host file system: %s", err.message);
-    sbx_error_free(&err);
-    char args[128];
-    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", f);
-    char *j = call(c, "sandbox.fork", a, args, cd, msg, sizeof(msg));
-    cr_assert_null(j, "a fork onto a full host file system succeeded");
-    cr_assert_str_eq(cd, "DISK_FULL", "fork: %s %s", cd, msg);
     /* The running sandbox goes on. */
     char *out = sh(c, a, "cat /workspace/f", &code);
     cr_assert_str_eq(out, "a\n", "the running sandbox: %s", out);
