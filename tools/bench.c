@@ -32,7 +32,8 @@
  *   --idle M       idle sandboxes created before the bursts (default 0)
  *   --image PATH   an image to import (a layout or tarball on this machine), then
  *                  N cold starts of its sandboxes beside N host-/usr ones
- *                  (--image-starts, default 50; tools/bench_image.c)
+ *                  (--image-starts, default 50; tools/bench_image.c); with
+ *                  --burst also the bursts with sandboxes of the image
  *   --workspace-wake N  N wake-ups of a slept sandbox with a persistent 100 MB
  *                  workspace beside N of an ephemeral one (tools/bench_workspace.c)
  *   --fork N       N forks of a running sandbox with a persistent 100 MB
@@ -1151,16 +1152,16 @@ main(int argc, char **argv)
         phase_warm(c, &o, &res);
     if (!interrupted && o.parallel > 0)
         phase_throughput(c, &o, &res);
-    if (!interrupted && o.nbursts > 0) {
-        struct bench_burst_conf bc = {.url = url, .tag = run_tag, .sizes = o.bursts,
-                                      .nsizes = o.nbursts, .rounds = o.rounds, .idle = o.idle,
-                                      .out = human, .interrupted = &interrupted};
+    struct bench_burst_conf bc = {.url = url, .tag = run_tag, .sizes = o.bursts,
+                                  .nsizes = o.nbursts, .rounds = o.rounds, .idle = o.idle,
+                                  .out = human, .interrupted = &interrupted};
+    if (!interrupted && o.nbursts > 0)
         res.burst_failures = bench_burst_run(c, &bc, &res.burst);
-    }
     size_t image_failures = 0;
     if (!interrupted && o.image)
         image_failures = bench_image_run(c, o.image, o.image_starts > 0 ? o.image_starts : 50,
-                                         run_tag, human, &interrupted);
+                                         run_tag, human, &interrupted,
+                                         o.nbursts > 0 ? &bc : NULL);
     if (!interrupted && o.ws_wake > 0)
         image_failures += bench_workspace_run(c, o.ws_wake, run_tag, human, &interrupted);
     if (!interrupted && o.forks > 0)

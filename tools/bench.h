@@ -56,6 +56,8 @@ struct bench_burst_conf {
     size_t nsizes;
     long rounds;            /* bursts per size; the summary is their median */
     long idle;              /* idle sandboxes created (and left running) first */
+    const char *image;      /* NULL: host-/usr sandboxes; else each create names this
+                             * image ({"image": …}), timed from the create */
     FILE *out;              /* human-readable lines */
     volatile sig_atomic_t *interrupted; /* set by the signal handler: stop early */
 };
@@ -65,7 +67,8 @@ struct bench_burst_conf {
  * client threads; their creation rate printed), then for every size N,
  * `rounds` times: N threads, each with its own client connected before the
  * start, released together, each timing `exec true` on a new sandbox ID
- * (create → first result); the shards' counters before and after give the
+ * (create → first result; with `image`, an explicit create {image} first,
+ * and the rows are labelled "image"); the shards' counters before and after give the
  * containers started and their mean shard-side build time; then N threads
  * each running bwrap … true once, released together.  Every sandbox it
  * created is destroyed before it returns.  c is a client for cluster.status
@@ -76,11 +79,12 @@ size_t bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t 
 
 /* The image phase (bench_image.c): import path (a layout or tarball on this
  * machine), then n cold starts (create → first `exec true`) of its sandboxes
- * alternated with n of host-/usr sandboxes, IDs prefixed with tag; figures
- * printed to out; the image is removed afterwards.  Returns the number of
- * failed calls. */
+ * alternated with n of host-/usr sandboxes, IDs prefixed with tag; then,
+ * when bursts is not NULL, its bursts with sandboxes of the image (no idle
+ * ones); figures printed to out; the image is removed afterwards.  Returns
+ * the number of failed calls. */
 size_t bench_image_run(sbx_client *c, const char *path, long n, const char *tag, FILE *out,
-                       volatile sig_atomic_t *interrupted);
+                       volatile sig_atomic_t *interrupted, const struct bench_burst_conf *bursts);
 
 /* The wake-up phase (bench_workspace.c): n wake-ups (stopped by sleepAfter
  * → first `exec true`) of a sandbox with a persistent 100 MB workspace,

@@ -107,7 +107,20 @@ burster_main(void *arg)
     sbx_error err;
     pthread_barrier_wait(b->ready);
     pthread_barrier_wait(b->go);
-    if (b->c) {
+    if (b->c && b->bc->image) {
+        char args[512];
+        sbx_reply *r = NULL;
+        snprintf(args, sizeof(args), "{\"image\":\"%s\"}", b->bc->image);
+        double t0 = sbx_stats_now_ms(), ex;
+        b->ok = sbx_call_json(b->c, "create", b->id, args, 120000, &r, &err) == 0 &&
+                bench_exec_true(b->c, b->id, false, &ex, &err) == 0;
+        sbx_reply_free(r);
+        b->ms = sbx_stats_now_ms() - t0;
+        if (!b->ok) {
+            fprintf(b->bc->out, "  %s: %s: %s\n", b->id, err.code, err.message);
+            sbx_error_free(&err);
+        }
+    } else if (b->c) {
         b->ok = bench_exec_true(b->c, b->id, false, &b->ms, &err) == 0;
         if (!b->ok) {
             fprintf(b->bc->out, "  %s: %s: %s\n", b->id, err.code, err.message);
@@ -303,9 +316,10 @@ bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t **json)
     struct burst_fig sf[MAX_ROUNDS], bf[MAX_ROUNDS];
     double idle_s = 0;
 
-    fprintf(bc->out, "\nburst: N concurrent creates (one client and thread each; create → first "
-                     "`exec true` result), %ld idle sandboxes present, %ld rounds per N\n",
-            bc->idle, rounds);
+    const char *what = bc->image ? "image" : "sbx";
+    fprintf(bc->out, "\nburst: N concurrent creates%s%s (one client and thread each; create → "
+                     "first `exec true` result), %ld idle sandboxes present, %ld rounds per N\n",
+            bc->image ? " of image " : "", bc->image ? bc->image : "", bc->idle, rounds);
     if (bc->idle > 0) {
         size_t f = fill_run(bc, "idle", bc->idle, FILL_CREATE, &idle_s);
         failures += f;
@@ -318,7 +332,7 @@ bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t **json)
         long done = 0;
         for (long r = 0; r < rounds && !*bc->interrupted; r++, done++) {
             burst(c, bc, n, r, NULL, &sf[r]);
-            print_fig(bc->out, "sbx", r, &sf[r]);
+            print_fig(bc->out, what, r, &sf[r]);
             failures += sf[r].failures;
             if (bwrap) {
                 burst(c, bc, n, r, bwrap, &bf[r]);
@@ -329,7 +343,7 @@ bench_burst_run(sbx_client *c, const struct bench_burst_conf *bc, json_t **json)
             break;
         fprintf(bc->out, "  N=%ld, medians of %ld rounds:\n", n, done);
         json_t *row = json_pack("{s:I, s:I, s:o}", "n", (json_int_t)n, "idle",
-                                (json_int_t)bc->idle, "sbx", summarise(bc->out, "sbx", sf, done));
+                                (json_int_t)bc->idle, what, summarise(bc->out, what, sf, done));
         if (bwrap)
             json_object_set_new(row, "bwrap", summarise(bc->out, "bwrap", bf, done));
         json_array_append_new(sizes, row);

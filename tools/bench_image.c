@@ -91,7 +91,7 @@ bench_template(sbx_client *c, const char *base, long n, const char *tag, FILE *o
 
 size_t
 bench_image_run(sbx_client *c, const char *path, long n, const char *tag, FILE *out,
-                volatile sig_atomic_t *interrupted)
+                volatile sig_atomic_t *interrupted, const struct bench_burst_conf *bursts)
 {
     size_t failures = 0;
     sbx_error err;
@@ -154,6 +154,14 @@ bench_image_run(sbx_client *c, const char *path, long n, const char *tag, FILE *
         fprintf(out, "  image / host-/usr p50: %.2fx\n", si.p50 / sh.p50);
     free(vi);
     free(vh);
+    if (bursts && !*interrupted) {
+        struct bench_burst_conf ib = *bursts;
+        json_t *j = NULL;
+        ib.image = name;
+        ib.idle = 0;
+        failures += bench_burst_run(c, &ib, &j);
+        json_decref(j);
+    }
     failures += bench_template(c, name, n, tag, out, interrupted);
     snprintf(args, sizeof(args), "{\"image\":\"%s\"}", name);
     if (sbx_call_json(c, "image.rm", NULL, args, 60000, &r, &err) == 0)
