@@ -352,9 +352,11 @@ build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbui
 build/asan/tests/integration/test_workspace: LDLIBS_TEST += -larchive
 build/asan/tests/cluster/test_cluster_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/cluster/test_cluster_images: LDLIBS_TEST += -larchive
-# test_fork computes which shard of `sbxd dev` owns an ID (runtime/place.c).
-build/asan/tests/integration/test_fork: $(call objs,asan,runtime/place.c)
-build/asan/tests/integration/test_fork: LDLIBS_TEST += -lxxhash
+# test_fork and test_wspool compute which shard of `sbxd dev` owns an ID (runtime/place.c).
+build/asan/tests/integration/test_fork build/asan/tests/integration/test_wspool: \
+    $(call objs,asan,runtime/place.c)
+build/asan/tests/integration/test_fork build/asan/tests/integration/test_wspool: \
+    LDLIBS_TEST += -lxxhash
 # test_backup writes hostile archives into the backup store with libarchive.
 build/asan/tests/integration/test_backup: LDLIBS_TEST += -larchive
 # test_http_sse reads the table of operations (runtime/ops.h) to check that every one is served.

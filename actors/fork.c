@@ -15,9 +15,11 @@
  *
  * Forks owned by other shards of the node (`stage`, set by the gateway's
  * gateway/gw_fork.c, never by a client): their copies are made the same way
- * into <backups>/forks/<id>/ (the node's store directory, shared by the
- * shards of `sbxd dev`) with their record beside (record.mp); the owner's
- * sandbox.adopt (actor_op_adopt, below) moves them into its workspaces.
+ * into the node's staging directory (stage_top: <node pool>/.forks/<id>/
+ * when the shards of `sbxd dev` share its workspace pool, where the copy is
+ * a reflink; else <backups>/forks/<id>/, the node's store directory) with
+ * their record beside (record.mp); the owner's sandbox.adopt
+ * (actor_op_adopt, below) moves them into its workspaces.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -39,6 +41,22 @@
 #include "shard_int.h"
 
 #define FORK_MAX 16
+
+/* The node's staging directory for forks into other shards' sandboxes, into
+ * buf: on the node's workspace pool when the shard has a part of one
+ * (container/ws_pool.h sbx_wspool_stage_dir), else <backups>/forks.  0, or
+ * -1 when the shard has neither (no node store). */
+static int
+stage_top(const struct shard *sh, char *buf, size_t n)
+{
+    sbx_wspool_stage_dir(sh->wspool, buf, n);
+    if (buf[0])
+        return 0;
+    if (!sh->backups[0])
+        return -1;
+    int k = snprintf(buf, n, "%s/forks", sh->backups);
+    return k > 0 && (size_t)k < n ? 0 : -1;
+}
 
 /* A fork under way; owned by its thread, then by fk_done, which frees it. */
 struct fk_job {
@@ -249,9 +267,10 @@ fork_ids(struct actor *a, struct sop *op, struct fk_job *j)
                 j->staged[i] = true;
         }
         if (j->staged[i]) {
-            int k = sh->backups[0] ? snprintf(j->dirs[i], sizeof(j->dirs[i]), "%s/forks/%s",
-                                              sh->backups, j->ids[i])
-                                   : -1;
+            char top[4200];
+            int k = stage_top(sh, top, sizeof(top)) == 0
+                        ? snprintf(j->dirs[i], sizeof(j->dirs[i]), "%s/%s", top, j->ids[i])
+                        : -1;
             if (k < 0 || (size_t)k >= sizeof(j->dirs[i])) {
                 shard_reply_err(op, SBX_E_FORK_CROSS_SHARD,
                                 "fork '%s' belongs to another shard, and shard %s has no node "
@@ -419,13 +438,14 @@ ad_thread(void *arg)
 
 /*
  * sandbox.adopt (internal, from the gateway's cross-shard fork): make this
- * new sandbox from the copy a fork staged for it in the node's store,
- * <backups>/forks/<id>/{disk.img, record.mp}: the image is renamed into its
- * workspace directory (same node, same file system: the data directories
- * and the store of `sbxd dev` are under one directory) or, when this shard's
- * workspaces are in its pool (container/ws_pool.h), copied there on a
- * thread of its own (~30 ms per 100 MB here; the sandbox's gate closed
- * meanwhile), the record written.
+ * new sandbox from the copy a fork staged for it in the node's staging
+ * directory (stage_top), <top>/<id>/{disk.img, record.mp}: the image is
+ * renamed into its workspace directory (same node, same file system: the
+ * node's shared workspace pool, or the data directories and the store of
+ * `sbxd dev`, under one directory) or, when this shard's workspaces are in
+ * a pool of its own (container/ws_pool.h) and the stage is not, copied
+ * there on a thread of its own (~30 ms per 100 MB here; the sandbox's gate
+ * closed meanwhile), the record written.
  * With `discard`, the staged copy is removed instead (the fork failed
  * elsewhere).  SANDBOX_EXISTS (and the stage removed) if the sandbox
  * exists; FORK_CROSS_SHARD if there is no staged copy (another node).
@@ -434,11 +454,11 @@ void
 actor_op_adopt(struct actor *a, struct sop *op)
 {
     struct shard *sh = a->sh;
-    char stage[4200], img[4300], rec[4300];
+    char stage[4200], top[4200], img[4300], rec[4300];
     bool discard = false;
     sbx_wire_get_bool(op->req.args, "discard", &discard);
-    if (!sh->backups[0] ||
-        snprintf(stage, sizeof(stage), "%s/forks/%s", sh->backups, a->id) >= (int)sizeof(stage)) {
+    if (stage_top(sh, top, sizeof(top)) != 0 ||
+        snprintf(stage, sizeof(stage), "%s/%s", top, a->id) >= (int)sizeof(stage)) {
         shard_reply_err(op, SBX_E_FORK_CROSS_SHARD, "shard %s has no node store", sh->conf.name);
         return;
     }
@@ -480,7 +500,8 @@ actor_op_adopt(struct actor *a, struct sop *op)
         ad_done(sh->loop, j);
         return;
     }
-    if (!sh->wspool) { /* a rename: done here */
+    sbx_wspool_stage_dir(sh->wspool, top, sizeof(top));
+    if (!sh->wspool || top[0]) { /* a rename (the stage is on the pool, or both on the host) */
         ad_work(j);
         ad_done(sh->loop, j);
         return;
@@ -507,8 +528,7 @@ void
 shard_fork_sweep(struct shard *sh)
 {
     char top[4200];
-    if (!sh->backups[0] ||
-        snprintf(top, sizeof(top), "%s/forks", sh->backups) >= (int)sizeof(top))
+    if (stage_top(sh, top, sizeof(top)) != 0)
         return;
     DIR *d = opendir(top);
     if (!d)

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -174,6 +175,7 @@ sbx_shard_conf_free(struct sbx_shard_conf *c)
     free(c->s3_credentials);
     free(c->workspace_default);
     free(c->ws_pool);
+    free(c->ws_pool_node);
     strv_free(c->etc);
     strv_free(c->env);
     strv_free(c->no_preview_host);
@@ -602,9 +604,22 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, fix_one, &fc);
     /* Workspaces of sandboxes destroyed while no shard ran, or whose
      * destroy was cut short (docs/persistence.md). */
-    char pwhy[512];
-    if ((rc = sbx_wspool_open(conf->data, conf->ws_pool, conf->ws_pool_size, &sh->wspool, pwhy,
-                              sizeof(pwhy))) != 0) {
+    char pwhy[512], own_pool[4200];
+    struct stat pst;
+    snprintf(own_pool, sizeof(own_pool), "%s/wspool.img", conf->data);
+    bool node_pool = conf->ws_pool_node && conf->ws_pool_node[0] &&
+                     !(conf->ws_pool && !strcmp(conf->ws_pool, "off")) && stat(own_pool, &pst) != 0;
+    /* Its part is named after its data directory (s<i> under `sbxd dev`),
+     * which outlives a change of the deployment's --name. */
+    const char *part = strrchr(conf->data, '/');
+    part = part && part[1] ? part + 1 : conf->data;
+    if (node_pool)
+        rc = sbx_wspool_attach(conf->data, conf->ws_pool_node, part, &sh->wspool, pwhy,
+                               sizeof(pwhy));
+    else
+        rc = sbx_wspool_open(conf->data, conf->ws_pool, conf->ws_pool_size, &sh->wspool, pwhy,
+                             sizeof(pwhy));
+    if (rc != 0) {
         sbx_log_error("shard %s: %s", conf->name, pwhy);
         rc = rc == -EINVAL || rc == -EEXIST || rc == -EFBIG ? SBX_E_VALIDATION : rc;
         goto out;

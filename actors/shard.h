@@ -118,6 +118,11 @@ struct sbx_shard_conf {
                            * (container/ws_pool.h; docs/persistence.md, "The workspace pool") */
     uint64_t ws_pool_size; /* bytes of a new pool file (sparse); 0: the free space of the
                             * data directory's file system when the pool is made */
+    char *ws_pool_node;   /* the root of the node's pool that `sbxd dev` made for all its
+                           * shards (<dev data>/workspaces), or NULL: this shard's part is
+                           * <it>/<data's last component> (sbx_wspool_attach; s<i>),
+                           * unless the shard has a pool of its own (<data>/wspool.img)
+                           * or --ws-pool off */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity
                                     * of its listen and its dials to other shards, and whether
                                     * plaintext may listen off loopback; NULL: plaintext on

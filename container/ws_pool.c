@@ -27,9 +27,10 @@
 struct sbx_wspool {
     char file[4200];   /* <data>/wspool.img */
     char link[4200];   /* <data>/workspaces */
-    char target[64];   /* /proc/<pid>/fd/<mnt> */
+    char target[4300]; /* what the link names: /proc/<pid>/fd/<mnt>, or <node>/<name> */
     int mnt;           /* the pool's detached mount (owned) */
     uint64_t size;     /* bytes of the pool file */
+    char node[4200];   /* attached (sbx_wspool_attach): the node pool's root; "" if ours */
     pthread_t trimmer; /* FITRIM after destroys (pool_trimmer) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -468,6 +469,91 @@ out:
     return rc;
 }
 
+int
+sbx_wspool_attach(const char *data, const char *node, const char *name, sbx_wspool **out,
+                  char *why, size_t whylen)
+{
+    sbx_wspool *p = sbx_xcalloc(1, sizeof(*p));
+    struct stat st;
+    int rc = 0;
+    *out = NULL;
+    p->mnt = -1;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    snprintf(p->node, sizeof(p->node), "%s", node);
+    snprintf(p->link, sizeof(p->link), "%s/workspaces", data);
+    char dir[4300], top[4300];
+    snprintf(top, sizeof(top), "%s", node);
+    char *slash = strrchr(top, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(p->file, sizeof(p->file), "%s/wspool.img", slash ? top : ".");
+    if (snprintf(dir, sizeof(dir), "%s/%s", node, name) >= (int)sizeof(p->target)) {
+        snprintf(why, whylen, "the node pool's path %s/%s is too long", node, name);
+        rc = -ENAMETOOLONG;
+        goto out;
+    }
+    snprintf(p->target, sizeof(p->target), "%s", dir);
+    if (stat(p->file, &st) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "the node's workspace pool %s: %s", p->file, strerror(-rc));
+        goto out;
+    }
+    p->size = (uint64_t)st.st_size;
+    if ((mkdir(dir, 0700) < 0 && errno != EEXIST) ||
+        (p->mnt = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "the shard's directory %s in the node's pool: %s", dir,
+                 strerror(-rc));
+        goto out;
+    }
+    if (lstat(p->link, &st) == 0 && S_ISDIR(st.st_mode)) {
+        int moved = pool_migrate(p->link, p->mnt, why, whylen);
+        if (moved < 0) {
+            rc = moved;
+            goto out;
+        }
+        if (moved > 0)
+            sbx_log_info("workspace pool %s: moved %d workspaces into %s from the host file "
+                         "system", p->file, moved, dir);
+    }
+    char tmp[4300];
+    snprintf(tmp, sizeof(tmp), "%s.new", p->link);
+    unlink(tmp);
+    if (symlink(p->target, tmp) < 0 || rename(tmp, p->link) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "link %s to %s: %s", p->link, p->target, strerror(-rc));
+        unlink(tmp);
+        goto out;
+    }
+    if ((rc = pthread_create(&p->trimmer, NULL, pool_trimmer, p)) != 0) {
+        snprintf(why, whylen, "start the pool's trimmer: %s", strerror(rc));
+        rc = -rc;
+        unlink(p->link);
+        goto out;
+    }
+    *out = p;
+    p = NULL;
+out:
+    if (p) {
+        if (p->mnt >= 0)
+            close(p->mnt);
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->cv);
+        free(p);
+    }
+    return rc;
+}
+
+void
+sbx_wspool_stage_dir(const sbx_wspool *p, char *buf, size_t n)
+{
+    if (!p || !p->node[0])
+        snprintf(buf, n, "%s", "");
+    else
+        snprintf(buf, n, "%s/.forks", p->node);
+}
+
 void
 sbx_wspool_close(sbx_wspool *p)
 {
@@ -479,7 +565,7 @@ sbx_wspool_close(sbx_wspool *p)
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->trimmer, NULL);
     /* Only our own link: another incarnation may have replaced it. */
-    char cur[64];
+    char cur[4300];
     ssize_t k = readlink(p->link, cur, sizeof(cur) - 1);
     if (k > 0 && (cur[k] = '\0', !strcmp(cur, p->target)))
         unlink(p->link);
@@ -527,6 +613,7 @@ sbx_wspool_describe(sbx_wspool *p, char *buf, size_t n)
         return;
     }
     uint64_t avail = fstatvfs(p->mnt, &vs) == 0 ? (uint64_t)vs.f_bavail * vs.f_frsize : 0;
-    snprintf(buf, n, "workspace pool %s (xfs, %llu MiB, %llu MiB free; %s)", p->file,
-             (unsigned long long)(p->size >> 20), (unsigned long long)(avail >> 20), p->target);
+    snprintf(buf, n, "workspace pool %s (xfs, %llu MiB, %llu MiB free; %s%s)", p->file,
+             (unsigned long long)(p->size >> 20), (unsigned long long)(avail >> 20),
+             p->node[0] ? "the node's, this shard's part " : "", p->target);
 }

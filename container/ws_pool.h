@@ -64,6 +64,29 @@ typedef struct sbx_wspool sbx_wspool;
 int sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **out,
                     char *why, size_t whylen);
 
+/*
+ * sbx_wspool_attach — the shard's part of a node's pool (`sbxd dev` makes
+ * one pool for all its shards, sbx_wspool_open on its own data directory,
+ * and passes each shard its root `node`, i.e. <dev data>/workspaces): the
+ * directory <node>/<name> (made 0700; the shard passes its data directory's
+ * name, s<i>), and <data>/workspaces a symbolic link
+ * to it.  One file system for the node's workspaces, so a fork into
+ * another shard's sandbox is a reflink and its adoption a rename (fork.c).
+ * Workspaces found as directories of <data>/workspaces on the host file
+ * system are moved in, as by sbx_wspool_open.  The node's pool file is
+ * <node>/../wspool.img (what sbx_wspool_room checks the host file system
+ * of).  The supervisor holds the mount; the shard holds only a descriptor
+ * of its directory.  *out as for sbx_wspool_open; 0 or -errno with why.
+ */
+int sbx_wspool_attach(const char *data, const char *node, const char *name, sbx_wspool **out,
+                      char *why, size_t whylen);
+
+/* sbx_wspool_stage_dir — where a fork stages its copy for another shard of
+ * this node: <node>/.forks for an attached pool (on the pool: the copy is a
+ * reflink, the adoption a rename), else "" (the caller uses the node's
+ * store).  Written to buf; NULL: "". */
+void sbx_wspool_stage_dir(const sbx_wspool *p, char *buf, size_t n);
+
 /* sbx_wspool_close — remove the link, close the pool's
  * descriptor (the kernel drops the mount once no image of it is in use).
  * NULL is a no-op. */

@@ -27,7 +27,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -369,9 +368,11 @@ set_log_format(const char *log_format, const char *cmd)
          "persistent workspaces in an XFS pool <data>/wspool.img (reflinks: fast forks): "   \
          "auto (when <data>/workspaces has no reflinks), on, or off (images on the host "    \
          "file system; refused once a pool exists)"},                                        \
+        {"ws-pool-node", SBX_OPT_STR, &(c)->ws_pool_node,                                     \
+         "the node's workspace pool this shard takes a part of (set by sbxd dev)"},          \
         {"ws-pool-size", SBX_OPT_SIZE, &(c)->ws_pool_size,                                    \
-         "size of a new workspace pool, sparse (default: the data file system's free space, " \
-         "dev: divided among its shards; at least 320M)"},                                                                  \
+         "size of a new workspace pool, sparse (default: the data file system's free space; " \
+         "at least 320M)"},                                                                  \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \
@@ -835,6 +836,7 @@ cmd_dev(int argc, char **argv)
     };
     int rc = 0;
     struct child *kids = NULL;
+    sbx_wspool *node_pool = NULL; /* the shards' shared workspace pool (ws_pool.h), if made */
     sbx_gateway *gw = NULL;
     struct hostlock dlock = {.n = 0};
     char **shard_specs = NULL;
@@ -962,23 +964,32 @@ cmd_dev(int argc, char **argv)
     for (int k = 2; k < argc; k++)
         if (!strncmp(argv[k], "--uid-base", 10))
             uid_given = true;
-    /* Workspace pools (container/ws_pool.h) are sparse and, unless sized,
-     * each takes the free space its shard finds: N shards of one data
-     * directory would promise that space N times.  Each new pool gets an
-     * equal share instead (an existing pool keeps its size; a share under
-     * the smallest pool leaves the shards to their own rule, which then
-     * keeps workspaces on the host file system). */
-    char pool_size[64] = "";
-    bool pool_size_given = false;
-    for (int k = 2; k < argc; k++)
-        if (!strncmp(argv[k], "--ws-pool-size", 14))
-            pool_size_given = true;
-    struct statvfs dvs;
-    if (!pool_size_given && nshards > 1 && statvfs(absdata, &dvs) == 0) {
-        uint64_t share = (uint64_t)dvs.f_bavail * dvs.f_frsize / (uint64_t)nshards;
-        if (share >= SBX_WSPOOL_MIN)
-            snprintf(pool_size, sizeof(pool_size), "--ws-pool-size=%llu",
-                     (unsigned long long)share);
+    /* One workspace pool for the node (container/ws_pool.h), made and held
+     * here, each shard a directory of it (sbx_wspool_attach): a fork into
+     * another shard's sandbox is then a reflink and a rename, not a copy
+     * (docs/persistence.md, "The workspace pool").  Not when a shard already
+     * has a pool of its own (a deployment made before): those stay, and so
+     * do the shards' own rules when the node pool is not made (reflinks on
+     * the host file system, --ws-pool off, no XFS here). */
+    char node_arg[PATH_MAX + 32] = "";
+    bool own_pools = false;
+    for (int i = 0; i < nshards; i++) {
+        char f[PATH_MAX + 32];
+        struct stat pst;
+        snprintf(f, sizeof(f), "%s/s%d/wspool.img", absdata, i);
+        own_pools = own_pools || stat(f, &pst) == 0;
+    }
+    if (!own_pools && !(c.ws_pool && !strcmp(c.ws_pool, "off"))) {
+        char pwhy[512];
+        int prc = sbx_wspool_open(absdata, c.ws_pool, c.ws_pool_size, &node_pool, pwhy,
+                                  sizeof(pwhy));
+        if (prc) {
+            sbx_log_warn("the node's workspace pool: %s; each shard decides for itself", pwhy);
+        } else if (node_pool) {
+            sbx_wspool_describe(node_pool, pwhy, sizeof(pwhy));
+            sbx_log_info("the node's %s", pwhy);
+            snprintf(node_arg, sizeof(node_arg), "--ws-pool-node=%s/workspaces", absdata);
+        }
     }
     kids = sbx_xcalloc((size_t)nshards, sizeof(*kids));
     for (int i = 0; i < nshards; i++) {
@@ -1008,8 +1019,8 @@ cmd_dev(int argc, char **argv)
         argv_add(&av, &n, buf);
         snprintf(buf, sizeof(buf), "--preview-domain=%s", preview_domain);
         argv_add(&av, &n, buf);
-        if (pool_size[0])
-            argv_add(&av, &n, pool_size);
+        if (node_arg[0])
+            argv_add(&av, &n, node_arg);
         /* Pass on every shard option the user gave. */
         for (int k = 2; k < argc; k++) {
             const char *a = argv[k];
@@ -1133,6 +1144,8 @@ stop:
         }
     }
 out:
+    /* After the shards: their containers' images held the pool's mount too. */
+    sbx_wspool_close(node_pool);
     /* Released only now: every shard has stopped (or was killed) by here. */
     hostlock_release(&dlock);
     for (int i = 0; kids && i < nshards; i++)

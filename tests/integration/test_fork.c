@@ -360,10 +360,15 @@ Test(fork, errors)
     j = call(c, "status", fresh, "{}", cd);
     cr_assert_null(j, "the fork on the source's shard was not undone: %s", j);
     cr_assert_str_eq(cd, "SANDBOX_NOT_FOUND");
+    /* No staged copy left where forks stage them: the node's pool
+     * (<data>/workspaces/.forks) or, without one, the node's store. */
     char stage[512];
     struct stat sb;
-    snprintf(stage, sizeof(stage), "%s/backups/forks/%s", live->dir, taken2);
-    cr_assert_neq(stat(stage, &sb), 0, "a staged copy is left at %s", stage);
+    static const char *const tops[] = {"workspaces/.forks", "backups/forks"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(stage, sizeof(stage), "%s/%s/%s", live->dir, tops[i], taken2);
+        cr_assert_neq(stat(stage, &sb), 0, "a staged copy is left at %s", stage);
+    }
     /* 'stage' is the gateway's argument. */
     snprintf(args, sizeof(args), "{\"ids\":[\"%s\"],\"stage\":[\"%s\"]}", fresh, fresh);
     j = call(c, "sandbox.fork", src, args, cd);

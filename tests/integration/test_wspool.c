@@ -1,8 +1,10 @@
 /*
  * test_wspool.c — the workspace pool (docs/persistence.md, "The workspace
  * pool"; container/ws_pool.h): on a data directory without reflinks (the
- * test directories are on the host's ext4) a shard keeps its persistent
- * workspaces in <data>/wspool.img, an XFS with reflinks.
+ * test directories are on the host's ext4) persistent workspaces live in an
+ * XFS with reflinks: under `sbxd dev`, as here, one pool for the node,
+ * <dev data>/wspool.img, each shard a directory of it (a lone `sbxd shard`
+ * makes <data>/wspool.img of its own: tests/cluster).
  *
  * Checks what an operator and a user would: the pool is made and
  * <data>/workspaces reaches into it; a fork shares the source's extents
@@ -14,7 +16,9 @@
  * workspace and a fork with DISK_FULL while a running sandbox goes on;
  * `--ws-pool off` keeps workspaces on the host file system, and a later
  * start with the pool moves them in; a full host file system under the
- * (sparse) pool refuses a new workspace and a fork with DISK_FULL too.
+ * (sparse) pool refuses a new workspace and a fork with DISK_FULL too; the
+ * shards of one `sbxd dev` share one pool, and forks across them are
+ * reflinks.
  *
  * Each test starts its own small daemon (one shard), stopped by the fini.
  */
@@ -34,6 +38,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "../../runtime/place.h"
 #include "../../runtime/util.h"
 #include "../support/harness.h"
 
@@ -191,17 +196,25 @@ shard_pid(void)
 Test(wspool, fork_shares_extents_and_destroy_gives_space_back)
 {
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, NULL});
-    char pool[512], link[512], tgt[256], img[600], fimg[600];
-    snprintf(pool, sizeof(pool), "%s/s0/wspool.img", live->dir);
+    char pool[512], link[512], node[512], tgt[512], img[600], fimg[600];
+    snprintf(pool, sizeof(pool), "%s/wspool.img", live->dir);
     snprintf(link, sizeof(link), "%s/s0/workspaces", live->dir);
+    snprintf(node, sizeof(node), "%s/workspaces", live->dir);
     struct stat st;
     cr_assert_eq(stat(pool, &st), 0, "no pool file %s on this ext4 data directory", pool);
-    ssize_t k = readlink(link, tgt, sizeof(tgt) - 1);
+    /* The node's pool is the supervisor's mount; the shard's part a
+     * directory of it. */
+    ssize_t k = readlink(node, tgt, sizeof(tgt) - 1);
+    cr_assert_gt(k, 0, "%s is not a link into the pool", node);
+    tgt[k] = '\0';
+    char want[512];
+    snprintf(want, sizeof(want), "/proc/%d/fd/", (int)live->pid);
+    cr_assert(!strncmp(tgt, want, strlen(want)), "%s -> %s, not sbxd dev's %s", node, tgt, want);
+    k = readlink(link, tgt, sizeof(tgt) - 1);
     cr_assert_gt(k, 0, "%s is not a link into the pool", link);
     tgt[k] = '\0';
-    char want[64];
-    snprintf(want, sizeof(want), "/proc/%d/fd/", (int)shard_pid());
-    cr_assert(!strncmp(tgt, want, strlen(want)), "%s -> %s, not the shard's %s", link, tgt, want);
+    snprintf(want, sizeof(want), "%s/s0", node);
+    cr_assert_str_eq(tgt, want, "%s -> %s", link, tgt);
 
     char *src = test_id("psrc"), *fk = test_id("pfrk");
     ok(c, "create", src, "{\"workspace\":\"persistent\",\"disk\":268435456}");
@@ -255,7 +268,7 @@ Test(wspool, kill9_restart_then_stop_leaves_nothing)
 {
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, NULL});
     char pool[512], data[300];
-    snprintf(pool, sizeof(pool), "%s/s0/wspool.img", live->dir);
+    snprintf(pool, sizeof(pool), "%s/wspool.img", live->dir);
     snprintf(data, sizeof(data), "%s", live->dir);
     char *id = test_id("pk9");
     ok(c, "create", id, "{\"workspace\":\"persistent\"}");
@@ -421,53 +434,79 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
     sbx_client_close(c);
 }
 
-/*
- * The shards of one `sbxd dev` share its data directory's file system:
- * their sparse pools together are sized to its free space, not each to all
- * of it (which promised the space once per shard).  Both pools are made and
- * used: a persistent sandbox on each shard writes its workspace.
- */
-Test(wspool, the_pools_of_a_deployment_share_its_free_space, .fini = cleanup_host)
+/* The shard of the 2-shard `live` deployment that owns id (0 or 1). */
+static int
+owner(const char *id)
 {
-    cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wsps", "1600m"), 0,
-                 "mount tmpfs: %s", strerror(errno));
-    struct statvfs vs;
-    cr_assert_eq(statvfs(host_mnt, &vs), 0);
-    long long free0 = (long long)vs.f_bavail * (long long)vs.f_frsize;
+    char n0[96], n1[96];
+    snprintf(n0, sizeof(n0), "%s-s0", live->name);
+    snprintf(n1, sizeof(n1), "%s-s1", live->name);
+    const char *names[] = {n0, n1};
+    return sbx_place_owner(names, 2, sbx_place_partition(id, strlen(id)));
+}
+
+/*
+ * `sbxd dev` makes one pool for the node, <data>/wspool.img, and each shard
+ * keeps its workspaces in a directory of it (<data>/s<i>/workspaces links
+ * there; no pool per shard): a fork into a sandbox of the OTHER shard is a
+ * reflink too (FIEMAP: the fork's image shares the source's extents),
+ * adopted by a rename, and each side's writes stay its own.
+ */
+Test(wspool, one_pool_per_node_and_forks_across_shards_share_extents)
+{
     live = calloc(1, sizeof(*live));
-    const char *const extra[] = {TESTD_SMALL, "--data", host_mnt, "--ws-pool", "on", NULL};
+    const char *const extra[] = {TESTD_SMALL, "--disk", "256M", NULL};
     cr_assert_eq(testd_start(live, 2, extra), 0, "the daemon did not start");
-    long long total = 0;
-    for (int i = 0; i < 2; i++) {
-        char file[128];
-        snprintf(file, sizeof(file), "%s/s%d/wspool.img", host_mnt, i);
-        struct stat st;
-        cr_assert_eq(stat(file, &st), 0, "no pool %s: %s", file, strerror(errno));
-        cr_expect_leq((long long)st.st_size, free0 / 2, "pool %s is %lld bytes, above half of "
-                      "the %lld free", file, (long long)st.st_size, free0);
-        total += (long long)st.st_size;
-    }
-    cr_expect_leq(total, free0, "the two pools promise %lld bytes of %lld free", total, free0);
-    /* Each shard's pool takes a workspace. */
     sbx_client *c = NULL;
     sbx_error err;
     cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
-    int seen = 0;
-    for (int k = 0; k < 12 && seen != 3; k++) {
-        char *id = test_id("psh");
-        ok(c, "create", id, "{\"workspace\":\"persistent\"}");
-        int code;
-        char *out = sh(c, id, "echo w > /workspace/f && cat /workspace/f", &code);
-        cr_assert_str_eq(out, "w\n", "%s: %s", id, out);
-        free(out);
-        char cd[64], msg[256];
-        char *st = call(c, "status", id, NULL, cd, msg, sizeof(msg));
-        cr_assert(st, "status %s: %s %s", id, cd, msg);
-        seen |= strstr(st, "-s0") ? 1 : strstr(st, "-s1") ? 2 : 0;
-        free(st);
-        free(id);
+    char path[512], want[512], got[512];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/wspool.img", live->dir);
+    cr_assert_eq(stat(path, &st), 0, "no node pool %s", path);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/s%d/wspool.img", live->dir, i);
+        cr_expect_neq(stat(path, &st), 0, "shard %d has a pool of its own", i);
+        snprintf(path, sizeof(path), "%s/s%d/workspaces", live->dir, i);
+        snprintf(want, sizeof(want), "%s/workspaces/s%d", live->dir, i);
+        ssize_t k = readlink(path, got, sizeof(got) - 1);
+        got[k > 0 ? k : 0] = '\0';
+        cr_expect_str_eq(got, want, "%s links to '%s'", path, got);
     }
-    cr_expect_eq(seen, 3, "persistent sandboxes did not land on both shards (%d)", seen);
+    char *src = test_id("pxs"), *fk = NULL;
+    for (int i = 0; i < 1000 && !fk; i++) {
+        char *id = test_id("pxf");
+        if (owner(id) != owner(src))
+            fk = id;
+        else
+            free(id);
+    }
+    cr_assert(fk, "no ID on the other shard");
+    ok(c, "create", src, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, src,
+            "head -c 33554432 /dev/urandom > /workspace/big && echo s > /workspace/f && sync",
+            &code));
+    char args[160];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\"]}", fk);
+    ok(c, "sandbox.fork", src, args);
+    snprintf(path, sizeof(path), "%s/s%d/workspaces/%s/disk.img", live->dir, owner(fk), fk);
+    long long shared = shared_bytes(path);
+    cr_expect_geq(shared, 32ll << 20, "the fork's image on the other shard shares %lld bytes "
+                  "with its source (a copy, not a reflink)", shared);
+    char *out = sh(c, fk, "cat /workspace/f && echo f > /workspace/f && md5sum < /workspace/big",
+                   &code);
+    char *out2 = sh(c, src, "cat /workspace/f && md5sum < /workspace/big", &code);
+    cr_expect_str_eq(out2, out, "the fork's files differ from its source's: %s / %s", out, out2);
+    free(out);
+    free(out2);
+    out = sh(c, src, "cat /workspace/f", &code);
+    cr_expect_str_eq(out, "s\n", "the fork's write reached the source: %s", out);
+    free(out);
+    ok(c, "destroy", fk, "{}");
+    ok(c, "destroy", src, "{}");
+    free(src);
+    free(fk);
     sbx_client_close(c);
 }
 
@@ -475,7 +514,7 @@ Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
 {
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool", "off", NULL});
     char pool[512], dir[512], img[600];
-    snprintf(pool, sizeof(pool), "%s/s0/wspool.img", live->dir);
+    snprintf(pool, sizeof(pool), "%s/wspool.img", live->dir);
     snprintf(dir, sizeof(dir), "%s/s0/workspaces", live->dir);
     char *id = test_id("pof");
     ok(c, "create", id, "{\"workspace\":\"persistent\"}");
