@@ -8,8 +8,8 @@
  * use), and a pool without a create for SHARD_IMG_POOL_IDLE_MS is stopped.
  *
  * Its size adapts as the host-/usr pool's does (shard_work.c): the target
- * is the busiest second of creates of that image in the last
- * conf.pool_window (SHARD_POOL_WINDOW seconds by default), at least conf.image_pool (the configured
+ * is the busiest second of creates of that image, plus a quarter
+ * (shard_demand_want), in the last conf.pool_window (SHARD_POOL_WINDOW seconds by default), at least conf.image_pool (the configured
  * minimum, kept even past the budget), and all image pools together at most
  * what conf.pool_memory holds of containers of the size measured in them.
  * Refills wait until creates of the image pause for IMG_REFILL_QUIET_MS (at
@@ -83,7 +83,7 @@ set_target(struct shard *sh, struct img_pool *p, int64_t now_s)
         if (q != p && q->digest[0])
             cap -= q->n + q->inflight;
     }
-    int64_t want = SBX_MAX((int64_t)shard_demand_peak(&p->demand, now_s, sh->conf.pool_window / 1000),
+    int64_t want = SBX_MAX(shard_demand_want(&p->demand, now_s, sh->conf.pool_window / 1000),
                            (int64_t)sh->conf.image_pool);
     want = SBX_MIN(want, SBX_MIN(cap, (int64_t)IMG_POOL_HARD_MAX));
     p->target = (int)SBX_MAX(want, (int64_t)sh->conf.image_pool);

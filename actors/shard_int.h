@@ -259,6 +259,12 @@ void shard_demand_note(struct shard_demand *d, int64_t now_s);
 /* shard_work.c: shard_demand_peak — the busiest second of the last window_s
  * seconds before now_s (window_s ≤ SHARD_POOL_WINDOW). */
 uint32_t shard_demand_peak(const struct shard_demand *d, int64_t now_s, int64_t window_s);
+/* shard_demand_want — the ready containers a pool wants for that demand:
+ * the busiest second plus a quarter of it (a burst's split between the
+ * shards, 25 +/- 3.5 of 50 on each of 2, and between two seconds varies
+ * from one burst to the next; each create beyond the pool is a container
+ * built while its caller waits: docs/benchmarks.md, "Bursts"). */
+int64_t shard_demand_want(const struct shard_demand *d, int64_t now_s, int64_t window_s);
 
 /* The warm pool of started containers (shard_work.c; loop thread).  Its
  * size adapts: `target` is the most containers asked for (pool hits and
@@ -283,7 +289,7 @@ struct shard_pool {
  * image"): each of up to SHARD_IMG_POOLS images keeps started containers
  * while sandboxes of it were created in the last SHARD_IMG_POOL_IDLE_MS —
  * as many as the busiest second of the last SHARD_POOL_WINDOW seconds asked
- * for, at least conf.image_pool, within the pool memory budget — then they
+ * for plus a quarter, at least conf.image_pool, within the pool memory budget — then they
  * stop (and with them their hold on the image: GC may delete it
  * afterwards). */
 #define SHARD_IMG_POOLS 8

@@ -311,6 +311,13 @@ shard_demand_peak(const struct shard_demand *d, int64_t now_s, int64_t window_s)
     return peak;
 }
 
+int64_t
+shard_demand_want(const struct shard_demand *d, int64_t now_s, int64_t window_s)
+{
+    int64_t peak = shard_demand_peak(d, now_s, window_s);
+    return peak + (peak + 3) / 4;
+}
+
 static void
 pool_set_target(struct shard *sh, int64_t now_s)
 {
@@ -323,13 +330,8 @@ pool_set_target(struct shard *sh, int64_t now_s)
         p->target = 0;
         return;
     }
-    /* The busiest second, plus a quarter: a burst's split between the
-     * shards (placement by hash: 50 creates land 25 ± 3.5 on each of 2) and
-     * between two seconds differs from one burst to the next, and each
-     * create beyond the pool is a container built while the caller waits
-     * (docs/benchmarks.md, "Bursts"). */
-    int64_t peak = shard_demand_peak(&p->demand, now_s, sh->conf.pool_window / 1000);
-    int64_t want = SBX_MAX(peak + (peak + 3) / 4, sh->conf.pool);
+    int64_t want = SBX_MAX(shard_demand_want(&p->demand, now_s, sh->conf.pool_window / 1000),
+                           sh->conf.pool);
     /* The configured minimum holds even past the budget: it was asked for. */
     p->target = (int)SBX_MAX(SBX_MIN(want, (int64_t)p->cap), sh->conf.pool);
 }
