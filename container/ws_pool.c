@@ -331,13 +331,12 @@ sbx_wspool_trim_soon(sbx_wspool *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Point the link at the pool's root: /proc/<pid>/fd/<mnt> (written as
- * <link>.new and renamed over any stale link). */
+/* Point the link at p->target (written as <link>.new and renamed over any
+ * stale link). */
 static int
 pool_link(sbx_wspool *p, char *why, size_t whylen)
 {
     char tmp[4300];
-    snprintf(p->target, sizeof(p->target), "/proc/%d/fd/%d", (int)getpid(), p->mnt);
     snprintf(tmp, sizeof(tmp), "%s.new", p->link);
     unlink(tmp);
     if (symlink(p->target, tmp) < 0 || rename(tmp, p->link) < 0) {
@@ -349,17 +348,64 @@ pool_link(sbx_wspool *p, char *why, size_t whylen)
     return 0;
 }
 
+/* A pool handle before its open or attach (the caller owns it). */
+static sbx_wspool *
+pool_new(void)
+{
+    sbx_wspool *p = sbx_xcalloc(1, sizeof(*p));
+    p->mnt = -1;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    return p;
+}
+
+/* Free a handle whose open or attach failed (no trimmer started); NULL: no-op. */
+static void
+pool_discard(sbx_wspool *p)
+{
+    if (!p)
+        return;
+    if (p->mnt >= 0)
+        close(p->mnt);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+/* The last steps of an open or attach, p->mnt and p->target set: the
+ * workspaces still on the host file system (<data>/workspaces a directory)
+ * moved into p->mnt, the link, the trimmer.  0 or -errno with why. */
+static int
+pool_finish(sbx_wspool *p, char *why, size_t whylen)
+{
+    struct stat st;
+    int rc;
+    if (lstat(p->link, &st) == 0 && S_ISDIR(st.st_mode)) {
+        int moved = pool_migrate(p->link, p->mnt, why, whylen);
+        if (moved < 0)
+            return moved;
+        if (moved > 0)
+            sbx_log_info("workspace pool %s: moved %d workspaces into %s from the host file "
+                         "system", p->file, moved, p->target);
+    }
+    if ((rc = pool_link(p, why, whylen)) != 0)
+        return rc;
+    if ((rc = pthread_create(&p->trimmer, NULL, pool_trimmer, p)) != 0) {
+        snprintf(why, whylen, "start the pool's trimmer: %s", strerror(rc));
+        unlink(p->link);
+        return -rc;
+    }
+    return 0;
+}
+
 int
 sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **out, char *why,
                 size_t whylen)
 {
-    sbx_wspool *p = sbx_xcalloc(1, sizeof(*p));
+    sbx_wspool *p = pool_new();
     int fd = -1, rc = 0;
     struct stat st;
     *out = NULL;
-    p->mnt = -1;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
     snprintf(p->file, sizeof(p->file), "%s/wspool.img", data);
     snprintf(p->link, sizeof(p->link), "%s/workspaces", data);
     bool made = false; /* the pool file is this start's */
@@ -436,36 +482,15 @@ sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspool **
         goto out;
     }
     /* Workspaces on the host file system (made before the pool): moved in. */
-    if (lstat(p->link, &st) == 0 && S_ISDIR(st.st_mode)) {
-        int moved = pool_migrate(p->link, p->mnt, why, whylen);
-        if (moved < 0) {
-            rc = moved;
-            goto out;
-        }
-        if (moved > 0)
-            sbx_log_info("workspace pool %s: moved %d workspaces into it from the host file "
-                         "system", p->file, moved);
-    }
-    if ((rc = pool_link(p, why, whylen)) != 0)
+    snprintf(p->target, sizeof(p->target), "/proc/%d/fd/%d", (int)getpid(), p->mnt);
+    if ((rc = pool_finish(p, why, whylen)) != 0)
         goto out;
-    if ((rc = pthread_create(&p->trimmer, NULL, pool_trimmer, p)) != 0) {
-        snprintf(why, whylen, "start the pool's trimmer: %s", strerror(rc));
-        rc = -rc;
-        unlink(p->link);
-        goto out;
-    }
     *out = p;
     p = NULL;
 out:
     if (fd >= 0)
         close(fd); /* the loop device holds the file (and its lock) */
-    if (p) {
-        if (p->mnt >= 0)
-            close(p->mnt);
-        pthread_mutex_destroy(&p->mu);
-        pthread_cond_destroy(&p->cv);
-        free(p);
-    }
+    pool_discard(p);
     return rc;
 }
 
@@ -473,13 +498,10 @@ int
 sbx_wspool_attach(const char *data, const char *node, const char *name, sbx_wspool **out,
                   char *why, size_t whylen)
 {
-    sbx_wspool *p = sbx_xcalloc(1, sizeof(*p));
+    sbx_wspool *p = pool_new();
     struct stat st;
     int rc = 0;
     *out = NULL;
-    p->mnt = -1;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
     snprintf(p->node, sizeof(p->node), "%s", node);
     snprintf(p->link, sizeof(p->link), "%s/workspaces", data);
     char dir[4300], top[4300];
@@ -507,41 +529,12 @@ sbx_wspool_attach(const char *data, const char *node, const char *name, sbx_wspo
                  strerror(-rc));
         goto out;
     }
-    if (lstat(p->link, &st) == 0 && S_ISDIR(st.st_mode)) {
-        int moved = pool_migrate(p->link, p->mnt, why, whylen);
-        if (moved < 0) {
-            rc = moved;
-            goto out;
-        }
-        if (moved > 0)
-            sbx_log_info("workspace pool %s: moved %d workspaces into %s from the host file "
-                         "system", p->file, moved, dir);
-    }
-    char tmp[4300];
-    snprintf(tmp, sizeof(tmp), "%s.new", p->link);
-    unlink(tmp);
-    if (symlink(p->target, tmp) < 0 || rename(tmp, p->link) < 0) {
-        rc = -errno;
-        snprintf(why, whylen, "link %s to %s: %s", p->link, p->target, strerror(-rc));
-        unlink(tmp);
+    if ((rc = pool_finish(p, why, whylen)) != 0)
         goto out;
-    }
-    if ((rc = pthread_create(&p->trimmer, NULL, pool_trimmer, p)) != 0) {
-        snprintf(why, whylen, "start the pool's trimmer: %s", strerror(rc));
-        rc = -rc;
-        unlink(p->link);
-        goto out;
-    }
     *out = p;
     p = NULL;
 out:
-    if (p) {
-        if (p->mnt >= 0)
-            close(p->mnt);
-        pthread_mutex_destroy(&p->mu);
-        pthread_cond_destroy(&p->cv);
-        free(p);
-    }
+    pool_discard(p);
     return rc;
 }
 
