@@ -109,7 +109,7 @@ CONSOLE_SRC := $(wildcard gateway/console/src/*.ts) gateway/console/index.html \
                gateway/console/package.json gateway/console/package-lock.json
 build/console/console_assets.c: $(CONSOLE_SRC) tools/build-console.sh
 	@tools/build-console.sh build/console
-DAEMON  := tools/sbxd.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
+DAEMON  := tools/sbxd.c tools/sbxd_dev.c tools/sbxd_common.c tools/hostlock.c $(RUNTIME) $(CONTAINER) $(ACTORS) $(GATEWAY)
 CLI     := tools/sbx.c tools/cli_sdk.c tools/cli_util.c tools/cli_schema.c tools/cli_ops_gen.c \
            tools/cli_mcp.c runtime/mcp.c
 # The library the CLI links: the release one exports only the public API
@@ -317,7 +317,7 @@ deb-systemd-check:
 # Tests: one Criterion binary per file.  Unit tests link the daemon's objects;
 # integration and security tests link the client library and the harness,
 # whose main() starts a private sbxd (tests/support/itest_main.c).
-UNIT_LINK  := $(filter-out build/asan/obj/tools/sbxd.o,$(call objs,asan,$(DAEMON))) \
+UNIT_LINK  := $(filter-out build/asan/obj/tools/sbxd%.o,$(call objs,asan,$(DAEMON))) \
               build/asan/obj/runtime/client.o $(NNG_LIB)
 INTEG_LINK := $(call objs,asan,$(sort $(CLIENT)) $(TEST_SUPPORT) tests/support/itest_main.c) \
               $(NNG_LIB)
