@@ -352,9 +352,10 @@ build/asan/tests/integration/test_workspace: build/asan/obj/tests/support/imgbui
 build/asan/tests/integration/test_workspace: LDLIBS_TEST += -larchive
 build/asan/tests/cluster/test_cluster_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/cluster/test_cluster_images: LDLIBS_TEST += -larchive
-# test_fork and test_wspool compute which shard of `sbxd dev` owns an ID (runtime/place.c).
+# test_fork and test_wspool compute which shard of `sbxd dev` owns an ID
+# (tests/support/shard_of.c, runtime/place.c).
 build/asan/tests/integration/test_fork build/asan/tests/integration/test_wspool: \
-    $(call objs,asan,runtime/place.c)
+    $(call objs,asan,runtime/place.c tests/support/shard_of.c)
 build/asan/tests/integration/test_fork build/asan/tests/integration/test_wspool: \
     LDLIBS_TEST += -lxxhash
 # test_backup writes hostile archives into the backup store with libarchive.

@@ -42,9 +42,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../runtime/place.h"
 #include "../../runtime/util.h"
 #include "../support/harness.h"
+#include "../support/shard_of.h"
 #include "../support/httpapi.h"
 #include "../support/sdk.h"
 
@@ -141,16 +141,11 @@ sh(sbx_client *c, const char *id, const char *cmd, int *code)
     return out;
 }
 
-/* The index of the shard of the private daemon that owns id (sbxd dev's
- * placement: runtime/place.h over its shard names). */
+/* The shard of the 2-shard `live` deployment that owns id (0 or 1). */
 static int
 owner(const char *id)
 {
-    char n0[96], n1[96];
-    snprintf(n0, sizeof(n0), "%s-s0", live->name);
-    snprintf(n1, sizeof(n1), "%s-s1", live->name);
-    const char *names[] = {n0, n1};
-    return sbx_place_owner(names, 2, sbx_place_partition(id, strlen(id)));
+    return test_shard_of(live->name, 2, id);
 }
 
 /* A new ID owned by shard `want` (same == true) or by the other one. */

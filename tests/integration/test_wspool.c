@@ -38,9 +38,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "../../runtime/place.h"
 #include "../../runtime/util.h"
 #include "../support/harness.h"
+#include "../support/shard_of.h"
 
 static struct testd *live;
 
@@ -438,11 +438,7 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
 static int
 owner(const char *id)
 {
-    char n0[96], n1[96];
-    snprintf(n0, sizeof(n0), "%s-s0", live->name);
-    snprintf(n1, sizeof(n1), "%s-s1", live->name);
-    const char *names[] = {n0, n1};
-    return sbx_place_owner(names, 2, sbx_place_partition(id, strlen(id)));
+    return test_shard_of(live->name, 2, id);
 }
 
 /*
