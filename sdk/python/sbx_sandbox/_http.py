@@ -241,8 +241,10 @@ class Transport:
                 hdrs["X-Sbx-Timeout-Ms"] = str(min(max(1, int(left * 1000)), _MAX_SERVER_TIMEOUT_MS))
             conn, reused = self._take(left)
             sock = None
+            sent = False
             try:
                 conn.request(method, path, body=body, headers=hdrs)
+                sent = True
                 sock = conn.sock  # kept: getresponse() may drop conn.sock
                 if sock is not None:
                     sock.settimeout(self._left(deadline, operation))
@@ -257,14 +259,24 @@ class Transport:
                                   operation=operation) from e
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
-                if reused:
+                if reused and not sent:
                     continue  # a kept-alive connection the server had closed: not an attempt
-                attempt += 1
                 last = errors.make("GATEWAY_UNAVAILABLE", f"cannot reach {self.url}: {e}",
                                    operation=operation)
                 last.__cause__ = e
                 if unknown is None:
                     unknown = last  # the request may have been sent
+                if reused:
+                    # The request went out on a kept-alive connection that
+                    # then failed: most likely the server had closed it idle
+                    # (RFC 9112 §9.3.1 lets a client retry then), but it may
+                    # also have received and run it, so the outcome stays
+                    # unknown (X-Sbx-Retry on the next attempt) and a retry's
+                    # "did not run" answer is not the request's.  Not counted
+                    # as an attempt: a stale connection is not the server's
+                    # failure.
+                    continue
+                attempt += 1
                 if attempt > self.retries:
                     raise last
                 self._pause(attempt, deadline, last)
@@ -331,6 +343,16 @@ class Transport:
             sock.settimeout(left)
             b = resp.read1(65536)
             if not b:
+                # read1() never marks a response with a Content-Length as
+                # done (it reads 0 bytes once the length is reached and
+                # keeps the response open), and http.client then refuses the
+                # connection's next request with ResponseNotReady: close it
+                # here, as read() does, so the kept-alive connection can be
+                # used again.  Before, every request on a reused connection
+                # failed that way after it had been sent, and was sent a
+                # second time on a new connection (the fault test saw the
+                # two copies run in either order).
+                resp.close()
                 return b"".join(parts)
             parts.append(b)
 

@@ -172,6 +172,91 @@ def test_a_retry_after_an_undelivered_attempt_is_the_outcome():
         srv.server_close()
 
 
+class KeepAliveFront(BaseHTTPRequestHandler):
+    """HTTP/1.1 with kept-alive connections, like the gateway: records each
+    request (its connection, key and retry mark); with ``drop_nth`` it reads
+    that request and closes the connection without an answer, as a server
+    that closes a kept-alive connection at the wrong moment does."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+    drop_nth = 0
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(n)
+        cls = type(self)
+        cls.seen.append((id(self.connection), self.headers.get("Idempotency-Key"),
+                         self.headers.get("X-Sbx-Retry")))
+        if len(cls.seen) == cls.drop_nth:
+            self.close_connection = True
+            return
+        if len(cls.seen) > cls.drop_nth > 0:
+            body = json.dumps({"code": "WRONG_OWNER", "message": "did not run", "context": {},
+                               "httpStatus": 409}).encode()
+            self.send_response(409)
+        else:
+            body = json.dumps({"success": True, "exitCode": 0, "stdout": "ok\n", "stderr": "",
+                               "duration": 1, "timedOut": False}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def keepalive():
+    KeepAliveFront.seen = []
+    KeepAliveFront.drop_nth = 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveFront)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_each_call_is_sent_once_on_a_kept_alive_connection(keepalive):
+    """Issue 11: every request on a reused connection was sent twice — the
+    body was read with read1(), which never closes the response, so the next
+    request failed with ResponseNotReady after it had gone out and was sent
+    again on a new connection.  The fault test saw the two copies of a write
+    run in either order (the client told STORAGE_FULL while the other copy
+    committed)."""
+    c = SbxClient(f"http://127.0.0.1:{keepalive.server_address[1]}", backoff=0.01)
+    sb = get_sandbox(c, "x")
+    for _ in range(4):
+        assert sb.exec("echo ok").stdout == "ok\n"
+    seen = KeepAliveFront.seen
+    assert len(seen) == 4, seen
+    assert len({k for _, k, _ in seen}) == 4
+    assert len({conn for conn, _, _ in seen}) == 1  # the connection was kept and reused
+
+
+def test_a_request_lost_on_a_kept_alive_connection_is_resent_with_an_unknown_outcome(keepalive):
+    """The server read the second request, then closed the kept-alive
+    connection without an answer: the client sends it again on a new
+    connection with the same key, marked as a retry, and a "did not run"
+    answer to that copy is not the request's outcome (it may have run)."""
+    KeepAliveFront.drop_nth = 2
+    c = SbxClient(f"http://127.0.0.1:{keepalive.server_address[1]}", backoff=0.01)
+    sb = get_sandbox(c, "x")
+    assert sb.exec("echo ok").stdout == "ok\n"
+    with pytest.raises(errors.SandboxError) as ei:
+        sb.exec("echo ok")
+    seen = KeepAliveFront.seen
+    assert len(seen) == 3, seen
+    assert seen[1][1] == seen[2][1]  # the same idempotency key
+    assert seen[1][0] == seen[0][0] and seen[2][0] != seen[1][0]
+    assert [r for _, _, r in seen] == [None, None, "1"]
+    assert ei.value.code == "GATEWAY_UNAVAILABLE", str(ei.value)
+    assert "WRONG_OWNER" in str(ei.value)
+
+
 def test_parse_sse():
     raw = (b"retry: 1000\n\nid: 1\nevent: start\ndata: {\"seq\":1}\n\n: ping\n\n"
            b"id: 2\r\nevent: stdout\r\ndata: a\r\ndata: b\r\n\r\ndata: tail-without-blank\n")
