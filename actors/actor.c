@@ -927,6 +927,15 @@ actor_failed_code(const struct actor *a, uint64_t seq)
     for (unsigned i = 0; i < n; i++)
         if (seq >= a->old_bad[i].lo && seq <= a->old_bad[i].hi)
             return a->old_bad[i].code;
+    /* A range the ring no longer holds: the store remembers every write
+     * that failed.  An exec's reply comes tens of ms after its record write,
+     * and on a full disk every op in between (a status that writes the
+     * record again, each configure) failed a range of its own: with 12 of
+     * them the exec's was forgotten and the exec acknowledged over a record
+     * that never committed (issue 11's fill fault, lost_write).  Only for
+     * decided writes: a write being settled is judged by the ring alone. */
+    if (seq <= a->sh->decided)
+        return sbx_store_failed(a->sh->store, seq);
     return 0;
 }
 

@@ -766,8 +766,8 @@ void actor_commit_failed(struct actor *a, uint64_t seq, int code);
  * container runs any more), and the gate opens. */
 void actor_commit_continue(struct actor *a);
 /* actor_write_failed — whether a reply depending on write seq must fail
- * (seq in a->bad_lo..bad_hi or an earlier range still remembered); never
- * for seq 0.  actor_failed_code — the error of that range, 0 if none. */
+ * (seq in a->bad_lo..bad_hi or an earlier range still remembered, or, once
+ * decided, a write the store failed: sbx_store_failed); never for seq 0.  actor_failed_code — the error of that range, 0 if none. */
 bool actor_write_failed(const struct actor *a, uint64_t seq);
 int actor_failed_code(const struct actor *a, uint64_t seq);
 /* actor_mark_failed — writes of a from seq to its last one failed (or are

@@ -666,6 +666,12 @@ sbx_store_wait(sbx_store *s, uint64_t seq)
     return failed_rc(s, seq);
 }
 
+int
+sbx_store_failed(sbx_store *s, uint64_t seq)
+{
+    return seq ? failed_rc(s, seq) : 0;
+}
+
 uint64_t
 sbx_store_decided(sbx_store *s)
 {

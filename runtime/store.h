@@ -173,6 +173,13 @@ uint64_t sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn
  * the failure code the callback reported for it). */
 int sbx_store_wait(sbx_store *s, uint64_t seq);
 
+/* sbx_store_failed — the failure code of write `seq` if it is decided and
+ * failed, else 0 (committed, or not decided yet).  Never blocks on the
+ * writer and never ends a hold (unlike sbx_store_wait); every failed range
+ * is remembered for the store's lifetime, so it answers for writes decided
+ * long ago.  Thread-safe. */
+int sbx_store_failed(sbx_store *s, uint64_t seq);
+
 /* sbx_store_decided — the highest sequence number up to which every write
  * is decided (writes are decided in order; 0 before the first).  Does not
  * block on the writer.  Thread-safe. */

@@ -717,3 +717,40 @@ Test(actor, an_exec_whose_record_write_failed_stays_failed_after_later_failures)
         cr_expect_str_eq(b.code, "STORAGE_FULL", "the exec's answer");
     rep_free(&r);
 }
+
+/* Issue 11's fill fault once more (the lost write left after the Python
+ * SDK's double sends were fixed): an exec on a new sandbox whose record
+ * write failed, then a dozen more failed writes of that sandbox (each
+ * configure, and each status that writes the record again, fails a range
+ * of its own) before the exec's reply comes: the actor remembered only its
+ * last 8 failed ranges, forgot the exec's, and acknowledged the exec over a
+ * record that never committed — the sandbox was gone after a restart.  A
+ * failure too old for the ring is now read from the store, which keeps
+ * every failed range. */
+Test(actor, an_exec_whose_record_write_failed_stays_failed_after_a_dozen_later_failures)
+{
+    snprintf(fail_key, sizeof(fail_key), "sb-d");
+    atomic_store(&fail_on, true);
+    struct bg_exec b = {.sandbox = "sb-d", .command = "sleep:1500"};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bg_exec_main, &b), 0);
+    nap_ms(300); /* the exec runs; its sandbox's creating write has failed */
+    for (int i = 0; i < 12; i++) {
+        char args[64];
+        snprintf(args, sizeof(args), "{\"sleepAfter\": %d}", 200 + i);
+        struct rep r = call("sandbox.configure", "sb-d", args);
+        cr_expect_not(r.ok, "configure %d: a write that failed was acknowledged", i);
+        rep_free(&r);
+    }
+    pthread_join(th, NULL); /* the disk stays full until the restart, as in the fault run */
+    cr_log_info("exec on sb-d after 12 failed writes: %s", b.ok ? "ok" : b.code);
+
+    restart_shard();
+    atomic_store(&fail_on, false);
+    struct rep r = call("status", "sb-d", NULL);
+    cr_expect(!b.ok || r.ok,
+              "the exec was acknowledged, but its sandbox is gone after a restart (%s)", r.code);
+    if (!b.ok)
+        cr_expect_str_eq(b.code, "STORAGE_FULL", "the exec's answer");
+    rep_free(&r);
+}
