@@ -112,6 +112,16 @@ actor_get(struct shard *sh, const char *id, bool load)
     size_t imglen = q ? q->len : vn;
     if (q)
         a->last_seq = q->seq;
+    else if (cluster_on(sh))
+        /* Committed here is not yet in etcd: its replication may still
+         * fail (WRONG_OWNER), and the sandbox's next owner serves what etcd
+         * holds.  A fresh actor's replies wait for its partition's last
+         * write and fail with it — a destroy's delete above all, whose
+         * actor was freed once its container had stopped: a status then
+         * answered SANDBOX_NOT_FOUND while the destroy was about to fail
+         * (issue 11, note 12 of docs/cluster.md; tests/cluster/test_claim.c
+         * t24). */
+        a->last_seq = sh->part_seq[a->part];
     if (rc == 0 || rc == -ENOENT) {
         if (img && sbx_record_decode(img, imglen, &a->rec) == 0) {
             a->exists = true;
