@@ -113,15 +113,14 @@ actor_get(struct shard *sh, const char *id, bool load)
     if (q)
         a->last_seq = q->seq;
     else if (cluster_on(sh))
-        /* Committed here is not yet in etcd: its replication may still
-         * fail (WRONG_OWNER), and the sandbox's next owner serves what etcd
-         * holds.  A fresh actor's replies wait for its partition's last
-         * write and fail with it — a destroy's delete above all, whose
-         * actor was freed once its container had stopped: a status then
-         * answered SANDBOX_NOT_FOUND while the destroy was about to fail
-         * (issue 11, note 12 of docs/cluster.md; tests/cluster/test_claim.c
-         * t24). */
-        a->last_seq = sh->part_seq[a->part];
+        /* A destroy's delete committed here but not yet in etcd: its
+         * replication may still fail (WRONG_OWNER), and the sandbox's next
+         * owner serves what etcd holds.  The destroy freed its actor once
+         * its container had stopped, so a status then answered
+         * SANDBOX_NOT_FOUND while the destroy was about to fail (issue 11,
+         * note 12 of docs/cluster.md; tests/cluster/test_claim.c t24): a
+         * fresh actor's replies wait for such a delete and fail with it. */
+        a->last_seq = shard_unreplicated_delete(sh, id);
     if (rc == 0 || rc == -ENOENT) {
         if (img && sbx_record_decode(img, imglen, &a->rec) == 0) {
             a->exists = true;

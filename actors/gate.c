@@ -223,9 +223,38 @@ settle_writes(struct shard *sh, uint64_t first, uint64_t last, int rc)
             w->img = NULL;
             a->restore = false;
         }
+        if (!w->img && rc == 0 && cluster_on(sh)) {
+            /* A committed delete: kept until its replication is decided
+             * (shard_unreplicated_delete). */
+            w->next = NULL;
+            if (sh->rd_tail)
+                sh->rd_tail->next = w;
+            else
+                sh->rd_head = w;
+            sh->rd_tail = w;
+            continue;
+        }
         free(w->img);
         free(w);
     }
+}
+
+uint64_t
+shard_unreplicated_delete(struct shard *sh, const char *id)
+{
+    /* Replication is in write order: the decided ones are at the head. */
+    while (sh->rd_head && cluster_gate_open(sh, sh->rd_head->seq)) {
+        struct pwrite *w = sh->rd_head;
+        sh->rd_head = w->next;
+        if (!sh->rd_head)
+            sh->rd_tail = NULL;
+        free(w);
+    }
+    uint64_t seq = 0;
+    for (const struct pwrite *w = sh->rd_head; w; w = w->next)
+        if (!strcmp(w->id, id))
+            seq = w->seq;
+    return seq;
 }
 
 static void

@@ -759,6 +759,11 @@ out:
         free(w->img);
         free(w);
     }
+    while (sh->rd_head) {
+        struct pwrite *w = sh->rd_head;
+        sh->rd_head = w->next;
+        free(w);
+    }
     idem_free_all(sh);
     sbx_net_free(sh->net); /* after every container: their slots are detached */
     sbx_wspool_close(sh->wspool); /* after every container: the kernel drops it with them */

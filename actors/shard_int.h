@@ -405,6 +405,9 @@ struct shard {
      * made in that callback, commits with it (gate.c hold_store). */
     bool store_held;
     struct pwrite *pw_head, *pw_tail; /* record writes not yet decided, in order */
+    /* In a cluster: deletes committed here whose replication to etcd is not
+     * yet decided, oldest first (gate.c shard_unreplicated_delete). */
+    struct pwrite *rd_head, *rd_tail;
     struct actor *cwait;        /* actors whose gate op waits for a commit (cw_seq) */
 
     struct shard_workers work; /* shard_work.c */
@@ -788,6 +791,11 @@ void shard_fork_sweep(struct shard *sh);
  * NULL: not in memory (!load), or the store could not be read.  The shard
  * owns the actor. */
 struct actor *actor_get(struct shard *sh, const char *id, bool load);
+/* shard_unreplicated_delete — in a cluster, the write of sandbox id's
+ * delete if it is committed in LMDB but its replication to etcd is not
+ * decided yet (a reply on the sandbox must wait for it and fail with it),
+ * else 0.  Forgets the deletes whose replication is decided. */
+uint64_t shard_unreplicated_delete(struct shard *sh, const char *id);
 /* actor_queued_write — the last store write of sandbox id not yet decided
  * (sh->pw_head), or NULL (borrowed). */
 const struct pwrite *actor_queued_write(const struct shard *sh, const char *id);
