@@ -561,7 +561,7 @@ soak: $(SOAK_BINS)
 #                      and FAULTS_SHARD_KILLS (200) random shard kills during container
 #                      creation that must leave nothing behind (test_shard_kill; make test: 40)
 #   make faults-smoke  the checker's unit tests, then FAULTS_SMOKE_EVENTS (40) shard kill -9 /
-#                      SIGSTOP events on `sbxd dev`, then 20 kills under a create/destroy-heavy
+#                      SIGSTOP / full data tmpfs events on `sbxd dev`, then 20 kills under a create/destroy-heavy
 #                      workload (--mix lifecycle: the answers a retry must not change) (make test)
 FAULTS_EVENTS       ?= 300
 FAULTS_SMOKE_EVENTS ?= 40
@@ -571,7 +571,7 @@ FAULTS_ENV  := SBX_BIN=$(or $(SBX_BIN),$(CURDIR)/bin) PYTHONDONTWRITEBYTECODE=1
 .PHONY: faults faults-smoke
 faults-smoke: $(FAULTS_BINS)
 	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py
-	@$(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_SMOKE_EVENTS) --faults kill,stop
+	@$(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_SMOKE_EVENTS) --faults kill,stop,fill
 	@$(FAULTS_ENV) python3 tests/faults/faults.py --events 20 --faults kill --mix lifecycle \
 	    --clients 12 --keys 12
 faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
