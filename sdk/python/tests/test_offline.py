@@ -11,6 +11,21 @@ import pytest
 from sbx_sandbox import SbxClient, errors, get_sandbox, parse_sse
 
 
+EXEC_OK = {"success": True, "exitCode": 0, "stdout": "ok\n", "stderr": "", "duration": 1,
+           "timedOut": False}
+
+
+def answer(handler: BaseHTTPRequestHandler, status: int, obj) -> None:
+    """Send obj as a JSON response with a Content-Length (the connection
+    can then be kept alive)."""
+    body = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class FlakyFront(BaseHTTPRequestHandler):
     """Answers 503 SHARD_UNAVAILABLE `fail` times, then success."""
 
@@ -27,17 +42,10 @@ class FlakyFront(BaseHTTPRequestHandler):
         type(self).keys.append(self.headers.get("Idempotency-Key"))
         type(self).clients.append(self.headers.get("X-Sbx-Client"))
         if len(type(self).keys) <= type(self).fail:
-            body = json.dumps({"code": "SHARD_UNAVAILABLE", "message": "shard down",
-                               "context": {}, "httpStatus": 503}).encode()
-            self.send_response(503)
+            answer(self, 503, {"code": "SHARD_UNAVAILABLE", "message": "shard down",
+                               "context": {}, "httpStatus": 503})
         else:
-            body = json.dumps({"success": True, "exitCode": 0, "stdout": "ok\n", "stderr": "",
-                               "duration": 1, "timedOut": False}).encode()
-            self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            answer(self, 200, EXEC_OK)
 
 
 @pytest.fixture
@@ -93,13 +101,8 @@ class UnknownThenRefused(BaseHTTPRequestHandler):
             code, status = "SHARD_UNAVAILABLE", 503
         else:
             code, status = "WRONG_OWNER", 409
-        body = json.dumps({"code": code, "message": code.lower(), "context": {},
-                           "httpStatus": status}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer(self, status, {"code": code, "message": code.lower(), "context": {},
+                              "httpStatus": status})
 
 
 def test_a_retry_refused_after_an_unknown_attempt_stays_unknown():
@@ -141,13 +144,8 @@ class NotDeliveredThenMissing(BaseHTTPRequestHandler):
             code, status, ctx = "SHARD_UNAVAILABLE", 503, {"ran": False}
         else:
             code, status, ctx = "SANDBOX_NOT_FOUND", 404, {}
-        body = json.dumps({"code": code, "message": code.lower(), "context": ctx,
-                           "httpStatus": status}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer(self, status, {"code": code, "message": code.lower(), "context": ctx,
+                              "httpStatus": status})
 
     do_POST = do_GET
 
@@ -195,17 +193,10 @@ class KeepAliveFront(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if len(cls.seen) > cls.drop_nth > 0:
-            body = json.dumps({"code": "WRONG_OWNER", "message": "did not run", "context": {},
-                               "httpStatus": 409}).encode()
-            self.send_response(409)
+            answer(self, 409, {"code": "WRONG_OWNER", "message": "did not run", "context": {},
+                               "httpStatus": 409})
         else:
-            body = json.dumps({"success": True, "exitCode": 0, "stdout": "ok\n", "stderr": "",
-                               "duration": 1, "timedOut": False}).encode()
-            self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            answer(self, 200, EXEC_OK)
 
 
 @pytest.fixture
