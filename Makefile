@@ -385,6 +385,10 @@ $(call objs,asan,$(INTERP_TESTS) tests/integration/interp_util.c): tests/integra
 FAULT_TESTS := tests/integration/test_faults.c tests/integration/test_faults_outages.c
 $(patsubst %.c,build/asan/%,$(FAULT_TESTS)): build/asan/obj/tests/integration/faults_util.o
 $(call objs,asan,$(FAULT_TESTS) tests/integration/faults_util.c): tests/integration/faults_util.h
+# And the egress tests' two on one test host (tests/integration/egress_util.h).
+EGRESS_HOST_TESTS := tests/integration/test_egress_dns.c tests/integration/test_egress_traffic.c
+$(patsubst %.c,build/asan/%,$(EGRESS_HOST_TESTS)): build/asan/obj/tests/integration/egress_util.o
+$(call objs,asan,$(EGRESS_HOST_TESTS) tests/integration/egress_util.c): tests/integration/egress_util.h
 
 TEST_BINS := $(patsubst %.c,build/asan/%,$(UNIT_TESTS) $(INTEG_TESTS))
 
