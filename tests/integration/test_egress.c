@@ -10,7 +10,7 @@
  * The test host is a network namespace this test makes ("<prefix>egr<pid>"),
  * joined to the host by a veth pair ("egh<pid>" on the host side) with a /30
  * of 198.18.0.0/16 (RFC 2544 benchmarking: not private, so an egress policy
- * may open it; test_egress_dns takes 198.19.0.0/16, so the two never meet) and an HTTP-ish server in it on port 8080.  The host side of
+ * may open it; test_egress_dns and test_egress_traffic take 198.19.0.0/16 (egress_util.c), so they never meet) and an HTTP-ish server in it on port 8080.  The host side of
  * the veth forwards (net.ipv4.conf.egh<pid>.forwarding, which goes with the
  * veth), so that the replies reach the shard's router.  Everything is removed
  * by name and pid in the fixture's fini; tools/leftovers.sh lists the netns
