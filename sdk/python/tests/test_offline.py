@@ -172,7 +172,7 @@ def test_a_retry_after_an_undelivered_attempt_is_the_outcome():
 
 class KeepAliveFront(BaseHTTPRequestHandler):
     """HTTP/1.1 with kept-alive connections, like the gateway: records each
-    request (its connection, key and retry mark); with ``drop_nth`` it reads
+    request (its connection by client port, key and retry mark); with ``drop_nth`` it reads
     that request and closes the connection without an answer, as a server
     that closes a kept-alive connection at the wrong moment does."""
 
@@ -187,7 +187,7 @@ class KeepAliveFront(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", 0))
         self.rfile.read(n)
         cls = type(self)
-        cls.seen.append((id(self.connection), self.headers.get("Idempotency-Key"),
+        cls.seen.append((self.client_address[1], self.headers.get("Idempotency-Key"),
                          self.headers.get("X-Sbx-Retry")))
         if len(cls.seen) == cls.drop_nth:
             self.close_connection = True
