@@ -8,7 +8,10 @@
 # Why: nng 1.5.2's listeners stop accepting for good after one connection
 # reset during the TLS/SP handshake (docs/cluster.md, "The patched nng"); upstream
 # fixed it in 1.6.0, which Debian does not ship.  The fix is
-# tools/nng/0001-*.patch.
+# tools/nng/0001-*.patch.  And its nng_close can wait forever after a peer
+# dropped a pipe in the middle of a long send (docs/cluster.md, the same
+# section); nng 2.0 removed the cause, no 1.x release did: sbx's fix is
+# tools/nng/0002-*.patch.
 #
 # Idempotent and cached: OUTDIR/.stamp holds a hash of this script and the
 # patches; when it matches and the library is there, the script exits at once.
