@@ -942,8 +942,10 @@ actor_failed_code(const struct actor *a, uint64_t seq)
      * record again, each configure) failed a range of its own: with 12 of
      * them the exec's was forgotten and the exec acknowledged over a record
      * that never committed (issue 11's fill fault, lost_write).  Only for
-     * decided writes: a write being settled is judged by the ring alone. */
-    if (seq <= a->sh->decided)
+     * decided writes: a write being settled is judged by the ring alone.
+     * Commit notes are handled in order, so with no failure among those up
+     * to sh->decided the store need not be asked (its mutex, per reply). */
+    if (seq <= a->sh->decided && a->sh->store_failures)
         return sbx_store_failed(a->sh->store, seq);
     return 0;
 }

@@ -132,6 +132,7 @@ repl_done(sbx_loop *l, void *arg)
     }
     if (c->outhead == c->nout)
         c->outhead = c->nout = 0;
+    shard_forget_replicated_deletes(sh);
     shard_release_held(sh);
     free(d);
 }

@@ -239,8 +239,8 @@ settle_writes(struct shard *sh, uint64_t first, uint64_t last, int rc)
     }
 }
 
-uint64_t
-shard_unreplicated_delete(struct shard *sh, const char *id)
+void
+shard_forget_replicated_deletes(struct shard *sh)
 {
     /* Replication is in write order: the decided ones are at the head. */
     while (sh->rd_head && cluster_gate_open(sh, sh->rd_head->seq)) {
@@ -250,6 +250,12 @@ shard_unreplicated_delete(struct shard *sh, const char *id)
             sh->rd_tail = NULL;
         free(w);
     }
+}
+
+uint64_t
+shard_unreplicated_delete(struct shard *sh, const char *id)
+{
+    shard_forget_replicated_deletes(sh);
     uint64_t seq = 0;
     for (const struct pwrite *w = sh->rd_head; w; w = w->next)
         if (!strcmp(w->id, id))
@@ -266,6 +272,7 @@ commit_loop(sbx_loop *l, void *arg)
     int code = n->rc == SBX_E_STORAGE_FULL ? SBX_E_STORAGE_FULL : SBX_E_STORAGE;
     settle_writes(sh, n->first, n->last, n->rc ? code : 0);
     if (n->rc != 0) {
+        sh->store_failures++;
         /* Replies of writes with no actor (any more) in the range. */
         struct held **pp = &sh->held;
         while (*pp) {

@@ -387,6 +387,7 @@ struct shard {
 
     /* output gate */
     uint64_t decided;           /* every write ≤ this has a result */
+    uint64_t store_failures;    /* failed store batches decided (commit_loop) */
     /* Per partition, the last store write of a record of it (put or
      * delete).  Outlives the actors: a destroyed sandbox's actor is freed
      * while its delete may still be uncommitted, and a handoff must not copy
@@ -796,6 +797,10 @@ struct actor *actor_get(struct shard *sh, const char *id, bool load);
  * decided yet (a reply on the sandbox must wait for it and fail with it),
  * else 0.  Forgets the deletes whose replication is decided. */
 uint64_t shard_unreplicated_delete(struct shard *sh, const char *id);
+/* shard_forget_replicated_deletes — drop the deletes of sh->rd_head whose
+ * replication is decided; called when a replication batch is decided
+ * (cluster_repl.c repl_done), so the list holds only what is in flight. */
+void shard_forget_replicated_deletes(struct shard *sh);
 /* actor_queued_write — the last store write of sandbox id not yet decided
  * (sh->pw_head), or NULL (borrowed). */
 const struct pwrite *actor_queued_write(const struct shard *sh, const char *id);
