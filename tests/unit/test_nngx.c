@@ -155,6 +155,20 @@ tcp_listen_any(int *port)
     return fd;
 }
 
+/* A test PKI tagged tag in *p with one node certificate, and *sec the
+ * node's TLS identity from it (sbx_nng_sec_close and tlstest_pki_remove
+ * undo them). */
+static void
+node_identity(struct tlstest_pki *p, const char *tag, sbx_nng_sec *sec)
+{
+    sbx_err_t err = NULL;
+    tlstest_pki_make(p, tag, (const char *[]){"node", NULL});
+    cr_assert_eq(sbx_nng_sec_open(sec, tlstest_pem(p->ca, "ca", "pem"),
+                                  tlstest_pem(p->ca, "node", "pem"),
+                                  tlstest_pem(p->ca, "node", "key"), false, &err),
+                 0, "%s", sbx_err_msg(err));
+}
+
 /* Issue 11's stalled tls+tcp:// listener, gone.  nng 1.5.2's TLS transport
  * reported a handshake/negotiation that failed with NNG_ECLOSED (a peer's
  * reset racing the server's own send: the TCP layer closed the descriptor,
@@ -172,13 +186,9 @@ tcp_listen_any(int *port)
 Test(nngx, a_listener_keeps_serving_through_reset_handshakes, .timeout = 120)
 {
     struct tlstest_pki p = {.dir = ""};
-    tlstest_pki_make(&p, "nngx", (const char *[]){"node", NULL});
     sbx_nng_sec sec = {0};
     sbx_err_t err = NULL;
-    cr_assert_eq(sbx_nng_sec_open(&sec, tlstest_pem(p.ca, "ca", "pem"),
-                                  tlstest_pem(p.ca, "node", "pem"),
-                                  tlstest_pem(p.ca, "node", "key"), false, &err),
-                 0, "%s", sbx_err_msg(err));
+    node_identity(&p, "nngx", &sec);
 
     int port;
     close(tcp_listen_any(&port)); /* a free port (nng binds it with SO_REUSEADDR) */
@@ -312,18 +322,13 @@ close_load_run(const char *url, nng_tls_config *tls, int secs, int nthreads, lon
  * process.  Fixed by tools/nng/0002-*.patch (a closed pipe fails its queued
  * aios instead of restarting).  Here ipc://, tcp:// and tls+tcp:// each take
  * 3 s of 4 clients sending 2 MiB frames to a peer that accepts 64 KiB.
- * Without the patch ipc:// hangs within the first hundred closes and tcp://
- * within about a thousand (2026-11-29, this machine). */
+ * Without the patch ipc:// and tls+tcp:// hang within the first hundred
+ * closes and tcp:// within about a thousand (2026-11-29, this machine). */
 Test(nngx, closing_a_req_socket_whose_peer_dropped_an_oversized_frame_returns, .timeout = 240)
 {
     struct tlstest_pki p = {.dir = ""};
-    tlstest_pki_make(&p, "nngxclose", (const char *[]){"node", NULL});
     sbx_nng_sec sec = {0};
-    sbx_err_t err = NULL;
-    cr_assert_eq(sbx_nng_sec_open(&sec, tlstest_pem(p.ca, "ca", "pem"),
-                                  tlstest_pem(p.ca, "node", "pem"),
-                                  tlstest_pem(p.ca, "node", "key"), false, &err),
-                 0, "%s", sbx_err_msg(err));
+    node_identity(&p, "nngxclose", &sec);
     char ipc[96], tcp[64], tls[64];
     int port;
     snprintf(ipc, sizeof(ipc), "ipc:///tmp/sbx-nngx-close-%d.sock", (int)getpid());
