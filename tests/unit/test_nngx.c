@@ -16,8 +16,9 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
-#include <pthread.h>
 #include <nng/supplemental/tls/tls.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,53 +219,90 @@ Test(nngx, a_listener_keeps_serving_through_reset_handshakes, .timeout = 120)
     tlstest_pki_remove(&p);
 }
 
-/* The close hang's load: clients that each, until a deadline, open a REQ
- * socket, send one frame far above the peer's RECVMAXSZ (the peer's
- * transport drops the pipe after reading the frame's header, while this
- * side is still writing), wait 20 ms for a reply that cannot come, and
- * close.  Shared by the client threads; done/cv under mu. */
+/* The close hang's loads.  Clients that each, until a deadline, open a REQ
+ * socket, send one request, wait for its reply and close:
+ *   CLOSE_OVERSIZED     a 2 MiB request to a peer whose RECVMAXSZ is 64 KiB:
+ *                       the peer's transport drops the pipe after the
+ *                       frame's header while this side is still writing; a
+ *                       20 ms wait for the reply that cannot come;
+ *   CLOSE_DURING_REPLY  a 16-byte request to a peer that echoes two in
+ *                       three, and another thread closes the socket 0-2 ms
+ *                       after the dial, while the reply may be arriving
+ *                       (nanomsg/nng#1813's reproducer, here with a 50 ms
+ *                       receive timeout).
+ * Shared by the client threads; done/cv and the counts under mu. */
+enum close_mode { CLOSE_OVERSIZED, CLOSE_DURING_REPLY };
+
 struct close_load {
     const char *url;
     nng_tls_config *tls; /* the client config for tls+tcp://, else NULL */
-    size_t frame;        /* bytes per frame */
+    enum close_mode mode;
     struct timespec until;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int done;   /* client threads finished */
+    int done;    /* client threads finished */
     long closes; /* nng_close calls that returned */
-    int failed; /* opens or dials that failed (the test asserts 0) */
+    int failed;  /* opens or dials that failed (the test asserts 0) */
 };
+
+/* CLOSE_DURING_REPLY's closer: close s after us microseconds. */
+struct closer {
+    nng_socket s;
+    unsigned us;
+};
+
+static void *
+closer_main(void *arg)
+{
+    struct closer *c = arg;
+    usleep(c->us);
+    nng_close(c->s); /* a call that hung */
+    return NULL;
+}
+
+static bool
+past(const struct timespec *t)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec > t->tv_sec || (now.tv_sec == t->tv_sec && now.tv_nsec >= t->tv_nsec);
+}
 
 static void *
 close_load_client(void *arg)
 {
     struct close_load *L = arg;
-    for (;;) {
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > L->until.tv_sec ||
-            (now.tv_sec == L->until.tv_sec && now.tv_nsec >= L->until.tv_nsec))
-            break;
-        nng_socket s;
+    unsigned seed = (unsigned)(uintptr_t)&seed;
+    bool oversized = L->mode == CLOSE_OVERSIZED;
+    size_t frame = oversized ? 2u << 20 : 16;
+    while (!past(&L->until)) {
+        struct closer c = {.us = (unsigned)rand_r(&seed) % 2000};
         nng_dialer d;
+        pthread_t t;
         nng_msg *m = NULL, *r = NULL;
-        bool ok = nng_req0_open(&s) == 0;
+        bool ok = nng_req0_open(&c.s) == 0;
         if (!ok)
             goto count;
-        nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 20);
-        nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 20);
-        nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-        ok = nng_dialer_create(&d, s, L->url) == 0 &&
+        nng_socket_set_ms(c.s, NNG_OPT_RECVTIMEO, oversized ? 20 : 50);
+        nng_socket_set_ms(c.s, NNG_OPT_SENDTIMEO, oversized ? 20 : 50);
+        nng_socket_set_ms(c.s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+        ok = nng_dialer_create(&d, c.s, L->url) == 0 &&
              (!L->tls || nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, L->tls) == 0) &&
-             nng_dialer_start(d, 0) == 0 && nng_msg_alloc(&m, L->frame) == 0;
-        if (ok) {
-            memset(nng_msg_body(m), 0xab, L->frame);
-            if (nng_sendmsg(s, m, 0) != 0)
-                nng_msg_free(m);
-            else if (nng_recvmsg(s, &r, 0) == 0)
-                nng_msg_free(r);
+             nng_dialer_start(d, 0) == 0 && nng_msg_alloc(&m, frame) == 0;
+        if (!ok) {
+            nng_close(c.s);
+            goto count;
         }
-        nng_close(s); /* the call that hung */
+        memset(nng_msg_body(m), 0xab, frame);
+        bool closer = !oversized && pthread_create(&t, NULL, closer_main, &c) == 0;
+        if (nng_sendmsg(c.s, m, 0) != 0)
+            nng_msg_free(m);
+        else if (nng_recvmsg(c.s, &r, 0) == 0)
+            nng_msg_free(r);
+        if (closer)
+            pthread_join(t, NULL);
+        else
+            nng_close(c.s); /* the call that hung */
     count:
         pthread_mutex_lock(&L->mu);
         L->closes += ok;
@@ -278,15 +316,16 @@ close_load_client(void *arg)
     return NULL;
 }
 
-/* Run the load against url for secs seconds with nthreads clients; true when
- * every client returned within 30 s of the deadline (each iteration takes
- * well under a second).  A client stuck in nng_close is left behind (the
- * test fails; Criterion's process for it ends). */
+/* Run the load of mode against url for secs seconds with nthreads clients;
+ * true when every client returned within 30 s of the deadline (each
+ * iteration takes well under a second).  A client stuck in nng_close is left
+ * behind (the test fails; Criterion's process for it ends). */
 static bool
-close_load_run(const char *url, nng_tls_config *tls, int secs, int nthreads, long *closes)
+close_load_run(const char *url, nng_tls_config *tls, enum close_mode mode, int secs,
+               int nthreads, long *closes)
 {
     static struct close_load L; /* outlives a hung client */
-    L = (struct close_load){.url = url, .tls = tls, .frame = 2u << 20};
+    L = (struct close_load){.url = url, .tls = tls, .mode = mode};
     pthread_mutex_init(&L.mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -312,26 +351,31 @@ close_load_run(const char *url, nng_tls_config *tls, int secs, int nthreads, lon
     return all;
 }
 
-/* nng 1.5.2's close that never returned (seen once in a fresh-clone run:
- * test_daemon's raw REQ socket, whose oversized request the gateway dropped,
- * hung in nng_close).  The SP transports move a long message in several
- * writes and restart their transfer aio after each; a pipe closed between
- * two (the peer dropped it) had already stopped that aio, the restart
- * silently did nothing, and the protocol's send aio waited forever: the
- * reaper hung in req0_pipe_stop and with it every later nng_close in the
- * process.  Fixed by tools/nng/0002-*.patch (a closed pipe fails its queued
- * aios instead of restarting).  Here ipc://, tcp:// and tls+tcp:// each take
- * 3 s of 4 clients sending 2 MiB frames to a peer that accepts 64 KiB.
- * Without the patch ipc:// and tls+tcp:// hang within the first hundred
- * closes and tcp:// within about a thousand (2026-11-29, this machine). */
-Test(nngx, closing_a_req_socket_whose_peer_dropped_an_oversized_frame_returns, .timeout = 240)
+/* The REP side of CLOSE_DURING_REPLY: echo two requests in three, until the
+ * socket is closed. */
+static void *
+echo_main(void *arg)
+{
+    nng_socket rep = *(nng_socket *)arg;
+    unsigned n = 0;
+    nng_msg *m;
+    while (nng_recvmsg(rep, &m, 0) == 0)
+        if (++n % 3 == 0 || nng_sendmsg(rep, m, 0) != 0)
+            nng_msg_free(m);
+    return NULL;
+}
+
+/* The load of mode over ipc://, tcp:// and tls+tcp://, 3 s of 4 clients
+ * each, against a REP socket whose RECVMAXSZ is 64 KiB. */
+static void
+close_test(enum close_mode mode, const char *tag)
 {
     struct tlstest_pki p = {.dir = ""};
     sbx_nng_sec sec = {0};
-    node_identity(&p, "nngxclose", &sec);
+    node_identity(&p, tag, &sec);
     char ipc[96], tcp[64], tls[64];
     int port;
-    snprintf(ipc, sizeof(ipc), "ipc:///tmp/sbx-nngx-close-%d.sock", (int)getpid());
+    snprintf(ipc, sizeof(ipc), "ipc:///tmp/sbx-%s-%d.sock", tag, (int)getpid());
     close(tcp_listen_any(&port));
     snprintf(tcp, sizeof(tcp), "tcp://127.0.0.1:%d", port);
     close(tcp_listen_any(&port));
@@ -342,14 +386,18 @@ Test(nngx, closing_a_req_socket_whose_peer_dropped_an_oversized_frame_returns, .
         bool is_tls = i == 2;
         nng_socket rep;
         nng_listener l;
+        pthread_t echo;
         cr_assert_eq(nng_rep0_open(&rep), 0);
         cr_assert_eq(nng_socket_set_size(rep, NNG_OPT_RECVMAXSZ, 64u << 10), 0);
         cr_assert_eq(nng_listener_create(&l, rep, urls[i]), 0);
         if (is_tls)
             cr_assert_eq(nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, sec.server), 0);
         cr_assert_eq(nng_listener_start(l, 0), 0, "listen %s", urls[i]);
+        if (mode == CLOSE_DURING_REPLY)
+            cr_assert_eq(pthread_create(&echo, NULL, echo_main, &rep), 0);
         long closes = 0;
-        bool returned = close_load_run(urls[i], is_tls ? sec.client : NULL, 3, 4, &closes);
+        bool returned =
+            close_load_run(urls[i], is_tls ? sec.client : NULL, mode, 3, 4, &closes);
         cr_log_info("nng %s, %s: %ld closes, %s", nng_version(), urls[i], closes,
                     returned ? "all returned" : "one hung");
         if (!returned) { /* nng's reaper is stuck: no nng_close, just our files */
@@ -358,10 +406,39 @@ Test(nngx, closing_a_req_socket_whose_peer_dropped_an_oversized_frame_returns, .
             cr_assert_fail("nng_close hung over %s after %ld closes (nng %s)", urls[i],
                            closes, nng_version());
         }
-        cr_expect_gt(closes, 20, "too few closes over %s to mean anything", urls[i]);
+        cr_expect_gt(closes, 10, "too few closes over %s to mean anything", urls[i]);
         nng_close(rep);
+        if (mode == CLOSE_DURING_REPLY)
+            pthread_join(echo, NULL);
     }
     unlink(ipc + strlen("ipc://"));
     sbx_nng_sec_close(&sec);
     tlstest_pki_remove(&p);
+}
+
+/* nng 1.5.2's close that never returned (seen once in a fresh-clone run:
+ * test_daemon's raw REQ socket, whose oversized request the gateway dropped,
+ * hung in nng_close).  The SP transports move a long message in several
+ * writes and restart their transfer aio after each; a pipe closed between
+ * two (the peer dropped it) had already stopped that aio, the restart
+ * silently did nothing, and the protocol's send aio waited forever: the
+ * reaper hung in req0_pipe_stop and with it every later nng_close in the
+ * process.  Fixed by tools/nng/0002-*.patch (a closed pipe fails its queued
+ * aios instead of restarting).  Without the patch ipc:// and tls+tcp:// hang
+ * within the first hundred closes and tcp:// within about a thousand
+ * (2026-11-29, this machine). */
+Test(nngx, closing_a_req_socket_whose_peer_dropped_an_oversized_frame_returns, .timeout = 240)
+{
+    close_test(CLOSE_OVERSIZED, "nngxbig");
+}
+
+/* The same on the receive side: a reply is read in two steps (its length,
+ * then its body), and a close between them left the protocol's receive aio
+ * waiting on a stopped transfer aio.  This is nanomsg/nng#1813's reproducer
+ * (nng_close from another thread while nng_recvmsg waits), which that issue
+ * saw hang on 1.7.3.  Without tools/nng/0002-*.patch it hung here after 11
+ * closes over ipc:// and 203 over tcp:// (a standalone loop, 2026-11-29). */
+Test(nngx, closing_a_req_socket_while_its_reply_arrives_returns, .timeout = 240)
+{
+    close_test(CLOSE_DURING_REPLY, "nngxreply");
 }
