@@ -87,6 +87,20 @@ serve(int fd, enum mode mode)
     }
 }
 
+/* In a forked child that will run a daemon of the test host: enter the test
+ * host's network namespace (exit 126 if that fails) and silence its
+ * standard output and error. */
+static void
+daemon_child_enter(void)
+{
+    int nfd = open(ns_path, O_RDONLY | O_CLOEXEC);
+    if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
+        _exit(126);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+}
+
 /* listen_ns — a child listening on 0.0.0.0:port in the test host. */
 static pid_t
 listen_ns(int port, enum mode mode)
@@ -215,12 +229,7 @@ egress_host_up(const char *tag, int half)
     snprintf(la, sizeof(la), "--listen-address=%s", dns_ip);
     dnsmasq_pid = fork();
     if (dnsmasq_pid == 0) {
-        int nfd = open(ns_path, O_RDONLY | O_CLOEXEC);
-        if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
-            _exit(126);
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
+        daemon_child_enter();
         execl("/usr/sbin/dnsmasq", "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
               "--no-resolv", "--no-hosts", "--bind-interfaces", la, "--user=root",
               "--pid-file=", "--local-ttl=3", a1, a2, a3, a4, a5, a6, a7, a8, (char *)NULL);
@@ -238,12 +247,7 @@ egress_host_up(const char *tag, int half)
                  0, "the test repository");
     git_pid = fork();
     if (git_pid == 0) {
-        int nfd = open(ns_path, O_RDONLY | O_CLOEXEC);
-        if (nfd < 0 || setns(nfd, CLONE_NEWNET) < 0)
-            _exit(126);
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
+        daemon_child_enter();
         /* socketserver, not http.server's HTTPServer: that one looks its
          * own address up (getfqdn), with no resolver in the test host. */
         char py[512];
