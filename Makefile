@@ -80,6 +80,8 @@ CONTAINER += container/backup_ignore.c
 CONTAINER += container/ws_xfer.c
 # The XFS workspace pool where the data directory has no reflinks (issue 15).
 CONTAINER += container/ws_pool.c
+# The disk guard: workspaces share out the host's free disk (issue 15).
+CONTAINER += container/ws_guard.c
 AGENT   := container/agent/main.c container/agent/setup.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \

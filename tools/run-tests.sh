@@ -3,7 +3,8 @@
 # binaries of a build (build/asan), SBX_TEST_PARALLEL (2) at a time, and
 # print a table of seconds per binary, the total wall time and one summary
 # line: "tests: N passed, N failed".
-#   unit         tests/unit/test_* (no root, no containers)
+#   unit         tests/unit/test_* (no containers; no root but for test_ws_guard's
+#                loop-mounted workspaces, skipped without it)
 #   integration  tests/integration/test_*
 #   check        what `make check` runs: the unit tests, the fuzz corpus
 #                replay (`make fuzz-replay`) and tests/integration/test_smoke

@@ -1,0 +1,237 @@
+/*
+ * ws_guard.c — the disk guard's pass over running workspaces (ws_guard.h).
+ */
+#include "ws_guard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "../runtime/util.h"
+
+int
+sbx_ws_reserved_path(int mnt_fd, char *buf, size_t n)
+{
+    struct stat st;
+    char link[64], target[512];
+    if (fstat(mnt_fd, &st) < 0)
+        return -errno;
+    snprintf(link, sizeof(link), "/sys/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
+    ssize_t k = readlink(link, target, sizeof(target) - 1);
+    if (k < 0)
+        return -errno;
+    target[k] = '\0';
+    const char *name = strrchr(target, '/');
+    name = name ? name + 1 : target;
+    if ((size_t)snprintf(buf, n, "/sys/fs/ext4/%s/reserved_clusters", name) >= n)
+        return -ENAMETOOLONG;
+    return access(buf, W_OK) == 0 ? 0 : -errno;
+}
+
+/* The number in path, or -errno. */
+static int
+read_u64(const char *path, uint64_t *v)
+{
+    char buf[32];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t k = read(fd, buf, sizeof(buf) - 1);
+    int e = errno;
+    close(fd);
+    if (k <= 0)
+        return k < 0 ? -e : -EIO;
+    buf[k] = '\0';
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(buf, &end, 10);
+    if (errno || end == buf)
+        return -EIO;
+    *v = x;
+    return 0;
+}
+
+static int
+write_u64(const char *path, uint64_t v)
+{
+    char buf[32];
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int len = snprintf(buf, sizeof(buf), "%llu\n", (unsigned long long)v);
+    int rc = write(fd, buf, (size_t)len) == len ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+int64_t
+sbx_ws_shared_bytes(int fd)
+{
+    enum { N = 256 };
+    size_t sz = sizeof(struct fiemap) + N * sizeof(struct fiemap_extent);
+    struct fiemap *fm = sbx_xcalloc(1, sz);
+    int64_t shared = 0;
+    uint64_t start = 0;
+    for (;;) {
+        memset(fm, 0, sz);
+        fm->fm_start = start;
+        fm->fm_length = FIEMAP_MAX_OFFSET - start;
+        fm->fm_extent_count = N;
+        if (ioctl(fd, FS_IOC_FIEMAP, fm) < 0) {
+            shared = -errno;
+            break;
+        }
+        if (fm->fm_mapped_extents == 0)
+            break;
+        bool last = false;
+        for (uint32_t i = 0; i < fm->fm_mapped_extents; i++) {
+            const struct fiemap_extent *x = &fm->fm_extents[i];
+            if (x->fe_flags & FIEMAP_EXTENT_SHARED)
+                shared += (int64_t)x->fe_length;
+            last = last || (x->fe_flags & FIEMAP_EXTENT_LAST);
+            start = x->fe_logical + x->fe_length;
+        }
+        if (last)
+            break;
+    }
+    free(fm);
+    return shared;
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t
+sbx_ws_guard_level(const uint64_t *want, size_t n, uint64_t room)
+{
+    if (n == 0)
+        return UINT64_MAX;
+    uint64_t *w = sbx_xmalloc(n * sizeof(*w));
+    memcpy(w, want, n * sizeof(*w));
+    qsort(w, n, sizeof(*w), cmp_u64);
+    uint64_t level = UINT64_MAX, left = room;
+    /* Ascending: a want under the even share of what is left fits whole;
+     * the first that does not sets the level for it and every larger one. */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t share = left / (n - i);
+        if (w[i] > share) {
+            level = share;
+            break;
+        }
+        left -= w[i];
+    }
+    free(w);
+    return level;
+}
+
+/* What the pass needs of one item, measured. */
+struct meas {
+    char path[300];   /* its reserved_clusters file */
+    uint64_t bsize;   /* ext4's block (= cluster: the images have no bigalloc) */
+    uint64_t blocks;  /* ext4_blocks_count: the image size in blocks (mkfs used it all) */
+    uint64_t resv0;   /* ext4's default reservation, in clusters */
+    uint64_t resv;    /* the reservation now */
+    uint64_t avail;   /* bytes writers could allocate with the default reservation */
+};
+
+static int
+measure(struct sbx_ws_guard_item *it, struct meas *m)
+{
+    struct statvfs vs;
+    struct stat st;
+    int rc = sbx_ws_reserved_path(it->mnt_fd, m->path, sizeof(m->path));
+    if (rc)
+        return rc;
+    if (fstatvfs(it->mnt_fd, &vs) < 0 || fstat(it->img_fd, &st) < 0)
+        return -errno;
+    if ((rc = read_u64(m->path, &m->resv)) != 0)
+        return rc;
+    m->bsize = vs.f_frsize ? vs.f_frsize : 4096;
+    uint64_t size = (uint64_t)st.st_size, alloc = (uint64_t)st.st_blocks * 512;
+    m->blocks = size / m->bsize;
+    m->resv0 = m->blocks / 50 < 4096 ? m->blocks / 50 : 4096;
+    /* f_bavail already has the reservation in force taken off. */
+    int64_t avail_blocks = (int64_t)vs.f_bavail + (int64_t)m->resv - (int64_t)m->resv0;
+    m->avail = avail_blocks > 0 ? (uint64_t)avail_blocks * m->bsize : 0;
+    uint64_t unbacked = size > alloc ? size - alloc : 0;
+    /* Not free in ext4: its metadata, data (dirty data included: f_bfree
+     * has it taken off), blocks fallocate(2) reserved unwritten. */
+    uint64_t freebytes = (uint64_t)vs.f_bfree * m->bsize;
+    uint64_t nonfree = size > freebytes ? size - freebytes : 0;
+    uint64_t held = unbacked < nonfree ? unbacked : nonfree;
+    uint64_t shared = 0;
+    if (it->reflinks) {
+        int64_t s = sbx_ws_shared_bytes(it->img_fd);
+        if (s < 0)
+            return (int)s;
+        shared = (uint64_t)s;
+    }
+    it->fixed = held + shared;
+    /* With what is held, the image grows by at most its holes. */
+    it->want = m->avail < unbacked - held ? m->avail : unbacked - held;
+    return 0;
+}
+
+int
+sbx_ws_guard_pass(struct sbx_ws_guard_item *items, size_t n, uint64_t budget,
+                  struct sbx_ws_guard_sum *sum)
+{
+    struct sbx_ws_guard_sum s = {.level = UINT64_MAX};
+    struct meas *m = n ? sbx_xcalloc(n, sizeof(*m)) : NULL;
+    uint64_t *want = n ? sbx_xcalloc(n, sizeof(*want)) : NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct sbx_ws_guard_item *it = &items[i];
+        it->fixed = it->want = it->free_bytes = 0;
+        it->limited = false;
+        if ((it->rc = measure(it, &m[i])) != 0) {
+            s.failed++;
+            continue;
+        }
+        s.fixed += it->fixed;
+        s.want += it->want;
+        want[k++] = it->want;
+    }
+    if (s.fixed + s.want > budget)
+        s.level = sbx_ws_guard_level(want, k, budget > s.fixed ? budget - s.fixed : 0);
+    for (size_t i = 0; i < n; i++) {
+        struct sbx_ws_guard_item *it = &items[i];
+        if (it->rc)
+            continue;
+        /* The new reservation: the default, or so much more that writers
+         * may allocate only `level` bytes. */
+        uint64_t resv = m[i].resv0;
+        if (it->want > s.level) {
+            uint64_t cut = m[i].avail - s.level; /* avail ≥ want > level */
+            resv += (cut + m[i].bsize - 1) / m[i].bsize;
+            if (resv >= m[i].blocks) /* the kernel's bound (fs/ext4/sysfs.c) */
+                resv = m[i].blocks ? m[i].blocks - 1 : 0;
+        }
+        if (resv != m[i].resv && (it->rc = write_u64(m[i].path, resv)) != 0) {
+            s.failed++;
+            resv = m[i].resv; /* as it was */
+        }
+        it->limited = resv > m[i].resv0;
+        s.limited += it->limited;
+        uint64_t avail_blocks = m[i].avail / m[i].bsize + m[i].resv0;
+        it->free_bytes = avail_blocks > resv ? (avail_blocks - resv) * m[i].bsize : 0;
+    }
+    free(m);
+    free(want);
+    if (sum)
+        *sum = s;
+    return 0;
+}
