@@ -296,8 +296,10 @@ actor_encode_status(struct actor *a, sbx_enc *e)
                             : -1;
         sbx_enc_kint(e, "allocatedBytes", alloc > 0 ? alloc : 0);
         struct statfs sf;
-        if (a->cs == C_RUNNING && a->c.ws && fstatfs(a->c.ws_fd, &sf) == 0)
+        if (a->cs == C_RUNNING && a->c.ws && fstatfs(a->c.ws_fd, &sf) == 0) {
             sbx_enc_kint(e, "usedBytes", (int64_t)((sf.f_blocks - sf.f_bfree) * sf.f_bsize));
+            sbx_enc_kint(e, "freeBytes", (int64_t)(sf.f_bavail * sf.f_bsize));
+        }
         cluster_ws_status(sh, a->id, e); /* snapshots for a failover (ws_snap.c) */
     }
     sbx_enc_end(e);

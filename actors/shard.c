@@ -15,6 +15,7 @@
 #include <nng/nng.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,8 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->backup_max = SBX_BACKUP_MAX_BYTES;
     c->s3_timeout = 30000;
     c->inodes = 262144;
+    c->disk_reserve = 256ull << 20;
+    c->node_shards = 1;
     c->output_cap = 32ull << 20;
     c->setup_timeout = 10000;
     c->map_size = SBX_STORE_MAP_DEFAULT;
@@ -311,6 +314,12 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "storeWrites", (int64_t)writes);
     sbx_enc_kint(&e, "storeFailures", (int64_t)failed);
     sbx_enc_kint(&e, "storeMapBytes", (int64_t)sbx_store_mapsize(sh->store));
+    sbx_enc_kmap(&e, "diskGuard");
+    sbx_enc_kint(&e, "reserveBytes", (int64_t)sh->conf.disk_reserve);
+    sbx_enc_kint(&e, "roomBytes", (int64_t)atomic_load(&sh->dguard.room));
+    sbx_enc_kint(&e, "limited", (int64_t)atomic_load(&sh->dguard.limited));
+    sbx_enc_kint(&e, "passes", (int64_t)atomic_load(&sh->dguard.passes));
+    sbx_enc_end(&e);
     sbx_enc_str(&e, "cluster");
     cluster_encode_status(sh, &e);
     sbx_enc_end(&e);
@@ -397,6 +406,7 @@ sweep_cb(sbx_loop *l, void *arg)
     idem_expire(sh); /* also when no new request comes to push entries out */
     shard_pool_adapt(sh);
     shard_img_pools_adapt(sh);
+    shard_disk_guard(sh);
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -441,6 +451,11 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     }
     if (conf->pool_window < 1000 || conf->pool_window > SHARD_POOL_WINDOW * 1000) {
         sbx_log_error("shard %s: --pool-window must be 1s..%ds", conf->name, SHARD_POOL_WINDOW);
+        rc = SBX_E_VALIDATION;
+        goto out;
+    }
+    if (conf->node_shards < 1 || conf->node_shards > 1024) {
+        sbx_log_error("shard %s: --node-shards must be 1..1024", conf->name);
         rc = SBX_E_VALIDATION;
         goto out;
     }

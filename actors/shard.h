@@ -123,6 +123,13 @@ struct sbx_shard_conf {
                            * <it>/<data's last component> (sbx_wspool_attach; s<i>),
                            * unless the shard has a pool of its own (<data>/wspool.img)
                            * or --ws-pool off */
+    uint64_t disk_reserve; /* bytes the disk guard keeps free on the host file system under
+                            * the workspaces and in their pool: running persistent
+                            * workspaces share out the rest (container/ws_guard.h;
+                            * docs/persistence.md, "When the host disk runs short");
+                            * 0: no guard */
+    int64_t node_shards;  /* shards of this node drawing on that disk (`sbxd dev` sets its
+                           * count): each shares out 1/node_shards of the room; default 1 */
     const struct sbx_nng_sec *sec; /* borrowed (sbxd's, outlives the shard): the TLS identity
                                     * of its listen and its dials to other shards, and whether
                                     * plaintext may listen off loopback; NULL: plaintext on

@@ -363,6 +363,24 @@ struct shard_audit {
     int64_t count;  /* entries in the table (counted at start, then kept) */
 };
 
+/* The disk guard (disk_guard.c; container/ws_guard.h): a pass over the
+ * running persistent workspaces on a thread of its own, at most one at a
+ * time.  Written by that thread, read by the loop (status). */
+struct shard_dguard {
+    _Atomic bool busy;          /* a pass is running */
+    _Atomic bool engaged;       /* the last pass held some workspace below its want */
+    _Atomic uint64_t room;      /* bytes the last pass shared out (this shard's part) */
+    _Atomic uint64_t limited;   /* workspaces the last pass held below their want */
+    _Atomic uint64_t passes;    /* passes run (each found the host short, or ended a cut) */
+};
+
+/* disk_guard.c: called each second by the loop's sweep: when the running
+ * persistent workspaces could grow past this shard's part of the free
+ * disk, start a pass (container/ws_guard.h) on a thread; never blocks on
+ * the workspaces.  Skipped while a pass runs, with --disk-reserve 0, and
+ * once the shard stops (img_stop). */
+void shard_disk_guard(struct shard *sh);
+
 struct shard {
     struct sbx_shard_conf conf;
     sbx_loop *loop;
@@ -437,6 +455,8 @@ struct shard {
     struct shard_metrics mx;   /* metrics.c */
 
     struct shard_audit audit;  /* audit.c */
+
+    struct shard_dguard dguard; /* disk_guard.c */
 };
 
 /* metrics.c: count op's answer (code, time since t0_us) in sh->mx; free

@@ -597,6 +597,19 @@ sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen)
     return -ENOSPC;
 }
 
+int
+sbx_wspool_space(sbx_wspool *p, uint64_t *pool, uint64_t *host)
+{
+    struct statvfs vs;
+    if (fstatvfs(p->mnt, &vs) < 0)
+        return -errno;
+    *pool = (uint64_t)vs.f_bavail * vs.f_frsize;
+    if (statvfs(p->file, &vs) < 0)
+        return -errno;
+    *host = (uint64_t)vs.f_bavail * vs.f_frsize;
+    return 0;
+}
+
 void
 sbx_wspool_describe(sbx_wspool *p, char *buf, size_t n)
 {

@@ -98,6 +98,12 @@ void sbx_wspool_close(sbx_wspool *p);
  * NULL: 0. */
 int sbx_wspool_room(sbx_wspool *p, char *why, size_t whylen);
 
+/* sbx_wspool_space — the bytes free to ordinary writers (statvfs(3)
+ * f_bavail × f_frsize) in the pool (*pool) and on the host file system
+ * holding the (sparse) pool file (*host), for the disk guard
+ * (container/ws_guard.h).  0, or -errno; thread-safe. */
+int sbx_wspool_space(sbx_wspool *p, uint64_t *pool, uint64_t *host);
+
 /* sbx_wspool_trim_soon — after a destroy: FITRIM the pool 1 s and 5 s
  * later on the pool's own thread (coalesced; the loop device turns the
  * discards into holes of the pool file, which gives the host its space

@@ -142,6 +142,11 @@ struct tls_opts {
         {"ws-pool-size", SBX_OPT_SIZE, &(c)->ws_pool_size,                                    \
          "size of a new workspace pool, sparse (default: the data file system's free space; " \
          "at least 320M)"},                                                                  \
+        {"disk-reserve", SBX_OPT_SIZE, &(c)->disk_reserve,                                    \
+         "host disk the running persistent workspaces leave free: past it their writes "      \
+         "get ENOSPC, shared out among them (256M; 0: no guard)"},                            \
+        {"node-shards", SBX_OPT_INT, &(c)->node_shards,                                       \
+         "shards of this node sharing its disk (set by sbxd dev): each guards its share"},    \
         {"preview-domain", SBX_OPT_STR, &(c)->preview_domain,                                 \
          "host of preview URLs: {port}-{id}-{token}.<this> (dev: localhost:<http port>)"},   \
         {"preview-scheme", SBX_OPT_STR, &(c)->preview_scheme,                                 \

@@ -304,6 +304,10 @@ sbxd_cmd_dev(int argc, char **argv)
         argv_add(&av, &n, buf);
         if (node_arg[0])
             argv_add(&av, &n, node_arg);
+        /* The shards draw on one disk: each one's disk guard shares out its
+         * part of the room (container/ws_guard.h). */
+        snprintf(buf, sizeof(buf), "--node-shards=%lld", (long long)nshards);
+        argv_add(&av, &n, buf);
         /* Pass on every shard option the user gave. */
         for (int k = 2; k < argc; k++) {
             const char *a = argv[k];
@@ -312,7 +316,7 @@ sbxd_cmd_dev(int argc, char **argv)
             static const char *const mine[] = {"--data",     "--listen",   "--name",
                                                "--shards",   "--help",     "--config",
                                                "--uid-base", "--http",     "--api-keys",
-                                               "--preview-domain", "--console"};
+                                               "--preview-domain", "--console", "--node-shards"};
             bool skip = false;
             for (size_t j = 0; j < SBX_ARRAY_LEN(mine); j++)
                 if (!strncmp(a, mine[j], strlen(mine[j])))

@@ -16,9 +16,10 @@
  * workspace and a fork with DISK_FULL while a running sandbox goes on;
  * `--ws-pool off` keeps workspaces on the host file system, and a later
  * start with the pool moves them in; a full host file system under the
- * (sparse) pool refuses a new workspace and a fork with DISK_FULL too; the
- * shards of one `sbxd dev` share one pool, and forks across them are
- * reflinks.
+ * (sparse) pool refuses a new workspace and a fork with DISK_FULL too, and
+ * running sandboxes share out what is left of it (the disk guard: ENOSPC
+ * inside, never I/O errors); the shards of one `sbxd dev` share one pool,
+ * and forks across them are reflinks.
  *
  * Each test starts its own small daemon (one shard), stopped by the fini.
  */
@@ -431,6 +432,123 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
     free(a);
     free(b);
     free(f);
+    sbx_client_close(c);
+}
+
+/* Bytes df shows free in id's /workspace. */
+static long long
+df_free(sbx_client *c, const char *id)
+{
+    int code;
+    char *out = sh(c, id, "df -B1 --output=avail /workspace | tail -1", &code);
+    long long v = atoll(out);
+    free(out);
+    return v;
+}
+
+/* The bytes `head -c 300M` wrote into id's /workspace/big before it
+ * stopped; its and the file's fsync's error messages in err (heap). */
+static long long
+write_big(sbx_client *c, const char *id, char **err)
+{
+    int code;
+    /* sync FILE fsyncs it and says so if the data did not reach the disk. */
+    *err = sh(c, id, "head -c 300M /dev/zero 2>&1 >/workspace/big; sync /workspace/big 2>&1",
+              &code);
+    sbx_exec_result r;
+    sbx_error e;
+    cr_assert_eq(test_sh(c, id, "stat -c %s /workspace/big", 30000, &r, &e), 0, "%s",
+                 e.message);
+    long long n = atoll(r.stdout_data);
+    sbx_exec_result_free(&r);
+    return n;
+}
+
+/*
+ * The disk guard (docs/persistence.md, "When the host disk runs short"):
+ * two running sandboxes whose disks (256 MiB each) add up to more than the
+ * host file system under the pool has free.  Each writer gets ENOSPC ("No
+ * space left on device") after its share, never an I/O error; the second
+ * still gets its share after the first wrote all it could; the host keeps
+ * free space; the sandboxes' files are intact and they go on writing once
+ * the host has room again, when the limits are lifted.  Without the guard
+ * (--disk-reserve 0) each wrote 239 MiB into its page cache, the pool's
+ * writes failed on the full host, and `sync` found both workspaces'
+ * ext4 remounted read-only (its errors=remount-ro after the I/O errors).
+ */
+Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors,
+     .fini = cleanup_host)
+{
+    /* The pool (sparse) has room for both limits: the host is what is short. */
+    cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wspg", "1200m"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    sbx_client *c = start_with((const char *const[]){
+        TESTD_SMALL, "--disk", "256M", "--data", host_mnt, "--ws-pool", "on",
+        "--ws-pool-size", "900M", "--disk-reserve", "32M", NULL});
+    char *a = test_id("pga"), *b = test_id("pgb");
+    const char *ids[2] = {a, b};
+    int code;
+    for (int i = 0; i < 2; i++) {
+        ok(c, "create", ids[i], "{\"workspace\":\"persistent\"}");
+        free(sh(c, ids[i], "echo kept > /workspace/f && sync", &code));
+    }
+    /* Leave the host 160 MiB: room for 128 MiB after the reserve, half
+     * of one sandbox's limit. */
+    char filler[128];
+    snprintf(filler, sizeof(filler), "%s/filler", host_mnt);
+    struct statvfs vs;
+    cr_assert_eq(statvfs(host_mnt, &vs), 0);
+    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
+    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - (160ll << 20))), 0, "fallocate: %s",
+                 strerror(errno));
+    close(fd);
+
+    /* Within a few passes (one a second) df inside shows the share. */
+    long long fa = 0, fb = 0;
+    for (int i = 0; i < 100; i++) {
+        fa = df_free(c, a);
+        fb = df_free(c, b);
+        if (fa + fb <= 128ll << 20)
+            break;
+        usleep(100 * 1000);
+    }
+    cr_assert_leq(fa + fb, 128ll << 20, "df inside shows %lld + %lld bytes free", fa, fb);
+
+    char *ea = NULL, *eb = NULL;
+    long long wa = write_big(c, a, &ea), wb = write_big(c, b, &eb);
+    cr_log_info("host short: df showed %lld + %lld KiB free; a wrote %lld KiB, b %lld KiB",
+                fa >> 10, fb >> 10, wa >> 10, wb >> 10);
+    for (int i = 0; i < 2; i++) {
+        const char *e = i ? eb : ea;
+        cr_assert(strstr(e, "No space left on device"), "%s: no ENOSPC: %s", ids[i], e);
+        cr_assert_null(strstr(e, "Input/output error"), "%s: an I/O error: %s", ids[i], e);
+        cr_assert_null(strstr(e, "Read-only file system"), "%s: ext4 went read-only: %s",
+                       ids[i], e);
+    }
+    cr_assert_gt(wb, 16ll << 20, "the second writer got only %lld bytes", wb);
+    cr_assert_lt(wa + wb, 160ll << 20, "together they wrote %lld bytes", wa + wb);
+    cr_assert_eq(statvfs(host_mnt, &vs), 0);
+    cr_assert_geq((long long)vs.f_bavail * (long long)vs.f_frsize, 16ll << 20,
+                  "the host has only %lld bytes free",
+                  (long long)vs.f_bavail * (long long)vs.f_frsize);
+    free(ea);
+    free(eb);
+
+    /* Room again: the limit is lifted, the files are intact. */
+    cr_assert_eq(unlink(filler), 0);
+    for (int i = 0; i < 100 && (fa = df_free(c, a)) < (128ll << 20); i++)
+        usleep(100 * 1000);
+    cr_assert_geq(fa, 128ll << 20, "df inside still shows %lld bytes free", fa);
+    for (int i = 0; i < 2; i++) {
+        char *out = sh(c, ids[i], "cat /workspace/f && echo more > /workspace/g && cat "
+                                  "/workspace/g", &code);
+        cr_assert_str_eq(out, "kept\nmore\n", "%s after the lift: %s", ids[i], out);
+        free(out);
+    }
+    free(a);
+    free(b);
     sbx_client_close(c);
 }
 

@@ -311,6 +311,8 @@ class SandboxStatusWorkspace(TypedDict, total=False):
     """persistent: host disk its image file holds now (sparse) (bytes)"""
     usedBytes: int
     """persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes)"""
+    freeBytes: int
+    """persistent and running: what its writers may still allocate (df inside); below limit − used while the host disk is short (docs/persistence.md, "When the host disk runs short") (bytes)"""
     snapshotTakenMs: int
     """persistent, in a cluster: when the last snapshot this node sent of it was taken (ms since the epoch): the recovery point if this node is lost (docs/persistence.md, "Across the cluster") (milliseconds)"""
     snapshotAgeMs: int

@@ -392,6 +392,8 @@ export interface SandboxStatus {
     allocatedBytes?: number;
     /** persistent and running: bytes in use in its file system (with ext4's own metadata) (bytes) */
     usedBytes?: number;
+    /** persistent and running: what its writers may still allocate (df inside); below limit − used while the host disk is short (docs/persistence.md, "When the host disk runs short") (bytes) */
+    freeBytes?: number;
     /** persistent, in a cluster: when the last snapshot this node sent of it was taken (ms since the epoch): the recovery point if this node is lost (docs/persistence.md, "Across the cluster") (milliseconds) */
     snapshotTakenMs?: number;
     /** persistent, in a cluster: how old that snapshot is now (milliseconds) */
