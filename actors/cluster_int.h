@@ -233,6 +233,10 @@ void cluster_load_wanted(struct cluster *c);
  * caller's) with workspace.put: begin, its data extents in 4 MiB chunks,
  * commit (kind and taken_ms: container/ws_xfer.h).  The image is locked
  * against mounts while it is read.  deadline_ms: monotonic, 0 none.
+ * record (reclen bytes, borrowed; NULL for a move or snapshot): a fork's
+ * staged copy for the owner of id on another node (actors/fork.c): sent
+ * as kind "fork" into the peer's staging directory, with this record
+ * beside the image at the commit.
  * *sent: whether there was an image to send (none: 0, nothing sent).
  * Returns 0 or an error code:
  * SBX_E_SHARD_UNAVAILABLE (no answer), SBX_E_TIMEOUT, SBX_E_STORAGE, the
@@ -242,7 +246,12 @@ void cluster_load_wanted(struct cluster *c);
  */
 int cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id,
                     const char *src_dir, enum sbx_ws_kind k, int64_t taken_ms,
-                    int64_t deadline_ms, bool *sent, sbx_err_t *err);
+                    int64_t deadline_ms, const void *record, size_t reclen, bool *sent,
+                    sbx_err_t *err);
+/* cluster_ws_fork_discard — blocking, best effort: ask the shard at url to
+ * remove the copy of fork id staged there (workspace.put kind "fork",
+ * phase abort), for a fork that failed after the copy was sent. */
+void cluster_ws_fork_discard(struct shard *sh, const char *url, const char *id);
 /* ws_snap.c: ws_snap_main — the snapshot thread's body (arg: the cluster);
  * cluster_ws_snap_free — free the drops not sent (cluster_free). */
 void *ws_snap_main(void *arg);

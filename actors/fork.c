@@ -37,7 +37,11 @@
 #include "../runtime/id.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
+#include "../runtime/nngx.h"
+#include "../runtime/place.h"
 #include "../runtime/wire.h"
+#include "cluster.h"
+#include "cluster_int.h"
 #include "shard_int.h"
 
 #define FORK_MAX 16
@@ -58,6 +62,16 @@ stage_top(const struct shard *sh, char *buf, size_t n)
     return k > 0 && (size_t)k < n ? 0 : -1;
 }
 
+int
+shard_fork_stage_dir(const struct shard *sh, const char *id, char *buf, size_t n)
+{
+    char top[4200];
+    if (stage_top(sh, top, sizeof(top)) != 0)
+        return -1;
+    int k = snprintf(buf, n, "%s/%s", top, id);
+    return k > 0 && (size_t)k < n ? 0 : -1;
+}
+
 /* A fork under way; owned by its thread, then by fk_done, which frees it. */
 struct fk_job {
     struct actor *a;            /* the source (borrowed: its gate keeps it) */
@@ -65,6 +79,16 @@ struct fk_job {
     size_t n;
     char ids[FORK_MAX][64];
     bool staged[FORK_MAX];      /* owned by another shard: copied to <backups>/forks/<id> */
+    /* In a cluster, a staged fork is owned by a shard of another node: its
+     * copy and record are sent there (workspace.put kind "fork") from the
+     * thread, and the local stage removed. */
+    bool push[FORK_MAX];
+    bool pushed[FORK_MAX];
+    struct shard_peer to[FORK_MAX]; /* … its owner */
+    char *rec[FORK_MAX];        /* … its record, encoded on the loop (owned) */
+    size_t reclen[FORK_MAX];
+    int64_t deadline;           /* monotonic ms: the request's */
+    int code;                   /* the reply's code for a failed push (0: from rc) */
     char dirs[FORK_MAX][1024];  /* the forks' workspace directories */
     char src[1024];             /* the source's */
     int mnt_fd;                 /* a duplicate of the source's mount, or -1 (owned) */
@@ -148,7 +172,8 @@ fk_done(sbx_loop *l, void *arg)
     }
     a->gate = NULL;
     for (size_t i = 0; j->rc == 0 && i < j->n; i++)
-        if (j->staged[i] && (j->rc = stage_record(a, j->ids[i], j->dirs[i])) != 0) {
+        if (j->staged[i] && !j->pushed[i] &&
+            (j->rc = stage_record(a, j->ids[i], j->dirs[i])) != 0) {
             snprintf(j->why, sizeof(j->why), "write the staged record of '%s': %s", j->ids[i],
                      strerror(-j->rc));
             for (size_t k = 0; k < j->n; k++)
@@ -184,11 +209,14 @@ fk_done(sbx_loop *l, void *arg)
         shard_reply_end(op, &e, seq ? seq : a->last_seq);
     } else {
         sbx_log_error("sandbox %s: fork failed: %s", a->id, j->why);
-        shard_reply_err(op, j->rc == -EEXIST ? SBX_E_SANDBOX_EXISTS
+        shard_reply_err(op, j->code                ? j->code
+                            : j->rc == -EEXIST ? SBX_E_SANDBOX_EXISTS
                             : j->rc == -ENOSPC ? SBX_E_DISK_FULL
                                                : SBX_E_INTERNAL,
                         "fork of '%s': %s", a->id, j->why);
     }
+    for (size_t i = 0; i < j->n; i++)
+        free(j->rec[i]);
     for (size_t i = 0; i < j->n; i++)
         if (t[i]) {
             actor_pump(t[i]);
@@ -198,6 +226,59 @@ fk_done(sbx_loop *l, void *arg)
         close(j->mnt_fd);
     free(j);
     actor_pump(a);
+}
+
+/* On the fork's thread, the copies made: send each fork staged for another
+ * node to its owner (workspace.put kind "fork": the image's data extents,
+ * then its record with the commit; actors/ws_move.c), then remove the local
+ * stage.  A failure removes every copy this fork made here and what the
+ * owners already took (best effort; their sweep removes the rest after an
+ * hour): nothing of the fork is left, as for any failed fork. */
+static void
+fk_push(struct fk_job *j)
+{
+    struct shard *sh = j->a->sh;
+    size_t failed = j->n;
+    for (size_t i = 0; i < j->n && failed == j->n; i++) {
+        if (!j->push[i])
+            continue;
+        nng_socket s;
+        sbx_err_t err = NULL;
+        bool sent = false;
+        int rc = sbx_nng_req_dial(&s, j->to[i].url, sh->conf.sec, &err);
+        if (rc == 0) {
+            rc = cluster_ws_push(sh, s, j->to[i].name, j->ids[i], j->dirs[i], SBX_WS_MOVE, 0,
+                                 j->deadline, j->rec[i], j->reclen[i], &sent, &err);
+            nng_close(s);
+        } else {
+            rc = SBX_E_SHARD_UNAVAILABLE;
+        }
+        if (rc == 0 && !sent)
+            rc = sbx_err_make(&err, SBX_E_INTERNAL, "the staged copy has no image");
+        if (rc == 0) {
+            sbx_rm_rf(j->dirs[i]);
+            j->pushed[i] = true;
+            continue;
+        }
+        failed = i;
+        /* A view behind the gateway's: the fork is refused, a retry finds
+         * the owners again. */
+        j->code = rc == SBX_E_WRONG_OWNER ? SBX_E_FORK_CROSS_SHARD : rc;
+        j->rc = -EIO;
+        snprintf(j->why, sizeof(j->why), "send the copy of fork '%s' to its owner %s (%s): %s",
+                 j->ids[i], j->to[i].name, j->to[i].url,
+                 err ? sbx_err_msg(err) : "cannot dial it");
+        sbx_err_release(&err);
+    }
+    if (failed == j->n)
+        return;
+    for (size_t i = 0; i < j->n; i++) {
+        if (j->pushed[i])
+            cluster_ws_fork_discard(sh, j->to[i].url, j->ids[i]);
+        else
+            sbx_rm_rf(j->dirs[i]);
+        j->pushed[i] = false;
+    }
 }
 
 static void *
@@ -217,10 +298,33 @@ fk_thread(void *arg)
     if (j->rc == 0)
         j->rc = sbx_ws_fork(j->src, j->mnt_fd, dirs, j->n, &j->copied, &j->frozen_ms, j->why,
                             sizeof(j->why));
+    if (j->rc == 0)
+        fk_push(j);
     j->ms = sbx_mono_ms() - t0;
     sbx_loop_post(sh->loop, fk_done, j);
     atomic_fetch_sub(&sh->img_jobs, 1); /* the shard's stop waits for these */
     return NULL;
+}
+
+/* In a cluster: the live shard of another node that owns id's partition in
+ * this shard's view, into out; -1 if none (this shard, or no such member). */
+static int
+owner_peer(struct shard *sh, const char *id, struct shard_peer *out)
+{
+    struct cluster *c = cluster_of(sh);
+    int o = c->lp[sbx_place_partition(id, strlen(id))].owner, n, rc = -1;
+    if (o < 0 || o == c->me)
+        return -1;
+    sbx_cview_lock(c->view);
+    const struct sbx_cmember *m = sbx_cview_members(c->view, &n);
+    if (o < n && m[o].name[0] && m[o].url[0] && m[o].live &&
+        strcmp(m[o].name, sh->conf.name) != 0) {
+        snprintf(out->name, sizeof(out->name), "%s", m[o].name);
+        snprintf(out->url, sizeof(out->url), "%s", m[o].url);
+        rc = 0;
+    }
+    sbx_cview_unlock(c->view);
+    return rc;
 }
 
 /* Parse and check `ids` into j: 0, or answered. */
@@ -265,6 +369,16 @@ fork_ids(struct actor *a, struct sop *op, struct fk_job *j)
             if (sbx_wire_obj_str(&stage->via.array.ptr[k], &st) == 0 && st.n == s.n &&
                 !memcmp(st.p, s.p, s.n))
                 j->staged[i] = true;
+        }
+        if (j->staged[i] && cluster_on(sh)) {
+            if (owner_peer(sh, j->ids[i], &j->to[i]) != 0) {
+                shard_reply_err(op, SBX_E_FORK_CROSS_SHARD,
+                                "fork '%s': shard %s does not see another node owning its "
+                                "partition now (the cluster's view is changing: retry)",
+                                j->ids[i], sh->conf.name);
+                return -1;
+            }
+            j->push[i] = true;
         }
         if (j->staged[i]) {
             char top[4200];
@@ -344,9 +458,27 @@ actor_op_fork(struct actor *a, struct sop *op)
         free(j);
         return;
     }
+    j->deadline = op->ctx_deadline[0] ? op->ctx_deadline[0] : sbx_mono_ms() + 120000;
+    for (size_t i = 0; i < j->n; i++) {
+        if (!j->push[i])
+            continue;
+        struct sbx_record r = {0};
+        fork_fill(a, j->ids[i], &r);
+        int rc = sbx_record_encode(&r, &j->rec[i], &j->reclen[i]);
+        sbx_record_free(&r);
+        if (rc) {
+            for (size_t k = 0; k < i; k++)
+                free(j->rec[k]);
+            shard_reply_err(op, SBX_E_INTERNAL, "encode the record of fork '%s'", j->ids[i]);
+            free(j);
+            return;
+        }
+    }
     if (a->cs == C_RUNNING && a->c.ws && a->c.ws_fd >= 0 &&
         (j->mnt_fd = fcntl(a->c.ws_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
         shard_reply_err(op, SBX_E_INTERNAL, "dup the workspace's mount: %s", strerror(errno));
+        for (size_t i = 0; i < j->n; i++)
+            free(j->rec[i]);
         free(j);
         return;
     }

@@ -805,6 +805,11 @@ void actor_partition_drop(struct shard *sh, const uint8_t *set);
  * forks on other shards and not adopted within an hour (a gateway that died
  * between the copy and the adopt); when the shard starts. */
 void shard_fork_sweep(struct shard *sh);
+/* fork.c: where a fork's copy for sandbox id is staged on this node,
+ * <staging>/<id> (<node pool>/.forks, or <backups>/forks), into buf; 0, or
+ * -1 when the shard has no node store or the path does not fit.  Any
+ * thread (reads only the shard's settings). */
+int shard_fork_stage_dir(const struct shard *sh, const char *id, char *buf, size_t n);
 /* actor_get — the in-memory actor of sandbox id; with load, a new one if
  * there is none, its record what the sandbox's last queued store write
  * made (sh->pw_head) or else what LMDB holds (a destroy's delete may still

@@ -12,6 +12,7 @@
  * reconcile.  The image formats and checks are container/ws_xfer.h's.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <nng/nng.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -60,9 +61,32 @@ struct put_job {
     sbx_str data;        /* into op's request, which lives until the reply */
     uint8_t sha[SBX_WS_XFER_SHA];
     int64_t taken;
+    char *record;        /* a fork's commit: its record, written beside the image (owned) */
+    size_t reclen;
     int rc;
     char why[512];
 };
+
+/* A fork's record beside its staged image: <dir>/record.mp, written then
+ * renamed (what sandbox.adopt reads, actors/fork.c). */
+static int
+put_record(const char *dir, const char *rec, size_t len, char *why, size_t whylen)
+{
+    char tmp[1200], path[1200];
+    snprintf(tmp, sizeof(tmp), "%s/record.mp.new", dir);
+    snprintf(path, sizeof(path), "%s/record.mp", dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int rc = fd < 0 ? -errno : sbx_write_full(fd, rec, len);
+    if (rc == 0 && fsync(fd) < 0)
+        rc = -errno;
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = -errno;
+    if (rc)
+        snprintf(why, whylen, "write %s: %s", path, strerror(-rc));
+    return rc;
+}
 
 static void
 put_done(sbx_loop *l, void *arg)
@@ -93,9 +117,14 @@ put_thread(void *arg)
                                   sizeof(j->why));
     if (j->rc && (j->commit || j->rc != -ENOENT)) /* a chunk without a begin: nothing to clean */
         sbx_ws_recv_abort(j->dir, j->kind);
+    if (j->rc == 0 && j->record &&
+        (j->rc = put_record(j->dir, j->record, j->reclen, j->why, sizeof(j->why))) != 0)
+        sbx_rm_rf(j->dir);
     if (j->rc == 0 && j->commit)
         sbx_log_info("shard %s: workspace of %s received (%s)", sh->conf.name, j->id,
-                     j->kind == SBX_WS_SNAP ? "snapshot" : "move");
+                     j->record ? "fork" : j->kind == SBX_WS_SNAP ? "snapshot" : "move");
+    free(j->record);
+    j->record = NULL;
     sbx_loop_post(sh->loop, put_done, j); /* j is put_done's now */
     atomic_fetch_sub(&sh->img_jobs, 1);
     return NULL;
@@ -113,6 +142,7 @@ put_run(struct put_job *j)
     if (atomic_load(&sh->img_stop) || pthread_create(&t, &at, put_thread, j) != 0) {
         atomic_fetch_sub(&sh->img_jobs, 1);
         shard_reply_err(j->op, SBX_E_SHARD_UNAVAILABLE, "workspace.put: no thread (stopping?)");
+        free(j->record);
         free(j);
     }
     pthread_attr_destroy(&at);
@@ -141,20 +171,34 @@ shard_op_workspace_put(struct sop *op)
     }
     sbx_str_copy(id, sid, sizeof(sid));
     enum sbx_ws_kind k = SBX_WS_MOVE;
+    bool fork = false; /* a fork's copy, staged for sandbox.adopt (actors/fork.c) */
     if (sbx_wire_get_str(op->req.args, "kind", &kind) == 0 && kind.n == 8 &&
         !memcmp(kind.p, "snapshot", 8))
         k = SBX_WS_SNAP;
+    else if (kind.n == 4 && !memcmp(kind.p, "fork", 4))
+        fork = true;
     /* A move into a partition this shard serves would replace a workspace
      * in use: refused (the sender's view is behind, as partition.import
-     * refuses it). */
+     * refuses it).  A fork's copy is for a sandbox of a partition it serves:
+     * else its adopt would never come here. */
     uint32_t p = sbx_place_partition(sid, strlen(sid));
-    if (k == SBX_WS_MOVE && (c->lp[p].mine || c->lp[p].moving)) {
+    if (!fork && k == SBX_WS_MOVE && (c->lp[p].mine || c->lp[p].moving)) {
         shard_reply_err(op, SBX_E_WRONG_OWNER,
                         "workspace.put of %s refused: this shard serves its partition", sid);
         return;
     }
-    if (sbx_ws_dir(sh->conf.data, sid, dir, sizeof(dir)) != 0) {
-        shard_reply_err(op, SBX_E_VALIDATION, "the workspace's path is too long");
+    if (fork && (!c->lp[p].mine || c->lp[p].moving)) {
+        shard_reply_err(op, SBX_E_WRONG_OWNER,
+                        "workspace.put of a fork into %s refused: this shard does not serve "
+                        "its partition", sid);
+        return;
+    }
+    if (fork ? shard_fork_stage_dir(sh, sid, dir, sizeof(dir)) != 0
+             : sbx_ws_dir(sh->conf.data, sid, dir, sizeof(dir)) != 0) {
+        shard_reply_err(op, fork ? SBX_E_FORK_CROSS_SHARD : SBX_E_VALIDATION,
+                        fork ? "shard %s has no node store to stage a fork in"
+                             : "the workspace's path is too long (shard %s)",
+                        sh->conf.name);
         return;
     }
     int rc = 0;
@@ -195,8 +239,23 @@ shard_op_workspace_put(struct sop *op)
             return;
         }
         sbx_wire_get_i64(op->req.args, "takenMs", &taken);
+        sbx_str rec = {0};
+        struct sbx_record r = {0};
+        if (fork && (sbx_wire_get_bin(op->req.args, "record", &rec) != 0 ||
+                     sbx_record_decode(rec.p, rec.n, &r) != 0)) {
+            sbx_rm_rf(dir);
+            shard_reply_err(op, SBX_E_VALIDATION, "workspace.put commit of a fork needs its "
+                            "record");
+            return;
+        }
+        sbx_record_free(&r);
         struct put_job *j = sbx_xcalloc(1, sizeof(*j));
         j->op = op;
+        if (fork) {
+            j->record = sbx_xmalloc(rec.n ? rec.n : 1);
+            memcpy(j->record, rec.p, rec.n);
+            j->reclen = rec.n;
+        }
         snprintf(j->dir, sizeof(j->dir), "%s", dir);
         snprintf(j->id, sizeof(j->id), "%s", sid);
         j->kind = k;
@@ -206,7 +265,10 @@ shard_op_workspace_put(struct sop *op)
         put_run(j);
         return;
     } else if (phase.n == 5 && !memcmp(phase.p, "abort", 5)) {
-        sbx_ws_recv_abort(dir, k);
+        if (fork)
+            sbx_rm_rf(dir); /* the staged copy, committed or not */
+        else
+            sbx_ws_recv_abort(dir, k);
     } else if (phase.n == 4 && !memcmp(phase.p, "drop", 4) && k == SBX_WS_SNAP) {
         sbx_ws_snap_drop(dir);
     } else {
@@ -232,7 +294,7 @@ shard_op_workspace_put(struct sop *op)
 /* One workspace.put call on s: args are {id, phase, kind} plus what add
  * encodes (may be NULL). */
 static int
-put_call(nng_socket s, const char *id, const char *phase, enum sbx_ws_kind k,
+put_call(nng_socket s, const char *id, const char *phase, const char *kind,
          void (*add)(sbx_enc *, const void *), const void *arg, sbx_err_t *err)
 {
     sbx_enc a;
@@ -240,7 +302,7 @@ put_call(nng_socket s, const char *id, const char *phase, enum sbx_ws_kind k,
     sbx_enc_map(&a);
     sbx_enc_kstr(&a, "id", id);
     sbx_enc_kstr(&a, "phase", phase);
-    sbx_enc_kstr(&a, "kind", k == SBX_WS_SNAP ? "snapshot" : "move");
+    sbx_enc_kstr(&a, "kind", kind);
     if (add)
         add(&a, arg);
     sbx_enc_end(&a);
@@ -285,6 +347,8 @@ add_chunk(sbx_enc *e, const void *arg)
 struct commit_args {
     const uint8_t *digest;
     int64_t taken_ms;
+    const void *record; /* a fork's: its record (sbx_record_encode), or NULL */
+    size_t reclen;
 };
 
 static void
@@ -295,13 +359,18 @@ add_commit(sbx_enc *e, const void *arg)
     sbx_enc_bin(e, ca->digest, SBX_WS_XFER_SHA);
     if (ca->taken_ms)
         sbx_enc_kint(e, "takenMs", ca->taken_ms);
+    if (ca->record) {
+        sbx_enc_str(e, "record");
+        sbx_enc_bin(e, ca->record, ca->reclen);
+    }
 }
 
 int
 cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id,
                 const char *src_dir, enum sbx_ws_kind k, int64_t taken_ms, int64_t deadline_ms,
-                bool *sent, sbx_err_t *err)
+                const void *record, size_t reclen, bool *sent, sbx_err_t *err)
 {
+    const char *kn = record ? "fork" : k == SBX_WS_SNAP ? "snapshot" : "move";
     struct sbx_ws_src src;
     char why[512] = "";
     *sent = false;
@@ -312,7 +381,7 @@ cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id
         return sbx_err_make(err, SBX_E_STORAGE, "workspace of %s: %s", id, why);
     int64_t t0 = sbx_mono_ms();
     char *buf = sbx_xmalloc(WS_CHUNK);
-    rc = put_call(s, id, "begin", k, add_size, &src.size, err);
+    rc = put_call(s, id, "begin", kn, add_size, &src.size, err);
     while (rc == 0) {
         if (atomic_load(&cluster_of(sh)->stop)) {
             rc = sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "the shard is stopping");
@@ -333,26 +402,36 @@ cluster_ws_push(struct shard *sh, nng_socket s, const char *peer, const char *id
         }
         if (ca.len == 0)
             break;
-        rc = put_call(s, id, "data", k, add_chunk, &ca, err);
+        rc = put_call(s, id, "data", kn, add_chunk, &ca, err);
     }
     if (rc == 0) {
         uint8_t d[SBX_WS_XFER_SHA];
         sbx_ws_src_digest(&src, d);
-        struct commit_args ca = {d, taken_ms};
-        rc = put_call(s, id, "commit", k, add_commit, &ca, err);
+        struct commit_args ca = {d, taken_ms, record, reclen};
+        rc = put_call(s, id, "commit", kn, add_commit, &ca, err);
     }
     *sent = rc == 0;
     if (rc == 0)
         sbx_log_info("shard %s: workspace of %s sent to %s (%s): %llu bytes of a %llu-byte image "
                      "in %llu chunk(s), %lld ms",
-                     sh->conf.name, id, peer, k == SBX_WS_SNAP ? "snapshot" : "move",
+                     sh->conf.name, id, peer, kn,
                      (unsigned long long)src.sent, (unsigned long long)src.size,
                      (unsigned long long)src.chunks, (long long)(sbx_mono_ms() - t0));
     else
-        put_call(s, id, "abort", k, NULL, NULL, NULL); /* best effort: the begin cleans anyway */
+        put_call(s, id, "abort", kn, NULL, NULL, NULL); /* best effort: the begin cleans anyway */
     free(buf);
     sbx_ws_src_close(&src);
     return rc;
+}
+
+void
+cluster_ws_fork_discard(struct shard *sh, const char *url, const char *id)
+{
+    nng_socket s;
+    if (sbx_nng_req_dial(&s, url, sh->conf.sec, NULL) != 0)
+        return;
+    put_call(s, id, "abort", "fork", NULL, NULL, NULL);
+    nng_close(s);
 }
 
 int
@@ -376,7 +455,8 @@ cluster_ws_push_set(struct shard *sh, const char *peer, const char *url, char *c
             open = true;
         }
         bool sent = false;
-        rc = cluster_ws_push(sh, s, peer, ids[i], dir, SBX_WS_MOVE, 0, deadline_ms, &sent, err);
+        rc = cluster_ws_push(sh, s, peer, ids[i], dir, SBX_WS_MOVE, 0, deadline_ms, NULL, 0,
+                             &sent, err);
         if (rc == 0 && sent)
             (*moved)++;
     }

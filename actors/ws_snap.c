@@ -164,7 +164,7 @@ snap_one(struct cluster *c, struct snap_item *it)
     } else {
         bool pushed = false;
         rc = cluster_ws_push(sh, s, it->succ.name, it->id, tmp, SBX_WS_SNAP, taken,
-                             sbx_mono_ms() + WS_SNAP_MS, &pushed, &err);
+                             sbx_mono_ms() + WS_SNAP_MS, NULL, 0, &pushed, &err);
         nng_close(s);
         if (rc == 0 && !pushed)
             rc = sbx_err_make(&err, SBX_E_STORAGE, "the copy %s has no image", tmp);

@@ -560,8 +560,8 @@ fork_done(void *arg, const char *reply, size_t len)
 
 /*
  * sandbox.fork (runtime/ops/fork.yaml) whose IDs are owned by other shards
- * than the source's: gw_fork.c runs it (standalone: the shards of one
- * node); in a cluster it is FORK_CROSS_SHARD.  True if g was answered or
+ * than the source's: gw_fork.c runs it (the shards of one node, or of
+ * several nodes in a cluster).  True if g was answered or
  * handed on; false: every fork is the source's shard's, route as usual.
  */
 static int
@@ -588,7 +588,7 @@ fork_route(struct gctx *g, const struct sbx_req *req, const char *body, size_t l
         if (sbx_wire_parse_req(dec.root, &ireq, why, sizeof(why)) == 0)
             args = ireq.args;
     }
-    int rc = gw_fork_plan(args, src, fork_owner, gw, clustered(gw), &p, why, sizeof(why));
+    int rc = gw_fork_plan(args, src, fork_owner, gw, &p, why, sizeof(why));
     if (decoded)
         sbx_wire_msg_free(&dec);
     if (rc == 0)

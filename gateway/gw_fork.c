@@ -1,13 +1,15 @@
 /*
- * gw_fork.c — sandbox.fork whose IDs are owned by several shards of one
- * node (gw_fork.h; docs/persistence.md, "Fork").
+ * gw_fork.c — sandbox.fork whose IDs are owned by several shards, of one
+ * node or, in a cluster, of several (gw_fork.h; docs/persistence.md,
+ * "Fork").
  *
  * On a thread of its own, with blocking calls to the shards (each on a new
  * nng context of the shard's REQ socket, sent as a peer's request: not
  * wrapped in a route):
  *  1. the source's shard: sandbox.fork {ids, stage: the IDs of other
  *     shards}: it creates its own forks and stages the others' copies and
- *     records in the node's store (actors/fork.c);
+ *     records in the node's store (actors/fork.c) — in a cluster, in the
+ *     store of each owner's node, sent there by workspace.put;
  *  2. each other owner: sandbox.adopt, addressed to its fork's ID: the
  *     staged copy becomes that sandbox;
  *  3. if an adopt fails: the forks made so far are destroyed, the copies
@@ -261,7 +263,7 @@ out:
 
 int
 gw_fork_plan(const msgpack_object *args, int src, int (*owner)(void *arg, uint32_t part),
-             void *arg, bool cluster, struct gw_fork_plan **out, char *why, size_t whylen)
+             void *arg, struct gw_fork_plan **out, char *why, size_t whylen)
 {
     const msgpack_object *ids = NULL;
     *out = NULL;
@@ -287,14 +289,6 @@ gw_fork_plan(const msgpack_object *args, int src, int (*owner)(void *arg, uint32
             return 0; /* no owner now: the source's shard answers, or the retry does */
         }
         p->remote[i] = p->slot[i] != src;
-        if (p->remote[i] && cluster) {
-            snprintf(why, whylen,
-                     "fork '%s' would live on another shard than its source: in a cluster a "
-                     "fork is made on its source's shard (docs/persistence.md, \"Fork\"); "
-                     "choose another ID", p->ids[i]);
-            free(p);
-            return SBX_E_FORK_CROSS_SHARD;
-        }
         cross |= p->remote[i];
     }
     if (!cross) {

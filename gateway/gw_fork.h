@@ -1,7 +1,7 @@
 /*
  * gw_fork.h — the gateway's part of a sandbox.fork whose IDs are owned by
- * several shards of one node (runtime/ops/fork.yaml; docs/persistence.md,
- * "Fork"; the steps are in gw_fork.c).
+ * several shards, of one node or of a cluster (runtime/ops/fork.yaml;
+ * docs/persistence.md, "Fork"; the steps are in gw_fork.c).
  */
 #ifndef SBX_GW_FORK_H
 #define SBX_GW_FORK_H
@@ -41,12 +41,11 @@ struct gw_fork_plan {
  * slot (or -1).  Returns 0: every fork is the source's shard's (route the
  * request as usual); 1: *out gets a new plan (ids, remote, slot filled;
  * the caller fills the rest, then gw_fork_start); or a code with the reason
- * in why: `stage` from a client (VALIDATION_FAILED), a fork of another
- * shard in a cluster (FORK_CROSS_SHARD).  Malformed `ids` give 0: the
+ * in why: `stage` from a client (VALIDATION_FAILED).  Malformed `ids` give 0: the
  * shard answers them.
  */
 int gw_fork_plan(const msgpack_object *args, int src, int (*owner)(void *arg, uint32_t part),
-                 void *arg, bool cluster, struct gw_fork_plan **out, char *why, size_t whylen);
+                 void *arg, struct gw_fork_plan **out, char *why, size_t whylen);
 
 /* gw_fork_start — run the fork on a thread of its own; 0, or a code (p
  * freed, done not called). */

@@ -86,7 +86,8 @@
     X(SBX_E_BACKUP_TOO_LARGE, "BACKUP_TOO_LARGE", 413, "the backup exceeds the size limit") \
     X(SBX_E_DISK_FULL, "DISK_FULL", 507, "the sandbox's disk is full")                         \
     X(SBX_E_SANDBOX_EXISTS, "SANDBOX_EXISTS", 409, "the sandbox exists already")              \
-    X(SBX_E_FORK_CROSS_SHARD, "FORK_CROSS_SHARD", 409, "a fork must be on its source's shard")    \
+    X(SBX_E_FORK_CROSS_SHARD, "FORK_CROSS_SHARD", 409,                                         \
+      "a fork's owner cannot be reached from its source (retry)")                               \
     X(SBX_E_QUOTA_EXCEEDED, "QUOTA_EXCEEDED", 429, "a quota of the caller's tenant is used up") \
     X(SBX_E_BACKUP_STORE_UNAVAILABLE, "BACKUP_STORE_UNAVAILABLE", 503,                         \
       "the backup store did not answer, or refused the request")

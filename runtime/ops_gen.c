@@ -246,7 +246,7 @@ static const struct sbx_arg args_partition_import[] = {
     {"doubt", SBX_ARG_ARRAY, false, false, false, 0, 0, 0u, NULL, "an array", NULL, 0},
 };
 static const char *const enum_workspace_put_phase[] = {"begin", "data", "commit", "abort", "drop", NULL};
-static const char *const enum_workspace_put_kind[] = {"move", "snapshot", NULL};
+static const char *const enum_workspace_put_kind[] = {"move", "snapshot", "fork", NULL};
 static const struct sbx_arg args_workspace_put[] = {
     {"id", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 63u, NULL, "a string", NULL, 0},
     {"phase", SBX_ARG_STR, true, false, false, 0, 0, 0u, enum_workspace_put_phase, "a string", NULL, 0},
@@ -257,6 +257,7 @@ static const struct sbx_arg args_workspace_put[] = {
     {"sha", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
     {"digest", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 32u, NULL, "a string", NULL, 0},
     {"takenMs", SBX_ARG_INT, false, true, false, 0.0, 0, 0u, NULL, "an integer", "ms", 0},
+    {"record", SBX_ARG_STR | SBX_ARG_BIN, false, false, false, 0, 0, 1048576u, NULL, "a string", NULL, 0},
 };
 static const struct sbx_arg args_image_import[] = {
     {"path", SBX_ARG_STR | SBX_ARG_BIN, true, false, false, 0, 0, 4096u, NULL, "a string", NULL, 0},
@@ -835,7 +836,7 @@ const struct sbx_op_def sbx_ops[] = {
      .summary = "a persistent workspace's image sent to this shard, chunk by chunk (shard to shard: a handoff moves it to the partition's new owner)",
      .http = NULL,
      .args = args_workspace_put,
-     .nargs = 9},
+     .nargs = 10},
     {.name = "image.import",
      .id = SBX_OPID_IMAGE_IMPORT,
      .flags = SBX_OP_MUTATES | SBX_OP_NODE,

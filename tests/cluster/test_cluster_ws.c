@@ -5,7 +5,8 @@
  * (workspace.put, shard to shard) before that owner serves the sandbox; a
  * move cut short by the loss of its source never gives the sandbox an
  * empty workspace; a move the new owner cannot take leaves the partition
- * (and the files) where they were, and a later try completes it.
+ * (and the files) where they were, and a later try completes it; a fork
+ * into sandboxes of other nodes gives each the source's files.
  *
  * Each node of the cluster of tests/cluster/cluster_main.c keeps its
  * workspaces under <cluster dir>/s<i>/workspaces/<id>/ (container/workspace.h).
@@ -13,6 +14,7 @@
  * on nodes 0-2 and destroy their sandboxes.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -186,4 +188,121 @@ Test(cws, failed_move_keeps_the_partition_until_a_retry_succeeds, .timeout = 300
     drain(c, a, false);
     sbx_client_close(c);
     restore_base();
+}
+
+/*
+ * A fork into sandboxes owned by other nodes (docs/persistence.md, "Fork"):
+ * the source's shard sends each copy to its owner's node (workspace.put
+ * kind "fork": data extents checked by sha256, the record with the commit),
+ * which adopts it.  Each fork has the source's files byte for byte, its
+ * image on its owner's disk; a write on any side is on that side only; the
+ * source's node keeps no staged copy.  Before, such a fork was refused
+ * (FORK_CROSS_SHARD).
+ */
+Test(cws, fork_into_other_nodes_copies_the_workspace, .timeout = 300)
+{
+    char src[64], fk[2][64], before[512], out[512], p[600];
+    sbx_client *c = gw_client(0);
+    id_on("fksrc", 0, src);
+    id_on("fkone", 1, fk[0]);
+    id_on("fktwo", 2, fk[1]);
+    create_persistent(c, src);
+    exec_out(c, src,
+             "cd /workspace && head -c 5000000 /dev/urandom > big && mkdir d && "
+             "echo tree > d/f && sync && echo ok",
+             out, sizeof(out));
+    cr_assert(strstr(out, "ok"), "writing the files: %s", out);
+    const char *sums = "cd /workspace && sha256sum big d/f | sha256sum";
+    exec_out(c, src, sums, before, sizeof(before));
+
+    char args[256];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\",\"%s\"]}", fk[0], fk[1]);
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call_json(c, "sandbox.fork", src, args, 120000, &r, &err);
+    cr_assert_eq(rc, 0, "sandbox.fork into nodes 1 and 2: %s %s", rc ? err.code : "",
+                 rc ? err.message : "");
+    sbx_reply_free(r);
+    for (int i = 0; i < 2; i++) {
+        out[0] = '\0';
+        exec_out(c, fk[i], sums, out, sizeof(out));
+        cr_assert_str_eq(out, before, "fork %s has other files than its source", fk[i]);
+        ws_path(i + 1, fk[i], "disk.img", p, sizeof(p));
+        cr_assert(exists(p), "node %d has no image %s for its fork", i + 1, p);
+        snprintf(p, sizeof(p), "%s/s0/backups/forks/%s", cl_env()->dir, fk[i]);
+        cr_assert(!exists(p), "the source's node kept the staged copy %s", p);
+    }
+    /* Independent afterwards. */
+    exec_out(c, fk[0], "echo one > /workspace/only && echo ok", out, sizeof(out));
+    exec_out(c, src, "echo src > /workspace/mine && echo ok", out, sizeof(out));
+    exec_out(c, src, "ls /workspace", out, sizeof(out));
+    cr_assert_null(strstr(out, "only"), "the fork's write is in the source: %s", out);
+    exec_out(c, fk[1], "ls /workspace", out, sizeof(out));
+    cr_assert_null(strstr(out, "only"), "one fork's write is in the other: %s", out);
+    cr_assert_null(strstr(out, "mine"), "the source's write is in a fork: %s", out);
+    char ids[3][64];
+    memcpy(ids[0], src, 64);
+    memcpy(ids[1], fk[0], 64);
+    memcpy(ids[2], fk[1], 64);
+    destroy_all(c, ids, 3);
+    sbx_client_close(c);
+}
+
+/* A fork whose copy the other node cannot take (a file where its staging
+ * directory goes) fails as a whole: the fork on the source's node is not
+ * made either and nothing is left staged; with the obstacle gone the same
+ * fork succeeds. */
+Test(cws, a_fork_another_node_cannot_take_leaves_nothing, .timeout = 300)
+{
+    char src[64], loc[64], rem[64], out[512], p[600], top[600];
+    sbx_client *c = gw_client(0);
+    id_on("fxsrc", 0, src);
+    id_on("fxloc", 0, loc);
+    id_on("fxrem", 1, rem);
+    create_persistent(c, src);
+    exec_out(c, src, "echo data > /workspace/f && sync && echo ok", out, sizeof(out));
+    snprintf(top, sizeof(top), "%s/s1/backups/forks", cl_env()->dir);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", top);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(p, sizeof(p), "%s/%s", top, rem);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0, "the obstacle %s", p);
+    close(fd);
+
+    char args[256];
+    snprintf(args, sizeof(args), "{\"ids\":[\"%s\",\"%s\"]}", loc, rem);
+    sbx_reply *r = NULL;
+    sbx_error err;
+    int rc = sbx_call_json(c, "sandbox.fork", src, args, 120000, &r, &err);
+    cr_assert_neq(rc, 0, "the fork succeeded with node 1's staging blocked");
+    cr_log_info("refused: %s %s", err.code, err.message);
+    sbx_error_free(&err);
+    for (int i = 0; i < 2; i++) {
+        const char *id = i ? rem : loc;
+        rc = sbx_call_json(c, "status", id, "{}", 30000, &r, &err);
+        cr_assert_neq(rc, 0, "fork %s exists after the failed fork", id);
+        cr_assert_str_eq(err.code, "SANDBOX_NOT_FOUND", "%s: %s %s", id, err.code, err.message);
+        sbx_error_free(&err);
+    }
+    ws_path(0, loc, "disk.img", p, sizeof(p));
+    cr_assert(!exists(p), "the failed fork left %s", p);
+    snprintf(p, sizeof(p), "%s/s0/backups/forks/%s", cl_env()->dir, rem);
+    cr_assert(!exists(p), "the failed fork left the staged copy %s", p);
+
+    /* (The failed transfer's abort may have removed it already.) */
+    snprintf(p, sizeof(p), "%s/%s", top, rem);
+    cr_assert(unlink(p) == 0 || errno == ENOENT, "unlink %s: %s", p, strerror(errno));
+    rc = sbx_call_json(c, "sandbox.fork", src, args, 120000, &r, &err);
+    cr_assert_eq(rc, 0, "the fork once node 1 can take it: %s %s", rc ? err.code : "",
+                 rc ? err.message : "");
+    sbx_reply_free(r);
+    exec_out(c, rem, "cat /workspace/f", out, sizeof(out));
+    cr_assert_str_eq(out, "data\n");
+    char ids[3][64];
+    memcpy(ids[0], src, 64);
+    memcpy(ids[1], loc, 64);
+    memcpy(ids[2], rem, 64);
+    destroy_all(c, ids, 3);
+    sbx_client_close(c);
 }
