@@ -126,9 +126,12 @@ dg_thread(void *arg)
     else if (!now && was)
         sbx_log_info("shard %s: the host disk has room again: the workspaces' limits are lifted",
                      sh->conf.name);
-    if (sum.failed)
-        sbx_log_debug("shard %s: disk guard: %zu workspaces not measured", sh->conf.name,
-                      sum.failed);
+    /* Said when the count changes: such a workspace is not held down. */
+    uint64_t before = atomic_exchange(&sh->dguard.failed, (uint64_t)sum.failed);
+    if (sum.failed && sum.failed != before)
+        sbx_log_warn("shard %s: disk guard: %zu of %zu running workspaces could not be "
+                     "measured (their writers are not held down)",
+                     sh->conf.name, sum.failed, j->n);
     atomic_store(&sh->dguard.room, j->room);
     atomic_store(&sh->dguard.limited, (uint64_t)sum.limited);
     atomic_store(&sh->dguard.engaged, now);
@@ -192,4 +195,32 @@ shard_disk_guard(struct shard *sh)
         atomic_fetch_sub(&sh->img_jobs, 1);
     }
     pthread_attr_destroy(&at);
+}
+
+int
+shard_disk_admit(struct shard *sh, char *why, size_t whylen)
+{
+    int rc = sbx_wspool_room(sh->wspool, why, whylen);
+    if (rc || !sh->conf.disk_reserve)
+        return rc;
+    uint64_t host = 0, pool = UINT64_MAX;
+    if (sh->wspool) {
+        if (sbx_wspool_space(sh->wspool, &pool, &host) != 0)
+            return 0;
+    } else {
+        struct statvfs vs;
+        if (statvfs(sh->conf.data, &vs) < 0)
+            return 0;
+        host = (uint64_t)vs.f_bavail * vs.f_frsize;
+    }
+    if (host >= sh->conf.disk_reserve && pool >= sh->conf.disk_reserve)
+        return 0;
+    bool h = host <= pool;
+    snprintf(why, whylen,
+             "the %s has %llu MiB free, under the %llu MiB (--disk-reserve) the running "
+             "sandboxes leave free: no new workspace until there is room",
+             h ? "host file system under the workspaces" : "shard's workspace pool",
+             (unsigned long long)((h ? host : pool) >> 20),
+             (unsigned long long)(sh->conf.disk_reserve >> 20));
+    return -ENOSPC;
 }

@@ -293,8 +293,9 @@ fk_thread(void *arg)
             sbx_rm_rf(j->dirs[i]); /* a stale stage of an earlier fork that failed */
     }
     int64_t t0 = sbx_mono_ms();
-    /* A full workspace pool (ws_pool.h) takes no more forks: DISK_FULL. */
-    j->rc = sbx_wspool_room(sh->wspool, j->why, sizeof(j->why));
+    /* A full workspace pool (ws_pool.h), or a disk below --disk-reserve,
+     * takes no more forks: DISK_FULL. */
+    j->rc = shard_disk_admit(sh, j->why, sizeof(j->why));
     if (j->rc == 0)
         j->rc = sbx_ws_fork(j->src, j->mnt_fd, dirs, j->n, &j->copied, &j->frozen_ms, j->why,
                             sizeof(j->why));
@@ -516,7 +517,7 @@ static void
 ad_work(struct ad_job *j)
 {
     struct shard *sh = j->a->sh;
-    j->rc = sbx_wspool_room(sh->wspool, j->why, sizeof(j->why));
+    j->rc = shard_disk_admit(sh, j->why, sizeof(j->why));
     if (j->rc == 0)
         j->rc = sbx_ws_import(j->img, j->ws, j->why, sizeof(j->why));
 }

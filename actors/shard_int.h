@@ -372,6 +372,7 @@ struct shard_dguard {
     _Atomic uint64_t room;      /* bytes the last pass shared out (this shard's part) */
     _Atomic uint64_t limited;   /* workspaces the last pass held below their want */
     _Atomic uint64_t passes;    /* passes run (each found the host short, or ended a cut) */
+    _Atomic uint64_t failed;    /* workspaces the last pass could not measure */
 };
 
 /* disk_guard.c: called each second by the loop's sweep: when the running
@@ -380,6 +381,12 @@ struct shard_dguard {
  * the workspaces.  Skipped while a pass runs, with --disk-reserve 0, and
  * once the shard stops (img_stop). */
 void shard_disk_guard(struct shard *sh);
+/* disk_guard.c: may a new persistent workspace (a first start, a fork) be
+ * made?  0, or -ENOSPC with the reason in why: the workspace pool is full
+ * (sbx_wspool_room), or the free disk under the workspaces is below
+ * --disk-reserve, where the guard lets running sandboxes allocate nothing
+ * more.  Any thread (statvfs only). */
+int shard_disk_admit(struct shard *sh, char *why, size_t whylen);
 
 struct shard {
     struct sbx_shard_conf conf;

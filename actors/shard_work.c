@@ -44,9 +44,10 @@ ws_present(struct shard *sh, struct work *w)
     snprintf(img, sizeof(img), "%s/disk.img", w->ws_dir);
     if (access(img, F_OK) == 0)
         return 0;
-    /* A new image: refused if the workspace pool is full (ws_pool.h). */
+    /* A new image: refused if the workspace pool is full (ws_pool.h) or the
+     * disk under it is below --disk-reserve (disk_guard.c). */
     if (!w->ws_must)
-        return sbx_wspool_room(sh->wspool, w->why, sizeof(w->why)) ? SBX_E_DISK_FULL : 0;
+        return shard_disk_admit(sh, w->why, sizeof(w->why)) ? SBX_E_DISK_FULL : 0;
     snprintf(snap, sizeof(snap), "%s/snap.img", w->ws_dir);
     snprintf(tp, sizeof(tp), "%s/snap.time", w->ws_dir);
     FILE *f = fopen(tp, "re");

@@ -175,9 +175,10 @@ measure(struct sbx_ws_guard_item *it, struct meas *m)
     uint64_t shared = 0;
     if (it->reflinks) {
         int64_t s = sbx_ws_shared_bytes(it->img_fd);
-        if (s < 0)
+        /* No FIEMAP (tmpfs): no extents known to be shared, nor any reflink. */
+        if (s < 0 && s != -EOPNOTSUPP && s != -ENOTTY)
             return (int)s;
-        shared = (uint64_t)s;
+        shared = s > 0 ? (uint64_t)s : 0;
     }
     it->fixed = held + shared;
     /* With what is held, the image grows by at most its holes. */

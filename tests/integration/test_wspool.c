@@ -552,6 +552,66 @@ Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors
     sbx_client_close(c);
 }
 
+/*
+ * Without a pool (--ws-pool off: sparse images on the host file system) the
+ * guard holds too, and a host below --disk-reserve refuses new workspaces
+ * and forks with DISK_FULL naming the reserve: a running sandbox's new
+ * data gets ENOSPC inside (the room is nil), its files stay readable, and
+ * with room back the new workspace starts.
+ */
+Test(wspool, a_host_below_the_reserve_refuses_new_workspaces_and_new_data,
+     .fini = cleanup_host)
+{
+    cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wspr", "400m"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--data", host_mnt,
+                                                     "--ws-pool", "off", "--disk-reserve",
+                                                     "128M", NULL});
+    char *a = test_id("pra"), *b = test_id("prb"), *f = test_id("prf");
+    ok(c, "create", a, "{\"workspace\":\"persistent\"}");
+    int code;
+    free(sh(c, a, "echo a > /workspace/f && sync", &code));
+    char filler[128];
+    snprintf(filler, sizeof(filler), "%s/filler", host_mnt);
+    struct statvfs vs;
+    cr_assert_eq(statvfs(host_mnt, &vs), 0);
+    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
+    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - (100ll << 20))), 0, "fallocate: %s",
+                 strerror(errno));
+    close(fd);
+
+    ok(c, "create", b, "{\"workspace\":\"persistent\"}");
+    refused_full(c, a, b, f, "--disk-reserve");
+    /* Within a pass or two, a's new data is refused inside. */
+    char *out = NULL;
+    for (int i = 0; i < 50; i++) {
+        free(out);
+        out = sh(c, a, "head -c 8M /dev/zero 2>&1 >/workspace/x; rm -f /workspace/x", &code);
+        if (strstr(out, "No space left on device"))
+            break;
+        usleep(100 * 1000);
+    }
+    cr_assert(strstr(out, "No space left on device"), "a wrote new data below the reserve: %s",
+              out);
+    free(out);
+    out = sh(c, a, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "a\n", "the running sandbox: %s", out);
+    free(out);
+    cr_assert_eq(unlink(filler), 0);
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_eq(test_sh(c, b, "echo b > /workspace/g && cat /workspace/g", 30000, &r, &err), 0,
+                 "the new workspace did not start once the host had room: %s", err.message);
+    cr_assert_str_eq(r.stdout_data, "b\n");
+    sbx_exec_result_free(&r);
+    free(a);
+    free(b);
+    free(f);
+    sbx_client_close(c);
+}
+
 /* The shard of the 2-shard `live` deployment that owns id (0 or 1). */
 static int
 owner(const char *id)
