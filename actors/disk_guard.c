@@ -27,6 +27,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -67,8 +69,8 @@ dg_room(struct shard *sh, uint64_t *room)
             return -errno;
         host = (uint64_t)vs.f_bavail * vs.f_frsize;
     }
-    uint64_t free = host < pool ? host : pool;
-    uint64_t r = free > sh->conf.disk_reserve ? free - sh->conf.disk_reserve : 0;
+    uint64_t left = host < pool ? host : pool;
+    uint64_t r = left > sh->conf.disk_reserve ? left - sh->conf.disk_reserve : 0;
     *room = r / (uint64_t)sh->conf.node_shards;
     return 0;
 }
@@ -106,13 +108,18 @@ dg_thread(void *arg)
             close(j->items[i].mnt_fd);
             continue;
         }
-        j->items[k] = j->items[i];
-        memcpy(j->ids[k], j->ids[i], sizeof(j->ids[k]));
+        if (k != i) {
+            j->items[k] = j->items[i];
+            memcpy(j->ids[k], j->ids[i], sizeof(j->ids[k]));
+        }
         k++;
     }
     j->n = k;
     struct sbx_ws_guard_sum sum;
+    int64_t t0 = sbx_mono_us();
     sbx_ws_guard_pass(j->items, j->n, j->budget, &sum);
+    atomic_store(&sh->dguard.pass_us, (uint64_t)(sbx_mono_us() - t0));
+    atomic_store(&sh->dguard.measured, (uint64_t)(j->n - sum.failed));
     bool was = atomic_load(&sh->dguard.engaged), now = sum.limited > 0;
     if (now && !was)
         sbx_log_warn("shard %s: the host disk is short: %zu of %zu running workspaces held to "
@@ -134,6 +141,7 @@ dg_thread(void *arg)
                      sh->conf.name, sum.failed, j->n);
     atomic_store(&sh->dguard.room, j->room);
     atomic_store(&sh->dguard.limited, (uint64_t)sum.limited);
+    atomic_store(&sh->dguard.level, now ? sum.level : UINT64_MAX);
     atomic_store(&sh->dguard.engaged, now);
     atomic_fetch_add(&sh->dguard.passes, 1);
     dg_job_free(j);
@@ -165,6 +173,13 @@ shard_disk_guard(struct shard *sh)
         atomic_store(&sh->dguard.room, room);
         return;
     }
+    /* Shared extents only where there are reflinks: the pool's XFS, or a
+     * data directory on XFS or btrfs (FIEMAP over every image is the
+     * pass's longest step). */
+    struct statfs fs;
+    bool reflinks = sh->wspool != NULL ||
+                    (statfs(sh->conf.data, &fs) == 0 &&
+                     (fs.f_type == XFS_SUPER_MAGIC || fs.f_type == BTRFS_SUPER_MAGIC));
     struct dg_job *j = sbx_xcalloc(1, sizeof(*j));
     j->sh = sh;
     j->room = room;
@@ -177,7 +192,7 @@ shard_disk_guard(struct shard *sh)
                 continue;
             struct sbx_ws_guard_item *it = &j->items[j->n];
             it->img_fd = -1;
-            it->reflinks = true; /* FIEMAP finds no SHARED extents where there are none */
+            it->reflinks = reflinks;
             if ((it->mnt_fd = fcntl(a->c.ws_fd, F_DUPFD_CLOEXEC, 0)) < 0)
                 continue;
             snprintf(j->ids[j->n], sizeof(j->ids[j->n]), "%s", a->id);

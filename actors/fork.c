@@ -78,7 +78,8 @@ struct fk_job {
     struct sop *op;
     size_t n;
     char ids[FORK_MAX][64];
-    bool staged[FORK_MAX];      /* owned by another shard: copied to <backups>/forks/<id> */
+    bool staged[FORK_MAX];      /* owned by another shard: copied to its staging directory
+                                 * (stage_top: the node pool's .forks, or <backups>/forks) */
     /* In a cluster, a staged fork is owned by a shard of another node: its
      * copy and record are sent there (workspace.put kind "fork") from the
      * thread, and the local stage removed. */
@@ -231,9 +232,14 @@ fk_done(sbx_loop *l, void *arg)
 /* On the fork's thread, the copies made: send each fork staged for another
  * node to its owner (workspace.put kind "fork": the image's data extents,
  * then its record with the commit; actors/ws_move.c), then remove the local
- * stage.  A failure removes every copy this fork made here and what the
- * owners already took (best effort; their sweep removes the rest after an
- * hour): nothing of the fork is left, as for any failed fork. */
+ * stage — unless the owner committed into this very directory (nodes
+ * sharing one --backups directory: the image is then another file).  A
+ * failure removes every copy this fork made here and asks the owners that
+ * took theirs to remove them (best effort: a copy whose discard is lost
+ * stays until that shard's next start sweeps staged copies older than an
+ * hour): nothing of the fork is left, as for any failed fork.  The pushes
+ * stop 5 s before the request's deadline, so that the answer reaches the
+ * gateway in time. */
 static void
 fk_push(struct fk_job *j)
 {
@@ -245,10 +251,14 @@ fk_push(struct fk_job *j)
         nng_socket s;
         sbx_err_t err = NULL;
         bool sent = false;
+        char img[1100];
+        struct stat st0, st1;
+        snprintf(img, sizeof(img), "%s/disk.img", j->dirs[i]);
+        bool had = stat(img, &st0) == 0;
         int rc = sbx_nng_req_dial(&s, j->to[i].url, sh->conf.sec, &err);
         if (rc == 0) {
             rc = cluster_ws_push(sh, s, j->to[i].name, j->ids[i], j->dirs[i], SBX_WS_MOVE, 0,
-                                 j->deadline, j->rec[i], j->reclen[i], &sent, &err);
+                                 j->deadline - 5000, j->rec[i], j->reclen[i], &sent, &err);
             nng_close(s);
         } else {
             rc = SBX_E_SHARD_UNAVAILABLE;
@@ -256,7 +266,10 @@ fk_push(struct fk_job *j)
         if (rc == 0 && !sent)
             rc = sbx_err_make(&err, SBX_E_INTERNAL, "the staged copy has no image");
         if (rc == 0) {
-            sbx_rm_rf(j->dirs[i]);
+            bool same = had && stat(img, &st1) == 0 &&
+                        (st1.st_dev != st0.st_dev || st1.st_ino != st0.st_ino);
+            if (!same)
+                sbx_rm_rf(j->dirs[i]);
             j->pushed[i] = true;
             continue;
         }

@@ -319,6 +319,8 @@ shard_op_status(struct sop *op)
     sbx_enc_kint(&e, "roomBytes", (int64_t)atomic_load(&sh->dguard.room));
     sbx_enc_kint(&e, "limited", (int64_t)atomic_load(&sh->dguard.limited));
     sbx_enc_kint(&e, "passes", (int64_t)atomic_load(&sh->dguard.passes));
+    sbx_enc_kint(&e, "lastPassUs", (int64_t)atomic_load(&sh->dguard.pass_us));
+    sbx_enc_kint(&e, "lastPassWorkspaces", (int64_t)atomic_load(&sh->dguard.measured));
     sbx_enc_end(&e);
     sbx_enc_str(&e, "cluster");
     cluster_encode_status(sh, &e);
@@ -619,15 +621,21 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
     sbx_store_foreach(sh->store, SBX_DB_SANDBOXES, fix_one, &fc);
     /* Workspaces of sandboxes destroyed while no shard ran, or whose
      * destroy was cut short (docs/persistence.md). */
-    char pwhy[512], own_pool[4200];
-    struct stat pst;
-    snprintf(own_pool, sizeof(own_pool), "%s/wspool.img", conf->data);
+    char pwhy[512] = "";
     bool node_pool = conf->ws_pool_node && conf->ws_pool_node[0] &&
-                     !(conf->ws_pool && !strcmp(conf->ws_pool, "off")) && stat(own_pool, &pst) != 0;
+                     !(conf->ws_pool && !strcmp(conf->ws_pool, "off"));
     /* Its part is named after its data directory (s<i> under `sbxd dev`),
      * which outlives a change of the deployment's --name. */
     const char *part = strrchr(conf->data, '/');
     part = part && part[1] ? part + 1 : conf->data;
+    /* A pool of its own from before the node's: its workspaces move into
+     * the node's pool first; if that fails the shard keeps using its own
+     * (and says why), as before. */
+    if (node_pool && (rc = sbx_wspool_absorb(conf->data, conf->ws_pool_node, part, pwhy,
+                                             sizeof(pwhy))) != 0) {
+        sbx_log_error("shard %s: its workspace pool stays its own: %s", conf->name, pwhy);
+        node_pool = false;
+    }
     if (node_pool)
         rc = sbx_wspool_attach(conf->data, conf->ws_pool_node, part, &sh->wspool, pwhy,
                                sizeof(pwhy));

@@ -373,6 +373,11 @@ struct shard_dguard {
     _Atomic uint64_t limited;   /* workspaces the last pass held below their want */
     _Atomic uint64_t passes;    /* passes run (each found the host short, or ended a cut) */
     _Atomic uint64_t failed;    /* workspaces the last pass could not measure */
+    _Atomic uint64_t pass_us;   /* how long the last pass took (its thread), µs */
+    _Atomic uint64_t measured;  /* workspaces the last pass measured */
+    _Atomic uint64_t level;     /* the last pass's level (bytes of new data each workspace
+                                 * may take; UINT64_MAX: no cut): a workspace mounted
+                                 * meanwhile is held to it (shard_work.c) */
 };
 
 /* disk_guard.c: called each second by the loop's sweep: when the running

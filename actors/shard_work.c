@@ -13,10 +13,12 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "../container/ws_guard.h"
 #include "../runtime/log.h"
 #include "../runtime/util.h"
 #include "shard_int.h"
@@ -37,6 +39,21 @@ static void work_done_loop(sbx_loop *l, void *arg);
  * taken at <dir>/snap.time; docs/persistence.md, "Across the cluster"),
  * else the start fails: sbx_ws_mount would make an empty one.
  */
+/* A workspace mounted while the disk guard holds the running ones down
+ * (disk_guard.c) is held to the same level at once, not at the next pass
+ * a second later (container/ws_guard.h sbx_ws_guard_cap) — but to no less
+ * than 8 MiB: the agent's set-up makes directories in a new workspace, and
+ * the level may be stale (the next pass lifts or sets it). */
+#define WS_HOLD_FLOOR (8ull << 20)
+static void
+ws_hold(struct shard *sh, int mnt_fd)
+{
+    if (!atomic_load(&sh->dguard.engaged))
+        return;
+    uint64_t level = atomic_load(&sh->dguard.level);
+    sbx_ws_guard_cap(mnt_fd, level > WS_HOLD_FLOOR ? level : WS_HOLD_FLOOR);
+}
+
 static int
 ws_present(struct shard *sh, struct work *w)
 {
@@ -117,6 +134,8 @@ start_image(struct shard *sh, struct work *w)
                                             sizeof(w->why))
                              : sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd,
                                             &created, w->why, sizeof(w->why));
+        if (rc == 0 && !w->ws_tmpfs)
+            ws_hold(sh, fd);
         if (rc == 0)
             rc = sbx_container_start_ws(sh->spawner, &w->lim, &root, fd, &w->c, w->why,
                                         sizeof(w->why));
@@ -141,6 +160,8 @@ start_ws(struct shard *sh, struct work *w)
                                         sizeof(w->why))
                          : sbx_ws_mount(w->ws_dir, w->disk, (uint64_t)sh->conf.inodes, &fd,
                                         &created, w->why, sizeof(w->why));
+    if (rc == 0 && !w->ws_tmpfs)
+        ws_hold(sh, fd);
     if (rc == 0)
         rc = sbx_container_start_ws(sh->spawner, &w->lim, NULL, fd, &w->c, w->why,
                                     sizeof(w->why));

@@ -211,6 +211,12 @@ shard_op_workspace_put(struct sop *op)
                             (unsigned long long)sh->conf.disk_max);
             return;
         }
+        /* A fork's copy is a new workspace of this node: admitted as one
+         * (the pool's room, --disk-reserve; disk_guard.c). */
+        if (fork && shard_disk_admit(sh, why, sizeof(why)) != 0) {
+            shard_reply_err(op, SBX_E_DISK_FULL, "workspace.put of a fork into %s: %s", sid, why);
+            return;
+        }
         rc = sbx_ws_recv_begin(dir, k, (uint64_t)size, why, sizeof(why));
     } else if (phase.n == 4 && !memcmp(phase.p, "data", 4)) {
         int64_t off = -1;

@@ -137,6 +137,29 @@ sbx_ws_guard_level(const uint64_t *want, size_t n, uint64_t room)
     return level;
 }
 
+int
+sbx_ws_guard_cap(int mnt_fd, uint64_t bytes)
+{
+    char path[300];
+    struct statvfs vs;
+    uint64_t resv;
+    int rc = sbx_ws_reserved_path(mnt_fd, path, sizeof(path));
+    if (rc == 0 && fstatvfs(mnt_fd, &vs) < 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = read_u64(path, &resv);
+    if (rc)
+        return rc;
+    uint64_t bsize = vs.f_frsize ? vs.f_frsize : 4096;
+    uint64_t avail = (uint64_t)vs.f_bavail * bsize;
+    if (avail <= bytes)
+        return 0;
+    uint64_t next = resv + (avail - bytes + bsize - 1) / bsize;
+    if (next >= (uint64_t)vs.f_blocks) /* the kernel's bound is the whole count; near enough */
+        next = vs.f_blocks ? vs.f_blocks - 1 : 0;
+    return write_u64(path, next);
+}
+
 /* What the pass needs of one item, measured. */
 struct meas {
     char path[300];   /* its reserved_clusters file */
@@ -163,8 +186,10 @@ measure(struct sbx_ws_guard_item *it, struct meas *m)
     uint64_t size = (uint64_t)st.st_size, alloc = (uint64_t)st.st_blocks * 512;
     m->blocks = size / m->bsize;
     m->resv0 = m->blocks / 50 < 4096 ? m->blocks / 50 : 4096;
-    /* f_bavail already has the reservation in force taken off. */
-    int64_t avail_blocks = (int64_t)vs.f_bavail + (int64_t)m->resv - (int64_t)m->resv0;
+    /* Free to writers under ext4's default reservation: f_bfree less it
+     * (the images have no root-reserved blocks, mkfs -m 0; f_bavail is
+     * clamped at 0 by the kernel, so it cannot be used to undo our own). */
+    int64_t avail_blocks = (int64_t)vs.f_bfree - (int64_t)m->resv0;
     m->avail = avail_blocks > 0 ? (uint64_t)avail_blocks * m->bsize : 0;
     uint64_t unbacked = size > alloc ? size - alloc : 0;
     /* Not free in ext4: its metadata, data (dirty data included: f_bfree
@@ -222,8 +247,8 @@ sbx_ws_guard_pass(struct sbx_ws_guard_item *items, size_t n, uint64_t budget,
                 resv = m[i].blocks ? m[i].blocks - 1 : 0;
         }
         if (resv != m[i].resv && (it->rc = write_u64(m[i].path, resv)) != 0) {
-            s.failed++;
-            resv = m[i].resv; /* as it was */
+            s.failed++; /* as it was: its share stays counted, on the safe side */
+            resv = m[i].resv;
         }
         it->limited = resv > m[i].resv0;
         s.limited += it->limited;

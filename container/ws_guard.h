@@ -85,6 +85,14 @@ int sbx_ws_guard_pass(struct sbx_ws_guard_item *items, size_t n, uint64_t budget
                       struct sbx_ws_guard_sum *sum);
 
 /*
+ * sbx_ws_guard_cap — hold the ext4 workspace mounted at mnt_fd to at most
+ * bytes more of new data now (its reserved clusters raised so that statfs's
+ * f_bavail ≤ bytes; never lowered): for a workspace mounted while the host
+ * is short, until the next pass measures it.  0, or -errno.
+ */
+int sbx_ws_guard_cap(int mnt_fd, uint64_t bytes);
+
+/*
  * sbx_ws_guard_level — water-filling: the largest L with Σ min(want[i], L)
  * ≤ room, or UINT64_MAX when Σ want[i] ≤ room (no cut needed).  want is
  * read only; n may be 0 (UINT64_MAX).  O(n log n); allocates a sorted copy
@@ -99,10 +107,11 @@ uint64_t sbx_ws_guard_level(const uint64_t *want, size_t n, uint64_t room);
 int64_t sbx_ws_shared_bytes(int fd);
 
 /*
- * sbx_ws_reserved — the ext4 file system mounted at mnt_fd: its
+ * sbx_ws_reserved_path — the ext4 file system mounted at mnt_fd: its
  * reserved_clusters file's path (/sys/fs/ext4/<dev>/reserved_clusters, dev
  * found from the mount's st_dev through /sys/dev/block) into buf.  0, or
- * -errno (-ENOENT: not ext4, or no such device).
+ * -errno (-ENOENT: not ext4, or no such device; -EACCES: not writable, not
+ * root).
  */
 int sbx_ws_reserved_path(int mnt_fd, char *buf, size_t n);
 

@@ -197,9 +197,11 @@ out:
  * <id>/ directory's regular files are copied, synced, then <id>/ removed.
  * A start cut short finds the rest still in top and copies them again.
  * Then top itself goes (a stray file: top is renamed aside, with a
- * warning).  Returns how many were moved, or -errno. */
+ * warning).  With copy_only (top is another pool's root, dropped whole by
+ * the caller once everything is copied) nothing of top is removed.
+ * Returns how many were moved (copied), or -errno. */
 static int
-pool_migrate(const char *top, int mnt, char *why, size_t whylen)
+pool_migrate(const char *top, int mnt, bool copy_only, char *why, size_t whylen)
 {
     DIR *d = opendir(top);
     int n = 0, rc = 0;
@@ -241,7 +243,9 @@ pool_migrate(const char *top, int mnt, char *why, size_t whylen)
                 syncfs(dst);
             close(dst);
         }
-        if (rc == 0) {
+        if (rc == 0 && copy_only) {
+            n++;
+        } else if (rc == 0) {
             char p[4500];
             snprintf(p, sizeof(p), "%s/%s", top, de->d_name);
             if ((rc = sbx_rm_rf(p)) != 0)
@@ -251,8 +255,8 @@ pool_migrate(const char *top, int mnt, char *why, size_t whylen)
         }
     }
     closedir(d);
-    if (rc)
-        return rc;
+    if (rc || copy_only)
+        return rc ? rc : n;
     if (rmdir(top) < 0 && errno != ENOENT) {
         char aside[4300];
         snprintf(aside, sizeof(aside), "%s.host-%lld", top, (long long)time(NULL));
@@ -381,7 +385,7 @@ pool_finish(sbx_wspool *p, char *why, size_t whylen)
     struct stat st;
     int rc;
     if (lstat(p->link, &st) == 0 && S_ISDIR(st.st_mode)) {
-        int moved = pool_migrate(p->link, p->mnt, why, whylen);
+        int moved = pool_migrate(p->link, p->mnt, false, why, whylen);
         if (moved < 0)
             return moved;
         if (moved > 0)
@@ -535,6 +539,156 @@ sbx_wspool_attach(const char *data, const char *node, const char *name, sbx_wspo
     p = NULL;
 out:
     pool_discard(p);
+    return rc;
+}
+
+/* Bytes of host disk the workspace files under top hold (st_blocks of the
+ * regular files of each <id>/ directory, as pool_migrate copies them:
+ * shared extents count once per file); stray entries (not a directory, or
+ * a dot name) counted in *strays. */
+static uint64_t
+pool_tree_bytes(const char *top, int *strays)
+{
+    uint64_t n = 0;
+    *strays = 0;
+    DIR *d = opendir(top);
+    if (!d)
+        return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (de->d_name[0] == '.' || de->d_type != DT_DIR) {
+            (*strays)++;
+            continue;
+        }
+        int sd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *s2 = sd >= 0 ? fdopendir(sd) : NULL;
+        struct dirent *fe;
+        struct stat st;
+        while (s2 && (fe = readdir(s2)) != NULL)
+            if (fe->d_type == DT_REG && fstatat(dirfd(s2), fe->d_name, &st, 0) == 0)
+                n += (uint64_t)st.st_blocks * 512;
+        if (s2)
+            closedir(s2);
+        else if (sd >= 0)
+            close(sd);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Remove from dst (a directory of the node's pool) the <id>/ directories
+ * that top (the old pool's root) has: the copies of an absorb that failed. */
+static void
+pool_unmigrate(const char *top, const char *dst)
+{
+    DIR *d = opendir(top);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char p[8600];
+        if (de->d_name[0] == '.' || de->d_type != DT_DIR)
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", dst, de->d_name);
+        sbx_rm_rf(p);
+    }
+    closedir(d);
+}
+
+int
+sbx_wspool_absorb(const char *data, const char *node, const char *name, char *why,
+                  size_t whylen)
+{
+    char file[4200], dir[4300], top[64];
+    int fd = -1, own = -1, dst = -1, rc = 0, strays = 0;
+    bool copying = false;
+    struct stat st;
+    struct statvfs pv, hv;
+    snprintf(file, sizeof(file), "%s/wspool.img", data);
+    if (stat(file, &st) < 0) {
+        if (errno == ENOENT)
+            return 0;
+        rc = -errno;
+        snprintf(why, whylen, "stat %s: %s", file, strerror(-rc));
+        return rc;
+    }
+    if (snprintf(dir, sizeof(dir), "%s/%s", node, name) >= (int)sizeof(dir)) {
+        snprintf(why, whylen, "the node pool's path %s/%s is too long", node, name);
+        return -ENAMETOOLONG;
+    }
+    if ((fd = open(file, O_RDWR | O_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "open %s: %s", file, strerror(-rc));
+        goto out;
+    }
+    if ((rc = pool_lock(fd, file, why, whylen)) != 0 ||
+        (rc = pool_mount(fd, file, &own, why, whylen)) != 0)
+        goto out;
+    if ((mkdir(dir, 0700) < 0 && errno != EEXIST) ||
+        (dst = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "the shard's directory %s in the node's pool: %s", dir,
+                 strerror(-rc));
+        goto out;
+    }
+    snprintf(top, sizeof(top), "/proc/self/fd/%d", own);
+    /* Room for the copies, in the node's pool and on the host under it
+     * (the old pool's space comes back only when it is removed at the end),
+     * with the pool's reserve to spare: else the move is not begun. */
+    uint64_t need = pool_tree_bytes(top, &strays) + SBX_WSPOOL_RESERVE;
+    if (fstatvfs(dst, &pv) < 0 || statvfs(data, &hv) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "statvfs of the node's pool or of %s: %s", data, strerror(-rc));
+        goto out;
+    }
+    uint64_t pfree = (uint64_t)pv.f_bavail * pv.f_frsize,
+             hfree = (uint64_t)hv.f_bavail * hv.f_frsize;
+    if (pfree < need || hfree < need) {
+        rc = -ENOSPC;
+        snprintf(why, whylen, "moving the workspaces of %s needs %llu MiB free; the node's pool "
+                 "has %llu MiB, the host file system %llu MiB", file,
+                 (unsigned long long)(need >> 20), (unsigned long long)(pfree >> 20),
+                 (unsigned long long)(hfree >> 20));
+        goto out;
+    }
+    /* Every workspace copied and synced before anything of the old pool
+     * goes: a failure removes the copies and leaves the old pool whole. */
+    copying = true;
+    int moved = pool_migrate(top, dst, true, why, whylen);
+    if (moved < 0) {
+        rc = moved;
+        goto out;
+    }
+    if (syncfs(dst) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "sync the node's pool: %s", strerror(-rc));
+        goto out;
+    }
+    copying = false;
+    if (strays)
+        sbx_log_warn("workspace pool %s: %d entries that are no workspace (or staged forks) "
+                     "are dropped with it", file, strays);
+    close(own);
+    own = -1;
+    if (unlink(file) < 0) {
+        rc = -errno;
+        snprintf(why, whylen, "remove %s after its move into the node's pool: %s", file,
+                 strerror(-rc));
+        goto out;
+    }
+    sbx_log_info("workspace pool %s: moved %d workspaces into the node's pool (%s), and "
+                 "removed it", file, moved, dir);
+out:
+    if (copying)
+        pool_unmigrate(top, dir);
+    if (dst >= 0)
+        close(dst);
+    if (own >= 0)
+        close(own); /* the kernel drops the mount, AUTOCLEAR the loop device */
+    if (fd >= 0)
+        close(fd);
     return rc;
 }
 

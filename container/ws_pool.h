@@ -81,6 +81,24 @@ int sbx_wspool_open(const char *data, const char *mode, uint64_t size, sbx_wspoo
 int sbx_wspool_attach(const char *data, const char *node, const char *name, sbx_wspool **out,
                       char *why, size_t whylen);
 
+/*
+ * sbx_wspool_absorb — a shard that had a pool of its own (<data>/wspool.img,
+ * made before `sbxd dev` shared one pool between its shards) and is now
+ * given the node's: mount its pool, copy each workspace directory into
+ * <node>/<name> (its part of the node's pool: sparse, each file synced and
+ * renamed into place, then the pool synced), and only then remove
+ * <data>/wspool.img.  Not begun (-ENOSPC) unless the node's pool and the
+ * host file system under <data> both have room for the copies plus 64 MiB.
+ * A failure, or a crash, leaves the old pool whole: the copies made are
+ * removed (after a crash, the next call copies again over them).  Entries
+ * of the old pool that are no workspace (staged forks, strays) go with it,
+ * with a warning.  0 with nothing to do (no <data>/wspool.img) or done;
+ * else -errno with why (the caller keeps using its own pool).  Blocking
+ * (copies the images); at the shard's start, before the attach.
+ */
+int sbx_wspool_absorb(const char *data, const char *node, const char *name, char *why,
+                      size_t whylen);
+
 /* sbx_wspool_stage_dir — where a fork stages its copy for another shard of
  * this node: <node>/.forks for an attached pool (on the pool: the copy is a
  * reflink, the adoption a rename), else "" (the caller uses the node's

@@ -250,19 +250,13 @@ sbxd_cmd_dev(int argc, char **argv)
     /* One workspace pool for the node (container/ws_pool.h), made and held
      * here, each shard a directory of it (sbx_wspool_attach): a fork into
      * another shard's sandbox is then a reflink and a rename, not a copy
-     * (docs/persistence.md, "The workspace pool").  Not when a shard already
-     * has a pool of its own (a deployment made before): those stay, and so
-     * do the shards' own rules when the node pool is not made (reflinks on
-     * the host file system, --ws-pool off, no XFS here). */
+     * (docs/persistence.md, "The workspace pool").  A shard that has a pool
+     * of its own (a deployment made before) moves its workspaces into it
+     * (sbx_wspool_absorb).  The shards' own rules apply when the node pool
+     * is not made (reflinks on the host file system, --ws-pool off, no XFS
+     * here). */
     char node_arg[PATH_MAX + 32] = "";
-    bool own_pools = false;
-    for (int i = 0; i < nshards; i++) {
-        char f[PATH_MAX + 32];
-        struct stat pst;
-        snprintf(f, sizeof(f), "%s/s%d/wspool.img", absdata, i);
-        own_pools = own_pools || stat(f, &pst) == 0;
-    }
-    if (!own_pools && !(c.ws_pool && !strcmp(c.ws_pool, "off"))) {
+    if (!(c.ws_pool && !strcmp(c.ws_pool, "off"))) {
         char pwhy[512];
         int prc = sbx_wspool_open(absdata, c.ws_pool, c.ws_pool_size, &node_pool, pwhy,
                                   sizeof(pwhy));

@@ -19,7 +19,8 @@
  * (sparse) pool refuses a new workspace and a fork with DISK_FULL too, and
  * running sandboxes share out what is left of it (the disk guard: ENOSPC
  * inside, never I/O errors); the shards of one `sbxd dev` share one pool,
- * and forks across them are reflinks.
+ * forks across them are reflinks, and a shard's pool of its own from
+ * before moves into it.
  *
  * Each test starts its own small daemon (one shard), stopped by the fini.
  */
@@ -151,7 +152,7 @@ shared_bytes(const char *path)
     return shared;
 }
 
-/* Loop devices whose backing file is path. */
+/* Loop devices whose backing file is path (or was: "path (deleted)"). */
 static int
 loops_of(const char *path)
 {
@@ -164,7 +165,8 @@ loops_of(const char *path)
         char line[4096] = "";
         if (f && fgets(line, sizeof(line), f)) {
             line[strcspn(line, "\n")] = '\0';
-            n += !strcmp(line, path);
+            n += !strcmp(line, path) ||
+                 (!strncmp(line, path, strlen(path)) && !strcmp(line + strlen(path), " (deleted)"));
         }
         if (f)
             fclose(f);
@@ -713,6 +715,47 @@ Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
     char *out = sh(c, id, "cat /workspace/f", &code);
     cr_assert_str_eq(out, "before-pool\n", "after the move into the pool: %s", out);
     free(out);
+    free(id);
+    sbx_client_close(c);
+}
+
+/*
+ * A deployment whose shard made a pool of its own (<data>/s0/wspool.img,
+ * before `sbxd dev` shared one pool between its shards; here made by
+ * giving the shard an empty --ws-pool-node) moves its workspaces into the
+ * node's pool at the next start: the file is there, equal by sha256, its
+ * image is in the shard's part of the node's pool, the old pool file is
+ * gone and no loop device backs it.
+ */
+Test(wspool, a_shard_pool_from_before_moves_into_the_node_pool)
+{
+    sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool-node=", NULL});
+    char old[512], img[600];
+    snprintf(old, sizeof(old), "%s/s0/wspool.img", live->dir);
+    char *id = test_id("pab");
+    ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+    int code;
+    char *before = sh(c, id, "head -c 3000000 /dev/urandom > /workspace/f && sync && "
+                             "sha256sum /workspace/f", &code);
+    cr_assert_eq(code, 0, "%s", before);
+    struct stat st;
+    cr_assert_eq(stat(old, &st), 0, "the shard made no pool of its own (%s)", old);
+    sbx_client_close(c);
+
+    cr_assert_eq(testd_restart(live, 1, (const char *const[]){TESTD_SMALL, NULL}), 0);
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0);
+    char *after = sh(c, id, "sha256sum /workspace/f", &code);
+    cr_assert_str_eq(after, before, "the file after the move into the node's pool");
+    free(after);
+    free(before);
+    snprintf(img, sizeof(img), "%s/workspaces/s0/%s/disk.img", live->dir, id);
+    cr_assert_eq(stat(img, &st), 0, "the image is not in the node's pool: %s", img);
+    cr_assert_neq(stat(old, &st), 0, "the shard's own pool %s is still there", old);
+    int left = -1;
+    for (int i = 0; i < 50 && (left = loops_of(old)) > 0; i++)
+        usleep(100 * 1000);
+    cr_assert_eq(left, 0, "%d loop devices still back %s", left, old);
     free(id);
     sbx_client_close(c);
 }

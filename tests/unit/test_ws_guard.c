@@ -210,6 +210,32 @@ Test(ws_guard, blocks_fallocated_before_a_cut_count_against_the_budget, .fini = 
     close(it.img_fd);
 }
 
+/* A workspace mounted while the others are held down is held to the same
+ * level at once (sbx_ws_guard_cap), and a cap never raises free space. */
+Test(ws_guard, a_cap_holds_a_new_mount_to_the_level, .fini = rm_tmp)
+{
+    need_root();
+    snprintf(tmp, sizeof(tmp), "/tmp/sbx-wsguard-XXXXXX");
+    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+    int mnt, img;
+    workspace("a", 64ull << 20, &mnt, &img);
+    uint64_t r0 = resv(mnt);
+    cr_assert_eq(sbx_ws_guard_cap(mnt, 10ull << 20), 0);
+    struct statfs sf;
+    cr_assert_eq(fstatfs(mnt, &sf), 0);
+    cr_assert_leq((uint64_t)sf.f_bavail * sf.f_bsize, 10ull << 20);
+    uint64_t r1 = resv(mnt);
+    cr_assert_gt(r1, r0);
+    cr_assert_eq(sbx_ws_guard_cap(mnt, 40ull << 20), 0);
+    cr_assert_eq(resv(mnt), r1, "a larger cap lowered the reservation");
+    int e;
+    uint64_t w = fill(mnt, "big", &e);
+    cr_assert_eq(e, ENOSPC, "%s", strerror(e));
+    cr_assert_leq(w, 10ull << 20, "wrote %llu bytes past a 10 MiB cap", (unsigned long long)w);
+    close(mnt);
+    close(img);
+}
+
 Test(ws_guard, a_gone_mount_is_not_measured)
 {
     struct sbx_ws_guard_item it = {.mnt_fd = -1, .img_fd = -1};
