@@ -57,6 +57,8 @@ struct put_job {
     char id[64];
     enum sbx_ws_kind kind;
     bool commit;
+    bool drop;           /* a fork's abort: remove its staged copy (off the loop: it may
+                          * be gigabytes) */
     uint64_t off;
     sbx_str data;        /* into op's request, which lives until the reply */
     uint8_t sha[SBX_WS_XFER_SHA];
@@ -110,6 +112,12 @@ put_thread(void *arg)
 {
     struct put_job *j = arg;
     struct shard *sh = j->op->sh;
+    if (j->drop) {
+        sbx_rm_rf(j->dir);
+        sbx_loop_post(sh->loop, put_done, j);
+        atomic_fetch_sub(&sh->img_jobs, 1);
+        return NULL;
+    }
     if (j->commit)
         j->rc = sbx_ws_recv_commit(j->dir, j->kind, j->sha, j->taken, j->why, sizeof(j->why));
     else
@@ -271,10 +279,16 @@ shard_op_workspace_put(struct sop *op)
         put_run(j);
         return;
     } else if (phase.n == 5 && !memcmp(phase.p, "abort", 5)) {
-        if (fork)
-            sbx_rm_rf(dir); /* the staged copy, committed or not */
-        else
-            sbx_ws_recv_abort(dir, k);
+        if (fork) { /* the staged copy, committed or not */
+            struct put_job *j = sbx_xcalloc(1, sizeof(*j));
+            j->op = op;
+            j->drop = true;
+            snprintf(j->dir, sizeof(j->dir), "%s", dir);
+            snprintf(j->id, sizeof(j->id), "%s", sid);
+            put_run(j);
+            return;
+        }
+        sbx_ws_recv_abort(dir, k);
     } else if (phase.n == 4 && !memcmp(phase.p, "drop", 4) && k == SBX_WS_SNAP) {
         sbx_ws_snap_drop(dir);
     } else {

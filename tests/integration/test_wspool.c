@@ -383,6 +383,23 @@ cleanup_host(void)
     }
 }
 
+/* Fill the test's host file system (host_mnt) with <host_mnt>/filler
+ * (fallocate) until `leave` bytes are free; its path into filler. */
+static void
+fill_host(long long leave, char *filler, size_t n)
+{
+    snprintf(filler, n, "%s/filler", host_mnt);
+    struct statvfs vs;
+    cr_assert_eq(statvfs(host_mnt, &vs), 0);
+    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
+    cr_assert_gt(avail, leave + (60ll << 20), "the tmpfs has only %lld bytes free", avail);
+    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
+    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - leave)), 0, "fallocate: %s",
+                 strerror(errno));
+    close(fd);
+}
+
 /*
  * The pool file is sparse, so the host file system under it can fill while
  * the pool still has room: then a new workspace and a fork are refused
@@ -406,16 +423,7 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
     /* Fill the host file system (the tmpfs) to 40 MiB free; the pool keeps
      * its own free space (about 330 MiB). */
     char filler[128];
-    snprintf(filler, sizeof(filler), "%s/filler", host_mnt);
-    struct statvfs vs;
-    cr_assert_eq(statvfs(host_mnt, &vs), 0);
-    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
-    cr_assert_gt(avail, 100ll << 20, "the tmpfs has only %lld bytes free", avail);
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
-    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - (40ll << 20))), 0, "fallocate: %s",
-                 strerror(errno));
-    close(fd);
+    fill_host(40ll << 20, filler, sizeof(filler));
 
     ok(c, "create", b, "{\"workspace\":\"persistent\"}");
     refused_full(c, a, b, f, "host file system");
@@ -497,15 +505,7 @@ Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors
     /* Leave the host 160 MiB: room for 128 MiB after the reserve, half
      * of one sandbox's limit. */
     char filler[128];
-    snprintf(filler, sizeof(filler), "%s/filler", host_mnt);
-    struct statvfs vs;
-    cr_assert_eq(statvfs(host_mnt, &vs), 0);
-    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
-    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - (160ll << 20))), 0, "fallocate: %s",
-                 strerror(errno));
-    close(fd);
+    fill_host(160ll << 20, filler, sizeof(filler));
 
     /* Within a few passes (one a second) df inside shows the share. */
     long long fa = 0, fb = 0;
@@ -531,6 +531,7 @@ Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors
     }
     cr_assert_gt(wb, 16ll << 20, "the second writer got only %lld bytes", wb);
     cr_assert_lt(wa + wb, 160ll << 20, "together they wrote %lld bytes", wa + wb);
+    struct statvfs vs;
     cr_assert_eq(statvfs(host_mnt, &vs), 0);
     cr_assert_geq((long long)vs.f_bavail * (long long)vs.f_frsize, 16ll << 20,
                   "the host has only %lld bytes free",
@@ -574,15 +575,7 @@ Test(wspool, a_host_below_the_reserve_refuses_new_workspaces_and_new_data,
     int code;
     free(sh(c, a, "echo a > /workspace/f && sync", &code));
     char filler[128];
-    snprintf(filler, sizeof(filler), "%s/filler", host_mnt);
-    struct statvfs vs;
-    cr_assert_eq(statvfs(host_mnt, &vs), 0);
-    long long avail = (long long)vs.f_bavail * (long long)vs.f_frsize;
-    int fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    cr_assert_geq(fd, 0, "open %s: %s", filler, strerror(errno));
-    cr_assert_eq(fallocate(fd, 0, 0, (off_t)(avail - (100ll << 20))), 0, "fallocate: %s",
-                 strerror(errno));
-    close(fd);
+    fill_host(100ll << 20, filler, sizeof(filler));
 
     ok(c, "create", b, "{\"workspace\":\"persistent\"}");
     refused_full(c, a, b, f, "--disk-reserve");
