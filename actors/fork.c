@@ -45,6 +45,8 @@
 #include "shard_int.h"
 
 #define FORK_MAX 16
+/* How often a running shard sweeps stale staged forks (shard_fork_sweep_soon). */
+#define FORK_SWEEP_MS (10 * 60 * 1000)
 
 /* The node's staging directory for forks into other shards' sandboxes, into
  * buf: on the node's workspace pool when the shard has a part of one
@@ -236,8 +238,9 @@ fk_done(sbx_loop *l, void *arg)
  * sharing one --backups directory: the image is then another file).  A
  * failure removes every copy this fork made here and asks the owners that
  * took theirs to remove them (best effort: a copy whose discard is lost
- * stays until that shard's next start sweeps staged copies older than an
- * hour): nothing of the fork is left, as for any failed fork.  The pushes
+ * is removed by that shard's sweep of staged copies older than an hour,
+ * shard_fork_sweep_soon): nothing of the fork is left, as for any failed
+ * fork.  The pushes
  * stop 5 s before the request's deadline, so that the answer reaches the
  * gateway in time. */
 static void
@@ -692,4 +695,30 @@ shard_fork_sweep(struct shard *sh)
             sbx_log_info("shard %s: removed the stale staged fork %s", sh->conf.name, p);
     }
     closedir(d);
+}
+
+static void *
+fork_sweep_thread(void *arg)
+{
+    struct shard *sh = arg;
+    shard_fork_sweep(sh);
+    atomic_fetch_sub(&sh->img_jobs, 1); /* the shard's stop waits for it */
+    return NULL;
+}
+
+void
+shard_fork_sweep_soon(struct shard *sh)
+{
+    int64_t now = sbx_mono_ms();
+    if (now - sh->fork_swept_ms < FORK_SWEEP_MS || atomic_load(&sh->img_stop))
+        return;
+    sh->fork_swept_ms = now;
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&sh->img_jobs, 1);
+    if (pthread_create(&th, &at, fork_sweep_thread, sh) != 0)
+        atomic_fetch_sub(&sh->img_jobs, 1);
+    pthread_attr_destroy(&at);
 }

@@ -409,6 +409,7 @@ sweep_cb(sbx_loop *l, void *arg)
     shard_pool_adapt(sh);
     shard_img_pools_adapt(sh);
     shard_disk_guard(sh);
+    shard_fork_sweep_soon(sh);
     sbx_loop_timer(l, 1000, sweep_cb, sh);
 }
 
@@ -654,6 +655,7 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         sbx_log_info("shard %s: removed %d workspaces of sandboxes that no longer exist",
                      conf->name, swept);
     shard_fork_sweep(sh);
+    sh->fork_swept_ms = sbx_mono_ms();
     if (fc.n)
         sbx_log_info("shard %s: %zu sandboxes were running when the shard last stopped; their "
                  "containers are gone and start again on their next operation",

@@ -410,6 +410,7 @@ struct shard {
     int sigfd;
     struct sbx_limits limits;
     int64_t started_ms;
+    int64_t fork_swept_ms;      /* monotonic: the last shard_fork_sweep_soon (fork.c) */
     bool stopping;
     bool ctx_closed;            /* replies are no longer sent */
 
@@ -815,13 +816,19 @@ void actor_mark_failed(struct actor *a, uint64_t seq, int code);
 void actor_partition_drop(struct shard *sh, const uint8_t *set);
 /* fork.c: remove copies staged in the node's store (<backups>/forks/) for
  * forks on other shards and not adopted within an hour (a gateway that died
- * between the copy and the adopt); when the shard starts. */
+ * between the copy and the adopt); when the shard starts, and every 10
+ * minutes after (shard_fork_sweep_soon). */
 void shard_fork_sweep(struct shard *sh);
 /* fork.c: where a fork's copy for sandbox id is staged on this node,
  * <staging>/<id> (<node pool>/.forks, or <backups>/forks), into buf; 0, or
  * -1 when the shard has no node store or the path does not fit.  Any
  * thread (reads only the shard's settings). */
 int shard_fork_stage_dir(const struct shard *sh, const char *id, char *buf, size_t n);
+/* fork.c: from the loop's sweep: every 10 minutes, shard_fork_sweep on a
+ * thread of its own (counted in img_jobs): copies staged for forks that
+ * failed elsewhere (a lost discard, a gateway gone between the copy and
+ * the adopt) do not wait for the shard's next start. */
+void shard_fork_sweep_soon(struct shard *sh);
 /* actor_get — the in-memory actor of sandbox id; with load, a new one if
  * there is none, its record what the sandbox's last queued store write
  * made (sh->pw_head) or else what LMDB holds (a destroy's delete may still
