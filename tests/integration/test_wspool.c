@@ -59,15 +59,23 @@ cleanup(void)
 TestSuite(wspool, .fini = cleanup, .timeout = 240);
 
 static sbx_client *
-start_with(const char *const *extra)
+start_shards(int shards, const char *const *extra)
 {
     live = calloc(1, sizeof(*live));
-    cr_assert_eq(testd_start(live, 1, extra), 0, "the daemon did not start");
+    cr_assert_eq(testd_start(live, shards, extra), 0, "the daemon did not start");
     sbx_client *c = NULL;
     sbx_error err;
     cr_assert_eq(sbx_client_open(&c, live->url, &err), 0, "connect: %s", err.message);
     return c;
 }
+
+static sbx_client *
+start_with(const char *const *extra)
+{
+    return start_shards(1, extra);
+}
+
+static int owner(const char *id);
 
 /* op with JSON args; the result's JSON (heap), or NULL with code[64], msg. */
 static char *
@@ -474,28 +482,33 @@ write_big(sbx_client *c, const char *id, char **err)
     return n;
 }
 
-/*
- * The disk guard (docs/persistence.md, "When the host disk runs short"):
- * two running sandboxes whose disks (256 MiB each) add up to more than the
- * host file system under the pool has free.  Each writer gets ENOSPC ("No
- * space left on device") after its share, never an I/O error; the second
- * still gets its share after the first wrote all it could; the host keeps
- * free space; the sandboxes' files are intact and they go on writing once
- * the host has room again, when the limits are lifted.  Without the guard
- * (--disk-reserve 0) each wrote 239 MiB into its page cache, the pool's
- * writes failed on the full host, and `sync` found both workspaces'
- * ext4 remounted read-only (its errors=remount-ro after the I/O errors).
- */
-Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors,
-     .fini = cleanup_host)
+/* A new sandbox ID with prefix p whose owner is shard `shard` of `shards`
+ * (any with one shard); heap. */
+static char *
+id_on_shard(const char *p, int shards, int shard)
+{
+    for (int k = 0; k < 1000; k++) {
+        char *id = test_id(p);
+        if (shards == 1 || owner(id) == shard)
+            return id;
+        free(id);
+    }
+    cr_assert_fail("no ID of shard %d", shard);
+    return NULL;
+}
+
+/* The body of the tests below: sandboxes a and b (on shards 0 and 1 when
+ * there are two) on a host with 160 MiB free and a 32 MiB reserve. */
+static void
+short_host(int shards)
 {
     /* The pool (sparse) has room for both limits: the host is what is short. */
     cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wspg", "1200m"), 0,
                  "mount tmpfs: %s", strerror(errno));
-    sbx_client *c = start_with((const char *const[]){
+    sbx_client *c = start_shards(shards, (const char *const[]){
         TESTD_SMALL, "--disk", "256M", "--data", host_mnt, "--ws-pool", "on",
         "--ws-pool-size", "900M", "--disk-reserve", "32M", NULL});
-    char *a = test_id("pga"), *b = test_id("pgb");
+    char *a = id_on_shard("pga", shards, 0), *b = id_on_shard("pgb", shards, 1);
     const char *ids[2] = {a, b};
     int code;
     for (int i = 0; i < 2; i++) {
@@ -531,6 +544,11 @@ Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors
     }
     cr_assert_gt(wb, 16ll << 20, "the second writer got only %lld bytes", wb);
     cr_assert_lt(wa + wb, 160ll << 20, "together they wrote %lld bytes", wa + wb);
+    /* Two shards split the room (--node-shards from sbxd dev): neither
+     * shard's sandbox takes more than half of it. */
+    if (shards == 2)
+        cr_assert(wa <= 64ll << 20 && wb <= 64ll << 20,
+                  "a shard's sandbox wrote past its half of the room: %lld, %lld", wa, wb);
     struct statvfs vs;
     cr_assert_eq(statvfs(host_mnt, &vs), 0);
     cr_assert_geq((long long)vs.f_bavail * (long long)vs.f_frsize, 16ll << 20,
@@ -553,6 +571,31 @@ Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors
     free(a);
     free(b);
     sbx_client_close(c);
+}
+
+/*
+ * The disk guard (docs/persistence.md, "When the host disk runs short"):
+ * two running sandboxes whose disks (256 MiB each) add up to more than the
+ * host file system under the pool has free.  Each writer gets ENOSPC ("No
+ * space left on device") after its share, never an I/O error; the second
+ * still gets its share after the first wrote all it could; the host keeps
+ * free space; the sandboxes' files are intact and they go on writing once
+ * the host has room again, when the limits are lifted.  Without the guard
+ * (--disk-reserve 0) each wrote 239 MiB into its page cache, the pool's
+ * writes failed on the full host, and `sync` found both workspaces'
+ * ext4 remounted read-only (its errors=remount-ro after the I/O errors).
+ */
+Test(wspool, the_host_disk_short_of_the_limits_gives_enospc_inside_not_io_errors,
+     .fini = cleanup_host)
+{
+    short_host(1);
+}
+
+/* The same with two shards (under one `sbxd dev`, which passes
+ * --node-shards 2): each shard shares out half of the room. */
+Test(wspool, two_shards_of_a_node_split_the_room, .fini = cleanup_host)
+{
+    short_host(2);
 }
 
 /*
