@@ -54,21 +54,29 @@ struct dg_job {
     char (*ids)[64]; /* the actors' ids (struct actor id) */
 };
 
+/* Bytes free to ordinary writers on the host file system holding the
+ * images (or the pool file) and in the pool (UINT64_MAX without one). */
+static int
+dg_free(struct shard *sh, uint64_t *host, uint64_t *pool)
+{
+    *pool = UINT64_MAX;
+    if (sh->wspool)
+        return sbx_wspool_space(sh->wspool, pool, host);
+    struct statvfs vs;
+    if (statvfs(sh->conf.data, &vs) < 0)
+        return -errno;
+    *host = (uint64_t)vs.f_bavail * vs.f_frsize;
+    return 0;
+}
+
 /* This shard's part of the free disk under its workspaces, in bytes. */
 static int
 dg_room(struct shard *sh, uint64_t *room)
 {
-    uint64_t host = 0, pool = UINT64_MAX;
-    int rc;
-    if (sh->wspool) {
-        if ((rc = sbx_wspool_space(sh->wspool, &pool, &host)) != 0)
-            return rc;
-    } else {
-        struct statvfs vs;
-        if (statvfs(sh->conf.data, &vs) < 0)
-            return -errno;
-        host = (uint64_t)vs.f_bavail * vs.f_frsize;
-    }
+    uint64_t host, pool;
+    int rc = dg_free(sh, &host, &pool);
+    if (rc)
+        return rc;
     uint64_t left = host < pool ? host : pool;
     uint64_t r = left > sh->conf.disk_reserve ? left - sh->conf.disk_reserve : 0;
     *room = r / (uint64_t)sh->conf.node_shards;
@@ -199,17 +207,10 @@ shard_disk_guard(struct shard *sh)
             j->n++;
         }
     atomic_store(&sh->dguard.busy, true);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&th, &at, dg_thread, j) != 0) {
+    if (shard_job_start(sh, dg_thread, j) != 0) {
         dg_job_free(j);
         atomic_store(&sh->dguard.busy, false);
-        atomic_fetch_sub(&sh->img_jobs, 1);
     }
-    pthread_attr_destroy(&at);
 }
 
 int
@@ -218,16 +219,9 @@ shard_disk_admit(struct shard *sh, char *why, size_t whylen)
     int rc = sbx_wspool_room(sh->wspool, why, whylen);
     if (rc || !sh->conf.disk_reserve)
         return rc;
-    uint64_t host = 0, pool = UINT64_MAX;
-    if (sh->wspool) {
-        if (sbx_wspool_space(sh->wspool, &pool, &host) != 0)
-            return 0;
-    } else {
-        struct statvfs vs;
-        if (statvfs(sh->conf.data, &vs) < 0)
-            return 0;
-        host = (uint64_t)vs.f_bavail * vs.f_frsize;
-    }
+    uint64_t host, pool;
+    if (dg_free(sh, &host, &pool) != 0)
+        return 0;
     if (host >= sh->conf.disk_reserve && pool >= sh->conf.disk_reserve)
         return 0;
     bool h = host <= pool;

@@ -503,18 +503,11 @@ actor_op_fork(struct actor *a, struct sop *op)
     for (size_t i = 0; i < j->n; i++)
         if (!j->staged[i])
             actor_get(sh, j->ids[i], false)->gate = op;
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (pthread_create(&th, &at, fk_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
+    if (shard_job_start(sh, fk_thread, j) != 0) {
         j->rc = -EAGAIN;
         snprintf(j->why, sizeof(j->why), "cannot start a thread for the copy");
         fk_done(sh->loop, j);
     }
-    pthread_attr_destroy(&at);
 }
 
 /* An adopt's move of its staged image into the workspace (actor_op_adopt). */
@@ -658,19 +651,12 @@ actor_op_adopt(struct actor *a, struct sop *op)
     /* A copy into the pool: on a thread, the sandbox's gate closed. */
     a->gate = op;
     j->async = true;
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (pthread_create(&th, &at, ad_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
+    if (shard_job_start(sh, ad_thread, j) != 0) {
         j->rc = -EAGAIN;
         j->async = false;
         snprintf(j->why, sizeof(j->why), "cannot start a thread for the copy");
         ad_done(sh->loop, j);
     }
-    pthread_attr_destroy(&at);
 }
 
 void
@@ -713,12 +699,5 @@ shard_fork_sweep_soon(struct shard *sh)
     if (now - sh->fork_swept_ms < FORK_SWEEP_MS || atomic_load(&sh->img_stop))
         return;
     sh->fork_swept_ms = now;
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (pthread_create(&th, &at, fork_sweep_thread, sh) != 0)
-        atomic_fetch_sub(&sh->img_jobs, 1);
-    pthread_attr_destroy(&at);
+    shard_job_start(sh, fork_sweep_thread, sh); /* not started: tried again in 10 minutes */
 }

@@ -473,6 +473,23 @@ shard_images_stop(struct shard *sh)
         usleep(10000);
 }
 
+int
+shard_job_start(struct shard *sh, void *(*fn)(void *), void *arg)
+{
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&sh->img_jobs, 1);
+    int rc = pthread_create(&t, &at, fn, arg);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        atomic_fetch_sub(&sh->img_jobs, 1);
+        return -rc;
+    }
+    return 0;
+}
+
 void
 shard_op_image_blob(struct sop *op)
 {

@@ -491,6 +491,11 @@ void shard_op_status(struct sop *op);
 /* images.c: wait until no image op is running on its thread (the shard is
  * stopping; the replies they posted are run by the loop afterwards). */
 void shard_images_stop(struct shard *sh);
+/* images.c: run fn(arg) on a detached thread counted in img_jobs (so the
+ * shard's stop waits for it: fn's last act must be
+ * atomic_fetch_sub(&sh->img_jobs, 1)).  0, or -errno from pthread_create
+ * (nothing started, the count restored, arg still the caller's). */
+int shard_job_start(struct shard *sh, void *(*fn)(void *), void *arg);
 /*
  * image_fetch.c: images fetched from peer nodes (docs/images.md, "Images in
  * a cluster").  A snapshot of the peers to ask: the cluster's live members

@@ -408,6 +408,24 @@ fill_host(long long leave, char *filler, size_t n)
     close(fd);
 }
 
+/* After a refusal: the running sandbox a still reads its file (holding
+ * "a"); once the filler is removed, the new workspace b starts. */
+static void
+goes_on_then_starts(sbx_client *c, const char *a, const char *b, const char *filler)
+{
+    int code;
+    char *out = sh(c, a, "cat /workspace/f", &code);
+    cr_assert_str_eq(out, "a\n", "the running sandbox: %s", out);
+    free(out);
+    cr_assert_eq(unlink(filler), 0);
+    sbx_exec_result r;
+    sbx_error err;
+    cr_assert_eq(test_sh(c, b, "echo b > /workspace/g && cat /workspace/g", 30000, &r, &err), 0,
+                 "the new workspace did not start once the host had room: %s", err.message);
+    cr_assert_str_eq(r.stdout_data, "b\n");
+    sbx_exec_result_free(&r);
+}
+
 /*
  * The pool file is sparse, so the host file system under it can fill while
  * the pool still has room: then a new workspace and a fork are refused
@@ -435,18 +453,7 @@ Test(wspool, a_full_host_file_system_under_the_pool_refuses_new_workspaces,
 
     ok(c, "create", b, "{\"workspace\":\"persistent\"}");
     refused_full(c, a, b, f, "host file system");
-    sbx_exec_result r;
-    sbx_error err;
-    /* The running sandbox goes on. */
-    char *out = sh(c, a, "cat /workspace/f", &code);
-    cr_assert_str_eq(out, "a\n", "the running sandbox: %s", out);
-    free(out);
-    /* Room back: the new workspace starts. */
-    cr_assert_eq(unlink(filler), 0);
-    cr_assert_eq(test_sh(c, b, "echo b > /workspace/g && cat /workspace/g", 30000, &r, &err), 0,
-                 "the new workspace did not start once the host had room: %s", err.message);
-    cr_assert_str_eq(r.stdout_data, "b\n");
-    sbx_exec_result_free(&r);
+    goes_on_then_starts(c, a, b, filler);
     free(a);
     free(b);
     free(f);
@@ -634,16 +641,7 @@ Test(wspool, a_host_below_the_reserve_refuses_new_workspaces_and_new_data,
     cr_assert(strstr(out, "No space left on device"), "a wrote new data below the reserve: %s",
               out);
     free(out);
-    out = sh(c, a, "cat /workspace/f", &code);
-    cr_assert_str_eq(out, "a\n", "the running sandbox: %s", out);
-    free(out);
-    cr_assert_eq(unlink(filler), 0);
-    sbx_exec_result r;
-    sbx_error err;
-    cr_assert_eq(test_sh(c, b, "echo b > /workspace/g && cat /workspace/g", 30000, &r, &err), 0,
-                 "the new workspace did not start once the host had room: %s", err.message);
-    cr_assert_str_eq(r.stdout_data, "b\n");
-    sbx_exec_result_free(&r);
+    goes_on_then_starts(c, a, b, filler);
     free(a);
     free(b);
     free(f);

@@ -49,6 +49,14 @@ rm_tmp(void)
     tmp[0] = 0;
 }
 
+/* tmp := a new directory of this test's (mkdtemp(3)), removed by rm_tmp. */
+static void
+make_tmp(void)
+{
+    snprintf(tmp, sizeof(tmp), "/tmp/sbx-wsguard-XXXXXX");
+    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+}
+
 /* The mount tests need root and loop devices (the unit tier runs as root
  * in `make test`; elsewhere they say why they skip). */
 static void
@@ -109,8 +117,7 @@ resv(int mnt)
 Test(ws_guard, a_short_budget_is_shared_out_and_writers_get_enospc, .fini = rm_tmp)
 {
     need_root();
-    snprintf(tmp, sizeof(tmp), "/tmp/sbx-wsguard-XXXXXX");
-    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+    make_tmp();
     struct sbx_ws_guard_item it[2];
     memset(it, 0, sizeof(it));
     workspace("a", 128ull << 20, &it[0].mnt_fd, &it[0].img_fd);
@@ -170,8 +177,7 @@ Test(ws_guard, a_short_budget_is_shared_out_and_writers_get_enospc, .fini = rm_t
 Test(ws_guard, blocks_fallocated_before_a_cut_count_against_the_budget, .fini = rm_tmp)
 {
     need_root();
-    snprintf(tmp, sizeof(tmp), "/tmp/sbx-wsguard-XXXXXX");
-    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+    make_tmp();
     struct sbx_ws_guard_item it;
     memset(&it, 0, sizeof(it));
     workspace("a", 128ull << 20, &it.mnt_fd, &it.img_fd);
@@ -215,8 +221,7 @@ Test(ws_guard, blocks_fallocated_before_a_cut_count_against_the_budget, .fini = 
 Test(ws_guard, a_cap_holds_a_new_mount_to_the_level, .fini = rm_tmp)
 {
     need_root();
-    snprintf(tmp, sizeof(tmp), "/tmp/sbx-wsguard-XXXXXX");
-    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+    make_tmp();
     int mnt, img;
     workspace("a", 64ull << 20, &mnt, &img);
     uint64_t r0 = resv(mnt);
