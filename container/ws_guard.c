@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
+#include <linux/fsmap.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,117 @@ sbx_ws_guard_cap(int mnt_fd, uint64_t bytes)
     return write_u64(path, next);
 }
 
+/* A byte range [start, end) of the image that holds data. */
+struct rng {
+    uint64_t start, end;
+};
+
+/* The ranges of fd's first size bytes that hold data — allocated, or
+ * dirty in the page cache — in ascending order (lseek(2) SEEK_DATA /
+ * SEEK_HOLE: XFS, ext4, btrfs and tmpfs alike).  *out is the caller's to
+ * free.  0, or -errno. */
+static int
+data_ranges(int fd, uint64_t size, struct rng **out, size_t *n)
+{
+    size_t cap = 16, k = 0;
+    struct rng *r = sbx_xmalloc(cap * sizeof(*r));
+    int rc = 0;
+    off_t pos = 0;
+    while ((uint64_t)pos < size) {
+        off_t d = lseek(fd, pos, SEEK_DATA);
+        if (d < 0) {
+            if (errno != ENXIO) /* ENXIO: no data past pos */
+                rc = -errno;
+            break;
+        }
+        off_t h = lseek(fd, d, SEEK_HOLE);
+        if (h < 0) {
+            rc = -errno;
+            break;
+        }
+        if (k == cap)
+            r = sbx_xrealloc(r, (cap *= 2) * sizeof(*r));
+        r[k++] = (struct rng){(uint64_t)d, (uint64_t)h};
+        pos = h;
+    }
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    *n = k;
+    return 0;
+}
+
+/* Bytes of [p, p + len) outside the sorted ranges d[0..n). */
+static uint64_t
+outside(const struct rng *d, size_t n, uint64_t p, uint64_t len)
+{
+    size_t lo = 0, hi = n; /* the first range ending after p */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d[mid].end <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    uint64_t in = 0, end = p + len;
+    for (size_t i = lo; i < n && d[i].start < end; i++) {
+        uint64_t a = d[i].start > p ? d[i].start : p, b = d[i].end < end ? d[i].end : end;
+        in += b - a;
+    }
+    return len - in;
+}
+
+/* The free space of the ext4 file system mounted at mnt_fd, from
+ * FS_IOC_GETFSMAP (ioctl_getfsmap(2); ext4 answers from its in-memory
+ * buddy bitmaps, so blocks allocated and not yet written are not free):
+ * *free = its free bytes, *free_in_holes = those of them over no data of
+ * the image (ranges d; the image's byte offsets are ext4's physical
+ * offsets: one loop device over the whole file).  Only the records of free
+ * space are used: ext4's records of used space have gaps (Linux 6.18: the
+ * used end of a block group after its last free extent is not reported),
+ * its free records add up to the bitmaps' count.  0, or -errno
+ * (-EOPNOTSUPP/-ENOTTY: a kernel without it; -EPERM: not root). */
+static int
+fsmap_free(int mnt_fd, const struct rng *d, size_t n, uint64_t *free_b, uint64_t *free_in_holes)
+{
+    enum { N = 256 };
+    int fd = openat(mnt_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct fsmap_head *h = sbx_xcalloc(1, sizeof(*h) + N * sizeof(struct fsmap));
+    h->fmh_count = N;
+    h->fmh_keys[1].fmr_device = UINT32_MAX;
+    h->fmh_keys[1].fmr_physical = UINT64_MAX;
+    h->fmh_keys[1].fmr_owner = UINT64_MAX;
+    h->fmh_keys[1].fmr_offset = UINT64_MAX;
+    h->fmh_keys[1].fmr_flags = UINT32_MAX;
+    int rc = 0;
+    *free_b = *free_in_holes = 0;
+    for (;;) {
+        if (ioctl(fd, FS_IOC_GETFSMAP, h) < 0) {
+            rc = -errno;
+            break;
+        }
+        if (h->fmh_entries == 0)
+            break;
+        for (uint32_t i = 0; i < h->fmh_entries; i++) {
+            const struct fsmap *r = &h->fmh_recs[i];
+            if (r->fmr_owner != FMR_OWN_FREE)
+                continue;
+            *free_b += r->fmr_length;
+            *free_in_holes += outside(d, n, r->fmr_physical, r->fmr_length);
+        }
+        if (h->fmh_recs[h->fmh_entries - 1].fmr_flags & FMR_OF_LAST)
+            break;
+        fsmap_advance(h);
+    }
+    free(h);
+    close(fd);
+    return rc;
+}
+
 /* What the pass needs of one item, measured. */
 struct meas {
     char path[300];   /* its reserved_clusters file */
@@ -196,7 +308,28 @@ measure(struct sbx_ws_guard_item *it, struct meas *m)
      * has it taken off), blocks fallocate(2) reserved unwritten. */
     uint64_t freebytes = (uint64_t)vs.f_bfree * m->bsize;
     uint64_t nonfree = size > freebytes ? size - freebytes : 0;
+    /* Held: what ext4 holds over holes of the image.  Measured, it is
+     * ext4's allocated blocks over holes plus its delayed allocations
+     * (dirty data without blocks yet: not free, not allocated).  Without
+     * GETFSMAP, bounded by min(unbacked, nonfree), which also counts data
+     * already in the image a second time (it is in the host's use too):
+     * safe, but a sandbox that wrote much would shrink every share. */
     uint64_t held = unbacked < nonfree ? unbacked : nonfree;
+    struct rng *d = NULL;
+    size_t nd = 0;
+    uint64_t ffree = 0, ffree_holes = 0;
+    if (data_ranges(it->img_fd, size, &d, &nd) == 0 &&
+        fsmap_free(it->mnt_fd, d, nd, &ffree, &ffree_holes) == 0) {
+        uint64_t data = 0;
+        for (size_t i = 0; i < nd; i++)
+            data += d[i].end - d[i].start;
+        uint64_t holes = size > data ? size - data : 0;
+        uint64_t in_holes = holes > ffree_holes ? holes - ffree_holes : 0;
+        uint64_t delalloc = ffree > freebytes ? ffree - freebytes : 0;
+        uint64_t h = in_holes + delalloc;
+        held = h < held ? h : held;
+    }
+    free(d);
     uint64_t shared = 0;
     if (it->reflinks) {
         int64_t s = sbx_ws_shared_bytes(it->img_fd);

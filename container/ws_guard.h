@@ -25,18 +25,25 @@
  * (min(2 % of the clusters, 4096): fs/ext4/super.c
  * ext4_calculate_resv_clusters) when the host has room again.
  *
- * A workspace's growth on the host, bounded (unbacked = the image's holes,
+ * A workspace's growth on the host (unbacked = the image's holes,
  * st_size − st_blocks×512; nonfree = what ext4 does not count free, the
  * image size less statfs's f_bfree):
- *   fixed = min(unbacked, nonfree) + shared   what the guard cannot stop:
- *           blocks ext4 already holds that may still land in a hole — its
- *           lazily initialised journal and inode tables, dirty data not
- *           yet written back, blocks fallocate(2) reserved unwritten — and
- *           the extents the image shares with a fork (FIEMAP_EXTENT_SHARED:
- *           a write there copies them, whatever ext4's free space)
- *   want  = min(avail, unbacked − min(unbacked, nonfree))   what new data
- *           may take: ext4's free space without the guard's extra
- *           reservation (avail), but the image grows by its holes at most
+ *   held  = what ext4 holds over holes of the image: its allocated blocks
+ *           there (its free space from FS_IOC_GETFSMAP, set against the
+ *           image's data ranges from lseek(2) SEEK_DATA/SEEK_HOLE) — the
+ *           lazily initialised journal and inode tables, blocks
+ *           fallocate(2) reserved unwritten, data not yet written back —
+ *           plus its delayed allocations (dirty data with no block yet:
+ *           GETFSMAP's free less f_bfree).  At most min(unbacked, nonfree),
+ *           which is used alone where GETFSMAP is missing; that bound also
+ *           counts data already in the image, whose host blocks are out of
+ *           the budget already, so it is safe but shrinks the shares.
+ *   fixed = held + shared   what the guard cannot stop, with the extents
+ *           the image shares with a fork (FIEMAP_EXTENT_SHARED: a write
+ *           there copies them, whatever ext4's free space)
+ *   want  = min(avail, unbacked − held)   what new data may take: ext4's
+ *           free space without the guard's extra reservation (avail), but
+ *           the image grows by its holes at most
  * fixed + want ≤ unbacked + shared, the most the image can grow by.
  *
  * Functions keep no state: a pass reads everything it needs from the
