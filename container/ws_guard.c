@@ -191,6 +191,8 @@ data_ranges(int fd, uint64_t size, struct rng **out, size_t *n)
         }
         if (k == cap)
             r = sbx_xrealloc(r, (cap *= 2) * sizeof(*r));
+        if ((uint64_t)h > size) /* the file grew under the scan */
+            h = (off_t)size;
         r[k++] = (struct rng){(uint64_t)d, (uint64_t)h};
         pos = h;
     }
@@ -226,15 +228,18 @@ outside(const struct rng *d, size_t n, uint64_t p, uint64_t len)
 /* The free space of the ext4 file system mounted at mnt_fd, from
  * FS_IOC_GETFSMAP (ioctl_getfsmap(2); ext4 answers from its in-memory
  * buddy bitmaps, so blocks allocated and not yet written are not free):
- * *free = its free bytes, *free_in_holes = those of them over no data of
- * the image (ranges d; the image's byte offsets are ext4's physical
- * offsets: one loop device over the whole file).  Only the records of free
+ * *free_in_holes = its free bytes over no data of the image (ranges d;
+ * the image's byte offsets are ext4's physical offsets: one loop device
+ * over the whole file).  Only the records of free
  * space are used: ext4's records of used space have gaps (Linux 6.18: the
  * used end of a block group after its last free extent is not reported),
- * its free records add up to the bitmaps' count.  0, or -errno
- * (-EOPNOTSUPP/-ENOTTY: a kernel without it; -EPERM: not root). */
+ * its free records are those of its buddy bitmaps (preallocated blocks
+ * and frees not yet committed count as used there, which is the safe
+ * side: they may still be written).  0, or -errno (-EOPNOTSUPP/-ENOTTY: a
+ * kernel without it; -EPERM: not root; -EIO: the mapping did not move
+ * on). */
 static int
-fsmap_free(int mnt_fd, const struct rng *d, size_t n, uint64_t *free_b, uint64_t *free_in_holes)
+fsmap_free(int mnt_fd, const struct rng *d, size_t n, uint64_t *free_in_holes)
 {
     enum { N = 256 };
     int fd = openat(mnt_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -248,7 +253,8 @@ fsmap_free(int mnt_fd, const struct rng *d, size_t n, uint64_t *free_b, uint64_t
     h->fmh_keys[1].fmr_offset = UINT64_MAX;
     h->fmh_keys[1].fmr_flags = UINT32_MAX;
     int rc = 0;
-    *free_b = *free_in_holes = 0;
+    uint64_t next = 0; /* where the last batch ended */
+    *free_in_holes = 0;
     for (;;) {
         if (ioctl(fd, FS_IOC_GETFSMAP, h) < 0) {
             rc = -errno;
@@ -260,11 +266,17 @@ fsmap_free(int mnt_fd, const struct rng *d, size_t n, uint64_t *free_b, uint64_t
             const struct fsmap *r = &h->fmh_recs[i];
             if (r->fmr_owner != FMR_OWN_FREE)
                 continue;
-            *free_b += r->fmr_length;
             *free_in_holes += outside(d, n, r->fmr_physical, r->fmr_length);
         }
-        if (h->fmh_recs[h->fmh_entries - 1].fmr_flags & FMR_OF_LAST)
+        const struct fsmap *last = &h->fmh_recs[h->fmh_entries - 1];
+        if (last->fmr_flags & FMR_OF_LAST)
             break;
+        /* The kernel goes on after the last record: it must move on. */
+        if (last->fmr_physical + last->fmr_length <= next) {
+            rc = -EIO;
+            break;
+        }
+        next = last->fmr_physical + last->fmr_length;
         fsmap_advance(h);
     }
     free(h);
@@ -317,17 +329,27 @@ measure(struct sbx_ws_guard_item *it, struct meas *m)
     uint64_t held = unbacked < nonfree ? unbacked : nonfree;
     struct rng *d = NULL;
     size_t nd = 0;
-    uint64_t ffree = 0, ffree_holes = 0;
+    uint64_t ffree_holes = 0;
     if (data_ranges(it->img_fd, size, &d, &nd) == 0 &&
-        fsmap_free(it->mnt_fd, d, nd, &ffree, &ffree_holes) == 0) {
+        fsmap_free(it->mnt_fd, d, nd, &ffree_holes) == 0) {
         uint64_t data = 0;
         for (size_t i = 0; i < nd; i++)
             data += d[i].end - d[i].start;
         uint64_t holes = size > data ? size - data : 0;
         uint64_t in_holes = holes > ffree_holes ? holes - ffree_holes : 0;
-        uint64_t delalloc = ffree > freebytes ? ffree - freebytes : 0;
-        uint64_t h = in_holes + delalloc;
-        held = h < held ? h : held;
+        /* Dirty data with no block yet: ext4's own count, in blocks
+         * (Documentation/ABI/testing/sysfs-fs-ext4).  Not GETFSMAP's free
+         * less f_bfree: preallocations and uncommitted frees are free in
+         * f_bfree's counter but not in the bitmaps. */
+        char dpath[320];
+        uint64_t dblocks;
+        const char *slash = strrchr(m->path, '/');
+        snprintf(dpath, sizeof(dpath), "%.*s/delayed_allocation_blocks",
+                 (int)(slash ? slash - m->path : 0), m->path);
+        if (read_u64(dpath, &dblocks) == 0) {
+            uint64_t h = in_holes + dblocks * m->bsize;
+            held = h < held ? h : held;
+        }
     }
     free(d);
     uint64_t shared = 0;

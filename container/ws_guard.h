@@ -34,7 +34,7 @@
  *           lazily initialised journal and inode tables, blocks
  *           fallocate(2) reserved unwritten, data not yet written back —
  *           plus its delayed allocations (dirty data with no block yet:
- *           GETFSMAP's free less f_bfree).  At most min(unbacked, nonfree),
+ *           /sys/fs/ext4/<dev>/delayed_allocation_blocks).  At most min(unbacked, nonfree),
  *           which is used alone where GETFSMAP is missing; that bound also
  *           counts data already in the image, whose host blocks are out of
  *           the budget already, so it is safe but shrinks the shares.

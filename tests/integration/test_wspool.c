@@ -543,8 +543,11 @@ short_host(int shards)
     /* Let the guard look again after a's data is in: b's share is now of
      * the room a's data left, and must not count a's data twice (the
      * first bound did, and left b nearly nothing). */
-    for (int i = 0; i < 50 && df_free(c, b) == fb; i++)
-        usleep(100 * 1000);
+    for (long long prev = fb, now, i = 0; i < 6; i++, prev = now) {
+        usleep(1200 * 1000); /* a pass a second */
+        if ((now = df_free(c, b)) == prev)
+            break;
+    }
     long long wb = write_big(c, b, &eb);
     cr_log_info("host short: df showed %lld + %lld KiB free; a wrote %lld KiB, b %lld KiB",
                 fa >> 10, fb >> 10, wa >> 10, wb >> 10);
