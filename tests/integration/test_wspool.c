@@ -778,6 +778,61 @@ Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
  * image is in the shard's part of the node's pool, the old pool file is
  * gone and no loop device backs it.
  */
+/*
+ * A move into the node's pool is not begun without room for the copies
+ * (sbx_wspool_absorb): the host file system under the pools (a tmpfs) has
+ * 100 MiB free at the restart, less than the old pool's 100 MB workspace
+ * plus the 64 MiB reserve.  The shard keeps its own pool and says why;
+ * the sandbox's file is intact and it goes on writing; nothing of it was
+ * copied into the node's pool.
+ */
+Test(wspool, a_pool_move_without_room_keeps_the_shard_pool, .fini = cleanup_host)
+{
+    cr_assert_eq(test_tmpfs_mount(host_mnt, sizeof(host_mnt), "wspm", "1200m"), 0,
+                 "mount tmpfs: %s", strerror(errno));
+    sbx_client *c = start_with((const char *const[]){
+        TESTD_SMALL, "--disk", "256M", "--data", host_mnt, "--ws-pool-size", "900M",
+        "--ws-pool-node=", NULL});
+    char old[512], copy[600], filler[128];
+    snprintf(old, sizeof(old), "%s/s0/wspool.img", host_mnt);
+    char *id = test_id("pnr");
+    ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+    int code;
+    char *before = sh(c, id, "head -c 100000000 /dev/urandom > /workspace/f && sync && "
+                             "sha256sum /workspace/f", &code);
+    cr_assert_eq(code, 0, "%s", before);
+    sbx_client_close(c);
+    fill_host(100ll << 20, filler, sizeof(filler));
+
+    /* --disk-reserve 0: the disk guard would hold the sandbox down on a
+     * host this full; what is tested here is the move's own check. */
+    cr_assert_eq(testd_restart(live, 1, (const char *const[]){
+                     TESTD_SMALL, "--disk", "256M", "--data", host_mnt, "--ws-pool-size",
+                     "900M", "--disk-reserve", "0", NULL}),
+                 0);
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, live->url, &err), 0);
+    char *after = sh(c, id, "sha256sum /workspace/f && echo more > /workspace/g && cat "
+                            "/workspace/g", &code);
+    char want[300];
+    snprintf(want, sizeof(want), "%smore\n", before);
+    cr_assert_str_eq(after, want, "the sandbox after the refused move");
+    struct stat st;
+    cr_assert_eq(stat(old, &st), 0, "the shard's own pool %s is gone", old);
+    snprintf(copy, sizeof(copy), "%s/workspaces/s0/%s", host_mnt, id);
+    cr_assert_neq(stat(copy, &st), 0, "a copy was left in the node's pool: %s", copy);
+    char *text = NULL;
+    size_t tl = 0;
+    cr_assert_eq(sbx_fs_read(live->log, 1 << 22, &text, &tl), 0);
+    cr_assert(strstr(text, "its workspace pool stays its own") && strstr(text, "MiB free"),
+              "the log does not say why the pool stayed: %s", text);
+    free(text);
+    free(after);
+    free(before);
+    free(id);
+    sbx_client_close(c);
+}
+
 Test(wspool, a_shard_pool_from_before_moves_into_the_node_pool)
 {
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool-node=", NULL});
