@@ -778,6 +778,22 @@ Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
  * image is in the shard's part of the node's pool, the old pool file is
  * gone and no loop device backs it.
  */
+/* A persistent sandbox <prefix>-… (its ID into *id, heap) holding
+ * /workspace/f of `bytes` random bytes, synced: sha256sum's line (heap). */
+static char *
+sandbox_with_file(sbx_client *c, const char *prefix, long long bytes, char **id)
+{
+    char cmd[160];
+    int code;
+    *id = test_id(prefix);
+    ok(c, "create", *id, "{\"workspace\":\"persistent\"}");
+    snprintf(cmd, sizeof(cmd),
+             "head -c %lld /dev/urandom > /workspace/f && sync && sha256sum /workspace/f", bytes);
+    char *sum = sh(c, *id, cmd, &code);
+    cr_assert_eq(code, 0, "%s", sum);
+    return sum;
+}
+
 /*
  * A move into the node's pool is not begun without room for the copies
  * (sbx_wspool_absorb): the host file system under the pools (a tmpfs) has
@@ -795,12 +811,9 @@ Test(wspool, a_pool_move_without_room_keeps_the_shard_pool, .fini = cleanup_host
         "--ws-pool-node=", NULL});
     char old[512], copy[600], filler[128];
     snprintf(old, sizeof(old), "%s/s0/wspool.img", host_mnt);
-    char *id = test_id("pnr");
-    ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+    char *id;
     int code;
-    char *before = sh(c, id, "head -c 100000000 /dev/urandom > /workspace/f && sync && "
-                             "sha256sum /workspace/f", &code);
-    cr_assert_eq(code, 0, "%s", before);
+    char *before = sandbox_with_file(c, "pnr", 100000000, &id);
     sbx_client_close(c);
     fill_host(100ll << 20, filler, sizeof(filler));
 
@@ -838,12 +851,9 @@ Test(wspool, a_shard_pool_from_before_moves_into_the_node_pool)
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool-node=", NULL});
     char old[512], img[600];
     snprintf(old, sizeof(old), "%s/s0/wspool.img", live->dir);
-    char *id = test_id("pab");
-    ok(c, "create", id, "{\"workspace\":\"persistent\"}");
+    char *id;
     int code;
-    char *before = sh(c, id, "head -c 3000000 /dev/urandom > /workspace/f && sync && "
-                             "sha256sum /workspace/f", &code);
-    cr_assert_eq(code, 0, "%s", before);
+    char *before = sandbox_with_file(c, "pab", 3000000, &id);
     struct stat st;
     cr_assert_eq(stat(old, &st), 0, "the shard made no pool of its own (%s)", old);
     sbx_client_close(c);

@@ -79,6 +79,16 @@ workspace(const char *name, uint64_t size, int *mnt, int *img)
     cr_assert_geq(*img, 0, "open %s: %s", path, strerror(errno));
 }
 
+/* The tests of one workspace: root, tmp, and a 128 MiB workspace "a" in it. */
+static void
+one_workspace(struct sbx_ws_guard_item *it)
+{
+    need_root();
+    make_tmp();
+    memset(it, 0, sizeof(*it));
+    workspace("a", 128ull << 20, &it->mnt_fd, &it->img_fd);
+}
+
 /* Write zeros to <mnt>/name until an error: the bytes written, errno in *err. */
 static uint64_t
 fill(int mnt, const char *name, int *err)
@@ -176,11 +186,8 @@ Test(ws_guard, a_short_budget_is_shared_out_and_writers_get_enospc, .fini = rm_t
  * writes them and then everything it may. */
 Test(ws_guard, blocks_fallocated_before_a_cut_count_against_the_budget, .fini = rm_tmp)
 {
-    need_root();
-    make_tmp();
     struct sbx_ws_guard_item it;
-    memset(&it, 0, sizeof(it));
-    workspace("a", 128ull << 20, &it.mnt_fd, &it.img_fd);
+    one_workspace(&it);
     int fd = openat(it.mnt_fd, "pre", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     cr_assert_geq(fd, 0);
     cr_assert_eq(fallocate(fd, 0, 0, 40 << 20), 0, "fallocate: %s", strerror(errno));
@@ -251,11 +258,8 @@ put(int mnt, const char *name, int mib, bool sync)
  */
 Test(ws_guard, data_already_in_the_image_is_not_counted_again, .fini = rm_tmp)
 {
-    need_root();
-    make_tmp();
     struct sbx_ws_guard_item it;
-    memset(&it, 0, sizeof(it));
-    workspace("a", 128ull << 20, &it.mnt_fd, &it.img_fd);
+    one_workspace(&it);
     struct sbx_ws_guard_sum sum;
     cr_assert_eq(sbx_ws_guard_pass(&it, 1, 1ull << 40, &sum), 0);
     cr_assert_eq(it.rc, 0);
