@@ -264,20 +264,13 @@ bk_start(struct actor *a, struct bk_job *j)
         return;
     }
     a->gate = j->op;
-    pthread_t t;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (pthread_create(&t, &at, bk_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
+    if (shard_job_start(sh, bk_thread, j) != 0) {
         a->gate = NULL;
         shard_reply_err(j->op, SBX_E_INTERNAL, "cannot start a thread for the backup");
         if (!j->restore)
             unlink(j->tmp);
         job_free(j);
     }
-    pthread_attr_destroy(&at);
 }
 
 void
@@ -556,17 +549,10 @@ bk_node_start(struct sop *op, const char *id, const sbx_str *owner)
         j->scoped = true;
         memcpy(j->owner, owner->p, owner->n);
     }
-    pthread_t t;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (pthread_create(&t, &at, bk_node_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
+    if (shard_job_start(sh, bk_node_thread, j) != 0) {
         shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the backup store");
         free(j);
     }
-    pthread_attr_destroy(&at);
 }
 
 void

@@ -381,18 +381,11 @@ img_run(struct img_job *j)
 {
     struct sop *op = j->op;
     struct shard *sh = j->sh;
-    pthread_t t;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (pthread_create(&t, &at, img_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
+    if (shard_job_start(sh, img_thread, j) != 0) {
         if (op)
             shard_reply_err(op, SBX_E_INTERNAL, "cannot start a thread for the image operation");
         job_free(j);
     }
-    pthread_attr_destroy(&at);
 }
 
 static void

@@ -142,18 +142,11 @@ static void
 put_run(struct put_job *j)
 {
     struct shard *sh = j->op->sh;
-    pthread_t t;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    atomic_fetch_add(&sh->img_jobs, 1);
-    if (atomic_load(&sh->img_stop) || pthread_create(&t, &at, put_thread, j) != 0) {
-        atomic_fetch_sub(&sh->img_jobs, 1);
+    if (atomic_load(&sh->img_stop) || shard_job_start(sh, put_thread, j) != 0) {
         shard_reply_err(j->op, SBX_E_SHARD_UNAVAILABLE, "workspace.put: no thread (stopping?)");
         free(j->record);
         free(j);
     }
-    pthread_attr_destroy(&at);
 }
 
 void
