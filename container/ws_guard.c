@@ -168,12 +168,13 @@ struct rng {
 
 /* The ranges of fd's first size bytes that hold data — allocated, or
  * dirty in the page cache — in ascending order (lseek(2) SEEK_DATA /
- * SEEK_HOLE: XFS, ext4, btrfs and tmpfs alike).  *out is the caller's to
- * free.  0, or -errno. */
+ * SEEK_HOLE: XFS, ext4, btrfs and tmpfs alike), and their bytes in
+ * *total.  *out is the caller's to free.  0, or -errno. */
 static int
-data_ranges(int fd, uint64_t size, struct rng **out, size_t *n)
+data_ranges(int fd, uint64_t size, struct rng **out, size_t *n, uint64_t *total)
 {
     size_t cap = 16, k = 0;
+    uint64_t sum = 0;
     struct rng *r = sbx_xmalloc(cap * sizeof(*r));
     int rc = 0;
     off_t pos = 0;
@@ -194,6 +195,7 @@ data_ranges(int fd, uint64_t size, struct rng **out, size_t *n)
         if ((uint64_t)h > size) /* the file grew under the scan */
             h = (off_t)size;
         r[k++] = (struct rng){(uint64_t)d, (uint64_t)h};
+        sum += (uint64_t)(h - d);
         pos = h;
     }
     if (rc) {
@@ -202,6 +204,7 @@ data_ranges(int fd, uint64_t size, struct rng **out, size_t *n)
     }
     *out = r;
     *n = k;
+    *total = sum;
     return 0;
 }
 
@@ -286,13 +289,44 @@ fsmap_free(int mnt_fd, const struct rng *d, size_t n, uint64_t *free_in_holes)
 
 /* What the pass needs of one item, measured. */
 struct meas {
-    char path[300];   /* its reserved_clusters file */
+    char path[300];   /* its reserved_clusters file, in /sys/fs/ext4/<dev>/ */
     uint64_t bsize;   /* ext4's block (= cluster: the images have no bigalloc) */
     uint64_t blocks;  /* ext4_blocks_count: the image size in blocks (mkfs used it all) */
     uint64_t resv0;   /* ext4's default reservation, in clusters */
     uint64_t resv;    /* the reservation now */
     uint64_t avail;   /* bytes writers could allocate with the default reservation */
 };
+
+/* What ext4 holds over holes of the image, measured (ws_guard.h,
+ * "held"): its allocated blocks there — the holes less its free space over
+ * them — plus its delayed allocations (dirty data without blocks yet),
+ * ext4's own count in blocks (Documentation/ABI/testing/sysfs-fs-ext4;
+ * not GETFSMAP's free less f_bfree: preallocations and uncommitted frees
+ * are free in f_bfree's counter but not in the bitmaps).  0, or -errno
+ * when any of it cannot be read (the caller keeps its bound). */
+static int
+held_measured(const struct sbx_ws_guard_item *it, const struct meas *m, uint64_t size,
+              uint64_t *held)
+{
+    struct rng *d = NULL;
+    size_t nd = 0;
+    uint64_t data = 0, free_holes = 0, dblocks = 0;
+    char dpath[320];
+    const char *slash = strrchr(m->path, '/'); /* <dir>/reserved_clusters */
+    snprintf(dpath, sizeof(dpath), "%.*s/delayed_allocation_blocks",
+             (int)(slash ? slash - m->path : 0), m->path);
+    int rc = data_ranges(it->img_fd, size, &d, &nd, &data);
+    if (rc == 0)
+        rc = fsmap_free(it->mnt_fd, d, nd, &free_holes);
+    if (rc == 0)
+        rc = read_u64(dpath, &dblocks);
+    free(d);
+    if (rc)
+        return rc;
+    uint64_t holes = size > data ? size - data : 0;
+    *held = (holes > free_holes ? holes - free_holes : 0) + dblocks * m->bsize;
+    return 0;
+}
 
 static int
 measure(struct sbx_ws_guard_item *it, struct meas *m)
@@ -320,38 +354,13 @@ measure(struct sbx_ws_guard_item *it, struct meas *m)
      * has it taken off), blocks fallocate(2) reserved unwritten. */
     uint64_t freebytes = (uint64_t)vs.f_bfree * m->bsize;
     uint64_t nonfree = size > freebytes ? size - freebytes : 0;
-    /* Held: what ext4 holds over holes of the image.  Measured, it is
-     * ext4's allocated blocks over holes plus its delayed allocations
-     * (dirty data without blocks yet: not free, not allocated).  Without
+    /* Held: what ext4 holds over holes of the image, measured.  Without
      * GETFSMAP, bounded by min(unbacked, nonfree), which also counts data
      * already in the image a second time (it is in the host's use too):
      * safe, but a sandbox that wrote much would shrink every share. */
-    uint64_t held = unbacked < nonfree ? unbacked : nonfree;
-    struct rng *d = NULL;
-    size_t nd = 0;
-    uint64_t ffree_holes = 0;
-    if (data_ranges(it->img_fd, size, &d, &nd) == 0 &&
-        fsmap_free(it->mnt_fd, d, nd, &ffree_holes) == 0) {
-        uint64_t data = 0;
-        for (size_t i = 0; i < nd; i++)
-            data += d[i].end - d[i].start;
-        uint64_t holes = size > data ? size - data : 0;
-        uint64_t in_holes = holes > ffree_holes ? holes - ffree_holes : 0;
-        /* Dirty data with no block yet: ext4's own count, in blocks
-         * (Documentation/ABI/testing/sysfs-fs-ext4).  Not GETFSMAP's free
-         * less f_bfree: preallocations and uncommitted frees are free in
-         * f_bfree's counter but not in the bitmaps. */
-        char dpath[320];
-        uint64_t dblocks;
-        const char *slash = strrchr(m->path, '/');
-        snprintf(dpath, sizeof(dpath), "%.*s/delayed_allocation_blocks",
-                 (int)(slash ? slash - m->path : 0), m->path);
-        if (read_u64(dpath, &dblocks) == 0) {
-            uint64_t h = in_holes + dblocks * m->bsize;
-            held = h < held ? h : held;
-        }
-    }
-    free(d);
+    uint64_t held = unbacked < nonfree ? unbacked : nonfree, h;
+    if (held_measured(it, m, size, &h) == 0 && h < held)
+        held = h;
     uint64_t shared = 0;
     if (it->reflinks) {
         int64_t s = sbx_ws_shared_bytes(it->img_fd);

@@ -34,10 +34,11 @@
  *           lazily initialised journal and inode tables, blocks
  *           fallocate(2) reserved unwritten, data not yet written back —
  *           plus its delayed allocations (dirty data with no block yet:
- *           /sys/fs/ext4/<dev>/delayed_allocation_blocks).  At most min(unbacked, nonfree),
- *           which is used alone where GETFSMAP is missing; that bound also
- *           counts data already in the image, whose host blocks are out of
- *           the budget already, so it is safe but shrinks the shares.
+ *           /sys/fs/ext4/<dev>/delayed_allocation_blocks).  At most
+ *           min(unbacked, nonfree), which is used alone where GETFSMAP is
+ *           missing; that bound also counts data already in the image,
+ *           whose host blocks are out of the budget already, so it is safe
+ *           but shrinks the shares.
  *   fixed = held + shared   what the guard cannot stop, with the extents
  *           the image shares with a fork (FIEMAP_EXTENT_SHARED: a write
  *           there copies them, whatever ext4's free space)

@@ -770,14 +770,6 @@ Test(wspool, off_keeps_the_host_layout_and_a_pool_takes_it_over)
     sbx_client_close(c);
 }
 
-/*
- * A deployment whose shard made a pool of its own (<data>/s0/wspool.img,
- * before `sbxd dev` shared one pool between its shards; here made by
- * giving the shard an empty --ws-pool-node) moves its workspaces into the
- * node's pool at the next start: the file is there, equal by sha256, its
- * image is in the shard's part of the node's pool, the old pool file is
- * gone and no loop device backs it.
- */
 /* A persistent sandbox <prefix>-… (its ID into *id, heap) holding
  * /workspace/f of `bytes` random bytes, synced: sha256sum's line (heap). */
 static char *
@@ -846,6 +838,14 @@ Test(wspool, a_pool_move_without_room_keeps_the_shard_pool, .fini = cleanup_host
     sbx_client_close(c);
 }
 
+/*
+ * A deployment whose shard made a pool of its own (<data>/s0/wspool.img,
+ * before `sbxd dev` shared one pool between its shards; here made by
+ * giving the shard an empty --ws-pool-node) moves its workspaces into the
+ * node's pool at the next start: the file is there, equal by sha256, its
+ * image is in the shard's part of the node's pool, the old pool file is
+ * gone and no loop device backs it.
+ */
 Test(wspool, a_shard_pool_from_before_moves_into_the_node_pool)
 {
     sbx_client *c = start_with((const char *const[]){TESTD_SMALL, "--ws-pool-node=", NULL});
