@@ -3,7 +3,11 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
 #include <linux/sched.h>
+#include <linux/seccomp.h>
 #include <seccomp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,8 +225,8 @@ out:
     return rc;
 }
 
-static int
-build_allow(struct sbx_bpf *out)
+int
+sbx_seccomp_build_allow_reference(struct sbx_bpf *out)
 {
     int rc = 0;
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(ENOSYS));
@@ -243,6 +247,89 @@ build_allow(struct sbx_bpf *out)
 out:
     seccomp_release(ctx);
     return rc;
+}
+
+/*
+ * The allow list as a program of a few instructions: the numbers libseccomp
+ * knows for x86_64 (seccomp_syscall_resolve_num_arch, 0..1023) form a few
+ * runs [lo, hi], and the program checks the runs instead of each number,
+ * as runc's patchbpf checks "newer than the newest known" in a stub of its
+ * own (runc libcontainer/seccomp/patchbpf).  Its verdicts equal those of
+ * libseccomp's program for the same list (sbx_seccomp_build_allow_reference)
+ * for every number and architecture (tests/unit/test_seccomp.c
+ * compact_allow_list_equals_libseccomps).  Why: the kernel converts, checks
+ * and JITs each filter at every sandbox's start and walks it once per
+ * system-call number for its action cache; libseccomp's program is one
+ * comparison per known number (472 instructions as a tree here), this one
+ * 2 per run (docs/benchmarks.md, "the sequential build").
+ *
+ *   ld arch;  jeq AUDIT_ARCH_X86_64 ? next : kill     (i386 int 0x80, others)
+ *   ld nr;    jeq -1 ? enosys : next                  (as libseccomp: -1 is no call)
+ *             jge X32 bit ? kill : next               (x32 shares the arch)
+ *   per run:  jge lo ? next : enosys;  jgt hi ? next : allow
+ *   enosys:   ret ERRNO(ENOSYS);  allow: ret ALLOW;  kill: ret KILL_PROCESS
+ *
+ * Other architectures keep libseccomp's program.  Returns 0, 1 when not
+ * built here (another architecture; too many runs for 8-bit jumps), or a
+ * negative code.
+ */
+#define ALLOW_MAX_RUNS 60
+
+static int
+build_allow_compact(struct sbx_bpf *out)
+{
+    uint32_t arch = seccomp_arch_native();
+    if (arch != SCMP_ARCH_X86_64)
+        return 1;
+    uint32_t lo[ALLOW_MAX_RUNS], hi[ALLOW_MAX_RUNS];
+    size_t runs = 0;
+    bool in = false;
+    for (uint32_t nr = 0; nr < 1024; nr++) {
+        char *name = seccomp_syscall_resolve_num_arch(arch, (int)nr);
+        bool known = name != NULL;
+        free(name);
+        if (known && !in) {
+            if (runs == ALLOW_MAX_RUNS)
+                return 1;
+            lo[runs] = nr;
+            runs++;
+        }
+        if (known)
+            hi[runs - 1] = nr;
+        in = known;
+    }
+    if (runs == 0)
+        return 1;
+    size_t n = 5 + 2 * runs + 3;
+    struct sock_filter *f = sbx_xmalloc(n * sizeof(*f));
+    size_t pc = 0;
+    const size_t enosys = n - 3, allow = n - 2, kill = n - 1;
+    /* Jump offsets count from the next instruction. */
+#define OFF(to) ((uint8_t)((to) - pc - 1))
+    f[pc] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                                         offsetof(struct seccomp_data, arch));
+    pc++;
+    f[pc] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, OFF(kill));
+    pc++;
+    f[pc] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    pc++;
+    f[pc] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0xffffffffu, OFF(enosys), 0);
+    pc++;
+    f[pc] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, OFF(kill), 0);
+    pc++;
+    for (size_t i = 0; i < runs; i++) {
+        f[pc] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo[i], 0, OFF(enosys));
+        pc++;
+        f[pc] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, hi[i], 0, OFF(allow));
+        pc++;
+    }
+#undef OFF
+    f[pc++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+    f[pc++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    f[pc++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    out->prog = f;
+    out->len = n * sizeof(*f);
+    return 0;
 }
 
 /*
@@ -278,8 +365,8 @@ sbx_seccomp_build(struct sbx_bpf out[2])
     memset(out, 0, 2 * sizeof(*out));
     api_level_from_kernel();
     int rc = build_deny(&out[0]);
-    if (rc == 0)
-        rc = build_allow(&out[1]);
+    if (rc == 0 && (rc = build_allow_compact(&out[1])) == 1)
+        rc = sbx_seccomp_build_allow_reference(&out[1]);
     if (rc) {
         free(out[0].prog);
         free(out[1].prog);

@@ -24,7 +24,12 @@
  *  2. the allow list: every system call libseccomp knows for the native
  *     architecture; anything newer than this libseccomp (a syscall the
  *     deny list could not have considered) fails with ENOSYS, as runc's
- *     patchbpf does.
+ *     patchbpf does.  On x86_64 it is exported as a dozen instructions
+ *     checking the runs of known numbers (seccomp.c build_allow_compact),
+ *     with the verdicts of libseccomp's one-rule-per-number program
+ *     (sbx_seccomp_build_allow_reference, compared input by input in
+ *     tests/unit/test_seccomp.c); the kernel converts and JITs a filter at
+ *     every sandbox's start, so its length is start time.
  *
  * Both kill the whole process on a foreign architecture or ABI (i386
  * `int 0x80`, x32): SCMP_FLTATR_ACT_BADARCH = SCMP_ACT_KILL_PROCESS.
@@ -47,6 +52,16 @@ struct sbx_bpf {
  * free().  Returns 0 or a negative code.
  */
 int sbx_seccomp_build(struct sbx_bpf out[2]);
+
+/*
+ * sbx_seccomp_build_allow_reference — the allow list (program 2) as
+ * libseccomp builds it: one rule per known number.  On x86_64
+ * sbx_seccomp_build exports a shorter program of its own with the same
+ * verdicts (seccomp.c build_allow_compact); this one is what it is checked
+ * against (tests/unit/test_seccomp.c), and what other architectures load.
+ * On success the caller owns out->prog (free()).  0 or a negative code.
+ */
+int sbx_seccomp_build_allow_reference(struct sbx_bpf *out);
 
 /* The names of the denied system calls (NULL-terminated), for tests and docs. */
 extern const char *const sbx_seccomp_denied[];

@@ -207,6 +207,65 @@ Test(seccomp, native_verdicts)
 }
 
 /*
+ * The allow list sbx_seccomp_build exports on x86_64 is a few range checks
+ * of its own (container/seccomp.c build_allow_compact); libseccomp's
+ * program for the same list is one comparison per known number.  They must
+ * give the same verdict for every input the kernel can hand a filter: each
+ * number 0..2047, the same with the x32 bit, the edges of the 32-bit range,
+ * and 20,000 pseudo-random numbers, under the native architecture, i386,
+ * aarch64 and two values no architecture has.  And the compact one must be
+ * what is exported here (so this test cannot pass by comparing libseccomp's
+ * program with itself).
+ */
+Test(seccomp, compact_allow_list_equals_libseccomps)
+{
+    struct sbx_bpf ref = {0};
+    cr_assert_eq(sbx_seccomp_build_allow_reference(&ref), 0);
+#if defined(__x86_64__)
+    cr_assert_lt(F.p[1].len / sizeof(struct sock_filter), 40,
+                 "the exported allow list has %zu instructions: not the compact one",
+                 F.p[1].len / sizeof(struct sock_filter));
+    cr_assert_gt(ref.len / sizeof(struct sock_filter), 200, "libseccomp's allow list: %zu",
+                 ref.len / sizeof(struct sock_filter));
+#endif
+    static const uint32_t arches[] = {AUDIT_ARCH_X86_64, AUDIT_ARCH_I386, AUDIT_ARCH_AARCH64, 0,
+                                      0xffffffffu};
+    static const uint32_t edges[] = {0x3fffffffu, 0x40000000u, 0x7fffffffu, 0x80000000u,
+                                     0xbfffffffu, 0xfffffffeu, 0xffffffffu};
+    uint32_t rnd = 0x2545f491u; /* xorshift32 */
+    size_t checked = 0, allowed = 0, enosys = 0, killed = 0;
+    for (size_t a = 0; a < SBX_ARRAY_LEN(arches); a++) {
+        for (uint32_t i = 0; i < 2 * 2048 + SBX_ARRAY_LEN(edges) + 20000; i++) {
+            uint32_t nr;
+            if (i < 2048)
+                nr = i;
+            else if (i < 4096)
+                nr = X32_BIT | (i - 2048);
+            else if (i < 4096 + SBX_ARRAY_LEN(edges))
+                nr = edges[i - 4096];
+            else {
+                rnd ^= rnd << 13, rnd ^= rnd >> 17, rnd ^= rnd << 5;
+                nr = rnd;
+            }
+            struct seccomp_data d = {.nr = (int)nr, .arch = arches[a]};
+            uint32_t want = bpf_run(&ref, &d), got = bpf_run(&F.p[1], &d);
+            cr_assert_neq(want, UINT32_MAX, "libseccomp's program: unknown instruction");
+            cr_assert_eq(got, want, "arch %#x nr %#x: compact %#x, libseccomp %#x", arches[a], nr,
+                         got, want);
+            checked++;
+            allowed += got == SECCOMP_RET_ALLOW;
+            enosys += got == (SECCOMP_RET_ERRNO | ENOSYS);
+            killed += got == SECCOMP_RET_KILL_PROCESS;
+        }
+    }
+    /* Each verdict occurs, so the comparison covered all three paths. */
+    cr_expect_gt(allowed, 300, "allowed %zu of %zu", allowed, checked);
+    cr_expect_gt(enosys, 1000, "ENOSYS %zu of %zu", enosys, checked);
+    cr_expect_gt(killed, 1000, "killed %zu of %zu", killed, checked);
+    free(ref.prog);
+}
+
+/*
  * Socket families by allow-list (issue 16 item 9): for socket and socketpair
  * every family but AF_UNIX, AF_INET, AF_INET6, AF_NETLINK is EAFNOSUPPORT,
  * whatever the upper 32 bits hold; netlink only for ROUTE and SOCK_DIAG;
