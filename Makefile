@@ -82,7 +82,7 @@ CONTAINER += container/ws_xfer.c
 CONTAINER += container/ws_pool.c
 # The disk guard: workspaces share out the host's free disk (issue 15).
 CONTAINER += container/ws_guard.c
-AGENT   := container/agent/main.c container/agent/setup.c \
+AGENT   := container/agent/main.c container/agent/setup.c container/agent/mount_attr.c \
            container/agent/exec.c container/agent/exec_args.c container/agent/proctree.c \
            container/agent/session.c container/agent/session_shell.c container/agent/session_cmd.c \
            container/agent/stream.c container/agent/proc.c container/agent/proc_wait.c \
@@ -342,6 +342,8 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+# test_mount_attr checks the agent's mount attributes (container/agent/mount_attr.c).
+build/asan/tests/unit/test_mount_attr: build/asan/obj/container/agent/mount_attr.o
 # The image tests build OCI layouts with libarchive (tests/support/imgbuild.h).
 build/asan/tests/unit/test_images: build/asan/obj/tests/support/imgbuild.o
 build/asan/tests/integration/test_images: build/asan/obj/tests/support/imgbuild.o

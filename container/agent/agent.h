@@ -106,6 +106,18 @@ int agent_ws_recv(struct agent_cfg *cfg, int chan);
  * (docs/images.md), else /workspace.  Static or a's storage. */
 struct agent;
 const char *agent_default_cwd(const struct agent *a);
+/* mount_attr.c: set attr (MOUNT_ATTR_RDONLY, _NOSUID, _NODEV, _NOEXEC; set
+ * only, never cleared) on the mount at path (absolute, no trailing slash,
+ * a mount's root: EINVAL otherwise) and, when recursive, on every mount
+ * below it, as mount_setattr(2) with AT_RECURSIVE.  Kernels without
+ * mount_setattr (before 5.12) get the same by remounts, one per mount (the
+ * mounts below found in /proc/self/mountinfo).  0 or -errno; a failure
+ * part-way through a tree may leave some of it changed. */
+int agent_mount_attr(const char *path, uint64_t attr, bool recursive);
+/* mount_attr.c: agent_mount_attr by remounts only, each keeping the flags
+ * its mount has (statvfs(3)) — the fallback, tested on kernels that have
+ * mount_setattr too (tests/unit/test_mount_attr.c).  0 or -errno. */
+int agent_remount_attr(const char *path, uint64_t attr, bool recursive);
 /* setup.c: parse the configuration frame; 0 or SBX_E_MALFORMED. */
 int agent_cfg_parse(struct agent_cfg *cfg, const msgpack_object *root);
 void agent_cfg_free(struct agent_cfg *cfg);
