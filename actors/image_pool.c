@@ -159,7 +159,7 @@ shard_img_pool_take(struct shard *sh, const char *digest, struct sbx_container *
     }
     p->last_ms = sbx_mono_ms();
     int64_t now_s = p->last_ms / 1000;
-    shard_demand_note(&p->demand, now_s);
+    shard_demand_note(&p->demand, p->last_ms);
     set_target(sh, p, now_s);
     bool hit = false;
     if (p->head) {

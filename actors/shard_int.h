@@ -247,23 +247,33 @@ void shard_probe_stop(struct shard *sh);
 /* The seconds of demand the adaptive pool remembers (shard_work.c). */
 #define SHARD_POOL_WINDOW 60
 
-/* Containers asked for, per second, over the last SHARD_POOL_WINDOW
- * seconds: a ring indexed by the monotonic second (the warm pool's and each
- * image pool's demand).  Zeroed: no demand. */
+/* The asks a demand remembers one by one (the last second's; more in one
+ * second than this counts as this many: no pool holds more). */
+#define SHARD_DEMAND_RECENT 256
+
+/* Containers asked for over the last SHARD_POOL_WINDOW seconds, as the most
+ * asked for within any one second (a sliding 1000 ms, not the calendar
+ * second: a burst that straddles a second's boundary counts whole), kept
+ * per monotonic second in a ring (the warm pool's and each image pool's
+ * demand).  Zeroed: no demand. */
 struct shard_demand {
-    uint32_t n[SHARD_POOL_WINDOW];   /* asked for in second … */
+    uint32_t n[SHARD_POOL_WINDOW];   /* most asked for in 1 s ending in second … */
     int64_t sec[SHARD_POOL_WINDOW];  /* … this (monotonic seconds) */
+    int64_t recent[SHARD_DEMAND_RECENT]; /* monotonic ms of the last asks, a ring */
+    uint32_t head, count;            /* next slot; asks of the last 1000 ms in it */
 };
-/* shard_work.c: shard_demand_note — one more asked for in second now_s. */
-void shard_demand_note(struct shard_demand *d, int64_t now_s);
-/* shard_work.c: shard_demand_peak — the busiest second of the last window_s
- * seconds before now_s (window_s ≤ SHARD_POOL_WINDOW). */
+/* shard_work.c: shard_demand_note — one more asked for at now_ms (monotonic
+ * ms, never decreasing between calls). */
+void shard_demand_note(struct shard_demand *d, int64_t now_ms);
+/* shard_work.c: shard_demand_peak — the most asked for within one second
+ * (sliding) during the last window_s seconds before now_s (window_s ≤
+ * SHARD_POOL_WINDOW). */
 uint32_t shard_demand_peak(const struct shard_demand *d, int64_t now_s, int64_t window_s);
 /* shard_demand_want — the ready containers a pool wants for that demand:
  * the busiest second plus a quarter of it (a burst's split between the
- * shards, 25 +/- 3.5 of 50 on each of 2, and between two seconds varies
- * from one burst to the next; each create beyond the pool is a container
- * built while its caller waits: docs/benchmarks.md, "Bursts"). */
+ * shards, 25 +/- 3.5 of 50 on each of 2, varies from one burst to the
+ * next; each create beyond the pool is a container built while its caller
+ * waits: docs/benchmarks.md, "Bursts"). */
 int64_t shard_demand_want(const struct shard_demand *d, int64_t now_s, int64_t window_s);
 
 /* The warm pool of started containers (shard_work.c; loop thread).  Its

@@ -313,14 +313,25 @@ shard_pool_fill(struct shard *sh)
 #define POOL_HARD_MAX 256
 
 void
-shard_demand_note(struct shard_demand *d, int64_t now_s)
+shard_demand_note(struct shard_demand *d, int64_t now_ms)
 {
+    /* The last second's asks: drop the older ones, add this one. */
+    while (d->count > 0 &&
+           now_ms - d->recent[(d->head + SHARD_DEMAND_RECENT - d->count) % SHARD_DEMAND_RECENT] >=
+               1000)
+        d->count--;
+    d->recent[d->head] = now_ms;
+    d->head = (d->head + 1) % SHARD_DEMAND_RECENT;
+    if (d->count < SHARD_DEMAND_RECENT)
+        d->count++;
+    int64_t now_s = now_ms / 1000;
     int i = (int)(now_s % SHARD_POOL_WINDOW);
     if (d->sec[i] != now_s) {
         d->sec[i] = now_s;
         d->n[i] = 0;
     }
-    d->n[i]++;
+    if (d->count > d->n[i])
+        d->n[i] = d->count;
 }
 
 uint32_t
@@ -361,9 +372,9 @@ pool_set_target(struct shard *sh, int64_t now_s)
 static void
 pool_note_demand(struct shard *sh)
 {
-    int64_t now_s = sbx_mono_ms() / 1000;
-    shard_demand_note(&sh->pool.demand, now_s);
-    pool_set_target(sh, now_s);
+    int64_t now_ms = sbx_mono_ms();
+    shard_demand_note(&sh->pool.demand, now_ms);
+    pool_set_target(sh, now_ms / 1000);
 }
 
 void
