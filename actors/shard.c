@@ -86,6 +86,24 @@ strv_dup(const char *const *v)
 #define SHARD_WORKERS_MIN 2
 #define SHARD_WORKERS_MAX 64
 
+/* The pool's memory budget when none is given: 1/256 of the node's memory
+ * shared by its shards, at least 32 MiB — 48 MiB for each of 2 shards on
+ * 24 GiB, 30-37 ready containers of 1.3-1.5 MiB, enough for a shard's part
+ * of a burst of 50 (25 +/- 3.5) with the pool's quarter of headroom
+ * (docs/benchmarks.md, "Bursts").  Held only after demand like that: the
+ * pool's target follows the busiest second of the last --pool-window.  At
+ * 1/128 bursts did no better and the refill after one (120 containers)
+ * took CPU from the warm sandboxes' execs (the 50-way warm load's p99 went
+ * from 25-31 ms to 27-41 ms). */
+static uint64_t
+shard_pool_memory_auto(int64_t node_shards)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t node = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    uint64_t share = node / 256 / (uint64_t)(node_shards > 0 ? node_shards : 1);
+    return SBX_MAX(share, 32ull << 20);
+}
+
 void
 sbx_shard_conf_defaults(struct sbx_shard_conf *c)
 {
@@ -100,7 +118,7 @@ sbx_shard_conf_defaults(struct sbx_shard_conf *c)
     c->contexts = 1024;
     c->workers = 0; /* SHARD_WORKERS_PER_CPU per online CPU */
     c->pool = 2;
-    c->pool_memory = 32ull << 20;
+    c->pool_memory = SBX_SHARD_POOL_MEMORY_AUTO;
     c->pool_window = SHARD_POOL_WINDOW * 1000;
     c->memory = 512ull << 20;
     c->pids = 512;
@@ -462,6 +480,8 @@ sbx_shard_run(const struct sbx_shard_conf *conf)
         rc = SBX_E_VALIDATION;
         goto out;
     }
+    if (sh->conf.pool_memory == SBX_SHARD_POOL_MEMORY_AUTO)
+        sh->conf.pool_memory = shard_pool_memory_auto(conf->node_shards);
     /* The S3 backup store's settings, checked before anything is set up
      * (container/backup_s3.h). */
     if (conf->backup_store && *conf->backup_store) {

@@ -30,6 +30,10 @@
 
 struct sbx_nng_sec; /* runtime/nngx.h */
 
+/* sbx_shard_conf.pool_memory's default: sized from the node's memory when
+ * the shard starts (actors/shard.c shard_pool_memory_auto). */
+#define SBX_SHARD_POOL_MEMORY_AUTO UINT64_MAX
+
 struct sbx_shard_conf {
     char *name;           /* shard name: unique in the deployment, [a-z0-9-] */
     char *listen;         /* nng URL, e.g. ipc:///var/lib/sbx/s0.sock or tcp://0.0.0.0:7701 */
@@ -51,7 +55,9 @@ struct sbx_shard_conf {
     int64_t pool;         /* ready containers kept for new sandboxes at least (0 = no pool);
                            * more while demand is high (shard_int.h, struct shard_pool) */
     uint64_t pool_memory; /* bytes the pool's ready containers may hold beyond `pool`
-                           * (default 32 MiB; 0 = the pool stays at `pool`) */
+                           * (default SBX_SHARD_POOL_MEMORY_AUTO: 1/256 of the node's
+                           * memory over node_shards, at least 32 MiB; 0 = the pool
+                           * stays at `pool`) */
     int64_t pool_window;  /* ms of demand the pool's target follows: 1 s to
                            * SHARD_POOL_WINDOW s, whole seconds (default 60 s) */
     uint64_t memory;      /* default memory limit per sandbox, bytes */

@@ -70,7 +70,9 @@ struct tls_opts {
         {"contexts", SBX_OPT_INT, &(c)->contexts, "requests received concurrently"},          \
         {"workers", SBX_OPT_INT, &(c)->workers, "container start/stop threads (0: 1/CPU, at least 2)"},   \
         {"pool", SBX_OPT_INT, &(c)->pool, "ready containers kept at least (0: none)"},        \
-        {"pool-memory", SBX_OPT_SIZE, &(c)->pool_memory, "memory budget of the pool"},        \
+        {"pool-memory", SBX_OPT_SIZE, &(c)->pool_memory,                                      \
+         "memory budget of the pool (default: 1/256 of the node's memory over its shards, "   \
+         "at least 32M; 0: the pool stays at --pool)"},                                      \
         {"pool-window", SBX_OPT_MS, &(c)->pool_window,                                       \
          "demand the pools follow: their busiest second in this window (1s..60s, default 60s)"}, \
         {"memory", SBX_OPT_SIZE, &(c)->memory, "memory limit per sandbox (e.g. 512M)"},       \

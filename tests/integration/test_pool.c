@@ -177,6 +177,46 @@ Test(pool, without_a_memory_budget_the_pool_stays_at_its_minimum, .timeout = 240
     cr_expect_eq(f.pool, 1);
 }
 
+/* Without --pool-memory the budget is 1/256 of the node's memory over its
+ * shards (one here), at least 32 MiB: the cap the status reports is that
+ * budget over what a ready container holds (poolContainerBytes), within
+ * POOL_HARD_MAX (256).  A fixed 32 MiB held about 20 containers on every
+ * node, so a burst of 50 over 2 shards built some while their callers
+ * waited (docs/benchmarks.md, "Bursts"). */
+Test(pool, the_default_budget_follows_the_nodes_memory, .timeout = 240, .fini = stop_daemon)
+{
+    static const char *const extra[] = {"--pool", "1", "--memory", "256M", "--pids", "128",
+                                        "--disk", "64M", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0, "sbxd dev did not start");
+    struct pool_fig f;
+    wait_refilled(d.url, &f);
+    burst(d.url); /* so that the cap is computed from a measured container */
+    sbx_client *c = NULL;
+    sbx_error err;
+    sbx_reply *r = NULL;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    cr_assert_eq(sbx_call(c, "cluster.status", NULL, NULL, 0, 10000, NULL, &r, &err), 0);
+    const msgpack_object *shards, *st;
+    int64_t cap = 0, bytes = 0;
+    cr_assert_eq(sbx_wire_get_array(sbx_reply_result(r), "shards", &shards), 0);
+    cr_assert_eq(sbx_wire_get_map(&shards->via.array.ptr[0], "status", &st), 0);
+    cr_assert_eq(sbx_wire_get_i64(st, "poolCap", &cap), 0);
+    cr_assert_eq(sbx_wire_get_i64(st, "poolContainerBytes", &bytes), 0);
+    sbx_reply_free(r);
+    sbx_client_close(c);
+    cr_assert_gt(bytes, 0);
+    uint64_t node = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t budget = node / 256 > (32ull << 20) ? node / 256 : 32ull << 20;
+    int64_t want = (int64_t)(budget / (uint64_t)bytes);
+    if (want > 256)
+        want = 256;
+    /* The container size is a moving average: the cap was computed from the
+     * one of the last create, which may differ a little from now's. */
+    cr_expect(cap >= want * 4 / 5 && cap <= want * 5 / 4 + 1,
+              "poolCap %lld, expected about %lld (%llu MiB budget / %lld bytes)", (long long)cap,
+              (long long)want, (unsigned long long)(budget >> 20), (long long)bytes);
+}
+
 /* Once demand has been quiet for --pool-window (2 s here; 60 s by default)
  * the target falls back to --pool and the surplus ready containers are
  * stopped: polled until then, nothing timed.  The deadline (45 s) is

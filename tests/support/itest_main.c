@@ -14,8 +14,13 @@ int
 main(int argc, char *argv[])
 {
     struct testd d;
-    static const char *const extra[] = {"--pool", "2", "--memory", "256M", "--pids", "128",
-                                        "--disk", "256M", NULL};
+    /* --pool-memory 32M: the shared daemon's pools stay as small as they
+     * were before the default followed the node's memory (about 20 ready
+     * containers a shard after a burst, not 35): two test binaries run at
+     * once on 2 CPUs.  tests/integration/test_pool.c checks the default. */
+    static const char *const extra[] = {"--pool",   "2",    "--pool-memory", "32M",
+                                        "--memory", "256M", "--pids",        "128",
+                                        "--disk",   "256M", NULL};
     struct criterion_test_set *tests = criterion_initialize();
     int result = 0;
     if (!criterion_handle_args(argc, argv, true)) {
