@@ -111,8 +111,9 @@ const char *agent_default_cwd(const struct agent *a);
  * a mount's root: EINVAL otherwise) and, when recursive, on every mount
  * below it, as mount_setattr(2) with AT_RECURSIVE.  Kernels without
  * mount_setattr (before 5.12) get the same by remounts, one per mount (the
- * mounts below found in /proc/self/mountinfo).  0 or -errno; a failure
- * part-way through a tree may leave some of it changed. */
+ * mounts below are path's mount's descendants by parent id in
+ * /proc/self/mountinfo, each remounted where a lookup reaches it).  0 or
+ * -errno; a failure part-way through a tree may leave some of it changed. */
 int agent_mount_attr(const char *path, uint64_t attr, bool recursive);
 /* mount_attr.c: agent_mount_attr by remounts only, each keeping the flags
  * its mount has (statvfs(3)) — the fallback, tested on kernels that have

@@ -7,10 +7,12 @@
  * read-only at once (setup.c: /etc, /dev).  Older kernels get the same
  * result from remounts (mount(2) MS_REMOUNT | MS_BIND, which changes one
  * mount), one for path and, when recursive, one for each mount below it,
- * found in /proc/self/mountinfo (proc(5): the fifth field is the mount
- * point, with space, tab, newline and backslash written as \ooo).
+ * found in /proc/self/mountinfo by parent id (proc(5): fields 1 and 2 are
+ * the mount's and its parent's ids, the fifth its mount point, with space,
+ * tab, newline and backslash written as \ooo).
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,31 +66,116 @@ unescape(char *s)
     *w = '\0';
 }
 
-/* Every mount strictly below path (mountinfo order: parents first), each
- * remounted with attr.  0 or the first failure's -errno. */
-static int
-remount_below(const char *path, uint64_t attr)
+/* One line of /proc/self/mountinfo: its mount id, its parent's, and its
+ * mount point (unescaped; owned). */
+struct mnt {
+    int id, parent;
+    char *mp;
+};
+
+static void
+mnts_free(struct mnt *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(m[i].mp);
+    free(m);
+}
+
+/* This namespace's mounts, in mountinfo's order (a mount over another comes
+ * after it).  *out owned by the caller (mnts_free).  The count or -errno. */
+static ssize_t
+mnts_read(struct mnt **out)
 {
     FILE *f = fopen("/proc/self/mountinfo", "re");
     if (!f)
         return -errno;
-    size_t plen = strlen(path);
+    struct mnt *m = NULL;
+    size_t n = 0, cap = 0, lcap = 0;
     char *line = NULL;
-    size_t cap = 0;
-    int rc = 0;
-    while (rc == 0 && getline(&line, &cap, f) > 0) {
+    ssize_t rc = 0;
+    while (getline(&line, &lcap, f) > 0) {
         /* id parent major:minor root mount-point ... */
-        char *save = NULL, *mp = strtok_r(line, " ", &save);
-        for (int i = 0; mp && i < 4; i++)
-            mp = strtok_r(NULL, " ", &save);
-        if (!mp)
+        char *save = NULL, *fld[5] = {0};
+        char *t = strtok_r(line, " ", &save);
+        for (int i = 0; t && i < 5; i++, t = strtok_r(NULL, " ", &save))
+            fld[i] = t;
+        if (!fld[4])
             continue;
-        unescape(mp);
-        if (strncmp(mp, path, plen) == 0 && mp[plen] == '/')
-            rc = remount_one(mp, attr);
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            struct mnt *g = realloc(m, cap * sizeof(*m));
+            if (!g) {
+                rc = -ENOMEM;
+                break;
+            }
+            m = g;
+        }
+        unescape(fld[4]);
+        m[n] = (struct mnt){.id = atoi(fld[0]), .parent = atoi(fld[1]), .mp = strdup(fld[4])};
+        if (!m[n].mp) {
+            rc = -ENOMEM;
+            break;
+        }
+        n++;
     }
+    if (rc == 0 && ferror(f))
+        rc = -EIO;
     free(line);
     fclose(f);
+    if (rc < 0) {
+        mnts_free(m, n);
+        return rc;
+    }
+    *out = m;
+    return (ssize_t)n;
+}
+
+/* The mount a lookup of mp finds: the last at that mount point. */
+static bool
+mnt_on_top(const struct mnt *m, size_t n, size_t i)
+{
+    for (size_t j = i + 1; j < n; j++)
+        if (!strcmp(m[j].mp, m[i].mp))
+            return false;
+    return true;
+}
+
+/* Every mount below the one at path — its descendants by parent id, as
+ * AT_RECURSIVE takes them, not every mount point whose name starts with
+ * path (a mount path's own mount hides is not one of them) — each that a
+ * lookup of its mount point reaches remounted with attr.  0 or the first
+ * failure's -errno. */
+static int
+remount_below(const char *path, uint64_t attr)
+{
+    struct mnt *m = NULL;
+    ssize_t n = mnts_read(&m);
+    if (n < 0)
+        return (int)n;
+    int rc = 0;
+    bool *in = calloc((size_t)n + 1, sizeof(*in));
+    ssize_t top = -1;
+    for (ssize_t i = 0; i < n; i++)
+        if (!strcmp(m[i].mp, path))
+            top = i;
+    if (!in || top < 0) {
+        rc = !in ? -ENOMEM : -EINVAL;
+        goto out;
+    }
+    in[top] = true;
+    for (bool grew = true; grew;) {
+        grew = false;
+        for (ssize_t i = 0; i < n; i++)
+            for (ssize_t j = 0; !in[i] && j < n; j++)
+                if (in[j] && m[i].parent == m[j].id && m[i].id != m[j].id)
+                    in[i] = grew = true;
+    }
+    for (ssize_t i = 0; rc == 0 && i < n; i++)
+        if (in[i] && i != top && mnt_on_top(m, (size_t)n, (size_t)i))
+            rc = remount_one(m[i].mp, attr);
+out:
+    free(in);
+    mnts_free(m, (size_t)n);
     return rc;
 }
 

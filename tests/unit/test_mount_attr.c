@@ -13,6 +13,9 @@
  *   T/top/d/nested/deeper   … and one more below it
  *   T/top/with space        a mount point whose mountinfo line escapes it
  *   T/top2           a sibling whose path starts like T/top: not below it
+ *   T/top/sub        a mount made before T/top was bound: hidden under it,
+ *                    not in its tree (its name is below T/top; the
+ *                    fallback once remounted by name and failed on it)
  *   T/top/d/nested/deeper is made noexec first: setting attributes keeps
  *                    what a mount has
  *
@@ -23,12 +26,17 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,15 +105,17 @@ mkfile(const char *p)
 /* In the child: build the tree under T, set attributes with fn, check.
  * 0, or 1 with the failure written to out. */
 static int
-child(int out, const char *T, int (*fn)(const char *, uint64_t, bool), bool recursive)
+child(int out, const char *T, int (*fn)(const char *, uint64_t, bool), bool recursive,
+      bool no_setattr)
 {
     char p[512], q[512];
     CHECK(unshare(CLONE_NEWNS) == 0, "unshare: %s", strerror(errno));
     CHECK(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0, "private: %s", strerror(errno));
     CHECK(mount("tmpfs", T, "tmpfs", 0, "size=1m") == 0, "tmpfs: %s", strerror(errno));
-    static const char *const dirs[] = {"src", "src/d", "src/d/nested", "src/d/nested/deeper",
-                                       "src/with space", "top", "top2", "other",
-                                       "other/deeper", "spacesrc"};
+    static const char *const dirs[] = {"src",       "src/d",          "src/d/nested",
+                                       "src/d/nested/deeper", "src/with space", "src/sub",
+                                       "top",       "top/sub",        "top2",
+                                       "other",     "other/deeper",   "spacesrc"};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
         snprintf(p, sizeof(p), "%s/%s", T, dirs[i]);
         CHECK(mkdir(p, 0755) == 0, "mkdir %s: %s", p, strerror(errno));
@@ -114,26 +124,36 @@ child(int out, const char *T, int (*fn)(const char *, uint64_t, bool), bool recu
     CHECK(mkfile(p) == 0, "file");
     snprintf(p, sizeof(p), "%s/hostfile", T);
     CHECK(mkfile(p) == 0, "hostfile");
-    /* top: src bound; then binds inside it */
-    snprintf(p, sizeof(p), "%s/src", T);
-    snprintf(q, sizeof(q), "%s/top", T);
-    CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind top: %s", strerror(errno));
-    snprintf(p, sizeof(p), "%s/hostfile", T);
-    snprintf(q, sizeof(q), "%s/top/file", T);
-    CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind file: %s", strerror(errno));
-    snprintf(p, sizeof(p), "%s/other", T);
-    snprintf(q, sizeof(q), "%s/top/d/nested", T);
-    CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind nested: %s", strerror(errno));
-    snprintf(p, sizeof(p), "%s/spacesrc", T);
+    /* top: src bound; then binds inside it (from, to: under T) */
+    static const char *const binds[][2] = {
+        {"spacesrc", "top/sub"},  {"src", "top"},           {"hostfile", "top/file"},
+        {"other", "top/d/nested"}, {"spacesrc", "top/d/nested/deeper"},
+        {"spacesrc", "top/with space"}, {"spacesrc", "top2"},
+    };
+    for (size_t i = 0; i < sizeof(binds) / sizeof(binds[0]); i++) {
+        snprintf(p, sizeof(p), "%s/%s", T, binds[i][0]);
+        snprintf(q, sizeof(q), "%s/%s", T, binds[i][1]);
+        CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind %s: %s", binds[i][1], strerror(errno));
+    }
     snprintf(q, sizeof(q), "%s/top/d/nested/deeper", T);
-    CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind deeper: %s", strerror(errno));
     CHECK(mount(NULL, q, NULL, MS_REMOUNT | MS_BIND | MS_NOEXEC, NULL) == 0, "noexec: %s",
           strerror(errno));
-    snprintf(q, sizeof(q), "%s/top/with space", T);
-    CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind space: %s", strerror(errno));
-    snprintf(q, sizeof(q), "%s/top2", T);
-    CHECK(mount(p, q, NULL, MS_BIND, NULL) == 0, "bind top2: %s", strerror(errno));
 
+    if (no_setattr) {
+        /* mount_setattr answers ENOSYS, as on a kernel before 5.12 */
+        struct sock_filter flt[] = {
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mount_setattr, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = {.len = sizeof(flt) / sizeof(flt[0]), .filter = flt};
+        CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+                  syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0,
+              "seccomp: %s", strerror(errno));
+        CHECK(syscall(SYS_mount_setattr, AT_FDCWD, T, 0, NULL, 0) < 0 && errno == ENOSYS,
+              "mount_setattr still there");
+    }
     snprintf(q, sizeof(q), "%s/top", T);
     int rc = fn(q, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive);
     CHECK(rc == 0, "set attributes: %s", strerror(-rc));
@@ -159,6 +179,9 @@ child(int out, const char *T, int (*fn)(const char *, uint64_t, bool), bool recu
     snprintf(p, sizeof(p), "%s/top2", T);
     opts_of(p, o, sizeof(o));
     CHECK(has(o, "rw") && !has(o, "nosuid"), "top2, not below top, changed: %s", o);
+    snprintf(p, sizeof(p), "%s/top/sub", T);
+    opts_of(p, o, sizeof(o));
+    CHECK(has(o, "rw") && !has(o, "nosuid"), "the mount hidden under top changed: %s", o);
 
     /* What a writer sees. */
     snprintf(p, sizeof(p), "%s/top/new", T);
@@ -173,7 +196,7 @@ child(int out, const char *T, int (*fn)(const char *, uint64_t, bool), bool recu
 
 /* Run child() in a forked process; its failure message, if any, fails the test. */
 static void
-run(int (*fn)(const char *, uint64_t, bool), bool recursive)
+run(int (*fn)(const char *, uint64_t, bool), bool recursive, bool no_setattr)
 {
     char T[] = "/tmp/sbx-mntattr-XXXXXX";
     cr_assert_not_null(mkdtemp(T));
@@ -183,7 +206,7 @@ run(int (*fn)(const char *, uint64_t, bool), bool recursive)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         close(pfd[0]);
-        _exit(child(pfd[1], T, fn, recursive));
+        _exit(child(pfd[1], T, fn, recursive, no_setattr));
     }
     close(pfd[1]);
     char msg[1024] = "";
@@ -198,16 +221,23 @@ run(int (*fn)(const char *, uint64_t, bool), bool recursive)
 
 Test(mount_attr, mount_setattr_reaches_every_mount_below)
 {
-    run(agent_mount_attr, true);
+    run(agent_mount_attr, true, false);
 }
 
 Test(mount_attr, the_remount_fallback_reaches_every_mount_below)
 {
-    run(agent_remount_attr, true);
+    run(agent_remount_attr, true, false);
+}
+
+/* agent_mount_attr itself takes the fallback where mount_setattr is ENOSYS. */
+Test(mount_attr, without_mount_setattr_the_call_falls_back)
+{
+    run(agent_mount_attr, true, true);
+    run(agent_mount_attr, false, true);
 }
 
 Test(mount_attr, without_recursion_only_the_top_changes)
 {
-    run(agent_mount_attr, false);
-    run(agent_remount_attr, false);
+    run(agent_mount_attr, false, false);
+    run(agent_remount_attr, false, false);
 }
