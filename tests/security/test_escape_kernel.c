@@ -871,6 +871,10 @@ Test(escape, proc_sys_sysrq_and_cgroupfs_are_not_writable)
                    "r['sysfs_mounts'] = [l for l in mi if ' - sysfs' in l]\n"
                    "r['sys'] = os.listdir('/sys')\n"
                    "r['mounted'] = sorted(l.split()[4] for l in mi)\n"
+                   "r['mask_opts'] = {l.split()[4]: l.split()[5] for l in mi if l.split()[4] in\n"
+                   "                  ['/proc/' + p for p in ['kcore', 'keys', 'timer_list', 'sched_debug',\n"
+                   "                   'latency_stats', 'timer_stats', 'kallsyms', 'sysrq-trigger',\n"
+                   "                   'acpi', 'driver', 'scsi', 'asound']]}\n"
                    "r['proc_ro'] = {l.split()[4]: 'ro' in l.split()[5].split(',') for l in mi\n"
                    "                if l.split()[4] in ('/proc/sys', '/proc/irq', '/proc/bus', '/proc/fs')}\n"
                    "r['cgroup_paths'] = sorted({l.split(':', 2)[2] for l in open('/proc/self/cgroup').read().split()})\n"
@@ -938,6 +942,27 @@ Test(escape, proc_sys_sysrq_and_cgroupfs_are_not_writable)
     json_t *v;
     json_object_foreach(jget(j, "masked_dirs"), k, v)
         cr_expect_eq(json_array_size(v), 0, "/proc/%s is not empty inside", k);
+    /* Every mask, file or directory, is read-only, nosuid, nodev, noexec
+     * (the set-up sets them on the first of each kind and binds the others
+     * from it: a bind takes its source's attributes). */
+    int masks_seen = 0;
+    json_object_foreach(jget(j, "mask_opts"), k, v) {
+        char o[256];
+        snprintf(o, sizeof(o), ",%s,", json_string_value(v) ? json_string_value(v) : "");
+        masks_seen++;
+        cr_expect(strstr(o, ",ro,") && strstr(o, ",nosuid,") && strstr(o, ",nodev,") &&
+                      strstr(o, ",noexec,"),
+                  "the mask on %s is %s", k, o);
+    }
+    int dirs_here = 0;
+    static const char *const mdirs[] = {"acpi", "driver", "scsi", "asound"};
+    for (size_t i = 0; i < SBX_ARRAY_LEN(mdirs); i++) {
+        char hp[64];
+        snprintf(hp, sizeof(hp), "/proc/%s", mdirs[i]);
+        dirs_here += access(hp, F_OK) == 0;
+    }
+    cr_expect_eq(masks_seen, exercised + dirs_here, "%d /proc masks in mountinfo, %d expected",
+                 masks_seen, exercised + dirs_here);
     cr_expect_eq(json_array_size(jget(j, "cgroupfs_mounts")), 0, "a cgroupfs is mounted inside");
     cr_expect_eq(json_array_size(jget(j, "sysfs_mounts")), 0, "a sysfs is mounted inside");
     cr_expect_eq(json_array_size(jget(j, "sys")), 0, "/sys is not empty");
