@@ -566,8 +566,18 @@ cgdir(const sbx_cgroups *cg, int h, const sbx_cgroup *c, char *out, size_t outle
     snprintf(out, outlen, "%s/%s", cg->dir[h], c->name);
 }
 
-int
-sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *lim)
+/*
+ * Write lim into c's controllers.  fresh: c was made just now, so its v1
+ * pids.max is "max", its cpu.cfs_period_us 100000 and its cpu.cfs_quota_us
+ * -1 already (the kernel's defaults for a new cgroup) and only the values
+ * that differ are written.  Each write of either cfs file walks every CPU
+ * cgroup of the host under a global mutex (kernel/sched/core.c
+ * tg_set_cfs_bandwidth → __cfs_schedulable → walk_tg_tree), whatever the
+ * value: three writes per new sandbox cost three walks, which grow with
+ * the sandboxes present (docs/benchmarks.md, "Density").  0 or -errno.
+ */
+static int
+apply_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *lim, bool fresh)
 {
     char d[600];
     int rc = 0;
@@ -593,14 +603,15 @@ sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *l
                 sbx_log_warn("cgroup %s: memory.kmem.tcp.limit_in_bytes: %s", d, strerror(-r3));
         }
         cgdir(cg, H_PIDS, c, d, sizeof(d));
-        if ((rc = write_str(d, "pids.max", "max")) != 0)
+        if (!fresh && (rc = write_str(d, "pids.max", "max")) != 0)
             return rc;
         if (lim->pids && (rc = write_u64(d, "pids.max", lim->pids)) != 0)
             return rc;
         cgdir(cg, H_CPU, c, d, sizeof(d));
-        if ((rc = write_str(d, "cpu.cfs_period_us", "100000")) != 0)
+        if (!fresh && (rc = write_str(d, "cpu.cfs_period_us", "100000")) != 0)
             return rc;
-        rc = write_str(d, "cpu.cfs_quota_us", "-1");
+        if (!fresh)
+            rc = write_str(d, "cpu.cfs_quota_us", "-1");
         if (!rc && lim->cpu_milli)
             rc = write_u64(d, "cpu.cfs_quota_us", (uint64_t)lim->cpu_milli * 100);
         return rc;
@@ -635,6 +646,12 @@ sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *l
 }
 
 int
+sbx_cgroup_set_limits(sbx_cgroups *cg, sbx_cgroup *c, const struct sbx_limits *lim)
+{
+    return apply_limits(cg, c, lim, false);
+}
+
+int
 sbx_cgroup_create(sbx_cgroups *cg, const char *name, const struct sbx_limits *lim, sbx_cgroup *out)
 {
     char d[600];
@@ -654,7 +671,7 @@ sbx_cgroup_create(sbx_cgroups *cg, const char *name, const struct sbx_limits *li
             goto fail;
         }
     }
-    if ((rc = sbx_cgroup_set_limits(cg, out, lim)) != 0)
+    if ((rc = apply_limits(cg, out, lim, true)) != 0)
         goto fail;
     if (cg->mode == SBX_CG_V2) {
         cgdir(cg, 0, out, d, sizeof(d));
