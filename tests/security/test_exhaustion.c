@@ -444,18 +444,19 @@ Test(exhaustion, no_inodes_left_is_enospc_at_the_inode_cap, .timeout = 240)
     ATTACK_DONE("no inodes");
 }
 
-/* cpu_throttled — nr_throttled of the cpu cgroup of host pid `pid`, read
- * on the host from cgroupfs (v1 "N:cpu,…:/path", v2 "0::/path"); -1 if
- * not found.  Independent of what the daemon reports. */
-static long long
-cpu_throttled(long long pid)
+/* cpu_cgroup_dir — the directory of the cpu cgroup of host pid `pid` in
+ * the host's cgroupfs (v1 "N:cpu,…:/path", v2 "0::/path") into out; *v2
+ * says which.  0, or -1 if not found.  Independent of what the daemon
+ * reports. */
+static int
+cpu_cgroup_dir(long long pid, char *out, size_t outlen, bool *v2)
 {
     char p[128], line[1024], mnt[512] = "", rel[512] = "";
     snprintf(p, sizeof(p), "/proc/%lld/cgroup", pid);
     FILE *f = fopen(p, "r");
     if (!f)
         return -1;
-    bool v2 = false;
+    *v2 = false;
     while (fgets(line, sizeof(line), f)) {
         line[strcspn(line, "\n")] = '\0';
         char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
@@ -466,12 +467,12 @@ cpu_throttled(long long pid)
         snprintf(ctrls, sizeof(ctrls), ",%s,", c1 + 1);
         if (strstr(ctrls, ",cpu,")) {
             snprintf(rel, sizeof(rel), "%s", c2 + 1);
-            v2 = false;
+            *v2 = false;
             break;
         }
         if (!strcmp(line, "0") && c1[1] == '\0') {
             snprintf(rel, sizeof(rel), "%s", c2 + 1);
-            v2 = true;
+            *v2 = true;
         }
     }
     fclose(f);
@@ -487,8 +488,8 @@ cpu_throttled(long long pid)
             continue;
         char so[520];
         snprintf(so, sizeof(so), ",%s,", sopts);
-        if ((!v2 && !strcmp(fstype, "cgroup") && strstr(so, ",cpu,")) ||
-            (v2 && !strcmp(fstype, "cgroup2"))) {
+        if ((!*v2 && !strcmp(fstype, "cgroup") && strstr(so, ",cpu,")) ||
+            (*v2 && !strcmp(fstype, "cgroup2"))) {
             snprintf(mnt, sizeof(mnt), "%s", m);
             break;
         }
@@ -496,9 +497,37 @@ cpu_throttled(long long pid)
     fclose(f);
     if (!mnt[0] || !rel[0])
         return -1;
-    char stat[1100];
-    snprintf(stat, sizeof(stat), "%s%s/cpu.stat", mnt, rel);
-    f = fopen(stat, "r");
+    snprintf(out, outlen, "%s%s", mnt, rel);
+    return 0;
+}
+
+/* The first line of file dir/name into out (newline cut); 0 or -1. */
+static int
+read_line_of(const char *dir, const char *name, char *out, size_t outlen)
+{
+    char p[1200];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return -1;
+    int rc = fgets(out, (int)outlen, f) ? 0 : -1;
+    fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+    return rc;
+}
+
+/* cpu_throttled — nr_throttled of the cpu cgroup of host pid `pid`; -1 if
+ * not found. */
+static long long
+cpu_throttled(long long pid)
+{
+    char dir[1100], line[256];
+    bool v2;
+    if (cpu_cgroup_dir(pid, dir, sizeof(dir), &v2) != 0)
+        return -1;
+    char stat[1200];
+    snprintf(stat, sizeof(stat), "%s/cpu.stat", dir);
+    FILE *f = fopen(stat, "r");
     if (!f)
         return -1;
     long long v = -1;
@@ -507,6 +536,34 @@ cpu_throttled(long long pid)
             break;
     fclose(f);
     return v;
+}
+
+/* A sandbox of the daemon's defaults (1000 millicpus here) runs under a
+ * quota of one CPU per 100 ms period, read on the host from its cgroup:
+ * the shard writes only what differs from a new cgroup's defaults
+ * (container/cgroup.c apply_limits), so this checks the quota that write
+ * leaves.  Its enforcement is the next test's. */
+Test(exhaustion, a_new_sandbox_has_the_default_cpu_quota)
+{
+    sbx_client *c = test_client();
+    char *id = test_id("quota");
+    free(tsh_out(c, id, "true"));
+    long long agent = status_int(c, id, "container.pid");
+    char dir[1100], v[128] = "", period[128] = "";
+    bool v2;
+    cr_assert_eq(cpu_cgroup_dir(agent, dir, sizeof(dir), &v2), 0,
+                 "no cpu cgroup for the agent (pid %lld)", agent);
+    if (v2) {
+        cr_assert_eq(read_line_of(dir, "cpu.max", v, sizeof(v)), 0, "%s/cpu.max", dir);
+        cr_expect_str_eq(v, "100000 100000", "cpu.max of a default sandbox");
+    } else {
+        cr_assert_eq(read_line_of(dir, "cpu.cfs_quota_us", v, sizeof(v)), 0, "%s", dir);
+        cr_assert_eq(read_line_of(dir, "cpu.cfs_period_us", period, sizeof(period)), 0);
+        cr_expect_str_eq(v, "100000", "cpu.cfs_quota_us of a default sandbox");
+        cr_expect_str_eq(period, "100000", "cpu.cfs_period_us of a default sandbox");
+    }
+    tdone(c, id);
+    sbx_client_close(c);
 }
 
 Test(exhaustion, cpu_spinning_is_held_to_the_cpu_limit, .timeout = 240)
