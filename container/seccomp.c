@@ -225,6 +225,17 @@ out:
     return rc;
 }
 
+/* Whether libseccomp knows system call nr of arch: the allow list, in both
+ * of its forms below. */
+static bool
+syscall_known(uint32_t arch, uint32_t nr)
+{
+    char *name = seccomp_syscall_resolve_num_arch(arch, (int)nr);
+    bool known = name != NULL;
+    free(name);
+    return known;
+}
+
 int
 sbx_seccomp_build_allow_reference(struct sbx_bpf *out)
 {
@@ -236,13 +247,9 @@ sbx_seccomp_build_allow_reference(struct sbx_bpf *out)
         goto out;
     set_binary_tree(ctx);
     uint32_t arch = seccomp_arch_native();
-    for (int nr = 0; nr < 1024; nr++) {
-        char *name = seccomp_syscall_resolve_num_arch(arch, nr);
-        if (!name)
-            continue;
-        free(name);
-        RULE(ctx, SCMP_ACT_ALLOW, nr, 0);
-    }
+    for (int nr = 0; nr < 1024; nr++)
+        if (syscall_known(arch, (uint32_t)nr))
+            RULE(ctx, SCMP_ACT_ALLOW, nr, 0);
     rc = export_bpf(ctx, out);
 out:
     seccomp_release(ctx);
@@ -253,8 +260,8 @@ out:
  * The allow list as a program of a few instructions: the numbers libseccomp
  * knows for x86_64 (seccomp_syscall_resolve_num_arch, 0..1023) form a few
  * runs [lo, hi], and the program checks the runs instead of each number,
- * as runc's patchbpf checks "newer than the newest known" in a stub of its
- * own (runc libcontainer/seccomp/patchbpf).  Its verdicts equal those of
+ * as runc's patchbpf prepends a few comparisons of its own for numbers
+ * newer than the newest it knows (runc libcontainer/seccomp/patchbpf).  Its verdicts equal those of
  * libseccomp's program for the same list (sbx_seccomp_build_allow_reference)
  * for every number and architecture (tests/unit/test_seccomp.c
  * compact_allow_list_equals_libseccomps).  Why: the kernel converts, checks
@@ -285,9 +292,7 @@ build_allow_compact(struct sbx_bpf *out)
     size_t runs = 0;
     bool in = false;
     for (uint32_t nr = 0; nr < 1024; nr++) {
-        char *name = seccomp_syscall_resolve_num_arch(arch, (int)nr);
-        bool known = name != NULL;
-        free(name);
+        bool known = syscall_known(arch, nr);
         if (known && !in) {
             if (runs == ALLOW_MAX_RUNS)
                 return 1;

@@ -50,6 +50,12 @@
  * namespace is private by then, so the tmpfs only hides it from us. */
 #define NEWROOT "/tmp"
 
+/* The attributes of the sandbox's read-only mounts (agent_mount_attr): the
+ * host's files bound in, and, noexec too, the /proc masks and read-only
+ * /proc directories. */
+#define ATTR_RO (MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+#define ATTR_RO_NOEXEC (ATTR_RO | MOUNT_ATTR_NOEXEC)
+
 #define STEP(cond, ...)                                                                  \
     do {                                                                                 \
         if (!(cond)) {                                                                   \
@@ -313,7 +319,7 @@ bind_ro(const char *src, const char *dst, bool must_exist)
 {
     int rc = bind_at(src, dst, must_exist);
     if (rc == 0)
-        rc = agent_mount_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true);
+        rc = agent_mount_attr(dst, ATTR_RO, true);
     return rc < 0 ? rc : 0;
 }
 
@@ -454,8 +460,7 @@ setup_etc(const struct agent_cfg *cfg, sbx_err_t *err)
             goto out;
         }
     }
-    rc = agent_mount_attr(NEWROOT "/etc", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-                          true);
+    rc = agent_mount_attr(NEWROOT "/etc", ATTR_RO, true);
     if (rc)
         sbx_err_make(err, rc, "make /etc read-only");
 out:
@@ -546,9 +551,8 @@ mask_proc(const char *const *names, size_t n, const char *src, sbx_err_t *err)
              names[i]);
         if (first[0])
             continue;
-        STEP(agent_mount_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
-                                       MOUNT_ATTR_NOEXEC, false) == 0,
-             "restrict mask /proc/%s", names[i]);
+        STEP(agent_mount_attr(dst, ATTR_RO_NOEXEC, false) == 0, "restrict mask /proc/%s",
+             names[i]);
         snprintf(first, sizeof(first), "%s", dst);
     }
 out:
@@ -586,9 +590,7 @@ setup_proc(sbx_err_t *err)
         if (access(dst, F_OK) < 0)
             continue;
         STEP(mount(dst, dst, NULL, MS_BIND | MS_REC, NULL) == 0, "bind /proc/%s", ro[i]);
-        STEP(agent_mount_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
-                               MOUNT_ATTR_NOEXEC, true) == 0,
-             "make /proc/%s read-only", ro[i]);
+        STEP(agent_mount_attr(dst, ATTR_RO_NOEXEC, true) == 0, "make /proc/%s read-only", ro[i]);
     }
 out:
     return rc;
@@ -1088,8 +1090,7 @@ common:
              "attach the interpreter drivers at /opt/sbx");
         close(interp_fd);
         interp_fd = -1;
-        rc = agent_mount_attr(NEWROOT "/opt/sbx", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-                      true);
+        rc = agent_mount_attr(NEWROOT "/opt/sbx", ATTR_RO, true);
         if (rc) {
             sbx_err_make(err, rc, "make the interpreter drivers read-only");
             goto out;
@@ -1113,8 +1114,8 @@ common:
     STEP(umount2(".", MNT_DETACH) == 0, "detach the old root");
     STEP(chdir("/") == 0, "chdir /");
     /* An image's root stays writable: its upper layer is the sandbox's. */
-    STEP(agent_mount_attr("/", (cfg->nlayers ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID |
-                           MOUNT_ATTR_NODEV, false) == 0,
+    STEP(agent_mount_attr("/", cfg->nlayers ? MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV : ATTR_RO,
+                          false) == 0,
          "make the root read-only");
 
     /* 5. The network namespace is empty: only lo, brought up. */
