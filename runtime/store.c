@@ -573,8 +573,9 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
     /* Signalled after the unlock: woken under s->mu, the writer would run
      * at once, block on the mutex and need a second wake-up (two context
      * switches more per write, seen in a scheduler trace).  It re-checks
-     * its queue under s->mu, so no wake-up is lost, and s outlives every
-     * enqueue (sbx_store_close joins the writer). */
+     * its queue under s->mu, so no wake-up is lost.  s is still alive here
+     * because no call may overlap sbx_store_close (store.h): the shard
+     * queues writes and closes the store on its loop thread. */
     if (wake)
         pthread_cond_signal(&s->cv);
     return seq;
@@ -615,11 +616,11 @@ void
 sbx_store_release(sbx_store *s)
 {
     pthread_mutex_lock(&s->mu);
-    if (s->hold_from) {
-        s->hold_from = 0;
-        pthread_cond_signal(&s->cv);
-    }
+    bool wake = s->hold_from != 0;
+    s->hold_from = 0;
     pthread_mutex_unlock(&s->mu);
+    if (wake) /* after the unlock, as in enqueue */
+        pthread_cond_signal(&s->cv);
 }
 
 uint64_t

@@ -83,7 +83,8 @@ typedef void (*sbx_store_commit_fn)(void *arg, uint64_t first, uint64_t last, in
 int sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_max,
                    sbx_store_commit_fn cb, void *cbarg);
 
-/* sbx_store_close — commit what is queued, stop the writer, close the env. */
+/* sbx_store_close — commit what is queued, stop the writer, close the env.
+ * No other call on s may overlap it or follow it (s is freed). */
 void sbx_store_close(sbx_store *s);
 
 /*

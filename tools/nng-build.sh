@@ -11,7 +11,9 @@
 # tools/nng/0001-*.patch.  And its nng_close can wait forever after a peer
 # dropped a pipe in the middle of a long send (docs/cluster.md, the same
 # section); nng 2.0 removed the cause, no 1.x release did: sbx's fix is
-# tools/nng/0002-*.patch.
+# tools/nng/0002-*.patch.  And its task dispatch woke a task thread while
+# holding the queue's mutex, two context switches more per aio completion:
+# tools/nng/0003-*.patch (performance only; docs/cluster.md, the same section).
 #
 # Idempotent and cached: OUTDIR/.stamp holds a hash of this script and the
 # patches; when it matches and the library is there, the script exits at once.
