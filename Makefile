@@ -64,7 +64,7 @@ ASAN_CFLAGS    := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=addres
                   -fno-sanitize-recover=undefined
 
 RUNTIME := runtime/err.c runtime/log.c runtime/util.c runtime/wire.c runtime/id.c \
-           runtime/loop.c runtime/place.c runtime/store.c runtime/frame.c runtime/config.c \
+           runtime/loop.c runtime/place.c runtime/store.c runtime/store_log.c runtime/frame.c runtime/config.c \
            runtime/nngx.c runtime/json.c runtime/ops.c runtime/ops_gen.c runtime/relay.c \
            runtime/etcd.c runtime/cview.c runtime/error.c runtime/prom.c runtime/mcp.c
 CLIENT  := runtime/client.c runtime/err.c runtime/error.c runtime/util.c runtime/wire.c runtime/id.c \

@@ -19,7 +19,9 @@
  *  - an *intent* (same key, value: the recording time then the one byte
  *    IDEM_INTENT) is committed before an agent operation that is not a read
  *    is sent to the agent (idem_intent; the actor's input gate waits for it),
- *    and replaced by the reply when there is one (idem_persist).  An intent
+ *    and replaced by the reply when there is one (idem_persist).  Both go
+ *    through the store's redo log when they can (runtime/store.h
+ *    sbx_store_put_logged): the intent costs one device flush.  An intent
  *    with no reply — the shard was killed, or the container died, while the
  *    operation ran — answers OPERATION_INTERRUPTED to every retry until it
  *    expires: the operation may have run, so it never runs again under that
@@ -228,7 +230,10 @@ idem_intent(struct sop *op)
         return 0;
     const char intent = (char)IDEM_INTENT;
     char *v = entry_new((uint64_t)sbx_wall_ms(), &intent, 1);
-    op->intent_seq = sbx_store_put(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + 1);
+    /* Through the store's redo log when it can (one device flush, not
+     * LMDB's two): the operation waits for this write before it starts. */
+    op->intent_seq =
+        sbx_store_put_logged(sh->store, SBX_DB_IDEM, op->id, strlen(op->id), v, IDEM_HDR + 1);
     free(v);
     sh->idem.dbytes -= e->dlen;
     e->dlen = IDEM_HDR + 1;

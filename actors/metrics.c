@@ -178,6 +178,10 @@ collect(struct shard *sh, sbx_prom *p)
     one(p, sn, "sbx_lmdb_commits_total", "counter", "", "", "result", "failed", (double)failed);
     one(p, sn, "sbx_lmdb_writes_total", "counter", "record writes committed", "", NULL, NULL,
         (double)writes);
+    one(p, sn, "sbx_lmdb_log_commits_total", "counter",
+        "write batches committed through the store's redo log (one flush), counted in "
+        "sbx_lmdb_commits_total too",
+        "", NULL, NULL, (double)sbx_store_logged(sh->store));
     one(p, sn, "sbx_lmdb_map_bytes", "gauge", "size of the LMDB map", "", NULL, NULL,
         (double)sbx_store_mapsize(sh->store));
     sbx_prom_family(p, "sbx_lmdb_commit_seconds", "histogram",

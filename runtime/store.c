@@ -14,6 +14,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "store_log.h"
 #include "util.h"
 
 struct wop {
@@ -21,6 +22,8 @@ struct wop {
     uint64_t seq;
     uint64_t after; /* the write it was made on top of (sbx_store_put_after), or 0 */
     bool with;      /* committed in one transaction with `after` (sbx_store_put_with) */
+    bool lazy;      /* sbx_store_put_lazy_after */
+    bool logged;    /* sbx_store_put_logged */
     int rc;         /* commit_batch: its failure, if decided before its batch ran */
     int db;
     bool del;
@@ -60,7 +63,20 @@ struct sbx_store {
     bool stopping;
     sbx_store_commit_fn cb;
     void *cbarg;
-    uint64_t n_batches, n_writes, n_failed;
+    uint64_t n_batches, n_writes, n_failed, n_logged;
+    /* The redo log (store_log.h): a batch of logged and lazy writes is
+     * committed by one group of it (one flush) instead of an LMDB
+     * transaction (two), and applied to LMDB later.  `log`, `epoch` and
+     * the pending list are the writer's; the rest is under mu. */
+    sbx_slog *log;
+    uint64_t epoch;              /* this open's: stamped on its groups */
+    struct wop *pend, *pend_tail; /* committed through the log, not yet in LMDB, in order */
+    size_t pend_db[SBX_DB__N];   /* … how many of them per database (readers wait) */
+    int64_t pend_due;            /* CLOCK_MONOTONIC ms by which to apply them; 0: none */
+    int64_t apply_ms;            /* sbx_store_set_log_delay */
+    bool apply_req;              /* a reader (or a half-full log) wants them applied now */
+    uint64_t apply_fails;        /* failed applies so far; apply_rc: the last one's code */
+    int apply_rc;
     /* under mu: time of each batch's commit (s) and its writes (metrics) */
     struct sbx_hist h_commit, h_batch;
 };
@@ -121,8 +137,58 @@ full_fs(const sbx_store *s, size_t bytes)
     return (uint64_t)v.f_bavail * v.f_frsize < 2 * (uint64_t)bytes + (1u << 20);
 }
 
+/* One write into txn: an MDB_* code (a delete of a missing key is 0). */
+static int
+put_one(sbx_store *s, MDB_txn *txn, int db, bool del, const void *k, size_t kn, const void *v,
+        size_t vn)
+{
+    MDB_val key = {kn, (void *)k};
+    if (del) {
+        int rc = mdb_del(txn, s->dbi[db], &key, NULL);
+        return rc == MDB_NOTFOUND ? 0 : rc;
+    }
+    MDB_val val = {vn, (void *)v};
+    return mdb_put(txn, s->dbi[db], &key, &val, 0);
+}
+
+/* The META entry that says how far LMDB holds the redo log: 16 bytes,
+ * the epoch then the sequence number, little-endian (store_log.h). */
+#define APPLIED_KEY "store.log_applied"
+
+static int
+put_applied(sbx_store *s, MDB_txn *txn, uint64_t epoch, uint64_t seq)
+{
+    char v[16];
+    for (int i = 0; i < 8; i++) {
+        v[i] = (char)(epoch >> (8 * i));
+        v[8 + i] = (char)(seq >> (8 * i));
+    }
+    return put_one(s, txn, SBX_DB_META, false, APPLIED_KEY, sizeof(APPLIED_KEY) - 1, v, 16);
+}
+
+/* The writes of the log now in LMDB: forget them, and start the log again. */
+static void
+pend_applied(sbx_store *s)
+{
+    while (s->pend) {
+        struct wop *o = s->pend;
+        s->pend = o->next;
+        free(o);
+    }
+    s->pend_tail = NULL;
+    sbx_slog_reset(s->log);
+    pthread_mutex_lock(&s->mu);
+    memset(s->pend_db, 0, sizeof(s->pend_db));
+    s->pend_due = 0;
+    s->apply_req = false;
+    pthread_cond_broadcast(&s->donecv); /* readers waiting for them (settle) */
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Write the first n ops of the list in one transaction, leaving out those
- * already failed (o->rc): 0 or a negative code (mdb_to_rc); *map_full says
+ * already failed (o->rc), after the writes committed through the redo log
+ * and not yet applied (they come first: a write reaches LMDB only after
+ * every earlier one): 0 or a negative code (mdb_to_rc); *map_full says
  * whether LMDB's answer was MDB_MAP_FULL (then the map may grow and the
  * batch be retried). */
 static int
@@ -130,28 +196,29 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
 {
     MDB_txn *txn;
     size_t bytes = 0;
+    struct wop *pend = s->pend;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
     if (rc)
         goto out;
-    for (struct wop *o = ops; o && n > 0; o = o->next, n--) {
+    for (struct wop *o = pend; o && !rc; o = o->next) {
+        bytes += o->kn + o->vn;
+        rc = put_one(s, txn, o->db, o->del, o->data, o->kn, o->data + o->kn, o->vn);
+    }
+    if (pend && !rc)
+        rc = put_applied(s, txn, s->epoch, s->pend_tail->seq);
+    for (struct wop *o = ops; o && n > 0 && !rc; o = o->next, n--) {
         if (o->rc)
             continue;
-        MDB_val k = {o->kn, o->data};
         bytes += o->kn + o->vn;
-        if (o->del) {
-            rc = mdb_del(txn, s->dbi[o->db], &k, NULL);
-            if (rc == MDB_NOTFOUND)
-                rc = 0;
-        } else {
-            MDB_val v = {o->vn, o->data + o->kn};
-            rc = mdb_put(txn, s->dbi[o->db], &k, &v, 0);
-        }
-        if (rc) {
-            mdb_txn_abort(txn);
-            goto out;
-        }
+        rc = put_one(s, txn, o->db, o->del, o->data, o->kn, o->data + o->kn, o->vn);
+    }
+    if (rc) {
+        mdb_txn_abort(txn);
+        goto out;
     }
     rc = mdb_txn_commit(txn); /* frees txn whatever it returns */
+    if (rc == 0 && pend)
+        pend_applied(s);
 out:
     *map_full = rc == MDB_MAP_FULL;
     if (rc == EIO && full_fs(s, bytes))
@@ -184,7 +251,9 @@ grow_map(sbx_store *s)
     return 0;
 }
 
-/* apply_batch, growing the map while it is what is full: 0 or a negative code. */
+/* apply_batch, growing the map while it is what is full: 0 or a negative
+ * code.  A failure that leaves logged writes unapplied is told to the
+ * readers waiting for them (settle). */
 static int
 apply_growing(sbx_store *s, struct wop *ops, size_t n)
 {
@@ -192,6 +261,15 @@ apply_growing(sbx_store *s, struct wop *ops, size_t n)
     int rc;
     while ((rc = apply_batch(s, ops, n, &map_full)) != 0 && map_full && grow_map(s) == 0)
         ;
+    if (rc && s->pend) {
+        pthread_mutex_lock(&s->mu);
+        s->apply_fails++;
+        s->apply_rc = rc;
+        s->apply_req = false;
+        s->pend_due = sbx_mono_ms() + s->apply_ms; /* tried again then, or with a batch */
+        pthread_cond_broadcast(&s->donecv);
+        pthread_mutex_unlock(&s->mu);
+    }
     return rc;
 }
 
@@ -312,6 +390,107 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
     report(s, ops, n, rc);
 }
 
+/* Whether the batch of n ops goes to the redo log: it holds a logged
+ * write, every write is logged or lazy, small, a put on its own (not one
+ * to be committed with another: sbx_store_put_with), and the group fits. */
+static bool
+log_takes(sbx_store *s, const struct wop *ops, size_t n)
+{
+    bool any = false;
+    size_t bytes = SBX_SLOG_HDR;
+    for (const struct wop *o = ops; n > 0; o = o->next, n--) {
+        if (o->del || o->with || !(o->logged || o->lazy) ||
+            o->kn + o->vn > SBX_STORE_LOG_MAX_WRITE)
+            return false;
+        any = any || o->logged;
+        bytes += sbx_slog_entry_bytes(o->kn, o->vn);
+    }
+    return any && bytes <= sbx_slog_room(s->log);
+}
+
+/* Commit a batch log_takes accepted with one group of the redo log and
+ * report it; its writes wait in the pending list for their LMDB
+ * transaction (they are freed then).  0, or the log's failure: nothing
+ * was reported, and the caller commits the batch through LMDB. */
+static int
+log_batch(sbx_store *s, struct wop *ops, size_t n)
+{
+    int64_t t0 = sbx_mono_us();
+    size_t live[SBX_DB__N] = {0}, nlive = 0;
+    sbx_slog_begin(s->log);
+    struct wop *o = ops;
+    for (size_t i = 0; i < n; i++, o = o->next) {
+        o->rc = after_failed(s, ops, o);
+        if (o->rc)
+            continue;
+        sbx_slog_add(s->log, o->seq, o->db, o->del, o->data, o->kn, o->data + o->kn, o->vn);
+        live[o->db]++;
+        nlive++;
+    }
+    if (nlive) {
+        int rc = sbx_slog_append(s->log, s->epoch);
+        if (rc) {
+            sbx_log_error("store: writing the redo log failed (%s); writes go through LMDB alone",
+                          strerror(-rc));
+            return rc;
+        }
+    }
+    /* Counted before they are decided: a reader that sees a write decided
+     * also sees it pending, and waits for its LMDB transaction (settle). */
+    pthread_mutex_lock(&s->mu);
+    for (int d = 0; d < SBX_DB__N; d++)
+        s->pend_db[d] += live[d];
+    if (nlive && !s->pend_due)
+        s->pend_due = sbx_mono_ms() + s->apply_ms;
+    if (sbx_slog_used(s->log) > SBX_SLOG_BYTES / 2)
+        s->apply_req = true; /* room for the next groups */
+    s->n_logged++;
+    sbx_hist_observe(&s->h_commit, sbx_prom_latency_s, sbx_prom_latency_n,
+                     (double)(sbx_mono_us() - t0) / 1e6);
+    sbx_hist_observe(&s->h_batch, sbx_prom_batch_sizes, sbx_prom_batch_n, (double)n);
+    pthread_mutex_unlock(&s->mu);
+    report(s, ops, n, 0);
+    o = ops;
+    for (size_t i = 0; i < n; i++) {
+        struct wop *next = o->next;
+        if (o->rc) {
+            free(o);
+        } else {
+            o->next = NULL;
+            if (s->pend_tail)
+                s->pend_tail->next = o;
+            else
+                s->pend = o;
+            s->pend_tail = o;
+        }
+        o = next;
+    }
+    return 0;
+}
+
+/* Commit a batch of n ops taken from the queue, through the redo log when
+ * it takes them and the pending writes are not due, else through LMDB;
+ * frees or keeps (pending) the ops. */
+static void
+run_batch(sbx_store *s, struct wop *ops, size_t n, bool apply)
+{
+    if (!apply && s->log && log_takes(s, ops, n) && log_batch(s, ops, n) == 0)
+        return;
+    commit_batch(s, ops, n);
+    while (n-- > 0) {
+        struct wop *next = ops->next;
+        free(ops);
+        ops = next;
+    }
+}
+
+/* Under mu: whether the pending writes are to be applied now. */
+static bool
+apply_due(const sbx_store *s)
+{
+    return s->pend_due && (s->apply_req || s->stopping || sbx_mono_ms() >= s->pend_due);
+}
+
 /* Under mu: whether write o waits for a release (sbx_store_hold). */
 static bool
 held(const sbx_store *s, const struct wop *o)
@@ -329,26 +508,111 @@ queue_due(sbx_store *s)
 }
 
 
+/* Open: the writes of the redo log beyond what LMDB holds. */
+struct replay {
+    sbx_store *s;
+    MDB_txn *txn;
+    uint64_t epoch, seq; /* META APPLIED_KEY */
+    size_t n;
+    int rc; /* replay_one's failure: an MDB code, or -EINVAL */
+};
+
+static int
+replay_one(void *arg, const struct sbx_slog_entry *e)
+{
+    struct replay *r = arg;
+    if (e->epoch < r->epoch || (e->epoch == r->epoch && e->seq <= r->seq))
+        return 0; /* applied before the crash */
+    if (e->db < 0 || e->db >= SBX_DB__N) {
+        r->rc = -EINVAL; /* a good checksum over a bad entry: not written by this code */
+        return 1;
+    }
+    r->rc = put_one(r->s, r->txn, e->db, e->del, e->k, e->kn, e->v, e->vn);
+    r->n++;
+    return r->rc ? 1 : 0;
+}
+
+/* Open the redo log and apply to LMDB what it holds beyond META
+ * APPLIED_KEY (the writes of groups committed before a crash and not yet
+ * applied), in one transaction that also stamps the open's epoch: every
+ * group on disk then has a lower epoch than this open's (store_log.h).  0
+ * or a negative code; the caller closes s->log on failure. */
+static int
+log_open(sbx_store *s)
+{
+    int rc = sbx_slog_open(&s->log, s->dir);
+    if (rc) {
+        sbx_log_error("store: %s/redo.log: %s", s->dir, strerror(-rc));
+        return rc;
+    }
+    for (;;) {
+        struct replay r = {.s = s};
+        rc = mdb_txn_begin(s->env, NULL, 0, &r.txn);
+        if (rc)
+            break;
+        MDB_val k = {sizeof(APPLIED_KEY) - 1, APPLIED_KEY}, v;
+        if (mdb_get(r.txn, s->dbi[SBX_DB_META], &k, &v) == 0 && v.mv_size == 16) {
+            for (int i = 0; i < 8; i++) {
+                r.epoch |= (uint64_t)((unsigned char *)v.mv_data)[i] << (8 * i);
+                r.seq |= (uint64_t)((unsigned char *)v.mv_data)[8 + i] << (8 * i);
+            }
+        }
+        uint64_t max_epoch = 0;
+        if (sbx_slog_scan(s->log, replay_one, &r, &max_epoch) != 0) {
+            mdb_txn_abort(r.txn);
+            rc = r.rc;
+        } else {
+            s->epoch = SBX_MAX(r.epoch, max_epoch) + 1;
+            rc = put_applied(s, r.txn, s->epoch, 0);
+            if (rc)
+                mdb_txn_abort(r.txn);
+            else
+                rc = mdb_txn_commit(r.txn);
+        }
+        if (rc == MDB_MAP_FULL && grow_map(s) == 0)
+            continue;
+        if (rc == 0 && r.n)
+            sbx_log_warn("store: %zu writes replayed from the redo log (committed before a crash)",
+                         r.n);
+        break;
+    }
+    if (rc) {
+        sbx_log_error("store: replaying the redo log: %s",
+                      rc < 0 ? strerror(-rc) : mdb_strerror(rc));
+        return rc < 0 ? rc : mdb_to_rc(rc);
+    }
+    sbx_slog_reset(s->log);
+    return 0;
+}
+
 static void *
 writer_main(void *arg)
 {
     sbx_store *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!queue_due(s) && !s->stopping) {
-            if (!s->head || held(s, s->head)) {
-                pthread_cond_wait(&s->cv, &s->mu); /* a write or a release wakes us */
+        while (!queue_due(s) && !apply_due(s) && !s->stopping) {
+            /* Lazy writes only (until one is due), or writes of the log
+             * to apply (by pend_due); or nothing: a write, a release or a
+             * reader wakes us. */
+            int64_t due = s->head && !held(s, s->head) ? s->lazy_due : 0;
+            if (s->pend_due && (!due || s->pend_due < due))
+                due = s->pend_due;
+            if (!due) {
+                pthread_cond_wait(&s->cv, &s->mu);
                 continue;
             }
-            /* Lazy writes only: until one is due, or a write wakes us. */
-            struct timespec ts = {.tv_sec = s->lazy_due / 1000,
-                                  .tv_nsec = (long)(s->lazy_due % 1000) * 1000000L};
+            struct timespec ts = {.tv_sec = due / 1000, .tv_nsec = (long)(due % 1000) * 1000000L};
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
+        /* Pending writes due are applied with the batch's transaction, or
+         * alone when there is none. */
+        bool apply = apply_due(s);
         /* Take a bounded prefix of the queue (store.h), never a held write,
          * never a write without the ones to be committed with it; the
-         * rest waits. */
-        struct wop *ops = s->head, *end = ops;
+         * rest waits.  (Woken to apply the log's writes, a lazy head not
+         * due yet goes too: into the same transaction.) */
+        struct wop *ops = s->head && !held(s, s->head) ? s->head : NULL, *end = ops;
         size_t n = 0, bytes = 0;
         while (end && !held(s, end) &&
                ((n < SBX_STORE_BATCH_OPS &&
@@ -358,24 +622,20 @@ writer_main(void *arg)
             n++;
             end = end->next;
         }
-        if (ops && n == 0) { /* cannot happen: a due head is never held */
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        s->head = end;
-        if (!end) {
-            s->tail = NULL;
-            s->lazy_due = 0;
+        if (ops) {
+            s->head = end;
+            if (!end) {
+                s->tail = NULL;
+                s->lazy_due = 0;
+            }
         }
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (ops) {
-            commit_batch(s, ops, n);
-            while (n-- > 0) {
-                struct wop *next = ops->next;
-                free(ops);
-                ops = next;
-            }
+            run_batch(s, ops, n, apply);
+        } else if (apply && s->pend) {
+            if (apply_growing(s, NULL, 0) != 0 && stop)
+                break; /* they stay in the log: the next open replays them */
         } else if (stop) {
             break;
         }
@@ -438,6 +698,9 @@ sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->donecv, NULL);
+    s->apply_ms = SBX_STORE_LOG_DELAY_MS;
+    if ((rc = log_open(s)) != 0)
+        goto fail;
     s->next_seq = 1;
     s->cb = cb;
     s->cbarg = cbarg;
@@ -451,6 +714,7 @@ fail_mdb:
     sbx_log_error("store: %s: %s", dir, mdb_strerror(rc));
     rc = mdb_to_rc(rc);
 fail:
+    sbx_slog_close(s->log);
     if (txn)
         mdb_txn_abort(txn);
     if (s->env)
@@ -470,6 +734,12 @@ sbx_store_close(sbx_store *s)
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->writer, NULL);
+    sbx_slog_close(s->log); /* what it holds is in LMDB, or replayed at the next open */
+    while (s->pend) { /* an apply failed at the close: they stay in the log */
+        struct wop *o = s->pend;
+        s->pend = o->next;
+        free(o);
+    }
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->maplock);
     pthread_mutex_destroy(&s->mu);
@@ -480,12 +750,37 @@ sbx_store_close(sbx_store *s)
     free(s);
 }
 
+/* Before a read of db: the writes of db committed through the redo log
+ * are applied to LMDB first (the writer is asked, and waited for), so a
+ * read sees every write decided before it.  0, or the failure of that
+ * apply. */
+static int
+settle(sbx_store *s, int db)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->pend_db[db]) {
+        uint64_t fails = s->apply_fails;
+        s->apply_req = true;
+        pthread_cond_signal(&s->cv);
+        while (s->pend_db[db] && s->apply_fails == fails)
+            pthread_cond_wait(&s->donecv, &s->mu);
+        if (s->pend_db[db])
+            rc = s->apply_rc;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 int
 sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, size_t *vn)
 {
     MDB_txn *txn;
+    int rc = settle(s, db);
+    if (rc)
+        return rc;
     pthread_rwlock_rdlock(&s->maplock);
-    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
+    rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
     if (rc) {
         pthread_rwlock_unlock(&s->maplock);
         return mdb_to_rc(rc);
@@ -510,8 +805,11 @@ sbx_store_foreach(sbx_store *s, int db,
 {
     MDB_txn *txn;
     MDB_cursor *cur;
+    int rc = settle(s, db);
+    if (rc)
+        return rc;
     pthread_rwlock_rdlock(&s->maplock);
-    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
+    rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
     if (rc) {
         pthread_rwlock_unlock(&s->maplock);
         return mdb_to_rc(rc);
@@ -540,12 +838,14 @@ sbx_store_foreach(sbx_store *s, int db,
 
 static uint64_t
 enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v, size_t vn,
-        uint64_t after, bool lazy, bool with)
+        uint64_t after, bool lazy, bool with, bool logged)
 {
     struct wop *o = sbx_xmalloc(sizeof(*o) + kn + vn);
     o->next = NULL;
     o->after = after;
     o->with = with && after;
+    o->lazy = lazy;
+    o->logged = logged;
     o->rc = 0;
     o->db = db;
     o->del = del;
@@ -584,21 +884,21 @@ enqueue(sbx_store *s, int db, bool del, const void *k, size_t kn, const void *v,
 uint64_t
 sbx_store_put(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
 {
-    return enqueue(s, db, false, k, kn, v, vn, 0, false, false);
+    return enqueue(s, db, false, k, kn, v, vn, 0, false, false, false);
 }
 
 uint64_t
 sbx_store_put_after(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn,
                     uint64_t after)
 {
-    return enqueue(s, db, false, k, kn, v, vn, after, false, false);
+    return enqueue(s, db, false, k, kn, v, vn, after, false, false, false);
 }
 
 uint64_t
 sbx_store_put_with(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn,
                    uint64_t with)
 {
-    return enqueue(s, db, false, k, kn, v, vn, with, false, true);
+    return enqueue(s, db, false, k, kn, v, vn, with, false, true, false);
 }
 
 void
@@ -627,7 +927,21 @@ uint64_t
 sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
                          size_t vn, uint64_t after)
 {
-    return enqueue(s, db, false, k, kn, v, vn, after, true, false);
+    return enqueue(s, db, false, k, kn, v, vn, after, true, false, false);
+}
+
+uint64_t
+sbx_store_put_logged(sbx_store *s, int db, const void *k, size_t kn, const void *v, size_t vn)
+{
+    return enqueue(s, db, false, k, kn, v, vn, 0, false, false, true);
+}
+
+void
+sbx_store_set_log_delay(sbx_store *s, int64_t ms)
+{
+    pthread_mutex_lock(&s->mu);
+    s->apply_ms = ms > 0 ? ms : 0;
+    pthread_mutex_unlock(&s->mu);
 }
 
 uint64_t
@@ -642,13 +956,13 @@ sbx_store_last_seq(sbx_store *s)
 uint64_t
 sbx_store_del(sbx_store *s, int db, const void *k, size_t kn)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0, 0, false, false);
+    return enqueue(s, db, true, k, kn, NULL, 0, 0, false, false, false);
 }
 
 uint64_t
 sbx_store_del_after(sbx_store *s, int db, const void *k, size_t kn, uint64_t after)
 {
-    return enqueue(s, db, true, k, kn, NULL, 0, after, false, false);
+    return enqueue(s, db, true, k, kn, NULL, 0, after, false, false, false);
 }
 
 int
@@ -698,6 +1012,15 @@ sbx_store_stat(sbx_store *s, uint64_t *batches, uint64_t *writes, uint64_t *fail
     *writes = s->n_writes;
     *failed = s->n_failed;
     pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t
+sbx_store_logged(sbx_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t n = s->n_logged;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void

@@ -34,7 +34,12 @@
  *
  * Durability contract (the output gate): a write's sequence number is
  * "committed" only after mdb_txn_commit() returned 0 with the default sync
- * mode; callers reply to clients only after that (the output gate, actors/shard.h).
+ * mode, or after the group of the redo log holding it was written and
+ * fdatasync(2) returned 0 (sbx_store_put_logged below; runtime/store_log.h);
+ * callers reply to clients only after that (the output gate, actors/shard.h).
+ * A write committed through the log reaches LMDB in order with the others
+ * (before any later write; a read waits for it), and an open after a crash
+ * replays it.
  */
 #ifndef SBX_STORE_H
 #define SBX_STORE_H
@@ -59,6 +64,12 @@ enum sbx_db {
 #define SBX_STORE_BATCH_OPS 256
 #define SBX_STORE_BATCH_BYTES (4u << 20)
 
+/* The redo log takes writes of at most SBX_STORE_LOG_MAX_WRITE bytes (key
+ * plus value), and keeps them at most SBX_STORE_LOG_DELAY_MS (default of
+ * sbx_store_set_log_delay) before they go to LMDB. */
+#define SBX_STORE_LOG_MAX_WRITE 4096
+#define SBX_STORE_LOG_DELAY_MS 10
+
 /* Default map sizes of a shard (sbxd --map-size / --map-max). */
 #define SBX_STORE_MAP_DEFAULT (1ull << 30)
 #define SBX_STORE_MAP_MAX_DEFAULT (64ull << 30)
@@ -76,9 +87,11 @@ typedef void (*sbx_store_commit_fn)(void *arg, uint64_t first, uint64_t last, in
  * sbx_store_open — open (creating) the environment in directory `dir`
  * (created 0700 if missing) with a map of `mapsize` bytes (at least what
  * the file already uses) that may grow up to `map_max` bytes (0 or less
- * than mapsize: no growth), and start the writer thread.  `cb` may be NULL.
- * 0 or a negative code; on success the caller owns *out and must
- * sbx_store_close it.
+ * than mapsize: no growth), open its redo log (`dir`/redo.log, 1 MiB,
+ * created full of zeros) and apply to LMDB the writes it holds that LMDB
+ * lacks (committed before a crash), and start the writer thread.  `cb`
+ * may be NULL.  0 or a negative code (-errno of the log, or a store
+ * error); on success the caller owns *out and must sbx_store_close it.
  */
 int sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_max,
                    sbx_store_commit_fn cb, void *cbarg);
@@ -90,7 +103,10 @@ void sbx_store_close(sbx_store *s);
 /*
  * sbx_store_get — copy the value of key k in db into a heap buffer the
  * caller frees (*val, NUL-terminated for convenience; *vn excludes the NUL).
- * Returns 0, -ENOENT, or SBX_E_STORAGE.  Sees committed data only.
+ * Returns 0, -ENOENT, or SBX_E_STORAGE.  Sees committed data only, and
+ * every write of db decided before the call: writes of db still only in
+ * the redo log are applied first (it waits for the writer; it fails with
+ * that apply's code, SBX_E_STORAGE_FULL say, if they cannot be).
  */
 int sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, size_t *vn);
 
@@ -98,7 +114,8 @@ int sbx_store_get(sbx_store *s, int db, const void *k, size_t kn, char **val, si
  * sbx_store_foreach — call fn for every key/value of db in key order, inside
  * one read transaction (fn must not block or call back into the store).  The
  * views are valid only during the call.  fn returns 0 to go on, anything else
- * stops the walk and is returned.
+ * stops the walk and is returned.  Sees what sbx_store_get sees (waits for
+ * the redo log's writes of db in the same way).
  */
 int sbx_store_foreach(sbx_store *s, int db,
                       int (*fn)(void *arg, const void *k, size_t kn, const void *v, size_t vn),
@@ -169,6 +186,31 @@ void sbx_store_release(sbx_store *s);
 #define SBX_STORE_LAZY_MS 5
 uint64_t sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn, const void *v,
                                   size_t vn, uint64_t after);
+
+/*
+ * sbx_store_put_logged — sbx_store_put for a small write that something
+ * waits for before it can go on (an agent operation's intent:
+ * actors/idem.c idem_intent).  When the batch it is taken in holds only
+ * such writes and lazy ones (sbx_store_put_lazy_after), each at most
+ * SBX_STORE_LOG_MAX_WRITE bytes, the batch is committed by one group of
+ * the redo log — one write and one device flush, where an LMDB commit
+ * makes two — and applied to LMDB within the log delay (below), or with
+ * the next transaction, or when a read of its database needs it.  Any
+ * other batch goes to LMDB as usual.  Thread-safe.
+ */
+uint64_t sbx_store_put_logged(sbx_store *s, int db, const void *k, size_t kn, const void *v,
+                              size_t vn);
+
+/* sbx_store_set_log_delay — how long, in ms, writes committed through the
+ * redo log may wait before their LMDB transaction (default
+ * SBX_STORE_LOG_DELAY_MS; sooner when the log is half full).  Longer means
+ * fewer LMDB commits and later reads waiting for one; the tests set it
+ * long to find the writes in the log after a crash.  Thread-safe. */
+void sbx_store_set_log_delay(sbx_store *s, int64_t ms);
+
+/* sbx_store_logged — how many batches were committed through the redo log
+ * (they count in sbx_store_stat's batches too).  Thread-safe. */
+uint64_t sbx_store_logged(sbx_store *s);
 
 /* sbx_store_wait — block until write `seq` is decided; returns its rc (0, or
  * the failure code the callback reported for it). */

@@ -94,6 +94,14 @@ Test(metrics, text_has_the_operations_run_and_passes_promtool)
     cr_expect(strstr(text, "sbx_lmdb_commit_seconds_bucket{shard="));
     cr_expect(strstr(text, "sbx_sandboxes{shard="));
     cr_expect_null(strstr(text, id), "a sandbox ID is a label value");
+    /* The execs one after another: each one's intent went through the
+     * store's redo log (runtime/store.h sbx_store_put_logged). */
+    double logged = 0;
+    for (const char *m = text; (m = strstr(m, "\nsbx_lmdb_log_commits_total{shard=")); m++) {
+        const char *v = strstr(m, "} ");
+        logged += v ? strtod(v + 2, NULL) : 0;
+    }
+    cr_expect_gt(logged, 0, "no batch was committed through the redo log");
 
     char path[] = "/tmp/sbx-metrics-XXXXXX";
     int fd = mkstemp(path);

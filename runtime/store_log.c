@@ -1,0 +1,328 @@
+/* store_log.c — the store's redo log; format and rules in store_log.h. */
+#include "store_log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "util.h"
+
+struct sbx_slog {
+    int fd;
+    size_t off;       /* where the next group goes */
+    bool broken;      /* an append failed: no more groups */
+    char *img;        /* the file as read at open, until sbx_slog_scan */
+    size_t imgn;
+    char *buf;        /* the group being built (sbx_slog_begin/add) */
+    size_t n, cap;
+    uint64_t first, last;
+    size_t count;
+};
+
+static void
+put_u16(char *p, uint16_t v)
+{
+    for (int i = 0; i < 2; i++)
+        p[i] = (char)(v >> (8 * i));
+}
+
+static void
+put_u32(char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (char)(v >> (8 * i));
+}
+
+static void
+put_u64(char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (char)(v >> (8 * i));
+}
+
+static uint64_t
+get_le(const char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v |= (uint64_t)(unsigned char)p[i] << (8 * i);
+    return v;
+}
+
+/* The checksum of a group of len bytes at g: its header before the sum,
+ * then its entries. */
+static uint64_t
+group_sum(const char *g, size_t len)
+{
+    return XXH3_64bits_withSeed(g + SBX_SLOG_HDR, len - SBX_SLOG_HDR, XXH3_64bits(g, 32));
+}
+
+/* Write zeros over [from, SBX_SLOG_BYTES) of fd, then flush it. */
+static int
+zero_fill(int fd, size_t from)
+{
+    static const char zeros[65536];
+    while (from < SBX_SLOG_BYTES) {
+        size_t n = SBX_SLOG_BYTES - from < sizeof(zeros) ? SBX_SLOG_BYTES - from : sizeof(zeros);
+        ssize_t w = pwrite(fd, zeros, n, (off_t)from);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        from += (size_t)w;
+    }
+    return fsync(fd) == 0 ? 0 : -errno;
+}
+
+int
+sbx_slog_open(sbx_slog **out, const char *dir)
+{
+    int rc = 0;
+    sbx_slog *l = sbx_xcalloc(1, sizeof(*l));
+    l->fd = -1;
+    char path[4096];
+    int dfd = -1;
+    if ((size_t)snprintf(path, sizeof(path), "%s/redo.log", dir) >= sizeof(path)) {
+        rc = -ENAMETOOLONG;
+        goto out;
+    }
+    l->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (l->fd < 0) {
+        rc = -errno;
+        goto out;
+    }
+    struct stat sb;
+    if (fstat(l->fd, &sb) != 0) {
+        rc = -errno;
+        goto out;
+    }
+    size_t have = (size_t)sb.st_size < SBX_SLOG_BYTES ? (size_t)sb.st_size : SBX_SLOG_BYTES;
+    l->img = sbx_xmalloc(have ? have : 1);
+    for (size_t got = 0; got < have;) {
+        ssize_t r = pread(l->fd, l->img + got, have - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -errno : -EIO;
+            goto out;
+        }
+        got += (size_t)r;
+    }
+    l->imgn = have;
+    if ((size_t)sb.st_size < SBX_SLOG_BYTES) {
+        /* New (or cut short): allocate every block now, and make the file's
+         * name durable too (fsync(2): the directory needs its own). */
+        if ((rc = zero_fill(l->fd, have)) != 0)
+            goto out;
+        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) != 0) {
+            rc = -errno;
+            goto out;
+        }
+    }
+out:
+    if (dfd >= 0)
+        close(dfd);
+    if (rc != 0) {
+        sbx_slog_close(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
+
+/* Whether (e1, s1) comes after (e0, s0). */
+static bool
+later(uint64_t e1, uint64_t s1, uint64_t e0, uint64_t s0)
+{
+    return e1 > e0 || (e1 == e0 && s1 > s0);
+}
+
+/* Check the group at off of the image and call fn for its entries: 1 when
+ * the group is not valid (the scan ends), 0, or what fn returned. */
+static int
+scan_group(const sbx_slog *l, size_t off, uint64_t pe, uint64_t ps, size_t *len,
+           int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg)
+{
+    const char *g = l->img + off;
+    if (l->imgn - off < SBX_SLOG_HDR || get_le(g, 4) != SBX_SLOG_MAGIC)
+        return 1;
+    size_t n = (size_t)get_le(g + 4, 4);
+    uint64_t epoch = get_le(g + 8, 8), first = get_le(g + 16, 8), last = get_le(g + 24, 8);
+    if (n < SBX_SLOG_HDR || n % 8 || n > l->imgn - off || first > last ||
+        !later(epoch, first, pe, ps) || group_sum(g, n) != get_le(g + 32, 8))
+        return 1;
+    /* Whole and in order: its entries, each inside the group, seqs rising. */
+    uint64_t prev = 0;
+    for (size_t p = SBX_SLOG_HDR; p < n;) {
+        if (n - p < SBX_SLOG_ENTRY)
+            return 1;
+        struct sbx_slog_entry e = {
+            .epoch = epoch,
+            .db = (unsigned char)g[p],
+            .del = g[p + 1] & 1,
+            .kn = (size_t)get_le(g + p + 2, 2),
+            .vn = (size_t)get_le(g + p + 4, 4),
+            .seq = get_le(g + p + 8, 8),
+        };
+        size_t eb = sbx_slog_entry_bytes(e.kn, e.vn);
+        if (eb > n - p || e.seq < first || e.seq > last || e.seq <= prev)
+            return 1; /* cannot happen with a good checksum: written by other code */
+        e.k = g + p + SBX_SLOG_ENTRY;
+        e.v = g + p + SBX_SLOG_ENTRY + e.kn;
+        prev = e.seq;
+        p += eb;
+        int r = fn(arg, &e);
+        if (r)
+            return r;
+    }
+    *len = n;
+    return 0;
+}
+
+int
+sbx_slog_scan(sbx_slog *l, int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg,
+              uint64_t *max_epoch)
+{
+    uint64_t pe = 0, ps = 0;
+    int rc = 0;
+    *max_epoch = 0;
+    for (size_t off = 0; off < l->imgn;) {
+        size_t len = 0;
+        rc = scan_group(l, off, pe, ps, &len, fn, arg);
+        if (rc == 1) {
+            rc = 0;
+            break;
+        }
+        if (rc)
+            break;
+        pe = get_le(l->img + off + 8, 8);
+        ps = get_le(l->img + off + 24, 8);
+        *max_epoch = pe;
+        off += len;
+    }
+    return rc;
+}
+
+size_t
+sbx_slog_room(const sbx_slog *l)
+{
+    return l->broken ? 0 : SBX_SLOG_BYTES - l->off;
+}
+
+size_t
+sbx_slog_entry_bytes(size_t kn, size_t vn)
+{
+    return (SBX_SLOG_ENTRY + kn + vn + 7) & ~(size_t)7;
+}
+
+void
+sbx_slog_begin(sbx_slog *l)
+{
+    l->n = SBX_SLOG_HDR;
+    l->count = 0;
+    if (l->cap < l->n) {
+        l->cap = 4096;
+        l->buf = sbx_xrealloc(l->buf, l->cap);
+    }
+    memset(l->buf, 0, SBX_SLOG_HDR);
+}
+
+void
+sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t kn,
+             const void *v, size_t vn)
+{
+    size_t eb = sbx_slog_entry_bytes(kn, vn);
+    if (l->n + eb > l->cap) {
+        while (l->n + eb > l->cap)
+            l->cap *= 2;
+        l->buf = sbx_xrealloc(l->buf, l->cap);
+    }
+    char *p = l->buf + l->n;
+    memset(p, 0, eb);
+    p[0] = (char)db;
+    p[1] = del ? 1 : 0;
+    put_u16(p + 2, (uint16_t)kn);
+    put_u32(p + 4, (uint32_t)vn);
+    put_u64(p + 8, seq);
+    memcpy(p + SBX_SLOG_ENTRY, k, kn);
+    if (vn)
+        memcpy(p + SBX_SLOG_ENTRY + kn, v, vn);
+    if (l->count++ == 0)
+        l->first = seq;
+    l->last = seq;
+    l->n += eb;
+}
+
+int
+sbx_slog_append(sbx_slog *l, uint64_t epoch)
+{
+    if (l->broken)
+        return -EIO;
+    if (l->n > sbx_slog_room(l))
+        return -ENOSPC;
+    char *g = l->buf;
+    put_u32(g, SBX_SLOG_MAGIC);
+    put_u32(g + 4, (uint32_t)l->n);
+    put_u64(g + 8, epoch);
+    put_u64(g + 16, l->first);
+    put_u64(g + 24, l->last);
+    put_u64(g + 32, group_sum(g, l->n));
+    int rc = 0;
+    for (size_t done = 0; done < l->n;) {
+        ssize_t w = pwrite(l->fd, g + done, l->n - done, (off_t)(l->off + done));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            rc = w < 0 ? -errno : -EIO;
+            break;
+        }
+        done += (size_t)w;
+    }
+    if (rc == 0 && fdatasync(l->fd) != 0)
+        rc = -errno;
+    if (rc != 0) {
+        l->broken = true;
+        return rc;
+    }
+    l->off += l->n;
+    return 0;
+}
+
+bool
+sbx_slog_broken(const sbx_slog *l)
+{
+    return l->broken;
+}
+
+void
+sbx_slog_reset(sbx_slog *l)
+{
+    l->off = 0;
+    free(l->img); /* read at open: scanned by now */
+    l->img = NULL;
+    l->imgn = 0;
+}
+
+size_t
+sbx_slog_used(const sbx_slog *l)
+{
+    return l->off;
+}
+
+void
+sbx_slog_close(sbx_slog *l)
+{
+    if (!l)
+        return;
+    if (l->fd >= 0)
+        close(l->fd);
+    free(l->img);
+    free(l->buf);
+    free(l);
+}

@@ -1,0 +1,117 @@
+/*
+ * store_log.h — the store's redo log (internal to runtime/store.c).
+ *
+ * Why: an LMDB commit makes two device flushes — the data pages, then the
+ * meta page that points at them (mdb.c mdb_txn_commit: mdb_env_sync, then
+ * mdb_env_write_meta through the O_DSYNC descriptor) — because the meta
+ * page must never reach the disk before what it points at.  A small write
+ * that must be durable before something happens (an agent operation's
+ * intent, actors/idem.c) pays both, about 0.17 ms on this host's disk
+ * (docs/benchmarks.md, "hand-overs on the request path").  A record that
+ * checks itself needs no such order: one write and one flush.  The log
+ * holds such writes until the store applies them to LMDB with a later
+ * transaction, which also records how far it got (store.c, META
+ * "store.log_applied"); after a crash the store replays what the log holds
+ * beyond that point.
+ *
+ * The file: `<dir>/redo.log`, SBX_SLOG_BYTES long, written full of zeros
+ * when created (so an append overwrites allocated blocks, and fdatasync(2)
+ * has no block allocation to journal: ext4 flushes the data alone).  It is
+ * a sequence of *groups* from offset 0, each one write(2) and one
+ * fdatasync(2); all integers little-endian:
+ *
+ *     0  u32 magic  SBX_SLOG_MAGIC
+ *     4  u32 len    bytes of the group, header included, a multiple of 8
+ *     8  u64 epoch  the store's open count (store.c)
+ *    16  u64 first  sequence number of the group's first write
+ *    24  u64 last   … and of its last
+ *    32  u64 sum    XXH3_64bits_withSeed (libxxhash) of bytes [40, len),
+ *                   seeded with XXH3_64bits of bytes [0, 32)
+ *    40  entries, each: u8 db, u8 flags (bit 0: delete), u16 key bytes,
+ *        u32 value bytes, u64 seq, the key, the value, zero padding to 8.
+ *
+ * A reader takes groups from offset 0 while each is whole (magic, bounds,
+ * checksum) and its (epoch, first) is above the previous group's (epoch,
+ * last): a torn append fails its checksum, and the groups of an earlier
+ * pass over the file — the writer starts again at 0 once LMDB holds
+ * everything (sbx_slog_reset) — are lower and end the scan.  Not
+ * thread-safe: the store's writer thread owns the log.
+ */
+#ifndef SBX_STORE_LOG_H
+#define SBX_STORE_LOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SBX_SLOG_BYTES (1u << 20) /* the file's size */
+#define SBX_SLOG_MAGIC 0x4c584253u /* "SBXL" */
+#define SBX_SLOG_HDR 40
+#define SBX_SLOG_ENTRY 16 /* an entry's fixed part */
+
+typedef struct sbx_slog sbx_slog;
+
+/* One write read back by sbx_slog_scan; k and v point into the log's
+ * buffer, valid during the callback only. */
+struct sbx_slog_entry {
+    uint64_t epoch, seq;
+    int db;
+    bool del;
+    const void *k, *v;
+    size_t kn, vn;
+};
+
+/*
+ * sbx_slog_open — open `<dir>/redo.log`, creating it (0600, zero-filled to
+ * SBX_SLOG_BYTES, then fsync of the file and of dir) or extending a shorter
+ * one the same way, and read it into memory for sbx_slog_scan.  0 or
+ * -errno; on success the caller owns *out (sbx_slog_close).
+ */
+int sbx_slog_open(sbx_slog **out, const char *dir);
+
+/*
+ * sbx_slog_scan — call fn for every entry of the valid groups read at open
+ * (see above), in order.  fn returns 0 to go on; anything else stops the
+ * scan and is returned.  *max_epoch gets the highest epoch of a valid group
+ * (0: none).  May be called again (the store retries its replay after
+ * growing its map); not after sbx_slog_reset, which drops the copy.
+ */
+int sbx_slog_scan(sbx_slog *l, int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg,
+                  uint64_t *max_epoch);
+
+/* sbx_slog_room — bytes a group may still take before the end of the file. */
+size_t sbx_slog_room(const sbx_slog *l);
+
+/* sbx_slog_entry_bytes — what an entry of kn + vn bytes adds to a group. */
+size_t sbx_slog_entry_bytes(size_t kn, size_t vn);
+
+/*
+ * sbx_slog_begin / sbx_slog_add / sbx_slog_append — build a group in the
+ * log's buffer (begin drops an unfinished one) and write it after the last
+ * one with a single pwrite(2) then fdatasync(2).  append returns 0 (the
+ * group is durable), -ENOSPC if it does not fit in sbx_slog_room (nothing
+ * written), or -errno of the write or the flush: the log is then broken
+ * (sbx_slog_broken) and takes no more groups — after a failed fdatasync the
+ * page cache's state is unknown (fsync(2), "Linux 4.13 and later") — so the
+ * store goes on through LMDB alone.  Keys are < 64 KiB.
+ */
+void sbx_slog_begin(sbx_slog *l);
+void sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t kn,
+                  const void *v, size_t vn);
+int sbx_slog_append(sbx_slog *l, uint64_t epoch);
+
+/* sbx_slog_broken — whether an append failed (above). */
+bool sbx_slog_broken(const sbx_slog *l);
+
+/* sbx_slog_reset — the next group goes to offset 0 again: call it once a
+ * durable LMDB transaction holds every group written (store.c), and once
+ * after the scan at open. */
+void sbx_slog_reset(sbx_slog *l);
+
+/* sbx_slog_used — bytes of groups written since the last reset. */
+size_t sbx_slog_used(const sbx_slog *l);
+
+/* sbx_slog_close — close the file and free l (NULL: nothing). */
+void sbx_slog_close(sbx_slog *l);
+
+#endif
