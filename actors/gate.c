@@ -7,7 +7,8 @@
  * image; a failed one marks itself and the actor's later writes failed and
  * puts the record back to that image (actor_commit_failed).  A reply waits
  * (struct held) until every write it depends on is decided — committed to
- * LMDB and, in a cluster, replicated — and carries the failure's code if
+ * LMDB or the store's redo log (runtime/store.h) and, in a cluster,
+ * replicated — and carries the failure's code if
  * one of them failed.  Runs on the shard's loop thread, except
  * shard_commit_cb (the store's writer thread).
  */

@@ -8,9 +8,12 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "err.h"
 #include "log.h"
@@ -66,10 +69,12 @@ struct sbx_store {
     uint64_t n_batches, n_writes, n_failed, n_logged;
     /* The redo log (store_log.h): a batch of logged and lazy writes is
      * committed by one group of it (one flush) instead of an LMDB
-     * transaction (two), and applied to LMDB later.  `log`, `epoch` and
-     * the pending list are the writer's; the rest is under mu. */
+     * transaction (two), and applied to LMDB later.  `log` (NULL: none),
+     * `pass`, `rotate` and the pending list are the writer's; the rest is
+     * under mu. */
     sbx_slog *log;
-    uint64_t epoch;              /* this open's: stamped on its groups */
+    uint64_t pass;               /* the log's current pass (store_log.h), as in META */
+    bool rotate;                 /* an append failed: the next transaction replaces the pass */
     struct wop *pend, *pend_tail; /* committed through the log, not yet in LMDB, in order */
     size_t pend_db[SBX_DB__N];   /* … how many of them per database (readers wait) */
     int64_t pend_due;            /* CLOCK_MONOTONIC ms by which to apply them; 0: none */
@@ -151,19 +156,27 @@ put_one(sbx_store *s, MDB_txn *txn, int db, bool del, const void *k, size_t kn, 
     return mdb_put(txn, s->dbi[db], &key, &val, 0);
 }
 
-/* The META entry that says how far LMDB holds the redo log: 16 bytes,
- * the epoch then the sequence number, little-endian (store_log.h). */
-#define APPLIED_KEY "store.log_applied"
+/* The META entry holding the redo log's current pass (store_log.h): 8
+ * bytes, little-endian. */
+#define PASS_KEY "store.log_pass"
+
+/* A new pass: random (getrandom(2)); never 0, which no group is read with. */
+static uint64_t
+new_pass(uint64_t old)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) /* not before boot's entropy */
+        v = XXH3_64bits_withSeed(&old, sizeof(old), (uint64_t)sbx_mono_us() ^ (uint64_t)getpid());
+    return v ? v : 1;
+}
 
 static int
-put_applied(sbx_store *s, MDB_txn *txn, uint64_t epoch, uint64_t seq)
+put_pass(sbx_store *s, MDB_txn *txn, uint64_t pass)
 {
-    char v[16];
-    for (int i = 0; i < 8; i++) {
-        v[i] = (char)(epoch >> (8 * i));
-        v[8 + i] = (char)(seq >> (8 * i));
-    }
-    return put_one(s, txn, SBX_DB_META, false, APPLIED_KEY, sizeof(APPLIED_KEY) - 1, v, 16);
+    char v[8];
+    for (int i = 0; i < 8; i++)
+        v[i] = (char)(pass >> (8 * i));
+    return put_one(s, txn, SBX_DB_META, false, PASS_KEY, sizeof(PASS_KEY) - 1, v, 8);
 }
 
 /* The writes of the log now in LMDB: forget them, and start the log again. */
@@ -197,6 +210,9 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
     MDB_txn *txn;
     size_t bytes = 0;
     struct wop *pend = s->pend;
+    /* With the log's writes, the log's pass changes in the same
+     * transaction: its groups never check out again (store_log.h). */
+    uint64_t pass = pend || s->rotate ? new_pass(s->pass) : s->pass;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
     if (rc)
         goto out;
@@ -204,8 +220,8 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
         bytes += o->kn + o->vn;
         rc = put_one(s, txn, o->db, o->del, o->data, o->kn, o->data + o->kn, o->vn);
     }
-    if (pend && !rc)
-        rc = put_applied(s, txn, s->epoch, s->pend_tail->seq);
+    if (pass != s->pass && !rc)
+        rc = put_pass(s, txn, pass);
     for (struct wop *o = ops; o && n > 0 && !rc; o = o->next, n--) {
         if (o->rc)
             continue;
@@ -217,8 +233,12 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
         goto out;
     }
     rc = mdb_txn_commit(txn); /* frees txn whatever it returns */
-    if (rc == 0 && pend)
-        pend_applied(s);
+    if (rc == 0 && pass != s->pass) {
+        s->pass = pass;
+        s->rotate = false;
+        if (pend)
+            pend_applied(s);
+    }
 out:
     *map_full = rc == MDB_MAP_FULL;
     if (rc == EIO && full_fs(s, bytes))
@@ -252,8 +272,7 @@ grow_map(sbx_store *s)
 }
 
 /* apply_batch, growing the map while it is what is full: 0 or a negative
- * code.  A failure that leaves logged writes unapplied is told to the
- * readers waiting for them (settle). */
+ * code. */
 static int
 apply_growing(sbx_store *s, struct wop *ops, size_t n)
 {
@@ -261,12 +280,22 @@ apply_growing(sbx_store *s, struct wop *ops, size_t n)
     int rc;
     while ((rc = apply_batch(s, ops, n, &map_full)) != 0 && map_full && grow_map(s) == 0)
         ;
-    if (rc && s->pend) {
+    return rc;
+}
+
+/* The log's pending writes alone, in a transaction of their own: 0, or the
+ * failure — told to the readers waiting for them (settle), and tried again
+ * later (not sooner than 100 ms: a full store is not retried in a loop). */
+static int
+apply_pending(sbx_store *s)
+{
+    int rc = apply_growing(s, NULL, 0);
+    if (rc) {
         pthread_mutex_lock(&s->mu);
         s->apply_fails++;
         s->apply_rc = rc;
         s->apply_req = false;
-        s->pend_due = sbx_mono_ms() + s->apply_ms; /* tried again then, or with a batch */
+        s->pend_due = sbx_mono_ms() + SBX_MAX(s->apply_ms, 100);
         pthread_cond_broadcast(&s->donecv);
         pthread_mutex_unlock(&s->mu);
     }
@@ -353,13 +382,22 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
         live += !o->rc;
         last = o->seq;
     }
+    bool had_pend = s->pend != NULL;
     int rc = live ? apply_growing(s, ops, n) : 0;
+    if (rc && had_pend && s->pend) {
+        /* The log's writes do not fail with a write of this batch that
+         * does not fit: alone first, then the batch.  If they cannot be
+         * applied, no write after them is (a write reaches LMDB only after
+         * every earlier one): the batch fails with their code. */
+        int prc = apply_pending(s);
+        rc = prc ? prc : apply_growing(s, ops, n);
+    }
     pthread_mutex_lock(&s->mu);
     sbx_hist_observe(&s->h_commit, sbx_prom_latency_s, sbx_prom_latency_n,
                      (double)(sbx_mono_us() - t0) / 1e6);
     sbx_hist_observe(&s->h_batch, sbx_prom_batch_sizes, sbx_prom_batch_n, (double)n);
     pthread_mutex_unlock(&s->mu);
-    if (rc == SBX_E_STORAGE_FULL && live > 1) {
+    if (rc == SBX_E_STORAGE_FULL && live > 1 && !s->pend) {
         sbx_log_warn("store: batch %llu..%llu does not fit; committing its writes one by one",
                  (unsigned long long)ops->seq, (unsigned long long)last);
         /* One write per transaction — with the writes to be committed
@@ -399,9 +437,10 @@ log_takes(sbx_store *s, const struct wop *ops, size_t n)
     bool any = false;
     size_t bytes = SBX_SLOG_HDR;
     for (const struct wop *o = ops; n > 0; o = o->next, n--) {
-        if (o->del || o->with || !(o->logged || o->lazy) ||
+        if (o->del || o->with || !(o->logged || o->lazy) || o->kn == 0 ||
+            o->kn > (size_t)mdb_env_get_maxkeysize(s->env) ||
             o->kn + o->vn > SBX_STORE_LOG_MAX_WRITE)
-            return false;
+            return false; /* (a key LMDB refuses fails in its transaction, as before) */
         any = any || o->logged;
         bytes += sbx_slog_entry_bytes(o->kn, o->vn);
     }
@@ -428,10 +467,11 @@ log_batch(sbx_store *s, struct wop *ops, size_t n)
         nlive++;
     }
     if (nlive) {
-        int rc = sbx_slog_append(s->log, s->epoch);
+        int rc = sbx_slog_append(s->log, s->pass);
         if (rc) {
             sbx_log_error("store: writing the redo log failed (%s); writes go through LMDB alone",
                           strerror(-rc));
+            s->rotate = true; /* the group may be whole on disk: its pass goes */
             return rc;
         }
     }
@@ -444,7 +484,7 @@ log_batch(sbx_store *s, struct wop *ops, size_t n)
         s->pend_due = sbx_mono_ms() + s->apply_ms;
     if (sbx_slog_used(s->log) > SBX_SLOG_BYTES / 2)
         s->apply_req = true; /* room for the next groups */
-    s->n_logged++;
+    s->n_logged += nlive > 0;
     sbx_hist_observe(&s->h_commit, sbx_prom_latency_s, sbx_prom_latency_n,
                      (double)(sbx_mono_us() - t0) / 1e6);
     sbx_hist_observe(&s->h_batch, sbx_prom_batch_sizes, sbx_prom_batch_n, (double)n);
@@ -508,35 +548,33 @@ queue_due(sbx_store *s)
 }
 
 
-/* Open: the writes of the redo log beyond what LMDB holds. */
+/* Open: the writes of the redo log's current pass, which LMDB lacks. */
 struct replay {
     sbx_store *s;
     MDB_txn *txn;
-    uint64_t epoch, seq; /* META APPLIED_KEY */
     size_t n;
-    int rc; /* replay_one's failure: an MDB code, or -EINVAL */
+    int rc; /* replay_one's failure: an MDB code */
 };
 
 static int
 replay_one(void *arg, const struct sbx_slog_entry *e)
 {
     struct replay *r = arg;
-    if (e->epoch < r->epoch || (e->epoch == r->epoch && e->seq <= r->seq))
-        return 0; /* applied before the crash */
     if (e->db < 0 || e->db >= SBX_DB__N) {
-        r->rc = -EINVAL; /* a good checksum over a bad entry: not written by this code */
-        return 1;
+        r->rc = MDB_CORRUPTED; /* a good checksum over a bad entry: not written by this code */
+        return -1;
     }
     r->rc = put_one(r->s, r->txn, e->db, e->del, e->k, e->kn, e->v, e->vn);
     r->n++;
-    return r->rc ? 1 : 0;
+    return r->rc ? -1 : 0;
 }
 
-/* Open the redo log and apply to LMDB what it holds beyond META
- * APPLIED_KEY (the writes of groups committed before a crash and not yet
- * applied), in one transaction that also stamps the open's epoch: every
- * group on disk then has a lower epoch than this open's (store_log.h).  0
- * or a negative code; the caller closes s->log on failure. */
+/* Open the redo log, apply to LMDB the writes of its current pass (groups
+ * committed before a crash, not yet applied) and start a new pass, in one
+ * transaction (store_log.h).  0 or a negative code (the open fails: the
+ * log holds acknowledged writes LMDB cannot take).  A store whose
+ * transaction does not fit with nothing to replay goes on without a log
+ * (s->log NULL; every write through LMDB). */
 static int
 log_open(sbx_store *s)
 {
@@ -545,25 +583,26 @@ log_open(sbx_store *s)
         sbx_log_error("store: %s/redo.log: %s", s->dir, strerror(-rc));
         return rc;
     }
+    struct replay r;
+    uint64_t pass = 0;
     for (;;) {
-        struct replay r = {.s = s};
+        r = (struct replay){.s = s};
         rc = mdb_txn_begin(s->env, NULL, 0, &r.txn);
         if (rc)
             break;
-        MDB_val k = {sizeof(APPLIED_KEY) - 1, APPLIED_KEY}, v;
-        if (mdb_get(r.txn, s->dbi[SBX_DB_META], &k, &v) == 0 && v.mv_size == 16) {
-            for (int i = 0; i < 8; i++) {
-                r.epoch |= (uint64_t)((unsigned char *)v.mv_data)[i] << (8 * i);
-                r.seq |= (uint64_t)((unsigned char *)v.mv_data)[8 + i] << (8 * i);
-            }
-        }
-        uint64_t max_epoch = 0;
-        if (sbx_slog_scan(s->log, replay_one, &r, &max_epoch) != 0) {
+        MDB_val k = {sizeof(PASS_KEY) - 1, PASS_KEY}, v;
+        uint64_t cur = 0;
+        if (mdb_get(r.txn, s->dbi[SBX_DB_META], &k, &v) == 0 && v.mv_size == 8)
+            for (int i = 0; i < 8; i++)
+                cur |= (uint64_t)((unsigned char *)v.mv_data)[i] << (8 * i);
+        /* No pass recorded (a new store, or one from before the log):
+         * nothing in the file is this store's. */
+        if (cur && sbx_slog_scan(s->log, cur, replay_one, &r) != 0) {
             mdb_txn_abort(r.txn);
             rc = r.rc;
         } else {
-            s->epoch = SBX_MAX(r.epoch, max_epoch) + 1;
-            rc = put_applied(s, r.txn, s->epoch, 0);
+            pass = new_pass(cur);
+            rc = put_pass(s, r.txn, pass);
             if (rc)
                 mdb_txn_abort(r.txn);
             else
@@ -571,18 +610,25 @@ log_open(sbx_store *s)
         }
         if (rc == MDB_MAP_FULL && grow_map(s) == 0)
             continue;
-        if (rc == 0 && r.n)
-            sbx_log_warn("store: %zu writes replayed from the redo log (committed before a crash)",
-                         r.n);
         break;
     }
-    if (rc) {
-        sbx_log_error("store: replaying the redo log: %s",
-                      rc < 0 ? strerror(-rc) : mdb_strerror(rc));
-        return rc < 0 ? rc : mdb_to_rc(rc);
+    if (rc == 0) {
+        s->pass = pass;
+        sbx_slog_reset(s->log);
+        if (r.n)
+            sbx_log_warn("store: %zu writes replayed from the redo log (committed before a crash)",
+                         r.n);
+        return 0;
     }
-    sbx_slog_reset(s->log);
-    return 0;
+    if (r.n == 0 && mdb_to_rc(rc) == SBX_E_STORAGE_FULL) {
+        sbx_log_warn("store: no room to start the redo log (%s): every write goes through LMDB",
+                     mdb_strerror(rc));
+        sbx_slog_close(s->log);
+        s->log = NULL;
+        return 0;
+    }
+    sbx_log_error("store: replaying the redo log (%zu writes): %s", r.n, mdb_strerror(rc));
+    return mdb_to_rc(rc);
 }
 
 static void *
@@ -634,7 +680,7 @@ writer_main(void *arg)
         if (ops) {
             run_batch(s, ops, n, apply);
         } else if (apply && s->pend) {
-            if (apply_growing(s, NULL, 0) != 0 && stop)
+            if (apply_pending(s) != 0 && stop)
                 break; /* they stay in the log: the next open replays them */
         } else if (stop) {
             break;
@@ -759,15 +805,14 @@ settle(sbx_store *s, int db)
 {
     int rc = 0;
     pthread_mutex_lock(&s->mu);
-    if (s->pend_db[db]) {
-        uint64_t fails = s->apply_fails;
-        s->apply_req = true;
+    uint64_t fails = s->apply_fails;
+    while (s->pend_db[db] && s->apply_fails == fails) {
+        s->apply_req = true; /* again: writes logged since the last apply */
         pthread_cond_signal(&s->cv);
-        while (s->pend_db[db] && s->apply_fails == fails)
-            pthread_cond_wait(&s->donecv, &s->mu);
-        if (s->pend_db[db])
-            rc = s->apply_rc;
+        pthread_cond_wait(&s->donecv, &s->mu);
     }
+    if (s->pend_db[db])
+        rc = s->apply_rc;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -941,6 +986,9 @@ sbx_store_set_log_delay(sbx_store *s, int64_t ms)
 {
     pthread_mutex_lock(&s->mu);
     s->apply_ms = ms > 0 ? ms : 0;
+    if (s->pend_due) /* the writes pending now wait for the new delay */
+        s->pend_due = sbx_mono_ms() + s->apply_ms;
+    pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -22,7 +22,10 @@
  *  - a write that still cannot be committed because the map is at its
  *    maximum or the file system is full (ENOSPC, EDQUOT) fails with
  *    SBX_E_STORAGE_FULL — alone: the writes of its batch are retried one per
- *    transaction, so the ones that fit are committed; reads keep working;
+ *    transaction, so the ones that fit are committed; reads keep working
+ *    (but a read waits for the redo log's writes of its database, below, and
+ *    fails with their code while they do not fit — as every later write
+ *    does: none reaches LMDB before them);
  *    LMDB's EIO for a short write of its pages (a full tmpfs) counts as a
  *    full file system when the data directory has (nearly) no space left;
  *  - writes that must be atomic are committed together (sbx_store_put_with,
@@ -79,7 +82,8 @@ enum sbx_db {
  * with sequence numbers first..last were committed (rc == 0) or all failed
  * (rc < 0: SBX_E_STORAGE_FULL, -errno or SBX_E_STORAGE).  A batch whose
  * writes had different outcomes is reported as several ranges.  Must not
- * block (it may queue writes); the shard posts to its loop from here.
+ * block (it may queue writes) nor read the store (a read may wait for this
+ * thread: sbx_store_get); the shard posts to its loop from here.
  */
 typedef void (*sbx_store_commit_fn)(void *arg, uint64_t first, uint64_t last, int rc);
 
@@ -90,8 +94,16 @@ typedef void (*sbx_store_commit_fn)(void *arg, uint64_t first, uint64_t last, in
  * than mapsize: no growth), open its redo log (`dir`/redo.log, 1 MiB,
  * created full of zeros) and apply to LMDB the writes it holds that LMDB
  * lacks (committed before a crash), and start the writer thread.  `cb`
- * may be NULL.  0 or a negative code (-errno of the log, or a store
- * error); on success the caller owns *out and must sbx_store_close it.
+ * may be NULL.  0 or a negative code: -errno of the log's file, or
+ * SBX_E_STORAGE_FULL / SBX_E_STORAGE when the log holds writes LMDB cannot
+ * take (the map at `map_max`, the file system full: the open fails rather
+ * than lose them).  With nothing to replay and no room to record the log's
+ * new pass the store opens without a log (every write through LMDB).  On
+ * success the caller owns *out and must sbx_store_close it.
+ *
+ * A data directory written by this store must be closed cleanly (or opened
+ * once by this code again) before an older build without the log opens it:
+ * that one would not replay the log's writes.
  */
 int sbx_store_open(sbx_store **out, const char *dir, uint64_t mapsize, uint64_t map_max,
                    sbx_store_commit_fn cb, void *cbarg);
@@ -190,13 +202,17 @@ uint64_t sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn
 /*
  * sbx_store_put_logged — sbx_store_put for a small write that something
  * waits for before it can go on (an agent operation's intent:
- * actors/idem.c idem_intent).  When the batch it is taken in holds only
- * such writes and lazy ones (sbx_store_put_lazy_after), each at most
- * SBX_STORE_LOG_MAX_WRITE bytes, the batch is committed by one group of
- * the redo log — one write and one device flush, where an LMDB commit
- * makes two — and applied to LMDB within the log delay (below), or with
- * the next transaction, or when a read of its database needs it.  Any
- * other batch goes to LMDB as usual.  Thread-safe.
+ * actors/idem.c idem_intent).  The batch it is taken in is committed by
+ * one group of the redo log — one write and one device flush, where an
+ * LMDB commit makes two — when every write of the batch is logged or lazy
+ * (sbx_store_put_lazy_after), a put, not one to be committed with another
+ * (sbx_store_put_with), with a key of 1..511 bytes (LMDB's maximum) and at
+ * most SBX_STORE_LOG_MAX_WRITE bytes of key and value; when the log has
+ * room for it (it has not failed: a failed append sends every later write
+ * to LMDB); and when the log's earlier writes are not due for LMDB (then
+ * they go together).  It is applied to LMDB within the log delay (below),
+ * with the next LMDB transaction, or when a read of its database needs it.
+ * Any other batch goes to LMDB as usual.  Thread-safe.
  */
 uint64_t sbx_store_put_logged(sbx_store *s, int db, const void *k, size_t kn, const void *v,
                               size_t vn);
@@ -209,7 +225,8 @@ uint64_t sbx_store_put_logged(sbx_store *s, int db, const void *k, size_t kn, co
 void sbx_store_set_log_delay(sbx_store *s, int64_t ms);
 
 /* sbx_store_logged — how many batches were committed through the redo log
- * (they count in sbx_store_stat's batches too).  Thread-safe. */
+ * (each with at least one write committed: they count in sbx_store_stat's
+ * batches too).  Thread-safe. */
 uint64_t sbx_store_logged(sbx_store *s);
 
 /* sbx_store_wait — block until write `seq` is decided; returns its rc (0, or

@@ -54,12 +54,13 @@ get_le(const char *p, int bytes)
     return v;
 }
 
-/* The checksum of a group of len bytes at g: its header before the sum,
- * then its entries. */
+/* The checksum of a group of len bytes at g in pass `pass`: its header
+ * before the sum, then its entries (store_log.h). */
 static uint64_t
-group_sum(const char *g, size_t len)
+group_sum(const char *g, size_t len, uint64_t pass)
 {
-    return XXH3_64bits_withSeed(g + SBX_SLOG_HDR, len - SBX_SLOG_HDR, XXH3_64bits(g, 32));
+    return XXH3_64bits_withSeed(g + SBX_SLOG_HDR, len - SBX_SLOG_HDR,
+                                XXH3_64bits_withSeed(g, 24, pass));
 }
 
 /* Write zeros over [from, SBX_SLOG_BYTES) of fd, then flush it. */
@@ -136,77 +137,72 @@ out:
     return 0;
 }
 
-/* Whether (e1, s1) comes after (e0, s0). */
-static bool
-later(uint64_t e1, uint64_t s1, uint64_t e0, uint64_t s0)
-{
-    return e1 > e0 || (e1 == e0 && s1 > s0);
-}
-
-/* Check the group at off of the image and call fn for its entries: 1 when
- * the group is not valid (the scan ends), 0, or what fn returned. */
+/* The entry at p of group g (n bytes), checked to lie inside it with a
+ * sequence number in [lo, hi]: 0, or -1. */
 static int
-scan_group(const sbx_slog *l, size_t off, uint64_t pe, uint64_t ps, size_t *len,
-           int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg)
+entry_at(const char *g, size_t n, size_t p, uint64_t lo, uint64_t hi, struct sbx_slog_entry *e)
 {
-    const char *g = l->img + off;
-    if (l->imgn - off < SBX_SLOG_HDR || get_le(g, 4) != SBX_SLOG_MAGIC)
-        return 1;
-    size_t n = (size_t)get_le(g + 4, 4);
-    uint64_t epoch = get_le(g + 8, 8), first = get_le(g + 16, 8), last = get_le(g + 24, 8);
-    if (n < SBX_SLOG_HDR || n % 8 || n > l->imgn - off || first > last ||
-        !later(epoch, first, pe, ps) || group_sum(g, n) != get_le(g + 32, 8))
-        return 1;
-    /* Whole and in order: its entries, each inside the group, seqs rising. */
-    uint64_t prev = 0;
-    for (size_t p = SBX_SLOG_HDR; p < n;) {
-        if (n - p < SBX_SLOG_ENTRY)
-            return 1;
-        struct sbx_slog_entry e = {
-            .epoch = epoch,
-            .db = (unsigned char)g[p],
-            .del = g[p + 1] & 1,
-            .kn = (size_t)get_le(g + p + 2, 2),
-            .vn = (size_t)get_le(g + p + 4, 4),
-            .seq = get_le(g + p + 8, 8),
-        };
-        size_t eb = sbx_slog_entry_bytes(e.kn, e.vn);
-        if (eb > n - p || e.seq < first || e.seq > last || e.seq <= prev)
-            return 1; /* cannot happen with a good checksum: written by other code */
-        e.k = g + p + SBX_SLOG_ENTRY;
-        e.v = g + p + SBX_SLOG_ENTRY + e.kn;
-        prev = e.seq;
-        p += eb;
-        int r = fn(arg, &e);
-        if (r)
-            return r;
-    }
-    *len = n;
+    if (n - p < SBX_SLOG_ENTRY)
+        return -1;
+    e->db = (unsigned char)g[p];
+    e->del = g[p + 1] & 1;
+    e->kn = (size_t)get_le(g + p + 2, 2);
+    e->vn = (size_t)get_le(g + p + 4, 4);
+    e->seq = get_le(g + p + 8, 8);
+    if (sbx_slog_entry_bytes(e->kn, e->vn) > n - p || e->seq < lo || e->seq > hi)
+        return -1;
+    e->k = g + p + SBX_SLOG_ENTRY;
+    e->v = g + p + SBX_SLOG_ENTRY + e->kn;
     return 0;
 }
 
-int
-sbx_slog_scan(sbx_slog *l, int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg,
-              uint64_t *max_epoch)
+/* Whether the group at off of the image is one of pass `pass` that
+ * follows a group whose last write was prev: whole, in bounds, its entries
+ * inside it with rising sequence numbers.  *len gets its size. */
+static bool
+group_ok(const sbx_slog *l, size_t off, uint64_t pass, uint64_t prev, size_t *len)
 {
-    uint64_t pe = 0, ps = 0;
-    int rc = 0;
-    *max_epoch = 0;
-    for (size_t off = 0; off < l->imgn;) {
-        size_t len = 0;
-        rc = scan_group(l, off, pe, ps, &len, fn, arg);
-        if (rc == 1) {
-            rc = 0;
-            break;
-        }
-        if (rc)
-            break;
-        pe = get_le(l->img + off + 8, 8);
-        ps = get_le(l->img + off + 24, 8);
-        *max_epoch = pe;
-        off += len;
+    const char *g = l->img + off;
+    if (l->imgn - off < SBX_SLOG_HDR || get_le(g, 4) != SBX_SLOG_MAGIC)
+        return false;
+    size_t n = (size_t)get_le(g + 4, 4);
+    uint64_t first = get_le(g + 8, 8), last = get_le(g + 16, 8);
+    if (n < SBX_SLOG_HDR || n % 8 || n > l->imgn - off || first > last || first <= prev ||
+        group_sum(g, n, pass) != get_le(g + 24, 8))
+        return false;
+    /* A good checksum over bad entries: written by other code. */
+    uint64_t seq = first - 1;
+    for (size_t p = SBX_SLOG_HDR; p < n;) {
+        struct sbx_slog_entry e;
+        if (entry_at(g, n, p, seq + 1, last, &e) != 0)
+            return false;
+        seq = e.seq;
+        p += sbx_slog_entry_bytes(e.kn, e.vn);
     }
-    return rc;
+    *len = n;
+    return true;
+}
+
+int
+sbx_slog_scan(sbx_slog *l, uint64_t pass,
+              int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg)
+{
+    uint64_t prev = 0;
+    size_t len = 0;
+    for (size_t off = 0; off < l->imgn && group_ok(l, off, pass, prev, &len); off += len) {
+        const char *g = l->img + off;
+        uint64_t last = get_le(g + 16, 8);
+        for (size_t p = SBX_SLOG_HDR; p < len;) {
+            struct sbx_slog_entry e;
+            entry_at(g, len, p, 0, last, &e); /* checked by group_ok */
+            p += sbx_slog_entry_bytes(e.kn, e.vn);
+            int rc = fn(arg, &e);
+            if (rc)
+                return rc;
+        }
+        prev = last;
+    }
+    return 0;
 }
 
 size_t
@@ -260,7 +256,7 @@ sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t 
 }
 
 int
-sbx_slog_append(sbx_slog *l, uint64_t epoch)
+sbx_slog_append(sbx_slog *l, uint64_t pass)
 {
     if (l->broken)
         return -EIO;
@@ -269,10 +265,9 @@ sbx_slog_append(sbx_slog *l, uint64_t epoch)
     char *g = l->buf;
     put_u32(g, SBX_SLOG_MAGIC);
     put_u32(g + 4, (uint32_t)l->n);
-    put_u64(g + 8, epoch);
-    put_u64(g + 16, l->first);
-    put_u64(g + 24, l->last);
-    put_u64(g + 32, group_sum(g, l->n));
+    put_u64(g + 8, l->first);
+    put_u64(g + 16, l->last);
+    put_u64(g + 24, group_sum(g, l->n, pass));
     int rc = 0;
     for (size_t done = 0; done < l->n;) {
         ssize_t w = pwrite(l->fd, g + done, l->n - done, (off_t)(l->off + done));
@@ -287,6 +282,12 @@ sbx_slog_append(sbx_slog *l, uint64_t epoch)
     if (rc == 0 && fdatasync(l->fd) != 0)
         rc = -errno;
     if (rc != 0) {
+        /* Best effort, not flushed: a restart without a power loss must
+         * not find the group whole in the page cache (store_log.h). */
+        static const char zero[4];
+        if (pwrite(l->fd, zero, sizeof(zero), (off_t)l->off) < 0) {
+            /* nothing more to try: the store replaces the pass */
+        }
         l->broken = true;
         return rc;
     }

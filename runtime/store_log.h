@@ -17,25 +17,33 @@
  * The file: `<dir>/redo.log`, SBX_SLOG_BYTES long, written full of zeros
  * when created (so an append overwrites allocated blocks, and fdatasync(2)
  * has no block allocation to journal: ext4 flushes the data alone).  It is
- * a sequence of *groups* from offset 0, each one write(2) and one
+ * a sequence of *groups* from offset 0, each one pwrite(2) and one
  * fdatasync(2); all integers little-endian:
  *
  *     0  u32 magic  SBX_SLOG_MAGIC
  *     4  u32 len    bytes of the group, header included, a multiple of 8
- *     8  u64 epoch  the store's open count (store.c)
- *    16  u64 first  sequence number of the group's first write
- *    24  u64 last   … and of its last
- *    32  u64 sum    XXH3_64bits_withSeed (libxxhash) of bytes [40, len),
- *                   seeded with XXH3_64bits of bytes [0, 32)
- *    40  entries, each: u8 db, u8 flags (bit 0: delete), u16 key bytes,
+ *     8  u64 first  sequence number of the group's first write
+ *    16  u64 last   … and of its last
+ *    24  u64 sum    XXH3_64bits_withSeed (libxxhash) of bytes [32, len),
+ *                   seeded with XXH3_64bits_withSeed of bytes [0, 24)
+ *                   seeded with the pass (below)
+ *    32  entries, each: u8 db, u8 flags (bit 0: delete), u16 key bytes,
  *        u32 value bytes, u64 seq, the key, the value, zero padding to 8.
  *
- * A reader takes groups from offset 0 while each is whole (magic, bounds,
- * checksum) and its (epoch, first) is above the previous group's (epoch,
- * last): a torn append fails its checksum, and the groups of an earlier
- * pass over the file — the writer starts again at 0 once LMDB holds
- * everything (sbx_slog_reset) — are lower and end the scan.  Not
- * thread-safe: the store's writer thread owns the log.
+ * A *pass* is the run of groups written from offset 0 after the store
+ * last made LMDB hold everything: a random 64-bit number (getrandom(2))
+ * that the store keeps in LMDB and replaces, in the same transaction,
+ * whenever LMDB takes the log's writes (then the next group goes to
+ * offset 0 again) — and at every open.  Only the groups of the current
+ * pass check out, so the groups of earlier passes, still on disk after the
+ * new pass's last group, never do: nor do bytes inside them that look like
+ * a group (a recorded reply holds what a sandbox printed), since whoever
+ * wrote them cannot know the pass.  A reader takes groups from offset 0
+ * while each is whole (magic, bounds, checksum) and its first sequence
+ * number is above the previous group's last: a torn append fails its
+ * checksum and ends the scan.  The file is the store's (0600); the checksum
+ * finds torn and foreign bytes, it is not a signature.  Not thread-safe:
+ * the store's writer thread owns the log.
  */
 #ifndef SBX_STORE_LOG_H
 #define SBX_STORE_LOG_H
@@ -46,7 +54,7 @@
 
 #define SBX_SLOG_BYTES (1u << 20) /* the file's size */
 #define SBX_SLOG_MAGIC 0x4c584253u /* "SBXL" */
-#define SBX_SLOG_HDR 40
+#define SBX_SLOG_HDR 32
 #define SBX_SLOG_ENTRY 16 /* an entry's fixed part */
 
 typedef struct sbx_slog sbx_slog;
@@ -54,7 +62,7 @@ typedef struct sbx_slog sbx_slog;
 /* One write read back by sbx_slog_scan; k and v point into the log's
  * buffer, valid during the callback only. */
 struct sbx_slog_entry {
-    uint64_t epoch, seq;
+    uint64_t seq;
     int db;
     bool del;
     const void *k, *v;
@@ -70,14 +78,15 @@ struct sbx_slog_entry {
 int sbx_slog_open(sbx_slog **out, const char *dir);
 
 /*
- * sbx_slog_scan — call fn for every entry of the valid groups read at open
- * (see above), in order.  fn returns 0 to go on; anything else stops the
- * scan and is returned.  *max_epoch gets the highest epoch of a valid group
- * (0: none).  May be called again (the store retries its replay after
- * growing its map); not after sbx_slog_reset, which drops the copy.
+ * sbx_slog_scan — call fn for every entry of the groups of pass `pass` read
+ * at open (see above), in order; a group's entries only once the whole
+ * group checked out.  fn returns 0 to go on; anything else stops the scan
+ * and is returned (the end of the valid groups returns 0).  May be called
+ * again (the store retries its replay after growing its map); not after
+ * sbx_slog_reset, which drops the copy read at open.
  */
-int sbx_slog_scan(sbx_slog *l, int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg,
-                  uint64_t *max_epoch);
+int sbx_slog_scan(sbx_slog *l, uint64_t pass,
+                  int (*fn)(void *arg, const struct sbx_slog_entry *e), void *arg);
 
 /* sbx_slog_room — bytes a group may still take before the end of the file. */
 size_t sbx_slog_room(const sbx_slog *l);
@@ -87,18 +96,21 @@ size_t sbx_slog_entry_bytes(size_t kn, size_t vn);
 
 /*
  * sbx_slog_begin / sbx_slog_add / sbx_slog_append — build a group in the
- * log's buffer (begin drops an unfinished one) and write it after the last
- * one with a single pwrite(2) then fdatasync(2).  append returns 0 (the
- * group is durable), -ENOSPC if it does not fit in sbx_slog_room (nothing
- * written), or -errno of the write or the flush: the log is then broken
- * (sbx_slog_broken) and takes no more groups — after a failed fdatasync the
- * page cache's state is unknown (fsync(2), "Linux 4.13 and later") — so the
- * store goes on through LMDB alone.  Keys are < 64 KiB.
+ * log's buffer (begin drops an unfinished one) and write it, checksummed
+ * for pass `pass`, after the last one with a single pwrite(2) then
+ * fdatasync(2).  append returns 0 (the group is durable), -ENOSPC if it
+ * does not fit in sbx_slog_room (nothing written), or -errno of the write
+ * or the flush: the log is then broken (sbx_slog_broken) and takes no more
+ * groups — after a failed fdatasync the page cache's state is unknown
+ * (fsync(2), "Linux 4.13 and later") — and the group's magic is zeroed
+ * (not flushed: a restart without a power loss does not find the group;
+ * the store also replaces the pass with its next LMDB transaction).  Keys
+ * are < 64 KiB.
  */
 void sbx_slog_begin(sbx_slog *l);
 void sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t kn,
                   const void *v, size_t vn);
-int sbx_slog_append(sbx_slog *l, uint64_t epoch);
+int sbx_slog_append(sbx_slog *l, uint64_t pass);
 
 /* sbx_slog_broken — whether an append failed (above). */
 bool sbx_slog_broken(const sbx_slog *l);

@@ -13,11 +13,13 @@
  *
  * Covers: acknowledged logged writes (and lazy writes in their batches)
  * replayed after a crash; a torn last group dropped, the groups before it
- * replayed; a log cut short or full of garbage; a stale group of an
- * earlier epoch, still whole on disk after the log started again at offset
- * 0, never applied over a newer value; a read seeing a logged write at
- * once; a batch with a plain write going to LMDB; a clean close leaving
- * everything in LMDB.
+ * replayed; a log cut short or full of garbage; groups of an earlier pass
+ * (still whole on disk after the log started again at offset 0) never
+ * applied over a newer value, from an earlier open or the same one; a
+ * group forged inside a logged value never replayed; a logged write LMDB
+ * cannot take failing the reads and writes after it and kept for the next
+ * open; a read seeing a logged write at once; a batch with a plain write
+ * going to LMDB; a clean close leaving everything in LMDB.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails; each child is reaped.
@@ -32,6 +34,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "runtime/err.h"
 #include "runtime/store.h"
@@ -205,9 +208,14 @@ Test(store_log, acknowledged_logged_writes_survive_a_crash_before_their_lmdb_tra
             snprintf(v, sizeof(v), "value-%02d", i);
             child_logged(s, k, v);
         }
-        /* A lazy write rides with the next logged one, in the same group. */
+        /* A lazy write rides with the next logged one, in the same group
+         * (the hold keeps both queued until both are there). */
+        sbx_store_hold(s);
         sbx_store_put_lazy_after(s, SBX_DB_IDEM, "reply-00", 8, "lazy", 4, 0);
-        child_logged(s, "intent-20", "value-20");
+        uint64_t q = sbx_store_put_logged(s, SBX_DB_IDEM, "intent-20", 9, "value-20", 8);
+        sbx_store_release(s);
+        if (sbx_store_wait(s, q) != 0)
+            _exit(11);
         child_crash(s, 21);
     }
     reap(pid);
@@ -243,11 +251,11 @@ Test(store_log, a_torn_last_group_is_dropped_and_the_groups_before_it_replayed)
     }
     reap(pid);
     /* A write of the last group that reached the disk only in part: one
-     * byte of its entry differs. */
+     * byte of its entry's value differs. */
     int fd = open(log_path(), O_RDWR | O_CLOEXEC);
     cr_assert_geq(fd, 0, "%s: %s", log_path(), strerror(errno));
-    size_t off = group_offset(fd, 2) + 40 + 16; /* the header, the entry's fixed part: its key */
-    char c = 'x';
+    size_t off = group_offset(fd, 2) + 32 + 16 + 1; /* header, entry's fixed part, key "c" */
+    char c = '9';
     cr_assert_eq(pwrite(fd, &c, 1, (off_t)off), 1);
     close(fd);
     open_store();
@@ -329,6 +337,137 @@ Test(store_log, a_stale_group_left_on_disk_never_comes_back_over_a_newer_value)
     open_store();
     expect_store("k", "2");
     expect_store("x", "new");
+}
+
+/* A group stays whole on disk after LMDB took its write and a later one
+ * changed the value: neither a read nor a replay after a crash brings the
+ * logged value back. */
+Test(store_log, a_logged_write_applied_and_then_overwritten_never_comes_back)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sbx_store *s = child_open();
+        child_logged(s, "k", "1");
+        child_plain(s, "k", "2"); /* one transaction: k = 1, then k = 2 */
+        char *v = NULL;
+        size_t vn = 0;
+        if (sbx_store_get(s, SBX_DB_IDEM, "k", 1, &v, &vn) != 0 || vn != 1 || v[0] != '2')
+            _exit(14);
+        free(v);
+        child_crash(s, 1);
+    }
+    reap(pid);
+    open_store();
+    expect_store("k", "2");
+}
+
+/* A recorded reply holds what a sandbox printed.  Bytes in it that look
+ * like a group — checksummed the way anyone can (the pass unknown to them:
+ * 0 here) — stand where the next pass's last group ends: the scan must not
+ * take them (before the pass, one could write any record into any table of
+ * the store this way). */
+Test(store_log, a_group_forged_inside_a_logged_value_is_never_replayed)
+{
+    /* The forged group: one entry putting "forged" into the sandboxes
+     * table, sequence numbers far above the real ones. */
+    char forged[128] = {0};
+    size_t fn = 32 + ((16 + 6 + 3 + 7) & ~(size_t)7);
+    forged[0] = 0x53, forged[1] = 0x42, forged[2] = 0x58, forged[3] = 0x4c; /* magic */
+    forged[4] = (char)fn;
+    forged[8 + 1] = 0x10;  /* first = 4096 */
+    forged[16 + 1] = 0x10; /* last = 4096 */
+    char *e = forged + 32;
+    e[0] = SBX_DB_SANDBOXES;
+    e[2] = 6;              /* key bytes */
+    e[4] = 3;              /* value bytes */
+    e[8 + 1] = 0x10;       /* seq = 4096 */
+    memcpy(e + 16, "forged", 6);
+    memcpy(e + 22, "bad", 3);
+    uint64_t sum = XXH3_64bits_withSeed(forged + 32, fn - 32, XXH3_64bits_withSeed(forged, 24, 0));
+    for (int i = 0; i < 8; i++)
+        forged[24 + i] = (char)(sum >> (8 * i));
+
+    /* The second pass's group: key "b" (1 byte) and a 200-byte value:
+     * 32 + 16 + 1 + 200 → 256 bytes after padding.  The first pass's group
+     * (key "a") holds the forged bytes at its value's offset 256 - 49. */
+    static char big[1000], small[201];
+    memset(big, 'v', sizeof(big) - 1);
+    memcpy(big + 256 - 49, forged, fn);
+    big[sizeof(big) - 1] = '\0';
+    memset(small, 's', sizeof(small) - 1);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sbx_store *s = child_open();
+        uint64_t q = sbx_store_put_logged(s, SBX_DB_IDEM, "a", 1, big, sizeof(big) - 1);
+        if (sbx_store_wait(s, q) != 0)
+            _exit(11);
+        child_plain(s, "p", "1"); /* LMDB takes "a"; the log starts again at 0 */
+        child_logged(s, "b", small);
+        child_crash(s, 2);
+    }
+    reap(pid);
+    /* The forged bytes are where the scan goes after the second pass. */
+    int fd = open(log_path(), O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    char got[4];
+    cr_assert_eq(pread(fd, got, 4, (off_t)group_offset(fd, 1)), 4);
+    close(fd);
+    cr_assert_arr_eq(got, forged, 4, "the test's layout is off: no forged magic at the chain's end");
+    open_store();
+    expect_store("b", small);
+    char *v = NULL;
+    size_t vn = 0;
+    cr_expect_eq(sbx_store_get(st, SBX_DB_SANDBOXES, "forged", 6, &v, &vn), -ENOENT,
+                 "a record forged inside a logged value was replayed: '%s'", v ? v : "");
+    free(v);
+}
+
+/* LMDB full: a logged write is still acknowledged (the log has room), a
+ * read of its table and every later write fail with STORAGE_FULL (none may
+ * reach LMDB before it), and the write is kept — replayed, after the map
+ * grows, by the next open. */
+Test(store_log, a_logged_write_that_lmdb_cannot_take_is_kept_for_the_next_open)
+{
+    int rc = sbx_store_open(&st, datadir, 4ull << 20, 0, NULL, NULL);
+    cr_assert_eq(rc, 0);
+    sbx_store_set_log_delay(st, 60000);
+    /* Filled with 64 KiB values, then 3,000-byte ones, until neither fits:
+     * no transaction commits after that, so LMDB frees no page, and a
+     * 4,000-byte value cannot fit either. */
+    static char chunk[64 << 10];
+    memset(chunk, 'f', sizeof(chunk));
+    const size_t sizes[] = {sizeof(chunk), 3000};
+    int n = 0;
+    for (int z = 0; z < 2; z++) {
+        int fails = 0;
+        while (fails < 3 && n < 5000) {
+            char k[16];
+            snprintf(k, sizeof(k), "fill-%04d", n++);
+            fails = sbx_store_wait(st, sbx_store_put(st, SBX_DB_SANDBOXES, k, strlen(k), chunk,
+                                                     sizes[z])) != 0
+                        ? fails + 1
+                        : 0;
+        }
+        cr_assert_lt(n, 5000, "a 4 MiB map never filled");
+    }
+    static char val[4000];
+    memset(val, 'y', sizeof(val) - 1);
+    uint64_t q = sbx_store_put_logged(st, SBX_DB_IDEM, "kept", 4, val, sizeof(val) - 1);
+    cr_assert_eq(sbx_store_wait(st, q), 0, "the log did not take the write");
+    char *v = NULL;
+    size_t vn = 0;
+    cr_expect_eq(sbx_store_get(st, SBX_DB_IDEM, "kept", 4, &v, &vn), SBX_E_STORAGE_FULL,
+                 "a read of the table with a write LMDB cannot take");
+    free(v);
+    q = sbx_store_put(st, SBX_DB_AUDIT, "a", 1, "b", 1);
+    cr_expect_eq(sbx_store_wait(st, q), SBX_E_STORAGE_FULL, "a later write went ahead of it");
+    sbx_store_close(st); /* its apply fails too: the write stays in the log */
+    st = NULL;
+    rc = sbx_store_open(&st, datadir, 4ull << 20, 64ull << 20, NULL, NULL);
+    cr_assert_eq(rc, 0, "reopen with room to grow: %d %s", rc, sbx_err_message(rc));
+    expect_store("kept", val);
 }
 
 Test(store_log, a_read_sees_a_logged_write_at_once_and_a_batch_with_a_plain_write_goes_to_lmdb)
