@@ -160,13 +160,15 @@ put_one(sbx_store *s, MDB_txn *txn, int db, bool del, const void *k, size_t kn, 
  * bytes, little-endian. */
 #define PASS_KEY "store.log_pass"
 
-/* A new pass: random (getrandom(2)); never 0, which no group is read with. */
+/* A new pass: random (getrandom(2)); never 0 (no pass recorded) nor old. */
 static uint64_t
 new_pass(uint64_t old)
 {
     uint64_t v = 0;
     if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) /* not before boot's entropy */
         v = XXH3_64bits_withSeed(&old, sizeof(old), (uint64_t)sbx_mono_us() ^ (uint64_t)getpid());
+    if (!v || v == old)
+        v = old + 1;
     return v ? v : 1;
 }
 
@@ -212,7 +214,8 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
     struct wop *pend = s->pend;
     /* With the log's writes, the log's pass changes in the same
      * transaction: its groups never check out again (store_log.h). */
-    uint64_t pass = pend || s->rotate ? new_pass(s->pass) : s->pass;
+    bool turn = pend || s->rotate;
+    uint64_t pass = turn ? new_pass(s->pass) : s->pass;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
     if (rc)
         goto out;
@@ -220,7 +223,7 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
         bytes += o->kn + o->vn;
         rc = put_one(s, txn, o->db, o->del, o->data, o->kn, o->data + o->kn, o->vn);
     }
-    if (pass != s->pass && !rc)
+    if (turn && !rc)
         rc = put_pass(s, txn, pass);
     for (struct wop *o = ops; o && n > 0 && !rc; o = o->next, n--) {
         if (o->rc)
@@ -233,7 +236,7 @@ apply_batch(sbx_store *s, struct wop *ops, size_t n, bool *map_full)
         goto out;
     }
     rc = mdb_txn_commit(txn); /* frees txn whatever it returns */
-    if (rc == 0 && pass != s->pass) {
+    if (rc == 0 && turn) {
         s->pass = pass;
         s->rotate = false;
         if (pend)
@@ -383,7 +386,7 @@ commit_batch(sbx_store *s, struct wop *ops, size_t n)
         last = o->seq;
     }
     bool had_pend = s->pend != NULL;
-    int rc = live ? apply_growing(s, ops, n) : 0;
+    int rc = live || had_pend ? apply_growing(s, ops, n) : 0;
     if (rc && had_pend && s->pend) {
         /* The log's writes do not fail with a write of this batch that
          * does not fit: alone first, then the batch.  If they cannot be
@@ -592,9 +595,15 @@ log_open(sbx_store *s)
             break;
         MDB_val k = {sizeof(PASS_KEY) - 1, PASS_KEY}, v;
         uint64_t cur = 0;
-        if (mdb_get(r.txn, s->dbi[SBX_DB_META], &k, &v) == 0 && v.mv_size == 8)
-            for (int i = 0; i < 8; i++)
-                cur |= (uint64_t)((unsigned char *)v.mv_data)[i] << (8 * i);
+        rc = mdb_get(r.txn, s->dbi[SBX_DB_META], &k, &v);
+        if (rc == 0 && v.mv_size != 8)
+            rc = MDB_CORRUPTED;
+        if (rc && rc != MDB_NOTFOUND) {
+            mdb_txn_abort(r.txn);
+            break;
+        }
+        for (int i = 0; rc == 0 && i < 8; i++)
+            cur |= (uint64_t)((unsigned char *)v.mv_data)[i] << (8 * i);
         /* No pass recorded (a new store, or one from before the log):
          * nothing in the file is this store's. */
         if (cur && sbx_slog_scan(s->log, cur, replay_one, &r) != 0) {
@@ -610,6 +619,8 @@ log_open(sbx_store *s)
         }
         if (rc == MDB_MAP_FULL && grow_map(s) == 0)
             continue;
+        if (rc == EIO && full_fs(s, 1u << 16))
+            rc = ENOSPC; /* a full tmpfs, as in apply_batch */
         break;
     }
     if (rc == 0) {

@@ -25,7 +25,7 @@
  *    transaction, so the ones that fit are committed; reads keep working
  *    (but a read waits for the redo log's writes of its database, below, and
  *    fails with their code while they do not fit — as every later write
- *    does: none reaches LMDB before them);
+ *    that goes to LMDB does: none reaches LMDB before them);
  *    LMDB's EIO for a short write of its pages (a full tmpfs) counts as a
  *    full file system when the data directory has (nearly) no space left;
  *  - writes that must be atomic are committed together (sbx_store_put_with,

@@ -118,7 +118,15 @@ sbx_slog_open(sbx_slog **out, const char *dir)
     if ((size_t)sb.st_size < SBX_SLOG_BYTES) {
         /* New (or cut short): allocate every block now, and make the file's
          * name durable too (fsync(2): the directory needs its own). */
-        if ((rc = zero_fill(l->fd, have)) != 0)
+        rc = zero_fill(l->fd, have);
+        if (rc == -ENOSPC || rc == -EDQUOT) {
+            /* No room for the log: what was read can still be replayed,
+             * and nothing more is appended (the store goes through LMDB). */
+            l->broken = true;
+            rc = 0;
+            goto out;
+        }
+        if (rc != 0)
             goto out;
         dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0 || fsync(dfd) != 0) {

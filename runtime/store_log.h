@@ -10,9 +10,9 @@
  * (docs/benchmarks.md, "hand-overs on the request path").  A record that
  * checks itself needs no such order: one write and one flush.  The log
  * holds such writes until the store applies them to LMDB with a later
- * transaction, which also records how far it got (store.c, META
- * "store.log_applied"); after a crash the store replays what the log holds
- * beyond that point.
+ * transaction, which also replaces the log's *pass* (below, kept in META
+ * "store.log_pass"): the groups written so far never check out again.
+ * After a crash the store replays the groups of the current pass.
  *
  * The file: `<dir>/redo.log`, SBX_SLOG_BYTES long, written full of zeros
  * when created (so an append overwrites allocated blocks, and fdatasync(2)
@@ -72,8 +72,10 @@ struct sbx_slog_entry {
 /*
  * sbx_slog_open — open `<dir>/redo.log`, creating it (0600, zero-filled to
  * SBX_SLOG_BYTES, then fsync of the file and of dir) or extending a shorter
- * one the same way, and read it into memory for sbx_slog_scan.  0 or
- * -errno; on success the caller owns *out (sbx_slog_close).
+ * one the same way, and read it into memory for sbx_slog_scan.  A file
+ * system without room for that (ENOSPC, EDQUOT) gives a log that can be
+ * scanned and takes no group (sbx_slog_broken).  0 or -errno; on success
+ * the caller owns *out (sbx_slog_close).
  */
 int sbx_slog_open(sbx_slog **out, const char *dir);
 
@@ -104,8 +106,11 @@ size_t sbx_slog_entry_bytes(size_t kn, size_t vn);
  * groups — after a failed fdatasync the page cache's state is unknown
  * (fsync(2), "Linux 4.13 and later") — and the group's magic is zeroed
  * (not flushed: a restart without a power loss does not find the group;
- * the store also replaces the pass with its next LMDB transaction).  Keys
- * are < 64 KiB.
+ * the store also replaces the pass with its next LMDB transaction, the
+ * one that commits the batch instead).  Left open: if that transaction
+ * fails too and power is lost before another commits, the group may be
+ * whole on disk and be replayed — writes that were answered as failed.
+ * Keys are < 64 KiB.
  */
 void sbx_slog_begin(sbx_slog *l);
 void sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t kn,

@@ -19,7 +19,8 @@
  * group forged inside a logged value never replayed; a logged write LMDB
  * cannot take failing the reads and writes after it and kept for the next
  * open; a read seeing a logged write at once; a batch with a plain write
- * going to LMDB; a clean close leaving everything in LMDB.
+ * going to LMDB, and a key LMDB refuses kept out of the log; a clean close
+ * leaving everything in LMDB.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails; each child is reaped.
@@ -114,6 +115,23 @@ reap(pid_t pid)
               "the writing child failed (status %d; 10 open, 11 logged write, 12 plain write, "
               "13 batches through the log not as expected)",
               WIFEXITED(ws) ? WEXITSTATUS(ws) : -WTERMSIG(ws));
+}
+
+/* A child that writes each pair of kv (key, value, …, NULL) as a logged
+ * write, one batch each, and crashes; reaped. */
+static void
+crash_after_logged(const char *const *kv)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sbx_store *s = child_open();
+        uint64_t n = 0;
+        for (; kv[0]; kv += 2, n++)
+            child_logged(s, kv[0], kv[1]);
+        child_crash(s, n);
+    }
+    reap(pid);
 }
 
 /* The value of key in the idem database as LMDB alone holds it (read with
@@ -240,16 +258,7 @@ Test(store_log, acknowledged_logged_writes_survive_a_crash_before_their_lmdb_tra
 
 Test(store_log, a_torn_last_group_is_dropped_and_the_groups_before_it_replayed)
 {
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        sbx_store *s = child_open();
-        child_logged(s, "a", "1");
-        child_logged(s, "b", "2");
-        child_logged(s, "c", "3");
-        child_crash(s, 3);
-    }
-    reap(pid);
+    crash_after_logged((const char *[]){"a", "1", "b", "2", "c", "3", NULL});
     /* A write of the last group that reached the disk only in part: one
      * byte of its entry's value differs. */
     int fd = open(log_path(), O_RDWR | O_CLOEXEC);
@@ -266,15 +275,7 @@ Test(store_log, a_torn_last_group_is_dropped_and_the_groups_before_it_replayed)
 
 Test(store_log, a_log_cut_short_or_full_of_garbage_opens_without_replaying_it)
 {
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        sbx_store *s = child_open();
-        child_logged(s, "a", "1");
-        child_logged(s, "b", "2");
-        child_crash(s, 2);
-    }
-    reap(pid);
+    crash_after_logged((const char *[]){"a", "1", "b", "2", NULL});
     /* Cut in the middle of the second group. */
     int fd = open(log_path(), O_RDWR | O_CLOEXEC);
     cr_assert_geq(fd, 0);
@@ -305,37 +306,19 @@ Test(store_log, a_log_cut_short_or_full_of_garbage_opens_without_replaying_it)
     cr_expect_eq(sbx_store_logged(st), 1, "the log took no batch after the garbage");
 }
 
-/* The log starts again at offset 0 once LMDB holds it; the groups of the
- * pass before stay on disk behind the new ones, whole.  One of an earlier
- * open, with a higher sequence number than the new group (sequence numbers
- * start again at each open), must not be replayed over the value a later
- * LMDB transaction wrote. */
-Test(store_log, a_stale_group_left_on_disk_never_comes_back_over_a_newer_value)
+/* Every open starts a new pass.  Groups of an earlier open are still whole
+ * on disk behind the new ones, with higher sequence numbers than the new
+ * groups (sequence numbers start again at each open): one of them must
+ * not be replayed over the value a later open logged. */
+Test(store_log, a_group_of_an_earlier_open_never_comes_back_over_a_newer_value)
 {
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) { /* open 1: k (seq 1) and x (seq 2) in the log */
-        sbx_store *s = child_open();
-        child_logged(s, "k", "1");
-        child_logged(s, "x", "old");
-        child_crash(s, 2);
-    }
-    reap(pid);
-    pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        /* open 2: replays both; k = 2 through the log (seq 1, a group the
-         * size of open 1's first, at offset 0), then x = new through LMDB,
-         * which applies k first and starts the log again.  Open 1's group
-         * of x (seq 2) is still whole at the second offset. */
-        sbx_store *s = child_open();
-        child_logged(s, "k", "2");
-        child_plain(s, "x", "new");
-        child_crash(s, 1);
-    }
-    reap(pid);
+    /* open 1: k (seq 1, offset 0) and x (seq 2, offset 56) in the log */
+    crash_after_logged((const char *[]){"k", "1", "x", "old", NULL});
+    /* open 2: replays both, then x = new (seq 1, a group the size of open
+     * 1's first, at offset 0); open 1's group of x is whole at 56 */
+    crash_after_logged((const char *[]){"x", "new", NULL});
     open_store();
-    expect_store("k", "2");
+    expect_store("k", "1");
     expect_store("x", "new");
 }
 
@@ -425,9 +408,10 @@ Test(store_log, a_group_forged_inside_a_logged_value_is_never_replayed)
 }
 
 /* LMDB full: a logged write is still acknowledged (the log has room), a
- * read of its table and every later write fail with STORAGE_FULL (none may
- * reach LMDB before it), and the write is kept — replayed, after the map
- * grows, by the next open. */
+ * read of its table fails with STORAGE_FULL (it cannot see the write), a
+ * clean close cannot apply it, and the write is kept — replayed, after the
+ * map grows, by the next open.  (That no LMDB write goes ahead of it is
+ * a_logged_write_applied_and_then_overwritten_never_comes_back's.) */
 Test(store_log, a_logged_write_that_lmdb_cannot_take_is_kept_for_the_next_open)
 {
     int rc = sbx_store_open(&st, datadir, 4ull << 20, 0, NULL, NULL);
@@ -461,8 +445,6 @@ Test(store_log, a_logged_write_that_lmdb_cannot_take_is_kept_for_the_next_open)
     cr_expect_eq(sbx_store_get(st, SBX_DB_IDEM, "kept", 4, &v, &vn), SBX_E_STORAGE_FULL,
                  "a read of the table with a write LMDB cannot take");
     free(v);
-    q = sbx_store_put(st, SBX_DB_AUDIT, "a", 1, "b", 1);
-    cr_expect_eq(sbx_store_wait(st, q), SBX_E_STORAGE_FULL, "a later write went ahead of it");
     sbx_store_close(st); /* its apply fails too: the write stays in the log */
     st = NULL;
     rc = sbx_store_open(&st, datadir, 4ull << 20, 64ull << 20, NULL, NULL);
@@ -491,6 +473,13 @@ Test(store_log, a_read_sees_a_logged_write_at_once_and_a_batch_with_a_plain_writ
     q = sbx_store_put_logged(st, SBX_DB_IDEM, "big", 3, big, sizeof(big));
     cr_assert_eq(sbx_store_wait(st, q), 0);
     cr_expect_eq(sbx_store_logged(st), 1, "a write over SBX_STORE_LOG_MAX_WRITE went to the log");
+    /* A key LMDB refuses (over 511 bytes): not taken by the log, failed
+     * by LMDB as before. */
+    static char longkey[600];
+    memset(longkey, 'k', sizeof(longkey));
+    q = sbx_store_put_logged(st, SBX_DB_IDEM, longkey, sizeof(longkey), "v", 1);
+    cr_expect_neq(sbx_store_wait(st, q), 0, "a 600-byte key was acknowledged");
+    cr_expect_eq(sbx_store_logged(st), 1, "a 600-byte key went to the log");
     expect_store("l", "1");
     expect_store("p", "2");
     /* A clean close leaves everything in LMDB. */
