@@ -17,8 +17,7 @@
  * (still whole on disk after the log started again at offset 0) never
  * applied over a newer value, from an earlier open or the same one; a
  * group forged inside a logged value never replayed; a logged write LMDB
- * cannot take failing the reads and writes after it and kept for the next
- * open; a read seeing a logged write at once; a batch with a plain write
+ * cannot take failing a read of its table and kept for the next open; a read seeing a logged write at once; a batch with a plain write
  * going to LMDB, and a key LMDB refuses kept out of the log; a clean close
  * leaving everything in LMDB.
  *
