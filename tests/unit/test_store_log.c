@@ -18,7 +18,8 @@
  * applied over a newer value, from an earlier open or the same one; a
  * group forged inside a logged value never replayed; a logged write LMDB
  * cannot take failing a read of its table and kept for the next open; a read seeing a logged write at once; a batch with a plain write
- * going to LMDB, and a key LMDB refuses kept out of the log; a clean close
+ * going to LMDB, and a key LMDB refuses kept out of the log; a failed
+ * append going through LMDB, its group never replayed; a clean close
  * leaving everything in LMDB.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
@@ -28,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lmdb.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,23 @@
 static char tmpdir[64];
 static char datadir[96];
 static sbx_store *st;
+/* The next fail_syncs fdatasync(2) calls of the redo log fail with EIO
+ * (linked with --wrap=fdatasync: LMDB's calls are inside liblmdb.so). */
+static atomic_int fail_syncs;
+
+int __real_fdatasync(int fd);
+int __wrap_fdatasync(int fd);
+
+int
+__wrap_fdatasync(int fd)
+{
+    if (atomic_load(&fail_syncs) > 0) {
+        atomic_fetch_sub(&fail_syncs, 1);
+        errno = EIO;
+        return -1;
+    }
+    return __real_fdatasync(fd);
+}
 
 static void
 setup(void)
@@ -404,6 +423,27 @@ Test(store_log, a_group_forged_inside_a_logged_value_is_never_replayed)
     cr_expect_eq(sbx_store_get(st, SBX_DB_SANDBOXES, "forged", 6, &v, &vn), -ENOENT,
                  "a record forged inside a logged value was replayed: '%s'", v ? v : "");
     free(v);
+}
+
+/* An append whose flush fails: the batch goes through LMDB instead, the
+ * log takes nothing more, and the group — whole in the page cache, as it
+ * may be on disk — is never replayed over a later value. */
+Test(store_log, a_failed_append_goes_through_lmdb_and_its_group_never_comes_back)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sbx_store *s = child_open();
+        atomic_store(&fail_syncs, 1);
+        child_logged(s, "k", "1"); /* the append fails; LMDB commits it */
+        child_plain(s, "k", "2");
+        child_logged(s, "j", "3"); /* the log is broken: LMDB again */
+        child_crash(s, 0);
+    }
+    reap(pid);
+    open_store();
+    expect_store("k", "2");
+    expect_store("j", "3");
 }
 
 /* LMDB full: a logged write is still acknowledged (the log has room), a
