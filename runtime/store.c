@@ -181,15 +181,22 @@ put_pass(sbx_store *s, MDB_txn *txn, uint64_t pass)
     return put_one(s, txn, SBX_DB_META, false, PASS_KEY, sizeof(PASS_KEY) - 1, v, 8);
 }
 
+/* Free the writes of the list *head (to its end); *head becomes NULL. */
+static void
+free_list(struct wop **head)
+{
+    while (*head) {
+        struct wop *o = *head;
+        *head = o->next;
+        free(o);
+    }
+}
+
 /* The writes of the log now in LMDB: forget them, and start the log again. */
 static void
 pend_applied(sbx_store *s)
 {
-    while (s->pend) {
-        struct wop *o = s->pend;
-        s->pend = o->next;
-        free(o);
-    }
+    free_list(&s->pend);
     s->pend_tail = NULL;
     sbx_slog_reset(s->log);
     pthread_mutex_lock(&s->mu);
@@ -792,11 +799,7 @@ sbx_store_close(sbx_store *s)
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->writer, NULL);
     sbx_slog_close(s->log); /* what it holds is in LMDB, or replayed at the next open */
-    while (s->pend) { /* an apply failed at the close: they stay in the log */
-        struct wop *o = s->pend;
-        s->pend = o->next;
-        free(o);
-    }
+    free_list(&s->pend); /* an apply failed at the close: they stay in the log */
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->maplock);
     pthread_mutex_destroy(&s->mu);

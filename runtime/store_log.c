@@ -24,24 +24,11 @@ struct sbx_slog {
     size_t count;
 };
 
+/* v as `bytes` little-endian bytes at p, and back. */
 static void
-put_u16(char *p, uint16_t v)
+put_le(char *p, uint64_t v, int bytes)
 {
-    for (int i = 0; i < 2; i++)
-        p[i] = (char)(v >> (8 * i));
-}
-
-static void
-put_u32(char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (char)(v >> (8 * i));
-}
-
-static void
-put_u64(char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < bytes; i++)
         p[i] = (char)(v >> (8 * i));
 }
 
@@ -251,9 +238,9 @@ sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t 
     memset(p, 0, eb);
     p[0] = (char)db;
     p[1] = del ? 1 : 0;
-    put_u16(p + 2, (uint16_t)kn);
-    put_u32(p + 4, (uint32_t)vn);
-    put_u64(p + 8, seq);
+    put_le(p + 2, kn, 2);
+    put_le(p + 4, vn, 4);
+    put_le(p + 8, seq, 8);
     memcpy(p + SBX_SLOG_ENTRY, k, kn);
     if (vn)
         memcpy(p + SBX_SLOG_ENTRY + kn, v, vn);
@@ -271,11 +258,11 @@ sbx_slog_append(sbx_slog *l, uint64_t pass)
     if (l->n > sbx_slog_room(l))
         return -ENOSPC;
     char *g = l->buf;
-    put_u32(g, SBX_SLOG_MAGIC);
-    put_u32(g + 4, (uint32_t)l->n);
-    put_u64(g + 8, l->first);
-    put_u64(g + 16, l->last);
-    put_u64(g + 24, group_sum(g, l->n, pass));
+    put_le(g, SBX_SLOG_MAGIC, 4);
+    put_le(g + 4, l->n, 4);
+    put_le(g + 8, l->first, 8);
+    put_le(g + 16, l->last, 8);
+    put_le(g + 24, group_sum(g, l->n, pass), 8);
     int rc = 0;
     for (size_t done = 0; done < l->n;) {
         ssize_t w = pwrite(l->fd, g + done, l->n - done, (off_t)(l->off + done));
