@@ -343,11 +343,11 @@ build/asan/tests/unit/test_shard: build/asan/obj/tests/unit/test_shard.o \
     build/asan/obj/tests/unit/fake_spawn.o $(filter-out build/asan/obj/container/spawn.o,$(UNIT_LINK))
 	@mkdir -p $(dir $@)
 	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -Wl,--wrap=mdb_put -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
-# test_store_log fails the redo log's fdatasync through --wrap (LMDB's own calls, inside
-# liblmdb.so, are not wrapped).
+# test_store_log fails the redo log's fdatasync and pwrite, and the store's
+# mdb_txn_commit, through --wrap (LMDB's own calls, inside liblmdb.so, are not wrapped).
 build/asan/tests/unit/test_store_log: build/asan/obj/tests/unit/test_store_log.o $(UNIT_LINK)
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -Wl,--wrap=fdatasync -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
+	$(CC) $(ASAN_CFLAGS) $(CRITERION_IPC) -Wl,--wrap=fdatasync,--wrap=pwrite,--wrap=mdb_txn_commit -o $@ $^ $(LDLIBS_DAEMON) $(LDLIBS_TEST)
 # test_mount_attr checks the agent's mount attributes (container/agent/mount_attr.c).
 build/asan/tests/unit/test_mount_attr: build/asan/obj/container/agent/mount_attr.o
 # The image tests build OCI layouts with libarchive (tests/support/imgbuild.h).

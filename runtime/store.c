@@ -349,12 +349,38 @@ after_failed(sbx_store *s, const struct wop *ops, const struct wop *o)
     return failed_rc(s, o->after);
 }
 
+/* Before writes are answered as failed while s->rotate is set (an append
+ * failed, store_log.h): the failed group may be whole on disk under the
+ * current pass, and would be replayed after a power loss — writes answered
+ * as failed becoming durable.  The pass is replaced first, with the log's
+ * pending writes (it can only go with them: their groups are under it).
+ * If even that cannot commit, the process stops before it answers
+ * (fail-stop, as PostgreSQL does when an fsync fails: data_sync_retry):
+ * writes never answered may be replayed or not at the next open. */
+static void
+fence_failed_group(sbx_store *s)
+{
+    if (apply_growing(s, NULL, 0) == 0 && !s->rotate)
+        return;
+    sbx_log_error("store: an append to the redo log failed and LMDB cannot replace its pass: "
+                  "stopping before answering its writes (they may be replayed at the next open)");
+    abort();
+}
+
 /* Report the decisions of the n ops: rc for those not failed before,
  * each run of one outcome as one range, in order. */
 static void
 report(sbx_store *s, struct wop *ops, size_t n, int rc)
 {
     struct wop *o = ops;
+    if (s->rotate) {
+        bool failed = false;
+        for (size_t i = 0; i < n && !failed; i++, o = o->next)
+            failed = rc || o->rc;
+        if (failed)
+            fence_failed_group(s);
+        o = ops;
+    }
     while (n > 0) {
         uint64_t first = o->seq, last = o->seq;
         int r = o->rc ? o->rc : rc;

@@ -212,7 +212,11 @@ uint64_t sbx_store_put_lazy_after(sbx_store *s, int db, const void *k, size_t kn
  * to LMDB); and when the log's earlier writes are not due for LMDB (then
  * they go together).  It is applied to LMDB within the log delay (below),
  * with the next LMDB transaction, or when a read of its database needs it.
- * Any other batch goes to LMDB as usual.  Thread-safe.
+ * Any other batch goes to LMDB as usual.  A batch whose append fails is
+ * committed through LMDB instead; if that fails too, it is answered as
+ * failed only once the log's pass is replaced, and the process stops
+ * (abort(3)) before answering when not even that commits — a write
+ * answered as failed is never replayed (runtime/store_log.h).  Thread-safe.
  */
 uint64_t sbx_store_put_logged(sbx_store *s, int db, const void *k, size_t kn, const void *v,
                               size_t vn);

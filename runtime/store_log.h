@@ -107,10 +107,11 @@ size_t sbx_slog_entry_bytes(size_t kn, size_t vn);
  * (fsync(2), "Linux 4.13 and later") — and the group's magic is zeroed
  * (not flushed: a restart without a power loss does not find the group;
  * the store also replaces the pass with its next LMDB transaction, the
- * one that commits the batch instead).  Left open: if that transaction
- * fails too and power is lost before another commits, the group may be
- * whole on disk and be replayed — writes that were answered as failed.
- * Keys are < 64 KiB.
+ * one that commits the batch instead).  If that transaction fails too,
+ * the store replaces the pass alone before it answers the writes as
+ * failed, and stops the process (abort(3)) if it cannot: the group, which
+ * may be whole on disk, never replays writes answered as failed
+ * (store.c fence_failed_group).  Keys are < 64 KiB.
  */
 void sbx_slog_begin(sbx_slog *l);
 void sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t kn,

@@ -19,8 +19,10 @@
  * group forged inside a logged value never replayed; a logged write LMDB
  * cannot take failing a read of its table and kept for the next open; a read seeing a logged write at once; a batch with a plain write
  * going to LMDB, and a key LMDB refuses kept out of the log; a failed
- * append going through LMDB, its group never replayed; a clean close
- * leaving everything in LMDB.
+ * append going through LMDB, its group never replayed; a failed append
+ * whose LMDB transaction fails too answered as failed only after a new
+ * pass, or the process stopped unanswered when no pass can commit; no room
+ * for the log at open; a clean close leaving everything in LMDB.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails; each child is reaped.
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,6 +66,43 @@ __wrap_fdatasync(int fd)
         return -1;
     }
     return __real_fdatasync(fd);
+}
+
+/* The next fail_commits mdb_txn_commit calls of the store fail with EIO
+ * (the transaction aborted, as a failed commit leaves it); the store's own
+ * pwrite(2) calls (the redo log's: LMDB's are inside liblmdb.so) fail with
+ * ENOSPC while pwrite_mode is PW_NOSPC, and those of 4 bytes (the zeroing
+ * of a failed group's magic) with EIO while it is PW_KEEP_GROUP — the
+ * group stays whole, as it may be on disk after a power loss: --wrap too. */
+enum { PW_OK, PW_NOSPC, PW_KEEP_GROUP };
+static atomic_int fail_commits;
+static atomic_int pwrite_mode;
+
+int __real_mdb_txn_commit(MDB_txn *txn);
+int __wrap_mdb_txn_commit(MDB_txn *txn);
+ssize_t __real_pwrite(int fd, const void *buf, size_t n, off_t off);
+ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off);
+
+int
+__wrap_mdb_txn_commit(MDB_txn *txn)
+{
+    if (atomic_load(&fail_commits) > 0) {
+        atomic_fetch_sub(&fail_commits, 1);
+        mdb_txn_abort(txn);
+        return EIO;
+    }
+    return __real_mdb_txn_commit(txn);
+}
+
+ssize_t
+__wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    int mode = atomic_load(&pwrite_mode);
+    if (mode == PW_NOSPC || (mode == PW_KEEP_GROUP && n == 4)) {
+        errno = mode == PW_NOSPC ? ENOSPC : EIO;
+        return -1;
+    }
+    return __real_pwrite(fd, buf, n, off);
 }
 
 static void
@@ -444,6 +484,95 @@ Test(store_log, a_failed_append_goes_through_lmdb_and_its_group_never_comes_back
     open_store();
     expect_store("k", "2");
     expect_store("j", "3");
+}
+
+/* An append whose flush fails (its group left whole, as it may be on disk
+ * after a power loss), then the LMDB transaction that commits its batch
+ * instead fails too: before the write is answered as failed, the pass is
+ * replaced in a transaction of its own, so the group never checks out
+ * again — the write is not there after a crash that follows at once. */
+Test(store_log, a_failed_append_and_a_failed_transaction_answer_failed_only_after_a_new_pass)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sbx_store *s = child_open();
+        child_plain(s, "j", "2");
+        atomic_store(&pwrite_mode, PW_KEEP_GROUP);
+        atomic_store(&fail_syncs, 1);
+        atomic_store(&fail_commits, 1);
+        uint64_t q = sbx_store_put_logged(s, SBX_DB_IDEM, "k", 1, "1", 1);
+        if (sbx_store_wait(s, q) == 0)
+            _exit(20); /* it could not have been committed */
+        child_crash(s, 0); /* no commit after the answer */
+    }
+    reap(pid);
+    open_store();
+    expect_store("k", NULL);
+    expect_store("j", "2");
+}
+
+/* The same, with LMDB unable to commit anything after the failed append:
+ * the pass cannot be replaced, so the process stops (abort) rather than
+ * answer the write as failed — it is never answered. */
+Test(store_log, a_failed_append_the_store_cannot_fence_stops_the_process_unanswered)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        sbx_store *s = child_open();
+        atomic_store(&pwrite_mode, PW_KEEP_GROUP);
+        atomic_store(&fail_syncs, 1);
+        atomic_store(&fail_commits, 1000);
+        uint64_t q = sbx_store_put_logged(s, SBX_DB_IDEM, "k", 1, "1", 1);
+        int rc = sbx_store_wait(s, q);
+        char c = rc == 0 ? 'y' : 'n';
+        (void)!write(fds[1], &c, 1); /* answered: the test fails */
+        _exit(0);
+    }
+    close(fds[1]);
+    char c = 0;
+    ssize_t r = read(fds[0], &c, 1);
+    close(fds[0]);
+    int ws = 0;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    cr_expect_eq(r, 0, "the write was answered (%c) with its group maybe whole under the pass", c);
+    cr_expect(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGABRT, "the child was not stopped (status %d)",
+              WIFEXITED(ws) ? WEXITSTATUS(ws) : -WTERMSIG(ws));
+    open_store(); /* the store opens after the stop */
+    char *v = store_value("k"); /* unanswered: there or not, never a torn value */
+    if (v)
+        cr_expect_str_eq(v, "1");
+    free(v);
+}
+
+/* No room to create the log (its zero fill fails with ENOSPC): the store
+ * opens without it, and a logged write goes through LMDB — it is in LMDB
+ * when the process crashes, and no batch went to the log. */
+Test(store_log, no_room_for_the_log_at_open_sends_logged_writes_through_lmdb)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        atomic_store(&pwrite_mode, PW_NOSPC);
+        sbx_store *s = child_open();
+        atomic_store(&pwrite_mode, PW_OK);
+        child_logged(s, "k", "1");
+        child_crash(s, 0);
+    }
+    reap(pid);
+    char *v = lmdb_value("k");
+    cr_expect(v && strcmp(v, "1") == 0, "LMDB holds '%s', want '1'", v ? v : "(none)");
+    free(v);
+    open_store(); /* the log is created now that there is room */
+    sbx_store_set_log_delay(st, 60000);
+    uint64_t q = sbx_store_put_logged(st, SBX_DB_IDEM, "j", 1, "2", 1);
+    cr_assert_eq(sbx_store_wait(st, q), 0);
+    cr_expect_eq(sbx_store_logged(st), 1, "the log was not created at the next open");
+    expect_store("k", "1");
 }
 
 /* LMDB full: a logged write is still acknowledged (the log has room), a
