@@ -186,9 +186,38 @@ remove_cgdir(const char *dir, bool v2, int wait_ms)
     }
 }
 
-/* Remove every child cgroup of dir (depth 1) and, if `self`, dir itself. */
+/* How long a sweep waits, in all, for the processes it killed to be gone
+ * (ms): the kernel tears a sandbox down in ~1.7 ms of CPU on 2 cores, and a
+ * sweep after a crash may find 10,000 of them (docs/benchmarks.md,
+ * "Density"). */
+#define SWEEP_WAIT_MS 60000
+
+/* SIGKILL every process in dir and the cgroups below it (v2: cgroup.kill,
+ * which takes the subtree). */
 static void
-sweep(const char *dir, bool v2, bool self)
+kill_tree(const char *dir, bool v2)
+{
+    if (v2 && write_str(dir, "cgroup.kill", "1") == 0)
+        return;
+    kill_procs(dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || de->d_type != DT_DIR)
+            continue;
+        char sub[600];
+        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
+        kill_tree(sub, v2);
+    }
+    closedir(d);
+}
+
+/* Remove every child cgroup of dir, deepest first, and, if `self`, dir
+ * itself; each waits for its processes until `until` (sbx_mono_ms). */
+static void
+remove_tree(const char *dir, bool v2, bool self, int64_t until)
 {
     DIR *d = opendir(dir);
     if (d) {
@@ -198,12 +227,23 @@ sweep(const char *dir, bool v2, bool self)
                 continue;
             char sub[600];
             snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-            sweep(sub, v2, true);
+            remove_tree(sub, v2, true, until);
         }
         closedir(d);
     }
     if (self)
-        remove_cgdir(dir, v2, 2000);
+        remove_cgdir(dir, v2, (int)SBX_MAX(until - sbx_mono_ms(), 0));
+}
+
+/* Remove every child cgroup of dir and, if `self`, dir itself: every
+ * process in the subtree is killed first, so that they all die together
+ * (one after another, a sweep of thousands of sandboxes waited for each in
+ * turn), then the directories go, within SWEEP_WAIT_MS in all. */
+static void
+sweep(const char *dir, bool v2, bool self)
+{
+    kill_tree(dir, v2);
+    remove_tree(dir, v2, self, sbx_mono_ms() + SWEEP_WAIT_MS);
 }
 
 /* ------------------------------------------------------------------------------ */

@@ -46,6 +46,10 @@ struct child {
     bool ever_restarted;
 };
 
+/* How long, in ms, a stopping deployment waits for its shards by default
+ * (--stop-timeout). */
+#define DEV_STOP_WAIT_MS 60000
+
 /* dev_restart_delay_ms — the back-off before the n-th consecutive restart
  * (n ≥ 1) of a shard: 100 ms, doubling, at most 5000 ms. */
 static int
@@ -81,6 +85,22 @@ argv_add(char ***v, size_t *n, const char *s)
     (*v)[*n] = NULL;
 }
 
+/* Start `argv --sweep` (sbxd shard --sweep: kill and remove what an
+ * earlier incarnation of that shard left; tools/sbxd.c): its pid, or -1.
+ * argv is the shard's, borrowed. */
+static pid_t
+spawn_sweep(char **argv)
+{
+    size_t n = 0;
+    char **av = NULL;
+    for (char **a = argv; *a; a++)
+        argv_add(&av, &n, *a);
+    argv_add(&av, &n, "--sweep");
+    pid_t pid = spawn_child(av);
+    sbx_strv_free(av);
+    return pid;
+}
+
 int
 sbxd_cmd_dev(int argc, char **argv)
 {
@@ -89,6 +109,7 @@ sbxd_cmd_dev(int argc, char **argv)
     char *listen = sbx_xstrdup(DEFAULT_LISTEN);
     char *name = sbx_xstrdup("dev");
     int64_t nshards = 2;
+    int64_t stop_ms = DEV_STOP_WAIT_MS;
     struct sbx_gateway_conf gc = {.contexts = 1024, .timeout = 600000};
     struct tls_opts tls = {0};
     sbx_nng_sec sec = {0};
@@ -111,6 +132,9 @@ sbxd_cmd_dev(int argc, char **argv)
          "deployment name: prefix of shard names, cgroups and host uids; one live "
          "deployment per name on a host"},
         {"shards", SBX_OPT_INT, &nshards, "number of shard processes"},
+        {"stop-timeout", SBX_OPT_MS, &stop_ms,
+         "how long a stop waits for each shard to stop its sandboxes and commit before it kills "
+         "the shard and removes what it left (60s; ~1.7 ms per running sandbox on 2 cores)"},
         GATEWAY_HTTP_OPTS(&gc),
         SHARD_OPTS(&c),
         TLS_OPTS(&tls),
@@ -310,7 +334,8 @@ sbxd_cmd_dev(int argc, char **argv)
             static const char *const mine[] = {"--data",     "--listen",   "--name",
                                                "--shards",   "--help",     "--config",
                                                "--uid-base", "--http",     "--api-keys",
-                                               "--preview-domain", "--console", "--node-shards"};
+                                               "--preview-domain", "--console", "--node-shards",
+                                               "--stop-timeout"};
             bool skip = false;
             for (size_t j = 0; j < SBX_ARRAY_LEN(mine); j++)
                 if (!strncmp(a, mine[j], strlen(mine[j])))
@@ -398,31 +423,39 @@ stop:
             /* Down, waiting for its restart: nobody would remove what its
              * last incarnation left (cgroups, its lock file), so a sweep
              * with its own options does, under its locks. */
-            size_t n = 0;
-            char **av = NULL;
-            for (char **a = kids[i].argv; *a; a++)
-                argv_add(&av, &n, *a);
-            argv_add(&av, &n, "--sweep");
-            kids[i].pid = spawn_child(av);
-            sbx_strv_free(av);
+            kids[i].pid = spawn_sweep(kids[i].argv);
         }
     }
-    /* Give shards time to stop their containers and commit. */
-    int64_t until = sbx_mono_ms() + 15000;
+    /* Give shards time (--stop-timeout, 60 s) to stop their containers and
+     * commit: a shard's stop costs the kernel ~1.7 ms of CPU per sandbox on
+     * 2 cores (10,000 took 17 s: docs/benchmarks.md, "Density"); 60 s is
+     * within systemd's TimeoutStopSec (90 s, dist/systemd/hardening.conf).
+     * One still running then is killed, and a sweep with its options
+     * removes what it left — its containers' processes and cgroups — before
+     * the deployment exits (the sweep waits at most 60 s for them:
+     * container/cgroup.c). */
+    int64_t until = sbx_mono_ms() + stop_ms;
     for (int i = 0; kids && i < nshards; i++) {
+        bool killed = false;
         while (kids[i].pid > 0) {
             int st;
             pid_t r = waitpid(kids[i].pid, &st, WNOHANG);
             if (r == kids[i].pid || (r < 0 && errno == ECHILD))
                 break;
             if (sbx_mono_ms() > until) {
+                sbx_log_error("shard %d (pid %d) did not stop within %lld ms: killed; sweeping "
+                              "what it left", i, (int)kids[i].pid, (long long)stop_ms);
                 kill(kids[i].pid, SIGKILL);
                 waitpid(kids[i].pid, &st, 0);
+                killed = true;
                 break;
             }
             struct timespec ts = {0, 10000000L};
             nanosleep(&ts, NULL);
         }
+        pid_t sw = killed ? spawn_sweep(kids[i].argv) : -1;
+        while (sw > 0 && waitpid(sw, NULL, 0) < 0 && errno == EINTR)
+            ;
     }
 out:
     /* After the shards: their containers' images held the pool's mount too. */

@@ -1,16 +1,22 @@
 /*
  * test_daemon.c — the daemon as a whole: metadata that survives a restart,
  * bad input answered with the right code while the daemon keeps serving,
- * and shards that are dead or too slow answered SHARD_UNAVAILABLE in time.
+ * and shards that are dead or too slow answered SHARD_UNAVAILABLE in time;
+ * a shard that does not stop in time killed and what it left removed.
  * Tests that restart or stop processes use daemons of their own.
  */
 #include <criterion/criterion.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -282,6 +288,117 @@ Test(daemon, a_dead_or_stopped_shard_gives_shard_unavailable_in_time, .timeout =
     cr_expect(back, "the sandbox did not answer again after its shard was restarted");
     free(shard);
     sbx_client_close(c);
+    testd_stop(&d);
+}
+
+/* The cgroup directories of shard `shard` (sbx/<shard>, the default
+ * subtree) in each hierarchy of this host that has one: v2's, or v1's
+ * memory, pids, cpu and cpuacct.  Fills dirs (n entries of 300 bytes); returns how
+ * many paths it wrote. */
+static int
+shard_cgroup_dirs(const char *shard, char dirs[][300], int n)
+{
+    struct statfs sf;
+    int k = 0;
+    if (statfs("/sys/fs/cgroup", &sf) == 0 && (unsigned long)sf.f_type == 0x63677270UL) {
+        snprintf(dirs[k++], 300, "/sys/fs/cgroup/sbx/%s", shard);
+        return k;
+    }
+    const char *h[] = {"memory", "pids", "cpu", "cpuacct"};
+    for (int i = 0; i < 4 && k < n; i++)
+        snprintf(dirs[k++], 300, "/sys/fs/cgroup/%s/sbx/%s", h[i], shard);
+    return k;
+}
+
+/* pidfds (pidfd_open(2)) of the processes in the sandbox cgroups under dir
+ * (one level down: a sandbox's cgroup each), at most n; how many. */
+static int
+pidfds_under(const char *dir, int *fds, int n)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "cat %s/*/cgroup.procs 2>/dev/null", dir);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    int k = 0;
+    long pid;
+    while (k < n && fscanf(f, "%ld", &pid) == 1) {
+        int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        if (fd >= 0)
+            fds[k++] = fd;
+    }
+    pclose(f);
+    return k;
+}
+
+/* A shard that does not stop within --stop-timeout (here it is SIGSTOPped:
+ * a shard stuck, or one with more sandboxes than it can stop in time) is
+ * killed, and a sweep removes what it left: its sandboxes' processes are
+ * gone and its cgroups removed when `sbxd dev` has exited. */
+Test(daemon, a_shard_that_does_not_stop_in_time_is_killed_and_swept, .timeout = 120)
+{
+    struct testd d;
+    const char *extra[] = {TESTD_SMALL, "--stop-timeout", "1s", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0);
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    sbx_exec_result r;
+    for (int i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "stuck-%d", i);
+        cr_assert_eq(test_sh(c, id, "sleep 1000 & echo started", 0, &r, &err), 0, "%s",
+                     err.message);
+        sbx_exec_result_free(&r);
+    }
+    char shard[128];
+    snprintf(shard, sizeof(shard), "%s-s0", d.name);
+    pid_t spid = shard_pid(c, shard);
+    sbx_client_close(c);
+    cr_assert_gt(spid, 0);
+    cr_assert_eq(test_ppid(spid), d.pid, "shard pid %d is not the daemon's child", (int)spid);
+    char dirs[4][300];
+    int ndirs = shard_cgroup_dirs(shard, dirs, 4);
+    int fds[64];
+    int nfds = pidfds_under(dirs[0], fds, 64);
+    cr_assert_geq(nfds, 6, "%d processes in %s, want the 3 agents and their sleeps", nfds, dirs[0]);
+
+    kill(spid, SIGSTOP);
+    kill(d.pid, SIGTERM);
+    int st = 0;
+    double until = test_now_ms() + 60000;
+    pid_t w;
+    while ((w = waitpid(d.pid, &st, WNOHANG)) == 0 && test_now_ms() < until)
+        usleep(20 * 1000);
+    if (w == 0) {
+        kill(spid, SIGCONT);
+        cr_assert_fail("sbxd dev did not exit within 60 s");
+    } else {
+        d.pid = 0; /* reaped: testd_stop must not signal the number again */
+    }
+    cr_expect(WIFEXITED(st), "sbxd dev ended by signal %d", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    int alive = 0;
+    for (int i = 0; i < nfds; i++) {
+        struct pollfd p = {.fd = fds[i], .events = POLLIN};
+        if (poll(&p, 1, 0) == 0) { /* readable once the process has exited */
+            alive++;
+            syscall(SYS_pidfd_send_signal, fds[i], SIGKILL, NULL, 0); /* ours: no leftover */
+            poll(&p, 1, 5000);
+        }
+        close(fds[i]);
+    }
+    cr_expect_eq(alive, 0, "%d of the sandboxes' %d processes outlived the deployment", alive,
+                 nfds);
+    for (int i = 0; i < ndirs; i++) {
+        struct stat sb;
+        bool gone = stat(dirs[i], &sb) != 0 && errno == ENOENT;
+        cr_expect(gone, "%s is still there", dirs[i]);
+        if (!gone) { /* removed here, so that a failure leaves nothing on the host */
+            char cmd[400];
+            snprintf(cmd, sizeof(cmd), "find %s -depth -type d -exec rmdir {} + 2>/dev/null",
+                     dirs[i]);
+            (void)!system(cmd);
+        }
+    }
     testd_stop(&d);
 }
 
