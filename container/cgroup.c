@@ -187,7 +187,7 @@ remove_cgdir(const char *dir, bool v2, int wait_ms)
 }
 
 /* How long a sweep waits, in all, for the processes it killed to be gone
- * (ms): the kernel tears a sandbox down in ~1.7 ms of CPU on 2 cores, and a
+ * (ms): the kernel tears a sandbox down in ~2.5 ms on 2 cores, and a
  * sweep after a crash may find 10,000 of them (docs/benchmarks.md,
  * "Density"). */
 #define SWEEP_WAIT_MS 60000

@@ -134,7 +134,7 @@ sbxd_cmd_dev(int argc, char **argv)
         {"shards", SBX_OPT_INT, &nshards, "number of shard processes"},
         {"stop-timeout", SBX_OPT_MS, &stop_ms,
          "how long a stop waits for each shard to stop its sandboxes and commit before it kills "
-         "the shard and removes what it left (60s; ~1.7 ms per running sandbox on 2 cores)"},
+         "the shard and removes what it left (60s; ~2.5 ms per running sandbox on 2 cores)"},
         GATEWAY_HTTP_OPTS(&gc),
         SHARD_OPTS(&c),
         TLS_OPTS(&tls),
@@ -427,8 +427,8 @@ stop:
         }
     }
     /* Give shards time (--stop-timeout, 60 s) to stop their containers and
-     * commit: a shard's stop costs the kernel ~1.7 ms of CPU per sandbox on
-     * 2 cores (10,000 took 17 s: docs/benchmarks.md, "Density"); 60 s is
+     * commit: a shard's stop costs the kernel ~2.5 ms per sandbox on
+     * 2 cores (10,000 took 25 s: docs/benchmarks.md, "Density"); 60 s is
      * within systemd's TimeoutStopSec (90 s, dist/systemd/hardening.conf).
      * One still running then is killed, and a sweep with its options
      * removes what it left — its containers' processes and cgroups — before
