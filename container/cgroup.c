@@ -36,6 +36,7 @@ struct sbx_cgroups {
     bool have[H_N];
     bool v2_limits;   /* v2 controllers enabled (false on a hybrid host's bare unified tree) */
     bool cpuacct_with_cpu;
+    bool sweep_stuck; /* a sweep at open left a cgroup it could not empty in time */
     char desc[128];
 };
 
@@ -186,20 +187,18 @@ remove_cgdir(const char *dir, bool v2, int wait_ms)
     }
 }
 
-/* How long a sweep waits, in all, for the processes it killed to be gone
- * (ms): the kernel tears a sandbox down in ~2.5 ms on 2 cores, and a
- * sweep after a crash may find 10,000 of them (docs/benchmarks.md,
- * "Density"). */
+/* How long the sweeps of an open or a close wait, in all hierarchies
+ * together, for the processes they killed to be gone (ms): the kernel
+ * tears a sandbox down in ~2.5 ms on 2 cores, and a sweep after a crash
+ * may find 10,000 of them (docs/benchmarks.md, "Density").  A close after
+ * an open whose sweep ran out of time (a process that cannot die, in D
+ * state) waits no more. */
 #define SWEEP_WAIT_MS 60000
 
-/* SIGKILL every process in dir and the cgroups below it (v2: cgroup.kill,
- * which takes the subtree). */
+/* Call fn(sub, arg) for each child cgroup directory `sub` of dir. */
 static void
-kill_tree(const char *dir, bool v2)
+each_child(const char *dir, void (*fn)(const char *sub, void *arg), void *arg)
 {
-    if (v2 && write_str(dir, "cgroup.kill", "1") == 0)
-        return;
-    kill_procs(dir);
     DIR *d = opendir(dir);
     if (!d)
         return;
@@ -209,41 +208,55 @@ kill_tree(const char *dir, bool v2)
             continue;
         char sub[600];
         snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-        kill_tree(sub, v2);
+        fn(sub, arg);
     }
     closedir(d);
 }
 
-/* Remove every child cgroup of dir, deepest first, and, if `self`, dir
- * itself; each waits for its processes until `until` (sbx_mono_ms). */
+struct tree_walk {
+    bool v2;
+    int64_t until; /* remove_tree: the sweep's deadline (sbx_mono_ms) */
+    bool stuck;    /* remove_tree: a cgroup was still busy at the deadline */
+};
+
+/* SIGKILL every process in dir and the cgroups below it (v2: cgroup.kill,
+ * which takes the subtree). */
 static void
-remove_tree(const char *dir, bool v2, bool self, int64_t until)
+kill_tree(const char *dir, void *arg)
 {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL) {
-            if (de->d_name[0] == '.' || de->d_type != DT_DIR)
-                continue;
-            char sub[600];
-            snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-            remove_tree(sub, v2, true, until);
-        }
-        closedir(d);
-    }
-    if (self)
-        remove_cgdir(dir, v2, (int)SBX_MAX(until - sbx_mono_ms(), 0));
+    const struct tree_walk *w = arg;
+    if (w->v2 && write_str(dir, "cgroup.kill", "1") == 0)
+        return;
+    kill_procs(dir);
+    each_child(dir, kill_tree, arg);
+}
+
+/* Remove dir and every cgroup below it, deepest first; each waits for its
+ * processes until w->until. */
+static void
+remove_tree(const char *dir, void *arg)
+{
+    struct tree_walk *w = arg;
+    each_child(dir, remove_tree, arg);
+    if (remove_cgdir(dir, w->v2, (int)SBX_MAX(w->until - sbx_mono_ms(), 0)) == -EBUSY)
+        w->stuck = true;
 }
 
 /* Remove every child cgroup of dir and, if `self`, dir itself: every
  * process in the subtree is killed first, so that they all die together
  * (one after another, a sweep of thousands of sandboxes waited for each in
- * turn), then the directories go, within SWEEP_WAIT_MS in all. */
-static void
-sweep(const char *dir, bool v2, bool self)
+ * turn), then the directories go, waiting until `until` (sbx_mono_ms) at
+ * most.  Whether a cgroup was still busy then (it stays). */
+static bool
+sweep(const char *dir, bool v2, bool self, int64_t until)
 {
-    kill_tree(dir, v2);
-    remove_tree(dir, v2, self, sbx_mono_ms() + SWEEP_WAIT_MS);
+    struct tree_walk w = {.v2 = v2, .until = until};
+    kill_tree(dir, &w);
+    if (self)
+        remove_tree(dir, &w);
+    else
+        each_child(dir, remove_tree, &w);
+    return w.stuck;
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -307,6 +320,7 @@ has_word(const char *list, const char *w)
 static int
 open_v1(sbx_cgroups *cg, char *why, size_t whylen)
 {
+    int64_t until = sbx_mono_ms() + SWEEP_WAIT_MS; /* the sweeps of all hierarchies */
     for (int h = 0; h < H_N; h++) {
         char mnt[512];
         bool acct = false;
@@ -327,7 +341,7 @@ open_v1(sbx_cgroups *cg, char *why, size_t whylen)
             return rc;
         }
         cg->have[h] = true;
-        sweep(cg->dir[h], false, false);
+        cg->sweep_stuck |= sweep(cg->dir[h], false, false, until);
     }
     snprintf(cg->desc, sizeof(cg->desc), "v1 (memory, pids, cpu%s) at %s",
              cg->have[H_CPUACCT] || cg->cpuacct_with_cpu ? ", cpuacct" : "", cg->base);
@@ -477,7 +491,7 @@ open_v2(sbx_cgroups *cg, char *why, size_t whylen)
     }
     snprintf(cg->dir[0], sizeof(cg->dir[0]), "%s", path);
     cg->have[0] = true;
-    sweep(cg->dir[0], true, false);
+    cg->sweep_stuck = sweep(cg->dir[0], true, false, sbx_mono_ms() + SWEEP_WAIT_MS);
     snprintf(cg->desc, sizeof(cg->desc), "v2%s at %s", cg->v2_limits ? " (memory, pids, cpu)" :
              " WITHOUT controllers: no limits", path);
     if (!cg->v2_limits)
@@ -525,10 +539,11 @@ sbx_cgroups_close(sbx_cgroups *cg)
 {
     if (!cg)
         return;
+    int64_t until = sbx_mono_ms() + (cg->sweep_stuck ? 0 : SWEEP_WAIT_MS);
     for (int h = 0; h < H_N; h++) {
         if (!cg->have[h])
             continue;
-        sweep(cg->dir[h], cg->mode == SBX_CG_V2, true);
+        sweep(cg->dir[h], cg->mode == SBX_CG_V2, true, until);
         /* Parent levels of base ("sbx") are shared with other shards: only
          * removed when empty. */
         char parent[512];

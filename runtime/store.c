@@ -74,7 +74,7 @@ struct sbx_store {
      * under mu. */
     sbx_slog *log;
     uint64_t pass;               /* the log's current pass (store_log.h), as in META */
-    bool rotate;                 /* an append failed: the next transaction replaces the pass */
+    bool rotate;                 /* a flush of the log failed: the next transaction replaces the pass */
     struct wop *pend, *pend_tail; /* committed through the log, not yet in LMDB, in order */
     size_t pend_db[SBX_DB__N];   /* … how many of them per database (readers wait) */
     int64_t pend_due;            /* CLOCK_MONOTONIC ms by which to apply them; 0: none */
@@ -349,8 +349,8 @@ after_failed(sbx_store *s, const struct wop *ops, const struct wop *o)
     return failed_rc(s, o->after);
 }
 
-/* Before writes are answered as failed while s->rotate is set (an append
- * failed, store_log.h): the failed group may be whole on disk under the
+/* Before writes are answered as failed while s->rotate is set (an append's
+ * flush failed, store_log.h): the failed group may be whole on disk under the
  * current pass, and would be replayed after a power loss — writes answered
  * as failed becoming durable.  The pass is replaced first, with the log's
  * pending writes (it can only go with them: their groups are under it).
@@ -360,10 +360,12 @@ after_failed(sbx_store *s, const struct wop *ops, const struct wop *o)
 static void
 fence_failed_group(sbx_store *s)
 {
-    if (apply_growing(s, NULL, 0) == 0 && !s->rotate)
+    int rc = apply_growing(s, NULL, 0);
+    if (rc == 0 && !s->rotate)
         return;
-    sbx_log_error("store: an append to the redo log failed and LMDB cannot replace its pass: "
-                  "stopping before answering its writes (they may be replayed at the next open)");
+    sbx_log_error("store: a flush of the redo log failed and LMDB cannot replace its pass (%s): "
+                  "stopping before answering its writes (they may be replayed at the next open)",
+                  sbx_err_message(rc));
     abort();
 }
 
@@ -503,11 +505,12 @@ log_batch(sbx_store *s, struct wop *ops, size_t n)
         nlive++;
     }
     if (nlive) {
-        int rc = sbx_slog_append(s->log, s->pass);
+        bool whole = false;
+        int rc = sbx_slog_append(s->log, s->pass, &whole);
         if (rc) {
             sbx_log_error("store: writing the redo log failed (%s); writes go through LMDB alone",
                           strerror(-rc));
-            s->rotate = true; /* the group may be whole on disk: its pass goes */
+            s->rotate = whole; /* the group may be whole on disk: its pass goes */
             return rc;
         }
     }

@@ -251,8 +251,9 @@ sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t 
 }
 
 int
-sbx_slog_append(sbx_slog *l, uint64_t pass)
+sbx_slog_append(sbx_slog *l, uint64_t pass, bool *whole)
 {
+    *whole = false;
     if (l->broken)
         return -EIO;
     if (l->n > sbx_slog_room(l))
@@ -274,8 +275,11 @@ sbx_slog_append(sbx_slog *l, uint64_t pass)
         }
         done += (size_t)w;
     }
-    if (rc == 0 && fdatasync(l->fd) != 0)
-        rc = -errno;
+    if (rc == 0) {
+        *whole = true; /* in the page cache whole: on disk, maybe */
+        if (fdatasync(l->fd) != 0)
+            rc = -errno;
+    }
     if (rc != 0) {
         /* Best effort, not flushed: a restart without a power loss must
          * not find the group whole in the page cache (store_log.h). */

@@ -104,19 +104,21 @@ size_t sbx_slog_entry_bytes(size_t kn, size_t vn);
  * does not fit in sbx_slog_room (nothing written), or -errno of the write
  * or the flush: the log is then broken (sbx_slog_broken) and takes no more
  * groups — after a failed fdatasync the page cache's state is unknown
- * (fsync(2), "Linux 4.13 and later") — and the group's magic is zeroed
- * (not flushed: a restart without a power loss does not find the group;
- * the store also replaces the pass with its next LMDB transaction, the
- * one that commits the batch instead).  If that transaction fails too,
- * the store replaces the pass alone before it answers the writes as
- * failed, and stops the process (abort(3)) if it cannot: the group, which
- * may be whole on disk, never replays writes answered as failed
- * (store.c fence_failed_group).  Keys are < 64 KiB.
+ * (fsync(2), "Linux 4.13 and later").  *whole says whether every byte of
+ * the group was written (only the flush failed): then it may be whole on
+ * disk, and its magic is zeroed (not flushed: a restart without a power
+ * loss does not find the group); the store replaces the pass with its
+ * next LMDB transaction, the one that commits the batch instead.  If that
+ * transaction fails too, the store replaces the pass alone before it
+ * answers the writes as failed, and stops the process (abort(3)) if it
+ * cannot: the group never replays writes answered as failed (store.c
+ * fence_failed_group).  A group not written whole (a failed or short
+ * pwrite) fails its checksum and needs none of this.  Keys are < 64 KiB.
  */
 void sbx_slog_begin(sbx_slog *l);
 void sbx_slog_add(sbx_slog *l, uint64_t seq, int db, bool del, const void *k, size_t kn,
                   const void *v, size_t vn);
-int sbx_slog_append(sbx_slog *l, uint64_t pass);
+int sbx_slog_append(sbx_slog *l, uint64_t pass, bool *whole);
 
 /* sbx_slog_broken — whether an append failed (above). */
 bool sbx_slog_broken(const sbx_slog *l);

@@ -428,15 +428,15 @@ stop:
     }
     /* Give shards time (--stop-timeout, 60 s) to stop their containers and
      * commit: a shard's stop costs the kernel ~2.5 ms per sandbox on
-     * 2 cores (10,000 took 25 s: docs/benchmarks.md, "Density"); 60 s is
-     * within systemd's TimeoutStopSec (90 s, dist/systemd/hardening.conf).
-     * One still running then is killed, and a sweep with its options
-     * removes what it left — its containers' processes and cgroups — before
-     * the deployment exits (the sweep waits at most 60 s for them:
-     * container/cgroup.c). */
+     * 2 cores (10,000 took 25 s: docs/benchmarks.md, "Density").  Those
+     * still running then are all killed, and a sweep with each one's
+     * options removes what it left — its containers' processes and cgroups
+     * — before the deployment exits; the sweeps run side by side and wait
+     * at most 60 s (container/cgroup.c), so a stop takes at most ~2 minutes,
+     * within the units' TimeoutStopSec (dist/systemd/hardening.conf). */
     int64_t until = sbx_mono_ms() + stop_ms;
+    bool *killed = kids ? sbx_xcalloc((size_t)nshards, sizeof(bool)) : NULL;
     for (int i = 0; kids && i < nshards; i++) {
-        bool killed = false;
         while (kids[i].pid > 0) {
             int st;
             pid_t r = waitpid(kids[i].pid, &st, WNOHANG);
@@ -446,17 +446,42 @@ stop:
                 sbx_log_error("shard %d (pid %d) did not stop within %lld ms: killed; sweeping "
                               "what it left", i, (int)kids[i].pid, (long long)stop_ms);
                 kill(kids[i].pid, SIGKILL);
-                waitpid(kids[i].pid, &st, 0);
-                killed = true;
+                killed[i] = true;
                 break;
             }
             struct timespec ts = {0, 10000000L};
             nanosleep(&ts, NULL);
         }
-        pid_t sw = killed ? spawn_sweep(kids[i].argv) : -1;
-        while (sw > 0 && waitpid(sw, NULL, 0) < 0 && errno == EINTR)
-            ;
     }
+    for (int i = 0; kids && i < nshards; i++) {
+        if (!killed[i])
+            continue;
+        waitpid(kids[i].pid, NULL, 0);
+        kids[i].pid = spawn_sweep(kids[i].argv);
+    }
+    /* A sweep refused (status 2: the killed shard's locks are held a moment
+     * longer by its children on their way out) is tried again, for 5 s. */
+    for (int i = 0, tries = 0; kids && i < nshards; i++) {
+        int st = 0;
+        if (!killed[i] || kids[i].pid <= 0)
+            continue;
+        while (waitpid(kids[i].pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        kids[i].pid = 0;
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && tries < 25) {
+            tries++;
+            struct timespec ts = {0, 200000000L};
+            nanosleep(&ts, NULL);
+            kids[i].pid = spawn_sweep(kids[i].argv);
+            i--;
+            continue;
+        }
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            sbx_log_error("the sweep of shard %d failed (%s %d): its cgroups may be left", i,
+                          WIFEXITED(st) ? "status" : "signal",
+                          WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    }
+    free(killed);
 out:
     /* After the shards: their containers' images held the pool's mount too. */
     sbx_wspool_close(node_pool);

@@ -291,17 +291,32 @@ Test(daemon, a_dead_or_stopped_shard_gives_shard_unavailable_in_time, .timeout =
     testd_stop(&d);
 }
 
-/* The cgroup directories of shard `shard` (sbx/<shard>, the default
- * subtree) in each hierarchy of this host that has one: v2's, or v1's
- * memory, pids, cpu and cpuacct.  Fills dirs (n entries of 300 bytes); returns how
- * many paths it wrote. */
+/* The cgroup directories of shard `shard` (pid spid; sbx/<shard>, the
+ * default subtree) in each hierarchy of this host that has one: v1's
+ * memory, pids, cpu and cpuacct; on v2, under the cgroup the shard was
+ * started in (its own, less the "/sbx-supervisor" leaf it moves to: as
+ * test_deploy.c reads it).  Fills dirs (n entries of 300 bytes); returns
+ * how many paths it wrote. */
 static int
-shard_cgroup_dirs(const char *shard, char dirs[][300], int n)
+shard_cgroup_dirs(const char *shard, pid_t spid, char dirs[][300], int n)
 {
     struct statfs sf;
     int k = 0;
     if (statfs("/sys/fs/cgroup", &sf) == 0 && (unsigned long)sf.f_type == 0x63677270UL) {
-        snprintf(dirs[k++], 300, "/sys/fs/cgroup/sbx/%s", shard);
+        char p[64], line[512] = "";
+        snprintf(p, sizeof(p), "/proc/%d/cgroup", (int)spid);
+        FILE *f = fopen(p, "r");
+        cr_assert_not_null(f, "%s: %s", p, strerror(errno));
+        while (fgets(line, sizeof(line), f) && strncmp(line, "0::", 3) != 0)
+            ;
+        fclose(f);
+        cr_assert_eq(strncmp(line, "0::", 3), 0, "no v2 line in %s", p);
+        char *own = line + 3;
+        own[strcspn(own, "\n")] = '\0';
+        char *leaf = strstr(own, "/sbx-supervisor");
+        if (leaf && !leaf[15])
+            *leaf = '\0';
+        snprintf(dirs[k++], 300, "/sys/fs/cgroup%s/sbx/%s", !strcmp(own, "/") ? "" : own, shard);
         return k;
     }
     const char *h[] = {"memory", "pids", "cpu", "cpuacct"};
@@ -357,7 +372,7 @@ Test(daemon, a_shard_that_does_not_stop_in_time_is_killed_and_swept, .timeout = 
     cr_assert_gt(spid, 0);
     cr_assert_eq(test_ppid(spid), d.pid, "shard pid %d is not the daemon's child", (int)spid);
     char dirs[4][300];
-    int ndirs = shard_cgroup_dirs(shard, dirs, 4);
+    int ndirs = shard_cgroup_dirs(shard, spid, dirs, 4);
     int fds[64];
     int nfds = pidfds_under(dirs[0], fds, 64);
     cr_assert_geq(nfds, 6, "%d processes in %s, want the 3 agents and their sleeps", nfds, dirs[0]);
@@ -371,6 +386,9 @@ Test(daemon, a_shard_that_does_not_stop_in_time_is_killed_and_swept, .timeout = 
         usleep(20 * 1000);
     if (w == 0) {
         kill(spid, SIGCONT);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        testd_stop(&d); /* by pid: SIGKILL after 20 s, the directory removed */
         cr_assert_fail("sbxd dev did not exit within 60 s");
     } else {
         d.pid = 0; /* reaped: testd_stop must not signal the number again */
@@ -379,7 +397,9 @@ Test(daemon, a_shard_that_does_not_stop_in_time_is_killed_and_swept, .timeout = 
     int alive = 0;
     for (int i = 0; i < nfds; i++) {
         struct pollfd p = {.fd = fds[i], .events = POLLIN};
-        if (poll(&p, 1, 0) == 0) { /* readable once the process has exited */
+        /* Readable once the process has exited (a process leaves its
+         * cgroup a moment before it becomes a zombie: 1 s of grace). */
+        if (poll(&p, 1, 1000) == 0) {
             alive++;
             syscall(SYS_pidfd_send_signal, fds[i], SIGKILL, NULL, 0); /* ours: no leftover */
             poll(&p, 1, 5000);

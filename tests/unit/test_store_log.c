@@ -21,8 +21,8 @@
  * going to LMDB, and a key LMDB refuses kept out of the log; a failed
  * append going through LMDB, its group never replayed; a failed append
  * whose LMDB transaction fails too answered as failed only after a new
- * pass, or the process stopped unanswered when no pass can commit; no room
- * for the log at open; a clean close leaving everything in LMDB.
+ * pass, or the process stopped unanswered when no pass can commit, and
+ * no stop for a group never written; no room for the log at open; a clean close leaving everything in LMDB.
  *
  * Every test works in its own mkdtemp directory under /tmp, removed by the
  * fixture's fini even when an assertion fails; each child is reaped.
@@ -547,6 +547,32 @@ Test(store_log, a_failed_append_the_store_cannot_fence_stops_the_process_unanswe
     if (v)
         cr_expect_str_eq(v, "1");
     free(v);
+}
+
+/* A group the log could not even write (pwrite fails: ENOSPC) cannot be
+ * whole on disk: with LMDB failing too, its write is answered as failed
+ * and the process goes on (no stop), and the write is not there later. */
+Test(store_log, a_group_never_written_is_answered_failed_without_a_stop)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sbx_store *s = child_open();
+        atomic_store(&pwrite_mode, PW_NOSPC);
+        atomic_store(&fail_commits, 1000);
+        uint64_t q = sbx_store_put_logged(s, SBX_DB_IDEM, "k", 1, "1", 1);
+        int rc = sbx_store_wait(s, q);
+        atomic_store(&pwrite_mode, PW_OK);
+        atomic_store(&fail_commits, 0);
+        if (rc == 0)
+            _exit(20); /* it could not have been committed */
+        child_plain(s, "j", "2");
+        child_crash(s, 0);
+    }
+    reap(pid);
+    open_store();
+    expect_store("k", NULL);
+    expect_store("j", "2");
 }
 
 /* No room to create the log (its zero fill fails with ENOSPC): the store
