@@ -36,7 +36,6 @@ struct sbx_cgroups {
     bool have[H_N];
     bool v2_limits;   /* v2 controllers enabled (false on a hybrid host's bare unified tree) */
     bool cpuacct_with_cpu;
-    bool sweep_stuck; /* a sweep at open left a cgroup it could not empty in time */
     char desc[128];
 };
 
@@ -187,13 +186,15 @@ remove_cgdir(const char *dir, bool v2, int wait_ms)
     }
 }
 
-/* How long the sweeps of an open or a close wait, in all hierarchies
- * together, for the processes they killed to be gone (ms): the kernel
- * tears a sandbox down in ~2.5 ms on 2 cores, and a sweep after a crash
- * may find 10,000 of them (docs/benchmarks.md, "Density").  A close after
- * an open whose sweep ran out of time (a process that cannot die, in D
- * state) waits no more. */
+/* How long the sweeps of a close wait, in all hierarchies together, for
+ * the processes they killed to be gone (ms): the kernel tears a sandbox
+ * down in ~2.5 ms on 2 cores, and 10,000 of them take 25 s
+ * (docs/benchmarks.md, "Density").  An open waits less: what an earlier
+ * run left has names of its own, so a cgroup still busy then (its
+ * processes still dying, or blocked — on a file system frozen for a fork,
+ * which the shard thaws later in its start) stays until the close. */
 #define SWEEP_WAIT_MS 60000
+#define SWEEP_OPEN_WAIT_MS 5000
 
 /* Call fn(sub, arg) for each child cgroup directory `sub` of dir. */
 static void
@@ -246,7 +247,7 @@ remove_tree(const char *dir, void *arg)
  * process in the subtree is killed first, so that they all die together
  * (one after another, a sweep of thousands of sandboxes waited for each in
  * turn), then the directories go, waiting until `until` (sbx_mono_ms) at
- * most.  Whether a cgroup was still busy then (it stays). */
+ * most.  Whether a cgroup was still busy then (it stays, logged). */
 static bool
 sweep(const char *dir, bool v2, bool self, int64_t until)
 {
@@ -256,6 +257,8 @@ sweep(const char *dir, bool v2, bool self, int64_t until)
         remove_tree(dir, &w);
     else
         each_child(dir, remove_tree, &w);
+    if (w.stuck)
+        sbx_log_warn("cgroup %s: a cgroup below it still has processes; left for now", dir);
     return w.stuck;
 }
 
@@ -320,7 +323,7 @@ has_word(const char *list, const char *w)
 static int
 open_v1(sbx_cgroups *cg, char *why, size_t whylen)
 {
-    int64_t until = sbx_mono_ms() + SWEEP_WAIT_MS; /* the sweeps of all hierarchies */
+    int64_t until = sbx_mono_ms() + SWEEP_OPEN_WAIT_MS; /* the sweeps of all hierarchies */
     for (int h = 0; h < H_N; h++) {
         char mnt[512];
         bool acct = false;
@@ -341,7 +344,7 @@ open_v1(sbx_cgroups *cg, char *why, size_t whylen)
             return rc;
         }
         cg->have[h] = true;
-        cg->sweep_stuck |= sweep(cg->dir[h], false, false, until);
+        sweep(cg->dir[h], false, false, until);
     }
     snprintf(cg->desc, sizeof(cg->desc), "v1 (memory, pids, cpu%s) at %s",
              cg->have[H_CPUACCT] || cg->cpuacct_with_cpu ? ", cpuacct" : "", cg->base);
@@ -491,7 +494,7 @@ open_v2(sbx_cgroups *cg, char *why, size_t whylen)
     }
     snprintf(cg->dir[0], sizeof(cg->dir[0]), "%s", path);
     cg->have[0] = true;
-    cg->sweep_stuck = sweep(cg->dir[0], true, false, sbx_mono_ms() + SWEEP_WAIT_MS);
+    sweep(cg->dir[0], true, false, sbx_mono_ms() + SWEEP_OPEN_WAIT_MS);
     snprintf(cg->desc, sizeof(cg->desc), "v2%s at %s", cg->v2_limits ? " (memory, pids, cpu)" :
              " WITHOUT controllers: no limits", path);
     if (!cg->v2_limits)
@@ -539,7 +542,7 @@ sbx_cgroups_close(sbx_cgroups *cg)
 {
     if (!cg)
         return;
-    int64_t until = sbx_mono_ms() + (cg->sweep_stuck ? 0 : SWEEP_WAIT_MS);
+    int64_t until = sbx_mono_ms() + SWEEP_WAIT_MS;
     for (int h = 0; h < H_N; h++) {
         if (!cg->have[h])
             continue;

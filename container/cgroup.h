@@ -49,14 +49,13 @@ typedef struct sbx_cgroups sbx_cgroups;
  * base subtree `base` (e.g. "sbx/dev-s0") and remove leftovers of an
  * earlier run of the same shard: every process still in them is SIGKILLed
  * first, then the cgroups are removed as those processes are gone, within
- * 60 s for all hierarchies (one that cannot be emptied by then stays).
+ * 5 s for all hierarchies (one still busy then stays, until the close).
  * On success the caller owns *out.  0 or -errno with the reason in why.
  */
 int sbx_cgroups_open(sbx_cgroups **out, const char *mode, const char *base, char *why,
                      size_t whylen);
 /* sbx_cgroups_close — remove the base subtree (sandbox cgroups first) the
- * same way, within 60 s (at once when the open's removal ran out of time),
- * and free cg. */
+ * same way, within 60 s, and free cg. */
 void sbx_cgroups_close(sbx_cgroups *cg);
 /*
  * sbx_cgroups_set_share — give all sandboxes of the host together the CPU

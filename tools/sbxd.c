@@ -185,7 +185,8 @@ cmd_shard(int argc, char **argv)
         {"sweep", SBX_OPT_BOOL, &sweep,
          "take this shard's locks, remove what an earlier incarnation of it left (every "
          "process and cgroup of its subtree) and exit 0; `sbxd dev` runs it for a shard that "
-         "is down when the deployment stops"},
+         "is down when the deployment stops, or that it killed for not stopping within "
+         "--stop-timeout"},
         {"help", SBX_OPT_BOOL, &help, "show this help"},
         {NULL, 0, NULL, NULL},
     };

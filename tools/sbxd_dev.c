@@ -432,7 +432,7 @@ stop:
      * still running then are all killed, and a sweep with each one's
      * options removes what it left — its containers' processes and cgroups
      * — before the deployment exits; the sweeps run side by side and wait
-     * at most 60 s (container/cgroup.c), so a stop takes at most ~2 minutes,
+     * at most 65 s (container/cgroup.c), so a stop takes at most ~2 minutes,
      * within the units' TimeoutStopSec (dist/systemd/hardening.conf). */
     int64_t until = sbx_mono_ms() + stop_ms;
     bool *killed = kids ? sbx_xcalloc((size_t)nshards, sizeof(bool)) : NULL;
