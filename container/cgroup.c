@@ -247,8 +247,8 @@ remove_tree(const char *dir, void *arg)
  * process in the subtree is killed first, so that they all die together
  * (one after another, a sweep of thousands of sandboxes waited for each in
  * turn), then the directories go, waiting until `until` (sbx_mono_ms) at
- * most.  Whether a cgroup was still busy then (it stays, logged). */
-static bool
+ * most; a cgroup still busy then stays (logged). */
+static void
 sweep(const char *dir, bool v2, bool self, int64_t until)
 {
     struct tree_walk w = {.v2 = v2, .until = until};
@@ -259,7 +259,6 @@ sweep(const char *dir, bool v2, bool self, int64_t until)
         each_child(dir, remove_tree, &w);
     if (w.stuck)
         sbx_log_warn("cgroup %s: a cgroup below it still has processes; left for now", dir);
-    return w.stuck;
 }
 
 /* ------------------------------------------------------------------------------ */

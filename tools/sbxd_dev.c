@@ -463,18 +463,17 @@ stop:
      * longer by its children on their way out) is tried again, for 5 s. */
     for (int i = 0, tries = 0; kids && i < nshards; i++) {
         int st = 0;
-        if (!killed[i] || kids[i].pid <= 0)
+        if (!killed[i])
             continue;
-        while (waitpid(kids[i].pid, &st, 0) < 0 && errno == EINTR)
-            ;
-        kids[i].pid = 0;
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && tries < 25) {
-            tries++;
-            struct timespec ts = {0, 200000000L};
-            nanosleep(&ts, NULL);
-            kids[i].pid = spawn_sweep(kids[i].argv);
-            i--;
-            continue;
+        while (kids[i].pid > 0) {
+            while (waitpid(kids[i].pid, &st, 0) < 0 && errno == EINTR)
+                ;
+            kids[i].pid = 0;
+            if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && tries++ < 25) {
+                struct timespec ts = {0, 200000000L};
+                nanosleep(&ts, NULL);
+                kids[i].pid = spawn_sweep(kids[i].argv);
+            }
         }
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
             sbx_log_error("the sweep of shard %d failed (%s %d): its cgroups may be left", i,
