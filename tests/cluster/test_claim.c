@@ -88,25 +88,27 @@ set_var(sbx_client *c, const char *id, const char *k, const char *v)
     }
 }
 
-/* $k in the sandbox (an exec of timeout_ms); 0 with its value, or -1 with
- * the error code in code. */
+/* $k in the sandbox: an exec whose request has a deadline of timeout_ms
+ * (sbx_exec would wait the command's timeout + 30 s, and the gateway
+ * re-routes a WRONG_OWNER answer until the request's deadline); 0 with its
+ * value, or -1 with the error code in code. */
 static int
 try_var(sbx_client *c, const char *id, const char *k, int timeout_ms, char *out, size_t n,
         char *code, size_t cl)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "printf '%%s' \"$%s\"", k);
-    sbx_exec_opts o = {.command = cmd, .timeout_ms = timeout_ms};
-    sbx_exec_result r;
+    char args[160];
+    snprintf(args, sizeof(args), "{\"command\":\"printf '%%s' \\\"$%s\\\"\"}", k);
+    sbx_reply *r = NULL;
     sbx_error err;
-    if (sbx_exec(c, id, &o, &r, &err) != 0) {
+    if (sbx_call_json(c, "exec", id, args, timeout_ms, &r, &err) != 0) {
         snprintf(code, cl, "%s", err.code);
         sbx_error_free(&err);
-        sbx_exec_result_free(&r);
         return -1;
     }
-    snprintf(out, n, "%.*s", (int)r.stdout_len, r.stdout_data ? r.stdout_data : "");
-    sbx_exec_result_free(&r);
+    sbx_str so = {"", 0};
+    sbx_wire_get_bin(sbx_reply_result(r), "stdout", &so);
+    snprintf(out, n, "%.*s", (int)so.n, so.p);
+    sbx_reply_free(r);
     return 0;
 }
 
