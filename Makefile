@@ -423,8 +423,11 @@ gen:
 gen-check:
 	@python3 tools/gen_ops.py --check
 
+# The build is one job per core unless make was given -j (a fresh clone's asan
+# build, one job at a time, was about 4 of make test's minutes on 2 cores).
 test: deps gen-check
-	@$(MAKE) --no-print-directory $(ASAN_BINS) $(TEST_BINS) bin/sbx-bench
+	@case " $(MAKEFLAGS) " in *" -j"*) j= ;; *) j=-j$$(nproc) ;; esac; \
+	  $(MAKE) --no-print-directory $$j $(ASAN_BINS) $(TEST_BINS) bin/sbx-bench
 	@tools/run-tests.sh build/asan
 
 unit: $(patsubst %.c,build/asan/%,$(UNIT_TESTS))
@@ -456,7 +459,7 @@ check: gen-check
 #
 #   make fuzz          every libFuzzer target in tests/fuzz/ for FUZZ_SECONDS (300) each,
 #                      FUZZ_JOBS (2) at a time
-#   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (8) each, two at a time (make test)
+#   make fuzz-smoke    the same for FUZZ_SMOKE_SECONDS (5) each, two at a time (make test)
 #   make fuzz-replay   each target over its committed corpus once, no mutation (make check)
 #   make valgrind      a short scenario with the release shard, gateway and client under
 #                      valgrind --leak-check=full --error-exitcode=1 (tools/valgrind.sh)
@@ -469,7 +472,7 @@ check: gen-check
 # are tests/fuzz/corpus/<target>/.
 FUZZ_CC            ?= clang
 FUZZ_SECONDS       ?= 300
-FUZZ_SMOKE_SECONDS ?= 8
+FUZZ_SMOKE_SECONDS ?= 5
 SOAK_SECONDS       ?= 300
 SOAK_SANDBOXES     ?= 200
 FUZZ_JOBS          ?= 2
@@ -573,12 +576,12 @@ soak: $(SOAK_BINS)
 #                      data tmpfs that fills up), then as many on a 3-node cluster with a
 #                      3-member etcd (tests/faults/cluster.py)
 #                      and FAULTS_SHARD_KILLS (200) random shard kills during container
-#                      creation that must leave nothing behind (test_shard_kill; make test: 40)
-#   make faults-smoke  the checker's unit tests, then FAULTS_SMOKE_EVENTS (40) shard kill -9 /
-#                      SIGSTOP / full data tmpfs events on `sbxd dev`, then 20 kills under a create/destroy-heavy
+#                      creation that must leave nothing behind (test_shard_kill; make test: 25)
+#   make faults-smoke  the checker's unit tests, then FAULTS_SMOKE_EVENTS (25) shard kill -9 /
+#                      SIGSTOP / full data tmpfs events on `sbxd dev`, then 12 kills under a create/destroy-heavy
 #                      workload (--mix lifecycle: the answers a retry must not change) (make test)
 FAULTS_EVENTS       ?= 300
-FAULTS_SMOKE_EVENTS ?= 40
+FAULTS_SMOKE_EVENTS ?= 25
 FAULTS_SHARD_KILLS  ?= 200
 FAULTS_BINS := $(if $(SBX_BIN),,bin/sbxd bin/sbx bin/sbx-agent)
 FAULTS_ENV  := SBX_BIN=$(or $(SBX_BIN),$(CURDIR)/bin) PYTHONDONTWRITEBYTECODE=1
@@ -586,7 +589,7 @@ FAULTS_ENV  := SBX_BIN=$(or $(SBX_BIN),$(CURDIR)/bin) PYTHONDONTWRITEBYTECODE=1
 faults-smoke: $(FAULTS_BINS)
 	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py
 	@$(FAULTS_ENV) python3 tests/faults/faults.py --events $(FAULTS_SMOKE_EVENTS) --faults kill,stop,fill
-	@$(FAULTS_ENV) python3 tests/faults/faults.py --events 20 --faults kill --mix lifecycle \
+	@$(FAULTS_ENV) python3 tests/faults/faults.py --events 12 --faults kill --mix lifecycle \
 	    --clients 12 --keys 12
 faults: $(FAULTS_BINS) $(ASAN_BINS) build/asan/tests/integration/test_shard_kill
 	@$(FAULTS_ENV) python3 -m unittest tests/faults/test_checker.py

@@ -16,7 +16,7 @@
  *   - the deployment stays up, and a sandbox answers again afterwards;
  *   - after the deployment stops: no process, cgroup, mount or host lock of
  *     it remains.
- * The number of kills is $SBX_SHARD_KILLS (default 40; `make faults` runs
+ * The number of kills is $SBX_SHARD_KILLS (default 25; `make faults` runs
  * 200).
  */
 #include <criterion/criterion.h>
@@ -228,7 +228,7 @@ cleanup(void)
 Test(shard_kill, random_kills_leave_nothing_and_keep_the_deployment, .timeout = 900,
      .fini = cleanup)
 {
-    int kills = getenv("SBX_SHARD_KILLS") ? atoi(getenv("SBX_SHARD_KILLS")) : 40;
+    int kills = getenv("SBX_SHARD_KILLS") ? atoi(getenv("SBX_SHARD_KILLS")) : 25;
     static const char *const extra[] = {"--pool", "2", NULL};
     cr_assert_eq(testd_start(&d, 2, extra), 0);
     unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
