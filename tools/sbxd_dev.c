@@ -50,6 +50,33 @@ struct child {
  * (--stop-timeout). */
 #define DEV_STOP_WAIT_MS 60000
 
+/* How long, in ms, a stopping deployment waits for a shard it SIGKILLed to
+ * die, and for a sweep (which bounds its own work at 65 s: container/cgroup.c)
+ * to end.  A process in uninterruptible sleep (a hung disk, a frozen v1
+ * freezer cgroup) ignores SIGKILL until it wakes: the stop gives up on it
+ * rather than hang (see reap_within). */
+#define DEV_KILL_REAP_MS 10000
+#define DEV_SWEEP_REAP_MS 90000
+
+/* reap_within — wait at most ms for the child pid to end.  true with its
+ * wait status in *st (0 if it was reaped elsewhere: ECHILD), false if it is
+ * still running then (not reaped; the caller decides). */
+static bool
+reap_within(pid_t pid, int64_t ms, int *st)
+{
+    int64_t until = sbx_mono_ms() + ms;
+    *st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, st, WNOHANG);
+        if (r == pid || (r < 0 && errno == ECHILD))
+            return true;
+        if (sbx_mono_ms() > until)
+            return false;
+        struct timespec ts = {0, 10000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* dev_restart_delay_ms — the back-off before the n-th consecutive restart
  * (n ≥ 1) of a shard: 100 ms, doubling, at most 5000 ms. */
 static int
@@ -432,8 +459,9 @@ stop:
      * still running then are all killed, and a sweep with each one's
      * options removes what it left — its containers' processes and cgroups
      * — before the deployment exits; the sweeps run side by side and wait
-     * at most 65 s (container/cgroup.c), so a stop takes at most ~2 minutes,
-     * within the units' TimeoutStopSec (dist/systemd/hardening.conf). */
+     * at most 65 s (container/cgroup.c), so a stop takes at most
+     * --stop-timeout + DEV_KILL_REAP_MS + 65 s, within the units'
+     * TimeoutStopSec (dist/systemd/hardening.conf). */
     int64_t until = sbx_mono_ms() + stop_ms;
     bool *killed = kids ? sbx_xcalloc((size_t)nshards, sizeof(bool)) : NULL;
     for (int i = 0; kids && i < nshards; i++) {
@@ -453,21 +481,41 @@ stop:
             nanosleep(&ts, NULL);
         }
     }
+    /* The sweep needs the killed shard's locks, so it waits for the shard
+     * to die.  One that does not within DEV_KILL_REAP_MS is left (logged,
+     * not swept: its locks are still held) and the stop goes on: its cgroups
+     * and locks stay until it dies, and a start of the deployment refuses
+     * that shard meanwhile (status 2). */
     for (int i = 0; kids && i < nshards; i++) {
+        int st;
         if (!killed[i])
             continue;
-        waitpid(kids[i].pid, NULL, 0);
+        if (!reap_within(kids[i].pid, DEV_KILL_REAP_MS, &st)) {
+            sbx_log_error("shard %d (pid %d) did not die within %d ms of SIGKILL (uninterruptible "
+                          "sleep?): not swept; its cgroups and locks stay until it dies",
+                          i, (int)kids[i].pid, DEV_KILL_REAP_MS);
+            kids[i].pid = 0;
+            killed[i] = false;
+            rc = 1;
+            continue;
+        }
         kids[i].pid = spawn_sweep(kids[i].argv);
     }
     /* A sweep refused (status 2: the killed shard's locks are held a moment
-     * longer by its children on their way out) is tried again, for 5 s. */
+     * longer by its children on their way out) is tried again, for 5 s.  A
+     * sweep that does not end within DEV_SWEEP_REAP_MS is killed. */
     for (int i = 0, tries = 0; kids && i < nshards; i++) {
         int st = 0;
         if (!killed[i])
             continue;
         while (kids[i].pid > 0) {
-            while (waitpid(kids[i].pid, &st, 0) < 0 && errno == EINTR)
-                ;
+            if (!reap_within(kids[i].pid, DEV_SWEEP_REAP_MS, &st)) {
+                sbx_log_error("the sweep of shard %d (pid %d) did not end within %d ms: killed",
+                              i, (int)kids[i].pid, DEV_SWEEP_REAP_MS);
+                kill(kids[i].pid, SIGKILL);
+                reap_within(kids[i].pid, DEV_KILL_REAP_MS, &st);
+                st = SIGKILL; /* reported as killed, whatever came back */
+            }
             kids[i].pid = 0;
             if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && tries++ < 25) {
                 struct timespec ts = {0, 200000000L};
@@ -475,10 +523,12 @@ stop:
                 kids[i].pid = spawn_sweep(kids[i].argv);
             }
         }
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
             sbx_log_error("the sweep of shard %d failed (%s %d): its cgroups may be left", i,
                           WIFEXITED(st) ? "status" : "signal",
                           WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            rc = 1;
+        }
     }
     free(killed);
 out:

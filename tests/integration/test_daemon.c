@@ -422,6 +422,149 @@ Test(daemon, a_shard_that_does_not_stop_in_time_is_killed_and_swept, .timeout = 
     testd_stop(&d);
 }
 
+/* Write text to the file dir/name; 0 or -errno. */
+static int
+put(const char *dir, const char *name, const char *text)
+{
+    char p[400];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    FILE *f = fopen(p, "we");
+    if (!f)
+        return -errno;
+    int rc = fputs(text, f) < 0 ? -EIO : 0;
+    if (fclose(f) != 0 && !rc)
+        rc = -errno;
+    return rc;
+}
+
+/* A shard that cannot die does not hang the stop.  A process in
+ * uninterruptible sleep (a hung disk, NFS) takes SIGKILL only when it
+ * wakes; here the shard is put in a frozen cgroup v1 freezer, where a
+ * fatal signal waits until the cgroup is thawed (cgroup-v1/freezer-subsystem
+ * in the kernel's docs; v2's cgroup.freeze lets SIGKILL through, so the
+ * test needs v1's).  `sbxd dev` must exit on its own: the stop timeout
+ * (1 s), then 10 s for the SIGKILL to work, then status 1 with the
+ * shard named in its log.  Until the fix it waited in waitpid forever.
+ * The test then thaws the shard (it dies of the pending SIGKILL) and runs
+ * the shard's sweep itself, so that nothing is left. */
+Test(daemon, a_shard_that_cannot_die_does_not_hang_the_stop, .timeout = 150)
+{
+    struct statfs sf;
+    if (statfs("/sys/fs/cgroup/freezer", &sf) != 0 || (unsigned long)sf.f_type != 0x27e0ebUL)
+        cr_skip_test("no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer");
+    struct testd d;
+    const char *extra[] = {TESTD_SMALL, "--stop-timeout", "1s", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0);
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    sbx_exec_result r;
+    cr_assert_eq(test_sh(c, "frozen-0", "echo started", 0, &r, &err), 0, "%s", err.message);
+    sbx_exec_result_free(&r);
+    char shard[128];
+    snprintf(shard, sizeof(shard), "%s-s0", d.name);
+    pid_t spid = shard_pid(c, shard);
+    sbx_client_close(c);
+    cr_assert_gt(spid, 0);
+    cr_assert_eq(test_ppid(spid), d.pid, "shard pid %d is not the daemon's child", (int)spid);
+    /* The shard's command line, for its sweep at the end. */
+    char cmdline[4096], p[400];
+    snprintf(p, sizeof(p), "/proc/%d/cmdline", (int)spid);
+    FILE *f = fopen(p, "re");
+    cr_assert_not_null(f);
+    size_t cl = fread(cmdline, 1, sizeof(cmdline) - 1, f);
+    fclose(f);
+    cr_assert(cl > 0 && cl < sizeof(cmdline) - 1, "%s: %zu bytes", p, cl);
+    char dirs[4][300];
+    int ndirs = shard_cgroup_dirs(shard, spid, dirs, 4);
+    int sfd = (int)syscall(SYS_pidfd_open, spid, 0);
+    cr_assert_geq(sfd, 0, "pidfd_open %d: %s", (int)spid, strerror(errno));
+
+    char frz[300], pid_s[32], state[32] = "";
+    snprintf(frz, sizeof(frz), "/sys/fs/cgroup/freezer/sbx-test-%s%d", test_prefix(), (int)getpid());
+    cr_assert_eq(mkdir(frz, 0755), 0, "mkdir %s: %s", frz, strerror(errno));
+    snprintf(pid_s, sizeof(pid_s), "%d", (int)spid);
+    bool frozen = put(frz, "cgroup.procs", pid_s) == 0 && put(frz, "freezer.state", "FROZEN") == 0;
+    for (int i = 0; frozen && i < 250 && strcmp(state, "FROZEN") != 0; i++) {
+        usleep(20 * 1000);
+        snprintf(p, sizeof(p), "%s/freezer.state", frz);
+        if ((f = fopen(p, "re")) != NULL) {
+            if (!fgets(state, sizeof(state), f))
+                state[0] = '\0';
+            state[strcspn(state, "\n")] = '\0';
+            fclose(f);
+        }
+    }
+    int st = 0;
+    pid_t w = 0;
+    double t0 = test_now_ms(), took = 0;
+    if (!strcmp(state, "FROZEN")) {
+        kill(d.pid, SIGTERM);
+        while ((w = waitpid(d.pid, &st, WNOHANG)) == 0 && test_now_ms() - t0 < 60000)
+            usleep(20 * 1000);
+        took = test_now_ms() - t0;
+        if (w == d.pid)
+            d.pid = 0; /* reaped: testd_stop must not signal the number again */
+    }
+    /* Thawed whatever happened: the shard dies of its pending SIGKILL (or of
+     * testd_stop's, which follows a hung daemon). */
+    put(frz, "freezer.state", "THAWED");
+    bool stopped = w != 0;
+    if (!stopped)
+        testd_stop(&d);
+    struct pollfd pf = {.fd = sfd, .events = POLLIN};
+    if (poll(&pf, 1, 10000) == 0) {
+        syscall(SYS_pidfd_send_signal, sfd, SIGKILL, NULL, 0);
+        poll(&pf, 1, 10000);
+    }
+    close(sfd);
+    rmdir(frz);
+    cr_assert_str_eq(state, "FROZEN", "the freezer did not freeze the shard");
+    cr_assert(stopped, "sbxd dev did not exit within 60 s of SIGTERM");
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1,
+              "sbxd dev ended with %s %d after %.0f ms, want status 1",
+              WIFEXITED(st) ? "status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
+              took);
+    snprintf(p, sizeof(p), "cat %s", d.log);
+    char cmd[1200], line[1024];
+    bool said = false;
+    if ((f = popen(p, "r")) != NULL) {
+        while (fgets(line, sizeof(line), f))
+            if (strstr(line, "did not die within") && strstr(line, pid_s))
+                said = true;
+        pclose(f);
+    }
+    cr_expect(said, "the log does not name shard pid %s as one that did not die (%s)", pid_s,
+              d.log);
+
+    /* The shard's sweep: what a restart of the deployment would do. */
+    const char *bin = getenv("SBX_BIN") ? getenv("SBX_BIN") : "build/asan/bin";
+    size_t n = (size_t)snprintf(cmd, sizeof(cmd), "'%s/sbxd'", bin);
+    for (const char *a = cmdline + strlen(cmdline) + 1; a < cmdline + cl && n < sizeof(cmd);
+         a += strlen(a) + 1)
+        n += (size_t)snprintf(cmd + n, sizeof(cmd) - n, " '%s'", a);
+    cr_assert_lt(n + 40, sizeof(cmd));
+    snprintf(cmd + n, sizeof(cmd) - n, " --sweep >/dev/null 2>&1");
+    int swept = -1;
+    for (int i = 0; i < 25 && swept != 0; i++) { /* status 2 while its agents still die */
+        swept = system(cmd);
+        swept = WIFEXITED(swept) ? WEXITSTATUS(swept) : -1;
+        if (swept == 2)
+            usleep(200 * 1000);
+    }
+    cr_expect_eq(swept, 0, "the sweep of the shard: status %d (%s)", swept, cmd);
+    for (int i = 0; i < ndirs; i++) {
+        struct stat sb;
+        if (stat(dirs[i], &sb) == 0) {
+            snprintf(cmd, sizeof(cmd), "find %s -depth -type d -exec rmdir {} + 2>/dev/null",
+                     dirs[i]);
+            (void)!system(cmd);
+            cr_expect(0, "%s was left after the sweep", dirs[i]);
+        }
+    }
+    testd_stop(&d);
+}
+
 Test(daemon, a_shard_nobody_runs_is_unavailable_at_once, .timeout = 60)
 {
     /* A lone gateway whose only shard does not exist. */
