@@ -133,6 +133,10 @@ describe(sbx_image_store *st, const char *digest, json_t *res, sbx_err_t *err)
 
 /* How long an image.fetch may fetch (the images cross the network). */
 #define FETCH_JOB_MS (10 * 60 * 1000)
+/* How long, in ms, a pull (image.pull, or a create's pull on demand) may
+ * take, the wait for another pull of the same reference included; the
+ * shard's stop ends it sooner (img_stop). */
+#define PULL_JOB_MS (10 * 60 * 1000)
 /* How long the replication waits for the successor to accept image.fetch. */
 #define REPLICATE_MS 10000
 
@@ -241,7 +245,8 @@ resolve_name(struct img_job *j, sbx_err_t *err)
                      j->peers && j->peers->n ? " nor on a peer" : "", from_host);
         char d[SBX_IMAGE_DIGEST_LEN];
         int rc = sbx_image_pull(j->sh->images, j->a, NULL,
-                                SBX_IMAGE_PULL_MISSING | pull_flags(j->sh, j->a), d, err);
+                                SBX_IMAGE_PULL_MISSING | pull_flags(j->sh, j->a),
+                                sbx_mono_ms() + PULL_JOB_MS, &j->sh->img_stop, d, err);
         if (rc == 0)
             snprintf(j->digest, sizeof(j->digest), "%s", d);
         return rc;
@@ -286,7 +291,8 @@ img_thread(void *arg)
         }
         break;
     case IMG_PULL:
-        rc = sbx_image_pull(st, j->a, j->b, pull_flags(j->sh, j->a), digest, &err);
+        rc = sbx_image_pull(st, j->a, j->b, pull_flags(j->sh, j->a), sbx_mono_ms() + PULL_JOB_MS,
+                            &j->sh->img_stop, digest, &err);
         if (rc == 0) {
             sbx_log_info("image %s pulled from %s", digest, j->a);
             rc = describe(st, digest, j->result, &err);

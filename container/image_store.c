@@ -8,6 +8,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <nettle/sha2.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,9 +396,15 @@ has_shell(char **dirs, int n)
     return false;
 }
 
-/* Run argv (skopeo), its output into why on failure.  0 or IMAGE_INVALID. */
+/* Run argv (skopeo), its output into err on failure: 0 or code.  It is
+ * SIGKILLed (and reaped) at deadline (sbx_mono_ms; 0 none) or as soon as
+ * *cancel is set (NULL: never): a registry that stops sending mid-layer
+ * leaves skopeo waiting for ever (it has no read timeout of its own), and
+ * so would a tarball path on a hung file system; then SBX_E_TIMEOUT or
+ * SBX_E_SHARD_UNAVAILABLE. */
 static int
-run_tool(char *const argv[], int code, sbx_err_t *err)
+run_tool(char *const argv[], int code, int64_t deadline, const _Atomic bool *cancel,
+         sbx_err_t *err)
 {
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
@@ -418,20 +427,43 @@ run_tool(char *const argv[], int code, sbx_err_t *err)
     close(pfd[1]);
     char out[1024];
     size_t n = 0;
-    ssize_t r;
     char sink[4096];
-    while ((r = read(pfd[0], n < sizeof(out) - 1 ? out + n : sink,
-                     n < sizeof(out) - 1 ? sizeof(out) - 1 - n : sizeof(sink))) > 0 ||
-           (r < 0 && errno == EINTR))
+    int gave_up = 0; /* SBX_E_TIMEOUT or SBX_E_SHARD_UNAVAILABLE once killed */
+    for (;;) {
+        int64_t left = deadline ? deadline - sbx_mono_ms() : 500;
+        if (deadline && left <= 0)
+            gave_up = SBX_E_TIMEOUT;
+        else if (cancel && atomic_load(cancel))
+            gave_up = SBX_E_SHARD_UNAVAILABLE;
+        if (gave_up) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        int pr = poll(&p, 1, (int)SBX_MIN(left, (int64_t)500));
+        if (pr < 0 && errno != EINTR)
+            break;
+        if (pr <= 0)
+            continue;
+        ssize_t r = read(pfd[0], n < sizeof(out) - 1 ? out + n : sink,
+                         n < sizeof(out) - 1 ? sizeof(out) - 1 - n : sizeof(sink));
+        if (r == 0 || (r < 0 && errno != EINTR))
+            break;
         if (r > 0 && n < sizeof(out) - 1)
             n += (size_t)r;
+    }
     close(pfd[0]);
     out[n] = '\0';
     while (n && (out[n - 1] == '\n' || out[n - 1] == ' '))
         out[--n] = '\0';
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
+        ; /* ended: EOF on its output, or SIGKILLed just now */
+    if (gave_up == SBX_E_TIMEOUT)
+        return sbx_err_make(err, SBX_E_TIMEOUT, "%s did not finish in time: stopped", argv[0]);
+    if (gave_up)
+        return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "the shard is stopping: %s stopped",
+                            argv[0]);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
         return 0;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
@@ -717,6 +749,10 @@ sbx_image_import(sbx_image_store *st, const char *path, const char *name,
     if (stat(path, &sb) < 0)
         return sbx_err_make(err, SBX_E_IMAGE_NOT_FOUND, "%s: %s (a path on the server's machine)",
                             path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
+        return sbx_err_make(err, SBX_E_VALIDATION,
+                            "%s is neither a directory (an OCI layout) nor a file (a tarball)",
+                            path);
     _cleanup_close_ int lk = imgst_lock(st, LOCK_EX, err);
     if (lk < 0)
         return lk;
@@ -731,16 +767,23 @@ sbx_image_import(sbx_image_store *st, const char *path, const char *name,
     snprintf(dst, sizeof(dst), "oci:%s/oci:img", tmp);
     snprintf(src, sizeof(src), "docker-archive:%s", path);
     char *argv[] = {"skopeo", "copy", "--quiet", src, dst, NULL};
-    int rc = run_tool(argv, SBX_E_IMAGE_INVALID, NULL);
-    if (rc) {
+    int64_t until = sbx_mono_ms() + SBX_IMAGE_TOOL_MS;
+    int rc = run_tool(argv, SBX_E_IMAGE_INVALID, until, NULL, NULL);
+    if (rc && rc != SBX_E_TIMEOUT) {
         snprintf(src, sizeof(src), "oci-archive:%s", path);
         _cleanup_err_ sbx_err_t e2 = NULL;
-        rc = run_tool(argv, SBX_E_IMAGE_INVALID, &e2);
-        if (rc)
+        rc = run_tool(argv, SBX_E_IMAGE_INVALID, until, NULL, &e2);
+        if (rc == SBX_E_TIMEOUT)
+            rc = sbx_err_make(err, rc, "skopeo did not convert %s within %d ms", path,
+                              SBX_IMAGE_TOOL_MS);
+        else if (rc)
             rc = sbx_err_make(err, SBX_E_IMAGE_INVALID,
                               "%s is neither a docker-archive (docker/podman save) nor an OCI "
                               "archive: %s",
                               path, sbx_err_msg(e2));
+    } else if (rc) {
+        rc = sbx_err_make(err, rc, "skopeo did not convert %s within %d ms", path,
+                          SBX_IMAGE_TOOL_MS);
     }
     if (rc == 0) {
         char layout[4200];
@@ -779,7 +822,8 @@ sbx_image_ref_registry(const char *ref, char *host, size_t n)
 
 int
 sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned flags,
-               char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err)
+               int64_t deadline, const _Atomic bool *cancel, char digest[SBX_IMAGE_DIGEST_LEN],
+               sbx_err_t *err)
 {
     if (!ref || !imgst_is_name(ref) || ref[0] == '-')
         return sbx_err_make(err, SBX_E_VALIDATION, "image reference '%s' is not valid",
@@ -807,9 +851,19 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned 
     _cleanup_close_ int rl = open(lpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (rl < 0)
         return sbx_err_make(err, SBX_E_STORAGE, "open %s: %s", lpath, strerror(errno));
-    while (flock(rl, LOCK_EX) < 0)
-        if (errno != EINTR)
+    /* Waited for without blocking in flock: the pull holding it is bounded
+     * by its own deadline, this one by its own. */
+    while (flock(rl, LOCK_EX | LOCK_NB) < 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR)
             return sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", lpath, strerror(errno));
+        if (deadline && sbx_mono_ms() > deadline)
+            return sbx_err_make(err, SBX_E_TIMEOUT,
+                                "another pull of %s did not end before this one's deadline", ref);
+        if (cancel && atomic_load(cancel))
+            return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "the shard is stopping");
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     if ((flags & SBX_IMAGE_PULL_MISSING) &&
         sbx_image_resolve(st, name ? name : ref, digest, NULL) == 0)
         return 0; /* the pull this one waited for brought it */
@@ -833,7 +887,7 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned 
         argv[8] = argv[7];
         argv[7] = "--src-tls-verify=false";
     }
-    int rc = run_tool(argv, SBX_E_IMAGE_NOT_FOUND, err);
+    int rc = run_tool(argv, SBX_E_IMAGE_NOT_FOUND, deadline, cancel, err);
     close(lk);
     if (rc == 0) {
         /* The import under the exclusive lock.  Between the two, only a

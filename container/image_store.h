@@ -93,14 +93,26 @@ int sbx_image_import(sbx_image_store *st, const char *path, const char *name,
                                     * certificate that does not verify (skopeo
                                     * --src-tls-verify=false) */
 
+/* SBX_IMAGE_TOOL_MS — how long, in ms, sbx_image_import lets skopeo
+ * convert a tarball before it stops it (SBX_E_TIMEOUT): a path on a hung
+ * file system never ends otherwise, the store's exclusive lock held. */
+#define SBX_IMAGE_TOOL_MS (10 * 60 * 1000)
+
 /* sbx_image_pull — `skopeo copy docker://ref oci:…` then import; name
  * defaults to ref.  The registry must be reachable from this machine.
  * The copy runs under the store's shared lock (image sandboxes start and
  * other pulls go on meanwhile; an import, rm or GC waits), the import of its
- * layout under the exclusive one.  SBX_E_VALIDATION (ref), the registry's
- * refusal or an unreachable registry SBX_E_IMAGE_NOT_FOUND (skopeo's message
- * in err), SBX_E_IMAGE_INVALID (what it sent), SBX_E_STORAGE. */
+ * layout under the exclusive one.  One pull of a reference at a time on the
+ * node: a pull of a reference being pulled waits for that one.
+ * deadline (sbx_mono_ms; 0 none) bounds the wait and the copy, and *cancel
+ * (NULL: never) set ends them early: skopeo has no read timeout, so a
+ * registry that stops sending mid-layer would hold it for ever.
+ * SBX_E_VALIDATION (ref), the registry's refusal or an unreachable registry
+ * SBX_E_IMAGE_NOT_FOUND (skopeo's message in err), SBX_E_IMAGE_INVALID (what
+ * it sent), SBX_E_STORAGE, SBX_E_TIMEOUT (the deadline passed: skopeo is
+ * stopped, nothing is imported), SBX_E_SHARD_UNAVAILABLE (cancelled). */
 int sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned flags,
+                   int64_t deadline, const _Atomic bool *cancel,
                    char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);
 
 /* sbx_image_ref_registry — whether ref names an image in a registry by its

@@ -25,10 +25,14 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -318,13 +322,83 @@ Test(images, pull_from_an_unreachable_registry)
         cr_skip_test("skopeo is not installed (tools/deps.sh)");
     char got[SBX_IMAGE_DIGEST_LEN];
     sbx_err_t err = NULL;
-    cr_assert_eq(sbx_image_pull(st, "127.0.0.1:1/none:1", NULL, 0, got, &err), SBX_E_IMAGE_NOT_FOUND,
+    cr_assert_eq(sbx_image_pull(st, "127.0.0.1:1/none:1", NULL, 0, 0, NULL, got, &err), SBX_E_IMAGE_NOT_FOUND,
                  "%s", sbx_err_msg(err));
     cr_assert(strstr(sbx_err_msg(err), "skopeo") && strstr(sbx_err_msg(err), "127.0.0.1:1"), "%s",
               sbx_err_msg(err));
     cr_assert_eq(count_dir("tmp"), 0);
-    cr_assert_eq(sbx_image_pull(st, "--help", NULL, 0, got, &err), SBX_E_VALIDATION,
+    cr_assert_eq(sbx_image_pull(st, "--help", NULL, 0, 0, NULL, got, &err), SBX_E_VALIDATION,
                  "an option is not a reference");
+    sbx_err_release(&err);
+}
+
+/* A registry that accepts and then never answers (a listener on loopback
+ * that reads nothing: a stalled registry, CDN or proxy).  skopeo has no read
+ * timeout of its own; the pull's deadline stops it (REQUEST_TIMEOUT within
+ * the deadline, not skopeo's own ~10 s or ever), a second pull of the same
+ * reference waiting for the first gives up at its own deadline, and a
+ * cancelled pull (the shard stopping) ends at once — nothing left in tmp/. */
+struct stalled_pull {
+    char ref[64];
+    int64_t deadline;
+    _Atomic bool cancel;
+    int rc;
+    double took_ms;
+};
+
+static void *
+stalled_pull_thread(void *arg)
+{
+    struct stalled_pull *p = arg;
+    char got[SBX_IMAGE_DIGEST_LEN];
+    sbx_err_t err = NULL;
+    int64_t t0 = sbx_mono_ms();
+    p->rc = sbx_image_pull(st, p->ref, NULL, 0, p->deadline, &p->cancel, got, &err);
+    p->took_ms = (double)(sbx_mono_ms() - t0);
+    sbx_err_release(&err);
+    return NULL;
+}
+
+Test(images, a_stalled_registry_is_given_up_at_the_deadline, .timeout = 60)
+{
+    if (access("/usr/bin/skopeo", X_OK) != 0)
+        cr_skip_test("skopeo is not installed (tools/deps.sh)");
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(ls, 64), 0); /* the kernel accepts; nobody ever reads or answers */
+    cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+    char ref[64], got[SBX_IMAGE_DIGEST_LEN];
+    snprintf(ref, sizeof(ref), "127.0.0.1:%d/stalled:1", ntohs(a.sin_port));
+
+    sbx_err_t err = NULL;
+    int64_t t0 = sbx_mono_ms();
+    int rc = sbx_image_pull(st, ref, NULL, 0, t0 + 1500, NULL, got, &err);
+    double took = (double)(sbx_mono_ms() - t0);
+    cr_expect_eq(rc, SBX_E_TIMEOUT, "%d: %s", rc, sbx_err_msg(err));
+    cr_expect(took >= 1400 && took < 4000, "the pull ended after %.0f ms, its deadline 1500",
+              took);
+
+    /* One pull of the reference at a time: a second one waits for the first,
+     * until its own deadline; the first ends when cancelled. */
+    struct stalled_pull first = {.deadline = sbx_mono_ms() + 30000};
+    snprintf(first.ref, sizeof(first.ref), "%s", ref);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, stalled_pull_thread, &first), 0);
+    usleep(500 * 1000); /* the first holds the reference's pull lock by now */
+    t0 = sbx_mono_ms();
+    rc = sbx_image_pull(st, ref, NULL, 0, t0 + 1000, NULL, got, &err);
+    took = (double)(sbx_mono_ms() - t0);
+    cr_expect_eq(rc, SBX_E_TIMEOUT, "%d: %s", rc, sbx_err_msg(err));
+    cr_expect(strstr(sbx_err_msg(err), "another pull"), "%s", sbx_err_msg(err));
+    cr_expect(took >= 900 && took < 3000, "the waiting pull ended after %.0f ms", took);
+    atomic_store(&first.cancel, true);
+    pthread_join(th, NULL);
+    cr_expect_eq(first.rc, SBX_E_SHARD_UNAVAILABLE, "the cancelled pull: %d", first.rc);
+    cr_expect_lt(first.took_ms, 5000, "the cancelled pull ended after %.0f ms", first.took_ms);
+    close(ls);
+    cr_assert_eq(count_dir("tmp"), 0);
     sbx_err_release(&err);
 }
 
