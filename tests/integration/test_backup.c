@@ -421,6 +421,55 @@ Test(backup, hostile_archive_cannot_escape_and_leaves_target_as_it_was)
     sbx_client_close(c);
 }
 
+/* A sandbox that swaps its files for FIFOs while they are being backed up
+ * cannot hang the backup (and its own input gate, closed behind it): the
+ * packer reads what the walk saw as a regular file, and a FIFO renamed over
+ * it in between blocked its open until someone wrote to the FIFO (never).
+ * Four processes in the sandbox flip 40 files between regular file and FIFO
+ * (rename(2): no moment without either) while 12 backups run; each must be
+ * answered (ok, or a clean error) by its 60 s deadline, and the sandbox must
+ * answer an exec afterwards. */
+#define FLIPPER                                                                             \
+    "python3 -c '\n"                                                                        \
+    "import os, sys\n"                                                                      \
+    "k = int(sys.argv[1])\n"                                                                \
+    "names = [\"/workspace/r/f%d\" % i for i in range(k, 40, 4)]\n"                         \
+    "while True:\n"                                                                         \
+    "    for n in names:\n"                                                                 \
+    "        os.mkfifo(n + \".p\"); os.rename(n + \".p\", n)\n"                             \
+    "    for n in names:\n"                                                                 \
+    "        with open(n + \".r\", \"w\") as f: f.write(\"x\" * 100)\n"                     \
+    "        os.rename(n + \".r\", n)\n"                                                    \
+    "' "
+Test(backup, files_flipped_to_fifos_during_a_backup_do_not_hang_it)
+{
+    sbx_client *c = start();
+    const char *a = "fifoflip";
+    free(sh(c, a,
+            "mkdir -p /workspace/r && for i in $(seq 0 39); do echo $i > /workspace/r/f$i; done && "
+            "for k in 0 1 2 3; do (" FLIPPER "$k >/dev/null 2>&1 &) ; done; sleep 0.3; "
+            "ls /workspace/r | wc -l"));
+    int ok = 0, failed = 0;
+    for (int i = 0; i < 12; i++) {
+        char code[64];
+        double t0 = test_now_ms();
+        char *j = call(c, "backup.create", a, "{\"dir\":\"/workspace/r\"}", code);
+        double took = test_now_ms() - t0;
+        cr_assert(j || (code[0] && strcmp(code, "REQUEST_TIMEOUT") != 0 &&
+                        strcmp(code, "SHARD_UNAVAILABLE") != 0),
+                  "backup %d: no answer within its deadline (%s after %.0f ms)", i, code, took);
+        if (j)
+            ok++;
+        else
+            failed++;
+        free(j);
+    }
+    char *out = sh(c, a, "pkill -f \"os[.]mkfifo\"; echo alive");
+    cr_assert_str_eq(out, "alive\n");
+    free(out);
+    cr_log_info("fifo flips: %d backups answered ok, %d with an error", ok, failed);
+}
+
 Test(backup, too_large_is_refused_and_excludes_leave_out)
 {
     const char *const extra[] = {TESTD_SMALL, "--backup-max", "256K", NULL};
