@@ -266,17 +266,32 @@ sbx_relay_pump(int a, int b, const char *pre, size_t npre, int64_t idle_ms)
     d[1].src = b;
     d[1].dst = a;
     int rc = 0;
+    /* Every send is MSG_DONTWAIT (the fds may be blocking): a blocking send
+     * of a whole buffer waits until all of it fits, so a peer that accepts
+     * and never reads (a stalled or hostile service in a sandbox) held the
+     * thread for ever and idle_ms was never checked again. */
+    int64_t last = sbx_mono_ms();
     for (size_t off = 0; off < npre;) {
-        ssize_t w = send(b, pre + off, npre - off, MSG_NOSIGNAL);
+        ssize_t w = send(b, pre + off, npre - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && errno == EAGAIN) {
+            int64_t left = idle_ms > 0 ? idle_ms - (sbx_mono_ms() - last) : 1 << 30;
+            if (left <= 0) {
+                rc = -ETIMEDOUT;
+                goto out;
+            }
+            struct pollfd p = {b, POLLOUT, 0};
+            poll(&p, 1, (int)SBX_MIN(left, 1 << 30));
+            continue;
+        }
         if (w <= 0) {
             rc = w < 0 ? -errno : -EPIPE;
             goto out;
         }
         off += (size_t)w;
+        last = sbx_mono_ms();
     }
-    int64_t last = sbx_mono_ms();
     while (!(d[0].shut && d[1].shut)) {
         struct pollfd p[4];
         int np = 0, idx[4];
@@ -325,7 +340,8 @@ sbx_relay_pump(int a, int b, const char *pre, size_t npre, int64_t idle_ms)
                     last = sbx_mono_ms();
                 }
             } else {
-                ssize_t w = send(x->dst, x->buf + x->off, x->len - x->off, MSG_NOSIGNAL);
+                ssize_t w = send(x->dst, x->buf + x->off, x->len - x->off,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
                 if (w < 0 && (errno == EINTR || errno == EAGAIN))
                     continue;
                 if (w <= 0) {

@@ -64,7 +64,9 @@ int sbx_relay_listen(const char *addr);
  * directions have ended (EOF is passed on as shutdown(SHUT_WR)), an error,
  * or idle_ms without traffic (0: no idle limit).  `pre` (npre bytes, may be
  * 0) is written to b first: bytes already read from a.  Blocks the calling
- * thread; closes neither fd.  Returns 0 or a negative errno.
+ * thread, never in a write: a side that stops reading stalls its direction
+ * only, and idle_ms still ends the pump (-ETIMEDOUT).  Closes neither fd.
+ * Returns 0 or a negative errno.
  */
 int sbx_relay_pump(int a, int b, const char *pre, size_t npre, int64_t idle_ms);
 
