@@ -1031,6 +1031,7 @@ sbx_gateway_start(sbx_gateway **out, const struct sbx_gateway_conf *conf)
             .max_body = conf->http_max_body,
             .timeout = conf->timeout,
             .per_client = conf->http_per_client,
+            .ws_ping = conf->http_ws_ping,
             .system_key = gw->tenants ? sbx_tenants_system_key(gw->tenants) : NULL,
             .console = conf->console,
         };

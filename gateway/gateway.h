@@ -55,6 +55,7 @@ struct sbx_gateway_conf {
     char *relay_secret;  /* shared with the shards' preview relays, or NULL */
     int64_t http_max_body; /* bytes of an HTTP request body */
     int64_t http_per_client; /* HTTP connections per client address (0: 1024) */
+    int64_t http_ws_ping;  /* ms: terminal WebSocket keep-alive (sbx_http_conf.ws_ping) */
     bool console;        /* the HTTP front serves the web console under /console/
                           * (sbxd --console; off by default; docs/console.md) */
     bool await_shards;   /* its shards are being started with it (`sbxd dev`): a request

@@ -245,6 +245,8 @@ ws_recv(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *
     struct terminal_state *t = ud;
     (void)flags;
     ssize_t r = recv(t->sock, buf, len, MSG_DONTWAIT);
+    if (r > 0)
+        t->rx_ms = sbx_mono_ms();
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         wslay_event_set_error(ctx, WSLAY_ERR_WOULDBLOCK);
         return -1;
@@ -343,7 +345,26 @@ ws_loop(struct terminal_state *t)
         return;
     wslay_event_config_set_max_recv_msg_length(ctx, MAX_IN_MSG);
     bool reader_done = false, closing = false, close_queued = false;
+    /* Keep-alive: a client silent for `ping` ms is pinged, once per `ping`
+     * ms; silent for 3 × ping, it is gone (a closed laptop, a dropped NAT
+     * entry: nothing tells TCP while nothing is sent) and the terminal ends,
+     * freeing its thread and its stream — its reads count as the sandbox's
+     * activity and would keep it from ever sleeping. */
+    int64_t ping = t->h->conf.ws_ping > 0 ? t->h->conf.ws_ping : 30000, pinged = 0;
+    t->rx_ms = sbx_mono_ms();
     while (wslay_event_want_read(ctx) || wslay_event_want_write(ctx)) {
+        int64_t now = sbx_mono_ms();
+        if (now - t->rx_ms >= 3 * ping) {
+            sbx_log_info("terminal of %s: nothing from the client for %lld ms; closing",
+                         t->sandbox, (long long)(now - t->rx_ms));
+            break;
+        }
+        if (now - t->rx_ms >= ping && now - pinged >= ping && !closing) {
+            struct wslay_event_msg pm = {WSLAY_PING, NULL, 0};
+            wslay_event_queue_msg(ctx, &pm);
+            pinged = now;
+        }
+        int64_t wait = SBX_MIN(ping - (now - SBX_MAX(t->rx_ms, pinged)), 3 * ping - (now - t->rx_ms));
         struct pollfd p[2] = {{t->sock, POLLIN, 0}, {t->evfd, POLLIN, 0}};
         if (wslay_event_want_write(ctx))
             p[0].events |= POLLOUT;
@@ -352,7 +373,7 @@ ws_loop(struct terminal_state *t)
         pthread_mutex_lock(&t->mu);
         bool more = t->q_head && wslay_event_get_queued_msg_length(ctx) < WSLAY_CAP;
         pthread_mutex_unlock(&t->mu);
-        if (poll(p, 2, more ? 0 : -1) < 0) {
+        if (poll(p, 2, more ? 0 : (int)SBX_MAX(wait, (int64_t)1)) < 0) {
             if (errno == EINTR)
                 continue;
             break;

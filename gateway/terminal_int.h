@@ -50,6 +50,8 @@ struct terminal_state {
     /* after the upgrade */
     bool upgraded;
     int sock;                 /* the upgraded socket, or -1; owned */
+    int64_t rx_ms;            /* sbx_mono_ms of the last bytes from the client (WebSocket
+                               * thread only) */
     struct MHD_UpgradeResponseHandle *urh;
     int evfd;                 /* the reader's wake-up eventfd, or -1; owned */
     struct terminal_outmsg *q_head, *q_tail; /* owned; under mu */

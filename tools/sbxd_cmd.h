@@ -170,6 +170,8 @@ struct tls_opts {
         {"http-max-body", SBX_OPT_SIZE, &(g)->http_max_body, "largest HTTP request body"},   \
         {"http-per-client", SBX_OPT_INT, &(g)->http_per_client,                               \
          "HTTP connections per client address (default 1024; raise it behind a proxy)"},      \
+        {"http-ws-ping", SBX_OPT_MS, &(g)->http_ws_ping,                                      \
+         "ping a terminal WebSocket idle this long; close it after 3 unanswered (30s)"},     \
         {"console", SBX_OPT_BOOL, &(g)->console,                                              \
          "serve the web console at http://<--http>/console/ (off by default; docs/console.md)"}
 

@@ -514,3 +514,62 @@ Test(terminal, a_viewer_that_does_not_read_does_not_grow_the_gateway, .timeout =
     v_close(&a);
     hdone(id);
 }
+
+/* A viewer of the terminal of a private daemon whose HTTP front is on port. */
+static void
+v_open_port(struct viewer *v, int port, const char *id, const char *query)
+{
+    memset(v, 0, sizeof(*v));
+    sbx_buf_init(&v->out);
+    v->ready_at = (size_t)-1;
+    v->texts = json_array();
+    char host[64], err[256], path[256];
+    snprintf(host, sizeof(host), "127.0.0.1:%d", port);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/terminal%s", id, query);
+    int st = wsc_connect(&v->w, port, host, path, NULL, 60000, err, sizeof(err));
+    cr_assert_eq(st, 101, "terminal upgrade %s: %d %s", path, st, err);
+}
+
+/* A client gone without a close (a closed laptop, a dropped NAT entry: TCP
+ * hears nothing while nothing is sent) does not keep its terminal — a
+ * gateway thread, a stream, and reads that count as the sandbox's activity,
+ * so that it never sleeps — for ever.  The gateway pings a client silent for
+ * --http-ws-ping (500 ms here) and closes the connection after 3 × that without a
+ * frame back; a client that answers pings (browsers do by themselves) keeps
+ * its terminal however long it types nothing. */
+Test(terminal, a_gone_client_is_closed_and_a_silent_live_one_kept, .timeout = 120)
+{
+    struct testd d;
+    const char *extra[] = {TESTD_SMALL, "--http-ws-ping", "500ms", NULL};
+    cr_assert_eq(testd_start(&d, 1, extra), 0);
+    char p[400], *addr = NULL;
+    size_t n;
+    snprintf(p, sizeof(p), "%s/http.addr", d.dir);
+    cr_assert_eq(sbx_fs_read(p, 256, &addr, &n), 0, "no %s", p);
+    int port = atoi(strrchr(addr, ':') + 1);
+    free(addr);
+    struct viewer live, gone;
+    v_open_port(&live, port, "wsping", "?session=live");
+    cr_assert(v_wait_ready(&live, 30000), "live: no ready");
+    v_open_port(&gone, port, "wsping", "?session=gone");
+    cr_assert(v_wait_ready(&gone, 30000), "gone: no ready");
+    /* 4 s: 8 ping intervals.  live reads (and so answers pings); gone does
+     * not read at all. */
+    double until = test_now_ms() + 4000;
+    int op = -1;
+    while (test_now_ms() < until && (op = v_read(&live, 200)) != -2 && op != WS_CLOSE)
+        ;
+    cr_expect(op != -2 && op != WS_CLOSE, "the live client's terminal ended (%d)", op);
+    size_t mark = live.out.len;
+    v_type(&live, "echo still-$((40+2))\n");
+    cr_expect(v_wait_for(&live, "still-42\r\n", mark, 20000), "live: %s", v_text(&live) + mark);
+    /* gone's connection was closed meanwhile: what it holds, then the end. */
+    until = test_now_ms() + 5000;
+    while (test_now_ms() < until && (op = v_read(&gone, 500)) != -2 && op != WS_CLOSE)
+        ;
+    cr_expect(op == -2 || op == WS_CLOSE,
+              "the gone client's connection is still open 4 s after it went silent (%d)", op);
+    v_close(&live);
+    v_close(&gone);
+    testd_stop(&d);
+}

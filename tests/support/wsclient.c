@@ -195,9 +195,18 @@ wsc_send(wsc *w, int opcode, const void *p, size_t n)
     memcpy(buf, hdr, hl);
     for (size_t i = 0; i < n; i++)
         buf[hl + i] = ((const uint8_t *)p)[i] ^ mask[i % 4];
-    int rc = sbx_write_full(w->fd, buf, hl + n);
+    /* send(MSG_NOSIGNAL): a pong to a server that has closed the connection
+     * fails with EPIPE instead of killing the test with SIGPIPE. */
+    int rc = 0;
+    for (size_t off = 0; off < hl + n && rc == 0;) {
+        ssize_t k = send(w->fd, buf + off, hl + n - off, MSG_NOSIGNAL);
+        if (k > 0)
+            off += (size_t)k;
+        else if (!(k < 0 && errno == EINTR))
+            rc = -1;
+    }
     free(buf);
-    return rc ? -1 : 0;
+    return rc;
 }
 
 /* One frame. 1 (got it), -1 timeout, -2 ended. */
