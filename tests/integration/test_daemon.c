@@ -345,6 +345,32 @@ pidfds_under(const char *dir, int *fds, int n)
     return k;
 }
 
+/* A one-shard daemon with --stop-timeout 1s and n sandboxes, each running
+ * cmd (an exec that returns: background what must stay); the shard's name
+ * (shard[128]) and pid. */
+static pid_t
+start_one_shard(struct testd *d, int n, const char *prefix, const char *cmd, char shard[128])
+{
+    const char *extra[] = {TESTD_SMALL, "--stop-timeout", "1s", NULL};
+    cr_assert_eq(testd_start(d, 1, extra), 0);
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d->url, &err), 0);
+    sbx_exec_result r;
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "%s-%d", prefix, i);
+        cr_assert_eq(test_sh(c, id, cmd, 0, &r, &err), 0, "%s", err.message);
+        sbx_exec_result_free(&r);
+    }
+    snprintf(shard, 128, "%s-s0", d->name);
+    pid_t spid = shard_pid(c, shard);
+    sbx_client_close(c);
+    cr_assert_gt(spid, 0);
+    cr_assert_eq(test_ppid(spid), d->pid, "shard pid %d is not the daemon's child", (int)spid);
+    return spid;
+}
+
 /* A shard that does not stop within --stop-timeout (here it is SIGSTOPped:
  * a shard stuck, or one with more sandboxes than it can stop in time) is
  * killed, and a sweep removes what it left: its sandboxes' processes are
@@ -352,25 +378,8 @@ pidfds_under(const char *dir, int *fds, int n)
 Test(daemon, a_shard_that_does_not_stop_in_time_is_killed_and_swept, .timeout = 120)
 {
     struct testd d;
-    const char *extra[] = {TESTD_SMALL, "--stop-timeout", "1s", NULL};
-    cr_assert_eq(testd_start(&d, 1, extra), 0);
-    sbx_client *c;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
-    sbx_exec_result r;
-    for (int i = 0; i < 3; i++) {
-        char id[32];
-        snprintf(id, sizeof(id), "stuck-%d", i);
-        cr_assert_eq(test_sh(c, id, "sleep 1000 & echo started", 0, &r, &err), 0, "%s",
-                     err.message);
-        sbx_exec_result_free(&r);
-    }
     char shard[128];
-    snprintf(shard, sizeof(shard), "%s-s0", d.name);
-    pid_t spid = shard_pid(c, shard);
-    sbx_client_close(c);
-    cr_assert_gt(spid, 0);
-    cr_assert_eq(test_ppid(spid), d.pid, "shard pid %d is not the daemon's child", (int)spid);
+    pid_t spid = start_one_shard(&d, 3, "stuck", "sleep 1000 & echo started", shard);
     char dirs[4][300];
     int ndirs = shard_cgroup_dirs(shard, spid, dirs, 4);
     int fds[64];
@@ -453,20 +462,8 @@ Test(daemon, a_shard_that_cannot_die_does_not_hang_the_stop, .timeout = 150)
     if (statfs("/sys/fs/cgroup/freezer", &sf) != 0 || (unsigned long)sf.f_type != 0x27e0ebUL)
         cr_skip_test("no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer");
     struct testd d;
-    const char *extra[] = {TESTD_SMALL, "--stop-timeout", "1s", NULL};
-    cr_assert_eq(testd_start(&d, 1, extra), 0);
-    sbx_client *c;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
-    sbx_exec_result r;
-    cr_assert_eq(test_sh(c, "frozen-0", "echo started", 0, &r, &err), 0, "%s", err.message);
-    sbx_exec_result_free(&r);
     char shard[128];
-    snprintf(shard, sizeof(shard), "%s-s0", d.name);
-    pid_t spid = shard_pid(c, shard);
-    sbx_client_close(c);
-    cr_assert_gt(spid, 0);
-    cr_assert_eq(test_ppid(spid), d.pid, "shard pid %d is not the daemon's child", (int)spid);
+    pid_t spid = start_one_shard(&d, 1, "frozen", "echo started", shard);
     /* The shard's command line, for its sweep at the end. */
     char cmdline[4096], p[400];
     snprintf(p, sizeof(p), "/proc/%d/cmdline", (int)spid);

@@ -62,6 +62,24 @@ pump_thread(void *arg)
     return NULL;
 }
 
+/* The pump between two TCP pairs, on a thread: client[0] is the user,
+ * client[1] the pump's a; service[0] the pump's b, service[1] the service.
+ * The send buffer towards the service is small, as the kernel leaves it
+ * under TCP memory pressure (tcp_mem): POLLOUT then comes with room for
+ * less than the pump's 64 KiB buffer, and a blocking send of it waited for
+ * the rest for ever.  p->idle_ms is the caller's. */
+static void
+start_pump(int client[2], int service[2], struct pump_arg *p, pthread_t *th)
+{
+    tcp_pair(client);
+    tcp_pair(service);
+    int sb = 16384;
+    cr_assert_eq(setsockopt(service[0], SOL_SOCKET, SO_SNDBUF, &sb, sizeof(sb)), 0);
+    p->a = client[1];
+    p->b = service[0];
+    cr_assert_eq(pthread_create(th, NULL, pump_thread, p), 0);
+}
+
 /* Fill the client's direction until nothing more goes in for 300 ms (the
  * pump's buffer and both kernel buffers full); the time of the last byte. */
 static int64_t
@@ -87,19 +105,9 @@ Test(relay, a_side_that_stops_reading_does_not_hold_the_pump_past_its_idle_limit
      .timeout = 30)
 {
     int client[2], service[2];
-    tcp_pair(client);
-    tcp_pair(service);
-    /* client[0]: the user; client[1]: the pump's a.  service[0]: the pump's
-     * b; service[1]: the service, which never reads. */
-    /* A small send buffer towards the service, as the kernel leaves under
-     * TCP memory pressure (tcp_mem): POLLOUT then comes with room for less
-     * than the pump's 64 KiB buffer, and a blocking send of it waited for
-     * the rest for ever. */
-    int sb = 16384;
-    cr_assert_eq(setsockopt(service[0], SOL_SOCKET, SO_SNDBUF, &sb, sizeof(sb)), 0);
-    struct pump_arg p = {.a = client[1], .b = service[0], .idle_ms = 500};
+    struct pump_arg p = {.idle_ms = 500};
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, pump_thread, &p), 0);
+    start_pump(client, service, &p, &th);
     size_t total = 0;
     int64_t last = fill(client[0], &total);
     cr_assert_gt(total, 65536, "only %zu bytes went in", total);
@@ -128,13 +136,9 @@ Test(relay, a_side_that_stops_reading_does_not_hold_the_pump_past_its_idle_limit
 Test(relay, the_other_direction_flows_while_one_is_stalled, .timeout = 30)
 {
     int client[2], service[2];
-    tcp_pair(client);
-    tcp_pair(service);
-    int sb = 16384;
-    cr_assert_eq(setsockopt(service[0], SOL_SOCKET, SO_SNDBUF, &sb, sizeof(sb)), 0);
-    struct pump_arg p = {.a = client[1], .b = service[0], .idle_ms = 2000};
+    struct pump_arg p = {.idle_ms = 2000};
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, pump_thread, &p), 0);
+    start_pump(client, service, &p, &th);
     size_t total = 0;
     fill(client[0], &total);
     const char answer[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
