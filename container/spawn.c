@@ -50,7 +50,24 @@ struct sbx_spawner {
     _Atomic uint64_t serial;
     int devnull;
     bool no_clone3;        /* clone3(2) is ENOSYS here: clone(2) instead (below) */
+    struct limbo *limbo;   /* stopped containers not reaped yet (sbx_container_stop); under mu */
 };
+
+/* A container whose PID 1 was not reaped within STOP_REAP_MS of its
+ * SIGKILL: what it holds (uids, cgroup, descriptors) stays reserved until
+ * it is (limbo_reap).  Owned by the spawner's list. */
+struct limbo {
+    struct sbx_container c;
+    int64_t since_ms;
+    struct limbo *next;
+};
+
+/* How long, in ms, sbx_container_stop waits for PID 1 to be reaped after
+ * its SIGKILL.  The kernel reaps it once every process of its pid
+ * namespace has died; one in uninterruptible sleep (a hung disk, a frozen
+ * file system) holds it, and the thread that stops it — one of a shard's
+ * few workers — would wait with it. */
+#define STOP_REAP_MS 10000
 
 /* Copy the agent binary into a sealed, read-only memfd. */
 static int
@@ -200,6 +217,12 @@ sbx_spawner_free(sbx_spawner *sp)
 {
     if (!sp)
         return;
+    while (sp->limbo) { /* not reaped: its processes outlive us, logged at its stop */
+        struct limbo *l = sp->limbo;
+        sp->limbo = l->next;
+        close(l->c.pidfd);
+        free(l);
+    }
     close(sp->agent_fd);
     close(sp->devnull);
     free(sp->cfg);
@@ -816,23 +839,98 @@ fail:
     return rc < 0 ? rc : SBX_E_CONTAINER;
 }
 
+static void release(sbx_spawner *sp, struct sbx_container *c);
+
+/* Release the containers of the limbo whose PID 1 has been reaped since. */
+static void
+limbo_reap(sbx_spawner *sp)
+{
+    struct limbo *done = NULL;
+    pthread_mutex_lock(&sp->mu);
+    for (struct limbo **pp = &sp->limbo; *pp;) {
+        struct limbo *l = *pp;
+        siginfo_t si = {0};
+        if (waitid((idtype_t)P_PIDFD, (id_t)l->c.pidfd, &si, WEXITED | WNOHANG) == 0 &&
+            si.si_pid == 0) {
+            pp = &l->next; /* still there */
+            continue;
+        }
+        *pp = l->next;
+        l->next = done;
+        done = l;
+    }
+    pthread_mutex_unlock(&sp->mu);
+    while (done) {
+        struct limbo *l = done;
+        done = l->next;
+        sbx_log_info("container %llu: PID 1 reaped %lld ms after its stop; its uids and cgroup "
+                     "are released",
+                     (unsigned long long)l->c.serial, (long long)(sbx_mono_ms() - l->since_ms));
+        close(l->c.pidfd);
+        l->c.pidfd = -1;
+        release(sp, &l->c);
+        free(l);
+    }
+}
+
 void
 sbx_container_stop(sbx_spawner *sp, struct sbx_container *c)
 {
+    limbo_reap(sp);
     if (c->chan >= 0) {
         close(c->chan);
         c->chan = -1;
     }
     if (c->pidfd >= 0) {
         /* PID 1 dies; the kernel kills the rest of its pid namespace and
-         * waits for them before PID 1 can be reaped. */
+         * waits for them before PID 1 can be reaped (its pidfd readable). */
         syscall(SYS_pidfd_send_signal, c->pidfd, SIGKILL, NULL, 0);
+        int64_t until = sbx_mono_ms() + STOP_REAP_MS;
+        struct pollfd p = {c->pidfd, POLLIN, 0};
+        int pr;
+        while ((pr = poll(&p, 1, (int)SBX_MAX(until - sbx_mono_ms(), (int64_t)0))) < 0 &&
+               errno == EINTR)
+            ;
+        if (pr <= 0) {
+            /* Not reaped in time: the caller goes on, what the container
+             * holds stays reserved until its PID 1 is reaped (at a later
+             * stop).  A new container never reuses its uids or cgroup. */
+            sbx_log_warn("container %llu (pid %d): not ended %d ms after SIGKILL (a process "
+                         "of it in uninterruptible sleep?); its uids and cgroup %s stay "
+                         "reserved until it ends",
+                         (unsigned long long)c->serial, (int)c->pid, STOP_REAP_MS, c->cg.name);
+            struct limbo *l = sbx_xcalloc(1, sizeof(*l));
+            l->c = *c;
+            l->since_ms = sbx_mono_ms();
+            pthread_mutex_lock(&sp->mu);
+            l->next = sp->limbo;
+            sp->limbo = l;
+            pthread_mutex_unlock(&sp->mu);
+            /* The caller's copy holds nothing any more. */
+            c->pidfd = -1;
+            c->cg.created = false;
+            c->cg.v2_fd = -1;
+            c->uid = c->uid2 = 0;
+            c->ngid = 0;
+            c->image = c->ws = false;
+            c->use_fd = c->ws_fd = -1;
+            c->pid = 0;
+            return;
+        }
         siginfo_t si;
         while (waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &si, WEXITED) < 0 && errno == EINTR)
             ;
         close(c->pidfd);
         c->pidfd = -1;
     }
+    release(sp, c);
+}
+
+/* What a container whose PID 1 has been reaped holds: its cgroup, uids,
+ * image use lock and workspace mount. */
+static void
+release(sbx_spawner *sp, struct sbx_container *c)
+{
     if (c->cg.created) {
         int rc = sbx_cgroup_destroy(sp->conf.cgroups, &c->cg, 5000);
         if (rc)

@@ -39,7 +39,8 @@
  * container/agent/setup.c.  sbx_container_stop() kills PID 1 through its
  * pidfd (the kernel then kills the rest of the pid namespace), reaps it and
  * removes the cgroup; nothing of the container stays on the host: its
- * mounts lived in its own mount namespace.
+ * mounts lived in its own mount namespace.  (One that cannot be reaped in
+ * 10 s is released later: sbx_container_stop.)
  */
 #ifndef SBX_SPAWN_H
 #define SBX_SPAWN_H
@@ -145,8 +146,13 @@ int sbx_container_start_ws(sbx_spawner *sp, const struct sbx_limits *lim,
 
 /*
  * sbx_container_stop — SIGKILL the container, reap it, remove its cgroup,
- * close its fds and release its uid.  Blocks until done (milliseconds).
- * Thread-safe.  Idempotent on a zeroed/stopped container.
+ * close its fds and release its uid.  Blocks until done (milliseconds), at
+ * most 10 s for the reaping: a container with a process in uninterruptible
+ * sleep (a hung disk) cannot be reaped until it wakes, and is then kept by
+ * the spawner — its uids, cgroup, image lock and workspace mount reserved,
+ * logged — and released by a later stop once it has ended; *c is left
+ * holding nothing either way.  Thread-safe.  Idempotent on a
+ * zeroed/stopped container.
  */
 void sbx_container_stop(sbx_spawner *sp, struct sbx_container *c);
 

@@ -562,6 +562,128 @@ Test(daemon, a_shard_that_cannot_die_does_not_hang_the_stop, .timeout = 150)
     testd_stop(&d);
 }
 
+/* The host pid of a process named comm in a cgroup under dir (one level
+ * down), or 0. */
+static pid_t
+pid_named_under(const char *dir, const char *comm)
+{
+    char cmd[500];
+    snprintf(cmd, sizeof(cmd), "for p in $(cat %s/*/cgroup.procs 2>/dev/null); do "
+             "[ \"$(cat /proc/$p/comm 2>/dev/null)\" = %s ] && echo $p; done", dir, comm);
+    FILE *f = popen(cmd, "r");
+    long pid = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1)
+            pid = 0;
+        pclose(f);
+    }
+    return (pid_t)pid;
+}
+
+/* A container that cannot be reaped (a process of it in uninterruptible
+ * sleep: here a frozen cgroup v1 freezer, where SIGKILL waits for the thaw)
+ * does not take the shard's worker with it: the destroy answers within
+ * ~10 s, the shard goes on starting and stopping other containers (two
+ * workers on this machine: two such stops held every start), and once the
+ * process can die the container's cgroup is removed at the next stop.
+ * Until the fix the destroy never answered. */
+Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout = 180)
+{
+    struct statfs sf;
+    if (statfs("/sys/fs/cgroup/freezer", &sf) != 0 || (unsigned long)sf.f_type != 0x27e0ebUL)
+        cr_skip_test("no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer");
+    struct testd d;
+    char shard[128];
+    pid_t spid = start_one_shard(&d, 1, "unreaped", "sleep 1000 & echo started", shard);
+    char dirs[4][300];
+    int ndirs = shard_cgroup_dirs(shard, spid, dirs, 4);
+    cr_assert_geq(ndirs, 1);
+    pid_t sleeper = pid_named_under(dirs[0], "sleep");
+    cr_assert_gt(sleeper, 0, "no sleep in %s", dirs[0]);
+    /* The container's cgroup (the sleeper's, in the first hierarchy). */
+    char cgdir[400] = "", p[400], line[512];
+    snprintf(p, sizeof(p), "/proc/%d/cgroup", (int)sleeper);
+    FILE *f = fopen(p, "re");
+    cr_assert_not_null(f);
+    const char *want = strstr(dirs[0], "/sbx/");
+    while (fgets(line, sizeof(line), f)) {
+        char *c = strstr(line, "/sbx/");
+        if (want && c && strstr(line, shard)) {
+            c[strcspn(c, "\n")] = '\0';
+            snprintf(cgdir, sizeof(cgdir), "%.*s%s", (int)(want - dirs[0]), dirs[0], c);
+            break;
+        }
+    }
+    fclose(f);
+    cr_assert(cgdir[0], "the sleeper's cgroup under %s", dirs[0]);
+
+    char frz[300], pid_s[32], state[32] = "";
+    snprintf(frz, sizeof(frz), "/sys/fs/cgroup/freezer/sbx-test-%s%d", test_prefix(), (int)getpid());
+    cr_assert_eq(mkdir(frz, 0755), 0, "mkdir %s: %s", frz, strerror(errno));
+    snprintf(pid_s, sizeof(pid_s), "%d", (int)sleeper);
+    bool frozen = put(frz, "cgroup.procs", pid_s) == 0 && put(frz, "freezer.state", "FROZEN") == 0;
+    for (int i = 0; frozen && i < 250 && strcmp(state, "FROZEN") != 0; i++) {
+        usleep(20 * 1000);
+        snprintf(p, sizeof(p), "%s/freezer.state", frz);
+        if ((f = fopen(p, "re")) != NULL) {
+            if (!fgets(state, sizeof(state), f))
+                state[0] = '\0';
+            state[strcspn(state, "\n")] = '\0';
+            fclose(f);
+        }
+    }
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
+    int rc = -1, rc2 = -1;
+    double took = 0;
+    sbx_exec_result r = {0};
+    if (!strcmp(state, "FROZEN")) {
+        double t0 = test_now_ms();
+        sbx_reply *rep = NULL;
+        rc = sbx_call(c, "destroy", "unreaped-0", NULL, 0, 40000, NULL, &rep, &err);
+        took = test_now_ms() - t0;
+        if (rc == 0)
+            sbx_reply_free(rep);
+        else
+            sbx_error_free(&err);
+        /* The shard goes on: a new sandbox starts and answers. */
+        rc2 = test_sh(c, "after-0", "echo fine", 30000, &r, &err);
+        if (rc2 != 0)
+            sbx_error_free(&err);
+    }
+    put(frz, "freezer.state", "THAWED"); /* the sleeper dies of its pending SIGKILL */
+    cr_assert_str_eq(state, "FROZEN", "the freezer did not freeze the sleeper");
+    cr_expect_eq(rc, 0, "the destroy of the unreapable sandbox did not answer ok (%.0f ms)", took);
+    cr_expect(took < 30000, "the destroy took %.0f ms", took);
+    cr_expect_eq(rc2, 0, "a new sandbox did not start after it");
+    cr_expect(rc2 != 0 || (r.stdout_data && !strcmp(r.stdout_data, "fine\n")), "got %s",
+              r.stdout_data ? r.stdout_data : "-");
+    sbx_exec_result_free(&r);
+    /* Ended now; its cgroup goes at the next stop (this destroy's). */
+    struct stat sb;
+    bool gone = false;
+    for (int i = 0; i < 50 && !gone; i++) {
+        usleep(100 * 1000);
+        sbx_reply *rep = NULL;
+        if (i % 10 == 0 && sbx_call(c, "destroy", "after-0", NULL, 0, 30000, NULL, &rep, &err) == 0)
+            sbx_reply_free(rep);
+        else if (i % 10 == 0)
+            sbx_error_free(&err);
+        if (i % 10 == 0) { /* one more container to stop, for the next round */
+            if (test_sh(c, "after-0", "true", 30000, &r, &err) == 0)
+                sbx_exec_result_free(&r);
+            else
+                sbx_error_free(&err);
+        }
+        gone = stat(cgdir, &sb) != 0 && errno == ENOENT;
+    }
+    cr_expect(gone, "%s is still there after the process could die", cgdir);
+    rmdir(frz);
+    sbx_client_close(c);
+    testd_stop(&d);
+}
+
 Test(daemon, a_shard_nobody_runs_is_unavailable_at_once, .timeout = 60)
 {
     /* A lone gateway whose only shard does not exist. */
