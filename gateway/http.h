@@ -52,10 +52,11 @@ struct sbx_http_conf {
     const char *system_key;     /* with API keys: the gateway's system token (gateway/tenant.h),
                                  * for preview lookups, which carry no caller's key; or NULL */
     bool console;               /* serve the web console under /console/ (docs/console.md) */
-    int64_t ws_ping;            /* ms: a terminal WebSocket the client has sent nothing on
-                                 * for this long is pinged (RFC 6455 §5.5.2; browsers pong
-                                 * by themselves), and closed after 3 of them with no frame
-                                 * back — a client gone without a close (0: 30 000) */
+    int64_t ws_ping;            /* ms: a terminal WebSocket whose client has shown no sign
+                                 * of life (no bytes from it, none of ours acknowledged) for this
+                                 * long is pinged, once per this long (RFC 6455 §5.5.2;
+                                 * browsers pong by themselves), and closed once silent for
+                                 * 3 times this — a client gone without a close (0: 30 000) */
 };
 
 typedef struct sbx_http sbx_http;

@@ -30,6 +30,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <linux/sockios.h>
 #include <nettle/sha1.h>
 #include <poll.h>
 #include <stdio.h>
@@ -37,6 +38,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <wslay/wslay.h>
@@ -352,8 +354,19 @@ ws_loop(struct terminal_state *t)
      * activity and would keep it from ever sleeping. */
     int64_t ping = t->h->conf.ws_ping > 0 ? t->h->conf.ws_ping : 30000, pinged = 0;
     t->rx_ms = sbx_mono_ms();
+    t->outq = 0;
+    int outq = 0; /* bytes sent and not yet acknowledged by the client's TCP (SIOCOUTQ) */
     while (wslay_event_want_read(ctx) || wslay_event_want_write(ctx)) {
-        int64_t now = sbx_mono_ms();
+        int64_t now = sbx_mono_ms(), q = 0;
+        /* Fewer unacknowledged bytes than last time: the client's end took
+         * some (a viewer reading a flood slowly answers a ping late, behind
+         * megabytes of output, but acknowledges all along). */
+        if (ioctl(t->sock, SIOCOUTQ, &outq) == 0) {
+            q = outq;
+            if (q < t->outq)
+                t->rx_ms = now;
+            t->outq = q;
+        }
         if (now - t->rx_ms >= 3 * ping) {
             sbx_log_info("terminal of %s: nothing from the client for %lld ms; closing",
                          t->sandbox, (long long)(now - t->rx_ms));
@@ -364,7 +377,10 @@ ws_loop(struct terminal_state *t)
             wslay_event_queue_msg(ctx, &pm);
             pinged = now;
         }
-        int64_t wait = SBX_MIN(ping - (now - SBX_MAX(t->rx_ms, pinged)), 3 * ping - (now - t->rx_ms));
+        /* Until the next ping (none once closing), at most until it is gone. */
+        int64_t wait = 3 * ping - (now - t->rx_ms);
+        if (!closing)
+            wait = SBX_MIN(wait, ping - (now - SBX_MAX(t->rx_ms, pinged)));
         struct pollfd p[2] = {{t->sock, POLLIN, 0}, {t->evfd, POLLIN, 0}};
         if (wslay_event_want_write(ctx))
             p[0].events |= POLLOUT;

@@ -50,8 +50,11 @@ struct terminal_state {
     /* after the upgrade */
     bool upgraded;
     int sock;                 /* the upgraded socket, or -1; owned */
-    int64_t rx_ms;            /* sbx_mono_ms of the last bytes from the client (WebSocket
-                               * thread only) */
+    int64_t rx_ms;            /* sbx_mono_ms of the last sign of the client's end: bytes
+                               * from it, or bytes of ours its TCP acknowledged (a viewer
+                               * reading a flood slowly may answer a ping late); WebSocket
+                               * thread only */
+    int64_t outq;             /* the socket's unacknowledged bytes at the last look */
     struct MHD_UpgradeResponseHandle *urh;
     int evfd;                 /* the reader's wake-up eventfd, or -1; owned */
     struct terminal_outmsg *q_head, *q_tail; /* owned; under mu */

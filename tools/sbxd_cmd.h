@@ -171,7 +171,7 @@ struct tls_opts {
         {"http-per-client", SBX_OPT_INT, &(g)->http_per_client,                               \
          "HTTP connections per client address (default 1024; raise it behind a proxy)"},      \
         {"http-ws-ping", SBX_OPT_MS, &(g)->http_ws_ping,                                      \
-         "ping a terminal WebSocket idle this long; close it after 3 unanswered (30s)"},     \
+         "ping a terminal WebSocket silent this long; close it when silent 3 times as long (30s)"}, \
         {"console", SBX_OPT_BOOL, &(g)->console,                                              \
          "serve the web console at http://<--http>/console/ (off by default; docs/console.md)"}
 
