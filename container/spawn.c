@@ -69,6 +69,8 @@ struct limbo {
  * few workers — would wait with it. */
 #define STOP_REAP_MS 10000
 
+static void limbo_reap(sbx_spawner *sp);
+
 /* Copy the agent binary into a sealed, read-only memfd. */
 static int
 seal_agent(const char *path, int *out)
@@ -217,10 +219,15 @@ sbx_spawner_free(sbx_spawner *sp)
 {
     if (!sp)
         return;
+    limbo_reap(sp);
     while (sp->limbo) { /* not reaped: its processes outlive us, logged at its stop */
         struct limbo *l = sp->limbo;
         sp->limbo = l->next;
-        close(l->c.pidfd);
+        int fds[] = {l->c.pidfd, l->c.image ? l->c.use_fd : -1, l->c.ws ? l->c.ws_fd : -1,
+                     l->c.cg.v2_fd};
+        for (size_t i = 0; i < SBX_ARRAY_LEN(fds); i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
         free(l);
     }
     close(sp->agent_fd);
@@ -569,6 +576,9 @@ container_start(sbx_spawner *sp, const struct sbx_limits *lim, const struct sbx_
     c->pidfd = c->chan = -1;
     c->cg.v2_fd = -1;
     int64_t t0 = sbx_mono_us();
+    /* What an unreaped container held goes back first, if it has ended
+     * (a shard that stops nothing more would otherwise keep it). */
+    limbo_reap(sp);
     c->serial = atomic_fetch_add(&sp->serial, 1) + 1;
     if ((rc = uid_alloc(sp, &c->uid)) != 0) {
         snprintf(why, whylen, "no free sandbox uid (%u live sandboxes)", sp->conf.uid_count);
