@@ -50,13 +50,14 @@ struct child {
  * (--stop-timeout). */
 #define DEV_STOP_WAIT_MS 60000
 
-/* How long, in ms, a stopping deployment waits for a shard it SIGKILLed to
- * die, and for a sweep (which bounds its own work at 65 s: container/cgroup.c)
- * to end.  A process in uninterruptible sleep (a hung disk, a frozen v1
+/* How long, in ms, a stopping deployment waits for the shards it SIGKILLed
+ * to die, and for their sweeps (each bounds its own work at 65 s:
+ * container/cgroup.c) to end: one deadline for all shards, one for all
+ * sweeps.  A process in uninterruptible sleep (a hung disk, a frozen v1
  * freezer cgroup) ignores SIGKILL until it wakes: the stop gives up on it
  * rather than hang (see reap_within). */
 #define DEV_KILL_REAP_MS 10000
-#define DEV_SWEEP_REAP_MS 90000
+#define DEV_SWEEP_REAP_MS 70000
 
 /* reap_within — wait at most ms for the child pid to end.  true with its
  * wait status in *st (0 if it was reaped elsewhere: ECHILD), false if it is
@@ -460,7 +461,8 @@ stop:
      * options removes what it left — its containers' processes and cgroups
      * — before the deployment exits; the sweeps run side by side and wait
      * at most 65 s (container/cgroup.c), so a stop takes at most
-     * --stop-timeout + DEV_KILL_REAP_MS + 65 s, within the units'
+     * --stop-timeout + DEV_KILL_REAP_MS + DEV_SWEEP_REAP_MS (+ 10 s for a
+     * sweep killed then), within the units'
      * TimeoutStopSec (dist/systemd/hardening.conf). */
     int64_t until = sbx_mono_ms() + stop_ms;
     bool *killed = kids ? sbx_xcalloc((size_t)nshards, sizeof(bool)) : NULL;
@@ -486,11 +488,12 @@ stop:
      * not swept: its locks are still held) and the stop goes on: its cgroups
      * and locks stay until it dies, and a start of the deployment refuses
      * that shard meanwhile (status 2). */
+    int64_t reap_until = sbx_mono_ms() + DEV_KILL_REAP_MS;
     for (int i = 0; kids && i < nshards; i++) {
         int st;
         if (!killed[i])
             continue;
-        if (!reap_within(kids[i].pid, DEV_KILL_REAP_MS, &st)) {
+        if (!reap_within(kids[i].pid, SBX_MAX(reap_until - sbx_mono_ms(), (int64_t)0), &st)) {
             sbx_log_error("shard %d (pid %d) did not die within %d ms of SIGKILL (uninterruptible "
                           "sleep?): not swept; its cgroups and locks stay until it dies",
                           i, (int)kids[i].pid, DEV_KILL_REAP_MS);
@@ -504,12 +507,14 @@ stop:
     /* A sweep refused (status 2: the killed shard's locks are held a moment
      * longer by its children on their way out) is tried again, for 5 s.  A
      * sweep that does not end within DEV_SWEEP_REAP_MS is killed. */
+    int64_t sweep_until = sbx_mono_ms() + DEV_SWEEP_REAP_MS;
     for (int i = 0, tries = 0; kids && i < nshards; i++) {
         int st = 0;
         if (!killed[i])
             continue;
         while (kids[i].pid > 0) {
-            if (!reap_within(kids[i].pid, DEV_SWEEP_REAP_MS, &st)) {
+            if (!reap_within(kids[i].pid, SBX_MAX(sweep_until - sbx_mono_ms(), (int64_t)0),
+                             &st)) {
                 sbx_log_error("the sweep of shard %d (pid %d) did not end within %d ms: killed",
                               i, (int)kids[i].pid, DEV_SWEEP_REAP_MS);
                 kill(kids[i].pid, SIGKILL);
