@@ -44,6 +44,41 @@ imgst_lock(sbx_image_store *st, int op, sbx_err_t *err)
     return fd;
 }
 
+int
+imgst_lock_until(sbx_image_store *st, int op, int64_t deadline, const _Atomic bool *cancel,
+                 sbx_err_t *err)
+{
+    char p[4096];
+    snprintf(p, sizeof(p), "%s/lock", st->dir);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return sbx_err_make(err, SBX_E_STORAGE, "open %s: %s", p, strerror(errno));
+    for (;;) {
+        if (flock(fd, op | LOCK_NB) == 0)
+            return fd;
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+            int rc = sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", p, strerror(errno));
+            close(fd);
+            return rc;
+        }
+        int rc = 0;
+        if (deadline && sbx_mono_ms() > deadline)
+            rc = SBX_E_TIMEOUT;
+        else if (cancel && atomic_load(cancel))
+            rc = SBX_E_SHARD_UNAVAILABLE;
+        if (rc) {
+            close(fd);
+            return rc == SBX_E_TIMEOUT
+                       ? sbx_err_make(err, rc,
+                                      "the image store stayed locked past the deadline (an "
+                                      "import, removal or collection running)")
+                       : sbx_err_make(err, rc, "the shard is stopping");
+        }
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 bool
 imgst_is_digest(const char *s)
 {
@@ -429,6 +464,7 @@ run_tool(char *const argv[], int code, int64_t deadline, const _Atomic bool *can
     size_t n = 0;
     char sink[4096];
     int gave_up = 0; /* SBX_E_TIMEOUT or SBX_E_SHARD_UNAVAILABLE once killed */
+    bool eof = false;
     for (;;) {
         int64_t left = deadline ? deadline - sbx_mono_ms() : 500;
         if (deadline && left <= 0)
@@ -442,16 +478,20 @@ run_tool(char *const argv[], int code, int64_t deadline, const _Atomic bool *can
         struct pollfd p = {.fd = pfd[0], .events = POLLIN};
         int pr = poll(&p, 1, (int)SBX_MIN(left, (int64_t)500));
         if (pr < 0 && errno != EINTR)
-            break;
+            break; /* killed below */
         if (pr <= 0)
             continue;
         ssize_t r = read(pfd[0], n < sizeof(out) - 1 ? out + n : sink,
                          n < sizeof(out) - 1 ? sizeof(out) - 1 - n : sizeof(sink));
-        if (r == 0 || (r < 0 && errno != EINTR))
+        if (r == 0 || (r < 0 && errno != EINTR)) {
+            eof = r == 0;
             break;
+        }
         if (r > 0 && n < sizeof(out) - 1)
             n += (size_t)r;
     }
+    if (!eof && !gave_up)
+        kill(pid, SIGKILL); /* its output broke off: the wait below must not be for ever */
     close(pfd[0]);
     out[n] = '\0';
     while (n && (out[n - 1] == '\n' || out[n - 1] == ' '))
@@ -869,7 +909,7 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned 
         return 0; /* the pull this one waited for brought it */
     /* The copy under the shared lock: the sweep of tmp/ at a store's open
      * needs the exclusive one, so it cannot remove this copy's directory. */
-    int lk = imgst_lock(st, LOCK_SH, err);
+    int lk = imgst_lock_until(st, LOCK_SH, deadline, cancel, err);
     if (lk < 0)
         return lk;
     char tmp[4096], dst[4200], src[600];
@@ -893,7 +933,7 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned 
         /* The import under the exclusive lock.  Between the two, only a
          * store's open could have swept tmp/ (it takes the exclusive lock
          * without waiting): then the layout is gone and the pull fails. */
-        lk = imgst_lock(st, LOCK_EX, err);
+        lk = imgst_lock_until(st, LOCK_EX, deadline, cancel, err);
         if (lk < 0) {
             rc = lk;
         } else {

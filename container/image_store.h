@@ -80,6 +80,12 @@ void sbx_image_store_keep_blobs(sbx_image_store *st, bool on);
  *     archive: converted to a layout in tmp/ by `skopeo copy` first.
  * name ("repo:tag"; NULL: none) then names it (a name already given to
  * another image moves to this one).  digest receives the manifest digest.
+ * SBX_E_VALIDATION (a name, a relative path, a path that is neither a
+ * directory nor a regular file: a FIFO would block the conversion),
+ * SBX_E_IMAGE_NOT_FOUND (no such path), SBX_E_IMAGE_INVALID,
+ * SBX_E_STORAGE, SBX_E_TIMEOUT (skopeo's conversion of a tarball ran past
+ * SBX_IMAGE_TOOL_MS: stopped).  Only the conversion is bounded: reading a
+ * layout directory on a hung file system still waits with it.
  */
 int sbx_image_import(sbx_image_store *st, const char *path, const char *name,
                      char digest[SBX_IMAGE_DIGEST_LEN], sbx_err_t *err);

@@ -27,6 +27,11 @@ json_cleanup_(json_t **j)
 /* imgst_lock — take the store-wide lock (flock op on <dir>/lock); its fd,
  * or -1 with err set.  Close the fd to release it. */
 int imgst_lock(sbx_image_store *st, int op, sbx_err_t *err);
+/* imgst_lock_until — imgst_lock waiting at most until deadline (sbx_mono_ms;
+ * 0 none) and while *cancel (NULL: never) is unset: SBX_E_TIMEOUT and
+ * SBX_E_SHARD_UNAVAILABLE then (the pull's bounds, sbx_image_pull). */
+int imgst_lock_until(sbx_image_store *st, int op, int64_t deadline, const _Atomic bool *cancel,
+                     sbx_err_t *err);
 /* imgst_is_digest — "sha256:" and 64 lowercase hex digits. */
 bool imgst_is_digest(const char *s);
 /* imgst_is_name — a valid image name (sbx_image_name_valid's rule). */
