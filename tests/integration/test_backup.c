@@ -445,10 +445,12 @@ Test(backup, files_flipped_to_fifos_during_a_backup_do_not_hang_it)
 {
     sbx_client *c = start();
     const char *a = "fifoflip";
-    free(sh(c, a,
-            "mkdir -p /workspace/r && for i in $(seq 0 39); do echo $i > /workspace/r/f$i; done && "
-            "for k in 0 1 2 3; do (" FLIPPER "$k >/dev/null 2>&1 &) ; done; sleep 0.3; "
-            "ls /workspace/r | wc -l"));
+    char *out = sh(c, a,
+                   "mkdir -p /workspace/r && for i in $(seq 0 39); do echo $i > /workspace/r/f$i; "
+                   "done && for k in 0 1 2 3; do (" FLIPPER "$k >/dev/null 2>&1 &) ; done; "
+                   "sleep 0.5; pgrep -fc \"os[.]mkfifo\"");
+    cr_assert_str_eq(out, "4\n", "the four flippers are not running");
+    free(out);
     int ok = 0, failed = 0;
     for (int i = 0; i < 12; i++) {
         char code[64];
@@ -464,8 +466,8 @@ Test(backup, files_flipped_to_fifos_during_a_backup_do_not_hang_it)
             failed++;
         free(j);
     }
-    char *out = sh(c, a, "pkill -f \"os[.]mkfifo\"; echo alive");
-    cr_assert_str_eq(out, "alive\n");
+    out = sh(c, a, "pgrep -fc \"os[.]mkfifo\"; pkill -f \"os[.]mkfifo\"; echo alive");
+    cr_assert_str_eq(out, "4\nalive\n", "the flippers did not run through the backups");
     free(out);
     cr_log_info("fifo flips: %d backups answered ok, %d with an error", ok, failed);
 }

@@ -617,6 +617,10 @@ Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout
     fclose(f);
     cr_assert(cgdir[0], "the sleeper's cgroup under %s", dirs[0]);
 
+    sbx_client *c;
+    sbx_error err;
+    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0); /* before the freeze: no assert until
+                                                         * the thaw */
     char frz[300], pid_s[32], state[32] = "";
     snprintf(frz, sizeof(frz), "/sys/fs/cgroup/freezer/sbx-test-%s%d", test_prefix(), (int)getpid());
     cr_assert_eq(mkdir(frz, 0755), 0, "mkdir %s: %s", frz, strerror(errno));
@@ -632,9 +636,6 @@ Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout
             fclose(f);
         }
     }
-    sbx_client *c;
-    sbx_error err;
-    cr_assert_eq(sbx_client_open(&c, d.url, &err), 0);
     int rc = -1, rc2 = -1;
     double took = 0;
     sbx_exec_result r = {0};
@@ -653,6 +654,8 @@ Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout
             sbx_error_free(&err);
     }
     put(frz, "freezer.state", "THAWED"); /* the sleeper dies of its pending SIGKILL */
+    for (int i = 0; i < 100 && rmdir(frz) != 0 && errno == EBUSY; i++)
+        usleep(50 * 1000); /* empty once it has died */
     cr_assert_str_eq(state, "FROZEN", "the freezer did not freeze the sleeper");
     cr_expect_eq(rc, 0, "the destroy of the unreapable sandbox did not answer ok (%.0f ms)", took);
     cr_expect(took < 30000, "the destroy took %.0f ms", took);
@@ -679,7 +682,6 @@ Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout
         gone = stat(cgdir, &sb) != 0 && errno == ENOENT;
     }
     cr_expect(gone, "%s is still there after the process could die", cgdir);
-    rmdir(frz);
     sbx_client_close(c);
     testd_stop(&d);
 }
