@@ -446,6 +446,40 @@ put(const char *dir, const char *name, const char *text)
     return rc;
 }
 
+/* Whether a cgroup v1 freezer hierarchy is mounted at /sys/fs/cgroup/freezer
+ * (CGROUP_SUPER_MAGIC). */
+static bool
+have_v1_freezer(void)
+{
+    struct statfs sf;
+    return statfs("/sys/fs/cgroup/freezer", &sf) == 0 && (unsigned long)sf.f_type == 0x27e0ebUL;
+}
+
+/* Put pid in a new cgroup v1 freezer (frz[300]: its directory, to thaw and
+ * remove) and freeze it; state[32] gets the freezer's state after up to 5 s
+ * ("FROZEN" when it worked).  Asserts only before anything is frozen. */
+static void
+freeze(pid_t pid, char frz[300], char state[32])
+{
+    char pid_s[32], p[400];
+    state[0] = '\0';
+    snprintf(frz, 300, "/sys/fs/cgroup/freezer/sbx-test-%s%d", test_prefix(), (int)getpid());
+    cr_assert_eq(mkdir(frz, 0755), 0, "mkdir %s: %s", frz, strerror(errno));
+    snprintf(pid_s, sizeof(pid_s), "%d", (int)pid);
+    bool frozen = put(frz, "cgroup.procs", pid_s) == 0 && put(frz, "freezer.state", "FROZEN") == 0;
+    for (int i = 0; frozen && i < 250 && strcmp(state, "FROZEN") != 0; i++) {
+        usleep(20 * 1000);
+        snprintf(p, sizeof(p), "%s/freezer.state", frz);
+        FILE *f = fopen(p, "re");
+        if (f) {
+            if (!fgets(state, 32, f))
+                state[0] = '\0';
+            state[strcspn(state, "\n")] = '\0';
+            fclose(f);
+        }
+    }
+}
+
 /* A shard that cannot die does not hang the stop.  A process in
  * uninterruptible sleep (a hung disk, NFS) takes SIGKILL only when it
  * wakes; here the shard is put in a frozen cgroup v1 freezer, where a
@@ -458,8 +492,7 @@ put(const char *dir, const char *name, const char *text)
  * the shard's sweep itself, so that nothing is left. */
 Test(daemon, a_shard_that_cannot_die_does_not_hang_the_stop, .timeout = 150)
 {
-    struct statfs sf;
-    if (statfs("/sys/fs/cgroup/freezer", &sf) != 0 || (unsigned long)sf.f_type != 0x27e0ebUL)
+    if (!have_v1_freezer())
         cr_skip_test("no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer");
     struct testd d;
     char shard[128];
@@ -477,21 +510,9 @@ Test(daemon, a_shard_that_cannot_die_does_not_hang_the_stop, .timeout = 150)
     int sfd = (int)syscall(SYS_pidfd_open, spid, 0);
     cr_assert_geq(sfd, 0, "pidfd_open %d: %s", (int)spid, strerror(errno));
 
-    char frz[300], pid_s[32], state[32] = "";
-    snprintf(frz, sizeof(frz), "/sys/fs/cgroup/freezer/sbx-test-%s%d", test_prefix(), (int)getpid());
-    cr_assert_eq(mkdir(frz, 0755), 0, "mkdir %s: %s", frz, strerror(errno));
+    char frz[300], pid_s[32], state[32];
     snprintf(pid_s, sizeof(pid_s), "%d", (int)spid);
-    bool frozen = put(frz, "cgroup.procs", pid_s) == 0 && put(frz, "freezer.state", "FROZEN") == 0;
-    for (int i = 0; frozen && i < 250 && strcmp(state, "FROZEN") != 0; i++) {
-        usleep(20 * 1000);
-        snprintf(p, sizeof(p), "%s/freezer.state", frz);
-        if ((f = fopen(p, "re")) != NULL) {
-            if (!fgets(state, sizeof(state), f))
-                state[0] = '\0';
-            state[strcspn(state, "\n")] = '\0';
-            fclose(f);
-        }
-    }
+    freeze(spid, frz, state);
     int st = 0;
     pid_t w = 0;
     double t0 = test_now_ms(), took = 0;
@@ -589,8 +610,7 @@ pid_named_under(const char *dir, const char *comm)
  * Until the fix the destroy never answered. */
 Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout = 180)
 {
-    struct statfs sf;
-    if (statfs("/sys/fs/cgroup/freezer", &sf) != 0 || (unsigned long)sf.f_type != 0x27e0ebUL)
+    if (!have_v1_freezer())
         cr_skip_test("no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer");
     struct testd d;
     char shard[128];
@@ -621,21 +641,9 @@ Test(daemon, a_container_that_cannot_be_reaped_does_not_hold_the_shard, .timeout
     sbx_error err;
     cr_assert_eq(sbx_client_open(&c, d.url, &err), 0); /* before the freeze: no assert until
                                                          * the thaw */
-    char frz[300], pid_s[32], state[32] = "";
-    snprintf(frz, sizeof(frz), "/sys/fs/cgroup/freezer/sbx-test-%s%d", test_prefix(), (int)getpid());
-    cr_assert_eq(mkdir(frz, 0755), 0, "mkdir %s: %s", frz, strerror(errno));
+    char frz[300], pid_s[32], state[32];
     snprintf(pid_s, sizeof(pid_s), "%d", (int)sleeper);
-    bool frozen = put(frz, "cgroup.procs", pid_s) == 0 && put(frz, "freezer.state", "FROZEN") == 0;
-    for (int i = 0; frozen && i < 250 && strcmp(state, "FROZEN") != 0; i++) {
-        usleep(20 * 1000);
-        snprintf(p, sizeof(p), "%s/freezer.state", frz);
-        if ((f = fopen(p, "re")) != NULL) {
-            if (!fgets(state, sizeof(state), f))
-                state[0] = '\0';
-            state[strcspn(state, "\n")] = '\0';
-            fclose(f);
-        }
-    }
+    freeze(sleeper, frz, state);
     int rc = -1, rc2 = -1;
     double took = 0;
     sbx_exec_result r = {0};
