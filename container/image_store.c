@@ -44,6 +44,27 @@ imgst_lock(sbx_image_store *st, int op, sbx_err_t *err)
     return fd;
 }
 
+/* flock(fd, op) polled (LOCK_NB, every 50 ms) until deadline (sbx_mono_ms;
+ * 0 none) or *cancel (NULL: never): 0, or SBX_E_TIMEOUT with late_msg,
+ * SBX_E_SHARD_UNAVAILABLE, or SBX_E_STORAGE naming path.  fd stays the
+ * caller's either way. */
+static int
+flock_until(int fd, int op, const char *path, int64_t deadline, const _Atomic bool *cancel,
+            const char *late_msg, sbx_err_t *err)
+{
+    while (flock(fd, op | LOCK_NB) < 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", path, strerror(errno));
+        if (deadline && sbx_mono_ms() > deadline)
+            return sbx_err_make(err, SBX_E_TIMEOUT, "%s", late_msg);
+        if (cancel && atomic_load(cancel))
+            return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "the shard is stopping");
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
 int
 imgst_lock_until(sbx_image_store *st, int op, int64_t deadline, const _Atomic bool *cancel,
                  sbx_err_t *err)
@@ -53,30 +74,15 @@ imgst_lock_until(sbx_image_store *st, int op, int64_t deadline, const _Atomic bo
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
         return sbx_err_make(err, SBX_E_STORAGE, "open %s: %s", p, strerror(errno));
-    for (;;) {
-        if (flock(fd, op | LOCK_NB) == 0)
-            return fd;
-        if (errno != EWOULDBLOCK && errno != EINTR) {
-            int rc = sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", p, strerror(errno));
-            close(fd);
-            return rc;
-        }
-        int rc = 0;
-        if (deadline && sbx_mono_ms() > deadline)
-            rc = SBX_E_TIMEOUT;
-        else if (cancel && atomic_load(cancel))
-            rc = SBX_E_SHARD_UNAVAILABLE;
-        if (rc) {
-            close(fd);
-            return rc == SBX_E_TIMEOUT
-                       ? sbx_err_make(err, rc,
-                                      "the image store stayed locked past the deadline (an "
-                                      "import, removal or collection running)")
-                       : sbx_err_make(err, rc, "the shard is stopping");
-        }
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+    int rc = flock_until(fd, op, p, deadline, cancel,
+                         "the image store stayed locked past the deadline (an import, removal "
+                         "or collection running)",
+                         err);
+    if (rc < 0) {
+        close(fd);
+        return rc;
     }
+    return fd;
 }
 
 bool
@@ -893,17 +899,11 @@ sbx_image_pull(sbx_image_store *st, const char *ref, const char *name, unsigned 
         return sbx_err_make(err, SBX_E_STORAGE, "open %s: %s", lpath, strerror(errno));
     /* Waited for without blocking in flock: the pull holding it is bounded
      * by its own deadline, this one by its own. */
-    while (flock(rl, LOCK_EX | LOCK_NB) < 0) {
-        if (errno != EWOULDBLOCK && errno != EINTR)
-            return sbx_err_make(err, SBX_E_STORAGE, "lock %s: %s", lpath, strerror(errno));
-        if (deadline && sbx_mono_ms() > deadline)
-            return sbx_err_make(err, SBX_E_TIMEOUT,
-                                "another pull of %s did not end before this one's deadline", ref);
-        if (cancel && atomic_load(cancel))
-            return sbx_err_make(err, SBX_E_SHARD_UNAVAILABLE, "the shard is stopping");
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    char late[700];
+    snprintf(late, sizeof(late), "another pull of %s did not end before this one's deadline", ref);
+    int lrc = flock_until(rl, LOCK_EX, lpath, deadline, cancel, late, err);
+    if (lrc < 0)
+        return lrc;
     if ((flags & SBX_IMAGE_PULL_MISSING) &&
         sbx_image_resolve(st, name ? name : ref, digest, NULL) == 0)
         return 0; /* the pull this one waited for brought it */

@@ -354,18 +354,17 @@ ws_loop(struct terminal_state *t)
      * activity and would keep it from ever sleeping. */
     int64_t ping = t->h->conf.ws_ping > 0 ? t->h->conf.ws_ping : 30000, pinged = 0;
     t->rx_ms = sbx_mono_ms();
-    t->outq = 0;
-    int outq = 0; /* bytes sent and not yet acknowledged by the client's TCP (SIOCOUTQ) */
+    int unacked = 0; /* bytes sent, not yet acknowledged by the client's TCP, at the last look */
     while (wslay_event_want_read(ctx) || wslay_event_want_write(ctx)) {
-        int64_t now = sbx_mono_ms(), q = 0;
-        /* Fewer unacknowledged bytes than last time: the client's end took
-         * some (a viewer reading a flood slowly answers a ping late, behind
-         * megabytes of output, but acknowledges all along). */
-        if (ioctl(t->sock, SIOCOUTQ, &outq) == 0) {
-            q = outq;
-            if (q < t->outq)
+        int64_t now = sbx_mono_ms();
+        /* Fewer unacknowledged bytes than last time (SIOCOUTQ, tcp(7)): the
+         * client's end took some (a viewer reading a flood slowly answers a
+         * ping late, behind megabytes of output, but acknowledges all along). */
+        int q;
+        if (ioctl(t->sock, SIOCOUTQ, &q) == 0) {
+            if (q < unacked)
                 t->rx_ms = now;
-            t->outq = q;
+            unacked = q;
         }
         if (now - t->rx_ms >= 3 * ping) {
             sbx_log_info("terminal of %s: nothing from the client for %lld ms; closing",

@@ -54,7 +54,6 @@ struct terminal_state {
                                * from it, or bytes of ours its TCP acknowledged (a viewer
                                * reading a flood slowly may answer a ping late); WebSocket
                                * thread only */
-    int64_t outq;             /* the socket's unacknowledged bytes at the last look */
     struct MHD_UpgradeResponseHandle *urh;
     int evfd;                 /* the reader's wake-up eventfd, or -1; owned */
     struct terminal_outmsg *q_head, *q_tail; /* owned; under mu */
