@@ -379,7 +379,7 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
         return queue_err(hr, SBX_E_UNAUTHORIZED,
                          "a valid API key is required: Authorization: Bearer <key> (in a URL "
                          "only ?access_token=<token> of POST …/url-token, for its sandbox and "
-                         "purpose, for 60 s)");
+                         "purpose, for its ttlMs: 60 s by default)");
     if (bad)
         return queue_err(hr, SBX_E_VALIDATION,
                          bad == 2 ? "the path %s holds a malformed or NUL percent-escape, or "
@@ -393,7 +393,19 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
     }
     if (rt->kind == R_URL_TOKEN) {
         const char *purpose = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "purpose");
-        json_t *j = http_url_token_mint(h, hr->sandbox, purpose, hr->key);
+        const char *ttl = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "ttlMs");
+        long long ttl_ms = HTTP_URL_TOKEN_TTL_MS;
+        if (ttl) {
+            char *end = NULL;
+            errno = 0;
+            ttl_ms = strtoll(ttl, &end, 10);
+            if (errno || end == ttl || *end || ttl_ms < HTTP_URL_TOKEN_MIN_TTL_MS ||
+                ttl_ms > HTTP_URL_TOKEN_TTL_MS)
+                return queue_err(hr, SBX_E_VALIDATION,
+                                 "?ttlMs= must be a whole number of ms from %d to %d",
+                                 HTTP_URL_TOKEN_MIN_TTL_MS, HTTP_URL_TOKEN_TTL_MS);
+        }
+        json_t *j = http_url_token_mint(h, hr->sandbox, purpose, hr->key, ttl_ms);
         if (!j)
             return queue_err(hr, SBX_E_VALIDATION,
                              "?purpose= must be terminal, stream or file (the route the token "

@@ -219,7 +219,8 @@ bool http_authorized(struct sbx_http *h, struct MHD_Connection *c);
 /* ------------------------------------------------------------------------------ */
 /* URL tokens (http_token.c; docs/http.md, "Tokens in URLs"). */
 
-#define HTTP_URL_TOKEN_TTL_MS 60000 /* a token's life from its minting */
+#define HTTP_URL_TOKEN_TTL_MS 60000     /* a token's life from its minting: the default, */
+#define HTTP_URL_TOKEN_MIN_TTL_MS 1000  /* and the range of ?ttlMs= (shorter: one link, one use) */
 
 /* http_url_key_init — set h->url_key (from h->relay_secret, else random). */
 void http_url_key_init(struct sbx_http *h);
@@ -227,12 +228,13 @@ void http_url_key_init(struct sbx_http *h);
  * "stream", "file"), or NULL: that route takes no URL token. */
 const char *http_url_purpose(int route_kind);
 /* http_url_token_mint — a new token for purpose on sandbox sealing key (the
- * caller's API key, "" keyless; borrowed), as the JSON answer {token,
- * purpose, sandbox, expiresAt (ms since the epoch), ttlMs} (caller owns
- * it); NULL when purpose is not one of http_url_purpose's or key is longer
- * than SBX_HTTP_KEY_MAX. */
+ * caller's API key, "" keyless; borrowed), good for ttl_ms (ms, from
+ * HTTP_URL_TOKEN_MIN_TTL_MS to HTTP_URL_TOKEN_TTL_MS: the caller checks), as
+ * the JSON answer {token, purpose, sandbox, expiresAt (ms since the epoch),
+ * ttlMs} (caller owns it); NULL when purpose is not one of
+ * http_url_purpose's or key is longer than SBX_HTTP_KEY_MAX. */
 json_t *http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose,
-                            const char *key);
+                            const char *key, int64_t ttl_ms);
 /* http_url_token_ok — whether the request's ?access_token= is an unexpired
  * token minted for the purpose of route_kind on sandbox (GCM tag compared
  * in constant time); if so, the key it seals goes to key_out (else "").

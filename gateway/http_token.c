@@ -5,10 +5,10 @@
  * history and Referer headers.  So a key travels in the clear only in the
  * header: a holder of one mints, for one purpose on one sandbox,
  *
- *     POST /v1/sandboxes/{sandbox}/url-token?purpose=terminal|stream|file
+ *     POST /v1/sandboxes/{sandbox}/url-token?purpose=terminal|stream|file[&ttlMs=N]
  *
  * a token "ut2.<expiresAt>.<nonce>.<sealed>" (expiresAt: ms since the
- * epoch, now + HTTP_URL_TOKEN_TTL_MS; nonce: 12 random bytes, hex; sealed:
+ * epoch, now + ttlMs, HTTP_URL_TOKEN_TTL_MS unless asked shorter; nonce: 12 random bytes, hex; sealed:
  * hex of the caller's API key encrypted with AES-256-GCM under h->url_key
  * and that nonce, then GCM's 16-byte tag, with "ut2" NUL purpose NUL
  * sandbox NUL expiresAt as associated data — NIST SP 800-38D), which
@@ -100,7 +100,7 @@ unhex(const char *s, size_t slen, uint8_t *p, size_t n)
 
 json_t *
 http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose,
-                    const char *key)
+                    const char *key, int64_t ttl_ms)
 {
     if (!purpose || (strcmp(purpose, "terminal") && strcmp(purpose, "stream") &&
                      strcmp(purpose, "file")))
@@ -108,7 +108,7 @@ http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *p
     size_t kn = strlen(key);
     if (kn > SBX_HTTP_KEY_MAX)
         return NULL;
-    long long expires = (long long)(sbx_wall_ms() + HTTP_URL_TOKEN_TTL_MS);
+    long long expires = (long long)(sbx_wall_ms() + ttl_ms);
     uint8_t nonce[NONCE_SIZE], sealed[SBX_HTTP_KEY_MAX + GCM_DIGEST_SIZE];
     if (sbx_random(nonce, sizeof(nonce)) != 0)
         abort(); /* getrandom(2) cannot fail for 12 bytes after boot */
@@ -127,7 +127,7 @@ http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *p
     hex(sealed, kn + GCM_DIGEST_SIZE, token + n);
     return json_pack("{s:s,s:s,s:s,s:I,s:I}", "token", token, "purpose", purpose, "sandbox",
                      sandbox, "expiresAt", (json_int_t)expires, "ttlMs",
-                     (json_int_t)HTTP_URL_TOKEN_TTL_MS);
+                     (json_int_t)ttl_ms);
 }
 
 bool

@@ -843,7 +843,7 @@ Test(http, api_keys, .timeout = 120)
     }
     /* A key never works in a URL (issue 16: keys in URLs end up in logs,
      * history and Referer headers); ?access_token= takes only URL tokens
-     * (url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds). */
+     * (url_tokens_are_bound_to_one_sandbox_one_purpose_and_their_lifetime). */
     char *ut = hfmt("%s?access_token=key-two-0123456789abcdef", u);
     http_req("GET", ut, NULL, &r);
     expect_status(r, 401, "a raw API key in ?access_token=");
@@ -893,8 +893,9 @@ Test(http, api_keys, .timeout = 120)
 
 /* URL tokens (issue 16; docs/http.md, "Tokens in URLs"): minted with a key
  * in the header, good for one sandbox and one purpose (terminal, stream,
- * file) for 60 s, never elsewhere; a raw key in the URL is refused. */
-Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds, .timeout = 200)
+ * file) for their ttlMs (60 s, or less when asked), never elsewhere; a raw
+ * key in the URL is refused. */
+Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_their_lifetime, .timeout = 200)
 {
     char keyfile[] = "/tmp/sbx-keys-XXXXXX";
     int fd = mkstemp(keyfile);
@@ -945,8 +946,9 @@ Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds, .time
     cr_expect_str_eq(jstr(r.json, "purpose"), "file");
     cr_expect_str_eq(jstr(r.json, "sandbox"), x);
     json_int_t exp = json_integer_value(jget(r.json, "expiresAt"));
-    cr_expect(exp > sbx_wall_ms() && exp <= sbx_wall_ms() + 60000, "expiresAt %lld",
+    cr_expect(exp > sbx_wall_ms() + 55000 && exp <= sbx_wall_ms() + 60000, "expiresAt %lld",
               (long long)exp);
+    cr_expect_eq(json_integer_value(jget(r.json, "ttlMs")), 60000, "the default life");
     cr_expect(!strstr(tok, "key-one"), "the token holds the key: %s", tok);
     hresp_free(&r);
     free(mu);
@@ -1001,11 +1003,41 @@ Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_60_seconds, .time
     expect_status(r, 401, "a raw key in the URL");
     hresp_free(&r);
     free(fk);
-    /* After its 60 s, the token is refused where it worked. */
-    sleep(61);
-    http_req("GET", fx, NULL, &r);
-    expect_status(r, 401, "X's file token after 61 s");
+    /* A shorter life on request, within 1-60 s; after it, the token is
+     * refused where it worked, while the 60 s one still opens the file. */
+    const char *badttl[] = {"999", "60001", "5s", "", NULL};
+    for (int i = 0; badttl[i]; i++) {
+        char *m = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file&ttlMs=%s", base, x, badttl[i]);
+        http_req("POST", m, &ok, &r);
+        expect_status(r, 400, badttl[i]);
+        expect_code(r, "VALIDATION_FAILED", badttl[i]);
+        hresp_free(&r);
+        free(m);
+    }
+    mu = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file&ttlMs=1500", base, x);
+    http_req("POST", mu, &ok, &r);
+    expect_status(r, 200, "minting a 1.5 s file token");
+    char *stok = strdup(jstr(r.json, "token"));
+    json_int_t sexp = json_integer_value(jget(r.json, "expiresAt"));
+    cr_expect_eq(json_integer_value(jget(r.json, "ttlMs")), 1500);
+    cr_expect(sexp > sbx_wall_ms() && sexp <= sbx_wall_ms() + 1500, "expiresAt %lld",
+              (long long)sexp);
     hresp_free(&r);
+    free(mu);
+    char *fs = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=%s", base, x, stok);
+    http_req("GET", fs, NULL, &r);
+    expect_status(r, 200, "X's file with the 1.5 s token, at once");
+    hresp_free(&r);
+    while (sbx_wall_ms() <= sexp + 100)
+        usleep(50 * 1000);
+    http_req("GET", fs, NULL, &r);
+    expect_status(r, 401, "X's file with the 1.5 s token after its expiry");
+    hresp_free(&r);
+    http_req("GET", fx, NULL, &r);
+    expect_status(r, 200, "X's file with the 60 s token, still in its life");
+    hresp_free(&r);
+    free(fs);
+    free(stok);
 
     free(fx);
     free(fy);

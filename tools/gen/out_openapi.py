@@ -359,13 +359,18 @@ def front_routes(sch):
             'security': SECURITY}),
         ('/v1/sandboxes/{sandbox}/url-token', 'post', {
             'operationId': 'url-token',
-            'summary': ("a 60 s token for ?access_token= on this sandbox's terminal, streams or "
-                        "file downloads (docs/http.md, Tokens in URLs)"),
+            'summary': ("a short-lived token (60 s unless ttlMs asks less) for ?access_token= on "
+                        "this sandbox's terminal, streams or file downloads (docs/http.md, "
+                        "Tokens in URLs)"),
             'tags': ['front'],
             'parameters': [sb, {'name': 'purpose', 'in': 'query', 'required': True,
                                 'schema': {'type': 'string',
                                            'enum': ['terminal', 'stream', 'file']},
-                                'description': 'the route the token opens'}],
+                                'description': 'the route the token opens'},
+                               {'name': 'ttlMs', 'in': 'query', 'required': False,
+                                'schema': {'type': 'integer', 'minimum': 1000,
+                                           'maximum': 60000, 'default': 60000},
+                                'description': "the token's life from its minting, ms"}],
             'responses': {'200': {'description': 'the token', 'content': {
                 'application/json': {'schema': {
                     'type': 'object',
