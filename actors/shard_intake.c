@@ -24,8 +24,9 @@
 #include "shard_int.h"
 
 /* ------------------------------------------------------------------------------ */
-/* nng contexts.  Callbacks run on nng's threads: they only move messages and
- * post to the loop (never block, never close sockets: actors-cluster.md §1f). */
+/* nng contexts.  Callbacks run on nng's task thread (one per process,
+ * tools/nng-build.sh): they only move messages and post to the loop (never
+ * block, never wait for nng nor close sockets: actors-cluster.md §1f). */
 
 static void on_request(sbx_loop *l, void *arg);
 

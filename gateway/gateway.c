@@ -2,7 +2,10 @@
  * merges gw_merge.c, cross-shard forks gw_fork.c).  Everything runs in nng aio callbacks: no
  * callback blocks, and sockets are only closed from sbx_gateway_stop (or, in
  * a cluster, replaced by the view thread; a slot's socket is never closed
- * while the gateway runs, only re-dialed).
+ * while the gateway runs, only re-dialed).  nng runs the callbacks on one
+ * task thread (tools/nng-build.sh), so a callback that waited for nng
+ * (nng_close, nng_aio_stop/wait/free, nng_send/nng_recv) would deadlock,
+ * and so would one that took a lock held by a thread waiting for nng.
  *
  * Shards occupy slots.  Standalone: slot i is the i-th configured shard and
  * the partition table is the rendezvous hash over them, fixed.  In a cluster:
@@ -153,25 +156,34 @@ request_done(struct gctx *g)
 static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg);
 
 /* Open slot i's socket to url, for the view member of gen (0: standalone
- * start-up), under slot_mu or before any other thread runs. */
+ * start-up), on the view thread or before any other thread runs; the slot
+ * is labelled and published under slot_mu, the socket opened and dialed
+ * without it: a failed open's nng_close waits for nng's task threads, one
+ * of which may be in slot_label waiting for slot_mu. */
 static int
 slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint64_t gen,
           sbx_err_t *err)
 {
     struct gshard *s = &gw->shards[i];
-    s->gw = gw;
+    s->gw = gw; /* fixed for the slot; read by pipe_cb */
     s->idx = i;
+    /* The pipe callbacks go in before the dial starts, so the connection
+     * count never misses a peer that is already up. */
+    nng_socket sock;
+    nng_dialer dialer;
+    int rv = sbx_nng_req_dial_notify(&sock, &dialer, url, gw->conf.sec, pipe_cb, s, err);
+    if (rv)
+        return rv;
+    pthread_mutex_lock(&gw->slot_mu);
     s->gen = gen;
     snprintf(s->name, sizeof(s->name), "%s", name);
     snprintf(s->url, sizeof(s->url), "%s", url);
-    /* The pipe callbacks go in before the dial starts, so the connection
-     * count never misses a peer that is already up. */
-    int rv = sbx_nng_req_dial_notify(&s->sock, &s->dialer, url, gw->conf.sec, pipe_cb, s, err);
-    if (rv)
-        return rv;
+    s->sock = sock;
+    s->dialer = dialer;
     atomic_store(&s->open, true);
     if (i >= gw->nshards)
         gw->nshards = i + 1;
+    pthread_mutex_unlock(&gw->slot_mu);
     return 0;
 }
 
@@ -272,22 +284,22 @@ view_changed(void *arg)
             s->gen = to_open[k].gen;
             snprintf(s->name, sizeof(s->name), "%s", to_open[k].name);
             snprintf(s->url, sizeof(s->url), "%s", to_open[k].url);
-            continue;
         }
-        sbx_err_t derr = NULL;
-        int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url, to_open[k].gen,
-                           &derr);
-        if (rv)
-            sbx_log_warn("gateway: shard %s: %s", to_open[k].name, sbx_err_msg(derr));
-        sbx_err_release(&derr);
-        if (!rv)
-            sbx_log_info("gateway %s: shard %s joined (%s)", gw->conf.name, to_open[k].name,
-                     to_open[k].url);
     }
     pthread_mutex_unlock(&gw->slot_mu);
     for (int k = 0; k < nt; k++) {
-        if (!to_open[k].redial)
+        if (!to_open[k].redial) {
+            sbx_err_t derr = NULL;
+            int rv = slot_open(gw, to_open[k].idx, to_open[k].name, to_open[k].url,
+                               to_open[k].gen, &derr);
+            if (rv)
+                sbx_log_warn("gateway: shard %s: %s", to_open[k].name, sbx_err_msg(derr));
+            else
+                sbx_log_info("gateway %s: shard %s joined (%s)", gw->conf.name,
+                             to_open[k].name, to_open[k].url);
+            sbx_err_release(&derr);
             continue;
+        }
         struct gshard *s = &gw->shards[to_open[k].idx];
         nng_dialer_close(to_open[k].old);
         sbx_err_t derr = NULL;

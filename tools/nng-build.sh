@@ -14,6 +14,10 @@
 # tools/nng/0002-*.patch.  And its task dispatch woke a task thread while
 # holding the queue's mutex, two context switches more per aio completion:
 # tools/nng/0003-*.patch (performance only; docs/cluster.md, the same section).
+# And it runs aio callbacks on one task thread per process, not two per CPU:
+# a completion dispatched by a callback then runs on the same thread after
+# it, instead of waking another one (NNG_NUM_TASKQ_THREADS=1: performance
+# only; docs/cluster.md, the same section, for why this is safe here).
 #
 # Idempotent and cached: OUTDIR/.stamp holds a hash of this script and the
 # patches; when it matches and the library is there, the script exits at once.
@@ -89,9 +93,9 @@ for p in "$here"/nng/*.patch; do
 done
 
 # Static, PIC (lib/libsbx.so and lib/libsbx.a include it), its symbols hidden
-# (libsbx exports only its own API), no tests, tools or nngcat.
+# (libsbx exports only its own API), no tests, tools or nngcat; one task thread.
 cmake -S "$src" -B "$out/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DNNG_ENABLE_TLS=ON -DNNG_TESTS=OFF -DNNG_TOOLS=OFF -DNNG_ENABLE_NNGCAT=OFF \
+  -DNNG_ENABLE_TLS=ON -DNNG_NUM_TASKQ_THREADS=1 -DNNG_TESTS=OFF -DNNG_TOOLS=OFF -DNNG_ENABLE_NNGCAT=OFF \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_C_VISIBILITY_PRESET=hidden \
   -DCMAKE_INSTALL_PREFIX="$out" -DCMAKE_INSTALL_LIBDIR=lib >"$out/cmake.log" 2>&1 ||
   { cat "$out/cmake.log" >&2; exit 1; }
