@@ -30,7 +30,8 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parame
 # nng is Debian's 1.5.2 with the upstream fix of its listeners' stall (nng#1518; docs/cluster.md
 # note 12), sbx's fix of a close that could hang (tools/nng/0002-*.patch) and its wake-up
 # after unlock in the task dispatch (tools/nng/0003-*.patch), built by tools/nng-build.sh into build/nng as a static, PIC libnng.a with TLS
-# (mbedTLS) and one task thread per process (docs/cluster.md, "The patched nng"): its headers come before the system's, the archive is linked into every
+# (mbedTLS) and one task thread per process (docs/cluster.md, "The patched nng"):
+# its headers come before the system's, the archive is linked into every
 # program and into lib/libsbx.{a,so} (whose users need no nng).
 NNG_DIR  := build/nng
 NNG_LIB  := $(NNG_DIR)/lib/libnng.a

@@ -180,9 +180,9 @@ slot_open(struct sbx_gateway *gw, int i, const char *name, const char *url, uint
     snprintf(s->url, sizeof(s->url), "%s", url);
     s->sock = sock;
     s->dialer = dialer;
-    atomic_store(&s->open, true);
-    if (i >= gw->nshards)
+    if (i >= gw->nshards) /* before open: a fan-out that sees the slot open counts it */
         gw->nshards = i + 1;
+    atomic_store(&s->open, true);
     pthread_mutex_unlock(&gw->slot_mu);
     return 0;
 }

@@ -25,6 +25,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -399,7 +400,8 @@ first_call(struct sbx_http *h, struct MHD_Connection *c, const char *url, const 
             char *end = NULL;
             errno = 0;
             ttl_ms = strtoll(ttl, &end, 10);
-            if (errno || end == ttl || *end || ttl_ms < HTTP_URL_TOKEN_MIN_TTL_MS ||
+            if (errno || !isdigit((unsigned char)ttl[0]) || *end ||
+                ttl_ms < HTTP_URL_TOKEN_MIN_TTL_MS ||
                 ttl_ms > HTTP_URL_TOKEN_TTL_MS)
                 return queue_err(hr, SBX_E_VALIDATION,
                                  "?ttlMs= must be a whole number of ms from %d to %d",

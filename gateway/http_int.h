@@ -229,10 +229,11 @@ void http_url_key_init(struct sbx_http *h);
 const char *http_url_purpose(int route_kind);
 /* http_url_token_mint — a new token for purpose on sandbox sealing key (the
  * caller's API key, "" keyless; borrowed), good for ttl_ms (ms, from
- * HTTP_URL_TOKEN_MIN_TTL_MS to HTTP_URL_TOKEN_TTL_MS: the caller checks), as
- * the JSON answer {token, purpose, sandbox, expiresAt (ms since the epoch),
- * ttlMs} (caller owns it); NULL when purpose is not one of
- * http_url_purpose's or key is longer than SBX_HTTP_KEY_MAX. */
+ * HTTP_URL_TOKEN_MIN_TTL_MS to HTTP_URL_TOKEN_TTL_MS), as the JSON answer
+ * {token, purpose, sandbox, expiresAt (ms since the epoch), ttlMs} (caller
+ * owns it); NULL when purpose is not one of http_url_purpose's, key is
+ * longer than SBX_HTTP_KEY_MAX or ttl_ms is out of range (the caller checks
+ * ?ttlMs= first, to name what was wrong). */
 json_t *http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *purpose,
                             const char *key, int64_t ttl_ms);
 /* http_url_token_ok — whether the request's ?access_token= is an unexpired

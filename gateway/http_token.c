@@ -106,7 +106,8 @@ http_url_token_mint(const struct sbx_http *h, const char *sandbox, const char *p
                      strcmp(purpose, "file")))
         return NULL;
     size_t kn = strlen(key);
-    if (kn > SBX_HTTP_KEY_MAX)
+    if (kn > SBX_HTTP_KEY_MAX || ttl_ms < HTTP_URL_TOKEN_MIN_TTL_MS ||
+        ttl_ms > HTTP_URL_TOKEN_TTL_MS)
         return NULL;
     long long expires = (long long)(sbx_wall_ms() + ttl_ms);
     uint8_t nonce[NONCE_SIZE], sealed[SBX_HTTP_KEY_MAX + GCM_DIGEST_SIZE];

@@ -18,6 +18,10 @@
 # a completion dispatched by a callback then runs on the same thread after
 # it, instead of waking another one (NNG_NUM_TASKQ_THREADS=1: performance
 # only; docs/cluster.md, the same section, for why this is safe here).
+# SBX_NNG_TASK_THREADS=N in the environment builds N instead (0: nng's own
+# default, two per CPU up to 16) — measured on 2 CPUs only; a gateway of a
+# many-CPU host serving TLS may want more (in a built tree, remove
+# build/nng/lib/libnng.a first: make does not see the environment change).
 #
 # Idempotent and cached: OUTDIR/.stamp holds a hash of this script and the
 # patches; when it matches and the library is there, the script exits at once.
@@ -42,7 +46,9 @@ orig_sha=f8b25ab86738864b1f2e3128e8badab581510fa8085ff5ca9bb980d317334c46
 debtar=nng_${ver}-${deb}.debian.tar.xz
 debtar_sha=ecf0bcd3b5645b95aa1f1f58519547bcfaaab81a863f88a59178d72fdfdffd72
 
-key=$(cat "$0" "$here"/nng/*.patch | sha256sum | cut -d' ' -f1)
+threads=${SBX_NNG_TASK_THREADS:-1}
+[[ "$threads" =~ ^[0-9]+$ ]] || { echo "nng: SBX_NNG_TASK_THREADS must be a number" >&2; exit 2; }
+key=$( (cat "$0" "$here"/nng/*.patch; echo "task threads $threads") | sha256sum | cut -d' ' -f1)
 if [ -f "$out/lib/libnng.a" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$key" ]; then
   exit 0
 fi
@@ -95,7 +101,7 @@ done
 # Static, PIC (lib/libsbx.so and lib/libsbx.a include it), its symbols hidden
 # (libsbx exports only its own API), no tests, tools or nngcat; one task thread.
 cmake -S "$src" -B "$out/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DNNG_ENABLE_TLS=ON -DNNG_NUM_TASKQ_THREADS=1 -DNNG_TESTS=OFF -DNNG_TOOLS=OFF -DNNG_ENABLE_NNGCAT=OFF \
+  -DNNG_ENABLE_TLS=ON -DNNG_NUM_TASKQ_THREADS="$threads" -DNNG_TESTS=OFF -DNNG_TOOLS=OFF -DNNG_ENABLE_NNGCAT=OFF \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_C_VISIBILITY_PRESET=hidden \
   -DCMAKE_INSTALL_PREFIX="$out" -DCMAKE_INSTALL_LIBDIR=lib >"$out/cmake.log" 2>&1 ||
   { cat "$out/cmake.log" >&2; exit 1; }

@@ -1005,7 +1005,7 @@ Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_their_lifetime, .
     free(fk);
     /* A shorter life on request, within 1-60 s; after it, the token is
      * refused where it worked, while the 60 s one still opens the file. */
-    const char *badttl[] = {"999", "60001", "5s", "", NULL};
+    const char *badttl[] = {"999", "60001", "5s", "", "+2000", "%202000", NULL};
     for (int i = 0; badttl[i]; i++) {
         char *m = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file&ttlMs=%s", base, x, badttl[i]);
         http_req("POST", m, &ok, &r);
@@ -1014,24 +1014,33 @@ Test(http, url_tokens_are_bound_to_one_sandbox_one_purpose_and_their_lifetime, .
         hresp_free(&r);
         free(m);
     }
-    mu = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file&ttlMs=1500", base, x);
+    const int goodttl[] = {1000, 60000};
+    for (int i = 0; i < 2; i++) {
+        char *m = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file&ttlMs=%d", base, x, goodttl[i]);
+        http_req("POST", m, &ok, &r);
+        expect_status(r, 200, "a bound of ttlMs");
+        cr_expect_eq(json_integer_value(jget(r.json, "ttlMs")), goodttl[i]);
+        hresp_free(&r);
+        free(m);
+    }
+    mu = hfmt("%s/v1/sandboxes/%s/url-token?purpose=file&ttlMs=3000", base, x);
     http_req("POST", mu, &ok, &r);
-    expect_status(r, 200, "minting a 1.5 s file token");
+    expect_status(r, 200, "minting a 3 s file token");
     char *stok = strdup(jstr(r.json, "token"));
     json_int_t sexp = json_integer_value(jget(r.json, "expiresAt"));
-    cr_expect_eq(json_integer_value(jget(r.json, "ttlMs")), 1500);
-    cr_expect(sexp > sbx_wall_ms() && sexp <= sbx_wall_ms() + 1500, "expiresAt %lld",
+    cr_expect_eq(json_integer_value(jget(r.json, "ttlMs")), 3000);
+    cr_expect(sexp > sbx_wall_ms() && sexp <= sbx_wall_ms() + 3000, "expiresAt %lld",
               (long long)sexp);
     hresp_free(&r);
     free(mu);
     char *fs = hfmt("%s/v1/sandboxes/%s/files/workspace/t.txt?access_token=%s", base, x, stok);
     http_req("GET", fs, NULL, &r);
-    expect_status(r, 200, "X's file with the 1.5 s token, at once");
+    expect_status(r, 200, "X's file with the 3 s token, within its life");
     hresp_free(&r);
     while (sbx_wall_ms() <= sexp + 100)
         usleep(50 * 1000);
     http_req("GET", fs, NULL, &r);
-    expect_status(r, 401, "X's file with the 1.5 s token after its expiry");
+    expect_status(r, 401, "X's file with the 3 s token after its expiry");
     hresp_free(&r);
     http_req("GET", fx, NULL, &r);
     expect_status(r, 200, "X's file with the 60 s token, still in its life");

@@ -370,6 +370,7 @@ def front_routes(sch):
                                {'name': 'ttlMs', 'in': 'query', 'required': False,
                                 'schema': {'type': 'integer', 'minimum': 1000,
                                            'maximum': 60000, 'default': 60000},
+                                # gateway/http_int.h HTTP_URL_TOKEN_MIN_TTL_MS, _TTL_MS
                                 'description': "the token's life from its minting, ms"}],
             'responses': {'200': {'description': 'the token', 'content': {
                 'application/json': {'schema': {
