@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <linux/loop.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -51,11 +54,31 @@ ws_mkfs(const char *path, uint64_t size, uint64_t inodes, char *why, size_t whyl
     char *argv[] = {"mkfs.ext4", "-q", "-F", "-m", "0", "-N", n, "-E",
                     "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0",
                     (char *)path, NULL};
-    return sbx_ws_run_tool(argv, "e2fsprogs", why, whylen);
+    return sbx_ws_run_tool(argv, "e2fsprogs", SBX_WS_TOOL_MS, why, whylen);
+}
+
+/* Wait for pidfd to become readable (the process ended) for at most ms:
+ * 1 ended, 0 not by then, or -errno. */
+static int
+ws_pidfd_wait(int pidfd, int64_t ms)
+{
+    int64_t until = sbx_mono_ms() + ms;
+    for (;;) {
+        int64_t left = until - sbx_mono_ms();
+        struct pollfd p = {pidfd, POLLIN, 0};
+        int n = poll(&p, 1, (int)SBX_MAX(left, (int64_t)0));
+        if (n > 0)
+            return 1;
+        if (n == 0)
+            return 0;
+        if (errno != EINTR)
+            return -errno;
+    }
 }
 
 int
-sbx_ws_run_tool(char *const argv[], const char *package, char *why, size_t whylen)
+sbx_ws_run_tool(char *const argv[], const char *package, int64_t timeout_ms, char *why,
+                size_t whylen)
 {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -67,6 +90,28 @@ sbx_ws_run_tool(char *const argv[], const char *package, char *why, size_t whyle
     if (rc) {
         snprintf(why, whylen, "run %s (%s): %s", argv[0], package, strerror(rc));
         return -rc;
+    }
+    /* Bounded (a hung disk or kernel can keep mkfs forever): a pidfd polled
+     * until the deadline, then SIGKILL and 5 s more for it to die; one that
+     * does not (uninterruptible sleep) is left unreaped, logged. */
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd >= 0) {
+        int ended = ws_pidfd_wait(pidfd, timeout_ms);
+        if (ended == 0) {
+            syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+            ended = ws_pidfd_wait(pidfd, 5000);
+            close(pidfd);
+            if (ended == 1)
+                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                    ;
+            else
+                sbx_log_warn("workspace: %s (pid %d) did not die after SIGKILL; left unreaped",
+                             argv[0], (int)pid);
+            snprintf(why, whylen, "%s did not end within %lld ms (killed)", argv[0],
+                     (long long)timeout_ms);
+            return -ETIMEDOUT;
+        }
+        close(pidfd);
     }
     int st;
     while (waitpid(pid, &st, 0) < 0)

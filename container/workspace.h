@@ -84,13 +84,17 @@ int sbx_ws_remove(const char *dir);
 
 /*
  * sbx_ws_run_tool — run argv[0] (searched in PATH) with argv, its stdin and
- * stdout on /dev/null (stderr inherited: the shard's log), and wait for it:
- * 0 if it exited 0, else a negative code with the reason in why (the
- * command line and its wait status, or why it could not run; `package`
- * names what provides the program, for that message).  For mkfs.ext4 and
- * mkfs.xfs (ws_pool.c).
+ * stdout on /dev/null (stderr inherited: the shard's log), and wait for it
+ * at most timeout_ms (ms): 0 if it exited 0, else a negative code with the
+ * reason in why (the command line and its wait status, or why it could not
+ * run; `package` names what provides the program, for that message);
+ * -ETIMEDOUT if it was still running at the deadline (it is SIGKILLed, and
+ * reaped if it dies within 5 s).  For mkfs.ext4 and mkfs.xfs (ws_pool.c),
+ * with SBX_WS_TOOL_MS.
  */
-int sbx_ws_run_tool(char *const argv[], const char *package, char *why, size_t whylen);
+#define SBX_WS_TOOL_MS 120000 /* mkfs of a sparse image: well under a second, a pool's seconds */
+int sbx_ws_run_tool(char *const argv[], const char *package, int64_t timeout_ms, char *why,
+                    size_t whylen);
 
 /* sbx_ws_allocated — bytes of host disk dir's image holds (st_blocks), or
  * -errno (-ENOENT: none yet). */

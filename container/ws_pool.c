@@ -79,7 +79,7 @@ static int
 pool_mkfs(const char *file, char *why, size_t whylen)
 {
     char *argv[] = {"mkfs.xfs", "-q", "-f", "-K", "-m", "reflink=1", (char *)file, NULL};
-    return sbx_ws_run_tool(argv, "xfsprogs, tools/deps.sh", why, whylen);
+    return sbx_ws_run_tool(argv, "xfsprogs, tools/deps.sh", SBX_WS_TOOL_MS, why, whylen);
 }
 
 /* Make the pool file: sparse, size bytes (0: data's free space), formatted

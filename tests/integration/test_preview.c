@@ -716,11 +716,11 @@ Test(preview, chromium_loads_the_page_and_its_websocket, .timeout = 180)
     hdone(id);
 }
 
-/* One headless Chromium run: the DOM of `url` (no single quote in it) after its scripts ran (heap,
- * "" when the browser showed no page, e.g. for a download); *err_out: its
- * stderr (heap). */
+/* One headless Chromium run, ended after secs seconds at most: the DOM of
+ * `url` (no single quote in it) after its scripts ran (heap, "" when the
+ * browser showed no page, e.g. for a download); *err_out: its stderr (heap). */
 static char *
-chromium_dom(const char *chrome, const char *url, char **err_out)
+chromium_dom(const char *chrome, const char *url, int secs, char **err_out)
 {
     char profile[] = "/tmp/sbx-chromium-XXXXXX";
     cr_assert(mkdtemp(profile));
@@ -728,10 +728,10 @@ chromium_dom(const char *chrome, const char *url, char **err_out)
     int fd = mkstemp(out);
     cr_assert(fd >= 0);
     close(fd);
-    char *cmd = hfmt("timeout -k 5 60 %s --headless --no-sandbox --disable-gpu --no-first-run "
+    char *cmd = hfmt("timeout -k 5 %d %s --headless --no-sandbox --disable-gpu --no-first-run "
                      "--no-proxy-server --disable-extensions --user-data-dir=%s "
                      "--virtual-time-budget=8000 --dump-dom '%s' >%s 2>%s.err",
-                     chrome, profile, url, out, out);
+                     secs, chrome, profile, url, out, out);
     int rc = system(cmd);
     (void)rc;
     free(cmd);
@@ -760,10 +760,10 @@ Test(preview, a_file_served_by_the_api_cannot_script_the_api, .timeout = 240)
     const char *chrome = chromium_path();
     cr_assert(chrome, "chromium is not installed: run tools/deps.sh (Debian package chromium)");
     char *err = NULL;
-    char *dom = chromium_dom(chrome,
+    char *dom = chromium_dom(chrome, /* the control: a page, which ends at once */
                              "data:text/html,<div id=r>x</div><script>document.getElementById("
                              "\"r\").textContent=\"js-\"+\"ok\"</script>",
-                             &err);
+                             60, &err);
     cr_assert(strstr(dom, "js-ok"), "control: chromium ran no script: DOM %.300s\nstderr %.1500s",
               dom, err);
     free(dom);
@@ -784,7 +784,10 @@ Test(preview, a_file_served_by_the_api_cannot_script_the_api, .timeout = 240)
     http_req("PUT", u, &o, &r);
     assert_status(r, 200, "PUT p.html");
     hresp_free(&r);
-    dom = chromium_dom(chrome, u, &err);
+    /* The route answers a download, where headless chromium may never
+     * exit: 20 s leave a script that would run many times the second or
+     * two it needs (a page's fetch starts at its load). */
+    dom = chromium_dom(chrome, u, 20, &err);
     struct hresp x;
     apif("POST", "{\"command\":\"test -e /workspace/pwned && echo ran || echo absent\"}", &x,
          "/v1/sandboxes/%s/exec", id);

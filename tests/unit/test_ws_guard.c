@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../../container/workspace.h"
@@ -336,4 +337,26 @@ Test(ws_guard, a_gone_mount_is_not_measured)
     cr_assert_eq(sum.failed, 1);
     cr_assert_lt(it.rc, 0);
     cr_assert_eq(sum.limited, 0);
+}
+
+/* sbx_ws_run_tool (mkfs.ext4, mkfs.xfs) is bounded: a tool still running at
+ * its deadline is killed and the call answers -ETIMEDOUT, not never (a hung
+ * disk kept a shard's workspace creation waiting forever before). */
+Test(ws_tool, a_tool_still_running_at_its_deadline_is_killed)
+{
+    char why[256] = "";
+    char *slow[] = {"sleep", "30", NULL};
+    int64_t t0 = sbx_mono_ms();
+    int rc = sbx_ws_run_tool(slow, "coreutils", 300, why, sizeof(why));
+    int64_t took = sbx_mono_ms() - t0;
+    cr_assert_eq(rc, -ETIMEDOUT, "rc %d: %s", rc, why);
+    cr_expect(took >= 300 && took < 5000, "answered after %lld ms", (long long)took);
+    cr_expect(strstr(why, "sleep did not end within 300 ms"), "why: %s", why);
+    /* It was reaped: no child of this process is left, zombie or not. */
+    cr_expect_eq(waitpid(-1, NULL, WNOHANG), -1, "a child is left");
+
+    char *ok[] = {"true", NULL}, *bad[] = {"false", NULL};
+    cr_expect_eq(sbx_ws_run_tool(ok, "coreutils", 5000, why, sizeof(why)), 0, "%s", why);
+    cr_expect_eq(sbx_ws_run_tool(bad, "coreutils", 5000, why, sizeof(why)), -EIO);
+    cr_expect(strstr(why, "false failed"), "why: %s", why);
 }
